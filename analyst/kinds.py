@@ -1,0 +1,155 @@
+"""The single definition of every stream kind's noise model.
+
+All scales are exact rationals in units of the encoded grid: a scale `c * Δ / ε`
+with Δ = 2^F.  In the two-server system each server draws its *own* full-scale
+noise for every term, so the total noise is the sum of two independent draws;
+`parties` says which of the two models an accuracy bound is for.
+
+Why two full draws are private against one corrupt server: the corrupt server
+knows its own draws, so to it and the analyst the honest server's draws alone
+randomise the test, with the corrupt server's terms acting as a data-independent
+shift of each query's threshold.  AboveThreshold with adaptively chosen
+per-query thresholds is ε-DP (Lyu, Su, Li 2017, Algorithm 1 allows them), so
+each stream stays ε-DP.  CompareToThresholds needs more; see `ctt_gap`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from enum import Enum
+from fractions import Fraction
+from typing import Literal
+
+from svtagg.mpc.ring import can_wrap, sensitivity
+
+Family = Literal["laplace", "geometric"]
+
+#: Each draw is clamped to +-TAIL_SCALES * scale so that the overflow bound is a
+#: theorem.  The clamped mass is at most 2 * exp(-4096) < 2^-5900 per draw, far
+#: below any δ anyone would charge; we state it rather than hide it.
+TAIL_SCALES = 4096
+
+
+class StreamKind(str, Enum):
+    """Noise family of a stream, chosen when it is opened."""
+
+    LAP24 = "lap24"  # Algorithms 1-3: γ ~ Lap(2Δ/ε), ν ~ Lap(4Δ/ε)
+    LAP3 = "lap3"  # note, Mechanism One: γ, ν ~ Lap(3Δ/ε)
+    EXP3 = "exp3"  # note, Mechanism Two: γ, ν ~ one-sided Exp(3Δ/ε)
+    CTT = "ctt"  # CompareToThresholds (Algorithms 4-5): γ ~ Lap(2Δ/ε), ν ~ Lap(6Δ/ε)
+
+    @classmethod
+    def parse(cls, value: str | StreamKind) -> StreamKind:
+        try:
+            return cls(value)
+        except ValueError:
+            names = ", ".join(k.value for k in cls)
+            raise ValueError(f"unknown stream kind {value!r}; expected one of {names}") from None
+
+
+@dataclass(frozen=True)
+class NoiseModel:
+    """Families and coefficients of the threshold noise γ and per-query noise ν."""
+
+    kind: StreamKind
+    threshold_family: Family
+    threshold_coef: int
+    query_family: Family
+    query_coef: int
+
+    def threshold_scale(self, epsilon: Fraction, frac_bits: int) -> Fraction:
+        return Fraction(self.threshold_coef * sensitivity(frac_bits)) / epsilon
+
+    def query_scale(self, epsilon: Fraction, frac_bits: int) -> Fraction:
+        return Fraction(self.query_coef * sensitivity(frac_bits)) / epsilon
+
+    def noise_bound_per_party(self, epsilon: Fraction, frac_bits: int) -> int:
+        """Clamp bound of one party's γ plus ν, in grid units."""
+        return clamp_bound(self.threshold_scale(epsilon, frac_bits)) + clamp_bound(
+            self.query_scale(epsilon, frac_bits)
+        )
+
+
+NOISE_MODELS: dict[StreamKind, NoiseModel] = {
+    StreamKind.LAP24: NoiseModel(StreamKind.LAP24, "laplace", 2, "laplace", 4),
+    StreamKind.LAP3: NoiseModel(StreamKind.LAP3, "laplace", 3, "laplace", 3),
+    StreamKind.EXP3: NoiseModel(StreamKind.EXP3, "geometric", 3, "geometric", 3),
+    StreamKind.CTT: NoiseModel(StreamKind.CTT, "laplace", 2, "laplace", 6),
+}
+
+
+def noise_model(kind: StreamKind | str) -> NoiseModel:
+    return NOISE_MODELS[StreamKind.parse(kind)]
+
+
+def clamp_bound(scale: Fraction) -> int:
+    """Grid bound a single draw of this scale is clamped to."""
+    return math.ceil(TAIL_SCALES * scale)
+
+
+def as_fraction(value: Fraction | int | float | str, name: str = "value") -> Fraction:
+    """Exact rational from user input; floats go through their shortest repr."""
+    if isinstance(value, bool):
+        raise TypeError(f"{name} must be a number, got a bool")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{name} must be finite, got {value}")
+    try:
+        return value if isinstance(value, Fraction) else Fraction(str(value))
+    except (ValueError, ZeroDivisionError) as exc:
+        raise ValueError(f"{name} must be a number, got {value!r}") from exc
+
+
+def check_epsilon(epsilon: Fraction | int | float | str) -> Fraction:
+    eps = as_fraction(epsilon, "epsilon")
+    if eps <= 0:
+        raise ValueError(f"epsilon must be > 0, got {eps}")
+    return eps
+
+
+def ctt_gap(epsilon: Fraction, delta: Fraction, parties: int = 1) -> float:
+    """Minimum τH − τL (score units) for a CompareToThresholds stream.
+
+    One party: the gap of Algorithm 4, (12/ε)(ln(10/ε) + ln(1/δ) + 1).
+    Two parties: the corrupt server knows its own threshold draw n_L, which moves
+    the two thresholds *towards each other* by 2·n_L.  With probability ≥ 1 − δ,
+    n_L ≤ (2/ε)·ln(1/(2δ)), so we widen the gap by twice that and the stream is
+    charged (ε, 2δ) (see `ctt_delta_charge`).
+    """
+    eps, dl = float(epsilon), float(delta)
+    if not 0 < dl < 1:
+        raise ValueError(f"CompareToThresholds needs 0 < delta < 1, got {delta}")
+    gap = (12.0 / eps) * (math.log(10.0 / eps) + math.log(1.0 / dl) + 1.0)
+    if parties == 2:
+        gap += 2.0 * (2.0 / eps) * math.log(1.0 / (2.0 * dl))
+    return gap
+
+
+def ctt_delta_charge(delta: Fraction, parties: int) -> Fraction:
+    """δ a CompareToThresholds stream charges: δ alone, or 2δ with two servers."""
+    return delta * 2 if parties == 2 else delta
+
+
+def overflow_possible(
+    n_max: int,
+    frac_bits: int,
+    epsilon_min: Fraction | float | str,
+    kind: StreamKind | str,
+    tau_bound: int | None = None,
+    parties: int = 2,
+) -> bool:
+    """Whether z_L + z_H could wrap mod 2^64 for these task parameters.
+
+    tau_bound defaults to the largest threshold a server accepts:
+    `default_tau_bound(n_max, frac_bits)` grid units.
+    """
+    eps = check_epsilon(epsilon_min)
+    if tau_bound is None:
+        tau_bound = default_tau_bound(n_max, frac_bits)
+    bound = noise_model(kind).noise_bound_per_party(eps, frac_bits)
+    return can_wrap(n_max, frac_bits, tau_bound, bound, parties)
+
+
+def default_tau_bound(n_max: int, frac_bits: int) -> int:
+    """Thresholds beyond ±4·n_max (score units) carry no information; refuse them."""
+    return 4 * n_max * sensitivity(frac_bits)

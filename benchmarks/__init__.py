@@ -1,0 +1,1 @@
+"""Reproducible performance measurements (run with `python -m svtagg.benchmarks`)."""

@@ -1,0 +1,1 @@
+"""Client side: per-user embeddings, encoding, sharing and upload to both servers."""

@@ -1,0 +1,1 @@
+"""Wire definitions (.proto) and the Python code generated from them."""

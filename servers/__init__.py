@@ -1,0 +1,1 @@
+"""The leader and helper servers: one gRPC service implementation, two roles."""
