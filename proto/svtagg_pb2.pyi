@@ -1,0 +1,250 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class StreamKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    STREAM_KIND_UNSPECIFIED: _ClassVar[StreamKind]
+    LAP24: _ClassVar[StreamKind]
+    LAP3: _ClassVar[StreamKind]
+    EXP3: _ClassVar[StreamKind]
+    CTT: _ClassVar[StreamKind]
+
+class Outcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    OUTCOME_UNSPECIFIED: _ClassVar[Outcome]
+    HIGH: _ClassVar[Outcome]
+    LOW: _ClassVar[Outcome]
+    CLOSE: _ClassVar[Outcome]
+STREAM_KIND_UNSPECIFIED: StreamKind
+LAP24: StreamKind
+LAP3: StreamKind
+EXP3: StreamKind
+CTT: StreamKind
+OUTCOME_UNSPECIFIED: Outcome
+HIGH: Outcome
+LOW: Outcome
+CLOSE: Outcome
+
+class TaskSpec(_message.Message):
+    __slots__ = ("task_id", "d", "frac_bits", "n_max", "min_batch", "epsilon_total", "delta_total", "epsilon_min")
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    D_FIELD_NUMBER: _ClassVar[int]
+    FRAC_BITS_FIELD_NUMBER: _ClassVar[int]
+    N_MAX_FIELD_NUMBER: _ClassVar[int]
+    MIN_BATCH_FIELD_NUMBER: _ClassVar[int]
+    EPSILON_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    DELTA_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    EPSILON_MIN_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    d: int
+    frac_bits: int
+    n_max: int
+    min_batch: int
+    epsilon_total: str
+    delta_total: str
+    epsilon_min: str
+    def __init__(self, task_id: _Optional[str] = ..., d: _Optional[int] = ..., frac_bits: _Optional[int] = ..., n_max: _Optional[int] = ..., min_batch: _Optional[int] = ..., epsilon_total: _Optional[str] = ..., delta_total: _Optional[str] = ..., epsilon_min: _Optional[str] = ...) -> None: ...
+
+class TaskRef(_message.Message):
+    __slots__ = ("task_id",)
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    def __init__(self, task_id: _Optional[str] = ...) -> None: ...
+
+class BudgetStatus(_message.Message):
+    __slots__ = ("epsilon_total", "delta_total", "epsilon_spent", "delta_spent")
+    EPSILON_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    DELTA_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    EPSILON_SPENT_FIELD_NUMBER: _ClassVar[int]
+    DELTA_SPENT_FIELD_NUMBER: _ClassVar[int]
+    epsilon_total: str
+    delta_total: str
+    epsilon_spent: str
+    delta_spent: str
+    def __init__(self, epsilon_total: _Optional[str] = ..., delta_total: _Optional[str] = ..., epsilon_spent: _Optional[str] = ..., delta_spent: _Optional[str] = ...) -> None: ...
+
+class TaskInfo(_message.Message):
+    __slots__ = ("spec", "n", "collection_open", "budget", "helper_budget", "streams")
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    N_FIELD_NUMBER: _ClassVar[int]
+    COLLECTION_OPEN_FIELD_NUMBER: _ClassVar[int]
+    BUDGET_FIELD_NUMBER: _ClassVar[int]
+    HELPER_BUDGET_FIELD_NUMBER: _ClassVar[int]
+    STREAMS_FIELD_NUMBER: _ClassVar[int]
+    spec: TaskSpec
+    n: int
+    collection_open: bool
+    budget: BudgetStatus
+    helper_budget: BudgetStatus
+    streams: int
+    def __init__(self, spec: _Optional[_Union[TaskSpec, _Mapping]] = ..., n: _Optional[int] = ..., collection_open: _Optional[bool] = ..., budget: _Optional[_Union[BudgetStatus, _Mapping]] = ..., helper_budget: _Optional[_Union[BudgetStatus, _Mapping]] = ..., streams: _Optional[int] = ...) -> None: ...
+
+class TaskList(_message.Message):
+    __slots__ = ("tasks",)
+    TASKS_FIELD_NUMBER: _ClassVar[int]
+    tasks: _containers.RepeatedCompositeFieldContainer[TaskInfo]
+    def __init__(self, tasks: _Optional[_Iterable[_Union[TaskInfo, _Mapping]]] = ...) -> None: ...
+
+class Empty(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class Report(_message.Message):
+    __slots__ = ("report_id", "explicit_share", "seed")
+    REPORT_ID_FIELD_NUMBER: _ClassVar[int]
+    EXPLICIT_SHARE_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    report_id: bytes
+    explicit_share: bytes
+    seed: bytes
+    def __init__(self, report_id: _Optional[bytes] = ..., explicit_share: _Optional[bytes] = ..., seed: _Optional[bytes] = ...) -> None: ...
+
+class UploadBatch(_message.Message):
+    __slots__ = ("task_id", "reports")
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    REPORTS_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    reports: _containers.RepeatedCompositeFieldContainer[Report]
+    def __init__(self, task_id: _Optional[str] = ..., reports: _Optional[_Iterable[_Union[Report, _Mapping]]] = ...) -> None: ...
+
+class UploadResult(_message.Message):
+    __slots__ = ("accepted", "n")
+    ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    N_FIELD_NUMBER: _ClassVar[int]
+    accepted: int
+    n: int
+    def __init__(self, accepted: _Optional[int] = ..., n: _Optional[int] = ...) -> None: ...
+
+class OpenStreamRequest(_message.Message):
+    __slots__ = ("task_id", "kind", "epsilon", "delta")
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    EPSILON_FIELD_NUMBER: _ClassVar[int]
+    DELTA_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    kind: StreamKind
+    epsilon: str
+    delta: str
+    def __init__(self, task_id: _Optional[str] = ..., kind: _Optional[_Union[StreamKind, str]] = ..., epsilon: _Optional[str] = ..., delta: _Optional[str] = ...) -> None: ...
+
+class StreamInfo(_message.Message):
+    __slots__ = ("stream_id", "task_id", "kind", "epsilon", "delta", "closed", "queries_answered")
+    STREAM_ID_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    EPSILON_FIELD_NUMBER: _ClassVar[int]
+    DELTA_FIELD_NUMBER: _ClassVar[int]
+    CLOSED_FIELD_NUMBER: _ClassVar[int]
+    QUERIES_ANSWERED_FIELD_NUMBER: _ClassVar[int]
+    stream_id: str
+    task_id: str
+    kind: StreamKind
+    epsilon: str
+    delta: str
+    closed: bool
+    queries_answered: int
+    def __init__(self, stream_id: _Optional[str] = ..., task_id: _Optional[str] = ..., kind: _Optional[_Union[StreamKind, str]] = ..., epsilon: _Optional[str] = ..., delta: _Optional[str] = ..., closed: _Optional[bool] = ..., queries_answered: _Optional[int] = ...) -> None: ...
+
+class Queries(_message.Message):
+    __slots__ = ("index", "complement")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    COMPLEMENT_FIELD_NUMBER: _ClassVar[int]
+    index: _containers.RepeatedScalarFieldContainer[int]
+    complement: _containers.RepeatedScalarFieldContainer[bool]
+    def __init__(self, index: _Optional[_Iterable[int]] = ..., complement: _Optional[_Iterable[bool]] = ...) -> None: ...
+
+class AskRequest(_message.Message):
+    __slots__ = ("stream_id", "queries", "tau")
+    STREAM_ID_FIELD_NUMBER: _ClassVar[int]
+    QUERIES_FIELD_NUMBER: _ClassVar[int]
+    TAU_FIELD_NUMBER: _ClassVar[int]
+    stream_id: str
+    queries: Queries
+    tau: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, stream_id: _Optional[str] = ..., queries: _Optional[_Union[Queries, _Mapping]] = ..., tau: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class AskResponse(_message.Message):
+    __slots__ = ("yes", "index", "closed")
+    YES_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    CLOSED_FIELD_NUMBER: _ClassVar[int]
+    yes: bool
+    index: int
+    closed: bool
+    def __init__(self, yes: _Optional[bool] = ..., index: _Optional[int] = ..., closed: _Optional[bool] = ...) -> None: ...
+
+class CompareRequest(_message.Message):
+    __slots__ = ("stream_id", "queries", "tau_low", "tau_high")
+    STREAM_ID_FIELD_NUMBER: _ClassVar[int]
+    QUERIES_FIELD_NUMBER: _ClassVar[int]
+    TAU_LOW_FIELD_NUMBER: _ClassVar[int]
+    TAU_HIGH_FIELD_NUMBER: _ClassVar[int]
+    stream_id: str
+    queries: Queries
+    tau_low: _containers.RepeatedScalarFieldContainer[int]
+    tau_high: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, stream_id: _Optional[str] = ..., queries: _Optional[_Union[Queries, _Mapping]] = ..., tau_low: _Optional[_Iterable[int]] = ..., tau_high: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class CompareResponse(_message.Message):
+    __slots__ = ("outcomes", "closed")
+    OUTCOMES_FIELD_NUMBER: _ClassVar[int]
+    CLOSED_FIELD_NUMBER: _ClassVar[int]
+    outcomes: _containers.RepeatedScalarFieldContainer[Outcome]
+    closed: bool
+    def __init__(self, outcomes: _Optional[_Iterable[_Union[Outcome, str]]] = ..., closed: _Optional[bool] = ...) -> None: ...
+
+class CollectionDigest(_message.Message):
+    __slots__ = ("n", "report_digest")
+    N_FIELD_NUMBER: _ClassVar[int]
+    REPORT_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    n: int
+    report_digest: bytes
+    def __init__(self, n: _Optional[int] = ..., report_digest: _Optional[bytes] = ...) -> None: ...
+
+class PrepareStreamRequest(_message.Message):
+    __slots__ = ("stream_id", "task_id", "kind", "epsilon", "delta")
+    STREAM_ID_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    EPSILON_FIELD_NUMBER: _ClassVar[int]
+    DELTA_FIELD_NUMBER: _ClassVar[int]
+    stream_id: str
+    task_id: str
+    kind: StreamKind
+    epsilon: str
+    delta: str
+    def __init__(self, stream_id: _Optional[str] = ..., task_id: _Optional[str] = ..., kind: _Optional[_Union[StreamKind, str]] = ..., epsilon: _Optional[str] = ..., delta: _Optional[str] = ...) -> None: ...
+
+class ChunkHeader(_message.Message):
+    __slots__ = ("stream_id", "chunk_no", "queries", "compare")
+    STREAM_ID_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_NO_FIELD_NUMBER: _ClassVar[int]
+    QUERIES_FIELD_NUMBER: _ClassVar[int]
+    COMPARE_FIELD_NUMBER: _ClassVar[int]
+    stream_id: str
+    chunk_no: int
+    queries: Queries
+    compare: bool
+    def __init__(self, stream_id: _Optional[str] = ..., chunk_no: _Optional[int] = ..., queries: _Optional[_Union[Queries, _Mapping]] = ..., compare: _Optional[bool] = ...) -> None: ...
+
+class PeerFrame(_message.Message):
+    __slots__ = ("header", "fragment", "more")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    FRAGMENT_FIELD_NUMBER: _ClassVar[int]
+    MORE_FIELD_NUMBER: _ClassVar[int]
+    header: ChunkHeader
+    fragment: bytes
+    more: bool
+    def __init__(self, header: _Optional[_Union[ChunkHeader, _Mapping]] = ..., fragment: _Optional[bytes] = ..., more: _Optional[bool] = ...) -> None: ...
+
+class StreamRef(_message.Message):
+    __slots__ = ("stream_id",)
+    STREAM_ID_FIELD_NUMBER: _ClassVar[int]
+    stream_id: str
+    def __init__(self, stream_id: _Optional[str] = ...) -> None: ...
