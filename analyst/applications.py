@@ -1,0 +1,373 @@
+"""Applications of SVT selection (paper §7) and the per-user embeddings they need.
+
+The embeddings are the one place that says which vector in [0,1]^d a user
+uploads for each workload; the client side reuses `EMBEDDINGS`.  The
+applications themselves use only an `Oracle` holding the sums of those vectors.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from fractions import Fraction
+
+import numpy as np
+import numpy.typing as npt
+from svtagg.analyst.accounting import advanced_composition_step
+from svtagg.analyst.kinds import StreamKind, check_epsilon
+from svtagg.analyst.oracle import Number, Oracle, Query
+from svtagg.analyst.selection import (
+    Candidates,
+    SelectionResult,
+    Spend,
+    geometric_binary_search,
+    sampling_and_filtering,
+    sum_estimation,
+)
+
+Array = npt.NDArray[np.float64]
+
+# =========================================================================== embeddings
+
+
+def fp_loss_embedding(residuals: npt.ArrayLike, bound: float, p: float) -> Array:
+    """F_p losses: user value for candidate j is |v_ij|^p / b^p, clipped to [0, 1]."""
+    v = np.abs(np.asarray(residuals, dtype=np.float64))
+    return np.clip((v / bound) ** p, 0.0, 1.0)
+
+
+def heavy_hitters_embedding(records: Iterable[Iterable[int]] | npt.ArrayLike, d: int) -> Array:
+    """Heavy hitters with categories: an r-sparse 0/1 vector per user (coordinate j = 1
+    iff the user holds category j).  Accepts a 0/1 matrix or lists of category ids."""
+    if isinstance(records, np.ndarray):
+        return np.clip(records.astype(np.float64), 0.0, 1.0)
+    rows: list[list[int]] = [list(cats) for cats in records]  # type: ignore[arg-type,union-attr]
+    out = np.zeros((len(rows), d))
+    for i, cats in enumerate(rows):
+        out[i, cats] = 1.0
+    return out
+
+
+def sparse_mean_clip(n: int, d: int, beta: float) -> float:
+    """B = 1 + √(2 ln(8nd/β)) (Theorem 7.2): Gaussian entries exceed it w.p. ≤ β/(4nd)."""
+    return 1.0 + math.sqrt(2 * math.log(8 * n * d / beta))
+
+
+def sparse_mean_embedding(x: npt.ArrayLike, clip: float) -> Array:
+    """Sparse mean: g_j(x) = (B + x̃_j)/(2B), x̃ = x clipped to [−B, B].  This is the
+    σ = +1 score; the σ = −1 score (B − x̃_j)/(2B) is its complement (`Query(j, True)`)."""
+    xc = np.clip(np.asarray(x, dtype=np.float64), -clip, clip)
+    return (clip + xc) / (2 * clip)
+
+
+def marginal_pairs(attributes: int) -> list[tuple[int, int]]:
+    """The two-way marginal queries q_(a,b), a < b, in coordinate order."""
+    return [(a, b) for a in range(attributes) for b in range(a + 1, attributes)]
+
+
+def marginal_values(x: npt.ArrayLike) -> Array:
+    """q_(a,b)(x) = 1[x_a = x_b = 1] for every pair, one row per record."""
+    xb = np.asarray(x).astype(bool)
+    pairs = marginal_pairs(xb.shape[1])
+    return np.stack([xb[:, a] & xb[:, b] for a, b in pairs], axis=1).astype(np.float64)
+
+
+def marginals_embedding(x: npt.ArrayLike) -> Array:
+    """MWEM on two-way marginals: coordinate (q, σ=+1) is (1 + q(x))/2 ∈ [0, 1]; the
+    σ = −1 score (1 − q(x))/2 is its complement."""
+    return (1.0 + marginal_values(x)) / 2.0
+
+
+#: Raw user records → [0,1]^d vectors, by workload name (shared with the client).
+EMBEDDINGS: dict[str, Callable[..., Array]] = {
+    "heavy_hitters": heavy_hitters_embedding,
+    "sparse_mean": sparse_mean_embedding,
+    "marginals": marginals_embedding,
+    "fp_loss": fp_loss_embedding,
+}
+
+
+# =========================================================================== F_p / L_p
+
+
+@dataclass(frozen=True)
+class FpResult:
+    """Chosen candidate for the smallest F_p loss, and the error translation."""
+
+    index: int
+    fp_error_bound: float  # additive, in F_p score units (sums of |v|^p/b^p)
+    lp_error_bound: float  # b·(fp_error_bound)^(1/p) in L_p units
+    selection: SelectionResult
+
+
+def lp_error(fp_error: float, p: float, bound: float) -> float:
+    """Additive error a on Σ|v|^p/b^p ⇒ error b·a^(1/p) on the L_p loss (‖·‖_p is 1/p-Hölder)."""
+    return bound * max(fp_error, 0.0) ** (1.0 / p)
+
+
+def fp_selection(
+    oracle: Oracle,
+    p: float,
+    bound: float,
+    epsilon: Number | str,
+    beta: float,
+    *,
+    minimize: bool = True,
+    kind: StreamKind | str = StreamKind.LAP24,
+) -> FpResult:
+    """Select the candidate with the smallest (or largest) F_p loss with Algorithm 8.
+
+    The oracle holds sums of `fp_loss_embedding`.  Minimising the loss is
+    maximising its complement n − s_j, so candidates are `Query(j, complement=True)`.
+    """
+    cands = Candidates.of([Query(j, complement=minimize) for j in range(oracle.d)])
+    sel = geometric_binary_search(oracle, epsilon, beta, candidates=cands, kind=kind)
+    err = sel.upper - sel.lower
+    return FpResult(sel.index, err, lp_error(err, p, bound), sel)
+
+
+# =========================================================================== top-k
+
+
+@dataclass(frozen=True)
+class TopKResult:
+    indices: list[int]
+    spend: Spend
+    planned_epsilon: Fraction
+
+
+def top_k_heavy_hitters(
+    oracle: Oracle,
+    k: int,
+    epsilon: Number | str,
+    *,
+    variant: str = "tuned",
+    rng: np.random.Generator | int | None = None,
+    kind: StreamKind | str = StreamKind.LAP24,
+) -> TopKResult:
+    """Theorem 7.1: k rounds of Algorithm 9 with budget ε/k and failure 1/d each,
+    removing the chosen categories.  Error O(log(d)·k/ε)-ish per item, with no
+    dependence on the sparsity r (each coordinate has sensitivity 1)."""
+    eps = check_epsilon(epsilon)
+    gen = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
+    d = oracle.d
+    remaining = list(range(d))
+    chosen: list[int] = []
+    spend = Spend()
+    planned = Fraction(0)
+    for _ in range(k):
+        cands = Candidates.of([Query(j) for j in remaining])
+        res = sampling_and_filtering(
+            oracle, eps / k, 1.0 / d, candidates=cands, variant=variant, rng=gen, kind=kind
+        )
+        chosen.append(remaining.pop(res.index))
+        spend.add(res.spend)
+        planned += res.planned_epsilon
+    return TopKResult(chosen, spend, planned)
+
+
+# =========================================================================== sparse mean
+
+
+@dataclass(frozen=True)
+class SparseMeanResult:
+    mean: Array  # μ̂, zero off the selected support
+    support: list[int]
+    spend: Spend
+    planned_epsilon: Fraction
+
+
+def sparse_mean(
+    oracle: Oracle,
+    k: int,
+    epsilon: Number | str,
+    beta: float,
+    clip: float,
+    *,
+    variant: str = "tuned",
+    rng: np.random.Generator | int | None = None,
+    kind: StreamKind | str = StreamKind.LAP24,
+) -> SparseMeanResult:
+    """Theorem 7.2: the oracle holds sums of `sparse_mean_embedding(x, clip)`.
+
+    k rounds of Algorithm 9 over the 2d scores f_{j,σ} (σ = −1 as complement
+    queries) with budget ε/(2k) and failure min(β/(4k), 1/(2d)), removing both
+    scores of a chosen coordinate; then Corollary 6.8 on g_j with ε/(2k),
+    β/(4k), and μ̂_j = B(2ĝ_j − n)/n.  ε-DP by basic composition.
+    """
+    eps = check_epsilon(epsilon)
+    gen = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
+    n, d = oracle.n, oracle.d
+    step = eps / (2 * k)
+    fail = min(beta / (4 * k), 1.0 / (2 * d))
+    remaining = list(range(d))
+    support: list[int] = []
+    spend = Spend()
+    planned = Fraction(0)
+    for _ in range(k):
+        queries = [Query(j, c) for j in remaining for c in (False, True)]
+        res = sampling_and_filtering(
+            oracle,
+            step,
+            fail,
+            candidates=Candidates.of(queries),
+            variant=variant,
+            rng=gen,
+            kind=kind,
+        )
+        j = res.query.index
+        support.append(j)
+        remaining.remove(j)
+        spend.add(res.spend)
+        planned += res.planned_epsilon
+    mean = np.zeros(d)
+    for j in support:
+        est = sum_estimation(oracle, Query(j), step, beta / (4 * k), kind=kind)
+        mean[j] = clip * (2 * est.estimate - n) / n
+        spend.add(est.spend)
+        planned += est.planned_epsilon
+    return SparseMeanResult(mean, support, spend, planned)
+
+
+# =========================================================================== MWEM
+
+
+@dataclass(frozen=True)
+class MarginalWorkload:
+    """Two-way marginals over `attributes` binary attributes: domain {0,1}^a, the
+    query matrix q(x) for every x in the domain, and the pair order of coordinates."""
+
+    attributes: int
+    domain: npt.NDArray[np.int8]  # |D| × a
+    matrix: Array  # |Q| × |D|
+
+    @classmethod
+    def build(cls, attributes: int) -> MarginalWorkload:
+        size = 2**attributes
+        dom = ((np.arange(size)[:, None] >> np.arange(attributes)[None, :]) & 1).astype(np.int8)
+        return cls(attributes, dom, marginal_values(dom).T.copy())
+
+    def histogram(self, x: npt.ArrayLike) -> Array:
+        """Counts of records per domain element (for the truth and central baselines)."""
+        xb = np.asarray(x).astype(np.int64)
+        codes = (xb << np.arange(self.attributes)[None, :]).sum(axis=1)
+        return np.bincount(codes, minlength=2**self.attributes).astype(np.float64)
+
+    def answers(self, hist: Array) -> Array:
+        """q(A) = Σ_x q(x)·A(x) for every query."""
+        return self.matrix @ hist
+
+
+@dataclass(frozen=True)
+class MwemResult:
+    synthetic: Array  # Ā = (1/T) Σ_t A_t over the domain, total mass n
+    chosen: list[int]
+    rounds: int
+    step_epsilon: Fraction
+    spend: Spend
+    planned_epsilon: Fraction
+
+
+def mwem_rounds(n: int, epsilon: float, domain_size: int, queries: int, beta: float) -> int:
+    """T = min(n, ⌈(nε)^(2/3)(ln|D|)^(1/3) L^(−2/3)⌉), L = ln(2n|Q|/β) (Theorem 7.7)."""
+    big_l = math.log(2 * n * queries / beta)
+    t = math.ceil((n * epsilon) ** (2 / 3) * math.log(domain_size) ** (1 / 3) * big_l ** (-2 / 3))
+    return max(1, min(n, t))
+
+
+def mwem_step_epsilon(epsilon: Number | str, rounds: int, delta: float = 0.0) -> Fraction:
+    """Budget of each of the 2T steps: ε/(2T) (Theorem 7.7, basic composition), or with
+    δ > 0 the largest ε0 whose 2T-fold advanced composition is (ε, δ) (Theorem 7.8)."""
+    eps = check_epsilon(epsilon)
+    if delta <= 0:
+        return eps / (2 * rounds)
+    return advanced_composition_step(float(eps), delta, 2 * rounds)
+
+
+def mwem_loop(
+    n: int,
+    workload: MarginalWorkload,
+    rounds: int,
+    select: Callable[[Array, int], int],
+    measure: Callable[[int, int], float],
+) -> tuple[Array, list[int]]:
+    """Algorithm 10's multiplicative-weights skeleton, shared by the SVT and central
+    versions: `select(q(A_{t−1}), t)` picks a query, `measure(q, t)` estimates q(B)."""
+    size = workload.matrix.shape[1]
+    hist = np.full(size, n / size)
+    total = np.zeros(size)
+    chosen: list[int] = []
+    for t in range(1, rounds + 1):
+        qa = workload.answers(hist)
+        q = select(qa, t)
+        m_t = measure(q, t)
+        chosen.append(q)
+        # log-space update keeps large (m_t − q(A)) from overflowing
+        logw = np.log(hist) + workload.matrix[q] * (m_t - qa[q]) / (2 * n)
+        w = np.exp(logw - logw.max())
+        hist = n * w / w.sum()
+        total += hist
+    return total / rounds, chosen
+
+
+def mwem_svt(
+    oracle: Oracle,
+    workload: MarginalWorkload,
+    epsilon: Number | str,
+    beta: float,
+    *,
+    rounds: int | None = None,
+    delta: float = 0.0,
+    kind: StreamKind | str = StreamKind.LAP24,
+) -> MwemResult:
+    """MWEM in the SVT model (Algorithm 10; Theorem 7.7, or 7.8 when δ > 0).
+
+    The oracle holds sums of `marginals_embedding` (coordinate q is Σ(1+q(x))/2).
+    Selection: Algorithm 8 over the 2|Q| candidates (q, σ) — σ = −1 as the
+    complement — with public offsets w = (n − σ·q(A_{t−1}))/2, so the shifted score
+    is n + σ(q(B) − q(A))/2 ∈ [0, 2n]; range [0, 2n], ⌈log2(2n)⌉ rounds, failure
+    β/(2T).  Measurement: Corollary 6.8 on coordinate q, m_t = 2ĝ − n.  Each of
+    the 2T steps gets `mwem_step_epsilon(ε, T, δ)`.
+    """
+    n = oracle.n
+    nq = workload.matrix.shape[0]
+    if oracle.d != nq:
+        raise ValueError(f"oracle has {oracle.d} coordinates, workload {nq} queries")
+    t_rounds = (
+        rounds
+        if rounds is not None
+        else mwem_rounds(n, float(check_epsilon(epsilon)), workload.matrix.shape[1], nq, beta)
+    )
+    step = mwem_step_epsilon(epsilon, t_rounds, delta)
+    fail = beta / (2 * t_rounds)
+    spend = Spend()
+    sel_rounds = math.ceil(math.log2(2 * n))
+
+    def select(qa: Array, _t: int) -> int:
+        queries = [Query(q, c) for q in range(nq) for c in (False, True)]
+        offsets = [(n - (-1 if c else 1) * qa[q]) / 2 for q in range(nq) for c in (False, True)]
+        res = geometric_binary_search(
+            oracle,
+            step,
+            fail,
+            candidates=Candidates.of(queries, offsets),
+            interval=(0.0, 2.0 * n),
+            rounds=sel_rounds,
+            kind=kind,
+        )
+        spend.add(res.spend)
+        return res.query.index
+
+    def measure(q: int, _t: int) -> float:
+        est = sum_estimation(oracle, Query(q), step, fail, kind=kind)
+        spend.add(est.spend)
+        return 2 * est.estimate - n
+
+    synth, chosen = mwem_loop(n, workload, t_rounds, select, measure)
+    return MwemResult(synth, chosen, t_rounds, step, spend, 2 * t_rounds * step)
+
+
+def max_query_error(workload: MarginalWorkload, truth_hist: Array, synthetic: Array) -> float:
+    """max_q |q(B) − q(Ā)|, in counts."""
+    return float(np.max(np.abs(workload.answers(truth_hist) - workload.answers(synthetic))))
