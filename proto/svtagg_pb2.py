@@ -24,17 +24,17 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19svtagg/proto/svtagg.proto\x12\tsvtagg.v1\"\x9c\x01\n\x08TaskSpec\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\t\n\x01\x64\x18\x02 \x01(\r\x12\x11\n\tfrac_bits\x18\x03 \x01(\r\x12\r\n\x05n_max\x18\x04 \x01(\x04\x12\x11\n\tmin_batch\x18\x05 \x01(\x04\x12\x15\n\repsilon_total\x18\x06 \x01(\t\x12\x13\n\x0b\x64\x65lta_total\x18\x07 \x01(\t\x12\x13\n\x0b\x65psilon_min\x18\x08 \x01(\t\"\x1a\n\x07TaskRef\x12\x0f\n\x07task_id\x18\x01 \x01(\t\"f\n\x0c\x42udgetStatus\x12\x15\n\repsilon_total\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65lta_total\x18\x02 \x01(\t\x12\x15\n\repsilon_spent\x18\x03 \x01(\t\x12\x13\n\x0b\x64\x65lta_spent\x18\x04 \x01(\t\"\xbb\x01\n\x08TaskInfo\x12!\n\x04spec\x18\x01 \x01(\x0b\x32\x13.svtagg.v1.TaskSpec\x12\t\n\x01n\x18\x02 \x01(\x04\x12\x17\n\x0f\x63ollection_open\x18\x03 \x01(\x08\x12\'\n\x06\x62udget\x18\x04 \x01(\x0b\x32\x17.svtagg.v1.BudgetStatus\x12.\n\rhelper_budget\x18\x05 \x01(\x0b\x32\x17.svtagg.v1.BudgetStatus\x12\x0f\n\x07streams\x18\x06 \x01(\x04\".\n\x08TaskList\x12\"\n\x05tasks\x18\x01 \x03(\x0b\x32\x13.svtagg.v1.TaskInfo\"\x07\n\x05\x45mpty\"N\n\x06Report\x12\x11\n\treport_id\x18\x01 \x01(\x0c\x12\x18\n\x0e\x65xplicit_share\x18\x02 \x01(\x0cH\x00\x12\x0e\n\x04seed\x18\x03 \x01(\x0cH\x00\x42\x07\n\x05share\"B\n\x0bUploadBatch\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\"\n\x07reports\x18\x02 \x03(\x0b\x32\x11.svtagg.v1.Report\"+\n\x0cUploadResult\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\r\x12\t\n\x01n\x18\x02 \x01(\x04\"i\n\x11OpenStreamRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12#\n\x04kind\x18\x02 \x01(\x0e\x32\x15.svtagg.v1.StreamKind\x12\x0f\n\x07\x65psilon\x18\x03 \x01(\t\x12\r\n\x05\x64\x65lta\x18\x04 \x01(\t\"\x9f\x01\n\nStreamInfo\x12\x11\n\tstream_id\x18\x01 \x01(\t\x12\x0f\n\x07task_id\x18\x02 \x01(\t\x12#\n\x04kind\x18\x03 \x01(\x0e\x32\x15.svtagg.v1.StreamKind\x12\x0f\n\x07\x65psilon\x18\x04 \x01(\t\x12\r\n\x05\x64\x65lta\x18\x05 \x01(\t\x12\x0e\n\x06\x63losed\x18\x06 \x01(\x08\x12\x18\n\x10queries_answered\x18\x07 \x01(\x04\",\n\x07Queries\x12\r\n\x05index\x18\x01 \x03(\r\x12\x12\n\ncomplement\x18\x02 \x03(\x08\"Q\n\nAskRequest\x12\x11\n\tstream_id\x18\x01 \x01(\t\x12#\n\x07queries\x18\x02 \x01(\x0b\x32\x12.svtagg.v1.Queries\x12\x0b\n\x03tau\x18\x03 \x03(\x12\"9\n\x0b\x41skResponse\x12\x0b\n\x03yes\x18\x01 \x01(\x08\x12\r\n\x05index\x18\x02 \x01(\r\x12\x0e\n\x06\x63losed\x18\x03 \x01(\x08\"k\n\x0e\x43ompareRequest\x12\x11\n\tstream_id\x18\x01 \x01(\t\x12#\n\x07queries\x18\x02 \x01(\x0b\x32\x12.svtagg.v1.Queries\x12\x0f\n\x07tau_low\x18\x03 \x03(\x12\x12\x10\n\x08tau_high\x18\x04 \x03(\x12\"G\n\x0f\x43ompareResponse\x12$\n\x08outcomes\x18\x01 \x03(\x0e\x32\x12.svtagg.v1.Outcome\x12\x0e\n\x06\x63losed\x18\x02 \x01(\x08\"4\n\x10\x43ollectionDigest\x12\t\n\x01n\x18\x01 \x01(\x04\x12\x15\n\rreport_digest\x18\x02 \x01(\x0c\"\x7f\n\x14PrepareStreamRequest\x12\x11\n\tstream_id\x18\x01 \x01(\t\x12\x0f\n\x07task_id\x18\x02 \x01(\t\x12#\n\x04kind\x18\x03 \x01(\x0e\x32\x15.svtagg.v1.StreamKind\x12\x0f\n\x07\x65psilon\x18\x04 \x01(\t\x12\r\n\x05\x64\x65lta\x18\x05 \x01(\t\"h\n\x0b\x43hunkHeader\x12\x11\n\tstream_id\x18\x01 \x01(\t\x12\x10\n\x08\x63hunk_no\x18\x02 \x01(\x04\x12#\n\x07queries\x18\x03 \x01(\x0b\x32\x12.svtagg.v1.Queries\x12\x0f\n\x07\x63ompare\x18\x04 \x01(\x08\"_\n\tPeerFrame\x12(\n\x06header\x18\x01 \x01(\x0b\x32\x16.svtagg.v1.ChunkHeaderH\x00\x12\x12\n\x08\x66ragment\x18\x02 \x01(\x0cH\x00\x12\x0c\n\x04more\x18\x03 \x01(\x08\x42\x06\n\x04\x62ody\"\x1e\n\tStreamRef\x12\x11\n\tstream_id\x18\x01 \x01(\t*Q\n\nStreamKind\x12\x1b\n\x17STREAM_KIND_UNSPECIFIED\x10\x00\x12\t\n\x05LAP24\x10\x01\x12\x08\n\x04LAP3\x10\x02\x12\x08\n\x04\x45XP3\x10\x03\x12\x07\n\x03\x43TT\x10\x04*@\n\x07Outcome\x12\x17\n\x13OUTCOME_UNSPECIFIED\x10\x00\x12\x08\n\x04HIGH\x10\x01\x12\x07\n\x03LOW\x10\x02\x12\t\n\x05\x43LOSE\x10\x03\x32w\n\x06Ingest\x12\x39\n\x06Upload\x12\x16.svtagg.v1.UploadBatch\x1a\x17.svtagg.v1.UploadResult\x12\x32\n\x07GetTask\x12\x12.svtagg.v1.TaskRef\x1a\x13.svtagg.v1.TaskInfo2\xd8\x03\n\x07\x41nalyst\x12\x36\n\nCreateTask\x12\x13.svtagg.v1.TaskSpec\x1a\x13.svtagg.v1.TaskInfo\x12\x37\n\x0c\x44\x65scribeTask\x12\x12.svtagg.v1.TaskRef\x1a\x13.svtagg.v1.TaskInfo\x12\x32\n\tListTasks\x12\x10.svtagg.v1.Empty\x1a\x13.svtagg.v1.TaskList\x12:\n\x0f\x43loseCollection\x12\x12.svtagg.v1.TaskRef\x1a\x13.svtagg.v1.TaskInfo\x12\x41\n\nOpenStream\x12\x1c.svtagg.v1.OpenStreamRequest\x1a\x15.svtagg.v1.StreamInfo\x12\x34\n\x03\x41sk\x12\x15.svtagg.v1.AskRequest\x1a\x16.svtagg.v1.AskResponse\x12@\n\x07\x43ompare\x12\x19.svtagg.v1.CompareRequest\x1a\x1a.svtagg.v1.CompareResponse\x12\x31\n\x06\x42udget\x12\x12.svtagg.v1.TaskRef\x1a\x13.svtagg.v1.TaskInfo2\xad\x03\n\x04Peer\x12\x36\n\nCreateTask\x12\x13.svtagg.v1.TaskSpec\x1a\x13.svtagg.v1.TaskInfo\x12\x42\n\x0f\x43loseCollection\x12\x12.svtagg.v1.TaskRef\x1a\x1b.svtagg.v1.CollectionDigest\x12\x39\n\x06\x44igest\x12\x12.svtagg.v1.TaskRef\x1a\x1b.svtagg.v1.CollectionDigest\x12G\n\rPrepareStream\x12\x1f.svtagg.v1.PrepareStreamRequest\x1a\x15.svtagg.v1.StreamInfo\x12\x37\n\x05\x43hunk\x12\x14.svtagg.v1.PeerFrame\x1a\x14.svtagg.v1.PeerFrame(\x01\x30\x01\x12\x39\n\nFailStream\x12\x14.svtagg.v1.StreamRef\x1a\x15.svtagg.v1.StreamInfo\x12\x31\n\x06\x42udget\x12\x12.svtagg.v1.TaskRef\x1a\x13.svtagg.v1.TaskInfob\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19svtagg/proto/svtagg.proto\x12\tsvtagg.v1\"\x9c\x01\n\x08TaskSpec\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\t\n\x01\x64\x18\x02 \x01(\r\x12\x11\n\tfrac_bits\x18\x03 \x01(\r\x12\r\n\x05n_max\x18\x04 \x01(\x04\x12\x11\n\tmin_batch\x18\x05 \x01(\x04\x12\x15\n\repsilon_total\x18\x06 \x01(\t\x12\x13\n\x0b\x64\x65lta_total\x18\x07 \x01(\t\x12\x13\n\x0b\x65psilon_min\x18\x08 \x01(\t\"\x1a\n\x07TaskRef\x12\x0f\n\x07task_id\x18\x01 \x01(\t\"f\n\x0c\x42udgetStatus\x12\x15\n\repsilon_total\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65lta_total\x18\x02 \x01(\t\x12\x15\n\repsilon_spent\x18\x03 \x01(\t\x12\x13\n\x0b\x64\x65lta_spent\x18\x04 \x01(\t\"\xbb\x01\n\x08TaskInfo\x12!\n\x04spec\x18\x01 \x01(\x0b\x32\x13.svtagg.v1.TaskSpec\x12\t\n\x01n\x18\x02 \x01(\x04\x12\x17\n\x0f\x63ollection_open\x18\x03 \x01(\x08\x12\'\n\x06\x62udget\x18\x04 \x01(\x0b\x32\x17.svtagg.v1.BudgetStatus\x12.\n\rhelper_budget\x18\x05 \x01(\x0b\x32\x17.svtagg.v1.BudgetStatus\x12\x0f\n\x07streams\x18\x06 \x01(\x04\".\n\x08TaskList\x12\"\n\x05tasks\x18\x01 \x03(\x0b\x32\x13.svtagg.v1.TaskInfo\"\x07\n\x05\x45mpty\"N\n\x06Report\x12\x11\n\treport_id\x18\x01 \x01(\x0c\x12\x18\n\x0e\x65xplicit_share\x18\x02 \x01(\x0cH\x00\x12\x0e\n\x04seed\x18\x03 \x01(\x0cH\x00\x42\x07\n\x05share\"B\n\x0bUploadBatch\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\"\n\x07reports\x18\x02 \x03(\x0b\x32\x11.svtagg.v1.Report\"+\n\x0cUploadResult\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\r\x12\t\n\x01n\x18\x02 \x01(\x04\"i\n\x11OpenStreamRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12#\n\x04kind\x18\x02 \x01(\x0e\x32\x15.svtagg.v1.StreamKind\x12\x0f\n\x07\x65psilon\x18\x03 \x01(\t\x12\r\n\x05\x64\x65lta\x18\x04 \x01(\t\"\x9f\x01\n\nStreamInfo\x12\x11\n\tstream_id\x18\x01 \x01(\t\x12\x0f\n\x07task_id\x18\x02 \x01(\t\x12#\n\x04kind\x18\x03 \x01(\x0e\x32\x15.svtagg.v1.StreamKind\x12\x0f\n\x07\x65psilon\x18\x04 \x01(\t\x12\r\n\x05\x64\x65lta\x18\x05 \x01(\t\x12\x0e\n\x06\x63losed\x18\x06 \x01(\x08\x12\x18\n\x10queries_answered\x18\x07 \x01(\x04\",\n\x07Queries\x12\r\n\x05index\x18\x01 \x03(\r\x12\x12\n\ncomplement\x18\x02 \x03(\x08\"Q\n\nAskRequest\x12\x11\n\tstream_id\x18\x01 \x01(\t\x12#\n\x07queries\x18\x02 \x01(\x0b\x32\x12.svtagg.v1.Queries\x12\x0b\n\x03tau\x18\x03 \x03(\x12\"M\n\x0b\x41skResponse\x12\x0b\n\x03yes\x18\x01 \x01(\x08\x12\r\n\x05index\x18\x02 \x01(\r\x12\x0e\n\x06\x63losed\x18\x03 \x01(\x08\x12\x12\n\npeer_bytes\x18\x04 \x01(\x04\"k\n\x0e\x43ompareRequest\x12\x11\n\tstream_id\x18\x01 \x01(\t\x12#\n\x07queries\x18\x02 \x01(\x0b\x32\x12.svtagg.v1.Queries\x12\x0f\n\x07tau_low\x18\x03 \x03(\x12\x12\x10\n\x08tau_high\x18\x04 \x03(\x12\"[\n\x0f\x43ompareResponse\x12$\n\x08outcomes\x18\x01 \x03(\x0e\x32\x12.svtagg.v1.Outcome\x12\x0e\n\x06\x63losed\x18\x02 \x01(\x08\x12\x12\n\npeer_bytes\x18\x03 \x01(\x04\"4\n\x10\x43ollectionDigest\x12\t\n\x01n\x18\x01 \x01(\x04\x12\x15\n\rreport_digest\x18\x02 \x01(\x0c\"\x7f\n\x14PrepareStreamRequest\x12\x11\n\tstream_id\x18\x01 \x01(\t\x12\x0f\n\x07task_id\x18\x02 \x01(\t\x12#\n\x04kind\x18\x03 \x01(\x0e\x32\x15.svtagg.v1.StreamKind\x12\x0f\n\x07\x65psilon\x18\x04 \x01(\t\x12\r\n\x05\x64\x65lta\x18\x05 \x01(\t\"h\n\x0b\x43hunkHeader\x12\x11\n\tstream_id\x18\x01 \x01(\t\x12\x10\n\x08\x63hunk_no\x18\x02 \x01(\x04\x12#\n\x07queries\x18\x03 \x01(\x0b\x32\x12.svtagg.v1.Queries\x12\x0f\n\x07\x63ompare\x18\x04 \x01(\x08\"_\n\tPeerFrame\x12(\n\x06header\x18\x01 \x01(\x0b\x32\x16.svtagg.v1.ChunkHeaderH\x00\x12\x12\n\x08\x66ragment\x18\x02 \x01(\x0cH\x00\x12\x0c\n\x04more\x18\x03 \x01(\x08\x42\x06\n\x04\x62ody\"\x1e\n\tStreamRef\x12\x11\n\tstream_id\x18\x01 \x01(\t*Q\n\nStreamKind\x12\x1b\n\x17STREAM_KIND_UNSPECIFIED\x10\x00\x12\t\n\x05LAP24\x10\x01\x12\x08\n\x04LAP3\x10\x02\x12\x08\n\x04\x45XP3\x10\x03\x12\x07\n\x03\x43TT\x10\x04*@\n\x07Outcome\x12\x17\n\x13OUTCOME_UNSPECIFIED\x10\x00\x12\x08\n\x04HIGH\x10\x01\x12\x07\n\x03LOW\x10\x02\x12\t\n\x05\x43LOSE\x10\x03\x32w\n\x06Ingest\x12\x39\n\x06Upload\x12\x16.svtagg.v1.UploadBatch\x1a\x17.svtagg.v1.UploadResult\x12\x32\n\x07GetTask\x12\x12.svtagg.v1.TaskRef\x1a\x13.svtagg.v1.TaskInfo2\xd8\x03\n\x07\x41nalyst\x12\x36\n\nCreateTask\x12\x13.svtagg.v1.TaskSpec\x1a\x13.svtagg.v1.TaskInfo\x12\x37\n\x0c\x44\x65scribeTask\x12\x12.svtagg.v1.TaskRef\x1a\x13.svtagg.v1.TaskInfo\x12\x32\n\tListTasks\x12\x10.svtagg.v1.Empty\x1a\x13.svtagg.v1.TaskList\x12:\n\x0f\x43loseCollection\x12\x12.svtagg.v1.TaskRef\x1a\x13.svtagg.v1.TaskInfo\x12\x41\n\nOpenStream\x12\x1c.svtagg.v1.OpenStreamRequest\x1a\x15.svtagg.v1.StreamInfo\x12\x34\n\x03\x41sk\x12\x15.svtagg.v1.AskRequest\x1a\x16.svtagg.v1.AskResponse\x12@\n\x07\x43ompare\x12\x19.svtagg.v1.CompareRequest\x1a\x1a.svtagg.v1.CompareResponse\x12\x31\n\x06\x42udget\x12\x12.svtagg.v1.TaskRef\x1a\x13.svtagg.v1.TaskInfo2\xad\x03\n\x04Peer\x12\x36\n\nCreateTask\x12\x13.svtagg.v1.TaskSpec\x1a\x13.svtagg.v1.TaskInfo\x12\x42\n\x0f\x43loseCollection\x12\x12.svtagg.v1.TaskRef\x1a\x1b.svtagg.v1.CollectionDigest\x12\x39\n\x06\x44igest\x12\x12.svtagg.v1.TaskRef\x1a\x1b.svtagg.v1.CollectionDigest\x12G\n\rPrepareStream\x12\x1f.svtagg.v1.PrepareStreamRequest\x1a\x15.svtagg.v1.StreamInfo\x12\x37\n\x05\x43hunk\x12\x14.svtagg.v1.PeerFrame\x1a\x14.svtagg.v1.PeerFrame(\x01\x30\x01\x12\x39\n\nFailStream\x12\x14.svtagg.v1.StreamRef\x1a\x15.svtagg.v1.StreamInfo\x12\x31\n\x06\x42udget\x12\x12.svtagg.v1.TaskRef\x1a\x13.svtagg.v1.TaskInfob\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'svtagg.proto.svtagg_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_STREAMKIND']._serialized_start=1828
-  _globals['_STREAMKIND']._serialized_end=1909
-  _globals['_OUTCOME']._serialized_start=1911
-  _globals['_OUTCOME']._serialized_end=1975
+  _globals['_STREAMKIND']._serialized_start=1868
+  _globals['_STREAMKIND']._serialized_end=1949
+  _globals['_OUTCOME']._serialized_start=1951
+  _globals['_OUTCOME']._serialized_end=2015
   _globals['_TASKSPEC']._serialized_start=41
   _globals['_TASKSPEC']._serialized_end=197
   _globals['_TASKREF']._serialized_start=199
@@ -62,25 +62,25 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_ASKREQUEST']._serialized_start=1086
   _globals['_ASKREQUEST']._serialized_end=1167
   _globals['_ASKRESPONSE']._serialized_start=1169
-  _globals['_ASKRESPONSE']._serialized_end=1226
-  _globals['_COMPAREREQUEST']._serialized_start=1228
-  _globals['_COMPAREREQUEST']._serialized_end=1335
-  _globals['_COMPARERESPONSE']._serialized_start=1337
-  _globals['_COMPARERESPONSE']._serialized_end=1408
-  _globals['_COLLECTIONDIGEST']._serialized_start=1410
-  _globals['_COLLECTIONDIGEST']._serialized_end=1462
-  _globals['_PREPARESTREAMREQUEST']._serialized_start=1464
-  _globals['_PREPARESTREAMREQUEST']._serialized_end=1591
-  _globals['_CHUNKHEADER']._serialized_start=1593
-  _globals['_CHUNKHEADER']._serialized_end=1697
-  _globals['_PEERFRAME']._serialized_start=1699
-  _globals['_PEERFRAME']._serialized_end=1794
-  _globals['_STREAMREF']._serialized_start=1796
-  _globals['_STREAMREF']._serialized_end=1826
-  _globals['_INGEST']._serialized_start=1977
-  _globals['_INGEST']._serialized_end=2096
-  _globals['_ANALYST']._serialized_start=2099
-  _globals['_ANALYST']._serialized_end=2571
-  _globals['_PEER']._serialized_start=2574
-  _globals['_PEER']._serialized_end=3003
+  _globals['_ASKRESPONSE']._serialized_end=1246
+  _globals['_COMPAREREQUEST']._serialized_start=1248
+  _globals['_COMPAREREQUEST']._serialized_end=1355
+  _globals['_COMPARERESPONSE']._serialized_start=1357
+  _globals['_COMPARERESPONSE']._serialized_end=1448
+  _globals['_COLLECTIONDIGEST']._serialized_start=1450
+  _globals['_COLLECTIONDIGEST']._serialized_end=1502
+  _globals['_PREPARESTREAMREQUEST']._serialized_start=1504
+  _globals['_PREPARESTREAMREQUEST']._serialized_end=1631
+  _globals['_CHUNKHEADER']._serialized_start=1633
+  _globals['_CHUNKHEADER']._serialized_end=1737
+  _globals['_PEERFRAME']._serialized_start=1739
+  _globals['_PEERFRAME']._serialized_end=1834
+  _globals['_STREAMREF']._serialized_start=1836
+  _globals['_STREAMREF']._serialized_end=1866
+  _globals['_INGEST']._serialized_start=2017
+  _globals['_INGEST']._serialized_end=2136
+  _globals['_ANALYST']._serialized_start=2139
+  _globals['_ANALYST']._serialized_end=2611
+  _globals['_PEER']._serialized_start=2614
+  _globals['_PEER']._serialized_end=3043
 # @@protoc_insertion_point(module_scope)

@@ -170,14 +170,16 @@ class AskRequest(_message.Message):
     def __init__(self, stream_id: _Optional[str] = ..., queries: _Optional[_Union[Queries, _Mapping]] = ..., tau: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class AskResponse(_message.Message):
-    __slots__ = ("yes", "index", "closed")
+    __slots__ = ("yes", "index", "closed", "peer_bytes")
     YES_FIELD_NUMBER: _ClassVar[int]
     INDEX_FIELD_NUMBER: _ClassVar[int]
     CLOSED_FIELD_NUMBER: _ClassVar[int]
+    PEER_BYTES_FIELD_NUMBER: _ClassVar[int]
     yes: bool
     index: int
     closed: bool
-    def __init__(self, yes: _Optional[bool] = ..., index: _Optional[int] = ..., closed: _Optional[bool] = ...) -> None: ...
+    peer_bytes: int
+    def __init__(self, yes: _Optional[bool] = ..., index: _Optional[int] = ..., closed: _Optional[bool] = ..., peer_bytes: _Optional[int] = ...) -> None: ...
 
 class CompareRequest(_message.Message):
     __slots__ = ("stream_id", "queries", "tau_low", "tau_high")
@@ -192,12 +194,14 @@ class CompareRequest(_message.Message):
     def __init__(self, stream_id: _Optional[str] = ..., queries: _Optional[_Union[Queries, _Mapping]] = ..., tau_low: _Optional[_Iterable[int]] = ..., tau_high: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class CompareResponse(_message.Message):
-    __slots__ = ("outcomes", "closed")
+    __slots__ = ("outcomes", "closed", "peer_bytes")
     OUTCOMES_FIELD_NUMBER: _ClassVar[int]
     CLOSED_FIELD_NUMBER: _ClassVar[int]
+    PEER_BYTES_FIELD_NUMBER: _ClassVar[int]
     outcomes: _containers.RepeatedScalarFieldContainer[Outcome]
     closed: bool
-    def __init__(self, outcomes: _Optional[_Iterable[_Union[Outcome, str]]] = ..., closed: _Optional[bool] = ...) -> None: ...
+    peer_bytes: int
+    def __init__(self, outcomes: _Optional[_Iterable[_Union[Outcome, str]]] = ..., closed: _Optional[bool] = ..., peer_bytes: _Optional[int] = ...) -> None: ...
 
 class CollectionDigest(_message.Message):
     __slots__ = ("n", "report_digest")

@@ -1,0 +1,290 @@
+"""The remote oracle: the `Oracle` interface backed by the leader's Analyst API.
+
+Selection algorithms and applications run on it unchanged.  Thresholds are
+encoded onto the task's grid here, exactly as the local oracle does, and sent
+as integers; the servers hold the data and the noise, and return only the
+first-YES index (or CompareToThresholds outcomes) of each chunk.  Refusals come
+back as the oracle's own exceptions: RESOURCE_EXHAUSTED → BudgetExhausted, a
+closed or failed stream → StreamClosed, bad input → ValueError.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+import numpy.typing as npt
+from svtagg.analyst import accuracy
+from svtagg.analyst.kinds import StreamKind, as_fraction, check_epsilon, ctt_delta_charge, ctt_gap
+from svtagg.analyst.oracle import (
+    MAX_CHUNK,
+    Budget,
+    BudgetExhausted,
+    Number,
+    OracleError,
+    OracleStats,
+    Outcome,
+    Query,
+    StreamClosed,
+)
+from svtagg.mpc.ring import encode_scalar, sensitivity
+from svtagg.proto import svtagg_pb2 as pb
+from svtagg.proto import svtagg_pb2_grpc as pb_grpc
+
+MAX_MESSAGE_BYTES = 64 << 20
+_OPTIONS = [
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+]
+_KIND_TO_PB = {
+    StreamKind.LAP24: pb.LAP24,
+    StreamKind.LAP3: pb.LAP3,
+    StreamKind.EXP3: pb.EXP3,
+    StreamKind.CTT: pb.CTT,
+}
+_OUTCOME = {pb.HIGH: Outcome.HIGH, pb.LOW: Outcome.LOW, pb.CLOSE: Outcome.CLOSE}
+
+
+def _error(exc: grpc.RpcError) -> Exception:
+    code: grpc.StatusCode = exc.code()  # type: ignore[attr-defined]
+    msg = f"{code.name}: {exc.details()}"  # type: ignore[attr-defined]
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return BudgetExhausted(msg)
+    if code == grpc.StatusCode.INVALID_ARGUMENT:
+        return ValueError(msg)
+    return OracleError(msg)
+
+
+@dataclass
+class RemoteStats(OracleStats):
+    """OracleStats plus what only the distributed system has: bytes between servers."""
+
+    peer_bytes: int = 0
+    seconds_in_calls: float = 0.0
+
+
+class RemoteStream:
+    """One SVT stream held by the two servers; see `oracle.Stream` for the contract."""
+
+    def __init__(
+        self, oracle: RemoteOracle, info: pb.StreamInfo, kind: StreamKind, eps: Fraction,
+        delta: Fraction,
+    ) -> None:
+        self._oracle = oracle
+        self.stream_id = info.stream_id
+        self.kind = kind
+        self.epsilon = eps
+        self.delta = delta
+        self._closed = False
+        self._answered = 0
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def queries_answered(self) -> int:
+        return self._answered
+
+    def alpha(self, k: int, beta: float) -> float:
+        return self._oracle.accuracy(self.kind, self.epsilon, k, beta)
+
+    def _queries(self, queries: Sequence[Query]) -> pb.Queries:
+        k = len(queries)
+        if k < 1:
+            raise ValueError("a chunk needs at least one query")
+        if k > MAX_CHUNK:
+            raise ValueError(f"a chunk holds at most {MAX_CHUNK} queries, got {k}")
+        if self._closed:
+            raise StreamClosed("this stream has already answered and is closed")
+        comp = [q.complement for q in queries]
+        return pb.Queries(index=[q.index for q in queries], complement=comp if any(comp) else [])
+
+    def _call(self, method: str, request: Any) -> Any:
+        try:
+            return self._oracle._call(method, request)
+        except StreamClosed:
+            self._closed = True
+            raise
+
+    def ask(self, chunk: Sequence[tuple[Query, Number]]) -> int | None:
+        if self.kind == StreamKind.CTT:
+            raise ValueError("a CompareToThresholds stream answers `compare`, not `ask`")
+        queries = self._queries([q for q, _ in chunk])
+        taus = self._oracle.encode_taus([t for _, t in chunk])
+        resp = self._call(
+            "Ask", pb.AskRequest(stream_id=self.stream_id, queries=queries, tau=taus.tolist())
+        )
+        self._closed = resp.closed
+        answered = resp.index + 1 if resp.yes else len(chunk)
+        self._answered += answered
+        self._oracle._count(answered, resp.peer_bytes)
+        return int(resp.index) if resp.yes else None
+
+    def compare(self, chunk: Sequence[tuple[Query, Number, Number]]) -> list[Outcome]:
+        if self.kind != StreamKind.CTT:
+            raise ValueError("only a CompareToThresholds stream answers `compare`")
+        queries = self._queries([q for q, _, _ in chunk])
+        gap = ctt_gap(self.epsilon, self.delta, self._oracle.parties)
+        for _, lo, hi in chunk:
+            if as_fraction(hi, "tau_high") - as_fraction(lo, "tau_low") < Fraction(str(gap)):
+                raise ValueError(
+                    f"CompareToThresholds requires τH − τL ≥ {gap:.6g}; got τL={lo}, τH={hi}"
+                )
+        lows = self._oracle.encode_taus([lo for _, lo, _ in chunk])
+        highs = self._oracle.encode_taus([hi for _, _, hi in chunk])
+        resp = self._call(
+            "Compare",
+            pb.CompareRequest(
+                stream_id=self.stream_id, queries=queries, tau_low=lows.tolist(),
+                tau_high=highs.tolist(),
+            ),
+        )
+        out = [_OUTCOME[o] for o in resp.outcomes]
+        self._closed = resp.closed
+        self._answered += len(out)
+        self._oracle._count(len(out), resp.peer_bytes)
+        return out
+
+
+class RemoteOracle:
+    """Oracle over one closed task on a leader (blocking API, mutual TLS)."""
+
+    def __init__(
+        self,
+        leader: str,
+        task_id: str,
+        ca: bytes,
+        cert: bytes,
+        key: bytes,
+        *,
+        timeout: float = 600.0,
+    ) -> None:
+        creds = grpc.ssl_channel_credentials(ca, key, cert)
+        self._channel = grpc.secure_channel(leader, creds, options=_OPTIONS)
+        self._stub = pb_grpc.AnalystStub(self._channel)
+        self.task_id = task_id
+        self.timeout = timeout
+        self._stats = RemoteStats()
+        info = self.describe()
+        if info.collection_open:
+            raise OracleError(f"task {task_id!r}: close the collection before querying")
+        self._n = int(info.n)
+        self._d = int(info.spec.d)
+        self.frac_bits = int(info.spec.frac_bits)
+
+    @classmethod
+    def from_certs(
+        cls, leader: str, task_id: str, certs: str | Path, **kw: Any
+    ) -> RemoteOracle:
+        d = Path(certs)
+        return cls(
+            leader, task_id, (d / "ca.pem").read_bytes(), (d / "analyst.pem").read_bytes(),
+            (d / "analyst.key").read_bytes(), **kw,
+        )
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> RemoteOracle:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _call(self, method: str, request: Any) -> Any:
+        import time
+
+        start = time.perf_counter()
+        try:
+            return getattr(self._stub, method)(request, timeout=self.timeout)
+        except grpc.RpcError as exc:
+            if exc.code() == grpc.StatusCode.FAILED_PRECONDITION and method in (  # type: ignore[attr-defined]
+                "Ask", "Compare"
+            ):
+                raise StreamClosed(f"FAILED_PRECONDITION: {exc.details()}") from None  # type: ignore[attr-defined]
+            raise _error(exc) from None
+        finally:
+            self._stats.seconds_in_calls += time.perf_counter() - start
+
+    def describe(self) -> pb.TaskInfo:
+        info: pb.TaskInfo = self._call("DescribeTask", pb.TaskRef(task_id=self.task_id))
+        return info
+
+    # -- Oracle protocol -------------------------------------------------------------
+    @property
+    def n(self) -> int:
+        return self._n
+
+    @property
+    def d(self) -> int:
+        return self._d
+
+    @property
+    def parties(self) -> int:
+        return 2
+
+    def open_stream(
+        self,
+        epsilon: Number | str,
+        kind: StreamKind | str = StreamKind.LAP24,
+        delta: Number | str = 0,
+    ) -> RemoteStream:
+        kind = StreamKind.parse(kind)
+        eps = check_epsilon(epsilon)
+        dl = as_fraction(delta, "delta")
+        info = self._call(
+            "OpenStream",
+            pb.OpenStreamRequest(
+                task_id=self.task_id, kind=_KIND_TO_PB[kind], epsilon=str(eps), delta=str(dl)
+            ),
+        )
+        charge = ctt_delta_charge(dl, 2) if kind == StreamKind.CTT else Fraction(0)
+        self._stats.streams += 1
+        self._stats.epsilon_spent += eps
+        self._stats.delta_spent += charge
+        self._stats.by_kind[kind.value] = self._stats.by_kind.get(kind.value, 0) + 1
+        return RemoteStream(self, info, kind, eps, dl)
+
+    def accuracy(
+        self, kind: StreamKind | str, epsilon: Number | str, k: int, beta: float
+    ) -> float:
+        return accuracy.alpha(kind, epsilon, k, beta, self.parties, self.frac_bits)
+
+    def budget(self) -> Budget:
+        b = self._call("Budget", pb.TaskRef(task_id=self.task_id)).budget
+        return Budget(
+            Fraction(b.epsilon_total), Fraction(b.delta_total), Fraction(b.epsilon_spent),
+            Fraction(b.delta_spent),
+        )
+
+    def stats(self) -> RemoteStats:
+        return self._stats
+
+    # -- helpers ---------------------------------------------------------------------
+    def encode_taus(self, taus: Sequence[Number]) -> npt.NDArray[np.int64]:
+        """Thresholds onto the task's grid, exactly (as `LocalOracle` does)."""
+        scale = sensitivity(self.frac_bits)
+        if taus and all(isinstance(t, (int, np.integer)) for t in taus):
+            return np.asarray(taus, dtype=np.int64) * scale
+        if taus and all(isinstance(t, (float, np.floating)) for t in taus):
+            arr = np.asarray(taus, dtype=np.float64) * scale  # exact: scaling by 2^F
+            # rint of an exact binary value equals encode_scalar's round-half-even of
+            # its shortest decimal repr whenever |t·2^F| < 2^52 (ties are dyadic).
+            if np.isfinite(arr).all() and np.abs(arr).max() < 2.0**52:
+                return np.rint(arr).astype(np.int64)
+        return np.fromiter(
+            (encode_scalar(as_fraction(t, "threshold"), self.frac_bits) for t in taus),
+            dtype=np.int64,
+            count=len(taus),
+        )
+
+    def _count(self, answered: int, peer_bytes: int) -> None:
+        self._stats.queries += answered
+        self._stats.chunks += 1
+        self._stats.peer_bytes += peer_bytes

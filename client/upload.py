@@ -1,0 +1,205 @@
+"""Client SDK: embed per-user records, encode, share with seed compression, and
+upload to both servers in batches.
+
+Each report gets one random 16-byte id used on both servers.  A batch is
+stored atomically by each server, and a retry resends the *same* batch (same
+ids), so a retry after a lost answer is refused as a replay (ALREADY_EXISTS)
+instead of counted twice; the SDK reads that refusal on a retry as "already
+delivered".  The leader receives the explicit shares, the helper only seeds.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+import numpy.typing as npt
+from svtagg.mpc.ring import encode
+from svtagg.mpc.sharing import share
+from svtagg.proto import svtagg_pb2 as pb
+from svtagg.proto import svtagg_pb2_grpc as pb_grpc
+
+MAX_MESSAGE_BYTES = 64 << 20
+OPTIONS = [
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+]
+RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
+REPORT_ID_BYTES = 16
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Reports ready to send: the leader's and the helper's halves of one batch."""
+
+    leader: pb.UploadBatch
+    helper: pb.UploadBatch
+
+    def __len__(self) -> int:
+        return len(self.leader.reports)
+
+
+def make_batch(task_id: str, values: npt.ArrayLike, frac_bits: int) -> Batch:
+    """Encode an m × d block of per-user values in [0, 1] and share each row."""
+    rows = encode(np.atleast_2d(np.asarray(values, dtype=np.float64)), frac_bits)
+    lead, help_ = pb.UploadBatch(task_id=task_id), pb.UploadBatch(task_id=task_id)
+    for row in rows:
+        rid = os.urandom(REPORT_ID_BYTES)
+        explicit, seed = share(row)
+        lead.reports.add(report_id=rid, explicit_share=explicit.astype("<u8").tobytes())
+        help_.reports.add(report_id=rid, seed=seed)
+    return Batch(lead, help_)
+
+
+@dataclass
+class UploadStats:
+    reports: int = 0
+    batches: int = 0
+    retries: int = 0
+    seconds: float = 0.0
+    n_leader: int = 0
+    n_helper: int = 0
+    errors: list[str] = field(default_factory=list)
+
+
+class UploadError(Exception):
+    """A batch was refused (not retryable) or retries ran out."""
+
+
+class Uploader:
+    """Uploads reports to the leader and the helper (blocking API)."""
+
+    def __init__(
+        self,
+        leader: str,
+        helper: str,
+        ca: bytes,
+        cert: bytes | None = None,
+        key: bytes | None = None,
+        *,
+        timeout: float = 30.0,
+        retries: int = 5,
+        backoff: float = 0.2,
+    ) -> None:
+        creds = grpc.ssl_channel_credentials(ca, key, cert)
+        self._channels = [grpc.secure_channel(a, creds, options=OPTIONS) for a in (leader, helper)]
+        self._stubs = [pb_grpc.IngestStub(c) for c in self._channels]
+        self.timeout = timeout
+        self.retries = retries
+        self.backoff = backoff
+
+    def close(self) -> None:
+        for c in self._channels:
+            c.close()
+
+    def __enter__(self) -> Uploader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def task(self, task_id: str) -> pb.TaskInfo:
+        """Public task parameters (d, frac_bits) as the leader states them."""
+        info: pb.TaskInfo = self._stubs[0].GetTask(
+            pb.TaskRef(task_id=task_id), timeout=self.timeout
+        )
+        return info
+
+    def send(self, batch: Batch, stats: UploadStats | None = None) -> tuple[int, int]:
+        """Deliver one batch to both servers; returns their n afterwards (0 if unknown
+        because the batch had been delivered by an earlier attempt)."""
+        stats = stats if stats is not None else UploadStats()
+        pending = {0: batch.leader, 1: batch.helper}
+        ns = [0, 0]
+        attempt = 0
+        while pending:
+            futures: dict[int, Future[Any]] = {
+                i: self._stubs[i].Upload.future(msg, timeout=self.timeout)  # type: ignore[attr-defined]
+                for i, msg in pending.items()
+            }
+            for i, fut in futures.items():
+                try:
+                    ns[i] = int(fut.result().n)
+                    del pending[i]
+                except grpc.RpcError as exc:
+                    code = exc.code()  # type: ignore[attr-defined]
+                    if code == grpc.StatusCode.ALREADY_EXISTS and attempt > 0:
+                        del pending[i]  # stored by the earlier attempt (batches are atomic)
+                    elif code not in RETRYABLE or attempt >= self.retries:
+                        server = "leader" if i == 0 else "helper"
+                        raise UploadError(
+                            f"{server} refused the batch: {code.name}: {exc.details()}"  # type: ignore[attr-defined]
+                        ) from None
+            if pending:
+                attempt += 1
+                stats.retries += 1
+                time.sleep(self.backoff * 2 ** (attempt - 1))
+        return ns[0], ns[1]
+
+    def upload(
+        self,
+        task_id: str,
+        values: npt.ArrayLike,
+        *,
+        batch_size: int = 1000,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> UploadStats:
+        """Upload an n × d matrix of per-user values in [0, 1], one report per row."""
+        info = self.task(task_id)
+        matrix = np.atleast_2d(np.asarray(values, dtype=np.float64))
+        if matrix.shape[1] != info.spec.d:
+            raise ValueError(f"rows have {matrix.shape[1]} values, task has d={info.spec.d}")
+        stats = UploadStats()
+        start = time.perf_counter()
+        total = matrix.shape[0]
+        for block in _blocks(matrix, batch_size):
+            batch = make_batch(task_id, block, info.spec.frac_bits)
+            n_l, n_h = self.send(batch, stats)
+            stats.reports += len(batch)
+            stats.batches += 1
+            stats.n_leader, stats.n_helper = n_l or stats.n_leader, n_h or stats.n_helper
+            if progress is not None:
+                progress(stats.reports, total)
+        stats.seconds = time.perf_counter() - start
+        return stats
+
+
+def _blocks(matrix: npt.NDArray[np.float64], size: int) -> Iterator[npt.NDArray[np.float64]]:
+    if size < 1:
+        raise ValueError(f"batch size must be >= 1, got {size}")
+    for start in range(0, matrix.shape[0], size):
+        yield matrix[start : start + size]
+
+
+def load_records(path: str | Path) -> npt.NDArray[Any]:
+    """Per-user records from .npy (any shape) or CSV (one user per line, numbers)."""
+    p = Path(path)
+    if p.suffix == ".npy":
+        return np.load(p, allow_pickle=False)
+    data = np.loadtxt(p, delimiter=",", ndmin=2)
+    return data
+
+
+def embed(records: npt.ArrayLike, embedding: str | None, **params: Any) -> npt.NDArray[np.float64]:
+    """Apply a named embedding from `analyst.applications.EMBEDDINGS` (None: the
+    records already are vectors in [0, 1]^d)."""
+    if embedding is None:
+        return np.asarray(records, dtype=np.float64)
+    from svtagg.analyst.applications import EMBEDDINGS
+
+    if embedding not in EMBEDDINGS:
+        raise ValueError(f"unknown embedding {embedding!r}; known: {', '.join(EMBEDDINGS)}")
+    if embedding == "heavy_hitters":
+        arr = np.asarray(records)
+        if "d" in params and arr.ndim == 2 and arr.shape[1] != int(params["d"]):
+            # A column of category ids per user rather than a 0/1 matrix.
+            return EMBEDDINGS[embedding](arr.astype(np.int64).tolist(), int(params["d"]))
+        return EMBEDDINGS[embedding](arr, int(params.get("d") or arr.shape[-1]))
+    return EMBEDDINGS[embedding](records, **params)

@@ -1,0 +1,79 @@
+"""`svtagg server` (run a leader or helper) and `svtagg certs` (make a local CA)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from pathlib import Path
+
+from svtagg.servers.tls import DEFAULT_HOSTS, ROLES, Identity, write_deployment
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("server", help="run the leader or helper server")
+    p.add_argument("--role", choices=["leader", "helper"], required=True)
+    p.add_argument("--db", required=True, help="SQLite store of this server")
+    p.add_argument("--certs", required=True, help="directory made by `svtagg certs`")
+    p.add_argument("--listen", default="127.0.0.1:0", help="host:port (port 0: pick one)")
+    p.add_argument("--helper", help="helper host:port (leader only)")
+    p.add_argument(
+        "--ingest-listen",
+        help="extra host:port with server-only TLS for clients without certificates",
+    )
+    p.add_argument("--port-file", help="write the bound port here once serving")
+    p.add_argument("--grace", type=float, default=5.0, help="shutdown grace period (s)")
+    p.set_defaults(handler=run_server)
+
+    c = sub.add_parser("certs", help="make a local CA and the certificates of a deployment")
+    c.add_argument("--out", required=True, help="output directory")
+    c.add_argument(
+        "--hosts", default=",".join(DEFAULT_HOSTS),
+        help="comma-separated DNS names / IPs the servers answer on",
+    )
+    c.set_defaults(handler=run_certs)
+
+
+def run_certs(args: argparse.Namespace) -> int:
+    hosts = tuple(h.strip() for h in args.hosts.split(",") if h.strip())
+    out = write_deployment(args.out, hosts)
+    print(f"wrote ca.pem and {', '.join(ROLES)} certificates (hosts {', '.join(hosts)}) to {out}")
+    print("keep ca.key offline; give each party only its own <role>.pem/.key and ca.pem")
+    return 0
+
+
+def run_server(args: argparse.Namespace) -> int:
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s",
+        stream=sys.stderr,
+    )
+    return asyncio.run(_serve(args))
+
+
+async def _serve(args: argparse.Namespace) -> int:
+    from svtagg.servers.service import ServerConfig, SvtaggServer
+
+    config = ServerConfig(
+        role=args.role,
+        store_path=args.db,
+        identity=Identity.load(args.certs, args.role),
+        listen=args.listen,
+        helper_address=args.helper,
+        ingest_listen=args.ingest_listen,
+    )
+    server = SvtaggServer(config)
+    await server.start()
+    if args.port_file:
+        tmp = Path(args.port_file + ".tmp")
+        tmp.write_text(str(server.port))
+        tmp.replace(args.port_file)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    logging.getLogger("svtagg.server").info("shutting down (grace %.1fs)", args.grace)
+    await server.stop(args.grace)
+    return 0

@@ -1,0 +1,300 @@
+"""The servers' part of the mechanism, free of any transport: task validation,
+upload accounting, stream opening (charge, then draw γ) and each chunk's
+masked comparison inputs z_L / z_H.
+
+Trust assumptions relied on here (see docs/services.md): two non-colluding,
+semi-honest servers; each draws its own full-scale noise from its own CSPRNG
+and never reveals γ, ν or its share sums; only the comparison protocol's
+output (first YES index / outcomes) leaves a server.  Clients are trusted to
+clip their values to [0, 1] (no range proofs yet).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import TYPE_CHECKING, Literal, Protocol
+
+import numpy as np
+import numpy.typing as npt
+from svtagg.analyst.kinds import (
+    StreamKind,
+    as_fraction,
+    check_epsilon,
+    ctt_delta_charge,
+    ctt_gap,
+    default_tau_bound,
+    overflow_possible,
+)
+from svtagg.analyst.noise import RandomSource, draw_query_noise, draw_threshold_noise
+from svtagg.analyst.oracle import MAX_CHUNK
+from svtagg.mpc.ring import MAX_FRAC_BITS, U64, sensitivity
+from svtagg.servers.errors import FailedPrecondition, InvalidArgument
+from svtagg.servers.store import (
+    REPORT_ID_BYTES,
+    TASK_ID_RE,
+    Store,
+    StreamState,
+    TaskParams,
+    TaskState,
+)
+
+if TYPE_CHECKING:
+    from svtagg.mpc.channel import Channel
+
+Role = Literal["leader", "helper"]
+#: Largest d a task may have (one explicit share is 8·d bytes).
+MAX_D = 1_000_000
+SEED_BYTES = 16
+#: Largest upload batch, in reports and in share bytes.
+MAX_BATCH_REPORTS = 10_000
+MAX_BATCH_BYTES = 32 << 20
+
+
+class ComparisonParty(Protocol):
+    """One side of the two-party comparison protocol (svtagg.mpc.protocol)."""
+
+    async def setup(self) -> None: ...
+
+    async def first_yes(self, z: U64) -> int | None: ...
+
+    async def compare_to_thresholds(self, z_high: U64, z_low: U64) -> list[int]: ...
+
+
+PartyFactory = Callable[[Role, "Channel", bytes], ComparisonParty]
+
+
+def garbled_circuit_party(role: Role, channel: Channel, session_id: bytes) -> ComparisonParty:
+    """The real engine: the leader garbles, the helper evaluates."""
+    from svtagg.mpc.protocol import ComparisonEvaluator, ComparisonGarbler
+
+    cls = ComparisonGarbler if role == "leader" else ComparisonEvaluator
+    party: ComparisonParty = cls(channel, session_id)
+    return party
+
+
+def session_id(stream_id: str, chunk_no: int) -> bytes:
+    """Fresh per chunk (stream id + chunk counter), as the protocol requires."""
+    return hashlib.sha256(f"svtagg/chunk/{stream_id}/{chunk_no}".encode()).digest()[:16]
+
+
+def parse_task_params(
+    task_id: str,
+    d: int,
+    frac_bits: int,
+    n_max: int,
+    min_batch: int,
+    epsilon_total: str,
+    delta_total: str,
+    epsilon_min: str,
+) -> TaskParams:
+    """Validate task parameters, including the overflow bound for every stream kind."""
+    if not TASK_ID_RE.match(task_id):
+        raise InvalidArgument(f"task id must match {TASK_ID_RE.pattern}, got {task_id!r}")
+    if not 1 <= d <= MAX_D:
+        raise InvalidArgument(f"d must be in [1, {MAX_D}], got {d}")
+    if not 1 <= frac_bits <= MAX_FRAC_BITS:
+        raise InvalidArgument(f"frac_bits must be in [1, {MAX_FRAC_BITS}], got {frac_bits}")
+    if n_max < 1:
+        raise InvalidArgument(f"n_max must be >= 1, got {n_max}")
+    if not 1 <= min_batch <= n_max:
+        raise InvalidArgument(f"min_batch must be in [1, n_max={n_max}], got {min_batch}")
+    try:
+        eps_total = check_epsilon(epsilon_total or "")
+        eps_min = check_epsilon(epsilon_min or "")
+        delta = as_fraction(delta_total or "0", "delta_total")
+    except ValueError as exc:
+        raise InvalidArgument(str(exc)) from None
+    if not 0 <= delta < 1:
+        raise InvalidArgument(f"delta_total must be in [0, 1), got {delta}")
+    if eps_min > eps_total:
+        raise InvalidArgument(f"epsilon_min={eps_min} exceeds epsilon_total={eps_total}")
+    for kind in StreamKind:
+        if overflow_possible(n_max, frac_bits, eps_min, kind):
+            raise InvalidArgument(
+                f"z_L + z_H could wrap mod 2^64 for n_max={n_max}, F={frac_bits}, "
+                f"epsilon_min={eps_min} (kind {kind.value}); lower n_max or F, or raise epsilon_min"
+            )
+    return TaskParams(task_id, d, frac_bits, n_max, min_batch, eps_total, delta, eps_min)
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """A validated chunk: query indices, complement flags and (leader only) thresholds."""
+
+    index: npt.NDArray[np.int64]
+    complement: npt.NDArray[np.bool_]
+
+    def __len__(self) -> int:
+        return int(self.index.size)
+
+
+def parse_chunk(task: TaskState, index: Sequence[int], complement: Sequence[bool]) -> Chunk:
+    k = len(index)
+    if k < 1:
+        raise InvalidArgument("a chunk needs at least one query")
+    if k > MAX_CHUNK:
+        raise InvalidArgument(f"a chunk holds at most {MAX_CHUNK} queries, got {k}")
+    idx = np.asarray(index, dtype=np.int64)
+    if int(idx.max()) >= task.params.d:
+        raise InvalidArgument(f"query index {int(idx.max())} out of range [0, {task.params.d})")
+    if len(complement) not in (0, k):
+        raise InvalidArgument(f"{len(complement)} complement flags for {k} queries")
+    comp = np.asarray(complement, dtype=bool) if len(complement) else np.zeros(k, dtype=bool)
+    return Chunk(idx, comp)
+
+
+def parse_taus(task: TaskState, taus: Sequence[int], k: int, name: str = "tau") -> U64:
+    """Thresholds in grid units, bounded by default_tau_bound, as ring elements."""
+    if len(taus) != k:
+        raise InvalidArgument(f"{len(taus)} {name} values for {k} queries")
+    arr = np.asarray(taus, dtype=np.int64)
+    bound = default_tau_bound(task.params.n_max, task.params.frac_bits)
+    if int(np.abs(arr).max()) > bound:
+        raise InvalidArgument(f"|{name}| exceeds the bound of {bound} grid units (4·n_max·2^F)")
+    return arr.astype(np.uint64)
+
+
+class ServerCore:
+    """One server's state machine over its store; the service layer wraps it."""
+
+    def __init__(self, role: Role, store: Store, rng: RandomSource | None = None) -> None:
+        self.role: Role = role
+        self.store = store
+        self.rng = rng or RandomSource()
+
+    # ------------------------------------------------------------ uploads
+    def upload(self, task_id: str, reports: Sequence[tuple[bytes, bytes]]) -> int:
+        """Store one batch of (report id, share) atomically; returns n afterwards.
+
+        The leader's share is d little-endian uint64; the helper's a 16-byte seed."""
+        task = self.store.task(task_id)
+        if not task.collection_open:
+            raise FailedPrecondition(f"collection of task {task_id!r} is closed")
+        if not reports:
+            raise InvalidArgument("empty upload batch")
+        if len(reports) > MAX_BATCH_REPORTS:
+            raise InvalidArgument(f"a batch holds at most {MAX_BATCH_REPORTS} reports")
+        ids = [rid for rid, _ in reports]
+        if any(len(rid) != REPORT_ID_BYTES for rid in ids):
+            raise InvalidArgument(f"report ids must be {REPORT_ID_BYTES} bytes")
+        if len(set(ids)) != len(ids):
+            raise InvalidArgument("duplicate report id within one batch")
+        d = task.params.d
+        if self.role == "leader":
+            width = 8 * d
+            if any(len(share) != width for _, share in reports):
+                raise InvalidArgument(
+                    f"explicit shares must be {width} bytes (d={d} little-endian uint64)"
+                )
+            blob = b"".join(share for _, share in reports)
+            total = np.frombuffer(blob, dtype="<u8").reshape(len(reports), d).sum(
+                axis=0, dtype=np.uint64
+            )
+        else:
+            if any(len(seed) != SEED_BYTES for _, seed in reports):
+                raise InvalidArgument(f"helper shares are {SEED_BYTES}-byte seeds")
+            from svtagg.mpc.sharing import expand_seed
+
+            total = np.zeros(d, dtype=np.uint64)
+            for _, seed in reports:
+                total += expand_seed(seed, d)
+        return self.store.add_reports(task_id, ids, total.astype(np.uint64))
+
+    # ------------------------------------------------------------ streams
+    def open_stream(
+        self, stream_id: str, task_id: str, kind: str | StreamKind, epsilon: str, delta: str
+    ) -> StreamState:
+        """Validate, charge the ledger durably, then draw this server's γ."""
+        task = self.store.task(task_id)
+        try:
+            kind = StreamKind.parse(kind)
+            eps = check_epsilon(epsilon or "")
+            dl = as_fraction(delta or "0", "delta")
+            if kind == StreamKind.CTT:
+                ctt_gap(eps, dl, parties=2)  # validates 0 < δ < 1
+                charge_delta = ctt_delta_charge(dl, parties=2)
+            elif dl != 0:
+                raise ValueError(f"an AboveThreshold stream is pure ε-DP; got delta={dl}")
+            else:
+                charge_delta = Fraction(0)
+        except ValueError as exc:
+            raise InvalidArgument(str(exc)) from None
+        self.require_queryable(task)
+        if eps < task.params.epsilon_min:
+            raise InvalidArgument(
+                f"epsilon={eps} is below the task's epsilon_min={task.params.epsilon_min}"
+            )
+        self.store.open_stream(stream_id, task_id, kind, eps, dl, charge_delta)
+        gamma = draw_threshold_noise(kind, eps, task.params.frac_bits, self.rng)
+        self.store.set_threshold_noise(stream_id, gamma)
+        return self.store.stream(stream_id)
+
+    @staticmethod
+    def require_queryable(task: TaskState) -> None:
+        if task.collection_open:
+            raise FailedPrecondition(f"task {task.params.task_id!r}: collection is still open")
+        if task.n < task.params.min_batch:
+            raise FailedPrecondition(
+                f"task {task.params.task_id!r} has n={task.n} < min_batch={task.params.min_batch}"
+            )
+
+    def stream_and_task(self, stream_id: str) -> tuple[StreamState, TaskState]:
+        stream = self.store.stream(stream_id)
+        return stream, self.store.task(stream.task_id)
+
+    def _scores(self, task: TaskState, chunk: Chunk) -> U64:
+        """q(S) on this server's share: S[j], or for a complement n·2^F − S[j] (leader)
+        and −S[j] (helper), so that the two shares add up to n·2^F − S_j."""
+        sums = self.store.sums(task.params.task_id)[chunk.index]
+        full = np.uint64(task.n * sensitivity(task.params.frac_bits)) if self.role == "leader" \
+            else np.uint64(0)
+        return np.where(chunk.complement, full - sums, sums).astype(np.uint64)
+
+    def _noise(self, stream: StreamState, task: TaskState, k: int) -> U64:
+        return draw_query_noise(
+            stream.kind, stream.epsilon, task.params.frac_bits, k, self.rng
+        ).astype(np.uint64)
+
+    def ask_inputs(
+        self, stream: StreamState, task: TaskState, chunk: Chunk, taus: U64 | None
+    ) -> U64:
+        """z = q(S) − τ + ν − γ (leader, τ in grid units) or q(S) + ν − γ (helper)."""
+        assert stream.gamma is not None
+        z = self._scores(task, chunk) + self._noise(stream, task, len(chunk))
+        if taus is not None:
+            z -= taus
+        return z - np.uint64(stream.gamma % (1 << 64))
+
+    def compare_inputs(
+        self,
+        stream: StreamState,
+        task: TaskState,
+        chunk: Chunk,
+        taus: tuple[U64, U64] | None,
+    ) -> tuple[U64, U64]:
+        """(z_high, z_low) of CompareToThresholds; the leader folds in τH, τL and the −1s."""
+        assert stream.gamma is not None
+        q_u = self._scores(task, chunk) + self._noise(stream, task, len(chunk))
+        gamma = np.uint64(stream.gamma % (1 << 64))
+        z_high = q_u + gamma
+        z_low = gamma - q_u
+        if taus is not None:
+            tau_low, tau_high = taus
+            one = np.uint64(1)
+            z_high = z_high - tau_high - one
+            z_low = z_low + tau_low - one
+        return z_high, z_low
+
+    @staticmethod
+    def check_gap(stream: StreamState, task: TaskState, tau_low: U64, tau_high: U64) -> None:
+        """Refuse thresholds closer than ctt_gap(ε, δ, 2) (in score units)."""
+        gap = Fraction(str(ctt_gap(stream.epsilon, stream.delta, parties=2)))
+        width = tau_high.view(np.int64) - tau_low.view(np.int64)
+        need = gap * sensitivity(task.params.frac_bits)
+        if Fraction(int(width.min())) < need:
+            raise InvalidArgument(
+                f"CompareToThresholds requires τH − τL ≥ {float(gap):.6g} (score units)"
+            )

@@ -1,0 +1,598 @@
+"""The gRPC edge of a server: wire types in, domain calls, status codes out.
+
+One process serves one role.  Both roles serve Ingest and Health; the leader
+serves the Analyst API and drives the helper through the helper's Peer
+service.  Every RPC first checks the role in the caller's (CA-verified)
+certificate, then maps domain refusals to one status code each.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import secrets
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import grpc
+from svtagg.analyst.kinds import StreamKind
+from svtagg.analyst.oracle import BudgetExhausted, OracleError, StreamClosed
+from svtagg.proto import health_pb2, health_pb2_grpc
+from svtagg.proto import svtagg_pb2 as pb
+from svtagg.proto import svtagg_pb2_grpc as pb_grpc
+from svtagg.servers.core import (
+    Chunk,
+    PartyFactory,
+    ServerCore,
+    garbled_circuit_party,
+    parse_chunk,
+    parse_task_params,
+    parse_taus,
+    session_id,
+)
+from svtagg.servers.errors import (
+    AlreadyExists,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    PeerUnavailable,
+    ResourceExhausted,
+    ServerError,
+)
+from svtagg.servers.store import OPEN, Store, StreamState, TaskState
+from svtagg.servers.tls import Identity, role_of_pem
+
+log = logging.getLogger("svtagg.server")
+
+#: Message-size limit on every server and client channel (an upload batch is
+#: at most 32 MiB; peer protocol messages are fragmented to FRAGMENT bytes).
+MAX_MESSAGE_BYTES = 64 << 20
+FRAGMENT = 1 << 20
+#: Deadlines (seconds) the leader puts on its calls to the helper.
+PEER_DEADLINE = 30.0
+CHUNK_DEADLINE = 600.0
+
+STATUS_OF: dict[type[Exception], grpc.StatusCode] = {
+    InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
+    NotFound: grpc.StatusCode.NOT_FOUND,
+    AlreadyExists: grpc.StatusCode.ALREADY_EXISTS,
+    FailedPrecondition: grpc.StatusCode.FAILED_PRECONDITION,
+    ResourceExhausted: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    PeerUnavailable: grpc.StatusCode.UNAVAILABLE,
+    BudgetExhausted: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    StreamClosed: grpc.StatusCode.FAILED_PRECONDITION,
+}
+
+KIND_TO_PB = {
+    StreamKind.LAP24: pb.LAP24,
+    StreamKind.LAP3: pb.LAP3,
+    StreamKind.EXP3: pb.EXP3,
+    StreamKind.CTT: pb.CTT,
+}
+KIND_FROM_PB = {v: k for k, v in KIND_TO_PB.items()}
+
+OPTIONS = [
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+]
+SERVER_OPTIONS = [*OPTIONS, ("grpc.so_reuseport", 0)]
+
+F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
+
+
+def _status_for(exc: BaseException) -> grpc.StatusCode | None:
+    for cls in type(exc).__mro__:
+        if cls in STATUS_OF:
+            return STATUS_OF[cls]
+    if isinstance(exc, (ValueError, OracleError)):
+        return grpc.StatusCode.INVALID_ARGUMENT
+    return None
+
+
+def rpc(*roles: str) -> Callable[[F], F]:
+    """Allow only callers whose certificate has one of `roles`; map refusals to statuses."""
+
+    def wrap(method: F) -> F:
+        @functools.wraps(method)
+        async def handler(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
+            caller = peer_role(context)
+            if caller not in roles:
+                await context.abort(
+                    grpc.StatusCode.UNAUTHENTICATED,
+                    f"{method.__name__} needs a certificate of role {' or '.join(roles)}; "
+                    f"caller presented {caller or 'none'}",
+                )
+            try:
+                return await method(self, request, context)
+            except grpc.aio.AbortError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - every refusal becomes a status
+                code = _status_for(exc)
+                if code is None:
+                    log.exception("internal error in %s", method.__name__)
+                    await context.abort(grpc.StatusCode.INTERNAL, "internal server error")
+                await context.abort(code, str(exc))
+
+        return handler  # type: ignore[return-value]
+
+    return wrap
+
+
+def peer_role(context: grpc.aio.ServicerContext) -> str | None:
+    certs = context.auth_context().get("x509_pem_cert")
+    return role_of_pem(certs[0]) if certs else None
+
+
+# ---------------------------------------------------------------- conversions
+def task_info(t: TaskState) -> pb.TaskInfo:
+    p = t.params
+    return pb.TaskInfo(
+        spec=pb.TaskSpec(
+            task_id=p.task_id, d=p.d, frac_bits=p.frac_bits, n_max=p.n_max,
+            min_batch=p.min_batch, epsilon_total=str(p.epsilon_total),
+            delta_total=str(p.delta_total), epsilon_min=str(p.epsilon_min),
+        ),
+        n=t.n,
+        collection_open=t.collection_open,
+        budget=pb.BudgetStatus(
+            epsilon_total=str(t.budget.epsilon_total), delta_total=str(t.budget.delta_total),
+            epsilon_spent=str(t.budget.epsilon_spent), delta_spent=str(t.budget.delta_spent),
+        ),
+        streams=t.streams,
+    )
+
+
+def stream_info(s: StreamState) -> pb.StreamInfo:
+    return pb.StreamInfo(
+        stream_id=s.stream_id, task_id=s.task_id, kind=KIND_TO_PB[s.kind],
+        epsilon=str(s.epsilon), delta=str(s.delta), closed=s.state != OPEN,
+        queries_answered=s.queries,
+    )
+
+
+def spec_params(spec: pb.TaskSpec) -> Any:
+    return parse_task_params(
+        spec.task_id, spec.d, spec.frac_bits, spec.n_max, spec.min_batch,
+        spec.epsilon_total, spec.delta_total, spec.epsilon_min,
+    )
+
+
+def kind_of(value: int) -> StreamKind:
+    if value not in KIND_FROM_PB:
+        raise InvalidArgument(f"unknown stream kind {value}")
+    return KIND_FROM_PB[value]  # type: ignore[index]
+
+
+# ---------------------------------------------------------------- channel
+class FrameChannel:
+    """`mpc.channel.Channel` over a gRPC bidirectional stream of PeerFrames.
+
+    Messages larger than FRAGMENT bytes travel as several frames (`more` set on
+    all but the last), so the message-size limit never caps a chunk's size."""
+
+    def __init__(
+        self,
+        write: Callable[[pb.PeerFrame], Awaitable[None]],
+        read: Callable[[], Awaitable[Any]],
+    ) -> None:
+        self._write = write
+        self._read = read
+        self.bytes_sent = 0
+        self.bytes_received = 0
+        self.messages_sent = 0
+        self.messages_received = 0
+
+    async def send(self, data: bytes) -> None:
+        view = memoryview(data)
+        for start in range(0, max(len(view), 1), FRAGMENT):
+            end = start + FRAGMENT
+            await self._write(pb.PeerFrame(fragment=bytes(view[start:end]), more=end < len(view)))
+        self.bytes_sent += len(data)
+        self.messages_sent += 1
+
+    async def recv(self) -> bytes:
+        parts: list[bytes] = []
+        while True:
+            frame = await self._read()
+            if frame is grpc.aio.EOF or frame is None:
+                raise PeerUnavailable("peer closed the comparison stream mid-protocol")
+            if frame.WhichOneof("body") != "fragment":
+                raise PeerUnavailable("unexpected frame in the comparison stream")
+            parts.append(frame.fragment)
+            if not frame.more:
+                break
+        data = b"".join(parts)
+        self.bytes_received += len(data)
+        self.messages_received += 1
+        return data
+
+
+# ---------------------------------------------------------------- services
+class IngestService(pb_grpc.IngestServicer):
+    def __init__(self, core: ServerCore) -> None:
+        self.core = core
+
+    @rpc("client")
+    async def Upload(self, request: pb.UploadBatch, context: Any) -> pb.UploadResult:
+        field = "explicit_share" if self.core.role == "leader" else "seed"
+        reports = []
+        for r in request.reports:
+            if r.WhichOneof("share") != field:
+                raise InvalidArgument(f"the {self.core.role} takes reports with a {field}")
+            reports.append((r.report_id, getattr(r, field)))
+        n = self.core.upload(request.task_id, reports)
+        return pb.UploadResult(accepted=len(reports), n=n)
+
+    @rpc("client", "analyst", "leader")
+    async def GetTask(self, request: pb.TaskRef, context: Any) -> pb.TaskInfo:
+        return task_info(self.core.store.task(request.task_id))
+
+
+class PeerClient:
+    """The leader's connection to the helper's Peer service."""
+
+    def __init__(self, address: str, identity: Identity) -> None:
+        creds = grpc.ssl_channel_credentials(identity.ca, identity.key, identity.cert)
+        self.channel = grpc.aio.secure_channel(address, creds, options=OPTIONS)
+        self.stub = pb_grpc.PeerStub(self.channel)
+
+    async def close(self) -> None:
+        await self.channel.close()
+
+
+def _peer_error(exc: grpc.aio.AioRpcError) -> ServerError:
+    """The helper's refusal, kept with its meaning (e.g. its own budget check)."""
+    msg = f"helper: {exc.details()}"
+    for cls, code in STATUS_OF.items():
+        if code == exc.code() and issubclass(cls, ServerError):
+            return cls(msg)
+    return PeerUnavailable(msg)
+
+
+class AnalystService(pb_grpc.AnalystServicer):
+    """The leader's analyst API; every state change is mirrored on the helper."""
+
+    def __init__(self, core: ServerCore, peer: PeerClient, party: PartyFactory) -> None:
+        self.core = core
+        self.peer = peer
+        self.party = party
+
+    async def _call(self, method: Callable[..., Awaitable[Any]], request: Any) -> Any:
+        try:
+            return await method(request, timeout=PEER_DEADLINE)
+        except grpc.aio.AioRpcError as exc:
+            raise _peer_error(exc) from None
+
+    @rpc("analyst")
+    async def CreateTask(self, request: pb.TaskSpec, context: Any) -> pb.TaskInfo:
+        params = spec_params(request)
+        if params.task_id in self.core.store.task_ids():
+            raise AlreadyExists(f"task {params.task_id!r} already exists")
+        await self._call(self.peer.stub.CreateTask, request)
+        return task_info(self.core.store.create_task(params))
+
+    @rpc("analyst")
+    async def DescribeTask(self, request: pb.TaskRef, context: Any) -> pb.TaskInfo:
+        return await self._with_helper_budget(self.core.store.task(request.task_id))
+
+    @rpc("analyst")
+    async def Budget(self, request: pb.TaskRef, context: Any) -> pb.TaskInfo:
+        return await self._with_helper_budget(self.core.store.task(request.task_id))
+
+    async def _with_helper_budget(self, task: TaskState) -> pb.TaskInfo:
+        info = task_info(task)
+        helper = await self._call(self.peer.stub.Budget, pb.TaskRef(task_id=task.params.task_id))
+        info.helper_budget.CopyFrom(helper.budget)
+        return info
+
+    @rpc("analyst")
+    async def ListTasks(self, request: pb.Empty, context: Any) -> pb.TaskList:
+        store = self.core.store
+        return pb.TaskList(tasks=[task_info(store.task(t)) for t in store.task_ids()])
+
+    @rpc("analyst")
+    async def CloseCollection(self, request: pb.TaskRef, context: Any) -> pb.TaskInfo:
+        """Close on both servers, only if both hold the same set of reports."""
+        task = self.core.store.task(request.task_id)
+        ref = pb.TaskRef(task_id=request.task_id)
+        helper = await self._call(self.peer.stub.Digest, ref)
+        if (helper.n, helper.report_digest) != (task.n, task.digest):
+            raise FailedPrecondition(
+                f"servers disagree on the reports (leader n={task.n}, helper n={helper.n}); "
+                "finish or retry the uploads, then close again"
+            )
+        task = self.core.store.close_collection(request.task_id)
+        helper = await self._call(self.peer.stub.CloseCollection, ref)
+        if (helper.n, helper.report_digest) != (task.n, task.digest):
+            # An upload raced the close: neither server may answer queries now.
+            raise FailedPrecondition("an upload raced the close; the servers now disagree")
+        return task_info(task)
+
+    @rpc("analyst")
+    async def OpenStream(self, request: pb.OpenStreamRequest, context: Any) -> pb.StreamInfo:
+        """Charge the leader's ledger, then the helper's; each draws its own γ."""
+        stream_id = secrets.token_hex(16)
+        kind = kind_of(request.kind)
+        state = self.core.open_stream(
+            stream_id, request.task_id, kind, request.epsilon, request.delta
+        )
+        try:
+            await self._call(
+                self.peer.stub.PrepareStream,
+                pb.PrepareStreamRequest(
+                    stream_id=stream_id, task_id=request.task_id, kind=request.kind,
+                    epsilon=request.epsilon, delta=request.delta,
+                ),
+            )
+        except ServerError:
+            # The leader's charge stays spent (never refund); the stream never answers.
+            self.core.store.fail_stream(stream_id)
+            raise
+        return stream_info(state)
+
+    def _open_stream(self, stream_id: str, compare: bool) -> tuple[StreamState, TaskState]:
+        stream, task = self.core.stream_and_task(stream_id)
+        if compare != (stream.kind == StreamKind.CTT):
+            raise InvalidArgument(
+                "a CompareToThresholds stream answers Compare, not Ask"
+                if stream.kind == StreamKind.CTT
+                else "only a CompareToThresholds stream answers Compare"
+            )
+        if stream.state != OPEN:
+            raise FailedPrecondition(f"stream {stream_id} is {stream.state}; it answers no more")
+        return stream, task
+
+    @rpc("analyst")
+    async def Ask(self, request: pb.AskRequest, context: Any) -> pb.AskResponse:
+        stream, task = self._open_stream(request.stream_id, compare=False)
+        chunk = parse_chunk(task, request.queries.index, request.queries.complement)
+        taus = parse_taus(task, request.tau, len(chunk))
+
+        async def run(party: Any, s: StreamState) -> tuple[Any, int, bool]:
+            z = self.core.ask_inputs(s, task, chunk, taus)
+            j = await party.first_yes(z)
+            return j, len(chunk) if j is None else j + 1, j is not None
+
+        j, closed, nbytes = await self._run_chunk(stream, chunk, False, run)
+        return pb.AskResponse(yes=j is not None, index=j or 0, closed=closed, peer_bytes=nbytes)
+
+    @rpc("analyst")
+    async def Compare(self, request: pb.CompareRequest, context: Any) -> pb.CompareResponse:
+        stream, task = self._open_stream(request.stream_id, compare=True)
+        chunk = parse_chunk(task, request.queries.index, request.queries.complement)
+        lows = parse_taus(task, request.tau_low, len(chunk), "tau_low")
+        highs = parse_taus(task, request.tau_high, len(chunk), "tau_high")
+        self.core.check_gap(stream, task, lows, highs)
+
+        async def run(party: Any, s: StreamState) -> tuple[Any, int, bool]:
+            z_high, z_low = self.core.compare_inputs(s, task, chunk, (lows, highs))
+            out = list(await party.compare_to_thresholds(z_high, z_low))
+            return out, len(out), 2 in out
+
+        out, closed, nbytes = await self._run_chunk(stream, chunk, True, run)
+        return pb.CompareResponse(
+            outcomes=[int(o) + 1 for o in out], closed=closed, peer_bytes=nbytes
+        )
+
+    async def _run_chunk(
+        self,
+        stream: StreamState,
+        chunk: Chunk,
+        compare: bool,
+        run: Callable[[Any, StreamState], Awaitable[tuple[Any, int, bool]]],
+    ) -> tuple[Any, bool, int]:
+        """Mark the chunk in progress, run the garbled comparison with the helper,
+        record the result; any failure fails the stream closed on both servers."""
+        sid = stream.stream_id
+        chunk_no = self.core.store.begin_chunk(sid)
+        header = pb.ChunkHeader(
+            stream_id=sid, chunk_no=chunk_no, compare=compare,
+            queries=pb.Queries(
+                index=chunk.index.tolist(),
+                complement=chunk.complement.tolist() if chunk.complement.any() else [],
+            ),
+        )
+        call = self.peer.stub.Chunk(timeout=CHUNK_DEADLINE)
+        try:
+            await call.write(pb.PeerFrame(header=header))
+            channel = FrameChannel(call.write, call.read)
+            party = self.party("leader", channel, session_id(sid, chunk_no))
+            await party.setup()
+            result, answered, close = await run(party, stream)
+            await call.done_writing()
+            code = await call.code()
+            if code != grpc.StatusCode.OK:
+                raise PeerUnavailable(f"helper: {code.name} {await call.details()}")
+        except Exception as exc:
+            self.core.store.fail_stream(sid)
+            await self._fail_helper(sid)
+            call.cancel()
+            if isinstance(exc, grpc.aio.AioRpcError):
+                raise _peer_error(exc) from None
+            if isinstance(exc, PeerUnavailable):
+                code = await _code_of(call)
+                raise PeerUnavailable(f"{exc} ({code})") from None
+            raise
+        self.core.store.end_chunk(sid, answered, close)
+        return result, close, channel.bytes_sent + channel.bytes_received
+
+    async def _fail_helper(self, stream_id: str) -> None:
+        try:
+            await self.peer.stub.FailStream(pb.StreamRef(stream_id=stream_id), timeout=5.0)
+        except grpc.aio.AioRpcError:
+            log.warning("could not fail stream %s on the helper", stream_id)
+
+
+async def _code_of(call: Any) -> str:
+    try:
+        code = await asyncio.wait_for(call.code(), 1.0)
+        details = await asyncio.wait_for(call.details(), 1.0)
+        return f"helper: {code.name} {details}"
+    except Exception:  # noqa: BLE001
+        return "helper status unknown"
+
+
+class PeerService(pb_grpc.PeerServicer):
+    """The helper's side: only the leader (role `leader`) may call it."""
+
+    def __init__(self, core: ServerCore, party: PartyFactory) -> None:
+        self.core = core
+        self.party = party
+
+    @rpc("leader")
+    async def CreateTask(self, request: pb.TaskSpec, context: Any) -> pb.TaskInfo:
+        return task_info(self.core.store.create_task(spec_params(request)))
+
+    @rpc("leader")
+    async def Digest(self, request: pb.TaskRef, context: Any) -> pb.CollectionDigest:
+        t = self.core.store.task(request.task_id)
+        return pb.CollectionDigest(n=t.n, report_digest=t.digest)
+
+    @rpc("leader")
+    async def CloseCollection(self, request: pb.TaskRef, context: Any) -> pb.CollectionDigest:
+        t = self.core.store.close_collection(request.task_id)
+        return pb.CollectionDigest(n=t.n, report_digest=t.digest)
+
+    @rpc("leader")
+    async def Budget(self, request: pb.TaskRef, context: Any) -> pb.TaskInfo:
+        return task_info(self.core.store.task(request.task_id))
+
+    @rpc("leader")
+    async def PrepareStream(self, request: pb.PrepareStreamRequest, context: Any) -> pb.StreamInfo:
+        state = self.core.open_stream(
+            request.stream_id, request.task_id, kind_of(request.kind), request.epsilon,
+            request.delta,
+        )
+        return stream_info(state)
+
+    @rpc("leader")
+    async def FailStream(self, request: pb.StreamRef, context: Any) -> pb.StreamInfo:
+        self.core.store.fail_stream(request.stream_id)
+        return stream_info(self.core.store.stream(request.stream_id))
+
+    @rpc("leader")
+    async def Chunk(self, request_iterator: Any, context: Any) -> None:
+        first = await context.read()
+        if first is grpc.aio.EOF or first.WhichOneof("body") != "header":
+            raise InvalidArgument("a chunk starts with its header")
+        h = first.header
+        stream, task = self.core.stream_and_task(h.stream_id)
+        if h.compare != (stream.kind == StreamKind.CTT):
+            raise InvalidArgument("chunk mode does not match the stream kind")
+        chunk = parse_chunk(task, h.queries.index, h.queries.complement)
+        self.core.store.begin_chunk(h.stream_id, h.chunk_no)
+        try:
+            channel = FrameChannel(context.write, context.read)
+            party = self.party("helper", channel, session_id(h.stream_id, h.chunk_no))
+            await party.setup()
+            if h.compare:
+                z_high, z_low = self.core.compare_inputs(stream, task, chunk, None)
+                out = list(await party.compare_to_thresholds(z_high, z_low))
+                answered, close = len(out), 2 in out
+            else:
+                j = await party.first_yes(self.core.ask_inputs(stream, task, chunk, None))
+                answered, close = (len(chunk), False) if j is None else (j + 1, True)
+        except BaseException:
+            self.core.store.fail_stream(h.stream_id)
+            raise
+        self.core.store.end_chunk(h.stream_id, answered, close)
+
+
+class HealthService(health_pb2_grpc.HealthServicer):
+    """grpc.health.v1: SERVING while up, NOT_SERVING once shutdown begins."""
+
+    def __init__(self) -> None:
+        self.serving = True
+        self._changed = asyncio.Event()
+
+    def set_serving(self, serving: bool) -> None:
+        self.serving = serving
+        self._changed.set()
+
+    def _status(self) -> health_pb2.HealthCheckResponse:
+        s = health_pb2.HealthCheckResponse
+        return s(status=s.SERVING if self.serving else s.NOT_SERVING)
+
+    async def Check(self, request: Any, context: Any) -> health_pb2.HealthCheckResponse:
+        if request.service not in ("", "svtagg.v1.Ingest", "svtagg.v1.Analyst", "svtagg.v1.Peer"):
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown service {request.service!r}")
+        return self._status()
+
+    async def Watch(self, request: Any, context: Any) -> Any:
+        while True:
+            yield self._status()
+            if not self.serving:
+                return
+            self._changed.clear()
+            await self._changed.wait()
+
+
+# ---------------------------------------------------------------- server
+@dataclass
+class ServerConfig:
+    role: str
+    store_path: str
+    identity: Identity
+    listen: str = "127.0.0.1:0"
+    helper_address: str | None = None
+    #: Optional second port for clients holding no certificate (server-only TLS);
+    #: only Ingest answers there, every other service sees no role and refuses.
+    ingest_listen: str | None = None
+
+
+class SvtaggServer:
+    """A running leader or helper: `await start()`, `port`, `await stop()`."""
+
+    def __init__(self, config: ServerConfig, party: PartyFactory = garbled_circuit_party) -> None:
+        if config.role not in ("leader", "helper"):
+            raise ValueError(f"role must be leader or helper, got {config.role!r}")
+        if config.role == "leader" and not config.helper_address:
+            raise ValueError("the leader needs the helper's address")
+        self.config = config
+        self.store = Store(config.store_path)
+        self.core = ServerCore(config.role, self.store)  # type: ignore[arg-type]
+        self.health = HealthService()
+        self.peer: PeerClient | None = None
+        self.server = grpc.aio.server(options=SERVER_OPTIONS)
+        pb_grpc.add_IngestServicer_to_server(IngestService(self.core), self.server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        if config.role == "leader":
+            assert config.helper_address is not None
+            self.peer = PeerClient(config.helper_address, config.identity)
+            pb_grpc.add_AnalystServicer_to_server(
+                AnalystService(self.core, self.peer, party), self.server
+            )
+        else:
+            pb_grpc.add_PeerServicer_to_server(PeerService(self.core, party), self.server)
+        ident = config.identity
+        creds = grpc.ssl_server_credentials(
+            [(ident.key, ident.cert)], root_certificates=ident.ca, require_client_auth=True
+        )
+        self.port = self.server.add_secure_port(config.listen, creds)
+        if self.port == 0:
+            raise OSError(f"cannot listen on {config.listen}")
+        self.ingest_port: int | None = None
+        if config.ingest_listen:
+            self.ingest_port = self.server.add_secure_port(
+                config.ingest_listen, grpc.ssl_server_credentials([(ident.key, ident.cert)])
+            )
+
+    async def start(self) -> None:
+        await self.server.start()
+        log.info(
+            "%s listening on port %d (failed closed on recovery: %d streams)",
+            self.config.role, self.port, self.store.failed_on_recovery,
+        )
+
+    async def stop(self, grace: float = 5.0) -> None:
+        """Graceful shutdown: report NOT_SERVING, let calls finish, close the store."""
+        self.health.set_serving(False)
+        await self.server.stop(grace)
+        if self.peer is not None:
+            await self.peer.close()
+        self.store.close()
+
+    async def wait(self) -> None:
+        await self.server.wait_for_termination()

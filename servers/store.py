@@ -1,0 +1,341 @@
+"""One server's durable state in SQLite: tasks, seen report ids, running share
+sums, the privacy ledger and each stream's secret threshold noise.
+
+Durability rules (WAL, synchronous=FULL, one transaction per step):
+- an upload batch is stored atomically: its report ids, the sum and n move
+  together, so a kill -9 never half-counts a batch and a replay is refused;
+- opening a stream charges the ledger and records the stream as `opening` in
+  one committed transaction *before* any noise is drawn; a crash never refunds;
+- a chunk is marked `in_chunk` (committed) before the comparison runs, and on
+  restart every `opening` / `in_chunk` stream is failed closed, so a stream
+  interrupted mid-protocol never answers again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import sqlite3
+from dataclasses import dataclass
+from fractions import Fraction
+from pathlib import Path
+
+import numpy as np
+from svtagg.analyst.kinds import StreamKind
+from svtagg.analyst.ledger import Ledger
+from svtagg.analyst.oracle import Budget
+from svtagg.mpc.ring import U64
+from svtagg.servers.errors import (
+    AlreadyExists,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    ResourceExhausted,
+)
+
+TASK_ID_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+REPORT_ID_BYTES = 16
+DIGEST_BYTES = 16
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS tasks (
+    task_id TEXT PRIMARY KEY,
+    d INTEGER NOT NULL, frac_bits INTEGER NOT NULL,
+    n_max INTEGER NOT NULL, min_batch INTEGER NOT NULL,
+    epsilon_total TEXT NOT NULL, delta_total TEXT NOT NULL, epsilon_min TEXT NOT NULL,
+    n INTEGER NOT NULL DEFAULT 0,
+    digest BLOB NOT NULL,
+    sums BLOB NOT NULL,
+    collection_open INTEGER NOT NULL DEFAULT 1,
+    epsilon_spent TEXT NOT NULL DEFAULT '0',
+    delta_spent TEXT NOT NULL DEFAULT '0'
+);
+CREATE TABLE IF NOT EXISTS reports (
+    task_id TEXT NOT NULL, report_id BLOB NOT NULL,
+    PRIMARY KEY (task_id, report_id)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS streams (
+    stream_id TEXT PRIMARY KEY,
+    task_id TEXT NOT NULL,
+    kind TEXT NOT NULL, epsilon TEXT NOT NULL, delta TEXT NOT NULL,
+    gamma TEXT,
+    state TEXT NOT NULL,
+    chunks INTEGER NOT NULL DEFAULT 0,
+    queries INTEGER NOT NULL DEFAULT 0
+);
+"""
+
+#: Stream states.  Only `open` answers; `closed` and `failed` are final.
+OPENING, OPEN, IN_CHUNK, CLOSED, FAILED = "opening", "open", "in_chunk", "closed", "failed"
+
+
+@dataclass(frozen=True)
+class TaskParams:
+    """Public parameters of a task, identical on both servers."""
+
+    task_id: str
+    d: int
+    frac_bits: int
+    n_max: int
+    min_batch: int
+    epsilon_total: Fraction
+    delta_total: Fraction
+    epsilon_min: Fraction
+
+
+@dataclass(frozen=True)
+class TaskState:
+    params: TaskParams
+    n: int
+    collection_open: bool
+    budget: Budget
+    digest: bytes
+    streams: int
+
+
+@dataclass(frozen=True)
+class StreamState:
+    stream_id: str
+    task_id: str
+    kind: StreamKind
+    epsilon: Fraction
+    delta: Fraction
+    gamma: int | None
+    state: str
+    chunks: int
+    queries: int
+
+    @property
+    def closed(self) -> bool:
+        return self.state != OPEN
+
+
+def report_digest(report_ids: list[bytes]) -> bytes:
+    """Order-independent digest of a set of report ids (XOR of truncated hashes)."""
+    acc = 0
+    for rid in report_ids:
+        acc ^= int.from_bytes(hashlib.sha256(rid).digest()[:DIGEST_BYTES], "little")
+    return acc.to_bytes(DIGEST_BYTES, "little")
+
+
+def _xor(a: bytes, b: bytes) -> bytes:
+    return bytes(x ^ y for x, y in zip(a, b, strict=True))
+
+
+class Store:
+    """SQLite store of one server.  Not thread-safe: one server, one event loop."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = str(path)
+        self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.executescript(_SCHEMA)
+        self.failed_on_recovery = self._recover()
+
+    def close(self) -> None:
+        self._db.close()
+
+    def _recover(self) -> int:
+        """Fail closed every stream that was opening or mid-chunk at the last stop."""
+        with self._tx():
+            cur = self._db.execute(
+                "UPDATE streams SET state=? WHERE state IN (?, ?)", (FAILED, OPENING, IN_CHUNK)
+            )
+        return cur.rowcount
+
+    def _tx(self) -> _Transaction:
+        return _Transaction(self._db)
+
+    # ------------------------------------------------------------ tasks
+    def create_task(self, p: TaskParams) -> TaskState:
+        with self._tx():
+            if self._db.execute("SELECT 1 FROM tasks WHERE task_id=?", (p.task_id,)).fetchone():
+                raise AlreadyExists(f"task {p.task_id!r} already exists")
+            self._db.execute(
+                "INSERT INTO tasks (task_id, d, frac_bits, n_max, min_batch, epsilon_total,"
+                " delta_total, epsilon_min, digest, sums) VALUES (?,?,?,?,?,?,?,?,?,?)",
+                (
+                    p.task_id, p.d, p.frac_bits, p.n_max, p.min_batch, str(p.epsilon_total),
+                    str(p.delta_total), str(p.epsilon_min), bytes(DIGEST_BYTES),
+                    np.zeros(p.d, dtype=np.uint64).tobytes(),
+                ),
+            )
+        return self.task(p.task_id)
+
+    def task(self, task_id: str) -> TaskState:
+        row = self._db.execute(
+            "SELECT task_id, d, frac_bits, n_max, min_batch, epsilon_total, delta_total,"
+            " epsilon_min, n, collection_open, epsilon_spent, delta_spent, digest,"
+            " (SELECT COUNT(*) FROM streams s WHERE s.task_id = t.task_id)"
+            " FROM tasks t WHERE task_id=?",
+            (task_id,),
+        ).fetchone()
+        if row is None:
+            raise NotFound(f"unknown task {task_id!r}")
+        params = TaskParams(
+            row[0], row[1], row[2], row[3], row[4], Fraction(row[5]), Fraction(row[6]),
+            Fraction(row[7]),
+        )
+        budget = Budget(params.epsilon_total, params.delta_total, Fraction(row[10]),
+                        Fraction(row[11]))
+        return TaskState(params, row[8], bool(row[9]), budget, bytes(row[12]), row[13])
+
+    def task_ids(self) -> list[str]:
+        return [r[0] for r in self._db.execute("SELECT task_id FROM tasks ORDER BY task_id")]
+
+    def sums(self, task_id: str) -> U64:
+        row = self._db.execute("SELECT sums FROM tasks WHERE task_id=?", (task_id,)).fetchone()
+        if row is None:
+            raise NotFound(f"unknown task {task_id!r}")
+        return np.frombuffer(row[0], dtype=np.uint64).copy()
+
+    # ------------------------------------------------------------ uploads
+    def add_reports(self, task_id: str, report_ids: list[bytes], share_sum: U64) -> int:
+        """Store one batch atomically; returns the task's n afterwards."""
+        with self._tx():
+            row = self._db.execute(
+                "SELECT n, n_max, collection_open, sums, digest, d FROM tasks WHERE task_id=?",
+                (task_id,),
+            ).fetchone()
+            if row is None:
+                raise NotFound(f"unknown task {task_id!r}")
+            n, n_max, is_open, sums_blob, digest, d = row
+            if not is_open:
+                raise FailedPrecondition(f"collection of task {task_id!r} is closed")
+            if n + len(report_ids) > n_max:
+                raise ResourceExhausted(
+                    f"task {task_id!r} accepts at most n_max={n_max} reports (has {n})"
+                )
+            if share_sum.shape != (d,):
+                raise InvalidArgument(f"share sum has length {share_sum.size}, task has d={d}")
+            try:
+                self._db.executemany(
+                    "INSERT INTO reports (task_id, report_id) VALUES (?, ?)",
+                    [(task_id, rid) for rid in report_ids],
+                )
+            except sqlite3.IntegrityError:
+                raise AlreadyExists(
+                    "a report id of this batch was already uploaded (replay); batch refused"
+                ) from None
+            sums = np.frombuffer(sums_blob, dtype=np.uint64) + share_sum
+            new_digest = _xor(bytes(digest), report_digest(report_ids))
+            self._db.execute(
+                "UPDATE tasks SET n=?, sums=?, digest=? WHERE task_id=?",
+                (n + len(report_ids), sums.tobytes(), new_digest, task_id),
+            )
+        return int(n + len(report_ids))
+
+    def close_collection(self, task_id: str) -> TaskState:
+        with self._tx():
+            self.task(task_id)
+            self._db.execute("UPDATE tasks SET collection_open=0 WHERE task_id=?", (task_id,))
+        return self.task(task_id)
+
+    # ------------------------------------------------------------ streams
+    def open_stream(
+        self,
+        stream_id: str,
+        task_id: str,
+        kind: StreamKind,
+        epsilon: Fraction,
+        delta: Fraction,
+        delta_charge: Fraction,
+    ) -> None:
+        """Charge (ε, delta_charge) and record the stream as `opening`, in one
+        committed transaction, before the caller draws any noise."""
+        with self._tx():
+            state = self.task(task_id)
+            if self._db.execute("SELECT 1 FROM streams WHERE stream_id=?", (stream_id,)).fetchone():
+                raise AlreadyExists(f"stream {stream_id!r} already exists")
+            ledger = Ledger(
+                state.budget.epsilon_total, state.budget.delta_total,
+                state.budget.epsilon_spent, state.budget.delta_spent,
+            )
+            ledger.charge(epsilon, delta_charge)  # raises BudgetExhausted
+            after = ledger.budget()
+            self._db.execute(
+                "UPDATE tasks SET epsilon_spent=?, delta_spent=? WHERE task_id=?",
+                (str(after.epsilon_spent), str(after.delta_spent), task_id),
+            )
+            self._db.execute(
+                "INSERT INTO streams (stream_id, task_id, kind, epsilon, delta, state)"
+                " VALUES (?,?,?,?,?,?)",
+                (stream_id, task_id, kind.value, str(epsilon), str(delta), OPENING),
+            )
+
+    def set_threshold_noise(self, stream_id: str, gamma: int) -> None:
+        with self._tx():
+            cur = self._db.execute(
+                "UPDATE streams SET gamma=?, state=? WHERE stream_id=? AND state=?",
+                (str(gamma), OPEN, stream_id, OPENING),
+            )
+            if cur.rowcount != 1:
+                raise FailedPrecondition(f"stream {stream_id!r} is not being opened")
+
+    def stream(self, stream_id: str) -> StreamState:
+        row = self._db.execute(
+            "SELECT stream_id, task_id, kind, epsilon, delta, gamma, state, chunks, queries"
+            " FROM streams WHERE stream_id=?",
+            (stream_id,),
+        ).fetchone()
+        if row is None:
+            raise NotFound(f"unknown stream {stream_id!r}")
+        return StreamState(
+            row[0], row[1], StreamKind(row[2]), Fraction(row[3]), Fraction(row[4]),
+            None if row[5] is None else int(row[5]), row[6], row[7], row[8],
+        )
+
+    def begin_chunk(self, stream_id: str, chunk_no: int | None = None) -> int:
+        """Mark the stream mid-chunk (durably) and return the chunk's number.
+
+        The helper passes the leader's chunk number and refuses anything but the
+        next one, so a session id is never reused."""
+        with self._tx():
+            s = self.stream(stream_id)
+            if s.state != OPEN:
+                raise FailedPrecondition(f"stream {stream_id!r} is {s.state}; it answers no more")
+            if chunk_no is not None and chunk_no != s.chunks + 1:
+                raise FailedPrecondition(
+                    f"stream {stream_id!r}: chunk {chunk_no} out of order (expected {s.chunks + 1})"
+                )
+            self._db.execute(
+                "UPDATE streams SET state=?, chunks=chunks+1 WHERE stream_id=?",
+                (IN_CHUNK, stream_id),
+            )
+        return s.chunks + 1
+
+    def end_chunk(self, stream_id: str, answered: int, close: bool) -> None:
+        with self._tx():
+            self._db.execute(
+                "UPDATE streams SET state=?, queries=queries+? WHERE stream_id=? AND state=?",
+                (CLOSED if close else OPEN, answered, stream_id, IN_CHUNK),
+            )
+
+    def fail_stream(self, stream_id: str) -> None:
+        with self._tx():
+            self._db.execute(
+                "UPDATE streams SET state=? WHERE stream_id=? AND state!=?",
+                (FAILED, stream_id, CLOSED),
+            )
+
+
+class _Transaction:
+    """BEGIN IMMEDIATE ... COMMIT, rolled back on any exception; re-entrant."""
+
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self._db = db
+        self._outer = False
+
+    def __enter__(self) -> None:
+        if not self._db.in_transaction:
+            self._db.execute("BEGIN IMMEDIATE")
+            self._outer = True
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        if not self._outer:
+            return
+        if exc_type is None:
+            self._db.execute("COMMIT")
+        else:
+            self._db.execute("ROLLBACK")

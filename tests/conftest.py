@@ -1,0 +1,193 @@
+"""Shared fixtures for the server, client and integration tests: one throwaway CA
+per session, and a leader + helper pair on free loopback ports running in the
+test's own event loop (blocking clients are called through asyncio.to_thread)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import numpy as np
+import pytest
+from svtagg.servers.core import PartyFactory, garbled_circuit_party
+from svtagg.servers.service import ServerConfig, SvtaggServer
+from svtagg.servers.tls import Identity, write_deployment
+
+T = TypeVar("T")
+
+
+@pytest.fixture(scope="session")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_deployment(tmp_path_factory.mktemp("certs"))
+
+
+class RevealParty:
+    """A NON-PRIVATE stand-in for the comparison protocol: the helper sends z_H in
+    the clear and the leader answers.  Same channel traffic pattern and same
+    outputs as the garbled circuit; used only where the test is about the
+    service layer and the real engine is not importable."""
+
+    def __init__(self, role: str, channel: Any, session_id: bytes) -> None:
+        self.role, self.channel = role, channel
+
+    async def setup(self) -> None:
+        return None
+
+    async def _exchange(self, *zs: np.ndarray) -> list[int]:
+        if self.role == "helper":
+            await self.channel.send(b"".join(z.astype("<u8").tobytes() for z in zs))
+            return list(np.frombuffer(await self.channel.recv(), dtype="<i8"))
+        other = np.frombuffer(await self.channel.recv(), dtype="<u8").reshape(len(zs), -1)
+        signed = [(z + o).view(np.int64) for z, o in zip(zs, other, strict=True)]
+        out = self.evaluate(signed)
+        await self.channel.send(np.asarray(out, dtype="<i8").tobytes())
+        return out
+
+    @staticmethod
+    def evaluate(signed: list[np.ndarray]) -> list[int]:
+        if len(signed) == 1:
+            yes = np.flatnonzero(signed[0] >= 0)
+            return [int(yes[0])] if yes.size else []
+        out: list[int] = []
+        for h, lo in zip((signed[0] >= 0).tolist(), (signed[1] >= 0).tolist(), strict=True):
+            out.append(0 if h else 1 if lo else 2)
+            if out[-1] == 2:
+                break
+        return out
+
+    async def first_yes(self, z: np.ndarray) -> int | None:
+        out = await self._exchange(z)
+        return out[0] if out else None
+
+    async def compare_to_thresholds(self, z_high: np.ndarray, z_low: np.ndarray) -> list[int]:
+        return await self._exchange(z_high, z_low)
+
+
+def has_real_engine() -> bool:
+    try:
+        import svtagg.mpc.protocol  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def engine() -> PartyFactory:
+    """The garbled-circuit engine when it is importable, else the reveal stand-in."""
+    return garbled_circuit_party if has_real_engine() else RevealParty  # type: ignore[return-value]
+
+
+requires_engine = pytest.mark.skipif(
+    not has_real_engine(), reason="svtagg.mpc.protocol (garbled circuits) not available yet"
+)
+
+
+@dataclass
+class Deployment:
+    certs: Path
+    root: Path
+    leader: SvtaggServer | None = None
+    helper: SvtaggServer | None = None
+    helper_port: int = 0
+    leader_port: int = 0
+
+    @property
+    def leader_addr(self) -> str:
+        return f"127.0.0.1:{self.leader_port}"
+
+    @property
+    def helper_addr(self) -> str:
+        return f"127.0.0.1:{self.helper_port}"
+
+    def identity(self, role: str) -> Identity:
+        return Identity.load(self.certs, role)
+
+    async def start(self, party: PartyFactory | None = None) -> None:
+        """Start (or restart) both servers on their previous ports and stores."""
+        party = party or engine()
+        helper_listen = f"127.0.0.1:{self.helper_port}"
+        self.helper = SvtaggServer(
+            ServerConfig("helper", str(self.root / "helper.sqlite"), self.identity("helper"),
+                         helper_listen),
+            party,
+        )
+        await self.helper.start()
+        self.helper_port = self.helper.port
+        self.leader = SvtaggServer(
+            ServerConfig("leader", str(self.root / "leader.sqlite"), self.identity("leader"),
+                         f"127.0.0.1:{self.leader_port}", helper_address=self.helper_addr),
+            party,
+        )
+        await self.leader.start()
+        self.leader_port = self.leader.port
+
+    async def stop(self) -> None:
+        for s in (self.leader, self.helper):
+            if s is not None:
+                await s.stop(0.5)
+        self.leader = self.helper = None
+
+    # -- blocking clients, run off the event loop ------------------------------------
+    def uploader(self, **kw: Any) -> Any:
+        from svtagg.client.upload import Uploader
+
+        c = self.identity("client")
+        return Uploader(self.leader_addr, self.helper_addr, c.ca, c.cert, c.key, **kw)
+
+    def analyst_stub(self, role: str = "analyst") -> Any:
+        import grpc
+        from svtagg.proto import svtagg_pb2_grpc as pb_grpc
+
+        ident = self.identity(role)
+        creds = grpc.ssl_channel_credentials(ident.ca, ident.key, ident.cert)
+        return pb_grpc.AnalystStub(grpc.secure_channel(self.leader_addr, creds))
+
+    def oracle(self, task_id: str) -> Any:
+        from svtagg.analyst.remote_oracle import RemoteOracle
+
+        return RemoteOracle.from_certs(self.leader_addr, task_id, self.certs)
+
+
+async def off_loop(fn: Callable[..., T], *args: Any, **kw: Any) -> T:
+    return await asyncio.to_thread(fn, *args, **kw)
+
+
+@pytest.fixture
+async def deployment(certs: Path, tmp_path: Path) -> AsyncIterator[Deployment]:
+    dep = Deployment(certs, tmp_path)
+    await dep.start()
+    try:
+        yield dep
+    finally:
+        with contextlib.suppress(Exception):
+            await dep.stop()
+
+
+def make_task(
+    stub: Any,
+    task_id: str = "t1",
+    d: int = 8,
+    n_max: int = 100_000,
+    min_batch: int = 1,
+    eps_total: str = "10",
+    delta_total: str = "1/1000",
+    eps_min: str = "1/100",
+    frac_bits: int = 16,
+) -> Any:
+    from svtagg.proto import svtagg_pb2 as pb
+
+    return stub.CreateTask(
+        pb.TaskSpec(
+            task_id=task_id, d=d, frac_bits=frac_bits, n_max=n_max, min_batch=min_batch,
+            epsilon_total=eps_total, delta_total=delta_total, epsilon_min=eps_min,
+        ),
+        timeout=10,
+    )
+
+
+@pytest.fixture
+def rng() -> Iterator[np.random.Generator]:
+    yield np.random.default_rng(20261130)

@@ -1,0 +1,138 @@
+"""End to end through real servers on loopback ports: upload → close → stream →
+chunk → result, restart persistence, and remote-vs-local agreement."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import numpy as np
+import pytest
+from conftest import Deployment, make_task, off_loop, requires_engine
+from svtagg.analyst.kinds import StreamKind
+from svtagg.analyst.oracle import BudgetExhausted, Outcome, Query, StreamClosed
+from svtagg.proto import svtagg_pb2 as pb
+
+
+def _upload_and_close(dep: Deployment, values: np.ndarray, task_id: str = "t1", **kw: object):
+    stub = dep.analyst_stub()
+    make_task(stub, task_id, d=values.shape[1], **kw)  # type: ignore[arg-type]
+    with dep.uploader() as up:
+        stats = up.upload(task_id, values, batch_size=64)
+    info = stub.CloseCollection(pb.TaskRef(task_id=task_id), timeout=10)
+    return stats, info
+
+
+async def test_upload_close_stream_chunk(deployment: Deployment, rng: np.random.Generator):
+    values = (rng.random((200, 6)) < np.array([0.9, 0.1, 0.1, 0.5, 0.1, 0.05])).astype(float)
+    stats, info = await off_loop(_upload_and_close, deployment, values, eps_total="20")
+    assert (stats.n_leader, stats.n_helper, info.n) == (200, 200, 200)
+    assert not info.collection_open
+
+    def run() -> tuple[int | None, int | None, list[Outcome], object]:
+        with deployment.oracle("t1") as oracle:
+            assert (oracle.n, oracle.d, oracle.parties) == (200, 6, 2)
+            # Coordinate 0 has count ~180, the rest ≤ ~100: with ε = 5 the first
+            # YES at threshold 150 is index 0 except with negligible probability.
+            s = oracle.open_stream(5, StreamKind.LAP24)
+            first = s.ask([(Query(j), 150) for j in (1, 2, 0, 4)])
+            assert s.closed
+            with pytest.raises(StreamClosed):
+                s.ask([(Query(0), 0)])
+            # Complement of coordinate 0 is ~20: never above 150 → NO, stream open.
+            s2 = oracle.open_stream(5, "lap3")
+            none = s2.ask([(Query(0, complement=True), 150), (Query(5), 150)])
+            assert not s2.closed
+            c = oracle.open_stream(1, StreamKind.CTT, delta=Fraction(1, 100000))
+            gap = 300
+            out = c.compare([(Query(5), -500, -500 + gap), (Query(0), 400, 400 + gap),
+                             (Query(3), -50, -50 + gap)])
+            return first, none, out, oracle.budget()
+
+    first, none, out, budget = await off_loop(run)
+    assert first == 2
+    assert none is None
+    # 5: ~10 ≫ -200 → HIGH; 0: ~180 ≪ 400 → LOW; 3: ~100 in [-50, 250] → CLOSE
+    assert out == [Outcome.HIGH, Outcome.LOW, Outcome.CLOSE]
+    assert budget.epsilon_spent == 11 and budget.delta_spent == Fraction(2, 100000)
+
+
+async def test_restart_keeps_tasks_sums_and_ledger(
+    deployment: Deployment, rng: np.random.Generator
+):
+    values = rng.random((50, 4))
+    values[:, 2] = 1.0
+    await off_loop(_upload_and_close, deployment, values)
+
+    def spend() -> str:
+        with deployment.oracle("t1") as o:
+            s = o.open_stream(2)
+            return s.stream_id  # type: ignore[no-any-return]
+
+    await off_loop(spend)
+    await deployment.stop()
+    await deployment.start()
+
+    def after() -> tuple[object, int | None, object]:
+        stub = deployment.analyst_stub()
+        info = stub.DescribeTask(pb.TaskRef(task_id="t1"), timeout=10)
+        with deployment.oracle("t1") as o:
+            s = o.open_stream(5)
+            j = s.ask([(Query(0), 1000), (Query(2), 40)])  # S_2 = 50 exactly
+            return info, j, o.budget()
+
+    info, j, budget = await off_loop(after)
+    assert info.n == 50 and not info.collection_open
+    assert Fraction(info.budget.epsilon_spent) == 2 == Fraction(info.helper_budget.epsilon_spent)
+    assert j == 1
+    assert budget.epsilon_spent == 7
+
+
+async def test_budget_exhaustion_on_both_servers(deployment: Deployment, rng):
+    await off_loop(_upload_and_close, deployment, rng.random((10, 3)), eps_total="1")
+
+    def run() -> object:
+        with deployment.oracle("t1") as o:
+            o.open_stream(Fraction(1, 2))
+            o.open_stream(Fraction(1, 2))
+            with pytest.raises(BudgetExhausted):
+                o.open_stream(Fraction(1, 100))
+            return deployment.analyst_stub().Budget(pb.TaskRef(task_id="t1"), timeout=10)
+
+    info = await off_loop(run)
+    assert info.budget.epsilon_spent == "1" and info.helper_budget.epsilon_spent == "1"
+
+
+@requires_engine
+async def test_remote_matches_local_distribution(deployment: Deployment):
+    """The first-YES index over many fresh streams has the same distribution on
+    the servers as on the local two-party oracle (same data, same ε, kind lap24).
+
+    Chi-square two-sample test on 4 cells (df = 3) at level 10^-3: a correct
+    system fails with probability ≤ 10^-3."""
+    pytest.importorskip("scipy")
+    from scipy.stats import chi2_contingency
+    from svtagg.analyst.local_oracle import LocalOracle
+
+    n, d = 100, 4
+    data = np.zeros((n, d))
+    for j, count in enumerate([40, 50, 55, 60]):
+        data[:count, j] = 1.0
+    await off_loop(_upload_and_close, deployment, data, eps_total="100000")
+    chunk = [(Query(j), 60) for j in range(d)]
+    trials = 150
+
+    def remote() -> list[int]:
+        with deployment.oracle("t1") as o:
+            return [_cell(o.open_stream(1).ask(chunk), d) for _ in range(trials)]
+
+    local = LocalOracle(data, 100000, parties=2, seed=7)
+    loc = [_cell(local.open_stream(1).ask(chunk), d) for _ in range(4 * trials)]
+    rem = await off_loop(remote)
+    table = np.array([np.bincount(rem, minlength=d + 1), np.bincount(loc, minlength=d + 1)])
+    table = table[:, table.sum(axis=0) > 0]
+    p = chi2_contingency(table).pvalue
+    assert p > 1e-3, f"remote {table[0]} vs local {table[1]}: p={p:.2g} (false-failure 1e-3)"
+
+
+def _cell(j: int | None, d: int) -> int:
+    return d if j is None else j
