@@ -31,6 +31,10 @@ PAPER_FINAL_ROUNDS = 64
 #: Phase cut-off of the tuned variant of Algorithm 9 (see `plan_sampling_and_filtering`).
 TUNED_CUTOFF = 2**6
 
+#: Thresholds are sent as whole score units (see `_Session._tau`), which moves
+#: each by at most 1/2; the interval bookkeeping widens every α by that much.
+ROUNDING_SLACK = 0.5
+
 AccuracyFn = Callable[[Fraction, int, float], float]
 
 
@@ -125,7 +129,7 @@ class _Session:
         self.kind = StreamKind.parse(kind)
         self.spend = spend if spend is not None else Spend()
         # Thresholds beyond what a server accepts carry no information (see `_tau`).
-        self.tau_limit = 4.0 * oracle.n - 1.0
+        self.tau_limit = 4 * oracle.n - 1
 
     def open(self, epsilon: Fraction) -> Stream:
         stream = self.oracle.open_stream(epsilon, self.kind)
@@ -134,15 +138,22 @@ class _Session:
         return stream
 
     def alpha(self, epsilon: Fraction, k: int, beta: float) -> float:
+        """α from the oracle (recorded as is) plus the threshold rounding slack."""
         a = float(self.oracle.accuracy(self.kind, epsilon, k, beta))
         self.spend.alphas.append(a)
-        return a
+        return a + ROUNDING_SLACK
 
-    def _tau(self, tau: float) -> float:
-        # Servers refuse |τ| > 4n (score units); such a threshold already lies far
-        # outside every score, so clamping it only matters when noise is of the
-        # order of 4n, i.e. when the stream is useless anyway.  Data-independent.
-        return min(max(tau, -self.tau_limit), self.tau_limit)
+    def _tau(self, tau: float) -> int:
+        """The threshold actually sent: τ rounded to a whole score unit, within ±4n.
+
+        Whole units take the oracle's exact integer path (no per-threshold rational
+        encoding, which dominated run time); the ±1/2 this moves a threshold is
+        covered by `ROUNDING_SLACK`, added to every α the bookkeeping uses.
+        Servers refuse |τ| > 4n; such a threshold already lies far outside every
+        score, so clamping only matters when the noise is of the order of 4n, i.e.
+        when the stream is useless anyway.  Both are data-independent.
+        """
+        return min(max(math.floor(tau + 0.5), -self.tau_limit), self.tau_limit)
 
     def ask(
         self, stream: Stream, cands: Candidates, positions: Sequence[int], m: float
