@@ -237,15 +237,35 @@ class ChunkHeader(_message.Message):
     compare: bool
     def __init__(self, stream_id: _Optional[str] = ..., chunk_no: _Optional[int] = ..., queries: _Optional[_Union[Queries, _Mapping]] = ..., compare: _Optional[bool] = ...) -> None: ...
 
+class SessionOpen(_message.Message):
+    __slots__ = ("session_id",)
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    session_id: bytes
+    def __init__(self, session_id: _Optional[bytes] = ...) -> None: ...
+
+class PeerStatus(_message.Message):
+    __slots__ = ("ok", "code", "message")
+    OK_FIELD_NUMBER: _ClassVar[int]
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    ok: bool
+    code: int
+    message: str
+    def __init__(self, ok: _Optional[bool] = ..., code: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
+
 class PeerFrame(_message.Message):
-    __slots__ = ("header", "fragment", "more")
+    __slots__ = ("header", "fragment", "open", "status", "more")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     FRAGMENT_FIELD_NUMBER: _ClassVar[int]
+    OPEN_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
     MORE_FIELD_NUMBER: _ClassVar[int]
     header: ChunkHeader
     fragment: bytes
+    open: SessionOpen
+    status: PeerStatus
     more: bool
-    def __init__(self, header: _Optional[_Union[ChunkHeader, _Mapping]] = ..., fragment: _Optional[bytes] = ..., more: _Optional[bool] = ...) -> None: ...
+    def __init__(self, header: _Optional[_Union[ChunkHeader, _Mapping]] = ..., fragment: _Optional[bytes] = ..., open: _Optional[_Union[SessionOpen, _Mapping]] = ..., status: _Optional[_Union[PeerStatus, _Mapping]] = ..., more: _Optional[bool] = ...) -> None: ...
 
 class StreamRef(_message.Message):
     __slots__ = ("stream_id",)

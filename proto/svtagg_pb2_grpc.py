@@ -543,8 +543,8 @@ class PeerStub:
                 request_serializer=svtagg_dot_proto_dot_svtagg__pb2.PrepareStreamRequest.SerializeToString,
                 response_deserializer=svtagg_dot_proto_dot_svtagg__pb2.StreamInfo.FromString,
                 _registered_method=True)
-        self.Chunk = channel.stream_stream(
-                '/svtagg.v1.Peer/Chunk',
+        self.Session = channel.stream_stream(
+                '/svtagg.v1.Peer/Session',
                 request_serializer=svtagg_dot_proto_dot_svtagg__pb2.PeerFrame.SerializeToString,
                 response_deserializer=svtagg_dot_proto_dot_svtagg__pb2.PeerFrame.FromString,
                 _registered_method=True)
@@ -587,7 +587,7 @@ class PeerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
-    def Chunk(self, request_iterator, context):
+    def Session(self, request_iterator, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -628,8 +628,8 @@ def add_PeerServicer_to_server(servicer, server):
                     request_deserializer=svtagg_dot_proto_dot_svtagg__pb2.PrepareStreamRequest.FromString,
                     response_serializer=svtagg_dot_proto_dot_svtagg__pb2.StreamInfo.SerializeToString,
             ),
-            'Chunk': grpc.stream_stream_rpc_method_handler(
-                    servicer.Chunk,
+            'Session': grpc.stream_stream_rpc_method_handler(
+                    servicer.Session,
                     request_deserializer=svtagg_dot_proto_dot_svtagg__pb2.PeerFrame.FromString,
                     response_serializer=svtagg_dot_proto_dot_svtagg__pb2.PeerFrame.SerializeToString,
             ),
@@ -763,7 +763,7 @@ class Peer:
             _registered_method=True)
 
     @staticmethod
-    def Chunk(request_iterator,
+    def Session(request_iterator,
             target,
             options=(),
             channel_credentials=None,
@@ -776,7 +776,7 @@ class Peer:
         return grpc.experimental.stream_stream(
             request_iterator,
             target,
-            '/svtagg.v1.Peer/Chunk',
+            '/svtagg.v1.Peer/Session',
             svtagg_dot_proto_dot_svtagg__pb2.PeerFrame.SerializeToString,
             svtagg_dot_proto_dot_svtagg__pb2.PeerFrame.FromString,
             options,

@@ -11,7 +11,6 @@ clip their values to [0, 1] (no range proofs yet).
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
@@ -73,11 +72,6 @@ def garbled_circuit_party(role: Role, channel: Channel, session_id: bytes) -> Co
     cls = ComparisonGarbler if role == "leader" else ComparisonEvaluator
     party: ComparisonParty = cls(channel, session_id)
     return party
-
-
-def session_id(stream_id: str, chunk_no: int) -> bytes:
-    """Fresh per chunk (stream id + chunk counter), as the protocol requires."""
-    return hashlib.sha256(f"svtagg/chunk/{stream_id}/{chunk_no}".encode()).digest()[:16]
 
 
 def parse_task_params(

@@ -30,7 +30,6 @@ from svtagg.servers.core import (
     parse_chunk,
     parse_task_params,
     parse_taus,
-    session_id,
 )
 from svtagg.servers.errors import (
     AlreadyExists,
@@ -41,18 +40,19 @@ from svtagg.servers.errors import (
     ResourceExhausted,
     ServerError,
 )
+from svtagg.servers.peer import (
+    CHUNK_DEADLINE,
+    OPTIONS,
+    PEER_DEADLINE,
+    FrameChannel,
+    PeerClient,
+    SessionPool,
+)
 from svtagg.servers.store import OPEN, Store, StreamState, TaskState
 from svtagg.servers.tls import Identity, role_of_pem
 
 log = logging.getLogger("svtagg.server")
 
-#: Message-size limit on every server and client channel (an upload batch is
-#: at most 32 MiB; peer protocol messages are fragmented to FRAGMENT bytes).
-MAX_MESSAGE_BYTES = 64 << 20
-FRAGMENT = 1 << 20
-#: Deadlines (seconds) the leader puts on its calls to the helper.
-PEER_DEADLINE = 30.0
-CHUNK_DEADLINE = 600.0
 
 STATUS_OF: dict[type[Exception], grpc.StatusCode] = {
     InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
@@ -73,10 +73,8 @@ KIND_TO_PB = {
 }
 KIND_FROM_PB = {v: k for k, v in KIND_TO_PB.items()}
 
-OPTIONS = [
-    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-]
+#: Message-size limits (an upload batch is at most 32 MiB; protocol messages
+#: between the servers are fragmented) on the server; clients set the same.
 SERVER_OPTIONS = [*OPTIONS, ("grpc.so_reuseport", 0)]
 
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
@@ -165,50 +163,6 @@ def kind_of(value: int) -> StreamKind:
     return KIND_FROM_PB[value]  # type: ignore[index]
 
 
-# ---------------------------------------------------------------- channel
-class FrameChannel:
-    """`mpc.channel.Channel` over a gRPC bidirectional stream of PeerFrames.
-
-    Messages larger than FRAGMENT bytes travel as several frames (`more` set on
-    all but the last), so the message-size limit never caps a chunk's size."""
-
-    def __init__(
-        self,
-        write: Callable[[pb.PeerFrame], Awaitable[None]],
-        read: Callable[[], Awaitable[Any]],
-    ) -> None:
-        self._write = write
-        self._read = read
-        self.bytes_sent = 0
-        self.bytes_received = 0
-        self.messages_sent = 0
-        self.messages_received = 0
-
-    async def send(self, data: bytes) -> None:
-        view = memoryview(data)
-        for start in range(0, max(len(view), 1), FRAGMENT):
-            end = start + FRAGMENT
-            await self._write(pb.PeerFrame(fragment=bytes(view[start:end]), more=end < len(view)))
-        self.bytes_sent += len(data)
-        self.messages_sent += 1
-
-    async def recv(self) -> bytes:
-        parts: list[bytes] = []
-        while True:
-            frame = await self._read()
-            if frame is grpc.aio.EOF or frame is None:
-                raise PeerUnavailable("peer closed the comparison stream mid-protocol")
-            if frame.WhichOneof("body") != "fragment":
-                raise PeerUnavailable("unexpected frame in the comparison stream")
-            parts.append(frame.fragment)
-            if not frame.more:
-                break
-        data = b"".join(parts)
-        self.bytes_received += len(data)
-        self.messages_received += 1
-        return data
-
-
 # ---------------------------------------------------------------- services
 class IngestService(pb_grpc.IngestServicer):
     def __init__(self, core: ServerCore) -> None:
@@ -230,18 +184,6 @@ class IngestService(pb_grpc.IngestServicer):
         return task_info(self.core.store.task(request.task_id))
 
 
-class PeerClient:
-    """The leader's connection to the helper's Peer service."""
-
-    def __init__(self, address: str, identity: Identity) -> None:
-        creds = grpc.ssl_channel_credentials(identity.ca, identity.key, identity.cert)
-        self.channel = grpc.aio.secure_channel(address, creds, options=OPTIONS)
-        self.stub = pb_grpc.PeerStub(self.channel)
-
-    async def close(self) -> None:
-        await self.channel.close()
-
-
 def _peer_error(exc: grpc.aio.AioRpcError) -> ServerError:
     """The helper's refusal, kept with its meaning (e.g. its own budget check)."""
     msg = f"helper: {exc.details()}"
@@ -257,7 +199,7 @@ class AnalystService(pb_grpc.AnalystServicer):
     def __init__(self, core: ServerCore, peer: PeerClient, party: PartyFactory) -> None:
         self.core = core
         self.peer = peer
-        self.party = party
+        self.pool = SessionPool(peer, party)
 
     async def _call(self, method: Callable[..., Awaitable[Any]], request: Any) -> Any:
         try:
@@ -383,8 +325,9 @@ class AnalystService(pb_grpc.AnalystServicer):
         compare: bool,
         run: Callable[[Any, StreamState], Awaitable[tuple[Any, int, bool]]],
     ) -> tuple[Any, bool, int]:
-        """Mark the chunk in progress, run the garbled comparison with the helper,
-        record the result; any failure fails the stream closed on both servers."""
+        """Mark the chunk in progress (durably), run the garbled comparison on a
+        pooled session, record the result.  Any failure or refusal by the helper
+        fails the stream closed on both servers; nothing is refunded."""
         sid = stream.stream_id
         chunk_no = self.core.store.begin_chunk(sid)
         header = pb.ChunkHeader(
@@ -394,29 +337,38 @@ class AnalystService(pb_grpc.AnalystServicer):
                 complement=chunk.complement.tolist() if chunk.complement.any() else [],
             ),
         )
-        call = self.peer.stub.Chunk(timeout=CHUNK_DEADLINE)
         try:
-            await call.write(pb.PeerFrame(header=header))
-            channel = FrameChannel(call.write, call.read)
-            party = self.party("leader", channel, session_id(sid, chunk_no))
-            await party.setup()
-            result, answered, close = await run(party, stream)
-            await call.done_writing()
-            code = await call.code()
-            if code != grpc.StatusCode.OK:
-                raise PeerUnavailable(f"helper: {code.name} {await call.details()}")
-        except Exception as exc:
+            session = await self.pool.acquire()
+        except BaseException:
+            self.core.store.fail_stream(sid)
+            raise
+        healthy = False
+        try:
+            before = session.channel.traffic
+            await session.channel.write_frame(pb.PeerFrame(header=header))
+            verdict = await session.status()
+            if not verdict.ok:
+                healthy = True  # the protocol never started; the session is intact
+                raise _refusal(verdict)
+            result, answered, close = await asyncio.wait_for(
+                run(session.party, stream), CHUNK_DEADLINE
+            )
+            done = await session.status()
+            if not done.ok:
+                raise _refusal(done)
+            healthy = True
+        except BaseException as exc:
             self.core.store.fail_stream(sid)
             await self._fail_helper(sid)
-            call.cancel()
             if isinstance(exc, grpc.aio.AioRpcError):
-                raise _peer_error(exc) from None
-            if isinstance(exc, PeerUnavailable):
-                code = await _code_of(call)
-                raise PeerUnavailable(f"{exc} ({code})") from None
+                raise PeerUnavailable(f"helper: {exc.code().name} {exc.details()}") from None
+            if isinstance(exc, asyncio.TimeoutError):
+                raise PeerUnavailable("the comparison with the helper timed out") from None
             raise
+        finally:
+            await self.pool.release(session, healthy)
         self.core.store.end_chunk(sid, answered, close)
-        return result, close, channel.bytes_sent + channel.bytes_received
+        return result, close, session.channel.traffic - before
 
     async def _fail_helper(self, stream_id: str) -> None:
         try:
@@ -425,13 +377,15 @@ class AnalystService(pb_grpc.AnalystServicer):
             log.warning("could not fail stream %s on the helper", stream_id)
 
 
-async def _code_of(call: Any) -> str:
-    try:
-        code = await asyncio.wait_for(call.code(), 1.0)
-        details = await asyncio.wait_for(call.details(), 1.0)
-        return f"helper: {code.name} {details}"
-    except Exception:  # noqa: BLE001
-        return "helper status unknown"
+def _refusal(status: pb.PeerStatus) -> ServerError:
+    code = grpc.StatusCode.UNKNOWN
+    for c in grpc.StatusCode:
+        if c.value[0] == status.code:
+            code = c
+    for cls, mapped in STATUS_OF.items():
+        if mapped == code and issubclass(cls, ServerError):
+            return cls(f"helper: {status.message}")
+    return PeerUnavailable(f"helper: {status.message}")
 
 
 class PeerService(pb_grpc.PeerServicer):
@@ -473,21 +427,44 @@ class PeerService(pb_grpc.PeerServicer):
         return stream_info(self.core.store.stream(request.stream_id))
 
     @rpc("leader")
-    async def Chunk(self, request_iterator: Any, context: Any) -> None:
-        first = await context.read()
-        if first is grpc.aio.EOF or first.WhichOneof("body") != "header":
-            raise InvalidArgument("a chunk starts with its header")
-        h = first.header
+    async def Session(self, request_iterator: Any, context: Any) -> None:
+        """A comparison session: set up once, then chunks one at a time until EOF."""
+        channel = FrameChannel(context.write, context.read)
+        first = await channel.read_frame()
+        if first.WhichOneof("body") != "open" or len(first.open.session_id) != 16:
+            raise InvalidArgument("a session starts with SessionOpen (16-byte id)")
+        party = self.party("helper", channel, first.open.session_id)
+        await party.setup()
+        while True:
+            frame = await context.read()
+            if frame is grpc.aio.EOF:
+                return
+            if frame.WhichOneof("body") != "header":
+                raise InvalidArgument("expected a chunk header")
+            try:
+                stream, task, chunk = self._accept(frame.header)
+            except Exception as exc:  # noqa: BLE001 - refusal goes back, session lives
+                code = _status_for(exc) or grpc.StatusCode.INTERNAL
+                await context.write(pb.PeerFrame(
+                    status=pb.PeerStatus(ok=False, code=code.value[0], message=str(exc))))
+                continue
+            await context.write(pb.PeerFrame(status=pb.PeerStatus(ok=True)))
+            await self._run(party, stream, task, chunk, frame.header.compare)
+            await context.write(pb.PeerFrame(status=pb.PeerStatus(ok=True)))
+
+    def _accept(self, h: pb.ChunkHeader) -> tuple[StreamState, TaskState, Chunk]:
         stream, task = self.core.stream_and_task(h.stream_id)
         if h.compare != (stream.kind == StreamKind.CTT):
             raise InvalidArgument("chunk mode does not match the stream kind")
         chunk = parse_chunk(task, h.queries.index, h.queries.complement)
         self.core.store.begin_chunk(h.stream_id, h.chunk_no)
+        return stream, task, chunk
+
+    async def _run(
+        self, party: Any, stream: StreamState, task: TaskState, chunk: Chunk, compare: bool
+    ) -> None:
         try:
-            channel = FrameChannel(context.write, context.read)
-            party = self.party("helper", channel, session_id(h.stream_id, h.chunk_no))
-            await party.setup()
-            if h.compare:
+            if compare:
                 z_high, z_low = self.core.compare_inputs(stream, task, chunk, None)
                 out = list(await party.compare_to_thresholds(z_high, z_low))
                 answered, close = len(out), 2 in out
@@ -495,9 +472,9 @@ class PeerService(pb_grpc.PeerServicer):
                 j = await party.first_yes(self.core.ask_inputs(stream, task, chunk, None))
                 answered, close = (len(chunk), False) if j is None else (j + 1, True)
         except BaseException:
-            self.core.store.fail_stream(h.stream_id)
+            self.core.store.fail_stream(stream.stream_id)
             raise
-        self.core.store.end_chunk(h.stream_id, answered, close)
+        self.core.store.end_chunk(stream.stream_id, answered, close)
 
 
 class HealthService(health_pb2_grpc.HealthServicer):
@@ -555,15 +532,15 @@ class SvtaggServer:
         self.core = ServerCore(config.role, self.store)  # type: ignore[arg-type]
         self.health = HealthService()
         self.peer: PeerClient | None = None
+        self.analyst: AnalystService | None = None
         self.server = grpc.aio.server(options=SERVER_OPTIONS)
         pb_grpc.add_IngestServicer_to_server(IngestService(self.core), self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         if config.role == "leader":
             assert config.helper_address is not None
             self.peer = PeerClient(config.helper_address, config.identity)
-            pb_grpc.add_AnalystServicer_to_server(
-                AnalystService(self.core, self.peer, party), self.server
-            )
+            self.analyst = AnalystService(self.core, self.peer, party)
+            pb_grpc.add_AnalystServicer_to_server(self.analyst, self.server)
         else:
             pb_grpc.add_PeerServicer_to_server(PeerService(self.core, party), self.server)
         ident = config.identity
@@ -579,8 +556,11 @@ class SvtaggServer:
                 config.ingest_listen, grpc.ssl_server_credentials([(ident.key, ident.cert)])
             )
 
-    async def start(self) -> None:
+    async def start(self, warm: bool = True) -> None:
         await self.server.start()
+        if self.analyst is not None and warm:
+            # Base OTs with the helper before the first chunk needs them.
+            self._warm = asyncio.ensure_future(self.analyst.pool.warm())
         log.info(
             "%s listening on port %d (failed closed on recovery: %d streams)",
             self.config.role, self.port, self.store.failed_on_recovery,
@@ -589,7 +569,12 @@ class SvtaggServer:
     async def stop(self, grace: float = 5.0) -> None:
         """Graceful shutdown: report NOT_SERVING, let calls finish, close the store."""
         self.health.set_serving(False)
+        warm = getattr(self, "_warm", None)
+        if warm is not None and not warm.done():
+            warm.cancel()
         await self.server.stop(grace)
+        if self.analyst is not None:
+            await self.analyst.pool.close()
         if self.peer is not None:
             await self.peer.close()
         self.store.close()

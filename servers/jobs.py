@@ -1,0 +1,337 @@
+"""Jobs against a deployment: `svtagg analyst …` (task admin and selection runs on
+the remote oracle), `svtagg demo` (the whole system on this machine) and
+`svtagg sim` (multi-process simulation writing a JSON report)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+import numpy.typing as npt
+from svtagg.proto import svtagg_pb2 as pb
+from svtagg.proto import svtagg_pb2_grpc as pb_grpc
+from svtagg.servers.tls import Identity
+
+ALGORITHMS = ("top-k", "gbs", "sf", "binary-search", "linear-scan", "sum")
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    a = sub.add_parser("analyst", help="administer tasks and run selection on a deployment")
+    asub = a.add_subparsers(dest="analyst_command", metavar="ANALYST_COMMAND")
+
+    def common(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--leader", required=True, help="leader host:port")
+        p.add_argument("--certs", required=True, help="directory with ca.pem, analyst.pem/.key")
+        p.add_argument("--task", required=True)
+
+    c = asub.add_parser("create-task", help="create a task on both servers")
+    common(c)
+    c.add_argument("--d", type=int, required=True)
+    c.add_argument("--n-max", type=int, default=1_000_000)
+    c.add_argument("--min-batch", type=int, default=100)
+    c.add_argument("--frac-bits", type=int, default=16)
+    c.add_argument("--epsilon", default="10", help="total ε budget (exact, e.g. 1/2)")
+    c.add_argument("--delta", default="1/1000000", help="total δ budget")
+    c.add_argument("--epsilon-min", default="1/1000", help="smallest ε a stream may use")
+    c.set_defaults(handler=_create_task)
+    for name, fn, text in (
+        ("describe", _describe, "show a task: n, state, both ledgers"),
+        ("close", _close, "close the collection on both servers"),
+    ):
+        p = asub.add_parser(name, help=text)
+        common(p)
+        p.set_defaults(handler=fn)
+    r = asub.add_parser("run", help="run a selection algorithm through the servers")
+    common(r)
+    r.add_argument("--algorithm", choices=ALGORITHMS, default="top-k")
+    r.add_argument("--epsilon", default="1")
+    r.add_argument("--beta", type=float, default=0.05)
+    r.add_argument("--k", type=int, default=10, help="top-k: how many")
+    r.add_argument("--index", type=int, default=0, help="sum: which coordinate")
+    r.add_argument("--kind", default="lap24", help="stream kind: lap24 | lap3 | exp3")
+    r.add_argument("--seed", type=int, default=None)
+    r.set_defaults(handler=_run)
+    a.set_defaults(handler=lambda _a: (a.print_help(), 2)[1])
+
+    d = sub.add_parser("demo", help="run the whole system on this machine (about a minute)")
+    d.add_argument("--users", type=int, default=10_000)
+    d.add_argument("--d", type=int, default=1000)
+    d.add_argument("--k", type=int, default=10)
+    d.add_argument("--epsilon", default="4")
+    d.add_argument("--zipf", type=float, default=1.1, help="Zipf exponent of categories")
+    d.add_argument("--per-user", type=int, default=3, help="categories drawn per user")
+    d.add_argument("--seed", type=int, default=1)
+    d.add_argument("--workdir", help="keep certificates, stores and logs here")
+    d.set_defaults(handler=_demo)
+
+    s = sub.add_parser("sim", help="multi-process simulation; writes a JSON report")
+    s.add_argument("--workload", choices=["heavy_hitters", "uniform"], default="heavy_hitters")
+    s.add_argument("--n", type=int, default=10_000)
+    s.add_argument("--d", type=int, default=1000)
+    s.add_argument("--algorithm", choices=ALGORITHMS, default="top-k")
+    s.add_argument("--epsilon", default="4")
+    s.add_argument("--k", type=int, default=10)
+    s.add_argument("--beta", type=float, default=0.05)
+    s.add_argument("--clients", type=int, default=2, help="uploader processes")
+    s.add_argument("--batch", type=int, default=500)
+    s.add_argument("--seed", type=int, default=1)
+    s.add_argument("--out", default="results/sim.json")
+    s.add_argument("--workdir")
+    s.set_defaults(handler=_sim)
+
+
+# ------------------------------------------------------------------ helpers
+def analyst_stub(leader: str, certs: str | Path) -> Any:
+    ident = Identity.load(certs, "analyst")
+    creds = grpc.ssl_channel_credentials(ident.ca, ident.key, ident.cert)
+    return pb_grpc.AnalystStub(grpc.secure_channel(leader, creds))
+
+
+def _show(info: pb.TaskInfo) -> str:
+    b, h = info.budget, info.helper_budget
+    return (
+        f"task {info.spec.task_id}: d={info.spec.d} F={info.spec.frac_bits} n={info.n} "
+        f"({'collecting' if info.collection_open else 'closed'}), streams={info.streams}\n"
+        f"  leader ledger: ε {b.epsilon_spent}/{b.epsilon_total}, δ {b.delta_spent}/{b.delta_total}"
+        + (f"\n  helper ledger: ε {h.epsilon_spent}/{h.epsilon_total}, "
+           f"δ {h.delta_spent}/{h.delta_total}" if h.epsilon_total else "")
+    )
+
+
+def _guard(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return fn(args)
+        except grpc.RpcError as exc:
+            print(f"refused: {exc.code().name}: {exc.details()}", file=sys.stderr)  # type: ignore[attr-defined]
+            return 1
+
+    return run
+
+
+@_guard
+def _create_task(args: argparse.Namespace) -> int:
+    info = analyst_stub(args.leader, args.certs).CreateTask(
+        pb.TaskSpec(
+            task_id=args.task, d=args.d, frac_bits=args.frac_bits, n_max=args.n_max,
+            min_batch=args.min_batch, epsilon_total=args.epsilon, delta_total=args.delta,
+            epsilon_min=args.epsilon_min,
+        ),
+        timeout=30,
+    )
+    print(_show(info))
+    return 0
+
+
+@_guard
+def _describe(args: argparse.Namespace) -> int:
+    print(_show(analyst_stub(args.leader, args.certs).DescribeTask(
+        pb.TaskRef(task_id=args.task), timeout=30)))
+    return 0
+
+
+@_guard
+def _close(args: argparse.Namespace) -> int:
+    stub = analyst_stub(args.leader, args.certs)
+    stub.CloseCollection(pb.TaskRef(task_id=args.task), timeout=30)
+    print(_show(stub.DescribeTask(pb.TaskRef(task_id=args.task), timeout=30)))
+    return 0
+
+
+def run_algorithm(
+    oracle: Any, algorithm: str, epsilon: str, beta: float = 0.05, k: int = 10, index: int = 0,
+    kind: str = "lap24", seed: int | None = None,
+) -> dict[str, Any]:
+    """Run one selection algorithm / application on an oracle; JSON-ready summary."""
+    from svtagg.analyst import applications, selection
+    from svtagg.analyst.oracle import Query
+
+    eps = Fraction(epsilon)
+    out: dict[str, Any] = {"algorithm": algorithm, "epsilon": str(eps)}
+    if algorithm == "top-k":
+        res = applications.top_k_heavy_hitters(oracle, k, eps, rng=seed, kind=kind)
+        out["selected"] = res.indices
+    elif algorithm == "sum":
+        est = selection.sum_estimation(oracle, Query(index), eps, beta, kind=kind)
+        out.update(index=index, estimate=est.estimate, lower=est.lower, upper=est.upper)
+    else:
+        fn = {
+            "gbs": selection.geometric_binary_search,
+            "binary-search": selection.binary_search,
+            "linear-scan": selection.linear_scan,
+        }.get(algorithm)
+        if fn is not None:
+            sel = fn(oracle, eps, beta, kind=kind)
+        else:
+            sel = selection.sampling_and_filtering(oracle, eps, beta, rng=seed, kind=kind)
+        out.update(selected=sel.query.index, lower=sel.lower, upper=sel.upper)
+    return out
+
+
+def _oracle_summary(oracle: Any) -> dict[str, Any]:
+    st = oracle.stats()
+    b = oracle.budget()
+    return {
+        "streams": st.streams, "queries": st.queries, "chunks": st.chunks,
+        "peer_bytes": getattr(st, "peer_bytes", 0),
+        "epsilon_spent": str(b.epsilon_spent), "epsilon_left": str(b.epsilon_left),
+        "delta_spent": str(b.delta_spent), "delta_left": str(b.delta_left),
+    }
+
+
+def _run(args: argparse.Namespace) -> int:
+    from svtagg.analyst.oracle import OracleError
+    from svtagg.analyst.remote_oracle import RemoteOracle
+
+    start = time.perf_counter()
+    try:
+        with RemoteOracle.from_certs(args.leader, args.task, args.certs) as oracle:
+            result = run_algorithm(oracle, args.algorithm, args.epsilon, args.beta, args.k,
+                                   args.index, args.kind, args.seed)
+            result.update(_oracle_summary(oracle))
+    except (OracleError, ValueError) as exc:
+        print(f"refused: {exc}", file=sys.stderr)
+        return 1
+    result["seconds"] = round(time.perf_counter() - start, 3)
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+# ------------------------------------------------------------------ workloads
+def zipf_categories(
+    users: int, d: int, exponent: float, per_user: int, seed: int
+) -> list[list[int]]:
+    """Each user holds up to `per_user` distinct categories drawn from Zipf(exponent) on d."""
+    gen = np.random.default_rng(seed)
+    p = 1.0 / np.arange(1, d + 1) ** exponent
+    draws = gen.choice(d, size=(users, per_user), p=p / p.sum())
+    return [sorted(set(row)) for row in draws.tolist()]
+
+
+def workload(name: str, n: int, d: int, seed: int) -> npt.NDArray[np.float64]:
+    from svtagg.analyst.applications import heavy_hitters_embedding
+
+    if name == "heavy_hitters":
+        return heavy_hitters_embedding(zipf_categories(n, d, 1.1, 3, seed), d)
+    return np.random.default_rng(seed).random((n, d))
+
+
+def _upload_slice(args: tuple[str, str, str, str, npt.NDArray[np.float64], int]) -> dict[str, Any]:
+    from svtagg.client.upload import Uploader
+
+    leader, helper, certs, task, values, batch = args
+    c = Identity.load(certs, "client")
+    with Uploader(leader, helper, c.ca, c.cert, c.key) as up:
+        return asdict(up.upload(task, values, batch_size=batch))
+
+
+def upload_parallel(
+    leader: str, helper: str, certs: Path, task: str, values: npt.NDArray[np.float64],
+    clients: int, batch: int,
+) -> dict[str, Any]:
+    """Upload from `clients` processes (one slice of users each); returns totals."""
+    start = time.perf_counter()
+    slices = np.array_split(values, max(clients, 1))
+    jobs = [(leader, helper, str(certs), task, s, batch) for s in slices if len(s)]
+    if clients <= 1:
+        results = [_upload_slice(j) for j in jobs]
+    else:
+        with mp.get_context("spawn").Pool(len(jobs)) as pool:
+            results = pool.map(_upload_slice, jobs)
+    seconds = time.perf_counter() - start
+    reports = sum(r["reports"] for r in results)
+    return {"reports": reports, "retries": sum(r["retries"] for r in results),
+            "seconds": round(seconds, 3), "reports_per_s": round(reports / seconds, 1)}
+
+
+def _progress(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+# ------------------------------------------------------------------ demo / sim
+def _demo(args: argparse.Namespace) -> int:
+    from svtagg.analyst.remote_oracle import RemoteOracle
+    from svtagg.servers.launch import LocalDeployment
+
+    t0 = time.perf_counter()
+    _progress(f"simulating {args.users} users with Zipf({args.zipf}) categories over d={args.d}")
+    values = workload("heavy_hitters", args.users, args.d, args.seed)
+    truth = values.sum(axis=0)
+    with LocalDeployment(Path(args.workdir) if args.workdir else None) as dep:
+        _progress(f"leader {dep.address('leader')}, helper {dep.address('helper')} "
+                  f"(separate processes, mutual TLS, SQLite in {dep.root})")
+        stub = analyst_stub(dep.address("leader"), dep.certs)
+        stub.CreateTask(pb.TaskSpec(
+            task_id="demo", d=args.d, frac_bits=16, n_max=10 * args.users, min_batch=100,
+            epsilon_total=args.epsilon, delta_total="0", epsilon_min="1/10000"), timeout=30)
+        up = upload_parallel(dep.address("leader"), dep.address("helper"), dep.certs, "demo",
+                             values, 1, 500)
+        _progress(f"uploaded {up['reports']} reports in {up['seconds']}s "
+                  f"({up['reports_per_s']:,.0f}/s)")
+        info = stub.CloseCollection(pb.TaskRef(task_id="demo"), timeout=30)
+        _progress(f"collection closed: n={info.n} on both servers")
+        _progress(f"running private top-{args.k} heavy hitters (ε={args.epsilon}) on the servers")
+        t1 = time.perf_counter()
+        with RemoteOracle.from_certs(dep.address("leader"), "demo", dep.certs) as oracle:
+            res = run_algorithm(oracle, "top-k", args.epsilon, k=args.k, seed=args.seed)
+            summary = _oracle_summary(oracle)
+        query_s = time.perf_counter() - t1
+    true_top = [int(j) for j in np.argsort(-truth, kind="stable")[: args.k]]
+    print(f"\n{'rank':>4}  {'private top-k':>14} {'count':>7}   {'true top-k':>10} {'count':>7}")
+    for r, (p, t) in enumerate(zip(res["selected"], true_top, strict=True), 1):
+        print(f"{r:>4}  {p:>14} {int(truth[p]):>7}   {t:>10} {int(truth[t]):>7}")
+    hits = len(set(res["selected"]) & set(true_top))
+    print(f"\n{hits}/{args.k} of the true top-{args.k} found; "
+          f"{summary['queries']} queries in {summary['streams']} streams "
+          f"({summary['chunks']} chunks), {summary['peer_bytes'] / 1e6:.1f} MB between servers")
+    print(f"budget: ε spent {summary['epsilon_spent']}, left {summary['epsilon_left']}; "
+          f"selection {query_s:.1f}s, wall time {time.perf_counter() - t0:.1f}s")
+    return 0
+
+
+def _sim(args: argparse.Namespace) -> int:
+    from svtagg.analyst.remote_oracle import RemoteOracle
+    from svtagg.servers.launch import LocalDeployment
+
+    t0 = time.perf_counter()
+    values = workload(args.workload, args.n, args.d, args.seed)
+    truth = values.sum(axis=0)
+    report: dict[str, Any] = {"config": {k: v for k, v in vars(args).items() if k != "handler"}}
+    with LocalDeployment(Path(args.workdir) if args.workdir else None) as dep:
+        stub = analyst_stub(dep.address("leader"), dep.certs)
+        stub.CreateTask(pb.TaskSpec(
+            task_id="sim", d=args.d, frac_bits=16, n_max=max(10 * args.n, 1000),
+            min_batch=1, epsilon_total=args.epsilon, delta_total="0",
+            epsilon_min="1/10000"), timeout=30)
+        _progress(f"uploading {args.n} reports from {args.clients} client processes")
+        report["upload"] = upload_parallel(dep.address("leader"), dep.address("helper"),
+                                           dep.certs, "sim", values, args.clients, args.batch)
+        stub.CloseCollection(pb.TaskRef(task_id="sim"), timeout=30)
+        _progress(f"running {args.algorithm}")
+        t1 = time.perf_counter()
+        with RemoteOracle.from_certs(dep.address("leader"), "sim", dep.certs) as oracle:
+            report["result"] = run_algorithm(oracle, args.algorithm, args.epsilon, args.beta,
+                                             args.k, 0, "lap24", args.seed)
+            report["oracle"] = _oracle_summary(oracle)
+        report["selection_seconds"] = round(time.perf_counter() - t1, 3)
+    order = np.argsort(-truth, kind="stable")
+    report["truth"] = {"top": [int(j) for j in order[: max(args.k, 1)]],
+                       "top_scores": [float(truth[j]) for j in order[: max(args.k, 1)]]}
+    report["wall_seconds"] = round(time.perf_counter() - t0, 3)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2))
+    _progress(f"wrote {out}")
+    print(json.dumps({k: report[k] for k in ("upload", "result", "oracle", "wall_seconds")},
+                     indent=2))
+    return 0
