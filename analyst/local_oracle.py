@@ -1,0 +1,231 @@
+"""The local (central, plaintext) oracle: the reference implementation of `Oracle`.
+
+It holds the per-user matrix, encodes it exactly as clients do (`mpc.ring.encode`),
+sums it, and answers streams with the same exact samplers, noise models and ledger
+rules as the servers — with one party's noise (central DP) or the two-server
+noise model (two independent full draws per term).
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+from typing import Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+from svtagg.analyst import accuracy
+from svtagg.analyst.kinds import (
+    StreamKind,
+    as_fraction,
+    check_epsilon,
+    ctt_delta_charge,
+    ctt_gap,
+)
+from svtagg.analyst.ledger import Ledger
+from svtagg.analyst.noise import RandomSource
+from svtagg.analyst.oracle import (
+    MAX_CHUNK,
+    Budget,
+    Number,
+    OracleError,
+    OracleStats,
+    Outcome,
+    Query,
+)
+from svtagg.analyst.svt import AboveThresholdStream, CompareToThresholdsStream
+from svtagg.mpc.ring import DEFAULT_FRAC_BITS, encode, encode_scalar, sensitivity
+
+
+class LocalStream:
+    """A stream of the local oracle; see `oracle.Stream` for the contract."""
+
+    def __init__(
+        self,
+        oracle: LocalOracle,
+        kind: StreamKind,
+        epsilon: Fraction,
+        delta: Fraction,
+        mech: AboveThresholdStream | CompareToThresholdsStream,
+    ) -> None:
+        self._oracle = oracle
+        self.kind = kind
+        self.epsilon = epsilon
+        self.delta = delta
+        self._mech = mech
+
+    @property
+    def closed(self) -> bool:
+        return self._mech.closed
+
+    @property
+    def queries_answered(self) -> int:
+        return self._mech.queries_answered
+
+    def alpha(self, k: int, beta: float) -> float:
+        return self._oracle.accuracy(self.kind, self.epsilon, k, beta)
+
+    def ask(self, chunk: Sequence[tuple[Query, Number]]) -> int | None:
+        if not isinstance(self._mech, AboveThresholdStream):
+            raise ValueError("a CompareToThresholds stream answers `compare`, not `ask`")
+        self._oracle._check_chunk(len(chunk))
+        scores = self._oracle._scores([q for q, _ in chunk])
+        taus = self._oracle._encode_taus([t for _, t in chunk])
+        before = self._mech.queries_answered
+        out = self._mech.ask(scores, taus)
+        self._oracle._count(self._mech.queries_answered - before)
+        return out
+
+    def compare(self, chunk: Sequence[tuple[Query, Number, Number]]) -> list[Outcome]:
+        if not isinstance(self._mech, CompareToThresholdsStream):
+            raise ValueError("only a CompareToThresholds stream answers `compare`")
+        self._oracle._check_chunk(len(chunk))
+        gap = ctt_gap(self.epsilon, self.delta, self._oracle.parties)
+        for _, lo, hi in chunk:
+            if as_fraction(hi, "tau_high") - as_fraction(lo, "tau_low") < Fraction(str(gap)):
+                raise ValueError(
+                    f"CompareToThresholds requires τH − τL ≥ {gap:.6g}; got τL={lo}, τH={hi}"
+                )
+        scores = self._oracle._scores([q for q, _, _ in chunk])
+        lows = self._oracle._encode_taus([lo for _, lo, _ in chunk])
+        highs = self._oracle._encode_taus([hi for _, _, hi in chunk])
+        out = self._mech.compare(scores, lows, highs)
+        self._oracle._count(len(out))
+        return out
+
+
+class LocalOracle:
+    """Central oracle over a plaintext n × d matrix of per-user values in [0, 1]."""
+
+    def __init__(
+        self,
+        data: npt.ArrayLike,
+        epsilon_total: Number | str,
+        delta_total: Number | str = 0,
+        frac_bits: int = DEFAULT_FRAC_BITS,
+        parties: int = 1,
+        seed: bytes | int | None = None,
+    ) -> None:
+        matrix = np.asarray(data, dtype=np.float64)
+        if matrix.ndim != 2 or matrix.shape[0] < 1 or matrix.shape[1] < 1:
+            raise ValueError(f"data must be a non-empty n × d matrix, got shape {matrix.shape}")
+        if parties not in (1, 2):
+            raise ValueError(f"parties must be 1 or 2, got {parties}")
+        self._n, self._d = int(matrix.shape[0]), int(matrix.shape[1])
+        self.frac_bits = frac_bits
+        self._parties = parties
+        # Exact integer sums of the encoded values, as the servers' shares add up to.
+        self._sums = encode(matrix, frac_bits).astype(np.int64).sum(axis=0)
+        self._ledger = Ledger(epsilon_total, delta_total)
+        if isinstance(seed, int):
+            seed = seed.to_bytes(16, "little", signed=True)
+        self._rng = RandomSource(seed)
+        self._stats = OracleStats()
+
+    @classmethod
+    def from_sums(
+        cls,
+        sums: npt.ArrayLike,
+        n: int,
+        epsilon_total: Number | str,
+        delta_total: Number | str = 0,
+        frac_bits: int = DEFAULT_FRAC_BITS,
+        parties: int = 1,
+        seed: bytes | int | None = None,
+    ) -> LocalOracle:
+        """An oracle from already-encoded grid sums (e.g. for large synthetic data)."""
+        self = cls(np.zeros((1, 1)), epsilon_total, delta_total, frac_bits, parties, seed)
+        arr = np.asarray(sums, dtype=np.int64)
+        if arr.ndim != 1 or (arr < 0).any() or (arr > n * sensitivity(frac_bits)).any():
+            raise ValueError("sums must be a vector of grid sums in [0, n·2^F]")
+        self._sums, self._n, self._d = arr.copy(), int(n), int(arr.size)
+        return self
+
+    # -- Oracle protocol ---------------------------------------------------------------
+    @property
+    def n(self) -> int:
+        return self._n
+
+    @property
+    def d(self) -> int:
+        return self._d
+
+    @property
+    def parties(self) -> int:
+        return self._parties
+
+    def open_stream(
+        self,
+        epsilon: Number | str,
+        kind: StreamKind | str = StreamKind.LAP24,
+        delta: Number | str = 0,
+    ) -> LocalStream:
+        kind = StreamKind.parse(kind)
+        eps = check_epsilon(epsilon)
+        dl = as_fraction(delta, "delta")
+        if kind == StreamKind.CTT:
+            ctt_gap(eps, dl, self._parties)  # validates 0 < δ < 1
+            charge_delta = ctt_delta_charge(dl, self._parties)
+        else:
+            if dl != 0:
+                raise ValueError(f"an AboveThreshold stream is pure ε-DP; got delta={dl}")
+            charge_delta = Fraction(0)
+        # Charge before any noise is drawn.
+        self._ledger.charge(eps, charge_delta)
+        mech = self._make_mechanism(kind, eps)
+        self._stats.streams += 1
+        self._stats.epsilon_spent += eps
+        self._stats.delta_spent += charge_delta
+        self._stats.by_kind[kind.value] = self._stats.by_kind.get(kind.value, 0) + 1
+        return LocalStream(self, kind, eps, dl, mech)
+
+    def _make_mechanism(
+        self, kind: StreamKind, eps: Fraction
+    ) -> AboveThresholdStream | CompareToThresholdsStream:
+        if kind == StreamKind.CTT:
+            return CompareToThresholdsStream(eps, self.frac_bits, self._rng, self._parties)
+        return AboveThresholdStream(kind, eps, self.frac_bits, self._rng, self._parties)
+
+    def accuracy(
+        self, kind: StreamKind | str, epsilon: Number | str, k: int, beta: float
+    ) -> float:
+        return accuracy.alpha(kind, epsilon, k, beta, self._parties, self.frac_bits)
+
+    def budget(self) -> Budget:
+        return self._ledger.budget()
+
+    def stats(self) -> OracleStats:
+        return self._stats
+
+    # -- helpers -------------------------------------------------------------------------
+    def true_scores(self) -> npt.NDArray[np.float64]:
+        """Exact scores in score units (for experiments and tests, never for algorithms)."""
+        return self._sums / float(sensitivity(self.frac_bits))
+
+    def _check_chunk(self, k: int) -> None:
+        if k < 1:
+            raise ValueError("a chunk needs at least one query")
+        if k > MAX_CHUNK:
+            raise ValueError(f"a chunk holds at most {MAX_CHUNK} queries, got {k}")
+
+    def _scores(self, queries: Sequence[Query]) -> npt.NDArray[np.int64]:
+        idx = np.fromiter((q.index for q in queries), dtype=np.int64, count=len(queries))
+        if idx.size and (idx.min() < 0 or idx.max() >= self._d):
+            raise OracleError(f"query index out of range [0, {self._d})")
+        comp = np.fromiter((q.complement for q in queries), dtype=bool, count=len(queries))
+        s = self._sums[idx]
+        full = self._n * sensitivity(self.frac_bits)
+        return np.where(comp, full - s, s)
+
+    def _encode_taus(self, taus: Sequence[Number]) -> npt.NDArray[np.int64]:
+        if taus and all(isinstance(t, (int, np.integer)) for t in taus):
+            return np.asarray(taus, dtype=np.int64) * sensitivity(self.frac_bits)
+        return np.fromiter(
+            (encode_scalar(as_fraction(t, "threshold"), self.frac_bits) for t in taus),
+            dtype=np.int64,
+            count=len(taus),
+        )
+
+    def _count(self, answered: int) -> None:
+        self._stats.queries += answered
+        self._stats.chunks += 1
