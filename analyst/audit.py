@@ -224,3 +224,33 @@ def counterexample_scenario(
         StreamKind.parse(kind),
         chunk,
     )
+
+
+def split_scenario(
+    kind: StreamKind | str = StreamKind.LAP24,
+    epsilon: Fraction = Fraction(2),
+    half: int = 16,
+    n: int = 4,
+    tau: float = 0.5,
+) -> Scenario:
+    """Neighbours that move half the queries up and half down.
+
+    D's first user has value 1 on the first `half` coordinates, D' moves that
+    value to the other `half`.  No single shift of the threshold noise maps one
+    dataset's outcomes to the other's, which is what exposes a stream that
+    keeps answering after its first YES (found by a small search over τ, sizes).
+    """
+    k = 2 * half
+    data = np.zeros((n, k))
+    data[0, :half] = 1.0
+    neighbour = np.zeros((n, k))
+    neighbour[0, half:] = 1.0
+    chunk = tuple((Query(j), tau) for j in range(k))
+    return Scenario(
+        f"split[{StreamKind.parse(kind).value}]",
+        data,
+        neighbour,
+        Fraction(epsilon),
+        StreamKind.parse(kind),
+        chunk,
+    )
