@@ -214,7 +214,8 @@ def zipf_categories(
     """Each user holds up to `per_user` distinct categories drawn from Zipf(exponent) on d."""
     gen = np.random.default_rng(seed)
     p = 1.0 / np.arange(1, d + 1) ** exponent
-    draws = gen.choice(d, size=(users, per_user), p=p / p.sum())
+    label = gen.permutation(d)  # the popular categories are not simply 0, 1, 2, ...
+    draws = label[gen.choice(d, size=(users, per_user), p=p / p.sum())]
     return [sorted(set(row)) for row in draws.tolist()]
 
 

@@ -1,0 +1,108 @@
+"""Client SDK: retries never double-count, file loading and embeddings, the CLI."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import grpc
+import numpy as np
+import pytest
+from conftest import Deployment, make_task, off_loop
+from svtagg.analyst.cli import main
+from svtagg.client.upload import UploadError, UploadStats, embed, load_records, make_batch
+from svtagg.mpc.ring import encode
+from svtagg.mpc.sharing import expand_seed
+from svtagg.proto import svtagg_pb2 as pb
+
+
+class _Unavailable(grpc.RpcError):
+    def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.UNAVAILABLE
+
+    def details(self) -> str:
+        return "injected: answer lost"
+
+
+class _LostFirstAnswer:
+    """Delivers the first call to the server, then pretends the answer was lost."""
+
+    def __init__(self, real: Any) -> None:
+        self.real, self.calls = real, 0
+
+    def future(self, msg: Any, timeout: float) -> Any:
+        self.calls += 1
+        fut = self.real.future(msg, timeout=timeout)
+        if self.calls == 1:
+            fut.result()
+
+            def fail() -> None:
+                raise _Unavailable()
+
+            return SimpleNamespace(result=fail)
+        return fut
+
+
+def test_batch_shares_reconstruct():
+    values = np.random.default_rng(3).random((5, 7))
+    b = make_batch("t", values, 16)
+    for lr, hr, row in zip(b.leader.reports, b.helper.reports, encode(values, 16), strict=True):
+        assert lr.report_id == hr.report_id and len(lr.report_id) == 16
+        explicit = np.frombuffer(lr.explicit_share, dtype="<u8")
+        assert np.array_equal(explicit + expand_seed(hr.seed, 7), row)
+
+
+async def test_retry_after_lost_answer_counts_once(deployment: Deployment):
+    def run() -> tuple[UploadStats, int, int]:
+        stub = deployment.analyst_stub()
+        make_task(stub, "t", d=3)
+        with deployment.uploader(backoff=0.01) as up:
+            for i in (0, 1):
+                real = up._stubs[i]
+                up._stubs[i] = SimpleNamespace(
+                    Upload=_LostFirstAnswer(real.Upload), GetTask=real.GetTask)
+            stats = up.upload("t", np.ones((7, 3)), batch_size=7)
+            # A fresh replay of the same batch (not a retry) is an error.
+            batch = make_batch("t", np.ones((2, 3)), 16)
+            up.send(batch)
+            with pytest.raises(UploadError, match="ALREADY_EXISTS"):
+                up.send(batch)
+        stub.CloseCollection(pb.TaskRef(task_id="t"), timeout=5)
+        info = stub.DescribeTask(pb.TaskRef(task_id="t"), timeout=5)
+        return stats, info.n, stats.retries
+
+    stats, n, retries = await off_loop(run)
+    assert retries == 1 and stats.reports == 7
+    assert n == 9  # 7 + 2, each counted once, and both servers agreed at close
+
+
+def test_load_records_and_embeddings(tmp_path: Path):
+    csv = tmp_path / "x.csv"
+    csv.write_text("3\n0\n3\n")
+    cats = load_records(csv)
+    v = embed(cats, "heavy_hitters", d=5)
+    assert v.shape == (3, 5) and v.sum(axis=0).tolist() == [1, 0, 0, 2, 0]
+    npy = tmp_path / "x.npy"
+    np.save(npy, np.array([[0.2, 0.9]]))
+    assert embed(load_records(npy), None).tolist() == [[0.2, 0.9]]
+    with pytest.raises(ValueError, match="unknown embedding"):
+        embed(cats, "nope")
+
+
+async def test_cli_upload(deployment: Deployment, tmp_path: Path):
+    data = tmp_path / "cats.csv"
+    data.write_text("\n".join(str(i % 4) for i in range(30)) + "\n")
+
+    def run() -> tuple[int, int]:
+        make_task(deployment.analyst_stub(), "t", d=4)
+        rc = main([
+            "client", "upload", "--leader", deployment.leader_addr, "--helper",
+            deployment.helper_addr, "--certs", str(deployment.certs), "--task", "t",
+            "--input", str(data), "--embedding", "heavy_hitters", "--param", "d=4",
+            "--batch", "8",
+        ])
+        info = deployment.analyst_stub().DescribeTask(pb.TaskRef(task_id="t"), timeout=5)
+        return rc, info.n
+
+    assert await off_loop(run) == (0, 30)

@@ -1,0 +1,249 @@
+"""Server refusals, authorization by certificate role, replays and fail-closed
+recovery: every bad input gets one meaningful status and changes nothing."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+import pytest
+from conftest import Deployment, make_task, off_loop
+from svtagg.analyst.kinds import StreamKind
+from svtagg.analyst.oracle import MAX_CHUNK
+from svtagg.client.upload import make_batch
+from svtagg.proto import health_pb2, health_pb2_grpc
+from svtagg.proto import svtagg_pb2 as pb
+from svtagg.proto import svtagg_pb2_grpc as pb_grpc
+from svtagg.servers.store import FAILED, Store
+from svtagg.servers.tls import Identity, write_deployment
+
+Code = grpc.StatusCode
+
+
+def code_of(fn: Callable[[], Any]) -> grpc.StatusCode:
+    try:
+        fn()
+    except grpc.RpcError as exc:
+        return exc.code()  # type: ignore[attr-defined,no-any-return]
+    return Code.OK
+
+
+def channel(addr: str, ident: Identity | None, ca: bytes | None = None) -> grpc.Channel:
+    if ident is None:
+        return grpc.insecure_channel(addr)
+    creds = grpc.ssl_channel_credentials(ca or ident.ca, ident.key, ident.cert)
+    return grpc.secure_channel(addr, creds)
+
+
+def ingest(dep: Deployment, role: str = "leader", as_role: str = "client") -> Any:
+    addr = dep.leader_addr if role == "leader" else dep.helper_addr
+    return pb_grpc.IngestStub(channel(addr, dep.identity(as_role)))
+
+
+def _closed_task(dep: Deployment, n: int = 20, d: int = 4, **kw: Any) -> Any:
+    stub = dep.analyst_stub()
+    make_task(stub, "t", d=d, **kw)
+    with dep.uploader() as up:
+        up.upload("t", np.random.default_rng(1).random((n, d)), batch_size=10)
+    stub.CloseCollection(pb.TaskRef(task_id="t"), timeout=10)
+    return stub
+
+
+async def test_roles_are_enforced(deployment: Deployment, tmp_path: Path):
+    dep = deployment
+
+    def run() -> dict[str, grpc.StatusCode]:
+        make_task(dep.analyst_stub(), "t")
+        ref = pb.TaskRef(task_id="t")
+        other = write_deployment(tmp_path / "other-ca")
+        out = {
+            "client->analyst": code_of(
+                lambda: dep.analyst_stub("client").DescribeTask(ref, timeout=5)),
+            "helper-cert->analyst": code_of(
+                lambda: dep.analyst_stub("helper").DescribeTask(ref, timeout=5)),
+            "analyst->peer": code_of(lambda: pb_grpc.PeerStub(
+                channel(dep.helper_addr, dep.identity("analyst"))).Budget(ref, timeout=5)),
+            "client->peer": code_of(lambda: pb_grpc.PeerStub(
+                channel(dep.helper_addr, dep.identity("client"))).Budget(ref, timeout=5)),
+            "analyst->upload": code_of(lambda: ingest(dep, as_role="analyst").Upload(
+                pb.UploadBatch(task_id="t"), timeout=5)),
+            "other-ca": code_of(lambda: pb_grpc.AnalystStub(channel(
+                dep.leader_addr, Identity.load(other, "analyst"), dep.identity("analyst").ca
+            )).DescribeTask(ref, timeout=5)),
+            "plaintext": code_of(lambda: pb_grpc.AnalystStub(
+                channel(dep.leader_addr, None)).DescribeTask(ref, timeout=5)),
+            "analyst ok": code_of(lambda: dep.analyst_stub().DescribeTask(ref, timeout=5)),
+        }
+        return out
+
+    out = await off_loop(run)
+    assert out.pop("analyst ok") == Code.OK
+    assert out.pop("other-ca") == Code.UNAVAILABLE  # handshake refused
+    assert out.pop("plaintext") == Code.UNAVAILABLE
+    assert set(out.values()) == {Code.UNAUTHENTICATED}, out
+
+
+async def test_health_serving(deployment: Deployment):
+    def run() -> int:
+        stub = health_pb2_grpc.HealthStub(
+            channel(deployment.leader_addr, deployment.identity("analyst")))
+        return stub.Check(health_pb2.HealthCheckRequest(), timeout=5).status  # type: ignore[no-any-return]
+
+    assert await off_loop(run) == health_pb2.HealthCheckResponse.SERVING
+
+
+async def test_task_refusals(deployment: Deployment):
+    def run() -> dict[str, grpc.StatusCode]:
+        stub = deployment.analyst_stub()
+        make_task(stub, "t")
+        return {
+            "dup": code_of(lambda: make_task(stub, "t")),
+            "bad id": code_of(lambda: make_task(stub, "bad id!")),
+            "d=0": code_of(lambda: make_task(stub, "a", d=0)),
+            "overflow": code_of(lambda: make_task(stub, "b", n_max=2**40, frac_bits=30)),
+            "eps nan": code_of(lambda: make_task(stub, "c", eps_total="nan")),
+            "eps<=0": code_of(lambda: make_task(stub, "c", eps_total="-1")),
+            "eps_min tiny": code_of(lambda: make_task(stub, "e", eps_min="1/10**30")),
+            "min_batch>n_max": code_of(lambda: make_task(stub, "f", n_max=5, min_batch=6)),
+        }
+
+    out = await off_loop(run)
+    assert out.pop("dup") == Code.ALREADY_EXISTS
+    assert set(out.values()) == {Code.INVALID_ARGUMENT}, out
+
+
+async def test_upload_refusals_and_replays(deployment: Deployment):
+    dep = deployment
+
+    def run() -> tuple[dict[str, grpc.StatusCode], Any, Any]:
+        make_task(dep.analyst_stub(), "t", d=3, n_max=25)
+        lead, helper = ingest(dep), ingest(dep, "helper")
+        batch = make_batch("t", np.full((10, 3), 0.5), 16)
+        good = lead.Upload(batch.leader, timeout=5), helper.Upload(batch.helper, timeout=5)
+        short = pb.UploadBatch(task_id="t")
+        short.reports.add(report_id=os.urandom(16), explicit_share=b"\0" * 16)
+        dup_in_batch = pb.UploadBatch(task_id="t")
+        rid = os.urandom(16)
+        for _ in range(2):
+            dup_in_batch.reports.add(report_id=rid, explicit_share=b"\0" * 24)
+        bad_id = pb.UploadBatch(task_id="t")
+        bad_id.reports.add(report_id=b"x", explicit_share=b"\0" * 24)
+        big = make_batch("t", np.zeros((16, 3)), 16)
+        out = {
+            "replay leader": code_of(lambda: lead.Upload(batch.leader, timeout=5)),
+            "replay helper": code_of(lambda: helper.Upload(batch.helper, timeout=5)),
+            "unknown task": code_of(lambda: lead.Upload(pb.UploadBatch(
+                task_id="nope", reports=batch.leader.reports), timeout=5)),
+            "short share": code_of(lambda: lead.Upload(short, timeout=5)),
+            "seed to leader": code_of(lambda: lead.Upload(batch.helper, timeout=5)),
+            "share to helper": code_of(lambda: helper.Upload(batch.leader, timeout=5)),
+            "dup in batch": code_of(lambda: lead.Upload(dup_in_batch, timeout=5)),
+            "bad report id": code_of(lambda: lead.Upload(bad_id, timeout=5)),
+            "empty": code_of(lambda: lead.Upload(pb.UploadBatch(task_id="t"), timeout=5)),
+            "over n_max": code_of(lambda: lead.Upload(big.leader, timeout=5)),
+            "query while open": code_of(lambda: dep.analyst_stub().OpenStream(
+                pb.OpenStreamRequest(task_id="t", kind=pb.LAP24, epsilon="1"), timeout=5)),
+        }
+        after = lead.GetTask(pb.TaskRef(task_id="t"), timeout=5)
+        dep.analyst_stub().CloseCollection(pb.TaskRef(task_id="t"), timeout=5)
+        out["after close"] = code_of(
+            lambda: lead.Upload(make_batch("t", np.zeros((1, 3)), 16).leader, timeout=5))
+        return out, good, after
+
+    out, good, after = await off_loop(run)
+    assert good[0].n == good[1].n == 10
+    assert after.n == 10  # nothing refused was counted
+    assert out.pop("replay leader") == out.pop("replay helper") == Code.ALREADY_EXISTS
+    assert out.pop("unknown task") == Code.NOT_FOUND
+    assert out.pop("over n_max") == Code.RESOURCE_EXHAUSTED
+    assert out.pop("query while open") == out.pop("after close") == Code.FAILED_PRECONDITION
+    assert set(out.values()) == {Code.INVALID_ARGUMENT}, out
+
+
+async def test_close_refused_when_servers_disagree(deployment: Deployment):
+    def run() -> tuple[grpc.StatusCode, int]:
+        stub = deployment.analyst_stub()
+        make_task(stub, "t", d=2)
+        ingest(deployment).Upload(make_batch("t", np.ones((3, 2)), 16).leader, timeout=5)
+        code = code_of(lambda: stub.CloseCollection(pb.TaskRef(task_id="t"), timeout=5))
+        return code, stub.DescribeTask(pb.TaskRef(task_id="t"), timeout=5).collection_open
+
+    code, still_open = await off_loop(run)
+    assert code == Code.FAILED_PRECONDITION and still_open
+
+
+async def test_stream_and_chunk_refusals(deployment: Deployment):
+    dep = deployment
+
+    def run() -> dict[str, grpc.StatusCode]:
+        stub = _closed_task(dep, n=20, d=4, eps_total="5", eps_min="1/10")
+
+        def open_(kind: int = pb.LAP24, eps: str = "1/2", delta: str = "") -> Any:
+            return stub.OpenStream(pb.OpenStreamRequest(
+                task_id="t", kind=kind, epsilon=eps, delta=delta), timeout=5)
+
+        s = open_()
+        ctt = open_(pb.CTT, "1/2", "1/10000")
+
+        def ask(idx: list[int], tau: list[int], sid: str = s.stream_id) -> Any:
+            return stub.Ask(pb.AskRequest(stream_id=sid, queries=pb.Queries(index=idx),
+                                          tau=tau), timeout=30)
+
+        big = 4 * 100_000 * 2**16 + 1
+        out = {
+            "eps < eps_min": code_of(lambda: open_(eps="1/100")),
+            "eps 0": code_of(lambda: open_(eps="0")),
+            "eps nan": code_of(lambda: open_(eps="nan")),
+            "kind unset": code_of(lambda: open_(pb.STREAM_KIND_UNSPECIFIED)),
+            "lap24 with delta": code_of(lambda: open_(delta="1/100")),
+            "ctt without delta": code_of(lambda: open_(pb.CTT)),
+            "empty chunk": code_of(lambda: ask([], [])),
+            "oversized chunk": code_of(lambda: ask([0] * (MAX_CHUNK + 1), [0] * (MAX_CHUNK + 1))),
+            "index >= d": code_of(lambda: ask([4], [0])),
+            "tau count": code_of(lambda: ask([0, 1], [0])),
+            "tau too big": code_of(lambda: ask([0], [big])),
+            "ask on ctt": code_of(lambda: ask([0], [0], ctt.stream_id)),
+            "compare on lap24": code_of(lambda: stub.Compare(pb.CompareRequest(
+                stream_id=s.stream_id, queries=pb.Queries(index=[0]), tau_low=[0],
+                tau_high=[10**9]), timeout=5)),
+            "gap too small": code_of(lambda: stub.Compare(pb.CompareRequest(
+                stream_id=ctt.stream_id, queries=pb.Queries(index=[0]), tau_low=[0],
+                tau_high=[2**16]), timeout=5)),
+        }
+        # Still usable after all that: a YES closes it, then it refuses.
+        yes = ask([0], [-1000 * 2**16])
+        out["after yes"] = code_of(lambda: ask([0], [0]))
+        out["unknown stream"] = code_of(lambda: ask([0], [0], "f" * 32))
+        assert yes.yes and yes.index == 0 and yes.closed
+        return out
+
+    out = await off_loop(run)
+    assert out.pop("after yes") == Code.FAILED_PRECONDITION
+    assert out.pop("unknown stream") == Code.NOT_FOUND
+    assert set(out.values()) == {Code.INVALID_ARGUMENT}, out
+
+
+def test_mid_chunk_stream_fails_closed_on_restart(tmp_path: Path):
+    """A crash between 'chunk in progress' and its result never lets the stream answer."""
+    from fractions import Fraction
+
+    from svtagg.servers.store import TaskParams
+
+    store = Store(tmp_path / "s.sqlite")
+    store.create_task(TaskParams("t", 2, 16, 100, 1, Fraction(1), Fraction(0), Fraction(1, 10)))
+    store.close_collection("t")
+    store.open_stream("s", "t", StreamKind.LAP24, Fraction(1, 2), Fraction(0), Fraction(0))
+    store.set_threshold_noise("s", 5)
+    store.open_stream("o", "t", StreamKind.LAP24, Fraction(1, 4), Fraction(0), Fraction(0))
+    store.begin_chunk("s")
+    store.close()  # as if killed mid-chunk (the in_chunk mark is committed)
+    again = Store(tmp_path / "s.sqlite")
+    assert again.failed_on_recovery == 2  # the mid-chunk one and the half-opened one
+    assert again.stream("s").state == FAILED and again.stream("o").state == FAILED
+    assert again.task("t").budget.epsilon_spent == Fraction(3, 4)  # never refunded
+    with pytest.raises(Exception, match="failed"):
+        again.begin_chunk("s")
