@@ -25,34 +25,37 @@ def empty_blocks(n: int) -> Blocks:
     return np.empty((n, 2), dtype=np.uint64)
 
 
+def _with_slack(out: Blocks, n: int) -> memoryview:
+    """A writable byte view of `out` extended by one block into its base array."""
+    base = out.base if out.base is not None else out
+    if not (isinstance(base, np.ndarray) and base.flags.c_contiguous):
+        raise ValueError("output must be a view into a C-contiguous buffer")
+    offset = out.__array_interface__["data"][0] - base.__array_interface__["data"][0]
+    if offset < 0 or offset + 16 * (n + 1) > base.nbytes:
+        raise ValueError("output needs one block of slack after it")
+    return base.reshape(-1).view(np.uint8)[offset : offset + 16 * (n + 1)].data
+
+
 class FixedKeyAES:
     """π(x) = AES_k(x) for the public key k, over many blocks per call.
 
-    One ECB encryptor is kept for the process's lifetime (ECB has no state
-    between calls), and output goes through `update_into` into a reusable
-    scratch buffer, since per-call allocation dominated small batches.
+    One ECB encryptor is kept for the object's lifetime (ECB has no state
+    between calls), and output goes through `update_into` straight into the
+    caller's array, avoiding a copy per call.
     """
 
     def __init__(self, key: bytes = FIXED_KEY) -> None:
         self._cipher = Cipher(algorithms.AES(key), modes.ECB())
         self._enc = self._cipher.encryptor()
-        self._scratch = np.empty((0, 2), dtype=np.uint64)
-
-    def _buffer(self, n: int) -> Blocks:
-        # update_into wants block_size - 1 bytes of slack after the output.
-        if self._scratch.shape[0] < n + 1:
-            self._scratch = np.empty((max(n + 1, 2 * self._scratch.shape[0]), 2), np.uint64)
-        return self._scratch
 
     def permute(self, x: Blocks, out: Blocks | None = None) -> Blocks:
-        """π applied to every row of `x`; written to `out` if given (may not alias x)."""
+        """π applied to every row of `x` (C-contiguous). `out`, if given, must be a
+        view of the first rows of a C-contiguous array with at least one more
+        row, since `update_into` wants block_size − 1 bytes of slack."""
         n = x.shape[0]
-        buf = self._buffer(n)
-        src = np.ascontiguousarray(x)
-        self._enc.update_into(memoryview(src).cast("B"), memoryview(buf).cast("B"))
         if out is None:
-            return buf[:n].copy()
-        out[...] = buf[:n]
+            out = np.empty((n + 1, 2), dtype=np.uint64)[:n]
+        self._enc.update_into(x.data.cast("B"), _with_slack(out, n))
         return out
 
     def inverse(self, x: Blocks) -> Blocks:
@@ -64,15 +67,29 @@ class FixedKeyAES:
 
 class TweakableHash:
     """H(x, i) = π(π(x) ⊕ i) ⊕ π(x): tweakable circular correlation-robust hash
-    (Guo–Katz–Wang–Yu 2020) when every tweak i is used at most once per Δ."""
+    (Guo–Katz–Wang–Yu 2020) when every tweak i is used at most once per Δ.
+
+    Intermediate blocks live in scratch buffers kept across calls: fresh large
+    arrays would cost a page fault per 4 KiB on first touch, which measured
+    slower than the AES itself.
+    """
 
     def __init__(self, prp: FixedKeyAES | None = None) -> None:
         self.prp = prp if prp is not None else FixedKeyAES()
+        self._p = np.empty((1, 2), dtype=np.uint64)
+        self._t = np.empty((1, 2), dtype=np.uint64)
 
-    def __call__(self, x: Blocks, tweaks: Blocks) -> Blocks:
-        p = self.prp.permute(x)
-        t = np.bitwise_xor(p, tweaks)
-        out = self.prp.permute(t)
+    def __call__(self, x: Blocks, tweaks: Blocks, out: Blocks | None = None) -> Blocks:
+        """H(x_k, tweaks_k) for every row of the C-contiguous `x`. `out`, if
+        given, must have a slack block after it (see `FixedKeyAES.permute`)."""
+        n = x.shape[0]
+        if self._p.shape[0] < n + 1:
+            self._p = np.empty((n + 1, 2), dtype=np.uint64)
+            self._t = np.empty((n + 1, 2), dtype=np.uint64)
+        p = self.prp.permute(x, self._p[:n])
+        t = self._t[:n]
+        np.bitwise_xor(p, tweaks, out=t)
+        out = self.prp.permute(t, out)
         np.bitwise_xor(out, p, out=out)
         return out
 
@@ -84,17 +101,3 @@ def make_tweaks(hi: int, start: int, n: int, step: int = 1) -> Blocks:
     tw[:, 0] = np.arange(start, start + step * n, step, dtype=np.uint64)
     tw[:, 1] = np.uint64(hi)
     return tw
-
-
-_ZEROS = np.zeros(0, dtype=np.uint8)
-
-
-def prg_into(key: bytes, nonce: int, out: npt.NDArray[np.uint8], length: int) -> None:
-    """Write `length` bytes of AES-128-CTR(key) keystream, counter starting at
-    nonce·2^64, to the start of the 1-D uint8 buffer `out` (which needs at
-    least 15 bytes of slack beyond `length` for `update_into`)."""
-    global _ZEROS
-    if _ZEROS.shape[0] < length:
-        _ZEROS = np.zeros(length, dtype=np.uint8)
-    enc = Cipher(algorithms.AES(key), modes.CTR((nonce << 64).to_bytes(16, "big"))).encryptor()
-    enc.update_into(memoryview(_ZEROS[:length]), memoryview(out).cast("B"))

@@ -14,27 +14,56 @@ CompareToThresholds, 2 more ANDs per query.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import numpy.typing as npt
-
 from svtagg.mpc.garble import Backend, Bits, Wires
 from svtagg.mpc.ring import RING_BITS
 
-_SHIFTS = np.arange(RING_BITS, dtype=np.uint64)[:, None]
+#: Lanes per pass of the carry chain: small enough that a layer's buffers
+#: (4 × 16 bytes per lane on the garbler) stay in L2, large enough that
+#: numpy's per-call overhead is amortized.
+LANE_BATCH = 4096
 
 
 def bit_planes(z: npt.NDArray[np.uint64]) -> Bits:
     """(64, n) uint8 array: row i holds bit i of every element of z."""
-    return ((z[None, :] >> _SHIFTS) & np.uint64(1)).astype(np.uint8)
+    le = np.ascontiguousarray(z, dtype="<u8").view(np.uint8).reshape(-1, 8)
+    return np.ascontiguousarray(np.unpackbits(le, axis=1, bitorder="little").T)
 
 
-def sign_yes(be: Backend, a_bits: Bits | None, b: Wires) -> Wires:
-    """YES_k = [a_k + b_k ≥ 0 as int64], for every lane k.
+WireSource = Callable[[int, int], Wires]
+"""(lo, hi) → the evaluator-input wires of lanes lo..hi−1, as 64 × (hi − lo).
+Called once per lane batch, in order, so labels can be produced just in time."""
 
-    a_bits: (64, n) garbler bits (None on the evaluator); b: 64 × n wires.
-    Carry chain with the majority trick, one AND per bit:
+
+def planes(b: Wires) -> WireSource:
+    """A WireSource over a whole (64, n, …) array of wires or bits."""
+    return lambda lo, hi: b[:, lo:hi]
+
+
+def lane_batches(n: int) -> list[tuple[int, int]]:
+    """The lane batches of an n-lane circuit; the OT extension uses the same split."""
+    return [(lo, min(lo + LANE_BATCH, n)) for lo in range(0, n, LANE_BATCH)]
+
+
+def sign_yes(be: Backend, a_bits: Bits | None, b: WireSource, n: int) -> Wires:
+    """YES_k = [a_k + b_k ≥ 0 as int64], for every lane k < n.
+
+    a_bits: (64, n) garbler bits (None on the evaluator); b: the 64 × n wires of
+    the evaluator's bits. Carry chain with the majority trick, one AND per bit:
     c_{i+1} = c_i ⊕ ((a_i ⊕ c_i) ∧ (b_i ⊕ c_i)), c_0 = 0; sign = a63 ⊕ b63 ⊕ c63.
+    Lanes are independent, so they are processed in cache-sized batches.
     """
+    parts = []
+    for lo, hi in lane_batches(n):
+        a = None if a_bits is None else a_bits[:, lo:hi]
+        parts.append(_sign_yes_batch(be, a, b(lo, hi)))
+    return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+
+def _sign_yes_batch(be: Backend, a_bits: Bits | None, b: Wires) -> Wires:
     def a(i: int) -> Bits | None:
         return None if a_bits is None else a_bits[i]
 
@@ -73,14 +102,15 @@ def _first_one(be: Backend, p: Wires) -> Wires:
     return f
 
 
-def first_yes_circuit(be: Backend, a_bits: Bits | None, b: Wires) -> Wires:
-    """Chunk circuit of AboveThreshold: outputs the one-hot of the first YES (all
-    zeros if none). Lanes after the first YES output 0 whatever their inputs."""
-    return _first_one(be, prefix_or(be, sign_yes(be, a_bits, b)))
+def first_yes_circuit(be: Backend, a_bits: Bits | None, b: WireSource, n: int) -> Wires:
+    """Chunk circuit of AboveThreshold over n lanes: outputs the one-hot of the
+    first YES (all zeros if none). Lanes after the first YES output 0 whatever
+    their inputs."""
+    return _first_one(be, prefix_or(be, sign_yes(be, a_bits, b, n)))
 
 
 def ctt_circuit(
-    be: Backend, a_bits: Bits | None, b: Wires, n: int
+    be: Backend, a_bits: Bits | None, b: WireSource, n: int
 ) -> tuple[Wires, Wires]:
     """CompareToThresholds chunk circuit over n queries.
 
@@ -90,7 +120,7 @@ def ctt_circuit(
     before j). Before the first CLOSE, m_j tells HIGH from LOW; from the first
     CLOSE on, m_j = 0 and after it f_j = 0, so later queries reveal nothing.
     """
-    yes = sign_yes(be, a_bits, b)
+    yes = sign_yes(be, a_bits, b, 2 * n)
     high, low = yes[:n], yes[n:]
     close = be.and_(be.not_(high), be.not_(low))
     p = prefix_or(be, close)

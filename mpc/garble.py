@@ -19,8 +19,7 @@ from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
-
-from svtagg.mpc.aes import Blocks, TweakableHash
+from svtagg.mpc.aes import Blocks
 
 Bits = npt.NDArray[np.uint8]
 Wires = Any  # Blocks for the label backends, Bits for the plaintext backend
@@ -29,7 +28,7 @@ _ZERO = np.uint64(0)
 
 
 class Hash(Protocol):
-    def __call__(self, x: Blocks, tweaks: Blocks) -> Blocks: ...
+    def __call__(self, x: Blocks, tweaks: Blocks, out: Blocks | None = None) -> Blocks: ...
 
 
 def lsb(labels: Blocks) -> npt.NDArray[np.uint64]:
@@ -62,6 +61,14 @@ class _Common:
     tweak_hi: np.uint64 = np.uint64(0)
     #: Every tweak used, when a test sets this to a list.
     tweak_log: list[Blocks] | None = None
+    #: Every wire a gate produces, in gate order, when a test sets this to a list:
+    #: bits (plain), 0-labels (garbler) or active labels (evaluator).
+    label_log: list[Wires] | None = None
+
+    def _log(self, w: Wires) -> Wires:
+        if self.label_log is not None:
+            self.label_log.append(w.copy())
+        return w
 
     def not_(self, a: Wires) -> Wires:
         raise NotImplementedError
@@ -73,16 +80,26 @@ class _Common:
         # a ∨ b = ¬(¬a ∧ ¬b); NOT is free.
         return self.not_(self.and_(self.not_(a), self.not_(b)))
 
-    def _tweaks(self, n: int, per_gate: int) -> Blocks:
-        """Tweaks of the next n AND gates, grouped by half: [(2g+h, hi) for g] for h < per_gate."""
-        g = self.and_gates
-        tw = np.empty((n * per_gate, 2), dtype=np.uint64)
-        base = np.arange(2 * g, 2 * (g + n), 2, dtype=np.uint64)
-        for h in range(per_gate):
-            np.add(base, np.uint64(h), out=tw[h * n : (h + 1) * n, 0])
+    def _workspace(self, name: str, rows: int) -> Blocks:
+        """A reusable (rows, 2) buffer with one slack row (see `FixedKeyAES.permute`)."""
+        ws: dict[str, Blocks] = self.__dict__.setdefault("_ws", {})
+        buf = ws.get(name)
+        if buf is None or buf.shape[0] < rows + 1:
+            buf = np.empty((max(rows + 1, 1024), 2), dtype=np.uint64)
+            ws[name] = buf
+        return buf[:rows]
+
+    def _tweaks(self, n: int, halves: tuple[int, ...]) -> Blocks:
+        """Tweaks of the next n AND gates: block k of n rows holds (2g + halves[k], hi)
+        for gate g, so half h of gate g has the tweak 2g + h."""
+        tw = self._workspace("tweaks", n * len(halves))
+        base = np.arange(2 * self.and_gates, 2 * (self.and_gates + n), 2, dtype=np.uint64)
+        for k, h in enumerate(halves):
+            np.add(base, np.uint64(h), out=tw[k * n : (k + 1) * n, 0])
         tw[:, 1] = self.tweak_hi
         if self.tweak_log is not None:
-            self.tweak_log.append(tw)
+            first = {h: k for k, h in reversed(list(enumerate(halves)))}
+            self.tweak_log.extend(tw[k * n : (k + 1) * n].copy() for k in first.values())
         return tw
 
 
@@ -93,106 +110,130 @@ class PlainBackend(_Common):
         self.and_gates = 0
 
     def xor(self, a: Bits, b: Bits) -> Bits:
-        return a ^ b
+        return self._log(a ^ b)
 
     def not_(self, a: Bits) -> Bits:
-        return a ^ np.uint8(1)
+        return self._log(a ^ np.uint8(1))
 
     def xor_const(self, a: Bits, bits: Bits | None) -> Bits:
         assert bits is not None
-        return a ^ bits
+        return self._log(a ^ bits)
 
     def and_(self, a: Bits, b: Bits) -> Bits:
         self.and_gates += a.shape[0]
-        return a & b
+        return self._log(a & b)
 
     def and_const(self, bits: Bits | None, b: Bits) -> Bits:
         assert bits is not None
         self.and_gates += b.shape[0]
-        return bits & b
+        return self._log(bits & b)
 
 
 class GarbleBackend(_Common):
-    """The garbler's side: wires are 0-labels; AND layers append their tables."""
+    """The garbler's side: wires are 0-labels; AND layers write their tables,
+    in gate order, into one preallocated buffer that becomes the message."""
 
-    def __init__(self, delta: Blocks, hasher: Hash, tweak_hi: int) -> None:
+    def __init__(
+        self, delta: Blocks, hasher: Hash, tweak_hi: int, capacity_blocks: int = 0
+    ) -> None:
         if int(delta[0]) & 1 != 1:
             raise ValueError("Δ must have its low bit set (point-and-permute)")
         self.delta = np.ascontiguousarray(delta, dtype=np.uint64).reshape(2)
         self.hasher = hasher
         self.tweak_hi = np.uint64(tweak_hi)
         self.and_gates = 0
-        self.tables: list[Blocks] = []
+        self._buf = np.empty((capacity_blocks + 1, 2), dtype=np.uint64)
+        self._used = 0
+
+    def _alloc(self, n: int) -> Blocks:
+        """The next n table blocks of the message buffer (grown if the hint was short)."""
+        need = self._used + n
+        if need + 1 > self._buf.shape[0]:
+            bigger = np.empty((max(need + 1, 2 * self._buf.shape[0]), 2), dtype=np.uint64)
+            bigger[: self._used] = self._buf[: self._used]
+            self._buf = bigger
+        out = self._buf[self._used : need]
+        self._used = need
+        return out
 
     def xor(self, a: Blocks, b: Blocks) -> Blocks:
-        return a ^ b
+        return self._log(a ^ b)
 
     def not_(self, a: Blocks) -> Blocks:
-        return a ^ self.delta
+        return self._log(a ^ self.delta)
 
     def xor_const(self, a: Blocks, bits: Bits | None) -> Blocks:
         # The garbler knows the constant: relabel the wire instead of sending a label.
         assert bits is not None
-        return a ^ (_mask(bits) & self.delta)
+        return self._log(a ^ (_mask(bits) & self.delta))
 
     def and_(self, a0: Blocks, b0: Blocks) -> Blocks:
         n = a0.shape[0]
-        tw = self._tweaks(n, 2)
         d = self.delta
-        x = np.empty((4 * n, 2), dtype=np.uint64)
+        # Hash inputs [A0, A1, B0, B1] under tweaks [j, j, j', j'], j' = j + 1.
+        tw = self._tweaks(n, (0, 0, 1, 1))
+        x = self._workspace("x", 4 * n)
         x[:n] = a0
         np.bitwise_xor(a0, d, out=x[n : 2 * n])
         x[2 * n : 3 * n] = b0
         np.bitwise_xor(b0, d, out=x[3 * n :])
-        # Tweak j for both labels of a, j' = j+1 for both labels of b.
-        tw4 = np.empty((4 * n, 2), dtype=np.uint64)
-        tw4[:n] = tw[:n]
-        tw4[n : 2 * n] = tw[:n]
-        tw4[2 * n : 3 * n] = tw[n:]
-        tw4[3 * n :] = tw[n:]
-        h = self.hasher(x, tw4)
+        h = self.hasher(x, tw, self._workspace("h", 4 * n))
         ha0, ha1, hb0, hb1 = h[:n], h[n : 2 * n], h[2 * n : 3 * n], h[3 * n :]
         ma = _mask(lsb(a0))
         mb = _mask(lsb(b0))
-        out = np.empty((2 * n, 2), dtype=np.uint64)
-        tg, te = out[:n], out[n:]
-        # Generator half: T_G = H(A0) ⊕ H(A1) ⊕ p_b·Δ, W_G = H(A0) ⊕ p_a·T_G.
+        tab = self._alloc(2 * n)
+        tg, te = tab[:n], tab[n:]
+        # In place over the hash outputs and x, which are dead afterwards:
+        # T_G = H(A0) ⊕ H(A1) ⊕ p_b·Δ,  W_G = H(A0) ⊕ p_a·T_G,
+        # T_E = H(B0) ⊕ H(B1) ⊕ A0,     W_E = H(B0) ⊕ p_b·(H(B0) ⊕ H(B1)).
         np.bitwise_xor(ha0, ha1, out=tg)
-        tg ^= mb & d
-        wg = ha0 ^ (ma & tg)
-        # Evaluator half: T_E = H(B0) ⊕ H(B1) ⊕ A0, W_E = H(B0) ⊕ p_b·(T_E ⊕ A0).
-        hb = hb0 ^ hb1
-        np.bitwise_xor(hb, a0, out=te)
-        we = hb0 ^ (mb & hb)
-        self.tables.append(out)
+        np.bitwise_and(mb, d, out=x[:n])
+        np.bitwise_xor(tg, x[:n], out=tg)
+        np.bitwise_xor(hb0, hb1, out=hb1)
+        np.bitwise_xor(hb1, a0, out=te)
+        np.bitwise_and(ma, tg, out=ha1)
+        np.bitwise_xor(ha0, ha1, out=ha0)
+        np.bitwise_and(mb, hb1, out=hb1)
+        np.bitwise_xor(hb0, hb1, out=hb0)
+        c0 = np.empty((n, 2), dtype=np.uint64)
+        np.bitwise_xor(ha0, hb0, out=c0)
         self.and_gates += n
-        np.bitwise_xor(wg, we, out=wg)
-        return wg
+        return self._log(c0)
 
     def and_const(self, bits: Bits | None, b0: Blocks) -> Blocks:
         """a ∧ b with a known to the garbler only: one ciphertext per gate."""
         assert bits is not None
         n = b0.shape[0]
-        tw = self._tweaks(n, 1)
         d = self.delta
-        x = np.empty((2 * n, 2), dtype=np.uint64)
+        tw = self._tweaks(n, (0, 0))
+        x = self._workspace("x", 2 * n)
         x[:n] = b0
         np.bitwise_xor(b0, d, out=x[n:])
-        tw2 = np.concatenate([tw, tw])
-        h = self.hasher(x, tw2)
+        h = self.hasher(x, tw, self._workspace("h", 2 * n))
         hb0, hb1 = h[:n], h[n:]
-        t = hb0 ^ hb1
+        t = self._alloc(n)
+        np.bitwise_xor(hb0, hb1, out=t)
         t ^= _mask(bits) & d
-        self.tables.append(t)
         self.and_gates += n
-        return hb0 ^ (_mask(lsb(b0)) & t)
+        return self._log(hb0 ^ (_mask(lsb(b0)) & t))
 
     def decoding(self, a0: Blocks) -> Bits:
         """Output-decoding bits: the evaluator's value is lsb(label) ⊕ this."""
         return lsb(a0).astype(np.uint8)
 
     def table_bytes(self) -> bytes:
-        return b"".join(t.tobytes() for t in self.tables)
+        """All tables garbled so far, in gate order."""
+        return self._buf[: self._used].tobytes()
+
+    def message(self, trailer: npt.NDArray[np.uint8]) -> bytes:
+        """Tables followed by `trailer` (e.g. decoding bits) as one message, one copy."""
+        nblocks = (trailer.shape[0] + 15) // 16
+        used = self._used
+        self._alloc(nblocks)
+        raw = self._buf.reshape(-1).view(np.uint8)
+        raw[16 * used : 16 * used + trailer.shape[0]] = trailer
+        self._used = used
+        return raw[: 16 * used + trailer.shape[0]].tobytes()
 
 
 class EvalBackend(_Common):
@@ -205,8 +246,6 @@ class EvalBackend(_Common):
         self.and_gates = 0
         self._tables = np.frombuffer(tables, dtype=np.uint64).reshape(-1, 2)
         self._pos = 0
-        #: Every label the evaluator computes, when a test sets this to a list.
-        self.label_log: list[Blocks] | None = None
 
     def _take(self, n: int) -> Blocks:
         if self._pos + n > self._tables.shape[0]:
@@ -219,37 +258,40 @@ class EvalBackend(_Common):
         if self._pos != self._tables.shape[0]:
             raise ValueError("garbled tables longer than the circuit")
 
-    def _log(self, w: Blocks) -> Blocks:
-        if self.label_log is not None:
-            self.label_log.append(w)
-        return w
-
     def xor(self, a: Blocks, b: Blocks) -> Blocks:
         return self._log(a ^ b)
 
     def not_(self, a: Blocks) -> Blocks:
-        return a
+        return self._log(a)
 
     def xor_const(self, a: Blocks, bits: Bits | None) -> Blocks:
-        return a
+        return self._log(a)
 
     def and_(self, a: Blocks, b: Blocks) -> Blocks:
         n = a.shape[0]
-        x = np.empty((2 * n, 2), dtype=np.uint64)
+        x = self._workspace("x", 2 * n)
         x[:n] = a
         x[n:] = b
-        h = self.hasher(x, self._tweaks(n, 2))
+        h = self.hasher(x, self._tweaks(n, (0, 1)), self._workspace("h", 2 * n))
+        ha, hb = h[:n], h[n:]
         tab = self._take(2 * n)
         tg, te = tab[:n], tab[n:]
-        wg = h[:n] ^ (_mask(lsb(a)) & tg)
-        we = h[n:] ^ (_mask(lsb(b)) & (te ^ a))
-        np.bitwise_xor(wg, we, out=wg)
+        # W_G = H(A) ⊕ s_a·T_G,  W_E = H(B) ⊕ s_b·(T_E ⊕ A),  C = W_G ⊕ W_E.
+        np.bitwise_xor(te, a, out=x[:n])
+        np.bitwise_and(_mask(lsb(b)), x[:n], out=x[:n])
+        np.bitwise_xor(hb, x[:n], out=hb)
+        np.bitwise_and(_mask(lsb(a)), tg, out=x[n:])
+        np.bitwise_xor(ha, x[n:], out=ha)
+        c = np.empty((n, 2), dtype=np.uint64)
+        np.bitwise_xor(ha, hb, out=c)
         self.and_gates += n
-        return self._log(wg)
+        return self._log(c)
 
     def and_const(self, bits: Bits | None, b: Blocks) -> Blocks:
         n = b.shape[0]
-        h = self.hasher(b, self._tweaks(n, 1))
+        h = self.hasher(
+            np.ascontiguousarray(b), self._tweaks(n, (0,)), self._workspace("h", n)
+        )
         t = self._take(n)
         self.and_gates += n
         return self._log(h ^ (_mask(lsb(b)) & t))

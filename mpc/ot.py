@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
-
-from svtagg.mpc.aes import Blocks, TweakableHash, make_tweaks, prg_into
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+from svtagg.mpc.aes import Blocks, TweakableHash, make_tweaks
 from svtagg.mpc.channel import Channel
 
 KAPPA = 128
@@ -192,13 +193,15 @@ def _transpose8(x: npt.NDArray[np.uint64], t: npt.NDArray[np.uint64]) -> None:
         np.bitwise_xor(x, t, out=x)
 
 
-def transpose_rows(mat: npt.NDArray[np.uint8]) -> Blocks:
+def transpose_rows(mat: npt.NDArray[np.uint8], out: Blocks | None = None) -> Blocks:
     """Transpose a 128 × m bit matrix (128 rows of m/8 bytes, bit j of a row at
-    byte j//8, bit j%8) into m 128-bit blocks: bit i of block j = bit j of row i."""
+    byte j//8, bit j%8) into m 128-bit blocks: bit i of block j = bit j of row i.
+    Rows may be strided; `out` (m, 2) may be given to reuse a buffer."""
     rows, nb = mat.shape
     if rows != KAPPA:
         raise ValueError(f"expected {KAPPA} rows, got {rows}")
-    out = np.empty((nb, 8, 16), dtype=np.uint8)
+    res = np.empty((nb * 8, 2), dtype=np.uint64) if out is None else out
+    res8 = res.reshape(-1).view(np.uint8).reshape(nb, 8, 16)
     step = _TRANSPOSE_STEP
     blk = np.empty((min(step, nb), 16, 8), dtype=np.uint8)
     tmp = np.empty((min(step, nb), 16), dtype=np.uint64)
@@ -212,11 +215,17 @@ def transpose_rows(mat: npt.NDArray[np.uint8]) -> Blocks:
         x = b.reshape(n, 128).view(np.uint64)
         _transpose8(x, tmp[:n])
         # Now byte l of block (c, g) holds bits of position 8c+l for rows 8g..8g+7.
-        np.copyto(out[lo:hi], b.transpose(0, 2, 1))
-    return out.reshape(nb * 8, 16).view(np.uint64)
+        np.copyto(res8[lo:hi], b.transpose(0, 2, 1))
+    return res
 
 
 # ---------------------------------------------------------------- IKNP extension
+#
+# An extension covers m = 8·Σ widths OT positions split into pieces (the
+# protocol uses one piece per lane batch); piece p spans widths[p] bytes of each
+# of the 128 rows. The receiver's message u is the concatenation over pieces of
+# the row-major 128 × widths[p] matrices. Working piece by piece keeps the
+# matrices in cache instead of materializing 128 × m bits at once.
 
 
 def _bits_to_block(bits: list[int]) -> Blocks:
@@ -224,28 +233,71 @@ def _bits_to_block(bits: list[int]) -> Blocks:
     return packed.view(np.uint64).reshape(1, 2).copy()
 
 
+class _RowStreams:
+    """The 128 PRG rows G(k_i): AES-128-CTR keystreams, counter block nonce·2^64,
+    read piece by piece (CTR contexts continue where the last read stopped)."""
+
+    def __init__(self, keys: list[bytes], nonce: int, max_width: int) -> None:
+        iv = (nonce << 64).to_bytes(16, "big")
+        self._enc = [Cipher(algorithms.AES(k), modes.CTR(iv)).encryptor() for k in keys]
+        self._zeros = np.zeros(max_width, dtype=np.uint8)
+        self._buf = np.empty((KAPPA, max_width + 16), dtype=np.uint8)
+
+    def read(self, width: int) -> npt.NDArray[np.uint8]:
+        """The next `width` bytes of every row, as a (128, width) view (reused)."""
+        src = self._zeros[:width].data
+        for enc, row in zip(self._enc, self._buf, strict=True):
+            enc.update_into(src, row.data)
+        return self._buf[:, :width]
+
+
+def _check_widths(widths: list[int]) -> None:
+    if not widths or min(widths) <= 0:
+        raise ValueError("an extension needs positive piece widths")
+
+
 class IKNPReceiver:
-    """The IKNP receiver (the evaluator): holds both base-OT keys of each column."""
+    """The IKNP receiver (the evaluator): holds both base-OT keys of each row."""
 
     def __init__(self, keys: list[tuple[bytes, bytes]]) -> None:
         if len(keys) != KAPPA:
             raise ValueError(f"need {KAPPA} base OTs")
-        self._keys = keys
+        self._k0 = [k[0] for k in keys]
+        self._k1 = [k[1] for k in keys]
+
+    def u_message(
+        self, choices: list[npt.NDArray[np.uint8]], nonce: int
+    ) -> bytes:
+        """The message u = G(k0) ⊕ G(k1) ⊕ r for packed choice bits r given piece
+        by piece (bit j of a piece at byte j//8, bit j%8). `nonce` must be fresh
+        for every extension under the same base OTs."""
+        widths = [c.shape[0] for c in choices]
+        _check_widths(widths)
+        t = _RowStreams(self._k0, nonce, max(widths))
+        g1 = _RowStreams(self._k1, nonce, max(widths))
+        out = np.empty(KAPPA * sum(widths), dtype=np.uint8)
+        pos = 0
+        for r in choices:
+            w = r.shape[0]
+            u = out[pos : pos + KAPPA * w].reshape(KAPPA, w)
+            np.bitwise_xor(t.read(w), g1.read(w), out=u)
+            np.bitwise_xor(u, r[None, :], out=u)
+            pos += KAPPA * w
+        return out.tobytes()
+
+    def labels(self, widths: list[int], nonce: int) -> Iterator[Blocks]:
+        """The receiver's blocks t_j = q_j ⊕ r_j·Δ, piece by piece. Each yielded
+        array is overwritten by the next one."""
+        _check_widths(widths)
+        t = _RowStreams(self._k0, nonce, max(widths))
+        out = np.empty((8 * max(widths), 2), dtype=np.uint64)
+        for w in widths:
+            yield transpose_rows(t.read(w), out[: 8 * w])
 
     def extend(self, choice_bytes: npt.NDArray[np.uint8], nonce: int) -> tuple[bytes, Blocks]:
-        """For packed choice bits r (bit j at byte j//8, bit j%8), return the message
-        u for the sender and the receiver's blocks t_j (t_j = q_j ⊕ r_j·Δ).
-        `nonce` must differ for every extension under the same base OTs."""
-        nb = choice_bytes.shape[0]
-        t = np.empty((KAPPA, nb + 16), dtype=np.uint8)
-        u = np.empty((KAPPA, nb + 16), dtype=np.uint8)
-        for i, (k0, k1) in enumerate(self._keys):
-            prg_into(k0, nonce, t[i], nb)
-            prg_into(k1, nonce, u[i], nb)
-        tv, uv = t[:, :nb], u[:, :nb]
-        np.bitwise_xor(uv, tv, out=uv)
-        np.bitwise_xor(uv, choice_bytes[None, :], out=uv)
-        return uv.tobytes(), transpose_rows(tv)
+        """One-piece convenience: (u, t) for packed choice bits."""
+        u = self.u_message([choice_bytes], nonce)
+        return u, next(self.labels([choice_bytes.shape[0]], nonce)).copy()
 
 
 class IKNPSender:
@@ -254,24 +306,34 @@ class IKNPSender:
     def __init__(self, s_bits: list[int], keys: list[bytes]) -> None:
         if len(keys) != KAPPA or len(s_bits) != KAPPA:
             raise ValueError(f"need {KAPPA} base OTs")
-        self._s = np.asarray(s_bits, dtype=bool)
+        self._s = np.flatnonzero(np.asarray(s_bits, dtype=bool))
         self._keys = keys
         self.delta = _bits_to_block(s_bits)[0]
 
+    def labels(self, u_msg: bytes, widths: list[int], nonce: int) -> Iterator[Blocks]:
+        """Blocks q_j = G(k_{s_i}) ⊕ s_i·u, transposed, piece by piece. Each
+        yielded array is overwritten by the next one."""
+        _check_widths(widths)
+        if len(u_msg) != KAPPA * sum(widths):
+            raise ValueError(
+                f"OT extension message has {len(u_msg)} bytes, want {KAPPA * sum(widths)}"
+            )
+        u_all = np.frombuffer(u_msg, dtype=np.uint8)
+        q = _RowStreams(self._keys, nonce, max(widths))
+        out = np.empty((8 * max(widths), 2), dtype=np.uint64)
+        pos = 0
+        for w in widths:
+            u = u_all[pos : pos + KAPPA * w].reshape(KAPPA, w)
+            pos += KAPPA * w
+            rows = q.read(w)
+            rows[self._s] ^= u[self._s]
+            yield transpose_rows(rows, out[: 8 * w])
+
     def extend(self, u_msg: bytes, m: int, nonce: int) -> Blocks:
-        """Blocks q_j for j < m from the receiver's message u."""
+        """One-piece convenience: q_j for j < m."""
         if m % 8:
             raise ValueError("m must be a multiple of 8")
-        nb = m // 8
-        if len(u_msg) != KAPPA * nb:
-            raise ValueError(f"OT extension message has {len(u_msg)} bytes, want {KAPPA * nb}")
-        u = np.frombuffer(u_msg, dtype=np.uint8).reshape(KAPPA, nb)
-        q = np.empty((KAPPA, nb + 16), dtype=np.uint8)
-        for i, k in enumerate(self._keys):
-            prg_into(k, nonce, q[i], nb)
-        qv = q[:, :nb]
-        qv[self._s] ^= u[self._s]
-        return transpose_rows(qv)
+        return next(self.labels(u_msg, [m // 8], nonce)).copy()
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
-
 from svtagg.mpc.aes import Blocks, TweakableHash
 from svtagg.mpc.channel import Channel, MemoryChannel
 from svtagg.mpc.circuits import (
@@ -33,8 +32,9 @@ from svtagg.mpc.circuits import (
     ctt_outcomes,
     first_yes_circuit,
     first_yes_index,
+    lane_batches,
 )
-from svtagg.mpc.garble import Bits, EvalBackend, GarbleBackend
+from svtagg.mpc.garble import EvalBackend, GarbleBackend
 from svtagg.mpc.ot import KAPPA, IKNPReceiver, IKNPSender, base_ot_receive, base_ot_send
 from svtagg.mpc.ring import RING_BITS, U64
 
@@ -97,7 +97,9 @@ class _Party:
     def _start(self) -> tuple[int, int, float]:
         return self.channel.bytes_sent, self.channel.bytes_received, time.perf_counter()
 
-    def _finish(self, start: tuple[int, int, float], comparisons: int, gates: int, msgs: int) -> None:
+    def _finish(
+        self, start: tuple[int, int, float], comparisons: int, gates: int, msgs: int
+    ) -> None:
         s, r, t = start
         self.last_stats = RunStats(
             comparisons=comparisons,
@@ -132,13 +134,21 @@ class ComparisonGarbler(_Party):
         self.delta = self._iknp.delta
         self._ready = True
 
-    def _garble(self, a_bits: Bits, lanes: int, u: bytes, tweak_hi: int, nonce: int) -> GarbleBackend:
-        q = self._iknp.extend(u, RING_BITS * lanes, nonce)
-        if self.input_labels_log is not None:
-            self.input_labels_log.append(q)
-        be = GarbleBackend(self.delta, self.hasher, tweak_hi)
+    def _backend(self, lanes: int, u: bytes, tweak_hi: int, nonce: int) -> GarbleBackend:
+        widths = [8 * (hi - lo) for lo, hi in lane_batches(lanes)]
+        q = self._iknp.labels(u, widths, nonce)
+        log = self.input_labels_log
+
+        def source(lo: int, hi: int) -> Blocks:
+            labels = next(q)
+            if log is not None:
+                log.append(labels.copy())
+            return labels.reshape(RING_BITS, hi - lo, 2)
+
+        self._source = source
+        # 125 ciphertexts per comparison plus < 6 per lane for the chunk logic.
+        be = GarbleBackend(self.delta, self.hasher, tweak_hi, 131 * lanes + 64)
         be.tweak_log = self.tweak_log
-        self._b0 = q.reshape(RING_BITS, lanes, 2)
         return be
 
     async def first_yes(self, z: npt.ArrayLike) -> int | None:
@@ -150,16 +160,18 @@ class ComparisonGarbler(_Party):
         if k == 0:
             return None
         start = self._start()
-        be = self._garble(bit_planes(z_l), k, await self.channel.recv(), hi, nonce)
-        f0 = first_yes_circuit(be, bit_planes(z_l), self._b0)
+        be = self._backend(k, await self.channel.recv(), hi, nonce)
+        f0 = first_yes_circuit(be, bit_planes(z_l), self._source, k)
         dec = np.packbits(be.decoding(f0), bitorder="little")
-        await self.channel.send(be.table_bytes() + dec.tobytes())
+        await self.channel.send(be.message(dec))
         result = _decode_index(await self.channel.recv(), k)
         self._finish(start, k, be.and_gates, 3)
         return result
 
     async def compare_to_thresholds(self, z_high: npt.ArrayLike, z_low: npt.ArrayLike) -> list[int]:
-        """Outcomes (0 HIGH, 1 LOW, 2 CLOSE) up to the first CLOSE. Call with the leader's shares."""
+        """Outcomes (0 HIGH, 1 LOW, 2 CLOSE) up to and including the first CLOSE.
+
+        Call with the leader's shares; nothing about later queries is revealed."""
         self._require_setup()
         zh, zl = _as_ring(z_high), _as_ring(z_low)
         if zh.shape != zl.shape:
@@ -170,10 +182,10 @@ class ComparisonGarbler(_Party):
             return []
         start = self._start()
         a_bits = bit_planes(np.concatenate([zh, zl]))
-        be = self._garble(a_bits, 2 * k, await self.channel.recv(), hi, nonce)
-        m0, f0 = ctt_circuit(be, a_bits, self._b0, k)
+        be = self._backend(2 * k, await self.channel.recv(), hi, nonce)
+        m0, f0 = ctt_circuit(be, a_bits, self._source, k)
         dec = np.packbits(np.concatenate([be.decoding(m0), be.decoding(f0)]), bitorder="little")
-        await self.channel.send(be.table_bytes() + dec.tobytes())
+        await self.channel.send(be.message(dec))
         msg = await self.channel.recv()
         out = list(msg)
         if len(out) > k or any(v > CLOSE for v in out) or CLOSE in out[:-1]:
@@ -195,15 +207,28 @@ class ComparisonEvaluator(_Party):
         self._iknp = IKNPReceiver(keys)
         self._ready = True
 
-    async def _inputs(self, b: U64, nonce: int) -> Blocks:
-        u, t = self._iknp.extend(_pack_choices(b), nonce)
-        await self.channel.send(u)
-        if self.input_labels_log is not None:
-            self.input_labels_log.append(t)
-        return t.reshape(RING_BITS, b.shape[0], 2)
+    async def _send_inputs(self, b: U64, nonce: int) -> None:
+        """OT extension message for the evaluator's input bits, lane batch by batch
+        (OT position order inside a batch: bit-plane major)."""
+        choices = [
+            np.packbits(bit_planes(b[lo:hi]).reshape(-1), bitorder="little")
+            for lo, hi in lane_batches(b.shape[0])
+        ]
+        await self.channel.send(self._iknp.u_message(choices, nonce))
 
-    def _backend(self, tables: memoryview, hi: int) -> EvalBackend:
-        be = EvalBackend(self.hasher, hi, tables)
+    def _backend(self, tables: memoryview, lanes: int, tweak_hi: int, nonce: int) -> EvalBackend:
+        widths = [8 * (hi - lo) for lo, hi in lane_batches(lanes)]
+        t = self._iknp.labels(widths, nonce)
+        log = self.input_labels_log
+
+        def source(lo: int, hi: int) -> Blocks:
+            labels = next(t)
+            if log is not None:
+                log.append(labels.copy())
+            return labels.reshape(RING_BITS, hi - lo, 2)
+
+        self._source = source
+        be = EvalBackend(self.hasher, tweak_hi, tables)
         be.label_log = self.label_log
         return be
 
@@ -216,17 +241,18 @@ class ComparisonEvaluator(_Party):
         if k == 0:
             return None
         start = self._start()
-        labels = await self._inputs(z_h, nonce)
+        await self._send_inputs(z_h, nonce)
         msg = memoryview(await self.channel.recv())
         nd = (k + 7) // 8
         if len(msg) < nd or (len(msg) - nd) % 16:
             raise ValueError("malformed garbled-circuit message")
-        be = self._backend(msg[: len(msg) - nd], hi)
-        f = first_yes_circuit(be, None, labels)
+        be = self._backend(msg[: len(msg) - nd], k, hi, nonce)
+        f = first_yes_circuit(be, None, self._source, k)
         be.done()
         dec = np.unpackbits(np.frombuffer(msg[len(msg) - nd :], np.uint8), bitorder="little")[:k]
         result = first_yes_index(be.decode(f, dec))
-        await self.channel.send((-1 if result is None else result).to_bytes(8, "little", signed=True))
+        code = -1 if result is None else result
+        await self.channel.send(code.to_bytes(8, "little", signed=True))
         self._finish(start, k, be.and_gates, 3)
         return result
 
@@ -241,13 +267,13 @@ class ComparisonEvaluator(_Party):
         if k == 0:
             return []
         start = self._start()
-        labels = await self._inputs(np.concatenate([zh, zl]), nonce)
+        await self._send_inputs(np.concatenate([zh, zl]), nonce)
         msg = memoryview(await self.channel.recv())
         nd = (2 * k + 7) // 8
         if len(msg) < nd or (len(msg) - nd) % 16:
             raise ValueError("malformed garbled-circuit message")
-        be = self._backend(msg[: len(msg) - nd], hi)
-        m, f = ctt_circuit(be, None, labels, k)
+        be = self._backend(msg[: len(msg) - nd], 2 * k, hi, nonce)
+        m, f = ctt_circuit(be, None, self._source, k)
         be.done()
         dec = np.unpackbits(np.frombuffer(msg[len(msg) - nd :], np.uint8), bitorder="little")
         out = ctt_outcomes(be.decode(m, dec[:k]), be.decode(f, dec[k : 2 * k]))
