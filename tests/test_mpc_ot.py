@@ -8,15 +8,14 @@ import secrets
 
 import numpy as np
 import pytest
-
 from svtagg.mpc.aes import TweakableHash
 from svtagg.mpc.channel import MemoryChannel
 from svtagg.mpc.ot import (
     KAPPA,
-    P,
     IKNPReceiver,
     IKNPSender,
     InvalidGroupElement,
+    P,
     base_ot_receive,
     base_ot_send,
     check_group_element,

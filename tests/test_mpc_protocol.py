@@ -1,0 +1,170 @@
+"""The two-party protocol over a MemoryChannel against the plaintext reference:
+first-YES and CompareToThresholds, boundaries, several chunks per session, what
+each party sees, and costs."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+from svtagg.mpc.channel import Channel, MemoryChannel
+from svtagg.mpc.circuits import plain_compare_to_thresholds, plain_first_yes
+from svtagg.mpc.protocol import (
+    ComparisonEvaluator,
+    ComparisonGarbler,
+    connected_pair,
+    run_compare_to_thresholds,
+    run_first_yes,
+)
+
+RNG = np.random.default_rng(4)
+M63 = 2**63
+BOUNDARY_SUMS = [0, 1, -1, 2**62, -(2**62), M63 - 1, -(M63 - 1), -(2**63)]
+
+
+def split(sums: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    z = np.asarray(sums, dtype=np.int64).view(np.uint64)
+    z_l = RNG.integers(0, 2**64, z.shape[0], dtype=np.uint64)
+    return z_l, z - z_l
+
+
+@pytest.fixture
+async def pair() -> tuple[ComparisonGarbler, ComparisonEvaluator]:
+    return await connected_pair(b"test-session")
+
+
+def test_channel_satisfies_protocol() -> None:
+    a, _ = MemoryChannel.pair()
+    assert isinstance(a, Channel)
+
+
+async def test_run_first_yes_random() -> None:
+    sums = RNG.integers(-(2**50), 0, 2000)
+    sums[1500] = 7
+    z_l, z_h = split(sums)
+    assert await run_first_yes(z_l, z_h) == plain_first_yes(z_l, z_h) == 1500
+
+
+async def test_boundaries_each_as_its_own_chunk(pair) -> None:  # type: ignore[no-untyped-def]
+    g, e = pair
+    for s in BOUNDARY_SUMS:
+        for z_l0 in (0, 2**63, 2**64 - 1, int(RNG.integers(0, 2**63))):
+            z = np.array([s], dtype=np.int64).view(np.uint64)
+            z_l = np.array([z_l0], dtype=np.uint64)
+            z_h = z - z_l
+            got = await asyncio.gather(g.first_yes(z_l), e.first_yes(z_h))
+            expect = 0 if s >= 0 else None
+            assert got == [expect, expect], (s, z_l0)
+
+
+async def test_many_chunks_one_session(pair) -> None:  # type: ignore[no-untyped-def]
+    g, e = pair
+    for k in (1, 7, 100, 4097, 9000):  # crosses the lane-batch boundary
+        sums = RNG.integers(-(2**30), -1, k)
+        if k > 3:
+            sums[RNG.integers(0, k)] = int(RNG.integers(0, 2**30))
+        z_l, z_h = split(sums)
+        got = await asyncio.gather(g.first_yes(z_l), e.first_yes(z_h))
+        assert got[0] == got[1] == plain_first_yes(z_l, z_h)
+    none_l, none_h = split(-np.arange(1, 50))
+    assert await asyncio.gather(g.first_yes(none_l), e.first_yes(none_h)) == [None, None]
+    assert await asyncio.gather(g.first_yes(none_l[:0]), e.first_yes(none_h[:0])) == [None, None]
+
+
+async def test_stats_and_wire_cost(pair) -> None:  # type: ignore[no-untyped-def]
+    g, e = pair
+    k = 1000
+    z_l, z_h = split(RNG.integers(-100, -1, k))
+    await asyncio.gather(g.first_yes(z_l), e.first_yes(z_h))
+    st = g.last_stats
+    assert st.messages == 3 and st.comparisons == k
+    assert st.and_gates == e.last_stats.and_gates and 63 * k < st.and_gates < 66 * k
+    assert st.bytes_sent == e.last_stats.bytes_received
+    assert st.bytes_received == e.last_stats.bytes_sent
+    per = (st.bytes_sent + st.bytes_received) / k
+    assert per < 4096, per
+
+
+async def test_garbler_input_labels_match_evaluator_view(pair) -> None:  # type: ignore[no-untyped-def]
+    g, e = pair
+    g.input_labels_log, e.input_labels_log = [], []
+    k = 50
+    z_l, z_h = split(RNG.integers(-5, 5, k))
+    await asyncio.gather(g.first_yes(z_l), e.first_yes(z_h))
+    q, t = g.input_labels_log[0], e.input_labels_log[0]
+    bits = ((z_h[None, :] >> np.arange(64, dtype=np.uint64)[:, None]) & np.uint64(1)).reshape(-1)
+    assert np.array_equal(t, q ^ ((-bits)[:, None] & g.delta))
+
+
+async def test_tweaks_unique_across_chunks(pair) -> None:  # type: ignore[no-untyped-def]
+    g, e = pair
+    g.tweak_log = []
+    for _ in range(3):
+        z_l, z_h = split(RNG.integers(-5, 5, 100))
+        await asyncio.gather(g.first_yes(z_l), e.first_yes(z_h))
+        await asyncio.gather(g.compare_to_thresholds(z_l, z_h), e.compare_to_thresholds(z_h, z_l))
+    tw = np.concatenate(g.tweak_log)
+    assert np.unique(tw, axis=0).shape[0] == tw.shape[0]
+
+
+async def test_two_sessions_have_different_delta_and_tables() -> None:
+    z_l, z_h = split(RNG.integers(-5, 5, 20))
+    first_labels = []
+    deltas = []
+    for sid in (b"s1", b"s2"):
+        ga, gb = MemoryChannel.pair()
+        g, e = ComparisonGarbler(ga, sid), ComparisonEvaluator(gb, sid)
+        await asyncio.gather(g.setup(), e.setup())
+        e.label_log = []
+        await asyncio.gather(g.first_yes(z_l), e.first_yes(z_h))
+        deltas.append(bytes(g.delta))
+        first_labels.append(bytes(e.label_log[0]))
+    assert deltas[0] != deltas[1] and first_labels[0] != first_labels[1]
+
+
+async def test_compare_to_thresholds_matches_plaintext(pair) -> None:  # type: ignore[no-untyped-def]
+    g, e = pair
+    for _ in range(4):
+        k = 300
+        hi = RNG.integers(-400, 5, k)
+        lo = hi + RNG.integers(0, 500, k)
+        h_l, h_h = split(hi)
+        l_l, l_h = split(lo)
+        got = await asyncio.gather(
+            g.compare_to_thresholds(h_l, l_l), e.compare_to_thresholds(h_h, l_h)
+        )
+        assert got[0] == got[1] == plain_compare_to_thresholds(h_l + h_h, l_l + l_h)
+
+
+async def test_ctt_nothing_after_first_close() -> None:
+    hi = np.array([0, -5, 3, -9, 10, -1])
+    lo = np.array([1, 2, 9, -1, 10, 0])
+    expect = [0, 1, 0, 2]
+    h_l, h_h = split(hi)
+    l_l, l_h = split(lo)
+    assert await run_compare_to_thresholds(h_l, l_l, h_h, l_h) == expect
+    # Changing queries after the first CLOSE changes nothing either party sees.
+    hi2, lo2 = hi.copy(), lo.copy()
+    hi2[4:], lo2[4:] = [-7, 8], [-7, 9]
+    h_l, h_h = split(hi2)
+    l_l, l_h = split(lo2)
+    assert await run_compare_to_thresholds(h_l, l_l, h_h, l_h) == expect
+    # No CLOSE at all: every outcome is revealed.
+    h_l, h_h = split(np.array([5, -5]))
+    l_l, l_h = split(np.array([6, 0]))
+    assert await run_compare_to_thresholds(h_l, l_l, h_h, l_h) == [0, 1]
+
+
+async def test_requires_setup_and_valid_inputs() -> None:
+    a, b = MemoryChannel.pair()
+    g = ComparisonGarbler(a, b"x")
+    with pytest.raises(RuntimeError):
+        await g.first_yes(np.zeros(3, np.uint64))
+    with pytest.raises(ValueError):
+        ComparisonEvaluator(b, b"")
+    g2, e2 = await connected_pair()
+    with pytest.raises(TypeError):
+        await g2.first_yes(np.zeros(3, np.float64))
+    with pytest.raises(ValueError):
+        await e2.compare_to_thresholds(np.zeros(3, np.uint64), np.zeros(2, np.uint64))
