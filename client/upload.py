@@ -112,36 +112,47 @@ class Uploader:
         )
         return info
 
-    def send(self, batch: Batch, stats: UploadStats | None = None) -> tuple[int, int]:
-        """Deliver one batch to both servers; returns their n afterwards (0 if unknown
-        because the batch had been delivered by an earlier attempt)."""
+    def _submit(self, batch: Batch, which: tuple[int, ...] = (0, 1)) -> dict[int, Future[Any]]:
+        msgs = (batch.leader, batch.helper)
+        return {
+            i: self._stubs[i].Upload.future(msgs[i], timeout=self.timeout)  # type: ignore[attr-defined]
+            for i in which
+        }
+
+    def send(
+        self,
+        batch: Batch,
+        stats: UploadStats | None = None,
+        futures: dict[int, Future[Any]] | None = None,
+    ) -> tuple[int, int]:
+        """Deliver one batch to both servers (waiting on `futures` if it was already
+        submitted); returns their n afterwards (0 if the batch had been stored by
+        an earlier attempt whose answer was lost)."""
         stats = stats if stats is not None else UploadStats()
-        pending = {0: batch.leader, 1: batch.helper}
+        futures = futures if futures is not None else self._submit(batch)
         ns = [0, 0]
         attempt = 0
-        while pending:
-            futures: dict[int, Future[Any]] = {
-                i: self._stubs[i].Upload.future(msg, timeout=self.timeout)  # type: ignore[attr-defined]
-                for i, msg in pending.items()
-            }
+        while True:
+            retry: list[int] = []
             for i, fut in futures.items():
                 try:
                     ns[i] = int(fut.result().n)
-                    del pending[i]
                 except grpc.RpcError as exc:
                     code = exc.code()  # type: ignore[attr-defined]
                     if code == grpc.StatusCode.ALREADY_EXISTS and attempt > 0:
-                        del pending[i]  # stored by the earlier attempt (batches are atomic)
-                    elif code not in RETRYABLE or attempt >= self.retries:
+                        continue  # stored by the earlier attempt (batches are atomic)
+                    if code not in RETRYABLE or attempt >= self.retries:
                         server = "leader" if i == 0 else "helper"
                         raise UploadError(
                             f"{server} refused the batch: {code.name}: {exc.details()}"  # type: ignore[attr-defined]
                         ) from None
-            if pending:
-                attempt += 1
-                stats.retries += 1
-                time.sleep(self.backoff * 2 ** (attempt - 1))
-        return ns[0], ns[1]
+                    retry.append(i)
+            if not retry:
+                return ns[0], ns[1]
+            attempt += 1
+            stats.retries += 1
+            time.sleep(self.backoff * 2 ** (attempt - 1))
+            futures = self._submit(batch, tuple(retry))
 
     def upload(
         self,
@@ -159,14 +170,19 @@ class Uploader:
         stats = UploadStats()
         start = time.perf_counter()
         total = matrix.shape[0]
-        for block in _blocks(matrix, batch_size):
-            batch = make_batch(task_id, block, info.spec.frac_bits)
-            n_l, n_h = self.send(batch, stats)
-            stats.reports += len(batch)
-            stats.batches += 1
-            stats.n_leader, stats.n_helper = n_l or stats.n_leader, n_h or stats.n_helper
-            if progress is not None:
-                progress(stats.reports, total)
+        # Pipelined: the next batch is encoded and shared while this one is in flight.
+        inflight: tuple[Batch, dict[int, Future[Any]]] | None = None
+        for block in [*_blocks(matrix, batch_size), None]:
+            batch = make_batch(task_id, block, info.spec.frac_bits) if block is not None else None
+            if inflight is not None:
+                done, futures = inflight
+                n_l, n_h = self.send(done, stats, futures)
+                stats.reports += len(done)
+                stats.batches += 1
+                stats.n_leader, stats.n_helper = n_l or stats.n_leader, n_h or stats.n_helper
+                if progress is not None:
+                    progress(stats.reports, total)
+            inflight = (batch, self._submit(batch)) if batch is not None else None
         stats.seconds = time.perf_counter() - start
         return stats
 
