@@ -134,16 +134,31 @@ class GarbleBackend(_Common):
     in gate order, into one preallocated buffer that becomes the message."""
 
     def __init__(
-        self, delta: Blocks, hasher: Hash, tweak_hi: int, capacity_blocks: int = 0
+        self,
+        delta: Blocks,
+        hasher: Hash,
+        tweak_hi: int,
+        capacity_blocks: int = 0,
+        buffer: Blocks | None = None,
     ) -> None:
+        """`buffer`: a (rows, 2) uint64 array to write tables into if big enough,
+        so a party can reuse one across chunks (fresh pages cost page faults)."""
         if int(delta[0]) & 1 != 1:
             raise ValueError("Δ must have its low bit set (point-and-permute)")
         self.delta = np.ascontiguousarray(delta, dtype=np.uint64).reshape(2)
         self.hasher = hasher
         self.tweak_hi = np.uint64(tweak_hi)
         self.and_gates = 0
-        self._buf = np.empty((capacity_blocks + 1, 2), dtype=np.uint64)
+        if buffer is not None and buffer.shape[0] >= capacity_blocks + 1:
+            self._buf = buffer
+        else:
+            self._buf = np.empty((capacity_blocks + 1, 2), dtype=np.uint64)
         self._used = 0
+
+    @property
+    def buffer(self) -> Blocks:
+        """The table buffer, for reuse by the next chunk's backend."""
+        return self._buf
 
     def _alloc(self, n: int) -> Blocks:
         """The next n table blocks of the message buffer (grown if the hint was short)."""

@@ -264,6 +264,7 @@ class IKNPReceiver:
             raise ValueError(f"need {KAPPA} base OTs")
         self._k0 = [k[0] for k in keys]
         self._k1 = [k[1] for k in keys]
+        self._u_buf = np.empty(0, dtype=np.uint8)  # reused: fresh pages cost faults
 
     def u_message(
         self, choices: list[npt.NDArray[np.uint8]], nonce: int
@@ -275,7 +276,9 @@ class IKNPReceiver:
         _check_widths(widths)
         t = _RowStreams(self._k0, nonce, max(widths))
         g1 = _RowStreams(self._k1, nonce, max(widths))
-        out = np.empty(KAPPA * sum(widths), dtype=np.uint8)
+        if self._u_buf.shape[0] < KAPPA * sum(widths):
+            self._u_buf = np.empty(KAPPA * sum(widths), dtype=np.uint8)
+        out = self._u_buf[: KAPPA * sum(widths)]
         pos = 0
         for r in choices:
             w = r.shape[0]

@@ -147,7 +147,10 @@ class ComparisonGarbler(_Party):
 
         self._source = source
         # 125 ciphertexts per comparison plus < 6 per lane for the chunk logic.
-        be = GarbleBackend(self.delta, self.hasher, tweak_hi, 131 * lanes + 64)
+        be = GarbleBackend(
+            self.delta, self.hasher, tweak_hi, 131 * lanes + 64, getattr(self, "_tables", None)
+        )
+        self._tables = be.buffer
         be.tweak_log = self.tweak_log
         return be
 
