@@ -17,12 +17,11 @@ local oracle and against the real servers.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Callable, Hashable, Sequence
 
 import numpy as np
-
 from svtagg.analyst.kinds import StreamKind
 from svtagg.analyst.oracle import Oracle, Query
 
@@ -51,10 +50,16 @@ class Scenario:
 
 def first_yes_events(k: int) -> list[Event]:
     """The fixed event family for first-YES outputs in {0..k-1, None}."""
+    def equals(j: int) -> Callable[[Output], bool]:
+        return lambda o: o == j
+
+    def none_or_at_least(j: int) -> Callable[[Output], bool]:
+        return lambda o: o is None or (isinstance(o, int) and o >= j)
+
     events: list[Event] = [("none", lambda o: o is None)]
     for j in range(k):
-        events.append((f"={j}", lambda o, j=j: o == j))
-        events.append((f"none or >={j}", lambda o, j=j: o is None or o >= j))
+        events.append((f"={j}", equals(j)))
+        events.append((f"none or >={j}", none_or_at_least(j)))
     return events
 
 

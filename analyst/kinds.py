@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 from fractions import Fraction
 from typing import Literal
 
@@ -31,7 +31,7 @@ Family = Literal["laplace", "geometric"]
 TAIL_SCALES = 4096
 
 
-class StreamKind(str, Enum):
+class StreamKind(StrEnum):
     """Noise family of a stream, chosen when it is opened."""
 
     LAP24 = "lap24"  # Algorithms 1-3: γ ~ Lap(2Δ/ε), ν ~ Lap(4Δ/ε)

@@ -8,12 +8,11 @@ noise model (two independent full draws per term).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from fractions import Fraction
-from typing import Sequence
 
 import numpy as np
 import numpy.typing as npt
-
 from svtagg.analyst import accuracy
 from svtagg.analyst.kinds import (
     StreamKind,

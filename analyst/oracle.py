@@ -18,10 +18,11 @@ Conventions shared by all implementations:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 from fractions import Fraction
-from typing import Protocol, Sequence, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 from svtagg.analyst.kinds import StreamKind
 
@@ -55,7 +56,7 @@ class Query:
     complement: bool = False
 
 
-class Outcome(str, Enum):
+class Outcome(StrEnum):
     """Answer of one CompareToThresholds query."""
 
     HIGH = "high"

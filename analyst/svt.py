@@ -17,7 +17,6 @@ from fractions import Fraction
 
 import numpy as np
 import numpy.typing as npt
-
 from svtagg.analyst.kinds import StreamKind, check_epsilon
 from svtagg.analyst.noise import RandomSource, draw_query_noise, draw_threshold_noise
 from svtagg.analyst.oracle import Outcome, StreamClosed

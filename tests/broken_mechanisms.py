@@ -5,11 +5,10 @@ Each subclasses the reference local oracle and breaks exactly one thing.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from fractions import Fraction
-from typing import Sequence
 
 import numpy as np
-
 from svtagg.analyst.kinds import StreamKind
 from svtagg.analyst.local_oracle import LocalOracle
 from svtagg.analyst.oracle import Number, Query

@@ -16,7 +16,6 @@ from typing import Any
 import numpy as np
 import pytest
 from broken_mechanisms import KeepsAnsweringOracle, NoThresholdNoiseOracle, RevealsValueOracle
-
 from svtagg.analyst.audit import (
     Scenario,
     audit,
@@ -34,9 +33,8 @@ def _maker(cls: type[LocalOracle] = LocalOracle, parties: int = 1, seed: int = 0
     counter = iter(range(10**6))
 
     def make(data: np.ndarray) -> LocalOracle:
-        return cls(
-            data, 10**9, "0.5", frac_bits=FRAC_BITS, parties=parties, seed=seed * 1000 + next(counter)
-        )
+        seed_i = seed * 1000 + next(counter)
+        return cls(data, 10**9, "0.5", frac_bits=FRAC_BITS, parties=parties, seed=seed_i)
 
     return make
 
@@ -117,7 +115,13 @@ def test_compare_to_thresholds_passes_audit() -> None:
 
 
 def test_audit_catches_missing_threshold_noise() -> None:
-    rep = audit(counterexample_scenario(), _maker(NoThresholdNoiseOracle, seed=6), trials=12_000)
+    # The event is the note's: "no YES at all", declared before any data is seen.
+    rep = audit(
+        counterexample_scenario(),
+        _maker(NoThresholdNoiseOracle, seed=6),
+        trials=12_000,
+        events=[("none", lambda o: o is None)],
+    )
     assert rep.violated, "no-threshold-noise control not detected: " + rep.summary()
 
 

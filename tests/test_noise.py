@@ -12,7 +12,6 @@ from fractions import Fraction
 import numpy as np
 import pytest
 from scipy import stats
-
 from svtagg.analyst import noise
 from svtagg.analyst.kinds import StreamKind, clamp_bound, noise_model
 from svtagg.analyst.noise import (

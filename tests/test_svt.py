@@ -6,7 +6,6 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
-
 from svtagg.analyst.kinds import StreamKind, ctt_delta_charge, ctt_gap
 from svtagg.analyst.ledger import Ledger
 from svtagg.analyst.local_oracle import LocalOracle
@@ -121,10 +120,13 @@ def test_compare_to_thresholds_semantics_and_gap() -> None:
     assert o.budget().delta_spent == ctt_delta_charge(delta, 1)
     # score 0 far below τL → LOW; score 200 far above τH → HIGH; score 100 between → CLOSE
     lo, hi = 100 - gap / 2 - 1, 100 + gap / 2 + 1
-    out = st.compare([(Query(0), lo, hi), (Query(1), lo, hi), (Query(2), lo, hi), (Query(1), lo, hi)])
-    assert out[:2] == [Outcome.LOW, Outcome.HIGH]
-    if len(out) == 3:
-        assert out[2] == Outcome.CLOSE and st.closed
+    chunk = [(Query(j), lo, hi) for j in (0, 1, 2, 1)]
+    # every score is ≥ 23 score units from the nearer threshold, noise scales are
+    # 1.5 and 0.5: a wrong outcome has probability < 1e-6
+    assert st.compare(chunk) == [Outcome.LOW, Outcome.HIGH, Outcome.CLOSE]
+    assert st.closed
+    with pytest.raises(StreamClosed):
+        st.compare(chunk)
     with pytest.raises(ValueError, match="requires"):
         o.open_stream(eps, "ctt", delta).compare([(Query(0), 0, gap / 2)])
 
