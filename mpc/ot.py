@@ -14,6 +14,7 @@ import hashlib
 import secrets
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -233,19 +234,36 @@ def _bits_to_block(bits: list[int]) -> Blocks:
     return packed.view(np.uint64).reshape(1, 2).copy()
 
 
-class _RowStreams:
-    """The 128 PRG rows G(k_i): AES-128-CTR keystreams, counter block nonce·2^64,
-    read piece by piece (CTR contexts continue where the last read stopped)."""
+class _RowPRG:
+    """The 128 PRG rows G(k_i) of an IKNP party: AES-128 in counter mode, built
+    from one ECB context per key made once (making 128 cipher contexts per
+    chunk cost more than the AES at small K). Extension `nonce` uses counter
+    blocks nonce‖0, nonce‖1, … (big-endian), consumed piece by piece."""
 
-    def __init__(self, keys: list[bytes], nonce: int, max_width: int) -> None:
-        iv = (nonce << 64).to_bytes(16, "big")
-        self._enc = [Cipher(algorithms.AES(k), modes.CTR(iv)).encryptor() for k in keys]
-        self._zeros = np.zeros(max_width, dtype=np.uint8)
-        self._buf = np.empty((KAPPA, max_width + 16), dtype=np.uint8)
+    def __init__(self, keys: list[bytes]) -> None:
+        self._enc = [Cipher(algorithms.AES(k), modes.ECB()).encryptor() for k in keys]
+
+    def stream(self, nonce: int, max_width: int) -> _RowStream:
+        return _RowStream(self._enc, nonce, max_width)
+
+
+class _RowStream:
+    def __init__(self, encs: list[Any], nonce: int, max_width: int) -> None:
+        self._enc = encs
+        self._next = 0
+        nblk = (max_width + 15) // 16
+        self._ctr = np.empty((nblk, 2), dtype=">u8")
+        self._ctr[:, 0] = nonce
+        self._steps = np.arange(nblk, dtype=np.uint64)
+        self._buf = np.empty((KAPPA, 16 * nblk + 16), dtype=np.uint8)
 
     def read(self, width: int) -> npt.NDArray[np.uint8]:
         """The next `width` bytes of every row, as a (128, width) view (reused)."""
-        src = self._zeros[:width].data
+        nblk = (width + 15) // 16
+        ctr = self._ctr[:nblk]
+        ctr[:, 1] = self._steps[:nblk] + np.uint64(self._next)
+        self._next += nblk
+        src = ctr.data.cast("B")
         for enc, row in zip(self._enc, self._buf, strict=True):
             enc.update_into(src, row.data)
         return self._buf[:, :width]
@@ -262,8 +280,8 @@ class IKNPReceiver:
     def __init__(self, keys: list[tuple[bytes, bytes]]) -> None:
         if len(keys) != KAPPA:
             raise ValueError(f"need {KAPPA} base OTs")
-        self._k0 = [k[0] for k in keys]
-        self._k1 = [k[1] for k in keys]
+        self._g0 = _RowPRG([k[0] for k in keys])
+        self._g1 = _RowPRG([k[1] for k in keys])
         self._u_buf = np.empty(0, dtype=np.uint8)  # reused: fresh pages cost faults
 
     def u_message(
@@ -274,8 +292,8 @@ class IKNPReceiver:
         for every extension under the same base OTs."""
         widths = [c.shape[0] for c in choices]
         _check_widths(widths)
-        t = _RowStreams(self._k0, nonce, max(widths))
-        g1 = _RowStreams(self._k1, nonce, max(widths))
+        t = self._g0.stream(nonce, max(widths))
+        g1 = self._g1.stream(nonce, max(widths))
         if self._u_buf.shape[0] < KAPPA * sum(widths):
             self._u_buf = np.empty(KAPPA * sum(widths), dtype=np.uint8)
         out = self._u_buf[: KAPPA * sum(widths)]
@@ -292,7 +310,7 @@ class IKNPReceiver:
         """The receiver's blocks t_j = q_j ⊕ r_j·Δ, piece by piece. Each yielded
         array is overwritten by the next one."""
         _check_widths(widths)
-        t = _RowStreams(self._k0, nonce, max(widths))
+        t = self._g0.stream(nonce, max(widths))
         out = np.empty((8 * max(widths), 2), dtype=np.uint64)
         for w in widths:
             yield transpose_rows(t.read(w), out[: 8 * w])
@@ -310,7 +328,7 @@ class IKNPSender:
         if len(keys) != KAPPA or len(s_bits) != KAPPA:
             raise ValueError(f"need {KAPPA} base OTs")
         self._s = np.flatnonzero(np.asarray(s_bits, dtype=bool))
-        self._keys = keys
+        self._prg = _RowPRG(keys)
         self.delta = _bits_to_block(s_bits)[0]
 
     def labels(self, u_msg: bytes, widths: list[int], nonce: int) -> Iterator[Blocks]:
@@ -322,7 +340,7 @@ class IKNPSender:
                 f"OT extension message has {len(u_msg)} bytes, want {KAPPA * sum(widths)}"
             )
         u_all = np.frombuffer(u_msg, dtype=np.uint8)
-        q = _RowStreams(self._keys, nonce, max(widths))
+        q = self._prg.stream(nonce, max(widths))
         out = np.empty((8 * max(widths), 2), dtype=np.uint64)
         pos = 0
         for w in widths:
