@@ -25,17 +25,6 @@ def empty_blocks(n: int) -> Blocks:
     return np.empty((n, 2), dtype=np.uint64)
 
 
-def _with_slack(out: Blocks, n: int) -> memoryview:
-    """A writable byte view of `out` extended by one block into its base array."""
-    base = out.base if out.base is not None else out
-    if not (isinstance(base, np.ndarray) and base.flags.c_contiguous):
-        raise ValueError("output must be a view into a C-contiguous buffer")
-    offset = out.__array_interface__["data"][0] - base.__array_interface__["data"][0]
-    if offset < 0 or offset + 16 * (n + 1) > base.nbytes:
-        raise ValueError("output needs one block of slack after it")
-    return base.reshape(-1).view(np.uint8)[offset : offset + 16 * (n + 1)].data
-
-
 class FixedKeyAES:
     """π(x) = AES_k(x) for the public key k, over many blocks per call.
 
@@ -49,14 +38,17 @@ class FixedKeyAES:
         self._enc = self._cipher.encryptor()
 
     def permute(self, x: Blocks, out: Blocks | None = None) -> Blocks:
-        """π applied to every row of `x` (C-contiguous). `out`, if given, must be a
-        view of the first rows of a C-contiguous array with at least one more
-        row, since `update_into` wants block_size − 1 bytes of slack."""
+        """π applied to every row of the C-contiguous `x`, returned as `out[:n]`.
+
+        `out`, if given, must be a C-contiguous (≥ n + 1, 2) buffer: `update_into`
+        wants block_size − 1 bytes of slack after the output."""
         n = x.shape[0]
         if out is None:
-            out = np.empty((n + 1, 2), dtype=np.uint64)[:n]
-        self._enc.update_into(x.data.cast("B"), _with_slack(out, n))
-        return out
+            out = np.empty((n + 1, 2), dtype=np.uint64)
+        elif out.shape[0] <= n or not out.flags.c_contiguous:
+            raise ValueError("output buffer needs n + 1 contiguous rows")
+        self._enc.update_into(x.data.cast("B"), out.data.cast("B"))
+        return out[:n]
 
     def inverse(self, x: Blocks) -> Blocks:
         """π^-1: anyone can invert a fixed-key permutation (used by negative-control tests)."""
@@ -80,13 +72,13 @@ class TweakableHash:
         self._t = np.empty((1, 2), dtype=np.uint64)
 
     def __call__(self, x: Blocks, tweaks: Blocks, out: Blocks | None = None) -> Blocks:
-        """H(x_k, tweaks_k) for every row of the C-contiguous `x`. `out`, if
-        given, must have a slack block after it (see `FixedKeyAES.permute`)."""
+        """H(x_k, tweaks_k) for every row of the C-contiguous `x`, as `out[:n]`
+        if a buffer is given (with a slack row, see `FixedKeyAES.permute`)."""
         n = x.shape[0]
         if self._p.shape[0] < n + 1:
             self._p = np.empty((n + 1, 2), dtype=np.uint64)
             self._t = np.empty((n + 1, 2), dtype=np.uint64)
-        p = self.prp.permute(x, self._p[:n])
+        p = self.prp.permute(x, self._p)
         t = self._t[:n]
         np.bitwise_xor(p, tweaks, out=t)
         out = self.prp.permute(t, out)

@@ -81,18 +81,19 @@ class _Common:
         return self.not_(self.and_(self.not_(a), self.not_(b)))
 
     def _workspace(self, name: str, rows: int) -> Blocks:
-        """A reusable (rows, 2) buffer with one slack row (see `FixedKeyAES.permute`)."""
+        """A reusable C-contiguous buffer of at least rows + 1 rows (the slack row
+        is for `FixedKeyAES.permute`); callers slice what they use."""
         ws: dict[str, Blocks] = self.__dict__.setdefault("_ws", {})
         buf = ws.get(name)
         if buf is None or buf.shape[0] < rows + 1:
             buf = np.empty((max(rows + 1, 1024), 2), dtype=np.uint64)
             ws[name] = buf
-        return buf[:rows]
+        return buf
 
     def _tweaks(self, n: int, halves: tuple[int, ...]) -> Blocks:
         """Tweaks of the next n AND gates: block k of n rows holds (2g + halves[k], hi)
         for gate g, so half h of gate g has the tweak 2g + h."""
-        tw = self._workspace("tweaks", n * len(halves))
+        tw = self._workspace("tweaks", n * len(halves))[: n * len(halves)]
         base = np.arange(2 * self.and_gates, 2 * (self.and_gates + n), 2, dtype=np.uint64)
         for k, h in enumerate(halves):
             np.add(base, np.uint64(h), out=tw[k * n : (k + 1) * n, 0])
@@ -187,7 +188,7 @@ class GarbleBackend(_Common):
         d = self.delta
         # Hash inputs [A0, A1, B0, B1] under tweaks [j, j, j', j'], j' = j + 1.
         tw = self._tweaks(n, (0, 0, 1, 1))
-        x = self._workspace("x", 4 * n)
+        x = self._workspace("x", 4 * n)[: 4 * n]
         x[:n] = a0
         np.bitwise_xor(a0, d, out=x[n : 2 * n])
         x[2 * n : 3 * n] = b0
@@ -221,7 +222,7 @@ class GarbleBackend(_Common):
         n = b0.shape[0]
         d = self.delta
         tw = self._tweaks(n, (0, 0))
-        x = self._workspace("x", 2 * n)
+        x = self._workspace("x", 2 * n)[: 2 * n]
         x[:n] = b0
         np.bitwise_xor(b0, d, out=x[n:])
         h = self.hasher(x, tw, self._workspace("h", 2 * n))
@@ -284,7 +285,7 @@ class EvalBackend(_Common):
 
     def and_(self, a: Blocks, b: Blocks) -> Blocks:
         n = a.shape[0]
-        x = self._workspace("x", 2 * n)
+        x = self._workspace("x", 2 * n)[: 2 * n]
         x[:n] = a
         x[n:] = b
         h = self.hasher(x, self._tweaks(n, (0, 1)), self._workspace("h", 2 * n))

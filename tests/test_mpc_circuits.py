@@ -50,8 +50,8 @@ class NaiveHash:
     def __call__(self, x: Blocks, tweaks: Blocks, out: Blocks | None = None) -> Blocks:
         h = self.prp.permute(np.ascontiguousarray(x)) ^ x
         if out is not None:
-            out[...] = h
-            return out
+            out[: h.shape[0]] = h
+            return out[: h.shape[0]]
         return h
 
 
