@@ -200,6 +200,7 @@ class AnalystService(pb_grpc.AnalystServicer):
         self.core = core
         self.peer = peer
         self.pool = SessionPool(peer, party)
+        self._busy: set[str] = set()
 
     async def _call(self, method: Callable[..., Awaitable[Any]], request: Any) -> Any:
         try:
@@ -325,27 +326,45 @@ class AnalystService(pb_grpc.AnalystServicer):
         compare: bool,
         run: Callable[[Any, StreamState], Awaitable[tuple[Any, int, bool]]],
     ) -> tuple[Any, bool, int]:
-        """Mark the chunk in progress (durably), run the garbled comparison on a
-        pooled session, record the result.  Any failure or refusal by the helper
-        fails the stream closed on both servers; nothing is refunded."""
+        """One chunk at a time per stream (concurrent chunks are refused)."""
         sid = stream.stream_id
-        chunk_no = self.core.store.begin_chunk(sid)
+        if sid in self._busy:
+            raise FailedPrecondition(f"stream {sid} is answering another chunk; send one at a time")
+        self._busy.add(sid)
+        try:
+            return await self._chunk(stream, chunk, compare, run)
+        finally:
+            self._busy.discard(sid)
+
+    async def _chunk(
+        self,
+        stream: StreamState,
+        chunk: Chunk,
+        compare: bool,
+        run: Callable[[Any, StreamState], Awaitable[tuple[Any, int, bool]]],
+    ) -> tuple[Any, bool, int]:
+        """Send the header, mark the chunk in progress durably (while the helper
+        does the same), run the garbled comparison on a pooled session, record
+        the result.  Once marked, any failure or refusal fails the stream closed
+        on both servers; nothing is refunded."""
+        sid = stream.stream_id
         header = pb.ChunkHeader(
-            stream_id=sid, chunk_no=chunk_no, compare=compare,
+            stream_id=sid, chunk_no=stream.chunks + 1, compare=compare,
             queries=pb.Queries(
                 index=chunk.index.tolist(),
                 complement=chunk.complement.tolist() if chunk.complement.any() else [],
             ),
         )
-        try:
-            session = await self.pool.acquire()
-        except BaseException:
-            self.core.store.fail_stream(sid)
-            raise
+        session = await self.pool.acquire()
         healthy = False
+        marked = False
         try:
             before = session.channel.traffic
             await session.channel.write_frame(pb.PeerFrame(header=header))
+            # Both servers fsync their "chunk in progress" mark in parallel; neither
+            # runs the circuit before its own mark is durable.
+            self.core.store.begin_chunk(sid, stream.chunks + 1)
+            marked = True
             verdict = await session.status()
             if not verdict.ok:
                 healthy = True  # the protocol never started; the session is intact
@@ -358,8 +377,9 @@ class AnalystService(pb_grpc.AnalystServicer):
                 raise _refusal(done)
             healthy = True
         except BaseException as exc:
-            self.core.store.fail_stream(sid)
-            await self._fail_helper(sid)
+            if marked:
+                self.core.store.fail_stream(sid)
+                await self._fail_helper(sid)
             if isinstance(exc, grpc.aio.AioRpcError):
                 raise PeerUnavailable(f"helper: {exc.code().name} {exc.details()}") from None
             if isinstance(exc, asyncio.TimeoutError):

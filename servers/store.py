@@ -306,6 +306,17 @@ class Store:
         return s.chunks + 1
 
     def end_chunk(self, stream_id: str, answered: int, close: bool) -> None:
+        """Record a chunk's result.  Not fsynced (synchronous=NORMAL): if a power
+        loss drops this record, the stream is back to `in_chunk` and is failed
+        closed on restart, which is safe; the fsync the chunk needs is the one
+        of its `in_chunk` mark."""
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        try:
+            self._end_chunk(stream_id, answered, close)
+        finally:
+            self._db.execute("PRAGMA synchronous=FULL")
+
+    def _end_chunk(self, stream_id: str, answered: int, close: bool) -> None:
         with self._tx():
             self._db.execute(
                 "UPDATE streams SET state=?, queries=queries+? WHERE stream_id=? AND state=?",
