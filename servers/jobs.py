@@ -339,6 +339,7 @@ def _sim(args: argparse.Namespace) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2))
     _progress(f"wrote {out}")
-    print(json.dumps({k: report[k] for k in ("upload", "result", "oracle", "wall_seconds")},
+    print(json.dumps({k: report[k] for k in ("upload", "result", "oracle", "truth",
+                                             "wall_seconds")},
                      indent=2))
     return 0

@@ -417,7 +417,13 @@ class PeerService(pb_grpc.PeerServicer):
 
     @rpc("leader")
     async def CreateTask(self, request: pb.TaskSpec, context: Any) -> pb.TaskInfo:
-        return task_info(self.core.store.create_task(spec_params(request)))
+        params = spec_params(request)
+        if params.task_id in self.core.store.task_ids():
+            existing = self.core.store.task(params.task_id)
+            if existing.params == params:
+                # The leader retries after failing between the two creations.
+                return task_info(existing)
+        return task_info(self.core.store.create_task(params))
 
     @rpc("leader")
     async def Digest(self, request: pb.TaskRef, context: Any) -> pb.CollectionDigest:

@@ -25,64 +25,9 @@ def certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_deployment(tmp_path_factory.mktemp("certs"))
 
 
-class RevealParty:
-    """A NON-PRIVATE stand-in for the comparison protocol: the helper sends z_H in
-    the clear and the leader answers.  Same channel traffic pattern and same
-    outputs as the garbled circuit; used only where the test is about the
-    service layer and the real engine is not importable."""
-
-    def __init__(self, role: str, channel: Any, session_id: bytes) -> None:
-        self.role, self.channel = role, channel
-
-    async def setup(self) -> None:
-        return None
-
-    async def _exchange(self, *zs: np.ndarray) -> list[int]:
-        if self.role == "helper":
-            await self.channel.send(b"".join(z.astype("<u8").tobytes() for z in zs))
-            return list(np.frombuffer(await self.channel.recv(), dtype="<i8"))
-        other = np.frombuffer(await self.channel.recv(), dtype="<u8").reshape(len(zs), -1)
-        signed = [(z + o).view(np.int64) for z, o in zip(zs, other, strict=True)]
-        out = self.evaluate(signed)
-        await self.channel.send(np.asarray(out, dtype="<i8").tobytes())
-        return out
-
-    @staticmethod
-    def evaluate(signed: list[np.ndarray]) -> list[int]:
-        if len(signed) == 1:
-            yes = np.flatnonzero(signed[0] >= 0)
-            return [int(yes[0])] if yes.size else []
-        out: list[int] = []
-        for h, lo in zip((signed[0] >= 0).tolist(), (signed[1] >= 0).tolist(), strict=True):
-            out.append(0 if h else 1 if lo else 2)
-            if out[-1] == 2:
-                break
-        return out
-
-    async def first_yes(self, z: np.ndarray) -> int | None:
-        out = await self._exchange(z)
-        return out[0] if out else None
-
-    async def compare_to_thresholds(self, z_high: np.ndarray, z_low: np.ndarray) -> list[int]:
-        return await self._exchange(z_high, z_low)
-
-
-def has_real_engine() -> bool:
-    try:
-        import svtagg.mpc.protocol  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 def engine() -> PartyFactory:
-    """The garbled-circuit engine when it is importable, else the reveal stand-in."""
-    return garbled_circuit_party if has_real_engine() else RevealParty  # type: ignore[return-value]
-
-
-requires_engine = pytest.mark.skipif(
-    not has_real_engine(), reason="svtagg.mpc.protocol (garbled circuits) not available yet"
-)
+    """The garbled-circuit engine (svtagg.mpc.protocol); tests use the real one."""
+    return garbled_circuit_party
 
 
 @dataclass

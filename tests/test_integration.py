@@ -7,7 +7,7 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
-from conftest import Deployment, make_task, off_loop, requires_engine
+from conftest import Deployment, make_task, off_loop
 from svtagg.analyst.kinds import StreamKind
 from svtagg.analyst.oracle import BudgetExhausted, Outcome, Query, StreamClosed
 from svtagg.proto import svtagg_pb2 as pb
@@ -102,7 +102,6 @@ async def test_budget_exhaustion_on_both_servers(deployment: Deployment, rng):
     assert info.budget.epsilon_spent == "1" and info.helper_budget.epsilon_spent == "1"
 
 
-@requires_engine
 async def test_remote_matches_local_distribution(deployment: Deployment):
     """The first-YES index over many fresh streams has the same distribution on
     the servers as on the local two-party oracle (same data, same ε, kind lap24).
