@@ -242,20 +242,27 @@ class _RowPRG:
 
     def __init__(self, keys: list[bytes]) -> None:
         self._enc = [Cipher(algorithms.AES(k), modes.ECB()).encryptor() for k in keys]
+        self._buf = np.empty((KAPPA, 0), dtype=np.uint8)
 
     def stream(self, nonce: int, max_width: int) -> _RowStream:
-        return _RowStream(self._enc, nonce, max_width)
+        """Rows for extension `nonce`; one stream at a time (the buffer is reused)."""
+        need = 16 * ((max_width + 15) // 16) + 16
+        if self._buf.shape[1] < need:
+            self._buf = np.empty((KAPPA, need), dtype=np.uint8)
+        return _RowStream(self._enc, nonce, max_width, self._buf)
 
 
 class _RowStream:
-    def __init__(self, encs: list[Any], nonce: int, max_width: int) -> None:
+    def __init__(
+        self, encs: list[Any], nonce: int, max_width: int, buf: npt.NDArray[np.uint8]
+    ) -> None:
         self._enc = encs
         self._next = 0
         nblk = (max_width + 15) // 16
         self._ctr = np.empty((nblk, 2), dtype=">u8")
         self._ctr[:, 0] = nonce
         self._steps = np.arange(nblk, dtype=np.uint64)
-        self._buf = np.empty((KAPPA, 16 * nblk + 16), dtype=np.uint8)
+        self._buf = buf
 
     def read(self, width: int) -> npt.NDArray[np.uint8]:
         """The next `width` bytes of every row, as a (128, width) view (reused)."""
@@ -267,6 +274,15 @@ class _RowStream:
         for enc, row in zip(self._enc, self._buf, strict=True):
             enc.update_into(src, row.data)
         return self._buf[:, :width]
+
+
+def _label_buffer(owner: Any, rows: int) -> Blocks:
+    """A per-party reusable (rows, 2) output buffer for transposed labels."""
+    buf: Blocks | None = getattr(owner, "_labels_buf", None)
+    if buf is None or buf.shape[0] < rows:
+        buf = np.empty((rows, 2), dtype=np.uint64)
+        owner._labels_buf = buf
+    return buf[:rows]
 
 
 def _check_widths(widths: list[int]) -> None:
@@ -311,7 +327,7 @@ class IKNPReceiver:
         array is overwritten by the next one."""
         _check_widths(widths)
         t = self._g0.stream(nonce, max(widths))
-        out = np.empty((8 * max(widths), 2), dtype=np.uint64)
+        out = _label_buffer(self, 8 * max(widths))
         for w in widths:
             yield transpose_rows(t.read(w), out[: 8 * w])
 
@@ -341,7 +357,7 @@ class IKNPSender:
             )
         u_all = np.frombuffer(u_msg, dtype=np.uint8)
         q = self._prg.stream(nonce, max(widths))
-        out = np.empty((8 * max(widths), 2), dtype=np.uint64)
+        out = _label_buffer(self, 8 * max(widths))
         pos = 0
         for w in widths:
             u = u_all[pos : pos + KAPPA * w].reshape(KAPPA, w)
