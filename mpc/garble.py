@@ -7,10 +7,10 @@ Every operation acts on a whole layer of gates at once: a "wire bundle" is an
 (n, 2) uint64 array of labels (or an (n,) uint8 array of bits in plaintext), so
 one AND layer costs two fixed-key AES calls over all its gates.
 
-Gate numbering: each backend counts AND gates; full AND gate g uses tweaks
-2g and 2g+1, a garbler-half AND uses 2g, all in the low tweak word, with the
-session/chunk tag in the high word. Garbler and evaluator make the same calls
-in the same order, so their counters agree.
+Tweaks: each backend counts AND layers; half h ∈ {0, 1} of the gate in lane k
+of layer L has the low tweak word L·2^32 + 2k + h (a garbler-half gate uses
+h = 0), and the session/chunk tag as its high word. Garbler and evaluator make
+the same calls in the same order, so their counters agree.
 """
 
 from __future__ import annotations
@@ -41,6 +41,11 @@ def _mask(bits: npt.NDArray[Any]) -> npt.NDArray[np.uint64]:
     return (-(bits.astype(np.uint64)))[:, None]
 
 
+def _lsb_mask(labels: Blocks) -> npt.NDArray[np.uint64]:
+    """`_mask(lsb(labels))` in two numpy calls (unsigned negation wraps)."""
+    return np.negative(labels[:, 0] & _ONE)[:, None]
+
+
 class Backend(Protocol):
     """The gate operations a circuit may use, on whole layers of wires."""
 
@@ -58,6 +63,7 @@ class _Common:
     """Shared by the backends: OR from AND and free NOT, and tweak allocation."""
 
     and_gates: int = 0
+    and_layers: int = 0
     tweak_hi: np.uint64 = np.uint64(0)
     #: Every tweak used, when a test sets this to a list.
     tweak_log: list[Blocks] | None = None
@@ -82,8 +88,9 @@ class _Common:
 
     def _workspace(self, name: str, rows: int) -> Blocks:
         """A reusable C-contiguous buffer of at least rows + 1 rows (the slack row
-        is for `FixedKeyAES.permute`); callers slice what they use."""
-        ws: dict[str, Blocks] = self.__dict__.setdefault("_ws", {})
+        is for `FixedKeyAES.permute`); callers slice what they use. Reusing
+        buffers matters: first-touch page faults cost as much as the AES."""
+        ws: dict[str, Blocks] = self.__dict__.setdefault("workspace", {})
         buf = ws.get(name)
         if buf is None or buf.shape[0] < rows + 1:
             buf = np.empty((max(rows + 1, 1024), 2), dtype=np.uint64)
@@ -91,13 +98,26 @@ class _Common:
         return buf
 
     def _tweaks(self, n: int, halves: tuple[int, ...]) -> Blocks:
-        """Tweaks of the next n AND gates: block k of n rows holds (2g + halves[k], hi)
-        for gate g, so half h of gate g has the tweak 2g + h."""
-        tw = self._workspace("tweaks", n * len(halves))[: n * len(halves)]
-        base = np.arange(2 * self.and_gates, 2 * (self.and_gates + n), 2, dtype=np.uint64)
-        for k, h in enumerate(halves):
-            np.add(base, np.uint64(h), out=tw[k * n : (k + 1) * n, 0])
-        tw[:, 1] = self.tweak_hi
+        """Tweaks of the next AND layer (n gates), one block of n rows per entry of
+        `halves`: half h of the gate in lane k of layer L gets the tweak
+        (L·2^32 + 2k + h, hi). Counts the layer."""
+        if n >= 1 << 31:
+            raise ValueError("AND layer too wide for the tweak format")
+        patterns: dict[tuple[int, tuple[int, ...]], Blocks] = self.__dict__.setdefault(
+            "_patterns", {}
+        )
+        pat = patterns.get((n, halves))
+        if pat is None:
+            pat = np.empty((n * len(halves), 2), dtype=np.uint64)
+            lanes = np.arange(0, 2 * n, 2, dtype=np.uint64)
+            for k, h in enumerate(halves):
+                np.add(lanes, np.uint64(h), out=pat[k * n : (k + 1) * n, 0])
+            pat[:, 1] = self.tweak_hi
+            patterns[(n, halves)] = pat
+        tw = self._workspace("tweaks", pat.shape[0])[: pat.shape[0]]
+        layer = np.array([self.and_layers << 32, 0], dtype=np.uint64)
+        np.bitwise_xor(pat, layer, out=tw)
+        self.and_layers += 1
         if self.tweak_log is not None:
             first = {h: k for k, h in reversed(list(enumerate(halves)))}
             self.tweak_log.extend(tw[k * n : (k + 1) * n].copy() for k in first.values())
@@ -141,9 +161,12 @@ class GarbleBackend(_Common):
         tweak_hi: int,
         capacity_blocks: int = 0,
         buffer: Blocks | None = None,
+        workspace: dict[str, Blocks] | None = None,
     ) -> None:
         """`buffer`: a (rows, 2) uint64 array to write tables into if big enough,
-        so a party can reuse one across chunks (fresh pages cost page faults)."""
+        and `workspace`: scratch buffers by name, so a party can reuse both
+        across chunks (fresh pages cost page faults)."""
+        self.workspace = workspace if workspace is not None else {}
         if int(delta[0]) & 1 != 1:
             raise ValueError("Δ must have its low bit set (point-and-permute)")
         self.delta = np.ascontiguousarray(delta, dtype=np.uint64).reshape(2)
@@ -186,7 +209,7 @@ class GarbleBackend(_Common):
     def and_(self, a0: Blocks, b0: Blocks) -> Blocks:
         n = a0.shape[0]
         d = self.delta
-        # Hash inputs [A0, A1, B0, B1] under tweaks [j, j, j', j'], j' = j + 1.
+        # Hash inputs [A0, A1, B0, B1] under tweaks [j, j, j', j'] (halves 0 and 1).
         tw = self._tweaks(n, (0, 0, 1, 1))
         x = self._workspace("x", 4 * n)[: 4 * n]
         x[:n] = a0
@@ -195,8 +218,8 @@ class GarbleBackend(_Common):
         np.bitwise_xor(b0, d, out=x[3 * n :])
         h = self.hasher(x, tw, self._workspace("h", 4 * n))
         ha0, ha1, hb0, hb1 = h[:n], h[n : 2 * n], h[2 * n : 3 * n], h[3 * n :]
-        ma = _mask(lsb(a0))
-        mb = _mask(lsb(b0))
+        ma = _lsb_mask(a0)
+        mb = _lsb_mask(b0)
         tab = self._alloc(2 * n)
         tg, te = tab[:n], tab[n:]
         # In place over the hash outputs and x, which are dead afterwards:
@@ -231,7 +254,7 @@ class GarbleBackend(_Common):
         np.bitwise_xor(hb0, hb1, out=t)
         t ^= _mask(bits) & d
         self.and_gates += n
-        return self._log(hb0 ^ (_mask(lsb(b0)) & t))
+        return self._log(hb0 ^ (_lsb_mask(b0) & t))
 
     def decoding(self, a0: Blocks) -> Bits:
         """Output-decoding bits: the evaluator's value is lsb(label) ⊕ this."""
@@ -256,7 +279,14 @@ class EvalBackend(_Common):
     """The evaluator's side: wires are the active labels; AND layers consume the
     garbler's tables in order."""
 
-    def __init__(self, hasher: Hash, tweak_hi: int, tables: bytes | memoryview) -> None:
+    def __init__(
+        self,
+        hasher: Hash,
+        tweak_hi: int,
+        tables: bytes | memoryview,
+        workspace: dict[str, Blocks] | None = None,
+    ) -> None:
+        self.workspace = workspace if workspace is not None else {}
         self.hasher = hasher
         self.tweak_hi = np.uint64(tweak_hi)
         self.and_gates = 0
@@ -294,9 +324,9 @@ class EvalBackend(_Common):
         tg, te = tab[:n], tab[n:]
         # W_G = H(A) ⊕ s_a·T_G,  W_E = H(B) ⊕ s_b·(T_E ⊕ A),  C = W_G ⊕ W_E.
         np.bitwise_xor(te, a, out=x[:n])
-        np.bitwise_and(_mask(lsb(b)), x[:n], out=x[:n])
+        np.bitwise_and(_lsb_mask(b), x[:n], out=x[:n])
         np.bitwise_xor(hb, x[:n], out=hb)
-        np.bitwise_and(_mask(lsb(a)), tg, out=x[n:])
+        np.bitwise_and(_lsb_mask(a), tg, out=x[n:])
         np.bitwise_xor(ha, x[n:], out=ha)
         c = np.empty((n, 2), dtype=np.uint64)
         np.bitwise_xor(ha, hb, out=c)
@@ -310,7 +340,7 @@ class EvalBackend(_Common):
         )
         t = self._take(n)
         self.and_gates += n
-        return self._log(h ^ (_mask(lsb(b)) & t))
+        return self._log(h ^ (_lsb_mask(b) & t))
 
     def decode(self, a: Blocks, decoding: Bits) -> Bits:
         return (lsb(a).astype(np.uint8)) ^ decoding

@@ -79,6 +79,7 @@ class _Party:
         self._tag = int.from_bytes(hashlib.sha256(b"svtagg-gc" + self.session_id).digest()[:3])
         self._chunk = 0
         self.hasher = TweakableHash()
+        self._workspace: dict[str, Blocks] = {}  # scratch reused across chunks
         self.last_stats = RunStats()
         self._ready = False
 
@@ -148,7 +149,12 @@ class ComparisonGarbler(_Party):
         self._source = source
         # 125 ciphertexts per comparison plus < 6 per lane for the chunk logic.
         be = GarbleBackend(
-            self.delta, self.hasher, tweak_hi, 131 * lanes + 64, getattr(self, "_tables", None)
+            self.delta,
+            self.hasher,
+            tweak_hi,
+            131 * lanes + 64,
+            getattr(self, "_tables", None),
+            self._workspace,
         )
         self._tables = be.buffer
         be.tweak_log = self.tweak_log
@@ -231,7 +237,7 @@ class ComparisonEvaluator(_Party):
             return labels.reshape(RING_BITS, hi - lo, 2)
 
         self._source = source
-        be = EvalBackend(self.hasher, tweak_hi, tables)
+        be = EvalBackend(self.hasher, tweak_hi, tables, self._workspace)
         be.label_log = self.label_log
         return be
 
