@@ -19,10 +19,10 @@ from svtagg.servers.tls import Identity, write_deployment
 
 
 def server_command(role: str, db: Path, certs: Path, port_file: Path,
-                   helper: str | None = None) -> list[str]:
+                   helper: str | None = None, port: int = 0) -> list[str]:
     cmd = [
         sys.executable, "-m", "svtagg.analyst.cli", "server", "--role", role, "--db", str(db),
-        "--certs", str(certs), "--listen", "127.0.0.1:0", "--port-file", str(port_file),
+        "--certs", str(certs), "--listen", f"127.0.0.1:{port}", "--port-file", str(port_file),
     ]
     if helper:
         cmd += ["--helper", helper]
@@ -82,7 +82,9 @@ class LocalDeployment:
         helper = self.address("helper") if role == "leader" else None
         log = open(self.root / f"{role}.log", "ab")  # noqa: SIM115 - owned by the process
         self.procs[role] = subprocess.Popen(
-            server_command(role, self.root / f"{role}.sqlite", self.certs, port_file, helper),
+            # A restarted server keeps its port, so its peer can reconnect.
+            server_command(role, self.root / f"{role}.sqlite", self.certs, port_file, helper,
+                           self.ports.get(role, 0)),
             stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
         deadline = time.monotonic() + timeout

@@ -147,10 +147,15 @@ class SessionPool:
 
     async def acquire(self) -> LeaderSession:
         async with self._cond:
-            while not self._idle and self._count >= self.size:
+            while True:
+                while self._idle:
+                    session = self._idle.pop()
+                    if not session.call.done():
+                        return session
+                    self._count -= 1  # the helper restarted or dropped it: open anew
+                if self._count < self.size:
+                    break
                 await self._cond.wait()
-            if self._idle:
-                return self._idle.pop()
             self._count += 1
         try:
             return await LeaderSession.open(self.peer, self.factory)

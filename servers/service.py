@@ -414,6 +414,7 @@ class PeerService(pb_grpc.PeerServicer):
     def __init__(self, core: ServerCore, party: PartyFactory) -> None:
         self.core = core
         self.party = party
+        self.stopping = asyncio.Event()
 
     @rpc("leader")
     async def CreateTask(self, request: pb.TaskSpec, context: Any) -> pb.TaskInfo:
@@ -462,8 +463,8 @@ class PeerService(pb_grpc.PeerServicer):
         party = self.party("helper", channel, first.open.session_id)
         await party.setup()
         while True:
-            frame = await context.read()
-            if frame is grpc.aio.EOF:
+            frame = await self._next_frame(context)
+            if frame is grpc.aio.EOF or frame is None:
                 return
             if frame.WhichOneof("body") != "header":
                 raise InvalidArgument("expected a chunk header")
@@ -477,6 +478,18 @@ class PeerService(pb_grpc.PeerServicer):
             await context.write(pb.PeerFrame(status=pb.PeerStatus(ok=True)))
             await self._run(party, stream, task, chunk, frame.header.compare)
             await context.write(pb.PeerFrame(status=pb.PeerStatus(ok=True)))
+
+    async def _next_frame(self, context: Any) -> Any:
+        """The next frame, or None once shutdown begins while the session is idle
+        (so a stopping helper ends its sessions at once instead of after the grace)."""
+        read = asyncio.ensure_future(context.read())
+        stop = asyncio.ensure_future(self.stopping.wait())
+        done, _ = await asyncio.wait({read, stop}, return_when=asyncio.FIRST_COMPLETED)
+        stop.cancel()
+        if read in done:
+            return read.result()
+        read.cancel()
+        return None
 
     def _accept(self, h: pb.ChunkHeader) -> tuple[StreamState, TaskState, Chunk]:
         stream, task = self.core.stream_and_task(h.stream_id)
@@ -559,6 +572,7 @@ class SvtaggServer:
         self.health = HealthService()
         self.peer: PeerClient | None = None
         self.analyst: AnalystService | None = None
+        self.peer_service: PeerService | None = None
         self.server = grpc.aio.server(options=SERVER_OPTIONS)
         pb_grpc.add_IngestServicer_to_server(IngestService(self.core), self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
@@ -568,7 +582,8 @@ class SvtaggServer:
             self.analyst = AnalystService(self.core, self.peer, party)
             pb_grpc.add_AnalystServicer_to_server(self.analyst, self.server)
         else:
-            pb_grpc.add_PeerServicer_to_server(PeerService(self.core, party), self.server)
+            self.peer_service = PeerService(self.core, party)
+            pb_grpc.add_PeerServicer_to_server(self.peer_service, self.server)
         ident = config.identity
         creds = grpc.ssl_server_credentials(
             [(ident.key, ident.cert)], root_certificates=ident.ca, require_client_auth=True
@@ -595,6 +610,8 @@ class SvtaggServer:
     async def stop(self, grace: float = 5.0) -> None:
         """Graceful shutdown: report NOT_SERVING, let calls finish, close the store."""
         self.health.set_serving(False)
+        if self.peer_service is not None:
+            self.peer_service.stopping.set()
         warm = getattr(self, "_warm", None)
         if warm is not None and not warm.done():
             warm.cancel()

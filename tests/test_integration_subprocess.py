@@ -48,7 +48,14 @@ def test_processes_end_to_end_with_restart(tmp_path: Path):
         result = json.loads(out)
         assert result["selected"] == [7, 11]
         assert result["epsilon_spent"] == "2" and result["queries"] > 0
+        # The helper alone restarts: the leader drops its dead sessions and goes on.
+        assert dep.stop_role("helper") == 0
+        dep.start_role("helper")
+        rc, out = _cli("analyst", "run", *leader, "--algorithm", "sum", "--index", "11",
+                       "--epsilon", "1/2")
+        assert rc == 0, out
+        assert abs(json.loads(out)["estimate"] - 1000) < 600  # Cor 6.8 at ε = 1/2: coarse
         rc, out = _cli("analyst", "describe", *leader)
-        assert "leader ledger: ε 2/3" in out and "helper ledger: ε 2/3" in out, out
+        assert "leader ledger: ε 5/2/3" in out and "helper ledger: ε 5/2/3" in out, out
     finally:
         dep.stop()
