@@ -9,9 +9,11 @@ The garbler's inputs need no labels (they enter the circuit as free XORs with
 constants it knows), so they never leave it.  Base OTs run once, in `setup`.
 
 Sessions: a `session_id` must be fresh for every garbler/evaluator pair (the
-servers use their stream id).  Δ is drawn anew in each `setup`; tweaks are
-(gate counter, session tag ‖ chunk counter), unique for every gate of every
-chunk of the session, as the tweakable hash requires.
+servers use their stream id).  Δ is drawn anew in each `setup`; the tweak of
+half h of the AND gate in lane k of layer L is (L·2^32 + 2k + h, 24-bit session
+tag ‖ 40-bit chunk counter), unique for every gate of every chunk of the
+session, as the tweakable hash requires (see `garble.py`).  Both parties must
+call the chunk methods in the same order with the same K.
 """
 
 from __future__ import annotations
@@ -50,8 +52,13 @@ class RunStats:
     and_gates: int = 0
     bytes_sent: int = 0
     bytes_received: int = 0
-    messages: int = 0  # messages in both directions
+    #: Messages in both directions; each is one flight, so 3 = 1.5 round trips.
+    messages: int = 0
     seconds: float = 0.0
+
+    @property
+    def round_trips(self) -> float:
+        return self.messages / 2
 
 
 def _as_ring(z: npt.ArrayLike) -> U64:
@@ -63,11 +70,6 @@ def _as_ring(z: npt.ArrayLike) -> U64:
     if arr.dtype == np.int64:
         return np.ascontiguousarray(arr).view(np.uint64)
     raise TypeError(f"expected uint64 ring elements, got {arr.dtype}")
-
-
-def _pack_choices(b: U64) -> npt.NDArray[np.uint8]:
-    """Evaluator input bits in OT order j = bit·n + lane (bit-plane major)."""
-    return np.packbits(bit_planes(b).reshape(-1), bitorder="little")
 
 
 class _Party:
@@ -113,6 +115,8 @@ class _Party:
 
 
 def _decode_index(msg: bytes, k: int) -> int | None:
+    if len(msg) != 8:
+        raise ValueError("malformed result message")
     v = int.from_bytes(msg, "little", signed=True)
     if not -1 <= v < k:
         raise ValueError("peer returned an impossible index")
