@@ -89,17 +89,24 @@ def _status_for(exc: BaseException) -> grpc.StatusCode | None:
     return None
 
 
+#: Stands for "no client certificate", possible only on the optional
+#: server-only-TLS ingest port (the main port's handshake demands a certificate).
+ANONYMOUS = ""
+
+
 def rpc(*roles: str) -> Callable[[F], F]:
-    """Allow only callers whose certificate has one of `roles`; map refusals to statuses."""
+    """Allow only callers whose certificate has one of `roles` (ANONYMOUS: none at
+    all); map refusals to statuses."""
 
     def wrap(method: F) -> F:
         @functools.wraps(method)
         async def handler(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
-            caller = peer_role(context)
+            caller = peer_role(context) or ANONYMOUS
             if caller not in roles:
                 await context.abort(
                     grpc.StatusCode.UNAUTHENTICATED,
-                    f"{method.__name__} needs a certificate of role {' or '.join(roles)}; "
+                    f"{method.__name__} needs a certificate of role "
+                    f"{' or '.join(r or 'none' for r in roles)}; "
                     f"caller presented {caller or 'none'}",
                 )
             try:
@@ -168,7 +175,7 @@ class IngestService(pb_grpc.IngestServicer):
     def __init__(self, core: ServerCore) -> None:
         self.core = core
 
-    @rpc("client")
+    @rpc("client", ANONYMOUS)
     async def Upload(self, request: pb.UploadBatch, context: Any) -> pb.UploadResult:
         field = "explicit_share" if self.core.role == "leader" else "seed"
         reports = []
@@ -179,7 +186,7 @@ class IngestService(pb_grpc.IngestServicer):
         n = self.core.upload(request.task_id, reports)
         return pb.UploadResult(accepted=len(reports), n=n)
 
-    @rpc("client", "analyst", "leader")
+    @rpc("client", "analyst", "leader", ANONYMOUS)
     async def GetTask(self, request: pb.TaskRef, context: Any) -> pb.TaskInfo:
         return task_info(self.core.store.task(request.task_id))
 

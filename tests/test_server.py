@@ -247,3 +247,44 @@ def test_mid_chunk_stream_fails_closed_on_restart(tmp_path: Path):
     assert again.task("t").budget.epsilon_spent == Fraction(3, 4)  # never refunded
     with pytest.raises(Exception, match="failed"):
         again.begin_chunk("s")
+
+
+async def test_ingest_port_without_client_certificates(certs: Path, tmp_path: Path):
+    """--ingest-listen: server-only TLS for clients with no certificate; there
+    only Ingest answers, every other service refuses (UNAUTHENTICATED)."""
+    from svtagg.client.upload import Uploader
+    from svtagg.servers.service import ServerConfig, SvtaggServer
+
+    ident = {r: Identity.load(certs, r) for r in ("leader", "helper")}
+    helper = SvtaggServer(ServerConfig("helper", str(tmp_path / "h.sqlite"), ident["helper"],
+                                       ingest_listen="127.0.0.1:0"))
+    await helper.start()
+    leader = SvtaggServer(ServerConfig("leader", str(tmp_path / "l.sqlite"), ident["leader"],
+                                       helper_address=f"127.0.0.1:{helper.port}",
+                                       ingest_listen="127.0.0.1:0"))
+    await leader.start()
+    ca = ident["leader"].ca
+
+    def run() -> tuple[int, grpc.StatusCode, grpc.StatusCode]:
+        dep = Deployment(certs, tmp_path, leader_port=leader.port)
+        make_task(dep.analyst_stub(), "t", d=2)
+        with Uploader(f"localhost:{leader.ingest_port}", f"localhost:{helper.ingest_port}",
+                      ca) as up:
+            n = up.upload("t", np.ones((5, 2))).n_leader
+        anon = grpc.secure_channel(f"localhost:{leader.ingest_port}",
+                                   grpc.ssl_channel_credentials(ca))
+        analyst = code_of(lambda: pb_grpc.AnalystStub(anon).DescribeTask(
+            pb.TaskRef(task_id="t"), timeout=5))
+        anon_h = grpc.secure_channel(f"localhost:{helper.ingest_port}",
+                                     grpc.ssl_channel_credentials(ca))
+        peer = code_of(lambda: pb_grpc.PeerStub(anon_h).Budget(pb.TaskRef(task_id="t"),
+                                                               timeout=5))
+        return n, analyst, peer
+
+    try:
+        n, analyst, peer = await off_loop(run)
+    finally:
+        await leader.stop(0.5)
+        await helper.stop(0.5)
+    assert n == 5
+    assert analyst == peer == Code.UNAUTHENTICATED
