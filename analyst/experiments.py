@@ -87,6 +87,7 @@ def summarize(values: list[float]) -> dict[str, float]:
     q25, med, q75 = np.percentile(a, [25, 50, 75])
     return {
         "median": float(med),
+        "mean": float(a.mean()),
         "q25": float(q25),
         "q75": float(q75),
         "min": float(a.min()),
@@ -103,19 +104,17 @@ def _oracle_seed(rng: np.random.Generator) -> int:
     return int(rng.integers(0, 2**62))
 
 
-#: Width of the band the non-planted means are drawn from, below the planted 1/2.
-PLANTED_SPREAD = 0.1
-
-
 def planted_scores(n: int, d: int, rng: np.random.Generator) -> npt.NDArray[np.int64]:
-    """Exact column sums of planted 0/1 data: one candidate, at a random position
-    (SVT scans answer the *first* YES, so a fixed position would favour them), has
-    mean 1/2; the others have means uniform on [1/2 − 1/10, 1/2), so many
-    candidates compete near the top and the error measures the noise, not a gap.
-    Sums of n Bernoulli(μ_j) are Binomial(n, μ_j): the n × d matrix is never built."""
-    means = rng.uniform(0.5 - PLANTED_SPREAD, 0.5, d)
-    means[rng.integers(d)] = 0.5
-    return rng.binomial(n, means).astype(np.int64)
+    """Column sums of planted 0/1 data: one candidate, at a random position (SVT
+    scans answer the *first* YES, so a fixed position would favour them), has score
+    ⌊n/2⌋; the others ⌊n/2 − d·u_j⌋ (clipped at 0) with u_j uniform on (0, 1].  The
+    density near the top is one candidate per score unit whatever d is, so the
+    error of a method reads directly as the size of its noise.  Any integer vector
+    in [0, n]^d is the column sum of some 0/1 data: the n × d matrix is never built."""
+    top = n // 2
+    scores = np.floor(top - d * (1.0 - rng.random(d)))
+    scores[rng.integers(d)] = top
+    return np.clip(scores, 0, n).astype(np.int64)
 
 
 def _oracle(scores: npt.ArrayLike, n: int, seed: int) -> LocalOracle:
@@ -242,8 +241,9 @@ def figure1(
         "experiment": "figure1",
         "config": {**cfg.__dict__, "reps": reps, "seed": seed},
         "error": "max_j s_j − s_chosen in score units (sums of per-user [0,1] values)",
-        "data": "0/1 data; one candidate at a random position has mean 1/2, the others means "
-        "uniform on [0.4, 0.5)",
+        "data": "column sums of 0/1 data: one candidate at a random position has score ⌊n/2⌋, "
+        "the others ⌊n/2 − d·u⌋ (≥ 0), u uniform on (0, 1]: one candidate per score unit "
+        "near the top",
         "matching": MATCHING,
         "betas": "Alg 8: β = 0.1; Alg 9: β = 1/(2d) (it requires β ≤ 1/d)",
         "methods": {m: label for m, (label, _) in FIG1_METHODS.items()},
@@ -405,12 +405,12 @@ def queries(
 @dataclass
 class ApplicationsConfig:
     epsilon: float = 1.0
-    hh_ns: list[int] = field(default_factory=lambda: [10_000, 30_000, 100_000])
+    hh_ns: list[int] = field(default_factory=lambda: [3000, 10_000, 30_000, 100_000])
     hh_d: int = 1000
-    hh_r: int = 4
+    hh_r: int = 8
     hh_k: int = 10
     sm_ns: list[int] = field(default_factory=lambda: [10_000, 30_000, 100_000])
-    sm_d: int = 200
+    sm_d: int = 1000
     sm_k: int = 4
     mwem_n: int = 1_000_000
     mwem_attributes: int = 8
@@ -421,8 +421,10 @@ class ApplicationsConfig:
 def _zipf_records(
     n: int, d: int, r: int, rng: np.random.Generator, chunk: int = 20_000
 ) -> list[Any]:
-    """r distinct categories per user, drawn ∝ 1/j^1.1 without replacement (Gumbel top-r)."""
-    logp = -1.1 * np.log(np.arange(1, d + 1))
+    """r distinct categories per user, drawn ∝ 1/rank^1.1 without replacement (Gumbel
+    top-r).  Ranks are assigned to categories by a random permutation: SVT scans
+    answer the first YES, so popularity must not follow the scan order."""
+    logp = -1.1 * np.log(np.arange(1, d + 1))[rng.permutation(d)]
     out = []
     for start in range(0, n, chunk):
         m = min(chunk, n - start)
@@ -484,8 +486,8 @@ def applications(
             support = g.choice(cfg.sm_d, cfg.sm_k, replace=False)
             mu[support] = g.choice([-1.0, 1.0], cfg.sm_k) * g.uniform(0.5, 1.0, cfg.sm_k)
             chunks = []
-            for start in range(0, n, 20_000):
-                rows_ = min(20_000, n - start)
+            for start in range(0, n, 5000):
+                rows_ = min(5000, n - start)
                 x = g.normal(mu, 1.0, (rows_, cfg.sm_d))
                 chunks.append(apps.sparse_mean_embedding(x, clip))
             sums = _grid_sums(chunks)

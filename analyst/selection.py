@@ -28,8 +28,11 @@ GBS_RATIO = Fraction(3, 4)
 PAPER_CUTOFF = 2**64
 #: Rounds of Algorithm 9's final GeometricBinarySearch as written (line 15).
 PAPER_FINAL_ROUNDS = 64
-#: Phase cut-off of the tuned variant of Algorithm 9 (see `plan_sampling_and_filtering`).
-TUNED_CUTOFF = 2**6
+#: Phase cut-off of the tuned variant of Algorithm 9: a phase can only help when its
+#: filter threshold ℓ_P + 50·t³·α can fall inside [0, n], i.e. x = n/α > 50·⌈log2 x⌉³,
+#: which first holds at x ≈ 2^19; below that a phase only burns ~ε/t budget and
+#: ~2d queries (measured with a cut-off of 2^6: error up to 6× Algorithm 8's).
+TUNED_CUTOFF = 2**20
 
 #: Thresholds are sent as whole score units (see `_Session._tau`), which moves
 #: each by at most 1/2; the interval bookkeeping widens every α by that much.
@@ -457,10 +460,11 @@ def plan_sampling_and_filtering(
     used.  A phase runs while x ≥ cutoff, with t = ⌈log2 x⌉ and next x = 64·t³.
 
     variant="paper": cut-off 2^64, final search 64 rounds at ε/2 (as written).
-    variant="tuned": cut-off 2^6 (phases do run at practical n), a phase stops the
-    schedule when it would not shrink x (64·t³ ≥ x; the paper's cut-off never
-    reaches that point), the final search uses ⌈log2 x⌉ + 2 rounds — enough to
-    bring the width x·α down to O(α) — and all budget the phases do not plan.
+    variant="tuned": cut-off 2^20 (`TUNED_CUTOFF`: the smallest x at which a
+    phase's filter threshold can be below n), a phase stops the schedule when it
+    would not shrink x (64·t³ ≥ x; the paper's cut-off never reaches that point),
+    the final search uses ⌈log2 x⌉ + 2 rounds — enough to bring the width x·α
+    down to O(α) — and gets all the budget the phases do not plan.
     Both are basic composition of data-independent budgets.
     """
     eps = check_epsilon(epsilon)

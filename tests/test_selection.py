@@ -219,7 +219,14 @@ def test_plan_phases_and_budget() -> None:
         assert ph.max_filter_streams == ph.t**2  # the t² reading of lines 11–12
     assert huge.planned_epsilon <= 1
     tuned = plan_sampling_and_filtering(10**6, 100, 1, 1e-3, acc, variant="tuned")
-    assert len(tuned.phases) == 1 and tuned.planned_epsilon == 1
+    assert tuned.phases == () and tuned.planned_epsilon == 1 == tuned.final_epsilon
+    assert tuned.final_rounds == math.ceil(math.log2(10**6 / tuned.alpha)) + 2
+    big = plan_sampling_and_filtering(10**12, 100, 1, 1e-3, acc, variant="tuned")
+    t1 = math.ceil(math.log2(10**12 / big.alpha))  # line 4 with x = n/α
+    t2 = math.ceil(math.log2(64 * t1**3))  # line 14: x = 64·t³
+    assert 64 * t2**3 < 2**20 <= 64 * t1**3
+    assert [p.t for p in big.phases] == [t1, t2]
+    assert big.planned_epsilon == 1 and 0 < big.final_epsilon < 1
     with pytest.raises(ValueError):
         plan_sampling_and_filtering(10**6, 100, 2, 1e-3, acc)  # ε > 1
     with pytest.raises(ValueError):
@@ -236,12 +243,29 @@ def test_sampling_and_filtering_accounting(variant: str) -> None:
     assert res.spend.epsilon <= plan.planned_epsilon
     assert oracle.budget().epsilon_spent == res.spend.epsilon
     assert res.spend.queries <= plan.max_queries()
-    if not plan.phases:
-        assert res.spend.epsilon == plan.planned_epsilon  # no data-dependent streams
-    else:
-        assert variant == "tuned"
-    scores = oracle.true_scores()
-    assert certificate_holds(res, scores)
+    assert not plan.phases  # at practical n both variants are the final search alone
+    assert res.spend.epsilon == plan.planned_epsilon  # no data-dependent streams
+    assert certificate_holds(res, oracle.true_scores())
+
+
+def test_sampling_and_filtering_phases_run() -> None:
+    # n = 10^9 (exact grid sums, no data matrix) puts n/α above the tuned cut-off,
+    # so the phases (lines 4–14, the t² filtering) run against a real oracle.
+    n, d, beta = 10**9, 60, 1 / 120
+    oracle = planted_oracle(n, d, 12)
+    plan = plan_for(oracle, 1, beta, variant="tuned")
+    assert len(plan.phases) >= 1
+    res = sampling_and_filtering(oracle, 1, beta, variant="tuned", rng=4)
+    ph = plan.phases[0]
+    assert res.spend.epsilon <= plan.planned_epsilon == 1
+    assert oracle.budget().epsilon_spent == res.spend.epsilon
+    # every stream is ε' of some phase or one of the final search's ε_t
+    assert res.spend.streams <= sum(p.max_filter_streams + 2 * p.t for p in plan.phases) + (
+        plan.final_rounds
+    )
+    assert res.spend.queries <= plan.max_queries()
+    assert ph.t**2 == ph.max_filter_streams
+    assert certificate_holds(res, oracle.true_scores())
 
 
 def _alg9_failures(variant: str, runs: int, n: int, d: int) -> int:
