@@ -288,3 +288,27 @@ async def test_ingest_port_without_client_certificates(certs: Path, tmp_path: Pa
         await helper.stop(0.5)
     assert n == 5
     assert analyst == peer == Code.UNAUTHENTICATED
+
+
+def test_certs_command(tmp_path: Path):
+    from svtagg.analyst.cli import main
+    from svtagg.servers.tls import ROLES, role_of_pem
+
+    assert main(["certs", "--out", str(tmp_path), "--hosts", "localhost,10.0.0.7"]) == 0
+    assert (tmp_path / "ca.key").stat().st_mode & 0o077 == 0
+    for role in ROLES:
+        assert role_of_pem((tmp_path / f"{role}.pem").read_bytes()) == role
+        assert (tmp_path / f"{role}.key").stat().st_mode & 0o077 == 0
+
+
+async def test_queries_wait_for_min_batch(deployment: Deployment):
+    def run() -> grpc.StatusCode:
+        stub = deployment.analyst_stub()
+        make_task(stub, "t", d=2, min_batch=10)
+        with deployment.uploader() as up:
+            up.upload("t", np.ones((5, 2)))
+        stub.CloseCollection(pb.TaskRef(task_id="t"), timeout=5)
+        return code_of(lambda: stub.OpenStream(pb.OpenStreamRequest(
+            task_id="t", kind=pb.LAP24, epsilon="1"), timeout=5))
+
+    assert await off_loop(run) == Code.FAILED_PRECONDITION
