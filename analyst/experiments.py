@@ -414,7 +414,7 @@ class ApplicationsConfig:
     sm_k: int = 4
     mwem_n: int = 1_000_000
     mwem_attributes: int = 8
-    mwem_ts: list[int] = field(default_factory=lambda: [2, 4, 8, 16])
+    mwem_ts: list[int] = field(default_factory=lambda: [2, 4, 8, 16, 32, 64])
     mwem_delta: float = 1e-6
 
 
@@ -649,6 +649,7 @@ def run(args: argparse.Namespace) -> int:
                     x = "T" if key == "mwem" else "n"
                     xs = ", ".join(f"{x}={r[x]}: {r['median']:.3g}" for r in rows)
                     print(f"{key:>11} {m:>9}: {xs}")
+            print(f"{'mwem':>11} {'uniform':>9}: {res['mwem_uniform_error_over_n']:.3g}")
         print(f"wrote {out / (w + '.json')} and {out / (w + '.png')}")
     return 0
 
