@@ -70,20 +70,24 @@ class BudgetStatus(_message.Message):
     def __init__(self, epsilon_total: _Optional[str] = ..., delta_total: _Optional[str] = ..., epsilon_spent: _Optional[str] = ..., delta_spent: _Optional[str] = ...) -> None: ...
 
 class TaskInfo(_message.Message):
-    __slots__ = ("spec", "n", "collection_open", "budget", "helper_budget", "streams")
+    __slots__ = ("spec", "n", "collection_open", "budget", "helper_budget", "streams", "agreed", "dropped_reports")
     SPEC_FIELD_NUMBER: _ClassVar[int]
     N_FIELD_NUMBER: _ClassVar[int]
     COLLECTION_OPEN_FIELD_NUMBER: _ClassVar[int]
     BUDGET_FIELD_NUMBER: _ClassVar[int]
     HELPER_BUDGET_FIELD_NUMBER: _ClassVar[int]
     STREAMS_FIELD_NUMBER: _ClassVar[int]
+    AGREED_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_REPORTS_FIELD_NUMBER: _ClassVar[int]
     spec: TaskSpec
     n: int
     collection_open: bool
     budget: BudgetStatus
     helper_budget: BudgetStatus
     streams: int
-    def __init__(self, spec: _Optional[_Union[TaskSpec, _Mapping]] = ..., n: _Optional[int] = ..., collection_open: _Optional[bool] = ..., budget: _Optional[_Union[BudgetStatus, _Mapping]] = ..., helper_budget: _Optional[_Union[BudgetStatus, _Mapping]] = ..., streams: _Optional[int] = ...) -> None: ...
+    agreed: bool
+    dropped_reports: int
+    def __init__(self, spec: _Optional[_Union[TaskSpec, _Mapping]] = ..., n: _Optional[int] = ..., collection_open: _Optional[bool] = ..., budget: _Optional[_Union[BudgetStatus, _Mapping]] = ..., helper_budget: _Optional[_Union[BudgetStatus, _Mapping]] = ..., streams: _Optional[int] = ..., agreed: _Optional[bool] = ..., dropped_reports: _Optional[int] = ...) -> None: ...
 
 class TaskList(_message.Message):
     __slots__ = ("tasks",)
@@ -204,12 +208,22 @@ class CompareResponse(_message.Message):
     def __init__(self, outcomes: _Optional[_Iterable[_Union[Outcome, str]]] = ..., closed: _Optional[bool] = ..., peer_bytes: _Optional[int] = ...) -> None: ...
 
 class CollectionDigest(_message.Message):
-    __slots__ = ("n", "report_digest")
+    __slots__ = ("n", "report_digest", "task_id")
     N_FIELD_NUMBER: _ClassVar[int]
     REPORT_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
     n: int
     report_digest: bytes
-    def __init__(self, n: _Optional[int] = ..., report_digest: _Optional[bytes] = ...) -> None: ...
+    task_id: str
+    def __init__(self, n: _Optional[int] = ..., report_digest: _Optional[bytes] = ..., task_id: _Optional[str] = ...) -> None: ...
+
+class ReportIds(_message.Message):
+    __slots__ = ("task_id", "report_ids")
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    REPORT_IDS_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    report_ids: bytes
+    def __init__(self, task_id: _Optional[str] = ..., report_ids: _Optional[bytes] = ...) -> None: ...
 
 class PrepareStreamRequest(_message.Message):
     __slots__ = ("stream_id", "task_id", "kind", "epsilon", "delta")

@@ -538,6 +538,21 @@ class PeerStub:
                 request_serializer=svtagg_dot_proto_dot_svtagg__pb2.TaskRef.SerializeToString,
                 response_deserializer=svtagg_dot_proto_dot_svtagg__pb2.CollectionDigest.FromString,
                 _registered_method=True)
+        self.ListReports = channel.unary_unary(
+                '/svtagg.v1.Peer/ListReports',
+                request_serializer=svtagg_dot_proto_dot_svtagg__pb2.TaskRef.SerializeToString,
+                response_deserializer=svtagg_dot_proto_dot_svtagg__pb2.ReportIds.FromString,
+                _registered_method=True)
+        self.DropReports = channel.unary_unary(
+                '/svtagg.v1.Peer/DropReports',
+                request_serializer=svtagg_dot_proto_dot_svtagg__pb2.ReportIds.SerializeToString,
+                response_deserializer=svtagg_dot_proto_dot_svtagg__pb2.CollectionDigest.FromString,
+                _registered_method=True)
+        self.MarkAgreed = channel.unary_unary(
+                '/svtagg.v1.Peer/MarkAgreed',
+                request_serializer=svtagg_dot_proto_dot_svtagg__pb2.CollectionDigest.SerializeToString,
+                response_deserializer=svtagg_dot_proto_dot_svtagg__pb2.TaskInfo.FromString,
+                _registered_method=True)
         self.PrepareStream = channel.unary_unary(
                 '/svtagg.v1.Peer/PrepareStream',
                 request_serializer=svtagg_dot_proto_dot_svtagg__pb2.PrepareStreamRequest.SerializeToString,
@@ -576,6 +591,26 @@ class PeerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Digest(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListReports(self, request, context):
+        """Reconciliation after the close: the helper's ids; drop ids the leader lacks;
+        record agreement (both digests equal).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DropReports(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def MarkAgreed(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -622,6 +657,21 @@ def add_PeerServicer_to_server(servicer, server):
                     servicer.Digest,
                     request_deserializer=svtagg_dot_proto_dot_svtagg__pb2.TaskRef.FromString,
                     response_serializer=svtagg_dot_proto_dot_svtagg__pb2.CollectionDigest.SerializeToString,
+            ),
+            'ListReports': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListReports,
+                    request_deserializer=svtagg_dot_proto_dot_svtagg__pb2.TaskRef.FromString,
+                    response_serializer=svtagg_dot_proto_dot_svtagg__pb2.ReportIds.SerializeToString,
+            ),
+            'DropReports': grpc.unary_unary_rpc_method_handler(
+                    servicer.DropReports,
+                    request_deserializer=svtagg_dot_proto_dot_svtagg__pb2.ReportIds.FromString,
+                    response_serializer=svtagg_dot_proto_dot_svtagg__pb2.CollectionDigest.SerializeToString,
+            ),
+            'MarkAgreed': grpc.unary_unary_rpc_method_handler(
+                    servicer.MarkAgreed,
+                    request_deserializer=svtagg_dot_proto_dot_svtagg__pb2.CollectionDigest.FromString,
+                    response_serializer=svtagg_dot_proto_dot_svtagg__pb2.TaskInfo.SerializeToString,
             ),
             'PrepareStream': grpc.unary_unary_rpc_method_handler(
                     servicer.PrepareStream,
@@ -725,6 +775,87 @@ class Peer:
             '/svtagg.v1.Peer/Digest',
             svtagg_dot_proto_dot_svtagg__pb2.TaskRef.SerializeToString,
             svtagg_dot_proto_dot_svtagg__pb2.CollectionDigest.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListReports(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/svtagg.v1.Peer/ListReports',
+            svtagg_dot_proto_dot_svtagg__pb2.TaskRef.SerializeToString,
+            svtagg_dot_proto_dot_svtagg__pb2.ReportIds.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DropReports(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/svtagg.v1.Peer/DropReports',
+            svtagg_dot_proto_dot_svtagg__pb2.ReportIds.SerializeToString,
+            svtagg_dot_proto_dot_svtagg__pb2.CollectionDigest.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def MarkAgreed(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/svtagg.v1.Peer/MarkAgreed',
+            svtagg_dot_proto_dot_svtagg__pb2.CollectionDigest.SerializeToString,
+            svtagg_dot_proto_dot_svtagg__pb2.TaskInfo.FromString,
             options,
             channel_credentials,
             insecure,

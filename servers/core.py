@@ -177,25 +177,35 @@ class ServerCore:
         if len(set(ids)) != len(ids):
             raise InvalidArgument("duplicate report id within one batch")
         d = task.params.d
+        shares = [share for _, share in reports]
         if self.role == "leader":
             width = 8 * d
-            if any(len(share) != width for _, share in reports):
+            if any(len(share) != width for share in shares):
                 raise InvalidArgument(
                     f"explicit shares must be {width} bytes (d={d} little-endian uint64)"
                 )
-            blob = b"".join(share for _, share in reports)
-            total = np.frombuffer(blob, dtype="<u8").reshape(len(reports), d).sum(
+        elif any(len(seed) != SEED_BYTES for seed in shares):
+            raise InvalidArgument(f"helper shares are {SEED_BYTES}-byte seeds")
+        return self.store.add_reports(task_id, ids, shares, self.share_sum(d, shares))
+
+    def share_sum(self, d: int, shares: Sequence[bytes]) -> U64:
+        """Sum of this server's shares: explicit vectors (leader) or expanded seeds (helper)."""
+        if self.role == "leader":
+            blob = b"".join(shares)
+            return np.frombuffer(blob, dtype="<u8").reshape(len(shares), d).sum(
                 axis=0, dtype=np.uint64
             )
-        else:
-            if any(len(seed) != SEED_BYTES for _, seed in reports):
-                raise InvalidArgument(f"helper shares are {SEED_BYTES}-byte seeds")
-            from svtagg.mpc.sharing import expand_seed
+        from svtagg.mpc.sharing import expand_seed
 
-            total = np.zeros(d, dtype=np.uint64)
-            for _, seed in reports:
-                total += expand_seed(seed, d)
-        return self.store.add_reports(task_id, ids, total.astype(np.uint64))
+        total = np.zeros(d, dtype=np.uint64)
+        for seed in shares:
+            total += expand_seed(seed, d)
+        return total
+
+    def remove_reports(self, task_id: str, report_ids: list[bytes]) -> TaskState:
+        """Reconciliation: drop reports the other server never stored."""
+        d = self.store.task(task_id).params.d
+        return self.store.remove_reports(task_id, report_ids, lambda sh: self.share_sum(d, sh))
 
     # ------------------------------------------------------------ streams
     def open_stream(
@@ -217,6 +227,10 @@ class ServerCore:
         except ValueError as exc:
             raise InvalidArgument(str(exc)) from None
         self.require_queryable(task)
+        if not task.agreed:
+            raise FailedPrecondition(
+                f"task {task_id!r}: the servers have not agreed on the reports; close again"
+            )
         if eps < task.params.epsilon_min:
             raise InvalidArgument(
                 f"epsilon={eps} is below the task's epsilon_min={task.params.epsilon_min}"

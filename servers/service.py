@@ -48,7 +48,7 @@ from svtagg.servers.peer import (
     PeerClient,
     SessionPool,
 )
-from svtagg.servers.store import OPEN, Store, StreamState, TaskState
+from svtagg.servers.store import OPEN, REPORT_ID_BYTES, Store, StreamState, TaskState
 from svtagg.servers.tls import Identity, role_of_pem
 
 log = logging.getLogger("svtagg.server")
@@ -146,6 +146,7 @@ def task_info(t: TaskState) -> pb.TaskInfo:
             epsilon_spent=str(t.budget.epsilon_spent), delta_spent=str(t.budget.delta_spent),
         ),
         streams=t.streams,
+        agreed=t.agreed,
     )
 
 
@@ -162,6 +163,13 @@ def spec_params(spec: pb.TaskSpec) -> Any:
         spec.task_id, spec.d, spec.frac_bits, spec.n_max, spec.min_batch,
         spec.epsilon_total, spec.delta_total, spec.epsilon_min,
     )
+
+
+def split_ids(blob: bytes) -> list[bytes]:
+    """Concatenated 16-byte report ids back to a list."""
+    if len(blob) % REPORT_ID_BYTES:
+        raise InvalidArgument(f"report ids must be {REPORT_ID_BYTES} bytes each")
+    return [blob[i : i + REPORT_ID_BYTES] for i in range(0, len(blob), REPORT_ID_BYTES)]
 
 
 def kind_of(value: int) -> StreamKind:
@@ -244,21 +252,43 @@ class AnalystService(pb_grpc.AnalystServicer):
 
     @rpc("analyst")
     async def CloseCollection(self, request: pb.TaskRef, context: Any) -> pb.TaskInfo:
-        """Close on both servers, only if both hold the same set of reports."""
-        task = self.core.store.task(request.task_id)
-        ref = pb.TaskRef(task_id=request.task_id)
-        helper = await self._call(self.peer.stub.Digest, ref)
-        if (helper.n, helper.report_digest) != (task.n, task.digest):
-            raise FailedPrecondition(
-                f"servers disagree on the reports (leader n={task.n}, helper n={helper.n}); "
-                "finish or retry the uploads, then close again"
-            )
-        task = self.core.store.close_collection(request.task_id)
+        """Close on both servers, then reconcile: a report only one server stored
+        (a client that gave up between the two uploads) is taken out on that server,
+        so n and the sums cover exactly the reports both hold.  Idempotent; queries
+        are refused until both servers have recorded the agreement."""
+        task_id = request.task_id
+        task = self.core.store.task(task_id)
+        if task.agreed:
+            return task_info(task)
+        if task.collection_open:
+            task = self.core.store.close_collection(task_id)
+        ref = pb.TaskRef(task_id=task_id)
         helper = await self._call(self.peer.stub.CloseCollection, ref)
+        dropped = 0
         if (helper.n, helper.report_digest) != (task.n, task.digest):
-            # An upload raced the close: neither server may answer queries now.
-            raise FailedPrecondition("an upload raced the close; the servers now disagree")
-        return task_info(task)
+            listed = await self._call(self.peer.stub.ListReports, ref)
+            theirs = set(split_ids(listed.report_ids))
+            mine = set(self.core.store.report_ids(task_id))
+            only_mine, only_theirs = sorted(mine - theirs), sorted(theirs - mine)
+            task = self.core.remove_reports(task_id, only_mine)
+            helper = await self._call(
+                self.peer.stub.DropReports,
+                pb.ReportIds(task_id=task_id, report_ids=b"".join(only_theirs)),
+            )
+            dropped = len(only_mine) + len(only_theirs)
+            log.info("task %s: dropped %d reports only one server had", task_id, dropped)
+            if (helper.n, helper.report_digest) != (task.n, task.digest):
+                raise FailedPrecondition(
+                    f"servers still disagree on the reports (leader n={task.n}, "
+                    f"helper n={helper.n}); try closing again"
+                )
+        await self._call(
+            self.peer.stub.MarkAgreed,
+            pb.CollectionDigest(n=task.n, report_digest=task.digest, task_id=task_id),
+        )
+        info = task_info(self.core.store.mark_agreed(task_id))
+        info.dropped_reports = dropped
+        return info
 
     @rpc("analyst")
     async def OpenStream(self, request: pb.OpenStreamRequest, context: Any) -> pb.StreamInfo:
@@ -440,8 +470,33 @@ class PeerService(pb_grpc.PeerServicer):
 
     @rpc("leader")
     async def CloseCollection(self, request: pb.TaskRef, context: Any) -> pb.CollectionDigest:
-        t = self.core.store.close_collection(request.task_id)
+        t = self.core.store.task(request.task_id)
+        if t.collection_open:
+            t = self.core.store.close_collection(request.task_id)
         return pb.CollectionDigest(n=t.n, report_digest=t.digest)
+
+    @rpc("leader")
+    async def ListReports(self, request: pb.TaskRef, context: Any) -> pb.ReportIds:
+        t = self.core.store.task(request.task_id)
+        if t.collection_open:
+            raise FailedPrecondition("report ids are listed only after the close")
+        ids = self.core.store.report_ids(request.task_id)
+        return pb.ReportIds(task_id=request.task_id, report_ids=b"".join(ids))
+
+    @rpc("leader")
+    async def DropReports(self, request: pb.ReportIds, context: Any) -> pb.CollectionDigest:
+        t = self.core.remove_reports(request.task_id, split_ids(request.report_ids))
+        return pb.CollectionDigest(n=t.n, report_digest=t.digest)
+
+    @rpc("leader")
+    async def MarkAgreed(self, request: pb.CollectionDigest, context: Any) -> pb.TaskInfo:
+        """Record agreement only if this server's report set is the leader's."""
+        t = self.core.store.task(request.task_id)
+        if t.collection_open or (t.n, t.digest) != (request.n, request.report_digest):
+            raise FailedPrecondition(
+                f"helper holds n={t.n} reports with another digest; not agreed"
+            )
+        return task_info(self.core.store.mark_agreed(request.task_id))
 
     @rpc("leader")
     async def Budget(self, request: pb.TaskRef, context: Any) -> pb.TaskInfo:

@@ -14,8 +14,10 @@ Durability rules (WAL, synchronous=FULL, one transaction per step):
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import sqlite3
+from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
@@ -48,10 +50,13 @@ CREATE TABLE IF NOT EXISTS tasks (
     sums BLOB NOT NULL,
     collection_open INTEGER NOT NULL DEFAULT 1,
     epsilon_spent TEXT NOT NULL DEFAULT '0',
-    delta_spent TEXT NOT NULL DEFAULT '0'
+    delta_spent TEXT NOT NULL DEFAULT '0',
+    agreed INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS reports (
     task_id TEXT NOT NULL, report_id BLOB NOT NULL,
+    share_off INTEGER,
+    share_len INTEGER,
     PRIMARY KEY (task_id, report_id)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS streams (
@@ -91,6 +96,8 @@ class TaskState:
     budget: Budget
     digest: bytes
     streams: int
+    #: Both servers hold the same report set (checked when the collection closed).
+    agreed: bool = False
 
 
 @dataclass(frozen=True)
@@ -127,6 +134,7 @@ class Store:
 
     def __init__(self, path: str | Path) -> None:
         self.path = str(path)
+        self._shares_dir = Path(self.path + ".shares")
         self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
@@ -167,7 +175,7 @@ class Store:
         row = self._db.execute(
             "SELECT task_id, d, frac_bits, n_max, min_batch, epsilon_total, delta_total,"
             " epsilon_min, n, collection_open, epsilon_spent, delta_spent, digest,"
-            " (SELECT COUNT(*) FROM streams s WHERE s.task_id = t.task_id)"
+            " (SELECT COUNT(*) FROM streams s WHERE s.task_id = t.task_id), agreed"
             " FROM tasks t WHERE task_id=?",
             (task_id,),
         ).fetchone()
@@ -179,7 +187,9 @@ class Store:
         )
         budget = Budget(params.epsilon_total, params.delta_total, Fraction(row[10]),
                         Fraction(row[11]))
-        return TaskState(params, row[8], bool(row[9]), budget, bytes(row[12]), row[13])
+        return TaskState(
+            params, row[8], bool(row[9]), budget, bytes(row[12]), row[13], bool(row[14])
+        )
 
     def task_ids(self) -> list[str]:
         return [r[0] for r in self._db.execute("SELECT task_id FROM tasks ORDER BY task_id")]
@@ -191,8 +201,28 @@ class Store:
         return np.frombuffer(row[0], dtype=np.uint64).copy()
 
     # ------------------------------------------------------------ uploads
-    def add_reports(self, task_id: str, report_ids: list[bytes], share_sum: U64) -> int:
-        """Store one batch atomically; returns the task's n afterwards."""
+    def _share_file(self, task_id: str) -> Path:
+        return self._shares_dir / f"{task_id}.bin"
+
+    def _append_shares(self, task_id: str, shares: list[bytes]) -> int:
+        """Append shares to the task's share file and fsync; returns the offset.
+        Shares live outside SQLite because they are large and needed only until
+        the collection closes; a crash before the SQLite commit leaves an
+        unreferenced tail, which is harmless."""
+        self._shares_dir.mkdir(exist_ok=True)
+        with open(self._share_file(task_id), "ab") as f:
+            offset = f.tell()
+            f.write(b"".join(shares))
+            f.flush()
+            os.fsync(f.fileno())
+        return offset
+
+    def add_reports(
+        self, task_id: str, report_ids: list[bytes], shares: list[bytes], share_sum: U64
+    ) -> int:
+        """Store one batch atomically; returns the task's n afterwards.  Each report's
+        own share (explicit share or seed) is kept until the servers agree on the
+        report set, so that a report only one server received can be taken out."""
         with self._tx():
             row = self._db.execute(
                 "SELECT n, n_max, collection_open, sums, digest, d FROM tasks WHERE task_id=?",
@@ -209,10 +239,26 @@ class Store:
                 )
             if share_sum.shape != (d,):
                 raise InvalidArgument(f"share sum has length {share_sum.size}, task has d={d}")
+            placeholders = ",".join("?" * len(report_ids))
+            seen = self._db.execute(
+                f"SELECT COUNT(*) FROM reports WHERE task_id=? AND report_id IN ({placeholders})",
+                (task_id, *report_ids),
+            ).fetchone()[0] if len(report_ids) < 30_000 else 0
+            if seen:
+                raise AlreadyExists(
+                    f"{seen} report id(s) of this batch were already uploaded (replay); "
+                    "batch refused"
+                )
+            offset = self._append_shares(task_id, shares)
+            rows = []
+            for rid, sh in zip(report_ids, shares, strict=True):
+                rows.append((task_id, rid, offset, len(sh)))
+                offset += len(sh)
             try:
                 self._db.executemany(
-                    "INSERT INTO reports (task_id, report_id) VALUES (?, ?)",
-                    [(task_id, rid) for rid in report_ids],
+                    "INSERT INTO reports (task_id, report_id, share_off, share_len)"
+                    " VALUES (?, ?, ?, ?)",
+                    rows,
                 )
             except sqlite3.IntegrityError:
                 raise AlreadyExists(
@@ -230,6 +276,58 @@ class Store:
         with self._tx():
             self.task(task_id)
             self._db.execute("UPDATE tasks SET collection_open=0 WHERE task_id=?", (task_id,))
+        return self.task(task_id)
+
+    def report_ids(self, task_id: str) -> list[bytes]:
+        return [
+            bytes(r[0])
+            for r in self._db.execute("SELECT report_id FROM reports WHERE task_id=?", (task_id,))
+        ]
+
+    def remove_reports(
+        self, task_id: str, report_ids: list[bytes], share_sum: Callable[[list[bytes]], U64]
+    ) -> TaskState:
+        """Take reports out of a closed collection (atomically): their ids, their
+        shares' sum (`share_sum` of their stored shares), n and the digest."""
+        with self._tx():
+            task = self.task(task_id)
+            if task.collection_open:
+                raise FailedPrecondition("reports are reconciled only after the close")
+            if task.agreed:
+                raise FailedPrecondition("the report set is already agreed; nothing to remove")
+            shares: list[bytes] = []
+            present: list[bytes] = []
+            if not report_ids:
+                return task
+            with open(self._share_file(task_id), "rb") as f:
+                for rid in report_ids:
+                    row = self._db.execute(
+                        "SELECT share_off, share_len FROM reports WHERE task_id=? AND report_id=?",
+                        (task_id, rid),
+                    ).fetchone()
+                    if row is not None:
+                        present.append(rid)
+                        f.seek(row[0])
+                        shares.append(f.read(row[1]))
+            if present:
+                sums = self.sums(task_id) - share_sum(shares)
+                self._db.executemany(
+                    "DELETE FROM reports WHERE task_id=? AND report_id=?",
+                    [(task_id, rid) for rid in present],
+                )
+                self._db.execute(
+                    "UPDATE tasks SET n=n-?, sums=?, digest=? WHERE task_id=?",
+                    (len(present), sums.tobytes(), _xor(task.digest, report_digest(present)),
+                     task_id),
+                )
+        return self.task(task_id)
+
+    def mark_agreed(self, task_id: str) -> TaskState:
+        """Record that both servers hold the same reports; per-report shares are
+        no longer needed and are dropped."""
+        with self._tx():
+            self._db.execute("UPDATE tasks SET agreed=1 WHERE task_id=?", (task_id,))
+        self._share_file(task_id).unlink(missing_ok=True)
         return self.task(task_id)
 
     # ------------------------------------------------------------ streams

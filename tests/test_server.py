@@ -164,16 +164,37 @@ async def test_upload_refusals_and_replays(deployment: Deployment):
     assert set(out.values()) == {Code.INVALID_ARGUMENT}, out
 
 
-async def test_close_refused_when_servers_disagree(deployment: Deployment):
-    def run() -> tuple[grpc.StatusCode, int]:
-        stub = deployment.analyst_stub()
-        make_task(stub, "t", d=2)
-        ingest(deployment).Upload(make_batch("t", np.ones((3, 2)), 16).leader, timeout=5)
-        code = code_of(lambda: stub.CloseCollection(pb.TaskRef(task_id="t"), timeout=5))
-        return code, stub.DescribeTask(pb.TaskRef(task_id="t"), timeout=5).collection_open
+async def test_close_reconciles_reports_only_one_server_has(deployment: Deployment):
+    """Clients that gave up between the two uploads: the close takes such reports
+    out on the one server that has them; n and S_L + S_H then cover exactly the
+    reports both servers stored."""
+    dep = deployment
 
-    code, still_open = await off_loop(run)
-    assert code == Code.FAILED_PRECONDITION and still_open
+    def run() -> tuple[Any, grpc.StatusCode, Any]:
+        stub = dep.analyst_stub()
+        make_task(stub, "t", d=2)
+        lead, helper = ingest(dep), ingest(dep, "helper")
+        both = make_batch("t", np.array([[1.0, 0.25]] * 4), 16)
+        lead_only = make_batch("t", np.ones((3, 2)), 16)
+        helper_only = make_batch("t", np.ones((2, 2)), 16)
+        lead.Upload(both.leader, timeout=5)
+        helper.Upload(both.helper, timeout=5)
+        lead.Upload(lead_only.leader, timeout=5)
+        helper.Upload(helper_only.helper, timeout=5)
+        before = code_of(lambda: stub.OpenStream(pb.OpenStreamRequest(
+            task_id="t", kind=pb.LAP24, epsilon="1"), timeout=5))
+        info = stub.CloseCollection(pb.TaskRef(task_id="t"), timeout=10)
+        again = stub.CloseCollection(pb.TaskRef(task_id="t"), timeout=10)
+        return info, before, again
+
+    info, before, again = await off_loop(run)
+    assert before == Code.FAILED_PRECONDITION
+    assert (info.n, info.dropped_reports, info.agreed) == (4, 5, True)
+    assert (again.n, again.agreed) == (4, True)
+    assert dep.leader is not None and dep.helper is not None
+    total = dep.leader.store.sums("t") + dep.helper.store.sums("t")
+    assert total.tolist() == [4 * 2**16, 2**16]
+    assert dep.helper.store.task("t").agreed
 
 
 async def test_stream_and_chunk_refusals(deployment: Deployment):
@@ -236,6 +257,7 @@ def test_mid_chunk_stream_fails_closed_on_restart(tmp_path: Path):
     store = Store(tmp_path / "s.sqlite")
     store.create_task(TaskParams("t", 2, 16, 100, 1, Fraction(1), Fraction(0), Fraction(1, 10)))
     store.close_collection("t")
+    store.mark_agreed("t")
     store.open_stream("s", "t", StreamKind.LAP24, Fraction(1, 2), Fraction(0), Fraction(0))
     store.set_threshold_noise("s", 5)
     store.open_stream("o", "t", StreamKind.LAP24, Fraction(1, 4), Fraction(0), Fraction(0))
