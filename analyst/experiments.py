@@ -282,14 +282,17 @@ def _plot_figure1(out: Path, result: dict[str, Any]) -> Path:
         for m, rows in result[key].items():
             xs = [row[xkey] for row in rows]
             _band(ax, xs, rows, result["methods"][m])
-        if key == "vs_d":
+        if key == "vs_d" and len(result[key]["em"]) > 1:
+            # reference shapes anchored at the second point (the first, d = 10, is
+            # capped: with one candidate per unit, no error can exceed d)
             xs = [row["d"] for row in result[key]["em"]]
-            em0 = result[key]["em"][0]["median"] or 1.0
-            g0 = result[key]["gaussian"][0]["median"] or 1.0
-            ax.plot(xs, [em0 * math.log(x) / math.log(xs[0]) for x in xs], "k:", label="∝ log d")
-            ax.plot(xs, [g0 * math.sqrt(x / xs[0]) for x in xs], "k--", label="∝ √d")
+            a8 = result[key]["alg8"][1]["median"] or 1.0
+            g1 = result[key]["gaussian"][1]["median"] or 1.0
+            ax.plot(xs, [a8 * math.log(x) / math.log(xs[1]) for x in xs], "k:", label="∝ log d")
+            ax.plot(xs, [g1 * math.sqrt(x / xs[1]) for x in xs], "k--", label="∝ √d")
         ax.set_xscale("log")
         ax.set_yscale("symlog", linthresh=1.0)
+        ax.set_ylim(bottom=0)
         ax.set_xlabel(xkey)
         ax.set_ylabel("selection error (score units)")
         fixed = result["config"]["n_for_d"] if key == "vs_d" else result["config"]["d_for_n"]
