@@ -31,6 +31,7 @@ from svtagg.analyst.noise import RandomSource, draw_query_noise, draw_threshold_
 from svtagg.analyst.oracle import MAX_CHUNK
 from svtagg.mpc.ring import MAX_FRAC_BITS, U64, sensitivity
 from svtagg.servers.errors import FailedPrecondition, InvalidArgument
+from svtagg.servers.faults import crash_point
 from svtagg.servers.store import (
     REPORT_ID_BYTES,
     TASK_ID_RE,
@@ -186,7 +187,9 @@ class ServerCore:
                 )
         elif any(len(seed) != SEED_BYTES for seed in shares):
             raise InvalidArgument(f"helper shares are {SEED_BYTES}-byte seeds")
-        return self.store.add_reports(task_id, ids, shares, self.share_sum(d, shares))
+        n = self.store.add_reports(task_id, ids, shares, self.share_sum(d, shares))
+        crash_point("upload.after_store")
+        return n
 
     def share_sum(self, d: int, shares: Sequence[bytes]) -> U64:
         """Sum of this server's shares: explicit vectors (leader) or expanded seeds (helper)."""
@@ -236,6 +239,7 @@ class ServerCore:
                 f"epsilon={eps} is below the task's epsilon_min={task.params.epsilon_min}"
             )
         self.store.open_stream(stream_id, task_id, kind, eps, dl, charge_delta)
+        crash_point("open.after_charge")
         gamma = draw_threshold_noise(kind, eps, task.params.frac_bits, self.rng)
         self.store.set_threshold_noise(stream_id, gamma)
         return self.store.stream(stream_id)

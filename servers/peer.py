@@ -34,7 +34,7 @@ OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
 ]
 #: Deadline of every unary leader → helper call, and of one chunk on a session.
-PEER_DEADLINE = 30.0
+PEER_DEADLINE = 15.0
 CHUNK_DEADLINE = 600.0
 SETUP_DEADLINE = 60.0
 
@@ -95,7 +95,14 @@ class PeerClient:
 
     def __init__(self, address: str, identity: Identity) -> None:
         creds = grpc.ssl_channel_credentials(identity.ca, identity.key, identity.cert)
-        self.channel = grpc.aio.secure_channel(address, creds, options=OPTIONS)
+        # Reconnect quickly after a helper restart; calls wait for the connection
+        # (wait_for_ready) up to their deadline instead of failing at once.
+        self.channel = grpc.aio.secure_channel(address, creds, options=[
+            *OPTIONS,
+            ("grpc.initial_reconnect_backoff_ms", 100),
+            ("grpc.min_reconnect_backoff_ms", 100),
+            ("grpc.max_reconnect_backoff_ms", 2000),
+        ])
         self.stub = pb_grpc.PeerStub(self.channel)
 
     async def close(self) -> None:
@@ -112,7 +119,7 @@ class LeaderSession:
 
     @classmethod
     async def open(cls, peer: PeerClient, factory: PartyFactory) -> LeaderSession:
-        call = peer.stub.Session()
+        call = peer.stub.Session(wait_for_ready=True)
         sid = os.urandom(16)
         channel = FrameChannel(call.write, call.read)
         try:

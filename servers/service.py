@@ -40,6 +40,7 @@ from svtagg.servers.errors import (
     ResourceExhausted,
     ServerError,
 )
+from svtagg.servers.faults import crash_point
 from svtagg.servers.peer import (
     CHUNK_DEADLINE,
     OPTIONS,
@@ -118,6 +119,9 @@ def rpc(*roles: str) -> Callable[[F], F]:
                 if code is None:
                     log.exception("internal error in %s", method.__name__)
                     await context.abort(grpc.StatusCode.INTERNAL, "internal server error")
+                    raise
+                # Only the method and code: messages may name parameters, never data.
+                log.info("%s refused: %s", method.__name__, code.name)
                 await context.abort(code, str(exc))
 
         return handler  # type: ignore[return-value]
@@ -219,7 +223,7 @@ class AnalystService(pb_grpc.AnalystServicer):
 
     async def _call(self, method: Callable[..., Awaitable[Any]], request: Any) -> Any:
         try:
-            return await method(request, timeout=PEER_DEADLINE)
+            return await method(request, timeout=PEER_DEADLINE, wait_for_ready=True)
         except grpc.aio.AioRpcError as exc:
             raise _peer_error(exc) from None
 
@@ -298,6 +302,7 @@ class AnalystService(pb_grpc.AnalystServicer):
         state = self.core.open_stream(
             stream_id, request.task_id, kind, request.epsilon, request.delta
         )
+        crash_point("open.before_helper")
         try:
             await self._call(
                 self.peer.stub.PrepareStream,
@@ -402,6 +407,7 @@ class AnalystService(pb_grpc.AnalystServicer):
             # runs the circuit before its own mark is durable.
             self.core.store.begin_chunk(sid, stream.chunks + 1)
             marked = True
+            crash_point("chunk.after_mark")
             verdict = await session.status()
             if not verdict.ok:
                 healthy = True  # the protocol never started; the session is intact
@@ -409,6 +415,7 @@ class AnalystService(pb_grpc.AnalystServicer):
             result, answered, close = await asyncio.wait_for(
                 run(session.party, stream), CHUNK_DEADLINE
             )
+            crash_point("chunk.after_result")
             done = await session.status()
             if not done.ok:
                 raise _refusal(done)
@@ -537,6 +544,7 @@ class PeerService(pb_grpc.PeerServicer):
                 await context.write(pb.PeerFrame(
                     status=pb.PeerStatus(ok=False, code=code.value[0], message=str(exc))))
                 continue
+            crash_point("chunk.after_mark")
             await context.write(pb.PeerFrame(status=pb.PeerStatus(ok=True)))
             await self._run(party, stream, task, chunk, frame.header.compare)
             await context.write(pb.PeerFrame(status=pb.PeerStatus(ok=True)))
@@ -575,6 +583,7 @@ class PeerService(pb_grpc.PeerServicer):
         except BaseException:
             self.core.store.fail_stream(stream.stream_id)
             raise
+        crash_point("chunk.after_result")
         self.core.store.end_chunk(stream.stream_id, answered, close)
 
 

@@ -59,3 +59,47 @@ def test_processes_end_to_end_with_restart(tmp_path: Path):
         assert "leader ledger: ε 5/2/3" in out and "helper ledger: ε 5/2/3" in out, out
     finally:
         dep.stop()
+
+
+def test_kill_mid_chunk_fails_the_stream_closed(tmp_path: Path):
+    """The helper dies (as with kill -9) right after its durable in_chunk mark: the
+    analyst gets an error, never a bit, and after restarts the stream never
+    answers again; the ledgers keep the charge."""
+    import os
+
+    import pytest
+
+    from svtagg.analyst.oracle import OracleError, Query, StreamClosed
+    from svtagg.analyst.remote_oracle import RemoteOracle
+
+    dep = LocalDeployment(tmp_path)
+    dep.start()
+    try:
+        rc, out = _cli("analyst", "create-task", "--leader", dep.address("leader"), "--certs",
+                       str(dep.certs), "--task", "k", "--d", "4", "--min-batch", "1")
+        assert rc == 0, out
+        c = Identity.load(dep.certs, "client")
+        with Uploader(dep.address("leader"), dep.address("helper"), c.ca, c.cert, c.key) as up:
+            up.upload("k", np.ones((20, 4)))
+        _cli("analyst", "close", "--leader", dep.address("leader"), "--certs", str(dep.certs),
+             "--task", "k")
+        dep.stop_role("helper")
+        os.environ["SVTAGG_CRASH_AT"] = "chunk.after_mark"
+        try:
+            dep.start_role("helper")
+        finally:
+            del os.environ["SVTAGG_CRASH_AT"]
+        with RemoteOracle.from_certs(dep.address("leader"), "k", dep.certs) as o:
+            s = o.open_stream(1)
+            with pytest.raises(OracleError):
+                s.ask([(Query(0), 1000)])
+            assert dep.procs["helper"].wait(10) == 137
+            dep.procs.pop("helper")
+            dep.start_role("helper")
+            with pytest.raises(StreamClosed):
+                s.ask([(Query(0), 1000)])
+            assert o.open_stream(1).ask([(Query(0), 1000)]) is None  # others still work
+            b = o.budget()
+        assert b.epsilon_spent == 2
+    finally:
+        dep.stop()
