@@ -8,12 +8,12 @@ from fractions import Fraction
 import numpy as np
 import pytest
 from conftest import Deployment, make_task, off_loop
-from svtagg.analyst.kinds import StreamKind
+from svtagg.analyst.kinds import StreamKind, ctt_gap
 from svtagg.analyst.oracle import BudgetExhausted, Outcome, Query, StreamClosed
 from svtagg.proto import svtagg_pb2 as pb
 
 
-def _upload_and_close(dep: Deployment, values: np.ndarray, task_id: str = "t1", **kw: object):
+def _upload_and_close(dep: Deployment, values: np.ndarray, task_id: str = "t1", **kw: object):  # noqa: E501
     stub = dep.analyst_stub()
     make_task(stub, task_id, d=values.shape[1], **kw)  # type: ignore[arg-type]
     with dep.uploader() as up:
@@ -162,3 +162,49 @@ async def test_sparse_mean_runs_unchanged_on_remote_oracle(deployment: Deploymen
     assert np.flatnonzero(mean).tolist() == [3, 11]
     assert mean[3] > 1 and mean[11] < -1
     assert budget.epsilon_left >= 0
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize("kind", ["lap24", "lap3", "exp3", "ctt"])
+async def test_remote_matches_local_every_kind(deployment: Deployment, kind: str):
+    """Heavy: like `test_remote_matches_local_distribution`, for every stream kind
+    (CompareToThresholds: the outcome sequence of a 3-query chunk).  Chi-square
+    two-sample test at level 10^-3 per kind: false-failure probability ≤ 10^-3."""
+    pytest.importorskip("scipy")
+    from scipy.stats import chi2_contingency
+    from svtagg.analyst.local_oracle import LocalOracle
+
+    n, d = 100, 4
+    data = np.zeros((n, d))
+    for j, count in enumerate([40, 50, 55, 60]):
+        data[:count, j] = 1.0
+    await off_loop(_upload_and_close, deployment, data, eps_total="1000000",
+                   delta_total="1/2")
+    trials = 300
+    if kind == "ctt":
+        eps, delta = Fraction(5), Fraction(1, 10000)
+        width = ctt_gap(eps, delta, 2) + 1
+        # Each score sits on one of its thresholds, so every outcome is likely.
+        chunk3 = [(Query(0), 40, 40 + width), (Query(3), 60 - width, 60),
+                  (Query(2), 55, 55 + width)]
+
+        def one(o: object) -> int:
+            out = o.open_stream(eps, "ctt", delta).compare(chunk3)  # type: ignore[attr-defined]
+            return int("".join(str(list(Outcome).index(x)) for x in out), 3) + 27 * len(out)
+    else:
+        chunk = [(Query(j), 60) for j in range(d)]
+
+        def one(o: object) -> int:
+            return _cell(o.open_stream(1, kind).ask(chunk), d)  # type: ignore[attr-defined]
+
+    def remote() -> list[int]:
+        with deployment.oracle("t1") as o:
+            return [one(o) for _ in range(trials)]
+
+    local = LocalOracle(data, 1000000, delta_total="1/2", parties=2, seed=11)
+    loc = [one(local) for _ in range(2 * trials)]
+    rem = await off_loop(remote)
+    cells = sorted(set(rem) | set(loc))
+    table = np.array([[rem.count(c) for c in cells], [loc.count(c) for c in cells]])
+    p = chi2_contingency(table).pvalue if len(cells) > 1 else 1.0
+    assert p > 1e-3, f"{kind}: remote {table[0]} vs local {table[1]}: p={p:.2g}"
