@@ -31,7 +31,7 @@ PAPER_FINAL_ROUNDS = 64
 #: Phase cut-off of the tuned variant of Algorithm 9: a phase can only help when its
 #: filter threshold ℓ_P + 50·t³·α can fall inside [0, n], i.e. x = n/α > 50·⌈log2 x⌉³,
 #: which first holds at x ≈ 2^19; below that a phase only burns ~ε/t budget and
-#: ~2d queries (measured with a cut-off of 2^6: error up to 6× Algorithm 8's).
+#: ~2d queries (measured with a cut-off of 2^6: errors 5–7× Algorithm 8's).
 TUNED_CUTOFF = 2**20
 
 #: Thresholds are sent as whole score units (see `_Session._tau`), which moves
