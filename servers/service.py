@@ -220,6 +220,7 @@ class AnalystService(pb_grpc.AnalystServicer):
         self.peer = peer
         self.pool = SessionPool(peer, party)
         self._busy: set[str] = set()
+        self._close_lock = asyncio.Lock()
 
     async def _call(self, method: Callable[..., Awaitable[Any]], request: Any) -> Any:
         try:
@@ -245,7 +246,12 @@ class AnalystService(pb_grpc.AnalystServicer):
 
     async def _with_helper_budget(self, task: TaskState) -> pb.TaskInfo:
         info = task_info(task)
-        helper = await self._call(self.peer.stub.Budget, pb.TaskRef(task_id=task.params.task_id))
+        try:
+            helper = await self._call(
+                self.peer.stub.Budget, pb.TaskRef(task_id=task.params.task_id)
+            )
+        except PeerUnavailable:
+            return info  # the leader's view still answers while the helper is down
         info.helper_budget.CopyFrom(helper.budget)
         return info
 
@@ -260,7 +266,10 @@ class AnalystService(pb_grpc.AnalystServicer):
         (a client that gave up between the two uploads) is taken out on that server,
         so n and the sums cover exactly the reports both hold.  Idempotent; queries
         are refused until both servers have recorded the agreement."""
-        task_id = request.task_id
+        async with self._close_lock:  # one reconciliation at a time
+            return await self._close(request.task_id)
+
+    async def _close(self, task_id: str) -> pb.TaskInfo:
         task = self.core.store.task(task_id)
         if task.agreed:
             return task_info(task)
@@ -311,7 +320,7 @@ class AnalystService(pb_grpc.AnalystServicer):
                     epsilon=request.epsilon, delta=request.delta,
                 ),
             )
-        except ServerError:
+        except BaseException:
             # The leader's charge stays spent (never refund); the stream never answers.
             self.core.store.fail_stream(stream_id)
             raise
