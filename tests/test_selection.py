@@ -298,3 +298,17 @@ def test_default_candidates_and_errors() -> None:
         geometric_binary_search(oracle, 0, 0.1)
     with pytest.raises(ValueError):
         geometric_binary_search(oracle, 1, 0.1, candidates=Candidates.of([]))
+
+
+def test_two_server_noise_model_uses_its_own_alpha() -> None:
+    # With two servers each term is the sum of two draws; α must come from that model.
+    n, d = 50_000, 20
+    one = planted_oracle(n, d, 21)
+    sums = np.rint(one.true_scores() * GRID).astype(np.int64)
+    two = LocalOracle.from_sums(sums, n, 100, parties=2, seed=21)
+    r1 = geometric_binary_search(one, 1, 0.1)
+    r2 = geometric_binary_search(two, 1, 0.1)
+    assert r2.spend.alphas[-1] > r1.spend.alphas[-1]
+    last = gbs_budgets(Fraction(1), 16)[-1]
+    assert r2.spend.alphas[-1] == two.accuracy("lap24", last, d, 0.1 / 16)
+    assert certificate_holds(r2, two.true_scores())
