@@ -134,5 +134,6 @@ def make_task(
 
 
 @pytest.fixture
-def rng() -> Iterator[np.random.Generator]:
+def svc_rng() -> Iterator[np.random.Generator]:
+    """Seeded data generator for the service tests (named to avoid clashing)."""
     yield np.random.default_rng(20261130)

@@ -22,8 +22,8 @@ def _upload_and_close(dep: Deployment, values: np.ndarray, task_id: str = "t1", 
     return stats, info
 
 
-async def test_upload_close_stream_chunk(deployment: Deployment, rng: np.random.Generator):
-    values = (rng.random((200, 6)) < np.array([0.9, 0.1, 0.1, 0.5, 0.1, 0.05])).astype(float)
+async def test_upload_close_stream_chunk(deployment: Deployment, svc_rng: np.random.Generator):
+    values = (svc_rng.random((200, 6)) < np.array([0.9, 0.1, 0.1, 0.5, 0.1, 0.05])).astype(float)
     stats, info = await off_loop(_upload_and_close, deployment, values, eps_total="20")
     assert (stats.n_leader, stats.n_helper, info.n) == (200, 200, 200)
     assert not info.collection_open
@@ -57,9 +57,9 @@ async def test_upload_close_stream_chunk(deployment: Deployment, rng: np.random.
 
 
 async def test_restart_keeps_tasks_sums_and_ledger(
-    deployment: Deployment, rng: np.random.Generator
+    deployment: Deployment, svc_rng: np.random.Generator
 ):
-    values = rng.random((50, 4))
+    values = svc_rng.random((50, 4))
     values[:, 2] = 1.0
     await off_loop(_upload_and_close, deployment, values)
 
@@ -87,8 +87,8 @@ async def test_restart_keeps_tasks_sums_and_ledger(
     assert budget.epsilon_spent == 7
 
 
-async def test_budget_exhaustion_on_both_servers(deployment: Deployment, rng):
-    await off_loop(_upload_and_close, deployment, rng.random((10, 3)), eps_total="1")
+async def test_budget_exhaustion_on_both_servers(deployment: Deployment, svc_rng):
+    await off_loop(_upload_and_close, deployment, svc_rng.random((10, 3)), eps_total="1")
 
     def run() -> object:
         with deployment.oracle("t1") as o:

@@ -68,7 +68,6 @@ def test_kill_mid_chunk_fails_the_stream_closed(tmp_path: Path):
     import os
 
     import pytest
-
     from svtagg.analyst.oracle import OracleError, Query, StreamClosed
     from svtagg.analyst.remote_oracle import RemoteOracle
 
