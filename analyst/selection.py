@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 
 import numpy as np
-from svtagg.analyst.kinds import StreamKind, as_fraction, check_epsilon
+from svtagg.analyst.kinds import StreamKind, check_epsilon
 from svtagg.analyst.oracle import MAX_CHUNK, Number, Oracle, Query, Stream
 
 #: Ratio γ of consecutive round budgets in Algorithm 8 (the paper's 3/4).
@@ -589,8 +589,3 @@ def sampling_and_filtering(
         session, cands, everyone, lo, hi, j_w, pl.final_rounds, pl.final_epsilon, pl.beta_prime
     )
     return SelectionResult(best, cands.queries[best], lo, hi, session.spend, pl.planned_epsilon)
-
-
-def as_epsilon(value: Number | str) -> Fraction:
-    """Exact ε from user input (re-exported for applications)."""
-    return as_fraction(value, "epsilon")
