@@ -35,6 +35,7 @@ from svtagg.analyst.oracle import (
 from svtagg.mpc.ring import encode_scalar, sensitivity
 from svtagg.proto import svtagg_pb2 as pb
 from svtagg.proto import svtagg_pb2_grpc as pb_grpc
+from svtagg.servers.tls import tls_target
 
 MAX_MESSAGE_BYTES = 64 << 20
 _OPTIONS = [
@@ -166,7 +167,9 @@ class RemoteOracle:
         timeout: float = 600.0,
     ) -> None:
         creds = grpc.ssl_channel_credentials(ca, key, cert)
-        self._channel = grpc.secure_channel(leader, creds, options=_OPTIONS)
+        self._channel = grpc.secure_channel(
+            leader, creds, options=[*_OPTIONS, *tls_target("leader")]
+        )
         self._stub = pb_grpc.AnalystStub(self._channel)
         self.task_id = task_id
         self.timeout = timeout

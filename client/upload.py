@@ -25,6 +25,7 @@ from svtagg.mpc.ring import encode
 from svtagg.mpc.sharing import share
 from svtagg.proto import svtagg_pb2 as pb
 from svtagg.proto import svtagg_pb2_grpc as pb_grpc
+from svtagg.servers.tls import tls_target
 
 MAX_MESSAGE_BYTES = 64 << 20
 OPTIONS = [
@@ -89,7 +90,10 @@ class Uploader:
         backoff: float = 0.2,
     ) -> None:
         creds = grpc.ssl_channel_credentials(ca, key, cert)
-        self._channels = [grpc.secure_channel(a, creds, options=OPTIONS) for a in (leader, helper)]
+        self._channels = [
+            grpc.secure_channel(addr, creds, options=[*OPTIONS, *tls_target(role)])
+            for addr, role in ((leader, "leader"), (helper, "helper"))
+        ]
         self._stubs = [pb_grpc.IngestStub(c) for c in self._channels]
         self.timeout = timeout
         self.retries = retries

@@ -20,7 +20,7 @@ import numpy as np
 import numpy.typing as npt
 from svtagg.proto import svtagg_pb2 as pb
 from svtagg.proto import svtagg_pb2_grpc as pb_grpc
-from svtagg.servers.tls import Identity
+from svtagg.servers.tls import Identity, tls_target
 
 ALGORITHMS = ("top-k", "gbs", "sf", "binary-search", "linear-scan", "sum")
 
@@ -94,7 +94,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 def analyst_stub(leader: str, certs: str | Path) -> Any:
     ident = Identity.load(certs, "analyst")
     creds = grpc.ssl_channel_credentials(ident.ca, ident.key, ident.cert)
-    return pb_grpc.AnalystStub(grpc.secure_channel(leader, creds))
+    return pb_grpc.AnalystStub(grpc.secure_channel(leader, creds, options=tls_target("leader")))
 
 
 def _show(info: pb.TaskInfo) -> str:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import grpc
 from svtagg.proto import health_pb2, health_pb2_grpc
-from svtagg.servers.tls import Identity, write_deployment
+from svtagg.servers.tls import Identity, tls_target, write_deployment
 
 
 def server_command(role: str, db: Path, certs: Path, port_file: Path,
@@ -29,11 +29,11 @@ def server_command(role: str, db: Path, certs: Path, port_file: Path,
     return cmd
 
 
-def wait_serving(address: str, identity: Identity, timeout: float = 30.0) -> None:
-    """Block until the server's health service answers SERVING."""
+def wait_serving(address: str, identity: Identity, role: str, timeout: float = 30.0) -> None:
+    """Block until the `role` server's health service answers SERVING."""
     creds = grpc.ssl_channel_credentials(identity.ca, identity.key, identity.cert)
     deadline = time.monotonic() + timeout
-    with grpc.secure_channel(address, creds) as ch:
+    with grpc.secure_channel(address, creds, options=tls_target(role)) as ch:
         stub = health_pb2_grpc.HealthStub(ch)
         while True:
             try:
@@ -95,7 +95,7 @@ class LocalDeployment:
                 raise TimeoutError(f"{role} did not start within {timeout}s")
             time.sleep(0.05)
         self.ports[role] = int(port_file.read_text())
-        wait_serving(self.address(role), Identity.load(self.certs, "analyst"), timeout)
+        wait_serving(self.address(role), Identity.load(self.certs, "analyst"), role, timeout)
 
     def start(self) -> LocalDeployment:
         self.start_role("helper")

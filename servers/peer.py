@@ -21,7 +21,7 @@ from svtagg.proto import svtagg_pb2 as pb
 from svtagg.proto import svtagg_pb2_grpc as pb_grpc
 from svtagg.servers.core import ComparisonParty, PartyFactory
 from svtagg.servers.errors import PeerUnavailable
-from svtagg.servers.tls import Identity
+from svtagg.servers.tls import Identity, tls_target
 
 log = logging.getLogger("svtagg.peer")
 
@@ -102,6 +102,7 @@ class PeerClient:
             ("grpc.initial_reconnect_backoff_ms", 100),
             ("grpc.min_reconnect_backoff_ms", 100),
             ("grpc.max_reconnect_backoff_ms", 2000),
+            *tls_target("helper"),
         ])
         self.stub = pb_grpc.PeerStub(self.channel)
 

@@ -1,7 +1,8 @@
 """Certificates of a deployment: a local CA and one certificate per role.
 
 Every certificate carries its role in the subject's organizational unit
-(OU = leader | helper | analyst | client).  Servers demand a client
+(OU = leader | helper | analyst | client) and the DNS name `svtagg-<role>`,
+against which callers verify the leader and the helper.  Servers demand a client
 certificate from the deployment CA on every connection (mutual TLS) and then
 check the role per service: the analyst API wants `analyst`, the peer service
 `leader`, ingest `client`.  A certificate of another CA fails the handshake; a
@@ -22,6 +23,18 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 ROLES = ("leader", "helper", "analyst", "client")
+
+
+def server_name(role: str) -> str:
+    """The DNS name only `role`'s certificate carries.  Callers verify the server
+    against it (gRPC's ssl_target_name_override), so a certificate of another
+    role from the same CA cannot impersonate the leader or the helper."""
+    return f"svtagg-{role}"
+
+
+def tls_target(role: str) -> list[tuple[str, str]]:
+    """Channel options that make a TLS channel accept only `role`'s certificate."""
+    return [("grpc.ssl_target_name_override", server_name(role))]
 DEFAULT_HOSTS = ("localhost", "127.0.0.1", "::1")
 _VALIDITY = dt.timedelta(days=365)
 
@@ -112,7 +125,7 @@ def issue(
         .not_valid_before(now - dt.timedelta(minutes=5))
         .not_valid_after(now + _VALIDITY)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(_san(hosts), critical=False)
+        .add_extension(_san((*hosts, server_name(role))), critical=False)
         .add_extension(
             x509.ExtendedKeyUsage(
                 [x509.ExtendedKeyUsageOID.SERVER_AUTH, x509.ExtendedKeyUsageOID.CLIENT_AUTH]

@@ -85,10 +85,12 @@ class Deployment:
     def analyst_stub(self, role: str = "analyst") -> Any:
         import grpc
         from svtagg.proto import svtagg_pb2_grpc as pb_grpc
+        from svtagg.servers.tls import tls_target
 
         ident = self.identity(role)
         creds = grpc.ssl_channel_credentials(ident.ca, ident.key, ident.cert)
-        return pb_grpc.AnalystStub(grpc.secure_channel(self.leader_addr, creds))
+        return pb_grpc.AnalystStub(
+            grpc.secure_channel(self.leader_addr, creds, options=tls_target("leader")))
 
     def oracle(self, task_id: str) -> Any:
         from svtagg.analyst.remote_oracle import RemoteOracle

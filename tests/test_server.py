@@ -19,7 +19,7 @@ from svtagg.proto import health_pb2, health_pb2_grpc
 from svtagg.proto import svtagg_pb2 as pb
 from svtagg.proto import svtagg_pb2_grpc as pb_grpc
 from svtagg.servers.store import FAILED, Store
-from svtagg.servers.tls import Identity, write_deployment
+from svtagg.servers.tls import Identity, tls_target, write_deployment
 
 Code = grpc.StatusCode
 
@@ -32,16 +32,18 @@ def code_of(fn: Callable[[], Any]) -> grpc.StatusCode:
     return Code.OK
 
 
-def channel(addr: str, ident: Identity | None, ca: bytes | None = None) -> grpc.Channel:
+def channel(
+    addr: str, ident: Identity | None, ca: bytes | None = None, server: str = "leader"
+) -> grpc.Channel:
     if ident is None:
         return grpc.insecure_channel(addr)
     creds = grpc.ssl_channel_credentials(ca or ident.ca, ident.key, ident.cert)
-    return grpc.secure_channel(addr, creds)
+    return grpc.secure_channel(addr, creds, options=tls_target(server))
 
 
 def ingest(dep: Deployment, role: str = "leader", as_role: str = "client") -> Any:
     addr = dep.leader_addr if role == "leader" else dep.helper_addr
-    return pb_grpc.IngestStub(channel(addr, dep.identity(as_role)))
+    return pb_grpc.IngestStub(channel(addr, dep.identity(as_role), server=role))
 
 
 def _closed_task(dep: Deployment, n: int = 20, d: int = 4, **kw: Any) -> Any:
@@ -56,6 +58,9 @@ def _closed_task(dep: Deployment, n: int = 20, d: int = 4, **kw: Any) -> Any:
 async def test_roles_are_enforced(deployment: Deployment, tmp_path: Path):
     dep = deployment
 
+    def peer_as(role: str) -> Any:
+        return pb_grpc.PeerStub(channel(dep.helper_addr, dep.identity(role), server="helper"))
+
     def run() -> dict[str, grpc.StatusCode]:
         make_task(dep.analyst_stub(), "t")
         ref = pb.TaskRef(task_id="t")
@@ -65,10 +70,8 @@ async def test_roles_are_enforced(deployment: Deployment, tmp_path: Path):
                 lambda: dep.analyst_stub("client").DescribeTask(ref, timeout=5)),
             "helper-cert->analyst": code_of(
                 lambda: dep.analyst_stub("helper").DescribeTask(ref, timeout=5)),
-            "analyst->peer": code_of(lambda: pb_grpc.PeerStub(
-                channel(dep.helper_addr, dep.identity("analyst"))).Budget(ref, timeout=5)),
-            "client->peer": code_of(lambda: pb_grpc.PeerStub(
-                channel(dep.helper_addr, dep.identity("client"))).Budget(ref, timeout=5)),
+            "analyst->peer": code_of(lambda: peer_as("analyst").Budget(ref, timeout=5)),
+            "client->peer": code_of(lambda: peer_as("client").Budget(ref, timeout=5)),
             "analyst->upload": code_of(lambda: ingest(dep, as_role="analyst").Upload(
                 pb.UploadBatch(task_id="t"), timeout=5)),
             "other-ca": code_of(lambda: pb_grpc.AnalystStub(channel(
@@ -294,11 +297,11 @@ async def test_ingest_port_without_client_certificates(certs: Path, tmp_path: Pa
                       ca) as up:
             n = up.upload("t", np.ones((5, 2))).n_leader
         anon = grpc.secure_channel(f"localhost:{leader.ingest_port}",
-                                   grpc.ssl_channel_credentials(ca))
+                                   grpc.ssl_channel_credentials(ca), tls_target("leader"))
         analyst = code_of(lambda: pb_grpc.AnalystStub(anon).DescribeTask(
             pb.TaskRef(task_id="t"), timeout=5))
         anon_h = grpc.secure_channel(f"localhost:{helper.ingest_port}",
-                                     grpc.ssl_channel_credentials(ca))
+                                     grpc.ssl_channel_credentials(ca), tls_target("helper"))
         peer = code_of(lambda: pb_grpc.PeerStub(anon_h).Budget(pb.TaskRef(task_id="t"),
                                                                timeout=5))
         return n, analyst, peer
@@ -334,3 +337,32 @@ async def test_queries_wait_for_min_batch(deployment: Deployment):
             task_id="t", kind=pb.LAP24, epsilon="1"), timeout=5))
 
     assert await off_loop(run) == Code.FAILED_PRECONDITION
+
+
+async def test_impostor_helper_is_refused(certs: Path, tmp_path: Path):
+    """A server holding another role's certificate (here the analyst's, same CA)
+    cannot pose as the helper: the leader verifies the name only the helper's
+    certificate carries, and every call to the impostor fails."""
+    from svtagg.servers.service import ServerConfig, SvtaggServer
+
+    impostor = SvtaggServer(ServerConfig("helper", str(tmp_path / "x.sqlite"),
+                                         Identity.load(certs, "analyst")))
+    await impostor.start()
+    leader = SvtaggServer(ServerConfig("leader", str(tmp_path / "l.sqlite"),
+                                       Identity.load(certs, "leader"),
+                                       helper_address=f"127.0.0.1:{impostor.port}"))
+    await leader.start(warm=False)
+    try:
+        dep = Deployment(certs, tmp_path, leader_port=leader.port)
+        spec = pb.TaskSpec(task_id="t", d=1, frac_bits=16, n_max=10, min_batch=1,
+                           epsilon_total="1", epsilon_min="1/10")
+        code = await off_loop(
+            lambda: code_of(lambda: dep.analyst_stub().CreateTask(spec, timeout=2)))
+        created = impostor.store.task_ids() + leader.store.task_ids()
+    finally:
+        await leader.stop(0.5)
+        await impostor.stop(0.5)
+    # The leader waits for a helper it can verify (as for one restarting) until the
+    # deadline; the impostor never gets a call, and nothing is created.
+    assert code in (Code.UNAVAILABLE, Code.DEADLINE_EXCEEDED)
+    assert created == []
