@@ -168,3 +168,31 @@ async def test_requires_setup_and_valid_inputs() -> None:
         await g2.first_yes(np.zeros(3, np.float64))
     with pytest.raises(ValueError):
         await e2.compare_to_thresholds(np.zeros(3, np.uint64), np.zeros(2, np.uint64))
+
+
+async def test_mismatched_lengths_are_refused(pair) -> None:  # type: ignore[no-untyped-def]
+    g, e = pair
+    z_l, z_h = split(RNG.integers(-5, 5, 16))
+    helper = asyncio.create_task(e.first_yes(z_h[:8]))
+    with pytest.raises(ValueError):
+        await g.first_yes(z_l)
+    helper.cancel()  # the helper would wait for tables; the servers' deadlines end it
+
+
+@pytest.mark.heavy
+async def test_large_chunks_match_plaintext() -> None:
+    g, e = await connected_pair()
+    k = 100_000
+    sums = RNG.integers(-(2**60), 0, k)
+    sums[k - 3] = 0
+    z_l, z_h = split(sums)
+    got = await asyncio.gather(g.first_yes(z_l), e.first_yes(z_h))
+    assert got == [k - 3, k - 3]
+    hi = RNG.integers(-(2**40), 0, k // 2)
+    lo = hi + RNG.integers(0, 2**41, k // 2)
+    h_l, h_h = split(hi)
+    l_l, l_h = split(lo)
+    got2 = await asyncio.gather(
+        g.compare_to_thresholds(h_l, l_l), e.compare_to_thresholds(h_h, l_h)
+    )
+    assert got2[0] == got2[1] == plain_compare_to_thresholds(h_l + h_h, l_l + l_h)
