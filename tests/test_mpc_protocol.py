@@ -84,6 +84,13 @@ async def test_stats_and_wire_cost(pair) -> None:  # type: ignore[no-untyped-def
     assert st.bytes_received == e.last_stats.bytes_sent
     per = (st.bytes_sent + st.bytes_received) / k
     assert per < 4096, per
+    # Message sizes depend on K only: a chunk whose first YES is early costs the same.
+    sums = RNG.integers(-100, -1, k)
+    sums[3] = 1
+    z_l2, z_h2 = split(sums)
+    assert await asyncio.gather(g.first_yes(z_l2), e.first_yes(z_h2)) == [3, 3]
+    st2 = g.last_stats
+    assert (st2.bytes_sent, st2.bytes_received) == (st.bytes_sent, st.bytes_received)
 
 
 async def test_garbler_input_labels_match_evaluator_view(pair) -> None:  # type: ignore[no-untyped-def]
