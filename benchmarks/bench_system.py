@@ -24,15 +24,14 @@ from svtagg.analyst.oracle import Query
 from svtagg.analyst.remote_oracle import RemoteOracle
 from svtagg.client.upload import Uploader
 from svtagg.proto import svtagg_pb2 as pb
-from svtagg.servers.jobs import analyst_stub
+from svtagg.servers.jobs import analyst_stub, task_spec
 from svtagg.servers.launch import LocalDeployment
 from svtagg.servers.tls import Identity
 
 
 def _task(dep: LocalDeployment, task_id: str, d: int, n_max: int) -> None:
-    analyst_stub(dep.address("leader"), dep.certs).CreateTask(pb.TaskSpec(
-        task_id=task_id, d=d, frac_bits=16, n_max=n_max, min_batch=1,
-        epsilon_total="1000000", delta_total="0", epsilon_min="1/1000"), timeout=30)
+    analyst_stub(dep.address("leader"), dep.certs).CreateTask(
+        task_spec(task_id, d, n_max, "1000000"), timeout=30)
 
 
 def _upload(dep: LocalDeployment, task_id: str, values: np.ndarray, batch: int) -> float:

@@ -115,6 +115,16 @@ def parse_task_params(
     return TaskParams(task_id, d, frac_bits, n_max, min_batch, eps_total, delta, eps_min)
 
 
+def safe_epsilon_min(n_max: int, frac_bits: int) -> Fraction:
+    """The smallest ε_min = 2^-k for which no stream kind can wrap z_L + z_H."""
+    eps = Fraction(1)
+    if any(overflow_possible(n_max, frac_bits, eps, kind) for kind in StreamKind):
+        raise InvalidArgument(f"n_max={n_max} with F={frac_bits} can overflow even at ε=1")
+    while not any(overflow_possible(n_max, frac_bits, eps / 2, kind) for kind in StreamKind):
+        eps /= 2
+    return eps
+
+
 @dataclass(frozen=True)
 class Chunk:
     """A validated chunk: query indices, complement flags and (leader only) thresholds."""

@@ -42,7 +42,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     c.add_argument("--frac-bits", type=int, default=16)
     c.add_argument("--epsilon", default="10", help="total ε budget (exact, e.g. 1/2)")
     c.add_argument("--delta", default="1/1000000", help="total δ budget")
-    c.add_argument("--epsilon-min", default="1/1000", help="smallest ε a stream may use")
+    c.add_argument("--epsilon-min", default="auto",
+                   help="smallest ε a stream may use; auto: the smallest safe from overflow")
     c.set_defaults(handler=_create_task)
     for name, fn, text in (
         ("describe", _describe, "show a task: n, state, both ledgers"),
@@ -119,14 +120,25 @@ def _guard(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namesp
     return run
 
 
+def task_spec(
+    task_id: str, d: int, n_max: int, epsilon: str, *, frac_bits: int = 16,
+    min_batch: int = 1, delta: str = "0", epsilon_min: str = "auto",
+) -> pb.TaskSpec:
+    """A task spec; epsilon_min "auto" is the smallest ε the overflow bound allows."""
+    from svtagg.servers.core import safe_epsilon_min
+
+    if epsilon_min == "auto":
+        epsilon_min = str(safe_epsilon_min(n_max, frac_bits))
+    return pb.TaskSpec(task_id=task_id, d=d, frac_bits=frac_bits, n_max=n_max,
+                       min_batch=min_batch, epsilon_total=epsilon, delta_total=delta,
+                       epsilon_min=epsilon_min)
+
+
 @_guard
 def _create_task(args: argparse.Namespace) -> int:
     info = analyst_stub(args.leader, args.certs).CreateTask(
-        pb.TaskSpec(
-            task_id=args.task, d=args.d, frac_bits=args.frac_bits, n_max=args.n_max,
-            min_batch=args.min_batch, epsilon_total=args.epsilon, delta_total=args.delta,
-            epsilon_min=args.epsilon_min,
-        ),
+        task_spec(args.task, args.d, args.n_max, args.epsilon, frac_bits=args.frac_bits,
+                  min_batch=args.min_batch, delta=args.delta, epsilon_min=args.epsilon_min),
         timeout=30,
     )
     print(_show(info))
@@ -172,8 +184,10 @@ def run_algorithm(
         }.get(algorithm)
         if fn is not None:
             sel = fn(oracle, eps, beta, kind=kind)
-        else:
-            sel = selection.sampling_and_filtering(oracle, eps, beta, rng=seed, kind=kind)
+        else:  # Algorithm 9 needs β ≤ 1/d
+            sel = selection.sampling_and_filtering(
+                oracle, eps, min(beta, 1.0 / oracle.d), rng=seed, kind=kind
+            )
         out.update(selected=sel.query.index, lower=sel.lower, upper=sel.upper)
     return out
 
@@ -272,9 +286,8 @@ def _demo(args: argparse.Namespace) -> int:
         _progress(f"leader {dep.address('leader')}, helper {dep.address('helper')} "
                   f"(separate processes, mutual TLS, SQLite in {dep.root})")
         stub = analyst_stub(dep.address("leader"), dep.certs)
-        stub.CreateTask(pb.TaskSpec(
-            task_id="demo", d=args.d, frac_bits=16, n_max=10 * args.users, min_batch=100,
-            epsilon_total=args.epsilon, delta_total="0", epsilon_min="1/10000"), timeout=30)
+        stub.CreateTask(task_spec("demo", args.d, 10 * args.users, args.epsilon,
+                                  min_batch=100), timeout=30)
         up = upload_parallel(dep.address("leader"), dep.address("helper"), dep.certs, "demo",
                              values, 1, 500)
         _progress(f"uploaded {up['reports']} reports in {up['seconds']}s "
@@ -307,6 +320,7 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _sim(args: argparse.Namespace) -> int:
+    from svtagg.analyst.oracle import OracleError
     from svtagg.analyst.remote_oracle import RemoteOracle
     from svtagg.servers.launch import LocalDeployment
 
@@ -316,10 +330,8 @@ def _sim(args: argparse.Namespace) -> int:
     report: dict[str, Any] = {"config": {k: v for k, v in vars(args).items() if k != "handler"}}
     with LocalDeployment(Path(args.workdir) if args.workdir else None) as dep:
         stub = analyst_stub(dep.address("leader"), dep.certs)
-        stub.CreateTask(pb.TaskSpec(
-            task_id="sim", d=args.d, frac_bits=16, n_max=max(10 * args.n, 1000),
-            min_batch=1, epsilon_total=args.epsilon, delta_total="0",
-            epsilon_min="1/10000"), timeout=30)
+        stub.CreateTask(task_spec("sim", args.d, max(10 * args.n, 1000), args.epsilon),
+                        timeout=30)
         _progress(f"uploading {args.n} reports from {args.clients} client processes")
         report["upload"] = upload_parallel(dep.address("leader"), dep.address("helper"),
                                            dep.certs, "sim", values, args.clients, args.batch)
@@ -327,8 +339,12 @@ def _sim(args: argparse.Namespace) -> int:
         _progress(f"running {args.algorithm}")
         t1 = time.perf_counter()
         with RemoteOracle.from_certs(dep.address("leader"), "sim", dep.certs) as oracle:
-            report["result"] = run_algorithm(oracle, args.algorithm, args.epsilon, args.beta,
-                                             args.k, 0, "lap24", args.seed)
+            try:
+                report["result"] = run_algorithm(oracle, args.algorithm, args.epsilon,
+                                                 args.beta, args.k, 0, "lap24", args.seed)
+            except (OracleError, ValueError) as exc:
+                print(f"refused: {exc}", file=sys.stderr)
+                return 1
             report["oracle"] = _oracle_summary(oracle)
         report["selection_seconds"] = round(time.perf_counter() - t1, 3)
     order = np.argsort(-truth, kind="stable")
