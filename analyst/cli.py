@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable, Sequence
 from importlib.metadata import version
-from typing import Callable, Sequence
 
 Handler = Callable[[argparse.Namespace], int]
 
