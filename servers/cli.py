@@ -25,6 +25,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     p.add_argument("--port-file", help="write the bound port here once serving")
     p.add_argument("--grace", type=float, default=5.0, help="shutdown grace period (s)")
+    p.add_argument("--rate-limit", type=float, default=1000.0,
+                   help="requests/s per caller certificate (0: no limit; the leader is exempt)")
+    p.add_argument("--rate-burst", type=float, default=2000.0, help="token-bucket burst size")
+    p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ...")
     p.set_defaults(handler=run_server)
 
     c = sub.add_parser("certs", help="make a local CA and the certificates of a deployment")
@@ -46,7 +50,8 @@ def run_certs(args: argparse.Namespace) -> int:
 
 def run_server(args: argparse.Namespace) -> int:
     logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s",
+        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
         stream=sys.stderr,
     )
     return asyncio.run(_serve(args))
@@ -62,6 +67,8 @@ async def _serve(args: argparse.Namespace) -> int:
         listen=args.listen,
         helper_address=args.helper,
         ingest_listen=args.ingest_listen,
+        rate_limit=args.rate_limit,
+        rate_burst=args.rate_burst,
     )
     server = SvtaggServer(config)
     await server.start()

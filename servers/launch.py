@@ -52,6 +52,8 @@ class LocalDeployment:
 
     workdir: Path | None = None
     log_to: Path | None = None
+    #: Extra `svtagg server` arguments (e.g. ["--log-level", "DEBUG"]) for both roles.
+    server_args: list[str] = field(default_factory=list)
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     ports: dict[str, int] = field(default_factory=dict)
     _tmp: tempfile.TemporaryDirectory[str] | None = None
@@ -76,7 +78,11 @@ class LocalDeployment:
     def address(self, role: str) -> str:
         return f"127.0.0.1:{self.ports[role]}"
 
-    def start_role(self, role: str, timeout: float = 30.0) -> None:
+    def start_role(
+        self, role: str, timeout: float = 30.0, env: dict[str, str] | None = None
+    ) -> None:
+        """Start `role` (again, on its previous port and store); `env` adds
+        environment variables, e.g. SVTAGG_CRASH_AT for fault injection."""
         port_file = self.root / f"{role}.port"
         port_file.unlink(missing_ok=True)
         helper = self.address("helper") if role == "leader" else None
@@ -84,8 +90,9 @@ class LocalDeployment:
         self.procs[role] = subprocess.Popen(
             # A restarted server keeps its port, so its peer can reconnect.
             server_command(role, self.root / f"{role}.sqlite", self.certs, port_file, helper,
-                           self.ports.get(role, 0)),
-            stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                           self.ports.get(role, 0)) + self.server_args,
+            stdout=log, stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
         )
         deadline = time.monotonic() + timeout
         while not port_file.exists():

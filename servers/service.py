@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import hashlib
 import logging
 import secrets
 from collections.abc import Awaitable, Callable
@@ -41,6 +42,7 @@ from svtagg.servers.errors import (
     ServerError,
 )
 from svtagg.servers.faults import crash_point
+from svtagg.servers.limits import RateLimiter
 from svtagg.servers.peer import (
     CHUNK_DEADLINE,
     OPTIONS,
@@ -49,7 +51,14 @@ from svtagg.servers.peer import (
     PeerClient,
     SessionPool,
 )
-from svtagg.servers.store import OPEN, REPORT_ID_BYTES, Store, StreamState, TaskState
+from svtagg.servers.store import (
+    FAILED,
+    OPEN,
+    REPORT_ID_BYTES,
+    Store,
+    StreamState,
+    TaskState,
+)
 from svtagg.servers.tls import Identity, role_of_pem
 
 log = logging.getLogger("svtagg.server")
@@ -110,6 +119,18 @@ def rpc(*roles: str) -> Callable[[F], F]:
                     f"{' or '.join(r or 'none' for r in roles)}; "
                     f"caller presented {caller or 'none'}",
                 )
+            limiter: RateLimiter | None = getattr(self, "limiter", None)
+            # The leader (the only holder of the leader certificate) drives the
+            # helper at protocol speed; every other caller is rate limited.
+            if limiter is not None and caller != "leader" and not limiter.allow(
+                caller_identity(context)
+            ):
+                log.info("%s refused: RESOURCE_EXHAUSTED (rate limit)", method.__name__)
+                await context.abort(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    f"rate limit: at most {limiter.rate:g} requests/s "
+                    f"(bursts of {limiter.burst:g}) per caller; retry later",
+                )
             try:
                 return await method(self, request, context)
             except grpc.aio.AbortError:
@@ -127,6 +148,15 @@ def rpc(*roles: str) -> Callable[[F], F]:
         return handler  # type: ignore[return-value]
 
     return wrap
+
+
+def caller_identity(context: grpc.aio.ServicerContext) -> str:
+    """Who is calling, for rate limits: the certificate's hash, else the address."""
+    certs = context.auth_context().get("x509_pem_cert")
+    if certs:
+        return "cert:" + hashlib.sha256(certs[0]).hexdigest()
+    peer = context.peer() or ""
+    return "addr:" + peer.rsplit(":", 1)[0]
 
 
 def peer_role(context: grpc.aio.ServicerContext) -> str | None:
@@ -184,6 +214,8 @@ def kind_of(value: int) -> StreamKind:
 
 # ---------------------------------------------------------------- services
 class IngestService(pb_grpc.IngestServicer):
+    limiter: RateLimiter | None = None
+
     def __init__(self, core: ServerCore) -> None:
         self.core = core
 
@@ -215,12 +247,60 @@ def _peer_error(exc: grpc.aio.AioRpcError) -> ServerError:
 class AnalystService(pb_grpc.AnalystServicer):
     """The leader's analyst API; every state change is mirrored on the helper."""
 
+    limiter: RateLimiter | None = None
+
     def __init__(self, core: ServerCore, peer: PeerClient, party: PartyFactory) -> None:
         self.core = core
         self.peer = peer
         self.pool = SessionPool(peer, party)
         self._busy: set[str] = set()
         self._close_lock = asyncio.Lock()
+        # Tasks whose helper ledger may lag the leader's (after a restart, or after
+        # a PrepareStream that failed): reconciled before the next stream opens.
+        self._unsynced: set[str] = set(core.store.task_ids())
+        self._sync_lock = asyncio.Lock()
+
+    async def sync_ledgers(self, task_id: str) -> int:
+        """Bring the helper's ledger up to the leader's; returns the charges replayed.
+
+        Who wins: the leader charges first (committed) and the helper second, so
+        after a crash between the two charges the leader has spent more.  The
+        leader's ledger wins: every stream the leader failed is failed on the
+        helper too, and one the helper never saw is replayed there (PrepareStream,
+        which charges and draws a γ_H that is never used, then FailStream).  Both
+        ledgers then show the larger spend; nothing is ever refunded."""
+        async with self._sync_lock:
+            if task_id not in self._unsynced:
+                return 0
+            task = self.core.store.task(task_id)
+            ref = pb.TaskRef(task_id=task_id)
+            helper = (await self._call(self.peer.stub.Budget, ref)).budget
+            mine = task.budget
+            replayed = 0
+            if (helper.epsilon_spent, helper.delta_spent) != (
+                str(mine.epsilon_spent), str(mine.delta_spent)
+            ):
+                for sid in self.core.store.stream_ids(task_id, FAILED):
+                    replayed += await self._fail_or_replay(self.core.store.stream(sid))
+                log.info("task %s: ledgers reconciled, %d charge(s) replayed on the helper",
+                         task_id, replayed)
+            self._unsynced.discard(task_id)
+            return replayed
+
+    async def _fail_or_replay(self, s: StreamState) -> int:
+        ref = pb.StreamRef(stream_id=s.stream_id)
+        try:
+            await self.peer.stub.FailStream(ref, timeout=PEER_DEADLINE, wait_for_ready=True)
+            return 0
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() != grpc.StatusCode.NOT_FOUND:
+                raise _peer_error(exc) from None
+        await self._call(self.peer.stub.PrepareStream, pb.PrepareStreamRequest(
+            stream_id=s.stream_id, task_id=s.task_id, kind=KIND_TO_PB[s.kind],
+            epsilon=str(s.epsilon), delta=str(s.delta) if s.delta else "",
+        ))
+        await self._call(self.peer.stub.FailStream, ref)
+        return 1
 
     async def _call(self, method: Callable[..., Awaitable[Any]], request: Any) -> Any:
         try:
@@ -245,6 +325,11 @@ class AnalystService(pb_grpc.AnalystServicer):
         return await self._with_helper_budget(self.core.store.task(request.task_id))
 
     async def _with_helper_budget(self, task: TaskState) -> pb.TaskInfo:
+        try:
+            await self.sync_ledgers(task.params.task_id)
+            task = self.core.store.task(task.params.task_id)
+        except PeerUnavailable:
+            pass
         info = task_info(task)
         try:
             helper = await self._call(
@@ -308,6 +393,9 @@ class AnalystService(pb_grpc.AnalystServicer):
         """Charge the leader's ledger, then the helper's; each draws its own γ."""
         stream_id = secrets.token_hex(16)
         kind = kind_of(request.kind)
+        if request.task_id in self._unsynced:
+            self.core.store.task(request.task_id)  # NOT_FOUND before any peer call
+            await self.sync_ledgers(request.task_id)
         state = self.core.open_stream(
             stream_id, request.task_id, kind, request.epsilon, request.delta
         )
@@ -322,7 +410,9 @@ class AnalystService(pb_grpc.AnalystServicer):
             )
         except BaseException:
             # The leader's charge stays spent (never refund); the stream never answers.
+            # The helper may or may not have charged: reconcile before the next open.
             self.core.store.fail_stream(stream_id)
+            self._unsynced.add(request.task_id)
             raise
         return stream_info(state)
 
@@ -636,6 +726,10 @@ class ServerConfig:
     #: Optional second port for clients holding no certificate (server-only TLS);
     #: only Ingest answers there, every other service sees no role and refuses.
     ingest_listen: str | None = None
+    #: Per-caller token bucket (requests/s, burst); the leader's calls to the
+    #: helper are exempt.  rate <= 0 disables the limit.
+    rate_limit: float = 1000.0
+    rate_burst: float = 2000.0
 
 
 class SvtaggServer:
@@ -654,12 +748,16 @@ class SvtaggServer:
         self.analyst: AnalystService | None = None
         self.peer_service: PeerService | None = None
         self.server = grpc.aio.server(options=SERVER_OPTIONS)
-        pb_grpc.add_IngestServicer_to_server(IngestService(self.core), self.server)
+        self.limiter = RateLimiter(config.rate_limit, config.rate_burst)
+        ingest = IngestService(self.core)
+        ingest.limiter = self.limiter
+        pb_grpc.add_IngestServicer_to_server(ingest, self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         if config.role == "leader":
             assert config.helper_address is not None
             self.peer = PeerClient(config.helper_address, config.identity)
             self.analyst = AnalystService(self.core, self.peer, party)
+            self.analyst.limiter = self.limiter
             pb_grpc.add_AnalystServicer_to_server(self.analyst, self.server)
         else:
             self.peer_service = PeerService(self.core, party)

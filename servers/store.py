@@ -34,6 +34,7 @@ from svtagg.servers.errors import (
     NotFound,
     ResourceExhausted,
 )
+from svtagg.servers.faults import crash_point
 
 TASK_ID_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 REPORT_ID_BYTES = 16
@@ -250,6 +251,7 @@ class Store:
                     "batch refused"
                 )
             offset = self._append_shares(task_id, shares)
+            crash_point("upload.mid_store")
             rows = []
             for rid, sh in zip(report_ids, shares, strict=True):
                 rows.append((task_id, rid, offset, len(sh)))
@@ -370,6 +372,14 @@ class Store:
             )
             if cur.rowcount != 1:
                 raise FailedPrecondition(f"stream {stream_id!r} is not being opened")
+
+    def stream_ids(self, task_id: str, state: str) -> list[str]:
+        """The ids of a task's streams in `state` (ledger reconciliation)."""
+        rows = self._db.execute(
+            "SELECT stream_id FROM streams WHERE task_id=? AND state=? ORDER BY rowid",
+            (task_id, state),
+        ).fetchall()
+        return [r[0] for r in rows]
 
     def stream(self, stream_id: str) -> StreamState:
         row = self._db.execute(
