@@ -153,3 +153,35 @@ def overflow_possible(
 def default_tau_bound(n_max: int, frac_bits: int) -> int:
     """Thresholds beyond ±4·n_max (score units) carry no information; refuse them."""
     return 4 * n_max * sensitivity(frac_bits)
+
+
+@dataclass(frozen=True)
+class StreamRequest:
+    """A validated request to open a stream: what it is and what it charges."""
+
+    kind: StreamKind
+    epsilon: Fraction
+    delta: Fraction
+    charge_delta: Fraction
+
+
+def validate_stream(
+    kind: StreamKind | str,
+    epsilon: Fraction | int | float | str,
+    delta: Fraction | int | float | str,
+    parties: int,
+) -> StreamRequest:
+    """The one check every oracle and server applies before charging a stream.
+
+    AboveThreshold kinds are pure ε-DP (δ must be 0); CompareToThresholds needs
+    0 < δ < 1 and charges `ctt_delta_charge(δ, parties)`.  Raises ValueError.
+    """
+    k = StreamKind.parse(kind)
+    eps = check_epsilon(epsilon)
+    dl = as_fraction(delta, "delta")
+    if k == StreamKind.CTT:
+        ctt_gap(eps, dl, parties)  # validates 0 < δ < 1
+        return StreamRequest(k, eps, dl, ctt_delta_charge(dl, parties))
+    if dl != 0:
+        raise ValueError(f"an AboveThreshold stream is pure ε-DP; got delta={dl}")
+    return StreamRequest(k, eps, dl, Fraction(0))

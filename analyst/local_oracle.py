@@ -14,13 +14,7 @@ from fractions import Fraction
 import numpy as np
 import numpy.typing as npt
 from svtagg.analyst import accuracy
-from svtagg.analyst.kinds import (
-    StreamKind,
-    as_fraction,
-    check_epsilon,
-    ctt_delta_charge,
-    ctt_gap,
-)
+from svtagg.analyst.kinds import StreamKind, as_fraction, ctt_gap, validate_stream
 from svtagg.analyst.ledger import Ledger
 from svtagg.analyst.noise import RandomSource
 from svtagg.analyst.oracle import (
@@ -159,16 +153,8 @@ class LocalOracle:
         kind: StreamKind | str = StreamKind.LAP24,
         delta: Number | str = 0,
     ) -> LocalStream:
-        kind = StreamKind.parse(kind)
-        eps = check_epsilon(epsilon)
-        dl = as_fraction(delta, "delta")
-        if kind == StreamKind.CTT:
-            ctt_gap(eps, dl, self._parties)  # validates 0 < δ < 1
-            charge_delta = ctt_delta_charge(dl, self._parties)
-        else:
-            if dl != 0:
-                raise ValueError(f"an AboveThreshold stream is pure ε-DP; got delta={dl}")
-            charge_delta = Fraction(0)
+        req = validate_stream(kind, epsilon, delta, self._parties)
+        kind, eps, dl, charge_delta = req.kind, req.epsilon, req.delta, req.charge_delta
         # Charge before any noise is drawn.
         self._ledger.charge(eps, charge_delta)
         mech = self._make_mechanism(kind, eps)
