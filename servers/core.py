@@ -222,9 +222,11 @@ class ServerCore:
 
     # ------------------------------------------------------------ streams
     def open_stream(
-        self, stream_id: str, task_id: str, kind: str | StreamKind, epsilon: str, delta: str
+        self, stream_id: str, task_id: str, kind: str | StreamKind, epsilon: str, delta: str,
+        open_now: bool = True,
     ) -> StreamState:
-        """Validate, charge the ledger durably, then draw this server's γ."""
+        """Validate, charge the ledger durably, then draw this server's γ.  With
+        open_now=False (the leader) the stream stays `opening` until confirmed."""
         task = self.store.task(task_id)
         try:
             kind = StreamKind.parse(kind)
@@ -251,7 +253,7 @@ class ServerCore:
         self.store.open_stream(stream_id, task_id, kind, eps, dl, charge_delta)
         crash_point("open.after_charge")
         gamma = draw_threshold_noise(kind, eps, task.params.frac_bits, self.rng)
-        self.store.set_threshold_noise(stream_id, gamma)
+        self.store.set_threshold_noise(stream_id, gamma, open_now)
         return self.store.stream(stream_id)
 
     @staticmethod

@@ -258,6 +258,11 @@ class AnalystService(pb_grpc.AnalystServicer):
         # Tasks whose helper ledger may lag the leader's (after a restart, or after
         # a PrepareStream that failed): reconciled before the next stream opens.
         self._unsynced: set[str] = set(core.store.task_ids())
+        # Streams this leader failed on recovery: failed on the helper as well at
+        # the next reconciliation, so that both stores show them failed.
+        self._recovered: dict[str, list[str]] = {}
+        for sid, tid in core.store.recovered_failed:
+            self._recovered.setdefault(tid, []).append(sid)
         self._sync_lock = asyncio.Lock()
 
     async def sync_ledgers(self, task_id: str) -> int:
@@ -280,8 +285,13 @@ class AnalystService(pb_grpc.AnalystServicer):
             if (helper.epsilon_spent, helper.delta_spent) != (
                 str(mine.epsilon_spent), str(mine.delta_spent)
             ):
-                for sid in self.core.store.stream_ids(task_id, FAILED):
-                    replayed += await self._fail_or_replay(self.core.store.stream(sid))
+                failed = self.core.store.stream_ids(task_id, FAILED)
+            else:
+                failed = self._recovered.get(task_id, [])
+            for sid in failed:
+                replayed += await self._fail_or_replay(self.core.store.stream(sid))
+            self._recovered.pop(task_id, None)
+            if replayed:
                 log.info("task %s: ledgers reconciled, %d charge(s) replayed on the helper",
                          task_id, replayed)
             self._unsynced.discard(task_id)
@@ -396,8 +406,10 @@ class AnalystService(pb_grpc.AnalystServicer):
         if request.task_id in self._unsynced:
             self.core.store.task(request.task_id)  # NOT_FOUND before any peer call
             await self.sync_ledgers(request.task_id)
-        state = self.core.open_stream(
-            stream_id, request.task_id, kind, request.epsilon, request.delta
+        # The leader's stream stays `opening` (failed closed on a restart) until the
+        # helper has charged too, so a crash between the two charges is reconciled.
+        self.core.open_stream(
+            stream_id, request.task_id, kind, request.epsilon, request.delta, open_now=False
         )
         crash_point("open.before_helper")
         try:
@@ -414,7 +426,8 @@ class AnalystService(pb_grpc.AnalystServicer):
             self.core.store.fail_stream(stream_id)
             self._unsynced.add(request.task_id)
             raise
-        return stream_info(state)
+        self.core.store.confirm_stream(stream_id)
+        return stream_info(self.core.store.stream(stream_id))
 
     def _open_stream(self, stream_id: str, compare: bool) -> tuple[StreamState, TaskState]:
         stream, task = self.core.stream_and_task(stream_id)

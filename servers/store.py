@@ -140,6 +140,8 @@ class Store:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.executescript(_SCHEMA)
+        #: Streams this start failed closed (opening / in_chunk at the last stop).
+        self.recovered_failed: list[tuple[str, str]] = []
         self.failed_on_recovery = self._recover()
 
     def close(self) -> None:
@@ -148,6 +150,12 @@ class Store:
     def _recover(self) -> int:
         """Fail closed every stream that was opening or mid-chunk at the last stop."""
         with self._tx():
+            self.recovered_failed = [
+                (r[0], r[1]) for r in self._db.execute(
+                    "SELECT stream_id, task_id FROM streams WHERE state IN (?, ?)",
+                    (OPENING, IN_CHUNK),
+                )
+            ]
             cur = self._db.execute(
                 "UPDATE streams SET state=? WHERE state IN (?, ?)", (FAILED, OPENING, IN_CHUNK)
             )
@@ -364,14 +372,33 @@ class Store:
                 (stream_id, task_id, kind.value, str(epsilon), str(delta), OPENING),
             )
 
-    def set_threshold_noise(self, stream_id: str, gamma: int) -> None:
+    def set_threshold_noise(self, stream_id: str, gamma: int, open_now: bool = True) -> None:
+        """Store γ; the stream opens now, or (leader) stays `opening` until
+        `confirm_stream` once the helper has charged too."""
         with self._tx():
             cur = self._db.execute(
                 "UPDATE streams SET gamma=?, state=? WHERE stream_id=? AND state=?",
-                (str(gamma), OPEN, stream_id, OPENING),
+                (str(gamma), OPEN if open_now else OPENING, stream_id, OPENING),
             )
             if cur.rowcount != 1:
                 raise FailedPrecondition(f"stream {stream_id!r} is not being opened")
+
+    def confirm_stream(self, stream_id: str) -> None:
+        """The leader's stream opens once the helper has charged and drawn its γ.
+        Not fsynced: losing it leaves the stream `opening`, failed on restart (safe;
+        the ledger reconciliation then makes sure the helper's charge stands)."""
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        try:
+            with self._tx():
+                cur = self._db.execute(
+                    "UPDATE streams SET state=? WHERE stream_id=? AND state=?"
+                    " AND gamma IS NOT NULL",
+                    (OPEN, stream_id, OPENING),
+                )
+                if cur.rowcount != 1:
+                    raise FailedPrecondition(f"stream {stream_id!r} is not being opened")
+        finally:
+            self._db.execute("PRAGMA synchronous=FULL")
 
     def stream_ids(self, task_id: str, state: str) -> list[str]:
         """The ids of a task's streams in `state` (ledger reconciliation)."""

@@ -139,3 +139,122 @@ def make_task(
 def svc_rng() -> Iterator[np.random.Generator]:
     """Seeded data generator for the service tests (named to avoid clashing)."""
     yield np.random.default_rng(20261130)
+
+
+# ---------------------------------------------------------------- process harness
+# Shared by the reliability, hostile-input, auth and load tests: leader and
+# helper as subprocesses (svtagg.servers.launch.LocalDeployment) that a test can
+# arm to SIGKILL themselves at a crash point (svtagg.servers.faults), and a
+# read-only look at a server's SQLite store: the test-only way to check that the
+# two servers' share sums add up to the plaintext sum (no RPC ever reveals them).
+
+
+class ProcessDeployment:
+    """Leader + helper processes with run-time crash arming and store views."""
+
+    def __init__(self, root: Path, server_args: list[str] | None = None) -> None:
+        from svtagg.servers.launch import LocalDeployment
+
+        self.root = root
+        self.control = {r: root / f"{r}.crash" for r in ("leader", "helper")}
+        self.dep = LocalDeployment(root, server_args=list(server_args or []))
+        self.kills: dict[str, int] = {}
+
+    def start_role(self, role: str) -> None:
+        self.control[role].write_text("")
+        self.dep.start_role(role, env={"SVTAGG_CRASH_CONTROL": str(self.control[role])})
+
+    def start(self) -> ProcessDeployment:
+        self.start_role("helper")
+        self.start_role("leader")
+        return self
+
+    def stop(self) -> None:
+        self.dep.stop()
+
+    @property
+    def certs(self) -> Path:
+        return self.dep.certs
+
+    def address(self, role: str) -> str:
+        return self.dep.address(role)
+
+    def identity(self, role: str) -> Identity:
+        return Identity.load(self.certs, role)
+
+    def arm(self, role: str, point: str) -> None:
+        self.control[role].write_text(point)
+
+    def await_kill(self, role: str, timeout: float = 30.0) -> int:
+        """Wait for `role` to die at its armed point; returns the exit status (-9)."""
+        proc = self.dep.procs.pop(role)
+        rc = proc.wait(timeout)
+        self.kills[role] = self.kills.get(role, 0) + 1
+        return rc
+
+    def restart(self, role: str) -> None:
+        self.start_role(role)
+
+    def stub(self, role: str = "analyst", service: str = "Analyst", server: str = "leader") -> Any:
+        import grpc
+        from svtagg.proto import svtagg_pb2_grpc as pb_grpc
+        from svtagg.servers.peer import OPTIONS
+        from svtagg.servers.tls import tls_target
+
+        ident = self.identity(role)
+        creds = grpc.ssl_channel_credentials(ident.ca, ident.key, ident.cert)
+        ch = grpc.secure_channel(self.address(server), creds,
+                                 options=[*OPTIONS, *tls_target(server)])
+        return getattr(pb_grpc, f"{service}Stub")(ch)
+
+    def uploader(self, **kw: Any) -> Any:
+        from svtagg.client.upload import Uploader
+
+        c = self.identity("client")
+        return Uploader(self.address("leader"), self.address("helper"), c.ca, c.cert, c.key, **kw)
+
+    def oracle(self, task_id: str) -> Any:
+        from svtagg.analyst.remote_oracle import RemoteOracle
+
+        return RemoteOracle.from_certs(self.address("leader"), task_id, self.certs)
+
+    def store_view(self, role: str, task_id: str) -> StoreView:
+        return store_view(self.root / f"{role}.sqlite", task_id)
+
+
+@dataclass
+class StoreView:
+    n: int
+    sums: np.ndarray
+    report_ids: set[bytes]
+    epsilon_spent: Any
+    delta_spent: Any
+    streams: dict[str, str]
+
+
+def store_view(path: Path, task_id: str) -> StoreView:
+    """A read-only snapshot of one task in one server's store (safe while it runs)."""
+    import sqlite3
+    from fractions import Fraction
+
+    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)
+    try:
+        n, sums, eps, dl = db.execute(
+            "SELECT n, sums, epsilon_spent, delta_spent FROM tasks WHERE task_id=?", (task_id,)
+        ).fetchone()
+        ids = {r[0] for r in db.execute(
+            "SELECT report_id FROM reports WHERE task_id=?", (task_id,))}
+        streams = dict(db.execute(
+            "SELECT stream_id, state FROM streams WHERE task_id=?", (task_id,)).fetchall())
+    finally:
+        db.close()
+    return StoreView(int(n), np.frombuffer(sums, dtype=np.uint64).copy(), ids,
+                     Fraction(eps), Fraction(dl), streams)
+
+
+def encoded_sum(values: np.ndarray, frac_bits: int) -> np.ndarray:
+    """Σ of the clients' encoded vectors mod 2^64: what S_L + S_H must equal."""
+    from svtagg.mpc.ring import encode
+
+    return np.asarray(encode(np.atleast_2d(values), frac_bits), dtype=np.uint64).sum(
+        axis=0, dtype=np.uint64)

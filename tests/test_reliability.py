@@ -1,0 +1,250 @@
+"""Crash safety (issue 6): leader and helper run as processes and SIGKILL
+themselves at chosen points (svtagg.servers.faults): mid upload batch, between
+the two ledger charges when a stream opens, during a chunk's comparison and
+just after a YES.  After each kill the server restarts on the same store, and:
+
+* every acknowledged report is counted exactly once on both servers, and no
+  unacknowledged one is half-counted: after the close both servers hold the same
+  report set, it contains every acknowledged report, and S_L + S_H equals the
+  plaintext encoded sum of exactly those reports (read from the stores: the only
+  place the sums exist; no RPC reveals them);
+* the two ledgers agree and never show less spent than before the crash;
+* a stream interrupted mid-chunk never answers again (fail closed);
+* the analyst gets an error (UNAVAILABLE or a clear refusal), never a bit.
+
+Who wins when the servers disagree after a crash: for reports, the
+reconciliation at the close keeps only the reports both servers hold; for the
+ledger, the leader (which always charges first) wins and its charge is replayed
+on the helper (`AnalystService.sync_ledgers`): see test_leader_ledger_wins.
+
+Default run: one kill per point (8 kills, ~20 s).  `pytest -m heavy`: every
+(point, role) pair, repeated (see KILLS_HEAVY), with a summary line.
+"""
+
+from __future__ import annotations
+
+import threading
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from conftest import ProcessDeployment, encoded_sum
+from svtagg.analyst.oracle import OracleError, Query
+from svtagg.client.upload import UploadError, make_batch
+from svtagg.proto import svtagg_pb2 as pb
+
+D, F = 6, 16
+EPS = Fraction(1, 2)
+#: Repeats of every (point, role) pair in the heavy run.
+KILLS_HEAVY = 3
+#: (point, role) pairs the heavy run kills at; open.before_helper exists only on the leader.
+PAIRS = [
+    ("upload.mid_store", "leader"), ("upload.mid_store", "helper"),
+    ("upload.after_store", "leader"), ("upload.after_store", "helper"),
+    ("open.after_charge", "leader"), ("open.after_charge", "helper"),
+    ("open.before_helper", "leader"),
+    ("chunk.after_mark", "leader"), ("chunk.after_mark", "helper"),
+    ("chunk.after_result", "leader"), ("chunk.after_result", "helper"),
+]
+
+
+class Collection:
+    """The client side of an upload: which report ids carry which rows, which were acked."""
+
+    def __init__(self, task: str) -> None:
+        self.task = task
+        self.rows: dict[bytes, np.ndarray] = {}
+        self.acked: set[bytes] = set()
+        self.rng = np.random.default_rng(7)
+
+    def batch(self, m: int) -> Any:
+        values = self.rng.random((m, D))
+        b = make_batch(self.task, values, F)
+        for r, row in zip(b.leader.reports, values, strict=True):
+            self.rows[r.report_id] = row
+        return b
+
+    def ack(self, b: Any) -> None:
+        self.acked.update(r.report_id for r in b.leader.reports)
+
+
+def create_task(pd: ProcessDeployment, task: str) -> None:
+    pd.stub().CreateTask(pb.TaskSpec(
+        task_id=task, d=D, frac_bits=F, n_max=100_000, min_batch=1, epsilon_total="1000",
+        delta_total="1/1000", epsilon_min="1/100"), timeout=30)
+
+
+def upload_through_kill(
+    pd: ProcessDeployment, col: Collection, role: str, point: str, give_up: bool = False
+) -> None:
+    """Two clean batches, then one during which `role` dies at `point`.  The SDK
+    retries through the restart (or, with give_up, the client abandons it)."""
+    with pd.uploader(retries=0 if give_up else 8, backoff=0.2, timeout=20) as up:
+        for _ in range(2):
+            b = col.batch(10)
+            up.send(b)
+            col.ack(b)
+        pd.arm(role, point)
+        b = col.batch(10)
+        outcome: dict[str, Any] = {}
+
+        def send() -> None:
+            try:
+                up.send(b)
+                outcome["ok"] = True
+            except UploadError as exc:
+                outcome["error"] = exc
+
+        t = threading.Thread(target=send)
+        t.start()
+        assert pd.await_kill(role) == -9
+        pd.restart(role)
+        t.join(60)
+        assert not t.is_alive()
+        if give_up:
+            assert "error" in outcome  # the client saw a failure, not an ack
+        else:
+            assert outcome.get("ok"), outcome
+            col.ack(b)
+
+
+def check_reports(pd: ProcessDeployment, col: Collection) -> int:
+    """After the close: same report set on both servers, every acked report in it,
+    nothing half-counted, and S_L + S_H = the plaintext encoded sum of that set."""
+    info = pd.stub().CloseCollection(pb.TaskRef(task_id=col.task), timeout=60)
+    lead, help_ = pd.store_view("leader", col.task), pd.store_view("helper", col.task)
+    assert lead.report_ids == help_.report_ids
+    assert lead.n == help_.n == len(lead.report_ids) == info.n
+    assert col.acked <= lead.report_ids <= set(col.rows)
+    counted = np.array([col.rows[r] for r in sorted(lead.report_ids)])
+    assert np.array_equal(lead.sums + help_.sums, encoded_sum(counted, F))
+    return int(info.dropped_reports)
+
+
+def budgets(pd: ProcessDeployment, task: str) -> tuple[tuple[Fraction, Fraction], ...]:
+    """Both ledgers as the leader reports them (this also triggers reconciliation)."""
+    info = pd.stub().Budget(pb.TaskRef(task_id=task), timeout=60)
+    return tuple(
+        (Fraction(b.epsilon_spent), Fraction(b.delta_spent))
+        for b in (info.budget, info.helper_budget)
+    )
+
+
+def stream_through_kill(pd: ProcessDeployment, task: str, role: str, point: str) -> None:
+    """Open a stream (or ask a chunk that says YES) while `role` dies at `point`."""
+    before = budgets(pd, task)
+    assert before[0] == before[1]
+    with pd.oracle(task) as o:
+        if point.startswith("open."):
+            pd.arm(role, point)
+            with pytest.raises(OracleError):
+                o.open_stream(EPS)
+            sid = None
+        else:
+            s = o.open_stream(EPS)
+            sid = s.stream_id
+            pd.arm(role, point)
+            # τ far below every score: an honest run would say YES at 0.  The
+            # analyst must get an error instead, never the bit.
+            with pytest.raises(OracleError):
+                s.ask([(Query(0), -1000.0)])
+        assert pd.await_kill(role) == -9
+        pd.restart(role)
+        if sid is not None:
+            with pytest.raises(OracleError):  # fail closed: never answers again
+                s.ask([(Query(0), -1000.0)])
+        after = budgets(pd, task)
+        # The ledgers agree, and the charge of the interrupted stream stays spent.
+        assert after[0] == after[1] == (before[0][0] + EPS, before[0][1]), (before, after)
+        if sid is not None:
+            # Final on both: failed on the leader; on the helper failed, or closed
+            # when the leader died after the helper recorded the YES.
+            assert pd.store_view("leader", task).streams[sid] == "failed"
+            assert pd.store_view("helper", task).streams[sid] in ("failed", "closed")
+        # The system still answers right afterwards (n·1 ≫ τ: YES at 0; ≪ τ: none).
+        fresh = o.open_stream(EPS)
+        assert fresh.ask([(Query(1), 10**4), (Query(0), -1000.0)]) == 1
+        assert o.open_stream(EPS).ask([(Query(0), 10**4)]) is None
+
+
+@pytest.fixture
+def procs(tmp_path: Path) -> Any:
+    pd = ProcessDeployment(tmp_path).start()
+    try:
+        yield pd
+    finally:
+        pd.stop()
+
+
+def closed_task(pd: ProcessDeployment, task: str) -> None:
+    create_task(pd, task)
+    with pd.uploader() as up:
+        up.upload(task, np.ones((20, D)))
+    pd.stub().CloseCollection(pb.TaskRef(task_id=task), timeout=60)
+
+
+def test_crash_points(procs: ProcessDeployment):
+    """One SIGKILL at each point; the invariants hold after every restart."""
+    pd = procs
+    col = Collection("up")
+    create_task(pd, "up")
+    upload_through_kill(pd, col, "leader", "upload.mid_store")
+    upload_through_kill(pd, col, "helper", "upload.after_store")
+    upload_through_kill(pd, col, "leader", "upload.after_store", give_up=True)
+    check_reports(pd, col)
+    closed_task(pd, "s")
+    for point, role in [
+        ("open.before_helper", "leader"), ("open.after_charge", "helper"),
+        ("chunk.after_mark", "leader"), ("chunk.after_result", "helper"),
+        ("chunk.after_result", "leader"),
+    ]:
+        stream_through_kill(pd, "s", role, point)
+    assert sum(pd.kills.values()) == 8
+
+
+def test_leader_ledger_wins(procs: ProcessDeployment):
+    """The servers disagree after the leader dies between the two charges: the
+    leader has charged, the helper has not.  The leader's ledger wins: its charge
+    is replayed on the helper, so both show it (never the smaller, refunded one)."""
+    pd = procs
+    closed_task(pd, "w")
+    with pd.oracle("w") as o:
+        pd.arm("leader", "open.after_charge")
+        with pytest.raises(OracleError):
+            o.open_stream(EPS)
+    assert pd.await_kill("leader") == -9
+    # Right after the crash the stores disagree: the leader charged, the helper did not.
+    assert pd.store_view("leader", "w").epsilon_spent == EPS
+    assert pd.store_view("helper", "w").epsilon_spent == 0
+    pd.restart("leader")
+    assert budgets(pd, "w") == ((EPS, 0), (EPS, 0))
+    lead, help_ = pd.store_view("leader", "w"), pd.store_view("helper", "w")
+    assert lead.streams == help_.streams and set(lead.streams.values()) == {"failed"}
+
+
+@pytest.mark.heavy
+def test_crash_points_heavy(tmp_path: Path):
+    """Every (point, role) pair KILLS_HEAVY times, plus abandoned uploads."""
+    pd = ProcessDeployment(tmp_path).start()
+    survived: dict[str, int] = {}
+    try:
+        col = Collection("up")
+        create_task(pd, "up")
+        closed_task(pd, "s")
+        for rep in range(KILLS_HEAVY):
+            for point, role in PAIRS:
+                if point.startswith("upload."):
+                    upload_through_kill(pd, col, role, point, give_up=rep == KILLS_HEAVY - 1)
+                else:
+                    stream_through_kill(pd, "s", role, point)
+                key = f"{point}@{role}"
+                survived[key] = survived.get(key, 0) + 1
+        dropped = check_reports(pd, col)
+    finally:
+        pd.stop()
+    print("\ncrash safety: kills survived per point:", survived)
+    print(f"crash safety: {sum(survived.values())} kills, invariants held after each; "
+          f"{len(col.acked)} acked reports all counted once, {dropped} unacked dropped "
+          "at reconciliation")
