@@ -22,6 +22,7 @@ from svtagg.analyst.selection import (
     SelectionResult,
     Spend,
     geometric_binary_search,
+    practical_selection,
     sampling_and_filtering,
     sum_estimation,
 )
@@ -144,12 +145,23 @@ def top_k_heavy_hitters(
     *,
     variant: str = "tuned",
     rng: np.random.Generator | int | None = None,
-    kind: StreamKind | str = StreamKind.LAP24,
+    kind: StreamKind | str | None = None,
 ) -> TopKResult:
-    """Theorem 7.1: k rounds of Algorithm 9 with budget ε/k and failure 1/d each,
+    """Theorem 7.1: k rounds of selection with budget ε/k and failure 1/d each,
     removing the chosen categories.  Error O(log(d)·k/ε)-ish per item, with no
-    dependence on the sparsity r (each coordinate has sensitivity 1)."""
+    dependence on the sparsity r (each coordinate has sensitivity 1).
+
+    variant="paper" / "tuned": each round is Algorithm 9 (as written / tuned),
+    `kind` default lap24.  variant="practical": each round is
+    `selection.practical_selection` on [0, n] (coarse Algorithm 8 + one fine
+    descending-scan stream), `kind` default "auto" (the kind with the smallest α).
+    Either way: k·(ε/k) = ε by basic composition, every budget fixed up front.
+    """
     eps = check_epsilon(epsilon)
+    if variant not in ("paper", "tuned", "practical"):
+        raise ValueError(f"variant must be 'paper', 'tuned' or 'practical', got {variant!r}")
+    if not 1 <= k <= oracle.d:
+        raise ValueError(f"k must be in [1, d], got {k}")
     gen = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
     d = oracle.d
     remaining = list(range(d))
@@ -158,9 +170,20 @@ def top_k_heavy_hitters(
     planned = Fraction(0)
     for _ in range(k):
         cands = Candidates.of([Query(j) for j in remaining])
-        res = sampling_and_filtering(
-            oracle, eps / k, 1.0 / d, candidates=cands, variant=variant, rng=gen, kind=kind
-        )
+        if variant == "practical":
+            res = practical_selection(
+                oracle, eps / k, min(1.0 / d, 0.1), candidates=cands, kind=kind or "auto"
+            )
+        else:
+            res = sampling_and_filtering(
+                oracle,
+                eps / k,
+                1.0 / d,
+                candidates=cands,
+                variant=variant,
+                rng=gen,
+                kind=kind or StreamKind.LAP24,
+            )
         chosen.append(remaining.pop(res.index))
         spend.add(res.spend)
         planned += res.planned_epsilon

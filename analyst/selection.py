@@ -200,9 +200,11 @@ def default_rounds(width: float) -> int:
 # --------------------------------------------------------------------------- Algorithm 8
 
 
-def gbs_budgets(epsilon: Fraction, rounds: int) -> list[Fraction]:
+def gbs_budgets(epsilon: Fraction, rounds: int, ratio: Fraction = GBS_RATIO) -> list[Fraction]:
     """ε_t = (ε/Z)·γ^(T−t), t = 1..T, with Z = (1 − γ^T)/(1 − γ): they sum to ε exactly."""
-    g = GBS_RATIO
+    g = Fraction(ratio)
+    if not 0 < g < 1:
+        raise ValueError(f"ratio must be in (0, 1), got {ratio}")
     z = (1 - g**rounds) / (1 - g)
     return [epsilon / z * g ** (rounds - t) for t in range(1, rounds + 1)]
 
@@ -217,21 +219,55 @@ def _gbs(
     rounds: int,
     epsilon: Fraction,
     beta: float,
+    ratio: Fraction = GBS_RATIO,
+    witness_rule: str = "paper",
 ) -> tuple[int, float, float]:
-    """Algorithm 8 on candidate positions `subset`; returns (j*, ℓ', u')."""
+    """Algorithm 8 on candidate positions `subset`; returns (j*, ℓ', u').
+
+    witness_rule="paper": j* moves only when a YES raises ℓ (line "if m − α_t > ℓ").
+    witness_rule="highest": j* is the candidate of the YES at the highest threshold m
+    (ties: the later round, which has the smaller α) — a function of the stream
+    outputs only; used by the practical variant when its fine stage finds nothing.
+    """
+    best, lo, hi, _cert = _gbs_run(
+        session, cands, subset, lower, upper, witness, rounds, epsilon, beta, ratio, witness_rule
+    )
+    return best, lo, hi
+
+
+def _gbs_run(
+    session: _Session,
+    cands: Candidates,
+    subset: Sequence[int],
+    lower: float,
+    upper: float,
+    witness: int,
+    rounds: int,
+    epsilon: Fraction,
+    beta: float,
+    ratio: Fraction = GBS_RATIO,
+    witness_rule: str = "paper",
+) -> tuple[int, float, float, float]:
+    """`_gbs` that also returns the certified lower bound of j*'s score (4th value)."""
     best = witness
+    best_m = -math.inf
+    cert = float(lower)
     lo, hi = float(lower), float(upper)
-    for eps_t in gbs_budgets(epsilon, rounds):
+    for eps_t in gbs_budgets(epsilon, rounds, ratio):
         alpha_t = session.alpha(eps_t, len(subset), beta / rounds)
         m = (lo + hi) / 2
         stream = session.open(eps_t)
         hit = session.ask(stream, cands, subset, m)
         if hit is None:
             hi = min(hi, m + alpha_t)
-        elif m - alpha_t > lo:
+            continue
+        if witness_rule == "highest" and m >= best_m:
+            best, best_m, cert = subset[hit], m, m - alpha_t
+        if m - alpha_t > lo:
             lo = m - alpha_t
-            best = subset[hit]
-    return best, lo, hi
+            if witness_rule == "paper":
+                best, cert = subset[hit], lo
+    return best, lo, hi, cert
 
 
 def geometric_binary_search(
@@ -244,9 +280,14 @@ def geometric_binary_search(
     interval: tuple[float, float] | None = None,
     witness: int | None = None,
     rounds: int | None = None,
-    kind: StreamKind | str = StreamKind.LAP24,
+    kind: StreamKind | str | None = None,
+    variant: str = "paper",
 ) -> SelectionResult:
     """Algorithm 8, GeometricBinarySearch(P, [ℓ, u], j0, T, ε, β).
+
+    variant="paper" (default) runs Algorithm 8 as written with `kind` (default
+    lap24); variant="practical" runs `practical_selection` with the same P, [ℓ, u],
+    j0 and T for its coarse stage (`kind` default "auto").
 
     Requires max_{j∈P} s_j ≤ u and s_{j0} ≥ ℓ.  Defaults: P = all candidates,
     [ℓ, u] = [0, n], j0 = first of P, T = max(1, ⌈log2 n⌉).  Round t opens one
@@ -257,6 +298,20 @@ def geometric_binary_search(
     s_{j*} ≥ ℓ', max_P s ≤ u' and u' − ℓ' ≤ W/2^T + 2·max_t α_t-ish (the paper
     states (384/ε)·log(2|P|T/β) for its constants).
     """
+    if variant == "practical":
+        return practical_selection(
+            oracle,
+            epsilon,
+            beta,
+            candidates=candidates,
+            subset=subset,
+            interval=interval,
+            witness=witness,
+            rounds=rounds,
+            kind=kind if kind is not None else "auto",
+        )
+    if variant != "paper":
+        raise ValueError(f"variant must be 'paper' or 'practical', got {variant!r}")
     eps = check_epsilon(epsilon)
     beta = _check_beta(beta)
     cands = _candidates(oracle, candidates)
@@ -264,9 +319,226 @@ def geometric_binary_search(
     lo, hi = interval if interval is not None else (0.0, float(oracle.n))
     w0 = witness if witness is not None else positions[0]
     t_rounds = rounds if rounds is not None else default_rounds(hi - lo)
-    session = _Session(oracle, kind)
+    session = _Session(oracle, kind if kind is not None else StreamKind.LAP24)
     best, lo2, hi2 = _gbs(session, cands, positions, lo, hi, w0, t_rounds, eps, beta)
     return SelectionResult(best, cands.queries[best], lo2, hi2, session.spend, eps)
+
+
+# --------------------------------------------------------------------------- practical variant
+
+#: Share of ε the practical variant gives its coarse stage (paper GBS, fewer rounds).
+PRACTICAL_COARSE_FRACTION = Fraction(1, 2)
+#: Default fine-scan step, in units of the fine stream's query-noise scale c/ε_f
+#: (measured at n = 10^5, d = 10^3, ε = 1, 30 reps: steps of 0.5–1.5 scales gave
+#: median errors 3–5, 2–3 scales 7; levels, hence queries, fall as 1/step).
+PRACTICAL_STEP_SCALE = Fraction(3, 2)
+#: Kinds "auto" chooses from: the one with the smallest α for the fine stream.
+PRACTICAL_KINDS = (StreamKind.EXP3, StreamKind.LAP3, StreamKind.LAP24)
+
+
+@dataclass(frozen=True)
+class PracticalPlan:
+    """Every parameter of `practical_selection`, fixed before any data is touched.
+
+    Coarse stage: Algorithm 8 (ratio γ, `coarse_rounds` rounds, budget
+    `coarse_epsilon`, failure β/2) on [ℓ, u].  Fine stage: ONE stream of budget
+    `fine_epsilon` that asks all of P at thresholds u_c, u_c − s, u_c − 2s, … (u_c
+    the coarse upper bound) down to ℓ_c − α_f, at most `max_levels` levels
+    (Algorithm 7 restricted to the coarse interval); α_f is for |P|·max_levels
+    queries at failure β/2.  Everything here depends on (n, |P|, W, ε, β, kind) only.
+    """
+
+    kind: StreamKind
+    epsilon: Fraction
+    beta: float
+    size: int
+    width: float
+    ratio: Fraction
+    coarse_rounds: int
+    coarse_epsilon: Fraction
+    coarse_alphas: tuple[float, ...]  # α_t (oracle's, without the rounding slack)
+    width_bound: float  # the coarse interval's width is ≤ this on every run
+    fine_epsilon: Fraction
+    fine_alpha: float  # α_f (oracle's, without the rounding slack)
+    step: int
+    max_levels: int
+
+    @property
+    def planned_epsilon(self) -> Fraction:
+        return self.coarse_epsilon + self.fine_epsilon
+
+    def max_queries(self) -> int:
+        """|P|·(T_c + L): one chunk of |P| per coarse round and per fine level."""
+        return self.size * (self.coarse_rounds + self.max_levels)
+
+    def error_bound(self) -> float:
+        """When the fine stream answers YES below its first level (w.p. ≥ 1 − β when
+        the coarse interval is correct), u' − ℓ' ≤ s + 2·(α_f + 1/2)."""
+        return self.step + 2 * (self.fine_alpha + ROUNDING_SLACK)
+
+
+def _coarse_width_bound(width: float, alphas: Sequence[float]) -> float:
+    """Every GBS round leaves width ≤ min(w, w/2 + α_t) (NO: u = min(u, m + α);
+    YES: ℓ = m − α only if that raises ℓ), whatever the answers."""
+    w = float(width)
+    for a in alphas:
+        w = min(w, w / 2 + a + ROUNDING_SLACK)
+    return w
+
+
+def plan_practical(
+    oracle: Oracle,
+    epsilon: Number | str,
+    beta: float,
+    size: int,
+    width: float,
+    *,
+    kind: StreamKind | str = "auto",
+    coarse_fraction: Fraction = PRACTICAL_COARSE_FRACTION,
+    ratio: Fraction = GBS_RATIO,
+    rounds: int | None = None,
+    step: int | None = None,
+) -> PracticalPlan:
+    """The practical variant's plan from public parameters and `oracle.accuracy` only.
+
+    kind="auto" picks, among `PRACTICAL_KINDS`, the kind with the smallest α for
+    a chunk of |P| queries on the fine budget (`exp3`, one-sided noise, whenever
+    we looked: see `accuracy`).  Coarse rounds default to T = max(1, ⌈log2 W⌉)
+    as in Algorithm 8.  The step s defaults to max(1, ⌊1.5·c/ε_f⌋) score units,
+    c the kind's query-noise coefficient (`PRACTICAL_STEP_SCALE` noise scales).
+    """
+    from svtagg.analyst.kinds import noise_model
+
+    eps = check_epsilon(epsilon)
+    beta = _check_beta(beta)
+    frac = Fraction(coarse_fraction)
+    if not 0 < frac < 1:
+        raise ValueError(f"coarse_fraction must be in (0, 1), got {coarse_fraction}")
+    eps_c = eps * frac
+    eps_f = eps - eps_c
+    if kind == "auto":
+        kinds = [StreamKind.parse(k) for k in PRACTICAL_KINDS]
+        k_kind = min(kinds, key=lambda k: float(oracle.accuracy(k, eps_f, size, beta / 2)))
+    else:
+        k_kind = StreamKind.parse(kind)
+    t_max = rounds if rounds is not None else default_rounds(width)
+    budgets = gbs_budgets(eps_c, t_max, ratio)
+    alphas = [float(oracle.accuracy(k_kind, e, size, beta / 2 / t_max)) for e in budgets]
+    wb = _coarse_width_bound(width, alphas)
+    if step is None:
+        coef = noise_model(k_kind).query_coef
+        s = max(1, math.floor(PRACTICAL_STEP_SCALE * coef / eps_f))
+    else:
+        s = int(step)
+        if s < 1:
+            raise ValueError(f"step must be a positive integer, got {step}")
+    # α_f depends on the number of levels, which depends on α_f: iterate to a fixpoint.
+    levels = max(2, math.ceil(wb / s) + 1)
+    for _ in range(20):
+        a_f = float(oracle.accuracy(k_kind, eps_f, size * levels, beta / 2))
+        new_levels = math.ceil((wb + a_f + ROUNDING_SLACK) / s) + 1
+        if new_levels <= levels:
+            break
+        levels = new_levels
+    a_f = float(oracle.accuracy(k_kind, eps_f, size * levels, beta / 2))
+    return PracticalPlan(
+        k_kind,
+        eps,
+        beta,
+        size,
+        float(width),
+        Fraction(ratio),
+        t_max,
+        eps_c,
+        tuple(alphas),
+        wb,
+        eps_f,
+        a_f,
+        s,
+        levels,
+    )
+
+
+def practical_selection(
+    oracle: Oracle,
+    epsilon: Number | str,
+    beta: float,
+    *,
+    candidates: Candidates | None = None,
+    subset: Sequence[int] | None = None,
+    interval: tuple[float, float] | None = None,
+    witness: int | None = None,
+    rounds: int | None = None,
+    kind: StreamKind | str = "auto",
+    coarse_fraction: Fraction = PRACTICAL_COARSE_FRACTION,
+    step: int | None = None,
+    plan: PracticalPlan | None = None,
+) -> SelectionResult:
+    """Practical selection: coarse Algorithm 8, then a fine descending scan on one stream.
+
+    Not in the paper; built from its pieces.  See `PracticalPlan` for the stages.
+    Witness rule: the fine stream's first YES; if it never answers YES (only when
+    the coarse certificate failed or the noise was extreme), the coarse stage's
+    YES at the highest threshold; if no stream ever said YES, the given witness.
+    Privacy: basic composition of T_c + 1 streams whose budgets sum to ε exactly,
+    all fixed by the plan before data is touched (thresholds are adaptive, which
+    AboveThreshold allows).  Queries ≤ `plan.max_queries()`.  W.p. ≥ 1 − β: the
+    chosen score is ≥ ℓ' and every score ≤ u', and u' − ℓ' ≤ `plan.error_bound()`.
+    """
+    cands = _candidates(oracle, candidates)
+    positions = list(subset) if subset is not None else list(range(len(cands)))
+    lo, hi = interval if interval is not None else (0.0, float(oracle.n))
+    pl = (
+        plan
+        if plan is not None
+        else plan_practical(
+            oracle,
+            epsilon,
+            beta,
+            len(positions),
+            hi - lo,
+            kind=kind,
+            coarse_fraction=coarse_fraction,
+            rounds=rounds,
+            step=step,
+        )
+    )
+    if pl.size != len(positions) or abs(pl.width - (hi - lo)) > 1e-9:
+        raise ValueError("plan was made for another candidate count or interval")
+    w0 = witness if witness is not None else positions[0]
+    session = _Session(oracle, pl.kind)
+    best, lo_c, hi_c, cert = _gbs_run(
+        session,
+        cands,
+        positions,
+        lo,
+        hi,
+        w0,
+        pl.coarse_rounds,
+        pl.coarse_epsilon,
+        pl.beta / 2,
+        pl.ratio,
+        "highest",
+    )
+    a_f = session.alpha(pl.fine_epsilon, pl.size * pl.max_levels, pl.beta / 2)
+    stream = session.open(pl.fine_epsilon)
+    top = math.floor(hi_c)
+    floor_level = lo_c - a_f
+    for i in range(pl.max_levels):
+        m = float(top - i * pl.step)
+        hit = session.ask(stream, cands, positions, m)
+        if hit is not None:
+            j = positions[hit]
+            upper = hi_c if i == 0 else min(hi_c, m + pl.step + a_f)
+            return SelectionResult(
+                j, cands.queries[j], m - a_f, upper, session.spend, pl.planned_epsilon
+            )
+        if m <= floor_level:
+            break
+    upper = min(hi_c, float(top - (i) * pl.step) + a_f)
+    return SelectionResult(
+        best, cands.queries[best], cert, upper, session.spend, pl.planned_epsilon
+    )
 
 
 # --------------------------------------------------------------------------- Corollary 6.8
