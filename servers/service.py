@@ -60,6 +60,7 @@ from svtagg.servers.store import (
     TaskState,
 )
 from svtagg.servers.tls import Identity, role_of_pem
+from svtagg.servers.wire import UNDECODABLE, add_service
 
 log = logging.getLogger("svtagg.server")
 
@@ -118,6 +119,12 @@ def rpc(*roles: str) -> Callable[[F], F]:
                     f"{method.__name__} needs a certificate of role "
                     f"{' or '.join(r or 'none' for r in roles)}; "
                     f"caller presented {caller or 'none'}",
+                )
+            if request is UNDECODABLE:
+                log.info("%s refused: INVALID_ARGUMENT (undecodable)", method.__name__)
+                await context.abort(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"{method.__name__}: the request does not parse as its protobuf message",
                 )
             limiter: RateLimiter | None = getattr(self, "limiter", None)
             # The leader (the only holder of the leader certificate) drives the
@@ -715,6 +722,8 @@ class HealthService(health_pb2_grpc.HealthServicer):
         return s(status=s.SERVING if self.serving else s.NOT_SERVING)
 
     async def Check(self, request: Any, context: Any) -> health_pb2.HealthCheckResponse:
+        if request is UNDECODABLE:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "undecodable request")
         if request.service not in ("", "svtagg.v1.Ingest", "svtagg.v1.Analyst", "svtagg.v1.Peer"):
             await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown service {request.service!r}")
         return self._status()
@@ -764,17 +773,17 @@ class SvtaggServer:
         self.limiter = RateLimiter(config.rate_limit, config.rate_burst)
         ingest = IngestService(self.core)
         ingest.limiter = self.limiter
-        pb_grpc.add_IngestServicer_to_server(ingest, self.server)
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        add_service(pb_grpc.add_IngestServicer_to_server, ingest, self.server)
+        add_service(health_pb2_grpc.add_HealthServicer_to_server, self.health, self.server)
         if config.role == "leader":
             assert config.helper_address is not None
             self.peer = PeerClient(config.helper_address, config.identity)
             self.analyst = AnalystService(self.core, self.peer, party)
             self.analyst.limiter = self.limiter
-            pb_grpc.add_AnalystServicer_to_server(self.analyst, self.server)
+            add_service(pb_grpc.add_AnalystServicer_to_server, self.analyst, self.server)
         else:
             self.peer_service = PeerService(self.core, party)
-            pb_grpc.add_PeerServicer_to_server(self.peer_service, self.server)
+            add_service(pb_grpc.add_PeerServicer_to_server, self.peer_service, self.server)
         ident = config.identity
         creds = grpc.ssl_server_credentials(
             [(ident.key, ident.cert)], root_certificates=ident.ca, require_client_auth=True

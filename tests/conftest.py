@@ -195,17 +195,23 @@ class ProcessDeployment:
     def restart(self, role: str) -> None:
         self.start_role(role)
 
-    def stub(self, role: str = "analyst", service: str = "Analyst", server: str = "leader") -> Any:
+    def channel(self, role: str = "analyst", server: str = "leader") -> Any:
+        """A mutual-TLS channel to `server`, holding the certificate of `role`."""
         import grpc
-        from svtagg.proto import svtagg_pb2_grpc as pb_grpc
         from svtagg.servers.peer import OPTIONS
         from svtagg.servers.tls import tls_target
 
         ident = self.identity(role)
         creds = grpc.ssl_channel_credentials(ident.ca, ident.key, ident.cert)
-        ch = grpc.secure_channel(self.address(server), creds,
-                                 options=[*OPTIONS, *tls_target(server)])
-        return getattr(pb_grpc, f"{service}Stub")(ch)
+        return grpc.secure_channel(self.address(server), creds,
+                                   options=[*OPTIONS, *tls_target(server)])
+
+    def stub(self, role: str = "analyst", service: str = "Analyst", server: str = "leader") -> Any:
+        from svtagg.proto import health_pb2_grpc
+        from svtagg.proto import svtagg_pb2_grpc as pb_grpc
+
+        module = health_pb2_grpc if service == "Health" else pb_grpc
+        return getattr(module, f"{service}Stub")(self.channel(role, server))
 
     def uploader(self, **kw: Any) -> Any:
         from svtagg.client.upload import Uploader

@@ -1,0 +1,559 @@
+"""Hostile input (issue 6): hypothesis property tests against every RPC of every
+service (Ingest on both servers, Analyst on the leader, Peer on the helper,
+Health), with malformed, truncated, oversized and out-of-range messages: wrong
+vector lengths, unknown tasks, ε ≤ 0 / NaN / text, τL > τH, gaps below the
+minimum, chunks over the limit, replayed report ids, streams of other kinds or
+states, undecodable bytes.  Every call must get a clear refusal status (one of
+REFUSALS with a message; never UNKNOWN or INTERNAL: undecodable requests are
+INVALID_ARGUMENT, see servers/wire.py), the servers
+stay up (health SERVING, processes alive), and nothing is stored: both SQLite
+stores are byte-for-byte the same logical state before and after every refused
+call.  Also: the size bounds (request size, chunk size) and the per-caller
+rate limit answering RESOURCE_EXHAUSTED.
+
+Default run: EXAMPLES_DEFAULT inputs per RPC; `pytest -m heavy`: EXAMPLES_HEAVY
+and a per-RPC count printed at the end.  Inputs are derandomized (reproducible).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+import pytest
+from conftest import ProcessDeployment
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from svtagg.analyst.oracle import MAX_CHUNK
+from svtagg.client.upload import make_batch
+from svtagg.proto import health_pb2
+from svtagg.proto import svtagg_pb2 as pb
+
+Code = grpc.StatusCode
+EXAMPLES_DEFAULT = 30
+EXAMPLES_HEAVY = 500
+D, F = 4, 16
+#: Refusals a hostile input may get; anything else (UNKNOWN, INTERNAL, OK where a
+#: refusal is due, UNAVAILABLE) fails the test.
+REFUSALS = {
+    Code.INVALID_ARGUMENT, Code.NOT_FOUND, Code.ALREADY_EXISTS, Code.FAILED_PRECONDITION,
+    Code.RESOURCE_EXHAUSTED,
+}
+TRIED: Counter[str] = Counter()
+
+BAD_RATIONALS = ["0", "-1", "-0", "nan", "NaN", "inf", "-inf", "1e999", "", "abc", "1/0",
+                 "0/5", "1/-2", "--1", "1e-400", " ", "1" * 400, "0x10", "½"]
+
+
+def snapshot(path: Path) -> tuple[Any, ...]:
+    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)
+    try:
+        return (
+            db.execute("SELECT * FROM tasks ORDER BY task_id").fetchall(),
+            db.execute("SELECT * FROM streams ORDER BY stream_id").fetchall(),
+            db.execute("SELECT COUNT(*) FROM reports").fetchone(),
+        )
+    finally:
+        db.close()
+
+
+class Env:
+    """Servers, stubs and the objects hostile inputs refer to."""
+
+    def __init__(self, pd: ProcessDeployment) -> None:
+        self.pd = pd
+        self.analyst = pd.stub()
+        self.peer = pd.stub("leader", "Peer", "helper")
+        self.ingest = {r: pd.stub("client", "Ingest", r) for r in ("leader", "helper")}
+        self.health = {r: pd.stub("analyst", "Health", r) for r in ("leader", "helper")}
+        spec = dict(d=D, frac_bits=F, n_max=1000, min_batch=1, epsilon_total="100",
+                    delta_total="1/1000", epsilon_min="1/100")
+        for t in ("h", "u"):
+            self.analyst.CreateTask(pb.TaskSpec(task_id=t, **spec), timeout=30)
+        self.spec = pb.TaskSpec(task_id="new", **spec)
+        with pd.uploader() as up:
+            up.upload("h", np.random.default_rng(3).random((20, D)))
+            up.upload("u", np.random.default_rng(4).random((5, D)))
+        self.analyst.CloseCollection(pb.TaskRef(task_id="h"), timeout=30)
+        self.stored_ids = sorted(pd.store_view("leader", "h").report_ids)[:5]
+        self.stored_ids_u = sorted(pd.store_view("leader", "u").report_ids)[:5]
+        o = lambda **kw: self.analyst.OpenStream(pb.OpenStreamRequest(task_id="h", **kw),  # noqa: E731
+                                                 timeout=30).stream_id
+        self.lap = o(kind=pb.LAP24, epsilon="1/2")
+        self.ctt = o(kind=pb.CTT, epsilon="1/2", delta="1/10000")
+        closed = o(kind=pb.LAP3, epsilon="1/2")
+        self.analyst.Ask(pb.AskRequest(stream_id=closed, queries=pb.Queries(index=[0]),
+                                       tau=[-100 * 2**F]), timeout=30)
+        self.closed = closed
+        self.streams = [self.lap, self.ctt, self.closed, "", "0" * 32, "x" * 1000]
+        self.tasks = ["h", "u", "", "nope", "bad id!", "a" * 65, "../../etc", "h\x00"]
+        self.digest = pb.CollectionDigest(task_id="h", **{
+            k: getattr(self.peer.Digest(pb.TaskRef(task_id="h"), timeout=30), k)
+            for k in ("n", "report_digest")})
+
+    def state(self) -> tuple[Any, ...]:
+        return tuple(snapshot(self.pd.root / f"{r}.sqlite") for r in ("leader", "helper"))
+
+    def alive(self) -> None:
+        for role in ("leader", "helper"):
+            assert self.pd.dep.procs[role].poll() is None, f"{role} died"
+            r = self.health[role].Check(health_pb2.HealthCheckRequest(), timeout=10)
+            assert r.status == health_pb2.HealthCheckResponse.SERVING
+
+    def refused(self, rpc: str, call: Callable[[], Any], may_succeed: bool = False) -> Code:
+        """Run one hostile call: a clear refusal, nothing stored, servers up."""
+        before = self.state()
+        try:
+            call()
+            code = Code.OK
+        except grpc.RpcError as exc:
+            code = exc.code()  # type: ignore[attr-defined]
+            details = exc.details() or ""  # type: ignore[attr-defined]
+            assert code in REFUSALS, (rpc, code, details)
+            assert details, (rpc, code)  # a clear status says why
+        TRIED[rpc] += 1
+        if code == Code.OK:
+            assert may_succeed, f"{rpc}: a hostile input was accepted"
+        else:
+            assert self.state() == before, f"{rpc}: a refused call changed the store"
+        return code
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    pd = ProcessDeployment(tmp_path_factory.mktemp("hostile")).start()
+    try:
+        yield Env(pd)
+        env_alive = True
+    finally:
+        pd.stop()
+    assert env_alive
+    if TRIED:
+        print("\nhostile inputs tried per RPC:", dict(sorted(TRIED.items())),
+              f"(total {sum(TRIED.values())})")
+
+
+def run_property(examples: int, *strategies: Any) -> Callable[[Callable[..., None]], None]:
+    """Run `body` as a hypothesis property with `examples` inputs, now."""
+
+    def deco(body: Callable[..., None]) -> None:
+        settings(max_examples=examples, deadline=None, derandomize=True, database=None,
+                 suppress_health_check=list(HealthCheck))(given(*strategies)(body))()
+
+    return deco
+
+
+EXAMPLES = [pytest.param(EXAMPLES_DEFAULT, id="default"),
+            pytest.param(EXAMPLES_HEAVY, id="heavy", marks=pytest.mark.heavy)]
+
+texts = st.text(max_size=80)
+u32 = st.integers(0, 2**32 - 1)
+u64 = st.integers(0, 2**64 - 1)
+i64 = st.integers(-(2**63), 2**63 - 1)
+rationals = st.one_of(st.sampled_from(BAD_RATIONALS), texts,
+                      st.floats(allow_nan=True).map(repr),
+                      st.integers(-10, 0).map(str))
+
+
+# ---------------------------------------------------------------- Ingest
+UPLOAD_MUTATIONS = ["unknown task", "closed task", "short share", "long share", "short id",
+                    "long id", "replayed id", "dup in batch", "wrong oneof", "empty batch",
+                    "no share", "too many reports", "bad task id"]
+
+
+@pytest.mark.parametrize("examples", EXAMPLES)
+def test_upload(env: Env, examples: int):
+    @run_property(examples, st.sampled_from(UPLOAD_MUTATIONS),
+                  st.sampled_from(["leader", "helper"]), st.integers(1, 5), st.integers(0, 4),
+                  st.binary(max_size=40))
+    def body(mutation: str, role: str, m: int, which: int, junk: bytes) -> None:
+        b = make_batch("u", np.random.default_rng(which).random((m, D)), F)
+        msg = pb.UploadBatch()
+        msg.CopyFrom(b.leader if role == "leader" else b.helper)
+        r = msg.reports[which % m]
+        field = "explicit_share" if role == "leader" else "seed"
+        share = getattr(r, field)
+        if mutation == "unknown task":
+            msg.task_id = "nope"
+        elif mutation == "bad task id":
+            msg.task_id = "bad id!" + junk.hex()
+        elif mutation == "closed task":
+            msg.task_id = "h"
+        elif mutation == "short share":
+            setattr(r, field, share[: max(0, len(share) - 1 - len(junk) % len(share))])
+        elif mutation == "long share":
+            setattr(r, field, share + b"\0" + junk)
+        elif mutation == "short id":
+            r.report_id = r.report_id[: len(junk) % 16]
+        elif mutation == "long id":
+            r.report_id = r.report_id + b"\1" + junk
+        elif mutation == "replayed id":
+            r.report_id = env.stored_ids_u[which % len(env.stored_ids_u)]
+        elif mutation == "dup in batch":
+            msg.reports.add().CopyFrom(r)
+        elif mutation == "wrong oneof":
+            other = "seed" if role == "leader" else "explicit_share"
+            r.ClearField(field)
+            setattr(r, other, junk or b"x")
+        elif mutation == "empty batch":
+            del msg.reports[:]
+        elif mutation == "no share":
+            r.ClearField(field)
+        elif mutation == "too many reports":
+            template = msg.reports[0]
+            for i in range(10_001 - m):
+                rep = msg.reports.add()
+                rep.CopyFrom(template)
+                rep.report_id = i.to_bytes(16, "big")
+        env.refused(f"Ingest.Upload@{role}", lambda: env.ingest[role].Upload(msg, timeout=30))
+
+    env.alive()
+
+
+@pytest.mark.parametrize("examples", EXAMPLES)
+def test_get_task(env: Env, examples: int):
+    @run_property(examples, st.one_of(st.sampled_from(env.tasks), texts),
+                  st.sampled_from(["leader", "helper"]))
+    def body(task: str, role: str) -> None:
+        env.refused(f"Ingest.GetTask@{role}", lambda: env.ingest[role].GetTask(
+            pb.TaskRef(task_id=task), timeout=30), may_succeed=True)
+
+    env.alive()
+
+
+# ---------------------------------------------------------------- task specs
+def hostile_spec(env: Env) -> Any:
+    def build(field: str, value: Any, task: str) -> pb.TaskSpec:
+        spec = pb.TaskSpec()
+        spec.CopyFrom(env.spec)
+        spec.task_id = task
+        setattr(spec, field, value)
+        return spec
+
+    return st.one_of(
+        st.builds(build, st.just("task_id"), st.sampled_from(["h", "u", "", "bad id!", "a" * 65,
+                                                              "x/y", "t\n"]), st.just("")),
+        st.builds(build, st.just("d"), st.sampled_from([0, 1_000_001, 2**32 - 1]), st.just("n1")),
+        st.builds(build, st.just("frac_bits"), st.sampled_from([0, 31, 63, 64, 2**32 - 1]),
+                  st.just("n2")),
+        st.builds(build, st.just("n_max"), st.sampled_from([0, 2**63, 2**64 - 1]), st.just("n3")),
+        st.builds(build, st.just("min_batch"), st.sampled_from([0, 1001, 2**64 - 1]),
+                  st.just("n4")),
+        st.builds(build, st.sampled_from(["epsilon_total", "epsilon_min"]),
+                  rationals.filter(_bad_rational), st.just("n5")),
+        st.builds(build, st.just("delta_total"),
+                  st.sampled_from(["-1", "nan", "inf", "abc", "1/0", "1e999", "--1", "½"]),
+                  st.just("n8")),
+        st.builds(build, st.just("epsilon_min"), st.just("200"), st.just("n6")),
+        st.builds(build, st.just("delta_total"), st.sampled_from(["1", "2", "-1/2"]),
+                  st.just("n7")),
+    ).map(lambda s: s if s.task_id else _named(s))
+
+
+def _named(spec: pb.TaskSpec) -> pb.TaskSpec:
+    return spec
+
+
+def _bad_rational(s: str) -> bool:
+    """True unless `s` parses as a positive rational (which a server may accept)."""
+    from fractions import Fraction
+
+    try:
+        return Fraction(s.strip()) <= 0
+    except (ValueError, ZeroDivisionError, OverflowError):
+        return True
+
+
+@pytest.mark.parametrize("examples", EXAMPLES)
+def test_create_task(env: Env, examples: int):
+    @run_property(examples, hostile_spec(env), st.booleans())
+    def body(spec: pb.TaskSpec, on_helper: bool) -> None:
+        if on_helper:  # the leader's own peer call, sent directly
+            name, call = "Peer.CreateTask", lambda: env.peer.CreateTask(spec, timeout=30)
+        else:
+            name, call = "Analyst.CreateTask", lambda: env.analyst.CreateTask(spec, timeout=30)
+        env.refused(name, call)
+
+    env.alive()
+
+
+# ---------------------------------------------------------------- read-only and close
+@pytest.mark.parametrize("examples", EXAMPLES)
+def test_task_refs(env: Env, examples: int):
+    """DescribeTask, Budget, CloseCollection (analyst); Digest, Budget, CloseCollection,
+    ListReports (peer): unknown or malformed tasks are refused; the closed task's
+    answers are read-only (closing again is idempotent)."""
+    methods = [("Analyst", "DescribeTask"), ("Analyst", "Budget"), ("Analyst", "CloseCollection"),
+               ("Peer", "Digest"), ("Peer", "Budget"), ("Peer", "CloseCollection"),
+               ("Peer", "ListReports")]
+
+    @run_property(examples, st.one_of(st.sampled_from([t for t in env.tasks if t != "u"]),
+                                      texts.filter(lambda t: t != "u")),
+                  st.sampled_from(methods))
+    def body(task: str, method: tuple[str, str]) -> None:
+        stub = env.analyst if method[0] == "Analyst" else env.peer
+        env.refused(".".join(method), lambda: getattr(stub, method[1])(
+            pb.TaskRef(task_id=task), timeout=30), may_succeed=task == "h")
+
+    env.refused("Analyst.ListTasks", lambda: env.analyst.ListTasks(pb.Empty(), timeout=30),
+                may_succeed=True)
+    env.alive()
+
+
+# ---------------------------------------------------------------- streams
+def hostile_open(env: Env) -> Any:
+    return st.one_of(
+        st.builds(pb.OpenStreamRequest, task_id=st.sampled_from(env.tasks[1:]) | texts,
+                  kind=st.just(pb.LAP24), epsilon=st.just("1/2")),
+        st.builds(pb.OpenStreamRequest, task_id=st.just("h"),
+                  kind=st.sampled_from([0, 5, 99, 2**31 - 1, -1]), epsilon=st.just("1/2")),
+        st.builds(pb.OpenStreamRequest, task_id=st.just("h"),
+                  kind=st.sampled_from([pb.LAP24, pb.LAP3, pb.EXP3]),
+                  epsilon=rationals.filter(_bad_rational) | st.sampled_from(
+                      ["1/1000", "1/101", "101", "1e9"])),
+        st.builds(pb.OpenStreamRequest, task_id=st.just("h"),
+                  kind=st.sampled_from([pb.LAP24, pb.LAP3, pb.EXP3]), epsilon=st.just("1/2"),
+                  delta=st.sampled_from(["1/100", "1", "x"])),
+        st.builds(pb.OpenStreamRequest, task_id=st.just("h"), kind=st.just(pb.CTT),
+                  epsilon=st.just("1/2"), delta=st.sampled_from(["", "0", "1", "2", "-1/2",
+                                                                 "nan", "1/0"])),
+    )
+
+
+@pytest.mark.parametrize("examples", EXAMPLES)
+def test_open_stream(env: Env, examples: int):
+    @run_property(examples, hostile_open(env), st.booleans(), st.sampled_from(env.streams))
+    def body(req: pb.OpenStreamRequest, on_helper: bool, sid: str) -> None:
+        if on_helper:
+            prep = pb.PrepareStreamRequest(stream_id=sid or "s", task_id=req.task_id,
+                                           kind=req.kind, epsilon=req.epsilon, delta=req.delta)
+            env.refused("Peer.PrepareStream", lambda: env.peer.PrepareStream(prep, timeout=30))
+        else:
+            env.refused("Analyst.OpenStream", lambda: env.analyst.OpenStream(req, timeout=30))
+
+    # A stream id the helper already holds is refused too (no second charge).
+    for sid in (env.lap, env.closed):
+        env.refused("Peer.PrepareStream", lambda sid=sid: env.peer.PrepareStream(
+            pb.PrepareStreamRequest(stream_id=sid, task_id="h", kind=pb.LAP24, epsilon="1/2"),
+            timeout=30))
+    env.alive()
+
+
+ASK_MUTATIONS = ["empty", "oversized", "index>=d", "tau count", "tau bound", "complement count",
+                 "ask on ctt", "closed stream", "unknown stream"]
+
+
+@pytest.mark.parametrize("examples", EXAMPLES)
+def test_ask(env: Env, examples: int):
+    bound = 4 * 1000 * 2**F
+
+    @run_property(examples, st.sampled_from(ASK_MUTATIONS), st.integers(1, 6),
+                  st.sampled_from(env.streams[3:]), st.integers(1, 2**63 - 1 - bound))
+    def body(mutation: str, k: int, unknown: str, extra: int) -> None:
+        idx, tau, comp, sid = list(range(k)), [0] * k, [], env.lap
+        idx = [i % D for i in idx]
+        if mutation == "empty":
+            idx, tau = [], []
+        elif mutation == "oversized":
+            idx, tau = [0] * (MAX_CHUNK + k), [0] * (MAX_CHUNK + k)
+        elif mutation == "index>=d":
+            idx[-1] = D + extra % (2**32 - D)
+        elif mutation == "tau count":
+            tau = tau + [0] if extra % 2 else tau[:-1]
+        elif mutation == "tau bound":
+            tau[-1] = (bound + extra) * (1 if extra % 2 else -1)
+        elif mutation == "complement count":
+            comp = [True] * (k + 1)
+        elif mutation == "ask on ctt":
+            sid = env.ctt
+        elif mutation == "closed stream":
+            sid = env.closed
+        else:
+            sid = unknown
+        req = pb.AskRequest(stream_id=sid, queries=pb.Queries(index=idx, complement=comp),
+                            tau=tau)
+        env.refused("Analyst.Ask", lambda: env.analyst.Ask(req, timeout=60))
+
+    env.alive()
+
+
+CMP_MUTATIONS = ["low>high", "gap", "count low", "count high", "compare on lap", "bound",
+                 "oversized", "unknown stream"]
+
+
+@pytest.mark.parametrize("examples", EXAMPLES)
+def test_compare(env: Env, examples: int):
+    bound = 4 * 1000 * 2**F
+
+    @run_property(examples, st.sampled_from(CMP_MUTATIONS), st.integers(1, 5),
+                  st.integers(0, 2**F * 100))
+    def body(mutation: str, k: int, shift: int) -> None:
+        idx = [i % D for i in range(k)]
+        lo, hi, sid = [0] * k, [bound] * k, env.ctt
+        if mutation == "low>high":
+            lo, hi = [shift + 1] * k, [0] * k
+        elif mutation == "gap":
+            lo, hi = [0] * k, [shift % (2**F * 50)] * k  # below the ε = 1/2 gap (≫ 50)
+        elif mutation == "count low":
+            lo = lo[:-1]
+        elif mutation == "count high":
+            hi = hi + [bound]
+        elif mutation == "compare on lap":
+            sid = env.lap
+        elif mutation == "bound":
+            hi[-1] = bound + 1 + shift
+        elif mutation == "oversized":
+            idx, lo, hi = [0] * (MAX_CHUNK + 1), [0] * (MAX_CHUNK + 1), [bound] * (MAX_CHUNK + 1)
+        else:
+            sid = "0" * 32
+        req = pb.CompareRequest(stream_id=sid, queries=pb.Queries(index=idx), tau_low=lo,
+                                tau_high=hi)
+        env.refused("Analyst.Compare", lambda: env.analyst.Compare(req, timeout=60))
+
+    env.alive()
+
+
+# ---------------------------------------------------------------- peer-only RPCs
+@pytest.mark.parametrize("examples", EXAMPLES)
+def test_peer_reconciliation_and_streams(env: Env, examples: int):
+    """DropReports with malformed ids or unknown tasks, MarkAgreed with a wrong digest
+    or an open task, FailStream of unknown streams, Session with a bad first frame."""
+
+    @run_property(examples, st.sampled_from(["drop", "agree", "fail"]),
+                  st.binary(max_size=100), st.sampled_from(env.tasks), u64)
+    def body(which: str, blob: bytes, task: str, n: int) -> None:
+        if which == "drop":
+            if len(blob) % 16 == 0 and task == "h":
+                blob += b"x"  # valid ids on the real task are the leader's to drop
+            req = pb.ReportIds(task_id=task, report_ids=blob)
+            env.refused("Peer.DropReports", lambda: env.peer.DropReports(req, timeout=30))
+        elif which == "agree":
+            dg = pb.CollectionDigest(task_id=task, n=n, report_digest=blob)
+            if dg.task_id == "h" and (n, blob) == (env.digest.n, env.digest.report_digest):
+                dg.n += 1
+            env.refused("Peer.MarkAgreed", lambda: env.peer.MarkAgreed(dg, timeout=30))
+        else:
+            sid = blob.hex() if blob else "nope"
+            env.refused("Peer.FailStream", lambda: env.peer.FailStream(
+                pb.StreamRef(stream_id=sid), timeout=30))
+
+    @run_property(max(3, examples // 5), st.sampled_from(["header first", "short id", "status",
+                                                          "fragment", "long id"]),
+                  st.binary(max_size=40))
+    def session(first: str, blob: bytes) -> None:
+        frame = {
+            "header first": pb.PeerFrame(header=pb.ChunkHeader(stream_id=env.lap, chunk_no=1)),
+            "short id": pb.PeerFrame(open=pb.SessionOpen(session_id=blob[:15])),
+            "long id": pb.PeerFrame(open=pb.SessionOpen(session_id=b"\0" * 17 + blob)),
+            "status": pb.PeerFrame(status=pb.PeerStatus(ok=True)),
+            "fragment": pb.PeerFrame(fragment=blob),
+        }[first]
+
+        def call() -> None:
+            for _ in env.peer.Session(iter([frame]), timeout=30):
+                pass
+
+        env.refused("Peer.Session", call)
+
+    env.alive()
+
+
+# ---------------------------------------------------------------- raw bytes
+UNARY = {
+    "leader": ["/svtagg.v1.Ingest/Upload", "/svtagg.v1.Ingest/GetTask",
+               "/svtagg.v1.Analyst/CreateTask", "/svtagg.v1.Analyst/DescribeTask",
+               "/svtagg.v1.Analyst/ListTasks", "/svtagg.v1.Analyst/CloseCollection",
+               "/svtagg.v1.Analyst/OpenStream", "/svtagg.v1.Analyst/Ask",
+               "/svtagg.v1.Analyst/Compare", "/svtagg.v1.Analyst/Budget",
+               "/grpc.health.v1.Health/Check"],
+    "helper": ["/svtagg.v1.Ingest/Upload", "/svtagg.v1.Peer/CreateTask",
+               "/svtagg.v1.Peer/Digest", "/svtagg.v1.Peer/CloseCollection",
+               "/svtagg.v1.Peer/ListReports", "/svtagg.v1.Peer/DropReports",
+               "/svtagg.v1.Peer/MarkAgreed", "/svtagg.v1.Peer/PrepareStream",
+               "/svtagg.v1.Peer/FailStream", "/svtagg.v1.Peer/Budget"],
+}
+
+
+@pytest.mark.parametrize("examples", EXAMPLES)
+def test_undecodable_and_random_bytes(env: Env, examples: int):
+    """Random and truncated bytes as the request of every unary RPC: what does not
+    parse is INVALID_ARGUMENT, what parses into nonsense is refused by the service;
+    the servers stay up and store nothing."""
+    chans = {r: env.pd.channel({"leader": "analyst", "helper": "leader"}[r], r)
+             for r in ("leader", "helper")}
+    client = {r: env.pd.channel("client", r) for r in ("leader", "helper")}
+    valid = make_batch("u", np.zeros((1, D)), F).leader.SerializeToString()
+    methods = [(r, m) for r in UNARY for m in UNARY[r]]
+
+    @run_property(examples * 2, st.sampled_from(methods),
+                  st.one_of(st.binary(max_size=300), st.integers(1, len(valid) - 1).map(
+                      lambda k: valid[:k])))
+    def body(method: tuple[str, str], blob: bytes) -> None:
+        role, path = method
+        call = chans[role].unary_unary(path)  # bytes in, bytes out
+        if path.endswith("/Upload"):
+            # Uploads need a client certificate; the other RPCs take the stub's role.
+            call = client[role].unary_unary(path)
+        ok_reads = ("GetTask", "ListTasks", "Describe", "Budget", "Digest", "Check",
+                    "ListReports", "CloseCollection")
+        env.refused(f"raw:{path.rsplit('/', 1)[1]}@{role}", lambda: call(blob, timeout=30),
+                    may_succeed=path.endswith(ok_reads))
+
+    env.alive()
+
+
+# ---------------------------------------------------------------- size and rate bounds
+def test_oversized_request_is_refused(env: Env):
+    """A request over the 64 MiB message limit is refused by the server's transport
+    (RESOURCE_EXHAUSTED) before any of it is parsed; an upload batch over the 10,000
+    reports / 32 MiB batch limit is refused by the service (tested above)."""
+    from svtagg.servers.tls import tls_target
+
+    ident = env.pd.identity("client")
+    creds = grpc.ssl_channel_credentials(ident.ca, ident.key, ident.cert)
+    opts = [("grpc.max_send_message_length", 200 << 20), *tls_target("leader")]
+    with grpc.secure_channel(env.pd.address("leader"), creds, options=opts) as ch:
+        upload = ch.unary_unary("/svtagg.v1.Ingest/Upload")
+        blob = pb.UploadBatch(task_id="u", reports=[pb.Report(
+            report_id=b"\1" * 16, explicit_share=b"\0" * (65 << 20))]).SerializeToString()
+        assert env.refused("Ingest.Upload@leader(65MiB)",
+                           lambda: upload(blob, timeout=60)) == Code.RESOURCE_EXHAUSTED
+    env.alive()
+
+
+def test_rate_limit_per_caller(tmp_path: Path):
+    """A caller over its token bucket gets RESOURCE_EXHAUSTED at once; another
+    caller (another certificate) is unaffected; the bucket refills."""
+    pd = ProcessDeployment(tmp_path, ["--rate-limit", "5", "--rate-burst", "10"]).start()
+    try:
+        client = pd.stub("client", "Ingest", "leader")
+        analyst = pd.stub()
+        ref = pb.TaskRef(task_id="nope")
+        codes = Counter()
+        for _ in range(30):
+            try:
+                client.GetTask(ref, timeout=10)
+            except grpc.RpcError as exc:
+                codes[exc.code()] += 1  # type: ignore[attr-defined]
+        assert codes[Code.RESOURCE_EXHAUSTED] >= 15 and codes[Code.NOT_FOUND] >= 10, codes
+        try:
+            analyst.ListTasks(pb.Empty(), timeout=10)  # other certificate: own bucket
+        except grpc.RpcError as exc:  # pragma: no cover - the assertion below reports it
+            pytest.fail(f"analyst throttled by the client's bucket: {exc}")
+        # The leader's own calls to the helper are exempt: a stream still opens.
+        analyst.CreateTask(pb.TaskSpec(task_id="t", d=2, frac_bits=8, n_max=10, min_batch=1,
+                                       epsilon_total="10", delta_total="0",
+                                       epsilon_min="1/10"), timeout=10)
+        time.sleep(0.5)  # refills 2.5 tokens
+        with pytest.raises(grpc.RpcError) as info:
+            client.GetTask(ref, timeout=10)
+        assert info.value.code() == Code.NOT_FOUND  # type: ignore[attr-defined]
+        assert pd.dep.procs["leader"].poll() is None
+    finally:
+        pd.stop()
