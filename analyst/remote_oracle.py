@@ -54,7 +54,7 @@ _OUTCOME = {pb.HIGH: Outcome.HIGH, pb.LOW: Outcome.LOW, pb.CLOSE: Outcome.CLOSE}
 def _error(exc: grpc.RpcError) -> Exception:
     code: grpc.StatusCode = exc.code()  # type: ignore[attr-defined]
     msg = f"{code.name}: {exc.details()}"  # type: ignore[attr-defined]
-    if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED and "rate limit" not in msg:
         return BudgetExhausted(msg)
     if code == grpc.StatusCode.INVALID_ARGUMENT:
         return ValueError(msg)

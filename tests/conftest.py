@@ -152,17 +152,22 @@ def svc_rng() -> Iterator[np.random.Generator]:
 class ProcessDeployment:
     """Leader + helper processes with run-time crash arming and store views."""
 
-    def __init__(self, root: Path, server_args: list[str] | None = None) -> None:
+    def __init__(
+        self, root: Path, server_args: list[str] | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
         from svtagg.servers.launch import LocalDeployment
 
         self.root = root
+        self.env = dict(env or {})
         self.control = {r: root / f"{r}.crash" for r in ("leader", "helper")}
         self.dep = LocalDeployment(root, server_args=list(server_args or []))
         self.kills: dict[str, int] = {}
 
     def start_role(self, role: str) -> None:
         self.control[role].write_text("")
-        self.dep.start_role(role, env={"SVTAGG_CRASH_CONTROL": str(self.control[role])})
+        self.dep.start_role(
+            role, env={**self.env, "SVTAGG_CRASH_CONTROL": str(self.control[role])})
 
     def start(self) -> ProcessDeployment:
         self.start_role("helper")
