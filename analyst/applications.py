@@ -143,7 +143,7 @@ def top_k_heavy_hitters(
     k: int,
     epsilon: Number | str,
     *,
-    variant: str = "tuned",
+    variant: str = "practical",
     rng: np.random.Generator | int | None = None,
     kind: StreamKind | str | None = None,
 ) -> TopKResult:
@@ -156,6 +156,11 @@ def top_k_heavy_hitters(
     `selection.practical_selection` on [0, n] (coarse Algorithm 8 + one fine
     descending-scan stream), `kind` default "auto" (the kind with the smallest α).
     Either way: k·(ε/k) = ε by basic composition, every budget fixed up front.
+
+    The default is "practical": at d = 10^3, k = 10, ε = 1 (docs/algorithms.md §5)
+    its recall was 0.85 / 1 / 1 / 1 at n = 3·10^3 … 10^5 against 0 / 0.2 / 0.5 /
+    0.95 for Algorithm 9 tuned, at ~10× the answered queries.  `rng` only feeds
+    Algorithm 9's samples.
     """
     eps = check_epsilon(epsilon)
     if variant not in ("paper", "tuned", "practical"):

@@ -29,6 +29,8 @@ from svtagg.analyst.selection import (
     binary_search,
     geometric_binary_search,
     plan_for,
+    plan_practical,
+    practical_selection,
     sampling_and_filtering,
 )
 from svtagg.mpc.ring import encode, sensitivity
@@ -173,6 +175,12 @@ def _sel_alg8(scores: npt.NDArray[np.int64], n: int, eps: float, rng: np.random.
     return geometric_binary_search(_oracle(scores, n, _oracle_seed(rng)), eps, 0.1).index
 
 
+def _sel_practical(
+    scores: npt.NDArray[np.int64], n: int, eps: float, rng: np.random.Generator
+) -> int:
+    return practical_selection(_oracle(scores, n, _oracle_seed(rng)), eps, 0.1).index
+
+
 def _sel_alg9(variant: str) -> SelectFn:
     def f(scores: npt.NDArray[np.int64], n: int, eps: float, rng: np.random.Generator) -> int:
         oracle = _oracle(scores, n, _oracle_seed(rng))
@@ -192,6 +200,7 @@ def _sel_em(scores: npt.NDArray[np.int64], n: int, eps: float, rng: np.random.Ge
 
 FIG1_METHODS: dict[str, tuple[str, SelectFn]] = {
     "alg8": ("SVT: Alg 8 (GeometricBinarySearch)", _sel_alg8),
+    "practical": ("SVT: practical (coarse Alg 8 + fine scan, auto kind)", _sel_practical),
     "alg9": ("SVT: Alg 9 as written", _sel_alg9("paper")),
     "alg9_tuned": ("SVT: Alg 9 tuned", _sel_alg9("tuned")),
     "gaussian": ("Gaussian aggregation, (ε, 1/n²)", _sel_gauss),
@@ -222,8 +231,13 @@ def _sweep(
                 j = fn(scores, n, eps, _rng(seed, tag, i, r, k + 1))
                 errs[m].append(best - float(scores[j]))
             bar.tick(f"n={n} d={d}")
+        em_mean = float(np.mean(errs["em"]))
         for m in FIG1_METHODS:
-            rows[m].append({"n": n, "d": d, "errors": errs[m], **summarize(errs[m])})
+            summ = summarize(errs[m])
+            row: dict[str, Any] = {"n": n, "d": d, "errors": errs[m], **summ}
+            # mean error over the EM's mean error (means: the EM's median is 0.5–2 units)
+            row["mean_ratio_to_em"] = summ["mean"] / em_mean if em_mean > 0 else math.inf
+            rows[m].append(row)
     return rows
 
 
@@ -245,7 +259,7 @@ def figure1(
         "the others ⌊n/2 − d·u⌋ (≥ 0), u uniform on (0, 1]: one candidate per score unit "
         "near the top",
         "matching": MATCHING,
-        "betas": "Alg 8: β = 0.1; Alg 9: β = 1/(2d) (it requires β ≤ 1/d)",
+        "betas": "Alg 8 and practical: β = 0.1; Alg 9: β = 1/(2d) (it requires β ≤ 1/d)",
         "methods": {m: label for m, (label, _) in FIG1_METHODS.items()},
         "vs_d": vs_d,
         "vs_n": vs_n,
@@ -267,11 +281,15 @@ def figure1_table(result: dict[str, Any]) -> str:
         if key is None:
             lines.append(f"{api:<46} {bound:<38} " + " ".join(f"{'—':>9}" for _ in ds))
             continue
-        keys = [key] + (["alg8", "alg9_tuned"] if key == "alg9" else [])
+        keys = [key] + (["alg8", "alg9_tuned", "practical"] if key == "alg9" else [])
         for k in keys:
             name = api if k == key else f"  {FIG1_METHODS[k][0]}"
             vals = " ".join(f"{row['median']:>9.1f}" for row in vs_d[k])
             lines.append(f"{name:<46} {bound if k == key else '':<38} {vals}")
+    lines.append("ratio of mean error to the exponential mechanism's (same ε, same data):")
+    for k in ("alg8", "practical"):
+        vals = " ".join(f"{r['mean_ratio_to_em']:>9.1f}" for r in vs_d[k])
+        lines.append(f"  {FIG1_METHODS[k][0]:<44} {'':<38} {vals}")
     return "\n".join(lines)
 
 
@@ -332,6 +350,7 @@ def queries(
     algs: dict[str, Callable[[LocalOracle, int, np.random.Generator], Any]] = {
         "alg6": lambda o, d, g: binary_search(o, epsilon, 0.1),
         "alg8": lambda o, d, g: geometric_binary_search(o, epsilon, 0.1),
+        "practical": lambda o, d, g: practical_selection(o, epsilon, 0.1),
         "alg9": lambda o, d, g: sampling_and_filtering(o, epsilon, 1 / (2 * d), rng=g),
         "alg9_tuned": lambda o, d, g: sampling_and_filtering(
             o, epsilon, 1 / (2 * d), variant="tuned", rng=g
@@ -373,6 +392,7 @@ def queries(
                 "alg8_bound_d_T": d * max(1, math.ceil(math.log2(n))),
                 "alg6_bound_d_R": d * (math.ceil(math.log2(2 * n)) + 1),
                 "alg9_plan_max": plan.max_queries(),
+                "practical_plan_max": plan_practical(probe, epsilon, 0.1, d, n).max_queries(),
             }
         )
     result = {
@@ -454,9 +474,17 @@ def applications(
     bar = Progress(total, "applications")
 
     # Heavy hitters (Theorem 7.1) vs Laplace-on-all-counts (2r/ε) and Gaussian top-k.
-    hh: dict[str, list[dict[str, Any]]] = {"svt": [], "laplace": [], "gaussian": []}
+    # "svt" is Theorem 7.1 as implemented (k rounds of Alg 9 tuned), "svt_practical"
+    # k rounds of `practical_selection`; both ε/k per round, pure ε in total.
+    hh: dict[str, list[dict[str, Any]]] = {
+        "svt": [],
+        "svt_practical": [],
+        "laplace": [],
+        "gaussian": [],
+    }
     for i, n in enumerate(cfg.hh_ns):
         rec: dict[str, list[float]] = {m: [] for m in hh}
+        hh_q: dict[str, list[float]] = {"svt": [], "svt_practical": []}
         for r in range(reps):
             g = _rng(seed, 4, i, r)
             recs = _zipf_records(n, cfg.hh_d, cfg.hh_r, g)
@@ -464,9 +492,11 @@ def applications(
             counts = sums // GRID
             # ties at the k-th count make "the" top-k ambiguous; use a stable order
             truth = set(np.argsort(-counts, kind="stable")[: cfg.hh_k].tolist())
-            oracle = LocalOracle.from_sums(sums, n, BIG_BUDGET, seed=_oracle_seed(g))
-            res = apps.top_k_heavy_hitters(oracle, cfg.hh_k, eps, rng=g)
-            rec["svt"].append(_recall(res.indices, truth))
+            for m, variant in (("svt", "tuned"), ("svt_practical", "practical")):
+                oracle = LocalOracle.from_sums(sums, n, BIG_BUDGET, seed=_oracle_seed(g))
+                res = apps.top_k_heavy_hitters(oracle, cfg.hh_k, eps, variant=variant, rng=g)
+                rec[m].append(_recall(res.indices, truth))
+                hh_q[m].append(res.spend.queries)
             rec["laplace"].append(
                 _recall(baselines.laplace_top_k(counts, cfg.hh_k, eps, cfg.hh_r, g), truth)
             )
@@ -475,7 +505,10 @@ def applications(
             )
             bar.tick(f"top-k n={n}")
         for m in hh:
-            hh[m].append({"n": n, "recall": rec[m], **summarize(rec[m])})
+            row: dict[str, Any] = {"n": n, "recall": rec[m], **summarize(rec[m])}
+            if m in hh_q:
+                row["queries"] = summarize(hh_q[m])
+            hh[m].append(row)
 
     # Sparse mean (Theorem 7.2) vs Gaussian aggregation of the same embedding.
     sm: dict[str, list[dict[str, Any]]] = {"svt": [], "gaussian": []}

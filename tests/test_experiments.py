@@ -46,10 +46,22 @@ def test_quick_run_writes_json_and_png(tmp_path: Path, capsys: pytest.CaptureFix
         png = (tmp_path / f"{name}.png").read_bytes()
         assert png[:8] == b"\x89PNG\r\n\x1a\n"
     fig1 = json.loads((tmp_path / "figure1.json").read_text())
-    assert set(fig1["vs_d"]) == {"alg8", "alg9", "alg9_tuned", "gaussian", "em"}
+    assert set(fig1["vs_d"]) == {"alg8", "practical", "alg9", "alg9_tuned", "gaussian", "em"}
+    for row in fig1["vs_d"]["practical"]:
+        em = fig1["vs_d"]["em"][fig1["vs_d"]["practical"].index(row)]
+        if em["mean"] > 0:
+            assert row["mean_ratio_to_em"] == pytest.approx(row["mean"] / em["mean"])
+        else:
+            assert row["mean_ratio_to_em"] == float("inf")
+    assert "ratio of mean error" in printed
     assert "1/n²" in fig1["matching"]
     q = json.loads((tmp_path / "queries.json").read_text())
     for row, b in zip(q["rows"]["alg8"], q["bounds"], strict=True):
         assert row["max"] <= b["alg8_bound_d_T"]  # Theorem 6.6: ≤ |P|·T
     for row, b in zip(q["rows"]["alg9"], q["bounds"], strict=True):
         assert row["max"] <= b["alg9_plan_max"]
+    for row, b in zip(q["rows"]["practical"], q["bounds"], strict=True):
+        assert row["max"] <= b["practical_plan_max"]
+    apps_ = json.loads((tmp_path / "applications.json").read_text())
+    assert {"svt", "svt_practical", "laplace", "gaussian"} == set(apps_["top_k"])
+    assert all(0 <= r["median"] <= 1 for r in apps_["top_k"]["svt_practical"])
