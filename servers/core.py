@@ -86,7 +86,7 @@ def parse_task_params(
     epsilon_min: str,
 ) -> TaskParams:
     """Validate task parameters, including the overflow bound for every stream kind."""
-    if not TASK_ID_RE.match(task_id):
+    if not TASK_ID_RE.fullmatch(task_id):  # match() lets "$" accept a trailing newline
         raise InvalidArgument(f"task id must match {TASK_ID_RE.pattern}, got {task_id!r}")
     if not 1 <= d <= MAX_D:
         raise InvalidArgument(f"d must be in [1, {MAX_D}], got {d}")

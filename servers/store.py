@@ -36,7 +36,7 @@ from svtagg.servers.errors import (
 )
 from svtagg.servers.faults import crash_point
 
-TASK_ID_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+TASK_ID_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 REPORT_ID_BYTES = 16
 DIGEST_BYTES = 16
 

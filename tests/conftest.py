@@ -233,39 +233,4 @@ class ProcessDeployment:
         return store_view(self.root / f"{role}.sqlite", task_id)
 
 
-@dataclass
-class StoreView:
-    n: int
-    sums: np.ndarray
-    report_ids: set[bytes]
-    epsilon_spent: Any
-    delta_spent: Any
-    streams: dict[str, str]
-
-
-def store_view(path: Path, task_id: str) -> StoreView:
-    """A read-only snapshot of one task in one server's store (safe while it runs)."""
-    import sqlite3
-    from fractions import Fraction
-
-    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)
-    try:
-        n, sums, eps, dl = db.execute(
-            "SELECT n, sums, epsilon_spent, delta_spent FROM tasks WHERE task_id=?", (task_id,)
-        ).fetchone()
-        ids = {r[0] for r in db.execute(
-            "SELECT report_id FROM reports WHERE task_id=?", (task_id,))}
-        streams = dict(db.execute(
-            "SELECT stream_id, state FROM streams WHERE task_id=?", (task_id,)).fetchall())
-    finally:
-        db.close()
-    return StoreView(int(n), np.frombuffer(sums, dtype=np.uint64).copy(), ids,
-                     Fraction(eps), Fraction(dl), streams)
-
-
-def encoded_sum(values: np.ndarray, frac_bits: int) -> np.ndarray:
-    """Σ of the clients' encoded vectors mod 2^64: what S_L + S_H must equal."""
-    from svtagg.mpc.ring import encode
-
-    return np.asarray(encode(np.atleast_2d(values), frac_bits), dtype=np.uint64).sum(
-        axis=0, dtype=np.uint64)
+from svtagg.servers.storeview import StoreView, encoded_sum, store_view  # noqa: E402,F401

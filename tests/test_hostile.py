@@ -94,7 +94,7 @@ class Env:
                                        tau=[-100 * 2**F]), timeout=30)
         self.closed = closed
         self.streams = [self.lap, self.ctt, self.closed, "", "0" * 32, "x" * 1000]
-        self.tasks = ["h", OPEN_TASK, "", "nope", "bad id!", "a" * 65, "../../etc", "h\x00"]
+        self.tasks = ["h", OPEN_TASK, "", "nope", "bad id!", "a" * 65, "../../etc", "h\x00", "h\n"]
         self.digest = pb.CollectionDigest(task_id="h", **{
             k: getattr(self.peer.Digest(pb.TaskRef(task_id="h"), timeout=30), k)
             for k in ("n", "report_digest")})
@@ -292,6 +292,12 @@ def test_create_task(env: Env, examples: int):
         # retry) with that task, unchanged.
         env.refused(name, call, may_succeed=on_helper and spec == env.spec_of(spec.task_id))
 
+    # Found by the heavy run: `re.match` with "$" accepted a trailing newline.
+    spec = pb.TaskSpec()
+    spec.CopyFrom(env.spec)
+    spec.task_id = "t\n"
+    assert env.refused("Analyst.CreateTask", lambda: env.analyst.CreateTask(
+        spec, timeout=30)) == Code.INVALID_ARGUMENT
     env.alive()
 
 
