@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Issue 6 in one command: the heavy crash-safety, hostile-input, load and
+# remote-audit suites on real server processes, then their figures (kills
+# survived per point, hostile inputs tried per RPC, load held, audit sample
+# sizes, results and power).  ~10-15 minutes on 2 cores.  The fast parts of the
+# same suites run in the default `python -m pytest -q` (and scripts/check.sh).
+#
+#   scripts/reliability.sh            # everything; full log in reliability.log
+#   scripts/reliability.sh -k load    # extra pytest arguments narrow it down
+set -uo pipefail
+cd "$(dirname "$0")/.."
+if [[ -z "${VIRTUAL_ENV:-}" && -f .venv/bin/activate ]]; then
+    . .venv/bin/activate
+fi
+log="${RELIABILITY_LOG:-reliability.log}"
+python -m pytest -q -s -m heavy \
+    tests/test_reliability.py tests/test_hostile.py tests/test_load.py \
+    tests/test_remote_audit.py "$@" >"$log" 2>&1
+rc=$?
+echo "== figures (full log: $log)"
+grep -E "^crash safety|^hostile inputs|^upload:|^streams:|^peak RSS|^remote " "$log"
+tail -n 1 "$log"
+exit $rc
