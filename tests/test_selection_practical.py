@@ -143,18 +143,25 @@ class _RecordingOracle:
         return _S()
 
 
-def test_witness_fallback_is_highest_coarse_yes() -> None:
+def test_witness_fallback_is_the_coarse_witness() -> None:
     n, d = 20_000, 30
     base = planted_oracle(n, d, 31)
     plan = plan_practical(base, 1, 0.1, d, n)
     fine = plan.coarse_rounds  # streams 0..T_c−1 are coarse, stream T_c is the fine one
     wrapped = _RecordingOracle(base, mute=fine)
     res = practical_selection(wrapped, 1, 0.1, plan=plan)  # type: ignore[arg-type]
-    yes = [(float(c[h][1]), c[h][0].index) for s, c, h in wrapped.log if s < fine and h is not None]
-    assert yes, "the coarse stage should have seen a YES on this data"
-    top_tau = max(t for t, _ in yes)
-    # the YES at the highest threshold (the later one on ties) is the fallback witness
-    assert res.index == [j for t, j in yes if t == top_tau][-1]
+    # the coarse stage is Algorithm 8 at (ε_c, β/2, T_c, kind): the same seeded oracle
+    # run through geometric_binary_search draws the same noise, so gives its witness
+    coarse = geometric_binary_search(
+        planted_oracle(n, d, 31),
+        plan.coarse_epsilon,
+        plan.beta / 2,
+        rounds=plan.coarse_rounds,
+        kind=plan.kind,
+    )
+    assert any(h is not None for s, _, h in wrapped.log if s < fine), "coarse stage saw no YES"
+    assert coarse.index != 0  # the fallback is not the default witness
+    assert (res.index, res.lower, res.upper) == (coarse.index, coarse.lower, coarse.upper)
     # the fine stream scanned down past ℓ_c − α_f without a YES, within the plan
     assert sum(1 for s, _, _ in wrapped.log if s == fine) <= plan.max_levels
     # when no stream says YES at all, the caller's witness is returned
