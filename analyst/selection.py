@@ -225,7 +225,7 @@ def _gbs(
 
     j* moves only when a YES raises ℓ (m − α_t > ℓ): it is the YES with the best
     certified lower bound so far.  (We also measured "the YES at the highest
-    threshold" as a witness rule: at d = 10³ its error was ~20× worse, because
+    threshold" as a witness rule: at d = 10³ its mean error was 15–25× worse, because
     the highest thresholds are asked by the first, noisiest rounds.)
     """
     best = witness
