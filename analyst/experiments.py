@@ -351,11 +351,12 @@ def queries(
     algs: dict[str, Callable[[LocalOracle, int, np.random.Generator], Any]] = {
         "alg6": lambda o, d, g: binary_search(o, epsilon, 0.1),
         "alg8": lambda o, d, g: geometric_binary_search(o, epsilon, 0.1),
-        "practical": lambda o, d, g: practical_selection(o, epsilon, 0.1),
         "alg9": lambda o, d, g: sampling_and_filtering(o, epsilon, 1 / (2 * d), rng=g),
         "alg9_tuned": lambda o, d, g: sampling_and_filtering(
             o, epsilon, 1 / (2 * d), variant="tuned", rng=g
         ),
+        # last, so that the others keep the generators they had before it was added
+        "practical": lambda o, d, g: practical_selection(o, epsilon, 0.1),
     }
     bar = Progress(reps * len(ds), "queries")
     rows: dict[str, list[dict[str, Any]]] = {a: [] for a in algs}
