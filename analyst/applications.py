@@ -147,8 +147,9 @@ def top_k_heavy_hitters(
     rng: np.random.Generator | int | None = None,
     kind: StreamKind | str | None = None,
 ) -> TopKResult:
-    """Theorem 7.1: k rounds of selection with budget ε/k and failure 1/d each,
-    removing the chosen categories.  Error O(log(d)·k/ε)-ish per item, with no
+    """Theorem 7.1: k rounds of selection with budget ε/k each (failure 1/d for
+    Algorithm 9, min(1/d, 0.1) for the practical variant), removing the chosen
+    categories.  Error O(log(d)·k/ε)-ish per item, with no
     dependence on the sparsity r (each coordinate has sensitivity 1).
 
     variant="paper" / "tuned": each round is Algorithm 9 (as written / tuned),
