@@ -5,14 +5,14 @@
 # sizes, results and power).  ~10-15 minutes on 2 cores.  The fast parts of the
 # same suites run in the default `python -m pytest -q` (and scripts/check.sh).
 #
-#   scripts/reliability.sh            # everything; full log in reliability.log
+#   scripts/reliability.sh            # everything; full log in $RELIABILITY_LOG (or a temp file)
 #   scripts/reliability.sh -k load    # extra pytest arguments narrow it down
 set -uo pipefail
 cd "$(dirname "$0")/.."
 if [[ -z "${VIRTUAL_ENV:-}" && -f .venv/bin/activate ]]; then
     . .venv/bin/activate
 fi
-log="${RELIABILITY_LOG:-reliability.log}"
+log="${RELIABILITY_LOG:-$(mktemp -t svtagg-reliability.XXXXXX.log)}"
 python -m pytest -q -s -m heavy \
     tests/test_reliability.py tests/test_hostile.py tests/test_load.py \
     tests/test_remote_audit.py "$@" >"$log" 2>&1
