@@ -37,6 +37,9 @@ from svtagg.proto import svtagg_pb2 as pb
 
 D, F = 6, 16
 EPS = Fraction(1, 2)
+#: What the analyst may see when a server dies under its call: UNAVAILABLE (the
+#: leader died, or reports the helper's death), never a result.
+CLEAR = "UNAVAILABLE"
 #: Repeats of every (point, role) pair in the heavy run.
 KILLS_HEAVY = 3
 #: (point, role) pairs the heavy run kills at; open.before_helper exists only on the leader.
@@ -139,7 +142,7 @@ def stream_through_kill(pd: ProcessDeployment, task: str, role: str, point: str)
     with pd.oracle(task) as o:
         if point.startswith("open."):
             pd.arm(role, point)
-            with pytest.raises(OracleError):
+            with pytest.raises(OracleError, match=CLEAR):
                 o.open_stream(EPS)
             sid = None
         else:
@@ -148,13 +151,13 @@ def stream_through_kill(pd: ProcessDeployment, task: str, role: str, point: str)
             pd.arm(role, point)
             # τ far below every score: an honest run would say YES at 0.  The
             # analyst must get an error instead, never the bit.
-            with pytest.raises(OracleError):
+            with pytest.raises(OracleError, match=CLEAR):
                 s.ask([(Query(0), -1000.0)])
         assert pd.await_kill(role) == -9
         pd.restart(role)
         if sid is not None:
-            with pytest.raises(OracleError):  # fail closed: never answers again
-                s.ask([(Query(0), -1000.0)])
+            with pytest.raises(OracleError, match="FAILED_PRECONDITION|failed"):
+                s.ask([(Query(0), -1000.0)])  # fail closed: never answers again
         after = budgets(pd, task)
         # The ledgers agree, and the charge of the interrupted stream stays spent.
         assert after[0] == after[1] == (before[0][0] + EPS, before[0][1]), (before, after)
