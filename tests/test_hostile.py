@@ -573,3 +573,19 @@ def test_rate_limit_per_caller(tmp_path: Path):
         assert pd.dep.procs["leader"].poll() is None
     finally:
         pd.stop()
+
+
+def test_token_bucket_unit():
+    """The limiter itself, on a fake clock: burst, refill at `rate`, separate
+    identities, bounded memory."""
+    from svtagg.servers.limits import RateLimiter
+
+    now = [0.0]
+    lim = RateLimiter(rate=2.0, burst=3.0, max_identities=2, clock=lambda: now[0])
+    assert [lim.allow("a") for _ in range(4)] == [True, True, True, False]
+    assert lim.allow("b")  # its own bucket
+    now[0] += 0.5  # +1 token
+    assert lim.allow("a") and not lim.allow("a")
+    lim.allow("c")  # evicts the least recently used ("b")
+    assert len(lim._buckets) == 2  # noqa: SLF001 - memory bound
+    assert RateLimiter(rate=0, burst=0).allow("x")  # disabled
