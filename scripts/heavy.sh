@@ -1,8 +1,13 @@
 #!/usr/bin/env bash
-# The heavy runs: large statistical audits and long tests (minutes, not for every CI run).
+# The heavy statistical runs (not for every CI run): the large privacy audit,
+# sampler/selection/engine checks at full size, remote-vs-local agreement for
+# every kind.  The reliability suites (crash, hostile input, load, remote audit)
+# have their own command: scripts/reliability.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [[ -z "${VIRTUAL_ENV:-}" && -f .venv/bin/activate ]]; then
     . .venv/bin/activate
 fi
-python -m pytest -q -s -m heavy "$@"
+python -m pytest -q -s -m heavy \
+    --ignore=tests/test_reliability.py --ignore=tests/test_hostile.py \
+    --ignore=tests/test_load.py --ignore=tests/test_remote_audit.py "$@"
