@@ -146,6 +146,7 @@ def top_k_heavy_hitters(
     variant: str = "practical",
     rng: np.random.Generator | int | None = None,
     kind: StreamKind | str | None = None,
+    progress: Callable[[int, int, int], None] | None = None,
 ) -> TopKResult:
     """Theorem 7.1: k rounds of selection with budget ε/k each (failure 1/d for
     Algorithm 9, min(1/d, 0.1) for the practical variant), removing the chosen
@@ -193,6 +194,8 @@ def top_k_heavy_hitters(
         chosen.append(remaining.pop(res.index))
         spend.add(res.spend)
         planned += res.planned_epsilon
+        if progress is not None:  # (rank done, k, queries answered so far)
+            progress(len(chosen), k, spend.queries)
     return TopKResult(chosen, spend, planned)
 
 

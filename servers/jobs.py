@@ -163,6 +163,7 @@ def _close(args: argparse.Namespace) -> int:
 def run_algorithm(
     oracle: Any, algorithm: str, epsilon: str, beta: float = 0.05, k: int = 10, index: int = 0,
     kind: str = "lap24", seed: int | None = None,
+    progress: Callable[[int, int, int], None] | None = None,
 ) -> dict[str, Any]:
     """Run one selection algorithm / application on an oracle; JSON-ready summary."""
     from svtagg.analyst import applications, selection
@@ -171,7 +172,9 @@ def run_algorithm(
     eps = Fraction(epsilon)
     out: dict[str, Any] = {"algorithm": algorithm, "epsilon": str(eps)}
     if algorithm == "top-k":
-        res = applications.top_k_heavy_hitters(oracle, k, eps, rng=seed, kind=kind)
+        res = applications.top_k_heavy_hitters(
+            oracle, k, eps, rng=seed, kind=kind, progress=progress
+        )
         out["selected"] = res.indices
     elif algorithm == "sum":
         est = selection.sum_estimation(oracle, Query(index), eps, beta, kind=kind)
@@ -297,7 +300,12 @@ def _demo(args: argparse.Namespace) -> int:
         _progress(f"running private top-{args.k} heavy hitters (ε={args.epsilon}) on the servers")
         t1 = time.perf_counter()
         with RemoteOracle.from_certs(dep.address("leader"), "demo", dep.certs) as oracle:
-            res = run_algorithm(oracle, "top-k", args.epsilon, k=args.k, seed=args.seed)
+            def rank_done(rank: int, k: int, queries: int) -> None:
+                _progress(f"  rank {rank}/{k} selected ({queries:,} queries answered so far, "
+                          f"{time.perf_counter() - t1:.1f}s)")
+
+            res = run_algorithm(oracle, "top-k", args.epsilon, k=args.k, seed=args.seed,
+                                progress=rank_done)
             summary = _oracle_summary(oracle)
         query_s = time.perf_counter() - t1
     true_top = [int(j) for j in np.argsort(-truth, kind="stable")[: args.k]]
