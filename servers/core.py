@@ -30,7 +30,7 @@ from svtagg.analyst.kinds import (
 from svtagg.analyst.noise import RandomSource, draw_query_noise, draw_threshold_noise
 from svtagg.analyst.oracle import MAX_CHUNK
 from svtagg.mpc.ring import MAX_FRAC_BITS, U64, sensitivity
-from svtagg.servers.errors import FailedPrecondition, InvalidArgument
+from svtagg.servers.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
 from svtagg.servers.faults import crash_point
 from svtagg.servers.store import (
     REPORT_ID_BYTES,
@@ -141,7 +141,9 @@ def parse_chunk(task: TaskState, index: Sequence[int], complement: Sequence[bool
     if k < 1:
         raise InvalidArgument("a chunk needs at least one query")
     if k > MAX_CHUNK:
-        raise InvalidArgument(f"a chunk holds at most {MAX_CHUNK} queries, got {k}")
+        # A capacity bound, not a malformed request: the same query split into
+        # smaller chunks is fine.
+        raise ResourceExhausted(f"a chunk holds at most {MAX_CHUNK} queries, got {k}")
     idx = np.asarray(index, dtype=np.int64)
     if int(idx.max()) >= task.params.d:
         raise InvalidArgument(f"query index {int(idx.max())} out of range [0, {task.params.d})")
@@ -181,7 +183,9 @@ class ServerCore:
         if not reports:
             raise InvalidArgument("empty upload batch")
         if len(reports) > MAX_BATCH_REPORTS:
-            raise InvalidArgument(f"a batch holds at most {MAX_BATCH_REPORTS} reports")
+            raise ResourceExhausted(
+                f"a batch holds at most {MAX_BATCH_REPORTS} reports, got {len(reports)}"
+            )
         ids = [rid for rid, _ in reports]
         if any(len(rid) != REPORT_ID_BYTES for rid in ids):
             raise InvalidArgument(f"report ids must be {REPORT_ID_BYTES} bytes")

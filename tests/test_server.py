@@ -248,6 +248,7 @@ async def test_stream_and_chunk_refusals(deployment: Deployment):
     out = await off_loop(run)
     assert out.pop("after yes") == Code.FAILED_PRECONDITION
     assert out.pop("unknown stream") == Code.NOT_FOUND
+    assert out.pop("oversized chunk") == Code.RESOURCE_EXHAUSTED
     assert set(out.values()) == {Code.INVALID_ARGUMENT}, out
 
 
