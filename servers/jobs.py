@@ -22,7 +22,9 @@ from svtagg.proto import svtagg_pb2 as pb
 from svtagg.proto import svtagg_pb2_grpc as pb_grpc
 from svtagg.servers.tls import Identity, tls_target
 
-ALGORITHMS = ("top-k", "gbs", "sf", "binary-search", "linear-scan", "sum")
+ALGORITHMS = (
+    "top-k", "gbs", "sf", "binary-search", "linear-scan", "sum", "fp", "sparse-mean", "mwem",
+)
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -57,10 +59,19 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     r.add_argument("--algorithm", choices=ALGORITHMS, default="top-k")
     r.add_argument("--epsilon", default="1")
     r.add_argument("--beta", type=float, default=0.05)
-    r.add_argument("--k", type=int, default=10, help="top-k: how many")
+    r.add_argument("--k", type=int, default=10, help="top-k, sparse-mean: how many")
     r.add_argument("--index", type=int, default=0, help="sum: which coordinate")
     r.add_argument("--kind", default="lap24", help="stream kind: lap24 | lap3 | exp3")
     r.add_argument("--seed", type=int, default=None)
+    r.add_argument("--p", type=float, default=2.0, help="fp: the loss exponent p")
+    r.add_argument("--bound", type=float, default=1.0, help="fp: residual bound b")
+    r.add_argument("--clip", type=float, default=None,
+                   help="sparse-mean: the clip B the clients used (default: from n, d, β)")
+    r.add_argument("--attributes", type=int, default=None,
+                   help="mwem: number of binary attributes (d must be their pair count)")
+    r.add_argument("--rounds", type=int, default=None, help="mwem: T (default: Theorem 7.7)")
+    r.add_argument("--delta", type=float, default=0.0,
+                   help="mwem: δ > 0 selects the advanced-composition version (Thm 7.8)")
     r.set_defaults(handler=_run)
     a.set_defaults(handler=lambda _a: (a.print_help(), 2)[1])
 
@@ -164,8 +175,17 @@ def run_algorithm(
     oracle: Any, algorithm: str, epsilon: str, beta: float = 0.05, k: int = 10, index: int = 0,
     kind: str = "lap24", seed: int | None = None,
     progress: Callable[[int, int, int], None] | None = None,
+    options: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Run one selection algorithm / application on an oracle; JSON-ready summary."""
+    """Run one selection algorithm / application on an oracle; JSON-ready summary.
+
+    `options` carries the application parameters: p and bound (fp), clip
+    (sparse-mean), attributes, rounds and delta (mwem).  The task's data must
+    have been uploaded with the matching embedding (`svtagg client upload
+    --embedding fp_loss | sparse_mean | marginals`)."""
+    opts = options or {}
+    if algorithm in ("fp", "sparse-mean", "mwem"):
+        return _run_application(oracle, algorithm, epsilon, beta, k, kind, seed, opts)
     from svtagg.analyst import applications, selection
     from svtagg.analyst.oracle import Query
 
@@ -195,6 +215,40 @@ def run_algorithm(
     return out
 
 
+def _run_application(
+    oracle: Any, algorithm: str, epsilon: str, beta: float, k: int, kind: str,
+    seed: int | None, opts: dict[str, Any],
+) -> dict[str, Any]:
+    from svtagg.analyst import applications
+
+    eps = Fraction(epsilon)
+    out: dict[str, Any] = {"algorithm": algorithm, "epsilon": str(eps)}
+    if algorithm == "fp":
+        fp = applications.fp_selection(
+            oracle, float(opts.get("p", 2.0)), float(opts.get("bound", 1.0)), eps, beta,
+            kind=kind,
+        )
+        out.update(selected=fp.index, fp_error_bound=fp.fp_error_bound,
+                   lp_error_bound=fp.lp_error_bound)
+    elif algorithm == "sparse-mean":
+        clip = opts.get("clip")
+        if clip is None:
+            clip = applications.sparse_mean_clip(oracle.n, oracle.d, beta)
+        sm = applications.sparse_mean(oracle, k, eps, beta, float(clip), rng=seed, kind=kind)
+        out.update(support=sm.support, mean={j: float(sm.mean[j]) for j in sm.support},
+                   clip=float(clip))
+    else:
+        attributes = opts.get("attributes")
+        if attributes is None:
+            raise ValueError("mwem needs --attributes (the task's d must be their pair count)")
+        workload = applications.MarginalWorkload.build(int(attributes))
+        mw = applications.mwem_svt(oracle, workload, eps, beta, rounds=opts.get("rounds"),
+                                   delta=float(opts.get("delta", 0.0)), kind=kind)
+        out.update(rounds=mw.rounds, chosen_queries=[int(q) for q in mw.chosen],
+                   synthetic_histogram=[float(v) for v in mw.synthetic])
+    return out
+
+
 def _oracle_summary(oracle: Any) -> dict[str, Any]:
     st = oracle.stats()
     b = oracle.budget()
@@ -213,8 +267,11 @@ def _run(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     try:
         with RemoteOracle.from_certs(args.leader, args.task, args.certs) as oracle:
+            options = {"p": args.p, "bound": args.bound, "clip": args.clip,
+                       "attributes": args.attributes, "rounds": args.rounds,
+                       "delta": args.delta}
             result = run_algorithm(oracle, args.algorithm, args.epsilon, args.beta, args.k,
-                                   args.index, args.kind, args.seed)
+                                   args.index, args.kind, args.seed, options=options)
             result.update(_oracle_summary(oracle))
     except (OracleError, ValueError) as exc:
         print(f"refused: {exc}", file=sys.stderr)
