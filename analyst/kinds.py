@@ -16,6 +16,7 @@ each stream stays ε-DP.  CompareToThresholds needs more; see `ctt_gap`.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from enum import StrEnum
 from fractions import Fraction
@@ -88,16 +89,40 @@ def clamp_bound(scale: Fraction) -> int:
     return math.ceil(TAIL_SCALES * scale)
 
 
+#: Decimal, optional exponent of at most 3 digits, or a ratio of integers: the
+#: forms a user may write.  Bounding the text bounds the work of parsing it
+#: (Fraction("1e-10000000") alone takes seconds).
+_NUMBER_RE = re.compile(
+    r"[+-]?(?:\d{1,40}(?:\.\d{0,40})?|\.\d{1,40})(?:[eE][+-]?\d{1,3})?|[+-]?\d{1,80}/\d{1,80}"
+)
+#: Rationals from users are limited to this many bits of numerator and denominator.
+MAX_RATIONAL_BITS = 512
+
+
 def as_fraction(value: Fraction | int | float | str, name: str = "value") -> Fraction:
-    """Exact rational from user input; floats go through their shortest repr."""
+    """Exact rational from user input; floats go through their shortest repr.
+
+    Text must look like a number (decimal with an exponent of at most 3 digits,
+    or p/q), and the result is limited to MAX_RATIONAL_BITS, so that hostile
+    input cannot make parsing or exact arithmetic expensive.
+    """
     if isinstance(value, bool):
         raise TypeError(f"{name} must be a number, got a bool")
     if isinstance(value, float) and not math.isfinite(value):
         raise ValueError(f"{name} must be finite, got {value}")
-    try:
-        return value if isinstance(value, Fraction) else Fraction(str(value))
-    except (ValueError, ZeroDivisionError) as exc:
-        raise ValueError(f"{name} must be a number, got {value!r}") from exc
+    if isinstance(value, Fraction):
+        out = value
+    else:
+        text = str(value).strip()
+        if not _NUMBER_RE.fullmatch(text):
+            raise ValueError(f"{name} must be a number, got {value!r}")
+        try:
+            out = Fraction(text)
+        except (ValueError, ZeroDivisionError) as exc:
+            raise ValueError(f"{name} must be a number, got {value!r}") from exc
+    if max(out.numerator.bit_length(), out.denominator.bit_length()) > MAX_RATIONAL_BITS:
+        raise ValueError(f"{name} is too large or too precise: {value!r}")
+    return out
 
 
 def check_epsilon(epsilon: Fraction | int | float | str) -> Fraction:
@@ -107,21 +132,30 @@ def check_epsilon(epsilon: Fraction | int | float | str) -> Fraction:
     return eps
 
 
+#: Largest ε one stream may use.  Beyond it the noise scale is below Δ/16 and
+#: the stream is all but exact; the cap also bounds the sampler's exact
+#: arithmetic, whose cost grows with ε (digits of exp(2^K ε / (cΔ))).
+MAX_STREAM_EPSILON = 64
+
+
 def ctt_gap(epsilon: Fraction, delta: Fraction, parties: int = 1) -> float:
     """Minimum τH − τL (score units) for a CompareToThresholds stream.
 
     One party: the gap of Algorithm 4, (12/ε)(ln(10/ε) + ln(1/δ) + 1).
     Two parties: the corrupt server knows its own threshold draw n_L, which moves
-    the two thresholds *towards each other* by 2·n_L.  With probability ≥ 1 − δ,
-    n_L ≤ (2/ε)·ln(1/(2δ)), so we widen the gap by twice that and the stream is
-    charged (ε, 2δ) (see `ctt_delta_charge`).
+    the two thresholds *towards each other* by 2·n_L.  For the discrete Laplace
+    law, P(n_L ≥ x) = q^x/(1+q) ≤ δ at x = (2/ε)·ln(1/δ), so we widen the gap by
+    twice that and the stream is charged (ε, 2δ) (see `ctt_delta_charge`).
     """
-    eps, dl = float(epsilon), float(delta)
-    if not 0 < dl < 1:
+    if not 0 < delta < 1:
         raise ValueError(f"CompareToThresholds needs 0 < delta < 1, got {delta}")
+    eps, dl = float(epsilon), float(delta)
+    if eps <= 0 or dl <= 0:  # a positive rational too small for a float
+        raise ValueError(f"epsilon and delta are too small: {epsilon}, {delta}")
     gap = (12.0 / eps) * (math.log(10.0 / eps) + math.log(1.0 / dl) + 1.0)
     if parties == 2:
-        gap += 2.0 * (2.0 / eps) * math.log(1.0 / (2.0 * dl))
+        # Discrete tail: P(γ_L ≥ x) = q^x / (1 + q) ≤ e^{−xε/2} = δ at x = (2/ε)ln(1/δ).
+        gap += 2.0 * (2.0 / eps) * math.log(1.0 / dl)
     return gap
 
 
@@ -178,6 +212,8 @@ def validate_stream(
     """
     k = StreamKind.parse(kind)
     eps = check_epsilon(epsilon)
+    if eps > MAX_STREAM_EPSILON:
+        raise ValueError(f"a stream's epsilon is at most {MAX_STREAM_EPSILON}, got {eps}")
     dl = as_fraction(delta, "delta")
     if k == StreamKind.CTT:
         ctt_gap(eps, dl, parties)  # validates 0 < δ < 1

@@ -14,7 +14,13 @@ from fractions import Fraction
 import numpy as np
 import numpy.typing as npt
 from svtagg.analyst import accuracy
-from svtagg.analyst.kinds import StreamKind, as_fraction, ctt_gap, validate_stream
+from svtagg.analyst.kinds import (
+    StreamKind,
+    as_fraction,
+    ctt_gap,
+    default_tau_bound,
+    validate_stream,
+)
 from svtagg.analyst.ledger import Ledger
 from svtagg.analyst.noise import RandomSource
 from svtagg.analyst.oracle import (
@@ -203,13 +209,18 @@ class LocalOracle:
         return np.where(comp, full - s, s)
 
     def _encode_taus(self, taus: Sequence[Number]) -> npt.NDArray[np.int64]:
+        """Thresholds on the grid, refused beyond ±4n (as the servers refuse them):
+        far thresholds carry no information and would overflow int64 arithmetic."""
+        unit = sensitivity(self.frac_bits)
+        bound = default_tau_bound(self._n, self.frac_bits)
         if taus and all(isinstance(t, (int, np.integer)) for t in taus):
-            return np.asarray(taus, dtype=np.int64) * sensitivity(self.frac_bits)
-        return np.fromiter(
-            (encode_scalar(as_fraction(t, "threshold"), self.frac_bits) for t in taus),
-            dtype=np.int64,
-            count=len(taus),
-        )
+            if any(abs(int(t)) * unit > bound for t in taus):
+                raise ValueError(f"|threshold| must be at most {4 * self._n} (4n)")
+            return np.asarray(taus, dtype=np.int64) * unit
+        grid = [encode_scalar(as_fraction(t, "threshold"), self.frac_bits) for t in taus]
+        if any(abs(g) > bound for g in grid):
+            raise ValueError(f"|threshold| must be at most {4 * self._n} (4n)")
+        return np.asarray(grid, dtype=np.int64)
 
     def _count(self, answered: int) -> None:
         self._stats.queries += answered

@@ -22,10 +22,10 @@ from svtagg.analyst.kinds import (
     StreamKind,
     as_fraction,
     check_epsilon,
-    ctt_delta_charge,
     ctt_gap,
     default_tau_bound,
     overflow_possible,
+    validate_stream,
 )
 from svtagg.analyst.noise import RandomSource, draw_query_noise, draw_threshold_noise
 from svtagg.analyst.oracle import MAX_CHUNK
@@ -157,11 +157,12 @@ def parse_taus(task: TaskState, taus: Sequence[int], k: int, name: str = "tau") 
     """Thresholds in grid units, bounded by default_tau_bound, as ring elements."""
     if len(taus) != k:
         raise InvalidArgument(f"{len(taus)} {name} values for {k} queries")
-    arr = np.asarray(taus, dtype=np.int64)
     bound = default_tau_bound(task.params.n_max, task.params.frac_bits)
-    if int(np.abs(arr).max()) > bound:
+    # Checked on Python ints: np.abs(int64(-2^63)) is still negative, and a
+    # threshold of -2^63 would flip the comparison (z wraps past the sign bit).
+    if any(abs(int(t)) > bound for t in taus):
         raise InvalidArgument(f"|{name}| exceeds the bound of {bound} grid units (4·n_max·2^F)")
-    return arr.astype(np.uint64)
+    return np.asarray(taus, dtype=np.int64).astype(np.uint64)
 
 
 class ServerCore:
@@ -233,18 +234,10 @@ class ServerCore:
         open_now=False (the leader) the stream stays `opening` until confirmed."""
         task = self.store.task(task_id)
         try:
-            kind = StreamKind.parse(kind)
-            eps = check_epsilon(epsilon or "")
-            dl = as_fraction(delta or "0", "delta")
-            if kind == StreamKind.CTT:
-                ctt_gap(eps, dl, parties=2)  # validates 0 < δ < 1
-                charge_delta = ctt_delta_charge(dl, parties=2)
-            elif dl != 0:
-                raise ValueError(f"an AboveThreshold stream is pure ε-DP; got delta={dl}")
-            else:
-                charge_delta = Fraction(0)
-        except ValueError as exc:
+            req = validate_stream(kind, epsilon or "", delta or "0", parties=2)
+        except (ValueError, ArithmeticError) as exc:
             raise InvalidArgument(str(exc)) from None
+        kind, eps, dl, charge_delta = req.kind, req.epsilon, req.delta, req.charge_delta
         self.require_queryable(task)
         if not task.agreed:
             raise FailedPrecondition(
@@ -320,9 +313,11 @@ class ServerCore:
     def check_gap(stream: StreamState, task: TaskState, tau_low: U64, tau_high: U64) -> None:
         """Refuse thresholds closer than ctt_gap(ε, δ, 2) (in score units)."""
         gap = Fraction(str(ctt_gap(stream.epsilon, stream.delta, parties=2)))
-        width = tau_high.view(np.int64) - tau_low.view(np.int64)
+        highs = tau_high.view(np.int64).tolist()
+        lows = tau_low.view(np.int64).tolist()
+        width = min(int(h) - int(lo) for h, lo in zip(highs, lows, strict=True))  # exact ints
         need = gap * sensitivity(task.params.frac_bits)
-        if Fraction(int(width.min())) < need:
+        if Fraction(width) < need:
             raise InvalidArgument(
                 f"CompareToThresholds requires τH − τL ≥ {float(gap):.6g} (score units)"
             )

@@ -97,7 +97,7 @@ def test_compare_to_thresholds_passes_audit() -> None:
 
     eps, delta, k = Fraction(2), Fraction(1, 10**6), 4
     gap = ctt_gap(eps, delta)
-    sc = counterexample_scenario(StreamKind.CTT, k=k)
+    sc = counterexample_scenario(StreamKind.CTT, k=k, n=40)  # 4n must exceed the gap
     run = _ctt_run(eps, delta, k, 0.5 - gap, 0.5)
     trials = 2000
     out_d = collect(_maker(seed=4), sc.data, run, trials)

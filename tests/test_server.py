@@ -222,6 +222,8 @@ async def test_stream_and_chunk_refusals(deployment: Deployment):
             "eps < eps_min": code_of(lambda: open_(eps="1/100")),
             "eps 0": code_of(lambda: open_(eps="0")),
             "eps nan": code_of(lambda: open_(eps="nan")),
+            "eps 1e-10000000": code_of(lambda: open_(eps="1e-10000000")),
+            "eps 65": code_of(lambda: open_(eps="65")),
             "kind unset": code_of(lambda: open_(pb.STREAM_KIND_UNSPECIFIED)),
             "lap24 with delta": code_of(lambda: open_(delta="1/100")),
             "ctt without delta": code_of(lambda: open_(pb.CTT)),
@@ -230,6 +232,12 @@ async def test_stream_and_chunk_refusals(deployment: Deployment):
             "index >= d": code_of(lambda: ask([4], [0])),
             "tau count": code_of(lambda: ask([0, 1], [0])),
             "tau too big": code_of(lambda: ask([0], [big])),
+            # |−2^63| does not fit int64: it must not slip past the bound (it
+            # would flip the comparison), nor wrap the CTT gap check
+            "tau -2^63": code_of(lambda: ask([0], [-(2**63)])),
+            "ctt tau_low -2^63": code_of(lambda: stub.Compare(pb.CompareRequest(
+                stream_id=ctt.stream_id, queries=pb.Queries(index=[0]), tau_low=[-(2**63)],
+                tau_high=[-1]), timeout=5)),
             "ask on ctt": code_of(lambda: ask([0], [0], ctt.stream_id)),
             "compare on lap24": code_of(lambda: stub.Compare(pb.CompareRequest(
                 stream_id=s.stream_id, queries=pb.Queries(index=[0]), tau_low=[0],

@@ -68,8 +68,8 @@ def test_local_oracle_is_an_oracle_and_counts_everything() -> None:
     assert isinstance(o, Oracle)
     st = o.open_stream(1, "lap3")
     assert isinstance(st, Stream)
-    assert st.ask([(Query(j), 1000) for j in range(4)]) is None
-    assert st.ask([(Query(0), 1000)]) is None
+    assert st.ask([(Query(j), 40) for j in range(4)]) is None
+    assert st.ask([(Query(0), 40)]) is None
     stats = o.stats()
     assert (stats.streams, stats.queries, stats.chunks) == (1, 5, 2)
     assert o.budget().epsilon_left == 2
@@ -94,6 +94,10 @@ def test_local_oracle_refuses_bad_input() -> None:
         st.ask([])
     with pytest.raises(OracleError):
         st.ask([(Query(4), 1)])
+    with pytest.raises(ValueError, match="4n"):
+        st.ask([(Query(0), 41)])  # beyond ±4n, as the servers refuse
+    with pytest.raises(ValueError, match="4n"):
+        st.ask([(Query(0), "-40.5")])
     with pytest.raises(ValueError):
         st.compare([(Query(0), 0, 100)])
     with pytest.raises(ValueError):
