@@ -7,8 +7,10 @@ import asyncio
 import logging
 import signal
 import sys
+from fractions import Fraction
 from pathlib import Path
 
+from svtagg.analyst.kinds import as_fraction
 from svtagg.servers.tls import DEFAULT_HOSTS, ROLES, Identity, write_deployment
 
 
@@ -29,6 +31,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    help="requests/s per caller certificate (0: no limit; the leader is exempt)")
     p.add_argument("--rate-burst", type=float, default=2000.0, help="token-bucket burst size")
     p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ...")
+    p.add_argument("--max-epsilon-total", default=None,
+                   help="refuse tasks whose total ε exceeds this (the operator's policy; "
+                        "without it the analyst chooses the budget)")
+    p.add_argument("--max-delta-total", default=None,
+                   help="refuse tasks whose total δ exceeds this")
     p.set_defaults(handler=run_server)
 
     c = sub.add_parser("certs", help="make a local CA and the certificates of a deployment")
@@ -57,6 +64,18 @@ def run_server(args: argparse.Namespace) -> int:
     return asyncio.run(_serve(args))
 
 
+def _cap(value: str | None, flag: str) -> Fraction | None:
+    if value is None:
+        return None
+    try:
+        cap = as_fraction(value, flag)
+    except ValueError as exc:
+        raise SystemExit(f"{flag}: {exc}") from None
+    if cap <= 0:
+        raise SystemExit(f"{flag} must be > 0")
+    return cap
+
+
 async def _serve(args: argparse.Namespace) -> int:
     from svtagg.servers.service import ServerConfig, SvtaggServer
 
@@ -69,7 +88,13 @@ async def _serve(args: argparse.Namespace) -> int:
         ingest_listen=args.ingest_listen,
         rate_limit=args.rate_limit,
         rate_burst=args.rate_burst,
+        max_epsilon_total=_cap(args.max_epsilon_total, "--max-epsilon-total"),
+        max_delta_total=_cap(args.max_delta_total, "--max-delta-total"),
     )
+    if config.max_epsilon_total is None:
+        logging.getLogger("svtagg.server").warning(
+            "no --max-epsilon-total: the analyst chooses each task's total budget"
+        )
     server = SvtaggServer(config)
     await server.start()
     if args.port_file:

@@ -168,10 +168,34 @@ def parse_taus(task: TaskState, taus: Sequence[int], k: int, name: str = "tau") 
 class ServerCore:
     """One server's state machine over its store; the service layer wraps it."""
 
-    def __init__(self, role: Role, store: Store, rng: RandomSource | None = None) -> None:
+    def __init__(
+        self,
+        role: Role,
+        store: Store,
+        rng: RandomSource | None = None,
+        max_epsilon_total: Fraction | None = None,
+        max_delta_total: Fraction | None = None,
+    ) -> None:
         self.role: Role = role
         self.store = store
         self.rng = rng or RandomSource()
+        #: The operator's budget policy: the analyst proposes a task's total
+        #: budget, and each server refuses one above its own cap (None: no cap).
+        self.max_epsilon_total = max_epsilon_total
+        self.max_delta_total = max_delta_total
+
+    def check_budget_policy(self, params: TaskParams) -> None:
+        """Refuse a task whose total (ε, δ) exceeds this server's configured cap."""
+        if self.max_epsilon_total is not None and params.epsilon_total > self.max_epsilon_total:
+            raise InvalidArgument(
+                f"epsilon_total={params.epsilon_total} exceeds this server's cap of "
+                f"{self.max_epsilon_total}"
+            )
+        if self.max_delta_total is not None and params.delta_total > self.max_delta_total:
+            raise InvalidArgument(
+                f"delta_total={params.delta_total} exceeds this server's cap of "
+                f"{self.max_delta_total}"
+            )
 
     # ------------------------------------------------------------ uploads
     def upload(self, task_id: str, reports: Sequence[tuple[bytes, bytes]]) -> int:

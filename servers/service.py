@@ -15,6 +15,7 @@ import logging
 import secrets
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any, TypeVar
 
 import grpc
@@ -328,6 +329,7 @@ class AnalystService(pb_grpc.AnalystServicer):
     @rpc("analyst")
     async def CreateTask(self, request: pb.TaskSpec, context: Any) -> pb.TaskInfo:
         params = spec_params(request)
+        self.core.check_budget_policy(params)
         if params.task_id in self.core.store.task_ids():
             raise AlreadyExists(f"task {params.task_id!r} already exists")
         await self._call(self.peer.stub.CreateTask, request)
@@ -582,6 +584,7 @@ class PeerService(pb_grpc.PeerServicer):
     @rpc("leader")
     async def CreateTask(self, request: pb.TaskSpec, context: Any) -> pb.TaskInfo:
         params = spec_params(request)
+        self.core.check_budget_policy(params)  # the helper enforces its own cap too
         if params.task_id in self.core.store.task_ids():
             existing = self.core.store.task(params.task_id)
             if existing.params == params:
@@ -752,6 +755,9 @@ class ServerConfig:
     #: helper are exempt.  rate <= 0 disables the limit.
     rate_limit: float = 1000.0
     rate_burst: float = 2000.0
+    #: Budget policy: largest total (ε, δ) a task may have on this server (None: no cap).
+    max_epsilon_total: Fraction | None = None
+    max_delta_total: Fraction | None = None
 
 
 class SvtaggServer:
@@ -764,7 +770,12 @@ class SvtaggServer:
             raise ValueError("the leader needs the helper's address")
         self.config = config
         self.store = Store(config.store_path)
-        self.core = ServerCore(config.role, self.store)  # type: ignore[arg-type]
+        self.core = ServerCore(
+            config.role,  # type: ignore[arg-type]
+            self.store,
+            max_epsilon_total=config.max_epsilon_total,
+            max_delta_total=config.max_delta_total,
+        )
         self.health = HealthService()
         self.peer: PeerClient | None = None
         self.analyst: AnalystService | None = None

@@ -375,3 +375,22 @@ async def test_impostor_helper_is_refused(certs: Path, tmp_path: Path):
     # deadline; the impostor never gets a call, and nothing is created.
     assert code in (Code.UNAVAILABLE, Code.DEADLINE_EXCEEDED)
     assert created == []
+
+
+def test_budget_policy_caps_the_analysts_proposal(tmp_path: Path):
+    """Each server refuses a task whose total budget exceeds its own cap."""
+    from fractions import Fraction
+
+    from svtagg.servers.core import ServerCore, parse_task_params
+    from svtagg.servers.errors import InvalidArgument
+
+    core = ServerCore("helper", Store(tmp_path / "h.sqlite"),
+                      max_epsilon_total=Fraction(8), max_delta_total=Fraction(1, 10**6))
+    ok = parse_task_params("ok", 4, 16, 1000, 1, "8", "1/1000000", "1/100")
+    core.check_budget_policy(ok)
+    for eps, delta in (("9", "0"), ("1", "1/1000")):
+        over = parse_task_params("over", 4, 16, 1000, 1, eps, delta, "1/100")
+        with pytest.raises(InvalidArgument, match="cap"):
+            core.check_budget_policy(over)
+    uncapped = ServerCore("leader", Store(tmp_path / "l.sqlite"))
+    uncapped.check_budget_policy(parse_task_params("big", 4, 16, 1000, 1, "1000", "0", "1"))
