@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The project's test command: generated-code freshness, lint, types, then the
-# default (fast) test suite.  Heavy statistical and load runs: scripts/heavy.sh.
+# Static checks of the test command: generated-code freshness, lint, types.
+# (The README's test command runs this, then the default pytest suite.)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [[ -z "${VIRTUAL_ENV:-}" && -f .venv/bin/activate ]]; then
@@ -9,4 +9,3 @@ fi
 bash scripts/gen_proto.sh --check
 ruff check .
 mypy mpc analyst servers client benchmarks
-python -m pytest -q

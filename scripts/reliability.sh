@@ -3,7 +3,7 @@
 # remote-audit suites on real server processes, then their figures (kills
 # survived per point, hostile inputs tried per RPC, load held, audit sample
 # sizes, results and power).  ~10-15 minutes on 2 cores.  The fast parts of the
-# same suites run in the default `python -m pytest -q` (and scripts/check.sh).
+# same suites run in the default `python -m pytest -q` (the README's test command).
 #
 #   scripts/reliability.sh            # everything; full log in $RELIABILITY_LOG (or a temp file)
 #   scripts/reliability.sh -k load    # extra pytest arguments narrow it down

@@ -18,6 +18,7 @@ from typing import Any
 import grpc
 import numpy as np
 import numpy.typing as npt
+from svtagg.analyst.workloads import workload
 from svtagg.proto import svtagg_pb2 as pb
 from svtagg.proto import svtagg_pb2_grpc as pb_grpc
 from svtagg.servers.tls import Identity, tls_target
@@ -282,25 +283,6 @@ def _run(args: argparse.Namespace) -> int:
 
 
 # ------------------------------------------------------------------ workloads
-def zipf_categories(
-    users: int, d: int, exponent: float, per_user: int, seed: int
-) -> list[list[int]]:
-    """Each user holds up to `per_user` distinct categories drawn from Zipf(exponent) on d."""
-    gen = np.random.default_rng(seed)
-    p = 1.0 / np.arange(1, d + 1) ** exponent
-    label = gen.permutation(d)  # the popular categories are not simply 0, 1, 2, ...
-    draws = label[gen.choice(d, size=(users, per_user), p=p / p.sum())]
-    return [sorted(set(row)) for row in draws.tolist()]
-
-
-def workload(name: str, n: int, d: int, seed: int) -> npt.NDArray[np.float64]:
-    from svtagg.analyst.applications import heavy_hitters_embedding
-
-    if name == "heavy_hitters":
-        return heavy_hitters_embedding(zipf_categories(n, d, 1.1, 3, seed), d)
-    return np.random.default_rng(seed).random((n, d))
-
-
 def _upload_slice(args: tuple[str, str, str, str, npt.NDArray[np.float64], int]) -> dict[str, Any]:
     from svtagg.client.upload import Uploader
 
