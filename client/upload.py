@@ -25,6 +25,7 @@ from svtagg.mpc.ring import encode
 from svtagg.mpc.sharing import share
 from svtagg.proto import svtagg_pb2 as pb
 from svtagg.proto import svtagg_pb2_grpc as pb_grpc
+from svtagg.servers.core import MAX_BATCH_VALUES
 from svtagg.servers.tls import tls_target
 
 MAX_MESSAGE_BYTES = 64 << 20
@@ -171,6 +172,8 @@ class Uploader:
         matrix = np.atleast_2d(np.asarray(values, dtype=np.float64))
         if matrix.shape[1] != info.spec.d:
             raise ValueError(f"rows have {matrix.shape[1]} values, task has d={info.spec.d}")
+        # The servers refuse batches over MAX_BATCH_VALUES values (reports × d).
+        batch_size = max(1, min(batch_size, MAX_BATCH_VALUES // info.spec.d))
         stats = UploadStats()
         start = time.perf_counter()
         total = matrix.shape[0]

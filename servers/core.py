@@ -51,6 +51,9 @@ SEED_BYTES = 16
 #: Largest upload batch, in reports and in share bytes.
 MAX_BATCH_REPORTS = 10_000
 MAX_BATCH_BYTES = 32 << 20
+#: Reports × d per batch: bounds the helper's seed expansion (8 bytes of AES
+#: keystream per value) and the leader's share arithmetic for one request.
+MAX_BATCH_VALUES = 1 << 24
 
 
 class ComparisonParty(Protocol):
@@ -210,6 +213,12 @@ class ServerCore:
         if len(reports) > MAX_BATCH_REPORTS:
             raise ResourceExhausted(
                 f"a batch holds at most {MAX_BATCH_REPORTS} reports, got {len(reports)}"
+            )
+        if len(reports) * task.params.d > MAX_BATCH_VALUES:
+            raise ResourceExhausted(
+                f"a batch holds at most {MAX_BATCH_VALUES} values (reports × d); "
+                f"at d={task.params.d} send at most {max(1, MAX_BATCH_VALUES // task.params.d)} "
+                "reports per batch"
             )
         ids = [rid for rid, _ in reports]
         if any(len(rid) != REPORT_ID_BYTES for rid in ids):

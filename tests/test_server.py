@@ -394,3 +394,21 @@ def test_budget_policy_caps_the_analysts_proposal(tmp_path: Path):
             core.check_budget_policy(over)
     uncapped = ServerCore("leader", Store(tmp_path / "l.sqlite"))
     uncapped.check_budget_policy(parse_task_params("big", 4, 16, 1000, 1, "1000", "0", "1"))
+
+
+def test_batch_values_are_bounded(tmp_path: Path):
+    """reports × d per batch is capped (the helper expands 8 bytes per value)."""
+    from fractions import Fraction
+
+    from svtagg.servers.core import MAX_BATCH_VALUES, ServerCore
+    from svtagg.servers.errors import ResourceExhausted
+    from svtagg.servers.store import TaskParams
+
+    store = Store(tmp_path / "h.sqlite")
+    d = 1 << 20
+    store.create_task(TaskParams("wide", d, 16, 100, 1, Fraction(1), Fraction(0), Fraction(1)))
+    core = ServerCore("helper", store)
+    reports = [(i.to_bytes(16, "big"), bytes(16)) for i in range(MAX_BATCH_VALUES // d + 1)]
+    with pytest.raises(ResourceExhausted, match="reports per batch"):
+        core.upload("wide", reports)
+    assert store.task("wide").n == 0
