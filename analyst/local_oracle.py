@@ -14,26 +14,22 @@ from fractions import Fraction
 import numpy as np
 import numpy.typing as npt
 from svtagg.analyst import accuracy
-from svtagg.analyst.kinds import (
-    StreamKind,
-    as_fraction,
-    ctt_gap,
-    default_tau_bound,
-    validate_stream,
-)
+from svtagg.analyst.kinds import StreamKind, default_tau_bound, validate_stream
 from svtagg.analyst.ledger import Ledger
 from svtagg.analyst.noise import RandomSource
 from svtagg.analyst.oracle import (
-    MAX_CHUNK,
     Budget,
     Number,
     OracleError,
     OracleStats,
     Outcome,
     Query,
+    check_chunk_size,
+    check_ctt_gaps,
+    encode_thresholds,
 )
 from svtagg.analyst.svt import AboveThresholdStream, CompareToThresholdsStream
-from svtagg.mpc.ring import DEFAULT_FRAC_BITS, encode, encode_scalar, sensitivity
+from svtagg.mpc.ring import DEFAULT_FRAC_BITS, encode, sensitivity
 
 
 class LocalStream:
@@ -67,7 +63,7 @@ class LocalStream:
     def ask(self, chunk: Sequence[tuple[Query, Number]]) -> int | None:
         if not isinstance(self._mech, AboveThresholdStream):
             raise ValueError("a CompareToThresholds stream answers `compare`, not `ask`")
-        self._oracle._check_chunk(len(chunk))
+        check_chunk_size(len(chunk))
         scores = self._oracle._scores([q for q, _ in chunk])
         taus = self._oracle._encode_taus([t for _, t in chunk])
         before = self._mech.queries_answered
@@ -78,13 +74,8 @@ class LocalStream:
     def compare(self, chunk: Sequence[tuple[Query, Number, Number]]) -> list[Outcome]:
         if not isinstance(self._mech, CompareToThresholdsStream):
             raise ValueError("only a CompareToThresholds stream answers `compare`")
-        self._oracle._check_chunk(len(chunk))
-        gap = ctt_gap(self.epsilon, self.delta, self._oracle.parties)
-        for _, lo, hi in chunk:
-            if as_fraction(hi, "tau_high") - as_fraction(lo, "tau_low") < Fraction(str(gap)):
-                raise ValueError(
-                    f"CompareToThresholds requires τH − τL ≥ {gap:.6g}; got τL={lo}, τH={hi}"
-                )
+        check_chunk_size(len(chunk))
+        check_ctt_gaps(chunk, self.epsilon, self.delta, self._oracle.parties)
         scores = self._oracle._scores([q for q, _, _ in chunk])
         lows = self._oracle._encode_taus([lo for _, lo, _ in chunk])
         highs = self._oracle._encode_taus([hi for _, _, hi in chunk])
@@ -193,12 +184,6 @@ class LocalOracle:
         """Exact scores in score units (for experiments and tests, never for algorithms)."""
         return self._sums / float(sensitivity(self.frac_bits))
 
-    def _check_chunk(self, k: int) -> None:
-        if k < 1:
-            raise ValueError("a chunk needs at least one query")
-        if k > MAX_CHUNK:
-            raise ValueError(f"a chunk holds at most {MAX_CHUNK} queries, got {k}")
-
     def _scores(self, queries: Sequence[Query]) -> npt.NDArray[np.int64]:
         idx = np.fromiter((q.index for q in queries), dtype=np.int64, count=len(queries))
         if idx.size and (idx.min() < 0 or idx.max() >= self._d):
@@ -211,16 +196,7 @@ class LocalOracle:
     def _encode_taus(self, taus: Sequence[Number]) -> npt.NDArray[np.int64]:
         """Thresholds on the grid, refused beyond ±4n (as the servers refuse them):
         far thresholds carry no information and would overflow int64 arithmetic."""
-        unit = sensitivity(self.frac_bits)
-        bound = default_tau_bound(self._n, self.frac_bits)
-        if taus and all(isinstance(t, (int, np.integer)) for t in taus):
-            if any(abs(int(t)) * unit > bound for t in taus):
-                raise ValueError(f"|threshold| must be at most {4 * self._n} (4n)")
-            return np.asarray(taus, dtype=np.int64) * unit
-        grid = [encode_scalar(as_fraction(t, "threshold"), self.frac_bits) for t in taus]
-        if any(abs(g) > bound for g in grid):
-            raise ValueError(f"|threshold| must be at most {4 * self._n} (4n)")
-        return np.asarray(grid, dtype=np.int64)
+        return encode_thresholds(taus, self.frac_bits, default_tau_bound(self._n, self.frac_bits))
 
     def _count(self, answered: int) -> None:
         self._stats.queries += answered

@@ -24,7 +24,10 @@ from enum import StrEnum
 from fractions import Fraction
 from typing import Protocol, runtime_checkable
 
-from svtagg.analyst.kinds import StreamKind
+import numpy as np
+import numpy.typing as npt
+from svtagg.analyst.kinds import StreamKind, as_fraction, ctt_gap
+from svtagg.mpc.ring import encode_scalar, sensitivity
 
 Number = Fraction | int | float
 
@@ -161,3 +164,47 @@ class Oracle(Protocol):
     def budget(self) -> Budget: ...
 
     def stats(self) -> OracleStats: ...
+
+
+# -- chunk checks shared by every implementation --------------------------------------
+
+
+def check_chunk_size(k: int) -> None:
+    """A chunk holds 1..MAX_CHUNK queries."""
+    if k < 1:
+        raise ValueError("a chunk needs at least one query")
+    if k > MAX_CHUNK:
+        raise ValueError(f"a chunk holds at most {MAX_CHUNK} queries, got {k}")
+
+
+def check_ctt_gaps(
+    chunk: Sequence[tuple[Query, Number, Number]],
+    epsilon: Fraction,
+    delta: Fraction,
+    parties: int,
+) -> None:
+    """Every (τL, τH) of a CompareToThresholds chunk must be at least the gap apart."""
+    gap = ctt_gap(epsilon, delta, parties)
+    need = Fraction(str(gap))
+    for _, lo, hi in chunk:
+        if as_fraction(hi, "tau_high") - as_fraction(lo, "tau_low") < need:
+            raise ValueError(
+                f"CompareToThresholds requires τH − τL ≥ {gap:.6g}; got τL={lo}, τH={hi}"
+            )
+
+
+def encode_thresholds(
+    taus: Sequence[Number], frac_bits: int, bound: int | None = None
+) -> npt.NDArray[np.int64]:
+    """Thresholds (score units) onto the grid, exactly; refused beyond ±bound grid units.
+
+    Whole numbers take a fast path; anything else goes through its exact rational.
+    """
+    unit = sensitivity(frac_bits)
+    if taus and all(isinstance(t, (int, np.integer)) for t in taus):
+        grid = [int(t) * unit for t in taus]
+    else:
+        grid = [encode_scalar(as_fraction(t, "threshold"), frac_bits) for t in taus]
+    if bound is not None and any(abs(g) > bound for g in grid):
+        raise ValueError(f"|threshold| must be at most {bound / unit:g} score units")
+    return np.asarray(grid, dtype=np.int64)

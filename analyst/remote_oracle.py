@@ -20,9 +20,8 @@ import grpc
 import numpy as np
 import numpy.typing as npt
 from svtagg.analyst import accuracy
-from svtagg.analyst.kinds import StreamKind, as_fraction, check_epsilon, ctt_delta_charge, ctt_gap
+from svtagg.analyst.kinds import StreamKind, validate_stream
 from svtagg.analyst.oracle import (
-    MAX_CHUNK,
     Budget,
     BudgetExhausted,
     Number,
@@ -31,8 +30,10 @@ from svtagg.analyst.oracle import (
     Outcome,
     Query,
     StreamClosed,
+    check_chunk_size,
+    check_ctt_gaps,
+    encode_thresholds,
 )
-from svtagg.mpc.ring import encode_scalar, sensitivity
 from svtagg.proto import svtagg_pb2 as pb
 from svtagg.proto import svtagg_pb2_grpc as pb_grpc
 from svtagg.servers.tls import tls_target
@@ -96,11 +97,7 @@ class RemoteStream:
         return self._oracle.accuracy(self.kind, self.epsilon, k, beta)
 
     def _queries(self, queries: Sequence[Query]) -> pb.Queries:
-        k = len(queries)
-        if k < 1:
-            raise ValueError("a chunk needs at least one query")
-        if k > MAX_CHUNK:
-            raise ValueError(f"a chunk holds at most {MAX_CHUNK} queries, got {k}")
+        check_chunk_size(len(queries))
         if self._closed:
             raise StreamClosed("this stream has already answered and is closed")
         comp = [q.complement for q in queries]
@@ -131,12 +128,7 @@ class RemoteStream:
         if self.kind != StreamKind.CTT:
             raise ValueError("only a CompareToThresholds stream answers `compare`")
         queries = self._queries([q for q, _, _ in chunk])
-        gap = ctt_gap(self.epsilon, self.delta, self._oracle.parties)
-        for _, lo, hi in chunk:
-            if as_fraction(hi, "tau_high") - as_fraction(lo, "tau_low") < Fraction(str(gap)):
-                raise ValueError(
-                    f"CompareToThresholds requires τH − τL ≥ {gap:.6g}; got τL={lo}, τH={hi}"
-                )
+        check_ctt_gaps(chunk, self.epsilon, self.delta, self._oracle.parties)
         lows = self._oracle.encode_taus([lo for _, lo, _ in chunk])
         highs = self._oracle.encode_taus([hi for _, _, hi in chunk])
         resp = self._call(
@@ -238,16 +230,15 @@ class RemoteOracle:
         kind: StreamKind | str = StreamKind.LAP24,
         delta: Number | str = 0,
     ) -> RemoteStream:
-        kind = StreamKind.parse(kind)
-        eps = check_epsilon(epsilon)
-        dl = as_fraction(delta, "delta")
+        # The same check the servers apply; they apply it again and are authoritative.
+        req = validate_stream(kind, epsilon, delta, self.parties)
+        kind, eps, dl, charge = req.kind, req.epsilon, req.delta, req.charge_delta
         info = self._call(
             "OpenStream",
             pb.OpenStreamRequest(
                 task_id=self.task_id, kind=_KIND_TO_PB[kind], epsilon=str(eps), delta=str(dl)
             ),
         )
-        charge = ctt_delta_charge(dl, 2) if kind == StreamKind.CTT else Fraction(0)
         self._stats.streams += 1
         self._stats.epsilon_spent += eps
         self._stats.delta_spent += charge
@@ -271,21 +262,9 @@ class RemoteOracle:
 
     # -- helpers ---------------------------------------------------------------------
     def encode_taus(self, taus: Sequence[Number]) -> npt.NDArray[np.int64]:
-        """Thresholds onto the task's grid, exactly (as `LocalOracle` does)."""
-        scale = sensitivity(self.frac_bits)
-        if taus and all(isinstance(t, (int, np.integer)) for t in taus):
-            return np.asarray(taus, dtype=np.int64) * scale
-        if taus and all(isinstance(t, (float, np.floating)) for t in taus):
-            arr = np.asarray(taus, dtype=np.float64) * scale  # exact: scaling by 2^F
-            # rint of an exact binary value equals encode_scalar's round-half-even of
-            # its shortest decimal repr whenever |t·2^F| < 2^52 (ties are dyadic).
-            if np.isfinite(arr).all() and np.abs(arr).max() < 2.0**52:
-                return np.rint(arr).astype(np.int64)
-        return np.fromiter(
-            (encode_scalar(as_fraction(t, "threshold"), self.frac_bits) for t in taus),
-            dtype=np.int64,
-            count=len(taus),
-        )
+        """Thresholds onto the task's grid, exactly (as `LocalOracle` does); the
+        leader enforces the ±4·n_max bound."""
+        return encode_thresholds(taus, self.frac_bits)
 
     def _count(self, answered: int, peer_bytes: int) -> None:
         self._stats.queries += answered
