@@ -32,7 +32,7 @@ LOW: Outcome
 CLOSE: Outcome
 
 class TaskSpec(_message.Message):
-    __slots__ = ("task_id", "d", "frac_bits", "n_max", "min_batch", "epsilon_total", "delta_total", "epsilon_min")
+    __slots__ = ("task_id", "d", "frac_bits", "n_max", "min_batch", "epsilon_total", "delta_total", "epsilon_min", "validate_reports")
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     D_FIELD_NUMBER: _ClassVar[int]
     FRAC_BITS_FIELD_NUMBER: _ClassVar[int]
@@ -41,6 +41,7 @@ class TaskSpec(_message.Message):
     EPSILON_TOTAL_FIELD_NUMBER: _ClassVar[int]
     DELTA_TOTAL_FIELD_NUMBER: _ClassVar[int]
     EPSILON_MIN_FIELD_NUMBER: _ClassVar[int]
+    VALIDATE_REPORTS_FIELD_NUMBER: _ClassVar[int]
     task_id: str
     d: int
     frac_bits: int
@@ -49,7 +50,8 @@ class TaskSpec(_message.Message):
     epsilon_total: str
     delta_total: str
     epsilon_min: str
-    def __init__(self, task_id: _Optional[str] = ..., d: _Optional[int] = ..., frac_bits: _Optional[int] = ..., n_max: _Optional[int] = ..., min_batch: _Optional[int] = ..., epsilon_total: _Optional[str] = ..., delta_total: _Optional[str] = ..., epsilon_min: _Optional[str] = ...) -> None: ...
+    validate_reports: bool
+    def __init__(self, task_id: _Optional[str] = ..., d: _Optional[int] = ..., frac_bits: _Optional[int] = ..., n_max: _Optional[int] = ..., min_batch: _Optional[int] = ..., epsilon_total: _Optional[str] = ..., delta_total: _Optional[str] = ..., epsilon_min: _Optional[str] = ..., validate_reports: _Optional[bool] = ...) -> None: ...
 
 class TaskRef(_message.Message):
     __slots__ = ("task_id",)
@@ -240,16 +242,20 @@ class PrepareStreamRequest(_message.Message):
     def __init__(self, stream_id: _Optional[str] = ..., task_id: _Optional[str] = ..., kind: _Optional[_Union[StreamKind, str]] = ..., epsilon: _Optional[str] = ..., delta: _Optional[str] = ...) -> None: ...
 
 class ChunkHeader(_message.Message):
-    __slots__ = ("stream_id", "chunk_no", "queries", "compare")
+    __slots__ = ("stream_id", "chunk_no", "queries", "compare", "validate_task_id", "report_ids")
     STREAM_ID_FIELD_NUMBER: _ClassVar[int]
     CHUNK_NO_FIELD_NUMBER: _ClassVar[int]
     QUERIES_FIELD_NUMBER: _ClassVar[int]
     COMPARE_FIELD_NUMBER: _ClassVar[int]
+    VALIDATE_TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    REPORT_IDS_FIELD_NUMBER: _ClassVar[int]
     stream_id: str
     chunk_no: int
     queries: Queries
     compare: bool
-    def __init__(self, stream_id: _Optional[str] = ..., chunk_no: _Optional[int] = ..., queries: _Optional[_Union[Queries, _Mapping]] = ..., compare: _Optional[bool] = ...) -> None: ...
+    validate_task_id: str
+    report_ids: bytes
+    def __init__(self, stream_id: _Optional[str] = ..., chunk_no: _Optional[int] = ..., queries: _Optional[_Union[Queries, _Mapping]] = ..., compare: _Optional[bool] = ..., validate_task_id: _Optional[str] = ..., report_ids: _Optional[bytes] = ...) -> None: ...
 
 class SessionOpen(_message.Message):
     __slots__ = ("session_id",)

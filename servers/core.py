@@ -30,6 +30,7 @@ from svtagg.analyst.kinds import (
 from svtagg.analyst.noise import RandomSource, draw_query_noise, draw_threshold_noise
 from svtagg.analyst.oracle import MAX_CHUNK
 from svtagg.mpc.ring import MAX_FRAC_BITS, U64, sensitivity
+from svtagg.mpc.sharing import expand_seed
 from svtagg.servers.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
 from svtagg.servers.faults import crash_point
 from svtagg.servers.store import (
@@ -87,6 +88,7 @@ def parse_task_params(
     epsilon_total: str,
     delta_total: str,
     epsilon_min: str,
+    validate_reports: bool = False,
 ) -> TaskParams:
     """Validate task parameters, including the overflow bound for every stream kind."""
     if not TASK_ID_RE.fullmatch(task_id):  # match() lets "$" accept a trailing newline
@@ -115,7 +117,9 @@ def parse_task_params(
                 f"z_L + z_H could wrap mod 2^64 for n_max={n_max}, F={frac_bits}, "
                 f"epsilon_min={eps_min} (kind {kind.value}); lower n_max or F, or raise epsilon_min"
             )
-    return TaskParams(task_id, d, frac_bits, n_max, min_batch, eps_total, delta, eps_min)
+    return TaskParams(
+        task_id, d, frac_bits, n_max, min_batch, eps_total, delta, eps_min, bool(validate_reports)
+    )
 
 
 def safe_epsilon_min(n_max: int, frac_bits: int) -> Fraction:
@@ -246,8 +250,6 @@ class ServerCore:
             return np.frombuffer(blob, dtype="<u8").reshape(len(shares), d).sum(
                 axis=0, dtype=np.uint64
             )
-        from svtagg.mpc.sharing import expand_seed
-
         total = np.zeros(d, dtype=np.uint64)
         for seed in shares:
             total += expand_seed(seed, d)
@@ -257,6 +259,31 @@ class ServerCore:
         """Reconciliation: drop reports the other server never stored."""
         d = self.store.task(task_id).params.d
         return self.store.remove_reports(task_id, report_ids, lambda sh: self.share_sum(d, sh))
+
+    # ------------------------------------------------------------ range validation
+    def validation_inputs(self, task: TaskState, report_ids: list[bytes]) -> U64:
+        """This server's share of the range test of every value of these reports.
+
+        For each report (in the given order) 2d lanes: first −v − 1 ≥ 0 (v < 0),
+        then v − 2^F − 1 ≥ 0 (v > 2^F), as signed ring values; the first-YES
+        circuit then names the first value out of [0, 2^F], which reveals only
+        that this report is invalid and that the ones before it are valid.
+        """
+        if task.collection_open:
+            raise FailedPrecondition("reports are validated only after the close")
+        d = task.params.d
+        shares = self.store.shares(task.params.task_id, report_ids)
+        if self.role == "leader":
+            x = np.frombuffer(b"".join(shares), dtype="<u8").astype(np.uint64).reshape(-1, d)
+            low = ~x  # −x − 1
+            high = x - np.uint64(sensitivity(task.params.frac_bits) + 1)
+        else:
+            x = np.stack([expand_seed(seed, d) for seed in shares]) if shares else np.zeros(
+                (0, d), dtype=np.uint64
+            )
+            low = ~x + np.uint64(1)  # −x
+            high = x
+        return np.concatenate([low, high], axis=1).reshape(-1).astype(np.uint64)
 
     # ------------------------------------------------------------ streams
     def open_stream(

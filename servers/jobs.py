@@ -45,6 +45,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     c.add_argument("--frac-bits", type=int, default=16)
     c.add_argument("--epsilon", default="10", help="total ε budget (exact, e.g. 1/2)")
     c.add_argument("--delta", default="1/1000000", help="total δ budget")
+    c.add_argument("--validate-reports", action="store_true",
+                   help="range-check every report at the close (2d comparisons per report; "
+                        "needed when clients may collude with the analyst)")
     c.add_argument("--epsilon-min", default="auto",
                    help="smallest ε a stream may use; auto: the smallest safe from overflow")
     c.set_defaults(handler=_create_task)
@@ -100,6 +103,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     s.add_argument("--seed", type=int, default=1)
     s.add_argument("--out", default="results/sim.json")
     s.add_argument("--workdir")
+    s.add_argument("--validate-reports", action="store_true",
+                   help="range-check every report at the close")
     s.set_defaults(handler=_sim)
 
 
@@ -135,6 +140,7 @@ def _guard(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namesp
 def task_spec(
     task_id: str, d: int, n_max: int, epsilon: str, *, frac_bits: int = 16,
     min_batch: int = 1, delta: str = "0", epsilon_min: str = "auto",
+    validate_reports: bool = False,
 ) -> pb.TaskSpec:
     """A task spec; epsilon_min "auto" is the smallest ε the overflow bound allows."""
     from svtagg.servers.core import safe_epsilon_min
@@ -143,14 +149,15 @@ def task_spec(
         epsilon_min = str(safe_epsilon_min(n_max, frac_bits))
     return pb.TaskSpec(task_id=task_id, d=d, frac_bits=frac_bits, n_max=n_max,
                        min_batch=min_batch, epsilon_total=epsilon, delta_total=delta,
-                       epsilon_min=epsilon_min)
+                       epsilon_min=epsilon_min, validate_reports=validate_reports)
 
 
 @_guard
 def _create_task(args: argparse.Namespace) -> int:
     info = analyst_stub(args.leader, args.certs).CreateTask(
         task_spec(args.task, args.d, args.n_max, args.epsilon, frac_bits=args.frac_bits,
-                  min_batch=args.min_batch, delta=args.delta, epsilon_min=args.epsilon_min),
+                  min_batch=args.min_batch, delta=args.delta, epsilon_min=args.epsilon_min,
+                  validate_reports=args.validate_reports),
         timeout=30,
     )
     print(_show(info))
@@ -377,12 +384,18 @@ def _sim(args: argparse.Namespace) -> int:
     report: dict[str, Any] = {"config": {k: v for k, v in vars(args).items() if k != "handler"}}
     with LocalDeployment(Path(args.workdir) if args.workdir else None) as dep:
         stub = analyst_stub(dep.address("leader"), dep.certs)
-        stub.CreateTask(task_spec("sim", args.d, max(10 * args.n, 1000), args.epsilon),
-                        timeout=30)
+        stub.CreateTask(task_spec("sim", args.d, max(10 * args.n, 1000), args.epsilon,
+                                  validate_reports=args.validate_reports), timeout=30)
         _progress(f"uploading {args.n} reports from {args.clients} client processes")
         report["upload"] = upload_parallel(dep.address("leader"), dep.address("helper"),
                                            dep.certs, "sim", values, args.clients, args.batch)
-        stub.CloseCollection(pb.TaskRef(task_id="sim"), timeout=30)
+        t_close = time.perf_counter()
+        closed = stub.CloseCollection(pb.TaskRef(task_id="sim"), timeout=3600)
+        report["close"] = {"seconds": round(time.perf_counter() - t_close, 3),
+                           "n": closed.n, "dropped_reports": closed.dropped_reports,
+                           "validated": args.validate_reports}
+        _progress(f"collection closed: n={closed.n}, dropped {closed.dropped_reports} "
+                  f"in {report['close']['seconds']}s")
         _progress(f"running {args.algorithm}")
         t1 = time.perf_counter()
         with RemoteOracle.from_certs(dep.address("leader"), "sim", dep.certs) as oracle:

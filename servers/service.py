@@ -65,6 +65,10 @@ from svtagg.servers.wire import UNDECODABLE, add_service
 
 log = logging.getLogger("svtagg.server")
 
+#: Lanes per range-validation chunk (2d per report): about 150 MB of protocol
+#: traffic, well inside the chunk deadline.
+VALIDATION_LANES = 50_000
+
 
 STATUS_OF: dict[type[Exception], grpc.StatusCode] = {
     InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
@@ -180,6 +184,7 @@ def task_info(t: TaskState) -> pb.TaskInfo:
             task_id=p.task_id, d=p.d, frac_bits=p.frac_bits, n_max=p.n_max,
             min_batch=p.min_batch, epsilon_total=str(p.epsilon_total),
             delta_total=str(p.delta_total), epsilon_min=str(p.epsilon_min),
+            validate_reports=p.validate_reports,
         ),
         n=t.n,
         collection_open=t.collection_open,
@@ -203,7 +208,7 @@ def stream_info(s: StreamState) -> pb.StreamInfo:
 def spec_params(spec: pb.TaskSpec) -> Any:
     return parse_task_params(
         spec.task_id, spec.d, spec.frac_bits, spec.n_max, spec.min_batch,
-        spec.epsilon_total, spec.delta_total, spec.epsilon_min,
+        spec.epsilon_total, spec.delta_total, spec.epsilon_min, spec.validate_reports,
     )
 
 
@@ -399,13 +404,73 @@ class AnalystService(pb_grpc.AnalystServicer):
                     f"servers still disagree on the reports (leader n={task.n}, "
                     f"helper n={helper.n}); try closing again"
                 )
+        invalid: list[bytes] = []
+        if task.params.validate_reports:
+            invalid = await self._validate_reports(task)
+            if invalid:
+                task = self.core.remove_reports(task_id, invalid)
+                helper = await self._call(
+                    self.peer.stub.DropReports,
+                    pb.ReportIds(task_id=task_id, report_ids=b"".join(invalid)),
+                )
+                log.info("task %s: dropped %d reports with values out of range",
+                         task_id, len(invalid))
+                if (helper.n, helper.report_digest) != (task.n, task.digest):
+                    raise FailedPrecondition("servers disagree after validation; close again")
         await self._call(
             self.peer.stub.MarkAgreed,
             pb.CollectionDigest(n=task.n, report_digest=task.digest, task_id=task_id),
         )
         info = task_info(self.core.store.mark_agreed(task_id))
-        info.dropped_reports = dropped
+        info.dropped_reports = dropped + len(invalid)
         return info
+
+    async def _validate_reports(self, task: TaskState) -> list[bytes]:
+        """Range-check every report with the first-YES circuit; the invalid ones.
+
+        Reports go in sorted id order, VALIDATION_LANES lanes (2d per report) at a
+        time; a hit names one invalid report, and the scan resumes after it."""
+        task_id = task.params.task_id
+        ids = sorted(self.core.store.report_ids(task_id))
+        per = 2 * task.params.d
+        batch = max(1, VALIDATION_LANES // per)
+        invalid: list[bytes] = []
+        i = 0
+        while i < len(ids):
+            part = ids[i : i + batch]
+            j = await self._validation_chunk(task, part)
+            if j is None:
+                i += len(part)
+            else:
+                invalid.append(part[j // per])
+                i += j // per + 1
+        return invalid
+
+    async def _validation_chunk(self, task: TaskState, report_ids: list[bytes]) -> int | None:
+        header = pb.ChunkHeader(
+            validate_task_id=task.params.task_id, report_ids=b"".join(report_ids)
+        )
+        z = self.core.validation_inputs(task, report_ids)
+        session = await self.pool.acquire()
+        healthy = False
+        try:
+            await session.channel.write_frame(pb.PeerFrame(header=header))
+            verdict = await session.status()
+            if not verdict.ok:
+                healthy = True
+                raise _refusal(verdict)
+            j = await asyncio.wait_for(session.party.first_yes(z), CHUNK_DEADLINE)
+            done = await session.status()
+            if not done.ok:
+                raise _refusal(done)
+            healthy = True
+        except grpc.aio.AioRpcError as exc:
+            raise PeerUnavailable(f"helper: {exc.code().name} {exc.details()}") from None
+        except TimeoutError:
+            raise PeerUnavailable("the validation with the helper timed out") from None
+        finally:
+            await self.pool.release(session, healthy)
+        return None if j is None else int(j)
 
     @rpc("analyst")
     async def OpenStream(self, request: pb.OpenStreamRequest, context: Any) -> pb.StreamInfo:
@@ -659,6 +724,9 @@ class PeerService(pb_grpc.PeerServicer):
                 return
             if frame.WhichOneof("body") != "header":
                 raise InvalidArgument("expected a chunk header")
+            if frame.header.validate_task_id:
+                await self._validate(context, party, frame.header)
+                continue
             try:
                 stream, task, chunk = self._accept(frame.header)
             except Exception as exc:  # noqa: BLE001 - refusal goes back, session lives
@@ -670,6 +738,25 @@ class PeerService(pb_grpc.PeerServicer):
             await context.write(pb.PeerFrame(status=pb.PeerStatus(ok=True)))
             await self._run(party, stream, task, chunk, frame.header.compare)
             await context.write(pb.PeerFrame(status=pb.PeerStatus(ok=True)))
+
+    async def _validate(self, context: Any, party: Any, h: pb.ChunkHeader) -> None:
+        """The evaluator's side of one range-validation chunk (see the leader's
+        `_validate_reports`); a refusal goes back and the session lives on."""
+        try:
+            task = self.core.store.task(h.validate_task_id)
+            if not task.params.validate_reports:
+                raise FailedPrecondition("this task does not validate its reports")
+            if task.agreed:
+                raise FailedPrecondition("the report set is already agreed")
+            z = self.core.validation_inputs(task, split_ids(h.report_ids))
+        except Exception as exc:  # noqa: BLE001 - refusal goes back, session lives
+            code = _status_for(exc) or grpc.StatusCode.INTERNAL
+            await context.write(pb.PeerFrame(
+                status=pb.PeerStatus(ok=False, code=code.value[0], message=str(exc))))
+            return
+        await context.write(pb.PeerFrame(status=pb.PeerStatus(ok=True)))
+        await party.first_yes(z)
+        await context.write(pb.PeerFrame(status=pb.PeerStatus(ok=True)))
 
     async def _next_frame(self, context: Any) -> Any:
         """The next frame, or None once shutdown begins while the session is idle

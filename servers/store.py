@@ -52,7 +52,8 @@ CREATE TABLE IF NOT EXISTS tasks (
     collection_open INTEGER NOT NULL DEFAULT 1,
     epsilon_spent TEXT NOT NULL DEFAULT '0',
     delta_spent TEXT NOT NULL DEFAULT '0',
-    agreed INTEGER NOT NULL DEFAULT 0
+    agreed INTEGER NOT NULL DEFAULT 0,
+    validate_reports INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS reports (
     task_id TEXT NOT NULL, report_id BLOB NOT NULL,
@@ -87,6 +88,8 @@ class TaskParams:
     epsilon_total: Fraction
     delta_total: Fraction
     epsilon_min: Fraction
+    #: Range-check every report at the close (docs/threat-model.md).
+    validate_reports: bool = False
 
 
 @dataclass(frozen=True)
@@ -171,11 +174,12 @@ class Store:
                 raise AlreadyExists(f"task {p.task_id!r} already exists")
             self._db.execute(
                 "INSERT INTO tasks (task_id, d, frac_bits, n_max, min_batch, epsilon_total,"
-                " delta_total, epsilon_min, digest, sums) VALUES (?,?,?,?,?,?,?,?,?,?)",
+                " delta_total, epsilon_min, digest, sums, validate_reports)"
+                " VALUES (?,?,?,?,?,?,?,?,?,?,?)",
                 (
                     p.task_id, p.d, p.frac_bits, p.n_max, p.min_batch, str(p.epsilon_total),
                     str(p.delta_total), str(p.epsilon_min), bytes(DIGEST_BYTES),
-                    np.zeros(p.d, dtype=np.uint64).tobytes(),
+                    np.zeros(p.d, dtype=np.uint64).tobytes(), int(p.validate_reports),
                 ),
             )
         return self.task(p.task_id)
@@ -184,15 +188,15 @@ class Store:
         row = self._db.execute(
             "SELECT task_id, d, frac_bits, n_max, min_batch, epsilon_total, delta_total,"
             " epsilon_min, n, collection_open, epsilon_spent, delta_spent, digest,"
-            " (SELECT COUNT(*) FROM streams s WHERE s.task_id = t.task_id), agreed"
-            " FROM tasks t WHERE task_id=?",
+            " (SELECT COUNT(*) FROM streams s WHERE s.task_id = t.task_id), agreed,"
+            " validate_reports FROM tasks t WHERE task_id=?",
             (task_id,),
         ).fetchone()
         if row is None:
             raise NotFound(f"unknown task {task_id!r}")
         params = TaskParams(
             row[0], row[1], row[2], row[3], row[4], Fraction(row[5]), Fraction(row[6]),
-            Fraction(row[7]),
+            Fraction(row[7]), bool(row[15]),
         )
         budget = Budget(params.epsilon_total, params.delta_total, Fraction(row[10]),
                         Fraction(row[11]))
@@ -287,6 +291,21 @@ class Store:
             self.task(task_id)
             self._db.execute("UPDATE tasks SET collection_open=0 WHERE task_id=?", (task_id,))
         return self.task(task_id)
+
+    def shares(self, task_id: str, report_ids: list[bytes]) -> list[bytes]:
+        """This server's stored share of each report (until the agreement)."""
+        out = []
+        with open(self._share_file(task_id), "rb") as f:
+            for rid in report_ids:
+                row = self._db.execute(
+                    "SELECT share_off, share_len FROM reports WHERE task_id=? AND report_id=?",
+                    (task_id, rid),
+                ).fetchone()
+                if row is None:
+                    raise NotFound(f"task {task_id!r} has no report {rid.hex()}")
+                f.seek(row[0])
+                out.append(f.read(row[1]))
+        return out
 
     def report_ids(self, task_id: str) -> list[bytes]:
         return [
