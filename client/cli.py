@@ -24,6 +24,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    help="embedding parameter, e.g. d=1000 or clip=3.5 (repeatable)")
     u.add_argument("--batch", type=int, default=1000, help="reports per batch")
     u.add_argument("--retries", type=int, default=5)
+    u.add_argument("--require-validation", action="store_true",
+                   help="refuse tasks that do not range-check reports (validate_reports)")
     u.set_defaults(handler=run_upload)
     p.set_defaults(handler=lambda a: (p.print_help(), 2)[1])
 
@@ -56,7 +58,8 @@ def run_upload(args: argparse.Namespace) -> int:
 
     with Uploader(args.leader, args.helper, ca, cert, key, retries=args.retries) as up:
         try:
-            stats = up.upload(args.task, values, batch_size=args.batch, progress=progress)
+            stats = up.upload(args.task, values, batch_size=args.batch, progress=progress,
+                              require_validation=args.require_validation)
         except UploadError as exc:
             print(f"\nupload failed: {exc}", file=sys.stderr)
             return 1

@@ -166,9 +166,16 @@ class Uploader:
         *,
         batch_size: int = 1000,
         progress: Callable[[int, int], None] | None = None,
+        require_validation: bool = False,
     ) -> UploadStats:
-        """Upload an n × d matrix of per-user values in [0, 1], one report per row."""
+        """Upload an n × d matrix of per-user values in [0, 1], one report per row.
+
+        require_validation: refuse (ValueError) a task that does not range-check
+        its reports — a client's own protection against a task set up so that a
+        malicious client could reverse comparisons (docs/threat-model.md)."""
         info = self.task(task_id)
+        if require_validation and not info.spec.validate_reports:
+            raise ValueError(f"task {task_id!r} does not validate reports; refusing to upload")
         matrix = np.atleast_2d(np.asarray(values, dtype=np.float64))
         if matrix.shape[1] != info.spec.d:
             raise ValueError(f"rows have {matrix.shape[1]} values, task has d={info.spec.d}")

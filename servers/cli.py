@@ -36,6 +36,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                         "without it the analyst chooses the budget)")
     p.add_argument("--max-delta-total", default=None,
                    help="refuse tasks whose total δ exceeds this")
+    p.add_argument("--require-validation", action="store_true",
+                   help="refuse tasks that do not range-check their reports (validate_reports)")
     p.set_defaults(handler=run_server)
 
     c = sub.add_parser("certs", help="make a local CA and the certificates of a deployment")
@@ -90,6 +92,7 @@ async def _serve(args: argparse.Namespace) -> int:
         rate_burst=args.rate_burst,
         max_epsilon_total=_cap(args.max_epsilon_total, "--max-epsilon-total"),
         max_delta_total=_cap(args.max_delta_total, "--max-delta-total"),
+        require_validation=args.require_validation,
     )
     if config.max_epsilon_total is None:
         logging.getLogger("svtagg.server").warning(

@@ -182,6 +182,7 @@ class ServerCore:
         rng: RandomSource | None = None,
         max_epsilon_total: Fraction | None = None,
         max_delta_total: Fraction | None = None,
+        require_validation: bool = False,
     ) -> None:
         self.role: Role = role
         self.store = store
@@ -190,9 +191,15 @@ class ServerCore:
         #: budget, and each server refuses one above its own cap (None: no cap).
         self.max_epsilon_total = max_epsilon_total
         self.max_delta_total = max_delta_total
+        #: The analyst also chooses whether reports are range-checked; a server
+        #: that must not trust clients refuses tasks that skip the check.
+        self.require_validation = require_validation
 
     def check_budget_policy(self, params: TaskParams) -> None:
-        """Refuse a task whose total (ε, δ) exceeds this server's configured cap."""
+        """Refuse a task whose total (ε, δ) exceeds this server's configured cap, or
+        that skips report validation where this server requires it."""
+        if self.require_validation and not params.validate_reports:
+            raise InvalidArgument("this server requires validate_reports on every task")
         if self.max_epsilon_total is not None and params.epsilon_total > self.max_epsilon_total:
             raise InvalidArgument(
                 f"epsilon_total={params.epsilon_total} exceeds this server's cap of "

@@ -845,6 +845,8 @@ class ServerConfig:
     #: Budget policy: largest total (ε, δ) a task may have on this server (None: no cap).
     max_epsilon_total: Fraction | None = None
     max_delta_total: Fraction | None = None
+    #: Refuse tasks that do not range-check their reports.
+    require_validation: bool = False
 
 
 class SvtaggServer:
@@ -862,6 +864,7 @@ class SvtaggServer:
             self.store,
             max_epsilon_total=config.max_epsilon_total,
             max_delta_total=config.max_delta_total,
+            require_validation=config.require_validation,
         )
         self.health = HealthService()
         self.peer: PeerClient | None = None

@@ -95,3 +95,31 @@ def test_validation_inputs_encode_the_range_test(tmp_path: Path) -> None:
     low, high = z[: values.size], z[values.size :]
     out_of_range = (low >= 0) | (high >= 0)
     assert out_of_range.tolist() == [False, False, True, True, True]
+
+
+def test_policy_and_client_can_insist_on_validation(tmp_path: Path) -> None:
+    """The analyst chooses validate_reports; a server (or a client) can refuse a
+    task that skips it."""
+    import pytest
+    from svtagg.servers.core import parse_task_params
+    from svtagg.servers.errors import InvalidArgument
+
+    strict = ServerCore("helper", Store(tmp_path / "h.sqlite"), require_validation=True)
+    with pytest.raises(InvalidArgument, match="validate_reports"):
+        strict.check_budget_policy(parse_task_params("a", 4, 16, 10, 1, "1", "0", "1"))
+    strict.check_budget_policy(parse_task_params("b", 4, 16, 10, 1, "1", "0", "1", True))
+
+
+async def test_client_refuses_unvalidated_task(deployment: Deployment) -> None:
+    import pytest
+
+    dep = deployment
+
+    def run() -> None:
+        dep.analyst_stub().CreateTask(pb.TaskSpec(
+            task_id="u", d=D, frac_bits=F, n_max=100, min_batch=1, epsilon_total="1",
+            delta_total="0", epsilon_min="1/100"), timeout=10)
+        with dep.uploader() as up, pytest.raises(ValueError, match="does not validate"):
+            up.upload("u", np.zeros((3, D)), require_validation=True)
+
+    await off_loop(run)
