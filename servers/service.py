@@ -451,26 +451,50 @@ class AnalystService(pb_grpc.AnalystServicer):
             validate_task_id=task.params.task_id, report_ids=b"".join(report_ids)
         )
         z = self.core.validation_inputs(task, report_ids)
+        j, _ = await self._exchange(header, lambda party: party.first_yes(z))
+        return None if j is None else int(j)
+
+    async def _exchange(
+        self,
+        header: pb.ChunkHeader,
+        run: Callable[[Any], Awaitable[Any]],
+        on_written: Callable[[], None] | None = None,
+        on_failure: Callable[[], Awaitable[None]] | None = None,
+    ) -> tuple[Any, int]:
+        """One chunk on a pooled session: send the header, (on_written: the durable
+        mark), wait for the helper's go, run the garbled protocol, wait for its
+        done.  A failure after on_written calls on_failure.  Returns the result and
+        the bytes exchanged."""
         session = await self.pool.acquire()
         healthy = False
+        written = False
         try:
+            before = session.channel.traffic
             await session.channel.write_frame(pb.PeerFrame(header=header))
+            if on_written is not None:
+                on_written()
+            written = True
             verdict = await session.status()
             if not verdict.ok:
-                healthy = True
+                healthy = True  # the protocol never started; the session is intact
                 raise _refusal(verdict)
-            j = await asyncio.wait_for(session.party.first_yes(z), CHUNK_DEADLINE)
+            result = await asyncio.wait_for(run(session.party), CHUNK_DEADLINE)
+            crash_point("chunk.after_result")
             done = await session.status()
             if not done.ok:
                 raise _refusal(done)
             healthy = True
-        except grpc.aio.AioRpcError as exc:
-            raise PeerUnavailable(f"helper: {exc.code().name} {exc.details()}") from None
-        except TimeoutError:
-            raise PeerUnavailable("the validation with the helper timed out") from None
+        except BaseException as exc:
+            if written and on_failure is not None:
+                await on_failure()
+            if isinstance(exc, grpc.aio.AioRpcError):
+                raise PeerUnavailable(f"helper: {exc.code().name} {exc.details()}") from None
+            if isinstance(exc, asyncio.TimeoutError):
+                raise PeerUnavailable("the protocol with the helper timed out") from None
+            raise
         finally:
             await self.pool.release(session, healthy)
-        return None if j is None else int(j)
+        return result, session.channel.traffic - before
 
     @rpc("analyst")
     async def OpenStream(self, request: pb.OpenStreamRequest, context: Any) -> pb.StreamInfo:
@@ -575,56 +599,42 @@ class AnalystService(pb_grpc.AnalystServicer):
         does the same), run the garbled comparison on a pooled session, record
         the result.  Once marked, any failure or refusal fails the stream closed
         on both servers; nothing is refunded."""
-        sid = stream.stream_id
+        sid, next_chunk = stream.stream_id, stream.chunks + 1
         header = pb.ChunkHeader(
-            stream_id=sid, chunk_no=stream.chunks + 1, compare=compare,
+            stream_id=sid, chunk_no=next_chunk, compare=compare,
             queries=pb.Queries(
                 index=chunk.index.tolist(),
                 complement=chunk.complement.tolist() if chunk.complement.any() else [],
             ),
         )
-        session = await self.pool.acquire()
-        healthy = False
-        marked = False
-        try:
-            before = session.channel.traffic
-            await session.channel.write_frame(pb.PeerFrame(header=header))
+
+        def mark() -> None:
             # Both servers fsync their "chunk in progress" mark in parallel; neither
             # runs the circuit before its own mark is durable.
-            self.core.store.begin_chunk(sid, stream.chunks + 1)
-            marked = True
+            self.core.store.begin_chunk(sid, next_chunk)
             crash_point("chunk.after_mark")
-            verdict = await session.status()
-            if not verdict.ok:
-                healthy = True  # the protocol never started; the session is intact
-                raise _refusal(verdict)
-            result, answered, close = await asyncio.wait_for(
-                run(session.party, stream), CHUNK_DEADLINE
-            )
-            crash_point("chunk.after_result")
-            done = await session.status()
-            if not done.ok:
-                raise _refusal(done)
-            healthy = True
-        except BaseException as exc:
-            if marked:
-                self.core.store.fail_stream(sid)
-                await self._fail_helper(sid)
-            if isinstance(exc, grpc.aio.AioRpcError):
-                raise PeerUnavailable(f"helper: {exc.code().name} {exc.details()}") from None
-            if isinstance(exc, asyncio.TimeoutError):
-                raise PeerUnavailable("the comparison with the helper timed out") from None
-            raise
-        finally:
-            await self.pool.release(session, healthy)
+
+        async def fail() -> None:
+            self.core.store.fail_stream(sid)
+            await self._fail_helper(sid)
+
+        (result, answered, close), traffic = await self._exchange(
+            header, lambda party: run(party, stream), mark, fail
+        )
         self.core.store.end_chunk(sid, answered, close)
-        return result, close, session.channel.traffic - before
+        return result, close, traffic
 
     async def _fail_helper(self, stream_id: str) -> None:
         try:
             await self.peer.stub.FailStream(pb.StreamRef(stream_id=stream_id), timeout=5.0)
         except grpc.aio.AioRpcError:
             log.warning("could not fail stream %s on the helper", stream_id)
+
+
+def _refusal_frame(exc: BaseException) -> pb.PeerFrame:
+    """The helper's answer to a chunk header it refuses (the session lives on)."""
+    code = _status_for(exc) or grpc.StatusCode.INTERNAL
+    return pb.PeerFrame(status=pb.PeerStatus(ok=False, code=code.value[0], message=str(exc)))
 
 
 def _refusal(status: pb.PeerStatus) -> ServerError:
@@ -730,9 +740,7 @@ class PeerService(pb_grpc.PeerServicer):
             try:
                 stream, task, chunk = self._accept(frame.header)
             except Exception as exc:  # noqa: BLE001 - refusal goes back, session lives
-                code = _status_for(exc) or grpc.StatusCode.INTERNAL
-                await context.write(pb.PeerFrame(
-                    status=pb.PeerStatus(ok=False, code=code.value[0], message=str(exc))))
+                await context.write(_refusal_frame(exc))
                 continue
             crash_point("chunk.after_mark")
             await context.write(pb.PeerFrame(status=pb.PeerStatus(ok=True)))
@@ -750,9 +758,7 @@ class PeerService(pb_grpc.PeerServicer):
                 raise FailedPrecondition("the report set is already agreed")
             z = self.core.validation_inputs(task, split_ids(h.report_ids))
         except Exception as exc:  # noqa: BLE001 - refusal goes back, session lives
-            code = _status_for(exc) or grpc.StatusCode.INTERNAL
-            await context.write(pb.PeerFrame(
-                status=pb.PeerStatus(ok=False, code=code.value[0], message=str(exc))))
+            await context.write(_refusal_frame(exc))
             return
         await context.write(pb.PeerFrame(status=pb.PeerStatus(ok=True)))
         await party.first_yes(z)

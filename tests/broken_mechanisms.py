@@ -28,30 +28,34 @@ class NoThresholdNoiseOracle(LocalOracle):
         return _NoThresholdNoise(kind, eps, self.frac_bits, self._rng, self._parties)
 
 
+def _noisy_margins(  # type: ignore[no-untyped-def]
+    oracle: LocalOracle, epsilon: Number, kind: str, chunk: Sequence[tuple[Query, Number]]
+):
+    """Open a real stream, then compute what it would compare: scores, and
+    s + ν − τ − γ for every query of the chunk (the broken controls reveal more
+    of this than the correct stream's first-YES index)."""
+    mech = oracle.open_stream(epsilon, kind)._mech
+    assert isinstance(mech, AboveThresholdStream)
+    scores = oracle._scores([q for q, _ in chunk])
+    taus = oracle._encode_taus([t for _, t in chunk])
+    nu = mech._query_noise(len(chunk))
+    return scores, nu, scores - taus + nu - mech._gamma
+
+
 class KeepsAnsweringOracle(LocalOracle):
     """Answers every query of the chunk (the YES/NO vector) instead of halting."""
 
     def run_vector(self, epsilon: Number, kind: str, chunk: Sequence[tuple[Query, Number]]):  # type: ignore[no-untyped-def]
-        stream = self.open_stream(epsilon, kind)
-        mech = stream._mech
-        assert isinstance(mech, AboveThresholdStream)
-        scores = self._scores([q for q, _ in chunk])
-        taus = self._encode_taus([t for _, t in chunk])
-        nu = mech._query_noise(len(chunk))
-        return tuple((scores - taus + nu - mech._gamma >= 0).tolist())
+        _, _, margin = _noisy_margins(self, epsilon, kind, chunk)
+        return tuple((margin >= 0).tolist())
 
 
 class RevealsValueOracle(LocalOracle):
     """Returns the noisy value s_j + ν_j of the first YES along with its index."""
 
     def run_revealing(self, epsilon: Number, kind: str, chunk: Sequence[tuple[Query, Number]]):  # type: ignore[no-untyped-def]
-        stream = self.open_stream(epsilon, kind)
-        mech = stream._mech
-        assert isinstance(mech, AboveThresholdStream)
-        scores = self._scores([q for q, _ in chunk])
-        taus = self._encode_taus([t for _, t in chunk])
-        nu = mech._query_noise(len(chunk))
-        yes = np.flatnonzero(scores - taus + nu - mech._gamma >= 0)
+        scores, nu, margin = _noisy_margins(self, epsilon, kind, chunk)
+        yes = np.flatnonzero(margin >= 0)
         if yes.size == 0:
             return None
         j = int(yes[0])
