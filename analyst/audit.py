@@ -22,8 +22,9 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 
 import numpy as np
-from svtagg.analyst.kinds import StreamKind
-from svtagg.analyst.oracle import Oracle, Query
+from svtagg.analyst.oracle import Oracle
+from svtagg.dp.kinds import StreamKind
+from svtagg.dp.queries import Query
 
 Output = Hashable
 Event = tuple[str, Callable[[Output], bool]]

@@ -13,22 +13,22 @@ from fractions import Fraction
 
 import numpy as np
 import numpy.typing as npt
-from svtagg.analyst import accuracy
-from svtagg.analyst.kinds import StreamKind, default_tau_bound, validate_stream
-from svtagg.analyst.ledger import Ledger
-from svtagg.analyst.noise import RandomSource
-from svtagg.analyst.oracle import (
+from svtagg.analyst.oracle import OracleStats
+from svtagg.dp import accuracy
+from svtagg.dp.errors import Refusal
+from svtagg.dp.kinds import StreamKind, default_tau_bound, validate_stream
+from svtagg.dp.ledger import Ledger
+from svtagg.dp.noise import RandomSource
+from svtagg.dp.queries import (
     Budget,
     Number,
-    OracleError,
-    OracleStats,
     Outcome,
     Query,
     check_chunk_size,
     check_ctt_gaps,
     encode_thresholds,
 )
-from svtagg.analyst.svt import AboveThresholdStream, CompareToThresholdsStream
+from svtagg.dp.svt import AboveThresholdStream, CompareToThresholdsStream
 from svtagg.mpc.ring import DEFAULT_FRAC_BITS, encode, sensitivity
 
 
@@ -187,7 +187,7 @@ class LocalOracle:
     def _scores(self, queries: Sequence[Query]) -> npt.NDArray[np.int64]:
         idx = np.fromiter((q.index for q in queries), dtype=np.int64, count=len(queries))
         if idx.size and (idx.min() < 0 or idx.max() >= self._d):
-            raise OracleError(f"query index out of range [0, {self._d})")
+            raise Refusal(f"query index out of range [0, {self._d})")
         comp = np.fromiter((q.complement for q in queries), dtype=bool, count=len(queries))
         s = self._sums[idx]
         full = self._n * sensitivity(self.frac_bits)

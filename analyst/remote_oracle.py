@@ -5,7 +5,8 @@ encoded onto the task's grid here, exactly as the local oracle does, and sent
 as integers; the servers hold the data and the noise, and return only the
 first-YES index (or CompareToThresholds outcomes) of each chunk.  Refusals come
 back as the oracle's own exceptions: RESOURCE_EXHAUSTED → BudgetExhausted, a
-closed or failed stream → StreamClosed, bad input → ValueError.
+closed or failed stream → StreamClosed, bad input → InvalidArgument (a
+ValueError); `svtagg.proto.vocab` holds the table.
 """
 
 from __future__ import annotations
@@ -19,47 +20,29 @@ from typing import Any
 import grpc
 import numpy as np
 import numpy.typing as npt
-from svtagg.analyst import accuracy
-from svtagg.analyst.kinds import StreamKind, validate_stream
-from svtagg.analyst.oracle import (
+from svtagg.analyst.oracle import OracleStats
+from svtagg.dp import accuracy
+from svtagg.dp.errors import Refusal, StreamClosed
+from svtagg.dp.kinds import StreamKind, validate_stream
+from svtagg.dp.queries import (
     Budget,
-    BudgetExhausted,
     Number,
-    OracleError,
-    OracleStats,
     Outcome,
     Query,
-    StreamClosed,
     check_chunk_size,
     check_ctt_gaps,
     encode_thresholds,
 )
 from svtagg.proto import svtagg_pb2 as pb
 from svtagg.proto import svtagg_pb2_grpc as pb_grpc
-from svtagg.servers.tls import tls_target
-
-MAX_MESSAGE_BYTES = 64 << 20
-_OPTIONS = [
-    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-]
-_KIND_TO_PB = {
-    StreamKind.LAP24: pb.LAP24,
-    StreamKind.LAP3: pb.LAP3,
-    StreamKind.EXP3: pb.EXP3,
-    StreamKind.CTT: pb.CTT,
-}
-_OUTCOME = {pb.HIGH: Outcome.HIGH, pb.LOW: Outcome.LOW, pb.CLOSE: Outcome.CLOSE}
-
-
-def _error(exc: grpc.RpcError) -> Exception:
-    code: grpc.StatusCode = exc.code()  # type: ignore[attr-defined]
-    msg = f"{code.name}: {exc.details()}"  # type: ignore[attr-defined]
-    if code == grpc.StatusCode.RESOURCE_EXHAUSTED and "rate limit" not in msg:
-        return BudgetExhausted(msg)
-    if code == grpc.StatusCode.INVALID_ARGUMENT:
-        return ValueError(msg)
-    return OracleError(msg)
+from svtagg.proto.tls import tls_target
+from svtagg.proto.vocab import (
+    CHANNEL_OPTIONS,
+    KIND_TO_PB,
+    Role,
+    outcome_from_pb,
+    refusal_from_rpc,
+)
 
 
 @dataclass
@@ -138,7 +121,7 @@ class RemoteStream:
                 tau_high=highs.tolist(),
             ),
         )
-        out = [_OUTCOME[o] for o in resp.outcomes]
+        out = [outcome_from_pb(o) for o in resp.outcomes]
         self._closed = resp.closed
         self._answered += len(out)
         self._oracle._count(len(out), resp.peer_bytes)
@@ -160,7 +143,7 @@ class RemoteOracle:
     ) -> None:
         creds = grpc.ssl_channel_credentials(ca, key, cert)
         self._channel = grpc.secure_channel(
-            leader, creds, options=[*_OPTIONS, *tls_target("leader")]
+            leader, creds, options=[*CHANNEL_OPTIONS, *tls_target(Role.LEADER)]
         )
         self._stub = pb_grpc.AnalystStub(self._channel)
         self.task_id = task_id
@@ -168,7 +151,7 @@ class RemoteOracle:
         self._stats = RemoteStats()
         info = self.describe()
         if info.collection_open:
-            raise OracleError(f"task {task_id!r}: close the collection before querying")
+            raise Refusal(f"task {task_id!r}: close the collection before querying")
         self._n = int(info.n)
         self._d = int(info.spec.d)
         self.frac_bits = int(info.spec.frac_bits)
@@ -203,7 +186,7 @@ class RemoteOracle:
                 "Ask", "Compare"
             ):
                 raise StreamClosed(f"FAILED_PRECONDITION: {exc.details()}") from None  # type: ignore[attr-defined]
-            raise _error(exc) from None
+            raise refusal_from_rpc(exc) from None
         finally:
             self._stats.seconds_in_calls += time.perf_counter() - start
 
@@ -236,7 +219,7 @@ class RemoteOracle:
         info = self._call(
             "OpenStream",
             pb.OpenStreamRequest(
-                task_id=self.task_id, kind=_KIND_TO_PB[kind], epsilon=str(eps), delta=str(dl)
+                task_id=self.task_id, kind=KIND_TO_PB[kind], epsilon=str(eps), delta=str(dl)
             ),
         )
         self._stats.streams += 1

@@ -19,8 +19,9 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 
 import numpy as np
-from svtagg.analyst.kinds import StreamKind, check_epsilon
-from svtagg.analyst.oracle import MAX_CHUNK, Number, Oracle, Query, Stream
+from svtagg.analyst.oracle import Oracle, Stream
+from svtagg.dp.kinds import StreamKind, check_epsilon
+from svtagg.dp.queries import MAX_CHUNK, Number, Query
 
 #: Ratio γ of consecutive round budgets in Algorithm 8 (the paper's 3/4).
 GBS_RATIO = Fraction(3, 4)
@@ -380,7 +381,7 @@ def plan_practical(
     as in Algorithm 8.  The step s defaults to max(1, ⌊1.5·c/ε_f⌋) score units,
     c the kind's query-noise coefficient (`PRACTICAL_STEP_SCALE` noise scales).
     """
-    from svtagg.analyst.kinds import noise_model
+    from svtagg.dp.kinds import noise_model
 
     eps = check_epsilon(epsilon)
     beta = _check_beta(beta)

@@ -6,7 +6,7 @@ nothing was lost or wrong:
 
 * every uploader regenerates its rows from its seed, so the plaintext is known;
   after the close both servers' n equals the acknowledged uploads and
-  S_L + S_H (read from the stores: `servers.storeview`, test-only, since no RPC
+  S_L + S_H (read from the stores: `benchmarks/storeview.py`, test-only, since no RPC
   reveals sums) equals the sum of the encoded rows, coordinate by coordinate;
 * the stream phase uses a deterministic query design: coordinate 0 holds 1 for
   every user and coordinate 1 holds 0, and each stream asks
@@ -29,14 +29,14 @@ from multiprocessing import get_context
 from pathlib import Path
 
 import numpy as np
-from svtagg.analyst.oracle import Query
 from svtagg.analyst.remote_oracle import RemoteOracle
+from svtagg.benchmarks.storeview import encoded_sum, store_view
 from svtagg.client.upload import Uploader, make_batch
+from svtagg.deploy.jobs import analyst_stub
+from svtagg.deploy.launch import LocalDeployment
+from svtagg.dp.queries import Query
 from svtagg.proto import svtagg_pb2 as pb
-from svtagg.servers.jobs import analyst_stub
-from svtagg.servers.launch import LocalDeployment
-from svtagg.servers.storeview import encoded_sum, store_view
-from svtagg.servers.tls import Identity
+from svtagg.proto.tls import Identity
 
 F = 16
 

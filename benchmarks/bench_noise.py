@@ -12,7 +12,7 @@ import statistics
 import time
 from fractions import Fraction
 
-from svtagg.analyst.noise import RandomSource, discrete_laplace, geometric
+from svtagg.dp.noise import RandomSource, discrete_laplace, geometric
 
 
 def measure(fn, scale: Fraction, draws: int, repeats: int) -> float:  # type: ignore[no-untyped-def]

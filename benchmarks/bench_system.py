@@ -20,13 +20,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from svtagg.analyst.oracle import Query
 from svtagg.analyst.remote_oracle import RemoteOracle
 from svtagg.client.upload import Uploader
+from svtagg.deploy.jobs import analyst_stub, task_spec
+from svtagg.deploy.launch import LocalDeployment
+from svtagg.dp.queries import Query
 from svtagg.proto import svtagg_pb2 as pb
-from svtagg.servers.jobs import analyst_stub, task_spec
-from svtagg.servers.launch import LocalDeployment
-from svtagg.servers.tls import Identity
+from svtagg.proto.tls import Identity
 
 
 def _task(dep: LocalDeployment, task_id: str, d: int, n_max: int) -> None:

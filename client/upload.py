@@ -21,20 +21,15 @@ from typing import Any
 import grpc
 import numpy as np
 import numpy.typing as npt
+from svtagg.client.embeddings import EMBEDDINGS
 from svtagg.mpc.ring import encode
 from svtagg.mpc.sharing import share
 from svtagg.proto import svtagg_pb2 as pb
 from svtagg.proto import svtagg_pb2_grpc as pb_grpc
-from svtagg.servers.core import MAX_BATCH_VALUES
-from svtagg.servers.tls import tls_target
+from svtagg.proto.tls import tls_target
+from svtagg.proto.vocab import CHANNEL_OPTIONS, MAX_BATCH_VALUES, REPORT_ID_BYTES
 
-MAX_MESSAGE_BYTES = 64 << 20
-OPTIONS = [
-    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-]
 RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
-REPORT_ID_BYTES = 16
 
 
 @dataclass(frozen=True)
@@ -92,7 +87,7 @@ class Uploader:
     ) -> None:
         creds = grpc.ssl_channel_credentials(ca, key, cert)
         self._channels = [
-            grpc.secure_channel(addr, creds, options=[*OPTIONS, *tls_target(role)])
+            grpc.secure_channel(addr, creds, options=[*CHANNEL_OPTIONS, *tls_target(role)])
             for addr, role in ((leader, "leader"), (helper, "helper"))
         ]
         self._stubs = [pb_grpc.IngestStub(c) for c in self._channels]
@@ -218,12 +213,10 @@ def load_records(path: str | Path) -> npt.NDArray[Any]:
 
 
 def embed(records: npt.ArrayLike, embedding: str | None, **params: Any) -> npt.NDArray[np.float64]:
-    """Apply a named embedding from `analyst.applications.EMBEDDINGS` (None: the
+    """Apply a named embedding from `client.embeddings.EMBEDDINGS` (None: the
     records already are vectors in [0, 1]^d)."""
     if embedding is None:
         return np.asarray(records, dtype=np.float64)
-    from svtagg.analyst.applications import EMBEDDINGS
-
     if embedding not in EMBEDDINGS:
         raise ValueError(f"unknown embedding {embedding!r}; known: {', '.join(EMBEDDINGS)}")
     if embedding == "heavy_hitters":

@@ -264,14 +264,16 @@ class SessionOpen(_message.Message):
     def __init__(self, session_id: _Optional[bytes] = ...) -> None: ...
 
 class PeerStatus(_message.Message):
-    __slots__ = ("ok", "code", "message")
+    __slots__ = ("ok", "code", "message", "refusal")
     OK_FIELD_NUMBER: _ClassVar[int]
     CODE_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    REFUSAL_FIELD_NUMBER: _ClassVar[int]
     ok: bool
     code: int
     message: str
-    def __init__(self, ok: _Optional[bool] = ..., code: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
+    refusal: str
+    def __init__(self, ok: _Optional[bool] = ..., code: _Optional[int] = ..., message: _Optional[str] = ..., refusal: _Optional[str] = ...) -> None: ...
 
 class PeerFrame(_message.Message):
     __slots__ = ("header", "fragment", "open", "status", "more")

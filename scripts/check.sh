@@ -3,7 +3,8 @@
 # (The README's test command runs this, then the default pytest suite.)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if [[ -z "${VIRTUAL_ENV:-}" && -f .venv/bin/activate ]]; then
+# The project's own venv whenever it exists, even with another venv active.
+if [[ -f .venv/bin/activate ]]; then
     . .venv/bin/activate
 fi
 bash scripts/gen_proto.sh --check

@@ -6,13 +6,17 @@
 # so that the generated modules import each other as `svtagg.proto.x_pb2`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+root="$PWD"
+# The project's own venv when it exists, whatever venv the caller has active.
+py=python
+[[ -x .venv/bin/python ]] && py="$root/.venv/bin/python"
 check=0
 [[ "${1:-}" == "--check" ]] && check=1
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
 mkdir -p "$tmp/src/svtagg/proto" "$tmp/out"
 cp proto/*.proto "$tmp/src/svtagg/proto/"
-(cd "$tmp/src" && python -m grpc_tools.protoc -I. \
+(cd "$tmp/src" && "$py" -m grpc_tools.protoc -I. \
     --python_out="$tmp/out" --pyi_out="$tmp/out" --grpc_python_out="$tmp/out" \
     svtagg/proto/*.proto)
 status=0

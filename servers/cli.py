@@ -10,8 +10,8 @@ import sys
 from fractions import Fraction
 from pathlib import Path
 
-from svtagg.analyst.kinds import as_fraction
-from svtagg.servers.tls import DEFAULT_HOSTS, ROLES, Identity, write_deployment
+from svtagg.dp.kinds import as_fraction
+from svtagg.proto.tls import DEFAULT_HOSTS, ROLES, Identity, write_deployment
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

@@ -14,47 +14,35 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import numpy.typing as npt
-from svtagg.analyst.kinds import (
+from svtagg.dp.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
+from svtagg.dp.kinds import (
     StreamKind,
-    as_fraction,
-    check_epsilon,
-    ctt_gap,
     default_tau_bound,
-    overflow_possible,
     validate_stream,
 )
-from svtagg.analyst.noise import RandomSource, draw_query_noise, draw_threshold_noise
-from svtagg.analyst.oracle import MAX_CHUNK
-from svtagg.mpc.ring import MAX_FRAC_BITS, U64, sensitivity
+from svtagg.dp.noise import RandomSource, draw_query_noise, draw_threshold_noise
+from svtagg.dp.queries import check_chunk_size, check_ctt_width
+from svtagg.dp.task import TaskParams
+from svtagg.mpc.circuits import CLOSE
+from svtagg.mpc.ring import U64, sensitivity
 from svtagg.mpc.sharing import expand_seed
-from svtagg.servers.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
-from svtagg.servers.faults import crash_point
-from svtagg.servers.store import (
+from svtagg.proto.vocab import (
+    MAX_BATCH_REPORTS,
+    MAX_BATCH_VALUES,
     REPORT_ID_BYTES,
-    TASK_ID_RE,
-    Store,
-    StreamState,
-    TaskParams,
-    TaskState,
+    SEED_BYTES,
+    Role,
 )
+from svtagg.servers.faults import crash_point
+from svtagg.servers.store import Store, StreamState, TaskState
 
 if TYPE_CHECKING:
     from svtagg.mpc.channel import Channel
 
-Role = Literal["leader", "helper"]
-#: Largest d a task may have (one explicit share is 8·d bytes).
-MAX_D = 1_000_000
-SEED_BYTES = 16
-#: Largest upload batch, in reports and in share bytes.
-MAX_BATCH_REPORTS = 10_000
-MAX_BATCH_BYTES = 32 << 20
-#: Reports × d per batch: bounds the helper's seed expansion (8 bytes of AES
-#: keystream per value) and the leader's share arithmetic for one request.
-MAX_BATCH_VALUES = 1 << 24
 
 
 class ComparisonParty(Protocol):
@@ -74,62 +62,9 @@ def garbled_circuit_party(role: Role, channel: Channel, session_id: bytes) -> Co
     """The real engine: the leader garbles, the helper evaluates."""
     from svtagg.mpc.protocol import ComparisonEvaluator, ComparisonGarbler
 
-    cls = ComparisonGarbler if role == "leader" else ComparisonEvaluator
+    cls = ComparisonGarbler if role == Role.LEADER else ComparisonEvaluator
     party: ComparisonParty = cls(channel, session_id)
     return party
-
-
-def parse_task_params(
-    task_id: str,
-    d: int,
-    frac_bits: int,
-    n_max: int,
-    min_batch: int,
-    epsilon_total: str,
-    delta_total: str,
-    epsilon_min: str,
-    validate_reports: bool = False,
-) -> TaskParams:
-    """Validate task parameters, including the overflow bound for every stream kind."""
-    if not TASK_ID_RE.fullmatch(task_id):  # match() lets "$" accept a trailing newline
-        raise InvalidArgument(f"task id must match {TASK_ID_RE.pattern}, got {task_id!r}")
-    if not 1 <= d <= MAX_D:
-        raise InvalidArgument(f"d must be in [1, {MAX_D}], got {d}")
-    if not 1 <= frac_bits <= MAX_FRAC_BITS:
-        raise InvalidArgument(f"frac_bits must be in [1, {MAX_FRAC_BITS}], got {frac_bits}")
-    if n_max < 1:
-        raise InvalidArgument(f"n_max must be >= 1, got {n_max}")
-    if not 1 <= min_batch <= n_max:
-        raise InvalidArgument(f"min_batch must be in [1, n_max={n_max}], got {min_batch}")
-    try:
-        eps_total = check_epsilon(epsilon_total or "")
-        eps_min = check_epsilon(epsilon_min or "")
-        delta = as_fraction(delta_total or "0", "delta_total")
-    except ValueError as exc:
-        raise InvalidArgument(str(exc)) from None
-    if not 0 <= delta < 1:
-        raise InvalidArgument(f"delta_total must be in [0, 1), got {delta}")
-    if eps_min > eps_total:
-        raise InvalidArgument(f"epsilon_min={eps_min} exceeds epsilon_total={eps_total}")
-    for kind in StreamKind:
-        if overflow_possible(n_max, frac_bits, eps_min, kind):
-            raise InvalidArgument(
-                f"z_L + z_H could wrap mod 2^64 for n_max={n_max}, F={frac_bits}, "
-                f"epsilon_min={eps_min} (kind {kind.value}); lower n_max or F, or raise epsilon_min"
-            )
-    return TaskParams(
-        task_id, d, frac_bits, n_max, min_batch, eps_total, delta, eps_min, bool(validate_reports)
-    )
-
-
-def safe_epsilon_min(n_max: int, frac_bits: int) -> Fraction:
-    """The smallest ε_min = 2^-k for which no stream kind can wrap z_L + z_H."""
-    eps = Fraction(1)
-    if any(overflow_possible(n_max, frac_bits, eps, kind) for kind in StreamKind):
-        raise InvalidArgument(f"n_max={n_max} with F={frac_bits} can overflow even at ε=1")
-    while not any(overflow_possible(n_max, frac_bits, eps / 2, kind) for kind in StreamKind):
-        eps /= 2
-    return eps
 
 
 @dataclass(frozen=True)
@@ -145,12 +80,7 @@ class Chunk:
 
 def parse_chunk(task: TaskState, index: Sequence[int], complement: Sequence[bool]) -> Chunk:
     k = len(index)
-    if k < 1:
-        raise InvalidArgument("a chunk needs at least one query")
-    if k > MAX_CHUNK:
-        # A capacity bound, not a malformed request: the same query split into
-        # smaller chunks is fine.
-        raise ResourceExhausted(f"a chunk holds at most {MAX_CHUNK} queries, got {k}")
+    check_chunk_size(k)
     idx = np.asarray(index, dtype=np.int64)
     if int(idx.max()) >= task.params.d:
         raise InvalidArgument(f"query index {int(idx.max())} out of range [0, {task.params.d})")
@@ -238,7 +168,7 @@ class ServerCore:
             raise InvalidArgument("duplicate report id within one batch")
         d = task.params.d
         shares = [share for _, share in reports]
-        if self.role == "leader":
+        if self.role == Role.LEADER:
             width = 8 * d
             if any(len(share) != width for share in shares):
                 raise InvalidArgument(
@@ -252,7 +182,7 @@ class ServerCore:
 
     def share_sum(self, d: int, shares: Sequence[bytes]) -> U64:
         """Sum of this server's shares: explicit vectors (leader) or expanded seeds (helper)."""
-        if self.role == "leader":
+        if self.role == Role.LEADER:
             blob = b"".join(shares)
             return np.frombuffer(blob, dtype="<u8").reshape(len(shares), d).sum(
                 axis=0, dtype=np.uint64
@@ -280,7 +210,7 @@ class ServerCore:
             raise FailedPrecondition("reports are validated only after the close")
         d = task.params.d
         shares = self.store.shares(task.params.task_id, report_ids)
-        if self.role == "leader":
+        if self.role == Role.LEADER:
             x = np.frombuffer(b"".join(shares), dtype="<u8").astype(np.uint64).reshape(-1, d)
             low = ~x  # −x − 1
             high = x - np.uint64(sensitivity(task.params.frac_bits) + 1)
@@ -337,7 +267,7 @@ class ServerCore:
         """q(S) on this server's share: S[j], or for a complement n·2^F − S[j] (leader)
         and −S[j] (helper), so that the two shares add up to n·2^F − S_j."""
         sums = self.store.sums(task.params.task_id)[chunk.index]
-        full = np.uint64(task.n * sensitivity(task.params.frac_bits)) if self.role == "leader" \
+        full = np.uint64(task.n * sensitivity(task.params.frac_bits)) if self.role == Role.LEADER \
             else np.uint64(0)
         return np.where(chunk.complement, full - sums, sums).astype(np.uint64)
 
@@ -378,13 +308,15 @@ class ServerCore:
 
     @staticmethod
     def check_gap(stream: StreamState, task: TaskState, tau_low: U64, tau_high: U64) -> None:
-        """Refuse thresholds closer than ctt_gap(ε, δ, 2) (in score units)."""
-        gap = Fraction(str(ctt_gap(stream.epsilon, stream.delta, parties=2)))
+        """Refuse thresholds closer than the CompareToThresholds gap (dp.queries' rule)."""
         highs = tau_high.view(np.int64).tolist()
         lows = tau_low.view(np.int64).tolist()
         width = min(int(h) - int(lo) for h, lo in zip(highs, lows, strict=True))  # exact ints
-        need = gap * sensitivity(task.params.frac_bits)
-        if Fraction(width) < need:
-            raise InvalidArgument(
-                f"CompareToThresholds requires τH − τL ≥ {float(gap):.6g} (score units)"
-            )
+        check_ctt_width(
+            Fraction(width, sensitivity(task.params.frac_bits)), stream.epsilon, stream.delta, 2
+        )
+
+    @staticmethod
+    def compare_progress(codes: Sequence[int]) -> tuple[int, bool]:
+        """(queries answered, stream closes) of a CompareToThresholds chunk's codes."""
+        return len(codes), CLOSE in codes

@@ -15,29 +15,28 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass
+from enum import StrEnum
 from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
-from svtagg.analyst.kinds import StreamKind
-from svtagg.analyst.ledger import Ledger
-from svtagg.analyst.oracle import Budget
-from svtagg.mpc.ring import U64
-from svtagg.servers.errors import (
+from svtagg.dp.errors import (
     AlreadyExists,
     FailedPrecondition,
     InvalidArgument,
     NotFound,
     ResourceExhausted,
 )
+from svtagg.dp.kinds import StreamKind
+from svtagg.dp.ledger import Ledger
+from svtagg.dp.queries import Budget
+from svtagg.dp.task import TaskParams
+from svtagg.mpc.ring import U64
 from svtagg.servers.faults import crash_point
 
-TASK_ID_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
-REPORT_ID_BYTES = 16
 DIGEST_BYTES = 16
 
 _SCHEMA = """
@@ -73,23 +72,17 @@ CREATE TABLE IF NOT EXISTS streams (
 """
 
 #: Stream states.  Only `open` answers; `closed` and `failed` are final.
-OPENING, OPEN, IN_CHUNK, CLOSED, FAILED = "opening", "open", "in_chunk", "closed", "failed"
+class StreamStatus(StrEnum):
+    """Life of a stream in a store (the strings are what the database holds)."""
+
+    OPENING = "opening"  # charged, waiting for the other server (failed on a restart)
+    OPEN = "open"
+    IN_CHUNK = "in_chunk"  # a chunk is running (failed on a restart: never answers twice)
+    CLOSED = "closed"  # answered YES / Close
+    FAILED = "failed"  # failed closed; its charge stays spent
 
 
-@dataclass(frozen=True)
-class TaskParams:
-    """Public parameters of a task, identical on both servers."""
-
-    task_id: str
-    d: int
-    frac_bits: int
-    n_max: int
-    min_batch: int
-    epsilon_total: Fraction
-    delta_total: Fraction
-    epsilon_min: Fraction
-    #: Range-check every report at the close (docs/threat-model.md).
-    validate_reports: bool = False
+OPENING, OPEN, IN_CHUNK, CLOSED, FAILED = StreamStatus
 
 
 @dataclass(frozen=True)
@@ -112,7 +105,7 @@ class StreamState:
     epsilon: Fraction
     delta: Fraction
     gamma: int | None
-    state: str
+    state: StreamStatus
     chunks: int
     queries: int
 

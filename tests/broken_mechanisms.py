@@ -9,10 +9,10 @@ from collections.abc import Sequence
 from fractions import Fraction
 
 import numpy as np
-from svtagg.analyst.kinds import StreamKind
 from svtagg.analyst.local_oracle import LocalOracle
-from svtagg.analyst.oracle import Number, Query
-from svtagg.analyst.svt import AboveThresholdStream
+from svtagg.dp.kinds import StreamKind
+from svtagg.dp.queries import Number, Query
+from svtagg.dp.svt import AboveThresholdStream
 
 
 class _NoThresholdNoise(AboveThresholdStream):

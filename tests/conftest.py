@@ -13,9 +13,9 @@ from typing import Any, TypeVar
 
 import numpy as np
 import pytest
+from svtagg.proto.tls import Identity, write_deployment
 from svtagg.servers.core import PartyFactory, garbled_circuit_party
 from svtagg.servers.service import ServerConfig, SvtaggServer
-from svtagg.servers.tls import Identity, write_deployment
 
 T = TypeVar("T")
 
@@ -85,7 +85,7 @@ class Deployment:
     def analyst_stub(self, role: str = "analyst") -> Any:
         import grpc
         from svtagg.proto import svtagg_pb2_grpc as pb_grpc
-        from svtagg.servers.tls import tls_target
+        from svtagg.proto.tls import tls_target
 
         ident = self.identity(role)
         creds = grpc.ssl_channel_credentials(ident.ca, ident.key, ident.cert)
@@ -143,7 +143,7 @@ def svc_rng() -> Iterator[np.random.Generator]:
 
 # ---------------------------------------------------------------- process harness
 # Shared by the reliability, hostile-input, auth and load tests: leader and
-# helper as subprocesses (svtagg.servers.launch.LocalDeployment) that a test can
+# helper as subprocesses (svtagg.deploy.launch.LocalDeployment) that a test can
 # arm to SIGKILL themselves at a crash point (svtagg.servers.faults), and a
 # read-only look at a server's SQLite store: the test-only way to check that the
 # two servers' share sums add up to the plaintext sum (no RPC ever reveals them).
@@ -156,7 +156,7 @@ class ProcessDeployment:
         self, root: Path, server_args: list[str] | None = None,
         env: dict[str, str] | None = None,
     ) -> None:
-        from svtagg.servers.launch import LocalDeployment
+        from svtagg.deploy.launch import LocalDeployment
 
         self.root = root
         self.env = dict(env or {})
@@ -203,8 +203,8 @@ class ProcessDeployment:
     def channel(self, role: str = "analyst", server: str = "leader") -> Any:
         """A mutual-TLS channel to `server`, holding the certificate of `role`."""
         import grpc
-        from svtagg.servers.peer import OPTIONS
-        from svtagg.servers.tls import tls_target
+        from svtagg.proto.tls import tls_target
+        from svtagg.proto.vocab import CHANNEL_OPTIONS as OPTIONS
 
         ident = self.identity(role)
         creds = grpc.ssl_channel_credentials(ident.ca, ident.key, ident.cert)
@@ -233,4 +233,4 @@ class ProcessDeployment:
         return store_view(self.root / f"{role}.sqlite", task_id)
 
 
-from svtagg.servers.storeview import StoreView, encoded_sum, store_view  # noqa: E402,F401
+from svtagg.benchmarks.storeview import StoreView, encoded_sum, store_view  # noqa: E402,F401

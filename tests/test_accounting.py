@@ -6,7 +6,7 @@ import math
 from fractions import Fraction
 
 import pytest
-from svtagg.analyst.accounting import (
+from svtagg.dp.accounting import (
     ZCDPAccountant,
     advanced_composition,
     advanced_composition_step,

@@ -8,9 +8,9 @@ from fractions import Fraction
 import numpy as np
 import pytest
 from scipy import stats
-from svtagg.analyst.accuracy import alpha, alpha_grid
-from svtagg.analyst.kinds import StreamKind
-from svtagg.analyst.noise import RandomSource, draw_query_noise, draw_threshold_noise
+from svtagg.dp.accuracy import alpha, alpha_grid
+from svtagg.dp.kinds import StreamKind
+from svtagg.dp.noise import RandomSource, draw_query_noise, draw_threshold_noise
 
 LEVEL = 1e-4
 

@@ -22,9 +22,9 @@ from svtagg.analyst.audit import (
     counterexample_scenario,
     split_scenario,
 )
-from svtagg.analyst.kinds import StreamKind
 from svtagg.analyst.local_oracle import LocalOracle
-from svtagg.analyst.oracle import Outcome, Query
+from svtagg.dp.kinds import StreamKind
+from svtagg.dp.queries import Outcome, Query
 
 FRAC_BITS = 6  # the audit's grid: small, so streams are cheap; the mechanism is the same
 
@@ -93,7 +93,7 @@ def _ctt_run(eps: Fraction, delta: Fraction, k: int, lo: float, hi: float) -> An
 
 def test_compare_to_thresholds_passes_audit() -> None:
     from svtagg.analyst.audit import audit_outputs, collect
-    from svtagg.analyst.kinds import ctt_gap
+    from svtagg.dp.kinds import ctt_gap
 
     eps, delta, k = Fraction(2), Fraction(1, 10**6), 4
     gap = ctt_gap(eps, delta)

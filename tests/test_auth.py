@@ -22,11 +22,11 @@ import grpc
 import numpy as np
 import pytest
 from conftest import ProcessDeployment
-from svtagg.analyst.oracle import Query
 from svtagg.client.upload import make_batch
+from svtagg.dp.queries import Query
 from svtagg.proto import svtagg_pb2 as pb
 from svtagg.proto import svtagg_pb2_grpc as pb_grpc
-from svtagg.servers.tls import Identity, tls_target, write_deployment
+from svtagg.proto.tls import Identity, tls_target, write_deployment
 
 Code = grpc.StatusCode
 D, F = 5, 20

@@ -9,7 +9,7 @@ import pytest
 from scipy.stats import chisquare
 from svtagg.analyst import applications as apps
 from svtagg.analyst import baselines
-from svtagg.analyst.accounting import rho_for_dp
+from svtagg.dp.accounting import rho_for_dp
 
 FALSE_FAIL = 1e-3
 

@@ -10,8 +10,8 @@ import grpc
 import numpy as np
 import pytest
 from conftest import Deployment, make_task, off_loop
-from svtagg.analyst.cli import main
 from svtagg.client.upload import UploadError, UploadStats, embed, load_records, make_batch
+from svtagg.deploy.cli import main
 from svtagg.mpc.ring import encode
 from svtagg.mpc.sharing import expand_seed
 from svtagg.proto import svtagg_pb2 as pb

@@ -5,7 +5,7 @@ vector lengths, unknown tasks, ε ≤ 0 / NaN / text, τL > τH, gaps below the
 minimum, chunks over the limit, replayed report ids, streams of other kinds or
 states, undecodable bytes.  Every call must get a clear refusal status (one of
 REFUSALS with a message; never UNKNOWN or INTERNAL: undecodable requests are
-INVALID_ARGUMENT, see servers/wire.py), the servers
+INVALID_ARGUMENT, see proto/wire.py), the servers
 stay up (health SERVING, processes alive), and nothing is stored: both SQLite
 stores are byte-for-byte the same logical state before and after every refused
 call.  Also: the size bounds (request size, chunk size) and the per-caller
@@ -30,8 +30,8 @@ import pytest
 from conftest import ProcessDeployment
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from svtagg.analyst.oracle import MAX_CHUNK
 from svtagg.client.upload import make_batch
+from svtagg.dp.queries import MAX_CHUNK
 from svtagg.proto import health_pb2
 from svtagg.proto import svtagg_pb2 as pb
 
@@ -529,7 +529,7 @@ def test_oversized_request_is_refused(env: Env):
     """A request over the 64 MiB message limit is refused by the server's transport
     (RESOURCE_EXHAUSTED) before any of it is parsed; an upload batch over the 10,000
     reports / 32 MiB batch limit is refused by the service (tested above)."""
-    from svtagg.servers.tls import tls_target
+    from svtagg.proto.tls import tls_target
 
     ident = env.pd.identity("client")
     creds = grpc.ssl_channel_credentials(ident.ca, ident.key, ident.cert)

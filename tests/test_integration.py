@@ -8,8 +8,9 @@ from fractions import Fraction
 import numpy as np
 import pytest
 from conftest import Deployment, make_task, off_loop
-from svtagg.analyst.kinds import StreamKind, ctt_gap
-from svtagg.analyst.oracle import BudgetExhausted, Outcome, Query, StreamClosed
+from svtagg.dp.errors import BudgetExhausted, StreamClosed
+from svtagg.dp.kinds import StreamKind, ctt_gap
+from svtagg.dp.queries import Outcome, Query
 from svtagg.proto import svtagg_pb2 as pb
 
 

@@ -9,10 +9,10 @@ import json
 from pathlib import Path
 
 import numpy as np
-from svtagg.analyst.cli import main
 from svtagg.client.upload import Uploader
-from svtagg.servers.launch import LocalDeployment
-from svtagg.servers.tls import Identity
+from svtagg.deploy.cli import main
+from svtagg.deploy.launch import LocalDeployment
+from svtagg.proto.tls import Identity
 
 
 def _cli(*argv: str) -> tuple[int, str]:
@@ -68,8 +68,9 @@ def test_kill_mid_chunk_fails_the_stream_closed(tmp_path: Path):
     import os
 
     import pytest
-    from svtagg.analyst.oracle import OracleError, Query, StreamClosed
     from svtagg.analyst.remote_oracle import RemoteOracle
+    from svtagg.dp.errors import Refusal, StreamClosed
+    from svtagg.dp.queries import Query
 
     dep = LocalDeployment(tmp_path)
     dep.start()
@@ -90,7 +91,7 @@ def test_kill_mid_chunk_fails_the_stream_closed(tmp_path: Path):
             del os.environ["SVTAGG_CRASH_AT"]
         with RemoteOracle.from_certs(dep.address("leader"), "k", dep.certs) as o:
             s = o.open_stream(1)
-            with pytest.raises(OracleError):
+            with pytest.raises(Refusal):
                 s.ask([(Query(0), 1000)])
             assert dep.procs["helper"].wait(10) == -9  # SIGKILL
             dep.procs.pop("helper")

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from svtagg.analyst import applications
 from svtagg.analyst.local_oracle import LocalOracle
-from svtagg.servers.jobs import ALGORITHMS, run_algorithm
+from svtagg.deploy.jobs import ALGORITHMS, run_algorithm
 
 
 def _spent(oracle: LocalOracle) -> Fraction:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from svtagg.benchmarks.bench_load import run_load, summary
-from svtagg.servers.launch import LocalDeployment
+from svtagg.deploy.launch import LocalDeployment
 
 
 def _check(tmp_path: Path, **kw: int) -> None:

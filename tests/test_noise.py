@@ -12,9 +12,9 @@ from fractions import Fraction
 import numpy as np
 import pytest
 from scipy import stats
-from svtagg.analyst import noise
-from svtagg.analyst.kinds import StreamKind, clamp_bound, noise_model
-from svtagg.analyst.noise import (
+from svtagg.dp import noise
+from svtagg.dp.kinds import StreamKind, clamp_bound, noise_model
+from svtagg.dp.noise import (
     RandomSource,
     discrete_laplace,
     draw_query_noise,

@@ -31,8 +31,9 @@ from typing import Any
 import numpy as np
 import pytest
 from conftest import ProcessDeployment, encoded_sum
-from svtagg.analyst.oracle import OracleError, Query
 from svtagg.client.upload import UploadError, make_batch
+from svtagg.dp.errors import Refusal
+from svtagg.dp.queries import Query
 from svtagg.proto import svtagg_pb2 as pb
 
 D, F = 6, 16
@@ -142,7 +143,7 @@ def stream_through_kill(pd: ProcessDeployment, task: str, role: str, point: str)
     with pd.oracle(task) as o:
         if point.startswith("open."):
             pd.arm(role, point)
-            with pytest.raises(OracleError, match=CLEAR):
+            with pytest.raises(Refusal, match=CLEAR):
                 o.open_stream(EPS)
             sid = None
         else:
@@ -151,12 +152,12 @@ def stream_through_kill(pd: ProcessDeployment, task: str, role: str, point: str)
             pd.arm(role, point)
             # τ far below every score: an honest run would say YES at 0.  The
             # analyst must get an error instead, never the bit.
-            with pytest.raises(OracleError, match=CLEAR):
+            with pytest.raises(Refusal, match=CLEAR):
                 s.ask([(Query(0), -1000.0)])
         assert pd.await_kill(role) == -9
         pd.restart(role)
         if sid is not None:
-            with pytest.raises(OracleError, match="FAILED_PRECONDITION|failed"):
+            with pytest.raises(Refusal, match="FAILED_PRECONDITION|failed"):
                 s.ask([(Query(0), -1000.0)])  # fail closed: never answers again
         after = budgets(pd, task)
         # The ledgers agree, and the charge of the interrupted stream stays spent.
@@ -215,7 +216,7 @@ def test_leader_ledger_wins(procs: ProcessDeployment):
     closed_task(pd, "w")
     with pd.oracle("w") as o:
         pd.arm("leader", "open.after_charge")
-        with pytest.raises(OracleError):
+        with pytest.raises(Refusal):
             o.open_stream(EPS)
     assert pd.await_kill("leader") == -9
     # Right after the crash the stores disagree: the leader charged, the helper did not.

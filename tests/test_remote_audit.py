@@ -38,8 +38,8 @@ from svtagg.analyst.audit import (
     counterexample_scenario,
     first_yes_events,
 )
-from svtagg.analyst.kinds import StreamKind, ctt_gap
-from svtagg.analyst.oracle import Query
+from svtagg.dp.kinds import StreamKind, ctt_gap
+from svtagg.dp.queries import Query
 from svtagg.proto import svtagg_pb2 as pb
 
 F = 6

@@ -4,7 +4,7 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
-from svtagg.analyst.kinds import StreamKind, overflow_possible
+from svtagg.dp.kinds import StreamKind, overflow_possible
 from svtagg.mpc.ring import (
     SIGNED_LIMIT,
     can_wrap,

@@ -15,7 +15,6 @@ import numpy as np
 import pytest
 from scipy.stats import binom
 from svtagg.analyst.local_oracle import LocalOracle
-from svtagg.analyst.oracle import Query
 from svtagg.analyst.selection import (
     ROUNDING_SLACK,
     Candidates,
@@ -31,6 +30,7 @@ from svtagg.analyst.selection import (
     sampling_and_filtering,
     sum_estimation,
 )
+from svtagg.dp.queries import Query
 from svtagg.mpc.ring import sensitivity
 
 FALSE_FAIL = 1e-3

@@ -11,9 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 from svtagg.analyst import applications as apps
-from svtagg.analyst.kinds import StreamKind
 from svtagg.analyst.local_oracle import LocalOracle
-from svtagg.analyst.oracle import Number, Query
 from svtagg.analyst.selection import (
     ROUNDING_SLACK,
     Candidates,
@@ -22,6 +20,8 @@ from svtagg.analyst.selection import (
     plan_practical,
     practical_selection,
 )
+from svtagg.dp.kinds import StreamKind
+from svtagg.dp.queries import Number, Query
 from test_selection import GRID, certificate_holds, check_binomial, planted_oracle
 
 

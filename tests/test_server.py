@@ -12,14 +12,14 @@ import grpc
 import numpy as np
 import pytest
 from conftest import Deployment, make_task, off_loop
-from svtagg.analyst.kinds import StreamKind
-from svtagg.analyst.oracle import MAX_CHUNK
 from svtagg.client.upload import make_batch
+from svtagg.dp.kinds import StreamKind
+from svtagg.dp.queries import MAX_CHUNK
 from svtagg.proto import health_pb2, health_pb2_grpc
 from svtagg.proto import svtagg_pb2 as pb
 from svtagg.proto import svtagg_pb2_grpc as pb_grpc
+from svtagg.proto.tls import Identity, tls_target, write_deployment
 from svtagg.servers.store import FAILED, Store
-from svtagg.servers.tls import Identity, tls_target, write_deployment
 
 Code = grpc.StatusCode
 
@@ -264,7 +264,7 @@ def test_mid_chunk_stream_fails_closed_on_restart(tmp_path: Path):
     """A crash between 'chunk in progress' and its result never lets the stream answer."""
     from fractions import Fraction
 
-    from svtagg.servers.store import TaskParams
+    from svtagg.dp.task import TaskParams
 
     store = Store(tmp_path / "s.sqlite")
     store.create_task(TaskParams("t", 2, 16, 100, 1, Fraction(1), Fraction(0), Fraction(1, 10)))
@@ -325,8 +325,8 @@ async def test_ingest_port_without_client_certificates(certs: Path, tmp_path: Pa
 
 
 def test_certs_command(tmp_path: Path):
-    from svtagg.analyst.cli import main
-    from svtagg.servers.tls import ROLES, role_of_pem
+    from svtagg.deploy.cli import main
+    from svtagg.proto.tls import ROLES, role_of_pem
 
     assert main(["certs", "--out", str(tmp_path), "--hosts", "localhost,10.0.0.7"]) == 0
     assert (tmp_path / "ca.key").stat().st_mode & 0o077 == 0
@@ -381,8 +381,9 @@ def test_budget_policy_caps_the_analysts_proposal(tmp_path: Path):
     """Each server refuses a task whose total budget exceeds its own cap."""
     from fractions import Fraction
 
-    from svtagg.servers.core import ServerCore, parse_task_params
-    from svtagg.servers.errors import InvalidArgument
+    from svtagg.dp.errors import InvalidArgument
+    from svtagg.dp.task import parse_task_params
+    from svtagg.servers.core import ServerCore
 
     core = ServerCore("helper", Store(tmp_path / "h.sqlite"),
                       max_epsilon_total=Fraction(8), max_delta_total=Fraction(1, 10**6))
@@ -400,9 +401,10 @@ def test_batch_values_are_bounded(tmp_path: Path):
     """reports × d per batch is capped (the helper expands 8 bytes per value)."""
     from fractions import Fraction
 
-    from svtagg.servers.core import MAX_BATCH_VALUES, ServerCore
-    from svtagg.servers.errors import ResourceExhausted
-    from svtagg.servers.store import TaskParams
+    from svtagg.dp.errors import ResourceExhausted
+    from svtagg.dp.task import TaskParams
+    from svtagg.proto.vocab import MAX_BATCH_VALUES
+    from svtagg.servers.core import ServerCore
 
     store = Store(tmp_path / "h.sqlite")
     d = 1 << 20

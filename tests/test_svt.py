@@ -6,20 +6,14 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
-from svtagg.analyst.kinds import StreamKind, ctt_delta_charge, ctt_gap
-from svtagg.analyst.ledger import Ledger
 from svtagg.analyst.local_oracle import LocalOracle
-from svtagg.analyst.noise import RandomSource
-from svtagg.analyst.oracle import (
-    BudgetExhausted,
-    Oracle,
-    OracleError,
-    Outcome,
-    Query,
-    Stream,
-    StreamClosed,
-)
-from svtagg.analyst.svt import AboveThresholdStream, batch_above_threshold
+from svtagg.analyst.oracle import Oracle, Stream
+from svtagg.dp.errors import BudgetExhausted, Refusal, StreamClosed
+from svtagg.dp.kinds import StreamKind, ctt_delta_charge, ctt_gap
+from svtagg.dp.ledger import Ledger
+from svtagg.dp.noise import RandomSource
+from svtagg.dp.queries import Outcome, Query
+from svtagg.dp.svt import AboveThresholdStream, batch_above_threshold
 
 
 def test_ledger_charges_exactly_and_refuses_overdraft() -> None:
@@ -92,7 +86,7 @@ def test_local_oracle_refuses_bad_input() -> None:
     st = o.open_stream(1)
     with pytest.raises(ValueError):
         st.ask([])
-    with pytest.raises(OracleError):
+    with pytest.raises(Refusal):
         st.ask([(Query(4), 1)])
     with pytest.raises(ValueError, match="threshold"):
         st.ask([(Query(0), 41)])  # beyond ±4n, as the servers refuse

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from fractions import Fraction
 
-from svtagg.analyst.kinds import as_fraction
-from svtagg.analyst.oracle import Budget, BudgetExhausted
+from svtagg.dp.errors import BudgetExhausted
+from svtagg.dp.kinds import as_fraction
+from svtagg.dp.queries import Budget
 
 
 class Ledger:

@@ -18,10 +18,10 @@ from typing import Any
 import grpc
 import numpy as np
 import numpy.typing as npt
-from svtagg.analyst.workloads import workload
+from svtagg.deploy.workloads import workload
 from svtagg.proto import svtagg_pb2 as pb
 from svtagg.proto import svtagg_pb2_grpc as pb_grpc
-from svtagg.servers.tls import Identity, tls_target
+from svtagg.proto.tls import Identity, tls_target
 
 ALGORITHMS = (
     "top-k", "gbs", "sf", "binary-search", "linear-scan", "sum", "fp", "sparse-mean", "mwem",
@@ -143,7 +143,7 @@ def task_spec(
     validate_reports: bool = False,
 ) -> pb.TaskSpec:
     """A task spec; epsilon_min "auto" is the smallest ε the overflow bound allows."""
-    from svtagg.servers.core import safe_epsilon_min
+    from svtagg.dp.task import safe_epsilon_min
 
     if epsilon_min == "auto":
         epsilon_min = str(safe_epsilon_min(n_max, frac_bits))
@@ -195,7 +195,7 @@ def run_algorithm(
     if algorithm in ("fp", "sparse-mean", "mwem"):
         return _run_application(oracle, algorithm, epsilon, beta, k, kind, seed, opts)
     from svtagg.analyst import applications, selection
-    from svtagg.analyst.oracle import Query
+    from svtagg.dp.queries import Query
 
     eps = Fraction(epsilon)
     out: dict[str, Any] = {"algorithm": algorithm, "epsilon": str(eps)}
@@ -269,8 +269,8 @@ def _oracle_summary(oracle: Any) -> dict[str, Any]:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from svtagg.analyst.oracle import OracleError
     from svtagg.analyst.remote_oracle import RemoteOracle
+    from svtagg.dp.errors import Refusal
 
     start = time.perf_counter()
     try:
@@ -281,7 +281,7 @@ def _run(args: argparse.Namespace) -> int:
             result = run_algorithm(oracle, args.algorithm, args.epsilon, args.beta, args.k,
                                    args.index, args.kind, args.seed, options=options)
             result.update(_oracle_summary(oracle))
-    except (OracleError, ValueError) as exc:
+    except (Refusal, ValueError) as exc:
         print(f"refused: {exc}", file=sys.stderr)
         return 1
     result["seconds"] = round(time.perf_counter() - start, 3)
@@ -325,7 +325,7 @@ def _progress(msg: str) -> None:
 # ------------------------------------------------------------------ demo / sim
 def _demo(args: argparse.Namespace) -> int:
     from svtagg.analyst.remote_oracle import RemoteOracle
-    from svtagg.servers.launch import LocalDeployment
+    from svtagg.deploy.launch import LocalDeployment
 
     t0 = time.perf_counter()
     _progress(f"simulating {args.users} users with Zipf({args.zipf}) categories over d={args.d}")
@@ -374,9 +374,9 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _sim(args: argparse.Namespace) -> int:
-    from svtagg.analyst.oracle import OracleError
     from svtagg.analyst.remote_oracle import RemoteOracle
-    from svtagg.servers.launch import LocalDeployment
+    from svtagg.deploy.launch import LocalDeployment
+    from svtagg.dp.errors import Refusal
 
     t0 = time.perf_counter()
     values = workload(args.workload, args.n, args.d, args.seed)
@@ -402,7 +402,7 @@ def _sim(args: argparse.Namespace) -> int:
             try:
                 report["result"] = run_algorithm(oracle, args.algorithm, args.epsilon,
                                                  args.beta, args.k, 0, "lap24", args.seed)
-            except (OracleError, ValueError) as exc:
+            except (Refusal, ValueError) as exc:
                 print(f"refused: {exc}", file=sys.stderr)
                 return 1
             report["oracle"] = _oracle_summary(oracle)

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from fractions import Fraction
 from functools import lru_cache
 
-from svtagg.analyst.kinds import Family, StreamKind, check_epsilon, noise_model
+from svtagg.dp.kinds import Family, StreamKind, check_epsilon, noise_model
 from svtagg.mpc.ring import DEFAULT_FRAC_BITS, sensitivity
 
 

@@ -17,9 +17,10 @@ from fractions import Fraction
 
 import numpy as np
 import numpy.typing as npt
-from svtagg.analyst.kinds import StreamKind, check_epsilon
-from svtagg.analyst.noise import RandomSource, draw_query_noise, draw_threshold_noise
-from svtagg.analyst.oracle import Outcome, StreamClosed
+from svtagg.dp.errors import StreamClosed
+from svtagg.dp.kinds import StreamKind, check_epsilon
+from svtagg.dp.noise import RandomSource, draw_query_noise, draw_threshold_noise
+from svtagg.dp.queries import Outcome
 
 I64 = npt.NDArray[np.int64]
 

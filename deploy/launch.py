@@ -15,13 +15,13 @@ from pathlib import Path
 
 import grpc
 from svtagg.proto import health_pb2, health_pb2_grpc
-from svtagg.servers.tls import Identity, tls_target, write_deployment
+from svtagg.proto.tls import Identity, tls_target, write_deployment
 
 
 def server_command(role: str, db: Path, certs: Path, port_file: Path,
                    helper: str | None = None, port: int = 0) -> list[str]:
     cmd = [
-        sys.executable, "-m", "svtagg.analyst.cli", "server", "--role", role, "--db", str(db),
+        sys.executable, "-m", "svtagg.deploy.cli", "server", "--role", role, "--db", str(db),
         "--certs", str(certs), "--listen", f"127.0.0.1:{port}", "--port-file", str(port_file),
     ]
     if helper:

@@ -13,7 +13,7 @@ import math
 from collections.abc import Iterable
 from fractions import Fraction
 
-from svtagg.analyst.kinds import as_fraction
+from svtagg.dp.kinds import as_fraction
 
 Pair = tuple[Fraction, Fraction]
 

@@ -21,8 +21,9 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
+from svtagg.proto.vocab import Role  # noqa: E402
 
-ROLES = ("leader", "helper", "analyst", "client")
+ROLES: tuple[str, ...] = tuple(Role)
 
 
 def server_name(role: str) -> str:
@@ -159,7 +160,7 @@ def _write(path: Path, data: bytes, mode: int) -> None:
 
 
 @lru_cache(maxsize=256)
-def role_of_pem(pem: bytes) -> str | None:
+def role_of_pem(pem: bytes) -> Role | None:
     """The OU role of a (handshake-verified) peer certificate, or None."""
     try:
         cert = x509.load_pem_x509_certificate(pem)
@@ -170,4 +171,4 @@ def role_of_pem(pem: bytes) -> str | None:
         return None
     value = ous[0].value
     role = value.decode() if isinstance(value, bytes) else value
-    return role if role in ROLES else None
+    return Role(role) if role in ROLES else None

@@ -26,8 +26,8 @@ def _registrars() -> list[Callable[[argparse._SubParsersAction], None]]:  # type
     """Subcommand modules; each adds its parsers and sets `handler`."""
     from svtagg.analyst.experiments import register as experiment_register
     from svtagg.client.cli import register as client_register
+    from svtagg.deploy.jobs import register as jobs_register
     from svtagg.servers.cli import register as server_register
-    from svtagg.servers.jobs import register as jobs_register
 
     return [server_register, client_register, jobs_register, experiment_register]
 

@@ -1,0 +1,109 @@
+"""What a query, a budget and an answer are, and the checks every oracle applies
+to a chunk before any noise is drawn (chunk size, CompareToThresholds gap,
+threshold encoding): one implementation for the local oracle and both servers."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from fractions import Fraction
+
+import numpy as np
+import numpy.typing as npt
+from svtagg.dp.errors import ChunkTooLarge, InvalidArgument
+from svtagg.dp.kinds import as_fraction, ctt_gap
+from svtagg.mpc.ring import encode_scalar, sensitivity
+
+Number = Fraction | int | float
+
+#: Largest chunk a stream accepts in one call.
+MAX_CHUNK = 100_000
+
+
+@dataclass(frozen=True)
+class Query:
+    """A public query on the aggregate: coordinate `index` of S, or its complement.
+
+    The complement is n − S_index, the sum of 1 − v_index: a score with per-user
+    value in [0, 1] (the σ = −1 scores of sparse mean and MWEM).
+    """
+
+    index: int
+    complement: bool = False
+
+
+class Outcome(StrEnum):
+    """Answer of one CompareToThresholds query."""
+
+    HIGH = "high"
+    LOW = "low"
+    CLOSE = "close"
+
+
+@dataclass
+class Budget:
+    """Remaining and total privacy budget of a dataset."""
+
+    epsilon_total: Fraction
+    delta_total: Fraction
+    epsilon_spent: Fraction = Fraction(0)
+    delta_spent: Fraction = Fraction(0)
+
+    @property
+    def epsilon_left(self) -> Fraction:
+        return self.epsilon_total - self.epsilon_spent
+
+    @property
+    def delta_left(self) -> Fraction:
+        return self.delta_total - self.delta_spent
+
+
+def check_chunk_size(k: int) -> None:
+    """A chunk holds 1..MAX_CHUNK queries (more is a capacity bound: the same
+    queries split into smaller chunks are fine)."""
+    if k < 1:
+        raise InvalidArgument("a chunk needs at least one query")
+    if k > MAX_CHUNK:
+        raise ChunkTooLarge(f"a chunk holds at most {MAX_CHUNK} queries, got {k}")
+
+
+def check_ctt_gaps(
+    chunk: Sequence[tuple[Query, Number, Number]],
+    epsilon: Fraction,
+    delta: Fraction,
+    parties: int,
+) -> None:
+    """Every (τL, τH) of a CompareToThresholds chunk must be at least the gap apart."""
+    for _, lo, hi in chunk:
+        check_ctt_width(
+            as_fraction(hi, "tau_high") - as_fraction(lo, "tau_low"), epsilon, delta, parties
+        )
+
+
+def check_ctt_width(width: Fraction, epsilon: Fraction, delta: Fraction, parties: int) -> None:
+    """The one CompareToThresholds gap rule: τH − τL (score units, exact) must be at
+    least `ctt_gap(ε, δ, parties)`, read as the exact rational of its decimal."""
+    gap = ctt_gap(epsilon, delta, parties)
+    if width < Fraction(str(gap)):
+        raise InvalidArgument(
+            f"CompareToThresholds requires τH − τL ≥ {gap:.6g} (score units); "
+            f"got {float(width):.6g}"
+        )
+
+
+def encode_thresholds(
+    taus: Sequence[Number], frac_bits: int, bound: int | None = None
+) -> npt.NDArray[np.int64]:
+    """Thresholds (score units) onto the grid, exactly; refused beyond ±bound grid units.
+
+    Whole numbers take a fast path; anything else goes through its exact rational.
+    """
+    unit = sensitivity(frac_bits)
+    if taus and all(isinstance(t, (int, np.integer)) for t in taus):
+        grid = [int(t) * unit for t in taus]
+    else:
+        grid = [encode_scalar(as_fraction(t, "threshold"), frac_bits) for t in taus]
+    if bound is not None and any(abs(g) > bound for g in grid):
+        raise InvalidArgument(f"|threshold| must be at most {bound / unit:g} score units")
+    return np.asarray(grid, dtype=np.int64)

@@ -1,0 +1,86 @@
+"""Task parameters: the public numbers both servers hold identically, and their
+validation, including the overflow bound that keeps z_L + z_H from wrapping."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from fractions import Fraction
+
+from svtagg.dp.errors import InvalidArgument
+from svtagg.dp.kinds import StreamKind, as_fraction, check_epsilon, overflow_possible
+from svtagg.mpc.ring import MAX_FRAC_BITS
+
+TASK_ID_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+#: Largest d a task may have (one explicit share is 8·d bytes).
+MAX_D = 1_000_000
+
+
+@dataclass(frozen=True)
+class TaskParams:
+    """Public parameters of a task, identical on both servers."""
+
+    task_id: str
+    d: int
+    frac_bits: int
+    n_max: int
+    min_batch: int
+    epsilon_total: Fraction
+    delta_total: Fraction
+    epsilon_min: Fraction
+    #: Range-check every report at the close (docs/threat-model.md).
+    validate_reports: bool = False
+
+
+
+def parse_task_params(
+    task_id: str,
+    d: int,
+    frac_bits: int,
+    n_max: int,
+    min_batch: int,
+    epsilon_total: str,
+    delta_total: str,
+    epsilon_min: str,
+    validate_reports: bool = False,
+) -> TaskParams:
+    """Validate task parameters, including the overflow bound for every stream kind."""
+    if not TASK_ID_RE.fullmatch(task_id):  # match() lets "$" accept a trailing newline
+        raise InvalidArgument(f"task id must match {TASK_ID_RE.pattern}, got {task_id!r}")
+    if not 1 <= d <= MAX_D:
+        raise InvalidArgument(f"d must be in [1, {MAX_D}], got {d}")
+    if not 1 <= frac_bits <= MAX_FRAC_BITS:
+        raise InvalidArgument(f"frac_bits must be in [1, {MAX_FRAC_BITS}], got {frac_bits}")
+    if n_max < 1:
+        raise InvalidArgument(f"n_max must be >= 1, got {n_max}")
+    if not 1 <= min_batch <= n_max:
+        raise InvalidArgument(f"min_batch must be in [1, n_max={n_max}], got {min_batch}")
+    try:
+        eps_total = check_epsilon(epsilon_total or "")
+        eps_min = check_epsilon(epsilon_min or "")
+        delta = as_fraction(delta_total or "0", "delta_total")
+    except ValueError as exc:
+        raise InvalidArgument(str(exc)) from None
+    if not 0 <= delta < 1:
+        raise InvalidArgument(f"delta_total must be in [0, 1), got {delta}")
+    if eps_min > eps_total:
+        raise InvalidArgument(f"epsilon_min={eps_min} exceeds epsilon_total={eps_total}")
+    for kind in StreamKind:
+        if overflow_possible(n_max, frac_bits, eps_min, kind):
+            raise InvalidArgument(
+                f"z_L + z_H could wrap mod 2^64 for n_max={n_max}, F={frac_bits}, "
+                f"epsilon_min={eps_min} (kind {kind.value}); lower n_max or F, or raise epsilon_min"
+            )
+    return TaskParams(
+        task_id, d, frac_bits, n_max, min_batch, eps_total, delta, eps_min, bool(validate_reports)
+    )
+
+
+def safe_epsilon_min(n_max: int, frac_bits: int) -> Fraction:
+    """The smallest ε_min = 2^-k for which no stream kind can wrap z_L + z_H."""
+    eps = Fraction(1)
+    if any(overflow_possible(n_max, frac_bits, eps, kind) for kind in StreamKind):
+        raise InvalidArgument(f"n_max={n_max} with F={frac_bits} can overflow even at ε=1")
+    while not any(overflow_possible(n_max, frac_bits, eps / 2, kind) for kind in StreamKind):
+        eps /= 2
+    return eps

@@ -1,0 +1,173 @@
+"""The helper driver: the helper's side of every leader ↔ helper exchange, free
+of any transport.  Each unary method takes and returns the Peer service's
+messages (the gRPC `PeerService` and the in-memory port both call it), and
+`serve_session` runs one comparison session over a frame stream."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from svtagg.dp.errors import FailedPrecondition, InvalidArgument
+from svtagg.dp.kinds import StreamKind
+from svtagg.proto import svtagg_pb2 as pb
+from svtagg.proto.vocab import Role, kind_from_pb, refusal_status, split_ids
+from svtagg.servers.core import Chunk, ComparisonParty, PartyFactory, ServerCore, parse_chunk
+from svtagg.servers.faults import crash_point
+from svtagg.servers.messages import collection_digest, spec_params, stream_info, task_info
+from svtagg.servers.session import FrameChannel, ReadFrame, WriteFrame
+from svtagg.servers.store import StreamState, TaskState
+
+_OK = pb.PeerFrame(status=pb.PeerStatus(ok=True))
+
+
+class HelperDriver:
+    """Runs on the helper; every method is called only by the leader."""
+
+    def __init__(self, core: ServerCore, party: PartyFactory) -> None:
+        self.core = core
+        self.party = party
+        #: Set when the server shuts down: idle sessions end at once.
+        self.stopping = asyncio.Event()
+
+    async def CreateTask(self, request: pb.TaskSpec) -> pb.TaskInfo:
+        params = spec_params(request)
+        self.core.check_budget_policy(params)  # the helper enforces its own cap too
+        if params.task_id in self.core.store.task_ids():
+            existing = self.core.store.task(params.task_id)
+            if existing.params == params:
+                # The leader retries after failing between the two creations.
+                return task_info(existing)
+        return task_info(self.core.store.create_task(params))
+
+    async def Digest(self, request: pb.TaskRef) -> pb.CollectionDigest:
+        return collection_digest(self.core.store.task(request.task_id))
+
+    async def CloseCollection(self, request: pb.TaskRef) -> pb.CollectionDigest:
+        t = self.core.store.task(request.task_id)
+        if t.collection_open:
+            t = self.core.store.close_collection(request.task_id)
+        return collection_digest(t)
+
+    async def ListReports(self, request: pb.TaskRef) -> pb.ReportIds:
+        t = self.core.store.task(request.task_id)
+        if t.collection_open:
+            raise FailedPrecondition("report ids are listed only after the close")
+        ids = self.core.store.report_ids(request.task_id)
+        return pb.ReportIds(task_id=request.task_id, report_ids=b"".join(ids))
+
+    async def DropReports(self, request: pb.ReportIds) -> pb.CollectionDigest:
+        return collection_digest(
+            self.core.remove_reports(request.task_id, split_ids(request.report_ids))
+        )
+
+    async def MarkAgreed(self, request: pb.CollectionDigest) -> pb.TaskInfo:
+        """Record agreement only if this server's report set is the leader's."""
+        t = self.core.store.task(request.task_id)
+        if t.collection_open or (t.n, t.digest) != (request.n, request.report_digest):
+            raise FailedPrecondition(
+                f"helper holds n={t.n} reports with another digest; not agreed"
+            )
+        return task_info(self.core.store.mark_agreed(request.task_id))
+
+    async def Budget(self, request: pb.TaskRef) -> pb.TaskInfo:
+        return task_info(self.core.store.task(request.task_id))
+
+    async def PrepareStream(self, request: pb.PrepareStreamRequest) -> pb.StreamInfo:
+        state = self.core.open_stream(
+            request.stream_id, request.task_id, kind_from_pb(request.kind), request.epsilon,
+            request.delta,
+        )
+        return stream_info(state)
+
+    async def FailStream(self, request: pb.StreamRef) -> pb.StreamInfo:
+        self.core.store.fail_stream(request.stream_id)
+        return stream_info(self.core.store.stream(request.stream_id))
+
+    # ------------------------------------------------------------ sessions
+    async def serve_session(self, write: WriteFrame, read: ReadFrame) -> None:
+        """A comparison session: set up once, then chunks one at a time until the
+        stream ends (read returns None) or the server stops while idle."""
+        channel = FrameChannel(write, read)
+        first = await channel.read_frame()
+        if first.WhichOneof("body") != "open" or len(first.open.session_id) != 16:
+            raise InvalidArgument("a session starts with SessionOpen (16-byte id)")
+        party = self.party(Role.HELPER, channel, first.open.session_id)
+        await party.setup()
+        while True:
+            frame = await self._next_frame(read)
+            if frame is None:
+                return
+            if frame.WhichOneof("body") != "header":
+                raise InvalidArgument("expected a chunk header")
+            if frame.header.validate_task_id:
+                await self._validate(write, party, frame.header)
+                continue
+            try:
+                stream, task, chunk = self._accept(frame.header)
+            except Exception as exc:  # noqa: BLE001 - refusal goes back, session lives
+                await write(pb.PeerFrame(status=refusal_status(exc)))
+                continue
+            crash_point("chunk.after_mark")
+            await write(_OK)
+            await self._run(party, stream, task, chunk, frame.header.compare)
+            await write(_OK)
+
+    async def _validate(self, write: WriteFrame, party: ComparisonParty, h: pb.ChunkHeader) -> None:
+        """The evaluator's side of one range-validation chunk (see the leader's
+        `validate_reports`); a refusal goes back and the session lives on."""
+        try:
+            task = self.core.store.task(h.validate_task_id)
+            if not task.params.validate_reports:
+                raise FailedPrecondition("this task does not validate its reports")
+            if task.agreed:
+                raise FailedPrecondition("the report set is already agreed")
+            z = self.core.validation_inputs(task, split_ids(h.report_ids))
+        except Exception as exc:  # noqa: BLE001 - refusal goes back, session lives
+            await write(pb.PeerFrame(status=refusal_status(exc)))
+            return
+        await write(_OK)
+        await party.first_yes(z)
+        await write(_OK)
+
+    async def _next_frame(self, read: ReadFrame) -> Any:
+        """The next frame, or None once shutdown begins while the session is idle
+        (so a stopping helper ends its sessions at once instead of after the grace)."""
+        reading = asyncio.ensure_future(read())
+        stop = asyncio.ensure_future(self.stopping.wait())
+        done, _ = await asyncio.wait({reading, stop}, return_when=asyncio.FIRST_COMPLETED)
+        stop.cancel()
+        if reading in done:
+            return reading.result()
+        reading.cancel()
+        return None
+
+    def _accept(self, h: pb.ChunkHeader) -> tuple[StreamState, TaskState, Chunk]:
+        stream, task = self.core.stream_and_task(h.stream_id)
+        if h.compare != (stream.kind == StreamKind.CTT):
+            raise InvalidArgument("chunk mode does not match the stream kind")
+        chunk = parse_chunk(task, h.queries.index, h.queries.complement)
+        self.core.store.begin_chunk(h.stream_id, h.chunk_no)
+        return stream, task, chunk
+
+    async def _run(
+        self,
+        party: ComparisonParty,
+        stream: StreamState,
+        task: TaskState,
+        chunk: Chunk,
+        compare: bool,
+    ) -> None:
+        try:
+            if compare:
+                z_high, z_low = self.core.compare_inputs(stream, task, chunk, None)
+                out = list(await party.compare_to_thresholds(z_high, z_low))
+                answered, close = self.core.compare_progress(out)
+            else:
+                j = await party.first_yes(self.core.ask_inputs(stream, task, chunk, None))
+                answered, close = (len(chunk), False) if j is None else (j + 1, True)
+        except BaseException:
+            self.core.store.fail_stream(stream.stream_id)
+            raise
+        crash_point("chunk.after_result")
+        self.core.store.end_chunk(stream.stream_id, answered, close)

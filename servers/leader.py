@@ -1,0 +1,407 @@
+"""The leader driver: every analyst request the leader serves, and how it drives
+the helper through a `HelperPort` — ledger reconciliation, close / reconcile /
+validate, stream opening and the chunk exchange with fail-closed handling.
+Free of any transport: the gRPC `AnalystService` is a thin wrapper, and tests
+run it against an in-memory helper."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from svtagg.dp.errors import (
+    AlreadyExists,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    PeerUnavailable,
+    Refusal,
+    StreamClosed,
+)
+from svtagg.dp.kinds import StreamKind
+from svtagg.proto import svtagg_pb2 as pb
+from svtagg.proto.vocab import (
+    CHUNK_DEADLINE,
+    KIND_TO_PB,
+    OUTCOME_OF_CODE,
+    OUTCOME_TO_PB,
+    kind_from_pb,
+    refusal_from_status,
+    split_ids,
+)
+from svtagg.servers.core import (
+    Chunk,
+    ComparisonParty,
+    PartyFactory,
+    ServerCore,
+    parse_chunk,
+    parse_taus,
+)
+from svtagg.servers.faults import crash_point
+from svtagg.servers.messages import spec_params, stream_info, task_info
+from svtagg.servers.port import HelperPort, PeerMethod
+from svtagg.servers.session import SessionPool
+from svtagg.servers.store import FAILED, OPEN, StreamState, TaskState
+
+log = logging.getLogger("svtagg.server")
+
+#: Lanes per range-validation chunk (2d per report): about 150 MB of protocol
+#: traffic, well inside the chunk deadline.
+VALIDATION_LANES = 50_000
+
+#: What one chunk's protocol run returns: (result, queries answered, stream closes).
+ChunkRun = Callable[[ComparisonParty, StreamState], Awaitable[tuple[Any, int, bool]]]
+
+
+class LeaderDriver:
+    """The leader's analyst API; every state change is mirrored on the helper."""
+
+    def __init__(self, core: ServerCore, helper: HelperPort, party: PartyFactory) -> None:
+        self.core = core
+        self.helper = helper
+        self.pool = SessionPool(lambda: helper.open_session(party))
+        self._busy: set[str] = set()
+        self._close_lock = asyncio.Lock()
+        # Tasks whose helper ledger may lag the leader's (after a restart, or after
+        # a PrepareStream that failed): reconciled before the next stream opens.
+        self._unsynced: set[str] = set(core.store.task_ids())
+        # Streams this leader failed on recovery: failed on the helper as well at
+        # the next reconciliation, so that both stores show them failed.
+        self._recovered: dict[str, list[str]] = {}
+        for sid, tid in core.store.recovered_failed:
+            self._recovered.setdefault(tid, []).append(sid)
+        self._sync_lock = asyncio.Lock()
+
+    async def _call(self, method: PeerMethod, request: Any) -> Any:
+        return await self.helper.call(method, request)
+
+    # ------------------------------------------------------------ ledgers
+    async def sync_ledgers(self, task_id: str) -> int:
+        """Bring the helper's ledger up to the leader's; returns the charges replayed.
+
+        Who wins: the leader charges first (committed) and the helper second, so
+        after a crash between the two charges the leader has spent more.  The
+        leader's ledger wins: every stream the leader failed is failed on the
+        helper too, and one the helper never saw is replayed there (PrepareStream,
+        which charges and draws a γ_H that is never used, then FailStream).  Both
+        ledgers then show the larger spend; nothing is ever refunded."""
+        async with self._sync_lock:
+            if task_id not in self._unsynced:
+                return 0
+            task = self.core.store.task(task_id)
+            ref = pb.TaskRef(task_id=task_id)
+            helper = (await self._call(PeerMethod.BUDGET, ref)).budget
+            mine = task.budget
+            replayed = 0
+            if (helper.epsilon_spent, helper.delta_spent) != (
+                str(mine.epsilon_spent), str(mine.delta_spent)
+            ):
+                failed = self.core.store.stream_ids(task_id, FAILED)
+            else:
+                failed = self._recovered.get(task_id, [])
+            for sid in failed:
+                replayed += await self._fail_or_replay(self.core.store.stream(sid))
+            self._recovered.pop(task_id, None)
+            if replayed:
+                log.info("task %s: ledgers reconciled, %d charge(s) replayed on the helper",
+                         task_id, replayed)
+            self._unsynced.discard(task_id)
+            return replayed
+
+    async def _fail_or_replay(self, s: StreamState) -> int:
+        ref = pb.StreamRef(stream_id=s.stream_id)
+        try:
+            await self._call(PeerMethod.FAIL_STREAM, ref)
+            return 0
+        except NotFound:
+            pass
+        await self._call(PeerMethod.PREPARE_STREAM, pb.PrepareStreamRequest(
+            stream_id=s.stream_id, task_id=s.task_id, kind=KIND_TO_PB[s.kind],
+            epsilon=str(s.epsilon), delta=str(s.delta) if s.delta else "",
+        ))
+        await self._call(PeerMethod.FAIL_STREAM, ref)
+        return 1
+
+    # ------------------------------------------------------------ tasks
+    async def create_task(self, request: pb.TaskSpec) -> pb.TaskInfo:
+        params = spec_params(request)
+        self.core.check_budget_policy(params)
+        if params.task_id in self.core.store.task_ids():
+            raise AlreadyExists(f"task {params.task_id!r} already exists")
+        await self._call(PeerMethod.CREATE_TASK, request)
+        return task_info(self.core.store.create_task(params))
+
+    async def describe(self, task_id: str) -> pb.TaskInfo:
+        """The task with both ledgers (the leader's view alone while the helper is down)."""
+        task = self.core.store.task(task_id)
+        try:
+            await self.sync_ledgers(task_id)
+            task = self.core.store.task(task_id)
+        except PeerUnavailable:
+            pass
+        info = task_info(task)
+        try:
+            helper = await self._call(PeerMethod.BUDGET, pb.TaskRef(task_id=task_id))
+        except PeerUnavailable:
+            return info
+        info.helper_budget.CopyFrom(helper.budget)
+        return info
+
+    def list_tasks(self) -> pb.TaskList:
+        store = self.core.store
+        return pb.TaskList(tasks=[task_info(store.task(t)) for t in store.task_ids()])
+
+    async def close_collection(self, task_id: str) -> pb.TaskInfo:
+        """Close on both servers, then reconcile: a report only one server stored
+        (a client that gave up between the two uploads) is taken out on that server,
+        so n and the sums cover exactly the reports both hold.  Idempotent; queries
+        are refused until both servers have recorded the agreement."""
+        async with self._close_lock:  # one reconciliation at a time
+            return await self._close(task_id)
+
+    async def _close(self, task_id: str) -> pb.TaskInfo:
+        task = self.core.store.task(task_id)
+        if task.agreed:
+            return task_info(task)
+        if task.collection_open:
+            task = self.core.store.close_collection(task_id)
+        ref = pb.TaskRef(task_id=task_id)
+        helper = await self._call(PeerMethod.CLOSE_COLLECTION, ref)
+        dropped = 0
+        if (helper.n, helper.report_digest) != (task.n, task.digest):
+            listed = await self._call(PeerMethod.LIST_REPORTS, ref)
+            theirs = set(split_ids(listed.report_ids))
+            mine = set(self.core.store.report_ids(task_id))
+            only_mine, only_theirs = sorted(mine - theirs), sorted(theirs - mine)
+            task, helper = await self._drop(task_id, only_mine, only_theirs)
+            dropped = len(only_mine) + len(only_theirs)
+            log.info("task %s: dropped %d reports only one server had", task_id, dropped)
+            if (helper.n, helper.report_digest) != (task.n, task.digest):
+                raise FailedPrecondition(
+                    f"servers still disagree on the reports (leader n={task.n}, "
+                    f"helper n={helper.n}); try closing again"
+                )
+        invalid: list[bytes] = []
+        if task.params.validate_reports:
+            invalid = await self._validate_reports(task)
+            if invalid:
+                task, helper = await self._drop(task_id, invalid, invalid)
+                log.info("task %s: dropped %d reports with values out of range",
+                         task_id, len(invalid))
+                if (helper.n, helper.report_digest) != (task.n, task.digest):
+                    raise FailedPrecondition("servers disagree after validation; close again")
+        await self._call(
+            PeerMethod.MARK_AGREED,
+            pb.CollectionDigest(n=task.n, report_digest=task.digest, task_id=task_id),
+        )
+        info = task_info(self.core.store.mark_agreed(task_id))
+        info.dropped_reports = dropped + len(invalid)
+        return info
+
+    async def _drop(
+        self, task_id: str, mine: list[bytes], theirs: list[bytes]
+    ) -> tuple[TaskState, Any]:
+        """Remove `mine` here and `theirs` on the helper; both servers' new digests."""
+        task = self.core.remove_reports(task_id, mine)
+        helper = await self._call(
+            PeerMethod.DROP_REPORTS, pb.ReportIds(task_id=task_id, report_ids=b"".join(theirs))
+        )
+        return task, helper
+
+    async def _validate_reports(self, task: TaskState) -> list[bytes]:
+        """Range-check every report with the first-YES circuit; the invalid ones.
+
+        Reports go in sorted id order, VALIDATION_LANES lanes (2d per report) at a
+        time; a hit names one invalid report, and the scan resumes after it."""
+        task_id = task.params.task_id
+        ids = sorted(self.core.store.report_ids(task_id))
+        per = 2 * task.params.d
+        batch = max(1, VALIDATION_LANES // per)
+        invalid: list[bytes] = []
+        i = 0
+        while i < len(ids):
+            part = ids[i : i + batch]
+            j = await self._validation_chunk(task, part)
+            if j is None:
+                i += len(part)
+            else:
+                invalid.append(part[j // per])
+                i += j // per + 1
+        return invalid
+
+    async def _validation_chunk(self, task: TaskState, report_ids: list[bytes]) -> int | None:
+        header = pb.ChunkHeader(
+            validate_task_id=task.params.task_id, report_ids=b"".join(report_ids)
+        )
+        z = self.core.validation_inputs(task, report_ids)
+        j, _ = await self._exchange(header, lambda party: party.first_yes(z))
+        return None if j is None else int(j)
+
+    # ------------------------------------------------------------ streams
+    async def open_stream(self, request: pb.OpenStreamRequest) -> pb.StreamInfo:
+        """Charge the leader's ledger, then the helper's; each draws its own γ."""
+        stream_id = secrets.token_hex(16)
+        kind = kind_from_pb(request.kind)
+        if request.task_id in self._unsynced:
+            self.core.store.task(request.task_id)  # NOT_FOUND before any peer call
+            await self.sync_ledgers(request.task_id)
+        # The leader's stream stays `opening` (failed closed on a restart) until the
+        # helper has charged too, so a crash between the two charges is reconciled.
+        self.core.open_stream(
+            stream_id, request.task_id, kind, request.epsilon, request.delta, open_now=False,
+        )
+        crash_point("open.before_helper")
+        try:
+            await self._call(
+                PeerMethod.PREPARE_STREAM,
+                pb.PrepareStreamRequest(
+                    stream_id=stream_id, task_id=request.task_id, kind=request.kind,
+                    epsilon=request.epsilon, delta=request.delta,
+                ),
+            )
+        except BaseException:
+            # The leader's charge stays spent (never refund); the stream never answers.
+            # The helper may or may not have charged: reconcile before the next open.
+            self.core.store.fail_stream(stream_id)
+            self._unsynced.add(request.task_id)
+            raise
+        self.core.store.confirm_stream(stream_id)
+        return stream_info(self.core.store.stream(stream_id))
+
+    def _open_stream(self, stream_id: str, compare: bool) -> tuple[StreamState, TaskState]:
+        stream, task = self.core.stream_and_task(stream_id)
+        if compare != (stream.kind == StreamKind.CTT):
+            raise InvalidArgument(
+                "a CompareToThresholds stream answers Compare, not Ask"
+                if stream.kind == StreamKind.CTT
+                else "only a CompareToThresholds stream answers Compare"
+            )
+        if stream.state != OPEN:
+            raise StreamClosed(f"stream {stream_id} is {stream.state}; it answers no more")
+        return stream, task
+
+    async def ask(self, request: pb.AskRequest) -> pb.AskResponse:
+        stream, task = self._open_stream(request.stream_id, compare=False)
+        chunk = parse_chunk(task, request.queries.index, request.queries.complement)
+        taus = parse_taus(task, request.tau, len(chunk))
+
+        async def run(party: ComparisonParty, s: StreamState) -> tuple[Any, int, bool]:
+            z = self.core.ask_inputs(s, task, chunk, taus)
+            j = await party.first_yes(z)
+            return j, len(chunk) if j is None else j + 1, j is not None
+
+        j, closed, nbytes = await self._run_chunk(stream, chunk, False, run)
+        return pb.AskResponse(yes=j is not None, index=j or 0, closed=closed, peer_bytes=nbytes)
+
+    async def compare(self, request: pb.CompareRequest) -> pb.CompareResponse:
+        stream, task = self._open_stream(request.stream_id, compare=True)
+        chunk = parse_chunk(task, request.queries.index, request.queries.complement)
+        lows = parse_taus(task, request.tau_low, len(chunk), "tau_low")
+        highs = parse_taus(task, request.tau_high, len(chunk), "tau_high")
+        self.core.check_gap(stream, task, lows, highs)
+
+        async def run(party: ComparisonParty, s: StreamState) -> tuple[Any, int, bool]:
+            z_high, z_low = self.core.compare_inputs(s, task, chunk, (lows, highs))
+            out = list(await party.compare_to_thresholds(z_high, z_low))
+            return (out, *self.core.compare_progress(out))
+
+        out, closed, nbytes = await self._run_chunk(stream, chunk, True, run)
+        return pb.CompareResponse(
+            outcomes=[OUTCOME_TO_PB[OUTCOME_OF_CODE[o]] for o in out],
+            closed=closed,
+            peer_bytes=nbytes,
+        )
+
+    async def _run_chunk(
+        self, stream: StreamState, chunk: Chunk, compare: bool, run: ChunkRun
+    ) -> tuple[Any, bool, int]:
+        """One chunk at a time per stream (concurrent chunks are refused)."""
+        sid = stream.stream_id
+        if sid in self._busy:
+            raise FailedPrecondition(f"stream {sid} is answering another chunk; send one at a time")
+        self._busy.add(sid)
+        try:
+            return await self._chunk(stream, chunk, compare, run)
+        finally:
+            self._busy.discard(sid)
+
+    async def _chunk(
+        self, stream: StreamState, chunk: Chunk, compare: bool, run: ChunkRun
+    ) -> tuple[Any, bool, int]:
+        """Send the header, mark the chunk in progress durably (while the helper
+        does the same), run the garbled comparison on a pooled session, record
+        the result.  Once marked, any failure or refusal fails the stream closed
+        on both servers; nothing is refunded."""
+        sid, next_chunk = stream.stream_id, stream.chunks + 1
+        header = pb.ChunkHeader(
+            stream_id=sid, chunk_no=next_chunk, compare=compare,
+            queries=pb.Queries(
+                index=chunk.index.tolist(),
+                complement=chunk.complement.tolist() if chunk.complement.any() else [],
+            ),
+        )
+
+        def mark() -> None:
+            # Both servers fsync their "chunk in progress" mark in parallel; neither
+            # runs the circuit before its own mark is durable.
+            self.core.store.begin_chunk(sid, next_chunk)
+            crash_point("chunk.after_mark")
+
+        async def fail() -> None:
+            self.core.store.fail_stream(sid)
+            await self._fail_helper(sid)
+
+        (result, answered, close), traffic = await self._exchange(
+            header, lambda party: run(party, stream), mark, fail
+        )
+        self.core.store.end_chunk(sid, answered, close)
+        return result, close, traffic
+
+    async def _exchange(
+        self,
+        header: pb.ChunkHeader,
+        run: Callable[[ComparisonParty], Awaitable[Any]],
+        on_written: Callable[[], None] | None = None,
+        on_failure: Callable[[], Awaitable[None]] | None = None,
+    ) -> tuple[Any, int]:
+        """One chunk on a pooled session: send the header, (on_written: the durable
+        mark), wait for the helper's go, run the garbled protocol, wait for its
+        done.  A failure after on_written calls on_failure.  Returns the result and
+        the bytes exchanged."""
+        session = await self.pool.acquire()
+        healthy = False
+        written = False
+        try:
+            before = session.channel.traffic
+            await session.channel.write_frame(pb.PeerFrame(header=header))
+            if on_written is not None:
+                on_written()
+            written = True
+            verdict = await session.status()
+            if not verdict.ok:
+                healthy = True  # the protocol never started; the session is intact
+                raise refusal_from_status(verdict, "helper: ")
+            result = await asyncio.wait_for(run(session.party), CHUNK_DEADLINE)
+            crash_point("chunk.after_result")
+            done = await session.status()
+            if not done.ok:
+                raise refusal_from_status(done, "helper: ")
+            healthy = True
+        except BaseException as exc:
+            if written and on_failure is not None:
+                await on_failure()
+            if isinstance(exc, asyncio.TimeoutError):
+                raise PeerUnavailable("the protocol with the helper timed out") from None
+            raise
+        finally:
+            await self.pool.release(session, healthy)
+        return result, session.channel.traffic - before
+
+    async def _fail_helper(self, stream_id: str) -> None:
+        try:
+            await self.helper.call(PeerMethod.FAIL_STREAM, pb.StreamRef(stream_id=stream_id), 5.0)
+        except Refusal:
+            log.warning("could not fail stream %s on the helper", stream_id)

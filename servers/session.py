@@ -1,0 +1,177 @@
+"""Comparison sessions between the leader and the helper, free of any transport.
+
+A session is an ordered stream of PeerFrames: SessionOpen, then per chunk a
+header (leader), the helper's status, the comparison protocol's fragments, the
+helper's closing status.  `FrameChannel` carries the protocol's byte messages
+as fragments; the transport (a gRPC stream or two in-memory queues) only moves
+frames.  The base OTs of a session cost about half a second, so the leader
+keeps a pool of set-up sessions and discards any session after an error, so a
+broken protocol state is never reused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from svtagg.dp.errors import PeerUnavailable
+from svtagg.proto import svtagg_pb2 as pb
+from svtagg.proto.vocab import FRAGMENT, SETUP_DEADLINE, Role
+from svtagg.servers.core import ComparisonParty, PartyFactory
+
+#: Reads the next frame; returns None at the end of the stream.
+ReadFrame = Callable[[], Awaitable[Any]]
+WriteFrame = Callable[[pb.PeerFrame], Awaitable[None]]
+
+
+class FrameChannel:
+    """`mpc.channel.Channel` over a stream of PeerFrames (fragments only)."""
+
+    def __init__(self, write: WriteFrame, read: ReadFrame) -> None:
+        self._write = write
+        self._read = read
+        self.bytes_sent = 0
+        self.bytes_received = 0
+        self.messages_sent = 0
+        self.messages_received = 0
+
+    async def send(self, data: bytes) -> None:
+        view = memoryview(data)
+        for start in range(0, max(len(view), 1), FRAGMENT):
+            end = start + FRAGMENT
+            await self._write(pb.PeerFrame(fragment=bytes(view[start:end]), more=end < len(view)))
+        self.bytes_sent += len(data)
+        self.messages_sent += 1
+
+    async def recv(self) -> bytes:
+        parts: list[bytes] = []
+        while True:
+            frame = await self.read_frame()
+            if frame.WhichOneof("body") != "fragment":
+                raise PeerUnavailable("unexpected frame inside the comparison protocol")
+            parts.append(frame.fragment)
+            if not frame.more:
+                break
+        data = b"".join(parts)
+        self.bytes_received += len(data)
+        self.messages_received += 1
+        return data
+
+    async def read_frame(self) -> pb.PeerFrame:
+        frame = await self._read()
+        if frame is None:
+            raise PeerUnavailable("peer closed the session")
+        return frame  # type: ignore[no-any-return]
+
+    async def write_frame(self, frame: pb.PeerFrame) -> None:
+        await self._write(frame)
+
+    @property
+    def traffic(self) -> int:
+        return self.bytes_sent + self.bytes_received
+
+
+class LeaderSession:
+    """One set-up garbler on one session; `cancel` ends the session, `done` says
+    whether the transport has ended it."""
+
+    def __init__(
+        self,
+        channel: FrameChannel,
+        party: ComparisonParty,
+        cancel: Callable[[], Any],
+        done: Callable[[], bool],
+    ) -> None:
+        self.channel = channel
+        self.party = party
+        self._cancel = cancel
+        self._done = done
+
+    @classmethod
+    async def open(
+        cls,
+        write: WriteFrame,
+        read: ReadFrame,
+        cancel: Callable[[], Any],
+        done: Callable[[], bool],
+        factory: PartyFactory,
+    ) -> LeaderSession:
+        """SessionOpen with a fresh id, then the base OTs (within SETUP_DEADLINE)."""
+        sid = os.urandom(16)
+        channel = FrameChannel(write, read)
+        try:
+            await write(pb.PeerFrame(open=pb.SessionOpen(session_id=sid)))
+            party = factory(Role.LEADER, channel, sid)
+            await asyncio.wait_for(party.setup(), SETUP_DEADLINE)
+        except BaseException:
+            cancel()
+            raise
+        return cls(channel, party, cancel, done)
+
+    async def status(self) -> pb.PeerStatus:
+        frame = await self.channel.read_frame()
+        if frame.WhichOneof("body") != "status":
+            raise PeerUnavailable("expected the helper's status frame")
+        return frame.status
+
+    def done(self) -> bool:
+        return self._done()
+
+    def close(self) -> None:
+        self._cancel()
+
+
+class SessionPool:
+    """At most `size` sessions; chunks borrow one and return it only if healthy."""
+
+    def __init__(self, open_session: Callable[[], Awaitable[LeaderSession]], size: int = 2) -> None:
+        self.open_session = open_session
+        self.size = size
+        self._idle: list[LeaderSession] = []
+        self._count = 0
+        self._cond = asyncio.Condition()
+
+    async def acquire(self) -> LeaderSession:
+        async with self._cond:
+            while True:
+                while self._idle:
+                    session = self._idle.pop()
+                    if not session.done():
+                        return session
+                    self._count -= 1  # the helper restarted or dropped it: open anew
+                if self._count < self.size:
+                    break
+                await self._cond.wait()
+            self._count += 1
+        try:
+            return await self.open_session()
+        except BaseException:
+            async with self._cond:
+                self._count -= 1
+                self._cond.notify()
+            raise
+
+    async def release(self, session: LeaderSession, healthy: bool) -> None:
+        async with self._cond:
+            if healthy:
+                self._idle.append(session)
+            else:
+                session.close()
+                self._count -= 1
+            self._cond.notify()
+
+    async def warm(self) -> None:
+        """Open one session in the background so the first chunk does not pay setup."""
+        with contextlib.suppress(Exception):
+            s = await self.acquire()
+            await self.release(s, True)
+
+    async def close(self) -> None:
+        async with self._cond:
+            for s in self._idle:
+                s.close()
+            self._count -= len(self._idle)
+            self._idle.clear()
