@@ -17,10 +17,12 @@ from svtagg.analyst.selection import (
     Candidates,
     SelectionResult,
     Spend,
+    Variant,
     geometric_binary_search,
     practical_selection,
     sampling_and_filtering,
     sum_estimation,
+    variant_of,
 )
 from svtagg.client.embeddings import (  # noqa: F401 - the embeddings each application reads
     EMBEDDINGS,
@@ -92,7 +94,7 @@ def top_k_heavy_hitters(
     k: int,
     epsilon: Number | str,
     *,
-    variant: str = "practical",
+    variant: Variant | str = Variant.PRACTICAL,
     rng: np.random.Generator | int | None = None,
     kind: StreamKind | str | None = None,
     progress: Callable[[int, int, int], None] | None = None,
@@ -114,8 +116,7 @@ def top_k_heavy_hitters(
     Algorithm 9's samples.
     """
     eps = check_epsilon(epsilon)
-    if variant not in ("paper", "tuned", "practical"):
-        raise ValueError(f"variant must be 'paper', 'tuned' or 'practical', got {variant!r}")
+    variant = variant_of(variant, Variant.PAPER, Variant.TUNED, Variant.PRACTICAL)
     if not 1 <= k <= oracle.d:
         raise ValueError(f"k must be in [1, d], got {k}")
     gen = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
@@ -126,7 +127,7 @@ def top_k_heavy_hitters(
     planned = Fraction(0)
     for _ in range(k):
         cands = Candidates.of([Query(j) for j in remaining])
-        if variant == "practical":
+        if variant == Variant.PRACTICAL:
             res = practical_selection(
                 oracle, eps / k, min(1.0 / d, 0.1), candidates=cands, kind=kind or "auto"
             )
@@ -166,7 +167,7 @@ def sparse_mean(
     beta: float,
     clip: float,
     *,
-    variant: str = "tuned",
+    variant: Variant | str = Variant.TUNED,
     rng: np.random.Generator | int | None = None,
     kind: StreamKind | str = StreamKind.LAP24,
 ) -> SparseMeanResult:

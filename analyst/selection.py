@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 from fractions import Fraction
 
 import numpy as np
@@ -29,6 +30,23 @@ GBS_RATIO = Fraction(3, 4)
 PAPER_CUTOFF = 2**64
 #: Rounds of Algorithm 9's final GeometricBinarySearch as written (line 15).
 PAPER_FINAL_ROUNDS = 64
+class Variant(StrEnum):
+    """Which version of an algorithm runs: as the paper writes it, with the tuned
+    constants of Algorithm 9, or the practical selection (`practical_selection`)."""
+
+    PAPER = "paper"
+    TUNED = "tuned"
+    PRACTICAL = "practical"
+
+
+def variant_of(value: Variant | str, *allowed: Variant) -> Variant:
+    """`value` as a Variant, refused unless it is one of `allowed`."""
+    if value not in allowed:
+        names = " or ".join(repr(a.value) for a in allowed)
+        raise ValueError(f"variant must be {names}, got {value!r}")
+    return Variant(value)
+
+
 #: Phase cut-off of the tuned variant of Algorithm 9: a phase can only help when its
 #: filter threshold ℓ_P + 50·t³·α can fall inside [0, n], i.e. x = n/α > 50·⌈log2 x⌉³,
 #: which first holds at x ≈ 2^19; below that a phase only burns ~ε/t budget and
@@ -255,7 +273,7 @@ def geometric_binary_search(
     witness: int | None = None,
     rounds: int | None = None,
     kind: StreamKind | str | None = None,
-    variant: str = "paper",
+    variant: Variant | str = Variant.PAPER,
 ) -> SelectionResult:
     """Algorithm 8, GeometricBinarySearch(P, [ℓ, u], j0, T, ε, β).
 
@@ -272,7 +290,7 @@ def geometric_binary_search(
     s_{j*} ≥ ℓ', max_P s ≤ u' and u' − ℓ' ≤ W/2^T + 2·max_t α_t-ish (the paper
     states (384/ε)·log(2|P|T/β) for its constants).
     """
-    if variant == "practical":
+    if variant == Variant.PRACTICAL:
         return practical_selection(
             oracle,
             epsilon,
@@ -284,8 +302,7 @@ def geometric_binary_search(
             rounds=rounds,
             kind=kind if kind is not None else "auto",
         )
-    if variant != "paper":
-        raise ValueError(f"variant must be 'paper' or 'practical', got {variant!r}")
+    variant_of(variant, Variant.PAPER, Variant.PRACTICAL)
     eps = check_epsilon(epsilon)
     beta = _check_beta(beta)
     cands = _candidates(oracle, candidates)
@@ -659,7 +676,7 @@ class Phase:
 class SamplingPlan:
     """Every parameter of Algorithm 9, a function of (n, d, ε, β) and the noise model."""
 
-    variant: str
+    variant: Variant
     n: int
     d: int
     epsilon: Fraction
@@ -695,7 +712,7 @@ def plan_sampling_and_filtering(
     beta: float,
     accuracy: AccuracyFn,
     *,
-    variant: str = "paper",
+    variant: Variant | str = Variant.PAPER,
 ) -> SamplingPlan:
     """Lines 1–4 and 14 of Algorithm 9: the whole phase schedule, before any data.
 
@@ -714,8 +731,7 @@ def plan_sampling_and_filtering(
     """
     eps = check_epsilon(epsilon)
     beta = _check_beta(beta)
-    if variant not in ("paper", "tuned"):
-        raise ValueError(f"variant must be 'paper' or 'tuned', got {variant!r}")
+    variant = variant_of(variant, Variant.PAPER, Variant.TUNED)
     if eps > 1:
         raise ValueError(f"Algorithm 9 needs epsilon <= 1, got {eps}")
     if beta > 1 / d:
@@ -724,17 +740,17 @@ def plan_sampling_and_filtering(
     n_rounds = 3 * math.log2(2 * n)
     beta_p = beta / n_rounds
     alpha = float(accuracy(eps, 384 * d * log2n**3, beta))
-    cutoff = float(PAPER_CUTOFF if variant == "paper" else TUNED_CUTOFF)
+    cutoff = float(PAPER_CUTOFF if variant == Variant.PAPER else TUNED_CUTOFF)
     x = n / alpha
     phases: list[Phase] = []
     while x >= cutoff:
         t = math.ceil(math.log2(x))
         phases.append(Phase(t, eps / t**3, t**3 * alpha, 1.0 / t, t * t))
         x_next = 64.0 * t**3
-        if variant == "tuned" and x_next >= x:
+        if variant == Variant.TUNED and x_next >= x:
             break
         x = x_next
-    if variant == "paper":
+    if variant == Variant.PAPER:
         final_rounds, final_eps = PAPER_FINAL_ROUNDS, eps / 2
     else:
         final_rounds = max(1, math.ceil(math.log2(max(x, 2.0)))) + 2
@@ -763,7 +779,7 @@ def plan_for(
     beta: float,
     *,
     d: int | None = None,
-    variant: str = "paper",
+    variant: Variant | str = Variant.PAPER,
     kind: StreamKind | str = StreamKind.LAP24,
 ) -> SamplingPlan:
     """`plan_sampling_and_filtering` with the oracle's public n and accuracy function."""
@@ -782,7 +798,7 @@ def sampling_and_filtering(
     beta: float,
     *,
     candidates: Candidates | None = None,
-    variant: str = "paper",
+    variant: Variant | str = Variant.PAPER,
     rng: np.random.Generator | int | None = None,
     kind: StreamKind | str = StreamKind.LAP24,
     plan: SamplingPlan | None = None,

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Static checks of the test command: generated-code freshness, lint, types.
+# Static checks of the test command: generated-code freshness, import contracts
+# between the layers, lint, format, types.
 # (The README's test command runs this, then the default pytest suite.)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -8,5 +9,7 @@ if [[ -f .venv/bin/activate ]]; then
     . .venv/bin/activate
 fi
 bash scripts/gen_proto.sh --check
+lint-imports --no-cache
 ruff check .
-mypy mpc analyst servers client benchmarks
+ruff format --check .
+mypy mpc dp proto/vocab.py proto/tls.py proto/wire.py client servers analyst deploy benchmarks

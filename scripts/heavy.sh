@@ -5,7 +5,7 @@
 # have their own command: scripts/reliability.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if [[ -z "${VIRTUAL_ENV:-}" && -f .venv/bin/activate ]]; then
+if [[ -f .venv/bin/activate ]]; then  # the project's venv, whatever is active
     . .venv/bin/activate
 fi
 python -m pytest -q -s -m heavy \

@@ -9,7 +9,7 @@
 #   scripts/reliability.sh -k load    # extra pytest arguments narrow it down
 set -uo pipefail
 cd "$(dirname "$0")/.."
-if [[ -z "${VIRTUAL_ENV:-}" && -f .venv/bin/activate ]]; then
+if [[ -f .venv/bin/activate ]]; then  # the project's venv, whatever is active
     . .venv/bin/activate
 fi
 log="${RELIABILITY_LOG:-$(mktemp -t svtagg-reliability.XXXXXX.log)}"

@@ -3,7 +3,7 @@
 Every correct-mechanism audit is a family of one-sided tests at a Bonferroni-
 corrected total level of 1e-3, so each passes a correct mechanism except with
 probability ≤ 1e-3.  The default (light) run uses few trials; `pytest -m heavy`
-(or `svtagg audit`) runs the large version, including the control that needs
+(`scripts/heavy.sh`) runs the large version, including the control that needs
 ~10^5 trials to be caught (a stream that reveals its noisy value with the YES).
 Oracles are seeded, so each run is reproducible.
 """

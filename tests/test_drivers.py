@@ -1,0 +1,150 @@
+"""The leader ↔ helper protocol in one process: the leader driver talks to the
+helper driver through the in-memory port (no TLS, no sockets, no subprocess),
+with the real garbled-circuit engine.  Covers the close with reconciliation,
+ledger synchronisation after a failed PrepareStream, stream chunks, and a chunk
+that fails closed on both servers."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from svtagg.client.upload import make_batch
+from svtagg.dp.errors import PeerUnavailable, StreamClosed
+from svtagg.proto import svtagg_pb2 as pb
+from svtagg.proto.vocab import Role
+from svtagg.servers.core import ComparisonParty, ServerCore, garbled_circuit_party
+from svtagg.servers.helper import HelperDriver
+from svtagg.servers.leader import LeaderDriver
+from svtagg.servers.memory import MemoryHelperPort
+from svtagg.servers.store import FAILED, Store
+
+F = 16
+N = 400  # n/2 = 200 score units: noise at ε = 1 never reaches it (tail < e^-40)
+
+
+@dataclass
+class Pair:
+    leader: LeaderDriver
+    helper: HelperDriver
+    port: MemoryHelperPort
+    #: Set to make the helper's next comparison raise mid-chunk.
+    crash_helper: list[bool]
+
+    def upload(self, task_id: str, values: np.ndarray, leader_only: bool = False) -> None:
+        batch = make_batch(task_id, values, F)
+        self.leader.core.upload(
+            task_id, [(r.report_id, r.explicit_share) for r in batch.leader.reports]
+        )
+        if not leader_only:
+            self.helper.core.upload(task_id, [(r.report_id, r.seed) for r in batch.helper.reports])
+
+    async def open(self, task_id: str, eps: str = "1") -> str:
+        req = pb.OpenStreamRequest(task_id=task_id, kind=pb.LAP24, epsilon=eps)
+        return (await self.leader.open_stream(req)).stream_id
+
+
+@pytest.fixture
+async def pair(tmp_path: Path) -> AsyncIterator[Pair]:
+    crash = [False]
+
+    def party(role: Role, channel: Any, sid: bytes) -> ComparisonParty:
+        p = garbled_circuit_party(role, channel, sid)
+        if role == Role.HELPER:
+            real = p.first_yes
+
+            async def first_yes(z: Any) -> int | None:
+                if crash[0]:
+                    raise RuntimeError("helper lost mid-chunk")
+                return await real(z)
+
+            p.first_yes = first_yes  # type: ignore[method-assign]
+        return p
+
+    helper = HelperDriver(ServerCore(Role.HELPER, Store(tmp_path / "h.sqlite")), party)
+    port = MemoryHelperPort(helper)
+    leader = LeaderDriver(ServerCore(Role.LEADER, Store(tmp_path / "l.sqlite")), port, party)
+    yield Pair(leader, helper, port, crash)
+    await leader.pool.close()
+    await port.close()
+    leader.core.store.close()
+    helper.core.store.close()
+
+
+def spec(task_id: str) -> pb.TaskSpec:
+    return pb.TaskSpec(task_id=task_id, d=3, frac_bits=F, n_max=10 * N, min_batch=1,
+                       epsilon_total="10", delta_total="0", epsilon_min="1/4")
+
+
+def data(n: int) -> np.ndarray:
+    """Coordinate 0 is 1 for everyone, coordinate 1 is 0, coordinate 2 random."""
+    rng = np.random.default_rng(5)
+    return np.stack([np.ones(n), np.zeros(n), rng.random(n)], axis=1)
+
+
+async def test_close_reconciles_and_chunks_answer(pair: Pair) -> None:
+    await pair.leader.create_task(spec("t"))
+    pair.upload("t", data(N))
+    pair.upload("t", data(3), leader_only=True)  # clients that never reached the helper
+    info = await pair.leader.close_collection("t")
+    assert info.agreed and info.n == N and info.dropped_reports == 3
+    assert pair.helper.core.store.task("t").n == N
+    assert pair.helper.core.store.task("t").agreed
+
+    sid = await pair.open("t")
+    q = pb.Queries(index=[1, 0])
+    unit = 1 << F
+    ans = await pair.leader.ask(pb.AskRequest(stream_id=sid, queries=q,
+                                              tau=[N // 2 * unit, N // 2 * unit]))
+    assert ans.yes and ans.index == 1 and ans.closed and ans.peer_bytes > 0
+    # Both servers recorded the YES; the stream answers no more.
+    for core in (pair.leader.core, pair.helper.core):
+        s = core.store.stream(sid)
+        assert s.closed and s.queries == 2
+    with pytest.raises(StreamClosed):
+        await pair.leader.ask(pb.AskRequest(stream_id=sid, queries=q, tau=[0, 0]))
+
+
+async def test_ledger_sync_after_failed_prepare(pair: Pair) -> None:
+    await pair.leader.create_task(spec("t"))
+    pair.upload("t", data(N))
+    await pair.leader.close_collection("t")
+    pair.port.available = False
+    with pytest.raises(PeerUnavailable):
+        await pair.open("t")
+    # The leader's charge stays spent; the helper never saw the stream.
+    assert pair.leader.core.store.task("t").budget.epsilon_spent == 1
+    assert pair.helper.core.store.task("t").budget.epsilon_spent == 0
+    pair.port.available = True
+    await pair.open("t")
+    # The next open replayed the failed charge on the helper first: both spent 2.
+    info = await pair.leader.describe("t")
+    assert Fraction(info.budget.epsilon_spent) == 2
+    assert Fraction(info.helper_budget.epsilon_spent) == 2
+
+
+async def test_chunk_fails_closed_on_both_servers(pair: Pair) -> None:
+    await pair.leader.create_task(spec("t"))
+    pair.upload("t", data(N))
+    await pair.leader.close_collection("t")
+    sid = await pair.open("t")
+    pair.crash_helper[0] = True
+    req = pb.AskRequest(stream_id=sid, queries=pb.Queries(index=[1]), tau=[N // 2 << F])
+    with pytest.raises(PeerUnavailable):
+        await pair.leader.ask(req)
+    for core in (pair.leader.core, pair.helper.core):
+        assert core.store.stream(sid).state == FAILED
+        assert core.store.task("t").budget.epsilon_spent == 1  # never refunded
+    pair.crash_helper[0] = False
+    with pytest.raises(StreamClosed):
+        await pair.leader.ask(req)
+    # A fresh stream still works on a fresh session.
+    sid2 = await pair.open("t")
+    ans = await pair.leader.ask(pb.AskRequest(stream_id=sid2, queries=pb.Queries(index=[0]),
+                                              tau=[N // 2 << F]))
+    assert ans.yes and ans.index == 0
