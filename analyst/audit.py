@@ -51,6 +51,7 @@ class Scenario:
 
 def first_yes_events(k: int) -> list[Event]:
     """The fixed event family for first-YES outputs in {0..k-1, None}."""
+
     def equals(j: int) -> Callable[[Output], bool]:
         return lambda o: o == j
 
@@ -117,9 +118,7 @@ def fisher_one_sided(a: int, b: int, n: int) -> float:
     total = 2 * n
 
     def log_h(x: int) -> float:
-        return (
-            _log_comb(n, x) + _log_comb(n, m - x) - _log_comb(total, m)
-        )
+        return _log_comb(n, x) + _log_comb(n, m - x) - _log_comb(total, m)
 
     lo, hi = max(a, m - n), min(m, n)
     logs = [log_h(x) for x in range(lo, hi + 1)]

@@ -168,9 +168,7 @@ class LocalOracle:
             return CompareToThresholdsStream(eps, self.frac_bits, self._rng, self._parties)
         return AboveThresholdStream(kind, eps, self.frac_bits, self._rng, self._parties)
 
-    def accuracy(
-        self, kind: StreamKind | str, epsilon: Number | str, k: int, beta: float
-    ) -> float:
+    def accuracy(self, kind: StreamKind | str, epsilon: Number | str, k: int, beta: float) -> float:
         return accuracy.alpha(kind, epsilon, k, beta, self._parties, self.frac_bits)
 
     def budget(self) -> Budget:

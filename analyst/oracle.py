@@ -97,9 +97,7 @@ class Oracle(Protocol):
         delta: Number | str = 0,
     ) -> Stream: ...
 
-    def accuracy(
-        self, kind: StreamKind | str, epsilon: Number | str, k: int, beta: float
-    ) -> float:
+    def accuracy(self, kind: StreamKind | str, epsilon: Number | str, k: int, beta: float) -> float:
         """α in score units: P(some of k answers is off by ≥ α) ≤ β."""
         ...
 

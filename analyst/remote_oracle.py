@@ -57,7 +57,11 @@ class RemoteStream:
     """One SVT stream held by the two servers; see `oracle.Stream` for the contract."""
 
     def __init__(
-        self, oracle: RemoteOracle, info: pb.StreamInfo, kind: StreamKind, eps: Fraction,
+        self,
+        oracle: RemoteOracle,
+        info: pb.StreamInfo,
+        kind: StreamKind,
+        eps: Fraction,
         delta: Fraction,
     ) -> None:
         self._oracle = oracle
@@ -117,7 +121,9 @@ class RemoteStream:
         resp = self._call(
             "Compare",
             pb.CompareRequest(
-                stream_id=self.stream_id, queries=queries, tau_low=lows.tolist(),
+                stream_id=self.stream_id,
+                queries=queries,
+                tau_low=lows.tolist(),
                 tau_high=highs.tolist(),
             ),
         )
@@ -157,13 +163,15 @@ class RemoteOracle:
         self.frac_bits = int(info.spec.frac_bits)
 
     @classmethod
-    def from_certs(
-        cls, leader: str, task_id: str, certs: str | Path, **kw: Any
-    ) -> RemoteOracle:
+    def from_certs(cls, leader: str, task_id: str, certs: str | Path, **kw: Any) -> RemoteOracle:
         d = Path(certs)
         return cls(
-            leader, task_id, (d / "ca.pem").read_bytes(), (d / "analyst.pem").read_bytes(),
-            (d / "analyst.key").read_bytes(), **kw,
+            leader,
+            task_id,
+            (d / "ca.pem").read_bytes(),
+            (d / "analyst.pem").read_bytes(),
+            (d / "analyst.key").read_bytes(),
+            **kw,
         )
 
     def close(self) -> None:
@@ -182,10 +190,6 @@ class RemoteOracle:
         try:
             return getattr(self._stub, method)(request, timeout=self.timeout)
         except grpc.RpcError as exc:
-            if exc.code() == grpc.StatusCode.FAILED_PRECONDITION and method in (  # type: ignore[attr-defined]
-                "Ask", "Compare"
-            ):
-                raise StreamClosed(f"FAILED_PRECONDITION: {exc.details()}") from None  # type: ignore[attr-defined]
             raise refusal_from_rpc(exc) from None
         finally:
             self._stats.seconds_in_calls += time.perf_counter() - start
@@ -228,15 +232,15 @@ class RemoteOracle:
         self._stats.by_kind[kind.value] = self._stats.by_kind.get(kind.value, 0) + 1
         return RemoteStream(self, info, kind, eps, dl)
 
-    def accuracy(
-        self, kind: StreamKind | str, epsilon: Number | str, k: int, beta: float
-    ) -> float:
+    def accuracy(self, kind: StreamKind | str, epsilon: Number | str, k: int, beta: float) -> float:
         return accuracy.alpha(kind, epsilon, k, beta, self.parties, self.frac_bits)
 
     def budget(self) -> Budget:
         b = self._call("Budget", pb.TaskRef(task_id=self.task_id)).budget
         return Budget(
-            Fraction(b.epsilon_total), Fraction(b.delta_total), Fraction(b.epsilon_spent),
+            Fraction(b.epsilon_total),
+            Fraction(b.delta_total),
+            Fraction(b.epsilon_spent),
             Fraction(b.delta_spent),
         )
 

@@ -30,6 +30,8 @@ GBS_RATIO = Fraction(3, 4)
 PAPER_CUTOFF = 2**64
 #: Rounds of Algorithm 9's final GeometricBinarySearch as written (line 15).
 PAPER_FINAL_ROUNDS = 64
+
+
 class Variant(StrEnum):
     """Which version of an algorithm runs: as the paper writes it, with the tuned
     constants of Algorithm 9, or the practical selection (`practical_selection`)."""

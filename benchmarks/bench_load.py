@@ -68,8 +68,11 @@ class LoadResult:
     peak_rss_mb: dict[str, float] = field(default_factory=dict)
 
     def lost(self) -> bool:
-        return not (self.n_leader == self.n_helper == self.acked_reports and self.sums_match
-                    and self.upload_errors == 0)
+        return not (
+            self.n_leader == self.n_helper == self.acked_reports
+            and self.sums_match
+            and self.upload_errors == 0
+        )
 
 
 def rows(seed: int, m: int, d: int) -> np.ndarray:
@@ -84,7 +87,7 @@ def _uploader(args: tuple[str, str, str, str, int, int, int, int]) -> tuple[int,
     acked, lat, errors = 0, [], 0
     with Uploader(leader, helper, c.ca, c.cert, c.key, timeout=120, retries=8) as up:
         for start in range(0, m, batch):
-            b = make_batch(task, values[start:start + batch], F)
+            b = make_batch(task, values[start : start + batch], F)
             t0 = time.perf_counter()
             try:
                 up.send(b)
@@ -121,14 +124,26 @@ def run_load(
     stub = analyst_stub(dep.address("leader"), dep.certs)
 
     def create(task: str, dd: int, n_max: int) -> None:
-        stub.CreateTask(pb.TaskSpec(task_id=task, d=dd, frac_bits=F, n_max=n_max, min_batch=1,
-                                    epsilon_total="100000", delta_total="1/1000",
-                                    epsilon_min="1/100"), timeout=60)
+        stub.CreateTask(
+            pb.TaskSpec(
+                task_id=task,
+                d=dd,
+                frac_bits=F,
+                n_max=n_max,
+                min_batch=1,
+                epsilon_total="100000",
+                delta_total="1/1000",
+                epsilon_min="1/100",
+            ),
+            timeout=60,
+        )
 
     # ---- phase 1: concurrent uploader processes on one task
     create("load", d, uploaders * reports)
-    jobs = [(dep.address("leader"), dep.address("helper"), str(dep.certs), "load", i, reports,
-             d, batch) for i in range(uploaders)]
+    jobs = [
+        (dep.address("leader"), dep.address("helper"), str(dep.certs), "load", i, reports, d, batch)
+        for i in range(uploaders)
+    ]
     with ProcessPoolExecutor(uploaders, mp_context=get_context("spawn")) as pool:
         # Warm the workers (interpreter start, imports) before the clock starts.
         list(pool.map(time.sleep, [0.0] * uploaders))
@@ -158,8 +173,9 @@ def run_load(
             create(f"s{t}", 2, n_users)
             up.upload(f"s{t}", data)
             stub.CloseCollection(pb.TaskRef(task_id=f"s{t}"), timeout=60)
-    oracles = [RemoteOracle.from_certs(dep.address("leader"), f"s{t}", dep.certs)
-               for t in range(tasks)]
+    oracles = [
+        RemoteOracle.from_certs(dep.address("leader"), f"s{t}", dep.certs) for t in range(tasks)
+    ]
 
     def one(i: int) -> tuple[float, bool, bool]:
         o = oracles[i % tasks]
@@ -213,8 +229,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", help="write the figures as JSON")
     a = p.parse_args(argv)
     with LocalDeployment() as dep:
-        r = run_load(dep, a.uploaders, a.reports, a.batch, a.d, a.streams, a.stream_workers,
-                     a.tasks)
+        r = run_load(
+            dep, a.uploaders, a.reports, a.batch, a.d, a.streams, a.stream_workers, a.tasks
+        )
     print(summary(r))
     if a.out:
         Path(a.out).write_text(json.dumps(asdict(r), indent=2))

@@ -64,8 +64,12 @@ def bench_gates(k: int, runs: int) -> dict[str, float]:
     tables = state["g"].table_bytes()
     ew, ec = _timed(evaluate, runs)
     n_and = state["g"].and_gates
-    return {"garble_wall": n_and / gw, "garble_cpu": n_and / gc,
-            "eval_wall": n_and / ew, "eval_cpu": n_and / ec}
+    return {
+        "garble_wall": n_and / gw,
+        "garble_cpu": n_and / gc,
+        "eval_wall": n_and / ew,
+        "eval_cpu": n_and / ec,
+    }
 
 
 async def bench_protocol(ks: list[int], runs: int) -> dict[str, Any]:
@@ -112,17 +116,25 @@ def main(argv: list[str] | None = None) -> None:
     ks = [k for k in (1_000, 10_000, 100_000) if k <= args.max_k]
     print(f"load average at start: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
     gates = bench_gates(min(ks[-1], 65_536), args.runs)
-    print(f"garbling   : {gates['garble_cpu'] / 1e6:6.2f} M AND/s per core (CPU time), "
-          f"{gates['garble_wall'] / 1e6:6.2f} M AND/s wall   [target >= 5]")
-    print(f"evaluating : {gates['eval_cpu'] / 1e6:6.2f} M AND/s per core (CPU time), "
-          f"{gates['eval_wall'] / 1e6:6.2f} M AND/s wall   [target >= 15]")
+    print(
+        f"garbling   : {gates['garble_cpu'] / 1e6:6.2f} M AND/s per core (CPU time), "
+        f"{gates['garble_wall'] / 1e6:6.2f} M AND/s wall   [target >= 5]"
+    )
+    print(
+        f"evaluating : {gates['eval_cpu'] / 1e6:6.2f} M AND/s per core (CPU time), "
+        f"{gates['eval_wall'] / 1e6:6.2f} M AND/s wall   [target >= 15]"
+    )
     prot = asyncio.run(bench_protocol(ks, args.runs))
-    print(f"base-OT setup (128 Chou–Orlandi OTs, both parties in one process):"
-          f" {prot['base_ot']:.3f} s wall, {prot['base_ot_cpu']:.3f} s CPU   [target <= 2 s]")
+    print(
+        f"base-OT setup (128 Chou–Orlandi OTs, both parties in one process):"
+        f" {prot['base_ot']:.3f} s wall, {prot['base_ot_cpu']:.3f} s CPU   [target <= 2 s]"
+    )
     for k, r in prot["cmp"].items():
-        print(f"K = {k:>7,}: {r['wall']:>9,.0f} comparisons/s wall, {r['cpu']:>9,.0f} per CPU-s;"
-              f" {r['bytes']:,.0f} bytes/comparison, {r['and']:.1f} AND/comparison,"
-              f" {r['messages']} messages")
+        print(
+            f"K = {k:>7,}: {r['wall']:>9,.0f} comparisons/s wall, {r['cpu']:>9,.0f} per CPU-s;"
+            f" {r['bytes']:,.0f} bytes/comparison, {r['and']:.1f} AND/comparison,"
+            f" {r['messages']} messages"
+        )
     print("targets: >= 50,000 comparisons/s at K = 100,000; <= 4,096 bytes/comparison")
     print(f"load average at end: {os.getloadavg()[0]:.2f}")
 

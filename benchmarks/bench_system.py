@@ -31,13 +31,15 @@ from svtagg.proto.tls import Identity
 
 def _task(dep: LocalDeployment, task_id: str, d: int, n_max: int) -> None:
     analyst_stub(dep.address("leader"), dep.certs).CreateTask(
-        task_spec(task_id, d, n_max, "1000000"), timeout=30)
+        task_spec(task_id, d, n_max, "1000000"), timeout=30
+    )
 
 
 def _upload(dep: LocalDeployment, task_id: str, values: np.ndarray, batch: int) -> float:
     c = Identity.load(dep.certs, "client")
-    with Uploader(dep.address("leader"), dep.address("helper"), c.ca, c.cert, c.key,
-                  timeout=300) as up:
+    with Uploader(
+        dep.address("leader"), dep.address("helper"), c.ca, c.cert, c.key, timeout=300
+    ) as up:
         start = time.perf_counter()
         up.upload(task_id, values, batch_size=batch)
         return time.perf_counter() - start
@@ -45,15 +47,21 @@ def _upload(dep: LocalDeployment, task_id: str, values: np.ndarray, batch: int) 
 
 def _close(dep: LocalDeployment, task_id: str) -> None:
     analyst_stub(dep.address("leader"), dep.certs).CloseCollection(
-        pb.TaskRef(task_id=task_id), timeout=60)
+        pb.TaskRef(task_id=task_id), timeout=60
+    )
 
 
 def bench_upload(dep: LocalDeployment, n: int, d: int, batch: int) -> dict[str, Any]:
     _task(dep, "upload", d, n)
     values = np.random.default_rng(1).random((n, d))
     seconds = _upload(dep, "upload", values, batch)
-    return {"n": n, "d": d, "batch": batch, "seconds": round(seconds, 3),
-            "reports_per_s": round(n / seconds, 1)}
+    return {
+        "n": n,
+        "d": d,
+        "batch": batch,
+        "seconds": round(seconds, 3),
+        "reports_per_s": round(n / seconds, 1),
+    }
 
 
 def bench_chunks(oracle: RemoteOracle, sizes: list[int], reps: int) -> list[dict[str, Any]]:
@@ -72,9 +80,16 @@ def bench_chunks(oracle: RemoteOracle, sizes: list[int], reps: int) -> list[dict
             times.append(time.perf_counter() - t)
             peer = oracle.stats().peer_bytes - before
         best, med = min(times), float(np.median(times))
-        rows.append({"chunk": k, "reps": len(times), "median_s": round(med, 4),
-                     "comparisons_per_s_median": round(k / med), "comparisons_per_s_best":
-                     round(k / best), "peer_MB_per_chunk": round(peer / 1e6, 2)})
+        rows.append(
+            {
+                "chunk": k,
+                "reps": len(times),
+                "median_s": round(med, 4),
+                "comparisons_per_s_median": round(k / med),
+                "comparisons_per_s_best": round(k / best),
+                "peer_MB_per_chunk": round(peer / 1e6, 2),
+            }
+        )
     return rows
 
 
@@ -87,9 +102,12 @@ def bench_single(oracle: RemoteOracle, count: int) -> dict[str, Any]:
         assert s.ask([(Query(i % oracle.d), far)]) is None
         lat.append(time.perf_counter() - t)
     ms = np.array(lat) * 1e3
-    return {"queries": count, "p50_ms": round(float(np.percentile(ms, 50)), 2),
-            "p99_ms": round(float(np.percentile(ms, 99)), 2),
-            "max_ms": round(float(ms.max()), 2)}
+    return {
+        "queries": count,
+        "p50_ms": round(float(np.percentile(ms, 50)), 2),
+        "p99_ms": round(float(np.percentile(ms, 99)), 2),
+        "max_ms": round(float(ms.max()), 2),
+    }
 
 
 def bench_alg8(dep: LocalDeployment, n: int, d: int, batch: int) -> dict[str, Any]:
@@ -111,10 +129,17 @@ def bench_alg8(dep: LocalDeployment, n: int, d: int, batch: int) -> dict[str, An
         sel = geometric_binary_search(oracle, 1, 0.05)
         seconds = time.perf_counter() - t
         st = oracle.stats()
-    return {"n": n, "d": d, "upload_seconds": round(upload_s, 1),
-            "selection_seconds": round(seconds, 2), "selected": sel.query.index,
-            "best": int(np.argmax(weights)), "streams": st.streams, "queries": st.queries,
-            "peer_MB": round(st.peer_bytes / 1e6, 1)}
+    return {
+        "n": n,
+        "d": d,
+        "upload_seconds": round(upload_s, 1),
+        "selection_seconds": round(seconds, 2),
+        "selected": sel.query.index,
+        "best": int(np.argmax(weights)),
+        "streams": st.streams,
+        "queries": st.queries,
+        "peer_MB": round(st.peer_bytes / 1e6, 1),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -141,8 +166,9 @@ def main(argv: list[str] | None = None) -> int:
             for row in results["chunks"]:
                 print("chunk:", row)
         if not args.skip_alg8:
-            results["alg8"] = bench_alg8(dep, 10_000 if quick else 100_000,
-                                         1000 if quick else 10_000, 100)
+            results["alg8"] = bench_alg8(
+                dep, 10_000 if quick else 100_000, 1000 if quick else 10_000, 100
+            )
             print("alg8:", results["alg8"])
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -31,14 +31,24 @@ def store_view(path: str | Path, task_id: str) -> StoreView:
         n, sums, eps, dl = db.execute(
             "SELECT n, sums, epsilon_spent, delta_spent FROM tasks WHERE task_id=?", (task_id,)
         ).fetchone()
-        ids = {r[0] for r in db.execute(
-            "SELECT report_id FROM reports WHERE task_id=?", (task_id,))}
-        streams = dict(db.execute(
-            "SELECT stream_id, state FROM streams WHERE task_id=?", (task_id,)).fetchall())
+        ids = {
+            r[0] for r in db.execute("SELECT report_id FROM reports WHERE task_id=?", (task_id,))
+        }
+        streams = dict(
+            db.execute(
+                "SELECT stream_id, state FROM streams WHERE task_id=?", (task_id,)
+            ).fetchall()
+        )
     finally:
         db.close()
-    return StoreView(int(n), np.frombuffer(sums, dtype=np.uint64).copy(), ids,
-                     Fraction(eps), Fraction(dl), streams)
+    return StoreView(
+        int(n),
+        np.frombuffer(sums, dtype=np.uint64).copy(),
+        ids,
+        Fraction(eps),
+        Fraction(dl),
+        streams,
+    )
 
 
 def encoded_sum(values: np.ndarray, frac_bits: int) -> np.ndarray:
@@ -46,4 +56,5 @@ def encoded_sum(values: np.ndarray, frac_bits: int) -> np.ndarray:
     from svtagg.mpc.ring import encode
 
     return np.asarray(encode(np.atleast_2d(values), frac_bits), dtype=np.uint64).sum(
-        axis=0, dtype=np.uint64)
+        axis=0, dtype=np.uint64
+    )

@@ -15,17 +15,28 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     u.add_argument("--leader", required=True, help="leader host:port")
     u.add_argument("--helper", required=True, help="helper host:port")
     u.add_argument("--certs", required=True, help="directory with ca.pem and client.pem/.key")
-    u.add_argument("--no-client-cert", action="store_true",
-                   help="connect with server-only TLS (servers' --ingest-listen ports)")
+    u.add_argument(
+        "--no-client-cert",
+        action="store_true",
+        help="connect with server-only TLS (servers' --ingest-listen ports)",
+    )
     u.add_argument("--task", required=True)
     u.add_argument("--input", required=True, help=".npy or .csv, one user per row")
     u.add_argument("--embedding", help="heavy_hitters | sparse_mean | marginals | fp_loss")
-    u.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
-                   help="embedding parameter, e.g. d=1000 or clip=3.5 (repeatable)")
+    u.add_argument(
+        "--param",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="embedding parameter, e.g. d=1000 or clip=3.5 (repeatable)",
+    )
     u.add_argument("--batch", type=int, default=1000, help="reports per batch")
     u.add_argument("--retries", type=int, default=5)
-    u.add_argument("--require-validation", action="store_true",
-                   help="refuse tasks that do not range-check reports (validate_reports)")
+    u.add_argument(
+        "--require-validation",
+        action="store_true",
+        help="refuse tasks that do not range-check reports (validate_reports)",
+    )
     u.set_defaults(handler=run_upload)
     p.set_defaults(handler=lambda a: (p.print_help(), 2)[1])
 
@@ -58,8 +69,13 @@ def run_upload(args: argparse.Namespace) -> int:
 
     with Uploader(args.leader, args.helper, ca, cert, key, retries=args.retries) as up:
         try:
-            stats = up.upload(args.task, values, batch_size=args.batch, progress=progress,
-                              require_validation=args.require_validation)
+            stats = up.upload(
+                args.task,
+                values,
+                batch_size=args.batch,
+                progress=progress,
+                require_validation=args.require_validation,
+            )
         except UploadError as exc:
             print(f"\nupload failed: {exc}", file=sys.stderr)
             return 1

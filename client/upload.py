@@ -27,7 +27,7 @@ from svtagg.mpc.sharing import share
 from svtagg.proto import svtagg_pb2 as pb
 from svtagg.proto import svtagg_pb2_grpc as pb_grpc
 from svtagg.proto.tls import tls_target
-from svtagg.proto.vocab import CHANNEL_OPTIONS, MAX_BATCH_VALUES, REPORT_ID_BYTES
+from svtagg.proto.vocab import CALL_DEADLINE, CHANNEL_OPTIONS, MAX_BATCH_VALUES, REPORT_ID_BYTES
 
 RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
 
@@ -81,7 +81,7 @@ class Uploader:
         cert: bytes | None = None,
         key: bytes | None = None,
         *,
-        timeout: float = 30.0,
+        timeout: float = CALL_DEADLINE,
         retries: int = 5,
         backoff: float = 0.2,
     ) -> None:

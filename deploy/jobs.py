@@ -22,9 +22,18 @@ from svtagg.deploy.workloads import workload
 from svtagg.proto import svtagg_pb2 as pb
 from svtagg.proto import svtagg_pb2_grpc as pb_grpc
 from svtagg.proto.tls import Identity, tls_target
+from svtagg.proto.vocab import CALL_DEADLINE, CHANNEL_OPTIONS, Role
 
 ALGORITHMS = (
-    "top-k", "gbs", "sf", "binary-search", "linear-scan", "sum", "fp", "sparse-mean", "mwem",
+    "top-k",
+    "gbs",
+    "sf",
+    "binary-search",
+    "linear-scan",
+    "sum",
+    "fp",
+    "sparse-mean",
+    "mwem",
 )
 
 
@@ -45,11 +54,17 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     c.add_argument("--frac-bits", type=int, default=16)
     c.add_argument("--epsilon", default="10", help="total ε budget (exact, e.g. 1/2)")
     c.add_argument("--delta", default="1/1000000", help="total δ budget")
-    c.add_argument("--validate-reports", action="store_true",
-                   help="range-check every report at the close (2d comparisons per report; "
-                        "needed when clients may collude with the analyst)")
-    c.add_argument("--epsilon-min", default="auto",
-                   help="smallest ε a stream may use; auto: the smallest safe from overflow")
+    c.add_argument(
+        "--validate-reports",
+        action="store_true",
+        help="range-check every report at the close (2d comparisons per report; "
+        "needed when clients may collude with the analyst)",
+    )
+    c.add_argument(
+        "--epsilon-min",
+        default="auto",
+        help="smallest ε a stream may use; auto: the smallest safe from overflow",
+    )
     c.set_defaults(handler=_create_task)
     for name, fn, text in (
         ("describe", _describe, "show a task: n, state, both ledgers"),
@@ -69,13 +84,25 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     r.add_argument("--seed", type=int, default=None)
     r.add_argument("--p", type=float, default=2.0, help="fp: the loss exponent p")
     r.add_argument("--bound", type=float, default=1.0, help="fp: residual bound b")
-    r.add_argument("--clip", type=float, default=None,
-                   help="sparse-mean: the clip B the clients used (default: from n, d, β)")
-    r.add_argument("--attributes", type=int, default=None,
-                   help="mwem: number of binary attributes (d must be their pair count)")
+    r.add_argument(
+        "--clip",
+        type=float,
+        default=None,
+        help="sparse-mean: the clip B the clients used (default: from n, d, β)",
+    )
+    r.add_argument(
+        "--attributes",
+        type=int,
+        default=None,
+        help="mwem: number of binary attributes (d must be their pair count)",
+    )
     r.add_argument("--rounds", type=int, default=None, help="mwem: T (default: Theorem 7.7)")
-    r.add_argument("--delta", type=float, default=0.0,
-                   help="mwem: δ > 0 selects the advanced-composition version (Thm 7.8)")
+    r.add_argument(
+        "--delta",
+        type=float,
+        default=0.0,
+        help="mwem: δ > 0 selects the advanced-composition version (Thm 7.8)",
+    )
     r.set_defaults(handler=_run)
     a.set_defaults(handler=lambda _a: (a.print_help(), 2)[1])
 
@@ -103,8 +130,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     s.add_argument("--seed", type=int, default=1)
     s.add_argument("--out", default="results/sim.json")
     s.add_argument("--workdir")
-    s.add_argument("--validate-reports", action="store_true",
-                   help="range-check every report at the close")
+    s.add_argument(
+        "--validate-reports", action="store_true", help="range-check every report at the close"
+    )
     s.set_defaults(handler=_sim)
 
 
@@ -112,7 +140,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 def analyst_stub(leader: str, certs: str | Path) -> Any:
     ident = Identity.load(certs, "analyst")
     creds = grpc.ssl_channel_credentials(ident.ca, ident.key, ident.cert)
-    return pb_grpc.AnalystStub(grpc.secure_channel(leader, creds, options=tls_target("leader")))
+    options = [*CHANNEL_OPTIONS, *tls_target(Role.LEADER)]
+    return pb_grpc.AnalystStub(grpc.secure_channel(leader, creds, options=options))
 
 
 def _show(info: pb.TaskInfo) -> str:
@@ -121,8 +150,12 @@ def _show(info: pb.TaskInfo) -> str:
         f"task {info.spec.task_id}: d={info.spec.d} F={info.spec.frac_bits} n={info.n} "
         f"({'collecting' if info.collection_open else 'closed'}), streams={info.streams}\n"
         f"  leader ledger: ε {b.epsilon_spent}/{b.epsilon_total}, δ {b.delta_spent}/{b.delta_total}"
-        + (f"\n  helper ledger: ε {h.epsilon_spent}/{h.epsilon_total}, "
-           f"δ {h.delta_spent}/{h.delta_total}" if h.epsilon_total else "")
+        + (
+            f"\n  helper ledger: ε {h.epsilon_spent}/{h.epsilon_total}, "
+            f"δ {h.delta_spent}/{h.delta_total}"
+            if h.epsilon_total
+            else ""
+        )
     )
 
 
@@ -138,8 +171,15 @@ def _guard(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namesp
 
 
 def task_spec(
-    task_id: str, d: int, n_max: int, epsilon: str, *, frac_bits: int = 16,
-    min_batch: int = 1, delta: str = "0", epsilon_min: str = "auto",
+    task_id: str,
+    d: int,
+    n_max: int,
+    epsilon: str,
+    *,
+    frac_bits: int = 16,
+    min_batch: int = 1,
+    delta: str = "0",
+    epsilon_min: str = "auto",
     validate_reports: bool = False,
 ) -> pb.TaskSpec:
     """A task spec; epsilon_min "auto" is the smallest ε the overflow bound allows."""
@@ -147,18 +187,34 @@ def task_spec(
 
     if epsilon_min == "auto":
         epsilon_min = str(safe_epsilon_min(n_max, frac_bits))
-    return pb.TaskSpec(task_id=task_id, d=d, frac_bits=frac_bits, n_max=n_max,
-                       min_batch=min_batch, epsilon_total=epsilon, delta_total=delta,
-                       epsilon_min=epsilon_min, validate_reports=validate_reports)
+    return pb.TaskSpec(
+        task_id=task_id,
+        d=d,
+        frac_bits=frac_bits,
+        n_max=n_max,
+        min_batch=min_batch,
+        epsilon_total=epsilon,
+        delta_total=delta,
+        epsilon_min=epsilon_min,
+        validate_reports=validate_reports,
+    )
 
 
 @_guard
 def _create_task(args: argparse.Namespace) -> int:
     info = analyst_stub(args.leader, args.certs).CreateTask(
-        task_spec(args.task, args.d, args.n_max, args.epsilon, frac_bits=args.frac_bits,
-                  min_batch=args.min_batch, delta=args.delta, epsilon_min=args.epsilon_min,
-                  validate_reports=args.validate_reports),
-        timeout=30,
+        task_spec(
+            args.task,
+            args.d,
+            args.n_max,
+            args.epsilon,
+            frac_bits=args.frac_bits,
+            min_batch=args.min_batch,
+            delta=args.delta,
+            epsilon_min=args.epsilon_min,
+            validate_reports=args.validate_reports,
+        ),
+        timeout=CALL_DEADLINE,
     )
     print(_show(info))
     return 0
@@ -166,22 +222,33 @@ def _create_task(args: argparse.Namespace) -> int:
 
 @_guard
 def _describe(args: argparse.Namespace) -> int:
-    print(_show(analyst_stub(args.leader, args.certs).DescribeTask(
-        pb.TaskRef(task_id=args.task), timeout=30)))
+    print(
+        _show(
+            analyst_stub(args.leader, args.certs).DescribeTask(
+                pb.TaskRef(task_id=args.task), timeout=CALL_DEADLINE
+            )
+        )
+    )
     return 0
 
 
 @_guard
 def _close(args: argparse.Namespace) -> int:
     stub = analyst_stub(args.leader, args.certs)
-    stub.CloseCollection(pb.TaskRef(task_id=args.task), timeout=30)
-    print(_show(stub.DescribeTask(pb.TaskRef(task_id=args.task), timeout=30)))
+    stub.CloseCollection(pb.TaskRef(task_id=args.task), timeout=CALL_DEADLINE)
+    print(_show(stub.DescribeTask(pb.TaskRef(task_id=args.task), timeout=CALL_DEADLINE)))
     return 0
 
 
 def run_algorithm(
-    oracle: Any, algorithm: str, epsilon: str, beta: float = 0.05, k: int = 10, index: int = 0,
-    kind: str = "lap24", seed: int | None = None,
+    oracle: Any,
+    algorithm: str,
+    epsilon: str,
+    beta: float = 0.05,
+    k: int = 10,
+    index: int = 0,
+    kind: str = "lap24",
+    seed: int | None = None,
     progress: Callable[[int, int, int], None] | None = None,
     options: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
@@ -224,8 +291,14 @@ def run_algorithm(
 
 
 def _run_application(
-    oracle: Any, algorithm: str, epsilon: str, beta: float, k: int, kind: str,
-    seed: int | None, opts: dict[str, Any],
+    oracle: Any,
+    algorithm: str,
+    epsilon: str,
+    beta: float,
+    k: int,
+    kind: str,
+    seed: int | None,
+    opts: dict[str, Any],
 ) -> dict[str, Any]:
     from svtagg.analyst import applications
 
@@ -233,27 +306,43 @@ def _run_application(
     out: dict[str, Any] = {"algorithm": algorithm, "epsilon": str(eps)}
     if algorithm == "fp":
         fp = applications.fp_selection(
-            oracle, float(opts.get("p", 2.0)), float(opts.get("bound", 1.0)), eps, beta,
+            oracle,
+            float(opts.get("p", 2.0)),
+            float(opts.get("bound", 1.0)),
+            eps,
+            beta,
             kind=kind,
         )
-        out.update(selected=fp.index, fp_error_bound=fp.fp_error_bound,
-                   lp_error_bound=fp.lp_error_bound)
+        out.update(
+            selected=fp.index, fp_error_bound=fp.fp_error_bound, lp_error_bound=fp.lp_error_bound
+        )
     elif algorithm == "sparse-mean":
         clip = opts.get("clip")
         if clip is None:
             clip = applications.sparse_mean_clip(oracle.n, oracle.d, beta)
         sm = applications.sparse_mean(oracle, k, eps, beta, float(clip), rng=seed, kind=kind)
-        out.update(support=sm.support, mean={j: float(sm.mean[j]) for j in sm.support},
-                   clip=float(clip))
+        out.update(
+            support=sm.support, mean={j: float(sm.mean[j]) for j in sm.support}, clip=float(clip)
+        )
     else:
         attributes = opts.get("attributes")
         if attributes is None:
             raise ValueError("mwem needs --attributes (the task's d must be their pair count)")
         workload = applications.MarginalWorkload.build(int(attributes))
-        mw = applications.mwem_svt(oracle, workload, eps, beta, rounds=opts.get("rounds"),
-                                   delta=float(opts.get("delta", 0.0)), kind=kind)
-        out.update(rounds=mw.rounds, chosen_queries=[int(q) for q in mw.chosen],
-                   synthetic_histogram=[float(v) for v in mw.synthetic])
+        mw = applications.mwem_svt(
+            oracle,
+            workload,
+            eps,
+            beta,
+            rounds=opts.get("rounds"),
+            delta=float(opts.get("delta", 0.0)),
+            kind=kind,
+        )
+        out.update(
+            rounds=mw.rounds,
+            chosen_queries=[int(q) for q in mw.chosen],
+            synthetic_histogram=[float(v) for v in mw.synthetic],
+        )
     return out
 
 
@@ -261,10 +350,14 @@ def _oracle_summary(oracle: Any) -> dict[str, Any]:
     st = oracle.stats()
     b = oracle.budget()
     return {
-        "streams": st.streams, "queries": st.queries, "chunks": st.chunks,
+        "streams": st.streams,
+        "queries": st.queries,
+        "chunks": st.chunks,
         "peer_bytes": getattr(st, "peer_bytes", 0),
-        "epsilon_spent": str(b.epsilon_spent), "epsilon_left": str(b.epsilon_left),
-        "delta_spent": str(b.delta_spent), "delta_left": str(b.delta_left),
+        "epsilon_spent": str(b.epsilon_spent),
+        "epsilon_left": str(b.epsilon_left),
+        "delta_spent": str(b.delta_spent),
+        "delta_left": str(b.delta_left),
     }
 
 
@@ -275,11 +368,25 @@ def _run(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     try:
         with RemoteOracle.from_certs(args.leader, args.task, args.certs) as oracle:
-            options = {"p": args.p, "bound": args.bound, "clip": args.clip,
-                       "attributes": args.attributes, "rounds": args.rounds,
-                       "delta": args.delta}
-            result = run_algorithm(oracle, args.algorithm, args.epsilon, args.beta, args.k,
-                                   args.index, args.kind, args.seed, options=options)
+            options = {
+                "p": args.p,
+                "bound": args.bound,
+                "clip": args.clip,
+                "attributes": args.attributes,
+                "rounds": args.rounds,
+                "delta": args.delta,
+            }
+            result = run_algorithm(
+                oracle,
+                args.algorithm,
+                args.epsilon,
+                args.beta,
+                args.k,
+                args.index,
+                args.kind,
+                args.seed,
+                options=options,
+            )
             result.update(_oracle_summary(oracle))
     except (Refusal, ValueError) as exc:
         print(f"refused: {exc}", file=sys.stderr)
@@ -300,8 +407,13 @@ def _upload_slice(args: tuple[str, str, str, str, npt.NDArray[np.float64], int])
 
 
 def upload_parallel(
-    leader: str, helper: str, certs: Path, task: str, values: npt.NDArray[np.float64],
-    clients: int, batch: int,
+    leader: str,
+    helper: str,
+    certs: Path,
+    task: str,
+    values: npt.NDArray[np.float64],
+    clients: int,
+    batch: int,
 ) -> dict[str, Any]:
     """Upload from `clients` processes (one slice of users each); returns totals."""
     start = time.perf_counter()
@@ -314,8 +426,12 @@ def upload_parallel(
             results = pool.map(_upload_slice, jobs)
     seconds = time.perf_counter() - start
     reports = sum(r["reports"] for r in results)
-    return {"reports": reports, "retries": sum(r["retries"] for r in results),
-            "seconds": round(seconds, 3), "reports_per_s": round(reports / seconds, 1)}
+    return {
+        "reports": reports,
+        "retries": sum(r["retries"] for r in results),
+        "seconds": round(seconds, 3),
+        "reports_per_s": round(reports / seconds, 1),
+    }
 
 
 def _progress(msg: str) -> None:
@@ -332,26 +448,36 @@ def _demo(args: argparse.Namespace) -> int:
     values = workload("heavy_hitters", args.users, args.d, args.seed)
     truth = values.sum(axis=0)
     with LocalDeployment(Path(args.workdir) if args.workdir else None) as dep:
-        _progress(f"leader {dep.address('leader')}, helper {dep.address('helper')} "
-                  f"(separate processes, mutual TLS, SQLite in {dep.root})")
+        _progress(
+            f"leader {dep.address('leader')}, helper {dep.address('helper')} "
+            f"(separate processes, mutual TLS, SQLite in {dep.root})"
+        )
         stub = analyst_stub(dep.address("leader"), dep.certs)
-        stub.CreateTask(task_spec("demo", args.d, 10 * args.users, args.epsilon,
-                                  min_batch=100), timeout=30)
-        up = upload_parallel(dep.address("leader"), dep.address("helper"), dep.certs, "demo",
-                             values, 1, 500)
-        _progress(f"uploaded {up['reports']} reports in {up['seconds']}s "
-                  f"({up['reports_per_s']:,.0f}/s)")
-        info = stub.CloseCollection(pb.TaskRef(task_id="demo"), timeout=30)
+        stub.CreateTask(
+            task_spec("demo", args.d, 10 * args.users, args.epsilon, min_batch=100),
+            timeout=CALL_DEADLINE,
+        )
+        up = upload_parallel(
+            dep.address("leader"), dep.address("helper"), dep.certs, "demo", values, 1, 500
+        )
+        _progress(
+            f"uploaded {up['reports']} reports in {up['seconds']}s ({up['reports_per_s']:,.0f}/s)"
+        )
+        info = stub.CloseCollection(pb.TaskRef(task_id="demo"), timeout=CALL_DEADLINE)
         _progress(f"collection closed: n={info.n} on both servers")
         _progress(f"running private top-{args.k} heavy hitters (ε={args.epsilon}) on the servers")
         t1 = time.perf_counter()
         with RemoteOracle.from_certs(dep.address("leader"), "demo", dep.certs) as oracle:
-            def rank_done(rank: int, k: int, queries: int) -> None:
-                _progress(f"  rank {rank}/{k} selected ({queries:,} queries answered so far, "
-                          f"{time.perf_counter() - t1:.1f}s)")
 
-            res = run_algorithm(oracle, "top-k", args.epsilon, k=args.k, seed=args.seed,
-                                progress=rank_done)
+            def rank_done(rank: int, k: int, queries: int) -> None:
+                _progress(
+                    f"  rank {rank}/{k} selected ({queries:,} queries answered so far, "
+                    f"{time.perf_counter() - t1:.1f}s)"
+                )
+
+            res = run_algorithm(
+                oracle, "top-k", args.epsilon, k=args.k, seed=args.seed, progress=rank_done
+            )
             summary = _oracle_summary(oracle)
         query_s = time.perf_counter() - t1
     true_top = [int(j) for j in np.argsort(-truth, kind="stable")[: args.k]]
@@ -359,17 +485,28 @@ def _demo(args: argparse.Namespace) -> int:
     for r, (p, t) in enumerate(zip(res["selected"], true_top, strict=True), 1):
         print(f"{r:>4}  {p:>14} {int(truth[p]):>7}   {t:>10} {int(truth[t]):>7}")
     hits = len(set(res["selected"]) & set(true_top))
-    print(f"\n{hits}/{args.k} of the true top-{args.k} found; "
-          f"{summary['queries']} queries in {summary['streams']} streams "
-          f"({summary['chunks']} chunks), {summary['peer_bytes'] / 1e6:.1f} MB between servers")
+    print(
+        f"\n{hits}/{args.k} of the true top-{args.k} found; "
+        f"{summary['queries']} queries in {summary['streams']} streams "
+        f"({summary['chunks']} chunks), {summary['peer_bytes'] / 1e6:.1f} MB between servers"
+    )
     from svtagg.analyst.local_oracle import LocalOracle
 
-    local = run_algorithm(LocalOracle(values, args.epsilon, parties=2), "top-k", args.epsilon,
-                          k=args.k, seed=args.seed)["selected"]
-    print(f"(the local two-party reference oracle on the same data finds "
-          f"{len(set(local) & set(true_top))}/{args.k}; selection accuracy is the algorithm's)")
-    print(f"budget: ε spent {summary['epsilon_spent']}, left {summary['epsilon_left']}; "
-          f"selection {query_s:.1f}s, wall time {time.perf_counter() - t0:.1f}s")
+    local = run_algorithm(
+        LocalOracle(values, args.epsilon, parties=2),
+        "top-k",
+        args.epsilon,
+        k=args.k,
+        seed=args.seed,
+    )["selected"]
+    print(
+        f"(the local two-party reference oracle on the same data finds "
+        f"{len(set(local) & set(true_top))}/{args.k}; selection accuracy is the algorithm's)"
+    )
+    print(
+        f"budget: ε spent {summary['epsilon_spent']}, left {summary['epsilon_left']}; "
+        f"selection {query_s:.1f}s, wall time {time.perf_counter() - t0:.1f}s"
+    )
     return 0
 
 
@@ -384,38 +521,64 @@ def _sim(args: argparse.Namespace) -> int:
     report: dict[str, Any] = {"config": {k: v for k, v in vars(args).items() if k != "handler"}}
     with LocalDeployment(Path(args.workdir) if args.workdir else None) as dep:
         stub = analyst_stub(dep.address("leader"), dep.certs)
-        stub.CreateTask(task_spec("sim", args.d, max(10 * args.n, 1000), args.epsilon,
-                                  validate_reports=args.validate_reports), timeout=30)
+        stub.CreateTask(
+            task_spec(
+                "sim",
+                args.d,
+                max(10 * args.n, 1000),
+                args.epsilon,
+                validate_reports=args.validate_reports,
+            ),
+            timeout=CALL_DEADLINE,
+        )
         _progress(f"uploading {args.n} reports from {args.clients} client processes")
-        report["upload"] = upload_parallel(dep.address("leader"), dep.address("helper"),
-                                           dep.certs, "sim", values, args.clients, args.batch)
+        report["upload"] = upload_parallel(
+            dep.address("leader"),
+            dep.address("helper"),
+            dep.certs,
+            "sim",
+            values,
+            args.clients,
+            args.batch,
+        )
         t_close = time.perf_counter()
         closed = stub.CloseCollection(pb.TaskRef(task_id="sim"), timeout=3600)
-        report["close"] = {"seconds": round(time.perf_counter() - t_close, 3),
-                           "n": closed.n, "dropped_reports": closed.dropped_reports,
-                           "validated": args.validate_reports}
-        _progress(f"collection closed: n={closed.n}, dropped {closed.dropped_reports} "
-                  f"in {report['close']['seconds']}s")
+        report["close"] = {
+            "seconds": round(time.perf_counter() - t_close, 3),
+            "n": closed.n,
+            "dropped_reports": closed.dropped_reports,
+            "validated": args.validate_reports,
+        }
+        _progress(
+            f"collection closed: n={closed.n}, dropped {closed.dropped_reports} "
+            f"in {report['close']['seconds']}s"
+        )
         _progress(f"running {args.algorithm}")
         t1 = time.perf_counter()
         with RemoteOracle.from_certs(dep.address("leader"), "sim", dep.certs) as oracle:
             try:
-                report["result"] = run_algorithm(oracle, args.algorithm, args.epsilon,
-                                                 args.beta, args.k, 0, "lap24", args.seed)
+                report["result"] = run_algorithm(
+                    oracle, args.algorithm, args.epsilon, args.beta, args.k, 0, "lap24", args.seed
+                )
             except (Refusal, ValueError) as exc:
                 print(f"refused: {exc}", file=sys.stderr)
                 return 1
             report["oracle"] = _oracle_summary(oracle)
         report["selection_seconds"] = round(time.perf_counter() - t1, 3)
     order = np.argsort(-truth, kind="stable")
-    report["truth"] = {"top": [int(j) for j in order[: max(args.k, 1)]],
-                       "top_scores": [float(truth[j]) for j in order[: max(args.k, 1)]]}
+    report["truth"] = {
+        "top": [int(j) for j in order[: max(args.k, 1)]],
+        "top_scores": [float(truth[j]) for j in order[: max(args.k, 1)]],
+    }
     report["wall_seconds"] = round(time.perf_counter() - t0, 3)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2))
     _progress(f"wrote {out}")
-    print(json.dumps({k: report[k] for k in ("upload", "result", "oracle", "truth",
-                                             "wall_seconds")},
-                     indent=2))
+    print(
+        json.dumps(
+            {k: report[k] for k in ("upload", "result", "oracle", "truth", "wall_seconds")},
+            indent=2,
+        )
+    )
     return 0

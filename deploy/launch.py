@@ -18,11 +18,24 @@ from svtagg.proto import health_pb2, health_pb2_grpc
 from svtagg.proto.tls import Identity, tls_target, write_deployment
 
 
-def server_command(role: str, db: Path, certs: Path, port_file: Path,
-                   helper: str | None = None, port: int = 0) -> list[str]:
+def server_command(
+    role: str, db: Path, certs: Path, port_file: Path, helper: str | None = None, port: int = 0
+) -> list[str]:
     cmd = [
-        sys.executable, "-m", "svtagg.deploy.cli", "server", "--role", role, "--db", str(db),
-        "--certs", str(certs), "--listen", f"127.0.0.1:{port}", "--port-file", str(port_file),
+        sys.executable,
+        "-m",
+        "svtagg.deploy.cli",
+        "server",
+        "--role",
+        role,
+        "--db",
+        str(db),
+        "--certs",
+        str(certs),
+        "--listen",
+        f"127.0.0.1:{port}",
+        "--port-file",
+        str(port_file),
     ]
     if helper:
         cmd += ["--helper", helper]
@@ -89,9 +102,17 @@ class LocalDeployment:
         log = open(self.root / f"{role}.log", "ab")  # noqa: SIM115 - owned by the process
         self.procs[role] = subprocess.Popen(
             # A restarted server keeps its port, so its peer can reconnect.
-            server_command(role, self.root / f"{role}.sqlite", self.certs, port_file, helper,
-                           self.ports.get(role, 0)) + self.server_args,
-            stdout=log, stderr=subprocess.STDOUT,
+            server_command(
+                role,
+                self.root / f"{role}.sqlite",
+                self.certs,
+                port_file,
+                helper,
+                self.ports.get(role, 0),
+            )
+            + self.server_args,
+            stdout=log,
+            stderr=subprocess.STDOUT,
             env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
         )
         deadline = time.monotonic() + timeout

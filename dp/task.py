@@ -32,7 +32,6 @@ class TaskParams:
     validate_reports: bool = False
 
 
-
 def parse_task_params(
     task_id: str,
     d: int,

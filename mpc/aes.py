@@ -21,10 +21,6 @@ Blocks = npt.NDArray[np.uint64]
 FIXED_KEY = hashlib.sha256(b"svtagg fixed-key AES permutation v1").digest()[:16]
 
 
-def empty_blocks(n: int) -> Blocks:
-    return np.empty((n, 2), dtype=np.uint64)
-
-
 class FixedKeyAES:
     """π(x) = AES_k(x) for the public key k, over many blocks per call.
 

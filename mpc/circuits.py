@@ -14,6 +14,7 @@ CompareToThresholds, 2 more ANDs per query.
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable
 
 import numpy as np
@@ -25,6 +26,18 @@ from svtagg.mpc.ring import RING_BITS
 #: (4 × 16 bytes per lane on the garbler) stay in L2, large enough that
 #: numpy's per-call overhead is amortized.
 LANE_BATCH = 4096
+
+
+class CttCode(enum.IntEnum):
+    """Outcome of one CompareToThresholds query; the value is also its byte in
+    the evaluator's result message."""
+
+    HIGH = 0
+    LOW = 1
+    CLOSE = 2
+
+
+HIGH, LOW, CLOSE = CttCode.HIGH, CttCode.LOW, CttCode.CLOSE
 
 
 def bit_planes(z: npt.NDArray[np.uint64]) -> Bits:
@@ -109,9 +122,7 @@ def first_yes_circuit(be: Backend, a_bits: Bits | None, b: WireSource, n: int) -
     return _first_one(be, prefix_or(be, sign_yes(be, a_bits, b, n)))
 
 
-def ctt_circuit(
-    be: Backend, a_bits: Bits | None, b: WireSource, n: int
-) -> tuple[Wires, Wires]:
+def ctt_circuit(be: Backend, a_bits: Bits | None, b: WireSource, n: int) -> tuple[Wires, Wires]:
     """CompareToThresholds chunk circuit over n queries.
 
     Lanes 0..n−1 of the inputs carry z_high, lanes n..2n−1 carry z_low.
@@ -137,12 +148,13 @@ def first_yes_index(f: Bits) -> int | None:
 
 
 def ctt_outcomes(m: Bits, f: Bits) -> list[int]:
-    """Decode (m, f) of `ctt_circuit`: 0 HIGH, 1 LOW, 2 CLOSE, up to the first CLOSE."""
+    """Decode (m, f) of `ctt_circuit`: HIGH or LOW per query, up to and including
+    the first CLOSE."""
     hits = np.flatnonzero(f)
     stop = int(hits[0]) if hits.size else m.shape[0]
-    out = [0 if v else 1 for v in m[:stop].tolist()]
+    out: list[int] = [HIGH if v else LOW for v in m[:stop].tolist()]
     if hits.size:
-        out.append(2)
+        out.append(CLOSE)
     return out
 
 
@@ -158,7 +170,7 @@ def plain_compare_to_thresholds(
     """Plaintext reference for CompareToThresholds on reconstructed values."""
     out: list[int] = []
     for hi, lo in zip(z_high.view(np.int64).tolist(), z_low.view(np.int64).tolist(), strict=True):
-        out.append(0 if hi >= 0 else 1 if lo >= 0 else 2)
-        if out[-1] == 2:
+        out.append(HIGH if hi >= 0 else LOW if lo >= 0 else CLOSE)
+        if out[-1] == CLOSE:
             break
     return out

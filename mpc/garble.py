@@ -24,7 +24,6 @@ from svtagg.mpc.aes import Blocks
 Bits = npt.NDArray[np.uint8]
 Wires = Any  # Blocks for the label backends, Bits for the plaintext backend
 _ONE = np.uint64(1)
-_ZERO = np.uint64(0)
 
 
 class Hash(Protocol):
@@ -335,9 +334,7 @@ class EvalBackend(_Common):
 
     def and_const(self, bits: Bits | None, b: Blocks) -> Blocks:
         n = b.shape[0]
-        h = self.hasher(
-            np.ascontiguousarray(b), self._tweaks(n, (0,)), self._workspace("h", n)
-        )
+        h = self.hasher(np.ascontiguousarray(b), self._tweaks(n, (0,)), self._workspace("h", n))
         t = self._take(n)
         self.and_gates += n
         return self._log(h ^ (_lsb_mask(b) & t))

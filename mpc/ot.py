@@ -300,9 +300,7 @@ class IKNPReceiver:
         self._g1 = _RowPRG([k[1] for k in keys])
         self._u_buf = np.empty(0, dtype=np.uint8)  # reused: fresh pages cost faults
 
-    def u_message(
-        self, choices: list[npt.NDArray[np.uint8]], nonce: int
-    ) -> bytes:
+    def u_message(self, choices: list[npt.NDArray[np.uint8]], nonce: int) -> bytes:
         """The message u = G(k0) ⊕ G(k1) ⊕ r for packed choice bits r given piece
         by piece (bit j of a piece at byte j//8, bit j%8). `nonce` must be fresh
         for every extension under the same base OTs."""

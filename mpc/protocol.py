@@ -1,19 +1,5 @@
-"""The two-party comparison protocol: semi-honest Yao between the leader
-(garbler) and the helper (evaluator) over an abstract `Channel`.
-
-Per chunk (one `first_yes` or `compare_to_thresholds` call) three messages:
-  1. evaluator → garbler: IKNP extension matrix u (16 bytes per input bit),
-  2. garbler → evaluator: all garbled tables + output-decoding bits,
-  3. evaluator → garbler: the decoded result.
-The garbler's inputs need no labels (they enter the circuit as free XORs with
-constants it knows), so they never leave it.  Base OTs run once, in `setup`.
-
-Sessions: a `session_id` must be fresh for every garbler/evaluator pair (the
-servers use their stream id).  Δ is drawn anew in each `setup`; the tweak of
-half h of the AND gate in lane k of layer L is (L·2^32 + 2k + h, 24-bit session
-tag ‖ 40-bit chunk counter), unique for every gate of every chunk of the
-session, as the tweakable hash requires (see `garble.py`).  Both parties must
-call the chunk methods in the same order with the same K.
+"""The two-party comparison protocol: semi-honest Yao between the leader (garbler)
+and the helper (evaluator) over an abstract `Channel`, one chunk of queries per call.
 """
 
 from __future__ import annotations
@@ -22,13 +8,18 @@ import asyncio
 import hashlib
 import secrets
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 import numpy as np
 import numpy.typing as npt
 from svtagg.mpc.aes import Blocks, TweakableHash
 from svtagg.mpc.channel import Channel, MemoryChannel
 from svtagg.mpc.circuits import (
+    CLOSE,
+    CttCode,
+    WireSource,
     bit_planes,
     ctt_circuit,
     ctt_outcomes,
@@ -36,12 +27,84 @@ from svtagg.mpc.circuits import (
     first_yes_index,
     lane_batches,
 )
-from svtagg.mpc.garble import EvalBackend, GarbleBackend
+
+# HIGH and LOW stay importable from here, where the codes used to be defined.
+from svtagg.mpc.circuits import HIGH as HIGH
+from svtagg.mpc.circuits import LOW as LOW
+from svtagg.mpc.garble import Backend, Bits, EvalBackend, GarbleBackend, Wires
 from svtagg.mpc.ot import KAPPA, IKNPReceiver, IKNPSender, base_ot_receive, base_ot_send
 from svtagg.mpc.ring import RING_BITS, U64
 
 _CHUNK_BITS = 40  # chunk counter width inside the high tweak word
-HIGH, LOW, CLOSE = 0, 1, 2
+
+R = TypeVar("R")
+
+
+@dataclass(frozen=True)
+class ChunkCircuit(Generic[R]):
+    """What the generic chunk flow needs to know about one kind of chunk.
+
+    Each party passes one share vector of k ring elements per entry of `inputs`;
+    they are laid end to end as the circuit's k·len(inputs) lanes. `circuit`
+    returns `outputs` bundles of k wires, which only the evaluator decodes.
+    """
+
+    #: Parameter names of the input vectors, for error messages.
+    inputs: tuple[str, ...]
+    outputs: int
+    #: (backend, garbler bits or None, evaluator-input wires, k) → output bundles.
+    circuit: Callable[[Backend, Bits | None, WireSource, int], tuple[Wires, ...]]
+    #: The evaluator's decoded output bundles → the result.
+    decode: Callable[[list[Bits]], R]
+    #: The result as the evaluator's last message, and back (k given, validated).
+    encode: Callable[[R], bytes]
+    parse: Callable[[bytes, int], R]
+    #: The result of a chunk of no queries (nothing is sent).
+    empty: Callable[[], R]
+
+
+def _encode_index(j: int | None) -> bytes:
+    return (-1 if j is None else j).to_bytes(8, "little", signed=True)
+
+
+def _parse_index(msg: bytes, k: int) -> int | None:
+    if len(msg) != 8:
+        raise ValueError("malformed result message")
+    v = int.from_bytes(msg, "little", signed=True)
+    if not -1 <= v < k:
+        raise ValueError("peer returned an impossible index")
+    return None if v < 0 else v
+
+
+_CODES = tuple(CttCode)  # indexing it is far cheaper than CttCode(v) per query
+
+
+def _parse_outcomes(msg: bytes, k: int) -> list[int]:
+    out = list(msg)
+    if len(out) > k or any(v > CLOSE for v in out) or CLOSE in out[:-1]:
+        raise ValueError("peer returned impossible outcomes")
+    return [_CODES[v] for v in out]
+
+
+FIRST_YES: ChunkCircuit[int | None] = ChunkCircuit(
+    inputs=("z",),
+    outputs=1,
+    circuit=lambda be, a_bits, b, k: (first_yes_circuit(be, a_bits, b, k),),
+    decode=lambda bits: first_yes_index(bits[0]),
+    encode=_encode_index,
+    parse=_parse_index,
+    empty=lambda: None,
+)
+
+COMPARE_TO_THRESHOLDS: ChunkCircuit[list[int]] = ChunkCircuit(
+    inputs=("z_high", "z_low"),
+    outputs=2,
+    circuit=ctt_circuit,
+    decode=lambda bits: ctt_outcomes(*bits),
+    encode=bytes,
+    parse=_parse_outcomes,
+    empty=list,
+)
 
 
 @dataclass
@@ -73,6 +136,18 @@ def _as_ring(z: npt.ArrayLike) -> U64:
 
 
 class _Party:
+    """What both sides share: input checks, chunk counting, costs.
+
+    A `session_id` must be fresh for every garbler/evaluator pair (the servers
+    use their stream id), and both parties must run the same chunks in the same
+    order with the same k: the tweak of half h of the AND gate in lane k of layer
+    L is (L·2^32 + 2k + h, 24-bit session tag ‖ 40-bit chunk counter), which the
+    tweakable hash needs unique across the session (see `garble.py`).
+    """
+
+    #: Tests may set this list to see every batch of input labels.
+    input_labels_log: list[Blocks] | None = None
+
     def __init__(self, channel: Channel, session_id: bytes) -> None:
         if not session_id:
             raise ValueError("session_id must be non-empty and fresh")
@@ -85,6 +160,47 @@ class _Party:
         self.last_stats = RunStats()
         self._ready = False
 
+    async def first_yes(self, z: npt.ArrayLike) -> int | None:
+        """First j with signed(z_L[j] + z_H[j]) ≥ 0, or None, on both sides.
+        Call with this party's share: z_L on the garbler, z_H on the evaluator."""
+        return await self._chunk_flow(FIRST_YES, z)
+
+    async def compare_to_thresholds(self, z_high: npt.ArrayLike, z_low: npt.ArrayLike) -> list[int]:
+        """Outcomes (HIGH, LOW, CLOSE) up to and including the first CLOSE, on
+        both sides; nothing about later queries is revealed. Call with this
+        party's shares."""
+        return await self._chunk_flow(COMPARE_TO_THRESHOLDS, z_high, z_low)
+
+    async def _chunk_flow(self, spec: ChunkCircuit[R], *zs: npt.ArrayLike) -> R:
+        if not self._ready:
+            raise RuntimeError("call setup() first")
+        shares = [_as_ring(z) for z in zs]
+        if any(s.shape != shares[0].shape for s in shares):
+            raise ValueError(f"{' and '.join(spec.inputs)} differ in length")
+        k = shares[0].shape[0]
+        # Counted even for k = 0, which the peer counts too.
+        nonce, tweak_hi = self._next_chunk()
+        if k == 0:
+            return spec.empty()
+        s, r, t = self.channel.bytes_sent, self.channel.bytes_received, time.perf_counter()
+        z = shares[0] if len(shares) == 1 else np.concatenate(shares)
+        result, and_gates = await self._run(spec, z, k, nonce, tweak_hi)
+        self.last_stats = RunStats(
+            comparisons=z.shape[0],
+            and_gates=and_gates,
+            bytes_sent=self.channel.bytes_sent - s,
+            bytes_received=self.channel.bytes_received - r,
+            messages=3,
+            seconds=time.perf_counter() - t,
+        )
+        return result
+
+    async def _run(
+        self, spec: ChunkCircuit[R], z: U64, k: int, nonce: int, tweak_hi: int
+    ) -> tuple[R, int]:
+        """This side's three messages of one chunk: (result, AND gates)."""
+        raise NotImplementedError
+
     def _next_chunk(self) -> tuple[int, int]:
         """(OT nonce, high tweak word) of the next chunk; both parties count alike."""
         c = self._chunk
@@ -93,42 +209,34 @@ class _Party:
         self._chunk += 1
         return c, (self._tag << _CHUNK_BITS) | c
 
-    def _require_setup(self) -> None:
-        if not self._ready:
-            raise RuntimeError("call setup() first")
+    def _input_wires(self, labels: Iterator[Blocks]) -> WireSource:
+        """The evaluator-input wires, one OT-extension batch per lane batch."""
+        log = self.input_labels_log
 
-    def _start(self) -> tuple[int, int, float]:
-        return self.channel.bytes_sent, self.channel.bytes_received, time.perf_counter()
+        def source(lo: int, hi: int) -> Blocks:
+            batch = next(labels)
+            if log is not None:
+                log.append(batch.copy())
+            return batch.reshape(RING_BITS, hi - lo, 2)
 
-    def _finish(
-        self, start: tuple[int, int, float], comparisons: int, gates: int, msgs: int
-    ) -> None:
-        s, r, t = start
-        self.last_stats = RunStats(
-            comparisons=comparisons,
-            and_gates=gates,
-            bytes_sent=self.channel.bytes_sent - s,
-            bytes_received=self.channel.bytes_received - r,
-            messages=msgs,
-            seconds=time.perf_counter() - t,
-        )
+        return source
 
 
-def _decode_index(msg: bytes, k: int) -> int | None:
-    if len(msg) != 8:
-        raise ValueError("malformed result message")
-    v = int.from_bytes(msg, "little", signed=True)
-    if not -1 <= v < k:
-        raise ValueError("peer returned an impossible index")
-    return None if v < 0 else v
+def _ot_widths(lanes: int) -> list[int]:
+    """Bytes of packed choice bits per lane batch (64 bits per lane)."""
+    return [8 * (hi - lo) for lo, hi in lane_batches(lanes)]
 
 
 class ComparisonGarbler(_Party):
-    """The leader's side: garbles, holds Δ and the first share of every input."""
+    """The leader's side: garbles, holds Δ and the first share of every input.
 
-    #: Tests may set these lists to see every tweak / the input 0-labels.
+    Its inputs need no labels: they enter the circuit as free XORs with
+    constants it knows, so they never leave it.
+    """
+
+    #: Tests may set this list to see every tweak.
     tweak_log: list[Blocks] | None = None
-    input_labels_log: list[Blocks] | None = None
+    _tables: Blocks | None = None  # reused across chunks: fresh pages cost page faults
 
     async def setup(self) -> None:
         """Base OTs (the garbler is the base-OT receiver with choice string s = Δ)."""
@@ -139,80 +247,31 @@ class ComparisonGarbler(_Party):
         self.delta = self._iknp.delta
         self._ready = True
 
-    def _backend(self, lanes: int, u: bytes, tweak_hi: int, nonce: int) -> GarbleBackend:
-        widths = [8 * (hi - lo) for lo, hi in lane_batches(lanes)]
-        q = self._iknp.labels(u, widths, nonce)
-        log = self.input_labels_log
-
-        def source(lo: int, hi: int) -> Blocks:
-            labels = next(q)
-            if log is not None:
-                log.append(labels.copy())
-            return labels.reshape(RING_BITS, hi - lo, 2)
-
-        self._source = source
+    async def _run(
+        self, spec: ChunkCircuit[R], z: U64, k: int, nonce: int, tweak_hi: int
+    ) -> tuple[R, int]:
+        """Receive the IKNP matrix u (16 bytes per evaluator input bit), garble,
+        send all tables + output-decoding bits, receive the decoded result."""
+        a_bits = bit_planes(z)
+        lanes = z.shape[0]
+        q = self._iknp.labels(await self.channel.recv(), _ot_widths(lanes), nonce)
         # 125 ciphertexts per comparison plus < 6 per lane for the chunk logic.
         be = GarbleBackend(
-            self.delta,
-            self.hasher,
-            tweak_hi,
-            131 * lanes + 64,
-            getattr(self, "_tables", None),
-            self._workspace,
+            self.delta, self.hasher, tweak_hi, 131 * lanes + 64, self._tables, self._workspace
         )
         self._tables = be.buffer
         be.tweak_log = self.tweak_log
-        return be
-
-    async def first_yes(self, z: npt.ArrayLike) -> int | None:
-        """First j with signed(z_L[j] + z_H[j]) ≥ 0, or None. Call with z_L."""
-        self._require_setup()
-        z_l = _as_ring(z)
-        k = z_l.shape[0]
-        nonce, hi = self._next_chunk()
-        if k == 0:
-            return None
-        start = self._start()
-        be = self._backend(k, await self.channel.recv(), hi, nonce)
-        f0 = first_yes_circuit(be, bit_planes(z_l), self._source, k)
-        dec = np.packbits(be.decoding(f0), bitorder="little")
+        outs = spec.circuit(be, a_bits, self._input_wires(q), k)
+        dec = np.packbits(np.concatenate([be.decoding(w) for w in outs]), bitorder="little")
         await self.channel.send(be.message(dec))
-        result = _decode_index(await self.channel.recv(), k)
-        self._finish(start, k, be.and_gates, 3)
-        return result
-
-    async def compare_to_thresholds(self, z_high: npt.ArrayLike, z_low: npt.ArrayLike) -> list[int]:
-        """Outcomes (0 HIGH, 1 LOW, 2 CLOSE) up to and including the first CLOSE.
-
-        Call with the leader's shares; nothing about later queries is revealed."""
-        self._require_setup()
-        zh, zl = _as_ring(z_high), _as_ring(z_low)
-        if zh.shape != zl.shape:
-            raise ValueError("z_high and z_low differ in length")
-        k = zh.shape[0]
-        nonce, hi = self._next_chunk()
-        if k == 0:
-            return []
-        start = self._start()
-        a_bits = bit_planes(np.concatenate([zh, zl]))
-        be = self._backend(2 * k, await self.channel.recv(), hi, nonce)
-        m0, f0 = ctt_circuit(be, a_bits, self._source, k)
-        dec = np.packbits(np.concatenate([be.decoding(m0), be.decoding(f0)]), bitorder="little")
-        await self.channel.send(be.message(dec))
-        msg = await self.channel.recv()
-        out = list(msg)
-        if len(out) > k or any(v > CLOSE for v in out) or CLOSE in out[:-1]:
-            raise ValueError("peer returned impossible outcomes")
-        self._finish(start, 2 * k, be.and_gates, 3)
-        return out
+        return spec.parse(await self.channel.recv(), k), be.and_gates
 
 
 class ComparisonEvaluator(_Party):
     """The helper's side: obtains its input labels by OT and evaluates."""
 
-    #: Tests may set these lists to see the evaluator's whole view.
+    #: Tests may set this list to see every label the evaluator computes.
     label_log: list[Blocks] | None = None
-    input_labels_log: list[Blocks] | None = None
 
     async def setup(self) -> None:
         """Base OTs (the evaluator is the base-OT sender)."""
@@ -220,79 +279,31 @@ class ComparisonEvaluator(_Party):
         self._iknp = IKNPReceiver(keys)
         self._ready = True
 
-    async def _send_inputs(self, b: U64, nonce: int) -> None:
-        """OT extension message for the evaluator's input bits, lane batch by batch
-        (OT position order inside a batch: bit-plane major)."""
+    async def _run(
+        self, spec: ChunkCircuit[R], z: U64, k: int, nonce: int, tweak_hi: int
+    ) -> tuple[R, int]:
+        """Send the OT extension message for this side's input bits, receive the
+        tables, evaluate, decode, send the result back."""
+        lanes = z.shape[0]
+        # OT positions inside a lane batch are bit-plane major, as the wires are.
         choices = [
-            np.packbits(bit_planes(b[lo:hi]).reshape(-1), bitorder="little")
-            for lo, hi in lane_batches(b.shape[0])
+            np.packbits(bit_planes(z[lo:hi]).reshape(-1), bitorder="little")
+            for lo, hi in lane_batches(lanes)
         ]
         await self.channel.send(self._iknp.u_message(choices, nonce))
-
-    def _backend(self, tables: memoryview, lanes: int, tweak_hi: int, nonce: int) -> EvalBackend:
-        widths = [8 * (hi - lo) for lo, hi in lane_batches(lanes)]
-        t = self._iknp.labels(widths, nonce)
-        log = self.input_labels_log
-
-        def source(lo: int, hi: int) -> Blocks:
-            labels = next(t)
-            if log is not None:
-                log.append(labels.copy())
-            return labels.reshape(RING_BITS, hi - lo, 2)
-
-        self._source = source
-        be = EvalBackend(self.hasher, tweak_hi, tables, self._workspace)
+        msg = memoryview(await self.channel.recv())
+        nd = (spec.outputs * k + 7) // 8
+        if len(msg) < nd or (len(msg) - nd) % 16:
+            raise ValueError("malformed garbled-circuit message")
+        be = EvalBackend(self.hasher, tweak_hi, msg[: len(msg) - nd], self._workspace)
         be.label_log = self.label_log
-        return be
-
-    async def first_yes(self, z: npt.ArrayLike) -> int | None:
-        """Same result as the garbler's call. Call with z_H."""
-        self._require_setup()
-        z_h = _as_ring(z)
-        k = z_h.shape[0]
-        nonce, hi = self._next_chunk()
-        if k == 0:
-            return None
-        start = self._start()
-        await self._send_inputs(z_h, nonce)
-        msg = memoryview(await self.channel.recv())
-        nd = (k + 7) // 8
-        if len(msg) < nd or (len(msg) - nd) % 16:
-            raise ValueError("malformed garbled-circuit message")
-        be = self._backend(msg[: len(msg) - nd], k, hi, nonce)
-        f = first_yes_circuit(be, None, self._source, k)
-        be.done()
-        dec = np.unpackbits(np.frombuffer(msg[len(msg) - nd :], np.uint8), bitorder="little")[:k]
-        result = first_yes_index(be.decode(f, dec))
-        code = -1 if result is None else result
-        await self.channel.send(code.to_bytes(8, "little", signed=True))
-        self._finish(start, k, be.and_gates, 3)
-        return result
-
-    async def compare_to_thresholds(self, z_high: npt.ArrayLike, z_low: npt.ArrayLike) -> list[int]:
-        """Same outcomes as the garbler's call. Call with the helper's shares."""
-        self._require_setup()
-        zh, zl = _as_ring(z_high), _as_ring(z_low)
-        if zh.shape != zl.shape:
-            raise ValueError("z_high and z_low differ in length")
-        k = zh.shape[0]
-        nonce, hi = self._next_chunk()
-        if k == 0:
-            return []
-        start = self._start()
-        await self._send_inputs(np.concatenate([zh, zl]), nonce)
-        msg = memoryview(await self.channel.recv())
-        nd = (2 * k + 7) // 8
-        if len(msg) < nd or (len(msg) - nd) % 16:
-            raise ValueError("malformed garbled-circuit message")
-        be = self._backend(msg[: len(msg) - nd], 2 * k, hi, nonce)
-        m, f = ctt_circuit(be, None, self._source, k)
+        t = self._iknp.labels(_ot_widths(lanes), nonce)
+        outs = spec.circuit(be, None, self._input_wires(t), k)
         be.done()
         dec = np.unpackbits(np.frombuffer(msg[len(msg) - nd :], np.uint8), bitorder="little")
-        out = ctt_outcomes(be.decode(m, dec[:k]), be.decode(f, dec[k : 2 * k]))
-        await self.channel.send(bytes(out))
-        self._finish(start, 2 * k, be.and_gates, 3)
-        return out
+        result = spec.decode([be.decode(w, dec[i * k : (i + 1) * k]) for i, w in enumerate(outs)])
+        await self.channel.send(spec.encode(result))
+        return result, be.and_gates
 
 
 async def connected_pair(

@@ -14,7 +14,6 @@ import numpy as np
 import numpy.typing as npt
 
 RING_BITS = 64
-RING_MODULUS = 1 << RING_BITS
 #: Largest magnitude a signed value may have for its sign to survive the ring.
 SIGNED_LIMIT = 1 << (RING_BITS - 1)
 DEFAULT_FRAC_BITS = 16
@@ -93,7 +92,4 @@ def can_wrap(
     n_max: int, frac_bits: int, tau_bound: int, noise_bound_per_party: int, parties: int = 2
 ) -> bool:
     """True if z_L + z_H could leave (-2^63, 2^63), i.e. a comparison could be wrong."""
-    return (
-        wrap_bound(n_max, frac_bits, tau_bound, noise_bound_per_party, parties)
-        >= SIGNED_LIMIT
-    )
+    return wrap_bound(n_max, frac_bits, tau_bound, noise_bound_per_party, parties) >= SIGNED_LIMIT

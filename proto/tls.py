@@ -36,6 +36,8 @@ def server_name(role: str) -> str:
 def tls_target(role: str) -> list[tuple[str, str]]:
     """Channel options that make a TLS channel accept only `role`'s certificate."""
     return [("grpc.ssl_target_name_override", server_name(role))]
+
+
 DEFAULT_HOSTS = ("localhost", "127.0.0.1", "::1")
 _VALIDITY = dt.timedelta(days=365)
 

@@ -42,7 +42,8 @@ class _Registrar:
     def add_registered_method_handlers(self, service: str, handlers: dict[str, Any]) -> None:
         rewritten = {
             name: h._replace(request_deserializer=_tolerant(h.request_deserializer))
-            if not h.request_streaming and h.request_deserializer is not None else h
+            if not h.request_streaming and h.request_deserializer is not None
+            else h
             for name, h in handlers.items()
         }
         self.server.add_generic_rpc_handlers(

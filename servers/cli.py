@@ -27,23 +27,35 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     p.add_argument("--port-file", help="write the bound port here once serving")
     p.add_argument("--grace", type=float, default=5.0, help="shutdown grace period (s)")
-    p.add_argument("--rate-limit", type=float, default=1000.0,
-                   help="requests/s per caller certificate (0: no limit; the leader is exempt)")
+    p.add_argument(
+        "--rate-limit",
+        type=float,
+        default=1000.0,
+        help="requests/s per caller certificate (0: no limit; the leader is exempt)",
+    )
     p.add_argument("--rate-burst", type=float, default=2000.0, help="token-bucket burst size")
     p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ...")
-    p.add_argument("--max-epsilon-total", default=None,
-                   help="refuse tasks whose total ε exceeds this (the operator's policy; "
-                        "without it the analyst chooses the budget)")
-    p.add_argument("--max-delta-total", default=None,
-                   help="refuse tasks whose total δ exceeds this")
-    p.add_argument("--require-validation", action="store_true",
-                   help="refuse tasks that do not range-check their reports (validate_reports)")
+    p.add_argument(
+        "--max-epsilon-total",
+        default=None,
+        help="refuse tasks whose total ε exceeds this (the operator's policy; "
+        "without it the analyst chooses the budget)",
+    )
+    p.add_argument(
+        "--max-delta-total", default=None, help="refuse tasks whose total δ exceeds this"
+    )
+    p.add_argument(
+        "--require-validation",
+        action="store_true",
+        help="refuse tasks that do not range-check their reports (validate_reports)",
+    )
     p.set_defaults(handler=run_server)
 
     c = sub.add_parser("certs", help="make a local CA and the certificates of a deployment")
     c.add_argument("--out", required=True, help="output directory")
     c.add_argument(
-        "--hosts", default=",".join(DEFAULT_HOSTS),
+        "--hosts",
+        default=",".join(DEFAULT_HOSTS),
         help="comma-separated DNS names / IPs the servers answer on",
     )
     c.set_defaults(handler=run_certs)

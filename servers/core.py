@@ -44,7 +44,6 @@ if TYPE_CHECKING:
     from svtagg.mpc.channel import Channel
 
 
-
 class ComparisonParty(Protocol):
     """One side of the two-party comparison protocol (svtagg.mpc.protocol)."""
 
@@ -184,8 +183,10 @@ class ServerCore:
         """Sum of this server's shares: explicit vectors (leader) or expanded seeds (helper)."""
         if self.role == Role.LEADER:
             blob = b"".join(shares)
-            return np.frombuffer(blob, dtype="<u8").reshape(len(shares), d).sum(
-                axis=0, dtype=np.uint64
+            return (
+                np.frombuffer(blob, dtype="<u8")
+                .reshape(len(shares), d)
+                .sum(axis=0, dtype=np.uint64)
             )
         total = np.zeros(d, dtype=np.uint64)
         for seed in shares:
@@ -215,8 +216,10 @@ class ServerCore:
             low = ~x  # −x − 1
             high = x - np.uint64(sensitivity(task.params.frac_bits) + 1)
         else:
-            x = np.stack([expand_seed(seed, d) for seed in shares]) if shares else np.zeros(
-                (0, d), dtype=np.uint64
+            x = (
+                np.stack([expand_seed(seed, d) for seed in shares])
+                if shares
+                else np.zeros((0, d), dtype=np.uint64)
             )
             low = ~x + np.uint64(1)  # −x
             high = x
@@ -224,7 +227,12 @@ class ServerCore:
 
     # ------------------------------------------------------------ streams
     def open_stream(
-        self, stream_id: str, task_id: str, kind: str | StreamKind, epsilon: str, delta: str,
+        self,
+        stream_id: str,
+        task_id: str,
+        kind: str | StreamKind,
+        epsilon: str,
+        delta: str,
         open_now: bool = True,
     ) -> StreamState:
         """Validate, charge the ledger durably, then draw this server's γ.  With
@@ -267,8 +275,11 @@ class ServerCore:
         """q(S) on this server's share: S[j], or for a complement n·2^F − S[j] (leader)
         and −S[j] (helper), so that the two shares add up to n·2^F − S_j."""
         sums = self.store.sums(task.params.task_id)[chunk.index]
-        full = np.uint64(task.n * sensitivity(task.params.frac_bits)) if self.role == Role.LEADER \
+        full = (
+            np.uint64(task.n * sensitivity(task.params.frac_bits))
+            if self.role == Role.LEADER
             else np.uint64(0)
+        )
         return np.where(chunk.complement, full - sums, sums).astype(np.uint64)
 
     def _noise(self, stream: StreamState, task: TaskState, k: int) -> U64:

@@ -13,12 +13,12 @@ import signal
 
 #: The points the server passes, in order of a request's life.
 POINTS = (
-    "upload.mid_store",     # inside the batch's transaction: shares appended, not committed
-    "upload.after_store",   # a batch is committed, the answer not yet sent
-    "open.after_charge",    # the ledger charge is committed, γ not yet drawn
-    "open.before_helper",   # the leader has charged and drawn γ_L, the helper not yet
-    "chunk.after_mark",     # the in_chunk mark is committed, the circuit not yet run
-    "chunk.after_result",   # the circuit ran (e.g. a YES), its result not yet recorded
+    "upload.mid_store",  # inside the batch's transaction: shares appended, not committed
+    "upload.after_store",  # a batch is committed, the answer not yet sent
+    "open.after_charge",  # the ledger charge is committed, γ not yet drawn
+    "open.before_helper",  # the leader has charged and drawn γ_L, the helper not yet
+    "chunk.after_mark",  # the in_chunk mark is committed, the circuit not yet run
+    "chunk.after_result",  # the circuit ran (e.g. a YES), its result not yet recorded
 )
 
 _passes: dict[str, int] = {}

@@ -75,7 +75,10 @@ class HelperDriver:
 
     async def PrepareStream(self, request: pb.PrepareStreamRequest) -> pb.StreamInfo:
         state = self.core.open_stream(
-            request.stream_id, request.task_id, kind_from_pb(request.kind), request.epsilon,
+            request.stream_id,
+            request.task_id,
+            kind_from_pb(request.kind),
+            request.epsilon,
             request.delta,
         )
         return stream_info(state)

@@ -97,7 +97,8 @@ class LeaderDriver:
             mine = task.budget
             replayed = 0
             if (helper.epsilon_spent, helper.delta_spent) != (
-                str(mine.epsilon_spent), str(mine.delta_spent)
+                str(mine.epsilon_spent),
+                str(mine.delta_spent),
             ):
                 failed = self.core.store.stream_ids(task_id, FAILED)
             else:
@@ -106,8 +107,11 @@ class LeaderDriver:
                 replayed += await self._fail_or_replay(self.core.store.stream(sid))
             self._recovered.pop(task_id, None)
             if replayed:
-                log.info("task %s: ledgers reconciled, %d charge(s) replayed on the helper",
-                         task_id, replayed)
+                log.info(
+                    "task %s: ledgers reconciled, %d charge(s) replayed on the helper",
+                    task_id,
+                    replayed,
+                )
             self._unsynced.discard(task_id)
             return replayed
 
@@ -118,10 +122,16 @@ class LeaderDriver:
             return 0
         except NotFound:
             pass
-        await self._call(PeerMethod.PREPARE_STREAM, pb.PrepareStreamRequest(
-            stream_id=s.stream_id, task_id=s.task_id, kind=KIND_TO_PB[s.kind],
-            epsilon=str(s.epsilon), delta=str(s.delta) if s.delta else "",
-        ))
+        await self._call(
+            PeerMethod.PREPARE_STREAM,
+            pb.PrepareStreamRequest(
+                stream_id=s.stream_id,
+                task_id=s.task_id,
+                kind=KIND_TO_PB[s.kind],
+                epsilon=str(s.epsilon),
+                delta=str(s.delta) if s.delta else "",
+            ),
+        )
         await self._call(PeerMethod.FAIL_STREAM, ref)
         return 1
 
@@ -189,8 +199,9 @@ class LeaderDriver:
             invalid = await self._validate_reports(task)
             if invalid:
                 task, helper = await self._drop(task_id, invalid, invalid)
-                log.info("task %s: dropped %d reports with values out of range",
-                         task_id, len(invalid))
+                log.info(
+                    "task %s: dropped %d reports with values out of range", task_id, len(invalid)
+                )
                 if (helper.n, helper.report_digest) != (task.n, task.digest):
                     raise FailedPrecondition("servers disagree after validation; close again")
         await self._call(
@@ -251,15 +262,23 @@ class LeaderDriver:
         # The leader's stream stays `opening` (failed closed on a restart) until the
         # helper has charged too, so a crash between the two charges is reconciled.
         self.core.open_stream(
-            stream_id, request.task_id, kind, request.epsilon, request.delta, open_now=False,
+            stream_id,
+            request.task_id,
+            kind,
+            request.epsilon,
+            request.delta,
+            open_now=False,
         )
         crash_point("open.before_helper")
         try:
             await self._call(
                 PeerMethod.PREPARE_STREAM,
                 pb.PrepareStreamRequest(
-                    stream_id=stream_id, task_id=request.task_id, kind=request.kind,
-                    epsilon=request.epsilon, delta=request.delta,
+                    stream_id=stream_id,
+                    task_id=request.task_id,
+                    kind=request.kind,
+                    epsilon=request.epsilon,
+                    delta=request.delta,
                 ),
             )
         except BaseException:
@@ -337,7 +356,9 @@ class LeaderDriver:
         on both servers; nothing is refunded."""
         sid, next_chunk = stream.stream_id, stream.chunks + 1
         header = pb.ChunkHeader(
-            stream_id=sid, chunk_no=next_chunk, compare=compare,
+            stream_id=sid,
+            chunk_no=next_chunk,
+            compare=compare,
             queries=pb.Queries(
                 index=chunk.index.tolist(),
                 complement=chunk.complement.tolist() if chunk.complement.any() else [],

@@ -13,16 +13,23 @@ def task_info(t: TaskState) -> pb.TaskInfo:
     p = t.params
     return pb.TaskInfo(
         spec=pb.TaskSpec(
-            task_id=p.task_id, d=p.d, frac_bits=p.frac_bits, n_max=p.n_max,
-            min_batch=p.min_batch, epsilon_total=str(p.epsilon_total),
-            delta_total=str(p.delta_total), epsilon_min=str(p.epsilon_min),
+            task_id=p.task_id,
+            d=p.d,
+            frac_bits=p.frac_bits,
+            n_max=p.n_max,
+            min_batch=p.min_batch,
+            epsilon_total=str(p.epsilon_total),
+            delta_total=str(p.delta_total),
+            epsilon_min=str(p.epsilon_min),
             validate_reports=p.validate_reports,
         ),
         n=t.n,
         collection_open=t.collection_open,
         budget=pb.BudgetStatus(
-            epsilon_total=str(t.budget.epsilon_total), delta_total=str(t.budget.delta_total),
-            epsilon_spent=str(t.budget.epsilon_spent), delta_spent=str(t.budget.delta_spent),
+            epsilon_total=str(t.budget.epsilon_total),
+            delta_total=str(t.budget.delta_total),
+            epsilon_spent=str(t.budget.epsilon_spent),
+            delta_spent=str(t.budget.delta_spent),
         ),
         streams=t.streams,
         agreed=t.agreed,
@@ -31,16 +38,27 @@ def task_info(t: TaskState) -> pb.TaskInfo:
 
 def stream_info(s: StreamState) -> pb.StreamInfo:
     return pb.StreamInfo(
-        stream_id=s.stream_id, task_id=s.task_id, kind=KIND_TO_PB[s.kind],
-        epsilon=str(s.epsilon), delta=str(s.delta), closed=s.state != OPEN,
+        stream_id=s.stream_id,
+        task_id=s.task_id,
+        kind=KIND_TO_PB[s.kind],
+        epsilon=str(s.epsilon),
+        delta=str(s.delta),
+        closed=s.state != OPEN,
         queries_answered=s.queries,
     )
 
 
 def spec_params(spec: pb.TaskSpec) -> TaskParams:
     return parse_task_params(
-        spec.task_id, spec.d, spec.frac_bits, spec.n_max, spec.min_batch,
-        spec.epsilon_total, spec.delta_total, spec.epsilon_min, spec.validate_reports,
+        spec.task_id,
+        spec.d,
+        spec.frac_bits,
+        spec.n_max,
+        spec.min_batch,
+        spec.epsilon_total,
+        spec.delta_total,
+        spec.epsilon_min,
+        spec.validate_reports,
     )
 
 

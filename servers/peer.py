@@ -29,13 +29,17 @@ class GrpcHelperPort:
         creds = grpc.ssl_channel_credentials(identity.ca, identity.key, identity.cert)
         # Reconnect quickly after a helper restart; calls wait for the connection
         # (wait_for_ready) up to their deadline instead of failing at once.
-        self.channel = grpc.aio.secure_channel(address, creds, options=[
-            *CHANNEL_OPTIONS,
-            ("grpc.initial_reconnect_backoff_ms", 100),
-            ("grpc.min_reconnect_backoff_ms", 100),
-            ("grpc.max_reconnect_backoff_ms", 2000),
-            *tls_target(Role.HELPER),
-        ])
+        self.channel = grpc.aio.secure_channel(
+            address,
+            creds,
+            options=[
+                *CHANNEL_OPTIONS,
+                ("grpc.initial_reconnect_backoff_ms", 100),
+                ("grpc.min_reconnect_backoff_ms", 100),
+                ("grpc.max_reconnect_backoff_ms", 2000),
+                *tls_target(Role.HELPER),
+            ],
+        )
         self.stub = pb_grpc.PeerStub(self.channel)
 
     async def call(self, method: PeerMethod, request: Any, timeout: float | None = None) -> Any:

@@ -78,8 +78,10 @@ def rpc(*roles: str) -> Callable[[F], F]:
                 limiter: RateLimiter | None = getattr(self, "limiter", None)
                 # The leader (the only holder of the leader certificate) drives the
                 # helper at protocol speed; every other caller is rate limited.
-                if limiter is not None and caller != Role.LEADER and not limiter.allow(
-                    caller_identity(context)
+                if (
+                    limiter is not None
+                    and caller != Role.LEADER
+                    and not limiter.allow(caller_identity(context))
                 ):
                     raise RateLimited(
                         f"rate limit: at most {limiter.rate:g} requests/s "
@@ -344,7 +346,9 @@ class SvtaggServer:
             self._warm = asyncio.ensure_future(self.analyst.driver.pool.warm())
         log.info(
             "%s listening on port %d (failed closed on recovery: %d streams)",
-            self.config.role, self.port, self.store.failed_on_recovery,
+            self.config.role,
+            self.port,
+            self.store.failed_on_recovery,
         )
 
     async def stop(self, grace: float = 5.0) -> None:

@@ -71,6 +71,7 @@ CREATE TABLE IF NOT EXISTS streams (
 );
 """
 
+
 #: Stream states.  Only `open` answers; `closed` and `failed` are final.
 class StreamStatus(StrEnum):
     """Life of a stream in a store (the strings are what the database holds)."""
@@ -147,7 +148,8 @@ class Store:
         """Fail closed every stream that was opening or mid-chunk at the last stop."""
         with self._tx():
             self.recovered_failed = [
-                (r[0], r[1]) for r in self._db.execute(
+                (r[0], r[1])
+                for r in self._db.execute(
                     "SELECT stream_id, task_id FROM streams WHERE state IN (?, ?)",
                     (OPENING, IN_CHUNK),
                 )
@@ -170,9 +172,17 @@ class Store:
                 " delta_total, epsilon_min, digest, sums, validate_reports)"
                 " VALUES (?,?,?,?,?,?,?,?,?,?,?)",
                 (
-                    p.task_id, p.d, p.frac_bits, p.n_max, p.min_batch, str(p.epsilon_total),
-                    str(p.delta_total), str(p.epsilon_min), bytes(DIGEST_BYTES),
-                    np.zeros(p.d, dtype=np.uint64).tobytes(), int(p.validate_reports),
+                    p.task_id,
+                    p.d,
+                    p.frac_bits,
+                    p.n_max,
+                    p.min_batch,
+                    str(p.epsilon_total),
+                    str(p.delta_total),
+                    str(p.epsilon_min),
+                    bytes(DIGEST_BYTES),
+                    np.zeros(p.d, dtype=np.uint64).tobytes(),
+                    int(p.validate_reports),
                 ),
             )
         return self.task(p.task_id)
@@ -188,11 +198,19 @@ class Store:
         if row is None:
             raise NotFound(f"unknown task {task_id!r}")
         params = TaskParams(
-            row[0], row[1], row[2], row[3], row[4], Fraction(row[5]), Fraction(row[6]),
-            Fraction(row[7]), bool(row[15]),
+            row[0],
+            row[1],
+            row[2],
+            row[3],
+            row[4],
+            Fraction(row[5]),
+            Fraction(row[6]),
+            Fraction(row[7]),
+            bool(row[15]),
         )
-        budget = Budget(params.epsilon_total, params.delta_total, Fraction(row[10]),
-                        Fraction(row[11]))
+        budget = Budget(
+            params.epsilon_total, params.delta_total, Fraction(row[10]), Fraction(row[11])
+        )
         return TaskState(
             params, row[8], bool(row[9]), budget, bytes(row[12]), row[13], bool(row[14])
         )
@@ -246,10 +264,15 @@ class Store:
             if share_sum.shape != (d,):
                 raise InvalidArgument(f"share sum has length {share_sum.size}, task has d={d}")
             placeholders = ",".join("?" * len(report_ids))
-            seen = self._db.execute(
-                f"SELECT COUNT(*) FROM reports WHERE task_id=? AND report_id IN ({placeholders})",
-                (task_id, *report_ids),
-            ).fetchone()[0] if len(report_ids) < 30_000 else 0
+            seen = (
+                self._db.execute(
+                    "SELECT COUNT(*) FROM reports WHERE task_id=? "
+                    f"AND report_id IN ({placeholders})",
+                    (task_id, *report_ids),
+                ).fetchone()[0]
+                if len(report_ids) < 30_000
+                else 0
+            )
             if seen:
                 raise AlreadyExists(
                     f"{seen} report id(s) of this batch were already uploaded (replay); "
@@ -339,8 +362,12 @@ class Store:
                 )
                 self._db.execute(
                     "UPDATE tasks SET n=n-?, sums=?, digest=? WHERE task_id=?",
-                    (len(present), sums.tobytes(), _xor(task.digest, report_digest(present)),
-                     task_id),
+                    (
+                        len(present),
+                        sums.tobytes(),
+                        _xor(task.digest, report_digest(present)),
+                        task_id,
+                    ),
                 )
         return self.task(task_id)
 
@@ -369,8 +396,10 @@ class Store:
             if self._db.execute("SELECT 1 FROM streams WHERE stream_id=?", (stream_id,)).fetchone():
                 raise AlreadyExists(f"stream {stream_id!r} already exists")
             ledger = Ledger(
-                state.budget.epsilon_total, state.budget.delta_total,
-                state.budget.epsilon_spent, state.budget.delta_spent,
+                state.budget.epsilon_total,
+                state.budget.delta_total,
+                state.budget.epsilon_spent,
+                state.budget.delta_spent,
             )
             ledger.charge(epsilon, delta_charge)  # raises BudgetExhausted
             after = ledger.budget()
@@ -429,8 +458,15 @@ class Store:
         if row is None:
             raise NotFound(f"unknown stream {stream_id!r}")
         return StreamState(
-            row[0], row[1], StreamKind(row[2]), Fraction(row[3]), Fraction(row[4]),
-            None if row[5] is None else int(row[5]), row[6], row[7], row[8],
+            row[0],
+            row[1],
+            StreamKind(row[2]),
+            Fraction(row[3]),
+            Fraction(row[4]),
+            None if row[5] is None else int(row[5]),
+            row[6],
+            row[7],
+            row[8],
         )
 
     def begin_chunk(self, stream_id: str, chunk_no: int | None = None) -> int:

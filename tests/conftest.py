@@ -55,15 +55,21 @@ class Deployment:
         party = party or engine()
         helper_listen = f"127.0.0.1:{self.helper_port}"
         self.helper = SvtaggServer(
-            ServerConfig("helper", str(self.root / "helper.sqlite"), self.identity("helper"),
-                         helper_listen),
+            ServerConfig(
+                "helper", str(self.root / "helper.sqlite"), self.identity("helper"), helper_listen
+            ),
             party,
         )
         await self.helper.start()
         self.helper_port = self.helper.port
         self.leader = SvtaggServer(
-            ServerConfig("leader", str(self.root / "leader.sqlite"), self.identity("leader"),
-                         f"127.0.0.1:{self.leader_port}", helper_address=self.helper_addr),
+            ServerConfig(
+                "leader",
+                str(self.root / "leader.sqlite"),
+                self.identity("leader"),
+                f"127.0.0.1:{self.leader_port}",
+                helper_address=self.helper_addr,
+            ),
             party,
         )
         await self.leader.start()
@@ -90,7 +96,8 @@ class Deployment:
         ident = self.identity(role)
         creds = grpc.ssl_channel_credentials(ident.ca, ident.key, ident.cert)
         return pb_grpc.AnalystStub(
-            grpc.secure_channel(self.leader_addr, creds, options=tls_target("leader")))
+            grpc.secure_channel(self.leader_addr, creds, options=tls_target("leader"))
+        )
 
     def oracle(self, task_id: str) -> Any:
         from svtagg.analyst.remote_oracle import RemoteOracle
@@ -128,8 +135,14 @@ def make_task(
 
     return stub.CreateTask(
         pb.TaskSpec(
-            task_id=task_id, d=d, frac_bits=frac_bits, n_max=n_max, min_batch=min_batch,
-            epsilon_total=eps_total, delta_total=delta_total, epsilon_min=eps_min,
+            task_id=task_id,
+            d=d,
+            frac_bits=frac_bits,
+            n_max=n_max,
+            min_batch=min_batch,
+            epsilon_total=eps_total,
+            delta_total=delta_total,
+            epsilon_min=eps_min,
         ),
         timeout=10,
     )
@@ -153,7 +166,9 @@ class ProcessDeployment:
     """Leader + helper processes with run-time crash arming and store views."""
 
     def __init__(
-        self, root: Path, server_args: list[str] | None = None,
+        self,
+        root: Path,
+        server_args: list[str] | None = None,
         env: dict[str, str] | None = None,
     ) -> None:
         from svtagg.deploy.launch import LocalDeployment
@@ -166,8 +181,7 @@ class ProcessDeployment:
 
     def start_role(self, role: str) -> None:
         self.control[role].write_text("")
-        self.dep.start_role(
-            role, env={**self.env, "SVTAGG_CRASH_CONTROL": str(self.control[role])})
+        self.dep.start_role(role, env={**self.env, "SVTAGG_CRASH_CONTROL": str(self.control[role])})
 
     def start(self) -> ProcessDeployment:
         self.start_role("helper")
@@ -208,8 +222,9 @@ class ProcessDeployment:
 
         ident = self.identity(role)
         creds = grpc.ssl_channel_credentials(ident.ca, ident.key, ident.cert)
-        return grpc.secure_channel(self.address(server), creds,
-                                   options=[*OPTIONS, *tls_target(server)])
+        return grpc.secure_channel(
+            self.address(server), creds, options=[*OPTIONS, *tls_target(server)]
+        )
 
     def stub(self, role: str = "analyst", service: str = "Analyst", server: str = "leader") -> Any:
         from svtagg.proto import health_pb2_grpc

@@ -32,17 +32,25 @@ Code = grpc.StatusCode
 D, F = 5, 20
 
 ANALYST_RPCS = {
-    "CreateTask": pb.TaskSpec(task_id="x"), "DescribeTask": pb.TaskRef(task_id="t"),
-    "ListTasks": pb.Empty(), "CloseCollection": pb.TaskRef(task_id="t"),
-    "OpenStream": pb.OpenStreamRequest(task_id="t"), "Ask": pb.AskRequest(stream_id="s"),
-    "Compare": pb.CompareRequest(stream_id="s"), "Budget": pb.TaskRef(task_id="t"),
+    "CreateTask": pb.TaskSpec(task_id="x"),
+    "DescribeTask": pb.TaskRef(task_id="t"),
+    "ListTasks": pb.Empty(),
+    "CloseCollection": pb.TaskRef(task_id="t"),
+    "OpenStream": pb.OpenStreamRequest(task_id="t"),
+    "Ask": pb.AskRequest(stream_id="s"),
+    "Compare": pb.CompareRequest(stream_id="s"),
+    "Budget": pb.TaskRef(task_id="t"),
 }
 PEER_RPCS = {
-    "CreateTask": pb.TaskSpec(task_id="x"), "Digest": pb.TaskRef(task_id="t"),
-    "CloseCollection": pb.TaskRef(task_id="t"), "ListReports": pb.TaskRef(task_id="t"),
-    "DropReports": pb.ReportIds(task_id="t"), "MarkAgreed": pb.CollectionDigest(task_id="t"),
+    "CreateTask": pb.TaskSpec(task_id="x"),
+    "Digest": pb.TaskRef(task_id="t"),
+    "CloseCollection": pb.TaskRef(task_id="t"),
+    "ListReports": pb.TaskRef(task_id="t"),
+    "DropReports": pb.ReportIds(task_id="t"),
+    "MarkAgreed": pb.CollectionDigest(task_id="t"),
     "PrepareStream": pb.PrepareStreamRequest(stream_id="s"),
-    "FailStream": pb.StreamRef(stream_id="s"), "Budget": pb.TaskRef(task_id="t"),
+    "FailStream": pb.StreamRef(stream_id="s"),
+    "Budget": pb.TaskRef(task_id="t"),
 }
 
 
@@ -58,8 +66,9 @@ def code_of(call: Any) -> Code:
 
 @pytest.fixture(scope="module")
 def procs(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    pd = ProcessDeployment(tmp_path_factory.mktemp("auth"), ["--log-level", "DEBUG"],
-                           env={"GRPC_VERBOSITY": "DEBUG"}).start()
+    pd = ProcessDeployment(
+        tmp_path_factory.mktemp("auth"), ["--log-level", "DEBUG"], env={"GRPC_VERBOSITY": "DEBUG"}
+    ).start()
     try:
         yield pd
     finally:
@@ -72,21 +81,29 @@ def test_who_may_call_what(procs: ProcessDeployment, tmp_path: Path):
     for cert in ("client", "helper"):
         stub = pd.stub(cert, "Analyst", "leader")
         for name, req in ANALYST_RPCS.items():
-            out[f"{cert}->Analyst.{name}"] = code_of(lambda s=stub, n=name, r=req:
-                                                     getattr(s, n)(r, timeout=10))
+            out[f"{cert}->Analyst.{name}"] = code_of(
+                lambda s=stub, n=name, r=req: getattr(s, n)(r, timeout=10)
+            )
     for cert in ("analyst", "client"):
         stub = pd.stub(cert, "Peer", "helper")
         for name, req in PEER_RPCS.items():
-            out[f"{cert}->Peer.{name}"] = code_of(lambda s=stub, n=name, r=req:
-                                                  getattr(s, n)(r, timeout=10))
-        out[f"{cert}->Peer.Session"] = code_of(lambda s=stub: s.Session(
-            iter([pb.PeerFrame(open=pb.SessionOpen(session_id=b"\0" * 16))]), timeout=10))
+            out[f"{cert}->Peer.{name}"] = code_of(
+                lambda s=stub, n=name, r=req: getattr(s, n)(r, timeout=10)
+            )
+        out[f"{cert}->Peer.Session"] = code_of(
+            lambda s=stub: s.Session(
+                iter([pb.PeerFrame(open=pb.SessionOpen(session_id=b"\0" * 16))]), timeout=10
+            )
+        )
     for role in ("leader", "helper"):
         out[f"analyst->Ingest.Upload@{role}"] = code_of(
             lambda r=role: pd.stub("analyst", "Ingest", r).Upload(
-                pb.UploadBatch(task_id="t"), timeout=10))
+                pb.UploadBatch(task_id="t"), timeout=10
+            )
+        )
     assert set(out.values()) == {Code.UNAUTHENTICATED}, {
-        k: v for k, v in out.items() if v != Code.UNAUTHENTICATED}
+        k: v for k, v in out.items() if v != Code.UNAUTHENTICATED
+    }
 
     other = Identity.load(write_deployment(tmp_path / "other-ca"), "analyst")
     refused = {}
@@ -95,11 +112,13 @@ def test_who_may_call_what(procs: ProcessDeployment, tmp_path: Path):
         # Another CA's certificate (the caller trusts the real CA, the server does not).
         creds = grpc.ssl_channel_credentials(ca, other.key, other.cert)
         with grpc.secure_channel(pd.address(role), creds, options=tls_target(role)) as ch:
-            refused[f"other-ca@{role}"] = code_of(lambda ch=ch: pb_grpc.IngestStub(ch).GetTask(
-                pb.TaskRef(task_id="t"), timeout=10))
+            refused[f"other-ca@{role}"] = code_of(
+                lambda ch=ch: pb_grpc.IngestStub(ch).GetTask(pb.TaskRef(task_id="t"), timeout=10)
+            )
         with grpc.insecure_channel(pd.address(role)) as ch:
-            refused[f"plaintext@{role}"] = code_of(lambda ch=ch: pb_grpc.IngestStub(ch).GetTask(
-                pb.TaskRef(task_id="t"), timeout=10))
+            refused[f"plaintext@{role}"] = code_of(
+                lambda ch=ch: pb_grpc.IngestStub(ch).GetTask(pb.TaskRef(task_id="t"), timeout=10)
+            )
     assert set(refused.values()) == {Code.UNAVAILABLE}, refused  # the handshake fails
     for role in ("leader", "helper"):
         assert pd.dep.procs[role].poll() is None
@@ -119,9 +138,19 @@ def _numbers(values: Any) -> set[str]:
 def test_logs_hold_no_secrets(procs: ProcessDeployment):
     pd = procs
     stub = pd.stub()
-    stub.CreateTask(pb.TaskSpec(task_id="sec", d=D, frac_bits=F, n_max=1000, min_batch=1,
-                                epsilon_total="100", delta_total="1/1000",
-                                epsilon_min="1/100"), timeout=30)
+    stub.CreateTask(
+        pb.TaskSpec(
+            task_id="sec",
+            d=D,
+            frac_bits=F,
+            n_max=1000,
+            min_batch=1,
+            epsilon_total="100",
+            delta_total="1/1000",
+            epsilon_min="1/100",
+        ),
+        timeout=30,
+    )
     values = np.random.default_rng(11).random((12, D))
     batch = make_batch("sec", values, F)
     ingest = {r: pd.stub("client", "Ingest", r) for r in ("leader", "helper")}
@@ -161,8 +190,9 @@ def test_logs_hold_no_secrets(procs: ProcessDeployment):
         log = (pd.root / f"{role}.log").read_bytes()
         assert b"DEBUG" in log  # debug logging really was on
         text = log.decode("utf-8", "replace")
-        found = [s for s in secrets_text if re.search(rf"(?<![0-9a-f]){re.escape(s)}(?![0-9a-f])",
-                                                      text)]
+        found = [
+            s for s in secrets_text if re.search(rf"(?<![0-9a-f]){re.escape(s)}(?![0-9a-f])", text)
+        ]
         assert not found, f"{role} log holds secrets: {found[:5]}"
         assert not [b for b in secrets_bytes if b in log], f"{role} log holds raw secret bytes"
     pd.start()  # leave the module fixture running

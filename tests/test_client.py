@@ -61,7 +61,8 @@ async def test_retry_after_lost_answer_counts_once(deployment: Deployment):
             for i in (0, 1):
                 real = up._stubs[i]
                 up._stubs[i] = SimpleNamespace(
-                    Upload=_LostFirstAnswer(real.Upload), GetTask=real.GetTask)
+                    Upload=_LostFirstAnswer(real.Upload), GetTask=real.GetTask
+                )
             stats = up.upload("t", np.ones((7, 3)), batch_size=7)
             # A fresh replay of the same batch (not a retry) is an error.
             batch = make_batch("t", np.ones((2, 3)), 16)
@@ -96,12 +97,28 @@ async def test_cli_upload(deployment: Deployment, tmp_path: Path):
 
     def run() -> tuple[int, int]:
         make_task(deployment.analyst_stub(), "t", d=4)
-        rc = main([
-            "client", "upload", "--leader", deployment.leader_addr, "--helper",
-            deployment.helper_addr, "--certs", str(deployment.certs), "--task", "t",
-            "--input", str(data), "--embedding", "heavy_hitters", "--param", "d=4",
-            "--batch", "8",
-        ])
+        rc = main(
+            [
+                "client",
+                "upload",
+                "--leader",
+                deployment.leader_addr,
+                "--helper",
+                deployment.helper_addr,
+                "--certs",
+                str(deployment.certs),
+                "--task",
+                "t",
+                "--input",
+                str(data),
+                "--embedding",
+                "heavy_hitters",
+                "--param",
+                "d=4",
+                "--batch",
+                "8",
+            ]
+        )
         info = deployment.analyst_stub().DescribeTask(pb.TaskRef(task_id="t"), timeout=5)
         return rc, info.n
 

@@ -77,8 +77,16 @@ async def pair(tmp_path: Path) -> AsyncIterator[Pair]:
 
 
 def spec(task_id: str) -> pb.TaskSpec:
-    return pb.TaskSpec(task_id=task_id, d=3, frac_bits=F, n_max=10 * N, min_batch=1,
-                       epsilon_total="10", delta_total="0", epsilon_min="1/4")
+    return pb.TaskSpec(
+        task_id=task_id,
+        d=3,
+        frac_bits=F,
+        n_max=10 * N,
+        min_batch=1,
+        epsilon_total="10",
+        delta_total="0",
+        epsilon_min="1/4",
+    )
 
 
 def data(n: int) -> np.ndarray:
@@ -99,8 +107,9 @@ async def test_close_reconciles_and_chunks_answer(pair: Pair) -> None:
     sid = await pair.open("t")
     q = pb.Queries(index=[1, 0])
     unit = 1 << F
-    ans = await pair.leader.ask(pb.AskRequest(stream_id=sid, queries=q,
-                                              tau=[N // 2 * unit, N // 2 * unit]))
+    ans = await pair.leader.ask(
+        pb.AskRequest(stream_id=sid, queries=q, tau=[N // 2 * unit, N // 2 * unit])
+    )
     assert ans.yes and ans.index == 1 and ans.closed and ans.peer_bytes > 0
     # Both servers recorded the YES; the stream answers no more.
     for core in (pair.leader.core, pair.helper.core):
@@ -145,6 +154,7 @@ async def test_chunk_fails_closed_on_both_servers(pair: Pair) -> None:
         await pair.leader.ask(req)
     # A fresh stream still works on a fresh session.
     sid2 = await pair.open("t")
-    ans = await pair.leader.ask(pb.AskRequest(stream_id=sid2, queries=pb.Queries(index=[0]),
-                                              tau=[N // 2 << F]))
+    ans = await pair.leader.ask(
+        pb.AskRequest(stream_id=sid2, queries=pb.Queries(index=[0]), tau=[N // 2 << F])
+    )
     assert ans.yes and ans.index == 0

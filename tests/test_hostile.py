@@ -44,13 +44,35 @@ OPEN_TASK = "upload-open-task-7f3a"
 #: Refusals a hostile input may get; anything else (UNKNOWN, INTERNAL, OK where a
 #: refusal is due, UNAVAILABLE) fails the test.
 REFUSALS = {
-    Code.INVALID_ARGUMENT, Code.NOT_FOUND, Code.ALREADY_EXISTS, Code.FAILED_PRECONDITION,
+    Code.INVALID_ARGUMENT,
+    Code.NOT_FOUND,
+    Code.ALREADY_EXISTS,
+    Code.FAILED_PRECONDITION,
     Code.RESOURCE_EXHAUSTED,
 }
 TRIED: Counter[str] = Counter()
 
-BAD_RATIONALS = ["0", "-1", "-0", "nan", "NaN", "inf", "-inf", "1e999", "", "abc", "1/0",
-                 "0/5", "1/-2", "--1", "1e-400", " ", "1" * 400, "0x10", "½"]
+BAD_RATIONALS = [
+    "0",
+    "-1",
+    "-0",
+    "nan",
+    "NaN",
+    "inf",
+    "-inf",
+    "1e999",
+    "",
+    "abc",
+    "1/0",
+    "0/5",
+    "1/-2",
+    "--1",
+    "1e-400",
+    " ",
+    "1" * 400,
+    "0x10",
+    "½",
+]
 
 
 def snapshot(path: Path) -> tuple[Any, ...]:
@@ -74,8 +96,15 @@ class Env:
         self.peer = pd.stub("leader", "Peer", "helper")
         self.ingest = {r: pd.stub("client", "Ingest", r) for r in ("leader", "helper")}
         self.health = {r: pd.stub("analyst", "Health", r) for r in ("leader", "helper")}
-        spec = dict(d=D, frac_bits=F, n_max=1000, min_batch=1, epsilon_total="100",
-                    delta_total="1/1000", epsilon_min="1/100")
+        spec = dict(
+            d=D,
+            frac_bits=F,
+            n_max=1000,
+            min_batch=1,
+            epsilon_total="100",
+            delta_total="1/1000",
+            epsilon_min="1/100",
+        )
         for t in ("h", OPEN_TASK):
             self.analyst.CreateTask(pb.TaskSpec(task_id=t, **spec), timeout=30)
         self.spec = pb.TaskSpec(task_id="new", **spec)
@@ -85,19 +114,28 @@ class Env:
         self.analyst.CloseCollection(pb.TaskRef(task_id="h"), timeout=30)
         self.stored_ids = sorted(pd.store_view("leader", "h").report_ids)[:5]
         self.stored_ids_u = sorted(pd.store_view("leader", OPEN_TASK).report_ids)[:5]
-        o = lambda **kw: self.analyst.OpenStream(pb.OpenStreamRequest(task_id="h", **kw),  # noqa: E731
-                                                 timeout=30).stream_id
+
+        def o(**kw: Any) -> str:
+            req = pb.OpenStreamRequest(task_id="h", **kw)
+            return str(self.analyst.OpenStream(req, timeout=30).stream_id)
+
         self.lap = o(kind=pb.LAP24, epsilon="1/2")
         self.ctt = o(kind=pb.CTT, epsilon="1/2", delta="1/10000")
         closed = o(kind=pb.LAP3, epsilon="1/2")
-        self.analyst.Ask(pb.AskRequest(stream_id=closed, queries=pb.Queries(index=[0]),
-                                       tau=[-100 * 2**F]), timeout=30)
+        self.analyst.Ask(
+            pb.AskRequest(stream_id=closed, queries=pb.Queries(index=[0]), tau=[-100 * 2**F]),
+            timeout=30,
+        )
         self.closed = closed
         self.streams = [self.lap, self.ctt, self.closed, "", "0" * 32, "x" * 1000]
         self.tasks = ["h", OPEN_TASK, "", "nope", "bad id!", "a" * 65, "../../etc", "h\x00", "h\n"]
-        self.digest = pb.CollectionDigest(task_id="h", **{
-            k: getattr(self.peer.Digest(pb.TaskRef(task_id="h"), timeout=30), k)
-            for k in ("n", "report_digest")})
+        self.digest = pb.CollectionDigest(
+            task_id="h",
+            **{
+                k: getattr(self.peer.Digest(pb.TaskRef(task_id="h"), timeout=30), k)
+                for k in ("n", "report_digest")
+            },
+        )
 
     def spec_of(self, task: str) -> pb.TaskSpec | None:
         if task not in ("h", OPEN_TASK):
@@ -144,43 +182,73 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Any:
         pd.stop()
     assert env_alive
     if TRIED:
-        print("\nhostile inputs tried per RPC:", dict(sorted(TRIED.items())),
-              f"(total {sum(TRIED.values())})")
+        print(
+            "\nhostile inputs tried per RPC:",
+            dict(sorted(TRIED.items())),
+            f"(total {sum(TRIED.values())})",
+        )
 
 
 def run_property(examples: int, *strategies: Any) -> Callable[[Callable[..., None]], None]:
     """Run `body` as a hypothesis property with `examples` inputs, now."""
 
     def deco(body: Callable[..., None]) -> None:
-        settings(max_examples=examples, deadline=None, derandomize=True, database=None,
-                 suppress_health_check=list(HealthCheck))(given(*strategies)(body))()
+        settings(
+            max_examples=examples,
+            deadline=None,
+            derandomize=True,
+            database=None,
+            suppress_health_check=list(HealthCheck),
+        )(given(*strategies)(body))()
 
     return deco
 
 
-EXAMPLES = [pytest.param(EXAMPLES_DEFAULT, id="default"),
-            pytest.param(EXAMPLES_HEAVY, id="heavy", marks=pytest.mark.heavy)]
+EXAMPLES = [
+    pytest.param(EXAMPLES_DEFAULT, id="default"),
+    pytest.param(EXAMPLES_HEAVY, id="heavy", marks=pytest.mark.heavy),
+]
 
 texts = st.text(max_size=80)
 u32 = st.integers(0, 2**32 - 1)
 u64 = st.integers(0, 2**64 - 1)
 i64 = st.integers(-(2**63), 2**63 - 1)
-rationals = st.one_of(st.sampled_from(BAD_RATIONALS), texts,
-                      st.floats(allow_nan=True).map(repr),
-                      st.integers(-10, 0).map(str))
+rationals = st.one_of(
+    st.sampled_from(BAD_RATIONALS),
+    texts,
+    st.floats(allow_nan=True).map(repr),
+    st.integers(-10, 0).map(str),
+)
 
 
 # ---------------------------------------------------------------- Ingest
-UPLOAD_MUTATIONS = ["unknown task", "closed task", "short share", "long share", "short id",
-                    "long id", "replayed id", "dup in batch", "wrong oneof", "empty batch",
-                    "no share", "too many reports", "bad task id"]
+UPLOAD_MUTATIONS = [
+    "unknown task",
+    "closed task",
+    "short share",
+    "long share",
+    "short id",
+    "long id",
+    "replayed id",
+    "dup in batch",
+    "wrong oneof",
+    "empty batch",
+    "no share",
+    "too many reports",
+    "bad task id",
+]
 
 
 @pytest.mark.parametrize("examples", EXAMPLES)
 def test_upload(env: Env, examples: int):
-    @run_property(examples, st.sampled_from(UPLOAD_MUTATIONS),
-                  st.sampled_from(["leader", "helper"]), st.integers(1, 5), st.integers(0, 4),
-                  st.binary(max_size=40))
+    @run_property(
+        examples,
+        st.sampled_from(UPLOAD_MUTATIONS),
+        st.sampled_from(["leader", "helper"]),
+        st.integers(1, 5),
+        st.integers(0, 4),
+        st.binary(max_size=40),
+    )
     def body(mutation: str, role: str, m: int, which: int, junk: bytes) -> None:
         b = make_batch(OPEN_TASK, np.random.default_rng(which).random((m, D)), F)
         msg = pb.UploadBatch()
@@ -227,11 +295,17 @@ def test_upload(env: Env, examples: int):
 
 @pytest.mark.parametrize("examples", EXAMPLES)
 def test_get_task(env: Env, examples: int):
-    @run_property(examples, st.one_of(st.sampled_from(env.tasks), texts),
-                  st.sampled_from(["leader", "helper"]))
+    @run_property(
+        examples,
+        st.one_of(st.sampled_from(env.tasks), texts),
+        st.sampled_from(["leader", "helper"]),
+    )
     def body(task: str, role: str) -> None:
-        env.refused(f"Ingest.GetTask@{role}", lambda: env.ingest[role].GetTask(
-            pb.TaskRef(task_id=task), timeout=30), may_succeed=True)
+        env.refused(
+            f"Ingest.GetTask@{role}",
+            lambda: env.ingest[role].GetTask(pb.TaskRef(task_id=task), timeout=30),
+            may_succeed=True,
+        )
 
     env.alive()
 
@@ -246,23 +320,36 @@ def hostile_spec(env: Env) -> Any:
         return spec
 
     return st.one_of(
-        st.builds(build, st.just("task_id"),
-                  st.sampled_from(["h", OPEN_TASK, "", "bad id!", "a" * 65, "x/y", "t\n"]),
-                  st.just("")),
+        st.builds(
+            build,
+            st.just("task_id"),
+            st.sampled_from(["h", OPEN_TASK, "", "bad id!", "a" * 65, "x/y", "t\n"]),
+            st.just(""),
+        ),
         st.builds(build, st.just("d"), st.sampled_from([0, 1_000_001, 2**32 - 1]), st.just("n1")),
-        st.builds(build, st.just("frac_bits"), st.sampled_from([0, 31, 63, 64, 2**32 - 1]),
-                  st.just("n2")),
+        st.builds(
+            build, st.just("frac_bits"), st.sampled_from([0, 31, 63, 64, 2**32 - 1]), st.just("n2")
+        ),
         st.builds(build, st.just("n_max"), st.sampled_from([0, 2**63, 2**64 - 1]), st.just("n3")),
-        st.builds(build, st.just("min_batch"), st.sampled_from([0, 1001, 2**64 - 1]),
-                  st.just("n4")),
-        st.builds(build, st.sampled_from(["epsilon_total", "epsilon_min"]),
-                  rationals.filter(_bad_rational), st.just("n5")),
-        st.builds(build, st.just("delta_total"),
-                  st.sampled_from(["-1", "nan", "inf", "abc", "1/0", "1e999", "--1", "½"]),
-                  st.just("n8")),
+        st.builds(
+            build, st.just("min_batch"), st.sampled_from([0, 1001, 2**64 - 1]), st.just("n4")
+        ),
+        st.builds(
+            build,
+            st.sampled_from(["epsilon_total", "epsilon_min"]),
+            rationals.filter(_bad_rational),
+            st.just("n5"),
+        ),
+        st.builds(
+            build,
+            st.just("delta_total"),
+            st.sampled_from(["-1", "nan", "inf", "abc", "1/0", "1e999", "--1", "½"]),
+            st.just("n8"),
+        ),
         st.builds(build, st.just("epsilon_min"), st.just("200"), st.just("n6")),
-        st.builds(build, st.just("delta_total"), st.sampled_from(["1", "2", "-1/2"]),
-                  st.just("n7")),
+        st.builds(
+            build, st.just("delta_total"), st.sampled_from(["1", "2", "-1/2"]), st.just("n7")
+        ),
     ).map(lambda s: s if s.task_id else _named(s))
 
 
@@ -296,8 +383,10 @@ def test_create_task(env: Env, examples: int):
     spec = pb.TaskSpec()
     spec.CopyFrom(env.spec)
     spec.task_id = "t\n"
-    assert env.refused("Analyst.CreateTask", lambda: env.analyst.CreateTask(
-        spec, timeout=30)) == Code.INVALID_ARGUMENT
+    assert (
+        env.refused("Analyst.CreateTask", lambda: env.analyst.CreateTask(spec, timeout=30))
+        == Code.INVALID_ARGUMENT
+    )
     env.alive()
 
 
@@ -307,40 +396,74 @@ def test_task_refs(env: Env, examples: int):
     """DescribeTask, Budget, CloseCollection (analyst); Digest, Budget, CloseCollection,
     ListReports (peer): unknown or malformed tasks are refused; the closed task's
     answers are read-only (closing again is idempotent)."""
-    methods = [("Analyst", "DescribeTask"), ("Analyst", "Budget"), ("Analyst", "CloseCollection"),
-               ("Peer", "Digest"), ("Peer", "Budget"), ("Peer", "CloseCollection"),
-               ("Peer", "ListReports")]
+    methods = [
+        ("Analyst", "DescribeTask"),
+        ("Analyst", "Budget"),
+        ("Analyst", "CloseCollection"),
+        ("Peer", "Digest"),
+        ("Peer", "Budget"),
+        ("Peer", "CloseCollection"),
+        ("Peer", "ListReports"),
+    ]
 
-    @run_property(examples, st.one_of(st.sampled_from([t for t in env.tasks if t != OPEN_TASK]),
-                                      texts.filter(lambda t: t != OPEN_TASK)),
-                  st.sampled_from(methods))
+    @run_property(
+        examples,
+        st.one_of(
+            st.sampled_from([t for t in env.tasks if t != OPEN_TASK]),
+            texts.filter(lambda t: t != OPEN_TASK),
+        ),
+        st.sampled_from(methods),
+    )
     def body(task: str, method: tuple[str, str]) -> None:
         stub = env.analyst if method[0] == "Analyst" else env.peer
-        env.refused(".".join(method), lambda: getattr(stub, method[1])(
-            pb.TaskRef(task_id=task), timeout=30), may_succeed=task == "h")
+        env.refused(
+            ".".join(method),
+            lambda: getattr(stub, method[1])(pb.TaskRef(task_id=task), timeout=30),
+            may_succeed=task == "h",
+        )
 
-    env.refused("Analyst.ListTasks", lambda: env.analyst.ListTasks(pb.Empty(), timeout=30),
-                may_succeed=True)
+    env.refused(
+        "Analyst.ListTasks", lambda: env.analyst.ListTasks(pb.Empty(), timeout=30), may_succeed=True
+    )
     env.alive()
 
 
 # ---------------------------------------------------------------- streams
 def hostile_open(env: Env) -> Any:
     return st.one_of(
-        st.builds(pb.OpenStreamRequest, task_id=st.sampled_from(env.tasks[1:]) | texts,
-                  kind=st.just(pb.LAP24), epsilon=st.just("1/2")),
-        st.builds(pb.OpenStreamRequest, task_id=st.just("h"),
-                  kind=st.sampled_from([0, 5, 99, 2**31 - 1, -1]), epsilon=st.just("1/2")),
-        st.builds(pb.OpenStreamRequest, task_id=st.just("h"),
-                  kind=st.sampled_from([pb.LAP24, pb.LAP3, pb.EXP3]),
-                  epsilon=rationals.filter(_bad_rational) | st.sampled_from(
-                      ["1/1000", "1/101", "101", "1e9"])),
-        st.builds(pb.OpenStreamRequest, task_id=st.just("h"),
-                  kind=st.sampled_from([pb.LAP24, pb.LAP3, pb.EXP3]), epsilon=st.just("1/2"),
-                  delta=st.sampled_from(["1/100", "1", "x"])),
-        st.builds(pb.OpenStreamRequest, task_id=st.just("h"), kind=st.just(pb.CTT),
-                  epsilon=st.just("1/2"), delta=st.sampled_from(["", "0", "1", "2", "-1/2",
-                                                                 "nan", "1/0"])),
+        st.builds(
+            pb.OpenStreamRequest,
+            task_id=st.sampled_from(env.tasks[1:]) | texts,
+            kind=st.just(pb.LAP24),
+            epsilon=st.just("1/2"),
+        ),
+        st.builds(
+            pb.OpenStreamRequest,
+            task_id=st.just("h"),
+            kind=st.sampled_from([0, 5, 99, 2**31 - 1, -1]),
+            epsilon=st.just("1/2"),
+        ),
+        st.builds(
+            pb.OpenStreamRequest,
+            task_id=st.just("h"),
+            kind=st.sampled_from([pb.LAP24, pb.LAP3, pb.EXP3]),
+            epsilon=rationals.filter(_bad_rational)
+            | st.sampled_from(["1/1000", "1/101", "101", "1e9"]),
+        ),
+        st.builds(
+            pb.OpenStreamRequest,
+            task_id=st.just("h"),
+            kind=st.sampled_from([pb.LAP24, pb.LAP3, pb.EXP3]),
+            epsilon=st.just("1/2"),
+            delta=st.sampled_from(["1/100", "1", "x"]),
+        ),
+        st.builds(
+            pb.OpenStreamRequest,
+            task_id=st.just("h"),
+            kind=st.just(pb.CTT),
+            epsilon=st.just("1/2"),
+            delta=st.sampled_from(["", "0", "1", "2", "-1/2", "nan", "1/0"]),
+        ),
     )
 
 
@@ -349,30 +472,53 @@ def test_open_stream(env: Env, examples: int):
     @run_property(examples, hostile_open(env), st.booleans(), st.sampled_from(env.streams))
     def body(req: pb.OpenStreamRequest, on_helper: bool, sid: str) -> None:
         if on_helper:
-            prep = pb.PrepareStreamRequest(stream_id=sid or "s", task_id=req.task_id,
-                                           kind=req.kind, epsilon=req.epsilon, delta=req.delta)
+            prep = pb.PrepareStreamRequest(
+                stream_id=sid or "s",
+                task_id=req.task_id,
+                kind=req.kind,
+                epsilon=req.epsilon,
+                delta=req.delta,
+            )
             env.refused("Peer.PrepareStream", lambda: env.peer.PrepareStream(prep, timeout=30))
         else:
             env.refused("Analyst.OpenStream", lambda: env.analyst.OpenStream(req, timeout=30))
 
     # A stream id the helper already holds is refused too (no second charge).
     for sid in (env.lap, env.closed):
-        env.refused("Peer.PrepareStream", lambda sid=sid: env.peer.PrepareStream(
-            pb.PrepareStreamRequest(stream_id=sid, task_id="h", kind=pb.LAP24, epsilon="1/2"),
-            timeout=30))
+        env.refused(
+            "Peer.PrepareStream",
+            lambda sid=sid: env.peer.PrepareStream(
+                pb.PrepareStreamRequest(stream_id=sid, task_id="h", kind=pb.LAP24, epsilon="1/2"),
+                timeout=30,
+            ),
+        )
     env.alive()
 
 
-ASK_MUTATIONS = ["empty", "oversized", "index>=d", "tau count", "tau bound", "complement count",
-                 "ask on ctt", "closed stream", "unknown stream"]
+ASK_MUTATIONS = [
+    "empty",
+    "oversized",
+    "index>=d",
+    "tau count",
+    "tau bound",
+    "complement count",
+    "ask on ctt",
+    "closed stream",
+    "unknown stream",
+]
 
 
 @pytest.mark.parametrize("examples", EXAMPLES)
 def test_ask(env: Env, examples: int):
     bound = 4 * 1000 * 2**F
 
-    @run_property(examples, st.sampled_from(ASK_MUTATIONS), st.integers(1, 6),
-                  st.sampled_from(env.streams[3:]), st.integers(1, 2**63 - 1 - bound))
+    @run_property(
+        examples,
+        st.sampled_from(ASK_MUTATIONS),
+        st.integers(1, 6),
+        st.sampled_from(env.streams[3:]),
+        st.integers(1, 2**63 - 1 - bound),
+    )
     def body(mutation: str, k: int, unknown: str, extra: int) -> None:
         idx, tau, comp, sid = list(range(k)), [0] * k, [], env.lap
         idx = [i % D for i in idx]
@@ -394,23 +540,31 @@ def test_ask(env: Env, examples: int):
             sid = env.closed
         else:
             sid = unknown
-        req = pb.AskRequest(stream_id=sid, queries=pb.Queries(index=idx, complement=comp),
-                            tau=tau)
+        req = pb.AskRequest(stream_id=sid, queries=pb.Queries(index=idx, complement=comp), tau=tau)
         env.refused("Analyst.Ask", lambda: env.analyst.Ask(req, timeout=60))
 
     env.alive()
 
 
-CMP_MUTATIONS = ["low>high", "gap", "count low", "count high", "compare on lap", "bound",
-                 "oversized", "unknown stream"]
+CMP_MUTATIONS = [
+    "low>high",
+    "gap",
+    "count low",
+    "count high",
+    "compare on lap",
+    "bound",
+    "oversized",
+    "unknown stream",
+]
 
 
 @pytest.mark.parametrize("examples", EXAMPLES)
 def test_compare(env: Env, examples: int):
     bound = 4 * 1000 * 2**F
 
-    @run_property(examples, st.sampled_from(CMP_MUTATIONS), st.integers(1, 5),
-                  st.integers(0, 2**F * 100))
+    @run_property(
+        examples, st.sampled_from(CMP_MUTATIONS), st.integers(1, 5), st.integers(0, 2**F * 100)
+    )
     def body(mutation: str, k: int, shift: int) -> None:
         idx = [i % D for i in range(k)]
         lo, hi, sid = [0] * k, [bound] * k, env.ctt
@@ -430,8 +584,9 @@ def test_compare(env: Env, examples: int):
             idx, lo, hi = [0] * (MAX_CHUNK + 1), [0] * (MAX_CHUNK + 1), [bound] * (MAX_CHUNK + 1)
         else:
             sid = "0" * 32
-        req = pb.CompareRequest(stream_id=sid, queries=pb.Queries(index=idx), tau_low=lo,
-                                tau_high=hi)
+        req = pb.CompareRequest(
+            stream_id=sid, queries=pb.Queries(index=idx), tau_low=lo, tau_high=hi
+        )
         env.refused("Analyst.Compare", lambda: env.analyst.Compare(req, timeout=60))
 
     env.alive()
@@ -443,8 +598,13 @@ def test_peer_reconciliation_and_streams(env: Env, examples: int):
     """DropReports with malformed ids or unknown tasks, MarkAgreed with a wrong digest
     or an open task, FailStream of unknown streams, Session with a bad first frame."""
 
-    @run_property(examples, st.sampled_from(["drop", "agree", "fail"]),
-                  st.binary(max_size=100), st.sampled_from(env.tasks), u64)
+    @run_property(
+        examples,
+        st.sampled_from(["drop", "agree", "fail"]),
+        st.binary(max_size=100),
+        st.sampled_from(env.tasks),
+        u64,
+    )
     def body(which: str, blob: bytes, task: str, n: int) -> None:
         if which == "drop":
             if len(blob) % 16 == 0 and task == "h":
@@ -458,12 +618,16 @@ def test_peer_reconciliation_and_streams(env: Env, examples: int):
             env.refused("Peer.MarkAgreed", lambda: env.peer.MarkAgreed(dg, timeout=30))
         else:
             sid = blob.hex() if blob else "nope"
-            env.refused("Peer.FailStream", lambda: env.peer.FailStream(
-                pb.StreamRef(stream_id=sid), timeout=30))
+            env.refused(
+                "Peer.FailStream",
+                lambda: env.peer.FailStream(pb.StreamRef(stream_id=sid), timeout=30),
+            )
 
-    @run_property(max(3, examples // 5), st.sampled_from(["header first", "short id", "status",
-                                                          "fragment", "long id"]),
-                  st.binary(max_size=40))
+    @run_property(
+        max(3, examples // 5),
+        st.sampled_from(["header first", "short id", "status", "fragment", "long id"]),
+        st.binary(max_size=40),
+    )
     def session(first: str, blob: bytes) -> None:
         frame = {
             "header first": pb.PeerFrame(header=pb.ChunkHeader(stream_id=env.lap, chunk_no=1)),
@@ -484,17 +648,31 @@ def test_peer_reconciliation_and_streams(env: Env, examples: int):
 
 # ---------------------------------------------------------------- raw bytes
 UNARY = {
-    "leader": ["/svtagg.v1.Ingest/Upload", "/svtagg.v1.Ingest/GetTask",
-               "/svtagg.v1.Analyst/CreateTask", "/svtagg.v1.Analyst/DescribeTask",
-               "/svtagg.v1.Analyst/ListTasks", "/svtagg.v1.Analyst/CloseCollection",
-               "/svtagg.v1.Analyst/OpenStream", "/svtagg.v1.Analyst/Ask",
-               "/svtagg.v1.Analyst/Compare", "/svtagg.v1.Analyst/Budget",
-               "/grpc.health.v1.Health/Check"],
-    "helper": ["/svtagg.v1.Ingest/Upload", "/svtagg.v1.Peer/CreateTask",
-               "/svtagg.v1.Peer/Digest", "/svtagg.v1.Peer/CloseCollection",
-               "/svtagg.v1.Peer/ListReports", "/svtagg.v1.Peer/DropReports",
-               "/svtagg.v1.Peer/MarkAgreed", "/svtagg.v1.Peer/PrepareStream",
-               "/svtagg.v1.Peer/FailStream", "/svtagg.v1.Peer/Budget"],
+    "leader": [
+        "/svtagg.v1.Ingest/Upload",
+        "/svtagg.v1.Ingest/GetTask",
+        "/svtagg.v1.Analyst/CreateTask",
+        "/svtagg.v1.Analyst/DescribeTask",
+        "/svtagg.v1.Analyst/ListTasks",
+        "/svtagg.v1.Analyst/CloseCollection",
+        "/svtagg.v1.Analyst/OpenStream",
+        "/svtagg.v1.Analyst/Ask",
+        "/svtagg.v1.Analyst/Compare",
+        "/svtagg.v1.Analyst/Budget",
+        "/grpc.health.v1.Health/Check",
+    ],
+    "helper": [
+        "/svtagg.v1.Ingest/Upload",
+        "/svtagg.v1.Peer/CreateTask",
+        "/svtagg.v1.Peer/Digest",
+        "/svtagg.v1.Peer/CloseCollection",
+        "/svtagg.v1.Peer/ListReports",
+        "/svtagg.v1.Peer/DropReports",
+        "/svtagg.v1.Peer/MarkAgreed",
+        "/svtagg.v1.Peer/PrepareStream",
+        "/svtagg.v1.Peer/FailStream",
+        "/svtagg.v1.Peer/Budget",
+    ],
 }
 
 
@@ -503,23 +681,28 @@ def test_undecodable_and_random_bytes(env: Env, examples: int):
     """Random and truncated bytes as the request of every unary RPC: what does not
     parse is INVALID_ARGUMENT, what parses into nonsense is refused by the service;
     the servers stay up and store nothing."""
-    chans = {r: env.pd.channel({"leader": "analyst", "helper": "leader"}[r], r)
-             for r in ("leader", "helper")}
+    chans = {
+        r: env.pd.channel({"leader": "analyst", "helper": "leader"}[r], r)
+        for r in ("leader", "helper")
+    }
     client = {r: env.pd.channel("client", r) for r in ("leader", "helper")}
     valid = make_batch(OPEN_TASK, np.zeros((1, D)), F).leader.SerializeToString()
     methods = [(r, m) for r in UNARY for m in UNARY[r]]
 
-    @run_property(examples * 2, st.sampled_from(methods),
-                  st.one_of(st.binary(max_size=300), st.integers(1, len(valid) - 1).map(
-                      lambda k: valid[:k])))
+    @run_property(
+        examples * 2,
+        st.sampled_from(methods),
+        st.one_of(st.binary(max_size=300), st.integers(1, len(valid) - 1).map(lambda k: valid[:k])),
+    )
     def body(method: tuple[str, str], blob: bytes) -> None:
         role, path = method
         call = chans[role].unary_unary(path)  # bytes in, bytes out
         if path.endswith("/Upload"):
             # Uploads need a client certificate; the other RPCs take the stub's role.
             call = client[role].unary_unary(path)
-        env.refused(f"raw:{path.rsplit('/', 1)[1]}@{role}", lambda: call(blob, timeout=30),
-                    may_succeed=True)  # random bytes may parse into a harmless request
+        env.refused(
+            f"raw:{path.rsplit('/', 1)[1]}@{role}", lambda: call(blob, timeout=30), may_succeed=True
+        )  # random bytes may parse into a harmless request
 
     env.alive()
 
@@ -536,10 +719,14 @@ def test_oversized_request_is_refused(env: Env):
     opts = [("grpc.max_send_message_length", 200 << 20), *tls_target("leader")]
     with grpc.secure_channel(env.pd.address("leader"), creds, options=opts) as ch:
         upload = ch.unary_unary("/svtagg.v1.Ingest/Upload")
-        blob = pb.UploadBatch(task_id=OPEN_TASK, reports=[pb.Report(
-            report_id=b"\1" * 16, explicit_share=b"\0" * (65 << 20))]).SerializeToString()
-        assert env.refused("Ingest.Upload@leader(65MiB)",
-                           lambda: upload(blob, timeout=60)) == Code.RESOURCE_EXHAUSTED
+        blob = pb.UploadBatch(
+            task_id=OPEN_TASK,
+            reports=[pb.Report(report_id=b"\1" * 16, explicit_share=b"\0" * (65 << 20))],
+        ).SerializeToString()
+        assert (
+            env.refused("Ingest.Upload@leader(65MiB)", lambda: upload(blob, timeout=60))
+            == Code.RESOURCE_EXHAUSTED
+        )
     env.alive()
 
 
@@ -563,9 +750,19 @@ def test_rate_limit_per_caller(tmp_path: Path):
         except grpc.RpcError as exc:  # pragma: no cover - the assertion below reports it
             pytest.fail(f"analyst throttled by the client's bucket: {exc}")
         # The leader's own calls to the helper are exempt: a stream still opens.
-        analyst.CreateTask(pb.TaskSpec(task_id="t", d=2, frac_bits=8, n_max=10, min_batch=1,
-                                       epsilon_total="10", delta_total="0",
-                                       epsilon_min="1/10"), timeout=10)
+        analyst.CreateTask(
+            pb.TaskSpec(
+                task_id="t",
+                d=2,
+                frac_bits=8,
+                n_max=10,
+                min_batch=1,
+                epsilon_total="10",
+                delta_total="0",
+                epsilon_min="1/10",
+            ),
+            timeout=10,
+        )
         time.sleep(0.5)  # refills 2.5 tokens
         with pytest.raises(grpc.RpcError) as info:
             client.GetTask(ref, timeout=10)

@@ -45,8 +45,13 @@ async def test_upload_close_stream_chunk(deployment: Deployment, svc_rng: np.ran
             assert not s2.closed
             c = oracle.open_stream(1, StreamKind.CTT, delta=Fraction(1, 100000))
             gap = 300
-            out = c.compare([(Query(5), -500, -500 + gap), (Query(0), 400, 400 + gap),
-                             (Query(3), -50, -50 + gap)])
+            out = c.compare(
+                [
+                    (Query(5), -500, -500 + gap),
+                    (Query(0), 400, 400 + gap),
+                    (Query(3), -50, -50 + gap),
+                ]
+            )
             return first, none, out, oracle.budget()
 
     first, none, out, budget = await off_loop(run)
@@ -179,15 +184,17 @@ async def test_remote_matches_local_every_kind(deployment: Deployment, kind: str
     data = np.zeros((n, d))
     for j, count in enumerate([40, 50, 55, 60]):
         data[:count, j] = 1.0
-    await off_loop(_upload_and_close, deployment, data, eps_total="1000000",
-                   delta_total="1/2")
+    await off_loop(_upload_and_close, deployment, data, eps_total="1000000", delta_total="1/2")
     trials = 300
     if kind == "ctt":
         eps, delta = Fraction(5), Fraction(1, 10000)
         width = ctt_gap(eps, delta, 2) + 1
         # Each score sits on one of its thresholds, so every outcome is likely.
-        chunk3 = [(Query(0), 40, 40 + width), (Query(3), 60 - width, 60),
-                  (Query(2), 55, 55 + width)]
+        chunk3 = [
+            (Query(0), 40, 40 + width),
+            (Query(3), 60 - width, 60),
+            (Query(2), 55, 55 + width),
+        ]
 
         def one(o: object) -> int:
             out = o.open_stream(eps, "ctt", delta).compare(chunk3)  # type: ignore[attr-defined]

@@ -27,8 +27,19 @@ def test_processes_end_to_end_with_restart(tmp_path: Path):
     dep.start()
     try:
         common = ["--certs", str(dep.certs), "--task", "hh"]
-        rc, out = _cli("analyst", "create-task", "--leader", dep.address("leader"), *common,
-                       "--d", "50", "--min-batch", "10", "--epsilon", "3")
+        rc, out = _cli(
+            "analyst",
+            "create-task",
+            "--leader",
+            dep.address("leader"),
+            *common,
+            "--d",
+            "50",
+            "--min-batch",
+            "10",
+            "--epsilon",
+            "3",
+        )
         assert rc == 0, out
         values = np.zeros((3000, 50))
         values[:, 7] = 1.0
@@ -42,8 +53,19 @@ def test_processes_end_to_end_with_restart(tmp_path: Path):
         leader = ["--leader", dep.address("leader"), *common]
         rc, out = _cli("analyst", "close", *leader)
         assert rc == 0 and "n=3000" in out and "closed" in out, out
-        rc, out = _cli("analyst", "run", *leader, "--algorithm", "top-k", "--k", "2",
-                       "--epsilon", "2", "--seed", "1")
+        rc, out = _cli(
+            "analyst",
+            "run",
+            *leader,
+            "--algorithm",
+            "top-k",
+            "--k",
+            "2",
+            "--epsilon",
+            "2",
+            "--seed",
+            "1",
+        )
         assert rc == 0, out
         result = json.loads(out)
         assert result["selected"] == [7, 11]
@@ -51,8 +73,9 @@ def test_processes_end_to_end_with_restart(tmp_path: Path):
         # The helper alone restarts: the leader drops its dead sessions and goes on.
         assert dep.stop_role("helper") == 0
         dep.start_role("helper")
-        rc, out = _cli("analyst", "run", *leader, "--algorithm", "sum", "--index", "11",
-                       "--epsilon", "1/2")
+        rc, out = _cli(
+            "analyst", "run", *leader, "--algorithm", "sum", "--index", "11", "--epsilon", "1/2"
+        )
         assert rc == 0, out
         assert abs(json.loads(out)["estimate"] - 1000) < 600  # Cor 6.8 at ε = 1/2: coarse
         rc, out = _cli("analyst", "describe", *leader)
@@ -75,14 +98,34 @@ def test_kill_mid_chunk_fails_the_stream_closed(tmp_path: Path):
     dep = LocalDeployment(tmp_path)
     dep.start()
     try:
-        rc, out = _cli("analyst", "create-task", "--leader", dep.address("leader"), "--certs",
-                       str(dep.certs), "--task", "k", "--d", "4", "--min-batch", "1")
+        rc, out = _cli(
+            "analyst",
+            "create-task",
+            "--leader",
+            dep.address("leader"),
+            "--certs",
+            str(dep.certs),
+            "--task",
+            "k",
+            "--d",
+            "4",
+            "--min-batch",
+            "1",
+        )
         assert rc == 0, out
         c = Identity.load(dep.certs, "client")
         with Uploader(dep.address("leader"), dep.address("helper"), c.ca, c.cert, c.key) as up:
             up.upload("k", np.ones((20, 4)))
-        _cli("analyst", "close", "--leader", dep.address("leader"), "--certs", str(dep.certs),
-             "--task", "k")
+        _cli(
+            "analyst",
+            "close",
+            "--leader",
+            dep.address("leader"),
+            "--certs",
+            str(dep.certs),
+            "--task",
+            "k",
+        )
         dep.stop_role("helper")
         os.environ["SVTAGG_CRASH_AT"] = "chunk.after_mark"
         try:

@@ -39,8 +39,7 @@ def test_sparse_mean_job_finds_the_support() -> None:
     clip = applications.sparse_mean_clip(n, d, 0.05)
     oracle = LocalOracle(applications.sparse_mean_embedding(x, clip), 4, seed=2)
     # ε/(2k) = 1: Algorithm 9 needs ε ≤ 1 per round
-    out = run_algorithm(oracle, "sparse-mean", "4", beta=0.05, k=2, seed=3,
-                        options={"clip": clip})
+    out = run_algorithm(oracle, "sparse-mean", "4", beta=0.05, k=2, seed=3, options={"clip": clip})
     assert sorted(out["support"]) == [3, 11]
     assert all(abs(v - 1.0) < 0.5 for v in out["mean"].values())
     assert _spent(oracle) == 4

@@ -24,11 +24,18 @@ def _check(tmp_path: Path, **kw: int) -> None:
 
 
 def test_load_smoke(tmp_path: Path):
-    _check(tmp_path, uploaders=4, reports=100, batch=25, d=8, streams=8, stream_workers=4,
-           tasks=2)
+    _check(tmp_path, uploaders=4, reports=100, batch=25, d=8, streams=8, stream_workers=4, tasks=2)
 
 
 @pytest.mark.heavy
 def test_load_heavy(tmp_path: Path):
-    _check(tmp_path, uploaders=32, reports=1000, batch=50, d=32, streams=256,
-           stream_workers=32, tasks=16)
+    _check(
+        tmp_path,
+        uploaders=32,
+        reports=1000,
+        batch=50,
+        d=32,
+        streams=256,
+        stream_workers=32,
+        tasks=16,
+    )

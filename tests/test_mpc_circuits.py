@@ -28,8 +28,23 @@ RNG = np.random.default_rng(20261130)
 M63 = 2**63
 
 #: Reconstructed sums on every boundary the overflow bound |z| < 2^63 admits.
-BOUNDARY_SUMS = [0, 1, -1, 2, -2, 2**62, -(2**62), 2**62 - 1, -(2**62) + 1,
-                 M63 - 1, -(M63 - 1), M63 - 2, -(M63 - 2), 2**32, -(2**32)]
+BOUNDARY_SUMS = [
+    0,
+    1,
+    -1,
+    2,
+    -2,
+    2**62,
+    -(2**62),
+    2**62 - 1,
+    -(2**62) + 1,
+    M63 - 1,
+    -(M63 - 1),
+    M63 - 2,
+    -(M63 - 2),
+    2**32,
+    -(2**32),
+]
 
 
 def split(sums: list[int] | np.ndarray, rng: np.random.Generator = RNG) -> tuple[Any, Any]:
@@ -62,8 +77,12 @@ def random_delta(rng: np.random.Generator = RNG) -> Blocks:
 
 
 def garble_and_eval(
-    circuit: Callable[..., Any], a_bits: np.ndarray, b_bits: np.ndarray, n: int,
-    hasher: Any = None, log: bool = False,
+    circuit: Callable[..., Any],
+    a_bits: np.ndarray,
+    b_bits: np.ndarray,
+    n: int,
+    hasher: Any = None,
+    log: bool = False,
 ) -> dict[str, Any]:
     """Run `circuit` on the plaintext, garbler and evaluator backends."""
     hasher = hasher if hasher is not None else TweakableHash()
@@ -79,8 +98,17 @@ def garble_and_eval(
     e._tables = np.frombuffer(g.table_bytes(), np.uint64).reshape(-1, 2)
     out_e = circuit(e, None, planes(b_act), n)
     e.done()
-    return dict(plain=plain, g=g, e=e, delta=delta, b0=b0, b_act=b_act,
-                out_p=out_p, out_g=out_g, out_e=out_e)
+    return dict(
+        plain=plain,
+        g=g,
+        e=e,
+        delta=delta,
+        b0=b0,
+        b_act=b_act,
+        out_p=out_p,
+        out_g=out_g,
+        out_e=out_e,
+    )
 
 
 def decode(r: dict[str, Any], i: int | None = None) -> np.ndarray:
@@ -103,12 +131,14 @@ def test_prefix_or_plain(n: int) -> None:
 
 
 def test_sign_random_and_boundaries_all_backends() -> None:
-    sums = np.concatenate([
-        np.asarray(BOUNDARY_SUMS, dtype=np.int64),
-        np.array([-(2**63)], dtype=np.int64),  # read as negative: NO
-        RNG.integers(-(2**62), 2**62, 5000),
-        RNG.integers(-1000, 1000, 500),
-    ])
+    sums = np.concatenate(
+        [
+            np.asarray(BOUNDARY_SUMS, dtype=np.int64),
+            np.array([-(2**63)], dtype=np.int64),  # read as negative: NO
+            RNG.integers(-(2**62), 2**62, 5000),
+            RNG.integers(-1000, 1000, 500),
+        ]
+    )
     z_l, z_h = split(sums)
     n = sums.shape[0]
     r = garble_and_eval(sign_circuit, bit_planes(z_l), bit_planes(z_h), n)

@@ -105,9 +105,10 @@ def test_exp_bounds_bracket_the_true_value() -> None:
 def test_digits_are_floor_of_value() -> None:
     y = Fraction(1, 5)
     d64 = noise._digits(y, "logistic", 64)
-    assert d64 == math.floor(2**64 / (1 + math.exp(0.2))) or abs(
-        d64 - 2**64 / (1 + math.exp(0.2))
-    ) < 2**12
+    assert (
+        d64 == math.floor(2**64 / (1 + math.exp(0.2)))
+        or abs(d64 - 2**64 / (1 + math.exp(0.2))) < 2**12
+    )
     d128 = noise._digits(y, "logistic", 128)
     assert d128 >> 64 == d64  # the expansion extends consistently
 

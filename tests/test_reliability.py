@@ -45,12 +45,17 @@ CLEAR = "UNAVAILABLE"
 KILLS_HEAVY = 3
 #: (point, role) pairs the heavy run kills at; open.before_helper exists only on the leader.
 PAIRS = [
-    ("upload.mid_store", "leader"), ("upload.mid_store", "helper"),
-    ("upload.after_store", "leader"), ("upload.after_store", "helper"),
-    ("open.after_charge", "leader"), ("open.after_charge", "helper"),
+    ("upload.mid_store", "leader"),
+    ("upload.mid_store", "helper"),
+    ("upload.after_store", "leader"),
+    ("upload.after_store", "helper"),
+    ("open.after_charge", "leader"),
+    ("open.after_charge", "helper"),
     ("open.before_helper", "leader"),
-    ("chunk.after_mark", "leader"), ("chunk.after_mark", "helper"),
-    ("chunk.after_result", "leader"), ("chunk.after_result", "helper"),
+    ("chunk.after_mark", "leader"),
+    ("chunk.after_mark", "helper"),
+    ("chunk.after_result", "leader"),
+    ("chunk.after_result", "helper"),
 ]
 
 
@@ -75,9 +80,19 @@ class Collection:
 
 
 def create_task(pd: ProcessDeployment, task: str) -> None:
-    pd.stub().CreateTask(pb.TaskSpec(
-        task_id=task, d=D, frac_bits=F, n_max=100_000, min_batch=1, epsilon_total="1000",
-        delta_total="1/1000", epsilon_min="1/100"), timeout=30)
+    pd.stub().CreateTask(
+        pb.TaskSpec(
+            task_id=task,
+            d=D,
+            frac_bits=F,
+            n_max=100_000,
+            min_batch=1,
+            epsilon_total="1000",
+            delta_total="1/1000",
+            epsilon_min="1/100",
+        ),
+        timeout=30,
+    )
 
 
 def upload_through_kill(
@@ -200,8 +215,10 @@ def test_crash_points(procs: ProcessDeployment):
     check_reports(pd, col)
     closed_task(pd, "s")
     for point, role in [
-        ("open.before_helper", "leader"), ("open.after_charge", "helper"),
-        ("chunk.after_mark", "leader"), ("chunk.after_result", "helper"),
+        ("open.before_helper", "leader"),
+        ("open.after_charge", "helper"),
+        ("chunk.after_mark", "leader"),
+        ("chunk.after_result", "helper"),
         ("chunk.after_result", "leader"),
     ]:
         stream_through_kill(pd, "s", role, point)
@@ -249,6 +266,8 @@ def test_crash_points_heavy(tmp_path: Path):
     finally:
         pd.stop()
     print("\ncrash safety: kills survived per point:", survived)
-    print(f"crash safety: {sum(survived.values())} kills, invariants held after each; "
-          f"{len(col.acked)} acked reports all counted once, {dropped} unacked dropped "
-          "at reconciliation")
+    print(
+        f"crash safety: {sum(survived.values())} kills, invariants held after each; "
+        f"{len(col.acked)} acked reports all counted once, {dropped} unacked dropped "
+        "at reconciliation"
+    )

@@ -54,8 +54,7 @@ WORKERS = 8  # concurrent streams per dataset (each stream is independent)
 def scenario_and_run(kind: str) -> tuple[Scenario, Any, list[Event]]:
     if kind != "ctt":
         sc = counterexample_scenario(kind, EPS)
-        return sc, lambda o: o.open_stream(EPS, kind).ask(sc.chunk), first_yes_events(
-            len(sc.chunk))
+        return sc, lambda o: o.open_stream(EPS, kind).ask(sc.chunk), first_yes_events(len(sc.chunk))
     k = 4
     sc = counterexample_scenario(StreamKind.CTT, EPS, k=k)
     gap = ctt_gap(EPS, CTT_DELTA, parties=2)
@@ -82,10 +81,20 @@ class RemoteAudit:
     def oracle_for(self, data: np.ndarray) -> Any:
         task = next(self.names)
         stub = self.pd.stub()
-        stub.CreateTask(pb.TaskSpec(
-            # n_max bounds |τ| (4·n_max): room for the CompareToThresholds gap.
-            task_id=task, d=data.shape[1], frac_bits=F, n_max=1000, min_batch=1,
-            epsilon_total="10000000", delta_total="1/2", epsilon_min="1/100"), timeout=30)
+        stub.CreateTask(
+            pb.TaskSpec(
+                # n_max bounds |τ| (4·n_max): room for the CompareToThresholds gap.
+                task_id=task,
+                d=data.shape[1],
+                frac_bits=F,
+                n_max=1000,
+                min_batch=1,
+                epsilon_total="10000000",
+                delta_total="1/2",
+                epsilon_min="1/100",
+            ),
+            timeout=30,
+        )
         with self.pd.uploader() as up:
             up.upload(task, data)
         stub.CloseCollection(pb.TaskRef(task_id=task), timeout=30)
@@ -155,16 +164,26 @@ def test_remote_audit_power():
     seeds = itertools.count()
     controls: list[tuple[str, Any, Any]] = [
         ("no threshold noise", NoThresholdNoiseOracle, None),
-        *[(f"noise {m}x too small", LocalOracle,
-           lambda o, m=m: o.open_stream(EPS * m, "lap24").ask(sc.chunk)) for m in (4, 8)],
+        *[
+            (
+                f"noise {m}x too small",
+                LocalOracle,
+                lambda o, m=m: o.open_stream(EPS * m, "lap24").ask(sc.chunk),
+            )
+            for m in (4, 8)
+        ],
     ]
     lines = []
     for name, cls, run in controls:
+
         def make(data: np.ndarray, cls: Any = cls) -> Any:
             return cls(data, 10**9, "0.5", frac_bits=F, parties=2, seed=next(seeds))
 
-        caught = sum(audit(sc, make, TRIALS_HEAVY, run=run, seed=r).violated
-                     for r in range(POWER_REPEATS))
+        caught = sum(
+            audit(sc, make, TRIALS_HEAVY, run=run, seed=r).violated for r in range(POWER_REPEATS)
+        )
         lines.append(f"{name}: caught {caught}/{POWER_REPEATS}")
-    print(f"\nremote audit power at {TRIALS_HEAVY} streams per dataset (local two-party "
-          f"controls, same audit): " + "; ".join(lines))
+    print(
+        f"\nremote audit power at {TRIALS_HEAVY} streams per dataset (local two-party "
+        f"controls, same audit): " + "; ".join(lines)
+    )

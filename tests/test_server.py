@@ -67,18 +67,30 @@ async def test_roles_are_enforced(deployment: Deployment, tmp_path: Path):
         other = write_deployment(tmp_path / "other-ca")
         out = {
             "client->analyst": code_of(
-                lambda: dep.analyst_stub("client").DescribeTask(ref, timeout=5)),
+                lambda: dep.analyst_stub("client").DescribeTask(ref, timeout=5)
+            ),
             "helper-cert->analyst": code_of(
-                lambda: dep.analyst_stub("helper").DescribeTask(ref, timeout=5)),
+                lambda: dep.analyst_stub("helper").DescribeTask(ref, timeout=5)
+            ),
             "analyst->peer": code_of(lambda: peer_as("analyst").Budget(ref, timeout=5)),
             "client->peer": code_of(lambda: peer_as("client").Budget(ref, timeout=5)),
-            "analyst->upload": code_of(lambda: ingest(dep, as_role="analyst").Upload(
-                pb.UploadBatch(task_id="t"), timeout=5)),
-            "other-ca": code_of(lambda: pb_grpc.AnalystStub(channel(
-                dep.leader_addr, Identity.load(other, "analyst"), dep.identity("analyst").ca
-            )).DescribeTask(ref, timeout=5)),
-            "plaintext": code_of(lambda: pb_grpc.AnalystStub(
-                channel(dep.leader_addr, None)).DescribeTask(ref, timeout=5)),
+            "analyst->upload": code_of(
+                lambda: ingest(dep, as_role="analyst").Upload(
+                    pb.UploadBatch(task_id="t"), timeout=5
+                )
+            ),
+            "other-ca": code_of(
+                lambda: pb_grpc.AnalystStub(
+                    channel(
+                        dep.leader_addr, Identity.load(other, "analyst"), dep.identity("analyst").ca
+                    )
+                ).DescribeTask(ref, timeout=5)
+            ),
+            "plaintext": code_of(
+                lambda: pb_grpc.AnalystStub(channel(dep.leader_addr, None)).DescribeTask(
+                    ref, timeout=5
+                )
+            ),
             "analyst ok": code_of(lambda: dep.analyst_stub().DescribeTask(ref, timeout=5)),
         }
         return out
@@ -93,7 +105,8 @@ async def test_roles_are_enforced(deployment: Deployment, tmp_path: Path):
 async def test_health_serving(deployment: Deployment):
     def run() -> int:
         stub = health_pb2_grpc.HealthStub(
-            channel(deployment.leader_addr, deployment.identity("analyst")))
+            channel(deployment.leader_addr, deployment.identity("analyst"))
+        )
         return stub.Check(health_pb2.HealthCheckRequest(), timeout=5).status  # type: ignore[no-any-return]
 
     assert await off_loop(run) == health_pb2.HealthCheckResponse.SERVING
@@ -139,8 +152,11 @@ async def test_upload_refusals_and_replays(deployment: Deployment):
         out = {
             "replay leader": code_of(lambda: lead.Upload(batch.leader, timeout=5)),
             "replay helper": code_of(lambda: helper.Upload(batch.helper, timeout=5)),
-            "unknown task": code_of(lambda: lead.Upload(pb.UploadBatch(
-                task_id="nope", reports=batch.leader.reports), timeout=5)),
+            "unknown task": code_of(
+                lambda: lead.Upload(
+                    pb.UploadBatch(task_id="nope", reports=batch.leader.reports), timeout=5
+                )
+            ),
             "short share": code_of(lambda: lead.Upload(short, timeout=5)),
             "seed to leader": code_of(lambda: lead.Upload(batch.helper, timeout=5)),
             "share to helper": code_of(lambda: helper.Upload(batch.leader, timeout=5)),
@@ -148,13 +164,17 @@ async def test_upload_refusals_and_replays(deployment: Deployment):
             "bad report id": code_of(lambda: lead.Upload(bad_id, timeout=5)),
             "empty": code_of(lambda: lead.Upload(pb.UploadBatch(task_id="t"), timeout=5)),
             "over n_max": code_of(lambda: lead.Upload(big.leader, timeout=5)),
-            "query while open": code_of(lambda: dep.analyst_stub().OpenStream(
-                pb.OpenStreamRequest(task_id="t", kind=pb.LAP24, epsilon="1"), timeout=5)),
+            "query while open": code_of(
+                lambda: dep.analyst_stub().OpenStream(
+                    pb.OpenStreamRequest(task_id="t", kind=pb.LAP24, epsilon="1"), timeout=5
+                )
+            ),
         }
         after = lead.GetTask(pb.TaskRef(task_id="t"), timeout=5)
         dep.analyst_stub().CloseCollection(pb.TaskRef(task_id="t"), timeout=5)
         out["after close"] = code_of(
-            lambda: lead.Upload(make_batch("t", np.zeros((1, 3)), 16).leader, timeout=5))
+            lambda: lead.Upload(make_batch("t", np.zeros((1, 3)), 16).leader, timeout=5)
+        )
         return out, good, after
 
     out, good, after = await off_loop(run)
@@ -184,8 +204,11 @@ async def test_close_reconciles_reports_only_one_server_has(deployment: Deployme
         helper.Upload(both.helper, timeout=5)
         lead.Upload(lead_only.leader, timeout=5)
         helper.Upload(helper_only.helper, timeout=5)
-        before = code_of(lambda: stub.OpenStream(pb.OpenStreamRequest(
-            task_id="t", kind=pb.LAP24, epsilon="1"), timeout=5))
+        before = code_of(
+            lambda: stub.OpenStream(
+                pb.OpenStreamRequest(task_id="t", kind=pb.LAP24, epsilon="1"), timeout=5
+            )
+        )
         info = stub.CloseCollection(pb.TaskRef(task_id="t"), timeout=10)
         again = stub.CloseCollection(pb.TaskRef(task_id="t"), timeout=10)
         return info, before, again
@@ -207,15 +230,17 @@ async def test_stream_and_chunk_refusals(deployment: Deployment):
         stub = _closed_task(dep, n=20, d=4, eps_total="5", eps_min="1/10")
 
         def open_(kind: int = pb.LAP24, eps: str = "1/2", delta: str = "") -> Any:
-            return stub.OpenStream(pb.OpenStreamRequest(
-                task_id="t", kind=kind, epsilon=eps, delta=delta), timeout=5)
+            return stub.OpenStream(
+                pb.OpenStreamRequest(task_id="t", kind=kind, epsilon=eps, delta=delta), timeout=5
+            )
 
         s = open_()
         ctt = open_(pb.CTT, "1/2", "1/10000")
 
         def ask(idx: list[int], tau: list[int], sid: str = s.stream_id) -> Any:
-            return stub.Ask(pb.AskRequest(stream_id=sid, queries=pb.Queries(index=idx),
-                                          tau=tau), timeout=30)
+            return stub.Ask(
+                pb.AskRequest(stream_id=sid, queries=pb.Queries(index=idx), tau=tau), timeout=30
+            )
 
         big = 4 * 100_000 * 2**16 + 1
         out = {
@@ -235,16 +260,40 @@ async def test_stream_and_chunk_refusals(deployment: Deployment):
             # |−2^63| does not fit int64: it must not slip past the bound (it
             # would flip the comparison), nor wrap the CTT gap check
             "tau -2^63": code_of(lambda: ask([0], [-(2**63)])),
-            "ctt tau_low -2^63": code_of(lambda: stub.Compare(pb.CompareRequest(
-                stream_id=ctt.stream_id, queries=pb.Queries(index=[0]), tau_low=[-(2**63)],
-                tau_high=[-1]), timeout=5)),
+            "ctt tau_low -2^63": code_of(
+                lambda: stub.Compare(
+                    pb.CompareRequest(
+                        stream_id=ctt.stream_id,
+                        queries=pb.Queries(index=[0]),
+                        tau_low=[-(2**63)],
+                        tau_high=[-1],
+                    ),
+                    timeout=5,
+                )
+            ),
             "ask on ctt": code_of(lambda: ask([0], [0], ctt.stream_id)),
-            "compare on lap24": code_of(lambda: stub.Compare(pb.CompareRequest(
-                stream_id=s.stream_id, queries=pb.Queries(index=[0]), tau_low=[0],
-                tau_high=[10**9]), timeout=5)),
-            "gap too small": code_of(lambda: stub.Compare(pb.CompareRequest(
-                stream_id=ctt.stream_id, queries=pb.Queries(index=[0]), tau_low=[0],
-                tau_high=[2**16]), timeout=5)),
+            "compare on lap24": code_of(
+                lambda: stub.Compare(
+                    pb.CompareRequest(
+                        stream_id=s.stream_id,
+                        queries=pb.Queries(index=[0]),
+                        tau_low=[0],
+                        tau_high=[10**9],
+                    ),
+                    timeout=5,
+                )
+            ),
+            "gap too small": code_of(
+                lambda: stub.Compare(
+                    pb.CompareRequest(
+                        stream_id=ctt.stream_id,
+                        queries=pb.Queries(index=[0]),
+                        tau_low=[0],
+                        tau_high=[2**16],
+                    ),
+                    timeout=5,
+                )
+            ),
         }
         # Still usable after all that: a YES closes it, then it refuses.
         yes = ask([0], [-1000 * 2**16])
@@ -290,29 +339,45 @@ async def test_ingest_port_without_client_certificates(certs: Path, tmp_path: Pa
     from svtagg.servers.service import ServerConfig, SvtaggServer
 
     ident = {r: Identity.load(certs, r) for r in ("leader", "helper")}
-    helper = SvtaggServer(ServerConfig("helper", str(tmp_path / "h.sqlite"), ident["helper"],
-                                       ingest_listen="127.0.0.1:0"))
+    helper = SvtaggServer(
+        ServerConfig(
+            "helper", str(tmp_path / "h.sqlite"), ident["helper"], ingest_listen="127.0.0.1:0"
+        )
+    )
     await helper.start()
-    leader = SvtaggServer(ServerConfig("leader", str(tmp_path / "l.sqlite"), ident["leader"],
-                                       helper_address=f"127.0.0.1:{helper.port}",
-                                       ingest_listen="127.0.0.1:0"))
+    leader = SvtaggServer(
+        ServerConfig(
+            "leader",
+            str(tmp_path / "l.sqlite"),
+            ident["leader"],
+            helper_address=f"127.0.0.1:{helper.port}",
+            ingest_listen="127.0.0.1:0",
+        )
+    )
     await leader.start()
     ca = ident["leader"].ca
 
     def run() -> tuple[int, grpc.StatusCode, grpc.StatusCode]:
         dep = Deployment(certs, tmp_path, leader_port=leader.port)
         make_task(dep.analyst_stub(), "t", d=2)
-        with Uploader(f"localhost:{leader.ingest_port}", f"localhost:{helper.ingest_port}",
-                      ca) as up:
+        with Uploader(
+            f"localhost:{leader.ingest_port}", f"localhost:{helper.ingest_port}", ca
+        ) as up:
             n = up.upload("t", np.ones((5, 2))).n_leader
-        anon = grpc.secure_channel(f"localhost:{leader.ingest_port}",
-                                   grpc.ssl_channel_credentials(ca), tls_target("leader"))
-        analyst = code_of(lambda: pb_grpc.AnalystStub(anon).DescribeTask(
-            pb.TaskRef(task_id="t"), timeout=5))
-        anon_h = grpc.secure_channel(f"localhost:{helper.ingest_port}",
-                                     grpc.ssl_channel_credentials(ca), tls_target("helper"))
-        peer = code_of(lambda: pb_grpc.PeerStub(anon_h).Budget(pb.TaskRef(task_id="t"),
-                                                               timeout=5))
+        anon = grpc.secure_channel(
+            f"localhost:{leader.ingest_port}",
+            grpc.ssl_channel_credentials(ca),
+            tls_target("leader"),
+        )
+        analyst = code_of(
+            lambda: pb_grpc.AnalystStub(anon).DescribeTask(pb.TaskRef(task_id="t"), timeout=5)
+        )
+        anon_h = grpc.secure_channel(
+            f"localhost:{helper.ingest_port}",
+            grpc.ssl_channel_credentials(ca),
+            tls_target("helper"),
+        )
+        peer = code_of(lambda: pb_grpc.PeerStub(anon_h).Budget(pb.TaskRef(task_id="t"), timeout=5))
         return n, analyst, peer
 
     try:
@@ -342,8 +407,11 @@ async def test_queries_wait_for_min_batch(deployment: Deployment):
         with deployment.uploader() as up:
             up.upload("t", np.ones((5, 2)))
         stub.CloseCollection(pb.TaskRef(task_id="t"), timeout=5)
-        return code_of(lambda: stub.OpenStream(pb.OpenStreamRequest(
-            task_id="t", kind=pb.LAP24, epsilon="1"), timeout=5))
+        return code_of(
+            lambda: stub.OpenStream(
+                pb.OpenStreamRequest(task_id="t", kind=pb.LAP24, epsilon="1"), timeout=5
+            )
+        )
 
     assert await off_loop(run) == Code.FAILED_PRECONDITION
 
@@ -354,19 +422,33 @@ async def test_impostor_helper_is_refused(certs: Path, tmp_path: Path):
     certificate carries, and every call to the impostor fails."""
     from svtagg.servers.service import ServerConfig, SvtaggServer
 
-    impostor = SvtaggServer(ServerConfig("helper", str(tmp_path / "x.sqlite"),
-                                         Identity.load(certs, "analyst")))
+    impostor = SvtaggServer(
+        ServerConfig("helper", str(tmp_path / "x.sqlite"), Identity.load(certs, "analyst"))
+    )
     await impostor.start()
-    leader = SvtaggServer(ServerConfig("leader", str(tmp_path / "l.sqlite"),
-                                       Identity.load(certs, "leader"),
-                                       helper_address=f"127.0.0.1:{impostor.port}"))
+    leader = SvtaggServer(
+        ServerConfig(
+            "leader",
+            str(tmp_path / "l.sqlite"),
+            Identity.load(certs, "leader"),
+            helper_address=f"127.0.0.1:{impostor.port}",
+        )
+    )
     await leader.start(warm=False)
     try:
         dep = Deployment(certs, tmp_path, leader_port=leader.port)
-        spec = pb.TaskSpec(task_id="t", d=1, frac_bits=16, n_max=10, min_batch=1,
-                           epsilon_total="1", epsilon_min="1/10")
+        spec = pb.TaskSpec(
+            task_id="t",
+            d=1,
+            frac_bits=16,
+            n_max=10,
+            min_batch=1,
+            epsilon_total="1",
+            epsilon_min="1/10",
+        )
         code = await off_loop(
-            lambda: code_of(lambda: dep.analyst_stub().CreateTask(spec, timeout=2)))
+            lambda: code_of(lambda: dep.analyst_stub().CreateTask(spec, timeout=2))
+        )
         created = impostor.store.task_ids() + leader.store.task_ids()
     finally:
         await leader.stop(0.5)
@@ -385,8 +467,12 @@ def test_budget_policy_caps_the_analysts_proposal(tmp_path: Path):
     from svtagg.dp.task import parse_task_params
     from svtagg.servers.core import ServerCore
 
-    core = ServerCore("helper", Store(tmp_path / "h.sqlite"),
-                      max_epsilon_total=Fraction(8), max_delta_total=Fraction(1, 10**6))
+    core = ServerCore(
+        "helper",
+        Store(tmp_path / "h.sqlite"),
+        max_epsilon_total=Fraction(8),
+        max_delta_total=Fraction(1, 10**6),
+    )
     ok = parse_task_params("ok", 4, 16, 1000, 1, "8", "1/1000000", "1/100")
     core.check_budget_policy(ok)
     for eps, delta in (("9", "0"), ("1", "1/1000")):

@@ -41,9 +41,20 @@ async def test_close_drops_out_of_range_reports(deployment: Deployment) -> None:
 
     def run() -> tuple[Any, Any, int | None]:
         stub = dep.analyst_stub()
-        stub.CreateTask(pb.TaskSpec(
-            task_id="v", d=D, frac_bits=F, n_max=1000, min_batch=1, epsilon_total="10",
-            delta_total="0", epsilon_min="1/100", validate_reports=True), timeout=10)
+        stub.CreateTask(
+            pb.TaskSpec(
+                task_id="v",
+                d=D,
+                frac_bits=F,
+                n_max=1000,
+                min_batch=1,
+                epsilon_total="10",
+                delta_total="0",
+                epsilon_min="1/100",
+                validate_reports=True,
+            ),
+            timeout=10,
+        )
         ident = dep.identity("client")
         lead = pb_grpc.IngestStub(channel(dep.leader_addr, ident, server="leader"))
         help_ = pb_grpc.IngestStub(channel(dep.helper_addr, ident, server="helper"))
@@ -61,13 +72,16 @@ async def test_close_drops_out_of_range_reports(deployment: Deployment) -> None:
             lead.Upload(lb, timeout=10)
             help_.Upload(hb, timeout=10)
         info = stub.CloseCollection(pb.TaskRef(task_id="v"), timeout=120)
-        s = stub.OpenStream(pb.OpenStreamRequest(task_id="v", kind=pb.LAP24, epsilon="1"),
-                            timeout=10)
+        s = stub.OpenStream(
+            pb.OpenStreamRequest(task_id="v", kind=pb.LAP24, epsilon="1"), timeout=10
+        )
         # Coordinate 0 sums to 0 once the wrapping report is gone, so a threshold
         # of −50 (50 score units below, noise scale 4) answers YES; had the report
         # stayed, the sum would read as ≈ −2^63 and answer NO.
-        ask = stub.Ask(pb.AskRequest(stream_id=s.stream_id, queries=pb.Queries(index=[0]),
-                                     tau=[-50 * 2**F]), timeout=60)
+        ask = stub.Ask(
+            pb.AskRequest(stream_id=s.stream_id, queries=pb.Queries(index=[0]), tau=[-50 * 2**F]),
+            timeout=60,
+        )
         return info, ask, None
 
     info, ask, _ = await off_loop(run)
@@ -117,9 +131,19 @@ async def test_client_refuses_unvalidated_task(deployment: Deployment) -> None:
     dep = deployment
 
     def run() -> None:
-        dep.analyst_stub().CreateTask(pb.TaskSpec(
-            task_id="u", d=D, frac_bits=F, n_max=100, min_batch=1, epsilon_total="1",
-            delta_total="0", epsilon_min="1/100"), timeout=10)
+        dep.analyst_stub().CreateTask(
+            pb.TaskSpec(
+                task_id="u",
+                d=D,
+                frac_bits=F,
+                n_max=100,
+                min_batch=1,
+                epsilon_total="1",
+                delta_total="0",
+                epsilon_min="1/100",
+            ),
+            timeout=10,
+        )
         with dep.uploader() as up, pytest.raises(ValueError, match="does not validate"):
             up.upload("u", np.zeros((3, D)), require_validation=True)
 
