@@ -22,8 +22,10 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 
 import numpy as np
+import numpy.typing as npt
 from svtagg.analyst.oracle import Oracle
-from svtagg.dp.kinds import StreamKind
+from svtagg.dp.kinds import StreamKind, noise_model
+from svtagg.dp.noise import laplace_log_pmf
 from svtagg.dp.queries import Query
 
 Output = Hashable
@@ -259,3 +261,75 @@ def split_scenario(
         StreamKind.parse(kind),
         chunk,
     )
+
+
+# --------------------------------------------------------------------------------------
+# Exact outcome distribution of a stream on ring values (the wrap-attack analysis).
+
+_RING = 1 << 64
+_HALF = 1 << 63
+
+
+def _signed(x: int) -> int:
+    x %= _RING
+    return x - _RING if x >= _HALF else x
+
+
+def _laplace_cdf(scale: Fraction, x: int) -> float:
+    """P(ν ≤ x) for the discrete Laplace law of `svtagg.dp.noise` (q = e^(−1/scale))."""
+    q = math.exp(-1.0 / float(scale))
+    if x >= 0:
+        return 1.0 - q ** (x + 1) / (1.0 + q)
+    return q ** (-x) / (1.0 + q)
+
+
+def honest_party_outcome_probs(
+    values: Sequence[int],
+    taus: Sequence[int],
+    kind: StreamKind | str,
+    epsilon: Fraction,
+    frac_bits: int,
+    window_scales: int = 40,
+) -> npt.NDArray[np.float64]:
+    """Exact P(first YES at j) for j < k, and P(no YES) last, of one chunk of an
+    AboveThreshold stream whose comparisons run on the ring values `values`
+    (grid units mod 2^64, e.g. the servers' reconstructed aggregates) against
+    thresholds `taus`, when only the honest server's noise is random (the
+    corrupt server's γ and ν are known to the adversary and taken as 0).
+
+    The comparison is the circuit's: YES iff (v − τ + ν − γ) mod 2^64 ≥ 0 as
+    int64, so a value near ±2^63 wraps exactly as it would in the servers.
+    Laplace-noise kinds only; γ is summed over ±window_scales of its scale
+    (the mass left out is below e^−window_scales)."""
+    model = noise_model(kind)
+    if model.threshold_family != "laplace" or model.query_family != "laplace":
+        raise ValueError("exact outcome probabilities are implemented for Laplace kinds")
+    sg = model.threshold_scale(Fraction(epsilon), frac_bits)
+    sv = model.query_scale(Fraction(epsilon), frac_bits)
+    span = math.ceil(window_scales * sg)
+    gammas = np.arange(-span, span + 1)
+    p_gamma = np.exp(laplace_log_pmf(sg, gammas))
+    # ν beyond ±nu_cap scales has mass below e^−200: clip the interval ends there.
+    nu_cap = math.ceil(200 * sv)
+
+    def p_yes(base: int, gamma: int) -> float:
+        w = _signed(base - gamma)
+        # YES iff w + ν ∈ [0, 2^63) or w + ν < −2^63 (wraps to a positive value).
+        lo, hi = max(-w, -nu_cap), min(_HALF - 1 - w, nu_cap)
+        p = _laplace_cdf(sv, hi) - _laplace_cdf(sv, lo - 1) if lo <= hi else 0.0
+        below = -_HALF - 1 - w
+        if below >= -nu_cap:
+            p += _laplace_cdf(sv, min(below, nu_cap))
+        return p
+
+    k = len(values)
+    bases = [int(v) - int(t) for v, t in zip(values, taus, strict=True)]
+    out = np.zeros(k + 1)
+    for g, pg in zip(gammas.tolist(), p_gamma.tolist(), strict=True):
+        alive = pg
+        for j, b in enumerate(bases):
+            y = p_yes(b, g)
+            out[j] += alive * y
+            alive *= 1.0 - y
+        out[k] += alive
+    return out

@@ -174,3 +174,102 @@ def plain_compare_to_thresholds(
         if out[-1] == CLOSE:
             break
     return out
+
+
+# ---------------------------------------------------------------- robust aggregates
+Rows = list[Wires]
+ConstBits = Callable[[int], "Bits | None"]
+
+
+def _add_const(be: Backend, x: Rows, k: ConstBits) -> Rows:
+    """x + k mod 2^64, bit rows; k is known to the garbler (None on the evaluator).
+    Carry c_{i+1} = c_i ⊕ ((k_i ⊕ c_i) ∧ (x_i ⊕ c_i)): 63 ANDs per lane."""
+    out = [be.xor_const(x[0], k(0))]
+    c = be.and_const(k(0), x[0])
+    for i in range(1, RING_BITS):
+        out.append(be.xor_const(be.xor(x[i], c), k(i)))
+        if i < RING_BITS - 1:
+            c = be.xor(c, be.and_(be.xor_const(c, k(i)), be.xor(x[i], c)))
+    return out
+
+
+def _abs(be: Backend, s: Rows) -> Rows:
+    """|s| as int64, i.e. tri(s) = min(s, 2^64 − s): (s ⊕ sign) + sign, 63 ANDs.
+    −2^63 maps to 2^63, which is tri's value there."""
+    sign = s[RING_BITS - 1]
+    u = [be.xor(si, sign) for si in s]
+    out = []
+    c = sign
+    for i in range(RING_BITS):
+        out.append(be.xor(u[i], c))
+        if i < RING_BITS - 1:
+            c = be.and_(u[i], c)
+    return out
+
+
+def _min_const(be: Backend, t: Rows, bound: ConstBits, not_bound: ConstBits) -> Rows:
+    """min(t, N) for 0 ≤ t ≤ 2^63 and a public 0 ≤ N < 2^63: the sign of
+    t + (2^64 − N − 1) = t − N − 1 (which cannot wrap) says t ≤ N; a mux picks."""
+    c = be.and_const(not_bound(0), t[0])
+    for i in range(1, RING_BITS - 1):
+        c = be.xor(c, be.and_(be.xor_const(c, not_bound(i)), be.xor(t[i], c)))
+    top = RING_BITS - 1
+    at_most = be.xor_const(be.xor(t[top], c), not_bound(top))
+    greater = be.not_(at_most)
+    return [be.xor(ti, be.and_(greater, be.xor_const(ti, bound(i)))) for i, ti in enumerate(t)]
+
+
+def _public_bits(value: int, m: int, garbler: bool) -> ConstBits:
+    rows = [np.full(m, (value >> i) & 1, dtype=np.uint8) for i in range(RING_BITS)]
+    return (lambda i: rows[i]) if garbler else (lambda i: None)
+
+
+def clamp_reshare_circuit(
+    be: Backend, a_bits: Bits | None, b: WireSource, n: int, bound: int
+) -> tuple[Wires, ...]:
+    """y = g(a + b) − r mod 2^64 for every lane, with g(s) = min(tri(s), bound):
+    the robust aggregate, re-shared (the garbler keeps r, the evaluator learns y).
+
+    a_bits: the garbler's (64, 2n) bits, lanes 0..n−1 its share a and lanes
+    n..2n−1 the constant −r (None on the evaluator); b: the evaluator's share.
+    Outputs 64 bundles of n wires, bit i of y in bundle i.  About 315 ANDs per lane.
+    """
+    if not 0 <= bound < 1 << (RING_BITS - 1):
+        raise ValueError("the clamp bound must be in [0, 2^63)")
+    garbler = a_bits is not None
+    parts: list[Rows] = []
+    for lo, hi in lane_batches(n):
+        m = hi - lo
+        bw = b(lo, hi)
+        x = [bw[i] for i in range(RING_BITS)]
+
+        def share(i: int, lo: int = lo, hi: int = hi) -> Bits | None:
+            return None if a_bits is None else a_bits[i, lo:hi]
+
+        def neg_r(i: int, lo: int = lo, hi: int = hi) -> Bits | None:
+            return None if a_bits is None else a_bits[i, n + lo : n + hi]
+
+        t = _abs(be, _add_const(be, x, share))
+        g = _min_const(
+            be,
+            t,
+            _public_bits(bound, m, garbler),
+            _public_bits((1 << RING_BITS) - bound - 1, m, garbler),
+        )
+        parts.append(_add_const(be, g, neg_r))
+    if len(parts) == 1:
+        return tuple(parts[0])
+    return tuple(np.concatenate([p[i] for p in parts]) for i in range(RING_BITS))
+
+
+def ring_from_bits(rows: list[Bits]) -> npt.NDArray[np.uint64]:
+    """64 bit rows (bit i of every lane in row i) back to ring elements."""
+    packed = np.packbits(np.stack(rows).astype(np.uint8), axis=0, bitorder="little")
+    return np.ascontiguousarray(packed.T).view("<u8").reshape(-1).astype(np.uint64)
+
+
+def plain_clamp(s: npt.NDArray[np.uint64], bound: int) -> npt.NDArray[np.uint64]:
+    """Plaintext reference: g(s) = min(tri(s), bound), tri(s) = min(s, 2^64 − s)."""
+    s = np.asarray(s, dtype=np.uint64)
+    tri = np.minimum(s, np.uint64(0) - s)
+    return np.minimum(tri, np.uint64(bound))

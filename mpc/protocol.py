@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import os
 import secrets
 import time
 from collections.abc import Callable, Iterator
@@ -21,11 +22,13 @@ from svtagg.mpc.circuits import (
     CttCode,
     WireSource,
     bit_planes,
+    clamp_reshare_circuit,
     ctt_circuit,
     ctt_outcomes,
     first_yes_circuit,
     first_yes_index,
     lane_batches,
+    ring_from_bits,
 )
 
 # HIGH and LOW stay importable from here, where the codes used to be defined.
@@ -61,6 +64,11 @@ class ChunkCircuit(Generic[R]):
     parse: Callable[[bytes, int], R]
     #: The result of a chunk of no queries (nothing is sent).
     empty: Callable[[], R]
+    #: Further k-vectors only the garbler supplies (constants to the circuit,
+    #: after the shared inputs in its garbler bits; no OT for them).
+    garbler_inputs: int = 0
+    #: Table blocks per lane to preallocate (the buffer grows if it is short).
+    tables_per_lane: int = 131
 
 
 def _encode_index(j: int | None) -> bytes:
@@ -105,6 +113,27 @@ COMPARE_TO_THRESHOLDS: ChunkCircuit[list[int]] = ChunkCircuit(
     parse=_parse_outcomes,
     empty=list,
 )
+
+
+def _parse_nothing(msg: bytes, k: int) -> None:
+    if msg:
+        raise ValueError("malformed result message")
+
+
+def clamp_reshare_spec(bound: int) -> ChunkCircuit[U64 | None]:
+    """The robust-aggregate pass: the evaluator decodes its new share y, the
+    garbler learns nothing (an empty last message keeps the flow's shape)."""
+    return ChunkCircuit(
+        inputs=("share",),
+        outputs=RING_BITS,
+        circuit=lambda be, a_bits, b, k: clamp_reshare_circuit(be, a_bits, b, k, bound),
+        decode=ring_from_bits,
+        encode=lambda y: b"",
+        parse=_parse_nothing,
+        empty=lambda: None,
+        garbler_inputs=1,
+        tables_per_lane=640,
+    )
 
 
 @dataclass
@@ -171,6 +200,13 @@ class _Party:
         party's shares."""
         return await self._chunk_flow(COMPARE_TO_THRESHOLDS, z_high, z_low)
 
+    async def clamp_reshare(self, share: npt.ArrayLike, bound: int) -> U64:
+        """This party's new share of g(S) = min(tri(S), bound) for every lane, where
+        S = share_L + share_H and tri(s) = min(s, 2^64 − s): the robust aggregate.
+        The garbler's new share is a fresh uniform r (CSPRNG), the evaluator's is
+        g(S) − r; neither learns anything else."""
+        raise NotImplementedError
+
     async def _chunk_flow(self, spec: ChunkCircuit[R], *zs: npt.ArrayLike) -> R:
         if not self._ready:
             raise RuntimeError("call setup() first")
@@ -186,7 +222,7 @@ class _Party:
         z = shares[0] if len(shares) == 1 else np.concatenate(shares)
         result, and_gates = await self._run(spec, z, k, nonce, tweak_hi)
         self.last_stats = RunStats(
-            comparisons=z.shape[0],
+            comparisons=k * len(spec.inputs),
             and_gates=and_gates,
             bytes_sent=self.channel.bytes_sent - s,
             bytes_received=self.channel.bytes_received - r,
@@ -247,17 +283,24 @@ class ComparisonGarbler(_Party):
         self.delta = self._iknp.delta
         self._ready = True
 
+    async def clamp_reshare(self, share: npt.ArrayLike, bound: int) -> U64:
+        a = _as_ring(share)
+        r = np.frombuffer(os.urandom(8 * a.shape[0]), dtype="<u8").astype(np.uint64)
+        await self._chunk_flow(clamp_reshare_spec(bound), a, np.uint64(0) - r)
+        return r
+
     async def _run(
         self, spec: ChunkCircuit[R], z: U64, k: int, nonce: int, tweak_hi: int
     ) -> tuple[R, int]:
         """Receive the IKNP matrix u (16 bytes per evaluator input bit), garble,
         send all tables + output-decoding bits, receive the decoded result."""
         a_bits = bit_planes(z)
-        lanes = z.shape[0]
+        lanes = k * len(spec.inputs)  # the evaluator's input lanes
         q = self._iknp.labels(await self.channel.recv(), _ot_widths(lanes), nonce)
         # 125 ciphertexts per comparison plus < 6 per lane for the chunk logic.
+        capacity = spec.tables_per_lane * lanes + 64
         be = GarbleBackend(
-            self.delta, self.hasher, tweak_hi, 131 * lanes + 64, self._tables, self._workspace
+            self.delta, self.hasher, tweak_hi, capacity, self._tables, self._workspace
         )
         self._tables = be.buffer
         be.tweak_log = self.tweak_log
@@ -278,6 +321,10 @@ class ComparisonEvaluator(_Party):
         keys = await base_ot_send(self.channel, KAPPA, self.session_id)
         self._iknp = IKNPReceiver(keys)
         self._ready = True
+
+    async def clamp_reshare(self, share: npt.ArrayLike, bound: int) -> U64:
+        y = await self._chunk_flow(clamp_reshare_spec(bound), share)
+        return y if y is not None else np.zeros(0, dtype=np.uint64)
 
     async def _run(
         self, spec: ChunkCircuit[R], z: U64, k: int, nonce: int, tweak_hi: int

@@ -242,20 +242,26 @@ class PrepareStreamRequest(_message.Message):
     def __init__(self, stream_id: _Optional[str] = ..., task_id: _Optional[str] = ..., kind: _Optional[_Union[StreamKind, str]] = ..., epsilon: _Optional[str] = ..., delta: _Optional[str] = ...) -> None: ...
 
 class ChunkHeader(_message.Message):
-    __slots__ = ("stream_id", "chunk_no", "queries", "compare", "validate_task_id", "report_ids")
+    __slots__ = ("stream_id", "chunk_no", "queries", "compare", "validate_task_id", "report_ids", "robust_task_id", "coord_lo", "coord_hi")
     STREAM_ID_FIELD_NUMBER: _ClassVar[int]
     CHUNK_NO_FIELD_NUMBER: _ClassVar[int]
     QUERIES_FIELD_NUMBER: _ClassVar[int]
     COMPARE_FIELD_NUMBER: _ClassVar[int]
     VALIDATE_TASK_ID_FIELD_NUMBER: _ClassVar[int]
     REPORT_IDS_FIELD_NUMBER: _ClassVar[int]
+    ROBUST_TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    COORD_LO_FIELD_NUMBER: _ClassVar[int]
+    COORD_HI_FIELD_NUMBER: _ClassVar[int]
     stream_id: str
     chunk_no: int
     queries: Queries
     compare: bool
     validate_task_id: str
     report_ids: bytes
-    def __init__(self, stream_id: _Optional[str] = ..., chunk_no: _Optional[int] = ..., queries: _Optional[_Union[Queries, _Mapping]] = ..., compare: _Optional[bool] = ..., validate_task_id: _Optional[str] = ..., report_ids: _Optional[bytes] = ...) -> None: ...
+    robust_task_id: str
+    coord_lo: int
+    coord_hi: int
+    def __init__(self, stream_id: _Optional[str] = ..., chunk_no: _Optional[int] = ..., queries: _Optional[_Union[Queries, _Mapping]] = ..., compare: _Optional[bool] = ..., validate_task_id: _Optional[str] = ..., report_ids: _Optional[bytes] = ..., robust_task_id: _Optional[str] = ..., coord_lo: _Optional[int] = ..., coord_hi: _Optional[int] = ...) -> None: ...
 
 class SessionOpen(_message.Message):
     __slots__ = ("session_id",)

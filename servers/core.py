@@ -53,6 +53,8 @@ class ComparisonParty(Protocol):
 
     async def compare_to_thresholds(self, z_high: U64, z_low: U64) -> list[int]: ...
 
+    async def clamp_reshare(self, share: U64, bound: int) -> U64: ...
+
 
 PartyFactory = Callable[[Role, "Channel", bytes], ComparisonParty]
 
@@ -112,6 +114,7 @@ class ServerCore:
         max_epsilon_total: Fraction | None = None,
         max_delta_total: Fraction | None = None,
         require_validation: bool = False,
+        robust_aggregates: bool = True,
     ) -> None:
         self.role: Role = role
         self.store = store
@@ -123,6 +126,11 @@ class ServerCore:
         #: The analyst also chooses whether reports are range-checked; a server
         #: that must not trust clients refuses tasks that skip the check.
         self.require_validation = require_validation
+        #: Queries read g(S) = min(tri(S), n·2^F), computed at the close, never S
+        #: itself (docs/privacy.md, "Robust aggregates"): whatever a malicious
+        #: client uploads, an honest user moves every compared value by ≤ 2^F.
+        #: Switched off only by tests, as the negative control of the wrap attack.
+        self.robust_aggregates = robust_aggregates
 
     def check_budget_policy(self, params: TaskParams) -> None:
         """Refuse a task whose total (ε, δ) exceeds this server's configured cap, or
@@ -248,6 +256,7 @@ class ServerCore:
             raise FailedPrecondition(
                 f"task {task_id!r}: the servers have not agreed on the reports; close again"
             )
+        self.query_sums(task)  # refused before any charge if g(S) is missing
         if eps < task.params.epsilon_min:
             raise InvalidArgument(
                 f"epsilon={eps} is below the task's epsilon_min={task.params.epsilon_min}"
@@ -267,6 +276,23 @@ class ServerCore:
                 f"task {task.params.task_id!r} has n={task.n} < min_batch={task.params.min_batch}"
             )
 
+    @staticmethod
+    def clamp_bound(task: TaskState) -> int:
+        """N = n·2^F: the largest honest aggregate, where robust aggregates clamp."""
+        return task.n * sensitivity(task.params.frac_bits)
+
+    def query_sums(self, task: TaskState) -> U64:
+        """This server's share of what queries read: g(S) (robust aggregates)."""
+        if not self.robust_aggregates:
+            return self.store.sums(task.params.task_id)
+        robust = self.store.robust_sums(task.params.task_id)
+        if robust is None:
+            raise FailedPrecondition(
+                f"task {task.params.task_id!r} was agreed without robust aggregates "
+                "(by an older version); create a new task"
+            )
+        return robust
+
     def stream_and_task(self, stream_id: str) -> tuple[StreamState, TaskState]:
         stream = self.store.stream(stream_id)
         return stream, self.store.task(stream.task_id)
@@ -274,7 +300,7 @@ class ServerCore:
     def _scores(self, task: TaskState, chunk: Chunk) -> U64:
         """q(S) on this server's share: S[j], or for a complement n·2^F − S[j] (leader)
         and −S[j] (helper), so that the two shares add up to n·2^F − S_j."""
-        sums = self.store.sums(task.params.task_id)[chunk.index]
+        sums = self.query_sums(task)[chunk.index]
         full = (
             np.uint64(task.n * sensitivity(task.params.frac_bits))
             if self.role == Role.LEADER

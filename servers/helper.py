@@ -8,8 +8,11 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
 from svtagg.dp.errors import FailedPrecondition, InvalidArgument
 from svtagg.dp.kinds import StreamKind
+from svtagg.mpc.ring import U64
 from svtagg.proto import svtagg_pb2 as pb
 from svtagg.proto.vocab import Role, kind_from_pb, refusal_status, split_ids
 from svtagg.servers.core import Chunk, ComparisonParty, PartyFactory, ServerCore, parse_chunk
@@ -27,6 +30,9 @@ class HelperDriver:
     def __init__(self, core: ServerCore, party: PartyFactory) -> None:
         self.core = core
         self.party = party
+        #: Robust-aggregate shares computed at the close, held until MarkAgreed
+        #: stores them with the agreement: task → (report digest, shares, filled).
+        self._staged: dict[str, tuple[bytes, U64, npt.NDArray[np.bool_]]] = {}
         #: Set when the server shuts down: idle sessions end at once.
         self.stopping = asyncio.Event()
 
@@ -62,13 +68,27 @@ class HelperDriver:
         )
 
     async def MarkAgreed(self, request: pb.CollectionDigest) -> pb.TaskInfo:
-        """Record agreement only if this server's report set is the leader's."""
+        """Record agreement only if this server's report set is the leader's and
+        (robust aggregates) the close re-shared every coordinate of that set."""
         t = self.core.store.task(request.task_id)
         if t.collection_open or (t.n, t.digest) != (request.n, request.report_digest):
             raise FailedPrecondition(
                 f"helper holds n={t.n} reports with another digest; not agreed"
             )
-        return task_info(self.core.store.mark_agreed(request.task_id))
+        if t.agreed and t.streams:
+            return task_info(t)  # a retry: queries already run on the stored g(S)
+        robust = None
+        if self.core.robust_aggregates:
+            digest, shares, filled = self._staged.get(t.params.task_id, (b"", None, None))
+            if shares is None or filled is None or digest != t.digest or not filled.all():
+                raise FailedPrecondition(
+                    "the helper holds no complete robust-aggregate pass for this report "
+                    "set; close again"
+                )
+            robust = shares
+        info = task_info(self.core.store.mark_agreed(request.task_id, robust))
+        self._staged.pop(t.params.task_id, None)
+        return info
 
     async def Budget(self, request: pb.TaskRef) -> pb.TaskInfo:
         return task_info(self.core.store.task(request.task_id))
@@ -106,6 +126,9 @@ class HelperDriver:
             if frame.header.validate_task_id:
                 await self._validate(write, party, frame.header)
                 continue
+            if frame.header.robust_task_id:
+                await self._robust(write, party, frame.header)
+                continue
             try:
                 stream, task, chunk = self._accept(frame.header)
             except Exception as exc:  # noqa: BLE001 - refusal goes back, session lives
@@ -131,6 +154,35 @@ class HelperDriver:
             return
         await write(_OK)
         await party.first_yes(z)
+        await write(_OK)
+
+    async def _robust(self, write: WriteFrame, party: ComparisonParty, h: pb.ChunkHeader) -> None:
+        """The evaluator's side of one robust-aggregate chunk (see the leader's
+        `robust_pass`): its new shares of g(S) for coordinates [lo, hi), staged
+        until MarkAgreed.  A refusal goes back and the session lives on."""
+        try:
+            task = self.core.store.task(h.robust_task_id)
+            if task.collection_open:
+                raise FailedPrecondition("robust aggregates are computed after the close")
+            if task.agreed and task.streams:
+                raise FailedPrecondition("queries already run on this task's aggregates")
+            lo, hi = h.coord_lo, h.coord_hi
+            if not 0 <= lo < hi <= task.params.d:
+                raise InvalidArgument(f"coordinates [{lo}, {hi}) out of [0, {task.params.d})")
+            z = self.core.store.sums(task.params.task_id)[lo:hi]
+        except Exception as exc:  # noqa: BLE001 - refusal goes back, session lives
+            await write(pb.PeerFrame(status=refusal_status(exc)))
+            return
+        await write(_OK)
+        y = await party.clamp_reshare(z, self.core.clamp_bound(task))
+        tid = task.params.task_id
+        digest, shares, filled = self._staged.get(tid, (b"", None, None))
+        if digest != task.digest or shares is None or filled is None:
+            shares = np.zeros(task.params.d, dtype=np.uint64)
+            filled = np.zeros(task.params.d, dtype=bool)
+        shares[lo:hi] = y
+        filled[lo:hi] = True
+        self._staged[tid] = (task.digest, shares, filled)
         await write(_OK)
 
     async def _next_frame(self, read: ReadFrame) -> Any:

@@ -12,6 +12,7 @@ import secrets
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import numpy as np
 from svtagg.dp.errors import (
     AlreadyExists,
     FailedPrecondition,
@@ -22,6 +23,7 @@ from svtagg.dp.errors import (
     StreamClosed,
 )
 from svtagg.dp.kinds import StreamKind
+from svtagg.mpc.ring import U64
 from svtagg.proto import svtagg_pb2 as pb
 from svtagg.proto.vocab import (
     CHUNK_DEADLINE,
@@ -47,6 +49,10 @@ from svtagg.servers.session import SessionPool
 from svtagg.servers.store import FAILED, OPEN, StreamState, TaskState
 
 log = logging.getLogger("svtagg.server")
+
+#: Coordinates per robust-aggregate chunk: about 315 AND gates each, so ~45 MB of
+#: tables per chunk.
+ROBUST_LANES = 4096
 
 #: Lanes per range-validation chunk (2d per report): about 150 MB of protocol
 #: traffic, well inside the chunk deadline.
@@ -204,11 +210,12 @@ class LeaderDriver:
                 )
                 if (helper.n, helper.report_digest) != (task.n, task.digest):
                     raise FailedPrecondition("servers disagree after validation; close again")
+        robust = await self.robust_pass(task) if self.core.robust_aggregates else None
         await self._call(
             PeerMethod.MARK_AGREED,
             pb.CollectionDigest(n=task.n, report_digest=task.digest, task_id=task_id),
         )
-        info = task_info(self.core.store.mark_agreed(task_id))
+        info = task_info(self.core.store.mark_agreed(task_id, robust))
         info.dropped_reports = dropped + len(invalid)
         return info
 
@@ -221,6 +228,24 @@ class LeaderDriver:
             PeerMethod.DROP_REPORTS, pb.ReportIds(task_id=task_id, report_ids=b"".join(theirs))
         )
         return task, helper
+
+    async def robust_pass(self, task: TaskState) -> U64:
+        """Re-share every coordinate's aggregate as g(S) = min(tri(S), n·2^F): the
+        leader's new shares (fresh randomness), the helper's staged on its side.
+        One garbled pass per coordinate, ROBUST_LANES coordinates per chunk."""
+        task_id, d = task.params.task_id, task.params.d
+        sums = self.core.store.sums(task_id)
+        bound = self.core.clamp_bound(task)
+        out = np.empty(d, dtype=np.uint64)
+        for lo in range(0, d, ROBUST_LANES):
+            hi = min(d, lo + ROBUST_LANES)
+            header = pb.ChunkHeader(robust_task_id=task_id, coord_lo=lo, coord_hi=hi)
+            out[lo:hi], _ = await self._exchange(header, self._reshare(sums[lo:hi], bound))
+        return out
+
+    @staticmethod
+    def _reshare(z: U64, bound: int) -> Callable[[ComparisonParty], Awaitable[U64]]:
+        return lambda party: party.clamp_reshare(z, bound)
 
     async def _validate_reports(self, task: TaskState) -> list[bytes]:
         """Range-check every report with the first-YES circuit; the invalid ones.

@@ -137,12 +137,26 @@ class Store:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.executescript(_SCHEMA)
+        self._migrate()
         #: Streams this start failed closed (opening / in_chunk at the last stop).
         self.recovered_failed: list[tuple[str, str]] = []
         self.failed_on_recovery = self._recover()
 
     def close(self) -> None:
         self._db.close()
+
+    #: Schema version this code writes (SQLite's user_version).
+    SCHEMA_VERSION = 1
+
+    def _migrate(self) -> None:
+        """Bring an older store up to SCHEMA_VERSION, one versioned step at a time."""
+        version = self._db.execute("PRAGMA user_version").fetchone()[0]
+        if version < 1:
+            # v1: the robust aggregate g(S) of each coordinate, written at agreement.
+            cols = {r[1] for r in self._db.execute("PRAGMA table_info(tasks)")}
+            if "robust_sums" not in cols:
+                self._db.execute("ALTER TABLE tasks ADD COLUMN robust_sums BLOB")
+            self._db.execute("PRAGMA user_version = 1")
 
     def _recover(self) -> int:
         """Fail closed every stream that was opening or mid-chunk at the last stop."""
@@ -219,10 +233,20 @@ class Store:
         return [r[0] for r in self._db.execute("SELECT task_id FROM tasks ORDER BY task_id")]
 
     def sums(self, task_id: str) -> U64:
+        """This server's share of S = Σ reports (what uploads add to)."""
         row = self._db.execute("SELECT sums FROM tasks WHERE task_id=?", (task_id,)).fetchone()
         if row is None:
             raise NotFound(f"unknown task {task_id!r}")
         return np.frombuffer(row[0], dtype=np.uint64).copy()
+
+    def robust_sums(self, task_id: str) -> U64 | None:
+        """This server's share of g(S) (robust aggregates), None before agreement."""
+        row = self._db.execute(
+            "SELECT robust_sums FROM tasks WHERE task_id=?", (task_id,)
+        ).fetchone()
+        if row is None:
+            raise NotFound(f"unknown task {task_id!r}")
+        return None if row[0] is None else np.frombuffer(row[0], dtype=np.uint64).copy()
 
     # ------------------------------------------------------------ uploads
     def _share_file(self, task_id: str) -> Path:
@@ -371,11 +395,15 @@ class Store:
                 )
         return self.task(task_id)
 
-    def mark_agreed(self, task_id: str) -> TaskState:
-        """Record that both servers hold the same reports; per-report shares are
-        no longer needed and are dropped."""
+    def mark_agreed(self, task_id: str, robust_sums: U64 | None) -> TaskState:
+        """Record that both servers hold the same reports, with this server's share
+        of the robust aggregates (atomically); per-report shares are no longer
+        needed and are dropped."""
+        blob = None if robust_sums is None else np.asarray(robust_sums, np.uint64).tobytes()
         with self._tx():
-            self._db.execute("UPDATE tasks SET agreed=1 WHERE task_id=?", (task_id,))
+            self._db.execute(
+                "UPDATE tasks SET agreed=1, robust_sums=? WHERE task_id=?", (blob, task_id)
+            )
         self._share_file(task_id).unlink(missing_ok=True)
         return self.task(task_id)
 

@@ -7,50 +7,25 @@ that fails closed on both servers."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from svtagg.client.upload import make_batch
+from conftest import DriverPair, driver_pair
 from svtagg.dp.errors import PeerUnavailable, StreamClosed
 from svtagg.proto import svtagg_pb2 as pb
 from svtagg.proto.vocab import Role
-from svtagg.servers.core import ComparisonParty, ServerCore, garbled_circuit_party
-from svtagg.servers.helper import HelperDriver
-from svtagg.servers.leader import LeaderDriver
-from svtagg.servers.memory import MemoryHelperPort
-from svtagg.servers.store import FAILED, Store
+from svtagg.servers.core import ComparisonParty, garbled_circuit_party
+from svtagg.servers.store import FAILED
 
 F = 16
 N = 400  # n/2 = 200 score units: noise at ε = 1 never reaches it (tail < e^-40)
 
 
-@dataclass
-class Pair:
-    leader: LeaderDriver
-    helper: HelperDriver
-    port: MemoryHelperPort
-    #: Set to make the helper's next comparison raise mid-chunk.
-    crash_helper: list[bool]
-
-    def upload(self, task_id: str, values: np.ndarray, leader_only: bool = False) -> None:
-        batch = make_batch(task_id, values, F)
-        self.leader.core.upload(
-            task_id, [(r.report_id, r.explicit_share) for r in batch.leader.reports]
-        )
-        if not leader_only:
-            self.helper.core.upload(task_id, [(r.report_id, r.seed) for r in batch.helper.reports])
-
-    async def open(self, task_id: str, eps: str = "1") -> str:
-        req = pb.OpenStreamRequest(task_id=task_id, kind=pb.LAP24, epsilon=eps)
-        return (await self.leader.open_stream(req)).stream_id
-
-
 @pytest.fixture
-async def pair(tmp_path: Path) -> AsyncIterator[Pair]:
+async def pair(tmp_path: Path) -> AsyncIterator[DriverPair]:
     crash = [False]
 
     def party(role: Role, channel: Any, sid: bytes) -> ComparisonParty:
@@ -66,14 +41,9 @@ async def pair(tmp_path: Path) -> AsyncIterator[Pair]:
             p.first_yes = first_yes  # type: ignore[method-assign]
         return p
 
-    helper = HelperDriver(ServerCore(Role.HELPER, Store(tmp_path / "h.sqlite")), party)
-    port = MemoryHelperPort(helper)
-    leader = LeaderDriver(ServerCore(Role.LEADER, Store(tmp_path / "l.sqlite")), port, party)
-    yield Pair(leader, helper, port, crash)
-    await leader.pool.close()
-    await port.close()
-    leader.core.store.close()
-    helper.core.store.close()
+    async with driver_pair(tmp_path, party) as p:
+        p.crash_helper = crash
+        yield p
 
 
 def spec(task_id: str) -> pb.TaskSpec:
@@ -95,7 +65,7 @@ def data(n: int) -> np.ndarray:
     return np.stack([np.ones(n), np.zeros(n), rng.random(n)], axis=1)
 
 
-async def test_close_reconciles_and_chunks_answer(pair: Pair) -> None:
+async def test_close_reconciles_and_chunks_answer(pair: DriverPair) -> None:
     await pair.leader.create_task(spec("t"))
     pair.upload("t", data(N))
     pair.upload("t", data(3), leader_only=True)  # clients that never reached the helper
@@ -119,7 +89,7 @@ async def test_close_reconciles_and_chunks_answer(pair: Pair) -> None:
         await pair.leader.ask(pb.AskRequest(stream_id=sid, queries=q, tau=[0, 0]))
 
 
-async def test_ledger_sync_after_failed_prepare(pair: Pair) -> None:
+async def test_ledger_sync_after_failed_prepare(pair: DriverPair) -> None:
     await pair.leader.create_task(spec("t"))
     pair.upload("t", data(N))
     await pair.leader.close_collection("t")
@@ -137,7 +107,7 @@ async def test_ledger_sync_after_failed_prepare(pair: Pair) -> None:
     assert Fraction(info.helper_budget.epsilon_spent) == 2
 
 
-async def test_chunk_fails_closed_on_both_servers(pair: Pair) -> None:
+async def test_chunk_fails_closed_on_both_servers(pair: DriverPair) -> None:
     await pair.leader.create_task(spec("t"))
     pair.upload("t", data(N))
     await pair.leader.close_collection("t")

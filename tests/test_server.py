@@ -318,7 +318,7 @@ def test_mid_chunk_stream_fails_closed_on_restart(tmp_path: Path):
     store = Store(tmp_path / "s.sqlite")
     store.create_task(TaskParams("t", 2, 16, 100, 1, Fraction(1), Fraction(0), Fraction(1, 10)))
     store.close_collection("t")
-    store.mark_agreed("t")
+    store.mark_agreed("t", None)
     store.open_stream("s", "t", StreamKind.LAP24, Fraction(1, 2), Fraction(0), Fraction(0))
     store.set_threshold_noise("s", 5)
     store.open_stream("o", "t", StreamKind.LAP24, Fraction(1, 4), Fraction(0), Fraction(0))
