@@ -108,10 +108,46 @@ async def bench_protocol(ks: list[int], runs: int) -> dict[str, Any]:
     return out
 
 
+async def bench_robust(ds: list[int], runs: int) -> dict[int, dict[str, float]]:
+    """The close's robust-aggregate pass (g(S) re-shared) over d coordinates, in
+    the leader's chunks of ROBUST_LANES: wall seconds and bytes between the parties."""
+    from svtagg.servers.leader import ROBUST_LANES
+
+    g, e = await connected_pair()
+    rng = np.random.default_rng(3)
+    out: dict[int, dict[str, float]] = {}
+    for d in ds:
+        s_l = rng.integers(0, 2**64, d, dtype=np.uint64)
+        s_h = rng.integers(0, 2**64, d, dtype=np.uint64)
+        walls, cpus = [], []
+        traffic = 0
+        for _ in range(runs):
+            before = g.channel.bytes_sent + g.channel.bytes_received
+            w, c = time.perf_counter(), time.process_time()
+            for lo in range(0, d, ROBUST_LANES):
+                hi = min(d, lo + ROBUST_LANES)
+                await asyncio.gather(
+                    g.clamp_reshare(s_l[lo:hi], d << 16), e.clamp_reshare(s_h[lo:hi], d << 16)
+                )
+            cpus.append(time.process_time() - c)
+            walls.append(time.perf_counter() - w)
+            traffic = g.channel.bytes_sent + g.channel.bytes_received - before
+        out[d] = {
+            "wall": statistics.median(walls),
+            "cpu": statistics.median(cpus),
+            "bytes": float(traffic),
+            "and": float(e.last_stats.and_gates) / ((d - 1) % ROBUST_LANES + 1),
+        }
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--max-k", type=int, default=100_000)
+    ap.add_argument(
+        "--robust-d", default="1000,10000", help="d values for the robust-aggregate pass"
+    )
     args = ap.parse_args(argv)
     ks = [k for k in (1_000, 10_000, 100_000) if k <= args.max_k]
     print(f"load average at start: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
@@ -136,6 +172,13 @@ def main(argv: list[str] | None = None) -> None:
             f" {r['messages']} messages"
         )
     print("targets: >= 50,000 comparisons/s at K = 100,000; <= 4,096 bytes/comparison")
+    robust = asyncio.run(bench_robust([int(x) for x in args.robust_d.split(",")], args.runs))
+    for d, r in robust.items():
+        print(
+            f"robust aggregates, d = {d:>6,}: {r['wall']:.3f} s wall, {r['cpu']:.3f} s CPU "
+            f"(both parties), {r['bytes'] / 1e6:,.1f} MB between them "
+            f"({r['bytes'] / d:,.0f} bytes and {r['and']:.0f} AND per coordinate)"
+        )
     print(f"load average at end: {os.getloadavg()[0]:.2f}")
 
 

@@ -5,8 +5,9 @@ masked comparison inputs z_L / z_H.
 Trust assumptions relied on here (see docs/services.md): two non-colluding,
 semi-honest servers; each draws its own full-scale noise from its own CSPRNG
 and never reveals γ, ν or its share sums; only the comparison protocol's
-output (first YES index / outcomes) leaves a server.  Clients are trusted to
-clip their values to [0, 1] (no range proofs yet).
+output (first YES index / outcomes) leaves a server.  Clients are not trusted:
+queries read the robust aggregates g(S) (`query_sums`), whose sensitivity is
+2^F whatever the other reports are.
 """
 
 from __future__ import annotations
