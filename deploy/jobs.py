@@ -80,7 +80,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     r.add_argument("--beta", type=float, default=0.05)
     r.add_argument("--k", type=int, default=10, help="top-k, sparse-mean: how many")
     r.add_argument("--index", type=int, default=0, help="sum: which coordinate")
-    r.add_argument("--kind", default="lap24", help="stream kind: lap24 | lap3 | exp3")
+    r.add_argument(
+        "--kind",
+        default=None,
+        help="stream kind: lap24 | lap3 | exp3 | auto (default: each algorithm's own — "
+        "auto for the practical variants, lap24 for the paper's algorithms)",
+    )
     r.add_argument("--seed", type=int, default=None)
     r.add_argument("--p", type=float, default=2.0, help="fp: the loss exponent p")
     r.add_argument("--bound", type=float, default=1.0, help="fp: residual bound b")
@@ -247,7 +252,7 @@ def run_algorithm(
     beta: float = 0.05,
     k: int = 10,
     index: int = 0,
-    kind: str = "lap24",
+    kind: str | None = None,
     seed: int | None = None,
     progress: Callable[[int, int, int], None] | None = None,
     options: dict[str, Any] | None = None,
@@ -259,20 +264,19 @@ def run_algorithm(
     have been uploaded with the matching embedding (`svtagg client upload
     --embedding fp_loss | sparse_mean | marginals`)."""
     opts = options or {}
+    kw: dict[str, Any] = {} if kind is None else {"kind": kind}
     if algorithm in ("fp", "sparse-mean", "mwem"):
-        return _run_application(oracle, algorithm, epsilon, beta, k, kind, seed, opts)
+        return _run_application(oracle, algorithm, epsilon, beta, k, kw, seed, opts)
     from svtagg.analyst import applications, selection
     from svtagg.dp.queries import Query
 
     eps = Fraction(epsilon)
     out: dict[str, Any] = {"algorithm": algorithm, "epsilon": str(eps)}
     if algorithm == "top-k":
-        res = applications.top_k_heavy_hitters(
-            oracle, k, eps, rng=seed, kind=kind, progress=progress
-        )
+        res = applications.top_k_heavy_hitters(oracle, k, eps, rng=seed, progress=progress, **kw)
         out["selected"] = res.indices
     elif algorithm == "sum":
-        est = selection.sum_estimation(oracle, Query(index), eps, beta, kind=kind)
+        est = selection.sum_estimation(oracle, Query(index), eps, beta, **kw)
         out.update(index=index, estimate=est.estimate, lower=est.lower, upper=est.upper)
     else:
         fn = {
@@ -281,10 +285,10 @@ def run_algorithm(
             "linear-scan": selection.linear_scan,
         }.get(algorithm)
         if fn is not None:
-            sel = fn(oracle, eps, beta, kind=kind)
+            sel = fn(oracle, eps, beta, **kw)
         else:  # Algorithm 9 needs β ≤ 1/d
             sel = selection.sampling_and_filtering(
-                oracle, eps, min(beta, 1.0 / oracle.d), rng=seed, kind=kind
+                oracle, eps, min(beta, 1.0 / oracle.d), rng=seed, **kw
             )
         out.update(selected=sel.query.index, lower=sel.lower, upper=sel.upper)
     return out
@@ -296,7 +300,7 @@ def _run_application(
     epsilon: str,
     beta: float,
     k: int,
-    kind: str,
+    kw: dict[str, Any],
     seed: int | None,
     opts: dict[str, Any],
 ) -> dict[str, Any]:
@@ -311,7 +315,7 @@ def _run_application(
             float(opts.get("bound", 1.0)),
             eps,
             beta,
-            kind=kind,
+            **kw,
         )
         out.update(
             selected=fp.index, fp_error_bound=fp.fp_error_bound, lp_error_bound=fp.lp_error_bound
@@ -320,7 +324,7 @@ def _run_application(
         clip = opts.get("clip")
         if clip is None:
             clip = applications.sparse_mean_clip(oracle.n, oracle.d, beta)
-        sm = applications.sparse_mean(oracle, k, eps, beta, float(clip), rng=seed, kind=kind)
+        sm = applications.sparse_mean(oracle, k, eps, beta, float(clip), rng=seed, **kw)
         out.update(
             support=sm.support, mean={j: float(sm.mean[j]) for j in sm.support}, clip=float(clip)
         )
@@ -336,7 +340,7 @@ def _run_application(
             beta,
             rounds=opts.get("rounds"),
             delta=float(opts.get("delta", 0.0)),
-            kind=kind,
+            **kw,
         )
         out.update(
             rounds=mw.rounds,

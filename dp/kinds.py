@@ -147,8 +147,7 @@ def ctt_gap(epsilon: Fraction, delta: Fraction, parties: int = 1) -> float:
     law, P(n_L ≥ x) = q^x/(1+q) ≤ δ at x = (2/ε)·ln(1/δ), so we widen the gap by
     twice that and the stream is charged (ε, 2δ) (see `ctt_delta_charge`).
     """
-    if not 0 < delta < 1:
-        raise ValueError(f"CompareToThresholds needs 0 < delta < 1, got {delta}")
+    check_ctt_parameters(epsilon, delta)
     eps, dl = float(epsilon), float(delta)
     if eps <= 0 or dl <= 0:  # a positive rational too small for a float
         raise ValueError(f"epsilon and delta are too small: {epsilon}, {delta}")
@@ -157,6 +156,16 @@ def ctt_gap(epsilon: Fraction, delta: Fraction, parties: int = 1) -> float:
         # Discrete tail: P(γ_L ≥ x) = q^x / (1 + q) ≤ e^{−xε/2} = δ at x = (2/ε)ln(1/δ).
         gap += 2.0 * (2.0 / eps) * math.log(1.0 / dl)
     return gap
+
+
+def check_ctt_parameters(epsilon: Fraction, delta: Fraction) -> None:
+    """Algorithms 4–5 (and their gap) are stated for ε, δ ∈ (0, 1): at ε ≥ 1 the
+    ln(10/ε) term can go negative enough to make the gap meaningless, so larger
+    parameters are refused everywhere (oracles, servers, CLI)."""
+    if not 0 < epsilon < 1:
+        raise ValueError(f"CompareToThresholds needs 0 < epsilon < 1, got {epsilon}")
+    if not 0 < delta < 1:
+        raise ValueError(f"CompareToThresholds needs 0 < delta < 1, got {delta}")
 
 
 def ctt_delta_charge(delta: Fraction, parties: int) -> Fraction:
@@ -208,7 +217,7 @@ def validate_stream(
     """The one check every oracle and server applies before charging a stream.
 
     AboveThreshold kinds are pure ε-DP (δ must be 0); CompareToThresholds needs
-    0 < δ < 1 and charges `ctt_delta_charge(δ, parties)`.  Raises ValueError.
+    ε, δ ∈ (0, 1) and charges `ctt_delta_charge(δ, parties)`.  Raises ValueError.
     """
     k = StreamKind.parse(kind)
     eps = check_epsilon(epsilon)
@@ -216,7 +225,7 @@ def validate_stream(
         raise ValueError(f"a stream's epsilon is at most {MAX_STREAM_EPSILON}, got {eps}")
     dl = as_fraction(delta, "delta")
     if k == StreamKind.CTT:
-        ctt_gap(eps, dl, parties)  # validates 0 < δ < 1
+        ctt_gap(eps, dl, parties)  # validates ε, δ ∈ (0, 1)
         return StreamRequest(k, eps, dl, ctt_delta_charge(dl, parties))
     if dl != 0:
         raise ValueError(f"an AboveThreshold stream is pure ε-DP; got delta={dl}")

@@ -59,8 +59,9 @@ class ChunkCircuit(Generic[R]):
     circuit: Callable[[Backend, Bits | None, WireSource, int], tuple[Wires, ...]]
     #: The evaluator's decoded output bundles → the result.
     decode: Callable[[list[Bits]], R]
-    #: The result as the evaluator's last message, and back (k given, validated).
-    encode: Callable[[R], bytes]
+    #: The result as the evaluator's last message (of a length fixed by k), and
+    #: back (validated).
+    encode: Callable[[R, int], bytes]
     parse: Callable[[bytes, int], R]
     #: The result of a chunk of no queries (nothing is sent).
     empty: Callable[[], R]
@@ -71,7 +72,7 @@ class ChunkCircuit(Generic[R]):
     tables_per_lane: int = 131
 
 
-def _encode_index(j: int | None) -> bytes:
+def _encode_index(j: int | None, k: int) -> bytes:
     return (-1 if j is None else j).to_bytes(8, "little", signed=True)
 
 
@@ -87,9 +88,22 @@ def _parse_index(msg: bytes, k: int) -> int | None:
 _CODES = tuple(CttCode)  # indexing it is far cheaper than CttCode(v) per query
 
 
+#: Filler after the first CLOSE: the result message is always k bytes, so its
+#: length says nothing about where the stream closed.
+_NOT_ASKED = 0xFF
+
+
+def _encode_outcomes(out: list[int], k: int) -> bytes:
+    return bytes(out) + bytes([_NOT_ASKED]) * (k - len(out))
+
+
 def _parse_outcomes(msg: bytes, k: int) -> list[int]:
-    out = list(msg)
-    if len(out) > k or any(v > CLOSE for v in out) or CLOSE in out[:-1]:
+    if len(msg) != k:
+        raise ValueError("malformed result message")
+    raw = list(msg)
+    stop = raw.index(CLOSE) + 1 if CLOSE in raw else k
+    out, rest = raw[:stop], raw[stop:]
+    if any(v > CLOSE for v in out) or any(v != _NOT_ASKED for v in rest):
         raise ValueError("peer returned impossible outcomes")
     return [_CODES[v] for v in out]
 
@@ -109,7 +123,7 @@ COMPARE_TO_THRESHOLDS: ChunkCircuit[list[int]] = ChunkCircuit(
     outputs=2,
     circuit=ctt_circuit,
     decode=lambda bits: ctt_outcomes(*bits),
-    encode=bytes,
+    encode=_encode_outcomes,
     parse=_parse_outcomes,
     empty=list,
 )
@@ -128,7 +142,7 @@ def clamp_reshare_spec(bound: int) -> ChunkCircuit[U64 | None]:
         outputs=RING_BITS,
         circuit=lambda be, a_bits, b, k: clamp_reshare_circuit(be, a_bits, b, k, bound),
         decode=ring_from_bits,
-        encode=lambda y: b"",
+        encode=lambda y, k: b"",
         parse=_parse_nothing,
         empty=lambda: None,
         garbler_inputs=1,
@@ -349,7 +363,7 @@ class ComparisonEvaluator(_Party):
         be.done()
         dec = np.unpackbits(np.frombuffer(msg[len(msg) - nd :], np.uint8), bitorder="little")
         result = spec.decode([be.decode(w, dec[i * k : (i + 1) * k]) for i, w in enumerate(outs)])
-        await self.channel.send(spec.encode(result))
+        await self.channel.send(spec.encode(result, k))
         return result, be.and_gates
 
 

@@ -308,8 +308,10 @@ class LeaderDriver:
             )
         except BaseException:
             # The leader's charge stays spent (never refund); the stream never answers.
-            # The helper may or may not have charged: reconcile before the next open.
+            # The helper may or may not have charged (a lost reply leaves its copy
+            # OPEN): reconcile before the next open, failing the copy there too.
             self.core.store.fail_stream(stream_id)
+            self._recovered.setdefault(request.task_id, []).append(stream_id)
             self._unsynced.add(request.task_id)
             raise
         self.core.store.confirm_stream(stream_id)

@@ -95,9 +95,9 @@ def test_compare_to_thresholds_passes_audit() -> None:
     from svtagg.analyst.audit import audit_outputs, collect
     from svtagg.dp.kinds import ctt_gap
 
-    eps, delta, k = Fraction(2), Fraction(1, 10**6), 4
+    eps, delta, k = Fraction(9, 10), Fraction(1, 10**6), 4
     gap = ctt_gap(eps, delta)
-    sc = counterexample_scenario(StreamKind.CTT, k=k, n=40)  # 4n must exceed the gap
+    sc = counterexample_scenario(StreamKind.CTT, k=k, n=80)  # 4n must exceed the gap
     run = _ctt_run(eps, delta, k, 0.5 - gap, 0.5)
     trials = 2000
     out_d = collect(_maker(seed=4), sc.data, run, trials)

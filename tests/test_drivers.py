@@ -18,6 +18,7 @@ from svtagg.dp.errors import PeerUnavailable, StreamClosed
 from svtagg.proto import svtagg_pb2 as pb
 from svtagg.proto.vocab import Role
 from svtagg.servers.core import ComparisonParty, garbled_circuit_party
+from svtagg.servers.port import PeerMethod
 from svtagg.servers.store import FAILED
 
 F = 16
@@ -128,3 +129,28 @@ async def test_chunk_fails_closed_on_both_servers(pair: DriverPair) -> None:
         pb.AskRequest(stream_id=sid2, queries=pb.Queries(index=[0]), tau=[N // 2 << F])
     )
     assert ans.yes and ans.index == 0
+
+
+async def test_lost_prepare_reply_fails_the_helpers_copy(pair: DriverPair) -> None:
+    """The helper opened and charged the stream but its reply was lost: the leader
+    fails its own copy, and the next reconciliation fails the helper's OPEN copy."""
+    await pair.leader.create_task(spec("t"))
+    pair.upload("t", data(N))
+    await pair.leader.close_collection("t")
+    real_call = pair.port.call
+    lost: list[str] = []
+
+    async def lossy(method: PeerMethod, request: Any, timeout: float | None = None) -> Any:
+        reply = await real_call(method, request, timeout)
+        if method == PeerMethod.PREPARE_STREAM and not lost:
+            lost.append(request.stream_id)
+            raise PeerUnavailable("helper: reply lost")
+        return reply
+
+    pair.port.call = lossy  # type: ignore[method-assign]
+    with pytest.raises(PeerUnavailable):
+        await pair.open("t")
+    assert pair.helper.core.store.stream(lost[0]).state == "open"  # the helper's copy
+    await pair.open("t")  # reconciles first
+    assert pair.helper.core.store.stream(lost[0]).state == FAILED
+    assert pair.leader.core.store.stream(lost[0]).state == FAILED

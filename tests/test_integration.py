@@ -43,13 +43,13 @@ async def test_upload_close_stream_chunk(deployment: Deployment, svc_rng: np.ran
             s2 = oracle.open_stream(5, "lap3")
             none = s2.ask([(Query(0, complement=True), 150), (Query(5), 150)])
             assert not s2.closed
-            c = oracle.open_stream(1, StreamKind.CTT, delta=Fraction(1, 100000))
-            gap = 300
+            c = oracle.open_stream("1/2", StreamKind.CTT, delta=Fraction(1, 100000))
+            gap = 500
             out = c.compare(
                 [
-                    (Query(5), -500, -500 + gap),
-                    (Query(0), 400, 400 + gap),
-                    (Query(3), -50, -50 + gap),
+                    (Query(5), -700, -700 + gap),
+                    (Query(0), 700, 700 + gap),
+                    (Query(3), -150, -150 + gap),
                 ]
             )
             return first, none, out, oracle.budget()
@@ -57,9 +57,9 @@ async def test_upload_close_stream_chunk(deployment: Deployment, svc_rng: np.ran
     first, none, out, budget = await off_loop(run)
     assert first == 2
     assert none is None
-    # 5: ~10 ≫ -200 → HIGH; 0: ~180 ≪ 400 → LOW; 3: ~100 in [-50, 250] → CLOSE
+    # 5: ~10 ≫ -200 → HIGH; 0: ~180 ≪ 700 → LOW; 3: ~100 in [-150, 350] → CLOSE
     assert out == [Outcome.HIGH, Outcome.LOW, Outcome.CLOSE]
-    assert budget.epsilon_spent == 11 and budget.delta_spent == Fraction(2, 100000)
+    assert budget.epsilon_spent == Fraction(21, 2) and budget.delta_spent == Fraction(2, 100000)
 
 
 async def test_restart_keeps_tasks_sums_and_ledger(
@@ -187,7 +187,7 @@ async def test_remote_matches_local_every_kind(deployment: Deployment, kind: str
     await off_loop(_upload_and_close, deployment, data, eps_total="1000000", delta_total="1/2")
     trials = 300
     if kind == "ctt":
-        eps, delta = Fraction(5), Fraction(1, 10000)
+        eps, delta = Fraction(9, 10), Fraction(1, 10000)
         width = ctt_gap(eps, delta, 2) + 1
         # Each score sits on one of its thresholds, so every outcome is likely.
         chunk3 = [

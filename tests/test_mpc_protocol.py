@@ -203,3 +203,33 @@ async def test_large_chunks_match_plaintext() -> None:
         g.compare_to_thresholds(h_l, l_l), e.compare_to_thresholds(h_h, l_h)
     )
     assert got2[0] == got2[1] == plain_compare_to_thresholds(h_l + h_h, l_l + l_h)
+
+
+def test_ctt_result_message_has_a_fixed_length() -> None:
+    """Where a CompareToThresholds chunk closed must not show in the size of the
+    evaluator's result message: a CLOSE at the first query and no CLOSE at all
+    send the same number of bytes."""
+    import asyncio
+
+    from svtagg.mpc.protocol import connected_pair
+
+    async def run() -> None:
+        g, e = await connected_pair()
+        k = 16
+        far = np.full(k, 1 << 40, dtype=np.uint64)  # z ≥ 0: YES on the high side
+        neg = (np.zeros(k, dtype=np.int64) - 5).view(np.uint64)  # z < 0: NO
+        zero = np.zeros(k, dtype=np.uint64)
+        # all HIGH (no CLOSE)
+        out = await asyncio.gather(
+            g.compare_to_thresholds(far, neg), e.compare_to_thresholds(zero, zero)
+        )
+        assert out[0] == out[1] == [0] * k
+        sent_open = e.last_stats.bytes_sent
+        # CLOSE at once (neither side YES)
+        out = await asyncio.gather(
+            g.compare_to_thresholds(neg, neg), e.compare_to_thresholds(zero, zero)
+        )
+        assert out[0] == out[1] == [2]
+        assert e.last_stats.bytes_sent == sent_open
+
+    asyncio.run(run())

@@ -44,6 +44,7 @@ from svtagg.proto import svtagg_pb2 as pb
 
 F = 6
 EPS = Fraction(2)
+CTT_EPS = Fraction(9, 10)  # CompareToThresholds is defined for ε < 1 only
 CTT_DELTA = Fraction(1, 10**6)
 TRIALS_DEFAULT = 40
 TRIALS_HEAVY = 3000
@@ -56,12 +57,13 @@ def scenario_and_run(kind: str) -> tuple[Scenario, Any, list[Event]]:
         sc = counterexample_scenario(kind, EPS)
         return sc, lambda o: o.open_stream(EPS, kind).ask(sc.chunk), first_yes_events(len(sc.chunk))
     k = 4
-    sc = counterexample_scenario(StreamKind.CTT, EPS, k=k)
-    gap = ctt_gap(EPS, CTT_DELTA, parties=2)
-    chunk = [(Query(j), 0.5 - gap, 0.5) for j in range(k)]
+    sc = counterexample_scenario(StreamKind.CTT, CTT_EPS, k=k)
+    gap = ctt_gap(CTT_EPS, CTT_DELTA, parties=2)
+    # One unit of slack: thresholds are rounded onto the task's grid (2^-F).
+    chunk = [(Query(j), 0.5 - gap - 1, 0.5) for j in range(k)]
 
     def run(o: Any) -> Any:
-        return tuple(x.value for x in o.open_stream(EPS, "ctt", CTT_DELTA).compare(chunk))
+        return tuple(x.value for x in o.open_stream(CTT_EPS, "ctt", CTT_DELTA).compare(chunk))
 
     events: list[Event] = [
         (f"{m} high then close", lambda out, m=m: out == ("high",) * m + ("close",))

@@ -107,20 +107,20 @@ def test_batch_svt_matches_stream_semantics() -> None:
 
 
 def test_compare_to_thresholds_semantics_and_gap() -> None:
-    n = 200
+    n = 1000
     data = np.zeros((n, 3))
     data[:, 1] = 1.0
     data[: n // 2, 2] = 1.0
     o = LocalOracle(data, 100, delta_total="1e-3", seed=5)
-    eps, delta = Fraction(4), Fraction(1, 10**6)
+    eps, delta = Fraction(9, 10), Fraction(1, 10**6)
     gap = ctt_gap(eps, delta)
     st = o.open_stream(eps, "ctt", delta)
     assert o.budget().delta_spent == ctt_delta_charge(delta, 1)
-    # score 0 far below τL → LOW; score 200 far above τH → HIGH; score 100 between → CLOSE
-    lo, hi = 100 - gap / 2 - 1, 100 + gap / 2 + 1
+    # score 0 far below τL → LOW; score 1000 far above τH → HIGH; 500 between → CLOSE
+    lo, hi = 500 - gap / 2 - 1, 500 + gap / 2 + 1
     chunk = [(Query(j), lo, hi) for j in (0, 1, 2, 1)]
-    # every score is ≥ 23 score units from the nearer threshold, noise scales are
-    # 1.5 and 0.5: a wrong outcome has probability < 1e-6
+    # every score is ≥ 100 score units from the nearer threshold, noise scales are
+    # 2.2 and 6.7: a wrong outcome has probability < 1e-6
     assert st.compare(chunk) == [Outcome.LOW, Outcome.HIGH, Outcome.CLOSE]
     assert st.closed
     with pytest.raises(StreamClosed):
@@ -131,6 +131,16 @@ def test_compare_to_thresholds_semantics_and_gap() -> None:
 
 def test_two_party_ctt_charges_double_delta_and_wider_gap() -> None:
     o = LocalOracle(np.zeros((5, 1)), 10, delta_total="1e-3", parties=2, seed=2)
-    o.open_stream(1, "ctt", "1e-6")
+    o.open_stream("1/2", "ctt", "1e-6")
     assert o.budget().delta_spent == Fraction(2, 10**6)
-    assert ctt_gap(Fraction(1), Fraction(1, 10**6), 2) > ctt_gap(Fraction(1), Fraction(1, 10**6), 1)
+    half, tiny = Fraction(1, 2), Fraction(1, 10**6)
+    assert ctt_gap(half, tiny, 2) > ctt_gap(half, tiny, 1)
+
+
+@pytest.mark.parametrize("eps, delta", [("1", "1e-6"), ("64", "1e-6"), ("1/2", "0"), ("1/2", "1")])
+def test_ctt_refuses_parameters_outside_the_unit_interval(eps: str, delta: str) -> None:
+    """Algorithms 4–5 are stated for ε, δ ∈ (0, 1); nothing is charged on refusal."""
+    o = LocalOracle(np.zeros((5, 1)), 100, delta_total="1/2", seed=1)
+    with pytest.raises(ValueError, match="CompareToThresholds needs"):
+        o.open_stream(eps, "ctt", delta)
+    assert o.budget().epsilon_spent == 0
