@@ -33,7 +33,7 @@ from svtagg.analyst.remote_oracle import RemoteOracle
 from svtagg.benchmarks.storeview import encoded_sum, store_view
 from svtagg.client.upload import Uploader, make_batch
 from svtagg.deploy.jobs import analyst_stub
-from svtagg.deploy.launch import LocalDeployment
+from svtagg.deploy.launch import UNCAPPED_SERVER_ARGS, LocalDeployment
 from svtagg.dp.queries import Query
 from svtagg.proto import svtagg_pb2 as pb
 from svtagg.proto.tls import Identity
@@ -228,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tasks", type=int, default=8)
     p.add_argument("--out", help="write the figures as JSON")
     a = p.parse_args(argv)
-    with LocalDeployment() as dep:
+    with LocalDeployment(server_args=UNCAPPED_SERVER_ARGS) as dep:
         r = run_load(
             dep, a.uploaders, a.reports, a.batch, a.d, a.streams, a.stream_workers, a.tasks
         )

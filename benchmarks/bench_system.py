@@ -23,7 +23,7 @@ import numpy as np
 from svtagg.analyst.remote_oracle import RemoteOracle
 from svtagg.client.upload import Uploader
 from svtagg.deploy.jobs import analyst_stub, task_spec
-from svtagg.deploy.launch import LocalDeployment
+from svtagg.deploy.launch import UNCAPPED_SERVER_ARGS, LocalDeployment
 from svtagg.dp.queries import Query
 from svtagg.proto import svtagg_pb2 as pb
 from svtagg.proto.tls import Identity
@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     quick = args.quick
     results: dict[str, Any] = {"machine": platform.platform(), "quick": quick}
-    with LocalDeployment() as dep:
+    with LocalDeployment(server_args=UNCAPPED_SERVER_ARGS) as dep:
         print(f"servers: leader {dep.address('leader')}, helper {dep.address('helper')}")
         results["upload"] = bench_upload(dep, 2_000 if quick else 50_000, 100, 1000)
         print("upload:", results["upload"])

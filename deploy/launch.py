@@ -17,6 +17,10 @@ import grpc
 from svtagg.proto import health_pb2, health_pb2_grpc
 from svtagg.proto.tls import Identity, tls_target, write_deployment
 
+#: Server arguments that lift the default budget caps, for test and benchmark
+#: deployments whose tasks use huge budgets so that no stream is ever refused.
+UNCAPPED_SERVER_ARGS = ["--max-epsilon-total", "none", "--max-delta-total", "none"]
+
 
 def server_command(
     role: str, db: Path, certs: Path, port_file: Path, helper: str | None = None, port: int = 0

@@ -13,6 +13,14 @@ from pathlib import Path
 from svtagg.dp.kinds import as_fraction
 from svtagg.proto.tls import DEFAULT_HOSTS, ROLES, Identity, write_deployment
 
+#: The budget cap a server applies when its operator names none.  ε_total = 10:
+#: a total above the budgets of published deployments, where the guarantee is
+#: already weak (e^10 ≈ 22,000).  δ_total = 10^-5: below 1/n for every task of up
+#: to 10^5 users, since a δ near 1/n allows publishing one user's record.
+#: "none" lifts a cap explicitly.
+DEFAULT_MAX_EPSILON_TOTAL = "10"
+DEFAULT_MAX_DELTA_TOTAL = "1/100000"
+
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("server", help="run the leader or helper server")
@@ -37,12 +45,15 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ...")
     p.add_argument(
         "--max-epsilon-total",
-        default=None,
-        help="refuse tasks whose total ε exceeds this (the operator's policy; "
-        "without it the analyst chooses the budget)",
+        default=DEFAULT_MAX_EPSILON_TOTAL,
+        help="refuse tasks whose total ε exceeds this, the operator's policy "
+        f"(default {DEFAULT_MAX_EPSILON_TOTAL}; 'none': the analyst chooses)",
     )
     p.add_argument(
-        "--max-delta-total", default=None, help="refuse tasks whose total δ exceeds this"
+        "--max-delta-total",
+        default=DEFAULT_MAX_DELTA_TOTAL,
+        help=f"refuse tasks whose total δ exceeds this (default {DEFAULT_MAX_DELTA_TOTAL}; "
+        "'none': no cap)",
     )
     p.add_argument(
         "--require-validation",
@@ -79,7 +90,7 @@ def run_server(args: argparse.Namespace) -> int:
 
 
 def _cap(value: str | None, flag: str) -> Fraction | None:
-    if value is None:
+    if value is None or value.strip().lower() == "none":
         return None
     try:
         cap = as_fraction(value, flag)
@@ -106,10 +117,18 @@ async def _serve(args: argparse.Namespace) -> int:
         max_delta_total=_cap(args.max_delta_total, "--max-delta-total"),
         require_validation=args.require_validation,
     )
-    if config.max_epsilon_total is None:
-        logging.getLogger("svtagg.server").warning(
-            "no --max-epsilon-total: the analyst chooses each task's total budget"
-        )
+    log = logging.getLogger("svtagg.server")
+    for name, cap, default in (
+        ("epsilon", config.max_epsilon_total, DEFAULT_MAX_EPSILON_TOTAL),
+        ("delta", config.max_delta_total, DEFAULT_MAX_DELTA_TOTAL),
+    ):
+        flag = f"--max-{name}-total"
+        if cap is None:
+            log.warning("%s none: the analyst chooses each task's total %s", flag, name)
+        elif getattr(args, flag[2:].replace("-", "_")) == default:
+            log.info("budget cap: total %s <= %s (the default; set %s to change)", name, cap, flag)
+        else:
+            log.info("budget cap: total %s <= %s", name, cap)
     server = SvtaggServer(config)
     await server.start()
     if args.port_file:

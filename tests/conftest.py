@@ -223,12 +223,15 @@ class ProcessDeployment:
         server_args: list[str] | None = None,
         env: dict[str, str] | None = None,
     ) -> None:
-        from svtagg.deploy.launch import LocalDeployment
+        from svtagg.deploy.launch import UNCAPPED_SERVER_ARGS, LocalDeployment
 
         self.root = root
         self.env = dict(env or {})
         self.control = {r: root / f"{r}.crash" for r in ("leader", "helper")}
-        self.dep = LocalDeployment(root, server_args=list(server_args or []))
+        # The suites create tasks with large budgets: lift the default caps (a
+        # test of the caps passes its own, which come later and win).
+        args = UNCAPPED_SERVER_ARGS + list(server_args or [])
+        self.dep = LocalDeployment(root, server_args=args)
         self.kills: dict[str, int] = {}
 
     def start_role(self, role: str) -> None:

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 from svtagg.benchmarks.bench_load import run_load, summary
-from svtagg.deploy.launch import LocalDeployment
+from svtagg.deploy.launch import UNCAPPED_SERVER_ARGS, LocalDeployment
 
 
 def _check(tmp_path: Path, **kw: int) -> None:
-    with LocalDeployment(tmp_path) as dep:
+    with LocalDeployment(tmp_path, server_args=UNCAPPED_SERVER_ARGS) as dep:
         r = run_load(dep, **kw)
     print("\n" + summary(r))
     assert not r.lost(), summary(r)

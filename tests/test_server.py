@@ -500,3 +500,22 @@ def test_batch_values_are_bounded(tmp_path: Path):
     with pytest.raises(ResourceExhausted, match="reports per batch"):
         core.upload("wide", reports)
     assert store.task("wide").n == 0
+
+
+def test_server_cli_caps_the_budget_by_default() -> None:
+    """Without a cap from the operator a server still refuses tasks above
+    ε_total = 10 and δ_total = 10^-5; 'none' lifts a cap explicitly."""
+    import argparse
+    from fractions import Fraction
+
+    from svtagg.servers import cli
+
+    ap = argparse.ArgumentParser()
+    cli.register(ap.add_subparsers())
+    base = ["server", "--role", "helper", "--db", "x", "--certs", "y"]
+    args = ap.parse_args(base)
+    assert cli._cap(args.max_epsilon_total, "--max-epsilon-total") == 10
+    assert cli._cap(args.max_delta_total, "--max-delta-total") == Fraction(1, 10**5)
+    args = ap.parse_args([*base, "--max-epsilon-total", "none", "--max-delta-total", "None"])
+    assert cli._cap(args.max_epsilon_total, "--max-epsilon-total") is None
+    assert cli._cap(args.max_delta_total, "--max-delta-total") is None
