@@ -1,6 +1,7 @@
-"""Oblivious transfer: Chou–Orlandi base OTs in the RFC 3526 2048-bit MODP
-group (prime-order subgroup of a safe prime), and IKNP OT extension producing
-correlated OTs (Δ-OT) with a fast numpy bit-matrix transpose.
+"""Oblivious transfer: Chou–Orlandi base OTs in the RFC 3526 3072-bit MODP
+group (prime-order subgroup of a safe prime), with no branch on secret bits,
+and IKNP OT extension producing correlated OTs (Δ-OT) with a fast numpy
+bit-matrix transpose.
 
 Roles in this package: the evaluator is the IKNP *receiver* (its choice bits
 are its circuit inputs) and therefore the base-OT *sender*; the garbler is the
@@ -23,8 +24,10 @@ from svtagg.mpc.aes import Blocks, TweakableHash, make_tweaks
 from svtagg.mpc.channel import Channel
 
 KAPPA = 128
-#: RFC 3526 group 14: p = 2q + 1 with q prime; g = 2 generates the order-q subgroup
-#: (p ≡ 7 mod 8, so 2 is a quadratic residue).
+#: RFC 3526 group 15 (3072-bit MODP, ~128-bit security, matching κ): p = 2q + 1
+#: with q prime, p = 2^3072 − 2^3008 − 1 + 2^64·(⌊2^2942·π⌋ + 1690314); g = 2
+#: generates the order-q subgroup (p ≡ 7 mod 8, so 2 is a quadratic residue).
+#: tests/test_mpc_ot.py recomputes p from that formula and checks it is a safe prime.
 P = int(
     "FFFFFFFFFFFFFFFFC90FDAA22168C234C4C6628B80DC1CD129024E088A67CC74020BBEA63B139B22"
     "514A08798E3404DDEF9519B3CD3A431B302B0A6DF25F14374FE1356D6D51C245E485B576625E7EC6"
@@ -32,12 +35,15 @@ P = int(
     "C2007CB8A163BF0598DA48361C55D39A69163FA8FD24CF5F83655D23DCA3AD961C62F356208552BB"
     "9ED529077096966D670C354E4ABC9804F1746C08CA18217C32905E462E36CE3BE39E772C180E8603"
     "9B2783A2EC07A28FB5C55DF06F4C52C9DE2BCBF6955817183995497CEA956AE515D2261898FA0510"
-    "15728E5A8AACAA68FFFFFFFFFFFFFFFF",
+    "15728E5A8AAAC42DAD33170D04507A33A85521ABDF1CBA64ECFB850458DBEF0A8AEA71575D060C7D"
+    "B3970F85A6E1E4C7ABF5AE8CDB0933D71E8C94E04A25619DCEE3D2261AD2EE6BF12FFA06D98A0864"
+    "D87602733EC86A64521F2B18177B200CBBE117577A615D6C770988C0BAD946E208E24FA074E5AB31"
+    "43DB5BFCE0FD108E4B82D120A93AD2CAFFFFFFFFFFFFFFFF",
     16,
 )
 Q = (P - 1) // 2
 G = 2
-ELEMENT_BYTES = 256
+ELEMENT_BYTES = 384
 #: Short exponents (2× the 128-bit security level, as RFC 3526 advises) keep the
 #: variable-base exponentiations of the base-OT sender cheap.
 EXPONENT_BITS = 256
@@ -94,11 +100,10 @@ class _FixedBase:
         # row[d] = base^(d·16^w)
 
     def pow(self, e: int) -> int:
+        # Every window multiplies (row[0] = 1): no branch on the secret digits.
         acc = 1
         for row in self.table:
-            d = e & 15
-            if d:
-                acc = acc * row[d] % P
+            acc = acc * row[e & 15] % P
             e >>= 4
         return acc
 
@@ -164,9 +169,9 @@ async def base_ot_receive(channel: Channel, choices: list[int], session_id: byte
     keys: list[bytes] = []
     for i, c in enumerate(choices):
         b = _exponent()
-        big_b = _g_pow(b)
-        if c:
-            big_b = big_b * big_a % P
+        # B = g^b · A^c, selected arithmetically (A^c = 1 + c·(A − 1)), so the
+        # code takes the same path for both values of the secret bit c.
+        big_b = _g_pow(b) * (1 + (c & 1) * (big_a - 1)) % P
         out_b.append(big_b)
         keys.append(_kdf(session_id, i, big_a, big_b, a_table.pow(b)))
     await channel.send(b"".join(v.to_bytes(ELEMENT_BYTES, "big") for v in out_b))

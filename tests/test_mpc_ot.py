@@ -11,6 +11,7 @@ import pytest
 from svtagg.mpc.aes import TweakableHash
 from svtagg.mpc.channel import MemoryChannel
 from svtagg.mpc.ot import (
+    ELEMENT_BYTES,
     KAPPA,
     IKNPReceiver,
     IKNPSender,
@@ -71,7 +72,7 @@ async def test_base_ot_sender_rejects_non_subgroup_element() -> None:
     cs, cr = MemoryChannel.pair()
     task = asyncio.create_task(base_ot_send(cs, 2, b"sid"))
     await cr.recv()  # A
-    bad = (P - 2).to_bytes(256, "big") + (4).to_bytes(256, "big")
+    bad = (P - 2).to_bytes(ELEMENT_BYTES, "big") + (4).to_bytes(ELEMENT_BYTES, "big")
     await cr.send(bad)
     with pytest.raises(InvalidGroupElement):
         await task
@@ -135,3 +136,45 @@ def test_random_ots_from_correlated() -> None:
     assert not np.any(np.all(got == unchosen, axis=1))
     # The hash breaks the correlation: m0 ⊕ m1 is not a constant.
     assert len({bytes(v) for v in (ots.m0 ^ ots.m1)}) == m
+
+
+def _pi_times_2_to(bits: int) -> int:
+    """⌊π·2^bits⌋ by Machin's formula in integer arithmetic (64 guard bits)."""
+    one = 1 << (bits + 64)
+
+    def atan_inv(x: int) -> int:
+        total, term, n, sign = 0, one // x, 1, 1
+        while term:
+            total += sign * (term // n)
+            term //= x * x
+            n += 2
+            sign = -sign
+        return total
+
+    return (16 * atan_inv(5) - 4 * atan_inv(239)) >> 64
+
+
+def _probable_prime(n: int, rounds: int = 16) -> bool:
+    d, s = n - 1, 0
+    while d % 2 == 0:
+        d, s = d // 2, s + 1
+    for a in (2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37, 41, 43, 47, 53)[:rounds]:
+        x = pow(a, d, n)
+        if x in (1, n - 1):
+            continue
+        for _ in range(s - 1):
+            x = x * x % n
+            if x == n - 1:
+                break
+        else:
+            return False
+    return True
+
+
+def test_base_ot_group_is_rfc3526_group15() -> None:
+    """The prime is RFC 3526's 3072-bit MODP prime, recomputed from its defining
+    formula, and it is a safe prime with 2 in the order-q subgroup."""
+    assert P == 2**3072 - 2**3008 - 1 + 2**64 * (_pi_times_2_to(2942) + 1690314)
+    assert P.bit_length() == 3072 and ELEMENT_BYTES == 384
+    assert _probable_prime(P) and _probable_prime((P - 1) // 2)
+    assert pow(2, (P - 1) // 2, P) == 1
