@@ -12,7 +12,7 @@ from fractions import Fraction
 
 import numpy as np
 import numpy.typing as npt
-from svtagg.analyst.oracle import Oracle
+from svtagg.analyst.oracle import Oracle, PlannedOracle, planned
 from svtagg.analyst.selection import (
     Candidates,
     SelectionResult,
@@ -325,8 +325,31 @@ def mwem_svt(
     fail = beta / (2 * t_rounds)
     spend = Spend()
     sel_rounds = math.ceil(math.log2(2 * n))
+    # The plan, fixed before any data is touched: 2T steps of ε0 each, charged by
+    # the cheapest composition the servers accept (zCDP when δ > 0).
+    groups = [(step, 0)] * (2 * t_rounds)
+    with planned(oracle, groups, Fraction(str(delta)) if delta > 0 else 0) as plan_oracle:
+        synth, chosen = _mwem_run(
+            plan_oracle, workload, t_rounds, step, fail, sel_rounds, kind, spend
+        )
+    return MwemResult(synth, chosen, t_rounds, step, spend, 2 * t_rounds * step)
 
-    def select(qa: Array, _t: int) -> int:
+
+def _mwem_run(
+    oracle: PlannedOracle,
+    workload: MarginalWorkload,
+    t_rounds: int,
+    step: Fraction,
+    fail: float,
+    sel_rounds: int,
+    kind: StreamKind | str,
+    spend: Spend,
+) -> tuple[Array, list[int]]:
+    """MWEM's 2T steps on a planned oracle: step 2(t−1) selects, 2t − 1 measures."""
+    n, nq = oracle.n, workload.matrix.shape[0]
+
+    def select(qa: Array, t: int) -> int:
+        oracle.group = 2 * (t - 1)
         queries = [Query(q, c) for q in range(nq) for c in (False, True)]
         offsets = [(n - (-1 if c else 1) * qa[q]) / 2 for q in range(nq) for c in (False, True)]
         res = geometric_binary_search(
@@ -341,13 +364,13 @@ def mwem_svt(
         spend.add(res.spend)
         return res.query.index
 
-    def measure(q: int, _t: int) -> float:
+    def measure(q: int, t: int) -> float:
+        oracle.group = 2 * t - 1
         est = sum_estimation(oracle, Query(q), step, fail, kind=kind)
         spend.add(est.spend)
         return 2 * est.estimate - n
 
-    synth, chosen = mwem_loop(n, workload, t_rounds, select, measure)
-    return MwemResult(synth, chosen, t_rounds, step, spend, 2 * t_rounds * step)
+    return mwem_loop(n, workload, t_rounds, select, measure)
 
 
 def max_query_error(workload: MarginalWorkload, truth_hist: Array, synthetic: Array) -> float:

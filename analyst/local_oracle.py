@@ -15,10 +15,11 @@ import numpy as np
 import numpy.typing as npt
 from svtagg.analyst.oracle import OracleStats
 from svtagg.dp import accuracy
-from svtagg.dp.errors import Refusal
-from svtagg.dp.kinds import StreamKind, default_tau_bound, validate_stream
+from svtagg.dp.errors import NotFound, Refusal
+from svtagg.dp.kinds import StreamKind, as_fraction, default_tau_bound, validate_stream
 from svtagg.dp.ledger import Ledger
 from svtagg.dp.noise import RandomSource
+from svtagg.dp.plans import PlanBook, PlanCharge, parse_groups
 from svtagg.dp.queries import (
     Budget,
     Number,
@@ -107,6 +108,7 @@ class LocalOracle:
         # Exact integer sums of the encoded values, as the servers' shares add up to.
         self._sums = encode(matrix, frac_bits).astype(np.int64).sum(axis=0)
         self._ledger = Ledger(epsilon_total, delta_total)
+        self._plans: dict[str, PlanBook] = {}
         if isinstance(seed, int):
             seed = seed.to_bytes(16, "little", signed=True)
         self._rng = RandomSource(seed)
@@ -149,17 +151,46 @@ class LocalOracle:
         epsilon: Number | str,
         kind: StreamKind | str = StreamKind.LAP24,
         delta: Number | str = 0,
+        plan: tuple[str, int] | None = None,
     ) -> LocalStream:
         req = validate_stream(kind, epsilon, delta, self._parties)
         kind, eps, dl, charge_delta = req.kind, req.epsilon, req.delta, req.charge_delta
-        # Charge before any noise is drawn.
-        self._ledger.charge(eps, charge_delta)
+        # Charge before any noise is drawn: to the budget, or to a plan's group.
+        if plan is None:
+            self._ledger.charge(eps, charge_delta)
+        else:
+            self._plan(plan[0]).admit(plan[1], eps, charge_delta)
         mech = self._make_mechanism(kind, eps)
         self._stats.streams += 1
         self._stats.epsilon_spent += eps
         self._stats.delta_spent += charge_delta
         self._stats.by_kind[kind.value] = self._stats.by_kind.get(kind.value, 0) + 1
         return LocalStream(self, kind, eps, dl, mech)
+
+    def reserve_plan(
+        self, groups: Sequence[tuple[Number | str, Number | str]], delta_slack: Number | str = 0
+    ) -> tuple[str, PlanCharge]:
+        """Reserve a budget plan's composed charge (see `svtagg.dp.plans`); the
+        same rule the servers apply.  BudgetExhausted: nothing is spent."""
+        book = PlanBook.reserve(parse_groups(groups), as_fraction(delta_slack, "delta_slack"))
+        self._ledger.charge(book.charge.epsilon, book.charge.delta)
+        plan_id = f"local-{len(self._plans)}"
+        self._plans[plan_id] = book
+        return plan_id, book.charge
+
+    def end_plan(self, plan_id: str) -> tuple[Fraction, Fraction]:
+        """End a plan; returns (and gives back) what it did not use (basic plans)."""
+        book = self._plan(plan_id)
+        back = book.refund()
+        self._ledger.epsilon_spent -= back[0]
+        self._ledger.delta_spent -= back[1]
+        del self._plans[plan_id]
+        return back
+
+    def _plan(self, plan_id: str) -> PlanBook:
+        if plan_id not in self._plans:
+            raise NotFound(f"unknown or ended plan {plan_id!r}")
+        return self._plans[plan_id]
 
     def _make_mechanism(
         self, kind: StreamKind, eps: Fraction

@@ -18,12 +18,14 @@ Conventions shared by all implementations:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Protocol, runtime_checkable
 
 from svtagg.dp.kinds import StreamKind
+from svtagg.dp.plans import PlanCharge
 from svtagg.dp.queries import Budget, Number, Outcome, Query
 
 
@@ -95,7 +97,21 @@ class Oracle(Protocol):
         epsilon: Number | str,
         kind: StreamKind | str = StreamKind.LAP24,
         delta: Number | str = 0,
-    ) -> Stream: ...
+        plan: tuple[str, int] | None = None,
+    ) -> Stream:
+        """Charge the budget (or group `plan[1]` of the reserved plan `plan[0]`)
+        and open a stream."""
+        ...
+
+    def reserve_plan(
+        self, groups: Sequence[tuple[Number | str, Number | str]], delta_slack: Number | str = 0
+    ) -> tuple[str, PlanCharge]:
+        """Reserve a budget plan (`svtagg.dp.plans`): its id and its charge."""
+        ...
+
+    def end_plan(self, plan_id: str) -> tuple[Fraction, Fraction]:
+        """End a plan cleanly: what it did not use comes back (basic plans)."""
+        ...
 
     def accuracy(self, kind: StreamKind | str, epsilon: Number | str, k: int, beta: float) -> float:
         """α in score units: P(some of k answers is off by ≥ α) ≤ β."""
@@ -104,3 +120,68 @@ class Oracle(Protocol):
     def budget(self) -> Budget: ...
 
     def stats(self) -> OracleStats: ...
+
+
+class PlannedOracle:
+    """An oracle whose streams are counted against one reserved plan: every
+    `open_stream` goes to the current `group`.  Algorithms run on it unchanged."""
+
+    def __init__(self, inner: Oracle, plan_id: str, charge: PlanCharge) -> None:
+        self.inner = inner
+        self.plan_id = plan_id
+        self.charge = charge
+        self.group = 0
+
+    @property
+    def n(self) -> int:
+        return self.inner.n
+
+    @property
+    def d(self) -> int:
+        return self.inner.d
+
+    @property
+    def parties(self) -> int:
+        return self.inner.parties
+
+    def open_stream(
+        self,
+        epsilon: Number | str,
+        kind: StreamKind | str = StreamKind.LAP24,
+        delta: Number | str = 0,
+        plan: tuple[str, int] | None = None,
+    ) -> Stream:
+        return self.inner.open_stream(epsilon, kind, delta, plan or (self.plan_id, self.group))
+
+    def reserve_plan(
+        self, groups: Sequence[tuple[Number | str, Number | str]], delta_slack: Number | str = 0
+    ) -> tuple[str, PlanCharge]:
+        raise ValueError("plans do not nest")
+
+    def end_plan(self, plan_id: str) -> tuple[Fraction, Fraction]:
+        return self.inner.end_plan(plan_id)
+
+    def accuracy(self, kind: StreamKind | str, epsilon: Number | str, k: int, beta: float) -> float:
+        return self.inner.accuracy(kind, epsilon, k, beta)
+
+    def budget(self) -> Budget:
+        return self.inner.budget()
+
+    def stats(self) -> OracleStats:
+        return self.inner.stats()
+
+
+@contextmanager
+def planned(
+    oracle: Oracle,
+    groups: Sequence[tuple[Number | str, Number | str]],
+    delta_slack: Number | str = 0,
+) -> Iterator[PlannedOracle]:
+    """Reserve the plan before any stream opens (refused whole, nothing spent, if
+    it does not fit), run the body on a `PlannedOracle`, and end the plan when
+    the body returns cleanly (what it did not use comes back, for basic plans).
+    After an error the plan is left as it is: a crash never refunds."""
+    plan_id, charge = oracle.reserve_plan(groups, delta_slack)
+    view = PlannedOracle(oracle, plan_id, charge)
+    yield view
+    oracle.end_plan(plan_id)

@@ -23,7 +23,8 @@ import numpy.typing as npt
 from svtagg.analyst.oracle import OracleStats
 from svtagg.dp import accuracy
 from svtagg.dp.errors import Refusal, StreamClosed
-from svtagg.dp.kinds import StreamKind, validate_stream
+from svtagg.dp.kinds import StreamKind, as_fraction, validate_stream
+from svtagg.dp.plans import PlanBook, PlanCharge, Rule, parse_groups
 from svtagg.dp.queries import (
     Budget,
     Number,
@@ -216,6 +217,7 @@ class RemoteOracle:
         epsilon: Number | str,
         kind: StreamKind | str = StreamKind.LAP24,
         delta: Number | str = 0,
+        plan: tuple[str, int] | None = None,
     ) -> RemoteStream:
         # The same check the servers apply; they apply it again and are authoritative.
         req = validate_stream(kind, epsilon, delta, self.parties)
@@ -223,7 +225,12 @@ class RemoteOracle:
         info = self._call(
             "OpenStream",
             pb.OpenStreamRequest(
-                task_id=self.task_id, kind=KIND_TO_PB[kind], epsilon=str(eps), delta=str(dl)
+                task_id=self.task_id,
+                kind=KIND_TO_PB[kind],
+                epsilon=str(eps),
+                delta=str(dl),
+                plan_id=plan[0] if plan else "",
+                plan_group=plan[1] if plan else 0,
             ),
         )
         self._stats.streams += 1
@@ -246,6 +253,29 @@ class RemoteOracle:
 
     def stats(self) -> RemoteStats:
         return self._stats
+
+    def reserve_plan(
+        self, groups: Sequence[tuple[Number | str, Number | str]], delta_slack: Number | str = 0
+    ) -> tuple[str, PlanCharge]:
+        """Reserve a budget plan on both servers (each computes and checks its
+        composed charge); BudgetExhausted: nothing is spent."""
+        book = PlanBook.reserve(parse_groups(groups), as_fraction(delta_slack, "delta_slack"))
+        info = self._call(
+            "ReservePlan",
+            pb.PlanRequest(
+                task_id=self.task_id,
+                groups=[
+                    pb.PlanGroup(epsilon=str(g.epsilon), delta=str(g.delta)) for g in book.groups
+                ],
+                delta_slack=str(book.slack),
+            ),
+        )
+        charge = PlanCharge(Fraction(info.epsilon), Fraction(info.delta), Rule(info.rule))
+        return info.plan_id, charge
+
+    def end_plan(self, plan_id: str) -> tuple[Fraction, Fraction]:
+        info = self._call("EndPlan", pb.PlanRef(plan_id=plan_id))
+        return Fraction(info.refunded_epsilon), Fraction(info.refunded_delta)
 
     # -- helpers ---------------------------------------------------------------------
     def encode_taus(self, taus: Sequence[Number]) -> npt.NDArray[np.int64]:

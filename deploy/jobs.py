@@ -263,14 +263,43 @@ def run_algorithm(
     (sparse-mean), attributes, rounds and delta (mwem).  The task's data must
     have been uploaded with the matching embedding (`svtagg client upload
     --embedding fp_loss | sparse_mean | marginals`)."""
+    from svtagg.analyst.oracle import planned
+    from svtagg.dp.kinds import check_epsilon
+
     opts = options or {}
     kw: dict[str, Any] = {} if kind is None else {"kind": kind}
-    if algorithm in ("fp", "sparse-mean", "mwem"):
+    # Every argument is checked before any budget is reserved.
+    eps = check_epsilon(epsilon)
+    if not 0 < beta < 1:
+        raise ValueError(f"beta must be in (0, 1), got {beta}")
+    if algorithm == "sum" and not 0 <= index < oracle.d:
+        raise ValueError(f"--index {index} is out of range [0, {oracle.d})")
+    if algorithm in ("top-k", "sparse-mean") and not 1 <= k <= oracle.d:
+        raise ValueError(f"--k must be in [1, {oracle.d}], got {k}")
+    if algorithm == "mwem":  # MWEM reserves its own plan of 2T steps
         return _run_application(oracle, algorithm, epsilon, beta, k, kw, seed, opts)
+    # The whole run is one plan of ε, reserved on both servers before any stream:
+    # refused at once, nothing spent, if the budget left cannot hold it.
+    with planned(oracle, [(eps, 0)]) as plan_oracle:
+        if algorithm in ("fp", "sparse-mean"):
+            return _run_application(plan_oracle, algorithm, epsilon, beta, k, kw, seed, opts)
+        return _run_selection(plan_oracle, algorithm, eps, beta, k, index, kw, seed, progress)
+
+
+def _run_selection(
+    oracle: Any,
+    algorithm: str,
+    eps: Fraction,
+    beta: float,
+    k: int,
+    index: int,
+    kw: dict[str, Any],
+    seed: int | None,
+    progress: Callable[[int, int, int], None] | None,
+) -> dict[str, Any]:
     from svtagg.analyst import applications, selection
     from svtagg.dp.queries import Query
 
-    eps = Fraction(epsilon)
     out: dict[str, Any] = {"algorithm": algorithm, "epsilon": str(eps)}
     if algorithm == "top-k":
         res = applications.top_k_heavy_hitters(oracle, k, eps, rng=seed, progress=progress, **kw)

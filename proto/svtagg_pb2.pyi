@@ -128,16 +128,66 @@ class UploadResult(_message.Message):
     def __init__(self, accepted: _Optional[int] = ..., n: _Optional[int] = ...) -> None: ...
 
 class OpenStreamRequest(_message.Message):
-    __slots__ = ("task_id", "kind", "epsilon", "delta")
+    __slots__ = ("task_id", "kind", "epsilon", "delta", "plan_id", "plan_group")
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     EPSILON_FIELD_NUMBER: _ClassVar[int]
     DELTA_FIELD_NUMBER: _ClassVar[int]
+    PLAN_ID_FIELD_NUMBER: _ClassVar[int]
+    PLAN_GROUP_FIELD_NUMBER: _ClassVar[int]
     task_id: str
     kind: StreamKind
     epsilon: str
     delta: str
-    def __init__(self, task_id: _Optional[str] = ..., kind: _Optional[_Union[StreamKind, str]] = ..., epsilon: _Optional[str] = ..., delta: _Optional[str] = ...) -> None: ...
+    plan_id: str
+    plan_group: int
+    def __init__(self, task_id: _Optional[str] = ..., kind: _Optional[_Union[StreamKind, str]] = ..., epsilon: _Optional[str] = ..., delta: _Optional[str] = ..., plan_id: _Optional[str] = ..., plan_group: _Optional[int] = ...) -> None: ...
+
+class PlanGroup(_message.Message):
+    __slots__ = ("epsilon", "delta")
+    EPSILON_FIELD_NUMBER: _ClassVar[int]
+    DELTA_FIELD_NUMBER: _ClassVar[int]
+    epsilon: str
+    delta: str
+    def __init__(self, epsilon: _Optional[str] = ..., delta: _Optional[str] = ...) -> None: ...
+
+class PlanRequest(_message.Message):
+    __slots__ = ("task_id", "groups", "delta_slack", "plan_id")
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
+    DELTA_SLACK_FIELD_NUMBER: _ClassVar[int]
+    PLAN_ID_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    groups: _containers.RepeatedCompositeFieldContainer[PlanGroup]
+    delta_slack: str
+    plan_id: str
+    def __init__(self, task_id: _Optional[str] = ..., groups: _Optional[_Iterable[_Union[PlanGroup, _Mapping]]] = ..., delta_slack: _Optional[str] = ..., plan_id: _Optional[str] = ...) -> None: ...
+
+class PlanRef(_message.Message):
+    __slots__ = ("plan_id",)
+    PLAN_ID_FIELD_NUMBER: _ClassVar[int]
+    plan_id: str
+    def __init__(self, plan_id: _Optional[str] = ...) -> None: ...
+
+class PlanInfo(_message.Message):
+    __slots__ = ("plan_id", "task_id", "epsilon", "delta", "rule", "state", "refunded_epsilon", "refunded_delta")
+    PLAN_ID_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    EPSILON_FIELD_NUMBER: _ClassVar[int]
+    DELTA_FIELD_NUMBER: _ClassVar[int]
+    RULE_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    REFUNDED_EPSILON_FIELD_NUMBER: _ClassVar[int]
+    REFUNDED_DELTA_FIELD_NUMBER: _ClassVar[int]
+    plan_id: str
+    task_id: str
+    epsilon: str
+    delta: str
+    rule: str
+    state: str
+    refunded_epsilon: str
+    refunded_delta: str
+    def __init__(self, plan_id: _Optional[str] = ..., task_id: _Optional[str] = ..., epsilon: _Optional[str] = ..., delta: _Optional[str] = ..., rule: _Optional[str] = ..., state: _Optional[str] = ..., refunded_epsilon: _Optional[str] = ..., refunded_delta: _Optional[str] = ...) -> None: ...
 
 class StreamInfo(_message.Message):
     __slots__ = ("stream_id", "task_id", "kind", "epsilon", "delta", "closed", "queries_answered")
@@ -228,18 +278,22 @@ class ReportIds(_message.Message):
     def __init__(self, task_id: _Optional[str] = ..., report_ids: _Optional[bytes] = ...) -> None: ...
 
 class PrepareStreamRequest(_message.Message):
-    __slots__ = ("stream_id", "task_id", "kind", "epsilon", "delta")
+    __slots__ = ("stream_id", "task_id", "kind", "epsilon", "delta", "plan_id", "plan_group")
     STREAM_ID_FIELD_NUMBER: _ClassVar[int]
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     EPSILON_FIELD_NUMBER: _ClassVar[int]
     DELTA_FIELD_NUMBER: _ClassVar[int]
+    PLAN_ID_FIELD_NUMBER: _ClassVar[int]
+    PLAN_GROUP_FIELD_NUMBER: _ClassVar[int]
     stream_id: str
     task_id: str
     kind: StreamKind
     epsilon: str
     delta: str
-    def __init__(self, stream_id: _Optional[str] = ..., task_id: _Optional[str] = ..., kind: _Optional[_Union[StreamKind, str]] = ..., epsilon: _Optional[str] = ..., delta: _Optional[str] = ...) -> None: ...
+    plan_id: str
+    plan_group: int
+    def __init__(self, stream_id: _Optional[str] = ..., task_id: _Optional[str] = ..., kind: _Optional[_Union[StreamKind, str]] = ..., epsilon: _Optional[str] = ..., delta: _Optional[str] = ..., plan_id: _Optional[str] = ..., plan_group: _Optional[int] = ...) -> None: ...
 
 class ChunkHeader(_message.Message):
     __slots__ = ("stream_id", "chunk_no", "queries", "compare", "validate_task_id", "report_ids", "robust_task_id", "coord_lo", "coord_hi")

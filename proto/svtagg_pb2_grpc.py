@@ -190,6 +190,16 @@ class AnalystStub:
                 request_serializer=svtagg_dot_proto_dot_svtagg__pb2.TaskRef.SerializeToString,
                 response_deserializer=svtagg_dot_proto_dot_svtagg__pb2.TaskInfo.FromString,
                 _registered_method=True)
+        self.ReservePlan = channel.unary_unary(
+                '/svtagg.v1.Analyst/ReservePlan',
+                request_serializer=svtagg_dot_proto_dot_svtagg__pb2.PlanRequest.SerializeToString,
+                response_deserializer=svtagg_dot_proto_dot_svtagg__pb2.PlanInfo.FromString,
+                _registered_method=True)
+        self.EndPlan = channel.unary_unary(
+                '/svtagg.v1.Analyst/EndPlan',
+                request_serializer=svtagg_dot_proto_dot_svtagg__pb2.PlanRef.SerializeToString,
+                response_deserializer=svtagg_dot_proto_dot_svtagg__pb2.PlanInfo.FromString,
+                _registered_method=True)
 
 
 class AnalystServicer:
@@ -243,6 +253,18 @@ class AnalystServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReservePlan(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def EndPlan(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AnalystServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -285,6 +307,16 @@ def add_AnalystServicer_to_server(servicer, server):
                     servicer.Budget,
                     request_deserializer=svtagg_dot_proto_dot_svtagg__pb2.TaskRef.FromString,
                     response_serializer=svtagg_dot_proto_dot_svtagg__pb2.TaskInfo.SerializeToString,
+            ),
+            'ReservePlan': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReservePlan,
+                    request_deserializer=svtagg_dot_proto_dot_svtagg__pb2.PlanRequest.FromString,
+                    response_serializer=svtagg_dot_proto_dot_svtagg__pb2.PlanInfo.SerializeToString,
+            ),
+            'EndPlan': grpc.unary_unary_rpc_method_handler(
+                    servicer.EndPlan,
+                    request_deserializer=svtagg_dot_proto_dot_svtagg__pb2.PlanRef.FromString,
+                    response_serializer=svtagg_dot_proto_dot_svtagg__pb2.PlanInfo.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -513,6 +545,60 @@ class Analyst:
             metadata,
             _registered_method=True)
 
+    @staticmethod
+    def ReservePlan(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/svtagg.v1.Analyst/ReservePlan',
+            svtagg_dot_proto_dot_svtagg__pb2.PlanRequest.SerializeToString,
+            svtagg_dot_proto_dot_svtagg__pb2.PlanInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EndPlan(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/svtagg.v1.Analyst/EndPlan',
+            svtagg_dot_proto_dot_svtagg__pb2.PlanRef.SerializeToString,
+            svtagg_dot_proto_dot_svtagg__pb2.PlanInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
 
 class PeerStub:
     """Missing associated documentation comment in .proto file."""
@@ -572,6 +658,21 @@ class PeerStub:
                 '/svtagg.v1.Peer/Budget',
                 request_serializer=svtagg_dot_proto_dot_svtagg__pb2.TaskRef.SerializeToString,
                 response_deserializer=svtagg_dot_proto_dot_svtagg__pb2.TaskInfo.FromString,
+                _registered_method=True)
+        self.ReservePlan = channel.unary_unary(
+                '/svtagg.v1.Peer/ReservePlan',
+                request_serializer=svtagg_dot_proto_dot_svtagg__pb2.PlanRequest.SerializeToString,
+                response_deserializer=svtagg_dot_proto_dot_svtagg__pb2.PlanInfo.FromString,
+                _registered_method=True)
+        self.EndPlan = channel.unary_unary(
+                '/svtagg.v1.Peer/EndPlan',
+                request_serializer=svtagg_dot_proto_dot_svtagg__pb2.PlanRef.SerializeToString,
+                response_deserializer=svtagg_dot_proto_dot_svtagg__pb2.PlanInfo.FromString,
+                _registered_method=True)
+        self.FailPlan = channel.unary_unary(
+                '/svtagg.v1.Peer/FailPlan',
+                request_serializer=svtagg_dot_proto_dot_svtagg__pb2.PlanRef.SerializeToString,
+                response_deserializer=svtagg_dot_proto_dot_svtagg__pb2.PlanInfo.FromString,
                 _registered_method=True)
 
 
@@ -640,6 +741,24 @@ class PeerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReservePlan(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def EndPlan(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def FailPlan(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PeerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -692,6 +811,21 @@ def add_PeerServicer_to_server(servicer, server):
                     servicer.Budget,
                     request_deserializer=svtagg_dot_proto_dot_svtagg__pb2.TaskRef.FromString,
                     response_serializer=svtagg_dot_proto_dot_svtagg__pb2.TaskInfo.SerializeToString,
+            ),
+            'ReservePlan': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReservePlan,
+                    request_deserializer=svtagg_dot_proto_dot_svtagg__pb2.PlanRequest.FromString,
+                    response_serializer=svtagg_dot_proto_dot_svtagg__pb2.PlanInfo.SerializeToString,
+            ),
+            'EndPlan': grpc.unary_unary_rpc_method_handler(
+                    servicer.EndPlan,
+                    request_deserializer=svtagg_dot_proto_dot_svtagg__pb2.PlanRef.FromString,
+                    response_serializer=svtagg_dot_proto_dot_svtagg__pb2.PlanInfo.SerializeToString,
+            ),
+            'FailPlan': grpc.unary_unary_rpc_method_handler(
+                    servicer.FailPlan,
+                    request_deserializer=svtagg_dot_proto_dot_svtagg__pb2.PlanRef.FromString,
+                    response_serializer=svtagg_dot_proto_dot_svtagg__pb2.PlanInfo.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -964,6 +1098,87 @@ class Peer:
             '/svtagg.v1.Peer/Budget',
             svtagg_dot_proto_dot_svtagg__pb2.TaskRef.SerializeToString,
             svtagg_dot_proto_dot_svtagg__pb2.TaskInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReservePlan(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/svtagg.v1.Peer/ReservePlan',
+            svtagg_dot_proto_dot_svtagg__pb2.PlanRequest.SerializeToString,
+            svtagg_dot_proto_dot_svtagg__pb2.PlanInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EndPlan(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/svtagg.v1.Peer/EndPlan',
+            svtagg_dot_proto_dot_svtagg__pb2.PlanRef.SerializeToString,
+            svtagg_dot_proto_dot_svtagg__pb2.PlanInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FailPlan(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/svtagg.v1.Peer/FailPlan',
+            svtagg_dot_proto_dot_svtagg__pb2.PlanRef.SerializeToString,
+            svtagg_dot_proto_dot_svtagg__pb2.PlanInfo.FromString,
             options,
             channel_credentials,
             insecure,

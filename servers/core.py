@@ -22,15 +22,18 @@ import numpy.typing as npt
 from svtagg.dp.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
 from svtagg.dp.kinds import (
     StreamKind,
+    as_fraction,
     default_tau_bound,
     validate_stream,
 )
 from svtagg.dp.noise import RandomSource, draw_query_noise, draw_threshold_noise
+from svtagg.dp.plans import PlanBook, parse_groups
 from svtagg.dp.queries import check_chunk_size, check_ctt_width
 from svtagg.dp.task import TaskParams
 from svtagg.mpc.circuits import CLOSE
 from svtagg.mpc.ring import U64, sensitivity
 from svtagg.mpc.sharing import expand_seed
+from svtagg.proto import svtagg_pb2 as pb
 from svtagg.proto.vocab import (
     MAX_BATCH_REPORTS,
     MAX_BATCH_VALUES,
@@ -243,6 +246,7 @@ class ServerCore:
         epsilon: str,
         delta: str,
         open_now: bool = True,
+        plan: tuple[str, int] | None = None,
     ) -> StreamState:
         """Validate, charge the ledger durably, then draw this server's γ.  With
         open_now=False (the leader) the stream stays `opening` until confirmed."""
@@ -262,11 +266,41 @@ class ServerCore:
             raise InvalidArgument(
                 f"epsilon={eps} is below the task's epsilon_min={task.params.epsilon_min}"
             )
-        self.store.open_stream(stream_id, task_id, kind, eps, dl, charge_delta)
+        self.store.open_stream(stream_id, task_id, kind, eps, dl, charge_delta, plan)
         crash_point("open.after_charge")
         gamma = draw_threshold_noise(kind, eps, task.params.frac_bits, self.rng)
         self.store.set_threshold_noise(stream_id, gamma, open_now)
         return self.store.stream(stream_id)
+
+    # ------------------------------------------------------------ plans
+    def reserve_plan(self, plan_id: str, request: pb.PlanRequest) -> pb.PlanInfo:
+        """Validate the plan, compute its charge (the one rule both servers apply)
+        and reserve it on the ledger durably; refused whole if it does not fit."""
+        task = self.store.task(request.task_id)
+        self.require_queryable(task)
+        try:
+            slack = as_fraction(request.delta_slack or "0", "delta_slack")
+        except ValueError as exc:
+            raise InvalidArgument(str(exc)) from None
+        groups = parse_groups([(g.epsilon, g.delta) for g in request.groups])
+        book = PlanBook.reserve(groups, slack)
+        self.store.reserve_plan(plan_id, request.task_id, book)
+        return self.plan_info(plan_id)
+
+    def plan_info(
+        self, plan_id: str, refunded: tuple[Fraction, Fraction] = (Fraction(0), Fraction(0))
+    ) -> pb.PlanInfo:
+        book, state, task_id = self.store.plan(plan_id)
+        return pb.PlanInfo(
+            plan_id=plan_id,
+            task_id=task_id,
+            epsilon=str(book.charge.epsilon),
+            delta=str(book.charge.delta),
+            rule=book.charge.rule.value,
+            state=state,
+            refunded_epsilon=str(refunded[0]),
+            refunded_delta=str(refunded[1]),
+        )
 
     @staticmethod
     def require_queryable(task: TaskState) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from svtagg.dp.errors import FailedPrecondition, InvalidArgument
+from svtagg.dp.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 from svtagg.dp.kinds import StreamKind
 from svtagg.mpc.ring import U64
 from svtagg.proto import svtagg_pb2 as pb
@@ -100,8 +100,29 @@ class HelperDriver:
             kind_from_pb(request.kind),
             request.epsilon,
             request.delta,
+            plan=(request.plan_id, request.plan_group) if request.plan_id else None,
         )
         return stream_info(state)
+
+    async def ReservePlan(self, request: pb.PlanRequest) -> pb.PlanInfo:
+        """Reserve the leader's plan here too, computing and checking its charge
+        against this server's own ledger.  A retry of the same plan answers again."""
+        if not request.plan_id:
+            raise InvalidArgument("the leader names the plan")
+        try:
+            _, _, task_id = self.core.store.plan(request.plan_id)
+        except NotFound:
+            return self.core.reserve_plan(request.plan_id, request)
+        if task_id != request.task_id:
+            raise AlreadyExists(f"plan {request.plan_id} belongs to another task")
+        return self.core.plan_info(request.plan_id)
+
+    async def EndPlan(self, request: pb.PlanRef) -> pb.PlanInfo:
+        return self.core.plan_info(request.plan_id, self.core.store.end_plan(request.plan_id))
+
+    async def FailPlan(self, request: pb.PlanRef) -> pb.PlanInfo:
+        self.core.store.fail_plan(request.plan_id)
+        return self.core.plan_info(request.plan_id)
 
     async def FailStream(self, request: pb.StreamRef) -> pb.StreamInfo:
         self.core.store.fail_stream(request.stream_id)

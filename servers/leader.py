@@ -23,6 +23,7 @@ from svtagg.dp.errors import (
     StreamClosed,
 )
 from svtagg.dp.kinds import StreamKind
+from svtagg.dp.plans import PlanBook
 from svtagg.mpc.ring import U64
 from svtagg.proto import svtagg_pb2 as pb
 from svtagg.proto.vocab import (
@@ -46,7 +47,7 @@ from svtagg.servers.faults import crash_point
 from svtagg.servers.messages import spec_params, stream_info, task_info
 from svtagg.servers.port import HelperPort, PeerMethod
 from svtagg.servers.session import SessionPool
-from svtagg.servers.store import FAILED, OPEN, StreamState, TaskState
+from svtagg.servers.store import FAILED, OPEN, PLAN_FAILED, StreamState, TaskState
 
 log = logging.getLogger("svtagg.server")
 
@@ -60,6 +61,16 @@ VALIDATION_LANES = 50_000
 
 #: What one chunk's protocol run returns: (result, queries answered, stream closes).
 ChunkRun = Callable[[ComparisonParty, StreamState], Awaitable[tuple[Any, int, bool]]]
+
+
+def _plan_request(task_id: str, plan_id: str, book: PlanBook) -> pb.PlanRequest:
+    """The request that reserves `book` again (its groups and slack δ')."""
+    return pb.PlanRequest(
+        task_id=task_id,
+        plan_id=plan_id,
+        groups=[pb.PlanGroup(epsilon=str(g.epsilon), delta=str(g.delta)) for g in book.groups],
+        delta_slack=str(book.slack),
+    )
 
 
 class LeaderDriver:
@@ -80,6 +91,9 @@ class LeaderDriver:
         for sid, tid in core.store.recovered_failed:
             self._recovered.setdefault(tid, []).append(sid)
         self._sync_lock = asyncio.Lock()
+        # Plans whose reservation on the helper may be missing or may have been
+        # made after the leader gave up on it: failed there at the next sync.
+        self._failed_plans: dict[str, list[str]] = {}
 
     async def _call(self, method: PeerMethod, request: Any) -> Any:
         return await self.helper.call(method, request)
@@ -111,6 +125,14 @@ class LeaderDriver:
                 failed = self._recovered.get(task_id, [])
             for sid in failed:
                 replayed += await self._fail_or_replay(self.core.store.stream(sid))
+            plans = self._failed_plans.pop(task_id, [])
+            if (helper.epsilon_spent, helper.delta_spent) != (
+                str(mine.epsilon_spent),
+                str(mine.delta_spent),
+            ):
+                plans = self.core.store.plan_ids(task_id, PLAN_FAILED)
+            for plan_id in plans:
+                replayed += await self._fail_or_replay_plan(plan_id)
             self._recovered.pop(task_id, None)
             if replayed:
                 log.info(
@@ -140,6 +162,53 @@ class LeaderDriver:
         )
         await self._call(PeerMethod.FAIL_STREAM, ref)
         return 1
+
+    async def _fail_or_replay_plan(self, plan_id: str) -> int:
+        """Fail a plan the leader failed on the helper too, reserving it there
+        first if the helper never saw it (so both ledgers hold its charge)."""
+        ref = pb.PlanRef(plan_id=plan_id)
+        try:
+            await self._call(PeerMethod.FAIL_PLAN, ref)
+            return 0
+        except NotFound:
+            pass
+        book, _, task_id = self.core.store.plan(plan_id)
+        await self._call(PeerMethod.RESERVE_PLAN, _plan_request(task_id, plan_id, book))
+        await self._call(PeerMethod.FAIL_PLAN, ref)
+        return 1
+
+    # ------------------------------------------------------------ plans
+    async def reserve_plan(self, request: pb.PlanRequest) -> pb.PlanInfo:
+        """Reserve the plan's composed charge on the leader, then on the helper
+        (each computes and checks it); refused whole, nothing spent, if it does
+        not fit either ledger.  Leader first, as for streams: a failure after the
+        leader's reservation fails the plan (never refunded) and is reconciled."""
+        plan_id = secrets.token_hex(16)
+        if request.task_id in self._unsynced:
+            self.core.store.task(request.task_id)
+            await self.sync_ledgers(request.task_id)
+        info = self.core.reserve_plan(plan_id, request)
+        forward = pb.PlanRequest()
+        forward.CopyFrom(request)
+        forward.plan_id = plan_id
+        try:
+            await self._call(PeerMethod.RESERVE_PLAN, forward)
+        except BaseException:
+            # The leader's reservation stays spent (never refund); the helper may
+            # hold the plan after all (a lost reply) or may have refused it (its
+            # own ledger): the next sync fails it there, reserving it first if absent.
+            self.core.store.fail_plan(plan_id)
+            self._failed_plans.setdefault(request.task_id, []).append(plan_id)
+            self._unsynced.add(request.task_id)
+            raise
+        return info
+
+    async def end_plan(self, plan_id: str) -> pb.PlanInfo:
+        """End the plan on the helper, then here; each returns what the plan did
+        not use (basic plans only).  Idempotent."""
+        self.core.store.plan(plan_id)  # NOT_FOUND before any peer call
+        await self._call(PeerMethod.END_PLAN, pb.PlanRef(plan_id=plan_id))
+        return self.core.plan_info(plan_id, self.core.store.end_plan(plan_id))
 
     # ------------------------------------------------------------ tasks
     async def create_task(self, request: pb.TaskSpec) -> pb.TaskInfo:
@@ -286,6 +355,7 @@ class LeaderDriver:
             await self.sync_ledgers(request.task_id)
         # The leader's stream stays `opening` (failed closed on a restart) until the
         # helper has charged too, so a crash between the two charges is reconciled.
+        plan = (request.plan_id, request.plan_group) if request.plan_id else None
         self.core.open_stream(
             stream_id,
             request.task_id,
@@ -293,6 +363,7 @@ class LeaderDriver:
             request.epsilon,
             request.delta,
             open_now=False,
+            plan=plan,
         )
         crash_point("open.before_helper")
         try:
@@ -304,6 +375,8 @@ class LeaderDriver:
                     kind=request.kind,
                     epsilon=request.epsilon,
                     delta=request.delta,
+                    plan_id=request.plan_id,
+                    plan_group=request.plan_group,
                 ),
             )
         except BaseException:

@@ -26,6 +26,9 @@ class PeerMethod(StrEnum):
     BUDGET = "Budget"
     PREPARE_STREAM = "PrepareStream"
     FAIL_STREAM = "FailStream"
+    RESERVE_PLAN = "ReservePlan"
+    END_PLAN = "EndPlan"
+    FAIL_PLAN = "FailPlan"
 
 
 class HelperPort(Protocol):

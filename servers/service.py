@@ -180,6 +180,14 @@ class AnalystService(pb_grpc.AnalystServicer):
     async def Compare(self, request: pb.CompareRequest, context: Context) -> pb.CompareResponse:
         return await self.driver.compare(request)
 
+    @rpc(Role.ANALYST)
+    async def ReservePlan(self, request: pb.PlanRequest, context: Context) -> pb.PlanInfo:
+        return await self.driver.reserve_plan(request)
+
+    @rpc(Role.ANALYST)
+    async def EndPlan(self, request: pb.PlanRef, context: Context) -> pb.PlanInfo:
+        return await self.driver.end_plan(request.plan_id)
+
 
 class PeerService(pb_grpc.PeerServicer):
     """The helper's side: only the leader may call it; each RPC is one
@@ -225,6 +233,18 @@ class PeerService(pb_grpc.PeerServicer):
     @rpc(Role.LEADER)
     async def FailStream(self, request: pb.StreamRef, context: Context) -> pb.StreamInfo:
         return await self.driver.FailStream(request)
+
+    @rpc(Role.LEADER)
+    async def ReservePlan(self, request: pb.PlanRequest, context: Context) -> pb.PlanInfo:
+        return await self.driver.ReservePlan(request)
+
+    @rpc(Role.LEADER)
+    async def EndPlan(self, request: pb.PlanRef, context: Context) -> pb.PlanInfo:
+        return await self.driver.EndPlan(request)
+
+    @rpc(Role.LEADER)
+    async def FailPlan(self, request: pb.PlanRef, context: Context) -> pb.PlanInfo:
+        return await self.driver.FailPlan(request)
 
     @rpc(Role.LEADER)
     async def Session(self, request_iterator: Any, context: Context) -> None:

@@ -14,6 +14,7 @@ Durability rules (WAL, synchronous=FULL, one transaction per step):
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import sqlite3
 from collections.abc import Callable
@@ -32,6 +33,7 @@ from svtagg.dp.errors import (
 )
 from svtagg.dp.kinds import StreamKind
 from svtagg.dp.ledger import Ledger
+from svtagg.dp.plans import PlanBook
 from svtagg.dp.queries import Budget
 from svtagg.dp.task import TaskParams
 from svtagg.mpc.ring import U64
@@ -84,6 +86,10 @@ class StreamStatus(StrEnum):
 
 
 OPENING, OPEN, IN_CHUNK, CLOSED, FAILED = StreamStatus
+
+#: Plan states: `active` admits its streams; `ended` (refunded what was unused)
+#: and `failed` (never refunded) admit none.
+PLAN_ACTIVE, PLAN_ENDED, PLAN_FAILED = "active", "ended", "failed"
 
 
 @dataclass(frozen=True)
@@ -146,7 +152,7 @@ class Store:
         self._db.close()
 
     #: Schema version this code writes (SQLite's user_version).
-    SCHEMA_VERSION = 1
+    SCHEMA_VERSION = 2
 
     def _migrate(self) -> None:
         """Bring an older store up to SCHEMA_VERSION, one versioned step at a time."""
@@ -157,6 +163,14 @@ class Store:
             if "robust_sums" not in cols:
                 self._db.execute("ALTER TABLE tasks ADD COLUMN robust_sums BLOB")
             self._db.execute("PRAGMA user_version = 1")
+            version = 1
+        if version < 2:
+            # v2: budget plans, reserved on the ledger before their streams open.
+            self._db.execute(
+                "CREATE TABLE IF NOT EXISTS plans (plan_id TEXT PRIMARY KEY,"
+                " task_id TEXT NOT NULL, book TEXT NOT NULL, state TEXT NOT NULL)"
+            )
+            self._db.execute("PRAGMA user_version = 2")
 
     def _recover(self) -> int:
         """Fail closed every stream that was opening or mid-chunk at the last stop."""
@@ -416,30 +430,110 @@ class Store:
         epsilon: Fraction,
         delta: Fraction,
         delta_charge: Fraction,
+        plan: tuple[str, int] | None = None,
     ) -> None:
-        """Charge (ε, delta_charge) and record the stream as `opening`, in one
-        committed transaction, before the caller draws any noise."""
+        """Charge (ε, delta_charge) — to the task's ledger, or to a group of a
+        reserved plan — and record the stream as `opening`, in one committed
+        transaction, before the caller draws any noise."""
         with self._tx():
             state = self.task(task_id)
             if self._db.execute("SELECT 1 FROM streams WHERE stream_id=?", (stream_id,)).fetchone():
                 raise AlreadyExists(f"stream {stream_id!r} already exists")
-            ledger = Ledger(
-                state.budget.epsilon_total,
-                state.budget.delta_total,
-                state.budget.epsilon_spent,
-                state.budget.delta_spent,
-            )
-            ledger.charge(epsilon, delta_charge)  # raises BudgetExhausted
-            after = ledger.budget()
-            self._db.execute(
-                "UPDATE tasks SET epsilon_spent=?, delta_spent=? WHERE task_id=?",
-                (str(after.epsilon_spent), str(after.delta_spent), task_id),
-            )
+            if plan is not None:
+                plan_id, group = plan
+                book, plan_state, plan_task = self._plan_row(plan_id)
+                if plan_task != task_id or plan_state != PLAN_ACTIVE:
+                    raise FailedPrecondition(f"plan {plan_id} is {plan_state} or of another task")
+                book.admit(group, epsilon, delta_charge)
+                self._db.execute(
+                    "UPDATE plans SET book=? WHERE plan_id=?", (json.dumps(book.to_json()), plan_id)
+                )
+            else:
+                self._charge(state, epsilon, delta_charge)
             self._db.execute(
                 "INSERT INTO streams (stream_id, task_id, kind, epsilon, delta, state)"
                 " VALUES (?,?,?,?,?,?)",
                 (stream_id, task_id, kind.value, str(epsilon), str(delta), OPENING),
             )
+
+    def _charge(self, state: TaskState, epsilon: Fraction, delta: Fraction) -> None:
+        """Spend (ε, δ) of the task's budget (inside the caller's transaction)."""
+        ledger = Ledger(
+            state.budget.epsilon_total,
+            state.budget.delta_total,
+            state.budget.epsilon_spent,
+            state.budget.delta_spent,
+        )
+        ledger.charge(epsilon, delta)  # raises BudgetExhausted
+        after = ledger.budget()
+        self._db.execute(
+            "UPDATE tasks SET epsilon_spent=?, delta_spent=? WHERE task_id=?",
+            (str(after.epsilon_spent), str(after.delta_spent), state.params.task_id),
+        )
+
+    # ------------------------------------------------------------ plans
+    def _plan_row(self, plan_id: str) -> tuple[PlanBook, str, str]:
+        row = self._db.execute(
+            "SELECT book, state, task_id FROM plans WHERE plan_id=?", (plan_id,)
+        ).fetchone()
+        if row is None:
+            raise NotFound(f"unknown plan {plan_id!r}")
+        return PlanBook.from_json(json.loads(row[0])), row[1], row[2]
+
+    def plan(self, plan_id: str) -> tuple[PlanBook, str, str]:
+        """(book, state, task id) of a plan."""
+        return self._plan_row(plan_id)
+
+    def reserve_plan(self, plan_id: str, task_id: str, book: PlanBook) -> None:
+        """Charge the plan's composed (ε, δ) to the ledger and record it, atomically
+        (BudgetExhausted: nothing is spent)."""
+        with self._tx():
+            state = self.task(task_id)
+            if self._db.execute("SELECT 1 FROM plans WHERE plan_id=?", (plan_id,)).fetchone():
+                raise AlreadyExists(f"plan {plan_id!r} already exists")
+            self._charge(state, book.charge.epsilon, book.charge.delta)
+            self._db.execute(
+                "INSERT INTO plans (plan_id, task_id, book, state) VALUES (?,?,?,?)",
+                (plan_id, task_id, json.dumps(book.to_json()), PLAN_ACTIVE),
+            )
+
+    def end_plan(self, plan_id: str) -> tuple[Fraction, Fraction]:
+        """End an active plan and return what it did not use (basic plans; see
+        `PlanBook.refund`) to the ledger.  Idempotent: an ended plan refunds 0."""
+        with self._tx():
+            book, state, task_id = self._plan_row(plan_id)
+            if state != PLAN_ACTIVE:
+                return Fraction(0), Fraction(0)
+            back_e, back_d = book.refund()
+            t = self.task(task_id)
+            self._db.execute(
+                "UPDATE tasks SET epsilon_spent=?, delta_spent=? WHERE task_id=?",
+                (
+                    str(t.budget.epsilon_spent - back_e),
+                    str(t.budget.delta_spent - back_d),
+                    task_id,
+                ),
+            )
+            self._db.execute("UPDATE plans SET state=? WHERE plan_id=?", (PLAN_ENDED, plan_id))
+        return back_e, back_d
+
+    def fail_plan(self, plan_id: str) -> None:
+        """No more streams of this plan, and never a refund."""
+        with self._tx():
+            self._plan_row(plan_id)
+            self._db.execute(
+                "UPDATE plans SET state=? WHERE plan_id=? AND state=?",
+                (PLAN_FAILED, plan_id, PLAN_ACTIVE),
+            )
+
+    def plan_ids(self, task_id: str, state: str) -> list[str]:
+        return [
+            r[0]
+            for r in self._db.execute(
+                "SELECT plan_id FROM plans WHERE task_id=? AND state=? ORDER BY plan_id",
+                (task_id, state),
+            )
+        ]
 
     def set_threshold_noise(self, stream_id: str, gamma: int, open_now: bool = True) -> None:
         """Store γ; the stream opens now, or (leader) stays `opening` until
