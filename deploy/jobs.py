@@ -19,6 +19,7 @@ import grpc
 import numpy as np
 import numpy.typing as npt
 from svtagg.deploy.workloads import workload
+from svtagg.dp.errors import Refusal
 from svtagg.proto import svtagg_pb2 as pb
 from svtagg.proto import svtagg_pb2_grpc as pb_grpc
 from svtagg.proto.tls import Identity, tls_target
@@ -171,6 +172,12 @@ def _guard(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namesp
         except grpc.RpcError as exc:
             print(f"refused: {exc.code().name}: {exc.details()}", file=sys.stderr)  # type: ignore[attr-defined]
             return 1
+        except Refusal as exc:  # includes InvalidArgument (a ValueError)
+            print(f"refused: {type(exc).__name__}: {exc}", file=sys.stderr)
+            return 1
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
 
     return run
 
@@ -396,7 +403,6 @@ def _oracle_summary(oracle: Any) -> dict[str, Any]:
 
 def _run(args: argparse.Namespace) -> int:
     from svtagg.analyst.remote_oracle import RemoteOracle
-    from svtagg.dp.errors import Refusal
 
     start = time.perf_counter()
     try:

@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+from svtagg.benchmarks.storeview import store_view
 from svtagg.client.upload import Uploader
 from svtagg.deploy.cli import main
 from svtagg.deploy.launch import LocalDeployment
@@ -20,6 +21,13 @@ def _cli(*argv: str) -> tuple[int, str]:
     with contextlib.redirect_stdout(out):
         rc = main(list(argv))
     return rc, out.getvalue()
+
+
+def _cli_err(*argv: str) -> tuple[int, str]:
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        rc = main(list(argv))
+    return rc, err.getvalue()
 
 
 def test_processes_end_to_end_with_restart(tmp_path: Path):
@@ -80,6 +88,22 @@ def test_processes_end_to_end_with_restart(tmp_path: Path):
         assert abs(json.loads(out)["estimate"] - 1000) < 600  # Cor 6.8 at ε = 1/2: coarse
         rc, out = _cli("analyst", "describe", *leader)
         assert "leader ledger: ε 5/2/3" in out and "helper ledger: ε 5/2/3" in out, out
+        # Requests that cannot finish spend nothing: more ε than is left (1/2),
+        # and an index out of range, each end with one line and rc != 0.
+        before = [store_view(tmp_path / f"{r}.sqlite", "hh") for r in ("leader", "helper")]
+        for bad in (
+            ["--algorithm", "sum", "--index", "11", "--epsilon", "1"],
+            ["--algorithm", "sum", "--index", "50", "--epsilon", "1/4"],
+        ):
+            rc, err = _cli_err("analyst", "run", *leader, *bad)
+            assert rc != 0 and len(err.strip().splitlines()) == 1, err
+        after = [store_view(tmp_path / f"{r}.sqlite", "hh") for r in ("leader", "helper")]
+        for b, a in zip(before, after, strict=True):
+            assert (a.epsilon_spent, a.delta_spent, a.streams) == (
+                b.epsilon_spent,
+                b.delta_spent,
+                b.streams,
+            )
     finally:
         dep.stop()
 
