@@ -273,3 +273,24 @@ def plain_clamp(s: npt.NDArray[np.uint64], bound: int) -> npt.NDArray[np.uint64]
     s = np.asarray(s, dtype=np.uint64)
     tri = np.minimum(s, np.uint64(0) - s)
     return np.minimum(tri, np.uint64(bound))
+
+
+# ---------------------------------------------------------------- report validation
+def any_per_group_circuit(
+    be: Backend, a_bits: Bits | None, b: WireSource, n: int, group: int
+) -> Wires:
+    """For lanes laid out as n/group consecutive groups: the OR of each group's
+    YES bits (sign of a + b ≥ 0), one output wire per group.  Range validation
+    puts a report's 2d sign tests in one group, so only "this report is
+    invalid" is revealed — not which value, nor which side.  < group ORs per group."""
+    if group < 1 or n % group:
+        raise ValueError(f"{n} lanes do not split into groups of {group}")
+    yes = sign_yes(be, a_bits, b, n)
+    x = yes.reshape((n // group, group) + yes.shape[1:])
+    while x.shape[1] > 1:
+        half = x.shape[1] // 2
+        left = x[:, :half].reshape((-1,) + x.shape[2:])
+        right = x[:, half : 2 * half].reshape((-1,) + x.shape[2:])
+        merged = be.or_(left, right).reshape((x.shape[0], half) + x.shape[2:])
+        x = np.concatenate([merged, x[:, 2 * half :]], axis=1)
+    return x[:, 0]

@@ -21,6 +21,7 @@ from svtagg.mpc.circuits import (
     CLOSE,
     CttCode,
     WireSource,
+    any_per_group_circuit,
     bit_planes,
     clamp_reshare_circuit,
     ctt_circuit,
@@ -70,6 +71,11 @@ class ChunkCircuit(Generic[R]):
     garbler_inputs: int = 0
     #: Table blocks per lane to preallocate (the buffer grows if it is short).
     tables_per_lane: int = 131
+    #: Output wires of a chunk of k (the bundles laid end to end); default k each.
+    output_bits: Callable[[int], int] | None = None
+
+    def decoding_bits(self, k: int) -> int:
+        return self.output_bits(k) if self.output_bits is not None else self.outputs * k
 
 
 def _encode_index(j: int | None, k: int) -> bytes:
@@ -132,6 +138,35 @@ COMPARE_TO_THRESHOLDS: ChunkCircuit[list[int]] = ChunkCircuit(
 def _parse_nothing(msg: bytes, k: int) -> None:
     if msg:
         raise ValueError("malformed result message")
+
+
+def _encode_bits(bits: list[bool], k: int) -> bytes:
+    return np.packbits(np.asarray(bits, dtype=np.uint8), bitorder="little").tobytes()
+
+
+def any_per_group_spec(group: int) -> ChunkCircuit[list[bool]]:
+    """One bit per group of `group` lanes (OR of the group's YES): both parties
+    learn the bit vector and nothing else."""
+
+    def parse(msg: bytes, k: int) -> list[bool]:
+        m = k // group
+        if len(msg) != (m + 7) // 8:
+            raise ValueError("malformed result message")
+        bits = np.unpackbits(np.frombuffer(msg, np.uint8), bitorder="little")
+        if bits[m:].any():
+            raise ValueError("peer returned impossible bits")
+        return [bool(v) for v in bits[:m]]
+
+    return ChunkCircuit(
+        inputs=("z",),
+        outputs=1,
+        circuit=lambda be, a_bits, b, k: (any_per_group_circuit(be, a_bits, b, k, group),),
+        decode=lambda bits: [bool(v) for v in bits[0]],
+        encode=_encode_bits,
+        parse=parse,
+        empty=list,
+        output_bits=lambda k: k // group,
+    )
 
 
 def clamp_reshare_spec(bound: int) -> ChunkCircuit[U64 | None]:
@@ -213,6 +248,11 @@ class _Party:
         both sides; nothing about later queries is revealed. Call with this
         party's shares."""
         return await self._chunk_flow(COMPARE_TO_THRESHOLDS, z_high, z_low)
+
+    async def any_per_group(self, z: npt.ArrayLike, group: int) -> list[bool]:
+        """For each run of `group` lanes: is any signed(z_L + z_H) ≥ 0 in it?  Both
+        parties get the bits (report validation: one bit per report)."""
+        return await self._chunk_flow(any_per_group_spec(group), z)
 
     async def clamp_reshare(self, share: npt.ArrayLike, bound: int) -> U64:
         """This party's new share of g(S) = min(tri(S), bound) for every lane, where
@@ -353,7 +393,7 @@ class ComparisonEvaluator(_Party):
         ]
         await self.channel.send(self._iknp.u_message(choices, nonce))
         msg = memoryview(await self.channel.recv())
-        nd = (spec.outputs * k + 7) // 8
+        nd = (spec.decoding_bits(k) + 7) // 8
         if len(msg) < nd or (len(msg) - nd) % 16:
             raise ValueError("malformed garbled-circuit message")
         be = EvalBackend(self.hasher, tweak_hi, msg[: len(msg) - nd], self._workspace)
@@ -362,7 +402,11 @@ class ComparisonEvaluator(_Party):
         outs = spec.circuit(be, None, self._input_wires(t), k)
         be.done()
         dec = np.unpackbits(np.frombuffer(msg[len(msg) - nd :], np.uint8), bitorder="little")
-        result = spec.decode([be.decode(w, dec[i * k : (i + 1) * k]) for i, w in enumerate(outs)])
+        bundles, at = [], 0
+        for w in outs:  # each bundle's decoding bits follow the previous one's
+            bundles.append(be.decode(w, dec[at : at + w.shape[0]]))
+            at += w.shape[0]
+        result = spec.decode(bundles)
         await self.channel.send(spec.encode(result, k))
         return result, be.and_gates
 

@@ -59,6 +59,8 @@ class ComparisonParty(Protocol):
 
     async def clamp_reshare(self, share: U64, bound: int) -> U64: ...
 
+    async def any_per_group(self, z: U64, group: int) -> list[bool]: ...
+
 
 PartyFactory = Callable[[Role, "Channel", bytes], ComparisonParty]
 
@@ -215,9 +217,8 @@ class ServerCore:
         """This server's share of the range test of every value of these reports.
 
         For each report (in the given order) 2d lanes: first −v − 1 ≥ 0 (v < 0),
-        then v − 2^F − 1 ≥ 0 (v > 2^F), as signed ring values; the first-YES
-        circuit then names the first value out of [0, 2^F], which reveals only
-        that this report is invalid and that the ones before it are valid.
+        then v − 2^F − 1 ≥ 0 (v > 2^F), as signed ring values; the circuit ORs a
+        report's 2d tests, so it reveals one bit per report (invalid or not).
         """
         if task.collection_open:
             raise FailedPrecondition("reports are validated only after the close")

@@ -174,7 +174,7 @@ class HelperDriver:
             await write(pb.PeerFrame(status=refusal_status(exc)))
             return
         await write(_OK)
-        await party.first_yes(z)
+        await party.any_per_group(z, 2 * task.params.d)
         await write(_OK)
 
     async def _robust(self, write: WriteFrame, party: ComparisonParty, h: pb.ChunkHeader) -> None:

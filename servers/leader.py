@@ -317,33 +317,27 @@ class LeaderDriver:
         return lambda party: party.clamp_reshare(z, bound)
 
     async def _validate_reports(self, task: TaskState) -> list[bytes]:
-        """Range-check every report with the first-YES circuit; the invalid ones.
+        """Range-check every report in one garbled pass; the invalid ones.
 
         Reports go in sorted id order, VALIDATION_LANES lanes (2d per report) at a
-        time; a hit names one invalid report, and the scan resumes after it."""
+        time; the circuit ORs each report's 2d sign tests, so the servers learn
+        one bit per report ("invalid") and nothing about which value failed."""
         task_id = task.params.task_id
         ids = sorted(self.core.store.report_ids(task_id))
         per = 2 * task.params.d
         batch = max(1, VALIDATION_LANES // per)
         invalid: list[bytes] = []
-        i = 0
-        while i < len(ids):
+        for i in range(0, len(ids), batch):
             part = ids[i : i + batch]
-            j = await self._validation_chunk(task, part)
-            if j is None:
-                i += len(part)
-            else:
-                invalid.append(part[j // per])
-                i += j // per + 1
+            header = pb.ChunkHeader(validate_task_id=task_id, report_ids=b"".join(part))
+            z = self.core.validation_inputs(task, part)
+            bits, _ = await self._exchange(header, self._any_invalid(z, per))
+            invalid.extend(rid for rid, bad in zip(part, bits, strict=True) if bad)
         return invalid
 
-    async def _validation_chunk(self, task: TaskState, report_ids: list[bytes]) -> int | None:
-        header = pb.ChunkHeader(
-            validate_task_id=task.params.task_id, report_ids=b"".join(report_ids)
-        )
-        z = self.core.validation_inputs(task, report_ids)
-        j, _ = await self._exchange(header, lambda party: party.first_yes(z))
-        return None if j is None else int(j)
+    @staticmethod
+    def _any_invalid(z: U64, per: int) -> Callable[[ComparisonParty], Awaitable[list[bool]]]:
+        return lambda party: party.any_per_group(z, per)
 
     # ------------------------------------------------------------ streams
     async def open_stream(self, request: pb.OpenStreamRequest) -> pb.StreamInfo:

@@ -79,3 +79,31 @@ def test_protocol_reshares_clamped_sums() -> None:
         assert e.last_stats.and_gates < 320 * s.size
 
     asyncio.run(run())
+
+
+def test_any_per_group_reveals_one_bit_per_group() -> None:
+    """Report validation's circuit: the OR of each group's sign tests, in the
+    plaintext backend and through the protocol (both parties get the bits)."""
+    from svtagg.mpc.circuits import any_per_group_circuit
+
+    rng = np.random.default_rng(9)
+    for group in (1, 2, 6, 7):
+        m = 50
+        s = (np.zeros(m * group, dtype=np.int64) - 1).view(np.uint64)  # all NO
+        hits = rng.random(m) < 0.3
+        for r in np.flatnonzero(hits):
+            s[r * group + rng.integers(group)] = np.uint64(5)  # one YES in the group
+        a = rng.integers(0, M64, s.size, dtype=np.uint64, endpoint=False)
+        b = s - a
+        out = any_per_group_circuit(
+            PlainBackend(), bit_planes(a), planes(bit_planes(b)), s.size, group
+        )
+        assert out.astype(bool).tolist() == hits.tolist()
+
+        got = asyncio.run(_any_per_group(a, b, group))
+        assert got[0] == got[1] == hits.tolist()
+
+
+async def _any_per_group(a: np.ndarray, b: np.ndarray, group: int) -> list[list[bool]]:
+    g, e = await connected_pair()
+    return list(await asyncio.gather(g.any_per_group(a, group), e.any_per_group(b, group)))
