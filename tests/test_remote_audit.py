@@ -133,7 +133,7 @@ def _audit(remote: RemoteAudit, kind: str, trials: int, seed: int) -> Any:
     k = len(sc.chunk)
     for o in out_d + out_dp:
         assert (o is None or 0 <= o < k) if kind != "ctt" else len(o) in range(1, k + 1)
-    return audit_outputs(f"remote {sc.name}", float(EPS), out_d, out_dp, events, seed=seed)
+    return audit_outputs(f"remote {sc.name}", float(sc.epsilon), out_d, out_dp, events, seed=seed)
 
 
 KINDS = ["lap24", "lap3", "exp3", "ctt"]
