@@ -28,6 +28,16 @@ class NoThresholdNoiseOracle(LocalOracle):
         return _NoThresholdNoise(kind, eps, self.frac_bits, self._rng, self._parties)
 
 
+def _encoded_taus(oracle: LocalOracle, chunk: Sequence[tuple[Query, Number]]) -> np.ndarray:
+    """The chunk's thresholds on the grid, encoded once per oracle and chunk
+    (exact encoding of a fractional τ dominates the cost of a control's stream)."""
+    cache: dict[tuple[Number, ...], np.ndarray] = oracle.__dict__.setdefault("_tau_cache", {})
+    key = tuple(t for _, t in chunk)
+    if key not in cache:
+        cache[key] = oracle._encode_taus(list(key))
+    return cache[key]
+
+
 def _noisy_margins(  # type: ignore[no-untyped-def]
     oracle: LocalOracle, epsilon: Number, kind: str, chunk: Sequence[tuple[Query, Number]]
 ):
@@ -37,7 +47,7 @@ def _noisy_margins(  # type: ignore[no-untyped-def]
     mech = oracle.open_stream(epsilon, kind)._mech
     assert isinstance(mech, AboveThresholdStream)
     scores = oracle._scores([q for q, _ in chunk])
-    taus = oracle._encode_taus([t for _, t in chunk])
+    taus = _encoded_taus(oracle, chunk)
     nu = mech._query_noise(len(chunk))
     return scores, nu, scores - taus + nu - mech._gamma
 
