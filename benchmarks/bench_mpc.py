@@ -72,7 +72,7 @@ def bench_gates(k: int, runs: int) -> dict[str, float]:
     }
 
 
-async def bench_protocol(ks: list[int], runs: int) -> dict[str, Any]:
+async def bench_protocol(ks: list[int], runs: int, width: int = 64) -> dict[str, Any]:
     setups, setup_cpu = [], []
     for _ in range(max(3, runs)):
         t, c = time.perf_counter(), time.process_time()
@@ -87,13 +87,13 @@ async def bench_protocol(ks: list[int], runs: int) -> dict[str, Any]:
     rng = np.random.default_rng(2)
     for k in ks:
         # All NO: the worst case (the whole chunk is evaluated in every case anyway).
-        sums = -rng.integers(1, 2**40, k)
+        sums = -rng.integers(1, min(2**40, 2 ** (width - 2)), k)  # |z| < 2^(w-1)
         z_l = rng.integers(0, 2**64, k, dtype=np.uint64)
         z_h = sums.astype(np.int64).view(np.uint64) - z_l
         walls, cpus = [], []
         for _ in range(runs):
             w, c = time.perf_counter(), time.process_time()
-            res = await asyncio.gather(g.first_yes(z_l), e.first_yes(z_h))
+            res = await asyncio.gather(g.first_yes(z_l, width), e.first_yes(z_h, width))
             cpus.append(time.process_time() - c)
             walls.append(time.perf_counter() - w)
             assert res == [None, None]
@@ -148,6 +148,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument(
         "--robust-d", default="1000,10000", help="d values for the robust-aggregate pass"
     )
+    ap.add_argument(
+        "--width", type=int, default=40, help="narrow comparison width measured beside 64"
+    )
     args = ap.parse_args(argv)
     ks = [k for k in (1_000, 10_000, 100_000) if k <= args.max_k]
     print(f"load average at start: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
@@ -161,6 +164,7 @@ def main(argv: list[str] | None = None) -> None:
         f"{gates['eval_wall'] / 1e6:6.2f} M AND/s wall   [target >= 15]"
     )
     prot = asyncio.run(bench_protocol(ks, args.runs))
+    narrow = asyncio.run(bench_protocol(ks, args.runs, args.width))
     print(
         f"base-OT setup (128 Chou–Orlandi OTs, both parties in one process):"
         f" {prot['base_ot']:.3f} s wall, {prot['base_ot_cpu']:.3f} s CPU   [target <= 2 s]"
@@ -170,6 +174,13 @@ def main(argv: list[str] | None = None) -> None:
             f"K = {k:>7,}: {r['wall']:>9,.0f} comparisons/s wall, {r['cpu']:>9,.0f} per CPU-s;"
             f" {r['bytes']:,.0f} bytes/comparison, {r['and']:.1f} AND/comparison,"
             f" {r['messages']} messages"
+        )
+    for k, r in narrow["cmp"].items():
+        full = prot["cmp"][k]
+        print(
+            f"K = {k:>7,}, w = {args.width}: {r['wall']:>9,.0f} comparisons/s wall "
+            f"({r['wall'] / full['wall']:.2f}x the 64-bit run), {r['bytes']:,.0f} bytes/comparison "
+            f"({r['bytes'] / full['bytes']:.2f}x), {r['and']:.1f} AND/comparison"
         )
     print("targets: >= 50,000 comparisons/s at K = 100,000; <= 4,096 bytes/comparison")
     robust = asyncio.run(bench_robust([int(x) for x in args.robust_d.split(",")], args.runs))

@@ -61,31 +61,43 @@ def lane_batches(n: int) -> list[tuple[int, int]]:
     return [(lo, min(lo + LANE_BATCH, n)) for lo in range(0, n, LANE_BATCH)]
 
 
-def sign_yes(be: Backend, a_bits: Bits | None, b: WireSource, n: int) -> Wires:
-    """YES_k = [a_k + b_k ≥ 0 as int64], for every lane k < n.
+def check_width(width: int) -> int:
+    """Comparison widths are whole bytes (the OT extension packs w bits per lane)."""
+    if not (8 <= width <= RING_BITS and width % 8 == 0):
+        raise ValueError(f"comparison width must be a multiple of 8 in [8, 64], got {width}")
+    return width
 
-    a_bits: (64, n) garbler bits (None on the evaluator); b: the 64 × n wires of
-    the evaluator's bits. Carry chain with the majority trick, one AND per bit:
-    c_{i+1} = c_i ⊕ ((a_i ⊕ c_i) ∧ (b_i ⊕ c_i)), c_0 = 0; sign = a63 ⊕ b63 ⊕ c63.
-    Lanes are independent, so they are processed in cache-sized batches.
+
+def sign_yes(
+    be: Backend, a_bits: Bits | None, b: WireSource, n: int, width: int = RING_BITS
+) -> Wires:
+    """YES_k = [a_k + b_k ≥ 0], for every lane k < n, on the low `width` bits.
+
+    Correct whenever |a_k + b_k| < 2^(width−1) as integers (docs/mpc.md): the sign
+    of (a + b) mod 2^w is then the sign of the sum.  a_bits: (≥ width, n)
+    garbler bits (None on the evaluator); b: the width × n wires of the
+    evaluator's bits. Carry chain with the majority trick, one AND per bit:
+    c_{i+1} = c_i ⊕ ((a_i ⊕ c_i) ∧ (b_i ⊕ c_i)), c_0 = 0; sign = a_{w−1} ⊕ b_{w−1}
+    ⊕ c_{w−1}: width − 1 ANDs.  Lanes are independent, so they are processed in
+    cache-sized batches.
     """
     parts = []
     for lo, hi in lane_batches(n):
         a = None if a_bits is None else a_bits[:, lo:hi]
-        parts.append(_sign_yes_batch(be, a, b(lo, hi)))
+        parts.append(_sign_yes_batch(be, a, b(lo, hi), width))
     return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
-def _sign_yes_batch(be: Backend, a_bits: Bits | None, b: Wires) -> Wires:
+def _sign_yes_batch(be: Backend, a_bits: Bits | None, b: Wires, width: int) -> Wires:
     def a(i: int) -> Bits | None:
         return None if a_bits is None else a_bits[i]
 
     c = be.and_const(a(0), b[0])  # c_1 = a_0 ∧ b_0 (c_0 = 0)
-    for i in range(1, RING_BITS - 1):
+    for i in range(1, width - 1):
         x = be.xor_const(c, a(i))
         y = be.xor(b[i], c)
         c = be.xor(c, be.and_(x, y))
-    sign = be.xor_const(be.xor(b[RING_BITS - 1], c), a(RING_BITS - 1))
+    sign = be.xor_const(be.xor(b[width - 1], c), a(width - 1))
     return be.not_(sign)
 
 
@@ -115,14 +127,18 @@ def _first_one(be: Backend, p: Wires) -> Wires:
     return f
 
 
-def first_yes_circuit(be: Backend, a_bits: Bits | None, b: WireSource, n: int) -> Wires:
+def first_yes_circuit(
+    be: Backend, a_bits: Bits | None, b: WireSource, n: int, width: int = RING_BITS
+) -> Wires:
     """Chunk circuit of AboveThreshold over n lanes: outputs the one-hot of the
     first YES (all zeros if none). Lanes after the first YES output 0 whatever
     their inputs."""
-    return _first_one(be, prefix_or(be, sign_yes(be, a_bits, b, n)))
+    return _first_one(be, prefix_or(be, sign_yes(be, a_bits, b, n, width)))
 
 
-def ctt_circuit(be: Backend, a_bits: Bits | None, b: WireSource, n: int) -> tuple[Wires, Wires]:
+def ctt_circuit(
+    be: Backend, a_bits: Bits | None, b: WireSource, n: int, width: int = RING_BITS
+) -> tuple[Wires, Wires]:
     """CompareToThresholds chunk circuit over n queries.
 
     Lanes 0..n−1 of the inputs carry z_high, lanes n..2n−1 carry z_low.
@@ -131,7 +147,7 @@ def ctt_circuit(be: Backend, a_bits: Bits | None, b: WireSource, n: int) -> tupl
     before j). Before the first CLOSE, m_j tells HIGH from LOW; from the first
     CLOSE on, m_j = 0 and after it f_j = 0, so later queries reveal nothing.
     """
-    yes = sign_yes(be, a_bits, b, 2 * n)
+    yes = sign_yes(be, a_bits, b, 2 * n, width)
     high, low = yes[:n], yes[n:]
     close = be.and_(be.not_(high), be.not_(low))
     p = prefix_or(be, close)

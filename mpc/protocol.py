@@ -23,6 +23,7 @@ from svtagg.mpc.circuits import (
     WireSource,
     any_per_group_circuit,
     bit_planes,
+    check_width,
     clamp_reshare_circuit,
     ctt_circuit,
     ctt_outcomes,
@@ -73,6 +74,8 @@ class ChunkCircuit(Generic[R]):
     tables_per_lane: int = 131
     #: Output wires of a chunk of k (the bundles laid end to end); default k each.
     output_bits: Callable[[int], int] | None = None
+    #: Bits per evaluator input lane: the comparison width w (a multiple of 8).
+    width: int = RING_BITS
 
     def decoding_bits(self, k: int) -> int:
         return self.output_bits(k) if self.output_bits is not None else self.outputs * k
@@ -114,25 +117,34 @@ def _parse_outcomes(msg: bytes, k: int) -> list[int]:
     return [_CODES[v] for v in out]
 
 
-FIRST_YES: ChunkCircuit[int | None] = ChunkCircuit(
-    inputs=("z",),
-    outputs=1,
-    circuit=lambda be, a_bits, b, k: (first_yes_circuit(be, a_bits, b, k),),
-    decode=lambda bits: first_yes_index(bits[0]),
-    encode=_encode_index,
-    parse=_parse_index,
-    empty=lambda: None,
-)
+def first_yes_spec(width: int = RING_BITS) -> ChunkCircuit[int | None]:
+    """AboveThreshold's chunk: the first YES on w-bit comparisons."""
+    w = check_width(width)
+    return ChunkCircuit(
+        inputs=("z",),
+        outputs=1,
+        circuit=lambda be, a_bits, b, k: (first_yes_circuit(be, a_bits, b, k, w),),
+        decode=lambda bits: first_yes_index(bits[0]),
+        encode=_encode_index,
+        parse=_parse_index,
+        empty=lambda: None,
+        width=w,
+    )
 
-COMPARE_TO_THRESHOLDS: ChunkCircuit[list[int]] = ChunkCircuit(
-    inputs=("z_high", "z_low"),
-    outputs=2,
-    circuit=ctt_circuit,
-    decode=lambda bits: ctt_outcomes(*bits),
-    encode=_encode_outcomes,
-    parse=_parse_outcomes,
-    empty=list,
-)
+
+def compare_to_thresholds_spec(width: int = RING_BITS) -> ChunkCircuit[list[int]]:
+    """CompareToThresholds' chunk on w-bit comparisons."""
+    w = check_width(width)
+    return ChunkCircuit(
+        inputs=("z_high", "z_low"),
+        outputs=2,
+        circuit=lambda be, a_bits, b, k: ctt_circuit(be, a_bits, b, k, w),
+        decode=lambda bits: ctt_outcomes(*bits),
+        encode=_encode_outcomes,
+        parse=_parse_outcomes,
+        empty=list,
+        width=w,
+    )
 
 
 def _parse_nothing(msg: bytes, k: int) -> None:
@@ -238,16 +250,20 @@ class _Party:
         self.last_stats = RunStats()
         self._ready = False
 
-    async def first_yes(self, z: npt.ArrayLike) -> int | None:
+    async def first_yes(self, z: npt.ArrayLike, width: int = RING_BITS) -> int | None:
         """First j with signed(z_L[j] + z_H[j]) ≥ 0, or None, on both sides.
-        Call with this party's share: z_L on the garbler, z_H on the evaluator."""
-        return await self._chunk_flow(FIRST_YES, z)
+        Call with this party's share: z_L on the garbler, z_H on the evaluator.
+        `width` w < 64 compares only the low w bits: both parties must pass the
+        same w, and it is correct when every |z_L + z_H| < 2^(w−1)."""
+        return await self._chunk_flow(first_yes_spec(width), z)
 
-    async def compare_to_thresholds(self, z_high: npt.ArrayLike, z_low: npt.ArrayLike) -> list[int]:
+    async def compare_to_thresholds(
+        self, z_high: npt.ArrayLike, z_low: npt.ArrayLike, width: int = RING_BITS
+    ) -> list[int]:
         """Outcomes (HIGH, LOW, CLOSE) up to and including the first CLOSE, on
         both sides; nothing about later queries is revealed. Call with this
-        party's shares."""
-        return await self._chunk_flow(COMPARE_TO_THRESHOLDS, z_high, z_low)
+        party's shares (`width` as for `first_yes`)."""
+        return await self._chunk_flow(compare_to_thresholds_spec(width), z_high, z_low)
 
     async def any_per_group(self, z: npt.ArrayLike, group: int) -> list[bool]:
         """For each run of `group` lanes: is any signed(z_L + z_H) ≥ 0 in it?  Both
@@ -299,7 +315,7 @@ class _Party:
         self._chunk += 1
         return c, (self._tag << _CHUNK_BITS) | c
 
-    def _input_wires(self, labels: Iterator[Blocks]) -> WireSource:
+    def _input_wires(self, labels: Iterator[Blocks], width: int) -> WireSource:
         """The evaluator-input wires, one OT-extension batch per lane batch."""
         log = self.input_labels_log
 
@@ -307,14 +323,14 @@ class _Party:
             batch = next(labels)
             if log is not None:
                 log.append(batch.copy())
-            return batch.reshape(RING_BITS, hi - lo, 2)
+            return batch.reshape(width, hi - lo, 2)
 
         return source
 
 
-def _ot_widths(lanes: int) -> list[int]:
-    """Bytes of packed choice bits per lane batch (64 bits per lane)."""
-    return [8 * (hi - lo) for lo, hi in lane_batches(lanes)]
+def _ot_widths(lanes: int, width: int) -> list[int]:
+    """Bytes of packed choice bits per lane batch (width bits per lane)."""
+    return [width // 8 * (hi - lo) for lo, hi in lane_batches(lanes)]
 
 
 class ComparisonGarbler(_Party):
@@ -350,7 +366,7 @@ class ComparisonGarbler(_Party):
         send all tables + output-decoding bits, receive the decoded result."""
         a_bits = bit_planes(z)
         lanes = k * len(spec.inputs)  # the evaluator's input lanes
-        q = self._iknp.labels(await self.channel.recv(), _ot_widths(lanes), nonce)
+        q = self._iknp.labels(await self.channel.recv(), _ot_widths(lanes, spec.width), nonce)
         # 125 ciphertexts per comparison plus < 6 per lane for the chunk logic.
         capacity = spec.tables_per_lane * lanes + 64
         be = GarbleBackend(
@@ -358,7 +374,7 @@ class ComparisonGarbler(_Party):
         )
         self._tables = be.buffer
         be.tweak_log = self.tweak_log
-        outs = spec.circuit(be, a_bits, self._input_wires(q), k)
+        outs = spec.circuit(be, a_bits, self._input_wires(q, spec.width), k)
         dec = np.packbits(np.concatenate([be.decoding(w) for w in outs]), bitorder="little")
         await self.channel.send(be.message(dec))
         return spec.parse(await self.channel.recv(), k), be.and_gates
@@ -388,7 +404,7 @@ class ComparisonEvaluator(_Party):
         lanes = z.shape[0]
         # OT positions inside a lane batch are bit-plane major, as the wires are.
         choices = [
-            np.packbits(bit_planes(z[lo:hi]).reshape(-1), bitorder="little")
+            np.packbits(bit_planes(z[lo:hi])[: spec.width].reshape(-1), bitorder="little")
             for lo, hi in lane_batches(lanes)
         ]
         await self.channel.send(self._iknp.u_message(choices, nonce))
@@ -398,8 +414,8 @@ class ComparisonEvaluator(_Party):
             raise ValueError("malformed garbled-circuit message")
         be = EvalBackend(self.hasher, tweak_hi, msg[: len(msg) - nd], self._workspace)
         be.label_log = self.label_log
-        t = self._iknp.labels(_ot_widths(lanes), nonce)
-        outs = spec.circuit(be, None, self._input_wires(t), k)
+        t = self._iknp.labels(_ot_widths(lanes, spec.width), nonce)
+        outs = spec.circuit(be, None, self._input_wires(t, spec.width), k)
         be.done()
         dec = np.unpackbits(np.frombuffer(msg[len(msg) - nd :], np.uint8), bitorder="little")
         bundles, at = [], 0

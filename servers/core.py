@@ -24,6 +24,7 @@ from svtagg.dp.kinds import (
     StreamKind,
     as_fraction,
     default_tau_bound,
+    noise_model,
     validate_stream,
 )
 from svtagg.dp.noise import RandomSource, draw_query_noise, draw_threshold_noise
@@ -31,7 +32,7 @@ from svtagg.dp.plans import PlanBook, parse_groups
 from svtagg.dp.queries import check_chunk_size, check_ctt_width
 from svtagg.dp.task import TaskParams
 from svtagg.mpc.circuits import CLOSE
-from svtagg.mpc.ring import U64, sensitivity
+from svtagg.mpc.ring import RING_BITS, U64, sensitivity, wrap_bound
 from svtagg.mpc.sharing import expand_seed
 from svtagg.proto import svtagg_pb2 as pb
 from svtagg.proto.vocab import (
@@ -53,9 +54,11 @@ class ComparisonParty(Protocol):
 
     async def setup(self) -> None: ...
 
-    async def first_yes(self, z: U64) -> int | None: ...
+    async def first_yes(self, z: U64, width: int = 64) -> int | None: ...
 
-    async def compare_to_thresholds(self, z_high: U64, z_low: U64) -> list[int]: ...
+    async def compare_to_thresholds(
+        self, z_high: U64, z_low: U64, width: int = 64
+    ) -> list[int]: ...
 
     async def clamp_reshare(self, share: U64, bound: int) -> U64: ...
 
@@ -311,6 +314,21 @@ class ServerCore:
             raise FailedPrecondition(
                 f"task {task.params.task_id!r} has n={task.n} < min_batch={task.params.min_batch}"
             )
+
+    def comparison_width(self, task: TaskState, stream: StreamState) -> int:
+        """The comparison width w of this stream's chunks, from public parameters
+        only, so both servers derive the same w (docs/mpc.md, "Width"): every
+        |z_L + z_H| is at most wrap_bound(n_max, F, τ bound, both parties' noise
+        clamps at this stream's ε) < 2^(w−1) — scores are robust aggregates in
+        [0, n·2^F] whatever clients uploaded — rounded up to whole bytes."""
+        if not self.robust_aggregates:
+            return RING_BITS  # the test-only control compares raw, wrapping sums
+        p = task.params
+        noise = noise_model(stream.kind).noise_bound_per_party(stream.epsilon, p.frac_bits)
+        bound = wrap_bound(
+            p.n_max, p.frac_bits, default_tau_bound(p.n_max, p.frac_bits), noise, parties=2
+        )
+        return min(RING_BITS, -(-(bound.bit_length() + 1) // 8) * 8)
 
     @staticmethod
     def clamp_bound(task: TaskState) -> int:

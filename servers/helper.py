@@ -237,10 +237,12 @@ class HelperDriver:
         try:
             if compare:
                 z_high, z_low = self.core.compare_inputs(stream, task, chunk, None)
-                out = list(await party.compare_to_thresholds(z_high, z_low))
+                width = self.core.comparison_width(task, stream)
+                out = list(await party.compare_to_thresholds(z_high, z_low, width))
                 answered, close = self.core.compare_progress(out)
             else:
-                j = await party.first_yes(self.core.ask_inputs(stream, task, chunk, None))
+                z = self.core.ask_inputs(stream, task, chunk, None)
+                j = await party.first_yes(z, self.core.comparison_width(task, stream))
                 answered, close = (len(chunk), False) if j is None else (j + 1, True)
         except BaseException:
             self.core.store.fail_stream(stream.stream_id)

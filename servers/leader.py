@@ -403,7 +403,7 @@ class LeaderDriver:
 
         async def run(party: ComparisonParty, s: StreamState) -> tuple[Any, int, bool]:
             z = self.core.ask_inputs(s, task, chunk, taus)
-            j = await party.first_yes(z)
+            j = await party.first_yes(z, self.core.comparison_width(task, s))
             return j, len(chunk) if j is None else j + 1, j is not None
 
         j, closed, nbytes = await self._run_chunk(stream, chunk, False, run)
@@ -418,7 +418,8 @@ class LeaderDriver:
 
         async def run(party: ComparisonParty, s: StreamState) -> tuple[Any, int, bool]:
             z_high, z_low = self.core.compare_inputs(s, task, chunk, (lows, highs))
-            out = list(await party.compare_to_thresholds(z_high, z_low))
+            width = self.core.comparison_width(task, s)
+            out = list(await party.compare_to_thresholds(z_high, z_low, width))
             return (out, *self.core.compare_progress(out))
 
         out, closed, nbytes = await self._run_chunk(stream, chunk, True, run)

@@ -34,10 +34,10 @@ async def pair(tmp_path: Path) -> AsyncIterator[DriverPair]:
         if role == Role.HELPER:
             real = p.first_yes
 
-            async def first_yes(z: Any) -> int | None:
+            async def first_yes(z: Any, width: int = 64) -> int | None:
                 if crash[0]:
                     raise RuntimeError("helper lost mid-chunk")
-                return await real(z)
+                return await real(z, width)
 
             p.first_yes = first_yes  # type: ignore[method-assign]
         return p

@@ -233,3 +233,63 @@ def test_ctt_result_message_has_a_fixed_length() -> None:
         assert e.last_stats.bytes_sent == sent_open
 
     asyncio.run(run())
+
+
+@pytest.mark.parametrize("width", [8, 16, 40, 64])
+def test_narrow_comparisons_at_the_width_boundaries(width: int) -> None:
+    """With |z_L + z_H| < 2^(w−1) the w-bit circuit answers exactly as the 64-bit
+    one: checked at 0, ±1 and ±(2^(w−1) − 1), on random shares and past a lane
+    batch.  At ±2^(w−1) the bound is broken and the w-bit answer is wrong (+2^(w−1)
+    reads as negative), which shows the bound is tight."""
+    import asyncio
+
+    from svtagg.mpc.protocol import connected_pair
+
+    half = 1 << (width - 1)
+    rng = np.random.default_rng(width)
+    inside = [0, 1, -1, half - 1, -(half - 1), half - 2, -(half - 2)]
+    z = np.array(inside * 700, dtype=np.int64)  # 4,900 lanes: two lane batches
+    z_l = rng.integers(0, 2**64, z.size, dtype=np.uint64)
+    z_h = z.view(np.uint64) - z_l
+
+    async def run() -> None:
+        g, e = await connected_pair()
+        for j in (0, 3, 4, 1, z.size - 1):
+            # Make lane j the only YES: all lanes before it get a negative sum.
+            zz = z.copy()
+            zz[:j] = -np.abs(zz[:j]) - (zz[:j] == 0)
+            hl = zz.view(np.uint64) - z_l
+            expect = next((i for i in range(zz.size) if zz[i] >= 0), None)
+            got = await asyncio.gather(g.first_yes(z_l, width), e.first_yes(hl, width))
+            assert got[0] == got[1] == expect
+            assert g.last_stats.bytes_received + g.last_stats.bytes_sent > 0
+        # The bound is tight: +2^(w−1) wraps to the negative half in w bits.
+        if width < 64:
+            over = np.array([half], dtype=np.int64)
+            a = rng.integers(0, 2**64, 1, dtype=np.uint64)
+            got = await asyncio.gather(
+                g.first_yes(a, width), e.first_yes(over.view(np.uint64) - a, width)
+            )
+            assert got == [None, None]  # wrong on purpose: outside the bound
+
+    asyncio.run(run())
+    assert z_h.size == z.size
+
+
+def test_narrow_width_sends_fewer_bytes() -> None:
+    import asyncio
+
+    from svtagg.mpc.protocol import connected_pair
+
+    async def run() -> tuple[int, int]:
+        g, e = await connected_pair()
+        z = np.zeros(1000, dtype=np.uint64) - np.uint64(5)  # all NO
+        sizes = []
+        for w in (64, 40):
+            await asyncio.gather(g.first_yes(z, w), e.first_yes(np.zeros_like(z), w))
+            sizes.append(g.last_stats.bytes_sent + g.last_stats.bytes_received)
+        return sizes[0], sizes[1]
+
+    full, narrow = asyncio.run(run())
+    # 64-bit: 3,088 B per comparison; 40-bit: (39·2 + ...)·16 + 40·16 ≈ 1.9 KB.
+    assert narrow < 0.66 * full, (full, narrow)

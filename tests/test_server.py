@@ -519,3 +519,37 @@ def test_server_cli_caps_the_budget_by_default() -> None:
     args = ap.parse_args([*base, "--max-epsilon-total", "none", "--max-delta-total", "None"])
     assert cli._cap(args.max_epsilon_total, "--max-epsilon-total") is None
     assert cli._cap(args.max_delta_total, "--max-delta-total") is None
+
+
+def test_comparison_width_comes_from_public_parameters() -> None:
+    """w is the smallest whole-byte width with wrap_bound < 2^(w−1); a task or
+    stream whose values can range wider (larger n_max, smaller ε) gets a wider w,
+    and the bound really is below 2^(w−1)."""
+    from fractions import Fraction
+
+    from svtagg.dp.kinds import StreamKind, default_tau_bound, noise_model
+    from svtagg.dp.queries import Budget
+    from svtagg.dp.task import parse_task_params
+    from svtagg.mpc.ring import wrap_bound
+    from svtagg.servers.core import ServerCore
+    from svtagg.servers.store import OPEN, StreamState, TaskState
+
+    core = ServerCore.__new__(ServerCore)
+    core.robust_aggregates = True
+
+    def width(n_max: int, frac_bits: int, eps: Fraction, kind: StreamKind) -> tuple[int, int]:
+        p = parse_task_params("t", 4, frac_bits, n_max, 1, "10", "0", str(min(eps, Fraction(1))))
+        task = TaskState(p, 0, False, Budget(Fraction(10), Fraction(0)), b"", 0, True)
+        stream = StreamState("s", "t", kind, eps, Fraction(0), 0, OPEN, 0, 0)
+        noise = noise_model(kind).noise_bound_per_party(eps, frac_bits)
+        bound = wrap_bound(n_max, frac_bits, default_tau_bound(n_max, frac_bits), noise)
+        return core.comparison_width(task, stream), bound
+
+    small, b_small = width(1000, 8, Fraction(1), StreamKind.LAP24)
+    wide, b_wide = width(10**6, 16, Fraction(1, 1000), StreamKind.LAP24)
+    assert small < wide <= 64 and small % 8 == 0 and wide % 8 == 0
+    for w, b in ((small, b_small), (wide, b_wide)):
+        assert b < 1 << (w - 1)  # correct at this width ...
+        assert w == 8 or b >= 1 << (w - 9)  # ... and not wider than whole bytes need
+    core.robust_aggregates = False  # raw sums can be anything: full width
+    assert width(1000, 8, Fraction(1), StreamKind.LAP24)[0] == 64
