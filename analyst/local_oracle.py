@@ -182,8 +182,7 @@ class LocalOracle:
         """End a plan; returns (and gives back) what it did not use (basic plans)."""
         book = self._plan(plan_id)
         back = book.refund()
-        self._ledger.epsilon_spent -= back[0]
-        self._ledger.delta_spent -= back[1]
+        self._ledger.refund(*back)
         del self._plans[plan_id]
         return back
 

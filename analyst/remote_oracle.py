@@ -42,6 +42,7 @@ from svtagg.proto.vocab import (
     KIND_TO_PB,
     Role,
     outcome_from_pb,
+    plan_request,
     refusal_from_rpc,
 )
 
@@ -260,16 +261,7 @@ class RemoteOracle:
         """Reserve a budget plan on both servers (each computes and checks its
         composed charge); BudgetExhausted: nothing is spent."""
         book = PlanBook.reserve(parse_groups(groups), as_fraction(delta_slack, "delta_slack"))
-        info = self._call(
-            "ReservePlan",
-            pb.PlanRequest(
-                task_id=self.task_id,
-                groups=[
-                    pb.PlanGroup(epsilon=str(g.epsilon), delta=str(g.delta)) for g in book.groups
-                ],
-                delta_slack=str(book.slack),
-            ),
-        )
+        info = self._call("ReservePlan", plan_request(self.task_id, book))
         charge = PlanCharge(Fraction(info.epsilon), Fraction(info.delta), Rule(info.rule))
         return info.plan_id, charge
 

@@ -401,35 +401,32 @@ def _oracle_summary(oracle: Any) -> dict[str, Any]:
     }
 
 
+@_guard
 def _run(args: argparse.Namespace) -> int:
     from svtagg.analyst.remote_oracle import RemoteOracle
 
     start = time.perf_counter()
-    try:
-        with RemoteOracle.from_certs(args.leader, args.task, args.certs) as oracle:
-            options = {
-                "p": args.p,
-                "bound": args.bound,
-                "clip": args.clip,
-                "attributes": args.attributes,
-                "rounds": args.rounds,
-                "delta": args.delta,
-            }
-            result = run_algorithm(
-                oracle,
-                args.algorithm,
-                args.epsilon,
-                args.beta,
-                args.k,
-                args.index,
-                args.kind,
-                args.seed,
-                options=options,
-            )
-            result.update(_oracle_summary(oracle))
-    except (Refusal, ValueError) as exc:
-        print(f"refused: {exc}", file=sys.stderr)
-        return 1
+    with RemoteOracle.from_certs(args.leader, args.task, args.certs) as oracle:
+        options = {
+            "p": args.p,
+            "bound": args.bound,
+            "clip": args.clip,
+            "attributes": args.attributes,
+            "rounds": args.rounds,
+            "delta": args.delta,
+        }
+        result = run_algorithm(
+            oracle,
+            args.algorithm,
+            args.epsilon,
+            args.beta,
+            args.k,
+            args.index,
+            args.kind,
+            args.seed,
+            options=options,
+        )
+        result.update(_oracle_summary(oracle))
     result["seconds"] = round(time.perf_counter() - start, 3)
     print(json.dumps(result, indent=2))
     return 0

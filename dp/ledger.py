@@ -60,5 +60,13 @@ class Ledger:
         self.epsilon_spent += eps
         self.delta_spent += dl
 
+    def refund(self, epsilon: Fraction, delta: Fraction = Fraction(0)) -> None:
+        """Give back (ε, δ) that a reservation did not use (a basic plan ending
+        cleanly); never more than was spent."""
+        if epsilon < 0 or delta < 0 or epsilon > self.epsilon_spent or delta > self.delta_spent:
+            raise ValueError(f"cannot refund (ε={epsilon}, δ={delta}) of {self.budget()}")
+        self.epsilon_spent -= epsilon
+        self.delta_spent -= delta
+
     def budget(self) -> Budget:
         return Budget(self.epsilon_total, self.delta_total, self.epsilon_spent, self.delta_spent)

@@ -110,19 +110,6 @@ def plan_charge(groups: Sequence[Group], delta_slack: Fraction = Fraction(0)) ->
     return best
 
 
-def refund(
-    charge: PlanCharge, spent: Sequence[tuple[Fraction, Fraction]]
-) -> tuple[Fraction, Fraction]:
-    """What ending the plan returns: under basic composition what its streams did
-    not spend (Σ over groups of what the group spent is the true basic charge);
-    under the other rules nothing."""
-    if charge.rule != Rule.BASIC:
-        return Fraction(0), Fraction(0)
-    used_e = sum((e for e, _ in spent), Fraction(0))
-    used_d = sum((d for _, d in spent), Fraction(0))
-    return charge.epsilon - used_e, charge.delta - used_d
-
-
 @dataclass
 class PlanBook:
     """One reserved plan's running state: what each group's streams have spent."""
@@ -150,7 +137,14 @@ class PlanBook:
         self.spent[group] = (se + epsilon, sd + delta_charge)
 
     def refund(self) -> tuple[Fraction, Fraction]:
-        return refund(self.charge, self.spent)
+        """What ending the plan returns: under basic composition what its streams
+        did not spend (the sum over groups of what each spent is the true basic
+        charge); under the other rules nothing."""
+        if self.charge.rule != Rule.BASIC:
+            return Fraction(0), Fraction(0)
+        used_e = sum((e for e, _ in self.spent), Fraction(0))
+        used_d = sum((d for _, d in self.spent), Fraction(0))
+        return self.charge.epsilon - used_e, self.charge.delta - used_d
 
     def to_json(self) -> dict[str, object]:
         return {

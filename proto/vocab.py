@@ -22,6 +22,7 @@ from svtagg.dp.errors import (
     StreamClosed,
 )
 from svtagg.dp.kinds import StreamKind
+from svtagg.dp.plans import PlanBook
 from svtagg.dp.queries import Outcome
 from svtagg.proto import svtagg_pb2 as pb
 
@@ -95,6 +96,17 @@ def outcome_from_pb(value: int) -> Outcome:
     if value not in _OUTCOME_FROM_PB:
         raise ValueError(f"unknown outcome {value}")
     return _OUTCOME_FROM_PB[value]  # type: ignore[index]
+
+
+def plan_request(task_id: str, book: PlanBook, plan_id: str = "") -> pb.PlanRequest:
+    """The request that reserves `book`'s groups and slack δ' (the leader names
+    the plan when it forwards it to the helper)."""
+    return pb.PlanRequest(
+        task_id=task_id,
+        plan_id=plan_id,
+        groups=[pb.PlanGroup(epsilon=str(g.epsilon), delta=str(g.delta)) for g in book.groups],
+        delta_slack=str(book.slack),
+    )
 
 
 def join_ids(ids: Sequence[bytes]) -> bytes:

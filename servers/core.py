@@ -12,6 +12,7 @@ queries read the robust aggregates g(S) (`query_sums`), whose sensitivity is
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
@@ -110,6 +111,14 @@ def parse_taus(task: TaskState, taus: Sequence[int], k: int, name: str = "tau") 
     if any(abs(int(t)) > bound for t in taus):
         raise InvalidArgument(f"|{name}| exceeds the bound of {bound} grid units (4·n_max·2^F)")
     return np.asarray(taus, dtype=np.int64).astype(np.uint64)
+
+
+@functools.lru_cache(maxsize=1024)
+def _comparison_width(n_max: int, frac_bits: int, kind: StreamKind, epsilon: Fraction) -> int:
+    """Smallest whole-byte w with wrap_bound < 2^(w−1) (cached: asked per chunk)."""
+    noise = noise_model(kind).noise_bound_per_party(epsilon, frac_bits)
+    bound = wrap_bound(n_max, frac_bits, default_tau_bound(n_max, frac_bits), noise, parties=2)
+    return min(RING_BITS, -(-(bound.bit_length() + 1) // 8) * 8)
 
 
 class ServerCore:
@@ -324,11 +333,7 @@ class ServerCore:
         if not self.robust_aggregates:
             return RING_BITS  # the test-only control compares raw, wrapping sums
         p = task.params
-        noise = noise_model(stream.kind).noise_bound_per_party(stream.epsilon, p.frac_bits)
-        bound = wrap_bound(
-            p.n_max, p.frac_bits, default_tau_bound(p.n_max, p.frac_bits), noise, parties=2
-        )
-        return min(RING_BITS, -(-(bound.bit_length() + 1) // 8) * 8)
+        return _comparison_width(p.n_max, p.frac_bits, stream.kind, stream.epsilon)
 
     @staticmethod
     def clamp_bound(task: TaskState) -> int:

@@ -23,7 +23,6 @@ from svtagg.dp.errors import (
     StreamClosed,
 )
 from svtagg.dp.kinds import StreamKind
-from svtagg.dp.plans import PlanBook
 from svtagg.mpc.ring import U64
 from svtagg.proto import svtagg_pb2 as pb
 from svtagg.proto.vocab import (
@@ -32,6 +31,7 @@ from svtagg.proto.vocab import (
     OUTCOME_OF_CODE,
     OUTCOME_TO_PB,
     kind_from_pb,
+    plan_request,
     refusal_from_status,
     split_ids,
 )
@@ -61,16 +61,6 @@ VALIDATION_LANES = 50_000
 
 #: What one chunk's protocol run returns: (result, queries answered, stream closes).
 ChunkRun = Callable[[ComparisonParty, StreamState], Awaitable[tuple[Any, int, bool]]]
-
-
-def _plan_request(task_id: str, plan_id: str, book: PlanBook) -> pb.PlanRequest:
-    """The request that reserves `book` again (its groups and slack δ')."""
-    return pb.PlanRequest(
-        task_id=task_id,
-        plan_id=plan_id,
-        groups=[pb.PlanGroup(epsilon=str(g.epsilon), delta=str(g.delta)) for g in book.groups],
-        delta_slack=str(book.slack),
-    )
 
 
 class LeaderDriver:
@@ -116,23 +106,42 @@ class LeaderDriver:
             helper = (await self._call(PeerMethod.BUDGET, ref)).budget
             mine = task.budget
             replayed = 0
-            if (helper.epsilon_spent, helper.delta_spent) != (
+            # Equal ledgers: only what this leader knows it failed since its start;
+            # unequal: every failed stream and plan (replaying is idempotent).
+            behind = (helper.epsilon_spent, helper.delta_spent) != (
                 str(mine.epsilon_spent),
                 str(mine.delta_spent),
-            ):
-                failed = self.core.store.stream_ids(task_id, FAILED)
-            else:
-                failed = self._recovered.get(task_id, [])
-            for sid in failed:
-                replayed += await self._fail_or_replay(self.core.store.stream(sid))
+            )
+            streams = (
+                self.core.store.stream_ids(task_id, FAILED)
+                if behind
+                else self._recovered.get(task_id, [])
+            )
             plans = self._failed_plans.pop(task_id, [])
-            if (helper.epsilon_spent, helper.delta_spent) != (
-                str(mine.epsilon_spent),
-                str(mine.delta_spent),
-            ):
+            if behind:
                 plans = self.core.store.plan_ids(task_id, PLAN_FAILED)
+            for sid in streams:
+                s = self.core.store.stream(sid)
+                replayed += await self._fail_or_replay(
+                    PeerMethod.FAIL_STREAM,
+                    pb.StreamRef(stream_id=sid),
+                    PeerMethod.PREPARE_STREAM,
+                    pb.PrepareStreamRequest(
+                        stream_id=sid,
+                        task_id=s.task_id,
+                        kind=KIND_TO_PB[s.kind],
+                        epsilon=str(s.epsilon),
+                        delta=str(s.delta) if s.delta else "",
+                    ),
+                )
             for plan_id in plans:
-                replayed += await self._fail_or_replay_plan(plan_id)
+                book, _, _ = self.core.store.plan(plan_id)
+                replayed += await self._fail_or_replay(
+                    PeerMethod.FAIL_PLAN,
+                    pb.PlanRef(plan_id=plan_id),
+                    PeerMethod.RESERVE_PLAN,
+                    plan_request(task_id, book, plan_id),
+                )
             self._recovered.pop(task_id, None)
             if replayed:
                 log.info(
@@ -143,38 +152,19 @@ class LeaderDriver:
             self._unsynced.discard(task_id)
             return replayed
 
-    async def _fail_or_replay(self, s: StreamState) -> int:
-        ref = pb.StreamRef(stream_id=s.stream_id)
+    async def _fail_or_replay(
+        self, fail: PeerMethod, ref: Any, replay: PeerMethod, charge: Any
+    ) -> int:
+        """Fail a stream or plan the leader failed on the helper too, replaying
+        its charge there first (`replay`, then `fail`) if the helper never saw
+        it, so that both ledgers hold it.  1 if a charge was replayed."""
         try:
-            await self._call(PeerMethod.FAIL_STREAM, ref)
+            await self._call(fail, ref)
             return 0
         except NotFound:
             pass
-        await self._call(
-            PeerMethod.PREPARE_STREAM,
-            pb.PrepareStreamRequest(
-                stream_id=s.stream_id,
-                task_id=s.task_id,
-                kind=KIND_TO_PB[s.kind],
-                epsilon=str(s.epsilon),
-                delta=str(s.delta) if s.delta else "",
-            ),
-        )
-        await self._call(PeerMethod.FAIL_STREAM, ref)
-        return 1
-
-    async def _fail_or_replay_plan(self, plan_id: str) -> int:
-        """Fail a plan the leader failed on the helper too, reserving it there
-        first if the helper never saw it (so both ledgers hold its charge)."""
-        ref = pb.PlanRef(plan_id=plan_id)
-        try:
-            await self._call(PeerMethod.FAIL_PLAN, ref)
-            return 0
-        except NotFound:
-            pass
-        book, _, task_id = self.core.store.plan(plan_id)
-        await self._call(PeerMethod.RESERVE_PLAN, _plan_request(task_id, plan_id, book))
-        await self._call(PeerMethod.FAIL_PLAN, ref)
+        await self._call(replay, charge)
+        await self._call(fail, ref)
         return 1
 
     # ------------------------------------------------------------ plans

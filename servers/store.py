@@ -465,10 +465,13 @@ class Store:
             state.budget.delta_spent,
         )
         ledger.charge(epsilon, delta)  # raises BudgetExhausted
+        self._write_spent(state.params.task_id, ledger)
+
+    def _write_spent(self, task_id: str, ledger: Ledger) -> None:
         after = ledger.budget()
         self._db.execute(
             "UPDATE tasks SET epsilon_spent=?, delta_spent=? WHERE task_id=?",
-            (str(after.epsilon_spent), str(after.delta_spent), state.params.task_id),
+            (str(after.epsilon_spent), str(after.delta_spent), task_id),
         )
 
     # ------------------------------------------------------------ plans
@@ -505,15 +508,10 @@ class Store:
             if state != PLAN_ACTIVE:
                 return Fraction(0), Fraction(0)
             back_e, back_d = book.refund()
-            t = self.task(task_id)
-            self._db.execute(
-                "UPDATE tasks SET epsilon_spent=?, delta_spent=? WHERE task_id=?",
-                (
-                    str(t.budget.epsilon_spent - back_e),
-                    str(t.budget.delta_spent - back_d),
-                    task_id,
-                ),
-            )
+            b = self.task(task_id).budget
+            ledger = Ledger(b.epsilon_total, b.delta_total, b.epsilon_spent, b.delta_spent)
+            ledger.refund(back_e, back_d)
+            self._write_spent(task_id, ledger)
             self._db.execute("UPDATE plans SET state=? WHERE plan_id=?", (PLAN_ENDED, plan_id))
         return back_e, back_d
 
