@@ -100,6 +100,8 @@ async def bench_protocol(ks: list[int], runs: int, width: int = 64) -> dict[str,
         st = g.last_stats
         out["cmp"][k] = {
             "wall": k / statistics.median(walls),
+            "wall_min": k / max(walls),
+            "wall_max": k / min(walls),
             "cpu": k / statistics.median(cpus),
             "bytes": (st.bytes_sent + st.bytes_received) / k,
             "and": st.and_gates / k,
@@ -171,7 +173,8 @@ def main(argv: list[str] | None = None) -> None:
     )
     for k, r in prot["cmp"].items():
         print(
-            f"K = {k:>7,}: {r['wall']:>9,.0f} comparisons/s wall, {r['cpu']:>9,.0f} per CPU-s;"
+            f"K = {k:>7,}: {r['wall']:>9,.0f} comparisons/s wall "
+            f"(min {r['wall_min']:,.0f}, max {r['wall_max']:,.0f}), {r['cpu']:>9,.0f} per CPU-s;"
             f" {r['bytes']:,.0f} bytes/comparison, {r['and']:.1f} AND/comparison,"
             f" {r['messages']} messages"
         )
@@ -179,6 +182,7 @@ def main(argv: list[str] | None = None) -> None:
         full = prot["cmp"][k]
         print(
             f"K = {k:>7,}, w = {args.width}: {r['wall']:>9,.0f} comparisons/s wall "
+            f"(min {r['wall_min']:,.0f}, max {r['wall_max']:,.0f}) "
             f"({r['wall'] / full['wall']:.2f}x the 64-bit run), {r['bytes']:,.0f} bytes/comparison "
             f"({r['bytes'] / full['bytes']:.2f}x), {r['and']:.1f} AND/comparison"
         )

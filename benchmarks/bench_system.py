@@ -87,6 +87,7 @@ def bench_chunks(oracle: RemoteOracle, sizes: list[int], reps: int) -> list[dict
                 "median_s": round(med, 4),
                 "comparisons_per_s_median": round(k / med),
                 "comparisons_per_s_best": round(k / best),
+                "comparisons_per_s_worst": round(k / max(times)),
                 "peer_MB_per_chunk": round(peer / 1e6, 2),
             }
         )
