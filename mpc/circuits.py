@@ -89,6 +89,12 @@ def sign_yes(
 
 
 def _sign_yes_batch(be: Backend, a_bits: Bits | None, b: Wires, width: int) -> Wires:
+    fused = getattr(be, "sign_batch", None)  # the native core runs the chain in one call
+    if fused is not None:
+        yes = fused(a_bits, b, width)
+        if yes is not None:
+            return yes
+
     def a(i: int) -> Bits | None:
         return None if a_bits is None else a_bits[i]
 

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+from svtagg.mpc import native
 from svtagg.mpc.aes import Blocks, TweakableHash, make_tweaks
 from svtagg.mpc.channel import Channel
 
@@ -207,6 +208,8 @@ def transpose_rows(mat: npt.NDArray[np.uint8], out: Blocks | None = None) -> Blo
     if rows != KAPPA:
         raise ValueError(f"expected {KAPPA} rows, got {rows}")
     res = np.empty((nb * 8, 2), dtype=np.uint64) if out is None else out
+    if native.active() == "native":
+        return native.transpose_rows_native(mat, res)
     res8 = res.reshape(-1).view(np.uint8).reshape(nb, 8, 16)
     step = _TRANSPOSE_STEP
     blk = np.empty((min(step, nb), 16, 8), dtype=np.uint8)

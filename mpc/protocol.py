@@ -15,6 +15,7 @@ from typing import Generic, TypeVar
 
 import numpy as np
 import numpy.typing as npt
+from svtagg.mpc import native
 from svtagg.mpc.aes import Blocks, TweakableHash
 from svtagg.mpc.channel import Channel, MemoryChannel
 from svtagg.mpc.circuits import (
@@ -245,7 +246,13 @@ class _Party:
         self.session_id = bytes(session_id)
         self._tag = int.from_bytes(hashlib.sha256(b"svtagg-gc" + self.session_id).digest()[:3])
         self._chunk = 0
-        self.hasher = TweakableHash()
+        #: "native" or "numpy", fixed when the party is made (see `native.use`).
+        self.engine = native.active()
+        self.hasher: TweakableHash | native.NativeHash = (
+            native.NativeHash() if self.engine == "native" else TweakableHash()
+        )
+        self._garble_cls = native.NativeGarbleBackend if self.engine == "native" else GarbleBackend
+        self._eval_cls = native.NativeEvalBackend if self.engine == "native" else EvalBackend
         self._workspace: dict[str, Blocks] = {}  # scratch reused across chunks
         self.last_stats = RunStats()
         self._ready = False
@@ -369,7 +376,7 @@ class ComparisonGarbler(_Party):
         q = self._iknp.labels(await self.channel.recv(), _ot_widths(lanes, spec.width), nonce)
         # 125 ciphertexts per comparison plus < 6 per lane for the chunk logic.
         capacity = spec.tables_per_lane * lanes + 64
-        be = GarbleBackend(
+        be = self._garble_cls(
             self.delta, self.hasher, tweak_hi, capacity, self._tables, self._workspace
         )
         self._tables = be.buffer
@@ -412,7 +419,7 @@ class ComparisonEvaluator(_Party):
         nd = (spec.decoding_bits(k) + 7) // 8
         if len(msg) < nd or (len(msg) - nd) % 16:
             raise ValueError("malformed garbled-circuit message")
-        be = EvalBackend(self.hasher, tweak_hi, msg[: len(msg) - nd], self._workspace)
+        be = self._eval_cls(self.hasher, tweak_hi, msg[: len(msg) - nd], self._workspace)
         be.label_log = self.label_log
         t = self._iknp.labels(_ot_widths(lanes, spec.width), nonce)
         outs = spec.circuit(be, None, self._input_wires(t, spec.width), k)

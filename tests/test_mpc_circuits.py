@@ -1,6 +1,7 @@
 """The comparison circuits on all three backends, and the security invariants a
 test can see: the evaluator holds exactly one label per wire, tweaks never
-repeat, and — negative control — the untweaked hash π(x) ⊕ x leaks Δ."""
+repeat, and — negative control — the untweaked hash π(x) ⊕ x leaks Δ.  The
+garbler and evaluator run on both engines, numpy and the native core."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from svtagg.mpc import native
 from svtagg.mpc.aes import Blocks, FixedKeyAES, TweakableHash
 from svtagg.mpc.circuits import (
     bit_planes,
@@ -47,6 +49,30 @@ BOUNDARY_SUMS = [
 ]
 
 
+ENGINES = [
+    "numpy",
+    pytest.param(
+        "native",
+        marks=pytest.mark.skipif(not native.available(), reason="native core not built"),
+    ),
+]
+
+
+@pytest.fixture(params=ENGINES)
+def engine(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+def backends(engine: str, delta: Blocks, hasher: Any, tweak_hi: int) -> tuple[Any, Any]:
+    """(garbler, evaluator) of `engine`; the native ones carry their own hash."""
+    if engine == "native":
+        h = native.NativeHash()
+        return native.NativeGarbleBackend(delta, h, tweak_hi), native.NativeEvalBackend(
+            h, tweak_hi, b""
+        )
+    return GarbleBackend(delta, hasher, tweak_hi), EvalBackend(hasher, tweak_hi, b"")
+
+
 def split(sums: list[int] | np.ndarray, rng: np.random.Generator = RNG) -> tuple[Any, Any]:
     """Random additive shares of signed sums, including edge-valued shares."""
     z = np.asarray(sums, dtype=np.int64).view(np.uint64)
@@ -83,14 +109,15 @@ def garble_and_eval(
     n: int,
     hasher: Any = None,
     log: bool = False,
+    engine: str = "numpy",
 ) -> dict[str, Any]:
     """Run `circuit` on the plaintext, garbler and evaluator backends."""
     hasher = hasher if hasher is not None else TweakableHash()
     delta = random_delta()
     b0 = RNG.integers(0, 2**64, (64, n, 2), dtype=np.uint64)
     b_act = b0 ^ ((-(b_bits.astype(np.uint64)))[..., None] & delta)
-    plain, g = PlainBackend(), GarbleBackend(delta, hasher, 7)
-    e = EvalBackend(hasher, 7, b"")
+    plain = PlainBackend()
+    g, e = backends(engine, delta, hasher, 7)
     if log:
         plain.label_log, g.label_log, e.label_log, g.tweak_log = [], [], [], []
     out_p = circuit(plain, a_bits, planes(b_bits), n)
@@ -130,7 +157,7 @@ def test_prefix_or_plain(n: int) -> None:
         assert be.and_gates < 2 * n
 
 
-def test_sign_random_and_boundaries_all_backends() -> None:
+def test_sign_random_and_boundaries_all_backends(engine: str) -> None:
     sums = np.concatenate(
         [
             np.asarray(BOUNDARY_SUMS, dtype=np.int64),
@@ -141,7 +168,7 @@ def test_sign_random_and_boundaries_all_backends() -> None:
     )
     z_l, z_h = split(sums)
     n = sums.shape[0]
-    r = garble_and_eval(sign_circuit, bit_planes(z_l), bit_planes(z_h), n)
+    r = garble_and_eval(sign_circuit, bit_planes(z_l), bit_planes(z_h), n, engine=engine)
     expect = ((z_l + z_h).view(np.int64) >= 0).astype(np.uint8)
     assert np.array_equal(r["out_p"], expect)
     assert np.array_equal(decode(r), expect)
@@ -149,29 +176,33 @@ def test_sign_random_and_boundaries_all_backends() -> None:
     assert len(r["g"].table_bytes()) == (1 + 2 * 62) * 16 * n
 
 
-def test_first_yes_circuit_and_nothing_after_first_yes() -> None:
+def test_first_yes_circuit_and_nothing_after_first_yes(engine: str) -> None:
     n = 300
     sums = RNG.integers(-(2**40), -1, n)
     sums[[120, 200, 250]] = [5, 0, 2**40]
     z_l, z_h = split(sums)
-    r = garble_and_eval(first_yes_circuit, bit_planes(z_l), bit_planes(z_h), n)
+    r = garble_and_eval(first_yes_circuit, bit_planes(z_l), bit_planes(z_h), n, engine=engine)
     out = decode(r)
     assert first_yes_index(out) == plain_first_yes(z_l, z_h) == 120
     # The evaluator's decoded view is the one-hot alone: identical for any later inputs.
     sums2 = sums.copy()
     sums2[121:] = RNG.integers(-(2**40), 2**40, n - 121)
     z_l2, z_h2 = split(sums2)
-    out2 = decode(garble_and_eval(first_yes_circuit, bit_planes(z_l2), bit_planes(z_h2), n))
+    out2 = decode(
+        garble_and_eval(first_yes_circuit, bit_planes(z_l2), bit_planes(z_h2), n, engine=engine)
+    )
     onehot = np.zeros(n, np.uint8)
     onehot[120] = 1
     assert np.array_equal(out, onehot) and np.array_equal(out2, onehot)
     # No YES at all: every output is 0.
     z_l3, z_h3 = split(-np.abs(sums) - 1)
-    none = decode(garble_and_eval(first_yes_circuit, bit_planes(z_l3), bit_planes(z_h3), n))
+    none = decode(
+        garble_and_eval(first_yes_circuit, bit_planes(z_l3), bit_planes(z_h3), n, engine=engine)
+    )
     assert not none.any()
 
 
-def test_ctt_circuit_matches_plaintext() -> None:
+def test_ctt_circuit_matches_plaintext(engine: str) -> None:
     n = 200
     for _ in range(5):
         hi = RNG.integers(-50, 20, n)
@@ -182,7 +213,7 @@ def test_ctt_circuit_matches_plaintext() -> None:
         def circ(be: Any, a: Any, b: Any, lanes: int) -> Any:
             return ctt_circuit(be, a, b, lanes // 2)
 
-        r = garble_and_eval(circ, bit_planes(z_l), bit_planes(z_h), 2 * n)
+        r = garble_and_eval(circ, bit_planes(z_l), bit_planes(z_h), 2 * n, engine=engine)
         got = ctt_outcomes(decode(r, 0), decode(r, 1))
         zs = z_l + z_h
         assert got == plain_compare_to_thresholds(zs[:n], zs[n:])
@@ -191,10 +222,12 @@ def test_ctt_circuit_matches_plaintext() -> None:
         assert not decode(r, 0)[stop:].any() and not decode(r, 1)[stop:].any()
 
 
-def test_evaluator_holds_exactly_one_label_per_wire() -> None:
+def test_evaluator_holds_exactly_one_label_per_wire(engine: str) -> None:
     n = 64
     z_l, z_h = split(RNG.integers(-(2**20), 2**20, n))
-    r = garble_and_eval(first_yes_circuit, bit_planes(z_l), bit_planes(z_h), n, log=True)
+    r = garble_and_eval(
+        first_yes_circuit, bit_planes(z_l), bit_planes(z_h), n, log=True, engine=engine
+    )
     d = r["delta"]
     # Input wires: the evaluator's label is the garbler's label of the true bit.
     bits = bit_planes(z_h).astype(np.uint64)
@@ -209,10 +242,12 @@ def test_evaluator_holds_exactly_one_label_per_wire() -> None:
     assert not any(bytes((np.frombuffer(x, np.uint64) ^ d).tobytes()) in seen for x in seen)
 
 
-def test_tweaks_unique_within_session_and_chunks_differ() -> None:
+def test_tweaks_unique_within_session_and_chunks_differ(engine: str) -> None:
     n = 500
     z_l, z_h = split(RNG.integers(-10, 10, n))
-    r = garble_and_eval(first_yes_circuit, bit_planes(z_l), bit_planes(z_h), n, log=True)
+    r = garble_and_eval(
+        first_yes_circuit, bit_planes(z_l), bit_planes(z_h), n, log=True, engine=engine
+    )
     tw = np.concatenate(r["g"].tweak_log)
     assert np.unique(tw, axis=0).shape[0] == tw.shape[0]
     full = 62 * n + (r["g"].and_gates - 63 * n)
@@ -235,14 +270,29 @@ def _attack(tg: Blocks, a_label: Blocks, te: Blocks, b_label: Blocks, h: Any) ->
     return cand[0] if consistent else None
 
 
-@pytest.mark.parametrize("hasher,broken", [(NaiveHash(), True), (TweakableHash(), False)])
-def test_negative_control_naive_hash_leaks_delta(hasher: Any, broken: bool) -> None:
-    """One AND layer of 32 gates; the evaluator holds only its active labels."""
+@pytest.mark.parametrize(
+    "hasher,broken,engine",
+    [
+        (NaiveHash(), True, "numpy"),
+        (TweakableHash(), False, "numpy"),
+        pytest.param(
+            None,
+            False,
+            "native",
+            marks=pytest.mark.skipif(not native.available(), reason="native core not built"),
+        ),
+    ],
+)
+def test_negative_control_naive_hash_leaks_delta(hasher: Any, broken: bool, engine: str) -> None:
+    """One AND layer of 32 gates; the evaluator holds only its active labels.
+    The attack finds Δ in every gate with p_b = 1 under the naive hash, and in
+    none under the tweakable hash, on either engine."""
     n = 32
     delta = random_delta()
     a0 = RNG.integers(0, 2**64, (n, 2), dtype=np.uint64)
     b0 = RNG.integers(0, 2**64, (n, 2), dtype=np.uint64)
-    g = GarbleBackend(delta, hasher, 1)
+    hasher = hasher if hasher is not None else native.NativeHash()
+    g = backends(engine, delta, hasher, 1)[0]
     g.and_(a0, b0)
     tab = np.frombuffer(g.table_bytes(), np.uint64).reshape(2, n, 2)
     av, bv = RNG.integers(0, 2, n), RNG.integers(0, 2, n)

@@ -1,0 +1,644 @@
+/*
+ * svtagg.mpc._gc — the native core of the garbled-circuit engine.
+ *
+ * The same operations as the numpy backend (mpc/aes.py, mpc/garble.py,
+ * mpc/ot.py), byte for byte: fixed-key AES π, the tweakable hash
+ * H(x, i) = π(π(x) ⊕ i) ⊕ π(x), half-gates AND layers on both sides, the
+ * fused carry chain of the comparison circuit, and the 128 × m bit transpose
+ * of the IKNP extension.  The numpy backend is the reference; the tests run
+ * both on the same inputs and compare every byte.
+ *
+ * Blocks are 16 bytes: a row of a C-contiguous (n, 2) uint64 array, word 0 the
+ * low 8 bytes.  A tweak is the block (lo, hi) = (L·2^32 + 2k + h, tweak_hi)
+ * for half h of the gate in lane k of AND layer L (see garble.py).
+ *
+ * Built for baseline x86-64 with AES-NI (-maes -msse4.1); the four-block
+ * VAES path (AVX-512) is compiled with a target attribute and chosen at run
+ * time when the CPU has it.  Secret data never selects a branch or an
+ * address: point-and-permute bits act through all-zero/all-one masks.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+#include <immintrin.h>
+#include <wmmintrin.h>
+
+typedef __m128i block;
+
+/* ------------------------------------------------------------------ AES-128 */
+
+static block round_keys[11];
+static int have_vaes = 0;
+static int use_vaes = 0;
+
+#define EXPAND(k, rcon)                                                   \
+    do {                                                                  \
+        block t_ = _mm_aeskeygenassist_si128(k, rcon);                    \
+        t_ = _mm_shuffle_epi32(t_, 0xff);                                 \
+        k = _mm_xor_si128(k, _mm_slli_si128(k, 4));                       \
+        k = _mm_xor_si128(k, _mm_slli_si128(k, 4));                       \
+        k = _mm_xor_si128(k, _mm_slli_si128(k, 4));                       \
+        k = _mm_xor_si128(k, t_);                                         \
+    } while (0)
+
+static void expand_key(const uint8_t key[16], block rk[11]) {
+    block k = _mm_loadu_si128((const block *)key);
+    rk[0] = k;
+    EXPAND(k, 0x01); rk[1] = k;
+    EXPAND(k, 0x02); rk[2] = k;
+    EXPAND(k, 0x04); rk[3] = k;
+    EXPAND(k, 0x08); rk[4] = k;
+    EXPAND(k, 0x10); rk[5] = k;
+    EXPAND(k, 0x20); rk[6] = k;
+    EXPAND(k, 0x40); rk[7] = k;
+    EXPAND(k, 0x80); rk[8] = k;
+    EXPAND(k, 0x1b); rk[9] = k;
+    EXPAND(k, 0x36); rk[10] = k;
+}
+
+/* π over n blocks in place, 8 at a time so the AES units stay busy. */
+static inline void aes_n_128(block *x, size_t n) {
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        block b0 = _mm_xor_si128(x[i + 0], round_keys[0]);
+        block b1 = _mm_xor_si128(x[i + 1], round_keys[0]);
+        block b2 = _mm_xor_si128(x[i + 2], round_keys[0]);
+        block b3 = _mm_xor_si128(x[i + 3], round_keys[0]);
+        block b4 = _mm_xor_si128(x[i + 4], round_keys[0]);
+        block b5 = _mm_xor_si128(x[i + 5], round_keys[0]);
+        block b6 = _mm_xor_si128(x[i + 6], round_keys[0]);
+        block b7 = _mm_xor_si128(x[i + 7], round_keys[0]);
+        for (int r = 1; r < 10; r++) {
+            block k = round_keys[r];
+            b0 = _mm_aesenc_si128(b0, k); b1 = _mm_aesenc_si128(b1, k);
+            b2 = _mm_aesenc_si128(b2, k); b3 = _mm_aesenc_si128(b3, k);
+            b4 = _mm_aesenc_si128(b4, k); b5 = _mm_aesenc_si128(b5, k);
+            b6 = _mm_aesenc_si128(b6, k); b7 = _mm_aesenc_si128(b7, k);
+        }
+        block k = round_keys[10];
+        x[i + 0] = _mm_aesenclast_si128(b0, k); x[i + 1] = _mm_aesenclast_si128(b1, k);
+        x[i + 2] = _mm_aesenclast_si128(b2, k); x[i + 3] = _mm_aesenclast_si128(b3, k);
+        x[i + 4] = _mm_aesenclast_si128(b4, k); x[i + 5] = _mm_aesenclast_si128(b5, k);
+        x[i + 6] = _mm_aesenclast_si128(b6, k); x[i + 7] = _mm_aesenclast_si128(b7, k);
+    }
+    for (; i < n; i++) {
+        block b = _mm_xor_si128(x[i], round_keys[0]);
+        for (int r = 1; r < 10; r++) b = _mm_aesenc_si128(b, round_keys[r]);
+        x[i] = _mm_aesenclast_si128(b, round_keys[10]);
+    }
+}
+
+#if defined(__GNUC__) && !defined(__clang__) && (__GNUC__ >= 8)
+#define HAVE_VAES_TARGET 1
+__attribute__((target("avx512f,vaes")))
+static void aes_n_vaes(block *x, size_t n) {
+    __m512i k[11];
+    for (int r = 0; r < 11; r++) k[r] = _mm512_broadcast_i32x4(round_keys[r]);
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512i b0 = _mm512_xor_si512(_mm512_loadu_si512((void *)(x + i)), k[0]);
+        __m512i b1 = _mm512_xor_si512(_mm512_loadu_si512((void *)(x + i + 4)), k[0]);
+        __m512i b2 = _mm512_xor_si512(_mm512_loadu_si512((void *)(x + i + 8)), k[0]);
+        __m512i b3 = _mm512_xor_si512(_mm512_loadu_si512((void *)(x + i + 12)), k[0]);
+        for (int r = 1; r < 10; r++) {
+            b0 = _mm512_aesenc_epi128(b0, k[r]); b1 = _mm512_aesenc_epi128(b1, k[r]);
+            b2 = _mm512_aesenc_epi128(b2, k[r]); b3 = _mm512_aesenc_epi128(b3, k[r]);
+        }
+        _mm512_storeu_si512((void *)(x + i), _mm512_aesenclast_epi128(b0, k[10]));
+        _mm512_storeu_si512((void *)(x + i + 4), _mm512_aesenclast_epi128(b1, k[10]));
+        _mm512_storeu_si512((void *)(x + i + 8), _mm512_aesenclast_epi128(b2, k[10]));
+        _mm512_storeu_si512((void *)(x + i + 12), _mm512_aesenclast_epi128(b3, k[10]));
+    }
+    for (; i + 4 <= n; i += 4) {
+        __m512i b = _mm512_xor_si512(_mm512_loadu_si512((void *)(x + i)), k[0]);
+        for (int r = 1; r < 10; r++) b = _mm512_aesenc_epi128(b, k[r]);
+        _mm512_storeu_si512((void *)(x + i), _mm512_aesenclast_epi128(b, k[10]));
+    }
+    _mm256_zeroupper();
+    if (i < n) aes_n_128(x + i, n - i);
+}
+#endif
+
+static inline void aes_n(block *x, size_t n) {
+#ifdef HAVE_VAES_TARGET
+    if (use_vaes) {
+        aes_n_vaes(x, n);
+        return;
+    }
+#endif
+    aes_n_128(x, n);
+}
+
+/* H(x_j, t_j) for n blocks: p = π(x); out = π(p ⊕ t) ⊕ p.  `p` is scratch. */
+static inline void tccr_n(const block *x, const block *t, block *out, block *p, size_t n) {
+    memcpy(p, x, n * sizeof(block));
+    aes_n(p, n);
+    for (size_t j = 0; j < n; j++) out[j] = _mm_xor_si128(p[j], t[j]);
+    aes_n(out, n);
+    for (size_t j = 0; j < n; j++) out[j] = _mm_xor_si128(out[j], p[j]);
+}
+
+static inline block mask_of(block x) {
+    /* all-ones when the point-and-permute bit (bit 0 of word 0) is set */
+    int64_t b = _mm_cvtsi128_si64(x) & 1;
+    return _mm_set1_epi64x(-b);
+}
+
+static inline block tweak(uint64_t layer, uint64_t lane, uint64_t half, uint64_t hi) {
+    return _mm_set_epi64x((long long)hi, (long long)((layer << 32) | (2 * lane + half)));
+}
+
+/* ------------------------------------------------------------------ buffers */
+
+typedef struct {
+    Py_buffer view;
+    int held;
+} buf_t;
+
+static int get_buf(PyObject *obj, buf_t *b, int writable, const char *name) {
+    int flags = PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0);
+    if (PyObject_GetBuffer(obj, &b->view, flags) != 0) {
+        PyErr_Format(PyExc_TypeError, "%s: expected a C-contiguous%s buffer", name,
+                     writable ? " writable" : "");
+        b->held = 0;
+        return -1;
+    }
+    b->held = 1;
+    return 0;
+}
+
+static void release(buf_t *b) {
+    if (b->held) PyBuffer_Release(&b->view);
+    b->held = 0;
+}
+
+static int need(buf_t *b, Py_ssize_t bytes, const char *name) {
+    if (b->view.len < bytes) {
+        PyErr_Format(PyExc_ValueError, "%s: buffer has %zd bytes, needs %zd", name,
+                     b->view.len, bytes);
+        return -1;
+    }
+    return 0;
+}
+
+/* Scratch for lane groups (aligned, grown on demand; the GIL is held). */
+#define GROUP 16
+static block *scratch = NULL;
+static size_t scratch_n = 0;
+
+static block *get_scratch(size_t n) {
+    if (scratch_n < n) {
+        free(scratch);
+        scratch = (block *)aligned_alloc(64, ((n * sizeof(block) + 63) / 64) * 64);
+        scratch_n = scratch ? n : 0;
+    }
+    return scratch;
+}
+
+/* ------------------------------------------------------------------ hash API */
+
+static PyObject *py_tccr(PyObject *self, PyObject *args) {
+    PyObject *xo, *to, *oo;
+    if (!PyArg_ParseTuple(args, "OOO", &xo, &to, &oo)) return NULL;
+    buf_t x = {0}, t = {0}, o = {0};
+    PyObject *ret = NULL;
+    if (get_buf(xo, &x, 0, "x") || get_buf(to, &t, 0, "tweaks") || get_buf(oo, &o, 1, "out"))
+        goto done;
+    if (x.view.len % 16) {
+        PyErr_SetString(PyExc_ValueError, "x: not a whole number of blocks");
+        goto done;
+    }
+    size_t n = (size_t)x.view.len / 16;
+    if (need(&t, x.view.len, "tweaks") || need(&o, x.view.len, "out")) goto done;
+    block *p = get_scratch(n);
+    if (!p) { PyErr_NoMemory(); goto done; }
+    tccr_n((const block *)x.view.buf, (const block *)t.view.buf, (block *)o.view.buf, p, n);
+    ret = Py_NewRef(Py_None);
+done:
+    release(&x); release(&t); release(&o);
+    return ret;
+}
+
+/* ------------------------------------------------------------------ AND layers
+ *
+ * garble_and(a0, b0, delta, tweak_hi, layer, c0_out, tables_out):
+ *   tables_out[k] = T_G, tables_out[n + k] = T_E, c0_out[k] = W_G ⊕ W_E
+ * eval_and(a, b, tables, tweak_hi, layer, c_out)
+ * garble_and_const(bits u8[n], b0, delta, tweak_hi, layer, out, tables_out)
+ * eval_and_const(b, tables, tweak_hi, layer, out)
+ */
+
+static void garble_and_group(const block *a0, const block *b0, block d, uint64_t hi,
+                             uint64_t layer, uint64_t lane0, size_t g, block *c0, block *tg,
+                             block *te, block *s) {
+    /* s: 8·GROUP scratch blocks: x[4g] then tweaks... computed in place */
+    block *x = s, *t = s + 4 * GROUP, *p = s + 8 * GROUP;
+    for (size_t j = 0; j < g; j++) {
+        x[j] = a0[j];
+        x[g + j] = _mm_xor_si128(a0[j], d);
+        x[2 * g + j] = b0[j];
+        x[3 * g + j] = _mm_xor_si128(b0[j], d);
+        block t0 = tweak(layer, lane0 + j, 0, hi), t1 = tweak(layer, lane0 + j, 1, hi);
+        t[j] = t0; t[g + j] = t0; t[2 * g + j] = t1; t[3 * g + j] = t1;
+    }
+    tccr_n(x, t, x, p, 4 * g);
+    for (size_t j = 0; j < g; j++) {
+        block ha0 = x[j], ha1 = x[g + j], hb0 = x[2 * g + j], hb1 = x[3 * g + j];
+        block ma = mask_of(a0[j]), mb = mask_of(b0[j]);
+        block tgj = _mm_xor_si128(_mm_xor_si128(ha0, ha1), _mm_and_si128(mb, d));
+        block hb = _mm_xor_si128(hb0, hb1);
+        block tej = _mm_xor_si128(hb, a0[j]);
+        block wg = _mm_xor_si128(ha0, _mm_and_si128(ma, tgj));
+        block we = _mm_xor_si128(hb0, _mm_and_si128(mb, hb));
+        tg[j] = tgj;
+        te[j] = tej;
+        c0[j] = _mm_xor_si128(wg, we);
+    }
+}
+
+static void eval_and_group(const block *a, const block *b, const block *tg, const block *te,
+                           uint64_t hi, uint64_t layer, uint64_t lane0, size_t g, block *c,
+                           block *s) {
+    block *x = s, *t = s + 2 * GROUP, *p = s + 4 * GROUP;
+    for (size_t j = 0; j < g; j++) {
+        x[j] = a[j];
+        x[g + j] = b[j];
+        t[j] = tweak(layer, lane0 + j, 0, hi);
+        t[g + j] = tweak(layer, lane0 + j, 1, hi);
+    }
+    tccr_n(x, t, x, p, 2 * g);
+    for (size_t j = 0; j < g; j++) {
+        block wg = _mm_xor_si128(x[j], _mm_and_si128(mask_of(a[j]), tg[j]));
+        block we = _mm_xor_si128(x[g + j],
+                                 _mm_and_si128(mask_of(b[j]), _mm_xor_si128(te[j], a[j])));
+        c[j] = _mm_xor_si128(wg, we);
+    }
+}
+
+static void garble_and_const_group(const uint8_t *bits, const block *b0, block d, uint64_t hi,
+                                   uint64_t layer, uint64_t lane0, size_t g, block *out,
+                                   block *tab, block *s) {
+    block *x = s, *t = s + 2 * GROUP, *p = s + 4 * GROUP;
+    for (size_t j = 0; j < g; j++) {
+        x[j] = b0[j];
+        x[g + j] = _mm_xor_si128(b0[j], d);
+        t[j] = t[g + j] = tweak(layer, lane0 + j, 0, hi);
+    }
+    tccr_n(x, t, x, p, 2 * g);
+    for (size_t j = 0; j < g; j++) {
+        block bm = _mm_set1_epi64x(-(int64_t)(bits[j] & 1));
+        block tt = _mm_xor_si128(_mm_xor_si128(x[j], x[g + j]), _mm_and_si128(bm, d));
+        tab[j] = tt;
+        out[j] = _mm_xor_si128(x[j], _mm_and_si128(mask_of(b0[j]), tt));
+    }
+}
+
+static void eval_and_const_group(const block *b, const block *tab, uint64_t hi, uint64_t layer,
+                                 uint64_t lane0, size_t g, block *out, block *s) {
+    block *x = s, *t = s + GROUP, *p = s + 2 * GROUP;
+    for (size_t j = 0; j < g; j++) {
+        x[j] = b[j];
+        t[j] = tweak(layer, lane0 + j, 0, hi);
+    }
+    tccr_n(x, t, x, p, g);
+    for (size_t j = 0; j < g; j++)
+        out[j] = _mm_xor_si128(x[j], _mm_and_si128(mask_of(b[j]), tab[j]));
+}
+
+static int check_blocks(buf_t *b, size_t n, const char *name) {
+    return need(b, (Py_ssize_t)(16 * n), name);
+}
+
+static int get_delta(PyObject *o, block *d) {
+    buf_t b = {0};
+    if (get_buf(o, &b, 0, "delta")) return -1;
+    if (b.view.len != 16) {
+        release(&b);
+        PyErr_SetString(PyExc_ValueError, "delta: expected one 16-byte block");
+        return -1;
+    }
+    *d = _mm_loadu_si128((const block *)b.view.buf);
+    release(&b);
+    return 0;
+}
+
+static PyObject *py_garble_and(PyObject *self, PyObject *args) {
+    PyObject *ao, *bo, *dob, *co, *to;
+    unsigned long long hi, layer;
+    if (!PyArg_ParseTuple(args, "OOOKKOO", &ao, &bo, &dob, &hi, &layer, &co, &to)) return NULL;
+    block d;
+    if (get_delta(dob, &d)) return NULL;
+    buf_t a = {0}, b = {0}, c = {0}, t = {0};
+    PyObject *ret = NULL;
+    if (get_buf(ao, &a, 0, "a0") || get_buf(bo, &b, 0, "b0") || get_buf(co, &c, 1, "out") ||
+        get_buf(to, &t, 1, "tables"))
+        goto done;
+    size_t n = (size_t)a.view.len / 16;
+    if (check_blocks(&b, n, "b0") || check_blocks(&c, n, "out") || check_blocks(&t, 2 * n, "tables"))
+        goto done;
+    block *s = get_scratch(12 * GROUP);
+    if (!s) { PyErr_NoMemory(); goto done; }
+    const block *A = a.view.buf, *B = b.view.buf;
+    block *C = c.view.buf, *T = t.view.buf;
+    for (size_t k = 0; k < n; k += GROUP) {
+        size_t g = n - k < GROUP ? n - k : GROUP;
+        garble_and_group(A + k, B + k, d, hi, layer, k, g, C + k, T + k, T + n + k, s);
+    }
+    ret = Py_NewRef(Py_None);
+done:
+    release(&a); release(&b); release(&c); release(&t);
+    return ret;
+}
+
+static PyObject *py_eval_and(PyObject *self, PyObject *args) {
+    PyObject *ao, *bo, *to, *co;
+    unsigned long long hi, layer;
+    if (!PyArg_ParseTuple(args, "OOOKKO", &ao, &bo, &to, &hi, &layer, &co)) return NULL;
+    buf_t a = {0}, b = {0}, c = {0}, t = {0};
+    PyObject *ret = NULL;
+    if (get_buf(ao, &a, 0, "a") || get_buf(bo, &b, 0, "b") || get_buf(to, &t, 0, "tables") ||
+        get_buf(co, &c, 1, "out"))
+        goto done;
+    size_t n = (size_t)a.view.len / 16;
+    if (check_blocks(&b, n, "b") || check_blocks(&c, n, "out") || check_blocks(&t, 2 * n, "tables"))
+        goto done;
+    block *s = get_scratch(8 * GROUP);
+    if (!s) { PyErr_NoMemory(); goto done; }
+    const block *A = a.view.buf, *B = b.view.buf, *T = t.view.buf;
+    block *C = c.view.buf;
+    for (size_t k = 0; k < n; k += GROUP) {
+        size_t g = n - k < GROUP ? n - k : GROUP;
+        eval_and_group(A + k, B + k, T + k, T + n + k, hi, layer, k, g, C + k, s);
+    }
+    ret = Py_NewRef(Py_None);
+done:
+    release(&a); release(&b); release(&c); release(&t);
+    return ret;
+}
+
+static PyObject *py_garble_and_const(PyObject *self, PyObject *args) {
+    PyObject *bitso, *bo, *dob, *oo, *to;
+    unsigned long long hi, layer;
+    if (!PyArg_ParseTuple(args, "OOOKKOO", &bitso, &bo, &dob, &hi, &layer, &oo, &to)) return NULL;
+    block d;
+    if (get_delta(dob, &d)) return NULL;
+    buf_t bits = {0}, b = {0}, o = {0}, t = {0};
+    PyObject *ret = NULL;
+    if (get_buf(bitso, &bits, 0, "bits") || get_buf(bo, &b, 0, "b0") ||
+        get_buf(oo, &o, 1, "out") || get_buf(to, &t, 1, "tables"))
+        goto done;
+    size_t n = (size_t)b.view.len / 16;
+    if (need(&bits, (Py_ssize_t)n, "bits") || check_blocks(&o, n, "out") ||
+        check_blocks(&t, n, "tables"))
+        goto done;
+    block *s = get_scratch(8 * GROUP);
+    if (!s) { PyErr_NoMemory(); goto done; }
+    const uint8_t *BT = bits.view.buf;
+    const block *B = b.view.buf;
+    block *O = o.view.buf, *T = t.view.buf;
+    for (size_t k = 0; k < n; k += GROUP) {
+        size_t g = n - k < GROUP ? n - k : GROUP;
+        garble_and_const_group(BT + k, B + k, d, hi, layer, k, g, O + k, T + k, s);
+    }
+    ret = Py_NewRef(Py_None);
+done:
+    release(&bits); release(&b); release(&o); release(&t);
+    return ret;
+}
+
+static PyObject *py_eval_and_const(PyObject *self, PyObject *args) {
+    PyObject *bo, *to, *oo;
+    unsigned long long hi, layer;
+    if (!PyArg_ParseTuple(args, "OOKKO", &bo, &to, &hi, &layer, &oo)) return NULL;
+    buf_t b = {0}, t = {0}, o = {0};
+    PyObject *ret = NULL;
+    if (get_buf(bo, &b, 0, "b") || get_buf(to, &t, 0, "tables") || get_buf(oo, &o, 1, "out"))
+        goto done;
+    size_t n = (size_t)b.view.len / 16;
+    if (check_blocks(&t, n, "tables") || check_blocks(&o, n, "out")) goto done;
+    block *s = get_scratch(4 * GROUP);
+    if (!s) { PyErr_NoMemory(); goto done; }
+    const block *B = b.view.buf, *T = t.view.buf;
+    block *O = o.view.buf;
+    for (size_t k = 0; k < n; k += GROUP) {
+        size_t g = n - k < GROUP ? n - k : GROUP;
+        eval_and_const_group(B + k, T + k, hi, layer, k, g, O + k, s);
+    }
+    ret = Py_NewRef(Py_None);
+done:
+    release(&b); release(&t); release(&o);
+    return ret;
+}
+
+/* ------------------------------------------------------------------ carry chain
+ *
+ * The comparison's carry chain over one lane batch of n lanes and width w
+ * (circuits._sign_yes_batch), fused: each group of lanes runs through all
+ * w − 1 AND layers with its carries in cache, and writes its tables at their
+ * layer-major positions — the same message the per-layer backend produces.
+ *
+ * garble_sign(a u8 (w, n), b0 (w, n) blocks, delta, tweak_hi, layer0, w, yes0_out, tables_out)
+ *   a: the garbler's bit planes (a[i·n + k] is its constant for bit i of lane k);
+ *   yes0_out[k]: 0-label of YES_k; tables_out: (2w − 3)·n blocks.
+ * eval_sign(b (w, n) blocks, tables, tweak_hi, layer0, w, yes_out)
+ */
+
+static PyObject *py_garble_sign(PyObject *self, PyObject *args) {
+    PyObject *ao, *bo, *dob, *yo, *to;
+    unsigned long long hi, layer0;
+    int w;
+    if (!PyArg_ParseTuple(args, "OOOKKiOO", &ao, &bo, &dob, &hi, &layer0, &w, &yo, &to))
+        return NULL;
+    if (w < 2 || w > 64) {
+        PyErr_SetString(PyExc_ValueError, "width must be in [2, 64]");
+        return NULL;
+    }
+    block d;
+    if (get_delta(dob, &d)) return NULL;
+    buf_t a = {0}, b = {0}, y = {0}, t = {0};
+    PyObject *ret = NULL;
+    if (get_buf(ao, &a, 0, "a") || get_buf(bo, &b, 0, "b0") || get_buf(yo, &y, 1, "out") ||
+        get_buf(to, &t, 1, "tables"))
+        goto done;
+    size_t n = (size_t)y.view.len / 16;
+    if (need(&a, (Py_ssize_t)((size_t)w * n), "a") || check_blocks(&b, (size_t)w * n, "b0") || check_blocks(&y, n, "out") ||
+        check_blocks(&t, (size_t)(2 * w - 3) * n, "tables"))
+        goto done;
+    block *s = get_scratch(16 * GROUP);
+    if (!s) { PyErr_NoMemory(); goto done; }
+    const uint8_t *A = a.view.buf;
+    const block *B = b.view.buf;
+    block *Y = y.view.buf, *T = t.view.buf;
+    block *c = s + 12 * GROUP, *xx = s + 13 * GROUP, *yy = s + 14 * GROUP, *gg = s + 15 * GROUP;
+    uint8_t bits[GROUP];
+    for (size_t k = 0; k < n; k += GROUP) {
+        size_t g = n - k < GROUP ? n - k : GROUP;
+        for (size_t j = 0; j < g; j++) bits[j] = (uint8_t)(A[k + j] & 1);
+        garble_and_const_group(bits, B + k, d, hi, layer0, k, g, c, T + k, s);
+        for (int i = 1; i < w - 1; i++) {
+            const block *bi = B + (size_t)i * n + k;
+            for (size_t j = 0; j < g; j++) {
+                block am = _mm_set1_epi64x(-(int64_t)(A[(size_t)i * n + k + j] & 1));
+                xx[j] = _mm_xor_si128(c[j], _mm_and_si128(am, d));
+                yy[j] = _mm_xor_si128(bi[j], c[j]);
+            }
+            block *base = T + n + (size_t)(i - 1) * 2 * n;
+            garble_and_group(xx, yy, d, hi, layer0 + (uint64_t)i, k, g, gg, base + k,
+                             base + n + k, s);
+            for (size_t j = 0; j < g; j++) c[j] = _mm_xor_si128(c[j], gg[j]);
+        }
+        const block *top = B + (size_t)(w - 1) * n + k;
+        for (size_t j = 0; j < g; j++) {
+            block am = _mm_set1_epi64x(-(int64_t)(A[(size_t)(w - 1) * n + k + j] & 1));
+            block sign = _mm_xor_si128(_mm_xor_si128(top[j], c[j]), _mm_and_si128(am, d));
+            Y[k + j] = _mm_xor_si128(sign, d); /* NOT: the garbler relabels */
+        }
+    }
+    ret = Py_NewRef(Py_None);
+done:
+    release(&a); release(&b); release(&y); release(&t);
+    return ret;
+}
+
+static PyObject *py_eval_sign(PyObject *self, PyObject *args) {
+    PyObject *bo, *to, *yo;
+    unsigned long long hi, layer0;
+    int w;
+    if (!PyArg_ParseTuple(args, "OOKKiO", &bo, &to, &hi, &layer0, &w, &yo)) return NULL;
+    if (w < 2 || w > 64) {
+        PyErr_SetString(PyExc_ValueError, "width must be in [2, 64]");
+        return NULL;
+    }
+    buf_t b = {0}, t = {0}, y = {0};
+    PyObject *ret = NULL;
+    if (get_buf(bo, &b, 0, "b") || get_buf(to, &t, 0, "tables") || get_buf(yo, &y, 1, "out"))
+        goto done;
+    size_t n = (size_t)y.view.len / 16;
+    if (check_blocks(&b, (size_t)w * n, "b") ||
+        check_blocks(&t, (size_t)(2 * w - 3) * n, "tables"))
+        goto done;
+    block *s = get_scratch(16 * GROUP);
+    if (!s) { PyErr_NoMemory(); goto done; }
+    const block *B = b.view.buf, *T = t.view.buf;
+    block *Y = y.view.buf;
+    block *c = s + 12 * GROUP, *yy = s + 13 * GROUP, *gg = s + 14 * GROUP;
+    for (size_t k = 0; k < n; k += GROUP) {
+        size_t g = n - k < GROUP ? n - k : GROUP;
+        eval_and_const_group(B + k, T + k, hi, layer0, k, g, c, s);
+        for (int i = 1; i < w - 1; i++) {
+            const block *bi = B + (size_t)i * n + k;
+            for (size_t j = 0; j < g; j++) yy[j] = _mm_xor_si128(bi[j], c[j]);
+            const block *base = T + n + (size_t)(i - 1) * 2 * n;
+            eval_and_group(c, yy, base + k, base + n + k, hi, layer0 + (uint64_t)i, k, g, gg, s);
+            for (size_t j = 0; j < g; j++) c[j] = _mm_xor_si128(c[j], gg[j]);
+        }
+        const block *top = B + (size_t)(w - 1) * n + k;
+        for (size_t j = 0; j < g; j++) Y[k + j] = _mm_xor_si128(top[j], c[j]);
+    }
+    ret = Py_NewRef(Py_None);
+done:
+    release(&b); release(&t); release(&y);
+    return ret;
+}
+
+/* ------------------------------------------------------------------ transpose
+ *
+ * transpose128(rows, row_stride, nb, out): rows is a 128 × (≥ nb) byte matrix
+ * whose row i starts at byte i·row_stride; out receives 8·nb blocks with bit i
+ * of block j = bit j of row i (bit j of a row at byte j/8, bit j%8).
+ */
+static PyObject *py_transpose128(PyObject *self, PyObject *args) {
+    PyObject *ro, *oo;
+    Py_ssize_t stride, nb;
+    if (!PyArg_ParseTuple(args, "OnnO", &ro, &stride, &nb, &oo)) return NULL;
+    buf_t r = {0}, o = {0};
+    PyObject *ret = NULL;
+    if (get_buf(ro, &r, 0, "rows") || get_buf(oo, &o, 1, "out")) goto done;
+    if (nb < 0 || stride < nb || need(&r, 127 * stride + nb, "rows") ||
+        need(&o, 128 * nb, "out")) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "bad transpose shape");
+        goto done;
+    }
+    const uint8_t *R = r.view.buf;
+    uint16_t *O = o.view.buf; /* block j = 8 uint16 words, word g = rows 16g..16g+15 */
+    /* Gather one byte column of 16 rows, then peel its 8 bits with movemask. */
+    for (Py_ssize_t c = 0; c < nb; c++) {
+        for (int g = 0; g < 8; g++) {
+            const uint8_t *p = R + (size_t)(16 * g) * stride + c;
+            block v = _mm_set_epi8(
+                (char)p[15 * stride], (char)p[14 * stride], (char)p[13 * stride],
+                (char)p[12 * stride], (char)p[11 * stride], (char)p[10 * stride],
+                (char)p[9 * stride], (char)p[8 * stride], (char)p[7 * stride],
+                (char)p[6 * stride], (char)p[5 * stride], (char)p[4 * stride],
+                (char)p[3 * stride], (char)p[2 * stride], (char)p[1 * stride], (char)p[0]);
+            for (int bit = 7; bit >= 0; bit--) {
+                O[(size_t)(8 * c + bit) * 8 + g] = (uint16_t)_mm_movemask_epi8(v);
+                v = _mm_slli_epi64(v, 1);
+            }
+        }
+    }
+    ret = Py_NewRef(Py_None);
+done:
+    release(&r); release(&o);
+    return ret;
+}
+
+/* ------------------------------------------------------------------ module */
+
+static PyObject *py_set_key(PyObject *self, PyObject *args) {
+    Py_buffer k;
+    if (!PyArg_ParseTuple(args, "y*", &k)) return NULL;
+    if (k.len != 16) {
+        PyBuffer_Release(&k);
+        PyErr_SetString(PyExc_ValueError, "AES-128 key must be 16 bytes");
+        return NULL;
+    }
+    expand_key((const uint8_t *)k.buf, round_keys);
+    PyBuffer_Release(&k);
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_set_vaes(PyObject *self, PyObject *args) {
+    int on;
+    if (!PyArg_ParseTuple(args, "p", &on)) return NULL;
+    use_vaes = on && have_vaes;
+    return PyBool_FromLong(use_vaes);
+}
+
+static PyObject *py_features(PyObject *self, PyObject *noargs) {
+    return Py_BuildValue("{s:O,s:O}", "vaes", have_vaes ? Py_True : Py_False, "active_vaes",
+                         use_vaes ? Py_True : Py_False);
+}
+
+static PyMethodDef methods[] = {
+    {"set_key", py_set_key, METH_VARARGS, "Set the fixed AES-128 key of π."},
+    {"set_vaes", py_set_vaes, METH_VARARGS, "Use the VAES path if the CPU has it; returns the state."},
+    {"features", py_features, METH_NOARGS, "CPU features detected and in use."},
+    {"tccr", py_tccr, METH_VARARGS, "tccr(x, tweaks, out): H(x_j, tweaks_j) into out."},
+    {"garble_and", py_garble_and, METH_VARARGS, "One garbled AND layer (half gates)."},
+    {"eval_and", py_eval_and, METH_VARARGS, "One evaluated AND layer."},
+    {"garble_and_const", py_garble_and_const, METH_VARARGS, "Garbler-half AND layer."},
+    {"eval_and_const", py_eval_and_const, METH_VARARGS, "Evaluated garbler-half AND layer."},
+    {"garble_sign", py_garble_sign, METH_VARARGS, "Fused comparison carry chain, garbler."},
+    {"eval_sign", py_eval_sign, METH_VARARGS, "Fused comparison carry chain, evaluator."},
+    {"transpose128", py_transpose128, METH_VARARGS, "IKNP 128 x m bit transpose."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef moduledef = {
+    PyModuleDef_HEAD_INIT, "_gc", "Native garbled-circuit core (AES-NI).", -1, methods,
+};
+
+PyMODINIT_FUNC PyInit__gc(void) {
+    __builtin_cpu_init();
+    if (!__builtin_cpu_supports("aes") || !__builtin_cpu_supports("sse4.1")) {
+        PyErr_SetString(PyExc_ImportError, "this CPU has no AES-NI");
+        return NULL;
+    }
+#ifdef HAVE_VAES_TARGET
+    have_vaes = __builtin_cpu_supports("vaes") && __builtin_cpu_supports("avx512f");
+#endif
+    use_vaes = have_vaes;
+    return PyModule_Create(&moduledef);
+}

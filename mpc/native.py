@@ -1,0 +1,229 @@
+"""Backend selection: the native core (`svtagg.mpc._gc`, AES-NI, built from
+`mpc/_gc.c` during `pip install` where a compiler is available) or the numpy
+reference.
+
+Both produce the same bytes on the wire: the native core computes the same
+fixed-key AES hash, the same half-gates tables in the same order with the same
+tweaks, and the same IKNP transpose; `tests/test_mpc_native.py` checks every
+operation of one against the other.
+
+`SVTAGG_BACKEND` chooses at import: `auto` (default: native when it loads),
+`native` (fail if it does not) or `numpy`.  `use()` switches in-process, for
+tests and side-by-side benchmarks; parties pick their backend when they are
+created, so switch before building them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from svtagg.mpc.aes import FIXED_KEY, Blocks
+from svtagg.mpc.garble import Bits, EvalBackend, GarbleBackend
+
+log = logging.getLogger(__name__)
+
+_gc: ModuleType | None = None
+_load_error: str | None = None
+try:
+    from svtagg.mpc import _gc as _loaded  # type: ignore[attr-defined,unused-ignore]
+
+    _loaded.set_key(FIXED_KEY)
+    _gc = _loaded
+except ImportError as exc:  # not built here, or a CPU without AES-NI
+    _load_error = str(exc) or type(exc).__name__
+
+BACKENDS = ("native", "numpy")
+_active = "numpy"
+
+
+def available() -> bool:
+    """Whether the native core loaded on this machine."""
+    return _gc is not None
+
+
+def use(name: str) -> str:
+    """Select `native`, `numpy` or `auto`; returns the backend now active."""
+    global _active
+    if name not in (*BACKENDS, "auto"):
+        raise ValueError(f"unknown backend {name!r}; choose native, numpy or auto")
+    if name == "native" and _gc is None:
+        raise RuntimeError(f"the native core is not available: {_load_error}")
+    _active = "native" if name == "auto" and _gc is not None else name
+    if name == "auto" and _gc is None:
+        _active = "numpy"
+    return _active
+
+
+def active() -> str:
+    """`native` or `numpy`."""
+    return _active
+
+
+def describe() -> str:
+    """One line naming the active backend and why, for `svtagg --version` and logs."""
+    if _active == "native" and _gc is not None:
+        feats = _gc.features()
+        aes = "VAES (AVX-512)" if feats["active_vaes"] else "AES-NI"
+        return f"native ({aes})"
+    if _gc is None:
+        return f"numpy (native core unavailable: {_load_error})"
+    return "numpy (selected)"
+
+
+def set_vaes(on: bool) -> bool:
+    """Use the four-block VAES path where the CPU has it (default on); returns the state."""
+    if _gc is None:
+        return False
+    return bool(_gc.set_vaes(on))
+
+
+def core() -> Any:
+    """The loaded extension module (callers check `active()` first)."""
+    if _gc is None:
+        raise RuntimeError(f"the native core is not available: {_load_error}")
+    return _gc
+
+
+_choice = os.environ.get("SVTAGG_BACKEND", "auto").strip().lower() or "auto"
+use(_choice)
+if _gc is None:
+    log.info("svtagg: native comparison core unavailable (%s); using numpy", _load_error)
+
+
+# ---------------------------------------------------------------- the backends
+
+
+def _c(x: npt.NDArray[Any]) -> npt.NDArray[Any]:
+    return np.ascontiguousarray(x)
+
+
+class NativeHash:
+    """H(x, i) computed by the native core; same interface as `TweakableHash`."""
+
+    def __call__(self, x: Blocks, tweaks: Blocks, out: Blocks | None = None) -> Blocks:
+        n = x.shape[0]
+        res = np.empty((n + 1, 2), dtype=np.uint64) if out is None else out
+        core().tccr(_c(x), _c(tweaks), res)
+        return res[:n]
+
+
+class _NativeLayers:
+    """AND-layer counting shared by the native backends: the same tweak layout
+    as `_Common._tweaks`, computed inside the core (and logged when a test asks)."""
+
+    and_layers: int
+    tweak_log: list[Blocks] | None
+    label_log: list[Any] | None
+
+    def _layer(self, n: int, halves: tuple[int, ...]) -> int:
+        if self.tweak_log is not None:
+            self._tweaks(n, halves)  # type: ignore[attr-defined]
+            return self.and_layers - 1
+        if n >= 1 << 31:
+            raise ValueError("AND layer too wide for the tweak format")
+        layer = self.and_layers
+        self.and_layers += 1
+        return layer
+
+    def _fused_ok(self) -> bool:
+        # Tests that log every wire or tweak need the gate-by-gate path.
+        return self.label_log is None and self.tweak_log is None
+
+
+class NativeGarbleBackend(_NativeLayers, GarbleBackend):
+    """The garbler with its AND layers and carry chains in the native core."""
+
+    def and_(self, a0: Blocks, b0: Blocks) -> Blocks:
+        n = a0.shape[0]
+        layer = self._layer(n, (0, 0, 1, 1))
+        tab = self._alloc(2 * n)
+        c0 = np.empty((n, 2), dtype=np.uint64)
+        core().garble_and(_c(a0), _c(b0), self.delta, int(self.tweak_hi), layer, c0, tab)
+        self.and_gates += n
+        return self._log(c0)
+
+    def and_const(self, bits: Bits | None, b0: Blocks) -> Blocks:
+        assert bits is not None
+        n = b0.shape[0]
+        layer = self._layer(n, (0, 0))
+        tab = self._alloc(n)
+        out = np.empty((n, 2), dtype=np.uint64)
+        core().garble_and_const(
+            _c(bits.astype(np.uint8, copy=False)),
+            _c(b0),
+            self.delta,
+            int(self.tweak_hi),
+            layer,
+            out,
+            tab,
+        )
+        self.and_gates += n
+        return self._log(out)
+
+    def sign_batch(self, a_bits: Bits | None, b: Blocks, width: int) -> Blocks | None:
+        """The whole carry chain of one lane batch in one call (None: use the gates)."""
+        if not self._fused_ok() or a_bits is None:
+            return None
+        n = b.shape[1]
+        layer0 = self.and_layers
+        self.and_layers += width - 1
+        tab = self._alloc((2 * width - 3) * n)
+        yes = np.empty((n, 2), dtype=np.uint64)
+        core().garble_sign(
+            _c(a_bits[:width]), _c(b), self.delta, int(self.tweak_hi), layer0, width, yes, tab
+        )
+        self.and_gates += (width - 1) * n
+        return yes
+
+
+class NativeEvalBackend(_NativeLayers, EvalBackend):
+    """The evaluator with its AND layers and carry chains in the native core."""
+
+    def and_(self, a: Blocks, b: Blocks) -> Blocks:
+        n = a.shape[0]
+        layer = self._layer(n, (0, 1))
+        tab = self._take(2 * n)
+        c = np.empty((n, 2), dtype=np.uint64)
+        core().eval_and(_c(a), _c(b), tab, int(self.tweak_hi), layer, c)
+        self.and_gates += n
+        return self._log(c)
+
+    def and_const(self, bits: Bits | None, b: Blocks) -> Blocks:
+        n = b.shape[0]
+        layer = self._layer(n, (0,))
+        tab = self._take(n)
+        out = np.empty((n, 2), dtype=np.uint64)
+        core().eval_and_const(_c(b), tab, int(self.tweak_hi), layer, out)
+        self.and_gates += n
+        return self._log(out)
+
+    def sign_batch(self, a_bits: Bits | None, b: Blocks, width: int) -> Blocks | None:
+        if not self._fused_ok():
+            return None
+        n = b.shape[1]
+        layer0 = self.and_layers
+        self.and_layers += width - 1
+        tab = self._take((2 * width - 3) * n)
+        yes = np.empty((n, 2), dtype=np.uint64)
+        core().eval_sign(_c(b), tab, int(self.tweak_hi), layer0, width, yes)
+        self.and_gates += (width - 1) * n
+        return yes
+
+
+def transpose_rows_native(mat: npt.NDArray[np.uint8], out: Blocks) -> Blocks:
+    """`ot.transpose_rows` in the native core; `mat` may have strided rows."""
+    rows, nb = mat.shape
+    stride = mat.strides[0]
+    if mat.strides[1] != 1 or stride < nb:
+        mat = np.ascontiguousarray(mat)
+        stride = nb
+    span = np.lib.stride_tricks.as_strided(
+        mat, shape=((rows - 1) * stride + nb,), strides=(1,), writeable=False
+    )
+    core().transpose128(span, stride, nb, out)
+    return out

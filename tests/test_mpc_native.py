@@ -1,0 +1,223 @@
+"""The native core against the numpy reference: the same bytes for every
+operation (hash, AND layers, fused carry chains, IKNP transpose), parties of
+different engines talking to each other at the width boundaries, the forced
+numpy fallback, and that the core is actually built where it can be."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import platform
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+from svtagg.mpc import native
+from svtagg.mpc.aes import TweakableHash, make_tweaks
+from svtagg.mpc.channel import MemoryChannel
+from svtagg.mpc.circuits import bit_planes, plain_first_yes, planes, sign_yes
+from svtagg.mpc.garble import EvalBackend, GarbleBackend
+from svtagg.mpc.ot import transpose_rows
+from svtagg.mpc.protocol import ComparisonEvaluator, ComparisonGarbler
+
+RNG = np.random.default_rng(20261201)
+
+
+def _cpu_has_aes() -> bool:
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((ln for ln in f if ln.startswith("flags")), "")
+    except OSError:
+        return False
+    return " aes " in f" {flags.split(':', 1)[-1].strip()} "
+
+
+def test_native_core_is_built_on_x86_64_with_aes() -> None:
+    """The install must build the core where it can: a silent fallback on this
+    kind of machine would hide a broken build."""
+    if platform.machine() not in ("x86_64", "AMD64") or not _cpu_has_aes():
+        pytest.skip("no AES-NI here: the numpy backend is the expected one")
+    assert native.available(), native.describe()
+    assert native.active() == "native" or os.environ.get("SVTAGG_BACKEND") == "numpy"
+
+
+needs_native = pytest.mark.skipif(not native.available(), reason="native core not built")
+
+
+@pytest.fixture
+def vaes_modes() -> Iterator[list[bool]]:
+    """Both AES paths where the CPU has VAES; the default state is restored."""
+    modes = [False, True] if native.available() and native.core().features()["vaes"] else [False]
+    yield modes
+    native.set_vaes(True)
+
+
+@needs_native
+@pytest.mark.parametrize("n", [1, 3, 4, 7, 15, 16, 17, 33, 100, 1031])
+def test_hash_matches_numpy(n: int, vaes_modes: list[bool]) -> None:
+    x = RNG.integers(0, 2**64, (n, 2), dtype=np.uint64)
+    tw = make_tweaks(12345, 7, n)
+    ref = TweakableHash()(x, tw).copy()
+    for on in vaes_modes:
+        native.set_vaes(on)
+        assert np.array_equal(native.NativeHash()(x, tw), ref)
+
+
+def _labels(shape: tuple[int, ...]) -> np.ndarray:
+    return RNG.integers(0, 2**64, shape + (2,), dtype=np.uint64)
+
+
+def _delta() -> np.ndarray:
+    d = RNG.integers(0, 2**64, 2, dtype=np.uint64)
+    d[0] |= np.uint64(1)
+    return d
+
+
+@needs_native
+@pytest.mark.parametrize("n", [1, 5, 16, 31, 300])
+def test_and_layers_match_numpy_bytes(n: int) -> None:
+    d = _delta()
+    a0, b0 = _labels((n,)), _labels((n,))
+    bits = RNG.integers(0, 2, n).astype(np.uint8)
+    h = TweakableHash()
+    ref, nat = GarbleBackend(d, h, 99), native.NativeGarbleBackend(d, native.NativeHash(), 99)
+    for be in (ref, nat):
+        be.and_layers = 3  # a later layer, to exercise the layer part of the tweak
+    outs_ref = [ref.and_(a0, b0), ref.and_const(bits, b0)]
+    outs_nat = [nat.and_(a0, b0), nat.and_const(bits, b0)]
+    assert ref.table_bytes() == nat.table_bytes()
+    for x, y in zip(outs_ref, outs_nat, strict=True):
+        assert np.array_equal(x, y)
+    # Evaluation on active labels, both engines: the same output labels.
+    av, bv = RNG.integers(0, 2, n), RNG.integers(0, 2, n)
+    a = a0 ^ ((-(av.astype(np.uint64)))[:, None] & d)
+    b = b0 ^ ((-(bv.astype(np.uint64)))[:, None] & d)
+    tables = ref.table_bytes()
+    er, en = EvalBackend(h, 99, tables), native.NativeEvalBackend(native.NativeHash(), 99, tables)
+    for be in (er, en):
+        be.and_layers = 3
+    got = [(be.and_(a, b), be.and_const(None, b)) for be in (er, en)]
+    for x, y in zip(got[0], got[1], strict=True):
+        assert np.array_equal(x, y)
+    # And they decode to the plaintext: c = c0 ⊕ (a∧b)·Δ.
+    expect = (av & bv).astype(np.uint64)
+    assert np.array_equal(got[1][0], outs_ref[0] ^ ((-expect)[:, None] & d))
+
+
+@needs_native
+@pytest.mark.parametrize("width", [8, 16, 40, 64])
+@pytest.mark.parametrize("n", [1, 17, 4096 + 33])
+def test_fused_carry_chain_matches_gate_by_gate(width: int, n: int) -> None:
+    """The fused chain sends exactly the gate-by-gate tables (several lane
+    batches when n > 4096) and decodes to the plaintext YES."""
+    lim = 2 ** (width - 1)
+    sums = RNG.integers(-lim, lim, n)
+    sums[: min(n, 4)] = [lim - 1, -lim, 0, -1][: min(n, 4)]
+    z = sums.astype(np.int64).view(np.uint64)
+    z_l = RNG.integers(0, 2**64, n, dtype=np.uint64)
+    z_h = z - z_l
+    d = _delta()
+    b0 = _labels((width, n))
+    a_bits = bit_planes(z_l)
+    ref = GarbleBackend(d, TweakableHash(), 5)
+    nat = native.NativeGarbleBackend(d, native.NativeHash(), 5)
+    yes_ref = sign_yes(ref, a_bits, planes(b0), n, width)
+    yes_nat = sign_yes(nat, a_bits, planes(b0), n, width)
+    assert ref.table_bytes() == nat.table_bytes()
+    assert np.array_equal(yes_ref, yes_nat) and ref.and_layers == nat.and_layers
+    hb = bit_planes(z_h)[:width].astype(np.uint64)
+    b_act = b0 ^ ((-hb)[..., None] & d)
+    ev = native.NativeEvalBackend(native.NativeHash(), 5, nat.table_bytes())
+    yes = sign_yes(ev, None, planes(b_act), n, width)
+    ev.done()
+    got = (yes[:, 0] & np.uint64(1)).astype(np.uint8) ^ nat.decoding(yes_nat)
+    low = (z_l + z_h) & np.uint64((1 << width) - 1)
+    expect = (low < np.uint64(lim)).astype(np.uint8)  # sign bit of the w-bit sum clear
+    assert np.array_equal(got, expect)
+    assert np.array_equal(expect, (sums >= 0).astype(np.uint8))
+
+
+def _numpy_transpose(mat: np.ndarray) -> np.ndarray:
+    with_numpy = native.active()
+    native.use("numpy")
+    try:
+        return transpose_rows(mat)
+    finally:
+        native.use(with_numpy)
+
+
+@needs_native
+@pytest.mark.parametrize("nb", [1, 2, 15, 16, 17, 100, 4097])
+def test_transpose_matches_numpy(nb: int) -> None:
+    base = RNG.integers(0, 256, (128, nb + 13), dtype=np.uint8)
+    mat = base[:, 5 : 5 + nb]  # strided rows, as the OT extension passes them
+    ref = _numpy_transpose(mat)
+    out = np.empty((8 * nb, 2), dtype=np.uint64)
+    assert np.array_equal(native.transpose_rows_native(mat, out), ref)
+    # And the reference itself: bit i of block j = bit j of row i.
+    bits = np.unpackbits(mat, axis=1, bitorder="little")
+    j = RNG.integers(0, 8 * nb, 20)
+    blk = np.unpackbits(ref.view(np.uint8).reshape(-1, 16), axis=1, bitorder="little")
+    assert np.array_equal(blk[j], bits[:, j].T)
+
+
+async def _cross_pair(
+    garbler: str, evaluator: str
+) -> tuple[ComparisonGarbler, ComparisonEvaluator]:
+    before = native.active()
+    cg, ce = MemoryChannel.pair()
+    try:
+        native.use(garbler)
+        g = ComparisonGarbler(cg, b"cross")
+        native.use(evaluator)
+        e = ComparisonEvaluator(ce, b"cross")
+    finally:
+        native.use(before)
+    await asyncio.gather(g.setup(), e.setup())
+    return g, e
+
+
+@needs_native
+@pytest.mark.parametrize("engines", [("native", "numpy"), ("numpy", "native")])
+@pytest.mark.parametrize("width", [16, 40, 64])
+async def test_engines_interoperate_at_the_width_boundaries(
+    engines: tuple[str, str], width: int
+) -> None:
+    """A native garbler with a numpy evaluator and the reverse: the wire format
+    is one, so every boundary ±(2^(w−1) − 1), 0, −1 is decided correctly."""
+    g, e = await _cross_pair(*engines)
+    assert (g.engine, e.engine) == engines
+    lim = 2 ** (width - 1)
+    for s in [lim - 1, -(lim - 1), 0, -1, 1, -lim]:
+        sums = np.array([-5, -7, s, 3], dtype=np.int64)
+        z_l = RNG.integers(0, 2**64, 4, dtype=np.uint64)
+        z_h = sums.view(np.uint64) - z_l
+        got = await asyncio.gather(g.first_yes(z_l, width), e.first_yes(z_h, width))
+        want = 2 if s >= 0 else 3
+        assert got == [want, want] and plain_first_yes(z_l, z_h) == want
+
+
+def test_forced_numpy_fallback_runs_the_protocol() -> None:
+    """SVTAGG_BACKEND=numpy: the numpy engine is active and a chunk still works."""
+    code = (
+        "import asyncio, numpy as np\n"
+        "from svtagg.mpc import native\n"
+        "from svtagg.mpc.protocol import run_first_yes\n"
+        "assert native.active() == 'numpy', native.describe()\n"
+        "z = np.array([-3, 4], dtype=np.int64).view(np.uint64)\n"
+        "zl = np.array([12345, 999], dtype=np.uint64)\n"
+        "print(native.describe(), asyncio.run(run_first_yes(zl, z - zl)))\n"
+    )
+    env = dict(os.environ, SVTAGG_BACKEND="numpy")
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("numpy") and out.stdout.strip().endswith(" 1")
+
+
+def test_unknown_backend_is_refused() -> None:
+    with pytest.raises(ValueError, match="unknown backend"):
+        native.use("fortran")
