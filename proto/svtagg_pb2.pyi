@@ -318,22 +318,26 @@ class ChunkHeader(_message.Message):
     def __init__(self, stream_id: _Optional[str] = ..., chunk_no: _Optional[int] = ..., queries: _Optional[_Union[Queries, _Mapping]] = ..., compare: _Optional[bool] = ..., validate_task_id: _Optional[str] = ..., report_ids: _Optional[bytes] = ..., robust_task_id: _Optional[str] = ..., coord_lo: _Optional[int] = ..., coord_hi: _Optional[int] = ...) -> None: ...
 
 class SessionOpen(_message.Message):
-    __slots__ = ("session_id",)
+    __slots__ = ("session_id", "data_channel")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    DATA_CHANNEL_FIELD_NUMBER: _ClassVar[int]
     session_id: bytes
-    def __init__(self, session_id: _Optional[bytes] = ...) -> None: ...
+    data_channel: bool
+    def __init__(self, session_id: _Optional[bytes] = ..., data_channel: _Optional[bool] = ...) -> None: ...
 
 class PeerStatus(_message.Message):
-    __slots__ = ("ok", "code", "message", "refusal")
+    __slots__ = ("ok", "code", "message", "refusal", "data_port")
     OK_FIELD_NUMBER: _ClassVar[int]
     CODE_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     REFUSAL_FIELD_NUMBER: _ClassVar[int]
+    DATA_PORT_FIELD_NUMBER: _ClassVar[int]
     ok: bool
     code: int
     message: str
     refusal: str
-    def __init__(self, ok: _Optional[bool] = ..., code: _Optional[int] = ..., message: _Optional[str] = ..., refusal: _Optional[str] = ...) -> None: ...
+    data_port: int
+    def __init__(self, ok: _Optional[bool] = ..., code: _Optional[int] = ..., message: _Optional[str] = ..., refusal: _Optional[str] = ..., data_port: _Optional[int] = ...) -> None: ...
 
 class PeerFrame(_message.Message):
     __slots__ = ("header", "fragment", "open", "status", "more")

@@ -33,6 +33,14 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "--ingest-listen",
         help="extra host:port with server-only TLS for clients without certificates",
     )
+    p.add_argument(
+        "--data-port",
+        default="0",
+        help="helper: TCP port of the comparison data channel (mutual TLS, same "
+        "certificates) on the --listen host; 0 picks a free port and announces it to "
+        "the leader per session; 'off' keeps the protocol inside the gRPC stream. "
+        "Leader: 'off' never asks for it (default 0)",
+    )
     p.add_argument("--port-file", help="write the bound port here once serving")
     p.add_argument("--grace", type=float, default=5.0, help="shutdown grace period (s)")
     p.add_argument(
@@ -101,6 +109,18 @@ def _cap(value: str | None, flag: str) -> Fraction | None:
     return cap
 
 
+def _data_port(value: str) -> int | None:
+    if value.strip().lower() == "off":
+        return None
+    try:
+        port = int(value)
+    except ValueError:
+        raise SystemExit(f"--data-port: expected a port number or 'off', got {value!r}") from None
+    if not 0 <= port < 65536:
+        raise SystemExit("--data-port must be in [0, 65535]")
+    return port
+
+
 async def _serve(args: argparse.Namespace) -> int:
     from svtagg.servers.service import ServerConfig, SvtaggServer
 
@@ -116,6 +136,7 @@ async def _serve(args: argparse.Namespace) -> int:
         max_epsilon_total=_cap(args.max_epsilon_total, "--max-epsilon-total"),
         max_delta_total=_cap(args.max_delta_total, "--max-delta-total"),
         require_validation=args.require_validation,
+        data_port=_data_port(args.data_port),
     )
     log = logging.getLogger("svtagg.server")
     for name, cap, default in (

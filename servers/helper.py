@@ -14,11 +14,11 @@ from svtagg.dp.errors import AlreadyExists, FailedPrecondition, InvalidArgument,
 from svtagg.dp.kinds import StreamKind
 from svtagg.mpc.ring import U64
 from svtagg.proto import svtagg_pb2 as pb
-from svtagg.proto.vocab import Role, kind_from_pb, refusal_status, split_ids
+from svtagg.proto.vocab import SETUP_DEADLINE, Role, kind_from_pb, refusal_status, split_ids
 from svtagg.servers.core import Chunk, ComparisonParty, PartyFactory, ServerCore, parse_chunk
 from svtagg.servers.faults import crash_point
 from svtagg.servers.messages import collection_digest, spec_params, stream_info, task_info
-from svtagg.servers.session import FrameChannel, ReadFrame, WriteFrame
+from svtagg.servers.session import DataChannel, DataOffer, FrameChannel, ReadFrame, WriteFrame
 from svtagg.servers.store import StreamState, TaskState
 
 _OK = pb.PeerFrame(status=pb.PeerStatus(ok=True))
@@ -35,6 +35,8 @@ class HelperDriver:
         self._staged: dict[str, tuple[bytes, U64, npt.NDArray[np.bool_]]] = {}
         #: Set when the server shuts down: idle sessions end at once.
         self.stopping = asyncio.Event()
+        #: The data listener offered to sessions that ask (None: frames only).
+        self.data: DataOffer | None = None
 
     async def CreateTask(self, request: pb.TaskSpec) -> pb.TaskInfo:
         params = spec_params(request)
@@ -136,8 +138,22 @@ class HelperDriver:
         first = await channel.read_frame()
         if first.WhichOneof("body") != "open" or len(first.open.session_id) != 16:
             raise InvalidArgument("a session starts with SessionOpen (16-byte id)")
-        party = self.party(Role.HELPER, channel, first.open.session_id)
-        await party.setup()
+        sid = first.open.session_id
+        data: DataChannel | None = None
+        if first.open.data_channel:
+            port = self.data.port if self.data is not None else 0
+            await write(pb.PeerFrame(status=pb.PeerStatus(ok=True, data_port=port)))
+            if self.data is not None:
+                data = await self.data.claim(sid, SETUP_DEADLINE)
+        try:
+            party = self.party(Role.HELPER, data if data is not None else channel, sid)
+            await party.setup()
+            await self._chunks(write, read, party)
+        finally:
+            if data is not None:
+                data.close()
+
+    async def _chunks(self, write: WriteFrame, read: ReadFrame, party: ComparisonParty) -> None:
         while True:
             frame = await self._next_frame(read)
             if frame is None:

@@ -481,7 +481,7 @@ class LeaderDriver:
         healthy = False
         written = False
         try:
-            before = session.channel.traffic
+            before = session.traffic
             await session.channel.write_frame(pb.PeerFrame(header=header))
             if on_written is not None:
                 on_written()
@@ -504,7 +504,7 @@ class LeaderDriver:
             raise
         finally:
             await self.pool.release(session, healthy)
-        return result, session.channel.traffic - before
+        return result, session.traffic - before
 
     async def _fail_helper(self, stream_id: str) -> None:
         try:

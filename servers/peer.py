@@ -13,7 +13,9 @@ from svtagg.proto import svtagg_pb2 as pb
 from svtagg.proto import svtagg_pb2_grpc as pb_grpc
 from svtagg.proto.tls import Identity, tls_target
 from svtagg.proto.vocab import CHANNEL_OPTIONS, PEER_DEADLINE, Role, refusal_from_rpc
+from svtagg.servers import datachannel
 from svtagg.servers.core import PartyFactory
+from svtagg.servers.datachannel import DataConnection, split_host
 from svtagg.servers.port import PeerMethod
 from svtagg.servers.session import LeaderSession
 
@@ -25,7 +27,12 @@ def _unavailable(exc: grpc.aio.AioRpcError) -> PeerUnavailable:
 class GrpcHelperPort:
     """The leader's connection to the helper's Peer service."""
 
-    def __init__(self, address: str, identity: Identity) -> None:
+    def __init__(self, address: str, identity: Identity, data_channel: bool = True) -> None:
+        """`data_channel`: ask the helper for the comparison data channel
+        (servers/datachannel.py) on each new session."""
+        self.identity = identity
+        self.host = split_host(address)
+        self.data_channel = data_channel
         creds = grpc.ssl_channel_credentials(identity.ca, identity.key, identity.cert)
         # Reconnect quickly after a helper restart; calls wait for the connection
         # (wait_for_ready) up to their deadline instead of failing at once.
@@ -65,7 +72,23 @@ class GrpcHelperPort:
                 raise _unavailable(exc) from None
             return None if frame is grpc.aio.EOF else frame
 
-        return await LeaderSession.open(write, read, call.cancel, call.done, factory)
+        async def connect_data(port: int, sid: bytes) -> DataConnection:
+            conn = await datachannel.connect(self.host, port, self.identity, Role.HELPER)
+            try:
+                await datachannel.announce(conn, sid)
+            except BaseException:
+                conn.close()
+                raise
+            return conn
+
+        return await LeaderSession.open(
+            write,
+            read,
+            call.cancel,
+            call.done,
+            factory,
+            connect_data if self.data_channel else None,
+        )
 
     async def close(self) -> None:
         await self.channel.close()

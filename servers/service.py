@@ -27,6 +27,7 @@ from svtagg.proto.tls import Identity, role_of_pem
 from svtagg.proto.vocab import REFUSAL_KEY, SERVER_OPTIONS, SERVER_ROLES, Role, status_of
 from svtagg.proto.wire import UNDECODABLE, add_service
 from svtagg.servers.core import PartyFactory, ServerCore, garbled_circuit_party
+from svtagg.servers.datachannel import DataListener, split_host
 from svtagg.servers.helper import HelperDriver
 from svtagg.servers.leader import LeaderDriver
 from svtagg.servers.limits import RateLimiter
@@ -308,6 +309,10 @@ class ServerConfig:
     max_delta_total: Fraction | None = None
     #: Refuse tasks that do not range-check their reports.
     require_validation: bool = False
+    #: Helper: port of the comparison data channel on the host of `listen` (0:
+    #: pick a free one, announced to the leader per session; None: none, the
+    #: protocol then runs inside the gRPC session stream).  Leader: ask for it.
+    data_port: int | None = 0
 
 
 class SvtaggServer:
@@ -331,6 +336,7 @@ class SvtaggServer:
         self.peer: GrpcHelperPort | None = None
         self.analyst: AnalystService | None = None
         self.peer_service: PeerService | None = None
+        self.data_listener: DataListener | None = None
         self.server = grpc.aio.server(options=SERVER_OPTIONS)
         self.limiter = RateLimiter(config.rate_limit, config.rate_burst)
         ingest = IngestService(self.core)
@@ -339,7 +345,9 @@ class SvtaggServer:
         add_service(health_pb2_grpc.add_HealthServicer_to_server, self.health, self.server)
         if config.role == "leader":
             assert config.helper_address is not None
-            self.peer = GrpcHelperPort(config.helper_address, config.identity)
+            self.peer = GrpcHelperPort(
+                config.helper_address, config.identity, data_channel=config.data_port is not None
+            )
             self.analyst = AnalystService(LeaderDriver(self.core, self.peer, party))
             self.analyst.limiter = self.limiter
             add_service(pb_grpc.add_AnalystServicer_to_server, self.analyst, self.server)
@@ -360,6 +368,14 @@ class SvtaggServer:
             )
 
     async def start(self, warm: bool = True) -> None:
+        if self.peer_service is not None and self.config.data_port is not None:
+            listener = DataListener(
+                self.config.identity, split_host(self.config.listen), self.config.data_port
+            )
+            await listener.start()
+            self.data_listener = listener
+            self.peer_service.driver.data = listener
+            log.info("helper data channel on port %d", listener.port)
         await self.server.start()
         if self.analyst is not None and warm:
             # Base OTs with the helper before the first chunk needs them.
@@ -380,6 +396,8 @@ class SvtaggServer:
         if warm is not None and not warm.done():
             warm.cancel()
         await self.server.stop(grace)
+        if self.data_listener is not None:
+            await self.data_listener.close()
         if self.analyst is not None:
             await self.analyst.driver.pool.close()
         if self.peer is not None:

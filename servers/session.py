@@ -4,7 +4,9 @@ A session is an ordered stream of PeerFrames: SessionOpen, then per chunk a
 header (leader), the helper's status, the comparison protocol's fragments, the
 helper's closing status.  `FrameChannel` carries the protocol's byte messages
 as fragments; the transport (a gRPC stream or two in-memory queues) only moves
-frames.  The base OTs of a session cost about half a second, so the leader
+frames.  When the helper offers a data channel (`servers/datachannel.py`), the
+protocol's messages travel there instead and only control frames use the
+stream.  The base OTs of a session cost about half a second, so the leader
 keeps a pool of set-up sessions and discards any session after an error, so a
 broken protocol state is never reused.
 """
@@ -15,9 +17,10 @@ import asyncio
 import contextlib
 import os
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
 from svtagg.dp.errors import PeerUnavailable
+from svtagg.mpc.channel import Channel
 from svtagg.proto import svtagg_pb2 as pb
 from svtagg.proto.vocab import FRAGMENT, SETUP_DEADLINE, Role
 from svtagg.servers.core import ComparisonParty, PartyFactory
@@ -25,6 +28,25 @@ from svtagg.servers.core import ComparisonParty, PartyFactory
 #: Reads the next frame; returns None at the end of the stream.
 ReadFrame = Callable[[], Awaitable[Any]]
 WriteFrame = Callable[[pb.PeerFrame], Awaitable[None]]
+#: (helper's data port, session id) → a data connection that has announced the id.
+ConnectData = Callable[[int, bytes], Awaitable["DataChannel"]]
+
+
+class DataChannel(Channel, Protocol):
+    """A `Channel` that can be closed: what a data connection provides."""
+
+    def close(self) -> None: ...
+
+    @property
+    def is_closed(self) -> bool: ...
+
+
+class DataOffer(Protocol):
+    """The helper's data listener, as a session sees it."""
+
+    port: int
+
+    async def claim(self, sid: bytes, timeout: float) -> DataChannel: ...
 
 
 class FrameChannel:
@@ -76,7 +98,8 @@ class FrameChannel:
 
 class LeaderSession:
     """One set-up garbler on one session; `cancel` ends the session, `done` says
-    whether the transport has ended it."""
+    whether the transport has ended it.  `channel` carries the control frames;
+    the garbler runs on `data` when the helper offered a data channel."""
 
     def __init__(
         self,
@@ -84,9 +107,11 @@ class LeaderSession:
         party: ComparisonParty,
         cancel: Callable[[], Any],
         done: Callable[[], bool],
+        data: DataChannel | None = None,
     ) -> None:
         self.channel = channel
         self.party = party
+        self.data = data
         self._cancel = cancel
         self._done = done
 
@@ -98,30 +123,59 @@ class LeaderSession:
         cancel: Callable[[], Any],
         done: Callable[[], bool],
         factory: PartyFactory,
+        connect_data: ConnectData | None = None,
     ) -> LeaderSession:
-        """SessionOpen with a fresh id, then the base OTs (within SETUP_DEADLINE)."""
+        """SessionOpen with a fresh id, the data channel if the helper offers one,
+        then the base OTs (all within SETUP_DEADLINE)."""
         sid = os.urandom(16)
         channel = FrameChannel(write, read)
+        data: DataChannel | None = None
+
+        def abort() -> None:
+            cancel()
+            if data is not None:
+                data.close()
+
         try:
-            await write(pb.PeerFrame(open=pb.SessionOpen(session_id=sid)))
-            party = factory(Role.LEADER, channel, sid)
+            await write(
+                pb.PeerFrame(open=pb.SessionOpen(session_id=sid, data_channel=bool(connect_data)))
+            )
+            if connect_data is not None:
+                offer = await asyncio.wait_for(_status(channel), SETUP_DEADLINE)
+                if not offer.ok:
+                    raise PeerUnavailable(f"helper refused the session: {offer.message}")
+                if offer.data_port:
+                    data = await asyncio.wait_for(
+                        connect_data(offer.data_port, sid), SETUP_DEADLINE
+                    )
+            party = factory(Role.LEADER, data if data is not None else channel, sid)
             await asyncio.wait_for(party.setup(), SETUP_DEADLINE)
         except BaseException:
-            cancel()
+            abort()
             raise
-        return cls(channel, party, cancel, done)
+        return cls(channel, party, abort, done, data)
 
     async def status(self) -> pb.PeerStatus:
-        frame = await self.channel.read_frame()
-        if frame.WhichOneof("body") != "status":
-            raise PeerUnavailable("expected the helper's status frame")
-        return frame.status
+        return await _status(self.channel)
+
+    @property
+    def traffic(self) -> int:
+        """Bytes both ways so far, control frames and data channel together."""
+        extra = 0 if self.data is None else self.data.bytes_sent + self.data.bytes_received
+        return self.channel.traffic + extra
 
     def done(self) -> bool:
-        return self._done()
+        return self._done() or (self.data is not None and self.data.is_closed)
 
     def close(self) -> None:
         self._cancel()
+
+
+async def _status(channel: FrameChannel) -> pb.PeerStatus:
+    frame = await channel.read_frame()
+    if frame.WhichOneof("body") != "status":
+        raise PeerUnavailable("expected the helper's status frame")
+    return frame.status
 
 
 class SessionPool:

@@ -102,13 +102,20 @@ class Deployment:
     def identity(self, role: str) -> Identity:
         return Identity.load(self.certs, role)
 
-    async def start(self, party: PartyFactory | None = None) -> None:
-        """Start (or restart) both servers on their previous ports and stores."""
+    async def start(
+        self, party: PartyFactory | None = None, helper_data_port: int | None = 0
+    ) -> None:
+        """Start (or restart) both servers on their previous ports and stores;
+        `helper_data_port` None: the helper offers no data channel."""
         party = party or engine()
         helper_listen = f"127.0.0.1:{self.helper_port}"
         self.helper = SvtaggServer(
             ServerConfig(
-                "helper", str(self.root / "helper.sqlite"), self.identity("helper"), helper_listen
+                "helper",
+                str(self.root / "helper.sqlite"),
+                self.identity("helper"),
+                helper_listen,
+                data_port=helper_data_port,
             ),
             party,
         )

@@ -1,0 +1,321 @@
+"""The comparison data channel: a mutual-TLS connection from the leader to the
+helper that carries only the garbled-circuit protocol's byte messages.
+
+Why not the gRPC session stream: a garbled chunk is tens of MB from the leader
+to the helper, and every fragment of the gRPC stream is copied into a protobuf
+message, serialized, copied into gRPC's buffers and joined again on the other
+side, all under the interpreter lock.  Here a blocking TLS socket moves each
+message in one `sendall` from the sender's buffer and one `recv_into` loop into
+the receiver's, in a worker thread with the interpreter lock released (the
+measured candidates, asyncio TLS streams among them, are in docs/mpc.md and
+benchmarks/bench_transport.py).  Use is strictly alternating — one party sends,
+the other receives — so the TLS object is never used by two threads at once.  Control
+stays on gRPC: the session is opened there, chunk headers and the helper's
+verdicts travel there, and a data connection is bound to one gRPC session by
+its fresh 16-byte session id, which the leader sends as the first message.
+
+Security is the gRPC peer channel's: TLS 1.3, both sides present deployment
+certificates from the same CA, the leader verifies the helper's name
+(`svtagg-helper`), the helper accepts only a certificate whose role is
+`leader`.  Messages are length-prefixed (8 bytes, little-endian) and capped at
+`MAX_DATA_MESSAGE`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import ssl
+import struct
+import tempfile
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from svtagg.dp.errors import PeerUnavailable
+from svtagg.proto.tls import Identity, role_of_pem, server_name
+from svtagg.proto.vocab import Role
+
+log = logging.getLogger(__name__)
+
+#: Largest protocol message accepted (a chunk of 10^5 comparisons at w = 64 is ≈ 310 MB).
+MAX_DATA_MESSAGE = 1 << 30
+_HEADER = struct.Struct("<Q")
+#: A data connection whose session never claims it is closed after this long.
+UNCLAIMED_SECONDS = 30.0
+#: Messages up to this size are returned as `bytes` (one small copy); larger ones
+#: as the bytearray they were received into.
+_SMALL = 1 << 16
+
+
+class ChannelClosed(PeerUnavailable):
+    """The data connection ended (or failed) before a whole message arrived."""
+
+
+def _context(identity: Identity, server: bool) -> ssl.SSLContext:
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER if server else ssl.PROTOCOL_TLS_CLIENT)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_3
+    ctx.load_verify_locations(cadata=identity.ca.decode())
+    ctx.verify_mode = ssl.CERT_REQUIRED
+    # ssl loads a certificate chain only from files: a private temporary
+    # directory holds them for the duration of the call.
+    with tempfile.TemporaryDirectory() as tmp:
+        cert, key = Path(tmp) / "cert.pem", Path(tmp) / "key.pem"
+        cert.write_bytes(identity.cert)
+        fd = os.open(key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(identity.key)
+        ctx.load_cert_chain(cert, key)
+    return ctx
+
+
+def _peer_role(sock: ssl.SSLSocket) -> Role | None:
+    der = sock.getpeercert(binary_form=True)
+    return role_of_pem(ssl.DER_cert_to_PEM_cert(der).encode()) if der else None
+
+
+def split_host(address: str) -> str:
+    """The host of a `host:port` address (`[v6]:port` too)."""
+    host = address.rsplit(":", 1)[0] if ":" in address else address
+    return host[1:-1] if host.startswith("[") and host.endswith("]") else host
+
+
+def _recv_exact(sock: ssl.SSLSocket, view: memoryview) -> None:
+    got = 0
+    while got < len(view):
+        n = sock.recv_into(view[got:])
+        if n == 0:
+            raise ChannelClosed("data connection closed by the peer")
+        got += n
+
+
+class DataConnection:
+    """One end of a data connection: `mpc.channel.Channel` (send/recv with
+    counters).  Each operation runs in this connection's one worker thread, so
+    operations are ordered and the socket is never used concurrently."""
+
+    def __init__(self, sock: ssl.SSLSocket, peer: Role | None) -> None:
+        self._sock = sock
+        self.peer = peer
+        self._worker = ThreadPoolExecutor(1, thread_name_prefix="svtagg-data")
+        self._closed = False
+        self.bytes_sent = 0
+        self.bytes_received = 0
+        self.messages_sent = 0
+        self.messages_received = 0
+
+    def _send_blocking(self, data: memoryview) -> None:
+        self._sock.sendall(_HEADER.pack(len(data)))
+        self._sock.sendall(data)
+
+    def _recv_blocking(self) -> bytes:
+        head = bytearray(_HEADER.size)
+        _recv_exact(self._sock, memoryview(head))
+        (size,) = _HEADER.unpack(head)
+        if size > MAX_DATA_MESSAGE:
+            raise ChannelClosed(f"data message of {size} bytes exceeds the cap")
+        body = bytearray(size)
+        _recv_exact(self._sock, memoryview(body))
+        # Large messages stay in the buffer they arrived in (no copy); readers
+        # only take lengths, slices and memoryviews of them.
+        return bytes(body) if size <= _SMALL else body  # type: ignore[return-value]
+
+    async def _io(self, fn: object, *args: object) -> object:
+        if self._closed:
+            raise ChannelClosed("data connection is closed")
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(self._worker, fn, *args)  # type: ignore[arg-type]
+        except (OSError, ValueError) as exc:  # reset, shut down, or closed under us
+            self.close()
+            raise ChannelClosed(f"data connection lost: {exc}") from None
+        except ChannelClosed:
+            self.close()
+            raise
+
+    async def send(self, data: bytes) -> None:
+        view = memoryview(data).cast("B")
+        await self._io(self._send_blocking, view)
+        self.bytes_sent += len(view)
+        self.messages_sent += 1
+
+    async def recv(self) -> bytes:
+        data = await self._io(self._recv_blocking)
+        assert isinstance(data, (bytes, bytearray))
+        self.bytes_received += len(data)
+        self.messages_received += 1
+        return data  # type: ignore[return-value]
+
+    def close(self) -> None:
+        """Ends the connection; a blocked send or recv fails at once."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            # The plain socket's shutdown (not SSL's): wakes a blocked worker.
+            socket.socket.shutdown(self._sock, socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._worker.submit(self._sock.close)
+        self._worker.shutdown(wait=False)
+
+    @property
+    def is_closed(self) -> bool:
+        return self._closed
+
+
+def _connect_blocking(
+    host: str, port: int, ctx: ssl.SSLContext, name: str, timeout: float
+) -> ssl.SSLSocket:
+    raw = socket.create_connection((host, port), timeout=timeout)
+    try:
+        raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock = ctx.wrap_socket(raw, server_hostname=name)
+    except BaseException:
+        raw.close()
+        raise
+    sock.settimeout(None)
+    return sock
+
+
+async def connect(
+    host: str, port: int, identity: Identity, expect: Role = Role.HELPER, timeout: float = 10.0
+) -> DataConnection:
+    """The leader's end: TLS to `host:port`, the server verified as `expect`."""
+    ctx = _context(identity, server=False)
+    try:
+        sock = await asyncio.to_thread(
+            _connect_blocking, host, port, ctx, server_name(expect), timeout
+        )
+    except (OSError, ssl.SSLError) as exc:
+        raise ChannelClosed(f"data channel to {host}:{port}: {exc}") from None
+    return DataConnection(sock, _peer_role(sock))
+
+
+class DataListener:
+    """The helper's data port.  An acceptor thread takes connections, completes
+    the TLS handshake, keeps only certificates of role `expect` (the leader),
+    reads the session id each announces first, and hands the connection to the
+    gRPC session of that id (`claim`)."""
+
+    def __init__(
+        self, identity: Identity, host: str, port: int = 0, expect: Role = Role.LEADER
+    ) -> None:
+        self._ctx = _context(identity, server=True)
+        self.host = host
+        self.port = port
+        self.expect = expect
+        self._sock: socket.socket | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._waiting: dict[bytes, asyncio.Future[DataConnection]] = {}
+        self._thread: threading.Thread | None = None
+        self._stopped = threading.Event()
+
+    async def start(self) -> int:
+        """Bind and listen; returns the port (an ephemeral one if 0 was asked)."""
+        self._loop = asyncio.get_running_loop()
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((self.host, self.port))
+            sock.listen(16)
+        except OSError:
+            sock.close()
+            raise
+        self._sock = sock
+        self.port = int(sock.getsockname()[1])
+        self._thread = threading.Thread(target=self._accept_loop, name="svtagg-data-accept")
+        self._thread.daemon = True
+        self._thread.start()
+        return self.port
+
+    def _accept_loop(self) -> None:
+        assert self._sock is not None
+        while not self._stopped.is_set():
+            try:
+                raw, _ = self._sock.accept()
+            except OSError:
+                return  # the listener was closed
+            try:
+                self._admit(raw)
+            except (OSError, ssl.SSLError, ChannelClosed) as exc:
+                log.warning("data channel: refused a connection (%s)", type(exc).__name__)
+                raw.close()
+
+    def _admit(self, raw: socket.socket) -> None:
+        raw.settimeout(10)
+        raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock = self._ctx.wrap_socket(raw, server_side=True)
+        role = _peer_role(sock)
+        if role != self.expect:
+            log.warning("data channel: refused a %s certificate", role or "roleless")
+            sock.close()
+            return
+        head = bytearray(_HEADER.size + 16)
+        _recv_exact(sock, memoryview(head))
+        if _HEADER.unpack_from(head)[0] != 16:
+            raise ChannelClosed("a data connection starts with its 16-byte session id")
+        sock.settimeout(None)
+        conn = DataConnection(sock, role)
+        assert self._loop is not None
+        self._loop.call_soon_threadsafe(self._deliver, bytes(head[_HEADER.size :]), conn)
+
+    def _deliver(self, sid: bytes, conn: DataConnection) -> None:
+        fut = self._slot(sid)
+        if fut.done():
+            conn.close()  # a replayed id is never bound to a second connection
+            return
+        fut.set_result(conn)
+        assert self._loop is not None
+        self._loop.call_later(UNCLAIMED_SECONDS, self._expire, sid, fut)
+
+    def _expire(self, sid: bytes, fut: asyncio.Future[DataConnection]) -> None:
+        """A connection no session claimed in time is closed."""
+        if self._waiting.get(sid) is fut:
+            del self._waiting[sid]
+            if not fut.cancelled():
+                fut.result().close()
+
+    def _slot(self, sid: bytes) -> asyncio.Future[DataConnection]:
+        fut = self._waiting.get(sid)
+        if fut is None:
+            assert self._loop is not None
+            fut = self._loop.create_future()
+            self._waiting[sid] = fut
+        return fut
+
+    async def claim(self, sid: bytes, timeout: float) -> DataConnection:
+        """The data connection of session `sid` (the leader connects right after
+        SessionOpen); PeerUnavailable if it does not arrive in time."""
+        fut = self._slot(sid)
+        try:
+            return await asyncio.wait_for(asyncio.shield(fut), timeout)
+        except TimeoutError:
+            raise PeerUnavailable("the leader's data connection did not arrive") from None
+        finally:
+            self._waiting.pop(sid, None)
+            if not fut.done():
+                fut.cancel()
+
+    async def close(self) -> None:
+        self._stopped.set()
+        if self._sock is not None:
+            try:
+                socket.socket.shutdown(self._sock, socket.SHUT_RDWR)
+            except OSError:
+                pass
+            self._sock.close()
+        for fut in self._waiting.values():
+            if not fut.done():
+                fut.cancel()
+        self._waiting.clear()
+
+
+async def announce(conn: DataConnection, sid: bytes) -> None:
+    """The leader's first message on a new data connection: its session id."""
+    if len(sid) != 16:
+        raise ValueError("session ids are 16 bytes")
+    await conn.send(sid)

@@ -1,0 +1,219 @@
+"""The comparison data channel (servers/datachannel.py): messages of every size
+arrive intact, only a leader certificate is admitted, the leader admits only the
+helper's name, a connection is bound to at most one session and closed when
+none claims it, oversized messages end the connection — and a deployment runs
+its chunks over the channel, or inside the gRPC stream when the helper offers
+none, and recovers when the channel dies."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import Deployment
+from svtagg.dp.errors import PeerUnavailable
+from svtagg.dp.queries import Query
+from svtagg.proto.tls import Identity, write_deployment
+from svtagg.proto.vocab import Role
+from svtagg.servers import datachannel
+from svtagg.servers.datachannel import (
+    ChannelClosed,
+    DataConnection,
+    DataListener,
+    announce,
+    connect,
+)
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("dc-certs")
+    write_deployment(d)
+    return d
+
+
+def ident(certs: Path, role: str) -> Identity:
+    return Identity.load(certs, role)
+
+
+async def pair(
+    certs: Path, sid: bytes = b"s" * 16
+) -> tuple[DataListener, DataConnection, DataConnection]:
+    lst = DataListener(ident(certs, "helper"), "127.0.0.1")
+    await lst.start()
+    conn = await connect("127.0.0.1", lst.port, ident(certs, "leader"))
+    await announce(conn, sid)
+    peer = await lst.claim(sid, 5)
+    return lst, conn, peer
+
+
+async def test_messages_of_every_size_both_ways(certs: Path) -> None:
+    lst, a, b = await pair(certs)
+    try:
+        assert b.peer == Role.LEADER and a.peer == Role.HELPER
+        sizes = [0, 1, 15, 65536, 65537, 3 << 20]
+        for n in sizes:
+            msg = os.urandom(n)
+            await a.send(msg)
+            got = await b.recv()
+            assert bytes(got) == msg
+            await b.send(memoryview(msg))
+            assert bytes(await a.recv()) == msg
+        # The session id is the listener's, not counted by the claimed end.
+        assert a.bytes_sent == b.bytes_received + 16 == sum(sizes) + 16
+        assert a.messages_sent == len(sizes) + 1
+    finally:
+        a.close()
+        b.close()
+        await lst.close()
+
+
+@pytest.mark.parametrize("role", ["analyst", "client", "helper"])
+async def test_listener_admits_only_the_leader(certs: Path, role: str) -> None:
+    lst = DataListener(ident(certs, "helper"), "127.0.0.1")
+    await lst.start()
+    try:
+        conn = await connect("127.0.0.1", lst.port, ident(certs, role))
+        sid = b"r" * 16
+        with pytest.raises(ChannelClosed):
+            await announce(conn, sid)
+            await asyncio.wait_for(conn.recv(), 5)  # closed by the listener
+        with pytest.raises(PeerUnavailable):
+            await lst.claim(sid, 0.3)
+    finally:
+        await lst.close()
+
+
+async def test_leader_refuses_a_listener_without_the_helper_name(certs: Path) -> None:
+    lst = DataListener(ident(certs, "leader"), "127.0.0.1", expect=Role.HELPER)
+    await lst.start()
+    try:
+        with pytest.raises(ChannelClosed, match="certificate|hostname|match"):
+            await connect("127.0.0.1", lst.port, ident(certs, "leader"), expect=Role.HELPER)
+    finally:
+        await lst.close()
+
+
+async def test_certificate_of_another_ca_fails_the_handshake(certs: Path, tmp_path: Path) -> None:
+    other = write_deployment(tmp_path / "other")
+    lst = DataListener(ident(certs, "helper"), "127.0.0.1")
+    await lst.start()
+    try:
+        with pytest.raises(ChannelClosed):
+            await connect("127.0.0.1", lst.port, Identity.load(other, "leader"))
+    finally:
+        await lst.close()
+
+
+async def test_one_connection_per_session_and_unclaimed_ones_close(
+    certs: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(datachannel, "UNCLAIMED_SECONDS", 0.3)
+    lst, a, b = await pair(certs, b"x" * 16)
+    try:
+        # The same id again: never bound to a second connection.
+        again = await connect("127.0.0.1", lst.port, ident(certs, "leader"))
+        await announce(again, b"x" * 16)
+        with pytest.raises(ChannelClosed):
+            await asyncio.wait_for(again.recv(), 5)
+        # An id no session claims: closed after UNCLAIMED_SECONDS.
+        lone = await connect("127.0.0.1", lst.port, ident(certs, "leader"))
+        await announce(lone, b"y" * 16)
+        with pytest.raises(ChannelClosed):
+            await asyncio.wait_for(lone.recv(), 5)
+        # The bound connection is unaffected.
+        await a.send(b"still here")
+        assert bytes(await b.recv()) == b"still here"
+    finally:
+        a.close()
+        b.close()
+        await lst.close()
+
+
+async def test_oversized_message_ends_the_connection(
+    certs: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lst, a, b = await pair(certs)
+    monkeypatch.setattr(datachannel, "MAX_DATA_MESSAGE", 1000)
+    try:
+        await a.send(b"z" * 1001)
+        with pytest.raises(ChannelClosed, match="exceeds the cap"):
+            await b.recv()
+        with pytest.raises(ChannelClosed):  # and the connection is gone for good
+            await b.recv()
+    finally:
+        a.close()
+        b.close()
+        await lst.close()
+
+
+async def test_close_wakes_a_blocked_receiver(certs: Path) -> None:
+    lst, a, b = await pair(certs)
+    try:
+        waiting = asyncio.ensure_future(b.recv())
+        await asyncio.sleep(0.1)
+        b.close()
+        with pytest.raises(ChannelClosed):
+            await asyncio.wait_for(waiting, 5)
+        with pytest.raises(ChannelClosed):
+            await asyncio.wait_for(a.recv(), 5)
+    finally:
+        a.close()
+        await lst.close()
+
+
+# ---------------------------------------------------------------- in a deployment
+async def _ask_far(dep: Deployment, task: str) -> None:
+    from svtagg.analyst.remote_oracle import RemoteOracle
+
+    def run() -> None:
+        with RemoteOracle.from_certs(dep.leader_addr, task, dep.certs) as oracle:
+            for _ in range(2):
+                s = oracle.open_stream(1)
+                assert s.ask([(Query(j % oracle.d), 10 * oracle.n) for j in range(300)]) is None
+
+    await asyncio.to_thread(run)
+
+
+async def _task(dep: Deployment, task: str) -> None:
+    from svtagg.deploy.jobs import task_spec
+
+    def run() -> None:
+        from svtagg.proto import svtagg_pb2 as pb
+
+        stub = dep.analyst_stub()
+        stub.CreateTask(task_spec(task, 4, 100, "100"), timeout=30)
+        with dep.uploader() as up:
+            up.upload(task, np.random.default_rng(1).random((30, 4)))
+        stub.CloseCollection(pb.TaskRef(task_id=task), timeout=60)
+
+    await asyncio.to_thread(run)
+
+
+@pytest.mark.parametrize("data_port", [0, None])
+async def test_chunks_run_over_the_offered_transport(tmp_path: Path, data_port: int | None) -> None:
+    dep = Deployment(write_deployment(tmp_path / "certs"), tmp_path)
+    await dep.start(helper_data_port=data_port)
+    try:
+        await _task(dep, "t")
+        await _ask_far(dep, "t")
+        assert dep.leader is not None and dep.leader.analyst is not None
+        pool = dep.leader.analyst.driver.pool
+        session = await pool.acquire()
+        try:
+            assert (session.data is not None) == (data_port is not None)
+            if session.data is not None:
+                assert session.data.bytes_sent > 0
+            # The data channel dies under an idle session: the pool notices and the
+            # next chunks run on a new session.
+            if session.data is not None:
+                session.data.close()
+                assert session.done()
+        finally:
+            await pool.release(session, True)
+        await _ask_far(dep, "t")
+    finally:
+        await dep.stop()
