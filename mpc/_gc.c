@@ -584,6 +584,82 @@ done:
     return ret;
 }
 
+/* ------------------------------------------------------------------ IKNP row PRG
+ *
+ * expand_keys(keys: 16·m bytes) -> bytes: the m AES-128 key schedules (176 bytes each).
+ * prg_rows(schedules, nonce, first, nblk, out, stride): for each row r < m,
+ *   out[r·stride + 16j ...] = AES_{k_r}(nonce ‖ first + j) for j < nblk, the
+ *   counter block big-endian (mpc/ot.py's _RowStream, which uses OpenSSL ECB).
+ */
+static PyObject *py_expand_keys(PyObject *self, PyObject *args) {
+    Py_buffer k;
+    if (!PyArg_ParseTuple(args, "y*", &k)) return NULL;
+    if (k.len % 16) {
+        PyBuffer_Release(&k);
+        PyErr_SetString(PyExc_ValueError, "keys: a whole number of 16-byte keys");
+        return NULL;
+    }
+    Py_ssize_t m = k.len / 16;
+    PyObject *out = PyBytes_FromStringAndSize(NULL, m * 176);
+    if (out) {
+        block *rk = (block *)PyBytes_AS_STRING(out);
+        for (Py_ssize_t i = 0; i < m; i++) {
+            block tmp[11];
+            expand_key((const uint8_t *)k.buf + 16 * i, tmp);
+            memcpy(rk + 11 * i, tmp, sizeof tmp);
+        }
+    }
+    PyBuffer_Release(&k);
+    return out;
+}
+
+static PyObject *py_prg_rows(PyObject *self, PyObject *args) {
+    PyObject *so, *oo;
+    unsigned long long nonce, first;
+    Py_ssize_t nblk, stride;
+    if (!PyArg_ParseTuple(args, "OKKnOn", &so, &nonce, &first, &nblk, &oo, &stride)) return NULL;
+    buf_t sch = {0}, o = {0};
+    PyObject *ret = NULL;
+    if (get_buf(so, &sch, 0, "schedules") || get_buf(oo, &o, 1, "out")) goto done;
+    if (sch.view.len % 176 || nblk < 0 || stride < 16 * nblk) {
+        PyErr_SetString(PyExc_ValueError, "bad PRG shape");
+        goto done;
+    }
+    Py_ssize_t m = sch.view.len / 176;
+    if (m && need(&o, (m - 1) * stride + 16 * nblk, "out")) goto done;
+    block rk[11];
+    uint8_t *O = o.view.buf;
+    const uint8_t *S = sch.view.buf;
+    uint64_t nb = __builtin_bswap64(nonce);
+    for (Py_ssize_t r = 0; r < m; r++) {
+        memcpy(rk, S + 176 * r, sizeof rk);
+        block *row = (block *)(O + r * stride);
+        Py_ssize_t j = 0;
+        for (; j + 4 <= nblk; j += 4) {
+            block b[4];
+            for (int q = 0; q < 4; q++)
+                b[q] = _mm_xor_si128(
+                    _mm_set_epi64x((long long)__builtin_bswap64(first + (uint64_t)(j + q)),
+                                   (long long)nb),
+                    rk[0]);
+            for (int i = 1; i < 10; i++)
+                for (int q = 0; q < 4; q++) b[q] = _mm_aesenc_si128(b[q], rk[i]);
+            for (int q = 0; q < 4; q++) _mm_storeu_si128(row + j + q, _mm_aesenclast_si128(b[q], rk[10]));
+        }
+        for (; j < nblk; j++) {
+            block b = _mm_xor_si128(
+                _mm_set_epi64x((long long)__builtin_bswap64(first + (uint64_t)j), (long long)nb),
+                rk[0]);
+            for (int i = 1; i < 10; i++) b = _mm_aesenc_si128(b, rk[i]);
+            _mm_storeu_si128(row + j, _mm_aesenclast_si128(b, rk[10]));
+        }
+    }
+    ret = Py_NewRef(Py_None);
+done:
+    release(&sch); release(&o);
+    return ret;
+}
+
 /* ------------------------------------------------------------------ module */
 
 static PyObject *py_set_key(PyObject *self, PyObject *args) {
@@ -623,6 +699,8 @@ static PyMethodDef methods[] = {
     {"garble_sign", py_garble_sign, METH_VARARGS, "Fused comparison carry chain, garbler."},
     {"eval_sign", py_eval_sign, METH_VARARGS, "Fused comparison carry chain, evaluator."},
     {"transpose128", py_transpose128, METH_VARARGS, "IKNP 128 x m bit transpose."},
+    {"expand_keys", py_expand_keys, METH_VARARGS, "AES-128 key schedules of 16-byte keys."},
+    {"prg_rows", py_prg_rows, METH_VARARGS, "AES-CTR rows of the IKNP PRG."},
     {NULL, NULL, 0, NULL},
 };
 
