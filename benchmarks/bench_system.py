@@ -1,19 +1,26 @@
 """End-to-end system benchmark through two real server processes (mutual TLS,
-SQLite, garbled circuits): comparisons/s per chunk size, single-query round
-trip, batched upload throughput, and Algorithm 8 selection at scale.
+SQLite, garbled circuits), configurations side by side in one run:
+
+    numpy+grpc    numpy engine, protocol inside the gRPC session stream (before)
+    native+grpc   native core, protocol inside the gRPC session stream
+    native+data   native core, protocol on the comparison data channel (default)
+
+For each: single-query round trip and comparisons/s per chunk size; for the
+last one also chunks of 10^5, report validation at the close (5,000 reports,
+d = 100), batched upload and Algorithm 8 at scale.
 
     python -m svtagg.benchmarks.bench_system            # full run, prints a table
     python -m svtagg.benchmarks.bench_system --quick    # smaller sizes, for a smoke test
 
-Targets (issue 5): ≥ 25,000 comparisons/s at chunks of 10^4; single-query p50
-≤ 10 ms; ≥ 10,000 reports/s at d = 100 with batches; Algorithm 8 at d = 10^4,
-n = 10^5 in ≤ 30 s.  Results are also written as JSON (--out).
+Targets: ≥ 150,000 comparisons/s at chunks of 10^4; single-query p50 ≤ 3 ms;
+validation of 5,000 reports at d = 100 in ≤ 3 s.  JSON goes to --out.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import time
 from pathlib import Path
@@ -143,34 +150,132 @@ def bench_alg8(dep: LocalDeployment, n: int, d: int, batch: int) -> dict[str, An
     }
 
 
+CONFIGS: dict[str, tuple[str, list[str]]] = {
+    "numpy+grpc": ("numpy", ["--data-port", "off"]),
+    "native+grpc": ("native", ["--data-port", "off"]),
+    "native+data": ("native", []),
+}
+
+
+def bench_validation(dep: LocalDeployment, n: int, d: int) -> dict[str, Any]:
+    """CloseCollection of a validate_reports task: one range check per value."""
+    spec = task_spec("valid", d, n, "1000000", validate_reports=True)
+    analyst_stub(dep.address("leader"), dep.certs).CreateTask(spec, timeout=30)
+    _upload(dep, "valid", np.random.default_rng(5).random((n, d)), 1000)
+    t = time.perf_counter()
+    _close(dep, "valid")
+    seconds = time.perf_counter() - t
+    return {"reports": n, "d": d, "close_seconds": round(seconds, 2)}
+
+
+def run_config(name: str, quick: bool, full: bool, skip_alg8: bool) -> dict[str, Any]:
+    engine, args = CONFIGS[name]
+    saved = os.environ.get("SVTAGG_BACKEND")
+    os.environ["SVTAGG_BACKEND"] = engine  # the server processes inherit it
+    out: dict[str, Any] = {"engine": engine, "server_args": args}
+    try:
+        with LocalDeployment(server_args=UNCAPPED_SERVER_ARGS + args) as dep:
+            print(f"[{name}] leader {dep.address('leader')}, helper {dep.address('helper')}")
+            _task(dep, "cmp", 1000, 10_000)
+            _upload(dep, "cmp", np.random.default_rng(4).random((1000, 1000)), 500)
+            _close(dep, "cmp")
+            with RemoteOracle.from_certs(dep.address("leader"), "cmp", dep.certs) as oracle:
+                oracle.open_stream(1).ask([(Query(0), 2 * oracle.n)])  # warm the session
+                out["single_query"] = bench_single(oracle, 50 if quick else 300)
+                print(f"[{name}] single query:", out["single_query"])
+                sizes = [1000, 10_000] + ([100_000] if full and not quick else [])
+                out["chunks"] = bench_chunks(oracle, sizes, 2 if quick else 5)
+                for row in out["chunks"]:
+                    print(f"[{name}] chunk:", row)
+            if full:
+                out["validation"] = bench_validation(dep, 500 if quick else 5000, 100)
+                print(f"[{name}] validation:", out["validation"])
+                out["upload"] = bench_upload(dep, 2_000 if quick else 50_000, 100, 1000)
+                print(f"[{name}] upload:", out["upload"])
+                if not skip_alg8:
+                    out["alg8"] = bench_alg8(
+                        dep, 10_000 if quick else 100_000, 1000 if quick else 10_000, 100
+                    )
+                    print(f"[{name}] alg8:", out["alg8"])
+    finally:
+        if saved is None:
+            os.environ.pop("SVTAGG_BACKEND", None)
+        else:
+            os.environ["SVTAGG_BACKEND"] = saved
+    return out
+
+
+def _summary(results: dict[str, Any]) -> None:
+    names = [n for n in CONFIGS if n in results["configs"]]
+    base = results["configs"][names[0]]
+    print("\nsummary (median, and min–max over the repetitions)")
+    print(f"{'figure':<36}" + "".join(f"{n:>34}" for n in names) + "   target")
+
+    def line(label: str, get: Any, target: str, ratio_of: str = "rate") -> None:
+        cells = []
+        for n in names:
+            v = get(results["configs"][n])
+            if v is None:
+                cells.append(f"{'—':>34}")
+                continue
+            text, value = v
+            b = get(base)[1]
+            r = value / b if ratio_of == "rate" else b / value
+            cells.append(f"{text + f' ({r:.2f}x)':>34}")
+        print(f"{label:<36}" + "".join(cells) + f"   {target}")
+
+    for k in (1000, 10_000, 100_000):
+
+        def chunk(c: dict[str, Any], k: int = k) -> Any:
+            row = next((r for r in c.get("chunks", []) if r["chunk"] == k), None)
+            if row is None:
+                return None
+            med = row["comparisons_per_s_median"]
+            return (
+                f"{med:,} ({row['comparisons_per_s_worst']:,}–{row['comparisons_per_s_best']:,})",
+                med,
+            )
+
+        line(f"comparisons/s, chunk {k:,}", chunk, ">= 150,000" if k == 10_000 else "")
+
+    def single(c: dict[str, Any]) -> Any:
+        q = c["single_query"]
+        return f"{q['p50_ms']} ms (p99 {q['p99_ms']})", q["p50_ms"]
+
+    line("single-query round trip p50", single, "<= 3 ms", ratio_of="time")
+    last = results["configs"][names[-1]]
+    if "validation" in last:
+        v = last["validation"]
+        print(
+            f"validation at the close, {v['reports']:,} reports at d = {v['d']} "
+            f"({names[-1]}): {v['close_seconds']} s   [target <= 3 s]"
+        )
+    print("(x): against the first configuration, measured in this run")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--quick", action="store_true", help="small sizes (smoke test)")
     p.add_argument("--out", default="results/bench_system.json")
     p.add_argument("--skip-alg8", action="store_true")
+    p.add_argument(
+        "--configs",
+        default=",".join(CONFIGS),
+        help=f"comma-separated, from {', '.join(CONFIGS)}; the last one gets the full run",
+    )
     args = p.parse_args(argv)
-    quick = args.quick
-    results: dict[str, Any] = {"machine": platform.platform(), "quick": quick}
-    with LocalDeployment(server_args=UNCAPPED_SERVER_ARGS) as dep:
-        print(f"servers: leader {dep.address('leader')}, helper {dep.address('helper')}")
-        results["upload"] = bench_upload(dep, 2_000 if quick else 50_000, 100, 1000)
-        print("upload:", results["upload"])
-        _task(dep, "cmp", 1000, 10_000)
-        _upload(dep, "cmp", np.random.default_rng(4).random((1000, 1000)), 500)
-        _close(dep, "cmp")
-        with RemoteOracle.from_certs(dep.address("leader"), "cmp", dep.certs) as oracle:
-            oracle.open_stream(1).ask([(Query(0), 2 * oracle.n)])  # warm the session
-            results["single_query"] = bench_single(oracle, 50 if quick else 500)
-            print("single query:", results["single_query"])
-            sizes = [1000, 10_000] if quick else [1000, 10_000, 100_000]
-            results["chunks"] = bench_chunks(oracle, sizes, 2 if quick else 5)
-            for row in results["chunks"]:
-                print("chunk:", row)
-        if not args.skip_alg8:
-            results["alg8"] = bench_alg8(
-                dep, 10_000 if quick else 100_000, 1000 if quick else 10_000, 100
-            )
-            print("alg8:", results["alg8"])
+    names = [c.strip() for c in args.configs.split(",") if c.strip()]
+    unknown = [c for c in names if c not in CONFIGS]
+    if unknown or not names:
+        p.error(f"unknown configuration(s) {unknown}; choose from {', '.join(CONFIGS)}")
+    results: dict[str, Any] = {"machine": platform.platform(), "quick": args.quick, "configs": {}}
+    print(f"load average at start: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
+    for i, name in enumerate(names):
+        results["configs"][name] = run_config(
+            name, args.quick, full=i == len(names) - 1, skip_alg8=args.skip_alg8
+        )
+    _summary(results)
+    print(f"load average at end: {os.getloadavg()[0]:.2f}")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2))
