@@ -153,11 +153,20 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--max-k", type=int, default=100_000)
     ap.add_argument("--width", type=int, default=40, help="comparison width (40: typical task)")
     ap.add_argument("--robust-d", type=int, default=1000, help="d of the robust-aggregate pass")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="native-core threads (1: the one-core figures; the servers default to all cores)",
+    )
     args = ap.parse_args(argv)
     ks = [k for k in (1, 1_000, 10_000, 100_000) if k <= args.max_k]
     engines = ["numpy"] + (["native"] if native.available() else [])
+    threads_before = native.threads()
+    native.set_threads(args.threads)
     print(f"load average at start: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
     print(f"engines: {', '.join(engines)}; native core: {native.describe()}")
+    print(f"native-core threads for this run: {args.threads}")
     before = native.active()
     res: dict[str, dict[str, Any]] = {}
     try:
@@ -171,6 +180,7 @@ def main(argv: list[str] | None = None) -> None:
             res[eng] = r
     finally:
         native.use(before)
+        native.set_threads(threads_before)
     setup = asyncio.run(bench_setup(args.runs))
     w = args.width
     best = engines[-1]

@@ -23,6 +23,8 @@
 #include <string.h>
 #include <immintrin.h>
 #include <wmmintrin.h>
+#include <pthread.h>
+#include <stdlib.h>
 
 typedef __m128i block;
 
@@ -194,6 +196,68 @@ static block *get_scratch(size_t n) {
         scratch_n = scratch ? n : 0;
     }
     return scratch;
+}
+
+/* ------------------------------------------------------------------ threads
+ *
+ * The fused carry chains and the IKNP PRG split their lanes (rows) over
+ * `n_threads` POSIX threads with the interpreter lock released.  Every lane's
+ * tweaks and table positions depend only on its index, so the output is the
+ * same bytes for any thread count.  Each thread has its own scratch.
+ */
+static int n_threads = 1;
+
+typedef void (*range_fn)(void *ctx, size_t lo, size_t hi);
+typedef struct {
+    range_fn fn;
+    void *ctx;
+    size_t lo, hi;
+} range_job;
+
+static void *run_range(void *arg) {
+    range_job *j = (range_job *)arg;
+    j->fn(j->ctx, j->lo, j->hi);
+    return NULL;
+}
+
+/* fn over [0, total) in up to n_threads pieces aligned to `align`. */
+static void parallel_for(size_t total, size_t align, size_t min_piece, range_fn fn, void *ctx) {
+    int t = n_threads;
+    if (t > 64) t = 64;
+    size_t per = (total + (size_t)t - 1) / (size_t)(t > 0 ? t : 1);
+    per = (per + align - 1) / align * align;
+    if (t <= 1 || total < 2 * min_piece || per == 0) {
+        fn(ctx, 0, total);
+        return;
+    }
+    pthread_t th[64];
+    range_job jobs[64];
+    int started = 0;
+    for (int i = 0; i < t; i++) {
+        size_t lo = (size_t)i * per, hi = lo + per < total ? lo + per : total;
+        if (lo >= total) break;
+        jobs[i] = (range_job){fn, ctx, lo, hi};
+        if (i == 0) continue; /* piece 0 runs on this thread */
+        if (pthread_create(&th[i], NULL, run_range, &jobs[i]) != 0) {
+            run_range(&jobs[i]); /* no thread: run it here */
+            th[i] = 0;
+        }
+        started = i + 1;
+    }
+    run_range(&jobs[0]);
+    for (int i = 1; i < started; i++)
+        if (th[i]) pthread_join(th[i], NULL);
+}
+
+static PyObject *py_set_threads(PyObject *self, PyObject *args) {
+    int n;
+    if (!PyArg_ParseTuple(args, "i", &n)) return NULL;
+    if (n < 1 || n > 64) {
+        PyErr_SetString(PyExc_ValueError, "threads must be in [1, 64]");
+        return NULL;
+    }
+    n_threads = n;
+    return PyLong_FromLong(n_threads);
 }
 
 /* ------------------------------------------------------------------ hash API */
@@ -444,6 +508,83 @@ done:
  * eval_sign(b (w, n) blocks, tables, tweak_hi, layer0, w, yes_out)
  */
 
+typedef struct {
+    const uint8_t *A; /* garbler only */
+    const block *B, *T_in;
+    block *Y, *T;
+    block d;
+    uint64_t hi, layer0;
+    size_t n;
+    int w;
+    int failed;
+} sign_ctx;
+
+static void garble_sign_range(void *arg, size_t k0, size_t k1) {
+    sign_ctx *x = (sign_ctx *)arg;
+    block *s = (block *)aligned_alloc(64, 16 * GROUP * sizeof(block));
+    if (!s) { x->failed = 1; return; }
+    const uint8_t *A = x->A;
+    const block *B = x->B;
+    block *Y = x->Y, *T = x->T, d = x->d;
+    size_t n = x->n;
+    int w = x->w;
+    block *c = s + 12 * GROUP, *xx = s + 13 * GROUP, *yy = s + 14 * GROUP, *gg = s + 15 * GROUP;
+    uint8_t bits[GROUP];
+    for (size_t k = k0; k < k1; k += GROUP) {
+        size_t g = k1 - k < GROUP ? k1 - k : GROUP;
+        for (size_t j = 0; j < g; j++) bits[j] = (uint8_t)(A[k + j] & 1);
+        garble_and_const_group(bits, B + k, d, x->hi, x->layer0, k, g, c, T + k, s);
+        for (int i = 1; i < w - 1; i++) {
+            const block *bi = B + (size_t)i * n + k;
+            for (size_t j = 0; j < g; j++) {
+                block am = _mm_set1_epi64x(-(int64_t)(A[(size_t)i * n + k + j] & 1));
+                xx[j] = _mm_xor_si128(c[j], _mm_and_si128(am, d));
+                yy[j] = _mm_xor_si128(bi[j], c[j]);
+            }
+            block *base = T + n + (size_t)(i - 1) * 2 * n;
+            garble_and_group(xx, yy, d, x->hi, x->layer0 + (uint64_t)i, k, g, gg, base + k,
+                             base + n + k, s);
+            for (size_t j = 0; j < g; j++) c[j] = _mm_xor_si128(c[j], gg[j]);
+        }
+        const block *top = B + (size_t)(w - 1) * n + k;
+        for (size_t j = 0; j < g; j++) {
+            block am = _mm_set1_epi64x(-(int64_t)(A[(size_t)(w - 1) * n + k + j] & 1));
+            block sign = _mm_xor_si128(_mm_xor_si128(top[j], c[j]), _mm_and_si128(am, d));
+            Y[k + j] = _mm_xor_si128(sign, d); /* NOT: the garbler relabels */
+        }
+    }
+    free(s);
+}
+
+static void eval_sign_range(void *arg, size_t k0, size_t k1) {
+    sign_ctx *x = (sign_ctx *)arg;
+    block *s = (block *)aligned_alloc(64, 16 * GROUP * sizeof(block));
+    if (!s) { x->failed = 1; return; }
+    const block *B = x->B, *T = x->T_in;
+    block *Y = x->Y;
+    size_t n = x->n;
+    int w = x->w;
+    block *c = s + 12 * GROUP, *yy = s + 13 * GROUP, *gg = s + 14 * GROUP;
+    for (size_t k = k0; k < k1; k += GROUP) {
+        size_t g = k1 - k < GROUP ? k1 - k : GROUP;
+        eval_and_const_group(B + k, T + k, x->hi, x->layer0, k, g, c, s);
+        for (int i = 1; i < w - 1; i++) {
+            const block *bi = B + (size_t)i * n + k;
+            for (size_t j = 0; j < g; j++) yy[j] = _mm_xor_si128(bi[j], c[j]);
+            const block *base = T + n + (size_t)(i - 1) * 2 * n;
+            eval_and_group(c, yy, base + k, base + n + k, x->hi, x->layer0 + (uint64_t)i, k, g,
+                           gg, s);
+            for (size_t j = 0; j < g; j++) c[j] = _mm_xor_si128(c[j], gg[j]);
+        }
+        const block *top = B + (size_t)(w - 1) * n + k;
+        for (size_t j = 0; j < g; j++) Y[k + j] = _mm_xor_si128(top[j], c[j]);
+    }
+    free(s);
+}
+
+/* Below this many lanes a carry chain runs on the calling thread alone. */
+#define MIN_PARALLEL_LANES 256
+
 static PyObject *py_garble_sign(PyObject *self, PyObject *args) {
     PyObject *ao, *bo, *dob, *yo, *to;
     unsigned long long hi, layer0;
@@ -462,39 +603,14 @@ static PyObject *py_garble_sign(PyObject *self, PyObject *args) {
         get_buf(to, &t, 1, "tables"))
         goto done;
     size_t n = (size_t)y.view.len / 16;
-    if (need(&a, (Py_ssize_t)((size_t)w * n), "a") || check_blocks(&b, (size_t)w * n, "b0") || check_blocks(&y, n, "out") ||
-        check_blocks(&t, (size_t)(2 * w - 3) * n, "tables"))
+    if (need(&a, (Py_ssize_t)((size_t)w * n), "a") || check_blocks(&b, (size_t)w * n, "b0") ||
+        check_blocks(&y, n, "out") || check_blocks(&t, (size_t)(2 * w - 3) * n, "tables"))
         goto done;
-    block *s = get_scratch(16 * GROUP);
-    if (!s) { PyErr_NoMemory(); goto done; }
-    const uint8_t *A = a.view.buf;
-    const block *B = b.view.buf;
-    block *Y = y.view.buf, *T = t.view.buf;
-    block *c = s + 12 * GROUP, *xx = s + 13 * GROUP, *yy = s + 14 * GROUP, *gg = s + 15 * GROUP;
-    uint8_t bits[GROUP];
-    for (size_t k = 0; k < n; k += GROUP) {
-        size_t g = n - k < GROUP ? n - k : GROUP;
-        for (size_t j = 0; j < g; j++) bits[j] = (uint8_t)(A[k + j] & 1);
-        garble_and_const_group(bits, B + k, d, hi, layer0, k, g, c, T + k, s);
-        for (int i = 1; i < w - 1; i++) {
-            const block *bi = B + (size_t)i * n + k;
-            for (size_t j = 0; j < g; j++) {
-                block am = _mm_set1_epi64x(-(int64_t)(A[(size_t)i * n + k + j] & 1));
-                xx[j] = _mm_xor_si128(c[j], _mm_and_si128(am, d));
-                yy[j] = _mm_xor_si128(bi[j], c[j]);
-            }
-            block *base = T + n + (size_t)(i - 1) * 2 * n;
-            garble_and_group(xx, yy, d, hi, layer0 + (uint64_t)i, k, g, gg, base + k,
-                             base + n + k, s);
-            for (size_t j = 0; j < g; j++) c[j] = _mm_xor_si128(c[j], gg[j]);
-        }
-        const block *top = B + (size_t)(w - 1) * n + k;
-        for (size_t j = 0; j < g; j++) {
-            block am = _mm_set1_epi64x(-(int64_t)(A[(size_t)(w - 1) * n + k + j] & 1));
-            block sign = _mm_xor_si128(_mm_xor_si128(top[j], c[j]), _mm_and_si128(am, d));
-            Y[k + j] = _mm_xor_si128(sign, d); /* NOT: the garbler relabels */
-        }
-    }
+    sign_ctx x = {a.view.buf, b.view.buf, NULL, y.view.buf, t.view.buf, d, hi, layer0, n, w, 0};
+    Py_BEGIN_ALLOW_THREADS
+    parallel_for(n, GROUP, MIN_PARALLEL_LANES, garble_sign_range, &x);
+    Py_END_ALLOW_THREADS
+    if (x.failed) { PyErr_NoMemory(); goto done; }
     ret = Py_NewRef(Py_None);
 done:
     release(&a); release(&b); release(&y); release(&t);
@@ -518,24 +634,12 @@ static PyObject *py_eval_sign(PyObject *self, PyObject *args) {
     if (check_blocks(&b, (size_t)w * n, "b") ||
         check_blocks(&t, (size_t)(2 * w - 3) * n, "tables"))
         goto done;
-    block *s = get_scratch(16 * GROUP);
-    if (!s) { PyErr_NoMemory(); goto done; }
-    const block *B = b.view.buf, *T = t.view.buf;
-    block *Y = y.view.buf;
-    block *c = s + 12 * GROUP, *yy = s + 13 * GROUP, *gg = s + 14 * GROUP;
-    for (size_t k = 0; k < n; k += GROUP) {
-        size_t g = n - k < GROUP ? n - k : GROUP;
-        eval_and_const_group(B + k, T + k, hi, layer0, k, g, c, s);
-        for (int i = 1; i < w - 1; i++) {
-            const block *bi = B + (size_t)i * n + k;
-            for (size_t j = 0; j < g; j++) yy[j] = _mm_xor_si128(bi[j], c[j]);
-            const block *base = T + n + (size_t)(i - 1) * 2 * n;
-            eval_and_group(c, yy, base + k, base + n + k, hi, layer0 + (uint64_t)i, k, g, gg, s);
-            for (size_t j = 0; j < g; j++) c[j] = _mm_xor_si128(c[j], gg[j]);
-        }
-        const block *top = B + (size_t)(w - 1) * n + k;
-        for (size_t j = 0; j < g; j++) Y[k + j] = _mm_xor_si128(top[j], c[j]);
-    }
+    sign_ctx x = {NULL, b.view.buf, t.view.buf, y.view.buf, NULL, _mm_setzero_si128(),
+                  hi, layer0, n, w, 0};
+    Py_BEGIN_ALLOW_THREADS
+    parallel_for(n, GROUP, MIN_PARALLEL_LANES, eval_sign_range, &x);
+    Py_END_ALLOW_THREADS
+    if (x.failed) { PyErr_NoMemory(); goto done; }
     ret = Py_NewRef(Py_None);
 done:
     release(&b); release(&t); release(&y);
@@ -548,6 +652,33 @@ done:
  * whose row i starts at byte i·row_stride; out receives 8·nb blocks with bit i
  * of block j = bit j of row i (bit j of a row at byte j/8, bit j%8).
  */
+typedef struct {
+    const uint8_t *R;
+    uint16_t *O; /* block j = 8 uint16 words, word g = rows 16g..16g+15 */
+    Py_ssize_t stride;
+} tr_ctx;
+
+/* Gather one byte column of 16 rows, then peel its 8 bits with movemask. */
+static void transpose_range(void *arg, size_t c0, size_t c1) {
+    tr_ctx *x = (tr_ctx *)arg;
+    Py_ssize_t stride = x->stride;
+    for (size_t c = c0; c < c1; c++) {
+        for (int g = 0; g < 8; g++) {
+            const uint8_t *p = x->R + (size_t)(16 * g) * stride + c;
+            block v = _mm_set_epi8(
+                (char)p[15 * stride], (char)p[14 * stride], (char)p[13 * stride],
+                (char)p[12 * stride], (char)p[11 * stride], (char)p[10 * stride],
+                (char)p[9 * stride], (char)p[8 * stride], (char)p[7 * stride],
+                (char)p[6 * stride], (char)p[5 * stride], (char)p[4 * stride],
+                (char)p[3 * stride], (char)p[2 * stride], (char)p[1 * stride], (char)p[0]);
+            for (int bit = 7; bit >= 0; bit--) {
+                x->O[(size_t)(8 * c + bit) * 8 + g] = (uint16_t)_mm_movemask_epi8(v);
+                v = _mm_slli_epi64(v, 1);
+            }
+        }
+    }
+}
+
 static PyObject *py_transpose128(PyObject *self, PyObject *args) {
     PyObject *ro, *oo;
     Py_ssize_t stride, nb;
@@ -560,24 +691,10 @@ static PyObject *py_transpose128(PyObject *self, PyObject *args) {
         if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "bad transpose shape");
         goto done;
     }
-    const uint8_t *R = r.view.buf;
-    uint16_t *O = o.view.buf; /* block j = 8 uint16 words, word g = rows 16g..16g+15 */
-    /* Gather one byte column of 16 rows, then peel its 8 bits with movemask. */
-    for (Py_ssize_t c = 0; c < nb; c++) {
-        for (int g = 0; g < 8; g++) {
-            const uint8_t *p = R + (size_t)(16 * g) * stride + c;
-            block v = _mm_set_epi8(
-                (char)p[15 * stride], (char)p[14 * stride], (char)p[13 * stride],
-                (char)p[12 * stride], (char)p[11 * stride], (char)p[10 * stride],
-                (char)p[9 * stride], (char)p[8 * stride], (char)p[7 * stride],
-                (char)p[6 * stride], (char)p[5 * stride], (char)p[4 * stride],
-                (char)p[3 * stride], (char)p[2 * stride], (char)p[1 * stride], (char)p[0]);
-            for (int bit = 7; bit >= 0; bit--) {
-                O[(size_t)(8 * c + bit) * 8 + g] = (uint16_t)_mm_movemask_epi8(v);
-                v = _mm_slli_epi64(v, 1);
-            }
-        }
-    }
+    tr_ctx x = {r.view.buf, o.view.buf, stride};
+    Py_BEGIN_ALLOW_THREADS
+    parallel_for((size_t)nb, 64, 1024, transpose_range, &x);
+    Py_END_ALLOW_THREADS
     ret = Py_NewRef(Py_None);
 done:
     release(&r); release(&o);
@@ -613,6 +730,44 @@ static PyObject *py_expand_keys(PyObject *self, PyObject *args) {
     return out;
 }
 
+typedef struct {
+    const uint8_t *S;
+    uint8_t *O;
+    uint64_t nb, first;
+    Py_ssize_t nblk, stride;
+} prg_ctx;
+
+static void prg_range(void *arg, size_t r0, size_t r1) {
+    prg_ctx *x = (prg_ctx *)arg;
+    block rk[11];
+    uint64_t nb = x->nb, first = x->first;
+    Py_ssize_t nblk = x->nblk;
+    for (size_t r = r0; r < r1; r++) {
+        memcpy(rk, x->S + 176 * r, sizeof rk);
+        block *row = (block *)(x->O + (Py_ssize_t)r * x->stride);
+        Py_ssize_t j = 0;
+        for (; j + 4 <= nblk; j += 4) {
+            block b[4];
+            for (int q = 0; q < 4; q++)
+                b[q] = _mm_xor_si128(
+                    _mm_set_epi64x((long long)__builtin_bswap64(first + (uint64_t)(j + q)),
+                                   (long long)nb),
+                    rk[0]);
+            for (int i = 1; i < 10; i++)
+                for (int q = 0; q < 4; q++) b[q] = _mm_aesenc_si128(b[q], rk[i]);
+            for (int q = 0; q < 4; q++)
+                _mm_storeu_si128(row + j + q, _mm_aesenclast_si128(b[q], rk[10]));
+        }
+        for (; j < nblk; j++) {
+            block b = _mm_xor_si128(
+                _mm_set_epi64x((long long)__builtin_bswap64(first + (uint64_t)j), (long long)nb),
+                rk[0]);
+            for (int i = 1; i < 10; i++) b = _mm_aesenc_si128(b, rk[i]);
+            _mm_storeu_si128(row + j, _mm_aesenclast_si128(b, rk[10]));
+        }
+    }
+}
+
 static PyObject *py_prg_rows(PyObject *self, PyObject *args) {
     PyObject *so, *oo;
     unsigned long long nonce, first;
@@ -627,33 +782,10 @@ static PyObject *py_prg_rows(PyObject *self, PyObject *args) {
     }
     Py_ssize_t m = sch.view.len / 176;
     if (m && need(&o, (m - 1) * stride + 16 * nblk, "out")) goto done;
-    block rk[11];
-    uint8_t *O = o.view.buf;
-    const uint8_t *S = sch.view.buf;
-    uint64_t nb = __builtin_bswap64(nonce);
-    for (Py_ssize_t r = 0; r < m; r++) {
-        memcpy(rk, S + 176 * r, sizeof rk);
-        block *row = (block *)(O + r * stride);
-        Py_ssize_t j = 0;
-        for (; j + 4 <= nblk; j += 4) {
-            block b[4];
-            for (int q = 0; q < 4; q++)
-                b[q] = _mm_xor_si128(
-                    _mm_set_epi64x((long long)__builtin_bswap64(first + (uint64_t)(j + q)),
-                                   (long long)nb),
-                    rk[0]);
-            for (int i = 1; i < 10; i++)
-                for (int q = 0; q < 4; q++) b[q] = _mm_aesenc_si128(b[q], rk[i]);
-            for (int q = 0; q < 4; q++) _mm_storeu_si128(row + j + q, _mm_aesenclast_si128(b[q], rk[10]));
-        }
-        for (; j < nblk; j++) {
-            block b = _mm_xor_si128(
-                _mm_set_epi64x((long long)__builtin_bswap64(first + (uint64_t)j), (long long)nb),
-                rk[0]);
-            for (int i = 1; i < 10; i++) b = _mm_aesenc_si128(b, rk[i]);
-            _mm_storeu_si128(row + j, _mm_aesenclast_si128(b, rk[10]));
-        }
-    }
+    prg_ctx x = {sch.view.buf, o.view.buf, __builtin_bswap64(nonce), first, nblk, stride};
+    Py_BEGIN_ALLOW_THREADS
+    parallel_for((size_t)m, 1, 16, prg_range, &x);
+    Py_END_ALLOW_THREADS
     ret = Py_NewRef(Py_None);
 done:
     release(&sch); release(&o);
@@ -689,6 +821,7 @@ static PyObject *py_features(PyObject *self, PyObject *noargs) {
 
 static PyMethodDef methods[] = {
     {"set_key", py_set_key, METH_VARARGS, "Set the fixed AES-128 key of π."},
+    {"set_threads", py_set_threads, METH_VARARGS, "Threads for the carry chains and the PRG."},
     {"set_vaes", py_set_vaes, METH_VARARGS, "Use the VAES path if the CPU has it; returns the state."},
     {"features", py_features, METH_NOARGS, "CPU features detected and in use."},
     {"tccr", py_tccr, METH_VARARGS, "tccr(x, tweaks, out): H(x_j, tweaks_j) into out."},

@@ -39,6 +39,7 @@ except ImportError as exc:  # not built here, or a CPU without AES-NI
 
 BACKENDS = ("native", "numpy")
 _active = "numpy"
+_thread_count = 1
 
 
 def available() -> bool:
@@ -69,7 +70,7 @@ def describe() -> str:
     if _active == "native" and _gc is not None:
         feats = _gc.features()
         aes = "VAES (AVX-512)" if feats["active_vaes"] else "AES-NI"
-        return f"native ({aes})"
+        return f"native ({aes}, {_thread_count} thread{'s' if _thread_count > 1 else ''})"
     if _gc is None:
         return f"numpy (native core unavailable: {_load_error})"
     return "numpy (selected)"
@@ -82,6 +83,23 @@ def set_vaes(on: bool) -> bool:
     return bool(_gc.set_vaes(on))
 
 
+def set_threads(n: int | None = None) -> int:
+    """Threads the native core splits a carry chain, the PRG rows and the
+    transpose over (None: one per CPU); returns the count in use (1 without
+    the core).  The output bytes do not depend on it."""
+    global _thread_count
+    if _gc is None:
+        return 1
+    want = n if n is not None else (os.cpu_count() or 1)
+    _thread_count = int(_gc.set_threads(max(1, min(64, want))))
+    return _thread_count
+
+
+def threads() -> int:
+    """Threads in use by the native core (see `set_threads`)."""
+    return _thread_count
+
+
 def core() -> Any:
     """The loaded extension module (callers check `active()` first)."""
     if _gc is None:
@@ -91,6 +109,8 @@ def core() -> Any:
 
 _choice = os.environ.get("SVTAGG_BACKEND", "auto").strip().lower() or "auto"
 use(_choice)
+_threads = os.environ.get("SVTAGG_THREADS", "").strip()
+set_threads(int(_threads) if _threads.isdigit() else None)
 if _gc is None:
     log.info("svtagg: native comparison core unavailable (%s); using numpy", _load_error)
 

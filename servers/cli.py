@@ -41,6 +41,13 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "the leader per session; 'off' keeps the protocol inside the gRPC stream. "
         "Leader: 'off' never asks for it (default 0)",
     )
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="threads of the native comparison core (default: one per CPU; "
+        "the environment variable SVTAGG_THREADS sets the same)",
+    )
     p.add_argument("--port-file", help="write the bound port here once serving")
     p.add_argument("--grace", type=float, default=5.0, help="shutdown grace period (s)")
     p.add_argument(
@@ -122,7 +129,14 @@ def _data_port(value: str) -> int | None:
 
 
 async def _serve(args: argparse.Namespace) -> int:
+    from svtagg.mpc import native
     from svtagg.servers.service import ServerConfig, SvtaggServer
+
+    if args.threads is not None:
+        if not 1 <= args.threads <= 64:
+            raise SystemExit("--threads must be in [1, 64]")
+        native.set_threads(args.threads)
+    logging.getLogger("svtagg.server").info("comparison engine: %s", native.describe())
 
     config = ServerConfig(
         role=args.role,
