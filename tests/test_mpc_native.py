@@ -241,3 +241,37 @@ def test_iknp_row_prg_matches_openssl() -> None:
         native.use(before)
     for a, b in zip(outs["numpy"], outs["native"], strict=True):
         assert np.array_equal(a, b)
+
+
+@needs_native
+@pytest.mark.parametrize("threads", [2, 3, 5])
+def test_thread_count_does_not_change_a_byte(threads: int) -> None:
+    """Carry chains, PRG rows and transposes split over threads: the same bytes
+    as one thread, with pieces that do not align to the thread split."""
+    from svtagg.mpc.ot import KAPPA, _RowPRG
+
+    n, width = 4096 + 33, 40
+    d = _delta()
+    a_bits = bit_planes(RNG.integers(0, 2**64, n, dtype=np.uint64))
+    b0 = _labels((width, n))
+    mat = RNG.integers(0, 256, (128, 4097 + 3), dtype=np.uint8)[:, 3:]
+    keys = [os.urandom(16) for _ in range(KAPPA)]
+    before = native.threads()
+    outs = []
+    try:
+        for t in (1, threads):
+            native.set_threads(t)
+            g = native.NativeGarbleBackend(d, native.NativeHash(), 11)
+            yes = sign_yes(g, a_bits, planes(b0), n, width)
+            e = native.NativeEvalBackend(native.NativeHash(), 11, g.table_bytes())
+            act = sign_yes(e, None, planes(b0), n, width)  # all-zero evaluator bits
+            tr = native.transpose_rows_native(mat, np.empty((8 * 4097, 2), np.uint64))
+            rows = _RowPRG(keys).stream(nonce=5, max_width=3000).read(3000).copy()
+            outs.append((g.table_bytes(), yes, act, tr, rows))
+    finally:
+        native.set_threads(before)
+    for x, y in zip(outs[0], outs[1], strict=True):
+        if isinstance(x, bytes):
+            assert x == y
+        else:
+            assert np.array_equal(x, y)
