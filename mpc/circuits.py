@@ -82,9 +82,12 @@ def sign_yes(
     cache-sized batches.
     """
     parts = []
+    done = getattr(be, "batch_done", None)  # the garbler streams each batch's tables
     for lo, hi in lane_batches(n):
         a = None if a_bits is None else a_bits[:, lo:hi]
         parts.append(_sign_yes_batch(be, a, b(lo, hi), width))
+        if done is not None:
+            done()
     return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 

@@ -15,6 +15,7 @@ the same calls in the same order, so their counters agree.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import numpy as np
@@ -177,6 +178,18 @@ class GarbleBackend(_Common):
         else:
             self._buf = np.empty((capacity_blocks + 1, 2), dtype=np.uint64)
         self._used = 0
+        #: Tables before this block were already handed to `on_batch`.
+        self._sent = 0
+        #: Called (from whatever thread garbles) with the tables of each finished
+        #: lane batch of the comparison, when the protocol streams them.
+        self.on_batch: Callable[[memoryview], None] | None = None
+
+    def batch_done(self) -> None:
+        """End of one lane batch of the sign test: hand its tables on (streaming)."""
+        if self.on_batch is not None:
+            part = self._buf[self._sent : self._used].reshape(-1).view(np.uint8)
+            self._sent = self._used
+            self.on_batch(part.data)
 
     @property
     def buffer(self) -> Blocks:
@@ -263,15 +276,17 @@ class GarbleBackend(_Common):
         """All tables garbled so far, in gate order."""
         return self._buf[: self._used].tobytes()
 
-    def message(self, trailer: npt.NDArray[np.uint8]) -> bytes:
-        """Tables followed by `trailer` (e.g. decoding bits) as one message, one copy."""
+    def message(self, trailer: npt.NDArray[np.uint8]) -> memoryview:
+        """The tables not yet handed on, followed by `trailer` (e.g. decoding
+        bits), as one message: a view of the table buffer, valid until the
+        next chunk garbles into it (the protocol sends it before that)."""
         nblocks = (trailer.shape[0] + 15) // 16
         used = self._used
         self._alloc(nblocks)
         raw = self._buf.reshape(-1).view(np.uint8)
         raw[16 * used : 16 * used + trailer.shape[0]] = trailer
         self._used = used
-        return raw[: 16 * used + trailer.shape[0]].tobytes()
+        return raw[16 * self._sent : 16 * used + trailer.shape[0]].data
 
 
 class EvalBackend(_Common):
@@ -282,19 +297,35 @@ class EvalBackend(_Common):
         self,
         hasher: Hash,
         tweak_hi: int,
-        tables: bytes | memoryview,
+        tables: bytes | bytearray | memoryview,
         workspace: dict[str, Blocks] | None = None,
+        more: Callable[[], bytes | bytearray | memoryview] | None = None,
     ) -> None:
+        """`more`: when the tables arrive in parts (one per lane batch of the
+        sign test, then the rest), returns the next part; a gate never takes
+        tables across two parts."""
         self.workspace = workspace if workspace is not None else {}
         self.hasher = hasher
         self.tweak_hi = np.uint64(tweak_hi)
         self.and_gates = 0
-        self._tables = np.frombuffer(tables, dtype=np.uint64).reshape(-1, 2)
+        self._tables = self._blocks(tables)
         self._pos = 0
+        self._more = more
+
+    @staticmethod
+    def _blocks(raw: bytes | bytearray | memoryview) -> Blocks:
+        if len(raw) % 16:
+            raise ValueError("garbled tables are not whole blocks")
+        return np.frombuffer(raw, dtype=np.uint64).reshape(-1, 2)
 
     def _take(self, n: int) -> Blocks:
         if self._pos + n > self._tables.shape[0]:
-            raise ValueError("garbled tables too short for the circuit")
+            if self._more is None or self._pos != self._tables.shape[0]:
+                raise ValueError("garbled tables too short for the circuit")
+            self._tables = self._blocks(self._more())
+            self._pos = 0
+            if n > self._tables.shape[0]:  # a gate never spans two parts
+                raise ValueError("garbled tables too short for the circuit")
         t = self._tables[self._pos : self._pos + n]
         self._pos += n
         return t

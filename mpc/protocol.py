@@ -77,6 +77,17 @@ class ChunkCircuit(Generic[R]):
     output_bits: Callable[[int], int] | None = None
     #: Bits per evaluator input lane: the comparison width w (a multiple of 8).
     width: int = RING_BITS
+    #: The circuit starts with the sign test over all lanes (`circuits.sign_yes`),
+    #: so the garbler can stream its tables lane batch by lane batch.
+    streams: bool = False
+
+    def parts(self, k: int) -> int:
+        """Messages the garbler's tables come in: one per lane batch of the sign
+        test, then the rest with the decoding bits; 1 when not streamed."""
+        if not self.streams:
+            return 1
+        batches = len(lane_batches(k * len(self.inputs)))
+        return batches + 1 if batches > 1 else 1
 
     def decoding_bits(self, k: int) -> int:
         return self.output_bits(k) if self.output_bits is not None else self.outputs * k
@@ -130,6 +141,7 @@ def first_yes_spec(width: int = RING_BITS) -> ChunkCircuit[int | None]:
         parse=_parse_index,
         empty=lambda: None,
         width=w,
+        streams=True,
     )
 
 
@@ -145,6 +157,7 @@ def compare_to_thresholds_spec(width: int = RING_BITS) -> ChunkCircuit[list[int]
         parse=_parse_outcomes,
         empty=list,
         width=w,
+        streams=True,
     )
 
 
@@ -179,6 +192,7 @@ def any_per_group_spec(group: int) -> ChunkCircuit[list[bool]]:
         parse=parse,
         empty=list,
         output_bits=lambda k: k // group,
+        streams=True,
     )
 
 
@@ -303,7 +317,7 @@ class _Party:
             and_gates=and_gates,
             bytes_sent=self.channel.bytes_sent - s,
             bytes_received=self.channel.bytes_received - r,
-            messages=3,
+            messages=2 + spec.parts(k),
             seconds=time.perf_counter() - t,
         )
         return result
@@ -370,7 +384,12 @@ class ComparisonGarbler(_Party):
         self, spec: ChunkCircuit[R], z: U64, k: int, nonce: int, tweak_hi: int
     ) -> tuple[R, int]:
         """Receive the IKNP matrix u (16 bytes per evaluator input bit), garble,
-        send all tables + output-decoding bits, receive the decoded result."""
+        send all tables + output-decoding bits, receive the decoded result.
+
+        A chunk of several lane batches is garbled in a worker thread and each
+        batch's tables are sent as soon as they exist, so garbling, transfer and
+        the helper's evaluation overlap; the bytes are the same, in
+        `spec.parts(k)` messages instead of one."""
         a_bits = bit_planes(z)
         lanes = k * len(spec.inputs)  # the evaluator's input lanes
         q = self._iknp.labels(await self.channel.recv(), _ot_widths(lanes, spec.width), nonce)
@@ -381,10 +400,104 @@ class ComparisonGarbler(_Party):
         )
         self._tables = be.buffer
         be.tweak_log = self.tweak_log
-        outs = spec.circuit(be, a_bits, self._input_wires(q, spec.width), k)
+        wires = self._input_wires(q, spec.width)
+        if spec.parts(k) > 1:
+            sends = _OrderedSends(self.channel, asyncio.get_running_loop())
+            be.on_batch = sends.submit_threadsafe
+            try:
+                outs = await asyncio.to_thread(spec.circuit, be, a_bits, wires, k)
+            except BaseException:
+                sends.cancel()
+                raise
+        else:
+            sends = None
+            outs = spec.circuit(be, a_bits, wires, k)
         dec = np.packbits(np.concatenate([be.decoding(w) for w in outs]), bitorder="little")
-        await self.channel.send(be.message(dec))
+        if sends is not None:
+            sends.submit(be.message(dec))
+            await sends.wait()
+        else:
+            await self.channel.send(be.message(dec))
         return spec.parse(await self.channel.recv(), k), be.and_gates
+
+
+class _OrderedSends:
+    """Sends submitted from any thread go out one after another, in order (a
+    channel's `send` is not safe to run concurrently with itself)."""
+
+    def __init__(self, channel: Channel, loop: asyncio.AbstractEventLoop) -> None:
+        self._channel = channel
+        self._loop = loop
+        self._last: asyncio.Future[None] | None = None
+
+    def submit_threadsafe(self, data: memoryview) -> None:
+        self._loop.call_soon_threadsafe(self.submit, data)
+
+    def submit(self, data: bytes | memoryview) -> None:
+        self._last = asyncio.ensure_future(self._send(self._last, data))
+
+    async def _send(self, before: asyncio.Future[None] | None, data: bytes | memoryview) -> None:
+        if before is not None:
+            await before
+        await self._channel.send(data)  # type: ignore[arg-type]
+
+    async def wait(self) -> None:
+        if self._last is not None:
+            await self._last
+
+    def cancel(self) -> None:
+        if self._last is not None:
+            self._last.cancel()
+
+
+class _Parts:
+    """The evaluator's side of a streamed chunk: a task receives the garbler's
+    parts as they come; the circuit, running in a worker thread, pulls them.
+    The last part ends with the `nd` output-decoding bytes."""
+
+    def __init__(self, channel: Channel, parts: int, nd: int) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._inbox: asyncio.Queue[bytes | BaseException] = asyncio.Queue()
+        self._parts = parts
+        self._nd = nd
+        self._pulled = 0
+        self.decoding: memoryview | None = None
+        self._task = asyncio.ensure_future(self._receive(channel))
+
+    async def _receive(self, channel: Channel) -> None:
+        try:
+            for _ in range(self._parts):
+                self._inbox.put_nowait(await channel.recv())
+        except BaseException as exc:  # the puller must not wait forever
+            self._inbox.put_nowait(exc if isinstance(exc, Exception) else ConnectionError())
+            raise
+
+    def pull(self) -> memoryview:
+        """The next part's tables (called from the worker thread)."""
+        if self._pulled == self._parts:
+            raise ValueError("garbled tables too short for the circuit")
+        item = asyncio.run_coroutine_threadsafe(self._inbox.get(), self._loop).result()
+        if isinstance(item, BaseException):
+            raise item
+        self._pulled += 1
+        msg = memoryview(item)
+        if self._pulled < self._parts:
+            return msg
+        if len(msg) < self._nd or (len(msg) - self._nd) % 16:
+            raise ValueError("malformed garbled-circuit message")
+        self.decoding = msg[len(msg) - self._nd :]
+        return msg[: len(msg) - self._nd]
+
+    async def finish(self) -> memoryview:
+        """After the circuit: every part was used; the decoding bits."""
+        await self._task
+        if self._pulled != self._parts or self.decoding is None:
+            raise ValueError("garbled tables longer than the circuit")
+        return self.decoding
+
+    def abort(self) -> None:
+        self._task.cancel()
+        self._inbox.put_nowait(ConnectionError("chunk aborted"))
 
 
 class ComparisonEvaluator(_Party):
@@ -407,7 +520,8 @@ class ComparisonEvaluator(_Party):
         self, spec: ChunkCircuit[R], z: U64, k: int, nonce: int, tweak_hi: int
     ) -> tuple[R, int]:
         """Send the OT extension message for this side's input bits, receive the
-        tables, evaluate, decode, send the result back."""
+        tables, evaluate, decode, send the result back (a streamed chunk is
+        evaluated in a worker thread, part by part as the parts arrive)."""
         lanes = z.shape[0]
         # OT positions inside a lane batch are bit-plane major, as the wires are.
         choices = [
@@ -415,16 +529,30 @@ class ComparisonEvaluator(_Party):
             for lo, hi in lane_batches(lanes)
         ]
         await self.channel.send(self._iknp.u_message(choices, nonce))
-        msg = memoryview(await self.channel.recv())
         nd = (spec.decoding_bits(k) + 7) // 8
-        if len(msg) < nd or (len(msg) - nd) % 16:
-            raise ValueError("malformed garbled-circuit message")
-        be = self._eval_cls(self.hasher, tweak_hi, msg[: len(msg) - nd], self._workspace)
-        be.label_log = self.label_log
         t = self._iknp.labels(_ot_widths(lanes, spec.width), nonce)
-        outs = spec.circuit(be, None, self._input_wires(t, spec.width), k)
-        be.done()
-        dec = np.unpackbits(np.frombuffer(msg[len(msg) - nd :], np.uint8), bitorder="little")
+        wires = self._input_wires(t, spec.width)
+        if spec.parts(k) > 1:
+            parts = _Parts(self.channel, spec.parts(k), nd)
+            be = self._eval_cls(self.hasher, tweak_hi, b"", self._workspace, more=parts.pull)
+            be.label_log = self.label_log
+            try:
+                outs = await asyncio.to_thread(spec.circuit, be, None, wires, k)
+                be.done()
+                raw_dec = await parts.finish()
+            except BaseException:
+                parts.abort()
+                raise
+        else:
+            msg = memoryview(await self.channel.recv())
+            if len(msg) < nd or (len(msg) - nd) % 16:
+                raise ValueError("malformed garbled-circuit message")
+            be = self._eval_cls(self.hasher, tweak_hi, msg[: len(msg) - nd], self._workspace)
+            be.label_log = self.label_log
+            outs = spec.circuit(be, None, wires, k)
+            be.done()
+            raw_dec = msg[len(msg) - nd :]
+        dec = np.unpackbits(np.frombuffer(raw_dec, np.uint8), bitorder="little")
         bundles, at = [], 0
         for w in outs:  # each bundle's decoding bits follow the previous one's
             bundles.append(be.decode(w, dec[at : at + w.shape[0]]))

@@ -293,3 +293,80 @@ def test_narrow_width_sends_fewer_bytes() -> None:
     full, narrow = asyncio.run(run())
     # 64-bit: 3,088 B per comparison; 40-bit: (39·2 + ...)·16 + 40·16 ≈ 1.9 KB.
     assert narrow < 0.66 * full, (full, narrow)
+
+
+async def test_streamed_chunks_match_plaintext_and_cost_the_same(pair) -> None:  # type: ignore[no-untyped-def]
+    """A chunk of several lane batches goes out batch by batch: one message per
+    batch plus the rest, the same bytes in all, every circuit kind decided right."""
+    from svtagg.mpc.circuits import LANE_BATCH
+    from svtagg.mpc.protocol import first_yes_spec
+
+    g, e = pair
+    k = 2 * LANE_BATCH + 17
+    assert first_yes_spec(40).parts(k) == 4 and first_yes_spec(40).parts(LANE_BATCH) == 1
+    sums = RNG.integers(-(2**30), 0, k)
+    sums[LANE_BATCH + 5] = 0
+    z_l, z_h = split(sums)
+    got = await asyncio.gather(g.first_yes(z_l, 40), e.first_yes(z_h, 40))
+    assert got == [LANE_BATCH + 5] * 2
+    st = g.last_stats
+    assert st.messages == 2 + 4
+    assert st.bytes_sent + st.bytes_received == pytest.approx(1936 * k, rel=0.01)
+    # Validation's grouped OR, streamed: group 8, one invalid group.
+    grp = 8
+    sums = RNG.integers(-(2**30), 0, 640 * grp)
+    sums[grp * 333 + 2] = 7
+    z_l, z_h = split(sums)
+    bits = await asyncio.gather(g.any_per_group(z_l, grp), e.any_per_group(z_h, grp))
+    assert bits[0] == bits[1] == [i == 333 for i in range(640)]
+
+
+@pytest.mark.parametrize("fault", ["short part", "connection lost"])
+async def test_streamed_chunk_fails_instead_of_hanging(fault: str) -> None:
+    """The evaluator pulls parts from a worker thread: a malformed part or a
+    channel that ends mid-chunk fails the chunk (and frees the thread)."""
+    from svtagg.mpc.circuits import LANE_BATCH
+
+    cg, ce = MemoryChannel.pair()
+    g, e = ComparisonGarbler(cg, b"dies"), ComparisonEvaluator(ce, b"dies")
+    await asyncio.gather(g.setup(), e.setup())
+    k = 3 * LANE_BATCH
+    z_l, z_h = split(RNG.integers(-(2**30), 0, k))
+
+    class Dropped(Exception):
+        pass
+
+    sent = 0
+    real_send, real_recv = cg.send, ce.recv
+    dead = asyncio.Event()
+
+    async def send_two_then_die(data: bytes) -> None:
+        nonlocal sent
+        sent += 1
+        if sent > 2:  # the first two table parts go out, then the garbler dies
+            if fault == "short part":
+                await ce._inbox.put(b"")
+            dead.set()
+            raise Dropped
+        await real_send(data)
+
+    async def recv_until_lost() -> bytes:
+        """Like a real channel: a receive fails once the peer is gone."""
+        got = asyncio.ensure_future(real_recv())
+        gone = asyncio.ensure_future(dead.wait())
+        done, _ = await asyncio.wait({got, gone}, return_when=asyncio.FIRST_COMPLETED)
+        gone.cancel()
+        if got in done:
+            return got.result()
+        got.cancel()
+        raise ConnectionError("peer closed the session")
+
+    cg.send = send_two_then_die  # type: ignore[method-assign]
+    if fault == "connection lost":
+        ce.recv = recv_until_lost  # type: ignore[method-assign]
+    res = await asyncio.wait_for(
+        asyncio.gather(g.first_yes(z_l, 40), e.first_yes(z_h, 40), return_exceptions=True), 30
+    )
+    assert isinstance(res[0], Dropped)
+    want = ValueError if fault == "short part" else ConnectionError
+    assert isinstance(res[1], want), res[1]
