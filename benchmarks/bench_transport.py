@@ -187,14 +187,25 @@ async def _pingpong(conn, mb: int, rounds: int, close) -> list[float]:  # type: 
     return rates[1:]
 
 
-def _run(name: str, target, args, sender) -> list[float]:  # type: ignore[no-untyped-def]
+def _proc_cpu(pid: int) -> float:
+    """CPU seconds (user + system) of a process, from /proc (Linux)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _run(name: str, target, args, sender) -> tuple[list[float], float]:  # type: ignore[no-untyped-def]
+    """(MB/s per round, CPU seconds of both processes)."""
     ready = mp.Event()
     proc = mp.Process(target=target, args=(*args, ready), daemon=True)
     proc.start()
     if not ready.wait(30):
         raise RuntimeError(f"{name}: receiver did not start")
     try:
-        return asyncio.run(sender)
+        before = _proc_cpu(proc.pid)  # type: ignore[arg-type]
+        cpu = time.process_time()
+        rates = asyncio.run(sender)
+        cpu = time.process_time() - cpu + _proc_cpu(proc.pid) - before  # type: ignore[arg-type]
+        return rates, cpu
     finally:
         proc.terminate()
         proc.join(5)
@@ -208,7 +219,7 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         certs = str(Path(tmp) / "certs")
         write_deployment(certs)
-        results: dict[str, list[float]] = {}
+        results: dict[str, tuple[list[float], float]] = {}
         for frag in (1 << 20, 4 << 20):
             port = _free_port()
             results[f"grpc-{frag >> 20}MiB"] = _run(
@@ -232,12 +243,15 @@ def main(argv: list[str] | None = None) -> None:
             _thread_sender(certs, port, args.mb, args.rounds),
         )
     print(f"{args.mb} MiB messages, {args.rounds} rounds, receiver in another process")
-    base = statistics.median(results["grpc-1MiB"])
-    for name, rates in results.items():
+    base = statistics.median(results["grpc-1MiB"][0])
+    moved = (args.rounds + 1) * args.mb * (1 << 20) / 1e6  # MB, warm-up round included
+    print(f"load average: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
+    for name, (rates, cpu) in results.items():
         med = statistics.median(rates)
         print(
             f"{name:>13}: {med:7.0f} MB/s median (min {min(rates):.0f}, max {max(rates):.0f})"
-            f"  {med / base:4.2f}x grpc-1MiB"
+            f"  {med / base:4.2f}x grpc-1MiB;  {1e3 * cpu / moved:5.2f} ms CPU per MB"
+            " (both processes)"
         )
 
 
