@@ -13,6 +13,7 @@ import asyncio
 import functools
 import hashlib
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from fractions import Fraction
@@ -23,8 +24,15 @@ from svtagg.dp.errors import InvalidArgument, RateLimited
 from svtagg.proto import health_pb2, health_pb2_grpc
 from svtagg.proto import svtagg_pb2 as pb
 from svtagg.proto import svtagg_pb2_grpc as pb_grpc
-from svtagg.proto.tls import Identity, role_of_pem
-from svtagg.proto.vocab import REFUSAL_KEY, SERVER_OPTIONS, SERVER_ROLES, Role, status_of
+from svtagg.proto.tls import Identity, role_of_pem, tls_target
+from svtagg.proto.vocab import (
+    CHANNEL_OPTIONS,
+    REFUSAL_KEY,
+    SERVER_OPTIONS,
+    SERVER_ROLES,
+    Role,
+    status_of,
+)
 from svtagg.proto.wire import UNDECODABLE, add_service
 from svtagg.servers.core import PartyFactory, ServerCore, garbled_circuit_party
 from svtagg.servers.helper import HelperDriver
@@ -43,15 +51,29 @@ F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 ANONYMOUS = ""
 
 
-async def _abort(context: grpc.aio.ServicerContext, exc: BaseException, method: str) -> None:
+def request_ref(request: Any) -> str:
+    """The task / stream / plan a request names, for log lines ('' if none).
+    Identifiers only: never values, thresholds or shares."""
+    parts = []
+    for attr in ("task_id", "stream_id", "plan_id"):
+        value = getattr(request, attr, "")
+        if isinstance(value, str) and value:
+            parts.append(f"{attr.removesuffix('_id')}={value[:64]!r}")
+    return " ".join(parts)
+
+
+async def _abort(
+    context: grpc.aio.ServicerContext, exc: BaseException, method: str, request: Any = None
+) -> None:
     found = status_of(exc)
+    ref = request_ref(request)
     if found is None:
-        log.exception("internal error in %s", method)
+        log.exception("internal error in %s %s", method, ref)
         await context.abort(grpc.StatusCode.INTERNAL, "internal server error")
         return
     code, name = found
-    # Only the method and code: messages may name parameters, never data.
-    log.info("%s refused: %s (%s)", method, code.name, name)
+    # The method, the ids it names and the code: messages may name parameters, never data.
+    log.info("%s %s refused: %s (%s)", method, ref or "-", code.name, name)
     await context.abort(code, str(exc), trailing_metadata=((REFUSAL_KEY, name),))
 
 
@@ -91,7 +113,7 @@ def rpc(*roles: str) -> Callable[[F], F]:
             except grpc.aio.AbortError:
                 raise
             except Exception as exc:  # noqa: BLE001 - every refusal becomes a status
-                await _abort(context, exc, method.__name__)
+                await _abort(context, exc, method.__name__, request)
                 raise
 
         return handler  # type: ignore[return-value]
@@ -257,11 +279,59 @@ class PeerService(pb_grpc.PeerServicer):
         await self.driver.serve_session(context.write, read)
 
 
-class HealthService(health_pb2_grpc.HealthServicer):
-    """grpc.health.v1: SERVING while up, NOT_SERVING once shutdown begins."""
+class HelperProbe:
+    """The leader's view of the helper: does it answer its health check?  The
+    answer is cached for `ttl` seconds; changes are logged once."""
 
-    def __init__(self) -> None:
+    def __init__(
+        self, address: str, identity: Identity, ttl: float = 1.0, timeout: float = 2.0
+    ) -> None:
+        creds = grpc.ssl_channel_credentials(identity.ca, identity.key, identity.cert)
+        self._channel = grpc.aio.secure_channel(
+            address, creds, options=[*CHANNEL_OPTIONS, *tls_target(Role.HELPER)]
+        )
+        self._stub = health_pb2_grpc.HealthStub(self._channel)
+        self.address = address
+        self.ttl = ttl
+        self.timeout = timeout
+        self._checked_at = -float("inf")
+        self.reachable: bool | None = None
+        self.detail = "not checked yet"
+
+    async def check(self) -> bool:
+        if time.monotonic() - self._checked_at < self.ttl and self.reachable is not None:
+            return self.reachable
+        try:
+            r = await self._stub.Check(health_pb2.HealthCheckRequest(), timeout=self.timeout)
+            ok = r.status == health_pb2.HealthCheckResponse.SERVING
+            detail = "SERVING" if ok else "NOT_SERVING"
+        except grpc.aio.AioRpcError as exc:
+            ok, detail = False, f"{exc.code().name}: {' '.join((exc.details() or '').split())}"
+        self._checked_at = time.monotonic()
+        if ok != self.reachable:
+            if ok:
+                log.info("helper at %s reachable", self.address)
+            else:
+                log.warning(
+                    "helper at %s unreachable (%s); health reports NOT_SERVING",
+                    self.address,
+                    detail,
+                )
+        self.reachable, self.detail = ok, detail
+        return ok
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+
+class HealthService(health_pb2_grpc.HealthServicer):
+    """grpc.health.v1: SERVING while up, NOT_SERVING once shutdown begins.  On the
+    leader, Check also answers NOT_SERVING while the helper is unreachable
+    (`HelperProbe`), since no task can be created, closed or queried then."""
+
+    def __init__(self, helper: HelperProbe | None = None) -> None:
         self.serving = True
+        self.helper = helper
         self._changed = asyncio.Event()
 
     def set_serving(self, serving: bool) -> None:
@@ -277,6 +347,9 @@ class HealthService(health_pb2_grpc.HealthServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "undecodable request")
         if request.service not in ("", "svtagg.v1.Ingest", "svtagg.v1.Analyst", "svtagg.v1.Peer"):
             await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown service {request.service!r}")
+        if self.serving and self.helper is not None and not await self.helper.check():
+            s = health_pb2.HealthCheckResponse
+            return s(status=s.NOT_SERVING)
         return self._status()
 
     async def Watch(self, request: Any, context: Any) -> Any:
@@ -289,6 +362,17 @@ class HealthService(health_pb2_grpc.HealthServicer):
 
 
 # ---------------------------------------------------------------- server
+def _bind(server: grpc.aio.Server, address: str, creds: grpc.ServerCredentials) -> int:
+    """The bound port; OSError (one line) when the address cannot be bound."""
+    try:
+        port = server.add_secure_port(address, creds)
+    except RuntimeError:
+        port = 0
+    if port == 0:
+        raise OSError(f"cannot listen on {address}: port in use or address not available")
+    return port
+
+
 @dataclass
 class ServerConfig:
     role: str
@@ -319,6 +403,20 @@ class SvtaggServer:
         if config.role == "leader" and not config.helper_address:
             raise ValueError("the leader needs the helper's address")
         self.config = config
+        # Ports first: a port in use fails here, before the store file is created.
+        self.server = grpc.aio.server(options=SERVER_OPTIONS)
+        ident = config.identity
+        creds = grpc.ssl_server_credentials(
+            [(ident.key, ident.cert)], root_certificates=ident.ca, require_client_auth=True
+        )
+        self.port = _bind(self.server, config.listen, creds)
+        self.ingest_port: int | None = None
+        if config.ingest_listen:
+            self.ingest_port = _bind(
+                self.server,
+                config.ingest_listen,
+                grpc.ssl_server_credentials([(ident.key, ident.cert)]),
+            )
         self.store = Store(config.store_path)
         self.core = ServerCore(
             config.role,  # type: ignore[arg-type]
@@ -327,11 +425,15 @@ class SvtaggServer:
             max_delta_total=config.max_delta_total,
             require_validation=config.require_validation,
         )
-        self.health = HealthService()
+        self.helper_probe = (
+            HelperProbe(config.helper_address, config.identity)
+            if config.role == "leader" and config.helper_address
+            else None
+        )
+        self.health = HealthService(self.helper_probe)
         self.peer: GrpcHelperPort | None = None
         self.analyst: AnalystService | None = None
         self.peer_service: PeerService | None = None
-        self.server = grpc.aio.server(options=SERVER_OPTIONS)
         self.limiter = RateLimiter(config.rate_limit, config.rate_burst)
         ingest = IngestService(self.core)
         ingest.limiter = self.limiter
@@ -346,18 +448,6 @@ class SvtaggServer:
         else:
             self.peer_service = PeerService(HelperDriver(self.core, party))
             add_service(pb_grpc.add_PeerServicer_to_server, self.peer_service, self.server)
-        ident = config.identity
-        creds = grpc.ssl_server_credentials(
-            [(ident.key, ident.cert)], root_certificates=ident.ca, require_client_auth=True
-        )
-        self.port = self.server.add_secure_port(config.listen, creds)
-        if self.port == 0:
-            raise OSError(f"cannot listen on {config.listen}")
-        self.ingest_port: int | None = None
-        if config.ingest_listen:
-            self.ingest_port = self.server.add_secure_port(
-                config.ingest_listen, grpc.ssl_server_credentials([(ident.key, ident.cert)])
-            )
 
     async def start(self, warm: bool = True) -> None:
         await self.server.start()
@@ -370,6 +460,8 @@ class SvtaggServer:
             self.port,
             self.store.failed_on_recovery,
         )
+        if self.helper_probe is not None:
+            self._probe = asyncio.ensure_future(self.helper_probe.check())
 
     async def stop(self, grace: float = 5.0) -> None:
         """Graceful shutdown: report NOT_SERVING, let calls finish, close the store."""
@@ -384,6 +476,11 @@ class SvtaggServer:
             await self.analyst.driver.pool.close()
         if self.peer is not None:
             await self.peer.close()
+        if self.helper_probe is not None:
+            probe = getattr(self, "_probe", None)
+            if probe is not None and not probe.done():
+                probe.cancel()
+            await self.helper_probe.close()
         self.store.close()
 
     async def wait(self) -> None:
