@@ -154,6 +154,8 @@ class TaskState:
         ]
         if self.helper_budget is not None:
             lines.append(f"  helper ledger: {self.helper_budget}")
+        else:
+            lines.append("  helper ledger: not available (the leader could not reach the helper)")
         return "\n".join(lines)
 
 

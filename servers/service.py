@@ -287,8 +287,14 @@ class HelperProbe:
         self, address: str, identity: Identity, ttl: float = 1.0, timeout: float = 2.0
     ) -> None:
         creds = grpc.ssl_channel_credentials(identity.ca, identity.key, identity.cert)
+        # Short reconnect backoff: health should see a restarted helper within seconds.
+        backoff = [
+            ("grpc.initial_reconnect_backoff_ms", 500),
+            ("grpc.min_reconnect_backoff_ms", 500),
+            ("grpc.max_reconnect_backoff_ms", 2000),
+        ]
         self._channel = grpc.aio.secure_channel(
-            address, creds, options=[*CHANNEL_OPTIONS, *tls_target(Role.HELPER)]
+            address, creds, options=[*CHANNEL_OPTIONS, *tls_target(Role.HELPER), *backoff]
         )
         self._stub = health_pb2_grpc.HealthStub(self._channel)
         self.address = address
