@@ -281,11 +281,11 @@ def embed(
             if "d" not in params:
                 raise InputError("heavy_hitters with fmt='categories' needs d")
             d = int(params["d"])
-            rows = records.tolist() if isinstance(records, np.ndarray) else records
+            rows: list[Any] = list(records.tolist() if isinstance(records, np.ndarray) else records)  # type: ignore[arg-type]
             ids: list[list[int]] = []
             for i, row in enumerate(rows, 1):
-                cats = [int(v) for v in row]  # type: ignore[union-attr]
-                if cats != list(row) or any(not 0 <= c < d for c in cats):  # type: ignore[call-overload]
+                cats = [int(v) for v in row]
+                if cats != list(row) or any(not 0 <= c < d for c in cats):
                     raise InputError(f"row {i}: category ids must be integers in [0, {d})")
                 ids.append(cats)
             return EMBEDDINGS[embedding](ids, d)
