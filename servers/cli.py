@@ -36,6 +36,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="extra host:port with server-only TLS for clients without certificates",
     )
     p.add_argument("--port-file", help="write the bound port here once serving")
+    p.add_argument(
+        "--metrics-listen",
+        help="host:port for a Prometheus /metrics endpoint (plain HTTP: bind it to a "
+        "private interface; port 0 picks one, logged at start); off when not given",
+    )
     p.add_argument("--grace", type=float, default=5.0, help="shutdown grace period (s)")
     p.add_argument(
         "--rate-limit",
@@ -168,6 +173,7 @@ async def _serve(args: argparse.Namespace, identity: Identity) -> int:
         max_epsilon_total=_cap(args.max_epsilon_total, "--max-epsilon-total"),
         max_delta_total=_cap(args.max_delta_total, "--max-delta-total"),
         require_validation=args.require_validation,
+        metrics_listen=args.metrics_listen,
     )
     server = SvtaggServer(config)  # binds the ports, then opens the store
     log = logging.getLogger("svtagg.server")

@@ -31,6 +31,7 @@ from svtagg.proto.vocab import (
     SERVER_OPTIONS,
     SERVER_ROLES,
     Role,
+    kind_from_pb,
     status_of,
 )
 from svtagg.proto.wire import UNDECODABLE, add_service
@@ -63,7 +64,11 @@ def request_ref(request: Any) -> str:
 
 
 async def _abort(
-    context: grpc.aio.ServicerContext, exc: BaseException, method: str, request: Any = None
+    context: grpc.aio.ServicerContext,
+    exc: BaseException,
+    method: str,
+    request: Any = None,
+    metrics: Metrics | None = None,
 ) -> None:
     found = status_of(exc)
     ref = request_ref(request)
@@ -72,6 +77,8 @@ async def _abort(
         await context.abort(grpc.StatusCode.INTERNAL, "internal server error")
         return
     code, name = found
+    if metrics is not None:
+        metrics.refusals.labels(method=method, code=code.name).inc()
     # The method, the ids it names and the code: messages may name parameters, never data.
     log.info("%s %s refused: %s (%s)", method, ref or "-", code.name, name)
     await context.abort(code, str(exc), trailing_metadata=((REFUSAL_KEY, name),))
@@ -113,7 +120,7 @@ def rpc(*roles: str) -> Callable[[F], F]:
             except grpc.aio.AbortError:
                 raise
             except Exception as exc:  # noqa: BLE001 - every refusal becomes a status
-                await _abort(context, exc, method.__name__, request)
+                await _abort(context, exc, method.__name__, request, getattr(self, "metrics", None))
                 raise
 
         return handler  # type: ignore[return-value]
@@ -139,9 +146,104 @@ def peer_role(context: grpc.aio.ServicerContext) -> Role | None:
 Context: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
 
 
+# ---------------------------------------------------------------- metrics
+class Metrics:
+    """Prometheus metrics of one server, in its own registry (several servers may
+    share a process in tests).  Counts and timings only: task ids and public
+    budget figures, never data, thresholds or shares."""
+
+    #: Chunk latency buckets (seconds): a chunk takes from milliseconds (small d,
+    #: warm pool) to minutes (10^5 queries).
+    CHUNK_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 600)
+
+    def __init__(self, role: str) -> None:
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.info = Gauge("svtagg_server_info", "This server's role", ["role"], registry=r)
+        self.info.labels(role=role).set(1)
+        self.reports = Counter(
+            "svtagg_reports_ingested", "Reports stored from client uploads", ["task"], registry=r
+        )
+        self.batches = Counter(
+            "svtagg_upload_batches", "Upload batches stored", ["task"], registry=r
+        )
+        self.streams = Counter(
+            "svtagg_streams_opened", "SVT streams opened (each charges the ledger)",
+            ["task", "kind"], registry=r,
+        )  # fmt: skip
+        self.comparisons = Counter(
+            "svtagg_comparisons",
+            "Queries answered by the two-server comparison protocol (leader)",
+            ["task"],
+            registry=r,
+        )
+        self.chunks = Counter("svtagg_chunks", "Chunks answered (leader)", ["task"], registry=r)
+        self.peer_bytes = Counter(
+            "svtagg_peer_bytes",
+            "Bytes exchanged with the helper by chunk protocols (leader)",
+            registry=r,
+        )
+        self.chunk_seconds = Histogram(
+            "svtagg_chunk_seconds",
+            "Latency of one Ask/Compare chunk at the leader",
+            buckets=self.CHUNK_BUCKETS,
+            registry=r,
+        )
+        self.epsilon_spent = Gauge(
+            "svtagg_task_epsilon_spent", "ε spent on this server's ledger", ["task"], registry=r
+        )
+        self.delta_spent = Gauge(
+            "svtagg_task_delta_spent", "δ spent on this server's ledger", ["task"], registry=r
+        )
+        self.epsilon_total = Gauge(
+            "svtagg_task_epsilon_total", "The task's total ε", ["task"], registry=r
+        )
+        self.refusals = Counter(
+            "svtagg_refusals", "Calls refused, by method and status code", ["method", "code"],
+            registry=r,
+        )  # fmt: skip
+        self.helper_reachable = Gauge(
+            "svtagg_helper_reachable", "1 if the leader's last health probe reached the helper",
+            registry=r,
+        )  # fmt: skip
+        self._http: Any = None
+
+    def budget(self, store: Store, task_id: str) -> None:
+        """Refresh one task's ledger gauges from the store (on the server's loop)."""
+        try:
+            b = store.task(task_id).budget
+        except Exception:  # noqa: BLE001 - an unknown task has no gauges
+            return
+        self.epsilon_spent.labels(task=task_id).set(float(b.epsilon_spent))
+        self.delta_spent.labels(task=task_id).set(float(b.delta_spent))
+        self.epsilon_total.labels(task=task_id).set(float(b.epsilon_total))
+
+    def serve(self, address: str) -> int:
+        """Serve /metrics over plain HTTP on host:port (port 0: pick one); the port."""
+        from prometheus_client import start_http_server
+
+        host, _, port = address.rpartition(":")
+        try:
+            self._http, _ = start_http_server(
+                int(port), host or "127.0.0.1", registry=self.registry
+            )
+        except (OSError, ValueError) as exc:
+            raise OSError(f"cannot serve metrics on {address}: {exc}") from None
+        return int(self._http.server_port)
+
+    def stop(self) -> None:
+        if self._http is not None:
+            self._http.shutdown()
+            self._http.server_close()
+            self._http = None
+
+
 # ---------------------------------------------------------------- services
 class IngestService(pb_grpc.IngestServicer):
     limiter: RateLimiter | None = None
+    metrics: Metrics | None = None
 
     def __init__(self, core: ServerCore) -> None:
         self.core = core
@@ -155,6 +257,9 @@ class IngestService(pb_grpc.IngestServicer):
                 raise InvalidArgument(f"the {self.core.role} takes reports with a {field}")
             reports.append((r.report_id, getattr(r, field)))
         n = self.core.upload(request.task_id, reports)
+        if self.metrics is not None:
+            self.metrics.reports.labels(task=request.task_id).inc(len(reports))
+            self.metrics.batches.labels(task=request.task_id).inc()
         return pb.UploadResult(accepted=len(reports), n=n)
 
     @rpc(Role.CLIENT, Role.ANALYST, Role.LEADER, ANONYMOUS)
@@ -166,13 +271,28 @@ class AnalystService(pb_grpc.AnalystServicer):
     """The leader's analyst API: each RPC is one `LeaderDriver` call."""
 
     limiter: RateLimiter | None = None
+    metrics: Metrics | None = None
 
     def __init__(self, driver: LeaderDriver) -> None:
         self.driver = driver
 
+    def _budget(self, task_id: str) -> None:
+        if self.metrics is not None:
+            self.metrics.budget(self.driver.core.store, task_id)
+
+    def _chunk(self, task_id: str, start: float, answered: int, peer_bytes: int) -> None:
+        if self.metrics is not None:
+            m = self.metrics
+            m.chunk_seconds.observe(time.perf_counter() - start)
+            m.chunks.labels(task=task_id).inc()
+            m.comparisons.labels(task=task_id).inc(answered)
+            m.peer_bytes.inc(peer_bytes)
+
     @rpc(Role.ANALYST)
     async def CreateTask(self, request: pb.TaskSpec, context: Context) -> pb.TaskInfo:
-        return await self.driver.create_task(request)
+        info = await self.driver.create_task(request)
+        self._budget(request.task_id)
+        return info
 
     @rpc(Role.ANALYST)
     async def DescribeTask(self, request: pb.TaskRef, context: Context) -> pb.TaskInfo:
@@ -192,35 +312,68 @@ class AnalystService(pb_grpc.AnalystServicer):
 
     @rpc(Role.ANALYST)
     async def OpenStream(self, request: pb.OpenStreamRequest, context: Context) -> pb.StreamInfo:
-        return await self.driver.open_stream(request)
+        info = await self.driver.open_stream(request)
+        if self.metrics is not None:
+            kind = kind_from_pb(request.kind).value
+            self.metrics.streams.labels(task=request.task_id, kind=kind).inc()
+        self._budget(request.task_id)
+        return info
 
     @rpc(Role.ANALYST)
     async def Ask(self, request: pb.AskRequest, context: Context) -> pb.AskResponse:
-        return await self.driver.ask(request)
+        start = time.perf_counter()
+        resp = await self.driver.ask(request)
+        answered = resp.index + 1 if resp.yes else len(request.queries.index)
+        self._chunk(self._task_of(request.stream_id), start, answered, resp.peer_bytes)
+        return resp
 
     @rpc(Role.ANALYST)
     async def Compare(self, request: pb.CompareRequest, context: Context) -> pb.CompareResponse:
-        return await self.driver.compare(request)
+        start = time.perf_counter()
+        resp = await self.driver.compare(request)
+        task = self._task_of(request.stream_id)
+        self._chunk(task, start, len(resp.outcomes), resp.peer_bytes)
+        return resp
+
+    def _task_of(self, stream_id: str) -> str:
+        try:
+            return str(self.driver.core.store.stream(stream_id).task_id)
+        except Exception:  # noqa: BLE001 - metrics never fail a call
+            return ""
 
     @rpc(Role.ANALYST)
     async def ReservePlan(self, request: pb.PlanRequest, context: Context) -> pb.PlanInfo:
-        return await self.driver.reserve_plan(request)
+        info = await self.driver.reserve_plan(request)
+        self._budget(request.task_id)
+        return info
 
     @rpc(Role.ANALYST)
     async def EndPlan(self, request: pb.PlanRef, context: Context) -> pb.PlanInfo:
-        return await self.driver.end_plan(request.plan_id)
+        info = await self.driver.end_plan(request.plan_id)
+        if self.metrics is not None:
+            for task_id in self.driver.core.store.task_ids():
+                self._budget(task_id)
+        return info
 
 
 class PeerService(pb_grpc.PeerServicer):
     """The helper's side: only the leader may call it; each RPC is one
     `HelperDriver` call."""
 
+    metrics: Metrics | None = None
+
     def __init__(self, driver: HelperDriver) -> None:
         self.driver = driver
 
+    def _budget(self, task_id: str) -> None:
+        if self.metrics is not None:
+            self.metrics.budget(self.driver.core.store, task_id)
+
     @rpc(Role.LEADER)
     async def CreateTask(self, request: pb.TaskSpec, context: Context) -> pb.TaskInfo:
-        return await self.driver.CreateTask(request)
+        info = await self.driver.CreateTask(request)
+        self._budget(request.task_id)
+        return info
 
     @rpc(Role.LEADER)
     async def Digest(self, request: pb.TaskRef, context: Context) -> pb.CollectionDigest:
@@ -250,7 +403,12 @@ class PeerService(pb_grpc.PeerServicer):
     async def PrepareStream(
         self, request: pb.PrepareStreamRequest, context: Context
     ) -> pb.StreamInfo:
-        return await self.driver.PrepareStream(request)
+        info = await self.driver.PrepareStream(request)
+        if self.metrics is not None:
+            kind = kind_from_pb(request.kind).value
+            self.metrics.streams.labels(task=request.task_id, kind=kind).inc()
+        self._budget(request.task_id)
+        return info
 
     @rpc(Role.LEADER)
     async def FailStream(self, request: pb.StreamRef, context: Context) -> pb.StreamInfo:
@@ -258,7 +416,9 @@ class PeerService(pb_grpc.PeerServicer):
 
     @rpc(Role.LEADER)
     async def ReservePlan(self, request: pb.PlanRequest, context: Context) -> pb.PlanInfo:
-        return await self.driver.ReservePlan(request)
+        info = await self.driver.ReservePlan(request)
+        self._budget(request.task_id)
+        return info
 
     @rpc(Role.LEADER)
     async def EndPlan(self, request: pb.PlanRef, context: Context) -> pb.PlanInfo:
@@ -303,6 +463,7 @@ class HelperProbe:
         self._checked_at = -float("inf")
         self.reachable: bool | None = None
         self.detail = "not checked yet"
+        self.gauge: Any = None
 
     async def check(self) -> bool:
         if time.monotonic() - self._checked_at < self.ttl and self.reachable is not None:
@@ -324,6 +485,8 @@ class HelperProbe:
                     detail,
                 )
         self.reachable, self.detail = ok, detail
+        if self.gauge is not None:
+            self.gauge.set(1 if ok else 0)
         return ok
 
     async def close(self) -> None:
@@ -398,6 +561,8 @@ class ServerConfig:
     max_delta_total: Fraction | None = None
     #: Refuse tasks that do not range-check their reports.
     require_validation: bool = False
+    #: host:port for the Prometheus /metrics endpoint (plain HTTP; None: off).
+    metrics_listen: str | None = None
 
 
 class SvtaggServer:
@@ -423,6 +588,10 @@ class SvtaggServer:
                 config.ingest_listen,
                 grpc.ssl_server_credentials([(ident.key, ident.cert)]),
             )
+        self.metrics = Metrics(config.role)
+        self.metrics_port: int | None = None
+        if config.metrics_listen:
+            self.metrics_port = self.metrics.serve(config.metrics_listen)
         self.store = Store(config.store_path)
         self.core = ServerCore(
             config.role,  # type: ignore[arg-type]
@@ -437,12 +606,17 @@ class SvtaggServer:
             else None
         )
         self.health = HealthService(self.helper_probe)
+        if self.helper_probe is not None:
+            self.helper_probe.gauge = self.metrics.helper_reachable
+        for task_id in self.store.task_ids():
+            self.metrics.budget(self.store, task_id)
         self.peer: GrpcHelperPort | None = None
         self.analyst: AnalystService | None = None
         self.peer_service: PeerService | None = None
         self.limiter = RateLimiter(config.rate_limit, config.rate_burst)
         ingest = IngestService(self.core)
         ingest.limiter = self.limiter
+        ingest.metrics = self.metrics
         add_service(pb_grpc.add_IngestServicer_to_server, ingest, self.server)
         add_service(health_pb2_grpc.add_HealthServicer_to_server, self.health, self.server)
         if config.role == "leader":
@@ -450,9 +624,11 @@ class SvtaggServer:
             self.peer = GrpcHelperPort(config.helper_address, config.identity)
             self.analyst = AnalystService(LeaderDriver(self.core, self.peer, party))
             self.analyst.limiter = self.limiter
+            self.analyst.metrics = self.metrics
             add_service(pb_grpc.add_AnalystServicer_to_server, self.analyst, self.server)
         else:
             self.peer_service = PeerService(HelperDriver(self.core, party))
+            self.peer_service.metrics = self.metrics
             add_service(pb_grpc.add_PeerServicer_to_server, self.peer_service, self.server)
 
     async def start(self, warm: bool = True) -> None:
@@ -466,6 +642,9 @@ class SvtaggServer:
             self.port,
             self.store.failed_on_recovery,
         )
+        if self.metrics_port is not None:
+            host = (self.config.metrics_listen or "").rpartition(":")[0] or "127.0.0.1"
+            log.info("metrics on http://%s:%d/metrics", host, self.metrics_port)
         if self.helper_probe is not None:
             self._probe = asyncio.ensure_future(self.helper_probe.check())
 
@@ -487,6 +666,7 @@ class SvtaggServer:
             if probe is not None and not probe.done():
                 probe.cancel()
             await self.helper_probe.close()
+        self.metrics.stop()
         self.store.close()
 
     async def wait(self) -> None:
