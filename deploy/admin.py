@@ -161,9 +161,7 @@ def run_describe(args: argparse.Namespace) -> int:
 
 def run_close(args: argparse.Namespace) -> int:
     with _deployment(args) as dep:
-        handle = dep.task(args.task)
-        handle.close_collection()
-        state = handle.state()
+        state = dep.task(args.task).close_collection()
     return _emit(args, state.to_json(), str(state))
 
 

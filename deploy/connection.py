@@ -194,8 +194,10 @@ class TaskHandle:
         return Budget.from_pb(self.deployment._call("Budget", self._ref()).budget)
 
     def close_collection(self) -> TaskState:
-        """Close the collection on both servers; afterwards n is public and fixed."""
-        return TaskState.from_pb(self.deployment._call("CloseCollection", self._ref()))
+        """Close the collection on both servers; afterwards n is public and fixed.
+        Returns the task as `state()` describes it then (both ledgers)."""
+        self.deployment._call("CloseCollection", self._ref())
+        return self.state()
 
     def oracle(self) -> RemoteOracle:
         """The `Oracle` over this closed task, for `svtagg.analyst` algorithms."""
