@@ -3,15 +3,21 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
-from pathlib import Path
 from typing import Any
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("client", help="client jobs (upload)")
     csub = p.add_subparsers(dest="client_command", metavar="CLIENT_COMMAND")
-    u = csub.add_parser("upload", help="upload per-user data from CSV or .npy to both servers")
+    u = csub.add_parser(
+        "upload",
+        help="upload per-user data from CSV or .npy to both servers",
+        description="Read the input in batches, check every value, then share and upload. "
+        "The whole file is checked before the first report is sent, so a bad row "
+        "uploads nothing.",
+    )
     u.add_argument("--leader", required=True, help="leader host:port")
     u.add_argument("--helper", required=True, help="helper host:port")
     u.add_argument("--certs", required=True, help="directory with ca.pem and client.pem/.key")
@@ -21,69 +27,159 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="connect with server-only TLS (servers' --ingest-listen ports)",
     )
     u.add_argument("--task", required=True)
-    u.add_argument("--input", required=True, help=".npy or .csv, one user per row")
-    u.add_argument("--embedding", help="heavy_hitters | sparse_mean | marginals | fp_loss")
+    u.add_argument("--input", required=True, help=".npy or delimited text, one user per row")
+    u.add_argument(
+        "--embedding",
+        choices=["heavy_hitters", "sparse_mean", "marginals", "fp_loss"],
+        help="map raw records to [0,1]^d (none: the rows already are vectors in [0,1]^d)",
+    )
+    u.add_argument(
+        "--format",
+        choices=["matrix", "categories", "records"],
+        help="matrix: d values per row; categories: category ids per row (heavy_hitters); "
+        "records: raw records of the embedding. Default: the embedding's only format "
+        "(heavy_hitters must choose)",
+    )
+    u.add_argument("--header", action="store_true", help="skip the first line of a text file")
+    u.add_argument("--delimiter", default=",", help="field separator of a text file")
+    u.add_argument(
+        "--clip",
+        action="store_true",
+        help="clip values outside the range to it and count them (else they are refused); "
+        "for sparse_mean and fp_loss this is the embedding's contribution bound",
+    )
     u.add_argument(
         "--param",
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="embedding parameter, e.g. d=1000 or clip=3.5 (repeatable)",
+        help="embedding parameter, e.g. clip=3.5, bound=1, p=2 (repeatable)",
     )
     u.add_argument("--batch", type=int, default=1000, help="reports per batch")
-    u.add_argument("--retries", type=int, default=5)
+    u.add_argument("--retries", type=int, default=5, help="retries per batch when unreachable")
     u.add_argument(
         "--require-validation",
         action="store_true",
         help="refuse tasks that do not range-check reports (validate_reports)",
     )
+    u.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    u.add_argument("--quiet", action="store_true", help="no progress on stderr")
     u.set_defaults(handler=run_upload)
     p.set_defaults(handler=lambda a: (p.print_help(), 2)[1])
+
+
+def parse_number(text: str, what: str) -> int | float:
+    """An int if the text is one, else a finite float; ValueError naming `what`."""
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"{what}: {text!r} is not a number") from None
+    if value != value or value in (float("inf"), float("-inf")):
+        raise ValueError(f"{what}: {text!r} is not a finite number")
+    return value
 
 
 def _params(items: list[str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for item in items:
         key, sep, value = item.partition("=")
-        if not sep:
-            raise SystemExit(f"--param wants KEY=VALUE, got {item!r}")
-        try:
-            out[key] = int(value)
-        except ValueError:
-            out[key] = float(value)
+        if not sep or not key:
+            raise ValueError(f"--param wants KEY=VALUE, got {item!r}")
+        out[key.strip()] = parse_number(value, f"--param {key}")
     return out
 
 
 def run_upload(args: argparse.Namespace) -> int:
-    from svtagg.client.upload import Uploader, UploadError, embed, load_records
+    from svtagg.client.records import InputError, ReadStats, Spec, default_format, read_input
+    from svtagg.client.upload import Uploader
+    from svtagg.proto.tls import load_identity
+    from svtagg.proto.vocab import MAX_BATCH_VALUES
 
-    certs = Path(args.certs)
-    ca = (certs / "ca.pem").read_bytes()
-    cert = key = None
-    if not args.no_client_cert:
-        cert, key = (certs / "client.pem").read_bytes(), (certs / "client.key").read_bytes()
-    values = embed(load_records(args.input), args.embedding, **_params(args.param))
+    if args.batch < 1:
+        raise InputError(f"--batch must be >= 1, got {args.batch}")
+    if len(args.delimiter) != 1:
+        raise InputError(f"--delimiter must be one character, got {args.delimiter!r}")
+    params = _params(args.param)
+    fmt = args.format or default_format(args.embedding)
+    if fmt is None:
+        raise InputError(
+            f"--embedding {args.embedding} needs --format categories (category ids per row) "
+            "or --format matrix (a 0/1 row of d values)"
+        )
+    if args.no_client_cert:
+        from pathlib import Path
 
-    def progress(done: int, total: int) -> None:
-        print(f"\ruploaded {done}/{total} reports", end="", file=sys.stderr, flush=True)
+        ca_path = Path(args.certs) / "ca.pem"
+        ca, cert, key = ca_path.read_bytes(), None, None
+    else:
+        ident = load_identity(args.certs, "client")
+        ca, cert, key = ident.ca, ident.cert, ident.key
 
     with Uploader(args.leader, args.helper, ca, cert, key, retries=args.retries) as up:
-        try:
-            stats = up.upload(
-                args.task,
-                values,
-                batch_size=args.batch,
-                progress=progress,
-                require_validation=args.require_validation,
+        info = up.checked_task(args.task, args.require_validation)
+        d = int(info.spec.d)
+        if "d" in params and int(params.pop("d")) != d:
+            raise InputError(f"--param d disagrees with the task's d={d}")
+        spec = Spec(d, fmt, args.embedding, params, clip=args.clip)
+        batch = max(1, min(args.batch, MAX_BATCH_VALUES // d))
+
+        def blocks(stats: ReadStats) -> Any:
+            return read_input(
+                args.input,
+                spec,
+                batch=batch,
+                header=args.header,
+                delimiter=args.delimiter,
+                stats=stats,
             )
-        except UploadError as exc:
-            print(f"\nupload failed: {exc}", file=sys.stderr)
-            return 1
-    print(file=sys.stderr)
-    rate = stats.reports / stats.seconds if stats.seconds else float("inf")
+
+        # Pass 1: check every row (memory: one batch) so a bad row uploads nothing.
+        checked = ReadStats()
+        for _ in blocks(checked):
+            pass
+        total = checked.rows
+
+        def progress(done: int, _total: int) -> None:
+            if not args.quiet:
+                print(f"\ruploaded {done}/{total} reports", end="", file=sys.stderr, flush=True)
+
+        read = ReadStats()
+        stats = up.upload_blocks(args.task, blocks(read), total=total, progress=progress, info=info)
+    if not args.quiet:
+        print(file=sys.stderr)
+    rate = stats.reports / stats.seconds if stats.seconds else 0.0
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "task": args.task,
+                    "reports": stats.reports,
+                    "batches": stats.batches,
+                    "retries": stats.retries,
+                    "seconds": round(stats.seconds, 3),
+                    "clipped_values": read.clipped,
+                    "clipped_by_column": {str(k): v for k, v in sorted(read.by_column.items())},
+                    "leader_n": stats.n_leader,
+                    "helper_n": stats.n_helper,
+                    "format": fmt,
+                    "embedding": args.embedding,
+                    "d": d,
+                }
+            )
+        )
+        return 0
+    clipped = ""
+    if read.clipped:
+        assert read.first_clipped is not None
+        row, col = read.first_clipped
+        clipped = f"; clipped {read.clipped} values (first at row {row}, column {col})"
     print(
         f"uploaded {stats.reports} reports in {stats.batches} batches "
         f"({stats.retries} retries) in {stats.seconds:.2f}s ({rate:,.0f} reports/s); "
-        f"leader n={stats.n_leader}, helper n={stats.n_helper}"
+        f"leader n={stats.n_leader}, helper n={stats.n_helper}{clipped}"
     )
     return 0

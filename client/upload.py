@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +22,7 @@ import grpc
 import numpy as np
 import numpy.typing as npt
 from svtagg.client.embeddings import EMBEDDINGS
+from svtagg.client.records import InputError, ReadStats, check_range
 from svtagg.mpc.ring import encode
 from svtagg.mpc.sharing import share
 from svtagg.proto import svtagg_pb2 as pb
@@ -67,7 +68,15 @@ class UploadStats:
 
 
 class UploadError(Exception):
-    """A batch was refused (not retryable) or retries ran out."""
+    """A batch was refused (not retryable) or retries ran out.  `unreachable`: the
+    last failure was a server that could not be reached (not a refusal)."""
+
+    def __init__(self, message: str, unreachable: bool = False) -> None:
+        super().__init__(message)
+        self.unreachable = unreachable
+
+
+__all__ = ["InputError", "ReadStats", "UploadError", "UploadStats", "Uploader", "make_batch"]
 
 
 class Uploader:
@@ -143,8 +152,10 @@ class Uploader:
                         continue  # stored by the earlier attempt (batches are atomic)
                     if code not in RETRYABLE or attempt >= self.retries:
                         server = "leader" if i == 0 else "helper"
+                        verb = "could not be reached" if code in RETRYABLE else "refused the batch"
                         raise UploadError(
-                            f"{server} refused the batch: {code.name}: {exc.details()}"  # type: ignore[attr-defined]
+                            f"{server} {verb}: {code.name}: {exc.details()}",  # type: ignore[attr-defined]
+                            unreachable=code in RETRYABLE,
                         ) from None
                     retry.append(i)
             if not retry:
@@ -165,24 +176,57 @@ class Uploader:
     ) -> UploadStats:
         """Upload an n × d matrix of per-user values in [0, 1], one report per row.
 
+        Values outside [0, 1], NaN and inf are refused (`InputError`, naming the
+        row and column) before anything is sent.
         require_validation: refuse (ValueError) a task that does not range-check
         its reports — a client's own protection against a task set up so that a
         malicious client could reverse comparisons (docs/threat-model.md)."""
+        matrix = np.atleast_2d(np.asarray(values, dtype=np.float64))
+        if matrix.ndim != 2:
+            raise InputError(f"expected an n x d matrix, got shape {matrix.shape}")
+        check_range(matrix, 0.0, 1.0, 1, "values must lie in [0, 1]", False, ReadStats())
+        info = self.checked_task(task_id, require_validation)
+        if matrix.shape[1] != info.spec.d:
+            raise InputError(f"rows have {matrix.shape[1]} values, task has d={info.spec.d}")
+        size = max(1, min(batch_size, MAX_BATCH_VALUES // info.spec.d))
+        return self.upload_blocks(
+            task_id, _blocks(matrix, size), total=matrix.shape[0], progress=progress, info=info
+        )
+
+    def checked_task(self, task_id: str, require_validation: bool) -> pb.TaskInfo:
         info = self.task(task_id)
         if require_validation and not info.spec.validate_reports:
             raise ValueError(f"task {task_id!r} does not validate reports; refusing to upload")
-        matrix = np.atleast_2d(np.asarray(values, dtype=np.float64))
-        if matrix.shape[1] != info.spec.d:
-            raise ValueError(f"rows have {matrix.shape[1]} values, task has d={info.spec.d}")
-        # The servers refuse batches over MAX_BATCH_VALUES values (reports × d).
-        batch_size = max(1, min(batch_size, MAX_BATCH_VALUES // info.spec.d))
+        return info
+
+    def upload_blocks(
+        self,
+        task_id: str,
+        blocks: Iterable[npt.NDArray[np.float64]],
+        *,
+        total: int | None = None,
+        progress: Callable[[int, int], None] | None = None,
+        require_validation: bool = False,
+        info: pb.TaskInfo | None = None,
+    ) -> UploadStats:
+        """Upload blocks of rows (each m × d, values in [0, 1], at most the servers'
+        batch bound) as they come: memory holds two blocks, not the input.  A
+        block of the wrong width or with values outside [0, 1] raises InputError;
+        blocks sent before it stay uploaded (`UploadStats` says how many)."""
+        info = info if info is not None else self.checked_task(task_id, require_validation)
+        d = info.spec.d
         stats = UploadStats()
         start = time.perf_counter()
-        total = matrix.shape[0]
         # Pipelined: the next batch is encoded and shared while this one is in flight.
         inflight: tuple[Batch, dict[int, Future[Any]]] | None = None
-        for block in [*_blocks(matrix, batch_size), None]:
-            batch = make_batch(task_id, block, info.spec.frac_bits) if block is not None else None
+        for block in _with_end(blocks):
+            batch = None
+            if block is not None:
+                if block.ndim != 2 or block.shape[1] != d:
+                    raise InputError(f"rows have {block.shape[-1]} values, task has d={d}")
+                if block.shape[0] * d > MAX_BATCH_VALUES:
+                    raise InputError(f"a block of {block.shape[0]} rows exceeds the batch bound")
+                batch = make_batch(task_id, block, info.spec.frac_bits)
             if inflight is not None:
                 done, futures = inflight
                 n_l, n_h = self.send(done, stats, futures)
@@ -190,10 +234,17 @@ class Uploader:
                 stats.batches += 1
                 stats.n_leader, stats.n_helper = n_l or stats.n_leader, n_h or stats.n_helper
                 if progress is not None:
-                    progress(stats.reports, total)
+                    progress(stats.reports, total if total is not None else -1)
             inflight = (batch, self._submit(batch)) if batch is not None else None
         stats.seconds = time.perf_counter() - start
         return stats
+
+
+def _with_end(
+    blocks: Iterable[npt.NDArray[np.float64]],
+) -> Iterator[npt.NDArray[np.float64] | None]:
+    yield from blocks
+    yield None
 
 
 def _blocks(matrix: npt.NDArray[np.float64], size: int) -> Iterator[npt.NDArray[np.float64]]:
@@ -204,7 +255,9 @@ def _blocks(matrix: npt.NDArray[np.float64], size: int) -> Iterator[npt.NDArray[
 
 
 def load_records(path: str | Path) -> npt.NDArray[Any]:
-    """Per-user records from .npy (any shape) or CSV (one user per line, numbers)."""
+    """Per-user records from .npy (any shape) or CSV (one user per line, numbers),
+    read whole; for uploads of any size `client.records.read_input` streams and
+    checks instead."""
     p = Path(path)
     if p.suffix == ".npy":
         return np.load(p, allow_pickle=False)
@@ -212,17 +265,38 @@ def load_records(path: str | Path) -> npt.NDArray[Any]:
     return data
 
 
-def embed(records: npt.ArrayLike, embedding: str | None, **params: Any) -> npt.NDArray[np.float64]:
+def embed(
+    records: npt.ArrayLike, embedding: str | None, *, fmt: str | None = None, **params: Any
+) -> npt.NDArray[np.float64]:
     """Apply a named embedding from `client.embeddings.EMBEDDINGS` (None: the
-    records already are vectors in [0, 1]^d)."""
+    records already are vectors in [0, 1]^d).  heavy_hitters takes `fmt`
+    "categories" (a list of category ids per user, with `d`) or "matrix" (a 0/1
+    matrix); nothing is guessed from the shape."""
     if embedding is None:
         return np.asarray(records, dtype=np.float64)
     if embedding not in EMBEDDINGS:
         raise ValueError(f"unknown embedding {embedding!r}; known: {', '.join(EMBEDDINGS)}")
     if embedding == "heavy_hitters":
-        arr = np.asarray(records)
-        if "d" in params and arr.ndim == 2 and arr.shape[1] != int(params["d"]):
-            # A column of category ids per user rather than a 0/1 matrix.
-            return EMBEDDINGS[embedding](arr.astype(np.int64).tolist(), int(params["d"]))
-        return EMBEDDINGS[embedding](arr, int(params.get("d") or arr.shape[-1]))
+        if fmt == "categories":
+            if "d" not in params:
+                raise InputError("heavy_hitters with fmt='categories' needs d")
+            d = int(params["d"])
+            rows: list[Any] = list(records.tolist() if isinstance(records, np.ndarray) else records)  # type: ignore[arg-type]
+            ids: list[list[int]] = []
+            for i, row in enumerate(rows, 1):
+                cats = [int(v) for v in row]
+                if cats != list(row) or any(not 0 <= c < d for c in cats):
+                    raise InputError(f"row {i}: category ids must be integers in [0, {d})")
+                ids.append(cats)
+            return EMBEDDINGS[embedding](ids, d)
+        if fmt != "matrix":
+            raise InputError(
+                "heavy_hitters needs fmt='categories' (category ids per user) or 'matrix' (0/1)"
+            )
+        arr = np.asarray(records, dtype=np.float64)
+        if "d" in params and arr.shape[-1] != int(params["d"]):
+            raise InputError(f"rows have {arr.shape[-1]} values, d={params['d']}")
+        if not ((arr == 0) | (arr == 1)).all():
+            raise InputError("a heavy_hitters matrix holds only 0 and 1")
+        return arr
     return EMBEDDINGS[embedding](records, **params)

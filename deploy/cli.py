@@ -1,24 +1,93 @@
-"""The `svtagg` command line: one entry point with a subcommand per job."""
+"""The `svtagg` command line: one entry point with a subcommand per job.
+
+Every expected failure ends as one line on stderr and one of these exit codes
+(docs/services.md, "Exit codes"):
+
+====  =====================================================================
+0     success
+1     refused by a server (unknown task, budget, state, permission, ...)
+2     bad invocation or bad input (argument, file contents, value ranges)
+3     local environment: a missing or unreadable file or directory, a bad
+      certificate, a port in use, a store that cannot be opened
+4     a server could not be reached (down, wrong address, TLS handshake
+      refused, e.g. a certificate of another CA, or a call timed out)
+130   interrupted (Ctrl-C)
+141   stdout closed early (e.g. `svtagg ... | head -1`); nothing printed
+====  =====================================================================
+
+`--leader`, `--helper` and `--certs` may come from the environment or a config
+file instead of the command line; see `svtagg.deploy.settings`.
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
+import sqlite3
 import sys
 from collections.abc import Callable, Sequence
-from importlib.metadata import version
+from typing import Any, NoReturn
+
+from svtagg.deploy.settings import apply_settings
 
 Handler = Callable[[argparse.Namespace], int]
 
+EXIT_OK = 0
+EXIT_REFUSED = 1
+EXIT_USAGE = 2
+EXIT_ENVIRONMENT = 3
+EXIT_UNREACHABLE = 4
+EXIT_INTERRUPTED = 130
+EXIT_BROKEN_PIPE = 141
+
+
+class _Formatter(argparse.HelpFormatter):
+    """Every option with a default shows it, whether or not it has help text."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if (
+            default in (None, False, argparse.SUPPRESS)
+            or default == []
+            or not action.option_strings
+            or "default" in text.lower()
+        ):
+            return text
+        return f"{text} (default: %(default)s)".strip()
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (the usage is one `--help` away) and every
+    option's default shown in its help."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _Formatter)
+        super().__init__(*args, **kwargs)
+
+    def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action:
+        action = super().add_argument(*args, **kwargs)
+        if not action.help and action.option_strings and action.required is False:
+            if action.default not in (None, False, argparse.SUPPRESS, []):
+                action.help = "(default: %(default)s)"
+        return action
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see --help)\n")
+
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    from svtagg import __version__
+
+    parser = Parser(
         prog="svtagg",
         description="Sparse Vector Technique over two-server secure aggregation.",
     )
-    parser.add_argument("--version", action="version", version=f"svtagg {version('svtagg')}")
+    parser.add_argument("--version", action="version", version=f"svtagg {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for register in _registrars():
         register(sub)
+    apply_settings(parser)
     return parser
 
 
@@ -26,25 +95,108 @@ def _registrars() -> list[Callable[[argparse._SubParsersAction], None]]:  # type
     """Subcommand modules; each adds its parsers and sets `handler`."""
     from svtagg.analyst.experiments import register as experiment_register
     from svtagg.client.cli import register as client_register
+    from svtagg.deploy.admin import register as admin_register
     from svtagg.deploy.jobs import register as jobs_register
     from svtagg.servers.cli import register as server_register
 
-    return [server_register, client_register, jobs_register, experiment_register]
+    return [server_register, client_register, jobs_register, admin_register, experiment_register]
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split()) or "(no detail)"
+
+
+def describe_failure(exc: BaseException) -> tuple[int, str] | None:
+    """(exit code, one-line message) for an expected failure; None: a bug."""
+    import grpc
+    from svtagg.client.upload import InputError, UploadError
+    from svtagg.dp.errors import PeerUnavailable, Refusal
+    from svtagg.proto.tls import CertificateError
+
+    unreachable = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
+    if isinstance(exc, grpc.RpcError):
+        code = exc.code()  # type: ignore[attr-defined]
+        details = _one_line(exc.details())  # type: ignore[attr-defined]
+        if code in unreachable:
+            return EXIT_UNREACHABLE, f"unreachable: {code.name}: {details}"
+        return EXIT_REFUSED, f"refused: {code.name}: {details}"
+    if isinstance(exc, UploadError):
+        rc = EXIT_UNREACHABLE if exc.unreachable else EXIT_REFUSED
+        return rc, f"upload failed: {_one_line(str(exc))}"
+    if isinstance(exc, InputError):
+        return EXIT_USAGE, f"bad input: {_one_line(str(exc))}"
+    if isinstance(exc, CertificateError):
+        return EXIT_ENVIRONMENT, f"certificate: {_one_line(str(exc))}"
+    if isinstance(exc, PeerUnavailable):
+        return EXIT_UNREACHABLE, f"unreachable: {_one_line(str(exc))}"
+    if isinstance(exc, Refusal):
+        return EXIT_REFUSED, f"refused: {type(exc).__name__}: {_one_line(str(exc))}"
+    if isinstance(exc, FileNotFoundError | NotADirectoryError | IsADirectoryError):
+        where = exc.filename or ""
+        return EXIT_ENVIRONMENT, f"{exc.strerror or 'not found'}: {where}".rstrip(": ")
+    if isinstance(exc, PermissionError):
+        return EXIT_ENVIRONMENT, f"permission denied: {exc.filename or _one_line(str(exc))}"
+    if isinstance(exc, FileExistsError):
+        return EXIT_ENVIRONMENT, _one_line(str(exc))
+    if isinstance(exc, OSError):
+        return EXIT_ENVIRONMENT, _one_line(str(exc))
+    if isinstance(exc, sqlite3.Error):
+        return EXIT_ENVIRONMENT, f"store: {_one_line(str(exc))}"
+    if isinstance(exc, ValueError):
+        return EXIT_USAGE, f"error: {_one_line(str(exc))}"
+    return None
+
+
+def _quiet_stdout() -> None:
+    """After a broken pipe: point stdout at /dev/null so the interpreter's final
+    flush does not raise again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    handler: Handler | None = getattr(args, "handler", None)
-    if handler is None:
-        parser.print_help()
-        return 0 if args.command is None else 2
+    """Run one `svtagg` command; returns its exit code (see the module docstring)."""
     try:
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        handler: Handler | None = getattr(args, "handler", None)
+        if handler is None:
+            parser.print_help()
+            return EXIT_OK if args.command is None else EXIT_USAGE
         return handler(args)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        _quiet_stdout()
+        return EXIT_BROKEN_PIPE
+    except Exception as exc:  # noqa: BLE001 - expected failures become one line
+        found = describe_failure(exc)
+        if found is None:
+            raise
+        rc, message = found
+        print(f"svtagg: {message}", file=sys.stderr)
+        return rc
+
+
+def entry() -> None:
+    """The console script: `main` with its return value as the exit status.
+
+    gRPC's C core writes its own error lines to stderr (e.g. a second line for a
+    port in use); the command line reports those failures itself, so the core is
+    quiet unless GRPC_VERBOSITY is set (e.g. GRPC_VERBOSITY=ERROR or DEBUG)."""
+    os.environ.setdefault("GRPC_VERBOSITY", "NONE")
+    rc = main()
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        _quiet_stdout()
+        rc = EXIT_BROKEN_PIPE
+    sys.exit(rc)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

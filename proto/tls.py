@@ -18,6 +18,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from cryptography import x509
+from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
@@ -58,6 +59,67 @@ class Identity:
             (d / f"{role}.key").read_bytes(),
             (d / "ca.pem").read_bytes(),
         )
+
+
+class CertificateError(ValueError):
+    """A certificate directory that cannot serve the role asked of it."""
+
+
+def load_identity(directory: str | Path, role: str) -> Identity:
+    """`Identity.load` plus `check_identity`: the files exist (CertificateError
+    naming the missing one otherwise), the certificate carries `role` and was
+    issued by the directory's ca.pem."""
+    d = Path(directory)
+    if not d.is_dir():
+        raise CertificateError(f"{d}: no such certificate directory (make one: svtagg certs)")
+    for name in ("ca.pem", f"{role}.pem", f"{role}.key"):
+        if not (d / name).is_file():
+            raise CertificateError(f"{d}: no {name} (the {role}'s certificate directory?)")
+    ident = Identity.load(d, role)
+    check_identity(ident, role, where=str(d))
+    return ident
+
+
+def check_identity(ident: Identity, role: str, where: str = "") -> None:
+    """CertificateError unless `ident.cert` is a `role` certificate signed by `ident.ca`."""
+    at = f"{where}: " if where else ""
+    try:
+        cert = x509.load_pem_x509_certificate(ident.cert)
+        ca = x509.load_pem_x509_certificate(ident.ca)
+    except ValueError as exc:
+        raise CertificateError(f"{at}not a PEM certificate ({exc})") from None
+    found = role_of_pem(ident.cert)
+    if found != role:
+        raise CertificateError(
+            f"{at}{role}.pem is a certificate of role {found or 'none'}, not {role}"
+        )
+    try:
+        cert.verify_directly_issued_by(ca)
+    except (ValueError, TypeError, InvalidSignature):
+        raise CertificateError(
+            f"{at}{role}.pem was not issued by this directory's ca.pem"
+        ) from None
+    now = dt.datetime.now(dt.UTC)
+    if not cert.not_valid_before_utc <= now <= cert.not_valid_after_utc:
+        raise CertificateError(
+            f"{at}{role}.pem is valid only from {cert.not_valid_before_utc:%Y-%m-%d} "
+            f"to {cert.not_valid_after_utc:%Y-%m-%d}"
+        )
+    try:
+        key = serialization.load_pem_private_key(ident.key, password=None)
+    except (ValueError, TypeError):
+        raise CertificateError(f"{at}{role}.key is not an unencrypted PEM private key") from None
+    if key.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    ) != cert.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    ):
+        raise CertificateError(f"{at}{role}.key does not belong to {role}.pem")
+
+
+def deployment_files(roles: tuple[str, ...] = ROLES) -> list[str]:
+    """The file names `write_deployment` writes."""
+    return ["ca.pem", "ca.key", *(f"{r}.{ext}" for r in roles for ext in ("pem", "key"))]
 
 
 def _name(common_name: str, role: str | None) -> x509.Name:
@@ -141,10 +203,23 @@ def issue(
 
 
 def write_deployment(
-    directory: str | Path, hosts: tuple[str, ...] = DEFAULT_HOSTS, roles: tuple[str, ...] = ROLES
+    directory: str | Path,
+    hosts: tuple[str, ...] = DEFAULT_HOSTS,
+    roles: tuple[str, ...] = ROLES,
+    *,
+    force: bool = True,
 ) -> Path:
-    """Make ca.pem/ca.key and <role>.pem/<role>.key for every role in `directory`."""
+    """Make ca.pem/ca.key and <role>.pem/<role>.key for every role in `directory`.
+    force=False: FileExistsError (nothing written) if any of them exists."""
     d = Path(directory)
+    if not force:
+        existing = [n for n in deployment_files(roles) if (d / n).exists()]
+        if existing:
+            raise FileExistsError(
+                f"{d} already holds {', '.join(existing[:3])}"
+                f"{', ...' if len(existing) > 3 else ''}; replacing them would invalidate "
+                "every issued certificate (use --force to replace)"
+            )
     d.mkdir(parents=True, exist_ok=True)
     ca_cert, ca_key = make_ca()
     _write(d / "ca.pem", ca_cert, 0o644)

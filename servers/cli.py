@@ -5,13 +5,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import sys
 from fractions import Fraction
 from pathlib import Path
 
 from svtagg.dp.kinds import as_fraction
-from svtagg.proto.tls import DEFAULT_HOSTS, ROLES, Identity, write_deployment
+from svtagg.proto.tls import DEFAULT_HOSTS, ROLES, Identity, load_identity, write_deployment
 
 #: The budget cap a server applies when its operator names none.  ε_total = 10:
 #: a total above the budgets of published deployments, where the guarantee is
@@ -20,6 +21,7 @@ from svtagg.proto.tls import DEFAULT_HOSTS, ROLES, Identity, write_deployment
 #: "none" lifts a cap explicitly.
 DEFAULT_MAX_EPSILON_TOTAL = "10"
 DEFAULT_MAX_DELTA_TOTAL = "1/100000"
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -49,6 +51,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "the environment variable SVTAGG_THREADS sets the same)",
     )
     p.add_argument("--port-file", help="write the bound port here once serving")
+    p.add_argument(
+        "--metrics-listen",
+        help="host:port for a Prometheus /metrics endpoint (plain HTTP: bind it to a "
+        "private interface; port 0 picks one, logged at start); off when not given",
+    )
     p.add_argument("--grace", type=float, default=5.0, help="shutdown grace period (s)")
     p.add_argument(
         "--rate-limit",
@@ -57,7 +64,20 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="requests/s per caller certificate (0: no limit; the leader is exempt)",
     )
     p.add_argument("--rate-burst", type=float, default=2000.0, help="token-bucket burst size")
-    p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ...")
+    p.add_argument(
+        "--log-level",
+        default="INFO",
+        type=str.upper,
+        choices=LOG_LEVELS,
+        help="svtagg's own log level",
+    )
+    p.add_argument(
+        "--grpc-log-level",
+        default="WARNING",
+        type=str.upper,
+        choices=LOG_LEVELS,
+        help="log level of the gRPC library's internals (kept apart from --log-level)",
+    )
     p.add_argument(
         "--max-epsilon-total",
         default=DEFAULT_MAX_EPSILON_TOTAL,
@@ -84,24 +104,63 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         default=",".join(DEFAULT_HOSTS),
         help="comma-separated DNS names / IPs the servers answer on",
     )
+    c.add_argument(
+        "--force",
+        action="store_true",
+        help="replace an existing CA and keys (every certificate issued before stops working)",
+    )
     c.set_defaults(handler=run_certs)
 
 
 def run_certs(args: argparse.Namespace) -> int:
     hosts = tuple(h.strip() for h in args.hosts.split(",") if h.strip())
-    out = write_deployment(args.out, hosts)
+    if not hosts:
+        raise ValueError("--hosts names no host")
+    out = write_deployment(args.out, hosts, force=args.force)
     print(f"wrote ca.pem and {', '.join(ROLES)} certificates (hosts {', '.join(hosts)}) to {out}")
     print("keep ca.key offline; give each party only its own <role>.pem/.key and ca.pem")
     return 0
 
 
+def check_startup(args: argparse.Namespace) -> Identity:
+    """Everything that can be checked before anything is created: the leader's
+    --helper, the certificate directory and its role, the store's directory and
+    the budget caps.  Raises (one-line messages) instead of starting half-way."""
+    if args.role == "leader" and not args.helper:
+        raise ValueError("the leader needs --helper host:port (the helper's address)")
+    if args.role == "helper" and args.helper:
+        raise ValueError("--helper is for the leader only")
+    identity = load_identity(args.certs, args.role)
+    db = Path(args.db)
+    if db.is_dir():
+        raise IsADirectoryError(21, "--db names a directory, not a store file", str(db))
+    parent = db.parent if str(db.parent) else Path(".")
+    if not parent.is_dir():
+        raise FileNotFoundError(2, "--db: no such directory", str(parent))
+    if not os.access(parent, os.W_OK) or (db.exists() and not os.access(db, os.W_OK)):
+        raise PermissionError(13, "--db is not writable", str(db))
+    if args.port_file and not Path(args.port_file).resolve().parent.is_dir():
+        raise FileNotFoundError(
+            2, "--port-file: no such directory", str(Path(args.port_file).parent)
+        )
+    _cap(args.max_epsilon_total, "--max-epsilon-total")
+    _cap(args.max_delta_total, "--max-delta-total")
+    _data_port(args.data_port)
+    _threads(args.threads)
+    return identity
+
+
 def run_server(args: argparse.Namespace) -> int:
+    identity = check_startup(args)
     logging.basicConfig(
-        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
+        level=getattr(logging, args.log_level),
         format="%(asctime)s %(name)s %(levelname)s %(message)s",
         stream=sys.stderr,
     )
-    return asyncio.run(_serve(args))
+    # gRPC's own loggers (and its C core's tracing) answer to --grpc-log-level only.
+    logging.getLogger("grpc").setLevel(getattr(logging, args.grpc_log_level))
+    logging.getLogger("asyncio").setLevel(max(logging.INFO, getattr(logging, args.log_level)))
+    return asyncio.run(_serve(args, identity))
 
 
 def _cap(value: str | None, flag: str) -> Fraction | None:
@@ -110,9 +169,9 @@ def _cap(value: str | None, flag: str) -> Fraction | None:
     try:
         cap = as_fraction(value, flag)
     except ValueError as exc:
-        raise SystemExit(f"{flag}: {exc}") from None
+        raise ValueError(f"{flag}: {exc}") from None
     if cap <= 0:
-        raise SystemExit(f"{flag} must be > 0")
+        raise ValueError(f"{flag} must be > 0")
     return cap
 
 
@@ -122,26 +181,29 @@ def _data_port(value: str) -> int | None:
     try:
         port = int(value)
     except ValueError:
-        raise SystemExit(f"--data-port: expected a port number or 'off', got {value!r}") from None
+        raise ValueError(f"--data-port: expected a port number or 'off', got {value!r}") from None
     if not 0 <= port < 65536:
-        raise SystemExit("--data-port must be in [0, 65535]")
+        raise ValueError("--data-port must be in [0, 65535]")
     return port
 
 
-async def _serve(args: argparse.Namespace) -> int:
+def _threads(value: int | None) -> int | None:
+    if value is not None and not 1 <= value <= 64:
+        raise ValueError("--threads must be in [1, 64]")
+    return value
+
+
+async def _serve(args: argparse.Namespace, identity: Identity) -> int:
     from svtagg.mpc import native
     from svtagg.servers.service import ServerConfig, SvtaggServer
 
     if args.threads is not None:
-        if not 1 <= args.threads <= 64:
-            raise SystemExit("--threads must be in [1, 64]")
         native.set_threads(args.threads)
-    logging.getLogger("svtagg.server").info("comparison engine: %s", native.describe())
 
     config = ServerConfig(
         role=args.role,
         store_path=args.db,
-        identity=Identity.load(args.certs, args.role),
+        identity=identity,
         listen=args.listen,
         helper_address=args.helper,
         ingest_listen=args.ingest_listen,
@@ -151,8 +213,11 @@ async def _serve(args: argparse.Namespace) -> int:
         max_delta_total=_cap(args.max_delta_total, "--max-delta-total"),
         require_validation=args.require_validation,
         data_port=_data_port(args.data_port),
+        metrics_listen=args.metrics_listen,
     )
+    server = SvtaggServer(config)  # binds the ports, then opens the store
     log = logging.getLogger("svtagg.server")
+    log.info("comparison engine: %s", native.describe())
     for name, cap, default in (
         ("epsilon", config.max_epsilon_total, DEFAULT_MAX_EPSILON_TOTAL),
         ("delta", config.max_delta_total, DEFAULT_MAX_DELTA_TOTAL),
@@ -164,7 +229,6 @@ async def _serve(args: argparse.Namespace) -> int:
             log.info("budget cap: total %s <= %s (the default; set %s to change)", name, cap, flag)
         else:
             log.info("budget cap: total %s <= %s", name, cap)
-    server = SvtaggServer(config)
     await server.start()
     if args.port_file:
         tmp = Path(args.port_file + ".tmp")

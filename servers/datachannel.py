@@ -213,20 +213,30 @@ class DataListener:
         self._thread: threading.Thread | None = None
         self._stopped = threading.Event()
 
-    async def start(self) -> int:
-        """Bind and listen; returns the port (an ephemeral one if 0 was asked)."""
-        self._loop = asyncio.get_running_loop()
+    def bind(self) -> int:
+        """Bind and listen (before anything else of the server is created);
+        returns the port, an ephemeral one if 0 was asked.  OSError if taken."""
+        if self._sock is not None:
+            return self.port
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((self.host, self.port))
             sock.listen(16)
-        except OSError:
+        except OSError as exc:
             sock.close()
-            raise
+            raise OSError(
+                f"cannot listen on {self.host}:{self.port} (--data-port): {exc.strerror or exc}"
+            ) from None
         self._sock = sock
         self.port = int(sock.getsockname()[1])
+        return self.port
+
+    async def start(self) -> int:
+        """Bind if not yet bound, then accept in a background thread."""
+        self._loop = asyncio.get_running_loop()
+        self.bind()
         self._thread = threading.Thread(target=self._accept_loop, name="svtagg-data-accept")
         self._thread.daemon = True
         self._thread.start()

@@ -58,6 +58,8 @@ ROBUST_LANES = 4096
 #: Lanes per range-validation chunk (2d per report): about 150 MB of protocol
 #: traffic, well inside the chunk deadline.
 VALIDATION_LANES = 50_000
+#: How long `close_collection` waits for the helper before closing anything.
+HELPER_CHECK_DEADLINE = 5.0
 
 #: What one chunk's protocol run returns: (result, queries answered, stream closes).
 ChunkRun = Callable[[ComparisonParty, StreamState], Awaitable[tuple[Any, int, bool]]]
@@ -191,6 +193,14 @@ class LeaderDriver:
             self._failed_plans.setdefault(request.task_id, []).append(plan_id)
             self._unsynced.add(request.task_id)
             raise
+        log.info(
+            "task %s: plan %s reserved (epsilon %s, delta %s, %d groups)",
+            request.task_id,
+            plan_id,
+            info.epsilon,
+            info.delta,
+            len(request.groups),
+        )
         return info
 
     async def end_plan(self, plan_id: str) -> pb.PlanInfo:
@@ -198,7 +208,14 @@ class LeaderDriver:
         not use (basic plans only).  Idempotent."""
         self.core.store.plan(plan_id)  # NOT_FOUND before any peer call
         await self._call(PeerMethod.END_PLAN, pb.PlanRef(plan_id=plan_id))
-        return self.core.plan_info(plan_id, self.core.store.end_plan(plan_id))
+        info = self.core.plan_info(plan_id, self.core.store.end_plan(plan_id))
+        log.info(
+            "plan %s: ended (refunded epsilon %s, delta %s)",
+            plan_id,
+            info.refunded_epsilon or "0",
+            info.refunded_delta or "0",
+        )
+        return info
 
     # ------------------------------------------------------------ tasks
     async def create_task(self, request: pb.TaskSpec) -> pb.TaskInfo:
@@ -207,21 +224,33 @@ class LeaderDriver:
         if params.task_id in self.core.store.task_ids():
             raise AlreadyExists(f"task {params.task_id!r} already exists")
         await self._call(PeerMethod.CREATE_TASK, request)
-        return task_info(self.core.store.create_task(params))
+        info = task_info(self.core.store.create_task(params))
+        log.info(
+            "task %s: created (d=%d, n_max=%d, total epsilon %s, delta %s, validate_reports=%s)",
+            params.task_id,
+            request.d,
+            request.n_max,
+            request.epsilon_total,
+            request.delta_total,
+            request.validate_reports,
+        )
+        return info
 
     async def describe(self, task_id: str) -> pb.TaskInfo:
         """The task with both ledgers (the leader's view alone while the helper is down)."""
         task = self.core.store.task(task_id)
+        ref = pb.TaskRef(task_id=task_id)
         try:
+            # A short first call: a helper that is down costs seconds, not the
+            # caller's whole deadline.
+            await self.helper.call(PeerMethod.BUDGET, ref, timeout=HELPER_CHECK_DEADLINE)
             await self.sync_ledgers(task_id)
             task = self.core.store.task(task_id)
-        except PeerUnavailable:
-            pass
+            helper = await self._call(PeerMethod.BUDGET, ref)
+        except PeerUnavailable as exc:
+            log.warning("task %s: described without the helper's ledger (%s)", task_id, exc)
+            return task_info(task)
         info = task_info(task)
-        try:
-            helper = await self._call(PeerMethod.BUDGET, pb.TaskRef(task_id=task_id))
-        except PeerUnavailable:
-            return info
         info.helper_budget.CopyFrom(helper.budget)
         return info
 
@@ -241,9 +270,13 @@ class LeaderDriver:
         task = self.core.store.task(task_id)
         if task.agreed:
             return task_info(task)
-        if task.collection_open:
-            task = self.core.store.close_collection(task_id)
         ref = pb.TaskRef(task_id=task_id)
+        if task.collection_open:
+            # The helper must answer before the leader's side closes, so an outage
+            # refuses the close cleanly instead of closing one server only.
+            await self.helper.call(PeerMethod.BUDGET, ref, timeout=HELPER_CHECK_DEADLINE)
+            task = self.core.store.close_collection(task_id)
+            log.info("task %s: collection closed on the leader (n=%d)", task_id, task.n)
         helper = await self._call(PeerMethod.CLOSE_COLLECTION, ref)
         dropped = 0
         if (helper.n, helper.report_digest) != (task.n, task.digest):
@@ -276,6 +309,12 @@ class LeaderDriver:
         )
         info = task_info(self.core.store.mark_agreed(task_id, robust))
         info.dropped_reports = dropped + len(invalid)
+        log.info(
+            "task %s: both servers agree on n=%d (dropped %d)",
+            task_id,
+            info.n,
+            info.dropped_reports,
+        )
         return info
 
     async def _drop(
@@ -372,6 +411,15 @@ class LeaderDriver:
             self._unsynced.add(request.task_id)
             raise
         self.core.store.confirm_stream(stream_id)
+        log.info(
+            "task %s: stream %s opened (%s, epsilon %s, delta %s%s)",
+            request.task_id,
+            stream_id,
+            kind.value,
+            request.epsilon,
+            request.delta or "0",
+            f", plan {request.plan_id} group {request.plan_group}" if request.plan_id else "",
+        )
         return stream_info(self.core.store.stream(stream_id))
 
     def _open_stream(self, stream_id: str, compare: bool) -> tuple[StreamState, TaskState]:

@@ -13,6 +13,7 @@ import asyncio
 import functools
 import hashlib
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from fractions import Fraction
@@ -23,8 +24,16 @@ from svtagg.dp.errors import InvalidArgument, RateLimited
 from svtagg.proto import health_pb2, health_pb2_grpc
 from svtagg.proto import svtagg_pb2 as pb
 from svtagg.proto import svtagg_pb2_grpc as pb_grpc
-from svtagg.proto.tls import Identity, role_of_pem
-from svtagg.proto.vocab import REFUSAL_KEY, SERVER_OPTIONS, SERVER_ROLES, Role, status_of
+from svtagg.proto.tls import Identity, role_of_pem, tls_target
+from svtagg.proto.vocab import (
+    CHANNEL_OPTIONS,
+    REFUSAL_KEY,
+    SERVER_OPTIONS,
+    SERVER_ROLES,
+    Role,
+    kind_from_pb,
+    status_of,
+)
 from svtagg.proto.wire import UNDECODABLE, add_service
 from svtagg.servers.core import PartyFactory, ServerCore, garbled_circuit_party
 from svtagg.servers.datachannel import DataListener, split_host
@@ -44,15 +53,35 @@ F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 ANONYMOUS = ""
 
 
-async def _abort(context: grpc.aio.ServicerContext, exc: BaseException, method: str) -> None:
+def request_ref(request: Any) -> str:
+    """The task / stream / plan a request names, for log lines ('' if none).
+    Identifiers only: never values, thresholds or shares."""
+    parts = []
+    for attr in ("task_id", "stream_id", "plan_id"):
+        value = getattr(request, attr, "")
+        if isinstance(value, str) and value:
+            parts.append(f"{attr.removesuffix('_id')}={value[:64]!r}")
+    return " ".join(parts)
+
+
+async def _abort(
+    context: grpc.aio.ServicerContext,
+    exc: BaseException,
+    method: str,
+    request: Any = None,
+    metrics: Metrics | None = None,
+) -> None:
     found = status_of(exc)
+    ref = request_ref(request)
     if found is None:
-        log.exception("internal error in %s", method)
+        log.exception("internal error in %s %s", method, ref)
         await context.abort(grpc.StatusCode.INTERNAL, "internal server error")
         return
     code, name = found
-    # Only the method and code: messages may name parameters, never data.
-    log.info("%s refused: %s (%s)", method, code.name, name)
+    if metrics is not None:
+        metrics.refusals.labels(method=method, code=code.name).inc()
+    # The method, the ids it names and the code: messages may name parameters, never data.
+    log.info("%s %s refused: %s (%s)", method, ref or "-", code.name, name)
     await context.abort(code, str(exc), trailing_metadata=((REFUSAL_KEY, name),))
 
 
@@ -92,7 +121,7 @@ def rpc(*roles: str) -> Callable[[F], F]:
             except grpc.aio.AbortError:
                 raise
             except Exception as exc:  # noqa: BLE001 - every refusal becomes a status
-                await _abort(context, exc, method.__name__)
+                await _abort(context, exc, method.__name__, request, getattr(self, "metrics", None))
                 raise
 
         return handler  # type: ignore[return-value]
@@ -118,9 +147,104 @@ def peer_role(context: grpc.aio.ServicerContext) -> Role | None:
 Context: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
 
 
+# ---------------------------------------------------------------- metrics
+class Metrics:
+    """Prometheus metrics of one server, in its own registry (several servers may
+    share a process in tests).  Counts and timings only: task ids and public
+    budget figures, never data, thresholds or shares."""
+
+    #: Chunk latency buckets (seconds): a chunk takes from milliseconds (small d,
+    #: warm pool) to minutes (10^5 queries).
+    CHUNK_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 600)
+
+    def __init__(self, role: str) -> None:
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.info = Gauge("svtagg_server_info", "This server's role", ["role"], registry=r)
+        self.info.labels(role=role).set(1)
+        self.reports = Counter(
+            "svtagg_reports_ingested", "Reports stored from client uploads", ["task"], registry=r
+        )
+        self.batches = Counter(
+            "svtagg_upload_batches", "Upload batches stored", ["task"], registry=r
+        )
+        self.streams = Counter(
+            "svtagg_streams_opened", "SVT streams opened (each charges the ledger)",
+            ["task", "kind"], registry=r,
+        )  # fmt: skip
+        self.comparisons = Counter(
+            "svtagg_comparisons",
+            "Queries answered by the two-server comparison protocol (leader)",
+            ["task"],
+            registry=r,
+        )
+        self.chunks = Counter("svtagg_chunks", "Chunks answered (leader)", ["task"], registry=r)
+        self.peer_bytes = Counter(
+            "svtagg_peer_bytes",
+            "Bytes exchanged with the helper by chunk protocols (leader)",
+            registry=r,
+        )
+        self.chunk_seconds = Histogram(
+            "svtagg_chunk_seconds",
+            "Latency of one Ask/Compare chunk at the leader",
+            buckets=self.CHUNK_BUCKETS,
+            registry=r,
+        )
+        self.epsilon_spent = Gauge(
+            "svtagg_task_epsilon_spent", "ε spent on this server's ledger", ["task"], registry=r
+        )
+        self.delta_spent = Gauge(
+            "svtagg_task_delta_spent", "δ spent on this server's ledger", ["task"], registry=r
+        )
+        self.epsilon_total = Gauge(
+            "svtagg_task_epsilon_total", "The task's total ε", ["task"], registry=r
+        )
+        self.refusals = Counter(
+            "svtagg_refusals", "Calls refused, by method and status code", ["method", "code"],
+            registry=r,
+        )  # fmt: skip
+        self.helper_reachable = Gauge(
+            "svtagg_helper_reachable", "1 if the leader's last health probe reached the helper",
+            registry=r,
+        )  # fmt: skip
+        self._http: Any = None
+
+    def budget(self, store: Store, task_id: str) -> None:
+        """Refresh one task's ledger gauges from the store (on the server's loop)."""
+        try:
+            b = store.task(task_id).budget
+        except Exception:  # noqa: BLE001 - an unknown task has no gauges
+            return
+        self.epsilon_spent.labels(task=task_id).set(float(b.epsilon_spent))
+        self.delta_spent.labels(task=task_id).set(float(b.delta_spent))
+        self.epsilon_total.labels(task=task_id).set(float(b.epsilon_total))
+
+    def serve(self, address: str) -> int:
+        """Serve /metrics over plain HTTP on host:port (port 0: pick one); the port."""
+        from prometheus_client import start_http_server
+
+        host, _, port = address.rpartition(":")
+        try:
+            self._http, _ = start_http_server(
+                int(port), host or "127.0.0.1", registry=self.registry
+            )
+        except (OSError, ValueError) as exc:
+            raise OSError(f"cannot serve metrics on {address}: {exc}") from None
+        return int(self._http.server_port)
+
+    def stop(self) -> None:
+        if self._http is not None:
+            self._http.shutdown()
+            self._http.server_close()
+            self._http = None
+
+
 # ---------------------------------------------------------------- services
 class IngestService(pb_grpc.IngestServicer):
     limiter: RateLimiter | None = None
+    metrics: Metrics | None = None
 
     def __init__(self, core: ServerCore) -> None:
         self.core = core
@@ -134,6 +258,9 @@ class IngestService(pb_grpc.IngestServicer):
                 raise InvalidArgument(f"the {self.core.role} takes reports with a {field}")
             reports.append((r.report_id, getattr(r, field)))
         n = self.core.upload(request.task_id, reports)
+        if self.metrics is not None:
+            self.metrics.reports.labels(task=request.task_id).inc(len(reports))
+            self.metrics.batches.labels(task=request.task_id).inc()
         return pb.UploadResult(accepted=len(reports), n=n)
 
     @rpc(Role.CLIENT, Role.ANALYST, Role.LEADER, ANONYMOUS)
@@ -145,13 +272,28 @@ class AnalystService(pb_grpc.AnalystServicer):
     """The leader's analyst API: each RPC is one `LeaderDriver` call."""
 
     limiter: RateLimiter | None = None
+    metrics: Metrics | None = None
 
     def __init__(self, driver: LeaderDriver) -> None:
         self.driver = driver
 
+    def _budget(self, task_id: str) -> None:
+        if self.metrics is not None:
+            self.metrics.budget(self.driver.core.store, task_id)
+
+    def _chunk(self, task_id: str, start: float, answered: int, peer_bytes: int) -> None:
+        if self.metrics is not None:
+            m = self.metrics
+            m.chunk_seconds.observe(time.perf_counter() - start)
+            m.chunks.labels(task=task_id).inc()
+            m.comparisons.labels(task=task_id).inc(answered)
+            m.peer_bytes.inc(peer_bytes)
+
     @rpc(Role.ANALYST)
     async def CreateTask(self, request: pb.TaskSpec, context: Context) -> pb.TaskInfo:
-        return await self.driver.create_task(request)
+        info = await self.driver.create_task(request)
+        self._budget(request.task_id)
+        return info
 
     @rpc(Role.ANALYST)
     async def DescribeTask(self, request: pb.TaskRef, context: Context) -> pb.TaskInfo:
@@ -171,35 +313,68 @@ class AnalystService(pb_grpc.AnalystServicer):
 
     @rpc(Role.ANALYST)
     async def OpenStream(self, request: pb.OpenStreamRequest, context: Context) -> pb.StreamInfo:
-        return await self.driver.open_stream(request)
+        info = await self.driver.open_stream(request)
+        if self.metrics is not None:
+            kind = kind_from_pb(request.kind).value
+            self.metrics.streams.labels(task=request.task_id, kind=kind).inc()
+        self._budget(request.task_id)
+        return info
 
     @rpc(Role.ANALYST)
     async def Ask(self, request: pb.AskRequest, context: Context) -> pb.AskResponse:
-        return await self.driver.ask(request)
+        start = time.perf_counter()
+        resp = await self.driver.ask(request)
+        answered = resp.index + 1 if resp.yes else len(request.queries.index)
+        self._chunk(self._task_of(request.stream_id), start, answered, resp.peer_bytes)
+        return resp
 
     @rpc(Role.ANALYST)
     async def Compare(self, request: pb.CompareRequest, context: Context) -> pb.CompareResponse:
-        return await self.driver.compare(request)
+        start = time.perf_counter()
+        resp = await self.driver.compare(request)
+        task = self._task_of(request.stream_id)
+        self._chunk(task, start, len(resp.outcomes), resp.peer_bytes)
+        return resp
+
+    def _task_of(self, stream_id: str) -> str:
+        try:
+            return str(self.driver.core.store.stream(stream_id).task_id)
+        except Exception:  # noqa: BLE001 - metrics never fail a call
+            return ""
 
     @rpc(Role.ANALYST)
     async def ReservePlan(self, request: pb.PlanRequest, context: Context) -> pb.PlanInfo:
-        return await self.driver.reserve_plan(request)
+        info = await self.driver.reserve_plan(request)
+        self._budget(request.task_id)
+        return info
 
     @rpc(Role.ANALYST)
     async def EndPlan(self, request: pb.PlanRef, context: Context) -> pb.PlanInfo:
-        return await self.driver.end_plan(request.plan_id)
+        info = await self.driver.end_plan(request.plan_id)
+        if self.metrics is not None:
+            for task_id in self.driver.core.store.task_ids():
+                self._budget(task_id)
+        return info
 
 
 class PeerService(pb_grpc.PeerServicer):
     """The helper's side: only the leader may call it; each RPC is one
     `HelperDriver` call."""
 
+    metrics: Metrics | None = None
+
     def __init__(self, driver: HelperDriver) -> None:
         self.driver = driver
 
+    def _budget(self, task_id: str) -> None:
+        if self.metrics is not None:
+            self.metrics.budget(self.driver.core.store, task_id)
+
     @rpc(Role.LEADER)
     async def CreateTask(self, request: pb.TaskSpec, context: Context) -> pb.TaskInfo:
-        return await self.driver.CreateTask(request)
+        info = await self.driver.CreateTask(request)
+        self._budget(request.task_id)
+        return info
 
     @rpc(Role.LEADER)
     async def Digest(self, request: pb.TaskRef, context: Context) -> pb.CollectionDigest:
@@ -229,7 +404,12 @@ class PeerService(pb_grpc.PeerServicer):
     async def PrepareStream(
         self, request: pb.PrepareStreamRequest, context: Context
     ) -> pb.StreamInfo:
-        return await self.driver.PrepareStream(request)
+        info = await self.driver.PrepareStream(request)
+        if self.metrics is not None:
+            kind = kind_from_pb(request.kind).value
+            self.metrics.streams.labels(task=request.task_id, kind=kind).inc()
+        self._budget(request.task_id)
+        return info
 
     @rpc(Role.LEADER)
     async def FailStream(self, request: pb.StreamRef, context: Context) -> pb.StreamInfo:
@@ -237,7 +417,9 @@ class PeerService(pb_grpc.PeerServicer):
 
     @rpc(Role.LEADER)
     async def ReservePlan(self, request: pb.PlanRequest, context: Context) -> pb.PlanInfo:
-        return await self.driver.ReservePlan(request)
+        info = await self.driver.ReservePlan(request)
+        self._budget(request.task_id)
+        return info
 
     @rpc(Role.LEADER)
     async def EndPlan(self, request: pb.PlanRef, context: Context) -> pb.PlanInfo:
@@ -258,11 +440,68 @@ class PeerService(pb_grpc.PeerServicer):
         await self.driver.serve_session(context.write, read)
 
 
-class HealthService(health_pb2_grpc.HealthServicer):
-    """grpc.health.v1: SERVING while up, NOT_SERVING once shutdown begins."""
+class HelperProbe:
+    """The leader's view of the helper: does it answer its health check?  The
+    answer is cached for `ttl` seconds; changes are logged once."""
 
-    def __init__(self) -> None:
+    def __init__(
+        self, address: str, identity: Identity, ttl: float = 1.0, timeout: float = 2.0
+    ) -> None:
+        creds = grpc.ssl_channel_credentials(identity.ca, identity.key, identity.cert)
+        # Short reconnect backoff: health should see a restarted helper within seconds.
+        backoff = [
+            ("grpc.initial_reconnect_backoff_ms", 500),
+            ("grpc.min_reconnect_backoff_ms", 500),
+            ("grpc.max_reconnect_backoff_ms", 2000),
+        ]
+        self._channel = grpc.aio.secure_channel(
+            address, creds, options=[*CHANNEL_OPTIONS, *tls_target(Role.HELPER), *backoff]
+        )
+        self._stub = health_pb2_grpc.HealthStub(self._channel)
+        self.address = address
+        self.ttl = ttl
+        self.timeout = timeout
+        self._checked_at = -float("inf")
+        self.reachable: bool | None = None
+        self.detail = "not checked yet"
+        self.gauge: Any = None
+
+    async def check(self) -> bool:
+        if time.monotonic() - self._checked_at < self.ttl and self.reachable is not None:
+            return self.reachable
+        try:
+            r = await self._stub.Check(health_pb2.HealthCheckRequest(), timeout=self.timeout)
+            ok = r.status == health_pb2.HealthCheckResponse.SERVING
+            detail = "SERVING" if ok else "NOT_SERVING"
+        except grpc.aio.AioRpcError as exc:
+            ok, detail = False, f"{exc.code().name}: {' '.join((exc.details() or '').split())}"
+        self._checked_at = time.monotonic()
+        if ok != self.reachable:
+            if ok:
+                log.info("helper at %s reachable", self.address)
+            else:
+                log.warning(
+                    "helper at %s unreachable (%s); health reports NOT_SERVING",
+                    self.address,
+                    detail,
+                )
+        self.reachable, self.detail = ok, detail
+        if self.gauge is not None:
+            self.gauge.set(1 if ok else 0)
+        return ok
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+
+class HealthService(health_pb2_grpc.HealthServicer):
+    """grpc.health.v1: SERVING while up, NOT_SERVING once shutdown begins.  On the
+    leader, Check also answers NOT_SERVING while the helper is unreachable
+    (`HelperProbe`), since no task can be created, closed or queried then."""
+
+    def __init__(self, helper: HelperProbe | None = None) -> None:
         self.serving = True
+        self.helper = helper
         self._changed = asyncio.Event()
 
     def set_serving(self, serving: bool) -> None:
@@ -278,6 +517,9 @@ class HealthService(health_pb2_grpc.HealthServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "undecodable request")
         if request.service not in ("", "svtagg.v1.Ingest", "svtagg.v1.Analyst", "svtagg.v1.Peer"):
             await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown service {request.service!r}")
+        if self.serving and self.helper is not None and not await self.helper.check():
+            s = health_pb2.HealthCheckResponse
+            return s(status=s.NOT_SERVING)
         return self._status()
 
     async def Watch(self, request: Any, context: Any) -> Any:
@@ -290,6 +532,17 @@ class HealthService(health_pb2_grpc.HealthServicer):
 
 
 # ---------------------------------------------------------------- server
+def _bind(server: grpc.aio.Server, address: str, creds: grpc.ServerCredentials) -> int:
+    """The bound port; OSError (one line) when the address cannot be bound."""
+    try:
+        port = server.add_secure_port(address, creds)
+    except RuntimeError:
+        port = 0
+    if port == 0:
+        raise OSError(f"cannot listen on {address}: port in use or address not available")
+    return port
+
+
 @dataclass
 class ServerConfig:
     role: str
@@ -313,6 +566,8 @@ class ServerConfig:
     #: pick a free one, announced to the leader per session; None: none, the
     #: protocol then runs inside the gRPC session stream).  Leader: ask for it.
     data_port: int | None = 0
+    #: host:port for the Prometheus /metrics endpoint (plain HTTP; None: off).
+    metrics_listen: str | None = None
 
 
 class SvtaggServer:
@@ -324,6 +579,30 @@ class SvtaggServer:
         if config.role == "leader" and not config.helper_address:
             raise ValueError("the leader needs the helper's address")
         self.config = config
+        # Ports first: a port in use fails here, before the store file is created.
+        self.server = grpc.aio.server(options=SERVER_OPTIONS)
+        ident = config.identity
+        creds = grpc.ssl_server_credentials(
+            [(ident.key, ident.cert)], root_certificates=ident.ca, require_client_auth=True
+        )
+        self.port = _bind(self.server, config.listen, creds)
+        self.ingest_port: int | None = None
+        if config.ingest_listen:
+            self.ingest_port = _bind(
+                self.server,
+                config.ingest_listen,
+                grpc.ssl_server_credentials([(ident.key, ident.cert)]),
+            )
+        self.data_listener: DataListener | None = None
+        if config.role == "helper" and config.data_port is not None:
+            self.data_listener = DataListener(
+                config.identity, split_host(config.listen), config.data_port
+            )
+            self.data_listener.bind()  # OSError (one line) if the port is taken
+        self.metrics = Metrics(config.role)
+        self.metrics_port: int | None = None
+        if config.metrics_listen:
+            self.metrics_port = self.metrics.serve(config.metrics_listen)
         self.store = Store(config.store_path)
         self.core = ServerCore(
             config.role,  # type: ignore[arg-type]
@@ -332,15 +611,23 @@ class SvtaggServer:
             max_delta_total=config.max_delta_total,
             require_validation=config.require_validation,
         )
-        self.health = HealthService()
+        self.helper_probe = (
+            HelperProbe(config.helper_address, config.identity)
+            if config.role == "leader" and config.helper_address
+            else None
+        )
+        self.health = HealthService(self.helper_probe)
+        if self.helper_probe is not None:
+            self.helper_probe.gauge = self.metrics.helper_reachable
+        for task_id in self.store.task_ids():
+            self.metrics.budget(self.store, task_id)
         self.peer: GrpcHelperPort | None = None
         self.analyst: AnalystService | None = None
         self.peer_service: PeerService | None = None
-        self.data_listener: DataListener | None = None
-        self.server = grpc.aio.server(options=SERVER_OPTIONS)
         self.limiter = RateLimiter(config.rate_limit, config.rate_burst)
         ingest = IngestService(self.core)
         ingest.limiter = self.limiter
+        ingest.metrics = self.metrics
         add_service(pb_grpc.add_IngestServicer_to_server, ingest, self.server)
         add_service(health_pb2_grpc.add_HealthServicer_to_server, self.health, self.server)
         if config.role == "leader":
@@ -350,32 +637,18 @@ class SvtaggServer:
             )
             self.analyst = AnalystService(LeaderDriver(self.core, self.peer, party))
             self.analyst.limiter = self.limiter
+            self.analyst.metrics = self.metrics
             add_service(pb_grpc.add_AnalystServicer_to_server, self.analyst, self.server)
         else:
             self.peer_service = PeerService(HelperDriver(self.core, party))
+            self.peer_service.metrics = self.metrics
             add_service(pb_grpc.add_PeerServicer_to_server, self.peer_service, self.server)
-        ident = config.identity
-        creds = grpc.ssl_server_credentials(
-            [(ident.key, ident.cert)], root_certificates=ident.ca, require_client_auth=True
-        )
-        self.port = self.server.add_secure_port(config.listen, creds)
-        if self.port == 0:
-            raise OSError(f"cannot listen on {config.listen}")
-        self.ingest_port: int | None = None
-        if config.ingest_listen:
-            self.ingest_port = self.server.add_secure_port(
-                config.ingest_listen, grpc.ssl_server_credentials([(ident.key, ident.cert)])
-            )
 
     async def start(self, warm: bool = True) -> None:
-        if self.peer_service is not None and self.config.data_port is not None:
-            listener = DataListener(
-                self.config.identity, split_host(self.config.listen), self.config.data_port
-            )
-            await listener.start()
-            self.data_listener = listener
-            self.peer_service.driver.data = listener
-            log.info("helper data channel on port %d", listener.port)
+        if self.peer_service is not None and self.data_listener is not None:
+            await self.data_listener.start()
+            self.peer_service.driver.data = self.data_listener
+            log.info("helper data channel on port %d", self.data_listener.port)
         await self.server.start()
         if self.analyst is not None and warm:
             # Base OTs with the helper before the first chunk needs them.
@@ -386,6 +659,11 @@ class SvtaggServer:
             self.port,
             self.store.failed_on_recovery,
         )
+        if self.metrics_port is not None:
+            host = (self.config.metrics_listen or "").rpartition(":")[0] or "127.0.0.1"
+            log.info("metrics on http://%s:%d/metrics", host, self.metrics_port)
+        if self.helper_probe is not None:
+            self._probe = asyncio.ensure_future(self.helper_probe.check())
 
     async def stop(self, grace: float = 5.0) -> None:
         """Graceful shutdown: report NOT_SERVING, let calls finish, close the store."""
@@ -402,6 +680,12 @@ class SvtaggServer:
             await self.analyst.driver.pool.close()
         if self.peer is not None:
             await self.peer.close()
+        if self.helper_probe is not None:
+            probe = getattr(self, "_probe", None)
+            if probe is not None and not probe.done():
+                probe.cancel()
+            await self.helper_probe.close()
+        self.metrics.stop()
         self.store.close()
 
     async def wait(self) -> None:

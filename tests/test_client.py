@@ -82,7 +82,7 @@ def test_load_records_and_embeddings(tmp_path: Path):
     csv = tmp_path / "x.csv"
     csv.write_text("3\n0\n3\n")
     cats = load_records(csv)
-    v = embed(cats, "heavy_hitters", d=5)
+    v = embed(cats, "heavy_hitters", fmt="categories", d=5)
     assert v.shape == (3, 5) and v.sum(axis=0).tolist() == [1, 0, 0, 2, 0]
     npy = tmp_path / "x.npy"
     np.save(npy, np.array([[0.2, 0.9]]))
@@ -113,6 +113,8 @@ async def test_cli_upload(deployment: Deployment, tmp_path: Path):
                 str(data),
                 "--embedding",
                 "heavy_hitters",
+                "--format",
+                "categories",
                 "--param",
                 "d=4",
                 "--batch",

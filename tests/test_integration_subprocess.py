@@ -87,7 +87,12 @@ def test_processes_end_to_end_with_restart(tmp_path: Path):
         assert rc == 0, out
         assert abs(json.loads(out)["estimate"] - 1000) < 600  # Cor 6.8 at ε = 1/2: coarse
         rc, out = _cli("analyst", "describe", *leader)
-        assert "leader ledger: ε 5/2/3" in out and "helper ledger: ε 5/2/3" in out, out
+        assert "leader ledger: ε 2.5 of 3 spent" in out, out
+        assert "helper ledger: ε 2.5 of 3 spent" in out, out
+        rc, out = _cli("analyst", "describe", *leader, "--json")
+        described = json.loads(out)
+        assert described["budget"]["exact"]["epsilon_spent"] == "5/2"
+        assert described["helper_budget"]["exact"]["epsilon_spent"] == "5/2"
         # Requests that cannot finish spend nothing: more ε than is left (1/2),
         # and an index out of range, each end with one line and rc != 0.
         before = [store_view(tmp_path / f"{r}.sqlite", "hh") for r in ("leader", "helper")]

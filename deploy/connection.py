@@ -1,0 +1,392 @@
+"""The Python front door: `svtagg.connect(leader, certs=...)`.
+
+A `Deployment` is one mutual-TLS connection to the leader's analyst API, holding
+the analyst's certificate.  It lists and creates tasks; `Deployment.task(id)`
+returns a `TaskHandle` with the task's state, its budget and the selection
+applications as methods.  Numbers come back as floats; every budget figure also
+keeps its exact value (`Budget.exact`), which is what the servers' ledgers hold.
+
+Data goes in through `Deployment.upload` (needs the client certificate in the
+same directory, or `client_certs=`): a numpy array, a pandas DataFrame (pandas
+is optional: `pip install svtagg[pandas]`) or any 2-d array-like, checked as
+strictly as `svtagg client upload` checks a file.
+
+Leader, helper and certificate directory default to the settings of
+`svtagg.deploy.settings` (environment variables, then the config file).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+import numpy.typing as npt
+from svtagg.analyst import applications
+from svtagg.analyst.remote_oracle import RemoteOracle
+from svtagg.analyst.selection import Query, sum_estimation
+from svtagg.client.records import InputError, ReadStats, Spec, default_format, embed_block
+from svtagg.client.upload import Uploader, UploadStats
+from svtagg.dp.errors import NotFound
+from svtagg.dp.task import safe_epsilon_min
+from svtagg.proto import svtagg_pb2 as pb
+from svtagg.proto import svtagg_pb2_grpc as pb_grpc
+from svtagg.proto.tls import load_identity, tls_target
+from svtagg.proto.vocab import CALL_DEADLINE, CHANNEL_OPTIONS, MAX_BATCH_VALUES, Role
+
+__all__ = ["Budget", "Deployment", "TaskHandle", "TaskState", "connect"]
+
+
+def _fraction(text: str) -> Fraction:
+    return Fraction(text) if text else Fraction(0)
+
+
+@dataclass(frozen=True)
+class Budget:
+    """One server's ledger for a task, as floats; `exact` holds the Fractions."""
+
+    epsilon_total: float
+    epsilon_spent: float
+    delta_total: float
+    delta_spent: float
+    exact: dict[str, Fraction]
+
+    @classmethod
+    def from_pb(cls, b: pb.BudgetStatus) -> Budget:
+        exact = {
+            "epsilon_total": _fraction(b.epsilon_total),
+            "epsilon_spent": _fraction(b.epsilon_spent),
+            "delta_total": _fraction(b.delta_total),
+            "delta_spent": _fraction(b.delta_spent),
+        }
+        return cls(**{k: float(v) for k, v in exact.items()}, exact=exact)
+
+    @property
+    def epsilon_left(self) -> float:
+        return float(self.exact["epsilon_total"] - self.exact["epsilon_spent"])
+
+    @property
+    def delta_left(self) -> float:
+        return float(self.exact["delta_total"] - self.exact["delta_spent"])
+
+    def to_json(self) -> dict[str, Any]:
+        """Decimals as numbers plus the exact fractions as strings."""
+        out: dict[str, Any] = {k: float(v) for k, v in self.exact.items()}
+        out["epsilon_left"] = self.epsilon_left
+        out["delta_left"] = self.delta_left
+        out["exact"] = {k: str(v) for k, v in self.exact.items()}
+        return out
+
+    def __str__(self) -> str:
+        return (
+            f"ε {format_number(self.exact['epsilon_spent'])} of "
+            f"{format_number(self.exact['epsilon_total'])} spent, "
+            f"δ {format_number(self.exact['delta_spent'])} of "
+            f"{format_number(self.exact['delta_total'])}"
+        )
+
+
+def format_number(x: Fraction | float) -> str:
+    """A decimal for people: 6 significant digits, no exponent for ordinary sizes."""
+    value = float(x)
+    if value == 0:
+        return "0"
+    if 1e-4 <= abs(value) < 1e7:
+        return f"{value:.6g}"
+    return f"{value:.4g}"
+
+
+@dataclass(frozen=True)
+class TaskState:
+    """A task as the leader describes it: public parameters, n, state and ledgers."""
+
+    task_id: str
+    d: int
+    frac_bits: int
+    n: int
+    n_max: int
+    collecting: bool
+    streams: int
+    validate_reports: bool
+    budget: Budget
+    helper_budget: Budget | None
+
+    @classmethod
+    def from_pb(cls, info: pb.TaskInfo) -> TaskState:
+        s = info.spec
+        return cls(
+            task_id=s.task_id,
+            d=int(s.d),
+            frac_bits=int(s.frac_bits),
+            n=int(info.n),
+            n_max=int(s.n_max),
+            collecting=bool(info.collection_open),
+            streams=int(info.streams),
+            validate_reports=bool(s.validate_reports),
+            budget=Budget.from_pb(info.budget),
+            helper_budget=Budget.from_pb(info.helper_budget)
+            if info.helper_budget.epsilon_total
+            else None,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "task": self.task_id,
+            "d": self.d,
+            "frac_bits": self.frac_bits,
+            "n": self.n,
+            "n_max": self.n_max,
+            "state": "collecting" if self.collecting else "closed",
+            "streams": self.streams,
+            "validate_reports": self.validate_reports,
+            "budget": self.budget.to_json(),
+            "helper_budget": self.helper_budget.to_json() if self.helper_budget else None,
+        }
+
+    def __str__(self) -> str:
+        lines = [
+            f"task {self.task_id}: d={self.d} F={self.frac_bits} n={self.n} "
+            f"({'collecting' if self.collecting else 'closed'}), streams={self.streams}",
+            f"  leader ledger: {self.budget}",
+        ]
+        if self.helper_budget is not None:
+            lines.append(f"  helper ledger: {self.helper_budget}")
+        else:
+            lines.append("  helper ledger: not available (the leader could not reach the helper)")
+        return "\n".join(lines)
+
+
+def _as_matrix(data: Any) -> npt.NDArray[Any]:
+    """A 2-d array from a numpy array, a pandas DataFrame or a nested sequence."""
+    to_numpy = getattr(data, "to_numpy", None)
+    if callable(to_numpy):  # pandas DataFrame / Series, without importing pandas
+        data = to_numpy()
+    arr = np.asarray(data)
+    if arr.dtype == object:
+        raise InputError("data has mixed or non-numeric columns")
+    return np.atleast_2d(arr)
+
+
+class TaskHandle:
+    """One task on the deployment: state, budget, collection and the applications.
+
+    The applications open an oracle on the (closed) task and spend its budget
+    there; the exact spend is in each result's `spend` and in `budget()`.
+    """
+
+    def __init__(self, deployment: Deployment, task_id: str) -> None:
+        self.deployment = deployment
+        self.task_id = task_id
+        self._oracle: RemoteOracle | None = None
+
+    def __repr__(self) -> str:
+        return f"TaskHandle({self.task_id!r})"
+
+    def state(self) -> TaskState:
+        """n, state, streams and both ledgers (the leader asks the helper)."""
+        return TaskState.from_pb(self.deployment._call("DescribeTask", self._ref()))
+
+    def budget(self) -> Budget:
+        """The leader's ledger for this task."""
+        return Budget.from_pb(self.deployment._call("Budget", self._ref()).budget)
+
+    def close_collection(self) -> TaskState:
+        """Close the collection on both servers; afterwards n is public and fixed.
+        Returns the task as `state()` describes it then (both ledgers)."""
+        self.deployment._call("CloseCollection", self._ref())
+        return self.state()
+
+    def oracle(self) -> RemoteOracle:
+        """The `Oracle` over this closed task, for `svtagg.analyst` algorithms."""
+        if self._oracle is None:
+            d = self.deployment
+            self._oracle = RemoteOracle(d.leader, self.task_id, d._ca, d._cert, d._key)
+        return self._oracle
+
+    def top_k(
+        self, k: int, epsilon: float | str, *, variant: str = "practical", seed: int | None = None
+    ) -> list[int]:
+        """Private top-k heavy hitters (Theorem 7.1) on data uploaded with the
+        heavy_hitters embedding: the k category ids, most frequent first-ish."""
+        res = applications.top_k_heavy_hitters(self.oracle(), k, epsilon, variant=variant, rng=seed)
+        return [int(i) for i in res.indices]
+
+    def sum(self, index: int, epsilon: float | str, beta: float = 0.05) -> dict[str, float]:
+        """Corollary 6.8: an interval containing coordinate `index`'s sum w.p. ≥ 1 − β."""
+        est = sum_estimation(self.oracle(), Query(index), epsilon, beta)
+        return {"estimate": est.estimate, "lower": est.lower, "upper": est.upper}
+
+    def sparse_mean(
+        self, k: int, epsilon: float | str, clip: float, beta: float = 0.05
+    ) -> npt.NDArray[np.float64]:
+        """Sparse mean estimation (§7.2) on data uploaded with sparse_mean(clip)."""
+        res = applications.sparse_mean(self.oracle(), k, epsilon, beta, clip)
+        return res.mean
+
+    def close(self) -> None:
+        if self._oracle is not None:
+            self._oracle.close()
+            self._oracle = None
+
+    def _ref(self) -> pb.TaskRef:
+        return pb.TaskRef(task_id=self.task_id)
+
+
+class Deployment:
+    """A connection to a deployment's leader as the analyst (see `connect`)."""
+
+    def __init__(
+        self,
+        leader: str,
+        certs: str | Path,
+        *,
+        helper: str | None = None,
+        client_certs: str | Path | None = None,
+        timeout: float = CALL_DEADLINE,
+    ) -> None:
+        ident = load_identity(certs, Role.ANALYST)
+        self.leader = leader
+        self.helper = helper
+        self.certs = Path(certs)
+        self.client_certs = Path(client_certs) if client_certs is not None else self.certs
+        self.timeout = timeout
+        self._ca, self._cert, self._key = ident.ca, ident.cert, ident.key
+        creds = grpc.ssl_channel_credentials(ident.ca, ident.key, ident.cert)
+        self._channel = grpc.secure_channel(
+            leader, creds, options=[*CHANNEL_OPTIONS, *tls_target(Role.LEADER)]
+        )
+        self._stub = pb_grpc.AnalystStub(self._channel)
+        self._handles: list[TaskHandle] = []
+
+    def __repr__(self) -> str:
+        return f"Deployment(leader={self.leader!r}, certs={str(self.certs)!r})"
+
+    def __enter__(self) -> Deployment:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        for h in self._handles:
+            h.close()
+        self._channel.close()
+
+    def _call(self, method: str, request: Any) -> Any:
+        return getattr(self._stub, method)(request, timeout=self.timeout)
+
+    def tasks(self) -> list[TaskState]:
+        """Every task on the leader, with n, state and the leader's ledger."""
+        listing = self._call("ListTasks", pb.Empty())
+        return [TaskState.from_pb(t) for t in listing.tasks]
+
+    def task(self, task_id: str) -> TaskHandle:
+        """A handle on an existing task (NotFound if the leader has none by that id)."""
+        names = {t.task_id for t in self.tasks()}
+        if task_id not in names:
+            raise NotFound(f"no task {task_id!r} on {self.leader}")
+        handle = TaskHandle(self, task_id)
+        self._handles.append(handle)
+        return handle
+
+    def create_task(
+        self,
+        task_id: str,
+        d: int,
+        epsilon: float | str,
+        *,
+        delta: float | str = "1/1000000",
+        n_max: int = 1_000_000,
+        min_batch: int = 100,
+        frac_bits: int = 16,
+        validate_reports: bool = False,
+    ) -> TaskHandle:
+        """Create a task on both servers with total budget (ε, δ); decimals and
+        exact fractions ("1/2") are both accepted and stored exactly."""
+        spec = pb.TaskSpec(
+            task_id=task_id,
+            d=d,
+            frac_bits=frac_bits,
+            n_max=n_max,
+            min_batch=min_batch,
+            epsilon_total=str(epsilon),
+            delta_total=str(delta),
+            epsilon_min=str(safe_epsilon_min(n_max, frac_bits)),
+            validate_reports=validate_reports,
+        )
+        self._call("CreateTask", spec)
+        handle = TaskHandle(self, task_id)
+        self._handles.append(handle)
+        return handle
+
+    def upload(
+        self,
+        task_id: str,
+        data: Any,
+        *,
+        embedding: str | None = None,
+        fmt: str | None = None,
+        clip: bool = False,
+        batch: int = 1000,
+        **params: Any,
+    ) -> UploadStats:
+        """Share and upload one report per row of `data` (numpy array, pandas
+        DataFrame or 2-d sequence) to both servers as a client.
+
+        The rows are checked like `svtagg client upload` checks a file: values
+        outside the range, NaN and inf are refused (InputError naming the row and
+        column) unless `clip` where clipping is the documented bound.  Needs
+        `helper=` and a client certificate (`client_certs=`, default `certs`)."""
+        if self.helper is None:
+            raise ValueError("upload needs the helper's address: connect(..., helper=...)")
+        fmt = fmt or default_format(embedding)
+        if fmt is None:
+            raise InputError(f"embedding {embedding} needs fmt='categories' or fmt='matrix'")
+        ident = load_identity(self.client_certs, Role.CLIENT)
+        with Uploader(self.leader, self.helper, ident.ca, ident.cert, ident.key) as up:
+            info = up.checked_task(task_id, False)
+            spec = Spec(int(info.spec.d), fmt, embedding, params, clip=clip)
+            rows: Any = data if fmt == "categories" else _as_matrix(data)
+            if fmt == "categories":
+                rows = [list(map(int, r)) for r in rows]
+            stats = ReadStats()
+            size = max(1, min(batch, MAX_BATCH_VALUES // spec.d))
+            blocks = [
+                embed_block(spec, rows[i : i + size], i + 1, stats)
+                for i in range(0, len(rows), size)
+            ]
+            if not blocks:
+                raise InputError("no rows to upload")
+            return up.upload_blocks(task_id, blocks, info=info)
+
+
+def connect(
+    leader: str | None = None,
+    certs: str | Path | None = None,
+    *,
+    helper: str | None = None,
+    client_certs: str | Path | None = None,
+    timeout: float = CALL_DEADLINE,
+) -> Deployment:
+    """Connect to a deployment's leader as the analyst.
+
+    leader: "host:port"; certs: a directory with ca.pem, analyst.pem and
+    analyst.key (as `svtagg certs` writes).  Either may be omitted when set in
+    the environment (SVTAGG_LEADER, SVTAGG_CERTS) or the config file; helper
+    likewise (SVTAGG_HELPER), needed only for `upload`.  The certificate is
+    checked here (role analyst, issued by ca.pem); the leader is first
+    contacted by the first call."""
+    from svtagg.deploy.settings import resolve
+
+    found = resolve()
+    leader = leader or found.get("leader", ("", ""))[0]
+    certs = certs or found.get("certs", ("", ""))[0]
+    helper = helper or found.get("helper", ("", ""))[0] or None
+    if not leader:
+        raise ValueError("no leader address: pass leader= or set SVTAGG_LEADER")
+    if not certs:
+        raise ValueError("no certificate directory: pass certs= or set SVTAGG_CERTS")
+    return Deployment(leader, certs, helper=helper, client_certs=client_certs, timeout=timeout)
