@@ -852,3 +852,393 @@ def sampling_and_filtering(
         session, cands, everyone, lo, hi, j_w, pl.final_rounds, pl.final_epsilon, pl.beta_prime
     )
     return SelectionResult(best, cands.queries[best], lo, hi, session.spend, pl.planned_epsilon)
+
+
+# --------------------------------------------------------------------------- scan selection
+
+#: Default share of ε the scan selection gives its coarse localisation (measured on
+#: word-frequency data, docs/algorithms.md §6: 1/4 balances the ε-equivalence to the
+#: exponential mechanism against comparisons; 1/8 is the accurate end, 1/2 the cheap one).
+SCAN_COARSE_FRACTION = Fraction(1, 4)
+#: Default fine step, in units of the fine stream's query-noise scale c/ε_f.
+SCAN_STEP_SCALE = Fraction(3, 2)
+
+
+def _one_sided(kind: StreamKind) -> bool:
+    from svtagg.dp.kinds import noise_model
+
+    m = noise_model(kind)
+    return m.threshold_family == "geometric" and m.query_family == "geometric"
+
+
+@dataclass(frozen=True)
+class ScanPlan:
+    """Every parameter of `scan_selection` / `scan_top_k`, fixed before data.
+
+    Coarse stage (budget `coarse_epsilon`, failure β/2): `coarse_rounds` rounds of
+    geometric binary search with budgets `coarse_budgets` (ratio γ).  After a NO at
+    m the upper end moves to m + `coarse_up[t]`; after a YES the lower end to
+    m − `coarse_lo[t]`.  For one-sided noise (exp3: ν, γ ≥ 0) a NO means every
+    s_j < m + γ, so `coarse_up` bounds the threshold noise γ alone (no union over
+    the |P| queries); otherwise it is the usual α for |P| queries.
+    Fine stage: `streams` streams of `fine_epsilon` each (one per rank), descending
+    in steps of `step` from the coarse upper end (rank 1) or from the previous
+    rank's last NO level (later ranks), `dense_levels` levels at most down to
+    ℓ_c − α_f, then `tail_levels` doubling steps down to −4n, so that a stream ends
+    at a YES whatever the coarse stage did.  α_f is for |P|·(dense + tail) queries
+    at failure β/(2·streams).  Everything depends on (n, |P|, W, ε, β, kind, k).
+    """
+
+    kind: StreamKind
+    epsilon: Fraction
+    beta: float
+    size: int
+    width: float
+    coarse_fraction: Fraction
+    ratio: Fraction
+    coarse_rounds: int
+    coarse_budgets: tuple[Fraction, ...]
+    coarse_up: tuple[float, ...]
+    coarse_lo: tuple[float, ...]
+    width_bound: float
+    streams: int
+    fine_epsilon: Fraction
+    fine_alpha: float
+    step: int
+    dense_levels: int
+    tail_levels: int
+
+    @property
+    def coarse_epsilon(self) -> Fraction:
+        return sum(self.coarse_budgets, Fraction(0))
+
+    @property
+    def planned_epsilon(self) -> Fraction:
+        return self.coarse_epsilon + self.streams * self.fine_epsilon
+
+    def max_queries(self) -> int:
+        """|P|·T_c + Σ_r |P_r|·(dense + tail): every query the plan may send."""
+        per_stream = self.dense_levels + self.tail_levels
+        return self.size * self.coarse_rounds + sum(
+            (self.size - r) * per_stream for r in range(self.streams)
+        )
+
+    def error_bound(self) -> float:
+        """Top-1: w.p. ≥ 1 − β the chosen score is within s + 2·(α_f + 1/2) of the max
+        (the stream's first YES at level m: chosen ≥ m − α_f, max < m + s + α_f)."""
+        return self.step + 2 * (self.fine_alpha + ROUNDING_SLACK)
+
+
+def _scan_width_bound(width: float, up: Sequence[float], lo: Sequence[float]) -> float:
+    w = float(width)
+    for a_up, a_lo in zip(up, lo, strict=True):
+        w = min(w, w / 2 + max(a_up, a_lo) + ROUNDING_SLACK)
+    return w
+
+
+def plan_scan(
+    oracle: Oracle,
+    epsilon: Number | str,
+    beta: float,
+    size: int,
+    width: float,
+    *,
+    k: int = 1,
+    kind: StreamKind | str = "auto",
+    coarse_fraction: Number | str = SCAN_COARSE_FRACTION,
+    ratio: Fraction = GBS_RATIO,
+    rounds: int | None = None,
+    step: int | None = None,
+) -> ScanPlan:
+    """The scan selection's plan from public parameters and `oracle.accuracy` only.
+
+    kind="auto": the kind (of exp3, lap3, lap24) with the smallest α for a chunk of
+    |P| queries on the fine budget.  Coarse rounds: unless given, the T ≤ ⌈log2 W⌉
+    that minimises T + (coarse width bound)/s, the plan's proxy for comparisons
+    per candidate.  Step s: max(1, ⌊1.5·c/ε_f⌋) (`SCAN_STEP_SCALE` noise scales).
+    """
+    from svtagg.dp.kinds import noise_model
+
+    eps = check_epsilon(epsilon)
+    beta = _check_beta(beta)
+    frac = Fraction(coarse_fraction) if not isinstance(coarse_fraction, str) else None
+    if frac is None:
+        from svtagg.dp.kinds import as_fraction
+
+        frac = as_fraction(coarse_fraction, "coarse_fraction")
+    if not 0 < frac < 1:
+        raise ValueError(f"coarse_fraction must be in (0, 1), got {coarse_fraction}")
+    if size < 1:
+        raise ValueError("need at least one candidate")
+    if not 1 <= k <= size:
+        raise ValueError(f"k must be in [1, {size}], got {k}")
+    eps_c = eps * frac
+    eps_f = (eps - eps_c) / k
+    beta_f = beta / 2 / k
+    if kind == "auto":
+        kinds = [StreamKind.parse(x) for x in PRACTICAL_KINDS]
+        k_kind = min(kinds, key=lambda x: float(oracle.accuracy(x, eps_f, size, beta_f)))
+    else:
+        k_kind = StreamKind.parse(kind)
+    if step is None:
+        coef = noise_model(k_kind).query_coef
+        s = max(1, math.floor(SCAN_STEP_SCALE * coef / eps_f))
+    else:
+        s = int(step)
+        if s < 1:
+            raise ValueError(f"step must be a positive integer, got {step}")
+    one_sided = _one_sided(k_kind)
+
+    def coarse(t_max: int) -> tuple[list[Fraction], list[float], list[float], float]:
+        budgets = gbs_budgets(eps_c, t_max, ratio)
+        b_t = beta / 2 / t_max
+        lo = [float(oracle.accuracy(k_kind, e, size, b_t)) for e in budgets]
+        up = [float(oracle.accuracy(k_kind, e, 1, b_t)) for e in budgets] if one_sided else lo
+        return budgets, up, lo, _scan_width_bound(width, up, lo)
+
+    t_cap = default_rounds(width)
+    if rounds is not None:
+        if rounds < 1:
+            raise ValueError(f"rounds must be >= 1, got {rounds}")
+        t_best = rounds
+    else:
+        t_best = min(range(1, t_cap + 1), key=lambda t: t + coarse(t)[3] / s)
+    budgets, up, lo, wb = coarse(t_best)
+    limit = 4 * oracle.n
+    tail = max(1, math.ceil(math.log2(max(2.0, (limit + wb) / s))) + 1)
+    dense = max(2, math.ceil(wb / s) + 1)
+    for _ in range(20):
+        a_f = float(oracle.accuracy(k_kind, eps_f, size * (dense + tail), beta_f))
+        new_dense = math.ceil((wb + a_f + ROUNDING_SLACK) / s) + 1
+        if new_dense <= dense:
+            break
+        dense = new_dense
+    a_f = float(oracle.accuracy(k_kind, eps_f, size * (dense + tail), beta_f))
+    return ScanPlan(
+        k_kind,
+        eps,
+        beta,
+        size,
+        float(width),
+        frac,
+        Fraction(ratio),
+        t_best,
+        tuple(budgets),
+        tuple(up),
+        tuple(lo),
+        wb,
+        k,
+        eps_f,
+        a_f,
+        s,
+        dense,
+        tail,
+    )
+
+
+def _scan_coarse(
+    session: _Session,
+    cands: Candidates,
+    positions: Sequence[int],
+    lower: float,
+    upper: float,
+    plan: ScanPlan,
+) -> tuple[int | None, float, float]:
+    """The coarse stage: returns (witness or None, ℓ_c, u_c).
+
+    Witness: the YES with the best certified lower bound (Algorithm 8's rule); when
+    no YES raised ℓ, the most recent YES; None when no stream said YES.  All three
+    depend only on released outputs.
+    """
+    lo, hi = float(lower), float(upper)
+    best: int | None = None
+    last: int | None = None
+    for e_t, a_up, a_lo in zip(plan.coarse_budgets, plan.coarse_up, plan.coarse_lo, strict=True):
+        session.spend.alphas.append(a_lo)
+        m = (lo + hi) / 2
+        hit = session.ask(session.open(e_t), cands, positions, m)
+        if hit is None:
+            hi = min(hi, m + a_up + ROUNDING_SLACK)
+            continue
+        last = positions[hit]
+        if m - a_lo - ROUNDING_SLACK > lo:
+            lo = m - a_lo - ROUNDING_SLACK
+            best = positions[hit]
+    return (best if best is not None else last), lo, hi
+
+
+def _scan_levels(top: float, floor_level: float, plan: ScanPlan, tau_limit: int) -> list[float]:
+    """The thresholds one fine stream may ask, in order: from `top` down by the step
+    to `floor_level` (at most `dense_levels`), then doubling steps to −4n."""
+    levels = []
+    m = float(math.floor(top))
+    for _ in range(plan.dense_levels):
+        levels.append(m)
+        if m <= floor_level:
+            break
+        m -= plan.step
+    gap = 2 * plan.step
+    for _ in range(plan.tail_levels):
+        m = max(levels[-1] - gap, -float(tau_limit))
+        if m >= levels[-1]:
+            break
+        levels.append(m)
+        gap *= 2
+    return levels
+
+
+def _scan_stream(
+    session: _Session,
+    cands: Candidates,
+    positions: Sequence[int],
+    levels: Sequence[float],
+    epsilon: Fraction,
+) -> tuple[int, int] | None:
+    """One fine stream over `levels`: (position in `positions`, level index) of its
+    YES, or None if it never said YES."""
+    stream = session.open(epsilon)
+    for i, m in enumerate(levels):
+        hit = session.ask(stream, cands, positions, m)
+        if hit is not None:
+            return hit, i
+    return None
+
+
+def scan_selection(
+    oracle: Oracle,
+    epsilon: Number | str,
+    beta: float,
+    *,
+    candidates: Candidates | None = None,
+    subset: Sequence[int] | None = None,
+    interval: tuple[float, float] | None = None,
+    kind: StreamKind | str = "auto",
+    coarse_fraction: Number | str = SCAN_COARSE_FRACTION,
+    rounds: int | None = None,
+    step: int | None = None,
+    plan: ScanPlan | None = None,
+) -> SelectionResult:
+    """Scan selection: a short coarse localisation, then one descending-scan stream.
+
+    Not in the paper; built from its pieces (`ScanPlan` describes the stages).  The
+    coarse stage only places the scan's start, so it gets a small share of ε
+    (`coarse_fraction`, default 1/4) and the deciding stream the rest.  The scan
+    continues below the coarse interval with doubling steps, so it ends at a YES
+    even when the coarse certificate failed; only if no stream ever says YES
+    (every threshold down to −4n answered NO, probability below e^(−4n·ε_f/c)) is
+    the coarse witness — or, with none, the first candidate — returned.
+    Privacy: basic composition of T_c + 1 streams, budgets summing to ε exactly,
+    all fixed by the plan before data (thresholds adapt, which AboveThreshold allows).
+    W.p. ≥ 1 − β the chosen score is within `plan.error_bound()` of the max.
+    """
+    cands = _candidates(oracle, candidates)
+    positions = list(subset) if subset is not None else list(range(len(cands)))
+    lo, hi = interval if interval is not None else (0.0, float(oracle.n))
+    pl = (
+        plan
+        if plan is not None
+        else plan_scan(
+            oracle,
+            epsilon,
+            beta,
+            len(positions),
+            hi - lo,
+            kind=kind,
+            coarse_fraction=coarse_fraction,
+            rounds=rounds,
+            step=step,
+        )
+    )
+    if pl.size != len(positions) or abs(pl.width - (hi - lo)) > 1e-9 or pl.streams != 1:
+        raise ValueError("plan was made for another candidate count, interval or k")
+    session = _Session(oracle, pl.kind)
+    witness, lo_c, hi_c = _scan_coarse(session, cands, positions, lo, hi, pl)
+    session.spend.alphas.append(pl.fine_alpha)
+    a_f = pl.fine_alpha + ROUNDING_SLACK
+    levels = _scan_levels(hi_c, lo_c - a_f, pl, session.tau_limit)
+    found = _scan_stream(session, cands, positions, levels, pl.fine_epsilon)
+    if found is None:
+        j = witness if witness is not None else positions[0]
+        return SelectionResult(j, cands.queries[j], lo_c, hi_c, session.spend, pl.planned_epsilon)
+    hit, i = found
+    j, m = positions[hit], levels[i]
+    upper = hi_c if i == 0 else min(hi_c, levels[i - 1] + a_f)
+    return SelectionResult(j, cands.queries[j], m - a_f, upper, session.spend, pl.planned_epsilon)
+
+
+@dataclass(frozen=True)
+class ScanTopK:
+    """`scan_top_k`'s picks in rank order (positions in the candidate list) and record."""
+
+    indices: list[int]
+    levels: list[float]
+    spend: Spend
+    planned_epsilon: Fraction
+
+
+def scan_top_k(
+    oracle: Oracle,
+    k: int,
+    epsilon: Number | str,
+    beta: float,
+    *,
+    candidates: Candidates | None = None,
+    interval: tuple[float, float] | None = None,
+    kind: StreamKind | str = "auto",
+    coarse_fraction: Number | str = SCAN_COARSE_FRACTION,
+    rounds: int | None = None,
+    step: int | None = None,
+    plan: ScanPlan | None = None,
+    progress: Callable[[int, int, int], None] | None = None,
+) -> ScanTopK:
+    """Top-k by one coarse localisation and a descending scan that continues.
+
+    Rank 1 is `scan_selection`.  Rank r + 1 opens its own stream (budget ε_f, every
+    rank's YES paid as its own stream) over the candidates not yet chosen and
+    starts at the last level rank r answered NO at, not from the top: that level
+    was NO for every remaining candidate, so nothing is skipped w.p. ≥ 1 − β.
+    Budget: ε_c + k·ε_f = ε, basic composition, all fixed by the plan.  A stream
+    that never says YES (see `scan_selection`) ends the ranking early.
+    """
+    cands = _candidates(oracle, candidates)
+    positions = list(range(len(cands)))
+    lo, hi = interval if interval is not None else (0.0, float(oracle.n))
+    pl = (
+        plan
+        if plan is not None
+        else plan_scan(
+            oracle,
+            epsilon,
+            beta,
+            len(positions),
+            hi - lo,
+            k=k,
+            kind=kind,
+            coarse_fraction=coarse_fraction,
+            rounds=rounds,
+            step=step,
+        )
+    )
+    if pl.size != len(positions) or abs(pl.width - (hi - lo)) > 1e-9 or pl.streams != k:
+        raise ValueError("plan was made for another candidate count, interval or k")
+    session = _Session(oracle, pl.kind)
+    _, lo_c, hi_c = _scan_coarse(session, cands, positions, lo, hi, pl)
+    a_f = pl.fine_alpha + ROUNDING_SLACK
+    start = hi_c
+    chosen: list[int] = []
+    levels_hit: list[float] = []
+    remaining = positions
+    for _ in range(k):
+        session.spend.alphas.append(pl.fine_alpha)
+        levels = _scan_levels(start, lo_c - a_f, pl, session.tau_limit)
+        found = _scan_stream(session, cands, remaining, levels, pl.fine_epsilon)
+        if found is None:
+            break
+        hit, i = found
+        chosen.append(remaining[hit])
+        levels_hit.append(levels[i])
+        remaining = remaining[:hit] + remaining[hit + 1 :]
+        start = levels[i - 1] if i > 0 else levels[0]
+        if progress is not None:
+            progress(len(chosen), k, session.spend.queries)
+    return ScanTopK(chosen, levels_hit, session.spend, pl.planned_epsilon)
