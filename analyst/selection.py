@@ -34,11 +34,13 @@ PAPER_FINAL_ROUNDS = 64
 
 class Variant(StrEnum):
     """Which version of an algorithm runs: as the paper writes it, with the tuned
-    constants of Algorithm 9, or the practical selection (`practical_selection`)."""
+    constants of Algorithm 9, the practical selection (`practical_selection`), or
+    the scan selection (`scan_selection`, `scan_top_k`)."""
 
     PAPER = "paper"
     TUNED = "tuned"
     PRACTICAL = "practical"
+    SCAN = "scan"
 
 
 def variant_of(value: Variant | str, *allowed: Variant) -> Variant:
