@@ -909,6 +909,7 @@ class ScanPlan:
     step: int
     dense_levels: int
     tail_levels: int
+    rank_levels: int  # a later rank's schedule from the top of [ℓ, u] to −4n, counted
 
     @property
     def coarse_epsilon(self) -> Fraction:
@@ -919,10 +920,11 @@ class ScanPlan:
         return self.coarse_epsilon + self.streams * self.fine_epsilon
 
     def max_queries(self) -> int:
-        """|P|·T_c + Σ_r |P_r|·(dense + tail): every query the plan may send."""
-        per_stream = self.dense_levels + self.tail_levels
+        """|P|·T_c + Σ_r |P_r|·L_r: every query the plan may send (L_1 = dense + tail,
+        L_r = `rank_levels` for later ranks)."""
+        first = self.dense_levels + self.tail_levels
         return self.size * self.coarse_rounds + sum(
-            (self.size - r) * per_stream for r in range(self.streams)
+            (self.size - r) * (first if r == 0 else self.rank_levels) for r in range(self.streams)
         )
 
     def error_bound(self) -> float:
@@ -1008,14 +1010,16 @@ def plan_scan(
     budgets, up, lo, wb = coarse(t_best)
     limit = 4 * oracle.n
     tail = max(1, math.ceil(math.log2(max(2.0, (limit + wb) / s))) + 1)
+    rank_levels = _rank_schedule_length(width, s, limit) if k > 1 else 0
     dense = max(2, math.ceil(wb / s) + 1)
     for _ in range(20):
-        a_f = float(oracle.accuracy(k_kind, eps_f, size * (dense + tail), beta_f))
+        per = max(dense + tail, rank_levels)
+        a_f = float(oracle.accuracy(k_kind, eps_f, size * per, beta_f))
         new_dense = math.ceil((wb + a_f + ROUNDING_SLACK) / s) + 1
         if new_dense <= dense:
             break
         dense = new_dense
-    a_f = float(oracle.accuracy(k_kind, eps_f, size * (dense + tail), beta_f))
+    a_f = float(oracle.accuracy(k_kind, eps_f, size * max(dense + tail, rank_levels), beta_f))
     return ScanPlan(
         k_kind,
         eps,
@@ -1035,7 +1039,24 @@ def plan_scan(
         s,
         dense,
         tail,
+        rank_levels,
     )
+
+
+def _rank_schedule_length(width: float, step: int, limit: int) -> int:
+    """Levels of a later rank's schedule in the worst case: from the top of the
+    interval (height `width` above its lower end) down to −4n (`_scan_levels` with
+    `base`), plus the `SCAN_RANK_DENSE` fine levels."""
+    m, gap, count = float(width), 2 * step, SCAN_RANK_DENSE
+    m -= (SCAN_RANK_DENSE - 1) * step
+    while m > -limit:
+        g = gap
+        if m > 0:
+            g = min(gap, max(step, math.floor(float(SCAN_RANK_RELATIVE) * m)))
+        m -= g
+        count += 1
+        gap = 2 * g
+    return count + 1
 
 
 def _scan_coarse(
@@ -1069,23 +1090,47 @@ def _scan_coarse(
     return (best if best is not None else last), lo, hi
 
 
-def _scan_levels(top: float, floor_level: float, plan: ScanPlan, tau_limit: int) -> list[float]:
+#: Levels a later rank of `scan_top_k` scans at the fine step before its steps grow.
+SCAN_RANK_DENSE = 4
+#: A later rank's step grows (doubling) up to this fraction of the level's height
+#: above the interval's lower end, never below the fine step: on skewed data the
+#: next score may be far below, and consecutive ranks differ by a fraction of it.
+SCAN_RANK_RELATIVE = Fraction(1, 16)
+
+
+def _scan_levels(
+    top: float,
+    floor_level: float,
+    plan: ScanPlan,
+    tau_limit: int,
+    dense: int | None = None,
+    base: float | None = None,
+) -> list[float]:
     """The thresholds one fine stream may ask, in order: from `top` down by the step
-    to `floor_level` (at most `dense_levels`), then doubling steps to −4n."""
+    to `floor_level` (at most `dense` ≤ `dense_levels` levels), then doubling steps
+    to −4n.  With `base` (later ranks of `scan_top_k`), each doubled step is capped
+    at max(step, `SCAN_RANK_RELATIVE`·(m − base)) while the level m is above `base`,
+    for at most `plan.rank_levels` levels in all."""
     levels = []
     m = float(math.floor(top))
-    for _ in range(plan.dense_levels):
+    count = plan.dense_levels if dense is None else min(dense, plan.dense_levels)
+    for _ in range(count):
         levels.append(m)
         if m <= floor_level:
             break
         m -= plan.step
+    cap = plan.tail_levels if base is None else plan.rank_levels - len(levels)
     gap = 2 * plan.step
-    for _ in range(plan.tail_levels):
-        m = max(levels[-1] - gap, -float(tau_limit))
-        if m >= levels[-1]:
+    for _ in range(max(cap, 0)):
+        last = levels[-1]
+        g = gap
+        if base is not None and last > base:
+            g = min(gap, max(plan.step, math.floor(float(SCAN_RANK_RELATIVE) * (last - base))))
+        m = max(last - g, -float(tau_limit))
+        if m >= last:
             break
         levels.append(m)
-        gap *= 2
+        gap = 2 * g
     return levels
 
 
@@ -1170,10 +1215,14 @@ def scan_selection(
 
 @dataclass(frozen=True)
 class ScanTopK:
-    """`scan_top_k`'s picks in rank order (positions in the candidate list) and record."""
+    """`scan_top_k`'s picks in rank order (positions in the candidate list) and record.
+
+    Per rank r, w.p. ≥ 1 − β for all ranks together: the pick's score is ≥ lowers[r]
+    and every candidate not chosen before rank r scores ≤ uppers[r]."""
 
     indices: list[int]
-    levels: list[float]
+    lowers: list[float]
+    uppers: list[float]
     spend: Spend
     planned_epsilon: Fraction
 
@@ -1198,7 +1247,10 @@ def scan_top_k(
     Rank 1 is `scan_selection`.  Rank r + 1 opens its own stream (budget ε_f, every
     rank's YES paid as its own stream) over the candidates not yet chosen and
     starts at the last level rank r answered NO at, not from the top: that level
-    was NO for every remaining candidate, so nothing is skipped w.p. ≥ 1 − β.
+    was NO for every remaining candidate, so nothing is skipped w.p. ≥ 1 − β.  A
+    later rank scans `SCAN_RANK_DENSE` levels at the fine step, then doubles its
+    step (the next score may be far below on skewed data); its certificate
+    [lower, upper] is as wide as the step it answered YES at, plus 2·α_f.
     Budget: ε_c + k·ε_f = ε, basic composition, all fixed by the plan.  A stream
     that never says YES (see `scan_selection`) ends the ranking early.
     """
@@ -1228,19 +1280,27 @@ def scan_top_k(
     a_f = pl.fine_alpha + ROUNDING_SLACK
     start = hi_c
     chosen: list[int] = []
-    levels_hit: list[float] = []
+    lowers: list[float] = []
+    uppers: list[float] = []
     remaining = positions
-    for _ in range(k):
+    for rank in range(k):
         session.spend.alphas.append(pl.fine_alpha)
-        levels = _scan_levels(start, lo_c - a_f, pl, session.tau_limit)
+        if rank == 0:
+            levels = _scan_levels(start, lo_c - a_f, pl, session.tau_limit)
+        else:
+            levels = _scan_levels(
+                start, lo_c - a_f, pl, session.tau_limit, SCAN_RANK_DENSE, base=lo
+            )
         found = _scan_stream(session, cands, remaining, levels, pl.fine_epsilon)
         if found is None:
             break
         hit, i = found
         chosen.append(remaining[hit])
-        levels_hit.append(levels[i])
+        lowers.append(levels[i] - a_f)
+        bound = hi_c if rank == 0 else uppers[-1]
+        uppers.append(bound if i == 0 else min(bound, levels[i - 1] + a_f))
         remaining = remaining[:hit] + remaining[hit + 1 :]
         start = levels[i - 1] if i > 0 else levels[0]
         if progress is not None:
             progress(len(chosen), k, session.spend.queries)
-    return ScanTopK(chosen, levels_hit, session.spend, pl.planned_epsilon)
+    return ScanTopK(chosen, lowers, uppers, session.spend, pl.planned_epsilon)
