@@ -469,16 +469,20 @@ class WordsConfig:
 
 #: (key, label, run) of the SVT methods the words experiment runs.
 WORD_METHODS: list[tuple[str, str, Callable[[LocalOracle, float], Any]]] = [
-    ("scan", "scan selection, coarse ε/4 (default)", lambda o, e: scan_selection(o, e, 0.1)),
     (
-        "scan_1/2",
-        "scan selection, coarse ε/2 (cheap end)",
-        lambda o, e: scan_selection(o, e, 0.1, coarse_fraction="1/2"),
+        "scan",
+        "scan selection, ε/8 + ε/16 localisation (default)",
+        lambda o, e: scan_selection(o, e, 0.1),
     ),
     (
-        "scan_1/8",
-        "scan selection, coarse ε/8 (accurate end)",
-        lambda o, e: scan_selection(o, e, 0.1, coarse_fraction="1/8"),
+        "scan_cheap",
+        "scan selection, ε/2 search, no middle stage (cheap end)",
+        lambda o, e: scan_selection(o, e, 0.1, coarse_fraction="1/2", mid_fraction=0),
+    ),
+    (
+        "scan_accurate",
+        "scan selection, ε/16 + ε/32 (accurate end)",
+        lambda o, e: scan_selection(o, e, 0.1, coarse_fraction="1/16", mid_fraction="1/32"),
     ),
     (
         "practical",

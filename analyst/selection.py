@@ -858,12 +858,16 @@ def sampling_and_filtering(
 
 # --------------------------------------------------------------------------- scan selection
 
-#: Default share of ε the scan selection gives its coarse localisation (measured on
-#: word-frequency data, docs/algorithms.md §6: 1/4 balances the ε-equivalence to the
-#: exponential mechanism against comparisons; 1/8 is the accurate end, 1/2 the cheap one).
-SCAN_COARSE_FRACTION = Fraction(1, 4)
+#: Default share of ε of the scan selection's binary-search stage, and (below) of its
+#: middle stage.  Measured on word-frequency data (docs/algorithms.md §6): 1/8 + 1/16
+#: gave a lower ε-equivalence to the exponential mechanism *and* fewer comparisons
+#: than 1/4 with no middle stage; larger shares are cheaper and less accurate.
+SCAN_COARSE_FRACTION = Fraction(1, 8)
 #: Default fine step, in units of the fine stream's query-noise scale c/ε_f.
 SCAN_STEP_SCALE = Fraction(3, 2)
+#: Default share of ε of the middle stage (a coarse descending scan between the
+#: binary search and the deciding stream); 0 runs without it.
+SCAN_MID_FRACTION = Fraction(1, 16)
 
 
 def _one_sided(kind: StreamKind) -> bool:
@@ -877,7 +881,8 @@ def _one_sided(kind: StreamKind) -> bool:
 class ScanPlan:
     """Every parameter of `scan_selection` / `scan_top_k`, fixed before data.
 
-    Coarse stage (budget `coarse_epsilon`, failure β/2): `coarse_rounds` rounds of
+    Coarse stage (budget `coarse_epsilon`, failure β/2, or β/4 with a middle
+    stage, which gets the other β/4): `coarse_rounds` rounds of
     geometric binary search with budgets `coarse_budgets` (ratio γ).  After a NO at
     m the upper end moves to m + `coarse_up[t]`; after a YES the lower end to
     m − `coarse_lo[t]`.  For one-sided noise (exp3: ν, γ ≥ 0) a NO means every
@@ -910,6 +915,14 @@ class ScanPlan:
     dense_levels: int
     tail_levels: int
     rank_levels: int  # a later rank's schedule from the top of [ℓ, u] to −4n, counted
+    # Middle stage (none when mid_epsilon is 0): one stream scanning [ℓ_c, u_c] at a
+    # step `mid_step`, its YES narrowing the fine stage's start and floor.
+    mid_epsilon: Fraction = Fraction(0)
+    mid_step: int = 0
+    mid_up: float = 0.0
+    mid_lo: float = 0.0
+    mid_dense: int = 0
+    mid_tail: int = 0
 
     @property
     def coarse_epsilon(self) -> Fraction:
@@ -917,14 +930,25 @@ class ScanPlan:
 
     @property
     def planned_epsilon(self) -> Fraction:
-        return self.coarse_epsilon + self.streams * self.fine_epsilon
+        return self.coarse_epsilon + self.mid_epsilon + self.streams * self.fine_epsilon
+
+    @property
+    def stages(self) -> int:
+        """Streams before the first fine stream: coarse rounds plus the middle stream."""
+        return self.coarse_rounds + (1 if self.mid_epsilon else 0)
 
     def max_queries(self) -> int:
         """|P|·T_c + Σ_r |P_r|·L_r: every query the plan may send (L_1 = dense + tail,
         L_r = `rank_levels` for later ranks)."""
         first = self.dense_levels + self.tail_levels
-        return self.size * self.coarse_rounds + sum(
-            (self.size - r) * (first if r == 0 else self.rank_levels) for r in range(self.streams)
+        mid = self.size * (self.mid_dense + self.mid_tail)
+        return (
+            mid
+            + self.size * self.coarse_rounds
+            + sum(
+                (self.size - r) * (first if r == 0 else self.rank_levels)
+                for r in range(self.streams)
+            )
         )
 
     def error_bound(self) -> float:
@@ -953,6 +977,7 @@ def plan_scan(
     ratio: Fraction = GBS_RATIO,
     rounds: int | None = None,
     step: int | None = None,
+    mid_fraction: Number | str | None = None,
 ) -> ScanPlan:
     """The scan selection's plan from public parameters and `oracle.accuracy` only.
 
@@ -965,20 +990,24 @@ def plan_scan(
 
     eps = check_epsilon(epsilon)
     beta = _check_beta(beta)
-    frac = Fraction(coarse_fraction) if not isinstance(coarse_fraction, str) else None
-    if frac is None:
-        from svtagg.dp.kinds import as_fraction
+    from svtagg.dp.kinds import as_fraction
 
-        frac = as_fraction(coarse_fraction, "coarse_fraction")
-    if not 0 < frac < 1:
-        raise ValueError(f"coarse_fraction must be in (0, 1), got {coarse_fraction}")
+    frac = as_fraction(coarse_fraction, "coarse_fraction")
+    mid = as_fraction(mid_fraction if mid_fraction is not None else SCAN_MID_FRACTION, "mid")
+    if not 0 < frac < 1 or not 0 <= mid < 1 - frac:
+        raise ValueError(
+            f"need 0 < coarse_fraction < 1 and 0 <= mid_fraction < 1 − coarse_fraction, "
+            f"got {coarse_fraction}, {mid_fraction}"
+        )
     if size < 1:
         raise ValueError("need at least one candidate")
     if not 1 <= k <= size:
         raise ValueError(f"k must be in [1, {size}], got {k}")
     eps_c = eps * frac
-    eps_f = (eps - eps_c) / k
+    eps_m = eps * mid
+    eps_f = (eps - eps_c - eps_m) / k
     beta_f = beta / 2 / k
+    beta_c = beta / 4 if mid else beta / 2
     if kind == "auto":
         kinds = [StreamKind.parse(x) for x in PRACTICAL_KINDS]
         k_kind = min(kinds, key=lambda x: float(oracle.accuracy(x, eps_f, size, beta_f)))
@@ -995,20 +1024,38 @@ def plan_scan(
 
     def coarse(t_max: int) -> tuple[list[Fraction], list[float], list[float], float]:
         budgets = gbs_budgets(eps_c, t_max, ratio)
-        b_t = beta / 2 / t_max
+        b_t = beta_c / t_max
         lo = [float(oracle.accuracy(k_kind, e, size, b_t)) for e in budgets]
         up = [float(oracle.accuracy(k_kind, e, 1, b_t)) for e in budgets] if one_sided else lo
         return budgets, up, lo, _scan_width_bound(width, up, lo)
 
+    s_m = max(1, math.floor(SCAN_STEP_SCALE * noise_model(k_kind).query_coef / eps_m)) if mid else 0
     t_cap = default_rounds(width)
     if rounds is not None:
         if rounds < 1:
             raise ValueError(f"rounds must be >= 1, got {rounds}")
         t_best = rounds
     else:
-        t_best = min(range(1, t_cap + 1), key=lambda t: t + coarse(t)[3] / s)
+        # comparisons per candidate the coarse width costs the next stage's scan
+        t_best = min(range(1, t_cap + 1), key=lambda t: t + coarse(t)[3] / (s_m or s))
     budgets, up, lo, wb = coarse(t_best)
     limit = 4 * oracle.n
+    m_up = m_lo = 0.0
+    m_dense = m_tail = 0
+    if mid:
+        m_tail = max(1, math.ceil(math.log2(max(2.0, (limit + wb) / s_m))) + 1)
+        m_dense = max(2, math.ceil(wb / s_m) + 1)
+        for _ in range(20):
+            m_lo = float(oracle.accuracy(k_kind, eps_m, size * (m_dense + m_tail), beta / 4))
+            new = math.ceil((wb + m_lo + ROUNDING_SLACK) / s_m) + 1
+            if new <= m_dense:
+                break
+            m_dense = new
+        m_lo = float(oracle.accuracy(k_kind, eps_m, size * (m_dense + m_tail), beta / 4))
+        m_up = float(oracle.accuracy(k_kind, eps_m, 1, beta / 4)) if one_sided else m_lo
+        # the fine stage scans from the middle YES's last NO level + its up-bound down
+        # to the YES level − its lo-bound
+        wb = min(wb, s_m + m_up + m_lo + 2 * ROUNDING_SLACK)
     tail = max(1, math.ceil(math.log2(max(2.0, (limit + wb) / s))) + 1)
     rank_levels = _rank_schedule_length(width, s, limit) if k > 1 else 0
     dense = max(2, math.ceil(wb / s) + 1)
@@ -1040,6 +1087,12 @@ def plan_scan(
         dense,
         tail,
         rank_levels,
+        eps_m,
+        s_m,
+        m_up,
+        m_lo,
+        m_dense,
+        m_tail,
     )
 
 
@@ -1134,6 +1187,43 @@ def _scan_levels(
     return levels
 
 
+def _mid_stage(
+    session: _Session,
+    cands: Candidates,
+    positions: Sequence[int],
+    lo_c: float,
+    hi_c: float,
+    plan: ScanPlan,
+) -> tuple[int | None, float, float]:
+    """The middle stream: descend from u_c at `mid_step` (then doubling) until a YES
+    at level m_i; returns (its candidate or None, max(ℓ_c, m_i − mid_lo),
+    min(u_c, m_{i−1} + mid_up)).  For one-sided noise the NO at m_{i−1} bounds
+    every score by m_{i−1} + γ, so `mid_up` bounds γ alone."""
+    levels = []
+    m = float(math.floor(hi_c))
+    floor_level = lo_c - plan.mid_lo - ROUNDING_SLACK
+    for _ in range(plan.mid_dense):
+        levels.append(m)
+        if m <= floor_level:
+            break
+        m -= plan.mid_step
+    gap = 2 * plan.mid_step
+    for _ in range(plan.mid_tail):
+        m = max(levels[-1] - gap, -float(session.tau_limit))
+        if m >= levels[-1]:
+            break
+        levels.append(m)
+        gap *= 2
+    session.spend.alphas.append(plan.mid_lo)
+    found = _scan_stream(session, cands, positions, levels, plan.mid_epsilon)
+    if found is None:
+        return None, lo_c, hi_c
+    hit, i = found
+    lower = max(lo_c, levels[i] - plan.mid_lo - ROUNDING_SLACK)
+    upper = hi_c if i == 0 else min(hi_c, levels[i - 1] + plan.mid_up + ROUNDING_SLACK)
+    return positions[hit], lower, max(upper, lower)
+
+
 def _scan_stream(
     session: _Session,
     cands: Candidates,
@@ -1164,19 +1254,24 @@ def scan_selection(
     rounds: int | None = None,
     step: int | None = None,
     plan: ScanPlan | None = None,
+    mid_fraction: Number | str | None = None,
 ) -> SelectionResult:
-    """Scan selection: a short coarse localisation, then one descending-scan stream.
+    """Scan selection: a short localisation, then one deciding descending-scan stream.
 
     Not in the paper; built from its pieces (`ScanPlan` describes the stages).  The
-    coarse stage only places the scan's start, so it gets a small share of ε
-    (`coarse_fraction`, default 1/4) and the deciding stream the rest.  The scan
-    continues below the coarse interval with doubling steps, so it ends at a YES
-    even when the coarse certificate failed; only if no stream ever says YES
-    (every threshold down to −4n answered NO, probability below e^(−4n·ε_f/c)) is
-    the coarse witness — or, with none, the first candidate — returned.
-    Privacy: basic composition of T_c + 1 streams, budgets summing to ε exactly,
-    all fixed by the plan before data (thresholds adapt, which AboveThreshold allows).
-    W.p. ≥ 1 − β the chosen score is within `plan.error_bound()` of the max.
+    localisation only places the deciding scan's start, so it gets a small share of
+    ε: a geometric binary search (`coarse_fraction`, default 1/8) and a middle
+    descending scan at a coarse step (`mid_fraction`, default 1/16; 0 skips it).
+    The trade-off is the analyst's: larger shares send fewer comparisons and leave
+    the deciding stream less budget (docs/algorithms.md §6 has both ends measured).
+    The deciding scan continues below the localised interval with doubling steps,
+    so it ends at a YES even when the localisation failed; only if no stream ever
+    says YES (every threshold down to −4n answered NO, probability below
+    e^(−4n·ε_f/c)) is an earlier stage's YES — or, with none, the first candidate —
+    returned.  Privacy: basic composition of T_c + 2 (or + 1) streams whose budgets
+    sum to ε exactly, all fixed by the plan before data (thresholds adapt, which
+    AboveThreshold allows).  W.p. ≥ 1 − β the chosen score is within
+    `plan.error_bound()` of the max.
     """
     cands = _candidates(oracle, candidates)
     positions = list(subset) if subset is not None else list(range(len(cands)))
@@ -1194,12 +1289,16 @@ def scan_selection(
             coarse_fraction=coarse_fraction,
             rounds=rounds,
             step=step,
+            mid_fraction=mid_fraction,
         )
     )
     if pl.size != len(positions) or abs(pl.width - (hi - lo)) > 1e-9 or pl.streams != 1:
         raise ValueError("plan was made for another candidate count, interval or k")
     session = _Session(oracle, pl.kind)
     witness, lo_c, hi_c = _scan_coarse(session, cands, positions, lo, hi, pl)
+    if pl.mid_epsilon:
+        mid_pick, lo_c, hi_c = _mid_stage(session, cands, positions, lo_c, hi_c, pl)
+        witness = mid_pick if mid_pick is not None else witness
     session.spend.alphas.append(pl.fine_alpha)
     a_f = pl.fine_alpha + ROUNDING_SLACK
     levels = _scan_levels(hi_c, lo_c - a_f, pl, session.tau_limit)
@@ -1241,6 +1340,7 @@ def scan_top_k(
     step: int | None = None,
     plan: ScanPlan | None = None,
     progress: Callable[[int, int, int], None] | None = None,
+    mid_fraction: Number | str | None = None,
 ) -> ScanTopK:
     """Top-k by one coarse localisation and a descending scan that continues.
 
@@ -1271,12 +1371,15 @@ def scan_top_k(
             coarse_fraction=coarse_fraction,
             rounds=rounds,
             step=step,
+            mid_fraction=mid_fraction,
         )
     )
     if pl.size != len(positions) or abs(pl.width - (hi - lo)) > 1e-9 or pl.streams != k:
         raise ValueError("plan was made for another candidate count, interval or k")
     session = _Session(oracle, pl.kind)
     _, lo_c, hi_c = _scan_coarse(session, cands, positions, lo, hi, pl)
+    if pl.mid_epsilon:
+        _, lo_c, hi_c = _mid_stage(session, cands, positions, lo_c, hi_c, pl)
     a_f = pl.fine_alpha + ROUNDING_SLACK
     start = hi_c
     chosen: list[int] = []

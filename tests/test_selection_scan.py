@@ -39,7 +39,7 @@ def _scan_failures(runs: int, n: int, d: int, beta: float, seed0: int, parties: 
         failures += not ok
         assert res.spend.epsilon == res.planned_epsilon == plan.planned_epsilon == 1
         assert oracle.budget().epsilon_spent == 1
-        assert res.spend.streams == plan.coarse_rounds + 1
+        assert res.spend.streams == plan.stages + 1
         assert res.spend.queries <= res.spend.queries_sent <= plan.max_queries()
     return failures
 
@@ -88,13 +88,16 @@ def test_scan_plan_identical_on_neighbouring_datasets() -> None:
         ]
         assert plans[0] == plans[1] == plans[2]
         pl = plans[0]
-        assert pl.coarse_epsilon + k * pl.fine_epsilon == Fraction(1, 2) == pl.planned_epsilon
-        assert pl.coarse_epsilon == Fraction(1, 8)  # default coarse share ε/4
+        total = pl.coarse_epsilon + pl.mid_epsilon + k * pl.fine_epsilon
+        assert total == Fraction(1, 2) == pl.planned_epsilon
+        assert (pl.coarse_epsilon, pl.mid_epsilon) == (Fraction(1, 16), Fraction(1, 32))
         assert pl.kind == StreamKind.EXP3
     o = LocalOracle(data, 10, seed=1)
     assert plan_scan(o, 1, 0.05, 25, 300.0, coarse_fraction="1/8").coarse_epsilon == Fraction(1, 8)
     assert plan_scan(o, 1, 0.05, 25, 300.0, kind="lap24").kind == StreamKind.LAP24
-    for bad in ({"coarse_fraction": "1"}, {"step": 0}, {"rounds": 0}, {"k": 26}):
+    bads = [{"coarse_fraction": "1"}, {"step": 0}, {"rounds": 0}, {"k": 26}]
+    bads += [{"coarse_fraction": "1/2", "mid_fraction": "1/2"}, {"mid_fraction": "-1/8"}]
+    for bad in bads:
         with pytest.raises(ValueError):
             plan_scan(o, 1, 0.05, 25, 300.0, **bad)  # type: ignore[arg-type]
 
@@ -109,15 +112,16 @@ def test_scan_never_returns_an_arbitrary_candidate() -> None:
     res = scan_selection(oracle, 1, 0.1, candidates=cands)  # type: ignore[arg-type]
     last_stream, chunk, hit = oracle.log[-1]
     assert hit is not None and chunk[hit][0].index == res.index  # the fine stream's YES
-    assert all(h is None for s, _, h in oracle.log if s < last_stream)  # coarse: all NO
+    rounds = plan_scan(oracle.inner, 1, 0.1, d, n).coarse_rounds
+    assert all(h is None for s, _, h in oracle.log if s < rounds)  # the search: all NO
     assert res.lower <= oracle.inner.true_scores()[res.index] - n
     # a fine stream silenced (answers NO throughout): the coarse stage's witness,
     # a function of released outputs only, and a stream's YES
     plan = plan_scan(planted_oracle(n, d, 31), 1, 0.1, d, n)
-    wrapped = _RecordingOracle(planted_oracle(n, d, 31), mute=plan.coarse_rounds)
+    wrapped = _RecordingOracle(planted_oracle(n, d, 31), mute=plan.stages)
     res2 = scan_selection(wrapped, 1, 0.1, plan=plan)  # type: ignore[arg-type]
-    coarse_yes = [c[h][0].index for s, c, h in wrapped.log if s < plan.coarse_rounds and h]
-    assert coarse_yes and res2.index in coarse_yes
+    earlier_yes = [c[h][0].index for s, c, h in wrapped.log if s < plan.stages and h is not None]
+    assert earlier_yes and res2.index == earlier_yes[-1]  # the middle stream's YES
 
 
 def test_top_k_default_is_scan_and_uses_the_whole_budget() -> None:
@@ -131,7 +135,7 @@ def test_top_k_default_is_scan_and_uses_the_whole_budget() -> None:
     assert res.spend.epsilon == res.planned_epsilon == 1 == oracle.budget().epsilon_spent
     # one coarse stage for all ranks: far fewer comparisons than k restarts
     plan = plan_scan(oracle, 1, min(1 / d, 0.1), d, n, k=k)
-    assert res.spend.streams == plan.coarse_rounds + k
+    assert res.spend.streams == plan.stages + k
     assert res.spend.queries_sent <= plan.max_queries()
 
 
