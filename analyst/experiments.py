@@ -552,14 +552,14 @@ def words(
 
 def words_table(result: dict[str, Any]) -> str:
     lines = [
-        f"{'n':>8} {'ε':>5} {'method':<44} {'parties':>7} {'mean':>7} {'median':>6} "
+        f"{'n':>8} {'ε':>5} {'method':<58} {'parties':>7} {'mean':>7} {'median':>6} "
         f"{'/EM':>6} {'ε-equiv':>7} {'cmp/cand':>8}"
     ]
     for r in result["rows"]:
         label = result["methods"][r["method"]]
         sent = r.get("sent_per_candidate", {}).get("mean")
         lines.append(
-            f"{r['n']:>8} {r['epsilon']:>5} {label:<44} {r.get('parties', '—')!s:>7} "
+            f"{r['n']:>8} {r['epsilon']:>5} {label:<58} {r.get('parties', '—')!s:>7} "
             f"{r['mean']:>7.2f} {r['median']:>6.1f} {_fmt(r['mean_ratio_to_em']):>6} "
             f"{_fmt_eq(r):>7} {_fmt(sent):>8}"
         )
