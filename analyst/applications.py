@@ -21,6 +21,8 @@ from svtagg.analyst.selection import (
     geometric_binary_search,
     practical_selection,
     sampling_and_filtering,
+    scan_selection,
+    scan_top_k,
     sum_estimation,
     variant_of,
 )
@@ -66,15 +68,24 @@ def fp_selection(
     beta: float,
     *,
     minimize: bool = True,
-    kind: StreamKind | str = StreamKind.LAP24,
+    kind: StreamKind | str | None = None,
+    variant: Variant | str = Variant.SCAN,
 ) -> FpResult:
-    """Select the candidate with the smallest (or largest) F_p loss with Algorithm 8.
+    """Select the candidate with the smallest (or largest) F_p loss.
 
     The oracle holds sums of `fp_loss_embedding`.  Minimising the loss is
     maximising its complement n − s_j, so candidates are `Query(j, complement=True)`.
+    variant="scan" (default): `scan_selection` (kind default "auto");
+    variant="paper": Algorithm 8 as written (kind default lap24).
     """
+    variant = variant_of(variant, Variant.PAPER, Variant.SCAN)
     cands = Candidates.of([Query(j, complement=minimize) for j in range(oracle.d)])
-    sel = geometric_binary_search(oracle, epsilon, beta, candidates=cands, kind=kind)
+    if variant == Variant.SCAN:
+        sel = scan_selection(oracle, epsilon, beta, candidates=cands, kind=kind or "auto")
+    else:
+        sel = geometric_binary_search(
+            oracle, epsilon, beta, candidates=cands, kind=kind or StreamKind.LAP24
+        )
     err = sel.upper - sel.lower
     return FpResult(sel.index, err, lp_error(err, p, bound), sel)
 
@@ -94,10 +105,11 @@ def top_k_heavy_hitters(
     k: int,
     epsilon: Number | str,
     *,
-    variant: Variant | str = Variant.PRACTICAL,
+    variant: Variant | str = Variant.SCAN,
     rng: np.random.Generator | int | None = None,
     kind: StreamKind | str | None = None,
     progress: Callable[[int, int, int], None] | None = None,
+    beta: float | None = None,
 ) -> TopKResult:
     """Theorem 7.1: k rounds of selection with budget ε/k each (failure 1/d for
     Algorithm 9, min(1/d, 0.1) for the practical variant), removing the chosen
@@ -110,15 +122,19 @@ def top_k_heavy_hitters(
     descending-scan stream), `kind` default "auto" (the kind with the smallest α).
     Either way: k·(ε/k) = ε by basic composition, every budget fixed up front.
 
-    The default is "practical": at d = 10^3, k = 10, ε = 1 (docs/algorithms.md §5)
-    its recall was 0.85 / 1 / 1 / 1 at n = 3·10^3 … 10^5 against 0 / 0.2 / 0.5 /
-    0.95 for Algorithm 9 tuned, at ~10× the answered queries.  `rng` only feeds
-    Algorithm 9's samples.
+    variant="scan" (the default): `selection.scan_top_k` — one coarse
+    localisation for all ranks and one deciding stream per rank that continues
+    from the previous rank's level (docs/algorithms.md §6), failure β (default
+    min(1/d, 0.1)); budget ε_c + k·ε_f = ε.  `rng` only feeds Algorithm 9's samples.
     """
     eps = check_epsilon(epsilon)
-    variant = variant_of(variant, Variant.PAPER, Variant.TUNED, Variant.PRACTICAL)
+    variant = variant_of(variant, Variant.PAPER, Variant.TUNED, Variant.PRACTICAL, Variant.SCAN)
     if not 1 <= k <= oracle.d:
         raise ValueError(f"k must be in [1, d], got {k}")
+    if variant == Variant.SCAN:
+        fail = beta if beta is not None else min(1.0 / oracle.d, 0.1)
+        top = scan_top_k(oracle, k, eps, fail, kind=kind or "auto", progress=progress)
+        return TopKResult(top.indices, top.spend, top.planned_epsilon)
     gen = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
     d = oracle.d
     remaining = list(range(d))
@@ -167,7 +183,7 @@ def sparse_mean(
     beta: float,
     clip: float,
     *,
-    variant: Variant | str = Variant.TUNED,
+    variant: Variant | str = Variant.SCAN,
     rng: np.random.Generator | int | None = None,
     kind: StreamKind | str = StreamKind.LAP24,
 ) -> SparseMeanResult:
@@ -177,8 +193,11 @@ def sparse_mean(
     queries) with budget ε/(2k) and failure min(β/(4k), 1/(2d)), removing both
     scores of a chosen coordinate; then Corollary 6.8 on g_j with ε/(2k),
     β/(4k), and μ̂_j = B(2ĝ_j − n)/n.  ε-DP by basic composition.
+    variant="scan" (default): each round is `scan_selection` (kind "auto") instead
+    of Algorithm 9; "paper" / "tuned": Algorithm 9 with `kind`.
     """
     eps = check_epsilon(epsilon)
+    variant = variant_of(variant, Variant.PAPER, Variant.TUNED, Variant.SCAN)
     gen = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
     n, d = oracle.n, oracle.d
     step = eps / (2 * k)
@@ -189,15 +208,18 @@ def sparse_mean(
     planned = Fraction(0)
     for _ in range(k):
         queries = [Query(j, c) for j in remaining for c in (False, True)]
-        res = sampling_and_filtering(
-            oracle,
-            step,
-            fail,
-            candidates=Candidates.of(queries),
-            variant=variant,
-            rng=gen,
-            kind=kind,
-        )
+        if variant == Variant.SCAN:
+            res = scan_selection(oracle, step, fail, candidates=Candidates.of(queries))
+        else:
+            res = sampling_and_filtering(
+                oracle,
+                step,
+                fail,
+                candidates=Candidates.of(queries),
+                variant=variant,
+                rng=gen,
+                kind=kind,
+            )
         j = res.query.index
         support.append(j)
         remaining.remove(j)
@@ -301,7 +323,8 @@ def mwem_svt(
     *,
     rounds: int | None = None,
     delta: float = 0.0,
-    kind: StreamKind | str = StreamKind.LAP24,
+    kind: StreamKind | str | None = None,
+    variant: Variant | str = Variant.SCAN,
 ) -> MwemResult:
     """MWEM in the SVT model (Algorithm 10; Theorem 7.7, or 7.8 when δ > 0).
 
@@ -311,7 +334,12 @@ def mwem_svt(
     is n + σ(q(B) − q(A))/2 ∈ [0, 2n]; range [0, 2n], ⌈log2(2n)⌉ rounds, failure
     β/(2T).  Measurement: Corollary 6.8 on coordinate q, m_t = 2ĝ − n.  Each of
     the 2T steps gets `mwem_step_epsilon(ε, T, δ)`.
+    variant="scan" (default): the selection step is `scan_selection` on the same
+    candidates, offsets and range (kind default "auto"); "paper": Algorithm 8
+    (kind default lap24).  The measurement is Corollary 6.8 either way (lap24
+    unless `kind` says otherwise).
     """
+    variant = variant_of(variant, Variant.PAPER, Variant.SCAN)
     n = oracle.n
     nq = workload.matrix.shape[0]
     if oracle.d != nq:
@@ -330,7 +358,7 @@ def mwem_svt(
     groups = [(step, 0)] * (2 * t_rounds)
     with planned(oracle, groups, Fraction(str(delta)) if delta > 0 else 0) as plan_oracle:
         synth, chosen = _mwem_run(
-            plan_oracle, workload, t_rounds, step, fail, sel_rounds, kind, spend
+            plan_oracle, workload, t_rounds, step, fail, sel_rounds, kind, spend, variant
         )
     return MwemResult(synth, chosen, t_rounds, step, spend, 2 * t_rounds * step)
 
@@ -342,8 +370,9 @@ def _mwem_run(
     step: Fraction,
     fail: float,
     sel_rounds: int,
-    kind: StreamKind | str,
+    kind: StreamKind | str | None,
     spend: Spend,
+    variant: Variant = Variant.PAPER,
 ) -> tuple[Array, list[int]]:
     """MWEM's 2T steps on a planned oracle: step 2(t−1) selects, 2t − 1 measures."""
     n, nq = oracle.n, workload.matrix.shape[0]
@@ -352,21 +381,27 @@ def _mwem_run(
         oracle.group = 2 * (t - 1)
         queries = [Query(q, c) for q in range(nq) for c in (False, True)]
         offsets = [(n - (-1 if c else 1) * qa[q]) / 2 for q in range(nq) for c in (False, True)]
-        res = geometric_binary_search(
-            oracle,
-            step,
-            fail,
-            candidates=Candidates.of(queries, offsets),
-            interval=(0.0, 2.0 * n),
-            rounds=sel_rounds,
-            kind=kind,
-        )
+        cands = Candidates.of(queries, offsets)
+        if variant == Variant.SCAN:
+            res = scan_selection(
+                oracle, step, fail, candidates=cands, interval=(0.0, 2.0 * n), kind=kind or "auto"
+            )
+        else:
+            res = geometric_binary_search(
+                oracle,
+                step,
+                fail,
+                candidates=cands,
+                interval=(0.0, 2.0 * n),
+                rounds=sel_rounds,
+                kind=kind or StreamKind.LAP24,
+            )
         spend.add(res.spend)
         return res.query.index
 
     def measure(q: int, t: int) -> float:
         oracle.group = 2 * t - 1
-        est = sum_estimation(oracle, Query(q), step, fail, kind=kind)
+        est = sum_estimation(oracle, Query(q), step, fail, kind=kind or StreamKind.LAP24)
         spend.add(est.spend)
         return 2 * est.estimate - n
 

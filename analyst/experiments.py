@@ -1,10 +1,11 @@
-"""Experiments reproducing the paper's comparisons on planted data: Figure 1
-(selection error vs d and n), query counts, and the §7 applications.
+"""Experiments reproducing the paper's comparisons: Figure 1 (selection error vs d
+and n, planted data), selection on real word frequencies (`words`, needs the
+`wordfreq` package), query counts, and the §7 applications.
 
 Each writes `<name>.json` (configuration, every run, medians with quartiles) and
 `<name>.png` into the output folder.  SVT algorithms run against `LocalOracle`
 (exact samplers, central noise); baselines are simulation baselines (see
-`baselines`).  Run with `svtagg experiment figure1|queries|applications|all`.
+`baselines`).  Run with `svtagg experiment figure1|words|queries|applications|all`.
 """
 
 from __future__ import annotations
@@ -30,8 +31,10 @@ from svtagg.analyst.selection import (
     geometric_binary_search,
     plan_for,
     plan_practical,
+    plan_scan,
     practical_selection,
     sampling_and_filtering,
+    scan_selection,
 )
 from svtagg.mpc.ring import encode, sensitivity
 
@@ -119,9 +122,74 @@ def planted_scores(n: int, d: int, rng: np.random.Generator) -> npt.NDArray[np.i
     return np.clip(scores, 0, n).astype(np.int64)
 
 
-def _oracle(scores: npt.ArrayLike, n: int, seed: int) -> LocalOracle:
+def em_expected_error(scores: npt.ArrayLike, epsilon: float) -> float:
+    """Exact expected error of the exponential mechanism (P(j) ∝ exp(ε·s_j/2)) on `scores`."""
+    s = np.asarray(scores, dtype=np.float64)
+    w = float(epsilon) * s / 2.0
+    p = np.exp(w - w.max())
+    p /= p.sum()
+    return float((p * (s.max() - s)).sum())
+
+
+def em_equivalent_epsilon(datasets: Sequence[npt.ArrayLike], mean_error: float) -> float:
+    """The ε at which the exponential mechanism's mean error over `datasets` (exact
+    expectations) equals `mean_error`: how much budget EM needs for the same error.
+    `inf` when the error is 0 (EM never reaches it exactly); 0 when the error is at
+    least that of a uniformly random choice (EM's limit as ε → 0)."""
+    if mean_error <= 0:
+        return math.inf
+
+    def f(e: float) -> float:
+        return float(np.mean([em_expected_error(s, e) for s in datasets]))
+
+    lo, hi = 1e-6, 1e4
+    if f(0.0) <= mean_error:
+        return 0.0
+    if f(hi) >= mean_error:
+        return hi
+    for _ in range(60):  # EM's expected error decreases in ε: bisect on a log scale
+        mid = math.sqrt(lo * hi)
+        lo, hi = (mid, hi) if f(mid) > mean_error else (lo, mid)
+    return math.sqrt(lo * hi)
+
+
+def word_frequencies(lo: int, hi: int, lang: str = "en") -> npt.NDArray[np.float64]:
+    """Frequencies of the words ranked lo..hi (1-based) in `wordfreq`'s English list.
+
+    `wordfreq` ships its frequency tables inside the package (no network); it is in
+    the `experiments` and `test` extras."""
+    if not 1 <= lo <= hi:
+        raise ValueError(f"word window must satisfy 1 <= lo <= hi, got {lo}:{hi}")
+    try:
+        import wordfreq
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise RuntimeError(
+            "word-frequency experiments need the wordfreq package: "
+            "pip install 'svtagg[experiments]'"
+        ) from exc
+    words = wordfreq.top_n_list(lang, hi)
+    if len(words) < hi:
+        raise ValueError(f"wordfreq lists only {len(words)} {lang} words; window ends at {hi}")
+    return np.array([wordfreq.word_frequency(w, lang) for w in words[lo - 1 : hi]])
+
+
+def word_scores(
+    n: int, freqs: npt.NDArray[np.float64], rng: np.random.Generator
+) -> npt.NDArray[np.int64]:
+    """Candidate scores when each of n users holds one word drawn from real English
+    frequencies: counts of the window's words (the other words are one "elsewhere"
+    cell), in a random candidate order (SVT scans answer the first YES)."""
+    rest = max(0.0, 1.0 - float(freqs.sum()))
+    p = np.append(freqs, rest)
+    counts = rng.multinomial(n, p / p.sum())[:-1]
+    return counts[rng.permutation(freqs.size)].astype(np.int64)
+
+
+def _oracle(scores: npt.ArrayLike, n: int, seed: int, parties: int = 1) -> LocalOracle:
     sums = np.asarray(scores, dtype=np.int64) * GRID
-    return LocalOracle.from_sums(sums, n, BIG_BUDGET, frac_bits=FRAC_BITS, seed=seed)
+    return LocalOracle.from_sums(
+        sums, n, BIG_BUDGET, frac_bits=FRAC_BITS, seed=seed, parties=parties
+    )
 
 
 def _grid_sums(chunks: list[npt.NDArray[np.float64]]) -> npt.NDArray[np.int64]:
@@ -171,14 +239,29 @@ def _band(
 SelectFn = Callable[[npt.NDArray[np.int64], int, float, np.random.Generator], int]
 
 
-def _sel_alg8(scores: npt.NDArray[np.int64], n: int, eps: float, rng: np.random.Generator) -> int:
-    return geometric_binary_search(_oracle(scores, n, _oracle_seed(rng)), eps, 0.1).index
+def _sel_alg8(parties: int = 1) -> SelectFn:
+    def f(scores: npt.NDArray[np.int64], n: int, eps: float, rng: np.random.Generator) -> int:
+        oracle = _oracle(scores, n, _oracle_seed(rng), parties)
+        return geometric_binary_search(oracle, eps, 0.1).index
+
+    return f
 
 
-def _sel_practical(
-    scores: npt.NDArray[np.int64], n: int, eps: float, rng: np.random.Generator
-) -> int:
-    return practical_selection(_oracle(scores, n, _oracle_seed(rng)), eps, 0.1).index
+def _sel_practical(parties: int = 1) -> SelectFn:
+    def f(scores: npt.NDArray[np.int64], n: int, eps: float, rng: np.random.Generator) -> int:
+        return practical_selection(_oracle(scores, n, _oracle_seed(rng), parties), eps, 0.1).index
+
+    return f
+
+
+def _sel_scan(parties: int = 1, coarse_fraction: str | None = None) -> SelectFn:
+    def f(scores: npt.NDArray[np.int64], n: int, eps: float, rng: np.random.Generator) -> int:
+        oracle = _oracle(scores, n, _oracle_seed(rng), parties)
+        if coarse_fraction is None:
+            return scan_selection(oracle, eps, 0.1).index
+        return scan_selection(oracle, eps, 0.1, coarse_fraction=coarse_fraction).index
+
+    return f
 
 
 def _sel_alg9(variant: str) -> SelectFn:
@@ -199,14 +282,20 @@ def _sel_em(scores: npt.NDArray[np.int64], n: int, eps: float, rng: np.random.Ge
 
 
 FIG1_METHODS: dict[str, tuple[str, SelectFn]] = {
-    "alg8": ("SVT: Alg 8 (GeometricBinarySearch)", _sel_alg8),
+    "alg8": ("SVT: Alg 8 (GeometricBinarySearch)", _sel_alg8()),
     "alg9": ("SVT: Alg 9 as written", _sel_alg9("paper")),
     "alg9_tuned": ("SVT: Alg 9 tuned", _sel_alg9("tuned")),
     "gaussian": ("Gaussian aggregation, (ε, 1/n²)", _sel_gauss),
     "em": ("central exponential mechanism", _sel_em),
-    # last, so that the other methods keep the seeds they had before it was added
-    "practical": ("SVT: practical (Alg 8 + fine scan)", _sel_practical),
+    # later entries, so that the ones above keep the seeds they had before these
+    "practical": ("SVT: practical (Alg 8 + fine scan)", _sel_practical()),
+    "scan": ("SVT: scan selection (default)", _sel_scan()),
+    "alg8_2p": ("SVT: Alg 8, two-server noise", _sel_alg8(2)),
+    "practical_2p": ("SVT: practical, two-server noise", _sel_practical(2)),
+    "scan_2p": ("SVT: scan selection, two-server noise", _sel_scan(2)),
 }
+#: Methods whose mean-error ratio and ε-equivalence to EM the printed table shows.
+RATIO_METHODS = ("alg8", "practical", "scan", "alg8_2p", "practical_2p", "scan_2p")
 
 
 @dataclass
@@ -224,22 +313,43 @@ def _sweep(
     rows: dict[str, list[dict[str, Any]]] = {m: [] for m in FIG1_METHODS}
     for i, (n, d) in enumerate(points):
         errs: dict[str, list[float]] = {m: [] for m in FIG1_METHODS}
+        datasets = []
         for r in range(reps):
             data_rng = _rng(seed, tag, i, r)
             scores = planted_scores(n, d, data_rng)
+            datasets.append(scores)
             best = float(scores.max())
             for k, (m, (_, fn)) in enumerate(FIG1_METHODS.items()):
                 j = fn(scores, n, eps, _rng(seed, tag, i, r, k + 1))
                 errs[m].append(best - float(scores[j]))
             bar.tick(f"n={n} d={d}")
-        em_mean = float(np.mean(errs["em"]))
+        em_mean = float(np.mean([em_expected_error(sc, eps) for sc in datasets]))
         for m in FIG1_METHODS:
-            summ = summarize(errs[m])
-            row: dict[str, Any] = {"n": n, "d": d, "errors": errs[m], **summ}
-            # mean error over the EM's mean error (means: the EM's median is 0.5–2 units)
-            row["mean_ratio_to_em"] = summ["mean"] / em_mean if em_mean > 0 else math.inf
-            rows[m].append(row)
+            rows[m].append(_error_row({"n": n, "d": d}, errs[m], em_mean, datasets, eps))
     return rows
+
+
+def _error_row(
+    head: dict[str, Any],
+    errs: list[float],
+    em_mean: float,
+    datasets: Sequence[npt.ArrayLike],
+    eps: float,
+) -> dict[str, Any]:
+    """One method's errors with two comparisons to the exponential mechanism: the ratio
+    of mean errors (EM's is its exact expected error on the same datasets) and the
+    ε-equivalence ε/ε_EM, ε_EM the budget at which EM's mean error equals the
+    method's: how many times EM's budget the method needs for its error.  Both are
+    None (JSON null) where undefined (EM's error 0, or the method's error 0)."""
+    summ = summarize(errs)
+    row: dict[str, Any] = {**head, "errors": errs, **summ}
+    row["em_mean"] = em_mean
+    row["mean_ratio_to_em"] = summ["mean"] / em_mean if em_mean > 0 else None
+    eq = em_equivalent_epsilon(datasets, summ["mean"])
+    row["em_equivalent_epsilon"] = eq if math.isfinite(eq) else None
+    row["epsilon_equivalence"] = eps / eq if 0 < eq < math.inf else None
+    row["no_better_than_uniform"] = eq == 0.0
+    return row
 
 
 def figure1(
@@ -287,20 +397,33 @@ def figure1_table(result: dict[str, Any]) -> str:
             name = api if k == key else f"  {FIG1_METHODS[k][0]}"
             vals = " ".join(f"{row['median']:>9.1f}" for row in vs_d[k])
             lines.append(f"{name:<46} {bound if k == key else '':<38} {vals}")
-    lines.append("ratio of mean error to the exponential mechanism's (same ε, same data):")
-    for k in ("alg8", "practical"):
-        vals = " ".join(f"{r['mean_ratio_to_em']:>9.1f}" for r in vs_d[k])
-        lines.append(f"  {FIG1_METHODS[k][0]:<44} {'':<38} {vals}")
+    lines.append(
+        "mean error / EM's exact expected error, and ε-equivalence (the ε at which EM's mean "
+        "error equals the method's, as a multiple of ε); '—' where undefined:"
+    )
+    for k in RATIO_METHODS:
+        vals = " ".join(f"{_fmt(r['mean_ratio_to_em']):>4}/{_fmt_eq(r):<5}" for r in vs_d[k])
+        lines.append(f"  {FIG1_METHODS[k][0]:<44} {'ratio/ε-equiv.':<38} {vals}")
     return "\n".join(lines)
+
+
+def _fmt(x: float | None) -> str:
+    return "—" if x is None or not math.isfinite(x) else f"{x:.1f}"
+
+
+def _fmt_eq(row: Mapping[str, Any]) -> str:
+    """ε-equivalence for tables: '≥unif' when the method is no better than a uniform pick."""
+    return "≥unif" if row.get("no_better_than_uniform") else _fmt(row["epsilon_equivalence"])
 
 
 def _plot_figure1(out: Path, result: dict[str, Any]) -> Path:
     plt = _plt()
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    fig, axes = plt.subplots(1, 2, figsize=(13, 5.2))
     for ax, key, xkey in ((axes[0], "vs_d", "d"), (axes[1], "vs_n", "n")):
         for m, rows in result[key].items():
             xs = [row[xkey] for row in rows]
-            _band(ax, xs, rows, result["methods"][m])
+            style = {"ls": "--"} if m.endswith("_2p") else {}
+            _band(ax, xs, rows, result["methods"][m], **style)
         if key == "vs_d" and len(result[key]["em"]) > 1:
             # reference shapes anchored at the second point (the first, d = 10, is
             # capped: with one candidate per unit, no error can exceed d)
@@ -313,13 +436,166 @@ def _plot_figure1(out: Path, result: dict[str, Any]) -> Path:
         ax.set_yscale("symlog", linthresh=1.0)
         ax.set_ylim(bottom=0)
         ax.set_xlabel(xkey)
-        ax.set_ylabel("selection error (score units)")
+        ax.set_ylabel("selection error, score units (symlog: linear below 1)")
         fixed = result["config"]["n_for_d"] if key == "vs_d" else result["config"]["d_for_n"]
         ax.set_title(f"error vs {xkey} ({'n' if key == 'vs_d' else 'd'} = {fixed})")
-        ax.legend(fontsize=7)
-    fig.suptitle(f"Figure 1 reproduction, ε = {result['config']['epsilon']}; medians, IQR bands")
-    fig.tight_layout()
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="center right", fontsize=7, frameon=False)
+    fig.suptitle(
+        f"Figure 1 reproduction, ε = {result['config']['epsilon']}; medians, IQR bands.  "
+        "Error = best score − chosen score; a score unit is one user's full contribution "
+        "(scores are sums of per-user values in [0, 1]).  Dashed: two-server noise."
+    )
+    fig.tight_layout(rect=(0, 0, 0.78, 0.95))
     path = out / "figure1.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+# --------------------------------------------------------------------------- words
+
+
+@dataclass
+class WordsConfig:
+    """Selection on real word frequencies: each user holds one English word."""
+
+    settings: list[tuple[int, float]] = field(
+        default_factory=lambda: [(100_000, 1.0), (1_000_000, 0.25)]
+    )
+    window: tuple[int, int] = (101, 1100)
+    parties: tuple[int, ...] = (1, 2)
+
+
+#: (key, label, run) of the SVT methods the words experiment runs.
+WORD_METHODS: list[tuple[str, str, Callable[[LocalOracle, float], Any]]] = [
+    (
+        "scan",
+        "scan selection, ε/8 + ε/16 localisation (default)",
+        lambda o, e: scan_selection(o, e, 0.1),
+    ),
+    (
+        "scan_cheap",
+        "scan selection, ε/2 search, no middle stage (cheap end)",
+        lambda o, e: scan_selection(o, e, 0.1, coarse_fraction="1/2", mid_fraction=0),
+    ),
+    (
+        "scan_accurate",
+        "scan selection, ε/16 + ε/32 (accurate end)",
+        lambda o, e: scan_selection(o, e, 0.1, coarse_fraction="1/16", mid_fraction="1/32"),
+    ),
+    (
+        "practical",
+        "practical (Alg 8 at ε/2 + fine scan)",
+        lambda o, e: practical_selection(o, e, 0.1),
+    ),
+    ("alg8", "Alg 8 (GeometricBinarySearch)", lambda o, e: geometric_binary_search(o, e, 0.1)),
+]
+
+
+def words(
+    out: Path, reps: int = 60, seed: int = 0, cfg: WordsConfig | None = None
+) -> dict[str, Any]:
+    """Selection error on real English word frequencies, one- and two-server noise.
+
+    Candidates are the words ranked `window` (default 101–1100); each of n users holds
+    one word drawn from the full frequency list.  Every SVT method is compared with
+    the exponential mechanism at the same ε by its mean-error ratio and its
+    ε-equivalence (see `_error_row`), and by the comparisons it sent per candidate.
+    """
+    cfg = cfg or WordsConfig()
+    freqs = word_frequencies(*cfg.window)
+    bar = Progress(reps * len(cfg.settings), "words")
+    rows: list[dict[str, Any]] = []
+    for i, (n, eps) in enumerate(cfg.settings):
+        datasets = [word_scores(n, freqs, _rng(seed, 8, i, r)) for r in range(reps)]
+        em_mean = float(np.mean([em_expected_error(sc, eps) for sc in datasets]))
+        errs: dict[tuple[str, int], list[float]] = {}
+        sent: dict[tuple[str, int], list[float]] = {}
+        for r, scores in enumerate(datasets):
+            best = float(scores.max())
+            k = 0
+            for p in cfg.parties:
+                for key, _, fn in WORD_METHODS:
+                    k += 1
+                    res = fn(_oracle(scores, n, _oracle_seed(_rng(seed, 8, i, r, k)), p), eps)
+                    errs.setdefault((key, p), []).append(best - float(scores[res.index]))
+                    sent.setdefault((key, p), []).append(res.spend.queries_sent / len(scores))
+            bar.tick(f"n={n} ε={eps}")
+        head = {"n": n, "epsilon": eps}
+        em_errs = [
+            float(scores.max() - scores[baselines.exponential_mechanism(scores, eps, 1.0, g)])
+            for scores, g in ((sc, _rng(seed, 9, i, r)) for r, sc in enumerate(datasets))
+        ]
+        rows.append({**_error_row(head, em_errs, em_mean, datasets, eps), "method": "em"})
+        for p in cfg.parties:
+            for key, _, _ in WORD_METHODS:
+                row = _error_row(head, errs[(key, p)], em_mean, datasets, eps)
+                row.update(method=key, parties=p, sent_per_candidate=summarize(sent[(key, p)]))
+                rows.append(row)
+    result: dict[str, Any] = {
+        "experiment": "words",
+        "config": {**cfg.__dict__, "reps": reps, "seed": seed},
+        "data": "each user holds one English word drawn from wordfreq's frequencies; "
+        f"candidates are the words ranked {cfg.window[0]}–{cfg.window[1]}, in random order",
+        "error": "best count − chosen count (users)",
+        "em": "EM's mean error is its exact expectation on the same datasets; the 'em' row "
+        "samples it once per dataset",
+        "methods": {key: label for key, label, _ in WORD_METHODS} | {"em": "exponential mechanism"},
+        "rows": rows,
+    }
+    result["table"] = words_table(result)
+    _write(out, "words", result)
+    _plot_words(out, result)
+    return result
+
+
+def words_table(result: dict[str, Any]) -> str:
+    lines = [
+        f"{'n':>8} {'ε':>5} {'method':<58} {'parties':>7} {'mean':>7} {'median':>6} "
+        f"{'/EM':>6} {'ε-equiv':>7} {'cmp/cand':>8}"
+    ]
+    for r in result["rows"]:
+        label = result["methods"][r["method"]]
+        sent = r.get("sent_per_candidate", {}).get("mean")
+        lines.append(
+            f"{r['n']:>8} {r['epsilon']:>5} {label:<58} {r.get('parties', '—')!s:>7} "
+            f"{r['mean']:>7.2f} {r['median']:>6.1f} {_fmt(r['mean_ratio_to_em']):>6} "
+            f"{_fmt_eq(r):>7} {_fmt(sent):>8}"
+        )
+    return "\n".join(lines)
+
+
+def _plot_words(out: Path, result: dict[str, Any]) -> Path:
+    plt = _plt()
+    settings = sorted({(r["n"], r["epsilon"]) for r in result["rows"]})
+    fig, axes = plt.subplots(1, len(settings), figsize=(6.5 * len(settings), 5), squeeze=False)
+    for ax, (n, eps) in zip(axes[0], settings, strict=True):
+        rows = [r for r in result["rows"] if (r["n"], r["epsilon"]) == (n, eps)]
+        labels = [
+            result["methods"][r["method"]]
+            + (
+                ""
+                if "parties" not in r
+                else f" ({r['parties']} party)"
+                if r["parties"] == 1
+                else " (two servers)"
+            )
+            for r in rows
+        ]
+        ys = [r["mean"] for r in rows]
+        ax.barh(range(len(rows)), ys, color=[f"C{i % 10}" for i in range(len(rows))])
+        for y, r in enumerate(rows):
+            eq = _fmt_eq(r)
+            ax.text(r["mean"], y, f"  {r['mean']:.1f}  (ε-equiv. {eq}×)", va="center", fontsize=7)
+        ax.set_yticks(range(len(rows)), labels, fontsize=7)
+        ax.invert_yaxis()
+        ax.set_xlabel("mean error (users: best count − chosen count)")
+        ax.set_title(f"n = {n}, ε = {eps}, {result['config']['reps']} datasets")
+        ax.margins(x=0.35)
+    fig.suptitle(f"selection on real word frequencies ({result['data']})", fontsize=9)
+    fig.tight_layout()
+    path = out / "words.png"
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
@@ -335,6 +611,16 @@ def log_star(x: float) -> int:
         x = math.log2(x)
         k += 1
     return k
+
+
+QUERY_LABELS = {
+    "alg6": "SVT: Alg 6 (binary search)",
+    "alg8": FIG1_METHODS["alg8"][0],
+    "alg9": FIG1_METHODS["alg9"][0],
+    "alg9_tuned": FIG1_METHODS["alg9_tuned"][0],
+    "practical": FIG1_METHODS["practical"][0],
+    "scan": FIG1_METHODS["scan"][0],
+}
 
 
 def queries(
@@ -355,8 +641,9 @@ def queries(
         "alg9_tuned": lambda o, d, g: sampling_and_filtering(
             o, epsilon, 1 / (2 * d), variant="tuned", rng=g
         ),
-        # last, so that the others keep the generators they had before it was added
+        # later, so that the others keep the generators they had before these were added
         "practical": lambda o, d, g: practical_selection(o, epsilon, 0.1),
+        "scan": lambda o, d, g: scan_selection(o, epsilon, 0.1),
     }
     bar = Progress(reps * len(ds), "queries")
     rows: dict[str, list[dict[str, Any]]] = {a: [] for a in algs}
@@ -395,6 +682,7 @@ def queries(
                 "alg6_bound_d_R": d * (math.ceil(math.log2(2 * n)) + 1),
                 "alg9_plan_max": plan.max_queries(),
                 "practical_plan_max": plan_practical(probe, epsilon, 0.1, d, n).max_queries(),
+                "scan_plan_max": plan_scan(probe, epsilon, 0.1, d, n).max_queries(),
             }
         )
     result = {
@@ -409,7 +697,7 @@ def queries(
     plt = _plt()
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for a, rs in rows.items():
-        _band(ax, ds, rs, a)
+        _band(ax, ds, rs, QUERY_LABELS.get(a, a))
     ax.plot(ds, [b["d_log_n"] for b in bounds], "k--", label="d·log n")
     ax.plot(ds, [b["d_logstar_n_plus_log3_n"] for b in bounds], "k:", label="d·log* n + log³ n")
     ax.set_xscale("log")
@@ -643,7 +931,7 @@ def _plot_applications(out: Path, result: dict[str, Any]) -> Path:
 
 def quick_configs() -> tuple[Figure1Config, list[int], int, ApplicationsConfig]:
     """Tiny sizes for smoke tests (`--quick`); points repeat so α caches are shared."""
-    f1 = Figure1Config(ds=[10, 40], n_for_d=5000, ns=[5000], d_for_n=10)
+    f1 = Figure1Config(ds=[10, 40], n_for_d=5000, ns=[2000, 5000, 20_000], d_for_n=10)
     ap = ApplicationsConfig(
         hh_ns=[5000],
         hh_d=40,
@@ -658,14 +946,54 @@ def quick_configs() -> tuple[Figure1Config, list[int], int, ApplicationsConfig]:
     return f1, [10], 5000, ap
 
 
+def words_config(args: argparse.Namespace) -> WordsConfig:
+    """The words experiment's settings from the CLI flags (--n, --epsilon, --window,
+    --parties; --quick: one small setting)."""
+    cfg = WordsConfig()
+    ns = [int(x) for x in args.n.split(",")] if getattr(args, "n", None) else None
+    es = [float(x) for x in args.epsilon.split(",")] if getattr(args, "epsilon", None) else None
+    if ns or es:
+        ns = ns or [100_000]
+        es = es or [1.0]
+        if len(ns) != len(es) and 1 not in (len(ns), len(es)):
+            raise ValueError("--n and --epsilon need the same number of values (or one)")
+        k = max(len(ns), len(es))
+        cfg.settings = list(zip(ns * (k // len(ns)), es * (k // len(es)), strict=True))
+    elif getattr(args, "quick", False):
+        cfg.settings = [(20_000, 1.0)]
+    if getattr(args, "window", None):
+        lo, _, hi = args.window.partition(":")
+        cfg.window = (int(lo), int(hi))
+    elif getattr(args, "quick", False):
+        cfg.window = (101, 300)
+    if getattr(args, "parties", None):
+        cfg.parties = tuple(int(x) for x in args.parties.split(","))
+        if not set(cfg.parties) <= {1, 2}:
+            raise ValueError("--parties takes 1, 2 or 1,2")
+    for n, e in cfg.settings:
+        if n < 1 or e <= 0:
+            raise ValueError(f"need n >= 1 and ε > 0, got n={n}, ε={e}")
+    return cfg
+
+
 def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     f1, q_ds, q_n, ap = (
         quick_configs() if args.quick else (Figure1Config(), None, 100_000, ApplicationsConfig())
     )
-    which = ["figure1", "queries", "applications"] if args.which == "all" else [args.which]
+    which = ["figure1", "words", "queries", "applications"] if args.which == "all" else [args.which]
     for w in which:
-        if w == "figure1":
+        if w == "words":
+            try:
+                cfg = words_config(args)
+                res = words(out, args.reps, args.seed, cfg)
+            except (RuntimeError, ValueError) as exc:
+                print(f"words: {exc}", file=sys.stderr)
+                if args.which == "words":
+                    return 2
+                continue
+            print(res["table"])
+        elif w == "figure1":
             res = figure1(out, args.reps, args.seed, f1)
             print(res["table"])
             print(res["matching"])
@@ -700,12 +1028,16 @@ def register(subparsers: Any) -> None:
     """Add `svtagg experiment figure1|queries|applications|all` to the CLI."""
     p = subparsers.add_parser(
         "experiment",
-        help="reproduce the paper's comparisons on planted data (JSON + PNG)",
+        help="reproduce the paper's comparisons on planted and word-frequency data (JSON + PNG)",
         description=__doc__,
     )
-    p.add_argument("which", choices=["figure1", "queries", "applications", "all"])
+    p.add_argument("which", choices=["figure1", "words", "queries", "applications", "all"])
     p.add_argument("--out", default="results", help="output folder (default: results)")
     p.add_argument("--reps", type=int, default=5, help="repetitions per point (default: 5)")
     p.add_argument("--seed", type=int, default=0, help="base seed (default: 0)")
     p.add_argument("--quick", action="store_true", help="tiny sizes, for smoke tests")
+    p.add_argument("--n", help="words: number of users, comma-separated (default: 100000,1000000)")
+    p.add_argument("--epsilon", help="words: ε per setting, comma-separated (default: 1,0.25)")
+    p.add_argument("--window", help="words: candidate word ranks lo:hi (default: 101:1100)")
+    p.add_argument("--parties", help="words: noise models, 1, 2 or 1,2 (default: 1,2)")
     p.set_defaults(handler=run)

@@ -34,11 +34,13 @@ PAPER_FINAL_ROUNDS = 64
 
 class Variant(StrEnum):
     """Which version of an algorithm runs: as the paper writes it, with the tuned
-    constants of Algorithm 9, or the practical selection (`practical_selection`)."""
+    constants of Algorithm 9, the practical selection (`practical_selection`), or
+    the scan selection (`scan_selection`, `scan_top_k`)."""
 
     PAPER = "paper"
     TUNED = "tuned"
     PRACTICAL = "practical"
+    SCAN = "scan"
 
 
 def variant_of(value: Variant | str, *allowed: Variant) -> Variant:
@@ -852,3 +854,556 @@ def sampling_and_filtering(
         session, cands, everyone, lo, hi, j_w, pl.final_rounds, pl.final_epsilon, pl.beta_prime
     )
     return SelectionResult(best, cands.queries[best], lo, hi, session.spend, pl.planned_epsilon)
+
+
+# --------------------------------------------------------------------------- scan selection
+
+#: Default share of ε of the scan selection's binary-search stage, and (below) of its
+#: middle stage.  Measured on word-frequency data (docs/algorithms.md §6): 1/8 + 1/16
+#: gave a lower ε-equivalence to the exponential mechanism *and* fewer comparisons
+#: than 1/4 with no middle stage; larger shares are cheaper and less accurate.
+SCAN_COARSE_FRACTION = Fraction(1, 8)
+#: Default fine step, in units of the fine stream's query-noise scale c/ε_f.
+SCAN_STEP_SCALE = Fraction(3, 2)
+#: Default share of ε of the middle stage (a coarse descending scan between the
+#: binary search and the deciding stream); 0 runs without it.
+SCAN_MID_FRACTION = Fraction(1, 16)
+
+
+def _one_sided(kind: StreamKind) -> bool:
+    from svtagg.dp.kinds import noise_model
+
+    m = noise_model(kind)
+    return m.threshold_family == "geometric" and m.query_family == "geometric"
+
+
+@dataclass(frozen=True)
+class ScanPlan:
+    """Every parameter of `scan_selection` / `scan_top_k`, fixed before data.
+
+    Coarse stage (budget `coarse_epsilon`, failure β/2, or β/4 with a middle
+    stage, which gets the other β/4): `coarse_rounds` rounds of
+    geometric binary search with budgets `coarse_budgets` (ratio γ).  After a NO at
+    m the upper end moves to m + `coarse_up[t]`; after a YES the lower end to
+    m − `coarse_lo[t]`.  For one-sided noise (exp3: ν, γ ≥ 0) a NO means every
+    s_j < m + γ, so `coarse_up` bounds the threshold noise γ alone (no union over
+    the |P| queries); otherwise it is the usual α for |P| queries.
+    Fine stage: `streams` streams of `fine_epsilon` each (one per rank), descending
+    in steps of `step` from the coarse upper end (rank 1) or from the previous
+    rank's last NO level (later ranks), `dense_levels` levels at most down to
+    ℓ_c − α_f, then `tail_levels` doubling steps down to −4n, so that a stream ends
+    at a YES whatever the coarse stage did.  α_f is for |P|·(dense + tail) queries
+    at failure β/(2·streams).  Everything depends on (n, |P|, W, ε, β, kind, k).
+    """
+
+    kind: StreamKind
+    epsilon: Fraction
+    beta: float
+    size: int
+    width: float
+    coarse_fraction: Fraction
+    ratio: Fraction
+    coarse_rounds: int
+    coarse_budgets: tuple[Fraction, ...]
+    coarse_up: tuple[float, ...]
+    coarse_lo: tuple[float, ...]
+    width_bound: float
+    streams: int
+    fine_epsilon: Fraction
+    fine_alpha: float
+    step: int
+    dense_levels: int
+    tail_levels: int
+    rank_levels: int  # a later rank's schedule from the top of [ℓ, u] to −4n, counted
+    # Middle stage (none when mid_epsilon is 0): one stream scanning [ℓ_c, u_c] at a
+    # step `mid_step`, its YES narrowing the fine stage's start and floor.
+    mid_epsilon: Fraction = Fraction(0)
+    mid_step: int = 0
+    mid_up: float = 0.0
+    mid_lo: float = 0.0
+    mid_dense: int = 0
+    mid_tail: int = 0
+
+    @property
+    def coarse_epsilon(self) -> Fraction:
+        return sum(self.coarse_budgets, Fraction(0))
+
+    @property
+    def planned_epsilon(self) -> Fraction:
+        return self.coarse_epsilon + self.mid_epsilon + self.streams * self.fine_epsilon
+
+    @property
+    def stages(self) -> int:
+        """Streams before the first fine stream: coarse rounds plus the middle stream."""
+        return self.coarse_rounds + (1 if self.mid_epsilon else 0)
+
+    def max_queries(self) -> int:
+        """|P|·T_c + Σ_r |P_r|·L_r: every query the plan may send (L_1 = dense + tail,
+        L_r = `rank_levels` for later ranks)."""
+        first = self.dense_levels + self.tail_levels
+        mid = self.size * (self.mid_dense + self.mid_tail)
+        return (
+            mid
+            + self.size * self.coarse_rounds
+            + sum(
+                (self.size - r) * (first if r == 0 else self.rank_levels)
+                for r in range(self.streams)
+            )
+        )
+
+    def error_bound(self) -> float:
+        """Top-1: w.p. ≥ 1 − β the chosen score is within s + 2·(α_f + 1/2) of the max
+        (the stream's first YES at level m: chosen ≥ m − α_f, max < m + s + α_f)."""
+        return self.step + 2 * (self.fine_alpha + ROUNDING_SLACK)
+
+
+def _scan_width_bound(width: float, up: Sequence[float], lo: Sequence[float]) -> float:
+    w = float(width)
+    for a_up, a_lo in zip(up, lo, strict=True):
+        w = min(w, w / 2 + max(a_up, a_lo) + ROUNDING_SLACK)
+    return w
+
+
+def plan_scan(
+    oracle: Oracle,
+    epsilon: Number | str,
+    beta: float,
+    size: int,
+    width: float,
+    *,
+    k: int = 1,
+    kind: StreamKind | str = "auto",
+    coarse_fraction: Number | str = SCAN_COARSE_FRACTION,
+    ratio: Fraction = GBS_RATIO,
+    rounds: int | None = None,
+    step: int | None = None,
+    mid_fraction: Number | str | None = None,
+) -> ScanPlan:
+    """The scan selection's plan from public parameters and `oracle.accuracy` only.
+
+    kind="auto": the kind (of exp3, lap3, lap24) with the smallest α for a chunk of
+    |P| queries on the fine budget.  Coarse rounds: unless given, the T ≤ ⌈log2 W⌉
+    that minimises T + (coarse width bound)/s, the plan's proxy for comparisons
+    per candidate.  Step s: max(1, ⌊1.5·c/ε_f⌋) (`SCAN_STEP_SCALE` noise scales).
+    """
+    from svtagg.dp.kinds import noise_model
+
+    eps = check_epsilon(epsilon)
+    beta = _check_beta(beta)
+    from svtagg.dp.kinds import as_fraction
+
+    frac = as_fraction(coarse_fraction, "coarse_fraction")
+    mid = as_fraction(mid_fraction if mid_fraction is not None else SCAN_MID_FRACTION, "mid")
+    if not 0 < frac < 1 or not 0 <= mid < 1 - frac:
+        raise ValueError(
+            f"need 0 < coarse_fraction < 1 and 0 <= mid_fraction < 1 − coarse_fraction, "
+            f"got {coarse_fraction}, {mid_fraction}"
+        )
+    if size < 1:
+        raise ValueError("need at least one candidate")
+    if not 1 <= k <= size:
+        raise ValueError(f"k must be in [1, {size}], got {k}")
+    eps_c = eps * frac
+    eps_m = eps * mid
+    eps_f = (eps - eps_c - eps_m) / k
+    beta_f = beta / 2 / k
+    beta_c = beta / 4 if mid else beta / 2
+    if kind == "auto":
+        kinds = [StreamKind.parse(x) for x in PRACTICAL_KINDS]
+        k_kind = min(kinds, key=lambda x: float(oracle.accuracy(x, eps_f, size, beta_f)))
+    else:
+        k_kind = StreamKind.parse(kind)
+    if step is None:
+        coef = noise_model(k_kind).query_coef
+        s = max(1, math.floor(SCAN_STEP_SCALE * coef / eps_f))
+    else:
+        s = int(step)
+        if s < 1:
+            raise ValueError(f"step must be a positive integer, got {step}")
+    one_sided = _one_sided(k_kind)
+
+    def coarse(t_max: int) -> tuple[list[Fraction], list[float], list[float], float]:
+        budgets = gbs_budgets(eps_c, t_max, ratio)
+        b_t = beta_c / t_max
+        lo = [float(oracle.accuracy(k_kind, e, size, b_t)) for e in budgets]
+        up = [float(oracle.accuracy(k_kind, e, 1, b_t)) for e in budgets] if one_sided else lo
+        return budgets, up, lo, _scan_width_bound(width, up, lo)
+
+    s_m = max(1, math.floor(SCAN_STEP_SCALE * noise_model(k_kind).query_coef / eps_m)) if mid else 0
+    t_cap = default_rounds(width)
+    if rounds is not None:
+        if rounds < 1:
+            raise ValueError(f"rounds must be >= 1, got {rounds}")
+        t_best = rounds
+    else:
+        # comparisons per candidate the coarse width costs the next stage's scan
+        t_best = min(range(1, t_cap + 1), key=lambda t: t + coarse(t)[3] / (s_m or s))
+    budgets, up, lo, wb = coarse(t_best)
+    limit = 4 * oracle.n
+    m_up = m_lo = 0.0
+    m_dense = m_tail = 0
+    if mid:
+        m_tail = max(1, math.ceil(math.log2(max(2.0, (limit + wb) / s_m))) + 1)
+        m_dense = max(2, math.ceil(wb / s_m) + 1)
+        for _ in range(20):
+            m_lo = float(oracle.accuracy(k_kind, eps_m, size * (m_dense + m_tail), beta / 4))
+            new = math.ceil((wb + m_lo + ROUNDING_SLACK) / s_m) + 1
+            if new <= m_dense:
+                break
+            m_dense = new
+        m_lo = float(oracle.accuracy(k_kind, eps_m, size * (m_dense + m_tail), beta / 4))
+        m_up = float(oracle.accuracy(k_kind, eps_m, 1, beta / 4)) if one_sided else m_lo
+        # the fine stage scans from the middle YES's last NO level + its up-bound down
+        # to the YES level − its lo-bound
+        wb = min(wb, s_m + m_up + m_lo + 2 * ROUNDING_SLACK)
+    tail = max(1, math.ceil(math.log2(max(2.0, (limit + wb) / s))) + 1)
+    rank_levels = _rank_schedule_length(width, s, limit) if k > 1 else 0
+    dense = max(2, math.ceil(wb / s) + 1)
+    for _ in range(20):
+        per = max(dense + tail, rank_levels)
+        a_f = float(oracle.accuracy(k_kind, eps_f, size * per, beta_f))
+        new_dense = math.ceil((wb + a_f + ROUNDING_SLACK) / s) + 1
+        if new_dense <= dense:
+            break
+        dense = new_dense
+    a_f = float(oracle.accuracy(k_kind, eps_f, size * max(dense + tail, rank_levels), beta_f))
+    return ScanPlan(
+        k_kind,
+        eps,
+        beta,
+        size,
+        float(width),
+        frac,
+        Fraction(ratio),
+        t_best,
+        tuple(budgets),
+        tuple(up),
+        tuple(lo),
+        wb,
+        k,
+        eps_f,
+        a_f,
+        s,
+        dense,
+        tail,
+        rank_levels,
+        eps_m,
+        s_m,
+        m_up,
+        m_lo,
+        m_dense,
+        m_tail,
+    )
+
+
+def _rank_schedule_length(width: float, step: int, limit: int) -> int:
+    """Levels of a later rank's schedule in the worst case: from the top of the
+    interval (height `width` above its lower end) down to −4n (`_scan_levels` with
+    `base`), plus the `SCAN_RANK_DENSE` fine levels."""
+    m, gap, count = float(width), 2 * step, SCAN_RANK_DENSE
+    m -= (SCAN_RANK_DENSE - 1) * step
+    while m > -limit:
+        g = gap
+        if m > 0:
+            g = min(gap, max(step, math.floor(float(SCAN_RANK_RELATIVE) * m)))
+        m -= g
+        count += 1
+        gap = 2 * g
+    return count + 1
+
+
+def _scan_coarse(
+    session: _Session,
+    cands: Candidates,
+    positions: Sequence[int],
+    lower: float,
+    upper: float,
+    plan: ScanPlan,
+) -> tuple[int | None, float, float]:
+    """The coarse stage: returns (witness or None, ℓ_c, u_c).
+
+    Witness: the YES with the best certified lower bound (Algorithm 8's rule); when
+    no YES raised ℓ, the most recent YES; None when no stream said YES.  All three
+    depend only on released outputs.
+    """
+    lo, hi = float(lower), float(upper)
+    best: int | None = None
+    last: int | None = None
+    for e_t, a_up, a_lo in zip(plan.coarse_budgets, plan.coarse_up, plan.coarse_lo, strict=True):
+        session.spend.alphas.append(a_lo)
+        m = (lo + hi) / 2
+        hit = session.ask(session.open(e_t), cands, positions, m)
+        if hit is None:
+            hi = min(hi, m + a_up + ROUNDING_SLACK)
+            continue
+        last = positions[hit]
+        if m - a_lo - ROUNDING_SLACK > lo:
+            lo = m - a_lo - ROUNDING_SLACK
+            best = positions[hit]
+    return (best if best is not None else last), lo, hi
+
+
+#: Levels a later rank of `scan_top_k` scans at the fine step before its steps grow.
+SCAN_RANK_DENSE = 4
+#: A later rank's step grows (doubling) up to this fraction of the level's height
+#: above the interval's lower end, never below the fine step: on skewed data the
+#: next score may be far below, and consecutive ranks differ by a fraction of it.
+SCAN_RANK_RELATIVE = Fraction(1, 16)
+
+
+def _scan_levels(
+    top: float,
+    floor_level: float,
+    plan: ScanPlan,
+    tau_limit: int,
+    dense: int | None = None,
+    base: float | None = None,
+) -> list[float]:
+    """The thresholds one fine stream may ask, in order: from `top` down by the step
+    to `floor_level` (at most `dense` ≤ `dense_levels` levels), then doubling steps
+    to −4n.  With `base` (later ranks of `scan_top_k`), each doubled step is capped
+    at max(step, `SCAN_RANK_RELATIVE`·(m − base)) while the level m is above `base`,
+    for at most `plan.rank_levels` levels in all."""
+    levels = []
+    m = float(math.floor(top))
+    count = plan.dense_levels if dense is None else min(dense, plan.dense_levels)
+    for _ in range(count):
+        levels.append(m)
+        if m <= floor_level:
+            break
+        m -= plan.step
+    cap = plan.tail_levels if base is None else plan.rank_levels - len(levels)
+    gap = 2 * plan.step
+    for _ in range(max(cap, 0)):
+        last = levels[-1]
+        g = gap
+        if base is not None and last > base:
+            g = min(gap, max(plan.step, math.floor(float(SCAN_RANK_RELATIVE) * (last - base))))
+        m = max(last - g, -float(tau_limit))
+        if m >= last:
+            break
+        levels.append(m)
+        gap = 2 * g
+    return levels
+
+
+def _mid_stage(
+    session: _Session,
+    cands: Candidates,
+    positions: Sequence[int],
+    lo_c: float,
+    hi_c: float,
+    plan: ScanPlan,
+) -> tuple[int | None, float, float]:
+    """The middle stream: descend from u_c at `mid_step` (then doubling) until a YES
+    at level m_i; returns (its candidate or None, max(ℓ_c, m_i − mid_lo),
+    min(u_c, m_{i−1} + mid_up)).  For one-sided noise the NO at m_{i−1} bounds
+    every score by m_{i−1} + γ, so `mid_up` bounds γ alone."""
+    levels = []
+    m = float(math.floor(hi_c))
+    floor_level = lo_c - plan.mid_lo - ROUNDING_SLACK
+    for _ in range(plan.mid_dense):
+        levels.append(m)
+        if m <= floor_level:
+            break
+        m -= plan.mid_step
+    gap = 2 * plan.mid_step
+    for _ in range(plan.mid_tail):
+        m = max(levels[-1] - gap, -float(session.tau_limit))
+        if m >= levels[-1]:
+            break
+        levels.append(m)
+        gap *= 2
+    session.spend.alphas.append(plan.mid_lo)
+    found = _scan_stream(session, cands, positions, levels, plan.mid_epsilon)
+    if found is None:
+        return None, lo_c, hi_c
+    hit, i = found
+    lower = max(lo_c, levels[i] - plan.mid_lo - ROUNDING_SLACK)
+    upper = hi_c if i == 0 else min(hi_c, levels[i - 1] + plan.mid_up + ROUNDING_SLACK)
+    return positions[hit], lower, max(upper, lower)
+
+
+def _scan_stream(
+    session: _Session,
+    cands: Candidates,
+    positions: Sequence[int],
+    levels: Sequence[float],
+    epsilon: Fraction,
+) -> tuple[int, int] | None:
+    """One fine stream over `levels`: (position in `positions`, level index) of its
+    YES, or None if it never said YES."""
+    stream = session.open(epsilon)
+    for i, m in enumerate(levels):
+        hit = session.ask(stream, cands, positions, m)
+        if hit is not None:
+            return hit, i
+    return None
+
+
+def scan_selection(
+    oracle: Oracle,
+    epsilon: Number | str,
+    beta: float,
+    *,
+    candidates: Candidates | None = None,
+    subset: Sequence[int] | None = None,
+    interval: tuple[float, float] | None = None,
+    kind: StreamKind | str = "auto",
+    coarse_fraction: Number | str = SCAN_COARSE_FRACTION,
+    rounds: int | None = None,
+    step: int | None = None,
+    plan: ScanPlan | None = None,
+    mid_fraction: Number | str | None = None,
+) -> SelectionResult:
+    """Scan selection: a short localisation, then one deciding descending-scan stream.
+
+    Not in the paper; built from its pieces (`ScanPlan` describes the stages).  The
+    localisation only places the deciding scan's start, so it gets a small share of
+    ε: a geometric binary search (`coarse_fraction`, default 1/8) and a middle
+    descending scan at a coarse step (`mid_fraction`, default 1/16; 0 skips it).
+    The trade-off is the analyst's: larger shares send fewer comparisons and leave
+    the deciding stream less budget (docs/algorithms.md §6 has both ends measured).
+    The deciding scan continues below the localised interval with doubling steps,
+    so it ends at a YES even when the localisation failed; only if no stream ever
+    says YES (every threshold down to −4n answered NO, probability below
+    e^(−4n·ε_f/c)) is an earlier stage's YES — or, with none, the first candidate —
+    returned.  Privacy: basic composition of T_c + 2 (or + 1) streams whose budgets
+    sum to ε exactly, all fixed by the plan before data (thresholds adapt, which
+    AboveThreshold allows).  W.p. ≥ 1 − β the chosen score is within
+    `plan.error_bound()` of the max.
+    """
+    cands = _candidates(oracle, candidates)
+    positions = list(subset) if subset is not None else list(range(len(cands)))
+    lo, hi = interval if interval is not None else (0.0, float(oracle.n))
+    pl = (
+        plan
+        if plan is not None
+        else plan_scan(
+            oracle,
+            epsilon,
+            beta,
+            len(positions),
+            hi - lo,
+            kind=kind,
+            coarse_fraction=coarse_fraction,
+            rounds=rounds,
+            step=step,
+            mid_fraction=mid_fraction,
+        )
+    )
+    if pl.size != len(positions) or abs(pl.width - (hi - lo)) > 1e-9 or pl.streams != 1:
+        raise ValueError("plan was made for another candidate count, interval or k")
+    session = _Session(oracle, pl.kind)
+    witness, lo_c, hi_c = _scan_coarse(session, cands, positions, lo, hi, pl)
+    if pl.mid_epsilon:
+        mid_pick, lo_c, hi_c = _mid_stage(session, cands, positions, lo_c, hi_c, pl)
+        witness = mid_pick if mid_pick is not None else witness
+    session.spend.alphas.append(pl.fine_alpha)
+    a_f = pl.fine_alpha + ROUNDING_SLACK
+    levels = _scan_levels(hi_c, lo_c - a_f, pl, session.tau_limit)
+    found = _scan_stream(session, cands, positions, levels, pl.fine_epsilon)
+    if found is None:
+        j = witness if witness is not None else positions[0]
+        return SelectionResult(j, cands.queries[j], lo_c, hi_c, session.spend, pl.planned_epsilon)
+    hit, i = found
+    j, m = positions[hit], levels[i]
+    upper = hi_c if i == 0 else min(hi_c, levels[i - 1] + a_f)
+    return SelectionResult(j, cands.queries[j], m - a_f, upper, session.spend, pl.planned_epsilon)
+
+
+@dataclass(frozen=True)
+class ScanTopK:
+    """`scan_top_k`'s picks in rank order (positions in the candidate list) and record.
+
+    Per rank r, w.p. ≥ 1 − β for all ranks together: the pick's score is ≥ lowers[r]
+    and every candidate not chosen before rank r scores ≤ uppers[r]."""
+
+    indices: list[int]
+    lowers: list[float]
+    uppers: list[float]
+    spend: Spend
+    planned_epsilon: Fraction
+
+
+def scan_top_k(
+    oracle: Oracle,
+    k: int,
+    epsilon: Number | str,
+    beta: float,
+    *,
+    candidates: Candidates | None = None,
+    interval: tuple[float, float] | None = None,
+    kind: StreamKind | str = "auto",
+    coarse_fraction: Number | str = SCAN_COARSE_FRACTION,
+    rounds: int | None = None,
+    step: int | None = None,
+    plan: ScanPlan | None = None,
+    progress: Callable[[int, int, int], None] | None = None,
+    mid_fraction: Number | str | None = None,
+) -> ScanTopK:
+    """Top-k by one coarse localisation and a descending scan that continues.
+
+    Rank 1 is `scan_selection`.  Rank r + 1 opens its own stream (budget ε_f, every
+    rank's YES paid as its own stream) over the candidates not yet chosen and
+    starts at the last level rank r answered NO at, not from the top: that level
+    was NO for every remaining candidate, so nothing is skipped w.p. ≥ 1 − β.  A
+    later rank scans `SCAN_RANK_DENSE` levels at the fine step, then doubles its
+    step (the next score may be far below on skewed data); its certificate
+    [lower, upper] is as wide as the step it answered YES at, plus 2·α_f.
+    Budget: ε_c + k·ε_f = ε, basic composition, all fixed by the plan.  A stream
+    that never says YES (see `scan_selection`) ends the ranking early.
+    """
+    cands = _candidates(oracle, candidates)
+    positions = list(range(len(cands)))
+    lo, hi = interval if interval is not None else (0.0, float(oracle.n))
+    pl = (
+        plan
+        if plan is not None
+        else plan_scan(
+            oracle,
+            epsilon,
+            beta,
+            len(positions),
+            hi - lo,
+            k=k,
+            kind=kind,
+            coarse_fraction=coarse_fraction,
+            rounds=rounds,
+            step=step,
+            mid_fraction=mid_fraction,
+        )
+    )
+    if pl.size != len(positions) or abs(pl.width - (hi - lo)) > 1e-9 or pl.streams != k:
+        raise ValueError("plan was made for another candidate count, interval or k")
+    session = _Session(oracle, pl.kind)
+    _, lo_c, hi_c = _scan_coarse(session, cands, positions, lo, hi, pl)
+    if pl.mid_epsilon:
+        _, lo_c, hi_c = _mid_stage(session, cands, positions, lo_c, hi_c, pl)
+    a_f = pl.fine_alpha + ROUNDING_SLACK
+    start = hi_c
+    chosen: list[int] = []
+    lowers: list[float] = []
+    uppers: list[float] = []
+    remaining = positions
+    for rank in range(k):
+        session.spend.alphas.append(pl.fine_alpha)
+        if rank == 0:
+            levels = _scan_levels(start, lo_c - a_f, pl, session.tau_limit)
+        else:
+            levels = _scan_levels(
+                start, lo_c - a_f, pl, session.tau_limit, SCAN_RANK_DENSE, base=lo
+            )
+        found = _scan_stream(session, cands, remaining, levels, pl.fine_epsilon)
+        if found is None:
+            break
+        hit, i = found
+        chosen.append(remaining[hit])
+        lowers.append(levels[i] - a_f)
+        bound = hi_c if rank == 0 else uppers[-1]
+        uppers.append(bound if i == 0 else min(bound, levels[i - 1] + a_f))
+        remaining = remaining[:hit] + remaining[hit + 1 :]
+        start = levels[i - 1] if i > 0 else levels[0]
+        if progress is not None:
+            progress(len(chosen), k, session.spend.queries)
+    return ScanTopK(chosen, lowers, uppers, session.spend, pl.planned_epsilon)

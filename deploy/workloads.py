@@ -23,3 +23,27 @@ def workload(name: str, n: int, d: int, seed: int) -> npt.NDArray[np.float64]:
     if name == "heavy_hitters":
         return heavy_hitters_embedding(zipf_categories(n, d, 1.1, 3, seed), d)
     return np.random.default_rng(seed).random((n, d))
+
+
+def model_selection(users: int, d: int, seed: int) -> npt.NDArray[np.float64]:
+    """Private model (or hyperparameter) selection: user i's value for candidate j is
+    1 − clipped loss of candidate j on user i, so every record touches all d
+    candidates (r = d).  Candidate j's mean loss is 0.5 + 0.3·u_j (u_j uniform), a
+    user's loss that plus N(0, 0.2²) clipped to [0, 1]: the best candidates are a
+    few score units apart at n = 10⁴, d = 10³."""
+    gen = np.random.default_rng(seed)
+    base = 0.5 + 0.3 * gen.random(d)
+    out = np.empty((users, d))
+    for start in range(0, users, 2000):  # bounded temporaries
+        m = min(2000, users - start)
+        out[start : start + m] = 1.0 - np.clip(base + 0.2 * gen.standard_normal((m, d)), 0, 1)
+    return out
+
+
+def laplace_argmax(
+    sums: npt.NDArray[np.float64], epsilon: float, l1_sensitivity: float, seed: int
+) -> int:
+    """Laplace on all d sums (scale Δ₁/ε; a replaced record in [0,1]^d moves the sums
+    by ≤ d in ℓ1), then the argmax: the naive central baseline."""
+    gen = np.random.default_rng(seed)
+    return int(np.argmax(sums + gen.laplace(0.0, l1_sensitivity / epsilon, sums.shape)))

@@ -200,7 +200,7 @@ def test_top_k_practical_default_recall_and_budget() -> None:
     counts = rng.binomial(n, rng.uniform(0, 0.1, d))
     counts[[10, 50, 90]] = [n // 2, n // 3, n // 4]
     oracle = LocalOracle.from_sums(counts * GRID, n, 100, seed=3)
-    res = apps.top_k_heavy_hitters(oracle, k, 1)  # default variant: practical
+    res = apps.top_k_heavy_hitters(oracle, k, 1, variant="practical")
     assert set(res.indices) == {10, 50, 90}
     # k rounds of ε/k, fixed in advance: exactly ε, all of it on the ledger
     assert res.spend.epsilon == res.planned_epsilon == 1
