@@ -76,14 +76,31 @@ class Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see --help)\n")
 
 
+class _Version(argparse.Action):
+    """`--version`: the version and the comparison engine in use (loaded only
+    when asked, so other commands do not pay for it)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        kwargs.setdefault("nargs", 0)
+        kwargs.setdefault("default", argparse.SUPPRESS)
+        super().__init__(option_strings, dest, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> None:
+        from svtagg import __version__
+        from svtagg.deploy.doctor import engine_line
+
+        parser.exit(0, f"svtagg {__version__}; comparison engine: {engine_line()}\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    from svtagg import __version__
 
     parser = Parser(
         prog="svtagg",
         description="Sparse Vector Technique over two-server secure aggregation.",
     )
-    parser.add_argument("--version", action="version", version=f"svtagg {__version__}")
+    parser.add_argument(
+        "--version", action=_Version, help="print the version and the comparison engine"
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for register in _registrars():
         register(sub)
@@ -96,10 +113,18 @@ def _registrars() -> list[Callable[[argparse._SubParsersAction], None]]:  # type
     from svtagg.analyst.experiments import register as experiment_register
     from svtagg.client.cli import register as client_register
     from svtagg.deploy.admin import register as admin_register
+    from svtagg.deploy.doctor import register as doctor_register
     from svtagg.deploy.jobs import register as jobs_register
     from svtagg.servers.cli import register as server_register
 
-    return [server_register, client_register, jobs_register, admin_register, experiment_register]
+    return [
+        server_register,
+        client_register,
+        jobs_register,
+        admin_register,
+        experiment_register,
+        doctor_register,
+    ]
 
 
 def _one_line(text: str) -> str:

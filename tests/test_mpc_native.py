@@ -275,3 +275,31 @@ def test_thread_count_does_not_change_a_byte(threads: int) -> None:
             assert x == y
         else:
             assert np.array_equal(x, y)
+
+
+def test_version_and_doctor_name_the_engine() -> None:
+    """`svtagg --version` names the engine in use; `svtagg doctor --json` checks
+    every available engine against the plaintext answer."""
+    import json
+    import shutil
+
+    exe = shutil.which("svtagg") or os.path.join(os.path.dirname(sys.executable), "svtagg")
+    for backend, expect in (
+        ("auto", "native" if native.available() else "numpy"),
+        ("numpy", "numpy"),
+    ):
+        env = dict(os.environ, SVTAGG_BACKEND=backend)
+        out = subprocess.run(
+            [exe, "--version"], env=env, capture_output=True, text=True, timeout=60
+        )
+        assert out.returncode == 0, out.stderr
+        assert f"comparison engine: {expect}" in out.stdout
+    out = subprocess.run(
+        [exe, "doctor", "--json", "--k", "300"], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert report["ok"] and [c["engine"] for c in report["checks"]] == (
+        ["numpy", "native"] if native.available() else ["numpy"]
+    )
+    assert all(c["ok"] for c in report["checks"])
