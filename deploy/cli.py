@@ -89,7 +89,8 @@ class _Version(argparse.Action):
         from svtagg import __version__
         from svtagg.deploy.doctor import engine_line
 
-        parser.exit(0, f"svtagg {__version__}; comparison engine: {engine_line()}\n")
+        print(f"svtagg {__version__}; comparison engine: {engine_line()}")
+        parser.exit(0)
 
 
 def build_parser() -> argparse.ArgumentParser:
