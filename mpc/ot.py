@@ -1,7 +1,7 @@
-"""Oblivious transfer: Chou–Orlandi base OTs in the RFC 3526 3072-bit MODP
-group (prime-order subgroup of a safe prime), with no branch on secret bits,
-and IKNP OT extension producing correlated OTs (Δ-OT) with a fast numpy
-bit-matrix transpose.
+"""Oblivious transfer: Chou–Orlandi base OTs in the prime-order subgroup of
+Ed25519 (libsodium, the default) or of the RFC 3526 3072-bit MODP group (the
+reference), with no branch on secret bits, and IKNP OT extension producing
+correlated OTs (Δ-OT) with a bit-matrix transpose (numpy, or the native core).
 
 Roles in this package: the evaluator is the IKNP *receiver* (its choice bits
 are its circuit inputs) and therefore the base-OT *sender*; the garbler is the
@@ -169,9 +169,7 @@ def _elements(data: bytes, count: int) -> list[int]:
     ]
 
 
-async def base_ot_send(
-    channel: Channel, count: int, session_id: bytes
-) -> list[tuple[bytes, bytes]]:
+async def _modp_send(channel: Channel, count: int, session_id: bytes) -> list[tuple[bytes, bytes]]:
     """Chou–Orlandi sender: returns `count` random key pairs (k0, k1); the
     receiver learns exactly k_c for its choice c of each pair. Two messages."""
     a = _exponent()
@@ -190,7 +188,7 @@ async def base_ot_send(
     return keys
 
 
-async def base_ot_receive(channel: Channel, choices: list[int], session_id: bytes) -> list[bytes]:
+async def _modp_receive(channel: Channel, choices: list[int], session_id: bytes) -> list[bytes]:
     """Chou–Orlandi receiver: returns k_{c_i} for each choice bit c_i."""
     big_a = _elements(await channel.recv(), 1)[0]
     a_table = _FixedBase(big_a)
@@ -205,6 +203,126 @@ async def base_ot_receive(channel: Channel, choices: list[int], session_id: byte
         keys.append(_kdf(session_id, i, big_a, big_b, a_table.pow(b)))
     await channel.send(b"".join(int(v).to_bytes(ELEMENT_BYTES, "big") for v in out_b))
     return keys
+
+
+# ---------------------------------------------------------------- Ed25519 base OT
+#
+# The same Chou–Orlandi protocol in the prime-order subgroup of Ed25519
+# (order ℓ = 2^252 + …, about 128-bit security), through libsodium (PyNaCl):
+# every received point must pass `crypto_core_ed25519_is_valid_point` —
+# canonical, on the curve, in the prime-order subgroup, not of small order —
+# so the cofactor gives the peer nothing.  Scalars are uniform mod ℓ (64
+# CSPRNG bytes reduced).  About 30x cheaper than the 3072-bit group.
+
+POINT_BYTES = 32
+
+
+def _nacl() -> Any:
+    import nacl.bindings as sodium
+
+    return sodium
+
+
+def _scalar() -> bytes:
+    return bytes(_nacl().crypto_core_ed25519_scalar_reduce(secrets.token_bytes(64)))
+
+
+def _points(data: bytes, count: int) -> list[bytes]:
+    if len(data) != count * POINT_BYTES:
+        raise InvalidGroupElement(f"expected {count} curve points, got {len(data)} bytes")
+    pts = [bytes(data[i : i + POINT_BYTES]) for i in range(0, len(data), POINT_BYTES)]
+    for pt in pts:
+        if not _nacl().crypto_core_ed25519_is_valid_point(pt):
+            raise InvalidGroupElement("point not in the prime-order subgroup of Ed25519")
+    return pts
+
+
+def _kdf_points(session_id: bytes, index: int, a: bytes, b: bytes, shared: bytes) -> bytes:
+    h = hashlib.sha256()
+    h.update(b"svtagg-base-ot-ed25519" + len(session_id).to_bytes(2, "big") + session_id)
+    h.update(index.to_bytes(4, "big") + a + b + shared)
+    return h.digest()[:16]
+
+
+def _select(bit: int, p0: bytes, p1: bytes) -> bytes:
+    """p1 if bit else p0, by masking rather than branching on the secret bit."""
+    x0, x1 = int.from_bytes(p0, "little"), int.from_bytes(p1, "little")
+    mask = -(bit & 1) & ((1 << (8 * POINT_BYTES)) - 1)
+    return (x0 ^ (mask & (x0 ^ x1))).to_bytes(POINT_BYTES, "little")
+
+
+async def _ed25519_send(
+    channel: Channel, count: int, session_id: bytes
+) -> list[tuple[bytes, bytes]]:
+    na = _nacl()
+    a = _scalar()
+    big_a = bytes(na.crypto_scalarmult_ed25519_base_noclamp(a))
+    await channel.send(big_a)
+    bs = _points(await channel.recv(), count)
+    a_a = bytes(na.crypto_scalarmult_ed25519_noclamp(a, big_a))
+    keys = []
+    for i, b in enumerate(bs):
+        s0 = bytes(na.crypto_scalarmult_ed25519_noclamp(a, b))
+        s1 = bytes(na.crypto_core_ed25519_sub(s0, a_a))  # a·(B − A) = a·B − a·A
+        keys.append(
+            (_kdf_points(session_id, i, big_a, b, s0), _kdf_points(session_id, i, big_a, b, s1))
+        )
+    return keys
+
+
+async def _ed25519_receive(channel: Channel, choices: list[int], session_id: bytes) -> list[bytes]:
+    na = _nacl()
+    big_a = _points(await channel.recv(), 1)[0]
+    out_b: list[bytes] = []
+    keys: list[bytes] = []
+    for i, c in enumerate(choices):
+        b = _scalar()
+        p0 = bytes(na.crypto_scalarmult_ed25519_base_noclamp(b))
+        big_b = _select(c, p0, bytes(na.crypto_core_ed25519_add(p0, big_a)))  # b·G + c·A
+        out_b.append(big_b)
+        shared = bytes(na.crypto_scalarmult_ed25519_noclamp(b, big_a))
+        keys.append(_kdf_points(session_id, i, big_a, big_b, shared))
+    await channel.send(b"".join(out_b))
+    return keys
+
+
+#: The base-OT group: "ed25519" (default) or "modp3072" (RFC 3526 group 15,
+#: the reference, kept for comparison and for machines without libsodium).
+#: Both parties must use the same one.
+BASE_OT_GROUPS = ("ed25519", "modp3072")
+
+
+def default_group() -> str:
+    try:
+        _nacl()
+    except ImportError:
+        return "modp3072"
+    return "ed25519"
+
+
+async def base_ot_send(
+    channel: Channel, count: int, session_id: bytes, group: str | None = None
+) -> list[tuple[bytes, bytes]]:
+    """Chou–Orlandi sender: returns `count` random key pairs (k0, k1); the
+    receiver learns exactly k_c for its choice c of each pair. Two messages."""
+    g = group or default_group()
+    if g == "ed25519":
+        return await _ed25519_send(channel, count, session_id)
+    if g == "modp3072":
+        return await _modp_send(channel, count, session_id)
+    raise ValueError(f"unknown base-OT group {g!r}")
+
+
+async def base_ot_receive(
+    channel: Channel, choices: list[int], session_id: bytes, group: str | None = None
+) -> list[bytes]:
+    """Chou–Orlandi receiver: returns k_{c_i} for each choice bit c_i."""
+    g = group or default_group()
+    if g == "ed25519":
+        return await _ed25519_receive(channel, choices, session_id)
+    if g == "modp3072":
+        return await _modp_receive(channel, choices, session_id)
+    raise ValueError(f"unknown base-OT group {g!r}")
 
 
 # ---------------------------------------------------------------- transposition

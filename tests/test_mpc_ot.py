@@ -34,11 +34,12 @@ def test_transpose_matches_unpackbits(nbytes: int) -> None:
     assert np.array_equal(transpose_rows(mat), np.ascontiguousarray(ref).view(np.uint64))
 
 
-async def test_base_ot_both_choice_bits() -> None:
+@pytest.mark.parametrize("group", ["ed25519", "modp3072"])
+async def test_base_ot_both_choice_bits(group: str) -> None:
     cs, cr = MemoryChannel.pair()
     choices = [i % 2 for i in range(KAPPA)]
     pairs, got = await asyncio.gather(
-        base_ot_send(cs, KAPPA, b"sid"), base_ot_receive(cr, choices, b"sid")
+        base_ot_send(cs, KAPPA, b"sid", group), base_ot_receive(cr, choices, b"sid", group)
     )
     for (k0, k1), c, k in zip(pairs, choices, got, strict=True):
         assert k0 != k1
@@ -70,7 +71,7 @@ def test_subgroup_check_agrees_with_exponentiation() -> None:
 
 async def test_base_ot_sender_rejects_non_subgroup_element() -> None:
     cs, cr = MemoryChannel.pair()
-    task = asyncio.create_task(base_ot_send(cs, 2, b"sid"))
+    task = asyncio.create_task(base_ot_send(cs, 2, b"sid", "modp3072"))
     await cr.recv()  # A
     bad = (P - 2).to_bytes(ELEMENT_BYTES, "big") + (4).to_bytes(ELEMENT_BYTES, "big")
     await cr.send(bad)
@@ -82,7 +83,49 @@ async def test_base_ot_receiver_rejects_bad_a() -> None:
     cs, cr = MemoryChannel.pair()
     await cs.send((1).to_bytes(256, "big"))
     with pytest.raises(InvalidGroupElement):
-        await base_ot_receive(cr, [0, 1], b"sid")
+        await base_ot_receive(cr, [0, 1], b"sid", "modp3072")
+
+
+def _small_order_and_mixed_points() -> list[bytes]:
+    """Encodings a peer might send to exploit the cofactor: the identity, a
+    point of order 2, a non-canonical encoding, an off-curve value, and a
+    valid point plus a point of order 8 (on the curve, not in the subgroup)."""
+    import nacl.bindings as na
+
+    identity = (1).to_bytes(32, "little")
+    order2 = ((1 << 255) - 20).to_bytes(32, "little")  # (0, −1)
+    noncanonical = ((1 << 255) - 19 + 1).to_bytes(32, "little")  # y = p + 1
+    off_curve = (2).to_bytes(32, "little")
+    order8 = bytes.fromhex("c7176a703d4dd84fba3c0b760d10670f2a2053fa2c39ccc64ec7fd7792ac037a")
+    g = bytes(na.crypto_scalarmult_ed25519_base_noclamp((5).to_bytes(32, "little")))
+    mixed = bytes(na.crypto_core_ed25519_add(g, order8))
+    return [identity, order2, noncanonical, off_curve, order8, mixed]
+
+
+@pytest.mark.parametrize("bad", _small_order_and_mixed_points())
+async def test_ed25519_base_ot_rejects_points_outside_the_subgroup(bad: bytes) -> None:
+    """Both sides: a received point must be canonical, on the curve, in the
+    prime-order subgroup and not of small order."""
+    import nacl.bindings as na
+
+    assert not na.crypto_core_ed25519_is_valid_point(bad)
+    cs, cr = MemoryChannel.pair()
+    await cs.send(bad)  # as the sender's A
+    with pytest.raises(InvalidGroupElement):
+        await base_ot_receive(cr, [0, 1], b"sid", "ed25519")
+    cs, cr = MemoryChannel.pair()
+    task = asyncio.create_task(base_ot_send(cs, 2, b"sid", "ed25519"))
+    await cr.recv()  # A
+    good = bytes(na.crypto_scalarmult_ed25519_base_noclamp((7).to_bytes(32, "little")))
+    await cr.send(good + bad)  # as the receiver's B_1
+    with pytest.raises(InvalidGroupElement):
+        await task
+
+
+def test_ed25519_is_the_default_base_ot_group() -> None:
+    from svtagg.mpc.ot import default_group
+
+    assert default_group() == "ed25519"
 
 
 def _iknp_pair() -> tuple[IKNPSender, IKNPReceiver]:
