@@ -168,14 +168,24 @@ def main(argv: list[str] | None = None) -> None:
         default=1,
         help="native-core threads (1: the one-core figures; the servers default to all cores)",
     )
+    ap.add_argument(
+        "--cpus",
+        type=int,
+        default=1,
+        help="pin this process to this many CPUs (1: the one-core figures; both parties "
+        "and every thread share them)",
+    )
     args = ap.parse_args(argv)
+    if hasattr(os, "sched_setaffinity") and args.cpus > 0:
+        os.sched_setaffinity(0, set(sorted(os.sched_getaffinity(0))[: args.cpus]))
     ks = [k for k in (1, 1_000, 10_000, 100_000) if k <= args.max_k]
     engines = ["numpy"] + (["native"] if native.available() else [])
     threads_before = native.threads()
     native.set_threads(args.threads)
     print(f"load average at start: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
     print(f"engines: {', '.join(engines)}; native core: {native.describe()}")
-    print(f"native-core threads for this run: {args.threads}")
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    print(f"native-core threads for this run: {args.threads}; pinned to {cpus} CPU(s)")
     before = native.active()
     res: dict[str, dict[str, Any]] = {}
     try:

@@ -583,7 +583,7 @@ static void eval_sign_range(void *arg, size_t k0, size_t k1) {
 }
 
 /* Below this many lanes a carry chain runs on the calling thread alone. */
-#define MIN_PARALLEL_LANES 256
+#define MIN_PARALLEL_LANES 1024
 
 static PyObject *py_garble_sign(PyObject *self, PyObject *args) {
     PyObject *ao, *bo, *dob, *yo, *to;
@@ -693,7 +693,7 @@ static PyObject *py_transpose128(PyObject *self, PyObject *args) {
     }
     tr_ctx x = {r.view.buf, o.view.buf, stride};
     Py_BEGIN_ALLOW_THREADS
-    parallel_for((size_t)nb, 64, 1024, transpose_range, &x);
+    parallel_for((size_t)nb, 64, 4096, transpose_range, &x);
     Py_END_ALLOW_THREADS
     ret = Py_NewRef(Py_None);
 done:
@@ -784,7 +784,9 @@ static PyObject *py_prg_rows(PyObject *self, PyObject *args) {
     if (m && need(&o, (m - 1) * stride + 16 * nblk, "out")) goto done;
     prg_ctx x = {sch.view.buf, o.view.buf, __builtin_bswap64(nonce), first, nblk, stride};
     Py_BEGIN_ALLOW_THREADS
-    parallel_for((size_t)m, 1, 16, prg_range, &x);
+    /* threads only for large pieces: creating one costs tens of microseconds */
+    size_t rows_min = nblk >= 256 ? 16 : (size_t)m;
+    parallel_for((size_t)m, 1, rows_min, prg_range, &x);
     Py_END_ALLOW_THREADS
     ret = Py_NewRef(Py_None);
 done:
