@@ -164,7 +164,21 @@ def check_range(
 def embed_block(spec: Spec, rows: Any, first_row: int, stats: ReadStats) -> Array:
     """One block of parsed rows → an m × d block of values in [0, 1]."""
     if spec.fmt == "categories":
-        lists: list[list[int]] = rows
+        lists: list[list[int]] = []
+        for i, cats in enumerate(rows):
+            row = first_row + i
+            ids = []
+            for c, v in enumerate(cats, 1):
+                if isinstance(v, bool) or int(v) != v:
+                    raise InputError(f"row {row}, column {c}: {v!r} is not a category id")
+                if not 0 <= int(v) < spec.d:
+                    raise InputError(
+                        f"row {row}, column {c}: category {v} is outside [0, {spec.d})"
+                    )
+                ids.append(int(v))
+            if len(set(ids)) != len(ids):
+                raise InputError(f"row {row}: a category repeats (a 0/1 matrix? use format matrix)")
+            lists.append(ids)
         return heavy_hitters_embedding(lists, spec.d)
     block = np.asarray(rows, dtype=np.float64)
     if block.ndim != 2:
