@@ -166,6 +166,10 @@ class RemoteOracle:
 
     @classmethod
     def from_certs(cls, leader: str, task_id: str, certs: str | Path, **kw: Any) -> RemoteOracle:
+        """The oracle over `task_id` on the leader at `leader` ("host:port"), as the
+        analyst whose ca.pem, analyst.pem and analyst.key are in `certs`.  The
+        task's collection must be closed.  `svtagg.connect(...).task(id).oracle()`
+        is the same object reached from the front door."""
         d = Path(certs)
         return cls(
             leader,

@@ -164,7 +164,21 @@ def check_range(
 def embed_block(spec: Spec, rows: Any, first_row: int, stats: ReadStats) -> Array:
     """One block of parsed rows → an m × d block of values in [0, 1]."""
     if spec.fmt == "categories":
-        lists: list[list[int]] = rows
+        lists: list[list[int]] = []
+        for i, cats in enumerate(rows):
+            row = first_row + i
+            ids = []
+            for c, v in enumerate(cats, 1):
+                if isinstance(v, bool) or int(v) != v:
+                    raise InputError(f"row {row}, column {c}: {v!r} is not a category id")
+                if not 0 <= int(v) < spec.d:
+                    raise InputError(
+                        f"row {row}, column {c}: category {v} is outside [0, {spec.d})"
+                    )
+                ids.append(int(v))
+            if len(set(ids)) != len(ids):
+                raise InputError(f"row {row}: a category repeats (a 0/1 matrix? use format matrix)")
+            lists.append(ids)
         return heavy_hitters_embedding(lists, spec.d)
     block = np.asarray(rows, dtype=np.float64)
     if block.ndim != 2:
@@ -246,6 +260,20 @@ def _lines(f: TextIO, max_line: int, skip_header: bool) -> Iterator[tuple[int, s
         yield row, line
 
 
+def _numbers(spec: Spec, rows: list[Any], first: int, delimiter: str) -> Any:
+    """Category rows as they are; numeric lines (each already of the right
+    length) parsed in one call, or line by line to name a bad field."""
+    if spec.fmt == "categories":
+        return rows
+    try:
+        return np.loadtxt(rows, delimiter=delimiter, dtype=np.float64, ndmin=2, comments=None)
+    except ValueError:
+        for i, text in enumerate(rows):
+            for c, x in enumerate(text.split(delimiter), 1):
+                _parse_float(x, first + i, c)
+        raise
+
+
 def read_csv(
     path: str | Path,
     spec: Spec,
@@ -268,8 +296,8 @@ def read_csv(
             text = line.rstrip("\r\n")
             if not text.strip():
                 raise InputError(f"row {row} is empty")
-            fields = text.split(delimiter)
             if spec.fmt == "categories":
+                fields = text.split(delimiter)
                 cats = [_parse_category(x, row, c, spec.d) for c, x in enumerate(fields, 1)]
                 if len(set(cats)) != len(cats):
                     raise InputError(
@@ -277,22 +305,23 @@ def read_csv(
                     )
                 rows.append(cats)
             else:
-                if len(fields) != width:
-                    hint = f"; delimiter is {delimiter!r}" if len(fields) == 1 else ""
+                count = text.count(delimiter) + 1
+                if count != width:
+                    hint = f"; delimiter is {delimiter!r}" if count == 1 else ""
                     raise InputError(
-                        f"row {row} has {len(fields)} values, expected {width} "
+                        f"row {row} has {count} values, expected {width} "
                         f"(the task's d={spec.d}{' as attribute count' if width != spec.d else ''})"
                         f"{hint}"
                     )
-                rows.append([_parse_float(x, row, c) for c, x in enumerate(fields, 1)])
+                rows.append(text)
             if not first:
                 first = row
             if len(rows) == batch:
-                yield embed_block(spec, rows, first, stats)
+                yield embed_block(spec, _numbers(spec, rows, first, delimiter), first, stats)
                 stats.rows += len(rows)
                 rows, first = [], 0
         if rows:
-            yield embed_block(spec, rows, first, stats)
+            yield embed_block(spec, _numbers(spec, rows, first, delimiter), first, stats)
             stats.rows += len(rows)
     if stats.rows == 0:
         raise InputError(f"{path}: no rows to upload")

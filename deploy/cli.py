@@ -208,13 +208,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         return rc
 
 
+def _core_verbosity(argv: Sequence[str]) -> str:
+    """GRPC_VERBOSITY for gRPC's C core: NONE, unless `--grpc-log-level` asks for
+    more (the C core reads it once, before the arguments are parsed)."""
+    levels = {"DEBUG": "DEBUG", "INFO": "INFO", "WARNING": "ERROR", "ERROR": "ERROR"}
+    for i, arg in enumerate(argv):
+        value = None
+        if arg == "--grpc-log-level" and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif arg.startswith("--grpc-log-level="):
+            value = arg.partition("=")[2]
+        if value is not None:
+            return levels.get(value.upper(), "NONE")
+    return "NONE"
+
+
 def entry() -> None:
     """The console script: `main` with its return value as the exit status.
 
     gRPC's C core writes its own error lines to stderr (e.g. a second line for a
     port in use); the command line reports those failures itself, so the core is
     quiet unless GRPC_VERBOSITY is set (e.g. GRPC_VERBOSITY=ERROR or DEBUG)."""
-    os.environ.setdefault("GRPC_VERBOSITY", "NONE")
+    os.environ.setdefault("GRPC_VERBOSITY", _core_verbosity(sys.argv[1:]))
     rc = main()
     try:
         sys.stdout.flush()

@@ -349,9 +349,7 @@ class Deployment:
         with Uploader(self.leader, self.helper, ident.ca, ident.cert, ident.key) as up:
             info = up.checked_task(task_id, False)
             spec = Spec(int(info.spec.d), fmt, embedding, params, clip=clip)
-            rows: Any = data if fmt == "categories" else _as_matrix(data)
-            if fmt == "categories":
-                rows = [list(map(int, r)) for r in rows]
+            rows: Any = list(data) if fmt == "categories" else _as_matrix(data)
             stats = ReadStats()
             size = max(1, min(batch, MAX_BATCH_VALUES // spec.d))
             blocks = [

@@ -76,7 +76,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         default="WARNING",
         type=str.upper,
         choices=LOG_LEVELS,
-        help="log level of the gRPC library's internals (kept apart from --log-level)",
+        help="log level of the gRPC library's internals, kept apart from --log-level "
+        "(when given, also the C core's GRPC_VERBOSITY, which is otherwise silent)",
     )
     p.add_argument(
         "--max-epsilon-total",
@@ -109,6 +110,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         action="store_true",
         help="replace an existing CA and keys (every certificate issued before stops working)",
     )
+    c.add_argument("--json", action="store_true", help="print one JSON object")
     c.set_defaults(handler=run_certs)
 
 
@@ -117,6 +119,12 @@ def run_certs(args: argparse.Namespace) -> int:
     if not hosts:
         raise ValueError("--hosts names no host")
     out = write_deployment(args.out, hosts, force=args.force)
+    if getattr(args, "json", False):
+        import json
+
+        files = sorted(p.name for p in out.iterdir() if p.suffix in (".pem", ".key"))
+        print(json.dumps({"directory": str(out), "hosts": list(hosts), "files": files}))
+        return 0
     print(f"wrote ca.pem and {', '.join(ROLES)} certificates (hosts {', '.join(hosts)}) to {out}")
     print("keep ca.key offline; give each party only its own <role>.pem/.key and ca.pem")
     return 0

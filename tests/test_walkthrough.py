@@ -59,6 +59,12 @@ def test_front_door_checks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
                 conn.upload("t", [[0.0, float("nan"), 0.0]])
             stats = conn.upload("t", [[0.0, 0.5, 1.0]])
             assert stats.reports == 1
-            assert conn.task("t").state().n == 1
+            with pytest.raises(InputError, match="row 2, column 2: category 3 is outside"):
+                conn.upload("t", [[0], [1, 3]], embedding="heavy_hitters", fmt="categories")
+            with pytest.raises(InputError, match="row 1: a category repeats"):
+                conn.upload("t", [[1, 1]], embedding="heavy_hitters", fmt="categories")
+            stats = conn.upload("t", [[0, 2], [1]], embedding="heavy_hitters", fmt="categories")
+            assert stats.reports == 2
+            assert conn.task("t").state().n == 3
             with pytest.raises(NotFound, match="nosuch"):
                 conn.task("nosuch")
