@@ -648,9 +648,9 @@ done:
 
 /* ------------------------------------------------------------------ transpose
  *
- * transpose128(rows, row_stride, nb, out): rows is a 128 × (≥ nb) byte matrix
- * whose row i starts at byte i·row_stride; out receives 8·nb blocks with bit i
- * of block j = bit j of row i (bit j of a row at byte j/8, bit j%8).
+ * transpose128(rows, out): rows is a 128 × nb uint8 matrix (rows may be
+ * strided); out receives 8·nb blocks with bit i of block j = bit j of row i
+ * (bit j of a row at byte j/8, bit j%8).
  */
 typedef struct {
     const uint8_t *R;
@@ -681,23 +681,27 @@ static void transpose_range(void *arg, size_t c0, size_t c1) {
 
 static PyObject *py_transpose128(PyObject *self, PyObject *args) {
     PyObject *ro, *oo;
-    Py_ssize_t stride, nb;
-    if (!PyArg_ParseTuple(args, "OnnO", &ro, &stride, &nb, &oo)) return NULL;
-    buf_t r = {0}, o = {0};
+    if (!PyArg_ParseTuple(args, "OO", &ro, &oo)) return NULL;
+    Py_buffer r;
+    /* rows: a 128 × nb byte matrix whose rows may be strided (a view of the PRG buffer) */
+    if (PyObject_GetBuffer(ro, &r, PyBUF_STRIDED_RO) != 0) return NULL;
+    buf_t o = {0};
     PyObject *ret = NULL;
-    if (get_buf(ro, &r, 0, "rows") || get_buf(oo, &o, 1, "out")) goto done;
-    if (nb < 0 || stride < nb || need(&r, 127 * stride + nb, "rows") ||
-        need(&o, 128 * nb, "out")) {
-        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "bad transpose shape");
+    if (r.ndim != 2 || r.itemsize != 1 || r.shape[0] != 128 || r.strides[1] != 1 ||
+        r.strides[0] < r.shape[1]) {
+        PyErr_SetString(PyExc_ValueError, "rows: expected a 128 x m uint8 matrix, rows contiguous");
         goto done;
     }
-    tr_ctx x = {r.view.buf, o.view.buf, stride};
+    Py_ssize_t nb = r.shape[1], stride = r.strides[0];
+    if (get_buf(oo, &o, 1, "out") || need(&o, 128 * nb, "out")) goto done;
+    tr_ctx x = {r.buf, o.view.buf, stride};
     Py_BEGIN_ALLOW_THREADS
     parallel_for((size_t)nb, 64, 4096, transpose_range, &x);
     Py_END_ALLOW_THREADS
     ret = Py_NewRef(Py_None);
 done:
-    release(&r); release(&o);
+    PyBuffer_Release(&r);
+    release(&o);
     return ret;
 }
 

@@ -15,6 +15,7 @@ CompareToThresholds, 2 more ANDs per query.
 from __future__ import annotations
 
 import enum
+import functools
 from collections.abc import Callable
 
 import numpy as np
@@ -56,9 +57,10 @@ def planes(b: Wires) -> WireSource:
     return lambda lo, hi: b[:, lo:hi]
 
 
-def lane_batches(n: int) -> list[tuple[int, int]]:
+@functools.lru_cache(maxsize=256)
+def lane_batches(n: int) -> tuple[tuple[int, int], ...]:
     """The lane batches of an n-lane circuit; the OT extension uses the same split."""
-    return [(lo, min(lo + LANE_BATCH, n)) for lo in range(0, n, LANE_BATCH)]
+    return tuple((lo, min(lo + LANE_BATCH, n)) for lo in range(0, n, LANE_BATCH))
 
 
 def check_width(width: int) -> int:

@@ -237,13 +237,7 @@ class NativeEvalBackend(_NativeLayers, EvalBackend):
 
 def transpose_rows_native(mat: npt.NDArray[np.uint8], out: Blocks) -> Blocks:
     """`ot.transpose_rows` in the native core; `mat` may have strided rows."""
-    rows, nb = mat.shape
-    stride = mat.strides[0]
-    if mat.strides[1] != 1 or stride < nb:
+    if mat.strides[1] != 1:
         mat = np.ascontiguousarray(mat)
-        stride = nb
-    span = np.lib.stride_tricks.as_strided(
-        mat, shape=((rows - 1) * stride + nb,), strides=(1,), writeable=False
-    )
-    core().transpose128(span, stride, nb, out)
+    core().transpose128(mat, out)
     return out
