@@ -71,18 +71,23 @@ def bench_upload(dep: LocalDeployment, n: int, d: int, batch: int) -> dict[str, 
     }
 
 
-def bench_chunks(oracle: RemoteOracle, sizes: list[int], reps: int) -> list[dict[str, Any]]:
-    """One NO-answering chunk per stream (threshold far above every score)."""
+def bench_chunks(
+    oracle: RemoteOracle, sizes: list[int], reps: int, one_stream: bool = False
+) -> list[dict[str, Any]]:
+    """NO-answering chunks (threshold far above every score): each on a stream
+    of its own (the stream's opening, two durable charges, is timed too), or
+    with `one_stream` all on one open stream (a NO keeps it open)."""
     rows = []
     rng = np.random.default_rng(2)
     far = 2 * oracle.n
     for k in sizes:
         chunk = [(Query(int(j)), far) for j in rng.integers(0, oracle.d, size=k)]
         times, peer = [], 0
+        shared = oracle.open_stream(1) if one_stream else None
         for _ in range(reps if k < 100_000 else max(1, reps // 3)):
-            s = oracle.open_stream(1)
-            before = oracle.stats().peer_bytes
             t = time.perf_counter()
+            s = shared if shared is not None else oracle.open_stream(1)
+            before = oracle.stats().peer_bytes
             assert s.ask(chunk) is None
             times.append(time.perf_counter() - t)
             peer = oracle.stats().peer_bytes - before
@@ -90,6 +95,7 @@ def bench_chunks(oracle: RemoteOracle, sizes: list[int], reps: int) -> list[dict
         rows.append(
             {
                 "chunk": k,
+                "one_stream": one_stream,
                 "reps": len(times),
                 "median_s": round(med, 4),
                 "comparisons_per_s_median": round(k / med),
@@ -185,7 +191,10 @@ def run_config(name: str, quick: bool, full: bool, skip_alg8: bool) -> dict[str,
                 print(f"[{name}] single query:", out["single_query"])
                 sizes = [1000, 10_000] + ([100_000] if full and not quick else [])
                 out["chunks"] = bench_chunks(oracle, sizes, 2 if quick else 5)
-                for row in out["chunks"]:
+                out["chunks_one_stream"] = bench_chunks(
+                    oracle, [1000, 10_000], 2 if quick else 5, one_stream=True
+                )
+                for row in out["chunks"] + out["chunks_one_stream"]:
                     print(f"[{name}] chunk:", row)
             if full:
                 out["validation"] = bench_validation(dep, 500 if quick else 5000, 100)
@@ -209,7 +218,7 @@ def _summary(results: dict[str, Any]) -> None:
     names = [n for n in CONFIGS if n in results["configs"]]
     base = results["configs"][names[0]]
     print("\nsummary (median, and min–max over the repetitions)")
-    print(f"{'figure':<36}" + "".join(f"{n:>34}" for n in names) + "   target")
+    print(f"{'figure':<50}" + "".join(f"{n:>34}" for n in names) + "   target")
 
     def line(label: str, get: Any, target: str, ratio_of: str = "rate") -> None:
         cells = []
@@ -219,24 +228,29 @@ def _summary(results: dict[str, Any]) -> None:
                 cells.append(f"{'—':>34}")
                 continue
             text, value = v
-            b = get(base)[1]
-            r = value / b if ratio_of == "rate" else b / value
+            ref = get(base)
+            if ref is None:
+                cells.append(f"{text:>34}")
+                continue
+            r = value / ref[1] if ratio_of == "rate" else ref[1] / value
             cells.append(f"{text + f' ({r:.2f}x)':>34}")
-        print(f"{label:<36}" + "".join(cells) + f"   {target}")
+        print(f"{label:<50}" + "".join(cells) + f"   {target}")
 
-    for k in (1000, 10_000, 100_000):
+    for key, label in (("chunks", "stream per chunk"), ("chunks_one_stream", "one open stream")):
+        for k in (1000, 10_000, 100_000):
 
-        def chunk(c: dict[str, Any], k: int = k) -> Any:
-            row = next((r for r in c.get("chunks", []) if r["chunk"] == k), None)
-            if row is None:
-                return None
-            med = row["comparisons_per_s_median"]
-            return (
-                f"{med:,} ({row['comparisons_per_s_worst']:,}–{row['comparisons_per_s_best']:,})",
-                med,
-            )
+            def chunk(c: dict[str, Any], k: int = k, key: str = key) -> Any:
+                row = next((r for r in c.get(key, []) if r["chunk"] == k), None)
+                if row is None:
+                    return None
+                med = row["comparisons_per_s_median"]
+                worst, best = row["comparisons_per_s_worst"], row["comparisons_per_s_best"]
+                return f"{med:,} ({worst:,}–{best:,})", med
 
-        line(f"comparisons/s, chunk {k:,}", chunk, ">= 150,000" if k == 10_000 else "")
+            if all(chunk(results["configs"][n]) is None for n in names):
+                continue
+            target = ">= 150,000" if k == 10_000 else ""
+            line(f"comparisons/s, chunk {k:,}, {label}", chunk, target)
 
     def single(c: dict[str, Any]) -> Any:
         q = c["single_query"]

@@ -200,8 +200,9 @@ static block *get_scratch(size_t n) {
 
 /* ------------------------------------------------------------------ threads
  *
- * The fused carry chains and the IKNP PRG split their lanes (rows) over
- * `n_threads` POSIX threads with the interpreter lock released.  Every lane's
+ * The fused carry chains (and transposes wider than 2^17 columns) split their
+ * lanes over `n_threads` POSIX threads with the interpreter lock released; the
+ * IKNP PRG releases the lock but stays on one thread (measured no faster).  Every lane's
  * tweaks and table positions depend only on its index, so the output is the
  * same bytes for any thread count.  Each thread has its own scratch.
  */
@@ -696,7 +697,8 @@ static PyObject *py_transpose128(PyObject *self, PyObject *args) {
     if (get_buf(oo, &o, 1, "out") || need(&o, 128 * nb, "out")) goto done;
     tr_ctx x = {r.buf, o.view.buf, stride};
     Py_BEGIN_ALLOW_THREADS
-    parallel_for((size_t)nb, 64, 4096, transpose_range, &x);
+    /* threads only for very wide matrices (measured: no gain at one lane batch) */
+    parallel_for((size_t)nb, 64, 1 << 16, transpose_range, &x);
     Py_END_ALLOW_THREADS
     ret = Py_NewRef(Py_None);
 done:
@@ -788,9 +790,8 @@ static PyObject *py_prg_rows(PyObject *self, PyObject *args) {
     if (m && need(&o, (m - 1) * stride + 16 * nblk, "out")) goto done;
     prg_ctx x = {sch.view.buf, o.view.buf, __builtin_bswap64(nonce), first, nblk, stride};
     Py_BEGIN_ALLOW_THREADS
-    /* threads only for large pieces: creating one costs tens of microseconds */
-    size_t rows_min = nblk >= 256 ? 16 : (size_t)m;
-    parallel_for((size_t)m, 1, rows_min, prg_range, &x);
+    /* one thread: measured no faster on two (memory-bound; a thread costs tens of µs) */
+    prg_range(&x, 0, (size_t)m);
     Py_END_ALLOW_THREADS
     ret = Py_NewRef(Py_None);
 done:

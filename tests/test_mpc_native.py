@@ -254,7 +254,8 @@ def test_thread_count_does_not_change_a_byte(threads: int) -> None:
     d = _delta()
     a_bits = bit_planes(RNG.integers(0, 2**64, n, dtype=np.uint64))
     b0 = _labels((width, n))
-    mat = RNG.integers(0, 256, (128, 4097 + 3), dtype=np.uint8)[:, 3:]
+    wide = 2**17 + 5  # transposes split over threads only from 2^17 columns
+    mat = RNG.integers(0, 256, (128, wide + 3), dtype=np.uint8)[:, 3:]
     keys = [os.urandom(16) for _ in range(KAPPA)]
     before = native.threads()
     outs = []
@@ -265,7 +266,7 @@ def test_thread_count_does_not_change_a_byte(threads: int) -> None:
             yes = sign_yes(g, a_bits, planes(b0), n, width)
             e = native.NativeEvalBackend(native.NativeHash(), 11, g.table_bytes())
             act = sign_yes(e, None, planes(b0), n, width)  # all-zero evaluator bits
-            tr = native.transpose_rows_native(mat, np.empty((8 * 4097, 2), np.uint64))
+            tr = native.transpose_rows_native(mat, np.empty((8 * wide, 2), np.uint64))
             rows = _RowPRG(keys).stream(nonce=5, max_width=3000).read(3000).copy()
             outs.append((g.table_bytes(), yes, act, tr, rows))
     finally:
