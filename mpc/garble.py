@@ -41,9 +41,16 @@ def _mask(bits: npt.NDArray[Any]) -> npt.NDArray[np.uint64]:
     return (-(bits.astype(np.uint64)))[:, None]
 
 
-def _lsb_mask(labels: Blocks) -> npt.NDArray[np.uint64]:
-    """`_mask(lsb(labels))` in two numpy calls (unsigned negation wraps)."""
-    return np.negative(labels[:, 0] & _ONE)[:, None]
+def _lsb_mask(labels: Blocks, out: Blocks | None = None) -> Blocks:
+    """All-ones/all-zeros rows by the point-and-permute bit, full (n, 2) shape:
+    numpy's same-shape AND is several times faster than broadcasting an (n, 1)
+    mask over the length-2 axis."""
+    n = labels.shape[0]
+    m = np.empty((n, 2), dtype=np.uint64) if out is None else out[:n]
+    np.bitwise_and(labels[:, 0], _ONE, out=m[:, 0])
+    np.negative(m[:, 0], out=m[:, 0])
+    m[:, 1] = m[:, 0]
+    return m
 
 
 class Backend(Protocol):
@@ -115,8 +122,10 @@ class _Common:
             pat[:, 1] = self.tweak_hi
             patterns[(n, halves)] = pat
         tw = self._workspace("tweaks", pat.shape[0])[: pat.shape[0]]
-        layer = np.array([self.and_layers << 32, 0], dtype=np.uint64)
-        np.bitwise_xor(pat, layer, out=tw)
+        # Only the low word changes with the layer: one strided XOR over it,
+        # the high word copied (no broadcasting over the length-2 axis).
+        np.bitwise_xor(pat[:, 0], np.uint64(self.and_layers << 32), out=tw[:, 0])
+        tw[:, 1] = pat[:, 1]
         self.and_layers += 1
         if self.tweak_log is not None:
             first = {h: k for k, h in reversed(list(enumerate(halves)))}
@@ -213,10 +222,24 @@ class GarbleBackend(_Common):
     def not_(self, a: Blocks) -> Blocks:
         return self._log(a ^ self.delta)
 
+    def _delta_rows(self, n: int) -> Blocks:
+        """Δ repeated on n rows (kept), for same-shape ANDs with full masks."""
+        rows: Blocks | None = self.__dict__.get("_drows")
+        if rows is None or rows.shape[0] < n:
+            rows = np.empty((max(n, 1024), 2), dtype=np.uint64)
+            rows[:] = self.delta
+            self._drows = rows
+        return rows[:n]
+
     def xor_const(self, a: Blocks, bits: Bits | None) -> Blocks:
         # The garbler knows the constant: relabel the wire instead of sending a label.
         assert bits is not None
-        return self._log(a ^ (_mask(bits) & self.delta))
+        n = a.shape[0]
+        m = self._workspace("mc", n)[:n]
+        np.negative(bits.astype(np.uint64), out=m[:, 0])
+        m[:, 1] = m[:, 0]
+        np.bitwise_and(m, self._delta_rows(n), out=m)
+        return self._log(a ^ m)
 
     def and_(self, a0: Blocks, b0: Blocks) -> Blocks:
         n = a0.shape[0]
@@ -230,15 +253,15 @@ class GarbleBackend(_Common):
         np.bitwise_xor(b0, d, out=x[3 * n :])
         h = self.hasher(x, tw, self._workspace("h", 4 * n))
         ha0, ha1, hb0, hb1 = h[:n], h[n : 2 * n], h[2 * n : 3 * n], h[3 * n :]
-        ma = _lsb_mask(a0)
-        mb = _lsb_mask(b0)
+        ma = _lsb_mask(a0, self._workspace("ma", n))
+        mb = _lsb_mask(b0, self._workspace("mb", n))
         tab = self._alloc(2 * n)
         tg, te = tab[:n], tab[n:]
         # In place over the hash outputs and x, which are dead afterwards:
         # T_G = H(A0) ⊕ H(A1) ⊕ p_b·Δ,  W_G = H(A0) ⊕ p_a·T_G,
         # T_E = H(B0) ⊕ H(B1) ⊕ A0,     W_E = H(B0) ⊕ p_b·(H(B0) ⊕ H(B1)).
         np.bitwise_xor(ha0, ha1, out=tg)
-        np.bitwise_and(mb, d, out=x[:n])
+        np.bitwise_and(mb, self._delta_rows(n), out=x[:n])
         np.bitwise_xor(tg, x[:n], out=tg)
         np.bitwise_xor(hb0, hb1, out=hb1)
         np.bitwise_xor(hb1, a0, out=te)
@@ -354,9 +377,9 @@ class EvalBackend(_Common):
         tg, te = tab[:n], tab[n:]
         # W_G = H(A) ⊕ s_a·T_G,  W_E = H(B) ⊕ s_b·(T_E ⊕ A),  C = W_G ⊕ W_E.
         np.bitwise_xor(te, a, out=x[:n])
-        np.bitwise_and(_lsb_mask(b), x[:n], out=x[:n])
+        np.bitwise_and(_lsb_mask(b, self._workspace("mb", n)), x[:n], out=x[:n])
         np.bitwise_xor(hb, x[:n], out=hb)
-        np.bitwise_and(_lsb_mask(a), tg, out=x[n:])
+        np.bitwise_and(_lsb_mask(a, self._workspace("ma", n)), tg, out=x[n:])
         np.bitwise_xor(ha, x[n:], out=ha)
         c = np.empty((n, 2), dtype=np.uint64)
         np.bitwise_xor(ha, hb, out=c)
