@@ -5,6 +5,7 @@ and the helper (evaluator) over an abstract `Channel`, one chunk of queries per 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import hashlib
 import os
 import secrets
@@ -461,6 +462,7 @@ class _Parts:
         self._parts = parts
         self._nd = nd
         self._pulled = 0
+        self._aborted = False
         self.decoding: memoryview | None = None
         self._task = asyncio.ensure_future(self._receive(channel))
 
@@ -476,7 +478,15 @@ class _Parts:
         """The next part's tables (called from the worker thread)."""
         if self._pulled == self._parts:
             raise ValueError("garbled tables too short for the circuit")
-        item = asyncio.run_coroutine_threadsafe(self._inbox.get(), self._loop).result()
+        fut = asyncio.run_coroutine_threadsafe(self._inbox.get(), self._loop)
+        while True:  # wake up now and then: a closed loop must not strand this thread
+            try:
+                item = fut.result(timeout=1.0)
+                break
+            except concurrent.futures.TimeoutError:
+                if self._aborted or self._loop.is_closed():
+                    fut.cancel()
+                    raise ConnectionError("chunk aborted") from None
         if isinstance(item, BaseException):
             raise item
         self._pulled += 1
@@ -496,6 +506,7 @@ class _Parts:
         return self.decoding
 
     def abort(self) -> None:
+        self._aborted = True
         self._task.cancel()
         self._inbox.put_nowait(ConnectionError("chunk aborted"))
 
