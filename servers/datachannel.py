@@ -45,6 +45,8 @@ MAX_DATA_MESSAGE = 1 << 30
 _HEADER = struct.Struct("<Q")
 #: A data connection whose session never claims it is closed after this long.
 UNCLAIMED_SECONDS = 30.0
+#: TLS handshakes (and session-id reads, 10 s each at most) in progress at once.
+MAX_HANDSHAKES = 16
 #: Messages up to this size are returned as `bytes` (one small copy); larger ones
 #: as the bytearray they were received into.
 _SMALL = 1 << 16
@@ -212,6 +214,7 @@ class DataListener:
         self._waiting: dict[bytes, asyncio.Future[DataConnection]] = {}
         self._thread: threading.Thread | None = None
         self._stopped = threading.Event()
+        self._handshakes = threading.BoundedSemaphore(MAX_HANDSHAKES)
 
     def bind(self) -> int:
         """Bind and listen (before anything else of the server is created);
@@ -243,17 +246,29 @@ class DataListener:
         return self.port
 
     def _accept_loop(self) -> None:
+        """Accept, and hand each connection's handshake to a thread of its own (at
+        most MAX_HANDSHAKES at once), so a peer that stalls its handshake holds up
+        nobody else; over the limit, new connections are closed at once."""
         assert self._sock is not None
         while not self._stopped.is_set():
             try:
                 raw, _ = self._sock.accept()
             except OSError:
                 return  # the listener was closed
-            try:
-                self._admit(raw)
-            except (OSError, ssl.SSLError, ChannelClosed) as exc:
-                log.warning("data channel: refused a connection (%s)", type(exc).__name__)
+            if not self._handshakes.acquire(blocking=False):
+                log.warning("data channel: too many handshakes in progress; refused one")
                 raw.close()
+                continue
+            threading.Thread(target=self._admit_guarded, args=(raw,), daemon=True).start()
+
+    def _admit_guarded(self, raw: socket.socket) -> None:
+        try:
+            self._admit(raw)
+        except (OSError, ssl.SSLError, ChannelClosed) as exc:
+            log.warning("data channel: refused a connection (%s)", type(exc).__name__)
+            raw.close()
+        finally:
+            self._handshakes.release()
 
     def _admit(self, raw: socket.socket) -> None:
         raw.settimeout(10)

@@ -217,3 +217,28 @@ async def test_chunks_run_over_the_offered_transport(tmp_path: Path, data_port: 
         await _ask_far(dep, "t")
     finally:
         await dep.stop()
+
+
+async def test_a_stalled_handshake_holds_up_nobody(certs: Path) -> None:
+    """A peer that connects and sends nothing (no TLS handshake) does not delay
+    the leader's connection behind it."""
+    import socket
+    import time
+
+    lst = DataListener(ident(certs, "helper"), "127.0.0.1")
+    await lst.start()
+    stalls = [socket.create_connection(("127.0.0.1", lst.port)) for _ in range(3)]
+    try:
+        t = time.perf_counter()
+        conn = await connect("127.0.0.1", lst.port, ident(certs, "leader"))
+        await announce(conn, b"q" * 16)
+        peer = await lst.claim(b"q" * 16, 5)
+        assert time.perf_counter() - t < 5  # not after the stalled ones' 10 s timeouts
+        await conn.send(b"ping")
+        assert bytes(await peer.recv()) == b"ping"
+        conn.close()
+        peer.close()
+    finally:
+        for s in stalls:
+            s.close()
+        await lst.close()
