@@ -310,6 +310,9 @@ class _Party:
         nonce, tweak_hi = self._next_chunk()
         if k == 0:
             return spec.empty()
+        select = getattr(self.channel, "select", None)
+        if select is not None:  # a channel with a bulk path picks it by the public size
+            select(k * len(spec.inputs))
         s, r, t = self.channel.bytes_sent, self.channel.bytes_received, time.perf_counter()
         z = shares[0] if len(shares) == 1 else np.concatenate(shares)
         result, and_gates = await self._run(spec, z, k, nonce, tweak_hi)

@@ -18,7 +18,14 @@ from svtagg.proto.vocab import SETUP_DEADLINE, Role, kind_from_pb, refusal_statu
 from svtagg.servers.core import Chunk, ComparisonParty, PartyFactory, ServerCore, parse_chunk
 from svtagg.servers.faults import crash_point
 from svtagg.servers.messages import collection_digest, spec_params, stream_info, task_info
-from svtagg.servers.session import DataChannel, DataOffer, FrameChannel, ReadFrame, WriteFrame
+from svtagg.servers.session import (
+    DataChannel,
+    DataOffer,
+    FrameChannel,
+    ReadFrame,
+    SwitchChannel,
+    WriteFrame,
+)
 from svtagg.servers.store import StreamState, TaskState
 
 _OK = pb.PeerFrame(status=pb.PeerStatus(ok=True))
@@ -146,7 +153,9 @@ class HelperDriver:
             if self.data is not None:
                 data = await self.data.claim(sid, SETUP_DEADLINE)
         try:
-            party = self.party(Role.HELPER, data if data is not None else channel, sid)
+            party = self.party(
+                Role.HELPER, SwitchChannel(channel, data) if data is not None else channel, sid
+            )
             await party.setup()
             await self._chunks(write, read, party)
         finally:

@@ -96,6 +96,44 @@ class FrameChannel:
         return self.bytes_sent + self.bytes_received
 
 
+class SwitchChannel:
+    """The protocol's channel when a data connection exists: chunks of more than
+    `DATA_LANES` input lanes run on the data connection (bulk bytes, interpreter
+    lock released), smaller ones and the base OTs on the session's frames (one
+    hop less per message: lower latency).  The protocol calls `select(lanes)`
+    with the chunk's public size, so both parties switch alike."""
+
+    #: Above this many evaluator input lanes (about 2 KB each) a chunk uses the
+    #: data connection; the lane-batch size, from which chunks are also streamed.
+    DATA_LANES = 4096
+
+    def __init__(self, frames: FrameChannel, data: DataChannel) -> None:
+        self.frames = frames
+        self.data = data
+        self._cur: Channel = frames
+
+    def select(self, lanes: int) -> None:
+        self._cur = self.data if lanes > self.DATA_LANES else self.frames
+
+    async def send(self, data: bytes) -> None:
+        await self._cur.send(data)
+
+    async def recv(self) -> bytes:
+        return await self._cur.recv()
+
+    @property
+    def bytes_sent(self) -> int:
+        return self.frames.bytes_sent + self.data.bytes_sent
+
+    @property
+    def bytes_received(self) -> int:
+        return self.frames.bytes_received + self.data.bytes_received
+
+    @property
+    def messages_sent(self) -> int:
+        return self.frames.messages_sent + self.data.messages_sent
+
+
 class LeaderSession:
     """One set-up garbler on one session; `cancel` ends the session, `done` says
     whether the transport has ended it.  `channel` carries the control frames;
@@ -148,7 +186,9 @@ class LeaderSession:
                     data = await asyncio.wait_for(
                         connect_data(offer.data_port, sid), SETUP_DEADLINE
                     )
-            party = factory(Role.LEADER, data if data is not None else channel, sid)
+            party = factory(
+                Role.LEADER, SwitchChannel(channel, data) if data is not None else channel, sid
+            )
             await asyncio.wait_for(party.setup(), SETUP_DEADLINE)
         except BaseException:
             abort()

@@ -166,14 +166,14 @@ async def test_close_wakes_a_blocked_receiver(certs: Path) -> None:
 
 
 # ---------------------------------------------------------------- in a deployment
-async def _ask_far(dep: Deployment, task: str) -> None:
+async def _ask_far(dep: Deployment, task: str, k: int = 300) -> None:
     from svtagg.analyst.remote_oracle import RemoteOracle
 
     def run() -> None:
         with RemoteOracle.from_certs(dep.leader_addr, task, dep.certs) as oracle:
             for _ in range(2):
                 s = oracle.open_stream(1)
-                assert s.ask([(Query(j % oracle.d), 10 * oracle.n) for j in range(300)]) is None
+                assert s.ask([(Query(j % oracle.d), 10 * oracle.n) for j in range(k)]) is None
 
     await asyncio.to_thread(run)
 
@@ -206,7 +206,17 @@ async def test_chunks_run_over_the_offered_transport(tmp_path: Path, data_port: 
         try:
             assert (session.data is not None) == (data_port is not None)
             if session.data is not None:
-                assert session.data.bytes_sent > 0
+                # Chunks of at most 4,096 lanes stay on the frames (latency); larger
+                # ones go over the data connection (the pool has two sessions: ask
+                # enough chunks that this one ran some of each).
+                frames_before = session.channel.traffic
+                data_before = session.data.bytes_sent + session.data.bytes_received
+                await pool.release(session, True)
+                await _ask_far(dep, "t", k=5000)
+                session = await pool.acquire()
+                assert session.data is not None
+                assert session.data.bytes_sent + session.data.bytes_received > data_before
+                assert session.channel.traffic >= frames_before
             # The data channel dies under an idle session: the pool notices and the
             # next chunks run on a new session.
             if session.data is not None:
