@@ -442,11 +442,11 @@ def _plot_figure1(out: Path, result: dict[str, Any]) -> Path:
     handles, labels = axes[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="center right", fontsize=7, frameon=False)
     fig.suptitle(
-        f"Figure 1 reproduction, ε = {result['config']['epsilon']}; medians, IQR bands.  "
-        "Error = best score − chosen score; a score unit is one user's full contribution "
-        "(scores are sums of per-user values in [0, 1]).  Dashed: two-server noise."
+        f"Figure 1 reproduction, ε = {result['config']['epsilon']}; medians, IQR bands; "
+        "dashed: two-server noise.\nError = best score − chosen score; a score unit is one "
+        "user's full contribution (scores are sums of per-user values in [0, 1])."
     )
-    fig.tight_layout(rect=(0, 0, 0.78, 0.95))
+    fig.tight_layout(rect=(0, 0, 0.78, 0.92))
     path = out / "figure1.png"
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -569,7 +569,7 @@ def words_table(result: dict[str, Any]) -> str:
 def _plot_words(out: Path, result: dict[str, Any]) -> Path:
     plt = _plt()
     settings = sorted({(r["n"], r["epsilon"]) for r in result["rows"]})
-    fig, axes = plt.subplots(1, len(settings), figsize=(6.5 * len(settings), 5), squeeze=False)
+    fig, axes = plt.subplots(1, len(settings), figsize=(8 * len(settings), 5), squeeze=False)
     for ax, (n, eps) in zip(axes[0], settings, strict=True):
         rows = [r for r in result["rows"] if (r["n"], r["epsilon"]) == (n, eps)]
         labels = [
@@ -590,9 +590,10 @@ def _plot_words(out: Path, result: dict[str, Any]) -> Path:
             ax.text(r["mean"], y, f"  {r['mean']:.1f}  (ε-equiv. {eq}×)", va="center", fontsize=7)
         ax.set_yticks(range(len(rows)), labels, fontsize=7)
         ax.invert_yaxis()
-        ax.set_xlabel("mean error (users: best count − chosen count)")
+        ax.set_xscale("symlog", linthresh=1.0)
+        ax.set_xlim(0, max(ys) * 30 + 10)
+        ax.set_xlabel("mean error, users (best count − chosen count); symlog: linear below 1")
         ax.set_title(f"n = {n}, ε = {eps}, {result['config']['reps']} datasets")
-        ax.margins(x=0.35)
     fig.suptitle(f"selection on real word frequencies ({result['data']})", fontsize=9)
     fig.tight_layout()
     path = out / "words.png"
