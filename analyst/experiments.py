@@ -772,10 +772,11 @@ def applications(
         "svt_practical": [],
         "laplace": [],
         "gaussian": [],
+        "svt_scan": [],
     }
     for i, n in enumerate(cfg.hh_ns):
         rec: dict[str, list[float]] = {m: [] for m in hh}
-        hh_q: dict[str, list[float]] = {"svt": [], "svt_practical": []}
+        hh_q: dict[str, list[float]] = {"svt": [], "svt_practical": [], "svt_scan": []}
         for r in range(reps):
             g = _rng(seed, 4, i, r)
             recs = _zipf_records(n, cfg.hh_d, cfg.hh_r, g)
@@ -798,6 +799,10 @@ def applications(
             rec["gaussian"].append(
                 _recall(baselines.gaussian_top_k(counts, cfg.hh_k, eps, 1 / n**2, g), truth)
             )
+            o3 = LocalOracle.from_sums(sums, n, BIG_BUDGET, seed=_oracle_seed(_rng(seed, 10, i, r)))
+            res = apps.top_k_heavy_hitters(o3, cfg.hh_k, eps, variant="scan")
+            rec["svt_scan"].append(_recall(res.indices, truth))
+            hh_q["svt_scan"].append(res.spend.queries)
             bar.tick(f"top-k n={n}")
         for m in hh:
             row: dict[str, Any] = {"n": n, "recall": rec[m], **summarize(rec[m])}
@@ -806,7 +811,8 @@ def applications(
             hh[m].append(row)
 
     # Sparse mean (Theorem 7.2) vs Gaussian aggregation of the same embedding.
-    sm: dict[str, list[dict[str, Any]]] = {"svt": [], "gaussian": []}
+    # "svt" is the default (scan selection per round), "svt_alg9" Theorem 7.2's Alg 9 tuned
+    sm: dict[str, list[dict[str, Any]]] = {"svt": [], "gaussian": [], "svt_alg9": []}
     for i, n in enumerate(cfg.sm_ns):
         errs: dict[str, list[float]] = {m: [] for m in sm}
         beta = 0.1
@@ -827,13 +833,23 @@ def applications(
             errs["svt"].append(float(np.linalg.norm(res.mean - mu)))
             gm = baselines.gaussian_sparse_mean(sums / GRID, n, cfg.sm_k, clip, eps, 1 / n**2, g)
             errs["gaussian"].append(float(np.linalg.norm(gm - mu)))
+            g9 = _rng(seed, 11, i, r)
+            o9 = LocalOracle.from_sums(sums, n, BIG_BUDGET, seed=_oracle_seed(g9))
+            res9 = apps.sparse_mean(o9, cfg.sm_k, eps, beta, clip, variant="tuned", rng=g9)
+            errs["svt_alg9"].append(float(np.linalg.norm(res9.mean - mu)))
             bar.tick(f"sparse mean n={n}")
         for m in sm:
             sm[m].append({"n": n, "l2_error": errs[m], **summarize(errs[m])})
 
     # MWEM (Theorems 7.7, 7.8) vs central MWEM, two-way marginals.
     wl = apps.MarginalWorkload.build(cfg.mwem_attributes)
-    mw: dict[str, list[dict[str, Any]]] = {"svt": [], "svt_adv": [], "central": []}
+    # "svt"/"svt_adv": scan selection (the default); "svt_alg8": the paper's Alg 8
+    mw: dict[str, list[dict[str, Any]]] = {
+        "svt": [],
+        "svt_adv": [],
+        "central": [],
+        "svt_alg8": [],
+    }
     n = cfg.mwem_n
     for i, t_rounds in enumerate(cfg.mwem_ts):
         errs = {m: [] for m in mw}
@@ -847,6 +863,10 @@ def applications(
                 errs[m].append(apps.max_query_error(wl, hist, res.synthetic) / n)
             central = baselines.central_mwem(hist, wl, eps, t_rounds, g)
             errs["central"].append(apps.max_query_error(wl, hist, central) / n)
+            g8 = _rng(seed, 12, i, r)
+            o8 = LocalOracle.from_sums(sums, n, BIG_BUDGET, seed=_oracle_seed(g8))
+            res8 = apps.mwem_svt(o8, wl, eps, 0.1, rounds=t_rounds, variant="paper")
+            errs["svt_alg8"].append(apps.max_query_error(wl, hist, res8.synthetic) / n)
             bar.tick(f"MWEM T={t_rounds}")
         for m in mw:
             mw[m].append({"T": t_rounds, "max_error_over_n": errs[m], **summarize(errs[m])})

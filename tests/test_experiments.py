@@ -76,7 +76,9 @@ def test_quick_run_writes_json_and_png(tmp_path: Path, capsys: pytest.CaptureFix
     for row, b in zip(q["rows"]["scan"], q["bounds"], strict=True):
         assert row["sent"]["max"] <= b["scan_plan_max"]
     apps_ = json.loads((tmp_path / "applications.json").read_text())
-    assert {"svt", "svt_practical", "laplace", "gaussian"} == set(apps_["top_k"])
+    assert {"svt", "svt_practical", "laplace", "gaussian", "svt_scan"} == set(apps_["top_k"])
+    assert {"svt", "svt_alg9", "gaussian"} == set(apps_["sparse_mean"])
+    assert {"svt", "svt_adv", "central", "svt_alg8"} == set(apps_["mwem"])
     assert all(0 <= r["median"] <= 1 for r in apps_["top_k"]["svt_practical"])
 
 
