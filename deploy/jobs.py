@@ -86,7 +86,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "--kind",
         default=None,
         help="stream kind: lap24 | lap3 | exp3 | auto (default: each algorithm's own — "
-        "auto for the practical variants, lap24 for the paper's algorithms)",
+        "auto for the scan and practical selections, lap24 for the paper's algorithms)",
     )
     r.add_argument("--seed", type=int, default=None)
     r.add_argument("--p", type=float, default=2.0, help="fp: the loss exponent p")
