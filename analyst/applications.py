@@ -110,6 +110,8 @@ def top_k_heavy_hitters(
     kind: StreamKind | str | None = None,
     progress: Callable[[int, int, int], None] | None = None,
     beta: float | None = None,
+    coarse_fraction: Number | str | None = None,
+    mid_fraction: Number | str | None = None,
 ) -> TopKResult:
     """Theorem 7.1: k rounds of selection with budget ε/k each (failure 1/d for
     Algorithm 9, min(1/d, 0.1) for the practical variant), removing the chosen
@@ -124,8 +126,9 @@ def top_k_heavy_hitters(
 
     variant="scan" (the default): `selection.scan_top_k` — one coarse
     localisation for all ranks and one deciding stream per rank that continues
-    from the previous rank's level (docs/algorithms.md §6), failure β (default
-    min(1/d, 0.1)); budget ε_c + k·ε_f = ε.  `rng` only feeds Algorithm 9's samples.
+    from the previous rank's level (docs/algorithms.md §1), failure β (default
+    min(1/d, 0.1)); budget ε_c + k·ε_f = ε; `coarse_fraction` / `mid_fraction`
+    are its localisation shares.  `rng` only feeds Algorithm 9's samples.
     """
     eps = check_epsilon(epsilon)
     variant = variant_of(variant, Variant.PAPER, Variant.TUNED, Variant.PRACTICAL, Variant.SCAN)
@@ -133,7 +136,19 @@ def top_k_heavy_hitters(
         raise ValueError(f"k must be in [1, d], got {k}")
     if variant == Variant.SCAN:
         fail = beta if beta is not None else min(1.0 / oracle.d, 0.1)
-        top = scan_top_k(oracle, k, eps, fail, kind=kind or "auto", progress=progress)
+        shares: dict[str, Number | str] = {}
+        if coarse_fraction is not None:
+            shares["coarse_fraction"] = coarse_fraction
+        top = scan_top_k(
+            oracle,
+            k,
+            eps,
+            fail,
+            kind=kind or "auto",
+            progress=progress,
+            mid_fraction=mid_fraction,
+            **shares,  # type: ignore[arg-type]
+        )
         return TopKResult(top.indices, top.spend, top.planned_epsilon)
     gen = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
     d = oracle.d
