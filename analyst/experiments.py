@@ -392,7 +392,9 @@ def figure1_table(result: dict[str, Any]) -> str:
         if key is None:
             lines.append(f"{api:<46} {bound:<38} " + " ".join(f"{'—':>9}" for _ in ds))
             continue
-        keys = [key] + (["alg8", "alg9_tuned", "practical"] if key == "alg9" else [])
+        keys = [key] + (
+            ["alg8", "alg9_tuned", "practical", "scan", "scan_2p"] if key == "alg9" else []
+        )
         for k in keys:
             name = api if k == key else f"  {FIG1_METHODS[k][0]}"
             vals = " ".join(f"{row['median']:>9.1f}" for row in vs_d[k])
