@@ -155,3 +155,64 @@ def central_mwem(
 
     synth, _ = mwem_loop(int(round(n)), workload, rounds, select, measure)
     return synth
+
+
+# --------------------------------------------------------------------------- shuffle model
+
+
+def shuffle_epsilon(local_epsilon: float, n: int, delta: float) -> float:
+    """Central ε of n shuffled ε₀-DP local reports: Feldman, McMillan, Talwar,
+    "Hiding among the clones" (FOCS 2021), Theorem 3.1:
+    ε = ln(1 + (e^ε₀ − 1)/(e^ε₀ + 1)·(8√(e^ε₀·ln(4/δ))/√n + 8e^ε₀/n)),
+    valid for ε₀ ≤ ln(n/(16 ln(2/δ))); outside that range this returns inf."""
+    e0 = float(local_epsilon)
+    if e0 <= 0 or n < 1 or not 0 < delta < 1:
+        raise ValueError("need ε₀ > 0, n ≥ 1 and δ in (0, 1)")
+    limit = math.log(n / (16 * math.log(2 / delta))) if n > 16 * math.log(2 / delta) else 0.0
+    if e0 > limit:
+        return math.inf
+    x = math.exp(e0)
+    return math.log1p((x - 1) / (x + 1) * (8 * math.sqrt(x * math.log(4 / delta) / n) + 8 * x / n))
+
+
+def shuffle_local_epsilon(epsilon: float, n: int, delta: float) -> float:
+    """The largest ε₀ whose shuffled central guarantee (`shuffle_epsilon`) is ≤ (ε, δ);
+    0 when no ε₀ qualifies (n too small for the bound)."""
+    lo, hi = 0.0, 50.0
+    if shuffle_epsilon(1e-9, n, delta) > epsilon:
+        return 0.0
+    for _ in range(100):  # shuffle_epsilon increases in ε₀ on its valid range
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if shuffle_epsilon(mid, n, delta) <= epsilon else (lo, mid)
+    return lo
+
+
+def shuffled_rr_select(
+    counts: npt.ArrayLike, n: int, epsilon: float, delta: float, rng: Rng | int | None = None
+) -> int:
+    """Shuffle-model selection for one-item-per-user data: every user applies K-ary
+    randomized response (K = d + 1: the d candidates and "anything else") at the ε₀
+    of `shuffle_local_epsilon(ε, n, δ)`, the shuffler hides who sent what, and the
+    analyst takes the argmax of the report counts over the candidates (debiasing is
+    monotone, so it does not change the argmax).  (ε, δ)-DP centrally by the
+    amplification bound above; simulated exactly per category (binomial keeps,
+    multinomial spreads over the other K − 1 values)."""
+    gen = _rng(rng)
+    c = np.asarray(counts, dtype=np.int64)
+    d = c.size
+    cells = np.append(c, n - int(c.sum()))  # the last cell: users holding another item
+    k = d + 1
+    e0 = shuffle_local_epsilon(epsilon, n, delta)
+    keep = math.exp(e0) / (math.exp(e0) + k - 1)
+    reports = np.zeros(k, dtype=np.int64)
+    for v, m in enumerate(cells.tolist()):
+        kept = int(gen.binomial(m, keep)) if m else 0
+        reports[v] += kept
+        moved = m - kept
+        if moved:
+            spread = gen.multinomial(moved, np.full(k - 1, 1.0 / (k - 1)))
+            reports[:v] += spread[:v]
+            reports[v + 1 :] += spread[v:]
+    top = reports[:d]
+    best = np.flatnonzero(top == top.max())
+    return int(gen.choice(best))

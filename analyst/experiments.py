@@ -392,7 +392,9 @@ def figure1_table(result: dict[str, Any]) -> str:
         if key is None:
             lines.append(f"{api:<46} {bound:<38} " + " ".join(f"{'—':>9}" for _ in ds))
             continue
-        keys = [key] + (["alg8", "alg9_tuned", "practical"] if key == "alg9" else [])
+        keys = [key] + (
+            ["alg8", "alg9_tuned", "practical", "scan", "scan_2p"] if key == "alg9" else []
+        )
         for k in keys:
             name = api if k == key else f"  {FIG1_METHODS[k][0]}"
             vals = " ".join(f"{row['median']:>9.1f}" for row in vs_d[k])
@@ -442,11 +444,11 @@ def _plot_figure1(out: Path, result: dict[str, Any]) -> Path:
     handles, labels = axes[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="center right", fontsize=7, frameon=False)
     fig.suptitle(
-        f"Figure 1 reproduction, ε = {result['config']['epsilon']}; medians, IQR bands.  "
-        "Error = best score − chosen score; a score unit is one user's full contribution "
-        "(scores are sums of per-user values in [0, 1]).  Dashed: two-server noise."
+        f"Figure 1 reproduction, ε = {result['config']['epsilon']}; medians, IQR bands; "
+        "dashed: two-server noise.\nError = best score − chosen score; a score unit is one "
+        "user's full contribution (scores are sums of per-user values in [0, 1])."
     )
-    fig.tight_layout(rect=(0, 0, 0.78, 0.95))
+    fig.tight_layout(rect=(0, 0, 0.78, 0.92))
     path = out / "figure1.png"
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -528,6 +530,11 @@ def words(
             for scores, g in ((sc, _rng(seed, 9, i, r)) for r, sc in enumerate(datasets))
         ]
         rows.append({**_error_row(head, em_errs, em_mean, datasets, eps), "method": "em"})
+        sh_errs = [
+            float(scores.max() - scores[baselines.shuffled_rr_select(scores, n, eps, 1 / n**2, g)])
+            for scores, g in ((sc, _rng(seed, 13, i, r)) for r, sc in enumerate(datasets))
+        ]
+        rows.append({**_error_row(head, sh_errs, em_mean, datasets, eps), "method": "shuffle"})
         for p in cfg.parties:
             for key, _, _ in WORD_METHODS:
                 row = _error_row(head, errs[(key, p)], em_mean, datasets, eps)
@@ -541,7 +548,14 @@ def words(
         "error": "best count − chosen count (users)",
         "em": "EM's mean error is its exact expectation on the same datasets; the 'em' row "
         "samples it once per dataset",
-        "methods": {key: label for key, label, _ in WORD_METHODS} | {"em": "exponential mechanism"},
+        "shuffle": "each user sends K-ary randomized response (K = d + 1) at the largest ε₀ "
+        "whose shuffled guarantee (Feldman–McMillan–Talwar 2021, Thm 3.1) is (ε, 1/n²); "
+        "a weaker guarantee than the pure ε of the others, which only favours it",
+        "methods": {key: label for key, label, _ in WORD_METHODS}
+        | {
+            "em": "exponential mechanism",
+            "shuffle": "shuffled K-RR histogram, (ε, 1/n²) by FMT21 Thm 3.1",
+        },
         "rows": rows,
     }
     result["table"] = words_table(result)
@@ -569,7 +583,7 @@ def words_table(result: dict[str, Any]) -> str:
 def _plot_words(out: Path, result: dict[str, Any]) -> Path:
     plt = _plt()
     settings = sorted({(r["n"], r["epsilon"]) for r in result["rows"]})
-    fig, axes = plt.subplots(1, len(settings), figsize=(6.5 * len(settings), 5), squeeze=False)
+    fig, axes = plt.subplots(1, len(settings), figsize=(8 * len(settings), 5), squeeze=False)
     for ax, (n, eps) in zip(axes[0], settings, strict=True):
         rows = [r for r in result["rows"] if (r["n"], r["epsilon"]) == (n, eps)]
         labels = [
@@ -590,9 +604,10 @@ def _plot_words(out: Path, result: dict[str, Any]) -> Path:
             ax.text(r["mean"], y, f"  {r['mean']:.1f}  (ε-equiv. {eq}×)", va="center", fontsize=7)
         ax.set_yticks(range(len(rows)), labels, fontsize=7)
         ax.invert_yaxis()
-        ax.set_xlabel("mean error (users: best count − chosen count)")
+        ax.set_xscale("symlog", linthresh=1.0)
+        ax.set_xlim(0, max(ys) * 30 + 10)
+        ax.set_xlabel("mean error, users (best count − chosen count); symlog: linear below 1")
         ax.set_title(f"n = {n}, ε = {eps}, {result['config']['reps']} datasets")
-        ax.margins(x=0.35)
     fig.suptitle(f"selection on real word frequencies ({result['data']})", fontsize=9)
     fig.tight_layout()
     path = out / "words.png"
@@ -771,10 +786,11 @@ def applications(
         "svt_practical": [],
         "laplace": [],
         "gaussian": [],
+        "svt_scan": [],
     }
     for i, n in enumerate(cfg.hh_ns):
         rec: dict[str, list[float]] = {m: [] for m in hh}
-        hh_q: dict[str, list[float]] = {"svt": [], "svt_practical": []}
+        hh_q: dict[str, list[float]] = {"svt": [], "svt_practical": [], "svt_scan": []}
         for r in range(reps):
             g = _rng(seed, 4, i, r)
             recs = _zipf_records(n, cfg.hh_d, cfg.hh_r, g)
@@ -797,6 +813,10 @@ def applications(
             rec["gaussian"].append(
                 _recall(baselines.gaussian_top_k(counts, cfg.hh_k, eps, 1 / n**2, g), truth)
             )
+            o3 = LocalOracle.from_sums(sums, n, BIG_BUDGET, seed=_oracle_seed(_rng(seed, 10, i, r)))
+            res = apps.top_k_heavy_hitters(o3, cfg.hh_k, eps, variant="scan")
+            rec["svt_scan"].append(_recall(res.indices, truth))
+            hh_q["svt_scan"].append(res.spend.queries)
             bar.tick(f"top-k n={n}")
         for m in hh:
             row: dict[str, Any] = {"n": n, "recall": rec[m], **summarize(rec[m])}
@@ -805,7 +825,8 @@ def applications(
             hh[m].append(row)
 
     # Sparse mean (Theorem 7.2) vs Gaussian aggregation of the same embedding.
-    sm: dict[str, list[dict[str, Any]]] = {"svt": [], "gaussian": []}
+    # "svt" is the default (scan selection per round), "svt_alg9" Theorem 7.2's Alg 9 tuned
+    sm: dict[str, list[dict[str, Any]]] = {"svt": [], "gaussian": [], "svt_alg9": []}
     for i, n in enumerate(cfg.sm_ns):
         errs: dict[str, list[float]] = {m: [] for m in sm}
         beta = 0.1
@@ -826,13 +847,23 @@ def applications(
             errs["svt"].append(float(np.linalg.norm(res.mean - mu)))
             gm = baselines.gaussian_sparse_mean(sums / GRID, n, cfg.sm_k, clip, eps, 1 / n**2, g)
             errs["gaussian"].append(float(np.linalg.norm(gm - mu)))
+            g9 = _rng(seed, 11, i, r)
+            o9 = LocalOracle.from_sums(sums, n, BIG_BUDGET, seed=_oracle_seed(g9))
+            res9 = apps.sparse_mean(o9, cfg.sm_k, eps, beta, clip, variant="tuned", rng=g9)
+            errs["svt_alg9"].append(float(np.linalg.norm(res9.mean - mu)))
             bar.tick(f"sparse mean n={n}")
         for m in sm:
             sm[m].append({"n": n, "l2_error": errs[m], **summarize(errs[m])})
 
     # MWEM (Theorems 7.7, 7.8) vs central MWEM, two-way marginals.
     wl = apps.MarginalWorkload.build(cfg.mwem_attributes)
-    mw: dict[str, list[dict[str, Any]]] = {"svt": [], "svt_adv": [], "central": []}
+    # "svt"/"svt_adv": scan selection (the default); "svt_alg8": the paper's Alg 8
+    mw: dict[str, list[dict[str, Any]]] = {
+        "svt": [],
+        "svt_adv": [],
+        "central": [],
+        "svt_alg8": [],
+    }
     n = cfg.mwem_n
     for i, t_rounds in enumerate(cfg.mwem_ts):
         errs = {m: [] for m in mw}
@@ -846,6 +877,10 @@ def applications(
                 errs[m].append(apps.max_query_error(wl, hist, res.synthetic) / n)
             central = baselines.central_mwem(hist, wl, eps, t_rounds, g)
             errs["central"].append(apps.max_query_error(wl, hist, central) / n)
+            g8 = _rng(seed, 12, i, r)
+            o8 = LocalOracle.from_sums(sums, n, BIG_BUDGET, seed=_oracle_seed(g8))
+            res8 = apps.mwem_svt(o8, wl, eps, 0.1, rounds=t_rounds, variant="paper")
+            errs["svt_alg8"].append(apps.max_query_error(wl, hist, res8.synthetic) / n)
             bar.tick(f"MWEM T={t_rounds}")
         for m in mw:
             mw[m].append({"T": t_rounds, "max_error_over_n": errs[m], **summarize(errs[m])})

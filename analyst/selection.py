@@ -1341,6 +1341,7 @@ def scan_top_k(
     plan: ScanPlan | None = None,
     progress: Callable[[int, int, int], None] | None = None,
     mid_fraction: Number | str | None = None,
+    groups: Sequence[int] | None = None,
 ) -> ScanTopK:
     """Top-k by one coarse localisation and a descending scan that continues.
 
@@ -1353,6 +1354,8 @@ def scan_top_k(
     [lower, upper] is as wide as the step it answered YES at, plus 2·α_f.
     Budget: ε_c + k·ε_f = ε, basic composition, all fixed by the plan.  A stream
     that never says YES (see `scan_selection`) ends the ranking early.
+    `groups` (one public label per candidate): a pick removes every candidate of
+    its group (sparse mean's two signs of a coordinate).
     """
     cands = _candidates(oracle, candidates)
     positions = list(range(len(cands)))
@@ -1376,6 +1379,8 @@ def scan_top_k(
     )
     if pl.size != len(positions) or abs(pl.width - (hi - lo)) > 1e-9 or pl.streams != k:
         raise ValueError("plan was made for another candidate count, interval or k")
+    if groups is not None and len(groups) != len(positions):
+        raise ValueError("one group label per candidate is required")
     session = _Session(oracle, pl.kind)
     _, lo_c, hi_c = _scan_coarse(session, cands, positions, lo, hi, pl)
     if pl.mid_epsilon:
@@ -1402,7 +1407,13 @@ def scan_top_k(
         lowers.append(levels[i] - a_f)
         bound = hi_c if rank == 0 else uppers[-1]
         uppers.append(bound if i == 0 else min(bound, levels[i - 1] + a_f))
-        remaining = remaining[:hit] + remaining[hit + 1 :]
+        if groups is None:
+            remaining = remaining[:hit] + remaining[hit + 1 :]
+        else:
+            label = groups[remaining[hit]]
+            remaining = [p for p in remaining if groups[p] != label]
+            if not remaining:
+                break
         start = levels[i - 1] if i > 0 else levels[0]
         if progress is not None:
             progress(len(chosen), k, session.spend.queries)

@@ -86,9 +86,16 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "--kind",
         default=None,
         help="stream kind: lap24 | lap3 | exp3 | auto (default: each algorithm's own — "
-        "auto for the practical variants, lap24 for the paper's algorithms)",
+        "auto for the scan and practical selections, lap24 for the paper's algorithms)",
     )
     r.add_argument("--seed", type=int, default=None)
+    r.add_argument(
+        "--shares",
+        default=None,
+        help="scan, top-k: ε shares of the localisation, SEARCH,MIDDLE (default 1/8,1/16; "
+        "larger shares send fewer comparisons, leave less ε to decide: 1/2,0 is the cheap "
+        "end, 1/16,1/32 the accurate one)",
+    )
     r.add_argument("--p", type=float, default=2.0, help="fp: the loss exponent p")
     r.add_argument("--bound", type=float, default=1.0, help="fp: residual bound b")
     r.add_argument(
@@ -276,7 +283,8 @@ def run_algorithm(
     """Run one selection algorithm / application on an oracle; JSON-ready summary.
 
     `options` carries the application parameters: p and bound (fp), clip
-    (sparse-mean), attributes, rounds and delta (mwem).  The task's data must
+    (sparse-mean), attributes, rounds and delta (mwem), shares (scan, top-k:
+    "SEARCH,MIDDLE" ε shares of the localisation).  The task's data must
     have been uploaded with the matching embedding (`svtagg client upload
     --embedding fp_loss | sparse_mean | marginals`)."""
     from svtagg.analyst.oracle import planned
@@ -284,6 +292,11 @@ def run_algorithm(
 
     opts = options or {}
     kw: dict[str, Any] = {} if kind is None else {"kind": kind}
+    if opts.get("shares"):
+        if algorithm not in ("scan", "top-k"):
+            raise ValueError("--shares applies to the scan and top-k algorithms only")
+        search, _, middle = str(opts["shares"]).partition(",")
+        kw.update(coarse_fraction=search.strip(), mid_fraction=(middle.strip() or "0"))
     # Every argument is checked before any budget is reserved.
     eps = check_epsilon(epsilon)
     if not 0 < beta < 1:
@@ -424,6 +437,7 @@ def _run(args: argparse.Namespace) -> int:
             "attributes": args.attributes,
             "rounds": args.rounds,
             "delta": args.delta,
+            "shares": args.shares,
         }
         result = run_algorithm(
             oracle,

@@ -59,3 +59,25 @@ def test_central_mwem_beats_uniform() -> None:
     assert synth.sum() == pytest.approx(20_000)
     # MWEM with the averaged output converges slowly; 8 rounds must still cut the error.
     assert apps.max_query_error(wl, hist, synth) < 0.7 * apps.max_query_error(wl, hist, uniform)
+
+
+def test_shuffle_amplification_bound_and_selection() -> None:
+    from svtagg.analyst import baselines as bl
+
+    n, delta = 10**5, 1e-10
+    # the bound grows with ε₀ and the inverse hits the target
+    vals = [bl.shuffle_epsilon(e0, n, delta) for e0 in (0.5, 1.0, 2.0, 4.0)]
+    assert vals == sorted(vals) and vals[0] < 0.5
+    e0 = bl.shuffle_local_epsilon(1.0, n, delta)
+    assert bl.shuffle_epsilon(e0, n, delta) == pytest.approx(1.0, abs=1e-6)
+    assert bl.shuffle_epsilon(20.0, n, delta) == float("inf")  # outside the theorem's range
+    assert bl.shuffle_local_epsilon(1.0, 10, delta) == 0.0  # too few users for the bound
+    # a candidate held by a third of the users is found; a flat histogram is a coin toss
+    counts = np.zeros(200, dtype=np.int64)
+    counts[17] = n // 3
+    assert bl.shuffled_rr_select(counts, n, 1.0, delta, rng=1) == 17
+    picks = {
+        bl.shuffled_rr_select(np.zeros(200, dtype=np.int64), n, 1.0, delta, rng=s)
+        for s in range(20)
+    }
+    assert len(picks) > 5

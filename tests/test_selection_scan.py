@@ -149,3 +149,31 @@ def test_applications_accept_the_scan_and_paper_variants() -> None:
     assert fp8.selection.spend.streams != fp.selection.spend.streams
     with pytest.raises(ValueError):
         apps.fp_selection(planted_oracle(n, d, 4), 2, 1.0, 1, 0.1, variant="tuned")
+
+
+def test_scan_top_k_groups_remove_the_whole_group() -> None:
+    # sparse mean's use: both signs of a coordinate are candidates; a pick removes both
+    n, d = 20_000, 30
+    oracle = planted_oracle(n, d, 12)
+    queries = [Query(j, c) for j in range(d) for c in (False, True)]
+    groups = [j for j in range(d) for _ in (False, True)]
+    res = scan_top_k(oracle, 5, 1, 0.1, candidates=Candidates.of(queries), groups=groups)
+    picked = [queries[p].index for p in res.indices]
+    assert len(picked) == 5 and len(set(picked)) == 5
+    assert res.spend.epsilon == res.planned_epsilon == 1
+    with pytest.raises(ValueError):
+        scan_top_k(oracle, 2, 1, 0.1, candidates=Candidates.of(queries), groups=[0])
+
+
+def test_sparse_mean_scan_default_budget_and_support() -> None:
+    rng = np.random.default_rng(8)
+    n, d, k = 20_000, 40, 2
+    clip = apps.sparse_mean_clip(n, d, 0.1)
+    mu = np.zeros(d)
+    mu[[5, 17]] = [0.9, -0.9]
+    x = rng.normal(mu, 1.0, (n, d))
+    oracle = LocalOracle(apps.sparse_mean_embedding(x, clip), 100, seed=9)
+    res = apps.sparse_mean(oracle, k, 1, 0.1, clip)
+    assert sorted(res.support) == [5, 17]
+    assert res.spend.epsilon == res.planned_epsilon == 1 == oracle.budget().epsilon_spent
+    assert np.sign(res.mean[5]) == 1 and np.sign(res.mean[17]) == -1
