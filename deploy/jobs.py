@@ -181,23 +181,6 @@ def _show(info: pb.TaskInfo) -> str:
     )
 
 
-def _guard(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
-    def run(args: argparse.Namespace) -> int:
-        try:
-            return fn(args)
-        except grpc.RpcError as exc:
-            print(f"refused: {exc.code().name}: {exc.details()}", file=sys.stderr)  # type: ignore[attr-defined]
-            return 1
-        except Refusal as exc:  # includes InvalidArgument (a ValueError)
-            print(f"refused: {type(exc).__name__}: {exc}", file=sys.stderr)
-            return 1
-        except ValueError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
-
-    return run
-
-
 def task_spec(
     task_id: str,
     d: int,
@@ -228,7 +211,6 @@ def task_spec(
     )
 
 
-@_guard
 def _create_task(args: argparse.Namespace) -> int:
     info = analyst_stub(args.leader, args.certs).CreateTask(
         task_spec(
@@ -248,7 +230,6 @@ def _create_task(args: argparse.Namespace) -> int:
     return 0
 
 
-@_guard
 def _describe(args: argparse.Namespace) -> int:
     print(
         _show(
@@ -260,7 +241,6 @@ def _describe(args: argparse.Namespace) -> int:
     return 0
 
 
-@_guard
 def _close(args: argparse.Namespace) -> int:
     stub = analyst_stub(args.leader, args.certs)
     stub.CloseCollection(pb.TaskRef(task_id=args.task), timeout=CALL_DEADLINE)
@@ -424,7 +404,6 @@ def _oracle_summary(oracle: Any) -> dict[str, Any]:
     }
 
 
-@_guard
 def _run(args: argparse.Namespace) -> int:
     from svtagg.analyst.remote_oracle import RemoteOracle
 
@@ -647,7 +626,6 @@ def _demo_model_selection(args: argparse.Namespace, t0: float) -> int:
 def _sim(args: argparse.Namespace) -> int:
     from svtagg.analyst.remote_oracle import RemoteOracle
     from svtagg.deploy.launch import LocalDeployment
-    from svtagg.dp.errors import Refusal
 
     t0 = time.perf_counter()
     values = workload(args.workload, args.n, args.d, args.seed)

@@ -235,6 +235,12 @@ def test_analyst_failures(env: Env):
             "unreachable",
         ),
         (
+            "selection against a leader that is down",
+            ["analyst", "run", "--leader", "127.0.0.1:1", "--certs", env.certs, "--task", "t"],
+            UNREACHABLE,
+            "unreachable",
+        ),
+        (
             "analyst certificate from another CA",
             ["analyst", "list", "--leader", env.leader, "--certs", str(foreign)],
             UNREACHABLE,
