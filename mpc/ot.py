@@ -471,10 +471,11 @@ class IKNPReceiver:
         self._g1 = _RowPRG([k[1] for k in keys])
         self._u_buf = np.empty(0, dtype=np.uint8)  # reused: fresh pages cost faults
 
-    def u_message(self, choices: list[npt.NDArray[np.uint8]], nonce: int) -> bytes:
+    def u_message(self, choices: list[npt.NDArray[np.uint8]], nonce: int) -> memoryview:
         """The message u = G(k0) ⊕ G(k1) ⊕ r for packed choice bits r given piece
         by piece (bit j of a piece at byte j//8, bit j%8). `nonce` must be fresh
-        for every extension under the same base OTs."""
+        for every extension under the same base OTs.  The result is a view of a
+        buffer the next call overwrites: send it before extending again."""
         widths = [c.shape[0] for c in choices]
         _check_widths(widths)
         t = self._g0.stream(nonce, max(widths))
@@ -489,7 +490,7 @@ class IKNPReceiver:
             np.bitwise_xor(t.read(w), g1.read(w), out=u)
             np.bitwise_xor(u, r[None, :], out=u)
             pos += KAPPA * w
-        return out.tobytes()
+        return out.data
 
     def labels(self, widths: list[int], nonce: int) -> Iterator[Blocks]:
         """The receiver's blocks t_j = q_j ⊕ r_j·Δ, piece by piece. Each yielded
@@ -502,7 +503,7 @@ class IKNPReceiver:
 
     def extend(self, choice_bytes: npt.NDArray[np.uint8], nonce: int) -> tuple[bytes, Blocks]:
         """One-piece convenience: (u, t) for packed choice bits."""
-        u = self.u_message([choice_bytes], nonce)
+        u = bytes(self.u_message([choice_bytes], nonce))
         return u, next(self.labels([choice_bytes.shape[0]], nonce)).copy()
 
 
