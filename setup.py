@@ -6,16 +6,28 @@ install still succeeds and svtagg uses its numpy backend.
 """
 
 from setuptools import Extension, setup
+from setuptools.command.build_py import build_py
 
-setup(
-    ext_modules=[
-        Extension(
-            "svtagg.mpc._gc",
-            sources=["mpc/_gc.c"],
-            # Baseline x86-64 with AES-NI; the VAES path is compiled separately
-            # under a target attribute and chosen at run time.
-            extra_compile_args=["-O3", "-maes", "-msse4.1", "-mpclmul", "-std=c11"],
-            optional=True,
-        )
-    ]
-)
+
+class BuildPy(build_py):  # type: ignore[misc]
+    """The package `svtagg` is the repository root: keep this file out of it."""
+
+    def find_package_modules(self, package: str, package_dir: str) -> list[tuple[str, str, str]]:
+        modules = super().find_package_modules(package, package_dir)
+        return [m for m in modules if not (package == "svtagg" and m[1] == "setup")]
+
+
+if __name__ == "__main__":  # how pip's build backend runs it; importing it does nothing
+    setup(
+        cmdclass={"build_py": BuildPy},
+        ext_modules=[
+            Extension(
+                "svtagg.mpc._gc",
+                sources=["mpc/_gc.c"],
+                # Baseline x86-64 with AES-NI; the VAES path is compiled separately
+                # under a target attribute and chosen at run time.
+                extra_compile_args=["-O3", "-maes", "-msse4.1", "-mpclmul", "-std=c11"],
+                optional=True,
+            )
+        ],
+    )

@@ -1,7 +1,7 @@
 """`svtagg doctor`: what this installation runs on, and a self-check.
 
 Names the comparison engine in use (the native core or the numpy reference,
-and why), its AES path and thread count, whether GMP backs the base OTs, then
+and why), its AES path and thread count, the base-OT group, then
 runs a short comparison chunk on every available engine in this process and
 checks each against the plaintext answer (and the engines against each other).
 Exit code 0 when every check passes, 3 (local environment) otherwise.
@@ -71,12 +71,15 @@ def run_doctor(args: argparse.Namespace) -> int:
 
     if args.k < 1:
         raise ValueError("--k must be >= 1")
+    from svtagg.mpc.ot import default_group
+
     try:
         import gmpy2  # noqa: F401
 
         gmp = True
     except ImportError:
         gmp = False
+    group = default_group()
     engines = ["numpy"] + (["native"] if native.available() else [])
     checks = [asyncio.run(_check(name, args.k)) for name in engines]
     report: dict[str, Any] = {
@@ -88,7 +91,8 @@ def run_doctor(args: argparse.Namespace) -> int:
         "engine_detail": native.describe(),
         "native_available": native.available(),
         "threads": native.threads(),
-        "gmp_base_ots": gmp,
+        "base_ot_group": group,
+        "gmp": gmp,
         "checks": checks,
         "ok": all(c["ok"] for c in checks),
     }
@@ -97,7 +101,11 @@ def run_doctor(args: argparse.Namespace) -> int:
     else:
         print(f"svtagg {__version__} on Python {report['python']}, {report['machine']}")
         print(f"comparison engine: {report['engine_detail']}")
-        print(f"base OTs: {'GMP (gmpy2)' if gmp else 'Python integers (gmpy2 not installed)'}")
+        ref = "GMP (gmpy2)" if gmp else "Python integers (gmpy2 not installed)"
+        group_text = (
+            "Ed25519 (libsodium)" if group == "ed25519" else "3072-bit MODP (PyNaCl missing)"
+        )
+        print(f"base OTs: {group_text}; the reference MODP group on {ref}")
         for c in checks:
             verdict = "ok" if c["ok"] else "WRONG ANSWER"
             print(

@@ -11,6 +11,7 @@ import platform
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -304,3 +305,54 @@ def test_version_and_doctor_name_the_engine() -> None:
         ["numpy", "native"] if native.available() else ["numpy"]
     )
     assert all(c["ok"] for c in report["checks"])
+
+
+@pytest.mark.heavy
+def test_install_without_a_compiler_falls_back_to_numpy(tmp_path: Path) -> None:
+    """The extension is optional: with a C compiler that always fails the
+    install still succeeds, without the core, and the numpy engine runs."""
+    root = Path(__file__).resolve().parents[1]
+    target = tmp_path / "site"
+    env = dict(os.environ, CC="/bin/false")
+    build = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "--target",
+            str(target),
+            str(root),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=tmp_path,
+    )
+    assert build.returncode == 0, build.stderr[-2000:]
+    assert not list((target / "svtagg" / "mpc").glob("_gc*.so"))
+    code = (
+        "import asyncio, numpy as np\n"
+        "from svtagg.mpc import native\n"
+        "from svtagg.mpc.protocol import run_first_yes\n"
+        "assert not native.available() and native.active() == 'numpy'\n"
+        "z = np.array([-3, 4], dtype=np.int64).view(np.uint64)\n"
+        "zl = np.array([7, 9], dtype=np.uint64)\n"
+        "print(native.describe(), asyncio.run(run_first_yes(zl, z - zl)))\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", code],
+        env=dict(os.environ, PYTHONPATH=str(target)),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.startswith("numpy (native core unavailable") and run.stdout.strip().endswith(
+        " 1"
+    )
