@@ -218,11 +218,21 @@ class PgStore(Store):
 
     def __init__(self, url: str, schema: str | None = None) -> None:
         self.path = redact(url)
-        conn = psycopg.connect(url, autocommit=True, application_name="svtagg")
+        try:
+            conn = psycopg.connect(url, autocommit=True, application_name="svtagg")
+        except psycopg.OperationalError as e:
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise ConnectionError(f"store: no PostgreSQL at {self.path}: {first}") from None
         self._conn = conn
         self._db = _Connection(conn)  # type: ignore[assignment]
         try:
             conn.execute("SET synchronous_commit = on")
+            if schema is None and conn.execute("SELECT current_schema()").fetchone() == (None,):
+                # the search_path names a schema that does not exist yet: its first one
+                path = conn.execute("SELECT current_schemas(false), current_setting('search_path')")
+                first = str(path.fetchone()[1]).split(",")[0].strip().strip('"')  # type: ignore[index]
+                if first and first != "$user":
+                    schema = first
             if schema is not None:
                 conn.execute(
                     sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema))

@@ -307,7 +307,8 @@ def test_plans_reserve_admit_refund_and_fail(store: Store) -> None:
         store.reserve_plan("big", "t", PlanBook.reserve([Group(Fraction(3, 4))]))
     with pytest.raises(NotFound):
         store.plan("big")
-    store.open_stream("s", "t", StreamKind.LAP24, Fraction(1, 8), Fraction(0), Fraction(0), ("p", 0))
+    e8, zero = Fraction(1, 8), Fraction(0)
+    store.open_stream("s", "t", StreamKind.LAP24, e8, zero, zero, ("p", 0))
     with pytest.raises(InvalidArgument, match="plan group 0"):
         store.open_stream(
             "s2", "t", StreamKind.LAP24, Fraction(1, 4), Fraction(0), Fraction(0), ("p", 0)
