@@ -14,6 +14,8 @@
 # a deployment's setup).  PostgreSQL refuses to run as root, so as root the
 # cluster belongs to the `postgres` system user.
 set -u
+case "${1:-}" in /* | --stop | "") ;; *) set -- "$PWD/$1" ;; esac
+case "${2:-}" in /* | "") ;; *) set -- "$1" "$PWD/$2" ;; esac
 
 log() { echo "start_postgres: $*" >&2; }
 
@@ -34,6 +36,9 @@ as_owner() {
         "$@"
     fi
 }
+
+# the server runs as another user, who may not be able to enter this directory
+cd / || true
 
 if [ "${1:-}" = "--stop" ]; then
     dir=${2:?usage: start_postgres.sh --stop DIR}
