@@ -50,7 +50,9 @@ from urllib.parse import urlsplit, urlunsplit
 import numpy as np
 import psycopg
 from psycopg import sql
+from psycopg.abc import Buffer
 from psycopg.pq import TransactionStatus
+from psycopg.types.string import StrDumperUnknown
 from svtagg.dp.errors import (
     AlreadyExists,
     FailedPrecondition,
@@ -152,6 +154,17 @@ def redact(url: str) -> str:
     return urlunsplit(parts._replace(netloc=netloc[0].split(":", 1)[0] + ":***@" + netloc[1]))
 
 
+class _TextDumper(StrDumperUnknown):
+    """Python strings as PostgreSQL text; a NUL character (which text cannot
+    hold, and no stored id has) is the caller's invalid argument, not a
+    database error."""
+
+    def dump(self, obj: str) -> Buffer | None:
+        if "\x00" in obj:
+            raise InvalidArgument("ids and values cannot contain NUL characters")
+        return super().dump(obj)
+
+
 class _Connection:
     """A psycopg connection that speaks the SQLite store's dialect: `?`
     placeholders, `execute` returning a cursor, `executemany`, `in_transaction`."""
@@ -223,6 +236,7 @@ class PgStore(Store):
         except psycopg.OperationalError as e:
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise ConnectionError(f"store: no PostgreSQL at {self.path}: {first}") from None
+        conn.adapters.register_dumper(str, _TextDumper)
         self._conn = conn
         self._db = _Connection(conn)  # type: ignore[assignment]
         try:

@@ -147,6 +147,9 @@ def test_create_and_read_tasks(store: Store) -> None:
     for call in (store.task, store.sums, store.robust_sums):
         with pytest.raises(NotFound):
             call("nope")  # type: ignore[operator]
+    # a NUL in an id: no such task (SQLite), or an invalid id (PostgreSQL text)
+    with pytest.raises((NotFound, InvalidArgument)):
+        store.task("a\x00")
     validated = TaskParams("v", 2, 16, 10, 1, Fraction(1), Fraction(0), Fraction(1), True)
     assert store.create_task(validated).params.validate_reports
 
