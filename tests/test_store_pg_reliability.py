@@ -53,34 +53,39 @@ class PgProcessDeployment(ProcessDeployment):
         )
 
     def store_view(self, role: str, task_id: str) -> StoreView:
-        import psycopg
+        return pg_store_view(self.url, self.schemas[role], task_id)
 
-        with psycopg.connect(self.url, autocommit=True) as conn:
-            conn.execute(f'SET search_path TO "{self.schemas[role]}"')
-            row = conn.execute(
-                "SELECT n, sums, epsilon_spent, delta_spent FROM tasks WHERE task_id=%s",
-                (task_id,),
-            ).fetchone()
-            assert row is not None
-            ids = {
-                bytes(r[0])
-                for r in conn.execute(
-                    "SELECT report_id FROM reports WHERE task_id=%s", (task_id,)
-                ).fetchall()
-            }
-            streams = dict(
-                conn.execute(
-                    "SELECT stream_id, state FROM streams WHERE task_id=%s", (task_id,)
-                ).fetchall()
-            )
-        return StoreView(
-            int(row[0]),
-            np.frombuffer(row[1], dtype=np.uint64).copy(),
-            ids,
-            Fraction(row[2]),
-            Fraction(row[3]),
-            streams,
+
+def pg_store_view(url: str, schema: str, task_id: str) -> StoreView:
+    """A snapshot of one task in a PostgreSQL store (what `store_view` reads from SQLite)."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f'SET search_path TO "{schema}"')
+        row = conn.execute(
+            "SELECT n, sums, epsilon_spent, delta_spent FROM tasks WHERE task_id=%s",
+            (task_id,),
+        ).fetchone()
+        assert row is not None
+        ids = {
+            bytes(r[0])
+            for r in conn.execute(
+                "SELECT report_id FROM reports WHERE task_id=%s", (task_id,)
+            ).fetchall()
+        }
+        streams = dict(
+            conn.execute(
+                "SELECT stream_id, state FROM streams WHERE task_id=%s", (task_id,)
+            ).fetchall()
         )
+    return StoreView(
+        int(row[0]),
+        np.frombuffer(row[1], dtype=np.uint64).copy(),
+        ids,
+        Fraction(row[2]),
+        Fraction(row[3]),
+        streams,
+    )
 
 
 @pytest.fixture
