@@ -42,6 +42,7 @@ second live process sharing it.
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Callable, Sequence
 from fractions import Fraction
 from typing import Any
@@ -77,7 +78,7 @@ from svtagg.servers.store import (
 
 _V1 = (
     """CREATE TABLE tasks (
-        task_id TEXT PRIMARY KEY,
+        task_id TEXT COLLATE "C" PRIMARY KEY,
         d INTEGER NOT NULL CHECK (d > 0), frac_bits INTEGER NOT NULL,
         n_max BIGINT NOT NULL, min_batch BIGINT NOT NULL,
         epsilon_total TEXT NOT NULL, delta_total TEXT NOT NULL, epsilon_min TEXT NOT NULL,
@@ -92,15 +93,15 @@ _V1 = (
         robust_sums BYTEA
     )""",
     """CREATE TABLE reports (
-        task_id TEXT NOT NULL REFERENCES tasks (task_id),
+        task_id TEXT COLLATE "C" NOT NULL REFERENCES tasks (task_id),
         report_id BYTEA NOT NULL,
         share BYTEA,
         PRIMARY KEY (task_id, report_id)
     )""",
     """CREATE TABLE streams (
         seq BIGSERIAL NOT NULL UNIQUE,
-        stream_id TEXT PRIMARY KEY,
-        task_id TEXT NOT NULL REFERENCES tasks (task_id),
+        stream_id TEXT COLLATE "C" PRIMARY KEY,
+        task_id TEXT COLLATE "C" NOT NULL REFERENCES tasks (task_id),
         kind TEXT NOT NULL, epsilon TEXT NOT NULL, delta TEXT NOT NULL,
         gamma TEXT,
         state TEXT NOT NULL
@@ -110,14 +111,14 @@ _V1 = (
     )""",
     "CREATE INDEX streams_task_state ON streams (task_id, state)",
     """CREATE TABLE plans (
-        plan_id TEXT PRIMARY KEY,
-        task_id TEXT NOT NULL REFERENCES tasks (task_id),
+        plan_id TEXT COLLATE "C" PRIMARY KEY,
+        task_id TEXT COLLATE "C" NOT NULL REFERENCES tasks (task_id),
         book TEXT NOT NULL,
         state TEXT NOT NULL CHECK (state IN ('active', 'ended', 'failed'))
     )""",
     """CREATE TABLE spends (
         seq BIGSERIAL PRIMARY KEY,
-        task_id TEXT NOT NULL REFERENCES tasks (task_id),
+        task_id TEXT COLLATE "C" NOT NULL REFERENCES tasks (task_id),
         epsilon TEXT NOT NULL, delta TEXT NOT NULL,
         epsilon_spent TEXT NOT NULL, delta_spent TEXT NOT NULL,
         at TIMESTAMPTZ NOT NULL DEFAULT now()
@@ -152,6 +153,25 @@ def redact(url: str) -> str:
         return url
     netloc = parts.netloc.rsplit("@", 1)
     return urlunsplit(parts._replace(netloc=netloc[0].split(":", 1)[0] + ":***@" + netloc[1]))
+
+
+_COPY_HEADER = b"PGCOPY\n\xff\r\n\x00" + struct.pack("!ii", 0, 0)
+_COPY_TRAILER = struct.pack("!h", -1)
+
+
+def _copy_rows(task_id: str, report_ids: list[bytes], shares: list[bytes]) -> bytes:
+    """(task id, report id, share) rows in COPY's binary format (header, tuples
+    of three length-prefixed fields, trailer), built in one pass."""
+    if "\x00" in task_id:
+        raise InvalidArgument("ids and values cannot contain NUL characters")
+    tid = task_id.encode()
+    head = struct.pack("!hi", 3, len(tid)) + tid
+    pack = struct.Struct("!i").pack
+    parts = [_COPY_HEADER]
+    for rid, share in zip(report_ids, shares, strict=True):
+        parts += (head, pack(len(rid)), rid, pack(len(share)), share)
+    parts.append(_COPY_TRAILER)
+    return b"".join(parts)
 
 
 class _TextDumper(StrDumperUnknown):
@@ -323,9 +343,7 @@ class PgStore(Store):
                         "COPY reports (task_id, report_id, share) FROM STDIN (FORMAT BINARY)"
                     ) as copy,
                 ):
-                    copy.set_types(["text", "bytea", "bytea"])
-                    for rid, sh in zip(report_ids, shares, strict=True):
-                        copy.write_row((task_id, rid, sh))
+                    copy.write(_copy_rows(task_id, report_ids, shares))
             except psycopg.errors.UniqueViolation:
                 raise AlreadyExists(
                     "a report id of this batch was already uploaded (replay); batch refused"
