@@ -57,8 +57,8 @@ if [ -z "$bin" ]; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
         log "installing Debian's postgresql package"
         export DEBIAN_FRONTEND=noninteractive
-        timeout 300 apt-get install -y -q postgresql >&2 \
-            || { timeout 120 apt-get update -q >&2 && timeout 300 apt-get install -y -q postgresql >&2; } \
+        timeout 150 apt-get install -y -q postgresql >&2 \
+            || { timeout 90 apt-get update -q >&2 && timeout 150 apt-get install -y -q postgresql >&2; } \
             || log "apt-get install postgresql failed"
         bin=$(pg_bindir)
     fi

@@ -22,6 +22,8 @@ from conftest import ProcessDeployment
 from svtagg.benchmarks.storeview import StoreView
 from svtagg.dp.task import TaskParams
 from test_reliability import (
+    KILLS_HEAVY,
+    PAIRS,
     Collection,
     check_reports,
     closed_task,
@@ -128,6 +130,35 @@ def test_crash_points_on_postgres(tmp_path: Path, pg_url: tuple[str, str]) -> No
         assert not list(tmp_path.glob("*.sqlite*"))  # no SQLite store was used
     finally:
         pd.stop()
+
+
+@pytest.mark.heavy
+def test_crash_points_heavy_on_postgres(tmp_path: Path, pg_url: tuple[str, str]) -> None:
+    """Every (point, role) pair KILLS_HEAVY times on PostgreSQL stores, plus
+    abandoned uploads (the heavy run of tests/test_reliability.py)."""
+    pd = PgProcessDeployment(tmp_path, *pg_url).start()
+    survived: dict[str, int] = {}
+    try:
+        col = Collection("up")
+        create_task(pd, "up")
+        closed_task(pd, "s")
+        for rep in range(KILLS_HEAVY):
+            for point, role in PAIRS:
+                if point.startswith("upload."):
+                    upload_through_kill(pd, col, role, point, give_up=rep == KILLS_HEAVY - 1)
+                else:
+                    stream_through_kill(pd, "s", role, point)
+                key = f"{point}@{role}"
+                survived[key] = survived.get(key, 0) + 1
+        dropped = check_reports(pd, col)
+    finally:
+        pd.stop()
+    print("\ncrash safety (PostgreSQL): kills survived per point:", survived)
+    print(
+        f"crash safety (PostgreSQL): {sum(survived.values())} kills, invariants held after "
+        f"each; {len(col.acked)} acked reports all counted once, {dropped} unacked dropped "
+        "at reconciliation"
+    )
 
 
 def test_concurrent_writers_lose_no_update(pg_url: tuple[str, str]) -> None:
