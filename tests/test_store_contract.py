@@ -431,6 +431,19 @@ def test_pg_constraints_refuse_double_counting_and_reopening(pg: Store) -> None:
         conn.execute("UPDATE streams SET state = 'open'")
 
 
+def test_pg_sessions_commit_durably_at_read_committed(pg: Store) -> None:
+    conn = pg._conn  # type: ignore[attr-defined]
+    assert conn.execute("SHOW synchronous_commit").fetchone() == ("on",)
+    assert conn.execute("SHOW transaction_isolation").fetchone() == ("read committed",)
+    agreed_task(pg)
+    pg.open_stream("s", "t", StreamKind.LAP24, Fraction(1, 4), Fraction(0), Fraction(0))
+    pg.set_threshold_noise("s", 1)
+    pg.begin_chunk("s")
+    pg.end_chunk("s", 1, close=False)  # committed with synchronous_commit off, locally
+    assert conn.execute("SHOW synchronous_commit").fetchone() == ("on",)  # and only there
+    assert pg.stream("s").queries == 1
+
+
 def test_pg_schema_is_versioned(backend: tuple[str, Opener]) -> None:
     if backend[0] != "postgres":
         pytest.skip("PostgreSQL schema versions")
