@@ -263,8 +263,8 @@ class PgStore(Store):
             conn.execute("SET synchronous_commit = on")
             if schema is None and conn.execute("SELECT current_schema()").fetchone() == (None,):
                 # the search_path names a schema that does not exist yet: its first one
-                path = conn.execute("SELECT current_schemas(false), current_setting('search_path')")
-                first = str(path.fetchone()[1]).split(",")[0].strip().strip('"')  # type: ignore[index]
+                path = conn.execute("SELECT current_setting('search_path')").fetchone()
+                first = str(path[0] if path else "").split(",")[0].strip().strip('"')
                 if first and first != "$user":
                     schema = first
             if schema is not None:
