@@ -33,6 +33,35 @@ class PgLocalDeployment(LocalDeployment):
 
 
 def test_load_smoke_on_postgres(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _check(
+        tmp_path,
+        monkeypatch,
+        uploaders=4,
+        reports=100,
+        batch=25,
+        d=8,
+        streams=8,
+        stream_workers=4,
+        tasks=2,
+    )
+
+
+@pytest.mark.heavy
+def test_load_heavy_on_postgres(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _check(
+        tmp_path,
+        monkeypatch,
+        uploaders=32,
+        reports=1000,
+        batch=50,
+        d=32,
+        streams=256,
+        stream_workers=32,
+        tasks=16,
+    )
+
+
+def _check(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **kw: int) -> None:
     reason = postgres_unavailable()
     if reason:
         pytest.skip(reason)
@@ -49,9 +78,7 @@ def test_load_smoke_on_postgres(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     dep.schemas = schemas
     try:
         with dep:
-            r: Any = bench_load.run_load(
-                dep, uploaders=4, reports=100, batch=25, d=8, streams=8, stream_workers=4, tasks=2
-            )
+            r: Any = bench_load.run_load(dep, **kw)
         print("\n" + bench_load.summary(r))
         assert not r.lost(), bench_load.summary(r)
         assert r.wrong_answers == 0 and r.stream_errors == 0, bench_load.summary(r)
