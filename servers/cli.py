@@ -27,7 +27,13 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("server", help="run the leader or helper server")
     p.add_argument("--role", choices=["leader", "helper"], required=True)
-    p.add_argument("--db", required=True, help="SQLite store of this server")
+    p.add_argument(
+        "--db",
+        required=True,
+        help="store of this server: a SQLite file (a path or sqlite:///path, the default)"
+        " or a PostgreSQL database (postgresql://user@host:port/dbname; needs the"
+        " postgres extra)",
+    )
     p.add_argument("--certs", required=True, help="directory made by `svtagg certs`")
     p.add_argument("--listen", default="127.0.0.1:0", help="host:port (port 0: pick one)")
     p.add_argument("--helper", help="helper host:port (leader only)")
@@ -139,14 +145,18 @@ def check_startup(args: argparse.Namespace) -> Identity:
     if args.role == "helper" and args.helper:
         raise ValueError("--helper is for the leader only")
     identity = load_identity(args.certs, args.role)
-    db = Path(args.db)
-    if db.is_dir():
-        raise IsADirectoryError(21, "--db names a directory, not a store file", str(db))
-    parent = db.parent if str(db.parent) else Path(".")
-    if not parent.is_dir():
-        raise FileNotFoundError(2, "--db: no such directory", str(parent))
-    if not os.access(parent, os.W_OK) or (db.exists() and not os.access(db, os.W_OK)):
-        raise PermissionError(13, "--db is not writable", str(db))
+    from svtagg.servers.store import sqlite_file
+
+    db_file = sqlite_file(args.db)  # None: a PostgreSQL URL, checked when the store opens
+    if db_file is not None:
+        db = Path(db_file)
+        if db.is_dir():
+            raise IsADirectoryError(21, "--db names a directory, not a store file", str(db))
+        parent = db.parent if str(db.parent) else Path(".")
+        if not parent.is_dir():
+            raise FileNotFoundError(2, "--db: no such directory", str(parent))
+        if not os.access(parent, os.W_OK) or (db.exists() and not os.access(db, os.W_OK)):
+            raise PermissionError(13, "--db is not writable", str(db))
     if args.port_file and not Path(args.port_file).resolve().parent.is_dir():
         raise FileNotFoundError(
             2, "--port-file: no such directory", str(Path(args.port_file).parent)

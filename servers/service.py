@@ -42,7 +42,7 @@ from svtagg.servers.leader import LeaderDriver
 from svtagg.servers.limits import RateLimiter
 from svtagg.servers.messages import task_info
 from svtagg.servers.peer import GrpcHelperPort
-from svtagg.servers.store import Store
+from svtagg.servers.store import Store, open_store
 
 log = logging.getLogger("svtagg.server")
 
@@ -603,7 +603,7 @@ class SvtaggServer:
         self.metrics_port: int | None = None
         if config.metrics_listen:
             self.metrics_port = self.metrics.serve(config.metrics_listen)
-        self.store = Store(config.store_path)
+        self.store = open_store(config.store_path)
         self.core = ServerCore(
             config.role,  # type: ignore[arg-type]
             self.store,

@@ -653,3 +653,39 @@ class _Transaction:
             self._db.execute("COMMIT")
         else:
             self._db.execute("ROLLBACK")
+
+
+#: `--db` values that name a PostgreSQL store.
+POSTGRES_SCHEMES = ("postgresql://", "postgres://")
+
+
+def sqlite_file(db: str | Path) -> str | None:
+    """The SQLite file a `--db` value names (a path or `sqlite:///path`, with
+    `sqlite:////abs/path` for an absolute one), None for a PostgreSQL URL."""
+    text = str(db)
+    if text.startswith(POSTGRES_SCHEMES):
+        return None
+    if text.startswith("sqlite:///"):
+        return text[len("sqlite:///") :]
+    if "://" in text:
+        raise InvalidArgument(
+            f"--db {text.split('://', 1)[0]}://...: use a file path, sqlite:///path "
+            "or postgresql://..."
+        )
+    return text
+
+
+def open_store(db: str | Path) -> Store:
+    """The store a `--db` value names: SQLite for a file path or `sqlite:///path`
+    (the default), PostgreSQL for `postgresql://user@host:port/dbname` (needs
+    the `postgres` extra: `pip install "svtagg[postgres]"`)."""
+    path = sqlite_file(db)
+    if path is not None:
+        return Store(path)
+    try:
+        from svtagg.servers.store_pg import PgStore
+    except ImportError as e:
+        raise RuntimeError(
+            'a postgresql:// store needs psycopg: pip install "svtagg[postgres]"'
+        ) from e
+    return PgStore(str(db))

@@ -1,0 +1,481 @@
+"""One server's durable state in PostgreSQL: the store of `store.Store` (SQLite)
+for deployments that keep each server's state in a database server.
+
+Selected by a `--db postgresql://...` URL (`store.open_store`).  Every public
+method behaves as the SQLite store's; the SQL that both dialects share is the
+SQLite store's own (through `_Connection`, which speaks `?` placeholders), and
+this module overrides only what differs.
+
+Durability and isolation:
+- every committed transaction is durable: the session runs with
+  `synchronous_commit = on` (the server's fsync setting is the operator's);
+  the uploads' batches, the ledger charge with the `opening` mark, and the
+  `in_chunk` mark all commit before the caller goes on (and before any noise is
+  drawn), as in SQLite.  `confirm_stream` and `end_chunk` commit with
+  `synchronous_commit = off`, as SQLite writes them with synchronous=NORMAL:
+  losing them leaves the stream `opening` / `in_chunk`, failed on restart;
+- each write transaction runs at READ COMMITTED and first takes a transaction
+  advisory lock keyed by the store's schema, so writers of one store are
+  serialised exactly as SQLite's `BEGIN IMMEDIATE` serialises them (each
+  statement after the lock sees every earlier commit): read-modify-write of the
+  running sums and of the ledger cannot lose an update, even with several
+  connections to one store;
+- constraints make double counting impossible: (task, report id) is the
+  primary key of `reports`; `spends` is an append-only journal of every ledger
+  change (a trigger refuses UPDATE, DELETE and TRUNCATE), written in the
+  transaction that changes the task's running totals; a closed or failed stream
+  can never be reopened (trigger); n stays within [0, n_max] (CHECK).
+
+Per-report shares live in the `share` column (bytea) of `reports`, not in side
+files: a database server may be on another machine, the share must commit
+atomically with its report id, and a column needs no second fsync.  At the
+agreement they are set to NULL (the SQLite store deletes its share file).
+
+The schema is versioned in `svtagg_schema` (its own numbering, from 1);
+`_MIGRATIONS[v]` brings version v to v + 1, in one transaction under the
+store's lock, and a store written by a newer version is refused.
+
+One server process per store, as with SQLite: at start the store fails closed
+every stream that was `opening` or `in_chunk`, which would be wrong for a
+second live process sharing it.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable, Sequence
+from fractions import Fraction
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import numpy as np
+import psycopg
+from psycopg import sql
+from psycopg.abc import Buffer
+from psycopg.pq import TransactionStatus
+from psycopg.types.string import StrDumperUnknown
+from svtagg.dp.errors import (
+    AlreadyExists,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    ResourceExhausted,
+)
+from svtagg.dp.ledger import Ledger
+from svtagg.mpc.ring import U64
+from svtagg.servers.faults import crash_point
+from svtagg.servers.store import (
+    CLOSED,
+    FAILED,
+    OPEN,
+    OPENING,
+    Store,
+    TaskState,
+    _Transaction,
+    _xor,
+    report_digest,
+)
+
+_V1 = (
+    """CREATE TABLE tasks (
+        task_id TEXT COLLATE "C" PRIMARY KEY,
+        d INTEGER NOT NULL CHECK (d > 0), frac_bits INTEGER NOT NULL,
+        n_max BIGINT NOT NULL, min_batch BIGINT NOT NULL,
+        epsilon_total TEXT NOT NULL, delta_total TEXT NOT NULL, epsilon_min TEXT NOT NULL,
+        n BIGINT NOT NULL DEFAULT 0 CHECK (n >= 0 AND n <= n_max),
+        digest BYTEA NOT NULL,
+        sums BYTEA NOT NULL,
+        collection_open INTEGER NOT NULL DEFAULT 1,
+        epsilon_spent TEXT NOT NULL DEFAULT '0',
+        delta_spent TEXT NOT NULL DEFAULT '0',
+        agreed INTEGER NOT NULL DEFAULT 0,
+        validate_reports INTEGER NOT NULL DEFAULT 0,
+        robust_sums BYTEA
+    )""",
+    """CREATE TABLE reports (
+        task_id TEXT COLLATE "C" NOT NULL REFERENCES tasks (task_id),
+        report_id BYTEA NOT NULL,
+        share BYTEA,
+        PRIMARY KEY (task_id, report_id)
+    )""",
+    """CREATE TABLE streams (
+        seq BIGSERIAL NOT NULL UNIQUE,
+        stream_id TEXT COLLATE "C" PRIMARY KEY,
+        task_id TEXT COLLATE "C" NOT NULL REFERENCES tasks (task_id),
+        kind TEXT NOT NULL, epsilon TEXT NOT NULL, delta TEXT NOT NULL,
+        gamma TEXT,
+        state TEXT NOT NULL
+            CHECK (state IN ('opening', 'open', 'in_chunk', 'closed', 'failed')),
+        chunks BIGINT NOT NULL DEFAULT 0,
+        queries BIGINT NOT NULL DEFAULT 0
+    )""",
+    "CREATE INDEX streams_task_state ON streams (task_id, state)",
+    """CREATE TABLE plans (
+        plan_id TEXT COLLATE "C" PRIMARY KEY,
+        task_id TEXT COLLATE "C" NOT NULL REFERENCES tasks (task_id),
+        book TEXT NOT NULL,
+        state TEXT NOT NULL CHECK (state IN ('active', 'ended', 'failed'))
+    )""",
+    """CREATE TABLE spends (
+        seq BIGSERIAL PRIMARY KEY,
+        task_id TEXT COLLATE "C" NOT NULL REFERENCES tasks (task_id),
+        epsilon TEXT NOT NULL, delta TEXT NOT NULL,
+        epsilon_spent TEXT NOT NULL, delta_spent TEXT NOT NULL,
+        at TIMESTAMPTZ NOT NULL DEFAULT now()
+    )""",
+    """CREATE FUNCTION svtagg_append_only() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+        RAISE EXCEPTION 'table % is append-only', TG_TABLE_NAME;
+    END $$""",
+    """CREATE TRIGGER spends_append_only BEFORE UPDATE OR DELETE ON spends
+        FOR EACH ROW EXECUTE FUNCTION svtagg_append_only()""",
+    """CREATE TRIGGER spends_no_truncate BEFORE TRUNCATE ON spends
+        FOR EACH STATEMENT EXECUTE FUNCTION svtagg_append_only()""",
+    """CREATE FUNCTION svtagg_final_streams() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+        IF OLD.state IN ('closed', 'failed') AND NEW.state <> OLD.state THEN
+            RAISE EXCEPTION 'stream % is %; its state is final', OLD.stream_id, OLD.state;
+        END IF;
+        RETURN NEW;
+    END $$""",
+    """CREATE TRIGGER streams_final BEFORE UPDATE ON streams
+        FOR EACH ROW EXECUTE FUNCTION svtagg_final_streams()""",
+)
+
+#: `_MIGRATIONS[v]` brings a store at version v to v + 1.
+_MIGRATIONS: tuple[tuple[str, ...], ...] = (_V1,)
+
+
+def redact(url: str) -> str:
+    """The URL without its password (for logs)."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rsplit("@", 1)
+    return urlunsplit(parts._replace(netloc=netloc[0].split(":", 1)[0] + ":***@" + netloc[1]))
+
+
+_COPY_HEADER = b"PGCOPY\n\xff\r\n\x00" + struct.pack("!ii", 0, 0)
+_COPY_TRAILER = struct.pack("!h", -1)
+
+
+def _copy_rows(task_id: str, report_ids: list[bytes], shares: list[bytes]) -> bytes:
+    """(task id, report id, share) rows in COPY's binary format (header, tuples
+    of three length-prefixed fields, trailer), built in one pass."""
+    if "\x00" in task_id:
+        raise InvalidArgument("ids and values cannot contain NUL characters")
+    tid = task_id.encode()
+    head = struct.pack("!hi", 3, len(tid)) + tid
+    pack = struct.Struct("!i").pack
+    parts = [_COPY_HEADER]
+    for rid, share in zip(report_ids, shares, strict=True):
+        parts += (head, pack(len(rid)), rid, pack(len(share)), share)
+    parts.append(_COPY_TRAILER)
+    return b"".join(parts)
+
+
+class _TextDumper(StrDumperUnknown):
+    """Python strings as PostgreSQL text; a NUL character (which text cannot
+    hold, and no stored id has) is the caller's invalid argument, not a
+    database error."""
+
+    def dump(self, obj: str) -> Buffer | None:
+        if "\x00" in obj:
+            raise InvalidArgument("ids and values cannot contain NUL characters")
+        return super().dump(obj)
+
+
+class _Connection:
+    """A psycopg connection that speaks the SQLite store's dialect: `?`
+    placeholders, `execute` returning a cursor, `executemany`, `in_transaction`."""
+
+    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+        self.conn = conn
+        self._queries: dict[str, str] = {}
+
+    def _pg(self, query: str) -> str:
+        out = self._queries.get(query)
+        if out is None:
+            out = self._queries[query] = query.replace("%", "%%").replace("?", "%s")
+        return out
+
+    def execute(self, query: str, params: Sequence[Any] = ()) -> psycopg.Cursor[Any]:
+        return self.conn.execute(self._pg(query), params)  # type: ignore[arg-type]
+
+    def executemany(self, query: str, rows: Sequence[Sequence[Any]]) -> None:
+        with self.conn.cursor() as cur:
+            cur.executemany(self._pg(query), rows)  # type: ignore[arg-type]
+
+    @property
+    def in_transaction(self) -> bool:
+        return self.conn.info.transaction_status != TransactionStatus.IDLE
+
+
+class _PgTransaction(_Transaction):
+    """BEGIN, the store's lock, ... COMMIT (ROLLBACK on any exception); re-entrant.
+    `durable=False` commits without waiting for the WAL flush."""
+
+    def __init__(self, db: _Connection, durable: bool = True) -> None:
+        self._pg = db
+        self._outer = False
+        self._durable = durable
+
+    def __enter__(self) -> None:
+        if self._pg.in_transaction:
+            return
+        self._pg.execute("BEGIN")
+        self._outer = True
+        try:
+            self._pg.execute("SELECT pg_advisory_xact_lock(hashtext(current_schema()))")
+            if not self._durable:
+                self._pg.execute("SET LOCAL synchronous_commit = off")
+        except BaseException:
+            self._pg.execute("ROLLBACK")
+            raise
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        if not self._outer:
+            return
+        self._pg.execute("COMMIT" if exc_type is None else "ROLLBACK")
+
+
+class PgStore(Store):
+    """PostgreSQL store of one server (same interface and promises as `Store`).
+
+    `schema` (optional) keeps the store in that schema of the database (created
+    if missing); otherwise the connection's search_path decides (`public`
+    unless the URL says otherwise, e.g. `?options=-csearch_path%3Dleader`)."""
+
+    #: Schema version this code writes (the `svtagg_schema` table; not SQLite's numbering).
+    SCHEMA_VERSION = len(_MIGRATIONS)
+
+    def __init__(self, url: str, schema: str | None = None) -> None:
+        self.path = redact(url)
+        try:
+            conn = psycopg.connect(url, autocommit=True, application_name="svtagg")
+        except psycopg.OperationalError as e:
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise ConnectionError(f"store: no PostgreSQL at {self.path}: {first}") from None
+        conn.adapters.register_dumper(str, _TextDumper)
+        self._conn = conn
+        self._db = _Connection(conn)  # type: ignore[assignment]
+        try:
+            conn.execute("SET synchronous_commit = on")
+            if schema is None and conn.execute("SELECT current_schema()").fetchone() == (None,):
+                # the search_path names a schema that does not exist yet: its first one
+                path = conn.execute("SELECT current_setting('search_path')").fetchone()
+                first = str(path[0] if path else "").split(",")[0].strip().strip('"')
+                if first and first != "$user":
+                    schema = first
+            if schema is not None:
+                conn.execute(
+                    sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema))
+                )
+                conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
+            self._migrate()
+            self.recovered_failed: list[tuple[str, str]] = []
+            self.failed_on_recovery = self._recover()
+        except BaseException:
+            conn.close()
+            raise
+
+    def close(self) -> None:
+        self._conn.close()
+
+    def _tx(self, durable: bool = True) -> _PgTransaction:
+        return _PgTransaction(self._db, durable)  # type: ignore[arg-type]
+
+    def _migrate(self) -> None:
+        with self._tx():
+            self._conn.execute(
+                "CREATE TABLE IF NOT EXISTS svtagg_schema ("
+                " one BOOLEAN PRIMARY KEY DEFAULT TRUE CHECK (one), version INTEGER NOT NULL)"
+            )
+            row = self._conn.execute("SELECT version FROM svtagg_schema").fetchone()
+            version = 0 if row is None else int(row[0])
+            if version > self.SCHEMA_VERSION:
+                raise RuntimeError(
+                    f"the store {self.path} has schema version {version}; this svtagg "
+                    f"knows versions up to {self.SCHEMA_VERSION} (upgrade svtagg)"
+                )
+            for step in _MIGRATIONS[version:]:
+                for statement in step:
+                    self._conn.execute(statement.encode())
+            self._conn.execute(
+                "INSERT INTO svtagg_schema (version) VALUES (%s)"
+                " ON CONFLICT (one) DO UPDATE SET version = EXCLUDED.version",
+                (self.SCHEMA_VERSION,),
+            )
+
+    def schema_version(self) -> int:
+        row = self._conn.execute("SELECT version FROM svtagg_schema").fetchone()
+        return 0 if row is None else int(row[0])
+
+    # ------------------------------------------------------------ uploads
+    def add_reports(
+        self, task_id: str, report_ids: list[bytes], shares: list[bytes], share_sum: U64
+    ) -> int:
+        with self._tx():
+            row = self._conn.execute(
+                "SELECT n, n_max, collection_open, sums, digest, d FROM tasks"
+                " WHERE task_id=%s FOR UPDATE",
+                (task_id,),
+            ).fetchone()
+            if row is None:
+                raise NotFound(f"unknown task {task_id!r}")
+            n, n_max, is_open, sums_blob, digest, d = row
+            if not is_open:
+                raise FailedPrecondition(f"collection of task {task_id!r} is closed")
+            if n + len(report_ids) > n_max:
+                raise ResourceExhausted(
+                    f"task {task_id!r} accepts at most n_max={n_max} reports (has {n})"
+                )
+            if share_sum.shape != (d,):
+                raise InvalidArgument(f"share sum has length {share_sum.size}, task has d={d}")
+            if len(shares) != len(report_ids):
+                raise InvalidArgument(f"{len(report_ids)} report ids, {len(shares)} shares")
+            # a replayed id violates the primary key: the COPY fails and the
+            # whole batch rolls back (no lookup before: it would double the cost)
+            try:
+                with (
+                    self._conn.cursor() as cur,
+                    cur.copy(
+                        "COPY reports (task_id, report_id, share) FROM STDIN (FORMAT BINARY)"
+                    ) as copy,
+                ):
+                    copy.write(_copy_rows(task_id, report_ids, shares))
+            except psycopg.errors.UniqueViolation:
+                raise AlreadyExists(
+                    "a report id of this batch was already uploaded (replay); batch refused"
+                ) from None
+            crash_point("upload.mid_store")
+            sums = np.frombuffer(sums_blob, dtype=np.uint64) + share_sum
+            new_digest = _xor(bytes(digest), report_digest(report_ids))
+            self._conn.execute(
+                "UPDATE tasks SET n=%s, sums=%s, digest=%s WHERE task_id=%s",
+                (n + len(report_ids), sums.tobytes(), new_digest, task_id),
+            )
+        return int(n + len(report_ids))
+
+    def _stored_shares(self, task_id: str, report_ids: list[bytes]) -> dict[bytes, bytes | None]:
+        rows = self._conn.execute(
+            "SELECT report_id, share FROM reports WHERE task_id=%s AND report_id = ANY(%s)",
+            (task_id, report_ids),
+        ).fetchall()
+        return {bytes(r[0]): None if r[1] is None else bytes(r[1]) for r in rows}
+
+    def shares(self, task_id: str, report_ids: list[bytes]) -> list[bytes]:
+        """This server's stored share of each report (until the agreement)."""
+        stored = self._stored_shares(task_id, report_ids)
+        out = []
+        for rid in report_ids:
+            if rid not in stored:
+                raise NotFound(f"task {task_id!r} has no report {rid.hex()}")
+            share = stored[rid]
+            if share is None:
+                raise FailedPrecondition(
+                    f"task {task_id!r}: per-report shares were dropped at the agreement"
+                )
+            out.append(share)
+        return out
+
+    def remove_reports(
+        self, task_id: str, report_ids: list[bytes], share_sum: Callable[[list[bytes]], U64]
+    ) -> TaskState:
+        with self._tx():
+            task = self.task(task_id)
+            if task.collection_open:
+                raise FailedPrecondition("reports are reconciled only after the close")
+            if task.agreed:
+                raise FailedPrecondition("the report set is already agreed; nothing to remove")
+            if not report_ids:
+                return task
+            stored = self._stored_shares(task_id, report_ids)
+            present = [rid for rid in report_ids if rid in stored]
+            if present:
+                shares = [stored[rid] or b"" for rid in present]
+                sums = self.sums(task_id) - share_sum(shares)
+                self._conn.execute(
+                    "DELETE FROM reports WHERE task_id=%s AND report_id = ANY(%s)",
+                    (task_id, present),
+                )
+                self._conn.execute(
+                    "UPDATE tasks SET n=n-%s, sums=%s, digest=%s WHERE task_id=%s",
+                    (
+                        len(present),
+                        sums.tobytes(),
+                        _xor(task.digest, report_digest(present)),
+                        task_id,
+                    ),
+                )
+        return self.task(task_id)
+
+    def mark_agreed(self, task_id: str, robust_sums: U64 | None) -> TaskState:
+        blob = None if robust_sums is None else np.asarray(robust_sums, np.uint64).tobytes()
+        with self._tx():
+            self._conn.execute(
+                "UPDATE tasks SET agreed=1, robust_sums=%s WHERE task_id=%s", (blob, task_id)
+            )
+            self._conn.execute(
+                "UPDATE reports SET share=NULL WHERE task_id=%s AND share IS NOT NULL",
+                (task_id,),
+            )
+        return self.task(task_id)
+
+    # ------------------------------------------------------------ ledger
+    def _write_spent(self, task_id: str, ledger: Ledger) -> None:
+        """Write the new totals and append the change to the `spends` journal
+        (inside the caller's transaction)."""
+        before = self._conn.execute(
+            "SELECT epsilon_spent, delta_spent FROM tasks WHERE task_id=%s", (task_id,)
+        ).fetchone()
+        if before is None:
+            raise NotFound(f"unknown task {task_id!r}")
+        super()._write_spent(task_id, ledger)
+        after = ledger.budget()
+        self._conn.execute(
+            "INSERT INTO spends (task_id, epsilon, delta, epsilon_spent, delta_spent)"
+            " VALUES (%s, %s, %s, %s, %s)",
+            (
+                task_id,
+                str(after.epsilon_spent - Fraction(before[0])),
+                str(after.delta_spent - Fraction(before[1])),
+                str(after.epsilon_spent),
+                str(after.delta_spent),
+            ),
+        )
+
+    def spends(self, task_id: str) -> list[tuple[Fraction, Fraction]]:
+        """The journal of a task's ledger changes (ε, δ), oldest first."""
+        rows = self._conn.execute(
+            "SELECT epsilon, delta FROM spends WHERE task_id=%s ORDER BY seq", (task_id,)
+        ).fetchall()
+        return [(Fraction(r[0]), Fraction(r[1])) for r in rows]
+
+    # ------------------------------------------------------------ streams
+    def confirm_stream(self, stream_id: str) -> None:
+        with self._tx(durable=False):
+            cur = self._conn.execute(
+                "UPDATE streams SET state=%s WHERE stream_id=%s AND state=%s AND gamma IS NOT NULL",
+                (OPEN, stream_id, OPENING),
+            )
+            if cur.rowcount != 1:
+                raise FailedPrecondition(f"stream {stream_id!r} is not being opened")
+
+    def end_chunk(self, stream_id: str, answered: int, close: bool) -> None:
+        with self._tx(durable=False):
+            self._end_chunk(stream_id, answered, close)
+
+    def stream_ids(self, task_id: str, state: str) -> list[str]:
+        rows = self._conn.execute(
+            "SELECT stream_id FROM streams WHERE task_id=%s AND state=%s ORDER BY seq",
+            (task_id, state),
+        ).fetchall()
+        return [r[0] for r in rows]
+
+    def fail_stream(self, stream_id: str) -> None:
+        with self._tx():
+            self._conn.execute(
+                "UPDATE streams SET state=%s WHERE stream_id=%s AND state NOT IN (%s, %s)",
+                (FAILED, stream_id, CLOSED, FAILED),
+            )

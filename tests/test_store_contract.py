@@ -1,0 +1,457 @@
+"""The store contract, run against both backends: SQLite (always) and
+PostgreSQL (a real server named by SVTAGG_TEST_POSTGRES, e.g. the one
+`scripts/start_postgres.sh` starts; each test gets a fresh schema).  Without a
+reachable server the PostgreSQL cases skip, saying why."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Callable, Iterator
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from svtagg.dp.errors import (
+    AlreadyExists,
+    BudgetExhausted,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    ResourceExhausted,
+)
+from svtagg.dp.kinds import StreamKind
+from svtagg.dp.plans import Group, PlanBook
+from svtagg.dp.task import TaskParams
+from svtagg.servers.store import (
+    CLOSED,
+    FAILED,
+    IN_CHUNK,
+    OPEN,
+    OPENING,
+    PLAN_ACTIVE,
+    PLAN_ENDED,
+    PLAN_FAILED,
+    Store,
+    open_store,
+    report_digest,
+    sqlite_file,
+)
+
+PG_ENV = "SVTAGG_TEST_POSTGRES"
+_pg_reason: list[str | None] = []
+
+
+def postgres_unavailable() -> str | None:
+    """Why the PostgreSQL cases cannot run (None: they can); asked once."""
+    if not _pg_reason:
+        url = os.environ.get(PG_ENV)
+        reason: str | None = None
+        if not url:
+            reason = f"{PG_ENV} is not set (scripts/start_postgres.sh starts a server)"
+        else:
+            try:
+                import psycopg
+
+                psycopg.connect(url, connect_timeout=5).close()
+            except ImportError:
+                reason = 'psycopg is not installed (pip install -e ".[postgres]")'
+            except Exception as e:  # noqa: BLE001 - any failure to connect means skip
+                reason = f"PostgreSQL at {PG_ENV} is unreachable: {str(e).strip()[:200]}"
+        _pg_reason.append(reason)
+    return _pg_reason[0]
+
+
+#: A factory: `opener()` opens (or reopens) the test's store.
+Opener = Callable[[], Store]
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, Opener]]:
+    opened: list[Store] = []
+    if request.param == "sqlite":
+
+        def opener() -> Store:
+            opened.append(Store(tmp_path / "s.sqlite"))
+            return opened[-1]
+
+        yield "sqlite", opener
+    else:
+        reason = postgres_unavailable()
+        if reason:
+            pytest.skip(reason)
+        from svtagg.servers.store_pg import PgStore
+
+        url = os.environ[PG_ENV]
+        schema = f"t_{uuid.uuid4().hex[:16]}"
+
+        def opener() -> Store:
+            opened.append(PgStore(url, schema=schema))
+            return opened[-1]
+
+        yield "postgres", opener
+        import psycopg
+
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+    for s in opened:
+        try:
+            s.close()
+        except Exception:  # noqa: BLE001, S110 - already closed
+            pass
+
+
+@pytest.fixture
+def store(backend: tuple[str, Opener]) -> Store:
+    return backend[1]()
+
+
+def params(task_id: str = "t", d: int = 3, n_max: int = 100, eps: int = 1) -> TaskParams:
+    return TaskParams(task_id, d, 16, n_max, 1, Fraction(eps), Fraction(1, 10**6), Fraction(1, 10))
+
+
+def batch(d: int, k: int, tag: bytes = b"") -> tuple[list[bytes], list[bytes], np.ndarray]:
+    """k reports: ids, shares (8·d bytes each) and the shares' sum."""
+    rng = np.random.default_rng(len(tag) * 1000 + k)
+    vecs = rng.integers(0, 2**63, size=(k, d), dtype=np.uint64)
+    ids = [tag + i.to_bytes(4, "big") + bytes(12 - len(tag)) for i in range(k)]
+    return ids, [v.tobytes() for v in vecs], vecs.sum(axis=0, dtype=np.uint64)
+
+
+def share_sum(shares: list[bytes]) -> Any:
+    return np.sum([np.frombuffer(s, np.uint64) for s in shares], axis=0, dtype=np.uint64)
+
+
+def agreed_task(store: Store, task_id: str = "t", eps: int = 1) -> None:
+    store.create_task(params(task_id, eps=eps))
+    store.close_collection(task_id)
+    store.mark_agreed(task_id, None)
+
+
+# ------------------------------------------------------------------ tasks
+def test_create_and_read_tasks(store: Store) -> None:
+    p = params("b", d=5, n_max=7)
+    st = store.create_task(p)
+    assert st.params == p and st.n == 0 and st.collection_open and not st.agreed
+    assert st.digest == bytes(16) and st.streams == 0
+    assert st.budget.epsilon_spent == 0 and st.budget.delta_spent == 0
+    assert (store.sums("b") == 0).all() and store.sums("b").shape == (5,)
+    assert store.robust_sums("b") is None
+    store.create_task(params("a"))
+    assert store.task_ids() == ["a", "b"]
+    with pytest.raises(AlreadyExists):
+        store.create_task(params("a", d=9))
+    assert store.task("a").params.d == 3
+    for call in (store.task, store.sums, store.robust_sums):
+        with pytest.raises(NotFound):
+            call("nope")  # type: ignore[operator]
+    # a NUL in an id: no such task (SQLite), or an invalid id (PostgreSQL text)
+    with pytest.raises((NotFound, InvalidArgument)):
+        store.task("a\x00")
+    validated = TaskParams("v", 2, 16, 10, 1, Fraction(1), Fraction(0), Fraction(1), True)
+    assert store.create_task(validated).params.validate_reports
+
+
+# ------------------------------------------------------------------ uploads
+def test_uploads_add_up_and_replays_change_nothing(store: Store) -> None:
+    store.create_task(params())
+    ids, shares, total = batch(3, 10)
+    assert store.add_reports("t", ids[:6], shares[:6], share_sum(shares[:6])) == 6
+    assert store.add_reports("t", ids[6:], shares[6:], share_sum(shares[6:])) == 10
+    before = store.task("t")
+    assert (store.sums("t") == total).all()
+    assert before.digest == report_digest(ids)
+    # a replay of a whole batch, and a batch with one replayed id: refused whole
+    for rids, sh in ((ids[:6], shares[:6]), ([b"fresh-report-id!", ids[9]], shares[:2])):
+        with pytest.raises(AlreadyExists, match="replay"):
+            store.add_reports("t", rids, sh, share_sum(sh))
+    after = store.task("t")
+    assert after == before and (store.sums("t") == total).all()
+    assert sorted(store.report_ids("t")) == sorted(ids)
+    assert store.shares("t", [ids[3], ids[0]]) == [shares[3], shares[0]]
+    with pytest.raises(NotFound):
+        store.shares("t", [b"never uploaded.."])
+
+
+def test_upload_refusals(store: Store) -> None:
+    store.create_task(params(n_max=4))
+    ids, shares, _ = batch(3, 5)
+    with pytest.raises(NotFound):
+        store.add_reports("nope", ids[:1], shares[:1], share_sum(shares[:1]))
+    with pytest.raises(ResourceExhausted, match="n_max"):
+        store.add_reports("t", ids, shares, share_sum(shares))
+    with pytest.raises(InvalidArgument, match="d=3"):
+        store.add_reports("t", ids[:1], shares[:1], np.zeros(4, np.uint64))
+    assert store.task("t").n == 0
+    store.add_reports("t", ids[:2], shares[:2], share_sum(shares[:2]))
+    closed = store.close_collection("t")
+    assert not closed.collection_open and closed.n == 2
+    with pytest.raises(FailedPrecondition, match="closed"):
+        store.add_reports("t", ids[2:3], shares[2:3], share_sum(shares[2:3]))
+    assert store.task("t").n == 2
+
+
+def test_reconciliation_removes_reports_and_agreement_keeps_aggregates(store: Store) -> None:
+    store.create_task(params())
+    ids, shares, total = batch(3, 8)
+    store.add_reports("t", ids, shares, share_sum(shares))
+    with pytest.raises(FailedPrecondition, match="after the close"):
+        store.remove_reports("t", ids[:1], share_sum)
+    store.close_collection("t")
+    assert store.remove_reports("t", [], share_sum).n == 8
+    st = store.remove_reports("t", [ids[1], b"not a report id!", ids[5]], share_sum)
+    kept = [i for i in range(8) if i not in (1, 5)]
+    assert st.n == 6 and st.digest == report_digest([ids[i] for i in kept])
+    assert (store.sums("t") == share_sum([shares[i] for i in kept])).all()
+    assert sorted(store.report_ids("t")) == sorted(ids[i] for i in kept)
+    assert (total - store.sums("t") == share_sum([shares[1], shares[5]])).all()
+    robust = np.array([1, 2, 2**64 - 1], np.uint64)
+    st = store.mark_agreed("t", robust)
+    assert st.agreed and (store.robust_sums("t") == robust).all()
+    with pytest.raises(FailedPrecondition, match="agreed"):
+        store.remove_reports("t", ids[:1], share_sum)
+    assert store.task("t").n == 6
+
+
+# ------------------------------------------------------------------ ledger and streams
+def test_opening_a_stream_charges_the_ledger_or_nothing(store: Store) -> None:
+    agreed_task(store)
+    store.open_stream("s1", "t", StreamKind.LAP24, Fraction(1, 2), Fraction(0), Fraction(0))
+    s = store.stream("s1")
+    assert (s.state, s.task_id, s.kind, s.epsilon, s.gamma) == (
+        OPENING,
+        "t",
+        StreamKind.LAP24,
+        Fraction(1, 2),
+        None,
+    )
+    assert store.task("t").budget.epsilon_spent == Fraction(1, 2)
+    with pytest.raises(AlreadyExists):
+        store.open_stream("s1", "t", StreamKind.LAP24, Fraction(1, 8), Fraction(0), Fraction(0))
+    with pytest.raises(BudgetExhausted):
+        store.open_stream("s2", "t", StreamKind.CTT, Fraction(3, 4), Fraction(0), Fraction(0))
+    with pytest.raises(NotFound):
+        store.stream("s2")  # refused whole: no stream, no charge
+    with pytest.raises(NotFound):
+        store.open_stream("s3", "nope", StreamKind.LAP24, Fraction(1), Fraction(0), Fraction(0))
+    st = store.task("t")
+    assert st.budget.epsilon_spent == Fraction(1, 2) and st.streams == 1
+    store.open_stream(
+        "s4", "t", StreamKind.EXP3, Fraction(1, 2), Fraction(1, 10**7), Fraction(1, 10**7)
+    )
+    assert store.task("t").budget.delta_spent == Fraction(1, 10**7)
+    assert store.stream("s4").delta == Fraction(1, 10**7)
+
+
+def test_stream_life_chunks_and_ends(store: Store) -> None:
+    agreed_task(store)
+    for sid in ("a", "b", "c"):
+        store.open_stream(sid, "t", StreamKind.LAP24, Fraction(1, 8), Fraction(0), Fraction(0))
+    with pytest.raises(FailedPrecondition, match="answers no more"):
+        store.begin_chunk("a")  # still opening
+    store.set_threshold_noise("a", -12345)
+    with pytest.raises(FailedPrecondition, match="not being opened"):
+        store.set_threshold_noise("a", 7)
+    a = store.stream("a")
+    assert a.state == OPEN and a.gamma == -12345 and not a.closed
+    assert store.begin_chunk("a") == 1
+    assert store.stream("a").state == IN_CHUNK
+    with pytest.raises(FailedPrecondition):
+        store.begin_chunk("a")  # one chunk at a time
+    store.end_chunk("a", 5, close=False)
+    assert store.begin_chunk("a", 2) == 2
+    store.end_chunk("a", 3, close=True)
+    a = store.stream("a")
+    assert (a.state, a.chunks, a.queries) == (CLOSED, 2, 8) and a.closed
+    with pytest.raises(FailedPrecondition, match="closed"):
+        store.begin_chunk("a")
+    # the helper's numbering: only the next chunk
+    store.set_threshold_noise("b", 2**62)
+    with pytest.raises(FailedPrecondition, match="out of order"):
+        store.begin_chunk("b", 2)
+    assert store.begin_chunk("b", 1) == 1
+    store.fail_stream("b")
+    assert store.stream("b").state == FAILED
+    store.fail_stream("a")  # a closed stream stays closed
+    assert store.stream("a").state == CLOSED
+    # the leader's confirmation after the helper has drawn its noise
+    store.set_threshold_noise("c", 3, open_now=False)
+    assert store.stream("c").state == OPENING
+    store.confirm_stream("c")
+    assert store.stream("c").state == OPEN
+    with pytest.raises(FailedPrecondition):
+        store.confirm_stream("c")
+    assert store.stream_ids("t", CLOSED) == ["a"]
+    assert store.stream_ids("t", FAILED) == ["b"] and store.stream_ids("t", OPEN) == ["c"]
+    assert store.task("t").budget.epsilon_spent == Fraction(3, 8)  # nothing refunded
+    with pytest.raises(NotFound):
+        store.stream("nope")
+
+
+def test_stream_ids_keep_opening_order(store: Store) -> None:
+    agreed_task(store)
+    names = ["z", "m", "a", "q"]
+    for sid in names:
+        store.open_stream(sid, "t", StreamKind.LAP3, Fraction(1, 16), Fraction(0), Fraction(0))
+    assert store.stream_ids("t", OPENING) == names
+
+
+# ------------------------------------------------------------------ plans
+def test_plans_reserve_admit_refund_and_fail(store: Store) -> None:
+    agreed_task(store)
+    book = PlanBook.reserve([Group(Fraction(1, 4)), Group(Fraction(1, 4))])
+    store.reserve_plan("p", "t", book)
+    assert store.task("t").budget.epsilon_spent == Fraction(1, 2)
+    with pytest.raises(AlreadyExists):
+        store.reserve_plan("p", "t", book)
+    with pytest.raises(BudgetExhausted):
+        store.reserve_plan("big", "t", PlanBook.reserve([Group(Fraction(3, 4))]))
+    with pytest.raises(NotFound):
+        store.plan("big")
+    e8, zero = Fraction(1, 8), Fraction(0)
+    store.open_stream("s", "t", StreamKind.LAP24, e8, zero, zero, ("p", 0))
+    with pytest.raises(InvalidArgument, match="plan group 0"):
+        store.open_stream(
+            "s2", "t", StreamKind.LAP24, Fraction(1, 4), Fraction(0), Fraction(0), ("p", 0)
+        )
+    assert store.task("t").budget.epsilon_spent == Fraction(1, 2)  # streams ride on the plan
+    got, state, task_id = store.plan("p")
+    assert state == PLAN_ACTIVE and task_id == "t" and got.spent[0] == (Fraction(1, 8), 0)
+    assert store.plan_ids("t", PLAN_ACTIVE) == ["p"]
+    assert store.end_plan("p") == (Fraction(3, 8), Fraction(0))
+    assert store.end_plan("p") == (Fraction(0), Fraction(0))  # idempotent
+    assert store.task("t").budget.epsilon_spent == Fraction(1, 8)
+    with pytest.raises(FailedPrecondition, match="ended"):
+        store.open_stream(
+            "s3", "t", StreamKind.LAP24, Fraction(1, 16), Fraction(0), Fraction(0), ("p", 1)
+        )
+    store.reserve_plan("q", "t", PlanBook.reserve([Group(Fraction(1, 4))]))
+    store.fail_plan("q")
+    assert store.end_plan("q") == (Fraction(0), Fraction(0))  # a failed plan never refunds
+    assert store.plan_ids("t", PLAN_FAILED) == ["q"] and store.plan_ids("t", PLAN_ENDED) == ["p"]
+    assert store.task("t").budget.epsilon_spent == Fraction(3, 8)
+
+
+# ------------------------------------------------------------------ restarts
+def test_reopen_keeps_everything_and_fails_interrupted_streams(
+    backend: tuple[str, Opener],
+) -> None:
+    opener = backend[1]
+    store = opener()
+    store.create_task(params())
+    ids, shares, total = batch(3, 6)
+    store.add_reports("t", ids, shares, share_sum(shares))
+    store.close_collection("t")
+    store.mark_agreed("t", None)
+    for sid in ("mid", "half", "done", "ok"):
+        store.open_stream(sid, "t", StreamKind.LAP24, Fraction(1, 8), Fraction(0), Fraction(0))
+    for sid in ("mid", "done", "ok"):
+        store.set_threshold_noise(sid, 1)
+    store.begin_chunk("mid")
+    store.begin_chunk("done")
+    store.end_chunk("done", 4, close=True)
+    store.close()  # as if killed: the in_chunk and opening marks are committed
+    again = opener()
+    assert again.failed_on_recovery == 2
+    assert sorted(again.recovered_failed) == [("half", "t"), ("mid", "t")]
+    assert again.stream("mid").state == FAILED and again.stream("half").state == FAILED
+    assert again.stream("done").state == CLOSED and again.stream("ok").state == OPEN
+    st = again.task("t")
+    assert st.n == 6 and st.agreed and st.digest == report_digest(ids)
+    assert st.budget.epsilon_spent == Fraction(1, 2)  # never refunded
+    assert (again.sums("t") == total).all()
+    with pytest.raises(FailedPrecondition):
+        again.begin_chunk("mid")
+    assert again.begin_chunk("ok") == 1
+    again.close()
+    third = opener()
+    assert third.failed_on_recovery == 1 and third.recovered_failed == [("ok", "t")]
+
+
+def test_open_store_selects_the_backend(tmp_path: Path) -> None:
+    path = tmp_path / "x.sqlite"
+    assert sqlite_file(path) == str(path)
+    assert sqlite_file(f"sqlite:///{path}") == str(path)
+    assert sqlite_file("sqlite:///rel/x.db") == "rel/x.db"
+    assert sqlite_file("postgresql://u@h:5432/db") is None
+    assert sqlite_file("postgres://u@h/db") is None
+    with pytest.raises(InvalidArgument, match="mysql"):
+        sqlite_file("mysql://u@h/db")
+    s = open_store(f"sqlite:///{path}")
+    assert type(s) is Store and path.exists()
+    s.close()
+
+
+# ------------------------------------------------------------------ PostgreSQL only
+@pytest.fixture
+def pg(backend: tuple[str, Opener]) -> Store:
+    if backend[0] != "postgres":
+        pytest.skip("PostgreSQL constraints")
+    return backend[1]()
+
+
+def test_pg_spends_are_an_append_only_journal(pg: Store) -> None:
+    import psycopg
+
+    agreed_task(pg)
+    pg.open_stream("s", "t", StreamKind.LAP24, Fraction(1, 4), Fraction(0), Fraction(0))
+    pg.reserve_plan("p", "t", PlanBook.reserve([Group(Fraction(1, 4))]))
+    pg.end_plan("p")
+    journal = pg.spends("t")  # type: ignore[attr-defined]
+    assert journal == [(Fraction(1, 4), 0), (Fraction(1, 4), 0), (Fraction(-1, 4), 0)]
+    assert sum(e for e, _ in journal) == pg.task("t").budget.epsilon_spent
+    conn = pg._conn  # type: ignore[attr-defined]
+    for statement in ("UPDATE spends SET epsilon = '0'", "DELETE FROM spends", "TRUNCATE spends"):
+        with pytest.raises(psycopg.errors.RaiseException, match="append-only"):
+            conn.execute(statement)
+    assert len(pg.spends("t")) == 3  # type: ignore[attr-defined]
+
+
+def test_pg_constraints_refuse_double_counting_and_reopening(pg: Store) -> None:
+    import psycopg
+
+    pg.create_task(params())
+    ids, shares, _ = batch(3, 2)
+    pg.add_reports("t", ids, shares, share_sum(shares))
+    conn = pg._conn  # type: ignore[attr-defined]
+    with pytest.raises(psycopg.errors.UniqueViolation):
+        conn.execute("INSERT INTO reports (task_id, report_id) VALUES ('t', %s)", (ids[0],))
+    with pytest.raises(psycopg.errors.CheckViolation):
+        conn.execute("UPDATE tasks SET n = n_max + 1")
+    pg.close_collection("t")
+    pg.mark_agreed("t", None)
+    with pytest.raises(FailedPrecondition, match="dropped"):
+        pg.shares("t", ids[:1])  # per-report shares are gone after the agreement
+    assert conn.execute("SELECT COUNT(*) FROM reports WHERE share IS NOT NULL").fetchone()[0] == 0
+    pg.open_stream("s", "t", StreamKind.LAP24, Fraction(1, 4), Fraction(0), Fraction(0))
+    pg.fail_stream("s")
+    with pytest.raises(psycopg.errors.RaiseException, match="final"):
+        conn.execute("UPDATE streams SET state = 'open'")
+
+
+def test_pg_sessions_commit_durably_at_read_committed(pg: Store) -> None:
+    conn = pg._conn  # type: ignore[attr-defined]
+    assert conn.execute("SHOW synchronous_commit").fetchone() == ("on",)
+    assert conn.execute("SHOW transaction_isolation").fetchone() == ("read committed",)
+    agreed_task(pg)
+    pg.open_stream("s", "t", StreamKind.LAP24, Fraction(1, 4), Fraction(0), Fraction(0))
+    pg.set_threshold_noise("s", 1)
+    pg.begin_chunk("s")
+    pg.end_chunk("s", 1, close=False)  # committed with synchronous_commit off, locally
+    assert conn.execute("SHOW synchronous_commit").fetchone() == ("on",)  # and only there
+    assert pg.stream("s").queries == 1
+
+
+def test_pg_schema_is_versioned(backend: tuple[str, Opener]) -> None:
+    if backend[0] != "postgres":
+        pytest.skip("PostgreSQL schema versions")
+    from svtagg.servers.store_pg import PgStore
+
+    first = backend[1]()
+    assert isinstance(first, PgStore) and first.schema_version() == PgStore.SCHEMA_VERSION
+    first._conn.execute("UPDATE svtagg_schema SET version = version + 1")
+    first.close()
+    with pytest.raises(RuntimeError, match="upgrade svtagg"):
+        backend[1]()

@@ -1,0 +1,114 @@
+"""The leader ↔ helper protocol end to end with both servers on PostgreSQL
+stores (in-memory port, the real garbled-circuit engine): uploads, the close
+with reconciliation and robust aggregates, a stream that answers, and a restart
+that fails an interrupted stream closed.  Skips without a reachable server
+(SVTAGG_TEST_POSTGRES)."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from fractions import Fraction
+
+import numpy as np
+import pytest
+from conftest import DriverPair
+from svtagg.dp.errors import StreamClosed
+from svtagg.proto import svtagg_pb2 as pb
+from svtagg.proto.vocab import Role
+from svtagg.servers.core import ServerCore, garbled_circuit_party
+from svtagg.servers.helper import HelperDriver
+from svtagg.servers.leader import LeaderDriver
+from svtagg.servers.memory import MemoryHelperPort
+from svtagg.servers.store import FAILED
+from test_store_contract import PG_ENV, postgres_unavailable
+
+F = 16
+N = 300  # n/2 = 150 score units: noise at ε = 1 never reaches it (tail < e^-30)
+
+
+@pytest.fixture
+def pg_url() -> Iterator[tuple[str, str]]:
+    reason = postgres_unavailable()
+    if reason:
+        pytest.skip(reason)
+    url, tag = os.environ[PG_ENV], uuid.uuid4().hex[:12]
+    yield url, tag
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        for role in ("l", "h"):
+            conn.execute(f'DROP SCHEMA IF EXISTS "{role}_{tag}" CASCADE')
+
+
+def make_pair(url: str, tag: str) -> DriverPair:
+    from svtagg.servers.store_pg import PgStore
+
+    helper = HelperDriver(
+        ServerCore(Role.HELPER, PgStore(url, schema=f"h_{tag}")), garbled_circuit_party
+    )
+    port = MemoryHelperPort(helper)
+    leader = LeaderDriver(
+        ServerCore(Role.LEADER, PgStore(url, schema=f"l_{tag}")), port, garbled_circuit_party
+    )
+    return DriverPair(leader, helper, port, F)
+
+
+async def stop(pair: DriverPair) -> None:
+    await pair.leader.pool.close()
+    await pair.port.close()
+    pair.leader.core.store.close()
+    pair.helper.core.store.close()
+
+
+def spec(task_id: str) -> pb.TaskSpec:
+    return pb.TaskSpec(
+        task_id=task_id,
+        d=3,
+        frac_bits=F,
+        n_max=10 * N,
+        min_batch=1,
+        epsilon_total="10",
+        delta_total="0",
+        epsilon_min="1/4",
+    )
+
+
+def data(n: int) -> np.ndarray:
+    rng = np.random.default_rng(7)
+    return np.stack([np.ones(n), np.zeros(n), rng.random(n)], axis=1)
+
+
+async def test_a_task_end_to_end_on_postgres(pg_url: tuple[str, str]) -> None:
+    pair = make_pair(*pg_url)
+    try:
+        await pair.leader.create_task(spec("t"))
+        pair.upload("t", data(N))
+        pair.upload("t", data(4), leader_only=True)  # reports the helper never got
+        info = await pair.leader.close_collection("t")
+        assert info.agreed and info.n == N and info.dropped_reports == 4
+        assert pair.helper.core.store.task("t").n == N
+        sid = await pair.open("t")
+        unit = 1 << F
+        q = pb.Queries(index=[1, 0])
+        ans = await pair.leader.ask(
+            pb.AskRequest(stream_id=sid, queries=q, tau=[N // 2 * unit, N // 2 * unit])
+        )
+        assert ans.yes and ans.index == 1 and ans.closed
+        for core in (pair.leader.core, pair.helper.core):
+            s = core.store.stream(sid)
+            assert s.closed and s.queries == 2
+            assert core.store.task("t").budget.epsilon_spent == 1
+        with pytest.raises(StreamClosed):
+            await pair.leader.ask(pb.AskRequest(stream_id=sid, queries=q, tau=[0, 0]))
+        other = await pair.open("t")
+        pair.leader.core.store.begin_chunk(other)  # as if killed mid-chunk
+    finally:
+        await stop(pair)
+    again = make_pair(*pg_url)
+    try:
+        assert again.leader.core.store.stream(other).state == FAILED
+        assert again.leader.core.store.task("t").budget.epsilon_spent == Fraction(2)
+    finally:
+        await stop(again)

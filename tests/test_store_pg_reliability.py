@@ -1,0 +1,198 @@
+"""The crash-safety suite (tests/test_reliability.py) with both server processes
+on PostgreSQL stores: each server is started with `--db postgresql://...` and
+its own schema (PGOPTIONS search_path), killed with SIGKILL at the crash points
+and restarted; the same invariants are checked (every acknowledged report
+counted once on both servers, S_L + S_H the plaintext sum, ledgers that agree
+and never shrink, interrupted streams that never answer).  Also: several
+connections writing one PostgreSQL store concurrently lose no update.  Skips
+without a reachable server (SVTAGG_TEST_POSTGRES)."""
+
+from __future__ import annotations
+
+import os
+import threading
+import uuid
+from collections.abc import Iterator
+from fractions import Fraction
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import ProcessDeployment
+from svtagg.benchmarks.storeview import StoreView
+from svtagg.dp.task import TaskParams
+from test_reliability import (
+    KILLS_HEAVY,
+    PAIRS,
+    Collection,
+    check_reports,
+    closed_task,
+    create_task,
+    stream_through_kill,
+    upload_through_kill,
+)
+from test_store_contract import PG_ENV, batch, postgres_unavailable, share_sum
+
+
+class PgProcessDeployment(ProcessDeployment):
+    """ProcessDeployment whose servers keep their stores in PostgreSQL schemas."""
+
+    def __init__(self, root: Path, url: str, tag: str) -> None:
+        # a later --db wins over the SQLite path the launcher passes
+        super().__init__(root, server_args=["--db", url])
+        self.url = url
+        self.schemas = {r: f"{r}_{tag}" for r in ("leader", "helper")}
+
+    def start_role(self, role: str) -> None:
+        self.control[role].write_text("")
+        self.dep.start_role(
+            role,
+            env={
+                **self.env,
+                "SVTAGG_CRASH_CONTROL": str(self.control[role]),
+                "PGOPTIONS": f"-csearch_path={self.schemas[role]}",
+            },
+        )
+
+    def store_view(self, role: str, task_id: str) -> StoreView:
+        return pg_store_view(self.url, self.schemas[role], task_id)
+
+
+def pg_store_view(url: str, schema: str, task_id: str) -> StoreView:
+    """A snapshot of one task in a PostgreSQL store (what `store_view` reads from SQLite)."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f'SET search_path TO "{schema}"')
+        row = conn.execute(
+            "SELECT n, sums, epsilon_spent, delta_spent FROM tasks WHERE task_id=%s",
+            (task_id,),
+        ).fetchone()
+        assert row is not None
+        ids = {
+            bytes(r[0])
+            for r in conn.execute(
+                "SELECT report_id FROM reports WHERE task_id=%s", (task_id,)
+            ).fetchall()
+        }
+        streams = dict(
+            conn.execute(
+                "SELECT stream_id, state FROM streams WHERE task_id=%s", (task_id,)
+            ).fetchall()
+        )
+    return StoreView(
+        int(row[0]),
+        np.frombuffer(row[1], dtype=np.uint64).copy(),
+        ids,
+        Fraction(row[2]),
+        Fraction(row[3]),
+        streams,
+    )
+
+
+@pytest.fixture
+def pg_url() -> Iterator[tuple[str, str]]:
+    reason = postgres_unavailable()
+    if reason:
+        pytest.skip(reason)
+    url, tag = os.environ[PG_ENV], uuid.uuid4().hex[:12]
+    yield url, tag
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        for prefix in ("leader", "helper", "c"):
+            conn.execute(f'DROP SCHEMA IF EXISTS "{prefix}_{tag}" CASCADE')
+
+
+def test_crash_points_on_postgres(tmp_path: Path, pg_url: tuple[str, str]) -> None:
+    """One SIGKILL at each point, both servers on PostgreSQL; the invariants hold."""
+    pd = PgProcessDeployment(tmp_path, *pg_url).start()
+    try:
+        col = Collection("up")
+        create_task(pd, "up")
+        upload_through_kill(pd, col, "leader", "upload.mid_store")
+        upload_through_kill(pd, col, "helper", "upload.mid_store")
+        upload_through_kill(pd, col, "helper", "upload.after_store")
+        upload_through_kill(pd, col, "leader", "upload.after_store", give_up=True)
+        check_reports(pd, col)
+        closed_task(pd, "s")
+        for point, role in [
+            ("open.before_helper", "leader"),
+            ("open.after_charge", "leader"),
+            ("open.after_charge", "helper"),
+            ("chunk.after_mark", "leader"),
+            ("chunk.after_mark", "helper"),
+            ("chunk.after_result", "helper"),
+            ("chunk.after_result", "leader"),
+        ]:
+            stream_through_kill(pd, "s", role, point)
+        assert sum(pd.kills.values()) == 11
+        assert not list(tmp_path.glob("*.sqlite*"))  # no SQLite store was used
+    finally:
+        pd.stop()
+
+
+@pytest.mark.heavy
+def test_crash_points_heavy_on_postgres(tmp_path: Path, pg_url: tuple[str, str]) -> None:
+    """Every (point, role) pair KILLS_HEAVY times on PostgreSQL stores, plus
+    abandoned uploads (the heavy run of tests/test_reliability.py)."""
+    pd = PgProcessDeployment(tmp_path, *pg_url).start()
+    survived: dict[str, int] = {}
+    try:
+        col = Collection("up")
+        create_task(pd, "up")
+        closed_task(pd, "s")
+        for rep in range(KILLS_HEAVY):
+            for point, role in PAIRS:
+                if point.startswith("upload."):
+                    upload_through_kill(pd, col, role, point, give_up=rep == KILLS_HEAVY - 1)
+                else:
+                    stream_through_kill(pd, "s", role, point)
+                key = f"{point}@{role}"
+                survived[key] = survived.get(key, 0) + 1
+        dropped = check_reports(pd, col)
+    finally:
+        pd.stop()
+    print("\ncrash safety (PostgreSQL): kills survived per point:", survived)
+    print(
+        f"crash safety (PostgreSQL): {sum(survived.values())} kills, invariants held after "
+        f"each; {len(col.acked)} acked reports all counted once, {dropped} unacked dropped "
+        "at reconciliation"
+    )
+
+
+def test_concurrent_writers_lose_no_update(pg_url: tuple[str, str]) -> None:
+    """Four connections upload into one store at once: n, the sums and the digest
+    are those of every batch (the store's lock serialises read-modify-write)."""
+    from svtagg.servers.store import report_digest
+    from svtagg.servers.store_pg import PgStore
+
+    url, tag = pg_url
+    schema = f"c_{tag}"
+    first = PgStore(url, schema=schema)
+    first.create_task(TaskParams("t", 4, 16, 10**6, 1, Fraction(1), Fraction(0), Fraction(1)))
+    work = [batch(4, 50, tag=bytes([w, k])) for w in range(4) for k in range(10)]
+    errors: list[BaseException] = []
+
+    def writer(w: int) -> None:
+        store = PgStore(url, schema=schema)
+        try:
+            for ids, shares, total in work[w * 10 : (w + 1) * 10]:
+                store.add_reports("t", ids, shares, total)
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+        finally:
+            store.close()
+
+    threads = [threading.Thread(target=writer, args=(w,)) for w in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    all_ids = [rid for ids, _, _ in work for rid in ids]
+    st = first.task("t")
+    assert st.n == len(all_ids) == 2000 and st.digest == report_digest(all_ids)
+    expected = share_sum([s for _, shares, _ in work for s in shares])
+    assert (first.sums("t") == expected).all()
+    first.close()
