@@ -71,6 +71,9 @@ CREATE TABLE IF NOT EXISTS streams (
     chunks INTEGER NOT NULL DEFAULT 0,
     queries INTEGER NOT NULL DEFAULT 0
 );
+-- task() counts a task's streams on every call: without this index that count
+-- scanned every stream of every task (an index only: no schema version change).
+CREATE INDEX IF NOT EXISTS streams_by_task ON streams (task_id, state);
 """
 
 
