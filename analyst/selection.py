@@ -1024,9 +1024,12 @@ def plan_scan(
 
     def coarse(t_max: int) -> tuple[list[Fraction], list[float], list[float], float]:
         budgets = gbs_budgets(eps_c, t_max, ratio)
+        # A round relies on its lower and (one-sided kinds) its separate upper
+        # bound: each at half the round's failure probability, so the round's is b_t.
         b_t = beta_c / t_max
-        lo = [float(oracle.accuracy(k_kind, e, size, b_t)) for e in budgets]
-        up = [float(oracle.accuracy(k_kind, e, 1, b_t)) for e in budgets] if one_sided else lo
+        b_each = b_t / 2 if one_sided else b_t
+        lo = [float(oracle.accuracy(k_kind, e, size, b_each)) for e in budgets]
+        up = [float(oracle.accuracy(k_kind, e, 1, b_each)) for e in budgets] if one_sided else lo
         return budgets, up, lo, _scan_width_bound(width, up, lo)
 
     s_m = max(1, math.floor(SCAN_STEP_SCALE * noise_model(k_kind).query_coef / eps_m)) if mid else 0
@@ -1045,14 +1048,16 @@ def plan_scan(
     if mid:
         m_tail = max(1, math.ceil(math.log2(max(2.0, (limit + wb) / s_m))) + 1)
         m_dense = max(2, math.ceil(wb / s_m) + 1)
+        # the stage's β/4, split between its two bounds for one-sided kinds
+        b_m = beta / 8 if one_sided else beta / 4
         for _ in range(20):
-            m_lo = float(oracle.accuracy(k_kind, eps_m, size * (m_dense + m_tail), beta / 4))
+            m_lo = float(oracle.accuracy(k_kind, eps_m, size * (m_dense + m_tail), b_m))
             new = math.ceil((wb + m_lo + ROUNDING_SLACK) / s_m) + 1
             if new <= m_dense:
                 break
             m_dense = new
-        m_lo = float(oracle.accuracy(k_kind, eps_m, size * (m_dense + m_tail), beta / 4))
-        m_up = float(oracle.accuracy(k_kind, eps_m, 1, beta / 4)) if one_sided else m_lo
+        m_lo = float(oracle.accuracy(k_kind, eps_m, size * (m_dense + m_tail), b_m))
+        m_up = float(oracle.accuracy(k_kind, eps_m, 1, b_m)) if one_sided else m_lo
         # the fine stage scans from the middle YES's last NO level + its up-bound down
         # to the YES level − its lo-bound
         wb = min(wb, s_m + m_up + m_lo + 2 * ROUNDING_SLACK)
