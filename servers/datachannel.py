@@ -26,11 +26,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import select
 import socket
 import ssl
 import struct
 import tempfile
 import threading
+import weakref
+from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -45,8 +48,13 @@ MAX_DATA_MESSAGE = 1 << 30
 _HEADER = struct.Struct("<Q")
 #: A data connection whose session never claims it is closed after this long.
 UNCLAIMED_SECONDS = 30.0
-#: TLS handshakes (and session-id reads, 10 s each at most) in progress at once.
+#: TLS handshakes (and session-id reads) in progress at once, and the deadline
+#: of each whole admission.
 MAX_HANDSHAKES = 16
+ADMIT_SECONDS = 10.0
+#: Session ids remembered as bound (ids are 16 random bytes; a replay of an
+#: older one than this could only be bound if its session were still waiting).
+USED_IDS = 65536
 #: Messages up to this size are returned as `bytes` (one small copy); larger ones
 #: as the bytearray they were received into.
 _SMALL = 1 << 16
@@ -59,6 +67,8 @@ class ChannelClosed(PeerUnavailable):
 def _context(identity: Identity, server: bool) -> ssl.SSLContext:
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER if server else ssl.PROTOCOL_TLS_CLIENT)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_3
+    if server:
+        ctx.num_tickets = 0  # no resumption; an idle connection has nothing to read
     ctx.load_verify_locations(cadata=identity.ca.decode())
     ctx.verify_mode = ssl.CERT_REQUIRED
     # ssl loads a certificate chain only from files: a private temporary
@@ -76,6 +86,13 @@ def _context(identity: Identity, server: bool) -> ssl.SSLContext:
 def _peer_role(sock: ssl.SSLSocket) -> Role | None:
     der = sock.getpeercert(binary_form=True)
     return role_of_pem(ssl.DER_cert_to_PEM_cert(der).encode()) if der else None
+
+
+def _shutdown(raw: socket.socket) -> None:
+    try:
+        socket.socket.shutdown(raw, socket.SHUT_RDWR)
+    except OSError:
+        pass
 
 
 def split_host(address: str) -> str:
@@ -165,6 +182,18 @@ class DataConnection:
 
     @property
     def is_closed(self) -> bool:
+        """Closed here, or — asked between chunks, when the peer has nothing to
+        send — anything readable: the peer's close_notify, EOF or a reset.  (The
+        helper sends no TLS session tickets, so an idle healthy connection has
+        nothing to read.)"""
+        if self._closed:
+            return True
+        try:
+            readable, _, _ = select.select([self._sock], [], [], 0)
+        except (OSError, ValueError):
+            readable = [self._sock]
+        if readable or self._sock.pending():
+            self.close()
         return self._closed
 
 
@@ -215,6 +244,10 @@ class DataListener:
         self._thread: threading.Thread | None = None
         self._stopped = threading.Event()
         self._handshakes = threading.BoundedSemaphore(MAX_HANDSHAKES)
+        #: Session ids already bound (most recent USED_IDS): never bound again.
+        self._used: OrderedDict[bytes, None] = OrderedDict()
+        #: The connections handed to sessions and still referenced (tests, logs).
+        self.connections: weakref.WeakSet[DataConnection] = weakref.WeakSet()
 
     def bind(self) -> int:
         """Bind and listen (before anything else of the server is created);
@@ -271,28 +304,43 @@ class DataListener:
             self._handshakes.release()
 
     def _admit(self, raw: socket.socket) -> None:
-        raw.settimeout(10)
-        raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock = self._ctx.wrap_socket(raw, server_side=True)
-        role = _peer_role(sock)
-        if role != self.expect:
-            log.warning("data channel: refused a %s certificate", role or "roleless")
-            sock.close()
-            return
-        head = bytearray(_HEADER.size + 16)
-        _recv_exact(sock, memoryview(head))
-        if _HEADER.unpack_from(head)[0] != 16:
-            raise ChannelClosed("a data connection starts with its 16-byte session id")
+        # One deadline for the whole admission (handshake and session id), not
+        # per read: a peer trickling bytes is cut off after ADMIT_SECONDS.
+        watchdog = threading.Timer(ADMIT_SECONDS, _shutdown, args=(raw,))
+        watchdog.daemon = True
+        watchdog.start()
+        try:
+            raw.settimeout(ADMIT_SECONDS)
+            raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock = self._ctx.wrap_socket(raw, server_side=True)
+            role = _peer_role(sock)
+            if role != self.expect:
+                log.warning("data channel: refused a %s certificate", role or "roleless")
+                sock.close()
+                return
+            head = bytearray(_HEADER.size + 16)
+            _recv_exact(sock, memoryview(head))
+            if _HEADER.unpack_from(head)[0] != 16:
+                raise ChannelClosed("a data connection starts with its 16-byte session id")
+        finally:
+            watchdog.cancel()
         sock.settimeout(None)
         conn = DataConnection(sock, role)
         assert self._loop is not None
         self._loop.call_soon_threadsafe(self._deliver, bytes(head[_HEADER.size :]), conn)
 
     def _deliver(self, sid: bytes, conn: DataConnection) -> None:
+        if sid in self._used:
+            conn.close()  # a session id is bound to one connection, ever
+            return
         fut = self._slot(sid)
         if fut.done():
-            conn.close()  # a replayed id is never bound to a second connection
+            conn.close()
             return
+        self._used[sid] = None
+        self.connections.add(conn)
+        while len(self._used) > USED_IDS:
+            self._used.popitem(last=False)
         fut.set_result(conn)
         assert self._loop is not None
         self._loop.call_later(UNCLAIMED_SECONDS, self._expire, sid, fut)
@@ -320,6 +368,10 @@ class DataListener:
             return await asyncio.wait_for(asyncio.shield(fut), timeout)
         except TimeoutError:
             raise PeerUnavailable("the leader's data connection did not arrive") from None
+        except asyncio.CancelledError:
+            if fut.done() and not fut.cancelled():
+                fut.result().close()  # delivered as the claim was cancelled: not leaked
+            raise
         finally:
             self._waiting.pop(sid, None)
             if not fut.done():
@@ -336,6 +388,8 @@ class DataListener:
         for fut in self._waiting.values():
             if not fut.done():
                 fut.cancel()
+            elif not fut.cancelled():
+                fut.result().close()  # delivered, never claimed
         self._waiting.clear()
 
 

@@ -5,6 +5,7 @@ helper is PeerUnavailable), so the leader driver never sees gRPC."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import grpc
@@ -18,6 +19,8 @@ from svtagg.servers.core import PartyFactory
 from svtagg.servers.datachannel import DataConnection, split_host
 from svtagg.servers.port import PeerMethod
 from svtagg.servers.session import LeaderSession
+
+log = logging.getLogger(__name__)
 
 
 def _unavailable(exc: grpc.aio.AioRpcError) -> PeerUnavailable:
@@ -57,6 +60,18 @@ class GrpcHelperPort:
             raise refusal_from_rpc(exc, "helper: ") from None
 
     async def open_session(self, factory: PartyFactory) -> LeaderSession:
+        """A new comparison session; on the data channel when the helper offers
+        one, and when that connection cannot be made (the port filtered, or
+        flooded), once more without it: slower, but the queries go on."""
+        if not self.data_channel:
+            return await self._open(factory, data=False)
+        try:
+            return await self._open(factory, data=True)
+        except datachannel.ChannelClosed as exc:
+            log.warning("data channel unusable (%s); this session runs inside gRPC", exc)
+            return await self._open(factory, data=False)
+
+    async def _open(self, factory: PartyFactory, data: bool) -> LeaderSession:
         call = self.stub.Session(wait_for_ready=True)
 
         async def write(frame: pb.PeerFrame) -> None:
@@ -87,7 +102,7 @@ class GrpcHelperPort:
             call.cancel,
             call.done,
             factory,
-            connect_data if self.data_channel else None,
+            connect_data if data else None,
         )
 
     async def close(self) -> None:

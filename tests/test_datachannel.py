@@ -108,22 +108,18 @@ async def test_certificate_of_another_ca_fails_the_handshake(certs: Path, tmp_pa
         await lst.close()
 
 
-async def test_one_connection_per_session_and_unclaimed_ones_close(
-    certs: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(datachannel, "UNCLAIMED_SECONDS", 0.3)
+async def test_a_session_id_is_bound_once_ever(certs: Path) -> None:
+    """A second connection announcing an id already bound is closed at once —
+    after the claim as before it (default expiry: this is not the unclaimed path)."""
     lst, a, b = await pair(certs, b"x" * 16)
     try:
-        # The same id again: never bound to a second connection.
+        assert datachannel.UNCLAIMED_SECONDS >= 30
         again = await connect("127.0.0.1", lst.port, ident(certs, "leader"))
         await announce(again, b"x" * 16)
         with pytest.raises(ChannelClosed):
-            await asyncio.wait_for(again.recv(), 5)
-        # An id no session claims: closed after UNCLAIMED_SECONDS.
-        lone = await connect("127.0.0.1", lst.port, ident(certs, "leader"))
-        await announce(lone, b"y" * 16)
-        with pytest.raises(ChannelClosed):
-            await asyncio.wait_for(lone.recv(), 5)
+            await asyncio.wait_for(again.recv(), 5)  # well before any expiry
+        with pytest.raises(PeerUnavailable):
+            await lst.claim(b"x" * 16, 0.3)  # and no session can claim it again
         # The bound connection is unaffected.
         await a.send(b"still here")
         assert bytes(await b.recv()) == b"still here"
@@ -131,6 +127,40 @@ async def test_one_connection_per_session_and_unclaimed_ones_close(
         a.close()
         b.close()
         await lst.close()
+
+
+async def test_an_unclaimed_connection_is_closed(
+    certs: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(datachannel, "UNCLAIMED_SECONDS", 0.3)
+    lst = DataListener(ident(certs, "helper"), "127.0.0.1")
+    await lst.start()
+    try:
+        lone = await connect("127.0.0.1", lst.port, ident(certs, "leader"))
+        await announce(lone, b"y" * 16)
+        with pytest.raises(ChannelClosed):
+            await asyncio.wait_for(lone.recv(), 5)
+    finally:
+        await lst.close()
+
+
+async def test_a_helper_side_close_ends_the_leader_session(tmp_path: Path) -> None:
+    """The helper drops a session's data connection: the leader's next chunk on
+    that session fails, the session is discarded, and chunks go on."""
+    dep = Deployment(write_deployment(tmp_path / "certs"), tmp_path)
+    await dep.start()
+    try:
+        await _task(dep, "t")
+        await _ask_far(dep, "t", k=5000)
+        assert dep.helper is not None and dep.helper.data_listener is not None
+        # Close every connection the helper holds (its side of each session).
+        held = [c for c in dep.helper.data_listener.connections if not c.is_closed]
+        assert held
+        for conn in held:
+            conn.close()
+        await _ask_far(dep, "t", k=5000)  # a failed session is replaced, not reused
+    finally:
+        await dep.stop()
 
 
 async def test_oversized_message_ends_the_connection(
@@ -252,3 +282,26 @@ async def test_a_stalled_handshake_holds_up_nobody(certs: Path) -> None:
         for s in stalls:
             s.close()
         await lst.close()
+
+
+async def test_sessions_fall_back_to_grpc_when_the_data_port_is_unusable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The helper offers a data port the leader cannot use (filtered, flooded):
+    the session is opened again inside the gRPC stream and queries go on."""
+    dep = Deployment(write_deployment(tmp_path / "certs"), tmp_path)
+
+    async def unreachable(*args: object, **kwargs: object) -> DataConnection:
+        raise ChannelClosed("data channel to the helper: connection timed out")
+
+    monkeypatch.setattr(datachannel, "connect", unreachable)
+    await dep.start()
+    try:
+        await _task(dep, "t")
+        await _ask_far(dep, "t", k=5000)
+        assert dep.leader is not None and dep.leader.analyst is not None
+        session = await dep.leader.analyst.driver.pool.acquire()
+        assert session.data is None
+        await dep.leader.analyst.driver.pool.release(session, True)
+    finally:
+        await dep.stop()
