@@ -782,7 +782,9 @@ static PyObject *py_prg_rows(PyObject *self, PyObject *args) {
     buf_t sch = {0}, o = {0};
     PyObject *ret = NULL;
     if (get_buf(so, &sch, 0, "schedules") || get_buf(oo, &o, 1, "out")) goto done;
-    if (sch.view.len % 176 || nblk < 0 || stride < 16 * nblk) {
+    /* bound the operands before multiplying: no product below can overflow */
+    if (sch.view.len % 176 || nblk < 0 || nblk > ((Py_ssize_t)1 << 32) || stride < 0 ||
+        stride > ((Py_ssize_t)1 << 40) || stride < 16 * nblk) {
         PyErr_SetString(PyExc_ValueError, "bad PRG shape");
         goto done;
     }
@@ -828,7 +830,7 @@ static PyObject *py_features(PyObject *self, PyObject *noargs) {
 
 static PyMethodDef methods[] = {
     {"set_key", py_set_key, METH_VARARGS, "Set the fixed AES-128 key of π."},
-    {"set_threads", py_set_threads, METH_VARARGS, "Threads for the carry chains and the PRG."},
+    {"set_threads", py_set_threads, METH_VARARGS, "Threads for the carry chains and wide transposes."},
     {"set_vaes", py_set_vaes, METH_VARARGS, "Use the VAES path if the CPU has it; returns the state."},
     {"features", py_features, METH_NOARGS, "CPU features detected and in use."},
     {"tccr", py_tccr, METH_VARARGS, "tccr(x, tweaks, out): H(x_j, tweaks_j) into out."},

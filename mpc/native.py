@@ -84,9 +84,9 @@ def set_vaes(on: bool) -> bool:
 
 
 def set_threads(n: int | None = None) -> int:
-    """Threads the native core splits a carry chain, the PRG rows and the
-    transpose over (None: one per CPU); returns the count in use (1 without
-    the core).  The output bytes do not depend on it."""
+    """Threads the native core splits a carry chain (and a transpose wider than
+    2^17 columns) over (None: one per CPU); returns the count in use (1
+    without the core).  The output bytes do not depend on it."""
     global _thread_count
     if _gc is None:
         return 1

@@ -245,7 +245,9 @@ def _kdf_points(session_id: bytes, index: int, a: bytes, b: bytes, shared: bytes
 
 
 def _select(bit: int, p0: bytes, p1: bytes) -> bytes:
-    """p1 if bit else p0, by masking rather than branching on the secret bit."""
+    """p1 if bit else p0, by masking rather than branching on the secret bit.
+    (No branch, but not constant-time: CPython's integer operations take time
+    that depends on the values, e.g. a zero mask.)"""
     x0, x1 = int.from_bytes(p0, "little"), int.from_bytes(p1, "little")
     mask = -(bit & 1) & ((1 << (8 * POINT_BYTES)) - 1)
     return (x0 ^ (mask & (x0 ^ x1))).to_bytes(POINT_BYTES, "little")

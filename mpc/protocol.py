@@ -490,6 +490,9 @@ class _Parts:
                 if self._aborted or self._loop.is_closed():
                     fut.cancel()
                     raise ConnectionError("chunk aborted") from None
+        return self._accept(item)
+
+    def _accept(self, item: bytes | BaseException) -> memoryview:
         if isinstance(item, BaseException):
             raise item
         self._pulled += 1
@@ -502,7 +505,12 @@ class _Parts:
         return msg[: len(msg) - self._nd]
 
     async def finish(self) -> memoryview:
-        """After the circuit: every part was used; the decoding bits."""
+        """After the circuit: every part was used; the decoding bits.  A circuit
+        with no gates after the sign test never pulls the last part, which then
+        must hold the decoding bits alone."""
+        if self._pulled == self._parts - 1:
+            if len(self._accept(await self._inbox.get())):
+                raise ValueError("garbled tables longer than the circuit")
         await self._task
         if self._pulled != self._parts or self.decoding is None:
             raise ValueError("garbled tables longer than the circuit")

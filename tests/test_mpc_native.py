@@ -247,8 +247,9 @@ def test_iknp_row_prg_matches_openssl() -> None:
 @needs_native
 @pytest.mark.parametrize("threads", [2, 3, 5])
 def test_thread_count_does_not_change_a_byte(threads: int) -> None:
-    """Carry chains, PRG rows and transposes split over threads: the same bytes
-    as one thread, with pieces that do not align to the thread split."""
+    """Carry chains and wide transposes split over threads: the same bytes as
+    one thread, with pieces that do not align to the thread split.  (The PRG
+    rows run on one thread whatever the setting; they are checked alongside.)"""
     from svtagg.mpc.ot import KAPPA, _RowPRG
 
     n, width = 4096 + 33, 40
