@@ -169,7 +169,11 @@ def embed_block(spec: Spec, rows: Any, first_row: int, stats: ReadStats) -> Arra
             row = first_row + i
             ids = []
             for c, v in enumerate(cats, 1):
-                if isinstance(v, bool) or int(v) != v:
+                try:
+                    whole = not isinstance(v, bool | np.bool_) and int(v) == v
+                except (TypeError, ValueError, OverflowError):  # NaN, inf, text
+                    whole = False
+                if not whole:
                     raise InputError(f"row {row}, column {c}: {v!r} is not a category id")
                 if not 0 <= int(v) < spec.d:
                     raise InputError(

@@ -349,7 +349,7 @@ class Deployment:
         with Uploader(self.leader, self.helper, ident.ca, ident.cert, ident.key) as up:
             info = up.checked_task(task_id, False)
             spec = Spec(int(info.spec.d), fmt, embedding, params, clip=clip)
-            rows: Any = list(data) if fmt == "categories" else _as_matrix(data)
+            rows: Any = _category_rows(data) if fmt == "categories" else _as_matrix(data)
             stats = ReadStats()
             size = max(1, min(batch, MAX_BATCH_VALUES // spec.d))
             blocks = [
@@ -388,3 +388,12 @@ def connect(
     if not certs:
         raise ValueError("no certificate directory: pass certs= or set SVTAGG_CERTS")
     return Deployment(leader, certs, helper=helper, client_certs=client_certs, timeout=timeout)
+
+
+def _category_rows(data: Any) -> list[Any]:
+    """Category input as one entry per user: a DataFrame's rows (not its column
+    labels, which iterating it would give), a Series' or array's entries."""
+    if hasattr(data, "itertuples"):  # pandas DataFrame
+        return [list(row) for row in data.itertuples(index=False)]
+    entries = data.tolist() if hasattr(data, "tolist") else list(data)  # array, Series
+    return [e if isinstance(e, list | tuple) else [e] for e in entries]

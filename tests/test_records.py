@@ -88,3 +88,21 @@ def test_crlf_header_and_long_lines(tmp_path: Path):
     long = _csv(tmp_path, "x" * 100_000 + "\n0,1\n")
     with pytest.raises(InputError, match="row 1 is longer than"):
         list(read_input(long, Spec(2, "matrix"), header=True))
+
+
+def test_front_door_category_input_reads_rows_not_labels() -> None:
+    """A DataFrame of category ids is read row by row (iterating it would give
+    its column labels); a Series or 1-D array is one id per user; booleans,
+    NaN and inf are refused with the row and column."""
+    import pandas as pd
+    from svtagg.client.records import InputError, ReadStats, Spec, embed_block
+    from svtagg.deploy.connection import _category_rows
+
+    spec = Spec(5, "categories", "heavy_hitters", {})
+    counts = embed_block(spec, _category_rows(pd.DataFrame({"c": [1, 3, 4]})), 1, ReadStats())
+    assert counts.sum(axis=0).tolist() == [0, 1, 0, 1, 1]
+    counts = embed_block(spec, _category_rows(pd.Series([0, 2])), 1, ReadStats())
+    assert counts.sum(axis=0).tolist() == [1, 0, 1, 0, 0]
+    for bad in (np.bool_(True), float("nan"), float("inf")):
+        with pytest.raises(InputError, match="row 1, column 1"):
+            embed_block(spec, [[bad]], 1, ReadStats())
