@@ -290,6 +290,9 @@ def _input_cases(e: Env) -> list[tuple[str, str, list[str], str, str]]:
         ("51 columns for d=5 (0/1 matrix)", "m", ok5 + "0,1,0,0,1,1\n", [], "row 2 has 6 values"),
         ("4 columns", "m", "0,1,0,1\n", [], "row 1 has 4 values"),
         ("value 5", "m", ok5 * 3 + "0,1,5,0,1\n", [], "row 4, column 3"),
+        # Batches of two: rows 1-4 would go out in two uploads before row 5 is
+        # read by a one-pass reader; the whole file is checked first.
+        ("bad row after two batches", "m", ok5 * 4 + "0,1,9,0,1\n", ["--batch", "2"], "row 5"),
         ("value -2", "m", "0,-2,0,0,1\n", [], "outside [0, 1]"),
         ("inf", "m", "0,1,0,inf,1\n", [], "row 1, column 4: inf is not a finite"),
         ("nan", "m", "nan,1,0,0,1\n", [], "not a finite"),
