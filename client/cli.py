@@ -120,7 +120,7 @@ def run_upload(args: argparse.Namespace) -> int:
         ca, cert, key = ident.ca, ident.cert, ident.key
 
     with Uploader(args.leader, args.helper, ca, cert, key, retries=args.retries) as up:
-        info = up.checked_task(args.task, args.require_validation)
+        info = up.checked_task(args.task, args.require_validation, args.embedding or "vectors")
         d = int(info.spec.d)
         if "d" in params and int(params.pop("d")) != d:
             raise InputError(f"--param d disagrees with the task's d={d}")

@@ -193,10 +193,23 @@ class Uploader:
             task_id, _blocks(matrix, size), total=matrix.shape[0], progress=progress, info=info
         )
 
-    def checked_task(self, task_id: str, require_validation: bool) -> pb.TaskInfo:
+    def checked_task(
+        self, task_id: str, require_validation: bool, embedding: str | None = None
+    ) -> pb.TaskInfo:
+        """The task's info, refusing a task that does not validate when asked to,
+        and — when the task records its embedding — an upload embedded otherwise
+        (`embedding`: the upload's, "vectors" for rows already in [0,1]^d)."""
         info = self.task(task_id)
         if require_validation and not info.spec.validate_reports:
             raise ValueError(f"task {task_id!r} does not validate reports; refusing to upload")
+        recorded = info.spec.embedding
+        if embedding is not None and recorded and recorded != embedding:
+            raise InputError(
+                f"task {task_id!r} records embedding {recorded}; this upload is {embedding} "
+                f"(use --embedding {recorded})"
+                if recorded != "vectors"
+                else f"task {task_id!r} takes rows in [0,1]^d (vectors); this upload is {embedding}"
+            )
         return info
 
     def upload_blocks(

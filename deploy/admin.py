@@ -180,6 +180,7 @@ def run_create(args: argparse.Namespace) -> int:
         delta=args.delta,
         epsilon_min=args.epsilon_min,
         validate_reports=args.validate_reports,
+        embedding=args.embedding,
     )
     with _deployment(args) as dep:
         try:

@@ -111,6 +111,8 @@ class TaskState:
     collecting: bool
     streams: int
     validate_reports: bool
+    #: The embedding the task's clients use ("" = none recorded).
+    embedding: str
     budget: Budget
     helper_budget: Budget | None
 
@@ -126,6 +128,7 @@ class TaskState:
             collecting=bool(info.collection_open),
             streams=int(info.streams),
             validate_reports=bool(s.validate_reports),
+            embedding=str(s.embedding),
             budget=Budget.from_pb(info.budget),
             helper_budget=Budget.from_pb(info.helper_budget)
             if info.helper_budget.epsilon_total
@@ -142,6 +145,7 @@ class TaskState:
             "state": "collecting" if self.collecting else "closed",
             "streams": self.streams,
             "validate_reports": self.validate_reports,
+            "embedding": self.embedding or None,
             "budget": self.budget.to_json(),
             "helper_budget": self.helper_budget.to_json() if self.helper_budget else None,
         }
@@ -149,7 +153,8 @@ class TaskState:
     def __str__(self) -> str:
         lines = [
             f"task {self.task_id}: d={self.d} F={self.frac_bits} n={self.n} "
-            f"({'collecting' if self.collecting else 'closed'}), streams={self.streams}",
+            f"({'collecting' if self.collecting else 'closed'}), streams={self.streams}"
+            + (f", embedding {self.embedding}" if self.embedding else ""),
             f"  leader ledger: {self.budget}",
         ]
         if self.helper_budget is not None:
@@ -303,9 +308,12 @@ class Deployment:
         min_batch: int = 100,
         frac_bits: int = 16,
         validate_reports: bool = False,
+        embedding: str = "",
     ) -> TaskHandle:
         """Create a task on both servers with total budget (ε, δ); decimals and
-        exact fractions ("1/2") are both accepted and stored exactly."""
+        exact fractions ("1/2") are both accepted and stored exactly.
+        `embedding` records what the clients use (heavy_hitters, sparse_mean,
+        marginals, fp_loss, or vectors); uploads embedded otherwise are refused."""
         spec = pb.TaskSpec(
             task_id=task_id,
             d=d,
@@ -316,6 +324,7 @@ class Deployment:
             delta_total=str(delta),
             epsilon_min=str(safe_epsilon_min(n_max, frac_bits)),
             validate_reports=validate_reports,
+            embedding=embedding,
         )
         self._call("CreateTask", spec)
         handle = TaskHandle(self, task_id)
@@ -347,7 +356,7 @@ class Deployment:
             raise InputError(f"embedding {embedding} needs fmt='categories' or fmt='matrix'")
         ident = load_identity(self.client_certs, Role.CLIENT)
         with Uploader(self.leader, self.helper, ident.ca, ident.cert, ident.key) as up:
-            info = up.checked_task(task_id, False)
+            info = up.checked_task(task_id, False, embedding or "vectors")
             spec = Spec(int(info.spec.d), fmt, embedding, params, clip=clip)
             rows: Any = _category_rows(data) if fmt == "categories" else _as_matrix(data)
             stats = ReadStats()

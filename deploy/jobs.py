@@ -63,6 +63,13 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "needed when clients may collude with the analyst)",
     )
     c.add_argument(
+        "--embedding",
+        choices=EMBEDDINGS,
+        default="",
+        help="record the embedding the clients use (vectors: rows already in [0,1]^d); "
+        "uploads embedded otherwise are refused (default: none recorded)",
+    )
+    c.add_argument(
         "--epsilon-min",
         default="auto",
         help="smallest ε a stream may use; auto: the smallest safe from overflow",
@@ -181,6 +188,10 @@ def _show(info: pb.TaskInfo) -> str:
     )
 
 
+#: Embeddings a task may record (`client/embeddings.py`; "vectors": none applied).
+EMBEDDINGS = ["heavy_hitters", "sparse_mean", "marginals", "fp_loss", "vectors"]
+
+
 def task_spec(
     task_id: str,
     d: int,
@@ -192,6 +203,7 @@ def task_spec(
     delta: str = "0",
     epsilon_min: str = "auto",
     validate_reports: bool = False,
+    embedding: str = "",
 ) -> pb.TaskSpec:
     """A task spec; epsilon_min "auto" is the smallest ε the overflow bound allows."""
     from svtagg.dp.task import safe_epsilon_min
@@ -208,6 +220,7 @@ def task_spec(
         delta_total=delta,
         epsilon_min=epsilon_min,
         validate_reports=validate_reports,
+        embedding=embedding,
     )
 
 

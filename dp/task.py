@@ -16,6 +16,10 @@ TASK_ID_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 MAX_D = 1_000_000
 
 
+#: An embedding's name as a task records it ("" = none recorded).
+EMBEDDING_RE = re.compile(r"[a-z0-9_]{0,32}")
+
+
 @dataclass(frozen=True)
 class TaskParams:
     """Public parameters of a task, identical on both servers."""
@@ -30,6 +34,8 @@ class TaskParams:
     epsilon_min: Fraction
     #: Range-check every report at the close (docs/threat-model.md).
     validate_reports: bool = False
+    #: The embedding the task's clients use ("" = not recorded); uploads check it.
+    embedding: str = ""
 
 
 def parse_task_params(
@@ -42,6 +48,7 @@ def parse_task_params(
     delta_total: str,
     epsilon_min: str,
     validate_reports: bool = False,
+    embedding: str = "",
 ) -> TaskParams:
     """Validate task parameters, including the overflow bound for every stream kind."""
     if not TASK_ID_RE.fullmatch(task_id):  # match() lets "$" accept a trailing newline
@@ -70,8 +77,19 @@ def parse_task_params(
                 f"z_L + z_H could wrap mod 2^64 for n_max={n_max}, F={frac_bits}, "
                 f"epsilon_min={eps_min} (kind {kind.value}); lower n_max or F, or raise epsilon_min"
             )
+    if not EMBEDDING_RE.fullmatch(embedding):
+        raise InvalidArgument(f"embedding must match {EMBEDDING_RE.pattern}, got {embedding!r}")
     return TaskParams(
-        task_id, d, frac_bits, n_max, min_batch, eps_total, delta, eps_min, bool(validate_reports)
+        task_id,
+        d,
+        frac_bits,
+        n_max,
+        min_batch,
+        eps_total,
+        delta,
+        eps_min,
+        bool(validate_reports),
+        embedding,
     )
 
 

@@ -22,6 +22,7 @@ def task_info(t: TaskState) -> pb.TaskInfo:
             delta_total=str(p.delta_total),
             epsilon_min=str(p.epsilon_min),
             validate_reports=p.validate_reports,
+            embedding=p.embedding,
         ),
         n=t.n,
         collection_open=t.collection_open,
@@ -59,6 +60,7 @@ def spec_params(spec: pb.TaskSpec) -> TaskParams:
         spec.delta_total,
         spec.epsilon_min,
         spec.validate_reports,
+        spec.embedding,
     )
 
 

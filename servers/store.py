@@ -54,7 +54,8 @@ CREATE TABLE IF NOT EXISTS tasks (
     epsilon_spent TEXT NOT NULL DEFAULT '0',
     delta_spent TEXT NOT NULL DEFAULT '0',
     agreed INTEGER NOT NULL DEFAULT 0,
-    validate_reports INTEGER NOT NULL DEFAULT 0
+    validate_reports INTEGER NOT NULL DEFAULT 0,
+    embedding TEXT NOT NULL DEFAULT ''
 );
 CREATE TABLE IF NOT EXISTS reports (
     task_id TEXT NOT NULL, report_id BLOB NOT NULL,
@@ -155,7 +156,7 @@ class Store:
         self._db.close()
 
     #: Schema version this code writes (SQLite's user_version).
-    SCHEMA_VERSION = 2
+    SCHEMA_VERSION = 3
 
     def _migrate(self) -> None:
         """Bring an older store up to SCHEMA_VERSION, one versioned step at a time."""
@@ -174,6 +175,13 @@ class Store:
                 " task_id TEXT NOT NULL, book TEXT NOT NULL, state TEXT NOT NULL)"
             )
             self._db.execute("PRAGMA user_version = 2")
+            version = 2
+        if version < 3:
+            # v3: the embedding the task's clients use ("" = not recorded).
+            cols = {r[1] for r in self._db.execute("PRAGMA table_info(tasks)")}
+            if "embedding" not in cols:
+                self._db.execute("ALTER TABLE tasks ADD COLUMN embedding TEXT NOT NULL DEFAULT ''")
+            self._db.execute("PRAGMA user_version = 3")
 
     def _recover(self) -> int:
         """Fail closed every stream that was opening or mid-chunk at the last stop."""
@@ -200,8 +208,8 @@ class Store:
                 raise AlreadyExists(f"task {p.task_id!r} already exists")
             self._db.execute(
                 "INSERT INTO tasks (task_id, d, frac_bits, n_max, min_batch, epsilon_total,"
-                " delta_total, epsilon_min, digest, sums, validate_reports)"
-                " VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                " delta_total, epsilon_min, digest, sums, validate_reports, embedding)"
+                " VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
                 (
                     p.task_id,
                     p.d,
@@ -214,6 +222,7 @@ class Store:
                     bytes(DIGEST_BYTES),
                     np.zeros(p.d, dtype=np.uint64).tobytes(),
                     int(p.validate_reports),
+                    p.embedding,
                 ),
             )
         return self.task(p.task_id)
@@ -223,7 +232,7 @@ class Store:
             "SELECT task_id, d, frac_bits, n_max, min_batch, epsilon_total, delta_total,"
             " epsilon_min, n, collection_open, epsilon_spent, delta_spent, digest,"
             " (SELECT COUNT(*) FROM streams s WHERE s.task_id = t.task_id), agreed,"
-            " validate_reports FROM tasks t WHERE task_id=?",
+            " validate_reports, embedding FROM tasks t WHERE task_id=?",
             (task_id,),
         ).fetchone()
         if row is None:
@@ -238,6 +247,7 @@ class Store:
             Fraction(row[6]),
             Fraction(row[7]),
             bool(row[15]),
+            row[16],
         )
         budget = Budget(
             params.epsilon_total, params.delta_total, Fraction(row[10]), Fraction(row[11])

@@ -142,8 +142,11 @@ _V1 = (
         FOR EACH ROW EXECUTE FUNCTION svtagg_final_streams()""",
 )
 
+#: Version 2: the embedding the task's clients use ("" = not recorded).
+_V2: tuple[str, ...] = ("ALTER TABLE tasks ADD COLUMN embedding TEXT NOT NULL DEFAULT ''",)
+
 #: `_MIGRATIONS[v]` brings a store at version v to v + 1.
-_MIGRATIONS: tuple[tuple[str, ...], ...] = (_V1,)
+_MIGRATIONS: tuple[tuple[str, ...], ...] = (_V1, _V2)
 
 
 def redact(url: str) -> str:

@@ -85,6 +85,21 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
         for task, d in (("m", 5), ("hh", 5), ("sm", 3)):
             r = svtagg(*e.analyst("create-task", "--task", task, "--d", str(d), "--min-batch", "1"))
             assert r.returncode == 0, r.stderr
+        # A task that records its clients' embedding.
+        r = svtagg(
+            *e.analyst(
+                "create-task",
+                "--task",
+                "hhe",
+                "--d",
+                "5",
+                "--min-batch",
+                "1",
+                "--embedding",
+                "heavy_hitters",
+            )
+        )
+        assert r.returncode == 0, r.stderr
         yield e
 
 
@@ -310,6 +325,20 @@ def _input_cases(e: Env) -> list[tuple[str, str, list[str], str, str]]:
             "a category repeats",
         ),
         (
+            "vectors uploaded to a task of category counts",
+            "hhe",
+            "0,1,0,0,1\n",
+            [],
+            "records embedding heavy_hitters",
+        ),
+        (
+            "another embedding than the task records",
+            "hhe",
+            "1\n",
+            ["--embedding", "sparse_mean", "--format", "records"],
+            "records embedding heavy_hitters; this upload is sparse_mean",
+        ),
+        (
             "category out of range",
             "hh",
             "1,7\n",
@@ -444,3 +473,16 @@ def test_version_and_help_show_defaults():
     r = svtagg("analyst", "create-task", "--help")
     assert r.returncode == 0
     assert "(default: 10)" in r.stdout and "(default: 1000000)" in r.stdout
+
+
+def test_a_recorded_embedding_is_shown_and_accepted(env: Env):
+    """The task records its embedding: describe shows it, the matching upload
+    goes in (the mismatching ones are refused in the input table)."""
+    r = svtagg(*env.analyst("describe", "--task", "hhe", "--json"))
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["embedding"] == "heavy_hitters"
+    path = _write(env.root / "cats.csv", "1\n3\n1\n")
+    before = env.n("hhe")
+    r = svtagg(*env.upload("hhe", path, "--embedding", "heavy_hitters", "--format", "categories"))
+    assert r.returncode == 0, r.stderr
+    assert env.n("hhe") == before + 3

@@ -152,6 +152,10 @@ def test_create_and_read_tasks(store: Store) -> None:
         store.task("a\x00")
     validated = TaskParams("v", 2, 16, 10, 1, Fraction(1), Fraction(0), Fraction(1), True)
     assert store.create_task(validated).params.validate_reports
+    # The embedding the clients use is kept with the task ("" = none recorded).
+    hh = TaskParams("e", 4, 16, 10, 1, Fraction(1), Fraction(0), Fraction(1), False, "fp_loss")
+    assert store.create_task(hh).params.embedding == "fp_loss"
+    assert store.task("e").params == hh and store.task("a").params.embedding == ""
 
 
 # ------------------------------------------------------------------ uploads
@@ -455,3 +459,26 @@ def test_pg_schema_is_versioned(backend: tuple[str, Opener]) -> None:
     first.close()
     with pytest.raises(RuntimeError, match="upgrade svtagg"):
         backend[1]()
+
+
+def test_sqlite_schema_v2_gains_the_embedding_column(tmp_path: Path) -> None:
+    """A store written before tasks recorded their embedding (schema 2) opens:
+    the column is added with "" (none recorded), and the version moves to 3."""
+    import sqlite3
+
+    path = tmp_path / "old.sqlite"
+    store = Store(path)
+    store.create_task(params("old"))
+    store.close()
+    raw = sqlite3.connect(path)
+    raw.execute("ALTER TABLE tasks DROP COLUMN embedding")
+    raw.execute("PRAGMA user_version = 2")
+    raw.commit()
+    raw.close()
+    store = Store(path)
+    try:
+        assert store._db.execute("PRAGMA user_version").fetchone()[0] == Store.SCHEMA_VERSION == 3
+        assert store.task("old").params.embedding == ""
+        assert store.task("old").params == params("old")
+    finally:
+        store.close()
