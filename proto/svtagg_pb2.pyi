@@ -272,12 +272,24 @@ class CollectionDigest(_message.Message):
     def __init__(self, n: _Optional[int] = ..., report_digest: _Optional[bytes] = ..., task_id: _Optional[str] = ...) -> None: ...
 
 class ReportIds(_message.Message):
-    __slots__ = ("task_id", "report_ids")
+    __slots__ = ("task_id", "report_ids", "more")
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     REPORT_IDS_FIELD_NUMBER: _ClassVar[int]
+    MORE_FIELD_NUMBER: _ClassVar[int]
     task_id: str
     report_ids: bytes
-    def __init__(self, task_id: _Optional[str] = ..., report_ids: _Optional[bytes] = ...) -> None: ...
+    more: bool
+    def __init__(self, task_id: _Optional[str] = ..., report_ids: _Optional[bytes] = ..., more: _Optional[bool] = ...) -> None: ...
+
+class ReportPage(_message.Message):
+    __slots__ = ("task_id", "after", "limit")
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    AFTER_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    after: bytes
+    limit: int
+    def __init__(self, task_id: _Optional[str] = ..., after: _Optional[bytes] = ..., limit: _Optional[int] = ...) -> None: ...
 
 class PrepareStreamRequest(_message.Message):
     __slots__ = ("stream_id", "task_id", "kind", "epsilon", "delta", "plan_id", "plan_group")

@@ -626,7 +626,7 @@ class PeerStub:
                 _registered_method=True)
         self.ListReports = channel.unary_unary(
                 '/svtagg.v1.Peer/ListReports',
-                request_serializer=svtagg_dot_proto_dot_svtagg__pb2.TaskRef.SerializeToString,
+                request_serializer=svtagg_dot_proto_dot_svtagg__pb2.ReportPage.SerializeToString,
                 response_deserializer=svtagg_dot_proto_dot_svtagg__pb2.ReportIds.FromString,
                 _registered_method=True)
         self.DropReports = channel.unary_unary(
@@ -779,7 +779,7 @@ def add_PeerServicer_to_server(servicer, server):
             ),
             'ListReports': grpc.unary_unary_rpc_method_handler(
                     servicer.ListReports,
-                    request_deserializer=svtagg_dot_proto_dot_svtagg__pb2.TaskRef.FromString,
+                    request_deserializer=svtagg_dot_proto_dot_svtagg__pb2.ReportPage.FromString,
                     response_serializer=svtagg_dot_proto_dot_svtagg__pb2.ReportIds.SerializeToString,
             ),
             'DropReports': grpc.unary_unary_rpc_method_handler(
@@ -934,7 +934,7 @@ class Peer:
             request,
             target,
             '/svtagg.v1.Peer/ListReports',
-            svtagg_dot_proto_dot_svtagg__pb2.TaskRef.SerializeToString,
+            svtagg_dot_proto_dot_svtagg__pb2.ReportPage.SerializeToString,
             svtagg_dot_proto_dot_svtagg__pb2.ReportIds.FromString,
             options,
             channel_credentials,

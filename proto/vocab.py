@@ -41,6 +41,9 @@ SERVER_ROLES = (Role.LEADER, Role.HELPER)
 # ---------------------------------------------------------------- limits
 #: Random id of one report, the same on both servers.
 REPORT_ID_BYTES = 16
+#: Report ids per reconciliation message (ListReports pages, DropReports
+#: batches): 1 MiB of ids, far below the message cap, whatever the task's size.
+REPORT_PAGE = 65536
 #: The helper's share of a report: a PRG seed it expands to d ring elements.
 SEED_BYTES = 16
 #: Largest upload batch in reports.

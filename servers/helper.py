@@ -14,7 +14,15 @@ from svtagg.dp.errors import AlreadyExists, FailedPrecondition, InvalidArgument,
 from svtagg.dp.kinds import StreamKind
 from svtagg.mpc.ring import U64
 from svtagg.proto import svtagg_pb2 as pb
-from svtagg.proto.vocab import SETUP_DEADLINE, Role, kind_from_pb, refusal_status, split_ids
+from svtagg.proto.vocab import (
+    REPORT_ID_BYTES,
+    REPORT_PAGE,
+    SETUP_DEADLINE,
+    Role,
+    kind_from_pb,
+    refusal_status,
+    split_ids,
+)
 from svtagg.servers.core import Chunk, ComparisonParty, PartyFactory, ServerCore, parse_chunk
 from svtagg.servers.faults import crash_point
 from svtagg.servers.messages import collection_digest, spec_params, stream_info, task_info
@@ -64,12 +72,18 @@ class HelperDriver:
             t = self.core.store.close_collection(request.task_id)
         return collection_digest(t)
 
-    async def ListReports(self, request: pb.TaskRef) -> pb.ReportIds:
+    async def ListReports(self, request: pb.ReportPage) -> pb.ReportIds:
+        """One page of the closed task's report ids, ascending, after `after`."""
         t = self.core.store.task(request.task_id)
         if t.collection_open:
             raise FailedPrecondition("report ids are listed only after the close")
-        ids = self.core.store.report_ids(request.task_id)
-        return pb.ReportIds(task_id=request.task_id, report_ids=b"".join(ids))
+        if request.after and len(request.after) != REPORT_ID_BYTES:
+            raise InvalidArgument(f"after: a report id has {REPORT_ID_BYTES} bytes")
+        limit = min(request.limit or REPORT_PAGE, REPORT_PAGE)
+        ids = self.core.store.report_ids(request.task_id, request.after, limit + 1)
+        return pb.ReportIds(
+            task_id=request.task_id, report_ids=b"".join(ids[:limit]), more=len(ids) > limit
+        )
 
     async def DropReports(self, request: pb.ReportIds) -> pb.CollectionDigest:
         return collection_digest(

@@ -30,6 +30,7 @@ from svtagg.proto.vocab import (
     KIND_TO_PB,
     OUTCOME_OF_CODE,
     OUTCOME_TO_PB,
+    REPORT_PAGE,
     kind_from_pb,
     plan_request,
     refusal_from_status,
@@ -280,10 +281,7 @@ class LeaderDriver:
         helper = await self._call(PeerMethod.CLOSE_COLLECTION, ref)
         dropped = 0
         if (helper.n, helper.report_digest) != (task.n, task.digest):
-            listed = await self._call(PeerMethod.LIST_REPORTS, ref)
-            theirs = set(split_ids(listed.report_ids))
-            mine = set(self.core.store.report_ids(task_id))
-            only_mine, only_theirs = sorted(mine - theirs), sorted(theirs - mine)
+            only_mine, only_theirs = await self._difference(task_id)
             task, helper = await self._drop(task_id, only_mine, only_theirs)
             dropped = len(only_mine) + len(only_theirs)
             log.info("task %s: dropped %d reports only one server had", task_id, dropped)
@@ -320,12 +318,60 @@ class LeaderDriver:
     async def _drop(
         self, task_id: str, mine: list[bytes], theirs: list[bytes]
     ) -> tuple[TaskState, Any]:
-        """Remove `mine` here and `theirs` on the helper; both servers' new digests."""
+        """Remove `mine` here and `theirs` on the helper (in batches of at most
+        REPORT_PAGE ids per message); both servers' new digests."""
         task = self.core.remove_reports(task_id, mine)
-        helper = await self._call(
-            PeerMethod.DROP_REPORTS, pb.ReportIds(task_id=task_id, report_ids=b"".join(theirs))
-        )
+        helper = None
+        for lo in range(0, max(len(theirs), 1), REPORT_PAGE):
+            part = theirs[lo : lo + REPORT_PAGE]
+            helper = await self._call(
+                PeerMethod.DROP_REPORTS, pb.ReportIds(task_id=task_id, report_ids=b"".join(part))
+            )
+        assert helper is not None
         return task, helper
+
+    async def _difference(self, task_id: str) -> tuple[list[bytes], list[bytes]]:
+        """(ids only this server holds, ids only the helper holds), by walking both
+        sorted id lists page by page: messages and memory bounded by the page,
+        not by the task (only the differences are kept)."""
+        only_mine: list[bytes] = []
+        only_theirs: list[bytes] = []
+        after_theirs = b""
+        theirs: list[bytes] = []
+        t_more = True
+        after_mine = b""
+        mine: list[bytes] = []
+        m_more = True
+        ti = mi = 0
+        while True:
+            if ti == len(theirs) and t_more:
+                page = await self._call(
+                    PeerMethod.LIST_REPORTS,
+                    pb.ReportPage(task_id=task_id, after=after_theirs, limit=REPORT_PAGE),
+                )
+                theirs, ti, t_more = split_ids(page.report_ids), 0, bool(page.more)
+                if theirs:
+                    after_theirs = theirs[-1]
+                elif t_more:
+                    raise FailedPrecondition("helper sent an empty page with more to come")
+            if mi == len(mine) and m_more:
+                mine = self.core.store.report_ids(task_id, after_mine, REPORT_PAGE)
+                mi, m_more = 0, len(mine) == REPORT_PAGE
+                if mine:
+                    after_mine = mine[-1]
+            t_done = ti == len(theirs) and not t_more
+            m_done = mi == len(mine) and not m_more
+            if t_done and m_done:
+                return only_mine, only_theirs
+            if t_done or (not m_done and mine[mi] < theirs[ti]):
+                only_mine.append(mine[mi])
+                mi += 1
+            elif m_done or theirs[ti] < mine[mi]:
+                only_theirs.append(theirs[ti])
+                ti += 1
+            else:
+                mi += 1
+                ti += 1
 
     async def robust_pass(self, task: TaskState) -> U64:
         """Re-share every coordinate's aggregate as g(S) = min(tri(S), n·2^F): the

@@ -385,7 +385,7 @@ class PeerService(pb_grpc.PeerServicer):
         return await self.driver.CloseCollection(request)
 
     @rpc(Role.LEADER)
-    async def ListReports(self, request: pb.TaskRef, context: Context) -> pb.ReportIds:
+    async def ListReports(self, request: pb.ReportPage, context: Context) -> pb.ReportIds:
         return await self.driver.ListReports(request)
 
     @rpc(Role.LEADER)

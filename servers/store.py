@@ -374,11 +374,15 @@ class Store:
                 out.append(f.read(row[1]))
         return out
 
-    def report_ids(self, task_id: str) -> list[bytes]:
-        return [
-            bytes(r[0])
-            for r in self._db.execute("SELECT report_id FROM reports WHERE task_id=?", (task_id,))
-        ]
+    def report_ids(self, task_id: str, after: bytes = b"", limit: int | None = None) -> list[bytes]:
+        """The task's report ids in ascending order: all, or the page of at most
+        `limit` after `after` (reconciliation in bounded messages)."""
+        sql = "SELECT report_id FROM reports WHERE task_id=? AND report_id > ? ORDER BY report_id"
+        args: tuple[object, ...] = (task_id, after)
+        if limit is not None:
+            sql += " LIMIT ?"
+            args = (*args, int(limit))
+        return [bytes(r[0]) for r in self._db.execute(sql, args)]
 
     def remove_reports(
         self, task_id: str, report_ids: list[bytes], share_sum: Callable[[list[bytes]], U64]

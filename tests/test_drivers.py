@@ -154,3 +154,43 @@ async def test_lost_prepare_reply_fails_the_helpers_copy(pair: DriverPair) -> No
     await pair.open("t")  # reconciles first
     assert pair.helper.core.store.stream(lost[0]).state == FAILED
     assert pair.leader.core.store.stream(lost[0]).state == FAILED
+
+
+async def test_reconciliation_in_bounded_pages(
+    pair: DriverPair, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Reconciliation walks both sorted id lists page by page: with pages of 7
+    ids, a task of 400 shared reports, 23 only the leader holds and 11 only the
+    helper holds takes many ListReports and DropReports messages, none larger
+    than a page, and ends with both servers agreed on exactly the shared 400."""
+    from svtagg.client.upload import make_batch
+    from svtagg.servers import helper as helper_mod
+    from svtagg.servers import leader as leader_mod
+
+    page = 7
+    monkeypatch.setattr(leader_mod, "REPORT_PAGE", page)
+    monkeypatch.setattr(helper_mod, "REPORT_PAGE", page)
+    calls: list[tuple[str, int]] = []
+    real_call = pair.port.call
+
+    async def counting(method: PeerMethod, request: Any, timeout: float | None = None) -> Any:
+        reply = await real_call(method, request, timeout)
+        if method in (PeerMethod.LIST_REPORTS, PeerMethod.DROP_REPORTS):
+            ids = reply.report_ids if method == PeerMethod.LIST_REPORTS else request.report_ids
+            calls.append((method.value, len(ids) // 16))
+        return reply
+
+    monkeypatch.setattr(pair.port, "call", counting)
+    await pair.leader.create_task(spec("t"))
+    pair.upload("t", data(N))
+    pair.upload("t", data(23), leader_only=True)
+    extra = make_batch("t", data(11), F)
+    pair.helper.core.upload("t", [(r.report_id, r.seed) for r in extra.helper.reports])
+    info = await pair.leader.close_collection("t")
+    assert info.agreed and info.n == N and info.dropped_reports == 23 + 11
+    for core in (pair.leader.core, pair.helper.core):
+        assert core.store.task("t").n == N and core.store.task("t").agreed
+    lists = [n for m, n in calls if m == "ListReports"]
+    drops = [n for m, n in calls if m == "DropReports"]
+    assert len(lists) >= (N + 11) // page and max(lists) <= page
+    assert sum(drops) == 11 and max(drops) <= page and len(drops) == 2

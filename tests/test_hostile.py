@@ -418,7 +418,10 @@ def test_task_refs(env: Env, examples: int):
         stub = env.analyst if method[0] == "Analyst" else env.peer
         env.refused(
             ".".join(method),
-            lambda: getattr(stub, method[1])(pb.TaskRef(task_id=task), timeout=30),
+            lambda: getattr(stub, method[1])(
+                (pb.ReportPage if method[1] == "ListReports" else pb.TaskRef)(task_id=task),
+                timeout=30,
+            ),
             may_succeed=task == "h",
         )
 
