@@ -56,6 +56,13 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="threads of the native comparison core (default: one per CPU; "
         "the environment variable SVTAGG_THREADS sets the same)",
     )
+    p.add_argument(
+        "--ingest-only",
+        action="store_true",
+        help="an ingest replica of this role: serves uploads (and health) only, on the "
+        "PostgreSQL store of the role's main process (--db postgresql://...); run as "
+        "many as needed, each on its own --listen",
+    )
     p.add_argument("--port-file", help="write the bound port here once serving")
     p.add_argument(
         "--metrics-listen",
@@ -140,13 +147,15 @@ def check_startup(args: argparse.Namespace) -> Identity:
     """Everything that can be checked before anything is created: the leader's
     --helper, the certificate directory and its role, the store's directory and
     the budget caps.  Raises (one-line messages) instead of starting half-way."""
-    if args.role == "leader" and not args.helper:
+    from svtagg.servers.store import sqlite_file
+
+    if args.ingest_only and sqlite_file(args.db) is not None:
+        raise ValueError("--ingest-only replicas share a PostgreSQL store: --db postgresql://...")
+    if args.role == "leader" and not args.helper and not args.ingest_only:
         raise ValueError("the leader needs --helper host:port (the helper's address)")
     if args.role == "helper" and args.helper:
         raise ValueError("--helper is for the leader only")
     identity = load_identity(args.certs, args.role)
-    from svtagg.servers.store import sqlite_file
-
     db_file = sqlite_file(args.db)  # None: a PostgreSQL URL, checked when the store opens
     if db_file is not None:
         db = Path(db_file)
@@ -232,6 +241,7 @@ async def _serve(args: argparse.Namespace, identity: Identity) -> int:
         require_validation=args.require_validation,
         data_port=_data_port(args.data_port),
         metrics_listen=args.metrics_listen,
+        ingest_only=args.ingest_only,
     )
     server = SvtaggServer(config)  # binds the ports, then opens the store
     log = logging.getLogger("svtagg.server")

@@ -568,6 +568,10 @@ class ServerConfig:
     data_port: int | None = 0
     #: host:port for the Prometheus /metrics endpoint (plain HTTP; None: off).
     metrics_listen: str | None = None
+    #: An ingest replica: serves Ingest (and Health) only, on a PostgreSQL store
+    #: shared with the server's main process; uploads stay idempotent across
+    #: replicas (report ids are unique per task in the store).
+    ingest_only: bool = False
 
 
 class SvtaggServer:
@@ -576,7 +580,7 @@ class SvtaggServer:
     def __init__(self, config: ServerConfig, party: PartyFactory = garbled_circuit_party) -> None:
         if config.role not in SERVER_ROLES:
             raise ValueError(f"role must be leader or helper, got {config.role!r}")
-        if config.role == "leader" and not config.helper_address:
+        if config.role == "leader" and not config.helper_address and not config.ingest_only:
             raise ValueError("the leader needs the helper's address")
         self.config = config
         # Ports first: a port in use fails here, before the store file is created.
@@ -594,7 +598,7 @@ class SvtaggServer:
                 grpc.ssl_server_credentials([(ident.key, ident.cert)]),
             )
         self.data_listener: DataListener | None = None
-        if config.role == "helper" and config.data_port is not None:
+        if config.role == "helper" and config.data_port is not None and not config.ingest_only:
             self.data_listener = DataListener(
                 config.identity, split_host(config.listen), config.data_port
             )
@@ -603,7 +607,9 @@ class SvtaggServer:
         self.metrics_port: int | None = None
         if config.metrics_listen:
             self.metrics_port = self.metrics.serve(config.metrics_listen)
-        self.store = open_store(config.store_path)
+        # An ingest replica shares the store of the server's main process, which
+        # owns the streams: it must not fail them at its start.
+        self.store = open_store(config.store_path, recover=not config.ingest_only)
         self.core = ServerCore(
             config.role,  # type: ignore[arg-type]
             self.store,
@@ -613,7 +619,7 @@ class SvtaggServer:
         )
         self.helper_probe = (
             HelperProbe(config.helper_address, config.identity)
-            if config.role == "leader" and config.helper_address
+            if config.role == "leader" and config.helper_address and not config.ingest_only
             else None
         )
         self.health = HealthService(self.helper_probe)
@@ -630,6 +636,8 @@ class SvtaggServer:
         ingest.metrics = self.metrics
         add_service(pb_grpc.add_IngestServicer_to_server, ingest, self.server)
         add_service(health_pb2_grpc.add_HealthServicer_to_server, self.health, self.server)
+        if config.ingest_only:
+            return  # Ingest and Health only: no analyst, no peer, no sessions
         if config.role == "leader":
             assert config.helper_address is not None
             self.peer = GrpcHelperPort(

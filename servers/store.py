@@ -692,12 +692,16 @@ def sqlite_file(db: str | Path) -> str | None:
     return text
 
 
-def open_store(db: str | Path) -> Store:
+def open_store(db: str | Path, recover: bool = True) -> Store:
     """The store a `--db` value names: SQLite for a file path or `sqlite:///path`
     (the default), PostgreSQL for `postgresql://user@host:port/dbname` (needs
-    the `postgres` extra: `pip install "svtagg[postgres]"`)."""
+    the `postgres` extra: `pip install "svtagg[postgres]"`).  `recover=False`
+    (ingest replicas) skips failing the in-flight streams at start: another
+    process of the same server owns them; only PostgreSQL allows it."""
     path = sqlite_file(db)
     if path is not None:
+        if not recover:
+            raise ValueError("ingest replicas share a PostgreSQL store (--db postgresql://...)")
         return Store(path)
     try:
         from svtagg.servers.store_pg import PgStore
@@ -705,4 +709,4 @@ def open_store(db: str | Path) -> Store:
         raise RuntimeError(
             'a postgresql:// store needs psycopg: pip install "svtagg[postgres]"'
         ) from e
-    return PgStore(str(db))
+    return PgStore(str(db), recover=recover)

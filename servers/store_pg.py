@@ -252,7 +252,9 @@ class PgStore(Store):
     #: Schema version this code writes (the `svtagg_schema` table; not SQLite's numbering).
     SCHEMA_VERSION = len(_MIGRATIONS)
 
-    def __init__(self, url: str, schema: str | None = None) -> None:
+    def __init__(self, url: str, schema: str | None = None, recover: bool = True) -> None:
+        """`recover=False`: an ingest replica, which must not fail the streams
+        the server's main process has in flight."""
         self.path = redact(url)
         try:
             conn = psycopg.connect(url, autocommit=True, application_name="svtagg")
@@ -277,7 +279,7 @@ class PgStore(Store):
                 conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
             self._migrate()
             self.recovered_failed: list[tuple[str, str]] = []
-            self.failed_on_recovery = self._recover()
+            self.failed_on_recovery = self._recover() if recover else 0
         except BaseException:
             conn.close()
             raise

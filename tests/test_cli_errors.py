@@ -180,6 +180,11 @@ def _server_cases(e: Env) -> list[tuple[str, list[str], int, str, list[Path]]]:
             USAGE, "--data-port", [db],
         ),
         (
+            "ingest replica on SQLite",
+            ["server", "--role", "helper", "--db", str(db), "--certs", e.certs, "--ingest-only"],
+            USAGE, "--ingest-only", [db],
+        ),
+        (
             "threads out of range",
             ["server", "--role", "helper", "--db", str(db), "--certs", e.certs, "--threads",
              "0"],

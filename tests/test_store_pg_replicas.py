@@ -1,0 +1,144 @@
+"""Replicated ingest on PostgreSQL: each server runs its main process and an
+ingest replica (`svtagg server --ingest-only`) on the same store.  A client
+uploads through the replicas; the leader's replica is killed (SIGKILL) in the
+middle of the uploads; the client then sends every batch again through the
+main processes.  Every acknowledged report is counted once on both servers,
+nothing is counted twice, S_L + S_H is the plaintext sum, and the main
+processes' streams are untouched by a replica's start.  Skips without a
+reachable server (SVTAGG_TEST_POSTGRES)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import grpc
+from svtagg.client.upload import Uploader, UploadError
+from svtagg.deploy.launch import wait_serving
+from svtagg.proto.tls import Identity
+from test_reliability import Collection, check_reports, create_task
+from test_store_pg_reliability import PgProcessDeployment, pg_url  # noqa: F401 - fixture
+
+
+def start_replica(pd: PgProcessDeployment, role: str, root: Path) -> tuple[Any, str]:
+    """An ingest-only process of `role` on that role's PostgreSQL schema."""
+    port_file = root / f"{role}-replica.port"
+    log = open(root / f"{role}-replica.log", "ab")  # noqa: SIM115 - owned by the process
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "svtagg.deploy.cli",
+            "server",
+            "--role",
+            role,
+            "--ingest-only",
+            "--db",
+            pd.url,
+            "--certs",
+            str(pd.certs),
+            "--listen",
+            "127.0.0.1:0",
+            "--port-file",
+            str(port_file),
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "PGOPTIONS": f"-csearch_path={pd.schemas[role]}"},
+    )
+    deadline = time.monotonic() + 30
+    while not port_file.exists():
+        assert proc.poll() is None, (root / f"{role}-replica.log").read_text()
+        assert time.monotonic() < deadline, "replica did not start"
+        time.sleep(0.05)
+    address = f"127.0.0.1:{int(port_file.read_text())}"
+    wait_serving(address, Identity.load(pd.certs, "analyst"), role, 30)
+    return proc, address
+
+
+def uploader(pd: PgProcessDeployment, leader: str, helper: str) -> Uploader:
+    c = Identity.load(pd.certs, "client")
+    return Uploader(leader, helper, c.ca, c.cert, c.key, retries=0, timeout=20)
+
+
+def resend(up: Uploader, b: Any) -> int:
+    """Send a batch again to both servers, as a client retrying through another
+    process: each server either stores it now or answers ALREADY_EXISTS (it was
+    stored before, through any process).  Returns how many servers had it."""
+    had = 0
+    for i in (0, 1):
+        try:
+            up._submit(b, (i,))[i].result()
+        except grpc.RpcError as exc:
+            assert exc.code() == grpc.StatusCode.ALREADY_EXISTS, exc  # type: ignore[attr-defined]
+            had += 1
+    return had
+
+
+def test_replica_killed_mid_upload_loses_and_doubles_nothing(
+    tmp_path: Path,
+    pg_url: tuple[str, str],  # noqa: F811 - the fixture
+) -> None:
+    pd = PgProcessDeployment(tmp_path, *pg_url).start()
+    replicas: dict[str, Any] = {}
+    try:
+        col = Collection("rep")
+        create_task(pd, "rep")
+        for role in ("leader", "helper"):
+            replicas[role] = start_replica(pd, role, tmp_path)
+        sent: list[Any] = []
+        outcome: dict[str, Any] = {}
+
+        def upload_through_replicas() -> None:
+            with uploader(pd, replicas["leader"][1], replicas["helper"][1]) as up:
+                try:
+                    for _ in range(400):
+                        b = col.batch(10)
+                        sent.append(b)
+                        up.send(b)
+                        col.ack(b)
+                        time.sleep(0.005)
+                except UploadError as exc:
+                    outcome["error"] = exc
+
+        t = threading.Thread(target=upload_through_replicas)
+        t.start()
+        deadline = time.monotonic() + 30
+        while len(col.acked) < 100 and t.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        replicas["leader"][0].send_signal(signal.SIGKILL)
+        replicas["leader"][0].wait(10)
+        t.join(60)
+        assert not t.is_alive()
+        assert "error" in outcome, "the client saw no failure: the replica died too late"
+        acked_before = set(col.acked)
+        assert 100 <= len(acked_before) < 10 * len(sent)
+        # The client retries everything through the main processes (a replica
+        # of the helper stays up and is used for half of it: any mix works).
+        already = 0
+        with uploader(pd, pd.address("leader"), replicas["helper"][1]) as up:
+            for b in sent[: len(sent) // 2]:
+                already += resend(up, b)
+                col.ack(b)
+        with uploader(pd, pd.address("leader"), pd.address("helper")) as up:
+            for b in sent[len(sent) // 2 :]:
+                already += resend(up, b)
+                col.ack(b)
+        # Every batch acked through the replicas was already stored on both servers.
+        assert already >= 2 * len(acked_before) // 10
+        assert check_reports(pd, col) == 0  # nothing to reconcile: both hold every report
+        lead = pd.store_view("leader", col.task)
+        assert lead.report_ids == set(col.rows) == col.acked >= acked_before
+        assert lead.n == len(col.rows)  # each report once, however often it was sent
+    finally:
+        for proc, _ in replicas.values():
+            if proc.poll() is None:
+                proc.terminate()
+                proc.wait(10)
+        pd.stop()
