@@ -271,11 +271,17 @@ def _numbers(spec: Spec, rows: list[Any], first: int, delimiter: str) -> Any:
         return rows
     try:
         return np.loadtxt(rows, delimiter=delimiter, dtype=np.float64, ndmin=2, comments=None)
-    except ValueError:
+    except ValueError as exc:
         for i, text in enumerate(rows):
             for c, x in enumerate(text.split(delimiter), 1):
                 _parse_float(x, first + i, c)
-        raise
+        # Every field parses on its own (e.g. "1_000", which float() takes and
+        # numpy does not): still a clear refusal, not a traceback.
+        where = f"row {first}" if len(rows) == 1 else f"rows {first}–{first + len(rows) - 1}"
+        detail = str(exc).splitlines()[0] if str(exc) else "ValueError"
+        raise InputError(
+            f"{where}: a field numpy cannot read as a number ({detail}); write plain decimals"
+        ) from None
 
 
 def read_csv(

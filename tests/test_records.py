@@ -106,3 +106,12 @@ def test_front_door_category_input_reads_rows_not_labels() -> None:
     for bad in (np.bool_(True), float("nan"), float("inf")):
         with pytest.raises(InputError, match="row 1, column 1"):
             embed_block(spec, [[bad]], 1, ReadStats())
+
+
+def test_a_field_only_python_reads_is_refused_cleanly(tmp_path: Path) -> None:
+    """'1_000' is a float to Python but not to numpy's reader: a one-line
+    InputError naming the rows, not numpy's bare ValueError."""
+    path = tmp_path / "u.csv"
+    path.write_text("0.5,1_000\n")
+    with pytest.raises(InputError, match="row 1: a field numpy cannot read"):
+        list(read_input(path, Spec(2, "matrix", None, {})))
