@@ -239,22 +239,36 @@ async def test_chunks_run_over_the_offered_transport(tmp_path: Path, data_port: 
                 # Chunks of at most 4,096 lanes stay on the frames (latency); larger
                 # ones go over the data connection (the pool has two sessions: ask
                 # enough chunks that this one ran some of each).
-                frames_before = session.channel.traffic
-                data_before = session.data.bytes_sent + session.data.bytes_received
+                def counts() -> tuple[int, int]:
+                    assert session.data is not None
+                    data = session.data.bytes_sent + session.data.bytes_received
+                    return session.channel.traffic, data
+
+                frames0, data0 = counts()
                 await pool.release(session, True)
-                await _ask_far(dep, "t", k=5000)
+                await _ask_far(dep, "t", k=5000)  # large chunks: the data connection only
                 session = await pool.acquire()
-                assert session.data is not None
-                assert session.data.bytes_sent + session.data.bytes_received > data_before
-                assert session.channel.traffic >= frames_before
-            # The data channel dies under an idle session: the pool notices and the
-            # next chunks run on a new session.
-            if session.data is not None:
-                session.data.close()
-                assert session.done()
+                frames1, data1 = counts()
+                assert data1 > data0 and frames1 == frames0
+                await pool.release(session, True)
+                await _ask_far(dep, "t", k=300)  # small chunks: the frames only
+                session = await pool.acquire()
+                frames2, data2 = counts()
+                assert frames2 > frames1 and data2 == data1
+            # The data channel dies under an idle session (its leader end closed):
+            # the pool hands that session out no more, and chunks go on.
+            dead = session if session.data is not None else None
+            if dead is not None and dead.data is not None:
+                dead.data.close()
         finally:
             await pool.release(session, True)
-        await _ask_far(dep, "t")
+        await _ask_far(dep, "t", k=5000)
+        if dead is not None:
+            fresh = await pool.acquire()
+            try:
+                assert fresh is not dead and fresh.data is not None and not fresh.data.is_closed
+            finally:
+                await pool.release(fresh, True)
     finally:
         await dep.stop()
 
