@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import asdict
 from fractions import Fraction
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 import numpy as np
@@ -37,6 +37,9 @@ ALGORITHMS = (
     "sparse-mean",
     "mwem",
 )
+
+if TYPE_CHECKING:
+    from svtagg.deploy.launch import LocalDeployment
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -74,14 +77,13 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         default="auto",
         help="smallest ε a stream may use; auto: the smallest safe from overflow",
     )
-    c.set_defaults(handler=_create_task)
-    for name, fn, text in (
-        ("describe", _describe, "show a task: n, state, both ledgers"),
-        ("close", _close, "close the collection on both servers"),
+    # create-task, describe and close are run by deploy/admin.py (one path for
+    # the command line and the Python front door, --json included).
+    for name, text in (
+        ("describe", "show a task: n, state, both ledgers"),
+        ("close", "close the collection on both servers"),
     ):
-        p = asub.add_parser(name, help=text)
-        common(p)
-        p.set_defaults(handler=fn)
+        common(asub.add_parser(name, help=text))
     r = asub.add_parser("run", help="run a selection algorithm through the servers")
     common(r)
     r.add_argument("--algorithm", choices=ALGORITHMS, default="top-k")
@@ -173,21 +175,6 @@ def analyst_stub(leader: str, certs: str | Path) -> Any:
     return pb_grpc.AnalystStub(grpc.secure_channel(leader, creds, options=options))
 
 
-def _show(info: pb.TaskInfo) -> str:
-    b, h = info.budget, info.helper_budget
-    return (
-        f"task {info.spec.task_id}: d={info.spec.d} F={info.spec.frac_bits} n={info.n} "
-        f"({'collecting' if info.collection_open else 'closed'}), streams={info.streams}\n"
-        f"  leader ledger: ε {b.epsilon_spent}/{b.epsilon_total}, δ {b.delta_spent}/{b.delta_total}"
-        + (
-            f"\n  helper ledger: ε {h.epsilon_spent}/{h.epsilon_total}, "
-            f"δ {h.delta_spent}/{h.delta_total}"
-            if h.epsilon_total
-            else ""
-        )
-    )
-
-
 #: Embeddings a task may record (`client/embeddings.py`; "vectors": none applied).
 EMBEDDINGS = ["heavy_hitters", "sparse_mean", "marginals", "fp_loss", "vectors"]
 
@@ -222,43 +209,6 @@ def task_spec(
         validate_reports=validate_reports,
         embedding=embedding,
     )
-
-
-def _create_task(args: argparse.Namespace) -> int:
-    info = analyst_stub(args.leader, args.certs).CreateTask(
-        task_spec(
-            args.task,
-            args.d,
-            args.n_max,
-            args.epsilon,
-            frac_bits=args.frac_bits,
-            min_batch=args.min_batch,
-            delta=args.delta,
-            epsilon_min=args.epsilon_min,
-            validate_reports=args.validate_reports,
-        ),
-        timeout=CALL_DEADLINE,
-    )
-    print(_show(info))
-    return 0
-
-
-def _describe(args: argparse.Namespace) -> int:
-    print(
-        _show(
-            analyst_stub(args.leader, args.certs).DescribeTask(
-                pb.TaskRef(task_id=args.task), timeout=CALL_DEADLINE
-            )
-        )
-    )
-    return 0
-
-
-def _close(args: argparse.Namespace) -> int:
-    stub = analyst_stub(args.leader, args.certs)
-    stub.CloseCollection(pb.TaskRef(task_id=args.task), timeout=CALL_DEADLINE)
-    print(_show(stub.DescribeTask(pb.TaskRef(task_id=args.task), timeout=CALL_DEADLINE)))
-    return 0
 
 
 def run_algorithm(
@@ -502,23 +452,7 @@ def _demo(args: argparse.Namespace) -> int:
     values = workload("heavy_hitters", args.users, args.d, args.seed)
     truth = values.sum(axis=0)
     with LocalDeployment(Path(args.workdir) if args.workdir else None) as dep:
-        _progress(
-            f"leader {dep.address('leader')}, helper {dep.address('helper')} "
-            f"(separate processes, mutual TLS, SQLite in {dep.root})"
-        )
-        stub = analyst_stub(dep.address("leader"), dep.certs)
-        stub.CreateTask(
-            task_spec("demo", args.d, 10 * args.users, args.epsilon, min_batch=100),
-            timeout=CALL_DEADLINE,
-        )
-        up = upload_parallel(
-            dep.address("leader"), dep.address("helper"), dep.certs, "demo", values, 1, 500
-        )
-        _progress(
-            f"uploaded {up['reports']} reports in {up['seconds']}s ({up['reports_per_s']:,.0f}/s)"
-        )
-        info = stub.CloseCollection(pb.TaskRef(task_id="demo"), timeout=CALL_DEADLINE)
-        _progress(f"collection closed: n={info.n} on both servers")
+        up, info = _demo_collect(dep, args, values)
         _progress(f"running private top-{args.k} heavy hitters (ε={args.epsilon}) on the servers")
         t1 = time.perf_counter()
         with RemoteOracle.from_certs(dep.address("leader"), "demo", dep.certs) as oracle:
@@ -564,6 +498,31 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _demo_collect(
+    dep: LocalDeployment, args: argparse.Namespace, values: np.ndarray
+) -> tuple[dict[str, Any], Any]:
+    """The demo's task on the running deployment: create it, upload `values`,
+    close the collection; (upload figures, the close's TaskInfo)."""
+    _progress(
+        f"leader {dep.address('leader')}, helper {dep.address('helper')} "
+        f"(separate processes, mutual TLS, SQLite in {dep.root})"
+    )
+    stub = analyst_stub(dep.address("leader"), dep.certs)
+    stub.CreateTask(
+        task_spec("demo", args.d, 10 * args.users, args.epsilon, min_batch=100),
+        timeout=CALL_DEADLINE,
+    )
+    up = upload_parallel(
+        dep.address("leader"), dep.address("helper"), dep.certs, "demo", values, 1, 500
+    )
+    _progress(
+        f"uploaded {up['reports']} reports in {up['seconds']}s ({up['reports_per_s']:,.0f}/s)"
+    )
+    info = stub.CloseCollection(pb.TaskRef(task_id="demo"), timeout=CALL_DEADLINE)
+    _progress(f"collection closed: n={info.n} on both servers")
+    return up, info
+
+
 def _demo_model_selection(args: argparse.Namespace, t0: float) -> int:
     """Private model selection through both servers, next to the aggregation baselines."""
     from svtagg.analyst import baselines
@@ -579,23 +538,7 @@ def _demo_model_selection(args: argparse.Namespace, t0: float) -> int:
     truth = values.sum(axis=0)
     eps = float(Fraction(args.epsilon))
     with LocalDeployment(Path(args.workdir) if args.workdir else None) as dep:
-        _progress(
-            f"leader {dep.address('leader')}, helper {dep.address('helper')} "
-            f"(separate processes, mutual TLS, SQLite in {dep.root})"
-        )
-        stub = analyst_stub(dep.address("leader"), dep.certs)
-        stub.CreateTask(
-            task_spec("demo", args.d, 10 * args.users, args.epsilon, min_batch=100),
-            timeout=CALL_DEADLINE,
-        )
-        up = upload_parallel(
-            dep.address("leader"), dep.address("helper"), dep.certs, "demo", values, 1, 500
-        )
-        _progress(
-            f"uploaded {up['reports']} reports in {up['seconds']}s ({up['reports_per_s']:,.0f}/s)"
-        )
-        info = stub.CloseCollection(pb.TaskRef(task_id="demo"), timeout=CALL_DEADLINE)
-        _progress(f"collection closed: n={info.n} on both servers")
+        up, info = _demo_collect(dep, args, values)
         _progress(f"running private model selection (scan selection, ε={args.epsilon})")
         t1 = time.perf_counter()
         with RemoteOracle.from_certs(dep.address("leader"), "demo", dep.certs) as oracle:
