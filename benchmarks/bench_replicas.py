@@ -13,8 +13,6 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import os
-import subprocess
-import sys
 import tempfile
 import time
 import uuid
@@ -23,7 +21,7 @@ from pathlib import Path
 import numpy as np
 from svtagg.client.upload import Uploader
 from svtagg.deploy.jobs import analyst_stub, task_spec
-from svtagg.deploy.launch import UNCAPPED_SERVER_ARGS, LocalDeployment, wait_serving
+from svtagg.deploy.launch import UNCAPPED_SERVER_ARGS, LocalDeployment
 from svtagg.proto.tls import Identity
 
 
@@ -51,41 +49,6 @@ def _run_clients(certs: Path, pairs: list[tuple[str, str]], n: int) -> float:
     return len(procs) * n / (max(e for _, e in spans) - min(s for s, _ in spans))
 
 
-def _replica(
-    dep: LocalDeployment, role: str, url: str, schema: str
-) -> tuple[subprocess.Popen[bytes], str]:
-    port_file = dep.root / f"{role}-replica.port"
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "svtagg.deploy.cli",
-            "server",
-            "--role",
-            role,
-            "--ingest-only",
-            "--db",
-            url,
-            "--certs",
-            str(dep.certs),
-            "--listen",
-            "127.0.0.1:0",
-            "--port-file",
-            str(port_file),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        env={**os.environ, "PGOPTIONS": f"-csearch_path={schema}"},
-    )
-    while not port_file.exists():
-        if proc.poll() is not None:
-            raise RuntimeError(f"{role} replica exited")
-        time.sleep(0.05)
-    address = f"127.0.0.1:{int(port_file.read_text())}"
-    wait_serving(address, Identity.load(dep.certs, "analyst"), role, 30)
-    return proc, address
-
-
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=40_000, help="reports per client")
@@ -103,22 +66,18 @@ def main(argv: list[str] | None = None) -> None:
         tag = uuid.uuid4().hex[:10]
         schemas = {r: f"{r}_bench_{tag}" for r in ("leader", "helper")}
         dep = LocalDeployment(Path(tmp) / "pg", server_args=[*UNCAPPED_SERVER_ARGS, "--db", url])
-        replicas = []
         try:
             for role in ("helper", "leader"):
                 dep.start_role(role, env={"PGOPTIONS": f"-csearch_path={schemas[role]}"})
             analyst_stub(dep.address("leader"), dep.certs).CreateTask(spec, timeout=30)
-            replicas = [_replica(dep, r, url, schemas[r]) for r in ("leader", "helper")]
-            pairs = [
-                (dep.address("leader"), dep.address("helper")),
-                (replicas[0][1], replicas[1][1]),
+            replicas = [
+                dep.start_replica(r, url, env={"PGOPTIONS": f"-csearch_path={schemas[r]}"})
+                for r in ("leader", "helper")
             ]
+            pairs = [(dep.address("leader"), dep.address("helper")), (replicas[0], replicas[1])]
             pg_rate = _run_clients(dep.certs, pairs, args.n)
         finally:
-            for proc, _ in replicas:
-                proc.terminate()
-                proc.wait(10)
-            dep.stop()
+            dep.stop()  # the replicas with it
             import psycopg
 
             with psycopg.connect(url, autocommit=True) as conn:

@@ -23,7 +23,12 @@ UNCAPPED_SERVER_ARGS = ["--max-epsilon-total", "none", "--max-delta-total", "non
 
 
 def server_command(
-    role: str, db: Path, certs: Path, port_file: Path, helper: str | None = None, port: int = 0
+    role: str,
+    db: Path | str,
+    certs: Path,
+    port_file: Path,
+    helper: str | None = None,
+    port: int = 0,
 ) -> list[str]:
     cmd = [
         sys.executable,
@@ -100,34 +105,55 @@ class LocalDeployment:
     ) -> None:
         """Start `role` (again, on its previous port and store); `env` adds
         environment variables, e.g. SVTAGG_CRASH_AT for fault injection."""
-        port_file = self.root / f"{role}.port"
-        port_file.unlink(missing_ok=True)
         helper = self.address("helper") if role == "leader" else None
-        log = open(self.root / f"{role}.log", "ab")  # noqa: SIM115 - owned by the process
-        self.procs[role] = subprocess.Popen(
-            # A restarted server keeps its port, so its peer can reconnect.
-            server_command(
-                role,
-                self.root / f"{role}.sqlite",
-                self.certs,
-                port_file,
-                helper,
-                self.ports.get(role, 0),
-            )
-            + self.server_args,
+        # A restarted server keeps its port, so its peer can reconnect.
+        cmd = server_command(
+            role,
+            self.root / f"{role}.sqlite",
+            self.certs,
+            self.root / f"{role}.port",
+            helper,
+            self.ports.get(role, 0),
+        )
+        self.ports[role] = self._spawn(role, role, cmd + self.server_args, env, timeout)
+
+    def start_replica(
+        self, role: str, db: str, env: dict[str, str] | None = None, timeout: float = 30.0
+    ) -> str:
+        """Start an ingest replica of `role` (`--ingest-only`) on the PostgreSQL
+        store `db` of the role's main process; returns its address.  It is
+        stopped with the deployment (or by `stop_role` of its name,
+        `<role>-replica-<i>`)."""
+        name = f"{role}-replica-{sum(n.startswith(role + '-replica') for n in self.procs)}"
+        cmd = server_command(role, db, self.certs, self.root / f"{name}.port")
+        port = self._spawn(name, role, [*cmd, "--ingest-only"], env, timeout)
+        self.ports[name] = port
+        return self.address(name)
+
+    def _spawn(
+        self, name: str, role: str, cmd: list[str], env: dict[str, str] | None, timeout: float
+    ) -> int:
+        """Run one server process as `name`, wait until it serves; its port."""
+        port_file = Path(cmd[cmd.index("--port-file") + 1])
+        port_file.unlink(missing_ok=True)
+        log = open(self.root / f"{name}.log", "ab")  # noqa: SIM115 - owned by the process
+        proc = self.procs[name] = subprocess.Popen(
+            cmd,
             stdout=log,
             stderr=subprocess.STDOUT,
             env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
         )
         deadline = time.monotonic() + timeout
         while not port_file.exists():
-            if self.procs[role].poll() is not None:
-                raise RuntimeError(f"{role} exited; see {self.root / f'{role}.log'}")
+            if proc.poll() is not None:
+                raise RuntimeError(f"{name} exited; see {self.root / f'{name}.log'}")
             if time.monotonic() > deadline:
-                raise TimeoutError(f"{role} did not start within {timeout}s")
+                raise TimeoutError(f"{name} did not start within {timeout}s")
             time.sleep(0.05)
-        self.ports[role] = int(port_file.read_text())
-        wait_serving(self.address(role), Identity.load(self.certs, "analyst"), role, timeout)
+        port = int(port_file.read_text())
+        address = f"127.0.0.1:{port}"
+        wait_serving(address, Identity.load(self.certs, "analyst"), role, timeout)
+        return port
 
     def start(self) -> LocalDeployment:
         self.start_role("helper")
@@ -146,9 +172,9 @@ class LocalDeployment:
         return int(proc.returncode)
 
     def stop(self) -> None:
-        for role in ("leader", "helper"):
-            if role in self.procs:
-                self.stop_role(role)
+        # replicas first, then the leader before the helper
+        for name in sorted(self.procs, key=lambda n: (n in ("leader", "helper"), n != "leader")):
+            self.stop_role(name)
         if self._tmp is not None:
             self._tmp.cleanup()
             self._tmp = None

@@ -9,10 +9,7 @@ reachable server (SVTAGG_TEST_POSTGRES)."""
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -20,46 +17,17 @@ from typing import Any
 
 import grpc
 from svtagg.client.upload import Uploader, UploadError
-from svtagg.deploy.launch import wait_serving
 from svtagg.proto.tls import Identity
 from test_reliability import Collection, check_reports, create_task
 from test_store_pg_reliability import PgProcessDeployment, pg_url  # noqa: F401 - fixture
 
 
-def start_replica(pd: PgProcessDeployment, role: str, root: Path) -> tuple[Any, str]:
+def start_replica(pd: PgProcessDeployment, role: str) -> tuple[Any, str]:
     """An ingest-only process of `role` on that role's PostgreSQL schema."""
-    port_file = root / f"{role}-replica.port"
-    log = open(root / f"{role}-replica.log", "ab")  # noqa: SIM115 - owned by the process
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "svtagg.deploy.cli",
-            "server",
-            "--role",
-            role,
-            "--ingest-only",
-            "--db",
-            pd.url,
-            "--certs",
-            str(pd.certs),
-            "--listen",
-            "127.0.0.1:0",
-            "--port-file",
-            str(port_file),
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        env={**os.environ, "PGOPTIONS": f"-csearch_path={pd.schemas[role]}"},
+    address = pd.dep.start_replica(
+        role, pd.url, env={"PGOPTIONS": f"-csearch_path={pd.schemas[role]}"}
     )
-    deadline = time.monotonic() + 30
-    while not port_file.exists():
-        assert proc.poll() is None, (root / f"{role}-replica.log").read_text()
-        assert time.monotonic() < deadline, "replica did not start"
-        time.sleep(0.05)
-    address = f"127.0.0.1:{int(port_file.read_text())}"
-    wait_serving(address, Identity.load(pd.certs, "analyst"), role, 30)
-    return proc, address
+    return pd.dep.procs[f"{role}-replica-0"], address
 
 
 def uploader(pd: PgProcessDeployment, leader: str, helper: str) -> Uploader:
@@ -91,7 +59,7 @@ def test_replica_killed_mid_upload_loses_and_doubles_nothing(
         col = Collection("rep")
         create_task(pd, "rep")
         for role in ("leader", "helper"):
-            replicas[role] = start_replica(pd, role, tmp_path)
+            replicas[role] = start_replica(pd, role)
         sent: list[Any] = []
         outcome: dict[str, Any] = {}
 
@@ -137,8 +105,4 @@ def test_replica_killed_mid_upload_loses_and_doubles_nothing(
         assert lead.report_ids == set(col.rows) == col.acked >= acked_before
         assert lead.n == len(col.rows)  # each report once, however often it was sent
     finally:
-        for proc, _ in replicas.values():
-            if proc.poll() is None:
-                proc.terminate()
-                proc.wait(10)
-        pd.stop()
+        pd.stop()  # the replicas with the deployment
