@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from fractions import Fraction
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from svtagg.dp.errors import (
@@ -292,6 +293,25 @@ class Store:
             os.fsync(f.fileno())
         return offset
 
+    @staticmethod
+    def _admit_batch(
+        task_id: str, row: Any, count: int, share_sum: U64
+    ) -> tuple[int, bytes, bytes, int]:
+        """The checks every store makes on an upload batch, from the task's row
+        (n, n_max, collection_open, sums, digest, d): (n, sums, digest, d)."""
+        if row is None:
+            raise NotFound(f"unknown task {task_id!r}")
+        n, n_max, is_open, sums_blob, digest, d = row
+        if not is_open:
+            raise FailedPrecondition(f"collection of task {task_id!r} is closed")
+        if n + count > n_max:
+            raise ResourceExhausted(
+                f"task {task_id!r} accepts at most n_max={n_max} reports (has {n})"
+            )
+        if share_sum.shape != (d,):
+            raise InvalidArgument(f"share sum has length {share_sum.size}, task has d={d}")
+        return n, sums_blob, digest, d
+
     def add_reports(
         self, task_id: str, report_ids: list[bytes], shares: list[bytes], share_sum: U64
     ) -> int:
@@ -303,17 +323,7 @@ class Store:
                 "SELECT n, n_max, collection_open, sums, digest, d FROM tasks WHERE task_id=?",
                 (task_id,),
             ).fetchone()
-            if row is None:
-                raise NotFound(f"unknown task {task_id!r}")
-            n, n_max, is_open, sums_blob, digest, d = row
-            if not is_open:
-                raise FailedPrecondition(f"collection of task {task_id!r} is closed")
-            if n + len(report_ids) > n_max:
-                raise ResourceExhausted(
-                    f"task {task_id!r} accepts at most n_max={n_max} reports (has {n})"
-                )
-            if share_sum.shape != (d,):
-                raise InvalidArgument(f"share sum has length {share_sum.size}, task has d={d}")
+            n, sums_blob, digest, d = self._admit_batch(task_id, row, len(report_ids), share_sum)
             placeholders = ",".join("?" * len(report_ids))
             seen = (
                 self._db.execute(

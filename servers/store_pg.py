@@ -59,7 +59,6 @@ from svtagg.dp.errors import (
     FailedPrecondition,
     InvalidArgument,
     NotFound,
-    ResourceExhausted,
 )
 from svtagg.dp.ledger import Ledger
 from svtagg.mpc.ring import U64
@@ -326,17 +325,7 @@ class PgStore(Store):
                 " WHERE task_id=%s FOR UPDATE",
                 (task_id,),
             ).fetchone()
-            if row is None:
-                raise NotFound(f"unknown task {task_id!r}")
-            n, n_max, is_open, sums_blob, digest, d = row
-            if not is_open:
-                raise FailedPrecondition(f"collection of task {task_id!r} is closed")
-            if n + len(report_ids) > n_max:
-                raise ResourceExhausted(
-                    f"task {task_id!r} accepts at most n_max={n_max} reports (has {n})"
-                )
-            if share_sum.shape != (d,):
-                raise InvalidArgument(f"share sum has length {share_sum.size}, task has d={d}")
+            n, sums_blob, digest, d = self._admit_batch(task_id, row, len(report_ids), share_sum)
             if len(shares) != len(report_ids):
                 raise InvalidArgument(f"{len(report_ids)} report ids, {len(shares)} shares")
             # a replayed id violates the primary key: the COPY fails and the
