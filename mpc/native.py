@@ -150,6 +150,16 @@ class _NativeLayers:
         self.and_layers += 1
         return layer
 
+    and_gates: int
+
+    def _chain(self, n: int, width: int) -> tuple[int, Blocks]:
+        """Account a fused carry chain of n lanes (width − 1 AND layers, as the
+        gate-by-gate path counts them): its first layer and its output buffer."""
+        layer0 = self.and_layers
+        self.and_layers += width - 1
+        self.and_gates += (width - 1) * n
+        return layer0, np.empty((n, 2), dtype=np.uint64)
+
     def _fused_ok(self) -> bool:
         # Tests that log every wire or tweak need the gate-by-gate path.
         return self.label_log is None and self.tweak_log is None
@@ -190,14 +200,11 @@ class NativeGarbleBackend(_NativeLayers, GarbleBackend):
         if not self._fused_ok() or a_bits is None:
             return None
         n = b.shape[1]
-        layer0 = self.and_layers
-        self.and_layers += width - 1
+        layer0, yes = self._chain(n, width)
         tab = self._alloc((2 * width - 3) * n)
-        yes = np.empty((n, 2), dtype=np.uint64)
         core().garble_sign(
             _c(a_bits[:width]), _c(b), self.delta, int(self.tweak_hi), layer0, width, yes, tab
         )
-        self.and_gates += (width - 1) * n
         return yes
 
 
@@ -226,12 +233,9 @@ class NativeEvalBackend(_NativeLayers, EvalBackend):
         if not self._fused_ok():
             return None
         n = b.shape[1]
-        layer0 = self.and_layers
-        self.and_layers += width - 1
+        layer0, yes = self._chain(n, width)
         tab = self._take((2 * width - 3) * n)
-        yes = np.empty((n, 2), dtype=np.uint64)
         core().eval_sign(_c(b), tab, int(self.tweak_hi), layer0, width, yes)
-        self.and_gates += (width - 1) * n
         return yes
 
 

@@ -302,29 +302,28 @@ def default_group() -> str:
     return "ed25519"
 
 
+def _group(group: str | None) -> str:
+    g = group or default_group()
+    if g not in BASE_OT_GROUPS:
+        raise ValueError(f"unknown base-OT group {g!r}")
+    return g
+
+
 async def base_ot_send(
     channel: Channel, count: int, session_id: bytes, group: str | None = None
 ) -> list[tuple[bytes, bytes]]:
     """Chou–Orlandi sender: returns `count` random key pairs (k0, k1); the
     receiver learns exactly k_c for its choice c of each pair. Two messages."""
-    g = group or default_group()
-    if g == "ed25519":
-        return await _ed25519_send(channel, count, session_id)
-    if g == "modp3072":
-        return await _modp_send(channel, count, session_id)
-    raise ValueError(f"unknown base-OT group {g!r}")
+    send = _ed25519_send if _group(group) == "ed25519" else _modp_send
+    return await send(channel, count, session_id)
 
 
 async def base_ot_receive(
     channel: Channel, choices: list[int], session_id: bytes, group: str | None = None
 ) -> list[bytes]:
     """Chou–Orlandi receiver: returns k_{c_i} for each choice bit c_i."""
-    g = group or default_group()
-    if g == "ed25519":
-        return await _ed25519_receive(channel, choices, session_id)
-    if g == "modp3072":
-        return await _modp_receive(channel, choices, session_id)
-    raise ValueError(f"unknown base-OT group {g!r}")
+    receive = _ed25519_receive if _group(group) == "ed25519" else _modp_receive
+    return await receive(channel, choices, session_id)
 
 
 # ---------------------------------------------------------------- transposition
