@@ -76,9 +76,12 @@ class LocalDeployment:
     log_to: Path | None = None
     #: Extra `svtagg server` arguments (e.g. ["--log-level", "DEBUG"]) for both roles.
     server_args: list[str] = field(default_factory=list)
+    #: Extra arguments for one role's main process only (e.g. {"leader": ["--lease-work"]}).
+    role_args: dict[str, list[str]] = field(default_factory=dict)
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     ports: dict[str, int] = field(default_factory=dict)
     _tmp: tempfile.TemporaryDirectory[str] | None = None
+    _extra: dict[str, tuple[str, str, list[str]]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.workdir is None:
@@ -115,7 +118,8 @@ class LocalDeployment:
             helper,
             self.ports.get(role, 0),
         )
-        self.ports[role] = self._spawn(role, role, cmd + self.server_args, env, timeout)
+        args = cmd + self.server_args + self.role_args.get(role, [])
+        self.ports[role] = self._spawn(role, role, args, env, timeout)
 
     def start_replica(
         self, role: str, db: str, env: dict[str, str] | None = None, timeout: float = 30.0
@@ -124,10 +128,51 @@ class LocalDeployment:
         store `db` of the role's main process; returns its address.  It is
         stopped with the deployment (or by `stop_role` of its name,
         `<role>-replica-<i>`)."""
-        name = f"{role}-replica-{sum(n.startswith(role + '-replica') for n in self.procs)}"
-        cmd = server_command(role, db, self.certs, self.root / f"{name}.port")
-        port = self._spawn(name, role, [*cmd, "--ingest-only"], env, timeout)
-        self.ports[name] = port
+        return self.start_extra(role, db, "replica", ["--ingest-only"], env, timeout)
+
+    def start_worker(
+        self,
+        role: str,
+        db: str,
+        helper: str | None = None,
+        args: list[str] | None = None,
+        env: dict[str, str] | None = None,
+        timeout: float = 30.0,
+    ) -> str:
+        """Start a comparison worker of `role` (`--worker`) on the PostgreSQL store
+        `db` of the role's main process; a leader worker pairs with the helper
+        process at `helper` (default: the helper's main process).  Named
+        `<role>-worker-<i>`; returns its address."""
+        extra = ["--worker", *(args or [])]
+        if role == "leader":
+            extra += ["--helper", helper or self.address("helper")]
+        return self.start_extra(role, db, "worker", extra, env, timeout)
+
+    def start_extra(
+        self,
+        role: str,
+        db: str,
+        kind: str,
+        extra: list[str],
+        env: dict[str, str] | None = None,
+        timeout: float = 30.0,
+    ) -> str:
+        """Start one more process of `role` on the store `db` with `extra`
+        arguments, named `<role>-<kind>-<i>`; its address.  `restart_extra(name)`
+        starts it again on the same port."""
+        prefix = f"{role}-{kind}"
+        name = f"{prefix}-{sum(n.startswith(prefix) for n in self.ports)}"
+        self._extra[name] = (role, db, extra)
+        return self.restart_extra(name, env, timeout)
+
+    def restart_extra(
+        self, name: str, env: dict[str, str] | None = None, timeout: float = 30.0
+    ) -> str:
+        role, db, extra = self._extra[name]
+        cmd = server_command(
+            role, db, self.certs, self.root / f"{name}.port", port=self.ports.get(name, 0)
+        )
+        self.ports[name] = self._spawn(name, role, [*cmd, *extra], env, timeout)
         return self.address(name)
 
     def _spawn(

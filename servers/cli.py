@@ -63,6 +63,26 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "PostgreSQL store of the role's main process (--db postgresql://...); run as "
         "many as needed, each on its own --listen",
     )
+    p.add_argument(
+        "--lease-work",
+        action="store_true",
+        help="leader on PostgreSQL: queue the comparison chunks and the close-time "
+        "passes in the store for --worker processes instead of running them here",
+    )
+    p.add_argument(
+        "--worker",
+        action="store_true",
+        help="a comparison worker of this role on the PostgreSQL store of the role's "
+        "main process: a leader worker takes leased jobs (give it --helper: the helper "
+        "process it pairs with), a helper worker serves comparison sessions",
+    )
+    p.add_argument(
+        "--lease",
+        type=float,
+        default=None,
+        help="a leader worker's lease on each job in seconds (default 10): a worker "
+        "silent for this long is taken as lost and its stream is failed closed",
+    )
     p.add_argument("--port-file", help="write the bound port here once serving")
     p.add_argument(
         "--metrics-listen",
@@ -151,6 +171,17 @@ def check_startup(args: argparse.Namespace) -> Identity:
 
     if args.ingest_only and sqlite_file(args.db) is not None:
         raise ValueError("--ingest-only replicas share a PostgreSQL store: --db postgresql://...")
+    for flag, on in (("--worker", args.worker), ("--lease-work", args.lease_work)):
+        if on and sqlite_file(args.db) is not None:
+            raise ValueError(f"{flag} needs the PostgreSQL store: --db postgresql://...")
+    if args.worker and (args.ingest_only or args.lease_work):
+        raise ValueError("--worker cannot be combined with --ingest-only or --lease-work")
+    if args.lease_work and args.role != "leader":
+        raise ValueError("--lease-work is for the leader only")
+    if args.lease is not None and not (args.worker and args.role == "leader"):
+        raise ValueError("--lease is for a leader --worker only")
+    if args.lease is not None and not 0.5 <= args.lease <= 3600:
+        raise ValueError("--lease must be in [0.5, 3600] seconds")
     if args.role == "leader" and not args.helper and not args.ingest_only:
         raise ValueError("the leader needs --helper host:port (the helper's address)")
     if args.role == "helper" and args.helper:
@@ -242,6 +273,9 @@ async def _serve(args: argparse.Namespace, identity: Identity) -> int:
         data_port=_data_port(args.data_port),
         metrics_listen=args.metrics_listen,
         ingest_only=args.ingest_only,
+        lease_work=args.lease_work,
+        worker=args.worker,
+        **({"lease_seconds": args.lease} if args.lease is not None else {}),
     )
     server = SvtaggServer(config)  # binds the ports, then opens the store
     log = logging.getLogger("svtagg.server")

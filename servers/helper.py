@@ -8,11 +8,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-import numpy as np
-import numpy.typing as npt
 from svtagg.dp.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 from svtagg.dp.kinds import StreamKind
-from svtagg.mpc.ring import U64
 from svtagg.proto import svtagg_pb2 as pb
 from svtagg.proto.vocab import (
     REPORT_ID_BYTES,
@@ -45,9 +42,6 @@ class HelperDriver:
     def __init__(self, core: ServerCore, party: PartyFactory) -> None:
         self.core = core
         self.party = party
-        #: Robust-aggregate shares computed at the close, held until MarkAgreed
-        #: stores them with the agreement: task → (report digest, shares, filled).
-        self._staged: dict[str, tuple[bytes, U64, npt.NDArray[np.bool_]]] = {}
         #: Set when the server shuts down: idle sessions end at once.
         self.stopping = asyncio.Event()
         #: The data listener offered to sessions that ask (None: frames only).
@@ -102,15 +96,14 @@ class HelperDriver:
             return task_info(t)  # a retry: queries already run on the stored g(S)
         robust = None
         if self.core.robust_aggregates:
-            digest, shares, filled = self._staged.get(t.params.task_id, (b"", None, None))
-            if shares is None or filled is None or digest != t.digest or not filled.all():
+            robust = self.core.store.staged_robust(t.params.task_id, t.digest, t.params.d)
+            if robust is None:
                 raise FailedPrecondition(
                     "the helper holds no complete robust-aggregate pass for this report "
                     "set; close again"
                 )
-            robust = shares
         info = task_info(self.core.store.mark_agreed(request.task_id, robust))
-        self._staged.pop(t.params.task_id, None)
+        self.core.store.clear_staged(t.params.task_id)
         return info
 
     async def Budget(self, request: pb.TaskRef) -> pb.TaskInfo:
@@ -235,14 +228,7 @@ class HelperDriver:
             return
         await write(_OK)
         y = await party.clamp_reshare(z, self.core.clamp_bound(task))
-        tid = task.params.task_id
-        digest, shares, filled = self._staged.get(tid, (b"", None, None))
-        if digest != task.digest or shares is None or filled is None:
-            shares = np.zeros(task.params.d, dtype=np.uint64)
-            filled = np.zeros(task.params.d, dtype=bool)
-        shares[lo:hi] = y
-        filled[lo:hi] = True
-        self._staged[tid] = (task.digest, shares, filled)
+        self.core.store.stage_robust(task.params.task_id, task.digest, lo, y)
         await write(_OK)
 
     async def _next_frame(self, read: ReadFrame) -> Any:

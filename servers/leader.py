@@ -49,6 +49,7 @@ from svtagg.servers.messages import spec_params, stream_info, task_info
 from svtagg.servers.port import HelperPort, PeerMethod
 from svtagg.servers.session import SessionPool
 from svtagg.servers.store import FAILED, OPEN, PLAN_FAILED, StreamState, TaskState
+from svtagg.servers.work import ASK, COMPARE, ROBUST, VALIDATE, Job, WorkQueue
 
 log = logging.getLogger("svtagg.server")
 
@@ -87,6 +88,9 @@ class LeaderDriver:
         # Plans whose reservation on the helper may be missing or may have been
         # made after the leader gave up on it: failed there at the next sync.
         self._failed_plans: dict[str, list[str]] = {}
+        #: Leased work (servers/work.py): when set, chunks and close-time passes
+        #: are queued for worker processes instead of run in this process.
+        self.work: WorkQueue | None = None
 
     async def _call(self, method: PeerMethod, request: Any) -> Any:
         return await self.helper.call(method, request)
@@ -376,20 +380,42 @@ class LeaderDriver:
     async def robust_pass(self, task: TaskState) -> U64:
         """Re-share every coordinate's aggregate as g(S) = min(tri(S), n·2^F): the
         leader's new shares (fresh randomness), the helper's staged on its side.
-        One garbled pass per coordinate, ROBUST_LANES coordinates per chunk."""
+        One garbled pass per coordinate, ROBUST_LANES coordinates per chunk (run
+        in parallel by the workers when the work is leased)."""
         task_id, d = task.params.task_id, task.params.d
-        sums = self.core.store.sums(task_id)
-        bound = self.core.clamp_bound(task)
-        out = np.empty(d, dtype=np.uint64)
-        for lo in range(0, d, ROBUST_LANES):
-            hi = min(d, lo + ROBUST_LANES)
-            header = pb.ChunkHeader(robust_task_id=task_id, coord_lo=lo, coord_hi=hi)
-            out[lo:hi], _ = await self._exchange(header, self._reshare(sums[lo:hi], bound))
-        return out
+        headers = [
+            pb.ChunkHeader(robust_task_id=task_id, coord_lo=lo, coord_hi=min(d, lo + ROBUST_LANES))
+            for lo in range(0, d, ROBUST_LANES)
+        ]
+        parts = await self._passes(ROBUST, headers, lambda h: self.robust_chunk(task, h))
+        return np.concatenate([np.frombuffer(p, dtype=np.uint64) for p in parts])
 
-    @staticmethod
-    def _reshare(z: U64, bound: int) -> Callable[[ComparisonParty], Awaitable[U64]]:
-        return lambda party: party.clamp_reshare(z, bound)
+    async def robust_chunk(self, task: TaskState, h: pb.ChunkHeader) -> bytes:
+        """The leader's new shares of coordinates [coord_lo, coord_hi) (one chunk)."""
+        z = self.core.store.sums(task.params.task_id)[h.coord_lo : h.coord_hi]
+        bound = self.core.clamp_bound(task)
+        out, _ = await self._exchange(h, lambda party: party.clamp_reshare(z, bound))
+        return np.asarray(out, dtype=np.uint64).tobytes()
+
+    async def _passes(
+        self,
+        kind: str,
+        headers: list[pb.ChunkHeader],
+        run_here: Callable[[pb.ChunkHeader], Awaitable[bytes]],
+    ) -> list[bytes]:
+        """A close-time pass's chunks: here one after another, or as leased jobs
+        that the workers run in parallel (every job is waited for; the first
+        failure is raised once all have ended)."""
+        if self.work is None:
+            return [await run_here(h) for h in headers]
+        work = self.work
+        results = await asyncio.gather(
+            *(work.run(kind, h.SerializeToString()) for h in headers), return_exceptions=True
+        )
+        for r in results:
+            if isinstance(r, BaseException):
+                raise r
+        return [bytes(r) for r in results]  # type: ignore[arg-type]
 
     async def _validate_reports(self, task: TaskState) -> list[bytes]:
         """Range-check every report in one garbled pass; the invalid ones.
@@ -399,20 +425,23 @@ class LeaderDriver:
         one bit per report ("invalid") and nothing about which value failed."""
         task_id = task.params.task_id
         ids = sorted(self.core.store.report_ids(task_id))
-        per = 2 * task.params.d
-        batch = max(1, VALIDATION_LANES // per)
-        invalid: list[bytes] = []
-        for i in range(0, len(ids), batch):
-            part = ids[i : i + batch]
-            header = pb.ChunkHeader(validate_task_id=task_id, report_ids=b"".join(part))
-            z = self.core.validation_inputs(task, part)
-            bits, _ = await self._exchange(header, self._any_invalid(z, per))
-            invalid.extend(rid for rid, bad in zip(part, bits, strict=True) if bad)
-        return invalid
+        batch = max(1, VALIDATION_LANES // (2 * task.params.d))
+        parts = [ids[i : i + batch] for i in range(0, len(ids), batch)]
+        headers = [pb.ChunkHeader(validate_task_id=task_id, report_ids=b"".join(p)) for p in parts]
+        bits = await self._passes(VALIDATE, headers, lambda h: self.validation_chunk(task, h))
+        return [
+            rid
+            for p, b in zip(parts, bits, strict=True)
+            for rid, bad in zip(p, b, strict=True)
+            if bad
+        ]
 
-    @staticmethod
-    def _any_invalid(z: U64, per: int) -> Callable[[ComparisonParty], Awaitable[list[bool]]]:
-        return lambda party: party.any_per_group(z, per)
+    async def validation_chunk(self, task: TaskState, h: pb.ChunkHeader) -> bytes:
+        """One byte per report of the chunk: 1 if any of its values is out of range."""
+        z = self.core.validation_inputs(task, split_ids(h.report_ids))
+        per = 2 * task.params.d
+        bits, _ = await self._exchange(h, lambda party: party.any_per_group(z, per))
+        return bytes(bytearray(int(b) for b in bits))
 
     # ------------------------------------------------------------ streams
     async def open_stream(self, request: pb.OpenStreamRequest) -> pb.StreamInfo:
@@ -484,6 +513,9 @@ class LeaderDriver:
         stream, task = self._open_stream(request.stream_id, compare=False)
         chunk = parse_chunk(task, request.queries.index, request.queries.complement)
         taus = parse_taus(task, request.tau, len(chunk))
+        if self.work is not None:
+            out = await self._leased(ASK, request.SerializeToString(), stream.stream_id)
+            return pb.AskResponse.FromString(out)
 
         async def run(party: ComparisonParty, s: StreamState) -> tuple[Any, int, bool]:
             z = self.core.ask_inputs(s, task, chunk, taus)
@@ -499,6 +531,9 @@ class LeaderDriver:
         lows = parse_taus(task, request.tau_low, len(chunk), "tau_low")
         highs = parse_taus(task, request.tau_high, len(chunk), "tau_high")
         self.core.check_gap(stream, task, lows, highs)
+        if self.work is not None:
+            out = await self._leased(COMPARE, request.SerializeToString(), stream.stream_id)
+            return pb.CompareResponse.FromString(out)
 
         async def run(party: ComparisonParty, s: StreamState) -> tuple[Any, int, bool]:
             z_high, z_low = self.core.compare_inputs(s, task, chunk, (lows, highs))
@@ -599,6 +634,38 @@ class LeaderDriver:
         finally:
             await self.pool.release(session, healthy)
         return result, session.traffic - before
+
+    async def _leased(self, kind: str, payload: bytes, stream_id: str) -> bytes:
+        """A chunk run by a worker.  When it failed the stream (its helper process
+        may have been the one that died, leaving the helper's copy mid-chunk),
+        the stream is failed through the helper's main process as well."""
+        assert self.work is not None
+        try:
+            return await self.work.run(kind, payload, stream_id, self._lost)
+        except Refusal:
+            if self.core.store.stream(stream_id).state == FAILED:
+                await self._fail_helper(stream_id)
+            raise
+
+    async def _lost(self, stream_id: str) -> None:
+        """A worker died mid-chunk: fail the stream closed on both servers."""
+        self.core.store.fail_stream(stream_id)
+        await self._fail_helper(stream_id)
+
+    async def run_job(self, job: Job) -> bytes:
+        """A leased job, run in this (worker) process exactly as the front end
+        would run it in process; the result as the bytes the front end returns."""
+        if job.kind == ASK:
+            return (await self.ask(pb.AskRequest.FromString(job.payload))).SerializeToString()
+        if job.kind == COMPARE:
+            response = await self.compare(pb.CompareRequest.FromString(job.payload))
+            return response.SerializeToString()
+        h = pb.ChunkHeader.FromString(job.payload)
+        if job.kind == ROBUST:
+            return await self.robust_chunk(self.core.store.task(h.robust_task_id), h)
+        if job.kind == VALIDATE:
+            return await self.validation_chunk(self.core.store.task(h.validate_task_id), h)
+        raise InvalidArgument(f"unknown job kind {job.kind!r}")
 
     async def _fail_helper(self, stream_id: str) -> None:
         try:

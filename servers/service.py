@@ -10,6 +10,7 @@ refusals to status codes with `svtagg.proto.vocab`'s one table.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import hashlib
 import logging
@@ -42,7 +43,8 @@ from svtagg.servers.leader import LeaderDriver
 from svtagg.servers.limits import RateLimiter
 from svtagg.servers.messages import task_info
 from svtagg.servers.peer import GrpcHelperPort
-from svtagg.servers.store import Store, open_store
+from svtagg.servers.store import Store, open_store, sqlite_file
+from svtagg.servers.work import LEASE_SECONDS, Worker, WorkQueue
 
 log = logging.getLogger("svtagg.server")
 
@@ -572,6 +574,16 @@ class ServerConfig:
     #: shared with the server's main process; uploads stay idempotent across
     #: replicas (report ids are unique per task in the store).
     ingest_only: bool = False
+    #: Leader: queue Ask / Compare chunks and the close-time passes in the
+    #: PostgreSQL store for worker processes (servers/work.py) instead of
+    #: running them in this process.
+    lease_work: bool = False
+    #: A worker process over the PostgreSQL store shared with the server's main
+    #: process.  Leader: takes leased jobs (serves Health only); helper: serves
+    #: the Peer service and comparison sessions for the leader's workers.
+    worker: bool = False
+    #: A leader worker's lease on each job (s), renewed every third of it.
+    lease_seconds: float = LEASE_SECONDS
 
 
 class SvtaggServer:
@@ -582,6 +594,14 @@ class SvtaggServer:
             raise ValueError(f"role must be leader or helper, got {config.role!r}")
         if config.role == "leader" and not config.helper_address and not config.ingest_only:
             raise ValueError("the leader needs the helper's address")
+        if (config.worker or config.lease_work) and sqlite_file(config.store_path) is not None:
+            raise ValueError(
+                "workers and leased work share a PostgreSQL store: --db postgresql://..."
+            )
+        if config.worker and (config.ingest_only or config.lease_work):
+            raise ValueError("a worker is neither an ingest replica nor a front end")
+        if config.lease_work and config.role != "leader":
+            raise ValueError("only the leader leases comparison work to workers")
         self.config = config
         # Ports first: a port in use fails here, before the store file is created.
         self.server = grpc.aio.server(options=SERVER_OPTIONS)
@@ -609,7 +629,10 @@ class SvtaggServer:
             self.metrics_port = self.metrics.serve(config.metrics_listen)
         # An ingest replica shares the store of the server's main process, which
         # owns the streams: it must not fail them at its start.
-        self.store = open_store(config.store_path, recover=not config.ingest_only)
+        # Neither do workers: the main process recovers its store at its start.
+        self.store = open_store(
+            config.store_path, recover=not (config.ingest_only or config.worker)
+        )
         self.core = ServerCore(
             config.role,  # type: ignore[arg-type]
             self.store,
@@ -631,11 +654,14 @@ class SvtaggServer:
         self.analyst: AnalystService | None = None
         self.peer_service: PeerService | None = None
         self.limiter = RateLimiter(config.rate_limit, config.rate_burst)
-        ingest = IngestService(self.core)
-        ingest.limiter = self.limiter
-        ingest.metrics = self.metrics
-        add_service(pb_grpc.add_IngestServicer_to_server, ingest, self.server)
+        if not config.worker:
+            ingest = IngestService(self.core)
+            ingest.limiter = self.limiter
+            ingest.metrics = self.metrics
+            add_service(pb_grpc.add_IngestServicer_to_server, ingest, self.server)
         add_service(health_pb2_grpc.add_HealthServicer_to_server, self.health, self.server)
+        self.work: WorkQueue | None = None
+        self.worker: Worker | None = None
         if config.ingest_only:
             return  # Ingest and Health only: no analyst, no peer, no sessions
         if config.role == "leader":
@@ -643,7 +669,10 @@ class SvtaggServer:
             self.peer = GrpcHelperPort(
                 config.helper_address, config.identity, data_channel=config.data_port is not None
             )
-            self.analyst = AnalystService(LeaderDriver(self.core, self.peer, party))
+            self.driver = LeaderDriver(self.core, self.peer, party)
+            if config.worker:
+                return  # Health only: the jobs come from the store
+            self.analyst = AnalystService(self.driver)
             self.analyst.limiter = self.limiter
             self.analyst.metrics = self.metrics
             add_service(pb_grpc.add_AnalystServicer_to_server, self.analyst, self.server)
@@ -657,7 +686,24 @@ class SvtaggServer:
             await self.data_listener.start()
             self.peer_service.driver.data = self.data_listener
             log.info("helper data channel on port %d", self.data_listener.port)
+        if self.config.lease_work or (self.config.worker and self.config.role == "leader"):
+            self.work = await WorkQueue.connect(self.store)
+        if self.config.lease_work and self.analyst is not None and self.work is not None:
+            withdrawn = await self.work.reset()
+            if withdrawn:
+                log.info("work queue: withdrew %d job(s) queued before this start", withdrawn)
+            self.analyst.driver.work = self.work
+            warm = False  # the workers hold the sessions
         await self.server.start()
+        if self.config.worker and self.work is not None:
+            self.worker = Worker(
+                self.work,
+                self.driver.run_job,
+                self.config.lease_seconds,
+            )
+            self._work_loop = asyncio.ensure_future(self.worker.run())
+            if warm:
+                self._warm = asyncio.ensure_future(self.driver.pool.warm())
         if self.analyst is not None and warm:
             # Base OTs with the helper before the first chunk needs them.
             self._warm = asyncio.ensure_future(self.analyst.driver.pool.warm())
@@ -681,7 +727,21 @@ class SvtaggServer:
         warm = getattr(self, "_warm", None)
         if warm is not None and not warm.done():
             warm.cancel()
+        if self.worker is not None:
+            # Take no new job; let the one running finish within the grace.
+            self.worker.stopping.set()
+            loop = getattr(self, "_work_loop", None)
+            if loop is not None:
+                with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
+                    await asyncio.wait_for(asyncio.shield(loop), grace)
+                loop.cancel()
+                with contextlib.suppress(BaseException):
+                    await loop
         await self.server.stop(grace)
+        if self.work is not None:
+            await self.work.close()
+        if self.config.role == "leader" and self.config.worker:
+            await self.driver.pool.close()
         if self.data_listener is not None:
             await self.data_listener.close()
         if self.analyst is not None:

@@ -152,6 +152,11 @@ class Store:
         #: Streams this start failed closed (opening / in_chunk at the last stop).
         self.recovered_failed: list[tuple[str, str]] = []
         self.failed_on_recovery = self._recover()
+        #: The helper's robust-aggregate shares between the close's passes and
+        #: MarkAgreed: task → (report digest, {lo: shares}).  In memory here (one
+        #: process per SQLite store; a restart runs the close again); in a table
+        #: in the PostgreSQL store, where any process of the server may run a pass.
+        self._staged: dict[str, tuple[bytes, dict[int, U64]]] = {}
 
     def close(self) -> None:
         self._db.close()
@@ -659,6 +664,36 @@ class Store:
                 "UPDATE streams SET state=? WHERE stream_id=? AND state!=?",
                 (FAILED, stream_id, CLOSED),
             )
+
+    # ------------------------------------------------------------ robust staging
+    def stage_robust(self, task_id: str, digest: bytes, lo: int, shares: U64) -> None:
+        """Keep the helper's new shares of coordinates [lo, lo + len(shares)) of the
+        report set `digest` (shares staged for another report set are dropped)."""
+        held, parts = self._staged.get(task_id, (digest, {}))
+        if held != digest:
+            parts = {}
+        parts[lo] = np.array(shares, dtype=np.uint64)
+        self._staged[task_id] = (digest, parts)
+
+    def staged_robust(self, task_id: str, digest: bytes, d: int) -> U64 | None:
+        """The staged shares of report set `digest` if they cover all d coordinates."""
+        held, parts = self._staged.get(task_id, (b"", {}))
+        return _assemble(d, list(parts.items())) if held == digest else None
+
+    def clear_staged(self, task_id: str) -> None:
+        self._staged.pop(task_id, None)
+
+
+def _assemble(d: int, parts: list[tuple[int, U64]]) -> U64 | None:
+    """d shares from (lo, shares) pieces, or None unless every coordinate is covered."""
+    out = np.zeros(d, dtype=np.uint64)
+    filled = np.zeros(d, dtype=bool)
+    for lo, shares in parts:
+        if lo < 0 or lo + len(shares) > d:
+            return None
+        out[lo : lo + len(shares)] = shares
+        filled[lo : lo + len(shares)] = True
+    return out if filled.all() else None
 
 
 class _Transaction:

@@ -70,6 +70,7 @@ from svtagg.servers.store import (
     OPENING,
     Store,
     TaskState,
+    _assemble,
     _Transaction,
     _xor,
     report_digest,
@@ -144,8 +145,49 @@ _V1 = (
 #: Version 2: the embedding the task's clients use ("" = not recorded).
 _V2: tuple[str, ...] = ("ALTER TABLE tasks ADD COLUMN embedding TEXT NOT NULL DEFAULT ''",)
 
+#: Version 3: leased comparison work (`servers/work.py`) and the helper's
+#: robust-aggregate shares staged between the close's passes and MarkAgreed
+#: (in the database, so that any process of the server may run a pass).
+_V3: tuple[str, ...] = (
+    """CREATE TABLE work (
+        job_id BIGSERIAL PRIMARY KEY,
+        kind TEXT NOT NULL CHECK (kind IN ('ask', 'compare', 'robust', 'validate')),
+        stream_id TEXT COLLATE "C",
+        payload BYTEA NOT NULL,
+        state TEXT NOT NULL DEFAULT 'pending'
+            CHECK (state IN ('pending', 'leased', 'done', 'failed')),
+        owner TEXT,
+        lease_until TIMESTAMPTZ,
+        result BYTEA,
+        error BYTEA,
+        created TIMESTAMPTZ NOT NULL DEFAULT now()
+    )""",
+    # At most one chunk of a stream queued or running, whichever front end took it.
+    """CREATE UNIQUE INDEX work_one_per_stream ON work (stream_id)
+        WHERE state IN ('pending', 'leased')""",
+    "CREATE INDEX work_pending ON work (job_id) WHERE state = 'pending'",
+    """CREATE FUNCTION svtagg_final_work() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+        IF OLD.state IN ('done', 'failed') AND NEW.state <> OLD.state THEN
+            RAISE EXCEPTION 'job % is %; its state is final', OLD.job_id, OLD.state;
+        END IF;
+        RETURN NEW;
+    END $$""",
+    """CREATE TRIGGER work_final BEFORE UPDATE ON work
+        FOR EACH ROW EXECUTE FUNCTION svtagg_final_work()""",
+    "CREATE TABLE workers (owner TEXT PRIMARY KEY, role TEXT NOT NULL, seen TIMESTAMPTZ NOT NULL)",
+    """CREATE TABLE robust_staged (
+        task_id TEXT COLLATE "C" NOT NULL REFERENCES tasks (task_id),
+        digest BYTEA NOT NULL,
+        lo INTEGER NOT NULL CHECK (lo >= 0),
+        hi INTEGER NOT NULL CHECK (hi > lo),
+        shares BYTEA NOT NULL,
+        PRIMARY KEY (task_id, lo)
+    )""",
+)
+
 #: `_MIGRATIONS[v]` brings a store at version v to v + 1.
-_MIGRATIONS: tuple[tuple[str, ...], ...] = (_V1, _V2)
+_MIGRATIONS: tuple[tuple[str, ...], ...] = (_V1, _V2, _V3)
 
 
 def redact(url: str) -> str:
@@ -262,6 +304,7 @@ class PgStore(Store):
             raise ConnectionError(f"store: no PostgreSQL at {self.path}: {first}") from None
         conn.adapters.register_dumper(str, _TextDumper)
         self._conn = conn
+        self._url = url  # kept for the work queue's own connections (never logged)
         self._db = _Connection(conn)  # type: ignore[assignment]
         try:
             conn.execute("SET synchronous_commit = on")
@@ -277,6 +320,8 @@ class PgStore(Store):
                 )
                 conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
             self._migrate()
+            row = conn.execute("SELECT current_schema()").fetchone()
+            self.schema: str = str(row[0]) if row else "public"
             self.recovered_failed: list[tuple[str, str]] = []
             self.failed_on_recovery = self._recover() if recover else 0
         except BaseException:
@@ -473,3 +518,27 @@ class PgStore(Store):
                 "UPDATE streams SET state=%s WHERE stream_id=%s AND state NOT IN (%s, %s)",
                 (FAILED, stream_id, CLOSED, FAILED),
             )
+
+    # ------------------------------------------------------------ robust staging
+    def stage_robust(self, task_id: str, digest: bytes, lo: int, shares: U64) -> None:
+        with self._tx(durable=False):
+            self._conn.execute(
+                "DELETE FROM robust_staged WHERE task_id=%s AND digest<>%s", (task_id, digest)
+            )
+            self._conn.execute(
+                "INSERT INTO robust_staged (task_id, digest, lo, hi, shares)"
+                " VALUES (%s, %s, %s, %s, %s) ON CONFLICT (task_id, lo)"
+                " DO UPDATE SET digest=EXCLUDED.digest, hi=EXCLUDED.hi, shares=EXCLUDED.shares",
+                (task_id, digest, lo, lo + len(shares), np.asarray(shares, np.uint64).tobytes()),
+            )
+
+    def staged_robust(self, task_id: str, digest: bytes, d: int) -> U64 | None:
+        rows = self._conn.execute(
+            "SELECT lo, hi, shares FROM robust_staged WHERE task_id=%s AND digest=%s",
+            (task_id, digest),
+        ).fetchall()
+        return _assemble(d, [(int(lo), np.frombuffer(b, np.uint64)) for lo, _, b in rows])
+
+    def clear_staged(self, task_id: str) -> None:
+        with self._tx(durable=False):
+            self._conn.execute("DELETE FROM robust_staged WHERE task_id=%s", (task_id,))

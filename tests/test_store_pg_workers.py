@@ -1,0 +1,325 @@
+"""Leased comparison work on PostgreSQL (servers/work.py).
+
+The queue alone: two workers never lease the same job (SKIP LOCKED); a job is
+answered once (a finished job's state is final, a result is written only under
+the writer's own live lease); a lost worker's job fails and names its stream;
+a job nobody takes is withdrawn unrun; one queued chunk per stream.
+
+The processes: a leader front end (`--lease-work`), leader workers paired with
+the helper's main process and with a helper worker; uploads, a validating
+close whose passes run on the workers, streams that answer as in process.  A
+leader worker or a helper worker is killed (SIGKILL) mid-chunk: the analyst
+gets an error, never the bit, the stream is failed closed on both servers,
+nothing is refunded, and the next stream answers.  Skips without a reachable
+server (SVTAGG_TEST_POSTGRES)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from svtagg.analyst.oracle import Query
+from svtagg.dp.errors import FailedPrecondition, PeerUnavailable
+from svtagg.dp.task import TaskParams
+from svtagg.proto import svtagg_pb2 as pb
+from test_reliability import (
+    CLEAR,
+    D,
+    EPS,
+    budgets,
+    closed_task,
+    create_task,
+    stream_through_kill,
+)
+from test_store_contract import PG_ENV, postgres_unavailable
+from test_store_pg_reliability import PgProcessDeployment
+from test_validation import _raw_report
+
+pytestmark = pytest.mark.skipif(bool(postgres_unavailable()), reason="no PostgreSQL")
+
+
+@pytest.fixture
+def pg_schema() -> Iterator[tuple[str, str]]:
+    url, schema = os.environ[PG_ENV], f"w_{uuid.uuid4().hex[:12]}"
+    yield url, schema
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+@pytest.fixture
+async def queues(pg_schema: tuple[str, str]) -> AsyncIterator[tuple[Any, Any, Any]]:
+    """A store and two queues on it (a front end's and a worker's connections)."""
+    from svtagg.servers.store_pg import PgStore
+    from svtagg.servers.work import WorkQueue
+
+    store = PgStore(pg_schema[0], schema=pg_schema[1])
+    a = await WorkQueue.connect(store)
+    b = await WorkQueue.connect(store)
+    try:
+        yield store, a, b
+    finally:
+        await a.close()
+        await b.close()
+        store.close()
+
+
+async def test_two_workers_never_lease_the_same_job(queues: tuple[Any, Any, Any]) -> None:
+    _, a, b = queues
+    for i in range(40):
+        await a._exec(
+            "INSERT INTO work (kind, payload) VALUES ('robust', %s)", (bytes([i]),)
+        )
+
+    async def drain(q: Any, owner: str) -> list[int]:
+        got = []
+        while (job := await q.lease(owner)) is not None:
+            got.append(job.job_id)
+            await asyncio.sleep(0)
+        return got
+
+    x, y = await asyncio.gather(drain(a, "wa"), drain(b, "wb"))
+    assert not set(x) & set(y)
+    assert len(x) + len(y) == 40 and x and y
+
+
+async def test_a_job_is_answered_once(queues: tuple[Any, Any, Any]) -> None:
+    import psycopg
+    _, front, q = queues
+    await q.heartbeat("w1", "leader")
+    waiting = asyncio.ensure_future(front.run("robust", b"p"))
+    job = None
+    while job is None:
+        job = await q.lease("w1")
+        await asyncio.sleep(0.01)
+    assert not await q.finish(job, "intruder", b"forged")  # not its lease
+    assert await q.finish(job, "w1", b"answer")
+    assert not await q.finish(job, "w1", b"again")  # finished: no second answer
+    assert await waiting == b"answer"
+    # A finished job's state is final whatever the writer (trigger).
+    await front._exec("INSERT INTO work (kind, payload, state) VALUES ('robust', '', 'done')")
+    with pytest.raises(psycopg.errors.RaiseException, match="final"):
+        await front._exec("UPDATE work SET state='pending'")
+
+
+async def test_refusal_travels_back(queues: tuple[Any, Any, Any]) -> None:
+    _, front, q = queues
+    await q.heartbeat("w1", "leader")
+    waiting = asyncio.ensure_future(front.run("robust", b"p"))
+    while (job := await q.lease("w1")) is None:
+        await asyncio.sleep(0.01)
+    await q.finish(job, "w1", None, FailedPrecondition("stream s is failed"))
+    with pytest.raises(FailedPrecondition, match="stream s is failed"):
+        await waiting
+
+
+async def test_lost_worker_fails_the_stream(queues: tuple[Any, Any, Any]) -> None:
+    _, front, q = queues
+    await q.heartbeat("w1", "leader")
+    lost: list[str] = []
+
+    async def on_lost(sid: str) -> None:
+        lost.append(sid)
+
+    waiting = asyncio.ensure_future(front.run("ask", b"p", "s1", on_lost))
+    while (job := await q.lease("w1", seconds=0.5)) is None:
+        await asyncio.sleep(0.01)
+    # The worker goes silent: no renewal, no result.
+    with pytest.raises(PeerUnavailable, match="lost; the stream is failed closed"):
+        await asyncio.wait_for(waiting, 10)
+    assert lost == ["s1"]
+    assert not await q.renew(job, "w1")  # taken away
+    assert not await q.finish(job, "w1", b"late")  # its late answer is never used
+
+
+async def test_unclaimed_job_is_withdrawn_unrun(queues: tuple[Any, Any, Any]) -> None:
+    _, front, q = queues
+    with pytest.raises(PeerUnavailable, match="no comparison worker is running"):
+        await front.run("ask", b"p", "s1")
+    await q.heartbeat("w1", "leader")  # alive, but never leases
+    with pytest.raises(PeerUnavailable, match="nothing ran"):
+        await front.run("ask", b"p", "s1", pickup=0.5)
+    assert await q.lease("w1") is None  # withdrawn, not left for a worker
+    assert (await front._exec("SELECT count(*) FROM work"))[0][0] == 0
+
+
+async def test_one_chunk_per_stream_in_the_queue(queues: tuple[Any, Any, Any]) -> None:
+    _, front, q = queues
+    await q.heartbeat("w1", "leader")
+    first = asyncio.ensure_future(front.run("ask", b"p", "s1"))
+    await asyncio.sleep(0.2)
+    with pytest.raises(FailedPrecondition, match="one at a time"):
+        await front.run("ask", b"q", "s1")
+    while (job := await q.lease("w1")) is None:
+        await asyncio.sleep(0.01)
+    await q.finish(job, "w1", b"ok")
+    assert await first == b"ok"
+
+
+def test_staged_robust_shares_cover_every_coordinate(pg_schema: tuple[str, str]) -> None:
+    """The helper's staged shares (any of its processes may stage a piece) are
+    complete only when every coordinate of the same report set is staged."""
+    from svtagg.servers.store_pg import PgStore
+
+    store = PgStore(pg_schema[0], schema=pg_schema[1])
+    try:
+        store.create_task(TaskParams("t", 6, 16, 100, 1, Fraction(1), Fraction(0), Fraction(1)))
+        store.stage_robust("t", b"D1", 0, np.arange(4, dtype=np.uint64))
+        assert store.staged_robust("t", b"D1", 6) is None
+        store.stage_robust("t", b"D2", 4, np.array([7, 8], dtype=np.uint64))  # another set
+        assert store.staged_robust("t", b"D1", 6) is None
+        store.stage_robust("t", b"D2", 0, np.arange(4, dtype=np.uint64))
+        assert list(store.staged_robust("t", b"D2", 6)) == [0, 1, 2, 3, 7, 8]
+        store.clear_staged("t")
+        assert store.staged_robust("t", b"D2", 6) is None
+    finally:
+        store.close()
+
+
+# ---------------------------------------------------------------- processes
+class WorkerDeployment(PgProcessDeployment):
+    """Leader front end with --lease-work, and workers: `leaders` leader workers,
+    the first paired with a helper worker, the others with the helper's main
+    process.  Workers are armed, killed and restarted by name like the roles."""
+
+    def __init__(self, root: Path, url: str, tag: str, leaders: int = 1) -> None:
+        super().__init__(root, url, tag)
+        self.dep.role_args = {"leader": ["--lease-work"]}
+        self.leaders = leaders
+
+    def worker_env(self, name: str) -> dict[str, str]:
+        role = name.split("-")[0]
+        self.control[name] = self.root / f"{name}.crash"
+        self.control[name].write_text("")
+        return {
+            **self.env,
+            "SVTAGG_CRASH_CONTROL": str(self.control[name]),
+            "PGOPTIONS": f"-csearch_path={self.schemas[role]}",
+        }
+
+    def start(self) -> WorkerDeployment:
+        super().start()
+        helper = self.dep.start_worker(
+            "helper", self.url, env=self.worker_env("helper-worker-0")
+        )
+        for i in range(self.leaders):
+            self.dep.start_worker(
+                "leader",
+                self.url,
+                helper=helper if i == 0 else None,
+                args=["--lease", "1"],
+                env=self.worker_env(f"leader-worker-{i}"),
+            )
+        return self
+
+    def start_role(self, role: str) -> None:
+        if "-worker-" in role:
+            self.dep.restart_extra(role, env=self.worker_env(role))
+        else:
+            super().start_role(role)
+
+
+@pytest.fixture
+def pg_url() -> Iterator[tuple[str, str]]:
+    url, tag = os.environ[PG_ENV], uuid.uuid4().hex[:12]
+    yield url, tag
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        for prefix in ("leader", "helper"):
+            conn.execute(f'DROP SCHEMA IF EXISTS "{prefix}_{tag}" CASCADE')
+
+
+def test_workers_answer_streams_and_run_the_close(
+    tmp_path: Path, pg_url: tuple[str, str]
+) -> None:
+    """Two leader workers: a validating close (its passes as parallel jobs)
+    drops exactly the out-of-range reports, and streams answer as in process."""
+    pd = WorkerDeployment(tmp_path, *pg_url, leaders=2).start()
+    try:
+        pd.stub().CreateTask(
+            pb.TaskSpec(
+                task_id="v",
+                d=D,
+                frac_bits=16,
+                n_max=100_000,
+                min_batch=1,
+                epsilon_total="1000",
+                delta_total="1/1000",
+                epsilon_min="1/100",
+                validate_reports=True,
+            ),
+            timeout=30,
+        )
+        values = np.ones((1200, D))
+        with pd.uploader() as up:
+            up.upload("v", values)
+        # Two reports out of range, sent as a malicious client would (raw shares).
+        for bad in ([2**63 - 5] + [0] * (D - 1), [0] * (D - 1) + [-1]):
+            lb, hb = _raw_report(bad)
+            pd.stub("client", "Ingest", "leader").Upload(lb, timeout=10)
+            pd.stub("client", "Ingest", "helper").Upload(hb, timeout=10)
+        info = pd.stub().CloseCollection(pb.TaskRef(task_id="v"), timeout=300)
+        assert info.n == 1200 and info.dropped_reports == 2
+        with pd.oracle("v") as o:
+            assert o.open_stream(EPS).ask([(Query(1), 10**4), (Query(0), -1000.0)]) == 1
+            assert o.open_stream(EPS).ask([(Query(0), 10**4)]) is None
+        assert budgets(pd, "v")[0] == budgets(pd, "v")[1]
+    finally:
+        pd.stop()
+
+
+def test_worker_killed_mid_chunk_fails_the_stream_closed(
+    tmp_path: Path, pg_url: tuple[str, str]
+) -> None:
+    """SIGKILL of the leader worker or of the helper worker it pairs with, at
+    each chunk crash point: an error (never the bit), the stream failed on both
+    servers, the charge kept on both ledgers, and the next stream answers."""
+    pd = WorkerDeployment(tmp_path, *pg_url).start()
+    try:
+        closed_task(pd, "s")
+        for point, role in [
+            ("chunk.after_mark", "leader-worker-0"),
+            ("chunk.after_result", "leader-worker-0"),
+            ("chunk.after_mark", "helper-worker-0"),
+            ("chunk.after_result", "helper-worker-0"),
+        ]:
+            stream_through_kill(pd, "s", role, point)
+        assert sum(pd.kills.values()) == 4
+        # Nothing left in the leader's work table: every job was answered or failed.
+        import psycopg
+
+        with psycopg.connect(pd.url, autocommit=True) as conn:
+            conn.execute(f'SET search_path TO "{pd.schemas["leader"]}"')
+            row = conn.execute("SELECT count(*) FROM work WHERE state IN ('pending', 'leased')")
+            assert row.fetchone() == (0,)
+    finally:
+        pd.stop()
+
+
+def test_front_end_without_workers_refuses_fast(tmp_path: Path, pg_url: tuple[str, str]) -> None:
+    pd = WorkerDeployment(tmp_path, *pg_url, leaders=0)
+    pd.start_role("helper")
+    pd.start_role("leader")
+    try:
+        closed_task_refused = None
+        create_task(pd, "s")
+        with pd.uploader() as up:
+            up.upload("s", np.ones((20, D)))
+        try:
+            pd.stub().CloseCollection(pb.TaskRef(task_id="s"), timeout=60)
+        except Exception as exc:  # noqa: BLE001 - inspected below
+            closed_task_refused = exc
+        assert closed_task_refused is not None
+        assert "no comparison worker is running" in str(closed_task_refused)
+        assert CLEAR in str(closed_task_refused)
+    finally:
+        pd.stop()
