@@ -31,8 +31,8 @@ from svtagg.dp.task import TaskParams
 from svtagg.proto import svtagg_pb2 as pb
 from test_reliability import (
     CLEAR,
-    D,
     EPS,
+    D,
     budgets,
     closed_task,
     create_task,
@@ -75,9 +75,7 @@ async def queues(pg_schema: tuple[str, str]) -> AsyncIterator[tuple[Any, Any, An
 async def test_two_workers_never_lease_the_same_job(queues: tuple[Any, Any, Any]) -> None:
     _, a, b = queues
     for i in range(40):
-        await a._exec(
-            "INSERT INTO work (kind, payload) VALUES ('robust', %s)", (bytes([i]),)
-        )
+        await a._exec("INSERT INTO work (kind, payload) VALUES ('robust', %s)", (bytes([i]),))
 
     async def drain(q: Any, owner: str) -> list[int]:
         got = []
@@ -93,6 +91,7 @@ async def test_two_workers_never_lease_the_same_job(queues: tuple[Any, Any, Any]
 
 async def test_a_job_is_answered_once(queues: tuple[Any, Any, Any]) -> None:
     import psycopg
+
     _, front, q = queues
     await q.heartbeat("w1", "leader")
     waiting = asyncio.ensure_future(front.run("robust", b"p"))
@@ -207,9 +206,7 @@ class WorkerDeployment(PgProcessDeployment):
 
     def start(self) -> WorkerDeployment:
         super().start()
-        helper = self.dep.start_worker(
-            "helper", self.url, env=self.worker_env("helper-worker-0")
-        )
+        helper = self.dep.start_worker("helper", self.url, env=self.worker_env("helper-worker-0"))
         for i in range(self.leaders):
             self.dep.start_worker(
                 "leader",
@@ -238,9 +235,7 @@ def pg_url() -> Iterator[tuple[str, str]]:
             conn.execute(f'DROP SCHEMA IF EXISTS "{prefix}_{tag}" CASCADE')
 
 
-def test_workers_answer_streams_and_run_the_close(
-    tmp_path: Path, pg_url: tuple[str, str]
-) -> None:
+def test_workers_answer_streams_and_run_the_close(tmp_path: Path, pg_url: tuple[str, str]) -> None:
     """Two leader workers: a validating close (its passes as parallel jobs)
     drops exactly the out-of-range reports, and streams answer as in process."""
     pd = WorkerDeployment(tmp_path, *pg_url, leaders=2).start()
