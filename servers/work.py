@@ -57,6 +57,8 @@ PICKUP_DEADLINE = 30.0
 ALIVE_LEASES = 3
 #: The front end re-reads a waited-for job at least this often (lease expiry).
 POLL_SECONDS = 0.5
+#: Finished jobs whose waiter gave up are deleted after this many seconds.
+SWEEP_AFTER = 600.0
 
 
 @dataclass(frozen=True)
@@ -86,6 +88,7 @@ class WorkQueue:
         self._events: dict[int, asyncio.Event] = {}
         self._new = asyncio.Event()
         self._reader: asyncio.Task[None] | None = None
+        self._abandoned: set[asyncio.Future[None]] = set()
 
     @classmethod
     async def connect(cls, store: Any) -> WorkQueue:
@@ -191,8 +194,26 @@ class WorkQueue:
                 "SELECT pg_notify(%s, %s)", (_channel(self.schema, "new"), str(job_id))
             )
             return await self._wait(job_id, ev, stream_id, on_lost, pickup)
+        except asyncio.CancelledError:
+            # The caller gave up (e.g. the analyst's deadline): a job not yet taken
+            # is withdrawn; one already running finishes and is swept later.
+            cleanup = asyncio.ensure_future(self._abandon(job_id))
+            self._abandoned.add(cleanup)
+            cleanup.add_done_callback(self._abandoned.discard)
+            raise
         finally:
             self._events.pop(job_id, None)
+
+    async def _abandon(self, job_id: int) -> None:
+        with contextlib.suppress(Exception):
+            await self._exec(
+                "UPDATE work SET state='failed' WHERE job_id=%s AND state='pending'", (job_id,)
+            )
+            await self._exec(
+                "DELETE FROM work WHERE state IN ('done', 'failed')"
+                " AND (job_id=%s OR created < now() - make_interval(secs => %s))",
+                (job_id, SWEEP_AFTER),
+            )
 
     async def _wait(
         self,
@@ -376,6 +397,8 @@ class Worker:
         if lost:
             log.warning("worker %s: lost the lease on job %d", self.owner, job.job_id)
             return
+        if running.cancelled():
+            return  # the worker is stopping past its grace: the lease runs out
         exc = running.exception()
         if exc is not None and not isinstance(exc, Refusal):
             log.error("worker %s: job %d failed: %r", self.owner, job.job_id, exc)

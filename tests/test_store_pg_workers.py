@@ -150,6 +150,22 @@ async def test_unclaimed_job_is_withdrawn_unrun(queues: tuple[Any, Any, Any]) ->
     assert (await front._exec("SELECT count(*) FROM work"))[0][0] == 0
 
 
+async def test_abandoned_job_is_withdrawn(queues: tuple[Any, Any, Any]) -> None:
+    """The caller gives up (an analyst's deadline) before any worker took the
+    job: it is withdrawn, so no worker ever runs it."""
+    _, front, q = queues
+    await q.heartbeat("w1", "leader")
+    waiting = asyncio.ensure_future(front.run("ask", b"p", "s1"))
+    await asyncio.sleep(0.2)
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    while front._abandoned:
+        await asyncio.sleep(0.01)
+    assert await q.lease("w1") is None
+    assert (await front._exec("SELECT count(*) FROM work"))[0][0] == 0
+
+
 async def test_one_chunk_per_stream_in_the_queue(queues: tuple[Any, Any, Any]) -> None:
     _, front, q = queues
     await q.heartbeat("w1", "leader")
