@@ -34,6 +34,7 @@ import contextlib
 import logging
 import os
 import secrets
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -89,6 +90,7 @@ class WorkQueue:
         self._new = asyncio.Event()
         self._reader: asyncio.Task[None] | None = None
         self._abandoned: set[asyncio.Future[None]] = set()
+        self._alive = (0, 0.0)  # (leader workers seen, when: time.monotonic())
 
     @classmethod
     async def connect(cls, store: Any) -> WorkQueue:
@@ -156,12 +158,18 @@ class WorkQueue:
         return len(rows)
 
     async def workers_alive(self) -> int:
+        """Leader workers seen within ALIVE_LEASES leases (a count of at least one
+        is trusted for a second, so a busy front end asks once a second)."""
+        now = time.monotonic()
+        if self._alive[0] and now - self._alive[1] < 1.0:
+            return self._alive[0]
         rows = await self._exec(
             "SELECT count(*) FROM workers WHERE role='leader'"
             " AND seen > now() - make_interval(secs => %s)",
             (ALIVE_LEASES * LEASE_SECONDS,),
         )
-        return int(rows[0][0])
+        self._alive = (int(rows[0][0]), now)
+        return self._alive[0]
 
     async def run(
         self,

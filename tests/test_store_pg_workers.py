@@ -334,3 +334,20 @@ def test_front_end_without_workers_refuses_fast(tmp_path: Path, pg_url: tuple[st
         assert CLEAR in str(closed_task_refused)
     finally:
         pd.stop()
+
+
+@pytest.mark.heavy
+def test_worker_kills_heavy(tmp_path: Path, pg_url: tuple[str, str]) -> None:
+    """Each (point, worker) kill KILLS_HEAVY times; the invariants hold after each."""
+    from test_reliability import KILLS_HEAVY
+
+    pd = WorkerDeployment(tmp_path, *pg_url).start()
+    try:
+        closed_task(pd, "s")
+        for _ in range(KILLS_HEAVY):
+            for point in ("chunk.after_mark", "chunk.after_result"):
+                for role in ("leader-worker-0", "helper-worker-0"):
+                    stream_through_kill(pd, "s", role, point)
+        assert sum(pd.kills.values()) == 4 * KILLS_HEAVY
+    finally:
+        pd.stop()
