@@ -90,6 +90,7 @@ class WorkQueue:
         self._new = asyncio.Event()
         self._reader: asyncio.Task[None] | None = None
         self._abandoned: set[asyncio.Future[None]] = set()
+        self._early: set[int] = set()  # finished jobs whose waiter was not yet registered
         self._alive = (0, 0.0)  # (leader workers seen, when: time.monotonic())
 
     @classmethod
@@ -135,9 +136,14 @@ class WorkQueue:
         async for n in self._listen.notifies():
             if n.channel == done:
                 with contextlib.suppress(ValueError):
-                    ev = self._events.get(int(n.payload))
+                    job_id = int(n.payload)
+                    ev = self._events.get(job_id)
                     if ev is not None:
                         ev.set()
+                    else:  # its waiter may not be registered yet (see `run`)
+                        if len(self._early) > 4096:
+                            self._early.clear()
+                        self._early.add(job_id)
             else:
                 self._new.set()
 
@@ -187,9 +193,11 @@ class WorkQueue:
         if not await self.workers_alive():
             raise PeerUnavailable("no comparison worker is running (svtagg-server --worker)")
         try:
+            # One round trip: the row, and the workers' wake-up (sent at commit).
             rows = await self._exec(
-                "INSERT INTO work (kind, stream_id, payload) VALUES (%s, %s, %s) RETURNING job_id",
-                (kind, stream_id, payload),
+                "WITH j AS (INSERT INTO work (kind, stream_id, payload) VALUES (%s, %s, %s)"
+                " RETURNING job_id) SELECT job_id, pg_notify(%s, job_id::text) FROM j",
+                (kind, stream_id, payload, _channel(self.schema, "new")),
             )
         except psycopg.errors.UniqueViolation:
             raise FailedPrecondition(
@@ -197,10 +205,9 @@ class WorkQueue:
             ) from None
         job_id = int(rows[0][0])
         ev = self._events[job_id] = asyncio.Event()
+        if job_id in self._early:  # finished before its waiter was registered
+            ev.set()
         try:
-            await self._exec(
-                "SELECT pg_notify(%s, %s)", (_channel(self.schema, "new"), str(job_id))
-            )
             return await self._wait(job_id, ev, stream_id, on_lost, pickup)
         except asyncio.CancelledError:
             # The caller gave up (e.g. the analyst's deadline): a job not yet taken
@@ -232,22 +239,30 @@ class WorkQueue:
         pickup: float,
     ) -> bytes:
         while True:
+            # Woken by the worker's notification, or every POLL_SECONDS to look
+            # at the lease; a finished job is taken out of the table as it is read.
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(ev.wait(), POLL_SECONDS)
             ev.clear()
+            self._early.discard(job_id)
             rows = await self._exec(
-                "SELECT state, result, error, lease_until < now(),"
+                "DELETE FROM work WHERE job_id=%s AND state IN ('done', 'failed')"
+                " RETURNING state, result, error",
+                (job_id,),
+            )
+            if rows:
+                state, result, error = rows[0]
+                if state == "done":
+                    return bytes(result)
+                raise refusal_from_status(pb.PeerStatus.FromString(bytes(error or b"")))
+            rows = await self._exec(
+                "SELECT state, lease_until < now(),"
                 " created < now() - make_interval(secs => %s) FROM work WHERE job_id=%s",
                 (pickup, job_id),
             )
             if not rows:
                 raise PeerUnavailable(f"job {job_id} vanished from the work table")
-            state, result, error, expired, stale = rows[0]
-            if state == "done":
-                await self._exec("DELETE FROM work WHERE job_id=%s", (job_id,))
-                return bytes(result)
-            if state == "failed":
-                await self._exec("DELETE FROM work WHERE job_id=%s", (job_id,))
-                status = pb.PeerStatus.FromString(bytes(error or b""))
-                raise refusal_from_status(status)
+            state, expired, stale = rows[0]
             if state == "leased" and expired:
                 lost = await self._exec(
                     "UPDATE work SET state='failed' WHERE job_id=%s AND state='leased'"
@@ -276,8 +291,6 @@ class WorkQueue:
                         f"no comparison worker took the job within {pickup:g} s; nothing ran"
                     )
                 continue
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(ev.wait(), POLL_SECONDS)
 
     # ------------------------------------------------------------ workers
     async def heartbeat(self, owner: str, role: str) -> None:
@@ -325,14 +338,11 @@ class WorkQueue:
             else ("failed", refusal_status(error).SerializeToString())
         )
         rows = await self._exec(
-            "UPDATE work SET state=%s, result=%s, error=%s, lease_until=NULL"
-            " WHERE job_id=%s AND owner=%s AND state='leased' RETURNING job_id",
-            (state, result, err, job.job_id, owner),
+            "WITH f AS (UPDATE work SET state=%s, result=%s, error=%s, lease_until=NULL"
+            " WHERE job_id=%s AND owner=%s AND state='leased' RETURNING job_id)"
+            " SELECT job_id, pg_notify(%s, job_id::text) FROM f",
+            (state, result, err, job.job_id, owner, _channel(self.schema, "done")),
         )
-        if rows:
-            await self._exec(
-                "SELECT pg_notify(%s, %s)", (_channel(self.schema, "done"), str(job.job_id))
-            )
         return bool(rows)
 
     async def wait_for_new(self, timeout: float) -> None:
