@@ -58,6 +58,13 @@ def _close(dep: LocalDeployment, task_id: str) -> None:
     )
 
 
+def comparison_task(dep: LocalDeployment) -> None:
+    """The closed task "cmp" the comparison figures ask: 1,000 reports, d = 1,000."""
+    _task(dep, "cmp", 1000, 10_000)
+    _upload(dep, "cmp", np.random.default_rng(4).random((1000, 1000)), 500)
+    _close(dep, "cmp")
+
+
 def bench_upload(dep: LocalDeployment, n: int, d: int, batch: int) -> dict[str, Any]:
     _task(dep, "upload", d, n)
     values = np.random.default_rng(1).random((n, d))
@@ -182,9 +189,7 @@ def run_config(name: str, quick: bool, full: bool, skip_alg8: bool) -> dict[str,
     try:
         with LocalDeployment(server_args=UNCAPPED_SERVER_ARGS + args) as dep:
             print(f"[{name}] leader {dep.address('leader')}, helper {dep.address('helper')}")
-            _task(dep, "cmp", 1000, 10_000)
-            _upload(dep, "cmp", np.random.default_rng(4).random((1000, 1000)), 500)
-            _close(dep, "cmp")
+            comparison_task(dep)
             with RemoteOracle.from_certs(dep.address("leader"), "cmp", dep.certs) as oracle:
                 oracle.open_stream(1).ask([(Query(0), 2 * oracle.n)])  # warm the session
                 out["single_query"] = bench_single(oracle, 50 if quick else 300)

@@ -29,12 +29,10 @@ from typing import Any
 import numpy as np
 from svtagg.analyst.remote_oracle import RemoteOracle
 from svtagg.benchmarks.bench_system import (
-    _close,
-    _task,
-    _upload,
     bench_chunks,
     bench_single,
     bench_validation,
+    comparison_task,
 )
 from svtagg.deploy.launch import UNCAPPED_SERVER_ARGS, LocalDeployment
 from svtagg.dp.queries import Query
@@ -86,9 +84,7 @@ def run_config(name: str, workers: int, url: str, quick: bool) -> dict[str, Any]
         helper_worker = dep.start_worker("helper", url, env=env["helper"]) if workers > 1 else None
         for i in range(workers):
             dep.start_worker("leader", url, helper=helper_worker if i else None, env=env["leader"])
-        _task(dep, "cmp", 1000, 10_000)
-        _upload(dep, "cmp", np.random.default_rng(4).random((1000, 1000)), 500)
-        _close(dep, "cmp")
+        comparison_task(dep)
         with RemoteOracle.from_certs(dep.address("leader"), "cmp", dep.certs) as oracle:
             oracle.open_stream(1).ask([(Query(0), 2 * oracle.n)])  # warm the sessions
             out["single_query"] = bench_single(oracle, 30 if quick else 200)

@@ -76,6 +76,23 @@ from svtagg.servers.store import (
     report_digest,
 )
 
+
+def _final_states(table: str, noun: str, key: str, final: tuple[str, str]) -> tuple[str, str]:
+    """A trigger function and trigger refusing to move a row of `table` out of
+    one of its `final` states."""
+    return (
+        f"""CREATE FUNCTION svtagg_final_{table}() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+        IF OLD.state IN ('{final[0]}', '{final[1]}') AND NEW.state <> OLD.state THEN
+            RAISE EXCEPTION '{noun} % is %; its state is final', OLD.{key}, OLD.state;
+        END IF;
+        RETURN NEW;
+    END $$""",
+        f"""CREATE TRIGGER {table}_final BEFORE UPDATE ON {table}
+        FOR EACH ROW EXECUTE FUNCTION svtagg_final_{table}()""",
+    )
+
+
 _V1 = (
     """CREATE TABLE tasks (
         task_id TEXT COLLATE "C" PRIMARY KEY,
@@ -131,15 +148,7 @@ _V1 = (
         FOR EACH ROW EXECUTE FUNCTION svtagg_append_only()""",
     """CREATE TRIGGER spends_no_truncate BEFORE TRUNCATE ON spends
         FOR EACH STATEMENT EXECUTE FUNCTION svtagg_append_only()""",
-    """CREATE FUNCTION svtagg_final_streams() RETURNS trigger LANGUAGE plpgsql AS $$
-    BEGIN
-        IF OLD.state IN ('closed', 'failed') AND NEW.state <> OLD.state THEN
-            RAISE EXCEPTION 'stream % is %; its state is final', OLD.stream_id, OLD.state;
-        END IF;
-        RETURN NEW;
-    END $$""",
-    """CREATE TRIGGER streams_final BEFORE UPDATE ON streams
-        FOR EACH ROW EXECUTE FUNCTION svtagg_final_streams()""",
+    *_final_states("streams", "stream", "stream_id", ("closed", "failed")),
 )
 
 #: Version 2: the embedding the task's clients use ("" = not recorded).
@@ -166,15 +175,7 @@ _V3: tuple[str, ...] = (
     """CREATE UNIQUE INDEX work_one_per_stream ON work (stream_id)
         WHERE state IN ('pending', 'leased')""",
     "CREATE INDEX work_pending ON work (job_id) WHERE state = 'pending'",
-    """CREATE FUNCTION svtagg_final_work() RETURNS trigger LANGUAGE plpgsql AS $$
-    BEGIN
-        IF OLD.state IN ('done', 'failed') AND NEW.state <> OLD.state THEN
-            RAISE EXCEPTION 'job % is %; its state is final', OLD.job_id, OLD.state;
-        END IF;
-        RETURN NEW;
-    END $$""",
-    """CREATE TRIGGER work_final BEFORE UPDATE ON work
-        FOR EACH ROW EXECUTE FUNCTION svtagg_final_work()""",
+    *_final_states("work", "job", "job_id", ("done", "failed")),
     "CREATE TABLE workers (owner TEXT PRIMARY KEY, role TEXT NOT NULL, seen TIMESTAMPTZ NOT NULL)",
     """CREATE TABLE robust_staged (
         task_id TEXT COLLATE "C" NOT NULL REFERENCES tasks (task_id),

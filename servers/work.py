@@ -17,8 +17,9 @@ Who does what (docs/scaling.md, "Leased comparison work"):
   lease is still the worker's (`finish`), and a finished job's state is final
   (trigger), so a job is answered at most once;
 - a worker that dies stops renewing: the waiting front end sees the lease
-  expire, fails the job, and fails the stream closed on both servers (nothing
-  refunded) — exactly what a leader crash mid-chunk does today.  A job no
+  expire, takes the job out of the table (so that a late answer has nowhere to
+  go), and fails the stream closed on both servers (nothing refunded) —
+  exactly what a leader crash mid-chunk does.  A job no
   worker took within `PICKUP_DEADLINE` is withdrawn: it never ran, its
   stream stays open and nothing was spent.
 
@@ -157,11 +158,8 @@ class WorkQueue:
         """At the front end's start: withdraw jobs whose waiter is gone (pending)
         and drop finished ones.  Leased jobs are left to their workers (their
         streams were failed closed by the store's recovery)."""
-        rows = await self._exec(
-            "UPDATE work SET state='failed' WHERE state='pending' RETURNING job_id"
-        )
-        await self._exec("DELETE FROM work WHERE state IN ('done', 'failed')")
-        return len(rows)
+        rows = await self._exec("DELETE FROM work WHERE state <> 'leased' RETURNING state")
+        return sum(r[0] == "pending" for r in rows)
 
     async def workers_alive(self) -> int:
         """Leader workers seen within ALIVE_LEASES leases (a count of at least one
@@ -222,11 +220,9 @@ class WorkQueue:
     async def _abandon(self, job_id: int) -> None:
         with contextlib.suppress(Exception):
             await self._exec(
-                "UPDATE work SET state='failed' WHERE job_id=%s AND state='pending'", (job_id,)
-            )
-            await self._exec(
-                "DELETE FROM work WHERE state IN ('done', 'failed')"
-                " AND (job_id=%s OR created < now() - make_interval(secs => %s))",
+                "DELETE FROM work WHERE state <> 'leased'"
+                " AND (job_id=%s OR (state <> 'pending'"
+                " AND created < now() - make_interval(secs => %s)))",
                 (job_id, SWEEP_AFTER),
             )
 
@@ -263,34 +259,30 @@ class WorkQueue:
             if not rows:
                 raise PeerUnavailable(f"job {job_id} vanished from the work table")
             state, expired, stale = rows[0]
-            if state == "leased" and expired:
-                lost = await self._exec(
-                    "UPDATE work SET state='failed' WHERE job_id=%s AND state='leased'"
-                    " AND lease_until < now() RETURNING job_id",
-                    (job_id,),
+            # Taken out of the table only if still in that state (a worker may
+            # have leased or finished it since): a lease it no longer holds
+            # cannot be renewed or answered.
+            if state == "leased" and expired and await self._take_out(job_id, "leased", True):
+                log.warning("job %d: its worker was lost mid-job (lease expired)", job_id)
+                if stream_id is not None and on_lost is not None:
+                    await on_lost(stream_id)
+                raise PeerUnavailable(
+                    "the comparison worker running this chunk was lost; "
+                    + ("the stream is failed closed" if stream_id else "try again")
                 )
-                if lost:
-                    await self._exec("DELETE FROM work WHERE job_id=%s", (job_id,))
-                    log.warning("job %d: its worker was lost mid-job (lease expired)", job_id)
-                    if stream_id is not None and on_lost is not None:
-                        await on_lost(stream_id)
-                    raise PeerUnavailable(
-                        "the comparison worker running this chunk was lost; "
-                        + ("the stream is failed closed" if stream_id else "try again")
-                    )
-                continue
-            if state == "pending" and stale:
-                gone = await self._exec(
-                    "UPDATE work SET state='failed' WHERE job_id=%s AND state='pending'"
-                    " RETURNING job_id",
-                    (job_id,),
+            if state == "pending" and stale and await self._take_out(job_id, "pending"):
+                raise PeerUnavailable(
+                    f"no comparison worker took the job within {pickup:g} s; nothing ran"
                 )
-                if gone:
-                    await self._exec("DELETE FROM work WHERE job_id=%s", (job_id,))
-                    raise PeerUnavailable(
-                        f"no comparison worker took the job within {pickup:g} s; nothing ran"
-                    )
-                continue
+
+    async def _take_out(self, job_id: int, state: str, expired: bool = False) -> bool:
+        rows = await self._exec(
+            "DELETE FROM work WHERE job_id=%s AND state=%s"
+            + (" AND lease_until < now()" if expired else "")
+            + " RETURNING job_id",
+            (job_id, state),
+        )
+        return bool(rows)
 
     # ------------------------------------------------------------ workers
     async def heartbeat(self, owner: str, role: str) -> None:

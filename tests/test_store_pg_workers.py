@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import pytest
 from svtagg.analyst.oracle import Query
+from svtagg.deploy.jobs import task_spec
 from svtagg.dp.errors import FailedPrecondition, PeerUnavailable
 from svtagg.dp.task import TaskParams
 from svtagg.proto import svtagg_pb2 as pb
@@ -256,20 +257,8 @@ def test_workers_answer_streams_and_run_the_close(tmp_path: Path, pg_url: tuple[
     drops exactly the out-of-range reports, and streams answer as in process."""
     pd = WorkerDeployment(tmp_path, *pg_url, leaders=2).start()
     try:
-        pd.stub().CreateTask(
-            pb.TaskSpec(
-                task_id="v",
-                d=D,
-                frac_bits=16,
-                n_max=100_000,
-                min_batch=1,
-                epsilon_total="1000",
-                delta_total="1/1000",
-                epsilon_min="1/100",
-                validate_reports=True,
-            ),
-            timeout=30,
-        )
+        spec = task_spec("v", D, 100_000, "1000", validate_reports=True)
+        pd.stub().CreateTask(spec, timeout=30)
         values = np.ones((1200, D))
         with pd.uploader() as up:
             up.upload("v", values)
