@@ -311,3 +311,64 @@ class ProcessDeployment:
 
 
 from svtagg.benchmarks.storeview import StoreView, encoded_sum, store_view  # noqa: E402,F401
+
+# ---------------------------------------------------------------- PostgreSQL
+# The PostgreSQL cases run against the server named by SVTAGG_TEST_POSTGRES
+# (`.ci/run` starts one with scripts/start_postgres.sh) and skip without it.
+
+PG_ENV = "SVTAGG_TEST_POSTGRES"
+_pg_reason: list[str | None] = []
+
+
+def postgres_unavailable() -> str | None:
+    """Why the PostgreSQL cases cannot run (None: they can); asked once."""
+    if not _pg_reason:
+        import os
+
+        url = os.environ.get(PG_ENV)
+        reason: str | None = None
+        if not url:
+            reason = f"{PG_ENV} is not set (scripts/start_postgres.sh starts a server)"
+        else:
+            try:
+                import psycopg
+
+                psycopg.connect(url, connect_timeout=5).close()
+            except ImportError:
+                reason = 'psycopg is not installed (pip install -e ".[postgres]")'
+            except Exception as e:  # noqa: BLE001 - any failure to connect means skip
+                reason = f"PostgreSQL at {PG_ENV} is unreachable: {str(e).strip()[:200]}"
+        _pg_reason.append(reason)
+    return _pg_reason[0]
+
+
+@contextlib.contextmanager
+def pg_tagged() -> Iterator[tuple[str, str]]:
+    """(URL, tag) of the test server: the caller names its schemas `<x>_<tag>`,
+    and every schema so named is dropped afterwards.  Skips without a server."""
+    import os
+    import uuid
+
+    reason = postgres_unavailable()
+    if reason:
+        pytest.skip(reason)
+    url, tag = os.environ[PG_ENV], uuid.uuid4().hex[:12]
+    try:
+        yield url, tag
+    finally:
+        import psycopg
+
+        with psycopg.connect(url, autocommit=True) as conn:
+            names = conn.execute(
+                "SELECT nspname FROM pg_namespace WHERE right(nspname, %s) = %s",
+                (len(tag) + 1, f"_{tag}"),
+            ).fetchall()
+            for (name,) in names:
+                conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
+
+
+@pytest.fixture
+def pg_url() -> Iterator[tuple[str, str]]:
+    """`pg_tagged` for one test."""
+    with pg_tagged() as found:
+        yield found

@@ -248,7 +248,12 @@ def test_leader_ledger_wins(procs: ProcessDeployment):
 @pytest.mark.heavy
 def test_crash_points_heavy(tmp_path: Path):
     """Every (point, role) pair KILLS_HEAVY times, plus abandoned uploads."""
-    pd = ProcessDeployment(tmp_path).start()
+    crash_loop(ProcessDeployment(tmp_path).start(), "crash safety")
+
+
+def crash_loop(pd: ProcessDeployment, label: str) -> None:
+    """Every (point, role) pair KILLS_HEAVY times on a started deployment (stopped
+    at the end), the invariants checked after each kill; prints the counts."""
     survived: dict[str, int] = {}
     try:
         col = Collection("up")
@@ -265,9 +270,9 @@ def test_crash_points_heavy(tmp_path: Path):
         dropped = check_reports(pd, col)
     finally:
         pd.stop()
-    print("\ncrash safety: kills survived per point:", survived)
+    print(f"\n{label}: kills survived per point:", survived)
     print(
-        f"crash safety: {sum(survived.values())} kills, invariants held after each; "
+        f"{label}: {sum(survived.values())} kills, invariants held after each; "
         f"{len(col.acked)} acked reports all counted once, {dropped} unacked dropped "
         "at reconciliation"
     )

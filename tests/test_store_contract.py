@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from conftest import PG_ENV, postgres_unavailable
 from svtagg.dp.errors import (
     AlreadyExists,
     BudgetExhausted,
@@ -39,30 +40,6 @@ from svtagg.servers.store import (
     report_digest,
     sqlite_file,
 )
-
-PG_ENV = "SVTAGG_TEST_POSTGRES"
-_pg_reason: list[str | None] = []
-
-
-def postgres_unavailable() -> str | None:
-    """Why the PostgreSQL cases cannot run (None: they can); asked once."""
-    if not _pg_reason:
-        url = os.environ.get(PG_ENV)
-        reason: str | None = None
-        if not url:
-            reason = f"{PG_ENV} is not set (scripts/start_postgres.sh starts a server)"
-        else:
-            try:
-                import psycopg
-
-                psycopg.connect(url, connect_timeout=5).close()
-            except ImportError:
-                reason = 'psycopg is not installed (pip install -e ".[postgres]")'
-            except Exception as e:  # noqa: BLE001 - any failure to connect means skip
-                reason = f"PostgreSQL at {PG_ENV} is unreachable: {str(e).strip()[:200]}"
-        _pg_reason.append(reason)
-    return _pg_reason[0]
-
 
 #: A factory: `opener()` opens (or reopens) the test's store.
 Opener = Callable[[], Store]

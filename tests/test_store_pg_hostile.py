@@ -6,12 +6,11 @@ and after every refused call).  Skips without a reachable server
 
 from __future__ import annotations
 
-import os
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from conftest import pg_tagged
 from test_hostile import (  # noqa: F401 - collected here with this module's `env`
     TRIED,
     Env,
@@ -26,7 +25,6 @@ from test_hostile import (  # noqa: F401 - collected here with this module's `en
     test_undecodable_and_random_bytes,
     test_upload,
 )
-from test_store_contract import PG_ENV, postgres_unavailable
 from test_store_pg_reliability import PgProcessDeployment
 
 
@@ -59,21 +57,13 @@ class PgEnv(Env):
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    reason = postgres_unavailable()
-    if reason:
-        pytest.skip(reason)
-    import psycopg
-
-    url, tag = os.environ[PG_ENV], uuid.uuid4().hex[:12]
-    pd = PgProcessDeployment(tmp_path_factory.mktemp("hostile_pg"), url, tag).start()
-    e: PgEnv | None = None
-    try:
-        e = PgEnv(pd)
-        yield e
-    finally:
-        pd.stop()
-        if e is not None:
-            e._conn.close()
-        with psycopg.connect(url, autocommit=True) as conn:
-            for schema in pd.schemas.values():
-                conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+    with pg_tagged() as (url, tag):
+        pd = PgProcessDeployment(tmp_path_factory.mktemp("hostile_pg"), url, tag).start()
+        e: PgEnv | None = None
+        try:
+            e = PgEnv(pd)
+            yield e
+        finally:
+            pd.stop()
+            if e is not None:
+                e._conn.close()

@@ -6,16 +6,14 @@ no wrong answer.  Skips without a reachable server (SVTAGG_TEST_POSTGRES)."""
 
 from __future__ import annotations
 
-import os
-import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import pg_tagged
 from svtagg.benchmarks import bench_load
 from svtagg.benchmarks.storeview import StoreView
 from svtagg.deploy.launch import UNCAPPED_SERVER_ARGS, LocalDeployment
-from test_store_contract import PG_ENV, postgres_unavailable
 from test_store_pg_reliability import pg_store_view
 
 
@@ -62,12 +60,13 @@ def test_load_heavy_on_postgres(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
 
 
 def _check(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **kw: int) -> None:
-    reason = postgres_unavailable()
-    if reason:
-        pytest.skip(reason)
-    import psycopg
+    with pg_tagged() as (url, tag):
+        _check_on(url, tag, tmp_path, monkeypatch, **kw)
 
-    url, tag = os.environ[PG_ENV], uuid.uuid4().hex[:12]
+
+def _check_on(
+    url: str, tag: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **kw: int
+) -> None:
     schemas = {r: f"{r}_{tag}" for r in ("leader", "helper")}
 
     def view(path: str | Path, task_id: str) -> StoreView:
@@ -76,14 +75,9 @@ def _check(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **kw: int) -> None:
     monkeypatch.setattr(bench_load, "store_view", view)
     dep = PgLocalDeployment(tmp_path, server_args=[*UNCAPPED_SERVER_ARGS, "--db", url])
     dep.schemas = schemas
-    try:
-        with dep:
-            r: Any = bench_load.run_load(dep, **kw)
-        print("\n" + bench_load.summary(r))
-        assert not r.lost(), bench_load.summary(r)
-        assert r.wrong_answers == 0 and r.stream_errors == 0, bench_load.summary(r)
-        assert not list(tmp_path.glob("*.sqlite*"))  # the stores were PostgreSQL's
-    finally:
-        with psycopg.connect(url, autocommit=True) as conn:
-            for schema in schemas.values():
-                conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+    with dep:
+        r: Any = bench_load.run_load(dep, **kw)
+    print("\n" + bench_load.summary(r))
+    assert not r.lost(), bench_load.summary(r)
+    assert r.wrong_answers == 0 and r.stream_errors == 0, bench_load.summary(r)
+    assert not list(tmp_path.glob("*.sqlite*"))  # the stores were PostgreSQL's

@@ -6,9 +6,6 @@ that fails an interrupted stream closed.  Skips without a reachable server
 
 from __future__ import annotations
 
-import os
-import uuid
-from collections.abc import Iterator
 from fractions import Fraction
 
 import numpy as np
@@ -22,24 +19,9 @@ from svtagg.servers.helper import HelperDriver
 from svtagg.servers.leader import LeaderDriver
 from svtagg.servers.memory import MemoryHelperPort
 from svtagg.servers.store import FAILED
-from test_store_contract import PG_ENV, postgres_unavailable
 
 F = 16
 N = 300  # n/2 = 150 score units: noise at ε = 1 never reaches it (tail < e^-30)
-
-
-@pytest.fixture
-def pg_url() -> Iterator[tuple[str, str]]:
-    reason = postgres_unavailable()
-    if reason:
-        pytest.skip(reason)
-    url, tag = os.environ[PG_ENV], uuid.uuid4().hex[:12]
-    yield url, tag
-    import psycopg
-
-    with psycopg.connect(url, autocommit=True) as conn:
-        for role in ("l", "h"):
-            conn.execute(f'DROP SCHEMA IF EXISTS "{role}_{tag}" CASCADE')
 
 
 def make_pair(url: str, tag: str) -> DriverPair:

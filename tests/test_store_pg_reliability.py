@@ -9,10 +9,7 @@ without a reachable server (SVTAGG_TEST_POSTGRES)."""
 
 from __future__ import annotations
 
-import os
 import threading
-import uuid
-from collections.abc import Iterator
 from fractions import Fraction
 from pathlib import Path
 
@@ -22,16 +19,15 @@ from conftest import ProcessDeployment
 from svtagg.benchmarks.storeview import StoreView
 from svtagg.dp.task import TaskParams
 from test_reliability import (
-    KILLS_HEAVY,
-    PAIRS,
     Collection,
     check_reports,
     closed_task,
+    crash_loop,
     create_task,
     stream_through_kill,
     upload_through_kill,
 )
-from test_store_contract import PG_ENV, batch, postgres_unavailable, share_sum
+from test_store_contract import batch, share_sum
 
 
 class PgProcessDeployment(ProcessDeployment):
@@ -90,20 +86,6 @@ def pg_store_view(url: str, schema: str, task_id: str) -> StoreView:
     )
 
 
-@pytest.fixture
-def pg_url() -> Iterator[tuple[str, str]]:
-    reason = postgres_unavailable()
-    if reason:
-        pytest.skip(reason)
-    url, tag = os.environ[PG_ENV], uuid.uuid4().hex[:12]
-    yield url, tag
-    import psycopg
-
-    with psycopg.connect(url, autocommit=True) as conn:
-        for prefix in ("leader", "helper", "c"):
-            conn.execute(f'DROP SCHEMA IF EXISTS "{prefix}_{tag}" CASCADE')
-
-
 def test_crash_points_on_postgres(tmp_path: Path, pg_url: tuple[str, str]) -> None:
     """One SIGKILL at each point, both servers on PostgreSQL; the invariants hold."""
     pd = PgProcessDeployment(tmp_path, *pg_url).start()
@@ -136,29 +118,7 @@ def test_crash_points_on_postgres(tmp_path: Path, pg_url: tuple[str, str]) -> No
 def test_crash_points_heavy_on_postgres(tmp_path: Path, pg_url: tuple[str, str]) -> None:
     """Every (point, role) pair KILLS_HEAVY times on PostgreSQL stores, plus
     abandoned uploads (the heavy run of tests/test_reliability.py)."""
-    pd = PgProcessDeployment(tmp_path, *pg_url).start()
-    survived: dict[str, int] = {}
-    try:
-        col = Collection("up")
-        create_task(pd, "up")
-        closed_task(pd, "s")
-        for rep in range(KILLS_HEAVY):
-            for point, role in PAIRS:
-                if point.startswith("upload."):
-                    upload_through_kill(pd, col, role, point, give_up=rep == KILLS_HEAVY - 1)
-                else:
-                    stream_through_kill(pd, "s", role, point)
-                key = f"{point}@{role}"
-                survived[key] = survived.get(key, 0) + 1
-        dropped = check_reports(pd, col)
-    finally:
-        pd.stop()
-    print("\ncrash safety (PostgreSQL): kills survived per point:", survived)
-    print(
-        f"crash safety (PostgreSQL): {sum(survived.values())} kills, invariants held after "
-        f"each; {len(col.acked)} acked reports all counted once, {dropped} unacked dropped "
-        "at reconciliation"
-    )
+    crash_loop(PgProcessDeployment(tmp_path, *pg_url).start(), "crash safety (PostgreSQL)")
 
 
 def test_concurrent_writers_lose_no_update(pg_url: tuple[str, str]) -> None:

@@ -19,7 +19,7 @@ import grpc
 from svtagg.client.upload import Uploader, UploadError
 from svtagg.proto.tls import Identity
 from test_reliability import Collection, check_reports, create_task
-from test_store_pg_reliability import PgProcessDeployment, pg_url  # noqa: F401 - fixture
+from test_store_pg_reliability import PgProcessDeployment
 
 
 def start_replica(pd: PgProcessDeployment, role: str) -> tuple[Any, str]:
@@ -51,7 +51,7 @@ def resend(up: Uploader, b: Any) -> int:
 
 def test_replica_killed_mid_upload_loses_and_doubles_nothing(
     tmp_path: Path,
-    pg_url: tuple[str, str],  # noqa: F811 - the fixture
+    pg_url: tuple[str, str],
 ) -> None:
     pd = PgProcessDeployment(tmp_path, *pg_url).start()
     replicas: dict[str, Any] = {}

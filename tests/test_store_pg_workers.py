@@ -16,15 +16,14 @@ server (SVTAGG_TEST_POSTGRES)."""
 from __future__ import annotations
 
 import asyncio
-import os
-import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from conftest import postgres_unavailable
 from svtagg.analyst.oracle import Query
 from svtagg.deploy.jobs import task_spec
 from svtagg.dp.errors import FailedPrecondition, PeerUnavailable
@@ -39,7 +38,6 @@ from test_reliability import (
     create_task,
     stream_through_kill,
 )
-from test_store_contract import PG_ENV, postgres_unavailable
 from test_store_pg_reliability import PgProcessDeployment
 from test_validation import _raw_report
 
@@ -47,13 +45,8 @@ pytestmark = pytest.mark.skipif(bool(postgres_unavailable()), reason="no Postgre
 
 
 @pytest.fixture
-def pg_schema() -> Iterator[tuple[str, str]]:
-    url, schema = os.environ[PG_ENV], f"w_{uuid.uuid4().hex[:12]}"
-    yield url, schema
-    import psycopg
-
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+def pg_schema(pg_url: tuple[str, str]) -> tuple[str, str]:
+    return pg_url[0], f"w_{pg_url[1]}"
 
 
 @pytest.fixture
@@ -239,17 +232,6 @@ class WorkerDeployment(PgProcessDeployment):
             self.dep.restart_extra(role, env=self.worker_env(role))
         else:
             super().start_role(role)
-
-
-@pytest.fixture
-def pg_url() -> Iterator[tuple[str, str]]:
-    url, tag = os.environ[PG_ENV], uuid.uuid4().hex[:12]
-    yield url, tag
-    import psycopg
-
-    with psycopg.connect(url, autocommit=True) as conn:
-        for prefix in ("leader", "helper"):
-            conn.execute(f'DROP SCHEMA IF EXISTS "{prefix}_{tag}" CASCADE')
 
 
 def test_workers_answer_streams_and_run_the_close(tmp_path: Path, pg_url: tuple[str, str]) -> None:
