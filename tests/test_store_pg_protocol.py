@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from fractions import Fraction
 
-import numpy as np
 import pytest
 from conftest import DriverPair
 from svtagg.dp.errors import StreamClosed
@@ -19,9 +18,7 @@ from svtagg.servers.helper import HelperDriver
 from svtagg.servers.leader import LeaderDriver
 from svtagg.servers.memory import MemoryHelperPort
 from svtagg.servers.store import FAILED
-
-F = 16
-N = 300  # n/2 = 150 score units: noise at ε = 1 never reaches it (tail < e^-30)
+from test_drivers import F, N, data, spec
 
 
 def make_pair(url: str, tag: str) -> DriverPair:
@@ -42,24 +39,6 @@ async def stop(pair: DriverPair) -> None:
     await pair.port.close()
     pair.leader.core.store.close()
     pair.helper.core.store.close()
-
-
-def spec(task_id: str) -> pb.TaskSpec:
-    return pb.TaskSpec(
-        task_id=task_id,
-        d=3,
-        frac_bits=F,
-        n_max=10 * N,
-        min_batch=1,
-        epsilon_total="10",
-        delta_total="0",
-        epsilon_min="1/4",
-    )
-
-
-def data(n: int) -> np.ndarray:
-    rng = np.random.default_rng(7)
-    return np.stack([np.ones(n), np.zeros(n), rng.random(n)], axis=1)
 
 
 async def test_a_task_end_to_end_on_postgres(pg_url: tuple[str, str]) -> None:
