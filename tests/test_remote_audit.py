@@ -4,8 +4,9 @@ each server's own noise, real garbled circuits, the remote oracle.  For every
 stream kind (lap24, lap3, exp3: the note's counterexample scenario; ctt: its
 CompareToThresholds form) the two neighbouring datasets are uploaded as two
 tasks and `trials` fresh streams run on each, ε = 2, F = 6, 4 users, 8 queries
-(ctt: 4).  Each audit is a Bonferroni family at total level 1e-3, so a correct
-mechanism fails it with probability ≤ 1e-3 per kind.  The servers draw noise
+(ctt: 4); once with both servers on SQLite, once on PostgreSQL with the
+leader's chunks run by leased worker processes.  Each audit is a Bonferroni
+family at total level 1e-3, so a correct mechanism fails it with probability ≤ 1e-3 per kind.  The servers draw noise
 from their CSPRNGs (not seedable); the audit's own thinning is seeded.
 
 Default run: a smoke of TRIALS_DEFAULT streams per dataset per kind (it can only
@@ -22,6 +23,7 @@ catches it locally with one party at 12,000).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from concurrent.futures import ThreadPoolExecutor
 from fractions import Fraction
@@ -29,7 +31,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import ProcessDeployment
+from conftest import ProcessDeployment, pg_tagged
 from svtagg.analyst.audit import (
     Event,
     Scenario,
@@ -114,15 +116,25 @@ class RemoteAudit:
             o.close()
 
 
-@pytest.fixture(scope="module")
-def remote(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    pd = ProcessDeployment(tmp_path_factory.mktemp("audit")).start()
-    ra = RemoteAudit(pd)
-    try:
-        yield ra
-    finally:
-        ra.close()
-        pd.stop()
+@pytest.fixture(scope="module", params=["sqlite", "postgres-workers"])
+def remote(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The servers in process on SQLite, or on PostgreSQL with the leader's
+    chunks leased to two worker processes (one paired with a helper worker)."""
+    with contextlib.ExitStack() as stack:
+        if request.param == "sqlite":
+            pd: ProcessDeployment = ProcessDeployment(tmp_path_factory.mktemp("audit"))
+        else:
+            from test_store_pg_workers import WorkerDeployment
+
+            url, tag = stack.enter_context(pg_tagged())
+            pd = WorkerDeployment(tmp_path_factory.mktemp("audit_pg"), url, tag, leaders=2)
+        pd.start()
+        ra = RemoteAudit(pd)
+        try:
+            yield ra
+        finally:
+            ra.close()
+            pd.stop()
 
 
 def _audit(remote: RemoteAudit, kind: str, trials: int, seed: int) -> Any:
