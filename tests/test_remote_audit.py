@@ -7,7 +7,8 @@ tasks and `trials` fresh streams run on each, ε = 2, F = 6, 4 users, 8 queries
 (ctt: 4); once with both servers on SQLite, once on PostgreSQL with the
 leader's chunks run by leased worker processes.  Each audit is a Bonferroni
 family at total level 1e-3, so a correct mechanism fails it with probability
-≤ 1e-3 per kind.  The servers draw noise from their CSPRNGs (not seedable); the audit's own thinning is seeded.
+≤ 1e-3 per kind.  The servers draw noise from their CSPRNGs (not seedable);
+the audit's own thinning is seeded.
 
 Default run: a smoke of TRIALS_DEFAULT streams per dataset per kind (it can only
 catch gross failures, e.g. a stream answering without noise).  Heavy run:
