@@ -207,6 +207,17 @@ class Metrics:
             "svtagg_refusals", "Calls refused, by method and status code", ["method", "code"],
             registry=r,
         )  # fmt: skip
+        self.jobs = Counter(
+            "svtagg_work_jobs",
+            "Leased jobs queued by the leader front end, by kind and outcome (done, refused, "
+            "lost: the worker died, unclaimed: no worker took it, abandoned: the caller left)",
+            ["kind", "outcome"],
+            registry=r,
+        )
+        self.workers_alive = Gauge(
+            "svtagg_workers_alive", "Leader workers seen within three leases (front end)",
+            registry=r,
+        )  # fmt: skip
         self.helper_reachable = Gauge(
             "svtagg_helper_reachable", "1 if the leader's last health probe reached the helper",
             registry=r,
@@ -693,6 +704,7 @@ class SvtaggServer:
             if withdrawn:
                 log.info("work queue: withdrew %d job(s) queued before this start", withdrawn)
             self.analyst.driver.work = self.work
+            self.work.metrics = self.metrics
             warm = False  # the workers hold the sessions
         await self.server.start()
         if self.config.worker and self.work is not None:

@@ -63,6 +63,14 @@ POLL_SECONDS = 0.5
 SWEEP_AFTER = 600.0
 
 
+class WorkerLost(PeerUnavailable):
+    """The worker running a job stopped renewing its lease (the job is gone)."""
+
+
+class Unclaimed(PeerUnavailable):
+    """No worker took the job in time, or none is running (nothing ran)."""
+
+
 @dataclass(frozen=True)
 class Job:
     job_id: int
@@ -93,6 +101,8 @@ class WorkQueue:
         self._abandoned: set[asyncio.Future[None]] = set()
         self._early: set[int] = set()  # finished jobs whose waiter was not yet registered
         self._alive = (0, 0.0)  # (leader workers seen, when: time.monotonic())
+        #: The front end's Prometheus metrics (servers.service.Metrics), if any.
+        self.metrics: Any = None
 
     @classmethod
     async def connect(cls, store: Any) -> WorkQueue:
@@ -173,6 +183,8 @@ class WorkQueue:
             (ALIVE_LEASES * LEASE_SECONDS,),
         )
         self._alive = (int(rows[0][0]), now)
+        if self.metrics is not None:
+            self.metrics.workers_alive.set(self._alive[0])
         return self._alive[0]
 
     async def run(
@@ -189,7 +201,8 @@ class WorkQueue:
         import psycopg
 
         if not await self.workers_alive():
-            raise PeerUnavailable("no comparison worker is running (svtagg-server --worker)")
+            self._count(kind, "unclaimed")
+            raise Unclaimed("no comparison worker is running (svtagg-server --worker)")
         try:
             # One round trip: the row, and the workers' wake-up (sent at commit).
             rows = await self._exec(
@@ -206,8 +219,20 @@ class WorkQueue:
         if job_id in self._early:  # finished before its waiter was registered
             ev.set()
         try:
-            return await self._wait(job_id, ev, stream_id, on_lost, pickup)
+            out = await self._wait(job_id, ev, stream_id, on_lost, pickup)
+            self._count(kind, "done")
+            return out
+        except WorkerLost:
+            self._count(kind, "lost")
+            raise
+        except Unclaimed:
+            self._count(kind, "unclaimed")
+            raise
+        except Refusal:
+            self._count(kind, "refused")
+            raise
         except asyncio.CancelledError:
+            self._count(kind, "abandoned")
             # The caller gave up (e.g. the analyst's deadline): a job not yet taken
             # is withdrawn; one already running finishes and is swept later.
             cleanup = asyncio.ensure_future(self._abandon(job_id))
@@ -216,6 +241,10 @@ class WorkQueue:
             raise
         finally:
             self._events.pop(job_id, None)
+
+    def _count(self, kind: str, outcome: str) -> None:
+        if self.metrics is not None:
+            self.metrics.jobs.labels(kind=kind, outcome=outcome).inc()
 
     async def _abandon(self, job_id: int) -> None:
         with contextlib.suppress(Exception):
@@ -266,12 +295,12 @@ class WorkQueue:
                 log.warning("job %d: its worker was lost mid-job (lease expired)", job_id)
                 if stream_id is not None and on_lost is not None:
                     await on_lost(stream_id)
-                raise PeerUnavailable(
+                raise WorkerLost(
                     "the comparison worker running this chunk was lost; "
                     + ("the stream is failed closed" if stream_id else "try again")
                 )
             if state == "pending" and stale and await self._take_out(job_id, "pending"):
-                raise PeerUnavailable(
+                raise Unclaimed(
                     f"no comparison worker took the job within {pickup:g} s; nothing ran"
                 )
 

@@ -26,9 +26,10 @@ import pytest
 from conftest import postgres_unavailable
 from svtagg.analyst.oracle import Query
 from svtagg.deploy.jobs import task_spec
-from svtagg.dp.errors import FailedPrecondition, PeerUnavailable
+from svtagg.dp.errors import FailedPrecondition
 from svtagg.dp.task import TaskParams
 from svtagg.proto import svtagg_pb2 as pb
+from svtagg.servers.work import Unclaimed, WorkerLost
 from test_reliability import (
     CLEAR,
     EPS,
@@ -126,7 +127,7 @@ async def test_lost_worker_fails_the_stream(queues: tuple[Any, Any, Any]) -> Non
     while (job := await q.lease("w1", seconds=0.5)) is None:
         await asyncio.sleep(0.01)
     # The worker goes silent: no renewal, no result.
-    with pytest.raises(PeerUnavailable, match="lost; the stream is failed closed"):
+    with pytest.raises(WorkerLost, match="lost; the stream is failed closed"):
         await asyncio.wait_for(waiting, 10)
     assert lost == ["s1"]
     assert not await q.renew(job, "w1")  # taken away
@@ -135,11 +136,16 @@ async def test_lost_worker_fails_the_stream(queues: tuple[Any, Any, Any]) -> Non
 
 async def test_unclaimed_job_is_withdrawn_unrun(queues: tuple[Any, Any, Any]) -> None:
     _, front, q = queues
-    with pytest.raises(PeerUnavailable, match="no comparison worker is running"):
+    from svtagg.servers.service import Metrics
+
+    front.metrics = Metrics("leader")
+    with pytest.raises(Unclaimed, match="no comparison worker is running"):
         await front.run("ask", b"p", "s1")
     await q.heartbeat("w1", "leader")  # alive, but never leases
-    with pytest.raises(PeerUnavailable, match="nothing ran"):
+    with pytest.raises(Unclaimed, match="nothing ran"):
         await front.run("ask", b"p", "s1", pickup=0.5)
+    jobs = front.metrics.jobs.labels(kind="ask", outcome="unclaimed")
+    assert jobs._value.get() == 2 and front.metrics.workers_alive._value.get() == 1
     assert await q.lease("w1") is None  # withdrawn, not left for a worker
     assert (await front._exec("SELECT count(*) FROM work"))[0][0] == 0
 
