@@ -300,7 +300,11 @@ async def _serve(args: argparse.Namespace, identity: Identity) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+    stopping = asyncio.ensure_future(stop.wait())
+    failing = asyncio.ensure_future(server.failed.wait())
+    await asyncio.wait({stopping, failing}, return_when=asyncio.FIRST_COMPLETED)
+    stopping.cancel()
+    failing.cancel()
     logging.getLogger("svtagg.server").info("shutting down (grace %.1fs)", args.grace)
     await server.stop(args.grace)
-    return 0
+    return 1 if server.failed.is_set() else 0

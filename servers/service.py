@@ -673,6 +673,9 @@ class SvtaggServer:
         add_service(health_pb2_grpc.add_HealthServicer_to_server, self.health, self.server)
         self.work: WorkQueue | None = None
         self.worker: Worker | None = None
+        #: Set when this process can no longer do its job (a worker whose
+        #: database failed): `svtagg server` then stops with exit status 1.
+        self.failed = asyncio.Event()
         if config.ingest_only:
             return  # Ingest and Health only: no analyst, no peer, no sessions
         if config.role == "leader":
@@ -714,6 +717,7 @@ class SvtaggServer:
                 self.config.lease_seconds,
             )
             self._work_loop = asyncio.ensure_future(self.worker.run())
+            self._work_loop.add_done_callback(self._worker_ended)
             if warm:
                 self._warm = asyncio.ensure_future(self.driver.pool.warm())
         if self.analyst is not None and warm:
@@ -767,6 +771,13 @@ class SvtaggServer:
             await self.helper_probe.close()
         self.metrics.stop()
         self.store.close()
+
+    def _worker_ended(self, loop: asyncio.Future[None]) -> None:
+        """A worker's loop ends only when it stops, or when its database fails:
+        then the process should end too (its supervisor starts a fresh one)."""
+        if not loop.cancelled() and loop.exception() is not None:
+            log.error("worker: taking work failed: %s; stopping", loop.exception())
+            self.failed.set()
 
     async def wait(self) -> None:
         await self.server.wait_for_termination()

@@ -118,7 +118,7 @@ class WorkQueue:
         try:
             for _ in range(2):
                 c = await psycopg.AsyncConnection.connect(
-                    url, autocommit=True, application_name="svtagg-work"
+                    url, autocommit=True, application_name=f"svtagg-work-{os.getpid()}"
                 )
                 conns.append(c)
                 await c.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))

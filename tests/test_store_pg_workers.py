@@ -328,3 +328,25 @@ def test_worker_kills_heavy(tmp_path: Path, pg_url: tuple[str, str]) -> None:
         assert sum(pd.kills.values()) == 4 * KILLS_HEAVY
     finally:
         pd.stop()
+
+
+def test_worker_whose_database_fails_exits(tmp_path: Path, pg_url: tuple[str, str]) -> None:
+    """A worker that loses its queue connection stops (exit status 1, the cause
+    logged) instead of idling while it looks alive, so a supervisor restarts it."""
+    import psycopg
+
+    pd = WorkerDeployment(tmp_path, *pg_url).start()
+    try:
+        proc = pd.dep.procs["leader-worker-0"]
+        with psycopg.connect(pd.url, autocommit=True) as conn:
+            conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE application_name = %s",
+                (f"svtagg-work-{proc.pid}",),
+            )
+        assert proc.wait(30) == 1
+        pd.dep.procs.pop("leader-worker-0")
+        log = (tmp_path / "leader-worker-0.log").read_text()
+        assert "taking work failed" in log
+    finally:
+        pd.stop()
