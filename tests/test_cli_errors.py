@@ -185,6 +185,41 @@ def _server_cases(e: Env) -> list[tuple[str, list[str], int, str, list[Path]]]:
             USAGE, "--ingest-only", [db],
         ),
         (
+            "worker on SQLite",
+            ["server", "--role", "helper", "--db", str(db), "--certs", e.certs, "--worker"],
+            USAGE, "--worker needs the PostgreSQL store", [db],
+        ),
+        (
+            "leased work on SQLite",
+            ["server", "--role", "leader", "--db", str(db), "--certs", e.certs, "--helper",
+             "127.0.0.1:1", "--lease-work"],
+            USAGE, "--lease-work needs the PostgreSQL store", [db],
+        ),
+        (
+            "leased work on the helper",
+            ["server", "--role", "helper", "--db", "postgresql://x@127.0.0.1:1/x", "--certs",
+             e.certs, "--lease-work"],
+            USAGE, "--lease-work is for the leader only", [],
+        ),
+        (
+            "a worker that is also a replica",
+            ["server", "--role", "helper", "--db", "postgresql://x@127.0.0.1:1/x", "--certs",
+             e.certs, "--worker", "--ingest-only"],
+            USAGE, "cannot be combined", [],
+        ),
+        (
+            "lease without a leader worker",
+            ["server", "--role", "helper", "--db", "postgresql://x@127.0.0.1:1/x", "--certs",
+             e.certs, "--worker", "--lease", "5"],
+            USAGE, "--lease is for a leader --worker only", [],
+        ),
+        (
+            "lease out of range",
+            ["server", "--role", "leader", "--db", "postgresql://x@127.0.0.1:1/x", "--certs",
+             e.certs, "--helper", "127.0.0.1:1", "--worker", "--lease", "0.1"],
+            USAGE, "--lease must be in", [],
+        ),
+        (
             "threads out of range",
             ["server", "--role", "helper", "--db", str(db), "--certs", e.certs, "--threads",
              "0"],
