@@ -51,9 +51,11 @@ def _run_clients(
 ) -> tuple[float, float]:
     """Reports/s of all clients together (first start to last end), and the
     clients' CPU seconds during their uploads."""
-    out: mp.Queue = mp.Queue()
+    # spawned, not forked: this process holds gRPC channels, which do not survive a fork
+    ctx = mp.get_context("spawn")
+    out: mp.Queue = ctx.Queue()
     procs = [
-        mp.Process(target=_client, args=(str(certs), ld, hp, task, n, i, out))
+        ctx.Process(target=_client, args=(str(certs), ld, hp, task, n, i, out))
         for i, (ld, hp) in enumerate(pairs)
     ]
     for p in procs:
