@@ -8,9 +8,10 @@ each, SQLite and PostgreSQL alternately, and the table gives the medians.
         [--n 40000] [--repeat 5]
 
 `scripts/start_postgres.sh DIR` starts a throwaway server and prints its URL.
-The CPU seconds per 1,000 reports (PostgreSQL runs) are read from /proc for
-the server processes and the database's processes, when the database is on
-this machine; they show where a run's cores went.
+The CPU milliseconds per 1,000 reports are read from /proc for the server
+processes and (PostgreSQL) the database's processes, when the database is on
+this machine; they show where a run's cores went, and unlike the rates they
+do not depend on how many processes share the cores with other load.
 """
 
 from __future__ import annotations
@@ -80,7 +81,7 @@ class _CpuMeter:
     """CPU seconds per group of processes between `start` and `stop`: the
     deployment's server processes by role, and the database's processes."""
 
-    def __init__(self, dep: LocalDeployment, conn: Any) -> None:
+    def __init__(self, dep: LocalDeployment, conn: Any = None) -> None:
         self.dep = dep
         self.conn = conn
         self.before: dict[int, float] = {}
@@ -88,8 +89,9 @@ class _CpuMeter:
 
     def _pids(self) -> dict[int, str]:
         pids = {p.pid: name.split("-")[0] for name, p in self.dep.procs.items()}
-        for (pid,) in self.conn.execute("SELECT pid FROM pg_stat_activity").fetchall():
-            pids[int(pid)] = "postgres"
+        if self.conn is not None:
+            for (pid,) in self.conn.execute("SELECT pid FROM pg_stat_activity").fetchall():
+                pids[int(pid)] = "postgres"
         return pids
 
     def start(self) -> None:
@@ -124,6 +126,7 @@ def main(argv: list[str] | None = None) -> None:
     sqlite_rates: list[float] = []
     pg_rates: list[float] = []
     cpu: dict[str, list[float]] = {}
+    lite_cpu: dict[str, list[float]] = {}
     with (
         tempfile.TemporaryDirectory() as tmp,
         psycopg.connect(url, autocommit=True) as conn,
@@ -141,14 +144,18 @@ def main(argv: list[str] | None = None) -> None:
             pg_pairs = [main_pg, (replicas[0], replicas[1])]
             main_lite = (lite.address("leader"), lite.address("helper"))
             meter = _CpuMeter(dep, conn)
+            lite_meter = _CpuMeter(lite)
             for i in range(args.repeat):
                 task = f"bench{i}"
                 spec = task_spec(task, 100, 4 * args.n, "1000000")
                 analyst_stub(main_lite[0], lite.certs).CreateTask(spec, timeout=30)
                 analyst_stub(main_pg[0], dep.certs).CreateTask(spec, timeout=30)
-                sqlite_rates.append(
-                    _run_clients(lite.certs, [main_lite, main_lite], task, args.n)[0]
-                )
+                lite_meter.start()
+                rate, client_cpu = _run_clients(lite.certs, [main_lite, main_lite], task, args.n)
+                sqlite_rates.append(rate)
+                used = {**lite_meter.stop(), "clients": client_cpu}
+                for group, seconds in used.items():
+                    lite_cpu.setdefault(group, []).append(1000 * seconds / (2 * args.n))
                 meter.start()
                 rate, client_cpu = _run_clients(dep.certs, pg_pairs, task, args.n)
                 used = {**meter.stop(), "clients": client_cpu}
@@ -168,9 +175,12 @@ def main(argv: list[str] | None = None) -> None:
         f"ratio PostgreSQL / SQLite (per run pair):    {statistics.median(ratios):9.2f}x "
         f"({min(ratios):.2f}-{max(ratios):.2f})   [target >= 1x]"
     )
-    print("CPU ms per 1,000 reports in the PostgreSQL runs, median:")
+    print("CPU ms per 1,000 reports, median:      SQLite  PostgreSQL")
     for group in sorted(cpu):
-        print(f"  {group:10s} {1000 * statistics.median(cpu[group]):8.0f}")
+        lite_ms = f"{1000 * statistics.median(lite_cpu[group]):8.0f}" if group in lite_cpu else ""
+        print(f"  {group:32s} {lite_ms:>8s} {1000 * statistics.median(cpu[group]):8.0f}")
+    totals = [sum(1000 * statistics.median(c[g]) for g in c) for c in (lite_cpu, cpu)]
+    print(f"  {'total':32s} {totals[0]:8.0f} {totals[1]:8.0f}")
     print(f"load average at end: {os.getloadavg()[0]:.2f}")
 
 
