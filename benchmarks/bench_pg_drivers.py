@@ -4,7 +4,8 @@
     SVTAGG_TEST_POSTGRES=postgresql://... python -m svtagg.benchmarks.bench_pg_drivers \
         [--repeat 7] [--batches 5]
 
-Two shapes, each in a throwaway schema of its own (dropped at the end):
+Two shapes, on the store's own tables (its migrations, so the database does
+what it does for the store) in a throwaway schema (dropped at the end):
 - the upload batch (`PgStore.add_reports`): BEGIN; transaction advisory lock;
   SELECT the task row FOR UPDATE; COPY (binary) of 1,000 (task id, 16-byte
   report id, 800-byte share) rows, i.e. d = 100 shares of 8 bytes; UPDATE the
@@ -39,7 +40,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from svtagg.servers.store_pg import _copy_rows
+from svtagg.servers.store_pg import _MIGRATIONS, _copy_rows
 
 TASK = "bench"
 REPORT_ID_BYTES = 16
@@ -50,19 +51,12 @@ except ImportError:  # pragma: no cover - depends on the environment
     asyncpg = None
 
 
-def _schema_sql(schema: str, d: int) -> list[str]:
+def _schema_sql(schema: str) -> list[str | bytes]:
+    """The store's own tables (its migrations), in a schema of their own."""
     return [
         f'CREATE SCHEMA "{schema}"',
         f'SET search_path TO "{schema}"',
-        'CREATE TABLE tasks (task_id TEXT COLLATE "C" PRIMARY KEY, n BIGINT NOT NULL,'
-        " sums BYTEA NOT NULL, digest BYTEA NOT NULL,"
-        " epsilon_spent TEXT NOT NULL, delta_spent TEXT NOT NULL)",
-        'CREATE TABLE reports (task_id TEXT COLLATE "C" NOT NULL REFERENCES tasks (task_id),'
-        " report_id BYTEA NOT NULL, share BYTEA, PRIMARY KEY (task_id, report_id))",
-        'CREATE TABLE spends (seq BIGSERIAL PRIMARY KEY, task_id TEXT COLLATE "C" NOT NULL,'
-        " epsilon TEXT NOT NULL, delta TEXT NOT NULL,"
-        " epsilon_spent TEXT NOT NULL, delta_spent TEXT NOT NULL,"
-        " at TIMESTAMPTZ NOT NULL DEFAULT now())",
+        *(statement.encode() for step in _MIGRATIONS for statement in step),
     ]
 
 
@@ -271,13 +265,21 @@ def _run(writers: list[tuple[Callable[..., None], tuple[Any, ...]]]) -> tuple[fl
 
 
 def _reset(conn: Any, schema: str, d: int) -> None:
-    conn.execute(f'TRUNCATE "{schema}".reports, "{schema}".spends')
-    conn.execute(f'DELETE FROM "{schema}".tasks')
+    """An empty `reports` table and the task's row as created (`spends` is
+    append-only: it keeps growing, by a few hundred rows per run)."""
+    conn.execute(f'TRUNCATE "{schema}".reports')
+    if conn.execute(f'SELECT 1 FROM "{schema}".tasks').fetchone() is None:
+        conn.execute(
+            f'INSERT INTO "{schema}".tasks (task_id, d, frac_bits, n_max, min_batch,'
+            " epsilon_total, delta_total, epsilon_min, digest, sums)"
+            " VALUES (%s, %s, 16, %s, 1, '1000000', '0', '1', %s, %s)",
+            (TASK, d, 10**15, bytes(16), bytes(8 * d)),
+        )
     conn.execute(
-        f'INSERT INTO "{schema}".tasks VALUES (%s, 0, %s, %s, %s, %s)',
-        (TASK, bytes(8 * d), bytes(16), "0", "0"),
+        f'UPDATE "{schema}".tasks SET n = 0, sums = %s, digest = %s, epsilon_spent = %s',
+        (bytes(8 * d), bytes(16), "0"),
     )
-    conn.execute(f'VACUUM ANALYZE "{schema}".tasks')
+    conn.execute(f'VACUUM ANALYZE "{schema}".tasks, "{schema}".reports')
 
 
 def _fmt(xs: list[float]) -> str:
@@ -325,7 +327,7 @@ def main(argv: list[str] | None = None) -> None:
     cpu: dict[str, list[float]] = {k: [] for k in [*uploads, *points]}
     print(f"load average at start: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
     with psycopg.connect(url, autocommit=True) as conn:
-        for statement in _schema_sql(schema, d):
+        for statement in _schema_sql(schema):
             conn.execute(statement)
         try:
             for rep in range(args.repeat):
