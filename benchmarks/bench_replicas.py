@@ -1,11 +1,17 @@
 """Upload throughput: one SQLite process per server against PostgreSQL with an
 ingest replica beside each server's main process (two ingest processes per
 server), the same clients in one run: two client processes, d = 100, batches
-of 1,000.
+of 1,000.  Both deployments stay up; each repetition uploads a fresh task into
+each, SQLite and PostgreSQL alternately, and the table gives the medians.
 
-    SVTAGG_TEST_POSTGRES=postgresql://... python -m svtagg.benchmarks.bench_replicas [--n 40000]
+    SVTAGG_TEST_POSTGRES=postgresql://... python -m svtagg.benchmarks.bench_replicas \
+        [--n 40000] [--repeat 5]
 
 `scripts/start_postgres.sh DIR` starts a throwaway server and prints its URL.
+The CPU milliseconds per 1,000 reports are read from /proc for the server
+processes and (PostgreSQL) the database's processes, when the database is on
+this machine; they show where a run's cores went, and unlike the rates they
+do not depend on how many processes share the cores with other load.
 """
 
 from __future__ import annotations
@@ -13,10 +19,12 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import os
+import statistics
 import tempfile
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from svtagg.client.upload import Uploader
@@ -24,21 +32,31 @@ from svtagg.deploy.jobs import analyst_stub, task_spec
 from svtagg.deploy.launch import UNCAPPED_SERVER_ARGS, LocalDeployment
 from svtagg.proto.tls import Identity
 
+_TICK = os.sysconf("SC_CLK_TCK")
 
-def _client(certs: str, leader: str, helper: str, n: int, seed: int, out: mp.Queue) -> None:
+
+def _client(
+    certs: str, leader: str, helper: str, task: str, n: int, seed: int, out: mp.Queue
+) -> None:
     c = Identity.load(certs, "client")
     values = np.random.default_rng(seed).random((n, 100))
     with Uploader(leader, helper, c.ca, c.cert, c.key, timeout=120) as up:
         t = time.perf_counter()
-        up.upload("bench", values, batch_size=1000)
-        out.put((t, time.perf_counter()))
+        cpu = time.process_time()
+        up.upload(task, values, batch_size=1000)
+        out.put((t, time.perf_counter(), time.process_time() - cpu))
 
 
-def _run_clients(certs: Path, pairs: list[tuple[str, str]], n: int) -> float:
-    """Reports/s of all clients together (first start to last end)."""
-    out: mp.Queue = mp.Queue()
+def _run_clients(
+    certs: Path, pairs: list[tuple[str, str]], task: str, n: int
+) -> tuple[float, float]:
+    """Reports/s of all clients together (first start to last end), and the
+    clients' CPU seconds during their uploads."""
+    # spawned, not forked: this process holds gRPC channels, which do not survive a fork
+    ctx = mp.get_context("spawn")
+    out: mp.Queue = ctx.Queue()
     procs = [
-        mp.Process(target=_client, args=(str(certs), ld, hp, n, i, out))
+        ctx.Process(target=_client, args=(str(certs), ld, hp, task, n, i, out))
         for i, (ld, hp) in enumerate(pairs)
     ]
     for p in procs:
@@ -46,49 +64,123 @@ def _run_clients(certs: Path, pairs: list[tuple[str, str]], n: int) -> float:
     spans = [out.get(timeout=600) for _ in procs]
     for p in procs:
         p.join(30)
-    return len(procs) * n / (max(e for _, e in spans) - min(s for s, _ in spans))
+    rate = len(procs) * n / (max(e for _, e, _ in spans) - min(s for s, _, _ in spans))
+    return rate, sum(c for _, _, c in spans)
+
+
+def _cpu_seconds(pid: int) -> float:
+    """utime + stime of a process on this machine (0 if it is gone or elsewhere)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / _TICK
+
+
+class _CpuMeter:
+    """CPU seconds per group of processes between `start` and `stop`: the
+    deployment's server processes by role, and the database's processes."""
+
+    def __init__(self, dep: LocalDeployment, conn: Any = None) -> None:
+        self.dep = dep
+        self.conn = conn
+        self.before: dict[int, float] = {}
+        self.groups: dict[int, str] = {}
+
+    def _pids(self) -> dict[int, str]:
+        pids = {p.pid: name.split("-")[0] for name, p in self.dep.procs.items()}
+        if self.conn is not None:
+            for (pid,) in self.conn.execute("SELECT pid FROM pg_stat_activity").fetchall():
+                pids[int(pid)] = "postgres"
+        return pids
+
+    def start(self) -> None:
+        self.groups = self._pids()
+        self.before = {pid: _cpu_seconds(pid) for pid in self.groups}
+
+    def stop(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for pid, group in self.groups.items():
+            used = _cpu_seconds(pid) - self.before[pid]
+            out[group] = out.get(group, 0.0) + max(used, 0.0)
+        return out
+
+
+def _fmt(xs: list[float], unit: str = "") -> str:
+    return f"{statistics.median(xs):9,.0f}{unit} ({min(xs):,.0f}-{max(xs):,.0f})"
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=40_000, help="reports per client")
+    ap.add_argument("--repeat", type=int, default=5, help="runs of each store")
     args = ap.parse_args(argv)
     url = os.environ.get("SVTAGG_TEST_POSTGRES")
     if not url:
         raise SystemExit("set SVTAGG_TEST_POSTGRES (scripts/start_postgres.sh DIR prints one)")
-    spec = task_spec("bench", 100, 4 * args.n, "1000000")
+    import psycopg
+
     print(f"load average at start: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
-    with tempfile.TemporaryDirectory() as tmp:
-        with LocalDeployment(Path(tmp) / "sqlite", server_args=UNCAPPED_SERVER_ARGS) as dep:
-            analyst_stub(dep.address("leader"), dep.certs).CreateTask(spec, timeout=30)
-            main_pair = (dep.address("leader"), dep.address("helper"))
-            sqlite_rate = _run_clients(dep.certs, [main_pair, main_pair], args.n)
-        tag = uuid.uuid4().hex[:10]
-        schemas = {r: f"{r}_bench_{tag}" for r in ("leader", "helper")}
+    tag = uuid.uuid4().hex[:10]
+    schemas = {r: f"{r}_bench_{tag}" for r in ("leader", "helper")}
+    sqlite_rates: list[float] = []
+    pg_rates: list[float] = []
+    cpu: dict[str, list[float]] = {}
+    lite_cpu: dict[str, list[float]] = {}
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        psycopg.connect(url, autocommit=True) as conn,
+        LocalDeployment(Path(tmp) / "sqlite", server_args=UNCAPPED_SERVER_ARGS) as lite,
+    ):
         dep = LocalDeployment(Path(tmp) / "pg", server_args=[*UNCAPPED_SERVER_ARGS, "--db", url])
         try:
             for role in ("helper", "leader"):
                 dep.start_role(role, env={"PGOPTIONS": f"-csearch_path={schemas[role]}"})
-            analyst_stub(dep.address("leader"), dep.certs).CreateTask(spec, timeout=30)
             replicas = [
                 dep.start_replica(r, url, env={"PGOPTIONS": f"-csearch_path={schemas[r]}"})
                 for r in ("leader", "helper")
             ]
-            pairs = [(dep.address("leader"), dep.address("helper")), (replicas[0], replicas[1])]
-            pg_rate = _run_clients(dep.certs, pairs, args.n)
+            main_pg = (dep.address("leader"), dep.address("helper"))
+            pg_pairs = [main_pg, (replicas[0], replicas[1])]
+            main_lite = (lite.address("leader"), lite.address("helper"))
+            meter = _CpuMeter(dep, conn)
+            lite_meter = _CpuMeter(lite)
+            for i in range(args.repeat):
+                task = f"bench{i}"
+                spec = task_spec(task, 100, 4 * args.n, "1000000")
+                analyst_stub(main_lite[0], lite.certs).CreateTask(spec, timeout=30)
+                analyst_stub(main_pg[0], dep.certs).CreateTask(spec, timeout=30)
+                lite_meter.start()
+                rate, client_cpu = _run_clients(lite.certs, [main_lite, main_lite], task, args.n)
+                sqlite_rates.append(rate)
+                used = {**lite_meter.stop(), "clients": client_cpu}
+                for group, seconds in used.items():
+                    lite_cpu.setdefault(group, []).append(1000 * seconds / (2 * args.n))
+                meter.start()
+                rate, client_cpu = _run_clients(dep.certs, pg_pairs, task, args.n)
+                used = {**meter.stop(), "clients": client_cpu}
+                pg_rates.append(rate)
+                for group, seconds in used.items():
+                    cpu.setdefault(group, []).append(1000 * seconds / (2 * args.n))
         finally:
             dep.stop()  # the replicas with it
-            import psycopg
-
-            with psycopg.connect(url, autocommit=True) as conn:
-                for schema in schemas.values():
-                    conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
-    print(f"2 clients x {args.n:,} reports, d = 100, batches of 1,000")
-    print(f"SQLite, one process per server:           {sqlite_rate:9,.0f} reports/s")
+            for schema in schemas.values():
+                conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+    ratios = [p / s for p, s in zip(pg_rates, sqlite_rates, strict=True)]
+    print(f"2 clients x {args.n:,} reports, d = 100, batches of 1,000; {args.repeat} runs each")
+    print("median (min-max) reports/s:")
+    print(f"SQLite, one process per server:              {_fmt(sqlite_rates)}")
+    print(f"PostgreSQL, main + ingest replica / server:  {_fmt(pg_rates)}")
     print(
-        f"PostgreSQL, main + ingest replica / server: {pg_rate:9,.0f} reports/s "
-        f"({pg_rate / sqlite_rate:.2f}x)   [target >= the SQLite figure]"
+        f"ratio PostgreSQL / SQLite (per run pair):    {statistics.median(ratios):9.2f}x "
+        f"({min(ratios):.2f}-{max(ratios):.2f})   [target >= 1x]"
     )
+    print("CPU ms per 1,000 reports, median:      SQLite  PostgreSQL")
+    for group in sorted(cpu):
+        lite_ms = f"{1000 * statistics.median(lite_cpu[group]):8.0f}" if group in lite_cpu else ""
+        print(f"  {group:32s} {lite_ms:>8s} {1000 * statistics.median(cpu[group]):8.0f}")
+    totals = [sum(1000 * statistics.median(c[g]) for g in c) for c in (lite_cpu, cpu)]
+    print(f"  {'total':32s} {totals[0]:8.0f} {totals[1]:8.0f}")
     print(f"load average at end: {os.getloadavg()[0]:.2f}")
 
 
