@@ -209,6 +209,25 @@ def _candidates(oracle: Oracle, candidates: Candidates | None) -> Candidates:
     return cands
 
 
+def _positions(
+    oracle: Oracle,
+    candidates: Candidates | None,
+    subset: Sequence[int] | None,
+    interval: tuple[float, float] | None,
+) -> tuple[Candidates, list[int], float, float]:
+    """The candidates, the positions searched (`subset`, default all) and [ℓ, u]
+    (`interval`, default [0, n])."""
+    cands = _candidates(oracle, candidates)
+    positions = list(subset) if subset is not None else list(range(len(cands)))
+    lo, hi = interval if interval is not None else (0.0, float(oracle.n))
+    return cands, positions, lo, hi
+
+
+def _plan_misfit(plan: PracticalPlan | ScanPlan, size: int, width: float) -> bool:
+    """True when `plan` was made for another candidate count or interval width."""
+    return plan.size != size or abs(plan.width - width) > 1e-9
+
+
 def _check_beta(beta: float) -> float:
     if not 0 < beta < 1:
         raise ValueError(f"beta must be in (0, 1), got {beta}")
@@ -309,9 +328,7 @@ def geometric_binary_search(
     variant_of(variant, Variant.PAPER, Variant.PRACTICAL)
     eps = check_epsilon(epsilon)
     beta = _check_beta(beta)
-    cands = _candidates(oracle, candidates)
-    positions = list(subset) if subset is not None else list(range(len(cands)))
-    lo, hi = interval if interval is not None else (0.0, float(oracle.n))
+    cands, positions, lo, hi = _positions(oracle, candidates, subset, interval)
     w0 = witness if witness is not None else positions[0]
     t_rounds = rounds if rounds is not None else default_rounds(hi - lo)
     session = _Session(oracle, kind if kind is not None else StreamKind.LAP24)
@@ -481,9 +498,7 @@ def practical_selection(
     AboveThreshold allows).  Queries ≤ `plan.max_queries()`.  W.p. ≥ 1 − β: the
     chosen score is ≥ ℓ' and every score ≤ u', and u' − ℓ' ≤ `plan.error_bound()`.
     """
-    cands = _candidates(oracle, candidates)
-    positions = list(subset) if subset is not None else list(range(len(cands)))
-    lo, hi = interval if interval is not None else (0.0, float(oracle.n))
+    cands, positions, lo, hi = _positions(oracle, candidates, subset, interval)
     pl = (
         plan
         if plan is not None
@@ -499,7 +514,7 @@ def practical_selection(
             step=step,
         )
     )
-    if pl.size != len(positions) or abs(pl.width - (hi - lo)) > 1e-9:
+    if _plan_misfit(pl, len(positions), hi - lo):
         raise ValueError("plan was made for another candidate count or interval")
     w0 = witness if witness is not None else positions[0]
     session = _Session(oracle, pl.kind)
@@ -1246,6 +1261,47 @@ def _scan_stream(
     return None
 
 
+def _scan_setup(
+    oracle: Oracle,
+    k: int,
+    epsilon: Number | str,
+    beta: float,
+    *,
+    candidates: Candidates | None,
+    subset: Sequence[int] | None,
+    interval: tuple[float, float] | None,
+    kind: StreamKind | str,
+    coarse_fraction: Number | str,
+    rounds: int | None,
+    step: int | None,
+    plan: ScanPlan | None,
+    mid_fraction: Number | str | None,
+) -> tuple[Candidates, list[int], float, float, ScanPlan]:
+    """Candidates, positions, [ℓ, u] and the plan (given, or `plan_scan`'s for k
+    ranks) of `scan_selection` / `scan_top_k`; refuses a plan made for other ones."""
+    cands, positions, lo, hi = _positions(oracle, candidates, subset, interval)
+    pl = (
+        plan
+        if plan is not None
+        else plan_scan(
+            oracle,
+            epsilon,
+            beta,
+            len(positions),
+            hi - lo,
+            k=k,
+            kind=kind,
+            coarse_fraction=coarse_fraction,
+            rounds=rounds,
+            step=step,
+            mid_fraction=mid_fraction,
+        )
+    )
+    if _plan_misfit(pl, len(positions), hi - lo) or pl.streams != k:
+        raise ValueError("plan was made for another candidate count, interval or k")
+    return cands, positions, lo, hi, pl
+
+
 def scan_selection(
     oracle: Oracle,
     epsilon: Number | str,
@@ -1278,27 +1334,21 @@ def scan_selection(
     AboveThreshold allows).  W.p. ≥ 1 − β the chosen score is within
     `plan.error_bound()` of the max.
     """
-    cands = _candidates(oracle, candidates)
-    positions = list(subset) if subset is not None else list(range(len(cands)))
-    lo, hi = interval if interval is not None else (0.0, float(oracle.n))
-    pl = (
-        plan
-        if plan is not None
-        else plan_scan(
-            oracle,
-            epsilon,
-            beta,
-            len(positions),
-            hi - lo,
-            kind=kind,
-            coarse_fraction=coarse_fraction,
-            rounds=rounds,
-            step=step,
-            mid_fraction=mid_fraction,
-        )
+    cands, positions, lo, hi, pl = _scan_setup(
+        oracle,
+        1,
+        epsilon,
+        beta,
+        candidates=candidates,
+        subset=subset,
+        interval=interval,
+        kind=kind,
+        coarse_fraction=coarse_fraction,
+        rounds=rounds,
+        step=step,
+        plan=plan,
+        mid_fraction=mid_fraction,
     )
-    if pl.size != len(positions) or abs(pl.width - (hi - lo)) > 1e-9 or pl.streams != 1:
-        raise ValueError("plan was made for another candidate count, interval or k")
     session = _Session(oracle, pl.kind)
     witness, lo_c, hi_c = _scan_coarse(session, cands, positions, lo, hi, pl)
     if pl.mid_epsilon:
@@ -1362,28 +1412,21 @@ def scan_top_k(
     `groups` (one public label per candidate): a pick removes every candidate of
     its group (sparse mean's two signs of a coordinate).
     """
-    cands = _candidates(oracle, candidates)
-    positions = list(range(len(cands)))
-    lo, hi = interval if interval is not None else (0.0, float(oracle.n))
-    pl = (
-        plan
-        if plan is not None
-        else plan_scan(
-            oracle,
-            epsilon,
-            beta,
-            len(positions),
-            hi - lo,
-            k=k,
-            kind=kind,
-            coarse_fraction=coarse_fraction,
-            rounds=rounds,
-            step=step,
-            mid_fraction=mid_fraction,
-        )
+    cands, positions, lo, hi, pl = _scan_setup(
+        oracle,
+        k,
+        epsilon,
+        beta,
+        candidates=candidates,
+        subset=None,
+        interval=interval,
+        kind=kind,
+        coarse_fraction=coarse_fraction,
+        rounds=rounds,
+        step=step,
+        plan=plan,
+        mid_fraction=mid_fraction,
     )
-    if pl.size != len(positions) or abs(pl.width - (hi - lo)) > 1e-9 or pl.streams != k:
-        raise ValueError("plan was made for another candidate count, interval or k")
     if groups is not None and len(groups) != len(positions):
         raise ValueError("one group label per candidate is required")
     session = _Session(oracle, pl.kind)
