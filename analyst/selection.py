@@ -531,20 +531,13 @@ def practical_selection(
         pl.ratio,
     )
     a_f = session.alpha(pl.fine_epsilon, pl.size * pl.max_levels, pl.beta / 2)
-    stream = session.open(pl.fine_epsilon)
-    top = math.floor(hi_c)
-    floor_level = lo_c - a_f
-    for i in range(pl.max_levels):
-        m = float(top - i * pl.step)
-        hit = session.ask(stream, cands, positions, m)
-        if hit is not None:
-            j = positions[hit]
-            upper = hi_c if i == 0 else min(hi_c, m + pl.step + a_f)
-            return SelectionResult(
-                j, cands.queries[j], m - a_f, upper, session.spend, pl.planned_epsilon
-            )
-        if m <= floor_level:
-            break
+    levels = _dense_levels(hi_c, lo_c - a_f, pl.step, pl.max_levels)
+    found = _scan_stream(session, cands, positions, levels, pl.fine_epsilon)
+    if found is not None:
+        hit, i = found
+        j = positions[hit]
+        lower, upper = _level_certificate(levels, i, a_f, hi_c)
+        return SelectionResult(j, cands.queries[j], lower, upper, session.spend, pl.planned_epsilon)
     # No YES down to ℓ_c − α_f contradicts the coarse certificate (max ≥ ℓ_c), so one
     # of the two stages failed; report the coarse stage's witness and certificate.
     return SelectionResult(best, cands.queries[best], lo_c, hi_c, session.spend, pl.planned_epsilon)
@@ -1184,27 +1177,44 @@ def _scan_levels(
     to −4n.  With `base` (later ranks of `scan_top_k`), each doubled step is capped
     at max(step, `SCAN_RANK_RELATIVE`·(m − base)) while the level m is above `base`,
     for at most `plan.rank_levels` levels in all."""
+    count = plan.dense_levels if dense is None else min(dense, plan.dense_levels)
+    levels = _dense_levels(top, floor_level, plan.step, count)
+    cap = plan.tail_levels if base is None else plan.rank_levels - len(levels)
+    _extend_doubling(levels, plan.step, cap, tau_limit, base)
+    return levels
+
+
+def _dense_levels(top: float, floor_level: float, step: int, count: int) -> list[float]:
+    """⌊top⌋, ⌊top⌋ − step, … : at most `count` levels, the last the first one at
+    or below `floor_level`."""
     levels = []
     m = float(math.floor(top))
-    count = plan.dense_levels if dense is None else min(dense, plan.dense_levels)
     for _ in range(count):
         levels.append(m)
         if m <= floor_level:
             break
-        m -= plan.step
-    cap = plan.tail_levels if base is None else plan.rank_levels - len(levels)
-    gap = 2 * plan.step
+        m -= step
+    return levels
+
+
+def _extend_doubling(
+    levels: list[float], step: int, cap: int, tau_limit: int, base: float | None = None
+) -> None:
+    """Append at most `cap` levels below the last of `levels`, each step double the
+    one before (starting at 2·step), stopping at −`tau_limit`.  With `base`, a step
+    taken from a level m above `base` is at most max(step, `SCAN_RANK_RELATIVE`·(m −
+    base))."""
+    gap = 2 * step
     for _ in range(max(cap, 0)):
         last = levels[-1]
         g = gap
         if base is not None and last > base:
-            g = min(gap, max(plan.step, math.floor(float(SCAN_RANK_RELATIVE) * (last - base))))
+            g = min(gap, max(step, math.floor(float(SCAN_RANK_RELATIVE) * (last - base))))
         m = max(last - g, -float(tau_limit))
         if m >= last:
             break
         levels.append(m)
         gap = 2 * g
-    return levels
 
 
 def _mid_stage(
@@ -1219,21 +1229,9 @@ def _mid_stage(
     at level m_i; returns (its candidate or None, max(ℓ_c, m_i − mid_lo),
     min(u_c, m_{i−1} + mid_up)).  For one-sided noise the NO at m_{i−1} bounds
     every score by m_{i−1} + γ, so `mid_up` bounds γ alone."""
-    levels = []
-    m = float(math.floor(hi_c))
     floor_level = lo_c - plan.mid_lo - ROUNDING_SLACK
-    for _ in range(plan.mid_dense):
-        levels.append(m)
-        if m <= floor_level:
-            break
-        m -= plan.mid_step
-    gap = 2 * plan.mid_step
-    for _ in range(plan.mid_tail):
-        m = max(levels[-1] - gap, -float(session.tau_limit))
-        if m >= levels[-1]:
-            break
-        levels.append(m)
-        gap *= 2
+    levels = _dense_levels(hi_c, floor_level, plan.mid_step, plan.mid_dense)
+    _extend_doubling(levels, plan.mid_step, plan.mid_tail, session.tau_limit)
     session.spend.alphas.append(plan.mid_lo)
     found = _scan_stream(session, cands, positions, levels, plan.mid_epsilon)
     if found is None:
@@ -1242,6 +1240,15 @@ def _mid_stage(
     lower = max(lo_c, levels[i] - plan.mid_lo - ROUNDING_SLACK)
     upper = hi_c if i == 0 else min(hi_c, levels[i - 1] + plan.mid_up + ROUNDING_SLACK)
     return positions[hit], lower, max(upper, lower)
+
+
+def _level_certificate(
+    levels: Sequence[float], i: int, alpha: float, bound: float
+) -> tuple[float, float]:
+    """[lower, upper] after a descending scan's first YES at `levels[i]`: the pick is
+    ≥ levels[i] − α, and every score is ≤ levels[i − 1] + α (the NO just before)
+    or, at the first level, ≤ `bound`."""
+    return levels[i] - alpha, bound if i == 0 else min(bound, levels[i - 1] + alpha)
 
 
 def _scan_stream(
@@ -1259,6 +1266,73 @@ def _scan_stream(
         if hit is not None:
             return hit, i
     return None
+
+
+def _scan_localise(
+    session: _Session,
+    cands: Candidates,
+    positions: Sequence[int],
+    lower: float,
+    upper: float,
+    plan: ScanPlan,
+) -> tuple[int | None, float, float]:
+    """The coarse stage, then the middle stage if the plan has one: returns (witness
+    or None, ℓ_c, u_c), the witness being the middle stage's YES if it had one."""
+    witness, lo_c, hi_c = _scan_coarse(session, cands, positions, lower, upper, plan)
+    if plan.mid_epsilon:
+        mid_pick, lo_c, hi_c = _mid_stage(session, cands, positions, lo_c, hi_c, plan)
+        witness = mid_pick if mid_pick is not None else witness
+    return witness, lo_c, hi_c
+
+
+def _scan_ranks(
+    session: _Session,
+    cands: Candidates,
+    positions: list[int],
+    lower: float,
+    lo_c: float,
+    hi_c: float,
+    plan: ScanPlan,
+    k: int,
+    groups: Sequence[int] | None = None,
+    progress: Callable[[int, int, int], None] | None = None,
+) -> tuple[list[int], list[float], list[float]]:
+    """The fine streams of up to k ranks (see `scan_top_k`): the picks (positions in
+    the candidate list) in rank order and their certificates' lower and upper ends.
+    A stream that never says YES ends the ranking early."""
+    a_f = plan.fine_alpha + ROUNDING_SLACK
+    start = hi_c
+    chosen: list[int] = []
+    lowers: list[float] = []
+    uppers: list[float] = []
+    remaining = positions
+    for rank in range(k):
+        session.spend.alphas.append(plan.fine_alpha)
+        if rank == 0:
+            levels = _scan_levels(start, lo_c - a_f, plan, session.tau_limit)
+        else:
+            levels = _scan_levels(
+                start, lo_c - a_f, plan, session.tau_limit, SCAN_RANK_DENSE, base=lower
+            )
+        found = _scan_stream(session, cands, remaining, levels, plan.fine_epsilon)
+        if found is None:
+            break
+        hit, i = found
+        chosen.append(remaining[hit])
+        low, up = _level_certificate(levels, i, a_f, hi_c if rank == 0 else uppers[-1])
+        lowers.append(low)
+        uppers.append(up)
+        if groups is None:
+            remaining = remaining[:hit] + remaining[hit + 1 :]
+        else:
+            label = groups[remaining[hit]]
+            remaining = [p for p in remaining if groups[p] != label]
+            if not remaining:
+                break
+        start = levels[i - 1] if i > 0 else levels[0]
+        if progress is not None:
+            progress(len(chosen), k, session.spend.queries)
+    return chosen, lowers, uppers
 
 
 def _scan_setup(
@@ -1350,21 +1424,15 @@ def scan_selection(
         mid_fraction=mid_fraction,
     )
     session = _Session(oracle, pl.kind)
-    witness, lo_c, hi_c = _scan_coarse(session, cands, positions, lo, hi, pl)
-    if pl.mid_epsilon:
-        mid_pick, lo_c, hi_c = _mid_stage(session, cands, positions, lo_c, hi_c, pl)
-        witness = mid_pick if mid_pick is not None else witness
-    session.spend.alphas.append(pl.fine_alpha)
-    a_f = pl.fine_alpha + ROUNDING_SLACK
-    levels = _scan_levels(hi_c, lo_c - a_f, pl, session.tau_limit)
-    found = _scan_stream(session, cands, positions, levels, pl.fine_epsilon)
-    if found is None:
+    witness, lo_c, hi_c = _scan_localise(session, cands, positions, lo, hi, pl)
+    chosen, lowers, uppers = _scan_ranks(session, cands, positions, lo, lo_c, hi_c, pl, 1)
+    if not chosen:
         j = witness if witness is not None else positions[0]
         return SelectionResult(j, cands.queries[j], lo_c, hi_c, session.spend, pl.planned_epsilon)
-    hit, i = found
-    j, m = positions[hit], levels[i]
-    upper = hi_c if i == 0 else min(hi_c, levels[i - 1] + a_f)
-    return SelectionResult(j, cands.queries[j], m - a_f, upper, session.spend, pl.planned_epsilon)
+    j = chosen[0]
+    return SelectionResult(
+        j, cands.queries[j], lowers[0], uppers[0], session.spend, pl.planned_epsilon
+    )
 
 
 @dataclass(frozen=True)
@@ -1430,39 +1498,8 @@ def scan_top_k(
     if groups is not None and len(groups) != len(positions):
         raise ValueError("one group label per candidate is required")
     session = _Session(oracle, pl.kind)
-    _, lo_c, hi_c = _scan_coarse(session, cands, positions, lo, hi, pl)
-    if pl.mid_epsilon:
-        _, lo_c, hi_c = _mid_stage(session, cands, positions, lo_c, hi_c, pl)
-    a_f = pl.fine_alpha + ROUNDING_SLACK
-    start = hi_c
-    chosen: list[int] = []
-    lowers: list[float] = []
-    uppers: list[float] = []
-    remaining = positions
-    for rank in range(k):
-        session.spend.alphas.append(pl.fine_alpha)
-        if rank == 0:
-            levels = _scan_levels(start, lo_c - a_f, pl, session.tau_limit)
-        else:
-            levels = _scan_levels(
-                start, lo_c - a_f, pl, session.tau_limit, SCAN_RANK_DENSE, base=lo
-            )
-        found = _scan_stream(session, cands, remaining, levels, pl.fine_epsilon)
-        if found is None:
-            break
-        hit, i = found
-        chosen.append(remaining[hit])
-        lowers.append(levels[i] - a_f)
-        bound = hi_c if rank == 0 else uppers[-1]
-        uppers.append(bound if i == 0 else min(bound, levels[i - 1] + a_f))
-        if groups is None:
-            remaining = remaining[:hit] + remaining[hit + 1 :]
-        else:
-            label = groups[remaining[hit]]
-            remaining = [p for p in remaining if groups[p] != label]
-            if not remaining:
-                break
-        start = levels[i - 1] if i > 0 else levels[0]
-        if progress is not None:
-            progress(len(chosen), k, session.spend.queries)
+    _, lo_c, hi_c = _scan_localise(session, cands, positions, lo, hi, pl)
+    chosen, lowers, uppers = _scan_ranks(
+        session, cands, positions, lo, lo_c, hi_c, pl, k, groups, progress
+    )
     return ScanTopK(chosen, lowers, uppers, session.spend, pl.planned_epsilon)
