@@ -389,13 +389,63 @@ class PracticalPlan:
         return self.step + 2 * (self.fine_alpha + ROUNDING_SLACK)
 
 
-def _coarse_width_bound(width: float, alphas: Sequence[float]) -> float:
+def _coarse_width_bound(
+    width: float, alphas: Sequence[float], up: Sequence[float] | None = None
+) -> float:
     """Every GBS round leaves width ≤ min(w, w/2 + α_t) (NO: u = min(u, m + α);
-    YES: ℓ = m − α only if that raises ℓ), whatever the answers."""
+    YES: ℓ = m − α only if that raises ℓ), whatever the answers.  With `up`, a NO
+    moves u by up_t and a YES ℓ by α_t: the width left is ≤ w/2 + max(up_t, α_t)."""
     w = float(width)
-    for a in alphas:
-        w = min(w, w / 2 + a + ROUNDING_SLACK)
+    for a_lo, a_up in zip(alphas, up if up is not None else alphas, strict=True):
+        w = min(w, w / 2 + max(a_up, a_lo) + ROUNDING_SLACK)
     return w
+
+
+def _stream_kind(
+    oracle: Oracle, kind: StreamKind | str, epsilon: Fraction, size: int, beta: float
+) -> StreamKind:
+    """`kind`, or for "auto" the one of `PRACTICAL_KINDS` with the smallest α for a
+    chunk of `size` queries on budget `epsilon` at failure `beta`."""
+    if kind == "auto":
+        kinds = [StreamKind.parse(k) for k in PRACTICAL_KINDS]
+        return min(kinds, key=lambda k: float(oracle.accuracy(k, epsilon, size, beta)))
+    return StreamKind.parse(kind)
+
+
+def _scan_step(kind: StreamKind, epsilon: Fraction, step: int | None, scale: Fraction) -> int:
+    """A descending scan's step: `step`, or max(1, ⌊scale·c/ε⌋), c the kind's
+    query-noise coefficient (`scale` noise scales of a stream of budget ε)."""
+    from svtagg.dp.kinds import noise_model
+
+    if step is None:
+        return max(1, math.floor(scale * noise_model(kind).query_coef / epsilon))
+    s = int(step)
+    if s < 1:
+        raise ValueError(f"step must be a positive integer, got {step}")
+    return s
+
+
+def _dense_fixpoint(
+    width_bound: float, step: int, alpha_for: Callable[[int], float]
+) -> tuple[int, float]:
+    """(levels, α) of a scan at `step` that must reach width_bound + α below its start,
+    α = `alpha_for(levels)` (the oracle's, for the queries those levels may send).
+    α depends on the number of levels, which depends on α: iterate to a fixpoint."""
+    levels = max(2, math.ceil(width_bound / step) + 1)
+    for _ in range(20):
+        alpha = alpha_for(levels)
+        new_levels = math.ceil((width_bound + alpha + ROUNDING_SLACK) / step) + 1
+        if new_levels <= levels:
+            break
+        levels = new_levels
+    return levels, alpha_for(levels)
+
+
+def _tail_levels(limit: int, width_bound: float, step: int) -> int:
+    """Levels of a scan's doubling tail (steps 2s, 4s, …) after its dense levels over
+    a width ≤ `width_bound`: 1 + ⌈log2((limit + width_bound)/s)⌉, at least 2, for
+    the steps to reach −`limit`."""
+    return max(1, math.ceil(math.log2(max(2.0, (limit + width_bound) / step))) + 1)
 
 
 def plan_practical(
@@ -419,8 +469,6 @@ def plan_practical(
     as in Algorithm 8.  The step s defaults to max(1, ⌊1.5·c/ε_f⌋) score units,
     c the kind's query-noise coefficient (`PRACTICAL_STEP_SCALE` noise scales).
     """
-    from svtagg.dp.kinds import noise_model
-
     eps = check_epsilon(epsilon)
     beta = _check_beta(beta)
     frac = Fraction(coarse_fraction)
@@ -428,31 +476,15 @@ def plan_practical(
         raise ValueError(f"coarse_fraction must be in (0, 1), got {coarse_fraction}")
     eps_c = eps * frac
     eps_f = eps - eps_c
-    if kind == "auto":
-        kinds = [StreamKind.parse(k) for k in PRACTICAL_KINDS]
-        k_kind = min(kinds, key=lambda k: float(oracle.accuracy(k, eps_f, size, beta / 2)))
-    else:
-        k_kind = StreamKind.parse(kind)
+    k_kind = _stream_kind(oracle, kind, eps_f, size, beta / 2)
     t_max = rounds if rounds is not None else default_rounds(width)
     budgets = gbs_budgets(eps_c, t_max, ratio)
     alphas = [float(oracle.accuracy(k_kind, e, size, beta / 2 / t_max)) for e in budgets]
     wb = _coarse_width_bound(width, alphas)
-    if step is None:
-        coef = noise_model(k_kind).query_coef
-        s = max(1, math.floor(PRACTICAL_STEP_SCALE * coef / eps_f))
-    else:
-        s = int(step)
-        if s < 1:
-            raise ValueError(f"step must be a positive integer, got {step}")
-    # α_f depends on the number of levels, which depends on α_f: iterate to a fixpoint.
-    levels = max(2, math.ceil(wb / s) + 1)
-    for _ in range(20):
-        a_f = float(oracle.accuracy(k_kind, eps_f, size * levels, beta / 2))
-        new_levels = math.ceil((wb + a_f + ROUNDING_SLACK) / s) + 1
-        if new_levels <= levels:
-            break
-        levels = new_levels
-    a_f = float(oracle.accuracy(k_kind, eps_f, size * levels, beta / 2))
+    s = _scan_step(k_kind, eps_f, step, PRACTICAL_STEP_SCALE)
+    levels, a_f = _dense_fixpoint(
+        wb, s, lambda n_levels: float(oracle.accuracy(k_kind, eps_f, size * n_levels, beta / 2))
+    )
     return PracticalPlan(
         k_kind,
         eps,
@@ -965,13 +997,6 @@ class ScanPlan:
         return self.step + 2 * (self.fine_alpha + ROUNDING_SLACK)
 
 
-def _scan_width_bound(width: float, up: Sequence[float], lo: Sequence[float]) -> float:
-    w = float(width)
-    for a_up, a_lo in zip(up, lo, strict=True):
-        w = min(w, w / 2 + max(a_up, a_lo) + ROUNDING_SLACK)
-    return w
-
-
 def plan_scan(
     oracle: Oracle,
     epsilon: Number | str,
@@ -994,8 +1019,6 @@ def plan_scan(
     that minimises T + (coarse width bound)/s, the plan's proxy for comparisons
     per candidate.  Step s: max(1, ⌊1.5·c/ε_f⌋) (`SCAN_STEP_SCALE` noise scales).
     """
-    from svtagg.dp.kinds import noise_model
-
     eps = check_epsilon(epsilon)
     beta = _check_beta(beta)
     from svtagg.dp.kinds import as_fraction
@@ -1016,18 +1039,8 @@ def plan_scan(
     eps_f = (eps - eps_c - eps_m) / k
     beta_f = beta / 2 / k
     beta_c = beta / 4 if mid else beta / 2
-    if kind == "auto":
-        kinds = [StreamKind.parse(x) for x in PRACTICAL_KINDS]
-        k_kind = min(kinds, key=lambda x: float(oracle.accuracy(x, eps_f, size, beta_f)))
-    else:
-        k_kind = StreamKind.parse(kind)
-    if step is None:
-        coef = noise_model(k_kind).query_coef
-        s = max(1, math.floor(SCAN_STEP_SCALE * coef / eps_f))
-    else:
-        s = int(step)
-        if s < 1:
-            raise ValueError(f"step must be a positive integer, got {step}")
+    k_kind = _stream_kind(oracle, kind, eps_f, size, beta_f)
+    s = _scan_step(k_kind, eps_f, step, SCAN_STEP_SCALE)
     one_sided = _one_sided(k_kind)
 
     def coarse(t_max: int) -> tuple[list[Fraction], list[float], list[float], float]:
@@ -1038,9 +1051,9 @@ def plan_scan(
         b_each = b_t / 2 if one_sided else b_t
         lo = [float(oracle.accuracy(k_kind, e, size, b_each)) for e in budgets]
         up = [float(oracle.accuracy(k_kind, e, 1, b_each)) for e in budgets] if one_sided else lo
-        return budgets, up, lo, _scan_width_bound(width, up, lo)
+        return budgets, up, lo, _coarse_width_bound(width, lo, up)
 
-    s_m = max(1, math.floor(SCAN_STEP_SCALE * noise_model(k_kind).query_coef / eps_m)) if mid else 0
+    s_m = _scan_step(k_kind, eps_m, None, SCAN_STEP_SCALE) if mid else 0
     t_cap = default_rounds(width)
     if rounds is not None:
         if rounds < 1:
@@ -1054,32 +1067,27 @@ def plan_scan(
     m_up = m_lo = 0.0
     m_dense = m_tail = 0
     if mid:
-        m_tail = max(1, math.ceil(math.log2(max(2.0, (limit + wb) / s_m))) + 1)
-        m_dense = max(2, math.ceil(wb / s_m) + 1)
+        m_tail = _tail_levels(limit, wb, s_m)
         # the stage's β/4, split between its two bounds for one-sided kinds
         b_m = beta / 8 if one_sided else beta / 4
-        for _ in range(20):
-            m_lo = float(oracle.accuracy(k_kind, eps_m, size * (m_dense + m_tail), b_m))
-            new = math.ceil((wb + m_lo + ROUNDING_SLACK) / s_m) + 1
-            if new <= m_dense:
-                break
-            m_dense = new
-        m_lo = float(oracle.accuracy(k_kind, eps_m, size * (m_dense + m_tail), b_m))
+        m_dense, m_lo = _dense_fixpoint(
+            wb,
+            s_m,
+            lambda dense: float(oracle.accuracy(k_kind, eps_m, size * (dense + m_tail), b_m)),
+        )
         m_up = float(oracle.accuracy(k_kind, eps_m, 1, b_m)) if one_sided else m_lo
         # the fine stage scans from the middle YES's last NO level + its up-bound down
         # to the YES level − its lo-bound
         wb = min(wb, s_m + m_up + m_lo + 2 * ROUNDING_SLACK)
-    tail = max(1, math.ceil(math.log2(max(2.0, (limit + wb) / s))) + 1)
+    tail = _tail_levels(limit, wb, s)
     rank_levels = _rank_schedule_length(width, s, limit) if k > 1 else 0
-    dense = max(2, math.ceil(wb / s) + 1)
-    for _ in range(20):
-        per = max(dense + tail, rank_levels)
-        a_f = float(oracle.accuracy(k_kind, eps_f, size * per, beta_f))
-        new_dense = math.ceil((wb + a_f + ROUNDING_SLACK) / s) + 1
-        if new_dense <= dense:
-            break
-        dense = new_dense
-    a_f = float(oracle.accuracy(k_kind, eps_f, size * max(dense + tail, rank_levels), beta_f))
+    dense, a_f = _dense_fixpoint(
+        wb,
+        s,
+        lambda n_dense: float(
+            oracle.accuracy(k_kind, eps_f, size * max(n_dense + tail, rank_levels), beta_f)
+        ),
+    )
     return ScanPlan(
         k_kind,
         eps,
