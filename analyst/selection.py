@@ -209,6 +209,25 @@ def _candidates(oracle: Oracle, candidates: Candidates | None) -> Candidates:
     return cands
 
 
+def _positions(
+    oracle: Oracle,
+    candidates: Candidates | None,
+    subset: Sequence[int] | None,
+    interval: tuple[float, float] | None,
+) -> tuple[Candidates, list[int], float, float]:
+    """The candidates, the positions searched (`subset`, default all) and [ℓ, u]
+    (`interval`, default [0, n])."""
+    cands = _candidates(oracle, candidates)
+    positions = list(subset) if subset is not None else list(range(len(cands)))
+    lo, hi = interval if interval is not None else (0.0, float(oracle.n))
+    return cands, positions, lo, hi
+
+
+def _plan_misfit(plan: PracticalPlan | ScanPlan, size: int, width: float) -> bool:
+    """True when `plan` was made for another candidate count or interval width."""
+    return plan.size != size or abs(plan.width - width) > 1e-9
+
+
 def _check_beta(beta: float) -> float:
     if not 0 < beta < 1:
         raise ValueError(f"beta must be in (0, 1), got {beta}")
@@ -309,9 +328,7 @@ def geometric_binary_search(
     variant_of(variant, Variant.PAPER, Variant.PRACTICAL)
     eps = check_epsilon(epsilon)
     beta = _check_beta(beta)
-    cands = _candidates(oracle, candidates)
-    positions = list(subset) if subset is not None else list(range(len(cands)))
-    lo, hi = interval if interval is not None else (0.0, float(oracle.n))
+    cands, positions, lo, hi = _positions(oracle, candidates, subset, interval)
     w0 = witness if witness is not None else positions[0]
     t_rounds = rounds if rounds is not None else default_rounds(hi - lo)
     session = _Session(oracle, kind if kind is not None else StreamKind.LAP24)
@@ -372,13 +389,63 @@ class PracticalPlan:
         return self.step + 2 * (self.fine_alpha + ROUNDING_SLACK)
 
 
-def _coarse_width_bound(width: float, alphas: Sequence[float]) -> float:
+def _coarse_width_bound(
+    width: float, alphas: Sequence[float], up: Sequence[float] | None = None
+) -> float:
     """Every GBS round leaves width ≤ min(w, w/2 + α_t) (NO: u = min(u, m + α);
-    YES: ℓ = m − α only if that raises ℓ), whatever the answers."""
+    YES: ℓ = m − α only if that raises ℓ), whatever the answers.  With `up`, a NO
+    moves u by up_t and a YES ℓ by α_t: the width left is ≤ w/2 + max(up_t, α_t)."""
     w = float(width)
-    for a in alphas:
-        w = min(w, w / 2 + a + ROUNDING_SLACK)
+    for a_lo, a_up in zip(alphas, up if up is not None else alphas, strict=True):
+        w = min(w, w / 2 + max(a_up, a_lo) + ROUNDING_SLACK)
     return w
+
+
+def _stream_kind(
+    oracle: Oracle, kind: StreamKind | str, epsilon: Fraction, size: int, beta: float
+) -> StreamKind:
+    """`kind`, or for "auto" the one of `PRACTICAL_KINDS` with the smallest α for a
+    chunk of `size` queries on budget `epsilon` at failure `beta`."""
+    if kind == "auto":
+        kinds = [StreamKind.parse(k) for k in PRACTICAL_KINDS]
+        return min(kinds, key=lambda k: float(oracle.accuracy(k, epsilon, size, beta)))
+    return StreamKind.parse(kind)
+
+
+def _scan_step(kind: StreamKind, epsilon: Fraction, step: int | None, scale: Fraction) -> int:
+    """A descending scan's step: `step`, or max(1, ⌊scale·c/ε⌋), c the kind's
+    query-noise coefficient (`scale` noise scales of a stream of budget ε)."""
+    from svtagg.dp.kinds import noise_model
+
+    if step is None:
+        return max(1, math.floor(scale * noise_model(kind).query_coef / epsilon))
+    s = int(step)
+    if s < 1:
+        raise ValueError(f"step must be a positive integer, got {step}")
+    return s
+
+
+def _dense_fixpoint(
+    width_bound: float, step: int, alpha_for: Callable[[int], float]
+) -> tuple[int, float]:
+    """(levels, α) of a scan at `step` that must reach width_bound + α below its start,
+    α = `alpha_for(levels)` (the oracle's, for the queries those levels may send).
+    α depends on the number of levels, which depends on α: iterate to a fixpoint."""
+    levels = max(2, math.ceil(width_bound / step) + 1)
+    for _ in range(20):
+        alpha = alpha_for(levels)
+        new_levels = math.ceil((width_bound + alpha + ROUNDING_SLACK) / step) + 1
+        if new_levels <= levels:
+            break
+        levels = new_levels
+    return levels, alpha_for(levels)
+
+
+def _tail_levels(limit: int, width_bound: float, step: int) -> int:
+    """Levels of a scan's doubling tail (steps 2s, 4s, …) after its dense levels over
+    a width ≤ `width_bound`: 1 + ⌈log2((limit + width_bound)/s)⌉, at least 2, for
+    the steps to reach −`limit`."""
+    return max(1, math.ceil(math.log2(max(2.0, (limit + width_bound) / step))) + 1)
 
 
 def plan_practical(
@@ -402,8 +469,6 @@ def plan_practical(
     as in Algorithm 8.  The step s defaults to max(1, ⌊1.5·c/ε_f⌋) score units,
     c the kind's query-noise coefficient (`PRACTICAL_STEP_SCALE` noise scales).
     """
-    from svtagg.dp.kinds import noise_model
-
     eps = check_epsilon(epsilon)
     beta = _check_beta(beta)
     frac = Fraction(coarse_fraction)
@@ -411,31 +476,15 @@ def plan_practical(
         raise ValueError(f"coarse_fraction must be in (0, 1), got {coarse_fraction}")
     eps_c = eps * frac
     eps_f = eps - eps_c
-    if kind == "auto":
-        kinds = [StreamKind.parse(k) for k in PRACTICAL_KINDS]
-        k_kind = min(kinds, key=lambda k: float(oracle.accuracy(k, eps_f, size, beta / 2)))
-    else:
-        k_kind = StreamKind.parse(kind)
+    k_kind = _stream_kind(oracle, kind, eps_f, size, beta / 2)
     t_max = rounds if rounds is not None else default_rounds(width)
     budgets = gbs_budgets(eps_c, t_max, ratio)
     alphas = [float(oracle.accuracy(k_kind, e, size, beta / 2 / t_max)) for e in budgets]
     wb = _coarse_width_bound(width, alphas)
-    if step is None:
-        coef = noise_model(k_kind).query_coef
-        s = max(1, math.floor(PRACTICAL_STEP_SCALE * coef / eps_f))
-    else:
-        s = int(step)
-        if s < 1:
-            raise ValueError(f"step must be a positive integer, got {step}")
-    # α_f depends on the number of levels, which depends on α_f: iterate to a fixpoint.
-    levels = max(2, math.ceil(wb / s) + 1)
-    for _ in range(20):
-        a_f = float(oracle.accuracy(k_kind, eps_f, size * levels, beta / 2))
-        new_levels = math.ceil((wb + a_f + ROUNDING_SLACK) / s) + 1
-        if new_levels <= levels:
-            break
-        levels = new_levels
-    a_f = float(oracle.accuracy(k_kind, eps_f, size * levels, beta / 2))
+    s = _scan_step(k_kind, eps_f, step, PRACTICAL_STEP_SCALE)
+    levels, a_f = _dense_fixpoint(
+        wb, s, lambda n_levels: float(oracle.accuracy(k_kind, eps_f, size * n_levels, beta / 2))
+    )
     return PracticalPlan(
         k_kind,
         eps,
@@ -481,9 +530,7 @@ def practical_selection(
     AboveThreshold allows).  Queries ≤ `plan.max_queries()`.  W.p. ≥ 1 − β: the
     chosen score is ≥ ℓ' and every score ≤ u', and u' − ℓ' ≤ `plan.error_bound()`.
     """
-    cands = _candidates(oracle, candidates)
-    positions = list(subset) if subset is not None else list(range(len(cands)))
-    lo, hi = interval if interval is not None else (0.0, float(oracle.n))
+    cands, positions, lo, hi = _positions(oracle, candidates, subset, interval)
     pl = (
         plan
         if plan is not None
@@ -499,7 +546,7 @@ def practical_selection(
             step=step,
         )
     )
-    if pl.size != len(positions) or abs(pl.width - (hi - lo)) > 1e-9:
+    if _plan_misfit(pl, len(positions), hi - lo):
         raise ValueError("plan was made for another candidate count or interval")
     w0 = witness if witness is not None else positions[0]
     session = _Session(oracle, pl.kind)
@@ -516,20 +563,13 @@ def practical_selection(
         pl.ratio,
     )
     a_f = session.alpha(pl.fine_epsilon, pl.size * pl.max_levels, pl.beta / 2)
-    stream = session.open(pl.fine_epsilon)
-    top = math.floor(hi_c)
-    floor_level = lo_c - a_f
-    for i in range(pl.max_levels):
-        m = float(top - i * pl.step)
-        hit = session.ask(stream, cands, positions, m)
-        if hit is not None:
-            j = positions[hit]
-            upper = hi_c if i == 0 else min(hi_c, m + pl.step + a_f)
-            return SelectionResult(
-                j, cands.queries[j], m - a_f, upper, session.spend, pl.planned_epsilon
-            )
-        if m <= floor_level:
-            break
+    levels = _dense_levels(hi_c, lo_c - a_f, pl.step, pl.max_levels)
+    found = _scan_stream(session, cands, positions, levels, pl.fine_epsilon)
+    if found is not None:
+        hit, i = found
+        j = positions[hit]
+        lower, upper = _level_certificate(levels, i, a_f, hi_c)
+        return SelectionResult(j, cands.queries[j], lower, upper, session.spend, pl.planned_epsilon)
     # No YES down to ℓ_c − α_f contradicts the coarse certificate (max ≥ ℓ_c), so one
     # of the two stages failed; report the coarse stage's witness and certificate.
     return SelectionResult(best, cands.queries[best], lo_c, hi_c, session.spend, pl.planned_epsilon)
@@ -957,13 +997,6 @@ class ScanPlan:
         return self.step + 2 * (self.fine_alpha + ROUNDING_SLACK)
 
 
-def _scan_width_bound(width: float, up: Sequence[float], lo: Sequence[float]) -> float:
-    w = float(width)
-    for a_up, a_lo in zip(up, lo, strict=True):
-        w = min(w, w / 2 + max(a_up, a_lo) + ROUNDING_SLACK)
-    return w
-
-
 def plan_scan(
     oracle: Oracle,
     epsilon: Number | str,
@@ -986,8 +1019,6 @@ def plan_scan(
     that minimises T + (coarse width bound)/s, the plan's proxy for comparisons
     per candidate.  Step s: max(1, ⌊1.5·c/ε_f⌋) (`SCAN_STEP_SCALE` noise scales).
     """
-    from svtagg.dp.kinds import noise_model
-
     eps = check_epsilon(epsilon)
     beta = _check_beta(beta)
     from svtagg.dp.kinds import as_fraction
@@ -1008,18 +1039,8 @@ def plan_scan(
     eps_f = (eps - eps_c - eps_m) / k
     beta_f = beta / 2 / k
     beta_c = beta / 4 if mid else beta / 2
-    if kind == "auto":
-        kinds = [StreamKind.parse(x) for x in PRACTICAL_KINDS]
-        k_kind = min(kinds, key=lambda x: float(oracle.accuracy(x, eps_f, size, beta_f)))
-    else:
-        k_kind = StreamKind.parse(kind)
-    if step is None:
-        coef = noise_model(k_kind).query_coef
-        s = max(1, math.floor(SCAN_STEP_SCALE * coef / eps_f))
-    else:
-        s = int(step)
-        if s < 1:
-            raise ValueError(f"step must be a positive integer, got {step}")
+    k_kind = _stream_kind(oracle, kind, eps_f, size, beta_f)
+    s = _scan_step(k_kind, eps_f, step, SCAN_STEP_SCALE)
     one_sided = _one_sided(k_kind)
 
     def coarse(t_max: int) -> tuple[list[Fraction], list[float], list[float], float]:
@@ -1030,9 +1051,9 @@ def plan_scan(
         b_each = b_t / 2 if one_sided else b_t
         lo = [float(oracle.accuracy(k_kind, e, size, b_each)) for e in budgets]
         up = [float(oracle.accuracy(k_kind, e, 1, b_each)) for e in budgets] if one_sided else lo
-        return budgets, up, lo, _scan_width_bound(width, up, lo)
+        return budgets, up, lo, _coarse_width_bound(width, lo, up)
 
-    s_m = max(1, math.floor(SCAN_STEP_SCALE * noise_model(k_kind).query_coef / eps_m)) if mid else 0
+    s_m = _scan_step(k_kind, eps_m, None, SCAN_STEP_SCALE) if mid else 0
     t_cap = default_rounds(width)
     if rounds is not None:
         if rounds < 1:
@@ -1046,32 +1067,27 @@ def plan_scan(
     m_up = m_lo = 0.0
     m_dense = m_tail = 0
     if mid:
-        m_tail = max(1, math.ceil(math.log2(max(2.0, (limit + wb) / s_m))) + 1)
-        m_dense = max(2, math.ceil(wb / s_m) + 1)
+        m_tail = _tail_levels(limit, wb, s_m)
         # the stage's β/4, split between its two bounds for one-sided kinds
         b_m = beta / 8 if one_sided else beta / 4
-        for _ in range(20):
-            m_lo = float(oracle.accuracy(k_kind, eps_m, size * (m_dense + m_tail), b_m))
-            new = math.ceil((wb + m_lo + ROUNDING_SLACK) / s_m) + 1
-            if new <= m_dense:
-                break
-            m_dense = new
-        m_lo = float(oracle.accuracy(k_kind, eps_m, size * (m_dense + m_tail), b_m))
+        m_dense, m_lo = _dense_fixpoint(
+            wb,
+            s_m,
+            lambda dense: float(oracle.accuracy(k_kind, eps_m, size * (dense + m_tail), b_m)),
+        )
         m_up = float(oracle.accuracy(k_kind, eps_m, 1, b_m)) if one_sided else m_lo
         # the fine stage scans from the middle YES's last NO level + its up-bound down
         # to the YES level − its lo-bound
         wb = min(wb, s_m + m_up + m_lo + 2 * ROUNDING_SLACK)
-    tail = max(1, math.ceil(math.log2(max(2.0, (limit + wb) / s))) + 1)
+    tail = _tail_levels(limit, wb, s)
     rank_levels = _rank_schedule_length(width, s, limit) if k > 1 else 0
-    dense = max(2, math.ceil(wb / s) + 1)
-    for _ in range(20):
-        per = max(dense + tail, rank_levels)
-        a_f = float(oracle.accuracy(k_kind, eps_f, size * per, beta_f))
-        new_dense = math.ceil((wb + a_f + ROUNDING_SLACK) / s) + 1
-        if new_dense <= dense:
-            break
-        dense = new_dense
-    a_f = float(oracle.accuracy(k_kind, eps_f, size * max(dense + tail, rank_levels), beta_f))
+    dense, a_f = _dense_fixpoint(
+        wb,
+        s,
+        lambda n_dense: float(
+            oracle.accuracy(k_kind, eps_f, size * max(n_dense + tail, rank_levels), beta_f)
+        ),
+    )
     return ScanPlan(
         k_kind,
         eps,
@@ -1169,27 +1185,44 @@ def _scan_levels(
     to −4n.  With `base` (later ranks of `scan_top_k`), each doubled step is capped
     at max(step, `SCAN_RANK_RELATIVE`·(m − base)) while the level m is above `base`,
     for at most `plan.rank_levels` levels in all."""
+    count = plan.dense_levels if dense is None else min(dense, plan.dense_levels)
+    levels = _dense_levels(top, floor_level, plan.step, count)
+    cap = plan.tail_levels if base is None else plan.rank_levels - len(levels)
+    _extend_doubling(levels, plan.step, cap, tau_limit, base)
+    return levels
+
+
+def _dense_levels(top: float, floor_level: float, step: int, count: int) -> list[float]:
+    """⌊top⌋, ⌊top⌋ − step, … : at most `count` levels, the last the first one at
+    or below `floor_level`."""
     levels = []
     m = float(math.floor(top))
-    count = plan.dense_levels if dense is None else min(dense, plan.dense_levels)
     for _ in range(count):
         levels.append(m)
         if m <= floor_level:
             break
-        m -= plan.step
-    cap = plan.tail_levels if base is None else plan.rank_levels - len(levels)
-    gap = 2 * plan.step
+        m -= step
+    return levels
+
+
+def _extend_doubling(
+    levels: list[float], step: int, cap: int, tau_limit: int, base: float | None = None
+) -> None:
+    """Append at most `cap` levels below the last of `levels`, each step double the
+    one before (starting at 2·step), stopping at −`tau_limit`.  With `base`, a step
+    taken from a level m above `base` is at most max(step, `SCAN_RANK_RELATIVE`·(m −
+    base))."""
+    gap = 2 * step
     for _ in range(max(cap, 0)):
         last = levels[-1]
         g = gap
         if base is not None and last > base:
-            g = min(gap, max(plan.step, math.floor(float(SCAN_RANK_RELATIVE) * (last - base))))
+            g = min(gap, max(step, math.floor(float(SCAN_RANK_RELATIVE) * (last - base))))
         m = max(last - g, -float(tau_limit))
         if m >= last:
             break
         levels.append(m)
         gap = 2 * g
-    return levels
 
 
 def _mid_stage(
@@ -1204,21 +1237,9 @@ def _mid_stage(
     at level m_i; returns (its candidate or None, max(ℓ_c, m_i − mid_lo),
     min(u_c, m_{i−1} + mid_up)).  For one-sided noise the NO at m_{i−1} bounds
     every score by m_{i−1} + γ, so `mid_up` bounds γ alone."""
-    levels = []
-    m = float(math.floor(hi_c))
     floor_level = lo_c - plan.mid_lo - ROUNDING_SLACK
-    for _ in range(plan.mid_dense):
-        levels.append(m)
-        if m <= floor_level:
-            break
-        m -= plan.mid_step
-    gap = 2 * plan.mid_step
-    for _ in range(plan.mid_tail):
-        m = max(levels[-1] - gap, -float(session.tau_limit))
-        if m >= levels[-1]:
-            break
-        levels.append(m)
-        gap *= 2
+    levels = _dense_levels(hi_c, floor_level, plan.mid_step, plan.mid_dense)
+    _extend_doubling(levels, plan.mid_step, plan.mid_tail, session.tau_limit)
     session.spend.alphas.append(plan.mid_lo)
     found = _scan_stream(session, cands, positions, levels, plan.mid_epsilon)
     if found is None:
@@ -1227,6 +1248,15 @@ def _mid_stage(
     lower = max(lo_c, levels[i] - plan.mid_lo - ROUNDING_SLACK)
     upper = hi_c if i == 0 else min(hi_c, levels[i - 1] + plan.mid_up + ROUNDING_SLACK)
     return positions[hit], lower, max(upper, lower)
+
+
+def _level_certificate(
+    levels: Sequence[float], i: int, alpha: float, bound: float
+) -> tuple[float, float]:
+    """[lower, upper] after a descending scan's first YES at `levels[i]`: the pick is
+    ≥ levels[i] − α, and every score is ≤ levels[i − 1] + α (the NO just before)
+    or, at the first level, ≤ `bound`."""
+    return levels[i] - alpha, bound if i == 0 else min(bound, levels[i - 1] + alpha)
 
 
 def _scan_stream(
@@ -1244,6 +1274,114 @@ def _scan_stream(
         if hit is not None:
             return hit, i
     return None
+
+
+def _scan_localise(
+    session: _Session,
+    cands: Candidates,
+    positions: Sequence[int],
+    lower: float,
+    upper: float,
+    plan: ScanPlan,
+) -> tuple[int | None, float, float]:
+    """The coarse stage, then the middle stage if the plan has one: returns (witness
+    or None, ℓ_c, u_c), the witness being the middle stage's YES if it had one."""
+    witness, lo_c, hi_c = _scan_coarse(session, cands, positions, lower, upper, plan)
+    if plan.mid_epsilon:
+        mid_pick, lo_c, hi_c = _mid_stage(session, cands, positions, lo_c, hi_c, plan)
+        witness = mid_pick if mid_pick is not None else witness
+    return witness, lo_c, hi_c
+
+
+def _scan_ranks(
+    session: _Session,
+    cands: Candidates,
+    positions: list[int],
+    lower: float,
+    lo_c: float,
+    hi_c: float,
+    plan: ScanPlan,
+    k: int,
+    groups: Sequence[int] | None = None,
+    progress: Callable[[int, int, int], None] | None = None,
+) -> tuple[list[int], list[float], list[float]]:
+    """The fine streams of up to k ranks (see `scan_top_k`): the picks (positions in
+    the candidate list) in rank order and their certificates' lower and upper ends.
+    A stream that never says YES ends the ranking early."""
+    a_f = plan.fine_alpha + ROUNDING_SLACK
+    start = hi_c
+    chosen: list[int] = []
+    lowers: list[float] = []
+    uppers: list[float] = []
+    remaining = positions
+    for rank in range(k):
+        session.spend.alphas.append(plan.fine_alpha)
+        if rank == 0:
+            levels = _scan_levels(start, lo_c - a_f, plan, session.tau_limit)
+        else:
+            levels = _scan_levels(
+                start, lo_c - a_f, plan, session.tau_limit, SCAN_RANK_DENSE, base=lower
+            )
+        found = _scan_stream(session, cands, remaining, levels, plan.fine_epsilon)
+        if found is None:
+            break
+        hit, i = found
+        chosen.append(remaining[hit])
+        low, up = _level_certificate(levels, i, a_f, hi_c if rank == 0 else uppers[-1])
+        lowers.append(low)
+        uppers.append(up)
+        if groups is None:
+            remaining = remaining[:hit] + remaining[hit + 1 :]
+        else:
+            label = groups[remaining[hit]]
+            remaining = [p for p in remaining if groups[p] != label]
+            if not remaining:
+                break
+        start = levels[i - 1] if i > 0 else levels[0]
+        if progress is not None:
+            progress(len(chosen), k, session.spend.queries)
+    return chosen, lowers, uppers
+
+
+def _scan_setup(
+    oracle: Oracle,
+    k: int,
+    epsilon: Number | str,
+    beta: float,
+    *,
+    candidates: Candidates | None,
+    subset: Sequence[int] | None,
+    interval: tuple[float, float] | None,
+    kind: StreamKind | str,
+    coarse_fraction: Number | str,
+    rounds: int | None,
+    step: int | None,
+    plan: ScanPlan | None,
+    mid_fraction: Number | str | None,
+) -> tuple[Candidates, list[int], float, float, ScanPlan]:
+    """Candidates, positions, [ℓ, u] and the plan (given, or `plan_scan`'s for k
+    ranks) of `scan_selection` / `scan_top_k`; refuses a plan made for other ones."""
+    cands, positions, lo, hi = _positions(oracle, candidates, subset, interval)
+    pl = (
+        plan
+        if plan is not None
+        else plan_scan(
+            oracle,
+            epsilon,
+            beta,
+            len(positions),
+            hi - lo,
+            k=k,
+            kind=kind,
+            coarse_fraction=coarse_fraction,
+            rounds=rounds,
+            step=step,
+            mid_fraction=mid_fraction,
+        )
+    )
+    if _plan_misfit(pl, len(positions), hi - lo) or pl.streams != k:
+        raise ValueError("plan was made for another candidate count, interval or k")
+    return cands, positions, lo, hi, pl
 
 
 def scan_selection(
@@ -1278,43 +1416,31 @@ def scan_selection(
     AboveThreshold allows).  W.p. ≥ 1 − β the chosen score is within
     `plan.error_bound()` of the max.
     """
-    cands = _candidates(oracle, candidates)
-    positions = list(subset) if subset is not None else list(range(len(cands)))
-    lo, hi = interval if interval is not None else (0.0, float(oracle.n))
-    pl = (
-        plan
-        if plan is not None
-        else plan_scan(
-            oracle,
-            epsilon,
-            beta,
-            len(positions),
-            hi - lo,
-            kind=kind,
-            coarse_fraction=coarse_fraction,
-            rounds=rounds,
-            step=step,
-            mid_fraction=mid_fraction,
-        )
+    cands, positions, lo, hi, pl = _scan_setup(
+        oracle,
+        1,
+        epsilon,
+        beta,
+        candidates=candidates,
+        subset=subset,
+        interval=interval,
+        kind=kind,
+        coarse_fraction=coarse_fraction,
+        rounds=rounds,
+        step=step,
+        plan=plan,
+        mid_fraction=mid_fraction,
     )
-    if pl.size != len(positions) or abs(pl.width - (hi - lo)) > 1e-9 or pl.streams != 1:
-        raise ValueError("plan was made for another candidate count, interval or k")
     session = _Session(oracle, pl.kind)
-    witness, lo_c, hi_c = _scan_coarse(session, cands, positions, lo, hi, pl)
-    if pl.mid_epsilon:
-        mid_pick, lo_c, hi_c = _mid_stage(session, cands, positions, lo_c, hi_c, pl)
-        witness = mid_pick if mid_pick is not None else witness
-    session.spend.alphas.append(pl.fine_alpha)
-    a_f = pl.fine_alpha + ROUNDING_SLACK
-    levels = _scan_levels(hi_c, lo_c - a_f, pl, session.tau_limit)
-    found = _scan_stream(session, cands, positions, levels, pl.fine_epsilon)
-    if found is None:
+    witness, lo_c, hi_c = _scan_localise(session, cands, positions, lo, hi, pl)
+    chosen, lowers, uppers = _scan_ranks(session, cands, positions, lo, lo_c, hi_c, pl, 1)
+    if not chosen:
         j = witness if witness is not None else positions[0]
         return SelectionResult(j, cands.queries[j], lo_c, hi_c, session.spend, pl.planned_epsilon)
-    hit, i = found
-    j, m = positions[hit], levels[i]
-    upper = hi_c if i == 0 else min(hi_c, levels[i - 1] + a_f)
-    return SelectionResult(j, cands.queries[j], m - a_f, upper, session.spend, pl.planned_epsilon)
+    j = chosen[0]
+    return SelectionResult(
+        j, cands.queries[j], lowers[0], uppers[0], session.spend, pl.planned_epsilon
+    )
 
 
 @dataclass(frozen=True)
@@ -1362,64 +1488,26 @@ def scan_top_k(
     `groups` (one public label per candidate): a pick removes every candidate of
     its group (sparse mean's two signs of a coordinate).
     """
-    cands = _candidates(oracle, candidates)
-    positions = list(range(len(cands)))
-    lo, hi = interval if interval is not None else (0.0, float(oracle.n))
-    pl = (
-        plan
-        if plan is not None
-        else plan_scan(
-            oracle,
-            epsilon,
-            beta,
-            len(positions),
-            hi - lo,
-            k=k,
-            kind=kind,
-            coarse_fraction=coarse_fraction,
-            rounds=rounds,
-            step=step,
-            mid_fraction=mid_fraction,
-        )
+    cands, positions, lo, hi, pl = _scan_setup(
+        oracle,
+        k,
+        epsilon,
+        beta,
+        candidates=candidates,
+        subset=None,
+        interval=interval,
+        kind=kind,
+        coarse_fraction=coarse_fraction,
+        rounds=rounds,
+        step=step,
+        plan=plan,
+        mid_fraction=mid_fraction,
     )
-    if pl.size != len(positions) or abs(pl.width - (hi - lo)) > 1e-9 or pl.streams != k:
-        raise ValueError("plan was made for another candidate count, interval or k")
     if groups is not None and len(groups) != len(positions):
         raise ValueError("one group label per candidate is required")
     session = _Session(oracle, pl.kind)
-    _, lo_c, hi_c = _scan_coarse(session, cands, positions, lo, hi, pl)
-    if pl.mid_epsilon:
-        _, lo_c, hi_c = _mid_stage(session, cands, positions, lo_c, hi_c, pl)
-    a_f = pl.fine_alpha + ROUNDING_SLACK
-    start = hi_c
-    chosen: list[int] = []
-    lowers: list[float] = []
-    uppers: list[float] = []
-    remaining = positions
-    for rank in range(k):
-        session.spend.alphas.append(pl.fine_alpha)
-        if rank == 0:
-            levels = _scan_levels(start, lo_c - a_f, pl, session.tau_limit)
-        else:
-            levels = _scan_levels(
-                start, lo_c - a_f, pl, session.tau_limit, SCAN_RANK_DENSE, base=lo
-            )
-        found = _scan_stream(session, cands, remaining, levels, pl.fine_epsilon)
-        if found is None:
-            break
-        hit, i = found
-        chosen.append(remaining[hit])
-        lowers.append(levels[i] - a_f)
-        bound = hi_c if rank == 0 else uppers[-1]
-        uppers.append(bound if i == 0 else min(bound, levels[i - 1] + a_f))
-        if groups is None:
-            remaining = remaining[:hit] + remaining[hit + 1 :]
-        else:
-            label = groups[remaining[hit]]
-            remaining = [p for p in remaining if groups[p] != label]
-            if not remaining:
-                break
-        start = levels[i - 1] if i > 0 else levels[0]
-        if progress is not None:
-            progress(len(chosen), k, session.spend.queries)
+    _, lo_c, hi_c = _scan_localise(session, cands, positions, lo, hi, pl)
+    chosen, lowers, uppers = _scan_ranks(
+        session, cands, positions, lo, lo_c, hi_c, pl, k, groups, progress
+    )
     return ScanTopK(chosen, lowers, uppers, session.spend, pl.planned_epsilon)
