@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import io
 import multiprocessing as mp
 import os
@@ -36,10 +37,11 @@ import statistics
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
+from svtagg.benchmarks.pg import server_url
 from svtagg.servers.store_pg import _MIGRATIONS, _copy_rows
 
 TASK = "bench"
@@ -84,12 +86,20 @@ _LOCK = "SELECT pg_advisory_xact_lock(hashtext(current_schema()))"
 
 
 # ---------------------------------------------------------------- psycopg 3
-def _psycopg_upload(url: str, schema: str, batches: list[Any], d: int, variant: str) -> None:
+@contextlib.contextmanager
+def _session(url: str, schema: str) -> Iterator[Any]:
+    """A psycopg connection as the store opens it: autocommit, durable commits,
+    the benchmark's schema."""
     import psycopg
 
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("SET synchronous_commit = on")
         conn.execute(f'SET search_path TO "{schema}"')
+        yield conn
+
+
+def _psycopg_upload(url: str, schema: str, batches: list[Any], d: int, variant: str) -> None:
+    with _session(url, schema) as conn:
         for i, (ids, shares) in enumerate(batches):
             if i == 1:
                 _ready()
@@ -115,11 +125,7 @@ def _psycopg_upload(url: str, schema: str, batches: list[Any], d: int, variant: 
 
 
 def _psycopg_point(url: str, schema: str, count: int) -> None:
-    import psycopg
-
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute("SET synchronous_commit = on")
-        conn.execute(f'SET search_path TO "{schema}"')
+    with _session(url, schema) as conn:
         for i in range(count + 1):
             if i == 1:
                 _ready()
@@ -296,9 +302,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--d", type=int, default=100, help="8-byte shares per report")
     ap.add_argument("--points", type=int, default=200, help="point transactions per run")
     args = ap.parse_args(argv)
-    url = os.environ.get("SVTAGG_TEST_POSTGRES")
-    if not url:
-        raise SystemExit("set SVTAGG_TEST_POSTGRES (scripts/start_postgres.sh DIR prints one)")
+    url = server_url()
     import psycopg
 
     if asyncpg is None:

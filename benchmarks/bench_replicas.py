@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from svtagg.benchmarks.pg import server_url
 from svtagg.client.upload import Uploader
 from svtagg.deploy.jobs import analyst_stub, task_spec
 from svtagg.deploy.launch import UNCAPPED_SERVER_ARGS, LocalDeployment
@@ -115,9 +116,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--n", type=int, default=40_000, help="reports per client")
     ap.add_argument("--repeat", type=int, default=5, help="runs of each store")
     args = ap.parse_args(argv)
-    url = os.environ.get("SVTAGG_TEST_POSTGRES")
-    if not url:
-        raise SystemExit("set SVTAGG_TEST_POSTGRES (scripts/start_postgres.sh DIR prints one)")
+    url = server_url()
     import psycopg
 
     print(f"load average at start: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")

@@ -34,6 +34,7 @@ from svtagg.benchmarks.bench_system import (
     bench_validation,
     comparison_task,
 )
+from svtagg.benchmarks.pg import server_url
 from svtagg.deploy.launch import UNCAPPED_SERVER_ARGS, LocalDeployment
 from svtagg.dp.queries import Query
 
@@ -109,9 +110,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="smaller sizes (a smoke test)")
     args = ap.parse_args(argv)
-    url = os.environ.get("SVTAGG_TEST_POSTGRES")
-    if not url:
-        raise SystemExit("set SVTAGG_TEST_POSTGRES (scripts/start_postgres.sh DIR prints one)")
+    url = server_url()
     print(f"load average at start: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
     results = {name: run_config(name, w, url, args.quick) for name, w in CONFIGS.items()}
     base = results["in-process"]
