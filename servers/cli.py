@@ -167,17 +167,16 @@ def check_startup(args: argparse.Namespace) -> Identity:
     """Everything that can be checked before anything is created: the leader's
     --helper, the certificate directory and its role, the store's directory and
     the budget caps.  Raises (one-line messages) instead of starting half-way."""
+    from svtagg.servers.service import check_modes
     from svtagg.servers.store import sqlite_file
 
-    if args.ingest_only and sqlite_file(args.db) is not None:
-        raise ValueError("--ingest-only replicas share a PostgreSQL store: --db postgresql://...")
-    for flag, on in (("--worker", args.worker), ("--lease-work", args.lease_work)):
-        if on and sqlite_file(args.db) is not None:
-            raise ValueError(f"{flag} needs the PostgreSQL store: --db postgresql://...")
-    if args.worker and (args.ingest_only or args.lease_work):
-        raise ValueError("--worker cannot be combined with --ingest-only or --lease-work")
-    if args.lease_work and args.role != "leader":
-        raise ValueError("--lease-work is for the leader only")
+    check_modes(
+        args.role,
+        args.db,
+        ingest_only=args.ingest_only,
+        worker=args.worker,
+        lease_work=args.lease_work,
+    )
     if args.lease is not None and not (args.worker and args.role == "leader"):
         raise ValueError("--lease is for a leader --worker only")
     if args.lease is not None and not 0.5 <= args.lease <= 3600:

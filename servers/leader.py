@@ -49,7 +49,7 @@ from svtagg.servers.messages import spec_params, stream_info, task_info
 from svtagg.servers.port import HelperPort, PeerMethod
 from svtagg.servers.session import SessionPool
 from svtagg.servers.store import FAILED, OPEN, PLAN_FAILED, StreamState, TaskState
-from svtagg.servers.work import ASK, COMPARE, ROBUST, VALIDATE, Job, WorkQueue
+from svtagg.servers.work import ASK, COMPARE, ROBUST, VALIDATE, Job, WorkerLost, WorkQueue
 
 log = logging.getLogger("svtagg.server")
 
@@ -387,12 +387,18 @@ class LeaderDriver:
             pb.ChunkHeader(robust_task_id=task_id, coord_lo=lo, coord_hi=min(d, lo + ROBUST_LANES))
             for lo in range(0, d, ROBUST_LANES)
         ]
-        parts = await self._passes(ROBUST, headers, lambda h: self.robust_chunk(task, h))
+        sums = self.core.store.sums(task_id) if self.work is None else None  # read once here
+        parts = await self._passes(ROBUST, headers, lambda h: self.robust_chunk(task, h, sums))
         return np.concatenate([np.frombuffer(p, dtype=np.uint64) for p in parts])
 
-    async def robust_chunk(self, task: TaskState, h: pb.ChunkHeader) -> bytes:
-        """The leader's new shares of coordinates [coord_lo, coord_hi) (one chunk)."""
-        z = self.core.store.sums(task.params.task_id)[h.coord_lo : h.coord_hi]
+    async def robust_chunk(
+        self, task: TaskState, h: pb.ChunkHeader, sums: U64 | None = None
+    ) -> bytes:
+        """The leader's new shares of coordinates [coord_lo, coord_hi) (one chunk);
+        `sums`: the task's aggregates if the caller holds them (else read)."""
+        if sums is None:
+            sums = self.core.store.sums(task.params.task_id)
+        z = sums[h.coord_lo : h.coord_hi]
         bound = self.core.clamp_bound(task)
         out, _ = await self._exchange(h, lambda party: party.clamp_reshare(z, bound))
         return np.asarray(out, dtype=np.uint64).tobytes()
@@ -642,6 +648,8 @@ class LeaderDriver:
         assert self.work is not None
         try:
             return await self.work.run(kind, payload, stream_id, self._lost)
+        except WorkerLost:
+            raise  # `_lost` has failed it on both servers already
         except Refusal:
             if self.core.store.stream(stream_id).state == FAILED:
                 await self._fail_helper(stream_id)

@@ -597,6 +597,25 @@ class ServerConfig:
     lease_seconds: float = LEASE_SECONDS
 
 
+def check_modes(
+    role: str, store_path: str, *, ingest_only: bool, worker: bool, lease_work: bool
+) -> None:
+    """What kind of process this is must fit the role and the store: replicas,
+    workers and leased work share a PostgreSQL store with the role's main
+    process.  Raises ValueError (one line, naming the flags); used by the CLI
+    before anything is created and by `SvtaggServer`."""
+    on_sqlite = sqlite_file(store_path) is not None
+    if ingest_only and on_sqlite:
+        raise ValueError("--ingest-only replicas share a PostgreSQL store: --db postgresql://...")
+    for flag, on in (("--worker", worker), ("--lease-work", lease_work)):
+        if on and on_sqlite:
+            raise ValueError(f"{flag} needs the PostgreSQL store: --db postgresql://...")
+    if worker and (ingest_only or lease_work):
+        raise ValueError("--worker cannot be combined with --ingest-only or --lease-work")
+    if lease_work and role != "leader":
+        raise ValueError("--lease-work is for the leader only")
+
+
 class SvtaggServer:
     """A running leader or helper: `await start()`, `port`, `await stop()`."""
 
@@ -605,14 +624,13 @@ class SvtaggServer:
             raise ValueError(f"role must be leader or helper, got {config.role!r}")
         if config.role == "leader" and not config.helper_address and not config.ingest_only:
             raise ValueError("the leader needs the helper's address")
-        if (config.worker or config.lease_work) and sqlite_file(config.store_path) is not None:
-            raise ValueError(
-                "workers and leased work share a PostgreSQL store: --db postgresql://..."
-            )
-        if config.worker and (config.ingest_only or config.lease_work):
-            raise ValueError("a worker is neither an ingest replica nor a front end")
-        if config.lease_work and config.role != "leader":
-            raise ValueError("only the leader leases comparison work to workers")
+        check_modes(
+            config.role,
+            config.store_path,
+            ingest_only=config.ingest_only,
+            worker=config.worker,
+            lease_work=config.lease_work,
+        )
         self.config = config
         # Ports first: a port in use fails here, before the store file is created.
         self.server = grpc.aio.server(options=SERVER_OPTIONS)
@@ -663,6 +681,8 @@ class SvtaggServer:
             self.metrics.budget(self.store, task_id)
         self.peer: GrpcHelperPort | None = None
         self.analyst: AnalystService | None = None
+        #: The leader's driver (main process or worker); None on the helper.
+        self.driver: LeaderDriver | None = None
         self.peer_service: PeerService | None = None
         self.limiter = RateLimiter(config.rate_limit, config.rate_burst)
         if not config.worker:
@@ -700,29 +720,25 @@ class SvtaggServer:
             await self.data_listener.start()
             self.peer_service.driver.data = self.data_listener
             log.info("helper data channel on port %d", self.data_listener.port)
-        if self.config.lease_work or (self.config.worker and self.config.role == "leader"):
-            self.work = await WorkQueue.connect(self.store)
-        if self.config.lease_work and self.analyst is not None and self.work is not None:
+        if self.driver is not None and self.config.lease_work:
+            # The front end waits for results; its workers wait for new jobs.
+            self.work = await WorkQueue.connect(self.store, ("done",))
             withdrawn = await self.work.reset()
             if withdrawn:
                 log.info("work queue: withdrew %d job(s) queued before this start", withdrawn)
-            self.analyst.driver.work = self.work
+            self.driver.work = self.work
             self.work.metrics = self.metrics
             warm = False  # the workers hold the sessions
+        elif self.driver is not None and self.config.worker:
+            self.work = await WorkQueue.connect(self.store, ("new",))
+            self.worker = Worker(self.work, self.driver.run_job, self.config.lease_seconds)
         await self.server.start()
-        if self.config.worker and self.work is not None:
-            self.worker = Worker(
-                self.work,
-                self.driver.run_job,
-                self.config.lease_seconds,
-            )
+        if self.worker is not None:
             self._work_loop = asyncio.ensure_future(self.worker.run())
             self._work_loop.add_done_callback(self._worker_ended)
-            if warm:
-                self._warm = asyncio.ensure_future(self.driver.pool.warm())
-        if self.analyst is not None and warm:
+        if self.driver is not None and warm:
             # Base OTs with the helper before the first chunk needs them.
-            self._warm = asyncio.ensure_future(self.analyst.driver.pool.warm())
+            self._warm = asyncio.ensure_future(self.driver.pool.warm())
         log.info(
             "%s listening on port %d (failed closed on recovery: %d streams)",
             self.config.role,
@@ -756,12 +772,10 @@ class SvtaggServer:
         await self.server.stop(grace)
         if self.work is not None:
             await self.work.close()
-        if self.config.role == "leader" and self.config.worker:
-            await self.driver.pool.close()
         if self.data_listener is not None:
             await self.data_listener.close()
-        if self.analyst is not None:
-            await self.analyst.driver.pool.close()
+        if self.driver is not None:
+            await self.driver.pool.close()
         if self.peer is not None:
             await self.peer.close()
         if self.helper_probe is not None:

@@ -105,8 +105,9 @@ class WorkQueue:
         self.metrics: Any = None
 
     @classmethod
-    async def connect(cls, store: Any) -> WorkQueue:
-        """The queue of `store` (a `PgStore`; SQLite has no work queue)."""
+    async def connect(cls, store: Any, channels: tuple[str, ...] = ("new", "done")) -> WorkQueue:
+        """The queue of `store` (a `PgStore`; SQLite has no work queue), woken by
+        the notifications it needs: "done" (a front end), "new" (a worker)."""
         import psycopg
         from psycopg import sql
 
@@ -127,7 +128,7 @@ class WorkQueue:
                 await c.close()
             raise
         q = cls(conns[0], conns[1], schema)
-        for what in ("new", "done"):
+        for what in channels:
             await q._listen.execute(
                 sql.SQL("LISTEN {}").format(sql.Identifier(_channel(schema, what)))
             )
