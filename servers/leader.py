@@ -60,6 +60,9 @@ ROBUST_LANES = 4096
 #: Lanes per range-validation chunk (2d per report): about 150 MB of protocol
 #: traffic, well inside the chunk deadline.
 VALIDATION_LANES = 50_000
+#: Close-time chunks a leasing leader keeps queued or running at once (more
+#: than any pool of workers it pairs; bounds the work table and the waiters).
+PASS_JOBS = 32
 #: How long `close_collection` waits for the helper before closing anything.
 HELPER_CHECK_DEADLINE = 5.0
 
@@ -410,14 +413,19 @@ class LeaderDriver:
         run_here: Callable[[pb.ChunkHeader], Awaitable[bytes]],
     ) -> list[bytes]:
         """A close-time pass's chunks: here one after another, or as leased jobs
-        that the workers run in parallel (every job is waited for; the first
-        failure is raised once all have ended)."""
+        that the workers run in parallel, at most PASS_JOBS queued at a time
+        (every job is waited for; the first failure is raised once all have
+        ended)."""
         if self.work is None:
             return [await run_here(h) for h in headers]
         work = self.work
-        results = await asyncio.gather(
-            *(work.run(kind, h.SerializeToString()) for h in headers), return_exceptions=True
-        )
+        slots = asyncio.Semaphore(PASS_JOBS)
+
+        async def leased(h: pb.ChunkHeader) -> bytes:
+            async with slots:
+                return await work.run(kind, h.SerializeToString())
+
+        results = await asyncio.gather(*(leased(h) for h in headers), return_exceptions=True)
         for r in results:
             if isinstance(r, BaseException):
                 raise r

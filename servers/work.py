@@ -392,7 +392,6 @@ class Worker:
         self.lease_seconds = lease
         self.owner = owner or worker_name("leader")
         self.stopping = asyncio.Event()
-        self.done = 0
 
     async def run(self) -> None:
         log.info("worker %s: taking work (lease %.1f s)", self.owner, self.lease_seconds)
@@ -449,4 +448,3 @@ class Worker:
             log.warning(
                 "worker %s: job %d was no longer leased; result dropped", self.owner, job.job_id
             )
-        self.done += 1
