@@ -11,15 +11,21 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import Deployment, driver_pair, make_task, off_loop
+from conftest import Deployment, DriverPair, driver_pair, make_task, off_loop
 from svtagg.analyst import applications as apps
 from svtagg.analyst.local_oracle import LocalOracle
 from svtagg.analyst.oracle import planned
 from svtagg.dp.accounting import advanced_composition, zcdp_to_dp
-from svtagg.dp.errors import BudgetExhausted, InvalidArgument
+from svtagg.dp.errors import BudgetExhausted, InvalidArgument, PeerUnavailable
 from svtagg.dp.plans import Group, PlanBook, Rule, plan_charge
 from svtagg.dp.task import safe_epsilon_min
 from svtagg.proto import svtagg_pb2 as pb
+from svtagg.proto.vocab import Role
+from svtagg.servers.core import ServerCore, garbled_circuit_party
+from svtagg.servers.helper import HelperDriver
+from svtagg.servers.leader import LeaderDriver
+from svtagg.servers.memory import MemoryHelperPort
+from svtagg.servers.store import Store
 
 TINY = Fraction(1, 10**6)
 
@@ -165,3 +171,80 @@ async def test_mwem_with_delta_runs_on_the_servers(deployment: Deployment) -> No
         assert Fraction(b.epsilon_spent) == charge.epsilon
         assert Fraction(b.delta_spent) == TINY
     assert not math.isclose(float(charge.epsilon), float(2 * t * res.step_epsilon))
+
+
+async def _restart(pair: DriverPair, root: Path) -> None:
+    """Both servers stop and start again on their stores (a new leader driver
+    reconciles every task before its next stream, as after a process restart)."""
+    await pair.leader.pool.close()
+    await pair.port.close()
+    pair.leader.core.store.close()
+    pair.helper.core.store.close()
+    pair.helper = HelperDriver(
+        ServerCore(Role.HELPER, Store(root / "h.sqlite")), garbled_circuit_party
+    )
+    pair.port = MemoryHelperPort(pair.helper)
+    pair.leader = LeaderDriver(
+        ServerCore(Role.LEADER, Store(root / "l.sqlite")), pair.port, garbled_circuit_party
+    )
+
+
+def _ledgers(pair: DriverPair, task_id: str) -> list[tuple[Fraction, Fraction]]:
+    return [
+        (b.epsilon_spent, b.delta_spent)
+        for b in (d.core.store.task(task_id).budget for d in (pair.leader, pair.helper))
+    ]
+
+
+@pytest.mark.parametrize("restart", [False, True], ids=["running", "restarted"])
+@pytest.mark.parametrize("total", ["2", "10"])
+async def test_a_plan_stream_the_helper_missed_is_replayed_in_its_group(
+    tmp_path: Path, total: str, restart: bool
+) -> None:
+    """The helper is down when a stream of a reserved plan opens (and both servers
+    may restart afterwards).  Reconciliation replays the stream's charge on the helper in the
+    plan's group (not on the task's ledger): the ledgers stay equal, and a plan
+    that holds the rest of the budget does not make every later call fail."""
+    async with driver_pair(tmp_path) as pair:
+        await pair.leader.create_task(
+            pb.TaskSpec(
+                task_id="t",
+                d=2,
+                frac_bits=16,
+                n_max=1000,
+                min_batch=1,
+                epsilon_total=total,
+                delta_total="0",
+                epsilon_min="1/8",
+            )
+        )
+        pair.upload("t", np.ones((50, 2)))
+        await pair.leader.close_collection("t")
+        plan = await pair.leader.reserve_plan(
+            pb.PlanRequest(
+                task_id="t", groups=[pb.PlanGroup(epsilon="1"), pb.PlanGroup(epsilon="1")]
+            )
+        )
+
+        def in_plan(group: int, eps: str) -> pb.OpenStreamRequest:
+            return pb.OpenStreamRequest(
+                task_id="t", kind=pb.LAP24, epsilon=eps, plan_id=plan.plan_id, plan_group=group
+            )
+
+        pair.port.available = False
+        with pytest.raises(PeerUnavailable):
+            await pair.leader.open_stream(in_plan(0, "1/2"))
+        pair.port.available = True
+        if restart:
+            await _restart(pair, tmp_path)
+        info = await pair.leader.describe("t")
+        assert Fraction(info.budget.epsilon_spent) == Fraction(info.helper_budget.epsilon_spent)
+        assert _ledgers(pair, "t") == [(Fraction(2), Fraction(0))] * 2
+        book, _, _ = pair.helper.core.store.plan(plan.plan_id)
+        assert book.spent[0] == (Fraction(1, 2), 0)  # the replayed stream, in its group
+        await pair.leader.open_stream(in_plan(0, "1/2"))  # what group 0 has left
+        with pytest.raises(InvalidArgument):
+            await pair.leader.open_stream(in_plan(0, "1/8"))  # group 0 is used up
+        ended = await pair.leader.end_plan(plan.plan_id)
+        assert ended.refunded_epsilon == "1"  # group 1 was never used
+        assert _ledgers(pair, "t") == [(Fraction(1), Fraction(0))] * 2
