@@ -262,14 +262,18 @@ class CompareResponse(_message.Message):
     def __init__(self, outcomes: _Optional[_Iterable[_Union[Outcome, str]]] = ..., closed: _Optional[bool] = ..., peer_bytes: _Optional[int] = ...) -> None: ...
 
 class CollectionDigest(_message.Message):
-    __slots__ = ("n", "report_digest", "task_id")
+    __slots__ = ("n", "report_digest", "task_id", "agreed", "pass_id")
     N_FIELD_NUMBER: _ClassVar[int]
     REPORT_DIGEST_FIELD_NUMBER: _ClassVar[int]
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    AGREED_FIELD_NUMBER: _ClassVar[int]
+    PASS_ID_FIELD_NUMBER: _ClassVar[int]
     n: int
     report_digest: bytes
     task_id: str
-    def __init__(self, n: _Optional[int] = ..., report_digest: _Optional[bytes] = ..., task_id: _Optional[str] = ...) -> None: ...
+    agreed: bool
+    pass_id: bytes
+    def __init__(self, n: _Optional[int] = ..., report_digest: _Optional[bytes] = ..., task_id: _Optional[str] = ..., agreed: _Optional[bool] = ..., pass_id: _Optional[bytes] = ...) -> None: ...
 
 class ReportIds(_message.Message):
     __slots__ = ("task_id", "report_ids", "more")
@@ -292,7 +296,7 @@ class ReportPage(_message.Message):
     def __init__(self, task_id: _Optional[str] = ..., after: _Optional[bytes] = ..., limit: _Optional[int] = ...) -> None: ...
 
 class PrepareStreamRequest(_message.Message):
-    __slots__ = ("stream_id", "task_id", "kind", "epsilon", "delta", "plan_id", "plan_group")
+    __slots__ = ("stream_id", "task_id", "kind", "epsilon", "delta", "plan_id", "plan_group", "replay")
     STREAM_ID_FIELD_NUMBER: _ClassVar[int]
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
@@ -300,6 +304,7 @@ class PrepareStreamRequest(_message.Message):
     DELTA_FIELD_NUMBER: _ClassVar[int]
     PLAN_ID_FIELD_NUMBER: _ClassVar[int]
     PLAN_GROUP_FIELD_NUMBER: _ClassVar[int]
+    REPLAY_FIELD_NUMBER: _ClassVar[int]
     stream_id: str
     task_id: str
     kind: StreamKind
@@ -307,10 +312,11 @@ class PrepareStreamRequest(_message.Message):
     delta: str
     plan_id: str
     plan_group: int
-    def __init__(self, stream_id: _Optional[str] = ..., task_id: _Optional[str] = ..., kind: _Optional[_Union[StreamKind, str]] = ..., epsilon: _Optional[str] = ..., delta: _Optional[str] = ..., plan_id: _Optional[str] = ..., plan_group: _Optional[int] = ...) -> None: ...
+    replay: bool
+    def __init__(self, stream_id: _Optional[str] = ..., task_id: _Optional[str] = ..., kind: _Optional[_Union[StreamKind, str]] = ..., epsilon: _Optional[str] = ..., delta: _Optional[str] = ..., plan_id: _Optional[str] = ..., plan_group: _Optional[int] = ..., replay: _Optional[bool] = ...) -> None: ...
 
 class ChunkHeader(_message.Message):
-    __slots__ = ("stream_id", "chunk_no", "queries", "compare", "validate_task_id", "report_ids", "robust_task_id", "coord_lo", "coord_hi")
+    __slots__ = ("stream_id", "chunk_no", "queries", "compare", "validate_task_id", "report_ids", "robust_task_id", "coord_lo", "coord_hi", "pass_id")
     STREAM_ID_FIELD_NUMBER: _ClassVar[int]
     CHUNK_NO_FIELD_NUMBER: _ClassVar[int]
     QUERIES_FIELD_NUMBER: _ClassVar[int]
@@ -320,6 +326,7 @@ class ChunkHeader(_message.Message):
     ROBUST_TASK_ID_FIELD_NUMBER: _ClassVar[int]
     COORD_LO_FIELD_NUMBER: _ClassVar[int]
     COORD_HI_FIELD_NUMBER: _ClassVar[int]
+    PASS_ID_FIELD_NUMBER: _ClassVar[int]
     stream_id: str
     chunk_no: int
     queries: Queries
@@ -329,7 +336,8 @@ class ChunkHeader(_message.Message):
     robust_task_id: str
     coord_lo: int
     coord_hi: int
-    def __init__(self, stream_id: _Optional[str] = ..., chunk_no: _Optional[int] = ..., queries: _Optional[_Union[Queries, _Mapping]] = ..., compare: _Optional[bool] = ..., validate_task_id: _Optional[str] = ..., report_ids: _Optional[bytes] = ..., robust_task_id: _Optional[str] = ..., coord_lo: _Optional[int] = ..., coord_hi: _Optional[int] = ...) -> None: ...
+    pass_id: bytes
+    def __init__(self, stream_id: _Optional[str] = ..., chunk_no: _Optional[int] = ..., queries: _Optional[_Union[Queries, _Mapping]] = ..., compare: _Optional[bool] = ..., validate_task_id: _Optional[str] = ..., report_ids: _Optional[bytes] = ..., robust_task_id: _Optional[str] = ..., coord_lo: _Optional[int] = ..., coord_hi: _Optional[int] = ..., pass_id: _Optional[bytes] = ...) -> None: ...
 
 class SessionOpen(_message.Message):
     __slots__ = ("session_id", "data_channel")

@@ -44,6 +44,8 @@ REPORT_ID_BYTES = 16
 #: Report ids per reconciliation message (ListReports pages, DropReports
 #: batches): 1 MiB of ids, far below the message cap, whatever the task's size.
 REPORT_PAGE = 65536
+#: Random id of one robust-aggregate pass of a close (ChunkHeader.pass_id).
+PASS_ID_BYTES = 16
 #: The helper's share of a report: a PRG seed it expands to d ring elements.
 SEED_BYTES = 16
 #: Largest upload batch in reports.

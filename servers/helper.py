@@ -12,6 +12,7 @@ from svtagg.dp.errors import AlreadyExists, FailedPrecondition, InvalidArgument,
 from svtagg.dp.kinds import StreamKind
 from svtagg.proto import svtagg_pb2 as pb
 from svtagg.proto.vocab import (
+    PASS_ID_BYTES,
     REPORT_ID_BYTES,
     REPORT_PAGE,
     SETUP_DEADLINE,
@@ -61,10 +62,15 @@ class HelperDriver:
         return collection_digest(self.core.store.task(request.task_id))
 
     async def CloseCollection(self, request: pb.TaskRef) -> pb.CollectionDigest:
+        """Close (idempotent); the report set, and whether it is already agreed
+        (a close retried after a lost MarkAgreed reply must not validate again:
+        the per-report shares are gone)."""
         t = self.core.store.task(request.task_id)
         if t.collection_open:
             t = self.core.store.close_collection(request.task_id)
-        return collection_digest(t)
+        out = collection_digest(t)
+        out.agreed = t.agreed
+        return out
 
     async def ListReports(self, request: pb.ReportPage) -> pb.ReportIds:
         """One page of the closed task's report ids, ascending, after `after`."""
@@ -86,7 +92,8 @@ class HelperDriver:
 
     async def MarkAgreed(self, request: pb.CollectionDigest) -> pb.TaskInfo:
         """Record agreement only if this server's report set is the leader's and
-        (robust aggregates) the close re-shared every coordinate of that set."""
+        (robust aggregates) the leader's pass `pass_id` re-shared every
+        coordinate of that set; only that pass's staged shares are kept."""
         t = self.core.store.task(request.task_id)
         if t.collection_open or (t.n, t.digest) != (request.n, request.report_digest):
             raise FailedPrecondition(
@@ -96,7 +103,9 @@ class HelperDriver:
             return task_info(t)  # a retry: queries already run on the stored g(S)
         robust = None
         if self.core.robust_aggregates:
-            robust = self.core.store.staged_robust(t.params.task_id, t.digest, t.params.d)
+            robust = self.core.store.staged_robust(
+                t.params.task_id, request.pass_id, t.digest, t.params.d
+            )
             if robust is None:
                 raise FailedPrecondition(
                     "the helper holds no complete robust-aggregate pass for this report "
@@ -110,13 +119,17 @@ class HelperDriver:
         return task_info(self.core.store.task(request.task_id))
 
     async def PrepareStream(self, request: pb.PrepareStreamRequest) -> pb.StreamInfo:
-        state = self.core.open_stream(
+        """Charge and draw γ_H; or (replay) record the charge of a stream the
+        leader failed, as a failed stream, in the plan group it was opened in."""
+        plan = (request.plan_id, request.plan_group) if request.plan_id else None
+        opener = self.core.replay_stream if request.replay else self.core.open_stream
+        state = opener(
             request.stream_id,
             request.task_id,
             kind_from_pb(request.kind),
             request.epsilon,
             request.delta,
-            plan=(request.plan_id, request.plan_group) if request.plan_id else None,
+            plan=plan,
         )
         return stream_info(state)
 
@@ -222,13 +235,15 @@ class HelperDriver:
             lo, hi = h.coord_lo, h.coord_hi
             if not 0 <= lo < hi <= task.params.d:
                 raise InvalidArgument(f"coordinates [{lo}, {hi}) out of [0, {task.params.d})")
+            if len(h.pass_id) != PASS_ID_BYTES:
+                raise InvalidArgument(f"a robust-aggregate chunk names its pass ({PASS_ID_BYTES} bytes)")
             z = self.core.store.sums(task.params.task_id)[lo:hi]
         except Exception as exc:  # noqa: BLE001 - refusal goes back, session lives
             await write(pb.PeerFrame(status=refusal_status(exc)))
             return
         await write(_OK)
         y = await party.clamp_reshare(z, self.core.clamp_bound(task))
-        self.core.store.stage_robust(task.params.task_id, task.digest, lo, y)
+        self.core.store.stage_robust(task.params.task_id, h.pass_id, task.digest, lo, y)
         await write(_OK)
 
     async def _next_frame(self, read: ReadFrame) -> Any:

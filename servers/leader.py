@@ -30,6 +30,7 @@ from svtagg.proto.vocab import (
     KIND_TO_PB,
     OUTCOME_OF_CODE,
     OUTCOME_TO_PB,
+    PASS_ID_BYTES,
     REPORT_PAGE,
     kind_from_pb,
     plan_request,
@@ -48,7 +49,14 @@ from svtagg.servers.faults import crash_point
 from svtagg.servers.messages import spec_params, stream_info, task_info
 from svtagg.servers.port import HelperPort, PeerMethod
 from svtagg.servers.session import SessionPool
-from svtagg.servers.store import FAILED, OPEN, PLAN_FAILED, StreamState, TaskState
+from svtagg.servers.store import (
+    FAILED,
+    OPEN,
+    PLAN_ACTIVE,
+    PLAN_FAILED,
+    StreamState,
+    TaskState,
+)
 from svtagg.servers.work import ASK, COMPARE, ROBUST, VALIDATE, Job, WorkerLost, WorkQueue
 
 log = logging.getLogger("svtagg.server")
@@ -105,9 +113,17 @@ class LeaderDriver:
         Who wins: the leader charges first (committed) and the helper second, so
         after a crash between the two charges the leader has spent more.  The
         leader's ledger wins: every stream the leader failed is failed on the
-        helper too, and one the helper never saw is replayed there (PrepareStream,
-        which charges and draws a γ_H that is never used, then FailStream).  Both
-        ledgers then show the larger spend; nothing is ever refunded."""
+        helper too, and one the helper never saw is replayed there (PrepareStream
+        with `replay`: charged where the stream was charged — the task's ledger
+        or its plan's group — and recorded failed; no γ drawn).  Both ledgers
+        then show the larger spend; nothing is ever refunded.
+
+        A replay the helper refuses (its ledger or plan already holds more than
+        the leader's, as an older version could leave it) is logged and skipped,
+        so the task stays usable: the ledgers may then differ, but each still
+        covers every stream that answered on it — the leader's because it always
+        charges first, the helper's because the refused stream never answered
+        there (docs/services.md, "Ledger reconciliation")."""
         async with self._sync_lock:
             if task_id not in self._unsynced:
                 return 0
@@ -116,22 +132,32 @@ class LeaderDriver:
             helper = (await self._call(PeerMethod.BUDGET, ref)).budget
             mine = task.budget
             replayed = 0
-            # Equal ledgers: only what this leader knows it failed since its start;
+            # Equal ledgers: what this leader knows it failed since its start, and
+            # the failed streams of active plans (their charge is inside the plan,
+            # so the ledgers are equal whether or not the helper holds them);
             # unequal: every failed stream and plan (replaying is idempotent).
             behind = (helper.epsilon_spent, helper.delta_spent) != (
                 str(mine.epsilon_spent),
                 str(mine.delta_spent),
             )
-            streams = (
-                self.core.store.stream_ids(task_id, FAILED)
-                if behind
-                else self._recovered.get(task_id, [])
-            )
+            failed = self.core.store.stream_ids(task_id, FAILED)
+            if behind:
+                streams = failed
+            else:
+                active = set(self.core.store.plan_ids(task_id, PLAN_ACTIVE))
+                streams = list(self._recovered.get(task_id, []))
+                streams += [
+                    sid
+                    for sid in failed
+                    if sid not in streams and (p := self.core.store.stream(sid).plan) is not None
+                    and p[0] in active
+                ]
             plans = self._failed_plans.pop(task_id, [])
             if behind:
                 plans = self.core.store.plan_ids(task_id, PLAN_FAILED)
             for sid in streams:
                 s = self.core.store.stream(sid)
+                plan_id, group = s.plan if s.plan is not None else ("", 0)
                 replayed += await self._fail_or_replay(
                     PeerMethod.FAIL_STREAM,
                     pb.StreamRef(stream_id=sid),
@@ -142,6 +168,9 @@ class LeaderDriver:
                         kind=KIND_TO_PB[s.kind],
                         epsilon=str(s.epsilon),
                         delta=str(s.delta) if s.delta else "",
+                        plan_id=plan_id,
+                        plan_group=group,
+                        replay=True,
                     ),
                 )
             for plan_id in plans:
@@ -167,13 +196,28 @@ class LeaderDriver:
     ) -> int:
         """Fail a stream or plan the leader failed on the helper too, replaying
         its charge there first (`replay`, then `fail`) if the helper never saw
-        it, so that both ledgers hold it.  1 if a charge was replayed."""
+        it, so that both ledgers hold it.  1 if a charge was replayed.  A replay
+        the helper refuses is logged, not raised (see `sync_ledgers`); an
+        unreachable helper is raised (the task stays to be reconciled)."""
         try:
             await self._call(fail, ref)
             return 0
         except NotFound:
             pass
-        await self._call(replay, charge)
+        try:
+            await self._call(replay, charge)
+        except PeerUnavailable:
+            raise
+        except Refusal as exc:
+            log.warning(
+                "task %s: the helper refused to replay the charge of failed %s %s (%s); "
+                "its ledger is left as it is, the leader's keeps the charge",
+                charge.task_id,
+                "stream" if replay == PeerMethod.PREPARE_STREAM else "plan",
+                getattr(ref, "stream_id", "") or getattr(ref, "plan_id", ""),
+                type(exc).__name__,
+            )
+            return 0
         await self._call(fail, ref)
         return 1
 
@@ -214,7 +258,11 @@ class LeaderDriver:
     async def end_plan(self, plan_id: str) -> pb.PlanInfo:
         """End the plan on the helper, then here; each returns what the plan did
         not use (basic plans only).  Idempotent."""
-        self.core.store.plan(plan_id)  # NOT_FOUND before any peer call
+        _, _, task_id = self.core.store.plan(plan_id)  # NOT_FOUND before any peer call
+        if task_id in self._unsynced:
+            # A stream of this plan the helper missed is replayed into the plan
+            # first, so that both servers refund the same unused part.
+            await self.sync_ledgers(task_id)
         await self._call(PeerMethod.END_PLAN, pb.PlanRef(plan_id=plan_id))
         info = self.core.plan_info(plan_id, self.core.store.end_plan(plan_id))
         log.info(
@@ -298,7 +346,11 @@ class LeaderDriver:
                     f"helper n={helper.n}); try closing again"
                 )
         invalid: list[bytes] = []
-        if task.params.validate_reports:
+        # A close retried after a lost MarkAgreed reply: the helper agreed on this
+        # very set (validated then) and dropped its per-report shares, so the set
+        # is not validated again; the robust pass and the agreement run again.
+        agreed_there = helper.agreed and (helper.n, helper.report_digest) == (task.n, task.digest)
+        if task.params.validate_reports and not agreed_there:
             invalid = await self._validate_reports(task)
             if invalid:
                 task, helper = await self._drop(task_id, invalid, invalid)
@@ -307,10 +359,14 @@ class LeaderDriver:
                 )
                 if (helper.n, helper.report_digest) != (task.n, task.digest):
                     raise FailedPrecondition("servers disagree after validation; close again")
-        robust = await self.robust_pass(task) if self.core.robust_aggregates else None
+        # Each pass has its own id: the helper keeps only this pass's shares.
+        pass_id = secrets.token_bytes(PASS_ID_BYTES)
+        robust = await self.robust_pass(task, pass_id) if self.core.robust_aggregates else None
         await self._call(
             PeerMethod.MARK_AGREED,
-            pb.CollectionDigest(n=task.n, report_digest=task.digest, task_id=task_id),
+            pb.CollectionDigest(
+                n=task.n, report_digest=task.digest, task_id=task_id, pass_id=pass_id
+            ),
         )
         info = task_info(self.core.store.mark_agreed(task_id, robust))
         info.dropped_reports = dropped + len(invalid)
@@ -380,14 +436,20 @@ class LeaderDriver:
                 mi += 1
                 ti += 1
 
-    async def robust_pass(self, task: TaskState) -> U64:
+    async def robust_pass(self, task: TaskState, pass_id: bytes) -> U64:
         """Re-share every coordinate's aggregate as g(S) = min(tri(S), n·2^F): the
-        leader's new shares (fresh randomness), the helper's staged on its side.
-        One garbled pass per coordinate, ROBUST_LANES coordinates per chunk (run
-        in parallel by the workers when the work is leased)."""
+        leader's new shares (fresh randomness), the helper's staged on its side
+        under `pass_id`.  One garbled pass per coordinate, ROBUST_LANES
+        coordinates per chunk (run in parallel by the workers when the work is
+        leased: the id travels in each job's header)."""
         task_id, d = task.params.task_id, task.params.d
         headers = [
-            pb.ChunkHeader(robust_task_id=task_id, coord_lo=lo, coord_hi=min(d, lo + ROBUST_LANES))
+            pb.ChunkHeader(
+                robust_task_id=task_id,
+                coord_lo=lo,
+                coord_hi=min(d, lo + ROBUST_LANES),
+                pass_id=pass_id,
+            )
             for lo in range(0, d, ROBUST_LANES)
         ]
         sums = self.core.store.sums(task_id) if self.work is None else None  # read once here

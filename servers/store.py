@@ -71,7 +71,9 @@ CREATE TABLE IF NOT EXISTS streams (
     gamma TEXT,
     state TEXT NOT NULL,
     chunks INTEGER NOT NULL DEFAULT 0,
-    queries INTEGER NOT NULL DEFAULT 0
+    queries INTEGER NOT NULL DEFAULT 0,
+    plan_id TEXT,
+    plan_group INTEGER
 );
 -- task() counts a task's streams on every call: without this index that count
 -- scanned every stream of every task (an index only: no schema version change).
@@ -120,6 +122,8 @@ class StreamState:
     state: StreamStatus
     chunks: int
     queries: int
+    #: (plan id, group) of a stream charged to a plan's group, None for the task's ledger.
+    plan: tuple[str, int] | None = None
 
     @property
     def closed(self) -> bool:
@@ -153,16 +157,16 @@ class Store:
         self.recovered_failed: list[tuple[str, str]] = []
         self.failed_on_recovery = self._recover()
         #: The helper's robust-aggregate shares between the close's passes and
-        #: MarkAgreed: task → (report digest, {lo: shares}).  In memory here (one
-        #: process per SQLite store; a restart runs the close again); in a table
-        #: in the PostgreSQL store, where any process of the server may run a pass.
-        self._staged: dict[str, tuple[bytes, dict[int, U64]]] = {}
+        #: MarkAgreed: task → pass id → (report digest, {lo: shares}).  In memory
+        #: here (one process per SQLite store; a restart runs the close again); in
+        #: a table in the PostgreSQL store, where any process may run a pass.
+        self._staged: dict[str, dict[bytes, tuple[bytes, dict[int, U64]]]] = {}
 
     def close(self) -> None:
         self._db.close()
 
     #: Schema version this code writes (SQLite's user_version).
-    SCHEMA_VERSION = 3
+    SCHEMA_VERSION = 4
 
     def _migrate(self) -> None:
         """Bring an older store up to SCHEMA_VERSION, one versioned step at a time."""
@@ -188,6 +192,15 @@ class Store:
             if "embedding" not in cols:
                 self._db.execute("ALTER TABLE tasks ADD COLUMN embedding TEXT NOT NULL DEFAULT ''")
             self._db.execute("PRAGMA user_version = 3")
+            version = 3
+        if version < 4:
+            # v4: the plan group a stream was charged to, so that reconciliation
+            # replays it there (streams stored before hold NULL: the task's ledger).
+            cols = {r[1] for r in self._db.execute("PRAGMA table_info(streams)")}
+            for col, kind in (("plan_id", "TEXT"), ("plan_group", "INTEGER")):
+                if col not in cols:
+                    self._db.execute(f"ALTER TABLE streams ADD COLUMN {col} {kind}")
+            self._db.execute("PRAGMA user_version = 4")
 
     def _recover(self) -> int:
         """Fail closed every stream that was opening or mid-chunk at the last stop."""
@@ -468,25 +481,77 @@ class Store:
         reserved plan — and record the stream as `opening`, in one committed
         transaction, before the caller draws any noise."""
         with self._tx():
-            state = self.task(task_id)
             if self._db.execute("SELECT 1 FROM streams WHERE stream_id=?", (stream_id,)).fetchone():
                 raise AlreadyExists(f"stream {stream_id!r} already exists")
-            if plan is not None:
-                plan_id, group = plan
-                book, plan_state, plan_task = self._plan_row(plan_id)
-                if plan_task != task_id or plan_state != PLAN_ACTIVE:
-                    raise FailedPrecondition(f"plan {plan_id} is {plan_state} or of another task")
-                book.admit(group, epsilon, delta_charge)
-                self._db.execute(
-                    "UPDATE plans SET book=? WHERE plan_id=?", (json.dumps(book.to_json()), plan_id)
-                )
-            else:
-                self._charge(state, epsilon, delta_charge)
-            self._db.execute(
-                "INSERT INTO streams (stream_id, task_id, kind, epsilon, delta, state)"
-                " VALUES (?,?,?,?,?,?)",
-                (stream_id, task_id, kind.value, str(epsilon), str(delta), OPENING),
-            )
+            self._charge_stream(task_id, epsilon, delta_charge, plan, replay=False)
+            self._insert_stream(stream_id, task_id, kind, epsilon, delta, plan, OPENING)
+
+    def replay_stream(
+        self,
+        stream_id: str,
+        task_id: str,
+        kind: StreamKind,
+        epsilon: Fraction,
+        delta: Fraction,
+        delta_charge: Fraction,
+        plan: tuple[str, int] | None = None,
+    ) -> None:
+        """Reconciliation: record a stream the other server opened and failed
+        while this one never saw it, with its charge, as `failed` (it never
+        answers here).  The charge goes where the stream's own went: the task's
+        ledger, or its plan's group whatever the plan's state now — a plan
+        ended since refunded that group's unused part without this stream, so
+        the task is charged what the refund would have kept back.  Idempotent:
+        a stream already recorded is left as it is."""
+        with self._tx():
+            if self._db.execute("SELECT 1 FROM streams WHERE stream_id=?", (stream_id,)).fetchone():
+                return
+            self._charge_stream(task_id, epsilon, delta_charge, plan, replay=True)
+            self._insert_stream(stream_id, task_id, kind, epsilon, delta, plan, FAILED)
+
+    def _charge_stream(
+        self,
+        task_id: str,
+        epsilon: Fraction,
+        delta_charge: Fraction,
+        plan: tuple[str, int] | None,
+        replay: bool,
+    ) -> None:
+        """A stream's charge (inside the caller's transaction): the task's ledger,
+        or its plan's group (an active plan; any plan when replayed)."""
+        state = self.task(task_id)
+        if plan is None:
+            self._charge(state, epsilon, delta_charge)
+            return
+        plan_id, group = plan
+        book, plan_state, plan_task = self._plan_row(plan_id)
+        if plan_task != task_id or (plan_state != PLAN_ACTIVE and not replay):
+            raise FailedPrecondition(f"plan {plan_id} is {plan_state} or of another task")
+        kept = book.refund()
+        book.admit(group, epsilon, delta_charge)
+        after = book.refund()
+        if plan_state == PLAN_ENDED and after != kept:  # only basic plans refund
+            self._charge(state, kept[0] - after[0], kept[1] - after[1])
+        self._db.execute(
+            "UPDATE plans SET book=? WHERE plan_id=?", (json.dumps(book.to_json()), plan_id)
+        )
+
+    def _insert_stream(
+        self,
+        stream_id: str,
+        task_id: str,
+        kind: StreamKind,
+        epsilon: Fraction,
+        delta: Fraction,
+        plan: tuple[str, int] | None,
+        state: StreamStatus,
+    ) -> None:
+        plan_id, group = plan if plan is not None else (None, None)
+        self._db.execute(
+            "INSERT INTO streams (stream_id, task_id, kind, epsilon, delta, state,"
+            " plan_id, plan_group) VALUES (?,?,?,?,?,?,?,?)",
+            (stream_id, task_id, kind.value, str(epsilon), str(delta), state, plan_id, group),
+        )
 
     def _charge(self, state: TaskState, epsilon: Fraction, delta: Fraction) -> None:
         """Spend (ε, δ) of the task's budget (inside the caller's transaction)."""
@@ -603,8 +668,8 @@ class Store:
 
     def stream(self, stream_id: str) -> StreamState:
         row = self._db.execute(
-            "SELECT stream_id, task_id, kind, epsilon, delta, gamma, state, chunks, queries"
-            " FROM streams WHERE stream_id=?",
+            "SELECT stream_id, task_id, kind, epsilon, delta, gamma, state, chunks, queries,"
+            " plan_id, plan_group FROM streams WHERE stream_id=?",
             (stream_id,),
         ).fetchone()
         if row is None:
@@ -619,6 +684,7 @@ class Store:
             row[6],
             row[7],
             row[8],
+            None if row[9] is None else (row[9], int(row[10])),
         )
 
     def begin_chunk(self, stream_id: str, chunk_no: int | None = None) -> int:
@@ -666,21 +732,24 @@ class Store:
             )
 
     # ------------------------------------------------------------ robust staging
-    def stage_robust(self, task_id: str, digest: bytes, lo: int, shares: U64) -> None:
+    def stage_robust(self, task_id: str, pass_id: bytes, digest: bytes, lo: int, shares: U64) -> None:
         """Keep the helper's new shares of coordinates [lo, lo + len(shares)) of the
-        report set `digest` (shares staged for another report set are dropped)."""
-        held, parts = self._staged.get(task_id, (digest, {}))
+        report set `digest`, computed by the pass `pass_id`.  Each pass stages
+        apart: a late chunk of an abandoned pass never replaces a newer pass's."""
+        held, parts = self._staged.setdefault(task_id, {}).get(pass_id, (digest, {}))
         if held != digest:
             parts = {}
         parts[lo] = np.array(shares, dtype=np.uint64)
-        self._staged[task_id] = (digest, parts)
+        self._staged[task_id][pass_id] = (digest, parts)
 
-    def staged_robust(self, task_id: str, digest: bytes, d: int) -> U64 | None:
-        """The staged shares of report set `digest` if they cover all d coordinates."""
-        held, parts = self._staged.get(task_id, (b"", {}))
+    def staged_robust(self, task_id: str, pass_id: bytes, digest: bytes, d: int) -> U64 | None:
+        """The shares pass `pass_id` staged for report set `digest`, if they
+        cover all d coordinates."""
+        held, parts = self._staged.get(task_id, {}).get(pass_id, (b"", {}))
         return _assemble(d, list(parts.items())) if held == digest else None
 
     def clear_staged(self, task_id: str) -> None:
+        """Drop every pass staged for the task (at the agreement)."""
         self._staged.pop(task_id, None)
 
 

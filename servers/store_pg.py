@@ -248,8 +248,22 @@ _V4: tuple[str, ...] = (
         EXECUTE FUNCTION svtagg_reports_task_kept()""",
 )
 
+#: Version 5: the plan group a stream was charged to (reconciliation replays it
+#: there; NULL: the task's ledger), and the robust-aggregate pass each staged
+#: share belongs to (a late chunk of an abandoned pass stages apart and is never
+#: taken by a newer pass).  Shares staged before carry no pass: they are dropped,
+#: and a close that was in progress runs its pass again.
+_V5: tuple[str, ...] = (
+    'ALTER TABLE streams ADD COLUMN plan_id TEXT COLLATE "C"',
+    "ALTER TABLE streams ADD COLUMN plan_group INTEGER CHECK (plan_group >= 0)",
+    "DELETE FROM robust_staged",
+    "ALTER TABLE robust_staged ADD COLUMN pass_id BYTEA NOT NULL",
+    "ALTER TABLE robust_staged DROP CONSTRAINT robust_staged_pkey",
+    "ALTER TABLE robust_staged ADD PRIMARY KEY (task_id, pass_id, lo)",
+)
+
 #: `_MIGRATIONS[v]` brings a store at version v to v + 1.
-_MIGRATIONS: tuple[tuple[str, ...], ...] = (_V1, _V2, _V3, _V4)
+_MIGRATIONS: tuple[tuple[str, ...], ...] = (_V1, _V2, _V3, _V4, _V5)
 
 
 def redact(url: str) -> str:
@@ -582,22 +596,27 @@ class PgStore(Store):
             )
 
     # ------------------------------------------------------------ robust staging
-    def stage_robust(self, task_id: str, digest: bytes, lo: int, shares: U64) -> None:
+    def stage_robust(self, task_id: str, pass_id: bytes, digest: bytes, lo: int, shares: U64) -> None:
         with self._tx(durable=False):
             self._conn.execute(
-                "DELETE FROM robust_staged WHERE task_id=%s AND digest<>%s", (task_id, digest)
-            )
-            self._conn.execute(
-                "INSERT INTO robust_staged (task_id, digest, lo, hi, shares)"
-                " VALUES (%s, %s, %s, %s, %s) ON CONFLICT (task_id, lo)"
+                "INSERT INTO robust_staged (task_id, pass_id, digest, lo, hi, shares)"
+                " VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (task_id, pass_id, lo)"
                 " DO UPDATE SET digest=EXCLUDED.digest, hi=EXCLUDED.hi, shares=EXCLUDED.shares",
-                (task_id, digest, lo, lo + len(shares), np.asarray(shares, np.uint64).tobytes()),
+                (
+                    task_id,
+                    pass_id,
+                    digest,
+                    lo,
+                    lo + len(shares),
+                    np.asarray(shares, np.uint64).tobytes(),
+                ),
             )
 
-    def staged_robust(self, task_id: str, digest: bytes, d: int) -> U64 | None:
+    def staged_robust(self, task_id: str, pass_id: bytes, digest: bytes, d: int) -> U64 | None:
         rows = self._conn.execute(
-            "SELECT lo, hi, shares FROM robust_staged WHERE task_id=%s AND digest=%s",
-            (task_id, digest),
+            "SELECT lo, hi, shares FROM robust_staged"
+            " WHERE task_id=%s AND pass_id=%s AND digest=%s",
+            (task_id, pass_id, digest),
         ).fetchall()
         return _assemble(d, [(int(lo), np.frombuffer(b, np.uint64)) for lo, _, b in rows])
 

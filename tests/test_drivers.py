@@ -194,3 +194,31 @@ async def test_reconciliation_in_bounded_pages(
     drops = [n for m, n in calls if m == "DropReports"]
     assert len(lists) >= (N + 11) // page and max(lists) <= page
     assert sum(drops) == 11 and max(drops) <= page and len(drops) == 2
+
+
+async def test_a_refused_replay_leaves_the_task_usable(
+    pair: DriverPair, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The helper's ledger already holds more than the leader's (as an older
+    version could leave it), so it refuses to replay the charge of a stream the
+    leader failed.  Reconciliation logs it and goes on: the task is described
+    and answers as long as both ledgers have room, never a wedge of
+    BudgetExhausted on every call."""
+    from svtagg.dp.kinds import StreamKind
+
+    await pair.leader.create_task(spec("t"))
+    pair.upload("t", data(N))
+    await pair.leader.close_collection("t")
+    store = pair.helper.core.store
+    store.open_stream("old", "t", StreamKind.LAP24, Fraction(9), Fraction(0), Fraction(0))
+    store.fail_stream("old")
+    pair.port.available = False
+    with pytest.raises(PeerUnavailable):
+        await pair.open("t", "3/2")  # the leader charges 3/2; the helper has 1 left
+    pair.port.available = True
+    info = await pair.leader.describe("t")
+    assert Fraction(info.budget.epsilon_spent) == Fraction(3, 2)
+    assert Fraction(info.helper_budget.epsilon_spent) == 9
+    assert "refused to replay" in caplog.text
+    sid = await pair.open("t", "1/2")  # both ledgers still hold it
+    assert pair.helper.core.store.stream(sid).state == "open"

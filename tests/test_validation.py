@@ -13,13 +13,16 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from conftest import Deployment, off_loop
+import pytest
+from conftest import Deployment, driver_pair, encoded_sum, off_loop
 from svtagg.client.upload import make_batch
+from svtagg.dp.errors import PeerUnavailable
 from svtagg.dp.task import TaskParams
 from svtagg.mpc.sharing import share
 from svtagg.proto import svtagg_pb2 as pb
 from svtagg.proto import svtagg_pb2_grpc as pb_grpc
 from svtagg.servers.core import ServerCore
+from svtagg.servers.port import PeerMethod
 from svtagg.servers.store import Store
 from test_server import channel
 
@@ -148,3 +151,50 @@ async def test_client_refuses_unvalidated_task(deployment: Deployment) -> None:
             up.upload("u", np.zeros((3, D)), require_validation=True)
 
     await off_loop(run)
+
+
+async def test_a_lost_mark_agreed_reply_does_not_wedge_the_close(tmp_path: Path) -> None:
+    """The helper agrees on the validated set (and drops its per-report shares),
+    but its MarkAgreed reply is lost.  The retried close sees that the helper
+    has agreed on this very set and completes (no second validation, which the
+    helper could no longer run); the stored robust shares add up to g(S)."""
+    async with driver_pair(tmp_path, frac_bits=F) as pair:
+        await pair.leader.create_task(
+            pb.TaskSpec(
+                task_id="v",
+                d=D,
+                frac_bits=F,
+                n_max=1000,
+                min_batch=1,
+                epsilon_total="10",
+                delta_total="0",
+                epsilon_min="1/100",
+                validate_reports=True,
+            )
+        )
+        values = np.random.default_rng(3).random((30, D))
+        pair.upload("v", values)
+        lb, hb = _raw_report([0, 0, -1, 0])  # out of range: dropped at the close
+        pair.leader.core.upload("v", [(r.report_id, r.explicit_share) for r in lb.reports])
+        pair.helper.core.upload("v", [(r.report_id, r.seed) for r in hb.reports])
+        real_call = pair.port.call
+        lost: list[int] = []
+
+        async def lossy(method: PeerMethod, request: Any, timeout: float | None = None) -> Any:
+            reply = await real_call(method, request, timeout)
+            if method == PeerMethod.MARK_AGREED and not lost:
+                lost.append(1)
+                raise PeerUnavailable("helper: UNAVAILABLE (reply lost)")
+            return reply
+
+        pair.port.call = lossy  # type: ignore[method-assign]
+        with pytest.raises(PeerUnavailable):
+            await pair.leader.close_collection("v")
+        assert pair.helper.core.store.task("v").agreed
+        assert not pair.leader.core.store.task("v").agreed
+        info = await pair.leader.close_collection("v")
+        assert info.agreed and info.n == 30
+        lead = pair.leader.core.store.robust_sums("v")
+        helper = pair.helper.core.store.robust_sums("v")
+        assert lead is not None and helper is not None
+        assert np.array_equal(lead + helper, encoded_sum(values, F))
