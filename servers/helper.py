@@ -236,7 +236,9 @@ class HelperDriver:
             if not 0 <= lo < hi <= task.params.d:
                 raise InvalidArgument(f"coordinates [{lo}, {hi}) out of [0, {task.params.d})")
             if len(h.pass_id) != PASS_ID_BYTES:
-                raise InvalidArgument(f"a robust-aggregate chunk names its pass ({PASS_ID_BYTES} bytes)")
+                raise InvalidArgument(
+                    f"a robust-aggregate chunk names its pass ({PASS_ID_BYTES} bytes)"
+                )
             z = self.core.store.sums(task.params.task_id)[lo:hi]
         except Exception as exc:  # noqa: BLE001 - refusal goes back, session lives
             await write(pb.PeerFrame(status=refusal_status(exc)))

@@ -149,7 +149,8 @@ class LeaderDriver:
                 streams += [
                     sid
                     for sid in failed
-                    if sid not in streams and (p := self.core.store.stream(sid).plan) is not None
+                    if sid not in streams
+                    and (p := self.core.store.stream(sid).plan) is not None
                     and p[0] in active
                 ]
             plans = self._failed_plans.pop(task_id, [])

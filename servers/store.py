@@ -732,7 +732,9 @@ class Store:
             )
 
     # ------------------------------------------------------------ robust staging
-    def stage_robust(self, task_id: str, pass_id: bytes, digest: bytes, lo: int, shares: U64) -> None:
+    def stage_robust(
+        self, task_id: str, pass_id: bytes, digest: bytes, lo: int, shares: U64
+    ) -> None:
         """Keep the helper's new shares of coordinates [lo, lo + len(shares)) of the
         report set `digest`, computed by the pass `pass_id`.  Each pass stages
         apart: a late chunk of an abandoned pass never replaces a newer pass's."""

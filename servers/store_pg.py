@@ -596,7 +596,9 @@ class PgStore(Store):
             )
 
     # ------------------------------------------------------------ robust staging
-    def stage_robust(self, task_id: str, pass_id: bytes, digest: bytes, lo: int, shares: U64) -> None:
+    def stage_robust(
+        self, task_id: str, pass_id: bytes, digest: bytes, lo: int, shares: U64
+    ) -> None:
         with self._tx(durable=False):
             self._conn.execute(
                 "INSERT INTO robust_staged (task_id, pass_id, digest, lo, hi, shares)"

@@ -315,6 +315,62 @@ def test_plans_reserve_admit_refund_and_fail(store: Store) -> None:
     assert store.task("t").budget.epsilon_spent == Fraction(3, 8)
 
 
+def test_replayed_streams_charge_where_they_were_opened(backend: tuple[str, Opener]) -> None:
+    """Reconciliation's replay records a stream failed, with its plan, and its
+    charge where the other server charged it: the task's ledger, an active
+    plan's group, an ended basic plan's refund (the task is charged what the
+    refund should have kept), a failed plan (nothing more).  Idempotent; the
+    plan survives a reopen."""
+    store = backend[1]()
+    agreed_task(store, eps=4)
+    e8, zero = Fraction(1, 8), Fraction(0)
+
+    def spent() -> Fraction:
+        return store.task("t").budget.epsilon_spent
+
+    store.replay_stream("a", "t", StreamKind.LAP24, e8, zero, zero)
+    assert spent() == e8 and store.stream("a").state == FAILED and store.stream("a").plan is None
+    store.replay_stream("a", "t", StreamKind.LAP24, e8, zero, zero)  # again: nothing more
+    assert spent() == e8
+    store.reserve_plan("p", "t", PlanBook.reserve([Group(Fraction(1, 2)), Group(Fraction(1, 2))]))
+    store.replay_stream("b", "t", StreamKind.LAP24, e8, zero, zero, ("p", 1))
+    assert spent() == e8 + 1 and store.plan("p")[0].spent[1] == (e8, 0)
+    assert store.end_plan("p") == (Fraction(7, 8), zero)
+    store.replay_stream("c", "t", StreamKind.LAP24, e8, zero, zero, ("p", 0))
+    assert spent() == e8 + Fraction(1, 8) + Fraction(1, 8)  # as if c had run before the end
+    with pytest.raises(InvalidArgument, match="plan group 0"):
+        store.replay_stream("d", "t", StreamKind.LAP24, Fraction(1, 2), zero, zero, ("p", 0))
+    store.reserve_plan("q", "t", PlanBook.reserve([Group(Fraction(1, 4))]))
+    store.fail_plan("q")
+    before = spent()
+    store.replay_stream("e", "t", StreamKind.LAP24, e8, zero, zero, ("q", 0))
+    assert spent() == before and store.plan("q")[0].spent[0] == (e8, 0)
+    with pytest.raises(NotFound):
+        store.replay_stream("f", "t", StreamKind.LAP24, e8, zero, zero, ("nope", 0))
+    with pytest.raises(NotFound):
+        store.stream("f")  # refused whole: nothing recorded
+    store.open_stream("g", "t", StreamKind.LAP24, e8, zero, zero)
+    store.close()
+    again = backend[1]()
+    assert again.stream("c").plan == ("p", 0) and again.stream("g").plan is None
+
+
+def test_robust_shares_are_staged_per_pass(store: Store) -> None:
+    """Each pass stages apart: a late chunk of an abandoned pass never replaces
+    a newer pass's shares, and only the named pass's shares are taken."""
+    store.create_task(params("t", d=6))
+    a, b = b"A" * 16, b"B" * 16
+    store.stage_robust("t", a, b"D", 0, np.arange(4, dtype=np.uint64))
+    store.stage_robust("t", b, b"D", 0, np.full(4, 9, dtype=np.uint64))
+    store.stage_robust("t", b, b"D", 4, np.array([7, 8], dtype=np.uint64))
+    assert store.staged_robust("t", a, b"D", 6) is None  # pass A is incomplete
+    store.stage_robust("t", a, b"D", 0, np.arange(4, dtype=np.uint64) + 100)  # late, pass A
+    assert list(store.staged_robust("t", b, b"D", 6)) == [9, 9, 9, 9, 7, 8]
+    assert store.staged_robust("t", b, b"other", 6) is None  # another report set
+    store.clear_staged("t")
+    assert store.staged_robust("t", b, b"D", 6) is None
+
+
 # ------------------------------------------------------------------ restarts
 def test_reopen_keeps_everything_and_fails_interrupted_streams(
     backend: tuple[str, Opener],
@@ -440,7 +496,7 @@ def test_pg_schema_is_versioned(backend: tuple[str, Opener]) -> None:
 
 def test_sqlite_schema_v2_gains_the_embedding_column(tmp_path: Path) -> None:
     """A store written before tasks recorded their embedding (schema 2) opens:
-    the column is added with "" (none recorded), and the version moves to 3."""
+    the column is added with "" (none recorded), and the version moves on."""
     import sqlite3
 
     path = tmp_path / "old.sqlite"
@@ -454,8 +510,80 @@ def test_sqlite_schema_v2_gains_the_embedding_column(tmp_path: Path) -> None:
     raw.close()
     store = Store(path)
     try:
-        assert store._db.execute("PRAGMA user_version").fetchone()[0] == Store.SCHEMA_VERSION == 3
+        assert store._db.execute("PRAGMA user_version").fetchone()[0] == Store.SCHEMA_VERSION
         assert store.task("old").params.embedding == ""
         assert store.task("old").params == params("old")
+    finally:
+        store.close()
+
+
+def test_sqlite_schema_v3_streams_gain_their_plan(tmp_path: Path) -> None:
+    """A store written before streams recorded their plan (schema 3) opens: its
+    streams read as charged to the task's ledger, new ones keep their plan."""
+    import sqlite3
+
+    path = tmp_path / "old.sqlite"
+    store = Store(path)
+    agreed_task(store)
+    store.open_stream("s", "t", StreamKind.LAP24, Fraction(1, 8), Fraction(0), Fraction(0))
+    store.close()
+    raw = sqlite3.connect(path)
+    raw.execute("ALTER TABLE streams DROP COLUMN plan_id")
+    raw.execute("ALTER TABLE streams DROP COLUMN plan_group")
+    raw.execute("PRAGMA user_version = 3")
+    raw.commit()
+    raw.close()
+    store = Store(path)
+    try:
+        assert store._db.execute("PRAGMA user_version").fetchone()[0] == Store.SCHEMA_VERSION == 4
+        assert store.stream("s").plan is None and store.stream("s").state == FAILED
+        store.reserve_plan("p", "t", PlanBook.reserve([Group(Fraction(1, 4))]))
+        store.open_stream(
+            "u", "t", StreamKind.LAP24, Fraction(1, 8), Fraction(0), Fraction(0), ("p", 0)
+        )
+        assert store.stream("u").plan == ("p", 0)
+    finally:
+        store.close()
+
+
+def test_pg_schema_v4_streams_gain_their_plan_and_staging_its_pass(pg_url: tuple[str, str]) -> None:
+    """A PostgreSQL store at schema 4 opens at the current version: its streams
+    read as charged to the task's ledger, and shares staged without a pass are
+    dropped (a close in progress runs its pass again)."""
+    import psycopg
+    from svtagg.servers.store_pg import _MIGRATIONS, PgStore
+
+    url, tag = pg_url
+    schema = f"v4_{tag}"
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f'CREATE SCHEMA "{schema}"')
+        conn.execute(f'SET search_path TO "{schema}"')
+        for step in _MIGRATIONS[:4]:
+            for statement in step:
+                conn.execute(statement.encode())
+        conn.execute(
+            "CREATE TABLE svtagg_schema (one BOOLEAN PRIMARY KEY DEFAULT TRUE, version INTEGER)"
+        )
+        conn.execute("INSERT INTO svtagg_schema (version) VALUES (4)")
+        conn.execute(
+            "INSERT INTO tasks (task_id, d, frac_bits, n_max, min_batch, epsilon_total,"
+            " delta_total, epsilon_min, digest, sums) VALUES ('t', 2, 16, 10, 1, '1', '0',"
+            " '1/10', '\\x00', '\\x00')"
+        )
+        conn.execute(
+            "INSERT INTO streams (stream_id, task_id, kind, epsilon, delta, state)"
+            " VALUES ('s', 't', 'lap24', '1/8', '0', 'failed')"
+        )
+        conn.execute(
+            "INSERT INTO robust_staged (task_id, digest, lo, hi, shares)"
+            " VALUES ('t', '\\x00', 0, 2, '\\x00')"
+        )
+    store = PgStore(url, schema=schema)
+    try:
+        assert store.schema_version() == PgStore.SCHEMA_VERSION == 5
+        assert store.stream("s").plan is None
+        assert store._conn.execute("SELECT count(*) FROM robust_staged").fetchone() == (0,)
+        store.stage_robust("t", b"P" * 16, b"\x00", 0, np.arange(2, dtype=np.uint64))
+        assert list(store.staged_robust("t", b"P" * 16, b"\x00", 2)) == [0, 1]
     finally:
         store.close()

@@ -181,20 +181,22 @@ async def test_one_chunk_per_stream_in_the_queue(queues: tuple[Any, Any, Any]) -
 
 def test_staged_robust_shares_cover_every_coordinate(pg_schema: tuple[str, str]) -> None:
     """The helper's staged shares (any of its processes may stage a piece) are
-    complete only when every coordinate of the same report set is staged."""
+    complete only when every coordinate of the same report set is staged by
+    the same pass."""
     from svtagg.servers.store_pg import PgStore
 
     store = PgStore(pg_schema[0], schema=pg_schema[1])
+    p = b"P" * 16
     try:
         store.create_task(TaskParams("t", 6, 16, 100, 1, Fraction(1), Fraction(0), Fraction(1)))
-        store.stage_robust("t", b"D1", 0, np.arange(4, dtype=np.uint64))
-        assert store.staged_robust("t", b"D1", 6) is None
-        store.stage_robust("t", b"D2", 4, np.array([7, 8], dtype=np.uint64))  # another set
-        assert store.staged_robust("t", b"D1", 6) is None
-        store.stage_robust("t", b"D2", 0, np.arange(4, dtype=np.uint64))
-        assert list(store.staged_robust("t", b"D2", 6)) == [0, 1, 2, 3, 7, 8]
+        store.stage_robust("t", p, b"D1", 0, np.arange(4, dtype=np.uint64))
+        assert store.staged_robust("t", p, b"D1", 6) is None
+        store.stage_robust("t", p, b"D2", 4, np.array([7, 8], dtype=np.uint64))  # another set
+        assert store.staged_robust("t", p, b"D1", 6) is None
+        store.stage_robust("t", p, b"D2", 0, np.arange(4, dtype=np.uint64))
+        assert list(store.staged_robust("t", p, b"D2", 6)) == [0, 1, 2, 3, 7, 8]
         store.clear_staged("t")
-        assert store.staged_robust("t", b"D2", 6) is None
+        assert store.staged_robust("t", p, b"D2", 6) is None
     finally:
         store.close()
 
