@@ -16,6 +16,7 @@ from conftest import DriverPair, driver_pair, encoded_sum, pg_tagged
 from svtagg.dp.errors import PeerUnavailable
 from svtagg.proto import svtagg_pb2 as pb
 from svtagg.servers.port import PeerMethod
+from svtagg.servers.work import Job
 from test_drivers import F, N, data, spec
 
 
@@ -35,11 +36,30 @@ async def pair(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[
             await stop(p)
 
 
-async def test_a_late_chunk_of_an_abandoned_pass_never_mixes_in(pair: DriverPair) -> None:
+class InlineWork:
+    """A stand-in for the work queue: each leased job runs at once through the
+    leader's `run_job`, as a worker process would run it (the payload is all a
+    worker gets)."""
+
+    def __init__(self, pair: DriverPair) -> None:
+        self.pair = pair
+        self.payloads: list[bytes] = []
+
+    async def run(self, kind: str, payload: bytes, *_: Any, **__: Any) -> bytes:
+        self.payloads.append(payload)
+        return await self.pair.leader.run_job(Job(len(self.payloads), kind, None, payload))
+
+
+@pytest.mark.parametrize("leased", [False, True], ids=["in_process", "leased"])
+async def test_a_late_chunk_of_an_abandoned_pass_never_mixes_in(
+    pair: DriverPair, leased: bool
+) -> None:
     """Pass A runs, its MarkAgreed never reaches the helper (the close fails);
     the retried close runs pass B; just before B's MarkAgreed, a chunk of pass A
     stages on the helper (a stalled helper process finishing an old job).  The
     agreement must keep B's shares only."""
+    if leased:
+        pair.leader.work = InlineWork(pair)  # type: ignore[assignment]
     await pair.leader.create_task(spec("t"))
     values = data(N)
     pair.upload("t", values)
@@ -73,7 +93,12 @@ async def test_a_late_chunk_of_an_abandoned_pass_never_mixes_in(pair: DriverPair
     assert lead is not None and helper is not None
     # Honest reports in [0, 1]: g(S) = S, the plaintext encoded sum.
     assert np.array_equal(lead + helper, encoded_sum(values, F))
+    # Every chunk named its pass, and the two passes had different ids.
+    assert len({h.pass_id for h in headers}) == 2 and all(len(h.pass_id) == 16 for h in headers)
+    if leased:
+        assert [pb.ChunkHeader.FromString(p) for p in pair.leader.work.payloads] == headers  # type: ignore[union-attr]
     # And the stored shares answer as they should: coordinate 0 sums to N.
+    pair.leader.work = None  # (InlineWork would run the chunk through this same driver)
     sid = await pair.open("t")
     ans = await pair.leader.ask(
         pb.AskRequest(stream_id=sid, queries=pb.Queries(index=[1, 0]), tau=[N // 2 << F] * 2)
