@@ -123,7 +123,7 @@ class LeaderDriver:
         so the task stays usable: the ledgers may then differ, but each still
         covers every stream that answered on it — the leader's because it always
         charges first, the helper's because the refused stream never answered
-        there (docs/services.md, "Ledger reconciliation")."""
+        there (docs/services.md, "How a chunk runs")."""
         async with self._sync_lock:
             if task_id not in self._unsynced:
                 return 0
@@ -140,18 +140,12 @@ class LeaderDriver:
                 str(mine.epsilon_spent),
                 str(mine.delta_spent),
             )
-            failed = self.core.store.stream_ids(task_id, FAILED)
-            if behind:
-                streams = failed
-            else:
+            streams = self.core.store.stream_ids(task_id, FAILED)
+            if not behind:
                 active = set(self.core.store.plan_ids(task_id, PLAN_ACTIVE))
-                streams = list(self._recovered.get(task_id, []))
-                streams += [
-                    sid
-                    for sid in failed
-                    if sid not in streams
-                    and (p := self.core.store.stream(sid).plan) is not None
-                    and p[0] in active
+                known = self._recovered.get(task_id, [])
+                streams = known + [
+                    sid for sid in streams if sid not in known and self._in_plan(sid, active)
                 ]
             plans = self._failed_plans.pop(task_id, [])
             if behind:
@@ -191,6 +185,10 @@ class LeaderDriver:
                 )
             self._unsynced.discard(task_id)
             return replayed
+
+    def _in_plan(self, stream_id: str, plans: set[str]) -> bool:
+        plan = self.core.store.stream(stream_id).plan
+        return plan is not None and plan[0] in plans
 
     async def _fail_or_replay(
         self, fail: PeerMethod, ref: Any, replay: PeerMethod, charge: Any
