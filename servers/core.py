@@ -23,7 +23,6 @@ import numpy.typing as npt
 from svtagg.dp.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
 from svtagg.dp.kinds import (
     StreamKind,
-    StreamRequest,
     as_fraction,
     default_tau_bound,
     noise_model,
@@ -112,14 +111,6 @@ def parse_taus(task: TaskState, taus: Sequence[int], k: int, name: str = "tau") 
     if any(abs(int(t)) > bound for t in taus):
         raise InvalidArgument(f"|{name}| exceeds the bound of {bound} grid units (4·n_max·2^F)")
     return np.asarray(taus, dtype=np.int64).astype(np.uint64)
-
-
-def _stream_request(kind: str | StreamKind, epsilon: str, delta: str) -> StreamRequest:
-    """A stream's kind and budget, checked (InvalidArgument otherwise)."""
-    try:
-        return validate_stream(kind, epsilon or "", delta or "0", parties=2)
-    except (ValueError, ArithmeticError) as exc:
-        raise InvalidArgument(str(exc)) from None
 
 
 @functools.lru_cache(maxsize=1024)
@@ -269,12 +260,23 @@ class ServerCore:
         delta: str,
         open_now: bool = True,
         plan: tuple[str, int] | None = None,
+        replay: bool = False,
     ) -> StreamState:
         """Validate, charge the ledger durably, then draw this server's γ.  With
-        open_now=False (the leader) the stream stays `opening` until confirmed."""
+        open_now=False (the leader) the stream stays `opening` until confirmed.
+        With replay (the helper, at reconciliation) only the charge of a stream
+        the leader opened and failed is recorded, the stream failed, and no γ
+        drawn (`Store.open_stream`)."""
         task = self.store.task(task_id)
-        req = _stream_request(kind, epsilon, delta)
+        try:
+            req = validate_stream(kind, epsilon or "", delta or "0", parties=2)
+        except (ValueError, ArithmeticError) as exc:
+            raise InvalidArgument(str(exc)) from None
         kind, eps, dl, charge_delta = req.kind, req.epsilon, req.delta, req.charge_delta
+        if replay:
+            # The leader opened it when the task allowed it; it never answers here.
+            self.store.open_stream(stream_id, task_id, kind, eps, dl, charge_delta, plan, True)
+            return self.store.stream(stream_id)
         self.require_queryable(task)
         if not task.agreed:
             raise FailedPrecondition(
@@ -289,25 +291,6 @@ class ServerCore:
         crash_point("open.after_charge")
         gamma = draw_threshold_noise(kind, eps, task.params.frac_bits, self.rng)
         self.store.set_threshold_noise(stream_id, gamma, open_now)
-        return self.store.stream(stream_id)
-
-    def replay_stream(
-        self,
-        stream_id: str,
-        task_id: str,
-        kind: str | StreamKind,
-        epsilon: str,
-        delta: str,
-        plan: tuple[str, int] | None = None,
-    ) -> StreamState:
-        """Reconciliation (helper): record the charge of a stream the leader
-        opened and failed while this server never saw it, and the stream as
-        failed; it never answers here, so no γ is drawn (`Store.replay_stream`)."""
-        self.store.task(task_id)
-        req = _stream_request(kind, epsilon, delta)
-        self.store.replay_stream(
-            stream_id, task_id, req.kind, req.epsilon, req.delta, req.charge_delta, plan
-        )
         return self.store.stream(stream_id)
 
     # ------------------------------------------------------------ plans

@@ -121,15 +121,14 @@ class HelperDriver:
     async def PrepareStream(self, request: pb.PrepareStreamRequest) -> pb.StreamInfo:
         """Charge and draw γ_H; or (replay) record the charge of a stream the
         leader failed, as a failed stream, in the plan group it was opened in."""
-        plan = (request.plan_id, request.plan_group) if request.plan_id else None
-        opener = self.core.replay_stream if request.replay else self.core.open_stream
-        state = opener(
+        state = self.core.open_stream(
             request.stream_id,
             request.task_id,
             kind_from_pb(request.kind),
             request.epsilon,
             request.delta,
-            plan=plan,
+            plan=(request.plan_id, request.plan_group) if request.plan_id else None,
+            replay=request.replay,
         )
         return stream_info(state)
 

@@ -476,38 +476,40 @@ class Store:
         delta: Fraction,
         delta_charge: Fraction,
         plan: tuple[str, int] | None = None,
+        replay: bool = False,
     ) -> None:
         """Charge (ε, delta_charge) — to the task's ledger, or to a group of a
         reserved plan — and record the stream as `opening`, in one committed
-        transaction, before the caller draws any noise."""
-        with self._tx():
-            if self._db.execute("SELECT 1 FROM streams WHERE stream_id=?", (stream_id,)).fetchone():
-                raise AlreadyExists(f"stream {stream_id!r} already exists")
-            self._charge_stream(task_id, epsilon, delta_charge, plan, replay=False)
-            self._insert_stream(stream_id, task_id, kind, epsilon, delta, plan, OPENING)
+        transaction, before the caller draws any noise.
 
-    def replay_stream(
-        self,
-        stream_id: str,
-        task_id: str,
-        kind: StreamKind,
-        epsilon: Fraction,
-        delta: Fraction,
-        delta_charge: Fraction,
-        plan: tuple[str, int] | None = None,
-    ) -> None:
-        """Reconciliation: record a stream the other server opened and failed
-        while this one never saw it, with its charge, as `failed` (it never
-        answers here).  The charge goes where the stream's own went: the task's
+        `replay` (reconciliation): the other server opened and failed this
+        stream while this one never saw it.  It is recorded `failed` (it never
+        answers here) with its charge where the stream's own went: the task's
         ledger, or its plan's group whatever the plan's state now — a plan
         ended since refunded that group's unused part without this stream, so
         the task is charged what the refund would have kept back.  Idempotent:
         a stream already recorded is left as it is."""
         with self._tx():
             if self._db.execute("SELECT 1 FROM streams WHERE stream_id=?", (stream_id,)).fetchone():
-                return
-            self._charge_stream(task_id, epsilon, delta_charge, plan, replay=True)
-            self._insert_stream(stream_id, task_id, kind, epsilon, delta, plan, FAILED)
+                if replay:
+                    return
+                raise AlreadyExists(f"stream {stream_id!r} already exists")
+            self._charge_stream(task_id, epsilon, delta_charge, plan, replay)
+            plan_id, group = plan if plan is not None else (None, None)
+            self._db.execute(
+                "INSERT INTO streams (stream_id, task_id, kind, epsilon, delta, state,"
+                " plan_id, plan_group) VALUES (?,?,?,?,?,?,?,?)",
+                (
+                    stream_id,
+                    task_id,
+                    kind.value,
+                    str(epsilon),
+                    str(delta),
+                    FAILED if replay else OPENING,
+                    plan_id,
+                    group,
+                ),
+            )
 
     def _charge_stream(
         self,
@@ -534,23 +536,6 @@ class Store:
             self._charge(state, kept[0] - after[0], kept[1] - after[1])
         self._db.execute(
             "UPDATE plans SET book=? WHERE plan_id=?", (json.dumps(book.to_json()), plan_id)
-        )
-
-    def _insert_stream(
-        self,
-        stream_id: str,
-        task_id: str,
-        kind: StreamKind,
-        epsilon: Fraction,
-        delta: Fraction,
-        plan: tuple[str, int] | None,
-        state: StreamStatus,
-    ) -> None:
-        plan_id, group = plan if plan is not None else (None, None)
-        self._db.execute(
-            "INSERT INTO streams (stream_id, task_id, kind, epsilon, delta, state,"
-            " plan_id, plan_group) VALUES (?,?,?,?,?,?,?,?)",
-            (stream_id, task_id, kind.value, str(epsilon), str(delta), state, plan_id, group),
         )
 
     def _charge(self, state: TaskState, epsilon: Fraction, delta: Fraction) -> None:

@@ -83,20 +83,22 @@ def test_local_oracle_plan_refuses_whole_and_spends_nothing() -> None:
     assert o.budget().epsilon_spent == Fraction(1, 4)  # the unused quarter came back
 
 
+def small_task(epsilon_total: str) -> pb.TaskSpec:
+    return pb.TaskSpec(
+        task_id="t",
+        d=2,
+        frac_bits=16,
+        n_max=1000,
+        min_batch=1,
+        epsilon_total=epsilon_total,
+        delta_total="0",
+        epsilon_min="1/8",
+    )
+
+
 async def test_plans_on_both_servers(tmp_path: Path) -> None:
     async with driver_pair(tmp_path) as pair:
-        await pair.leader.create_task(
-            pb.TaskSpec(
-                task_id="t",
-                d=2,
-                frac_bits=16,
-                n_max=1000,
-                min_batch=1,
-                epsilon_total="2",
-                delta_total="0",
-                epsilon_min="1/8",
-            )
-        )
+        await pair.leader.create_task(small_task("2"))
         pair.upload("t", np.ones((50, 2)))
         await pair.leader.close_collection("t")
 
@@ -201,23 +203,13 @@ def _ledgers(pair: DriverPair, task_id: str) -> list[tuple[Fraction, Fraction]]:
 async def test_a_plan_stream_the_helper_missed_is_replayed_in_its_group(
     tmp_path: Path, total: str, restart: bool
 ) -> None:
-    """The helper is down when a stream of a reserved plan opens (and both servers
-    may restart afterwards).  Reconciliation replays the stream's charge on the helper in the
-    plan's group (not on the task's ledger): the ledgers stay equal, and a plan
-    that holds the rest of the budget does not make every later call fail."""
+    """The helper is down when a stream of a reserved plan opens (and both
+    servers may restart afterwards).  Reconciliation replays the stream's charge
+    on the helper in the plan's group (not on the task's ledger): the ledgers
+    stay equal, and a plan that holds the rest of the budget (total 2) does not
+    make every later call fail with BudgetExhausted."""
     async with driver_pair(tmp_path) as pair:
-        await pair.leader.create_task(
-            pb.TaskSpec(
-                task_id="t",
-                d=2,
-                frac_bits=16,
-                n_max=1000,
-                min_batch=1,
-                epsilon_total=total,
-                delta_total="0",
-                epsilon_min="1/8",
-            )
-        )
+        await pair.leader.create_task(small_task(total))
         pair.upload("t", np.ones((50, 2)))
         await pair.leader.close_collection("t")
         plan = await pair.leader.reserve_plan(

@@ -328,25 +328,28 @@ def test_replayed_streams_charge_where_they_were_opened(backend: tuple[str, Open
     def spent() -> Fraction:
         return store.task("t").budget.epsilon_spent
 
-    store.replay_stream("a", "t", StreamKind.LAP24, e8, zero, zero)
+    def replay(sid: str, eps: Fraction, plan: tuple[str, int] | None = None) -> None:
+        store.open_stream(sid, "t", StreamKind.LAP24, eps, zero, zero, plan, replay=True)
+
+    replay("a", e8)
     assert spent() == e8 and store.stream("a").state == FAILED and store.stream("a").plan is None
-    store.replay_stream("a", "t", StreamKind.LAP24, e8, zero, zero)  # again: nothing more
+    replay("a", e8)  # again: nothing more
     assert spent() == e8
     store.reserve_plan("p", "t", PlanBook.reserve([Group(Fraction(1, 2)), Group(Fraction(1, 2))]))
-    store.replay_stream("b", "t", StreamKind.LAP24, e8, zero, zero, ("p", 1))
+    replay("b", e8, ("p", 1))
     assert spent() == e8 + 1 and store.plan("p")[0].spent[1] == (e8, 0)
     assert store.end_plan("p") == (Fraction(7, 8), zero)
-    store.replay_stream("c", "t", StreamKind.LAP24, e8, zero, zero, ("p", 0))
+    replay("c", e8, ("p", 0))
     assert spent() == e8 + Fraction(1, 8) + Fraction(1, 8)  # as if c had run before the end
     with pytest.raises(InvalidArgument, match="plan group 0"):
-        store.replay_stream("d", "t", StreamKind.LAP24, Fraction(1, 2), zero, zero, ("p", 0))
+        replay("d", Fraction(1, 2), ("p", 0))
     store.reserve_plan("q", "t", PlanBook.reserve([Group(Fraction(1, 4))]))
     store.fail_plan("q")
     before = spent()
-    store.replay_stream("e", "t", StreamKind.LAP24, e8, zero, zero, ("q", 0))
+    replay("e", e8, ("q", 0))
     assert spent() == before and store.plan("q")[0].spent[0] == (e8, 0)
     with pytest.raises(NotFound):
-        store.replay_stream("f", "t", StreamKind.LAP24, e8, zero, zero, ("nope", 0))
+        replay("f", e8, ("nope", 0))
     with pytest.raises(NotFound):
         store.stream("f")  # refused whole: nothing recorded
     store.open_stream("g", "t", StreamKind.LAP24, e8, zero, zero)

@@ -27,6 +27,18 @@ from svtagg.servers.store import Store
 from test_server import channel
 
 D, F = 4, 16
+#: A task whose reports are range-checked at the close.
+VALIDATED = pb.TaskSpec(
+    task_id="v",
+    d=D,
+    frac_bits=F,
+    n_max=1000,
+    min_batch=1,
+    epsilon_total="10",
+    delta_total="0",
+    epsilon_min="1/100",
+    validate_reports=True,
+)
 
 
 def _raw_report(values: list[int]) -> tuple[pb.UploadBatch, pb.UploadBatch]:
@@ -44,20 +56,7 @@ async def test_close_drops_out_of_range_reports(deployment: Deployment) -> None:
 
     def run() -> tuple[Any, Any, int | None]:
         stub = dep.analyst_stub()
-        stub.CreateTask(
-            pb.TaskSpec(
-                task_id="v",
-                d=D,
-                frac_bits=F,
-                n_max=1000,
-                min_batch=1,
-                epsilon_total="10",
-                delta_total="0",
-                epsilon_min="1/100",
-                validate_reports=True,
-            ),
-            timeout=10,
-        )
+        stub.CreateTask(VALIDATED, timeout=10)
         ident = dep.identity("client")
         lead = pb_grpc.IngestStub(channel(dep.leader_addr, ident, server="leader"))
         help_ = pb_grpc.IngestStub(channel(dep.helper_addr, ident, server="helper"))
@@ -159,19 +158,7 @@ async def test_a_lost_mark_agreed_reply_does_not_wedge_the_close(tmp_path: Path)
     has agreed on this very set and completes (no second validation, which the
     helper could no longer run); the stored robust shares add up to g(S)."""
     async with driver_pair(tmp_path, frac_bits=F) as pair:
-        await pair.leader.create_task(
-            pb.TaskSpec(
-                task_id="v",
-                d=D,
-                frac_bits=F,
-                n_max=1000,
-                min_batch=1,
-                epsilon_total="10",
-                delta_total="0",
-                epsilon_min="1/100",
-                validate_reports=True,
-            )
-        )
+        await pair.leader.create_task(VALIDATED)
         values = np.random.default_rng(3).random((30, D))
         pair.upload("v", values)
         lb, hb = _raw_report([0, 0, -1, 0])  # out of range: dropped at the close
