@@ -60,6 +60,7 @@ from svtagg.client.upload import UploadError
 from svtagg.dp.errors import PeerUnavailable, Refusal
 from svtagg.dp.queries import Query, encode_thresholds
 from svtagg.proto import svtagg_pb2 as pb
+from svtagg.proto import svtagg_pb2_grpc as pb_grpc
 from test_reliability import Collection, D, F, check_reports, closed_task, create_task
 from test_store_pg_reliability import PgProcessDeployment
 
@@ -80,8 +81,16 @@ LOG_TRIGGERS = {
 }
 #: Longest random delay (s) between the start of a phase's client and the kill.
 WINDOW = {"plan": 0.3, "open": 0.3, "chunk": 0.4, "close": 0.25, "upload": 0.4}
-#: Pauses (s) a round's client may take between operations (an algorithm thinks).
+#: Pauses (s) a round's client may take between operations (an algorithm thinks);
+#: after a log-timed kill's line the client pauses at least a little, so the kill
+#: lands before its next call.
 THINK = (0.0, 0.003, 0.03)
+#: The deadline of every call the round's client makes (s), and how long a killed
+#: helper may stay down before its restart: either no time, or longer than the
+#: deadline, so that calls the leader holds for it (the leader waits for its peer)
+#: time out.  A killed leader is restarted at once: its clients fail at once.
+CLIENT_DEADLINE = 1.5
+DOWNTIMES = (0.0, 2.0)
 EPS = Fraction(1, 2)
 #: A threshold far beyond every score (n ≤ a few hundred, ε = 1/2): a chunk at
 #: -FAR says YES at its first query and one at +FAR says NO, whatever the noise.
@@ -106,6 +115,7 @@ class Kill:
     trigger: str  # "log": right after the phase's leader log line; "delay": after `delay`
     delay: float
     think: float
+    downtime: float
 
     def __str__(self) -> str:
         when = (
@@ -113,27 +123,34 @@ class Kill:
             if self.trigger == "log"
             else (f"{self.delay:.3f}s in")
         )
-        return f"round {self.round}: {self.role} killed during {self.phase}, {when}"
+        down = f", down {self.downtime:g}s" if self.downtime else ""
+        return f"round {self.round}: {self.role} killed during {self.phase}, {when}{down}"
 
 
 def schedule(rng: random.Random, kills: int) -> list[Kill]:
     """`kills` kills covering every (phase, role) pair as evenly as `kills` allows;
-    where a phase has a log line, every other kill of the pair is timed by it."""
+    where a phase has a log line, every other kill of the pair is timed by it,
+    and the downtimes alternate so that each pair meets both, with both timings."""
     pairs = [(p, r) for p in PHASES for r in ROLES]
     reps = -(-kills // len(pairs))
-    todo = [(p, r, i % 2 == 0 and p in LOG_TRIGGERS) for p, r in pairs for i in range(reps)]
+    todo = [(p, r, i) for p, r in pairs for i in range(reps)]
     rng.shuffle(todo)
-    return [
-        Kill(
-            i,
-            p,
-            r,
-            "log" if by_log else "delay",
-            round(rng.uniform(0.0, WINDOW[p]), 3),
-            rng.choice(THINK),
+    kills_: list[Kill] = []
+    for n, (p, r, i) in enumerate(todo[:kills]):
+        by_log = i % 2 == 0 and p in LOG_TRIGGERS
+        think = rng.choice(THINK)
+        kills_.append(
+            Kill(
+                n,
+                p,
+                r,
+                "log" if by_log else "delay",
+                round(rng.uniform(0.0, WINDOW[p]), 3),
+                max(think, THINK[1]) if by_log else think,
+                DOWNTIMES[1] if r == "helper" and i % 4 in (0, 3) else DOWNTIMES[0],
+            )
         )
-        for i, (p, r, by_log) in enumerate(todo[:kills])
-    ]
+    return kills_
 
 
 @dataclass
@@ -218,6 +235,8 @@ class KillLoop:
         self.checks = 0
         self.log_misses = 0
         self.interrupted = 0  # rounds in which the kill cut one of the client's calls
+        self.helper_only_open = 0  # streams failed on the leader, open on the helper
+        self.analyst: pb_grpc.AnalystStub  # a fresh channel each round, after the restart
         self.acked_reports = 0
         self.dropped = 0
         self._tasks = 0
@@ -252,9 +271,9 @@ class KillLoop:
             self.violations.append(f"{kill} [seed {self.seed}]: {what}")
         return ok
 
-    def oracle(self) -> RemoteOracle:
+    def oracle(self, timeout: float = SETTLE) -> RemoteOracle:
         return RemoteOracle.from_certs(
-            self.pd.address("leader"), self.q, self.pd.certs, timeout=SETTLE
+            self.pd.address("leader"), self.q, self.pd.certs, timeout=timeout
         )
 
     # ------------------------------------------------------------ analyst operations
@@ -306,7 +325,7 @@ class KillLoop:
     def client_plan(self, kill: Kill, rec: RoundRecord, stop: threading.Event) -> None:
         """An algorithm under a two-group plan: reserve, one stream in group 0,
         one chunk, end (group 1 unused comes back)."""
-        with self.oracle() as o:
+        with self.oracle(CLIENT_DEADLINE) as o:
             while not stop.is_set():
                 plan_id = self.reserve(o, 2)
                 stop.wait(kill.think)
@@ -321,7 +340,7 @@ class KillLoop:
         """Streams opened one after another, every other one under a plan's next group."""
         groups = 4
         plan: tuple[str, int] | None = None
-        with self.oracle() as o:
+        with self.oracle(CLIENT_DEADLINE) as o:
             try:
                 while not stop.is_set():
                     if plan is None or plan[1] == groups:
@@ -340,7 +359,7 @@ class KillLoop:
     def client_chunk(self, kill: Kill, rec: RoundRecord, stop: threading.Event) -> None:
         """Chunks one after another; one in five says YES and a new stream opens."""
         rng = random.Random(f"{self.seed}/{kill.round}")
-        with self.oracle() as o:
+        with self.oracle(CLIENT_DEADLINE) as o:
             s: RemoteStream | None = None
             while not stop.is_set():
                 if s is None or self.streams[s.stream_id].closed:
@@ -349,13 +368,13 @@ class KillLoop:
                 stop.wait(kill.think)
 
     def client_close(self, kill: Kill, rec: RoundRecord, stop: threading.Event) -> None:
-        self.pd.stub().CloseCollection(pb.TaskRef(task_id=self.col.task), timeout=SETTLE)
+        self.pd.stub().CloseCollection(pb.TaskRef(task_id=self.col.task), timeout=CLIENT_DEADLINE)
 
     def client_upload(self, kill: Kill, rec: RoundRecord, stop: threading.Event) -> None:
         """Batches of 5 reports; half the rounds the SDK retries through the
         restart, half it gives up at the first failure (an abandoned batch)."""
         retries = 0 if kill.round % 2 else 8
-        with self.pd.uploader(retries=retries, backoff=0.1, timeout=SETTLE) as up:
+        with self.pd.uploader(retries=retries, backoff=0.1, timeout=CLIENT_DEADLINE) as up:
             while not stop.is_set():
                 b = self.col.batch(5)
                 up.send(b)
@@ -368,6 +387,7 @@ class KillLoop:
             self.round(kill)
 
     def round(self, kill: Kill) -> None:
+        t0 = time.monotonic()
         before = self.pd.store_view("leader", self.q).epsilon_spent
         rec = RoundRecord()
         stop = threading.Event()
@@ -391,8 +411,17 @@ class KillLoop:
         else:
             time.sleep(kill.delay)
         self.kill(kill)
+        time.sleep(kill.downtime)
         self.pd.restart(kill.role)
         stop.set()
+        # One fresh analyst channel per round: an old one may sit in reconnect backoff.
+        with self.pd.channel() as channel:
+            self.analyst = pb_grpc.AnalystStub(channel)
+            self.judge(kill, rec, thread, t0, before)
+
+    def judge(
+        self, kill: Kill, rec: RoundRecord, thread: threading.Thread, t0: float, before: Fraction
+    ) -> None:
         thread.join(60)
         if not self.check(
             not thread.is_alive(), kill, "the client is stuck 60 s after the restart"
@@ -407,8 +436,7 @@ class KillLoop:
         self.victims[kill.role] += 1
         if rec.error is not None:
             self.interrupted += 1
-        seen = "no error" if rec.error is None else f"{type(rec.error).__name__}: {rec.error}"
-        print(f"{kill}: the client saw {seen[:160]}")
+        print(f"{kill}: the client saw {_outcome(rec.error)} ({time.monotonic() - t0:.1f}s)")
         self.check_order(kill)
         self.recover(kill, rec)
         if self.check_ledgers(kill, before, rec.refundable):
@@ -435,7 +463,9 @@ class KillLoop:
     # ------------------------------------------------------------ after the restart
     def recover(self, kill: Kill, rec: RoundRecord) -> None:
         """Finish what the client left half done: end the plans whose EndPlan was
-        interrupted (EndPlan is idempotent), close an interrupted close."""
+        interrupted or that it left (EndPlan is idempotent)."""
+        if not rec.ending:
+            return
         with self.oracle() as o:
             for plan_id in sorted(rec.ending):
 
@@ -500,15 +530,19 @@ class KillLoop:
     def both_budgets(self) -> pb.TaskInfo:
         """Budget with the helper's ledger (the leader answers without it, and
         without reconciling, while its peer channel still reconnects)."""
-        info: pb.TaskInfo = self.pd.stub().Budget(pb.TaskRef(task_id=self.q), timeout=SETTLE)
+        info: pb.TaskInfo = self.analyst.Budget(pb.TaskRef(task_id=self.q), timeout=SETTLE)
         if not info.HasField("helper_budget"):
             raise PeerUnavailable("Budget answered without the helper's ledger")
         return info
 
     def check_streams(self, kill: Kill, rec: RoundRecord) -> None:
         """No stream left half-way; a stream open on the leader is open on the
-        helper; an interrupted chunk, once marked, fails the stream on both; a
-        stream that must not answer refuses the next chunk."""
+        helper; a server that marked an interrupted chunk holds its stream failed
+        (or closed); a stream that must not answer refuses the next chunk.
+
+        A helper that died before it marked the chunk may keep its copy open
+        while the leader failed it: it cannot answer alone (only the leader
+        starts a chunk), so that is counted, not judged."""
         lead = stream_rows(self.pd, "leader", self.q)
         help_ = stream_rows(self.pd, "helper", self.q)
         for role, rows in (("leader", lead), ("helper", help_)):
@@ -530,14 +564,20 @@ class KillLoop:
             l_state, l_chunks = lead.get(sid, ("missing", 0))
             h_state, h_chunks = help_.get(sid, ("missing", 0))
             begun = max(l_chunks, h_chunks) > known.acked
-            if known.interrupted and begun:
-                self.check(
-                    ANSWERING not in (l_state, h_state),
-                    kill,
-                    f"stream {sid}: a chunk was begun (leader chunks {l_chunks}, helper "
-                    f"{h_chunks}, answered {known.acked}) and it is still {l_state} on the "
-                    f"leader, {h_state} on the helper",
-                )
+            for role, state, chunks in (
+                ("leader", l_state, l_chunks),
+                ("helper", h_state, h_chunks),
+            ):
+                if known.interrupted and chunks > known.acked:
+                    self.check(
+                        state != ANSWERING,
+                        kill,
+                        f"stream {sid}: the {role} marked chunk {chunks} (answered "
+                        f"{known.acked}) and holds it {state} (leader {l_state}, helper "
+                        f"{h_state})",
+                    )
+            if l_state != ANSWERING and h_state == ANSWERING:
+                self.helper_only_open += 1
             must_refuse = known.closed or begun or ANSWERING not in (l_state, h_state)
             probes += 1
             answered = self.probe(sid)
@@ -560,7 +600,7 @@ class KillLoop:
             tau=encode_thresholds([-FAR], F).tolist(),
         )
         try:
-            self.pd.stub().Ask(request, timeout=SETTLE)
+            self.analyst.Ask(request, timeout=SETTLE)
         except grpc.RpcError:
             return False
         return True
@@ -605,7 +645,7 @@ class KillLoop:
         plaintext sum.  Then a new collection."""
         try:
             retry_unavailable(
-                lambda: self.pd.stub().CloseCollection(
+                lambda: self.analyst.CloseCollection(
                     pb.TaskRef(task_id=self.col.task), timeout=SETTLE
                 )
             )
@@ -625,9 +665,18 @@ class KillLoop:
             f"{per_role}), invariants checked {self.checks}, violations {len(self.violations)}; "
             f"{self.interrupted} kills cut a client call; {self.acked_reports} acked reports "
             f"counted once at {self.kills['close']} closes, {self.dropped} unacked dropped; "
+            f"streams failed on the leader but open on the helper: {self.helper_only_open}; "
             f"log-timed kills whose line never came: {self.log_misses}; seed {self.seed} "
             f"({SEED_ENV} replays the schedule)"
         )
+
+
+def _outcome(error: BaseException | None) -> str:
+    if error is None:
+        return "no error"
+    if isinstance(error, grpc.RpcError):
+        return f"{error.code().name}: {error.details()}"[:160]  # type: ignore[attr-defined]
+    return f"{type(error).__name__}: {error}"[:160]
 
 
 def _fmt(ledger: tuple[Fraction, Fraction]) -> str:
