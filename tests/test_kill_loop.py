@@ -236,6 +236,7 @@ class KillLoop:
         self.log_misses = 0
         self.interrupted = 0  # rounds in which the kill cut one of the client's calls
         self.helper_only_open = 0  # streams failed on the leader, open on the helper
+        self.lost_replies = 0  # chunks both servers ended whose answer never came back
         self.analyst: pb_grpc.AnalystStub  # a fresh channel each round, after the restart
         self.acked_reports = 0
         self.dropped = 0
@@ -537,12 +538,15 @@ class KillLoop:
 
     def check_streams(self, kill: Kill, rec: RoundRecord) -> None:
         """No stream left half-way; a stream open on the leader is open on the
-        helper; a server that marked an interrupted chunk holds its stream failed
-        (or closed); a stream that must not answer refuses the next chunk.
+        helper; a stream whose chunk was cut off refuses every further chunk,
+        like a stream that answered YES.
 
-        A helper that died before it marked the chunk may keep its copy open
+        A chunk the analyst got no answer for was cut off on the servers unless
+        both recorded its end (both hold the stream open, at the same chunk):
+        then only the reply was lost, and the stream may go on (counted).  A
+        helper that died before it marked the chunk may keep its copy open
         while the leader failed it: it cannot answer alone (only the leader
-        starts a chunk), so that is counted, not judged."""
+        starts a chunk), so that is counted too, not judged."""
         lead = stream_rows(self.pd, "leader", self.q)
         help_ = stream_rows(self.pd, "helper", self.q)
         for role, rows in (("leader", lead), ("helper", help_)):
@@ -559,34 +563,25 @@ class KillLoop:
         probes = 0
         for sid in rec.streams:
             known = self.streams[sid]
-            if not (known.interrupted or known.closed) or probes >= 4:
-                continue
             l_state, l_chunks = lead.get(sid, ("missing", 0))
             h_state, h_chunks = help_.get(sid, ("missing", 0))
-            begun = max(l_chunks, h_chunks) > known.acked
-            for role, state, chunks in (
-                ("leader", l_state, l_chunks),
-                ("helper", h_state, h_chunks),
-            ):
-                if known.interrupted and chunks > known.acked:
-                    self.check(
-                        state != ANSWERING,
-                        kill,
-                        f"stream {sid}: the {role} marked chunk {chunks} (answered "
-                        f"{known.acked}) and holds it {state} (leader {l_state}, helper "
-                        f"{h_state})",
-                    )
             if l_state != ANSWERING and h_state == ANSWERING:
                 self.helper_only_open += 1
-            must_refuse = known.closed or begun or ANSWERING not in (l_state, h_state)
+            ended = l_state == h_state == ANSWERING and l_chunks == h_chunks
+            if known.interrupted and ended and l_chunks > known.acked:
+                self.lost_replies += 1
+                known.acked = l_chunks
+            if not (known.interrupted or known.closed) or probes >= 4:
+                continue
             probes += 1
             answered = self.probe(sid)
-            if must_refuse:
+            if known.closed or not ended:
                 self.check(
                     not answered,
                     kill,
-                    f"stream {sid} answered again (closed={known.closed}, leader {l_state}/"
-                    f"{l_chunks}, helper {h_state}/{h_chunks}, answered {known.acked})",
+                    f"stream {sid} answered again (answered YES before: {known.closed}; "
+                    f"chunks begun: leader {l_chunks} ({l_state}), helper {h_chunks} "
+                    f"({h_state}); answered to the analyst: {known.acked})",
                 )
             elif answered:
                 known.acked += 1
@@ -665,6 +660,7 @@ class KillLoop:
             f"{per_role}), invariants checked {self.checks}, violations {len(self.violations)}; "
             f"{self.interrupted} kills cut a client call; {self.acked_reports} acked reports "
             f"counted once at {self.kills['close']} closes, {self.dropped} unacked dropped; "
+            f"chunk replies lost after both servers ended the chunk: {self.lost_replies}; "
             f"streams failed on the leader but open on the helper: {self.helper_only_open}; "
             f"log-timed kills whose line never came: {self.log_misses}; seed {self.seed} "
             f"({SEED_ENV} replays the schedule)"
