@@ -8,9 +8,10 @@ including between two RPCs of one analyst operation.
 Each round picks a phase, a victim and a moment from a seeded schedule: a random
 delay after the phase's client starts, or right after the leader logs the
 phase's line ("plan … reserved", "stream … opened", "collection closed on the
-leader").  The victim is killed, restarted on its store and port, the client
-finishes what a client would (an interrupted EndPlan or close is retried), and
-then, on the stores and through the API:
+leader").  The victim is killed and restarted on its store and port (a helper
+sometimes only after the client's deadline has passed), the client finishes
+what a client would (an interrupted EndPlan or close is sent again), and then,
+on the stores and through the API:
 
 * ledgers: the helper never shows more spent than the leader (the leader
   charges first and refunds last), and once reconciled the two are equal; the
@@ -21,15 +22,16 @@ then, on the stores and through the API:
 * every acknowledged report is counted once: it is on both servers, n equals
   the number of distinct ids, and after the close both hold one report set
   whose S_L + S_H is the plaintext sum of exactly those reports;
-* no stream answers twice: a stream whose chunk was interrupted after either
-  server marked it is failed (or closed) on both, and it, like any stream that
-  answered YES, refuses the next chunk; every answer the analyst gets is right.
+* no stream answers twice: none is left opening or mid-chunk; one open on the
+  leader is open on the helper; a stream whose chunk was cut off (not ended on
+  both servers) refuses the next chunk, as does one that answered YES; every
+  answer the analyst gets is the right one.
 
 A violation is recorded with its round and the loop goes on (on a fresh query
 task when the ledgers drifted), so one run lists every kind found.  The schedule
-is replayable: SVTAGG_KILL_SEED=<seed> (the seed is printed); the interleaving
-with the servers' threads is not, so a replay reproduces the schedule, not
-always the exact race.
+is replayable: SVTAGG_KILL_SEED=<seed> with the same number of kills (the seed
+is printed); the interleaving with the servers' threads is not, so a replay
+reproduces the schedule, not always the exact race.
 
 Default run: KILLS_DEFAULT kills (every (phase, role) pair twice, one of them
 timed by the log where the phase has a line).  `pytest -m heavy`: KILLS_HEAVY
@@ -121,7 +123,7 @@ class Kill:
         when = (
             f"after the log line /{LOG_TRIGGERS[self.phase]}/"
             if self.trigger == "log"
-            else (f"{self.delay:.3f}s in")
+            else f"{self.delay:.3f}s in"
         )
         down = f", down {self.downtime:g}s" if self.downtime else ""
         return f"round {self.round}: {self.role} killed during {self.phase}, {when}{down}"
@@ -129,8 +131,9 @@ class Kill:
 
 def schedule(rng: random.Random, kills: int) -> list[Kill]:
     """`kills` kills covering every (phase, role) pair as evenly as `kills` allows;
-    where a phase has a log line, every other kill of the pair is timed by it,
-    and the downtimes alternate so that each pair meets both, with both timings."""
+    where a phase has a log line, every other kill of the pair is timed by it;
+    a killed helper stays down for the long downtime in every other kill of its
+    pair, alternating so that both timings meet both downtimes."""
     pairs = [(p, r) for p in PHASES for r in ROLES]
     reps = -(-kills // len(pairs))
     todo = [(p, r, i) for p, r in pairs for i in range(reps)]
