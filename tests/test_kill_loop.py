@@ -22,10 +22,10 @@ on the stores and through the API:
 * every acknowledged report is counted once: it is on both servers, n equals
   the number of distinct ids, and after the close both hold one report set
   whose S_L + S_H is the plaintext sum of exactly those reports;
-* no stream answers twice: none is left opening or mid-chunk; one open on the
-  leader is open on the helper; a stream whose chunk was cut off (not ended on
-  both servers) refuses the next chunk, as does one that answered YES; every
-  answer the analyst gets is the right one.
+* no stream answers twice: none is left opening or mid-chunk; a stream open on
+  one server only, one whose chunk was cut off (not ended on both servers) and
+  one that answered YES each refuse the next chunk; every answer the analyst
+  gets is the right one.
 
 A violation is recorded with its round and the loop goes on (on a fresh query
 task when the ledgers drifted), so one run lists every kind found.  The schedule
@@ -238,7 +238,8 @@ class KillLoop:
         self.checks = 0
         self.log_misses = 0
         self.interrupted = 0  # rounds in which the kill cut one of the client's calls
-        self.helper_only_open = 0  # streams failed on the leader, open on the helper
+        #: Streams a kill left open on one server only (which one), each probed once.
+        self.one_sided: dict[str, str] = {}
         self.lost_replies = 0  # chunks both servers ended whose answer never came back
         self.analyst: pb_grpc.AnalystStub  # a fresh channel each round, after the restart
         self.acked_reports = 0
@@ -544,43 +545,46 @@ class KillLoop:
         return info
 
     def check_streams(self, kill: Kill, rec: RoundRecord) -> None:
-        """No stream left half-way; a stream open on the leader is open on the
-        helper; a stream whose chunk was cut off refuses every further chunk,
-        like a stream that answered YES.
+        """No stream left half-way; a stream open on one server only, a stream
+        whose chunk was cut off and a stream that answered YES each refuse the
+        next chunk.
 
         A chunk the analyst got no answer for was cut off on the servers unless
         both recorded its end (both hold the stream open, at the same chunk):
-        then only the reply was lost, and the stream may go on (counted).  A
-        helper that died before it marked the chunk may keep its copy open
-        while the leader failed it: it cannot answer alone (only the leader
-        starts a chunk), so that is counted too, not judged."""
+        then only the reply was lost, and the stream may go on (counted).  The
+        servers mark a chunk in parallel, so a kill can leave one holding the
+        stream failed and the other open; such a stream is counted and must
+        refuse its next chunk (the refusal fails it on the other server)."""
         lead = stream_rows(self.pd, "leader", self.q)
         help_ = stream_rows(self.pd, "helper", self.q)
         for role, rows in (("leader", lead), ("helper", help_)):
             stuck = sorted(sid for sid, (state, _) in rows.items() if state in UNSETTLED)
             self.check(not stuck, kill, f"{role} holds streams {stuck} half-way while idle")
-        for sid, (state, _) in lead.items():
-            if state == ANSWERING:
-                other = help_.get(sid, ("missing", 0))[0]
-                self.check(
-                    other == ANSWERING,
-                    kill,
-                    f"stream {sid}: open on the leader, {other} on the helper",
-                )
-        probes = 0
+        probed: set[str] = set()
+        for sid in sorted(set(lead) | set(help_)):
+            l_state, h_state = lead.get(sid, ("missing", 0))[0], help_.get(sid, ("missing", 0))[0]
+            if (l_state == ANSWERING) == (h_state == ANSWERING) or sid in self.one_sided:
+                continue
+            side = "leader" if l_state == ANSWERING else "helper"
+            self.one_sided[sid] = side
+            probed.add(sid)
+            self.check(
+                not self.probe(sid),
+                kill,
+                f"stream {sid}: open on the {side} only ({l_state} on the leader, {h_state} "
+                "on the helper), and it answered",
+            )
         for sid in rec.streams:
             known = self.streams[sid]
             l_state, l_chunks = lead.get(sid, ("missing", 0))
             h_state, h_chunks = help_.get(sid, ("missing", 0))
-            if l_state != ANSWERING and h_state == ANSWERING:
-                self.helper_only_open += 1
             ended = l_state == h_state == ANSWERING and l_chunks == h_chunks
             if known.interrupted and ended and l_chunks > known.acked:
                 self.lost_replies += 1
                 known.acked = l_chunks
-            if not (known.interrupted or known.closed) or probes >= 4:
+            if not (known.interrupted or known.closed) or sid in probed or len(probed) >= 4:
                 continue
-            probes += 1
+            probed.add(sid)
             answered = self.probe(sid)
             if known.closed or not ended:
                 self.check(
@@ -665,13 +669,15 @@ class KillLoop:
     def summary(self) -> str:
         per_phase = ", ".join(f"{p}={self.kills[p]}" for p in PHASES)
         per_role = ", ".join(f"{r}={self.victims[r]}" for r in ROLES)
+        sides = Counter(self.one_sided.values())
         return (
             f"kill loop ({self.label}): {sum(self.kills.values())} kills ({per_phase}; "
             f"{per_role}), invariants checked {self.checks}, violations {len(self.violations)}; "
             f"{self.interrupted} kills cut a client call; {self.acked_reports} acked reports "
             f"counted once at {self.kills['close']} closes, {self.dropped} unacked not counted; "
             f"chunk replies lost after both servers ended the chunk: {self.lost_replies}; "
-            f"streams failed on the leader but open on the helper: {self.helper_only_open}; "
+            f"streams left open on one server only (each refused its next chunk): leader "
+            f"{sides['leader']}, helper {sides['helper']}; "
             f"log-timed kills whose line never came: {self.log_misses}; seed {self.seed} "
             f"({SEED_ENV} replays the schedule)"
         )
