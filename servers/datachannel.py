@@ -32,6 +32,7 @@ import ssl
 import struct
 import tempfile
 import threading
+import time
 import weakref
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
@@ -88,22 +89,25 @@ def _peer_role(sock: ssl.SSLSocket) -> Role | None:
     return role_of_pem(ssl.DER_cert_to_PEM_cert(der).encode()) if der else None
 
 
-def _shutdown(raw: socket.socket) -> None:
-    try:
-        socket.socket.shutdown(raw, socket.SHUT_RDWR)
-    except OSError:
-        pass
-
-
 def split_host(address: str) -> str:
     """The host of a `host:port` address (`[v6]:port` too)."""
     host = address.rsplit(":", 1)[0] if ":" in address else address
     return host[1:-1] if host.startswith("[") and host.endswith("]") else host
 
 
-def _recv_exact(sock: ssl.SSLSocket, view: memoryview) -> None:
+def _until(sock: ssl.SSLSocket, deadline: float) -> None:
+    """The socket's timeout: the time left until `deadline` (timed out if none)."""
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError("data connection admission deadline passed")
+    sock.settimeout(left)
+
+
+def _recv_exact(sock: ssl.SSLSocket, view: memoryview, deadline: float | None = None) -> None:
     got = 0
     while got < len(view):
+        if deadline is not None:
+            _until(sock, deadline)
         n = sock.recv_into(view[got:])
         if n == 0:
             raise ChannelClosed("data connection closed by the peer")
@@ -232,12 +236,18 @@ class DataListener:
     gRPC session of that id (`claim`)."""
 
     def __init__(
-        self, identity: Identity, host: str, port: int = 0, expect: Role = Role.LEADER
+        self,
+        identity: Identity,
+        host: str,
+        port: int = 0,
+        expect: Role = Role.LEADER,
+        admit_seconds: float = ADMIT_SECONDS,
     ) -> None:
         self._ctx = _context(identity, server=True)
         self.host = host
         self.port = port
         self.expect = expect
+        self.admit_seconds = admit_seconds
         self._sock: socket.socket | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._waiting: dict[bytes, asyncio.Future[DataConnection]] = {}
@@ -305,25 +315,26 @@ class DataListener:
 
     def _admit(self, raw: socket.socket) -> None:
         # One deadline for the whole admission (handshake and session id), not
-        # per read: a peer trickling bytes is cut off after ADMIT_SECONDS.
-        watchdog = threading.Timer(ADMIT_SECONDS, _shutdown, args=(raw,))
-        watchdog.daemon = True
-        watchdog.start()
+        # per read: each blocking step gets only the time left, so a peer
+        # trickling bytes is cut off at the deadline and frees its slot.
+        deadline = time.monotonic() + self.admit_seconds
+        raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock = self._ctx.wrap_socket(raw, server_side=True, do_handshake_on_connect=False)
         try:
-            raw.settimeout(ADMIT_SECONDS)
-            raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            sock = self._ctx.wrap_socket(raw, server_side=True)
+            _until(sock, deadline)
+            sock.do_handshake()  # one deadline for all of it (ssl's own timeout rule)
             role = _peer_role(sock)
             if role != self.expect:
                 log.warning("data channel: refused a %s certificate", role or "roleless")
                 sock.close()
                 return
             head = bytearray(_HEADER.size + 16)
-            _recv_exact(sock, memoryview(head))
+            _recv_exact(sock, memoryview(head), deadline)
             if _HEADER.unpack_from(head)[0] != 16:
                 raise ChannelClosed("a data connection starts with its 16-byte session id")
-        finally:
-            watchdog.cancel()
+        except BaseException:
+            sock.close()
+            raise
         sock.settimeout(None)
         conn = DataConnection(sock, role)
         assert self._loop is not None

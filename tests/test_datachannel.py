@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import os
+import struct
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +19,7 @@ import pytest
 from conftest import Deployment
 from svtagg.dp.errors import PeerUnavailable
 from svtagg.dp.queries import Query
-from svtagg.proto.tls import Identity, write_deployment
+from svtagg.proto.tls import Identity, server_name, write_deployment
 from svtagg.proto.vocab import Role
 from svtagg.servers import datachannel
 from svtagg.servers.datachannel import (
@@ -319,3 +322,54 @@ async def test_sessions_fall_back_to_grpc_when_the_data_port_is_unusable(
         await dep.leader.analyst.driver.pool.release(session, True)
     finally:
         await dep.stop()
+
+
+# ---------------------------------------------------------------- admission deadline
+def _trickle_session_id(certs: Path, port: int, sid: bytes, interval: float) -> float:
+    """A leader that completes TLS, then sends its framed session id one byte per
+    TLS record every `interval` s; returns the seconds until the helper dropped
+    it (or until it gave up waiting for a verdict: 5 s after its last byte)."""
+    ctx = datachannel._context(ident(certs, "leader"), server=False)
+    sock = datachannel._connect_blocking("127.0.0.1", port, ctx, server_name(Role.HELPER), 10)
+    t = time.perf_counter()
+    try:
+        for byte in struct.pack("<Q", len(sid)) + sid:
+            sock.sendall(bytes([byte]))
+            time.sleep(interval)
+        sock.settimeout(5)
+        sock.recv(1)  # EOF (or a reset) once the helper has dropped the connection
+    except OSError:
+        pass
+    finally:
+        sock.close()
+    return time.perf_counter() - t
+
+
+async def test_a_trickled_session_id_is_dropped_at_the_admission_deadline(certs: Path) -> None:
+    """Leaders that trickle their session ids (24 bytes, one every 0.25 s: 6 s)
+    are dropped at the 1 s admission deadline; the handshake slots they held are
+    free again, so a prompt leader is admitted while they are still trickling."""
+    lst = DataListener(ident(certs, "helper"), "127.0.0.1", admit_seconds=1.0)
+    await lst.start()
+    sids = [os.urandom(16) for _ in range(datachannel.MAX_HANDSHAKES)]
+    loop = asyncio.get_running_loop()
+    pool = ThreadPoolExecutor(len(sids))  # all of them at once, not the default pool's few
+    try:
+        slow = [
+            loop.run_in_executor(pool, _trickle_session_id, certs, lst.port, sid, 0.25)
+            for sid in sids
+        ]
+        await asyncio.sleep(2.0)  # every slot taken, and (if the deadline holds) freed
+        conn = await connect("127.0.0.1", lst.port, ident(certs, "leader"))
+        await announce(conn, b"p" * 16)
+        peer = await lst.claim(b"p" * 16, 5)
+        conn.close()
+        peer.close()
+        dropped_after = await asyncio.gather(*slow)
+        assert max(dropped_after) < 3.0, dropped_after  # not after their 6 s of trickle
+        for sid in sids:
+            with pytest.raises(PeerUnavailable):
+                await lst.claim(sid, 0.05)
+    finally:
+        pool.shutdown(wait=False)
+        await lst.close()
