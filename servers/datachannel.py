@@ -124,6 +124,8 @@ class DataConnection:
         self.peer = peer
         self._worker = ThreadPoolExecutor(1, thread_name_prefix="svtagg-data")
         self._closed = False
+        #: Longest message accepted; the protocol lowers it to each chunk's bound.
+        self.limit = MAX_DATA_MESSAGE
         self.bytes_sent = 0
         self.bytes_received = 0
         self.messages_sent = 0
@@ -137,8 +139,12 @@ class DataConnection:
         head = bytearray(_HEADER.size)
         _recv_exact(self._sock, memoryview(head))
         (size,) = _HEADER.unpack(head)
+        # Checked before anything is allocated: a header alone must not make
+        # this side reserve memory no honest message of the chunk needs.
         if size > MAX_DATA_MESSAGE:
             raise ChannelClosed(f"data message of {size} bytes exceeds the cap")
+        if size > self.limit:
+            raise ChannelClosed(f"data message of {size} bytes exceeds this chunk's {self.limit}")
         body = bytearray(size)
         _recv_exact(self._sock, memoryview(body))
         # Large messages stay in the buffer they arrived in (no copy); readers
@@ -157,6 +163,10 @@ class DataConnection:
         except ChannelClosed:
             self.close()
             raise
+
+    def limit_messages(self, limit: int) -> None:
+        """Refuse messages longer than `limit` bytes (see `FrameChannel`)."""
+        self.limit = limit
 
     async def send(self, data: bytes) -> None:
         view = memoryview(data).cast("B")

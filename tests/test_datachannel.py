@@ -13,12 +13,14 @@ import struct
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 from conftest import Deployment
 from svtagg.dp.errors import PeerUnavailable
 from svtagg.dp.queries import Query
+from svtagg.mpc.channel import MemoryChannel
 from svtagg.proto.tls import Identity, server_name, write_deployment
 from svtagg.proto.vocab import Role
 from svtagg.servers import datachannel
@@ -373,3 +375,122 @@ async def test_a_trickled_session_id_is_dropped_at_the_admission_deadline(certs:
     finally:
         pool.shutdown(wait=False)
         await lst.close()
+
+
+# ---------------------------------------------------------------- message bounds
+class _Recorder(MemoryChannel):
+    """A MemoryChannel that takes the protocol's per-chunk bound and checks every
+    message it sends against the bound its peer will apply."""
+
+    def __init__(self, inbox: asyncio.Queue[bytes], outbox: asyncio.Queue[bytes]) -> None:
+        super().__init__(inbox, outbox)
+        self.limit = 0
+        self.largest = 0
+
+    def limit_messages(self, limit: int) -> None:
+        self.limit = limit
+
+    async def send(self, data: bytes) -> None:
+        n = len(memoryview(data).cast("B"))
+        self.largest = max(self.largest, n)
+        assert n <= self.limit, f"an honest message of {n} bytes over the bound {self.limit}"
+        await super().send(data)
+
+
+@pytest.mark.parametrize("width", [8, 40, 64])
+async def test_every_honest_message_fits_its_chunk_bound(width: int) -> None:
+    """The bound a receiver applies (`ChunkCircuit.max_message`) admits every
+    message of every kind of chunk, and is tight."""
+    from svtagg.mpc.protocol import ComparisonEvaluator, ComparisonGarbler
+
+    q1: asyncio.Queue[bytes] = asyncio.Queue()
+    q2: asyncio.Queue[bytes] = asyncio.Queue()
+    cg, ce = _Recorder(q1, q2), _Recorder(q2, q1)
+    cg.limit = ce.limit = 1 << 20  # the base OTs
+    g, e = ComparisonGarbler(cg, b"b" * 16), ComparisonEvaluator(ce, b"b" * 16)
+    await asyncio.gather(g.setup(), e.setup())
+    rng = np.random.default_rng(5)
+    for k in (1, 3, 700, 4097):
+        z = rng.integers(0, 2**64, k, dtype=np.uint64)
+        runs: list[tuple[Any, Any]] = [
+            (lambda: g.first_yes(z, width), lambda: e.first_yes(z, width)),
+            (
+                lambda: g.compare_to_thresholds(z, z, width),
+                lambda: e.compare_to_thresholds(z, z, width),
+            ),
+        ]
+        if width == 64:
+            runs.append((lambda: g.any_per_group(z, 1), lambda: e.any_per_group(z, 1)))
+            runs.append((lambda: g.clamp_reshare(z, 1000), lambda: e.clamp_reshare(z, 1000)))
+        for a, b in runs:
+            cg.largest = ce.largest = 0
+            await asyncio.gather(a(), b())
+            assert cg.limit == ce.limit  # both sides bound the chunk alike
+            # Tight: within 2.5x, plus the fixed 64 blocks of slack.
+            largest = max(cg.largest, ce.largest)
+            assert cg.limit <= 2.5 * largest + 16 * 64, (k, largest, cg.limit)
+
+
+async def test_an_oversized_length_header_is_refused_before_allocating(certs: Path) -> None:
+    """A header announcing 512 MiB on a chunk whose bound is 1 MB ends the
+    connection at once, with nothing like 512 MiB allocated."""
+    import tracemalloc
+
+    lst, a, b = await pair(certs)
+    try:
+        b.limit_messages(1 << 20)
+        a._sock.sendall(struct.pack("<Q", 512 << 20))  # a header, and no body
+        tracemalloc.start()
+        try:
+            with pytest.raises(ChannelClosed, match="exceeds this chunk"):
+                await asyncio.wait_for(b.recv(), 5)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert peak < 16 << 20, f"{peak} bytes allocated for a refused header"
+        with pytest.raises(ChannelClosed):  # and the connection is gone for good
+            await b.recv()
+    finally:
+        a.close()
+        b.close()
+        await lst.close()
+
+
+async def test_frame_channel_bounds_a_message_and_its_fragments() -> None:
+    """Inside the gRPC stream: a message over the chunk's bound, or an endless
+    run of empty fragments, is refused once the bound is passed, not joined."""
+    from svtagg.proto import svtagg_pb2 as pb
+    from svtagg.proto.vocab import FRAGMENT
+    from svtagg.servers.session import FrameChannel
+
+    read_count = 0
+
+    def reader(frame: pb.PeerFrame) -> Any:
+        async def read() -> pb.PeerFrame:
+            nonlocal read_count
+            read_count += 1
+            assert read_count < 10_000, "read on and on: no bound"
+            return frame
+
+        return read
+
+    async def nowhere(frame: pb.PeerFrame) -> None:
+        raise AssertionError("nothing is sent")
+
+    big = FrameChannel(nowhere, reader(pb.PeerFrame(fragment=b"x" * FRAGMENT, more=True)))
+    big.limit_messages(3 * FRAGMENT)
+    with pytest.raises(PeerUnavailable, match="bound"):
+        await big.recv()
+    assert read_count <= 4
+    read_count = 0
+    empty = FrameChannel(nowhere, reader(pb.PeerFrame(fragment=b"", more=True)))
+    empty.limit_messages(3 * FRAGMENT)
+    with pytest.raises(PeerUnavailable, match="bound"):
+        await empty.recv()
+    assert read_count <= 5
+    # Before any chunk the bound is the base OTs' longest message.
+    setup = FrameChannel(nowhere, reader(pb.PeerFrame(fragment=b"x" * FRAGMENT, more=True)))
+    read_count = 0
+    with pytest.raises(PeerUnavailable, match="bound"):
+        await setup.recv()
+    assert read_count == 1
