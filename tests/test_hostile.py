@@ -17,6 +17,7 @@ and a per-RPC count printed at the end.  Inputs are derandomized (reproducible).
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import time
 from collections import Counter
@@ -794,3 +795,49 @@ def test_token_bucket_unit():
     lim.allow("c")  # evicts the least recently used ("b")
     assert len(lim._buckets) == 2  # noqa: SLF001 - memory bound
     assert RateLimiter(rate=0, burst=0).allow("x")  # disabled
+
+
+# ---------------------------------------------------------------- leased work
+async def test_a_worker_failure_reaches_the_analyst_without_its_text(
+    pg_url: tuple[str, str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A leased job whose worker fails unexpectedly (an exception whose text holds
+    a value) answers "internal server error", as the in-process path does; the
+    value is neither in the status nor in the worker's log."""
+    import asyncio
+    import logging
+
+    from svtagg.dp.errors import PeerUnavailable
+    from svtagg.servers.store_pg import PgStore
+    from svtagg.servers.work import Job, WorkQueue, Worker
+
+    secret = "gamma=123456789"
+
+    async def failing(job: Job) -> bytes:
+        raise RuntimeError(f"clamped sum out of range: {secret}")
+
+    store = PgStore(pg_url[0], schema=f"wfail_{pg_url[1]}")
+    front = await WorkQueue.connect(store, ("done",))
+    queue = await WorkQueue.connect(store, ("new",))
+    worker = Worker(queue, failing, lease=3.0)
+    running = asyncio.ensure_future(worker.run())
+    try:
+        with caplog.at_level(logging.DEBUG):
+            for _ in range(100):  # until the worker's first heartbeat is in
+                if await front.workers_alive():
+                    break
+                await asyncio.sleep(0.05)
+            with pytest.raises(PeerUnavailable) as info:
+                await asyncio.wait_for(front.run("robust", b"p"), 20)
+        assert "internal server error" in str(info.value)
+        assert "123456789" not in str(info.value)
+        assert "123456789" not in caplog.text
+        assert "RuntimeError" in caplog.text  # the operator still sees what failed
+    finally:
+        worker.stopping.set()
+        running.cancel()
+        with contextlib.suppress(BaseException):
+            await running
+        await front.close()
+        await queue.close()
+        store.close()
