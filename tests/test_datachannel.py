@@ -412,19 +412,15 @@ async def test_every_honest_message_fits_its_chunk_bound(width: int) -> None:
     rng = np.random.default_rng(5)
     for k in (1, 3, 700, 4097):
         z = rng.integers(0, 2**64, k, dtype=np.uint64)
-        runs: list[tuple[Any, Any]] = [
-            (lambda: g.first_yes(z, width), lambda: e.first_yes(z, width)),
-            (
-                lambda: g.compare_to_thresholds(z, z, width),
-                lambda: e.compare_to_thresholds(z, z, width),
-            ),
+        runs: list[tuple[str, tuple[Any, ...]]] = [
+            ("first_yes", (z, width)),
+            ("compare_to_thresholds", (z, z, width)),
         ]
         if width == 64:
-            runs.append((lambda: g.any_per_group(z, 1), lambda: e.any_per_group(z, 1)))
-            runs.append((lambda: g.clamp_reshare(z, 1000), lambda: e.clamp_reshare(z, 1000)))
-        for a, b in runs:
+            runs += [("any_per_group", (z, 1)), ("clamp_reshare", (z, 1000))]
+        for name, args in runs:
             cg.largest = ce.largest = 0
-            await asyncio.gather(a(), b())
+            await asyncio.gather(getattr(g, name)(*args), getattr(e, name)(*args))
             assert cg.limit == ce.limit  # both sides bound the chunk alike
             # Tight: within 2.5x, plus the fixed 64 blocks of slack.
             largest = max(cg.largest, ce.largest)

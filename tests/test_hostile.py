@@ -809,7 +809,7 @@ async def test_a_worker_failure_reaches_the_analyst_without_its_text(
 
     from svtagg.dp.errors import PeerUnavailable
     from svtagg.servers.store_pg import PgStore
-    from svtagg.servers.work import Job, WorkQueue, Worker
+    from svtagg.servers.work import Job, Worker, WorkQueue
 
     secret = "gamma=123456789"
 
