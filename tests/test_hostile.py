@@ -841,3 +841,31 @@ async def test_a_worker_failure_reaches_the_analyst_without_its_text(
         await front.close()
         await queue.close()
         store.close()
+
+
+async def test_a_leased_robust_job_of_the_wrong_length_fails_the_pass(tmp_path: Path) -> None:
+    """A worker's robust-pass result must hold 8 bytes per coordinate of its
+    chunk: a short one (here 8 bytes missing from the first of two chunks) fails
+    the pass instead of shifting every later coordinate's share."""
+    from fractions import Fraction
+
+    from svtagg.dp.errors import PeerUnavailable
+    from svtagg.dp.task import TaskParams
+    from svtagg.proto.vocab import Role
+    from svtagg.servers.core import ServerCore
+    from svtagg.servers.leader import ROBUST_LANES, LeaderDriver
+    from svtagg.servers.store import Store
+
+    class ShortWork:
+        async def run(self, kind: str, payload: bytes, *args: Any, **kw: Any) -> bytes:
+            h = pb.ChunkHeader.FromString(payload)
+            width = h.coord_hi - h.coord_lo
+            return bytes(8 * (width - (1 if h.coord_lo == 0 else 0)))
+
+    d = ROBUST_LANES + 3
+    store = Store(tmp_path / "l.sqlite")
+    store.create_task(TaskParams("t", d, 16, 100, 1, Fraction(1), Fraction(0), Fraction(1, 10)))
+    leader = LeaderDriver(ServerCore(Role.LEADER, store), None, None)  # type: ignore[arg-type]
+    leader.work = ShortWork()  # type: ignore[assignment]
+    with pytest.raises(PeerUnavailable, match="robust"):
+        await leader.robust_pass(store.task("t"))
