@@ -266,6 +266,9 @@ class DataListener:
         self._handshakes = threading.BoundedSemaphore(MAX_HANDSHAKES)
         #: Session ids already bound (most recent USED_IDS): never bound again.
         self._used: OrderedDict[bytes, None] = OrderedDict()
+        #: Session ids some session has claimed (most recent USED_IDS): a second
+        #: session announcing one gets no connection, never a shared one.
+        self._claimed: OrderedDict[bytes, None] = OrderedDict()
         #: The connections handed to sessions and still referenced (tests, logs).
         self.connections: weakref.WeakSet[DataConnection] = weakref.WeakSet()
 
@@ -383,7 +386,13 @@ class DataListener:
 
     async def claim(self, sid: bytes, timeout: float) -> DataConnection:
         """The data connection of session `sid` (the leader connects right after
-        SessionOpen); PeerUnavailable if it does not arrive in time."""
+        SessionOpen); PeerUnavailable if it does not arrive in time, or if
+        another session has claimed `sid` already."""
+        if sid in self._claimed:
+            raise PeerUnavailable("another session already claimed this session id")
+        self._claimed[sid] = None
+        while len(self._claimed) > USED_IDS:
+            self._claimed.popitem(last=False)
         fut = self._slot(sid)
         try:
             return await asyncio.wait_for(asyncio.shield(fut), timeout)

@@ -490,3 +490,28 @@ async def test_frame_channel_bounds_a_message_and_its_fragments() -> None:
     with pytest.raises(PeerUnavailable, match="bound"):
         await setup.recv()
     assert read_count == 1
+
+
+async def test_two_sessions_with_one_id_never_share_a_connection(certs: Path) -> None:
+    """Two helper sessions announcing the same id: the first claim gets the
+    data connection, the second is refused at once (before and after delivery)."""
+    lst = DataListener(ident(certs, "helper"), "127.0.0.1")
+    await lst.start()
+    sid = b"d" * 16
+    try:
+        first = asyncio.ensure_future(lst.claim(sid, 5))
+        await asyncio.sleep(0)
+        second = asyncio.ensure_future(lst.claim(sid, 5))
+        conn = await connect("127.0.0.1", lst.port, ident(certs, "leader"))
+        await announce(conn, sid)
+        peer = await first
+        with pytest.raises(PeerUnavailable, match="already"):
+            await asyncio.wait_for(second, 1)
+        with pytest.raises(PeerUnavailable, match="already"):
+            await asyncio.wait_for(lst.claim(sid, 5), 1)
+        await conn.send(b"one owner")
+        assert bytes(await peer.recv()) == b"one owner"
+        conn.close()
+        peer.close()
+    finally:
+        await lst.close()
