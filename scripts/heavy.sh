@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The heavy statistical runs (not for every CI run): the large privacy audit,
 # sampler/selection/engine checks at full size, remote-vs-local agreement for
-# every kind.  The reliability suites (crash, hostile input, load, remote audit)
+# every kind, and the native core under ASan+UBSan (scripts/sanitize.sh, from
+# tests/test_mpc_native.py).  The reliability suites (crash, hostile input, load, remote audit)
 # have their own command: scripts/reliability.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -342,9 +342,10 @@ class DataListener:
                 sock.close()
                 return
             head = bytearray(_HEADER.size + 16)
-            _recv_exact(sock, memoryview(head), deadline)
-            if _HEADER.unpack_from(head)[0] != 16:
+            _recv_exact(sock, memoryview(head)[: _HEADER.size], deadline)
+            if _HEADER.unpack_from(head)[0] != 16:  # refused before waiting for more
                 raise ChannelClosed("a data connection starts with its 16-byte session id")
+            _recv_exact(sock, memoryview(head)[_HEADER.size :], deadline)
         except BaseException:
             sock.close()
             raise

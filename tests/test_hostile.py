@@ -869,3 +869,120 @@ async def test_a_leased_robust_job_of_the_wrong_length_fails_the_pass(tmp_path: 
     leader.work = ShortWork()  # type: ignore[assignment]
     with pytest.raises(PeerUnavailable, match="robust"):
         await leader.robust_pass(store.task("t"))
+
+
+# ---------------------------------------------------------------- the data channel
+def _data_port(env: Env) -> int:
+    """The helper's data port (ephemeral: announced in its log)."""
+    import re
+
+    found = re.findall(
+        rb"helper data channel on port (\d+)", (env.pd.root / "helper.log").read_bytes()
+    )
+    assert found, "the helper offers no data channel"
+    return int(found[-1])
+
+
+def _rss_kb(pid: int) -> int:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(next(ln.split()[1] for ln in status.splitlines() if ln.startswith("VmRSS:")))
+
+
+def _data_conn(env: Env, role: str = "leader") -> Any:
+    """A blocking TLS connection to the helper's data port with `role`'s certificate."""
+    from svtagg.proto.tls import server_name
+    from svtagg.proto.vocab import Role
+    from svtagg.servers import datachannel
+
+    ctx = datachannel._context(env.pd.identity(role), server=False)
+    return datachannel._connect_blocking(
+        "127.0.0.1", _data_port(env), ctx, server_name(Role.HELPER), 10
+    )
+
+
+def _dropped(sock: Any, timeout: float = 5.0) -> bool:
+    """The helper closed the connection (EOF or reset) within `timeout`."""
+    sock.settimeout(timeout)
+    try:
+        return sock.recv(1) == b""
+    except TimeoutError:
+        return False
+    except OSError:
+        return True
+    finally:
+        sock.close()
+
+
+def test_data_channel_probes(env: Env):
+    """The helper's data port against a peer that holds a leader certificate and
+    misbehaves (and against callers without one): a huge length header, a
+    session id of the wrong length, a second connection for one id, another
+    role's certificate, bytes that are not TLS.  Each connection is dropped at
+    once, the helper's memory does not grow by the announced sizes, and the
+    servers stay up and answer."""
+    import os
+    import socket
+    import struct
+
+    helper_pid = env.pd.dep.procs["helper"].pid
+    rss0 = _rss_kb(helper_pid)
+    # A first message announcing 1 GiB (a data connection starts with its 16-byte id).
+    for size in (1 << 30, (1 << 64) - 1, 0, 15, 17):
+        sock = _data_conn(env)
+        sock.sendall(struct.pack("<Q", size))
+        assert _dropped(sock), size
+        TRIED["DataChannel.length_header"] += 1
+    # One session id, two connections: the second is closed at once.
+    sid = os.urandom(16)
+    first = _data_conn(env)
+    first.sendall(struct.pack("<Q", 16) + sid)
+    again = _data_conn(env)
+    again.sendall(struct.pack("<Q", 16) + sid)
+    assert _dropped(again)
+    first.close()
+    TRIED["DataChannel.same_session_id"] += 1
+    # Certificates of other roles never get as far as a session id.
+    for role in ("analyst", "client"):
+        sock = _data_conn(env, role)
+        with contextlib.suppress(OSError):
+            sock.sendall(struct.pack("<Q", 16) + os.urandom(16))
+        assert _dropped(sock), role
+        TRIED["DataChannel.other_role"] += 1
+    # Not TLS at all.
+    raw = socket.create_connection(("127.0.0.1", _data_port(env)), timeout=10)
+    raw.sendall(b"GET / HTTP/1.0\r\n\r\n" + os.urandom(64))
+    assert _dropped(raw)
+    TRIED["DataChannel.not_tls"] += 1
+    assert _rss_kb(helper_pid) - rss0 < 64 << 10, "the helper's memory grew by >= 64 MiB"
+    env.alive()
+
+
+@pytest.mark.heavy
+def test_data_channel_admission_deadline(env: Env):
+    """Leader-certificate peers trickling their session ids (one byte per 2 s)
+    on every handshake slot are dropped at the 10 s admission deadline, not
+    after their 48 s of trickle."""
+    import os
+    import struct
+    from concurrent.futures import ThreadPoolExecutor
+
+    from svtagg.servers.datachannel import ADMIT_SECONDS, MAX_HANDSHAKES
+
+    def trickle(_: int) -> float:
+        sock = _data_conn(env)
+        t = time.perf_counter()
+        try:
+            for byte in struct.pack("<Q", 16) + os.urandom(16):
+                sock.sendall(bytes([byte]))
+                time.sleep(2.0)
+        except OSError:
+            pass
+        finally:
+            sock.close()
+        return time.perf_counter() - t
+
+    with ThreadPoolExecutor(MAX_HANDSHAKES) as pool:
+        held = list(pool.map(trickle, range(MAX_HANDSHAKES)))
+    TRIED["DataChannel.trickled_session_id"] += len(held)
+    assert max(held) < ADMIT_SECONDS + 5, held
+    env.alive()

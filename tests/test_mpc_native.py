@@ -498,3 +498,25 @@ print("ok")
 """
     done = _run_isolated(script)
     assert done.returncode == 0 and done.stdout.startswith("ok"), done.stderr[-2000:]
+
+
+@pytest.mark.heavy
+def test_native_core_is_clean_under_sanitizers() -> None:
+    """scripts/sanitize.sh: the core built with ASan+UBSan runs the native tests
+    (these included: byte equality, misalignment, overflowing shapes) with no
+    report; a report aborts the process it happens in and fails this."""
+    import shutil
+
+    if shutil.which("gcc") is None or platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("the sanitizer build needs gcc on x86-64")
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run(
+        ["bash", str(root / "scripts" / "sanitize.sh")],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    tail = (done.stdout[-3000:] + done.stderr[-3000:]).strip()
+    print(tail.splitlines()[-1] if tail else "")
+    assert done.returncode == 0, tail
+    assert "built with ASan+UBSan" in done.stdout and " passed" in done.stdout, tail
