@@ -17,8 +17,9 @@ its fresh 16-byte session id, which the leader sends as the first message.
 Security is the gRPC peer channel's: TLS 1.3, both sides present deployment
 certificates from the same CA, the leader verifies the helper's name
 (`svtagg-helper`), the helper accepts only a certificate whose role is
-`leader`.  Messages are length-prefixed (8 bytes, little-endian) and capped at
-`MAX_DATA_MESSAGE`.
+`leader`.  Messages are length-prefixed (8 bytes, little-endian); a length over
+the running chunk's bound (`limit_messages`, from the protocol) or over
+`MAX_DATA_MESSAGE` ends the connection before anything is allocated for it.
 """
 
 from __future__ import annotations
