@@ -153,8 +153,9 @@ static inline block tweak(uint64_t layer, uint64_t lane, uint64_t half, uint64_t
 
 /* ------------------------------------------------------------------ buffers */
 
-/* A buffer argument.  The block loops load and store __m128i through plain
- * pointers (aligned accesses), so a buffer that does not start on a 16-byte
+/* A buffer argument: a C-contiguous view, and with get_blocks a 16-byte-aligned
+ * pointer to it.  The block loops load and store __m128i through plain pointers
+ * (aligned accesses), so a block buffer that does not start on a 16-byte
  * boundary (a numpy view at an odd offset) is worked on through an aligned copy,
  * written back on release if it is an output. */
 typedef struct {
@@ -177,6 +178,11 @@ static int get_buf(PyObject *obj, buf_t *b, int writable, const char *name) {
     b->held = 1;
     b->writable = writable;
     b->p = b->view.buf;
+    return 0;
+}
+
+static int get_blocks(PyObject *obj, buf_t *b, int writable, const char *name) {
+    if (get_buf(obj, b, writable, name)) return -1;
     if (((uintptr_t)b->view.buf & 15) && b->view.len > 0) {
         size_t size = ((size_t)b->view.len + 15) & ~(size_t)15;
         b->shadow = aligned_alloc(16, size);
@@ -295,7 +301,8 @@ static PyObject *py_tccr(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "OOO", &xo, &to, &oo)) return NULL;
     buf_t x = {0}, t = {0}, o = {0};
     PyObject *ret = NULL;
-    if (get_buf(xo, &x, 0, "x") || get_buf(to, &t, 0, "tweaks") || get_buf(oo, &o, 1, "out"))
+    if (get_blocks(xo, &x, 0, "x") || get_blocks(to, &t, 0, "tweaks") ||
+        get_blocks(oo, &o, 1, "out"))
         goto done;
     if (x.view.len % 16) {
         PyErr_SetString(PyExc_ValueError, "x: not a whole number of blocks");
@@ -427,8 +434,8 @@ static PyObject *py_garble_and(PyObject *self, PyObject *args) {
     if (get_delta(dob, &d)) return NULL;
     buf_t a = {0}, b = {0}, c = {0}, t = {0};
     PyObject *ret = NULL;
-    if (get_buf(ao, &a, 0, "a0") || get_buf(bo, &b, 0, "b0") || get_buf(co, &c, 1, "out") ||
-        get_buf(to, &t, 1, "tables"))
+    if (get_blocks(ao, &a, 0, "a0") || get_blocks(bo, &b, 0, "b0") ||
+        get_blocks(co, &c, 1, "out") || get_blocks(to, &t, 1, "tables"))
         goto done;
     size_t n = (size_t)a.view.len / 16;
     if (check_blocks(&b, n, "b0") || check_blocks(&c, n, "out") || check_blocks(&t, 2 * n, "tables"))
@@ -453,8 +460,8 @@ static PyObject *py_eval_and(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "OOOKKO", &ao, &bo, &to, &hi, &layer, &co)) return NULL;
     buf_t a = {0}, b = {0}, c = {0}, t = {0};
     PyObject *ret = NULL;
-    if (get_buf(ao, &a, 0, "a") || get_buf(bo, &b, 0, "b") || get_buf(to, &t, 0, "tables") ||
-        get_buf(co, &c, 1, "out"))
+    if (get_blocks(ao, &a, 0, "a") || get_blocks(bo, &b, 0, "b") ||
+        get_blocks(to, &t, 0, "tables") || get_blocks(co, &c, 1, "out"))
         goto done;
     size_t n = (size_t)a.view.len / 16;
     if (check_blocks(&b, n, "b") || check_blocks(&c, n, "out") || check_blocks(&t, 2 * n, "tables"))
@@ -481,8 +488,8 @@ static PyObject *py_garble_and_const(PyObject *self, PyObject *args) {
     if (get_delta(dob, &d)) return NULL;
     buf_t bits = {0}, b = {0}, o = {0}, t = {0};
     PyObject *ret = NULL;
-    if (get_buf(bitso, &bits, 0, "bits") || get_buf(bo, &b, 0, "b0") ||
-        get_buf(oo, &o, 1, "out") || get_buf(to, &t, 1, "tables"))
+    if (get_buf(bitso, &bits, 0, "bits") || get_blocks(bo, &b, 0, "b0") ||
+        get_blocks(oo, &o, 1, "out") || get_blocks(to, &t, 1, "tables"))
         goto done;
     size_t n = (size_t)b.view.len / 16;
     if (need(&bits, (Py_ssize_t)n, "bits") || check_blocks(&o, n, "out") ||
@@ -509,7 +516,8 @@ static PyObject *py_eval_and_const(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "OOKKO", &bo, &to, &hi, &layer, &oo)) return NULL;
     buf_t b = {0}, t = {0}, o = {0};
     PyObject *ret = NULL;
-    if (get_buf(bo, &b, 0, "b") || get_buf(to, &t, 0, "tables") || get_buf(oo, &o, 1, "out"))
+    if (get_blocks(bo, &b, 0, "b") || get_blocks(to, &t, 0, "tables") ||
+        get_blocks(oo, &o, 1, "out"))
         goto done;
     size_t n = (size_t)b.view.len / 16;
     if (check_blocks(&t, n, "tables") || check_blocks(&o, n, "out")) goto done;
@@ -631,8 +639,8 @@ static PyObject *py_garble_sign(PyObject *self, PyObject *args) {
     if (get_delta(dob, &d)) return NULL;
     buf_t a = {0}, b = {0}, y = {0}, t = {0};
     PyObject *ret = NULL;
-    if (get_buf(ao, &a, 0, "a") || get_buf(bo, &b, 0, "b0") || get_buf(yo, &y, 1, "out") ||
-        get_buf(to, &t, 1, "tables"))
+    if (get_buf(ao, &a, 0, "a") || get_blocks(bo, &b, 0, "b0") || get_blocks(yo, &y, 1, "out") ||
+        get_blocks(to, &t, 1, "tables"))
         goto done;
     size_t n = (size_t)y.view.len / 16;
     if (need(&a, (Py_ssize_t)((size_t)w * n), "a") || check_blocks(&b, (size_t)w * n, "b0") ||
@@ -660,7 +668,8 @@ static PyObject *py_eval_sign(PyObject *self, PyObject *args) {
     }
     buf_t b = {0}, t = {0}, y = {0};
     PyObject *ret = NULL;
-    if (get_buf(bo, &b, 0, "b") || get_buf(to, &t, 0, "tables") || get_buf(yo, &y, 1, "out"))
+    if (get_blocks(bo, &b, 0, "b") || get_blocks(to, &t, 0, "tables") ||
+        get_blocks(yo, &y, 1, "out"))
         goto done;
     size_t n = (size_t)y.view.len / 16;
     if (check_blocks(&b, (size_t)w * n, "b") ||
@@ -725,7 +734,7 @@ static PyObject *py_transpose128(PyObject *self, PyObject *args) {
         goto done;
     }
     Py_ssize_t nb = r.shape[1], stride = r.strides[0];
-    if (get_buf(oo, &o, 1, "out") || need(&o, 128 * nb, "out")) goto done;
+    if (get_blocks(oo, &o, 1, "out") || need(&o, 128 * nb, "out")) goto done;
     tr_ctx x = {r.buf, o.p, stride};
     Py_BEGIN_ALLOW_THREADS
     /* threads only for very wide matrices (measured: no gain at one lane batch) */
