@@ -9,7 +9,10 @@ INVALID_ARGUMENT, see proto/wire.py), the servers
 stay up (health SERVING, processes alive), and nothing is stored: both SQLite
 stores are byte-for-byte the same logical state before and after every refused
 call.  Also: the size bounds (request size, chunk size) and the per-caller
-rate limit answering RESOURCE_EXHAUSTED.
+rate limit answering RESOURCE_EXHAUSTED; the helper's data port against a
+peer holding a leader certificate (length headers, one id twice, other roles,
+not TLS; heavy: trickled session ids on every handshake slot); a leased worker
+that fails or answers a robust chunk short.
 
 Default run: EXAMPLES_DEFAULT inputs per RPC; `pytest -m heavy`: EXAMPLES_HEAVY
 and a per-RPC count printed at the end.  Inputs are derandomized (reproducible).
