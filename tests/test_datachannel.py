@@ -255,6 +255,11 @@ async def test_chunks_run_over_the_offered_transport(tmp_path: Path, data_port: 
                 session = await pool.acquire()
                 frames1, data1 = counts()
                 assert data1 > data0 and frames1 == frames0
+                # Both ends bound the messages by the chunk's size, not the cap.
+                assert dep.helper is not None and dep.helper.data_listener is not None
+                cap = datachannel.MAX_DATA_MESSAGE
+                assert 0 < session.data.limit < cap  # type: ignore[attr-defined]
+                assert any(0 < c.limit < cap for c in dep.helper.data_listener.connections)
                 await pool.release(session, True)
                 await _ask_far(dep, "t", k=300)  # small chunks: the frames only
                 session = await pool.acquire()
