@@ -153,24 +153,57 @@ static inline block tweak(uint64_t layer, uint64_t lane, uint64_t half, uint64_t
 
 /* ------------------------------------------------------------------ buffers */
 
+/* A buffer argument: a C-contiguous view, and with get_blocks a 16-byte-aligned
+ * pointer to it.  The block loops load and store __m128i through plain pointers
+ * (aligned accesses), so a block buffer that does not start on a 16-byte
+ * boundary (a numpy view at an odd offset) is worked on through an aligned copy,
+ * written back on release if it is an output. */
 typedef struct {
     Py_buffer view;
     int held;
+    int writable;
+    void *p;      /* view.buf, or the aligned copy */
+    void *shadow; /* the aligned copy, if one was needed */
 } buf_t;
 
 static int get_buf(PyObject *obj, buf_t *b, int writable, const char *name) {
     int flags = PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0);
+    b->held = 0;
+    b->shadow = NULL;
     if (PyObject_GetBuffer(obj, &b->view, flags) != 0) {
         PyErr_Format(PyExc_TypeError, "%s: expected a C-contiguous%s buffer", name,
                      writable ? " writable" : "");
-        b->held = 0;
         return -1;
     }
     b->held = 1;
+    b->writable = writable;
+    b->p = b->view.buf;
+    return 0;
+}
+
+static int get_blocks(PyObject *obj, buf_t *b, int writable, const char *name) {
+    if (get_buf(obj, b, writable, name)) return -1;
+    if (((uintptr_t)b->view.buf & 15) && b->view.len > 0) {
+        size_t size = ((size_t)b->view.len + 15) & ~(size_t)15;
+        b->shadow = aligned_alloc(16, size);
+        if (!b->shadow) {
+            PyBuffer_Release(&b->view);
+            b->held = 0;
+            PyErr_NoMemory();
+            return -1;
+        }
+        memcpy(b->shadow, b->view.buf, (size_t)b->view.len);
+        b->p = b->shadow;
+    }
     return 0;
 }
 
 static void release(buf_t *b) {
+    if (b->shadow) {
+        if (b->writable) memcpy(b->view.buf, b->shadow, (size_t)b->view.len);
+        free(b->shadow);
+        b->shadow = NULL;
+    }
     if (b->held) PyBuffer_Release(&b->view);
     b->held = 0;
 }
@@ -268,7 +301,8 @@ static PyObject *py_tccr(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "OOO", &xo, &to, &oo)) return NULL;
     buf_t x = {0}, t = {0}, o = {0};
     PyObject *ret = NULL;
-    if (get_buf(xo, &x, 0, "x") || get_buf(to, &t, 0, "tweaks") || get_buf(oo, &o, 1, "out"))
+    if (get_blocks(xo, &x, 0, "x") || get_blocks(to, &t, 0, "tweaks") ||
+        get_blocks(oo, &o, 1, "out"))
         goto done;
     if (x.view.len % 16) {
         PyErr_SetString(PyExc_ValueError, "x: not a whole number of blocks");
@@ -276,9 +310,13 @@ static PyObject *py_tccr(PyObject *self, PyObject *args) {
     }
     size_t n = (size_t)x.view.len / 16;
     if (need(&t, x.view.len, "tweaks") || need(&o, x.view.len, "out")) goto done;
+    if (n == 0) { /* nothing to hash (and no scratch to get) */
+        ret = Py_NewRef(Py_None);
+        goto done;
+    }
     block *p = get_scratch(n);
     if (!p) { PyErr_NoMemory(); goto done; }
-    tccr_n((const block *)x.view.buf, (const block *)t.view.buf, (block *)o.view.buf, p, n);
+    tccr_n((const block *)x.p, (const block *)t.p, (block *)o.p, p, n);
     ret = Py_NewRef(Py_None);
 done:
     release(&x); release(&t); release(&o);
@@ -383,7 +421,7 @@ static int get_delta(PyObject *o, block *d) {
         PyErr_SetString(PyExc_ValueError, "delta: expected one 16-byte block");
         return -1;
     }
-    *d = _mm_loadu_si128((const block *)b.view.buf);
+    *d = _mm_loadu_si128((const block *)b.p);
     release(&b);
     return 0;
 }
@@ -396,16 +434,16 @@ static PyObject *py_garble_and(PyObject *self, PyObject *args) {
     if (get_delta(dob, &d)) return NULL;
     buf_t a = {0}, b = {0}, c = {0}, t = {0};
     PyObject *ret = NULL;
-    if (get_buf(ao, &a, 0, "a0") || get_buf(bo, &b, 0, "b0") || get_buf(co, &c, 1, "out") ||
-        get_buf(to, &t, 1, "tables"))
+    if (get_blocks(ao, &a, 0, "a0") || get_blocks(bo, &b, 0, "b0") ||
+        get_blocks(co, &c, 1, "out") || get_blocks(to, &t, 1, "tables"))
         goto done;
     size_t n = (size_t)a.view.len / 16;
     if (check_blocks(&b, n, "b0") || check_blocks(&c, n, "out") || check_blocks(&t, 2 * n, "tables"))
         goto done;
     block *s = get_scratch(12 * GROUP);
     if (!s) { PyErr_NoMemory(); goto done; }
-    const block *A = a.view.buf, *B = b.view.buf;
-    block *C = c.view.buf, *T = t.view.buf;
+    const block *A = a.p, *B = b.p;
+    block *C = c.p, *T = t.p;
     for (size_t k = 0; k < n; k += GROUP) {
         size_t g = n - k < GROUP ? n - k : GROUP;
         garble_and_group(A + k, B + k, d, hi, layer, k, g, C + k, T + k, T + n + k, s);
@@ -422,16 +460,16 @@ static PyObject *py_eval_and(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "OOOKKO", &ao, &bo, &to, &hi, &layer, &co)) return NULL;
     buf_t a = {0}, b = {0}, c = {0}, t = {0};
     PyObject *ret = NULL;
-    if (get_buf(ao, &a, 0, "a") || get_buf(bo, &b, 0, "b") || get_buf(to, &t, 0, "tables") ||
-        get_buf(co, &c, 1, "out"))
+    if (get_blocks(ao, &a, 0, "a") || get_blocks(bo, &b, 0, "b") ||
+        get_blocks(to, &t, 0, "tables") || get_blocks(co, &c, 1, "out"))
         goto done;
     size_t n = (size_t)a.view.len / 16;
     if (check_blocks(&b, n, "b") || check_blocks(&c, n, "out") || check_blocks(&t, 2 * n, "tables"))
         goto done;
     block *s = get_scratch(8 * GROUP);
     if (!s) { PyErr_NoMemory(); goto done; }
-    const block *A = a.view.buf, *B = b.view.buf, *T = t.view.buf;
-    block *C = c.view.buf;
+    const block *A = a.p, *B = b.p, *T = t.p;
+    block *C = c.p;
     for (size_t k = 0; k < n; k += GROUP) {
         size_t g = n - k < GROUP ? n - k : GROUP;
         eval_and_group(A + k, B + k, T + k, T + n + k, hi, layer, k, g, C + k, s);
@@ -450,8 +488,8 @@ static PyObject *py_garble_and_const(PyObject *self, PyObject *args) {
     if (get_delta(dob, &d)) return NULL;
     buf_t bits = {0}, b = {0}, o = {0}, t = {0};
     PyObject *ret = NULL;
-    if (get_buf(bitso, &bits, 0, "bits") || get_buf(bo, &b, 0, "b0") ||
-        get_buf(oo, &o, 1, "out") || get_buf(to, &t, 1, "tables"))
+    if (get_buf(bitso, &bits, 0, "bits") || get_blocks(bo, &b, 0, "b0") ||
+        get_blocks(oo, &o, 1, "out") || get_blocks(to, &t, 1, "tables"))
         goto done;
     size_t n = (size_t)b.view.len / 16;
     if (need(&bits, (Py_ssize_t)n, "bits") || check_blocks(&o, n, "out") ||
@@ -459,9 +497,9 @@ static PyObject *py_garble_and_const(PyObject *self, PyObject *args) {
         goto done;
     block *s = get_scratch(8 * GROUP);
     if (!s) { PyErr_NoMemory(); goto done; }
-    const uint8_t *BT = bits.view.buf;
-    const block *B = b.view.buf;
-    block *O = o.view.buf, *T = t.view.buf;
+    const uint8_t *BT = bits.p;
+    const block *B = b.p;
+    block *O = o.p, *T = t.p;
     for (size_t k = 0; k < n; k += GROUP) {
         size_t g = n - k < GROUP ? n - k : GROUP;
         garble_and_const_group(BT + k, B + k, d, hi, layer, k, g, O + k, T + k, s);
@@ -478,14 +516,15 @@ static PyObject *py_eval_and_const(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "OOKKO", &bo, &to, &hi, &layer, &oo)) return NULL;
     buf_t b = {0}, t = {0}, o = {0};
     PyObject *ret = NULL;
-    if (get_buf(bo, &b, 0, "b") || get_buf(to, &t, 0, "tables") || get_buf(oo, &o, 1, "out"))
+    if (get_blocks(bo, &b, 0, "b") || get_blocks(to, &t, 0, "tables") ||
+        get_blocks(oo, &o, 1, "out"))
         goto done;
     size_t n = (size_t)b.view.len / 16;
     if (check_blocks(&t, n, "tables") || check_blocks(&o, n, "out")) goto done;
     block *s = get_scratch(4 * GROUP);
     if (!s) { PyErr_NoMemory(); goto done; }
-    const block *B = b.view.buf, *T = t.view.buf;
-    block *O = o.view.buf;
+    const block *B = b.p, *T = t.p;
+    block *O = o.p;
     for (size_t k = 0; k < n; k += GROUP) {
         size_t g = n - k < GROUP ? n - k : GROUP;
         eval_and_const_group(B + k, T + k, hi, layer, k, g, O + k, s);
@@ -600,14 +639,14 @@ static PyObject *py_garble_sign(PyObject *self, PyObject *args) {
     if (get_delta(dob, &d)) return NULL;
     buf_t a = {0}, b = {0}, y = {0}, t = {0};
     PyObject *ret = NULL;
-    if (get_buf(ao, &a, 0, "a") || get_buf(bo, &b, 0, "b0") || get_buf(yo, &y, 1, "out") ||
-        get_buf(to, &t, 1, "tables"))
+    if (get_buf(ao, &a, 0, "a") || get_blocks(bo, &b, 0, "b0") || get_blocks(yo, &y, 1, "out") ||
+        get_blocks(to, &t, 1, "tables"))
         goto done;
     size_t n = (size_t)y.view.len / 16;
     if (need(&a, (Py_ssize_t)((size_t)w * n), "a") || check_blocks(&b, (size_t)w * n, "b0") ||
         check_blocks(&y, n, "out") || check_blocks(&t, (size_t)(2 * w - 3) * n, "tables"))
         goto done;
-    sign_ctx x = {a.view.buf, b.view.buf, NULL, y.view.buf, t.view.buf, d, hi, layer0, n, w, 0};
+    sign_ctx x = {a.p, b.p, NULL, y.p, t.p, d, hi, layer0, n, w, 0};
     Py_BEGIN_ALLOW_THREADS
     parallel_for(n, GROUP, MIN_PARALLEL_LANES, garble_sign_range, &x);
     Py_END_ALLOW_THREADS
@@ -629,13 +668,14 @@ static PyObject *py_eval_sign(PyObject *self, PyObject *args) {
     }
     buf_t b = {0}, t = {0}, y = {0};
     PyObject *ret = NULL;
-    if (get_buf(bo, &b, 0, "b") || get_buf(to, &t, 0, "tables") || get_buf(yo, &y, 1, "out"))
+    if (get_blocks(bo, &b, 0, "b") || get_blocks(to, &t, 0, "tables") ||
+        get_blocks(yo, &y, 1, "out"))
         goto done;
     size_t n = (size_t)y.view.len / 16;
     if (check_blocks(&b, (size_t)w * n, "b") ||
         check_blocks(&t, (size_t)(2 * w - 3) * n, "tables"))
         goto done;
-    sign_ctx x = {NULL, b.view.buf, t.view.buf, y.view.buf, NULL, _mm_setzero_si128(),
+    sign_ctx x = {NULL, b.p, t.p, y.p, NULL, _mm_setzero_si128(),
                   hi, layer0, n, w, 0};
     Py_BEGIN_ALLOW_THREADS
     parallel_for(n, GROUP, MIN_PARALLEL_LANES, eval_sign_range, &x);
@@ -694,8 +734,8 @@ static PyObject *py_transpose128(PyObject *self, PyObject *args) {
         goto done;
     }
     Py_ssize_t nb = r.shape[1], stride = r.strides[0];
-    if (get_buf(oo, &o, 1, "out") || need(&o, 128 * nb, "out")) goto done;
-    tr_ctx x = {r.buf, o.view.buf, stride};
+    if (get_blocks(oo, &o, 1, "out") || need(&o, 128 * nb, "out")) goto done;
+    tr_ctx x = {r.buf, o.p, stride};
     Py_BEGIN_ALLOW_THREADS
     /* threads only for very wide matrices (measured: no gain at one lane batch) */
     parallel_for((size_t)nb, 64, 1 << 16, transpose_range, &x);
@@ -782,15 +822,21 @@ static PyObject *py_prg_rows(PyObject *self, PyObject *args) {
     buf_t sch = {0}, o = {0};
     PyObject *ret = NULL;
     if (get_buf(so, &sch, 0, "schedules") || get_buf(oo, &o, 1, "out")) goto done;
-    /* bound the operands before multiplying: no product below can overflow */
+    /* small operands first (16·nblk cannot overflow); the rows' span is checked below */
     if (sch.view.len % 176 || nblk < 0 || nblk > ((Py_ssize_t)1 << 32) || stride < 0 ||
         stride > ((Py_ssize_t)1 << 40) || stride < 16 * nblk) {
         PyErr_SetString(PyExc_ValueError, "bad PRG shape");
         goto done;
     }
-    Py_ssize_t m = sch.view.len / 176;
-    if (m && need(&o, (m - 1) * stride + 16 * nblk, "out")) goto done;
-    prg_ctx x = {sch.view.buf, o.view.buf, __builtin_bswap64(nonce), first, nblk, stride};
+    /* the span of the rows written, (m − 1)·stride + 16·nblk, checked for overflow */
+    Py_ssize_t m = sch.view.len / 176, span = 0;
+    if (m && (__builtin_mul_overflow(m - 1, stride, &span) ||
+              __builtin_add_overflow(span, 16 * nblk, &span))) {
+        PyErr_SetString(PyExc_ValueError, "bad PRG shape: the rows overflow the address space");
+        goto done;
+    }
+    if (m && need(&o, span, "out")) goto done;
+    prg_ctx x = {sch.p, o.p, __builtin_bswap64(nonce), first, nblk, stride};
     Py_BEGIN_ALLOW_THREADS
     /* one thread: measured no faster on two (memory-bound; a thread costs tens of µs) */
     prg_range(&x, 0, (size_t)m);

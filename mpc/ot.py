@@ -45,6 +45,8 @@ P = int(
 Q = (P - 1) // 2
 G = 2
 ELEMENT_BYTES = 384
+#: The longest base-OT message: KAPPA group elements (Ed25519 points are smaller).
+MAX_SETUP_MESSAGE = KAPPA * ELEMENT_BYTES
 #: Short exponents (2× the 128-bit security level, as RFC 3526 advises) keep the
 #: variable-base exponentiations of the base-OT sender cheap.
 EXPONENT_BITS = 256

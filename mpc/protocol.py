@@ -72,7 +72,8 @@ class ChunkCircuit(Generic[R]):
     #: Further k-vectors only the garbler supplies (constants to the circuit,
     #: after the shared inputs in its garbler bits; no OT for them).
     garbler_inputs: int = 0
-    #: Table blocks per lane to preallocate (the buffer grows if it is short).
+    #: Table blocks per lane at most (2w − 3 for a w-bit comparison, < 6 for
+    #: the chunk logic): preallocated, and the bound a receiver checks.
     tables_per_lane: int = 131
     #: Output wires of a chunk of k (the bundles laid end to end); default k each.
     output_bits: Callable[[int], int] | None = None
@@ -92,6 +93,15 @@ class ChunkCircuit(Generic[R]):
 
     def decoding_bits(self, k: int) -> int:
         return self.output_bits(k) if self.output_bits is not None else self.outputs * k
+
+    def max_message(self, k: int) -> int:
+        """Bytes of the longest message an honest party sends in a chunk of k: the
+        OT-extension matrix (16 bytes per evaluator input bit), the garbled
+        tables with the decoding bits, or the result.  A receiver refuses a longer
+        announced length before it allocates anything."""
+        lanes = k * len(self.inputs)
+        tables = 16 * (self.tables_per_lane * lanes + 64) + (self.decoding_bits(k) + 7) // 8
+        return max(16 * self.width * lanes, tables, 8 * k)
 
 
 def _encode_index(j: int | None, k: int) -> bytes:
@@ -141,6 +151,7 @@ def first_yes_spec(width: int = RING_BITS) -> ChunkCircuit[int | None]:
         encode=_encode_index,
         parse=_parse_index,
         empty=lambda: None,
+        tables_per_lane=2 * w + 3,
         width=w,
         streams=True,
     )
@@ -157,6 +168,7 @@ def compare_to_thresholds_spec(width: int = RING_BITS) -> ChunkCircuit[list[int]
         encode=_encode_outcomes,
         parse=_parse_outcomes,
         empty=list,
+        tables_per_lane=2 * w + 3,
         width=w,
         streams=True,
     )
@@ -313,6 +325,9 @@ class _Party:
         select = getattr(self.channel, "select", None)
         if select is not None:  # a channel with a bulk path picks it by the public size
             select(k * len(spec.inputs))
+        limit = getattr(self.channel, "limit_messages", None)
+        if limit is not None:  # and one that can refuse longer messages up front
+            limit(spec.max_message(k))
         s, r, t = self.channel.bytes_sent, self.channel.bytes_received, time.perf_counter()
         z = shares[0] if len(shares) == 1 else np.concatenate(shares)
         result, and_gates = await self._run(spec, z, k, nonce, tweak_hi)

@@ -17,8 +17,9 @@ its fresh 16-byte session id, which the leader sends as the first message.
 Security is the gRPC peer channel's: TLS 1.3, both sides present deployment
 certificates from the same CA, the leader verifies the helper's name
 (`svtagg-helper`), the helper accepts only a certificate whose role is
-`leader`.  Messages are length-prefixed (8 bytes, little-endian) and capped at
-`MAX_DATA_MESSAGE`.
+`leader`.  Messages are length-prefixed (8 bytes, little-endian); a length over
+the running chunk's bound (`limit_messages`, from the protocol) or over
+`MAX_DATA_MESSAGE` ends the connection before anything is allocated for it.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import ssl
 import struct
 import tempfile
 import threading
+import time
 import weakref
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
@@ -88,22 +90,25 @@ def _peer_role(sock: ssl.SSLSocket) -> Role | None:
     return role_of_pem(ssl.DER_cert_to_PEM_cert(der).encode()) if der else None
 
 
-def _shutdown(raw: socket.socket) -> None:
-    try:
-        socket.socket.shutdown(raw, socket.SHUT_RDWR)
-    except OSError:
-        pass
-
-
 def split_host(address: str) -> str:
     """The host of a `host:port` address (`[v6]:port` too)."""
     host = address.rsplit(":", 1)[0] if ":" in address else address
     return host[1:-1] if host.startswith("[") and host.endswith("]") else host
 
 
-def _recv_exact(sock: ssl.SSLSocket, view: memoryview) -> None:
+def _until(sock: ssl.SSLSocket, deadline: float) -> None:
+    """The socket's timeout: the time left until `deadline` (timed out if none)."""
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError("data connection admission deadline passed")
+    sock.settimeout(left)
+
+
+def _recv_exact(sock: ssl.SSLSocket, view: memoryview, deadline: float | None = None) -> None:
     got = 0
     while got < len(view):
+        if deadline is not None:
+            _until(sock, deadline)
         n = sock.recv_into(view[got:])
         if n == 0:
             raise ChannelClosed("data connection closed by the peer")
@@ -120,6 +125,8 @@ class DataConnection:
         self.peer = peer
         self._worker = ThreadPoolExecutor(1, thread_name_prefix="svtagg-data")
         self._closed = False
+        #: Longest message accepted; the protocol lowers it to each chunk's bound.
+        self.limit = MAX_DATA_MESSAGE
         self.bytes_sent = 0
         self.bytes_received = 0
         self.messages_sent = 0
@@ -133,8 +140,12 @@ class DataConnection:
         head = bytearray(_HEADER.size)
         _recv_exact(self._sock, memoryview(head))
         (size,) = _HEADER.unpack(head)
+        # Checked before anything is allocated: a header alone must not make
+        # this side reserve memory no honest message of the chunk needs.
         if size > MAX_DATA_MESSAGE:
             raise ChannelClosed(f"data message of {size} bytes exceeds the cap")
+        if size > self.limit:
+            raise ChannelClosed(f"data message of {size} bytes exceeds this chunk's {self.limit}")
         body = bytearray(size)
         _recv_exact(self._sock, memoryview(body))
         # Large messages stay in the buffer they arrived in (no copy); readers
@@ -153,6 +164,10 @@ class DataConnection:
         except ChannelClosed:
             self.close()
             raise
+
+    def limit_messages(self, limit: int) -> None:
+        """Refuse messages longer than `limit` bytes (see `FrameChannel`)."""
+        self.limit = limit
 
     async def send(self, data: bytes) -> None:
         view = memoryview(data).cast("B")
@@ -232,12 +247,18 @@ class DataListener:
     gRPC session of that id (`claim`)."""
 
     def __init__(
-        self, identity: Identity, host: str, port: int = 0, expect: Role = Role.LEADER
+        self,
+        identity: Identity,
+        host: str,
+        port: int = 0,
+        expect: Role = Role.LEADER,
+        admit_seconds: float = ADMIT_SECONDS,
     ) -> None:
         self._ctx = _context(identity, server=True)
         self.host = host
         self.port = port
         self.expect = expect
+        self.admit_seconds = admit_seconds
         self._sock: socket.socket | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._waiting: dict[bytes, asyncio.Future[DataConnection]] = {}
@@ -246,6 +267,9 @@ class DataListener:
         self._handshakes = threading.BoundedSemaphore(MAX_HANDSHAKES)
         #: Session ids already bound (most recent USED_IDS): never bound again.
         self._used: OrderedDict[bytes, None] = OrderedDict()
+        #: Session ids some session has claimed (most recent USED_IDS): a second
+        #: session announcing one gets no connection, never a shared one.
+        self._claimed: OrderedDict[bytes, None] = OrderedDict()
         #: The connections handed to sessions and still referenced (tests, logs).
         self.connections: weakref.WeakSet[DataConnection] = weakref.WeakSet()
 
@@ -305,25 +329,27 @@ class DataListener:
 
     def _admit(self, raw: socket.socket) -> None:
         # One deadline for the whole admission (handshake and session id), not
-        # per read: a peer trickling bytes is cut off after ADMIT_SECONDS.
-        watchdog = threading.Timer(ADMIT_SECONDS, _shutdown, args=(raw,))
-        watchdog.daemon = True
-        watchdog.start()
+        # per read: each blocking step gets only the time left, so a peer
+        # trickling bytes is cut off at the deadline and frees its slot.
+        deadline = time.monotonic() + self.admit_seconds
+        raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock = self._ctx.wrap_socket(raw, server_side=True, do_handshake_on_connect=False)
         try:
-            raw.settimeout(ADMIT_SECONDS)
-            raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            sock = self._ctx.wrap_socket(raw, server_side=True)
+            _until(sock, deadline)
+            sock.do_handshake()  # one deadline for all of it (ssl's own timeout rule)
             role = _peer_role(sock)
             if role != self.expect:
                 log.warning("data channel: refused a %s certificate", role or "roleless")
                 sock.close()
                 return
             head = bytearray(_HEADER.size + 16)
-            _recv_exact(sock, memoryview(head))
-            if _HEADER.unpack_from(head)[0] != 16:
+            _recv_exact(sock, memoryview(head)[: _HEADER.size], deadline)
+            if _HEADER.unpack_from(head)[0] != 16:  # refused before waiting for more
                 raise ChannelClosed("a data connection starts with its 16-byte session id")
-        finally:
-            watchdog.cancel()
+            _recv_exact(sock, memoryview(head)[_HEADER.size :], deadline)
+        except BaseException:
+            sock.close()
+            raise
         sock.settimeout(None)
         conn = DataConnection(sock, role)
         assert self._loop is not None
@@ -362,7 +388,13 @@ class DataListener:
 
     async def claim(self, sid: bytes, timeout: float) -> DataConnection:
         """The data connection of session `sid` (the leader connects right after
-        SessionOpen); PeerUnavailable if it does not arrive in time."""
+        SessionOpen); PeerUnavailable if it does not arrive in time, or if
+        another session has claimed `sid` already."""
+        if sid in self._claimed:
+            raise PeerUnavailable("another session already claimed this session id")
+        self._claimed[sid] = None
+        while len(self._claimed) > USED_IDS:
+            self._claimed.popitem(last=False)
         fut = self._slot(sid)
         try:
             return await asyncio.wait_for(asyncio.shield(fut), timeout)

@@ -453,6 +453,9 @@ class LeaderDriver:
         ]
         sums = self.core.store.sums(task_id) if self.work is None else None  # read once here
         parts = await self._passes(ROBUST, headers, lambda h: self.robust_chunk(task, h, sums))
+        for h, p in zip(headers, parts, strict=True):  # a short one would shift every later share
+            if len(p) != 8 * (h.coord_hi - h.coord_lo):
+                raise PeerUnavailable(f"robust chunk at {h.coord_lo}: {len(p)} bytes of shares")
         return np.concatenate([np.frombuffer(p, dtype=np.uint64) for p in parts])
 
     async def robust_chunk(

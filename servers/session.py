@@ -21,6 +21,7 @@ from typing import Any, Protocol
 
 from svtagg.dp.errors import PeerUnavailable
 from svtagg.mpc.channel import Channel
+from svtagg.mpc.ot import MAX_SETUP_MESSAGE
 from svtagg.proto import svtagg_pb2 as pb
 from svtagg.proto.vocab import FRAGMENT, SETUP_DEADLINE, Role
 from svtagg.servers.core import ComparisonParty, PartyFactory
@@ -33,7 +34,10 @@ ConnectData = Callable[[int, bytes], Awaitable["DataChannel"]]
 
 
 class DataChannel(Channel, Protocol):
-    """A `Channel` that can be closed: what a data connection provides."""
+    """A `Channel` that can be closed and bounds what it accepts: what a data
+    connection provides."""
+
+    def limit_messages(self, limit: int) -> None: ...
 
     def close(self) -> None: ...
 
@@ -55,6 +59,8 @@ class FrameChannel:
     def __init__(self, write: WriteFrame, read: ReadFrame) -> None:
         self._write = write
         self._read = read
+        #: Longest message accepted: the base OTs' until a chunk sets its own.
+        self.limit = MAX_SETUP_MESSAGE
         self.bytes_sent = 0
         self.bytes_received = 0
         self.messages_sent = 0
@@ -68,12 +74,22 @@ class FrameChannel:
         self.bytes_sent += len(data)
         self.messages_sent += 1
 
+    def limit_messages(self, limit: int) -> None:
+        """Refuse messages longer than `limit` bytes (the protocol's bound for
+        the chunk about to run)."""
+        self.limit = limit
+
     async def recv(self) -> bytes:
         parts: list[bytes] = []
+        size = 0
         while True:
             frame = await self.read_frame()
             if frame.WhichOneof("body") != "fragment":
                 raise PeerUnavailable("unexpected frame inside the comparison protocol")
+            size += len(frame.fragment)
+            # Empty fragments count too: a flood of them is no honest message.
+            if size > self.limit or len(parts) > self.limit // FRAGMENT:
+                raise PeerUnavailable(f"protocol message over the {self.limit}-byte bound")
             parts.append(frame.fragment)
             if not frame.more:
                 break
@@ -114,6 +130,10 @@ class SwitchChannel:
 
     def select(self, lanes: int) -> None:
         self._cur = self.data if lanes > self.DATA_LANES else self.frames
+
+    def limit_messages(self, limit: int) -> None:
+        self.frames.limit_messages(limit)
+        self.data.limit_messages(limit)
 
     async def send(self, data: bytes) -> None:
         await self._cur.send(data)

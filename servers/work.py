@@ -36,13 +36,14 @@ import logging
 import os
 import secrets
 import time
+import traceback
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from svtagg.dp.errors import FailedPrecondition, PeerUnavailable, Refusal
 from svtagg.proto import svtagg_pb2 as pb
-from svtagg.proto.vocab import refusal_from_status, refusal_status
+from svtagg.proto.vocab import refusal_from_status, refusal_status, status_of
 
 if TYPE_CHECKING:  # psycopg is the optional `postgres` extra: imported where used
     import psycopg
@@ -354,11 +355,7 @@ class WorkQueue:
     ) -> bool:
         """Write the result (or the refusal) while the lease is still this
         worker's; False (nothing written) if it is not."""
-        state, err = (
-            ("done", None)
-            if error is None
-            else ("failed", refusal_status(error).SerializeToString())
-        )
+        state, err = ("done", None) if error is None else ("failed", _failure(error))
         rows = await self._exec(
             "WITH f AS (UPDATE work SET state=%s, result=%s, error=%s, lease_until=NULL"
             " WHERE job_id=%s AND owner=%s AND state='leased' RETURNING job_id)"
@@ -371,6 +368,15 @@ class WorkQueue:
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self._new.wait(), timeout)
         self._new.clear()
+
+
+def _failure(exc: BaseException) -> bytes:
+    """A failed job's status as stored: a refusal keeps its message; any other
+    error says what the in-process path says (its text may hold data)."""
+    status = refusal_status(exc)
+    if status_of(exc) is None:
+        status.message = "internal server error"
+    return status.SerializeToString()
 
 
 def worker_name(role: str) -> str:
@@ -440,7 +446,12 @@ class Worker:
             return  # the worker is stopping past its grace: the lease runs out
         exc = running.exception()
         if exc is not None and not isinstance(exc, Refusal):
-            log.error("worker %s: job %d failed: %r", self.owner, job.job_id, exc)
+            # The type and the place, not the text: it may hold data.
+            where = traceback.extract_tb(exc.__traceback__)[-1:]
+            at = f" at {where[0].filename}:{where[0].lineno}" if where else ""
+            log.error(
+                "worker %s: job %d failed: %s%s", self.owner, job.job_id, type(exc).__name__, at
+            )
         written = await self.queue.finish(
             job, self.owner, None if exc is not None else running.result(), exc
         )

@@ -9,14 +9,19 @@ from __future__ import annotations
 
 import asyncio
 import os
+import struct
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 from conftest import Deployment
 from svtagg.dp.errors import PeerUnavailable
 from svtagg.dp.queries import Query
-from svtagg.proto.tls import Identity, write_deployment
+from svtagg.mpc.channel import MemoryChannel
+from svtagg.proto.tls import Identity, server_name, write_deployment
 from svtagg.proto.vocab import Role
 from svtagg.servers import datachannel
 from svtagg.servers.datachannel import (
@@ -250,6 +255,11 @@ async def test_chunks_run_over_the_offered_transport(tmp_path: Path, data_port: 
                 session = await pool.acquire()
                 frames1, data1 = counts()
                 assert data1 > data0 and frames1 == frames0
+                # Both ends bound the messages by the chunk's size, not the cap.
+                assert dep.helper is not None and dep.helper.data_listener is not None
+                cap = datachannel.MAX_DATA_MESSAGE
+                assert 0 < session.data.limit < cap  # type: ignore[attr-defined]
+                assert any(0 < c.limit < cap for c in dep.helper.data_listener.connections)
                 await pool.release(session, True)
                 await _ask_far(dep, "t", k=300)  # small chunks: the frames only
                 session = await pool.acquire()
@@ -319,3 +329,194 @@ async def test_sessions_fall_back_to_grpc_when_the_data_port_is_unusable(
         await dep.leader.analyst.driver.pool.release(session, True)
     finally:
         await dep.stop()
+
+
+# ---------------------------------------------------------------- admission deadline
+def _trickle_session_id(certs: Path, port: int, sid: bytes, interval: float) -> float:
+    """A leader that completes TLS, then sends its framed session id one byte per
+    TLS record every `interval` s; returns the seconds until the helper dropped
+    it (or until it gave up waiting for a verdict: 5 s after its last byte)."""
+    ctx = datachannel._context(ident(certs, "leader"), server=False)
+    sock = datachannel._connect_blocking("127.0.0.1", port, ctx, server_name(Role.HELPER), 10)
+    t = time.perf_counter()
+    try:
+        for byte in struct.pack("<Q", len(sid)) + sid:
+            sock.sendall(bytes([byte]))
+            time.sleep(interval)
+        sock.settimeout(5)
+        sock.recv(1)  # EOF (or a reset) once the helper has dropped the connection
+    except OSError:
+        pass
+    finally:
+        sock.close()
+    return time.perf_counter() - t
+
+
+async def test_a_trickled_session_id_is_dropped_at_the_admission_deadline(certs: Path) -> None:
+    """Leaders that trickle their session ids (24 bytes, one every 0.25 s: 6 s)
+    are dropped at the 1 s admission deadline; the handshake slots they held are
+    free again, so a prompt leader is admitted while they are still trickling."""
+    lst = DataListener(ident(certs, "helper"), "127.0.0.1", admit_seconds=1.0)
+    await lst.start()
+    sids = [os.urandom(16) for _ in range(datachannel.MAX_HANDSHAKES)]
+    loop = asyncio.get_running_loop()
+    pool = ThreadPoolExecutor(len(sids))  # all of them at once, not the default pool's few
+    try:
+        slow = [
+            loop.run_in_executor(pool, _trickle_session_id, certs, lst.port, sid, 0.25)
+            for sid in sids
+        ]
+        await asyncio.sleep(2.0)  # every slot taken, and (if the deadline holds) freed
+        conn = await connect("127.0.0.1", lst.port, ident(certs, "leader"))
+        await announce(conn, b"p" * 16)
+        peer = await lst.claim(b"p" * 16, 5)
+        conn.close()
+        peer.close()
+        dropped_after = await asyncio.gather(*slow)
+        assert max(dropped_after) < 3.0, dropped_after  # not after their 6 s of trickle
+        for sid in sids:
+            with pytest.raises(PeerUnavailable):
+                await lst.claim(sid, 0.05)
+    finally:
+        pool.shutdown(wait=False)
+        await lst.close()
+
+
+# ---------------------------------------------------------------- message bounds
+class _Recorder(MemoryChannel):
+    """A MemoryChannel that takes the protocol's per-chunk bound and checks every
+    message it sends against the bound its peer will apply."""
+
+    def __init__(self, inbox: asyncio.Queue[bytes], outbox: asyncio.Queue[bytes]) -> None:
+        super().__init__(inbox, outbox)
+        self.limit = 0
+        self.largest = 0
+
+    def limit_messages(self, limit: int) -> None:
+        self.limit = limit
+
+    async def send(self, data: bytes) -> None:
+        n = len(memoryview(data).cast("B"))
+        self.largest = max(self.largest, n)
+        assert n <= self.limit, f"an honest message of {n} bytes over the bound {self.limit}"
+        await super().send(data)
+
+
+@pytest.mark.parametrize("width", [8, 40, 64])
+async def test_every_honest_message_fits_its_chunk_bound(width: int) -> None:
+    """The bound a receiver applies (`ChunkCircuit.max_message`) admits every
+    message of every kind of chunk, and is tight."""
+    from svtagg.mpc.protocol import ComparisonEvaluator, ComparisonGarbler
+
+    q1: asyncio.Queue[bytes] = asyncio.Queue()
+    q2: asyncio.Queue[bytes] = asyncio.Queue()
+    cg, ce = _Recorder(q1, q2), _Recorder(q2, q1)
+    cg.limit = ce.limit = 1 << 20  # the base OTs
+    g, e = ComparisonGarbler(cg, b"b" * 16), ComparisonEvaluator(ce, b"b" * 16)
+    await asyncio.gather(g.setup(), e.setup())
+    rng = np.random.default_rng(5)
+    for k in (1, 3, 700, 4097):
+        z = rng.integers(0, 2**64, k, dtype=np.uint64)
+        runs: list[tuple[str, tuple[Any, ...]]] = [
+            ("first_yes", (z, width)),
+            ("compare_to_thresholds", (z, z, width)),
+        ]
+        if width == 64:
+            runs += [("any_per_group", (z, 1)), ("clamp_reshare", (z, 1000))]
+        for name, args in runs:
+            cg.largest = ce.largest = 0
+            await asyncio.gather(getattr(g, name)(*args), getattr(e, name)(*args))
+            assert cg.limit == ce.limit  # both sides bound the chunk alike
+            # Tight: within 2.5x, plus the fixed 64 blocks of slack.
+            largest = max(cg.largest, ce.largest)
+            assert cg.limit <= 2.5 * largest + 16 * 64, (k, largest, cg.limit)
+
+
+async def test_an_oversized_length_header_is_refused_before_allocating(certs: Path) -> None:
+    """A header announcing 512 MiB on a chunk whose bound is 1 MB ends the
+    connection at once, with nothing like 512 MiB allocated."""
+    import tracemalloc
+
+    lst, a, b = await pair(certs)
+    try:
+        b.limit_messages(1 << 20)
+        a._sock.sendall(struct.pack("<Q", 512 << 20))  # a header, and no body
+        tracemalloc.start()
+        try:
+            with pytest.raises(ChannelClosed, match="exceeds this chunk"):
+                await asyncio.wait_for(b.recv(), 5)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert peak < 16 << 20, f"{peak} bytes allocated for a refused header"
+        with pytest.raises(ChannelClosed):  # and the connection is gone for good
+            await b.recv()
+    finally:
+        a.close()
+        b.close()
+        await lst.close()
+
+
+async def test_frame_channel_bounds_a_message_and_its_fragments() -> None:
+    """Inside the gRPC stream: a message over the chunk's bound, or an endless
+    run of empty fragments, is refused once the bound is passed, not joined."""
+    from svtagg.proto import svtagg_pb2 as pb
+    from svtagg.proto.vocab import FRAGMENT
+    from svtagg.servers.session import FrameChannel
+
+    read_count = 0
+
+    def reader(frame: pb.PeerFrame) -> Any:
+        async def read() -> pb.PeerFrame:
+            nonlocal read_count
+            read_count += 1
+            assert read_count < 10_000, "read on and on: no bound"
+            return frame
+
+        return read
+
+    async def nowhere(frame: pb.PeerFrame) -> None:
+        raise AssertionError("nothing is sent")
+
+    big = FrameChannel(nowhere, reader(pb.PeerFrame(fragment=b"x" * FRAGMENT, more=True)))
+    big.limit_messages(3 * FRAGMENT)
+    with pytest.raises(PeerUnavailable, match="bound"):
+        await big.recv()
+    assert read_count <= 4
+    read_count = 0
+    empty = FrameChannel(nowhere, reader(pb.PeerFrame(fragment=b"", more=True)))
+    empty.limit_messages(3 * FRAGMENT)
+    with pytest.raises(PeerUnavailable, match="bound"):
+        await empty.recv()
+    assert read_count <= 5
+    # Before any chunk the bound is the base OTs' longest message.
+    setup = FrameChannel(nowhere, reader(pb.PeerFrame(fragment=b"x" * FRAGMENT, more=True)))
+    read_count = 0
+    with pytest.raises(PeerUnavailable, match="bound"):
+        await setup.recv()
+    assert read_count == 1
+
+
+async def test_two_sessions_with_one_id_never_share_a_connection(certs: Path) -> None:
+    """Two helper sessions announcing the same id: the first claim gets the
+    data connection, the second is refused at once (before and after delivery)."""
+    lst = DataListener(ident(certs, "helper"), "127.0.0.1")
+    await lst.start()
+    sid = b"d" * 16
+    try:
+        first = asyncio.ensure_future(lst.claim(sid, 5))
+        await asyncio.sleep(0)
+        second = asyncio.ensure_future(lst.claim(sid, 5))
+        conn = await connect("127.0.0.1", lst.port, ident(certs, "leader"))
+        await announce(conn, sid)
+        peer = await first
+        with pytest.raises(PeerUnavailable, match="already"):
+            await asyncio.wait_for(second, 1)
+        with pytest.raises(PeerUnavailable, match="already"):
+            await asyncio.wait_for(lst.claim(sid, 5), 1)
+        await conn.send(b"one owner")
+        assert bytes(await peer.recv()) == b"one owner"
+        conn.close()
+        peer.close()
+    finally:
+        await lst.close()

@@ -9,7 +9,10 @@ INVALID_ARGUMENT, see proto/wire.py), the servers
 stay up (health SERVING, processes alive), and nothing is stored: both SQLite
 stores are byte-for-byte the same logical state before and after every refused
 call.  Also: the size bounds (request size, chunk size) and the per-caller
-rate limit answering RESOURCE_EXHAUSTED.
+rate limit answering RESOURCE_EXHAUSTED; the helper's data port against a
+peer holding a leader certificate (length headers, one id twice, other roles,
+not TLS; heavy: trickled session ids on every handshake slot); a leased worker
+that fails or answers a robust chunk short.
 
 Default run: EXAMPLES_DEFAULT inputs per RPC; `pytest -m heavy`: EXAMPLES_HEAVY
 and a per-RPC count printed at the end.  Inputs are derandomized (reproducible).
@@ -17,6 +20,7 @@ and a per-RPC count printed at the end.  Inputs are derandomized (reproducible).
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import time
 from collections import Counter
@@ -794,3 +798,194 @@ def test_token_bucket_unit():
     lim.allow("c")  # evicts the least recently used ("b")
     assert len(lim._buckets) == 2  # noqa: SLF001 - memory bound
     assert RateLimiter(rate=0, burst=0).allow("x")  # disabled
+
+
+# ---------------------------------------------------------------- leased work
+async def test_a_worker_failure_reaches_the_analyst_without_its_text(
+    pg_url: tuple[str, str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A leased job whose worker fails unexpectedly (an exception whose text holds
+    a value) answers "internal server error", as the in-process path does; the
+    value is neither in the status nor in the worker's log."""
+    import asyncio
+    import logging
+
+    from svtagg.dp.errors import PeerUnavailable
+    from svtagg.servers.store_pg import PgStore
+    from svtagg.servers.work import Job, Worker, WorkQueue
+
+    secret = "gamma=123456789"
+
+    async def failing(job: Job) -> bytes:
+        raise RuntimeError(f"clamped sum out of range: {secret}")
+
+    store = PgStore(pg_url[0], schema=f"wfail_{pg_url[1]}")
+    front = await WorkQueue.connect(store, ("done",))
+    queue = await WorkQueue.connect(store, ("new",))
+    worker = Worker(queue, failing, lease=3.0)
+    running = asyncio.ensure_future(worker.run())
+    try:
+        with caplog.at_level(logging.DEBUG):
+            for _ in range(100):  # until the worker's first heartbeat is in
+                if await front.workers_alive():
+                    break
+                await asyncio.sleep(0.05)
+            with pytest.raises(PeerUnavailable) as info:
+                await asyncio.wait_for(front.run("robust", b"p"), 20)
+        assert "internal server error" in str(info.value)
+        assert "123456789" not in str(info.value)
+        assert "123456789" not in caplog.text
+        assert "RuntimeError" in caplog.text  # the operator still sees what failed
+    finally:
+        worker.stopping.set()
+        running.cancel()
+        with contextlib.suppress(BaseException):
+            await running
+        await front.close()
+        await queue.close()
+        store.close()
+
+
+async def test_a_leased_robust_job_of_the_wrong_length_fails_the_pass(tmp_path: Path) -> None:
+    """A worker's robust-pass result must hold 8 bytes per coordinate of its
+    chunk: a short one (here 8 bytes missing from the first of two chunks) fails
+    the pass instead of shifting every later coordinate's share."""
+    from fractions import Fraction
+
+    from svtagg.dp.errors import PeerUnavailable
+    from svtagg.dp.task import TaskParams
+    from svtagg.proto.vocab import Role
+    from svtagg.servers.core import ServerCore
+    from svtagg.servers.leader import ROBUST_LANES, LeaderDriver
+    from svtagg.servers.store import Store
+
+    class ShortWork:
+        async def run(self, kind: str, payload: bytes, *args: Any, **kw: Any) -> bytes:
+            h = pb.ChunkHeader.FromString(payload)
+            width = h.coord_hi - h.coord_lo
+            return bytes(8 * (width - (1 if h.coord_lo == 0 else 0)))
+
+    d = ROBUST_LANES + 3
+    store = Store(tmp_path / "l.sqlite")
+    store.create_task(TaskParams("t", d, 16, 100, 1, Fraction(1), Fraction(0), Fraction(1, 10)))
+    leader = LeaderDriver(ServerCore(Role.LEADER, store), None, None)  # type: ignore[arg-type]
+    leader.work = ShortWork()  # type: ignore[assignment]
+    with pytest.raises(PeerUnavailable, match="robust"):
+        await leader.robust_pass(store.task("t"))
+
+
+# ---------------------------------------------------------------- the data channel
+def _data_port(env: Env) -> int:
+    """The helper's data port (ephemeral: announced in its log)."""
+    import re
+
+    found = re.findall(
+        rb"helper data channel on port (\d+)", (env.pd.root / "helper.log").read_bytes()
+    )
+    assert found, "the helper offers no data channel"
+    return int(found[-1])
+
+
+def _rss_kb(pid: int) -> int:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(next(ln.split()[1] for ln in status.splitlines() if ln.startswith("VmRSS:")))
+
+
+def _data_conn(env: Env, role: str = "leader") -> Any:
+    """A blocking TLS connection to the helper's data port with `role`'s certificate."""
+    from svtagg.proto.tls import server_name
+    from svtagg.proto.vocab import Role
+    from svtagg.servers import datachannel
+
+    ctx = datachannel._context(env.pd.identity(role), server=False)
+    return datachannel._connect_blocking(
+        "127.0.0.1", _data_port(env), ctx, server_name(Role.HELPER), 10
+    )
+
+
+def _dropped(sock: Any, timeout: float = 5.0) -> bool:
+    """The helper closed the connection (EOF or reset) within `timeout`."""
+    sock.settimeout(timeout)
+    try:
+        return sock.recv(1) == b""
+    except TimeoutError:
+        return False
+    except OSError:
+        return True
+    finally:
+        sock.close()
+
+
+def test_data_channel_probes(env: Env):
+    """The helper's data port against a peer that holds a leader certificate and
+    misbehaves (and against callers without one): a huge length header, a
+    session id of the wrong length, a second connection for one id, another
+    role's certificate, bytes that are not TLS.  Each connection is dropped at
+    once, the helper's memory does not grow by the announced sizes, and the
+    servers stay up and answer."""
+    import os
+    import socket
+    import struct
+
+    helper_pid = env.pd.dep.procs["helper"].pid
+    rss0 = _rss_kb(helper_pid)
+    # A first message announcing 1 GiB (a data connection starts with its 16-byte id).
+    for size in (1 << 30, (1 << 64) - 1, 0, 15, 17):
+        sock = _data_conn(env)
+        sock.sendall(struct.pack("<Q", size))
+        assert _dropped(sock), size
+        TRIED["DataChannel.length_header"] += 1
+    # One session id, two connections: the second is closed at once.
+    sid = os.urandom(16)
+    first = _data_conn(env)
+    first.sendall(struct.pack("<Q", 16) + sid)
+    again = _data_conn(env)
+    again.sendall(struct.pack("<Q", 16) + sid)
+    assert _dropped(again)
+    first.close()
+    TRIED["DataChannel.same_session_id"] += 1
+    # Certificates of other roles never get as far as a session id.
+    for role in ("analyst", "client"):
+        sock = _data_conn(env, role)
+        with contextlib.suppress(OSError):
+            sock.sendall(struct.pack("<Q", 16) + os.urandom(16))
+        assert _dropped(sock), role
+        TRIED["DataChannel.other_role"] += 1
+    # Not TLS at all.
+    raw = socket.create_connection(("127.0.0.1", _data_port(env)), timeout=10)
+    raw.sendall(b"GET / HTTP/1.0\r\n\r\n" + os.urandom(64))
+    assert _dropped(raw)
+    TRIED["DataChannel.not_tls"] += 1
+    assert _rss_kb(helper_pid) - rss0 < 64 << 10, "the helper's memory grew by >= 64 MiB"
+    env.alive()
+
+
+@pytest.mark.heavy
+def test_data_channel_admission_deadline(env: Env):
+    """Leader-certificate peers trickling their session ids (one byte per 2 s)
+    on every handshake slot are dropped at the 10 s admission deadline, not
+    after their 48 s of trickle."""
+    import os
+    import struct
+    from concurrent.futures import ThreadPoolExecutor
+
+    from svtagg.servers.datachannel import ADMIT_SECONDS, MAX_HANDSHAKES
+
+    def trickle(_: int) -> float:
+        sock = _data_conn(env)
+        t = time.perf_counter()
+        try:
+            for byte in struct.pack("<Q", 16) + os.urandom(16):
+                sock.sendall(bytes([byte]))
+                time.sleep(2.0)
+        except OSError:
+            pass
+        finally:
+            sock.close()
+        return time.perf_counter() - t
+
+    with ThreadPoolExecutor(MAX_HANDSHAKES) as pool:
+        held = list(pool.map(trickle, range(MAX_HANDSHAKES)))
+    TRIED["DataChannel.trickled_session_id"] += len(held)
+    assert max(held) < ADMIT_SECONDS + 5, held
+    env.alive()

@@ -357,3 +357,166 @@ def test_install_without_a_compiler_falls_back_to_numpy(tmp_path: Path) -> None:
     assert run.stdout.startswith("numpy (native core unavailable") and run.stdout.strip().endswith(
         " 1"
     )
+
+
+# ---------------------------------------------------------------- hostile shapes
+def _run_isolated(script: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """`script` in a fresh interpreter: a crash of the core fails this test
+    instead of the whole run, and no scratch buffer of earlier tests exists."""
+    return subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=timeout
+    )
+
+
+# Every block operation on inputs and outputs at each misalignment, against
+# the same call on aligned copies (an 8-byte offset is what a numpy view of a
+# received bytes object can have).
+_MISALIGNED = r"""
+import numpy as np
+from svtagg.mpc import native
+
+g = native.core()
+rng = np.random.default_rng(7)
+
+
+def at(offset, shape, dtype=np.uint64, fill=None):
+    '''A C-contiguous array starting `offset` bytes past a 64-byte boundary.'''
+    n = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    raw = np.zeros(n + 128, np.uint8)
+    start = (-raw.ctypes.data) % 64 + offset
+    out = raw[start : start + n].view(dtype).reshape(shape)
+    out[...] = fill if fill is not None else rng.integers(0, 2**63, shape).astype(dtype)
+    return out
+
+
+n, w = 37, 8
+d = rng.integers(0, 2**63, 2).astype(np.uint64)
+d[0] |= np.uint64(1)
+cases = {
+    "tccr": lambda o: g.tccr(at(o, (n, 2)), at(o, (n, 2)), at(o, (n, 2), fill=0)),
+    "garble_and": lambda o: g.garble_and(
+        at(o, (n, 2)), at(o, (n, 2)), d, 3, 1, at(o, (n, 2), fill=0), at(o, (2 * n, 2), fill=0)
+    ),
+    "eval_and": lambda o: g.eval_and(
+        at(o, (n, 2)), at(o, (n, 2)), at(o, (2 * n, 2)), 3, 1, at(o, (n, 2), fill=0)
+    ),
+    "garble_and_const": lambda o: g.garble_and_const(
+        at(o, (n,), np.uint8, fill=1), at(o, (n, 2)), d, 3, 1,
+        at(o, (n, 2), fill=0), at(o, (n, 2), fill=0),
+    ),
+    "eval_and_const": lambda o: g.eval_and_const(
+        at(o, (n, 2)), at(o, (n, 2)), 3, 1, at(o, (n, 2), fill=0)
+    ),
+    "garble_sign": lambda o: g.garble_sign(
+        at(o, (w, n), np.uint8, fill=1), at(o, (w, n, 2)), d, 3, 1, w,
+        at(o, (n, 2), fill=0), at(o, ((2 * w - 3) * n, 2), fill=0),
+    ),
+    "eval_sign": lambda o: g.eval_sign(
+        at(o, (w, n, 2)), at(o, ((2 * w - 3) * n, 2)), 3, 1, w, at(o, (n, 2), fill=0)
+    ),
+    "transpose128": lambda o: g.transpose128(
+        at(o, (128, 4), np.uint8), at(o, (32, 2), fill=0)
+    ),
+}
+
+
+def outputs(name, offset):
+    '''The call's output arrays (filled by it), from a fixed seed.'''
+    global rng
+    rng = np.random.default_rng(11)
+    made = []
+    real_at = globals()["at"]
+
+    def tracking(o, shape, dtype=np.uint64, fill=None):
+        arr = real_at(o, shape, dtype, fill)
+        made.append(arr)
+        return arr
+
+    globals()["at"] = tracking
+    try:
+        cases[name](offset)
+    finally:
+        globals()["at"] = real_at
+    return [a.copy() for a in made]
+
+
+for name in cases:
+    ref = outputs(name, 0)
+    for offset in (1, 4, 8, 12):
+        got = outputs(name, offset)
+        assert all(np.array_equal(a, b) for a, b in zip(ref, got)), (name, offset)
+print("ok", len(cases))
+"""
+
+
+@needs_native
+def test_misaligned_buffers_give_the_aligned_bytes() -> None:
+    """No operation assumes 16-byte alignment: every misaligned case computes
+    the same bytes as the aligned one (no crash)."""
+    done = _run_isolated(_MISALIGNED)
+    assert done.returncode == 0 and done.stdout.startswith("ok 8"), (
+        done.returncode,
+        done.stderr[-2000:],
+    )
+
+
+@needs_native
+def test_prg_rows_refuses_a_shape_whose_size_overflows() -> None:
+    """2^23 + 1 schedules (an untouched anonymous mapping, no memory used) at a
+    2^40-byte stride: the size check must not wrap and let the core write far
+    past a 16-byte output."""
+    script = r"""
+import mmap
+from svtagg.mpc import native
+schedules = mmap.mmap(-1, 176 * ((1 << 23) + 1))
+out = bytearray(16)
+try:
+    native.core().prg_rows(schedules, 1, 0, 1, out, 1 << 40)
+except ValueError as exc:
+    print("refused:", exc)
+else:
+    print("accepted")
+"""
+    done = _run_isolated(script)
+    assert done.returncode == 0 and done.stdout.startswith("refused"), (
+        done.returncode,
+        done.stdout,
+        done.stderr[-2000:],
+    )
+
+
+@needs_native
+def test_hash_of_no_blocks_is_empty() -> None:
+    """Zero blocks hash to zero blocks (in a fresh process: no scratch yet)."""
+    script = r"""
+import numpy as np
+from svtagg.mpc import native
+empty = np.empty((0, 2), dtype=np.uint64)
+native.core().tccr(empty, empty, np.empty((0, 2), dtype=np.uint64))
+assert native.NativeHash()(empty, empty).shape == (0, 2)
+print("ok")
+"""
+    done = _run_isolated(script)
+    assert done.returncode == 0 and done.stdout.startswith("ok"), done.stderr[-2000:]
+
+
+@pytest.mark.heavy
+def test_native_core_is_clean_under_sanitizers() -> None:
+    """scripts/sanitize.sh: the core built with ASan+UBSan runs the native tests
+    (these included: byte equality, misalignment, overflowing shapes) with no
+    report; a report aborts the process it happens in and fails this."""
+    import shutil
+
+    if shutil.which("gcc") is None or platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("the sanitizer build needs gcc on x86-64")
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run(
+        ["bash", str(root / "scripts" / "sanitize.sh")],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    tail = (done.stdout[-3000:] + done.stderr[-3000:]).strip()
+    print(tail.splitlines()[-1] if tail else "")
+    assert done.returncode == 0, tail
+    assert "built with ASan+UBSan" in done.stdout and " passed" in done.stdout, tail

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# The native core (mpc/_gc.c) under AddressSanitizer and UndefinedBehaviorSanitizer:
+# builds it with gcc -fsanitize=address,undefined into a copy of this tree and runs
+# the tests that drive it there (byte equality with the numpy reference, hostile
+# shapes and alignments, the comparison protocol and the OT extension end to end).
+# Any sanitizer report aborts the process it happens in, so it fails the run.
+# The heavy run calls this (tests/test_mpc_native.py::test_native_core_is_clean_under_sanitizers).
+#
+#   scripts/sanitize.sh            # the native tests, sanitized
+#   scripts/sanitize.sh -k prg     # extra pytest arguments narrow it down
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if [[ -f .venv/bin/activate ]]; then  # the project's venv, whatever is active
+    . .venv/bin/activate
+fi
+asan=$(gcc -print-file-name=libasan.so)
+if [[ ! -e "$asan" ]]; then
+    echo "sanitize.sh: gcc has no libasan here; install gcc's sanitizer runtime" >&2
+    exit 2
+fi
+work=$(mktemp -d -t svtagg-sanitize.XXXXXX)
+trap 'rm -rf "$work"' EXIT
+# The package is the repository root: a copy named svtagg, found first on PYTHONPATH.
+mkdir "$work/svtagg"
+tar --exclude=./.venv --exclude=./.git --exclude='*.so' --exclude='__pycache__' \
+    --exclude=./.mypy_cache --exclude=./.ruff_cache --exclude=./.pytest_cache \
+    --exclude=./.hypothesis -cf - . | tar -xf - -C "$work/svtagg"
+(
+    cd "$work/svtagg"
+    CC=gcc CFLAGS="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer -g" \
+        LDFLAGS="-fsanitize=address,undefined" python setup.py -q build_ext --inplace >build.log 2>&1 \
+        || { cat build.log >&2; exit 1; }
+)
+so=$(ls "$work"/svtagg/mpc/_gc*.so)
+ldd "$so" | grep -q libasan || { echo "sanitize.sh: $so is not instrumented" >&2; exit 1; }
+echo "sanitize.sh: $(basename "$so") built with ASan+UBSan"
+cd "$work/svtagg"
+# Python is not built with ASan: the runtime must be loaded first (LD_PRELOAD);
+# leak checks are off (the interpreter keeps its objects until exit).
+env PYTHONPATH="$work" SVTAGG_BACKEND=native PYTHONMALLOC=malloc \
+    LD_PRELOAD="$asan" \
+    ASAN_OPTIONS="detect_leaks=0:abort_on_error=1:strict_string_checks=1" \
+    UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1" \
+    python -m pytest -q -p no:cacheprovider -m "not heavy" \
+    tests/test_mpc_native.py tests/test_mpc_ot.py tests/test_mpc_protocol.py tests/test_mpc_clamp.py "$@"
