@@ -152,7 +152,10 @@ Context: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
 class Metrics:
     """Prometheus metrics of one server, in its own registry (several servers may
     share a process in tests).  Counts and timings only: task ids and public
-    budget figures, never data, thresholds or shares."""
+    budget figures, never data, thresholds or shares.  The endpoint is
+    unauthenticated, so nothing here depends on an answer (a first-YES index, an
+    outcome, whether a chunk closed its stream): chunks and queries are counted
+    as the analyst sent them (docs/threat-model.md)."""
 
     #: Chunk latency buckets (seconds): a chunk takes from milliseconds (small d,
     #: warm pool) to minutes (10^5 queries).
@@ -175,9 +178,9 @@ class Metrics:
             "svtagg_streams_opened", "SVT streams opened (each charges the ledger)",
             ["task", "kind"], registry=r,
         )  # fmt: skip
-        self.comparisons = Counter(
-            "svtagg_comparisons",
-            "Queries answered by the two-server comparison protocol (leader)",
+        self.queries = Counter(
+            "svtagg_queries",
+            "Queries in the chunks answered (leader): each chunk's length, whatever its answer",
             ["task"],
             registry=r,
         )
@@ -300,12 +303,14 @@ class AnalystService(pb_grpc.AnalystServicer):
         if self.metrics is not None:
             self.metrics.budget(self.driver.core.store, task_id)
 
-    def _chunk(self, task_id: str, start: float, answered: int, peer_bytes: int) -> None:
+    def _chunk(self, stream_id: str, start: float, queries: int, peer_bytes: int) -> None:
+        """Count a chunk by what the analyst sent (its length), never by its answer."""
         if self.metrics is not None:
             m = self.metrics
+            task_id = self._task_of(stream_id)
             m.chunk_seconds.observe(time.perf_counter() - start)
             m.chunks.labels(task=task_id).inc()
-            m.comparisons.labels(task=task_id).inc(answered)
+            m.queries.labels(task=task_id).inc(queries)
             m.peer_bytes.inc(peer_bytes)
 
     @rpc(Role.ANALYST)
@@ -344,16 +349,14 @@ class AnalystService(pb_grpc.AnalystServicer):
     async def Ask(self, request: pb.AskRequest, context: Context) -> pb.AskResponse:
         start = time.perf_counter()
         resp = await self.driver.ask(request)
-        answered = resp.index + 1 if resp.yes else len(request.queries.index)
-        self._chunk(self._task_of(request.stream_id), start, answered, resp.peer_bytes)
+        self._chunk(request.stream_id, start, len(request.queries.index), resp.peer_bytes)
         return resp
 
     @rpc(Role.ANALYST)
     async def Compare(self, request: pb.CompareRequest, context: Context) -> pb.CompareResponse:
         start = time.perf_counter()
         resp = await self.driver.compare(request)
-        task = self._task_of(request.stream_id)
-        self._chunk(task, start, len(resp.outcomes), resp.peer_bytes)
+        self._chunk(request.stream_id, start, len(request.queries.index), resp.peer_bytes)
         return resp
 
     def _task_of(self, stream_id: str) -> str:
