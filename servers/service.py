@@ -280,7 +280,14 @@ class IngestService(pb_grpc.IngestServicer):
 
     @rpc(Role.CLIENT, Role.ANALYST, Role.LEADER, ANONYMOUS)
     async def GetTask(self, request: pb.TaskRef, context: Context) -> pb.TaskInfo:
-        return task_info(self.core.store.task(request.task_id))
+        """The task as this server holds it.  Whoever may upload (a client, or no
+        certificate on the ingest port) gets the public parameters an upload
+        needs (the spec, whether collection is open) and nothing else; n, the
+        ledger and the stream count only go to the analyst and the leader."""
+        info = task_info(self.core.store.task(request.task_id))
+        if peer_role(context) in (Role.ANALYST, Role.LEADER):
+            return info
+        return pb.TaskInfo(spec=info.spec, collection_open=info.collection_open)
 
 
 class AnalystService(pb_grpc.AnalystServicer):

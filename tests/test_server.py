@@ -170,7 +170,7 @@ async def test_upload_refusals_and_replays(deployment: Deployment):
                 )
             ),
         }
-        after = lead.GetTask(pb.TaskRef(task_id="t"), timeout=5)
+        after = dep.analyst_stub().DescribeTask(pb.TaskRef(task_id="t"), timeout=5)
         dep.analyst_stub().CloseCollection(pb.TaskRef(task_id="t"), timeout=5)
         out["after close"] = code_of(
             lambda: lead.Upload(make_batch("t", np.zeros((1, 3)), 16).leader, timeout=5)
