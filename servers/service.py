@@ -477,9 +477,7 @@ class HelperProbe:
     per change ("helper at ... unreachable: why" / "... reachable again"), and
     read by the leader's own health check."""
 
-    def __init__(
-        self, port: GrpcHelperPort, interval: float = 1.0, timeout: float = 2.0
-    ) -> None:
+    def __init__(self, port: GrpcHelperPort, interval: float = 1.0, timeout: float = 2.0) -> None:
         self.port = port
         self.interval = interval
         self.timeout = timeout
