@@ -137,16 +137,9 @@ class GrpcHelperPort:
         self.unreachable = why
         return why
 
-    async def check_certificates(self, timeout: float = 5.0) -> None:
-        """CertificateError (one line) when the helper's certificate does not
-        verify against this leader's CA or the helper refuses the leader's; a
-        helper that cannot be reached at all is no such error (it may start later)."""
-        found = await asyncio.to_thread(tls_problem, self.address, self.identity, timeout)
-        if found is not None and found[0]:
-            raise CertificateError(
-                f"the helper at {self.address}: {found[1]}; the leader and the helper "
-                "need certificates of one CA (svtagg certs)"
-            )
+    async def check_certificates(self) -> None:
+        """`check_helper_certificate` on this port's helper."""
+        await asyncio.to_thread(check_helper_certificate, self.address, self.identity)
 
     async def open_session(self, factory: PartyFactory) -> LeaderSession:
         """A new comparison session; on the data channel when the helper offers
@@ -197,6 +190,18 @@ class GrpcHelperPort:
 
     async def close(self) -> None:
         await self.channel.close()
+
+
+def check_helper_certificate(address: str, identity: Identity, timeout: float = 3.0) -> None:
+    """CertificateError (one line) when the helper's certificate does not verify
+    against this leader's CA or the helper refuses the leader's; a helper that
+    cannot be reached at all is no such error (it may start later).  Blocking."""
+    found = tls_problem(address, identity, timeout)
+    if found is not None and found[0]:
+        raise CertificateError(
+            f"the helper at {address}: {found[1]}; the leader and the helper "
+            "need certificates of one CA (svtagg certs)"
+        )
 
 
 def tls_problem(address: str, identity: Identity, timeout: float) -> tuple[bool, str] | None:

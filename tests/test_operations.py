@@ -181,7 +181,7 @@ def test_leader_refuses_a_helper_of_another_ca(tmp_path: Path):
         assert "not from this leader's CA" in last, last
         assert "Traceback" not in r.stderr and "WARNING" not in r.stderr, r.stderr
         assert time.monotonic() - start < 20
-        assert not (tmp_path / "l.port").exists()
+        assert not (tmp_path / "l.port").exists() and not (tmp_path / "l.sqlite").exists()
 
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
