@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 import time
+from fractions import Fraction
 from pathlib import Path
 
 import grpc
@@ -158,6 +159,12 @@ def test_helper_kill_is_seen_within_seconds(tmp_path: Path):
         assert len(transitions) == 2 and "reachable again" in transitions[1], transitions
         r = svtagg("analyst", "create-task", *base, "--task", "t3", "--d", "4", "--min-batch", "1")
         assert r.returncode == 0, r.stderr
+        # The open refused while the helper was down charged neither ledger.
+        with sdk.connect(dep.address("leader"), certs=dep.certs, helper=dep.address("helper")) as c:
+            state = c.task("k").state()
+        assert state.budget.exact["epsilon_spent"] == Fraction(1, 2)
+        assert state.helper_budget is not None
+        assert state.helper_budget.exact["epsilon_spent"] == Fraction(1, 2)
 
 
 def test_leader_refuses_a_helper_of_another_ca(tmp_path: Path):
