@@ -132,8 +132,12 @@ class GrpcHelperPort:
             ok = r.status == health_pb2.HealthCheckResponse.SERVING
             why = "" if ok else "it answers NOT_SERVING (shutting down)"
         except grpc.aio.AioRpcError as exc:
-            found = await asyncio.to_thread(tls_problem, self.address, self.identity, timeout)
-            why = found[1] if found else f"{exc.code().name}: {_one_line(exc.details())}"
+            why = f"{exc.code().name}: {_one_line(exc.details())}"
+            try:
+                found = await asyncio.to_thread(tls_problem, self.address, self.identity, timeout)
+            except Exception:  # noqa: BLE001 - gRPC's reason is then the best there is
+                found = None
+            why = found[1] if found else why
         self.unreachable = why
         return why
 

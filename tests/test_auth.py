@@ -203,28 +203,9 @@ async def test_get_task_shows_n_and_the_ledger_only_to_the_analyst(certs: Path, 
     on --ingest-listen) the task's public parameters, which an upload needs, and
     nothing else: no n, no ledger, no stream count.  The analyst (and the
     leader) see all of it; another role is refused."""
-    from conftest import Deployment, make_task, off_loop
-    from svtagg.servers.service import ServerConfig, SvtaggServer
+    from conftest import Deployment, ingest_port_pair, make_task, off_loop
 
-    ident = {r: Identity.load(certs, r) for r in ("leader", "helper")}
-    helper = SvtaggServer(
-        ServerConfig(
-            "helper", str(tmp_path / "h.sqlite"), ident["helper"], ingest_listen="127.0.0.1:0"
-        )
-    )
-    await helper.start()
-    leader = SvtaggServer(
-        ServerConfig(
-            "leader",
-            str(tmp_path / "l.sqlite"),
-            ident["leader"],
-            helper_address=f"127.0.0.1:{helper.port}",
-            ingest_listen="127.0.0.1:0",
-        )
-    )
-    await leader.start()
-    dep = Deployment(certs, tmp_path, leader_port=leader.port, helper_port=helper.port)
-    ca = ident["leader"].ca
+    ca = Identity.load(certs, "leader").ca
     ref = pb.TaskRef(task_id="t")
 
     def get(address: str, server: str, role: str | None) -> Any:
@@ -251,11 +232,9 @@ async def test_get_task_shows_n_and_the_ledger_only_to_the_analyst(certs: Path, 
         out["helper@leader"] = code_of(lambda: get(dep.leader_addr, "leader", "helper"))
         return out
 
-    try:
+    async with ingest_port_pair(certs, tmp_path) as (leader, helper):
+        dep = Deployment(certs, tmp_path, leader_port=leader.port, helper_port=helper.port)
         out = await off_loop(run)
-    finally:
-        await leader.stop(0.5)
-        await helper.stop(0.5)
     assert out.pop("helper@leader") == Code.UNAUTHENTICATED
     for name, info in out.items():
         assert (info.spec.task_id, info.spec.d, info.spec.frac_bits) == ("t", 2, 16), name

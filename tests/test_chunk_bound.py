@@ -17,9 +17,7 @@ from svtagg.dp.errors import ResourceExhausted
 from svtagg.dp.kinds import TAIL_SCALES
 from svtagg.dp.queries import MAX_CHUNK, MAX_STREAM_CHUNKS, Query
 from svtagg.proto import svtagg_pb2 as pb
-
-F = 16
-N = 50
+from test_drivers import F, N, spec
 
 
 def test_clamping_delta_of_the_largest_stream():
@@ -33,19 +31,8 @@ def test_clamping_delta_of_the_largest_stream():
 @pytest.fixture
 async def pair(tmp_path: Path) -> AsyncIterator[DriverPair]:
     async with driver_pair(tmp_path) as p:
-        await p.leader.create_task(
-            pb.TaskSpec(
-                task_id="t",
-                d=2,
-                frac_bits=F,
-                n_max=10 * N,
-                min_batch=1,
-                epsilon_total="10",
-                delta_total="0",
-                epsilon_min="1/4",
-            )
-        )
-        p.upload("t", np.ones((N, 2)))
+        await p.leader.create_task(spec("t"))
+        p.upload("t", np.ones((N, 3)))
         await p.leader.close_collection("t")
         yield p
 

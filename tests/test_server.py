@@ -335,27 +335,10 @@ def test_mid_chunk_stream_fails_closed_on_restart(tmp_path: Path):
 async def test_ingest_port_without_client_certificates(certs: Path, tmp_path: Path):
     """--ingest-listen: server-only TLS for clients with no certificate; there
     only Ingest answers, every other service refuses (UNAUTHENTICATED)."""
+    from conftest import ingest_port_pair
     from svtagg.client.upload import Uploader
-    from svtagg.servers.service import ServerConfig, SvtaggServer
 
-    ident = {r: Identity.load(certs, r) for r in ("leader", "helper")}
-    helper = SvtaggServer(
-        ServerConfig(
-            "helper", str(tmp_path / "h.sqlite"), ident["helper"], ingest_listen="127.0.0.1:0"
-        )
-    )
-    await helper.start()
-    leader = SvtaggServer(
-        ServerConfig(
-            "leader",
-            str(tmp_path / "l.sqlite"),
-            ident["leader"],
-            helper_address=f"127.0.0.1:{helper.port}",
-            ingest_listen="127.0.0.1:0",
-        )
-    )
-    await leader.start()
-    ca = ident["leader"].ca
+    ca = Identity.load(certs, "leader").ca
 
     def run() -> tuple[int, grpc.StatusCode, grpc.StatusCode]:
         dep = Deployment(certs, tmp_path, leader_port=leader.port)
@@ -380,11 +363,8 @@ async def test_ingest_port_without_client_certificates(certs: Path, tmp_path: Pa
         peer = code_of(lambda: pb_grpc.PeerStub(anon_h).Budget(pb.TaskRef(task_id="t"), timeout=5))
         return n, analyst, peer
 
-    try:
+    async with ingest_port_pair(certs, tmp_path) as (leader, helper):
         n, analyst, peer = await off_loop(run)
-    finally:
-        await leader.stop(0.5)
-        await helper.stop(0.5)
     assert n == 5
     assert analyst == peer == Code.UNAUTHENTICATED
 
