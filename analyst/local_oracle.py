@@ -27,6 +27,7 @@ from svtagg.dp.queries import (
     Query,
     check_chunk_size,
     check_ctt_gaps,
+    check_stream_chunks,
     encode_thresholds,
 )
 from svtagg.dp.svt import AboveThresholdStream, CompareToThresholdsStream
@@ -49,6 +50,7 @@ class LocalStream:
         self.epsilon = epsilon
         self.delta = delta
         self._mech = mech
+        self._chunks = 0
 
     @property
     def closed(self) -> bool:
@@ -65,10 +67,12 @@ class LocalStream:
         if not isinstance(self._mech, AboveThresholdStream):
             raise ValueError("a CompareToThresholds stream answers `compare`, not `ask`")
         check_chunk_size(len(chunk))
+        check_stream_chunks(self._chunks)
         scores = self._oracle._scores([q for q, _ in chunk])
         taus = self._oracle._encode_taus([t for _, t in chunk])
         before = self._mech.queries_answered
         out = self._mech.ask(scores, taus)
+        self._chunks += 1
         self._oracle._count(self._mech.queries_answered - before)
         return out
 
@@ -76,11 +80,13 @@ class LocalStream:
         if not isinstance(self._mech, CompareToThresholdsStream):
             raise ValueError("only a CompareToThresholds stream answers `compare`")
         check_chunk_size(len(chunk))
+        check_stream_chunks(self._chunks)
         check_ctt_gaps(chunk, self.epsilon, self.delta, self._oracle.parties)
         scores = self._oracle._scores([q for q, _, _ in chunk])
         lows = self._oracle._encode_taus([lo for _, lo, _ in chunk])
         highs = self._oracle._encode_taus([hi for _, _, hi in chunk])
         out = self._mech.compare(scores, lows, highs)
+        self._chunks += 1
         self._oracle._count(len(out))
         return out
 

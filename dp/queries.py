@@ -11,7 +11,7 @@ from fractions import Fraction
 
 import numpy as np
 import numpy.typing as npt
-from svtagg.dp.errors import ChunkTooLarge, InvalidArgument
+from svtagg.dp.errors import ChunkTooLarge, InvalidArgument, ResourceExhausted
 from svtagg.dp.kinds import as_fraction, ctt_gap
 from svtagg.mpc.ring import encode_scalar, sensitivity
 
@@ -19,6 +19,11 @@ Number = Fraction | int | float
 
 #: Largest chunk a stream accepts in one call.
 MAX_CHUNK = 100_000
+#: Most chunks one stream answers.  Every noise draw is clamped (kinds.TAIL_SCALES),
+#: which costs a δ of at most 2(K + 1)·e^−4096 for a stream of K queries; it is
+#: stated rather than charged (docs/privacy.md) because K ≤ MAX_STREAM_CHUNKS ·
+#: MAX_CHUNK keeps it below 2^−5800, so the bound is enforced, not assumed.
+MAX_STREAM_CHUNKS = 2**40
 
 
 @dataclass(frozen=True)
@@ -66,6 +71,17 @@ def check_chunk_size(k: int) -> None:
         raise InvalidArgument("a chunk needs at least one query")
     if k > MAX_CHUNK:
         raise ChunkTooLarge(f"a chunk holds at most {MAX_CHUNK} queries, got {k}")
+
+
+def check_stream_chunks(answered: int) -> None:
+    """A stream that has answered MAX_STREAM_CHUNKS chunks answers no more."""
+    top = MAX_STREAM_CHUNKS
+    if answered >= top:
+        most = f"2^{top.bit_length() - 1}" if top & (top - 1) == 0 else f"{top:,}"
+        raise ResourceExhausted(
+            f"a stream answers at most {most} chunks (the clamped-noise δ of "
+            "docs/privacy.md is bounded up to there); open a new stream"
+        )
 
 
 def check_ctt_gaps(

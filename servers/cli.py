@@ -165,8 +165,9 @@ def run_certs(args: argparse.Namespace) -> int:
 
 def check_startup(args: argparse.Namespace) -> Identity:
     """Everything that can be checked before anything is created: the leader's
-    --helper, the certificate directory and its role, the store's directory and
-    the budget caps.  Raises (one-line messages) instead of starting half-way."""
+    --helper (and, if it answers, its certificate), the certificate directory and
+    its role, the store's directory and the budget caps.  Raises (one-line
+    messages) instead of starting half-way."""
     from svtagg.servers.service import check_modes
     from svtagg.servers.store import sqlite_file
 
@@ -186,6 +187,10 @@ def check_startup(args: argparse.Namespace) -> Identity:
     if args.role == "helper" and args.helper:
         raise ValueError("--helper is for the leader only")
     identity = load_identity(args.certs, args.role)
+    if args.role == "leader" and args.helper:
+        from svtagg.servers.peer import check_helper_certificate
+
+        check_helper_certificate(args.helper, identity)
     db_file = sqlite_file(args.db)  # None: a PostgreSQL URL, checked when the store opens
     if db_file is not None:
         db = Path(db_file)

@@ -30,7 +30,7 @@ from svtagg.dp.kinds import (
 )
 from svtagg.dp.noise import RandomSource, draw_query_noise, draw_threshold_noise
 from svtagg.dp.plans import PlanBook, parse_groups
-from svtagg.dp.queries import check_chunk_size, check_ctt_width
+from svtagg.dp.queries import check_chunk_size, check_ctt_width, check_stream_chunks
 from svtagg.dp.task import TaskParams
 from svtagg.mpc.circuits import CLOSE
 from svtagg.mpc.ring import RING_BITS, U64, sensitivity, wrap_bound
@@ -361,7 +361,10 @@ class ServerCore:
         return robust
 
     def stream_and_task(self, stream_id: str) -> tuple[StreamState, TaskState]:
+        """The stream a chunk is for, and its task; refused once the stream has
+        answered its last chunk (each server counts its own)."""
         stream = self.store.stream(stream_id)
+        check_stream_chunks(stream.chunks)
         return stream, self.store.task(stream.task_id)
 
     def _scores(self, task: TaskState, chunk: Chunk) -> U64:

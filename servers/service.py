@@ -25,9 +25,8 @@ from svtagg.dp.errors import InvalidArgument, RateLimited
 from svtagg.proto import health_pb2, health_pb2_grpc
 from svtagg.proto import svtagg_pb2 as pb
 from svtagg.proto import svtagg_pb2_grpc as pb_grpc
-from svtagg.proto.tls import Identity, role_of_pem, tls_target
+from svtagg.proto.tls import CertificateError, Identity, role_of_pem
 from svtagg.proto.vocab import (
-    CHANNEL_OPTIONS,
     REFUSAL_KEY,
     SERVER_OPTIONS,
     SERVER_ROLES,
@@ -153,7 +152,10 @@ Context: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
 class Metrics:
     """Prometheus metrics of one server, in its own registry (several servers may
     share a process in tests).  Counts and timings only: task ids and public
-    budget figures, never data, thresholds or shares."""
+    budget figures, never data, thresholds or shares.  The endpoint is
+    unauthenticated, so nothing here depends on an answer (a first-YES index, an
+    outcome, whether a chunk closed its stream): chunks and queries are counted
+    as the analyst sent them (docs/threat-model.md)."""
 
     #: Chunk latency buckets (seconds): a chunk takes from milliseconds (small d,
     #: warm pool) to minutes (10^5 queries).
@@ -176,9 +178,9 @@ class Metrics:
             "svtagg_streams_opened", "SVT streams opened (each charges the ledger)",
             ["task", "kind"], registry=r,
         )  # fmt: skip
-        self.comparisons = Counter(
-            "svtagg_comparisons",
-            "Queries answered by the two-server comparison protocol (leader)",
+        self.queries = Counter(
+            "svtagg_queries",
+            "Queries in the chunks answered (leader): each chunk's length, whatever its answer",
             ["task"],
             registry=r,
         )
@@ -278,7 +280,14 @@ class IngestService(pb_grpc.IngestServicer):
 
     @rpc(Role.CLIENT, Role.ANALYST, Role.LEADER, ANONYMOUS)
     async def GetTask(self, request: pb.TaskRef, context: Context) -> pb.TaskInfo:
-        return task_info(self.core.store.task(request.task_id))
+        """The task as this server holds it.  Whoever may upload (a client, or no
+        certificate on the ingest port) gets the public parameters an upload
+        needs (the spec, whether collection is open) and nothing else; n, the
+        ledger and the stream count only go to the analyst and the leader."""
+        info = task_info(self.core.store.task(request.task_id))
+        if peer_role(context) in (Role.ANALYST, Role.LEADER):
+            return info
+        return pb.TaskInfo(spec=info.spec, collection_open=info.collection_open)
 
 
 class AnalystService(pb_grpc.AnalystServicer):
@@ -286,20 +295,29 @@ class AnalystService(pb_grpc.AnalystServicer):
 
     limiter: RateLimiter | None = None
     metrics: Metrics | None = None
+    #: The connection to the helper: calls that charge a ledger first wait (a
+    #: few seconds at most) for it, so a helper that is down charges nothing.
+    helper: GrpcHelperPort | None = None
 
     def __init__(self, driver: LeaderDriver) -> None:
         self.driver = driver
+
+    async def _helper_connected(self) -> None:
+        if self.helper is not None:
+            await self.helper.connected()
 
     def _budget(self, task_id: str) -> None:
         if self.metrics is not None:
             self.metrics.budget(self.driver.core.store, task_id)
 
-    def _chunk(self, task_id: str, start: float, answered: int, peer_bytes: int) -> None:
+    def _chunk(self, stream_id: str, start: float, queries: int, peer_bytes: int) -> None:
+        """Count a chunk by what the analyst sent (its length), never by its answer."""
         if self.metrics is not None:
             m = self.metrics
+            task_id = self._task_of(stream_id)
             m.chunk_seconds.observe(time.perf_counter() - start)
             m.chunks.labels(task=task_id).inc()
-            m.comparisons.labels(task=task_id).inc(answered)
+            m.queries.labels(task=task_id).inc(queries)
             m.peer_bytes.inc(peer_bytes)
 
     @rpc(Role.ANALYST)
@@ -326,6 +344,7 @@ class AnalystService(pb_grpc.AnalystServicer):
 
     @rpc(Role.ANALYST)
     async def OpenStream(self, request: pb.OpenStreamRequest, context: Context) -> pb.StreamInfo:
+        await self._helper_connected()
         info = await self.driver.open_stream(request)
         if self.metrics is not None:
             kind = kind_from_pb(request.kind).value
@@ -337,16 +356,14 @@ class AnalystService(pb_grpc.AnalystServicer):
     async def Ask(self, request: pb.AskRequest, context: Context) -> pb.AskResponse:
         start = time.perf_counter()
         resp = await self.driver.ask(request)
-        answered = resp.index + 1 if resp.yes else len(request.queries.index)
-        self._chunk(self._task_of(request.stream_id), start, answered, resp.peer_bytes)
+        self._chunk(request.stream_id, start, len(request.queries.index), resp.peer_bytes)
         return resp
 
     @rpc(Role.ANALYST)
     async def Compare(self, request: pb.CompareRequest, context: Context) -> pb.CompareResponse:
         start = time.perf_counter()
         resp = await self.driver.compare(request)
-        task = self._task_of(request.stream_id)
-        self._chunk(task, start, len(resp.outcomes), resp.peer_bytes)
+        self._chunk(request.stream_id, start, len(request.queries.index), resp.peer_bytes)
         return resp
 
     def _task_of(self, stream_id: str) -> str:
@@ -357,6 +374,7 @@ class AnalystService(pb_grpc.AnalystServicer):
 
     @rpc(Role.ANALYST)
     async def ReservePlan(self, request: pb.PlanRequest, context: Context) -> pb.PlanInfo:
+        await self._helper_connected()
         info = await self.driver.reserve_plan(request)
         self._budget(request.task_id)
         return info
@@ -454,63 +472,44 @@ class PeerService(pb_grpc.PeerServicer):
 
 
 class HelperProbe:
-    """The leader's view of the helper: does it answer its health check?  The
-    answer is cached for `ttl` seconds; changes are logged once."""
+    """The leader's view of the helper: a health check with a short deadline every
+    `interval` seconds (`run`), exported as `svtagg_helper_reachable`, logged once
+    per change ("helper at ... unreachable: why" / "... reachable again"), and
+    read by the leader's own health check."""
 
-    def __init__(
-        self, address: str, identity: Identity, ttl: float = 1.0, timeout: float = 2.0
-    ) -> None:
-        creds = grpc.ssl_channel_credentials(identity.ca, identity.key, identity.cert)
-        # Short reconnect backoff: health should see a restarted helper within seconds.
-        backoff = [
-            ("grpc.initial_reconnect_backoff_ms", 500),
-            ("grpc.min_reconnect_backoff_ms", 500),
-            ("grpc.max_reconnect_backoff_ms", 2000),
-        ]
-        self._channel = grpc.aio.secure_channel(
-            address, creds, options=[*CHANNEL_OPTIONS, *tls_target(Role.HELPER), *backoff]
-        )
-        self._stub = health_pb2_grpc.HealthStub(self._channel)
-        self.address = address
-        self.ttl = ttl
+    def __init__(self, port: GrpcHelperPort, interval: float = 1.0, timeout: float = 2.0) -> None:
+        self.port = port
+        self.interval = interval
         self.timeout = timeout
-        self._checked_at = -float("inf")
         self.reachable: bool | None = None
         self.detail = "not checked yet"
         self.gauge: Any = None
 
     async def check(self) -> bool:
-        if time.monotonic() - self._checked_at < self.ttl and self.reachable is not None:
-            return self.reachable
-        try:
-            r = await self._stub.Check(health_pb2.HealthCheckRequest(), timeout=self.timeout)
-            ok = r.status == health_pb2.HealthCheckResponse.SERVING
-            detail = "SERVING" if ok else "NOT_SERVING"
-        except grpc.aio.AioRpcError as exc:
-            ok, detail = False, f"{exc.code().name}: {' '.join((exc.details() or '').split())}"
-        self._checked_at = time.monotonic()
+        """Probe the helper now; whether it answered SERVING."""
+        why = await self.port.probe(self.timeout)
+        ok = not why
         if ok != self.reachable:
             if ok:
-                log.info("helper at %s reachable", self.address)
+                again = " again" if self.reachable is False else ""
+                log.info("helper at %s reachable%s", self.port.address, again)
             else:
-                log.warning(
-                    "helper at %s unreachable (%s); health reports NOT_SERVING",
-                    self.address,
-                    detail,
-                )
-        self.reachable, self.detail = ok, detail
+                log.warning("helper at %s unreachable: %s", self.port.address, why)
+        self.reachable, self.detail = ok, why or "SERVING"
         if self.gauge is not None:
             self.gauge.set(1 if ok else 0)
         return ok
 
-    async def close(self) -> None:
-        await self._channel.close()
+    async def run(self) -> None:
+        while True:
+            await self.check()
+            await asyncio.sleep(self.interval)
 
 
 class HealthService(health_pb2_grpc.HealthServicer):
     """grpc.health.v1: SERVING while up, NOT_SERVING once shutdown begins.  On the
-    leader, Check also answers NOT_SERVING while the helper is unreachable
-    (`HelperProbe`), since no task can be created, closed or queried then."""
+    leader, Check also answers NOT_SERVING while the helper is unreachable (as
+    `HelperProbe` last saw it), since no task can be created, closed or queried then."""
 
     def __init__(self, helper: HelperProbe | None = None) -> None:
         self.serving = True
@@ -530,7 +529,7 @@ class HealthService(health_pb2_grpc.HealthServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "undecodable request")
         if request.service not in ("", "svtagg.v1.Ingest", "svtagg.v1.Analyst", "svtagg.v1.Peer"):
             await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown service {request.service!r}")
-        if self.serving and self.helper is not None and not await self.helper.check():
+        if self.serving and self.helper is not None and self.helper.reachable is False:
             s = health_pb2.HealthCheckResponse
             return s(status=s.NOT_SERVING)
         return self._status()
@@ -595,6 +594,10 @@ class ServerConfig:
     worker: bool = False
     #: A leader worker's lease on each job (s), renewed every third of it.
     lease_seconds: float = LEASE_SECONDS
+    #: Leader: seconds between two health checks of the helper (the
+    #: `svtagg_helper_reachable` gauge, the log line on each change, the
+    #: leader's own health).
+    helper_probe_interval: float = 1.0
 
 
 def check_modes(
@@ -669,17 +672,18 @@ class SvtaggServer:
             max_delta_total=config.max_delta_total,
             require_validation=config.require_validation,
         )
-        self.helper_probe = (
-            HelperProbe(config.helper_address, config.identity)
-            if config.role == "leader" and config.helper_address and not config.ingest_only
-            else None
-        )
-        self.health = HealthService(self.helper_probe)
-        if self.helper_probe is not None:
+        self.peer: GrpcHelperPort | None = None
+        self.helper_probe: HelperProbe | None = None
+        if config.role == "leader" and not config.ingest_only:
+            assert config.helper_address is not None
+            self.peer = GrpcHelperPort(
+                config.helper_address, config.identity, data_channel=config.data_port is not None
+            )
+            self.helper_probe = HelperProbe(self.peer, config.helper_probe_interval)
             self.helper_probe.gauge = self.metrics.helper_reachable
+        self.health = HealthService(self.helper_probe)
         for task_id in self.store.task_ids():
             self.metrics.budget(self.store, task_id)
-        self.peer: GrpcHelperPort | None = None
         self.analyst: AnalystService | None = None
         #: The leader's driver (main process or worker); None on the helper.
         self.driver: LeaderDriver | None = None
@@ -698,17 +702,14 @@ class SvtaggServer:
         self.failed = asyncio.Event()
         if config.ingest_only:
             return  # Ingest and Health only: no analyst, no peer, no sessions
-        if config.role == "leader":
-            assert config.helper_address is not None
-            self.peer = GrpcHelperPort(
-                config.helper_address, config.identity, data_channel=config.data_port is not None
-            )
+        if self.peer is not None:
             self.driver = LeaderDriver(self.core, self.peer, party)
             if config.worker:
                 return  # Health only: the jobs come from the store
             self.analyst = AnalystService(self.driver)
             self.analyst.limiter = self.limiter
             self.analyst.metrics = self.metrics
+            self.analyst.helper = self.peer
             add_service(pb_grpc.add_AnalystServicer_to_server, self.analyst, self.server)
         else:
             self.peer_service = PeerService(HelperDriver(self.core, party))
@@ -716,6 +717,17 @@ class SvtaggServer:
             add_service(pb_grpc.add_PeerServicer_to_server, self.peer_service, self.server)
 
     async def start(self, warm: bool = True) -> None:
+        """Serve.  A leader first checks the helper's certificate: one another CA
+        issued stops the start here (CertificateError, one line, the store closed)."""
+        if self.peer is not None:
+            try:
+                await self.peer.check_certificates()
+            except CertificateError:
+                await self.stop(0)
+                raise
+        if self.helper_probe is not None:
+            # Known before the first health check is answered.
+            await self.helper_probe.check()
         if self.peer_service is not None and self.data_listener is not None:
             await self.data_listener.start()
             self.peer_service.driver.data = self.data_listener
@@ -749,7 +761,7 @@ class SvtaggServer:
             host = (self.config.metrics_listen or "").rpartition(":")[0] or "127.0.0.1"
             log.info("metrics on http://%s:%d/metrics", host, self.metrics_port)
         if self.helper_probe is not None:
-            self._probe = asyncio.ensure_future(self.helper_probe.check())
+            self._probe = asyncio.ensure_future(self.helper_probe.run())
 
     async def stop(self, grace: float = 5.0) -> None:
         """Graceful shutdown: report NOT_SERVING, let calls finish, close the store."""
@@ -776,13 +788,11 @@ class SvtaggServer:
             await self.data_listener.close()
         if self.driver is not None:
             await self.driver.pool.close()
+        probe = getattr(self, "_probe", None)
+        if probe is not None and not probe.done():
+            probe.cancel()
         if self.peer is not None:
             await self.peer.close()
-        if self.helper_probe is not None:
-            probe = getattr(self, "_probe", None)
-            if probe is not None and not probe.done():
-                probe.cancel()
-            await self.helper_probe.close()
         self.metrics.stop()
         self.store.close()
 

@@ -164,6 +164,34 @@ class Deployment:
         return RemoteOracle.from_certs(self.leader_addr, task_id, self.certs)
 
 
+@contextlib.asynccontextmanager
+async def ingest_port_pair(certs: Path, root: Path) -> AsyncIterator[tuple[SvtaggServer, ...]]:
+    """(leader, helper) in this process, each also serving Ingest on its
+    `ingest_port` to clients holding no certificate (--ingest-listen)."""
+    ident = {r: Identity.load(certs, r) for r in ("leader", "helper")}
+    helper = SvtaggServer(
+        ServerConfig("helper", str(root / "h.sqlite"), ident["helper"], ingest_listen="127.0.0.1:0")
+    )
+    await helper.start()
+    try:
+        leader = SvtaggServer(
+            ServerConfig(
+                "leader",
+                str(root / "l.sqlite"),
+                ident["leader"],
+                helper_address=f"127.0.0.1:{helper.port}",
+                ingest_listen="127.0.0.1:0",
+            )
+        )
+        await leader.start()
+        try:
+            yield leader, helper
+        finally:
+            await leader.stop(0.5)
+    finally:
+        await helper.stop(0.5)
+
+
 async def off_loop(fn: Callable[..., T], *args: Any, **kw: Any) -> T:
     return await asyncio.to_thread(fn, *args, **kw)
 

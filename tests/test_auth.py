@@ -196,3 +196,50 @@ def test_logs_hold_no_secrets(procs: ProcessDeployment):
         assert not found, f"{role} log holds secrets: {found[:5]}"
         assert not [b for b in secrets_bytes if b in log], f"{role} log holds raw secret bytes"
     pd.start()  # leave the module fixture running
+
+
+async def test_get_task_shows_n_and_the_ledger_only_to_the_analyst(certs: Path, tmp_path: Path):
+    """Ingest.GetTask gives anyone who may upload (a client certificate, or none
+    on --ingest-listen) the task's public parameters, which an upload needs, and
+    nothing else: no n, no ledger, no stream count.  The analyst (and the
+    leader) see all of it; another role is refused."""
+    from conftest import Deployment, ingest_port_pair, make_task, off_loop
+
+    ca = Identity.load(certs, "leader").ca
+    ref = pb.TaskRef(task_id="t")
+
+    def get(address: str, server: str, role: str | None) -> Any:
+        if role is None:
+            creds = grpc.ssl_channel_credentials(ca)
+        else:
+            who = Identity.load(certs, role)
+            creds = grpc.ssl_channel_credentials(who.ca, who.key, who.cert)
+        with grpc.secure_channel(address, creds, options=tls_target(server)) as ch:
+            return pb_grpc.IngestStub(ch).GetTask(ref, timeout=10)
+
+    def run() -> dict[str, Any]:
+        stub = dep.analyst_stub()
+        make_task(stub, "t", d=2)
+        with dep.uploader() as up:
+            up.upload("t", np.ones((5, 2)))
+        stub.CloseCollection(ref, timeout=10)
+        stub.OpenStream(pb.OpenStreamRequest(task_id="t", kind=pb.LAP24, epsilon="1"), timeout=10)
+        out: dict[str, Any] = {}
+        for server, s in (("leader", leader), ("helper", helper)):
+            out[f"anonymous@{server}"] = get(f"127.0.0.1:{s.ingest_port}", server, None)
+            out[f"client@{server}"] = get(f"127.0.0.1:{s.port}", server, "client")
+            out[f"analyst@{server}"] = get(f"127.0.0.1:{s.port}", server, "analyst")
+        out["helper@leader"] = code_of(lambda: get(dep.leader_addr, "leader", "helper"))
+        return out
+
+    async with ingest_port_pair(certs, tmp_path) as (leader, helper):
+        dep = Deployment(certs, tmp_path, leader_port=leader.port, helper_port=helper.port)
+        out = await off_loop(run)
+    assert out.pop("helper@leader") == Code.UNAUTHENTICATED
+    for name, info in out.items():
+        assert (info.spec.task_id, info.spec.d, info.spec.frac_bits) == ("t", 2, 16), name
+        assert not info.collection_open, name
+        if name.startswith("analyst@"):
+            assert (info.n, info.budget.epsilon_spent, info.streams) == (5, "1", 1), name
+        else:
+            assert info.n == 0 and not info.HasField("budget") and info.streams == 0, (name, info)

@@ -64,10 +64,55 @@ def test_metrics_scraped_from_running_servers(tmp_path: Path):
             assert m[("svtagg_streams_opened_total", (("kind", "lap24"), ("task", "m")))] == 1
             assert m[("svtagg_task_epsilon_spent", t)] == float(Fraction(1, 2))
             assert m[("svtagg_task_epsilon_total", t)] == 2.0
-        assert lead[("svtagg_comparisons_total", t)] == 6
+        assert lead[("svtagg_queries_total", t)] == 6
         assert lead[("svtagg_chunks_total", t)] == 2
         assert lead[("svtagg_chunk_seconds_count", ())] == 2
         assert lead[("svtagg_peer_bytes_total", ())] == peer_bytes > 0
         assert lead[("svtagg_helper_reachable", ())] == 1
         assert lead[("svtagg_server_info", (("role", "leader"),))] == 1
         assert helper[("svtagg_server_info", (("role", "helper"),))] == 1
+
+
+def _one_selection(root: Path, values: np.ndarray) -> tuple[int | None, dict, dict]:
+    """One task, one stream, one chunk of three queries at τ = 20 on `values`:
+    the answer and both servers' scrapes."""
+    dep = LocalDeployment(root, server_args=["--metrics-listen", "127.0.0.1:0"])
+    with dep:
+        ports = {r: metrics_port(root / f"{r}.log") for r in ("leader", "helper")}
+        with svtagg.connect(
+            dep.address("leader"), certs=dep.certs, helper=dep.address("helper")
+        ) as conn:
+            task = conn.create_task("m", d=3, epsilon=8, min_batch=1)
+            conn.upload("m", values, batch=16)
+            task.close_collection()
+            stream = task.oracle().open_stream("4")
+            answer = stream.ask([(Query(j), 20.0) for j in range(3)])
+        return answer, scrape(ports["leader"]), scrape(ports["helper"])
+
+
+def _untimed(m: dict[tuple[str, tuple[tuple[str, str], ...]], float]) -> dict:
+    """The samples that are not timings: chunk latencies and the creation time
+    of each series vary from run to run whatever the data."""
+    return {
+        k: v
+        for k, v in m.items()
+        if not k[0].startswith("svtagg_chunk_seconds") and not k[0].endswith("_created")
+    }
+
+
+def test_metrics_do_not_depend_on_answers(tmp_path: Path):
+    """Two selections with the same calls (one chunk of three queries) and
+    different answers (a YES at the first query, which closes the stream, and
+    no YES at all) leave the same metrics on both servers, timings aside: no
+    metric encodes a DP output.  (Each wrong answer has probability below
+    e^-30: the scores sit 20 users from τ with noise of scale 1/2 and 1.)"""
+    yes = np.zeros((40, 3))
+    yes[:, 0] = 1.0
+    no = np.zeros((40, 3))
+    answer_a, lead_a, helper_a = _one_selection(tmp_path / "a", yes)
+    answer_b, lead_b, helper_b = _one_selection(tmp_path / "b", no)
+    assert (answer_a, answer_b) == (0, None)
+    assert lead_a[("svtagg_chunks_total", (("task", "m"),))] == 1
+    assert lead_a[("svtagg_queries_total", (("task", "m"),))] == 3
+    assert _untimed(lead_a) == _untimed(lead_b)
+    assert _untimed(helper_a) == _untimed(helper_b)
