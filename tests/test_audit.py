@@ -5,17 +5,16 @@ corrected total level of 1e-3, so each passes a correct mechanism except with
 probability ≤ 1e-3.  The default (light) run uses few trials; `pytest -m heavy`
 (`scripts/heavy.sh`) runs the large version, including the control that needs
 ~10^5 trials to be caught (a stream that reveals its noisy value with the YES).
-That control's events are chosen on a separate pilot sample (`pilot_audit`): the
-pilot only decides which few (event, direction) pairs the fresh final sample
-tests, so the final Bonferroni correction is over those few and the level holds
-however the pilot chose.  Oracles are seeded, so each run is reproducible.
+That control's events are chosen on a separate pilot sample
+(`svtagg.analyst.audit.pilot_audit`): the pilot only decides which few (event,
+direction) pairs the fresh final sample tests, so the final Bonferroni
+correction is over those few and the level holds however the pilot chose.
+Oracles are seeded, so each run is reproducible.
 """
 
 from __future__ import annotations
 
-import math
-from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from fractions import Fraction
 from typing import Any
@@ -26,14 +25,13 @@ from broken_mechanisms import KeepsAnsweringOracle, NoThresholdNoiseOracle, Reve
 from svtagg.analyst.audit import (
     AuditReport,
     Event,
-    EventResult,
     Output,
     Scenario,
     audit,
-    collect,
+    count_events,
     counterexample_scenario,
     first_yes_events,
-    ratio_test,
+    pilot_audit,
     split_scenario,
 )
 from svtagg.analyst.local_oracle import LocalOracle
@@ -59,76 +57,6 @@ def keeps_answering_events(half: int) -> list[tuple[str, Any]]:
         (f"A>={a},B<={a - 2}", lambda o, a=a: sum(o[:half]) >= a and sum(o[half:]) <= a - 2)
         for a in range(2, half + 1)
     ]
-
-
-# --- events chosen on a pilot sample -------------------------------------------------
-
-Counts = Callable[[Sequence[Output]], np.ndarray]
-
-
-def count_events(events: Sequence[Event]) -> Counts:
-    """Counts of each event over a sample (each distinct output evaluated once)."""
-
-    def count(outputs: Sequence[Output]) -> np.ndarray:
-        seen = Counter(outputs)
-        return np.array([sum(n for o, n in seen.items() if pred(o)) for _, pred in events])
-
-    return count
-
-
-def pilot_audit(
-    scenario: Scenario,
-    make_oracle: Callable[[np.ndarray], Any],
-    events: Sequence[Event],
-    pilot_trials: int,
-    trials: int,
-    run: Callable[[Any], Output] | None = None,
-    count: Counts | None = None,
-    keep: int = 5,
-    level: float = 1e-3,
-    seed: int = 0,
-) -> AuditReport:
-    """Choose `keep` (event, direction) pairs on a pilot sample, test them on a fresh one.
-
-    The pilot (`pilot_trials` streams per dataset) scores every candidate event
-    in both directions by z = (c₁e^−ε − c₂)/√(c₁e^−ε + c₂), the pilot's estimate
-    of how far the thinned test of `ratio_test` will land from H0, and keeps the
-    `keep` highest.  Fresh streams (`trials` per dataset, from new oracles) then
-    test only those, Bonferroni over `keep`: the final sample is independent of
-    the choice, so for a correct mechanism each final p-value is super-uniform
-    and the audit fails with probability ≤ `level` whatever the pilot chose.
-    """
-    if run is None:
-
-        def run(oracle: Any) -> Output:
-            return oracle.open_stream(scenario.epsilon, scenario.kind).ask(scenario.chunk)
-
-    count = count or count_events(events)
-    eps = float(scenario.epsilon)
-    shrink = math.exp(-eps)
-    pilot_d = count(collect(make_oracle, scenario.data, run, pilot_trials))
-    pilot_dp = count(collect(make_oracle, scenario.neighbour, run, pilot_trials))
-    scored = []
-    for i in range(len(events)):
-        for direction, a, b in ((0, pilot_d[i], pilot_dp[i]), (1, pilot_dp[i], pilot_d[i])):
-            thinned = a * shrink
-            z = (thinned - b) / math.sqrt(thinned + b) if thinned + b > 0 else -math.inf
-            scored.append((-z, i, direction))
-    chosen = [(i, direction) for _, i, direction in sorted(scored)[:keep]]
-    final_d = count(collect(make_oracle, scenario.data, run, trials))
-    final_dp = count(collect(make_oracle, scenario.neighbour, run, trials))
-    rng = np.random.default_rng(seed)
-    name = f"{scenario.name}, {len(chosen)} events from a {pilot_trials}-stream pilot"
-    report = AuditReport(name, eps, trials, level)
-    for i, direction in chosen:
-        a, b = int(final_d[i]), int(final_dp[i])
-        if direction == 1:
-            a, b = b, a
-        label = ("D vs D'", "D' vs D")[direction]
-        report.results.append(
-            EventResult(events[i][0], label, a, b, ratio_test(a, b, trials, eps, rng))
-        )
-    return report
 
 
 # --- the reveals-value control -------------------------------------------------------
