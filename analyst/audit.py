@@ -259,13 +259,16 @@ def first_yes_intervals(k: int) -> list[Event]:
     """Every interval of the ordered outcomes 0 < 1 < … < k−1 < none, for a pilot to
     choose from: a broken stream shows in where its first YES tends to fall."""
     order: list[Output] = [*range(k), None]
-    events: list[Event] = []
-    for a in range(k + 1):
-        for b in range(a + 1, k + 2):
-            inside = frozenset(order[a:b])
-            label = f"[{a}, {'none' if b == k + 1 else b - 1}]"
-            events.append((label, lambda o, inside=inside: o in inside))
-    return events
+
+    def within(a: int, b: int) -> Callable[[Output], bool]:
+        inside = frozenset(order[a:b])
+        return lambda o: o in inside
+
+    return [
+        (f"[{a}, {'none' if b == k + 1 else b - 1}]", within(a, b))
+        for a in range(k + 1)
+        for b in range(a + 1, k + 2)
+    ]
 
 
 def choose_events(

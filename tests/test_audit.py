@@ -28,10 +28,15 @@ from svtagg.analyst.audit import (
     Output,
     Scenario,
     audit,
+    collect,
     count_events,
     counterexample_scenario,
     first_yes_events,
+    first_yes_pmf,
+    fit_test,
+    honest_party_outcome_probs,
     pilot_audit,
+    scenario_pmfs,
     split_scenario,
 )
 from svtagg.analyst.local_oracle import LocalOracle
@@ -212,6 +217,47 @@ def test_pilot_audit_passes_correct_stream() -> None:
     assert len(rep.results) == 3 and rep.threshold == pytest.approx(1e-3 / 3)
     assert rep.trials == 2000
     assert not rep.violated, rep.summary()
+
+
+# --- the exact output law and the conformance test (light) ---------------------------
+
+
+@pytest.mark.parametrize("kind", ["lap24", "lap3"])
+def test_first_yes_pmf_one_party_matches_the_ring_computation(kind: str) -> None:
+    """Two independent computations of one law: `first_yes_pmf` (noise pmfs
+    convolved) and `honest_party_outcome_probs` (the ring comparison, one
+    party's noise) agree on small values, where nothing wraps."""
+    scores, taus = [64, 0, 64, 30, 64, 5], [51, 20, 0, 40, 100, -10]
+    exact = first_yes_pmf(scores, taus, kind, Fraction(2), FRAC_BITS, parties=1)
+    ring = honest_party_outcome_probs(scores, taus, kind, Fraction(2), FRAC_BITS)
+    assert exact.sum() == pytest.approx(1.0)
+    assert np.abs(exact - ring).max() < 1e-9
+
+
+@pytest.mark.parametrize("kind", [StreamKind.LAP3, StreamKind.EXP3])
+def test_conformance_test_passes_correct_and_catches_missing_threshold_noise(
+    kind: StreamKind,
+) -> None:
+    """1,000 two-party streams on the counterexample: the correct stream fits its
+    exact law (false failure ≤ 1e-3, the level used), the one without threshold
+    noise does not (G ≥ 100 expected, against a critical value near 27)."""
+    sc = counterexample_scenario(kind, tau=0.5)
+    law, _ = scenario_pmfs(sc, FRAC_BITS)
+    rng = np.random.default_rng(20)
+    for cls, seed, broken in ((LocalOracle, 21, False), (NoThresholdNoiseOracle, 22, True)):
+        outputs = collect(_maker(cls, parties=2, seed=seed), sc.data, _run(sc), 1000)
+        fit = fit_test("D", outputs, law, rng)
+        assert fit.trials == 1000
+        assert (fit.p_value < 1e-3) == broken, f"{cls.__name__} {kind}: {fit}"
+
+
+def test_fit_test_refuses_outputs_outside_the_chunk() -> None:
+    with pytest.raises(ValueError, match="outside"):
+        fit_test("D", [0, 9], np.full(9, 1 / 9), np.random.default_rng(0))
+
+
+def _run(sc: Scenario) -> Any:
+    return lambda o: o.open_stream(sc.epsilon, sc.kind).ask(sc.chunk)
 
 
 # --- heavy versions -----------------------------------------------------------------
