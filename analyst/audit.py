@@ -29,6 +29,7 @@ from collections import Counter
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -217,6 +218,15 @@ def audit_outputs(
     return report
 
 
+def _default_run(scenario: Scenario) -> Callable[[Oracle], Output]:
+    """One fresh stream of the scenario's kind and ε answering its chunk."""
+
+    def run(oracle: Oracle) -> Output:
+        return oracle.open_stream(scenario.epsilon, scenario.kind).ask(scenario.chunk)
+
+    return run
+
+
 def audit(
     scenario: Scenario,
     make_oracle: Callable[[np.ndarray], Oracle],
@@ -227,11 +237,7 @@ def audit(
     seed: int = 0,
 ) -> AuditReport:
     """Run `trials` streams on each dataset of the scenario and test the events."""
-    if run is None:
-
-        def run(oracle: Oracle) -> Output:
-            return oracle.open_stream(scenario.epsilon, scenario.kind).ask(scenario.chunk)
-
+    run = run or _default_run(scenario)
     if events is None:
         events = first_yes_events(len(scenario.chunk))
     out_d = collect(make_oracle, scenario.data, run, trials)
@@ -349,18 +355,12 @@ def pilot_audit(
     pilot_trials: int,
     trials: int,
     run: Callable[[Oracle], Output] | None = None,
-    count: Counts | None = None,
-    keep: int = 5,
-    level: float = 1e-3,
-    seed: int = 0,
-    reference: tuple[np.ndarray, np.ndarray] | None = None,
+    **options: Any,
 ) -> AuditReport:
-    """`pilot_audit_outputs` on streams of the scenario: `pilot_trials` per dataset
-    for the pilot, then `trials` fresh ones (from new oracles) for the final test."""
-    if run is None:
-
-        def run(oracle: Oracle) -> Output:
-            return oracle.open_stream(scenario.epsilon, scenario.kind).ask(scenario.chunk)
+    """`pilot_audit_outputs` (which takes `options`) on streams of the scenario:
+    `pilot_trials` per dataset for the pilot, then `trials` fresh ones (from new
+    oracles) for the final test."""
+    run = run or _default_run(scenario)
 
     def sample(n: int) -> tuple[list[Output], list[Output]]:
         return (
@@ -371,16 +371,7 @@ def pilot_audit(
     pilot = sample(pilot_trials)
     final = sample(trials)
     return pilot_audit_outputs(
-        scenario.name,
-        float(scenario.epsilon),
-        pilot,
-        final,
-        events,
-        count,
-        keep,
-        level,
-        seed,
-        reference,
+        scenario.name, float(scenario.epsilon), pilot, final, events, **options
     )
 
 
