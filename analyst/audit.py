@@ -134,7 +134,8 @@ class AuditReport:
         text = (
             f"{self.scenario}: {'VIOLATION' if self.violated else 'pass'} "
             f"(ε={self.epsilon:g}, {self.trials} streams per dataset, "
-            f"{len(self.results) + len(self.fits)} tests at level {self.level:g}; worst event "
+            f"{len(self.results) + len(self.fits)} tests at family level {self.level:g}, "
+            f"the false-failure probability of a correct mechanism; worst event "
             f"'{w.event}' {w.direction}: counts {w.count_first} vs {w.count_second}, "
             f"p={w.p_value:.3g}"
         )
