@@ -9,6 +9,14 @@ c₁' against c₂.  Under H0 the p-value is super-uniform, so with a Bonferroni
 correction over events and directions the audit of a correct mechanism fails
 with probability at most `level`.
 
+When the events cannot be fixed in advance, `pilot_audit` chooses the most
+telling few on a pilot sample and tests them on a fresh one.  When the exact
+output law of the specified mechanism is known (`first_yes_pmf`), `fit_test`
+adds a conformance test of each dataset's outputs against it: it catches a
+deployed mechanism that is not the specified one even where the DP inequality
+alone needs far more streams to show the difference (two servers' noise hides
+most of a broken stream's privacy loss; see docs/privacy.md).
+
 A correct mechanism passes; a broken one (see tests/test_audit.py) must fail.
 The audit needs only the `Oracle` interface, so it runs unchanged against the
 local oracle and against the real servers.
@@ -17,16 +25,19 @@ local oracle and against the real servers.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 from svtagg.analyst.oracle import Oracle
 from svtagg.dp.kinds import StreamKind, noise_model
-from svtagg.dp.noise import laplace_log_pmf
-from svtagg.dp.queries import Query
+from svtagg.dp.noise import geometric_log_pmf, laplace_log_pmf
+from svtagg.dp.queries import Query, encode_thresholds
+from svtagg.mpc.ring import encode
 
 Output = Hashable
 Event = tuple[str, Callable[[Output], bool]]
@@ -77,35 +88,62 @@ class EventResult:
 
 
 @dataclass
+class FitResult:
+    """Conformance of one dataset's outputs to the specified mechanism's exact law."""
+
+    dataset: str
+    trials: int
+    statistic: float
+    p_value: float
+
+
+@dataclass
 class AuditReport:
     scenario: str
     epsilon: float
     trials: int
     level: float
     results: list[EventResult] = field(default_factory=list)
+    fits: list[FitResult] = field(default_factory=list)
 
     @property
     def threshold(self) -> float:
-        return self.level / max(1, len(self.results))
+        """Bonferroni: every event test and every conformance test at level / their number."""
+        return self.level / max(1, len(self.results) + len(self.fits))
 
     @property
     def worst(self) -> EventResult:
         return min(self.results, key=lambda r: r.p_value)
 
     @property
-    def violated(self) -> bool:
+    def ratio_violated(self) -> bool:
         """True when some event's ratio exceeds e^ε at the Bonferroni-corrected level."""
-        return self.worst.p_value < self.threshold
+        return bool(self.results) and self.worst.p_value < self.threshold
+
+    @property
+    def fit_violated(self) -> bool:
+        """True when some dataset's outputs do not follow the specified mechanism's law."""
+        return any(f.p_value < self.threshold for f in self.fits)
+
+    @property
+    def violated(self) -> bool:
+        return self.ratio_violated or self.fit_violated
 
     def summary(self) -> str:
         w = self.worst
-        return (
+        text = (
             f"{self.scenario}: {'VIOLATION' if self.violated else 'pass'} "
             f"(ε={self.epsilon:g}, {self.trials} streams per dataset, "
-            f"{len(self.results)} tests at level {self.level:g}; worst event "
+            f"{len(self.results) + len(self.fits)} tests at family level {self.level:g}, "
+            f"the false-failure probability of a correct mechanism; worst event "
             f"'{w.event}' {w.direction}: counts {w.count_first} vs {w.count_second}, "
-            f"p={w.p_value:.3g} vs threshold {self.threshold:.3g})"
+            f"p={w.p_value:.3g}"
         )
+        for f in self.fits:
+            text += (
+                f"; fit on {f.dataset} ({f.trials} streams): G={f.statistic:.1f}, p={f.p_value:.3g}"
+            )
+        return text + f"; threshold {self.threshold:.3g})"
 
 
 def fisher_one_sided(a: int, b: int, n: int) -> float:
@@ -181,6 +219,15 @@ def audit_outputs(
     return report
 
 
+def _default_run(scenario: Scenario) -> Callable[[Oracle], Output]:
+    """One fresh stream of the scenario's kind and ε answering its chunk."""
+
+    def run(oracle: Oracle) -> Output:
+        return oracle.open_stream(scenario.epsilon, scenario.kind).ask(scenario.chunk)
+
+    return run
+
+
 def audit(
     scenario: Scenario,
     make_oracle: Callable[[np.ndarray], Oracle],
@@ -191,16 +238,251 @@ def audit(
     seed: int = 0,
 ) -> AuditReport:
     """Run `trials` streams on each dataset of the scenario and test the events."""
-    if run is None:
-
-        def run(oracle: Oracle) -> Output:
-            return oracle.open_stream(scenario.epsilon, scenario.kind).ask(scenario.chunk)
-
+    run = run or _default_run(scenario)
     if events is None:
         events = first_yes_events(len(scenario.chunk))
     out_d = collect(make_oracle, scenario.data, run, trials)
     out_dp = collect(make_oracle, scenario.neighbour, run, trials)
     return audit_outputs(scenario.name, float(scenario.epsilon), out_d, out_dp, events, level, seed)
+
+
+# --------------------------------------------------------------------------------------
+# Events chosen on a pilot sample.
+
+Counts = Callable[[Sequence[Output]], np.ndarray]
+
+
+def count_events(events: Sequence[Event]) -> Counts:
+    """Counts of each event over a sample (each distinct output evaluated once)."""
+
+    def count(outputs: Sequence[Output]) -> np.ndarray:
+        seen = Counter(outputs)
+        return np.array([sum(n for o, n in seen.items() if pred(o)) for _, pred in events])
+
+    return count
+
+
+def first_yes_intervals(k: int) -> list[Event]:
+    """Every interval of the ordered outcomes 0 < 1 < … < k−1 < none, for a pilot to
+    choose from: a broken stream shows in where its first YES tends to fall."""
+    order: list[Output] = [*range(k), None]
+
+    def within(a: int, b: int) -> Callable[[Output], bool]:
+        inside = frozenset(order[a:b])
+        return lambda o: o in inside
+
+    return [
+        (f"[{a}, {'none' if b == k + 1 else b - 1}]", within(a, b))
+        for a in range(k + 1)
+        for b in range(a + 1, k + 2)
+    ]
+
+
+def choose_events(
+    pilot_d: np.ndarray, pilot_dp: np.ndarray, epsilon: float, keep: int
+) -> list[tuple[int, int]]:
+    """The `keep` (event index, direction) pairs the pilot counts point to.
+
+    Each is scored by z = (c₁e^−ε − c₂)/√(c₁e^−ε + c₂), the pilot's estimate of
+    how far the thinned test of `ratio_test` will land from H0; direction 0 tests
+    P[E | D] ≤ e^ε P[E | D'], direction 1 the reverse.
+    """
+    shrink = math.exp(-epsilon)
+    scored = []
+    for i in range(len(pilot_d)):
+        for direction, a, b in ((0, pilot_d[i], pilot_dp[i]), (1, pilot_dp[i], pilot_d[i])):
+            thinned = a * shrink
+            z = (thinned - b) / math.sqrt(thinned + b) if thinned + b > 0 else -math.inf
+            scored.append((-z, i, direction))
+    return [(i, direction) for _, i, direction in sorted(scored)[:keep]]
+
+
+def pilot_audit_outputs(
+    name: str,
+    epsilon: float,
+    pilot: tuple[Sequence[Output], Sequence[Output]],
+    final: tuple[Sequence[Output], Sequence[Output]],
+    events: Sequence[Event],
+    count: Counts | None = None,
+    keep: int = 5,
+    level: float = 1e-3,
+    seed: int = 0,
+    reference: tuple[np.ndarray, np.ndarray] | None = None,
+) -> AuditReport:
+    """Test on `final` the `keep` (event, direction) pairs `pilot` points to.
+
+    `pilot` and `final` are (outputs on D, outputs on D'), drawn independently.
+    The final sample is independent of the choice, so for a correct mechanism
+    each final p-value is super-uniform and the Bonferroni family over the kept
+    pairs holds its level whatever the pilot chose.  With `reference` (the exact
+    output laws of the specified mechanism on D and D', see `first_yes_pmf`) each
+    dataset's pilot and final outputs together also get a conformance test
+    (`fit_test`), one more member of the same Bonferroni family: it is fixed in
+    advance, so using the pilot's outputs too costs nothing.
+    """
+    if len(final[0]) != len(final[1]) or len(pilot[0]) != len(pilot[1]):
+        raise ValueError("both datasets need the same number of trials")
+    count = count or count_events(events)
+    pilot_d, pilot_dp = count(pilot[0]), count(pilot[1])
+    chosen = choose_events(pilot_d, pilot_dp, epsilon, keep)
+    final_d, final_dp = count(final[0]), count(final[1])
+    trials = len(final[0])
+    rng = np.random.default_rng(seed)
+    label = f"{name}, {len(chosen)} events from a {len(pilot[0])}-stream pilot"
+    report = AuditReport(label, epsilon, trials, level)
+    for i, direction in chosen:
+        a, b = int(final_d[i]), int(final_dp[i])
+        if direction == 1:
+            a, b = b, a
+        report.results.append(
+            EventResult(
+                events[i][0],
+                ("D vs D'", "D' vs D")[direction],
+                a,
+                b,
+                ratio_test(a, b, trials, epsilon, rng),
+            )
+        )
+    if reference is not None:
+        for dataset, p, first, second in zip(("D", "D'"), reference, pilot, final, strict=True):
+            report.fits.append(fit_test(dataset, [*first, *second], p, rng))
+    return report
+
+
+def pilot_audit(
+    scenario: Scenario,
+    make_oracle: Callable[[np.ndarray], Oracle],
+    events: Sequence[Event],
+    pilot_trials: int,
+    trials: int,
+    run: Callable[[Oracle], Output] | None = None,
+    **options: Any,
+) -> AuditReport:
+    """`pilot_audit_outputs` (which takes `options`) on streams of the scenario:
+    `pilot_trials` per dataset for the pilot, then `trials` fresh ones (from new
+    oracles) for the final test."""
+    run = run or _default_run(scenario)
+
+    def sample(n: int) -> tuple[list[Output], list[Output]]:
+        return (
+            collect(make_oracle, scenario.data, run, n),
+            collect(make_oracle, scenario.neighbour, run, n),
+        )
+
+    pilot = sample(pilot_trials)
+    final = sample(trials)
+    return pilot_audit_outputs(
+        scenario.name, float(scenario.epsilon), pilot, final, events, **options
+    )
+
+
+# --------------------------------------------------------------------------------------
+# Conformance to the exact output law of the specified mechanism.
+
+#: Monte Carlo draws behind a conformance p-value; the smallest p-value it can
+#: give is 1/(FIT_SIMS + 1) = 5·10^−5, below a 10^−3 family's share for up to
+#: 19 tests.
+FIT_SIMS = 20_000
+
+
+def _noise_pmf(family: str, scale: Fraction, parties: int) -> tuple[int, npt.NDArray[np.float64]]:
+    """(lowest value, pmf) of the sum of `parties` independent draws, on a window
+    of ±30 scales per draw (the mass left out is below e^−30 per draw)."""
+    span = math.ceil(30 * scale)
+    if family == "laplace":
+        lo, x = -span, np.arange(-span, span + 1)
+        one = np.exp(laplace_log_pmf(scale, x))
+    else:
+        lo, x = 0, np.arange(0, span + 1)
+        one = np.exp(geometric_log_pmf(scale, x))
+    pmf = one
+    for _ in range(parties - 1):
+        pmf = np.convolve(pmf, one)
+    return lo * parties, pmf
+
+
+def first_yes_pmf(
+    scores: Sequence[int],
+    taus: Sequence[int],
+    kind: StreamKind | str,
+    epsilon: Fraction,
+    frac_bits: int,
+    parties: int = 2,
+) -> npt.NDArray[np.float64]:
+    """Exact P(first YES at j) for j < k, and P(no YES) last, of one chunk of a
+    fresh AboveThreshold stream on grid scores and thresholds (no ring wrap),
+    every noise term being the sum of `parties` independent full draws, as in
+    `dp.svt` and the servers: YES iff s − τ + ν − γ ≥ 0."""
+    model = noise_model(kind)
+    eps = Fraction(epsilon)
+    g_lo, p_gamma = _noise_pmf(
+        model.threshold_family, model.threshold_scale(eps, frac_bits), parties
+    )
+    n_lo, p_nu = _noise_pmf(model.query_family, model.query_scale(eps, frac_bits), parties)
+    cdf_nu = np.cumsum(p_nu)
+    gammas = g_lo + np.arange(p_gamma.size)
+
+    def p_no(v: npt.NDArray[np.int64]) -> npt.NDArray[np.float64]:
+        """P(ν ≤ v)."""
+        idx = v - n_lo
+        inside = cdf_nu[np.clip(idx, 0, cdf_nu.size - 1)]
+        return np.where(idx < 0, 0.0, inside)
+
+    k = len(scores)
+    out = np.zeros(k + 1)
+    alive = p_gamma.copy()
+    for j, (s, t) in enumerate(zip(scores, taus, strict=True)):
+        no = p_no(int(t) - int(s) - 1 + gammas)
+        out[j] = float(np.sum(alive * (1.0 - no)))
+        alive = alive * no
+    out[k] = float(alive.sum())
+    return out / out.sum()
+
+
+def scenario_pmfs(
+    scenario: Scenario, frac_bits: int, parties: int = 2
+) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+    """`first_yes_pmf` of the scenario's chunk on D and on D' (coordinate queries)."""
+    taus = encode_thresholds([t for _, t in scenario.chunk], frac_bits).tolist()
+    laws = []
+    for data in (scenario.data, scenario.neighbour):
+        sums = encode(data, frac_bits).astype(np.int64).sum(axis=0)
+        full = data.shape[0] * (1 << frac_bits)
+        scores = [
+            full - sums[q.index] if q.complement else sums[q.index] for q, _ in scenario.chunk
+        ]
+        laws.append(
+            first_yes_pmf(scores, taus, scenario.kind, scenario.epsilon, frac_bits, parties)
+        )
+    return laws[0], laws[1]
+
+
+def fit_test(
+    dataset: str, outputs: Sequence[Output], pmf: npt.ArrayLike, rng: np.random.Generator
+) -> FitResult:
+    """G-test of first-YES outputs (None = no YES) against their exact law.
+
+    The p-value is a Monte Carlo one, (1 + #{G* ≥ G})/(FIT_SIMS + 1) over
+    multinomial samples G* of the same size from `pmf`: exactly super-uniform
+    under H0 whatever the cell sizes, where the χ² approximation is not.
+    """
+    p = np.asarray(pmf, dtype=np.float64)
+    k = p.size - 1
+    idx = np.array([k if o is None else int(o) for o in outputs], dtype=np.int64)  # type: ignore[call-overload]
+    if idx.size and (idx.min() < 0 or idx.max() > k):
+        raise ValueError("an output is outside the chunk's outcomes")
+    counts = np.bincount(idx, minlength=k + 1)
+
+    def g(c: npt.NDArray[np.int64]) -> npt.NDArray[np.float64]:
+        expected = c.sum(axis=-1, keepdims=True) * p
+        with np.errstate(divide="ignore", invalid="ignore"):
+            terms = np.where(c > 0, c * np.log(c / expected), 0.0)
+        return 2.0 * terms.sum(axis=-1)
+
+    observed = float(g(counts))
+    sims = g(rng.multinomial(int(counts.sum()), p, size=FIT_SIMS))
+    p_value = (1 + int(np.count_nonzero(sims >= observed))) / (FIT_SIMS + 1)
+    return FitResult(dataset, int(counts.sum()), observed, p_value)
 
 
 def counterexample_scenario(

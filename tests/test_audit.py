@@ -5,17 +5,16 @@ corrected total level of 1e-3, so each passes a correct mechanism except with
 probability ≤ 1e-3.  The default (light) run uses few trials; `pytest -m heavy`
 (`scripts/heavy.sh`) runs the large version, including the control that needs
 ~10^5 trials to be caught (a stream that reveals its noisy value with the YES).
-That control's events are chosen on a separate pilot sample (`pilot_audit`): the
-pilot only decides which few (event, direction) pairs the fresh final sample
-tests, so the final Bonferroni correction is over those few and the level holds
-however the pilot chose.  Oracles are seeded, so each run is reproducible.
+That control's events are chosen on a separate pilot sample
+(`svtagg.analyst.audit.pilot_audit`): the pilot only decides which few (event,
+direction) pairs the fresh final sample tests, so the final Bonferroni
+correction is over those few and the level holds however the pilot chose.
+Oracles are seeded, so each run is reproducible.
 """
 
 from __future__ import annotations
 
-import math
-from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from fractions import Fraction
 from typing import Any
@@ -26,14 +25,18 @@ from broken_mechanisms import KeepsAnsweringOracle, NoThresholdNoiseOracle, Reve
 from svtagg.analyst.audit import (
     AuditReport,
     Event,
-    EventResult,
     Output,
     Scenario,
     audit,
     collect,
+    count_events,
     counterexample_scenario,
     first_yes_events,
-    ratio_test,
+    first_yes_pmf,
+    fit_test,
+    honest_party_outcome_probs,
+    pilot_audit,
+    scenario_pmfs,
     split_scenario,
 )
 from svtagg.analyst.local_oracle import LocalOracle
@@ -59,76 +62,6 @@ def keeps_answering_events(half: int) -> list[tuple[str, Any]]:
         (f"A>={a},B<={a - 2}", lambda o, a=a: sum(o[:half]) >= a and sum(o[half:]) <= a - 2)
         for a in range(2, half + 1)
     ]
-
-
-# --- events chosen on a pilot sample -------------------------------------------------
-
-Counts = Callable[[Sequence[Output]], np.ndarray]
-
-
-def count_events(events: Sequence[Event]) -> Counts:
-    """Counts of each event over a sample (each distinct output evaluated once)."""
-
-    def count(outputs: Sequence[Output]) -> np.ndarray:
-        seen = Counter(outputs)
-        return np.array([sum(n for o, n in seen.items() if pred(o)) for _, pred in events])
-
-    return count
-
-
-def pilot_audit(
-    scenario: Scenario,
-    make_oracle: Callable[[np.ndarray], Any],
-    events: Sequence[Event],
-    pilot_trials: int,
-    trials: int,
-    run: Callable[[Any], Output] | None = None,
-    count: Counts | None = None,
-    keep: int = 5,
-    level: float = 1e-3,
-    seed: int = 0,
-) -> AuditReport:
-    """Choose `keep` (event, direction) pairs on a pilot sample, test them on a fresh one.
-
-    The pilot (`pilot_trials` streams per dataset) scores every candidate event
-    in both directions by z = (c₁e^−ε − c₂)/√(c₁e^−ε + c₂), the pilot's estimate
-    of how far the thinned test of `ratio_test` will land from H0, and keeps the
-    `keep` highest.  Fresh streams (`trials` per dataset, from new oracles) then
-    test only those, Bonferroni over `keep`: the final sample is independent of
-    the choice, so for a correct mechanism each final p-value is super-uniform
-    and the audit fails with probability ≤ `level` whatever the pilot chose.
-    """
-    if run is None:
-
-        def run(oracle: Any) -> Output:
-            return oracle.open_stream(scenario.epsilon, scenario.kind).ask(scenario.chunk)
-
-    count = count or count_events(events)
-    eps = float(scenario.epsilon)
-    shrink = math.exp(-eps)
-    pilot_d = count(collect(make_oracle, scenario.data, run, pilot_trials))
-    pilot_dp = count(collect(make_oracle, scenario.neighbour, run, pilot_trials))
-    scored = []
-    for i in range(len(events)):
-        for direction, a, b in ((0, pilot_d[i], pilot_dp[i]), (1, pilot_dp[i], pilot_d[i])):
-            thinned = a * shrink
-            z = (thinned - b) / math.sqrt(thinned + b) if thinned + b > 0 else -math.inf
-            scored.append((-z, i, direction))
-    chosen = [(i, direction) for _, i, direction in sorted(scored)[:keep]]
-    final_d = count(collect(make_oracle, scenario.data, run, trials))
-    final_dp = count(collect(make_oracle, scenario.neighbour, run, trials))
-    rng = np.random.default_rng(seed)
-    name = f"{scenario.name}, {len(chosen)} events from a {pilot_trials}-stream pilot"
-    report = AuditReport(name, eps, trials, level)
-    for i, direction in chosen:
-        a, b = int(final_d[i]), int(final_dp[i])
-        if direction == 1:
-            a, b = b, a
-        label = ("D vs D'", "D' vs D")[direction]
-        report.results.append(
-            EventResult(events[i][0], label, a, b, ratio_test(a, b, trials, eps, rng))
-        )
-    return report
 
 
 # --- the reveals-value control -------------------------------------------------------
@@ -284,6 +217,47 @@ def test_pilot_audit_passes_correct_stream() -> None:
     assert len(rep.results) == 3 and rep.threshold == pytest.approx(1e-3 / 3)
     assert rep.trials == 2000
     assert not rep.violated, rep.summary()
+
+
+# --- the exact output law and the conformance test (light) ---------------------------
+
+
+@pytest.mark.parametrize("kind", ["lap24", "lap3"])
+def test_first_yes_pmf_one_party_matches_the_ring_computation(kind: str) -> None:
+    """Two independent computations of one law: `first_yes_pmf` (noise pmfs
+    convolved) and `honest_party_outcome_probs` (the ring comparison, one
+    party's noise) agree on small values, where nothing wraps."""
+    scores, taus = [64, 0, 64, 30, 64, 5], [51, 20, 0, 40, 100, -10]
+    exact = first_yes_pmf(scores, taus, kind, Fraction(2), FRAC_BITS, parties=1)
+    ring = honest_party_outcome_probs(scores, taus, kind, Fraction(2), FRAC_BITS)
+    assert exact.sum() == pytest.approx(1.0)
+    assert np.abs(exact - ring).max() < 1e-9
+
+
+@pytest.mark.parametrize("kind", [StreamKind.LAP3, StreamKind.EXP3])
+def test_conformance_test_passes_correct_and_catches_missing_threshold_noise(
+    kind: StreamKind,
+) -> None:
+    """1,000 two-party streams on the counterexample: the correct stream fits its
+    exact law (false failure ≤ 1e-3, the level used), the one without threshold
+    noise does not (G ≥ 100 expected, against a critical value near 27)."""
+    sc = counterexample_scenario(kind, tau=0.5)
+    law, _ = scenario_pmfs(sc, FRAC_BITS)
+    rng = np.random.default_rng(20)
+    for cls, seed, broken in ((LocalOracle, 21, False), (NoThresholdNoiseOracle, 22, True)):
+        outputs = collect(_maker(cls, parties=2, seed=seed), sc.data, _run(sc), 1000)
+        fit = fit_test("D", outputs, law, rng)
+        assert fit.trials == 1000
+        assert (fit.p_value < 1e-3) == broken, f"{cls.__name__} {kind}: {fit}"
+
+
+def test_fit_test_refuses_outputs_outside_the_chunk() -> None:
+    with pytest.raises(ValueError, match="outside"):
+        fit_test("D", [0, 9], np.full(9, 1 / 9), np.random.default_rng(0))
+
+
+def _run(sc: Scenario) -> Any:
+    return lambda o: o.open_stream(sc.epsilon, sc.kind).ask(sc.chunk)
 
 
 # --- heavy versions -----------------------------------------------------------------
