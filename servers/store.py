@@ -315,20 +315,29 @@ class Store:
     def _admit_batch(
         task_id: str, row: Any, count: int, share_sum: U64
     ) -> tuple[int, bytes, bytes, int]:
-        """The checks every store makes on an upload batch, from the task's row
-        (n, n_max, collection_open, sums, digest, d): (n, sums, digest, d)."""
+        """The checks every store makes on an upload batch before looking for
+        replayed ids, from the task's row (n, n_max, collection_open, sums,
+        digest, d): (n, sums, digest, d).  Capacity is checked after the replay
+        check (`_within_capacity`), so that a batch resent after a lost answer is
+        refused as a replay, not as a full task, and a resuming client counts it
+        as held."""
         if row is None:
             raise NotFound(f"unknown task {task_id!r}")
         n, n_max, is_open, sums_blob, digest, d = row
         if not is_open:
             raise FailedPrecondition(f"collection of task {task_id!r} is closed")
+        if share_sum.shape != (d,):
+            raise InvalidArgument(f"share sum has length {share_sum.size}, task has d={d}")
+        return n, sums_blob, digest, d
+
+    @staticmethod
+    def _within_capacity(task_id: str, row: Any, count: int) -> None:
+        """Refuse a batch (of ids not held yet) that would take n above n_max."""
+        n, n_max = row[0], row[1]
         if n + count > n_max:
             raise ResourceExhausted(
                 f"task {task_id!r} accepts at most n_max={n_max} reports (has {n})"
             )
-        if share_sum.shape != (d,):
-            raise InvalidArgument(f"share sum has length {share_sum.size}, task has d={d}")
-        return n, sums_blob, digest, d
 
     def add_reports(
         self, task_id: str, report_ids: list[bytes], shares: list[bytes], share_sum: U64
@@ -357,6 +366,7 @@ class Store:
                     f"{seen} report id(s) of this batch were already uploaded (replay); "
                     "batch refused"
                 )
+            self._within_capacity(task_id, row, len(report_ids))
             offset = self._append_shares(task_id, shares)
             crash_point("upload.mid_store")
             rows = []

@@ -463,6 +463,7 @@ class PgStore(Store):
                 raise AlreadyExists(
                     "a report id of this batch was already uploaded (replay); batch refused"
                 ) from None
+            self._within_capacity(task_id, row, len(report_ids))
             crash_point("upload.mid_store")
             sums = np.frombuffer(sums_blob, dtype=np.uint64) + share_sum
             new_digest = _xor(bytes(digest), report_digest(report_ids))

@@ -156,6 +156,20 @@ def test_uploads_add_up_and_replays_change_nothing(store: Store) -> None:
         store.shares("t", [b"never uploaded.."])
 
 
+def test_a_replay_into_a_full_task_is_refused_as_a_replay(store: Store) -> None:
+    """A batch resent after a lost answer must read as held (a replay), also
+    when it would not fit: a resuming client counts it as stored."""
+    store.create_task(params(n_max=4))
+    ids, shares, _ = batch(3, 4)
+    store.add_reports("t", ids, shares, share_sum(shares))
+    with pytest.raises(AlreadyExists, match="replay"):
+        store.add_reports("t", ids, shares, share_sum(shares))
+    with pytest.raises(ResourceExhausted, match="n_max"):
+        fresh, more, _ = batch(3, 1, b"more")
+        store.add_reports("t", fresh, more, share_sum(more))
+    assert store.task("t").n == 4
+
+
 def test_upload_refusals(store: Store) -> None:
     store.create_task(params(n_max=4))
     ids, shares, _ = batch(3, 5)
