@@ -28,7 +28,12 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
-from svtagg.deploy.settings import apply_settings, check_option_types, check_settings
+from svtagg.deploy.settings import (
+    apply_server_config,
+    apply_settings,
+    check_option_types,
+    check_settings,
+)
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -93,7 +98,9 @@ class _Version(argparse.Action):
         parser.exit(0)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
+    """The `svtagg` parser; `argv` only for `svtagg server --config FILE`, whose
+    file sets that command's defaults before the arguments are parsed."""
 
     parser = Parser(
         prog="svtagg",
@@ -107,6 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
         register(sub)
     check_option_types(parser)
     apply_settings(parser)
+    apply_server_config(parser, argv)
     return parser
 
 
@@ -219,7 +227,8 @@ def _quiet_stdout() -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one `svtagg` command; returns its exit code (see the module docstring)."""
     try:
-        parser = build_parser()
+        argv = sys.argv[1:] if argv is None else list(argv)
+        parser = build_parser(argv)
         args = parser.parse_args(argv)
         check_settings(args)
         handler: Handler | None = getattr(args, "handler", None)

@@ -129,7 +129,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     r.set_defaults(handler=_run)
     a.set_defaults(handler=lambda _a: (a.print_help(), 2)[1])
 
-    d = sub.add_parser("demo", help="run the whole system on this machine (about a minute)")
+    d = sub.add_parser(
+        "demo",
+        help="run the whole system on this machine: private model selection next to "
+        "aggregation baselines (about 15 s)",
+    )
     d.add_argument(
         "--scenario",
         choices=["model-selection", "heavy-hitters"],

@@ -27,13 +27,17 @@ from __future__ import annotations
 import argparse
 import os
 import tomllib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 #: Option dest → environment variable.
 ENV = {"leader": "SVTAGG_LEADER", "helper": "SVTAGG_HELPER", "certs": "SVTAGG_CERTS"}
 #: Subcommands whose options are never filled from settings.
 EXPLICIT_ONLY = frozenset({"server", "certs"})
+#: The config file's table of `svtagg server` options.
+SERVER_TABLE = "server"
+#: Server options that name files: relative values are relative to the config file.
+SERVER_PATHS = frozenset({"certs", "db", "port_file"})
 
 
 def config_path() -> Path | None:
@@ -57,10 +61,14 @@ def load_config(path: Path | None = None) -> dict[str, str]:
         data = tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as exc:
         raise ValueError(f"config file {path}: {exc}") from None
+    # One file may serve an analyst and a server: `svtagg server --config` reads
+    # the [server] table, which the analyst and client commands skip.
+    data.pop(SERVER_TABLE, None)
     unknown = sorted(set(data) - set(ENV))
     if unknown:
         raise ValueError(
-            f"config file {path}: unknown keys {', '.join(unknown)} (known: {', '.join(ENV)})"
+            f"config file {path}: unknown keys {', '.join(unknown)} "
+            f"(known: {', '.join(ENV)}, and a [{SERVER_TABLE}] table)"
         )
     for key, value in data.items():
         if not isinstance(value, str) or not value:
@@ -193,3 +201,77 @@ def apply_settings(
                 action.required = False
                 action.help = f"{action.help or ''} [{where}: {value}]".strip()
         stack.extend(sub for _, sub in _subparsers(p))
+
+
+def _option_value(argv: Sequence[str], flag: str) -> str | None:
+    for i, arg in enumerate(argv):
+        if arg == flag and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith(flag + "="):
+            return arg.partition("=")[2]
+    return None
+
+
+def _relative_to(folder: Path, dest: str, value: str) -> str:
+    """A path option of the config file, relative to the file's folder (a
+    PostgreSQL URL or an absolute path is left as it is)."""
+    if dest == "db" and "://" in value:
+        if not value.startswith("sqlite:///"):
+            return value
+        return "sqlite:///" + str(folder / Path(value[len("sqlite:///") :]).expanduser())
+    return str(folder / Path(value).expanduser())
+
+
+def apply_server_config(parser: argparse.ArgumentParser, argv: Sequence[str]) -> None:
+    """`svtagg server --config FILE`: the [server] table of FILE gives defaults
+    for the server's options (keys are the option names, e.g. `role`, `db`,
+    `listen`, `max-epsilon-total`; flags take true/false).  The command line
+    wins over the file; nothing else (no environment, no analyst setting) is read.
+    ValueError (naming the file) for unknown keys or values of the wrong type."""
+    if not argv or argv[0] != "server":
+        return
+    named = _option_value(argv, "--config")
+    if named is None:
+        return
+    path = Path(named).expanduser()
+    if not path.is_file():
+        raise FileNotFoundError(2, "config file (--config) not found", str(path))
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"config file {path}: {exc}") from None
+    table = data.get(SERVER_TABLE)
+    if not isinstance(table, dict):
+        raise ValueError(f"config file {path}: no [{SERVER_TABLE}] table")
+    server = dict(_subparsers(parser))[SERVER_TABLE]
+    actions = {
+        a.dest: a for a in server._actions if a.option_strings and a.dest not in ("help", "config")
+    }
+    unknown = sorted(k for k in table if k.replace("-", "_") not in actions)
+    if unknown:
+        raise ValueError(
+            f"config file {path}: [{SERVER_TABLE}] has unknown keys {', '.join(unknown)} "
+            "(keys are `svtagg server` option names, e.g. role, db, certs, listen)"
+        )
+    where = f"config file {path}"
+    for key, value in table.items():
+        action = actions[key.replace("-", "_")]
+        flag = action.nargs == 0
+        if flag != isinstance(value, bool) or not isinstance(value, str | int | float | bool):
+            kind = "true or false" if flag else "a string or a number"
+            raise ValueError(f"{where}: [{SERVER_TABLE}] {key} must be {kind}")
+        if flag:
+            action.default = value
+            continue
+        text = str(value)
+        if action.dest in SERVER_PATHS:
+            text = _relative_to(path.parent, action.dest, text)
+        try:
+            converted = action.type(text) if callable(action.type) else text
+        except (ValueError, argparse.ArgumentTypeError) as exc:
+            raise ValueError(f"{where}: [{SERVER_TABLE}] {key}: {exc}") from None
+        if action.choices is not None and converted not in action.choices:
+            choices = ", ".join(map(str, action.choices))
+            raise ValueError(f"{where}: [{SERVER_TABLE}] {key} must be one of {choices}")
+        action.default = Setting(text, where)
+        action.required = False
