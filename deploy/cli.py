@@ -185,7 +185,8 @@ def describe_failure(exc: BaseException) -> tuple[int, str] | None:
         code = exc.code()  # type: ignore[attr-defined]
         details = _one_line(exc.details())  # type: ignore[attr-defined]
         if code in unreachable:
-            return EXIT_UNREACHABLE, f"unreachable: {explain_tls(details) or f'{code.name}: {details}'}"
+            why = explain_tls(details) or f"{code.name}: {details}"
+            return EXIT_UNREACHABLE, f"unreachable: {why}"
         return EXIT_REFUSED, f"refused: {code.name}: {details}"
     if isinstance(exc, UploadError):
         rc = EXIT_UNREACHABLE if exc.unreachable else EXIT_REFUSED

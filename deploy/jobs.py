@@ -292,9 +292,7 @@ def run_algorithm(
     with planned(oracle, [(eps, 0)]) as plan_oracle:
         if algorithm in ("fp", "sparse-mean"):
             return _run_application(plan_oracle, algorithm, epsilon, beta, k, kw, seed, opts)
-        return _run_selection(
-            plan_oracle, algorithm, eps, beta, k, index or 0, kw, seed, progress
-        )
+        return _run_selection(plan_oracle, algorithm, eps, beta, k, index or 0, kw, seed, progress)
 
 
 def _run_selection(

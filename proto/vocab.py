@@ -58,6 +58,7 @@ def check_address(value: str, what: str, *, listen: bool = False) -> str:
         raise ValueError(f"{what}: port {port} is outside [{lowest}, 65535] in {value!r}")
     return value.strip()
 
+
 # ---------------------------------------------------------------- limits
 #: Random id of one report, the same on both servers.
 REPORT_ID_BYTES = 16

@@ -145,7 +145,7 @@ def test_server_reads_its_config_file(tmp_path: Path):
         'certs = "keys"\n'
         'listen = "127.0.0.1:0"\n'
         'port-file = "helper.port"\n'
-        "data-port = \"off\"\n"
+        'data-port = "off"\n'
         "rate_limit = 50\n"
     )
     work = tmp_path / "work"
