@@ -35,7 +35,13 @@ from svtagg.dp.task import safe_epsilon_min
 from svtagg.proto import svtagg_pb2 as pb
 from svtagg.proto import svtagg_pb2_grpc as pb_grpc
 from svtagg.proto.tls import load_identity, tls_target
-from svtagg.proto.vocab import CALL_DEADLINE, CHANNEL_OPTIONS, MAX_BATCH_VALUES, Role
+from svtagg.proto.vocab import (
+    CALL_DEADLINE,
+    CHANNEL_OPTIONS,
+    MAX_BATCH_VALUES,
+    Role,
+    check_address,
+)
 
 __all__ = ["Budget", "Deployment", "TaskHandle", "TaskState", "connect"]
 
@@ -408,6 +414,9 @@ def connect(
         raise ValueError("no leader address: pass leader= or set SVTAGG_LEADER")
     if not certs:
         raise ValueError("no certificate directory: pass certs= or set SVTAGG_CERTS")
+    check_address(leader, "leader")
+    if helper:
+        check_address(helper, "helper")
     return Deployment(leader, certs, helper=helper, client_certs=client_certs, timeout=timeout)
 
 

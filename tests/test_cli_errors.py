@@ -616,3 +616,11 @@ def test_a_recorded_embedding_is_shown_and_accepted(env: Env):
     r = svtagg(*env.upload("hhe", path, "--embedding", "heavy_hitters", "--format", "categories"))
     assert r.returncode == 0, r.stderr
     assert env.n("hhe") == before + 3
+
+
+def test_connect_refuses_an_address_without_a_port(tmp_path: Path):
+    import svtagg
+
+    write_deployment(tmp_path / "certs")
+    with pytest.raises(ValueError, match="leader: expected host:port"):
+        svtagg.connect("localhost", certs=tmp_path / "certs")
