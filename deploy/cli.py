@@ -190,7 +190,11 @@ def describe_failure(exc: BaseException) -> tuple[int, str] | None:
         return EXIT_REFUSED, f"refused: {code.name}: {details}"
     if isinstance(exc, UploadError):
         rc = EXIT_UNREACHABLE if exc.unreachable else EXIT_REFUSED
-        return rc, f"upload failed: {explain_tls(str(exc)) or _one_line(str(exc))}"
+        text = _one_line(str(exc))
+        tls = explain_tls(text)
+        if tls is not None:  # keep which server failed ("helper could not be reached")
+            text = f"{text.split(': ', 1)[0]}: {tls}"
+        return rc, f"upload failed: {text}"
     if isinstance(exc, InputError):
         return EXIT_USAGE, f"bad input: {_one_line(str(exc))}"
     if isinstance(exc, CertificateError):

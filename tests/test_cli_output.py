@@ -199,3 +199,12 @@ def test_services_quick_start_describes_the_default_demo():
     default = quick.split("svtagg demo ", 1)[1].split("svtagg demo --scenario", 1)[0]
     assert "model selection" in default and "top-5" not in default, default
     assert "scan (" in docs.split("#    algorithms:", 1)[1].split("```", 1)[0]
+
+
+def test_store_named_without_its_password():
+    pytest.importorskip("psycopg")
+    from svtagg.servers.cli import describe_store
+
+    text = describe_store("postgresql://svtagg:s3cret@db.example:5432/leader")
+    assert text == "PostgreSQL postgresql://svtagg:***@db.example:5432/leader"
+    assert describe_store("rel/leader.sqlite") == f"SQLite {Path('rel/leader.sqlite').resolve()}"
