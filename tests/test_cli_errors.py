@@ -21,7 +21,10 @@ from svtagg.proto.tls import write_deployment
 REFUSED, USAGE, ENVIRONMENT, UNREACHABLE = 1, 2, 3, 4
 
 
-def svtagg(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def svtagg(
+    *argv: str, env: dict[str, str] | None = None, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    """The real `svtagg` command line in a subprocess, as an operator runs it."""
     import os
 
     return subprocess.run(
@@ -30,6 +33,7 @@ def svtagg(*argv: str, env: dict[str, str] | None = None) -> subprocess.Complete
         text=True,
         timeout=120,
         env={**os.environ, **(env or {})},
+        cwd=cwd,
     )
 
 
@@ -392,14 +396,7 @@ def test_config_certs_relative_to_the_config_file(env: Env, tmp_path: Path):
     cfg = _write(folder / "config.toml", f'leader = "{env.leader}"\ncerts = "keys"\n')
     elsewhere = tmp_path / "work"
     elsewhere.mkdir()
-    r = subprocess.run(
-        [sys.executable, "-m", "svtagg.deploy.cli", "analyst", "list", "--json"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=elsewhere,
-        env={**__import__("os").environ, "SVTAGG_CONFIG": str(cfg)},
-    )
+    r = svtagg("analyst", "list", "--json", env={"SVTAGG_CONFIG": str(cfg)}, cwd=elsewhere)
     assert r.returncode == 0, r.stderr
     bad = _write(folder / "bad.toml", f'leader = "{env.leader}"\ncerts = "nokeys"\n')
     r = svtagg("analyst", "list", env={"SVTAGG_CONFIG": str(bad)})

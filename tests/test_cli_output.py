@@ -16,18 +16,23 @@ from pathlib import Path
 import pytest
 from svtagg.deploy.launch import LocalDeployment
 from svtagg.proto.tls import write_deployment
+from test_cli_errors import svtagg
 
 USAGE, ENVIRONMENT = 2, 3
 
 
-def svtagg(*argv: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "svtagg.deploy.cli", *argv],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=cwd,
-    )
+def _task(dep: LocalDeployment, task: str, d: int) -> list[str]:
+    """Create `task` of dimension d; the analyst's options naming it."""
+    common = ["--leader", dep.address("leader"), "--certs", str(dep.certs), "--task", task]
+    r = svtagg("analyst", "create-task", *common, "--d", str(d), "--min-batch", "1")
+    assert r.returncode == 0, r.stderr
+    return common
+
+
+def _upload(dep: LocalDeployment, task: str, rows: Path) -> list[str]:
+    return ["client", "upload", "--leader", dep.address("leader"), "--helper",
+            dep.address("helper"), "--certs", str(dep.certs), "--task", task,
+            "--input", str(rows)]  # fmt: skip
 
 
 def test_close_reports_the_reports_it_dropped(tmp_path: Path):
@@ -37,13 +42,10 @@ def test_close_reports_the_reports_it_dropped(tmp_path: Path):
     from svtagg.proto.tls import Identity, tls_target
 
     with LocalDeployment(tmp_path / "dep") as dep:
-        common = ["--leader", dep.address("leader"), "--certs", str(dep.certs), "--task", "t"]
-        r = svtagg("analyst", "create-task", *common, "--d", "3", "--min-batch", "1")
-        assert r.returncode == 0, r.stderr
+        common = _task(dep, "t", 3)
         rows = tmp_path / "rows.csv"
         rows.write_text("0,1,0\n1,1,0\n0,0,1\n")
-        r = svtagg("client", "upload", *common[:4], "--helper", dep.address("helper"),
-                   "--task", "t", "--input", str(rows), "--quiet")  # fmt: skip
+        r = svtagg(*_upload(dep, "t", rows), "--quiet")
         assert r.returncode == 0, r.stderr
         # Two reports the leader holds and the helper never saw (a client that
         # died between its two sends): the close must take them out and say so.
@@ -93,19 +95,15 @@ def test_progress_redraws_only_on_a_terminal():
 
 def test_upload_progress_is_not_written_to_a_pipe(tmp_path: Path):
     with LocalDeployment(tmp_path / "dep") as dep:
-        common = ["--leader", dep.address("leader"), "--certs", str(dep.certs), "--task", "p"]
-        r = svtagg("analyst", "create-task", *common, "--d", "2", "--min-batch", "1")
-        assert r.returncode == 0, r.stderr
+        _task(dep, "p", 2)
         rows = tmp_path / "rows.csv"
         rows.write_text("0,1\n1,0\n" * 20)
         # Bytes, not text: universal newlines would turn a \r into \n.
         r = subprocess.run(
-            [sys.executable, "-m", "svtagg.deploy.cli", "client", "upload", *common[:4],
-             "--helper", dep.address("helper"), "--task", "p", "--input", str(rows),
-             "--batch", "10"],
+            [sys.executable, "-m", "svtagg.deploy.cli", *_upload(dep, "p", rows), "--batch", "10"],
             capture_output=True,
             timeout=120,
-        )  # fmt: skip
+        )
         assert r.returncode == 0, r.stderr
         assert b"\r" not in r.stderr and b"\r" not in r.stdout, repr(r.stderr)
         assert b"uploaded 40 reports" in r.stdout

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from fractions import Fraction
@@ -15,17 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 from svtagg.deploy.launch import LocalDeployment
+from test_cli_errors import svtagg
 
 USAGE = 2
-
-
-def svtagg(*argv: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "svtagg.deploy.cli", *argv],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
 
 
 @dataclass
