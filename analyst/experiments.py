@@ -66,23 +66,29 @@ MATCHING = (
 
 
 class Progress:
-    """A plain stderr progress bar (no extra dependencies)."""
+    """A plain stderr progress bar (no extra dependencies).  On a terminal it
+    redraws one line; elsewhere (a log file, a pipe) it writes one line per step,
+    so the file holds no carriage returns."""
 
     def __init__(self, total: int, label: str, stream: Any = None):
         self.total, self.label, self.done = max(total, 1), label, 0
         self.stream = stream if stream is not None else sys.stderr
         self.start = time.monotonic()
+        isatty = getattr(self.stream, "isatty", None)
+        self.redraw = bool(isatty is not None and isatty())
 
     def tick(self, note: str = "") -> None:
         self.done += 1
         frac = self.done / self.total
         bar = "#" * int(30 * frac)
         el = time.monotonic() - self.start
-        self.stream.write(
-            f"\r{self.label:>12} [{bar:<30}] {self.done}/{self.total} {el:5.0f}s {note:<24}"
-        )
-        if self.done >= self.total:
-            self.stream.write("\n")
+        line = f"{self.label:>12} [{bar:<30}] {self.done}/{self.total} {el:5.0f}s {note}"
+        if self.redraw:
+            self.stream.write(f"\r{line:<80}")
+            if self.done >= self.total:
+                self.stream.write("\n")
+        else:
+            self.stream.write(line.rstrip() + "\n")
         self.stream.flush()
 
 

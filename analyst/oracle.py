@@ -131,6 +131,8 @@ class PlannedOracle:
         self.plan_id = plan_id
         self.charge = charge
         self.group = 0
+        #: Streams opened under the plan so far.
+        self.opened = 0
 
     @property
     def n(self) -> int:
@@ -151,7 +153,9 @@ class PlannedOracle:
         delta: Number | str = 0,
         plan: tuple[str, int] | None = None,
     ) -> Stream:
-        return self.inner.open_stream(epsilon, kind, delta, plan or (self.plan_id, self.group))
+        stream = self.inner.open_stream(epsilon, kind, delta, plan or (self.plan_id, self.group))
+        self.opened += 1
+        return stream
 
     def reserve_plan(
         self, groups: Sequence[tuple[Number | str, Number | str]], delta_slack: Number | str = 0
@@ -180,8 +184,18 @@ def planned(
     """Reserve the plan before any stream opens (refused whole, nothing spent, if
     it does not fit), run the body on a `PlannedOracle`, and end the plan when
     the body returns cleanly (what it did not use comes back, for basic plans).
-    After an error the plan is left as it is: a crash never refunds."""
+
+    After an error the plan is left as it is (a crash never refunds), with one
+    exception: a ValueError (an invalid argument, refused before any charge or
+    noise draw) before the plan's first stream opened.  Then nothing under the
+    plan has touched the data, and ending it returns the whole reservation, so a
+    run that cannot start costs nothing."""
     plan_id, charge = oracle.reserve_plan(groups, delta_slack)
     view = PlannedOracle(oracle, plan_id, charge)
-    yield view
+    try:
+        yield view
+    except ValueError:
+        if view.opened == 0:
+            oracle.end_plan(plan_id)
+        raise
     oracle.end_plan(plan_id)

@@ -163,6 +163,8 @@ class RemoteOracle:
         self._n = int(info.n)
         self._d = int(info.spec.d)
         self.frac_bits = int(info.spec.frac_bits)
+        #: The smallest ε the servers let one stream of this task use.
+        self.epsilon_min = Fraction(info.spec.epsilon_min or 0)
 
     @classmethod
     def from_certs(cls, leader: str, task_id: str, certs: str | Path, **kw: Any) -> RemoteOracle:

@@ -137,6 +137,8 @@ def run_upload(args: argparse.Namespace) -> int:
                 stats=stats,
             )
 
+        # The progress line redraws itself, so only on a terminal (no \r in logs).
+        live = not args.quiet and sys.stderr.isatty()
         # Pass 1: check every row (memory: one batch) so a bad row uploads nothing.
         checked = ReadStats()
         for _ in blocks(checked):
@@ -144,12 +146,12 @@ def run_upload(args: argparse.Namespace) -> int:
         total = checked.rows
 
         def progress(done: int, _total: int) -> None:
-            if not args.quiet:
+            if live:
                 print(f"\ruploaded {done}/{total} reports", end="", file=sys.stderr, flush=True)
 
         read = ReadStats()
         stats = up.upload_blocks(args.task, blocks(read), total=total, progress=progress, info=info)
-    if not args.quiet:
+    if live:
         print(file=sys.stderr)
     rate = stats.reports / stats.seconds if stats.seconds else 0.0
     if args.json:

@@ -41,6 +41,19 @@ def exact(text: str) -> str:
     return text
 
 
+def probability(text: str) -> str:
+    """An exact δ: a number in [0, 1) (decimal or fraction); keeps its text."""
+    exact(text)
+    if as_fraction(text, "value") >= 1:
+        raise argparse.ArgumentTypeError(f"δ must be in [0, 1), got {text!r}")
+    return text
+
+
+def probability_number(text: str) -> float:
+    """`probability` as a float, for options the algorithms take as floats."""
+    return float(as_fraction(probability(text), "value"))
+
+
 def positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -86,8 +99,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     if create is not None:
         create.add_argument("--json", action="store_true", help="print one JSON object")
         for action in create._actions:
-            if action.dest in ("epsilon", "delta"):
+            if action.dest == "epsilon":
                 action.type = exact
+            elif action.dest == "delta":
+                action.type = probability
             elif action.dest in ("d", "n_max", "min_batch", "frac_bits"):
                 action.type = positive_int
         create.set_defaults(handler=run_create)
@@ -95,7 +110,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     if run is not None:
         for action in run._actions:
             if action.dest == "delta":  # the same number syntax as create-task's --delta
-                action.type = number
+                action.type = probability_number
             elif action.dest == "epsilon":
                 action.type = exact
 
@@ -188,10 +203,12 @@ def run_create(args: argparse.Namespace) -> int:
         except grpc.RpcError as exc:
             if exc.code() == grpc.StatusCode.INVALID_ARGUMENT:  # type: ignore[attr-defined]
                 detail = exc.details()  # type: ignore[attr-defined]
-                raise InvalidArgument(
-                    f"{detail} (asked: ε {args.epsilon}, δ {args.delta}; "
-                    "--help shows the defaults of --epsilon and --delta)"
-                ) from None
+                if "epsilon" in detail or "delta" in detail:
+                    detail += (
+                        f" (asked: ε {args.epsilon}, δ {args.delta}; "
+                        "--help shows the defaults of --epsilon and --delta)"
+                    )
+                raise InvalidArgument(detail) from None
             raise
         state = dep.task(args.task).state()
     return _emit(args, state.to_json(), str(state))

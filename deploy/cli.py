@@ -28,7 +28,12 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
-from svtagg.deploy.settings import apply_settings
+from svtagg.deploy.settings import (
+    apply_server_config,
+    apply_settings,
+    check_option_types,
+    check_settings,
+)
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -93,7 +98,9 @@ class _Version(argparse.Action):
         parser.exit(0)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
+    """The `svtagg` parser; `argv` only for `svtagg server --config FILE`, whose
+    file sets that command's defaults before the arguments are parsed."""
 
     parser = Parser(
         prog="svtagg",
@@ -105,7 +112,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for register in _registrars():
         register(sub)
+    check_option_types(parser)
     apply_settings(parser)
+    apply_server_config(parser, argv)
     return parser
 
 
@@ -132,6 +141,38 @@ def _one_line(text: str) -> str:
     return " ".join(str(text).split()) or "(no detail)"
 
 
+#: gRPC/OpenSSL wording of a failed TLS handshake → what it means for the caller.
+_TLS_FAILURES = (
+    (
+        ("hostname verification", "peer name", "target name"),
+        "the server's certificate is not for the role dialled (is the address the "
+        "leader's, not the helper's or another service's?)",
+    ),
+    (
+        ("bad_signature", "certificate_verify_failed", "certificate verify failed",
+         "unable to get local issuer", "self signed", "self-signed"),
+        "the server's certificate was not issued by the CA in your certificate "
+        "directory's ca.pem (certificates of another deployment?)",
+    ),
+    (
+        ("unknown ca", "unknown_ca", "bad certificate", "bad_certificate",
+         "certificate required", "alert"),
+        "the server refused this certificate (not issued by its CA, or not for this role)",
+    ),
+)  # fmt: skip
+
+
+def explain_tls(details: str) -> str | None:
+    """One line for a TLS handshake failure in gRPC's `details`, else None."""
+    text = details.lower()
+    if not any(w in text for w in ("ssl", "tls", "handshake", "certificate", "verification")):
+        return None
+    for words, meaning in _TLS_FAILURES:
+        if any(word in text for word in words):
+            return f"TLS handshake failed: {meaning}"
+    return "TLS handshake failed (run with GRPC_VERBOSITY=DEBUG for the details)"
+
+
 def describe_failure(exc: BaseException) -> tuple[int, str] | None:
     """(exit code, one-line message) for an expected failure; None: a bug."""
     import grpc
@@ -144,11 +185,16 @@ def describe_failure(exc: BaseException) -> tuple[int, str] | None:
         code = exc.code()  # type: ignore[attr-defined]
         details = _one_line(exc.details())  # type: ignore[attr-defined]
         if code in unreachable:
-            return EXIT_UNREACHABLE, f"unreachable: {code.name}: {details}"
+            why = explain_tls(details) or f"{code.name}: {details}"
+            return EXIT_UNREACHABLE, f"unreachable: {why}"
         return EXIT_REFUSED, f"refused: {code.name}: {details}"
     if isinstance(exc, UploadError):
         rc = EXIT_UNREACHABLE if exc.unreachable else EXIT_REFUSED
-        return rc, f"upload failed: {_one_line(str(exc))}"
+        text = _one_line(str(exc))
+        tls = explain_tls(text)
+        if tls is not None:  # keep which server failed ("helper could not be reached")
+            text = f"{text.split(': ', 1)[0]}: {tls}"
+        return rc, f"upload failed: {text}"
     if isinstance(exc, InputError):
         return EXIT_USAGE, f"bad input: {_one_line(str(exc))}"
     if isinstance(exc, CertificateError):
@@ -186,8 +232,10 @@ def _quiet_stdout() -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one `svtagg` command; returns its exit code (see the module docstring)."""
     try:
-        parser = build_parser()
+        argv = sys.argv[1:] if argv is None else list(argv)
+        parser = build_parser(argv)
         args = parser.parse_args(argv)
+        check_settings(args)
         handler: Handler | None = getattr(args, "handler", None)
         if handler is None:
             parser.print_help()

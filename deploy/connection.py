@@ -17,7 +17,7 @@ Leader, helper and certificate directory default to the settings of
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -35,7 +35,13 @@ from svtagg.dp.task import safe_epsilon_min
 from svtagg.proto import svtagg_pb2 as pb
 from svtagg.proto import svtagg_pb2_grpc as pb_grpc
 from svtagg.proto.tls import load_identity, tls_target
-from svtagg.proto.vocab import CALL_DEADLINE, CHANNEL_OPTIONS, MAX_BATCH_VALUES, Role
+from svtagg.proto.vocab import (
+    CALL_DEADLINE,
+    CHANNEL_OPTIONS,
+    MAX_BATCH_VALUES,
+    Role,
+    check_address,
+)
 
 __all__ = ["Budget", "Deployment", "TaskHandle", "TaskState", "connect"]
 
@@ -115,6 +121,9 @@ class TaskState:
     embedding: str
     budget: Budget
     helper_budget: Budget | None
+    #: Reports the close took out (held by one server only, or out of range
+    #: under validate_reports); only a close reports it, else 0.
+    dropped_reports: int = 0
 
     @classmethod
     def from_pb(cls, info: pb.TaskInfo) -> TaskState:
@@ -133,6 +142,7 @@ class TaskState:
             helper_budget=Budget.from_pb(info.helper_budget)
             if info.helper_budget.epsilon_total
             else None,
+            dropped_reports=int(info.dropped_reports),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -148,6 +158,7 @@ class TaskState:
             "embedding": self.embedding or None,
             "budget": self.budget.to_json(),
             "helper_budget": self.helper_budget.to_json() if self.helper_budget else None,
+            "dropped_reports": self.dropped_reports,
         }
 
     def __str__(self) -> str:
@@ -157,6 +168,12 @@ class TaskState:
             + (f", embedding {self.embedding}" if self.embedding else ""),
             f"  leader ledger: {self.budget}",
         ]
+        if self.dropped_reports:
+            lines.insert(
+                1,
+                f"  dropped {self.dropped_reports} reports at the close (held by one server "
+                "only, or out of range): n counts only the reports both servers kept",
+            )
         if self.helper_budget is not None:
             lines.append(f"  helper ledger: {self.helper_budget}")
         else:
@@ -200,9 +217,10 @@ class TaskHandle:
 
     def close_collection(self) -> TaskState:
         """Close the collection on both servers; afterwards n is public and fixed.
-        Returns the task as `state()` describes it then (both ledgers)."""
-        self.deployment._call("CloseCollection", self._ref())
-        return self.state()
+        Returns the task as `state()` describes it then (both ledgers), with the
+        reports the close took out."""
+        closed = self.deployment._call("CloseCollection", self._ref())
+        return replace(self.state(), dropped_reports=int(closed.dropped_reports))
 
     def oracle(self) -> RemoteOracle:
         """The `Oracle` over this closed task, for `svtagg.analyst` algorithms."""
@@ -396,6 +414,9 @@ def connect(
         raise ValueError("no leader address: pass leader= or set SVTAGG_LEADER")
     if not certs:
         raise ValueError("no certificate directory: pass certs= or set SVTAGG_CERTS")
+    check_address(leader, "leader")
+    if helper:
+        check_address(helper, "helper")
     return Deployment(leader, certs, helper=helper, client_certs=client_certs, timeout=timeout)
 
 

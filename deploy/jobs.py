@@ -90,12 +90,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     r.add_argument("--epsilon", default="1")
     r.add_argument("--beta", type=float, default=0.05)
     r.add_argument("--k", type=int, default=10, help="top-k, sparse-mean: how many")
-    r.add_argument("--index", type=int, default=0, help="sum: which coordinate")
+    r.add_argument("--index", type=int, default=None, help="sum (required): which coordinate")
     r.add_argument(
         "--kind",
         default=None,
-        help="stream kind: lap24 | lap3 | exp3 | auto (default: each algorithm's own — "
-        "auto for the scan and practical selections, lap24 for the paper's algorithms)",
+        help="stream kind: lap24 | lap3 | exp3, and auto for scan, top-k and fp (default: "
+        "each algorithm's own — auto for those three, lap24 for the paper's algorithms)",
     )
     r.add_argument("--seed", type=int, default=None)
     r.add_argument(
@@ -129,7 +129,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     r.set_defaults(handler=_run)
     a.set_defaults(handler=lambda _a: (a.print_help(), 2)[1])
 
-    d = sub.add_parser("demo", help="run the whole system on this machine (about a minute)")
+    d = sub.add_parser(
+        "demo",
+        help="run the whole system on this machine: private model selection next to "
+        "aggregation baselines (about 15 s)",
+    )
     d.add_argument(
         "--scenario",
         choices=["model-selection", "heavy-hitters"],
@@ -175,6 +179,40 @@ def analyst_stub(leader: str, certs: str | Path) -> Any:
     return pb_grpc.AnalystStub(grpc.secure_channel(leader, creds, options=options))
 
 
+#: Stream kinds every `run` algorithm accepts: the AboveThreshold kinds (no run
+#: algorithm opens a CompareToThresholds stream).
+RUN_KINDS = ("lap24", "lap3", "exp3")
+#: Algorithms whose selection picks the kind itself when asked for "auto".
+AUTO_KIND_ALGORITHMS = frozenset({"scan", "top-k", "fp"})
+
+
+def check_run_options(
+    oracle: Any, algorithm: str, epsilon: Fraction, kind: str | None, index: int | None
+) -> None:
+    """Refuse, before any budget is reserved, the options no run could finish
+    with: a kind the algorithm does not open, a total ε below the task's smallest
+    stream ε, `sum` without its coordinate.  ValueError, naming the option."""
+    accepted = [*RUN_KINDS, *(["auto"] if algorithm in AUTO_KIND_ALGORITHMS else [])]
+    if kind is not None and kind not in accepted:
+        raise ValueError(
+            f"--kind {kind} is not a stream kind --algorithm {algorithm} opens; "
+            f"expected one of {', '.join(accepted)}"
+        )
+    floor = getattr(oracle, "epsilon_min", Fraction(0))
+    if epsilon < floor:
+        raise ValueError(
+            f"--epsilon {epsilon} is below the task's epsilon_min={floor} "
+            "(the smallest ε one stream may use)"
+        )
+    if algorithm == "sum":
+        if index is None:
+            raise ValueError("--algorithm sum needs --index (the coordinate to estimate)")
+        if not 0 <= index < oracle.d:
+            raise ValueError(f"--index {index} is out of range [0, {oracle.d})")
+    elif index is not None:
+        raise ValueError(f"--index applies to --algorithm sum only, not {algorithm}")
+
+
 #: Embeddings a task may record (`client/embeddings.py`; "vectors": none applied).
 EMBEDDINGS = ["heavy_hitters", "sparse_mean", "marginals", "fp_loss", "vectors"]
 
@@ -217,7 +255,7 @@ def run_algorithm(
     epsilon: str,
     beta: float = 0.05,
     k: int = 10,
-    index: int = 0,
+    index: int | None = None,
     kind: str | None = None,
     seed: int | None = None,
     progress: Callable[[int, int, int], None] | None = None,
@@ -242,10 +280,9 @@ def run_algorithm(
         kw.update(coarse_fraction=search.strip(), mid_fraction=(middle.strip() or "0"))
     # Every argument is checked before any budget is reserved.
     eps = check_epsilon(epsilon)
+    check_run_options(oracle, algorithm, eps, kind, index)
     if not 0 < beta < 1:
         raise ValueError(f"beta must be in (0, 1), got {beta}")
-    if algorithm == "sum" and not 0 <= index < oracle.d:
-        raise ValueError(f"--index {index} is out of range [0, {oracle.d})")
     if algorithm in ("top-k", "sparse-mean") and not 1 <= k <= oracle.d:
         raise ValueError(f"--k must be in [1, {oracle.d}], got {k}")
     if algorithm == "mwem":  # MWEM reserves its own plan of 2T steps
@@ -255,7 +292,7 @@ def run_algorithm(
     with planned(oracle, [(eps, 0)]) as plan_oracle:
         if algorithm in ("fp", "sparse-mean"):
             return _run_application(plan_oracle, algorithm, epsilon, beta, k, kw, seed, opts)
-        return _run_selection(plan_oracle, algorithm, eps, beta, k, index, kw, seed, progress)
+        return _run_selection(plan_oracle, algorithm, eps, beta, k, index or 0, kw, seed, progress)
 
 
 def _run_selection(
@@ -352,18 +389,29 @@ def _run_application(
     return out
 
 
-def _oracle_summary(oracle: Any) -> dict[str, Any]:
+def _oracle_summary(oracle: Any, before: Any = None) -> dict[str, Any]:
+    """What the run cost, JSON-ready: stream and query counts, this run's spend
+    (the task's ledger now minus `before`, the ledger when the run started), and
+    the task's totals under `task_…`.  Budget figures are numbers, with the exact
+    fractions as strings under "exact" (as `svtagg analyst budget --json`)."""
     st = oracle.stats()
     b = oracle.budget()
+    eps0, delta0 = (before.epsilon_spent, before.delta_spent) if before else (0, 0)
+    exact = {
+        "epsilon_spent": b.epsilon_spent - eps0,
+        "delta_spent": b.delta_spent - delta0,
+        "task_epsilon_spent": b.epsilon_spent,
+        "task_epsilon_left": b.epsilon_left,
+        "task_delta_spent": b.delta_spent,
+        "task_delta_left": b.delta_left,
+    }
     return {
         "streams": st.streams,
         "queries": st.queries,
         "chunks": st.chunks,
         "peer_bytes": getattr(st, "peer_bytes", 0),
-        "epsilon_spent": str(b.epsilon_spent),
-        "epsilon_left": str(b.epsilon_left),
-        "delta_spent": str(b.delta_spent),
-        "delta_left": str(b.delta_left),
+        **{key: float(value) for key, value in exact.items()},
+        "exact": {key: str(value) for key, value in exact.items()},
     }
 
 
@@ -372,6 +420,7 @@ def _run(args: argparse.Namespace) -> int:
 
     start = time.perf_counter()
     with RemoteOracle.from_certs(args.leader, args.task, args.certs) as oracle:
+        before = oracle.budget()
         options = {
             "p": args.p,
             "bound": args.bound,
@@ -392,7 +441,11 @@ def _run(args: argparse.Namespace) -> int:
             args.seed,
             options=options,
         )
-        result.update(_oracle_summary(oracle))
+        summary = _oracle_summary(oracle, before)
+    asked = result.pop("epsilon")
+    result["epsilon"] = float(Fraction(asked))
+    result.update(summary)
+    result["exact"] = {"epsilon": asked, **summary["exact"]}
     result["seconds"] = round(time.perf_counter() - start, 3)
     print(json.dumps(result, indent=2))
     return 0
@@ -492,7 +545,8 @@ def _demo(args: argparse.Namespace) -> int:
         f"{len(set(local) & set(true_top))}/{args.k}; selection accuracy is the algorithm's)"
     )
     print(
-        f"budget: ε spent {summary['epsilon_spent']}, left {summary['epsilon_left']}; "
+        f"budget: ε spent {summary['exact']['epsilon_spent']}, "
+        f"left {summary['exact']['task_epsilon_left']}; "
         f"selection {query_s:.1f}s, wall time {time.perf_counter() - t0:.1f}s"
     )
     return 0
@@ -572,7 +626,8 @@ def _demo_model_selection(args: argparse.Namespace, t0: float) -> int:
         f"{summary['peer_bytes'] / 1e6:.1f} MB between servers"
     )
     print(
-        f"budget: ε spent {summary['epsilon_spent']}, left {summary['epsilon_left']}; "
+        f"budget: ε spent {summary['exact']['epsilon_spent']}, "
+        f"left {summary['exact']['task_epsilon_left']}; "
         f"selection {query_s:.1f}s, wall time {time.perf_counter() - t0:.1f}s "
         "(--scenario heavy-hitters runs the top-k demo)"
     )
@@ -626,7 +681,14 @@ def _sim(args: argparse.Namespace) -> int:
         with RemoteOracle.from_certs(dep.address("leader"), "sim", dep.certs) as oracle:
             try:
                 report["result"] = run_algorithm(
-                    oracle, args.algorithm, args.epsilon, args.beta, args.k, 0, "lap24", args.seed
+                    oracle,
+                    args.algorithm,
+                    args.epsilon,
+                    args.beta,
+                    args.k,
+                    0 if args.algorithm == "sum" else None,
+                    "lap24",
+                    args.seed,
                 )
             except (Refusal, ValueError) as exc:
                 print(f"refused: {exc}", file=sys.stderr)

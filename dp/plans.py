@@ -74,6 +74,18 @@ def parse_groups(groups: Sequence[tuple[object, object]]) -> list[Group]:
     return out
 
 
+def check_groups_usable(groups: Sequence[Group], epsilon_min: Fraction) -> None:
+    """Refuse a plan with a group below the task's smallest stream ε: no stream
+    could open there, so reserving it would charge for nothing.  A server checks
+    this before it reserves, so such a plan costs nothing."""
+    for i, g in enumerate(groups):
+        if g.epsilon < epsilon_min:
+            raise InvalidArgument(
+                f"plan group {i} holds epsilon={g.epsilon}, below the task's "
+                f"epsilon_min={epsilon_min}: no stream could open in it"
+            )
+
+
 def _up(x: float) -> Fraction:
     """A rational ≥ x (with the float-evaluation margin)."""
     if not math.isfinite(x):

@@ -4,6 +4,7 @@ codes.  Every role imports these from here; nothing else defines them."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from enum import StrEnum
 
@@ -37,6 +38,26 @@ class Role(StrEnum):
 
 
 SERVER_ROLES = (Role.LEADER, Role.HELPER)
+
+#: host:port, the host a name, an IPv4 address or a bracketed IPv6 address.
+_ADDRESS_RE = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):([0-9]{1,5})")
+
+
+def check_address(value: str, what: str, *, listen: bool = False) -> str:
+    """`value` when it is host:port (port 0, "any free port", only where a server
+    listens); else ValueError naming `what`.  Without this gRPC would dial port
+    443 for a bare host name, and a listener would report a port in use."""
+    found = _ADDRESS_RE.fullmatch(value.strip())
+    if found is None:
+        raise ValueError(
+            f"{what}: expected host:port (e.g. localhost:7443 or [::1]:7443), got {value!r}"
+        )
+    port = int(found.group(2))
+    if not (0 if listen else 1) <= port <= 65535:
+        lowest = 0 if listen else 1
+        raise ValueError(f"{what}: port {port} is outside [{lowest}, 65535] in {value!r}")
+    return value.strip()
+
 
 # ---------------------------------------------------------------- limits
 #: Random id of one report, the same on both servers.

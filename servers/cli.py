@@ -26,6 +26,12 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("server", help="run the leader or helper server")
+    p.add_argument(
+        "--config",
+        help="a TOML file whose [server] table gives this server's options (keys are the "
+        "option names: role, db, certs, listen, helper, ...; flags true/false); the "
+        "command line wins, relative paths are relative to the file",
+    )
     p.add_argument("--role", choices=["leader", "helper"], required=True)
     p.add_argument(
         "--db",
@@ -225,6 +231,19 @@ def run_server(args: argparse.Namespace) -> int:
     return asyncio.run(_serve(args, identity))
 
 
+def describe_store(db: str) -> str:
+    """Which store a server opened, for its log: the SQLite file's absolute path,
+    or the PostgreSQL URL without its password."""
+    from svtagg.servers.store import sqlite_file
+
+    path = sqlite_file(db)
+    if path is not None:
+        return f"SQLite {Path(path).resolve()}"
+    from svtagg.servers.store_pg import redact
+
+    return f"PostgreSQL {redact(db)}"
+
+
 def _cap(value: str | None, flag: str) -> Fraction | None:
     if value is None or value.strip().lower() == "none":
         return None
@@ -283,6 +302,7 @@ async def _serve(args: argparse.Namespace, identity: Identity) -> int:
     )
     server = SvtaggServer(config)  # binds the ports, then opens the store
     log = logging.getLogger("svtagg.server")
+    log.info("%s store: %s", args.role, describe_store(args.db))
     log.info("comparison engine: %s", native.describe())
     for name, cap, default in (
         ("epsilon", config.max_epsilon_total, DEFAULT_MAX_EPSILON_TOTAL),

@@ -23,6 +23,7 @@ from svtagg.dp.errors import (
     StreamClosed,
 )
 from svtagg.dp.kinds import StreamKind
+from svtagg.dp.plans import check_groups_usable, parse_groups
 from svtagg.mpc.ring import U64
 from svtagg.proto import svtagg_pb2 as pb
 from svtagg.proto.vocab import (
@@ -230,6 +231,11 @@ class LeaderDriver:
         if request.task_id in self._unsynced:
             self.core.store.task(request.task_id)
             await self.sync_ledgers(request.task_id)
+        # A plan no stream could use is refused here, before either ledger is charged.
+        check_groups_usable(
+            parse_groups([(g.epsilon, g.delta) for g in request.groups]),
+            self.core.store.task(request.task_id).params.epsilon_min,
+        )
         info = self.core.reserve_plan(plan_id, request)
         forward = pb.PlanRequest()
         forward.CopyFrom(request)

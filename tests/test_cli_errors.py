@@ -21,7 +21,10 @@ from svtagg.proto.tls import write_deployment
 REFUSED, USAGE, ENVIRONMENT, UNREACHABLE = 1, 2, 3, 4
 
 
-def svtagg(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def svtagg(
+    *argv: str, env: dict[str, str] | None = None, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    """The real `svtagg` command line in a subprocess, as an operator runs it."""
     import os
 
     return subprocess.run(
@@ -30,6 +33,7 @@ def svtagg(*argv: str, env: dict[str, str] | None = None) -> subprocess.Complete
         text=True,
         timeout=120,
         env={**os.environ, **(env or {})},
+        cwd=cwd,
     )
 
 
@@ -168,6 +172,18 @@ def _server_cases(e: Env) -> list[tuple[str, list[str], int, str, list[Path]]]:
             ENVIRONMENT, "cannot listen", [db],
         ),
         (
+            "--listen not host:port",
+            ["server", "--role", "helper", "--db", str(db), "--certs", e.certs, "--listen",
+             "notaport"],
+            USAGE, "--listen: expected host:port", [db],
+        ),
+        (
+            "leader's --helper without a port",
+            ["server", "--role", "leader", "--db", str(db), "--certs", e.certs, "--helper",
+             "localhost"],
+            USAGE, "--helper: expected host:port", [db],
+        ),
+        (
             "data port in use",
             ["server", "--role", "helper", "--db", str(db), "--certs", e.certs, "--data-port",
              str(port)],
@@ -304,6 +320,30 @@ def test_analyst_failures(env: Env):
         ("unknown subcommand", ["analyst", "frobnicate"], USAGE, "invalid choice"),
         ("missing --task", env.analyst("budget"), USAGE, "--task"),
         (
+            "--leader without a port (gRPC would dial 443)",
+            ["analyst", "list", "--leader", "localhost", "--certs", env.certs],
+            USAGE,
+            "--leader: expected host:port",
+        ),
+        (
+            "create-task: δ of 2",
+            env.analyst("create-task", "--task", "x", "--d", "5", "--delta", "2"),
+            USAGE,
+            "--delta: δ must be in [0, 1)",
+        ),
+        (
+            "run: δ of 2",
+            env.analyst("run", "--task", "m", "--algorithm", "mwem", "--delta", "2"),
+            USAGE,
+            "--delta: δ must be in [0, 1)",
+        ),
+        (
+            "create-task: a task id with a space and a slash",
+            env.analyst("create-task", "--task", "a b/c", "--d", "5"),
+            USAGE,
+            "--task: task ids are",
+        ),
+        (
             "run: δ not a number",
             env.analyst("run", "--task", "m", "--delta", "x"),
             USAGE,
@@ -318,6 +358,53 @@ def test_analyst_failures(env: Env):
             raise AssertionError(f"{name}: {exc}") from None
     listing = json.loads(svtagg(*env.analyst("list", "--json")).stdout)
     assert "x" not in {t["task"] for t in listing["tasks"]}
+
+
+def test_tls_failures_are_explained(env: Env):
+    """A handshake that fails says why in one line, not in OpenSSL's words."""
+    foreign = env.root / "foreign-tls"
+    if not foreign.exists():
+        write_deployment(foreign)
+    cases = [
+        (
+            "the server's certificate is of another CA",
+            ["analyst", "list", "--leader", env.leader, "--certs", str(foreign)],
+            "not issued by the CA in your certificate directory's ca.pem",
+        ),
+        (
+            "the helper's address given as the leader's",
+            ["analyst", "list", "--leader", env.helper, "--certs", env.certs],
+            "not for the role dialled",
+        ),
+    ]
+    for name, argv, pattern in cases:
+        r = svtagg(*argv)
+        try:
+            _check(r, UNREACHABLE, pattern)
+            for raw in ("SSL_ERROR", "OPENSSL", "BAD_SIGNATURE", "Hostname Verification"):
+                assert raw not in r.stderr, f"raw TLS text {raw!r} in {r.stderr!r}"
+        except AssertionError as exc:
+            raise AssertionError(f"{name}: {exc}") from None
+
+
+def test_config_certs_relative_to_the_config_file(env: Env, tmp_path: Path):
+    """A relative `certs` in the config file is found next to the file, whatever
+    the working directory; a wrong one names the config file."""
+    folder = tmp_path / "conf"
+    folder.mkdir()
+    shutil.copytree(env.certs, folder / "keys")
+    cfg = _write(folder / "config.toml", f'leader = "{env.leader}"\ncerts = "keys"\n')
+    elsewhere = tmp_path / "work"
+    elsewhere.mkdir()
+    r = svtagg("analyst", "list", "--json", env={"SVTAGG_CONFIG": str(cfg)}, cwd=elsewhere)
+    assert r.returncode == 0, r.stderr
+    bad = _write(folder / "bad.toml", f'leader = "{env.leader}"\ncerts = "nokeys"\n')
+    r = svtagg("analyst", "list", env={"SVTAGG_CONFIG": str(bad)})
+    _check(r, ENVIRONMENT, f"certs from config file {bad}")
+    assert str(folder / "nokeys") in r.stderr
+    noport = _write(folder / "noport.toml", f'leader = "localhost"\ncerts = "{env.certs}"\n')
+    r = svtagg("analyst", "list", env={"SVTAGG_CONFIG": str(noport)})
+    _check(r, USAGE, f"leader (from config file {noport}): expected host:port")
 
 
 def test_broken_pipe_is_quiet(env: Env):
@@ -526,3 +613,11 @@ def test_a_recorded_embedding_is_shown_and_accepted(env: Env):
     r = svtagg(*env.upload("hhe", path, "--embedding", "heavy_hitters", "--format", "categories"))
     assert r.returncode == 0, r.stderr
     assert env.n("hhe") == before + 3
+
+
+def test_connect_refuses_an_address_without_a_port(tmp_path: Path):
+    import svtagg
+
+    write_deployment(tmp_path / "certs")
+    with pytest.raises(ValueError, match="leader: expected host:port"):
+        svtagg.connect("localhost", certs=tmp_path / "certs")

@@ -77,7 +77,7 @@ def test_processes_end_to_end_with_restart(tmp_path: Path):
         assert rc == 0, out
         result = json.loads(out)
         assert result["selected"] == [7, 11]
-        assert result["epsilon_spent"] == "2" and result["queries"] > 0
+        assert result["exact"]["epsilon_spent"] == "2" and result["queries"] > 0
         # The helper alone restarts: the leader drops its dead sessions and goes on.
         assert dep.stop_role("helper") == 0
         dep.start_role("helper")
