@@ -38,6 +38,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from svtagg.dp.errors import PeerUnavailable
+from svtagg.mpc.channel import Message
 from svtagg.proto.tls import Identity, role_of_pem, server_name
 from svtagg.proto.vocab import Role
 
@@ -154,7 +155,7 @@ class DataConnection:
             self.close()
             raise
 
-    async def send(self, data: bytes) -> None:
+    async def send(self, data: Message) -> None:
         view = memoryview(data).cast("B")
         await self._io(self._send_blocking, view)
         self.bytes_sent += len(view)

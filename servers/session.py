@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 from svtagg.dp.errors import PeerUnavailable
-from svtagg.mpc.channel import Channel
+from svtagg.mpc.channel import Channel, Message
 from svtagg.proto import svtagg_pb2 as pb
 from svtagg.proto.vocab import FRAGMENT, SETUP_DEADLINE, Role
 from svtagg.servers.core import ComparisonParty, PartyFactory
@@ -60,7 +60,7 @@ class FrameChannel:
         self.messages_sent = 0
         self.messages_received = 0
 
-    async def send(self, data: bytes) -> None:
+    async def send(self, data: Message) -> None:
         view = memoryview(data)
         for start in range(0, max(len(view), 1), FRAGMENT):
             end = start + FRAGMENT
@@ -115,7 +115,7 @@ class SwitchChannel:
     def select(self, lanes: int) -> None:
         self._cur = self.data if lanes > self.DATA_LANES else self.frames
 
-    async def send(self, data: bytes) -> None:
+    async def send(self, data: Message) -> None:
         await self._cur.send(data)
 
     async def recv(self) -> bytes:
