@@ -23,6 +23,7 @@ from fractions import Fraction
 
 import numpy as np
 import numpy.typing as npt
+
 from svtagg.analyst.oracle import Oracle
 from svtagg.dp.kinds import StreamKind, noise_model
 from svtagg.dp.noise import laplace_log_pmf

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+
 from svtagg.analyst import applications as apps
 from svtagg.analyst import baselines
 from svtagg.analyst.local_oracle import LocalOracle

@@ -29,6 +29,7 @@ from typing import Any, TextIO
 
 import numpy as np
 import numpy.typing as npt
+
 from svtagg.client.embeddings import (
     fp_loss_embedding,
     heavy_hitters_embedding,

@@ -21,6 +21,7 @@ from typing import Any
 import grpc
 import numpy as np
 import numpy.typing as npt
+
 from svtagg.client.embeddings import EMBEDDINGS
 from svtagg.client.records import InputError, ReadStats, check_range
 from svtagg.mpc.ring import encode

@@ -135,6 +135,7 @@ def _one_line(text: str) -> str:
 def describe_failure(exc: BaseException) -> tuple[int, str] | None:
     """(exit code, one-line message) for an expected failure; None: a bug."""
     import grpc
+
     from svtagg.client.upload import InputError, UploadError
     from svtagg.dp.errors import PeerUnavailable, Refusal
     from svtagg.proto.tls import CertificateError

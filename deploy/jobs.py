@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 import numpy as np
 import numpy.typing as npt
+
 from svtagg.deploy.workloads import laplace_argmax, model_selection, workload
 from svtagg.dp.errors import Refusal
 from svtagg.proto import svtagg_pb2 as pb

@@ -9,6 +9,7 @@ import logging
 from typing import Any
 
 import grpc
+
 from svtagg.dp.errors import PeerUnavailable
 from svtagg.proto import svtagg_pb2 as pb
 from svtagg.proto import svtagg_pb2_grpc as pb_grpc

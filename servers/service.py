@@ -21,6 +21,7 @@ from fractions import Fraction
 from typing import Any, TypeAlias, TypeVar
 
 import grpc
+
 from svtagg.dp.errors import InvalidArgument, RateLimited
 from svtagg.proto import health_pb2, health_pb2_grpc
 from svtagg.proto import svtagg_pb2 as pb

@@ -54,6 +54,7 @@ from psycopg import sql
 from psycopg.abc import Buffer
 from psycopg.pq import TransactionStatus
 from psycopg.types.string import StrDumperUnknown
+
 from svtagg.dp.errors import (
     AlreadyExists,
     FailedPrecondition,

@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 import pytest
+
 from svtagg.client.upload import make_batch
 from svtagg.proto import svtagg_pb2 as pb
 from svtagg.proto.tls import Identity, write_deployment
@@ -149,6 +150,7 @@ class Deployment:
 
     def analyst_stub(self, role: str = "analyst") -> Any:
         import grpc
+
         from svtagg.proto import svtagg_pb2_grpc as pb_grpc
         from svtagg.proto.tls import tls_target
 
@@ -279,6 +281,7 @@ class ProcessDeployment:
     def channel(self, role: str = "analyst", server: str = "leader") -> Any:
         """A mutual-TLS channel to `server`, holding the certificate of `role`."""
         import grpc
+
         from svtagg.proto.tls import tls_target
         from svtagg.proto.vocab import CHANNEL_OPTIONS as OPTIONS
 

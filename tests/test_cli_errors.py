@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from svtagg.deploy.launch import LocalDeployment
 from svtagg.proto.tls import write_deployment
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import Deployment
+
 from svtagg.dp.errors import PeerUnavailable
 from svtagg.dp.queries import Query
 from svtagg.proto.tls import Identity, write_deployment

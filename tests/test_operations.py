@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import grpc
+
 from svtagg.deploy.launch import LocalDeployment
 from svtagg.proto import health_pb2, health_pb2_grpc
 from svtagg.proto.tls import Identity, tls_target

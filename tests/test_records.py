@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from svtagg.client.embeddings import marginals_embedding, sparse_mean_embedding
 from svtagg.client.records import InputError, ReadStats, Spec, read_input
 
@@ -95,6 +96,7 @@ def test_front_door_category_input_reads_rows_not_labels() -> None:
     its column labels); a Series or 1-D array is one id per user; booleans,
     NaN and inf are refused with the row and column."""
     import pandas as pd
+
     from svtagg.client.records import InputError, ReadStats, Spec, embed_block
     from svtagg.deploy.connection import _category_rows
 

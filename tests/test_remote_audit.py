@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 import pytest
 from conftest import ProcessDeployment, pg_tagged
+
 from svtagg.analyst.audit import (
     Event,
     Scenario,
@@ -173,6 +174,7 @@ def test_remote_audit_power():
     the note's SVT without threshold noise, and correct streams whose noise is
     m times too small (they run at ε·m while the audit claims ε)."""
     from broken_mechanisms import NoThresholdNoiseOracle
+
     from svtagg.analyst.local_oracle import LocalOracle
 
     sc = counterexample_scenario("lap24", EPS)

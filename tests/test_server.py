@@ -12,6 +12,7 @@ import grpc
 import numpy as np
 import pytest
 from conftest import Deployment, make_task, off_loop
+
 from svtagg.client.upload import make_batch
 from svtagg.dp.kinds import StreamKind
 from svtagg.dp.queries import MAX_CHUNK

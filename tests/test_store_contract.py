@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 from conftest import PG_ENV, postgres_unavailable
+
 from svtagg.dp.errors import (
     AlreadyExists,
     BudgetExhausted,

@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 from conftest import Deployment, off_loop
+from test_server import channel
+
 from svtagg.client.upload import make_batch
 from svtagg.dp.task import TaskParams
 from svtagg.mpc.sharing import share
@@ -21,7 +23,6 @@ from svtagg.proto import svtagg_pb2 as pb
 from svtagg.proto import svtagg_pb2_grpc as pb_grpc
 from svtagg.servers.core import ServerCore
 from svtagg.servers.store import Store
-from test_server import channel
 
 D, F = 4, 16
 
@@ -116,6 +117,7 @@ def test_policy_and_client_can_insist_on_validation(tmp_path: Path) -> None:
     """The analyst chooses validate_reports; a server (or a client) can refuse a
     task that skips it."""
     import pytest
+
     from svtagg.dp.errors import InvalidArgument
     from svtagg.dp.task import parse_task_params
 
