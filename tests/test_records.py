@@ -117,3 +117,20 @@ def test_a_field_only_python_reads_is_refused_cleanly(tmp_path: Path) -> None:
     path.write_text("0.5,1_000\n")
     with pytest.raises(InputError, match="row 1: a field numpy cannot read"):
         list(read_input(path, Spec(2, "matrix", None, {})))
+
+
+def test_header_on_a_file_without_one_is_refused(tmp_path: Path) -> None:
+    """--header on a file whose first line is a user would drop that user:
+    refused in one line; a real header line is still skipped."""
+    with pytest.raises(InputError, match="row 1 holds only numbers"):
+        list(read_input(_csv(tmp_path, "0.5,1\n0,1\n"), Spec(2, "matrix"), header=True))
+    with pytest.raises(InputError, match="row 1 holds only numbers"):
+        list(
+            read_input(
+                _csv(tmp_path, "3\n1\n"), Spec(4, "categories", "heavy_hitters"), header=True
+            )
+        )
+    got = list(
+        read_input(_csv(tmp_path, "x;y\n0.5;1\n"), Spec(2, "matrix"), header=True, delimiter=";")
+    )
+    assert np.vstack(got).tolist() == [[0.5, 1.0]]
