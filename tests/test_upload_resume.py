@@ -209,3 +209,44 @@ async def test_the_task_s_embedding_is_used_when_none_is_given(
     assert await off_loop(run) == (0, 0, 2)
     assert store_view(deployment.root / "helper.sqlite", "hh").n == ROWS
     assert store_view(deployment.root / "helper.sqlite", "sm").n == ROWS
+
+
+async def test_ctrl_c_in_a_real_upload_then_resume(deployment: Deployment, tmp_path: Path):
+    """SIGINT to a `svtagg client upload` process mid-upload: exit 130 with what
+    each server holds; the resume completes it, every row counted once."""
+    import asyncio
+    import os
+    import signal
+    import sys
+
+    rows = 8_000
+    values = np.random.default_rng(9).random((rows, 2)).round(3)
+    path = tmp_path / "big.csv"
+    np.savetxt(path, values, delimiter=",", fmt="%.3f")
+    journal = tmp_path / "big.csv.upload-t.json"
+    await off_loop(make_task, deployment.analyst_stub(), "t", 2)
+    args = [sys.executable, "-m", "svtagg.deploy.cli", "client", "upload",
+            "--leader", deployment.leader_addr, "--helper", deployment.helper_addr,
+            "--certs", str(deployment.certs), "--task", "t", "--input", str(path),
+            "--batch", "50", "--quiet"]  # fmt: skip
+    env = {**os.environ, "SVTAGG_CONFIG": ""}
+    proc = await asyncio.create_subprocess_exec(*args, env=env, stderr=asyncio.subprocess.PIPE)
+    for _ in range(600):  # until a few batches are held
+        await asyncio.sleep(0.05)
+        if journal.exists() and json.loads(journal.read_text() or "{}").get("leader_rows", 0):
+            break
+    proc.send_signal(signal.SIGINT)
+    _, err = await proc.communicate()
+    text = err.decode()
+    assert proc.returncode == 130, text
+    assert "interrupted: the leader holds" in text and "--resume" in text, text
+    held = json.loads(journal.read_text())
+    assert 0 < held["leader_rows"] < rows, held
+    resumed = await asyncio.create_subprocess_exec(
+        *args, "--resume", env=env, stderr=asyncio.subprocess.PIPE
+    )
+    _, err = await resumed.communicate()
+    assert resumed.returncode == 0, err.decode()
+    n_l, n_h, sums = _held(deployment)
+    assert (n_l, n_h) == (rows, rows)
+    assert np.array_equal(sums, encoded_sum(values, 16))
