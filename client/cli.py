@@ -255,8 +255,9 @@ def run_upload(args: argparse.Namespace) -> int:
             ) from None
         except UploadError as exc:
             record(stats)
+            hint = ": --resume continues" if exc.unreachable else ""
             raise UploadError(
-                f"{exc}; {journal.held()}: --resume continues (journal {journal_path})",
+                f"{exc}; {journal.held()}{hint} (journal {journal_path})",
                 unreachable=exc.unreachable,
             ) from None
     if not args.quiet and stats.reports:

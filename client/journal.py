@@ -102,7 +102,9 @@ class UploadJournal:
 
     def differs(self, other: UploadJournal) -> str | None:
         """Why `other` (this run's view of the upload) is not the upload this
-        journal records, or None."""
+        journal records, or None.  A resume must rebuild the very same reports:
+        a row's seed reused with another value would give the leader the
+        difference of the two values."""
         if (self.size, self.sha256) != (other.size, other.sha256):
             return f"{other.input} changed since the upload began (its size or content differ)"
         if self.task != other.task:

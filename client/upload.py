@@ -43,8 +43,11 @@ RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
 class UploadKey:
     """The secret of one resumable upload: row r's report id and share seed are
     keyed BLAKE2b (a PRF) of r under it, with distinct personalisations.  The
-    servers see ids and (the helper) seeds, never the key, so neither can tell
-    one report's seed from another's id; keep it as secret as the input."""
+    servers see the ids and (the helper) the seeds, never the key, and no PRF
+    output tells anything of another, so the leader learns nothing of a seed.
+    Keep the key as secret as the input: with it, the leader's shares give the
+    values.  A row sent again must be the same row (`client.journal` checks the
+    input): one seed under two values would hand the leader their difference."""
 
     secret: bytes
 
