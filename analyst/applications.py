@@ -12,6 +12,7 @@ from fractions import Fraction
 
 import numpy as np
 import numpy.typing as npt
+
 from svtagg.analyst.oracle import Oracle, PlannedOracle, planned
 from svtagg.analyst.selection import (
     Candidates,

@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+
 from svtagg.analyst.oracle import Oracle
 from svtagg.dp.kinds import StreamKind, noise_model
 from svtagg.dp.noise import geometric_log_pmf, laplace_log_pmf

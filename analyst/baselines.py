@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
+
 from svtagg.analyst.applications import Array, MarginalWorkload, mwem_loop
 from svtagg.dp.accounting import ZCDPAccountant, gaussian_sigma, rho_for_dp
 

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+
 from svtagg.analyst import applications as apps
 from svtagg.analyst import baselines
 from svtagg.analyst.local_oracle import LocalOracle
@@ -849,8 +850,8 @@ def applications(
                 chunks.append(apps.sparse_mean_embedding(x, clip))
             sums = _grid_sums(chunks)
             oracle = LocalOracle.from_sums(sums, n, BIG_BUDGET, seed=_oracle_seed(g))
-            res = apps.sparse_mean(oracle, cfg.sm_k, eps, beta, clip, rng=g)
-            errs["svt"].append(float(np.linalg.norm(res.mean - mu)))
+            smr = apps.sparse_mean(oracle, cfg.sm_k, eps, beta, clip, rng=g)
+            errs["svt"].append(float(np.linalg.norm(smr.mean - mu)))
             gm = baselines.gaussian_sparse_mean(sums / GRID, n, cfg.sm_k, clip, eps, 1 / n**2, g)
             errs["gaussian"].append(float(np.linalg.norm(gm - mu)))
             g9 = _rng(seed, 11, i, r)
@@ -879,8 +880,8 @@ def applications(
             sums = _marginal_sums(wl, hist)
             for m, delta in (("svt", 0.0), ("svt_adv", cfg.mwem_delta)):
                 oracle = LocalOracle.from_sums(sums, n, BIG_BUDGET, seed=_oracle_seed(g))
-                res = apps.mwem_svt(oracle, wl, eps, 0.1, rounds=t_rounds, delta=delta)
-                errs[m].append(apps.max_query_error(wl, hist, res.synthetic) / n)
+                mwr = apps.mwem_svt(oracle, wl, eps, 0.1, rounds=t_rounds, delta=delta)
+                errs[m].append(apps.max_query_error(wl, hist, mwr.synthetic) / n)
             central = baselines.central_mwem(hist, wl, eps, t_rounds, g)
             errs["central"].append(apps.max_query_error(wl, hist, central) / n)
             g8 = _rng(seed, 12, i, r)

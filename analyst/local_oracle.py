@@ -13,6 +13,7 @@ from fractions import Fraction
 
 import numpy as np
 import numpy.typing as npt
+
 from svtagg.analyst.oracle import OracleStats
 from svtagg.dp import accuracy
 from svtagg.dp.errors import NotFound, Refusal

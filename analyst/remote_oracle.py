@@ -20,6 +20,7 @@ from typing import Any
 import grpc
 import numpy as np
 import numpy.typing as npt
+
 from svtagg.analyst.oracle import OracleStats
 from svtagg.dp import accuracy
 from svtagg.dp.errors import Refusal, StreamClosed

@@ -20,6 +20,7 @@ from enum import StrEnum
 from fractions import Fraction
 
 import numpy as np
+
 from svtagg.analyst.oracle import Oracle, Stream
 from svtagg.dp.kinds import StreamKind, check_epsilon
 from svtagg.dp.queries import MAX_CHUNK, Number, Query

@@ -29,6 +29,7 @@ from multiprocessing import get_context
 from pathlib import Path
 
 import numpy as np
+
 from svtagg.analyst.remote_oracle import RemoteOracle
 from svtagg.benchmarks.storeview import encoded_sum, store_view
 from svtagg.client.upload import Uploader, make_batch

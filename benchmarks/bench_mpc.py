@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+
 from svtagg.mpc import native
 from svtagg.mpc.aes import TweakableHash
 from svtagg.mpc.circuits import bit_planes, planes, sign_yes

@@ -41,6 +41,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
+
 from svtagg.benchmarks.pg import server_url
 from svtagg.servers.store_pg import _MIGRATIONS, _copy_rows
 

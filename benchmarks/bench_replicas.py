@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from svtagg.benchmarks.pg import server_url
 from svtagg.client.upload import Uploader
 from svtagg.deploy.jobs import analyst_stub, task_spec

@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 
 import grpc
+
 from svtagg.proto import svtagg_pb2 as pb
 from svtagg.proto.tls import Identity, write_deployment
 from svtagg.proto.vocab import CHANNEL_OPTIONS, SERVER_OPTIONS

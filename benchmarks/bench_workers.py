@@ -27,6 +27,7 @@ import uuid
 from typing import Any
 
 import numpy as np
+
 from svtagg.analyst.remote_oracle import RemoteOracle
 from svtagg.benchmarks.bench_system import (
     bench_chunks,

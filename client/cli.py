@@ -16,7 +16,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="upload per-user data from CSV or .npy to both servers",
         description="Read the input in batches, check every value, then share and upload. "
         "The whole file is checked before the first report is sent, so a bad row "
-        "uploads nothing.",
+        "uploads nothing. A journal (the upload's key and progress) makes a rerun a "
+        "refusal and lets --resume continue an interrupted upload: nobody counts twice.",
     )
     u.add_argument("--leader", required=True, help="leader host:port")
     u.add_argument("--helper", required=True, help="helper host:port")
@@ -31,7 +32,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     u.add_argument(
         "--embedding",
         choices=["heavy_hitters", "sparse_mean", "marginals", "fp_loss"],
-        help="map raw records to [0,1]^d (none: the rows already are vectors in [0,1]^d)",
+        help="map raw records to [0,1]^d. Default: the embedding the task records "
+        "(none recorded: the rows already are vectors in [0,1]^d)",
     )
     u.add_argument(
         "--format",
@@ -40,7 +42,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "records: raw records of the embedding. Default: the embedding's only format "
         "(heavy_hitters must choose)",
     )
-    u.add_argument("--header", action="store_true", help="skip the first line of a text file")
+    u.add_argument(
+        "--header",
+        action="store_true",
+        help="skip the first line of a text file (refused if that line is all numbers)",
+    )
     u.add_argument("--delimiter", default=",", help="field separator of a text file")
     u.add_argument(
         "--clip",
@@ -55,7 +61,21 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         metavar="KEY=VALUE",
         help="embedding parameter, e.g. clip=3.5, bound=1, p=2 (repeatable)",
     )
-    u.add_argument("--batch", type=int, default=1000, help="reports per batch")
+    u.add_argument(
+        "--batch", type=int, default=1000, help="reports per batch (a resume keeps the journal's)"
+    )
+    u.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the interrupted upload of this input that the journal records; "
+        "rows a server already holds are not counted again",
+    )
+    u.add_argument(
+        "--journal",
+        metavar="PATH",
+        help="the upload's journal (its secret key and progress). "
+        "Default: next to the input, INPUT.upload-TASK.json",
+    )
     u.add_argument("--retries", type=int, default=5, help="retries per batch when unreachable")
     u.add_argument(
         "--require-validation",
@@ -94,8 +114,11 @@ def _params(items: list[str]) -> dict[str, Any]:
 
 
 def run_upload(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from svtagg.client.journal import UploadJournal, default_path, fingerprint
     from svtagg.client.records import InputError, ReadStats, Spec, default_format, read_input
-    from svtagg.client.upload import Uploader
+    from svtagg.client.upload import Uploader, UploadError, UploadStats
     from svtagg.proto.tls import load_identity
     from svtagg.proto.vocab import MAX_BATCH_VALUES
 
@@ -104,28 +127,52 @@ def run_upload(args: argparse.Namespace) -> int:
     if len(args.delimiter) != 1:
         raise InputError(f"--delimiter must be one character, got {args.delimiter!r}")
     params = _params(args.param)
-    fmt = args.format or default_format(args.embedding)
-    if fmt is None:
+    journal_path = Path(args.journal) if args.journal else default_path(args.input, args.task)
+    recorded: UploadJournal | None = None
+    if journal_path.exists():
+        recorded = UploadJournal.load(journal_path)
+        if not args.resume:
+            if recorded.done:
+                raise InputError(
+                    f"{args.input} was already uploaded to task {recorded.task!r} "
+                    f"({recorded.rows:,} rows; journal {journal_path}): nothing sent. "
+                    "To upload these users again as new users, delete the journal"
+                )
+            raise InputError(
+                f"an upload of {args.input} to task {recorded.task!r} was interrupted "
+                f"({recorded.held()}; journal {journal_path}): --resume continues it"
+            )
+    elif args.resume:
         raise InputError(
-            f"--embedding {args.embedding} needs --format categories (category ids per row) "
-            "or --format matrix (a 0/1 row of d values)"
+            f"no upload journal {journal_path} to resume (an upload without --resume starts one)"
         )
     if args.no_client_cert:
-        from pathlib import Path
-
-        ca_path = Path(args.certs) / "ca.pem"
-        ca, cert, key = ca_path.read_bytes(), None, None
+        ca, cert, key = (Path(args.certs) / "ca.pem").read_bytes(), None, None
     else:
         ident = load_identity(args.certs, "client")
         ca, cert, key = ident.ca, ident.cert, ident.key
 
     with Uploader(args.leader, args.helper, ca, cert, key, retries=args.retries) as up:
-        info = up.checked_task(args.task, args.require_validation, args.embedding or "vectors")
+        info = up.task(args.task)
+        # The task's recorded embedding unless one is given (which must agree).
+        embedding = args.embedding
+        if embedding is None and info.spec.embedding not in ("", "vectors"):
+            embedding = info.spec.embedding
+        up.checked_task(args.task, args.require_validation, embedding or "vectors", info=info)
+        fmt = args.format or default_format(embedding)
+        if fmt is None:
+            source = "" if args.embedding else f" (the embedding task {args.task!r} records)"
+            raise InputError(
+                f"embedding {embedding}{source} needs --format categories (category ids per "
+                "row) or --format matrix (a 0/1 row of d values)"
+            )
         d = int(info.spec.d)
         if "d" in params and int(params.pop("d")) != d:
             raise InputError(f"--param d disagrees with the task's d={d}")
-        spec = Spec(d, fmt, args.embedding, params, clip=args.clip)
+        spec = Spec(d, fmt, embedding, params, clip=args.clip)
         batch = max(1, min(args.batch, MAX_BATCH_VALUES // d))
+        if recorded is not None:
+            batch = int(recorded.options.get("batch", batch))  # the same batches again
 
         def blocks(stats: ReadStats) -> Any:
             return read_input(
@@ -144,14 +191,78 @@ def run_upload(args: argparse.Namespace) -> int:
         for _ in blocks(checked):
             pass
         total = checked.rows
+        size, digest = fingerprint(args.input)
+        options = {
+            "d": d,
+            "embedding": embedding,
+            "format": fmt,
+            "params": params,
+            "clip": args.clip,
+            "header": args.header,
+            "delimiter": args.delimiter,
+            "batch": batch,
+        }
+        journal = UploadJournal(
+            args.task, str(Path(args.input).resolve()), size, digest, options, total
+        )
+        if recorded is not None:
+            why = recorded.differs(journal)
+            if why is not None:
+                raise InputError(f"cannot resume from journal {journal_path}: {why}")
+            journal = recorded
+            if journal.done:
+                print(
+                    f"nothing to resume: {journal.held()} (journal {journal_path})",
+                    file=sys.stderr,
+                )
+        else:
+            journal.create(journal_path)  # the key is on disk before any report leaves
+        # Both servers hold every row before this one; batches after it may be
+        # held by one of them, which then refuses them as already held.
+        start = min(journal.leader_rows, journal.helper_rows) // batch * batch
 
         def progress(done: int, _total: int) -> None:
             if live:
-                print(f"\ruploaded {done}/{total} reports", end="", file=sys.stderr, flush=True)
+                print(
+                    f"\ruploaded {start + done}/{total} reports",
+                    end="",
+                    file=sys.stderr,
+                    flush=True,
+                )
+
+        def record(stats: UploadStats) -> None:
+            journal.leader_rows, journal.helper_rows = stats.held
+            journal.save(journal_path)
 
         read = ReadStats()
-        stats = up.upload_blocks(args.task, blocks(read), total=total, progress=progress, info=info)
-    if live:
+        stats = UploadStats(held=[journal.leader_rows, journal.helper_rows])
+        try:
+            if not journal.done:
+                up.upload_blocks(
+                    args.task,
+                    _skip_rows(blocks(read), start),
+                    total=total,
+                    progress=progress,
+                    info=info,
+                    key=journal.upload_key,
+                    first_row=start,
+                    stats=stats,
+                    acknowledged=record,
+                )
+        except KeyboardInterrupt:
+            record(stats)
+            raise KeyboardInterrupt(
+                f"{journal.held()} (acknowledged; none counted twice): --resume continues "
+                f"(journal {journal_path})"
+            ) from None
+        except UploadError as exc:
+            record(stats)
+            hint = ": --resume continues" if exc.unreachable else ""
+            raise UploadError(
+                f"{exc}; {journal.held()}{hint} (journal {journal_path})",
+                unreachable=exc.unreachable,
+            ) from None
+    if live and stats.reports:
         print(file=sys.stderr)
     rate = stats.reports / stats.seconds if stats.seconds else 0.0
     if args.json:
@@ -160,6 +271,8 @@ def run_upload(args: argparse.Namespace) -> int:
                 {
                     "task": args.task,
                     "reports": stats.reports,
+                    "resumed_at_row": start if recorded is not None else None,
+                    "rows": total,
                     "batches": stats.batches,
                     "retries": stats.retries,
                     "seconds": round(stats.seconds, 3),
@@ -168,8 +281,9 @@ def run_upload(args: argparse.Namespace) -> int:
                     "leader_n": stats.n_leader,
                     "helper_n": stats.n_helper,
                     "format": fmt,
-                    "embedding": args.embedding,
+                    "embedding": embedding,
                     "d": d,
+                    "journal": str(journal_path),
                 }
             )
         )
@@ -179,9 +293,19 @@ def run_upload(args: argparse.Namespace) -> int:
         assert read.first_clipped is not None
         row, col = read.first_clipped
         clipped = f"; clipped {read.clipped} values (first at row {row}, column {col})"
+    resumed = f" from row {start + 1} on" if recorded is not None else ""
     print(
-        f"uploaded {stats.reports} reports in {stats.batches} batches "
+        f"uploaded {stats.reports} reports{resumed} in {stats.batches} batches "
         f"({stats.retries} retries) in {stats.seconds:.2f}s ({rate:,.0f} reports/s); "
         f"leader n={stats.n_leader}, helper n={stats.n_helper}{clipped}"
     )
     return 0
+
+
+def _skip_rows(blocks: Any, rows: int) -> Any:
+    """The blocks after the first `rows` rows (a whole number of blocks)."""
+    for block in blocks:
+        if rows > 0:
+            rows -= len(block)
+            continue
+        yield block

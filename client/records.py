@@ -29,6 +29,7 @@ from typing import Any, TextIO
 
 import numpy as np
 import numpy.typing as npt
+
 from svtagg.client.embeddings import (
     fp_loss_embedding,
     heavy_hitters_embedding,
@@ -247,7 +248,17 @@ def _parse_category(text: str, row: int, col: int, d: int) -> int:
     return value
 
 
-def _lines(f: TextIO, max_line: int, skip_header: bool) -> Iterator[tuple[int, str]]:
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _lines(
+    f: TextIO, max_line: int, skip_header: bool, delimiter: str = ","
+) -> Iterator[tuple[int, str]]:
     row = 0
     while True:
         line = f.readline(max_line + 1)
@@ -260,6 +271,13 @@ def _lines(f: TextIO, max_line: int, skip_header: bool) -> Iterator[tuple[int, s
                 "refusing to read it whole"
             )
         if row == 1 and skip_header:
+            # A line of numbers is a user: skipping it would upload everyone but him.
+            fields = line.rstrip("\r\n").split(delimiter)
+            if line.strip() and all(_is_number(x) for x in fields):
+                raise InputError(
+                    "row 1 holds only numbers, so it is a user, not a header line; "
+                    "drop --header (or give the columns names)"
+                )
             continue
         yield row, line
 
@@ -302,7 +320,7 @@ def read_csv(
     with open(path, encoding="utf-8", newline="") as f:
         rows: list[Any] = []
         first = 0
-        for row, line in _lines(f, max_line, header):
+        for row, line in _lines(f, max_line, header, delimiter):
             text = line.rstrip("\r\n")
             if not text.strip():
                 raise InputError(f"row {row} is empty")

@@ -1,16 +1,21 @@
 """Client SDK: embed per-user records, encode, share with seed compression, and
 upload to both servers in batches.
 
-Each report gets one random 16-byte id used on both servers.  A batch is
-stored atomically by each server, and a retry resends the *same* batch (same
-ids), so a retry after a lost answer is refused as a replay (ALREADY_EXISTS)
-instead of counted twice; the SDK reads that refusal on a retry as "already
-delivered".  The leader receives the explicit shares, the helper only seeds.
+Each report has one 16-byte id used on both servers: random, or — for an
+upload that can be resumed (`UploadKey`) — derived with its share seed from a
+secret per-upload key and the report's row number, so sending a row again
+sends the very same report.  A batch is stored atomically by each server, and a
+retry resends the *same* batch (same ids), so a retry after a lost answer is
+refused as a replay (ALREADY_EXISTS) instead of counted twice; the SDK reads
+that refusal on a retry, and for keyed batches always, as "already held".  The
+leader receives the explicit shares, the helper only seeds.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
+import secrets
 import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
@@ -21,10 +26,11 @@ from typing import Any
 import grpc
 import numpy as np
 import numpy.typing as npt
+
 from svtagg.client.embeddings import EMBEDDINGS
 from svtagg.client.records import InputError, ReadStats, check_range
 from svtagg.mpc.ring import encode
-from svtagg.mpc.sharing import share
+from svtagg.mpc.sharing import SEED_BYTES, share
 from svtagg.proto import svtagg_pb2 as pb
 from svtagg.proto import svtagg_pb2_grpc as pb_grpc
 from svtagg.proto.tls import tls_target
@@ -34,26 +40,66 @@ RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
 
 
 @dataclass(frozen=True)
+class UploadKey:
+    """The secret of one resumable upload: row r's report id and share seed are
+    keyed BLAKE2b (a PRF) of r under it, with distinct personalisations.  The
+    servers see the ids and (the helper) the seeds, never the key, and no PRF
+    output tells anything of another, so the leader learns nothing of a seed.
+    Keep the key as secret as the input: with it, the leader's shares give the
+    values.  A row sent again must be the same row (`client.journal` checks the
+    input): one seed under two values would hand the leader their difference."""
+
+    secret: bytes
+
+    @classmethod
+    def new(cls) -> UploadKey:
+        return cls(secrets.token_bytes(32))
+
+    def _prf(self, what: bytes, row: int, size: int) -> bytes:
+        msg = row.to_bytes(8, "big")
+        return hashlib.blake2b(msg, key=self.secret, person=what, digest_size=size).digest()
+
+    def report_id(self, row: int) -> bytes:
+        return self._prf(b"svtagg-report-id", row, REPORT_ID_BYTES)
+
+    def seed(self, row: int) -> bytes:
+        return self._prf(b"svtagg-seed", row, SEED_BYTES)
+
+
+@dataclass(frozen=True)
 class Batch:
-    """Reports ready to send: the leader's and the helper's halves of one batch."""
+    """Reports ready to send: the leader's and the helper's halves of one batch.
+    `keyed`: ids and shares derive from an `UploadKey`, so a server that refuses
+    the batch as a replay holds this very batch (from an earlier run)."""
 
     leader: pb.UploadBatch
     helper: pb.UploadBatch
+    keyed: bool = False
 
     def __len__(self) -> int:
         return len(self.leader.reports)
 
 
-def make_batch(task_id: str, values: npt.ArrayLike, frac_bits: int) -> Batch:
-    """Encode an m × d block of per-user values in [0, 1] and share each row."""
+def make_batch(
+    task_id: str,
+    values: npt.ArrayLike,
+    frac_bits: int,
+    key: UploadKey | None = None,
+    first_row: int = 0,
+) -> Batch:
+    """Encode an m × d block of per-user values in [0, 1] and share each row;
+    with `key`, the rows are rows first_row, first_row + 1, ... of that upload
+    and their ids and seeds are the key's (else fresh random ones)."""
     rows = encode(np.atleast_2d(np.asarray(values, dtype=np.float64)), frac_bits)
     lead, help_ = pb.UploadBatch(task_id=task_id), pb.UploadBatch(task_id=task_id)
-    for row in rows:
-        rid = os.urandom(REPORT_ID_BYTES)
-        explicit, seed = share(row)
+    for i, row in enumerate(rows, first_row):
+        if key is None:
+            rid, (explicit, seed) = os.urandom(REPORT_ID_BYTES), share(row)
+        else:
+            rid, (explicit, seed) = key.report_id(i), share(row, key.seed(i))
         lead.reports.add(report_id=rid, explicit_share=explicit.astype("<u8").tobytes())
         help_.reports.add(report_id=rid, seed=seed)
-    return Batch(lead, help_)
+    return Batch(lead, help_, keyed=key is not None)
 
 
 @dataclass
@@ -65,6 +111,9 @@ class UploadStats:
     n_leader: int = 0
     n_helper: int = 0
     errors: list[str] = field(default_factory=list)
+    #: Rows of this upload each server (leader, helper) has acknowledged holding,
+    #: counted as each answer arrives: after an interrupt, what each one stores.
+    held: list[int] = field(default_factory=lambda: [0, 0])
 
 
 class UploadError(Exception):
@@ -76,7 +125,15 @@ class UploadError(Exception):
         self.unreachable = unreachable
 
 
-__all__ = ["InputError", "ReadStats", "UploadError", "UploadStats", "Uploader", "make_batch"]
+__all__ = [
+    "InputError",
+    "ReadStats",
+    "UploadError",
+    "UploadKey",
+    "UploadStats",
+    "Uploader",
+    "make_batch",
+]
 
 
 class Uploader:
@@ -146,10 +203,13 @@ class Uploader:
             for i, fut in futures.items():
                 try:
                     ns[i] = int(fut.result().n)
+                    stats.held[i] += len(batch)
                 except grpc.RpcError as exc:
                     code = exc.code()  # type: ignore[attr-defined]
-                    if code == grpc.StatusCode.ALREADY_EXISTS and attempt > 0:
-                        continue  # stored by the earlier attempt (batches are atomic)
+                    if code == grpc.StatusCode.ALREADY_EXISTS and (attempt > 0 or batch.keyed):
+                        # stored by an earlier attempt or run (batches are atomic)
+                        stats.held[i] += len(batch)
+                        continue
                     if code not in RETRYABLE or attempt >= self.retries:
                         server = "leader" if i == 0 else "helper"
                         verb = "could not be reached" if code in RETRYABLE else "refused the batch"
@@ -194,12 +254,17 @@ class Uploader:
         )
 
     def checked_task(
-        self, task_id: str, require_validation: bool, embedding: str | None = None
+        self,
+        task_id: str,
+        require_validation: bool,
+        embedding: str | None = None,
+        info: pb.TaskInfo | None = None,
     ) -> pb.TaskInfo:
-        """The task's info, refusing a task that does not validate when asked to,
-        and — when the task records its embedding — an upload embedded otherwise
-        (`embedding`: the upload's, "vectors" for rows already in [0,1]^d)."""
-        info = self.task(task_id)
+        """The task's info (`info`, else asked for), refusing a task that does not
+        validate when asked to, and — when the task records its embedding — an
+        upload embedded otherwise (`embedding`: the upload's, "vectors" for rows
+        already in [0,1]^d)."""
+        info = info if info is not None else self.task(task_id)
         if require_validation and not info.spec.validate_reports:
             raise ValueError(f"task {task_id!r} does not validate reports; refusing to upload")
         recorded = info.spec.embedding
@@ -221,14 +286,22 @@ class Uploader:
         progress: Callable[[int, int], None] | None = None,
         require_validation: bool = False,
         info: pb.TaskInfo | None = None,
+        key: UploadKey | None = None,
+        first_row: int = 0,
+        stats: UploadStats | None = None,
+        acknowledged: Callable[[UploadStats], None] | None = None,
     ) -> UploadStats:
         """Upload blocks of rows (each m × d, values in [0, 1], at most the servers'
         batch bound) as they come: memory holds two blocks, not the input.  A
         block of the wrong width or with values outside [0, 1] raises InputError;
-        blocks sent before it stay uploaded (`UploadStats` says how many)."""
+        blocks sent before it stay uploaded (`stats` says how many, also after an
+        interrupt).  With `key` the blocks are the upload's rows from `first_row`
+        on, and a batch a server already holds counts as held there.
+        `acknowledged` is called after each batch both servers hold."""
         info = info if info is not None else self.checked_task(task_id, require_validation)
         d = info.spec.d
-        stats = UploadStats()
+        stats = stats if stats is not None else UploadStats()
+        row = first_row
         start = time.perf_counter()
         # Pipelined: the next batch is encoded and shared while this one is in flight.
         inflight: tuple[Batch, dict[int, Future[Any]]] | None = None
@@ -239,16 +312,21 @@ class Uploader:
                     raise InputError(f"rows have {block.shape[-1]} values, task has d={d}")
                 if block.shape[0] * d > MAX_BATCH_VALUES:
                     raise InputError(f"a block of {block.shape[0]} rows exceeds the batch bound")
-                batch = make_batch(task_id, block, info.spec.frac_bits)
+                batch = make_batch(task_id, block, info.spec.frac_bits, key, row)
+                row += len(batch)
+                # On a resume, a server that acknowledged these rows is not asked again.
+                which = tuple(i for i in (0, 1) if key is None or stats.held[i] < row)
             if inflight is not None:
                 done, futures = inflight
                 n_l, n_h = self.send(done, stats, futures)
                 stats.reports += len(done)
                 stats.batches += 1
                 stats.n_leader, stats.n_helper = n_l or stats.n_leader, n_h or stats.n_helper
+                if acknowledged is not None:
+                    acknowledged(stats)
                 if progress is not None:
                     progress(stats.reports, total if total is not None else -1)
-            inflight = (batch, self._submit(batch)) if batch is not None else None
+            inflight = (batch, self._submit(batch, which)) if batch is not None else None
         stats.seconds = time.perf_counter() - start
         return stats
 

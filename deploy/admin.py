@@ -182,6 +182,7 @@ def run_close(args: argparse.Namespace) -> int:
 
 def run_create(args: argparse.Namespace) -> int:
     import grpc
+
     from svtagg.deploy.jobs import task_spec
     from svtagg.dp.errors import InvalidArgument
 

@@ -176,6 +176,7 @@ def explain_tls(details: str) -> str | None:
 def describe_failure(exc: BaseException) -> tuple[int, str] | None:
     """(exit code, one-line message) for an expected failure; None: a bug."""
     import grpc
+
     from svtagg.client.upload import InputError, UploadError
     from svtagg.dp.errors import PeerUnavailable, Refusal
     from svtagg.proto.tls import CertificateError
@@ -241,8 +242,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.print_help()
             return EXIT_OK if args.command is None else EXIT_USAGE
         return handler(args)
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+    except KeyboardInterrupt as exc:
+        print(f"interrupted: {exc}" if str(exc) else "interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
     except BrokenPipeError:
         _quiet_stdout()

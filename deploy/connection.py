@@ -25,6 +25,7 @@ from typing import Any
 import grpc
 import numpy as np
 import numpy.typing as npt
+
 from svtagg.analyst import applications
 from svtagg.analyst.remote_oracle import RemoteOracle
 from svtagg.analyst.selection import Query, sum_estimation

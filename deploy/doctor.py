@@ -37,6 +37,7 @@ def engine_line() -> str:
 
 async def _check(engine: str, k: int) -> dict[str, Any]:
     import numpy as np
+
     from svtagg.mpc import native
     from svtagg.mpc.circuits import plain_first_yes
     from svtagg.mpc.protocol import connected_pair

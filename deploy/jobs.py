@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 import numpy as np
 import numpy.typing as npt
+
 from svtagg.deploy.workloads import laplace_argmax, model_selection, workload
 from svtagg.dp.errors import Refusal
 from svtagg.proto import svtagg_pb2 as pb
@@ -317,12 +318,13 @@ def _run_selection(
         est = selection.sum_estimation(oracle, Query(index), eps, beta, **kw)
         out.update(index=index, estimate=est.estimate, lower=est.lower, upper=est.upper)
     else:
-        fn = {
+        algorithms: dict[str, Callable[..., Any]] = {
             "scan": selection.scan_selection,
             "gbs": selection.geometric_binary_search,
             "binary-search": selection.binary_search,
             "linear-scan": selection.linear_scan,
-        }.get(algorithm)
+        }
+        fn = algorithms.get(algorithm)
         if fn is not None:
             sel = fn(oracle, eps, beta, **kw)
         else:  # Algorithm 9 needs β ≤ 1/d

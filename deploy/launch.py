@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
+
 from svtagg.proto import health_pb2, health_pb2_grpc
 from svtagg.proto.tls import Identity, tls_target, write_deployment
 

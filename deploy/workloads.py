@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import numpy.typing as npt
+
 from svtagg.client.embeddings import heavy_hitters_embedding
 
 

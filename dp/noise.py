@@ -29,6 +29,7 @@ from functools import lru_cache
 import numpy as np
 import numpy.typing as npt
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+
 from svtagg.dp.kinds import Family, StreamKind, clamp_bound, noise_model
 
 I64 = npt.NDArray[np.int64]

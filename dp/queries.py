@@ -11,6 +11,7 @@ from fractions import Fraction
 
 import numpy as np
 import numpy.typing as npt
+
 from svtagg.dp.errors import ChunkTooLarge, InvalidArgument, ResourceExhausted
 from svtagg.dp.kinds import as_fraction, ctt_gap
 from svtagg.mpc.ring import encode_scalar, sensitivity

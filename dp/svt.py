@@ -17,6 +17,7 @@ from fractions import Fraction
 
 import numpy as np
 import numpy.typing as npt
+
 from svtagg.dp.errors import StreamClosed
 from svtagg.dp.kinds import StreamKind, check_epsilon
 from svtagg.dp.noise import RandomSource, draw_query_noise, draw_threshold_noise

@@ -6,16 +6,26 @@ from __future__ import annotations
 import asyncio
 from typing import Protocol, runtime_checkable
 
+#: What a channel sends: bytes, or a view of a buffer the sender reuses after
+#: the send returns (garbled tables and OT messages are sent without a copy).
+Message = bytes | memoryview
+
 
 @runtime_checkable
 class Channel(Protocol):
     """An ordered, reliable, bidirectional stream of byte messages to one peer."""
 
-    bytes_sent: int
-    bytes_received: int
-    messages_sent: int
+    # Read-only here: a channel may compute its counters (servers' SwitchChannel).
+    @property
+    def bytes_sent(self) -> int: ...
 
-    async def send(self, data: bytes) -> None: ...
+    @property
+    def bytes_received(self) -> int: ...
+
+    @property
+    def messages_sent(self) -> int: ...
+
+    async def send(self, data: Message) -> None: ...
 
     async def recv(self) -> bytes: ...
 
@@ -38,11 +48,11 @@ class MemoryChannel:
         b: asyncio.Queue[bytes] = asyncio.Queue()
         return cls(a, b), cls(b, a)
 
-    async def send(self, data: bytes) -> None:
-        data = bytes(data)
-        self.bytes_sent += len(data)
+    async def send(self, data: Message) -> None:
+        copy = bytes(data)
+        self.bytes_sent += len(copy)
         self.messages_sent += 1
-        await self._outbox.put(data)
+        await self._outbox.put(copy)
 
     async def recv(self) -> bytes:
         data = await self._inbox.get()

@@ -20,6 +20,7 @@ from collections.abc import Callable
 
 import numpy as np
 import numpy.typing as npt
+
 from svtagg.mpc.garble import Backend, Bits, Wires
 from svtagg.mpc.ring import RING_BITS
 

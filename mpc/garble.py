@@ -20,6 +20,7 @@ from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
+
 from svtagg.mpc.aes import Blocks
 
 Bits = npt.NDArray[np.uint8]

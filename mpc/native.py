@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+
 from svtagg.mpc.aes import FIXED_KEY, Blocks
 from svtagg.mpc.garble import Bits, EvalBackend, GarbleBackend
 

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+
 from svtagg.mpc import native
 from svtagg.mpc.aes import Blocks, TweakableHash, make_tweaks
 from svtagg.mpc.channel import Channel

@@ -16,6 +16,7 @@ from typing import Generic, TypeVar
 
 import numpy as np
 import numpy.typing as npt
+
 from svtagg.mpc import native
 from svtagg.mpc.aes import Blocks, TweakableHash
 from svtagg.mpc.channel import Channel, MemoryChannel

@@ -8,6 +8,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+
 from svtagg.mpc.ring import U64
 
 SEED_BYTES = 16
@@ -28,16 +29,19 @@ def expand_seed(seed: bytes, length: int) -> U64:
     return np.frombuffer(stream, dtype="<u8").astype(np.uint64)
 
 
-def share(x: np.ndarray) -> tuple[U64, bytes]:
+def share(x: np.ndarray, seed: bytes | None = None) -> tuple[U64, bytes]:
     """Split `x` (uint64) into (explicit_share, seed) with
     explicit_share + expand_seed(seed, len(x)) == x (mod 2^64).
 
-    The seed comes from the OS CSPRNG, so either part alone is uniformly random.
+    The seed comes from the OS CSPRNG unless given, so either part alone is
+    uniformly random.  A given seed must be as unpredictable to the explicit
+    share's holder (e.g. a keyed PRF of a secret key) and serve one vector only.
     """
     arr = np.asarray(x)
     if arr.dtype != np.uint64 or arr.ndim != 1:
         raise TypeError("share expects a 1-D uint64 array")
-    seed = os.urandom(SEED_BYTES)
+    if seed is None:
+        seed = os.urandom(SEED_BYTES)
     return arr - expand_seed(seed, arr.shape[0]), seed
 
 

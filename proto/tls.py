@@ -22,6 +22,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
+
 from svtagg.proto.vocab import Role  # noqa: E402
 
 ROLES: tuple[str, ...] = tuple(Role)

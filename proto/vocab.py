@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from enum import StrEnum
 
 import grpc
+
 from svtagg.dp.errors import (
     AlreadyExists,
     BudgetExhausted,

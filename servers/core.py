@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import numpy.typing as npt
+
 from svtagg.dp.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
 from svtagg.dp.kinds import (
     StreamKind,

@@ -40,6 +40,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from svtagg.dp.errors import PeerUnavailable
+from svtagg.mpc.channel import Message
 from svtagg.proto.tls import Identity, role_of_pem, server_name
 from svtagg.proto.vocab import Role
 
@@ -169,7 +170,7 @@ class DataConnection:
         """Refuse messages longer than `limit` bytes (see `FrameChannel`)."""
         self.limit = limit
 
-    async def send(self, data: bytes) -> None:
+    async def send(self, data: Message) -> None:
         view = memoryview(data).cast("B")
         await self._io(self._send_blocking, view)
         self.bytes_sent += len(view)

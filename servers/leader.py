@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import numpy as np
+
 from svtagg.dp.errors import (
     AlreadyExists,
     FailedPrecondition,

@@ -15,6 +15,7 @@ import ssl
 from typing import Any
 
 import grpc
+
 from svtagg.dp.errors import PeerUnavailable, Refusal
 from svtagg.proto import health_pb2, health_pb2_grpc
 from svtagg.proto import svtagg_pb2 as pb

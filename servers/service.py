@@ -21,6 +21,7 @@ from fractions import Fraction
 from typing import Any, TypeAlias, TypeVar
 
 import grpc
+
 from svtagg.dp.errors import InvalidArgument, RateLimited
 from svtagg.proto import health_pb2, health_pb2_grpc
 from svtagg.proto import svtagg_pb2 as pb
@@ -40,6 +41,7 @@ from svtagg.servers.datachannel import DataListener, split_host
 from svtagg.servers.helper import HelperDriver
 from svtagg.servers.leader import LeaderDriver
 from svtagg.servers.limits import RateLimiter
+from svtagg.servers.mainlock import hold_main_lock
 from svtagg.servers.messages import task_info
 from svtagg.servers.peer import GrpcHelperPort
 from svtagg.servers.store import Store, open_store, sqlite_file
@@ -662,9 +664,16 @@ class SvtaggServer:
         # An ingest replica shares the store of the server's main process, which
         # owns the streams: it must not fail them at its start.
         # Neither do workers: the main process recovers its store at its start.
-        self.store = open_store(
-            config.store_path, recover=not (config.ingest_only or config.worker)
-        )
+        main = not (config.ingest_only or config.worker)
+        # Taken before the store opens: opening recovers, which a second main
+        # process must not do under the first one.
+        self.main_lock = hold_main_lock(config.store_path, config.role) if main else None
+        try:
+            self.store = open_store(config.store_path, recover=main)
+        except BaseException:
+            if self.main_lock is not None:
+                self.main_lock.release()
+            raise
         self.core = ServerCore(
             config.role,  # type: ignore[arg-type]
             self.store,
@@ -795,6 +804,8 @@ class SvtaggServer:
             await self.peer.close()
         self.metrics.stop()
         self.store.close()
+        if self.main_lock is not None:
+            self.main_lock.release()
 
     def _worker_ended(self, loop: asyncio.Future[None]) -> None:
         """A worker's loop ends only when it stops, or when its database fails:

@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 from svtagg.dp.errors import PeerUnavailable
-from svtagg.mpc.channel import Channel
+from svtagg.mpc.channel import Channel, Message
 from svtagg.mpc.ot import MAX_SETUP_MESSAGE
 from svtagg.proto import svtagg_pb2 as pb
 from svtagg.proto.vocab import FRAGMENT, SETUP_DEADLINE, Role
@@ -66,7 +66,7 @@ class FrameChannel:
         self.messages_sent = 0
         self.messages_received = 0
 
-    async def send(self, data: bytes) -> None:
+    async def send(self, data: Message) -> None:
         view = memoryview(data)
         for start in range(0, max(len(view), 1), FRAGMENT):
             end = start + FRAGMENT
@@ -135,7 +135,7 @@ class SwitchChannel:
         self.frames.limit_messages(limit)
         self.data.limit_messages(limit)
 
-    async def send(self, data: bytes) -> None:
+    async def send(self, data: Message) -> None:
         await self._cur.send(data)
 
     async def recv(self) -> bytes:

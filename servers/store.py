@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from svtagg.dp.errors import (
     AlreadyExists,
     FailedPrecondition,

@@ -54,6 +54,7 @@ from psycopg import sql
 from psycopg.abc import Buffer
 from psycopg.pq import TransactionStatus
 from psycopg.types.string import StrDumperUnknown
+
 from svtagg.dp.errors import (
     AlreadyExists,
     FailedPrecondition,
@@ -359,6 +360,25 @@ class _PgTransaction(_Transaction):
         self._pg.execute("COMMIT" if exc_type is None else "ROLLBACK")
 
 
+def connect(url: str, application_name: str = "svtagg") -> psycopg.Connection[Any]:
+    """An autocommit session; ConnectionError (one line, no password) if none."""
+    try:
+        return psycopg.connect(url, autocommit=True, application_name=application_name)
+    except psycopg.OperationalError as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ConnectionError(f"store: no PostgreSQL at {redact(url)}: {first}") from None
+
+
+def missing_path_schema(conn: psycopg.Connection[Any]) -> str | None:
+    """The schema a store on this session is to create: the search_path's first
+    entry when no schema of the path exists yet (None: current_schema() exists)."""
+    if conn.execute("SELECT current_schema()").fetchone() != (None,):
+        return None
+    path = conn.execute("SELECT current_setting('search_path')").fetchone()
+    first = str(path[0] if path else "").split(",")[0].strip().strip('"')
+    return first if first and first != "$user" else None
+
+
 class PgStore(Store):
     """PostgreSQL store of one server (same interface and promises as `Store`).
 
@@ -373,23 +393,15 @@ class PgStore(Store):
         """`recover=False`: an ingest replica, which must not fail the streams
         the server's main process has in flight."""
         self.path = redact(url)
-        try:
-            conn = psycopg.connect(url, autocommit=True, application_name="svtagg")
-        except psycopg.OperationalError as e:
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise ConnectionError(f"store: no PostgreSQL at {self.path}: {first}") from None
+        conn = connect(url)
         conn.adapters.register_dumper(str, _TextDumper)
         self._conn = conn
         self._url = url  # kept for the work queue's own connections (never logged)
         self._db = _Connection(conn)  # type: ignore[assignment]
         try:
             conn.execute("SET synchronous_commit = on")
-            if schema is None and conn.execute("SELECT current_schema()").fetchone() == (None,):
-                # the search_path names a schema that does not exist yet: its first one
-                path = conn.execute("SELECT current_setting('search_path')").fetchone()
-                first = str(path[0] if path else "").split(",")[0].strip().strip('"')
-                if first and first != "$user":
-                    schema = first
+            if schema is None:
+                schema = missing_path_schema(conn)
             if schema is not None:
                 conn.execute(
                     sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema))

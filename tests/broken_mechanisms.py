@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from fractions import Fraction
 
 import numpy as np
+
 from svtagg.analyst.local_oracle import LocalOracle
 from svtagg.dp.kinds import StreamKind
 from svtagg.dp.queries import Number, Query

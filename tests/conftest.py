@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 import pytest
+
 from svtagg.client.upload import make_batch
 from svtagg.proto import svtagg_pb2 as pb
 from svtagg.proto.tls import Identity, write_deployment
@@ -149,6 +150,7 @@ class Deployment:
 
     def analyst_stub(self, role: str = "analyst") -> Any:
         import grpc
+
         from svtagg.proto import svtagg_pb2_grpc as pb_grpc
         from svtagg.proto.tls import tls_target
 
@@ -307,6 +309,7 @@ class ProcessDeployment:
     def channel(self, role: str = "analyst", server: str = "leader") -> Any:
         """A mutual-TLS channel to `server`, holding the certificate of `role`."""
         import grpc
+
         from svtagg.proto.tls import tls_target
         from svtagg.proto.vocab import CHANNEL_OPTIONS as OPTIONS
 
@@ -342,7 +345,9 @@ from svtagg.benchmarks.storeview import StoreView, encoded_sum, store_view  # no
 
 # ---------------------------------------------------------------- PostgreSQL
 # The PostgreSQL cases run against the server named by SVTAGG_TEST_POSTGRES
-# (`.ci/run` starts one with scripts/start_postgres.sh) and skip without it.
+# (`.ci/run` starts one with scripts/start_postgres.sh) and skip without it,
+# except in CI (CI=true), where a missing server fails the run: silently
+# skipped store tests would pass CI without testing the PostgreSQL store.
 
 PG_ENV = "SVTAGG_TEST_POSTGRES"
 _pg_reason: list[str | None] = []
@@ -400,3 +405,22 @@ def pg_url() -> Iterator[tuple[str, str]]:
     """`pg_tagged` for one test."""
     with pg_tagged() as found:
         yield found
+
+
+def _in_ci() -> bool:
+    import os
+
+    return os.environ.get("CI", "").lower() == "true"
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    if _in_ci():
+        reason = postgres_unavailable()
+        if reason:
+            pytest.exit(f"CI=true and the PostgreSQL store tests cannot run: {reason}", 1)
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    # Only when a PostgreSQL case asked (no connection attempt for other runs).
+    if _pg_reason and _pg_reason[0]:
+        terminalreporter.write_line(f"PostgreSQL tests skipped: {_pg_reason[0]}")

@@ -6,6 +6,7 @@ import math
 from fractions import Fraction
 
 import pytest
+
 from svtagg.dp.accounting import (
     ZCDPAccountant,
     advanced_composition,

@@ -8,6 +8,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 from scipy import stats
+
 from svtagg.dp.accuracy import alpha, alpha_grid
 from svtagg.dp.kinds import StreamKind
 from svtagg.dp.noise import RandomSource, draw_query_noise, draw_threshold_noise

@@ -6,6 +6,7 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
+
 from svtagg.analyst import applications as apps
 from svtagg.analyst.local_oracle import LocalOracle
 from svtagg.mpc.ring import encode, sensitivity

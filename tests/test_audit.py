@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import pytest
 from broken_mechanisms import KeepsAnsweringOracle, NoThresholdNoiseOracle, RevealsValueOracle
+
 from svtagg.analyst.audit import (
     AuditReport,
     Event,

@@ -22,6 +22,7 @@ import grpc
 import numpy as np
 import pytest
 from conftest import ProcessDeployment
+
 from svtagg.client.upload import make_batch
 from svtagg.dp.queries import Query
 from svtagg.proto import svtagg_pb2 as pb

@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pytest
 from scipy.stats import chisquare
+
 from svtagg.analyst import applications as apps
 from svtagg.analyst import baselines
 from svtagg.dp.accounting import rho_for_dp

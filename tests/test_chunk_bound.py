@@ -12,12 +12,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import DriverPair, driver_pair
+from test_drivers import F, N, spec
+
 from svtagg.analyst.local_oracle import LocalOracle
 from svtagg.dp.errors import ResourceExhausted
 from svtagg.dp.kinds import TAIL_SCALES
 from svtagg.dp.queries import MAX_CHUNK, MAX_STREAM_CHUNKS, Query
 from svtagg.proto import svtagg_pb2 as pb
-from test_drivers import F, N, spec
 
 
 def test_clamping_delta_of_the_largest_stream():

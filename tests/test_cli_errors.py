@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from svtagg.deploy.launch import LocalDeployment
 from svtagg.proto.tls import write_deployment
 
@@ -452,10 +453,18 @@ def _input_cases(e: Env) -> list[tuple[str, str, list[str], str, str]]:
             "a category repeats",
         ),
         (
-            "vectors uploaded to a task of category counts",
+            # the task's embedding is taken, and heavy_hitters has two formats
+            "no --embedding for a task of category counts",
             "hhe",
             "0,1,0,0,1\n",
             [],
+            "embedding heavy_hitters (the embedding task 'hhe' records) needs --format",
+        ),
+        (
+            "another embedding than the task's",
+            "hhe",
+            "0,1,0,0,1\n",
+            ["--embedding", "sparse_mean", "--param", "clip=1"],
             "records embedding heavy_hitters",
         ),
         (

@@ -14,9 +14,10 @@ import time
 from pathlib import Path
 
 import pytest
+from test_cli_errors import svtagg
+
 from svtagg.deploy.launch import LocalDeployment
 from svtagg.proto.tls import write_deployment
-from test_cli_errors import svtagg
 
 USAGE, ENVIRONMENT = 2, 3
 
@@ -37,6 +38,7 @@ def _upload(dep: LocalDeployment, task: str, rows: Path) -> list[str]:
 
 def test_close_reports_the_reports_it_dropped(tmp_path: Path):
     import grpc
+
     from svtagg.proto import svtagg_pb2 as pb
     from svtagg.proto import svtagg_pb2_grpc as pb_grpc
     from svtagg.proto.tls import Identity, tls_target

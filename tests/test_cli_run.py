@@ -13,8 +13,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from svtagg.deploy.launch import LocalDeployment
 from test_cli_errors import svtagg
+
+from svtagg.deploy.launch import LocalDeployment
 
 USAGE = 2
 

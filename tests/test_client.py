@@ -10,6 +10,7 @@ import grpc
 import numpy as np
 import pytest
 from conftest import Deployment, make_task, off_loop
+
 from svtagg.client.upload import UploadError, UploadStats, embed, load_records, make_batch
 from svtagg.deploy.cli import main
 from svtagg.mpc.ring import encode

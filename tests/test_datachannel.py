@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 from conftest import Deployment
+
 from svtagg.dp.errors import PeerUnavailable
 from svtagg.dp.queries import Query
 from svtagg.mpc.channel import MemoryChannel

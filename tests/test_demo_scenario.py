@@ -7,6 +7,7 @@ import argparse
 
 import numpy as np
 import pytest
+
 from svtagg.analyst import baselines
 from svtagg.analyst.local_oracle import LocalOracle
 from svtagg.analyst.selection import scan_selection

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 from conftest import DriverPair, driver_pair
+
 from svtagg.dp.errors import PeerUnavailable, StreamClosed
 from svtagg.proto import svtagg_pb2 as pb
 from svtagg.proto.vocab import Role

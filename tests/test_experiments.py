@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from svtagg.analyst import experiments as ex
 
 

@@ -34,6 +34,7 @@ import pytest
 from conftest import ProcessDeployment
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
+
 from svtagg.client.upload import make_batch
 from svtagg.dp.queries import MAX_CHUNK
 from svtagg.proto import health_pb2

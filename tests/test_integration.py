@@ -8,6 +8,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 from conftest import Deployment, make_task, off_loop
+
 from svtagg.dp.errors import BudgetExhausted, StreamClosed
 from svtagg.dp.kinds import StreamKind, ctt_gap
 from svtagg.dp.queries import Outcome, Query
@@ -116,6 +117,7 @@ async def test_remote_matches_local_distribution(deployment: Deployment):
     system fails with probability ≤ 10^-3."""
     pytest.importorskip("scipy")
     from scipy.stats import chi2_contingency
+
     from svtagg.analyst.local_oracle import LocalOracle
 
     n, d = 100, 4
@@ -178,6 +180,7 @@ async def test_remote_matches_local_every_kind(deployment: Deployment, kind: str
     two-sample test at level 10^-3 per kind: false-failure probability ≤ 10^-3."""
     pytest.importorskip("scipy")
     from scipy.stats import chi2_contingency
+
     from svtagg.analyst.local_oracle import LocalOracle
 
     n, d = 100, 4

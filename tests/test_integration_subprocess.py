@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+
 from svtagg.benchmarks.storeview import store_view
 from svtagg.client.upload import Uploader
 from svtagg.deploy.cli import main
@@ -120,6 +121,7 @@ def test_kill_mid_chunk_fails_the_stream_closed(tmp_path: Path):
     import os
 
     import pytest
+
     from svtagg.analyst.remote_oracle import RemoteOracle
     from svtagg.dp.errors import Refusal, StreamClosed
     from svtagg.dp.queries import Query

@@ -7,6 +7,7 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
+
 from svtagg.analyst import applications
 from svtagg.analyst.local_oracle import LocalOracle
 from svtagg.deploy.jobs import ALGORITHMS, run_algorithm

@@ -57,14 +57,15 @@ from typing import TypeVar
 import grpc
 import pytest
 from conftest import ProcessDeployment
+from test_reliability import Collection, D, F, check_reports, closed_task, create_task
+from test_store_pg_reliability import PgProcessDeployment
+
 from svtagg.analyst.remote_oracle import RemoteOracle, RemoteStream
 from svtagg.client.upload import UploadError
 from svtagg.dp.errors import PeerUnavailable, Refusal
 from svtagg.dp.queries import Query, encode_thresholds
 from svtagg.proto import svtagg_pb2 as pb
 from svtagg.proto import svtagg_pb2_grpc as pb_grpc
-from test_reliability import Collection, D, F, check_reports, closed_task, create_task
-from test_store_pg_reliability import PgProcessDeployment
 
 T = TypeVar("T")
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from svtagg.benchmarks.bench_load import run_load, summary
 from svtagg.deploy.launch import UNCAPPED_SERVER_ARGS, LocalDeployment
 

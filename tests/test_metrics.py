@@ -10,8 +10,9 @@ from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
-import svtagg
 from prometheus_client.parser import text_string_to_metric_families
+
+import svtagg
 from svtagg.deploy.launch import LocalDeployment
 from svtagg.dp.queries import Query
 

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+
 from svtagg.mpc import native
 from svtagg.mpc.aes import Blocks, FixedKeyAES, TweakableHash
 from svtagg.mpc.circuits import (

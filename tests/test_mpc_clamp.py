@@ -8,6 +8,7 @@ import asyncio
 
 import numpy as np
 import pytest
+
 from svtagg.mpc.circuits import (
     bit_planes,
     clamp_reshare_circuit,

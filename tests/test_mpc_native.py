@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from svtagg.mpc import native
 from svtagg.mpc.aes import TweakableHash, make_tweaks
 from svtagg.mpc.channel import MemoryChannel

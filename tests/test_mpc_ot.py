@@ -8,6 +8,7 @@ import secrets
 
 import numpy as np
 import pytest
+
 from svtagg.mpc.aes import TweakableHash
 from svtagg.mpc.channel import MemoryChannel
 from svtagg.mpc.ot import (

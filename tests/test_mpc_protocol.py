@@ -8,6 +8,7 @@ import asyncio
 
 import numpy as np
 import pytest
+
 from svtagg.mpc.channel import Channel, MemoryChannel
 from svtagg.mpc.circuits import plain_compare_to_thresholds, plain_first_yes
 from svtagg.mpc.protocol import (

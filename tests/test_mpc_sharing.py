@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from svtagg.mpc.sharing import aggregate, aggregate_seeds, expand_seed, share
 
 

@@ -12,6 +12,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 from scipy import stats
+
 from svtagg.dp import noise
 from svtagg.dp.kinds import StreamKind, clamp_bound, noise_model
 from svtagg.dp.noise import (

@@ -12,6 +12,7 @@ from fractions import Fraction
 from pathlib import Path
 
 import grpc
+
 from svtagg.deploy.launch import LocalDeployment
 from svtagg.proto import health_pb2, health_pb2_grpc
 from svtagg.proto.tls import Identity, tls_target
@@ -91,10 +92,11 @@ def test_helper_kill_is_seen_within_seconds(tmp_path: Path):
     chunk on a stream, a stream open, a task creation), and the recovery is logged
     once too."""
     import numpy as np
+    from test_metrics import metrics_port, scrape
+
     import svtagg as sdk
     from svtagg.dp.errors import PeerUnavailable
     from svtagg.dp.queries import Query
-    from test_metrics import metrics_port, scrape
 
     dep = LocalDeployment(tmp_path / "dep", server_args=["--metrics-listen", "127.0.0.1:0"])
     with dep:

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import Deployment, DriverPair, driver_pair, make_task, off_loop
+
 from svtagg.analyst import applications as apps
 from svtagg.analyst.local_oracle import LocalOracle
 from svtagg.analyst.oracle import planned

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from svtagg.client.embeddings import marginals_embedding, sparse_mean_embedding
 from svtagg.client.records import InputError, ReadStats, Spec, read_input
 
@@ -95,6 +96,7 @@ def test_front_door_category_input_reads_rows_not_labels() -> None:
     its column labels); a Series or 1-D array is one id per user; booleans,
     NaN and inf are refused with the row and column."""
     import pandas as pd
+
     from svtagg.client.records import InputError, ReadStats, Spec, embed_block
     from svtagg.deploy.connection import _category_rows
 
@@ -115,3 +117,20 @@ def test_a_field_only_python_reads_is_refused_cleanly(tmp_path: Path) -> None:
     path.write_text("0.5,1_000\n")
     with pytest.raises(InputError, match="row 1: a field numpy cannot read"):
         list(read_input(path, Spec(2, "matrix", None, {})))
+
+
+def test_header_on_a_file_without_one_is_refused(tmp_path: Path) -> None:
+    """--header on a file whose first line is a user would drop that user:
+    refused in one line; a real header line is still skipped."""
+    with pytest.raises(InputError, match="row 1 holds only numbers"):
+        list(read_input(_csv(tmp_path, "0.5,1\n0,1\n"), Spec(2, "matrix"), header=True))
+    with pytest.raises(InputError, match="row 1 holds only numbers"):
+        list(
+            read_input(
+                _csv(tmp_path, "3\n1\n"), Spec(4, "categories", "heavy_hitters"), header=True
+            )
+        )
+    got = list(
+        read_input(_csv(tmp_path, "x;y\n0.5;1\n"), Spec(2, "matrix"), header=True, delimiter=";")
+    )
+    assert np.vstack(got).tolist() == [[0.5, 1.0]]

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 import pytest
 from conftest import ProcessDeployment, encoded_sum
+
 from svtagg.client.upload import UploadError, make_batch
 from svtagg.dp.errors import Refusal
 from svtagg.dp.queries import Query

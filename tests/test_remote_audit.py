@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 import pytest
 from conftest import ProcessDeployment, pg_tagged
+
 from svtagg.analyst.audit import (
     AuditReport,
     Event,
@@ -228,6 +229,7 @@ def control_report(control: str, pilot: int, trials: int, seed: int) -> AuditRep
     level) on local two-party oracles running `control`.  The noise-too-small
     controls are correct streams opened at m·ε while the audit claims ε."""
     from broken_mechanisms import NoThresholdNoiseOracle
+
     from svtagg.analyst.local_oracle import LocalOracle
 
     sc, run, events, reference = scenario_and_run("lap24")

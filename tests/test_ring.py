@@ -4,6 +4,7 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
+
 from svtagg.dp.kinds import StreamKind, overflow_possible
 from svtagg.mpc.ring import (
     SIGNED_LIMIT,

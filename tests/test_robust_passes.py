@@ -13,11 +13,12 @@ from typing import Any
 import numpy as np
 import pytest
 from conftest import DriverPair, driver_pair, encoded_sum, pg_tagged
+from test_drivers import F, N, data, spec
+
 from svtagg.dp.errors import PeerUnavailable
 from svtagg.proto import svtagg_pb2 as pb
 from svtagg.servers.port import PeerMethod
 from svtagg.servers.work import Job
-from test_drivers import F, N, data, spec
 
 
 @pytest.fixture(params=["sqlite", "postgres"])

@@ -14,6 +14,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 from scipy.stats import binom
+
 from svtagg.analyst.local_oracle import LocalOracle
 from svtagg.analyst.selection import (
     ROUNDING_SLACK,

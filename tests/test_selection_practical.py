@@ -10,6 +10,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from test_selection import GRID, certificate_holds, check_binomial, planted_oracle
+
 from svtagg.analyst import applications as apps
 from svtagg.analyst.local_oracle import LocalOracle
 from svtagg.analyst.selection import (
@@ -22,7 +24,6 @@ from svtagg.analyst.selection import (
 )
 from svtagg.dp.kinds import StreamKind
 from svtagg.dp.queries import Number, Query
-from test_selection import GRID, certificate_holds, check_binomial, planted_oracle
 
 
 def dense_top_oracle(n: int, d: int, seed: int) -> LocalOracle:

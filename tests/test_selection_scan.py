@@ -9,6 +9,9 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
+from test_selection import GRID, certificate_holds, check_binomial, planted_oracle
+from test_selection_practical import _RecordingOracle, dense_top_oracle
+
 from svtagg.analyst import applications as apps
 from svtagg.analyst.local_oracle import LocalOracle
 from svtagg.analyst.selection import (
@@ -19,8 +22,6 @@ from svtagg.analyst.selection import (
 )
 from svtagg.dp.kinds import StreamKind
 from svtagg.dp.queries import Query
-from test_selection import GRID, certificate_holds, check_binomial, planted_oracle
-from test_selection_practical import _RecordingOracle, dense_top_oracle
 
 
 def _scan_failures(runs: int, n: int, d: int, beta: float, seed0: int, parties: int) -> int:

@@ -12,6 +12,7 @@ import grpc
 import numpy as np
 import pytest
 from conftest import Deployment, make_task, off_loop
+
 from svtagg.client.upload import make_batch
 from svtagg.dp.kinds import StreamKind
 from svtagg.dp.queries import MAX_CHUNK
@@ -336,6 +337,7 @@ async def test_ingest_port_without_client_certificates(certs: Path, tmp_path: Pa
     """--ingest-listen: server-only TLS for clients with no certificate; there
     only Ingest answers, every other service refuses (UNAUTHENTICATED)."""
     from conftest import ingest_port_pair
+
     from svtagg.client.upload import Uploader
 
     ca = Identity.load(certs, "leader").ca

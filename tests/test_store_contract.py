@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 from conftest import PG_ENV, postgres_unavailable
+
 from svtagg.dp.errors import (
     AlreadyExists,
     BudgetExhausted,
@@ -568,6 +569,7 @@ def test_pg_schema_v4_streams_gain_their_plan_and_staging_its_pass(pg_url: tuple
     read as charged to the task's ledger, and shares staged without a pass are
     dropped (a close in progress runs its pass again)."""
     import psycopg
+
     from svtagg.servers.store_pg import _MIGRATIONS, PgStore
 
     url, tag = pg_url

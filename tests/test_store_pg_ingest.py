@@ -9,8 +9,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-from svtagg.dp.errors import NotFound
 from test_store_contract import batch, params, share_sum
+
+from svtagg.dp.errors import NotFound
 
 
 @pytest.fixture
@@ -29,6 +30,7 @@ def _raw(url: str, schema: str) -> Any:
 
 def test_reports_of_a_missing_task_are_refused(pg: tuple[str, str]) -> None:
     import psycopg
+
     from svtagg.servers.store_pg import PgStore, _copy_rows
 
     store = PgStore(pg[0], schema=pg[1])

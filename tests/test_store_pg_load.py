@@ -11,10 +11,11 @@ from typing import Any
 
 import pytest
 from conftest import pg_tagged
+from test_store_pg_reliability import pg_store_view
+
 from svtagg.benchmarks import bench_load
 from svtagg.benchmarks.storeview import StoreView
 from svtagg.deploy.launch import UNCAPPED_SERVER_ARGS, LocalDeployment
-from test_store_pg_reliability import pg_store_view
 
 
 class PgLocalDeployment(LocalDeployment):

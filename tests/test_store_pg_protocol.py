@@ -10,6 +10,8 @@ from fractions import Fraction
 
 import pytest
 from conftest import DriverPair
+from test_drivers import F, N, data, spec
+
 from svtagg.dp.errors import StreamClosed
 from svtagg.proto import svtagg_pb2 as pb
 from svtagg.proto.vocab import Role
@@ -18,7 +20,6 @@ from svtagg.servers.helper import HelperDriver
 from svtagg.servers.leader import LeaderDriver
 from svtagg.servers.memory import MemoryHelperPort
 from svtagg.servers.store import FAILED
-from test_drivers import F, N, data, spec
 
 
 def make_pair(url: str, tag: str) -> DriverPair:

@@ -16,8 +16,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import ProcessDeployment
-from svtagg.benchmarks.storeview import StoreView
-from svtagg.dp.task import TaskParams
 from test_reliability import (
     Collection,
     check_reports,
@@ -28,6 +26,9 @@ from test_reliability import (
     upload_through_kill,
 )
 from test_store_contract import batch, share_sum
+
+from svtagg.benchmarks.storeview import StoreView
+from svtagg.dp.task import TaskParams
 
 
 class PgProcessDeployment(ProcessDeployment):

@@ -16,10 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from svtagg.client.upload import Uploader, UploadError
-from svtagg.proto.tls import Identity
 from test_reliability import Collection, check_reports, create_task
 from test_store_pg_reliability import PgProcessDeployment
+
+from svtagg.client.upload import Uploader, UploadError
+from svtagg.proto.tls import Identity
 
 
 def start_replica(pd: PgProcessDeployment, role: str) -> tuple[Any, str]:

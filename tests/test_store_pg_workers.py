@@ -24,12 +24,6 @@ from typing import Any
 import numpy as np
 import pytest
 from conftest import postgres_unavailable
-from svtagg.analyst.oracle import Query
-from svtagg.deploy.jobs import task_spec
-from svtagg.dp.errors import FailedPrecondition
-from svtagg.dp.task import TaskParams
-from svtagg.proto import svtagg_pb2 as pb
-from svtagg.servers.work import Unclaimed, WorkerLost
 from test_reliability import (
     CLEAR,
     EPS,
@@ -41,6 +35,13 @@ from test_reliability import (
 )
 from test_store_pg_reliability import PgProcessDeployment
 from test_validation import _raw_report
+
+from svtagg.analyst.oracle import Query
+from svtagg.deploy.jobs import task_spec
+from svtagg.dp.errors import FailedPrecondition
+from svtagg.dp.task import TaskParams
+from svtagg.proto import svtagg_pb2 as pb
+from svtagg.servers.work import Unclaimed, WorkerLost
 
 pytestmark = pytest.mark.skipif(bool(postgres_unavailable()), reason="no PostgreSQL")
 

@@ -6,6 +6,7 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
+
 from svtagg.analyst.local_oracle import LocalOracle
 from svtagg.analyst.oracle import Oracle, Stream
 from svtagg.dp.errors import BudgetExhausted, Refusal, StreamClosed

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 from conftest import Deployment, driver_pair, encoded_sum, off_loop
+
 from svtagg.client.upload import make_batch
 from svtagg.dp.errors import PeerUnavailable
 from svtagg.dp.task import TaskParams
@@ -24,7 +25,6 @@ from svtagg.proto import svtagg_pb2_grpc as pb_grpc
 from svtagg.servers.core import ServerCore
 from svtagg.servers.port import PeerMethod
 from svtagg.servers.store import Store
-from test_server import channel
 
 D, F = 4, 16
 #: A task whose reports are range-checked at the close.
@@ -118,6 +118,7 @@ def test_policy_and_client_can_insist_on_validation(tmp_path: Path) -> None:
     """The analyst chooses validate_reports; a server (or a client) can refuse a
     task that skips it."""
     import pytest
+
     from svtagg.dp.errors import InvalidArgument
     from svtagg.dp.task import parse_task_params
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 import svtagg
 from svtagg.client.records import InputError
 from svtagg.deploy.launch import LocalDeployment

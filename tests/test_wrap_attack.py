@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import DriverPair, driver_pair
+
 from svtagg.analyst.audit import honest_party_outcome_probs
 from svtagg.client.upload import make_batch
 from svtagg.mpc.circuits import plain_clamp

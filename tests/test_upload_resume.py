@@ -1,0 +1,252 @@
+"""Idempotent uploads: report ids and share seeds derive from a per-upload key
+kept in a local journal and the row number, so a rerun of the same upload is
+refused, a resume after an interrupt sends only what may be missing, and a
+batch one server already holds is refused there as already held: every user
+counts once on both servers, and S_L + S_H stays the plaintext sum."""
+
+from __future__ import annotations
+
+import json
+import stat
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+from conftest import Deployment, encoded_sum, make_task, off_loop, store_view
+
+from svtagg.client.upload import Uploader, UploadKey, make_batch
+from svtagg.deploy.cli import main
+from svtagg.mpc.sharing import expand_seed
+from svtagg.proto import svtagg_pb2 as pb
+
+ROWS, D, BATCH = 30, 3, 8
+
+
+def _data(tmp_path: Path) -> tuple[Path, np.ndarray]:
+    values = np.random.default_rng(5).random((ROWS, D))
+    path = tmp_path / "users.csv"
+    path.write_text("".join(",".join(repr(float(v)) for v in row) + "\n" for row in values))
+    return path, values
+
+
+def _upload(dep: Deployment, path: Path, *extra: str) -> int:
+    return main(
+        ["client", "upload", "--leader", dep.leader_addr, "--helper", dep.helper_addr,
+         "--certs", str(dep.certs), "--task", "t", "--input", str(path),
+         "--batch", str(BATCH), "--quiet", *extra]
+    )  # fmt: skip
+
+
+def _held(dep: Deployment) -> tuple[int, int, np.ndarray]:
+    lead, help_ = (store_view(dep.root / f"{r}.sqlite", "t") for r in ("leader", "helper"))
+    return lead.n, help_.n, lead.sums + help_.sums
+
+
+def test_keyed_batches_are_reproducible_and_reconstruct():
+    values = np.random.default_rng(1).random((4, D))
+    key = UploadKey.new()
+    a, b = make_batch("t", values, 16, key, 10), make_batch("t", values, 16, key, 10)
+    assert [r.report_id for r in a.leader.reports] == [r.report_id for r in b.leader.reports]
+    assert [r.seed for r in a.helper.reports] == [r.seed for r in b.helper.reports]
+    assert a.leader.reports[0].explicit_share == b.leader.reports[0].explicit_share
+    # row numbers, not positions in the batch, name the reports
+    c = make_batch("t", values[1:], 16, key, 11)
+    assert c.leader.reports[0].report_id == a.leader.reports[1].report_id
+    other = make_batch("t", values, 16, UploadKey.new(), 10)
+    assert not {r.report_id for r in other.leader.reports} & {r.report_id for r in a.leader.reports}
+    ids = [r.report_id for r in a.leader.reports]
+    seeds = [r.seed for r in a.helper.reports]
+    assert len(set(ids)) == 4 and not set(ids) & set(seeds)
+    for lr, hr, row in zip(a.leader.reports, a.helper.reports, values, strict=True):
+        total = np.frombuffer(lr.explicit_share, "<u8") + expand_seed(hr.seed, D)
+        assert np.array_equal(total, encoded_sum(row, 16))
+
+
+async def test_a_rerun_of_the_same_upload_counts_nobody_twice(
+    deployment: Deployment, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+):
+    path, values = _data(tmp_path)
+
+    def run() -> tuple[int, int, int]:
+        make_task(deployment.analyst_stub(), "t", d=D)
+        first = _upload(deployment, path)
+        second = _upload(deployment, path)
+        resumed = _upload(deployment, path, "--resume")
+        return first, second, resumed
+
+    assert await off_loop(run) == (0, 2, 0)
+    err = capsys.readouterr().err
+    assert "already uploaded to task 't'" in err and "nothing sent" in err
+    n_l, n_h, sums = _held(deployment)
+    assert (n_l, n_h) == (ROWS, ROWS)
+    assert np.array_equal(sums, encoded_sum(values, 16))
+    journal = next(tmp_path.glob("users.csv.*.json"))
+    assert stat.S_IMODE(journal.stat().st_mode) == 0o600  # it holds the upload's key
+    assert json.loads(journal.read_text())["leader_rows"] == ROWS
+
+
+class _InterruptedAnswer:
+    """A server's stub whose `stop_at`-th answer never comes: waiting for it is
+    interrupted (Ctrl-C).  `delivered`: the server stored that batch first (its
+    answer was lost), else the batch never reached it."""
+
+    def __init__(self, real: Any, stop_at: int, delivered: bool) -> None:
+        self.real, self.calls, self.stop_at, self.delivered = real, 0, stop_at, delivered
+
+    def future(self, msg: Any, timeout: float) -> Any:
+        self.calls += 1
+        if self.calls == self.stop_at:
+            if self.delivered:
+                self.real.future(msg, timeout=timeout).result()
+
+            def interrupt() -> None:
+                raise KeyboardInterrupt
+
+            return SimpleNamespace(result=interrupt)
+        return self.real.future(msg, timeout=timeout)
+
+
+@pytest.mark.parametrize(
+    ("server", "held"),
+    [
+        # the helper never got batch 3: the leader acknowledged 3 batches, the helper 2
+        ("helper", "the leader holds 24 and the helper 16"),
+        # the leader stored batch 3 but its answer was lost: the resume sends it
+        # again and the leader refuses it as already held
+        ("leader", "the leader holds 16 and the helper 16"),
+    ],
+)
+async def test_an_interrupted_upload_says_what_is_held_and_resumes(
+    server: str,
+    held: str,
+    deployment: Deployment,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+):
+    path, values = _data(tmp_path)
+    real_init = Uploader.__init__
+
+    def interrupting_init(self: Uploader, *a: Any, **kw: Any) -> None:
+        real_init(self, *a, **kw)
+        i = 0 if server == "leader" else 1
+        real = self._stubs[i]
+        self._stubs[i] = SimpleNamespace(
+            Upload=_InterruptedAnswer(real.Upload, 3, i == 0), GetTask=real.GetTask
+        )
+
+    def run() -> tuple[int, int]:
+        make_task(deployment.analyst_stub(), "t", d=D)
+        with monkeypatch.context() as m:
+            m.setattr(Uploader, "__init__", interrupting_init)
+            interrupted = _upload(deployment, path)
+        return interrupted, _upload(deployment, path, "--resume")
+
+    interrupted = await off_loop(run)
+    err = capsys.readouterr().err
+    assert interrupted == (130, 0), err
+    line = next(x for x in err.splitlines() if x.startswith("interrupted: "))
+    assert f"{held} of this upload's 30 rows" in line, line
+    assert "--resume" in line
+    n_l, n_h, sums = _held(deployment)
+    assert (n_l, n_h) == (ROWS, ROWS)
+    assert np.array_equal(sums, encoded_sum(values, 16))
+
+    def close() -> int:
+        stub = deployment.analyst_stub()
+        stub.CloseCollection(pb.TaskRef(task_id="t"), timeout=10)
+        return int(stub.DescribeTask(pb.TaskRef(task_id="t"), timeout=10).n)
+
+    assert await off_loop(close) == ROWS  # the servers agree: nothing dropped
+
+
+async def test_resume_refuses_a_changed_input_and_a_missing_journal(
+    deployment: Deployment, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+):
+    path, _ = _data(tmp_path)
+
+    def run() -> tuple[int, int]:
+        make_task(deployment.analyst_stub(), "t", d=D)
+        missing = _upload(deployment, path, "--resume")
+        journal = tmp_path / "j.json"
+        assert _upload(deployment, path, "--journal", str(journal)) == 0
+        path.write_text(path.read_text().replace("0.", "0.0", 1))
+        return missing, _upload(deployment, path, "--journal", str(journal), "--resume")
+
+    assert await off_loop(run) == (2, 2)
+    err = capsys.readouterr().err
+    assert "no upload journal" in err and "changed since" in err
+    assert _held(deployment)[:2] == (ROWS, ROWS)
+
+
+async def test_the_task_s_embedding_is_used_when_none_is_given(
+    deployment: Deployment, tmp_path: Path
+):
+    cats = tmp_path / "cats.csv"
+    cats.write_text("".join(f"{i % 4}\n" for i in range(ROWS)))
+    sm = tmp_path / "sm.csv"
+    sm.write_text("".join(f"{(i % 5) - 2},0.5,-1\n" for i in range(ROWS)))
+
+    def run() -> tuple[int, int, int]:
+        stub = deployment.analyst_stub()
+        for task, d, emb in (("hh", 4, "heavy_hitters"), ("sm", 3, "sparse_mean")):
+            spec = pb.TaskSpec(
+                task_id=task, d=d, frac_bits=16, n_max=1000, min_batch=1, epsilon_total="1",
+                delta_total="1/1000", epsilon_min="1/100", embedding=emb,
+            )  # fmt: skip
+            stub.CreateTask(spec, timeout=10)
+        common = ["client", "upload", "--leader", deployment.leader_addr, "--helper",
+                  deployment.helper_addr, "--certs", str(deployment.certs), "--quiet"]  # fmt: skip
+        hh = main([*common, "--task", "hh", "--input", str(cats), "--format", "categories"])
+        smr = main([*common, "--task", "sm", "--input", str(sm), "--param", "clip=2"])
+        # heavy_hitters has two formats: one must still be chosen
+        hh_no_format = main([*common, "--task", "hh", "--input", str(cats), "--journal",
+                             str(tmp_path / "other.json")])  # fmt: skip
+        return hh, smr, hh_no_format
+
+    assert await off_loop(run) == (0, 0, 2)
+    assert store_view(deployment.root / "helper.sqlite", "hh").n == ROWS
+    assert store_view(deployment.root / "helper.sqlite", "sm").n == ROWS
+
+
+async def test_ctrl_c_in_a_real_upload_then_resume(deployment: Deployment, tmp_path: Path):
+    """SIGINT to a `svtagg client upload` process mid-upload: exit 130 with what
+    each server holds; the resume completes it, every row counted once."""
+    import asyncio
+    import os
+    import signal
+    import sys
+
+    rows = 8_000
+    values = np.random.default_rng(9).random((rows, 2)).round(3)
+    path = tmp_path / "big.csv"
+    np.savetxt(path, values, delimiter=",", fmt="%.3f")
+    journal = tmp_path / "big.csv.upload-t.json"
+    await off_loop(make_task, deployment.analyst_stub(), "t", 2)
+    args = [sys.executable, "-m", "svtagg.deploy.cli", "client", "upload",
+            "--leader", deployment.leader_addr, "--helper", deployment.helper_addr,
+            "--certs", str(deployment.certs), "--task", "t", "--input", str(path),
+            "--batch", "50", "--quiet"]  # fmt: skip
+    env = {**os.environ, "SVTAGG_CONFIG": ""}
+    proc = await asyncio.create_subprocess_exec(*args, env=env, stderr=asyncio.subprocess.PIPE)
+    for _ in range(600):  # until a few batches are held
+        await asyncio.sleep(0.05)
+        if journal.exists() and json.loads(journal.read_text() or "{}").get("leader_rows", 0):
+            break
+    proc.send_signal(signal.SIGINT)
+    _, err = await proc.communicate()
+    text = err.decode()
+    assert proc.returncode == 130, text
+    assert "interrupted: the leader holds" in text and "--resume" in text, text
+    held = json.loads(journal.read_text())
+    assert 0 < held["leader_rows"] < rows, held
+    resumed = await asyncio.create_subprocess_exec(
+        *args, "--resume", env=env, stderr=asyncio.subprocess.PIPE
+    )
+    _, err = await resumed.communicate()
+    assert resumed.returncode == 0, err.decode()
+    n_l, n_h, sums = _held(deployment)
+    assert (n_l, n_h) == (rows, rows)
+    assert np.array_equal(sums, encoded_sum(values, 16))
