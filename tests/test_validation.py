@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 from conftest import Deployment, driver_pair, encoded_sum, off_loop
+from test_server import channel
 
 from svtagg.client.upload import make_batch
 from svtagg.dp.errors import PeerUnavailable
