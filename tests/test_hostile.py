@@ -855,7 +855,7 @@ async def test_a_leased_robust_job_of_the_wrong_length_fails_the_pass(tmp_path: 
 
     from svtagg.dp.errors import PeerUnavailable
     from svtagg.dp.task import TaskParams
-    from svtagg.proto.vocab import Role
+    from svtagg.proto.vocab import PASS_ID_BYTES, Role
     from svtagg.servers.core import ServerCore
     from svtagg.servers.leader import ROBUST_LANES, LeaderDriver
     from svtagg.servers.store import Store
@@ -872,7 +872,7 @@ async def test_a_leased_robust_job_of_the_wrong_length_fails_the_pass(tmp_path: 
     leader = LeaderDriver(ServerCore(Role.LEADER, store), None, None)  # type: ignore[arg-type]
     leader.work = ShortWork()  # type: ignore[assignment]
     with pytest.raises(PeerUnavailable, match="robust"):
-        await leader.robust_pass(store.task("t"))
+        await leader.robust_pass(store.task("t"), bytes(PASS_ID_BYTES))
 
 
 # ---------------------------------------------------------------- the data channel
