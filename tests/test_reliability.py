@@ -1,7 +1,8 @@
 """Crash safety (issue 6): leader and helper run as processes and SIGKILL
 themselves at chosen points (svtagg.servers.faults): mid upload batch, between
 the two reservations of a plan, between the two ledger charges when a stream
-opens, during a chunk's comparison and just after a YES.  After each kill the server restarts on the same store, and:
+opens, during a chunk's comparison and just after a YES.  After each kill the
+server restarts on the same store, and:
 
 * every acknowledged report is counted exactly once on both servers, and no
   unacknowledged one is half-counted: after the close both servers hold the same
