@@ -299,3 +299,29 @@ async def test_a_plan_stream_the_leader_died_opening_is_replayed_in_its_group(
             "failed",
             "failed",
         ]
+
+
+async def test_a_reconciliation_cut_off_by_the_helper_is_done_again(tmp_path: Path) -> None:
+    """The helper is lost in the middle of the reconciliation after a restart
+    (the plan the leader died reserving not yet reserved there): the next
+    reconciliation still owes it, and brings the ledgers together."""
+    async with driver_pair(tmp_path) as pair:
+        await pair.leader.create_task(small_task("10"))
+        pair.upload("t", np.ones((50, 2)))
+        await pair.leader.close_collection("t")
+        pair.leader.core.reserve_plan(
+            "a" * 32, pb.PlanRequest(task_id="t", groups=[pb.PlanGroup(epsilon="1/2")])
+        )
+        await _restart(pair, tmp_path)
+        reserve = pair.helper.ReservePlan
+
+        async def lost(request: pb.PlanRequest) -> pb.PlanInfo:
+            pair.helper.ReservePlan = reserve  # type: ignore[method-assign]
+            raise PeerUnavailable("helper: UNAVAILABLE (lost during the reconciliation)")
+
+        pair.helper.ReservePlan = lost  # type: ignore[method-assign]
+        with pytest.raises(PeerUnavailable):
+            await pair.leader.sync_ledgers("t")
+        assert _ledgers(pair, "t") == [(Fraction(1, 2), 0), (0, 0)]
+        await pair.leader.describe("t")
+        assert _ledgers(pair, "t") == [(Fraction(1, 2), Fraction(0))] * 2
