@@ -15,6 +15,7 @@ import signal
 POINTS = (
     "upload.mid_store",  # inside the batch's transaction: shares appended, not committed
     "upload.after_store",  # a batch is committed, the answer not yet sent
+    "plan.before_helper",  # the leader's plan reservation is committed, the helper's not made
     "open.after_charge",  # the ledger charge is committed, γ not yet drawn
     "open.before_helper",  # the leader has charged and drawn γ_L, the helper not yet
     "chunk.after_mark",  # the in_chunk mark is committed, the circuit not yet run

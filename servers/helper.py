@@ -200,7 +200,13 @@ class HelperDriver:
                 await write(pb.PeerFrame(status=refusal_status(exc)))
                 continue
             crash_point("chunk.after_mark")
-            await write(_OK)
+            try:
+                await write(_OK)
+            except BaseException:
+                # Marked, and the leader gone before the go: failed now, not left
+                # `in_chunk` until this server's next restart.
+                self.core.store.fail_stream(stream.stream_id)
+                raise
             await self._run(party, stream, task, chunk, frame.header.compare)
             await write(_OK)
 

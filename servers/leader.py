@@ -101,6 +101,12 @@ class LeaderDriver:
         # Plans whose reservation on the helper may be missing or may have been
         # made after the leader gave up on it: failed there at the next sync.
         self._failed_plans: dict[str, list[str]] = {}
+        # Plans active when this leader started: one it died reserving (after its
+        # own reservation, before the helper's) is charged here only; reserved on
+        # the helper too at the next reconciliation.
+        self._recovered_plans: dict[str, list[str]] = {}
+        for plan_id, tid in core.store.recovered_plans:
+            self._recovered_plans.setdefault(tid, []).append(plan_id)
         #: Leased work (servers/work.py): when set, chunks and close-time passes
         #: are queued for worker processes instead of run in this process.
         self.work: WorkQueue | None = None
@@ -114,11 +120,15 @@ class LeaderDriver:
 
         Who wins: the leader charges first (committed) and the helper second, so
         after a crash between the two charges the leader has spent more.  The
-        leader's ledger wins: every stream the leader failed is failed on the
-        helper too, and one the helper never saw is replayed there (PrepareStream
-        with `replay`: charged where the stream was charged — the task's ledger
-        or its plan's group — and recorded failed; no γ drawn).  Both ledgers
-        then show the larger spend; nothing is ever refunded.
+        leader's ledger wins.  Plans first, so that a stream replayed into a plan
+        finds it: a plan active at this leader's start is reserved on the helper
+        (ReservePlan is idempotent there: a plan it holds, in any state, is left
+        as it is), and every plan the leader failed is failed there too,
+        reserved first if absent.  Then every stream the leader failed is failed
+        on the helper too, and one the helper never saw is replayed there
+        (PrepareStream with `replay`: charged where the stream was charged — the
+        task's ledger or its plan's group — and recorded failed; no γ drawn).
+        Both ledgers then show the larger spend; nothing is ever refunded.
 
         A replay the helper refuses (its ledger or plan already holds more than
         the leader's, as an older version could leave it) is logged and skipped,
@@ -129,64 +139,106 @@ class LeaderDriver:
         async with self._sync_lock:
             if task_id not in self._unsynced:
                 return 0
-            task = self.core.store.task(task_id)
-            ref = pb.TaskRef(task_id=task_id)
-            helper = (await self._call(PeerMethod.BUDGET, ref)).budget
-            mine = task.budget
-            replayed = 0
-            # Equal ledgers: what this leader knows it failed since its start, and
-            # the failed streams of active plans (their charge is inside the plan,
-            # so the ledgers are equal whether or not the helper holds them);
-            # unequal: every failed stream and plan (replaying is idempotent).
-            behind = (helper.epsilon_spent, helper.delta_spent) != (
-                str(mine.epsilon_spent),
-                str(mine.delta_spent),
-            )
-            streams = self.core.store.stream_ids(task_id, FAILED)
-            if not behind:
-                active = set(self.core.store.plan_ids(task_id, PLAN_ACTIVE))
-                known = self._recovered.get(task_id, [])
-                streams = known + [
-                    sid for sid in streams if sid not in known and self._in_plan(sid, active)
-                ]
-            plans = self._failed_plans.pop(task_id, [])
-            if behind:
-                plans = self.core.store.plan_ids(task_id, PLAN_FAILED)
-            for sid in streams:
-                s = self.core.store.stream(sid)
-                plan_id, group = s.plan if s.plan is not None else ("", 0)
-                replayed += await self._fail_or_replay(
-                    PeerMethod.FAIL_STREAM,
-                    pb.StreamRef(stream_id=sid),
-                    PeerMethod.PREPARE_STREAM,
-                    pb.PrepareStreamRequest(
-                        stream_id=sid,
-                        task_id=s.task_id,
-                        kind=KIND_TO_PB[s.kind],
-                        epsilon=str(s.epsilon),
-                        delta=str(s.delta) if s.delta else "",
-                        plan_id=plan_id,
-                        plan_group=group,
-                        replay=True,
-                    ),
-                )
-            for plan_id in plans:
-                book, _, _ = self.core.store.plan(plan_id)
-                replayed += await self._fail_or_replay(
-                    PeerMethod.FAIL_PLAN,
-                    pb.PlanRef(plan_id=plan_id),
-                    PeerMethod.RESERVE_PLAN,
-                    plan_request(task_id, book, plan_id),
-                )
-            self._recovered.pop(task_id, None)
+            # Taken now, so that what a call failing meanwhile adds waits for the
+            # next sync; put back if this one fails half-way (it starts over).
+            pending = (self._recovered, self._recovered_plans, self._failed_plans)
+            owed = [p.pop(task_id, []) for p in pending]
+            try:
+                replayed = await self._reconcile(task_id, *owed)
+            except BaseException:
+                for p, ids in zip(pending, owed, strict=True):
+                    if ids:
+                        p[task_id] = ids + p.get(task_id, [])
+                raise
             if replayed:
                 log.info(
                     "task %s: ledgers reconciled, %d charge(s) replayed on the helper",
                     task_id,
                     replayed,
                 )
-            self._unsynced.discard(task_id)
+            if not any(task_id in p for p in pending):  # else a call failed meanwhile
+                self._unsynced.discard(task_id)
             return replayed
+
+    async def _reconcile(
+        self, task_id: str, recovered: list[str], started: list[str], failed: list[str]
+    ) -> int:
+        """`sync_ledgers`' calls to the helper: `recovered`, the streams this
+        leader failed since its start; `started`, the plans active at its
+        start; `failed`, the plans it failed since.  The charges replayed."""
+        task = self.core.store.task(task_id)
+        helper = (await self._call(PeerMethod.BUDGET, pb.TaskRef(task_id=task_id))).budget
+        mine = task.budget
+        replayed = 0
+        # Equal ledgers: what this leader knows it failed since its start, and
+        # the failed streams of active plans (their charge is inside the plan,
+        # so the ledgers are equal whether or not the helper holds them);
+        # unequal: every failed stream and plan (replaying is idempotent).
+        behind = (helper.epsilon_spent, helper.delta_spent) != (
+            str(mine.epsilon_spent),
+            str(mine.delta_spent),
+        )
+        streams = self.core.store.stream_ids(task_id, FAILED)
+        plans = failed
+        if behind:
+            plans = self.core.store.plan_ids(task_id, PLAN_FAILED)
+        else:
+            active = set(self.core.store.plan_ids(task_id, PLAN_ACTIVE))
+            streams = recovered + [
+                sid for sid in streams if sid not in recovered and self._in_plan(sid, active)
+            ]
+        for plan_id in started:
+            await self._reserve_on_helper(task_id, plan_id)
+        for plan_id in plans:
+            book, _, _ = self.core.store.plan(plan_id)
+            replayed += await self._fail_or_replay(
+                PeerMethod.FAIL_PLAN,
+                pb.PlanRef(plan_id=plan_id),
+                PeerMethod.RESERVE_PLAN,
+                plan_request(task_id, book, plan_id),
+            )
+        for sid in streams:
+            s = self.core.store.stream(sid)
+            plan_id, group = s.plan if s.plan is not None else ("", 0)
+            replayed += await self._fail_or_replay(
+                PeerMethod.FAIL_STREAM,
+                pb.StreamRef(stream_id=sid),
+                PeerMethod.PREPARE_STREAM,
+                pb.PrepareStreamRequest(
+                    stream_id=sid,
+                    task_id=s.task_id,
+                    kind=KIND_TO_PB[s.kind],
+                    epsilon=str(s.epsilon),
+                    delta=str(s.delta) if s.delta else "",
+                    plan_id=plan_id,
+                    plan_group=group,
+                    replay=True,
+                ),
+            )
+        return replayed
+
+    async def _reserve_on_helper(self, task_id: str, plan_id: str) -> None:
+        """Reserve on the helper a plan that was active at this leader's start
+        and still is (the helper leaves a plan it already holds as it is), so
+        that both ledgers hold its charge.  The plan stays active on both: the
+        leader cannot tell a reservation the analyst never saw confirmed from
+        one it did, and an active plan refunds only what no stream used.  A
+        refusal is logged, as a refused replay is (see `sync_ledgers`)."""
+        book, state, _ = self.core.store.plan(plan_id)
+        if state != PLAN_ACTIVE:
+            return
+        try:
+            await self._call(PeerMethod.RESERVE_PLAN, plan_request(task_id, book, plan_id))
+        except PeerUnavailable:
+            raise
+        except Refusal as exc:
+            log.warning(
+                "task %s: the helper refused to reserve plan %s, active here since before "
+                "the restart (%s); its ledger is left as it is, the leader's keeps the charge",
+                task_id,
+                plan_id,
+                type(exc).__name__,
+            )
 
     def _in_plan(self, stream_id: str, plans: set[str]) -> bool:
         plan = self.core.store.stream(stream_id).plan
@@ -238,6 +290,7 @@ class LeaderDriver:
             self.core.store.task(request.task_id).params.epsilon_min,
         )
         info = self.core.reserve_plan(plan_id, request)
+        crash_point("plan.before_helper")
         forward = pb.PlanRequest()
         forward.CopyFrom(request)
         forward.plan_id = plan_id

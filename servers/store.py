@@ -156,6 +156,9 @@ class Store:
         self._migrate()
         #: Streams this start failed closed (opening / in_chunk at the last stop).
         self.recovered_failed: list[tuple[str, str]] = []
+        #: (plan, task) of the plans active at the last stop, left active: a leader
+        #: killed inside ReservePlan may hold one the helper never reserved.
+        self.recovered_plans: list[tuple[str, str]] = []
         self.failed_on_recovery = self._recover()
         #: The helper's robust-aggregate shares between the close's passes and
         #: MarkAgreed: task → pass id → (report digest, {lo: shares}).  In memory
@@ -204,8 +207,16 @@ class Store:
             self._db.execute("PRAGMA user_version = 4")
 
     def _recover(self) -> int:
-        """Fail closed every stream that was opening or mid-chunk at the last stop."""
+        """Fail closed every stream that was opening or mid-chunk at the last stop,
+        and list the plans then active (`recovered_plans`)."""
         with self._tx():
+            self.recovered_plans = [
+                (r[0], r[1])
+                for r in self._db.execute(
+                    "SELECT plan_id, task_id FROM plans WHERE state=? ORDER BY plan_id",
+                    (PLAN_ACTIVE,),
+                )
+            ]
             self.recovered_failed = [
                 (r[0], r[1])
                 for r in self._db.execute(

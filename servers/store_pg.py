@@ -411,6 +411,7 @@ class PgStore(Store):
             row = conn.execute("SELECT current_schema()").fetchone()
             self.schema: str = str(row[0]) if row else "public"
             self.recovered_failed: list[tuple[str, str]] = []
+            self.recovered_plans: list[tuple[str, str]] = []
             self.failed_on_recovery = self._recover() if recover else 0
         except BaseException:
             conn.close()

@@ -223,3 +223,37 @@ async def test_a_refused_replay_leaves_the_task_usable(
     assert "refused to replay" in caplog.text
     sid = await pair.open("t", "1/2")  # both ledgers still hold it
     assert pair.helper.core.store.stream(sid).state == "open"
+
+
+async def test_a_chunk_whose_go_is_lost_fails_the_helpers_copy(pair: DriverPair) -> None:
+    """The leader dies right after sending a chunk header: the helper marks the
+    stream mid-chunk, and its go for the chunk cannot be sent.  The helper's
+    copy is failed at once (it never answers again) instead of staying
+    `in_chunk` until the helper restarts."""
+    await pair.leader.create_task(spec("t"))
+    pair.upload("t", data(N))
+    await pair.leader.close_collection("t")
+    sid = await pair.open("t")
+
+    class Idle:
+        async def setup(self) -> None:
+            return None
+
+    pair.helper.party = lambda role, channel, session: Idle()  # type: ignore[assignment,return-value]
+    frames = [
+        pb.PeerFrame(open=pb.SessionOpen(session_id=b"s" * 16)),
+        pb.PeerFrame(
+            header=pb.ChunkHeader(stream_id=sid, chunk_no=1, queries=pb.Queries(index=[0]))
+        ),
+    ]
+
+    async def read() -> pb.PeerFrame | None:
+        return frames.pop(0) if frames else None
+
+    async def write(frame: pb.PeerFrame) -> None:
+        raise ConnectionResetError("the leader is gone")
+
+    with pytest.raises(ConnectionResetError):
+        await pair.helper.serve_session(write, read)
+    helper_copy = pair.helper.core.store.stream(sid)
+    assert (helper_copy.state, helper_copy.chunks) == (FAILED, 1)

@@ -18,6 +18,7 @@ from svtagg.analyst.local_oracle import LocalOracle
 from svtagg.analyst.oracle import planned
 from svtagg.dp.accounting import advanced_composition, zcdp_to_dp
 from svtagg.dp.errors import BudgetExhausted, InvalidArgument, PeerUnavailable
+from svtagg.dp.kinds import StreamKind
 from svtagg.dp.plans import Group, PlanBook, Rule, plan_charge
 from svtagg.dp.task import safe_epsilon_min
 from svtagg.proto import svtagg_pb2 as pb
@@ -241,3 +242,86 @@ async def test_a_plan_stream_the_helper_missed_is_replayed_in_its_group(
         ended = await pair.leader.end_plan(plan.plan_id)
         assert ended.refunded_epsilon == "1"  # group 1 was never used
         assert _ledgers(pair, "t") == [(Fraction(1), Fraction(0))] * 2
+
+
+async def test_a_plan_the_leader_died_reserving_is_reserved_on_the_helper(tmp_path: Path) -> None:
+    """The leader dies after committing its plan reservation, before the helper
+    reserved it (the analyst got no answer and never learns the plan's id).  On
+    restart the plan is active on the leader only; reconciliation reserves it on
+    the helper as well, so both ledgers hold its charge (never refunded), and
+    the task goes on: a fresh plan reserves, admits a stream and ends."""
+    async with driver_pair(tmp_path) as pair:
+        await pair.leader.create_task(small_task("10"))
+        pair.upload("t", np.ones((50, 2)))
+        await pair.leader.close_collection("t")
+        two = pb.PlanRequest(
+            task_id="t", groups=[pb.PlanGroup(epsilon="1/2"), pb.PlanGroup(epsilon="1/2")]
+        )
+        pair.leader.core.reserve_plan("a" * 32, two)  # the leader's half of ReservePlan
+        await _restart(pair, tmp_path)
+        info = await pair.leader.describe("t")
+        assert Fraction(info.budget.epsilon_spent) == Fraction(info.helper_budget.epsilon_spent)
+        assert _ledgers(pair, "t") == [(Fraction(1), Fraction(0))] * 2
+        assert pair.helper.core.store.plan("a" * 32)[1] == "active"
+        plan = await pair.leader.reserve_plan(two)
+        await pair.leader.open_stream(
+            pb.OpenStreamRequest(
+                task_id="t", kind=pb.LAP24, epsilon="1/2", plan_id=plan.plan_id, plan_group=0
+            )
+        )
+        assert (await pair.leader.end_plan(plan.plan_id)).refunded_epsilon == "1/2"
+        assert _ledgers(pair, "t") == [(Fraction(3, 2), Fraction(0))] * 2
+
+
+async def test_a_plan_stream_the_leader_died_opening_is_replayed_in_its_group(
+    tmp_path: Path,
+) -> None:
+    """The leader dies after charging a stream of a reserved plan (`opening`),
+    before the helper charged it: on restart the stream is failed, and
+    reconciliation replays its charge on the helper in the plan's group, so
+    that ending the plan refunds the same on both servers."""
+    async with driver_pair(tmp_path) as pair:
+        await pair.leader.create_task(small_task("10"))
+        pair.upload("t", np.ones((50, 2)))
+        await pair.leader.close_collection("t")
+        plan = await pair.leader.reserve_plan(
+            pb.PlanRequest(
+                task_id="t", groups=[pb.PlanGroup(epsilon="1/2"), pb.PlanGroup(epsilon="1/2")]
+            )
+        )
+        pair.leader.core.open_stream(
+            "b" * 32, "t", StreamKind.LAP24, "1/2", "", open_now=False, plan=(plan.plan_id, 1)
+        )
+        await _restart(pair, tmp_path)
+        assert (await pair.leader.end_plan(plan.plan_id)).refunded_epsilon == "1/2"
+        assert _ledgers(pair, "t") == [(Fraction(1, 2), Fraction(0))] * 2
+        assert [d.core.store.stream("b" * 32).state for d in (pair.leader, pair.helper)] == [
+            "failed",
+            "failed",
+        ]
+
+
+async def test_a_reconciliation_cut_off_by_the_helper_is_done_again(tmp_path: Path) -> None:
+    """The helper is lost in the middle of the reconciliation after a restart
+    (the plan the leader died reserving not yet reserved there): the next
+    reconciliation still owes it, and brings the ledgers together."""
+    async with driver_pair(tmp_path) as pair:
+        await pair.leader.create_task(small_task("10"))
+        pair.upload("t", np.ones((50, 2)))
+        await pair.leader.close_collection("t")
+        pair.leader.core.reserve_plan(
+            "a" * 32, pb.PlanRequest(task_id="t", groups=[pb.PlanGroup(epsilon="1/2")])
+        )
+        await _restart(pair, tmp_path)
+        reserve = pair.helper.ReservePlan
+
+        async def lost(request: pb.PlanRequest) -> pb.PlanInfo:
+            pair.helper.ReservePlan = reserve  # type: ignore[method-assign]
+            raise PeerUnavailable("helper: UNAVAILABLE (lost during the reconciliation)")
+
+        pair.helper.ReservePlan = lost  # type: ignore[method-assign]
+        with pytest.raises(PeerUnavailable):
+            await pair.leader.sync_ledgers("t")
+        assert _ledgers(pair, "t") == [(Fraction(1, 2), 0), (0, 0)]
+        await pair.leader.describe("t")
+        assert _ledgers(pair, "t") == [(Fraction(1, 2), Fraction(0))] * 2

@@ -1,7 +1,8 @@
 """Crash safety (issue 6): leader and helper run as processes and SIGKILL
 themselves at chosen points (svtagg.servers.faults): mid upload batch, between
-the two ledger charges when a stream opens, during a chunk's comparison and
-just after a YES.  After each kill the server restarts on the same store, and:
+the two reservations of a plan, between the two ledger charges when a stream
+opens, during a chunk's comparison and just after a YES.  After each kill the
+server restarts on the same store, and:
 
 * every acknowledged report is counted exactly once on both servers, and no
   unacknowledged one is half-counted: after the close both servers hold the same
@@ -17,7 +18,7 @@ reconciliation at the close keeps only the reports both servers hold; for the
 ledger, the leader (which always charges first) wins and its charge is replayed
 on the helper (`LeaderDriver.sync_ledgers` (`servers/leader.py`)): see test_leader_ledger_wins.
 
-Default run: one kill per point (8 kills, ~20 s).  `pytest -m heavy`: every
+Default run: one kill per point (9 kills, ~20 s).  `pytest -m heavy`: every
 (point, role) pair, repeated (see KILLS_HEAVY), with a summary line.
 """
 
@@ -44,7 +45,8 @@ EPS = Fraction(1, 2)
 CLEAR = "UNAVAILABLE"
 #: Repeats of every (point, role) pair in the heavy run.
 KILLS_HEAVY = 3
-#: (point, role) pairs the heavy run kills at; open.before_helper exists only on the leader.
+#: (point, role) pairs the heavy run kills at; open.before_helper and
+#: plan.before_helper exist only on the leader.
 PAIRS = [
     ("upload.mid_store", "leader"),
     ("upload.mid_store", "helper"),
@@ -53,6 +55,7 @@ PAIRS = [
     ("open.after_charge", "leader"),
     ("open.after_charge", "helper"),
     ("open.before_helper", "leader"),
+    ("plan.before_helper", "leader"),
     ("chunk.after_mark", "leader"),
     ("chunk.after_mark", "helper"),
     ("chunk.after_result", "leader"),
@@ -153,14 +156,18 @@ def budgets(pd: ProcessDeployment, task: str) -> tuple[tuple[Fraction, Fraction]
 
 
 def stream_through_kill(pd: ProcessDeployment, task: str, role: str, point: str) -> None:
-    """Open a stream (or ask a chunk that says YES) while `role` dies at `point`."""
+    """Open a stream (or reserve a one-group plan of the same ε, or ask a chunk
+    that says YES) while `role` dies at `point`."""
     before = budgets(pd, task)
     assert before[0] == before[1]
     with pd.oracle(task) as o:
-        if point.startswith("open."):
+        if point.startswith(("open.", "plan.")):
             pd.arm(role, point)
             with pytest.raises(Refusal, match=CLEAR):
-                o.open_stream(EPS)
+                if point.startswith("plan."):
+                    o.reserve_plan([(EPS, 0)])
+                else:
+                    o.open_stream(EPS)
             sid = None
         else:
             s = o.open_stream(EPS)
@@ -217,13 +224,14 @@ def test_crash_points(procs: ProcessDeployment):
     closed_task(pd, "s")
     for point, role in [
         ("open.before_helper", "leader"),
+        ("plan.before_helper", "leader"),
         ("open.after_charge", "helper"),
         ("chunk.after_mark", "leader"),
         ("chunk.after_result", "helper"),
         ("chunk.after_result", "leader"),
     ]:
         stream_through_kill(pd, "s", role, point)
-    assert sum(pd.kills.values()) == 8
+    assert sum(pd.kills.values()) == 9
 
 
 def test_leader_ledger_wins(procs: ProcessDeployment):

@@ -425,6 +425,32 @@ def test_reopen_keeps_everything_and_fails_interrupted_streams(
     assert third.failed_on_recovery == 1 and third.recovered_failed == [("ok", "t")]
 
 
+def test_reopen_lists_the_plans_active_at_the_stop(backend: tuple[str, Opener]) -> None:
+    """A reopened store names the plans that were active when it stopped (a
+    leader killed inside ReservePlan may hold one the helper never reserved;
+    reconciliation reserves those there too); they stay active, with their
+    charge and their admitted streams."""
+    opener = backend[1]
+    store = opener()
+    agreed_task(store)
+    quarter = PlanBook.reserve([Group(Fraction(1, 8)), Group(Fraction(1, 8))])
+    for plan_id in ("live", "ended", "failed"):
+        store.reserve_plan(plan_id, "t", quarter)
+    store.open_stream(
+        "s", "t", StreamKind.LAP24, Fraction(1, 8), Fraction(0), Fraction(0), ("live", 0)
+    )
+    store.end_plan("ended")
+    store.fail_plan("failed")
+    assert store.recovered_plans == []  # nothing was active at its start
+    store.close()
+    again = opener()
+    assert again.recovered_plans == [("live", "t")]
+    book, state, _ = again.plan("live")
+    assert state == PLAN_ACTIVE and book.spent[0] == (Fraction(1, 8), 0)
+    assert again.task("t").budget.epsilon_spent == Fraction(1, 2)
+    again.close()
+
+
 def test_open_store_selects_the_backend(tmp_path: Path) -> None:
     path = tmp_path / "x.sqlite"
     assert sqlite_file(path) == str(path)

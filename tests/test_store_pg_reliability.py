@@ -101,6 +101,7 @@ def test_crash_points_on_postgres(tmp_path: Path, pg_url: tuple[str, str]) -> No
         closed_task(pd, "s")
         for point, role in [
             ("open.before_helper", "leader"),
+            ("plan.before_helper", "leader"),
             ("open.after_charge", "leader"),
             ("open.after_charge", "helper"),
             ("chunk.after_mark", "leader"),
@@ -109,7 +110,7 @@ def test_crash_points_on_postgres(tmp_path: Path, pg_url: tuple[str, str]) -> No
             ("chunk.after_result", "leader"),
         ]:
             stream_through_kill(pd, "s", role, point)
-        assert sum(pd.kills.values()) == 11
+        assert sum(pd.kills.values()) == 12
         assert not list(tmp_path.glob("*.sqlite*"))  # no SQLite store was used
     finally:
         pd.stop()
