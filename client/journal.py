@@ -70,21 +70,26 @@ class UploadJournal:
         """Write a new journal, durably, before the first report is sent;
         FileExistsError if one appeared meanwhile (another run)."""
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        self._write(fd)
+        _sync_dir(path)
+
+    def save(self, path: Path) -> None:
+        """Record progress (atomic replace, written through before it replaces the
+        old journal: a power loss leaves the old or the new one, never an empty
+        file and a lost key; losing the last update only means a batch is sent
+        again and refused as already held)."""
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+        self._write(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        os.replace(tmp, path)
+        _sync_dir(path)
+
+    def _write(self, fd: int) -> None:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             json.dump({"version": VERSION, **asdict(self)}, f)
             f.flush()
             os.fsync(f.fileno())
-
-    def save(self, path: Path) -> None:
-        """Record progress (atomic replace; losing the last update only means a
-        batch is sent again and refused as already held)."""
-        tmp = path.with_name(path.name + ".tmp")
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump({"version": VERSION, **asdict(self)}, f)
-        os.replace(tmp, path)
 
     @classmethod
     def load(cls, path: Path) -> UploadJournal:
@@ -114,3 +119,12 @@ class UploadJournal:
             was = ", ".join(f"{k}={self.options[k]!r}" for k in changed)
             return f"options differ from the upload's ({was})"
         return None
+
+
+def _sync_dir(path: Path) -> None:
+    """Make a created or replaced directory entry durable (POSIX)."""
+    fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

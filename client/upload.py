@@ -47,7 +47,8 @@ class UploadKey:
     output tells anything of another, so the leader learns nothing of a seed.
     Keep the key as secret as the input: with it, the leader's shares give the
     values.  A row sent again must be the same row (`client.journal` checks the
-    input): one seed under two values would hand the leader their difference."""
+    input); should it differ all the same, its seed differs too (`seed`), since
+    one seed under two values would hand the leader their difference."""
 
     secret: bytes
 
@@ -55,15 +56,21 @@ class UploadKey:
     def new(cls) -> UploadKey:
         return cls(secrets.token_bytes(32))
 
-    def _prf(self, what: bytes, row: int, size: int) -> bytes:
-        msg = row.to_bytes(8, "big")
+    def _prf(self, what: bytes, msg: bytes, size: int) -> bytes:
         return hashlib.blake2b(msg, key=self.secret, person=what, digest_size=size).digest()
 
     def report_id(self, row: int) -> bytes:
-        return self._prf(b"svtagg-report-id", row, REPORT_ID_BYTES)
+        return self._prf(b"svtagg-report-id", row.to_bytes(8, "big"), REPORT_ID_BYTES)
 
-    def seed(self, row: int) -> bytes:
-        return self._prf(b"svtagg-seed", row, SEED_BYTES)
+    def seed(self, row: int, encoded: npt.NDArray[np.uint64]) -> bytes:
+        """Row `row`'s seed, bound to its encoded value as well as its number: if
+        the row's value differs when it is sent again (an input rewritten between
+        the journal's check and the read), the seed differs too, so the two
+        explicit shares the leader may see are masked by independent pads and
+        tell nothing of the difference (the resent report is then junk, which
+        the robust aggregates bound like any other report)."""
+        msg = row.to_bytes(8, "big") + np.ascontiguousarray(encoded, dtype="<u8").tobytes()
+        return self._prf(b"svtagg-seed", msg, SEED_BYTES)
 
 
 @dataclass(frozen=True)
@@ -96,7 +103,7 @@ def make_batch(
         if key is None:
             rid, (explicit, seed) = os.urandom(REPORT_ID_BYTES), share(row)
         else:
-            rid, (explicit, seed) = key.report_id(i), share(row, key.seed(i))
+            rid, (explicit, seed) = key.report_id(i), share(row, key.seed(i, row))
         lead.reports.add(report_id=rid, explicit_share=explicit.astype("<u8").tobytes())
         help_.reports.add(report_id=rid, seed=seed)
     return Batch(lead, help_, keyed=key is not None)

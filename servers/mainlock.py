@@ -61,6 +61,8 @@ def hold_main_lock(store_path: str, role: str) -> MainLock:
         return _hold_postgres(store_path, role)
     if path == ":memory:":
         return MainLock()
+    # One lock file per store file, however `--db` names it (a symlink, ../).
+    path = os.path.realpath(path)
     f = open(f"{path}.lock", "a+", encoding="utf-8")  # noqa: SIM115 - held for the lifetime
     try:
         fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)

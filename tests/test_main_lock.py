@@ -31,6 +31,11 @@ async def test_a_second_main_process_on_a_sqlite_store_is_refused(
     with pytest.raises(OSError, match=rf"store {db} is in use by another helper main process") as e:
         SvtaggServer(_config("helper", db, certs))
     assert f"pid {os.getpid()}" in str(e.value)
+    # the same file named through a symbolic link is the same store
+    link = deployment.root / "link.sqlite"
+    link.symlink_to(db)
+    with pytest.raises(OSError, match="is in use by another helper main process"):
+        SvtaggServer(_config("helper", str(link), certs))
     # the refusal changed nothing: the first server serves on, and once it
     # stops, the store can be opened again
     await deployment.stop()

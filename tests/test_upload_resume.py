@@ -64,6 +64,27 @@ def test_keyed_batches_are_reproducible_and_reconstruct():
         assert np.array_equal(total, encoded_sum(row, 16))
 
 
+def test_a_row_sent_again_with_another_value_gets_another_seed():
+    """Same key, same row number, another value (an input rewritten under a
+    resume): the id stays (the batch reads as held), the seed does not, so the
+    leader's two explicit shares are masked by independent pads."""
+    values = np.random.default_rng(2).random((3, D))
+    changed = values.copy()
+    changed[1, 0] = 1.0 - changed[1, 0]
+    key = UploadKey.new()
+    a, b = make_batch("t", values, 16, key, 0), make_batch("t", changed, 16, key, 0)
+    assert [r.report_id for r in a.leader.reports] == [r.report_id for r in b.leader.reports]
+    seeds_a = [r.seed for r in a.helper.reports]
+    seeds_b = [r.seed for r in b.helper.reports]
+    assert seeds_a[0] == seeds_b[0] and seeds_a[2] == seeds_b[2]
+    assert seeds_a[1] != seeds_b[1]
+    # one seed under two values would leave exactly the values' difference
+    pads_differ = np.frombuffer(a.leader.reports[1].explicit_share, "<u8") - np.frombuffer(
+        b.leader.reports[1].explicit_share, "<u8"
+    )
+    assert not np.array_equal(pads_differ, encoded_sum(values[1], 16) - encoded_sum(changed[1], 16))
+
+
 async def test_a_rerun_of_the_same_upload_counts_nobody_twice(
     deployment: Deployment, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ):
