@@ -22,13 +22,14 @@ work=$(mktemp -d -t svtagg-sanitize.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 # The package is the repository root: a copy named svtagg, found first on PYTHONPATH.
 mkdir "$work/svtagg"
-tar --exclude=./.venv --exclude=./.git --exclude='*.so' --exclude='__pycache__' \
+# (no build/: an up-to-date uninstrumented object there would be linked as is)
+tar --exclude=./.venv --exclude=./.git --exclude=./build --exclude='*.so' --exclude='__pycache__' \
     --exclude=./.mypy_cache --exclude=./.ruff_cache --exclude=./.pytest_cache \
     --exclude=./.hypothesis -cf - . | tar -xf - -C "$work/svtagg"
 (
     cd "$work/svtagg"
     CC=gcc CFLAGS="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer -g" \
-        LDFLAGS="-fsanitize=address,undefined" python setup.py -q build_ext --inplace >build.log 2>&1 \
+        LDFLAGS="-fsanitize=address,undefined" python setup.py -q build_ext --inplace --force >build.log 2>&1 \
         || { cat build.log >&2; exit 1; }
 )
 so=$(ls "$work"/svtagg/mpc/_gc*.so)
