@@ -175,8 +175,13 @@ class Uploader:
     def __enter__(self) -> Uploader:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        # After Ctrl-C the interrupt may have landed inside a gRPC call, and
+        # closing the channel can then wait for that call for ever (gRPC's
+        # Python channel, grpc/grpc#19973 and kin): the process is ending, so
+        # the channels are left to it.
+        if exc_type is None or issubclass(exc_type, Exception):
+            self.close()
 
     def task(self, task_id: str) -> pb.TaskInfo:
         """Public task parameters (d, frac_bits) as the leader states them."""

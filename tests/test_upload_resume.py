@@ -257,7 +257,11 @@ async def test_ctrl_c_in_a_real_upload_then_resume(deployment: Deployment, tmp_p
         if journal.exists() and json.loads(journal.read_text() or "{}").get("leader_rows", 0):
             break
     proc.send_signal(signal.SIGINT)
-    _, err = await proc.communicate()
+    try:  # an interrupted client must end promptly, never hang in its cleanup
+        _, err = await asyncio.wait_for(proc.communicate(), 60)
+    except TimeoutError:
+        proc.kill()
+        raise AssertionError("the interrupted upload did not exit within 60 s") from None
     text = err.decode()
     assert proc.returncode == 130, text
     assert "interrupted: the leader holds" in text and "--resume" in text, text
@@ -266,7 +270,7 @@ async def test_ctrl_c_in_a_real_upload_then_resume(deployment: Deployment, tmp_p
     resumed = await asyncio.create_subprocess_exec(
         *args, "--resume", env=env, stderr=asyncio.subprocess.PIPE
     )
-    _, err = await resumed.communicate()
+    _, err = await asyncio.wait_for(resumed.communicate(), 120)
     assert resumed.returncode == 0, err.decode()
     n_l, n_h, sums = _held(deployment)
     assert (n_l, n_h) == (rows, rows)
