@@ -178,14 +178,17 @@ class LeaderDriver:
             str(mine.epsilon_spent),
             str(mine.delta_spent),
         )
-        streams = self.core.store.stream_ids(task_id, FAILED)
+        store = self.core.store
+        streams = [store.stream(sid) for sid in store.stream_ids(task_id, FAILED)]
         plans = failed
         if behind:
-            plans = self.core.store.plan_ids(task_id, PLAN_FAILED)
+            plans = store.plan_ids(task_id, PLAN_FAILED)
         else:
-            active = set(self.core.store.plan_ids(task_id, PLAN_ACTIVE))
-            streams = recovered + [
-                sid for sid in streams if sid not in recovered and self._in_plan(sid, active)
+            active = set(store.plan_ids(task_id, PLAN_ACTIVE))
+            streams = [store.stream(sid) for sid in recovered] + [
+                s
+                for s in streams
+                if s.stream_id not in recovered and s.plan is not None and s.plan[0] in active
             ]
         for plan_id in started:
             await self._reserve_on_helper(task_id, plan_id)
@@ -197,15 +200,14 @@ class LeaderDriver:
                 PeerMethod.RESERVE_PLAN,
                 plan_request(task_id, book, plan_id),
             )
-        for sid in streams:
-            s = self.core.store.stream(sid)
+        for s in streams:
             plan_id, group = s.plan if s.plan is not None else ("", 0)
             replayed += await self._fail_or_replay(
                 PeerMethod.FAIL_STREAM,
-                pb.StreamRef(stream_id=sid),
+                pb.StreamRef(stream_id=s.stream_id),
                 PeerMethod.PREPARE_STREAM,
                 pb.PrepareStreamRequest(
-                    stream_id=sid,
+                    stream_id=s.stream_id,
                     task_id=s.task_id,
                     kind=KIND_TO_PB[s.kind],
                     epsilon=str(s.epsilon),
@@ -225,24 +227,31 @@ class LeaderDriver:
         one it did, and an active plan refunds only what no stream used.  A
         refusal is logged, as a refused replay is (see `sync_ledgers`)."""
         book, state, _ = self.core.store.plan(plan_id)
-        if state != PLAN_ACTIVE:
-            return
+        if state == PLAN_ACTIVE:
+            await self._unless_refused(
+                PeerMethod.RESERVE_PLAN,
+                plan_request(task_id, book, plan_id),
+                f"reserve plan {plan_id}, active here since before the restart",
+            )
+
+    async def _unless_refused(self, method: PeerMethod, request: Any, what: str) -> bool:
+        """A reconciliation call whose refusal is logged, not raised, so the task
+        stays usable (see `sync_ledgers`); an unreachable helper is raised (the
+        task stays to be reconciled).  False if refused."""
         try:
-            await self._call(PeerMethod.RESERVE_PLAN, plan_request(task_id, book, plan_id))
+            await self._call(method, request)
+            return True
         except PeerUnavailable:
             raise
         except Refusal as exc:
             log.warning(
-                "task %s: the helper refused to reserve plan %s, active here since before "
-                "the restart (%s); its ledger is left as it is, the leader's keeps the charge",
-                task_id,
-                plan_id,
+                "task %s: the helper refused to %s (%s); its ledger is left as it is, "
+                "the leader's keeps the charge",
+                request.task_id,
+                what,
                 type(exc).__name__,
             )
-
-    def _in_plan(self, stream_id: str, plans: set[str]) -> bool:
-        plan = self.core.store.stream(stream_id).plan
-        return plan is not None and plan[0] in plans
+            return False
 
     async def _fail_or_replay(
         self, fail: PeerMethod, ref: Any, replay: PeerMethod, charge: Any
@@ -257,19 +266,12 @@ class LeaderDriver:
             return 0
         except NotFound:
             pass
-        try:
-            await self._call(replay, charge)
-        except PeerUnavailable:
-            raise
-        except Refusal as exc:
-            log.warning(
-                "task %s: the helper refused to replay the charge of failed %s %s (%s); "
-                "its ledger is left as it is, the leader's keeps the charge",
-                charge.task_id,
-                "stream" if replay == PeerMethod.PREPARE_STREAM else "plan",
-                getattr(ref, "stream_id", "") or getattr(ref, "plan_id", ""),
-                type(exc).__name__,
-            )
+        what = (
+            f"replay the charge of failed stream {ref.stream_id}"
+            if replay == PeerMethod.PREPARE_STREAM
+            else f"replay the charge of failed plan {ref.plan_id}"
+        )
+        if not await self._unless_refused(replay, charge, what):
             return 0
         await self._call(fail, ref)
         return 1
