@@ -21,6 +21,7 @@ import numpy.typing as npt
 
 from svtagg.deploy.workloads import laplace_argmax, model_selection, workload
 from svtagg.dp.errors import Refusal
+from svtagg.dp.kinds import StreamKind
 from svtagg.proto import svtagg_pb2 as pb
 from svtagg.proto import svtagg_pb2_grpc as pb_grpc
 from svtagg.proto.tls import Identity, tls_target
@@ -182,7 +183,7 @@ def analyst_stub(leader: str, certs: str | Path) -> Any:
 
 #: Stream kinds every `run` algorithm accepts: the AboveThreshold kinds (no run
 #: algorithm opens a CompareToThresholds stream).
-RUN_KINDS = ("lap24", "lap3", "exp3")
+RUN_KINDS = tuple(k.value for k in StreamKind if k is not StreamKind.CTT)
 #: Algorithms whose selection picks the kind itself when asked for "auto".
 AUTO_KIND_ALGORITHMS = frozenset({"scan", "top-k", "fp"})
 
