@@ -38,19 +38,28 @@ class TaskParams:
     embedding: str = ""
 
 
-def parse_task_params(
-    task_id: str,
-    d: int,
-    frac_bits: int,
-    n_max: int,
-    min_batch: int,
-    epsilon_total: str,
-    delta_total: str,
-    epsilon_min: str,
-    validate_reports: bool = False,
-    embedding: str = "",
-) -> TaskParams:
+@dataclass(frozen=True)
+class TaskSpec:
+    """A task as the analyst proposes it: the numbers as written (rationals as
+    exact text, "1/2" or "0.25"), before any check.  `parse_task_params` turns
+    it into the `TaskParams` both servers hold, or refuses it."""
+
+    task_id: str
+    d: int
+    frac_bits: int
+    n_max: int
+    min_batch: int
+    epsilon_total: str
+    delta_total: str
+    epsilon_min: str
+    validate_reports: bool = False
+    embedding: str = ""
+
+
+def parse_task_params(spec: TaskSpec) -> TaskParams:
     """Validate task parameters, including the overflow bound for every stream kind."""
+    task_id, d, frac_bits, n_max = spec.task_id, spec.d, spec.frac_bits, spec.n_max
+    min_batch, embedding = spec.min_batch, spec.embedding
     if not TASK_ID_RE.fullmatch(task_id):  # match() lets "$" accept a trailing newline
         raise InvalidArgument(f"task id must match {TASK_ID_RE.pattern}, got {task_id!r}")
     if not 1 <= d <= MAX_D:
@@ -62,9 +71,9 @@ def parse_task_params(
     if not 1 <= min_batch <= n_max:
         raise InvalidArgument(f"min_batch must be in [1, n_max={n_max}], got {min_batch}")
     try:
-        eps_total = check_epsilon(epsilon_total or "")
-        eps_min = check_epsilon(epsilon_min or "")
-        delta = as_fraction(delta_total or "0", "delta_total")
+        eps_total = check_epsilon(spec.epsilon_total or "")
+        eps_min = check_epsilon(spec.epsilon_min or "")
+        delta = as_fraction(spec.delta_total or "0", "delta_total")
     except ValueError as exc:
         raise InvalidArgument(str(exc)) from None
     if not 0 <= delta < 1:
@@ -88,7 +97,7 @@ def parse_task_params(
         eps_total,
         delta,
         eps_min,
-        bool(validate_reports),
+        bool(spec.validate_reports),
         embedding,
     )
 

@@ -3,7 +3,7 @@ gRPC services share)."""
 
 from __future__ import annotations
 
-from svtagg.dp.task import TaskParams, parse_task_params
+from svtagg.dp.task import TaskParams, TaskSpec, parse_task_params
 from svtagg.proto import svtagg_pb2 as pb
 from svtagg.proto.vocab import KIND_TO_PB
 from svtagg.servers.store import OPEN, StreamState, TaskState
@@ -51,16 +51,18 @@ def stream_info(s: StreamState) -> pb.StreamInfo:
 
 def spec_params(spec: pb.TaskSpec) -> TaskParams:
     return parse_task_params(
-        spec.task_id,
-        spec.d,
-        spec.frac_bits,
-        spec.n_max,
-        spec.min_batch,
-        spec.epsilon_total,
-        spec.delta_total,
-        spec.epsilon_min,
-        spec.validate_reports,
-        spec.embedding,
+        TaskSpec(
+            spec.task_id,
+            spec.d,
+            spec.frac_bits,
+            spec.n_max,
+            spec.min_batch,
+            spec.epsilon_total,
+            spec.delta_total,
+            spec.epsilon_min,
+            spec.validate_reports,
+            spec.embedding,
+        )
     )
 
 

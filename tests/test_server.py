@@ -434,7 +434,7 @@ def test_budget_policy_caps_the_analysts_proposal(tmp_path: Path):
     from fractions import Fraction
 
     from svtagg.dp.errors import InvalidArgument
-    from svtagg.dp.task import parse_task_params
+    from svtagg.dp.task import TaskSpec, parse_task_params
     from svtagg.servers.core import ServerCore
 
     core = ServerCore(
@@ -443,14 +443,16 @@ def test_budget_policy_caps_the_analysts_proposal(tmp_path: Path):
         max_epsilon_total=Fraction(8),
         max_delta_total=Fraction(1, 10**6),
     )
-    ok = parse_task_params("ok", 4, 16, 1000, 1, "8", "1/1000000", "1/100")
+    ok = parse_task_params(TaskSpec("ok", 4, 16, 1000, 1, "8", "1/1000000", "1/100"))
     core.check_budget_policy(ok)
     for eps, delta in (("9", "0"), ("1", "1/1000")):
-        over = parse_task_params("over", 4, 16, 1000, 1, eps, delta, "1/100")
+        over = parse_task_params(TaskSpec("over", 4, 16, 1000, 1, eps, delta, "1/100"))
         with pytest.raises(InvalidArgument, match="cap"):
             core.check_budget_policy(over)
     uncapped = ServerCore("leader", Store(tmp_path / "l.sqlite"))
-    uncapped.check_budget_policy(parse_task_params("big", 4, 16, 1000, 1, "1000", "0", "1"))
+    uncapped.check_budget_policy(
+        parse_task_params(TaskSpec("big", 4, 16, 1000, 1, "1000", "0", "1"))
+    )
 
 
 def test_batch_values_are_bounded(tmp_path: Path):
@@ -499,7 +501,7 @@ def test_comparison_width_comes_from_public_parameters() -> None:
 
     from svtagg.dp.kinds import StreamKind, default_tau_bound, noise_model
     from svtagg.dp.queries import Budget
-    from svtagg.dp.task import parse_task_params
+    from svtagg.dp.task import TaskSpec, parse_task_params
     from svtagg.mpc.ring import wrap_bound
     from svtagg.servers.core import ServerCore
     from svtagg.servers.store import OPEN, StreamState, TaskState
@@ -508,7 +510,9 @@ def test_comparison_width_comes_from_public_parameters() -> None:
     core.robust_aggregates = True
 
     def width(n_max: int, frac_bits: int, eps: Fraction, kind: StreamKind) -> tuple[int, int]:
-        p = parse_task_params("t", 4, frac_bits, n_max, 1, "10", "0", str(min(eps, Fraction(1))))
+        p = parse_task_params(
+            TaskSpec("t", 4, frac_bits, n_max, 1, "10", "0", str(min(eps, Fraction(1))))
+        )
         task = TaskState(p, 0, False, Budget(Fraction(10), Fraction(0)), b"", 0, True)
         stream = StreamState("s", "t", kind, eps, Fraction(0), 0, OPEN, 0, 0)
         noise = noise_model(kind).noise_bound_per_party(eps, frac_bits)

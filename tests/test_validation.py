@@ -121,12 +121,12 @@ def test_policy_and_client_can_insist_on_validation(tmp_path: Path) -> None:
     import pytest
 
     from svtagg.dp.errors import InvalidArgument
-    from svtagg.dp.task import parse_task_params
+    from svtagg.dp.task import TaskSpec, parse_task_params
 
     strict = ServerCore("helper", Store(tmp_path / "h.sqlite"), require_validation=True)
     with pytest.raises(InvalidArgument, match="validate_reports"):
-        strict.check_budget_policy(parse_task_params("a", 4, 16, 10, 1, "1", "0", "1"))
-    strict.check_budget_policy(parse_task_params("b", 4, 16, 10, 1, "1", "0", "1", True))
+        strict.check_budget_policy(parse_task_params(TaskSpec("a", 4, 16, 10, 1, "1", "0", "1")))
+    strict.check_budget_policy(parse_task_params(TaskSpec("b", 4, 16, 10, 1, "1", "0", "1", True)))
 
 
 async def test_client_refuses_unvalidated_task(deployment: Deployment) -> None:
