@@ -16,7 +16,7 @@ import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -33,10 +33,8 @@ from svtagg.dp.noise import RandomSource, draw_query_noise, draw_threshold_noise
 from svtagg.dp.plans import PlanBook, parse_groups
 from svtagg.dp.queries import check_chunk_size, check_ctt_width, check_stream_chunks
 from svtagg.dp.task import TaskParams
-from svtagg.mpc.circuits import CLOSE
 from svtagg.mpc.ring import RING_BITS, U64, sensitivity, wrap_bound
 from svtagg.mpc.sharing import expand_seed
-from svtagg.proto import svtagg_pb2 as pb
 from svtagg.proto.vocab import (
     MAX_BATCH_REPORTS,
     MAX_BATCH_VALUES,
@@ -44,6 +42,7 @@ from svtagg.proto.vocab import (
     SEED_BYTES,
     Role,
 )
+from svtagg.servers.exchange import ChunkKind, PlanInfo, PlanRequest, PrepareStream, Progress
 from svtagg.servers.faults import crash_point
 from svtagg.servers.store import Store, StreamState, TaskState
 
@@ -112,6 +111,10 @@ def parse_taus(task: TaskState, taus: Sequence[int], k: int, name: str = "tau") 
     if any(abs(int(t)) > bound for t in taus):
         raise InvalidArgument(f"|{name}| exceeds the bound of {bound} grid units (4·n_max·2^F)")
     return np.asarray(taus, dtype=np.int64).astype(np.uint64)
+
+
+#: The analyst's thresholds of a chunk, as ring elements: τ (Ask) or (τL, τH) (Compare).
+Thresholds = U64 | tuple[U64, U64]
 
 
 @functools.lru_cache(maxsize=1024)
@@ -252,29 +255,21 @@ class ServerCore:
         return np.concatenate([low, high], axis=1).reshape(-1).astype(np.uint64)
 
     # ------------------------------------------------------------ streams
-    def open_stream(
-        self,
-        stream_id: str,
-        task_id: str,
-        kind: str | StreamKind,
-        epsilon: str,
-        delta: str,
-        open_now: bool = True,
-        plan: tuple[str, int] | None = None,
-        replay: bool = False,
-    ) -> StreamState:
+    def open_stream(self, request: PrepareStream, open_now: bool = True) -> StreamState:
         """Validate, charge the ledger durably, then draw this server's γ.  With
         open_now=False (the leader) the stream stays `opening` until confirmed.
-        With replay (the helper, at reconciliation) only the charge of a stream
-        the leader opened and failed is recorded, the stream failed, and no γ
-        drawn (`Store.open_stream`)."""
+        With `request.replay` (the helper, at reconciliation) only the charge of
+        a stream the leader opened and failed is recorded, the stream failed,
+        and no γ drawn (`Store.open_stream`)."""
+        stream_id, task_id, plan = request.stream_id, request.task_id, request.plan
+        epsilon, delta = request.epsilon, request.delta
         task = self.store.task(task_id)
         try:
-            req = validate_stream(kind, epsilon or "", delta or "0", parties=2)
+            req = validate_stream(request.kind, epsilon or "", delta or "0", parties=2)
         except (ValueError, ArithmeticError) as exc:
             raise InvalidArgument(str(exc)) from None
         kind, eps, dl, charge_delta = req.kind, req.epsilon, req.delta, req.charge_delta
-        if replay:
+        if request.replay:
             # The leader opened it when the task allowed it; it never answers here.
             self.store.open_stream(stream_id, task_id, kind, eps, dl, charge_delta, plan, True)
             return self.store.stream(stream_id)
@@ -295,7 +290,7 @@ class ServerCore:
         return self.store.stream(stream_id)
 
     # ------------------------------------------------------------ plans
-    def reserve_plan(self, plan_id: str, request: pb.PlanRequest) -> pb.PlanInfo:
+    def reserve_plan(self, plan_id: str, request: PlanRequest) -> PlanInfo:
         """Validate the plan, compute its charge (the one rule both servers apply)
         and reserve it on the ledger durably; refused whole if it does not fit."""
         task = self.store.task(request.task_id)
@@ -304,25 +299,16 @@ class ServerCore:
             slack = as_fraction(request.delta_slack or "0", "delta_slack")
         except ValueError as exc:
             raise InvalidArgument(str(exc)) from None
-        groups = parse_groups([(g.epsilon, g.delta) for g in request.groups])
-        book = PlanBook.reserve(groups, slack)
+        book = PlanBook.reserve(parse_groups(request.pairs()), slack)
         self.store.reserve_plan(plan_id, request.task_id, book)
         return self.plan_info(plan_id)
 
     def plan_info(
         self, plan_id: str, refunded: tuple[Fraction, Fraction] = (Fraction(0), Fraction(0))
-    ) -> pb.PlanInfo:
+    ) -> PlanInfo:
         book, state, task_id = self.store.plan(plan_id)
-        return pb.PlanInfo(
-            plan_id=plan_id,
-            task_id=task_id,
-            epsilon=str(book.charge.epsilon),
-            delta=str(book.charge.delta),
-            rule=book.charge.rule.value,
-            state=state,
-            refunded_epsilon=str(refunded[0]),
-            refunded_delta=str(refunded[1]),
-        )
+        c = book.charge
+        return PlanInfo(plan_id, task_id, c.epsilon, c.delta, c.rule.value, state, *refunded)
 
     @staticmethod
     def require_queryable(task: TaskState) -> None:
@@ -424,7 +410,29 @@ class ServerCore:
             Fraction(width, sensitivity(task.params.frac_bits)), stream.epsilon, stream.delta, 2
         )
 
-    @staticmethod
-    def compare_progress(codes: Sequence[int]) -> tuple[int, bool]:
-        """(queries answered, stream closes) of a CompareToThresholds chunk's codes."""
-        return len(codes), CLOSE in codes
+    async def run_chunk(
+        self,
+        party: ComparisonParty,
+        stream: StreamState,
+        task: TaskState,
+        chunk: Chunk,
+        thresholds: Thresholds | None = None,
+    ) -> tuple[Any, Progress]:
+        """One chunk of a stream on this server's side of the garbled comparison:
+        its masked inputs (the leader folds in the analyst's `thresholds`: τ for
+        an Ask chunk, (τL, τH) for a Compare chunk), the protocol, and what the
+        result did to the stream (the kind's progress rule).  The result: the
+        first YES index (None: none) or the CompareToThresholds codes."""
+        kind = ChunkKind.of_stream(stream.kind)
+        width = self.comparison_width(task, stream)
+        result: Any
+        if kind == ChunkKind.COMPARE:
+            assert thresholds is None or isinstance(thresholds, tuple)
+            z_high, z_low = self.compare_inputs(stream, task, chunk, thresholds)
+            result = list(await party.compare_to_thresholds(z_high, z_low, width))
+        else:
+            assert not isinstance(thresholds, tuple)
+            result = await party.first_yes(self.ask_inputs(stream, task, chunk, thresholds), width)
+        progress = kind.spec.progress
+        assert progress is not None
+        return result, progress(result, len(chunk))

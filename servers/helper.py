@@ -1,40 +1,41 @@
 """The helper driver: the helper's side of every leader ↔ helper exchange, free
-of any transport.  Each unary method takes and returns the Peer service's
-messages (the gRPC `PeerService` and the in-memory port both call it), and
-`serve_session` runs one comparison session over a frame stream."""
+of any transport.  Each unary method takes and returns the domain values of
+`servers.exchange` (the gRPC `PeerService` and the in-memory port convert the
+Peer service's messages at their edge), and `serve_session` runs one
+comparison session over a frame stream (`servers.session.HelperSession`)."""
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 from svtagg.dp.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
-from svtagg.dp.kinds import StreamKind
-from svtagg.proto import svtagg_pb2 as pb
-from svtagg.proto.vocab import (
-    PASS_ID_BYTES,
-    REPORT_ID_BYTES,
-    REPORT_PAGE,
-    SETUP_DEADLINE,
-    Role,
-    kind_from_pb,
-    refusal_status,
-    split_ids,
-)
+from svtagg.dp.task import TaskSpec, parse_task_params
+from svtagg.proto.vocab import PASS_ID_BYTES, REPORT_ID_BYTES, REPORT_PAGE, Role
 from svtagg.servers.core import Chunk, ComparisonParty, PartyFactory, ServerCore, parse_chunk
+from svtagg.servers.exchange import (
+    Agreement,
+    ChunkKind,
+    PlanInfo,
+    PlanRequest,
+    PrepareStream,
+    ReportIds,
+    ReportPage,
+    ReportSet,
+    RobustChunk,
+    StreamChunk,
+    StreamInfo,
+    TaskInfo,
+    ValidationChunk,
+)
 from svtagg.servers.faults import crash_point
-from svtagg.servers.messages import collection_digest, spec_params, stream_info, task_info
 from svtagg.servers.session import (
-    DataChannel,
     DataOffer,
-    FrameChannel,
+    HelperSession,
     ReadFrame,
     SwitchChannel,
     WriteFrame,
 )
 from svtagg.servers.store import StreamState, TaskState
-
-_OK = pb.PeerFrame(status=pb.PeerStatus(ok=True))
 
 
 class HelperDriver:
@@ -48,91 +49,78 @@ class HelperDriver:
         #: The data listener offered to sessions that ask (None: frames only).
         self.data: DataOffer | None = None
 
-    async def CreateTask(self, request: pb.TaskSpec) -> pb.TaskInfo:
-        params = spec_params(request)
+    async def create_task(self, spec: TaskSpec) -> TaskInfo:
+        params = parse_task_params(spec)
         self.core.check_budget_policy(params)  # the helper enforces its own cap too
         if params.task_id in self.core.store.task_ids():
             existing = self.core.store.task(params.task_id)
             if existing.params == params:
                 # The leader retries after failing between the two creations.
-                return task_info(existing)
-        return task_info(self.core.store.create_task(params))
+                return TaskInfo.of(existing)
+        return TaskInfo.of(self.core.store.create_task(params))
 
-    async def Digest(self, request: pb.TaskRef) -> pb.CollectionDigest:
-        return collection_digest(self.core.store.task(request.task_id))
+    async def digest(self, task_id: str) -> ReportSet:
+        t = self.core.store.task(task_id)
+        return ReportSet(t.n, t.digest)
 
-    async def CloseCollection(self, request: pb.TaskRef) -> pb.CollectionDigest:
+    async def close_collection(self, task_id: str) -> ReportSet:
         """Close (idempotent); the report set, and whether it is already agreed
         (a close retried after a lost MarkAgreed reply must not validate again:
         the per-report shares are gone)."""
-        t = self.core.store.task(request.task_id)
+        t = self.core.store.task(task_id)
         if t.collection_open:
-            t = self.core.store.close_collection(request.task_id)
-        out = collection_digest(t)
-        out.agreed = t.agreed
-        return out
+            t = self.core.store.close_collection(task_id)
+        return ReportSet(t.n, t.digest, t.agreed)
 
-    async def ListReports(self, request: pb.ReportPage) -> pb.ReportIds:
+    async def list_reports(self, page: ReportPage) -> ReportIds:
         """One page of the closed task's report ids, ascending, after `after`."""
-        t = self.core.store.task(request.task_id)
+        t = self.core.store.task(page.task_id)
         if t.collection_open:
             raise FailedPrecondition("report ids are listed only after the close")
-        if request.after and len(request.after) != REPORT_ID_BYTES:
+        if page.after and len(page.after) != REPORT_ID_BYTES:
             raise InvalidArgument(f"after: a report id has {REPORT_ID_BYTES} bytes")
-        limit = min(request.limit or REPORT_PAGE, REPORT_PAGE)
-        ids = self.core.store.report_ids(request.task_id, request.after, limit + 1)
-        return pb.ReportIds(
-            task_id=request.task_id, report_ids=b"".join(ids[:limit]), more=len(ids) > limit
-        )
+        limit = min(page.limit or REPORT_PAGE, REPORT_PAGE)
+        ids = self.core.store.report_ids(page.task_id, page.after, limit + 1)
+        return ReportIds(page.task_id, tuple(ids[:limit]), more=len(ids) > limit)
 
-    async def DropReports(self, request: pb.ReportIds) -> pb.CollectionDigest:
-        return collection_digest(
-            self.core.remove_reports(request.task_id, split_ids(request.report_ids))
-        )
+    async def drop_reports(self, ids: ReportIds) -> ReportSet:
+        t = self.core.remove_reports(ids.task_id, list(ids.ids))
+        return ReportSet(t.n, t.digest)
 
-    async def MarkAgreed(self, request: pb.CollectionDigest) -> pb.TaskInfo:
+    async def mark_agreed(self, agreement: Agreement) -> TaskInfo:
         """Record agreement only if this server's report set is the leader's and
         (robust aggregates) the leader's pass `pass_id` re-shared every
         coordinate of that set; only that pass's staged shares are kept."""
-        t = self.core.store.task(request.task_id)
-        if t.collection_open or (t.n, t.digest) != (request.n, request.report_digest):
+        t = self.core.store.task(agreement.task_id)
+        if t.collection_open or (t.n, t.digest) != (agreement.n, agreement.digest):
             raise FailedPrecondition(
                 f"helper holds n={t.n} reports with another digest; not agreed"
             )
         if t.agreed and t.streams:
-            return task_info(t)  # a retry: queries already run on the stored g(S)
+            return TaskInfo.of(t)  # a retry: queries already run on the stored g(S)
         robust = None
         if self.core.robust_aggregates:
             robust = self.core.store.staged_robust(
-                t.params.task_id, request.pass_id, t.digest, t.params.d
+                t.params.task_id, agreement.pass_id, t.digest, t.params.d
             )
             if robust is None:
                 raise FailedPrecondition(
                     "the helper holds no complete robust-aggregate pass for this report "
                     "set; close again"
                 )
-        info = task_info(self.core.store.mark_agreed(request.task_id, robust))
+        info = TaskInfo.of(self.core.store.mark_agreed(agreement.task_id, robust))
         self.core.store.clear_staged(t.params.task_id)
         return info
 
-    async def Budget(self, request: pb.TaskRef) -> pb.TaskInfo:
-        return task_info(self.core.store.task(request.task_id))
+    async def budget(self, task_id: str) -> TaskInfo:
+        return TaskInfo.of(self.core.store.task(task_id))
 
-    async def PrepareStream(self, request: pb.PrepareStreamRequest) -> pb.StreamInfo:
+    async def prepare_stream(self, request: PrepareStream) -> StreamInfo:
         """Charge and draw γ_H; or (replay) record the charge of a stream the
         leader failed, as a failed stream, in the plan group it was opened in."""
-        state = self.core.open_stream(
-            request.stream_id,
-            request.task_id,
-            kind_from_pb(request.kind),
-            request.epsilon,
-            request.delta,
-            plan=(request.plan_id, request.plan_group) if request.plan_id else None,
-            replay=request.replay,
-        )
-        return stream_info(state)
+        return StreamInfo.of(self.core.open_stream(request))
 
-    async def ReservePlan(self, request: pb.PlanRequest) -> pb.PlanInfo:
+    async def reserve_plan(self, request: PlanRequest) -> PlanInfo:
         """Reserve the leader's plan here too, computing and checking its charge
         against this server's own ledger.  A retry of the same plan answers again."""
         if not request.plan_id:
@@ -145,94 +133,93 @@ class HelperDriver:
             raise AlreadyExists(f"plan {request.plan_id} belongs to another task")
         return self.core.plan_info(request.plan_id)
 
-    async def EndPlan(self, request: pb.PlanRef) -> pb.PlanInfo:
-        return self.core.plan_info(request.plan_id, self.core.store.end_plan(request.plan_id))
+    async def end_plan(self, plan_id: str) -> PlanInfo:
+        return self.core.plan_info(plan_id, self.core.store.end_plan(plan_id))
 
-    async def FailPlan(self, request: pb.PlanRef) -> pb.PlanInfo:
-        self.core.store.fail_plan(request.plan_id)
-        return self.core.plan_info(request.plan_id)
+    async def fail_plan(self, plan_id: str) -> PlanInfo:
+        self.core.store.fail_plan(plan_id)
+        return self.core.plan_info(plan_id)
 
-    async def FailStream(self, request: pb.StreamRef) -> pb.StreamInfo:
-        self.core.store.fail_stream(request.stream_id)
-        return stream_info(self.core.store.stream(request.stream_id))
+    async def fail_stream(self, stream_id: str) -> StreamInfo:
+        self.core.store.fail_stream(stream_id)
+        return StreamInfo.of(self.core.store.stream(stream_id))
 
     # ------------------------------------------------------------ sessions
     async def serve_session(self, write: WriteFrame, read: ReadFrame) -> None:
         """A comparison session: set up once, then chunks one at a time until the
         stream ends (read returns None) or the server stops while idle."""
-        channel = FrameChannel(write, read)
-        first = await channel.read_frame()
-        if first.WhichOneof("body") != "open" or len(first.open.session_id) != 16:
-            raise InvalidArgument("a session starts with SessionOpen (16-byte id)")
-        sid = first.open.session_id
-        data: DataChannel | None = None
-        if first.open.data_channel:
-            port = self.data.port if self.data is not None else 0
-            await write(pb.PeerFrame(status=pb.PeerStatus(ok=True, data_port=port)))
-            if self.data is not None:
-                data = await self.data.claim(sid, SETUP_DEADLINE)
+        session = HelperSession(write, read)
+        sid, data = await session.accept(self.data)
         try:
+            channel = session.channel
             party = self.party(
                 Role.HELPER, SwitchChannel(channel, data) if data is not None else channel, sid
             )
             await party.setup()
-            await self._chunks(write, read, party)
+            await self._chunks(session, party)
         finally:
             if data is not None:
                 data.close()
 
-    async def _chunks(self, write: WriteFrame, read: ReadFrame, party: ComparisonParty) -> None:
+    async def _chunks(self, session: HelperSession, party: ComparisonParty) -> None:
         while True:
-            frame = await self._next_frame(read)
-            if frame is None:
+            header = await session.next_header(self.stopping)
+            if header is None:
                 return
-            if frame.WhichOneof("body") != "header":
-                raise InvalidArgument("expected a chunk header")
-            if frame.header.validate_task_id:
-                await self._validate(write, party, frame.header)
-                continue
-            if frame.header.robust_task_id:
-                await self._robust(write, party, frame.header)
-                continue
-            try:
-                stream, task, chunk = self._accept(frame.header)
-            except Exception as exc:  # noqa: BLE001 - refusal goes back, session lives
-                await write(pb.PeerFrame(status=refusal_status(exc)))
-                continue
-            crash_point("chunk.after_mark")
-            try:
-                await write(_OK)
-            except BaseException:
-                # Marked, and the leader gone before the go: failed now, not left
-                # `in_chunk` until this server's next restart.
-                self.core.store.fail_stream(stream.stream_id)
-                raise
-            await self._run(party, stream, task, chunk, frame.header.compare)
-            await write(_OK)
+            if isinstance(header, ValidationChunk):
+                await self._validate(session, party, header)
+            elif isinstance(header, RobustChunk):
+                await self._robust(session, party, header)
+            else:
+                await self._stream_chunk(session, party, header)
 
-    async def _validate(self, write: WriteFrame, party: ComparisonParty, h: pb.ChunkHeader) -> None:
+    async def _stream_chunk(
+        self, session: HelperSession, party: ComparisonParty, h: StreamChunk
+    ) -> None:
+        """The evaluator's side of one Ask or Compare chunk: marked in progress
+        durably before the go, the result recorded before the closing status; a
+        refusal goes back and the session lives on."""
+        try:
+            stream, task, chunk = self._accept(h)
+        except Exception as exc:  # noqa: BLE001 - refusal goes back, session lives
+            await session.refuse(exc)
+            return
+        crash_point("chunk.after_mark")
+        try:
+            await session.ok()
+        except BaseException:
+            # Marked, and the leader gone before the go: failed now, not left
+            # `in_chunk` until this server's next restart.
+            self.core.store.fail_stream(stream.stream_id)
+            raise
+        await self._run(party, stream, task, chunk)
+        await session.ok()
+
+    async def _validate(
+        self, session: HelperSession, party: ComparisonParty, h: ValidationChunk
+    ) -> None:
         """The evaluator's side of one range-validation chunk (see the leader's
         `validate_reports`); a refusal goes back and the session lives on."""
         try:
-            task = self.core.store.task(h.validate_task_id)
+            task = self.core.store.task(h.task_id)
             if not task.params.validate_reports:
                 raise FailedPrecondition("this task does not validate its reports")
             if task.agreed:
                 raise FailedPrecondition("the report set is already agreed")
-            z = self.core.validation_inputs(task, split_ids(h.report_ids))
+            z = self.core.validation_inputs(task, h.ids())
         except Exception as exc:  # noqa: BLE001 - refusal goes back, session lives
-            await write(pb.PeerFrame(status=refusal_status(exc)))
+            await session.refuse(exc)
             return
-        await write(_OK)
+        await session.ok()
         await party.any_per_group(z, 2 * task.params.d)
-        await write(_OK)
+        await session.ok()
 
-    async def _robust(self, write: WriteFrame, party: ComparisonParty, h: pb.ChunkHeader) -> None:
+    async def _robust(self, session: HelperSession, party: ComparisonParty, h: RobustChunk) -> None:
         """The evaluator's side of one robust-aggregate chunk (see the leader's
         `robust_pass`): its new shares of g(S) for coordinates [lo, hi), staged
         until MarkAgreed.  A refusal goes back and the session lives on."""
         try:
-            task = self.core.store.task(h.robust_task_id)
+            task = self.core.store.task(h.task_id)
             if task.collection_open:
                 raise FailedPrecondition("robust aggregates are computed after the close")
             if task.agreed and task.streams:
@@ -246,53 +233,28 @@ class HelperDriver:
                 )
             z = self.core.store.sums(task.params.task_id)[lo:hi]
         except Exception as exc:  # noqa: BLE001 - refusal goes back, session lives
-            await write(pb.PeerFrame(status=refusal_status(exc)))
+            await session.refuse(exc)
             return
-        await write(_OK)
+        await session.ok()
         y = await party.clamp_reshare(z, self.core.clamp_bound(task))
         self.core.store.stage_robust(task.params.task_id, h.pass_id, task.digest, lo, y)
-        await write(_OK)
+        await session.ok()
 
-    async def _next_frame(self, read: ReadFrame) -> Any:
-        """The next frame, or None once shutdown begins while the session is idle
-        (so a stopping helper ends its sessions at once instead of after the grace)."""
-        reading = asyncio.ensure_future(read())
-        stop = asyncio.ensure_future(self.stopping.wait())
-        done, _ = await asyncio.wait({reading, stop}, return_when=asyncio.FIRST_COMPLETED)
-        stop.cancel()
-        if reading in done:
-            return reading.result()
-        reading.cancel()
-        return None
-
-    def _accept(self, h: pb.ChunkHeader) -> tuple[StreamState, TaskState, Chunk]:
+    def _accept(self, h: StreamChunk) -> tuple[StreamState, TaskState, Chunk]:
         stream, task = self.core.stream_and_task(h.stream_id)
-        if h.compare != (stream.kind == StreamKind.CTT):
+        if h.kind != ChunkKind.of_stream(stream.kind):
             raise InvalidArgument("chunk mode does not match the stream kind")
         chunk = parse_chunk(task, h.queries.index, h.queries.complement)
         self.core.store.begin_chunk(h.stream_id, h.chunk_no)
         return stream, task, chunk
 
     async def _run(
-        self,
-        party: ComparisonParty,
-        stream: StreamState,
-        task: TaskState,
-        chunk: Chunk,
-        compare: bool,
+        self, party: ComparisonParty, stream: StreamState, task: TaskState, chunk: Chunk
     ) -> None:
         try:
-            if compare:
-                z_high, z_low = self.core.compare_inputs(stream, task, chunk, None)
-                width = self.core.comparison_width(task, stream)
-                out = list(await party.compare_to_thresholds(z_high, z_low, width))
-                answered, close = self.core.compare_progress(out)
-            else:
-                z = self.core.ask_inputs(stream, task, chunk, None)
-                j = await party.first_yes(z, self.core.comparison_width(task, stream))
-                answered, close = (len(chunk), False) if j is None else (j + 1, True)
+            _, progress = await self.core.run_chunk(party, stream, task, chunk)
         except BaseException:
             self.core.store.fail_stream(stream.stream_id)
             raise
         crash_point("chunk.after_result")
-        self.core.store.end_chunk(stream.stream_id, answered, close)
+        self.core.store.end_chunk(stream.stream_id, progress.answered, progress.closes)

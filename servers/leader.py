@@ -9,7 +9,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import replace
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -25,31 +27,44 @@ from svtagg.dp.errors import (
 )
 from svtagg.dp.kinds import StreamKind
 from svtagg.dp.plans import check_groups_usable, parse_groups
+from svtagg.dp.task import TaskSpec, parse_task_params
 from svtagg.mpc.ring import U64
-from svtagg.proto import svtagg_pb2 as pb
-from svtagg.proto.vocab import (
-    CHUNK_DEADLINE,
-    KIND_TO_PB,
-    OUTCOME_OF_CODE,
-    OUTCOME_TO_PB,
-    PASS_ID_BYTES,
-    REPORT_PAGE,
-    kind_from_pb,
-    plan_request,
-    refusal_from_status,
-    split_ids,
-)
+from svtagg.proto.vocab import CHUNK_DEADLINE, OUTCOME_OF_CODE, PASS_ID_BYTES, REPORT_PAGE
 from svtagg.servers.core import (
     Chunk,
     ComparisonParty,
     PartyFactory,
     ServerCore,
+    Thresholds,
     parse_chunk,
     parse_taus,
 )
+from svtagg.servers.exchange import (
+    Agreement,
+    Ask,
+    AskAnswer,
+    ChunkHeader,
+    ChunkKind,
+    Compare,
+    CompareAnswer,
+    JobAnswer,
+    JobInputs,
+    OpenStream,
+    PlanInfo,
+    PlanRequest,
+    PrepareStream,
+    Queries,
+    ReportIds,
+    ReportPage,
+    ReportSet,
+    RobustChunk,
+    StreamChunk,
+    StreamInfo,
+    TaskInfo,
+    ValidationChunk,
+)
 from svtagg.servers.faults import crash_point
-from svtagg.servers.messages import spec_params, stream_info, task_info
-from svtagg.servers.port import HelperPort, PeerMethod
+from svtagg.servers.port import HelperPort
 from svtagg.servers.session import SessionPool
 from svtagg.servers.store import (
     FAILED,
@@ -59,7 +74,7 @@ from svtagg.servers.store import (
     StreamState,
     TaskState,
 )
-from svtagg.servers.work import ASK, COMPARE, ROBUST, VALIDATE, Job, WorkerLost, WorkQueue
+from svtagg.servers.work import Job, JobQueue, WorkerLost, run_leased, serve_job
 
 log = logging.getLogger("svtagg.server")
 
@@ -75,9 +90,6 @@ VALIDATION_LANES = 50_000
 PASS_JOBS = 32
 #: How long `close_collection` waits for the helper before closing anything.
 HELPER_CHECK_DEADLINE = 5.0
-
-#: What one chunk's protocol run returns: (result, queries answered, stream closes).
-ChunkRun = Callable[[ComparisonParty, StreamState], Awaitable[tuple[Any, int, bool]]]
 
 
 class LeaderDriver:
@@ -109,10 +121,7 @@ class LeaderDriver:
             self._recovered_plans.setdefault(tid, []).append(plan_id)
         #: Leased work (servers/work.py): when set, chunks and close-time passes
         #: are queued for worker processes instead of run in this process.
-        self.work: WorkQueue | None = None
-
-    async def _call(self, method: PeerMethod, request: Any) -> Any:
-        return await self.helper.call(method, request)
+        self.work: JobQueue | None = None
 
     # ------------------------------------------------------------ ledgers
     async def sync_ledgers(self, task_id: str) -> int:
@@ -167,7 +176,7 @@ class LeaderDriver:
         leader failed since its start; `started`, the plans active at its
         start; `failed`, the plans it failed since.  The charges replayed."""
         task = self.core.store.task(task_id)
-        helper = (await self._call(PeerMethod.BUDGET, pb.TaskRef(task_id=task_id))).budget
+        helper = (await self.helper.budget(task_id)).budget
         mine = task.budget
         replayed = 0
         # Equal ledgers: what this leader knows it failed since its start, and
@@ -175,8 +184,8 @@ class LeaderDriver:
         # so the ledgers are equal whether or not the helper holds them);
         # unequal: every failed stream and plan (replaying is idempotent).
         behind = (helper.epsilon_spent, helper.delta_spent) != (
-            str(mine.epsilon_spent),
-            str(mine.delta_spent),
+            mine.epsilon_spent,
+            mine.delta_spent,
         )
         store = self.core.store
         streams = [store.stream(sid) for sid in store.stream_ids(task_id, FAILED)]
@@ -195,27 +204,17 @@ class LeaderDriver:
         for plan_id in plans:
             book, _, _ = self.core.store.plan(plan_id)
             replayed += await self._fail_or_replay(
-                PeerMethod.FAIL_PLAN,
-                pb.PlanRef(plan_id=plan_id),
-                PeerMethod.RESERVE_PLAN,
-                plan_request(task_id, book, plan_id),
+                partial(self.helper.fail_plan, plan_id),
+                partial(self.helper.reserve_plan, PlanRequest.of_book(task_id, book, plan_id)),
+                task_id,
+                f"replay the charge of failed plan {plan_id}",
             )
         for s in streams:
-            plan_id, group = s.plan if s.plan is not None else ("", 0)
             replayed += await self._fail_or_replay(
-                PeerMethod.FAIL_STREAM,
-                pb.StreamRef(stream_id=s.stream_id),
-                PeerMethod.PREPARE_STREAM,
-                pb.PrepareStreamRequest(
-                    stream_id=s.stream_id,
-                    task_id=s.task_id,
-                    kind=KIND_TO_PB[s.kind],
-                    epsilon=str(s.epsilon),
-                    delta=str(s.delta) if s.delta else "",
-                    plan_id=plan_id,
-                    plan_group=group,
-                    replay=True,
-                ),
+                partial(self.helper.fail_stream, s.stream_id),
+                partial(self.helper.prepare_stream, PrepareStream.replay_of(s)),
+                task_id,
+                f"replay the charge of failed stream {s.stream_id}",
             )
         return replayed
 
@@ -229,17 +228,19 @@ class LeaderDriver:
         book, state, _ = self.core.store.plan(plan_id)
         if state == PLAN_ACTIVE:
             await self._unless_refused(
-                PeerMethod.RESERVE_PLAN,
-                plan_request(task_id, book, plan_id),
+                partial(self.helper.reserve_plan, PlanRequest.of_book(task_id, book, plan_id)),
+                task_id,
                 f"reserve plan {plan_id}, active here since before the restart",
             )
 
-    async def _unless_refused(self, method: PeerMethod, request: Any, what: str) -> bool:
+    async def _unless_refused(
+        self, call: Callable[[], Awaitable[object]], task_id: str, what: str
+    ) -> bool:
         """A reconciliation call whose refusal is logged, not raised, so the task
         stays usable (see `sync_ledgers`); an unreachable helper is raised (the
         task stays to be reconciled).  False if refused."""
         try:
-            await self._call(method, request)
+            await call()
             return True
         except PeerUnavailable:
             raise
@@ -247,14 +248,18 @@ class LeaderDriver:
             log.warning(
                 "task %s: the helper refused to %s (%s); its ledger is left as it is, "
                 "the leader's keeps the charge",
-                request.task_id,
+                task_id,
                 what,
                 type(exc).__name__,
             )
             return False
 
     async def _fail_or_replay(
-        self, fail: PeerMethod, ref: Any, replay: PeerMethod, charge: Any
+        self,
+        fail: Callable[[], Awaitable[object]],
+        replay: Callable[[], Awaitable[object]],
+        task_id: str,
+        what: str,
     ) -> int:
         """Fail a stream or plan the leader failed on the helper too, replaying
         its charge there first (`replay`, then `fail`) if the helper never saw
@@ -262,22 +267,17 @@ class LeaderDriver:
         the helper refuses is logged, not raised (see `sync_ledgers`); an
         unreachable helper is raised (the task stays to be reconciled)."""
         try:
-            await self._call(fail, ref)
+            await fail()
             return 0
         except NotFound:
             pass
-        what = (
-            f"replay the charge of failed stream {ref.stream_id}"
-            if replay == PeerMethod.PREPARE_STREAM
-            else f"replay the charge of failed plan {ref.plan_id}"
-        )
-        if not await self._unless_refused(replay, charge, what):
+        if not await self._unless_refused(replay, task_id, what):
             return 0
-        await self._call(fail, ref)
+        await fail()
         return 1
 
     # ------------------------------------------------------------ plans
-    async def reserve_plan(self, request: pb.PlanRequest) -> pb.PlanInfo:
+    async def reserve_plan(self, request: PlanRequest) -> PlanInfo:
         """Reserve the plan's composed charge on the leader, then on the helper
         (each computes and checks it); refused whole, nothing spent, if it does
         not fit either ledger.  Leader first, as for streams: a failure after the
@@ -288,16 +288,13 @@ class LeaderDriver:
             await self.sync_ledgers(request.task_id)
         # A plan no stream could use is refused here, before either ledger is charged.
         check_groups_usable(
-            parse_groups([(g.epsilon, g.delta) for g in request.groups]),
+            parse_groups(request.pairs()),
             self.core.store.task(request.task_id).params.epsilon_min,
         )
         info = self.core.reserve_plan(plan_id, request)
         crash_point("plan.before_helper")
-        forward = pb.PlanRequest()
-        forward.CopyFrom(request)
-        forward.plan_id = plan_id
         try:
-            await self._call(PeerMethod.RESERVE_PLAN, forward)
+            await self.helper.reserve_plan(replace(request, plan_id=plan_id))
         except BaseException:
             # The leader's reservation stays spent (never refund); the helper may
             # hold the plan after all (a lost reply) or may have refused it (its
@@ -316,7 +313,7 @@ class LeaderDriver:
         )
         return info
 
-    async def end_plan(self, plan_id: str) -> pb.PlanInfo:
+    async def end_plan(self, plan_id: str) -> PlanInfo:
         """End the plan on the helper, then here; each returns what the plan did
         not use (basic plans only).  Idempotent."""
         _, _, task_id = self.core.store.plan(plan_id)  # NOT_FOUND before any peer call
@@ -324,58 +321,55 @@ class LeaderDriver:
             # A stream of this plan the helper missed is replayed into the plan
             # first, so that both servers refund the same unused part.
             await self.sync_ledgers(task_id)
-        await self._call(PeerMethod.END_PLAN, pb.PlanRef(plan_id=plan_id))
+        await self.helper.end_plan(plan_id)
         info = self.core.plan_info(plan_id, self.core.store.end_plan(plan_id))
         log.info(
             "plan %s: ended (refunded epsilon %s, delta %s)",
             plan_id,
-            info.refunded_epsilon or "0",
-            info.refunded_delta or "0",
+            info.refunded_epsilon,
+            info.refunded_delta,
         )
         return info
 
     # ------------------------------------------------------------ tasks
-    async def create_task(self, request: pb.TaskSpec) -> pb.TaskInfo:
-        params = spec_params(request)
+    async def create_task(self, spec: TaskSpec) -> TaskInfo:
+        params = parse_task_params(spec)
         self.core.check_budget_policy(params)
         if params.task_id in self.core.store.task_ids():
             raise AlreadyExists(f"task {params.task_id!r} already exists")
-        await self._call(PeerMethod.CREATE_TASK, request)
-        info = task_info(self.core.store.create_task(params))
+        await self.helper.create_task(spec)
+        info = TaskInfo.of(self.core.store.create_task(params))
         log.info(
             "task %s: created (d=%d, n_max=%d, total epsilon %s, delta %s, validate_reports=%s)",
             params.task_id,
-            request.d,
-            request.n_max,
-            request.epsilon_total,
-            request.delta_total,
-            request.validate_reports,
+            spec.d,
+            spec.n_max,
+            spec.epsilon_total,
+            spec.delta_total,
+            spec.validate_reports,
         )
         return info
 
-    async def describe(self, task_id: str) -> pb.TaskInfo:
+    async def describe(self, task_id: str) -> TaskInfo:
         """The task with both ledgers (the leader's view alone while the helper is down)."""
         task = self.core.store.task(task_id)
-        ref = pb.TaskRef(task_id=task_id)
         try:
             # A short first call: a helper that is down costs seconds, not the
             # caller's whole deadline.
-            await self.helper.call(PeerMethod.BUDGET, ref, timeout=HELPER_CHECK_DEADLINE)
+            await self.helper.budget(task_id, timeout=HELPER_CHECK_DEADLINE)
             await self.sync_ledgers(task_id)
             task = self.core.store.task(task_id)
-            helper = await self._call(PeerMethod.BUDGET, ref)
+            helper = await self.helper.budget(task_id)
         except PeerUnavailable as exc:
             log.warning("task %s: described without the helper's ledger (%s)", task_id, exc)
-            return task_info(task)
-        info = task_info(task)
-        info.helper_budget.CopyFrom(helper.budget)
-        return info
+            return TaskInfo.of(task)
+        return replace(TaskInfo.of(task), helper_budget=helper.budget)
 
-    def list_tasks(self) -> pb.TaskList:
+    def list_tasks(self) -> list[TaskInfo]:
         store = self.core.store
-        return pb.TaskList(tasks=[task_info(store.task(t)) for t in store.task_ids()])
+        return [TaskInfo.of(store.task(t)) for t in store.task_ids()]
 
-    async def close_collection(self, task_id: str) -> pb.TaskInfo:
+    async def close_collection(self, task_id: str) -> TaskInfo:
         """Close on both servers, then reconcile: a report only one server stored
         (a client that gave up between the two uploads) is taken out on that server,
         so n and the sums cover exactly the reports both hold.  Idempotent; queries
@@ -383,25 +377,24 @@ class LeaderDriver:
         async with self._close_lock:  # one reconciliation at a time
             return await self._close(task_id)
 
-    async def _close(self, task_id: str) -> pb.TaskInfo:
+    async def _close(self, task_id: str) -> TaskInfo:
         task = self.core.store.task(task_id)
         if task.agreed:
-            return task_info(task)
-        ref = pb.TaskRef(task_id=task_id)
+            return TaskInfo.of(task)
         if task.collection_open:
             # The helper must answer before the leader's side closes, so an outage
             # refuses the close cleanly instead of closing one server only.
-            await self.helper.call(PeerMethod.BUDGET, ref, timeout=HELPER_CHECK_DEADLINE)
+            await self.helper.budget(task_id, timeout=HELPER_CHECK_DEADLINE)
             task = self.core.store.close_collection(task_id)
             log.info("task %s: collection closed on the leader (n=%d)", task_id, task.n)
-        helper = await self._call(PeerMethod.CLOSE_COLLECTION, ref)
+        helper = await self.helper.close_collection(task_id)
         dropped = 0
-        if (helper.n, helper.report_digest) != (task.n, task.digest):
+        if not helper.same_as(task):
             only_mine, only_theirs = await self._difference(task_id)
             task, helper = await self._drop(task_id, only_mine, only_theirs)
             dropped = len(only_mine) + len(only_theirs)
             log.info("task %s: dropped %d reports only one server had", task_id, dropped)
-            if (helper.n, helper.report_digest) != (task.n, task.digest):
+            if not helper.same_as(task):
                 raise FailedPrecondition(
                     f"servers still disagree on the reports (leader n={task.n}, "
                     f"helper n={helper.n}); try closing again"
@@ -410,7 +403,7 @@ class LeaderDriver:
         # A close retried after a lost MarkAgreed reply: the helper agreed on this
         # very set (validated then) and dropped its per-report shares, so the set
         # is not validated again; the robust pass and the agreement run again.
-        agreed_there = helper.agreed and (helper.n, helper.report_digest) == (task.n, task.digest)
+        agreed_there = helper.agreed and helper.same_as(task)
         if task.params.validate_reports and not agreed_there:
             invalid = await self._validate_reports(task)
             if invalid:
@@ -418,19 +411,16 @@ class LeaderDriver:
                 log.info(
                     "task %s: dropped %d reports with values out of range", task_id, len(invalid)
                 )
-                if (helper.n, helper.report_digest) != (task.n, task.digest):
+                if not helper.same_as(task):
                     raise FailedPrecondition("servers disagree after validation; close again")
         # Each pass has its own id: the helper keeps only this pass's shares.
         pass_id = secrets.token_bytes(PASS_ID_BYTES)
         robust = await self.robust_pass(task, pass_id) if self.core.robust_aggregates else None
-        await self._call(
-            PeerMethod.MARK_AGREED,
-            pb.CollectionDigest(
-                n=task.n, report_digest=task.digest, task_id=task_id, pass_id=pass_id
-            ),
+        await self.helper.mark_agreed(Agreement(task_id, task.n, task.digest, pass_id))
+        info = replace(
+            TaskInfo.of(self.core.store.mark_agreed(task_id, robust)),
+            dropped_reports=dropped + len(invalid),
         )
-        info = task_info(self.core.store.mark_agreed(task_id, robust))
-        info.dropped_reports = dropped + len(invalid)
         log.info(
             "task %s: both servers agree on n=%d (dropped %d)",
             task_id,
@@ -441,16 +431,14 @@ class LeaderDriver:
 
     async def _drop(
         self, task_id: str, mine: list[bytes], theirs: list[bytes]
-    ) -> tuple[TaskState, Any]:
+    ) -> tuple[TaskState, ReportSet]:
         """Remove `mine` here and `theirs` on the helper (in batches of at most
         REPORT_PAGE ids per message); both servers' new digests."""
         task = self.core.remove_reports(task_id, mine)
         helper = None
         for lo in range(0, max(len(theirs), 1), REPORT_PAGE):
             part = theirs[lo : lo + REPORT_PAGE]
-            helper = await self._call(
-                PeerMethod.DROP_REPORTS, pb.ReportIds(task_id=task_id, report_ids=b"".join(part))
-            )
+            helper = await self.helper.drop_reports(ReportIds(task_id, tuple(part)))
         assert helper is not None
         return task, helper
 
@@ -469,11 +457,10 @@ class LeaderDriver:
         ti = mi = 0
         while True:
             if ti == len(theirs) and t_more:
-                page = await self._call(
-                    PeerMethod.LIST_REPORTS,
-                    pb.ReportPage(task_id=task_id, after=after_theirs, limit=REPORT_PAGE),
+                page = await self.helper.list_reports(
+                    ReportPage(task_id, after_theirs, REPORT_PAGE)
                 )
-                theirs, ti, t_more = split_ids(page.report_ids), 0, bool(page.more)
+                theirs, ti, t_more = list(page.ids), 0, page.more
                 if theirs:
                     after_theirs = theirs[-1]
                 elif t_more:
@@ -505,24 +492,17 @@ class LeaderDriver:
         leased: the id travels in each job's header)."""
         task_id, d = task.params.task_id, task.params.d
         headers = [
-            pb.ChunkHeader(
-                robust_task_id=task_id,
-                coord_lo=lo,
-                coord_hi=min(d, lo + ROBUST_LANES),
-                pass_id=pass_id,
-            )
+            RobustChunk(task_id, lo, min(d, lo + ROBUST_LANES), pass_id)
             for lo in range(0, d, ROBUST_LANES)
         ]
         sums = self.core.store.sums(task_id) if self.work is None else None  # read once here
-        parts = await self._passes(ROBUST, headers, lambda h: self.robust_chunk(task, h, sums))
+        parts = await self._passes(headers, lambda h: self.robust_chunk(task, h, sums))
         for h, p in zip(headers, parts, strict=True):  # a short one would shift every later share
             if len(p) != 8 * (h.coord_hi - h.coord_lo):
                 raise PeerUnavailable(f"robust chunk at {h.coord_lo}: {len(p)} bytes of shares")
         return np.concatenate([np.frombuffer(p, dtype=np.uint64) for p in parts])
 
-    async def robust_chunk(
-        self, task: TaskState, h: pb.ChunkHeader, sums: U64 | None = None
-    ) -> bytes:
+    async def robust_chunk(self, task: TaskState, h: RobustChunk, sums: U64 | None = None) -> bytes:
         """The leader's new shares of coordinates [coord_lo, coord_hi) (one chunk);
         `sums`: the task's aggregates if the caller holds them (else read)."""
         if sums is None:
@@ -534,9 +514,8 @@ class LeaderDriver:
 
     async def _passes(
         self,
-        kind: str,
-        headers: list[pb.ChunkHeader],
-        run_here: Callable[[pb.ChunkHeader], Awaitable[bytes]],
+        headers: Sequence[RobustChunk] | Sequence[ValidationChunk],
+        run_here: Callable[[Any], Awaitable[bytes]],
     ) -> list[bytes]:
         """A close-time pass's chunks: here one after another, or as leased jobs
         that the workers run in parallel, at most PASS_JOBS queued at a time
@@ -547,9 +526,9 @@ class LeaderDriver:
         work = self.work
         slots = asyncio.Semaphore(PASS_JOBS)
 
-        async def leased(h: pb.ChunkHeader) -> bytes:
+        async def leased(h: RobustChunk | ValidationChunk) -> bytes:
             async with slots:
-                return await work.run(kind, h.SerializeToString())
+                return await run_leased(work, h)
 
         results = await asyncio.gather(*(leased(h) for h in headers), return_exceptions=True)
         for r in results:
@@ -567,8 +546,8 @@ class LeaderDriver:
         ids = sorted(self.core.store.report_ids(task_id))
         batch = max(1, VALIDATION_LANES // (2 * task.params.d))
         parts = [ids[i : i + batch] for i in range(0, len(ids), batch)]
-        headers = [pb.ChunkHeader(validate_task_id=task_id, report_ids=b"".join(p)) for p in parts]
-        bits = await self._passes(VALIDATE, headers, lambda h: self.validation_chunk(task, h))
+        headers = [ValidationChunk(task_id, b"".join(p)) for p in parts]
+        bits = await self._passes(headers, lambda h: self.validation_chunk(task, h))
         return [
             rid
             for p, b in zip(parts, bits, strict=True)
@@ -576,47 +555,27 @@ class LeaderDriver:
             if bad
         ]
 
-    async def validation_chunk(self, task: TaskState, h: pb.ChunkHeader) -> bytes:
+    async def validation_chunk(self, task: TaskState, h: ValidationChunk) -> bytes:
         """One byte per report of the chunk: 1 if any of its values is out of range."""
-        z = self.core.validation_inputs(task, split_ids(h.report_ids))
+        z = self.core.validation_inputs(task, h.ids())
         per = 2 * task.params.d
         bits, _ = await self._exchange(h, lambda party: party.any_per_group(z, per))
         return bytes(bytearray(int(b) for b in bits))
 
     # ------------------------------------------------------------ streams
-    async def open_stream(self, request: pb.OpenStreamRequest) -> pb.StreamInfo:
+    async def open_stream(self, request: OpenStream) -> StreamInfo:
         """Charge the leader's ledger, then the helper's; each draws its own γ."""
         stream_id = secrets.token_hex(16)
-        kind = kind_from_pb(request.kind)
         if request.task_id in self._unsynced:
             self.core.store.task(request.task_id)  # NOT_FOUND before any peer call
             await self.sync_ledgers(request.task_id)
         # The leader's stream stays `opening` (failed closed on a restart) until the
         # helper has charged too, so a crash between the two charges is reconciled.
-        plan = (request.plan_id, request.plan_group) if request.plan_id else None
-        self.core.open_stream(
-            stream_id,
-            request.task_id,
-            kind,
-            request.epsilon,
-            request.delta,
-            open_now=False,
-            plan=plan,
-        )
+        prepare = PrepareStream.opened(stream_id, request)
+        self.core.open_stream(prepare, open_now=False)
         crash_point("open.before_helper")
         try:
-            await self._call(
-                PeerMethod.PREPARE_STREAM,
-                pb.PrepareStreamRequest(
-                    stream_id=stream_id,
-                    task_id=request.task_id,
-                    kind=request.kind,
-                    epsilon=request.epsilon,
-                    delta=request.delta,
-                    plan_id=request.plan_id,
-                    plan_group=request.plan_group,
-                ),
-            )
+            await self.helper.prepare_stream(prepare)
         except BaseException:
             # The leader's charge stays spent (never refund); the stream never answers.
             # The helper may or may not have charged (a lost reply leaves its copy
@@ -630,16 +589,16 @@ class LeaderDriver:
             "task %s: stream %s opened (%s, epsilon %s, delta %s%s)",
             request.task_id,
             stream_id,
-            kind.value,
+            request.kind.value,
             request.epsilon,
             request.delta or "0",
-            f", plan {request.plan_id} group {request.plan_group}" if request.plan_id else "",
+            f", plan {request.plan[0]} group {request.plan[1]}" if request.plan else "",
         )
-        return stream_info(self.core.store.stream(stream_id))
+        return StreamInfo.of(self.core.store.stream(stream_id))
 
-    def _open_stream(self, stream_id: str, compare: bool) -> tuple[StreamState, TaskState]:
+    def _open_stream(self, stream_id: str, kind: ChunkKind) -> tuple[StreamState, TaskState]:
         stream, task = self.core.stream_and_task(stream_id)
-        if compare != (stream.kind == StreamKind.CTT):
+        if kind != ChunkKind.of_stream(stream.kind):
             raise InvalidArgument(
                 "a CompareToThresholds stream answers Compare, not Ask"
                 if stream.kind == StreamKind.CTT
@@ -649,47 +608,32 @@ class LeaderDriver:
             raise StreamClosed(f"stream {stream_id} is {stream.state}; it answers no more")
         return stream, task
 
-    async def ask(self, request: pb.AskRequest) -> pb.AskResponse:
-        stream, task = self._open_stream(request.stream_id, compare=False)
+    async def ask(self, request: Ask) -> AskAnswer:
+        stream, task = self._open_stream(request.stream_id, ChunkKind.ASK)
         chunk = parse_chunk(task, request.queries.index, request.queries.complement)
         taus = parse_taus(task, request.tau, len(chunk))
         if self.work is not None:
-            out = await self._leased(ASK, request.SerializeToString(), stream.stream_id)
-            return pb.AskResponse.FromString(out)
+            answer = await self._leased(request, stream.stream_id)
+            assert isinstance(answer, AskAnswer)
+            return answer
+        j, closed, nbytes = await self._run_chunk(stream, task, chunk, taus)
+        return AskAnswer(j, closed, nbytes)
 
-        async def run(party: ComparisonParty, s: StreamState) -> tuple[Any, int, bool]:
-            z = self.core.ask_inputs(s, task, chunk, taus)
-            j = await party.first_yes(z, self.core.comparison_width(task, s))
-            return j, len(chunk) if j is None else j + 1, j is not None
-
-        j, closed, nbytes = await self._run_chunk(stream, chunk, False, run)
-        return pb.AskResponse(yes=j is not None, index=j or 0, closed=closed, peer_bytes=nbytes)
-
-    async def compare(self, request: pb.CompareRequest) -> pb.CompareResponse:
-        stream, task = self._open_stream(request.stream_id, compare=True)
+    async def compare(self, request: Compare) -> CompareAnswer:
+        stream, task = self._open_stream(request.stream_id, ChunkKind.COMPARE)
         chunk = parse_chunk(task, request.queries.index, request.queries.complement)
         lows = parse_taus(task, request.tau_low, len(chunk), "tau_low")
         highs = parse_taus(task, request.tau_high, len(chunk), "tau_high")
         self.core.check_gap(stream, task, lows, highs)
         if self.work is not None:
-            out = await self._leased(COMPARE, request.SerializeToString(), stream.stream_id)
-            return pb.CompareResponse.FromString(out)
-
-        async def run(party: ComparisonParty, s: StreamState) -> tuple[Any, int, bool]:
-            z_high, z_low = self.core.compare_inputs(s, task, chunk, (lows, highs))
-            width = self.core.comparison_width(task, s)
-            out = list(await party.compare_to_thresholds(z_high, z_low, width))
-            return (out, *self.core.compare_progress(out))
-
-        out, closed, nbytes = await self._run_chunk(stream, chunk, True, run)
-        return pb.CompareResponse(
-            outcomes=[OUTCOME_TO_PB[OUTCOME_OF_CODE[o]] for o in out],
-            closed=closed,
-            peer_bytes=nbytes,
-        )
+            answer = await self._leased(request, stream.stream_id)
+            assert isinstance(answer, CompareAnswer)
+            return answer
+        out, closed, nbytes = await self._run_chunk(stream, task, chunk, (lows, highs))
+        return CompareAnswer(tuple(OUTCOME_OF_CODE[o] for o in out), closed, nbytes)
 
     async def _run_chunk(
-        self, stream: StreamState, chunk: Chunk, compare: bool, run: ChunkRun
+        self, stream: StreamState, task: TaskState, chunk: Chunk, thresholds: Thresholds
     ) -> tuple[Any, bool, int]:
         """One chunk at a time per stream (concurrent chunks are refused)."""
         sid = stream.stream_id
@@ -697,26 +641,25 @@ class LeaderDriver:
             raise FailedPrecondition(f"stream {sid} is answering another chunk; send one at a time")
         self._busy.add(sid)
         try:
-            return await self._chunk(stream, chunk, compare, run)
+            return await self._chunk(stream, task, chunk, thresholds)
         finally:
             self._busy.discard(sid)
 
     async def _chunk(
-        self, stream: StreamState, chunk: Chunk, compare: bool, run: ChunkRun
+        self, stream: StreamState, task: TaskState, chunk: Chunk, thresholds: Thresholds
     ) -> tuple[Any, bool, int]:
         """Send the header, mark the chunk in progress durably (while the helper
         does the same), run the garbled comparison on a pooled session, record
         the result.  Once marked, any failure or refusal fails the stream closed
-        on both servers; nothing is refunded."""
+        on both servers; nothing is refunded.  The result, whether the stream
+        closed, and the bytes exchanged."""
         sid, next_chunk = stream.stream_id, stream.chunks + 1
-        header = pb.ChunkHeader(
-            stream_id=sid,
-            chunk_no=next_chunk,
-            compare=compare,
-            queries=pb.Queries(
-                index=chunk.index.tolist(),
-                complement=chunk.complement.tolist() if chunk.complement.any() else [],
-            ),
+        complement = chunk.complement.tolist() if chunk.complement.any() else []
+        header = StreamChunk(
+            ChunkKind.of_stream(stream.kind),
+            sid,
+            next_chunk,
+            Queries(tuple(chunk.index.tolist()), tuple(complement)),
         )
 
         def mark() -> None:
@@ -729,15 +672,18 @@ class LeaderDriver:
             self.core.store.fail_stream(sid)
             await self._fail_helper(sid)
 
-        (result, answered, close), traffic = await self._exchange(
-            header, lambda party: run(party, stream), mark, fail
+        (result, progress), traffic = await self._exchange(
+            header,
+            lambda party: self.core.run_chunk(party, stream, task, chunk, thresholds),
+            mark,
+            fail,
         )
-        self.core.store.end_chunk(sid, answered, close)
-        return result, close, traffic
+        self.core.store.end_chunk(sid, progress.answered, progress.closes)
+        return result, progress.closes, traffic
 
     async def _exchange(
         self,
-        header: pb.ChunkHeader,
+        header: ChunkHeader,
         run: Callable[[ComparisonParty], Awaitable[Any]],
         on_written: Callable[[], None] | None = None,
         on_failure: Callable[[], Awaitable[None]] | None = None,
@@ -751,19 +697,19 @@ class LeaderDriver:
         written = False
         try:
             before = session.traffic
-            await session.channel.write_frame(pb.PeerFrame(header=header))
+            await session.send_header(header)
             if on_written is not None:
                 on_written()
             written = True
-            verdict = await session.status()
-            if not verdict.ok:
+            refused = await session.status()
+            if refused is not None:
                 healthy = True  # the protocol never started; the session is intact
-                raise refusal_from_status(verdict, "helper: ")
+                raise refused
             result = await asyncio.wait_for(run(session.party), CHUNK_DEADLINE)
             crash_point("chunk.after_result")
-            done = await session.status()
-            if not done.ok:
-                raise refusal_from_status(done, "helper: ")
+            refused = await session.status()
+            if refused is not None:
+                raise refused
             healthy = True
         except BaseException as exc:
             if written and on_failure is not None:
@@ -775,13 +721,13 @@ class LeaderDriver:
             await self.pool.release(session, healthy)
         return result, session.traffic - before
 
-    async def _leased(self, kind: str, payload: bytes, stream_id: str) -> bytes:
+    async def _leased(self, request: Ask | Compare, stream_id: str) -> JobAnswer:
         """A chunk run by a worker.  When it failed the stream (its helper process
         may have been the one that died, leaving the helper's copy mid-chunk),
         the stream is failed through the helper's main process as well."""
         assert self.work is not None
         try:
-            return await self.work.run(kind, payload, stream_id, self._lost)
+            return await run_leased(self.work, request, stream_id, self._lost)
         except WorkerLost:
             raise  # `_lost` has failed it on both servers already
         except Refusal:
@@ -797,20 +743,20 @@ class LeaderDriver:
     async def run_job(self, job: Job) -> bytes:
         """A leased job, run in this (worker) process exactly as the front end
         would run it in process; the result as the bytes the front end returns."""
-        if job.kind == ASK:
-            return (await self.ask(pb.AskRequest.FromString(job.payload))).SerializeToString()
-        if job.kind == COMPARE:
-            response = await self.compare(pb.CompareRequest.FromString(job.payload))
-            return response.SerializeToString()
-        h = pb.ChunkHeader.FromString(job.payload)
-        if job.kind == ROBUST:
-            return await self.robust_chunk(self.core.store.task(h.robust_task_id), h)
-        if job.kind == VALIDATE:
-            return await self.validation_chunk(self.core.store.task(h.validate_task_id), h)
-        raise InvalidArgument(f"unknown job kind {job.kind!r}")
+        return await serve_job(job, self._run_inputs)
+
+    async def _run_inputs(self, inputs: JobInputs) -> JobAnswer:
+        if isinstance(inputs, Ask):
+            return await self.ask(inputs)
+        if isinstance(inputs, Compare):
+            return await self.compare(inputs)
+        task = self.core.store.task(inputs.task_id)
+        if isinstance(inputs, RobustChunk):
+            return await self.robust_chunk(task, inputs)
+        return await self.validation_chunk(task, inputs)
 
     async def _fail_helper(self, stream_id: str) -> None:
         try:
-            await self.helper.call(PeerMethod.FAIL_STREAM, pb.StreamRef(stream_id=stream_id), 5.0)
+            await self.helper.fail_stream(stream_id, timeout=5.0)
         except Refusal:
             log.warning("could not fail stream %s on the helper", stream_id)

@@ -8,16 +8,30 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TypeVar
 
 from svtagg.dp.errors import PeerUnavailable
+from svtagg.dp.task import TaskSpec
 from svtagg.proto import svtagg_pb2 as pb
+from svtagg.servers import wire
 from svtagg.servers.core import PartyFactory
+from svtagg.servers.exchange import (
+    Agreement,
+    PlanInfo,
+    PlanRequest,
+    PrepareStream,
+    ReportIds,
+    ReportPage,
+    ReportSet,
+    StreamInfo,
+    TaskInfo,
+)
 from svtagg.servers.helper import HelperDriver
-from svtagg.servers.port import PeerMethod
 from svtagg.servers.session import LeaderSession
 
 _END = None  # queued when one side ends the session
+Q = TypeVar("Q")
+R = TypeVar("R")
 
 #: Sees every message as the wire carries it: (what, name, bytes), what being
 #: "call" / "reply" (a unary call to the helper and its answer, named by the
@@ -26,7 +40,8 @@ Tap = Callable[[str, str, bytes], None]
 
 
 class MemoryHelperPort:
-    """Calls `helper` directly.  Messages pass through serialisation so that the
+    """Calls `helper` directly.  Every call goes domain value → protobuf →
+    bytes → protobuf → domain value, both ways, as over gRPC, so that the
     exchange is exactly what the wire would carry."""
 
     def __init__(self, helper: HelperDriver, tap: Tap | None = None) -> None:
@@ -35,17 +50,56 @@ class MemoryHelperPort:
         self.sessions: list[asyncio.Task[None]] = []
         self.available = True
 
-    async def call(self, method: PeerMethod, request: Any, timeout: float | None = None) -> Any:
+    async def _call(
+        self, call: wire.PeerCall[Q, R], request: Q, serve: Callable[[Q], Awaitable[R]]
+    ) -> R:
         if not self.available:
             raise PeerUnavailable("helper: UNAVAILABLE (in-memory helper is down)")
-        sent = request.SerializeToString()
+        sent = call.request.encode(request)
         if self.tap is not None:
-            self.tap("call", method.value, sent)
-        reply = await getattr(self.helper, method.value)(type(request).FromString(sent))
-        answer = reply.SerializeToString()
+            self.tap("call", call.name, sent)
+        answer = call.reply.encode(await serve(call.request.decode(sent)))
         if self.tap is not None:
-            self.tap("reply", method.value, answer)
-        return type(reply).FromString(answer)
+            self.tap("reply", call.name, answer)
+        return call.reply.decode(answer)
+
+    async def create_task(self, spec: TaskSpec, timeout: float | None = None) -> TaskInfo:
+        return await self._call(wire.CREATE_TASK, spec, self.helper.create_task)
+
+    async def digest(self, task_id: str, timeout: float | None = None) -> ReportSet:
+        return await self._call(wire.DIGEST, task_id, self.helper.digest)
+
+    async def close_collection(self, task_id: str, timeout: float | None = None) -> ReportSet:
+        return await self._call(wire.CLOSE_COLLECTION, task_id, self.helper.close_collection)
+
+    async def list_reports(self, page: ReportPage, timeout: float | None = None) -> ReportIds:
+        return await self._call(wire.LIST_REPORTS, page, self.helper.list_reports)
+
+    async def drop_reports(self, ids: ReportIds, timeout: float | None = None) -> ReportSet:
+        return await self._call(wire.DROP_REPORTS, ids, self.helper.drop_reports)
+
+    async def mark_agreed(self, agreement: Agreement, timeout: float | None = None) -> TaskInfo:
+        return await self._call(wire.MARK_AGREED, agreement, self.helper.mark_agreed)
+
+    async def budget(self, task_id: str, timeout: float | None = None) -> TaskInfo:
+        return await self._call(wire.BUDGET, task_id, self.helper.budget)
+
+    async def prepare_stream(
+        self, request: PrepareStream, timeout: float | None = None
+    ) -> StreamInfo:
+        return await self._call(wire.PREPARE_STREAM, request, self.helper.prepare_stream)
+
+    async def fail_stream(self, stream_id: str, timeout: float | None = None) -> StreamInfo:
+        return await self._call(wire.FAIL_STREAM, stream_id, self.helper.fail_stream)
+
+    async def reserve_plan(self, request: PlanRequest, timeout: float | None = None) -> PlanInfo:
+        return await self._call(wire.RESERVE_PLAN, request, self.helper.reserve_plan)
+
+    async def end_plan(self, plan_id: str, timeout: float | None = None) -> PlanInfo:
+        return await self._call(wire.END_PLAN, plan_id, self.helper.end_plan)
+
+    async def fail_plan(self, plan_id: str, timeout: float | None = None) -> PlanInfo:
+        return await self._call(wire.FAIL_PLAN, plan_id, self.helper.fail_plan)
 
     async def open_session(self, factory: PartyFactory) -> LeaderSession:
         if not self.available:

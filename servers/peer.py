@@ -1,10 +1,10 @@
 """The gRPC implementation of `HelperPort`: unary calls to the helper's Peer
-service with deadlines, and comparison sessions as Peer.Session bidirectional
-streams.  Transport failures become refusals here (an unreachable or failing
-helper is PeerUnavailable, its message starting "helper unreachable"), so the
-leader driver never sees gRPC.  Also the leader's checks of the helper: its
-health (`probe`) and, before the leader starts, its certificate
-(`check_certificates`)."""
+service with deadlines (domain values converted by `servers.wire`), and
+comparison sessions as Peer.Session bidirectional streams.  Transport failures
+become refusals here (an unreachable or failing helper is PeerUnavailable, its
+message starting "helper unreachable"), so the leader driver never sees gRPC.
+Also the leader's checks of the helper: its health (`probe`) and, before the
+leader starts, its certificate (`check_certificates`)."""
 
 from __future__ import annotations
 
@@ -12,11 +12,12 @@ import asyncio
 import logging
 import socket
 import ssl
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 
 from svtagg.dp.errors import PeerUnavailable, Refusal
+from svtagg.dp.task import TaskSpec
 from svtagg.proto import health_pb2, health_pb2_grpc
 from svtagg.proto import svtagg_pb2 as pb
 from svtagg.proto import svtagg_pb2_grpc as pb_grpc
@@ -28,13 +29,25 @@ from svtagg.proto.vocab import (
     Role,
     refusal_from_rpc,
 )
-from svtagg.servers import datachannel
+from svtagg.servers import datachannel, wire
 from svtagg.servers.core import PartyFactory
 from svtagg.servers.datachannel import DataConnection, split_host
-from svtagg.servers.port import PeerMethod
+from svtagg.servers.exchange import (
+    Agreement,
+    PlanInfo,
+    PlanRequest,
+    PrepareStream,
+    ReportIds,
+    ReportPage,
+    ReportSet,
+    StreamInfo,
+    TaskInfo,
+)
 from svtagg.servers.session import LeaderSession
 
 log = logging.getLogger(__name__)
+Q = TypeVar("Q")
+R = TypeVar("R")
 
 #: Longest wait between two attempts to reconnect to the helper (ms).
 MAX_RECONNECT_BACKOFF_MS = 1000
@@ -117,13 +130,61 @@ class GrpcHelperPort:
                 f"(waited {self.connect_deadline:g} s for a connection)"
             ) from None
 
-    async def call(self, method: PeerMethod, request: Any, timeout: float | None = None) -> Any:
+    async def _call(
+        self,
+        call: wire.PeerCall[Q, R],
+        rpc: grpc.aio.UnaryUnaryMultiCallable,
+        request: Q,
+        timeout: float | None,
+    ) -> R:
         await self.connected()
-        rpc = getattr(self.stub, method.value)
         try:
-            return await rpc(request, timeout=timeout or PEER_DEADLINE, wait_for_ready=True)
+            reply = await rpc(
+                call.request.to_pb(request), timeout=timeout or PEER_DEADLINE, wait_for_ready=True
+            )
         except grpc.aio.AioRpcError as exc:
             raise _refusal(exc) from None
+        return call.reply.from_pb(reply)
+
+    async def create_task(self, spec: TaskSpec, timeout: float | None = None) -> TaskInfo:
+        return await self._call(wire.CREATE_TASK, self.stub.CreateTask, spec, timeout)
+
+    async def digest(self, task_id: str, timeout: float | None = None) -> ReportSet:
+        return await self._call(wire.DIGEST, self.stub.Digest, task_id, timeout)
+
+    async def close_collection(self, task_id: str, timeout: float | None = None) -> ReportSet:
+        stub = self.stub.CloseCollection
+        return await self._call(wire.CLOSE_COLLECTION, stub, task_id, timeout)
+
+    async def list_reports(self, page: ReportPage, timeout: float | None = None) -> ReportIds:
+        return await self._call(wire.LIST_REPORTS, self.stub.ListReports, page, timeout)
+
+    async def drop_reports(self, ids: ReportIds, timeout: float | None = None) -> ReportSet:
+        return await self._call(wire.DROP_REPORTS, self.stub.DropReports, ids, timeout)
+
+    async def mark_agreed(self, agreement: Agreement, timeout: float | None = None) -> TaskInfo:
+        return await self._call(wire.MARK_AGREED, self.stub.MarkAgreed, agreement, timeout)
+
+    async def budget(self, task_id: str, timeout: float | None = None) -> TaskInfo:
+        return await self._call(wire.BUDGET, self.stub.Budget, task_id, timeout)
+
+    async def prepare_stream(
+        self, request: PrepareStream, timeout: float | None = None
+    ) -> StreamInfo:
+        stub = self.stub.PrepareStream
+        return await self._call(wire.PREPARE_STREAM, stub, request, timeout)
+
+    async def fail_stream(self, stream_id: str, timeout: float | None = None) -> StreamInfo:
+        return await self._call(wire.FAIL_STREAM, self.stub.FailStream, stream_id, timeout)
+
+    async def reserve_plan(self, request: PlanRequest, timeout: float | None = None) -> PlanInfo:
+        return await self._call(wire.RESERVE_PLAN, self.stub.ReservePlan, request, timeout)
+
+    async def end_plan(self, plan_id: str, timeout: float | None = None) -> PlanInfo:
+        return await self._call(wire.END_PLAN, self.stub.EndPlan, plan_id, timeout)
+
+    async def fail_plan(self, plan_id: str, timeout: float | None = None) -> PlanInfo:
+        return await self._call(wire.FAIL_PLAN, self.stub.FailPlan, plan_id, timeout)
 
     async def probe(self, timeout: float) -> str:
         """'' if the helper answers its health check SERVING within `timeout`, else

@@ -1,42 +1,68 @@
 """How the leader reaches the helper: a small port with two implementations, the
 gRPC peer (`servers.peer.GrpcHelperPort`) and an in-memory one
 (`servers.memory.MemoryHelperPort`) that runs the helper driver in the same
-process.  The messages are the Peer service's protobuf messages; every failure
-arrives as a refusal from `svtagg.dp.errors` (an unreachable helper as
-PeerUnavailable), never as a transport exception."""
+process.  One method per exchange, in the domain values of `servers.exchange`
+(each port converts them to the Peer service's messages and back); every
+failure arrives as a refusal from `svtagg.dp.errors` (an unreachable helper as
+PeerUnavailable), never as a transport exception.  `timeout`: the call's
+deadline in seconds (None: the port's default)."""
 
 from __future__ import annotations
 
-from enum import StrEnum
-from typing import Any, Protocol
+from typing import Protocol
 
+from svtagg.dp.task import TaskSpec
 from svtagg.servers.core import PartyFactory
+from svtagg.servers.exchange import (
+    Agreement,
+    PlanInfo,
+    PlanRequest,
+    PrepareStream,
+    ReportIds,
+    ReportPage,
+    ReportSet,
+    StreamInfo,
+    TaskInfo,
+)
 from svtagg.servers.session import LeaderSession
-
-
-class PeerMethod(StrEnum):
-    """The helper's unary calls (names of the Peer service's RPCs)."""
-
-    CREATE_TASK = "CreateTask"
-    DIGEST = "Digest"
-    CLOSE_COLLECTION = "CloseCollection"
-    LIST_REPORTS = "ListReports"
-    DROP_REPORTS = "DropReports"
-    MARK_AGREED = "MarkAgreed"
-    BUDGET = "Budget"
-    PREPARE_STREAM = "PrepareStream"
-    FAIL_STREAM = "FailStream"
-    RESERVE_PLAN = "ReservePlan"
-    END_PLAN = "EndPlan"
-    FAIL_PLAN = "FailPlan"
 
 
 class HelperPort(Protocol):
     """What the leader driver needs from the helper."""
 
-    async def call(self, method: PeerMethod, request: Any, timeout: float | None = None) -> Any:
-        """One unary call; a refusal of the helper is raised with its meaning kept."""
+    async def create_task(self, spec: TaskSpec, timeout: float | None = None) -> TaskInfo:
+        """Create the task there too (a retry of the same task answers again)."""
         ...
+
+    async def digest(self, task_id: str, timeout: float | None = None) -> ReportSet: ...
+
+    async def close_collection(self, task_id: str, timeout: float | None = None) -> ReportSet:
+        """Close there (idempotent): its report set, and whether it agreed on it."""
+        ...
+
+    async def list_reports(self, page: ReportPage, timeout: float | None = None) -> ReportIds: ...
+
+    async def drop_reports(self, ids: ReportIds, timeout: float | None = None) -> ReportSet: ...
+
+    async def mark_agreed(self, agreement: Agreement, timeout: float | None = None) -> TaskInfo: ...
+
+    async def budget(self, task_id: str, timeout: float | None = None) -> TaskInfo:
+        """The task as the helper holds it, its ledger included."""
+        ...
+
+    async def prepare_stream(
+        self, request: PrepareStream, timeout: float | None = None
+    ) -> StreamInfo: ...
+
+    async def fail_stream(self, stream_id: str, timeout: float | None = None) -> StreamInfo: ...
+
+    async def reserve_plan(
+        self, request: PlanRequest, timeout: float | None = None
+    ) -> PlanInfo: ...
+
+    async def end_plan(self, plan_id: str, timeout: float | None = None) -> PlanInfo: ...
+
+    async def fail_plan(self, plan_id: str, timeout: float | None = None) -> PlanInfo: ...
 
     async def open_session(self, factory: PartyFactory) -> LeaderSession:
         """A new comparison session with its base OTs done."""

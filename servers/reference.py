@@ -21,11 +21,12 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
+from svtagg.dp.kinds import StreamKind
 from svtagg.mpc.ring import encode
 from svtagg.mpc.sharing import share
-from svtagg.proto import svtagg_pb2 as pb
 from svtagg.proto.vocab import REPORT_ID_BYTES, Role
 from svtagg.servers.core import PartyFactory, ServerCore, garbled_circuit_party
+from svtagg.servers.exchange import OpenStream
 from svtagg.servers.helper import HelperDriver
 from svtagg.servers.leader import LeaderDriver
 from svtagg.servers.memory import MemoryHelperPort, Tap
@@ -68,7 +69,7 @@ class ReferencePair:
 
     async def open(self, task_id: str, eps: str = "1") -> str:
         """Open a LAP24 stream of ε `eps`; returns its id."""
-        req = pb.OpenStreamRequest(task_id=task_id, kind=pb.LAP24, epsilon=eps)
+        req = OpenStream(task_id, StreamKind.LAP24, eps)
         return (await self.leader.open_stream(req)).stream_id
 
 

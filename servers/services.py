@@ -8,7 +8,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import grpc
 
@@ -16,18 +17,20 @@ from svtagg.dp.errors import InvalidArgument
 from svtagg.proto import health_pb2, health_pb2_grpc
 from svtagg.proto import svtagg_pb2 as pb
 from svtagg.proto import svtagg_pb2_grpc as pb_grpc
-from svtagg.proto.vocab import Role, kind_from_pb
+from svtagg.proto.vocab import Role
 from svtagg.proto.wire import UNDECODABLE
+from svtagg.servers import wire
 from svtagg.servers.core import ServerCore
 from svtagg.servers.helper import HelperDriver
 from svtagg.servers.leader import LeaderDriver
 from svtagg.servers.limits import RateLimiter
-from svtagg.servers.messages import task_info
 from svtagg.servers.metrics import Metrics
 from svtagg.servers.peer import GrpcHelperPort
 from svtagg.servers.rpc import ANONYMOUS, Context, peer_role, rpc
 
 log = logging.getLogger("svtagg.server")
+Q = TypeVar("Q")
+R = TypeVar("R")
 
 
 class IngestService(pb_grpc.IngestServicer):
@@ -57,7 +60,7 @@ class IngestService(pb_grpc.IngestServicer):
         certificate on the ingest port) gets the public parameters an upload
         needs (the spec, whether collection is open) and nothing else; n, the
         ledger and the stream count only go to the analyst and the leader."""
-        info = task_info(self.core.store.task(request.task_id))
+        info = wire.task_info(self.core.store.task(request.task_id))
         if peer_role(context) in (Role.ANALYST, Role.LEADER):
             return info
         return pb.TaskInfo(spec=info.spec, collection_open=info.collection_open)
@@ -95,49 +98,50 @@ class AnalystService(pb_grpc.AnalystServicer):
 
     @rpc(Role.ANALYST)
     async def CreateTask(self, request: pb.TaskSpec, context: Context) -> pb.TaskInfo:
-        info = await self.driver.create_task(request)
+        info = await self.driver.create_task(wire.TASK_SPEC.from_pb(request))
         self._budget(request.task_id)
-        return info
+        return wire.TASK_INFO.to_pb(info)
 
     @rpc(Role.ANALYST)
     async def DescribeTask(self, request: pb.TaskRef, context: Context) -> pb.TaskInfo:
-        return await self.driver.describe(request.task_id)
+        return wire.TASK_INFO.to_pb(await self.driver.describe(request.task_id))
 
     @rpc(Role.ANALYST)
     async def Budget(self, request: pb.TaskRef, context: Context) -> pb.TaskInfo:
-        return await self.driver.describe(request.task_id)
+        return wire.TASK_INFO.to_pb(await self.driver.describe(request.task_id))
 
     @rpc(Role.ANALYST)
     async def ListTasks(self, request: pb.Empty, context: Context) -> pb.TaskList:
-        return self.driver.list_tasks()
+        return wire.task_list(self.driver.list_tasks())
 
     @rpc(Role.ANALYST)
     async def CloseCollection(self, request: pb.TaskRef, context: Context) -> pb.TaskInfo:
-        return await self.driver.close_collection(request.task_id)
+        return wire.TASK_INFO.to_pb(await self.driver.close_collection(request.task_id))
 
     @rpc(Role.ANALYST)
     async def OpenStream(self, request: pb.OpenStreamRequest, context: Context) -> pb.StreamInfo:
+        open_stream = wire.OPEN_STREAM.from_pb(request)
         await self._helper_connected()
-        info = await self.driver.open_stream(request)
+        info = await self.driver.open_stream(open_stream)
         if self.metrics is not None:
-            kind = kind_from_pb(request.kind).value
+            kind = open_stream.kind.value
             self.metrics.streams.labels(task=request.task_id, kind=kind).inc()
         self._budget(request.task_id)
-        return info
+        return wire.STREAM_INFO.to_pb(info)
 
     @rpc(Role.ANALYST)
     async def Ask(self, request: pb.AskRequest, context: Context) -> pb.AskResponse:
         start = time.perf_counter()
-        resp = await self.driver.ask(request)
-        self._chunk(request.stream_id, start, len(request.queries.index), resp.peer_bytes)
-        return resp
+        answer = await self.driver.ask(wire.ASK.from_pb(request))
+        self._chunk(request.stream_id, start, len(request.queries.index), answer.peer_bytes)
+        return wire.ASK_ANSWER.to_pb(answer)
 
     @rpc(Role.ANALYST)
     async def Compare(self, request: pb.CompareRequest, context: Context) -> pb.CompareResponse:
         start = time.perf_counter()
-        resp = await self.driver.compare(request)
-        self._chunk(request.stream_id, start, len(request.queries.index), resp.peer_bytes)
-        return resp
+        answer = await self.driver.compare(wire.COMPARE.from_pb(request))
+        self._chunk(request.stream_id, start, len(request.queries.index), answer.peer_bytes)
+        return wire.COMPARE_ANSWER.to_pb(answer)
 
     def _task_of(self, stream_id: str) -> str:
         try:
@@ -147,10 +151,11 @@ class AnalystService(pb_grpc.AnalystServicer):
 
     @rpc(Role.ANALYST)
     async def ReservePlan(self, request: pb.PlanRequest, context: Context) -> pb.PlanInfo:
+        plan = wire.PLAN_REQUEST.from_pb(request)
         await self._helper_connected()
-        info = await self.driver.reserve_plan(request)
+        info = await self.driver.reserve_plan(plan)
         self._budget(request.task_id)
-        return info
+        return wire.PLAN_INFO.to_pb(info)
 
     @rpc(Role.ANALYST)
     async def EndPlan(self, request: pb.PlanRef, context: Context) -> pb.PlanInfo:
@@ -158,7 +163,7 @@ class AnalystService(pb_grpc.AnalystServicer):
         if self.metrics is not None:
             for task_id in self.driver.core.store.task_ids():
                 self._budget(task_id)
-        return info
+        return wire.PLAN_INFO.to_pb(info)
 
 
 class PeerService(pb_grpc.PeerServicer):
@@ -174,64 +179,71 @@ class PeerService(pb_grpc.PeerServicer):
         if self.metrics is not None:
             self.metrics.budget(self.driver.core.store, task_id)
 
+    async def _serve(
+        self, call: wire.PeerCall[Q, R], serve: Callable[[Q], Awaitable[R]], request: Any
+    ) -> Any:
+        """One unary call: the request as a domain value to the driver, its
+        answer back as the reply message."""
+        return call.reply.to_pb(await serve(call.request.from_pb(request)))
+
     @rpc(Role.LEADER)
     async def CreateTask(self, request: pb.TaskSpec, context: Context) -> pb.TaskInfo:
-        info = await self.driver.CreateTask(request)
+        info = await self._serve(wire.CREATE_TASK, self.driver.create_task, request)
         self._budget(request.task_id)
         return info
 
     @rpc(Role.LEADER)
     async def Digest(self, request: pb.TaskRef, context: Context) -> pb.CollectionDigest:
-        return await self.driver.Digest(request)
+        return await self._serve(wire.DIGEST, self.driver.digest, request)
 
     @rpc(Role.LEADER)
     async def CloseCollection(self, request: pb.TaskRef, context: Context) -> pb.CollectionDigest:
-        return await self.driver.CloseCollection(request)
+        return await self._serve(wire.CLOSE_COLLECTION, self.driver.close_collection, request)
 
     @rpc(Role.LEADER)
     async def ListReports(self, request: pb.ReportPage, context: Context) -> pb.ReportIds:
-        return await self.driver.ListReports(request)
+        return await self._serve(wire.LIST_REPORTS, self.driver.list_reports, request)
 
     @rpc(Role.LEADER)
     async def DropReports(self, request: pb.ReportIds, context: Context) -> pb.CollectionDigest:
-        return await self.driver.DropReports(request)
+        return await self._serve(wire.DROP_REPORTS, self.driver.drop_reports, request)
 
     @rpc(Role.LEADER)
     async def MarkAgreed(self, request: pb.CollectionDigest, context: Context) -> pb.TaskInfo:
-        return await self.driver.MarkAgreed(request)
+        return await self._serve(wire.MARK_AGREED, self.driver.mark_agreed, request)
 
     @rpc(Role.LEADER)
     async def Budget(self, request: pb.TaskRef, context: Context) -> pb.TaskInfo:
-        return await self.driver.Budget(request)
+        return await self._serve(wire.BUDGET, self.driver.budget, request)
 
     @rpc(Role.LEADER)
     async def PrepareStream(
         self, request: pb.PrepareStreamRequest, context: Context
     ) -> pb.StreamInfo:
-        info = await self.driver.PrepareStream(request)
+        prepare = wire.PREPARE_STREAM.request.from_pb(request)
+        info = await self.driver.prepare_stream(prepare)
         if self.metrics is not None:
-            kind = kind_from_pb(request.kind).value
-            self.metrics.streams.labels(task=request.task_id, kind=kind).inc()
+            self.metrics.streams.labels(task=request.task_id, kind=prepare.kind.value).inc()
         self._budget(request.task_id)
-        return info
+        return wire.PREPARE_STREAM.reply.to_pb(info)
 
     @rpc(Role.LEADER)
     async def FailStream(self, request: pb.StreamRef, context: Context) -> pb.StreamInfo:
-        return await self.driver.FailStream(request)
+        return await self._serve(wire.FAIL_STREAM, self.driver.fail_stream, request)
 
     @rpc(Role.LEADER)
     async def ReservePlan(self, request: pb.PlanRequest, context: Context) -> pb.PlanInfo:
-        info = await self.driver.ReservePlan(request)
+        info = await self._serve(wire.RESERVE_PLAN, self.driver.reserve_plan, request)
         self._budget(request.task_id)
         return info
 
     @rpc(Role.LEADER)
     async def EndPlan(self, request: pb.PlanRef, context: Context) -> pb.PlanInfo:
-        return await self.driver.EndPlan(request)
+        return await self._serve(wire.END_PLAN, self.driver.end_plan, request)
 
     @rpc(Role.LEADER)
     async def FailPlan(self, request: pb.PlanRef, context: Context) -> pb.PlanInfo:
-        return await self.driver.FailPlan(request)
+        return await self._serve(wire.FAIL_PLAN, self.driver.fail_plan, request)
 
     @rpc(Role.LEADER)
     async def Session(self, request_iterator: Any, context: Context) -> None:

@@ -2,7 +2,10 @@
 
 A session is an ordered stream of PeerFrames: SessionOpen, then per chunk a
 header (leader), the helper's status, the comparison protocol's fragments, the
-helper's closing status.  `FrameChannel` carries the protocol's byte messages
+helper's closing status.  The framing is a protobuf edge: the drivers hand a
+session domain chunk headers (`servers.exchange`) and get refusals back
+(`LeaderSession`, `HelperSession`); the frames never leave this module and the
+transports that carry them.  `FrameChannel` carries the protocol's byte messages
 as fragments; the transport (a gRPC stream or two in-memory queues) only moves
 frames.  When the helper offers a data channel (`servers/datachannel.py`), the
 protocol's messages travel there instead and only control frames use the
@@ -19,12 +22,20 @@ import os
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
-from svtagg.dp.errors import PeerUnavailable
+from svtagg.dp.errors import InvalidArgument, PeerUnavailable, Refusal
 from svtagg.mpc.channel import Channel, Message
 from svtagg.mpc.ot import MAX_SETUP_MESSAGE
 from svtagg.proto import svtagg_pb2 as pb
-from svtagg.proto.vocab import FRAGMENT, SETUP_DEADLINE, Role
+from svtagg.proto.vocab import (
+    FRAGMENT,
+    SETUP_DEADLINE,
+    Role,
+    refusal_from_status,
+    refusal_status,
+)
 from svtagg.servers.core import ComparisonParty, PartyFactory
+from svtagg.servers.exchange import ChunkHeader
+from svtagg.servers.wire import CHUNK_HEADER
 
 #: Reads the next frame; returns None at the end of the stream.
 ReadFrame = Callable[[], Awaitable[Any]]
@@ -215,8 +226,15 @@ class LeaderSession:
             raise
         return cls(channel, party, abort, done, data)
 
-    async def status(self) -> pb.PeerStatus:
-        return await _status(self.channel)
+    async def send_header(self, header: ChunkHeader) -> None:
+        """Start a chunk: its header, for the helper to check and mark."""
+        await self.channel.write_frame(pb.PeerFrame(header=CHUNK_HEADER.to_pb(header)))
+
+    async def status(self) -> Refusal | None:
+        """The helper's next verdict on the chunk: None when it goes ahead (or
+        has recorded the result), else its refusal."""
+        status = await _status(self.channel)
+        return None if status.ok else refusal_from_status(status, "helper: ")
 
     @property
     def traffic(self) -> int:
@@ -236,6 +254,61 @@ async def _status(channel: FrameChannel) -> pb.PeerStatus:
     if frame.WhichOneof("body") != "status":
         raise PeerUnavailable("expected the helper's status frame")
     return frame.status
+
+
+_OK = pb.PeerFrame(status=pb.PeerStatus(ok=True))
+
+
+class HelperSession:
+    """The helper's end of a session: the leader's SessionOpen (and the data
+    channel, when it asks for one), then one chunk header at a time, each
+    answered by the helper's verdicts."""
+
+    def __init__(self, write: WriteFrame, read: ReadFrame) -> None:
+        self._write = write
+        self._read = read
+        self.channel = FrameChannel(write, read)
+
+    async def accept(self, offer: DataOffer | None) -> tuple[bytes, DataChannel | None]:
+        """The session's id, and its data connection if the leader asked for one
+        and the helper offers it (`offer`)."""
+        first = await self.channel.read_frame()
+        if first.WhichOneof("body") != "open" or len(first.open.session_id) != 16:
+            raise InvalidArgument("a session starts with SessionOpen (16-byte id)")
+        sid = first.open.session_id
+        data: DataChannel | None = None
+        if first.open.data_channel:
+            port = offer.port if offer is not None else 0
+            await self._write(pb.PeerFrame(status=pb.PeerStatus(ok=True, data_port=port)))
+            if offer is not None:
+                data = await offer.claim(sid, SETUP_DEADLINE)
+        return sid, data
+
+    async def next_header(self, stopping: asyncio.Event) -> ChunkHeader | None:
+        """The next chunk's header, or None when the session ends, or once
+        `stopping` is set while the session is idle (so a stopping helper ends
+        its sessions at once instead of after the grace)."""
+        reading = asyncio.ensure_future(self._read())
+        stop = asyncio.ensure_future(stopping.wait())
+        done, _ = await asyncio.wait({reading, stop}, return_when=asyncio.FIRST_COMPLETED)
+        stop.cancel()
+        if reading not in done:
+            reading.cancel()
+            return None
+        frame = reading.result()
+        if frame is None:
+            return None
+        if frame.WhichOneof("body") != "header":
+            raise InvalidArgument("expected a chunk header")
+        return CHUNK_HEADER.from_pb(frame.header)
+
+    async def ok(self) -> None:
+        """Go ahead with the chunk; or, after it, its result is recorded."""
+        await self._write(_OK)
+
+    async def refuse(self, exc: BaseException) -> None:
+        """Refuse the chunk (the session lives on)."""
+        await self._write(pb.PeerFrame(status=refusal_status(exc)))
 
 
 class SessionPool:

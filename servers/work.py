@@ -39,19 +39,29 @@ import time
 import traceback
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, overload
 
-from svtagg.dp.errors import FailedPrecondition, PeerUnavailable, Refusal
+from svtagg.dp.errors import FailedPrecondition, InvalidArgument, PeerUnavailable, Refusal
 from svtagg.proto import svtagg_pb2 as pb
 from svtagg.proto.vocab import refusal_from_status, refusal_status, status_of
+from svtagg.servers import wire
+from svtagg.servers.exchange import (
+    Ask,
+    AskAnswer,
+    ChunkKind,
+    Compare,
+    CompareAnswer,
+    JobAnswer,
+    JobInputs,
+    RobustChunk,
+    ValidationChunk,
+)
 
 if TYPE_CHECKING:  # psycopg is the optional `postgres` extra: imported where used
     import psycopg
 
 log = logging.getLogger("svtagg.work")
 
-#: Job kinds (the `kind` column).
-ASK, COMPARE, ROBUST, VALIDATE = "ask", "compare", "robust", "validate"
 #: A worker's lease on a job, renewed every third of it while the job runs.
 LEASE_SECONDS = 10.0
 #: How long a queued job waits for a worker before it is withdrawn (never run).
@@ -74,10 +84,73 @@ class Unclaimed(PeerUnavailable):
 
 @dataclass(frozen=True)
 class Job:
+    """A job as the `work` table holds it: its kind (a `ChunkKind`'s value) and
+    its payload, the protobuf bytes `servers.wire` makes of its inputs."""
+
     job_id: int
     kind: str
     stream_id: str | None
     payload: bytes
+
+
+class JobQueue(Protocol):
+    """Where the leader queues a job and waits for its result (`WorkQueue`)."""
+
+    async def run(
+        self,
+        kind: str,
+        payload: bytes,
+        stream_id: str | None = None,
+        on_lost: Callable[[str], Awaitable[None]] | None = None,
+    ) -> bytes: ...
+
+
+@overload
+async def run_leased(
+    queue: JobQueue,
+    inputs: Ask,
+    stream_id: str | None = None,
+    on_lost: Callable[[str], Awaitable[None]] | None = None,
+) -> AskAnswer: ...
+
+
+@overload
+async def run_leased(
+    queue: JobQueue,
+    inputs: Compare,
+    stream_id: str | None = None,
+    on_lost: Callable[[str], Awaitable[None]] | None = None,
+) -> CompareAnswer: ...
+
+
+@overload
+async def run_leased(
+    queue: JobQueue,
+    inputs: RobustChunk | ValidationChunk,
+    stream_id: str | None = None,
+    on_lost: Callable[[str], Awaitable[None]] | None = None,
+) -> bytes: ...
+
+
+async def run_leased(
+    queue: JobQueue,
+    inputs: JobInputs,
+    stream_id: str | None = None,
+    on_lost: Callable[[str], Awaitable[None]] | None = None,
+) -> JobAnswer:
+    """Run `inputs` as a leased job on `queue` (`WorkQueue.run`); its answer."""
+    kind, payload = wire.job_payload(inputs)
+    return wire.job_answer(kind, await queue.run(kind, payload, stream_id, on_lost))
+
+
+async def serve_job(job: Job, run: Callable[[JobInputs], Awaitable[JobAnswer]]) -> bytes:
+    """A worker's side of `run_leased`: `job`'s inputs to `run`, its answer as
+    the bytes the front end reads back."""
+    try:
+        kind = ChunkKind(job.kind)
+    except ValueError:
+        raise InvalidArgument(f"unknown job kind {job.kind!r}") from None
+    return wire.job_result(kind, await run(wire.job_inputs(kind, job.payload)))
 
 
 def _channel(schema: str, what: str) -> str:

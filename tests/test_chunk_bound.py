@@ -18,7 +18,7 @@ from svtagg.analyst.local_oracle import LocalOracle
 from svtagg.dp.errors import ResourceExhausted
 from svtagg.dp.kinds import TAIL_SCALES
 from svtagg.dp.queries import MAX_CHUNK, MAX_STREAM_CHUNKS, Query
-from svtagg.proto import svtagg_pb2 as pb
+from svtagg.servers.exchange import Ask, Queries
 
 
 def test_clamping_delta_of_the_largest_stream():
@@ -44,9 +44,9 @@ def set_chunks(db: Path, stream_id: str, chunks: int) -> None:
         conn.execute("UPDATE streams SET chunks=? WHERE stream_id=?", (chunks, stream_id))
 
 
-def ask(stream_id: str) -> pb.AskRequest:
+def ask(stream_id: str) -> Ask:
     # τ far above every score: NO, the stream stays open.
-    return pb.AskRequest(stream_id=stream_id, queries=pb.Queries(index=[0]), tau=[4 * N << F])
+    return Ask(stream_id, Queries((0,)), (4 * N << F,))
 
 
 async def test_leader_refuses_the_chunk_after_the_last(pair: DriverPair, tmp_path: Path):

@@ -16,10 +16,19 @@ import pytest
 from conftest import DriverPair, driver_pair
 
 from svtagg.dp.errors import PeerUnavailable, StreamClosed
+from svtagg.dp.task import TaskSpec
 from svtagg.proto import svtagg_pb2 as pb
 from svtagg.proto.vocab import Role
 from svtagg.servers.core import ComparisonParty, garbled_circuit_party
-from svtagg.servers.port import PeerMethod
+from svtagg.servers.exchange import (
+    Ask,
+    PrepareStream,
+    Queries,
+    ReportIds,
+    ReportPage,
+    ReportSet,
+    StreamInfo,
+)
 from svtagg.servers.store import FAILED
 
 F = 16
@@ -48,8 +57,8 @@ async def pair(tmp_path: Path) -> AsyncIterator[DriverPair]:
         yield p
 
 
-def spec(task_id: str) -> pb.TaskSpec:
-    return pb.TaskSpec(
+def spec(task_id: str) -> TaskSpec:
+    return TaskSpec(
         task_id=task_id,
         d=3,
         frac_bits=F,
@@ -77,18 +86,16 @@ async def test_close_reconciles_and_chunks_answer(pair: DriverPair) -> None:
     assert pair.helper.core.store.task("t").agreed
 
     sid = await pair.open("t")
-    q = pb.Queries(index=[1, 0])
+    q = Queries((1, 0))
     unit = 1 << F
-    ans = await pair.leader.ask(
-        pb.AskRequest(stream_id=sid, queries=q, tau=[N // 2 * unit, N // 2 * unit])
-    )
+    ans = await pair.leader.ask(Ask(sid, q, (N // 2 * unit, N // 2 * unit)))
     assert ans.yes and ans.index == 1 and ans.closed and ans.peer_bytes > 0
     # Both servers recorded the YES; the stream answers no more.
     for core in (pair.leader.core, pair.helper.core):
         s = core.store.stream(sid)
         assert s.closed and s.queries == 2
     with pytest.raises(StreamClosed):
-        await pair.leader.ask(pb.AskRequest(stream_id=sid, queries=q, tau=[0, 0]))
+        await pair.leader.ask(Ask(sid, q, (0, 0)))
 
 
 async def test_ledger_sync_after_failed_prepare(pair: DriverPair) -> None:
@@ -115,7 +122,7 @@ async def test_chunk_fails_closed_on_both_servers(pair: DriverPair) -> None:
     await pair.leader.close_collection("t")
     sid = await pair.open("t")
     pair.crash_helper[0] = True
-    req = pb.AskRequest(stream_id=sid, queries=pb.Queries(index=[1]), tau=[N // 2 << F])
+    req = Ask(sid, Queries((1,)), (N // 2 << F,))
     with pytest.raises(PeerUnavailable):
         await pair.leader.ask(req)
     for core in (pair.leader.core, pair.helper.core):
@@ -126,9 +133,7 @@ async def test_chunk_fails_closed_on_both_servers(pair: DriverPair) -> None:
         await pair.leader.ask(req)
     # A fresh stream still works on a fresh session.
     sid2 = await pair.open("t")
-    ans = await pair.leader.ask(
-        pb.AskRequest(stream_id=sid2, queries=pb.Queries(index=[0]), tau=[N // 2 << F])
-    )
+    ans = await pair.leader.ask(Ask(sid2, Queries((0,)), (N // 2 << F,)))
     assert ans.yes and ans.index == 0
 
 
@@ -138,17 +143,17 @@ async def test_lost_prepare_reply_fails_the_helpers_copy(pair: DriverPair) -> No
     await pair.leader.create_task(spec("t"))
     pair.upload("t", data(N))
     await pair.leader.close_collection("t")
-    real_call = pair.port.call
+    real_prepare = pair.port.prepare_stream
     lost: list[str] = []
 
-    async def lossy(method: PeerMethod, request: Any, timeout: float | None = None) -> Any:
-        reply = await real_call(method, request, timeout)
-        if method == PeerMethod.PREPARE_STREAM and not lost:
+    async def lossy(request: PrepareStream, timeout: float | None = None) -> StreamInfo:
+        reply = await real_prepare(request, timeout)
+        if not lost:
             lost.append(request.stream_id)
             raise PeerUnavailable("helper: reply lost")
         return reply
 
-    pair.port.call = lossy  # type: ignore[method-assign]
+    pair.port.prepare_stream = lossy  # type: ignore[method-assign]
     with pytest.raises(PeerUnavailable):
         await pair.open("t")
     assert pair.helper.core.store.stream(lost[0]).state == "open"  # the helper's copy
@@ -172,16 +177,19 @@ async def test_reconciliation_in_bounded_pages(
     monkeypatch.setattr(leader_mod, "REPORT_PAGE", page)
     monkeypatch.setattr(helper_mod, "REPORT_PAGE", page)
     calls: list[tuple[str, int]] = []
-    real_call = pair.port.call
+    real_list, real_drop = pair.port.list_reports, pair.port.drop_reports
 
-    async def counting(method: PeerMethod, request: Any, timeout: float | None = None) -> Any:
-        reply = await real_call(method, request, timeout)
-        if method in (PeerMethod.LIST_REPORTS, PeerMethod.DROP_REPORTS):
-            ids = reply.report_ids if method == PeerMethod.LIST_REPORTS else request.report_ids
-            calls.append((method.value, len(ids) // 16))
+    async def listing(page: ReportPage, timeout: float | None = None) -> ReportIds:
+        reply = await real_list(page, timeout)
+        calls.append(("ListReports", len(reply.ids)))
         return reply
 
-    monkeypatch.setattr(pair.port, "call", counting)
+    async def dropping(ids: ReportIds, timeout: float | None = None) -> ReportSet:
+        calls.append(("DropReports", len(ids.ids)))
+        return await real_drop(ids, timeout)
+
+    monkeypatch.setattr(pair.port, "list_reports", listing)
+    monkeypatch.setattr(pair.port, "drop_reports", dropping)
     await pair.leader.create_task(spec("t"))
     pair.upload("t", data(N))
     pair.upload("t", data(23), leader_only=True)

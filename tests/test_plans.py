@@ -20,10 +20,11 @@ from svtagg.dp.accounting import advanced_composition, zcdp_to_dp
 from svtagg.dp.errors import BudgetExhausted, InvalidArgument, PeerUnavailable
 from svtagg.dp.kinds import StreamKind
 from svtagg.dp.plans import Group, PlanBook, Rule, plan_charge
-from svtagg.dp.task import safe_epsilon_min
+from svtagg.dp.task import TaskSpec, safe_epsilon_min
 from svtagg.proto import svtagg_pb2 as pb
 from svtagg.proto.vocab import Role
 from svtagg.servers.core import ServerCore, garbled_circuit_party
+from svtagg.servers.exchange import OpenStream, PlanGroup, PlanInfo, PlanRequest, PrepareStream
 from svtagg.servers.helper import HelperDriver
 from svtagg.servers.leader import LeaderDriver
 from svtagg.servers.memory import MemoryHelperPort
@@ -85,8 +86,8 @@ def test_local_oracle_plan_refuses_whole_and_spends_nothing() -> None:
     assert o.budget().epsilon_spent == Fraction(1, 4)  # the unused quarter came back
 
 
-def small_task(epsilon_total: str) -> pb.TaskSpec:
-    return pb.TaskSpec(
+def small_task(epsilon_total: str) -> TaskSpec:
+    return TaskSpec(
         task_id="t",
         d=2,
         frac_bits=16,
@@ -107,31 +108,27 @@ async def test_plans_on_both_servers(tmp_path: Path) -> None:
         def spent() -> list[Fraction]:
             return [d.core.store.task("t").budget.epsilon_spent for d in (pair.leader, pair.helper)]
 
-        too_big = pb.PlanRequest(task_id="t", groups=[pb.PlanGroup(epsilon="3")])
+        too_big = PlanRequest("t", (PlanGroup("3"),))
         with pytest.raises(BudgetExhausted):
             await pair.leader.reserve_plan(too_big)
         assert spent() == [0, 0]
-        ok = pb.PlanRequest(
-            task_id="t", groups=[pb.PlanGroup(epsilon="1"), pb.PlanGroup(epsilon="1/2")]
-        )
+        ok = PlanRequest("t", (PlanGroup("1"), PlanGroup("1/2")))
         info = await pair.leader.reserve_plan(ok)
-        assert (info.epsilon, info.rule) == ("3/2", "basic") and spent() == [Fraction(3, 2)] * 2
-        req = pb.OpenStreamRequest(
-            task_id="t", kind=pb.LAP24, epsilon="1/2", plan_id=info.plan_id, plan_group=1
-        )
+        assert (info.epsilon, info.rule) == (Fraction(3, 2), "basic") and spent() == [
+            Fraction(3, 2)
+        ] * 2
+        req = OpenStream("t", StreamKind.LAP24, "1/2", plan=(info.plan_id, 1))
         await pair.leader.open_stream(req)
         assert spent() == [Fraction(3, 2)] * 2  # counted in the plan, not again
         with pytest.raises(InvalidArgument):
             await pair.leader.open_stream(req)  # group 1 is used up
         assert spent() == [Fraction(3, 2)] * 2
         ended = await pair.leader.end_plan(info.plan_id)
-        assert ended.refunded_epsilon == "1" and spent() == [Fraction(1, 2)] * 2
-        assert (await pair.leader.end_plan(info.plan_id)).refunded_epsilon == "0"  # idempotent
+        assert ended.refunded_epsilon == 1 and spent() == [Fraction(1, 2)] * 2
+        assert (await pair.leader.end_plan(info.plan_id)).refunded_epsilon == 0  # idempotent
         with pytest.raises(Exception, match="ended"):
             await pair.leader.open_stream(
-                pb.OpenStreamRequest(
-                    task_id="t", kind=pb.LAP24, epsilon="1/4", plan_id=info.plan_id, plan_group=0
-                )
+                OpenStream("t", StreamKind.LAP24, "1/4", plan=(info.plan_id, 0))
             )
 
 
@@ -214,16 +211,10 @@ async def test_a_plan_stream_the_helper_missed_is_replayed_in_its_group(
         await pair.leader.create_task(small_task(total))
         pair.upload("t", np.ones((50, 2)))
         await pair.leader.close_collection("t")
-        plan = await pair.leader.reserve_plan(
-            pb.PlanRequest(
-                task_id="t", groups=[pb.PlanGroup(epsilon="1"), pb.PlanGroup(epsilon="1")]
-            )
-        )
+        plan = await pair.leader.reserve_plan(PlanRequest("t", (PlanGroup("1"), PlanGroup("1"))))
 
-        def in_plan(group: int, eps: str) -> pb.OpenStreamRequest:
-            return pb.OpenStreamRequest(
-                task_id="t", kind=pb.LAP24, epsilon=eps, plan_id=plan.plan_id, plan_group=group
-            )
+        def in_plan(group: int, eps: str) -> OpenStream:
+            return OpenStream("t", StreamKind.LAP24, eps, plan=(plan.plan_id, group))
 
         pair.port.available = False
         with pytest.raises(PeerUnavailable):
@@ -240,7 +231,7 @@ async def test_a_plan_stream_the_helper_missed_is_replayed_in_its_group(
         with pytest.raises(InvalidArgument):
             await pair.leader.open_stream(in_plan(0, "1/8"))  # group 0 is used up
         ended = await pair.leader.end_plan(plan.plan_id)
-        assert ended.refunded_epsilon == "1"  # group 1 was never used
+        assert ended.refunded_epsilon == 1  # group 1 was never used
         assert _ledgers(pair, "t") == [(Fraction(1), Fraction(0))] * 2
 
 
@@ -254,9 +245,7 @@ async def test_a_plan_the_leader_died_reserving_is_reserved_on_the_helper(tmp_pa
         await pair.leader.create_task(small_task("10"))
         pair.upload("t", np.ones((50, 2)))
         await pair.leader.close_collection("t")
-        two = pb.PlanRequest(
-            task_id="t", groups=[pb.PlanGroup(epsilon="1/2"), pb.PlanGroup(epsilon="1/2")]
-        )
+        two = PlanRequest("t", (PlanGroup("1/2"), PlanGroup("1/2")))
         pair.leader.core.reserve_plan("a" * 32, two)  # the leader's half of ReservePlan
         await _restart(pair, tmp_path)
         info = await pair.leader.describe("t")
@@ -265,11 +254,9 @@ async def test_a_plan_the_leader_died_reserving_is_reserved_on_the_helper(tmp_pa
         assert pair.helper.core.store.plan("a" * 32)[1] == "active"
         plan = await pair.leader.reserve_plan(two)
         await pair.leader.open_stream(
-            pb.OpenStreamRequest(
-                task_id="t", kind=pb.LAP24, epsilon="1/2", plan_id=plan.plan_id, plan_group=0
-            )
+            OpenStream("t", StreamKind.LAP24, "1/2", plan=(plan.plan_id, 0))
         )
-        assert (await pair.leader.end_plan(plan.plan_id)).refunded_epsilon == "1/2"
+        assert (await pair.leader.end_plan(plan.plan_id)).refunded_epsilon == Fraction(1, 2)
         assert _ledgers(pair, "t") == [(Fraction(3, 2), Fraction(0))] * 2
 
 
@@ -285,15 +272,14 @@ async def test_a_plan_stream_the_leader_died_opening_is_replayed_in_its_group(
         pair.upload("t", np.ones((50, 2)))
         await pair.leader.close_collection("t")
         plan = await pair.leader.reserve_plan(
-            pb.PlanRequest(
-                task_id="t", groups=[pb.PlanGroup(epsilon="1/2"), pb.PlanGroup(epsilon="1/2")]
-            )
+            PlanRequest("t", (PlanGroup("1/2"), PlanGroup("1/2")))
         )
         pair.leader.core.open_stream(
-            "b" * 32, "t", StreamKind.LAP24, "1/2", "", open_now=False, plan=(plan.plan_id, 1)
+            PrepareStream("b" * 32, "t", StreamKind.LAP24, "1/2", "", (plan.plan_id, 1)),
+            open_now=False,
         )
         await _restart(pair, tmp_path)
-        assert (await pair.leader.end_plan(plan.plan_id)).refunded_epsilon == "1/2"
+        assert (await pair.leader.end_plan(plan.plan_id)).refunded_epsilon == Fraction(1, 2)
         assert _ledgers(pair, "t") == [(Fraction(1, 2), Fraction(0))] * 2
         assert [d.core.store.stream("b" * 32).state for d in (pair.leader, pair.helper)] == [
             "failed",
@@ -309,17 +295,15 @@ async def test_a_reconciliation_cut_off_by_the_helper_is_done_again(tmp_path: Pa
         await pair.leader.create_task(small_task("10"))
         pair.upload("t", np.ones((50, 2)))
         await pair.leader.close_collection("t")
-        pair.leader.core.reserve_plan(
-            "a" * 32, pb.PlanRequest(task_id="t", groups=[pb.PlanGroup(epsilon="1/2")])
-        )
+        pair.leader.core.reserve_plan("a" * 32, PlanRequest("t", (PlanGroup("1/2"),)))
         await _restart(pair, tmp_path)
-        reserve = pair.helper.ReservePlan
+        reserve = pair.helper.reserve_plan
 
-        async def lost(request: pb.PlanRequest) -> pb.PlanInfo:
-            pair.helper.ReservePlan = reserve  # type: ignore[method-assign]
+        async def lost(request: PlanRequest) -> PlanInfo:
+            pair.helper.reserve_plan = reserve  # type: ignore[method-assign]
             raise PeerUnavailable("helper: UNAVAILABLE (lost during the reconciliation)")
 
-        pair.helper.ReservePlan = lost  # type: ignore[method-assign]
+        pair.helper.reserve_plan = lost  # type: ignore[method-assign]
         with pytest.raises(PeerUnavailable):
             await pair.leader.sync_ledgers("t")
         assert _ledgers(pair, "t") == [(Fraction(1, 2), 0), (0, 0)]

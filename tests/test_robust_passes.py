@@ -16,8 +16,8 @@ from conftest import DriverPair, driver_pair, encoded_sum, pg_tagged
 from test_drivers import F, N, data, spec
 
 from svtagg.dp.errors import PeerUnavailable
-from svtagg.proto import svtagg_pb2 as pb
-from svtagg.servers.port import PeerMethod
+from svtagg.servers.exchange import Agreement, Ask, ChunkKind, Queries, RobustChunk, TaskInfo
+from svtagg.servers.wire import job_inputs
 from svtagg.servers.work import Job
 
 
@@ -64,27 +64,26 @@ async def test_a_late_chunk_of_an_abandoned_pass_never_mixes_in(
     await pair.leader.create_task(spec("t"))
     values = data(N)
     pair.upload("t", values)
-    headers: list[pb.ChunkHeader] = []
+    headers: list[RobustChunk] = []
     real_chunk = pair.leader.robust_chunk
 
-    async def recording(task: Any, h: pb.ChunkHeader, sums: Any = None) -> bytes:
+    async def recording(task: Any, h: RobustChunk, sums: Any = None) -> bytes:
         headers.append(h)
         return await real_chunk(task, h, sums)
 
     pair.leader.robust_chunk = recording  # type: ignore[method-assign]
-    real_call = pair.port.call
+    real_mark = pair.port.mark_agreed
     agreements: list[int] = []
 
-    async def interleaving(method: PeerMethod, request: Any, timeout: float | None = None) -> Any:
-        if method == PeerMethod.MARK_AGREED:
-            agreements.append(len(headers))
-            if len(agreements) == 1:
-                raise PeerUnavailable("helper: UNAVAILABLE (pass A is abandoned)")
-            # Pass B has staged all its chunks; pass A's first chunk stages late.
-            await real_chunk(pair.leader.core.store.task("t"), headers[0])
-        return await real_call(method, request, timeout)
+    async def interleaving(agreement: Agreement, timeout: float | None = None) -> TaskInfo:
+        agreements.append(len(headers))
+        if len(agreements) == 1:
+            raise PeerUnavailable("helper: UNAVAILABLE (pass A is abandoned)")
+        # Pass B has staged all its chunks; pass A's first chunk stages late.
+        await real_chunk(pair.leader.core.store.task("t"), headers[0])
+        return await real_mark(agreement, timeout)
 
-    pair.port.call = interleaving  # type: ignore[method-assign]
+    pair.port.mark_agreed = interleaving  # type: ignore[method-assign]
     with pytest.raises(PeerUnavailable):
         await pair.leader.close_collection("t")
     info = await pair.leader.close_collection("t")
@@ -97,11 +96,10 @@ async def test_a_late_chunk_of_an_abandoned_pass_never_mixes_in(
     # Every chunk named its pass, and the two passes had different ids.
     assert len({h.pass_id for h in headers}) == 2 and all(len(h.pass_id) == 16 for h in headers)
     if leased:
-        assert [pb.ChunkHeader.FromString(p) for p in pair.leader.work.payloads] == headers  # type: ignore[union-attr]
+        payloads = pair.leader.work.payloads  # type: ignore[union-attr]
+        assert [job_inputs(ChunkKind.ROBUST, p) for p in payloads] == headers
     # And the stored shares answer as they should: coordinate 0 sums to N.
     pair.leader.work = None  # (InlineWork would run the chunk through this same driver)
     sid = await pair.open("t")
-    ans = await pair.leader.ask(
-        pb.AskRequest(stream_id=sid, queries=pb.Queries(index=[1, 0]), tau=[N // 2 << F] * 2)
-    )
+    ans = await pair.leader.ask(Ask(sid, Queries((1, 0)), (N // 2 << F,) * 2))
     assert ans.yes and ans.index == 1

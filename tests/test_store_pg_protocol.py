@@ -13,9 +13,9 @@ from conftest import DriverPair
 from test_drivers import F, N, data, spec
 
 from svtagg.dp.errors import StreamClosed
-from svtagg.proto import svtagg_pb2 as pb
 from svtagg.proto.vocab import Role
 from svtagg.servers.core import ServerCore, garbled_circuit_party
+from svtagg.servers.exchange import Ask, Queries
 from svtagg.servers.helper import HelperDriver
 from svtagg.servers.leader import LeaderDriver
 from svtagg.servers.memory import MemoryHelperPort
@@ -53,17 +53,15 @@ async def test_a_task_end_to_end_on_postgres(pg_url: tuple[str, str]) -> None:
         assert pair.helper.core.store.task("t").n == N
         sid = await pair.open("t")
         unit = 1 << F
-        q = pb.Queries(index=[1, 0])
-        ans = await pair.leader.ask(
-            pb.AskRequest(stream_id=sid, queries=q, tau=[N // 2 * unit, N // 2 * unit])
-        )
+        q = Queries((1, 0))
+        ans = await pair.leader.ask(Ask(sid, q, (N // 2 * unit, N // 2 * unit)))
         assert ans.yes and ans.index == 1 and ans.closed
         for core in (pair.leader.core, pair.helper.core):
             s = core.store.stream(sid)
             assert s.closed and s.queries == 2
             assert core.store.task("t").budget.epsilon_spent == 1
         with pytest.raises(StreamClosed):
-            await pair.leader.ask(pb.AskRequest(stream_id=sid, queries=q, tau=[0, 0]))
+            await pair.leader.ask(Ask(sid, q, (0, 0)))
         other = await pair.open("t")
         pair.leader.core.store.begin_chunk(other)  # as if killed mid-chunk
     finally:

@@ -27,7 +27,7 @@ import hashlib
 import json
 import os
 import secrets
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,7 @@ from svtagg.dp.errors import Refusal
 from svtagg.mpc import native
 from svtagg.mpc.sharing import share
 from svtagg.proto import svtagg_pb2 as pb
+from svtagg.servers import wire
 from svtagg.servers.reference import ReferencePair, reference_pair
 
 VECTORS = Path(__file__).parent / "vectors" / "transcript.json"
@@ -111,16 +112,27 @@ class Recorder:
 
 # -- the analyst calls, in protobuf as the Analyst service receives them ------------------
 def _calls(ref: ReferencePair) -> dict[str, Any]:
+    """Each analyst call as the Analyst service makes it: the request converted
+    to the leader's domain values, the answer back to protobuf (servers.wire)."""
     leader = ref.leader
+
+    def call(
+        request: wire.Codec[Any, Any], run: Callable[[Any], Awaitable[Any]], answer: Any
+    ) -> Callable[[Any], Awaitable[Any]]:
+        async def convert(r: Any) -> Any:
+            return answer.to_pb(await run(request.from_pb(r)))
+
+        return convert
+
     return {
-        "CreateTask": leader.create_task,
-        "CloseCollection": lambda r: leader.close_collection(r.task_id),
-        "DescribeTask": lambda r: leader.describe(r.task_id),
-        "OpenStream": leader.open_stream,
-        "Ask": leader.ask,
-        "Compare": leader.compare,
-        "ReservePlan": leader.reserve_plan,
-        "EndPlan": lambda r: leader.end_plan(r.plan_id),
+        "CreateTask": call(wire.TASK_SPEC, leader.create_task, wire.TASK_INFO),
+        "CloseCollection": call(wire.TASK_REF, leader.close_collection, wire.TASK_INFO),
+        "DescribeTask": call(wire.TASK_REF, leader.describe, wire.TASK_INFO),
+        "OpenStream": call(wire.OPEN_STREAM, leader.open_stream, wire.STREAM_INFO),
+        "Ask": call(wire.ASK, leader.ask, wire.ASK_ANSWER),
+        "Compare": call(wire.COMPARE, leader.compare, wire.COMPARE_ANSWER),
+        "ReservePlan": call(wire.PLAN_REQUEST, leader.reserve_plan, wire.PLAN_INFO),
+        "EndPlan": call(wire.PLAN_REF, leader.end_plan, wire.PLAN_INFO),
     }
 
 

@@ -23,8 +23,9 @@ from svtagg.dp.task import TaskParams
 from svtagg.mpc.sharing import share
 from svtagg.proto import svtagg_pb2 as pb
 from svtagg.proto import svtagg_pb2_grpc as pb_grpc
+from svtagg.servers import wire
 from svtagg.servers.core import ServerCore
-from svtagg.servers.port import PeerMethod
+from svtagg.servers.exchange import Agreement, TaskInfo
 from svtagg.servers.store import Store
 
 D, F = 4, 16
@@ -160,23 +161,23 @@ async def test_a_lost_mark_agreed_reply_does_not_wedge_the_close(tmp_path: Path)
     has agreed on this very set and completes (no second validation, which the
     helper could no longer run); the stored robust shares add up to g(S)."""
     async with driver_pair(tmp_path, frac_bits=F) as pair:
-        await pair.leader.create_task(VALIDATED)
+        await pair.leader.create_task(wire.TASK_SPEC.from_pb(VALIDATED))
         values = np.random.default_rng(3).random((30, D))
         pair.upload("v", values)
         lb, hb = _raw_report([0, 0, -1, 0])  # out of range: dropped at the close
         pair.leader.core.upload("v", [(r.report_id, r.explicit_share) for r in lb.reports])
         pair.helper.core.upload("v", [(r.report_id, r.seed) for r in hb.reports])
-        real_call = pair.port.call
+        real_mark = pair.port.mark_agreed
         lost: list[int] = []
 
-        async def lossy(method: PeerMethod, request: Any, timeout: float | None = None) -> Any:
-            reply = await real_call(method, request, timeout)
-            if method == PeerMethod.MARK_AGREED and not lost:
+        async def lossy(agreement: Agreement, timeout: float | None = None) -> TaskInfo:
+            reply = await real_mark(agreement, timeout)
+            if not lost:
                 lost.append(1)
                 raise PeerUnavailable("helper: UNAVAILABLE (reply lost)")
             return reply
 
-        pair.port.call = lossy  # type: ignore[method-assign]
+        pair.port.mark_agreed = lossy  # type: ignore[method-assign]
         with pytest.raises(PeerUnavailable):
             await pair.leader.close_collection("v")
         assert pair.helper.core.store.task("v").agreed

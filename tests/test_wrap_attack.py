@@ -28,8 +28,10 @@ from conftest import DriverPair, driver_pair
 
 from svtagg.analyst.audit import honest_party_outcome_probs
 from svtagg.client.upload import make_batch
+from svtagg.dp.kinds import StreamKind
+from svtagg.dp.task import TaskSpec
 from svtagg.mpc.circuits import plain_clamp
-from svtagg.proto import svtagg_pb2 as pb
+from svtagg.servers.exchange import Ask, OpenStream, Queries
 
 F = 4
 UNIT = 1 << F
@@ -65,7 +67,7 @@ async def compared_values(tmp_path: Path, changed: bool, robust: bool) -> tuple[
     tmp_path.mkdir(parents=True)
     async with driver_pair(tmp_path, frac_bits=F, robust=robust) as pair:
         await pair.leader.create_task(
-            pb.TaskSpec(
+            TaskSpec(
                 task_id="w",
                 d=2,
                 frac_bits=F,
@@ -90,19 +92,9 @@ async def compared_values(tmp_path: Path, changed: bool, robust: bool) -> tuple[
         else:
             np.testing.assert_array_equal(values, raw)
         # A stream still runs on these aggregates through the garbled circuit.
-        sid = (
-            await pair.leader.open_stream(
-                pb.OpenStreamRequest(task_id="w", kind=pb.LAP24, epsilon="1")
-            )
-        ).stream_id
-        ans = await pair.leader.ask(
-            pb.AskRequest(
-                stream_id=sid,
-                queries=pb.Queries(index=[0, 1] * (K // 2)),
-                tau=[0, 7 * UNIT] * (K // 2),
-            )
-        )
-        assert 0 <= ans.index < K or not ans.yes
+        sid = (await pair.leader.open_stream(OpenStream("w", StreamKind.LAP24, "1"))).stream_id
+        ans = await pair.leader.ask(Ask(sid, Queries((0, 1) * (K // 2)), (0, 7 * UNIT) * (K // 2)))
+        assert ans.index is None or 0 <= ans.index < K
         return values, bound
 
 

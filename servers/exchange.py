@@ -1,0 +1,376 @@
+"""The servers' exchanges as domain values: what the analyst asks the leader and
+gets back, what the leader asks the helper and gets back (each of the Peer
+service's unary calls), and what a comparison chunk is.
+
+These are the types the drivers, the core and the ports speak; protobuf is
+converted to and from them at the edges only (`servers.wire`).  Rationals the
+analyst proposes (a stream's ε, a plan's groups, a task's budget) stay the text
+the analyst wrote until the core validates them, so every refusal reads as it
+always did and the leader forwards them to the helper as written; everything a
+server reports (ledgers, charges, refunds) is an exact `Fraction`.
+
+A chunk is one of four kinds (`ChunkKind`): an Ask or a Compare chunk of a
+stream, a robust-aggregate chunk or a range-validation chunk of the close.
+Each kind's `ChunkSpec` names its header, the inputs a leased job of that
+kind carries, the stream kinds it answers, and its progress rule — how many
+queries a result answers and whether the stream closes — written once here for
+both servers."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from fractions import Fraction
+from typing import Any, NamedTuple
+
+from svtagg.dp.kinds import StreamKind
+from svtagg.dp.plans import PlanBook
+from svtagg.dp.queries import Budget, Outcome
+from svtagg.dp.task import TaskParams, TaskSpec
+from svtagg.mpc.circuits import CLOSE
+from svtagg.proto.vocab import split_ids
+from svtagg.servers.store import OPEN, StreamState, TaskState
+
+__all__ = ["TaskSpec"]  # re-exported: the CreateTask request
+
+#: (plan id, group) of a stream charged to a plan's group.
+PlanSlot = tuple[str, int]
+
+
+# ---------------------------------------------------------------- tasks
+@dataclass(frozen=True)
+class TaskInfo:
+    """A task as a server reports it: its parameters, its reports, its ledger."""
+
+    params: TaskParams
+    n: int
+    collection_open: bool
+    budget: Budget
+    streams: int
+    agreed: bool
+    #: The helper's ledger, when the leader describes a task with it.
+    helper_budget: Budget | None = None
+    #: The close: reports taken out (held by one server only, or out of range).
+    dropped_reports: int = 0
+
+    @classmethod
+    def of(cls, t: TaskState) -> TaskInfo:
+        return cls(t.params, t.n, t.collection_open, t.budget, t.streams, t.agreed)
+
+
+# ---------------------------------------------------------------- the close
+@dataclass(frozen=True)
+class ReportSet:
+    """One server's report set of a task: its size and digest, and (the close's
+    answer) whether that server has already agreed on it."""
+
+    n: int
+    digest: bytes
+    agreed: bool = False
+
+    def same_as(self, task: TaskState) -> bool:
+        """Whether this is the report set `task` holds."""
+        return (self.n, self.digest) == (task.n, task.digest)
+
+
+@dataclass(frozen=True)
+class ReportPage:
+    """One page of a closed task's report ids, ascending, after `after` (b"":
+    from the first), at most `limit` (0: the helper's page size)."""
+
+    task_id: str
+    after: bytes = b""
+    limit: int = 0
+
+
+@dataclass(frozen=True)
+class ReportIds:
+    """Report ids of a task: a page of them (`more`: further ids follow), or
+    the ids the helper is to drop."""
+
+    task_id: str
+    ids: tuple[bytes, ...]
+    more: bool = False
+
+
+@dataclass(frozen=True)
+class Agreement:
+    """The leader's report set, for the helper to agree on, and the
+    robust-aggregate pass whose staged shares the helper keeps."""
+
+    task_id: str
+    n: int
+    digest: bytes
+    pass_id: bytes
+
+
+# ---------------------------------------------------------------- streams
+@dataclass(frozen=True)
+class OpenStream:
+    """The analyst's request for a stream (ε and δ as written)."""
+
+    task_id: str
+    kind: StreamKind
+    epsilon: str
+    delta: str = ""
+    plan: PlanSlot | None = None
+
+
+@dataclass(frozen=True)
+class PrepareStream:
+    """The leader's stream, for the helper to charge and draw its own γ; or
+    (`replay`) the charge of a stream the leader failed and the helper never
+    saw, recorded there as failed."""
+
+    stream_id: str
+    task_id: str
+    kind: StreamKind
+    epsilon: str
+    delta: str = ""
+    plan: PlanSlot | None = None
+    replay: bool = False
+
+    @classmethod
+    def opened(cls, stream_id: str, request: OpenStream) -> PrepareStream:
+        """The helper's half of the analyst's `request`, as the analyst wrote it."""
+        r = request
+        return cls(stream_id, r.task_id, r.kind, r.epsilon, r.delta, r.plan)
+
+    @classmethod
+    def replay_of(cls, s: StreamState) -> PrepareStream:
+        """The charge of the leader's failed stream `s`, replayed on the helper."""
+        delta = str(s.delta) if s.delta else ""
+        return cls(s.stream_id, s.task_id, s.kind, str(s.epsilon), delta, s.plan, replay=True)
+
+
+@dataclass(frozen=True)
+class StreamInfo:
+    """A stream as a server reports it."""
+
+    stream_id: str
+    task_id: str
+    kind: StreamKind
+    epsilon: Fraction
+    delta: Fraction
+    closed: bool
+    queries_answered: int
+
+    @classmethod
+    def of(cls, s: StreamState) -> StreamInfo:
+        return cls(s.stream_id, s.task_id, s.kind, s.epsilon, s.delta, s.state != OPEN, s.queries)
+
+
+# ---------------------------------------------------------------- plans
+@dataclass(frozen=True)
+class PlanGroup:
+    """One group of a budget plan (ε and δ as written)."""
+
+    epsilon: str
+    delta: str = ""
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    """A budget plan to reserve: its groups and slack δ' (as written); the
+    leader names the plan when it reserves it on the helper."""
+
+    task_id: str
+    groups: tuple[PlanGroup, ...]
+    delta_slack: str = ""
+    plan_id: str = ""
+
+    @classmethod
+    def of_book(cls, task_id: str, book: PlanBook, plan_id: str) -> PlanRequest:
+        """The request that reserves `book`'s groups and slack again."""
+        groups = tuple(PlanGroup(str(g.epsilon), str(g.delta)) for g in book.groups)
+        return cls(task_id, groups, str(book.slack), plan_id)
+
+    def pairs(self) -> list[tuple[str, str]]:
+        """The groups as (ε, δ) pairs, for `dp.plans.parse_groups`."""
+        return [(g.epsilon, g.delta) for g in self.groups]
+
+
+@dataclass(frozen=True)
+class PlanInfo:
+    """A plan as a server reports it: its charge, its state, and (when ended)
+    what it refunded."""
+
+    plan_id: str
+    task_id: str
+    epsilon: Fraction
+    delta: Fraction
+    rule: str
+    state: str
+    refunded_epsilon: Fraction = Fraction(0)
+    refunded_delta: Fraction = Fraction(0)
+
+
+# ---------------------------------------------------------------- chunks
+class Progress(NamedTuple):
+    """What one chunk's result did to its stream."""
+
+    answered: int
+    closes: bool
+
+
+def ask_progress(first_yes: int | None, k: int) -> Progress:
+    """An Ask chunk of k queries: up to and including the first YES, which
+    closes the stream; all k, the stream open, when there is none."""
+    return Progress(k, False) if first_yes is None else Progress(first_yes + 1, True)
+
+
+def compare_progress(codes: Sequence[int], k: int) -> Progress:
+    """A Compare chunk: every outcome returned (up to and including the first
+    CLOSE) is answered; a CLOSE closes the stream."""
+    return Progress(len(codes), CLOSE in codes)
+
+
+@dataclass(frozen=True)
+class Queries:
+    """A chunk's queries: query j is (index[j], complement[j]); no flags, all plain."""
+
+    index: tuple[int, ...]
+    complement: tuple[bool, ...] = ()
+
+
+@dataclass(frozen=True)
+class Ask:
+    """An Ask chunk as the analyst sends it (thresholds in grid units)."""
+
+    stream_id: str
+    queries: Queries
+    tau: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Compare:
+    """A Compare chunk as the analyst sends it (thresholds in grid units)."""
+
+    stream_id: str
+    queries: Queries
+    tau_low: tuple[int, ...]
+    tau_high: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class AskAnswer:
+    """An Ask chunk's answer: the first YES in the chunk (None: none)."""
+
+    index: int | None
+    closed: bool
+    peer_bytes: int
+
+    @property
+    def yes(self) -> bool:
+        return self.index is not None
+
+
+@dataclass(frozen=True)
+class CompareAnswer:
+    """A Compare chunk's answer: outcomes up to and including the first CLOSE."""
+
+    outcomes: tuple[Outcome, ...]
+    closed: bool
+    peer_bytes: int
+
+
+class ChunkKind(StrEnum):
+    """The four kinds of chunk (the strings are a leased job's `kind`)."""
+
+    ASK = "ask"
+    COMPARE = "compare"
+    ROBUST = "robust"
+    VALIDATE = "validate"
+
+    @property
+    def spec(self) -> ChunkSpec:
+        return _SPECS[self]
+
+    @classmethod
+    def of_stream(cls, kind: StreamKind) -> ChunkKind:
+        """The kind of chunk a stream of `kind` answers."""
+        return next(k for k in cls if kind in k.spec.streams)
+
+    @classmethod
+    def of_inputs(cls, inputs: JobInputs) -> ChunkKind:
+        """The kind of chunk a leased job's inputs run."""
+        return next(k for k in cls if isinstance(inputs, k.spec.inputs))
+
+
+@dataclass(frozen=True)
+class StreamChunk:
+    """The header of a stream's chunk (Ask or Compare): the stream, the chunk's
+    number in it (1, 2, ...; the helper refuses any other), the queries."""
+
+    kind: ChunkKind
+    stream_id: str
+    chunk_no: int
+    queries: Queries
+
+
+@dataclass(frozen=True)
+class RobustChunk:
+    """The header of a robust-aggregate chunk of the close: coordinates
+    [coord_lo, coord_hi) of the task re-shared as g(S), staged on the helper
+    under the pass `pass_id`."""
+
+    task_id: str
+    coord_lo: int
+    coord_hi: int
+    pass_id: bytes
+
+    @property
+    def kind(self) -> ChunkKind:
+        return ChunkKind.ROBUST
+
+
+@dataclass(frozen=True)
+class ValidationChunk:
+    """The header of a range-validation chunk of the close: 16-byte report ids
+    concatenated, in the order both servers lay out the reports' values."""
+
+    task_id: str
+    report_ids: bytes
+
+    @property
+    def kind(self) -> ChunkKind:
+        return ChunkKind.VALIDATE
+
+    def ids(self) -> list[bytes]:
+        """The report ids (InvalidArgument unless whole 16-byte ids)."""
+        return split_ids(self.report_ids)
+
+
+ChunkHeader = StreamChunk | RobustChunk | ValidationChunk
+#: What a leased job carries: the analyst's chunk, or a close-time chunk's header.
+JobInputs = Ask | Compare | RobustChunk | ValidationChunk
+#: What a leased job answers: the analyst's answer, or a close-time chunk's bytes.
+JobAnswer = AskAnswer | CompareAnswer | bytes
+
+
+@dataclass(frozen=True)
+class ChunkSpec:
+    """What makes a chunk kind: its header's type, the inputs a leased job of
+    the kind carries, the stream kinds it answers (none: a close-time chunk)
+    and its progress rule (result, queries in the chunk) → `Progress`."""
+
+    header: type
+    inputs: type
+    streams: frozenset[StreamKind]
+    progress: Callable[[Any, int], Progress] | None
+
+
+_SPECS = {
+    ChunkKind.ASK: ChunkSpec(
+        StreamChunk,
+        Ask,
+        frozenset(StreamKind) - {StreamKind.CTT},  # the AboveThreshold kinds
+        ask_progress,
+    ),
+    ChunkKind.COMPARE: ChunkSpec(
+        StreamChunk, Compare, frozenset({StreamKind.CTT}), compare_progress
+    ),
+    ChunkKind.ROBUST: ChunkSpec(RobustChunk, RobustChunk, frozenset(), None),
+    ChunkKind.VALIDATE: ChunkSpec(ValidationChunk, ValidationChunk, frozenset(), None),
+}
