@@ -44,7 +44,7 @@ from svtagg.proto.vocab import (
 )
 from svtagg.servers.exchange import ChunkKind, PlanInfo, PlanRequest, PrepareStream, Progress
 from svtagg.servers.faults import crash_point
-from svtagg.servers.store import Store, StreamState, TaskState
+from svtagg.servers.store import FAILED, Store, StreamState, TaskState
 
 if TYPE_CHECKING:
     from svtagg.mpc.channel import Channel
@@ -170,6 +170,27 @@ class ServerCore:
                 f"{self.max_delta_total}"
             )
 
+    # ------------------------------------------------------------ tasks
+    def task(self, task_id: str) -> TaskState:
+        return self.store.task(task_id)
+
+    def task_ids(self) -> list[str]:
+        return self.store.task_ids()
+
+    def create_task(self, params: TaskParams) -> TaskState:
+        return self.store.create_task(params)
+
+    def close_collection(self, task_id: str) -> TaskState:
+        return self.store.close_collection(task_id)
+
+    def report_ids(self, task_id: str, after: bytes = b"", limit: int | None = None) -> list[bytes]:
+        """The task's report ids in ascending order, after `after` (at most `limit`)."""
+        return self.store.report_ids(task_id, after, limit)
+
+    def sums(self, task_id: str) -> U64:
+        """This server's share of the task's raw aggregates S (not what queries read)."""
+        return self.store.sums(task_id)
+
     # ------------------------------------------------------------ uploads
     def upload(self, task_id: str, reports: Sequence[tuple[bytes, bytes]]) -> int:
         """Store one batch of (report id, share) atomically; returns n afterwards.
@@ -254,7 +275,54 @@ class ServerCore:
             high = x
         return np.concatenate([low, high], axis=1).reshape(-1).astype(np.uint64)
 
+    # ------------------------------------------------------------ the agreement
+    def mark_agreed(self, task_id: str, robust: U64 | None) -> TaskState:
+        """Record that both servers hold this report set; `robust`: this
+        server's shares of g(S), which queries read from then on."""
+        return self.store.mark_agreed(task_id, robust)
+
+    def stage_robust(self, task: TaskState, pass_id: bytes, lo: int, shares: U64) -> None:
+        """Keep a robust-aggregate chunk's shares (coordinates from `lo`) under
+        its pass until the agreement names the pass (the helper)."""
+        self.store.stage_robust(task.params.task_id, pass_id, task.digest, lo, shares)
+
+    def staged_robust(self, task: TaskState, pass_id: bytes) -> U64 | None:
+        """The pass's staged shares of every coordinate of `task`'s report set
+        (None unless the pass staged them all)."""
+        return self.store.staged_robust(task.params.task_id, pass_id, task.digest, task.params.d)
+
+    def clear_staged(self, task_id: str) -> None:
+        self.store.clear_staged(task_id)
+
     # ------------------------------------------------------------ streams
+    def stream(self, stream_id: str) -> StreamState:
+        return self.store.stream(stream_id)
+
+    def failed_streams(self, task_id: str) -> list[StreamState]:
+        return [self.store.stream(sid) for sid in self.store.stream_ids(task_id, FAILED)]
+
+    @property
+    def recovered_streams(self) -> list[tuple[str, str]]:
+        """(stream id, task id) of each stream the store's recovery failed closed."""
+        return self.store.recovered_failed
+
+    def confirm_stream(self, stream_id: str) -> None:
+        """The other server has charged the stream too: it answers from now on."""
+        self.store.confirm_stream(stream_id)
+
+    def fail_stream(self, stream_id: str) -> None:
+        """Fail the stream closed (idempotent): it never answers again, and its
+        charge stays spent."""
+        self.store.fail_stream(stream_id)
+
+    def begin_chunk(self, stream_id: str, chunk_no: int) -> None:
+        """Mark chunk `chunk_no` in progress, durably, before its protocol runs."""
+        self.store.begin_chunk(stream_id, chunk_no)
+
+    def end_chunk(self, stream_id: str, progress: Progress) -> None:
+        """Record what the chunk answered (and whether the stream closed)."""
+        self.store.end_chunk(stream_id, progress.answered, progress.closes)
+
     def open_stream(self, request: PrepareStream, open_now: bool = True) -> StreamState:
         """Validate, charge the ledger durably, then draw this server's γ.  With
         open_now=False (the leader) the stream stays `opening` until confirmed.
@@ -309,6 +377,27 @@ class ServerCore:
         book, state, task_id = self.store.plan(plan_id)
         c = book.charge
         return PlanInfo(plan_id, task_id, c.epsilon, c.delta, c.rule.value, state, *refunded)
+
+    def plan(self, plan_id: str) -> tuple[PlanBook, str, str]:
+        """(its book, its state, its task) of a reserved plan."""
+        return self.store.plan(plan_id)
+
+    def plan_ids(self, task_id: str, state: str) -> list[str]:
+        return self.store.plan_ids(task_id, state)
+
+    @property
+    def recovered_plans(self) -> list[tuple[str, str]]:
+        """(plan id, task id) of each plan active when the store was opened."""
+        return self.store.recovered_plans
+
+    def end_plan(self, plan_id: str) -> PlanInfo:
+        """End the plan (idempotent), refunding what it did not use (basic plans)."""
+        return self.plan_info(plan_id, self.store.end_plan(plan_id))
+
+    def fail_plan(self, plan_id: str) -> PlanInfo:
+        """Fail the plan: it admits no stream, and nothing is refunded."""
+        self.store.fail_plan(plan_id)
+        return self.plan_info(plan_id)
 
     @staticmethod
     def require_queryable(task: TaskState) -> None:

@@ -52,35 +52,35 @@ class HelperDriver:
     async def create_task(self, spec: TaskSpec) -> TaskInfo:
         params = parse_task_params(spec)
         self.core.check_budget_policy(params)  # the helper enforces its own cap too
-        if params.task_id in self.core.store.task_ids():
-            existing = self.core.store.task(params.task_id)
+        if params.task_id in self.core.task_ids():
+            existing = self.core.task(params.task_id)
             if existing.params == params:
                 # The leader retries after failing between the two creations.
                 return TaskInfo.of(existing)
-        return TaskInfo.of(self.core.store.create_task(params))
+        return TaskInfo.of(self.core.create_task(params))
 
     async def digest(self, task_id: str) -> ReportSet:
-        t = self.core.store.task(task_id)
+        t = self.core.task(task_id)
         return ReportSet(t.n, t.digest)
 
     async def close_collection(self, task_id: str) -> ReportSet:
         """Close (idempotent); the report set, and whether it is already agreed
         (a close retried after a lost MarkAgreed reply must not validate again:
         the per-report shares are gone)."""
-        t = self.core.store.task(task_id)
+        t = self.core.task(task_id)
         if t.collection_open:
-            t = self.core.store.close_collection(task_id)
+            t = self.core.close_collection(task_id)
         return ReportSet(t.n, t.digest, t.agreed)
 
     async def list_reports(self, page: ReportPage) -> ReportIds:
         """One page of the closed task's report ids, ascending, after `after`."""
-        t = self.core.store.task(page.task_id)
+        t = self.core.task(page.task_id)
         if t.collection_open:
             raise FailedPrecondition("report ids are listed only after the close")
         if page.after and len(page.after) != REPORT_ID_BYTES:
             raise InvalidArgument(f"after: a report id has {REPORT_ID_BYTES} bytes")
         limit = min(page.limit or REPORT_PAGE, REPORT_PAGE)
-        ids = self.core.store.report_ids(page.task_id, page.after, limit + 1)
+        ids = self.core.report_ids(page.task_id, page.after, limit + 1)
         return ReportIds(page.task_id, tuple(ids[:limit]), more=len(ids) > limit)
 
     async def drop_reports(self, ids: ReportIds) -> ReportSet:
@@ -91,7 +91,7 @@ class HelperDriver:
         """Record agreement only if this server's report set is the leader's and
         (robust aggregates) the leader's pass `pass_id` re-shared every
         coordinate of that set; only that pass's staged shares are kept."""
-        t = self.core.store.task(agreement.task_id)
+        t = self.core.task(agreement.task_id)
         if t.collection_open or (t.n, t.digest) != (agreement.n, agreement.digest):
             raise FailedPrecondition(
                 f"helper holds n={t.n} reports with another digest; not agreed"
@@ -100,20 +100,18 @@ class HelperDriver:
             return TaskInfo.of(t)  # a retry: queries already run on the stored g(S)
         robust = None
         if self.core.robust_aggregates:
-            robust = self.core.store.staged_robust(
-                t.params.task_id, agreement.pass_id, t.digest, t.params.d
-            )
+            robust = self.core.staged_robust(t, agreement.pass_id)
             if robust is None:
                 raise FailedPrecondition(
                     "the helper holds no complete robust-aggregate pass for this report "
                     "set; close again"
                 )
-        info = TaskInfo.of(self.core.store.mark_agreed(agreement.task_id, robust))
-        self.core.store.clear_staged(t.params.task_id)
+        info = TaskInfo.of(self.core.mark_agreed(agreement.task_id, robust))
+        self.core.clear_staged(t.params.task_id)
         return info
 
     async def budget(self, task_id: str) -> TaskInfo:
-        return TaskInfo.of(self.core.store.task(task_id))
+        return TaskInfo.of(self.core.task(task_id))
 
     async def prepare_stream(self, request: PrepareStream) -> StreamInfo:
         """Charge and draw γ_H; or (replay) record the charge of a stream the
@@ -126,7 +124,7 @@ class HelperDriver:
         if not request.plan_id:
             raise InvalidArgument("the leader names the plan")
         try:
-            _, _, task_id = self.core.store.plan(request.plan_id)
+            _, _, task_id = self.core.plan(request.plan_id)
         except NotFound:
             return self.core.reserve_plan(request.plan_id, request)
         if task_id != request.task_id:
@@ -134,15 +132,14 @@ class HelperDriver:
         return self.core.plan_info(request.plan_id)
 
     async def end_plan(self, plan_id: str) -> PlanInfo:
-        return self.core.plan_info(plan_id, self.core.store.end_plan(plan_id))
+        return self.core.end_plan(plan_id)
 
     async def fail_plan(self, plan_id: str) -> PlanInfo:
-        self.core.store.fail_plan(plan_id)
-        return self.core.plan_info(plan_id)
+        return self.core.fail_plan(plan_id)
 
     async def fail_stream(self, stream_id: str) -> StreamInfo:
-        self.core.store.fail_stream(stream_id)
-        return StreamInfo.of(self.core.store.stream(stream_id))
+        self.core.fail_stream(stream_id)
+        return StreamInfo.of(self.core.stream(stream_id))
 
     # ------------------------------------------------------------ sessions
     async def serve_session(self, write: WriteFrame, read: ReadFrame) -> None:
@@ -190,7 +187,7 @@ class HelperDriver:
         except BaseException:
             # Marked, and the leader gone before the go: failed now, not left
             # `in_chunk` until this server's next restart.
-            self.core.store.fail_stream(stream.stream_id)
+            self.core.fail_stream(stream.stream_id)
             raise
         await self._run(party, stream, task, chunk)
         await session.ok()
@@ -201,7 +198,7 @@ class HelperDriver:
         """The evaluator's side of one range-validation chunk (see the leader's
         `validate_reports`); a refusal goes back and the session lives on."""
         try:
-            task = self.core.store.task(h.task_id)
+            task = self.core.task(h.task_id)
             if not task.params.validate_reports:
                 raise FailedPrecondition("this task does not validate its reports")
             if task.agreed:
@@ -219,7 +216,7 @@ class HelperDriver:
         `robust_pass`): its new shares of g(S) for coordinates [lo, hi), staged
         until MarkAgreed.  A refusal goes back and the session lives on."""
         try:
-            task = self.core.store.task(h.task_id)
+            task = self.core.task(h.task_id)
             if task.collection_open:
                 raise FailedPrecondition("robust aggregates are computed after the close")
             if task.agreed and task.streams:
@@ -231,13 +228,13 @@ class HelperDriver:
                 raise InvalidArgument(
                     f"a robust-aggregate chunk names its pass ({PASS_ID_BYTES} bytes)"
                 )
-            z = self.core.store.sums(task.params.task_id)[lo:hi]
+            z = self.core.sums(task.params.task_id)[lo:hi]
         except Exception as exc:  # noqa: BLE001 - refusal goes back, session lives
             await session.refuse(exc)
             return
         await session.ok()
         y = await party.clamp_reshare(z, self.core.clamp_bound(task))
-        self.core.store.stage_robust(task.params.task_id, h.pass_id, task.digest, lo, y)
+        self.core.stage_robust(task, h.pass_id, lo, y)
         await session.ok()
 
     def _accept(self, h: StreamChunk) -> tuple[StreamState, TaskState, Chunk]:
@@ -245,7 +242,7 @@ class HelperDriver:
         if h.kind != ChunkKind.of_stream(stream.kind):
             raise InvalidArgument("chunk mode does not match the stream kind")
         chunk = parse_chunk(task, h.queries.index, h.queries.complement)
-        self.core.store.begin_chunk(h.stream_id, h.chunk_no)
+        self.core.begin_chunk(h.stream_id, h.chunk_no)
         return stream, task, chunk
 
     async def _run(
@@ -254,7 +251,7 @@ class HelperDriver:
         try:
             _, progress = await self.core.run_chunk(party, stream, task, chunk)
         except BaseException:
-            self.core.store.fail_stream(stream.stream_id)
+            self.core.fail_stream(stream.stream_id)
             raise
         crash_point("chunk.after_result")
-        self.core.store.end_chunk(stream.stream_id, progress.answered, progress.closes)
+        self.core.end_chunk(stream.stream_id, progress)

@@ -103,11 +103,11 @@ class LeaderDriver:
         self._close_lock = asyncio.Lock()
         # Tasks whose helper ledger may lag the leader's (after a restart, or after
         # a PrepareStream that failed): reconciled before the next stream opens.
-        self._unsynced: set[str] = set(core.store.task_ids())
+        self._unsynced: set[str] = set(core.task_ids())
         # Streams this leader failed on recovery: failed on the helper as well at
         # the next reconciliation, so that both stores show them failed.
         self._recovered: dict[str, list[str]] = {}
-        for sid, tid in core.store.recovered_failed:
+        for sid, tid in core.recovered_streams:
             self._recovered.setdefault(tid, []).append(sid)
         self._sync_lock = asyncio.Lock()
         # Plans whose reservation on the helper may be missing or may have been
@@ -117,7 +117,7 @@ class LeaderDriver:
         # own reservation, before the helper's) is charged here only; reserved on
         # the helper too at the next reconciliation.
         self._recovered_plans: dict[str, list[str]] = {}
-        for plan_id, tid in core.store.recovered_plans:
+        for plan_id, tid in core.recovered_plans:
             self._recovered_plans.setdefault(tid, []).append(plan_id)
         #: Leased work (servers/work.py): when set, chunks and close-time passes
         #: are queued for worker processes instead of run in this process.
@@ -175,7 +175,7 @@ class LeaderDriver:
         """`sync_ledgers`' calls to the helper: `recovered`, the streams this
         leader failed since its start; `started`, the plans active at its
         start; `failed`, the plans it failed since.  The charges replayed."""
-        task = self.core.store.task(task_id)
+        task = self.core.task(task_id)
         helper = (await self.helper.budget(task_id)).budget
         mine = task.budget
         replayed = 0
@@ -187,14 +187,14 @@ class LeaderDriver:
             mine.epsilon_spent,
             mine.delta_spent,
         )
-        store = self.core.store
-        streams = [store.stream(sid) for sid in store.stream_ids(task_id, FAILED)]
+        core = self.core
+        streams = core.failed_streams(task_id)
         plans = failed
         if behind:
-            plans = store.plan_ids(task_id, PLAN_FAILED)
+            plans = core.plan_ids(task_id, PLAN_FAILED)
         else:
-            active = set(store.plan_ids(task_id, PLAN_ACTIVE))
-            streams = [store.stream(sid) for sid in recovered] + [
+            active = set(core.plan_ids(task_id, PLAN_ACTIVE))
+            streams = [core.stream(sid) for sid in recovered] + [
                 s
                 for s in streams
                 if s.stream_id not in recovered and s.plan is not None and s.plan[0] in active
@@ -202,7 +202,7 @@ class LeaderDriver:
         for plan_id in started:
             await self._reserve_on_helper(task_id, plan_id)
         for plan_id in plans:
-            book, _, _ = self.core.store.plan(plan_id)
+            book, _, _ = self.core.plan(plan_id)
             replayed += await self._fail_or_replay(
                 partial(self.helper.fail_plan, plan_id),
                 partial(self.helper.reserve_plan, PlanRequest.of_book(task_id, book, plan_id)),
@@ -225,7 +225,7 @@ class LeaderDriver:
         leader cannot tell a reservation the analyst never saw confirmed from
         one it did, and an active plan refunds only what no stream used.  A
         refusal is logged, as a refused replay is (see `sync_ledgers`)."""
-        book, state, _ = self.core.store.plan(plan_id)
+        book, state, _ = self.core.plan(plan_id)
         if state == PLAN_ACTIVE:
             await self._unless_refused(
                 partial(self.helper.reserve_plan, PlanRequest.of_book(task_id, book, plan_id)),
@@ -284,12 +284,12 @@ class LeaderDriver:
         leader's reservation fails the plan (never refunded) and is reconciled."""
         plan_id = secrets.token_hex(16)
         if request.task_id in self._unsynced:
-            self.core.store.task(request.task_id)
+            self.core.task(request.task_id)
             await self.sync_ledgers(request.task_id)
         # A plan no stream could use is refused here, before either ledger is charged.
         check_groups_usable(
             parse_groups(request.pairs()),
-            self.core.store.task(request.task_id).params.epsilon_min,
+            self.core.task(request.task_id).params.epsilon_min,
         )
         info = self.core.reserve_plan(plan_id, request)
         crash_point("plan.before_helper")
@@ -299,7 +299,7 @@ class LeaderDriver:
             # The leader's reservation stays spent (never refund); the helper may
             # hold the plan after all (a lost reply) or may have refused it (its
             # own ledger): the next sync fails it there, reserving it first if absent.
-            self.core.store.fail_plan(plan_id)
+            self.core.fail_plan(plan_id)
             self._failed_plans.setdefault(request.task_id, []).append(plan_id)
             self._unsynced.add(request.task_id)
             raise
@@ -316,13 +316,13 @@ class LeaderDriver:
     async def end_plan(self, plan_id: str) -> PlanInfo:
         """End the plan on the helper, then here; each returns what the plan did
         not use (basic plans only).  Idempotent."""
-        _, _, task_id = self.core.store.plan(plan_id)  # NOT_FOUND before any peer call
+        _, _, task_id = self.core.plan(plan_id)  # NOT_FOUND before any peer call
         if task_id in self._unsynced:
             # A stream of this plan the helper missed is replayed into the plan
             # first, so that both servers refund the same unused part.
             await self.sync_ledgers(task_id)
         await self.helper.end_plan(plan_id)
-        info = self.core.plan_info(plan_id, self.core.store.end_plan(plan_id))
+        info = self.core.end_plan(plan_id)
         log.info(
             "plan %s: ended (refunded epsilon %s, delta %s)",
             plan_id,
@@ -335,10 +335,10 @@ class LeaderDriver:
     async def create_task(self, spec: TaskSpec) -> TaskInfo:
         params = parse_task_params(spec)
         self.core.check_budget_policy(params)
-        if params.task_id in self.core.store.task_ids():
+        if params.task_id in self.core.task_ids():
             raise AlreadyExists(f"task {params.task_id!r} already exists")
         await self.helper.create_task(spec)
-        info = TaskInfo.of(self.core.store.create_task(params))
+        info = TaskInfo.of(self.core.create_task(params))
         log.info(
             "task %s: created (d=%d, n_max=%d, total epsilon %s, delta %s, validate_reports=%s)",
             params.task_id,
@@ -352,13 +352,13 @@ class LeaderDriver:
 
     async def describe(self, task_id: str) -> TaskInfo:
         """The task with both ledgers (the leader's view alone while the helper is down)."""
-        task = self.core.store.task(task_id)
+        task = self.core.task(task_id)
         try:
             # A short first call: a helper that is down costs seconds, not the
             # caller's whole deadline.
             await self.helper.budget(task_id, timeout=HELPER_CHECK_DEADLINE)
             await self.sync_ledgers(task_id)
-            task = self.core.store.task(task_id)
+            task = self.core.task(task_id)
             helper = await self.helper.budget(task_id)
         except PeerUnavailable as exc:
             log.warning("task %s: described without the helper's ledger (%s)", task_id, exc)
@@ -366,8 +366,7 @@ class LeaderDriver:
         return replace(TaskInfo.of(task), helper_budget=helper.budget)
 
     def list_tasks(self) -> list[TaskInfo]:
-        store = self.core.store
-        return [TaskInfo.of(store.task(t)) for t in store.task_ids()]
+        return [TaskInfo.of(self.core.task(t)) for t in self.core.task_ids()]
 
     async def close_collection(self, task_id: str) -> TaskInfo:
         """Close on both servers, then reconcile: a report only one server stored
@@ -378,14 +377,14 @@ class LeaderDriver:
             return await self._close(task_id)
 
     async def _close(self, task_id: str) -> TaskInfo:
-        task = self.core.store.task(task_id)
+        task = self.core.task(task_id)
         if task.agreed:
             return TaskInfo.of(task)
         if task.collection_open:
             # The helper must answer before the leader's side closes, so an outage
             # refuses the close cleanly instead of closing one server only.
             await self.helper.budget(task_id, timeout=HELPER_CHECK_DEADLINE)
-            task = self.core.store.close_collection(task_id)
+            task = self.core.close_collection(task_id)
             log.info("task %s: collection closed on the leader (n=%d)", task_id, task.n)
         helper = await self.helper.close_collection(task_id)
         dropped = 0
@@ -418,7 +417,7 @@ class LeaderDriver:
         robust = await self.robust_pass(task, pass_id) if self.core.robust_aggregates else None
         await self.helper.mark_agreed(Agreement(task_id, task.n, task.digest, pass_id))
         info = replace(
-            TaskInfo.of(self.core.store.mark_agreed(task_id, robust)),
+            TaskInfo.of(self.core.mark_agreed(task_id, robust)),
             dropped_reports=dropped + len(invalid),
         )
         log.info(
@@ -466,7 +465,7 @@ class LeaderDriver:
                 elif t_more:
                     raise FailedPrecondition("helper sent an empty page with more to come")
             if mi == len(mine) and m_more:
-                mine = self.core.store.report_ids(task_id, after_mine, REPORT_PAGE)
+                mine = self.core.report_ids(task_id, after_mine, REPORT_PAGE)
                 mi, m_more = 0, len(mine) == REPORT_PAGE
                 if mine:
                     after_mine = mine[-1]
@@ -495,7 +494,7 @@ class LeaderDriver:
             RobustChunk(task_id, lo, min(d, lo + ROBUST_LANES), pass_id)
             for lo in range(0, d, ROBUST_LANES)
         ]
-        sums = self.core.store.sums(task_id) if self.work is None else None  # read once here
+        sums = self.core.sums(task_id) if self.work is None else None  # read once here
         parts = await self._passes(headers, lambda h: self.robust_chunk(task, h, sums))
         for h, p in zip(headers, parts, strict=True):  # a short one would shift every later share
             if len(p) != 8 * (h.coord_hi - h.coord_lo):
@@ -506,7 +505,7 @@ class LeaderDriver:
         """The leader's new shares of coordinates [coord_lo, coord_hi) (one chunk);
         `sums`: the task's aggregates if the caller holds them (else read)."""
         if sums is None:
-            sums = self.core.store.sums(task.params.task_id)
+            sums = self.core.sums(task.params.task_id)
         z = sums[h.coord_lo : h.coord_hi]
         bound = self.core.clamp_bound(task)
         out, _ = await self._exchange(h, lambda party: party.clamp_reshare(z, bound))
@@ -543,7 +542,7 @@ class LeaderDriver:
         time; the circuit ORs each report's 2d sign tests, so the servers learn
         one bit per report ("invalid") and nothing about which value failed."""
         task_id = task.params.task_id
-        ids = sorted(self.core.store.report_ids(task_id))
+        ids = sorted(self.core.report_ids(task_id))
         batch = max(1, VALIDATION_LANES // (2 * task.params.d))
         parts = [ids[i : i + batch] for i in range(0, len(ids), batch)]
         headers = [ValidationChunk(task_id, b"".join(p)) for p in parts]
@@ -567,7 +566,7 @@ class LeaderDriver:
         """Charge the leader's ledger, then the helper's; each draws its own γ."""
         stream_id = secrets.token_hex(16)
         if request.task_id in self._unsynced:
-            self.core.store.task(request.task_id)  # NOT_FOUND before any peer call
+            self.core.task(request.task_id)  # NOT_FOUND before any peer call
             await self.sync_ledgers(request.task_id)
         # The leader's stream stays `opening` (failed closed on a restart) until the
         # helper has charged too, so a crash between the two charges is reconciled.
@@ -580,11 +579,11 @@ class LeaderDriver:
             # The leader's charge stays spent (never refund); the stream never answers.
             # The helper may or may not have charged (a lost reply leaves its copy
             # OPEN): reconcile before the next open, failing the copy there too.
-            self.core.store.fail_stream(stream_id)
+            self.core.fail_stream(stream_id)
             self._recovered.setdefault(request.task_id, []).append(stream_id)
             self._unsynced.add(request.task_id)
             raise
-        self.core.store.confirm_stream(stream_id)
+        self.core.confirm_stream(stream_id)
         log.info(
             "task %s: stream %s opened (%s, epsilon %s, delta %s%s)",
             request.task_id,
@@ -594,7 +593,7 @@ class LeaderDriver:
             request.delta or "0",
             f", plan {request.plan[0]} group {request.plan[1]}" if request.plan else "",
         )
-        return StreamInfo.of(self.core.store.stream(stream_id))
+        return StreamInfo.of(self.core.stream(stream_id))
 
     def _open_stream(self, stream_id: str, kind: ChunkKind) -> tuple[StreamState, TaskState]:
         stream, task = self.core.stream_and_task(stream_id)
@@ -665,11 +664,11 @@ class LeaderDriver:
         def mark() -> None:
             # Both servers fsync their "chunk in progress" mark in parallel; neither
             # runs the circuit before its own mark is durable.
-            self.core.store.begin_chunk(sid, next_chunk)
+            self.core.begin_chunk(sid, next_chunk)
             crash_point("chunk.after_mark")
 
         async def fail() -> None:
-            self.core.store.fail_stream(sid)
+            self.core.fail_stream(sid)
             await self._fail_helper(sid)
 
         (result, progress), traffic = await self._exchange(
@@ -678,7 +677,7 @@ class LeaderDriver:
             mark,
             fail,
         )
-        self.core.store.end_chunk(sid, progress.answered, progress.closes)
+        self.core.end_chunk(sid, progress)
         return result, progress.closes, traffic
 
     async def _exchange(
@@ -731,13 +730,13 @@ class LeaderDriver:
         except WorkerLost:
             raise  # `_lost` has failed it on both servers already
         except Refusal:
-            if self.core.store.stream(stream_id).state == FAILED:
+            if self.core.stream(stream_id).state == FAILED:
                 await self._fail_helper(stream_id)
             raise
 
     async def _lost(self, stream_id: str) -> None:
         """A worker died mid-chunk: fail the stream closed on both servers."""
-        self.core.store.fail_stream(stream_id)
+        self.core.fail_stream(stream_id)
         await self._fail_helper(stream_id)
 
     async def run_job(self, job: Job) -> bytes:
@@ -750,7 +749,7 @@ class LeaderDriver:
             return await self.ask(inputs)
         if isinstance(inputs, Compare):
             return await self.compare(inputs)
-        task = self.core.store.task(inputs.task_id)
+        task = self.core.task(inputs.task_id)
         if isinstance(inputs, RobustChunk):
             return await self.robust_chunk(task, inputs)
         return await self.validation_chunk(task, inputs)

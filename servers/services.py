@@ -120,8 +120,8 @@ class AnalystService(pb_grpc.AnalystServicer):
 
     @rpc(Role.ANALYST)
     async def OpenStream(self, request: pb.OpenStreamRequest, context: Context) -> pb.StreamInfo:
-        open_stream = wire.OPEN_STREAM.from_pb(request)
         await self._helper_connected()
+        open_stream = wire.OPEN_STREAM.from_pb(request)
         info = await self.driver.open_stream(open_stream)
         if self.metrics is not None:
             kind = open_stream.kind.value
@@ -145,15 +145,14 @@ class AnalystService(pb_grpc.AnalystServicer):
 
     def _task_of(self, stream_id: str) -> str:
         try:
-            return str(self.driver.core.store.stream(stream_id).task_id)
+            return str(self.driver.core.stream(stream_id).task_id)
         except Exception:  # noqa: BLE001 - metrics never fail a call
             return ""
 
     @rpc(Role.ANALYST)
     async def ReservePlan(self, request: pb.PlanRequest, context: Context) -> pb.PlanInfo:
-        plan = wire.PLAN_REQUEST.from_pb(request)
         await self._helper_connected()
-        info = await self.driver.reserve_plan(plan)
+        info = await self.driver.reserve_plan(wire.PLAN_REQUEST.from_pb(request))
         self._budget(request.task_id)
         return wire.PLAN_INFO.to_pb(info)
 
@@ -161,7 +160,7 @@ class AnalystService(pb_grpc.AnalystServicer):
     async def EndPlan(self, request: pb.PlanRef, context: Context) -> pb.PlanInfo:
         info = await self.driver.end_plan(request.plan_id)
         if self.metrics is not None:
-            for task_id in self.driver.core.store.task_ids():
+            for task_id in self.driver.core.task_ids():
                 self._budget(task_id)
         return wire.PLAN_INFO.to_pb(info)
 
