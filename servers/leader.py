@@ -11,7 +11,6 @@ import logging
 import secrets
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
-from functools import partial
 from typing import Any
 
 import numpy as np
@@ -20,7 +19,6 @@ from svtagg.dp.errors import (
     AlreadyExists,
     FailedPrecondition,
     InvalidArgument,
-    NotFound,
     PeerUnavailable,
     Refusal,
     StreamClosed,
@@ -65,12 +63,11 @@ from svtagg.servers.exchange import (
 )
 from svtagg.servers.faults import crash_point
 from svtagg.servers.port import HelperPort
+from svtagg.servers.reconcile import LedgerSync
 from svtagg.servers.session import SessionPool
 from svtagg.servers.store import (
     FAILED,
     OPEN,
-    PLAN_ACTIVE,
-    PLAN_FAILED,
     StreamState,
     TaskState,
 )
@@ -101,180 +98,11 @@ class LeaderDriver:
         self.pool = SessionPool(lambda: helper.open_session(party))
         self._busy: set[str] = set()
         self._close_lock = asyncio.Lock()
-        # Tasks whose helper ledger may lag the leader's (after a restart, or after
-        # a PrepareStream that failed): reconciled before the next stream opens.
-        self._unsynced: set[str] = set(core.task_ids())
-        # Streams this leader failed on recovery: failed on the helper as well at
-        # the next reconciliation, so that both stores show them failed.
-        self._recovered: dict[str, list[str]] = {}
-        for sid, tid in core.recovered_streams:
-            self._recovered.setdefault(tid, []).append(sid)
-        self._sync_lock = asyncio.Lock()
-        # Plans whose reservation on the helper may be missing or may have been
-        # made after the leader gave up on it: failed there at the next sync.
-        self._failed_plans: dict[str, list[str]] = {}
-        # Plans active when this leader started: one it died reserving (after its
-        # own reservation, before the helper's) is charged here only; reserved on
-        # the helper too at the next reconciliation.
-        self._recovered_plans: dict[str, list[str]] = {}
-        for plan_id, tid in core.recovered_plans:
-            self._recovered_plans.setdefault(tid, []).append(plan_id)
+        #: The helper's ledger kept up with this one (servers/reconcile.py).
+        self.ledgers = LedgerSync(core, helper)
         #: Leased work (servers/work.py): when set, chunks and close-time passes
         #: are queued for worker processes instead of run in this process.
         self.work: JobQueue | None = None
-
-    # ------------------------------------------------------------ ledgers
-    async def sync_ledgers(self, task_id: str) -> int:
-        """Bring the helper's ledger up to the leader's; returns the charges replayed.
-
-        Who wins: the leader charges first (committed) and the helper second, so
-        after a crash between the two charges the leader has spent more.  The
-        leader's ledger wins.  Plans first, so that a stream replayed into a plan
-        finds it: a plan active at this leader's start is reserved on the helper
-        (ReservePlan is idempotent there: a plan it holds, in any state, is left
-        as it is), and every plan the leader failed is failed there too,
-        reserved first if absent.  Then every stream the leader failed is failed
-        on the helper too, and one the helper never saw is replayed there
-        (PrepareStream with `replay`: charged where the stream was charged — the
-        task's ledger or its plan's group — and recorded failed; no γ drawn).
-        Both ledgers then show the larger spend; nothing is ever refunded.
-
-        A replay the helper refuses (its ledger or plan already holds more than
-        the leader's, as an older version could leave it) is logged and skipped,
-        so the task stays usable: the ledgers may then differ, but each still
-        covers every stream that answered on it — the leader's because it always
-        charges first, the helper's because the refused stream never answered
-        there (docs/services.md, "How a chunk runs")."""
-        async with self._sync_lock:
-            if task_id not in self._unsynced:
-                return 0
-            # Taken now, so that what a call failing meanwhile adds waits for the
-            # next sync; put back if this one fails half-way (it starts over).
-            pending = (self._recovered, self._recovered_plans, self._failed_plans)
-            owed = [p.pop(task_id, []) for p in pending]
-            try:
-                replayed = await self._reconcile(task_id, *owed)
-            except BaseException:
-                for p, ids in zip(pending, owed, strict=True):
-                    if ids:
-                        p[task_id] = ids + p.get(task_id, [])
-                raise
-            if replayed:
-                log.info(
-                    "task %s: ledgers reconciled, %d charge(s) replayed on the helper",
-                    task_id,
-                    replayed,
-                )
-            if not any(task_id in p for p in pending):  # else a call failed meanwhile
-                self._unsynced.discard(task_id)
-            return replayed
-
-    async def _reconcile(
-        self, task_id: str, recovered: list[str], started: list[str], failed: list[str]
-    ) -> int:
-        """`sync_ledgers`' calls to the helper: `recovered`, the streams this
-        leader failed since its start; `started`, the plans active at its
-        start; `failed`, the plans it failed since.  The charges replayed."""
-        task = self.core.task(task_id)
-        helper = (await self.helper.budget(task_id)).budget
-        mine = task.budget
-        replayed = 0
-        # Equal ledgers: what this leader knows it failed since its start, and
-        # the failed streams of active plans (their charge is inside the plan,
-        # so the ledgers are equal whether or not the helper holds them);
-        # unequal: every failed stream and plan (replaying is idempotent).
-        behind = (helper.epsilon_spent, helper.delta_spent) != (
-            mine.epsilon_spent,
-            mine.delta_spent,
-        )
-        core = self.core
-        streams = core.failed_streams(task_id)
-        plans = failed
-        if behind:
-            plans = core.plan_ids(task_id, PLAN_FAILED)
-        else:
-            active = set(core.plan_ids(task_id, PLAN_ACTIVE))
-            streams = [core.stream(sid) for sid in recovered] + [
-                s
-                for s in streams
-                if s.stream_id not in recovered and s.plan is not None and s.plan[0] in active
-            ]
-        for plan_id in started:
-            await self._reserve_on_helper(task_id, plan_id)
-        for plan_id in plans:
-            book, _, _ = self.core.plan(plan_id)
-            replayed += await self._fail_or_replay(
-                partial(self.helper.fail_plan, plan_id),
-                partial(self.helper.reserve_plan, PlanRequest.of_book(task_id, book, plan_id)),
-                task_id,
-                f"replay the charge of failed plan {plan_id}",
-            )
-        for s in streams:
-            replayed += await self._fail_or_replay(
-                partial(self.helper.fail_stream, s.stream_id),
-                partial(self.helper.prepare_stream, PrepareStream.replay_of(s)),
-                task_id,
-                f"replay the charge of failed stream {s.stream_id}",
-            )
-        return replayed
-
-    async def _reserve_on_helper(self, task_id: str, plan_id: str) -> None:
-        """Reserve on the helper a plan that was active at this leader's start
-        and still is (the helper leaves a plan it already holds as it is), so
-        that both ledgers hold its charge.  The plan stays active on both: the
-        leader cannot tell a reservation the analyst never saw confirmed from
-        one it did, and an active plan refunds only what no stream used.  A
-        refusal is logged, as a refused replay is (see `sync_ledgers`)."""
-        book, state, _ = self.core.plan(plan_id)
-        if state == PLAN_ACTIVE:
-            await self._unless_refused(
-                partial(self.helper.reserve_plan, PlanRequest.of_book(task_id, book, plan_id)),
-                task_id,
-                f"reserve plan {plan_id}, active here since before the restart",
-            )
-
-    async def _unless_refused(
-        self, call: Callable[[], Awaitable[object]], task_id: str, what: str
-    ) -> bool:
-        """A reconciliation call whose refusal is logged, not raised, so the task
-        stays usable (see `sync_ledgers`); an unreachable helper is raised (the
-        task stays to be reconciled).  False if refused."""
-        try:
-            await call()
-            return True
-        except PeerUnavailable:
-            raise
-        except Refusal as exc:
-            log.warning(
-                "task %s: the helper refused to %s (%s); its ledger is left as it is, "
-                "the leader's keeps the charge",
-                task_id,
-                what,
-                type(exc).__name__,
-            )
-            return False
-
-    async def _fail_or_replay(
-        self,
-        fail: Callable[[], Awaitable[object]],
-        replay: Callable[[], Awaitable[object]],
-        task_id: str,
-        what: str,
-    ) -> int:
-        """Fail a stream or plan the leader failed on the helper too, replaying
-        its charge there first (`replay`, then `fail`) if the helper never saw
-        it, so that both ledgers hold it.  1 if a charge was replayed.  A replay
-        the helper refuses is logged, not raised (see `sync_ledgers`); an
-        unreachable helper is raised (the task stays to be reconciled)."""
-        try:
-            await fail()
-            return 0
-        except NotFound:
-            pass
-        if not await self._unless_refused(replay, task_id, what):
-            return 0
-        await fail()
-        return 1
 
     # ------------------------------------------------------------ plans
     async def reserve_plan(self, request: PlanRequest) -> PlanInfo:
@@ -283,9 +111,9 @@ class LeaderDriver:
         not fit either ledger.  Leader first, as for streams: a failure after the
         leader's reservation fails the plan (never refunded) and is reconciled."""
         plan_id = secrets.token_hex(16)
-        if request.task_id in self._unsynced:
+        if self.ledgers.owes(request.task_id):
             self.core.task(request.task_id)
-            await self.sync_ledgers(request.task_id)
+            await self.ledgers.sync(request.task_id)
         # A plan no stream could use is refused here, before either ledger is charged.
         check_groups_usable(
             parse_groups(request.pairs()),
@@ -300,8 +128,7 @@ class LeaderDriver:
             # hold the plan after all (a lost reply) or may have refused it (its
             # own ledger): the next sync fails it there, reserving it first if absent.
             self.core.fail_plan(plan_id)
-            self._failed_plans.setdefault(request.task_id, []).append(plan_id)
-            self._unsynced.add(request.task_id)
+            self.ledgers.owe_plan(request.task_id, plan_id)
             raise
         log.info(
             "task %s: plan %s reserved (epsilon %s, delta %s, %d groups)",
@@ -317,10 +144,10 @@ class LeaderDriver:
         """End the plan on the helper, then here; each returns what the plan did
         not use (basic plans only).  Idempotent."""
         _, _, task_id = self.core.plan(plan_id)  # NOT_FOUND before any peer call
-        if task_id in self._unsynced:
+        if self.ledgers.owes(task_id):
             # A stream of this plan the helper missed is replayed into the plan
             # first, so that both servers refund the same unused part.
-            await self.sync_ledgers(task_id)
+            await self.ledgers.sync(task_id)
         await self.helper.end_plan(plan_id)
         info = self.core.end_plan(plan_id)
         log.info(
@@ -357,7 +184,7 @@ class LeaderDriver:
             # A short first call: a helper that is down costs seconds, not the
             # caller's whole deadline.
             await self.helper.budget(task_id, timeout=HELPER_CHECK_DEADLINE)
-            await self.sync_ledgers(task_id)
+            await self.ledgers.sync(task_id)
             task = self.core.task(task_id)
             helper = await self.helper.budget(task_id)
         except PeerUnavailable as exc:
@@ -565,9 +392,9 @@ class LeaderDriver:
     async def open_stream(self, request: OpenStream) -> StreamInfo:
         """Charge the leader's ledger, then the helper's; each draws its own γ."""
         stream_id = secrets.token_hex(16)
-        if request.task_id in self._unsynced:
+        if self.ledgers.owes(request.task_id):
             self.core.task(request.task_id)  # NOT_FOUND before any peer call
-            await self.sync_ledgers(request.task_id)
+            await self.ledgers.sync(request.task_id)
         # The leader's stream stays `opening` (failed closed on a restart) until the
         # helper has charged too, so a crash between the two charges is reconciled.
         prepare = PrepareStream.opened(stream_id, request)
@@ -580,8 +407,7 @@ class LeaderDriver:
             # The helper may or may not have charged (a lost reply leaves its copy
             # OPEN): reconcile before the next open, failing the copy there too.
             self.core.fail_stream(stream_id)
-            self._recovered.setdefault(request.task_id, []).append(stream_id)
-            self._unsynced.add(request.task_id)
+            self.ledgers.owe_stream(request.task_id, stream_id)
             raise
         self.core.confirm_stream(stream_id)
         log.info(

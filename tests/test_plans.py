@@ -305,7 +305,7 @@ async def test_a_reconciliation_cut_off_by_the_helper_is_done_again(tmp_path: Pa
 
         pair.helper.reserve_plan = lost  # type: ignore[method-assign]
         with pytest.raises(PeerUnavailable):
-            await pair.leader.sync_ledgers("t")
+            await pair.leader.ledgers.sync("t")
         assert _ledgers(pair, "t") == [(Fraction(1, 2), 0), (0, 0)]
         await pair.leader.describe("t")
         assert _ledgers(pair, "t") == [(Fraction(1, 2), Fraction(0))] * 2

@@ -16,7 +16,7 @@ server restarts on the same store, and:
 Who wins when the servers disagree after a crash: for reports, the
 reconciliation at the close keeps only the reports both servers hold; for the
 ledger, the leader (which always charges first) wins and its charge is replayed
-on the helper (`LeaderDriver.sync_ledgers` (`servers/leader.py`)): see test_leader_ledger_wins.
+on the helper (`LedgerSync.sync` (`servers/reconcile.py`)): see test_leader_ledger_wins.
 
 Default run: one kill per point (9 kills, ~20 s).  `pytest -m heavy`: every
 (point, role) pair, repeated (see KILLS_HEAVY), with a summary line.
