@@ -1,8 +1,9 @@
 """The leader driver: every analyst request the leader serves, and how it drives
-the helper through a `HelperPort` — ledger reconciliation, close / reconcile /
-validate, stream opening and the chunk exchange with fail-closed handling.
-Free of any transport: the gRPC `AnalystService` is a thin wrapper, and tests
-run it against an in-memory helper."""
+the helper through a `HelperPort` — close / reconcile / validate, stream
+opening and the chunk exchange with fail-closed handling (the ledgers are kept
+together by `servers.reconcile`).  Free of any transport: it takes and returns
+the domain values of `servers.exchange`, the gRPC `AnalystService` converts
+them at its edge, and tests run it against an in-memory helper."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import logging
 import secrets
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -87,6 +88,8 @@ VALIDATION_LANES = 50_000
 PASS_JOBS = 32
 #: How long `close_collection` waits for the helper before closing anything.
 HELPER_CHECK_DEADLINE = 5.0
+#: A chunk of a close-time pass.
+PassChunk = TypeVar("PassChunk", RobustChunk, ValidationChunk)
 
 
 class LeaderDriver:
@@ -339,9 +342,7 @@ class LeaderDriver:
         return np.asarray(out, dtype=np.uint64).tobytes()
 
     async def _passes(
-        self,
-        headers: Sequence[RobustChunk] | Sequence[ValidationChunk],
-        run_here: Callable[[Any], Awaitable[bytes]],
+        self, headers: Sequence[PassChunk], run_here: Callable[[PassChunk], Awaitable[bytes]]
     ) -> list[bytes]:
         """A close-time pass's chunks: here one after another, or as leased jobs
         that the workers run in parallel, at most PASS_JOBS queued at a time
@@ -352,7 +353,7 @@ class LeaderDriver:
         work = self.work
         slots = asyncio.Semaphore(PASS_JOBS)
 
-        async def leased(h: RobustChunk | ValidationChunk) -> bytes:
+        async def leased(h: PassChunk) -> bytes:
             async with slots:
                 return await run_leased(work, h)
 
