@@ -4,10 +4,11 @@ service's unary calls), and what a comparison chunk is.
 
 These are the types the drivers, the core and the ports speak; protobuf is
 converted to and from them at the edges only (`servers.wire`).  Rationals the
-analyst proposes (a stream's ε, a plan's groups, a task's budget) stay the text
-the analyst wrote until the core validates them, so every refusal reads as it
-always did and the leader forwards them to the helper as written; everything a
-server reports (ledgers, charges, refunds) is an exact `Fraction`.
+analyst proposes (a stream's ε, a plan's groups, a task's budget: its proposal
+is `dp.task.TaskSpec`) stay the text the analyst wrote until the core validates
+them, so every refusal reads as it always did and the leader forwards them to
+the helper as written; everything a server reports (ledgers, charges, refunds)
+is an exact `Fraction`.
 
 A chunk is one of four kinds (`ChunkKind`): an Ask or a Compare chunk of a
 stream, a robust-aggregate chunk or a range-validation chunk of the close.
@@ -27,12 +28,10 @@ from typing import Any, NamedTuple
 from svtagg.dp.kinds import StreamKind
 from svtagg.dp.plans import PlanBook
 from svtagg.dp.queries import Budget, Outcome
-from svtagg.dp.task import TaskParams, TaskSpec
+from svtagg.dp.task import TaskParams
 from svtagg.mpc.circuits import CLOSE
 from svtagg.proto.vocab import split_ids
 from svtagg.servers.store import OPEN, StreamState, TaskState
-
-__all__ = ["TaskSpec"]  # re-exported: the CreateTask request
 
 #: (plan id, group) of a stream charged to a plan's group.
 PlanSlot = tuple[str, int]
@@ -307,6 +306,10 @@ class StreamChunk:
     stream_id: str
     chunk_no: int
     queries: Queries
+
+    def __post_init__(self) -> None:
+        if self.kind.spec.header is not StreamChunk:
+            raise ValueError(f"a {self.kind.value} chunk belongs to no stream")
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,177 @@
+"""The servers' protobuf edge (servers/wire.py) and the domain exchanges it
+converts (servers/exchange.py): every Peer call's request and reply comes back
+from its bytes as it went in, the flat ChunkHeader decodes by the rule the
+helper has always applied, leased jobs keep their kinds and payloads, and the
+chunk kinds' progress rules and names are the ones the servers and the work
+table use."""
+
+from __future__ import annotations
+
+import inspect
+import re
+from fractions import Fraction
+from typing import Any
+
+import pytest
+
+from svtagg.dp.kinds import StreamKind
+from svtagg.dp.queries import Budget, Outcome
+from svtagg.dp.task import TaskParams, TaskSpec
+from svtagg.proto import svtagg_pb2 as pb
+from svtagg.servers import store_pg, wire
+from svtagg.servers.exchange import (
+    Agreement,
+    Ask,
+    AskAnswer,
+    ChunkKind,
+    Compare,
+    CompareAnswer,
+    PlanGroup,
+    PlanInfo,
+    PlanRequest,
+    PrepareStream,
+    Progress,
+    Queries,
+    ReportIds,
+    ReportPage,
+    ReportSet,
+    RobustChunk,
+    StreamChunk,
+    StreamInfo,
+    TaskInfo,
+    ValidationChunk,
+    ask_progress,
+    compare_progress,
+)
+
+PARAMS = TaskParams("t", 4, 16, 1000, 1, Fraction(20), Fraction(1, 1000), Fraction(1, 10), True)
+INFO = TaskInfo(PARAMS, 12, False, Budget(Fraction(20), Fraction(1, 1000), Fraction(3, 2)), 3, True)
+PLAN = PlanInfo("p" * 32, "t", Fraction(3, 4), Fraction(0), "basic", "ended", Fraction(1, 4))
+STREAM = StreamInfo("s" * 32, "t", StreamKind.CTT, Fraction(1, 2), Fraction(1, 10**4), True, 7)
+
+#: A request and a reply of each of the helper's unary calls.
+EXCHANGES: list[tuple[wire.PeerCall[Any, Any], Any, Any]] = [
+    (wire.CREATE_TASK, TaskSpec("t", 4, 16, 1000, 1, "20", "0.001", "1/10", True, "vectors"), INFO),
+    (wire.DIGEST, "t", ReportSet(12, b"d" * 16)),
+    (wire.CLOSE_COLLECTION, "t", ReportSet(12, b"d" * 16, agreed=True)),
+    (wire.LIST_REPORTS, ReportPage("t", b"a" * 16, 7), ReportIds("t", (b"b" * 16,), more=True)),
+    (wire.DROP_REPORTS, ReportIds("t", (b"b" * 16, b"c" * 16)), ReportSet(10, b"e" * 16)),
+    (wire.MARK_AGREED, Agreement("t", 10, b"e" * 16, b"p" * 16), INFO),
+    (wire.BUDGET, "t", INFO),
+    (
+        wire.PREPARE_STREAM,
+        PrepareStream("s" * 32, "t", StreamKind.CTT, "0.5", "1/10000", ("p" * 32, 1), True),
+        STREAM,
+    ),
+    (wire.FAIL_STREAM, "s" * 32, STREAM),
+    (
+        wire.RESERVE_PLAN,
+        PlanRequest("t", (PlanGroup("1/2"), PlanGroup("1/4", "1/10^6")), "1e-6", "p" * 32),
+        PLAN,
+    ),
+    (wire.END_PLAN, "p" * 32, PLAN),
+    (wire.FAIL_PLAN, "p" * 32, PLAN),
+]
+
+
+@pytest.mark.parametrize("call, request_, reply", EXCHANGES, ids=[c.name for c, _, _ in EXCHANGES])
+def test_every_peer_call_comes_back_from_its_bytes(
+    call: wire.PeerCall[Any, Any], request_: Any, reply: Any
+) -> None:
+    assert call.request.decode(call.request.encode(request_)) == request_
+    assert call.reply.decode(call.reply.encode(reply)) == reply
+    assert call.name in pb.DESCRIPTOR.services_by_name["Peer"].methods_by_name
+
+
+def test_the_rpcs_are_all_there() -> None:
+    """One PeerCall per unary RPC of the Peer service (Session is the stream)."""
+    unary = set(pb.DESCRIPTOR.services_by_name["Peer"].methods_by_name) - {"Session"}
+    assert {c.name for c, _, _ in EXCHANGES} == unary
+
+
+def test_analyst_values_come_back_from_their_bytes() -> None:
+    q = Queries((3, 2, 1), (False, False, True))
+    for codec, value in [
+        (wire.ASK, Ask("s", q, (1 << 20, -(1 << 20), 0))),
+        (wire.COMPARE, Compare("s", q, (-5,) * 3, (5,) * 3)),
+        (wire.ASK_ANSWER, AskAnswer(None, False, 10)),
+        (wire.ASK_ANSWER, AskAnswer(0, True, 10)),
+        (wire.COMPARE_ANSWER, CompareAnswer((Outcome.HIGH, Outcome.LOW, Outcome.CLOSE), True, 9)),
+        (wire.TASK_INFO, TaskInfo(PARAMS, 1, True, INFO.budget, 0, False, INFO.budget, 2)),
+    ]:
+        assert codec.decode(codec.encode(value)) == value  # type: ignore[attr-defined]
+
+
+def test_a_first_yes_at_zero_is_a_yes() -> None:
+    """The wire's (yes, index) pair: index 0 with yes is a YES at 0, not none."""
+    sent = wire.ASK_ANSWER.to_pb(AskAnswer(0, True, 1))
+    assert sent.yes and sent.index == 0
+    assert wire.ASK_ANSWER.from_pb(pb.AskResponse(index=0)).index is None
+
+
+def test_the_flat_chunk_header_decodes_as_the_helper_always_read_it() -> None:
+    """A validation task id wins over a robust task id, which wins over a stream;
+    `compare` makes a stream's chunk a Compare chunk.  Each domain header goes
+    out with only its own fields set."""
+    both = pb.ChunkHeader(
+        stream_id="s", validate_task_id="v", report_ids=b"r" * 16, robust_task_id="r"
+    )
+    assert wire.CHUNK_HEADER.from_pb(both) == ValidationChunk("v", b"r" * 16)
+    robust = pb.ChunkHeader(stream_id="s", robust_task_id="r", coord_lo=1, coord_hi=2)
+    assert wire.CHUNK_HEADER.from_pb(robust) == RobustChunk("r", 1, 2, b"")
+    compare = pb.ChunkHeader(stream_id="s", chunk_no=2, compare=True)
+    assert wire.CHUNK_HEADER.from_pb(compare) == StreamChunk(ChunkKind.COMPARE, "s", 2, Queries(()))
+    for header in (
+        ValidationChunk("v", b"r" * 32),
+        RobustChunk("r", 0, 4096, b"p" * 16),
+        StreamChunk(ChunkKind.ASK, "s", 1, Queries((0, 1), (False, True))),
+        StreamChunk(ChunkKind.COMPARE, "s", 3, Queries((2,))),
+    ):
+        assert wire.CHUNK_HEADER.decode(wire.CHUNK_HEADER.encode(header)) == header
+    with pytest.raises(ValueError, match="no stream"):
+        StreamChunk(ChunkKind.ROBUST, "s", 1, Queries((0,)))
+
+
+def test_leased_jobs_keep_their_kind_and_payload() -> None:
+    q = Queries((0,))
+    jobs = [
+        (Ask("s", q, (1,)), ChunkKind.ASK, AskAnswer(None, False, 3)),
+        (Compare("s", q, (-1,), (1,)), ChunkKind.COMPARE, CompareAnswer((), False, 3)),
+        (RobustChunk("t", 0, 2, b"p" * 16), ChunkKind.ROBUST, bytes(16)),
+        (ValidationChunk("t", b"r" * 16), ChunkKind.VALIDATE, b"\x01"),
+    ]
+    for inputs, kind, answer in jobs:
+        got_kind, payload = wire.job_payload(inputs)
+        assert got_kind == kind and wire.job_inputs(kind, payload) == inputs
+        assert wire.job_answer(kind, wire.job_result(kind, answer)) == answer
+    # A close-time chunk's payload is its ChunkHeader, as workers have always read it.
+    _, payload = wire.job_payload(RobustChunk("t", 0, 2, b"p" * 16))
+    assert pb.ChunkHeader.FromString(payload).robust_task_id == "t"
+
+
+def test_progress_rules() -> None:
+    assert ask_progress(None, 5) == Progress(5, False)
+    assert ask_progress(0, 5) == Progress(1, True)
+    assert ask_progress(4, 5) == Progress(5, True)
+    assert compare_progress([0, 1], 4) == Progress(2, False)
+    assert compare_progress([1, 0, 2], 4) == Progress(3, True)
+    assert ChunkKind.ASK.spec.progress is ask_progress
+    assert ChunkKind.COMPARE.spec.progress is compare_progress
+    assert ChunkKind.ROBUST.spec.progress is None
+
+
+def test_each_stream_kind_answers_one_chunk_kind() -> None:
+    assert {k: ChunkKind.of_stream(k) for k in StreamKind} == {
+        StreamKind.LAP24: ChunkKind.ASK,
+        StreamKind.LAP3: ChunkKind.ASK,
+        StreamKind.EXP3: ChunkKind.ASK,
+        StreamKind.CTT: ChunkKind.COMPARE,
+    }
+
+
+def test_chunk_kinds_are_the_work_tables_kinds() -> None:
+    """The kinds a leased job may have on disk (the PostgreSQL CHECK) are the
+    ChunkKind values: nothing stored changes."""
+    found = re.search(r"CHECK \(kind IN \(([^)]*)\)\)", inspect.getsource(store_pg))
+    assert found is not None
+    assert {k.strip().strip("'") for k in found.group(1).split(",")} == {k.value for k in ChunkKind}
