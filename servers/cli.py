@@ -175,7 +175,7 @@ def check_startup(args: argparse.Namespace) -> Identity:
     its role, the store's directory and the budget caps.  Raises (one-line
     messages) instead of starting half-way."""
     from svtagg.servers.service import check_modes
-    from svtagg.servers.store import sqlite_file
+    from svtagg.servers.store_open import sqlite_file
 
     check_modes(
         args.role,
@@ -234,7 +234,7 @@ def run_server(args: argparse.Namespace) -> int:
 def describe_store(db: str) -> str:
     """Which store a server opened, for its log: the SQLite file's absolute path,
     or the PostgreSQL URL without its password."""
-    from svtagg.servers.store import sqlite_file
+    from svtagg.servers.store_open import sqlite_file
 
     path = sqlite_file(db)
     if path is not None:

@@ -44,7 +44,8 @@ from svtagg.servers.limits import RateLimiter
 from svtagg.servers.mainlock import hold_main_lock
 from svtagg.servers.messages import task_info
 from svtagg.servers.peer import GrpcHelperPort
-from svtagg.servers.store import Store, open_store, sqlite_file
+from svtagg.servers.store import Store
+from svtagg.servers.store_open import open_store, sqlite_file
 from svtagg.servers.work import LEASE_SECONDS, Worker, WorkQueue
 
 log = logging.getLogger("svtagg.server")

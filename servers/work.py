@@ -48,6 +48,8 @@ from svtagg.proto.vocab import refusal_from_status, refusal_status, status_of
 if TYPE_CHECKING:  # psycopg is the optional `postgres` extra: imported where used
     import psycopg
 
+    from svtagg.servers.store import Store
+
 log = logging.getLogger("svtagg.work")
 
 #: Job kinds (the `kind` column).
@@ -106,24 +108,21 @@ class WorkQueue:
         self.metrics: Any = None
 
     @classmethod
-    async def connect(cls, store: Any, channels: tuple[str, ...] = ("new", "done")) -> WorkQueue:
-        """The queue of `store` (a `PgStore`; SQLite has no work queue), woken by
-        the notifications it needs: "done" (a front end), "new" (a worker)."""
-        import psycopg
+    async def connect(cls, store: Store, channels: tuple[str, ...] = ("new", "done")) -> WorkQueue:
+        """The queue of `store` (a `PgStore`; SQLite has no work queue), over two
+        sessions of its own on the store's database (`PgStore.open_session`),
+        woken by the notifications it needs: "done" (a front end), "new" (a worker)."""
         from psycopg import sql
 
-        url = getattr(store, "_url", None)
-        if url is None:
+        from svtagg.servers.store_pg import PgStore
+
+        if not isinstance(store, PgStore):
             raise ValueError("leased work needs a PostgreSQL store (--db postgresql://...)")
         schema = store.schema
         conns = []
         try:
             for _ in range(2):
-                c = await psycopg.AsyncConnection.connect(
-                    url, autocommit=True, application_name=f"svtagg-work-{os.getpid()}"
-                )
-                conns.append(c)
-                await c.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
+                conns.append(await store.open_session(f"svtagg-work-{os.getpid()}"))
         except BaseException:
             for c in conns:
                 await c.close()

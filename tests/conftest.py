@@ -23,7 +23,7 @@ from svtagg.servers.helper import HelperDriver
 from svtagg.servers.leader import LeaderDriver
 from svtagg.servers.memory import MemoryHelperPort
 from svtagg.servers.service import ServerConfig, SvtaggServer
-from svtagg.servers.store import Store
+from svtagg.servers.store_sqlite import SqliteStore
 
 T = TypeVar("T")
 
@@ -58,11 +58,13 @@ async def driver_pair(
     """A leader driver and a helper driver on fresh stores, joined in memory."""
     party = party or garbled_circuit_party
     helper = HelperDriver(
-        ServerCore(Role.HELPER, Store(root / "h.sqlite"), robust_aggregates=robust), party
+        ServerCore(Role.HELPER, SqliteStore(root / "h.sqlite"), robust_aggregates=robust), party
     )
     port = MemoryHelperPort(helper)
     leader = LeaderDriver(
-        ServerCore(Role.LEADER, Store(root / "l.sqlite"), robust_aggregates=robust), port, party
+        ServerCore(Role.LEADER, SqliteStore(root / "l.sqlite"), robust_aggregates=robust),
+        port,
+        party,
     )
     try:
         yield DriverPair(leader, helper, port, frac_bits)

@@ -20,7 +20,8 @@ from svtagg.proto import health_pb2, health_pb2_grpc
 from svtagg.proto import svtagg_pb2 as pb
 from svtagg.proto import svtagg_pb2_grpc as pb_grpc
 from svtagg.proto.tls import Identity, tls_target, write_deployment
-from svtagg.servers.store import FAILED, Store
+from svtagg.servers.store import FAILED
+from svtagg.servers.store_sqlite import SqliteStore
 
 Code = grpc.StatusCode
 
@@ -316,7 +317,7 @@ def test_mid_chunk_stream_fails_closed_on_restart(tmp_path: Path):
 
     from svtagg.dp.task import TaskParams
 
-    store = Store(tmp_path / "s.sqlite")
+    store = SqliteStore(tmp_path / "s.sqlite")
     store.create_task(TaskParams("t", 2, 16, 100, 1, Fraction(1), Fraction(0), Fraction(1, 10)))
     store.close_collection("t")
     store.mark_agreed("t", None)
@@ -325,7 +326,7 @@ def test_mid_chunk_stream_fails_closed_on_restart(tmp_path: Path):
     store.open_stream("o", "t", StreamKind.LAP24, Fraction(1, 4), Fraction(0), Fraction(0))
     store.begin_chunk("s")
     store.close()  # as if killed mid-chunk (the in_chunk mark is committed)
-    again = Store(tmp_path / "s.sqlite")
+    again = SqliteStore(tmp_path / "s.sqlite")
     assert again.failed_on_recovery == 2  # the mid-chunk one and the half-opened one
     assert again.stream("s").state == FAILED and again.stream("o").state == FAILED
     assert again.task("t").budget.epsilon_spent == Fraction(3, 4)  # never refunded
@@ -439,7 +440,7 @@ def test_budget_policy_caps_the_analysts_proposal(tmp_path: Path):
 
     core = ServerCore(
         "helper",
-        Store(tmp_path / "h.sqlite"),
+        SqliteStore(tmp_path / "h.sqlite"),
         max_epsilon_total=Fraction(8),
         max_delta_total=Fraction(1, 10**6),
     )
@@ -449,7 +450,7 @@ def test_budget_policy_caps_the_analysts_proposal(tmp_path: Path):
         over = parse_task_params("over", 4, 16, 1000, 1, eps, delta, "1/100")
         with pytest.raises(InvalidArgument, match="cap"):
             core.check_budget_policy(over)
-    uncapped = ServerCore("leader", Store(tmp_path / "l.sqlite"))
+    uncapped = ServerCore("leader", SqliteStore(tmp_path / "l.sqlite"))
     uncapped.check_budget_policy(parse_task_params("big", 4, 16, 1000, 1, "1000", "0", "1"))
 
 
@@ -462,7 +463,7 @@ def test_batch_values_are_bounded(tmp_path: Path):
     from svtagg.proto.vocab import MAX_BATCH_VALUES
     from svtagg.servers.core import ServerCore
 
-    store = Store(tmp_path / "h.sqlite")
+    store = SqliteStore(tmp_path / "h.sqlite")
     d = 1 << 20
     store.create_task(TaskParams("wide", d, 16, 100, 1, Fraction(1), Fraction(0), Fraction(1)))
     core = ServerCore("helper", store)
