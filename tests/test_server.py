@@ -404,16 +404,17 @@ async def test_impostor_helper_is_refused(certs: Path, tmp_path: Path):
     certificate carries, and refuses to start (one line naming the helper's
     certificate) instead of serving with a helper it can never reach."""
     from svtagg.proto.tls import CertificateError
+    from svtagg.proto.vocab import Role
     from svtagg.servers.service import ServerConfig, SvtaggServer
 
     impostor = SvtaggServer(
-        ServerConfig("helper", str(tmp_path / "x.sqlite"), Identity.load(certs, "analyst"))
+        ServerConfig(Role.HELPER, str(tmp_path / "x.sqlite"), Identity.load(certs, "analyst"))
     )
     await impostor.start()
     try:
         leader = SvtaggServer(
             ServerConfig(
-                "leader",
+                Role.LEADER,
                 str(tmp_path / "l.sqlite"),
                 Identity.load(certs, "leader"),
                 helper_address=f"127.0.0.1:{impostor.port}",
