@@ -40,17 +40,6 @@ from svtagg.servers.work import LEASE_SECONDS, Worker, WorkQueue
 log = logging.getLogger("svtagg.server")
 
 
-def _bind(server: grpc.aio.Server, address: str, creds: grpc.ServerCredentials) -> int:
-    """The bound port; OSError (one line) when the address cannot be bound."""
-    try:
-        port = server.add_secure_port(address, creds)
-    except RuntimeError:
-        port = 0
-    if port == 0:
-        raise OSError(f"cannot listen on {address}: port in use or address not available")
-    return port
-
-
 class ProcessKind(Enum):
     """What one server process does for its role.  Each role has one main
     process; replicas and workers share its PostgreSQL store and start beside it."""
@@ -362,6 +351,17 @@ def _bind_ports(server: grpc.aio.Server, config: ServerConfig) -> tuple[int, int
         return port, None
     server_only = grpc.ssl_server_credentials([(ident.key, ident.cert)])
     return port, _bind(server, config.ingest_listen, server_only)
+
+
+def _bind(server: grpc.aio.Server, address: str, creds: grpc.ServerCredentials) -> int:
+    """The bound port; OSError (one line) when the address cannot be bound."""
+    try:
+        port = server.add_secure_port(address, creds)
+    except RuntimeError:
+        port = 0
+    if port == 0:
+        raise OSError(f"cannot listen on {address}: port in use or address not available")
+    return port
 
 
 def _data_listener(config: ServerConfig) -> DataListener | None:
