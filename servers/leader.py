@@ -83,7 +83,13 @@ ChunkRun = Callable[[ComparisonParty, StreamState], Awaitable[tuple[Any, int, bo
 class LeaderDriver:
     """The leader's analyst API; every state change is mirrored on the helper."""
 
-    def __init__(self, core: ServerCore, helper: HelperPort, party: PartyFactory) -> None:
+    def __init__(
+        self,
+        core: ServerCore,
+        helper: HelperPort,
+        party: PartyFactory,
+        work: WorkQueue | None = None,
+    ) -> None:
         self.core = core
         self.helper = helper
         self.pool = SessionPool(lambda: helper.open_session(party))
@@ -109,7 +115,7 @@ class LeaderDriver:
             self._recovered_plans.setdefault(tid, []).append(plan_id)
         #: Leased work (servers/work.py): when set, chunks and close-time passes
         #: are queued for worker processes instead of run in this process.
-        self.work: WorkQueue | None = None
+        self.work = work
 
     async def _call(self, method: PeerMethod, request: Any) -> Any:
         return await self.helper.call(method, request)

@@ -92,7 +92,11 @@ class WorkQueue:
     of its own (commands, and LISTEN for wake-ups)."""
 
     def __init__(
-        self, conn: psycopg.AsyncConnection[Any], listen: psycopg.AsyncConnection[Any], schema: str
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        listen: psycopg.AsyncConnection[Any],
+        schema: str,
+        metrics: Any = None,
     ) -> None:
         self._conn = conn
         self._listen = listen
@@ -105,10 +109,12 @@ class WorkQueue:
         self._early: set[int] = set()  # finished jobs whose waiter was not yet registered
         self._alive = (0, 0.0)  # (leader workers seen, when: time.monotonic())
         #: The front end's Prometheus metrics (servers.metrics.Metrics), if any.
-        self.metrics: Any = None
+        self.metrics = metrics
 
     @classmethod
-    async def connect(cls, store: Store, channels: tuple[str, ...] = ("new", "done")) -> WorkQueue:
+    async def connect(
+        cls, store: Store, channels: tuple[str, ...] = ("new", "done"), metrics: Any = None
+    ) -> WorkQueue:
         """The queue of `store` (a `PgStore`; SQLite has no work queue), over two
         sessions of its own on the store's database (`PgStore.open_session`),
         woken by the notifications it needs: "done" (a front end), "new" (a worker)."""
@@ -127,7 +133,7 @@ class WorkQueue:
             for c in conns:
                 await c.close()
             raise
-        q = cls(conns[0], conns[1], schema)
+        q = cls(conns[0], conns[1], schema, metrics)
         for what in channels:
             await q._listen.execute(
                 sql.SQL("LISTEN {}").format(sql.Identifier(_channel(schema, what)))

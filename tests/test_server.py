@@ -405,16 +405,17 @@ async def test_impostor_helper_is_refused(certs: Path, tmp_path: Path):
     certificate carries, and refuses to start (one line naming the helper's
     certificate) instead of serving with a helper it can never reach."""
     from svtagg.proto.tls import CertificateError
+    from svtagg.proto.vocab import Role
     from svtagg.servers.service import ServerConfig, SvtaggServer
 
     impostor = SvtaggServer(
-        ServerConfig("helper", str(tmp_path / "x.sqlite"), Identity.load(certs, "analyst"))
+        ServerConfig(Role.HELPER, str(tmp_path / "x.sqlite"), Identity.load(certs, "analyst"))
     )
     await impostor.start()
     try:
         leader = SvtaggServer(
             ServerConfig(
-                "leader",
+                Role.LEADER,
                 str(tmp_path / "l.sqlite"),
                 Identity.load(certs, "leader"),
                 helper_address=f"127.0.0.1:{impostor.port}",
@@ -490,6 +491,41 @@ def test_server_cli_caps_the_budget_by_default() -> None:
     args = ap.parse_args([*base, "--max-epsilon-total", "none", "--max-delta-total", "None"])
     assert cli._cap(args.max_epsilon_total, "--max-epsilon-total") is None
     assert cli._cap(args.max_delta_total, "--max-delta-total") is None
+
+
+def test_server_flags_name_one_process_kind() -> None:
+    """--ingest-only, --worker and --lease-work each name one kind of process;
+    only the main process (leased or not) owns the store, and a flag that
+    needs the shared PostgreSQL store or the leader is refused in one line."""
+    from svtagg.proto.vocab import Role
+    from svtagg.servers.service import ProcessKind
+
+    pg, sqlite = "postgresql://x@127.0.0.1:1/x", "x.sqlite"
+
+    def kind(role: Role = Role.LEADER, db: str = pg, **flags: bool) -> ProcessKind:
+        named = {"ingest_only": False, "worker": False, "lease_work": False, **flags}
+        return ProcessKind.from_flags(role, db, **named)
+
+    assert kind(db=sqlite) is ProcessKind.MAIN
+    assert kind(ingest_only=True) is ProcessKind.INGEST_REPLICA
+    assert kind(Role.HELPER, worker=True) is ProcessKind.WORKER
+    assert kind(lease_work=True) is ProcessKind.LEASED_FRONT_END
+    # a replica runs no chunks, so leasing them changes nothing
+    assert kind(ingest_only=True, lease_work=True) is ProcessKind.INGEST_REPLICA
+    owners = {k for k in ProcessKind if k.owns_store}
+    assert owners == {ProcessKind.MAIN, ProcessKind.LEASED_FRONT_END}
+    for flags, message in (
+        ({"ingest_only": True}, "--ingest-only replicas share a PostgreSQL store"),
+        ({"worker": True}, "--worker needs the PostgreSQL store"),
+        ({"lease_work": True}, "--lease-work needs the PostgreSQL store"),
+        ({"worker": True, "lease_work": True}, "--worker needs the PostgreSQL store"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            kind(db=sqlite, **flags)
+    with pytest.raises(ValueError, match="cannot be combined"):
+        kind(Role.HELPER, worker=True, lease_work=True)
+    with pytest.raises(ValueError, match="--lease-work is for the leader only"):
+        kind(Role.HELPER, lease_work=True)
 
 
 def test_comparison_width_comes_from_public_parameters() -> None:
