@@ -43,7 +43,8 @@ from typing import Any
 import numpy as np
 
 from svtagg.benchmarks.pg import server_url
-from svtagg.servers.store_pg import _MIGRATIONS, _copy_rows
+from svtagg.servers.store_pg import _copy_rows
+from svtagg.servers.store_pg_schema import MIGRATIONS
 
 TASK = "bench"
 REPORT_ID_BYTES = 16
@@ -59,7 +60,7 @@ def _schema_sql(schema: str) -> list[str | bytes]:
     return [
         f'CREATE SCHEMA "{schema}"',
         f'SET search_path TO "{schema}"',
-        *(statement.encode() for step in _MIGRATIONS for statement in step),
+        *(statement.encode() for step in MIGRATIONS for statement in step),
     ]
 
 

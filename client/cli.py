@@ -118,7 +118,7 @@ def run_upload(args: argparse.Namespace) -> int:
 
     from svtagg.client.journal import UploadJournal, default_path, fingerprint
     from svtagg.client.records import InputError, ReadStats, Spec, default_format, read_input
-    from svtagg.client.upload import Uploader, UploadError, UploadStats
+    from svtagg.client.upload import Resumable, Uploader, UploadError, UploadStats
     from svtagg.proto.tls import load_identity
     from svtagg.proto.vocab import MAX_BATCH_VALUES
 
@@ -244,10 +244,8 @@ def run_upload(args: argparse.Namespace) -> int:
                     total=total,
                     progress=progress,
                     info=info,
-                    key=journal.upload_key,
-                    first_row=start,
+                    resume=Resumable(journal.upload_key, start, record),
                     stats=stats,
-                    acknowledged=record,
                 )
         except KeyboardInterrupt:
             record(stats)

@@ -123,6 +123,17 @@ class UploadStats:
     held: list[int] = field(default_factory=lambda: [0, 0])
 
 
+@dataclass(frozen=True)
+class Resumable:
+    """What makes `Uploader.upload_blocks` resumable: the upload's key, the row
+    its blocks start at, and `acknowledged`, called after each batch both
+    servers hold (to record it, as `client.journal` does)."""
+
+    key: UploadKey
+    first_row: int = 0
+    acknowledged: Callable[[UploadStats], None] | None = None
+
+
 class UploadError(Exception):
     """A batch was refused (not retryable) or retries ran out.  `unreachable`: the
     last failure was a server that could not be reached (not a refusal)."""
@@ -135,6 +146,7 @@ class UploadError(Exception):
 __all__ = [
     "InputError",
     "ReadStats",
+    "Resumable",
     "UploadError",
     "UploadKey",
     "UploadStats",
@@ -298,22 +310,21 @@ class Uploader:
         progress: Callable[[int, int], None] | None = None,
         require_validation: bool = False,
         info: pb.TaskInfo | None = None,
-        key: UploadKey | None = None,
-        first_row: int = 0,
+        resume: Resumable | None = None,
         stats: UploadStats | None = None,
-        acknowledged: Callable[[UploadStats], None] | None = None,
     ) -> UploadStats:
         """Upload blocks of rows (each m × d, values in [0, 1], at most the servers'
         batch bound) as they come: memory holds two blocks, not the input.  A
         block of the wrong width or with values outside [0, 1] raises InputError;
         blocks sent before it stay uploaded (`stats` says how many, also after an
-        interrupt).  With `key` the blocks are the upload's rows from `first_row`
-        on, and a batch a server already holds counts as held there.
-        `acknowledged` is called after each batch both servers hold."""
+        interrupt).  With `resume` the blocks are the upload's rows from its
+        `first_row` on, and a batch a server already holds counts as held there."""
         info = info if info is not None else self.checked_task(task_id, require_validation)
         d = info.spec.d
         stats = stats if stats is not None else UploadStats()
-        row = first_row
+        key = resume.key if resume is not None else None
+        acknowledged = resume.acknowledged if resume is not None else None
+        row = resume.first_row if resume is not None else 0
         start = time.perf_counter()
         # Pipelined: the next batch is encoded and shared while this one is in flight.
         inflight: tuple[Batch, dict[int, Future[Any]]] | None = None

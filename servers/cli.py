@@ -10,9 +10,13 @@ import signal
 import sys
 from fractions import Fraction
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from svtagg.dp.kinds import as_fraction
-from svtagg.proto.tls import DEFAULT_HOSTS, ROLES, Identity, load_identity, write_deployment
+from svtagg.proto.tls import DEFAULT_HOSTS, ROLES, load_identity, write_deployment
+
+if TYPE_CHECKING:
+    from svtagg.servers.service import ServerConfig
 
 #: The budget cap a server applies when its operator names none.  ε_total = 10:
 #: a total above the budgets of published deployments, where the guarantee is
@@ -169,31 +173,34 @@ def run_certs(args: argparse.Namespace) -> int:
     return 0
 
 
-def check_startup(args: argparse.Namespace) -> Identity:
-    """Everything that can be checked before anything is created: the leader's
-    --helper (and, if it answers, its certificate), the certificate directory and
-    its role, the store's directory and the budget caps.  Raises (one-line
-    messages) instead of starting half-way."""
-    from svtagg.servers.service import check_modes
-    from svtagg.servers.store import sqlite_file
+def check_startup(args: argparse.Namespace) -> ServerConfig:
+    """The server's configuration, with everything checked that can be checked
+    before anything is created: the process kind the flags ask for, the
+    leader's --helper (and, if it answers, its certificate), the certificate
+    directory and its role, the store's directory and the budget caps.  Raises
+    (one-line messages) instead of starting half-way."""
+    from svtagg.proto.vocab import Role
+    from svtagg.servers.service import ProcessKind, ServerConfig
+    from svtagg.servers.store_open import sqlite_file
 
-    check_modes(
-        args.role,
+    role = Role(args.role)
+    kind = ProcessKind.from_flags(
+        role,
         args.db,
         ingest_only=args.ingest_only,
         worker=args.worker,
         lease_work=args.lease_work,
     )
-    if args.lease is not None and not (args.worker and args.role == "leader"):
+    if args.lease is not None and not (kind is ProcessKind.WORKER and role == Role.LEADER):
         raise ValueError("--lease is for a leader --worker only")
     if args.lease is not None and not 0.5 <= args.lease <= 3600:
         raise ValueError("--lease must be in [0.5, 3600] seconds")
-    if args.role == "leader" and not args.helper and not args.ingest_only:
+    if role == Role.LEADER and not args.helper and kind.runs_protocol:
         raise ValueError("the leader needs --helper host:port (the helper's address)")
-    if args.role == "helper" and args.helper:
+    if role == Role.HELPER and args.helper:
         raise ValueError("--helper is for the leader only")
-    identity = load_identity(args.certs, args.role)
-    if args.role == "leader" and args.helper:
+    identity = load_identity(args.certs, role)
+    if role == Role.LEADER and args.helper:
         from svtagg.servers.peer import check_helper_certificate
 
         check_helper_certificate(args.helper, identity)
@@ -211,15 +218,31 @@ def check_startup(args: argparse.Namespace) -> Identity:
         raise FileNotFoundError(
             2, "--port-file: no such directory", str(Path(args.port_file).parent)
         )
-    _cap(args.max_epsilon_total, "--max-epsilon-total")
-    _cap(args.max_delta_total, "--max-delta-total")
-    _data_port(args.data_port)
+    max_epsilon_total = _cap(args.max_epsilon_total, "--max-epsilon-total")
+    max_delta_total = _cap(args.max_delta_total, "--max-delta-total")
+    data_port = _data_port(args.data_port)
     _threads(args.threads)
-    return identity
+    return ServerConfig(
+        role=role,
+        store_path=args.db,
+        identity=identity,
+        listen=args.listen,
+        helper_address=args.helper,
+        ingest_listen=args.ingest_listen,
+        rate_limit=args.rate_limit,
+        rate_burst=args.rate_burst,
+        max_epsilon_total=max_epsilon_total,
+        max_delta_total=max_delta_total,
+        require_validation=args.require_validation,
+        data_port=data_port,
+        metrics_listen=args.metrics_listen,
+        kind=kind,
+        **({"lease_seconds": args.lease} if args.lease is not None else {}),
+    )
 
 
 def run_server(args: argparse.Namespace) -> int:
-    identity = check_startup(args)
+    config = check_startup(args)
     logging.basicConfig(
         level=getattr(logging, args.log_level),
         format="%(asctime)s %(name)s %(levelname)s %(message)s",
@@ -228,13 +251,13 @@ def run_server(args: argparse.Namespace) -> int:
     # gRPC's own loggers (and its C core's tracing) answer to --grpc-log-level only.
     logging.getLogger("grpc").setLevel(getattr(logging, args.grpc_log_level))
     logging.getLogger("asyncio").setLevel(max(logging.INFO, getattr(logging, args.log_level)))
-    return asyncio.run(_serve(args, identity))
+    return asyncio.run(_serve(args, config))
 
 
 def describe_store(db: str) -> str:
     """Which store a server opened, for its log: the SQLite file's absolute path,
     or the PostgreSQL URL without its password."""
-    from svtagg.servers.store import sqlite_file
+    from svtagg.servers.store_open import sqlite_file
 
     path = sqlite_file(db)
     if path is not None:
@@ -274,32 +297,12 @@ def _threads(value: int | None) -> int | None:
     return value
 
 
-async def _serve(args: argparse.Namespace, identity: Identity) -> int:
+async def _serve(args: argparse.Namespace, config: ServerConfig) -> int:
     from svtagg.mpc import native
-    from svtagg.servers.service import ServerConfig, SvtaggServer
+    from svtagg.servers.service import SvtaggServer
 
     if args.threads is not None:
         native.set_threads(args.threads)
-
-    config = ServerConfig(
-        role=args.role,
-        store_path=args.db,
-        identity=identity,
-        listen=args.listen,
-        helper_address=args.helper,
-        ingest_listen=args.ingest_listen,
-        rate_limit=args.rate_limit,
-        rate_burst=args.rate_burst,
-        max_epsilon_total=_cap(args.max_epsilon_total, "--max-epsilon-total"),
-        max_delta_total=_cap(args.max_delta_total, "--max-delta-total"),
-        require_validation=args.require_validation,
-        data_port=_data_port(args.data_port),
-        metrics_listen=args.metrics_listen,
-        ingest_only=args.ingest_only,
-        lease_work=args.lease_work,
-        worker=args.worker,
-        **({"lease_seconds": args.lease} if args.lease is not None else {}),
-    )
     server = SvtaggServer(config)  # binds the ports, then opens the store
     log = logging.getLogger("svtagg.server")
     log.info("%s store: %s", args.role, describe_store(args.db))

@@ -41,13 +41,15 @@ from svtagg.servers.store import StreamState, TaskState
 class HelperDriver:
     """Runs on the helper; every method is called only by the leader."""
 
-    def __init__(self, core: ServerCore, party: PartyFactory) -> None:
+    def __init__(
+        self, core: ServerCore, party: PartyFactory, data: DataOffer | None = None
+    ) -> None:
         self.core = core
         self.party = party
         #: Set when the server shuts down: idle sessions end at once.
         self.stopping = asyncio.Event()
         #: The data listener offered to sessions that ask (None: frames only).
-        self.data: DataOffer | None = None
+        self.data = data
 
     async def create_task(self, spec: TaskSpec) -> TaskInfo:
         params = parse_task_params(spec)

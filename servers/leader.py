@@ -95,7 +95,13 @@ PassChunk = TypeVar("PassChunk", RobustChunk, ValidationChunk)
 class LeaderDriver:
     """The leader's analyst API; every state change is mirrored on the helper."""
 
-    def __init__(self, core: ServerCore, helper: HelperPort, party: PartyFactory) -> None:
+    def __init__(
+        self,
+        core: ServerCore,
+        helper: HelperPort,
+        party: PartyFactory,
+        work: JobQueue | None = None,
+    ) -> None:
         self.core = core
         self.helper = helper
         self.pool = SessionPool(lambda: helper.open_session(party))
@@ -105,7 +111,7 @@ class LeaderDriver:
         self.ledgers = LedgerSync(core, helper)
         #: Leased work (servers/work.py): when set, chunks and close-time passes
         #: are queued for worker processes instead of run in this process.
-        self.work: JobQueue | None = None
+        self.work = work
 
     # ------------------------------------------------------------ plans
     async def reserve_plan(self, request: PlanRequest) -> PlanInfo:

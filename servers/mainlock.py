@@ -20,7 +20,7 @@ import socket
 import time
 from typing import IO, Any
 
-from svtagg.servers.store import sqlite_file
+from svtagg.servers.store_open import sqlite_file
 
 #: PostgreSQL keeps application names to 63 bytes.
 _APP_NAME_BYTES = 63

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from svtagg.proto.vocab import Role
 from svtagg.servers.store import Store
 
 
@@ -20,7 +21,7 @@ class Metrics:
     #: warm pool) to minutes (10^5 queries).
     CHUNK_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 600)
 
-    def __init__(self, role: str) -> None:
+    def __init__(self, role: Role) -> None:
         from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
         self.registry = CollectorRegistry()

@@ -30,7 +30,7 @@ from svtagg.servers.exchange import OpenStream
 from svtagg.servers.helper import HelperDriver
 from svtagg.servers.leader import LeaderDriver
 from svtagg.servers.memory import MemoryHelperPort, Tap
-from svtagg.servers.store import Store
+from svtagg.servers.store_sqlite import SqliteStore
 
 
 @dataclass
@@ -84,11 +84,13 @@ async def reference_pair(
     """A leader driver and a helper driver on fresh stores under `root`."""
     party = party or garbled_circuit_party
     helper = HelperDriver(
-        ServerCore(Role.HELPER, Store(root / "h.sqlite"), robust_aggregates=robust), party
+        ServerCore(Role.HELPER, SqliteStore(root / "h.sqlite"), robust_aggregates=robust), party
     )
     port = MemoryHelperPort(helper, tap)
     leader = LeaderDriver(
-        ServerCore(Role.LEADER, Store(root / "l.sqlite"), robust_aggregates=robust), port, party
+        ServerCore(Role.LEADER, SqliteStore(root / "l.sqlite"), robust_aggregates=robust),
+        port,
+        party,
     )
     try:
         yield ReferencePair(leader, helper, port, frac_bits)

@@ -1,6 +1,7 @@
-"""A server process assembled: its ports, store, drivers and services, by
-role and process kind.  The services themselves are in `servers.services`,
-the RPC guard in `servers.rpc`, the metrics in `servers.metrics`."""
+"""One server process assembled from its parts: its ports, store, drivers and
+gRPC services, chosen by its role and its process kind.  The services are in
+`servers.services`, the RPC guard in `servers.rpc`, the metrics in
+`servers.metrics`."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import asyncio
 import contextlib
 import logging
 from dataclasses import dataclass
+from enum import Enum
 from fractions import Fraction
 
 import grpc
@@ -15,14 +17,14 @@ import grpc
 from svtagg.proto import health_pb2_grpc
 from svtagg.proto import svtagg_pb2_grpc as pb_grpc
 from svtagg.proto.tls import CertificateError, Identity
-from svtagg.proto.vocab import SERVER_OPTIONS, SERVER_ROLES
+from svtagg.proto.vocab import SERVER_OPTIONS, SERVER_ROLES, Role
 from svtagg.proto.wire import add_service
 from svtagg.servers.core import PartyFactory, ServerCore, garbled_circuit_party
 from svtagg.servers.datachannel import DataListener, split_host
 from svtagg.servers.helper import HelperDriver
 from svtagg.servers.leader import LeaderDriver
 from svtagg.servers.limits import RateLimiter
-from svtagg.servers.mainlock import hold_main_lock
+from svtagg.servers.mainlock import MainLock, hold_main_lock
 from svtagg.servers.metrics import Metrics
 from svtagg.servers.peer import GrpcHelperPort
 from svtagg.servers.services import (
@@ -32,26 +34,107 @@ from svtagg.servers.services import (
     IngestService,
     PeerService,
 )
-from svtagg.servers.store import open_store, sqlite_file
+from svtagg.servers.store import Store
+from svtagg.servers.store_open import open_store, sqlite_file
 from svtagg.servers.work import LEASE_SECONDS, Worker, WorkQueue
 
 log = logging.getLogger("svtagg.server")
 
 
-def _bind(server: grpc.aio.Server, address: str, creds: grpc.ServerCredentials) -> int:
-    """The bound port; OSError (one line) when the address cannot be bound."""
-    try:
-        port = server.add_secure_port(address, creds)
-    except RuntimeError:
-        port = 0
-    if port == 0:
-        raise OSError(f"cannot listen on {address}: port in use or address not available")
-    return port
+class ProcessKind(Enum):
+    """What one server process does for its role.  Each role has one main
+    process; replicas and workers share its PostgreSQL store and start beside it."""
+
+    #: Serves everything its role serves and runs the protocol itself.
+    MAIN = "main"
+    #: `--ingest-only`: serves Ingest (and Health) only; uploads stay
+    #: idempotent across replicas (report ids are unique per task in the store).
+    INGEST_REPLICA = "ingest replica"
+    #: `--worker`: leader: takes leased jobs (serves Health only); helper:
+    #: serves the Peer service and comparison sessions for the leader's workers.
+    WORKER = "worker"
+    #: `--lease-work`, leader only: the main process, queueing Ask / Compare
+    #: chunks and the close-time passes in the store for its workers
+    #: (servers/work.py) instead of running them.
+    LEASED_FRONT_END = "leased front end"
+
+    @property
+    def flag(self) -> str:
+        """The `svtagg server` flag that asks for this kind ('' for the main process)."""
+        return _FLAGS[self]
+
+    @property
+    def owns_store(self) -> bool:
+        """Holds the store's main lock and recovers the store at its start.  A
+        replica or a worker must not: the main process owns the streams."""
+        return self in (ProcessKind.MAIN, ProcessKind.LEASED_FRONT_END)
+
+    @property
+    def serves_ingest(self) -> bool:
+        return self is not ProcessKind.WORKER
+
+    @property
+    def runs_protocol(self) -> bool:
+        """Talks to the other server (a leader's driver, a helper's Peer service)."""
+        return self is not ProcessKind.INGEST_REPLICA
+
+    @property
+    def compares(self) -> bool:
+        """Runs comparison sessions itself (a front end's workers hold them)."""
+        return self in (ProcessKind.MAIN, ProcessKind.WORKER)
+
+    def check_store(self, store_path: str) -> None:
+        """Every kind but the main process shares a PostgreSQL store; ValueError
+        (one line, naming the flag) on SQLite."""
+        if self is ProcessKind.MAIN or sqlite_file(store_path) is None:
+            return
+        if self is ProcessKind.INGEST_REPLICA:
+            raise ValueError(
+                "--ingest-only replicas share a PostgreSQL store: --db postgresql://..."
+            )
+        raise ValueError(f"{self.flag} needs the PostgreSQL store: --db postgresql://...")
+
+    def check_role(self, role: Role) -> None:
+        if self is ProcessKind.LEASED_FRONT_END and role != Role.LEADER:
+            raise ValueError("--lease-work is for the leader only")
+
+    @classmethod
+    def from_flags(
+        cls, role: Role, store_path: str, *, ingest_only: bool, worker: bool, lease_work: bool
+    ) -> ProcessKind:
+        """The kind `svtagg server`'s flags ask for, checked against the role and
+        the store before anything is created: ValueError, one line naming the
+        flags.  --lease-work beside --ingest-only changes nothing: a replica
+        runs no chunks."""
+        named = [
+            kind
+            for kind, on in (
+                (cls.INGEST_REPLICA, ingest_only),
+                (cls.WORKER, worker),
+                (cls.LEASED_FRONT_END, lease_work),
+            )
+            if on
+        ]
+        for kind in named:
+            kind.check_store(store_path)
+        if worker and len(named) > 1:
+            raise ValueError("--worker cannot be combined with --ingest-only or --lease-work")
+        for kind in named:
+            kind.check_role(role)
+        return named[0] if named else cls.MAIN
+
+
+_FLAGS = {
+    ProcessKind.MAIN: "",
+    ProcessKind.INGEST_REPLICA: "--ingest-only",
+    ProcessKind.WORKER: "--worker",
+    ProcessKind.LEASED_FRONT_END: "--lease-work",
+}
 
 
 @dataclass
 class ServerConfig:
-    role: str
+    role: Role
     store_path: str
     identity: Identity
     listen: str = "127.0.0.1:0"
@@ -74,18 +157,8 @@ class ServerConfig:
     data_port: int | None = 0
     #: host:port for the Prometheus /metrics endpoint (plain HTTP; None: off).
     metrics_listen: str | None = None
-    #: An ingest replica: serves Ingest (and Health) only, on a PostgreSQL store
-    #: shared with the server's main process; uploads stay idempotent across
-    #: replicas (report ids are unique per task in the store).
-    ingest_only: bool = False
-    #: Leader: queue Ask / Compare chunks and the close-time passes in the
-    #: PostgreSQL store for worker processes (servers/work.py) instead of
-    #: running them in this process.
-    lease_work: bool = False
-    #: A worker process over the PostgreSQL store shared with the server's main
-    #: process.  Leader: takes leased jobs (serves Health only); helper: serves
-    #: the Peer service and comparison sessions for the leader's workers.
-    worker: bool = False
+    #: What this process does for its role.
+    kind: ProcessKind = ProcessKind.MAIN
     #: A leader worker's lease on each job (s), renewed every third of it.
     lease_seconds: float = LEASE_SECONDS
     #: Leader: seconds between two health checks of the helper (the
@@ -93,129 +166,72 @@ class ServerConfig:
     #: leader's own health).
     helper_probe_interval: float = 1.0
 
-
-def check_modes(
-    role: str, store_path: str, *, ingest_only: bool, worker: bool, lease_work: bool
-) -> None:
-    """What kind of process this is must fit the role and the store: replicas,
-    workers and leased work share a PostgreSQL store with the role's main
-    process.  Raises ValueError (one line, naming the flags); used by the CLI
-    before anything is created and by `SvtaggServer`."""
-    on_sqlite = sqlite_file(store_path) is not None
-    if ingest_only and on_sqlite:
-        raise ValueError("--ingest-only replicas share a PostgreSQL store: --db postgresql://...")
-    for flag, on in (("--worker", worker), ("--lease-work", lease_work)):
-        if on and on_sqlite:
-            raise ValueError(f"{flag} needs the PostgreSQL store: --db postgresql://...")
-    if worker and (ingest_only or lease_work):
-        raise ValueError("--worker cannot be combined with --ingest-only or --lease-work")
-    if lease_work and role != "leader":
-        raise ValueError("--lease-work is for the leader only")
+    def check(self) -> None:
+        """ValueError (one line) for a configuration no server can run."""
+        if self.role not in SERVER_ROLES:
+            raise ValueError(f"role must be leader or helper, got {str(self.role)!r}")
+        if self.role == Role.LEADER and not self.helper_address and self.kind.runs_protocol:
+            raise ValueError("the leader needs the helper's address")
+        self.kind.check_store(self.store_path)
+        self.kind.check_role(self.role)
 
 
 class SvtaggServer:
-    """A running leader or helper: `await start()`, `port`, `await stop()`."""
+    """A running leader or helper process: `await start()`, `port`, `await stop()`.
+
+    The constructor builds what needs no connection, ports first (a port in use
+    fails before the store file is created).  `start` connects what must be
+    awaited — the helper's certificate, the data listener, the work queue —
+    then builds the role's driver and services on them, and serves."""
 
     def __init__(self, config: ServerConfig, party: PartyFactory = garbled_circuit_party) -> None:
-        if config.role not in SERVER_ROLES:
-            raise ValueError(f"role must be leader or helper, got {config.role!r}")
-        if config.role == "leader" and not config.helper_address and not config.ingest_only:
-            raise ValueError("the leader needs the helper's address")
-        check_modes(
-            config.role,
-            config.store_path,
-            ingest_only=config.ingest_only,
-            worker=config.worker,
-            lease_work=config.lease_work,
-        )
+        config.check()
         self.config = config
-        # Ports first: a port in use fails here, before the store file is created.
+        self.party = party
         self.server = grpc.aio.server(options=SERVER_OPTIONS)
-        ident = config.identity
-        creds = grpc.ssl_server_credentials(
-            [(ident.key, ident.cert)], root_certificates=ident.ca, require_client_auth=True
-        )
-        self.port = _bind(self.server, config.listen, creds)
-        self.ingest_port: int | None = None
-        if config.ingest_listen:
-            self.ingest_port = _bind(
-                self.server,
-                config.ingest_listen,
-                grpc.ssl_server_credentials([(ident.key, ident.cert)]),
-            )
-        self.data_listener: DataListener | None = None
-        if config.role == "helper" and config.data_port is not None and not config.ingest_only:
-            self.data_listener = DataListener(
-                config.identity, split_host(config.listen), config.data_port
-            )
-            self.data_listener.bind()  # OSError (one line) if the port is taken
+        self.port, self.ingest_port = _bind_ports(self.server, config)
+        self.data_listener = _data_listener(config)
         self.metrics = Metrics(config.role)
-        self.metrics_port: int | None = None
-        if config.metrics_listen:
-            self.metrics_port = self.metrics.serve(config.metrics_listen)
-        # An ingest replica shares the store of the server's main process, which
-        # owns the streams: it must not fail them at its start.
-        # Neither do workers: the main process recovers its store at its start.
-        main = not (config.ingest_only or config.worker)
-        # Taken before the store opens: opening recovers, which a second main
-        # process must not do under the first one.
-        self.main_lock = hold_main_lock(config.store_path, config.role) if main else None
-        try:
-            self.store = open_store(config.store_path, recover=main)
-        except BaseException:
-            if self.main_lock is not None:
-                self.main_lock.release()
-            raise
+        self.metrics_port = (
+            self.metrics.serve(config.metrics_listen) if config.metrics_listen else None
+        )
+        self.main_lock, self.store = _open_store(config)
         self.core = ServerCore(
-            config.role,  # type: ignore[arg-type]
+            config.role,
             self.store,
             max_epsilon_total=config.max_epsilon_total,
             max_delta_total=config.max_delta_total,
             require_validation=config.require_validation,
         )
-        self.peer: GrpcHelperPort | None = None
-        self.helper_probe: HelperProbe | None = None
-        if config.role == "leader" and not config.ingest_only:
-            assert config.helper_address is not None
-            self.peer = GrpcHelperPort(
-                config.helper_address, config.identity, data_channel=config.data_port is not None
+        self.limiter = RateLimiter(config.rate_limit, config.rate_burst)
+        self.peer = _helper_port(config)
+        self.helper_probe = (
+            HelperProbe(
+                self.peer, config.helper_probe_interval, gauge=self.metrics.helper_reachable
             )
-            self.helper_probe = HelperProbe(self.peer, config.helper_probe_interval)
-            self.helper_probe.gauge = self.metrics.helper_reachable
+            if self.peer is not None
+            else None
+        )
         self.health = HealthService(self.helper_probe)
         for task_id in self.store.task_ids():
             self.metrics.budget(self.store, task_id)
-        self.analyst: AnalystService | None = None
-        #: The leader's driver (main process or worker); None on the helper.
-        self.driver: LeaderDriver | None = None
-        self.peer_service: PeerService | None = None
-        self.limiter = RateLimiter(config.rate_limit, config.rate_burst)
-        if not config.worker:
-            ingest = IngestService(self.core)
-            ingest.limiter = self.limiter
-            ingest.metrics = self.metrics
+        if config.kind.serves_ingest:
+            ingest = IngestService(self.core, limiter=self.limiter, metrics=self.metrics)
             add_service(pb_grpc.add_IngestServicer_to_server, ingest, self.server)
         add_service(health_pb2_grpc.add_HealthServicer_to_server, self.health, self.server)
+        # Built by `start`, once what they need is connected.
         self.work: WorkQueue | None = None
+        #: The leader's driver (main process, front end or worker); None on the helper.
+        self.driver: LeaderDriver | None = None
+        self.analyst: AnalystService | None = None
+        self.peer_service: PeerService | None = None
         self.worker: Worker | None = None
+        self._warm: asyncio.Future[None] | None = None
+        self._work_loop: asyncio.Future[None] | None = None
+        self._probe: asyncio.Future[None] | None = None
         #: Set when this process can no longer do its job (a worker whose
         #: database failed): `svtagg server` then stops with exit status 1.
         self.failed = asyncio.Event()
-        if config.ingest_only:
-            return  # Ingest and Health only: no analyst, no peer, no sessions
-        if self.peer is not None:
-            self.driver = LeaderDriver(self.core, self.peer, party)
-            if config.worker:
-                return  # Health only: the jobs come from the store
-            self.analyst = AnalystService(self.driver)
-            self.analyst.limiter = self.limiter
-            self.analyst.metrics = self.metrics
-            self.analyst.helper = self.peer
-            add_service(pb_grpc.add_AnalystServicer_to_server, self.analyst, self.server)
-        else:
-            self.peer_service = PeerService(HelperDriver(self.core, party))
-            self.peer_service.metrics = self.metrics
-            add_service(pb_grpc.add_PeerServicer_to_server, self.peer_service, self.server)
 
     async def start(self, warm: bool = True) -> None:
         """Serve.  A leader first checks the helper's certificate: one another CA
@@ -229,27 +245,15 @@ class SvtaggServer:
         if self.helper_probe is not None:
             # Known before the first health check is answered.
             await self.helper_probe.check()
-        if self.peer_service is not None and self.data_listener is not None:
-            await self.data_listener.start()
-            self.peer_service.driver.data = self.data_listener
-            log.info("helper data channel on port %d", self.data_listener.port)
-        if self.driver is not None and self.config.lease_work:
-            # The front end waits for results; its workers wait for new jobs.
-            self.work = await WorkQueue.connect(self.store, ("done",))
-            withdrawn = await self.work.reset()
-            if withdrawn:
-                log.info("work queue: withdrew %d job(s) queued before this start", withdrawn)
-            self.driver.work = self.work
-            self.work.metrics = self.metrics
-            warm = False  # the workers hold the sessions
-        elif self.driver is not None and self.config.worker:
-            self.work = await WorkQueue.connect(self.store, ("new",))
-            self.worker = Worker(self.work, self.driver.run_job, self.config.lease_seconds)
+        if self.peer is not None:
+            await self._build_leader(self.peer)
+        elif self.config.kind.runs_protocol:
+            await self._build_helper()
         await self.server.start()
         if self.worker is not None:
             self._work_loop = asyncio.ensure_future(self.worker.run())
             self._work_loop.add_done_callback(self._worker_ended)
-        if self.driver is not None and warm:
+        if warm and self.driver is not None and self.config.kind.compares:
             # Base OTs with the helper before the first chunk needs them.
             self._warm = asyncio.ensure_future(self.driver.pool.warm())
         log.info(
@@ -264,24 +268,52 @@ class SvtaggServer:
         if self.helper_probe is not None:
             self._probe = asyncio.ensure_future(self.helper_probe.run())
 
+    async def _build_leader(self, peer: GrpcHelperPort) -> None:
+        """The leader's driver, and what its kind serves with it: the analyst
+        API (main process, front end) or a worker's loop."""
+        kind = self.config.kind
+        if kind is ProcessKind.WORKER:
+            self.work = await WorkQueue.connect(self.store, ("new",))
+            self.driver = LeaderDriver(self.core, peer, self.party)
+            self.worker = Worker(self.work, self.driver.run_job, self.config.lease_seconds)
+            return  # Health only: the jobs come from the store
+        if kind is ProcessKind.LEASED_FRONT_END:
+            # The front end waits for results; its workers wait for new jobs.
+            self.work = await WorkQueue.connect(self.store, ("done",), self.metrics)
+            withdrawn = await self.work.reset()
+            if withdrawn:
+                log.info("work queue: withdrew %d job(s) queued before this start", withdrawn)
+        self.driver = LeaderDriver(self.core, peer, self.party, work=self.work)
+        self.analyst = AnalystService(
+            self.driver, helper=peer, limiter=self.limiter, metrics=self.metrics
+        )
+        add_service(pb_grpc.add_AnalystServicer_to_server, self.analyst, self.server)
+
+    async def _build_helper(self) -> None:
+        """The helper's Peer service, offering the data listener once it listens."""
+        if self.data_listener is not None:
+            await self.data_listener.start()
+            log.info("helper data channel on port %d", self.data_listener.port)
+        driver = HelperDriver(self.core, self.party, data=self.data_listener)
+        self.peer_service = PeerService(driver, metrics=self.metrics)
+        add_service(pb_grpc.add_PeerServicer_to_server, self.peer_service, self.server)
+
     async def stop(self, grace: float = 5.0) -> None:
         """Graceful shutdown: report NOT_SERVING, let calls finish, close the store."""
         self.health.set_serving(False)
         if self.peer_service is not None:
             self.peer_service.driver.stopping.set()
-        warm = getattr(self, "_warm", None)
-        if warm is not None and not warm.done():
-            warm.cancel()
-        if self.worker is not None:
+        if self._warm is not None and not self._warm.done():
+            self._warm.cancel()
+        if self.worker is not None and self._work_loop is not None:
             # Take no new job; let the one running finish within the grace.
             self.worker.stopping.set()
-            loop = getattr(self, "_work_loop", None)
-            if loop is not None:
-                with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
-                    await asyncio.wait_for(asyncio.shield(loop), grace)
-                loop.cancel()
-                with contextlib.suppress(BaseException):
-                    await loop
+            loop = self._work_loop
+            with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
+                await asyncio.wait_for(asyncio.shield(loop), grace)
+            loop.cancel()
+            with contextlib.suppress(BaseException):
+                await loop
         await self.server.stop(grace)
         if self.work is not None:
             await self.work.close()
@@ -289,9 +321,8 @@ class SvtaggServer:
             await self.data_listener.close()
         if self.driver is not None:
             await self.driver.pool.close()
-        probe = getattr(self, "_probe", None)
-        if probe is not None and not probe.done():
-            probe.cancel()
+        if self._probe is not None and not self._probe.done():
+            self._probe.cancel()
         if self.peer is not None:
             await self.peer.close()
         self.metrics.stop()
@@ -308,3 +339,62 @@ class SvtaggServer:
 
     async def wait(self) -> None:
         await self.server.wait_for_termination()
+
+
+def _bind_ports(server: grpc.aio.Server, config: ServerConfig) -> tuple[int, int | None]:
+    """The main port (mutual TLS) and the optional certificate-less ingest port."""
+    ident = config.identity
+    mutual = grpc.ssl_server_credentials(
+        [(ident.key, ident.cert)], root_certificates=ident.ca, require_client_auth=True
+    )
+    port = _bind(server, config.listen, mutual)
+    if not config.ingest_listen:
+        return port, None
+    server_only = grpc.ssl_server_credentials([(ident.key, ident.cert)])
+    return port, _bind(server, config.ingest_listen, server_only)
+
+
+def _bind(server: grpc.aio.Server, address: str, creds: grpc.ServerCredentials) -> int:
+    """The bound port; OSError (one line) when the address cannot be bound."""
+    try:
+        port = server.add_secure_port(address, creds)
+    except RuntimeError:
+        port = 0
+    if port == 0:
+        raise OSError(f"cannot listen on {address}: port in use or address not available")
+    return port
+
+
+def _data_listener(config: ServerConfig) -> DataListener | None:
+    """The helper's comparison data channel, bound here (OSError, one line, if
+    the port is taken) and started by `SvtaggServer.start`."""
+    if config.role != Role.HELPER or config.data_port is None or not config.kind.runs_protocol:
+        return None
+    listener = DataListener(config.identity, split_host(config.listen), config.data_port)
+    listener.bind()
+    return listener
+
+
+def _open_store(config: ServerConfig) -> tuple[MainLock | None, Store]:
+    """The store, and the main lock when this process owns the store.  The lock
+    is taken first: opening recovers (fails the streams left open), which
+    nothing may do under a running main process, neither a second main
+    process nor a replica or a worker beside it."""
+    owner = config.kind.owns_store
+    lock = hold_main_lock(config.store_path, config.role) if owner else None
+    try:
+        return lock, open_store(config.store_path, recover=owner)
+    except BaseException:
+        if lock is not None:
+            lock.release()
+        raise
+
+
+def _helper_port(config: ServerConfig) -> GrpcHelperPort | None:
+    """The leader's connection to the helper (none on a replica: it runs no protocol)."""
+    if config.role != Role.LEADER or not config.kind.runs_protocol:
+        return None
+    assert config.helper_address is not None  # ServerConfig.check
+    return GrpcHelperPort(
+        config.helper_address, config.identity, data_channel=config.data_port is not None
+    )

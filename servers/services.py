@@ -9,7 +9,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
 
@@ -28,17 +28,27 @@ from svtagg.servers.metrics import Metrics
 from svtagg.servers.peer import GrpcHelperPort
 from svtagg.servers.rpc import ANONYMOUS, Context, peer_role, rpc
 
+if TYPE_CHECKING:
+    from prometheus_client import Gauge
+
 log = logging.getLogger("svtagg.server")
 Q = TypeVar("Q")
 R = TypeVar("R")
 
 
 class IngestService(pb_grpc.IngestServicer):
-    limiter: RateLimiter | None = None
-    metrics: Metrics | None = None
+    """Uploads and the task's public parameters, on both servers."""
 
-    def __init__(self, core: ServerCore) -> None:
+    def __init__(
+        self,
+        core: ServerCore,
+        *,
+        limiter: RateLimiter | None = None,
+        metrics: Metrics | None = None,
+    ) -> None:
         self.core = core
+        self.limiter = limiter
+        self.metrics = metrics
 
     @rpc(Role.CLIENT, ANONYMOUS)
     async def Upload(self, request: pb.UploadBatch, context: Context) -> pb.UploadResult:
@@ -69,14 +79,20 @@ class IngestService(pb_grpc.IngestServicer):
 class AnalystService(pb_grpc.AnalystServicer):
     """The leader's analyst API: each RPC is one `LeaderDriver` call."""
 
-    limiter: RateLimiter | None = None
-    metrics: Metrics | None = None
-    #: The connection to the helper: calls that charge a ledger first wait (a
-    #: few seconds at most) for it, so a helper that is down charges nothing.
-    helper: GrpcHelperPort | None = None
-
-    def __init__(self, driver: LeaderDriver) -> None:
+    def __init__(
+        self,
+        driver: LeaderDriver,
+        *,
+        helper: GrpcHelperPort | None = None,
+        limiter: RateLimiter | None = None,
+        metrics: Metrics | None = None,
+    ) -> None:
         self.driver = driver
+        #: The connection to the helper: calls that charge a ledger first wait (a
+        #: few seconds at most) for it, so a helper that is down charges nothing.
+        self.helper = helper
+        self.limiter = limiter
+        self.metrics = metrics
 
     async def _helper_connected(self) -> None:
         if self.helper is not None:
@@ -169,10 +185,9 @@ class PeerService(pb_grpc.PeerServicer):
     """The helper's side: only the leader may call it; each RPC is one
     `HelperDriver` call."""
 
-    metrics: Metrics | None = None
-
-    def __init__(self, driver: HelperDriver) -> None:
+    def __init__(self, driver: HelperDriver, *, metrics: Metrics | None = None) -> None:
         self.driver = driver
+        self.metrics = metrics
 
     def _budget(self, task_id: str) -> None:
         if self.metrics is not None:
@@ -261,13 +276,20 @@ class HelperProbe:
     per change ("helper at ... unreachable: why" / "... reachable again"), and
     read by the leader's own health check."""
 
-    def __init__(self, port: GrpcHelperPort, interval: float = 1.0, timeout: float = 2.0) -> None:
+    def __init__(
+        self,
+        port: GrpcHelperPort,
+        interval: float = 1.0,
+        timeout: float = 2.0,
+        gauge: Gauge | None = None,
+    ) -> None:
         self.port = port
         self.interval = interval
         self.timeout = timeout
         self.reachable: bool | None = None
         self.detail = "not checked yet"
-        self.gauge: Any = None
+        #: Set to 1 or 0 after each check (`svtagg_helper_reachable`).
+        self.gauge = gauge
 
     async def check(self) -> bool:
         """Probe the helper now; whether it answered SERVING."""

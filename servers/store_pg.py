@@ -1,10 +1,8 @@
-"""One server's durable state in PostgreSQL: the store of `store.Store` (SQLite)
+"""One server's durable state in PostgreSQL (`store.Store` names its
+operations and promises; `store_sqlite.SqliteStore` is the default store),
 for deployments that keep each server's state in a database server.
 
-Selected by a `--db postgresql://...` URL (`store.open_store`).  Every public
-method behaves as the SQLite store's; the SQL that both dialects share is the
-SQLite store's own (through `_Connection`, which speaks `?` placeholders), and
-this module overrides only what differs.
+Selected by a `--db postgresql://...` URL (`store_open.open_store`).
 
 Durability and isolation:
 - every committed transaction is durable: the session runs with
@@ -31,19 +29,19 @@ files: a database server may be on another machine, the share must commit
 atomically with its report id, and a column needs no second fsync.  At the
 agreement they are set to NULL (the SQLite store deletes its share file).
 
-The schema is versioned in `svtagg_schema` (its own numbering, from 1);
-`_MIGRATIONS[v]` brings version v to v + 1, in one transaction under the
-store's lock, and a store written by a newer version is refused.
+The schema is versioned in `svtagg_schema` (`store_pg_schema.MIGRATIONS`), and
+a store written by a newer version is refused.
 
 One server process per store, as with SQLite: at start the store fails closed
 every stream that was `opening` or `in_chunk`, which would be wrong for a
-second live process sharing it.
+second live process sharing it (ingest replicas and workers open it with
+`recover=False`).
 """
 
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from fractions import Fraction
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -61,210 +59,46 @@ from svtagg.dp.errors import (
     InvalidArgument,
     NotFound,
 )
-from svtagg.dp.ledger import Ledger
+from svtagg.dp.kinds import StreamKind
+from svtagg.dp.plans import PlanBook
+from svtagg.dp.queries import Budget
+from svtagg.dp.task import TaskParams
 from svtagg.mpc.ring import U64
 from svtagg.servers.faults import crash_point
 from svtagg.servers.store import (
+    BATCH_COLUMNS,
     CLOSED,
     FAILED,
+    IN_CHUNK,
+    NEW_STREAM_COLUMNS,
+    NEW_TASK_COLUMNS,
     OPEN,
     OPENING,
-    Store,
+    PLAN_ACTIVE,
+    PLAN_COLUMNS,
+    PLAN_ENDED,
+    PLAN_FAILED,
+    STREAM_COLUMNS,
+    TASK_COLUMNS,
+    StreamState,
     TaskState,
-    _assemble,
-    _Transaction,
-    _xor,
-    report_digest,
+    admit_batch,
+    admit_to_plan,
+    assemble,
+    book_text,
+    charged,
+    check_removable,
+    new_stream_row,
+    new_task_row,
+    next_chunk,
+    plan_state,
+    refunded,
+    stream_state,
+    task_state,
+    within_capacity,
+    xor_reports,
 )
-
-
-def _final_states(table: str, noun: str, key: str, final: tuple[str, str]) -> tuple[str, str]:
-    """A trigger function and trigger refusing to move a row of `table` out of
-    one of its `final` states."""
-    return (
-        f"""CREATE FUNCTION svtagg_final_{table}() RETURNS trigger LANGUAGE plpgsql AS $$
-    BEGIN
-        IF OLD.state IN ('{final[0]}', '{final[1]}') AND NEW.state <> OLD.state THEN
-            RAISE EXCEPTION '{noun} % is %; its state is final', OLD.{key}, OLD.state;
-        END IF;
-        RETURN NEW;
-    END $$""",
-        f"""CREATE TRIGGER {table}_final BEFORE UPDATE ON {table}
-        FOR EACH ROW EXECUTE FUNCTION svtagg_final_{table}()""",
-    )
-
-
-_V1 = (
-    """CREATE TABLE tasks (
-        task_id TEXT COLLATE "C" PRIMARY KEY,
-        d INTEGER NOT NULL CHECK (d > 0), frac_bits INTEGER NOT NULL,
-        n_max BIGINT NOT NULL, min_batch BIGINT NOT NULL,
-        epsilon_total TEXT NOT NULL, delta_total TEXT NOT NULL, epsilon_min TEXT NOT NULL,
-        n BIGINT NOT NULL DEFAULT 0 CHECK (n >= 0 AND n <= n_max),
-        digest BYTEA NOT NULL,
-        sums BYTEA NOT NULL,
-        collection_open INTEGER NOT NULL DEFAULT 1,
-        epsilon_spent TEXT NOT NULL DEFAULT '0',
-        delta_spent TEXT NOT NULL DEFAULT '0',
-        agreed INTEGER NOT NULL DEFAULT 0,
-        validate_reports INTEGER NOT NULL DEFAULT 0,
-        robust_sums BYTEA
-    )""",
-    """CREATE TABLE reports (
-        task_id TEXT COLLATE "C" NOT NULL REFERENCES tasks (task_id),
-        report_id BYTEA NOT NULL,
-        share BYTEA,
-        PRIMARY KEY (task_id, report_id)
-    )""",
-    """CREATE TABLE streams (
-        seq BIGSERIAL NOT NULL UNIQUE,
-        stream_id TEXT COLLATE "C" PRIMARY KEY,
-        task_id TEXT COLLATE "C" NOT NULL REFERENCES tasks (task_id),
-        kind TEXT NOT NULL, epsilon TEXT NOT NULL, delta TEXT NOT NULL,
-        gamma TEXT,
-        state TEXT NOT NULL
-            CHECK (state IN ('opening', 'open', 'in_chunk', 'closed', 'failed')),
-        chunks BIGINT NOT NULL DEFAULT 0,
-        queries BIGINT NOT NULL DEFAULT 0
-    )""",
-    "CREATE INDEX streams_task_state ON streams (task_id, state)",
-    """CREATE TABLE plans (
-        plan_id TEXT COLLATE "C" PRIMARY KEY,
-        task_id TEXT COLLATE "C" NOT NULL REFERENCES tasks (task_id),
-        book TEXT NOT NULL,
-        state TEXT NOT NULL CHECK (state IN ('active', 'ended', 'failed'))
-    )""",
-    """CREATE TABLE spends (
-        seq BIGSERIAL PRIMARY KEY,
-        task_id TEXT COLLATE "C" NOT NULL REFERENCES tasks (task_id),
-        epsilon TEXT NOT NULL, delta TEXT NOT NULL,
-        epsilon_spent TEXT NOT NULL, delta_spent TEXT NOT NULL,
-        at TIMESTAMPTZ NOT NULL DEFAULT now()
-    )""",
-    """CREATE FUNCTION svtagg_append_only() RETURNS trigger LANGUAGE plpgsql AS $$
-    BEGIN
-        RAISE EXCEPTION 'table % is append-only', TG_TABLE_NAME;
-    END $$""",
-    """CREATE TRIGGER spends_append_only BEFORE UPDATE OR DELETE ON spends
-        FOR EACH ROW EXECUTE FUNCTION svtagg_append_only()""",
-    """CREATE TRIGGER spends_no_truncate BEFORE TRUNCATE ON spends
-        FOR EACH STATEMENT EXECUTE FUNCTION svtagg_append_only()""",
-    *_final_states("streams", "stream", "stream_id", ("closed", "failed")),
-)
-
-#: Version 2: the embedding the task's clients use ("" = not recorded).
-_V2: tuple[str, ...] = ("ALTER TABLE tasks ADD COLUMN embedding TEXT NOT NULL DEFAULT ''",)
-
-#: Version 3: leased comparison work (`servers/work.py`) and the helper's
-#: robust-aggregate shares staged between the close's passes and MarkAgreed
-#: (in the database, so that any process of the server may run a pass).
-_V3: tuple[str, ...] = (
-    """CREATE TABLE work (
-        job_id BIGSERIAL PRIMARY KEY,
-        kind TEXT NOT NULL CHECK (kind IN ('ask', 'compare', 'robust', 'validate')),
-        stream_id TEXT COLLATE "C",
-        payload BYTEA NOT NULL,
-        state TEXT NOT NULL DEFAULT 'pending'
-            CHECK (state IN ('pending', 'leased', 'done', 'failed')),
-        owner TEXT,
-        lease_until TIMESTAMPTZ,
-        result BYTEA,
-        error BYTEA,
-        created TIMESTAMPTZ NOT NULL DEFAULT now()
-    )""",
-    # At most one chunk of a stream queued or running, whichever front end took it.
-    """CREATE UNIQUE INDEX work_one_per_stream ON work (stream_id)
-        WHERE state IN ('pending', 'leased')""",
-    "CREATE INDEX work_pending ON work (job_id) WHERE state = 'pending'",
-    *_final_states("work", "job", "job_id", ("done", "failed")),
-    "CREATE TABLE workers (owner TEXT PRIMARY KEY, role TEXT NOT NULL, seen TIMESTAMPTZ NOT NULL)",
-    """CREATE TABLE robust_staged (
-        task_id TEXT COLLATE "C" NOT NULL REFERENCES tasks (task_id),
-        digest BYTEA NOT NULL,
-        lo INTEGER NOT NULL CHECK (lo >= 0),
-        hi INTEGER NOT NULL CHECK (hi > lo),
-        shares BYTEA NOT NULL,
-        PRIMARY KEY (task_id, lo)
-    )""",
-)
-
-#: Version 4: "every report belongs to a task" checked once per statement, not
-#: once per row.  The foreign key reports.task_id -> tasks ran one SPI query per
-#: inserted report (about a third of the database's CPU per upload batch); it
-#: is replaced by triggers that enforce the same rule:
-#: - after each INSERT statement on `reports`, the distinct task ids of the new
-#:   rows are locked FOR KEY SHARE in `tasks` (as the foreign key locks them)
-#:   and a missing one fails the statement with foreign_key_violation;
-#: - an UPDATE of `reports.task_id` is checked row by row in the same way (no
-#:   code path does it; `mark_agreed`'s UPDATE of `share` does not fire it);
-#: - a DELETE of a task, or a change of its task_id, that still has reports
-#:   fails with foreign_key_violation (NO ACTION, as the foreign key did).
-#: Self-contained: it drops only the constraint V1 created and adds only
-#: objects named svtagg_reports_* / reports_task_*.
-_V4: tuple[str, ...] = (
-    "ALTER TABLE reports DROP CONSTRAINT reports_task_id_fkey",
-    """CREATE FUNCTION svtagg_reports_task_exists() RETURNS trigger LANGUAGE plpgsql AS $$
-    DECLARE
-        wanted BIGINT;
-        locked BIGINT;
-    BEGIN
-        SELECT count(DISTINCT task_id) INTO wanted FROM added;
-        SELECT count(*) INTO locked FROM (
-            SELECT 1 FROM tasks t WHERE t.task_id IN (SELECT task_id FROM added)
-            FOR KEY SHARE OF t
-        ) present;
-        IF locked <> wanted THEN
-            RAISE EXCEPTION 'reports of a task that does not exist'
-                USING ERRCODE = 'foreign_key_violation';
-        END IF;
-        RETURN NULL;
-    END $$""",
-    """CREATE TRIGGER reports_task_inserted AFTER INSERT ON reports
-        REFERENCING NEW TABLE AS added
-        FOR EACH STATEMENT EXECUTE FUNCTION svtagg_reports_task_exists()""",
-    """CREATE FUNCTION svtagg_reports_task_moved() RETURNS trigger LANGUAGE plpgsql AS $$
-    BEGIN
-        PERFORM 1 FROM tasks t WHERE t.task_id = NEW.task_id FOR KEY SHARE OF t;
-        IF NOT FOUND THEN
-            RAISE EXCEPTION 'report moved to task %, which does not exist', NEW.task_id
-                USING ERRCODE = 'foreign_key_violation';
-        END IF;
-        RETURN NULL;
-    END $$""",
-    """CREATE TRIGGER reports_task_updated AFTER UPDATE OF task_id ON reports
-        FOR EACH ROW WHEN (OLD.task_id IS DISTINCT FROM NEW.task_id)
-        EXECUTE FUNCTION svtagg_reports_task_moved()""",
-    """CREATE FUNCTION svtagg_reports_task_kept() RETURNS trigger LANGUAGE plpgsql AS $$
-    BEGIN
-        IF EXISTS (SELECT 1 FROM reports r WHERE r.task_id = OLD.task_id) THEN
-            RAISE EXCEPTION 'task % still has reports', OLD.task_id
-                USING ERRCODE = 'foreign_key_violation';
-        END IF;
-        RETURN NULL;
-    END $$""",
-    """CREATE TRIGGER reports_task_deleted AFTER DELETE ON tasks
-        FOR EACH ROW EXECUTE FUNCTION svtagg_reports_task_kept()""",
-    """CREATE TRIGGER reports_task_renamed AFTER UPDATE OF task_id ON tasks
-        FOR EACH ROW WHEN (OLD.task_id IS DISTINCT FROM NEW.task_id)
-        EXECUTE FUNCTION svtagg_reports_task_kept()""",
-)
-
-#: Version 5: the plan group a stream was charged to (reconciliation replays it
-#: there; NULL: the task's ledger), and the robust-aggregate pass each staged
-#: share belongs to (a late chunk of an abandoned pass stages apart and is never
-#: taken by a newer pass).  Shares staged before carry no pass: they are dropped,
-#: and a close that was in progress runs its pass again.
-_V5: tuple[str, ...] = (
-    'ALTER TABLE streams ADD COLUMN plan_id TEXT COLLATE "C"',
-    "ALTER TABLE streams ADD COLUMN plan_group INTEGER CHECK (plan_group >= 0)",
-    "DELETE FROM robust_staged",
-    "ALTER TABLE robust_staged ADD COLUMN pass_id BYTEA NOT NULL",
-    "ALTER TABLE robust_staged DROP CONSTRAINT robust_staged_pkey",
-    "ALTER TABLE robust_staged ADD PRIMARY KEY (task_id, pass_id, lo)",
-)
-
-#: `_MIGRATIONS[v]` brings a store at version v to v + 1.
-_MIGRATIONS: tuple[tuple[str, ...], ...] = (_V1, _V2, _V3, _V4, _V5)
+from svtagg.servers.store_pg_schema import MIGRATIONS
 
 
 def redact(url: str) -> str:
@@ -306,58 +140,32 @@ class _TextDumper(StrDumperUnknown):
         return super().dump(obj)
 
 
-class _Connection:
-    """A psycopg connection that speaks the SQLite store's dialect: `?`
-    placeholders, `execute` returning a cursor, `executemany`, `in_transaction`."""
-
-    def __init__(self, conn: psycopg.Connection[Any]) -> None:
-        self.conn = conn
-        self._queries: dict[str, str] = {}
-
-    def _pg(self, query: str) -> str:
-        out = self._queries.get(query)
-        if out is None:
-            out = self._queries[query] = query.replace("%", "%%").replace("?", "%s")
-        return out
-
-    def execute(self, query: str, params: Sequence[Any] = ()) -> psycopg.Cursor[Any]:
-        return self.conn.execute(self._pg(query), params)  # type: ignore[arg-type]
-
-    def executemany(self, query: str, rows: Sequence[Sequence[Any]]) -> None:
-        with self.conn.cursor() as cur:
-            cur.executemany(self._pg(query), rows)  # type: ignore[arg-type]
-
-    @property
-    def in_transaction(self) -> bool:
-        return self.conn.info.transaction_status != TransactionStatus.IDLE
-
-
-class _PgTransaction(_Transaction):
+class _Transaction:
     """BEGIN, the store's lock, ... COMMIT (ROLLBACK on any exception); re-entrant.
     `durable=False` commits without waiting for the WAL flush."""
 
-    def __init__(self, db: _Connection, durable: bool = True) -> None:
-        self._pg = db
+    def __init__(self, conn: psycopg.Connection[Any], durable: bool = True) -> None:
+        self._conn = conn
         self._outer = False
         self._durable = durable
 
     def __enter__(self) -> None:
-        if self._pg.in_transaction:
+        if self._conn.info.transaction_status != TransactionStatus.IDLE:
             return
-        self._pg.execute("BEGIN")
+        self._conn.execute("BEGIN")
         self._outer = True
         try:
-            self._pg.execute("SELECT pg_advisory_xact_lock(hashtext(current_schema()))")
+            self._conn.execute("SELECT pg_advisory_xact_lock(hashtext(current_schema()))")
             if not self._durable:
-                self._pg.execute("SET LOCAL synchronous_commit = off")
+                self._conn.execute("SET LOCAL synchronous_commit = off")
         except BaseException:
-            self._pg.execute("ROLLBACK")
+            self._conn.execute("ROLLBACK")
             raise
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
         if not self._outer:
             return
-        self._pg.execute("COMMIT" if exc_type is None else "ROLLBACK")
+        self._conn.execute("COMMIT" if exc_type is None else "ROLLBACK")
 
 
 def connect(url: str, application_name: str = "svtagg") -> psycopg.Connection[Any]:
@@ -379,25 +187,24 @@ def missing_path_schema(conn: psycopg.Connection[Any]) -> str | None:
     return first if first and first != "$user" else None
 
 
-class PgStore(Store):
-    """PostgreSQL store of one server (same interface and promises as `Store`).
+class PgStore:
+    """PostgreSQL store of one server (`store.Store`).
 
     `schema` (optional) keeps the store in that schema of the database (created
     if missing); otherwise the connection's search_path decides (`public`
     unless the URL says otherwise, e.g. `?options=-csearch_path%3Dleader`)."""
 
     #: Schema version this code writes (the `svtagg_schema` table; not SQLite's numbering).
-    SCHEMA_VERSION = len(_MIGRATIONS)
+    SCHEMA_VERSION = len(MIGRATIONS)
 
     def __init__(self, url: str, schema: str | None = None, recover: bool = True) -> None:
-        """`recover=False`: an ingest replica, which must not fail the streams
-        the server's main process has in flight."""
+        """`recover=False`: an ingest replica or a worker, which must not fail
+        the streams the server's main process has in flight."""
         self.path = redact(url)
         conn = connect(url)
         conn.adapters.register_dumper(str, _TextDumper)
         self._conn = conn
-        self._url = url  # kept for the work queue's own connections (never logged)
-        self._db = _Connection(conn)  # type: ignore[assignment]
+        self._url = url  # for the work queue's own sessions (never logged)
         try:
             conn.execute("SET synchronous_commit = on")
             if schema is None:
@@ -409,6 +216,7 @@ class PgStore(Store):
                 conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
             self._migrate()
             row = conn.execute("SELECT current_schema()").fetchone()
+            #: The database schema the store lives in (one store per schema).
             self.schema: str = str(row[0]) if row else "public"
             self.recovered_failed: list[tuple[str, str]] = []
             self.recovered_plans: list[tuple[str, str]] = []
@@ -420,8 +228,21 @@ class PgStore(Store):
     def close(self) -> None:
         self._conn.close()
 
-    def _tx(self, durable: bool = True) -> _PgTransaction:
-        return _PgTransaction(self._db, durable)  # type: ignore[arg-type]
+    async def open_session(self, application_name: str) -> psycopg.AsyncConnection[Any]:
+        """A new autocommit asynchronous session on this store's database, in its
+        schema (the work queue's own connections); the caller closes it."""
+        conn = await psycopg.AsyncConnection.connect(
+            self._url, autocommit=True, application_name=application_name
+        )
+        try:
+            await conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(self.schema)))
+        except BaseException:
+            await conn.close()
+            raise
+        return conn
+
+    def _tx(self, durable: bool = True) -> _Transaction:
+        return _Transaction(self._conn, durable)
 
     def _migrate(self) -> None:
         with self._tx():
@@ -436,7 +257,7 @@ class PgStore(Store):
                     f"the store {self.path} has schema version {version}; this svtagg "
                     f"knows versions up to {self.SCHEMA_VERSION} (upgrade svtagg)"
                 )
-            for step in _MIGRATIONS[version:]:
+            for step in MIGRATIONS[version:]:
                 for statement in step:
                     self._conn.execute(statement.encode())
             self._conn.execute(
@@ -449,17 +270,73 @@ class PgStore(Store):
         row = self._conn.execute("SELECT version FROM svtagg_schema").fetchone()
         return 0 if row is None else int(row[0])
 
+    def _recover(self) -> int:
+        """Fail closed every stream that was opening or mid-chunk at the last stop,
+        and list the plans then active (`recovered_plans`)."""
+        with self._tx():
+            self.recovered_plans = [
+                (r[0], r[1])
+                for r in self._conn.execute(
+                    "SELECT plan_id, task_id FROM plans WHERE state=%s ORDER BY plan_id",
+                    (PLAN_ACTIVE,),
+                )
+            ]
+            self.recovered_failed = [
+                (r[0], r[1])
+                for r in self._conn.execute(
+                    "SELECT stream_id, task_id FROM streams WHERE state IN (%s, %s)",
+                    (OPENING, IN_CHUNK),
+                )
+            ]
+            cur = self._conn.execute(
+                "UPDATE streams SET state=%s WHERE state IN (%s, %s)", (FAILED, OPENING, IN_CHUNK)
+            )
+        return cur.rowcount
+
+    # ------------------------------------------------------------ tasks
+    def create_task(self, p: TaskParams) -> TaskState:
+        with self._tx():
+            if self._conn.execute("SELECT 1 FROM tasks WHERE task_id=%s", (p.task_id,)).fetchone():
+                raise AlreadyExists(f"task {p.task_id!r} already exists")
+            self._conn.execute(
+                f"INSERT INTO tasks ({NEW_TASK_COLUMNS})"
+                " VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)",
+                new_task_row(p),
+            )
+        return self.task(p.task_id)
+
+    def task(self, task_id: str) -> TaskState:
+        row = self._conn.execute(
+            f"SELECT {TASK_COLUMNS} FROM tasks t WHERE task_id=%s", (task_id,)
+        ).fetchone()
+        return task_state(task_id, row)
+
+    def task_ids(self) -> list[str]:
+        return [r[0] for r in self._conn.execute("SELECT task_id FROM tasks ORDER BY task_id")]
+
+    def sums(self, task_id: str) -> U64:
+        row = self._conn.execute("SELECT sums FROM tasks WHERE task_id=%s", (task_id,)).fetchone()
+        if row is None:
+            raise NotFound(f"unknown task {task_id!r}")
+        return np.frombuffer(row[0], dtype=np.uint64).copy()
+
+    def robust_sums(self, task_id: str) -> U64 | None:
+        row = self._conn.execute(
+            "SELECT robust_sums FROM tasks WHERE task_id=%s", (task_id,)
+        ).fetchone()
+        if row is None:
+            raise NotFound(f"unknown task {task_id!r}")
+        return None if row[0] is None else np.frombuffer(row[0], dtype=np.uint64).copy()
+
     # ------------------------------------------------------------ uploads
     def add_reports(
         self, task_id: str, report_ids: list[bytes], shares: list[bytes], share_sum: U64
     ) -> int:
         with self._tx():
             row = self._conn.execute(
-                "SELECT n, n_max, collection_open, sums, digest, d FROM tasks"
-                " WHERE task_id=%s FOR UPDATE",
-                (task_id,),
+                f"SELECT {BATCH_COLUMNS} FROM tasks WHERE task_id=%s FOR UPDATE", (task_id,)
             ).fetchone()
-            n, sums_blob, digest, d = self._admit_batch(task_id, row, len(report_ids), share_sum)
+            n, n_max, sums_blob, digest = admit_batch(task_id, row, share_sum)
             if len(shares) != len(report_ids):
                 raise InvalidArgument(f"{len(report_ids)} report ids, {len(shares)} shares")
             # a replayed id violates the primary key: the COPY fails and the
@@ -476,15 +353,25 @@ class PgStore(Store):
                 raise AlreadyExists(
                     "a report id of this batch was already uploaded (replay); batch refused"
                 ) from None
-            self._within_capacity(task_id, row, len(report_ids))
+            within_capacity(task_id, n, n_max, len(report_ids))
             crash_point("upload.mid_store")
             sums = np.frombuffer(sums_blob, dtype=np.uint64) + share_sum
-            new_digest = _xor(bytes(digest), report_digest(report_ids))
             self._conn.execute(
                 "UPDATE tasks SET n=%s, sums=%s, digest=%s WHERE task_id=%s",
-                (n + len(report_ids), sums.tobytes(), new_digest, task_id),
+                (
+                    n + len(report_ids),
+                    sums.tobytes(),
+                    xor_reports(bytes(digest), report_ids),
+                    task_id,
+                ),
             )
         return int(n + len(report_ids))
+
+    def close_collection(self, task_id: str) -> TaskState:
+        with self._tx():
+            self.task(task_id)
+            self._conn.execute("UPDATE tasks SET collection_open=0 WHERE task_id=%s", (task_id,))
+        return self.task(task_id)
 
     def _stored_shares(self, task_id: str, report_ids: list[bytes]) -> dict[bytes, bytes | None]:
         rows = self._conn.execute(
@@ -494,7 +381,6 @@ class PgStore(Store):
         return {bytes(r[0]): None if r[1] is None else bytes(r[1]) for r in rows}
 
     def shares(self, task_id: str, report_ids: list[bytes]) -> list[bytes]:
-        """This server's stored share of each report (until the agreement)."""
         stored = self._stored_shares(task_id, report_ids)
         out = []
         for rid in report_ids:
@@ -508,15 +394,27 @@ class PgStore(Store):
             out.append(share)
         return out
 
+    def report_ids(self, task_id: str, after: bytes = b"", limit: int | None = None) -> list[bytes]:
+        if limit is None:
+            rows = self._conn.execute(
+                "SELECT report_id FROM reports WHERE task_id=%s AND report_id > %s"
+                " ORDER BY report_id",
+                (task_id, after),
+            )
+        else:
+            rows = self._conn.execute(
+                "SELECT report_id FROM reports WHERE task_id=%s AND report_id > %s"
+                " ORDER BY report_id LIMIT %s",
+                (task_id, after, int(limit)),
+            )
+        return [bytes(r[0]) for r in rows]
+
     def remove_reports(
         self, task_id: str, report_ids: list[bytes], share_sum: Callable[[list[bytes]], U64]
     ) -> TaskState:
         with self._tx():
             task = self.task(task_id)
-            if task.collection_open:
-                raise FailedPrecondition("reports are reconciled only after the close")
-            if task.agreed:
-                raise FailedPrecondition("the report set is already agreed; nothing to remove")
+            check_removable(task)
             if not report_ids:
                 return task
             stored = self._stored_shares(task_id, report_ids)
@@ -530,12 +428,7 @@ class PgStore(Store):
                 )
                 self._conn.execute(
                     "UPDATE tasks SET n=n-%s, sums=%s, digest=%s WHERE task_id=%s",
-                    (
-                        len(present),
-                        sums.tobytes(),
-                        _xor(task.digest, report_digest(present)),
-                        task_id,
-                    ),
+                    (len(present), sums.tobytes(), xor_reports(task.digest, present), task_id),
                 )
         return self.task(task_id)
 
@@ -552,16 +445,18 @@ class PgStore(Store):
         return self.task(task_id)
 
     # ------------------------------------------------------------ ledger
-    def _write_spent(self, task_id: str, ledger: Ledger) -> None:
-        """Write the new totals and append the change to the `spends` journal
-        (inside the caller's transaction)."""
+    def _write_spent(self, task_id: str, after: Budget) -> None:
+        """Write the task's new spent totals and append the change to the
+        `spends` journal (inside the caller's transaction)."""
         before = self._conn.execute(
             "SELECT epsilon_spent, delta_spent FROM tasks WHERE task_id=%s", (task_id,)
         ).fetchone()
         if before is None:
             raise NotFound(f"unknown task {task_id!r}")
-        super()._write_spent(task_id, ledger)
-        after = ledger.budget()
+        self._conn.execute(
+            "UPDATE tasks SET epsilon_spent=%s, delta_spent=%s WHERE task_id=%s",
+            (str(after.epsilon_spent), str(after.delta_spent), task_id),
+        )
         self._conn.execute(
             "INSERT INTO spends (task_id, epsilon, delta, epsilon_spent, delta_spent)"
             " VALUES (%s, %s, %s, %s, %s)",
@@ -582,7 +477,50 @@ class PgStore(Store):
         return [(Fraction(r[0]), Fraction(r[1])) for r in rows]
 
     # ------------------------------------------------------------ streams
+    def open_stream(
+        self,
+        stream_id: str,
+        task_id: str,
+        kind: StreamKind,
+        epsilon: Fraction,
+        delta: Fraction,
+        delta_charge: Fraction,
+        plan: tuple[str, int] | None = None,
+        replay: bool = False,
+    ) -> None:
+        with self._tx():
+            if self._conn.execute(
+                "SELECT 1 FROM streams WHERE stream_id=%s", (stream_id,)
+            ).fetchone():
+                if replay:
+                    return
+                raise AlreadyExists(f"stream {stream_id!r} already exists")
+            budget = self.task(task_id).budget
+            extra: tuple[Fraction, Fraction] | None = (epsilon, delta_charge)
+            if plan is not None:
+                held = self.plan(plan[0])
+                extra = admit_to_plan(plan, held, task_id, (epsilon, delta_charge), replay)
+                self._conn.execute(
+                    "UPDATE plans SET book=%s WHERE plan_id=%s", (book_text(held[0]), plan[0])
+                )
+            if extra is not None:
+                self._write_spent(task_id, charged(budget, *extra))
+            self._conn.execute(
+                f"INSERT INTO streams ({NEW_STREAM_COLUMNS}) VALUES (%s,%s,%s,%s,%s,%s,%s,%s)",
+                new_stream_row(stream_id, task_id, kind, epsilon, delta, plan, replay),
+            )
+
+    def set_threshold_noise(self, stream_id: str, gamma: int, open_now: bool = True) -> None:
+        with self._tx():
+            cur = self._conn.execute(
+                "UPDATE streams SET gamma=%s, state=%s WHERE stream_id=%s AND state=%s",
+                (str(gamma), OPEN if open_now else OPENING, stream_id, OPENING),
+            )
+            if cur.rowcount != 1:
+                raise FailedPrecondition(f"stream {stream_id!r} is not being opened")
+
     def confirm_stream(self, stream_id: str) -> None:
+        """Committed with synchronous_commit off."""
         with self._tx(durable=False):
             cur = self._conn.execute(
                 "UPDATE streams SET state=%s WHERE stream_id=%s AND state=%s AND gamma IS NOT NULL",
@@ -591,10 +529,6 @@ class PgStore(Store):
             if cur.rowcount != 1:
                 raise FailedPrecondition(f"stream {stream_id!r} is not being opened")
 
-    def end_chunk(self, stream_id: str, answered: int, close: bool) -> None:
-        with self._tx(durable=False):
-            self._end_chunk(stream_id, answered, close)
-
     def stream_ids(self, task_id: str, state: str) -> list[str]:
         rows = self._conn.execute(
             "SELECT stream_id FROM streams WHERE task_id=%s AND state=%s ORDER BY seq",
@@ -602,12 +536,80 @@ class PgStore(Store):
         ).fetchall()
         return [r[0] for r in rows]
 
+    def stream(self, stream_id: str) -> StreamState:
+        row = self._conn.execute(
+            f"SELECT {STREAM_COLUMNS} FROM streams WHERE stream_id=%s", (stream_id,)
+        ).fetchone()
+        return stream_state(stream_id, row)
+
+    def begin_chunk(self, stream_id: str, chunk_no: int | None = None) -> int:
+        with self._tx():
+            number = next_chunk(self.stream(stream_id), chunk_no)
+            self._conn.execute(
+                "UPDATE streams SET state=%s, chunks=chunks+1 WHERE stream_id=%s",
+                (IN_CHUNK, stream_id),
+            )
+        return number
+
+    def end_chunk(self, stream_id: str, answered: int, close: bool) -> None:
+        """Committed with synchronous_commit off."""
+        with self._tx(durable=False):
+            self._conn.execute(
+                "UPDATE streams SET state=%s, queries=queries+%s WHERE stream_id=%s AND state=%s",
+                (CLOSED if close else OPEN, answered, stream_id, IN_CHUNK),
+            )
+
     def fail_stream(self, stream_id: str) -> None:
         with self._tx():
             self._conn.execute(
                 "UPDATE streams SET state=%s WHERE stream_id=%s AND state NOT IN (%s, %s)",
                 (FAILED, stream_id, CLOSED, FAILED),
             )
+
+    # ------------------------------------------------------------ plans
+    def plan(self, plan_id: str) -> tuple[PlanBook, str, str]:
+        row = self._conn.execute(
+            f"SELECT {PLAN_COLUMNS} FROM plans WHERE plan_id=%s", (plan_id,)
+        ).fetchone()
+        return plan_state(plan_id, row)
+
+    def reserve_plan(self, plan_id: str, task_id: str, book: PlanBook) -> None:
+        with self._tx():
+            budget = self.task(task_id).budget
+            if self._conn.execute("SELECT 1 FROM plans WHERE plan_id=%s", (plan_id,)).fetchone():
+                raise AlreadyExists(f"plan {plan_id!r} already exists")
+            self._write_spent(task_id, charged(budget, book.charge.epsilon, book.charge.delta))
+            self._conn.execute(
+                "INSERT INTO plans (plan_id, task_id, book, state) VALUES (%s,%s,%s,%s)",
+                (plan_id, task_id, book_text(book), PLAN_ACTIVE),
+            )
+
+    def end_plan(self, plan_id: str) -> tuple[Fraction, Fraction]:
+        with self._tx():
+            book, state, task_id = self.plan(plan_id)
+            if state != PLAN_ACTIVE:
+                return Fraction(0), Fraction(0)
+            back_e, back_d = book.refund()
+            self._write_spent(task_id, refunded(self.task(task_id).budget, back_e, back_d))
+            self._conn.execute("UPDATE plans SET state=%s WHERE plan_id=%s", (PLAN_ENDED, plan_id))
+        return back_e, back_d
+
+    def fail_plan(self, plan_id: str) -> None:
+        with self._tx():
+            self.plan(plan_id)
+            self._conn.execute(
+                "UPDATE plans SET state=%s WHERE plan_id=%s AND state=%s",
+                (PLAN_FAILED, plan_id, PLAN_ACTIVE),
+            )
+
+    def plan_ids(self, task_id: str, state: str) -> list[str]:
+        return [
+            r[0]
+            for r in self._conn.execute(
+                "SELECT plan_id FROM plans WHERE task_id=%s AND state=%s ORDER BY plan_id",
+                (task_id, state),
+            )
+        ]
 
     # ------------------------------------------------------------ robust staging
     def stage_robust(
@@ -634,7 +636,7 @@ class PgStore(Store):
             " WHERE task_id=%s AND pass_id=%s AND digest=%s",
             (task_id, pass_id, digest),
         ).fetchall()
-        return _assemble(d, [(int(lo), np.frombuffer(b, np.uint64)) for lo, _, b in rows])
+        return assemble(d, [(int(lo), np.frombuffer(b, np.uint64)) for lo, _, b in rows])
 
     def clear_staged(self, task_id: str) -> None:
         with self._tx(durable=False):

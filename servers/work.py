@@ -60,6 +60,8 @@ from svtagg.servers.exchange import (
 if TYPE_CHECKING:  # psycopg is the optional `postgres` extra: imported where used
     import psycopg
 
+    from svtagg.servers.store import Store
+
 log = logging.getLogger("svtagg.work")
 
 #: A worker's lease on a job, renewed every third of it while the job runs.
@@ -163,7 +165,11 @@ class WorkQueue:
     of its own (commands, and LISTEN for wake-ups)."""
 
     def __init__(
-        self, conn: psycopg.AsyncConnection[Any], listen: psycopg.AsyncConnection[Any], schema: str
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        listen: psycopg.AsyncConnection[Any],
+        schema: str,
+        metrics: Any = None,
     ) -> None:
         self._conn = conn
         self._listen = listen
@@ -176,32 +182,31 @@ class WorkQueue:
         self._early: set[int] = set()  # finished jobs whose waiter was not yet registered
         self._alive = (0, 0.0)  # (leader workers seen, when: time.monotonic())
         #: The front end's Prometheus metrics (servers.metrics.Metrics), if any.
-        self.metrics: Any = None
+        self.metrics = metrics
 
     @classmethod
-    async def connect(cls, store: Any, channels: tuple[str, ...] = ("new", "done")) -> WorkQueue:
-        """The queue of `store` (a `PgStore`; SQLite has no work queue), woken by
-        the notifications it needs: "done" (a front end), "new" (a worker)."""
-        import psycopg
+    async def connect(
+        cls, store: Store, channels: tuple[str, ...] = ("new", "done"), metrics: Any = None
+    ) -> WorkQueue:
+        """The queue of `store` (a `PgStore`; SQLite has no work queue), over two
+        sessions of its own on the store's database (`PgStore.open_session`),
+        woken by the notifications it needs: "done" (a front end), "new" (a worker)."""
         from psycopg import sql
 
-        url = getattr(store, "_url", None)
-        if url is None:
+        from svtagg.servers.store_pg import PgStore
+
+        if not isinstance(store, PgStore):
             raise ValueError("leased work needs a PostgreSQL store (--db postgresql://...)")
         schema = store.schema
         conns = []
         try:
             for _ in range(2):
-                c = await psycopg.AsyncConnection.connect(
-                    url, autocommit=True, application_name=f"svtagg-work-{os.getpid()}"
-                )
-                conns.append(c)
-                await c.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
+                conns.append(await store.open_session(f"svtagg-work-{os.getpid()}"))
         except BaseException:
             for c in conns:
                 await c.close()
             raise
-        q = cls(conns[0], conns[1], schema)
+        q = cls(conns[0], conns[1], schema, metrics)
         for what in channels:
             await q._listen.execute(
                 sql.SQL("LISTEN {}").format(sql.Identifier(_channel(schema, what)))

@@ -16,6 +16,7 @@ import pytest
 
 from svtagg.proto import svtagg_pb2 as pb
 from svtagg.proto.tls import Identity, write_deployment
+from svtagg.proto.vocab import Role
 from svtagg.servers.core import PartyFactory, garbled_circuit_party
 from svtagg.servers.reference import ReferencePair, reference_pair
 from svtagg.servers.service import ServerConfig, SvtaggServer
@@ -68,7 +69,7 @@ class Deployment:
         helper_listen = f"127.0.0.1:{self.helper_port}"
         self.helper = SvtaggServer(
             ServerConfig(
-                "helper",
+                Role.HELPER,
                 str(self.root / "helper.sqlite"),
                 self.identity("helper"),
                 helper_listen,
@@ -80,7 +81,7 @@ class Deployment:
         self.helper_port = self.helper.port
         self.leader = SvtaggServer(
             ServerConfig(
-                "leader",
+                Role.LEADER,
                 str(self.root / "leader.sqlite"),
                 self.identity("leader"),
                 f"127.0.0.1:{self.leader_port}",
@@ -128,13 +129,15 @@ async def ingest_port_pair(certs: Path, root: Path) -> AsyncIterator[tuple[Svtag
     `ingest_port` to clients holding no certificate (--ingest-listen)."""
     ident = {r: Identity.load(certs, r) for r in ("leader", "helper")}
     helper = SvtaggServer(
-        ServerConfig("helper", str(root / "h.sqlite"), ident["helper"], ingest_listen="127.0.0.1:0")
+        ServerConfig(
+            Role.HELPER, str(root / "h.sqlite"), ident["helper"], ingest_listen="127.0.0.1:0"
+        )
     )
     await helper.start()
     try:
         leader = SvtaggServer(
             ServerConfig(
-                "leader",
+                Role.LEADER,
                 str(root / "l.sqlite"),
                 ident["leader"],
                 helper_address=f"127.0.0.1:{helper.port}",

@@ -858,7 +858,7 @@ async def test_a_leased_robust_job_of_the_wrong_length_fails_the_pass(tmp_path: 
     from svtagg.proto.vocab import PASS_ID_BYTES, Role
     from svtagg.servers.core import ServerCore
     from svtagg.servers.leader import ROBUST_LANES, LeaderDriver
-    from svtagg.servers.store import Store
+    from svtagg.servers.store_sqlite import SqliteStore
 
     class ShortWork:
         async def run(self, kind: str, payload: bytes, *args: Any, **kw: Any) -> bytes:
@@ -867,7 +867,7 @@ async def test_a_leased_robust_job_of_the_wrong_length_fails_the_pass(tmp_path: 
             return bytes(8 * (width - (1 if h.coord_lo == 0 else 0)))
 
     d = ROBUST_LANES + 3
-    store = Store(tmp_path / "l.sqlite")
+    store = SqliteStore(tmp_path / "l.sqlite")
     store.create_task(TaskParams("t", d, 16, 100, 1, Fraction(1), Fraction(0), Fraction(1, 10)))
     leader = LeaderDriver(ServerCore(Role.LEADER, store), None, None)  # type: ignore[arg-type]
     leader.work = ShortWork()  # type: ignore[assignment]

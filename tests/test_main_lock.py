@@ -14,14 +14,20 @@ import pytest
 from conftest import Deployment
 
 from svtagg.proto.tls import Identity
-from svtagg.servers.service import ServerConfig, SvtaggServer
+from svtagg.proto.vocab import Role
+from svtagg.servers.service import ProcessKind, ServerConfig, SvtaggServer
 
 
-def _config(role: str, db: str, certs: Path, **kw: object) -> ServerConfig:
-    helper = {"helper_address": "127.0.0.1:1"} if role == "leader" else {}
+def _config(role: str, db: str, certs: Path, kind: ProcessKind = ProcessKind.MAIN) -> ServerConfig:
     return ServerConfig(
-        role, db, Identity.load(certs, role), "127.0.0.1:0", data_port=None, **helper, **kw
-    )  # type: ignore[arg-type]
+        Role(role),
+        db,
+        Identity.load(certs, role),
+        "127.0.0.1:0",
+        helper_address="127.0.0.1:1" if role == "leader" else None,
+        data_port=None,
+        kind=kind,
+    )
 
 
 async def test_a_second_main_process_on_a_sqlite_store_is_refused(
@@ -79,7 +85,7 @@ async def test_a_second_main_process_on_a_postgres_store_is_refused(
             SvtaggServer(_config("helper", url, certs))
         assert f"pid {os.getpid()}" in str(e.value)
         # an ingest replica is not a main process
-        replica = SvtaggServer(_config("helper", url, certs, ingest_only=True))
+        replica = SvtaggServer(_config("helper", url, certs, ProcessKind.INGEST_REPLICA))
         await replica.start()
         await replica.stop(0.1)
         # another schema is another store

@@ -28,7 +28,7 @@ from svtagg.servers.exchange import OpenStream, PlanGroup, PlanInfo, PlanRequest
 from svtagg.servers.helper import HelperDriver
 from svtagg.servers.leader import LeaderDriver
 from svtagg.servers.memory import MemoryHelperPort
-from svtagg.servers.store import Store
+from svtagg.servers.store_sqlite import SqliteStore
 
 TINY = Fraction(1, 10**6)
 
@@ -182,11 +182,11 @@ async def _restart(pair: DriverPair, root: Path) -> None:
     pair.leader.core.store.close()
     pair.helper.core.store.close()
     pair.helper = HelperDriver(
-        ServerCore(Role.HELPER, Store(root / "h.sqlite")), garbled_circuit_party
+        ServerCore(Role.HELPER, SqliteStore(root / "h.sqlite")), garbled_circuit_party
     )
     pair.port = MemoryHelperPort(pair.helper)
     pair.leader = LeaderDriver(
-        ServerCore(Role.LEADER, Store(root / "l.sqlite")), pair.port, garbled_circuit_party
+        ServerCore(Role.LEADER, SqliteStore(root / "l.sqlite")), pair.port, garbled_circuit_party
     )
 
 

@@ -20,7 +20,8 @@ from svtagg.proto import health_pb2, health_pb2_grpc
 from svtagg.proto import svtagg_pb2 as pb
 from svtagg.proto import svtagg_pb2_grpc as pb_grpc
 from svtagg.proto.tls import Identity, tls_target, write_deployment
-from svtagg.servers.store import FAILED, Store
+from svtagg.servers.store import FAILED
+from svtagg.servers.store_sqlite import SqliteStore
 
 Code = grpc.StatusCode
 
@@ -316,7 +317,7 @@ def test_mid_chunk_stream_fails_closed_on_restart(tmp_path: Path):
 
     from svtagg.dp.task import TaskParams
 
-    store = Store(tmp_path / "s.sqlite")
+    store = SqliteStore(tmp_path / "s.sqlite")
     store.create_task(TaskParams("t", 2, 16, 100, 1, Fraction(1), Fraction(0), Fraction(1, 10)))
     store.close_collection("t")
     store.mark_agreed("t", None)
@@ -325,7 +326,7 @@ def test_mid_chunk_stream_fails_closed_on_restart(tmp_path: Path):
     store.open_stream("o", "t", StreamKind.LAP24, Fraction(1, 4), Fraction(0), Fraction(0))
     store.begin_chunk("s")
     store.close()  # as if killed mid-chunk (the in_chunk mark is committed)
-    again = Store(tmp_path / "s.sqlite")
+    again = SqliteStore(tmp_path / "s.sqlite")
     assert again.failed_on_recovery == 2  # the mid-chunk one and the half-opened one
     assert again.stream("s").state == FAILED and again.stream("o").state == FAILED
     assert again.task("t").budget.epsilon_spent == Fraction(3, 4)  # never refunded
@@ -404,16 +405,17 @@ async def test_impostor_helper_is_refused(certs: Path, tmp_path: Path):
     certificate carries, and refuses to start (one line naming the helper's
     certificate) instead of serving with a helper it can never reach."""
     from svtagg.proto.tls import CertificateError
+    from svtagg.proto.vocab import Role
     from svtagg.servers.service import ServerConfig, SvtaggServer
 
     impostor = SvtaggServer(
-        ServerConfig("helper", str(tmp_path / "x.sqlite"), Identity.load(certs, "analyst"))
+        ServerConfig(Role.HELPER, str(tmp_path / "x.sqlite"), Identity.load(certs, "analyst"))
     )
     await impostor.start()
     try:
         leader = SvtaggServer(
             ServerConfig(
-                "leader",
+                Role.LEADER,
                 str(tmp_path / "l.sqlite"),
                 Identity.load(certs, "leader"),
                 helper_address=f"127.0.0.1:{impostor.port}",
@@ -439,7 +441,7 @@ def test_budget_policy_caps_the_analysts_proposal(tmp_path: Path):
 
     core = ServerCore(
         "helper",
-        Store(tmp_path / "h.sqlite"),
+        SqliteStore(tmp_path / "h.sqlite"),
         max_epsilon_total=Fraction(8),
         max_delta_total=Fraction(1, 10**6),
     )
@@ -449,7 +451,7 @@ def test_budget_policy_caps_the_analysts_proposal(tmp_path: Path):
         over = parse_task_params(TaskSpec("over", 4, 16, 1000, 1, eps, delta, "1/100"))
         with pytest.raises(InvalidArgument, match="cap"):
             core.check_budget_policy(over)
-    uncapped = ServerCore("leader", Store(tmp_path / "l.sqlite"))
+    uncapped = ServerCore("leader", SqliteStore(tmp_path / "l.sqlite"))
     uncapped.check_budget_policy(
         parse_task_params(TaskSpec("big", 4, 16, 1000, 1, "1000", "0", "1"))
     )
@@ -464,7 +466,7 @@ def test_batch_values_are_bounded(tmp_path: Path):
     from svtagg.proto.vocab import MAX_BATCH_VALUES
     from svtagg.servers.core import ServerCore
 
-    store = Store(tmp_path / "h.sqlite")
+    store = SqliteStore(tmp_path / "h.sqlite")
     d = 1 << 20
     store.create_task(TaskParams("wide", d, 16, 100, 1, Fraction(1), Fraction(0), Fraction(1)))
     core = ServerCore("helper", store)
@@ -491,6 +493,41 @@ def test_server_cli_caps_the_budget_by_default() -> None:
     args = ap.parse_args([*base, "--max-epsilon-total", "none", "--max-delta-total", "None"])
     assert cli._cap(args.max_epsilon_total, "--max-epsilon-total") is None
     assert cli._cap(args.max_delta_total, "--max-delta-total") is None
+
+
+def test_server_flags_name_one_process_kind() -> None:
+    """--ingest-only, --worker and --lease-work each name one kind of process;
+    only the main process (leased or not) owns the store, and a flag that
+    needs the shared PostgreSQL store or the leader is refused in one line."""
+    from svtagg.proto.vocab import Role
+    from svtagg.servers.service import ProcessKind
+
+    pg, sqlite = "postgresql://x@127.0.0.1:1/x", "x.sqlite"
+
+    def kind(role: Role = Role.LEADER, db: str = pg, **flags: bool) -> ProcessKind:
+        named = {"ingest_only": False, "worker": False, "lease_work": False, **flags}
+        return ProcessKind.from_flags(role, db, **named)
+
+    assert kind(db=sqlite) is ProcessKind.MAIN
+    assert kind(ingest_only=True) is ProcessKind.INGEST_REPLICA
+    assert kind(Role.HELPER, worker=True) is ProcessKind.WORKER
+    assert kind(lease_work=True) is ProcessKind.LEASED_FRONT_END
+    # a replica runs no chunks, so leasing them changes nothing
+    assert kind(ingest_only=True, lease_work=True) is ProcessKind.INGEST_REPLICA
+    owners = {k for k in ProcessKind if k.owns_store}
+    assert owners == {ProcessKind.MAIN, ProcessKind.LEASED_FRONT_END}
+    for flags, message in (
+        ({"ingest_only": True}, "--ingest-only replicas share a PostgreSQL store"),
+        ({"worker": True}, "--worker needs the PostgreSQL store"),
+        ({"lease_work": True}, "--lease-work needs the PostgreSQL store"),
+        ({"worker": True, "lease_work": True}, "--worker needs the PostgreSQL store"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            kind(db=sqlite, **flags)
+    with pytest.raises(ValueError, match="cannot be combined"):
+        kind(Role.HELPER, worker=True, lease_work=True)
+    with pytest.raises(ValueError, match="--lease-work is for the leader only"):
+        kind(Role.HELPER, lease_work=True)
 
 
 def test_comparison_width_comes_from_public_parameters() -> None:

@@ -37,10 +37,10 @@ from svtagg.servers.store import (
     PLAN_ENDED,
     PLAN_FAILED,
     Store,
-    open_store,
     report_digest,
-    sqlite_file,
 )
+from svtagg.servers.store_open import open_store, sqlite_file
+from svtagg.servers.store_sqlite import SqliteStore
 
 #: A factory: `opener()` opens (or reopens) the test's store.
 Opener = Callable[[], Store]
@@ -52,7 +52,7 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[st
     if request.param == "sqlite":
 
         def opener() -> Store:
-            opened.append(Store(tmp_path / "s.sqlite"))
+            opened.append(SqliteStore(tmp_path / "s.sqlite"))
             return opened[-1]
 
         yield "sqlite", opener
@@ -461,7 +461,7 @@ def test_open_store_selects_the_backend(tmp_path: Path) -> None:
     with pytest.raises(InvalidArgument, match="mysql"):
         sqlite_file("mysql://u@h/db")
     s = open_store(f"sqlite:///{path}")
-    assert type(s) is Store and path.exists()
+    assert type(s) is SqliteStore and path.exists()
     s.close()
 
 
@@ -544,7 +544,7 @@ def test_sqlite_schema_v2_gains_the_embedding_column(tmp_path: Path) -> None:
     import sqlite3
 
     path = tmp_path / "old.sqlite"
-    store = Store(path)
+    store = SqliteStore(path)
     store.create_task(params("old"))
     store.close()
     raw = sqlite3.connect(path)
@@ -552,9 +552,9 @@ def test_sqlite_schema_v2_gains_the_embedding_column(tmp_path: Path) -> None:
     raw.execute("PRAGMA user_version = 2")
     raw.commit()
     raw.close()
-    store = Store(path)
+    store = SqliteStore(path)
     try:
-        assert store._db.execute("PRAGMA user_version").fetchone()[0] == Store.SCHEMA_VERSION
+        assert store._db.execute("PRAGMA user_version").fetchone()[0] == SqliteStore.SCHEMA_VERSION
         assert store.task("old").params.embedding == ""
         assert store.task("old").params == params("old")
     finally:
@@ -567,7 +567,7 @@ def test_sqlite_schema_v3_streams_gain_their_plan(tmp_path: Path) -> None:
     import sqlite3
 
     path = tmp_path / "old.sqlite"
-    store = Store(path)
+    store = SqliteStore(path)
     agreed_task(store)
     store.open_stream("s", "t", StreamKind.LAP24, Fraction(1, 8), Fraction(0), Fraction(0))
     store.close()
@@ -577,9 +577,13 @@ def test_sqlite_schema_v3_streams_gain_their_plan(tmp_path: Path) -> None:
     raw.execute("PRAGMA user_version = 3")
     raw.commit()
     raw.close()
-    store = Store(path)
+    store = SqliteStore(path)
     try:
-        assert store._db.execute("PRAGMA user_version").fetchone()[0] == Store.SCHEMA_VERSION == 4
+        assert (
+            store._db.execute("PRAGMA user_version").fetchone()[0]
+            == SqliteStore.SCHEMA_VERSION
+            == 4
+        )
         assert store.stream("s").plan is None and store.stream("s").state == FAILED
         store.reserve_plan("p", "t", PlanBook.reserve([Group(Fraction(1, 4))]))
         store.open_stream(
@@ -596,14 +600,15 @@ def test_pg_schema_v4_streams_gain_their_plan_and_staging_its_pass(pg_url: tuple
     dropped (a close in progress runs its pass again)."""
     import psycopg
 
-    from svtagg.servers.store_pg import _MIGRATIONS, PgStore
+    from svtagg.servers.store_pg import PgStore
+    from svtagg.servers.store_pg_schema import MIGRATIONS
 
     url, tag = pg_url
     schema = f"v4_{tag}"
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(f'CREATE SCHEMA "{schema}"')
         conn.execute(f'SET search_path TO "{schema}"')
-        for step in _MIGRATIONS[:4]:
+        for step in MIGRATIONS[:4]:
             for statement in step:
                 conn.execute(statement.encode())
         conn.execute(

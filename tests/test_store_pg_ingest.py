@@ -91,7 +91,7 @@ def test_a_version_2_store_migrates_with_its_reports(
     )
     ids, shares, _ = batch(3, 6)
     with monkeypatch.context() as m:  # the code of schema version 2
-        m.setattr(store_pg, "_MIGRATIONS", store_pg._MIGRATIONS[:2])
+        m.setattr(store_pg, "MIGRATIONS", store_pg.MIGRATIONS[:2])
         m.setattr(PgStore, "SCHEMA_VERSION", 2)
         old = PgStore(url, schema=schema)
         old.create_task(params("t"))

@@ -137,9 +137,10 @@ async def test_lost_worker_fails_the_stream(queues: tuple[Any, Any, Any]) -> Non
 
 async def test_unclaimed_job_is_withdrawn_unrun(queues: tuple[Any, Any, Any]) -> None:
     _, front, q = queues
+    from svtagg.proto.vocab import Role
     from svtagg.servers.metrics import Metrics
 
-    front.metrics = Metrics("leader")
+    front.metrics = Metrics(Role.LEADER)
     with pytest.raises(Unclaimed, match="no comparison worker is running"):
         await front.run("ask", b"p", "s1")
     await q.heartbeat("w1", "leader")  # alive, but never leases

@@ -26,7 +26,7 @@ from svtagg.proto import svtagg_pb2_grpc as pb_grpc
 from svtagg.servers import wire
 from svtagg.servers.core import ServerCore
 from svtagg.servers.exchange import Agreement, TaskInfo
-from svtagg.servers.store import Store
+from svtagg.servers.store_sqlite import SqliteStore
 
 D, F = 4, 16
 #: A task whose reports are range-checked at the close.
@@ -100,7 +100,7 @@ def test_validation_inputs_encode_the_range_test(tmp_path: Path) -> None:
 
     values = np.array([0, 2**F, 2**F + 1, 2**64 - 1, 2**63 - 5], dtype=np.uint64)
     explicit, seed = share(values)
-    stores = {r: Store(tmp_path / f"{r}.sqlite") for r in ("leader", "helper")}
+    stores = {r: SqliteStore(tmp_path / f"{r}.sqlite") for r in ("leader", "helper")}
     params = TaskParams("t", values.size, F, 10, 1, Fraction(1), Fraction(0), Fraction(1), True)
     lanes = {}
     for role, st in stores.items():
@@ -124,7 +124,7 @@ def test_policy_and_client_can_insist_on_validation(tmp_path: Path) -> None:
     from svtagg.dp.errors import InvalidArgument
     from svtagg.dp.task import TaskSpec, parse_task_params
 
-    strict = ServerCore("helper", Store(tmp_path / "h.sqlite"), require_validation=True)
+    strict = ServerCore("helper", SqliteStore(tmp_path / "h.sqlite"), require_validation=True)
     with pytest.raises(InvalidArgument, match="validate_reports"):
         strict.check_budget_policy(parse_task_params(TaskSpec("a", 4, 16, 10, 1, "1", "0", "1")))
     strict.check_budget_policy(parse_task_params(TaskSpec("b", 4, 16, 10, 1, "1", "0", "1", True)))

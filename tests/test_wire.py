@@ -18,7 +18,7 @@ from svtagg.dp.kinds import StreamKind
 from svtagg.dp.queries import Budget, Outcome
 from svtagg.dp.task import TaskParams, TaskSpec
 from svtagg.proto import svtagg_pb2 as pb
-from svtagg.servers import store_pg, wire
+from svtagg.servers import store_pg_schema, wire
 from svtagg.servers.exchange import (
     Agreement,
     Ask,
@@ -172,6 +172,6 @@ def test_each_stream_kind_answers_one_chunk_kind() -> None:
 def test_chunk_kinds_are_the_work_tables_kinds() -> None:
     """The kinds a leased job may have on disk (the PostgreSQL CHECK) are the
     ChunkKind values: nothing stored changes."""
-    found = re.search(r"CHECK \(kind IN \(([^)]*)\)\)", inspect.getsource(store_pg))
+    found = re.search(r"CHECK \(kind IN \(([^)]*)\)\)", inspect.getsource(store_pg_schema))
     assert found is not None
     assert {k.strip().strip("'") for k in found.group(1).split(",")} == {k.value for k in ChunkKind}

@@ -1,0 +1,551 @@
+"""One server's durable state in SQLite (the default store; `store.Store`
+names its operations and promises).
+
+WAL, synchronous=FULL and one `BEGIN IMMEDIATE` transaction per step: every
+step commits with an fsync, except `confirm_stream` and `end_chunk`, written
+with synchronous=NORMAL (losing them fails the stream on restart, which is
+safe).  Per-report shares live in a side file per task (`<db>.shares/`), not
+in the database, and are deleted at the agreement.  The schema is versioned
+by SQLite's user_version (`SqliteStore.SCHEMA_VERSION`).
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from collections.abc import Callable
+from fractions import Fraction
+from pathlib import Path
+
+import numpy as np
+
+from svtagg.dp.errors import AlreadyExists, FailedPrecondition, NotFound
+from svtagg.dp.kinds import StreamKind
+from svtagg.dp.plans import PlanBook
+from svtagg.dp.queries import Budget
+from svtagg.dp.task import TaskParams
+from svtagg.mpc.ring import U64
+from svtagg.servers.faults import crash_point
+from svtagg.servers.store import (
+    BATCH_COLUMNS,
+    CLOSED,
+    FAILED,
+    IN_CHUNK,
+    NEW_STREAM_COLUMNS,
+    NEW_TASK_COLUMNS,
+    OPEN,
+    OPENING,
+    PLAN_ACTIVE,
+    PLAN_COLUMNS,
+    PLAN_ENDED,
+    PLAN_FAILED,
+    STREAM_COLUMNS,
+    TASK_COLUMNS,
+    StreamState,
+    TaskState,
+    admit_batch,
+    admit_to_plan,
+    assemble,
+    book_text,
+    charged,
+    check_removable,
+    new_stream_row,
+    new_task_row,
+    next_chunk,
+    plan_state,
+    refunded,
+    stream_state,
+    task_state,
+    within_capacity,
+    xor_reports,
+)
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS tasks (
+    task_id TEXT PRIMARY KEY,
+    d INTEGER NOT NULL, frac_bits INTEGER NOT NULL,
+    n_max INTEGER NOT NULL, min_batch INTEGER NOT NULL,
+    epsilon_total TEXT NOT NULL, delta_total TEXT NOT NULL, epsilon_min TEXT NOT NULL,
+    n INTEGER NOT NULL DEFAULT 0,
+    digest BLOB NOT NULL,
+    sums BLOB NOT NULL,
+    collection_open INTEGER NOT NULL DEFAULT 1,
+    epsilon_spent TEXT NOT NULL DEFAULT '0',
+    delta_spent TEXT NOT NULL DEFAULT '0',
+    agreed INTEGER NOT NULL DEFAULT 0,
+    validate_reports INTEGER NOT NULL DEFAULT 0,
+    embedding TEXT NOT NULL DEFAULT ''
+);
+CREATE TABLE IF NOT EXISTS reports (
+    task_id TEXT NOT NULL, report_id BLOB NOT NULL,
+    share_off INTEGER,
+    share_len INTEGER,
+    PRIMARY KEY (task_id, report_id)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS streams (
+    stream_id TEXT PRIMARY KEY,
+    task_id TEXT NOT NULL,
+    kind TEXT NOT NULL, epsilon TEXT NOT NULL, delta TEXT NOT NULL,
+    gamma TEXT,
+    state TEXT NOT NULL,
+    chunks INTEGER NOT NULL DEFAULT 0,
+    queries INTEGER NOT NULL DEFAULT 0,
+    plan_id TEXT,
+    plan_group INTEGER
+);
+-- task() counts a task's streams on every call: without this index that count
+-- scanned every stream of every task (an index only: no schema version change).
+CREATE INDEX IF NOT EXISTS streams_by_task ON streams (task_id, state);
+"""
+
+
+class SqliteStore:
+    """SQLite store of one server (`store.Store`).  Not thread-safe: one server,
+    one event loop; one process per store file."""
+
+    #: Schema version this code writes (SQLite's user_version).
+    SCHEMA_VERSION = 4
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = str(path)
+        self._shares_dir = Path(self.path + ".shares")
+        self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.executescript(_SCHEMA)
+        self._migrate()
+        #: Streams this start failed closed (opening / in_chunk at the last stop).
+        self.recovered_failed: list[tuple[str, str]] = []
+        #: (plan, task) of the plans active at the last stop, left active: a leader
+        #: killed inside ReservePlan may hold one the helper never reserved.
+        self.recovered_plans: list[tuple[str, str]] = []
+        self.failed_on_recovery = self._recover()
+        #: The helper's robust-aggregate shares between the close's passes and
+        #: MarkAgreed: task → pass id → (report digest, {lo: shares}).  In memory
+        #: here (one process per SQLite store; a restart runs the close again); in
+        #: a table in the PostgreSQL store, where any process may run a pass.
+        self._staged: dict[str, dict[bytes, tuple[bytes, dict[int, U64]]]] = {}
+
+    def close(self) -> None:
+        self._db.close()
+
+    def _migrate(self) -> None:
+        """Bring an older store up to SCHEMA_VERSION, one versioned step at a time."""
+        version = self._db.execute("PRAGMA user_version").fetchone()[0]
+        if version < 1:
+            # v1: the robust aggregate g(S) of each coordinate, written at agreement.
+            cols = {r[1] for r in self._db.execute("PRAGMA table_info(tasks)")}
+            if "robust_sums" not in cols:
+                self._db.execute("ALTER TABLE tasks ADD COLUMN robust_sums BLOB")
+            self._db.execute("PRAGMA user_version = 1")
+            version = 1
+        if version < 2:
+            # v2: budget plans, reserved on the ledger before their streams open.
+            self._db.execute(
+                "CREATE TABLE IF NOT EXISTS plans (plan_id TEXT PRIMARY KEY,"
+                " task_id TEXT NOT NULL, book TEXT NOT NULL, state TEXT NOT NULL)"
+            )
+            self._db.execute("PRAGMA user_version = 2")
+            version = 2
+        if version < 3:
+            # v3: the embedding the task's clients use ("" = not recorded).
+            cols = {r[1] for r in self._db.execute("PRAGMA table_info(tasks)")}
+            if "embedding" not in cols:
+                self._db.execute("ALTER TABLE tasks ADD COLUMN embedding TEXT NOT NULL DEFAULT ''")
+            self._db.execute("PRAGMA user_version = 3")
+            version = 3
+        if version < 4:
+            # v4: the plan group a stream was charged to, so that reconciliation
+            # replays it there (streams stored before hold NULL: the task's ledger).
+            cols = {r[1] for r in self._db.execute("PRAGMA table_info(streams)")}
+            for col, kind in (("plan_id", "TEXT"), ("plan_group", "INTEGER")):
+                if col not in cols:
+                    self._db.execute(f"ALTER TABLE streams ADD COLUMN {col} {kind}")
+            self._db.execute("PRAGMA user_version = 4")
+
+    def _recover(self) -> int:
+        """Fail closed every stream that was opening or mid-chunk at the last stop,
+        and list the plans then active (`recovered_plans`)."""
+        with self._tx():
+            self.recovered_plans = [
+                (r[0], r[1])
+                for r in self._db.execute(
+                    "SELECT plan_id, task_id FROM plans WHERE state=? ORDER BY plan_id",
+                    (PLAN_ACTIVE,),
+                )
+            ]
+            self.recovered_failed = [
+                (r[0], r[1])
+                for r in self._db.execute(
+                    "SELECT stream_id, task_id FROM streams WHERE state IN (?, ?)",
+                    (OPENING, IN_CHUNK),
+                )
+            ]
+            cur = self._db.execute(
+                "UPDATE streams SET state=? WHERE state IN (?, ?)", (FAILED, OPENING, IN_CHUNK)
+            )
+        return cur.rowcount
+
+    def _tx(self) -> _Transaction:
+        return _Transaction(self._db)
+
+    # ------------------------------------------------------------ tasks
+    def create_task(self, p: TaskParams) -> TaskState:
+        with self._tx():
+            if self._db.execute("SELECT 1 FROM tasks WHERE task_id=?", (p.task_id,)).fetchone():
+                raise AlreadyExists(f"task {p.task_id!r} already exists")
+            self._db.execute(
+                f"INSERT INTO tasks ({NEW_TASK_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+                new_task_row(p),
+            )
+        return self.task(p.task_id)
+
+    def task(self, task_id: str) -> TaskState:
+        row = self._db.execute(
+            f"SELECT {TASK_COLUMNS} FROM tasks t WHERE task_id=?", (task_id,)
+        ).fetchone()
+        return task_state(task_id, row)
+
+    def task_ids(self) -> list[str]:
+        return [r[0] for r in self._db.execute("SELECT task_id FROM tasks ORDER BY task_id")]
+
+    def sums(self, task_id: str) -> U64:
+        row = self._db.execute("SELECT sums FROM tasks WHERE task_id=?", (task_id,)).fetchone()
+        if row is None:
+            raise NotFound(f"unknown task {task_id!r}")
+        return np.frombuffer(row[0], dtype=np.uint64).copy()
+
+    def robust_sums(self, task_id: str) -> U64 | None:
+        row = self._db.execute(
+            "SELECT robust_sums FROM tasks WHERE task_id=?", (task_id,)
+        ).fetchone()
+        if row is None:
+            raise NotFound(f"unknown task {task_id!r}")
+        return None if row[0] is None else np.frombuffer(row[0], dtype=np.uint64).copy()
+
+    # ------------------------------------------------------------ uploads
+    def _share_file(self, task_id: str) -> Path:
+        return self._shares_dir / f"{task_id}.bin"
+
+    def _append_shares(self, task_id: str, shares: list[bytes]) -> int:
+        """Append shares to the task's share file and fsync; returns the offset.
+        Shares live outside SQLite because they are large and needed only until
+        the collection closes; a crash before the SQLite commit leaves an
+        unreferenced tail, which is harmless."""
+        self._shares_dir.mkdir(exist_ok=True)
+        with open(self._share_file(task_id), "ab") as f:
+            offset = f.tell()
+            f.write(b"".join(shares))
+            f.flush()
+            os.fsync(f.fileno())
+        return offset
+
+    def add_reports(
+        self, task_id: str, report_ids: list[bytes], shares: list[bytes], share_sum: U64
+    ) -> int:
+        with self._tx():
+            row = self._db.execute(
+                f"SELECT {BATCH_COLUMNS} FROM tasks WHERE task_id=?", (task_id,)
+            ).fetchone()
+            n, n_max, sums_blob, digest = admit_batch(task_id, row, share_sum)
+            placeholders = ",".join("?" * len(report_ids))
+            seen = (
+                self._db.execute(
+                    "SELECT COUNT(*) FROM reports WHERE task_id=? "
+                    f"AND report_id IN ({placeholders})",
+                    (task_id, *report_ids),
+                ).fetchone()[0]
+                if len(report_ids) < 30_000
+                else 0
+            )
+            if seen:
+                raise AlreadyExists(
+                    f"{seen} report id(s) of this batch were already uploaded (replay); "
+                    "batch refused"
+                )
+            within_capacity(task_id, n, n_max, len(report_ids))
+            offset = self._append_shares(task_id, shares)
+            crash_point("upload.mid_store")
+            rows = []
+            for rid, sh in zip(report_ids, shares, strict=True):
+                rows.append((task_id, rid, offset, len(sh)))
+                offset += len(sh)
+            try:
+                self._db.executemany(
+                    "INSERT INTO reports (task_id, report_id, share_off, share_len)"
+                    " VALUES (?, ?, ?, ?)",
+                    rows,
+                )
+            except sqlite3.IntegrityError:
+                raise AlreadyExists(
+                    "a report id of this batch was already uploaded (replay); batch refused"
+                ) from None
+            sums = np.frombuffer(sums_blob, dtype=np.uint64) + share_sum
+            self._db.execute(
+                "UPDATE tasks SET n=?, sums=?, digest=? WHERE task_id=?",
+                (
+                    n + len(report_ids),
+                    sums.tobytes(),
+                    xor_reports(bytes(digest), report_ids),
+                    task_id,
+                ),
+            )
+        return int(n + len(report_ids))
+
+    def close_collection(self, task_id: str) -> TaskState:
+        with self._tx():
+            self.task(task_id)
+            self._db.execute("UPDATE tasks SET collection_open=0 WHERE task_id=?", (task_id,))
+        return self.task(task_id)
+
+    def _share_at(self, task_id: str, rid: bytes) -> tuple[int, int] | None:
+        """(offset, length) of a report's share in the task's share file."""
+        row = self._db.execute(
+            "SELECT share_off, share_len FROM reports WHERE task_id=? AND report_id=?",
+            (task_id, rid),
+        ).fetchone()
+        return None if row is None else (row[0], row[1])
+
+    def shares(self, task_id: str, report_ids: list[bytes]) -> list[bytes]:
+        out = []
+        with open(self._share_file(task_id), "rb") as f:
+            for rid in report_ids:
+                at = self._share_at(task_id, rid)
+                if at is None:
+                    raise NotFound(f"task {task_id!r} has no report {rid.hex()}")
+                f.seek(at[0])
+                out.append(f.read(at[1]))
+        return out
+
+    def report_ids(self, task_id: str, after: bytes = b"", limit: int | None = None) -> list[bytes]:
+        sql = "SELECT report_id FROM reports WHERE task_id=? AND report_id > ? ORDER BY report_id"
+        args: tuple[object, ...] = (task_id, after)
+        if limit is not None:
+            sql += " LIMIT ?"
+            args = (*args, int(limit))
+        return [bytes(r[0]) for r in self._db.execute(sql, args)]
+
+    def remove_reports(
+        self, task_id: str, report_ids: list[bytes], share_sum: Callable[[list[bytes]], U64]
+    ) -> TaskState:
+        with self._tx():
+            task = self.task(task_id)
+            check_removable(task)
+            shares: list[bytes] = []
+            present: list[bytes] = []
+            if not report_ids:
+                return task
+            with open(self._share_file(task_id), "rb") as f:
+                for rid in report_ids:
+                    at = self._share_at(task_id, rid)
+                    if at is not None:
+                        present.append(rid)
+                        f.seek(at[0])
+                        shares.append(f.read(at[1]))
+            if present:
+                sums = self.sums(task_id) - share_sum(shares)
+                self._db.executemany(
+                    "DELETE FROM reports WHERE task_id=? AND report_id=?",
+                    [(task_id, rid) for rid in present],
+                )
+                self._db.execute(
+                    "UPDATE tasks SET n=n-?, sums=?, digest=? WHERE task_id=?",
+                    (len(present), sums.tobytes(), xor_reports(task.digest, present), task_id),
+                )
+        return self.task(task_id)
+
+    def mark_agreed(self, task_id: str, robust_sums: U64 | None) -> TaskState:
+        blob = None if robust_sums is None else np.asarray(robust_sums, np.uint64).tobytes()
+        with self._tx():
+            self._db.execute(
+                "UPDATE tasks SET agreed=1, robust_sums=? WHERE task_id=?", (blob, task_id)
+            )
+        self._share_file(task_id).unlink(missing_ok=True)
+        return self.task(task_id)
+
+    # ------------------------------------------------------------ streams
+    def open_stream(
+        self,
+        stream_id: str,
+        task_id: str,
+        kind: StreamKind,
+        epsilon: Fraction,
+        delta: Fraction,
+        delta_charge: Fraction,
+        plan: tuple[str, int] | None = None,
+        replay: bool = False,
+    ) -> None:
+        with self._tx():
+            if self._db.execute("SELECT 1 FROM streams WHERE stream_id=?", (stream_id,)).fetchone():
+                if replay:
+                    return
+                raise AlreadyExists(f"stream {stream_id!r} already exists")
+            budget = self.task(task_id).budget
+            extra: tuple[Fraction, Fraction] | None = (epsilon, delta_charge)
+            if plan is not None:
+                held = self.plan(plan[0])
+                extra = admit_to_plan(plan, held, task_id, (epsilon, delta_charge), replay)
+                self._db.execute(
+                    "UPDATE plans SET book=? WHERE plan_id=?", (book_text(held[0]), plan[0])
+                )
+            if extra is not None:
+                self._write_spent(task_id, charged(budget, *extra))
+            self._db.execute(
+                f"INSERT INTO streams ({NEW_STREAM_COLUMNS}) VALUES (?,?,?,?,?,?,?,?)",
+                new_stream_row(stream_id, task_id, kind, epsilon, delta, plan, replay),
+            )
+
+    def _write_spent(self, task_id: str, after: Budget) -> None:
+        """Write the task's new spent totals (inside the caller's transaction)."""
+        self._db.execute(
+            "UPDATE tasks SET epsilon_spent=?, delta_spent=? WHERE task_id=?",
+            (str(after.epsilon_spent), str(after.delta_spent), task_id),
+        )
+
+    def set_threshold_noise(self, stream_id: str, gamma: int, open_now: bool = True) -> None:
+        with self._tx():
+            cur = self._db.execute(
+                "UPDATE streams SET gamma=?, state=? WHERE stream_id=? AND state=?",
+                (str(gamma), OPEN if open_now else OPENING, stream_id, OPENING),
+            )
+            if cur.rowcount != 1:
+                raise FailedPrecondition(f"stream {stream_id!r} is not being opened")
+
+    def confirm_stream(self, stream_id: str) -> None:
+        """Not fsynced (synchronous=NORMAL)."""
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        try:
+            with self._tx():
+                cur = self._db.execute(
+                    "UPDATE streams SET state=? WHERE stream_id=? AND state=?"
+                    " AND gamma IS NOT NULL",
+                    (OPEN, stream_id, OPENING),
+                )
+                if cur.rowcount != 1:
+                    raise FailedPrecondition(f"stream {stream_id!r} is not being opened")
+        finally:
+            self._db.execute("PRAGMA synchronous=FULL")
+
+    def stream_ids(self, task_id: str, state: str) -> list[str]:
+        rows = self._db.execute(
+            "SELECT stream_id FROM streams WHERE task_id=? AND state=? ORDER BY rowid",
+            (task_id, state),
+        ).fetchall()
+        return [r[0] for r in rows]
+
+    def stream(self, stream_id: str) -> StreamState:
+        row = self._db.execute(
+            f"SELECT {STREAM_COLUMNS} FROM streams WHERE stream_id=?", (stream_id,)
+        ).fetchone()
+        return stream_state(stream_id, row)
+
+    def begin_chunk(self, stream_id: str, chunk_no: int | None = None) -> int:
+        with self._tx():
+            number = next_chunk(self.stream(stream_id), chunk_no)
+            self._db.execute(
+                "UPDATE streams SET state=?, chunks=chunks+1 WHERE stream_id=?",
+                (IN_CHUNK, stream_id),
+            )
+        return number
+
+    def end_chunk(self, stream_id: str, answered: int, close: bool) -> None:
+        """Not fsynced (synchronous=NORMAL)."""
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        try:
+            with self._tx():
+                self._db.execute(
+                    "UPDATE streams SET state=?, queries=queries+? WHERE stream_id=? AND state=?",
+                    (CLOSED if close else OPEN, answered, stream_id, IN_CHUNK),
+                )
+        finally:
+            self._db.execute("PRAGMA synchronous=FULL")
+
+    def fail_stream(self, stream_id: str) -> None:
+        with self._tx():
+            self._db.execute(
+                "UPDATE streams SET state=? WHERE stream_id=? AND state!=?",
+                (FAILED, stream_id, CLOSED),
+            )
+
+    # ------------------------------------------------------------ plans
+    def plan(self, plan_id: str) -> tuple[PlanBook, str, str]:
+        row = self._db.execute(
+            f"SELECT {PLAN_COLUMNS} FROM plans WHERE plan_id=?", (plan_id,)
+        ).fetchone()
+        return plan_state(plan_id, row)
+
+    def reserve_plan(self, plan_id: str, task_id: str, book: PlanBook) -> None:
+        with self._tx():
+            budget = self.task(task_id).budget
+            if self._db.execute("SELECT 1 FROM plans WHERE plan_id=?", (plan_id,)).fetchone():
+                raise AlreadyExists(f"plan {plan_id!r} already exists")
+            self._write_spent(task_id, charged(budget, book.charge.epsilon, book.charge.delta))
+            self._db.execute(
+                "INSERT INTO plans (plan_id, task_id, book, state) VALUES (?,?,?,?)",
+                (plan_id, task_id, book_text(book), PLAN_ACTIVE),
+            )
+
+    def end_plan(self, plan_id: str) -> tuple[Fraction, Fraction]:
+        with self._tx():
+            book, state, task_id = self.plan(plan_id)
+            if state != PLAN_ACTIVE:
+                return Fraction(0), Fraction(0)
+            back_e, back_d = book.refund()
+            self._write_spent(task_id, refunded(self.task(task_id).budget, back_e, back_d))
+            self._db.execute("UPDATE plans SET state=? WHERE plan_id=?", (PLAN_ENDED, plan_id))
+        return back_e, back_d
+
+    def fail_plan(self, plan_id: str) -> None:
+        with self._tx():
+            self.plan(plan_id)
+            self._db.execute(
+                "UPDATE plans SET state=? WHERE plan_id=? AND state=?",
+                (PLAN_FAILED, plan_id, PLAN_ACTIVE),
+            )
+
+    def plan_ids(self, task_id: str, state: str) -> list[str]:
+        return [
+            r[0]
+            for r in self._db.execute(
+                "SELECT plan_id FROM plans WHERE task_id=? AND state=? ORDER BY plan_id",
+                (task_id, state),
+            )
+        ]
+
+    # ------------------------------------------------------------ robust staging
+    def stage_robust(
+        self, task_id: str, pass_id: bytes, digest: bytes, lo: int, shares: U64
+    ) -> None:
+        held, parts = self._staged.setdefault(task_id, {}).get(pass_id, (digest, {}))
+        if held != digest:
+            parts = {}
+        parts[lo] = np.array(shares, dtype=np.uint64)
+        self._staged[task_id][pass_id] = (digest, parts)
+
+    def staged_robust(self, task_id: str, pass_id: bytes, digest: bytes, d: int) -> U64 | None:
+        held, parts = self._staged.get(task_id, {}).get(pass_id, (b"", {}))
+        return assemble(d, list(parts.items())) if held == digest else None
+
+    def clear_staged(self, task_id: str) -> None:
+        self._staged.pop(task_id, None)
+
+
+class _Transaction:
+    """BEGIN IMMEDIATE ... COMMIT, rolled back on any exception; re-entrant."""
+
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self._db = db
+        self._outer = False
+
+    def __enter__(self) -> None:
+        if not self._db.in_transaction:
+            self._db.execute("BEGIN IMMEDIATE")
+            self._outer = True
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        if not self._outer:
+            return
+        if exc_type is None:
+            self._db.execute("COMMIT")
+        else:
+            self._db.execute("ROLLBACK")
