@@ -26,8 +26,10 @@ import numpy.typing as npt
 
 from svtagg.analyst import applications as apps
 from svtagg.analyst import baselines
+from svtagg.analyst.applications import TopKOptions
 from svtagg.analyst.local_oracle import LocalOracle
 from svtagg.analyst.selection import (
+    ScanOptions,
     binary_search,
     geometric_binary_search,
     plan_for,
@@ -266,7 +268,8 @@ def _sel_scan(parties: int = 1, coarse_fraction: str | None = None) -> SelectFn:
         oracle = _oracle(scores, n, _oracle_seed(rng), parties)
         if coarse_fraction is None:
             return scan_selection(oracle, eps, 0.1).index
-        return scan_selection(oracle, eps, 0.1, coarse_fraction=coarse_fraction).index
+        options = ScanOptions(coarse_fraction=coarse_fraction)
+        return scan_selection(oracle, eps, 0.1, options=options).index
 
     return f
 
@@ -476,6 +479,10 @@ class WordsConfig:
     parties: tuple[int, ...] = (1, 2)
 
 
+#: The two ends of the scan selection's localisation shares (docs/algorithms.md §6).
+CHEAP_SHARES = ScanOptions(coarse_fraction="1/2", mid_fraction=0)
+ACCURATE_SHARES = ScanOptions(coarse_fraction="1/16", mid_fraction="1/32")
+
 #: (key, label, run) of the SVT methods the words experiment runs.
 WORD_METHODS: list[tuple[str, str, Callable[[LocalOracle, float], Any]]] = [
     (
@@ -486,12 +493,12 @@ WORD_METHODS: list[tuple[str, str, Callable[[LocalOracle, float], Any]]] = [
     (
         "scan_cheap",
         "scan selection, ε/2 search, no middle stage (cheap end)",
-        lambda o, e: scan_selection(o, e, 0.1, coarse_fraction="1/2", mid_fraction=0),
+        lambda o, e: scan_selection(o, e, 0.1, options=CHEAP_SHARES),
     ),
     (
         "scan_accurate",
         "scan selection, ε/16 + ε/32 (accurate end)",
-        lambda o, e: scan_selection(o, e, 0.1, coarse_fraction="1/16", mid_fraction="1/32"),
+        lambda o, e: scan_selection(o, e, 0.1, options=ACCURATE_SHARES),
     ),
     (
         "practical",
@@ -806,12 +813,14 @@ def applications(
             # ties at the k-th count make "the" top-k ambiguous; use a stable order
             truth = set(np.argsort(-counts, kind="stable")[: cfg.hh_k].tolist())
             oracle = LocalOracle.from_sums(sums, n, BIG_BUDGET, seed=_oracle_seed(g))
-            res = apps.top_k_heavy_hitters(oracle, cfg.hh_k, eps, variant="tuned", rng=g)
+            res = apps.top_k_heavy_hitters(
+                oracle, cfg.hh_k, eps, options=TopKOptions("tuned", rng=g)
+            )
             rec["svt"].append(_recall(res.indices, truth))
             hh_q["svt"].append(res.spend.queries)
             # its own seed stream, so the other methods keep the draws they had before
             o2 = LocalOracle.from_sums(sums, n, BIG_BUDGET, seed=_oracle_seed(_rng(seed, 7, i, r)))
-            res = apps.top_k_heavy_hitters(o2, cfg.hh_k, eps, variant="practical")
+            res = apps.top_k_heavy_hitters(o2, cfg.hh_k, eps, options=TopKOptions("practical"))
             rec["svt_practical"].append(_recall(res.indices, truth))
             hh_q["svt_practical"].append(res.spend.queries)
             rec["laplace"].append(
@@ -821,7 +830,7 @@ def applications(
                 _recall(baselines.gaussian_top_k(counts, cfg.hh_k, eps, 1 / n**2, g), truth)
             )
             o3 = LocalOracle.from_sums(sums, n, BIG_BUDGET, seed=_oracle_seed(_rng(seed, 10, i, r)))
-            res = apps.top_k_heavy_hitters(o3, cfg.hh_k, eps, variant="scan")
+            res = apps.top_k_heavy_hitters(o3, cfg.hh_k, eps, options=TopKOptions("scan"))
             rec["svt_scan"].append(_recall(res.indices, truth))
             hh_q["svt_scan"].append(res.spend.queries)
             bar.tick(f"top-k n={n}")

@@ -27,11 +27,13 @@ import numpy as np
 import numpy.typing as npt
 
 from svtagg.analyst import applications
+from svtagg.analyst.applications import TopKOptions
 from svtagg.analyst.remote_oracle import RemoteOracle
-from svtagg.analyst.selection import Query, sum_estimation
+from svtagg.analyst.selection import sum_estimation
 from svtagg.client.records import InputError, ReadStats, Spec, default_format, embed_block
 from svtagg.client.upload import Uploader, UploadStats
 from svtagg.dp.errors import NotFound
+from svtagg.dp.queries import Query
 from svtagg.dp.task import safe_epsilon_min
 from svtagg.proto import svtagg_pb2 as pb
 from svtagg.proto import svtagg_pb2_grpc as pb_grpc
@@ -235,7 +237,8 @@ class TaskHandle:
     ) -> list[int]:
         """Private top-k heavy hitters (Theorem 7.1) on data uploaded with the
         heavy_hitters embedding: the k category ids, most frequent first-ish."""
-        res = applications.top_k_heavy_hitters(self.oracle(), k, epsilon, variant=variant, rng=seed)
+        options = TopKOptions(variant=variant, rng=seed)
+        res = applications.top_k_heavy_hitters(self.oracle(), k, epsilon, options=options)
         return [int(i) for i in res.indices]
 
     def sum(self, index: int, epsilon: float | str, beta: float = 0.05) -> dict[str, float]:

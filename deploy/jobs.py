@@ -313,20 +313,23 @@ def _run_selection(
 
     out: dict[str, Any] = {"algorithm": algorithm, "epsilon": str(eps)}
     if algorithm == "top-k":
-        res = applications.top_k_heavy_hitters(oracle, k, eps, rng=seed, progress=progress, **kw)
+        top_k = applications.TopKOptions(rng=seed, **kw)
+        res = applications.top_k_heavy_hitters(oracle, k, eps, options=top_k, progress=progress)
         out["selected"] = res.indices
     elif algorithm == "sum":
         est = selection.sum_estimation(oracle, Query(index), eps, beta, **kw)
         out.update(index=index, estimate=est.estimate, lower=est.lower, upper=est.upper)
     else:
         algorithms: dict[str, Callable[..., Any]] = {
-            "scan": selection.scan_selection,
             "gbs": selection.geometric_binary_search,
             "binary-search": selection.binary_search,
             "linear-scan": selection.linear_scan,
         }
         fn = algorithms.get(algorithm)
-        if fn is not None:
+        if algorithm == "scan":
+            options = selection.ScanOptions(**kw)
+            sel = selection.scan_selection(oracle, eps, beta, options=options)
+        elif fn is not None:
             sel = fn(oracle, eps, beta, **kw)
         else:  # Algorithm 9 needs β ≤ 1/d
             sel = selection.sampling_and_filtering(

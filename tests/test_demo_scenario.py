@@ -58,13 +58,14 @@ def test_demo_parser_defaults_to_model_selection() -> None:
 
 
 def test_run_algorithm_scan_with_shares_on_a_local_oracle() -> None:
-    from svtagg.analyst.selection import plan_scan
+    from svtagg.analyst.selection import ScanOptions, plan_scan
 
     v = model_selection(2000, 30, seed=5)
     truth = v.sum(axis=0)
     oracle = LocalOracle(v, 10, parties=2, seed=5)
     out = jobs.run_algorithm(oracle, "scan", "1", options={"shares": "1/2,0"})
-    plan = plan_scan(oracle, 1, 0.05, 30, 2000.0, coarse_fraction="1/2", mid_fraction=0)
+    cheap = ScanOptions(coarse_fraction="1/2", mid_fraction=0)
+    plan = plan_scan(oracle, 1, 0.05, 30, 2000.0, options=cheap)
     assert oracle.stats().streams == plan.coarse_rounds + 1  # the shares were used
     assert truth.max() - truth[out["selected"]] <= plan.error_bound()  # seeded run
     top = jobs.run_algorithm(oracle, "top-k", "1", k=3, options={"shares": "1/4,1/8"})
