@@ -77,7 +77,7 @@ def test_closing_text_names_dropped_reports():
 
 
 def test_progress_redraws_only_on_a_terminal():
-    from svtagg.analyst.experiments import Progress
+    from svtagg.experiments.common import Progress
 
     class Terminal(io.StringIO):
         def isatty(self) -> bool:
