@@ -19,6 +19,7 @@ import grpc
 import numpy as np
 import numpy.typing as npt
 
+from svtagg.deploy.tasks import task_spec
 from svtagg.deploy.workloads import laplace_argmax, model_selection, workload
 from svtagg.dp.errors import Refusal
 from svtagg.dp.kinds import StreamKind
@@ -217,38 +218,6 @@ def check_run_options(
 
 #: Embeddings a task may record (`client/embeddings.py`; "vectors": none applied).
 EMBEDDINGS = ["heavy_hitters", "sparse_mean", "marginals", "fp_loss", "vectors"]
-
-
-def task_spec(
-    task_id: str,
-    d: int,
-    n_max: int,
-    epsilon: str,
-    *,
-    frac_bits: int = 16,
-    min_batch: int = 1,
-    delta: str = "0",
-    epsilon_min: str = "auto",
-    validate_reports: bool = False,
-    embedding: str = "",
-) -> pb.TaskSpec:
-    """A task spec; epsilon_min "auto" is the smallest ε the overflow bound allows."""
-    from svtagg.dp.task import safe_epsilon_min
-
-    if epsilon_min == "auto":
-        epsilon_min = str(safe_epsilon_min(n_max, frac_bits))
-    return pb.TaskSpec(
-        task_id=task_id,
-        d=d,
-        frac_bits=frac_bits,
-        n_max=n_max,
-        min_batch=min_batch,
-        epsilon_total=epsilon,
-        delta_total=delta,
-        epsilon_min=epsilon_min,
-        validate_reports=validate_reports,
-        embedding=embedding,
-    )
 
 
 def run_algorithm(
