@@ -102,7 +102,7 @@ class WorkQueue:
         self._abandoned: set[asyncio.Future[None]] = set()
         self._early: set[int] = set()  # finished jobs whose waiter was not yet registered
         self._alive = (0, 0.0)  # (leader workers seen, when: time.monotonic())
-        #: The front end's Prometheus metrics (servers.service.Metrics), if any.
+        #: The front end's Prometheus metrics (servers.metrics.Metrics), if any.
         self.metrics: Any = None
 
     @classmethod

@@ -7,70 +7,26 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
 import pytest
 
-from svtagg.client.upload import make_batch
 from svtagg.proto import svtagg_pb2 as pb
 from svtagg.proto.tls import Identity, write_deployment
-from svtagg.proto.vocab import Role
-from svtagg.servers.core import PartyFactory, ServerCore, garbled_circuit_party
-from svtagg.servers.helper import HelperDriver
-from svtagg.servers.leader import LeaderDriver
-from svtagg.servers.memory import MemoryHelperPort
+from svtagg.servers.core import PartyFactory, garbled_circuit_party
+from svtagg.servers.reference import ReferencePair, reference_pair
 from svtagg.servers.service import ServerConfig, SvtaggServer
-from svtagg.servers.store import Store
 
 T = TypeVar("T")
 
 
 # -- the leader and helper drivers in one process (in-memory port, no TLS) ------------
-@dataclass
-class DriverPair:
-    leader: LeaderDriver
-    helper: HelperDriver
-    port: MemoryHelperPort
-    frac_bits: int = 16
-    #: Tests that inject helper failures keep their switch here.
-    crash_helper: list[bool] = field(default_factory=lambda: [False])
-
-    def upload(self, task_id: str, values: np.ndarray, leader_only: bool = False) -> None:
-        batch = make_batch(task_id, values, self.frac_bits)
-        self.leader.core.upload(
-            task_id, [(r.report_id, r.explicit_share) for r in batch.leader.reports]
-        )
-        if not leader_only:
-            self.helper.core.upload(task_id, [(r.report_id, r.seed) for r in batch.helper.reports])
-
-    async def open(self, task_id: str, eps: str = "1") -> str:
-        req = pb.OpenStreamRequest(task_id=task_id, kind=pb.LAP24, epsilon=eps)
-        return (await self.leader.open_stream(req)).stream_id
-
-
-@contextlib.asynccontextmanager
-async def driver_pair(
-    root: Path, party: PartyFactory | None = None, frac_bits: int = 16, robust: bool = True
-) -> AsyncIterator[DriverPair]:
-    """A leader driver and a helper driver on fresh stores, joined in memory."""
-    party = party or garbled_circuit_party
-    helper = HelperDriver(
-        ServerCore(Role.HELPER, Store(root / "h.sqlite"), robust_aggregates=robust), party
-    )
-    port = MemoryHelperPort(helper)
-    leader = LeaderDriver(
-        ServerCore(Role.LEADER, Store(root / "l.sqlite"), robust_aggregates=robust), port, party
-    )
-    try:
-        yield DriverPair(leader, helper, port, frac_bits)
-    finally:
-        await leader.pool.close()
-        await port.close()
-        leader.core.store.close()
-        helper.core.store.close()
+#: The package's one-process reference, under the names the tests use.
+DriverPair = ReferencePair
+driver_pair = reference_pair
 
 
 @pytest.fixture(scope="session")
@@ -220,7 +176,6 @@ def make_task(
     eps_min: str = "1/100",
     frac_bits: int = 16,
 ) -> Any:
-    from svtagg.proto import svtagg_pb2 as pb
 
     return stub.CreateTask(
         pb.TaskSpec(

@@ -137,7 +137,7 @@ async def test_lost_worker_fails_the_stream(queues: tuple[Any, Any, Any]) -> Non
 
 async def test_unclaimed_job_is_withdrawn_unrun(queues: tuple[Any, Any, Any]) -> None:
     _, front, q = queues
-    from svtagg.servers.service import Metrics
+    from svtagg.servers.metrics import Metrics
 
     front.metrics = Metrics("leader")
     with pytest.raises(Unclaimed, match="no comparison worker is running"):

@@ -1,0 +1,98 @@
+"""The one-process reference: a leader driver and a helper driver on their own
+stores, joined by the in-memory port (`servers.memory`).  No TLS, no sockets, no
+subprocesses, so it runs in a notebook as well as in the tests::
+
+    async with reference_pair(Path(tmp)) as ref:
+        await ref.leader.create_task(spec)
+        ref.upload(task_id, values)
+        ...
+
+Every leader↔helper message still passes through its serialised form; a `tap`
+sees each one as bytes (`tests/test_transcript.py` freezes them)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+
+from svtagg.mpc.ring import encode
+from svtagg.mpc.sharing import share
+from svtagg.proto import svtagg_pb2 as pb
+from svtagg.proto.vocab import REPORT_ID_BYTES, Role
+from svtagg.servers.core import PartyFactory, ServerCore, garbled_circuit_party
+from svtagg.servers.helper import HelperDriver
+from svtagg.servers.leader import LeaderDriver
+from svtagg.servers.memory import MemoryHelperPort, Tap
+from svtagg.servers.store import Store
+
+
+@dataclass
+class ReferencePair:
+    """The two drivers and the port between them."""
+
+    leader: LeaderDriver
+    helper: HelperDriver
+    port: MemoryHelperPort
+    frac_bits: int = 16
+    #: Tests that inject helper failures keep their switch here.
+    crash_helper: list[bool] = field(default_factory=lambda: [False])
+
+    def store_reports(
+        self,
+        task_id: str,
+        leader: Sequence[tuple[bytes, bytes]],
+        helper: Sequence[tuple[bytes, bytes]] = (),
+    ) -> None:
+        """Store one client upload: (report id, explicit share) on the leader,
+        (report id, seed) on the helper (none: the helper misses it)."""
+        self.leader.core.upload(task_id, leader)
+        if helper:
+            self.helper.core.upload(task_id, helper)
+
+    def upload(self, task_id: str, values: npt.ArrayLike, leader_only: bool = False) -> None:
+        """Encode rows of per-user values in [0, 1] and share each as a client
+        does (fresh report ids and seeds), then store them."""
+        rows = encode(np.atleast_2d(np.asarray(values, dtype=np.float64)), self.frac_bits)
+        leader, helper = [], []
+        for row in rows:
+            rid, (explicit, seed) = os.urandom(REPORT_ID_BYTES), share(row)
+            leader.append((rid, explicit.astype("<u8").tobytes()))
+            helper.append((rid, seed))
+        self.store_reports(task_id, leader, [] if leader_only else helper)
+
+    async def open(self, task_id: str, eps: str = "1") -> str:
+        """Open a LAP24 stream of ε `eps`; returns its id."""
+        req = pb.OpenStreamRequest(task_id=task_id, kind=pb.LAP24, epsilon=eps)
+        return (await self.leader.open_stream(req)).stream_id
+
+
+@contextlib.asynccontextmanager
+async def reference_pair(
+    root: Path,
+    party: PartyFactory | None = None,
+    frac_bits: int = 16,
+    robust: bool = True,
+    tap: Tap | None = None,
+) -> AsyncIterator[ReferencePair]:
+    """A leader driver and a helper driver on fresh stores under `root`."""
+    party = party or garbled_circuit_party
+    helper = HelperDriver(
+        ServerCore(Role.HELPER, Store(root / "h.sqlite"), robust_aggregates=robust), party
+    )
+    port = MemoryHelperPort(helper, tap)
+    leader = LeaderDriver(
+        ServerCore(Role.LEADER, Store(root / "l.sqlite"), robust_aggregates=robust), port, party
+    )
+    try:
+        yield ReferencePair(leader, helper, port, frac_bits)
+    finally:
+        await leader.pool.close()
+        await port.close()
+        leader.core.store.close()
+        helper.core.store.close()

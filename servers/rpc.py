@@ -1,0 +1,124 @@
+"""The RPC guard every servicer method wears: the caller's role from its
+(CA-verified) certificate, its rate limit, and refusals mapped to status codes
+with `svtagg.proto.vocab`'s one table."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
+
+import grpc
+
+from svtagg.dp.errors import InvalidArgument, RateLimited
+from svtagg.proto.tls import role_of_pem
+from svtagg.proto.vocab import REFUSAL_KEY, Role, status_of
+from svtagg.proto.wire import UNDECODABLE
+from svtagg.servers.limits import RateLimiter
+
+if TYPE_CHECKING:
+    from svtagg.servers.metrics import Metrics
+
+log = logging.getLogger("svtagg.server")
+
+F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
+
+#: Stands for "no client certificate", possible only on the optional
+#: server-only-TLS ingest port (the main port's handshake demands a certificate).
+ANONYMOUS = ""
+
+
+def request_ref(request: Any) -> str:
+    """The task / stream / plan a request names, for log lines ('' if none).
+    Identifiers only: never values, thresholds or shares."""
+    parts = []
+    for attr in ("task_id", "stream_id", "plan_id"):
+        value = getattr(request, attr, "")
+        if isinstance(value, str) and value:
+            parts.append(f"{attr.removesuffix('_id')}={value[:64]!r}")
+    return " ".join(parts)
+
+
+async def _abort(
+    context: grpc.aio.ServicerContext,
+    exc: BaseException,
+    method: str,
+    request: Any = None,
+    metrics: Metrics | None = None,
+) -> None:
+    found = status_of(exc)
+    ref = request_ref(request)
+    if found is None:
+        log.exception("internal error in %s %s", method, ref)
+        await context.abort(grpc.StatusCode.INTERNAL, "internal server error")
+        return
+    code, name = found
+    if metrics is not None:
+        metrics.refusals.labels(method=method, code=code.name).inc()
+    # The method, the ids it names and the code: messages may name parameters, never data.
+    log.info("%s %s refused: %s (%s)", method, ref or "-", code.name, name)
+    await context.abort(code, str(exc), trailing_metadata=((REFUSAL_KEY, name),))
+
+
+def rpc(*roles: str) -> Callable[[F], F]:
+    """Allow only callers whose certificate has one of `roles` (ANONYMOUS: none at
+    all) and within their rate limit; map refusals to statuses."""
+
+    def wrap(method: F) -> F:
+        @functools.wraps(method)
+        async def handler(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
+            caller = peer_role(context) or ANONYMOUS
+            if caller not in roles:
+                await context.abort(
+                    grpc.StatusCode.UNAUTHENTICATED,
+                    f"{method.__name__} needs a certificate of role "
+                    f"{' or '.join(r or 'none' for r in roles)}; "
+                    f"caller presented {caller or 'none'}",
+                )
+            try:
+                if request is UNDECODABLE:
+                    raise InvalidArgument(
+                        f"{method.__name__}: the request does not parse as its protobuf message"
+                    )
+                limiter: RateLimiter | None = getattr(self, "limiter", None)
+                # The leader (the only holder of the leader certificate) drives the
+                # helper at protocol speed; every other caller is rate limited.
+                if (
+                    limiter is not None
+                    and caller != Role.LEADER
+                    and not limiter.allow(caller_identity(context))
+                ):
+                    raise RateLimited(
+                        f"rate limit: at most {limiter.rate:g} requests/s "
+                        f"(bursts of {limiter.burst:g}) per caller; retry later"
+                    )
+                return await method(self, request, context)
+            except grpc.aio.AbortError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - every refusal becomes a status
+                await _abort(context, exc, method.__name__, request, getattr(self, "metrics", None))
+                raise
+
+        return handler  # type: ignore[return-value]
+
+    return wrap
+
+
+def caller_identity(context: grpc.aio.ServicerContext) -> str:
+    """Who is calling, for rate limits: the certificate's hash, else the address."""
+    certs = context.auth_context().get("x509_pem_cert")
+    if certs:
+        return "cert:" + hashlib.sha256(certs[0]).hexdigest()
+    peer = context.peer() or ""
+    return "addr:" + peer.rsplit(":", 1)[0]
+
+
+def peer_role(context: grpc.aio.ServicerContext) -> Role | None:
+    certs = context.auth_context().get("x509_pem_cert")
+    return role_of_pem(certs[0]) if certs else None
+
+
+#: The servicer context every handler receives.
+Context: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
