@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
 
 import numpy as np
@@ -16,6 +16,10 @@ import numpy.typing as npt
 from svtagg.analyst.oracle import Oracle, PlannedOracle, planned
 from svtagg.analyst.selection import (
     Candidates,
+    PracticalOptions,
+    RankProgress,
+    ScanOptions,
+    SearchSpace,
     SelectionResult,
     Spend,
     Variant,
@@ -38,8 +42,8 @@ from svtagg.client.embeddings import (  # noqa: F401 - the embeddings each appli
     sparse_mean_embedding,
 )
 from svtagg.dp.accounting import advanced_composition_step
-from svtagg.dp.kinds import StreamKind, check_epsilon
-from svtagg.dp.queries import Number, Query
+from svtagg.dp.kinds import StreamKind
+from svtagg.dp.queries import Epsilon, Number, Query
 
 Array = npt.NDArray[np.float64]
 
@@ -65,7 +69,7 @@ def fp_selection(
     oracle: Oracle,
     p: float,
     bound: float,
-    epsilon: Number | str,
+    epsilon: Epsilon | Number | str,
     beta: float,
     *,
     minimize: bool = True,
@@ -80,12 +84,13 @@ def fp_selection(
     variant="paper": Algorithm 8 as written (kind default lap24).
     """
     variant = variant_of(variant, Variant.PAPER, Variant.SCAN)
-    cands = Candidates.of([Query(j, complement=minimize) for j in range(oracle.d)])
+    space = SearchSpace(Candidates.of([Query(j, complement=minimize) for j in range(oracle.d)]))
     if variant == Variant.SCAN:
-        sel = scan_selection(oracle, epsilon, beta, candidates=cands, kind=kind or "auto")
+        options = ScanOptions(kind=kind or "auto")
+        sel = scan_selection(oracle, epsilon, beta, space=space, options=options)
     else:
         sel = geometric_binary_search(
-            oracle, epsilon, beta, candidates=cands, kind=kind or StreamKind.LAP24
+            oracle, epsilon, beta, space=space, kind=kind or StreamKind.LAP24
         )
     err = sel.upper - sel.lower
     return FpResult(sel.index, err, lp_error(err, p, bound), sel)
@@ -101,56 +106,72 @@ class TopKResult:
     planned_epsilon: Fraction
 
 
+@dataclass(frozen=True)
+class TopKOptions:
+    """How `top_k_heavy_hitters` selects.
+
+    variant: "scan" (default), "practical", "paper" or "tuned".  kind: the stream
+    kind (default "auto" for scan and practical, lap24 for Algorithm 9).  rng:
+    feeds Algorithm 9's samples only.  beta (scan only): the failure probability,
+    default min(1/d, 0.1).  coarse_fraction, mid_fraction (scan only): the
+    localisation's ε shares (default `ScanOptions`'s).
+    """
+
+    variant: Variant | str = Variant.SCAN
+    kind: StreamKind | str | None = None
+    rng: np.random.Generator | int | None = None
+    beta: float | None = None
+    coarse_fraction: Number | str | None = None
+    mid_fraction: Number | str | None = None
+
+    def scan_options(self) -> ScanOptions:
+        """The scan variant's `ScanOptions`: kind default "auto", shares as given."""
+        options = ScanOptions(kind=self.kind or "auto")
+        if self.coarse_fraction is not None:
+            options = replace(options, coarse_fraction=self.coarse_fraction)
+        if self.mid_fraction is not None:
+            options = replace(options, mid_fraction=self.mid_fraction)
+        return options
+
+
 def top_k_heavy_hitters(
     oracle: Oracle,
     k: int,
-    epsilon: Number | str,
+    epsilon: Epsilon | Number | str,
     *,
-    variant: Variant | str = Variant.SCAN,
-    rng: np.random.Generator | int | None = None,
-    kind: StreamKind | str | None = None,
-    progress: Callable[[int, int, int], None] | None = None,
-    beta: float | None = None,
-    coarse_fraction: Number | str | None = None,
-    mid_fraction: Number | str | None = None,
+    options: TopKOptions | None = None,
+    progress: RankProgress | None = None,
 ) -> TopKResult:
     """Theorem 7.1: k rounds of selection with budget ε/k each (failure 1/d for
     Algorithm 9, min(1/d, 0.1) for the practical variant), removing the chosen
     categories.  Error O(log(d)·k/ε)-ish per item, with no
     dependence on the sparsity r (each coordinate has sensitivity 1).
 
-    variant="paper" / "tuned": each round is Algorithm 9 (as written / tuned),
-    `kind` default lap24.  variant="practical": each round is
+    variant="paper" / "tuned" (`TopKOptions`): each round is Algorithm 9 (as
+    written / tuned), kind default lap24.  variant="practical": each round is
     `selection.practical_selection` on [0, n] (coarse Algorithm 8 + one fine
-    descending-scan stream), `kind` default "auto" (the kind with the smallest α).
+    descending-scan stream), kind default "auto" (the kind with the smallest α).
     Either way: k·(ε/k) = ε by basic composition, every budget fixed up front.
 
     variant="scan" (the default): `selection.scan_top_k` — one coarse
     localisation for all ranks and one deciding stream per rank that continues
     from the previous rank's level (docs/algorithms.md §1), failure β (default
     min(1/d, 0.1)); budget ε_c + k·ε_f = ε; `coarse_fraction` / `mid_fraction`
-    are its localisation shares.  `rng` only feeds Algorithm 9's samples.
+    are its localisation shares.  `progress(rank done, k, queries answered so
+    far)` is called after each rank.
     """
-    eps = check_epsilon(epsilon)
-    variant = variant_of(variant, Variant.PAPER, Variant.TUNED, Variant.PRACTICAL, Variant.SCAN)
+    opts = options if options is not None else TopKOptions()
+    eps = Epsilon.parse(epsilon)
+    variant = variant_of(
+        opts.variant, Variant.PAPER, Variant.TUNED, Variant.PRACTICAL, Variant.SCAN
+    )
     if not 1 <= k <= oracle.d:
         raise ValueError(f"k must be in [1, d], got {k}")
     if variant == Variant.SCAN:
-        fail = beta if beta is not None else min(1.0 / oracle.d, 0.1)
-        shares: dict[str, Number | str] = {}
-        if coarse_fraction is not None:
-            shares["coarse_fraction"] = coarse_fraction
-        top = scan_top_k(
-            oracle,
-            k,
-            eps,
-            fail,
-            kind=kind or "auto",
-            progress=progress,
-            mid_fraction=mid_fraction,
-            **shares,  # type: ignore[arg-type]
-        )
+        fail = opts.beta if opts.beta is not None else min(1.0 / oracle.d, 0.1)
+        top = scan_top_k(oracle, k, eps, fail, options=opts.scan_options(), progress=progress)
         return TopKResult(top.indices, top.spend, top.planned_epsilon)
+    rng = opts.rng
     gen = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
     d = oracle.d
     remaining = list(range(d))
@@ -161,17 +182,21 @@ def top_k_heavy_hitters(
         cands = Candidates.of([Query(j) for j in remaining])
         if variant == Variant.PRACTICAL:
             res = practical_selection(
-                oracle, eps / k, min(1.0 / d, 0.1), candidates=cands, kind=kind or "auto"
+                oracle,
+                eps.split(k),
+                min(1.0 / d, 0.1),
+                space=SearchSpace(cands),
+                options=PracticalOptions(kind=opts.kind or "auto"),
             )
         else:
             res = sampling_and_filtering(
                 oracle,
-                eps / k,
+                eps.split(k),
                 1.0 / d,
                 candidates=cands,
                 variant=variant,
                 rng=gen,
-                kind=kind or StreamKind.LAP24,
+                kind=opts.kind or StreamKind.LAP24,
             )
         chosen.append(remaining.pop(res.index))
         spend.add(res.spend)
@@ -195,7 +220,7 @@ class SparseMeanResult:
 def sparse_mean(
     oracle: Oracle,
     k: int,
-    epsilon: Number | str,
+    epsilon: Epsilon | Number | str,
     beta: float,
     clip: float,
     *,
@@ -214,11 +239,11 @@ def sparse_mean(
     failure as above), a pick removing both signs of its coordinate;
     "paper" / "tuned": k rounds of Algorithm 9 with `kind`.
     """
-    eps = check_epsilon(epsilon)
+    eps = Epsilon.parse(epsilon)
     variant = variant_of(variant, Variant.PAPER, Variant.TUNED, Variant.SCAN)
     gen = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
     n, d = oracle.n, oracle.d
-    step = eps / (2 * k)
+    step = eps.split(2 * k)
     fail = min(beta / (4 * k), 1.0 / (2 * d))
     support: list[int] = []
     spend = Spend()
@@ -227,14 +252,8 @@ def sparse_mean(
         # one localisation for the k picks, one deciding stream each (k·ε/(2k) = ε/2);
         # a pick removes both signs of its coordinate
         queries = [Query(j, c) for j in range(d) for c in (False, True)]
-        top = scan_top_k(
-            oracle,
-            k,
-            eps / 2,
-            k * fail,
-            candidates=Candidates.of(queries),
-            groups=[j for j in range(d) for _ in (False, True)],
-        )
+        signs = Candidates.of(queries, groups=[j for j in range(d) for _ in (False, True)])
+        top = scan_top_k(oracle, k, eps.split(2), k * fail, space=SearchSpace(signs))
         support = [queries[p].index for p in top.indices]
         spend.add(top.spend)
         planned += top.planned_epsilon
@@ -315,13 +334,13 @@ def mwem_rounds(n: int, epsilon: float, domain_size: int, queries: int, beta: fl
     return max(1, min(n, t))
 
 
-def mwem_step_epsilon(epsilon: Number | str, rounds: int, delta: float = 0.0) -> Fraction:
+def mwem_step_epsilon(epsilon: Epsilon | Number | str, rounds: int, delta: float = 0.0) -> Fraction:
     """Budget of each of the 2T steps: ε/(2T) (Theorem 7.7, basic composition), or with
     δ > 0 the largest ε0 whose 2T-fold advanced composition is (ε, δ) (Theorem 7.8)."""
-    eps = check_epsilon(epsilon)
+    eps = Epsilon.parse(epsilon)
     if delta <= 0:
-        return eps / (2 * rounds)
-    return advanced_composition_step(float(eps), delta, 2 * rounds)
+        return eps.split(2 * rounds).value
+    return advanced_composition_step(eps, delta, 2 * rounds)
 
 
 def mwem_loop(
@@ -353,7 +372,7 @@ def mwem_loop(
 def mwem_svt(
     oracle: Oracle,
     workload: MarginalWorkload,
-    epsilon: Number | str,
+    epsilon: Epsilon | Number | str,
     beta: float,
     *,
     rounds: int | None = None,
@@ -379,75 +398,67 @@ def mwem_svt(
     nq = workload.matrix.shape[0]
     if oracle.d != nq:
         raise ValueError(f"oracle has {oracle.d} coordinates, workload {nq} queries")
+    eps = Epsilon.parse(epsilon)
     t_rounds = (
         rounds
         if rounds is not None
-        else mwem_rounds(n, float(check_epsilon(epsilon)), workload.matrix.shape[1], nq, beta)
+        else mwem_rounds(n, float(eps.value), workload.matrix.shape[1], nq, beta)
     )
-    step = mwem_step_epsilon(epsilon, t_rounds, delta)
-    fail = beta / (2 * t_rounds)
-    spend = Spend()
-    sel_rounds = math.ceil(math.log2(2 * n))
+    step = Epsilon(mwem_step_epsilon(eps, t_rounds, delta))
     # The plan, fixed before any data is touched: 2T steps of ε0 each, charged by
     # the cheapest composition the servers accept (zCDP when δ > 0).
-    groups = [(step, 0)] * (2 * t_rounds)
+    groups = [(step.value, 0)] * (2 * t_rounds)
     with planned(oracle, groups, Fraction(str(delta)) if delta > 0 else 0) as plan_oracle:
-        synth, chosen = _mwem_run(
-            plan_oracle, workload, t_rounds, step, fail, sel_rounds, kind, spend, variant
-        )
-    return MwemResult(synth, chosen, t_rounds, step, spend, 2 * t_rounds * step)
+        steps = _MwemSteps(plan_oracle, workload, step, beta / (2 * t_rounds), kind, variant)
+        synth, chosen = mwem_loop(n, workload, t_rounds, steps.select, steps.measure)
+    return MwemResult(synth, chosen, t_rounds, step.value, steps.spend, 2 * t_rounds * step.value)
 
 
-def _mwem_run(
-    oracle: PlannedOracle,
-    workload: MarginalWorkload,
-    t_rounds: int,
-    step: Fraction,
-    fail: float,
-    sel_rounds: int,
-    kind: StreamKind | str | None,
-    spend: Spend,
-    variant: Variant = Variant.PAPER,
-) -> tuple[Array, list[int]]:
-    """MWEM's 2T steps on a planned oracle: step 2(t−1) selects, 2t − 1 measures."""
-    n, nq = oracle.n, workload.matrix.shape[0]
+@dataclass
+class _MwemSteps:
+    """MWEM's 2T steps on a planned oracle: step 2(t−1) selects, 2t − 1 measures,
+    each with budget `step` and failure probability `fail`; `spend` adds them up."""
 
-    def select(qa: Array, t: int) -> int:
+    oracle: PlannedOracle
+    workload: MarginalWorkload
+    step: Epsilon
+    fail: float
+    kind: StreamKind | str | None
+    variant: Variant
+    spend: Spend = field(default_factory=Spend)
+
+    def select(self, qa: Array, t: int) -> int:
+        oracle, n = self.oracle, self.oracle.n
+        nq = self.workload.matrix.shape[0]
         oracle.group = 2 * (t - 1)
         queries = [Query(q, c) for q in range(nq) for c in (False, True)]
         offsets = [(n - (-1 if c else 1) * qa[q]) / 2 for q in range(nq) for c in (False, True)]
-        cands = Candidates.of(queries, offsets)
-        if variant == Variant.SCAN:
-            res = scan_selection(
-                oracle,
-                step,
-                fail,
-                candidates=cands,
-                interval=(0.0, 2.0 * n),
-                kind=kind or "auto",
+        space = SearchSpace(Candidates.of(queries, offsets), interval=(0.0, 2.0 * n))
+        if self.variant == Variant.SCAN:
+            options = ScanOptions(
+                kind=self.kind or "auto",
                 coarse_fraction=MWEM_SCAN_SHARES[0],
                 mid_fraction=MWEM_SCAN_SHARES[1],
             )
+            res = scan_selection(oracle, self.step, self.fail, space=space, options=options)
         else:
             res = geometric_binary_search(
                 oracle,
-                step,
-                fail,
-                candidates=cands,
-                interval=(0.0, 2.0 * n),
-                rounds=sel_rounds,
-                kind=kind or StreamKind.LAP24,
+                self.step,
+                self.fail,
+                space=space,
+                rounds=math.ceil(math.log2(2 * n)),
+                kind=self.kind or StreamKind.LAP24,
             )
-        spend.add(res.spend)
+        self.spend.add(res.spend)
         return res.query.index
 
-    def measure(q: int, t: int) -> float:
-        oracle.group = 2 * t - 1
-        est = sum_estimation(oracle, Query(q), step, fail, kind=kind or StreamKind.LAP24)
-        spend.add(est.spend)
-        return 2 * est.estimate - n
-
-    return mwem_loop(n, workload, t_rounds, select, measure)
+    def measure(self, q: int, t: int) -> float:
+        self.oracle.group = 2 * t - 1
+        kind = self.kind or StreamKind.LAP24
+        est = sum_estimation(self.oracle, Query(q), self.step, self.fail, kind=kind)
+        self.spend.add(est.spend)
+        return 2 * est.estimate - self.oracle.n
 
 
 def max_query_error(workload: MarginalWorkload, truth_hist: Array, synthetic: Array) -> float:

@@ -29,7 +29,6 @@ from collections import Counter
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -298,39 +297,51 @@ def choose_events(
     return [(i, direction) for _, i, direction in sorted(scored)[:keep]]
 
 
+@dataclass(frozen=True)
+class PilotDesign:
+    """How `pilot_audit_outputs` tests: the `keep` (event, direction) pairs the
+    pilot points to, at family level `level` (the false-failure probability of a
+    correct mechanism), thinning draws from `seed`; `count` counts the events over
+    a sample (default `count_events`), and `reference` (the exact output laws on D
+    and D', see `first_yes_pmf`) adds the conformance tests."""
+
+    keep: int = 5
+    level: float = 1e-3
+    seed: int = 0
+    count: Counts | None = None
+    reference: tuple[np.ndarray, np.ndarray] | None = None
+
+
 def pilot_audit_outputs(
     name: str,
     epsilon: float,
     pilot: tuple[Sequence[Output], Sequence[Output]],
     final: tuple[Sequence[Output], Sequence[Output]],
     events: Sequence[Event],
-    count: Counts | None = None,
-    keep: int = 5,
-    level: float = 1e-3,
-    seed: int = 0,
-    reference: tuple[np.ndarray, np.ndarray] | None = None,
+    design: PilotDesign | None = None,
 ) -> AuditReport:
-    """Test on `final` the `keep` (event, direction) pairs `pilot` points to.
+    """Test on `final` the `design.keep` (event, direction) pairs `pilot` points to.
 
     `pilot` and `final` are (outputs on D, outputs on D'), drawn independently.
     The final sample is independent of the choice, so for a correct mechanism
     each final p-value is super-uniform and the Bonferroni family over the kept
-    pairs holds its level whatever the pilot chose.  With `reference` (the exact
-    output laws of the specified mechanism on D and D', see `first_yes_pmf`) each
-    dataset's pilot and final outputs together also get a conformance test
+    pairs holds its level whatever the pilot chose.  With `design.reference` (the
+    exact output laws of the specified mechanism on D and D', see `first_yes_pmf`)
+    each dataset's pilot and final outputs together also get a conformance test
     (`fit_test`), one more member of the same Bonferroni family: it is fixed in
     advance, so using the pilot's outputs too costs nothing.
     """
     if len(final[0]) != len(final[1]) or len(pilot[0]) != len(pilot[1]):
         raise ValueError("both datasets need the same number of trials")
-    count = count or count_events(events)
+    design = design if design is not None else PilotDesign()
+    count = design.count or count_events(events)
     pilot_d, pilot_dp = count(pilot[0]), count(pilot[1])
-    chosen = choose_events(pilot_d, pilot_dp, epsilon, keep)
+    chosen = choose_events(pilot_d, pilot_dp, epsilon, design.keep)
     final_d, final_dp = count(final[0]), count(final[1])
     trials = len(final[0])
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(design.seed)
     label = f"{name}, {len(chosen)} events from a {len(pilot[0])}-stream pilot"
-    report = AuditReport(label, epsilon, trials, level)
+    report = AuditReport(label, epsilon, trials, design.level)
     for i, direction in chosen:
         a, b = int(final_d[i]), int(final_dp[i])
         if direction == 1:
@@ -344,8 +355,9 @@ def pilot_audit_outputs(
                 ratio_test(a, b, trials, epsilon, rng),
             )
         )
-    if reference is not None:
-        for dataset, p, first, second in zip(("D", "D'"), reference, pilot, final, strict=True):
+    if design.reference is not None:
+        laws = design.reference
+        for dataset, p, first, second in zip(("D", "D'"), laws, pilot, final, strict=True):
             report.fits.append(fit_test(dataset, [*first, *second], p, rng))
     return report
 
@@ -357,9 +369,9 @@ def pilot_audit(
     pilot_trials: int,
     trials: int,
     run: Callable[[Oracle], Output] | None = None,
-    **options: Any,
+    design: PilotDesign | None = None,
 ) -> AuditReport:
-    """`pilot_audit_outputs` (which takes `options`) on streams of the scenario:
+    """`pilot_audit_outputs` (with `design`) on streams of the scenario:
     `pilot_trials` per dataset for the pilot, then `trials` fresh ones (from new
     oracles) for the final test."""
     run = run or _default_run(scenario)
@@ -372,9 +384,7 @@ def pilot_audit(
 
     pilot = sample(pilot_trials)
     final = sample(trials)
-    return pilot_audit_outputs(
-        scenario.name, float(scenario.epsilon), pilot, final, events, **options
-    )
+    return pilot_audit_outputs(scenario.name, float(scenario.epsilon), pilot, final, events, design)
 
 
 # --------------------------------------------------------------------------------------

@@ -120,11 +120,11 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
 
 def _registrars() -> list[Callable[[argparse._SubParsersAction], None]]:  # type: ignore[type-arg]
     """Subcommand modules; each adds its parsers and sets `handler`."""
-    from svtagg.analyst.experiments import register as experiment_register
     from svtagg.client.cli import register as client_register
     from svtagg.deploy.admin import register as admin_register
     from svtagg.deploy.doctor import register as doctor_register
     from svtagg.deploy.jobs import register as jobs_register
+    from svtagg.experiments.cli import register as experiment_register
     from svtagg.servers.cli import register as server_register
 
     return [

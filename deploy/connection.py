@@ -4,7 +4,7 @@ A `Deployment` is one mutual-TLS connection to the leader's analyst API, holding
 the analyst's certificate.  It lists and creates tasks; `Deployment.task(id)`
 returns a `TaskHandle` with the task's state, its budget and the selection
 applications as methods.  Numbers come back as floats; every budget figure also
-keeps its exact value (`Budget.exact`), which is what the servers' ledgers hold.
+keeps its exact value (`BudgetView.exact`), which is what the servers' ledgers hold.
 
 Data goes in through `Deployment.upload` (needs the client certificate in the
 same directory, or `client_certs=`): a numpy array, a pandas DataFrame (pandas
@@ -20,19 +20,21 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from fractions import Fraction
 from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 
 import grpc
 import numpy as np
 import numpy.typing as npt
 
 from svtagg.analyst import applications
+from svtagg.analyst.applications import TopKOptions
 from svtagg.analyst.remote_oracle import RemoteOracle
-from svtagg.analyst.selection import Query, sum_estimation
+from svtagg.analyst.selection import sum_estimation
 from svtagg.client.records import InputError, ReadStats, Spec, default_format, embed_block
 from svtagg.client.upload import Uploader, UploadStats
+from svtagg.deploy.tasks import TaskOptions, task_spec
 from svtagg.dp.errors import NotFound
-from svtagg.dp.task import safe_epsilon_min
+from svtagg.dp.queries import Query
 from svtagg.proto import svtagg_pb2 as pb
 from svtagg.proto import svtagg_pb2_grpc as pb_grpc
 from svtagg.proto.tls import load_identity, tls_target
@@ -44,7 +46,7 @@ from svtagg.proto.vocab import (
     check_address,
 )
 
-__all__ = ["Budget", "Deployment", "TaskHandle", "TaskState", "connect"]
+__all__ = ["BudgetView", "Deployment", "TaskHandle", "TaskOptions", "TaskView", "connect"]
 
 
 def _fraction(text: str) -> Fraction:
@@ -52,8 +54,9 @@ def _fraction(text: str) -> Fraction:
 
 
 @dataclass(frozen=True)
-class Budget:
-    """One server's ledger for a task, as floats; `exact` holds the Fractions."""
+class BudgetView:
+    """One server's ledger for a task as the analyst reads it (`svtagg.dp.queries.Budget`
+    is the ledger itself): floats, with the exact Fractions in `exact`."""
 
     epsilon_total: float
     epsilon_spent: float
@@ -62,7 +65,7 @@ class Budget:
     exact: dict[str, Fraction]
 
     @classmethod
-    def from_pb(cls, b: pb.BudgetStatus) -> Budget:
+    def from_pb(cls, b: pb.BudgetStatus) -> BudgetView:
         exact = {
             "epsilon_total": _fraction(b.epsilon_total),
             "epsilon_spent": _fraction(b.epsilon_spent),
@@ -107,8 +110,9 @@ def format_number(x: Fraction | float) -> str:
 
 
 @dataclass(frozen=True)
-class TaskState:
-    """A task as the leader describes it: public parameters, n, state and ledgers."""
+class TaskView:
+    """A task as the leader describes it to the analyst: public parameters, n, state
+    and both ledgers (the servers' own task record is `svtagg.servers.store.TaskState`)."""
 
     task_id: str
     d: int
@@ -120,14 +124,14 @@ class TaskState:
     validate_reports: bool
     #: The embedding the task's clients use ("" = none recorded).
     embedding: str
-    budget: Budget
-    helper_budget: Budget | None
+    budget: BudgetView
+    helper_budget: BudgetView | None
     #: Reports the close took out (held by one server only, or out of range
     #: under validate_reports); only a close reports it, else 0.
     dropped_reports: int = 0
 
     @classmethod
-    def from_pb(cls, info: pb.TaskInfo) -> TaskState:
+    def from_pb(cls, info: pb.TaskInfo) -> TaskView:
         s = info.spec
         return cls(
             task_id=s.task_id,
@@ -139,8 +143,8 @@ class TaskState:
             streams=int(info.streams),
             validate_reports=bool(s.validate_reports),
             embedding=str(s.embedding),
-            budget=Budget.from_pb(info.budget),
-            helper_budget=Budget.from_pb(info.helper_budget)
+            budget=BudgetView.from_pb(info.budget),
+            helper_budget=BudgetView.from_pb(info.helper_budget)
             if info.helper_budget.epsilon_total
             else None,
             dropped_reports=int(info.dropped_reports),
@@ -208,15 +212,15 @@ class TaskHandle:
     def __repr__(self) -> str:
         return f"TaskHandle({self.task_id!r})"
 
-    def state(self) -> TaskState:
+    def state(self) -> TaskView:
         """n, state, streams and both ledgers (the leader asks the helper)."""
-        return TaskState.from_pb(self.deployment._call("DescribeTask", self._ref()))
+        return TaskView.from_pb(self.deployment._call("DescribeTask", self._ref()))
 
-    def budget(self) -> Budget:
+    def budget(self) -> BudgetView:
         """The leader's ledger for this task."""
-        return Budget.from_pb(self.deployment._call("Budget", self._ref()).budget)
+        return BudgetView.from_pb(self.deployment._call("Budget", self._ref()).budget)
 
-    def close_collection(self) -> TaskState:
+    def close_collection(self) -> TaskView:
         """Close the collection on both servers; afterwards n is public and fixed.
         Returns the task as `state()` describes it then (both ledgers), with the
         reports the close took out."""
@@ -235,7 +239,8 @@ class TaskHandle:
     ) -> list[int]:
         """Private top-k heavy hitters (Theorem 7.1) on data uploaded with the
         heavy_hitters embedding: the k category ids, most frequent first-ish."""
-        res = applications.top_k_heavy_hitters(self.oracle(), k, epsilon, variant=variant, rng=seed)
+        options = TopKOptions(variant=variant, rng=seed)
+        res = applications.top_k_heavy_hitters(self.oracle(), k, epsilon, options=options)
         return [int(i) for i in res.indices]
 
     def sum(self, index: int, epsilon: float | str, beta: float = 0.05) -> dict[str, float]:
@@ -302,10 +307,10 @@ class Deployment:
     def _call(self, method: str, request: Any) -> Any:
         return getattr(self._stub, method)(request, timeout=self.timeout)
 
-    def tasks(self) -> list[TaskState]:
+    def tasks(self) -> list[TaskView]:
         """Every task on the leader, with n, state and the leader's ledger."""
         listing = self._call("ListTasks", pb.Empty())
-        return [TaskState.from_pb(t) for t in listing.tasks]
+        return [TaskView.from_pb(t) for t in listing.tasks]
 
     def task(self, task_id: str) -> TaskHandle:
         """A handle on an existing task (NotFound if the leader has none by that id)."""
@@ -322,30 +327,17 @@ class Deployment:
         d: int,
         epsilon: float | str,
         *,
-        delta: float | str = "1/1000000",
         n_max: int = 1_000_000,
-        min_batch: int = 100,
-        frac_bits: int = 16,
-        validate_reports: bool = False,
-        embedding: str = "",
+        **options: Unpack[TaskOptions],
     ) -> TaskHandle:
         """Create a task on both servers with total budget (ε, δ); decimals and
         exact fractions ("1/2") are both accepted and stored exactly.
-        `embedding` records what the clients use (heavy_hitters, sparse_mean,
-        marginals, fp_loss, or vectors); uploads embedded otherwise are refused."""
-        spec = pb.TaskSpec(
-            task_id=task_id,
-            d=d,
-            frac_bits=frac_bits,
-            n_max=n_max,
-            min_batch=min_batch,
-            epsilon_total=str(epsilon),
-            delta_total=str(delta),
-            epsilon_min=str(safe_epsilon_min(n_max, frac_bits)),
-            validate_reports=validate_reports,
-            embedding=embedding,
-        )
-        self._call("CreateTask", spec)
+        `options` (`TaskOptions`): delta (default "1/1000000"), min_batch (default
+        100), frac_bits, validate_reports, epsilon_min, and `embedding`, which
+        records what the clients use (heavy_hitters, sparse_mean, marginals,
+        fp_loss, or vectors); uploads embedded otherwise are refused."""
+        settings: TaskOptions = {"delta": "1/1000000", "min_batch": 100, **options}
+        self._call("CreateTask", task_spec(task_id, d, n_max, epsilon, **settings))
         handle = TaskHandle(self, task_id)
         self._handles.append(handle)
         return handle

@@ -1,6 +1,7 @@
 """Jobs against a deployment: `svtagg analyst …` (task admin and selection runs on
-the remote oracle), `svtagg demo` (the whole system on this machine) and
-`svtagg sim` (multi-process simulation writing a JSON report)."""
+the remote oracle; the algorithms are `svtagg.deploy.algorithms`' registry),
+`svtagg demo` (the whole system on this machine) and `svtagg sim` (multi-process
+simulation writing a JSON report)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ import json
 import multiprocessing as mp
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import asdict
 from fractions import Fraction
 from pathlib import Path
@@ -19,26 +19,14 @@ import grpc
 import numpy as np
 import numpy.typing as npt
 
+from svtagg.deploy.algorithms import ALGORITHMS, RunFlags, run_algorithm
+from svtagg.deploy.tasks import task_spec
 from svtagg.deploy.workloads import laplace_argmax, model_selection, workload
 from svtagg.dp.errors import Refusal
-from svtagg.dp.kinds import StreamKind
 from svtagg.proto import svtagg_pb2 as pb
 from svtagg.proto import svtagg_pb2_grpc as pb_grpc
 from svtagg.proto.tls import Identity, tls_target
 from svtagg.proto.vocab import CALL_DEADLINE, CHANNEL_OPTIONS, Role
-
-ALGORITHMS = (
-    "top-k",
-    "scan",
-    "gbs",
-    "sf",
-    "binary-search",
-    "linear-scan",
-    "sum",
-    "fp",
-    "sparse-mean",
-    "mwem",
-)
 
 if TYPE_CHECKING:
     from svtagg.deploy.launch import LocalDeployment
@@ -88,7 +76,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         common(asub.add_parser(name, help=text))
     r = asub.add_parser("run", help="run a selection algorithm through the servers")
     common(r)
-    r.add_argument("--algorithm", choices=ALGORITHMS, default="top-k")
+    r.add_argument("--algorithm", choices=list(ALGORITHMS), default="top-k")
     r.add_argument("--epsilon", default="1")
     r.add_argument("--beta", type=float, default=0.05)
     r.add_argument("--k", type=int, default=10, help="top-k, sparse-mean: how many")
@@ -158,7 +146,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     s.add_argument("--workload", choices=["heavy_hitters", "uniform"], default="heavy_hitters")
     s.add_argument("--n", type=int, default=10_000)
     s.add_argument("--d", type=int, default=1000)
-    s.add_argument("--algorithm", choices=ALGORITHMS, default="top-k")
+    s.add_argument("--algorithm", choices=list(ALGORITHMS), default="top-k")
     s.add_argument("--epsilon", default="4")
     s.add_argument("--k", type=int, default=10)
     s.add_argument("--beta", type=float, default=0.05)
@@ -181,215 +169,8 @@ def analyst_stub(leader: str, certs: str | Path) -> Any:
     return pb_grpc.AnalystStub(grpc.secure_channel(leader, creds, options=options))
 
 
-#: Stream kinds every `run` algorithm accepts: the AboveThreshold kinds (no run
-#: algorithm opens a CompareToThresholds stream).
-RUN_KINDS = tuple(k.value for k in StreamKind if k is not StreamKind.CTT)
-#: Algorithms whose selection picks the kind itself when asked for "auto".
-AUTO_KIND_ALGORITHMS = frozenset({"scan", "top-k", "fp"})
-
-
-def check_run_options(
-    oracle: Any, algorithm: str, epsilon: Fraction, kind: str | None, index: int | None
-) -> None:
-    """Refuse, before any budget is reserved, the options no run could finish
-    with: a kind the algorithm does not open, a total ε below the task's smallest
-    stream ε, `sum` without its coordinate.  ValueError, naming the option."""
-    accepted = [*RUN_KINDS, *(["auto"] if algorithm in AUTO_KIND_ALGORITHMS else [])]
-    if kind is not None and kind not in accepted:
-        raise ValueError(
-            f"--kind {kind} is not a stream kind --algorithm {algorithm} opens; "
-            f"expected one of {', '.join(accepted)}"
-        )
-    floor = getattr(oracle, "epsilon_min", Fraction(0))
-    if epsilon < floor:
-        raise ValueError(
-            f"--epsilon {epsilon} is below the task's epsilon_min={floor} "
-            "(the smallest ε one stream may use)"
-        )
-    if algorithm == "sum":
-        if index is None:
-            raise ValueError("--algorithm sum needs --index (the coordinate to estimate)")
-        if not 0 <= index < oracle.d:
-            raise ValueError(f"--index {index} is out of range [0, {oracle.d})")
-    elif index is not None:
-        raise ValueError(f"--index applies to --algorithm sum only, not {algorithm}")
-
-
 #: Embeddings a task may record (`client/embeddings.py`; "vectors": none applied).
 EMBEDDINGS = ["heavy_hitters", "sparse_mean", "marginals", "fp_loss", "vectors"]
-
-
-def task_spec(
-    task_id: str,
-    d: int,
-    n_max: int,
-    epsilon: str,
-    *,
-    frac_bits: int = 16,
-    min_batch: int = 1,
-    delta: str = "0",
-    epsilon_min: str = "auto",
-    validate_reports: bool = False,
-    embedding: str = "",
-) -> pb.TaskSpec:
-    """A task spec; epsilon_min "auto" is the smallest ε the overflow bound allows."""
-    from svtagg.dp.task import safe_epsilon_min
-
-    if epsilon_min == "auto":
-        epsilon_min = str(safe_epsilon_min(n_max, frac_bits))
-    return pb.TaskSpec(
-        task_id=task_id,
-        d=d,
-        frac_bits=frac_bits,
-        n_max=n_max,
-        min_batch=min_batch,
-        epsilon_total=epsilon,
-        delta_total=delta,
-        epsilon_min=epsilon_min,
-        validate_reports=validate_reports,
-        embedding=embedding,
-    )
-
-
-def run_algorithm(
-    oracle: Any,
-    algorithm: str,
-    epsilon: str,
-    beta: float = 0.05,
-    k: int = 10,
-    index: int | None = None,
-    kind: str | None = None,
-    seed: int | None = None,
-    progress: Callable[[int, int, int], None] | None = None,
-    options: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """Run one selection algorithm / application on an oracle; JSON-ready summary.
-
-    `options` carries the application parameters: p and bound (fp), clip
-    (sparse-mean), attributes, rounds and delta (mwem), shares (scan, top-k:
-    "SEARCH,MIDDLE" ε shares of the localisation).  The task's data must
-    have been uploaded with the matching embedding (`svtagg client upload
-    --embedding fp_loss | sparse_mean | marginals`)."""
-    from svtagg.analyst.oracle import planned
-    from svtagg.dp.kinds import check_epsilon
-
-    opts = options or {}
-    kw: dict[str, Any] = {} if kind is None else {"kind": kind}
-    if opts.get("shares"):
-        if algorithm not in ("scan", "top-k"):
-            raise ValueError("--shares applies to the scan and top-k algorithms only")
-        search, _, middle = str(opts["shares"]).partition(",")
-        kw.update(coarse_fraction=search.strip(), mid_fraction=(middle.strip() or "0"))
-    # Every argument is checked before any budget is reserved.
-    eps = check_epsilon(epsilon)
-    check_run_options(oracle, algorithm, eps, kind, index)
-    if not 0 < beta < 1:
-        raise ValueError(f"beta must be in (0, 1), got {beta}")
-    if algorithm in ("top-k", "sparse-mean") and not 1 <= k <= oracle.d:
-        raise ValueError(f"--k must be in [1, {oracle.d}], got {k}")
-    if algorithm == "mwem":  # MWEM reserves its own plan of 2T steps
-        return _run_application(oracle, algorithm, epsilon, beta, k, kw, seed, opts)
-    # The whole run is one plan of ε, reserved on both servers before any stream:
-    # refused at once, nothing spent, if the budget left cannot hold it.
-    with planned(oracle, [(eps, 0)]) as plan_oracle:
-        if algorithm in ("fp", "sparse-mean"):
-            return _run_application(plan_oracle, algorithm, epsilon, beta, k, kw, seed, opts)
-        return _run_selection(plan_oracle, algorithm, eps, beta, k, index or 0, kw, seed, progress)
-
-
-def _run_selection(
-    oracle: Any,
-    algorithm: str,
-    eps: Fraction,
-    beta: float,
-    k: int,
-    index: int,
-    kw: dict[str, Any],
-    seed: int | None,
-    progress: Callable[[int, int, int], None] | None,
-) -> dict[str, Any]:
-    from svtagg.analyst import applications, selection
-    from svtagg.dp.queries import Query
-
-    out: dict[str, Any] = {"algorithm": algorithm, "epsilon": str(eps)}
-    if algorithm == "top-k":
-        res = applications.top_k_heavy_hitters(oracle, k, eps, rng=seed, progress=progress, **kw)
-        out["selected"] = res.indices
-    elif algorithm == "sum":
-        est = selection.sum_estimation(oracle, Query(index), eps, beta, **kw)
-        out.update(index=index, estimate=est.estimate, lower=est.lower, upper=est.upper)
-    else:
-        algorithms: dict[str, Callable[..., Any]] = {
-            "scan": selection.scan_selection,
-            "gbs": selection.geometric_binary_search,
-            "binary-search": selection.binary_search,
-            "linear-scan": selection.linear_scan,
-        }
-        fn = algorithms.get(algorithm)
-        if fn is not None:
-            sel = fn(oracle, eps, beta, **kw)
-        else:  # Algorithm 9 needs β ≤ 1/d
-            sel = selection.sampling_and_filtering(
-                oracle, eps, min(beta, 1.0 / oracle.d), rng=seed, **kw
-            )
-        out.update(selected=sel.query.index, lower=sel.lower, upper=sel.upper)
-    return out
-
-
-def _run_application(
-    oracle: Any,
-    algorithm: str,
-    epsilon: str,
-    beta: float,
-    k: int,
-    kw: dict[str, Any],
-    seed: int | None,
-    opts: dict[str, Any],
-) -> dict[str, Any]:
-    from svtagg.analyst import applications
-
-    eps = Fraction(epsilon)
-    out: dict[str, Any] = {"algorithm": algorithm, "epsilon": str(eps)}
-    if algorithm == "fp":
-        fp = applications.fp_selection(
-            oracle,
-            float(opts.get("p", 2.0)),
-            float(opts.get("bound", 1.0)),
-            eps,
-            beta,
-            **kw,
-        )
-        out.update(
-            selected=fp.index, fp_error_bound=fp.fp_error_bound, lp_error_bound=fp.lp_error_bound
-        )
-    elif algorithm == "sparse-mean":
-        clip = opts.get("clip")
-        if clip is None:
-            clip = applications.sparse_mean_clip(oracle.n, oracle.d, beta)
-        sm = applications.sparse_mean(oracle, k, eps, beta, float(clip), rng=seed, **kw)
-        out.update(
-            support=sm.support, mean={j: float(sm.mean[j]) for j in sm.support}, clip=float(clip)
-        )
-    else:
-        attributes = opts.get("attributes")
-        if attributes is None:
-            raise ValueError("mwem needs --attributes (the task's d must be their pair count)")
-        workload = applications.MarginalWorkload.build(int(attributes))
-        mw = applications.mwem_svt(
-            oracle,
-            workload,
-            eps,
-            beta,
-            rounds=opts.get("rounds"),
-            delta=float(opts.get("delta", 0.0)),
-            **kw,
-        )
-        out.update(
-            rounds=mw.rounds,
-            chosen_queries=[int(q) for q in mw.chosen],
-            synthetic_histogram=[float(v) for v in mw.synthetic],
-        )
-    return out
 
 
 def _oracle_summary(oracle: Any, before: Any = None) -> dict[str, Any]:
@@ -424,26 +205,7 @@ def _run(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     with RemoteOracle.from_certs(args.leader, args.task, args.certs) as oracle:
         before = oracle.budget()
-        options = {
-            "p": args.p,
-            "bound": args.bound,
-            "clip": args.clip,
-            "attributes": args.attributes,
-            "rounds": args.rounds,
-            "delta": args.delta,
-            "shares": args.shares,
-        }
-        result = run_algorithm(
-            oracle,
-            args.algorithm,
-            args.epsilon,
-            args.beta,
-            args.k,
-            args.index,
-            args.kind,
-            args.seed,
-            options=options,
-        )
+        result = run_algorithm(oracle, RunFlags.from_args(args))
         summary = _oracle_summary(oracle, before)
     asked = result.pop("epsilon")
     result["epsilon"] = float(Fraction(asked))
@@ -519,9 +281,8 @@ def _demo(args: argparse.Namespace) -> int:
                     f"{time.perf_counter() - t1:.1f}s)"
                 )
 
-            res = run_algorithm(
-                oracle, "top-k", args.epsilon, k=args.k, seed=args.seed, progress=rank_done
-            )
+            flags = RunFlags("top-k", args.epsilon, k=args.k, seed=args.seed)
+            res = run_algorithm(oracle, flags, progress=rank_done)
             summary = _oracle_summary(oracle)
         query_s = time.perf_counter() - t1
     true_top = [int(j) for j in np.argsort(-truth, kind="stable")[: args.k]]
@@ -538,10 +299,7 @@ def _demo(args: argparse.Namespace) -> int:
 
     local = run_algorithm(
         LocalOracle(values, args.epsilon, parties=2),
-        "top-k",
-        args.epsilon,
-        k=args.k,
-        seed=args.seed,
+        RunFlags("top-k", args.epsilon, k=args.k, seed=args.seed),
     )["selected"]
     print(
         f"(the local two-party reference oracle on the same data finds "
@@ -599,7 +357,7 @@ def _demo_model_selection(args: argparse.Namespace, t0: float) -> int:
         _progress(f"running private model selection (scan selection, ε={args.epsilon})")
         t1 = time.perf_counter()
         with RemoteOracle.from_certs(dep.address("leader"), "demo", dep.certs) as oracle:
-            res = run_algorithm(oracle, "scan", args.epsilon, seed=args.seed)
+            res = run_algorithm(oracle, RunFlags("scan", args.epsilon, seed=args.seed))
             summary = _oracle_summary(oracle)
         query_s = time.perf_counter() - t1
     best = float(truth.max())
@@ -616,7 +374,8 @@ def _demo_model_selection(args: argparse.Namespace, t0: float) -> int:
         ),
     ]
     local = run_algorithm(
-        LocalOracle(values, args.epsilon, parties=2, seed=args.seed), "scan", args.epsilon
+        LocalOracle(values, args.epsilon, parties=2, seed=args.seed),
+        RunFlags("scan", args.epsilon),
     )
     picks.append(("SVT scan selection, local two-party oracle", int(local["selected"])))
     print(f"\nbest candidate {int(truth.argmax())}: score {best:.1f} (n = {n}, ε = {eps:g})")
@@ -683,16 +442,16 @@ def _sim(args: argparse.Namespace) -> int:
         t1 = time.perf_counter()
         with RemoteOracle.from_certs(dep.address("leader"), "sim", dep.certs) as oracle:
             try:
-                report["result"] = run_algorithm(
-                    oracle,
+                flags = RunFlags(
                     args.algorithm,
                     args.epsilon,
                     args.beta,
                     args.k,
-                    0 if args.algorithm == "sum" else None,
-                    "lap24",
-                    args.seed,
+                    index=0 if args.algorithm == "sum" else None,
+                    kind="lap24",
+                    seed=args.seed,
                 )
+                report["result"] = run_algorithm(oracle, flags)
             except (Refusal, ValueError) as exc:
                 print(f"refused: {exc}", file=sys.stderr)
                 return 1

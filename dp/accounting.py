@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from fractions import Fraction
 
 from svtagg.dp.kinds import as_fraction
+from svtagg.dp.queries import Epsilon, Number
 
 Pair = tuple[Fraction, Fraction]
 
@@ -44,12 +45,13 @@ def advanced_composition(
 
 
 def advanced_composition_step(
-    epsilon: float, delta: float, k: int, *, max_denominator: int = 10**9
+    epsilon: Epsilon | Number | str, delta: float, k: int, *, max_denominator: int = 10**9
 ) -> Fraction:
     """Largest per-step ε0 (a Fraction, rounded down) whose k-fold advanced
-    composition with δ' = δ is ≤ ε; also never below ε/k (basic composition is
-    always available, so the better of the two is returned)."""
-    target = float(epsilon)
+    composition with δ' = δ is ≤ ε; also never below ε/k, exactly (basic
+    composition is always available, so the better of the two is returned)."""
+    eps = Epsilon.parse(epsilon)
+    target = float(eps.value)
     lo, hi = 0.0, target
     for _ in range(200):
         mid = (lo + hi) / 2
@@ -58,7 +60,7 @@ def advanced_composition_step(
         else:
             hi = mid
     adv = _fraction_below(lo, max_denominator)
-    basic = as_fraction(epsilon, "epsilon") / k
+    basic = eps.split(k).value
     return max(adv, basic)
 
 

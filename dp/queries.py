@@ -1,6 +1,8 @@
 """What a query, a budget and an answer are, and the checks every oracle applies
 to a chunk before any noise is drawn (chunk size, CompareToThresholds gap,
-threshold encoding): one implementation for the local oracle and both servers."""
+threshold encoding): one implementation for the local oracle and both servers.
+`Epsilon` is an ε parsed once where it enters (the command line, a public
+function) and trusted from there inward."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import numpy as np
 import numpy.typing as npt
 
 from svtagg.dp.errors import ChunkTooLarge, InvalidArgument, ResourceExhausted
-from svtagg.dp.kinds import as_fraction, ctt_gap
+from svtagg.dp.kinds import as_fraction, check_epsilon, ctt_gap
 from svtagg.mpc.ring import encode_scalar, sensitivity
 
 Number = Fraction | int | float
@@ -45,6 +47,46 @@ class Outcome(StrEnum):
     HIGH = "high"
     LOW = "low"
     CLOSE = "close"
+
+
+@dataclass(frozen=True)
+class Epsilon:
+    """A privacy budget ε > 0 as an exact rational.
+
+    `Epsilon.parse` turns outside input (text such as "1/2", a number) into one,
+    once, where the budget enters: the command line or a public function.  Code
+    further in takes an `Epsilon` as checked and never parses it again, so ε keeps
+    one form (a Fraction) from the boundary to the stream budgets an algorithm
+    plans; parsing an `Epsilon` returns it unchanged.  The parts an algorithm
+    derives (`split`, `share`) are exact and positive by construction.
+    """
+
+    value: Fraction
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.value, Fraction) or self.value <= 0:
+            raise TypeError(f"Epsilon holds a Fraction > 0 (see Epsilon.parse): {self.value!r}")
+
+    @classmethod
+    def parse(cls, value: Epsilon | Number | str) -> Epsilon:
+        """ε from input (decimal or p/q text, a number): ValueError unless a number
+        > 0 of bounded size (`check_epsilon`); an `Epsilon` is returned as it is."""
+        if isinstance(value, Epsilon):
+            return value
+        return cls(check_epsilon(value))
+
+    def split(self, parts: int) -> Epsilon:
+        """ε/parts: one of `parts` equal budgets (basic composition)."""
+        return Epsilon(self.value / parts)
+
+    def share(self, fraction: Fraction) -> Epsilon:
+        """ε·fraction for a fraction in (0, 1]."""
+        if not 0 < fraction <= 1:
+            raise ValueError(f"a share of ε must be in (0, 1], got {fraction}")
+        return Epsilon(self.value * fraction)
+
+    def __str__(self) -> str:
+        return str(self.value)
 
 
 @dataclass

@@ -54,7 +54,7 @@ def test_top_k_heavy_hitters_recall_and_budget() -> None:
     counts = rng.binomial(n, rng.uniform(0, 0.1, d))
     counts[[10, 50, 90]] = [n // 2, n // 3, n // 4]
     oracle = LocalOracle.from_sums(counts * GRID, n, 100, seed=3)
-    res = apps.top_k_heavy_hitters(oracle, k, 1, rng=4)
+    res = apps.top_k_heavy_hitters(oracle, k, 1, options=apps.TopKOptions(rng=4))
     assert set(res.indices) == {10, 50, 90}
     assert len(set(res.indices)) == k  # chosen categories are removed
     assert res.spend.epsilon <= res.planned_epsilon <= 1

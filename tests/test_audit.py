@@ -27,6 +27,7 @@ from svtagg.analyst.audit import (
     AuditReport,
     Event,
     Output,
+    PilotDesign,
     Scenario,
     audit,
     collect,
@@ -214,7 +215,8 @@ def test_vectorised_reveal_counts_match_the_events() -> None:
 
 def test_pilot_audit_passes_correct_stream() -> None:
     sc = counterexample_scenario()
-    rep = pilot_audit(sc, _maker(seed=8), first_yes_events(len(sc.chunk)), 1000, 2000, keep=3)
+    events = first_yes_events(len(sc.chunk))
+    rep = pilot_audit(sc, _maker(seed=8), events, 1000, 2000, design=PilotDesign(keep=3))
     assert len(rep.results) == 3 and rep.threshold == pytest.approx(1e-3 / 3)
     assert rep.trials == 2000
     assert not rep.violated, rep.summary()
@@ -284,9 +286,7 @@ def reveal_control_report(seed: int = 12) -> AuditReport:
         REVEAL_PILOT_TRIALS,
         REVEAL_TRIALS,
         run=lambda o: o.run_revealing(sc.epsilon, sc.kind, sc.chunk),
-        count=count_late_low,
-        keep=REVEAL_KEEP,
-        seed=seed,
+        design=PilotDesign(keep=REVEAL_KEEP, seed=seed, count=count_late_low),
     )
 
 
@@ -308,8 +308,7 @@ def test_heavy_audit_correct_mechanism_on_reveal_scenario() -> None:
         first_yes_events(len(sc.chunk)),
         REVEAL_PILOT_TRIALS,
         REVEAL_TRIALS,
-        keep=REVEAL_KEEP,
-        seed=13,
+        design=PilotDesign(keep=REVEAL_KEEP, seed=13),
     )
     print(rep.summary())
     assert not rep.violated, rep.summary()

@@ -67,17 +67,17 @@ def test_close_reports_the_reports_it_dropped(tmp_path: Path):
 
 
 def test_closing_text_names_dropped_reports():
-    from svtagg.deploy.connection import TaskState
+    from svtagg.deploy.connection import TaskView
     from svtagg.proto import svtagg_pb2 as pb
 
     info = pb.TaskInfo(spec=pb.TaskSpec(task_id="t", d=3), n=3, dropped_reports=2)
-    text = str(TaskState.from_pb(info))
+    text = str(TaskView.from_pb(info))
     assert "dropped 2 reports" in text, text
-    assert "dropped" not in str(TaskState.from_pb(pb.TaskInfo(spec=info.spec, n=3)))
+    assert "dropped" not in str(TaskView.from_pb(pb.TaskInfo(spec=info.spec, n=3)))
 
 
 def test_progress_redraws_only_on_a_terminal():
-    from svtagg.analyst.experiments import Progress
+    from svtagg.experiments.common import Progress
 
     class Terminal(io.StringIO):
         def isatty(self) -> bool:

@@ -43,6 +43,7 @@ from conftest import ProcessDeployment, pg_tagged
 from svtagg.analyst.audit import (
     AuditReport,
     Event,
+    PilotDesign,
     Scenario,
     collect,
     counterexample_scenario,
@@ -119,9 +120,7 @@ def design_report(
         (out_d[:pilot], out_dp[:pilot]),
         (out_d[pilot:], out_dp[pilot:]),
         events,
-        keep=KEEP,
-        seed=seed,
-        reference=reference,
+        PilotDesign(keep=KEEP, seed=seed, reference=reference),
     )
 
 

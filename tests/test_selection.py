@@ -19,6 +19,7 @@ from svtagg.analyst.local_oracle import LocalOracle
 from svtagg.analyst.selection import (
     ROUNDING_SLACK,
     Candidates,
+    SearchSpace,
     SelectionResult,
     binary_search,
     binary_search_rounds,
@@ -106,9 +107,8 @@ def test_gbs_subset_witness_and_offsets() -> None:
     oracle = planted_oracle(10_000, 12, 3)
     scores = oracle.true_scores()
     cands = Candidates.of([Query(j) for j in range(12)], [100.0] * 12)
-    res = geometric_binary_search(
-        oracle, 1, 0.05, candidates=cands, subset=[1, 2, 4], interval=(0.0, 10_100.0), witness=2
-    )
+    space = SearchSpace(cands, subset=[1, 2, 4], interval=(0.0, 10_100.0), witness=2)
+    res = geometric_binary_search(oracle, 1, 0.05, space=space)
     assert res.index in (1, 2, 4)
     assert scores[res.index] + 100 >= res.lower - 1e-9
     assert scores[[1, 2, 4]].max() + 100 <= res.upper + 1e-9
@@ -298,7 +298,7 @@ def test_default_candidates_and_errors() -> None:
     with pytest.raises(ValueError):
         geometric_binary_search(oracle, 0, 0.1)
     with pytest.raises(ValueError):
-        geometric_binary_search(oracle, 1, 0.1, candidates=Candidates.of([]))
+        geometric_binary_search(oracle, 1, 0.1, space=SearchSpace(Candidates.of([])))
 
 
 def test_two_server_noise_model_uses_its_own_alpha() -> None:

@@ -13,10 +13,13 @@ import pytest
 from test_selection import GRID, certificate_holds, check_binomial, planted_oracle
 
 from svtagg.analyst import applications as apps
+from svtagg.analyst.applications import TopKOptions
 from svtagg.analyst.local_oracle import LocalOracle
 from svtagg.analyst.selection import (
     ROUNDING_SLACK,
     Candidates,
+    PracticalOptions,
+    SearchSpace,
     gbs_budgets,
     geometric_binary_search,
     plan_practical,
@@ -101,11 +104,12 @@ def test_plan_is_data_independent_and_consistent() -> None:
     assert pl.error_bound() == pl.step + 2 * (pl.fine_alpha + ROUNDING_SLACK)
     # an explicit kind is honoured; bad parameters are refused
     o = LocalOracle(data, 10, seed=1)
-    assert plan_practical(o, 1, 0.05, 25, 300.0, kind="lap24").kind == StreamKind.LAP24
+    lap24 = PracticalOptions(kind="lap24")
+    assert plan_practical(o, 1, 0.05, 25, 300.0, options=lap24).kind == StreamKind.LAP24
     with pytest.raises(ValueError):
-        plan_practical(o, 1, 0.05, 25, 300.0, coarse_fraction=Fraction(1))
+        plan_practical(o, 1, 0.05, 25, 300.0, options=PracticalOptions(coarse_fraction=Fraction(1)))
     with pytest.raises(ValueError):
-        plan_practical(o, 1, 0.05, 25, 300.0, step=0)
+        plan_practical(o, 1, 0.05, 25, 300.0, options=PracticalOptions(step=0))
     with pytest.raises(ValueError):
         gbs_budgets(Fraction(1), 3, Fraction(1))
 
@@ -169,7 +173,8 @@ def test_witness_fallback_is_the_coarse_witness() -> None:
     # (shifted scores ≤ −n/2 on [0, n]: no stream can sensibly say YES)
     silent = _RecordingOracle(planted_oracle(n, d, 32))
     cands = Candidates.of([Query(j) for j in range(d)], [-float(n)] * d)
-    res2 = practical_selection(silent, 1, 0.1, candidates=cands, witness=7)  # type: ignore[arg-type]
+    space = SearchSpace(cands, witness=7)
+    res2 = practical_selection(silent, 1, 0.1, space=space)  # type: ignore[arg-type]
     assert all(h is None for _, _, h in silent.log)
     assert res2.index == 7
 
@@ -186,9 +191,8 @@ def test_practical_subset_interval_offsets() -> None:
     oracle = planted_oracle(10_000, 12, 3)
     scores = oracle.true_scores()
     cands = Candidates.of([Query(j) for j in range(12)], [100.0] * 12)
-    res = practical_selection(
-        oracle, 1, 0.05, candidates=cands, subset=[1, 2, 4], interval=(0.0, 10_100.0), witness=2
-    )
+    space = SearchSpace(cands, subset=[1, 2, 4], interval=(0.0, 10_100.0), witness=2)
+    res = practical_selection(oracle, 1, 0.05, space=space)
     assert res.index in (1, 2, 4)
     assert scores[res.index] + 100 >= res.lower - 1e-9
     assert scores[[1, 2, 4]].max() + 100 <= res.upper + 1e-9
@@ -201,7 +205,7 @@ def test_top_k_practical_default_recall_and_budget() -> None:
     counts = rng.binomial(n, rng.uniform(0, 0.1, d))
     counts[[10, 50, 90]] = [n // 2, n // 3, n // 4]
     oracle = LocalOracle.from_sums(counts * GRID, n, 100, seed=3)
-    res = apps.top_k_heavy_hitters(oracle, k, 1, variant="practical")
+    res = apps.top_k_heavy_hitters(oracle, k, 1, options=TopKOptions(variant="practical"))
     assert set(res.indices) == {10, 50, 90}
     # k rounds of ε/k, fixed in advance: exactly ε, all of it on the ledger
     assert res.spend.epsilon == res.planned_epsilon == 1
@@ -212,4 +216,4 @@ def test_top_k_practical_default_recall_and_budget() -> None:
     )
     assert res.spend.queries <= bound
     with pytest.raises(ValueError):
-        apps.top_k_heavy_hitters(oracle, k, 1, variant="nope")
+        apps.top_k_heavy_hitters(oracle, k, 1, options=TopKOptions(variant="nope"))

@@ -16,6 +16,8 @@ from svtagg.analyst import applications as apps
 from svtagg.analyst.local_oracle import LocalOracle
 from svtagg.analyst.selection import (
     Candidates,
+    ScanOptions,
+    SearchSpace,
     plan_scan,
     scan_selection,
     scan_top_k,
@@ -94,13 +96,17 @@ def test_scan_plan_identical_on_neighbouring_datasets() -> None:
         assert (pl.coarse_epsilon, pl.mid_epsilon) == (Fraction(1, 16), Fraction(1, 32))
         assert pl.kind == StreamKind.EXP3
     o = LocalOracle(data, 10, seed=1)
-    assert plan_scan(o, 1, 0.05, 25, 300.0, coarse_fraction="1/8").coarse_epsilon == Fraction(1, 8)
-    assert plan_scan(o, 1, 0.05, 25, 300.0, kind="lap24").kind == StreamKind.LAP24
-    bads = [{"coarse_fraction": "1"}, {"step": 0}, {"rounds": 0}, {"k": 26}]
+    eighth = ScanOptions(coarse_fraction="1/8")
+    assert plan_scan(o, 1, 0.05, 25, 300.0, options=eighth).coarse_epsilon == Fraction(1, 8)
+    lap24 = ScanOptions(kind="lap24")
+    assert plan_scan(o, 1, 0.05, 25, 300.0, options=lap24).kind == StreamKind.LAP24
+    bads = [{"coarse_fraction": "1"}, {"step": 0}, {"rounds": 0}]
     bads += [{"coarse_fraction": "1/2", "mid_fraction": "1/2"}, {"mid_fraction": "-1/8"}]
     for bad in bads:
         with pytest.raises(ValueError):
-            plan_scan(o, 1, 0.05, 25, 300.0, **bad)  # type: ignore[arg-type]
+            plan_scan(o, 1, 0.05, 25, 300.0, options=ScanOptions(**bad))  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        plan_scan(o, 1, 0.05, 25, 300.0, k=26)
 
 
 def test_scan_never_returns_an_arbitrary_candidate() -> None:
@@ -110,7 +116,7 @@ def test_scan_never_returns_an_arbitrary_candidate() -> None:
     n, d = 20_000, 30
     oracle = _RecordingOracle(planted_oracle(n, d, 32))
     cands = Candidates.of([Query(j) for j in range(d)], [-float(n)] * d)
-    res = scan_selection(oracle, 1, 0.1, candidates=cands)  # type: ignore[arg-type]
+    res = scan_selection(oracle, 1, 0.1, space=SearchSpace(cands))  # type: ignore[arg-type]
     last_stream, chunk, hit = oracle.log[-1]
     assert hit is not None and chunk[hit][0].index == res.index  # the fine stream's YES
     rounds = plan_scan(oracle.inner, 1, 0.1, d, n).coarse_rounds
@@ -158,12 +164,13 @@ def test_scan_top_k_groups_remove_the_whole_group() -> None:
     oracle = planted_oracle(n, d, 12)
     queries = [Query(j, c) for j in range(d) for c in (False, True)]
     groups = [j for j in range(d) for _ in (False, True)]
-    res = scan_top_k(oracle, 5, 1, 0.1, candidates=Candidates.of(queries), groups=groups)
+    signs = SearchSpace(Candidates.of(queries, groups=groups))
+    res = scan_top_k(oracle, 5, 1, 0.1, space=signs)
     picked = [queries[p].index for p in res.indices]
     assert len(picked) == 5 and len(set(picked)) == 5
     assert res.spend.epsilon == res.planned_epsilon == 1
     with pytest.raises(ValueError):
-        scan_top_k(oracle, 2, 1, 0.1, candidates=Candidates.of(queries), groups=[0])
+        scan_top_k(oracle, 2, 1, 0.1, space=SearchSpace(Candidates.of(queries, groups=[0])))
 
 
 def test_sparse_mean_scan_default_budget_and_support() -> None:

@@ -1,0 +1,53 @@
+"""A new task's spec: the one builder that `svtagg analyst create-task`, the demo,
+the simulation and the Python front door (`Deployment.create_task`) share."""
+
+from __future__ import annotations
+
+from typing import TypedDict, Unpack
+
+from svtagg.proto import svtagg_pb2 as pb
+
+
+class TaskOptions(TypedDict, total=False):
+    """A task's optional settings; each one left out takes `task_spec`'s default.
+
+    frac_bits: F, the fraction bits of an encoded value (16).  min_batch: the
+    smallest upload batch (1).  delta: the total δ, exact text or a number (0).
+    epsilon_min: the smallest ε one stream may use, or "auto" (the default) for
+    the smallest the overflow bound allows.  validate_reports: range-check every
+    report at the close (False).  embedding: what the clients upload
+    (heavy_hitters, sparse_mean, marginals, fp_loss or vectors; "" records none).
+    """
+
+    frac_bits: int
+    min_batch: int
+    delta: str | float
+    epsilon_min: str
+    validate_reports: bool
+    embedding: str
+
+
+def task_spec(
+    task_id: str, d: int, n_max: int, epsilon: str | float, **options: Unpack[TaskOptions]
+) -> pb.TaskSpec:
+    """A task spec with total budget `epsilon` (exact text such as "1/2", or a
+    number) and `options`; epsilon_min "auto" is the smallest ε the overflow bound
+    allows."""
+    from svtagg.dp.task import safe_epsilon_min
+
+    frac_bits = options.get("frac_bits", 16)
+    epsilon_min = options.get("epsilon_min", "auto")
+    if epsilon_min == "auto":
+        epsilon_min = str(safe_epsilon_min(n_max, frac_bits))
+    return pb.TaskSpec(
+        task_id=task_id,
+        d=d,
+        frac_bits=frac_bits,
+        n_max=n_max,
+        min_batch=options.get("min_batch", 1),
+        epsilon_total=str(epsilon),
+        delta_total=str(options.get("delta", "0")),
+        epsilon_min=epsilon_min,
+        validate_reports=options.get("validate_reports", False),
+        embedding=options.get("embedding", ""),
+    )
