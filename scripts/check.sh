@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Static checks of the test command: generated-code freshness, import contracts
-# between the layers, lint, format, types.
+# between the layers, the tree's shape limits (scripts/structure.py), lint,
+# format, types.
 # (The README's test command runs this, then the default pytest suite.)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -11,6 +12,8 @@ if [[ -f .venv/bin/activate ]]; then
 fi
 bash scripts/gen_proto.sh --check
 lint-imports --no-cache
+# No import circle, no module above 700 lines, no function above 8 parameters.
+python scripts/structure.py
 # Lint and type-check a copy of the tree in a folder named `svtagg`, as a clone
 # made the natural way is: mypy names the modules after the folder (in a folder
 # of another name it cannot follow the `svtagg.*` imports and checks far less),
