@@ -304,7 +304,7 @@ static Py_ssize_t bitrev(Py_ssize_t i, int bits) {
  * bit-reversal permutation), the same butterflies as vdaf/field.py's ntt:
  * stage m uses twiddles w_m^j, w_m = w_n^(n/m), and (u + v w, u - v w).
  * `scale` (if given) multiplies every output (n^-1 for the inverse). */
-#define NTT_BODY(T, MUL, ADD, SUB, ONE)                                              \
+#define NTT_BODY(T, MUL, TWPREP, TWMUL, ADD, SUB, ONE)                                           \
     do {                                                                             \
         T *tw = (T *)PyMem_Malloc(sizeof(T) * (size_t)(n > 1 ? n / 2 : 1));          \
         if (!tw) { PyErr_NoMemory(); break; }                                        \
@@ -321,11 +321,12 @@ static Py_ssize_t bitrev(Py_ssize_t i, int bits) {
             for (Py_ssize_t k = m; k < n; k *= 2) wm = MUL(wm, wm);                  \
             tw[0] = ONE;                                                             \
             for (Py_ssize_t j = 1; j < half; j++) tw[j] = MUL(tw[j - 1], wm);        \
+            for (Py_ssize_t j = 0; j < half; j++) tw[j] = TWPREP(tw[j]);             \
             for (Py_ssize_t r = 0; r < rows; r++) {                                  \
                 T *x = data + r * n;                                                 \
                 for (Py_ssize_t b = 0; b < n; b += m)                                \
                     for (Py_ssize_t j = 0; j < half; j++) {                          \
-                        T u = x[b + j], v = MUL(x[b + j + half], tw[j]);             \
+                        T u = x[b + j], v = TWMUL(x[b + j + half], tw[j]);           \
                         x[b + j] = ADD(u, v);                                        \
                         x[b + j + half] = SUB(u, v);                                 \
                     }                                                                \
@@ -335,6 +336,11 @@ static Py_ssize_t bitrev(Py_ssize_t i, int bits) {
             for (Py_ssize_t i = 0; i < rows * n; i++) data[i] = MUL(data[i], scale); \
         PyMem_Free(tw);                                                              \
     } while (0)
+
+/* Twiddles are multiplied in with one reduction: Field128 keeps them in
+ * Montgomery form (w*R), so mont(v, w*R) = v*w. */
+static inline u64 ID64(u64 x) { return x; }
+static inline e128 TOMONT128(e128 x) { return mont128(x, R2_128); }
 
 /* ntt(fid, data, n, root, scale_or_None): transform the rows of data (rows*n
  * elements, in place) with the primitive n-th root `root`. */
@@ -368,11 +374,11 @@ static PyObject *py_ntt(PyObject *self, PyObject *args) {
         if (fid == 0) {
             u64 *data = (u64 *)d.view.buf, root = AT64(rt, 0);
             u64 scale = have_scale ? AT64(sc, 0) : 1;
-            NTT_BODY(u64, mul64, add64, sub64, (u64)1);
+            NTT_BODY(u64, mul64, ID64, mul64, add64, sub64, (u64)1);
         } else {
             e128 *data = (e128 *)d.view.buf, root = AT128(rt, 0);
             e128 scale = have_scale ? AT128(sc, 0) : (e128){1, 0};
-            NTT_BODY(e128, mul128, add128, sub128, ((e128){1, 0}));
+            NTT_BODY(e128, mul128, TOMONT128, mont128, add128, sub128, ((e128){1, 0}));
         }
     }
     PyBuffer_Release(&d.view);
