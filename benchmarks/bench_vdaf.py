@@ -98,7 +98,8 @@ def main(argv: list[str] | None = None) -> int:
         ("Histogram", f"Histogram d={d_hist} chunk={c_hist}", prio3_histogram(d_hist, c_hist), 417),
     ]
     print(f"Prio3 (draft-07, two aggregators), {args.reports} reports each; ms: median [min–max]")
-    print(f"{'instance':<34}{'backend':<8}{'shard (client)':>24}{'prepare (both)':>24}{'upload B':>10}")
+    head = f"{'shard (client)':>24}{'prepare (both)':>24}{'upload B':>10}"
+    print(f"{'instance':<34}{'backend':<8}{head}")
     before = native.active()
     for kind, name, vdaf, m in cases:
         results = {}
@@ -115,10 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         t_shard, t_prep = TARGETS[kind]
         ok_s = "met" if best["shard_ms"] <= t_shard else "missed"
         ok_p = "met" if best["prep_ms"] <= t_prep else "missed"
-        print(
-            f"{'':<34}{'target':<8}{f'≤ {t_shard:g} ({ok_s})':>24}"
-            f"{f'≤ {t_prep:g} ({ok_p})':>24}"
-        )
+        print(f"{'':<34}{'target':<8}{f'≤ {t_shard:g} ({ok_s})':>24}{f'≤ {t_prep:g} ({ok_p})':>24}")
     native.use(before)
     return 0
 

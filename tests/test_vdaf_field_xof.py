@@ -3,17 +3,14 @@ the draft's XofShake128 test vector, and field arithmetic against plain integers
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import json
 import random
+from collections.abc import Iterator
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from svtagg.vdaf import native
-
 from svtagg.vdaf.field import (
     FIELD64,
     FIELD128,

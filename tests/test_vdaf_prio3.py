@@ -5,16 +5,14 @@ prep shares and messages, then the output shares, aggregate shares and result.""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from svtagg.vdaf import native
-
 from svtagg.vdaf.prio3 import (
     Prio3,
     prio3_count,

@@ -188,7 +188,7 @@ class Field:
 
     def sub(self, a: Vec | int, b: Vec | int) -> Vec:
         if self._is_ref(a, b):
-            return (a - b) % self.modulus  # type: ignore[no-any-return,operator]
+            return (a - b) % self.modulus  # type: ignore[no-any-return,operator,return-value]
         return self._binop("sub", a, b)
 
     def neg(self, a: Vec) -> Vec:
