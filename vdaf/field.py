@@ -63,6 +63,7 @@ class Field:
     gen_order: int
     generator: int
     _roots: dict[int, int] = dc_field(default_factory=dict, compare=False, repr=False)
+    _inverses: dict[int, int] = dc_field(default_factory=dict, compare=False, repr=False)
 
     # -- representation -------------------------------------------------------------
     @property
@@ -203,9 +204,17 @@ class Field:
 
     def inv(self, x: int) -> int:
         """x^-1 (Fermat); x must be nonzero."""
-        if x % self.modulus == 0:
+        x %= self.modulus
+        if x == 0:
             raise ZeroDivisionError(f"0 has no inverse in {self.name}")
-        return pow(x, self.modulus - 2, self.modulus)
+        got = self._inverses.get(x)
+        if got is None:
+            # a 128-bit exponentiation costs ~30 µs; the NTT sizes, roots and share
+            # counts the FLP inverts are few, so the first few hundred are kept
+            got = pow(x, self.modulus - 2, self.modulus)
+            if len(self._inverses) < 512:
+                self._inverses[x] = got
+        return got
 
     def powers(self, x: int, n: int, first: int = 1) -> Vec:
         """[x^first, x^(first+1), ..., x^(first+n-1)]."""
