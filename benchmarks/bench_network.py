@@ -18,8 +18,8 @@ stream opening, comparisons/s at chunks of 10^3 and 10^4 on one open stream,
 the demo's selection (`svtagg demo`, model selection by scan), and, counted by
 the relays, round trips (flights / 2) and bytes per comparison.
 
-    python -m svtagg.benchmarks.bench_network                  # RTT 1, 10, 50 ms at 1 Gbit/s; 1 ms at 10 Gbit/s
-    python -m svtagg.benchmarks.bench_network --quick          # smaller demo and fewer repetitions
+    python -m svtagg.benchmarks.bench_network          # 1, 10, 50 ms at 1g; 1 ms at 10g
+    python -m svtagg.benchmarks.bench_network --quick  # smaller demo, fewer repetitions
     python -m svtagg.benchmarks.bench_network --rtt 0,1 --rate 1g --grid
 
 Configurations: every --rtt at the first --rate, and the first --rtt at each
@@ -91,7 +91,9 @@ def _trace(log: list[tuple[float, str, int, str]]) -> list[str]:
         return []
     first = log[0][0]
     arrows = {"up": "leader→helper", "down": "helper→leader"}
-    return [f"+{(first - ago) * 1e3:.1f} ms {arrows[d]} {n:,} B ({name})" for ago, d, n, name in log]
+    return [
+        f"+{(first - ago) * 1e3:.1f} ms {arrows[d]} {n:,} B ({name})" for ago, d, n, name in log
+    ]
 
 
 @dataclass
@@ -321,8 +323,10 @@ def table(results: list[dict[str, Any]]) -> str:
         ("demo selection, s", lambda r: f"{r['demo']['seconds']:g}"),
         (
             "demo: streams / chunks / leader↔helper round trips",
-            lambda r: f"{r['demo']['streams']} / {r['demo']['chunks']} / "
-            f"{r['demo']['peer_round_trips']:g}",
+            lambda r: (
+                f"{r['demo']['streams']} / {r['demo']['chunks']} / "
+                f"{r['demo']['peer_round_trips']:g}"
+            ),
         ),
         ("leader↔helper round trips, stream opening", lambda r: _g(r["open_stream"])),
         ("leader↔helper round trips, chunk of 1", lambda r: _g(r["single"])),
@@ -374,16 +378,20 @@ def main(argv: list[str] | None = None) -> int:
         for cfg in plan:
             results.append(run_config(net, cfg, args.quick))
             print(f"[{cfg.name}]", json.dumps(results[-1]), flush=True)
-    print(f"\ndemo: {users:,} users, d = {d:,}, scan selection at ε = 4; "
-          f"analyst↔leader RTT {args.analyst_rtt:g} ms; medians (min–max)\n")
+    print(
+        f"\ndemo: {users:,} users, d = {d:,}, scan selection at ε = 4; "
+        f"analyst↔leader RTT {args.analyst_rtt:g} ms; medians (min–max)\n"
+    )
     print(table(results))
     for r in results:
         name = Config(**r["config"]).name
         for label, step in (("stream opening", r["open_stream"]), ("chunk of 1", r["single"])):
             print(f"\nleader↔helper flights, {label}, {name}:")
             print("\n".join(f"  {line}" for line in step["trace"]))
-    print(f"\nload average at end: {os.getloadavg()[0]:.2f}; "
-          f"{time.perf_counter() - started:.0f} s in all")
+    print(
+        f"\nload average at end: {os.getloadavg()[0]:.2f}; "
+        f"{time.perf_counter() - started:.0f} s in all"
+    )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     report = {"machine": platform.platform(), "quick": args.quick, "demo": [users, d]}
