@@ -30,5 +30,5 @@ cd "$lint_dir/svtagg"
 ruff check --no-cache .
 ruff format --check --no-cache .
 mypy --cache-dir "$root/.mypy_cache/svtagg-clone" \
-    mpc dp proto/vocab.py proto/tls.py proto/wire.py client servers analyst deploy benchmarks \
+    mpc vdaf dp proto/vocab.py proto/tls.py proto/wire.py client servers analyst deploy benchmarks \
     experiments

@@ -3,10 +3,16 @@ registry, served over plain HTTP when the operator asks for it."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 from svtagg.proto.vocab import Role
-from svtagg.servers.store import Store
+from svtagg.servers.store import TaskState
+
+
+class TaskSource(Protocol):
+    """Where a task's ledger is read: the server's core (or, at the start, its store)."""
+
+    def task(self, task_id: str) -> TaskState: ...
 
 
 class Metrics:
@@ -86,10 +92,10 @@ class Metrics:
         )  # fmt: skip
         self._http: Any = None
 
-    def budget(self, store: Store, task_id: str) -> None:
-        """Refresh one task's ledger gauges from the store (on the server's loop)."""
+    def budget(self, tasks: TaskSource, task_id: str) -> None:
+        """Refresh one task's ledger gauges (on the server's loop)."""
         try:
-            b = store.task(task_id).budget
+            b = tasks.task(task_id).budget
         except Exception:  # noqa: BLE001 - an unknown task has no gauges
             return
         self.epsilon_spent.labels(task=task_id).set(float(b.epsilon_spent))

@@ -83,19 +83,14 @@ async def reference_pair(
 ) -> AsyncIterator[ReferencePair]:
     """A leader driver and a helper driver on fresh stores under `root`."""
     party = party or garbled_circuit_party
-    helper = HelperDriver(
-        ServerCore(Role.HELPER, SqliteStore(root / "h.sqlite"), robust_aggregates=robust), party
-    )
+    stores = SqliteStore(root / "l.sqlite"), SqliteStore(root / "h.sqlite")
+    helper = HelperDriver(ServerCore(Role.HELPER, stores[1], robust_aggregates=robust), party)
     port = MemoryHelperPort(helper, tap)
-    leader = LeaderDriver(
-        ServerCore(Role.LEADER, SqliteStore(root / "l.sqlite"), robust_aggregates=robust),
-        port,
-        party,
-    )
+    leader = LeaderDriver(ServerCore(Role.LEADER, stores[0], robust_aggregates=robust), port, party)
     try:
         yield ReferencePair(leader, helper, port, frac_bits)
     finally:
         await leader.pool.close()
         await port.close()
-        leader.core.store.close()
-        helper.core.store.close()
+        for store in stores:
+            store.close()

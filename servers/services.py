@@ -70,7 +70,7 @@ class IngestService(pb_grpc.IngestServicer):
         certificate on the ingest port) gets the public parameters an upload
         needs (the spec, whether collection is open) and nothing else; n, the
         ledger and the stream count only go to the analyst and the leader."""
-        info = wire.task_info(self.core.store.task(request.task_id))
+        info = wire.task_info(self.core.task(request.task_id))
         if peer_role(context) in (Role.ANALYST, Role.LEADER):
             return info
         return pb.TaskInfo(spec=info.spec, collection_open=info.collection_open)
@@ -100,7 +100,7 @@ class AnalystService(pb_grpc.AnalystServicer):
 
     def _budget(self, task_id: str) -> None:
         if self.metrics is not None:
-            self.metrics.budget(self.driver.core.store, task_id)
+            self.metrics.budget(self.driver.core, task_id)
 
     def _chunk(self, stream_id: str, start: float, queries: int, peer_bytes: int) -> None:
         """Count a chunk by what the analyst sent (its length), never by its answer."""
@@ -191,7 +191,7 @@ class PeerService(pb_grpc.PeerServicer):
 
     def _budget(self, task_id: str) -> None:
         if self.metrics is not None:
-            self.metrics.budget(self.driver.core.store, task_id)
+            self.metrics.budget(self.driver.core, task_id)
 
     async def _serve(
         self, call: wire.PeerCall[Q, R], serve: Callable[[Q], Awaitable[R]], request: Any

@@ -1,0 +1,222 @@
+"""The validity circuits of Prio3's instances in draft-irtf-cfrg-vdaf-07 §7.4:
+Count (a bit), Sum (an integer in [0, 2^bits)), SumVec (a vector of such
+integers) and Histogram (a one-hot vector).
+
+Each circuit is affine in the measurement except for its gadget calls, so on
+additive shares every constant is divided among the `num_shares` aggregators
+(the `shares_inv` terms) and the shares' outputs add up to C(measurement).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from dataclasses import field as dc_field
+
+import numpy as np
+
+from svtagg.vdaf.field import FIELD64, FIELD128, Field, Vec
+from svtagg.vdaf.flp import Gadget, GadgetCall, Mul, ParallelSum, range2
+
+
+class MeasurementError(ValueError):
+    """A measurement outside the circuit's domain (draft: ERR_INPUT at sharding)."""
+
+
+def _check_int(value: object, low: int, high: int, what: str) -> int:
+    if not isinstance(value, int | np.integer) or isinstance(value, bool):
+        raise MeasurementError(f"{what} must be an integer, got {type(value).__name__}")
+    if not low <= int(value) < high:
+        raise MeasurementError(f"{what} {value} is outside [{low}, {high})")
+    return int(value)
+
+
+def _bits_le(f: Field, values: Sequence[int], bits: int) -> Vec:
+    """Each value as `bits` field elements 0/1, least significant first."""
+    arr = np.array([int(v) for v in values], dtype=object)
+    shifts = np.arange(bits)
+    return f.vec(((arr[:, None] >> shifts) & 1).reshape(-1))
+
+
+def _from_bits(f: Field, meas: Vec, bits: int) -> Vec:
+    """Σ_j 2^j · b_j per group of `bits` elements (draft: truncate)."""
+    weights = f.vec([1 << j for j in range(bits)])
+    return f.sum(meas.reshape(-1, bits) * weights, axis=1)
+
+
+def _chunked_bit_check(
+    f: Field, meas: Vec, r: int, num_shares: int, chunk: int, calls: int, gadget: GadgetCall
+) -> int:
+    """Σ_k r^(k+1) · m_k · (m_k − 1), through ParallelSum(Mul, chunk) (SumVec and Histogram).
+
+    Element k goes into call k // chunk as the pair (r^(k+1)·m_k, m_k − 1/num_shares);
+    the measurement is zero-padded to calls·chunk elements, the powers of r still
+    advancing over the padding, as the draft does.
+    """
+    p = f.modulus
+    padded = f.zeros(calls * chunk)
+    padded[: len(meas)] = meas
+    shares_inv = f.inv(num_shares)
+    pairs = np.empty((calls, chunk, 2), dtype=object)
+    pairs[:, :, 0] = (padded * f.powers(r, calls * chunk, first=1) % p).reshape(calls, chunk)
+    pairs[:, :, 1] = ((padded - shares_inv) % p).reshape(calls, chunk)
+    out = gadget(pairs.reshape(calls, 2 * chunk).T)
+    return int(np.sum(out)) % p
+
+
+@dataclass
+class Count:
+    """A bit: C(m) = m·m − m (draft §7.4.1, Field64)."""
+
+    field: Field = FIELD64
+    gadgets: Sequence[Gadget] = (Mul(),)
+    gadget_calls: Sequence[int] = (1,)
+    meas_len: int = 1
+    joint_rand_len: int = 0
+    output_len: int = 1
+
+    def eval(self, meas: Vec, joint_rand: Vec, num_shares: int, calls: Sequence[GadgetCall]) -> int:
+        m = meas[0]
+        square = calls[0](self.field.vec([[m], [m]]))[0]
+        return int(square - m) % self.field.modulus
+
+    def encode(self, measurement: object) -> Vec:
+        return self.field.vec([_check_int(measurement, 0, 2, "a Count measurement")])
+
+    def truncate(self, meas: Vec) -> Vec:
+        return meas
+
+    def decode(self, output: Vec, num_measurements: int) -> int:
+        return int(output[0])
+
+
+@dataclass
+class Sum:
+    """An integer in [0, 2^bits) as bits: C = Σ_j r^(j+1)·(b_j² − b_j) (draft §7.4.2)."""
+
+    bits: int
+    field: Field = FIELD128
+    joint_rand_len: int = 1
+    output_len: int = 1
+    gadgets: Sequence[Gadget] = dc_field(init=False)
+    gadget_calls: Sequence[int] = dc_field(init=False)
+    meas_len: int = dc_field(init=False)
+
+    def __post_init__(self) -> None:
+        if self.bits <= 0 or 2**self.bits >= self.field.modulus:
+            raise ValueError(f"Sum needs 0 < bits and 2^bits < p, got bits = {self.bits}")
+        self.gadgets = (range2(),)
+        self.gadget_calls = (self.bits,)
+        self.meas_len = self.bits
+
+    def eval(self, meas: Vec, joint_rand: Vec, num_shares: int, calls: Sequence[GadgetCall]) -> int:
+        checks = calls[0](meas.reshape(1, -1))
+        return self.field.dot(checks, self.field.powers(int(joint_rand[0]), self.bits, first=1))
+
+    def encode(self, measurement: object) -> Vec:
+        value = _check_int(measurement, 0, 2**self.bits, "a Sum measurement")
+        return _bits_le(self.field, [value], self.bits)
+
+    def truncate(self, meas: Vec) -> Vec:
+        return _from_bits(self.field, meas, self.bits)
+
+    def decode(self, output: Vec, num_measurements: int) -> int:
+        return int(output[0])
+
+
+@dataclass
+class SumVec:
+    """`length` integers in [0, 2^bits), all bits checked in chunks (draft §7.4.3)."""
+
+    length: int
+    bits: int
+    chunk_length: int
+    field: Field = FIELD128
+    joint_rand_len: int = 1
+    gadgets: Sequence[Gadget] = dc_field(init=False)
+    gadget_calls: Sequence[int] = dc_field(init=False)
+    meas_len: int = dc_field(init=False)
+    output_len: int = dc_field(init=False)
+
+    def __post_init__(self) -> None:
+        if self.bits <= 0 or 2**self.bits >= self.field.modulus:
+            raise ValueError(f"SumVec needs 0 < bits and 2^bits < p, got bits = {self.bits}")
+        if self.length <= 0 or self.chunk_length <= 0:
+            raise ValueError("SumVec needs a positive length and chunk_length")
+        self.meas_len = self.length * self.bits
+        self.output_len = self.length
+        self.gadgets = (ParallelSum(Mul(), self.chunk_length),)
+        self.gadget_calls = (-(-self.meas_len // self.chunk_length),)
+
+    def eval(self, meas: Vec, joint_rand: Vec, num_shares: int, calls: Sequence[GadgetCall]) -> int:
+        return _chunked_bit_check(
+            self.field,
+            meas,
+            int(joint_rand[0]),
+            num_shares,
+            self.chunk_length,
+            self.gadget_calls[0],
+            calls[0],
+        )
+
+    def encode(self, measurement: object) -> Vec:
+        if not isinstance(measurement, Sequence | np.ndarray) or len(measurement) != self.length:
+            raise MeasurementError(f"a SumVec measurement is a sequence of {self.length} integers")
+        values = [_check_int(v, 0, 2**self.bits, "a SumVec entry") for v in measurement]
+        return _bits_le(self.field, values, self.bits)
+
+    def truncate(self, meas: Vec) -> Vec:
+        return _from_bits(self.field, meas, self.bits)
+
+    def decode(self, output: Vec, num_measurements: int) -> list[int]:
+        return [int(x) for x in output]
+
+
+@dataclass
+class Histogram:
+    """A one-hot vector of `length` buckets: every entry a bit, and they sum to 1
+    (draft §7.4.4).  C = r1·(bit checks) + r1²·(Σ m_k − 1)."""
+
+    length: int
+    chunk_length: int
+    field: Field = FIELD128
+    joint_rand_len: int = 2
+    gadgets: Sequence[Gadget] = dc_field(init=False)
+    gadget_calls: Sequence[int] = dc_field(init=False)
+    meas_len: int = dc_field(init=False)
+    output_len: int = dc_field(init=False)
+
+    def __post_init__(self) -> None:
+        if self.length <= 0 or self.chunk_length <= 0:
+            raise ValueError("Histogram needs a positive length and chunk_length")
+        self.meas_len = self.output_len = self.length
+        self.gadgets = (ParallelSum(Mul(), self.chunk_length),)
+        self.gadget_calls = (-(-self.length // self.chunk_length),)
+
+    def eval(self, meas: Vec, joint_rand: Vec, num_shares: int, calls: Sequence[GadgetCall]) -> int:
+        f = self.field
+        p = f.modulus
+        bit_check = _chunked_bit_check(
+            f,
+            meas,
+            int(joint_rand[0]),
+            num_shares,
+            self.chunk_length,
+            self.gadget_calls[0],
+            calls[0],
+        )
+        sum_check = (int(np.sum(meas)) - f.inv(num_shares)) % p
+        r1 = int(joint_rand[1])
+        return (r1 * bit_check + r1 * r1 % p * sum_check) % p
+
+    def encode(self, measurement: object) -> Vec:
+        index = _check_int(measurement, 0, self.length, "a Histogram bucket")
+        out = self.field.zeros(self.length)
+        out[index] = 1
+        return out
+
+    def truncate(self, meas: Vec) -> Vec:
+        return meas
+
+    def decode(self, output: Vec, num_measurements: int) -> list[int]:
+        return [int(x) for x in output]

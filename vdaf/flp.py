@@ -1,0 +1,316 @@
+"""The generic fully linear proof of draft-irtf-cfrg-vdaf-07 §7.3 ([BBCGGI19], Thm 4.3).
+
+A validity circuit C (vdaf/circuits.py) maps an encoded measurement to 0 iff
+it is valid; its non-affine work is done by gadgets (Mul, PolyEval, ParallelSum).
+The prover records the inputs of every gadget call as "wire" values, sets
+wire polynomials through them at the P-th roots of unity α^0..α^(P-1) (α^0 a
+random seed, α^k the k-th call), and sends the seeds and the gadget
+polynomial G(wires(x)).  The verifier reruns C on its share with each gadget
+call k answered by G(α^k), and checks at one random point t that G is
+consistent with the wire polynomials; everything it computes is linear in
+(measurement, proof), so the aggregators do it on shares and add.
+
+Gadgets and circuits are vectorised: a gadget evaluates a batch of calls
+(inputs of shape (arity, calls)), and a circuit hands each gadget all its calls
+at once, which is what makes the numpy loops long.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from svtagg.vdaf.field import Field, Vec, next_power_of_2, ntt, poly_eval, poly_eval_at_roots
+
+
+class FlpError(ValueError):
+    """Malformed FLP input: wrong lengths (draft: ERR_INPUT) or a degenerate query point
+    (ERR_ABORT)."""
+
+
+# -- gadgets (draft §7.3.1) ---------------------------------------------------------
+
+
+class Gadget(Protocol):
+    """A gadget: `eval` maps inputs of shape (arity, ...) to outputs of shape (...)."""
+
+    @property
+    def arity(self) -> int: ...
+
+    @property
+    def degree(self) -> int: ...
+
+    def eval(self, f: Field, x: Vec) -> Vec: ...
+
+
+@dataclass(frozen=True)
+class Mul:
+    """x0 · x1 (degree 2)."""
+
+    arity: int = 2
+    degree: int = 2
+
+    def eval(self, f: Field, x: Vec) -> Vec:
+        return f.mul(x[0], x[1])
+
+
+@dataclass(frozen=True)
+class PolyEval:
+    """p(x0) for a fixed polynomial p (coefficients lowest first; degree = deg p)."""
+
+    coeffs: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        stripped = list(self.coeffs)
+        while stripped and stripped[-1] == 0:
+            stripped.pop()
+        if not stripped:
+            raise ValueError("PolyEval needs a nonzero polynomial")
+        object.__setattr__(self, "coeffs", tuple(stripped))
+
+    @property
+    def arity(self) -> int:
+        return 1
+
+    @property
+    def degree(self) -> int:
+        return len(self.coeffs) - 1
+
+    def eval(self, f: Field, x: Vec) -> Vec:
+        p = f.modulus
+        acc = np.full(x[0].shape, self.coeffs[-1] % p, dtype=object)
+        for c in reversed(self.coeffs[:-1]):
+            acc = (acc * x[0] + c) % p
+        return acc
+
+
+def range2() -> PolyEval:
+    """The draft-07 gadget Range2, x^2 − x: a bit check, as PolyEval(−x + x^2)."""
+    return PolyEval((0, -1, 1))
+
+
+@dataclass(frozen=True)
+class ParallelSum:
+    """Σ_i sub(x[i·a : (i+1)·a]) over `count` copies of a sub-gadget of arity a."""
+
+    sub: Gadget
+    count: int
+
+    @property
+    def arity(self) -> int:
+        return self.sub.arity * self.count
+
+    @property
+    def degree(self) -> int:
+        return self.sub.degree
+
+    def eval(self, f: Field, x: Vec) -> Vec:
+        per_copy = x.reshape((self.count, self.sub.arity) + x.shape[1:]).swapaxes(0, 1)
+        return f.sum(self.sub.eval(f, per_copy), axis=0)
+
+
+def gadget_poly(f: Field, g: Gadget, wires: Vec) -> Vec:
+    """The gadget polynomial G(w_1(x), ..., w_arity(x)), coefficients lowest first.
+
+    `wires` (arity × P) are the wire values at α^0..α^(P-1).  G has degree
+    ≤ degree·(P−1), so it is found by evaluating the wire polynomials at N ≥
+    that many + 1 roots of unity, applying the gadget pointwise, and
+    interpolating back: two NTTs instead of polynomial products.
+    """
+    length = g.degree * (wires.shape[1] - 1) + 1
+    n = next_power_of_2(length)
+    coeffs = ntt(f, wires, inverse=True)
+    padded = f.zeros(g.arity, n)
+    padded[:, : coeffs.shape[1]] = coeffs
+    out = ntt(f, g.eval(f, ntt(f, padded)), inverse=True)
+    return out[:length]  # type: ignore[no-any-return]
+
+
+# -- validity circuits (draft §7.3.2) -----------------------------------------------
+
+
+class GadgetCall(Protocol):
+    """What a circuit calls for a gadget: a batch of inputs (arity × k) → k outputs."""
+
+    def __call__(self, x: Vec) -> Vec: ...
+
+
+class Valid(Protocol):
+    """A validity circuit with its encoding of measurements and results."""
+
+    field: Field
+    gadgets: Sequence[Gadget]
+    gadget_calls: Sequence[int]
+    meas_len: int
+    joint_rand_len: int
+    output_len: int
+
+    def eval(
+        self, meas: Vec, joint_rand: Vec, num_shares: int, calls: Sequence[GadgetCall]
+    ) -> int: ...
+
+    def encode(self, measurement: object) -> Vec: ...
+
+    def truncate(self, meas: Vec) -> Vec: ...
+
+    def decode(self, output: Vec, num_measurements: int) -> object: ...
+
+
+class _Direct:
+    """A gadget evaluated directly (circuit evaluation in the clear)."""
+
+    def __init__(self, f: Field, g: Gadget) -> None:
+        self.f, self.g = f, g
+
+    def __call__(self, x: Vec) -> Vec:
+        return self.g.eval(self.f, x)
+
+
+class _Recorder:
+    """Records each call's inputs as wire values 1..calls; column 0 holds the seed."""
+
+    def __init__(self, f: Field, g: Gadget, calls: int, seeds: Vec) -> None:
+        self.f, self.g = f, g
+        self.p = next_power_of_2(1 + calls)
+        self.wires = f.zeros(g.arity, self.p)
+        self.wires[:, 0] = seeds
+        self.k = 0
+
+    def record(self, x: Vec) -> None:
+        batch = x.shape[1]
+        if self.k + batch >= self.p:
+            raise FlpError("a circuit called a gadget more often than it declared")
+        self.wires[:, self.k + 1 : self.k + 1 + batch] = x
+        self.k += batch
+
+
+class _ProveCall(_Recorder):
+    def __call__(self, x: Vec) -> Vec:
+        self.record(x)
+        return self.g.eval(self.f, x)
+
+
+class _QueryCall(_Recorder):
+    """Answers call k with G(α^k) from the proof's gadget polynomial."""
+
+    def __init__(self, f: Field, g: Gadget, calls: int, seeds: Vec, poly: Vec) -> None:
+        super().__init__(f, g, calls, seeds)
+        self.poly = poly
+        self.at_roots = poly_eval_at_roots(f, poly, self.p)
+
+    def __call__(self, x: Vec) -> Vec:
+        start = self.k + 1
+        self.record(x)
+        return self.at_roots[start : self.k + 1]  # type: ignore[no-any-return]
+
+
+def eval_circuit(valid: Valid, meas: Vec, joint_rand: Vec, num_shares: int = 1) -> int:
+    """C(meas) in the clear: 0 for a valid encoded measurement."""
+    _check(valid, meas, joint_rand)
+    calls = [_Direct(valid.field, g) for g in valid.gadgets]
+    return valid.eval(meas, joint_rand, num_shares, calls)
+
+
+def _check(valid: Valid, meas: Vec, joint_rand: Vec) -> None:
+    if len(meas) != valid.meas_len:
+        raise FlpError(f"measurement of length {len(meas)}, the circuit takes {valid.meas_len}")
+    if len(joint_rand) != valid.joint_rand_len:
+        raise FlpError(f"joint randomness of length {len(joint_rand)}")
+
+
+# -- the generic FLP (draft §7.3.3) -------------------------------------------------
+
+
+class FlpGeneric:
+    """prove / query / decide for one validity circuit; lengths as in draft §7.3."""
+
+    def __init__(self, valid: Valid) -> None:
+        self.valid = valid
+        self.field = valid.field
+        self.meas_len = valid.meas_len
+        self.output_len = valid.output_len
+        self.joint_rand_len = valid.joint_rand_len
+        self.prove_rand_len = sum(g.arity for g in valid.gadgets)
+        self.query_rand_len = len(valid.gadgets)
+        self.proof_len = sum(
+            g.arity + g.degree * (next_power_of_2(1 + c) - 1) + 1
+            for g, c in zip(valid.gadgets, valid.gadget_calls, strict=True)
+        )
+        self.verifier_len = 1 + sum(g.arity + 1 for g in valid.gadgets)
+
+    def encode(self, measurement: object) -> Vec:
+        return self.valid.encode(measurement)
+
+    def truncate(self, meas: Vec) -> Vec:
+        return self.valid.truncate(meas)
+
+    def decode(self, output: Vec, num_measurements: int) -> object:
+        return self.valid.decode(output, num_measurements)
+
+    def _gadget_calls(self) -> list[tuple[Gadget, int]]:
+        return list(zip(self.valid.gadgets, self.valid.gadget_calls, strict=True))
+
+    def prove(self, meas: Vec, prove_rand: Vec, joint_rand: Vec) -> Vec:
+        """The proof: per gadget, its wire seeds then its gadget polynomial (Prover)."""
+        _check(self.valid, meas, joint_rand)
+        if len(prove_rand) != self.prove_rand_len:
+            raise FlpError(f"prover randomness of length {len(prove_rand)}")
+        f = self.field
+        recorders, offset = [], 0
+        for g, c in self._gadget_calls():
+            recorders.append(_ProveCall(f, g, c, prove_rand[offset : offset + g.arity]))
+            offset += g.arity
+        self.valid.eval(meas, joint_rand, 1, recorders)
+        parts = []
+        for r in recorders:
+            parts.append(r.wires[:, 0])
+            parts.append(gadget_poly(f, r.g, r.wires))
+        return np.concatenate(parts)  # type: ignore[no-any-return]
+
+    def query(
+        self, meas: Vec, proof: Vec, query_rand: Vec, joint_rand: Vec, num_shares: int
+    ) -> Vec:
+        """This share's verifier message [C, (wires(t), G(t)) per gadget] (each Aggregator)."""
+        _check(self.valid, meas, joint_rand)
+        if len(proof) != self.proof_len:
+            raise FlpError(f"proof of length {len(proof)}, expected {self.proof_len}")
+        if len(query_rand) != self.query_rand_len:
+            raise FlpError(f"query randomness of length {len(query_rand)}")
+        f = self.field
+        calls, offset = [], 0
+        for g, c in self._gadget_calls():
+            poly_len = g.degree * (next_power_of_2(1 + c) - 1) + 1
+            seeds = proof[offset : offset + g.arity]
+            poly = proof[offset + g.arity : offset + g.arity + poly_len]
+            calls.append(_QueryCall(f, g, c, seeds, poly))
+            offset += g.arity + poly_len
+        v = self.valid.eval(meas, joint_rand, num_shares, calls)
+        verifier = [f.vec([v])]
+        for q, t in zip(calls, query_rand, strict=True):
+            # t must not be a P-th root of unity: G(t) would then be an output
+            # of the gadget on the measurement, leaked to the verifier.
+            if pow(int(t), q.p, f.modulus) == 1:
+                raise FlpError("degenerate query point (draft: ERR_ABORT)")
+            wire_polys = ntt(f, q.wires, inverse=True)
+            verifier.append(poly_eval(f, wire_polys, int(t)))
+            verifier.append(f.vec([poly_eval(f, q.poly, int(t))]))
+        return np.concatenate(verifier)  # type: ignore[no-any-return]
+
+    def decide(self, verifier: Vec) -> bool:
+        """True iff C = 0 and every gadget polynomial matches its wires at t (Collector of
+        the verifier shares, i.e. both Aggregators after exchanging them)."""
+        if len(verifier) != self.verifier_len:
+            raise FlpError(f"verifier of length {len(verifier)}")
+        if verifier[0] != 0:
+            return False
+        offset = 1
+        for g in self.valid.gadgets:
+            x = verifier[offset : offset + g.arity]
+            y = verifier[offset + g.arity]
+            offset += g.arity + 1
+            if g.eval(self.field, x.reshape(g.arity, 1))[0] != y:
+                return False
+        return True

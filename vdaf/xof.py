@@ -1,0 +1,91 @@
+"""XofShake128, the extendable-output function of draft-irtf-cfrg-vdaf-07 (§6.2.1).
+
+The stream is SHAKE128(len(dst) as one byte || dst || seed || binder).  The
+domain-separation tag names the draft version, the algorithm and the usage
+(`format_dst`), so no two uses of one seed ever share a stream.  Field
+vectors are drawn by rejection sampling (`next_vec`, §6.2): each element is
+ENCODED_SIZE little-endian bytes, kept if below p, else skipped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+
+from svtagg.vdaf.field import Field, Vec, next_power_of_2
+
+#: The draft version this package implements (the first byte of every DST).
+VERSION = 7
+SEED_SIZE = 16
+
+
+def format_dst(algo_class: int, algo: int, usage: int) -> bytes:
+    """The DST of draft §6.2: version (1 byte), class (1), algorithm (4), usage (2); big-endian."""
+    return (
+        VERSION.to_bytes(1, "big")
+        + algo_class.to_bytes(1, "big")
+        + algo.to_bytes(4, "big")
+        + usage.to_bytes(2, "big")
+    )
+
+
+class XofShake128:
+    """One XOF stream; `next` returns successive bytes of it."""
+
+    def __init__(self, seed: bytes, dst: bytes, binder: bytes) -> None:
+        if len(seed) != SEED_SIZE:
+            raise ValueError(f"XofShake128 seeds are {SEED_SIZE} bytes, got {len(seed)}")
+        if len(dst) > 255:
+            raise ValueError("a domain-separation tag is at most 255 bytes")
+        self._shake = hashlib.shake_128(bytes([len(dst)]) + dst + seed + binder)
+        self._buf = b""
+        self._pos = 0
+
+    def next(self, length: int) -> bytes:
+        """The next `length` bytes of the stream."""
+        end = self._pos + length
+        if end > len(self._buf):
+            # hashlib's SHAKE has no incremental squeeze: the stream is
+            # re-squeezed to a longer prefix (identical on the overlap).
+            self._buf = self._shake.digest(max(end, 2 * len(self._buf)))
+        out = self._buf[self._pos : end]
+        self._pos = end
+        return out
+
+    def next_vec(self, f: Field, length: int) -> Vec:
+        """`length` field elements by rejection sampling, in stream order (draft §6.2)."""
+        mask = next_power_of_2(f.modulus) - 1
+        size = f.encoded_size
+        parts: list[Vec] = []
+        have = 0
+        while have < length:
+            want = length - have
+            raw = self.next(want * size)
+            if size == 8:
+                cand = np.frombuffer(raw, dtype="<u8").astype(object)
+            elif size == 16:
+                words = np.frombuffer(raw, dtype="<u8").reshape(-1, 2).astype(object)
+                cand = words[:, 0] + (words[:, 1] << 64)
+            else:
+                cand = np.array(
+                    [int.from_bytes(raw[i : i + size], "little") for i in range(0, len(raw), size)],
+                    dtype=object,
+                )
+            cand = cand & mask
+            kept = cand[cand < f.modulus]
+            parts.append(kept)
+            have += kept.size
+        if not parts:
+            return f.zeros(0)
+        return np.concatenate(parts)  # type: ignore[no-any-return]
+
+    @classmethod
+    def derive_seed(cls, seed: bytes, dst: bytes, binder: bytes) -> bytes:
+        """A fresh SEED_SIZE-byte seed from the stream."""
+        return cls(seed, dst, binder).next(SEED_SIZE)
+
+    @classmethod
+    def expand_into_vec(cls, f: Field, seed: bytes, dst: bytes, binder: bytes, length: int) -> Vec:
+        """`length` field elements from a fresh stream."""
+        return cls(seed, dst, binder).next_vec(f, length)
