@@ -27,21 +27,25 @@ def _recv_exact(s: socket.socket, n: int) -> bytes:
 
 def _serve(listener: socket.socket, mode: str) -> None:
     """`echo`: send back whatever arrives; `sink`: read to the end, then answer
-    with the byte count as 8 bytes."""
+    with the byte count as 8 bytes; each connection in a thread of its own."""
     while True:
         try:
             conn, _ = listener.accept()
         except OSError:
             return
-        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        with conn:
-            total = 0
-            while data := conn.recv(1 << 20):
-                total += len(data)
-                if mode == "echo":
-                    conn.sendall(data)
-            if mode == "sink":
-                conn.sendall(total.to_bytes(8, "big"))
+        threading.Thread(target=_handle, args=(conn, mode), daemon=True).start()
+
+
+def _handle(conn: socket.socket, mode: str) -> None:
+    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    with conn:
+        total = 0
+        while data := conn.recv(1 << 20):
+            total += len(data)
+            if mode == "echo":
+                conn.sendall(data)
+        if mode == "sink":
+            conn.sendall(total.to_bytes(8, "big"))
 
 
 @pytest.fixture
