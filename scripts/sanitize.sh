@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# The native core (mpc/_gc.c) under AddressSanitizer and UndefinedBehaviorSanitizer:
-# builds it with gcc -fsanitize=address,undefined into a copy of this tree and runs
-# the tests that drive it there (byte equality with the numpy reference, hostile
-# shapes and alignments, the comparison protocol and the OT extension end to end).
+# The native cores (mpc/_gc.c, vdaf/_field.c) under AddressSanitizer and
+# UndefinedBehaviorSanitizer: builds them with gcc -fsanitize=address,undefined into
+# a copy of this tree and runs the tests that drive them there (byte equality with
+# the numpy / Python-integer references, hostile shapes and alignments, the
+# comparison protocol and the OT extension end to end, the Prio3 test vectors).
 # Any sanitizer report aborts the process it happens in, so it fails the run.
 # The heavy run calls this (tests/test_mpc_native.py::test_native_core_is_clean_under_sanitizers).
 #
@@ -32,15 +33,18 @@ tar --exclude=./.venv --exclude=./.git --exclude=./build --exclude='*.so' --excl
         LDFLAGS="-fsanitize=address,undefined" python setup.py -q build_ext --inplace --force >build.log 2>&1 \
         || { cat build.log >&2; exit 1; }
 )
-so=$(ls "$work"/svtagg/mpc/_gc*.so)
-ldd "$so" | grep -q libasan || { echo "sanitize.sh: $so is not instrumented" >&2; exit 1; }
-echo "sanitize.sh: $(basename "$so") built with ASan+UBSan"
+for so in "$work"/svtagg/mpc/_gc*.so "$work"/svtagg/vdaf/_field*.so; do
+    [[ -e "$so" ]] || { echo "sanitize.sh: a native core did not build (see above)" >&2; exit 1; }
+    ldd "$so" | grep -q libasan || { echo "sanitize.sh: $so is not instrumented" >&2; exit 1; }
+    echo "sanitize.sh: $(basename "$so") built with ASan+UBSan"
+done
 cd "$work/svtagg"
 # Python is not built with ASan: the runtime must be loaded first (LD_PRELOAD);
 # leak checks are off (the interpreter keeps its objects until exit).
-env PYTHONPATH="$work" SVTAGG_BACKEND=native PYTHONMALLOC=malloc \
+env PYTHONPATH="$work" SVTAGG_BACKEND=native SVTAGG_VDAF_BACKEND=native PYTHONMALLOC=malloc \
     LD_PRELOAD="$asan" \
     ASAN_OPTIONS="detect_leaks=0:abort_on_error=1:strict_string_checks=1" \
     UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1" \
     python -m pytest -q -p no:cacheprovider -m "not heavy" \
-    tests/test_mpc_native.py tests/test_mpc_ot.py tests/test_mpc_protocol.py tests/test_mpc_clamp.py "$@"
+    tests/test_mpc_native.py tests/test_mpc_ot.py tests/test_mpc_protocol.py tests/test_mpc_clamp.py \
+    tests/test_vdaf_*.py "$@"
