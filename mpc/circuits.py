@@ -375,7 +375,8 @@ def field_words(share: npt.ArrayLike, field: PrimeField) -> npt.NDArray[np.uint6
     significant word first.  Accepts uint64 words ((k,) for Field64, (k, words))
     or a 1-D vector of Python integers (the `svtagg.vdaf` representation);
     refuses anything outside [0, p)."""
-    arr = np.asarray(share)
+    # Python sequences as integers: numpy would pick int64, uint64 or object by value.
+    arr = share if isinstance(share, np.ndarray) else np.array(share, dtype=object)
     if arr.dtype == np.uint64:
         w = arr.reshape(-1, 1) if arr.ndim == 1 and field.words == 1 else arr
         if w.ndim != 2 or w.shape[1] != field.words:
