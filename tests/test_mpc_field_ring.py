@@ -30,7 +30,12 @@ from svtagg.mpc.circuits import (
     ring_from_bits,
 )
 from svtagg.mpc.garble import EvalBackend, GarbleBackend, PlainBackend
-from svtagg.mpc.protocol import ComparisonEvaluator, ComparisonGarbler, connected_pair
+from svtagg.mpc.protocol import (
+    ComparisonEvaluator,
+    ComparisonGarbler,
+    connected_pair,
+    field_clamp_reshare_spec,
+)
 from svtagg.vdaf import field as vdaf_field
 
 FIELDS = [FIELD64, FIELD128]
@@ -272,6 +277,9 @@ async def test_protocol_reshares_the_clamped_field_sum(f: PrimeField, engine: st
     )
     assert [int(v) for v in r + y] == want
     assert e.last_stats.and_gates <= (6 * f.bits + 120) * len(a) and e.last_stats.messages == 3
+    # Every message fits the length a receiver announces it will accept.
+    limit = field_clamp_reshare_spec(bound, f).max_message(len(a) * f.words)
+    assert max(e.last_stats.bytes_received, g.last_stats.bytes_received) <= limit
     r2, y2 = await asyncio.gather(
         g.field_clamp_reshare(a, bound, f), e.field_clamp_reshare(b, bound, f)
     )
