@@ -1,8 +1,8 @@
-"""Build hook for the optional native core (svtagg.mpc._gc).
+"""Build hook for the optional native cores (svtagg.mpc._gc, svtagg.vdaf._field).
 
 Everything else about the package is in pyproject.toml.  The extension is
 `optional`: where it cannot be compiled (no C compiler, no AES-NI target), the
-install still succeeds and svtagg uses its numpy backend.
+install still succeeds and svtagg uses its numpy / Python-integer reference paths.
 """
 
 from setuptools import Extension, setup
@@ -28,6 +28,13 @@ if __name__ == "__main__":  # how pip's build backend runs it; importing it does
                 # under a target attribute and chosen at run time.
                 extra_compile_args=["-O3", "-maes", "-msse4.1", "-mpclmul", "-std=c11"],
                 optional=True,
-            )
+            ),
+            Extension(
+                "svtagg.vdaf._field",
+                sources=["vdaf/_field.c"],
+                # Portable C with unsigned __int128 (GCC, Clang); no CPU extensions.
+                extra_compile_args=["-O3", "-std=c11"],
+                optional=True,
+            ),
         ],
     )

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import os
 import random
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pytest
 
+from svtagg.vdaf import native
 from svtagg.vdaf.circuits import Count, Histogram, MeasurementError, Sum, SumVec
 from svtagg.vdaf.field import FIELD64, FIELD128, Field, Vec, next_power_of_2, ntt, poly_eval
 from svtagg.vdaf.flp import (
@@ -44,6 +45,15 @@ from svtagg.vdaf.prio3 import (
 RNG = random.Random(2024)
 
 
+@pytest.fixture(autouse=True, params=native.BACKENDS)
+def backend(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Every test here runs on the native core and on the Python reference."""
+    if request.param == "native" and not native.available():
+        pytest.skip("the native field core is not built here")
+    with native.using(request.param) as name:
+        yield name
+
+
 def rand_vec(f: Field, n: int) -> Vec:
     return f.vec([RNG.randrange(f.modulus) for _ in range(n)])
 
@@ -62,7 +72,7 @@ def test_gadget_polynomial_agrees_with_the_gadget(g: Gadget, p: int) -> None:
     assert len(poly) == g.degree * (p - 1) + 1
     t = RNG.randrange(f.modulus)
     at_t = poly_eval(f, ntt(f, wires, inverse=True), t)
-    assert poly_eval(f, poly, t) == g.eval(f, at_t.reshape(g.arity, 1))[0]
+    assert f.to_int(poly_eval(f, poly, t)) == f.to_int(g.eval(f, at_t.reshape(g.arity, 1))[0])
 
 
 def test_polyeval_strips_and_refuses_zero() -> None:
@@ -86,11 +96,11 @@ class TwoGadgets:
 
     def eval(self, meas: Vec, joint_rand: Vec, num_shares: int, calls: Sequence[GadgetCall]) -> int:
         f = self.field
-        x = meas[0]
-        sq = calls[0](f.vec([[x], [x]]))[0]
-        cube = calls[1](f.vec([[x], [sq]]))[0]
-        fifth = calls[1](f.vec([[sq], [cube]]))[0]
-        return int(fifth - x) % f.modulus
+        x = meas[:1]
+        sq = calls[0](np.stack([x, x]))
+        cube = calls[1](np.stack([x, sq]))
+        fifth = calls[1](np.stack([sq, cube]))
+        return f.to_int(f.sub(fifth, x)[0])
 
     def encode(self, measurement: object) -> Vec:
         return self.field.vec([measurement])
@@ -99,7 +109,7 @@ class TwoGadgets:
         return meas
 
     def decode(self, output: Vec, num_measurements: int) -> object:
-        return int(output[0])
+        return self.field.to_int(output[0])
 
 
 def run_flp(flp: FlpGeneric, meas: Vec, num_shares: int = 2) -> bool:
@@ -125,22 +135,24 @@ def test_multi_gadget_circuit_with_dependent_calls() -> None:
     assert not run_flp(flp, FIELD64.vec([2]))
 
 
-def invalid_cases() -> list[tuple[str, Any, Vec]]:
-    """Encoded measurements outside each circuit's language."""
+def invalid_cases() -> list[tuple[str, Any, list[int]]]:
+    """Encoded measurements outside each circuit's language (as integers: the
+    vectors are made under the backend of the test)."""
     return [
-        ("count=2", Count(), FIELD64.vec([2])),
-        ("sum bit=2", Sum(8), FIELD128.vec([1, 2, 0, 0, 0, 0, 0, 0])),
-        ("sum bit=-1", Sum(8), FIELD128.vec([0, -1, 0, 0, 0, 0, 0, 0])),
-        ("sumvec 2^bits", SumVec(4, 3, 2), FIELD128.vec([0] * 9 + [2, 0, 0])),
-        ("histogram two-hot", Histogram(5, 2), FIELD128.vec([1, 0, 0, 1, 0])),
-        ("histogram empty", Histogram(5, 2), FIELD128.vec([0] * 5)),
-        ("histogram 2+(-1)", Histogram(5, 2), FIELD128.vec([2, -1, 0, 0, 0])),
+        ("count=2", Count(), [2]),
+        ("sum bit=2", Sum(8), [1, 2, 0, 0, 0, 0, 0, 0]),
+        ("sum bit=-1", Sum(8), [0, -1, 0, 0, 0, 0, 0, 0]),
+        ("sumvec 2^bits", SumVec(4, 3, 2), [0] * 9 + [2, 0, 0]),
+        ("histogram two-hot", Histogram(5, 2), [1, 0, 0, 1, 0]),
+        ("histogram empty", Histogram(5, 2), [0] * 5),
+        ("histogram 2+(-1)", Histogram(5, 2), [2, -1, 0, 0, 0]),
     ]
 
 
 @pytest.mark.parametrize("case", invalid_cases(), ids=lambda c: c[0])
-def test_out_of_range_measurement_is_rejected(case: tuple[str, Any, Vec]) -> None:
-    _, valid, meas = case
+def test_out_of_range_measurement_is_rejected(case: tuple[str, Any, list[int]]) -> None:
+    _, valid, ints = case
+    meas = valid.field.vec(ints)
     flp = FlpGeneric(valid)
     joint_rand = rand_vec(valid.field, valid.joint_rand_len)
     assert eval_circuit(valid, meas, joint_rand) != 0
@@ -160,7 +172,7 @@ class LyingProver(FlpGeneric):
             poly_len = g.degree * (p - 1) + 1
             parts.append(honest[offset : offset + g.arity])
             values = f.zeros(p)  # G(α^0) free, G(α^k) = 0 for every call k
-            values[0] = RNG.randrange(f.modulus)
+            values[:1] = f.vec([RNG.randrange(f.modulus)])
             lie = f.zeros(poly_len)
             lie[:p] = ntt(f, values, inverse=True)
             parts.append(lie)
@@ -171,19 +183,20 @@ class LyingProver(FlpGeneric):
 @pytest.mark.parametrize(
     "valid, meas",
     [
-        (Sum(4), FIELD128.vec([2, 0, 0, 5])),
-        (SumVec(3, 2, 2), FIELD128.vec([3, 0, 1, 1, 0, 0])),
-        (Histogram(5, 2), FIELD128.vec([2, -1, 0, 0, 0])),  # sums to 1, not one-hot
+        (Sum(4), [2, 0, 0, 5]),
+        (SumVec(3, 2, 2), [3, 0, 1, 1, 0, 0]),
+        (Histogram(5, 2), [2, -1, 0, 0, 0]),  # sums to 1, not one-hot
     ],
     ids=["Sum", "SumVec", "Histogram"],
 )
-def test_lying_gadget_polynomial_is_rejected(valid: Any, meas: Vec) -> None:
+def test_lying_gadget_polynomial_is_rejected(valid: Any, meas: list[int]) -> None:
     liar = LyingProver(valid)
     f = valid.field
+    meas = f.vec(meas)
     joint_rand = rand_vec(f, valid.joint_rand_len)
     proof = liar.prove(meas, rand_vec(f, liar.prove_rand_len), joint_rand)
     verifier = liar.query(meas, proof, rand_vec(f, liar.query_rand_len), joint_rand, 1)
-    assert verifier[0] == 0  # the lie makes the circuit output 0 ...
+    assert f.to_int(verifier[0]) == 0  # the lie makes the circuit output 0 ...
     assert not liar.decide(verifier)  # ... but the gadget check at t fails
 
 
@@ -262,7 +275,7 @@ def test_broken_client_out_of_range_report_is_rejected(name: str) -> None:
     by the aggregators' decision."""
     vdaf, _ = JOINT_RAND[name]
     bad = vdaf.field.zeros(vdaf.flp.meas_len)
-    bad[0] = 2  # a "bit" of 2 (and, for the histogram, a weight of 2)
+    bad[:1] = vdaf.field.vec([2])  # a "bit" of 2 (and, for the histogram, a weight of 2)
     seeds = [os.urandom(16) for _ in range(vdaf.rand_size // 16)]
     nonce, key = os.urandom(NONCE_SIZE), os.urandom(16)
     public, inputs = vdaf.shard_encoded(bad, nonce, seeds)
@@ -308,7 +321,7 @@ def test_count_without_joint_randomness_binds_query_to_the_verify_key() -> None:
     public, inputs = vdaf.shard(1, nonce)
     states, shares = prepare(vdaf, key, nonce, public, inputs)
     f = vdaf.field
-    assert list(f.sum(np.stack(finish(vdaf, states, shares)), axis=0)) == [1]  # control
+    assert f.to_ints(f.sum(np.stack(finish(vdaf, states, shares)), axis=0)) == [1]  # control
     leader = inputs[0]
     assert leader.meas is not None
     shifted = type(leader)(meas=f.add(leader.meas, f.vec([1])), proof=leader.proof)

@@ -35,13 +35,13 @@ def _bits_le(f: Field, values: Sequence[int], bits: int) -> Vec:
     """Each value as `bits` field elements 0/1, least significant first."""
     arr = np.array([int(v) for v in values], dtype=object)
     shifts = np.arange(bits)
-    return f.vec(((arr[:, None] >> shifts) & 1).reshape(-1))
+    return f.from_small(((arr[:, None] >> shifts) & 1).reshape(-1).astype(np.int64))
 
 
 def _from_bits(f: Field, meas: Vec, bits: int) -> Vec:
     """Σ_j 2^j · b_j per group of `bits` elements (draft: truncate)."""
-    weights = f.vec([1 << j for j in range(bits)])
-    return f.sum(meas.reshape(-1, bits) * weights, axis=1)
+    weights = f.as_like(meas, f.powers(2, bits, first=0))
+    return f.sum(f.mul(meas.reshape(-1, bits), weights), axis=1)
 
 
 def _chunked_bit_check(
@@ -53,15 +53,15 @@ def _chunked_bit_check(
     the measurement is zero-padded to calls·chunk elements, the powers of r still
     advancing over the padding, as the draft does.
     """
-    p = f.modulus
-    padded = f.zeros(calls * chunk)
+    padded = f.zeros_as(meas, calls * chunk)
     padded[: len(meas)] = meas
     shares_inv = f.inv(num_shares)
-    pairs = np.empty((calls, chunk, 2), dtype=object)
-    pairs[:, :, 0] = (padded * f.powers(r, calls * chunk, first=1) % p).reshape(calls, chunk)
-    pairs[:, :, 1] = ((padded - shares_inv) % p).reshape(calls, chunk)
+    r_powers = f.as_like(meas, f.powers(r, calls * chunk, first=1))
+    pairs = f.zeros_as(meas, calls, chunk, 2)
+    pairs[:, :, 0] = f.mul(padded, r_powers).reshape(calls, chunk)
+    pairs[:, :, 1] = f.sub(padded, shares_inv).reshape(calls, chunk)
     out = gadget(pairs.reshape(calls, 2 * chunk).T)
-    return int(np.sum(out)) % p
+    return f.to_int(f.sum(out))
 
 
 @dataclass
@@ -76,9 +76,9 @@ class Count:
     output_len: int = 1
 
     def eval(self, meas: Vec, joint_rand: Vec, num_shares: int, calls: Sequence[GadgetCall]) -> int:
-        m = meas[0]
-        square = calls[0](self.field.vec([[m], [m]]))[0]
-        return int(square - m) % self.field.modulus
+        f = self.field
+        square = calls[0](meas[[0, 0]].reshape(2, 1))
+        return f.to_int(f.sub(square, meas[:1])[0])
 
     def encode(self, measurement: object) -> Vec:
         return self.field.vec([_check_int(measurement, 0, 2, "a Count measurement")])
@@ -87,7 +87,7 @@ class Count:
         return meas
 
     def decode(self, output: Vec, num_measurements: int) -> int:
-        return int(output[0])
+        return self.field.to_int(output[0])
 
 
 @dataclass
@@ -111,7 +111,9 @@ class Sum:
 
     def eval(self, meas: Vec, joint_rand: Vec, num_shares: int, calls: Sequence[GadgetCall]) -> int:
         checks = calls[0](meas.reshape(1, -1))
-        return self.field.dot(checks, self.field.powers(int(joint_rand[0]), self.bits, first=1))
+        f = self.field
+        r_powers = f.powers(f.to_int(joint_rand[0]), self.bits, first=1)
+        return f.dot(checks, f.as_like(checks, r_powers))
 
     def encode(self, measurement: object) -> Vec:
         value = _check_int(measurement, 0, 2**self.bits, "a Sum measurement")
@@ -121,7 +123,7 @@ class Sum:
         return _from_bits(self.field, meas, self.bits)
 
     def decode(self, output: Vec, num_measurements: int) -> int:
-        return int(output[0])
+        return self.field.to_int(output[0])
 
 
 @dataclass
@@ -152,7 +154,7 @@ class SumVec:
         return _chunked_bit_check(
             self.field,
             meas,
-            int(joint_rand[0]),
+            self.field.to_int(joint_rand[0]),
             num_shares,
             self.chunk_length,
             self.gadget_calls[0],
@@ -169,7 +171,7 @@ class SumVec:
         return _from_bits(self.field, meas, self.bits)
 
     def decode(self, output: Vec, num_measurements: int) -> list[int]:
-        return [int(x) for x in output]
+        return self.field.to_ints(output)
 
 
 @dataclass
@@ -199,24 +201,24 @@ class Histogram:
         bit_check = _chunked_bit_check(
             f,
             meas,
-            int(joint_rand[0]),
+            f.to_int(joint_rand[0]),
             num_shares,
             self.chunk_length,
             self.gadget_calls[0],
             calls[0],
         )
-        sum_check = (int(np.sum(meas)) - f.inv(num_shares)) % p
-        r1 = int(joint_rand[1])
+        sum_check = (f.to_int(f.sum(meas)) - f.inv(num_shares)) % p
+        r1 = f.to_int(joint_rand[1])
         return (r1 * bit_check + r1 * r1 % p * sum_check) % p
 
     def encode(self, measurement: object) -> Vec:
         index = _check_int(measurement, 0, self.length, "a Histogram bucket")
-        out = self.field.zeros(self.length)
-        out[index] = 1
-        return out
+        one_hot = np.zeros(self.length, dtype=np.int64)
+        one_hot[index] = 1
+        return self.field.from_small(one_hot)
 
     def truncate(self, meas: Vec) -> Vec:
         return meas
 
     def decode(self, output: Vec, num_measurements: int) -> list[int]:
-        return [int(x) for x in output]
+        return self.field.to_ints(output)

@@ -80,10 +80,9 @@ class PolyEval:
         return len(self.coeffs) - 1
 
     def eval(self, f: Field, x: Vec) -> Vec:
-        p = f.modulus
-        acc = np.full(x[0].shape, self.coeffs[-1] % p, dtype=object)
+        acc = f.add(f.zeros_as(x, *x[0].shape), self.coeffs[-1] % f.modulus)
         for c in reversed(self.coeffs[:-1]):
-            acc = (acc * x[0] + c) % p
+            acc = f.add(f.mul(acc, x[0]), c % f.modulus)
         return acc
 
 
@@ -123,7 +122,7 @@ def gadget_poly(f: Field, g: Gadget, wires: Vec) -> Vec:
     length = g.degree * (wires.shape[1] - 1) + 1
     n = next_power_of_2(length)
     coeffs = ntt(f, wires, inverse=True)
-    padded = f.zeros(g.arity, n)
+    padded = f.zeros_as(wires, g.arity, n)
     padded[:, : coeffs.shape[1]] = coeffs
     out = ntt(f, g.eval(f, ntt(f, padded)), inverse=True)
     return out[:length]  # type: ignore[no-any-return]
@@ -175,7 +174,7 @@ class _Recorder:
     def __init__(self, f: Field, g: Gadget, calls: int, seeds: Vec) -> None:
         self.f, self.g = f, g
         self.p = next_power_of_2(1 + calls)
-        self.wires = f.zeros(g.arity, self.p)
+        self.wires = f.zeros_as(seeds, g.arity, self.p)
         self.wires[:, 0] = seeds
         self.k = 0
 
@@ -288,15 +287,16 @@ class FlpGeneric:
             calls.append(_QueryCall(f, g, c, seeds, poly))
             offset += g.arity + poly_len
         v = self.valid.eval(meas, joint_rand, num_shares, calls)
-        verifier = [f.vec([v])]
+        verifier = [f.add(f.zeros_as(meas, 1), v)]
         for q, t in zip(calls, query_rand, strict=True):
             # t must not be a P-th root of unity: G(t) would then be an output
             # of the gadget on the measurement, leaked to the verifier.
-            if pow(int(t), q.p, f.modulus) == 1:
+            t_int = f.to_int(t)
+            if pow(t_int, q.p, f.modulus) == 1:
                 raise FlpError("degenerate query point (draft: ERR_ABORT)")
             wire_polys = ntt(f, q.wires, inverse=True)
-            verifier.append(poly_eval(f, wire_polys, int(t)))
-            verifier.append(f.vec([poly_eval(f, q.poly, int(t))]))
+            verifier.append(poly_eval(f, wire_polys, t_int))
+            verifier.append(poly_eval(f, q.poly.reshape(1, -1), t_int))
         return np.concatenate(verifier)  # type: ignore[no-any-return]
 
     def decide(self, verifier: Vec) -> bool:
@@ -304,13 +304,14 @@ class FlpGeneric:
         the verifier shares, i.e. both Aggregators after exchanging them)."""
         if len(verifier) != self.verifier_len:
             raise FlpError(f"verifier of length {len(verifier)}")
-        if verifier[0] != 0:
+        f = self.field
+        if f.to_int(verifier[0]) != 0:
             return False
         offset = 1
         for g in self.valid.gadgets:
             x = verifier[offset : offset + g.arity]
             y = verifier[offset + g.arity]
             offset += g.arity + 1
-            if g.eval(self.field, x.reshape(g.arity, 1))[0] != y:
+            if f.to_int(g.eval(f, x.reshape(g.arity, 1))[0]) != f.to_int(y):
                 return False
         return True

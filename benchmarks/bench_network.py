@@ -1,0 +1,404 @@
+"""What a selection costs on a network: the two servers and the analyst talk
+through relays (benchmarks/relay.py) that add a round-trip time and limit the
+rate, and count bytes and round trips from outside the processes.
+
+    analyst ──relay "analyst"──▶ leader ──relay "peer" (gRPC)──▶ helper
+                                        ──relay "data" (comparison data channel)──▶
+
+The leader is started with `--helper` at the peer relay's address on
+127.0.0.2, and the helper with a fixed `--data-port` P; the helper announces P
+per session and the leader dials P on the host of its `--helper` address, so
+it reaches the data relay listening on 127.0.0.2:P, which forwards to the
+helper's 127.0.0.1:P.  No server option is needed for that.
+
+One deployment and one upload serve every configuration; the relays' delay
+and rate change between configurations.  Per configuration: the link's RTT as
+a ping through an identical relay measures it, single-query latency, the
+stream opening, comparisons/s at chunks of 10^3 and 10^4 on one open stream,
+the demo's selection (`svtagg demo`, model selection by scan), and, counted by
+the relays, round trips (flights / 2) and bytes per comparison.
+
+    python -m svtagg.benchmarks.bench_network          # 1, 10, 50 ms at 1g; 1 ms at 10g
+    python -m svtagg.benchmarks.bench_network --quick  # smaller demo, fewer repetitions
+    python -m svtagg.benchmarks.bench_network --rtt 0,1 --rate 1g --grid
+
+Configurations: every --rtt at the first --rate, and the first --rtt at each
+further rate (--grid: every pair).  JSON goes to --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import socket
+import statistics
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import numpy as np
+
+from svtagg.analyst.remote_oracle import RemoteOracle
+from svtagg.benchmarks.bench_system import comparison_task
+from svtagg.benchmarks.relay import Counters, LinkSpec, RelayProcess, free_port, parse_rate
+from svtagg.deploy.algorithms import RunFlags, run_algorithm
+from svtagg.deploy.jobs import analyst_stub, upload_parallel
+from svtagg.deploy.launch import UNCAPPED_SERVER_ARGS, LocalDeployment
+from svtagg.deploy.tasks import task_spec
+from svtagg.deploy.workloads import model_selection
+from svtagg.dp.queries import Query
+from svtagg.proto import svtagg_pb2 as pb
+
+#: The leader reaches the helper here: another loopback address, so that the data
+#: relay can listen on the helper's own data port number.
+RELAY_HOST = "127.0.0.2"
+#: The relays between leader and helper (gRPC Peer calls, comparison data channel).
+PEER_LINKS = ("peer", "data")
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Config:
+    rtt_ms: float
+    rate: str
+    analyst_rtt_ms: float
+
+    @property
+    def name(self) -> str:
+        return f"{self.rtt_ms:g} ms @ {self.rate}"
+
+
+@dataclass
+class Counted:
+    """One step's traffic: the analyst's link, the leader↔helper links (counted
+    as one conversation), and the latter's flights in order."""
+
+    analyst: Counters
+    peer: Counters
+    trace: list[str]
+
+
+def _trace(log: list[tuple[float, str, int, str]]) -> list[str]:
+    """Flights as "+12.3 ms leader→helper 1,234 B (data)", from the first one."""
+    if not log:
+        return []
+    first = log[0][0]
+    arrows = {"up": "leader→helper", "down": "helper→leader"}
+    return [
+        f"+{(first - ago) * 1e3:.1f} ms {arrows[d]} {n:,} B ({name})" for ago, d, n, name in log
+    ]
+
+
+@dataclass
+class Network:
+    """A running deployment behind relays, and the address the analyst uses."""
+
+    dep: LocalDeployment
+    relays: RelayProcess
+    analyst: str
+    probe: str
+
+    def configure(self, cfg: Config) -> None:
+        rate = parse_rate(cfg.rate)
+        for name in (*PEER_LINKS, "probe"):
+            self.relays.set_link(name, cfg.rtt_ms / 2e3, rate)
+        self.relays.set_link("analyst", cfg.analyst_rtt_ms / 2e3, rate)
+
+    def counted(self, step: Callable[[], T], settle: float) -> tuple[T, Counted]:
+        """Run `step` once between two readings of the relays' counters, with
+        `settle` seconds before and after so that no other step's bytes fall
+        in; what crossed the analyst's link and the leader↔helper links."""
+        time.sleep(settle)
+        before = self.relays.counters()
+        self.relays.flights("peer")
+        result = step()
+        time.sleep(settle)
+        after = self.relays.counters()
+        log = self.relays.flights("peer")
+        diff = {k: after[k].minus(before[k]) for k in after}
+        peer = diff[PEER_LINKS[0]].plus(diff[PEER_LINKS[1]])
+        return result, Counted(diff["analyst"], peer, _trace(log))
+
+
+def _echo(listener: socket.socket) -> None:
+    while True:
+        try:
+            conn, _ = listener.accept()
+        except OSError:
+            return
+        with conn:
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            while data := conn.recv(65536):
+                conn.sendall(data)
+
+
+def ping(address: str, count: int) -> list[float]:
+    """Round trips of 100 bytes to an echo server at `address`, seconds."""
+    host, port = address.rsplit(":", 1)
+    out = []
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        for _ in range(count):
+            t = time.perf_counter()
+            s.sendall(b"x" * 100)
+            got = 0
+            while got < 100:
+                got += len(s.recv(100 - got))
+            out.append(time.perf_counter() - t)
+    return out
+
+
+def _data_port() -> int:
+    """A port free on both loopback addresses (the helper's and the relay's)."""
+    for _ in range(20):
+        port = free_port("127.0.0.1")
+        with socket.socket() as s, contextlib.suppress(OSError):
+            s.bind((RELAY_HOST, port))
+            return port
+    raise RuntimeError(f"no port free on both 127.0.0.1 and {RELAY_HOST}")
+
+
+@contextlib.contextmanager
+def network_deployment() -> Iterator[Network]:
+    """Helper, relays, leader (pointed at the relays), the analyst's relay, and
+    a probe relay to a local echo server; all links start with no delay."""
+    data_port = _data_port()
+    echo = socket.create_server(("127.0.0.1", 0))
+    threading.Thread(target=_echo, args=(echo,), daemon=True).start()
+    dep = LocalDeployment(
+        server_args=UNCAPPED_SERVER_ARGS, role_args={"helper": ["--data-port", str(data_port)]}
+    )
+    with RelayProcess() as relays:
+        try:
+            dep.start_role("helper")
+            helper = ("127.0.0.1", dep.ports["helper"])
+            peer = relays.add(LinkSpec("peer", (RELAY_HOST, 0), helper, group="peer"))
+            data = (RELAY_HOST, data_port)
+            relays.add(LinkSpec("data", data, ("127.0.0.1", data_port), group="peer"))
+            dep.role_args["leader"] = ["--helper", peer]
+            dep.start_role("leader")
+            leader = ("127.0.0.1", dep.ports["leader"])
+            analyst = relays.add(LinkSpec("analyst", ("127.0.0.1", 0), leader))
+            probe = relays.add(
+                LinkSpec("probe", ("127.0.0.1", 0), ("127.0.0.1", echo.getsockname()[1]))
+            )
+            yield Network(dep, relays, analyst, probe)
+        finally:
+            dep.stop()
+            echo.close()
+
+
+def demo_task(dep: LocalDeployment, users: int, d: int) -> None:
+    """The demo's model-selection task (`svtagg demo`'s data), uploaded straight
+    to both servers (not through the relays: the upload is not measured), with
+    a budget large enough for one selection per configuration."""
+    values = model_selection(users, d, 1)
+    stub = analyst_stub(dep.address("leader"), dep.certs)
+    stub.CreateTask(task_spec("demo", d, 10 * users, "10000", min_batch=100), timeout=60)
+    upload_parallel(dep.address("leader"), dep.address("helper"), dep.certs, "demo", values, 1, 500)
+    stub.CloseCollection(pb.TaskRef(task_id="demo"), timeout=600)
+
+
+def _spread(values: list[float], scale: float = 1.0, digits: int = 1) -> dict[str, float]:
+    return {
+        "median": round(statistics.median(values) * scale, digits),
+        "min": round(min(values) * scale, digits),
+        "max": round(max(values) * scale, digits),
+    }
+
+
+def _trips(c: Counters) -> float:
+    return c.flights / 2
+
+
+def _counts(c: Counted) -> dict[str, Any]:
+    return {
+        "peer_round_trips": _trips(c.peer),
+        "analyst_round_trips": _trips(c.analyst),
+        "peer_flights": [c.peer.flights_up, c.peer.flights_down],
+        "peer_bytes": c.peer.bytes,
+    }
+
+
+def measure_open(net: Network, oracle: RemoteOracle, reps: int, settle: float) -> dict[str, Any]:
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        oracle.open_stream(1)
+        times.append(time.perf_counter() - t)
+    _, c = net.counted(lambda: oracle.open_stream(1), settle)
+    return {"ms": _spread(times, 1e3), **_counts(c), "trace": c.trace}
+
+
+def measure_chunk(
+    net: Network, oracle: RemoteOracle, k: int, reps: int, settle: float
+) -> dict[str, Any]:
+    """Chunks of `k` NO-answering queries on one open stream (the stream's
+    opening is not timed): seconds per chunk, and one chunk's counts."""
+    rng = np.random.default_rng(k)
+    far = 2 * oracle.n
+    stream = oracle.open_stream(1)
+    chunk = [(Query(int(j)), far) for j in rng.integers(0, oracle.d, size=k)]
+    assert stream.ask(chunk) is None  # warm the pooled session
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        assert stream.ask(chunk) is None
+        times.append(time.perf_counter() - t)
+    before = oracle.stats().peer_bytes
+    _, c = net.counted(lambda: stream.ask(chunk), settle)
+    return {
+        "chunk": k,
+        "reps": reps,
+        "ms": _spread(times, 1e3, 2),
+        "comparisons_per_s": _spread([k / t for t in times], digits=0),
+        **_counts(c),
+        "wire_bytes_per_comparison": round(c.peer.bytes / k, 1),
+        "server_bytes_per_comparison": round((oracle.stats().peer_bytes - before) / k, 1),
+        "trace": c.trace if k <= 1000 else c.trace[:40],
+    }
+
+
+def measure_demo(net: Network, epsilon: str, settle: float) -> dict[str, Any]:
+    with RemoteOracle.from_certs(net.analyst, "demo", net.dep.certs) as oracle:
+        t = time.perf_counter()
+        res, c = net.counted(
+            lambda: run_algorithm(oracle, RunFlags("scan", epsilon, seed=1)), settle
+        )
+        seconds = time.perf_counter() - t - 2 * settle
+        st = oracle.stats()
+    return {
+        "seconds": round(seconds, 2),
+        "selected": int(res["selected"]),
+        "streams": st.streams,
+        "chunks": st.chunks,
+        "queries": st.queries,
+        "peer_round_trips": _trips(c.peer),
+        "analyst_round_trips": _trips(c.analyst),
+        "peer_MB": round(c.peer.bytes / 1e6, 1),
+    }
+
+
+def run_config(net: Network, cfg: Config, quick: bool) -> dict[str, Any]:
+    net.configure(cfg)
+    settle = 0.05 + 2 * max(cfg.rtt_ms, cfg.analyst_rtt_ms) / 1e3
+    out: dict[str, Any] = {"config": asdict(cfg)}
+    out["link_rtt_ms"] = _spread(ping(net.probe, 20), 1e3, 2)
+    with RemoteOracle.from_certs(net.analyst, "cmp", net.dep.certs) as oracle:
+        oracle.open_stream(1).ask([(Query(0), 2 * oracle.n)])  # connections and session up
+        out["open_stream"] = measure_open(net, oracle, 3 if quick else 5, settle)
+        out["single"] = measure_chunk(net, oracle, 1, 10 if quick else 30, settle)
+        out["chunks"] = [
+            measure_chunk(net, oracle, 1000, 3 if quick else 5, settle),
+            measure_chunk(net, oracle, 10_000, 2 if quick else 3, settle),
+        ]
+    out["demo"] = measure_demo(net, "4", settle)
+    return out
+
+
+def _cell(s: dict[str, float], unit: str = "") -> str:
+    return f"{s['median']:,g}{unit} ({s['min']:,g}–{s['max']:,g})"
+
+
+def table(results: list[dict[str, Any]]) -> str:
+    """The per-configuration figures as a Markdown table, one column each."""
+    names = [Config(**r["config"]).name for r in results]
+
+    def chunk(r: dict[str, Any], k: int) -> dict[str, Any]:
+        return next(c for c in r["chunks"] if c["chunk"] == k)
+
+    rows: list[tuple[str, Callable[[dict[str, Any]], str]]] = [
+        ("link RTT, measured by ping (ms)", lambda r: _cell(r["link_rtt_ms"])),
+        ("single query, ms", lambda r: _cell(r["single"]["ms"])),
+        ("stream opening, ms", lambda r: _cell(r["open_stream"]["ms"])),
+        ("comparisons/s, chunk 10^3", lambda r: _cell(chunk(r, 1000)["comparisons_per_s"])),
+        ("comparisons/s, chunk 10^4", lambda r: _cell(chunk(r, 10_000)["comparisons_per_s"])),
+        ("demo selection, s", lambda r: f"{r['demo']['seconds']:g}"),
+        (
+            "demo: streams / chunks / leader↔helper round trips",
+            lambda r: (
+                f"{r['demo']['streams']} / {r['demo']['chunks']} / "
+                f"{r['demo']['peer_round_trips']:g}"
+            ),
+        ),
+        ("leader↔helper round trips, stream opening", lambda r: _g(r["open_stream"])),
+        ("leader↔helper round trips, chunk of 1", lambda r: _g(r["single"])),
+        ("leader↔helper round trips, chunk 10^3", lambda r: _g(chunk(r, 1000))),
+        ("leader↔helper round trips, chunk 10^4", lambda r: _g(chunk(r, 10_000))),
+        (
+            "bytes per comparison on the wire, chunk 10^4",
+            lambda r: f"{chunk(r, 10_000)['wire_bytes_per_comparison']:,g}",
+        ),
+    ]
+    lines = ["| figure | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
+    lines += [f"| {label} | " + " | ".join(get(r) for r in results) + " |" for label, get in rows]
+    return "\n".join(lines)
+
+
+def _g(step: dict[str, Any]) -> str:
+    return f"{step['peer_round_trips']:g}"
+
+
+def configs(rtts: list[float], rates: list[str], analyst_rtt: float, grid: bool) -> list[Config]:
+    pairs = [(r, rates[0]) for r in rtts] + [(rtts[0], rate) for rate in rates[1:]]
+    if grid:
+        pairs = [(r, rate) for rate in rates for r in rtts]
+    return [Config(r, rate, analyst_rtt) for r, rate in pairs]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="small demo, fewer repetitions")
+    p.add_argument("--rtt", default="1,10,50", help="leader↔helper RTTs, ms (comma-separated)")
+    p.add_argument("--rate", default="1g,10g", help="link rates, bits/s (1g, 10g, 100m, none)")
+    p.add_argument("--analyst-rtt", type=float, default=1.0, help="analyst↔leader RTT, ms")
+    p.add_argument("--grid", action="store_true", help="every RTT at every rate")
+    p.add_argument("--out", default="results/bench_network.json")
+    args = p.parse_args(argv)
+    rtts = [float(x) for x in args.rtt.split(",") if x.strip()]
+    rates = [x.strip() for x in args.rate.split(",") if x.strip()]
+    for rate in rates:
+        parse_rate(rate)
+    plan = configs(rtts, rates, args.analyst_rtt, args.grid)
+    users, d = (2000, 200) if args.quick else (10_000, 1000)
+    started = time.perf_counter()
+    print(f"load average at start: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
+    results = []
+    with network_deployment() as net:
+        comparison_task(net.dep)
+        demo_task(net.dep, users, d)
+        print(f"deployment up, tasks uploaded in {time.perf_counter() - started:.0f} s")
+        for cfg in plan:
+            results.append(run_config(net, cfg, args.quick))
+            print(f"[{cfg.name}]", json.dumps(results[-1]), flush=True)
+    print(
+        f"\ndemo: {users:,} users, d = {d:,}, scan selection at ε = 4; "
+        f"analyst↔leader RTT {args.analyst_rtt:g} ms; medians (min–max)\n"
+    )
+    print(table(results))
+    for r in results:
+        name = Config(**r["config"]).name
+        for label, step in (("stream opening", r["open_stream"]), ("chunk of 1", r["single"])):
+            print(f"\nleader↔helper flights, {label}, {name}:")
+            print("\n".join(f"  {line}" for line in step["trace"]))
+    print(
+        f"\nload average at end: {os.getloadavg()[0]:.2f}; "
+        f"{time.perf_counter() - started:.0f} s in all"
+    )
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    report = {"machine": platform.platform(), "quick": args.quick, "demo": [users, d]}
+    out.write_text(json.dumps({**report, "results": results}, indent=2))
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

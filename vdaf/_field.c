@@ -1,0 +1,486 @@
+/* Native core of svtagg.vdaf: Field64 and Field128 vector arithmetic, the
+ * radix-2 NTT, polynomial evaluation and the XOF's rejection sampling.
+ *
+ * Elements are stored canonically (in [0, p)) in their little-endian encoding:
+ * Field64 as one uint64, Field128 as two (low word first).  So a vector's
+ * memory is its draft encoding, and the numpy arrays the Python side keeps
+ * (uint64, or a structured (lo, hi) dtype) are passed here as raw buffers.
+ *
+ * Field64, p = 2^64 - 2^32 + 1: products reduce with 2^64 = 2^32 - 1 and
+ * 2^96 = -1 (mod p).  Field128, p = 2^128 - 28*2^64 + 1: products reduce by
+ * Montgomery multiplication with R = 2^128; since p = 1 (mod 2^64) the
+ * Montgomery factor of each round is just the negated low word.  A canonical
+ * product a*b is mont(mont(a, b), R^2 mod p).
+ *
+ * Every function here computes exactly the value the Python reference
+ * (vdaf/field.py on Python integers) computes; tests/test_vdaf_native.py
+ * compares the two on random inputs.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+typedef uint64_t u64;
+typedef unsigned __int128 u128;
+
+/* ------------------------------------------------------------------ Field64 */
+
+static const u64 P64 = 0xFFFFFFFF00000001ULL;
+static const u64 EPS64 = 0xFFFFFFFFULL; /* 2^64 mod p */
+
+static inline u64 add64(u64 a, u64 b) {
+    u64 s = a + b;
+    u64 carry = s < a;
+    /* a + b < 2p: subtract p once if the sum wrapped or is >= p */
+    if (carry || s >= P64) s -= P64;
+    return s;
+}
+
+static inline u64 sub64(u64 a, u64 b) { return a >= b ? a - b : a - b + P64; }
+
+static inline u64 red64(u128 x) {
+    u64 lo = (u64)x, hi = (u64)(x >> 64);
+    u64 hh = hi >> 32, hl = hi & EPS64;
+    u64 t0 = lo - hh;
+    if (lo < hh) t0 -= EPS64; /* borrowed 2^64 = 2^32 - 1: take it back */
+    u64 t1 = hl * EPS64;      /* hl * 2^64 = hl * (2^32 - 1) */
+    u64 r = t0 + t1;
+    if (r < t0) r += EPS64;   /* carried 2^64 */
+    if (r >= P64) r -= P64;
+    return r;
+}
+
+static inline u64 mul64(u64 a, u64 b) { return red64((u128)a * b); }
+
+/* ----------------------------------------------------------------- Field128 */
+
+typedef struct {
+    u64 lo, hi;
+} e128;
+
+static const u64 P128_HI = 0xFFFFFFFFFFFFFFE4ULL; /* p = P128_HI * 2^64 + 1 */
+static e128 R2_128;                               /* 2^256 mod p */
+
+static inline int ge_p128(u64 lo, u64 hi) { return hi > P128_HI || (hi == P128_HI && lo >= 1); }
+
+static inline e128 add128(e128 a, e128 b) {
+    u128 s = (u128)a.lo + b.lo;
+    u64 lo = (u64)s;
+    s = (s >> 64) + a.hi + b.hi;
+    u64 hi = (u64)s, top = (u64)(s >> 64);
+    if (top || ge_p128(lo, hi)) {
+        u128 d = (u128)lo - 1;
+        lo = (u64)d;
+        hi = hi - P128_HI - (u64)((d >> 64) & 1);
+    }
+    return (e128){lo, hi};
+}
+
+static inline e128 sub128(e128 a, e128 b) {
+    u64 lo = a.lo - b.lo;
+    u64 borrow = a.lo < b.lo;
+    u64 hi = a.hi - b.hi - borrow;
+    int neg = (a.hi < b.hi) || (a.hi == b.hi && borrow);
+    if (neg) { /* add p = (P128_HI, 1) */
+        u128 s = (u128)lo + 1;
+        lo = (u64)s;
+        hi = hi + P128_HI + (u64)(s >> 64);
+    }
+    return (e128){lo, hi};
+}
+
+/* a*b*2^-128 mod p, for a, b < p. */
+static inline e128 mont128(e128 a, e128 b) {
+    u128 p00 = (u128)a.lo * b.lo, p01 = (u128)a.lo * b.hi;
+    u128 p10 = (u128)a.hi * b.lo, p11 = (u128)a.hi * b.hi;
+    u64 t0 = (u64)p00, t1, t2, t3, t4;
+    u128 t = (p00 >> 64) + (u64)p01 + (u64)p10;
+    t1 = (u64)t;
+    t = (t >> 64) + (p01 >> 64) + (p10 >> 64) + (u64)p11;
+    t2 = (u64)t;
+    t = (t >> 64) + (p11 >> 64);
+    t3 = (u64)t;
+    /* round 1: add m*p with m = -t0 (p = 1 mod 2^64, so -p^-1 = -1) */
+    u64 m = (u64)0 - t0;
+    u128 mp = (u128)m * P128_HI;
+    t = (u128)t1 + (t0 != 0) + (u64)mp;
+    t1 = (u64)t;
+    t = (t >> 64) + t2 + (u64)(mp >> 64);
+    t2 = (u64)t;
+    t = (t >> 64) + t3;
+    t3 = (u64)t;
+    t4 = (u64)(t >> 64);
+    /* round 2, one word up */
+    m = (u64)0 - t1;
+    mp = (u128)m * P128_HI;
+    t = (u128)t2 + (t1 != 0) + (u64)mp;
+    t2 = (u64)t;
+    t = (t >> 64) + t3 + (u64)(mp >> 64);
+    t3 = (u64)t;
+    t4 += (u64)(t >> 64);
+    /* result (t4, t3, t2) < 2p */
+    if (t4 || ge_p128(t2, t3)) {
+        u128 d = (u128)t2 - 1;
+        t2 = (u64)d;
+        t3 = t3 - P128_HI - (u64)((d >> 64) & 1);
+    }
+    return (e128){t2, t3};
+}
+
+static inline e128 mul128(e128 a, e128 b) { return mont128(mont128(a, b), R2_128); }
+
+static void init128(void) {
+    /* R mod p = 2^128 - p = 28*2^64 - 1; R^2 mod p by 128 modular doublings */
+    e128 r = {0xFFFFFFFFFFFFFFFFULL, 27};
+    for (int i = 0; i < 128; i++) r = add128(r, r);
+    R2_128 = r;
+}
+
+/* ------------------------------------------------------- generic dispatch */
+
+/* Field ids: 0 = Field64 (1 word per element), 1 = Field128 (2 words). */
+
+typedef struct {
+    Py_buffer view;
+    Py_ssize_t n; /* elements */
+} vbuf;
+
+static int get_vec(PyObject *obj, int fid, int writable, vbuf *out) {
+    int flags = PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0);
+    if (PyObject_GetBuffer(obj, &out->view, flags) < 0) return -1;
+    Py_ssize_t size = fid ? 16 : 8;
+    if (out->view.len % size) {
+        PyBuffer_Release(&out->view);
+        PyErr_SetString(PyExc_ValueError, "buffer is not a whole number of field elements");
+        return -1;
+    }
+    out->n = out->view.len / size;
+    return 0;
+}
+
+static int check_fid(int fid) {
+    if (fid != 0 && fid != 1) {
+        PyErr_SetString(PyExc_ValueError, "field id is 0 (Field64) or 1 (Field128)");
+        return -1;
+    }
+    return 0;
+}
+
+/* Element i of a vector of n (n == 1 broadcasts). */
+#define AT64(v, i) (((const u64 *)(v).view.buf)[(v).n == 1 ? 0 : (i)])
+#define AT128(v, i) (((const e128 *)(v).view.buf)[(v).n == 1 ? 0 : (i)])
+
+enum { OP_ADD, OP_SUB, OP_MUL };
+
+static PyObject *binop(PyObject *args, int op) {
+    int fid;
+    PyObject *a_o, *b_o, *o_o;
+    if (!PyArg_ParseTuple(args, "iOOO", &fid, &a_o, &b_o, &o_o) || check_fid(fid) < 0) return NULL;
+    vbuf a, b, o;
+    if (get_vec(a_o, fid, 0, &a) < 0) return NULL;
+    if (get_vec(b_o, fid, 0, &b) < 0) {
+        PyBuffer_Release(&a.view);
+        return NULL;
+    }
+    if (get_vec(o_o, fid, 1, &o) < 0) {
+        PyBuffer_Release(&a.view);
+        PyBuffer_Release(&b.view);
+        return NULL;
+    }
+    Py_ssize_t n = o.n;
+    if ((a.n != n && a.n != 1) || (b.n != n && b.n != 1)) {
+        PyErr_SetString(PyExc_ValueError, "operand lengths must match the output or be 1");
+        goto fail;
+    }
+    if (fid == 0) {
+        u64 *out = (u64 *)o.view.buf;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            u64 x = AT64(a, i), y = AT64(b, i);
+            out[i] = op == OP_ADD ? add64(x, y) : op == OP_SUB ? sub64(x, y) : mul64(x, y);
+        }
+    } else {
+        e128 *out = (e128 *)o.view.buf;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            e128 x = AT128(a, i), y = AT128(b, i);
+            out[i] = op == OP_ADD ? add128(x, y) : op == OP_SUB ? sub128(x, y) : mul128(x, y);
+        }
+    }
+    PyBuffer_Release(&a.view);
+    PyBuffer_Release(&b.view);
+    PyBuffer_Release(&o.view);
+    Py_RETURN_NONE;
+fail:
+    PyBuffer_Release(&a.view);
+    PyBuffer_Release(&b.view);
+    PyBuffer_Release(&o.view);
+    return NULL;
+}
+
+static PyObject *py_add(PyObject *self, PyObject *args) { return binop(args, OP_ADD); }
+static PyObject *py_sub(PyObject *self, PyObject *args) { return binop(args, OP_SUB); }
+static PyObject *py_mul(PyObject *self, PyObject *args) { return binop(args, OP_MUL); }
+
+/* sum_rows(fid, a, rows, out): out[j] = sum_i a[i, j] for a of shape (rows, cols). */
+static PyObject *py_sum_rows(PyObject *self, PyObject *args) {
+    int fid;
+    Py_ssize_t rows;
+    PyObject *a_o, *o_o;
+    if (!PyArg_ParseTuple(args, "iOnO", &fid, &a_o, &rows, &o_o) || check_fid(fid) < 0) return NULL;
+    vbuf a, o;
+    if (get_vec(a_o, fid, 0, &a) < 0) return NULL;
+    if (get_vec(o_o, fid, 1, &o) < 0) {
+        PyBuffer_Release(&a.view);
+        return NULL;
+    }
+    Py_ssize_t cols = o.n;
+    if (rows < 0 || a.n != rows * cols) {
+        PyBuffer_Release(&a.view);
+        PyBuffer_Release(&o.view);
+        PyErr_SetString(PyExc_ValueError, "sum_rows: shape mismatch");
+        return NULL;
+    }
+    if (fid == 0) {
+        const u64 *x = (const u64 *)a.view.buf;
+        u64 *out = (u64 *)o.view.buf;
+        for (Py_ssize_t j = 0; j < cols; j++) out[j] = 0;
+        for (Py_ssize_t i = 0; i < rows; i++)
+            for (Py_ssize_t j = 0; j < cols; j++) out[j] = add64(out[j], x[i * cols + j]);
+    } else {
+        const e128 *x = (const e128 *)a.view.buf;
+        e128 *out = (e128 *)o.view.buf;
+        for (Py_ssize_t j = 0; j < cols; j++) out[j] = (e128){0, 0};
+        for (Py_ssize_t i = 0; i < rows; i++)
+            for (Py_ssize_t j = 0; j < cols; j++) out[j] = add128(out[j], x[i * cols + j]);
+    }
+    PyBuffer_Release(&a.view);
+    PyBuffer_Release(&o.view);
+    Py_RETURN_NONE;
+}
+
+/* powers(fid, start, step, out): out[i] = start * step^i. */
+static PyObject *py_powers(PyObject *self, PyObject *args) {
+    int fid;
+    PyObject *s_o, *t_o, *o_o;
+    if (!PyArg_ParseTuple(args, "iOOO", &fid, &s_o, &t_o, &o_o) || check_fid(fid) < 0) return NULL;
+    vbuf s, t, o;
+    if (get_vec(s_o, fid, 0, &s) < 0) return NULL;
+    if (get_vec(t_o, fid, 0, &t) < 0) {
+        PyBuffer_Release(&s.view);
+        return NULL;
+    }
+    if (get_vec(o_o, fid, 1, &o) < 0) {
+        PyBuffer_Release(&s.view);
+        PyBuffer_Release(&t.view);
+        return NULL;
+    }
+    if (s.n != 1 || t.n != 1) {
+        PyErr_SetString(PyExc_ValueError, "powers: start and step are single elements");
+    } else if (fid == 0) {
+        u64 x = AT64(s, 0), step = AT64(t, 0);
+        u64 *out = (u64 *)o.view.buf;
+        for (Py_ssize_t i = 0; i < o.n; i++, x = mul64(x, step)) out[i] = x;
+    } else {
+        e128 x = AT128(s, 0), step = AT128(t, 0);
+        e128 *out = (e128 *)o.view.buf;
+        for (Py_ssize_t i = 0; i < o.n; i++, x = mul128(x, step)) out[i] = x;
+    }
+    PyBuffer_Release(&s.view);
+    PyBuffer_Release(&t.view);
+    PyBuffer_Release(&o.view);
+    if (PyErr_Occurred()) return NULL;
+    Py_RETURN_NONE;
+}
+
+/* ---------------------------------------------------------------- the NTT */
+
+static Py_ssize_t bitrev(Py_ssize_t i, int bits) {
+    Py_ssize_t r = 0;
+    for (int b = 0; b < bits; b++) r |= ((i >> b) & 1) << (bits - 1 - b);
+    return r;
+}
+
+/* In-place iterative radix-2 NTT of each row (decimation in time after a
+ * bit-reversal permutation), the same butterflies as vdaf/field.py's ntt:
+ * stage m uses twiddles w_m^j, w_m = w_n^(n/m), and (u + v w, u - v w).
+ * `scale` (if given) multiplies every output (n^-1 for the inverse). */
+#define NTT_BODY(T, MUL, TWPREP, TWMUL, ADD, SUB, ONE)                                           \
+    do {                                                                             \
+        T *tw = (T *)PyMem_Malloc(sizeof(T) * (size_t)(n > 1 ? n / 2 : 1));          \
+        if (!tw) { PyErr_NoMemory(); break; }                                        \
+        for (Py_ssize_t r = 0; r < rows; r++) {                                      \
+            T *x = data + r * n;                                                     \
+            for (Py_ssize_t i = 0; i < n; i++) {                                     \
+                Py_ssize_t j = bitrev(i, bits);                                      \
+                if (j > i) { T tmp = x[i]; x[i] = x[j]; x[j] = tmp; }                \
+            }                                                                        \
+        }                                                                            \
+        for (Py_ssize_t m = 2; m <= n; m *= 2) {                                     \
+            Py_ssize_t half = m / 2;                                                 \
+            T wm = root;                                                             \
+            for (Py_ssize_t k = m; k < n; k *= 2) wm = MUL(wm, wm);                  \
+            tw[0] = ONE;                                                             \
+            for (Py_ssize_t j = 1; j < half; j++) tw[j] = MUL(tw[j - 1], wm);        \
+            for (Py_ssize_t j = 0; j < half; j++) tw[j] = TWPREP(tw[j]);             \
+            for (Py_ssize_t r = 0; r < rows; r++) {                                  \
+                T *x = data + r * n;                                                 \
+                for (Py_ssize_t b = 0; b < n; b += m)                                \
+                    for (Py_ssize_t j = 0; j < half; j++) {                          \
+                        T u = x[b + j], v = TWMUL(x[b + j + half], tw[j]);           \
+                        x[b + j] = ADD(u, v);                                        \
+                        x[b + j + half] = SUB(u, v);                                 \
+                    }                                                                \
+            }                                                                        \
+        }                                                                            \
+        if (have_scale)                                                              \
+            for (Py_ssize_t i = 0; i < rows * n; i++) data[i] = MUL(data[i], scale); \
+        PyMem_Free(tw);                                                              \
+    } while (0)
+
+/* Twiddles are multiplied in with one reduction: Field128 keeps them in
+ * Montgomery form (w*R), so mont(v, w*R) = v*w. */
+static inline u64 ID64(u64 x) { return x; }
+static inline e128 TOMONT128(e128 x) { return mont128(x, R2_128); }
+
+/* ntt(fid, data, n, root, scale_or_None): transform the rows of data (rows*n
+ * elements, in place) with the primitive n-th root `root`. */
+static PyObject *py_ntt(PyObject *self, PyObject *args) {
+    int fid;
+    Py_ssize_t n;
+    PyObject *d_o, *r_o, *s_o;
+    if (!PyArg_ParseTuple(args, "iOnOO", &fid, &d_o, &n, &r_o, &s_o) || check_fid(fid) < 0) return NULL;
+    if (n <= 0 || (n & (n - 1))) {
+        PyErr_SetString(PyExc_ValueError, "ntt: n must be a power of two");
+        return NULL;
+    }
+    int bits = 0;
+    while (((Py_ssize_t)1 << bits) < n) bits++;
+    vbuf d, rt, sc;
+    int have_scale = s_o != Py_None;
+    if (get_vec(d_o, fid, 1, &d) < 0) return NULL;
+    if (get_vec(r_o, fid, 0, &rt) < 0) {
+        PyBuffer_Release(&d.view);
+        return NULL;
+    }
+    if (have_scale && get_vec(s_o, fid, 0, &sc) < 0) {
+        PyBuffer_Release(&d.view);
+        PyBuffer_Release(&rt.view);
+        return NULL;
+    }
+    if (d.n % n) {
+        PyErr_SetString(PyExc_ValueError, "ntt: data is not a whole number of rows");
+    } else {
+        Py_ssize_t rows = d.n / n;
+        if (fid == 0) {
+            u64 *data = (u64 *)d.view.buf, root = AT64(rt, 0);
+            u64 scale = have_scale ? AT64(sc, 0) : 1;
+            NTT_BODY(u64, mul64, ID64, mul64, add64, sub64, (u64)1);
+        } else {
+            e128 *data = (e128 *)d.view.buf, root = AT128(rt, 0);
+            e128 scale = have_scale ? AT128(sc, 0) : (e128){1, 0};
+            NTT_BODY(e128, mul128, TOMONT128, mont128, add128, sub128, ((e128){1, 0}));
+        }
+    }
+    PyBuffer_Release(&d.view);
+    PyBuffer_Release(&rt.view);
+    if (have_scale) PyBuffer_Release(&sc.view);
+    if (PyErr_Occurred()) return NULL;
+    Py_RETURN_NONE;
+}
+
+/* poly_eval(fid, coeffs, n, t, out): out[r] = sum_j coeffs[r, j] t^j (Horner). */
+static PyObject *py_poly_eval(PyObject *self, PyObject *args) {
+    int fid;
+    Py_ssize_t n;
+    PyObject *c_o, *t_o, *o_o;
+    if (!PyArg_ParseTuple(args, "iOnOO", &fid, &c_o, &n, &t_o, &o_o) || check_fid(fid) < 0) return NULL;
+    vbuf c, t, o;
+    if (get_vec(c_o, fid, 0, &c) < 0) return NULL;
+    if (get_vec(t_o, fid, 0, &t) < 0) {
+        PyBuffer_Release(&c.view);
+        return NULL;
+    }
+    if (get_vec(o_o, fid, 1, &o) < 0) {
+        PyBuffer_Release(&c.view);
+        PyBuffer_Release(&t.view);
+        return NULL;
+    }
+    if (n < 0 || c.n != o.n * n) {
+        PyErr_SetString(PyExc_ValueError, "poly_eval: shape mismatch");
+    } else if (fid == 0) {
+        const u64 *x = (const u64 *)c.view.buf;
+        u64 tt = AT64(t, 0), *out = (u64 *)o.view.buf;
+        for (Py_ssize_t r = 0; r < o.n; r++) {
+            u64 acc = 0;
+            for (Py_ssize_t j = n; j-- > 0;) acc = add64(mul64(acc, tt), x[r * n + j]);
+            out[r] = acc;
+        }
+    } else {
+        const e128 *x = (const e128 *)c.view.buf;
+        e128 tt = AT128(t, 0), *out = (e128 *)o.view.buf;
+        for (Py_ssize_t r = 0; r < o.n; r++) {
+            e128 acc = {0, 0};
+            for (Py_ssize_t j = n; j-- > 0;) acc = add128(mul128(acc, tt), x[r * n + j]);
+            out[r] = acc;
+        }
+    }
+    PyBuffer_Release(&c.view);
+    PyBuffer_Release(&t.view);
+    PyBuffer_Release(&o.view);
+    if (PyErr_Occurred()) return NULL;
+    Py_RETURN_NONE;
+}
+
+/* sample(fid, raw, out) -> kept: the elements of `raw` (little-endian
+ * encodings) that are below p, in order, written to out (the XOF's rejection
+ * sampling, draft-07 6.2; the mask is all ones for both fields). */
+static PyObject *py_sample(PyObject *self, PyObject *args) {
+    int fid;
+    PyObject *r_o, *o_o;
+    if (!PyArg_ParseTuple(args, "iOO", &fid, &r_o, &o_o) || check_fid(fid) < 0) return NULL;
+    vbuf r, o;
+    if (get_vec(r_o, fid, 0, &r) < 0) return NULL;
+    if (get_vec(o_o, fid, 1, &o) < 0) {
+        PyBuffer_Release(&r.view);
+        return NULL;
+    }
+    Py_ssize_t kept = 0;
+    if (o.n < r.n) {
+        PyErr_SetString(PyExc_ValueError, "sample: output shorter than input");
+    } else if (fid == 0) {
+        const u64 *x = (const u64 *)r.view.buf;
+        u64 *out = (u64 *)o.view.buf;
+        for (Py_ssize_t i = 0; i < r.n; i++)
+            if (x[i] < P64) out[kept++] = x[i];
+    } else {
+        const e128 *x = (const e128 *)r.view.buf;
+        e128 *out = (e128 *)o.view.buf;
+        for (Py_ssize_t i = 0; i < r.n; i++)
+            if (!ge_p128(x[i].lo, x[i].hi)) out[kept++] = x[i];
+    }
+    PyBuffer_Release(&r.view);
+    PyBuffer_Release(&o.view);
+    if (PyErr_Occurred()) return NULL;
+    return PyLong_FromSsize_t(kept);
+}
+
+static PyMethodDef methods[] = {
+    {"add", py_add, METH_VARARGS, "add(fid, a, b, out): out = a + b (length-1 operands broadcast)"},
+    {"sub", py_sub, METH_VARARGS, "sub(fid, a, b, out): out = a - b"},
+    {"mul", py_mul, METH_VARARGS, "mul(fid, a, b, out): out = a * b"},
+    {"sum_rows", py_sum_rows, METH_VARARGS, "sum_rows(fid, a, rows, out): column sums of a (rows x cols)"},
+    {"powers", py_powers, METH_VARARGS, "powers(fid, start, step, out): out[i] = start * step^i"},
+    {"ntt", py_ntt, METH_VARARGS, "ntt(fid, data, n, root, scale): in-place NTT of each row"},
+    {"poly_eval", py_poly_eval, METH_VARARGS, "poly_eval(fid, coeffs, n, t, out): each row at t"},
+    {"sample", py_sample, METH_VARARGS, "sample(fid, raw, out) -> kept: rejection sampling"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef moduledef = {
+    PyModuleDef_HEAD_INIT, "_field", "Native Field64/Field128 core of svtagg.vdaf", -1, methods,
+};
+
+PyMODINIT_FUNC PyInit__field(void) {
+    init128();
+    return PyModule_Create(&moduledef);
+}
