@@ -17,6 +17,7 @@ from __future__ import annotations
 import enum
 import functools
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
@@ -209,28 +210,37 @@ Rows = list[Wires]
 ConstBits = Callable[[int], "Bits | None"]
 
 
-def _add_const(be: Backend, x: Rows, k: ConstBits) -> Rows:
-    """x + k mod 2^64, bit rows; k is known to the garbler (None on the evaluator).
-    Carry c_{i+1} = c_i ⊕ ((k_i ⊕ c_i) ∧ (x_i ⊕ c_i)): 63 ANDs per lane."""
+def _add_const(be: Backend, x: Rows, k: ConstBits, carry_out: bool = False) -> Rows:
+    """x + k mod 2^w for w = len(x) bit rows (w + 1 rows, the carry on top, with
+    `carry_out`); k is known to the garbler (None on the evaluator).
+    Carry c_{i+1} = c_i ⊕ ((k_i ⊕ c_i) ∧ (x_i ⊕ c_i)): w − 1 ANDs per lane (w
+    with the carry out), the first a garbler-half gate."""
+    n = len(x)
     out = [be.xor_const(x[0], k(0))]
     c = be.and_const(k(0), x[0])
-    for i in range(1, RING_BITS):
+    for i in range(1, n):
         out.append(be.xor_const(be.xor(x[i], c), k(i)))
-        if i < RING_BITS - 1:
+        if i < n - 1 or carry_out:
             c = be.xor(c, be.and_(be.xor_const(c, k(i)), be.xor(x[i], c)))
+    if carry_out:
+        out.append(c)
     return out
 
 
-def _abs(be: Backend, s: Rows) -> Rows:
-    """|s| as int64, i.e. tri(s) = min(s, 2^64 − s): (s ⊕ sign) + sign, 63 ANDs.
-    −2^63 maps to 2^63, which is tri's value there."""
-    sign = s[RING_BITS - 1]
-    u = [be.xor(si, sign) for si in s]
+def _abs(be: Backend, s: Rows, keep: int | None = None) -> Rows:
+    """|s| for s read as a signed w-bit number (w = len(s)), i.e. min(s, 2^w − s):
+    (s ⊕ sign) + sign, w − 1 ANDs; only the low `keep` rows when the caller
+    knows the rest are 0 (one AND fewer per dropped row).  −2^(w−1) maps to
+    2^(w−1), which is tri's value there."""
+    n = len(s)
+    keep = n if keep is None else keep
+    sign = s[n - 1]
+    u = [be.xor(si, sign) for si in s[:keep]]
     out = []
     c = sign
-    for i in range(RING_BITS):
+    for i in range(keep):
         out.append(be.xor(u[i], c))
-        if i < RING_BITS - 1:
+        if i < keep - 1:
             c = be.and_(u[i], c)
     return out
 
@@ -322,3 +332,194 @@ def any_per_group_circuit(
         merged = be.or_(left, right).reshape((x.shape[0], half) + x.shape[2:])
         x = np.concatenate([merged, x[:, 2 * half :]], axis=1)
     return x[:, 0]
+
+
+# ---------------------------------------------------------------- field to ring
+@dataclass(frozen=True)
+class PrimeField:
+    """A prime field of the Prio3 reports, as the field-to-ring pass sees it:
+    the modulus p and how many 64-bit words a share in [0, p) takes."""
+
+    name: str
+    modulus: int
+    words: int
+
+    @property
+    def bits(self) -> int:
+        """w_p: the width of a share (64 or 128)."""
+        return RING_BITS * self.words
+
+
+#: The moduli of draft-irtf-cfrg-vdaf-07 §6.1.2 (the same as `svtagg.vdaf.field`,
+#: which mpc does not import: it sits below the report layer).
+FIELD64 = PrimeField("Field64", 2**32 * 4294967295 + 1, 1)
+FIELD128 = PrimeField("Field128", 2**66 * 4611686018427387897 + 1, 2)
+PRIME_FIELDS = {f.name: f for f in (FIELD64, FIELD128)}
+_WORD = (1 << RING_BITS) - 1
+
+
+def prime_field(field: object) -> PrimeField:
+    """The field named by `field`: "Field64", "Field128", a `PrimeField`, or any
+    object with the same `name` and `modulus` (e.g. `svtagg.vdaf.field.FIELD64`)."""
+    name = field if isinstance(field, str) else getattr(field, "name", None)
+    f = PRIME_FIELDS.get(name) if isinstance(name, str) else None
+    if f is None:
+        raise ValueError(f"unknown field {field!r}; expected Field64 or Field128")
+    if getattr(field, "modulus", f.modulus) != f.modulus:
+        raise ValueError(f"{name} with a modulus other than draft-07's")
+    return f
+
+
+def field_words(share: npt.ArrayLike, field: PrimeField) -> npt.NDArray[np.uint64]:
+    """A vector of k field elements as a (k, words) uint64 array, least
+    significant word first.  Accepts uint64 words ((k,) for Field64, (k, words))
+    or a 1-D vector of Python integers (the `svtagg.vdaf` representation);
+    refuses anything outside [0, p)."""
+    # Python sequences as integers: numpy would pick int64, uint64 or object by value.
+    arr = share if isinstance(share, np.ndarray) else np.array(share, dtype=object)
+    if arr.dtype == np.uint64:
+        w = arr.reshape(-1, 1) if arr.ndim == 1 and field.words == 1 else arr
+        if w.ndim != 2 or w.shape[1] != field.words:
+            raise ValueError(f"{field.name} shares are (k, {field.words}) uint64 words")
+        w = np.ascontiguousarray(w)
+    elif arr.dtype == object or np.issubdtype(arr.dtype, np.integer):
+        if arr.ndim != 1:
+            raise ValueError("expected a 1-D vector of field elements")
+        vals = [int(v) for v in arr.tolist()]
+        if any(not 0 <= v < field.modulus for v in vals):
+            raise ValueError(f"a share is not an element of {field.name}")
+        rows = [[(v >> (RING_BITS * j)) & _WORD for j in range(field.words)] for v in vals]
+        return np.array(rows, dtype=np.uint64).reshape(-1, field.words)
+    else:
+        raise TypeError(f"expected uint64 words or integers, got {arr.dtype}")
+    below, equal = np.zeros(w.shape[0], bool), np.ones(w.shape[0], bool)
+    for j in reversed(range(field.words)):  # lexicographic, most significant word first
+        pj = np.uint64((field.modulus >> (RING_BITS * j)) & _WORD)
+        below |= equal & (w[:, j] < pj)
+        equal &= w[:, j] == pj
+    if not below.all():
+        raise ValueError(f"a share is not an element of {field.name}")
+    return w
+
+
+def _ge_public(be: Backend, x: Rows, k: int) -> Wires:
+    """[x ≥ K] for a public 1 ≤ K < 2^n (n = len(x) rows): the carry out of
+    x + (2^n − K).  With the addend public, c_{i+1} is x_i ∨ c_i or x_i ∧ c_i,
+    one AND, and free while the carry is still the constant 0: n − 1 − tz(K)
+    ANDs, tz the trailing zero bits."""
+    n = len(x)
+    if not 1 <= k < 1 << n:
+        raise ValueError("comparison constant out of range")
+    addend = (1 << n) - k
+    c: Wires | None = None
+    for i in range(n):
+        bit = (addend >> i) & 1
+        if c is None:
+            c = x[i] if bit else None
+        else:
+            c = be.or_(x[i], c) if bit else be.and_(x[i], c)
+    assert c is not None  # addend ≥ 1, so some bit set the carry
+    return c
+
+
+def _add_wires(be: Backend, x: Rows, y: Rows) -> Rows:
+    """x + y mod 2^n over n = len(x) rows of two wire vectors: n − 1 ANDs."""
+    out = [be.xor(x[0], y[0])]
+    c = be.and_(x[0], y[0])
+    n = len(x)
+    for i in range(1, n):
+        out.append(be.xor(be.xor(x[i], y[i]), c))
+        if i < n - 1:
+            c = be.xor(c, be.and_(be.xor(x[i], c), be.xor(y[i], c)))
+    return out
+
+
+def _min_public(be: Backend, u: Rows, bound: int, zero: Wires) -> Rows:
+    """min(u, N) as 64 rows, for u below 2^len(u) and a public 0 ≤ N < 2^63 (so
+    bit 63 of the result is 0 and rows of u from 63 up only enter the test).
+    The test u > N is `_ge_public`; the mux rows are u_i ∨ gt where N_i = 1 and
+    u_i ∧ ¬gt where N_i = 0 — one AND each, all 63 in one layer."""
+    low = RING_BITS - 1
+    if bound + 1 >= 1 << len(u):  # u ≤ N always: nothing to clamp
+        return list(u[:low]) + [zero] * (RING_BITS - len(u[:low]))
+    gt = _ge_public(be, u, bound + 1)
+    ng = be.not_(gt)
+    ones = [(bound >> i) & 1 for i in range(low)]
+    lhs = [be.not_(u[i]) if ones[i] else u[i] for i in range(low)]
+    prod = be.and_(np.concatenate(lhs), np.concatenate([ng] * low))
+    m = ng.shape[0]
+    rows = [prod[i * m : (i + 1) * m] for i in range(low)]
+    return [be.not_(r) if ones[i] else r for i, r in enumerate(rows)] + [zero]
+
+
+def _field_clamp_batch(
+    be: Backend, x: Rows, share: ConstBits, neg_r: ConstBits, bound: int, field: PrimeField
+) -> Rows:
+    """One lane batch of `field_clamp_reshare_circuit` (x: the evaluator's w_p rows)."""
+    w, p = field.bits, field.modulus
+    t = _add_const(be, x, share, carry_out=True)  # a + b < 2p − 1: w + 1 rows
+    half = (p + 1) // 2
+    g1 = _ge_public(be, t, half)  # t ≥ (p+1)/2: nearest multiple of p is p or 2p
+    g2 = _ge_public(be, t, p + half)  # t ≥ (3p+1)/2: it is 2p (g2 implies g1)
+    once = be.xor(g1, g2)  # exactly one p
+    zero = be.xor(g1, g1)
+    minus_p, minus_2p = (-p) % (1 << w), (-2 * p) % (1 << w)
+
+    def term(i: int) -> Wires:  # bit i of −m·p mod 2^w: public bits selected by once, g2
+        a, b = (minus_p >> i) & 1, (minus_2p >> i) & 1
+        return be.xor(once, g2) if a and b else once if a else g2 if b else zero
+
+    c = _add_wires(be, t[:w], [term(i) for i in range(w)])  # t − m·p ∈ (−p/2, p/2)
+    u = _abs(be, c, keep=w - 1)  # tri_p(s) ≤ (p − 1)/2 < 2^(w−1)
+    return _add_const(be, _min_public(be, u, bound, zero), neg_r)
+
+
+def field_clamp_reshare_circuit(
+    be: Backend, a_bits: Bits | None, b: WireSource, n: int, bound: int, field: PrimeField
+) -> tuple[Wires, ...]:
+    """y = g_p(a + b mod p) − r mod 2^64 for every coordinate: the field-to-ring
+    pass.  g_p(s) = min(tri_p(s), bound) with tri_p(s) = min(s, p − s), the
+    distance of s to 0 on Z_p — the ring pass's g read on the field (s in
+    (p/2, p) counts as negative), so g_p is 1-Lipschitz on Z_p as g is on Z_2^64.
+
+    Lanes are 64-bit words, `field.words` per coordinate, least significant
+    first: n = words·k.  a_bits: the garbler's (64, 2n) bits, lanes 0..n−1 its
+    share a, lanes n..2n−1 the constant −r in word 0 of each coordinate (other
+    words 0); None on the evaluator.  b: the evaluator's share.
+
+    Circuit: t = a + b (w_p + 1 bits); the nearest multiple m·p of p to t from
+    two public comparisons; c = t − m·p, the centered representative of s;
+    |c| = tri_p(s); clamp; subtract r.  6·w_p + 120 ANDs per coordinate at
+    most (504 for Field64, 888 for Field128; docs/mpc.md).
+    """
+    if not 0 <= bound < 1 << (RING_BITS - 1):
+        raise ValueError("the clamp bound must be in [0, 2^63)")
+    words = field.words
+    if n % words or LANE_BATCH % words:
+        raise ValueError(f"{n} lanes are not whole {field.name} elements")
+    parts: list[Rows] = []
+    for lo, hi in lane_batches(n):
+        bw = b(lo, hi)
+        x = [bw[i, j::words] for j in range(words) for i in range(RING_BITS)]
+
+        def share(i: int, lo: int = lo, hi: int = hi) -> Bits | None:
+            j, bit = divmod(i, RING_BITS)
+            return None if a_bits is None else a_bits[bit, lo + j : hi : words]
+
+        def neg_r(i: int, lo: int = lo, hi: int = hi) -> Bits | None:
+            return None if a_bits is None else a_bits[i, n + lo : n + hi : words]
+
+        parts.append(_field_clamp_batch(be, x, share, neg_r, bound, field))
+    if len(parts) == 1:
+        return tuple(parts[0])
+    return tuple(np.concatenate([p[i] for p in parts]) for i in range(RING_BITS))
+
+
+def plain_field_clamp(a: list[int], b: list[int], field: PrimeField, bound: int) -> list[int]:
+    """Plaintext reference: g_p((a + b) mod p) = min(s, p − s, bound)."""
+    p = field.modulus
+    out = []
+    for x, y in zip(a, b, strict=True):
+        s = (x + y) % p
+        out.append(min(s, p - s, bound))
+    return out

@@ -30,9 +30,12 @@ from svtagg.mpc.circuits import (
     clamp_reshare_circuit,
     ctt_circuit,
     ctt_outcomes,
+    field_clamp_reshare_circuit,
+    field_words,
     first_yes_circuit,
     first_yes_index,
     lane_batches,
+    prime_field,
     ring_from_bits,
 )
 
@@ -226,6 +229,25 @@ def clamp_reshare_spec(bound: int) -> ChunkCircuit[U64 | None]:
     )
 
 
+def field_clamp_reshare_spec(bound: int, field: object) -> ChunkCircuit[U64 | None]:
+    """The field-to-ring pass: like `clamp_reshare_spec`, on shares of a Prio3
+    field sum, each coordinate `words` 64-bit lanes (OT'd as such)."""
+    f = prime_field(field)
+    return ChunkCircuit(
+        inputs=("share",),
+        outputs=RING_BITS,
+        circuit=lambda be, a_bits, b, k: field_clamp_reshare_circuit(be, a_bits, b, k, bound, f),
+        decode=ring_from_bits,
+        encode=lambda y, k: b"",
+        parse=_parse_nothing,
+        empty=lambda: None,
+        garbler_inputs=1,
+        # ≤ 6·w_p + 120 ANDs per coordinate, two table blocks each.
+        tables_per_lane=2 * (6 * f.bits + 120) // f.words,
+        output_bits=lambda k: RING_BITS * (k // f.words),
+    )
+
+
 @dataclass
 class RunStats:
     """Cost of the last protocol run, from this party's point of view."""
@@ -310,6 +332,14 @@ class _Party:
         S = share_L + share_H and tri(s) = min(s, 2^64 − s): the robust aggregate.
         The garbler's new share is a fresh uniform r (CSPRNG), the evaluator's is
         g(S) − r; neither learns anything else."""
+        raise NotImplementedError
+
+    async def field_clamp_reshare(self, share: npt.ArrayLike, bound: int, field: object) -> U64:
+        """`clamp_reshare` for shares of a Prio3 field sum: this party's new share
+        in Z_2^64 of min(tri_p(S), bound), S = share_L + share_H mod p and
+        tri_p(s) = min(s, p − s).  `field`: "Field64" or "Field128" (or a
+        `svtagg.vdaf` field); a share is a vector of integers in [0, p) or
+        uint64 words (`circuits.field_words`).  Garbler: a fresh uniform r."""
         raise NotImplementedError
 
     async def _chunk_flow(self, spec: ChunkCircuit[R], *zs: npt.ArrayLike) -> R:
@@ -398,6 +428,16 @@ class ComparisonGarbler(_Party):
         a = _as_ring(share)
         r = np.frombuffer(os.urandom(8 * a.shape[0]), dtype="<u8").astype(np.uint64)
         await self._chunk_flow(clamp_reshare_spec(bound), a, np.uint64(0) - r)
+        return r
+
+    async def field_clamp_reshare(self, share: npt.ArrayLike, bound: int, field: object) -> U64:
+        f = prime_field(field)
+        a = field_words(share, f)
+        r = np.frombuffer(os.urandom(8 * a.shape[0]), dtype="<u8").astype(np.uint64)
+        neg_r = np.zeros_like(a)
+        neg_r[:, 0] = np.uint64(0) - r  # −r in word 0 of each coordinate
+        spec = field_clamp_reshare_spec(bound, f)
+        await self._chunk_flow(spec, a.reshape(-1), neg_r.reshape(-1))
         return r
 
     async def _run(
@@ -552,6 +592,12 @@ class ComparisonEvaluator(_Party):
 
     async def clamp_reshare(self, share: npt.ArrayLike, bound: int) -> U64:
         y = await self._chunk_flow(clamp_reshare_spec(bound), share)
+        return y if y is not None else np.zeros(0, dtype=np.uint64)
+
+    async def field_clamp_reshare(self, share: npt.ArrayLike, bound: int, field: object) -> U64:
+        f = prime_field(field)
+        words = field_words(share, f).reshape(-1)
+        y = await self._chunk_flow(field_clamp_reshare_spec(bound, f), words)
         return y if y is not None else np.zeros(0, dtype=np.uint64)
 
     async def _run(
