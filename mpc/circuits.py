@@ -523,3 +523,141 @@ def plain_field_clamp(a: list[int], b: list[int], field: PrimeField, bound: int)
         s = (x + y) % p
         out.append(min(s, p - s, bound))
     return out
+
+
+# ---------------------------------------------------------------- report-noisy-max
+def index_bits(k: int) -> int:
+    """Output wires of the argmax over k lanes: ⌈log2 k⌉, at least 1."""
+    return max(1, (k - 1).bit_length())
+
+
+def _signed_ge(be: Backend, x: Wires, y: Wires) -> Wires:
+    """[x ≥ y] for x, y read as signed w-bit numbers, (w, n, …) wire arrays:
+    the carry out of x' + ¬y' + 1, where ' flips the sign bit (free), so the
+    signed order becomes the unsigned one.  Carry c_{i+1} = c_i ⊕ ((x_i ⊕ c_i)
+    ∧ (¬y_i ⊕ c_i)) from c_0 = 1, whose first step is c_1 = ¬(¬x_0 ∧ y_0):
+    w ANDs per pair, one layer per bit."""
+    w = x.shape[0]
+    c = be.not_(be.and_(be.not_(x[0]), y[0]))
+    for i in range(1, w):
+        xi, ny = (be.not_(x[i]), y[i]) if i == w - 1 else (x[i], be.not_(y[i]))
+        c = be.xor(c, be.and_(be.xor(xi, c), be.xor(ny, c)))
+    return c
+
+
+def _tournament(be: Backend, v: Wires, idx: Rows, keep_value: bool) -> tuple[Wires, Rows]:
+    """Knock-out rounds over the n candidates of v ((w, n, …) value wires) until
+    one is left.  idx: the L rows of each candidate's index relative to the
+    first of the 2^L lanes it stands for.  In a round candidates 2i and 2i + 1
+    meet; the right one wins only if strictly greater (ties go to the smaller
+    index); the winner's index is its muxed L rows with [right won] on top; an
+    odd one out passes on with a 0 on top.  Per match: w ANDs to compare, w to
+    mux the value (not in the final unless `keep_value`) and L to mux the
+    index, the muxes in one layer."""
+    while v.shape[1] > 1:
+        n = v.shape[1]
+        m = n // 2
+        left, right = v[:, 0 : 2 * m : 2], v[:, 1 : 2 * m : 2]
+        gt = be.not_(_signed_ge(be, left, right))
+        final = n == 2 and not keep_value
+        lo = [r[0 : 2 * m : 2] for r in idx] + ([] if final else list(left))
+        hi = [r[1 : 2 * m : 2] for r in idx] + ([] if final else list(right))
+        picked: Rows = []
+        if lo:  # winner = lo ⊕ (gt ∧ (lo ⊕ hi)), every row in one AND layer
+            diff = be.and_(
+                np.concatenate([be.xor(a, b) for a, b in zip(lo, hi, strict=True)]),
+                np.concatenate([gt] * len(lo)),
+            )
+            picked = [be.xor(a, diff[j * m : (j + 1) * m]) for j, a in enumerate(lo)]
+        new_idx = [*picked[: len(idx)], gt]
+        new_v = v[:, :1] if final else np.stack(picked[len(idx) :])
+        if n % 2:  # the bye: its rows unchanged, a 0 on top
+            bye = v[:, n - 1 : n]
+            tail = [r[n - 1 : n] for r in idx] + [be.xor(bye[0], bye[0])]
+            new_idx = [np.concatenate([r, t]) for r, t in zip(new_idx, tail, strict=True)]
+            new_v = np.concatenate([new_v, bye], axis=1)
+        v, idx = new_v, new_idx
+    return v, idx
+
+
+def argmax_circuit(
+    be: Backend, a_bits: Bits | None, b: WireSource, n: int, width: int = RING_BITS
+) -> tuple[Wires, ...]:
+    """Report-noisy-max's chunk circuit: the index of the largest z_j = a_j + b_j
+    over n lanes, each z_j read as a signed `width`-bit number (correct when
+    every |a_j + b_j| < 2^(w−1), as for `sign_yes`); ties go to the smaller index.
+
+    The sum costs w − 1 ANDs per lane (`_add_const`), then a knock-out
+    tournament (`_tournament`): n − 1 matches of 2w ANDs (the final w) plus the
+    index muxes, < 1 AND per lane in all — about 3w ANDs per lane.  Lanes are
+    summed and knocked out batch by batch (`LANE_BATCH` = 2^12 lanes, so each
+    batch is a whole subtree of the one binary tree), the garbler streaming each
+    batch's tables; the batch winners then meet.  Outputs `index_bits(n)`
+    bundles of one wire, bit i of the index in bundle i.
+    """
+    w = check_width(width)
+    if n == 1:  # index 0 whatever the value: a constant wire, no gates
+        bw = b(0, 1)
+        return (be.xor(bw[0], bw[0]),)
+    vals: list[Wires] = []
+    rows: list[Rows] = []
+    batches = lane_batches(n)
+    full = (LANE_BATCH - 1).bit_length()
+    done = getattr(be, "batch_done", None)  # the garbler streams each batch's tables
+    for lo, hi in batches:
+        bw = b(lo, hi)
+        x = [bw[i] for i in range(w)]
+
+        def share(i: int, lo: int = lo, hi: int = hi) -> Bits | None:
+            return None if a_bits is None else a_bits[i, lo:hi]
+
+        v, idx = _tournament(be, np.stack(_add_const(be, x, share)), [], len(batches) > 1)
+        if len(batches) > 1:  # a short last batch: its index padded to 12 rows
+            idx += [be.xor(v[0], v[0])] * (full - len(idx))
+        vals.append(v)
+        rows.append(idx)
+        if done is not None:
+            done()
+    if len(batches) > 1:
+        cat = [np.concatenate([r[i] for r in rows]) for i in range(full)]
+        _, idx = _tournament(be, np.concatenate(vals, axis=1), cat, False)
+    else:
+        idx = rows[0]
+    return tuple(idx)
+
+
+def argmax_index(bits: list[Bits]) -> int:
+    """Decode `argmax_circuit`'s output bundles (bit i of the index in bundle i)."""
+    return sum(int(b[0]) << i for i, b in enumerate(bits))
+
+
+def argmax_and_gates(n: int, width: int = RING_BITS) -> int:
+    """The AND gates of `argmax_circuit` over n lanes, counted from its public
+    shape (the tournament tree), for the cost tables and to check the circuit."""
+
+    def rounds(n: int, levels: int, keep: bool) -> int:
+        ands = 0
+        while n > 1:
+            m, final = n // 2, n == 2 and not keep
+            ands += m * (width + levels + (0 if final else width))
+            n, levels = n - m, levels + 1
+        return ands
+
+    if n == 1:
+        return 0
+    total = (width - 1) * n
+    batches = lane_batches(n)
+    if len(batches) == 1:
+        return total + rounds(n, 0, False)
+    total += sum(rounds(hi - lo, 0, True) for lo, hi in batches)
+    return total + rounds(len(batches), (LANE_BATCH - 1).bit_length(), False)
+
+
+def plain_argmax(
+    z_l: npt.NDArray[np.uint64], z_h: npt.NDArray[np.uint64], width: int = RING_BITS
+) -> int:
+    """Plaintext reference: the first j maximizing the signed w-bit z_l[j] + z_h[j]."""
+    s = (np.asarray(z_l, dtype=np.uint64) + np.asarray(z_h, dtype=np.uint64)).astype(object)
+    half = 1 << (width - 1)
+    signed = [((int(v) + half) % (1 << width)) - half for v in s]
+    return max(range(len(signed)), key=lambda j: (signed[j], -j))
