@@ -5,7 +5,6 @@ and the helper (evaluator) over an abstract `Channel`, one chunk of queries per 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import hashlib
 import os
 import secrets
@@ -25,6 +24,8 @@ from svtagg.mpc.circuits import (
     CttCode,
     WireSource,
     any_per_group_circuit,
+    argmax_circuit,
+    argmax_index,
     bit_planes,
     check_width,
     clamp_reshare_circuit,
@@ -34,6 +35,7 @@ from svtagg.mpc.circuits import (
     field_words,
     first_yes_circuit,
     first_yes_index,
+    index_bits,
     lane_batches,
     prime_field,
     ring_from_bits,
@@ -45,6 +47,7 @@ from svtagg.mpc.circuits import LOW as LOW
 from svtagg.mpc.garble import Backend, Bits, EvalBackend, GarbleBackend, Wires
 from svtagg.mpc.ot import KAPPA, IKNPReceiver, IKNPSender, base_ot_receive, base_ot_send
 from svtagg.mpc.ring import RING_BITS, U64
+from svtagg.mpc.streaming import _OrderedSends, _Parts
 
 _CHUNK_BITS = 40  # chunk counter width inside the high tweak word
 
@@ -173,6 +176,32 @@ def compare_to_thresholds_spec(width: int = RING_BITS) -> ChunkCircuit[list[int]
         parse=_parse_outcomes,
         empty=list,
         tables_per_lane=2 * w + 3,
+        width=w,
+        streams=True,
+    )
+
+
+def _parse_argmax(msg: bytes, k: int) -> int:
+    j = _parse_index(msg, k)
+    if j is None:  # k ≥ 1 candidates always have a maximum
+        raise ValueError("peer returned an impossible index")
+    return j
+
+
+def noisy_max_spec(width: int = RING_BITS) -> ChunkCircuit[int | None]:
+    """Report-noisy-max's chunk: the first index of the largest signed w-bit
+    z_L + z_H (`circuits.argmax_circuit`, ≤ 3w ANDs per lane)."""
+    w = check_width(width)
+    return ChunkCircuit(
+        inputs=("z",),
+        outputs=1,
+        circuit=lambda be, a_bits, b, k: argmax_circuit(be, a_bits, b, k, w),
+        decode=argmax_index,
+        encode=_encode_index,
+        parse=_parse_argmax,
+        empty=lambda: None,
+        tables_per_lane=6 * w,
+        output_bits=index_bits,
         width=w,
         streams=True,
     )
@@ -321,6 +350,13 @@ class _Party:
         both sides; nothing about later queries is revealed. Call with this
         party's shares (`width` as for `first_yes`)."""
         return await self._chunk_flow(compare_to_thresholds_spec(width), z_high, z_low)
+
+    async def noisy_max(self, z: npt.ArrayLike, width: int = RING_BITS) -> int | None:
+        """Report-noisy-max: the first j maximizing signed(z_L[j] + z_H[j]) on the
+        low `width` bits, on both sides, and nothing else (None for no
+        candidates).  Each party's share already carries its own noise; correct
+        when every |z_L + z_H| < 2^(w−1), as for `first_yes`."""
+        return await self._chunk_flow(noisy_max_spec(width), z)
 
     async def any_per_group(self, z: npt.ArrayLike, group: int) -> list[bool]:
         """For each run of `group` lanes: is any signed(z_L + z_H) ≥ 0 in it?  Both
@@ -479,103 +515,6 @@ class ComparisonGarbler(_Party):
         else:
             await self.channel.send(be.message(dec))
         return spec.parse(await self.channel.recv(), k), be.and_gates
-
-
-class _OrderedSends:
-    """Sends submitted from any thread go out one after another, in order (a
-    channel's `send` is not safe to run concurrently with itself)."""
-
-    def __init__(self, channel: Channel, loop: asyncio.AbstractEventLoop) -> None:
-        self._channel = channel
-        self._loop = loop
-        self._last: asyncio.Future[None] | None = None
-
-    def submit_threadsafe(self, data: memoryview) -> None:
-        self._loop.call_soon_threadsafe(self.submit, data)
-
-    def submit(self, data: bytes | memoryview) -> None:
-        self._last = asyncio.ensure_future(self._send(self._last, data))
-
-    async def _send(self, before: asyncio.Future[None] | None, data: bytes | memoryview) -> None:
-        if before is not None:
-            await before
-        await self._channel.send(data)  # type: ignore[arg-type]
-
-    async def wait(self) -> None:
-        if self._last is not None:
-            await self._last
-
-    def cancel(self) -> None:
-        if self._last is not None:
-            self._last.cancel()
-
-
-class _Parts:
-    """The evaluator's side of a streamed chunk: a task receives the garbler's
-    parts as they come; the circuit, running in a worker thread, pulls them.
-    The last part ends with the `nd` output-decoding bytes."""
-
-    def __init__(self, channel: Channel, parts: int, nd: int) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._inbox: asyncio.Queue[bytes | BaseException] = asyncio.Queue()
-        self._parts = parts
-        self._nd = nd
-        self._pulled = 0
-        self._aborted = False
-        self.decoding: memoryview | None = None
-        self._task = asyncio.ensure_future(self._receive(channel))
-
-    async def _receive(self, channel: Channel) -> None:
-        try:
-            for _ in range(self._parts):
-                self._inbox.put_nowait(await channel.recv())
-        except BaseException as exc:  # the puller must not wait forever
-            self._inbox.put_nowait(exc if isinstance(exc, Exception) else ConnectionError())
-            raise
-
-    def pull(self) -> memoryview:
-        """The next part's tables (called from the worker thread)."""
-        if self._pulled == self._parts:
-            raise ValueError("garbled tables too short for the circuit")
-        fut = asyncio.run_coroutine_threadsafe(self._inbox.get(), self._loop)
-        while True:  # wake up now and then: a closed loop must not strand this thread
-            try:
-                item = fut.result(timeout=1.0)
-                break
-            except concurrent.futures.TimeoutError:
-                if self._aborted or self._loop.is_closed():
-                    fut.cancel()
-                    raise ConnectionError("chunk aborted") from None
-        return self._accept(item)
-
-    def _accept(self, item: bytes | BaseException) -> memoryview:
-        if isinstance(item, BaseException):
-            raise item
-        self._pulled += 1
-        msg = memoryview(item)
-        if self._pulled < self._parts:
-            return msg
-        if len(msg) < self._nd or (len(msg) - self._nd) % 16:
-            raise ValueError("malformed garbled-circuit message")
-        self.decoding = msg[len(msg) - self._nd :]
-        return msg[: len(msg) - self._nd]
-
-    async def finish(self) -> memoryview:
-        """After the circuit: every part was used; the decoding bits.  A circuit
-        with no gates after the sign test never pulls the last part, which then
-        must hold the decoding bits alone."""
-        if self._pulled == self._parts - 1:
-            if len(self._accept(await self._inbox.get())):
-                raise ValueError("garbled tables longer than the circuit")
-        await self._task
-        if self._pulled != self._parts or self.decoding is None:
-            raise ValueError("garbled tables longer than the circuit")
-        return self.decoding
-
-    def abort(self) -> None:
-        self._aborted = True
-        self._task.cancel()
-        self._inbox.put_nowait(ConnectionError("chunk aborted"))
 
 
 class ComparisonEvaluator(_Party):

@@ -1,0 +1,108 @@
+"""Streamed chunks: the garbler's tables go out lane batch by lane batch while
+it garbles, and the evaluator pulls them from a worker thread as they arrive
+(`protocol.ComparisonGarbler._run` and `ComparisonEvaluator._run`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+
+from svtagg.mpc.channel import Channel
+
+
+class _OrderedSends:
+    """Sends submitted from any thread go out one after another, in order (a
+    channel's `send` is not safe to run concurrently with itself)."""
+
+    def __init__(self, channel: Channel, loop: asyncio.AbstractEventLoop) -> None:
+        self._channel = channel
+        self._loop = loop
+        self._last: asyncio.Future[None] | None = None
+
+    def submit_threadsafe(self, data: memoryview) -> None:
+        self._loop.call_soon_threadsafe(self.submit, data)
+
+    def submit(self, data: bytes | memoryview) -> None:
+        self._last = asyncio.ensure_future(self._send(self._last, data))
+
+    async def _send(self, before: asyncio.Future[None] | None, data: bytes | memoryview) -> None:
+        if before is not None:
+            await before
+        await self._channel.send(data)  # type: ignore[arg-type]
+
+    async def wait(self) -> None:
+        if self._last is not None:
+            await self._last
+
+    def cancel(self) -> None:
+        if self._last is not None:
+            self._last.cancel()
+
+
+class _Parts:
+    """The evaluator's side of a streamed chunk: a task receives the garbler's
+    parts as they come; the circuit, running in a worker thread, pulls them.
+    The last part ends with the `nd` output-decoding bytes."""
+
+    def __init__(self, channel: Channel, parts: int, nd: int) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._inbox: asyncio.Queue[bytes | BaseException] = asyncio.Queue()
+        self._parts = parts
+        self._nd = nd
+        self._pulled = 0
+        self._aborted = False
+        self.decoding: memoryview | None = None
+        self._task = asyncio.ensure_future(self._receive(channel))
+
+    async def _receive(self, channel: Channel) -> None:
+        try:
+            for _ in range(self._parts):
+                self._inbox.put_nowait(await channel.recv())
+        except BaseException as exc:  # the puller must not wait forever
+            self._inbox.put_nowait(exc if isinstance(exc, Exception) else ConnectionError())
+            raise
+
+    def pull(self) -> memoryview:
+        """The next part's tables (called from the worker thread)."""
+        if self._pulled == self._parts:
+            raise ValueError("garbled tables too short for the circuit")
+        fut = asyncio.run_coroutine_threadsafe(self._inbox.get(), self._loop)
+        while True:  # wake up now and then: a closed loop must not strand this thread
+            try:
+                item = fut.result(timeout=1.0)
+                break
+            except concurrent.futures.TimeoutError:
+                if self._aborted or self._loop.is_closed():
+                    fut.cancel()
+                    raise ConnectionError("chunk aborted") from None
+        return self._accept(item)
+
+    def _accept(self, item: bytes | BaseException) -> memoryview:
+        if isinstance(item, BaseException):
+            raise item
+        self._pulled += 1
+        msg = memoryview(item)
+        if self._pulled < self._parts:
+            return msg
+        if len(msg) < self._nd or (len(msg) - self._nd) % 16:
+            raise ValueError("malformed garbled-circuit message")
+        self.decoding = msg[len(msg) - self._nd :]
+        return msg[: len(msg) - self._nd]
+
+    async def finish(self) -> memoryview:
+        """After the circuit: every part was used; the decoding bits.  A circuit
+        with no gates after the sign test never pulls the last part, which then
+        must hold the decoding bits alone."""
+        if self._pulled == self._parts - 1:
+            if len(self._accept(await self._inbox.get())):
+                raise ValueError("garbled tables longer than the circuit")
+        await self._task
+        if self._pulled != self._parts or self.decoding is None:
+            raise ValueError("garbled tables longer than the circuit")
+        return self.decoding
+
+    def abort(self) -> None:
+        self._aborted = True
+        self._task.cancel()
+        self._inbox.put_nowait(ConnectionError("chunk aborted"))
