@@ -20,6 +20,7 @@ from svtagg.proto.vocab import Role
 from svtagg.servers.core import PartyFactory, garbled_circuit_party
 from svtagg.servers.reference import ReferencePair, reference_pair
 from svtagg.servers.service import ServerConfig, SvtaggServer
+from svtagg.vdaf import native as vdaf_native
 
 T = TypeVar("T")
 
@@ -28,6 +29,16 @@ T = TypeVar("T")
 #: The package's one-process reference, under the names the tests use.
 DriverPair = ReferencePair
 driver_pair = reference_pair
+
+
+@pytest.fixture(params=vdaf_native.BACKENDS)
+def vdaf_backend(request: pytest.FixtureRequest) -> Iterator[str]:
+    """The Prio3 library's backend for one test: the native field core, then the
+    Python-integer reference (tests use it through `usefixtures`)."""
+    if request.param == "native" and not vdaf_native.available():
+        pytest.skip("the native field core is not built here")
+    with vdaf_native.using(request.param) as name:
+        yield name
 
 
 @pytest.fixture(scope="session")

@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from svtagg.vdaf import native
 from svtagg.vdaf.field import (
     FIELD64,
     FIELD128,
@@ -27,13 +25,8 @@ VECTORS = Path(__file__).parent / "vectors" / "vdaf" / "07"
 FIELDS = [FIELD64, FIELD128]
 
 
-@pytest.fixture(autouse=True, params=native.BACKENDS)
-def backend(request: pytest.FixtureRequest) -> Iterator[str]:
-    """Every test here runs on the native core and on the Python reference."""
-    if request.param == "native" and not native.available():
-        pytest.skip("the native field core is not built here")
-    with native.using(request.param) as name:
-        yield name
+#: Every test here runs on the native field core and on the Python reference.
+pytestmark = pytest.mark.usefixtures("vdaf_backend")
 
 
 def test_xof_shake128_vector() -> None:

@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import os
 import random
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pytest
 
-from svtagg.vdaf import native
 from svtagg.vdaf.circuits import Count, Histogram, MeasurementError, Sum, SumVec
 from svtagg.vdaf.field import FIELD64, FIELD128, Field, Vec, next_power_of_2, ntt, poly_eval
 from svtagg.vdaf.flp import (
@@ -45,13 +44,8 @@ from svtagg.vdaf.prio3 import (
 RNG = random.Random(2024)
 
 
-@pytest.fixture(autouse=True, params=native.BACKENDS)
-def backend(request: pytest.FixtureRequest) -> Iterator[str]:
-    """Every test here runs on the native core and on the Python reference."""
-    if request.param == "native" and not native.available():
-        pytest.skip("the native field core is not built here")
-    with native.using(request.param) as name:
-        yield name
+#: Every test here runs on the native field core and on the Python reference.
+pytestmark = pytest.mark.usefixtures("vdaf_backend")
 
 
 def rand_vec(f: Field, n: int) -> Vec:

@@ -6,13 +6,11 @@ prep shares and messages, then the output shares, aggregate shares and result.""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from svtagg.vdaf import native
 from svtagg.vdaf.prio3 import (
     Prio3,
     prio3_count,
@@ -25,13 +23,8 @@ VECTORS = Path(__file__).parent / "vectors" / "vdaf" / "07"
 FILES = sorted(p.name for p in VECTORS.glob("Prio3*.json"))
 
 
-@pytest.fixture(autouse=True, params=native.BACKENDS)
-def backend(request: pytest.FixtureRequest) -> Iterator[str]:
-    """Every test here runs on the native core and on the Python reference."""
-    if request.param == "native" and not native.available():
-        pytest.skip("the native field core is not built here")
-    with native.using(request.param) as name:
-        yield name
+#: Every test here runs on the native field core and on the Python reference.
+pytestmark = pytest.mark.usefixtures("vdaf_backend")
 
 
 def instance(name: str, v: dict[str, Any]) -> Prio3:
