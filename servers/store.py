@@ -21,6 +21,7 @@ Durability rules (one committed transaction per step, in both stores):
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from collections.abc import Callable, Sequence
@@ -310,6 +311,15 @@ def new_task_row(p: TaskParams) -> tuple[object, ...]:
     )
 
 
+@functools.lru_cache(maxsize=4096)
+def _fraction(text: Any) -> Fraction:
+    """A stored rational (ε, δ, a budget's spend) as a Fraction.  Every chunk
+    reads its stream and task afresh, and parsing their few decimal strings was
+    a visible share of a one-query chunk; a Fraction is immutable, so the same
+    stored text can share one."""
+    return Fraction(text)
+
+
 def task_state(task_id: str, row: Sequence[Any] | None) -> TaskState:
     """The task a row of TASK_COLUMNS holds (NotFound for no row)."""
     if row is None:
@@ -320,13 +330,15 @@ def task_state(task_id: str, row: Sequence[Any] | None) -> TaskState:
         row[2],
         row[3],
         row[4],
-        Fraction(row[5]),
-        Fraction(row[6]),
-        Fraction(row[7]),
+        _fraction(row[5]),
+        _fraction(row[6]),
+        _fraction(row[7]),
         bool(row[15]),
         row[16],
     )
-    budget = Budget(params.epsilon_total, params.delta_total, Fraction(row[10]), Fraction(row[11]))
+    budget = Budget(
+        params.epsilon_total, params.delta_total, _fraction(row[10]), _fraction(row[11])
+    )
     return TaskState(params, row[8], bool(row[9]), budget, bytes(row[12]), row[13], bool(row[14]))
 
 
@@ -354,8 +366,8 @@ def stream_state(stream_id: str, row: Sequence[Any] | None) -> StreamState:
         row[0],
         row[1],
         StreamKind(row[2]),
-        Fraction(row[3]),
-        Fraction(row[4]),
+        _fraction(row[3]),
+        _fraction(row[4]),
         None if row[5] is None else int(row[5]),
         row[6],
         row[7],
