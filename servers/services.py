@@ -35,6 +35,9 @@ log = logging.getLogger("svtagg.server")
 Q = TypeVar("Q")
 R = TypeVar("R")
 
+#: Streams whose task the chunk metrics remember (`LeaderService._task_of`).
+_STREAM_TASKS = 4096
+
 
 class IngestService(pb_grpc.IngestServicer):
     """Uploads and the task's public parameters, on both servers."""
@@ -93,6 +96,9 @@ class AnalystService(pb_grpc.AnalystServicer):
         self.helper = helper
         self.limiter = limiter
         self.metrics = metrics
+        #: Each stream's task, for the chunk metrics' labels: a stream never
+        #: changes task, so one store read per stream, not one per chunk.
+        self._stream_tasks: dict[str, str] = {}
 
     async def _helper_connected(self) -> None:
         if self.helper is not None:
@@ -160,10 +166,17 @@ class AnalystService(pb_grpc.AnalystServicer):
         return wire.COMPARE_ANSWER.to_pb(answer)
 
     def _task_of(self, stream_id: str) -> str:
+        task_id = self._stream_tasks.get(stream_id)
+        if task_id is not None:
+            return task_id
         try:
-            return str(self.driver.core.stream(stream_id).task_id)
+            task_id = str(self.driver.core.stream(stream_id).task_id)
         except Exception:  # noqa: BLE001 - metrics never fail a call
             return ""
+        if len(self._stream_tasks) >= _STREAM_TASKS:
+            self._stream_tasks.clear()  # bounded; a cleared stream reads once more
+        self._stream_tasks[stream_id] = task_id
+        return task_id
 
     @rpc(Role.ANALYST)
     async def ReservePlan(self, request: pb.PlanRequest, context: Context) -> pb.PlanInfo:
