@@ -15,7 +15,7 @@ from dataclasses import field as dc_field
 
 import numpy as np
 
-from svtagg.vdaf.field import FIELD64, FIELD128, Field, Vec
+from svtagg.vdaf.field import FIELD64, FIELD128, Field, Vec, powers_rows
 from svtagg.vdaf.flp import Gadget, GadgetCall, Mul, ParallelSum, range2
 
 
@@ -64,6 +64,27 @@ def _chunked_bit_check(
     return f.to_int(f.sum(out))
 
 
+def _chunked_bit_check_batch(
+    f: Field, meas: Vec, r: Vec, num_shares: int, chunk: int, calls: int, gadget: GadgetCall
+) -> Vec:
+    """`_chunked_bit_check` for a batch: meas (reports × length), r one per report;
+    the gadget gets all reports' calls as inputs of shape (2·chunk, reports, calls)."""
+    rows, length = meas.shape
+    padded = f.zeros_as(meas, rows, calls * chunk)
+    padded[:, :length] = meas
+    shares_inv = f.inv(num_shares)
+    pairs = f.zeros_as(meas, rows, calls, chunk, 2)
+    pairs[..., 0] = f.mul(padded, powers_rows(f, r, calls * chunk)).reshape(rows, calls, chunk)
+    pairs[..., 1] = f.sub(padded, shares_inv).reshape(rows, calls, chunk)
+    out = gadget(pairs.reshape(rows, calls, 2 * chunk).transpose(2, 0, 1))
+    return f.sum(out, axis=1)
+
+
+def _column(f: Field, a: Vec, j: int) -> Vec:
+    """Column j of a batch matrix as a contiguous vector."""
+    return np.ascontiguousarray(a[:, j])
+
+
 @dataclass
 class Count:
     """A bit: C(m) = m·m − m (draft §7.4.1, Field64)."""
@@ -80,10 +101,22 @@ class Count:
         square = calls[0](meas[[0, 0]].reshape(2, 1))
         return f.to_int(f.sub(square, meas[:1])[0])
 
+    def eval_batch(
+        self, meas: Vec, joint_rand: Vec, num_shares: int, calls: Sequence[GadgetCall]
+    ) -> Vec:
+        """`eval` for each row of a (reports × meas_len) matrix, as a vector."""
+        f = self.field
+        x = _column(f, meas, 0)
+        square = calls[0](np.stack([x, x]).reshape(2, -1, 1))
+        return f.sub(np.ascontiguousarray(square[:, 0]), x)
+
     def encode(self, measurement: object) -> Vec:
         return self.field.vec([_check_int(measurement, 0, 2, "a Count measurement")])
 
     def truncate(self, meas: Vec) -> Vec:
+        return meas
+
+    def truncate_batch(self, meas: Vec) -> Vec:
         return meas
 
     def decode(self, output: Vec, num_measurements: int) -> int:
@@ -115,12 +148,24 @@ class Sum:
         r_powers = f.powers(f.to_int(joint_rand[0]), self.bits, first=1)
         return f.dot(checks, f.as_like(checks, r_powers))
 
+    def eval_batch(
+        self, meas: Vec, joint_rand: Vec, num_shares: int, calls: Sequence[GadgetCall]
+    ) -> Vec:
+        f = self.field
+        checks = calls[0](meas.reshape(1, *meas.shape))
+        r_powers = powers_rows(f, _column(f, joint_rand, 0), self.bits)
+        return f.sum(f.mul(checks, r_powers), axis=1)
+
     def encode(self, measurement: object) -> Vec:
         value = _check_int(measurement, 0, 2**self.bits, "a Sum measurement")
         return _bits_le(self.field, [value], self.bits)
 
     def truncate(self, meas: Vec) -> Vec:
         return _from_bits(self.field, meas, self.bits)
+
+    def truncate_batch(self, meas: Vec) -> Vec:
+        """`truncate` of each row (each row is whole groups of `bits`)."""
+        return _from_bits(self.field, meas.reshape(-1), self.bits).reshape(meas.shape[0], -1)
 
     def decode(self, output: Vec, num_measurements: int) -> int:
         return self.field.to_int(output[0])
@@ -161,6 +206,19 @@ class SumVec:
             calls[0],
         )
 
+    def eval_batch(
+        self, meas: Vec, joint_rand: Vec, num_shares: int, calls: Sequence[GadgetCall]
+    ) -> Vec:
+        return _chunked_bit_check_batch(
+            self.field,
+            meas,
+            _column(self.field, joint_rand, 0),
+            num_shares,
+            self.chunk_length,
+            self.gadget_calls[0],
+            calls[0],
+        )
+
     def encode(self, measurement: object) -> Vec:
         if not isinstance(measurement, Sequence | np.ndarray) or len(measurement) != self.length:
             raise MeasurementError(f"a SumVec measurement is a sequence of {self.length} integers")
@@ -169,6 +227,10 @@ class SumVec:
 
     def truncate(self, meas: Vec) -> Vec:
         return _from_bits(self.field, meas, self.bits)
+
+    def truncate_batch(self, meas: Vec) -> Vec:
+        """`truncate` of each row (each row is whole groups of `bits`)."""
+        return _from_bits(self.field, meas.reshape(-1), self.bits).reshape(meas.shape[0], -1)
 
     def decode(self, output: Vec, num_measurements: int) -> list[int]:
         return self.field.to_ints(output)
@@ -211,6 +273,17 @@ class Histogram:
         r1 = f.to_int(joint_rand[1])
         return (r1 * bit_check + r1 * r1 % p * sum_check) % p
 
+    def eval_batch(
+        self, meas: Vec, joint_rand: Vec, num_shares: int, calls: Sequence[GadgetCall]
+    ) -> Vec:
+        f = self.field
+        r0, r1 = _column(f, joint_rand, 0), _column(f, joint_rand, 1)
+        bit_check = _chunked_bit_check_batch(
+            f, meas, r0, num_shares, self.chunk_length, self.gadget_calls[0], calls[0]
+        )
+        sum_check = f.sub(f.sum(meas, axis=1), f.inv(num_shares))
+        return f.add(f.mul(r1, bit_check), f.mul(f.mul(r1, r1), sum_check))
+
     def encode(self, measurement: object) -> Vec:
         index = _check_int(measurement, 0, self.length, "a Histogram bucket")
         one_hot = np.zeros(self.length, dtype=np.int64)
@@ -218,6 +291,9 @@ class Histogram:
         return self.field.from_small(one_hot)
 
     def truncate(self, meas: Vec) -> Vec:
+        return meas
+
+    def truncate_batch(self, meas: Vec) -> Vec:
         return meas
 
     def decode(self, output: Vec, num_measurements: int) -> list[int]:

@@ -403,3 +403,44 @@ def poly_eval_at_roots(f: Field, coeffs: Vec, n: int) -> Vec:
     padded[..., :length] = coeffs
     folded = f.sum(padded.reshape(coeffs.shape[:-1] + (padded_len // n, n)), axis=-2)
     return ntt(f, folded)
+
+
+# -- batches of reports: one row per report -------------------------------------------
+
+
+def powers_rows(f: Field, x: Vec, n: int, first: int = 1) -> Vec:
+    """Row i is [x_i^first, ..., x_i^(first+n-1)] for a vector x (first 0 or 1): the
+    per-report powers of a batch, by doubling (log n vector products)."""
+    if first not in (0, 1):
+        raise ValueError("powers_rows starts at x^0 or x^1")
+    rows = x.shape[0]
+    out = f.zeros_as(x, rows, n)
+    if n == 0:
+        return out
+    out[:, 0] = x if first == 1 else f.as_like(x, f.vec([1]))[0]
+    filled, step = 1, x.reshape(rows, 1)
+    while filled < n:
+        take = min(filled, n - filled)
+        out[:, filled : filled + take] = f.mul(out[:, :take], step)
+        filled += take
+        if filled < n:
+            step = f.mul(step, step)
+    return out
+
+
+def dot_last(f: Field, a: Vec, b: Vec) -> Vec:
+    """Σ_k a[..., k]·b[..., k] (b broadcast against a's leading axes)."""
+    return f.sum(f.mul(a, b), axis=-1)
+
+
+def eval_at_from_values(f: Field, values: Vec, t_powers: Vec) -> Vec:
+    """The polynomials through `values` (…, rows, P) at the P-th roots of unity,
+    evaluated at each row's point t, from `t_powers` (rows, ≥ P) = [t^0, t^1, …].
+
+    w(t) = Σ_k w(α^k)·λ_k(t) with λ(t) = INTT([t^0..t^(P−1)]) (the interpolation
+    matrix is symmetric), so one size-P transform per report replaces an inverse
+    NTT of every wire row; the value is the same field element.
+    """
+    p_len = values.shape[-1]
+    lam = ntt(f, np.ascontiguousarray(t_powers[:, :p_len]), inverse=True)
+    return dot_last(f, values, lam)

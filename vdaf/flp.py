@@ -22,8 +22,19 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
+import numpy.typing as npt
 
-from svtagg.vdaf.field import Field, Vec, next_power_of_2, ntt, poly_eval, poly_eval_at_roots
+from svtagg.vdaf.field import (
+    Field,
+    Vec,
+    dot_last,
+    eval_at_from_values,
+    next_power_of_2,
+    ntt,
+    poly_eval,
+    poly_eval_at_roots,
+    powers_rows,
+)
 
 
 class FlpError(ValueError):
@@ -206,6 +217,29 @@ class _QueryCall(_Recorder):
         return self.at_roots[start : self.k + 1]  # type: ignore[no-any-return]
 
 
+class _BatchQueryCall:
+    """_QueryCall for a batch of reports: inputs (arity, reports, k), wires
+    (arity, reports, P), each report answered from its own gadget polynomial."""
+
+    def __init__(self, f: Field, g: Gadget, calls: int, seeds: Vec, polys: Vec) -> None:
+        self.f, self.g = f, g
+        self.p = next_power_of_2(1 + calls)
+        self.wires = f.zeros_as(seeds, g.arity, seeds.shape[1], self.p)
+        self.wires[:, :, 0] = seeds
+        self.k = 0
+        self.polys = polys
+        self.at_roots = poly_eval_at_roots(f, polys, self.p)
+
+    def __call__(self, x: Vec) -> Vec:
+        batch = x.shape[-1]
+        start = self.k + 1
+        if start + batch > self.p:
+            raise FlpError("a circuit called a gadget more often than it declared")
+        self.wires[:, :, start : start + batch] = x
+        self.k += batch
+        return self.at_roots[:, start : start + batch]  # type: ignore[no-any-return]
+
+
 def eval_circuit(valid: Valid, meas: Vec, joint_rand: Vec, num_shares: int = 1) -> int:
     """C(meas) in the clear: 0 for a valid encoded measurement."""
     _check(valid, meas, joint_rand)
@@ -299,6 +333,77 @@ class FlpGeneric:
             verifier.append(poly_eval(f, q.poly.reshape(1, -1), t_int))
         return np.concatenate(verifier)  # type: ignore[no-any-return]
 
+    def query_batch(
+        self, meas: Vec, proof: Vec, query_rand: Vec, joint_rand: Vec, num_shares: int
+    ) -> Vec:
+        """`query` for a batch of reports, one per row of each argument; row i of the
+        result is query(meas[i], proof[i], query_rand[i], joint_rand[i]) exactly.
+
+        The circuit runs once over the whole (reports × length) matrix (its
+        `eval_batch`); each wire's value at t comes from its values at the roots
+        by one size-P transform of t's powers per report (`eval_at_from_values`)
+        instead of an inverse NTT of every wire row.  Circuits without
+        `eval_batch` are queried report by report.
+        """
+        rows = meas.shape[0]
+        shapes = [
+            (proof, self.proof_len, "proof"),
+            (query_rand, self.query_rand_len, "query randomness"),
+            (joint_rand, self.joint_rand_len, "joint randomness"),
+            (meas, self.meas_len, "measurement"),
+        ]
+        for arr, width, what in shapes:
+            if arr.shape != (rows, width):
+                raise FlpError(f"{what} of shape {arr.shape}, expected ({rows}, {width})")
+        f = self.field
+        eval_batch = getattr(self.valid, "eval_batch", None)
+        if eval_batch is None:
+            return np.stack(  # type: ignore[no-any-return]
+                [
+                    self.query(meas[i], proof[i], query_rand[i], joint_rand[i], num_shares)
+                    for i in range(rows)
+                ]
+            ).reshape(rows, self.verifier_len)
+        calls, offset = [], 0
+        for g, c in self._gadget_calls():
+            poly_len = g.degree * (next_power_of_2(1 + c) - 1) + 1
+            seeds = proof[:, offset : offset + g.arity].T
+            polys = np.ascontiguousarray(proof[:, offset + g.arity : offset + g.arity + poly_len])
+            calls.append(_BatchQueryCall(f, g, c, seeds, polys))
+            offset += g.arity + poly_len
+        v = eval_batch(meas, joint_rand, num_shares, calls)
+        verifier = [v.reshape(rows, 1)]
+        for j, q in enumerate(calls):
+            t_powers = powers_rows(
+                f, np.ascontiguousarray(query_rand[:, j]), max(q.polys.shape[1], q.p + 1), first=0
+            )
+            # t must not be a P-th root of unity (see `query`): draft ERR_ABORT.
+            degenerate = _equal_rows(f, t_powers[:, q.p], f.as_like(t_powers, f.vec([1])))
+            if degenerate.any():
+                raise FlpError(
+                    f"degenerate query point for report {int(np.argmax(degenerate))} "
+                    "(draft: ERR_ABORT)"
+                )
+            verifier.append(eval_at_from_values(f, q.wires, t_powers).T)
+            poly_len = q.polys.shape[1]
+            verifier.append(dot_last(f, q.polys, t_powers[:, :poly_len]).reshape(rows, 1))
+        return np.concatenate(verifier, axis=1)  # type: ignore[no-any-return]
+
+    def decide_batch(self, verifiers: Vec) -> npt.NDArray[np.bool_]:
+        """`decide` for each row of a (reports × verifier_len) matrix."""
+        rows = verifiers.shape[0]
+        if verifiers.shape != (rows, self.verifier_len):
+            raise FlpError(f"verifiers of shape {verifiers.shape}")
+        f = self.field
+        ok = _equal_rows(f, verifiers[:, 0], f.zeros_as(verifiers, 1))
+        offset = 1
+        for g in self.valid.gadgets:
+            x = verifiers[:, offset : offset + g.arity].T
+            y = verifiers[:, offset + g.arity]
+            offset += g.arity + 1
+            ok &= _equal_rows(f, g.eval(f, x), y)
+        return ok
+
     def decide(self, verifier: Vec) -> bool:
         """True iff C = 0 and every gadget polynomial matches its wires at t (Collector of
         the verifier shares, i.e. both Aggregators after exchanging them)."""
@@ -315,3 +420,14 @@ class FlpGeneric:
             if f.to_int(g.eval(f, x.reshape(g.arity, 1))[0]) != f.to_int(y):
                 return False
         return True
+
+
+def _equal_rows(f: Field, a: Vec, b: Vec) -> npt.NDArray[np.bool_]:
+    """Elementwise equality of two vectors of field elements (b may have length 1)."""
+    a, b = np.broadcast_arrays(a, b)
+    if a.dtype == object:
+        return np.array([int(x) == int(y) for x, y in zip(a, b, strict=True)], dtype=bool)
+    size = a.dtype.itemsize
+    a_bytes = np.ascontiguousarray(a).view(np.uint8).reshape(-1, size)
+    b_bytes = np.ascontiguousarray(b).view(np.uint8).reshape(-1, size)
+    return np.all(a_bytes == b_bytes, axis=1)  # type: ignore[no-any-return]

@@ -26,9 +26,13 @@ import numpy as np
 from svtagg.vdaf.circuits import Count, Histogram, Sum, SumVec
 from svtagg.vdaf.field import Vec
 from svtagg.vdaf.flp import FlpGeneric, Valid
-from svtagg.vdaf.xof import SEED_SIZE, XofShake128, format_dst
+from svtagg.vdaf.xof import SEED_SIZE, XofShake128, expand_rows, format_dst
 
 NONCE_SIZE = 16
+#: Reports per internal step of prep_init_batch: big enough that per-call
+#: overhead is spread thin, small enough that a step's wire matrices
+#: (arity × reports × P elements) stay a few MB.
+_PREP_BATCH = 256
 VERIFY_KEY_SIZE = SEED_SIZE
 
 # XOF usages (draft §7.2.5)
@@ -215,6 +219,164 @@ class Prio3:
             self.shares,
         )
         return PrepState(out_share, corrected_seed), PrepShare(verifier, part)
+
+    def prep_init_batch(
+        self,
+        verify_key: bytes,
+        agg_id: int,
+        nonces: Sequence[bytes],
+        public_shares: Sequence[Sequence[bytes] | None],
+        input_shares: Sequence[InputShare],
+    ) -> list[tuple[PrepState, PrepShare]]:
+        """`prep_init` for many reports at once (a server verifying an upload batch):
+        entry i is what prep_init(verify_key, agg_id, nonces[i], public_shares[i],
+        input_shares[i]) returns, byte for byte.
+
+        The XOF expansions are decoded per batch, the circuit runs over the
+        (reports × length) matrix and the verifier's NTTs are one batched call
+        (`FlpGeneric.query_batch`); the SHAKE streams stay one per report.  A
+        malformed input (a share of the wrong kind or a missing blind) raises
+        ValueError naming the report; an invalid measurement is not detected
+        here but by `prep_shares_to_prep_batch`, report by report.
+        """
+        rows = len(nonces)
+        if not rows == len(public_shares) == len(input_shares):
+            raise ValueError("one nonce, public share and input share per report")
+        if len(verify_key) != VERIFY_KEY_SIZE:
+            raise ValueError(f"the verify key is {VERIFY_KEY_SIZE} bytes")
+        if not 0 <= agg_id < self.shares:
+            raise ValueError(f"aggregator id {agg_id} out of range")
+        out: list[tuple[PrepState, PrepShare]] = []
+        for start in range(0, rows, _PREP_BATCH):
+            end = min(rows, start + _PREP_BATCH)
+            out.extend(
+                self._prep_init_rows(
+                    verify_key,
+                    agg_id,
+                    nonces[start:end],
+                    public_shares[start:end],
+                    input_shares[start:end],
+                    start,
+                )
+            )
+        return out
+
+    def _expand_rows(
+        self, seeds: Sequence[bytes], usage: int, binders: Sequence[bytes], length: int
+    ) -> Vec:
+        return expand_rows(self.field, seeds, self._dst(usage), binders, length)
+
+    def _prep_init_rows(
+        self,
+        verify_key: bytes,
+        agg_id: int,
+        nonces: Sequence[bytes],
+        public_shares: Sequence[Sequence[bytes] | None],
+        input_shares: Sequence[InputShare],
+        first: int,
+    ) -> list[tuple[PrepState, PrepShare]]:
+        f, flp, rows = self.field, self.flp, len(nonces)
+        if any(len(n) != NONCE_SIZE for n in nonces):
+            raise ValueError(f"a nonce is {NONCE_SIZE} bytes")
+        if agg_id == 0:
+            for i, sh in enumerate(input_shares):
+                if sh.meas is None or sh.proof is None:
+                    raise ValueError(
+                        f"report {first + i}: the Leader's input share carries vectors"
+                    )
+            meas_rows = [sh.meas for sh in input_shares if sh.meas is not None]
+            proofs = [sh.proof for sh in input_shares if sh.proof is not None]
+            meas = np.stack(meas_rows).reshape(rows, flp.meas_len)
+            proof = np.stack(proofs).reshape(rows, flp.proof_len)
+        else:
+            for i, sh in enumerate(input_shares):
+                if sh.meas_seed is None or sh.proof_seed is None:
+                    raise ValueError(f"report {first + i}: a Helper's input share carries seeds")
+            binders = [bytes([agg_id])] * rows
+            meas = self._expand_rows(
+                [sh.meas_seed for sh in input_shares],  # type: ignore[misc]
+                USAGE_MEAS_SHARE,
+                binders,
+                flp.meas_len,
+            )
+            proof = self._expand_rows(
+                [sh.proof_seed for sh in input_shares],  # type: ignore[misc]
+                USAGE_PROOF_SHARE,
+                binders,
+                flp.proof_len,
+            )
+        truncate_batch = getattr(self.flp.valid, "truncate_batch", None)
+        if truncate_batch is not None:
+            out_shares = truncate_batch(meas)
+        else:
+            out_shares = [flp.truncate(meas[i]) for i in range(rows)]
+        joint_rand = f.zeros_as(meas, rows, 0)
+        seeds: list[bytes | None] = [None] * rows
+        parts: list[bytes | None] = [None] * rows
+        if self.uses_joint_rand:
+            dst = self._dst(USAGE_JOINT_RAND_PART)
+            encoded = f.encode_vec(meas)
+            width = len(encoded) // rows
+            for i, (nonce, public, sh) in enumerate(
+                zip(nonces, public_shares, input_shares, strict=True)
+            ):
+                if public is None or len(public) != self.shares:
+                    raise ValueError(
+                        f"report {first + i}: the public share must hold one joint "
+                        "randomness part each"
+                    )
+                if sh.blind is None:
+                    raise ValueError(f"report {first + i}: the input share lacks its blind")
+                binder = bytes([agg_id]) + nonce + encoded[i * width : (i + 1) * width]
+                part = XofShake128.derive_seed(sh.blind, dst, binder)
+                all_parts = list(public)
+                all_parts[agg_id] = part
+                parts[i], seeds[i] = part, self.joint_rand_seed(all_parts)
+            joint_rand = self._expand_rows(
+                seeds,  # type: ignore[arg-type]
+                USAGE_JOINT_RANDOMNESS,
+                [b""] * rows,
+                flp.joint_rand_len,
+            )
+        query_rand = self._expand_rows(
+            [verify_key] * rows, USAGE_QUERY_RANDOMNESS, nonces, flp.query_rand_len
+        )
+        verifiers = flp.query_batch(meas, proof, query_rand, joint_rand, self.shares)
+        return [
+            (PrepState(out_shares[i], seeds[i]), PrepShare(verifiers[i], parts[i]))
+            for i in range(rows)
+        ]
+
+    def prep_shares_to_prep_batch(
+        self, prep_shares: Sequence[Sequence[PrepShare]]
+    ) -> list[bytes | None | VerifyError]:
+        """`prep_shares_to_prep` for many reports: entry i is report i's prep message,
+        or the VerifyError that prep_shares_to_prep(prep_shares[i]) raises, so a
+        rejected report never decides the fate of another."""
+        rows = len(prep_shares)
+        if rows == 0:
+            return []
+        if any(len(ps) != self.shares for ps in prep_shares):
+            raise ValueError(f"expected {self.shares} prep shares per report")
+        f = self.field
+        total = None
+        for j in range(self.shares):
+            col = np.stack([ps[j].verifier for ps in prep_shares]).reshape(rows, -1)
+            total = col if total is None else f.add(total, col)
+        assert total is not None
+        accepted = self.flp.decide_batch(total)
+        out: list[bytes | None | VerifyError] = []
+        for ok, ps in zip(accepted, prep_shares, strict=True):
+            if not ok:
+                out.append(VerifyError("the validity proof is rejected"))
+            elif not self.uses_joint_rand:
+                out.append(None)
+            else:
+                parts = [p.joint_rand_part for p in ps]
+                if any(p is None for p in parts):
+                    raise ValueError("a prep share lacks its joint randomness part")
+                out.append(self.joint_rand_seed([p for p in parts if p is not None]))
+        return out
 
     def prep_shares_to_prep(self, prep_shares: Sequence[PrepShare]) -> bytes | None:
         """The prep message (the joint randomness seed, or None) once the proof is

@@ -10,11 +10,12 @@ ENCODED_SIZE little-endian bytes, kept if below p, else skipped.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 
 import numpy as np
 
 from svtagg.vdaf import native as _backend
-from svtagg.vdaf.field import Field, Vec, next_power_of_2
+from svtagg.vdaf.field import DecodeError, Field, Vec, next_power_of_2
 
 #: The draft version this package implements (the first byte of every DST).
 VERSION = 7
@@ -100,3 +101,36 @@ class XofShake128:
     def expand_into_vec(cls, f: Field, seed: bytes, dst: bytes, binder: bytes, length: int) -> Vec:
         """`length` field elements from a fresh stream."""
         return cls(seed, dst, binder).next_vec(f, length)
+
+
+def expand_rows(
+    f: Field, seeds: Sequence[bytes], dst: bytes, binders: Sequence[bytes], length: int
+) -> Vec:
+    """Row i is XofShake128(seeds[i], dst, binders[i]).next_vec(f, length): a batch's
+    expansions, the field elements decoded in one call.
+
+    Every row's first length·ENCODED_SIZE stream bytes are decoded together;
+    only if some element is ≥ p (probability ~2^-32 per Field64 element, ~2^-62
+    per Field128 element) is the batch redone stream by stream, which samples
+    past the rejected elements exactly as `next_vec` does.
+    """
+    if len(seeds) != len(binders):
+        raise ValueError("one binder per seed")
+    if any(len(s) != SEED_SIZE for s in seeds):
+        raise ValueError(f"XofShake128 seeds are {SEED_SIZE} bytes")
+    if len(dst) > 255:
+        raise ValueError("a domain-separation tag is at most 255 bytes")
+    rows, size = len(seeds), f.encoded_size
+    if next_power_of_2(f.modulus) == 1 << (8 * size):  # no mask: rejection is the only filter
+        prefix = bytes([len(dst)]) + dst
+        want = length * size
+        raw = b"".join(
+            hashlib.shake_128(prefix + s + b).digest(want)
+            for s, b in zip(seeds, binders, strict=True)
+        )
+        try:
+            return f.decode_vec(raw).reshape(rows, length)
+        except DecodeError:
+            pass
+    out = [XofShake128(s, dst, b).next_vec(f, length) for s, b in zip(seeds, binders, strict=True)]
+    return np.stack(out).reshape(rows, length) if out else f.zeros(0, length)
