@@ -7,13 +7,22 @@ from __future__ import annotations
 
 import json
 import os
+import random
 from typing import Any
 
 import numpy as np
 import pytest
 
-from svtagg.vdaf import xof
-from svtagg.vdaf.field import DecodeError
+from svtagg.vdaf import native, xof
+from svtagg.vdaf.field import (
+    FIELD64,
+    FIELD128,
+    DecodeError,
+    bit_check_pairs,
+    dot_last,
+    powers_rows,
+    weighted_rows,
+)
 from svtagg.vdaf.prio3 import (
     NONCE_SIZE,
     InputShare,
@@ -271,3 +280,46 @@ def test_malformed_input_names_the_report() -> None:
     assert vdaf.prep_init_batch(key, 1, [], [], []) == []
     assert vdaf.prep_shares_to_prep_batch([]) == []
     assert np.asarray(vdaf.flp.decide_batch(vdaf.field.zeros(0, vdaf.flp.verifier_len))).size == 0
+
+
+@pytest.mark.parametrize("fid", [0, 1])
+def test_batch_kernels_are_byte_identical_to_the_reference(vdaf_backend: str, fid: int) -> None:
+    """powers_rows, dot_last, weighted_rows and bit_check_pairs, natively and on
+    Python integers, on random elements plus the values where reductions bite."""
+    if vdaf_backend != "native":
+        pytest.skip("compares the native kernels with the reference once")
+    f = [FIELD64, FIELD128][fid]
+    rng = random.Random(fid)
+    p = f.modulus
+    edges = [0, 1, 2, p - 1, p - 2, (p + 1) // 2, 2**64 - 1, 2**63, 2**32 - 1, 2**127 % p]
+
+    def draw(*shape: int) -> list[Any]:
+        flat = [
+            edges[i] % p if i < len(edges) else rng.randrange(p) for i in range(int(np.prod(shape)))
+        ]
+        rng.shuffle(flat)
+        return np.array(flat, dtype=object).reshape(shape).tolist()  # type: ignore[no-any-return]
+
+    m3, w2, x1, a3, b2, meas = (
+        draw(4, 5, 6),
+        draw(4, 5),
+        draw(4),
+        draw(3, 4, 7),
+        draw(4, 7),
+        draw(4, 9),
+    )
+
+    def run() -> list[bytes]:
+        return [
+            f.encode_vec(powers_rows(f, f.vec(x1), 13, first=1)),
+            f.encode_vec(powers_rows(f, f.vec(x1), 13, first=0)),
+            f.encode_vec(dot_last(f, f.vec(a3), f.vec(b2))),
+            f.encode_vec(weighted_rows(f, f.vec(m3), f.vec(w2))),
+            f.encode_vec(bit_check_pairs(f, f.vec(meas), f.vec(x1), f.inv(3), 12)),
+        ]
+
+    with native.using("python"):
+        ref = run()
+    with native.using("native"):
+        nat = run()
+    assert ref == nat

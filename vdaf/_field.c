@@ -464,6 +464,232 @@ static PyObject *py_sample(PyObject *self, PyObject *args) {
     return PyLong_FromSsize_t(kept);
 }
 
+/* ------------------------------------------------------ batches of reports */
+
+/* dot_rows(fid, a, b, out): out[g, r] = sum_k a[g, r, k] * b[r, k] for a of
+ * (groups, rows, n) elements, b of (rows, n) and out of (groups, rows) -- each
+ * row of b is shared by every group, so Field128 puts it in Montgomery form
+ * once and each product costs one reduction (mont(a, b*R) = a*b). */
+static PyObject *py_dot_rows(PyObject *self, PyObject *args) {
+    int fid;
+    PyObject *a_o, *b_o, *o_o;
+    if (!PyArg_ParseTuple(args, "iOOO", &fid, &a_o, &b_o, &o_o) || check_fid(fid) < 0) return NULL;
+    vbuf a, b, o;
+    if (get_vec(a_o, fid, 0, &a) < 0) return NULL;
+    if (get_vec(b_o, fid, 0, &b) < 0) {
+        PyBuffer_Release(&a.view);
+        return NULL;
+    }
+    if (get_vec(o_o, fid, 1, &o) < 0) {
+        PyBuffer_Release(&a.view);
+        PyBuffer_Release(&b.view);
+        return NULL;
+    }
+    /* a.n = groups * rows * n, b.n = rows * n, o.n = groups * rows */
+    Py_ssize_t n = 0, rows = 0, groups = 0;
+    if (o.n > 0 && b.n > 0 && a.n % b.n == 0) {
+        groups = a.n / b.n;
+        if (groups > 0 && o.n % groups == 0) {
+            rows = o.n / groups;
+            if (rows > 0 && b.n % rows == 0) n = b.n / rows;
+        }
+    }
+    if (o.n == 0) {
+        /* nothing to compute */
+    } else if (n == 0 || groups * rows * n != a.n) {
+        PyErr_SetString(PyExc_ValueError, "dot_rows: shape mismatch");
+    } else if (fid == 0) {
+        const u64 *x = (const u64 *)a.view.buf, *y = (const u64 *)b.view.buf;
+        u64 *out = (u64 *)o.view.buf;
+        for (Py_ssize_t g = 0; g < groups; g++)
+            for (Py_ssize_t r = 0; r < rows; r++) {
+                const u64 *xr = x + (g * rows + r) * n, *yr = y + r * n;
+                u64 acc = 0;
+                for (Py_ssize_t k = 0; k < n; k++) acc = add64(acc, mul64(xr[k], yr[k]));
+                out[g * rows + r] = acc;
+            }
+    } else {
+        const e128 *x = (const e128 *)a.view.buf, *y = (const e128 *)b.view.buf;
+        e128 *out = (e128 *)o.view.buf;
+        e128 *ym = (e128 *)PyMem_Malloc(sizeof(e128) * (size_t)b.n);
+        if (!ym) {
+            PyErr_NoMemory();
+        } else {
+            for (Py_ssize_t i = 0; i < b.n; i++) ym[i] = mont128(y[i], R2_128);
+            for (Py_ssize_t g = 0; g < groups; g++)
+                for (Py_ssize_t r = 0; r < rows; r++) {
+                    const e128 *xr = x + (g * rows + r) * n, *yr = ym + r * n;
+                    e128 acc = {0, 0};
+                    for (Py_ssize_t k = 0; k < n; k++) acc = add128(acc, mont128(xr[k], yr[k]));
+                    out[g * rows + r] = acc;
+                }
+            PyMem_Free(ym);
+        }
+    }
+    PyBuffer_Release(&a.view);
+    PyBuffer_Release(&b.view);
+    PyBuffer_Release(&o.view);
+    if (PyErr_Occurred()) return NULL;
+    Py_RETURN_NONE;
+}
+
+/* powers_rows(fid, x, first, out): out[r, i] = x[r]^(first + i) for first 0
+ * or 1, out of (rows, n) elements; Field128 steps by mont(acc, x*R) = acc*x. */
+static PyObject *py_powers_rows(PyObject *self, PyObject *args) {
+    int fid, first;
+    PyObject *x_o, *o_o;
+    if (!PyArg_ParseTuple(args, "iOiO", &fid, &x_o, &first, &o_o) || check_fid(fid) < 0) return NULL;
+    vbuf x, o;
+    if (get_vec(x_o, fid, 0, &x) < 0) return NULL;
+    if (get_vec(o_o, fid, 1, &o) < 0) {
+        PyBuffer_Release(&x.view);
+        return NULL;
+    }
+    Py_ssize_t rows = x.n, n = rows ? o.n / rows : 0;
+    if ((first != 0 && first != 1) || (rows ? o.n % rows != 0 : o.n != 0)) {
+        PyErr_SetString(PyExc_ValueError, "powers_rows: first is 0 or 1, out is rows x n");
+    } else if (fid == 0) {
+        const u64 *xs = (const u64 *)x.view.buf;
+        u64 *out = (u64 *)o.view.buf;
+        for (Py_ssize_t r = 0; r < rows; r++) {
+            u64 acc = first ? xs[r] : 1, step = xs[r];
+            for (Py_ssize_t i = 0; i < n; i++, acc = mul64(acc, step)) out[r * n + i] = acc;
+        }
+    } else {
+        const e128 *xs = (const e128 *)x.view.buf;
+        e128 *out = (e128 *)o.view.buf;
+        for (Py_ssize_t r = 0; r < rows; r++) {
+            e128 step = mont128(xs[r], R2_128);
+            e128 acc = first ? xs[r] : (e128){1, 0};
+            for (Py_ssize_t i = 0; i < n; i++, acc = mont128(acc, step)) out[r * n + i] = acc;
+        }
+    }
+    PyBuffer_Release(&x.view);
+    PyBuffer_Release(&o.view);
+    if (PyErr_Occurred()) return NULL;
+    Py_RETURN_NONE;
+}
+
+/* weighted_rows(fid, m, w, out, rows): out[r, j] = sum_i w[r, i] * m[r, i, j]
+ * for m of (rows, I, J) elements, w of (rows, I), out of (rows, J): per
+ * report, a weighted sum of the rows of its matrix (the wire values at a
+ * point, from the calls' inputs as the circuit laid them out). */
+static PyObject *py_weighted_rows(PyObject *self, PyObject *args) {
+    int fid;
+    Py_ssize_t rows;
+    PyObject *m_o, *w_o, *o_o;
+    if (!PyArg_ParseTuple(args, "iOOOn", &fid, &m_o, &w_o, &o_o, &rows) || check_fid(fid) < 0)
+        return NULL;
+    vbuf m, w, o;
+    if (get_vec(m_o, fid, 0, &m) < 0) return NULL;
+    if (get_vec(w_o, fid, 0, &w) < 0) {
+        PyBuffer_Release(&m.view);
+        return NULL;
+    }
+    if (get_vec(o_o, fid, 1, &o) < 0) {
+        PyBuffer_Release(&m.view);
+        PyBuffer_Release(&w.view);
+        return NULL;
+    }
+    Py_ssize_t ni = rows > 0 ? w.n / rows : 0, nj = rows > 0 ? o.n / rows : 0;
+    if (rows <= 0 || w.n != rows * ni || o.n != rows * nj || m.n != rows * ni * nj) {
+        PyErr_SetString(PyExc_ValueError, "weighted_rows: shape mismatch");
+    } else if (fid == 0) {
+        const u64 *x = (const u64 *)m.view.buf, *ws = (const u64 *)w.view.buf;
+        u64 *out = (u64 *)o.view.buf;
+        for (Py_ssize_t r = 0; r < rows; r++) {
+            u64 *acc = out + r * nj;
+            for (Py_ssize_t j = 0; j < nj; j++) acc[j] = 0;
+            for (Py_ssize_t i = 0; i < ni; i++) {
+                const u64 *xr = x + (r * ni + i) * nj;
+                u64 wi = ws[r * ni + i];
+                for (Py_ssize_t j = 0; j < nj; j++) acc[j] = add64(acc[j], mul64(xr[j], wi));
+            }
+        }
+    } else {
+        const e128 *x = (const e128 *)m.view.buf, *ws = (const e128 *)w.view.buf;
+        e128 *out = (e128 *)o.view.buf;
+        for (Py_ssize_t r = 0; r < rows; r++) {
+            e128 *acc = out + r * nj;
+            for (Py_ssize_t j = 0; j < nj; j++) acc[j] = (e128){0, 0};
+            for (Py_ssize_t i = 0; i < ni; i++) {
+                const e128 *xr = x + (r * ni + i) * nj;
+                e128 wi = mont128(ws[r * ni + i], R2_128); /* w*R: one reduction per product */
+                for (Py_ssize_t j = 0; j < nj; j++) acc[j] = add128(acc[j], mont128(xr[j], wi));
+            }
+        }
+    }
+    PyBuffer_Release(&m.view);
+    PyBuffer_Release(&w.view);
+    PyBuffer_Release(&o.view);
+    if (PyErr_Occurred()) return NULL;
+    Py_RETURN_NONE;
+}
+
+/* bit_pairs(fid, meas, r, s, out, rows): the chunked bit check's gadget inputs
+ * for a batch: meas of (rows, L), r of rows elements (one per report), s one
+ * element (1/num_shares), out of (rows, K, 2) with K >= L:
+ * out[q, k] = (r_q^(k+1) * m_k, m_k - s), m_k = 0 for k >= L (the padding). */
+static PyObject *py_bit_pairs(PyObject *self, PyObject *args) {
+    int fid;
+    Py_ssize_t rows;
+    PyObject *m_o, *r_o, *s_o, *o_o;
+    if (!PyArg_ParseTuple(args, "iOOOOn", &fid, &m_o, &r_o, &s_o, &o_o, &rows) || check_fid(fid) < 0)
+        return NULL;
+    vbuf m, r, sv, o;
+    if (get_vec(m_o, fid, 0, &m) < 0) return NULL;
+    if (get_vec(r_o, fid, 0, &r) < 0) {
+        PyBuffer_Release(&m.view);
+        return NULL;
+    }
+    if (get_vec(s_o, fid, 0, &sv) < 0) {
+        PyBuffer_Release(&m.view);
+        PyBuffer_Release(&r.view);
+        return NULL;
+    }
+    if (get_vec(o_o, fid, 1, &o) < 0) {
+        PyBuffer_Release(&m.view);
+        PyBuffer_Release(&r.view);
+        PyBuffer_Release(&sv.view);
+        return NULL;
+    }
+    Py_ssize_t len = rows > 0 ? m.n / rows : 0, k_all = rows > 0 ? o.n / (2 * rows) : 0;
+    if (rows <= 0 || r.n != rows || sv.n != 1 || m.n != rows * len || o.n != 2 * rows * k_all ||
+        k_all < len) {
+        PyErr_SetString(PyExc_ValueError, "bit_pairs: shape mismatch");
+    } else if (fid == 0) {
+        const u64 *x = (const u64 *)m.view.buf, *rs = (const u64 *)r.view.buf;
+        u64 s = AT64(sv, 0), *out = (u64 *)o.view.buf;
+        for (Py_ssize_t q = 0; q < rows; q++) {
+            u64 acc = rs[q], step = rs[q];
+            u64 *oq = out + 2 * q * k_all;
+            for (Py_ssize_t k = 0; k < k_all; k++, acc = mul64(acc, step)) {
+                u64 v = k < len ? x[q * len + k] : 0;
+                oq[2 * k] = mul64(v, acc);
+                oq[2 * k + 1] = sub64(v, s);
+            }
+        }
+    } else {
+        const e128 *x = (const e128 *)m.view.buf, *rs = (const e128 *)r.view.buf;
+        e128 s = AT128(sv, 0), *out = (e128 *)o.view.buf;
+        for (Py_ssize_t q = 0; q < rows; q++) {
+            e128 step = mont128(rs[q], R2_128), acc = step; /* r^(k+1) * R */
+            e128 *oq = out + 2 * q * k_all;
+            for (Py_ssize_t k = 0; k < k_all; k++, acc = mont128(acc, step)) {
+                e128 v = k < len ? x[q * len + k] : (e128){0, 0};
+                oq[2 * k] = mont128(v, acc);
+                oq[2 * k + 1] = sub128(v, s);
+            }
+        }
+    }
+    PyBuffer_Release(&m.view);
+    PyBuffer_Release(&r.view);
+    PyBuffer_Release(&sv.view);
+    PyBuffer_Release(&o.view);
+    if (PyErr_Occurred()) return NULL;
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"add", py_add, METH_VARARGS, "add(fid, a, b, out): out = a + b (length-1 operands broadcast)"},
     {"sub", py_sub, METH_VARARGS, "sub(fid, a, b, out): out = a - b"},
@@ -472,6 +698,12 @@ static PyMethodDef methods[] = {
     {"powers", py_powers, METH_VARARGS, "powers(fid, start, step, out): out[i] = start * step^i"},
     {"ntt", py_ntt, METH_VARARGS, "ntt(fid, data, n, root, scale): in-place NTT of each row"},
     {"poly_eval", py_poly_eval, METH_VARARGS, "poly_eval(fid, coeffs, n, t, out): each row at t"},
+    {"dot_rows", py_dot_rows, METH_VARARGS, "dot_rows(fid, a, b, out): out[g, r] = a[g, r, :] . b[r, :]"},
+    {"powers_rows", py_powers_rows, METH_VARARGS, "powers_rows(fid, x, first, out): out[r, i] = x[r]^(first+i)"},
+    {"weighted_rows", py_weighted_rows, METH_VARARGS,
+     "weighted_rows(fid, m, w, out, rows): out[r, j] = sum_i w[r, i] m[r, i, j]"},
+    {"bit_pairs", py_bit_pairs, METH_VARARGS,
+     "bit_pairs(fid, meas, r, s, out, rows): (r^(k+1) m_k, m_k - s) per report"},
     {"sample", py_sample, METH_VARARGS, "sample(fid, raw, out) -> kept: rejection sampling"},
     {NULL, NULL, 0, NULL},
 };

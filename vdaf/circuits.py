@@ -15,7 +15,15 @@ from dataclasses import field as dc_field
 
 import numpy as np
 
-from svtagg.vdaf.field import FIELD64, FIELD128, Field, Vec, powers_rows
+from svtagg.vdaf.field import (
+    FIELD64,
+    FIELD128,
+    Field,
+    Vec,
+    bit_check_pairs,
+    dot_last,
+    powers_rows,
+)
 from svtagg.vdaf.flp import Gadget, GadgetCall, Mul, ParallelSum, range2
 
 
@@ -41,7 +49,7 @@ def _bits_le(f: Field, values: Sequence[int], bits: int) -> Vec:
 def _from_bits(f: Field, meas: Vec, bits: int) -> Vec:
     """Σ_j 2^j · b_j per group of `bits` elements (draft: truncate)."""
     weights = f.as_like(meas, f.powers(2, bits, first=0))
-    return f.sum(f.mul(meas.reshape(-1, bits), weights), axis=1)
+    return dot_last(f, meas.reshape(-1, 1, bits), weights.reshape(1, bits)).reshape(-1)
 
 
 def _chunked_bit_check(
@@ -69,13 +77,8 @@ def _chunked_bit_check_batch(
 ) -> Vec:
     """`_chunked_bit_check` for a batch: meas (reports × length), r one per report;
     the gadget gets all reports' calls as inputs of shape (2·chunk, reports, calls)."""
-    rows, length = meas.shape
-    padded = f.zeros_as(meas, rows, calls * chunk)
-    padded[:, :length] = meas
-    shares_inv = f.inv(num_shares)
-    pairs = f.zeros_as(meas, rows, calls, chunk, 2)
-    pairs[..., 0] = f.mul(padded, powers_rows(f, r, calls * chunk)).reshape(rows, calls, chunk)
-    pairs[..., 1] = f.sub(padded, shares_inv).reshape(rows, calls, chunk)
+    rows = meas.shape[0]
+    pairs = bit_check_pairs(f, meas, r, f.inv(num_shares), calls * chunk)
     out = gadget(pairs.reshape(rows, calls, 2 * chunk).transpose(2, 0, 1))
     return f.sum(out, axis=1)
 

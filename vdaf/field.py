@@ -414,6 +414,10 @@ def powers_rows(f: Field, x: Vec, n: int, first: int = 1) -> Vec:
     if first not in (0, 1):
         raise ValueError("powers_rows starts at x^0 or x^1")
     rows = x.shape[0]
+    if x.dtype != object:
+        out_n = np.empty((rows, n), dtype=x.dtype)
+        _backend.core().powers_rows(f.fid, np.ascontiguousarray(x), first, out_n)
+        return out_n
     out = f.zeros_as(x, rows, n)
     if n == 0:
         return out
@@ -430,17 +434,40 @@ def powers_rows(f: Field, x: Vec, n: int, first: int = 1) -> Vec:
 
 def dot_last(f: Field, a: Vec, b: Vec) -> Vec:
     """Σ_k a[..., k]·b[..., k] (b broadcast against a's leading axes)."""
+    if a.dtype != object and b.ndim == 2 and a.shape[-2:] == b.shape and a.size:
+        out = np.empty(a.shape[:-1], dtype=a.dtype)
+        core = _backend.core()
+        core.dot_rows(f.fid, np.ascontiguousarray(a), np.ascontiguousarray(b), out)
+        return out
     return f.sum(f.mul(a, b), axis=-1)
 
 
-def eval_at_from_values(f: Field, values: Vec, t_powers: Vec) -> Vec:
-    """The polynomials through `values` (…, rows, P) at the P-th roots of unity,
-    evaluated at each row's point t, from `t_powers` (rows, ≥ P) = [t^0, t^1, …].
+def weighted_rows(f: Field, m: Vec, w: Vec) -> Vec:
+    """out[r, j] = Σ_i w[r, i]·m[r, i, j]: per report, a weighted sum of its matrix's
+    rows (m of shape (reports, I, J), w of shape (reports, I))."""
+    rows, ni, nj = m.shape
+    if m.dtype != object and rows and ni and nj:
+        out = np.empty((rows, nj), dtype=m.dtype)
+        core = _backend.core()
+        core.weighted_rows(f.fid, np.ascontiguousarray(m), np.ascontiguousarray(w), out, rows)
+        return out
+    return f.sum(f.mul(m, w.reshape(rows, ni, 1)), axis=1)
 
-    w(t) = Σ_k w(α^k)·λ_k(t) with λ(t) = INTT([t^0..t^(P−1)]) (the interpolation
-    matrix is symmetric), so one size-P transform per report replaces an inverse
-    NTT of every wire row; the value is the same field element.
-    """
-    p_len = values.shape[-1]
-    lam = ntt(f, np.ascontiguousarray(t_powers[:, :p_len]), inverse=True)
-    return dot_last(f, values, lam)
+
+def bit_check_pairs(f: Field, meas: Vec, r: Vec, s: int, total: int) -> Vec:
+    """(reports, total, 2): [r_q^(k+1)·m_k, m_k − s] for each report q, the
+    measurement zero-padded to `total` elements (the chunked bit check's inputs)."""
+    rows, length = meas.shape
+    if meas.dtype != object and rows:
+        out = np.empty((rows, total, 2), dtype=meas.dtype)
+        core = _backend.core()
+        core.bit_pairs(
+            f.fid, np.ascontiguousarray(meas), np.ascontiguousarray(r), f._scalar(s), out, rows
+        )
+        return out
+    padded = f.zeros_as(meas, rows, total)
+    padded[:, :length] = meas
+    out = f.zeros_as(meas, rows, total, 2)
+    out[..., 0] = f.mul(padded, powers_rows(f, r, total))
+    out[..., 1] = f.sub(padded, s)
+    return out

@@ -28,12 +28,12 @@ from svtagg.vdaf.field import (
     Field,
     Vec,
     dot_last,
-    eval_at_from_values,
     next_power_of_2,
     ntt,
     poly_eval,
     poly_eval_at_roots,
     powers_rows,
+    weighted_rows,
 )
 
 
@@ -218,15 +218,16 @@ class _QueryCall(_Recorder):
 
 
 class _BatchQueryCall:
-    """_QueryCall for a batch of reports: inputs (arity, reports, k), wires
-    (arity, reports, P), each report answered from its own gadget polynomial."""
+    """_QueryCall for a batch of reports: inputs (arity, reports, k), each report
+    answered from its own gadget polynomial.  The inputs are kept as the circuit
+    laid them out (no wire matrix): `at_point` needs only their weighted sums."""
 
     def __init__(self, f: Field, g: Gadget, calls: int, seeds: Vec, polys: Vec) -> None:
         self.f, self.g = f, g
         self.p = next_power_of_2(1 + calls)
-        self.wires = f.zeros_as(seeds, g.arity, seeds.shape[1], self.p)
-        self.wires[:, :, 0] = seeds
+        self.seeds = seeds  # (reports, arity): the wires at α^0
         self.k = 0
+        self.inputs: list[tuple[int, Vec]] = []
         self.polys = polys
         self.at_roots = poly_eval_at_roots(f, polys, self.p)
 
@@ -235,9 +236,24 @@ class _BatchQueryCall:
         start = self.k + 1
         if start + batch > self.p:
             raise FlpError("a circuit called a gadget more often than it declared")
-        self.wires[:, :, start : start + batch] = x
+        self.inputs.append((start, x))
         self.k += batch
         return self.at_roots[:, start : start + batch]  # type: ignore[no-any-return]
+
+    def at_point(self, t_powers: Vec) -> Vec:
+        """(reports, arity): each wire polynomial at the report's t, Σ_k w(α^k)·λ_k(t)
+        with λ(t) = INTT([t^0..t^(P−1)]) (the interpolation matrix is symmetric),
+        so one size-P transform per report replaces an inverse NTT of every wire
+        row; unrecorded calls (wire value 0) contribute nothing."""
+        f, rows = self.f, self.seeds.shape[0]
+        lam = ntt(f, np.ascontiguousarray(t_powers[:, : self.p]), inverse=True)
+        acc = weighted_rows(f, self.seeds.reshape(rows, 1, -1), lam[:, :1])
+        for start, x in self.inputs:
+            # x is (arity, reports, k); as (reports, k, arity) it is usually the
+            # circuit's own contiguous layout (no copy)
+            m = x.transpose(1, 2, 0)
+            acc = f.add(acc, weighted_rows(f, m, lam[:, start : start + x.shape[-1]]))
+        return acc
 
 
 def eval_circuit(valid: Valid, meas: Vec, joint_rand: Vec, num_shares: int = 1) -> int:
@@ -341,7 +357,7 @@ class FlpGeneric:
 
         The circuit runs once over the whole (reports × length) matrix (its
         `eval_batch`); each wire's value at t comes from its values at the roots
-        by one size-P transform of t's powers per report (`eval_at_from_values`)
+        by one size-P transform of t's powers per report (`_BatchQueryCall.at_point`)
         instead of an inverse NTT of every wire row.  Circuits without
         `eval_batch` are queried report by report.
         """
@@ -367,7 +383,7 @@ class FlpGeneric:
         calls, offset = [], 0
         for g, c in self._gadget_calls():
             poly_len = g.degree * (next_power_of_2(1 + c) - 1) + 1
-            seeds = proof[:, offset : offset + g.arity].T
+            seeds = np.ascontiguousarray(proof[:, offset : offset + g.arity])
             polys = np.ascontiguousarray(proof[:, offset + g.arity : offset + g.arity + poly_len])
             calls.append(_BatchQueryCall(f, g, c, seeds, polys))
             offset += g.arity + poly_len
@@ -384,7 +400,7 @@ class FlpGeneric:
                     f"degenerate query point for report {int(np.argmax(degenerate))} "
                     "(draft: ERR_ABORT)"
                 )
-            verifier.append(eval_at_from_values(f, q.wires, t_powers).T)
+            verifier.append(q.at_point(t_powers))
             poly_len = q.polys.shape[1]
             verifier.append(dot_last(f, q.polys, t_powers[:, :poly_len]).reshape(rows, 1))
         return np.concatenate(verifier, axis=1)  # type: ignore[no-any-return]
