@@ -125,18 +125,19 @@ class ParallelSum:
 def gadget_poly(f: Field, g: Gadget, wires: Vec) -> Vec:
     """The gadget polynomial G(w_1(x), ..., w_arity(x)), coefficients lowest first.
 
-    `wires` (arity × P) are the wire values at α^0..α^(P-1).  G has degree
+    `wires` (arity × P, or arity × reports × P for a batch) are the wire values
+    at α^0..α^(P-1).  G has degree
     ≤ degree·(P−1), so it is found by evaluating the wire polynomials at N ≥
     that many + 1 roots of unity, applying the gadget pointwise, and
     interpolating back: two NTTs instead of polynomial products.
     """
-    length = g.degree * (wires.shape[1] - 1) + 1
+    length = g.degree * (wires.shape[-1] - 1) + 1
     n = next_power_of_2(length)
     coeffs = ntt(f, wires, inverse=True)
-    padded = f.zeros_as(wires, g.arity, n)
-    padded[:, : coeffs.shape[1]] = coeffs
+    padded = f.zeros_as(wires, *wires.shape[:-1], n)
+    padded[..., : coeffs.shape[-1]] = coeffs
     out = ntt(f, g.eval(f, ntt(f, padded)), inverse=True)
-    return out[:length]  # type: ignore[no-any-return]
+    return out[..., :length]  # type: ignore[no-any-return]
 
 
 # -- validity circuits (draft §7.3.2) -----------------------------------------------
@@ -215,6 +216,27 @@ class _QueryCall(_Recorder):
         start = self.k + 1
         self.record(x)
         return self.at_roots[start : self.k + 1]  # type: ignore[no-any-return]
+
+
+class _BatchProveCall:
+    """_ProveCall for a batch of reports: inputs (arity, reports, k) recorded into
+    wires (arity, reports, P), the gadget evaluated on all of them at once."""
+
+    def __init__(self, f: Field, g: Gadget, calls: int, seeds: Vec) -> None:
+        self.f, self.g = f, g
+        self.p = next_power_of_2(1 + calls)
+        self.wires = f.zeros_as(seeds, g.arity, seeds.shape[0], self.p)
+        self.wires[:, :, 0] = seeds.T
+        self.k = 0
+
+    def __call__(self, x: Vec) -> Vec:
+        batch = x.shape[-1]
+        start = self.k + 1
+        if start + batch > self.p:
+            raise FlpError("a circuit called a gadget more often than it declared")
+        self.wires[:, :, start : start + batch] = x
+        self.k += batch
+        return self.g.eval(self.f, x)
 
 
 class _BatchQueryCall:
@@ -348,6 +370,37 @@ class FlpGeneric:
             verifier.append(poly_eval(f, wire_polys, t_int))
             verifier.append(poly_eval(f, q.poly.reshape(1, -1), t_int))
         return np.concatenate(verifier)  # type: ignore[no-any-return]
+
+    def prove_batch(self, meas: Vec, prove_rand: Vec, joint_rand: Vec) -> Vec:
+        """`prove` for a batch: row i is prove(meas[i], prove_rand[i], joint_rand[i])
+        exactly; the circuit runs once over the matrix and each gadget polynomial
+        is one batched NTT pipeline over (arity × reports) wire rows."""
+        rows = meas.shape[0]
+        shapes = [
+            (prove_rand, self.prove_rand_len, "prover randomness"),
+            (joint_rand, self.joint_rand_len, "joint randomness"),
+            (meas, self.meas_len, "measurement"),
+        ]
+        for arr, width, what in shapes:
+            if arr.shape != (rows, width):
+                raise FlpError(f"{what} of shape {arr.shape}, expected ({rows}, {width})")
+        eval_batch = getattr(self.valid, "eval_batch", None)
+        if eval_batch is None:
+            return np.stack(  # type: ignore[no-any-return]
+                [self.prove(meas[i], prove_rand[i], joint_rand[i]) for i in range(rows)]
+            ).reshape(rows, self.proof_len)
+        f = self.field
+        recorders, offset = [], 0
+        for g, c in self._gadget_calls():
+            seeds = prove_rand[:, offset : offset + g.arity]
+            recorders.append(_BatchProveCall(f, g, c, seeds))
+            offset += g.arity
+        eval_batch(meas, joint_rand, 1, recorders)
+        parts = []
+        for r in recorders:
+            parts.append(r.wires[:, :, 0].T)
+            parts.append(gadget_poly(f, r.g, r.wires))
+        return np.concatenate(parts, axis=1)  # type: ignore[no-any-return]
 
     def query_batch(
         self, meas: Vec, proof: Vec, query_rand: Vec, joint_rand: Vec, num_shares: int

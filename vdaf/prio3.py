@@ -170,6 +170,113 @@ class Prio3:
             input_shares.append(InputShare(meas_seed=hs[0], proof_seed=hs[1], blind=blind))
         return public_share, input_shares
 
+    def shard_batch(
+        self,
+        measurements: Sequence[object],
+        nonces: Sequence[bytes],
+        rands: Sequence[bytes] | None = None,
+    ) -> list[tuple[list[bytes] | None, list[InputShare]]]:
+        """`shard` for many measurements (a client uploading many rows): entry i is
+        shard(measurements[i], nonces[i], rands[i]) byte for byte.  Each `rands`
+        entry defaults to fresh CSPRNG bytes; fixed values are for tests only.
+
+        The XOF expansions are decoded per batch, the circuit runs over the
+        (reports × length) matrix and each gadget polynomial is one batched NTT
+        pipeline (`FlpGeneric.prove_batch`); the SHAKE streams stay one per report.
+        """
+        rows = len(measurements)
+        if len(nonces) != rows or (rands is not None and len(rands) != rows):
+            raise ValueError("one nonce (and rand, if given) per measurement")
+        if any(len(n) != NONCE_SIZE for n in nonces):
+            raise ValueError(f"the nonce is {NONCE_SIZE} bytes")
+        rand_list = [os.urandom(self.rand_size) for _ in range(rows)] if rands is None else rands
+        if any(len(r) != self.rand_size for r in rand_list):
+            raise ValueError(f"sharding takes {self.rand_size} random bytes per report")
+        out: list[tuple[list[bytes] | None, list[InputShare]]] = []
+        for start in range(0, rows, _PREP_BATCH):
+            end = min(rows, start + _PREP_BATCH)
+            meas = np.stack([self.flp.encode(m) for m in measurements[start:end]])
+            seeds = [
+                [r[i : i + SEED_SIZE] for i in range(0, self.rand_size, SEED_SIZE)]
+                for r in rand_list[start:end]
+            ]
+            out.extend(self._shard_rows(meas.reshape(end - start, -1), nonces[start:end], seeds))
+        return out
+
+    def _shard_rows(
+        self, meas: Vec, nonces: Sequence[bytes], seeds: Sequence[Sequence[bytes]]
+    ) -> list[tuple[list[bytes] | None, list[InputShare]]]:
+        f, flp, rows = self.field, self.flp, len(nonces)
+        helpers = self.shares - 1
+        per_helper = 3 if self.uses_joint_rand else 2
+        leader_meas = meas
+        parts: list[list[bytes]] = [[] for _ in range(rows)]
+        for j in range(helpers):
+            binders = [bytes([j + 1])] * rows
+            share = self._expand_rows(
+                [s[per_helper * j] for s in seeds], USAGE_MEAS_SHARE, binders, flp.meas_len
+            )
+            leader_meas = f.sub(leader_meas, share)
+            if self.uses_joint_rand:
+                self._append_parts(
+                    parts, j + 1, [s[per_helper * j + 2] for s in seeds], share, nonces
+                )
+        rest = per_helper * helpers
+        joint_rand = f.zeros_as(meas, rows, 0)
+        publics: list[list[bytes] | None] = [None] * rows
+        if self.uses_joint_rand:
+            leader_parts: list[list[bytes]] = [[] for _ in range(rows)]
+            self._append_parts(leader_parts, 0, [s[rest] for s in seeds], leader_meas, nonces)
+            for i in range(rows):
+                parts[i].insert(0, leader_parts[i][0])
+                publics[i] = parts[i]
+            joint_rand = self._expand_rows(
+                [self.joint_rand_seed(p) for p in parts],
+                USAGE_JOINT_RANDOMNESS,
+                [b""] * rows,
+                flp.joint_rand_len,
+            )
+        prove_rand = self._expand_rows(
+            [s[-1] for s in seeds], USAGE_PROVE_RANDOMNESS, [b""] * rows, flp.prove_rand_len
+        )
+        leader_proof = flp.prove_batch(meas, prove_rand, joint_rand)
+        for j in range(helpers):
+            leader_proof = f.sub(
+                leader_proof,
+                self._expand_rows(
+                    [s[per_helper * j + 1] for s in seeds],
+                    USAGE_PROOF_SHARE,
+                    [bytes([j + 1])] * rows,
+                    flp.proof_len,
+                ),
+            )
+        out = []
+        for i in range(rows):
+            blind = seeds[i][rest] if self.uses_joint_rand else None
+            shares = [InputShare(meas=leader_meas[i], proof=leader_proof[i], blind=blind)]
+            for j in range(helpers):
+                hs = seeds[i][per_helper * j : per_helper * (j + 1)]
+                h_blind = hs[2] if self.uses_joint_rand else None
+                shares.append(InputShare(meas_seed=hs[0], proof_seed=hs[1], blind=h_blind))
+            out.append((publics[i], shares))
+        return out
+
+    def _append_parts(
+        self,
+        parts: list[list[bytes]],
+        agg_id: int,
+        blinds: Sequence[bytes],
+        meas_shares: Vec,
+        nonces: Sequence[bytes],
+    ) -> None:
+        """Append aggregator `agg_id`'s joint randomness part of each report."""
+        dst = self._dst(USAGE_JOINT_RAND_PART)
+        encoded = self.field.encode_vec(meas_shares)
+        width = len(encoded) // len(nonces)
+        for i, (blind, nonce) in enumerate(zip(blinds, nonces, strict=True)):
+            binder = bytes([agg_id]) + nonce + encoded[i * width : (i + 1) * width]
+            parts[i].append(XofShake128.derive_seed(blind, dst, binder))
+
     # -- preparation (each Aggregator; draft §7.2.2) ---------------------------------
     def expand_input_share(self, agg_id: int, share: InputShare) -> tuple[Vec, Vec]:
         if agg_id == 0:
