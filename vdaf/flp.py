@@ -126,17 +126,26 @@ def gadget_poly(f: Field, g: Gadget, wires: Vec) -> Vec:
     """The gadget polynomial G(w_1(x), ..., w_arity(x)), coefficients lowest first.
 
     `wires` (arity × P, or arity × reports × P for a batch) are the wire values
-    at α^0..α^(P-1).  G has degree
-    ≤ degree·(P−1), so it is found by evaluating the wire polynomials at N ≥
-    that many + 1 roots of unity, applying the gadget pointwise, and
-    interpolating back: two NTTs instead of polynomial products.
+    at α^0..α^(P-1).  G has degree ≤ degree·(P−1), so it is found by
+    evaluating the wire polynomials at all n = m·P n-th roots of unity (n ≥
+    that many + 1), applying the gadget pointwise, and interpolating back.  The
+    n-th roots are m cosets ω^s·⟨α⟩ (ω^m = α): the coset s = 0 holds the wire
+    values themselves, every other one is a size-P NTT of the wire
+    coefficients twisted by ω^(s·j) — for a degree-2 gadget (m = 2) one inverse
+    and one forward size-P transform per wire instead of a size-P and a size-2P.
     """
-    length = g.degree * (wires.shape[-1] - 1) + 1
-    n = next_power_of_2(length)
+    p_len = wires.shape[-1]
+    length = g.degree * (p_len - 1) + 1
+    n = next_power_of_2(max(length, p_len))
+    m = n // p_len
     coeffs = ntt(f, wires, inverse=True)
-    padded = f.zeros_as(wires, *wires.shape[:-1], n)
-    padded[..., : coeffs.shape[-1]] = coeffs
-    out = ntt(f, g.eval(f, ntt(f, padded)), inverse=True)
+    evals = f.zeros_as(wires, *wires.shape[:-1], p_len, m)  # root ω^(k·m + s) at [k, s]
+    evals[..., 0] = wires
+    w_n = f.root(n)
+    for s in range(1, m):
+        twist = f.as_like(wires, f.powers(pow(w_n, s, f.modulus), p_len, first=0))
+        evals[..., s] = ntt(f, f.mul(coeffs, twist))
+    out = ntt(f, g.eval(f, evals.reshape(*wires.shape[:-1], n)), inverse=True)
     return out[..., :length]  # type: ignore[no-any-return]
 
 

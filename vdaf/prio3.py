@@ -33,6 +33,9 @@ NONCE_SIZE = 16
 #: overhead is spread thin, small enough that a step's wire matrices
 #: (arity × reports × P elements) stay a few MB.
 _PREP_BATCH = 256
+#: The same for shard_batch, whose wire matrices are twice as long (the gadget
+#: polynomial's 2P points); 32–256 measured within noise of each other.
+_SHARD_BATCH = 64
 VERIFY_KEY_SIZE = SEED_SIZE
 
 # XOF usages (draft §7.2.5)
@@ -193,8 +196,8 @@ class Prio3:
         if any(len(r) != self.rand_size for r in rand_list):
             raise ValueError(f"sharding takes {self.rand_size} random bytes per report")
         out: list[tuple[list[bytes] | None, list[InputShare]]] = []
-        for start in range(0, rows, _PREP_BATCH):
-            end = min(rows, start + _PREP_BATCH)
+        for start in range(0, rows, _SHARD_BATCH):
+            end = min(rows, start + _SHARD_BATCH)
             meas = np.stack([self.flp.encode(m) for m in measurements[start:end]])
             seeds = [
                 [r[i : i + SEED_SIZE] for i in range(0, self.rand_size, SEED_SIZE)]
