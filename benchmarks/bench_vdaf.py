@@ -71,14 +71,16 @@ def measure(vdaf: Prio3, measurement: object, reports: int) -> dict[str, float |
 
 
 def measure_batch(vdaf: Prio3, measurement: object, batch: int, rounds: int) -> dict[str, float]:
-    """Per-report ms of the batched preparation, both aggregators, over `rounds`
-    batches of `batch` reports (sharding not timed)."""
+    """Per-report ms of shard_batch and of the batched preparation (both
+    aggregators) over `rounds` batches of `batch` reports."""
     key = os.urandom(16)
     nonces = [os.urandom(NONCE_SIZE) for _ in range(batch)]
-    sharded = [vdaf.shard(measurement, n) for n in nonces]
-    publics = [pub for pub, _ in sharded]
-    times, init_share = [], []
+    times, init_share, shard_t = [], [], []
     for _ in range(rounds + 1):  # the first batch warms caches and is not counted
+        ts = time.perf_counter()
+        sharded = vdaf.shard_batch([measurement] * batch, nonces)
+        publics = [pub for pub, _ in sharded]
+        shard_t.append((time.perf_counter() - ts) / batch * 1e3)
         t0 = time.perf_counter()
         per_agg = [
             vdaf.prep_init_batch(key, j, nonces, publics, [ins[j] for _, ins in sharded])
@@ -96,8 +98,10 @@ def measure_batch(vdaf: Prio3, measurement: object, batch: int, rounds: int) -> 
         t2 = time.perf_counter()
         times.append((t2 - t0) / batch * 1e3)
         init_share.append((t1 - t0) / (t2 - t0))
-    times, init_share = times[1:], init_share[1:]
+    times, init_share, shard_t = times[1:], init_share[1:], shard_t[1:]
     return {
+        "shard_ms": statistics.median(shard_t),
+        "shard_min": min(shard_t),
         "ms": statistics.median(times),
         "min": min(times),
         "init_share": statistics.median(init_share),
@@ -165,32 +169,34 @@ def main(argv: list[str] | None = None) -> int:
         batched[kind] = (name, vdaf, m, results)
     print()
     print(
-        "Batched preparation (prep_init_batch on both aggregators, prep_shares_to_prep_batch, "
-        "prep_next): ms of CPU per report for both aggregators, median [best] of "
-        f"{args.rounds} batches; reports/s on 2 cores = 2000 / ms"
+        "Batched (shard_batch; prep_init_batch on both aggregators, prep_shares_to_prep_batch, "
+        "prep_next): ms per report, median [best] of "
+        f"{args.rounds} batches; preparation reports/s on 2 cores = 2000 / ms"
     )
     print(
-        f"{'instance':<34}{'backend':<8}{'batch':>7}{'per-report ms':>15}{'batched ms':>18}"
-        f"{'reports/s':>11}{'in prep_init':>14}"
+        f"{'instance':<34}{'backend':<8}{'batch':>7}{'shard batched':>18}"
+        f"{'prep per-report':>17}{'prep batched':>18}{'reports/s':>11}{'in prep_init':>14}"
     )
     for kind, (name, vdaf, m, results) in batched.items():
-        t_prep = TARGETS[kind][1]
-        best_b = None
+        t_shard, t_prep = TARGETS[kind]
+        best: dict[str, float] = {}
         for b in backends:
             native.use(b)
             size = args.batch if b == "native" else args.python_batch
             r = measure_batch(vdaf, m, size, args.rounds)
-            best_b = best_b if best_b is not None and best_b <= r["ms"] else r["ms"]
-            single = results[b]["prep_ms"]
+            for key in ("shard_ms", "ms"):
+                best[key] = min(best.get(key, r[key]), r[key])
+            shard_cell = f"{r['shard_ms']:.3f} [{r['shard_min']:.3f}]"
             cell = f"{r['ms']:.3f} [{r['min']:.3f}]"
             print(
-                f"{name:<34}{b:<8}{size:>7}{single:>15.2f}{cell:>18}"
-                f"{2e3 / r['ms']:>11,.0f}{r['init_share']:>14.0%}"
+                f"{name:<34}{b:<8}{size:>7}{shard_cell:>18}{results[b]['prep_ms']:>17.2f}"
+                f"{cell:>18}{2e3 / r['ms']:>11,.0f}{r['init_share']:>14.0%}"
             )
-        ok = "met" if best_b is not None and best_b <= t_prep else "missed"
+        ok_s = "met" if best and best["shard_ms"] <= t_shard else "missed"
+        ok_p = "met" if best and best["ms"] <= t_prep else "missed"
         print(
-            f"{'':<34}{'target':<8}{'':>7}{'':>15}{f'≤ {t_prep:g} ({ok})':>18}"
-            f"{2e3 / t_prep:>11,.0f}"
+            f"{'':<34}{'target':<8}{'':>7}{f'≤ {t_shard:g} ({ok_s})':>18}{'':>17}"
+            f"{f'≤ {t_prep:g} ({ok_p})':>18}{2e3 / t_prep:>11,.0f}"
         )
     native.use(before)
     return 0
