@@ -20,6 +20,8 @@ from svtagg.vdaf.field import (
     DecodeError,
     bit_check_pairs,
     dot_last,
+    mul_cols,
+    pair_products,
     powers_rows,
     weighted_rows,
 )
@@ -284,7 +286,8 @@ def test_malformed_input_names_the_report() -> None:
 
 @pytest.mark.parametrize("fid", [0, 1])
 def test_batch_kernels_are_byte_identical_to_the_reference(vdaf_backend: str, fid: int) -> None:
-    """powers_rows, dot_last, weighted_rows and bit_check_pairs, natively and on
+    """powers_rows, dot_last, weighted_rows, bit_check_pairs, pair_products and
+    mul_cols, natively and on
     Python integers, on random elements plus the values where reductions bite."""
     if vdaf_backend != "native":
         pytest.skip("compares the native kernels with the reference once")
@@ -316,6 +319,8 @@ def test_batch_kernels_are_byte_identical_to_the_reference(vdaf_backend: str, fi
             f.encode_vec(dot_last(f, f.vec(a3), f.vec(b2))),
             f.encode_vec(weighted_rows(f, f.vec(m3), f.vec(w2))),
             f.encode_vec(bit_check_pairs(f, f.vec(meas), f.vec(x1), f.inv(3), 12)),
+            f.encode_vec(pair_products(f, f.vec(a3).reshape(4, 3, 7), 2)),
+            f.encode_vec(mul_cols(f, f.vec(a3), f.vec(b2)[0])),
         ]
 
     with native.using("python"):

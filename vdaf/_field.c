@@ -690,6 +690,91 @@ static PyObject *py_bit_pairs(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* pair_products(fid, x, count, out): out[j] = sum_c x[c, 0, j] * x[c, 1, j]
+ * for x of (count, 2, M) elements (ParallelSum(Mul) on a batch of calls);
+ * Field128 sums mont(a, b) = a*b/R and fixes the factor once per output. */
+static PyObject *py_pair_products(PyObject *self, PyObject *args) {
+    int fid;
+    Py_ssize_t count;
+    PyObject *x_o, *o_o;
+    if (!PyArg_ParseTuple(args, "iOnO", &fid, &x_o, &count, &o_o) || check_fid(fid) < 0) return NULL;
+    vbuf x, o;
+    if (get_vec(x_o, fid, 0, &x) < 0) return NULL;
+    if (get_vec(o_o, fid, 1, &o) < 0) {
+        PyBuffer_Release(&x.view);
+        return NULL;
+    }
+    Py_ssize_t nm = o.n;
+    if (count <= 0 || x.n != count * 2 * nm) {
+        PyErr_SetString(PyExc_ValueError, "pair_products: shape mismatch");
+    } else if (fid == 0) {
+        const u64 *xs = (const u64 *)x.view.buf;
+        u64 *out = (u64 *)o.view.buf;
+        for (Py_ssize_t j = 0; j < nm; j++) out[j] = 0;
+        for (Py_ssize_t c = 0; c < count; c++) {
+            const u64 *a = xs + 2 * c * nm, *b = a + nm;
+            for (Py_ssize_t j = 0; j < nm; j++) out[j] = add64(out[j], mul64(a[j], b[j]));
+        }
+    } else {
+        const e128 *xs = (const e128 *)x.view.buf;
+        e128 *out = (e128 *)o.view.buf;
+        for (Py_ssize_t j = 0; j < nm; j++) out[j] = (e128){0, 0};
+        for (Py_ssize_t c = 0; c < count; c++) {
+            const e128 *a = xs + 2 * c * nm, *b = a + nm;
+            for (Py_ssize_t j = 0; j < nm; j++) out[j] = add128(out[j], mont128(a[j], b[j]));
+        }
+        for (Py_ssize_t j = 0; j < nm; j++) out[j] = mont128(out[j], R2_128);
+    }
+    PyBuffer_Release(&x.view);
+    PyBuffer_Release(&o.view);
+    if (PyErr_Occurred()) return NULL;
+    Py_RETURN_NONE;
+}
+
+/* mul_cols(fid, a, b, out): out[r, k] = a[r, k] * b[k] for a of (rows, n)
+ * elements and b of n (one row shared by all); b goes to Montgomery form once. */
+static PyObject *py_mul_cols(PyObject *self, PyObject *args) {
+    int fid;
+    PyObject *a_o, *b_o, *o_o;
+    if (!PyArg_ParseTuple(args, "iOOO", &fid, &a_o, &b_o, &o_o) || check_fid(fid) < 0) return NULL;
+    vbuf a, b, o;
+    if (get_vec(a_o, fid, 0, &a) < 0) return NULL;
+    if (get_vec(b_o, fid, 0, &b) < 0) {
+        PyBuffer_Release(&a.view);
+        return NULL;
+    }
+    if (get_vec(o_o, fid, 1, &o) < 0) {
+        PyBuffer_Release(&a.view);
+        PyBuffer_Release(&b.view);
+        return NULL;
+    }
+    Py_ssize_t n = b.n;
+    if (n <= 0 || a.n % n || o.n != a.n) {
+        PyErr_SetString(PyExc_ValueError, "mul_cols: shape mismatch");
+    } else if (fid == 0) {
+        const u64 *x = (const u64 *)a.view.buf, *y = (const u64 *)b.view.buf;
+        u64 *out = (u64 *)o.view.buf;
+        for (Py_ssize_t i = 0; i < a.n; i++) out[i] = mul64(x[i], y[i % n]);
+    } else {
+        const e128 *x = (const e128 *)a.view.buf, *y = (const e128 *)b.view.buf;
+        e128 *out = (e128 *)o.view.buf;
+        e128 *ym = (e128 *)PyMem_Malloc(sizeof(e128) * (size_t)n);
+        if (!ym) {
+            PyErr_NoMemory();
+        } else {
+            for (Py_ssize_t k = 0; k < n; k++) ym[k] = mont128(y[k], R2_128);
+            for (Py_ssize_t r = 0; r < a.n / n; r++)
+                for (Py_ssize_t k = 0; k < n; k++) out[r * n + k] = mont128(x[r * n + k], ym[k]);
+            PyMem_Free(ym);
+        }
+    }
+    PyBuffer_Release(&a.view);
+    PyBuffer_Release(&b.view);
+    PyBuffer_Release(&o.view);
+    if (PyErr_Occurred()) return NULL;
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"add", py_add, METH_VARARGS, "add(fid, a, b, out): out = a + b (length-1 operands broadcast)"},
     {"sub", py_sub, METH_VARARGS, "sub(fid, a, b, out): out = a - b"},
@@ -704,6 +789,9 @@ static PyMethodDef methods[] = {
      "weighted_rows(fid, m, w, out, rows): out[r, j] = sum_i w[r, i] m[r, i, j]"},
     {"bit_pairs", py_bit_pairs, METH_VARARGS,
      "bit_pairs(fid, meas, r, s, out, rows): (r^(k+1) m_k, m_k - s) per report"},
+    {"pair_products", py_pair_products, METH_VARARGS,
+     "pair_products(fid, x, count, out): out[j] = sum_c x[c, 0, j] x[c, 1, j]"},
+    {"mul_cols", py_mul_cols, METH_VARARGS, "mul_cols(fid, a, b, out): out[r, k] = a[r, k] b[k]"},
     {"sample", py_sample, METH_VARARGS, "sample(fid, raw, out) -> kept: rejection sampling"},
     {NULL, NULL, 0, NULL},
 };

@@ -471,3 +471,25 @@ def bit_check_pairs(f: Field, meas: Vec, r: Vec, s: int, total: int) -> Vec:
     out[..., 0] = f.mul(padded, powers_rows(f, r, total))
     out[..., 1] = f.sub(padded, s)
     return out
+
+
+def pair_products(f: Field, x: Vec, count: int) -> Vec:
+    """Σ_c x[2c]·x[2c+1] over the first axis (ParallelSum(Mul)): x of shape
+    (2·count, ...) → (...)."""
+    rest = x.shape[1:]
+    if x.dtype != object and x.size:
+        out = np.empty(rest, dtype=x.dtype)
+        core = _backend.core()
+        core.pair_products(f.fid, np.ascontiguousarray(x), count, out)
+        return out
+    per = x.reshape((count, 2) + rest)
+    return f.sum(f.mul(per[:, 0], per[:, 1]), axis=0)
+
+
+def mul_cols(f: Field, a: Vec, b: Vec) -> Vec:
+    """a·b with one row b (length n) shared by every row of a (..., n)."""
+    if a.dtype != object and a.size:
+        out = np.empty(a.shape, dtype=a.dtype)
+        _backend.core().mul_cols(f.fid, np.ascontiguousarray(a), np.ascontiguousarray(b), out)
+        return out
+    return f.mul(a, b)

@@ -28,8 +28,10 @@ from svtagg.vdaf.field import (
     Field,
     Vec,
     dot_last,
+    mul_cols,
     next_power_of_2,
     ntt,
+    pair_products,
     poly_eval,
     poly_eval_at_roots,
     powers_rows,
@@ -118,6 +120,8 @@ class ParallelSum:
         return self.sub.degree
 
     def eval(self, f: Field, x: Vec) -> Vec:
+        if isinstance(self.sub, Mul):
+            return pair_products(f, x, self.count)  # one native pass, no strided copies
         per_copy = x.reshape((self.count, self.sub.arity) + x.shape[1:]).swapaxes(0, 1)
         return f.sum(self.sub.eval(f, per_copy), axis=0)
 
@@ -144,7 +148,7 @@ def gadget_poly(f: Field, g: Gadget, wires: Vec) -> Vec:
     w_n = f.root(n)
     for s in range(1, m):
         twist = f.as_like(wires, f.powers(pow(w_n, s, f.modulus), p_len, first=0))
-        evals[..., s] = ntt(f, f.mul(coeffs, twist))
+        evals[..., s] = ntt(f, mul_cols(f, coeffs, twist))
     out = ntt(f, g.eval(f, evals.reshape(*wires.shape[:-1], n)), inverse=True)
     return out[..., :length]  # type: ignore[no-any-return]
 
