@@ -118,7 +118,8 @@ def joint_noise_circuit(
     """
     w = shape.words
     garbler = a_bits is not None
-    bw = np.concatenate([b(lo, hi) for lo, hi in lane_batches(w * n)], axis=1)
+    # Each batch is copied as it comes: the OT extension reuses its label buffer.
+    bw = np.concatenate([b(lo, hi).copy() for lo, hi in lane_batches(w * n)], axis=1)
     x: list[Wires] = []
     for j in range(shape.random_bits):
         word, pos = divmod(j, RING_BITS)
