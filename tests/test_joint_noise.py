@@ -240,3 +240,19 @@ def test_one_server_randomness_lets_that_server_predict_the_noise() -> None:
     hits = float(np.mean((r + y).view(np.int64) == guess))
     collision = float(sum(p * p for p in pmf(shape.constants, shape.bits).values()))
     assert hits < 2 * collision < 0.2
+
+
+@pytest.mark.heavy
+def test_chi_square_at_scale_on_both_engines(engine: str) -> None:
+    """100,000 protocol samples of a two-word shape (t = 10, b = 12) fit the exact
+    pmf on each engine, and the fit rejects the law of a 5% larger scale."""
+    t, b, n = Fraction(10), 12, 100_000
+    c = sampler_constants(t, b)
+    shape = SamplerShape(c, b)
+    u = _words(b"heavy-u" + engine.encode(), shape, n)
+    v = _words(b"heavy-v" + engine.encode(), shape, n)
+    r, y, _ = asyncio.run(_protocol(shape, u, v, n))
+    samples = (r + y).view(np.int64)
+    np.testing.assert_array_equal(samples, plain_joint_noise(u ^ v, shape))
+    assert _chi_square_pvalue(samples, pmf(c, b)) > 1e-3
+    assert _chi_square_pvalue(samples, pmf(sampler_constants(t * Fraction(21, 20), b), b)) < 1e-6
