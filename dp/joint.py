@@ -1,0 +1,226 @@
+"""The exact law and privacy loss of the jointly generated noise
+(`svtagg.mpc.jointnoise`), finite precision included.
+
+The sampler draws K independent digits, digit i equal to 1 with probability
+exactly p_i = c_i / 2^b (a b-bit uniform compared with the public constant
+c_i), a fair sign s, and outputs ν = G = Σ g_i 2^i for s = 0 and ν = −G − 1 for
+s = 1.  So, with f_i(1) = c_i and f_i(0) = 2^b − c_i,
+
+    P(G = g) = Π_i f_i(g_i) / 2^(K·b)              for 0 ≤ g < 2^K,
+    P(ν = x) = ½ P(G = x) (x ≥ 0),  ½ P(G = −x − 1) (x < 0),
+
+all exact rationals (`magnitude_weights`, `pmf`).  The ideal p_i would be
+1/(1 + e^(2^i/t)), which makes G geometric with ratio e^(−1/t) and ν a discrete
+Laplace centred at −½; the rounded c_i and the K-digit truncation make the law
+slightly different, and it is this law, not the ideal one, whose privacy loss
+is derived here.
+
+Privacy loss for additive noise of sensitivity Δ: neighbouring inputs shift the
+noise by some d with 1 ≤ |d| ≤ Δ.  The law is symmetric about −½
+(P(ν = x) = P(ν = −x − 1)), so the ratios for −d are the reciprocals of those
+for +d, and the loss bound is
+
+    e^ε = max over 1 ≤ d ≤ Δ and over x with P(ν = x), P(ν = x + d) > 0 of
+          max(P(ν = x)/P(ν = x + d), P(ν = x + d)/P(ν = x)).
+
+The pairs (x, x + d) are of two kinds: on one side of zero, a pair (g, g + d)
+of magnitudes; across zero (x = −g − 1, x + d = h), a pair with g + h = d − 1.
+Both are constraints of a binary adder, so the extreme ratio Π f_i(g_i)/f_i(h_i)
+is found exactly by a dynamic programme over the digits with the carry as
+state (`_extreme_ratio`), O(K) per d, with integer numerators and
+denominators — no enumeration of the 2^(K+1) support.  Where the shifted point
+leaves the support ([−2^K, 2^K)) the ratio is unbounded; that mass is
+δ = max_d P(ν ≥ 2^K − d) = ½ P(G ≥ 2^K − Δ) (`tail_mass`), and with e^ε ≥ every
+finite ratio, the hockey-stick divergence of the pair is exactly that mass, so
+the noise gives (ε, δ) for sensitivity Δ (`privacy_loss`).
+
+As SVT noise: the usual change-of-variables proof shifts the threshold noise
+by Δ and the one answered query's noise by 2Δ (Δ for monotone queries); with
+these pointwise bounds and the shifted points that leave the support charged
+to δ, the stream costs (ε_ρ + ε_ν, δ_ρ + δ_ν), each term `privacy_loss` at its
+shift.  The charge is not wired into the accountant (docs/privacy.md).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from fractions import Fraction
+
+from svtagg.dp.noise import _digits
+
+#: Above this many digits `pmf` refuses to enumerate the support.
+MAX_ENUMERATED_DIGITS = 20
+
+
+def sampler_constants(
+    scale: Fraction, bits: int, digits: int | None = None, min_constant: int = 1
+) -> tuple[int, ...]:
+    """c_i = round(2^b / (1 + e^(2^i/t))) for i = 0, 1, …, exact (the digits of
+    the logistic value come from `dp.noise`'s interval arithmetic, so no float
+    is involved; an exact half cannot occur since the value is irrational).
+
+    Without `digits`, K counts the digits whose constant is ≥ `min_constant`.
+    With the default 1, beyond K the rounded probability is 0 anyway; but a
+    small c_i is a coarse approximation of p_i (c_i = 1 stands for anything in
+    [½, 1.5)/2^b), and a pair of neighbouring outputs that differ in digit i
+    pays log(c_i) error in full, so a larger `min_constant` (e.g. 2^(b/2))
+    trades a little truncation mass (δ) for an ε close to the ideal d/t.
+    """
+    if scale <= 0:
+        raise ValueError("scale must be > 0")
+    out: list[int] = []
+    i = 0
+    while digits is None or i < digits:
+        y = Fraction(1 << i) / Fraction(scale)
+        c = (_digits(y, "logistic", bits + 1) + 1) >> 1
+        if c < min_constant:
+            if digits is not None:
+                raise ValueError(f"digit {i} rounds below {min_constant} at {bits} bits")
+            break
+        out.append(c)
+        i += 1
+    if not out:
+        raise ValueError("the first digit rounds below min_constant: more bits needed")
+    return tuple(out)
+
+
+def _factors(constants: tuple[int, ...], bits: int) -> list[tuple[int, int]]:
+    """(f_i(0), f_i(1)) = (2^b − c_i, c_i) per digit."""
+    return [((1 << bits) - c, c) for c in constants]
+
+
+def magnitude_weights(constants: tuple[int, ...], bits: int) -> list[int]:
+    """2^(K·b) · P(G = g) for g = 0 .. 2^K − 1: exact integers."""
+    k = len(constants)
+    if k > MAX_ENUMERATED_DIGITS:
+        raise ValueError(f"{k} digits: the support is too large to enumerate")
+    w = [1]
+    for f0, f1 in _factors(constants, bits):  # digit i doubles the table
+        w = [x * f0 for x in w] + [x * f1 for x in w]
+    return w
+
+
+def pmf(constants: tuple[int, ...], bits: int) -> dict[int, Fraction]:
+    """P(ν = x) for every x in the support [−2^K, 2^K), as exact Fractions."""
+    w = magnitude_weights(constants, bits)
+    den = 2 << (len(constants) * bits)
+    out = {g: Fraction(v, den) for g, v in enumerate(w)}
+    out.update({-g - 1: Fraction(v, den) for g, v in enumerate(w)})
+    return out
+
+
+def _adder_pairs(k: int, target: int, add: bool) -> Iterator[tuple[int, int, int, int, int]]:
+    """The steps of a digit DP over pairs (g, h) of K-bit numbers with h = g + d
+    (add = False; target = d) or g + h = m (add = True; target = m): yields
+    (i, carry in, g_i, h_i, carry out) for every consistent digit choice."""
+    for i in range(k):
+        t = (target >> i) & 1
+        for c in (0, 1):
+            for gi in (0, 1):
+                if add:
+                    for hi in (0, 1):
+                        if gi ^ hi ^ c == t:
+                            yield i, c, gi, hi, (gi + hi + c) >> 1
+                else:
+                    hi = gi ^ t ^ c
+                    yield i, c, gi, hi, (gi + t + c) >> 1
+
+
+def _extreme_ratio(
+    constants: tuple[int, ...], bits: int, target: int, add: bool, largest: bool
+) -> Fraction | None:
+    """max (or min) of P(G = g)/P(G = h) over the pairs of `_adder_pairs`, or None
+    if there is no pair.  Ratios are kept as (numerator, denominator) integers."""
+    k = len(constants)
+    f = _factors(constants, bits)
+    final_carry = target >> k  # h = g + d must not overflow; g + h may carry into bit K
+    if final_carry > (1 if add else 0):
+        return None
+    best: list[tuple[int, int] | None] = [(1, 1), None]  # by carry, before digit 0
+    layer: list[tuple[int, int] | None] = [None, None]
+    current = 0
+    for i, c, gi, hi, co in _adder_pairs(k, target, add):
+        if i != current:
+            best, layer, current = layer, [None, None], i
+        prev = best[c]
+        if prev is None:
+            continue
+        cand = (prev[0] * f[i][gi], prev[1] * f[i][hi])
+        old = layer[co]
+        if old is None or (cand[0] * old[1] > old[0] * cand[1]) == largest:
+            layer[co] = cand
+    end = layer[final_carry]
+    return None if end is None else Fraction(*end)
+
+
+@dataclass(frozen=True)
+class PrivacyLoss:
+    """(ε, δ) of the sampler as additive noise for sensitivity Δ: `ratio` = e^ε
+    exactly, `delta` exact; `epsilon` is its natural log (a float, for display)."""
+
+    ratio: Fraction
+    delta: Fraction
+
+    @property
+    def epsilon(self) -> float:
+        return math.log(self.ratio.numerator) - math.log(self.ratio.denominator)
+
+
+def shift_ratio(constants: tuple[int, ...], bits: int, d: int) -> Fraction:
+    """The largest P(ν = x)/P(ν = x + d) or its reciprocal over the support, for a
+    shift 1 ≤ d ≤ 2^K."""
+    k = len(constants)
+    if not 1 <= d <= 1 << k:
+        raise ValueError("shift out of range")
+    found: list[Fraction] = []
+    for target, add in ((d, False), (d - 1, True)):  # one side, across zero
+        hi = _extreme_ratio(constants, bits, target, add, True)
+        lo = _extreme_ratio(constants, bits, target, add, False)
+        found += [r for r in (hi, None if lo is None else 1 / lo) if r is not None]
+    return max(found)
+
+
+def tail_mass(constants: tuple[int, ...], bits: int, m: int) -> Fraction:
+    """P(G ≥ m), exact, by walking m's digits from the top: O(K)."""
+    k = len(constants)
+    if m <= 0:
+        return Fraction(1)
+    if m >= 1 << k:
+        return Fraction(0)
+    p = [Fraction(c, 1 << bits) for c in constants]
+    total, prefix = Fraction(0), Fraction(1)  # prefix: G agrees with m on the digits so far
+    for i in reversed(range(k)):
+        if (m >> i) & 1:
+            prefix *= p[i]
+        else:
+            total += prefix * p[i]  # G has a 1 where m has a 0: G > m
+            prefix *= 1 - p[i]
+    return total + prefix  # G = m
+
+
+def privacy_loss(constants: tuple[int, ...], bits: int, sensitivity: int) -> PrivacyLoss:
+    """(ε, δ) for additive noise of this sampler with sensitivity Δ: the largest
+    ratio over every shift 1 ≤ d ≤ Δ and the mass that a shift by Δ pushes out
+    of the support (see the module docstring).  O(Δ·K)."""
+    k = len(constants)
+    if not 1 <= sensitivity <= 1 << k:
+        raise ValueError(f"sensitivity must be in [1, 2^K] = [1, {1 << k}]")
+    ratio = max(shift_ratio(constants, bits, d) for d in range(1, sensitivity + 1))
+    return PrivacyLoss(ratio, tail_mass(constants, bits, (1 << k) - sensitivity) / 2)
+
+
+def brute_force_loss(constants: tuple[int, ...], bits: int, sensitivity: int) -> PrivacyLoss:
+    """`privacy_loss` by enumerating the support (small K only): the reference the
+    dynamic programme is tested against."""
+    p = pmf(constants, bits)
+    ratio, delta = Fraction(1), Fraction(0)
+    for d in range(1, sensitivity + 1):
+        for x, px in p.items():
+            q = p.get(x + d)
+            if q is None:
+                continue
+            ratio = max(ratio, px / q, q / px)
+        delta = max(delta, sum((px for x, px in p.items() if x + d not in p), Fraction(0)))
+    return PrivacyLoss(ratio, delta)
