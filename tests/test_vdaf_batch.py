@@ -18,6 +18,7 @@ from svtagg.vdaf.field import (
     FIELD64,
     FIELD128,
     DecodeError,
+    bit_check_at,
     bit_check_pairs,
     dot_last,
     mul_cols,
@@ -286,8 +287,8 @@ def test_malformed_input_names_the_report() -> None:
 
 @pytest.mark.parametrize("fid", [0, 1])
 def test_batch_kernels_are_byte_identical_to_the_reference(vdaf_backend: str, fid: int) -> None:
-    """powers_rows, dot_last, weighted_rows, bit_check_pairs, pair_products and
-    mul_cols, natively and on
+    """powers_rows, dot_last, weighted_rows, bit_check_pairs, pair_products,
+    mul_cols and bit_check_at, natively and on
     Python integers, on random elements plus the values where reductions bite."""
     if vdaf_backend != "native":
         pytest.skip("compares the native kernels with the reference once")
@@ -321,6 +322,8 @@ def test_batch_kernels_are_byte_identical_to_the_reference(vdaf_backend: str, fi
             f.encode_vec(bit_check_pairs(f, f.vec(meas), f.vec(x1), f.inv(3), 12)),
             f.encode_vec(pair_products(f, f.vec(a3).reshape(4, 3, 7), 2)),
             f.encode_vec(mul_cols(f, f.vec(a3), f.vec(b2)[0])),
+            # 9 elements in 5 calls of 2 (padding in the last call)
+            f.encode_vec(bit_check_at(f, f.vec(meas), f.vec(x1), f.inv(3), f.vec(m3)[:, 0], 2, 5)),
         ]
 
     with native.using("python"):

@@ -775,6 +775,86 @@ static PyObject *py_mul_cols(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* bit_check_at(fid, meas, r, s, lam, chunk, calls, out, rows): the chunked
+ * bit check's wire values at a point, straight from the measurement: for
+ * report q, with x_k = (r^(k+1) m_k, m_k - s) the inputs of call k / chunk
+ * (m zero-padded to calls*chunk) and lam[q, 1 + call] the call's weight,
+ * out[q, 2c] = sum_call lam * r^(call*chunk + c + 1) * m_k
+ *            = r^c * sum_call (lam * r^(call*chunk + 1)) * m_k,
+ * out[q, 2c + 1] = sum_call lam * m_k - s * sum_call lam   (k = call*chunk + c):
+ * two products per element instead of four (inputs, then their weighted sum). */
+static PyObject *py_bit_check_at(PyObject *self, PyObject *args) {
+    int fid;
+    Py_ssize_t chunk, calls, rows;
+    PyObject *m_o, *r_o, *s_o, *l_o, *o_o;
+    if (!PyArg_ParseTuple(args, "iOOOOnnOn", &fid, &m_o, &r_o, &s_o, &l_o, &chunk, &calls, &o_o, &rows) ||
+        check_fid(fid) < 0 || fid != 1) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "bit_check_at: Field128 only");
+        return NULL;
+    }
+    vbuf m, r, sv, l, o;
+    if (get_vec(m_o, fid, 0, &m) < 0) return NULL;
+    if (get_vec(r_o, fid, 0, &r) < 0) { PyBuffer_Release(&m.view); return NULL; }
+    if (get_vec(s_o, fid, 0, &sv) < 0) { PyBuffer_Release(&m.view); PyBuffer_Release(&r.view); return NULL; }
+    if (get_vec(l_o, fid, 0, &l) < 0) {
+        PyBuffer_Release(&m.view); PyBuffer_Release(&r.view); PyBuffer_Release(&sv.view);
+        return NULL;
+    }
+    if (get_vec(o_o, fid, 1, &o) < 0) {
+        PyBuffer_Release(&m.view); PyBuffer_Release(&r.view); PyBuffer_Release(&sv.view);
+        PyBuffer_Release(&l.view);
+        return NULL;
+    }
+    Py_ssize_t len = rows > 0 ? m.n / rows : 0, np_ = rows > 0 ? l.n / rows : 0;
+    if (rows <= 0 || chunk <= 0 || calls <= 0 || m.n != rows * len || len > chunk * calls ||
+        r.n != rows || sv.n != 1 || l.n != rows * np_ || np_ < calls + 1 || o.n != rows * 2 * chunk) {
+        PyErr_SetString(PyExc_ValueError, "bit_check_at: shape mismatch");
+    } else {
+        const e128 *ms = (const e128 *)m.view.buf, *rs = (const e128 *)r.view.buf;
+        const e128 *ls = (const e128 *)l.view.buf;
+        e128 s = AT128(sv, 0), *out = (e128 *)o.view.buf;
+        for (Py_ssize_t q = 0; q < rows; q++) {
+            const e128 *mq = ms + q * len, *lq = ls + q * np_;
+            e128 *oq = out + q * 2 * chunk;
+            for (Py_ssize_t c = 0; c < 2 * chunk; c++) oq[c] = (e128){0, 0};
+            e128 rm = mont128(rs[q], R2_128);             /* r*R */
+            e128 r_chunk_m = rm;                          /* r^chunk * R */
+            for (Py_ssize_t c = 1; c < chunk; c++) r_chunk_m = mont128(r_chunk_m, rm);
+            e128 r_base = rs[q];                          /* r^(call*chunk + 1) */
+            e128 lam_sum = {0, 0};
+            for (Py_ssize_t call = 0; call < calls; call++) {
+                e128 lam = lq[call + 1];
+                lam_sum = add128(lam_sum, lam);
+                e128 lam_m = mont128(lam, R2_128);                       /* lam*R */
+                e128 lam_r_m = mont128(mul128(lam, r_base), R2_128);    /* lam*r^..*R */
+                Py_ssize_t base = call * chunk;
+                Py_ssize_t end = len - base < chunk ? len - base : chunk;
+                for (Py_ssize_t c = 0; c < end; c++) {
+                    e128 v = mq[base + c];
+                    oq[2 * c] = add128(oq[2 * c], mont128(v, lam_r_m));
+                    oq[2 * c + 1] = add128(oq[2 * c + 1], mont128(v, lam_m));
+                }
+                r_base = mont128(r_base, r_chunk_m);
+            }
+            e128 s_lam = mul128(s, lam_sum);
+            e128 rc_m = (e128){0, 0};
+            for (Py_ssize_t c = 0; c < chunk; c++) {
+                /* r^c in Montgomery form: R mod p for c = 0 */
+                rc_m = c == 0 ? mont128((e128){1, 0}, R2_128) : mont128(rc_m, rm);
+                oq[2 * c] = mont128(oq[2 * c], rc_m);
+                oq[2 * c + 1] = sub128(oq[2 * c + 1], s_lam);
+            }
+        }
+    }
+    PyBuffer_Release(&m.view);
+    PyBuffer_Release(&r.view);
+    PyBuffer_Release(&sv.view);
+    PyBuffer_Release(&l.view);
+    PyBuffer_Release(&o.view);
+    if (PyErr_Occurred()) return NULL;
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"add", py_add, METH_VARARGS, "add(fid, a, b, out): out = a + b (length-1 operands broadcast)"},
     {"sub", py_sub, METH_VARARGS, "sub(fid, a, b, out): out = a - b"},
@@ -792,6 +872,8 @@ static PyMethodDef methods[] = {
     {"pair_products", py_pair_products, METH_VARARGS,
      "pair_products(fid, x, count, out): out[j] = sum_c x[c, 0, j] x[c, 1, j]"},
     {"mul_cols", py_mul_cols, METH_VARARGS, "mul_cols(fid, a, b, out): out[r, k] = a[r, k] b[k]"},
+    {"bit_check_at", py_bit_check_at, METH_VARARGS,
+     "bit_check_at(fid, meas, r, s, lam, chunk, calls, out, rows): bit-check wires at t"},
     {"sample", py_sample, METH_VARARGS, "sample(fid, raw, out) -> kept: rejection sampling"},
     {NULL, NULL, 0, NULL},
 };

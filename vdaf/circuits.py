@@ -78,6 +78,9 @@ def _chunked_bit_check_batch(
     """`_chunked_bit_check` for a batch: meas (reports × length), r one per report;
     the gadget gets all reports' calls as inputs of shape (2·chunk, reports, calls)."""
     rows = meas.shape[0]
+    record = getattr(gadget, "record_bit_check", None)
+    if record is not None:  # the verifier: only the wires' values at t are needed
+        return f.sum(record(meas, r, f.inv(num_shares), chunk, calls), axis=1)
     pairs = bit_check_pairs(f, meas, r, f.inv(num_shares), calls * chunk)
     out = gadget(pairs.reshape(rows, calls, 2 * chunk).transpose(2, 0, 1))
     return f.sum(out, axis=1)

@@ -493,3 +493,29 @@ def mul_cols(f: Field, a: Vec, b: Vec) -> Vec:
         _backend.core().mul_cols(f.fid, np.ascontiguousarray(a), np.ascontiguousarray(b), out)
         return out
     return f.mul(a, b)
+
+
+def bit_check_at(f: Field, meas: Vec, r: Vec, s: int, lam: Vec, chunk: int, calls: int) -> Vec:
+    """(reports, 2·chunk): the chunked bit check's wire values weighted by lam —
+    Σ_call lam[:, 1 + call]·x_call — where call `call` has the inputs
+    (r^(k+1)·m_k, m_k − s) for k = call·chunk + c (`bit_check_pairs`).
+
+    Natively computed from the measurement (r^c·Σ_call (lam·r^(call·chunk+1))·m_k
+    and Σ_call lam·m_k − s·Σ lam: two products per element, not four)."""
+    rows = meas.shape[0]
+    if meas.dtype != object and rows and f.encoded_size == 16:
+        out = np.empty((rows, 2 * chunk), dtype=meas.dtype)
+        _backend.core().bit_check_at(
+            f.fid,
+            np.ascontiguousarray(meas),
+            np.ascontiguousarray(r),
+            f._scalar(s),
+            np.ascontiguousarray(lam),
+            chunk,
+            calls,
+            out,
+            rows,
+        )
+        return out
+    pairs = bit_check_pairs(f, meas, r, s, calls * chunk).reshape(rows, calls, 2 * chunk)
+    return weighted_rows(f, pairs, np.ascontiguousarray(lam[:, 1 : 1 + calls]))

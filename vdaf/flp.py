@@ -27,6 +27,7 @@ import numpy.typing as npt
 from svtagg.vdaf.field import (
     Field,
     Vec,
+    bit_check_at,
     dot_last,
     mul_cols,
     next_power_of_2,
@@ -263,6 +264,7 @@ class _BatchQueryCall:
         self.seeds = seeds  # (reports, arity): the wires at α^0
         self.k = 0
         self.inputs: list[tuple[int, Vec]] = []
+        self.bit_checks: list[tuple[int, Vec, Vec, int, int, int]] = []
         self.polys = polys
         self.at_roots = poly_eval_at_roots(f, polys, self.p)
 
@@ -274,6 +276,17 @@ class _BatchQueryCall:
         self.inputs.append((start, x))
         self.k += batch
         return self.at_roots[:, start : start + batch]  # type: ignore[no-any-return]
+
+    def record_bit_check(self, meas: Vec, r: Vec, s: int, chunk: int, calls: int) -> Vec:
+        """The chunked bit check's calls, recorded by their definition (inputs
+        (r^(k+1)·m_k, m_k − s), see circuits.py) rather than as inputs, so that
+        `at_point` can compute their wire values from the measurement directly."""
+        start = self.k + 1
+        if start + calls > self.p or self.g.arity != 2 * chunk:
+            raise FlpError("a circuit called a gadget more often than it declared")
+        self.bit_checks.append((start, meas, r, s, chunk, calls))
+        self.k += calls
+        return self.at_roots[:, start : start + calls]  # type: ignore[no-any-return]
 
     def at_point(self, t_powers: Vec) -> Vec:
         """(reports, arity): each wire polynomial at the report's t, Σ_k w(α^k)·λ_k(t)
@@ -288,6 +301,8 @@ class _BatchQueryCall:
             # circuit's own contiguous layout (no copy)
             m = x.transpose(1, 2, 0)
             acc = f.add(acc, weighted_rows(f, m, lam[:, start : start + x.shape[-1]]))
+        for start, meas, r, s, chunk, calls in self.bit_checks:
+            acc = f.add(acc, bit_check_at(f, meas, r, s, lam[:, start - 1 :], chunk, calls))
         return acc
 
 
