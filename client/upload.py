@@ -155,6 +155,10 @@ __all__ = [
 ]
 
 
+#: Channels of uploads a Ctrl-C cut short (see `Uploader.__exit__`).
+_ABANDONED: list[grpc.Channel] = []
+
+
 class Uploader:
     """Uploads reports to the leader and the helper (blocking API)."""
 
@@ -189,11 +193,14 @@ class Uploader:
 
     def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
         # After Ctrl-C the interrupt may have landed inside a gRPC call, and
-        # closing the channel can then wait for that call for ever (gRPC's
-        # Python channel, grpc/grpc#19973 and kin): the process is ending, so
-        # the channels are left to it.
+        # closing the channel — or merely deallocating it — can then wait for
+        # that call for ever (gRPC's Python channel, grpc/grpc#19973 and kin):
+        # the process is ending, so the channels are kept referenced and left
+        # to it (the command line ends without finalizing them, deploy/cli.entry).
         if exc_type is None or issubclass(exc_type, Exception):
             self.close()
+        else:
+            _ABANDONED.extend(self._channels)
 
     def task(self, task_id: str) -> pb.TaskInfo:
         """Public task parameters (d, frac_bits) as the leader states them."""

@@ -285,6 +285,15 @@ def entry() -> None:
     except BrokenPipeError:
         _quiet_stdout()
         rc = EXIT_BROKEN_PIPE
+    if rc == EXIT_INTERRUPTED:
+        # After Ctrl-C a gRPC call the interrupt cut short can hold the
+        # interpreter's shutdown: finalizing its channel waits on it
+        # (grpc/grpc#19973 and kin; an interrupted upload keeps its channels
+        # referenced for this reason).  Everything the command owns was closed
+        # or recorded on the way here (its finally blocks, an upload's journal,
+        # written through), so the process ends now.
+        sys.stderr.flush()
+        os._exit(rc)
     sys.exit(rc)
 
 

@@ -250,7 +250,8 @@ async def test_ctrl_c_in_a_real_upload_then_resume(deployment: Deployment, tmp_p
             "--leader", deployment.leader_addr, "--helper", deployment.helper_addr,
             "--certs", str(deployment.certs), "--task", "t", "--input", str(path),
             "--batch", "50", "--quiet"]  # fmt: skip
-    env = {**os.environ, "SVTAGG_CONFIG": ""}
+    # PYTHONFAULTHANDLER: a client that hangs is made to say where (SIGABRT below).
+    env = {**os.environ, "SVTAGG_CONFIG": "", "PYTHONFAULTHANDLER": "1"}
     proc = await asyncio.create_subprocess_exec(*args, env=env, stderr=asyncio.subprocess.PIPE)
     for _ in range(600):  # until a few batches are held
         await asyncio.sleep(0.05)
@@ -260,8 +261,15 @@ async def test_ctrl_c_in_a_real_upload_then_resume(deployment: Deployment, tmp_p
     try:  # an interrupted client must end promptly, never hang in its cleanup
         _, err = await asyncio.wait_for(proc.communicate(), 60)
     except TimeoutError:
-        proc.kill()
-        raise AssertionError("the interrupted upload did not exit within 60 s") from None
+        proc.send_signal(signal.SIGABRT)  # faulthandler prints every thread's stack
+        try:
+            _, err = await asyncio.wait_for(proc.communicate(), 10)
+        except TimeoutError:
+            proc.kill()
+            err = b""
+        raise AssertionError(
+            "the interrupted upload did not exit within 60 s; its threads:\n" + err.decode()
+        ) from None
     text = err.decode()
     assert proc.returncode == 130, text
     assert "interrupted: the leader holds" in text and "--resume" in text, text
