@@ -159,6 +159,23 @@ static int get_vec(PyObject *obj, int fid, int writable, vbuf *out) {
     return 0;
 }
 
+/* Acquires n vectors of field fid, objs[i] into *bufs[i] (writable where
+ * writable[i]); on a failure releases those already acquired and returns -1. */
+static int get_vecs(int fid, int n, PyObject *const objs[], const int writable[],
+                    vbuf *const bufs[]) {
+    for (int i = 0; i < n; i++) {
+        if (get_vec(objs[i], fid, writable[i], bufs[i]) < 0) {
+            while (i--) PyBuffer_Release(&bufs[i]->view);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static void release_vecs(int n, vbuf *const bufs[]) {
+    for (int i = 0; i < n; i++) PyBuffer_Release(&bufs[i]->view);
+}
+
 static int check_fid(int fid) {
     if (fid != 0 && fid != 1) {
         PyErr_SetString(PyExc_ValueError, "field id is 0 (Field64) or 1 (Field128)");
@@ -178,16 +195,9 @@ static PyObject *binop(PyObject *args, int op) {
     PyObject *a_o, *b_o, *o_o;
     if (!PyArg_ParseTuple(args, "iOOO", &fid, &a_o, &b_o, &o_o) || check_fid(fid) < 0) return NULL;
     vbuf a, b, o;
-    if (get_vec(a_o, fid, 0, &a) < 0) return NULL;
-    if (get_vec(b_o, fid, 0, &b) < 0) {
-        PyBuffer_Release(&a.view);
+    if (get_vecs(fid, 3, (PyObject *[]){a_o, b_o, o_o}, (int[]){0, 0, 1},
+                 (vbuf *[]){&a, &b, &o}) < 0)
         return NULL;
-    }
-    if (get_vec(o_o, fid, 1, &o) < 0) {
-        PyBuffer_Release(&a.view);
-        PyBuffer_Release(&b.view);
-        return NULL;
-    }
     Py_ssize_t n = o.n;
     if ((a.n != n && a.n != 1) || (b.n != n && b.n != 1)) {
         PyErr_SetString(PyExc_ValueError, "operand lengths must match the output or be 1");
@@ -206,14 +216,10 @@ static PyObject *binop(PyObject *args, int op) {
             out[i] = op == OP_ADD ? add128(x, y) : op == OP_SUB ? sub128(x, y) : mul128(x, y);
         }
     }
-    PyBuffer_Release(&a.view);
-    PyBuffer_Release(&b.view);
-    PyBuffer_Release(&o.view);
+    release_vecs(3, (vbuf *[]){&a, &b, &o});
     Py_RETURN_NONE;
 fail:
-    PyBuffer_Release(&a.view);
-    PyBuffer_Release(&b.view);
-    PyBuffer_Release(&o.view);
+    release_vecs(3, (vbuf *[]){&a, &b, &o});
     return NULL;
 }
 
@@ -228,15 +234,12 @@ static PyObject *py_sum_rows(PyObject *self, PyObject *args) {
     PyObject *a_o, *o_o;
     if (!PyArg_ParseTuple(args, "iOnO", &fid, &a_o, &rows, &o_o) || check_fid(fid) < 0) return NULL;
     vbuf a, o;
-    if (get_vec(a_o, fid, 0, &a) < 0) return NULL;
-    if (get_vec(o_o, fid, 1, &o) < 0) {
-        PyBuffer_Release(&a.view);
+    if (get_vecs(fid, 2, (PyObject *[]){a_o, o_o}, (int[]){0, 1},
+                 (vbuf *[]){&a, &o}) < 0)
         return NULL;
-    }
     Py_ssize_t cols = o.n;
     if (rows < 0 || a.n != rows * cols) {
-        PyBuffer_Release(&a.view);
-        PyBuffer_Release(&o.view);
+        release_vecs(2, (vbuf *[]){&a, &o});
         PyErr_SetString(PyExc_ValueError, "sum_rows: shape mismatch");
         return NULL;
     }
@@ -253,8 +256,7 @@ static PyObject *py_sum_rows(PyObject *self, PyObject *args) {
         for (Py_ssize_t i = 0; i < rows; i++)
             for (Py_ssize_t j = 0; j < cols; j++) out[j] = add128(out[j], x[i * cols + j]);
     }
-    PyBuffer_Release(&a.view);
-    PyBuffer_Release(&o.view);
+    release_vecs(2, (vbuf *[]){&a, &o});
     Py_RETURN_NONE;
 }
 
@@ -264,16 +266,9 @@ static PyObject *py_powers(PyObject *self, PyObject *args) {
     PyObject *s_o, *t_o, *o_o;
     if (!PyArg_ParseTuple(args, "iOOO", &fid, &s_o, &t_o, &o_o) || check_fid(fid) < 0) return NULL;
     vbuf s, t, o;
-    if (get_vec(s_o, fid, 0, &s) < 0) return NULL;
-    if (get_vec(t_o, fid, 0, &t) < 0) {
-        PyBuffer_Release(&s.view);
+    if (get_vecs(fid, 3, (PyObject *[]){s_o, t_o, o_o}, (int[]){0, 0, 1},
+                 (vbuf *[]){&s, &t, &o}) < 0)
         return NULL;
-    }
-    if (get_vec(o_o, fid, 1, &o) < 0) {
-        PyBuffer_Release(&s.view);
-        PyBuffer_Release(&t.view);
-        return NULL;
-    }
     if (s.n != 1 || t.n != 1) {
         PyErr_SetString(PyExc_ValueError, "powers: start and step are single elements");
     } else if (fid == 0) {
@@ -285,9 +280,7 @@ static PyObject *py_powers(PyObject *self, PyObject *args) {
         e128 *out = (e128 *)o.view.buf;
         for (Py_ssize_t i = 0; i < o.n; i++, x = mul128(x, step)) out[i] = x;
     }
-    PyBuffer_Release(&s.view);
-    PyBuffer_Release(&t.view);
-    PyBuffer_Release(&o.view);
+    release_vecs(3, (vbuf *[]){&s, &t, &o});
     if (PyErr_Occurred()) return NULL;
     Py_RETURN_NONE;
 }
@@ -357,14 +350,11 @@ static PyObject *py_ntt(PyObject *self, PyObject *args) {
     while (((Py_ssize_t)1 << bits) < n) bits++;
     vbuf d, rt, sc;
     int have_scale = s_o != Py_None;
-    if (get_vec(d_o, fid, 1, &d) < 0) return NULL;
-    if (get_vec(r_o, fid, 0, &rt) < 0) {
-        PyBuffer_Release(&d.view);
+    if (get_vecs(fid, 2, (PyObject *[]){d_o, r_o}, (int[]){1, 0},
+                 (vbuf *[]){&d, &rt}) < 0)
         return NULL;
-    }
     if (have_scale && get_vec(s_o, fid, 0, &sc) < 0) {
-        PyBuffer_Release(&d.view);
-        PyBuffer_Release(&rt.view);
+        release_vecs(2, (vbuf *[]){&d, &rt});
         return NULL;
     }
     if (d.n % n) {
@@ -381,8 +371,7 @@ static PyObject *py_ntt(PyObject *self, PyObject *args) {
             NTT_BODY(e128, mul128, TOMONT128, mont128, add128, sub128, ((e128){1, 0}));
         }
     }
-    PyBuffer_Release(&d.view);
-    PyBuffer_Release(&rt.view);
+    release_vecs(2, (vbuf *[]){&d, &rt});
     if (have_scale) PyBuffer_Release(&sc.view);
     if (PyErr_Occurred()) return NULL;
     Py_RETURN_NONE;
@@ -395,16 +384,9 @@ static PyObject *py_poly_eval(PyObject *self, PyObject *args) {
     PyObject *c_o, *t_o, *o_o;
     if (!PyArg_ParseTuple(args, "iOnOO", &fid, &c_o, &n, &t_o, &o_o) || check_fid(fid) < 0) return NULL;
     vbuf c, t, o;
-    if (get_vec(c_o, fid, 0, &c) < 0) return NULL;
-    if (get_vec(t_o, fid, 0, &t) < 0) {
-        PyBuffer_Release(&c.view);
+    if (get_vecs(fid, 3, (PyObject *[]){c_o, t_o, o_o}, (int[]){0, 0, 1},
+                 (vbuf *[]){&c, &t, &o}) < 0)
         return NULL;
-    }
-    if (get_vec(o_o, fid, 1, &o) < 0) {
-        PyBuffer_Release(&c.view);
-        PyBuffer_Release(&t.view);
-        return NULL;
-    }
     if (n < 0 || c.n != o.n * n) {
         PyErr_SetString(PyExc_ValueError, "poly_eval: shape mismatch");
     } else if (fid == 0) {
@@ -424,9 +406,7 @@ static PyObject *py_poly_eval(PyObject *self, PyObject *args) {
             out[r] = acc;
         }
     }
-    PyBuffer_Release(&c.view);
-    PyBuffer_Release(&t.view);
-    PyBuffer_Release(&o.view);
+    release_vecs(3, (vbuf *[]){&c, &t, &o});
     if (PyErr_Occurred()) return NULL;
     Py_RETURN_NONE;
 }
@@ -439,11 +419,9 @@ static PyObject *py_sample(PyObject *self, PyObject *args) {
     PyObject *r_o, *o_o;
     if (!PyArg_ParseTuple(args, "iOO", &fid, &r_o, &o_o) || check_fid(fid) < 0) return NULL;
     vbuf r, o;
-    if (get_vec(r_o, fid, 0, &r) < 0) return NULL;
-    if (get_vec(o_o, fid, 1, &o) < 0) {
-        PyBuffer_Release(&r.view);
+    if (get_vecs(fid, 2, (PyObject *[]){r_o, o_o}, (int[]){0, 1},
+                 (vbuf *[]){&r, &o}) < 0)
         return NULL;
-    }
     Py_ssize_t kept = 0;
     if (o.n < r.n) {
         PyErr_SetString(PyExc_ValueError, "sample: output shorter than input");
@@ -458,8 +436,7 @@ static PyObject *py_sample(PyObject *self, PyObject *args) {
         for (Py_ssize_t i = 0; i < r.n; i++)
             if (!ge_p128(x[i].lo, x[i].hi)) out[kept++] = x[i];
     }
-    PyBuffer_Release(&r.view);
-    PyBuffer_Release(&o.view);
+    release_vecs(2, (vbuf *[]){&r, &o});
     if (PyErr_Occurred()) return NULL;
     return PyLong_FromSsize_t(kept);
 }
@@ -475,16 +452,9 @@ static PyObject *py_dot_rows(PyObject *self, PyObject *args) {
     PyObject *a_o, *b_o, *o_o;
     if (!PyArg_ParseTuple(args, "iOOO", &fid, &a_o, &b_o, &o_o) || check_fid(fid) < 0) return NULL;
     vbuf a, b, o;
-    if (get_vec(a_o, fid, 0, &a) < 0) return NULL;
-    if (get_vec(b_o, fid, 0, &b) < 0) {
-        PyBuffer_Release(&a.view);
+    if (get_vecs(fid, 3, (PyObject *[]){a_o, b_o, o_o}, (int[]){0, 0, 1},
+                 (vbuf *[]){&a, &b, &o}) < 0)
         return NULL;
-    }
-    if (get_vec(o_o, fid, 1, &o) < 0) {
-        PyBuffer_Release(&a.view);
-        PyBuffer_Release(&b.view);
-        return NULL;
-    }
     /* a.n = groups * rows * n, b.n = rows * n, o.n = groups * rows */
     Py_ssize_t n = 0, rows = 0, groups = 0;
     if (o.n > 0 && b.n > 0 && a.n % b.n == 0) {
@@ -526,9 +496,7 @@ static PyObject *py_dot_rows(PyObject *self, PyObject *args) {
             PyMem_Free(ym);
         }
     }
-    PyBuffer_Release(&a.view);
-    PyBuffer_Release(&b.view);
-    PyBuffer_Release(&o.view);
+    release_vecs(3, (vbuf *[]){&a, &b, &o});
     if (PyErr_Occurred()) return NULL;
     Py_RETURN_NONE;
 }
@@ -540,11 +508,9 @@ static PyObject *py_powers_rows(PyObject *self, PyObject *args) {
     PyObject *x_o, *o_o;
     if (!PyArg_ParseTuple(args, "iOiO", &fid, &x_o, &first, &o_o) || check_fid(fid) < 0) return NULL;
     vbuf x, o;
-    if (get_vec(x_o, fid, 0, &x) < 0) return NULL;
-    if (get_vec(o_o, fid, 1, &o) < 0) {
-        PyBuffer_Release(&x.view);
+    if (get_vecs(fid, 2, (PyObject *[]){x_o, o_o}, (int[]){0, 1},
+                 (vbuf *[]){&x, &o}) < 0)
         return NULL;
-    }
     Py_ssize_t rows = x.n, n = rows ? o.n / rows : 0;
     if ((first != 0 && first != 1) || (rows ? o.n % rows != 0 : o.n != 0)) {
         PyErr_SetString(PyExc_ValueError, "powers_rows: first is 0 or 1, out is rows x n");
@@ -564,8 +530,7 @@ static PyObject *py_powers_rows(PyObject *self, PyObject *args) {
             for (Py_ssize_t i = 0; i < n; i++, acc = mont128(acc, step)) out[r * n + i] = acc;
         }
     }
-    PyBuffer_Release(&x.view);
-    PyBuffer_Release(&o.view);
+    release_vecs(2, (vbuf *[]){&x, &o});
     if (PyErr_Occurred()) return NULL;
     Py_RETURN_NONE;
 }
@@ -581,16 +546,9 @@ static PyObject *py_weighted_rows(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "iOOOn", &fid, &m_o, &w_o, &o_o, &rows) || check_fid(fid) < 0)
         return NULL;
     vbuf m, w, o;
-    if (get_vec(m_o, fid, 0, &m) < 0) return NULL;
-    if (get_vec(w_o, fid, 0, &w) < 0) {
-        PyBuffer_Release(&m.view);
+    if (get_vecs(fid, 3, (PyObject *[]){m_o, w_o, o_o}, (int[]){0, 0, 1},
+                 (vbuf *[]){&m, &w, &o}) < 0)
         return NULL;
-    }
-    if (get_vec(o_o, fid, 1, &o) < 0) {
-        PyBuffer_Release(&m.view);
-        PyBuffer_Release(&w.view);
-        return NULL;
-    }
     Py_ssize_t ni = rows > 0 ? w.n / rows : 0, nj = rows > 0 ? o.n / rows : 0;
     if (rows <= 0 || w.n != rows * ni || o.n != rows * nj || m.n != rows * ni * nj) {
         PyErr_SetString(PyExc_ValueError, "weighted_rows: shape mismatch");
@@ -619,9 +577,7 @@ static PyObject *py_weighted_rows(PyObject *self, PyObject *args) {
             }
         }
     }
-    PyBuffer_Release(&m.view);
-    PyBuffer_Release(&w.view);
-    PyBuffer_Release(&o.view);
+    release_vecs(3, (vbuf *[]){&m, &w, &o});
     if (PyErr_Occurred()) return NULL;
     Py_RETURN_NONE;
 }
@@ -637,22 +593,9 @@ static PyObject *py_bit_pairs(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "iOOOOn", &fid, &m_o, &r_o, &s_o, &o_o, &rows) || check_fid(fid) < 0)
         return NULL;
     vbuf m, r, sv, o;
-    if (get_vec(m_o, fid, 0, &m) < 0) return NULL;
-    if (get_vec(r_o, fid, 0, &r) < 0) {
-        PyBuffer_Release(&m.view);
+    if (get_vecs(fid, 4, (PyObject *[]){m_o, r_o, s_o, o_o}, (int[]){0, 0, 0, 1},
+                 (vbuf *[]){&m, &r, &sv, &o}) < 0)
         return NULL;
-    }
-    if (get_vec(s_o, fid, 0, &sv) < 0) {
-        PyBuffer_Release(&m.view);
-        PyBuffer_Release(&r.view);
-        return NULL;
-    }
-    if (get_vec(o_o, fid, 1, &o) < 0) {
-        PyBuffer_Release(&m.view);
-        PyBuffer_Release(&r.view);
-        PyBuffer_Release(&sv.view);
-        return NULL;
-    }
     Py_ssize_t len = rows > 0 ? m.n / rows : 0, k_all = rows > 0 ? o.n / (2 * rows) : 0;
     if (rows <= 0 || r.n != rows || sv.n != 1 || m.n != rows * len || o.n != 2 * rows * k_all ||
         k_all < len) {
@@ -682,10 +625,7 @@ static PyObject *py_bit_pairs(PyObject *self, PyObject *args) {
             }
         }
     }
-    PyBuffer_Release(&m.view);
-    PyBuffer_Release(&r.view);
-    PyBuffer_Release(&sv.view);
-    PyBuffer_Release(&o.view);
+    release_vecs(4, (vbuf *[]){&m, &r, &sv, &o});
     if (PyErr_Occurred()) return NULL;
     Py_RETURN_NONE;
 }
@@ -699,11 +639,9 @@ static PyObject *py_pair_products(PyObject *self, PyObject *args) {
     PyObject *x_o, *o_o;
     if (!PyArg_ParseTuple(args, "iOnO", &fid, &x_o, &count, &o_o) || check_fid(fid) < 0) return NULL;
     vbuf x, o;
-    if (get_vec(x_o, fid, 0, &x) < 0) return NULL;
-    if (get_vec(o_o, fid, 1, &o) < 0) {
-        PyBuffer_Release(&x.view);
+    if (get_vecs(fid, 2, (PyObject *[]){x_o, o_o}, (int[]){0, 1},
+                 (vbuf *[]){&x, &o}) < 0)
         return NULL;
-    }
     Py_ssize_t nm = o.n;
     if (count <= 0 || x.n != count * 2 * nm) {
         PyErr_SetString(PyExc_ValueError, "pair_products: shape mismatch");
@@ -725,8 +663,7 @@ static PyObject *py_pair_products(PyObject *self, PyObject *args) {
         }
         for (Py_ssize_t j = 0; j < nm; j++) out[j] = mont128(out[j], R2_128);
     }
-    PyBuffer_Release(&x.view);
-    PyBuffer_Release(&o.view);
+    release_vecs(2, (vbuf *[]){&x, &o});
     if (PyErr_Occurred()) return NULL;
     Py_RETURN_NONE;
 }
@@ -738,16 +675,9 @@ static PyObject *py_mul_cols(PyObject *self, PyObject *args) {
     PyObject *a_o, *b_o, *o_o;
     if (!PyArg_ParseTuple(args, "iOOO", &fid, &a_o, &b_o, &o_o) || check_fid(fid) < 0) return NULL;
     vbuf a, b, o;
-    if (get_vec(a_o, fid, 0, &a) < 0) return NULL;
-    if (get_vec(b_o, fid, 0, &b) < 0) {
-        PyBuffer_Release(&a.view);
+    if (get_vecs(fid, 3, (PyObject *[]){a_o, b_o, o_o}, (int[]){0, 0, 1},
+                 (vbuf *[]){&a, &b, &o}) < 0)
         return NULL;
-    }
-    if (get_vec(o_o, fid, 1, &o) < 0) {
-        PyBuffer_Release(&a.view);
-        PyBuffer_Release(&b.view);
-        return NULL;
-    }
     Py_ssize_t n = b.n;
     if (n <= 0 || a.n % n || o.n != a.n) {
         PyErr_SetString(PyExc_ValueError, "mul_cols: shape mismatch");
@@ -768,9 +698,7 @@ static PyObject *py_mul_cols(PyObject *self, PyObject *args) {
             PyMem_Free(ym);
         }
     }
-    PyBuffer_Release(&a.view);
-    PyBuffer_Release(&b.view);
-    PyBuffer_Release(&o.view);
+    release_vecs(3, (vbuf *[]){&a, &b, &o});
     if (PyErr_Occurred()) return NULL;
     Py_RETURN_NONE;
 }
@@ -793,18 +721,9 @@ static PyObject *py_bit_check_at(PyObject *self, PyObject *args) {
         return NULL;
     }
     vbuf m, r, sv, l, o;
-    if (get_vec(m_o, fid, 0, &m) < 0) return NULL;
-    if (get_vec(r_o, fid, 0, &r) < 0) { PyBuffer_Release(&m.view); return NULL; }
-    if (get_vec(s_o, fid, 0, &sv) < 0) { PyBuffer_Release(&m.view); PyBuffer_Release(&r.view); return NULL; }
-    if (get_vec(l_o, fid, 0, &l) < 0) {
-        PyBuffer_Release(&m.view); PyBuffer_Release(&r.view); PyBuffer_Release(&sv.view);
+    if (get_vecs(fid, 5, (PyObject *[]){m_o, r_o, s_o, l_o, o_o}, (int[]){0, 0, 0, 0, 1},
+                 (vbuf *[]){&m, &r, &sv, &l, &o}) < 0)
         return NULL;
-    }
-    if (get_vec(o_o, fid, 1, &o) < 0) {
-        PyBuffer_Release(&m.view); PyBuffer_Release(&r.view); PyBuffer_Release(&sv.view);
-        PyBuffer_Release(&l.view);
-        return NULL;
-    }
     Py_ssize_t len = rows > 0 ? m.n / rows : 0, np_ = rows > 0 ? l.n / rows : 0;
     if (rows <= 0 || chunk <= 0 || calls <= 0 || m.n != rows * len || len > chunk * calls ||
         r.n != rows || sv.n != 1 || l.n != rows * np_ || np_ < calls + 1 || o.n != rows * 2 * chunk) {
@@ -846,11 +765,7 @@ static PyObject *py_bit_check_at(PyObject *self, PyObject *args) {
             }
         }
     }
-    PyBuffer_Release(&m.view);
-    PyBuffer_Release(&r.view);
-    PyBuffer_Release(&sv.view);
-    PyBuffer_Release(&l.view);
-    PyBuffer_Release(&o.view);
+    release_vecs(5, (vbuf *[]){&m, &r, &sv, &l, &o});
     if (PyErr_Occurred()) return NULL;
     Py_RETURN_NONE;
 }
