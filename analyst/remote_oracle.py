@@ -31,6 +31,7 @@ from svtagg.dp.queries import (
     Number,
     Outcome,
     Query,
+    ask_progress,
     check_chunk_size,
     check_ctt_gaps,
     encode_thresholds,
@@ -109,7 +110,7 @@ class RemoteStream:
             "Ask", pb.AskRequest(stream_id=self.stream_id, queries=queries, tau=taus.tolist())
         )
         self._closed = resp.closed
-        answered = resp.index + 1 if resp.yes else len(chunk)
+        answered = ask_progress(int(resp.index) if resp.yes else None, len(chunk)).answered
         self._answered += answered
         self._oracle._count(answered, resp.peer_bytes)
         return int(resp.index) if resp.yes else None

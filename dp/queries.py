@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from fractions import Fraction
+from typing import NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -166,3 +167,17 @@ def encode_thresholds(
     if bound is not None and any(abs(g) > bound for g in grid):
         raise InvalidArgument(f"|threshold| must be at most {bound / unit:g} score units")
     return np.asarray(grid, dtype=np.int64)
+
+
+# ---------------------------------------------------------------- a chunk's progress
+class Progress(NamedTuple):
+    """What one chunk's result did to its stream."""
+
+    answered: int
+    closes: bool
+
+
+def ask_progress(first_yes: int | None, k: int) -> Progress:
+    """An Ask chunk of k queries: up to and including the first YES, which
+    closes the stream; all k, the stream open, when there is none."""
+    return Progress(k, False) if first_yes is None else Progress(first_yes + 1, True)

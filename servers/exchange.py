@@ -14,8 +14,9 @@ A chunk is one of four kinds (`ChunkKind`): an Ask or a Compare chunk of a
 stream, a robust-aggregate chunk or a range-validation chunk of the close.
 Each kind's `ChunkSpec` names its header, the inputs a leased job of that
 kind carries, the stream kinds it answers, and its progress rule — how many
-queries a result answers and whether the stream closes — written once here for
-both servers."""
+queries a result answers and whether the stream closes — written once for both
+servers (the Ask rule in `dp.queries.ask_progress`, which the analyst's remote
+oracle reads its answers with too)."""
 
 from __future__ import annotations
 
@@ -23,11 +24,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from fractions import Fraction
-from typing import Any, NamedTuple
+from typing import Any
 
 from svtagg.dp.kinds import StreamKind
 from svtagg.dp.plans import PlanBook
-from svtagg.dp.queries import Budget, Outcome
+from svtagg.dp.queries import Budget, Outcome, Progress, ask_progress
 from svtagg.dp.task import TaskParams
 from svtagg.mpc.circuits import CLOSE
 from svtagg.proto.vocab import split_ids
@@ -206,19 +207,6 @@ class PlanInfo:
 
 
 # ---------------------------------------------------------------- chunks
-class Progress(NamedTuple):
-    """What one chunk's result did to its stream."""
-
-    answered: int
-    closes: bool
-
-
-def ask_progress(first_yes: int | None, k: int) -> Progress:
-    """An Ask chunk of k queries: up to and including the first YES, which
-    closes the stream; all k, the stream open, when there is none."""
-    return Progress(k, False) if first_yes is None else Progress(first_yes + 1, True)
-
-
 def compare_progress(codes: Sequence[int], k: int) -> Progress:
     """A Compare chunk: every outcome returned (up to and including the first
     CLOSE) is answered; a CLOSE closes the stream."""
