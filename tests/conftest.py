@@ -14,6 +14,9 @@ from typing import Any, TypeVar
 import numpy as np
 import pytest
 
+from svtagg.mpc import native as mpc_native
+from svtagg.mpc.channel import MemoryChannel
+from svtagg.mpc.protocol import ComparisonEvaluator, ComparisonGarbler
 from svtagg.proto import svtagg_pb2 as pb
 from svtagg.proto.tls import Identity, write_deployment
 from svtagg.proto.vocab import Role
@@ -29,6 +32,24 @@ T = TypeVar("T")
 #: The package's one-process reference, under the names the tests use.
 DriverPair = ReferencePair
 driver_pair = reference_pair
+
+
+async def cross_engine_pair(
+    garbler: str, evaluator: str, session: bytes = b"cross"
+) -> tuple[ComparisonGarbler, ComparisonEvaluator]:
+    """A garbler on one comparison engine and an evaluator on another (numpy /
+    native) over one memory channel, base OTs done: one wire format for both."""
+    before = mpc_native.active()
+    cg, ce = MemoryChannel.pair()
+    try:
+        mpc_native.use(garbler)
+        g = ComparisonGarbler(cg, session)
+        mpc_native.use(evaluator)
+        e = ComparisonEvaluator(ce, session)
+    finally:
+        mpc_native.use(before)
+    await asyncio.gather(g.setup(), e.setup())
+    return g, e
 
 
 @pytest.fixture(params=vdaf_native.BACKENDS)

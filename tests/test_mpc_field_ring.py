@@ -13,10 +13,10 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 import pytest
+from conftest import cross_engine_pair
 
 from svtagg.mpc import circuits, native
 from svtagg.mpc.aes import TweakableHash
-from svtagg.mpc.channel import MemoryChannel
 from svtagg.mpc.circuits import (
     FIELD64,
     FIELD128,
@@ -31,8 +31,6 @@ from svtagg.mpc.circuits import (
 )
 from svtagg.mpc.garble import EvalBackend, GarbleBackend, PlainBackend
 from svtagg.mpc.protocol import (
-    ComparisonEvaluator,
-    ComparisonGarbler,
     connected_pair,
     field_clamp_reshare_spec,
 )
@@ -340,16 +338,7 @@ def test_engines_garble_the_same_bytes(f: PrimeField) -> None:
 @pytest.mark.parametrize("engines", [("native", "numpy"), ("numpy", "native")])
 async def test_engines_interoperate(engines: tuple[str, str]) -> None:
     """A native garbler with a numpy evaluator and the reverse: one wire format."""
-    before = native.active()
-    cg, ce = MemoryChannel.pair()
-    try:
-        native.use(engines[0])
-        g = ComparisonGarbler(cg, b"field-cross")
-        native.use(engines[1])
-        e = ComparisonEvaluator(ce, b"field-cross")
-    finally:
-        native.use(before)
-    await asyncio.gather(g.setup(), e.setup())
+    g, e = await cross_engine_pair(*engines, b"field-cross")
     rnd = random.Random(13)
     for f in FIELDS:
         a, b = edge_pairs(f, 1 << 20, rnd)

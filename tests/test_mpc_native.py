@@ -15,14 +15,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import cross_engine_pair
 
 from svtagg.mpc import native
 from svtagg.mpc.aes import TweakableHash, make_tweaks
-from svtagg.mpc.channel import MemoryChannel
 from svtagg.mpc.circuits import bit_planes, plain_first_yes, planes, sign_yes
 from svtagg.mpc.garble import EvalBackend, GarbleBackend
 from svtagg.mpc.ot import transpose_rows
-from svtagg.mpc.protocol import ComparisonEvaluator, ComparisonGarbler
 
 RNG = np.random.default_rng(20261201)
 
@@ -165,22 +164,6 @@ def test_transpose_matches_numpy(nb: int) -> None:
     assert np.array_equal(blk[j], bits[:, j].T)
 
 
-async def _cross_pair(
-    garbler: str, evaluator: str
-) -> tuple[ComparisonGarbler, ComparisonEvaluator]:
-    before = native.active()
-    cg, ce = MemoryChannel.pair()
-    try:
-        native.use(garbler)
-        g = ComparisonGarbler(cg, b"cross")
-        native.use(evaluator)
-        e = ComparisonEvaluator(ce, b"cross")
-    finally:
-        native.use(before)
-    await asyncio.gather(g.setup(), e.setup())
-    return g, e
-
-
 @needs_native
 @pytest.mark.parametrize("engines", [("native", "numpy"), ("numpy", "native")])
 @pytest.mark.parametrize("width", [16, 40, 64])
@@ -189,7 +172,7 @@ async def test_engines_interoperate_at_the_width_boundaries(
 ) -> None:
     """A native garbler with a numpy evaluator and the reverse: the wire format
     is one, so every boundary ±(2^(w−1) − 1), 0, −1 is decided correctly."""
-    g, e = await _cross_pair(*engines)
+    g, e = await cross_engine_pair(*engines)
     assert (g.engine, e.engine) == engines
     lim = 2 ** (width - 1)
     for s in [lim - 1, -(lim - 1), 0, -1, 1, -lim]:

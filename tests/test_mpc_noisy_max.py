@@ -13,10 +13,10 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 import pytest
+from conftest import cross_engine_pair
 
 from svtagg.mpc import circuits, native
 from svtagg.mpc.aes import TweakableHash
-from svtagg.mpc.channel import MemoryChannel
 from svtagg.mpc.circuits import (
     LANE_BATCH,
     argmax_and_gates,
@@ -29,8 +29,6 @@ from svtagg.mpc.circuits import (
 )
 from svtagg.mpc.garble import Backend, EvalBackend, GarbleBackend, PlainBackend, Wires
 from svtagg.mpc.protocol import (
-    ComparisonEvaluator,
-    ComparisonGarbler,
     _parse_argmax,
     connected_pair,
     noisy_max_spec,
@@ -282,16 +280,7 @@ async def test_protocol_finds_the_noisy_max(engine: str) -> None:
 @pytest.mark.parametrize("engines", [("native", "numpy"), ("numpy", "native")])
 async def test_engines_interoperate(engines: tuple[str, str]) -> None:
     """A native garbler with a numpy evaluator and the reverse: one wire format."""
-    before = native.active()
-    cg, ce = MemoryChannel.pair()
-    try:
-        native.use(engines[0])
-        g = ComparisonGarbler(cg, b"rnm-cross")
-        native.use(engines[1])
-        e = ComparisonEvaluator(ce, b"rnm-cross")
-    finally:
-        native.use(before)
-    await asyncio.gather(g.setup(), e.setup())
+    g, e = await cross_engine_pair(*engines, b"rnm-cross")
     rng = np.random.default_rng(6)
     for k, w in ((5, 64), (300, 40), (LANE_BATCH + 3, 16)):
         a, b = share(rng.integers(-1000, 1000, k), rng)
