@@ -18,6 +18,9 @@ MAX_D = 1_000_000
 
 #: An embedding's name as a task records it ("" = none recorded).
 EMBEDDING_RE = re.compile(r"[a-z0-9_]{0,32}")
+#: A validity circuit's name as a task records it (the servers check that it
+#: fits the task: svtagg.vdaf.validity.parse_validity).
+VALIDITY_RE = re.compile(r"(|range|onehot|multihot(:[1-9][0-9]{0,6})?)")
 
 
 @dataclass(frozen=True)
@@ -36,6 +39,9 @@ class TaskParams:
     validate_reports: bool = False
     #: The embedding the task's clients use ("" = not recorded); uploads check it.
     embedding: str = ""
+    #: The validity circuit every report proves at ingest (svtagg.vdaf.validity:
+    #: range, onehot, multihot[:r]); "" = reports carry no proof.
+    validity: str = ""
 
 
 @dataclass(frozen=True)
@@ -54,6 +60,7 @@ class TaskSpec:
     epsilon_min: str
     validate_reports: bool = False
     embedding: str = ""
+    validity: str = ""
 
 
 def parse_task_params(spec: TaskSpec) -> TaskParams:
@@ -88,6 +95,15 @@ def parse_task_params(spec: TaskSpec) -> TaskParams:
             )
     if not EMBEDDING_RE.fullmatch(embedding):
         raise InvalidArgument(f"embedding must match {EMBEDDING_RE.pattern}, got {embedding!r}")
+    if not VALIDITY_RE.fullmatch(spec.validity):
+        raise InvalidArgument(
+            f"validity must be range, onehot, multihot or multihot:r, got {spec.validity!r}"
+        )
+    if spec.validity and spec.validate_reports:
+        raise InvalidArgument(
+            "validate_reports (the garbled range check) and validity proofs are two "
+            "defences against the same clients; choose the proofs alone"
+        )
     return TaskParams(
         task_id,
         d,
@@ -99,6 +115,7 @@ def parse_task_params(spec: TaskSpec) -> TaskParams:
         eps_min,
         bool(spec.validate_reports),
         embedding,
+        spec.validity,
     )
 
 

@@ -53,10 +53,16 @@ class TaskInfo:
     helper_budget: Budget | None = None
     #: The close: reports taken out (held by one server only, or out of range).
     dropped_reports: int = 0
+    #: Peer CreateTask's answer only: the Prio3 verify key the helper drew.
+    verify_key: bytes = b""
+    #: Reports refused at ingest for a failed validity proof: (reason, count).
+    rejected: tuple[tuple[str, int], ...] = ()
 
     @classmethod
     def of(cls, t: TaskState) -> TaskInfo:
-        return cls(t.params, t.n, t.collection_open, t.budget, t.streams, t.agreed)
+        return cls(
+            t.params, t.n, t.collection_open, t.budget, t.streams, t.agreed, rejected=t.rejected
+        )
 
 
 # ---------------------------------------------------------------- the close
@@ -103,6 +109,29 @@ class Agreement:
     n: int
     digest: bytes
     pass_id: bytes
+
+
+# ---------------------------------------------------------------- ingest verification
+@dataclass(frozen=True)
+class VerifyBatch:
+    """One upload batch of a task with a validity circuit, for the helper to
+    verify: the report ids in the batch's order and the leader's encoded Prio3
+    prep share of each (b"": the leader could not decode its input share)."""
+
+    task_id: str
+    ids: tuple[bytes, ...]
+    prep_shares: tuple[bytes, ...]
+
+
+@dataclass(frozen=True)
+class VerifyResult:
+    """The helper's side of a batch: its prep shares (empty when `replayed`),
+    one verdict byte per report, and its n after folding the valid ones."""
+
+    prep_shares: tuple[bytes, ...]
+    verdicts: bytes
+    replayed: bool
+    n: int
 
 
 # ---------------------------------------------------------------- streams

@@ -173,16 +173,18 @@ class LeaderDriver:
         self.core.check_budget_policy(params)
         if params.task_id in self.core.task_ids():
             raise AlreadyExists(f"task {params.task_id!r} already exists")
-        await self.helper.create_task(spec)
-        info = TaskInfo.of(self.core.create_task(params))
+        there = await self.helper.create_task(spec)
+        if params.validity and not there.verify_key:
+            raise FailedPrecondition("the helper sent no Prio3 verify key (an older helper?)")
+        info = TaskInfo.of(self.core.create_task(params, there.verify_key))
         log.info(
-            "task %s: created (d=%d, n_max=%d, total epsilon %s, delta %s, validate_reports=%s)",
+            "task %s: created (d=%d, n_max=%d, total epsilon %s, delta %s, validity %s)",
             params.task_id,
             spec.d,
             spec.n_max,
             spec.epsilon_total,
             spec.delta_total,
-            spec.validate_reports,
+            params.validity or ("garbled range check" if spec.validate_reports else "none"),
         )
         return info
 
@@ -250,7 +252,12 @@ class LeaderDriver:
                     raise FailedPrecondition("servers disagree after validation; close again")
         # Each pass has its own id: the helper keeps only this pass's shares.
         pass_id = secrets.token_bytes(PASS_ID_BYTES)
-        robust = await self.robust_pass(task, pass_id) if self.core.robust_aggregates else None
+        # A task with a validity circuit always runs it: it is the field-to-ring conversion.
+        robust = (
+            await self.robust_pass(task, pass_id)
+            if self.core.robust_aggregates or task.params.validity
+            else None
+        )
         await self.helper.mark_agreed(Agreement(task_id, task.n, task.digest, pass_id))
         info = replace(
             TaskInfo.of(self.core.mark_agreed(task_id, robust)),
@@ -342,9 +349,10 @@ class LeaderDriver:
         `sums`: the task's aggregates if the caller holds them (else read)."""
         if sums is None:
             sums = self.core.sums(task.params.task_id)
-        z = sums[h.coord_lo : h.coord_hi]
-        bound = self.core.clamp_bound(task)
-        out, _ = await self._exchange(h, lambda party: party.clamp_reshare(z, bound))
+        lo, hi = h.coord_lo, h.coord_hi
+        out, _ = await self._exchange(
+            h, lambda party: self.core.robust_shares(party, task, sums, lo, hi)
+        )
         return np.asarray(out, dtype=np.uint64).tobytes()
 
     async def _passes(

@@ -47,6 +47,8 @@ from svtagg.servers.exchange import (
     StreamInfo,
     TaskInfo,
     ValidationChunk,
+    VerifyBatch,
+    VerifyResult,
 )
 from svtagg.servers.store import TaskState
 
@@ -93,6 +95,7 @@ def _spec_to_pb(s: TaskSpec) -> pb.TaskSpec:
         epsilon_min=s.epsilon_min,
         validate_reports=s.validate_reports,
         embedding=s.embedding,
+        validity=s.validity,
     )
 
 
@@ -108,6 +111,7 @@ def _spec_from_pb(m: pb.TaskSpec) -> TaskSpec:
         m.epsilon_min,
         m.validate_reports,
         m.embedding,
+        m.validity,
     )
 
 
@@ -123,6 +127,7 @@ def _params_to_pb(p: TaskParams) -> pb.TaskSpec:
         epsilon_min=str(p.epsilon_min),
         validate_reports=p.validate_reports,
         embedding=p.embedding,
+        validity=p.validity,
     )
 
 
@@ -139,6 +144,7 @@ def _params_from_pb(m: pb.TaskSpec) -> TaskParams:
         _fraction(m.epsilon_min),
         m.validate_reports,
         m.embedding,
+        m.validity,
     )
 
 
@@ -169,6 +175,8 @@ def _task_info_to_pb(t: TaskInfo) -> pb.TaskInfo:
         streams=t.streams,
         agreed=t.agreed,
         dropped_reports=t.dropped_reports,
+        verify_key=t.verify_key,
+        rejected=dict(t.rejected),
     )
     if t.helper_budget is not None:
         out.helper_budget.CopyFrom(_budget_to_pb(t.helper_budget))
@@ -185,6 +193,8 @@ def _task_info_from_pb(m: pb.TaskInfo) -> TaskInfo:
         m.agreed,
         _budget_from_pb(m.helper_budget) if m.HasField("helper_budget") else None,
         m.dropped_reports,
+        m.verify_key,
+        tuple(sorted(m.rejected.items())),
     )
 
 
@@ -226,6 +236,23 @@ REPORT_IDS: Codec[ReportIds, pb.ReportIds] = Codec(
     pb.ReportIds,
     lambda r: pb.ReportIds(task_id=r.task_id, report_ids=b"".join(r.ids), more=r.more),
     lambda m: ReportIds(m.task_id, tuple(split_ids(m.report_ids)), m.more),
+)
+
+
+# ---------------------------------------------------------------- ingest verification
+VERIFY_BATCH: Codec[VerifyBatch, pb.VerifyBatch] = Codec(
+    pb.VerifyBatch,
+    lambda v: pb.VerifyBatch(
+        task_id=v.task_id, report_ids=b"".join(v.ids), prep_shares=list(v.prep_shares)
+    ),
+    lambda m: VerifyBatch(m.task_id, tuple(split_ids(m.report_ids)), tuple(m.prep_shares)),
+)
+VERIFY_RESULT: Codec[VerifyResult, pb.VerifyResult] = Codec(
+    pb.VerifyResult,
+    lambda r: pb.VerifyResult(
+        prep_shares=list(r.prep_shares), verdicts=r.verdicts, replayed=r.replayed, n=r.n
+    ),
+    lambda m: VerifyResult(tuple(m.prep_shares), m.verdicts, m.replayed, m.n),
 )
 
 
@@ -499,3 +526,4 @@ FAIL_STREAM = PeerCall("FailStream", STREAM_REF, STREAM_INFO)
 RESERVE_PLAN = PeerCall("ReservePlan", PLAN_REQUEST, PLAN_INFO)
 END_PLAN = PeerCall("EndPlan", PLAN_REF, PLAN_INFO)
 FAIL_PLAN = PeerCall("FailPlan", PLAN_REF, PLAN_INFO)
+VERIFY = PeerCall("Verify", VERIFY_BATCH, VERIFY_RESULT)
