@@ -197,6 +197,7 @@ def run_create(args: argparse.Namespace) -> int:
         epsilon_min=args.epsilon_min,
         validate_reports=args.validate_reports,
         embedding=args.embedding,
+        validity=args.validity,
     )
     with _deployment(args) as dep:
         try:
