@@ -123,13 +123,15 @@ async def reference_pair(
     (`robust`, `verify_proofs`: False only for the tests' negative controls)."""
     party = party or garbled_circuit_party
     stores = SqliteStore(root / "l.sqlite"), SqliteStore(root / "h.sqlite")
-    cores = [
+    # The helper's core first: each draws its noise key as it is made, and the
+    # frozen transcript (tests/test_transcript.py) fixes that order.
+    helper_core, leader_core = (
         ServerCore(role, store, robust_aggregates=robust, verify_proofs=verify_proofs)
-        for role, store in zip((Role.LEADER, Role.HELPER), stores, strict=True)
-    ]
-    helper = HelperDriver(cores[1], party)
+        for role, store in ((Role.HELPER, stores[1]), (Role.LEADER, stores[0]))
+    )
+    helper = HelperDriver(helper_core, party)
     port = MemoryHelperPort(helper, tap)
-    leader = LeaderDriver(cores[0], port, party)
+    leader = LeaderDriver(leader_core, port, party)
     try:
         yield ReferencePair(leader, helper, port, frac_bits)
     finally:

@@ -40,11 +40,16 @@ from svtagg.servers.exchange import (
     StreamInfo,
     TaskInfo,
     ValidationChunk,
+    VerifyBatch,
+    VerifyResult,
     ask_progress,
     compare_progress,
 )
 
 PARAMS = TaskParams("t", 4, 16, 1000, 1, Fraction(20), Fraction(1, 1000), Fraction(1, 10), True)
+PROOF_PARAMS = TaskParams(
+    "t", 4, 16, 1000, 1, Fraction(20), Fraction(0), Fraction(1, 10), False, "", "multihot:2"
+)
 INFO = TaskInfo(PARAMS, 12, False, Budget(Fraction(20), Fraction(1, 1000), Fraction(3, 2)), 3, True)
 PLAN = PlanInfo("p" * 32, "t", Fraction(3, 4), Fraction(0), "basic", "ended", Fraction(1, 4))
 STREAM = StreamInfo("s" * 32, "t", StreamKind.CTT, Fraction(1, 2), Fraction(1, 10**4), True, 7)
@@ -71,6 +76,11 @@ EXCHANGES: list[tuple[wire.PeerCall[Any, Any], Any, Any]] = [
     ),
     (wire.END_PLAN, "p" * 32, PLAN),
     (wire.FAIL_PLAN, "p" * 32, PLAN),
+    (
+        wire.VERIFY,
+        VerifyBatch("t", (b"a" * 16, b"b" * 16), (b"leader prep share", b"")),
+        VerifyResult((b"helper prep share", b""), b"\x00\x03", False, 11),
+    ),
 ]
 
 
@@ -98,6 +108,16 @@ def test_analyst_values_come_back_from_their_bytes() -> None:
         (wire.ASK_ANSWER, AskAnswer(0, True, 10)),
         (wire.COMPARE_ANSWER, CompareAnswer((Outcome.HIGH, Outcome.LOW, Outcome.CLOSE), True, 9)),
         (wire.TASK_INFO, TaskInfo(PARAMS, 1, True, INFO.budget, 0, False, INFO.budget, 2)),
+        (
+            wire.TASK_INFO,
+            TaskInfo(
+                PROOF_PARAMS, 1, True, INFO.budget, 0, False, rejected=(("invalid_proof", 2),)
+            ),
+        ),
+        (
+            wire.TASK_INFO,
+            TaskInfo(PROOF_PARAMS, 0, True, INFO.budget, 0, False, verify_key=b"k" * 16),
+        ),
     ]:
         assert codec.decode(codec.encode(value)) == value  # type: ignore[attr-defined]
 

@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
+from svtagg.vdaf.circuits import MeasurementError
 from svtagg.vdaf.prio3 import (
     Prio3,
     prio3_histogram,
@@ -38,8 +39,11 @@ CIRCUITS = {
     "onehot": "exactly one coordinate is 1 and every other is 0",
     "multihot": "every coordinate is 0 or 1, and at most r are 1 (multihot:r; r = d if omitted)",
 }
-#: Which circuits suit an embedding's vectors (None or "": vectors in [0,1]^d).
+#: The circuits that suit an embedding's vectors: the 0/1 circuits only fit
+#: embeddings whose values can be 0/1 (heavy hitters, or rows given as they are).
 FITS = {
+    "": ("range", "onehot", "multihot"),
+    "vectors": ("range", "onehot", "multihot"),
     "heavy_hitters": ("multihot", "onehot", "range"),
 }
 _NAME = re.compile(r"(range|onehot|multihot)(?::([1-9][0-9]{0,6}))?")
@@ -72,11 +76,18 @@ class Validity:
     def prio3(self) -> Prio3:
         return _instance(self)
 
-    def measurement(self, grid_row: list[int]) -> list[int]:
+    def measurement(self, grid_row: list[int]) -> list[int] | int:
         """A report's measurement from its values on the grid (integers in [0, 2^F])."""
         if not self.counts:
             return grid_row
         unit = 1 << self.frac_bits
+        if any(v not in (0, unit) for v in grid_row):
+            raise MeasurementError(f"{self.name} takes 0/1 values only")
+        if self.name == "onehot":
+            ones = [j for j, v in enumerate(grid_row) if v]
+            if len(ones) != 1:
+                raise MeasurementError(f"onehot takes exactly one 1 per row, got {len(ones)}")
+            return ones[0]  # Prio3Histogram's measurement: the bucket
         return [v // unit for v in grid_row]
 
     def shard(
