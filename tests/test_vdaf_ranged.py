@@ -15,6 +15,7 @@ import os
 import random
 from typing import Any
 
+import numpy as np
 import pytest
 
 from svtagg.vdaf import native
@@ -160,6 +161,9 @@ def test_constructors_refuse_bad_parameters(make: Any) -> None:
 def test_encodings() -> None:
     rv = RangeVec(3, 3)
     assert rv.field.to_ints(rv.encode([8, 5, 0])) == [0, 0, 0, 1] + [1, 0, 1, 0] + [0] * 4
+    assert rv.field.to_ints(rv.encode(np.array([8, 5, 0]))) == rv.field.to_ints(
+        rv.encode([8, 5, 0])
+    )
     mh = MultiHot(6, 4)  # w = 3, offset = 3: weight 2 is encoded as 5
     assert mh.field.to_ints(mh.encode([0, 1, 0, 0, 1, 0])) == [0, 1, 0, 0, 1, 0, 1, 0, 1]
     assert mh.field.to_ints(mh.encode([0] * 6)) == [0] * 6 + [1, 1, 0]

@@ -62,12 +62,14 @@ def _calls(count: int, chunk: int) -> int:
     return -(-count // chunk)
 
 
-def _measurement_list(measurement: object, length: int, what: str) -> Sequence[object]:
+def _measurement_list(measurement: object, length: int, what: str) -> list[object]:
+    """The entries of a vector measurement, refusing anything but a sequence of
+    `length` (a str or bytes is a sequence, not a vector)."""
     if not isinstance(measurement, Sequence | np.ndarray) or isinstance(measurement, str | bytes):
         raise MeasurementError(f"a {what} measurement is a sequence of {length} integers")
     if len(measurement) != length:
         raise MeasurementError(f"a {what} measurement has {length} entries, got {len(measurement)}")
-    return measurement
+    return list(measurement)
 
 
 class RangeVec:
