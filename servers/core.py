@@ -44,7 +44,7 @@ from svtagg.proto.vocab import (
 )
 from svtagg.servers.exchange import ChunkKind, PlanInfo, PlanRequest, PrepareStream, Progress
 from svtagg.servers.faults import crash_point
-from svtagg.servers.ingest import check_validity, helper_undo_sum
+from svtagg.servers.proofs import check_validity, helper_undo_sum
 from svtagg.servers.store import FAILED, Store, StreamState, TaskState
 from svtagg.vdaf.prio3 import VERIFY_KEY_SIZE
 

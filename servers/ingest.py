@@ -32,18 +32,13 @@ import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import IntEnum
-from functools import lru_cache
-from typing import TYPE_CHECKING
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from svtagg.dp.errors import FailedPrecondition, InvalidArgument, PeerUnavailable
-from svtagg.mpc.ring import U64
 from svtagg.servers.exchange import VerifyBatch, VerifyResult
-from svtagg.servers.store import TaskState, Verified, batch_id
-from svtagg.vdaf.field import FIELD128
+from svtagg.servers.proofs import field_words, task_validity
+from svtagg.servers.store import Verified, batch_id
 from svtagg.vdaf.prio3 import PrepShare, PrepState, Prio3, VerifyError
-from svtagg.vdaf.validity import Validity, ValidityError, parse_validity
 from svtagg.vdaf.xof import SEED_SIZE
 
 if TYPE_CHECKING:
@@ -103,31 +98,6 @@ def rejected_counts(verdicts: bytes) -> dict[str, int]:
     return out
 
 
-@lru_cache(maxsize=64)
-def _validity(text: str, d: int, frac_bits: int, embedding: str) -> Validity:
-    v = parse_validity(text, d, frac_bits, embedding)
-    if v is None:
-        raise FailedPrecondition("the task takes no validity proofs")
-    return v
-
-
-def task_validity(task: TaskState) -> Validity:
-    """The task's circuit (FailedPrecondition for a task without one)."""
-    p = task.params
-    try:
-        return _validity(p.validity, p.d, p.frac_bits, p.embedding)
-    except ValidityError as exc:
-        raise InvalidArgument(str(exc)) from None
-
-
-def check_validity(text: str, d: int, frac_bits: int, embedding: str) -> None:
-    """Refuse (InvalidArgument) a task whose circuit does not parse or fit."""
-    try:
-        parse_validity(text, d, frac_bits, embedding)
-    except ValidityError as exc:
-        raise InvalidArgument(str(exc)) from None
-
-
 def _decode_prep_share(prio: Prio3, data: bytes) -> PrepShare:
     f = prio.field
     size = prio.flp.verifier_len * f.encoded_size
@@ -135,26 +105,6 @@ def _decode_prep_share(prio: Prio3, data: bytes) -> PrepShare:
     if len(data) != size + part:
         raise ValueError(f"a prep share is {size + part} bytes, got {len(data)}")
     return PrepShare(f.decode_vec(data[:size]), data[size:] or None)
-
-
-def _field_words(prio: Prio3, v: Validity, out_shares: Sequence[object]) -> U64:
-    """The sum of output shares, scaled to the task's grid, as Field128 words."""
-    f = prio.field
-    total = f.zeros(prio.flp.output_len)
-    if out_shares:
-        total = f.sum(np.stack(out_shares), axis=0)  # type: ignore[arg-type]
-    if v.scale != 1:
-        total = f.mul(total, v.scale)
-    return np.frombuffer(FIELD128.encode_vec(total), dtype="<u8").copy()
-
-
-def helper_undo_sum(task: TaskState, seeds: list[bytes]) -> U64:
-    """The helper's output shares of reports it recorded (from their 16-byte
-    measurement seeds), as Field128 words: what reconciliation takes out."""
-    v = task_validity(task)
-    prio = v.prio3
-    outs = [prio.flp.truncate(prio.helper_meas_share(1, s)) for s in seeds]
-    return _field_words(prio, v, outs)
 
 
 @dataclass
@@ -196,7 +146,7 @@ def _prepare(
 
 def _decide(
     prio: Prio3, mine: _Prepared, leader: list[PrepShare | None], helper: list[PrepShare | None]
-) -> tuple[bytes, list[object]]:
+) -> tuple[bytes, list[Any]]:
     """Each report's verdict from the two prep shares, and the valid reports'
     output shares (this server's), in batch order."""
     verdicts = bytearray(len(mine.states))
@@ -209,7 +159,7 @@ def _decide(
         else:
             both.append(i)
     msgs = prio.prep_shares_to_prep_batch([[leader[i], helper[i]] for i in both])  # type: ignore[list-item]
-    outs: list[object] = []
+    outs: list[Any] = []
     for i, msg in zip(both, msgs, strict=True):
         state = mine.states[i]
         assert state is not None
@@ -284,7 +234,7 @@ def helper_verify(core: ServerCore, batch: VerifyBatch) -> VerifyResult:
         batch.task_id,
         [ids[i] for i in valid],
         seeds,
-        _field_words(prio, v, outs),
+        field_words(prio, v, outs),
         Verified(bid, verdicts, rejected_counts(verdicts), ids),
     )
     return VerifyResult(_encode_shares(prio, mine.shares), verdicts, False, n)
@@ -296,7 +246,7 @@ def _checked(
     mine: _Prepared,
     leader: list[PrepShare | None],
     helper: list[PrepShare | None],
-) -> tuple[bytes, list[object]]:
+) -> tuple[bytes, list[Any]]:
     """`_decide`, or (the test-only control `core.verify_proofs` off) every
     decodable report taken as valid, unchecked."""
     if core.verify_proofs:
@@ -355,7 +305,7 @@ async def verify_upload(
         task_id,
         valid,
         [b""] * len(valid),
-        _field_words(prio, v, outs),
+        field_words(prio, v, outs),
         Verified(b"", verdicts, counts, []),
     )
     return Accepted(len(valid), n, counts)

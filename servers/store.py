@@ -514,9 +514,7 @@ def admit_batch(
         raise FailedPrecondition(f"collection of task {task_id!r} is closed")
     words = sum_bytes(d, bool(validity)) // 8
     if share_sum.shape != (words,):
-        raise InvalidArgument(
-            f"share sum has {share_sum.size} words, task (d={d}) has {words}"
-        )
+        raise InvalidArgument(f"share sum has {share_sum.size} words, task (d={d}) has {words}")
     return n, n_max, sums_blob, digest
 
 

@@ -364,6 +364,7 @@ class PgStore(PgPending):
                 ) from None
             within_capacity(task_id, n, n_max, len(report_ids))
             crash_point("upload.mid_store")
+            assert row is not None  # admit_batch refused a missing task
             rejected = row[7]
             if verified is not None:
                 self._record_verified(task_id, verified)
@@ -436,9 +437,11 @@ class PgStore(PgPending):
             present = [rid for rid in report_ids if rid in stored]
             if present:
                 shares = [stored[rid] or b"" for rid in present]
-                sums_blob, in_field = self._conn.execute(
+                held = self._conn.execute(
                     "SELECT sums, validity FROM tasks WHERE task_id=%s", (task_id,)
                 ).fetchone()
+                assert held is not None  # self.task() found it
+                sums_blob, in_field = held
                 sums = fold(bytes(sums_blob), share_sum(shares), bool(in_field), subtract=True)
                 self._conn.execute(
                     "DELETE FROM reports WHERE task_id=%s AND report_id = ANY(%s)",

@@ -132,7 +132,7 @@ async def test_hostile_reports_are_refused_counted_and_change_nothing(tmp_path: 
     ]
     async with reference_pair(tmp_path) as ref:
         await ref.leader.create_task(spec("range", d=d))
-        got = await ref.upload_proofs("t", honest)
+        got = await ref.send_proofs("t", ids, good)
         assert got.accepted == 10
         bad = await ref.send_proofs("t", bad_ids, hostile)
         assert bad.accepted == 0 and bad.n == 10
@@ -161,7 +161,9 @@ async def test_without_verification_the_poison_gets_in(tmp_path: Path) -> None:
     honest = np.random.default_rng(3).random((10, d))
     poison = forged(v, bits([0, 0, (1 << (F + 1)) - 1, 0], F + 1), b"p" * 16)
     for verify in (True, False):
-        async with reference_pair(tmp_path / str(verify), verify_proofs=verify) as ref:
+        root = tmp_path / str(verify)
+        root.mkdir()
+        async with reference_pair(root, verify_proofs=verify) as ref:
             await ref.leader.create_task(spec("range", d=d))
             await ref.upload_proofs("t", honest)
             await ref.send_proofs("t", [b"p" * 16], [poison])

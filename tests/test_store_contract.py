@@ -6,9 +6,9 @@ reachable server the PostgreSQL cases skip, saying why."""
 from __future__ import annotations
 
 import os
-from dataclasses import replace
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
