@@ -31,8 +31,11 @@ if __name__ == "__main__":  # how pip's build backend runs it; importing it does
             ),
             Extension(
                 "svtagg.vdaf._field",
-                sources=["vdaf/_field.c"],
-                # Portable C with unsigned __int128 (GCC, Clang); no CPU extensions.
+                sources=["vdaf/_field.c", "vdaf/_keccak.c"],
+                depends=["vdaf/_keccak.h", "vdaf/_arith.h"],
+                # Portable C with unsigned __int128 (GCC, Clang); the wider SHAKE128
+                # paths (AVX2, AVX-512F) are compiled under target attributes and
+                # chosen at run time.
                 extra_compile_args=["-O3", "-std=c11"],
                 optional=True,
             ),

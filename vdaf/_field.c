@@ -21,121 +21,9 @@
 #include <stdint.h>
 #include <string.h>
 
-typedef uint64_t u64;
-typedef unsigned __int128 u128;
+#include "_keccak.h"
 
-/* ------------------------------------------------------------------ Field64 */
-
-static const u64 P64 = 0xFFFFFFFF00000001ULL;
-static const u64 EPS64 = 0xFFFFFFFFULL; /* 2^64 mod p */
-
-static inline u64 add64(u64 a, u64 b) {
-    u64 s = a + b;
-    u64 carry = s < a;
-    /* a + b < 2p: subtract p once if the sum wrapped or is >= p */
-    if (carry || s >= P64) s -= P64;
-    return s;
-}
-
-static inline u64 sub64(u64 a, u64 b) { return a >= b ? a - b : a - b + P64; }
-
-static inline u64 red64(u128 x) {
-    u64 lo = (u64)x, hi = (u64)(x >> 64);
-    u64 hh = hi >> 32, hl = hi & EPS64;
-    u64 t0 = lo - hh;
-    if (lo < hh) t0 -= EPS64; /* borrowed 2^64 = 2^32 - 1: take it back */
-    u64 t1 = hl * EPS64;      /* hl * 2^64 = hl * (2^32 - 1) */
-    u64 r = t0 + t1;
-    if (r < t0) r += EPS64;   /* carried 2^64 */
-    if (r >= P64) r -= P64;
-    return r;
-}
-
-static inline u64 mul64(u64 a, u64 b) { return red64((u128)a * b); }
-
-/* ----------------------------------------------------------------- Field128 */
-
-typedef struct {
-    u64 lo, hi;
-} e128;
-
-static const u64 P128_HI = 0xFFFFFFFFFFFFFFE4ULL; /* p = P128_HI * 2^64 + 1 */
-static e128 R2_128;                               /* 2^256 mod p */
-
-static inline int ge_p128(u64 lo, u64 hi) { return hi > P128_HI || (hi == P128_HI && lo >= 1); }
-
-static inline e128 add128(e128 a, e128 b) {
-    u128 s = (u128)a.lo + b.lo;
-    u64 lo = (u64)s;
-    s = (s >> 64) + a.hi + b.hi;
-    u64 hi = (u64)s, top = (u64)(s >> 64);
-    if (top || ge_p128(lo, hi)) {
-        u128 d = (u128)lo - 1;
-        lo = (u64)d;
-        hi = hi - P128_HI - (u64)((d >> 64) & 1);
-    }
-    return (e128){lo, hi};
-}
-
-static inline e128 sub128(e128 a, e128 b) {
-    u64 lo = a.lo - b.lo;
-    u64 borrow = a.lo < b.lo;
-    u64 hi = a.hi - b.hi - borrow;
-    int neg = (a.hi < b.hi) || (a.hi == b.hi && borrow);
-    if (neg) { /* add p = (P128_HI, 1) */
-        u128 s = (u128)lo + 1;
-        lo = (u64)s;
-        hi = hi + P128_HI + (u64)(s >> 64);
-    }
-    return (e128){lo, hi};
-}
-
-/* a*b*2^-128 mod p, for a, b < p. */
-static inline e128 mont128(e128 a, e128 b) {
-    u128 p00 = (u128)a.lo * b.lo, p01 = (u128)a.lo * b.hi;
-    u128 p10 = (u128)a.hi * b.lo, p11 = (u128)a.hi * b.hi;
-    u64 t0 = (u64)p00, t1, t2, t3, t4;
-    u128 t = (p00 >> 64) + (u64)p01 + (u64)p10;
-    t1 = (u64)t;
-    t = (t >> 64) + (p01 >> 64) + (p10 >> 64) + (u64)p11;
-    t2 = (u64)t;
-    t = (t >> 64) + (p11 >> 64);
-    t3 = (u64)t;
-    /* round 1: add m*p with m = -t0 (p = 1 mod 2^64, so -p^-1 = -1) */
-    u64 m = (u64)0 - t0;
-    u128 mp = (u128)m * P128_HI;
-    t = (u128)t1 + (t0 != 0) + (u64)mp;
-    t1 = (u64)t;
-    t = (t >> 64) + t2 + (u64)(mp >> 64);
-    t2 = (u64)t;
-    t = (t >> 64) + t3;
-    t3 = (u64)t;
-    t4 = (u64)(t >> 64);
-    /* round 2, one word up */
-    m = (u64)0 - t1;
-    mp = (u128)m * P128_HI;
-    t = (u128)t2 + (t1 != 0) + (u64)mp;
-    t2 = (u64)t;
-    t = (t >> 64) + t3 + (u64)(mp >> 64);
-    t3 = (u64)t;
-    t4 += (u64)(t >> 64);
-    /* result (t4, t3, t2) < 2p */
-    if (t4 || ge_p128(t2, t3)) {
-        u128 d = (u128)t2 - 1;
-        t2 = (u64)d;
-        t3 = t3 - P128_HI - (u64)((d >> 64) & 1);
-    }
-    return (e128){t2, t3};
-}
-
-static inline e128 mul128(e128 a, e128 b) { return mont128(mont128(a, b), R2_128); }
-
-static void init128(void) {
-    /* R mod p = 2^128 - p = 28*2^64 - 1; R^2 mod p by 128 modular doublings */
-    e128 r = {0xFFFFFFFFFFFFFFFFULL, 27};
-    for (int i = 0; i < 128; i++) r = add128(r, r);
-    R2_128 = r;
-}
+#include "_arith.h"
 
 /* ------------------------------------------------------- generic dispatch */
 
@@ -252,11 +140,97 @@ static PyObject *py_sum_rows(PyObject *self, PyObject *args) {
     } else {
         const e128 *x = (const e128 *)a.view.buf;
         e128 *out = (e128 *)o.view.buf;
-        for (Py_ssize_t j = 0; j < cols; j++) out[j] = (e128){0, 0};
-        for (Py_ssize_t i = 0; i < rows; i++)
-            for (Py_ssize_t j = 0; j < cols; j++) out[j] = add128(out[j], x[i * cols + j]);
+        acc3 *acc = (acc3 *)PyMem_Calloc((size_t)(cols ? cols : 1), sizeof(acc3));
+        if (!acc) {
+            PyErr_NoMemory();
+        } else {
+            for (Py_ssize_t i = 0; i < rows; i++)
+                for (Py_ssize_t j = 0; j < cols; j++) acc3_add(&acc[j], x[i * cols + j]);
+            for (Py_ssize_t j = 0; j < cols; j++) out[j] = acc3_reduce(&acc[j]);
+            PyMem_Free(acc);
+        }
     }
     release_vecs(2, (vbuf *[]){&a, &o});
+    if (PyErr_Occurred()) return NULL;
+    Py_RETURN_NONE;
+}
+
+/* sum_last(fid, a, n, out): out[r] = sum_k a[r, k] for a of (rows, n). */
+static PyObject *py_sum_last(PyObject *self, PyObject *args) {
+    int fid;
+    Py_ssize_t n;
+    PyObject *a_o, *o_o;
+    if (!PyArg_ParseTuple(args, "iOnO", &fid, &a_o, &n, &o_o) || check_fid(fid) < 0) return NULL;
+    vbuf a, o;
+    if (get_vecs(fid, 2, (PyObject *[]){a_o, o_o}, (int[]){0, 1}, (vbuf *[]){&a, &o}) < 0)
+        return NULL;
+    if (n < 0 || a.n != o.n * n) {
+        PyErr_SetString(PyExc_ValueError, "sum_last: shape mismatch");
+    } else if (fid == 0) {
+        const u64 *x = (const u64 *)a.view.buf;
+        u64 *out = (u64 *)o.view.buf;
+        for (Py_ssize_t r = 0; r < o.n; r++) {
+            u64 acc = 0;
+            for (Py_ssize_t k = 0; k < n; k++) acc = add64(acc, x[r * n + k]);
+            out[r] = acc;
+        }
+    } else {
+        const e128 *x = (const e128 *)a.view.buf;
+        e128 *out = (e128 *)o.view.buf;
+        for (Py_ssize_t r = 0; r < o.n; r++) {
+            acc3 acc = {0, 0, 0};
+            for (Py_ssize_t k = 0; k < n; k++) acc3_add(&acc, x[r * n + k]);
+            out[r] = acc3_reduce(&acc);
+        }
+    }
+    release_vecs(2, (vbuf *[]){&a, &o});
+    if (PyErr_Occurred()) return NULL;
+    Py_RETURN_NONE;
+}
+
+/* bits_value(fid, a, group, count, out): out[g] = sum_{j < count} 2^j a[g*group + j]
+ * for a of (G, group) elements, count <= min(group, 63): each group's leading
+ * bits read as a number (the draft's truncate of Sum/SumVec, RangeVec's low
+ * parts).  Shifts instead of products: x*2^j < 2^(128+j), so the sum fits in
+ * three words and is reduced once. */
+static PyObject *py_bits_value(PyObject *self, PyObject *args) {
+    int fid;
+    Py_ssize_t group, count;
+    PyObject *a_o, *o_o;
+    if (!PyArg_ParseTuple(args, "iOnnO", &fid, &a_o, &group, &count, &o_o) || check_fid(fid) < 0)
+        return NULL;
+    vbuf a, o;
+    if (get_vecs(fid, 2, (PyObject *[]){a_o, o_o}, (int[]){0, 1}, (vbuf *[]){&a, &o}) < 0)
+        return NULL;
+    if (group <= 0 || count < 0 || count > group || count > 63 || a.n != o.n * group) {
+        PyErr_SetString(PyExc_ValueError, "bits_value: shape mismatch (count <= group, count <= 63)");
+    } else if (fid == 0) {
+        const u64 *x = (const u64 *)a.view.buf;
+        u64 *out = (u64 *)o.view.buf;
+        for (Py_ssize_t g = 0; g < o.n; g++) {
+            u128 acc = 0; /* < 2^(64 + count) */
+            for (Py_ssize_t j = 0; j < count; j++) acc += (u128)x[g * group + j] << j;
+            out[g] = red64(acc);
+        }
+    } else {
+        const e128 *x = (const e128 *)a.view.buf;
+        e128 *out = (e128 *)o.view.buf;
+        for (Py_ssize_t g = 0; g < o.n; g++) {
+            acc3 acc = {0, 0, 0};
+            const e128 *xg = x + g * group;
+            if (count) acc3_add(&acc, xg[0]);
+            for (Py_ssize_t j = 1; j < count; j++) {
+                e128 v = xg[j];
+                unsigned char c;
+                acc.w0 = adc(acc.w0, v.lo << j, 0, &c);
+                acc.w1 = adc(acc.w1, (v.hi << j) | (v.lo >> (64 - j)), c, &c);
+                acc.w2 += (v.hi >> (64 - j)) + c;
+            }
+            out[g] = acc3_reduce(&acc);
+        }
+    }
+    release_vecs(2, (vbuf *[]){&a, &o});
+    if (PyErr_Occurred()) return NULL;
     Py_RETURN_NONE;
 }
 
@@ -294,46 +268,67 @@ static Py_ssize_t bitrev(Py_ssize_t i, int bits) {
 }
 
 /* In-place iterative radix-2 NTT of each row (decimation in time after a
- * bit-reversal permutation), the same butterflies as vdaf/field.py's ntt:
+ * bit-reversal permutation), the same transform as vdaf/field.py's ntt:
  * stage m uses twiddles w_m^j, w_m = w_n^(n/m), and (u + v w, u - v w).
- * `scale` (if given) multiplies every output (n^-1 for the inverse). */
-#define NTT_BODY(T, MUL, TWPREP, TWMUL, ADD, SUB, ONE)                                           \
-    do {                                                                             \
-        T *tw = (T *)PyMem_Malloc(sizeof(T) * (size_t)(n > 1 ? n / 2 : 1));          \
-        if (!tw) { PyErr_NoMemory(); break; }                                        \
-        for (Py_ssize_t r = 0; r < rows; r++) {                                      \
-            T *x = data + r * n;                                                     \
-            for (Py_ssize_t i = 0; i < n; i++) {                                     \
-                Py_ssize_t j = bitrev(i, bits);                                      \
-                if (j > i) { T tmp = x[i]; x[i] = x[j]; x[j] = tmp; }                \
-            }                                                                        \
-        }                                                                            \
-        for (Py_ssize_t m = 2; m <= n; m *= 2) {                                     \
-            Py_ssize_t half = m / 2;                                                 \
-            T wm = root;                                                             \
-            for (Py_ssize_t k = m; k < n; k *= 2) wm = MUL(wm, wm);                  \
-            tw[0] = ONE;                                                             \
-            for (Py_ssize_t j = 1; j < half; j++) tw[j] = MUL(tw[j - 1], wm);        \
-            for (Py_ssize_t j = 0; j < half; j++) tw[j] = TWPREP(tw[j]);             \
-            for (Py_ssize_t r = 0; r < rows; r++) {                                  \
-                T *x = data + r * n;                                                 \
-                for (Py_ssize_t b = 0; b < n; b += m)                                \
-                    for (Py_ssize_t j = 0; j < half; j++) {                          \
-                        T u = x[b + j], v = TWMUL(x[b + j + half], tw[j]);           \
-                        x[b + j] = ADD(u, v);                                        \
-                        x[b + j + half] = SUB(u, v);                                 \
-                    }                                                                \
-            }                                                                        \
-        }                                                                            \
-        if (have_scale)                                                              \
-            for (Py_ssize_t i = 0; i < rows * n; i++) data[i] = MUL(data[i], scale); \
-        PyMem_Free(tw);                                                              \
+ * The twiddles of every stage are computed once per call (stage m's at
+ * tw[m/2 + j], TWPREP'd for TWMUL), and each row goes through all stages
+ * while it is in cache.  Stage 2's twiddle is 1 (no product).  `scale` (if
+ * given) multiplies every output (n^-1 for the inverse). */
+#define NTT_BODY(T, MUL, TWPREP, TWMUL, ADD, SUB, ONE)                                   \
+    do {                                                                                 \
+        T *tw = (T *)PyMem_Malloc(sizeof(T) * (size_t)n);                                \
+        Py_ssize_t *rev = (Py_ssize_t *)PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)n);   \
+        if (!tw || !rev) {                                                               \
+            PyMem_Free(tw);                                                              \
+            PyMem_Free(rev);                                                             \
+            PyErr_NoMemory();                                                            \
+            break;                                                                       \
+        }                                                                                \
+        for (Py_ssize_t i = 0; i < n; i++) rev[i] = bitrev(i, bits);                     \
+        for (Py_ssize_t m = 2; m <= n; m *= 2) {                                         \
+            Py_ssize_t half = m / 2;                                                     \
+            T wm = root, w = ONE;                                                        \
+            for (Py_ssize_t k = m; k < n; k *= 2) wm = MUL(wm, wm);                      \
+            for (Py_ssize_t j = 0; j < half; j++, w = MUL(w, wm)) tw[half + j] = TWPREP(w); \
+        }                                                                                \
+        Py_BEGIN_ALLOW_THREADS                                                           \
+        for (Py_ssize_t r = 0; r < rows; r++) {                                          \
+            T *x = data + r * n;                                                         \
+            for (Py_ssize_t i = 0; i < n; i++) {                                         \
+                Py_ssize_t j = rev[i];                                                   \
+                if (j > i) {                                                             \
+                    T tmp = x[i];                                                        \
+                    x[i] = x[j];                                                         \
+                    x[j] = tmp;                                                          \
+                }                                                                        \
+            }                                                                            \
+            for (Py_ssize_t b = 0; b + 1 < n; b += 2) {                                  \
+                T u = x[b], v = x[b + 1];                                                \
+                x[b] = ADD(u, v);                                                        \
+                x[b + 1] = SUB(u, v);                                                    \
+            }                                                                            \
+            for (Py_ssize_t m = 4; m <= n; m *= 2) {                                     \
+                Py_ssize_t half = m / 2;                                                 \
+                const T *twm = tw + half;                                                \
+                for (Py_ssize_t b = 0; b < n; b += m)                                    \
+                    for (Py_ssize_t j = 0; j < half; j++) {                              \
+                        T u = x[b + j], v = TWMUL(x[b + j + half], twm[j]);              \
+                        x[b + j] = ADD(u, v);                                            \
+                        x[b + j + half] = SUB(u, v);                                     \
+                    }                                                                    \
+            }                                                                            \
+            if (have_scale)                                                              \
+                for (Py_ssize_t i = 0; i < n; i++) x[i] = MUL(x[i], scale);              \
+        }                                                                                \
+        Py_END_ALLOW_THREADS                                                             \
+        PyMem_Free(tw);                                                                  \
+        PyMem_Free(rev);                                                                 \
     } while (0)
 
 /* Twiddles are multiplied in with one reduction: Field128 keeps them in
  * Montgomery form (w*R), so mont(v, w*R) = v*w. */
 static inline u64 ID64(u64 x) { return x; }
-static inline e128 TOMONT128(e128 x) { return mont128(x, R2_128); }
+#define TOMONT128 tomont128
 
 /* ntt(fid, data, n, root, scale_or_None): transform the rows of data (rows*n
  * elements, in place) with the primitive n-th root `root`. */
@@ -444,9 +439,8 @@ static PyObject *py_sample(PyObject *self, PyObject *args) {
 /* ------------------------------------------------------ batches of reports */
 
 /* dot_rows(fid, a, b, out): out[g, r] = sum_k a[g, r, k] * b[r, k] for a of
- * (groups, rows, n) elements, b of (rows, n) and out of (groups, rows) -- each
- * row of b is shared by every group, so Field128 puts it in Montgomery form
- * once and each product costs one reduction (mont(a, b*R) = a*b). */
+ * (groups, rows, n) elements, b of (rows, n) and out of (groups, rows); Field128
+ * sums the products unreduced and reduces once per output. */
 static PyObject *py_dot_rows(PyObject *self, PyObject *args) {
     int fid;
     PyObject *a_o, *b_o, *o_o;
@@ -481,20 +475,15 @@ static PyObject *py_dot_rows(PyObject *self, PyObject *args) {
     } else {
         const e128 *x = (const e128 *)a.view.buf, *y = (const e128 *)b.view.buf;
         e128 *out = (e128 *)o.view.buf;
-        e128 *ym = (e128 *)PyMem_Malloc(sizeof(e128) * (size_t)b.n);
-        if (!ym) {
-            PyErr_NoMemory();
-        } else {
-            for (Py_ssize_t i = 0; i < b.n; i++) ym[i] = mont128(y[i], R2_128);
-            for (Py_ssize_t g = 0; g < groups; g++)
-                for (Py_ssize_t r = 0; r < rows; r++) {
-                    const e128 *xr = x + (g * rows + r) * n, *yr = ym + r * n;
-                    e128 acc = {0, 0};
-                    for (Py_ssize_t k = 0; k < n; k++) acc = add128(acc, mont128(xr[k], yr[k]));
-                    out[g * rows + r] = acc;
-                }
-            PyMem_Free(ym);
-        }
+        for (Py_ssize_t g = 0; g < groups; g++)
+            for (Py_ssize_t r = 0; r < rows; r++) {
+                const e128 *xr = x + (g * rows + r) * n, *yr = y + r * n;
+                acc5 acc;
+                acc5_zero(&acc);
+                for (Py_ssize_t k = 0; k < n; k++) acc5_mac(&acc, xr[k], yr[k]);
+                /* redc gives the sum / R; mont(., R^2) multiplies by R */
+                out[g * rows + r] = mont128(acc5_redc(&acc), R2_128);
+            }
     }
     release_vecs(3, (vbuf *[]){&a, &b, &o});
     if (PyErr_Occurred()) return NULL;
@@ -567,14 +556,21 @@ static PyObject *py_weighted_rows(PyObject *self, PyObject *args) {
     } else {
         const e128 *x = (const e128 *)m.view.buf, *ws = (const e128 *)w.view.buf;
         e128 *out = (e128 *)o.view.buf;
-        for (Py_ssize_t r = 0; r < rows; r++) {
-            e128 *acc = out + r * nj;
-            for (Py_ssize_t j = 0; j < nj; j++) acc[j] = (e128){0, 0};
-            for (Py_ssize_t i = 0; i < ni; i++) {
-                const e128 *xr = x + (r * ni + i) * nj;
-                e128 wi = mont128(ws[r * ni + i], R2_128); /* w*R: one reduction per product */
-                for (Py_ssize_t j = 0; j < nj; j++) acc[j] = add128(acc[j], mont128(xr[j], wi));
+        acc5 *acc = (acc5 *)PyMem_Malloc(sizeof(acc5) * (size_t)nj);
+        if (!acc) {
+            PyErr_NoMemory();
+        } else {
+            for (Py_ssize_t r = 0; r < rows; r++) {
+                for (Py_ssize_t j = 0; j < nj; j++) acc5_zero(&acc[j]);
+                for (Py_ssize_t i = 0; i < ni; i++) {
+                    const e128 *xr = x + (r * ni + i) * nj;
+                    e128 wi = ws[r * ni + i];
+                    for (Py_ssize_t j = 0; j < nj; j++) acc5_mac(&acc[j], xr[j], wi);
+                }
+                for (Py_ssize_t j = 0; j < nj; j++)
+                    out[r * nj + j] = mont128(acc5_redc(&acc[j]), R2_128);
             }
+            PyMem_Free(acc);
         }
     }
     release_vecs(3, (vbuf *[]){&m, &w, &o});
@@ -632,7 +628,7 @@ static PyObject *py_bit_pairs(PyObject *self, PyObject *args) {
 
 /* pair_products(fid, x, count, out): out[j] = sum_c x[c, 0, j] * x[c, 1, j]
  * for x of (count, 2, M) elements (ParallelSum(Mul) on a batch of calls);
- * Field128 sums mont(a, b) = a*b/R and fixes the factor once per output. */
+ * Field128 sums the products unreduced and reduces once per output. */
 static PyObject *py_pair_products(PyObject *self, PyObject *args) {
     int fid;
     Py_ssize_t count;
@@ -656,12 +652,18 @@ static PyObject *py_pair_products(PyObject *self, PyObject *args) {
     } else {
         const e128 *xs = (const e128 *)x.view.buf;
         e128 *out = (e128 *)o.view.buf;
-        for (Py_ssize_t j = 0; j < nm; j++) out[j] = (e128){0, 0};
-        for (Py_ssize_t c = 0; c < count; c++) {
-            const e128 *a = xs + 2 * c * nm, *b = a + nm;
-            for (Py_ssize_t j = 0; j < nm; j++) out[j] = add128(out[j], mont128(a[j], b[j]));
+        acc5 *acc = (acc5 *)PyMem_Malloc(sizeof(acc5) * (size_t)nm);
+        if (!acc) {
+            PyErr_NoMemory();
+        } else {
+            for (Py_ssize_t j = 0; j < nm; j++) acc5_zero(&acc[j]);
+            for (Py_ssize_t c = 0; c < count; c++) {
+                const e128 *a = xs + 2 * c * nm, *b = a + nm;
+                for (Py_ssize_t j = 0; j < nm; j++) acc5_mac(&acc[j], a[j], b[j]);
+            }
+            for (Py_ssize_t j = 0; j < nm; j++) out[j] = mont128(acc5_redc(&acc[j]), R2_128);
+            PyMem_Free(acc);
         }
-        for (Py_ssize_t j = 0; j < nm; j++) out[j] = mont128(out[j], R2_128);
     }
     release_vecs(2, (vbuf *[]){&x, &o});
     if (PyErr_Occurred()) return NULL;
@@ -732,42 +734,115 @@ static PyObject *py_bit_check_at(PyObject *self, PyObject *args) {
         const e128 *ms = (const e128 *)m.view.buf, *rs = (const e128 *)r.view.buf;
         const e128 *ls = (const e128 *)l.view.buf;
         e128 s = AT128(sv, 0), *out = (e128 *)o.view.buf;
+        acc5 *acc = (acc5 *)PyMem_Malloc(sizeof(acc5) * (size_t)(2 * chunk));
+        if (!acc) {
+            PyErr_NoMemory();
+            goto done;
+        }
         for (Py_ssize_t q = 0; q < rows; q++) {
             const e128 *mq = ms + q * len, *lq = ls + q * np_;
             e128 *oq = out + q * 2 * chunk;
-            for (Py_ssize_t c = 0; c < 2 * chunk; c++) oq[c] = (e128){0, 0};
-            e128 rm = mont128(rs[q], R2_128);             /* r*R */
+            for (Py_ssize_t c = 0; c < 2 * chunk; c++) acc5_zero(&acc[c]);
+            e128 rm = tomont128(rs[q]);                   /* r*R */
             e128 r_chunk_m = rm;                          /* r^chunk * R */
             for (Py_ssize_t c = 1; c < chunk; c++) r_chunk_m = mont128(r_chunk_m, rm);
             e128 r_base = rs[q];                          /* r^(call*chunk + 1) */
-            e128 lam_sum = {0, 0};
+            acc3 lam_sum = {0, 0, 0};
             for (Py_ssize_t call = 0; call < calls; call++) {
                 e128 lam = lq[call + 1];
-                lam_sum = add128(lam_sum, lam);
-                e128 lam_m = mont128(lam, R2_128);                       /* lam*R */
-                e128 lam_r_m = mont128(mul128(lam, r_base), R2_128);    /* lam*r^..*R */
+                acc3_add(&lam_sum, lam);
+                e128 lam_m = tomont128(lam);                        /* lam*R */
+                e128 lam_r_m = tomont128(mont128(lam_m, r_base));  /* lam*r^..*R */
                 Py_ssize_t base = call * chunk;
                 Py_ssize_t end = len - base < chunk ? len - base : chunk;
+                /* sums of v*(u*R), reduced once at the end: sum v*u */
                 for (Py_ssize_t c = 0; c < end; c++) {
                     e128 v = mq[base + c];
-                    oq[2 * c] = add128(oq[2 * c], mont128(v, lam_r_m));
-                    oq[2 * c + 1] = add128(oq[2 * c + 1], mont128(v, lam_m));
+                    acc5_mac(&acc[2 * c], v, lam_r_m);
+                    acc5_mac(&acc[2 * c + 1], v, lam_m);
                 }
                 r_base = mont128(r_base, r_chunk_m);
             }
-            e128 s_lam = mul128(s, lam_sum);
-            e128 rc_m = (e128){0, 0};
+            e128 s_lam = mul128(s, acc3_reduce(&lam_sum));
+            e128 rc_m = tomont128((e128){1, 0}); /* r^c * R, from c = 0 */
             for (Py_ssize_t c = 0; c < chunk; c++) {
-                /* r^c in Montgomery form: R mod p for c = 0 */
-                rc_m = c == 0 ? mont128((e128){1, 0}, R2_128) : mont128(rc_m, rm);
-                oq[2 * c] = mont128(oq[2 * c], rc_m);
-                oq[2 * c + 1] = sub128(oq[2 * c + 1], s_lam);
+                oq[2 * c] = mont128(acc5_redc(&acc[2 * c]), rc_m);
+                oq[2 * c + 1] = sub128(acc5_redc(&acc[2 * c + 1]), s_lam);
+                rc_m = mont128(rc_m, rm);
             }
         }
+        PyMem_Free(acc);
     }
+done:
     release_vecs(5, (vbuf *[]){&m, &r, &sv, &l, &o});
     if (PyErr_Occurred()) return NULL;
     Py_RETURN_NONE;
+}
+
+/* ------------------------------------------------------------ the XOF */
+
+#define MAX_SEGS 8
+
+/* shake_rows(segs, rows, out): out (rows * L bytes, writable) gets, per row r,
+ * the first L bytes of SHAKE128 of row r's message, which is the
+ * concatenation of the pieces segs = ((buffer, offset, width, stride), ...):
+ * buffer[offset + r*stride, + width) (stride 0: shared by every row). */
+static PyObject *py_shake_rows(PyObject *self, PyObject *args) {
+    PyObject *segs_o, *out_o;
+    Py_ssize_t rows;
+    if (!PyArg_ParseTuple(args, "O!nO", &PyTuple_Type, &segs_o, &rows, &out_o)) return NULL;
+    Py_ssize_t nsegs = PyTuple_GET_SIZE(segs_o);
+    if (nsegs > MAX_SEGS || rows < 0) {
+        PyErr_SetString(PyExc_ValueError, "shake_rows: at most 8 pieces, rows >= 0");
+        return NULL;
+    }
+    Py_buffer views[MAX_SEGS], outv;
+    xof_seg segs[MAX_SEGS];
+    int held = 0;
+    if (PyObject_GetBuffer(out_o, &outv, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) return NULL;
+    for (; held < nsegs; held++) {
+        Py_ssize_t off, width, stride;
+        PyObject *obj, *item = PyTuple_GET_ITEM(segs_o, held);
+        if (!PyArg_ParseTuple(item, "Onnn;shake_rows: a piece is (buffer, offset, width, stride)",
+                              &obj, &off, &width, &stride))
+            goto fail;
+        if (PyObject_GetBuffer(obj, &views[held], PyBUF_C_CONTIGUOUS) < 0) goto fail;
+        Py_ssize_t last = rows ? off + (rows - 1) * stride + width : 0;
+        if (off < 0 || width < 0 || stride < 0 || (rows && (last > views[held].len || off > views[held].len))) {
+            held++;
+            PyErr_SetString(PyExc_ValueError, "shake_rows: a piece reaches past its buffer");
+            goto fail;
+        }
+        segs[held] = (xof_seg){(const unsigned char *)views[held].buf, off, width, stride};
+    }
+    if (rows ? outv.len % rows != 0 : outv.len != 0) {
+        PyErr_SetString(PyExc_ValueError, "shake_rows: out is not rows x length bytes");
+        goto fail;
+    }
+    Py_ssize_t out_len = rows ? outv.len / rows : 0;
+    Py_BEGIN_ALLOW_THREADS
+    shake128_rows(segs, (int)nsegs, rows, (unsigned char *)outv.buf, out_len);
+    Py_END_ALLOW_THREADS
+    while (held--) PyBuffer_Release(&views[held]);
+    PyBuffer_Release(&outv);
+    Py_RETURN_NONE;
+fail:
+    while (held--) PyBuffer_Release(&views[held]);
+    PyBuffer_Release(&outv);
+    return NULL;
+}
+
+/* keccak_width(want=-1): the number of SHAKE128 streams per permutation in use
+ * (1, 4 or 8); want 0 picks the widest this CPU runs, 1/4/8 one of them. */
+static PyObject *py_keccak_width(PyObject *self, PyObject *args) {
+    int want = -1;
+    if (!PyArg_ParseTuple(args, "|i", &want)) return NULL;
+    int got = keccak_width(want);
+    if (got < 0) {
+        PyErr_Format(PyExc_ValueError, "keccak width %d is not available here", want);
+        return NULL;
+    }
+    return PyLong_FromLong(got);
 }
 
 static PyMethodDef methods[] = {
@@ -775,6 +850,9 @@ static PyMethodDef methods[] = {
     {"sub", py_sub, METH_VARARGS, "sub(fid, a, b, out): out = a - b"},
     {"mul", py_mul, METH_VARARGS, "mul(fid, a, b, out): out = a * b"},
     {"sum_rows", py_sum_rows, METH_VARARGS, "sum_rows(fid, a, rows, out): column sums of a (rows x cols)"},
+    {"sum_last", py_sum_last, METH_VARARGS, "sum_last(fid, a, n, out): row sums of a (rows x n)"},
+    {"bits_value", py_bits_value, METH_VARARGS,
+     "bits_value(fid, a, group, count, out): out[g] = sum_{j<count} 2^j a[g, j]"},
     {"powers", py_powers, METH_VARARGS, "powers(fid, start, step, out): out[i] = start * step^i"},
     {"ntt", py_ntt, METH_VARARGS, "ntt(fid, data, n, root, scale): in-place NTT of each row"},
     {"poly_eval", py_poly_eval, METH_VARARGS, "poly_eval(fid, coeffs, n, t, out): each row at t"},
@@ -790,6 +868,10 @@ static PyMethodDef methods[] = {
     {"bit_check_at", py_bit_check_at, METH_VARARGS,
      "bit_check_at(fid, meas, r, s, lam, chunk, calls, out, rows): bit-check wires at t"},
     {"sample", py_sample, METH_VARARGS, "sample(fid, raw, out) -> kept: rejection sampling"},
+    {"shake_rows", py_shake_rows, METH_VARARGS,
+     "shake_rows(pieces, rows, out): SHAKE128 of each row's message into out"},
+    {"keccak_width", py_keccak_width, METH_VARARGS,
+     "keccak_width(want=-1): SHAKE128 streams per permutation (1, 4, 8)"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -798,6 +880,6 @@ static struct PyModuleDef moduledef = {
 };
 
 PyMODINIT_FUNC PyInit__field(void) {
-    init128();
+    keccak_init();
     return PyModule_Create(&moduledef);
 }

@@ -21,6 +21,7 @@ from svtagg.vdaf.field import (
     Field,
     Vec,
     bit_check_pairs,
+    bits_value,
     dot_last,
     powers_rows,
 )
@@ -48,8 +49,10 @@ def _bits_le(f: Field, values: Sequence[int], bits: int) -> Vec:
 
 def _from_bits(f: Field, meas: Vec, bits: int) -> Vec:
     """Σ_j 2^j · b_j per group of `bits` elements (draft: truncate)."""
-    weights = f.as_like(meas, f.powers(2, bits, first=0))
-    return dot_last(f, meas.reshape(-1, 1, bits), weights.reshape(1, bits)).reshape(-1)
+    if bits > 63:
+        weights = f.as_like(meas, f.powers(2, bits, first=0))
+        return dot_last(f, meas.reshape(-1, 1, bits), weights.reshape(1, bits)).reshape(-1)
+    return bits_value(f, meas, bits, bits)
 
 
 def _chunked_bit_check(

@@ -241,6 +241,10 @@ class Field:
         for the reference; read either with `to_int`)."""
         if a.dtype == object:
             return np.sum(a, axis=axis) % self.modulus  # type: ignore[no-any-return]
+        if axis is not None and a.ndim and axis in (-1, a.ndim - 1):
+            out_last = np.empty(a.shape[:-1], dtype=a.dtype)
+            _backend.core().sum_last(self.fid, np.ascontiguousarray(a), a.shape[-1], out_last)
+            return out_last
         moved = a.reshape(-1, 1) if axis is None else np.moveaxis(a, axis, 0)
         rest = moved.shape[1:]
         rows = moved.shape[0]
@@ -484,6 +488,21 @@ def pair_products(f: Field, x: Vec, count: int) -> Vec:
         return out
     per = x.reshape((count, 2) + rest)
     return f.sum(f.mul(per[:, 0], per[:, 1]), axis=0)
+
+
+def bits_value(f: Field, a: Vec, group: int, count: int) -> Vec:
+    """Σ_{j<count} 2^j·a[g, j] for each group g of `group` consecutive elements
+    (a flattened; count ≤ group, count ≤ 63): each group's leading bits read
+    as a number."""
+    if not 0 <= count <= min(group, 63):
+        raise ValueError("bits_value reads at most 63 bits of a group")
+    groups = a.reshape(-1, group)
+    if a.dtype != object:
+        out = np.empty(groups.shape[0], dtype=a.dtype)
+        _backend.core().bits_value(f.fid, np.ascontiguousarray(groups), group, count, out)
+        return out
+    weights = np.array([1 << j for j in range(count)], dtype=object)
+    return np.dot(groups[:, :count], weights) % f.modulus  # type: ignore[no-any-return]
 
 
 def mul_cols(f: Field, a: Vec, b: Vec) -> Vec:

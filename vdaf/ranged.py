@@ -36,7 +36,7 @@ from svtagg.vdaf.circuits import (
     _column,
     _from_bits,
 )
-from svtagg.vdaf.field import FIELD128, Field, Vec, powers_rows
+from svtagg.vdaf.field import FIELD128, Field, Vec, bits_value, powers_rows
 from svtagg.vdaf.flp import Gadget, GadgetCall, Mul, ParallelSum
 
 #: The largest number of fractional bits RangeVec takes (values up to 2^32).
@@ -132,8 +132,7 @@ class RangeVec:
         f, lead = self.field, meas.shape[:-1]
         groups = meas.reshape(*lead, self.length, self.bits)
         top = np.ascontiguousarray(groups[..., self.frac_bits])
-        low_bits = np.ascontiguousarray(groups[..., : self.frac_bits]).reshape(-1)
-        low = _from_bits(f, low_bits, self.frac_bits).reshape(*lead, self.length)
+        low = bits_value(f, meas, self.bits, self.frac_bits).reshape(*lead, self.length)
         return top, low
 
     def _range_inputs(self, scaled_top: Vec, low: Vec) -> Vec:
