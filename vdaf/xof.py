@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from svtagg.vdaf import native as _backend
 from svtagg.vdaf.field import DecodeError, Field, Vec, next_power_of_2
@@ -104,34 +106,118 @@ class XofShake128:
         return cls(seed, dst, binder).next_vec(f, length)
 
 
+#: One piece of every row's XOF input, (buffer, offset, width, stride): row r's
+#: bytes are buffer[offset + r·stride : offset + r·stride + width] (stride 0:
+#: the same bytes for every row).  A row's input is its pieces in order.
+Piece = tuple[Any, int, int, int]
+
+
+def shared(data: bytes) -> Piece:
+    """The same bytes in every row."""
+    return (data, 0, len(data), 0)
+
+
+def per_row(data: Any, width: int, offset: int = 0, stride: int | None = None) -> Piece:
+    """`width` bytes per row of a buffer of rows (`stride` bytes apart, default
+    `width`), from `offset`."""
+    return (data, offset, width, width if stride is None else stride)
+
+
+def _row_bytes(piece: Piece, r: int) -> bytes:
+    data, offset, width, stride = piece
+    flat = data if isinstance(data, bytes) else np.ascontiguousarray(data).view(np.uint8)
+    flat = memoryview(flat).cast("B") if not isinstance(flat, bytes) else flat
+    start = offset + r * stride
+    return bytes(flat[start : start + width])
+
+
+def shake_rows(pieces: Sequence[Piece], rows: int, length: int) -> npt.NDArray[np.uint8]:
+    """(rows, length) bytes: row r is the first `length` bytes of SHAKE128 over
+    the concatenation of the pieces' row-r bytes.  Natively one call computes
+    every row (several streams per Keccak permutation); the Python reference
+    runs hashlib stream by stream."""
+    out = np.empty((rows, length), dtype=np.uint8)
+    if _backend.active() == "native":
+        _backend.core().shake_rows(tuple(pieces), rows, out)
+        return out
+    for r in range(rows):
+        message = b"".join(_row_bytes(p, r) for p in pieces)
+        out[r] = np.frombuffer(hashlib.shake_128(message).digest(length), dtype=np.uint8)
+    return out
+
+
+def _header(dst: bytes) -> bytes:
+    if len(dst) > 255:
+        raise ValueError("a domain-separation tag is at most 255 bytes")
+    return bytes([len(dst)]) + dst
+
+
+def derive_seed_rows(
+    seed: Piece, dst: bytes, binder: Sequence[Piece], rows: int
+) -> npt.NDArray[np.uint8]:
+    """(rows, SEED_SIZE): row r is XofShake128(seed_r, dst, binder_r).next(SEED_SIZE)
+    (`derive_seed` of each row), the seed and binder given as pieces."""
+    if seed[2] != SEED_SIZE:
+        raise ValueError(f"XofShake128 seeds are {SEED_SIZE} bytes")
+    return shake_rows([shared(_header(dst)), seed, *binder], rows, SEED_SIZE)
+
+
+def _all_below_p(f: Field, out: Vec) -> bool:
+    """Whether every element just drawn into `out` (native) is below p."""
+    return bool(_backend.core().sample(f.fid, out, out) == out.size)
+
+
+def expand_rows_into(
+    f: Field, seed: Piece, dst: bytes, binder: Sequence[Piece], rows: int, length: int
+) -> Vec:
+    """(rows, length): row r is XofShake128(seed_r, dst, binder_r).next_vec(f, length),
+    the seed and binder given as pieces.
+
+    Every row's first length·ENCODED_SIZE stream bytes are drawn together;
+    only if some element is ≥ p (probability ~2^-32 per Field64 element, ~2^-62
+    per Field128 element) are the rows redone stream by stream, which samples
+    past the rejected elements exactly as `next_vec` does."""
+    if seed[2] != SEED_SIZE:
+        raise ValueError(f"XofShake128 seeds are {SEED_SIZE} bytes")
+    pieces = [shared(_header(dst)), seed, *binder]
+    size = f.encoded_size
+    if next_power_of_2(f.modulus) == 1 << (8 * size):  # no mask: rejection is the only filter
+        if f._native():
+            out = np.empty((rows, length), dtype=f._dtype())
+            _backend.core().shake_rows(tuple(pieces), rows, out)
+            if _all_below_p(f, out):
+                return out
+        else:
+            raw = shake_rows(pieces, rows, length * size)
+            try:
+                return f.decode_vec(raw.tobytes()).reshape(rows, length)
+            except DecodeError:
+                pass
+    streams = [
+        XofShake128(_row_bytes(seed, r), dst, b"".join(_row_bytes(p, r) for p in binder)).next_vec(
+            f, length
+        )
+        for r in range(rows)
+    ]
+    return np.stack(streams).reshape(rows, length) if streams else f.zeros(0, length)
+
+
 def expand_rows(
     f: Field, seeds: Sequence[bytes], dst: bytes, binders: Sequence[bytes], length: int
 ) -> Vec:
     """Row i is XofShake128(seeds[i], dst, binders[i]).next_vec(f, length): a batch's
-    expansions, the field elements decoded in one call.
-
-    Every row's first length·ENCODED_SIZE stream bytes are decoded together;
-    only if some element is ≥ p (probability ~2^-32 per Field64 element, ~2^-62
-    per Field128 element) is the batch redone stream by stream, which samples
-    past the rejected elements exactly as `next_vec` does.
-    """
+    expansions, drawn and decoded together (`expand_rows_into`)."""
     if len(seeds) != len(binders):
         raise ValueError("one binder per seed")
     if any(len(s) != SEED_SIZE for s in seeds):
         raise ValueError(f"XofShake128 seeds are {SEED_SIZE} bytes")
-    if len(dst) > 255:
-        raise ValueError("a domain-separation tag is at most 255 bytes")
-    rows, size = len(seeds), f.encoded_size
-    if next_power_of_2(f.modulus) == 1 << (8 * size):  # no mask: rejection is the only filter
-        prefix = bytes([len(dst)]) + dst
-        want = length * size
-        raw = b"".join(
-            hashlib.shake_128(prefix + s + b).digest(want)
-            for s, b in zip(seeds, binders, strict=True)
-        )
-        try:
-            return f.decode_vec(raw).reshape(rows, length)
-        except DecodeError:
-            pass
-    out = [XofShake128(s, dst, b).next_vec(f, length) for s, b in zip(seeds, binders, strict=True)]
-    return np.stack(out).reshape(rows, length) if out else f.zeros(0, length)
+    if len(set(map(len, binders))) > 1:  # pieces are one width per row
+        out = [
+            XofShake128(s, dst, b).next_vec(f, length) for s, b in zip(seeds, binders, strict=True)
+        ]
+        return np.stack(out).reshape(len(seeds), length)
+    rows = len(seeds)
+    width = len(binders[0]) if binders else 0
+    seed_piece = per_row(b"".join(seeds), SEED_SIZE)
+    binder_piece = per_row(b"".join(binders), width)
+    return expand_rows_into(f, seed_piece, dst, [binder_piece], rows, length)
