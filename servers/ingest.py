@@ -36,9 +36,10 @@ from typing import TYPE_CHECKING, Any
 
 from svtagg.dp.errors import FailedPrecondition, InvalidArgument, PeerUnavailable
 from svtagg.servers.exchange import VerifyBatch, VerifyResult
-from svtagg.servers.proofs import field_words, task_validity
+from svtagg.servers.proofs import field_words_rows, task_validity
 from svtagg.servers.store import Verified, batch_id
-from svtagg.vdaf.prio3 import PrepShare, PrepState, Prio3, VerifyError
+from svtagg.vdaf.prio3 import Prio3
+from svtagg.vdaf.rows import PrepRows
 from svtagg.vdaf.xof import SEED_SIZE
 
 if TYPE_CHECKING:
@@ -98,22 +99,25 @@ def rejected_counts(verdicts: bytes) -> dict[str, int]:
     return out
 
 
-def _decode_prep_share(prio: Prio3, data: bytes) -> PrepShare:
-    f = prio.field
-    size = prio.flp.verifier_len * f.encoded_size
-    part = SEED_SIZE if prio.uses_joint_rand else 0
-    if len(data) != size + part:
-        raise ValueError(f"a prep share is {size + part} bytes, got {len(data)}")
-    return PrepShare(f.decode_vec(data[:size]), data[size:] or None)
+@dataclass
+class _Prepared:
+    """One server's side of a batch: per report its row in `prep` (-1 where its
+    input share or the public share did not decode) and its encoded prep share
+    (b"" there)."""
+
+    index: list[int]
+    prep: PrepRows | None
+    shares: tuple[bytes, ...]
 
 
 @dataclass
-class _Prepared:
-    """One server's side of a batch: per report its prep state and prep share,
-    or None where its input share (or the public share) did not decode."""
+class _Shares:
+    """One server's prep shares of a batch: per report its row in `verifiers`
+    and `parts` (-1 where it sent none)."""
 
-    states: list[PrepState | None]
-    shares: list[PrepShare | None]
+    index: list[int]
+    verifiers: Any
+    parts: Any
 
 
 def _prepare(
@@ -121,73 +125,81 @@ def _prepare(
 ) -> _Prepared:
     """prep_init over the decodable reports of a batch; `reports`: (nonce,
     public share, input share) bytes."""
-    decoded: list[tuple[int, object, object]] = []
-    for i, (_, public, share) in enumerate(reports):
-        try:
-            decoded.append(
-                (i, prio.decode_public_share(public), prio.decode_input_share(agg_id, share))
-            )
-        except ValueError:
-            continue
-    states: list[PrepState | None] = [None] * len(reports)
-    shares: list[PrepShare | None] = [None] * len(reports)
-    if decoded:
-        out = prio.prep_init_batch(
-            key,
-            agg_id,
-            [reports[i][0] for i, _, _ in decoded],
-            [p for _, p, _ in decoded],  # type: ignore[misc]
-            [s for _, _, s in decoded],  # type: ignore[misc]
-        )
-        for (i, _, _), (st, ps) in zip(decoded, out, strict=True):
-            states[i], shares[i] = st, ps
-    return _Prepared(states, shares)
+    ok, rows = prio.decode_report_rows(
+        agg_id, [r[0] for r in reports], [r[1] for r in reports], [r[2] for r in reports]
+    )
+    index = [-1] * len(reports)
+    if not ok:
+        return _Prepared(index, None, (b"",) * len(reports))
+    prep = prio.prep_init_rows(key, agg_id, rows)
+    encoded = prio.encode_prep_share_rows(prep)
+    shares = [b""] * len(reports)
+    for row, i in enumerate(ok):
+        index[i], shares[i] = row, encoded[row]
+    return _Prepared(index, prep, tuple(shares))
+
+
+def _own(mine: _Prepared) -> _Shares:
+    """This server's own prep shares, as the other's are decoded."""
+    if mine.prep is None:
+        return _Shares(mine.index, None, None)
+    return _Shares(mine.index, mine.prep.verifiers, mine.prep.parts)
 
 
 def _decide(
-    prio: Prio3, mine: _Prepared, leader: list[PrepShare | None], helper: list[PrepShare | None]
-) -> tuple[bytes, list[Any]]:
+    prio: Prio3, mine: _Prepared, leader: _Shares, helper: _Shares
+) -> tuple[bytes, list[int]]:
     """Each report's verdict from the two prep shares, and the valid reports'
-    output shares (this server's), in batch order."""
-    verdicts = bytearray(len(mine.states))
+    rows of this server's output shares, in batch order."""
+    verdicts = bytearray(len(mine.index))
     both: list[int] = []
-    for i, (lp, hp) in enumerate(zip(leader, helper, strict=True)):
-        if lp is None:
+    for i, (lp, hp) in enumerate(zip(leader.index, helper.index, strict=True)):
+        if lp < 0:
             verdicts[i] = Verdict.MALFORMED_LEADER
-        elif hp is None:
+        elif hp < 0:
             verdicts[i] = Verdict.MALFORMED_HELPER
         else:
             both.append(i)
-    msgs = prio.prep_shares_to_prep_batch([[leader[i], helper[i]] for i in both])  # type: ignore[list-item]
-    outs: list[Any] = []
-    for i, msg in zip(both, msgs, strict=True):
-        state = mine.states[i]
-        assert state is not None
-        if isinstance(msg, VerifyError):
+    if not both or mine.prep is None:
+        return bytes(verdicts), []
+    lrows, hrows = [leader.index[i] for i in both], [helper.index[i] for i in both]
+    accepted, msgs = prio.prep_shares_to_prep_rows(
+        [leader.verifiers[lrows], helper.verifiers[hrows]],
+        [
+            None if leader.parts is None else leader.parts[lrows],
+            None if helper.parts is None else helper.parts[hrows],
+        ],
+    )
+    rows = [mine.index[i] for i in both]
+    committed = prio.prep_next_rows(mine.prep, msgs, rows)
+    valid: list[int] = []
+    for k, i in enumerate(both):
+        if not accepted[k]:
             verdicts[i] = Verdict.INVALID_PROOF
-            continue
-        try:
-            outs.append(prio.prep_next(state, msg))
-        except VerifyError:
+        elif not committed[k]:
             verdicts[i] = Verdict.JOINT_RANDOMNESS
-    return bytes(verdicts), outs
+        else:
+            valid.append(rows[k])
+    return bytes(verdicts), valid
 
 
-def _encode_shares(prio: Prio3, shares: list[PrepShare | None]) -> tuple[bytes, ...]:
-    return tuple(b"" if ps is None else prio.encode_prep_share(ps) for ps in shares)
+def _decode_shares(prio: Prio3, data: Sequence[bytes], who: str) -> _Shares:
+    index, blobs = [-1] * len(data), []
+    for i, blob in enumerate(data):
+        if blob:
+            index[i] = len(blobs)
+            blobs.append(blob)
+    try:
+        verifiers, parts = prio.decode_prep_share_rows(blobs)
+    except ValueError as exc:
+        raise InvalidArgument(f"the {who}'s prep share: {exc}") from None
+    return _Shares(index, verifiers, parts)
 
 
-def _decode_shares(prio: Prio3, data: Sequence[bytes], who: str) -> list[PrepShare | None]:
-    out: list[PrepShare | None] = []
-    for blob in data:
-        if not blob:
-            out.append(None)
-            continue
-        try:
-            out.append(_decode_prep_share(prio, blob))
-        except ValueError as exc:
-            raise InvalidArgument(f"the {who}'s prep share: {exc}") from None
-    return out
+def _out_words(prio: Prio3, v: Any, mine: _Prepared, rows: list[int]) -> Any:
+    """The field words of the sum of this server's output shares in `rows`."""
+    outs = None if mine.prep is None else mine.prep.out_shares
+    return field_words_rows(prio, v, outs, rows)
 
 
 # ---------------------------------------------------------------- the helper
@@ -227,36 +239,36 @@ def helper_verify(core: ServerCore, batch: VerifyBatch) -> VerifyResult:
     reports = [(rid, *_split_pending(prio, b or b"")) for rid, b in zip(ids, blobs, strict=True)]
     mine = _prepare(prio, task.verify_key, 1, reports)
     leader = _decode_shares(prio, batch.prep_shares, "leader")
-    verdicts, outs = _checked(core, prio, mine, leader, mine.shares)
+    verdicts, rows = _checked(core, prio, mine, leader, _own(mine))
     valid = [i for i, x in enumerate(verdicts) if x == Verdict.VALID]
     seeds = [reports[i][2][:SEED_SIZE] for i in valid]
     n = core.store.add_reports(
         batch.task_id,
         [ids[i] for i in valid],
         seeds,
-        field_words(prio, v, outs),
+        _out_words(prio, v, mine, rows),
         Verified(bid, verdicts, rejected_counts(verdicts), ids),
     )
-    return VerifyResult(_encode_shares(prio, mine.shares), verdicts, False, n)
+    return VerifyResult(mine.shares, verdicts, False, n)
 
 
 def _checked(
     core: ServerCore,
     prio: Prio3,
     mine: _Prepared,
-    leader: list[PrepShare | None],
-    helper: list[PrepShare | None],
-) -> tuple[bytes, list[Any]]:
+    leader: _Shares,
+    helper: _Shares,
+) -> tuple[bytes, list[int]]:
     """`_decide`, or (the test-only control `core.verify_proofs` off) every
     decodable report taken as valid, unchecked."""
     if core.verify_proofs:
         return _decide(prio, mine, leader, helper)
     verdicts = bytes(
-        Verdict.MALFORMED_LEADER if lp is None else Verdict.MALFORMED_HELPER if hp is None else 0
-        for lp, hp in zip(leader, helper, strict=True)
+        Verdict.MALFORMED_LEADER if lp < 0 else Verdict.MALFORMED_HELPER if hp < 0 else 0
+        for lp, hp in zip(leader.index, helper.index, strict=True)
     )
-    outs = [st.out_share for st, x in zip(mine.states, verdicts, strict=True) if x == 0 and st]
-    return verdicts, outs
+    rows = [r for r, x in zip(mine.index, verdicts, strict=True) if x == 0 and r >= 0]
+    return verdicts, rows
 
 
 # ---------------------------------------------------------------- the leader
@@ -273,27 +285,23 @@ async def verify_upload(
     ids = core.check_batch(task, [r.report_id for r in reports])
     rows = [(r.report_id, r.public_share, r.input_share) for r in reports]
     mine = await asyncio.to_thread(_prepare, prio, task.verify_key, 0, rows)
-    answer = await helper.verify(
-        VerifyBatch(task_id, tuple(ids), _encode_shares(prio, mine.shares))
-    )
+    answer = await helper.verify(VerifyBatch(task_id, tuple(ids), mine.shares))
     if len(answer.verdicts) != len(ids):
         raise PeerUnavailable(f"the helper sent {len(answer.verdicts)} verdicts for {len(ids)}")
     if answer.replayed:
         # The helper recorded this batch before (our earlier answer was lost):
         # its verdicts stand; our output shares are our prep states'.
         verdicts = answer.verdicts
-        outs = [
-            st.out_share
-            for st, x in zip(mine.states, verdicts, strict=True)
-            if x == Verdict.VALID and st is not None
+        out_rows = [
+            r for r, x in zip(mine.index, verdicts, strict=True) if x == Verdict.VALID and r >= 0
         ]
-        if len(outs) != sum(x == Verdict.VALID for x in verdicts):
+        if len(out_rows) != sum(x == Verdict.VALID for x in verdicts):
             raise FailedPrecondition("the helper's recorded verdicts do not fit this batch")
     else:
-        theirs = _decode_shares(prio, answer.prep_shares, "helper")
-        if len(theirs) != len(ids):
+        if len(answer.prep_shares) != len(ids):
             raise PeerUnavailable("the helper sent a prep share count other than the batch's")
-        verdicts, outs = _checked(core, prio, mine, mine.shares, theirs)
+        theirs = _decode_shares(prio, answer.prep_shares, "helper")
+        verdicts, out_rows = _checked(core, prio, mine, _own(mine), theirs)
         if verdicts != answer.verdicts:
             raise FailedPrecondition(
                 "the servers' verdicts on this batch differ; it is not counted here "
@@ -305,7 +313,7 @@ async def verify_upload(
         task_id,
         valid,
         [b""] * len(valid),
-        field_words(prio, v, outs),
+        _out_words(prio, v, mine, out_rows),
         Verified(b"", verdicts, counts, []),
     )
     return Accepted(len(valid), n, counts)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from functools import lru_cache
+from typing import Any
 
 import numpy as np
 
@@ -51,6 +52,23 @@ def field_words(prio: Prio3, v: Validity, out_shares: Sequence[object]) -> U64:
     if v.scale != 1:
         total = f.mul(total, v.scale)
     return np.frombuffer(FIELD128.encode_vec(total), dtype="<u8").copy()
+
+
+def field_words_rows(prio: Prio3, v: Validity, out_shares: Any, rows: Sequence[int]) -> U64:
+    """`field_words` of the rows `rows` (increasing) of a matrix of output shares
+    (None when there are none): when most rows count, the matrix's sum less the
+    few left out, so the big matrix is never copied."""
+    f = prio.field
+    if out_shares is None or not rows:
+        return field_words(prio, v, [])
+    total = f.sum(out_shares, axis=0)
+    if len(rows) < out_shares.shape[0]:
+        left_out = sorted(set(range(out_shares.shape[0])) - set(rows))
+        if len(left_out) <= len(rows):
+            total = f.sub(total, f.sum(out_shares[left_out], axis=0))
+        else:
+            total = f.sum(out_shares[list(rows)], axis=0)
+    return field_words(prio, v, [total])
 
 
 def helper_undo_sum(task: TaskState, seeds: list[bytes]) -> U64:

@@ -423,17 +423,66 @@ static PyObject *py_sample(PyObject *self, PyObject *args) {
     } else if (fid == 0) {
         const u64 *x = (const u64 *)r.view.buf;
         u64 *out = (u64 *)o.view.buf;
-        for (Py_ssize_t i = 0; i < r.n; i++)
+        Py_ssize_t i = 0;
+        if ((const void *)out == (const void *)x) /* in place: nothing moves before a rejection */
+            while (i < r.n && x[i] < P64) i++;
+        kept = i;
+        for (; i < r.n; i++)
             if (x[i] < P64) out[kept++] = x[i];
     } else {
         const e128 *x = (const e128 *)r.view.buf;
         e128 *out = (e128 *)o.view.buf;
-        for (Py_ssize_t i = 0; i < r.n; i++)
+        Py_ssize_t i = 0;
+        if ((const void *)out == (const void *)x)
+            while (i < r.n && !ge_p128(x[i].lo, x[i].hi)) i++;
+        kept = i;
+        for (; i < r.n; i++)
             if (!ge_p128(x[i].lo, x[i].hi)) out[kept++] = x[i];
     }
     release_vecs(2, (vbuf *[]){&r, &o});
     if (PyErr_Occurred()) return NULL;
     return PyLong_FromSsize_t(kept);
+}
+
+/* copy_rows(blobs, offset, width, out): out (len(blobs) * width bytes,
+ * writable) gets blob[offset, offset + width) of each blob in turn: the same
+ * field of many encoded messages as the rows of one matrix, in one copy. */
+static PyObject *py_copy_rows(PyObject *self, PyObject *args) {
+    PyObject *blobs_o, *out_o;
+    Py_ssize_t offset, width;
+    if (!PyArg_ParseTuple(args, "OnnO", &blobs_o, &offset, &width, &out_o)) return NULL;
+    if (offset < 0 || width < 0) {
+        PyErr_SetString(PyExc_ValueError, "copy_rows: offset and width are >= 0");
+        return NULL;
+    }
+    PyObject *seq = PySequence_Fast(blobs_o, "copy_rows: blobs is a sequence");
+    if (!seq) return NULL;
+    Py_buffer outv;
+    if (PyObject_GetBuffer(out_o, &outv, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
+        Py_DECREF(seq);
+        return NULL;
+    }
+    Py_ssize_t rows = PySequence_Fast_GET_SIZE(seq);
+    if (outv.len != rows * width) {
+        PyErr_SetString(PyExc_ValueError, "copy_rows: out is not len(blobs) x width bytes");
+    } else {
+        unsigned char *dst = (unsigned char *)outv.buf;
+        for (Py_ssize_t i = 0; i < rows; i++) {
+            Py_buffer b;
+            if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(seq, i), &b, PyBUF_C_CONTIGUOUS) < 0) break;
+            if (b.len < offset + width) {
+                PyBuffer_Release(&b);
+                PyErr_Format(PyExc_ValueError, "copy_rows: blob %zd is too short", i);
+                break;
+            }
+            memcpy(dst + i * width, (const unsigned char *)b.buf + offset, (size_t)width);
+            PyBuffer_Release(&b);
+        }
+    }
+    PyBuffer_Release(&outv);
+    Py_DECREF(seq);
+    if (PyErr_Occurred()) return NULL;
+    Py_RETURN_NONE;
 }
 
 /* ------------------------------------------------------ batches of reports */
@@ -868,6 +917,8 @@ static PyMethodDef methods[] = {
     {"bit_check_at", py_bit_check_at, METH_VARARGS,
      "bit_check_at(fid, meas, r, s, lam, chunk, calls, out, rows): bit-check wires at t"},
     {"sample", py_sample, METH_VARARGS, "sample(fid, raw, out) -> kept: rejection sampling"},
+    {"copy_rows", py_copy_rows, METH_VARARGS,
+     "copy_rows(blobs, offset, width, out): blob[offset:offset+width] of each into out's rows"},
     {"shake_rows", py_shake_rows, METH_VARARGS,
      "shake_rows(pieces, rows, out): SHAKE128 of each row's message into out"},
     {"keccak_width", py_keccak_width, METH_VARARGS,

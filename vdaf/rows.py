@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from svtagg.vdaf import native as _backend
 from svtagg.vdaf.field import DecodeError, Field, Vec
 from svtagg.vdaf.flp import FlpGeneric
 from svtagg.vdaf.messages import (
@@ -109,18 +110,30 @@ def _matrix(blobs: Sequence[bytes], width: int) -> U8:
     return np.frombuffer(b"".join(blobs), dtype=np.uint8).reshape(len(blobs), width)
 
 
-def _decode_matrix(f: Field, data: U8, length: int) -> tuple[Vec, list[int]]:
-    """Rows of encoded field vectors (each `length` elements) decoded, and the
-    rows holding an element ≥ p (zeroed in the result)."""
-    rows = data.shape[0]
-    try:
-        return f.decode_vec(np.ascontiguousarray(data).tobytes()).reshape(rows, length), []
-    except DecodeError:
-        pass
-    bad, good = [], []
-    for i in range(rows):
+def _decode_rows(
+    f: Field, blobs: Sequence[bytes], offset: int, length: int
+) -> tuple[Vec, list[int]]:
+    """The field vectors of `length` elements encoded at `offset` in each blob,
+    as rows, and the rows holding an element ≥ p (zeros in the result).
+    Natively one copy into the matrix and a check in place."""
+    size, rows = f.encoded_size, len(blobs)
+    width = length * size
+    if f._native():
+        out = np.empty((rows, length), dtype=f._dtype())
+        core = _backend.core()
+        core.copy_rows(blobs, offset, width, out)
+        if core.sample(f.fid, out, out) == out.size:
+            return out, []
+    else:
         try:
-            good.append(f.decode_vec(data[i].tobytes()))
+            data = b"".join(b[offset : offset + width] for b in blobs)
+            return f.decode_vec(data).reshape(rows, length), []
+        except DecodeError:
+            pass
+    bad, good = [], []
+    for i, blob in enumerate(blobs):
+        try:
+            good.append(f.decode_vec(blob[offset : offset + width]))
         except DecodeError:
             bad.append(i)
             good.append(f.zeros(length))
@@ -352,8 +365,14 @@ class Prio3Rows:
             else:
                 helper = np.ascontiguousarray(reports.seeds[start:end])  # type: ignore[index]
                 binder = [shared(bytes([agg_id]))]
-                meas = meas_all[start:end] = self._expand_rows(
-                    USAGE_MEAS_SHARE, per_row(helper, SEED_SIZE, 0, 32), binder, n, flp.meas_len
+                meas = expand_rows_into(
+                    f,
+                    per_row(helper, SEED_SIZE, 0, 32),
+                    self._dst(USAGE_MEAS_SHARE),
+                    binder,
+                    n,
+                    flp.meas_len,
+                    meas_all[start:end],
                 )
                 proof = self._expand_rows(
                     USAGE_PROOF_SHARE, per_row(helper, SEED_SIZE, 16, 32), binder, n, flp.proof_len
@@ -401,14 +420,17 @@ class Prio3Rows:
             raise ValueError("a prep share lacks its joint randomness part")
         return accepted, self._seeds_rows(np.concatenate(parts, axis=1))  # type: ignore[arg-type]
 
-    def prep_next_rows(self, prep: PrepRows, msgs: U8 | None) -> npt.NDArray[np.bool_]:
-        """`prep_next` of every row: whether the prep message is the joint
-        randomness seed the row's shares commit to (its output share is then
-        `prep.out_shares[row]`)."""
-        rows = prep.verifiers.shape[0]
+    def prep_next_rows(
+        self, prep: PrepRows, msgs: U8 | None, rows: Sequence[int] | None = None
+    ) -> npt.NDArray[np.bool_]:
+        """`prep_next` of every row of `prep` (or of the rows `rows`, msgs[k] for
+        rows[k]): whether the prep message is the joint randomness seed the
+        row's shares commit to (its output share is then `prep.out_shares[row]`)."""
+        count = prep.verifiers.shape[0] if rows is None else len(rows)
         if msgs is None or prep.seeds is None:
-            return np.full(rows, msgs is None and prep.seeds is None)
-        return np.all(msgs == prep.seeds, axis=1)  # type: ignore[no-any-return]
+            return np.full(count, msgs is None and prep.seeds is None)
+        seeds = prep.seeds if rows is None else prep.seeds[list(rows)]
+        return np.all(msgs == seeds, axis=1)  # type: ignore[no-any-return]
 
     # -- message encodings of a batch (draft §7.2.6) ---------------------------------
     def decode_report_rows(
@@ -435,16 +457,19 @@ class Prio3Rows:
             and len(publics[i]) == public_len
             and len(shares[i]) == body + blind
         ]
-        data = _matrix([shares[i] for i in ok], body + blind)
+        good = [shares[i] for i in ok]
         if agg_id == 0:
-            meas, bad = _decode_matrix(f, data[:, :meas_bytes], flp.meas_len)
-            proof, bad_proof = _decode_matrix(f, data[:, meas_bytes:body], flp.proof_len)
+            data = _matrix([s[body:] for s in good], blind)  # the blinds
+            meas, bad = _decode_rows(f, good, 0, flp.meas_len)
+            proof, bad_proof = _decode_rows(f, good, meas_bytes, flp.proof_len)
             if bad or bad_proof:
                 keep = sorted(set(range(len(ok))) - set(bad) - set(bad_proof))
                 ok, data = [ok[k] for k in keep], data[keep]
                 meas, proof = meas[keep], proof[keep]
             rows = ReportRows(_matrix([nonces[i] for i in ok], NONCE_SIZE), meas=meas, proof=proof)
+            body = 0
         else:
+            data = _matrix(good, body + blind)
             seeds = np.ascontiguousarray(data[:, :body])
             rows = ReportRows(_matrix([nonces[i] for i in ok], NONCE_SIZE), seeds=seeds)
         if self.uses_joint_rand:
@@ -477,11 +502,10 @@ class Prio3Rows:
         for i, blob in enumerate(blobs):
             if len(blob) != size + part:
                 raise ValueError(f"prep share {i}: {size + part} bytes expected, got {len(blob)}")
-        data = _matrix(blobs, size + part)
-        verifiers, bad = _decode_matrix(f, data[:, :size], self.flp.verifier_len)
+        verifiers, bad = _decode_rows(f, blobs, 0, self.flp.verifier_len)
         if bad:
             raise DecodeError(f"prep share {bad[0]}: an element is not below the modulus")
-        return verifiers, (np.ascontiguousarray(data[:, size:]) if part else None)
+        return verifiers, (_matrix([b[size:] for b in blobs], part) if part else None)
 
     # -- the per-report objects over rows --------------------------------------------
     def prep_init_batch(

@@ -125,8 +125,10 @@ def per_row(data: Any, width: int, offset: int = 0, stride: int | None = None) -
 
 def _row_bytes(piece: Piece, r: int) -> bytes:
     data, offset, width, stride = piece
-    flat = data if isinstance(data, bytes) else np.ascontiguousarray(data).view(np.uint8)
-    flat = memoryview(flat).cast("B") if not isinstance(flat, bytes) else flat
+    if isinstance(data, np.ndarray):
+        flat: Any = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+    else:
+        flat = memoryview(data).cast("B")
     start = offset + r * stride
     return bytes(flat[start : start + width])
 
@@ -168,10 +170,17 @@ def _all_below_p(f: Field, out: Vec) -> bool:
 
 
 def expand_rows_into(
-    f: Field, seed: Piece, dst: bytes, binder: Sequence[Piece], rows: int, length: int
+    f: Field,
+    seed: Piece,
+    dst: bytes,
+    binder: Sequence[Piece],
+    rows: int,
+    length: int,
+    out: Vec | None = None,
 ) -> Vec:
     """(rows, length): row r is XofShake128(seed_r, dst, binder_r).next_vec(f, length),
-    the seed and binder given as pieces.
+    the seed and binder given as pieces; written into `out` (a C-contiguous
+    (rows, length) vector of the backend's representation) when given.
 
     Every row's first length·ENCODED_SIZE stream bytes are drawn together;
     only if some element is ≥ p (probability ~2^-32 per Field64 element, ~2^-62
@@ -183,14 +192,18 @@ def expand_rows_into(
     size = f.encoded_size
     if next_power_of_2(f.modulus) == 1 << (8 * size):  # no mask: rejection is the only filter
         if f._native():
-            out = np.empty((rows, length), dtype=f._dtype())
-            _backend.core().shake_rows(tuple(pieces), rows, out)
-            if _all_below_p(f, out):
-                return out
+            drawn = np.empty((rows, length), dtype=f._dtype()) if out is None else out
+            _backend.core().shake_rows(tuple(pieces), rows, drawn)
+            if _all_below_p(f, drawn):
+                return drawn
         else:
             raw = shake_rows(pieces, rows, length * size)
             try:
-                return f.decode_vec(raw.tobytes()).reshape(rows, length)
+                decoded = f.decode_vec(raw.tobytes()).reshape(rows, length)
+                if out is None:
+                    return decoded
+                out[...] = decoded
+                return out
             except DecodeError:
                 pass
     streams = [
@@ -199,7 +212,11 @@ def expand_rows_into(
         )
         for r in range(rows)
     ]
-    return np.stack(streams).reshape(rows, length) if streams else f.zeros(0, length)
+    result = np.stack(streams).reshape(rows, length) if streams else f.zeros(0, length)
+    if out is None:
+        return result
+    out[...] = result
+    return out
 
 
 def expand_rows(
