@@ -41,103 +41,85 @@ static const u64 RC[24] = {
 /* Rotation by a constant 1..63 (every rho offset but lane (0, 0)'s 0). */
 #define ROL(x, n) (((x) << (n)) | ((x) >> (64 - (n))))
 
-/* 24 rounds on A[25] (lane (x, y) at A[x + 5y]) of element type T.
- * theta: C[x] = xor of column x, D[x] = C[x-1] ^ rol(C[x+1], 1), A ^= D;
- * rho + pi: B[y, 2x + 3y] = rol(A[x, y], r[x, y]);
- * chi: A[x, y] = B[x, y] ^ (~B[x+1, y] & B[x+2, y]);  iota: A[0] ^= RC. */
-#define KECCAK_ROUNDS(T, A, RCV)                                                           \
+/* One round from A[25] into E[25] (lane (x, y) at index x + 5y), of element
+ * type T: theta (C[x] = xor of column x, D[x] = C[x-1] ^ rol(C[x+1], 1),
+ * A ^= D), rho and pi (B[y, 2x + 3y] = rol(A[x, y], r[x, y])), chi
+ * (E[x, y] = B[x, y] ^ (~B[x+1, y] & B[x+2, y])) and iota (E[0] ^= RC).
+ * Each output row is finished before the next is started, so only its five
+ * B values are live at a time (the registers hold A, E and D). */
+#define KECCAK_ROUND(T, A, E, RCV, rc)                                                     \
     do {                                                                                   \
-        for (int round = 0; round < 24; round++) {                                         \
-            T C0 = A[0] ^ A[5] ^ A[10] ^ A[15] ^ A[20];                                    \
-            T C1 = A[1] ^ A[6] ^ A[11] ^ A[16] ^ A[21];                                    \
-            T C2 = A[2] ^ A[7] ^ A[12] ^ A[17] ^ A[22];                                    \
-            T C3 = A[3] ^ A[8] ^ A[13] ^ A[18] ^ A[23];                                    \
-            T C4 = A[4] ^ A[9] ^ A[14] ^ A[19] ^ A[24];                                    \
-            T D0 = C4 ^ ROL(C1, 1), D1 = C0 ^ ROL(C2, 1), D2 = C1 ^ ROL(C3, 1);            \
-            T D3 = C2 ^ ROL(C4, 1), D4 = C3 ^ ROL(C0, 1);                                  \
-            /* B[i] holds lane i of pi(rho(A)), i = x + 5y */                              \
-            T B0 = A[0] ^ D0;                                                              \
-            T B1 = ROL(A[6] ^ D1, 44);                                                     \
-            T B2 = ROL(A[12] ^ D2, 43);                                                    \
-            T B3 = ROL(A[18] ^ D3, 21);                                                    \
-            T B4 = ROL(A[24] ^ D4, 14);                                                    \
-            T B5 = ROL(A[3] ^ D3, 28);                                                     \
-            T B6 = ROL(A[9] ^ D4, 20);                                                     \
-            T B7 = ROL(A[10] ^ D0, 3);                                                     \
-            T B8 = ROL(A[16] ^ D1, 45);                                                    \
-            T B9 = ROL(A[22] ^ D2, 61);                                                    \
-            T B10 = ROL(A[1] ^ D1, 1);                                                     \
-            T B11 = ROL(A[7] ^ D2, 6);                                                     \
-            T B12 = ROL(A[13] ^ D3, 25);                                                   \
-            T B13 = ROL(A[19] ^ D4, 8);                                                    \
-            T B14 = ROL(A[20] ^ D0, 18);                                                   \
-            T B15 = ROL(A[4] ^ D4, 27);                                                    \
-            T B16 = ROL(A[5] ^ D0, 36);                                                    \
-            T B17 = ROL(A[11] ^ D1, 10);                                                   \
-            T B18 = ROL(A[17] ^ D2, 15);                                                   \
-            T B19 = ROL(A[23] ^ D3, 56);                                                   \
-            T B20 = ROL(A[2] ^ D2, 62);                                                    \
-            T B21 = ROL(A[8] ^ D3, 55);                                                    \
-            T B22 = ROL(A[14] ^ D4, 39);                                                   \
-            T B23 = ROL(A[15] ^ D0, 41);                                                   \
-            T B24 = ROL(A[21] ^ D1, 2);                                                    \
-            A[0] = B0 ^ (~B1 & B2) ^ RCV(RC[round]);                                       \
-            A[1] = B1 ^ (~B2 & B3);                                                        \
-            A[2] = B2 ^ (~B3 & B4);                                                        \
-            A[3] = B3 ^ (~B4 & B0);                                                        \
-            A[4] = B4 ^ (~B0 & B1);                                                        \
-            A[5] = B5 ^ (~B6 & B7);                                                        \
-            A[6] = B6 ^ (~B7 & B8);                                                        \
-            A[7] = B7 ^ (~B8 & B9);                                                        \
-            A[8] = B8 ^ (~B9 & B5);                                                        \
-            A[9] = B9 ^ (~B5 & B6);                                                        \
-            A[10] = B10 ^ (~B11 & B12);                                                    \
-            A[11] = B11 ^ (~B12 & B13);                                                    \
-            A[12] = B12 ^ (~B13 & B14);                                                    \
-            A[13] = B13 ^ (~B14 & B10);                                                    \
-            A[14] = B14 ^ (~B10 & B11);                                                    \
-            A[15] = B15 ^ (~B16 & B17);                                                    \
-            A[16] = B16 ^ (~B17 & B18);                                                    \
-            A[17] = B17 ^ (~B18 & B19);                                                    \
-            A[18] = B18 ^ (~B19 & B15);                                                    \
-            A[19] = B19 ^ (~B15 & B16);                                                    \
-            A[20] = B20 ^ (~B21 & B22);                                                    \
-            A[21] = B21 ^ (~B22 & B23);                                                    \
-            A[22] = B22 ^ (~B23 & B24);                                                    \
-            A[23] = B23 ^ (~B24 & B20);                                                    \
-            A[24] = B24 ^ (~B20 & B21);                                                    \
+        T C0 = A[0] ^ A[5] ^ A[10] ^ A[15] ^ A[20];                                        \
+        T C1 = A[1] ^ A[6] ^ A[11] ^ A[16] ^ A[21];                                        \
+        T C2 = A[2] ^ A[7] ^ A[12] ^ A[17] ^ A[22];                                        \
+        T C3 = A[3] ^ A[8] ^ A[13] ^ A[18] ^ A[23];                                        \
+        T C4 = A[4] ^ A[9] ^ A[14] ^ A[19] ^ A[24];                                        \
+        T D0 = C4 ^ ROL(C1, 1), D1 = C0 ^ ROL(C2, 1), D2 = C1 ^ ROL(C3, 1);                \
+        T D3 = C2 ^ ROL(C4, 1), D4 = C3 ^ ROL(C0, 1);                                      \
+        T B0, B1, B2, B3, B4;                                                              \
+        B0 = A[0] ^ D0;                                                                    \
+        B1 = ROL(A[6] ^ D1, 44);                                                           \
+        B2 = ROL(A[12] ^ D2, 43);                                                          \
+        B3 = ROL(A[18] ^ D3, 21);                                                          \
+        B4 = ROL(A[24] ^ D4, 14);                                                          \
+        E[0] = B0 ^ (~B1 & B2) ^ RCV(rc);                                                  \
+        E[1] = B1 ^ (~B2 & B3);                                                            \
+        E[2] = B2 ^ (~B3 & B4);                                                            \
+        E[3] = B3 ^ (~B4 & B0);                                                            \
+        E[4] = B4 ^ (~B0 & B1);                                                            \
+        B0 = ROL(A[3] ^ D3, 28);                                                           \
+        B1 = ROL(A[9] ^ D4, 20);                                                           \
+        B2 = ROL(A[10] ^ D0, 3);                                                           \
+        B3 = ROL(A[16] ^ D1, 45);                                                          \
+        B4 = ROL(A[22] ^ D2, 61);                                                          \
+        E[5] = B0 ^ (~B1 & B2);                                                            \
+        E[6] = B1 ^ (~B2 & B3);                                                            \
+        E[7] = B2 ^ (~B3 & B4);                                                            \
+        E[8] = B3 ^ (~B4 & B0);                                                            \
+        E[9] = B4 ^ (~B0 & B1);                                                            \
+        B0 = ROL(A[1] ^ D1, 1);                                                            \
+        B1 = ROL(A[7] ^ D2, 6);                                                            \
+        B2 = ROL(A[13] ^ D3, 25);                                                          \
+        B3 = ROL(A[19] ^ D4, 8);                                                           \
+        B4 = ROL(A[20] ^ D0, 18);                                                          \
+        E[10] = B0 ^ (~B1 & B2);                                                           \
+        E[11] = B1 ^ (~B2 & B3);                                                           \
+        E[12] = B2 ^ (~B3 & B4);                                                           \
+        E[13] = B3 ^ (~B4 & B0);                                                           \
+        E[14] = B4 ^ (~B0 & B1);                                                           \
+        B0 = ROL(A[4] ^ D4, 27);                                                           \
+        B1 = ROL(A[5] ^ D0, 36);                                                           \
+        B2 = ROL(A[11] ^ D1, 10);                                                          \
+        B3 = ROL(A[17] ^ D2, 15);                                                          \
+        B4 = ROL(A[23] ^ D3, 56);                                                          \
+        E[15] = B0 ^ (~B1 & B2);                                                           \
+        E[16] = B1 ^ (~B2 & B3);                                                           \
+        E[17] = B2 ^ (~B3 & B4);                                                           \
+        E[18] = B3 ^ (~B4 & B0);                                                           \
+        E[19] = B4 ^ (~B0 & B1);                                                           \
+        B0 = ROL(A[2] ^ D2, 62);                                                           \
+        B1 = ROL(A[8] ^ D3, 55);                                                           \
+        B2 = ROL(A[14] ^ D4, 39);                                                          \
+        B3 = ROL(A[15] ^ D0, 41);                                                          \
+        B4 = ROL(A[21] ^ D1, 2);                                                           \
+        E[20] = B0 ^ (~B1 & B2);                                                           \
+        E[21] = B1 ^ (~B2 & B3);                                                           \
+        E[22] = B2 ^ (~B3 & B4);                                                           \
+        E[23] = B3 ^ (~B4 & B0);                                                           \
+        E[24] = B4 ^ (~B0 & B1);                                                           \
+    } while (0)
+
+/* Keccak-f[1600] on A[25], two rounds at a time through the scratch E[25]. */
+#define KECCAK_ROUNDS(T, A, E, RCV)                                                        \
+    do {                                                                                   \
+        for (int round = 0; round < 24; round += 2) {                                      \
+            KECCAK_ROUND(T, A, E, RCV, RC[round]);                                         \
+            KECCAK_ROUND(T, E, A, RCV, RC[round + 1]);                                     \
         }                                                                                  \
     } while (0)
 
-/* The lane-interleaved states of W streams: word j of stream s at s + W*j. */
-typedef struct {
-    u64 w[25 * MAXW];
-} states;
-
-#define RC_SCALAR(c) (c)
-static void permute1(states *st) {
-    u64 *A = st->w;
-    KECCAK_ROUNDS(u64, A, RC_SCALAR);
-}
-
 #if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
 #define HAVE_X86_PATHS 1
-
-#define RC_V4(c) ((v4){(c), (c), (c), (c)})
-__attribute__((target("avx2"))) static void permute4(states *st) {
-    v4 A[25];
-    memcpy(A, st->w, sizeof A);
-    KECCAK_ROUNDS(v4, A, RC_V4);
-    memcpy(st->w, A, sizeof A);
-}
-
-#define RC_V8(c) ((v8){(c), (c), (c), (c), (c), (c), (c), (c)})
-__attribute__((target("avx512f"))) static void permute8(states *st) {
-    v8 A[25];
-    memcpy(A, st->w, sizeof A);
-    KECCAK_ROUNDS(v8, A, RC_V8);
-    memcpy(st->w, A, sizeof A);
-}
 #endif
 
 /* ---------------------------------------------------------- width choice */
@@ -188,6 +170,30 @@ static void gather(const xof_seg *segs, int nsegs, ptrdiff_t row, ptrdiff_t pos,
     }
 }
 
+/* Row `row`'s bytes [pos, pos + RATE) where they lie inside one piece (no
+ * copy needed), else NULL. */
+static const unsigned char *direct(const xof_seg *segs, int nsegs, ptrdiff_t row, ptrdiff_t pos) {
+    ptrdiff_t seg_start = 0;
+    for (int i = 0; i < nsegs; i++) {
+        ptrdiff_t seg_end = seg_start + segs[i].width;
+        if (pos < seg_end) {
+            if (pos + RATE > seg_end) return NULL;
+            return segs[i].data + segs[i].offset + row * segs[i].stride + (pos - seg_start);
+        }
+        seg_start = seg_end;
+    }
+    return NULL;
+}
+
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+static inline u64 load_le64(const unsigned char *p) {
+    u64 x;
+    memcpy(&x, p, 8);
+    return x;
+}
+
+static inline void store_le64(unsigned char *p, u64 x) { memcpy(p, &x, 8); }
+#else
 static inline u64 load_le64(const unsigned char *p) {
     u64 x = 0;
     for (int i = 7; i >= 0; i--) x = (x << 8) | p[i];
@@ -197,47 +203,84 @@ static inline u64 load_le64(const unsigned char *p) {
 static inline void store_le64(unsigned char *p, u64 x) {
     for (int i = 0; i < 8; i++) p[i] = (unsigned char)(x >> (8 * i));
 }
-
-/* SHAKE128 of `width` rows at once (rows[s] for lane s; a group shorter than
- * the width repeats its last row in the spare lanes, whose output is dropped). */
-static void shake_group(const xof_seg *segs, int nsegs, ptrdiff_t msg_len, const ptrdiff_t *rows,
-                        int nrows, int width, unsigned char *out, ptrdiff_t out_len) {
-    states st;
-    unsigned char block[RATE];
-    void (*perm)(states *) = permute1;
-#ifdef HAVE_X86_PATHS
-    if (width == 4) perm = permute4;
-    if (width == 8) perm = permute8;
 #endif
-    memset(&st, 0, sizeof st);
-    ptrdiff_t pos = 0;
-    for (;;) {
-        ptrdiff_t take = msg_len - pos < RATE ? msg_len - pos : RATE;
-        int last = take < RATE; /* the padding goes into a block with room for it */
-        for (int s = 0; s < width; s++) {
-            ptrdiff_t row = rows[s < nrows ? s : nrows - 1];
-            gather(segs, nsegs, row, pos, block, take);
+
+/* The block at `pos` of each lane's message: a pointer into the message where
+ * it lies in one piece, else its bytes gathered into buf[s] (with SHAKE's
+ * padding in the last block).  Returns whether this is the last block. */
+static int next_blocks(const xof_seg *segs, int nsegs, ptrdiff_t msg_len, ptrdiff_t pos,
+                       const ptrdiff_t *rows, int nrows, int width, unsigned char (*buf)[RATE],
+                       const unsigned char **src) {
+    ptrdiff_t take = msg_len - pos < RATE ? msg_len - pos : RATE;
+    int last = take < RATE; /* the padding goes into a block with room for it */
+    for (int s = 0; s < width; s++) {
+        ptrdiff_t row = rows[s < nrows ? s : nrows - 1];
+        src[s] = last ? NULL : direct(segs, nsegs, row, pos);
+        if (!src[s]) {
+            gather(segs, nsegs, row, pos, buf[s], take);
             if (last) {
-                memset(block + take, 0, (size_t)(RATE - take));
-                block[take] ^= 0x1F;       /* SHAKE's domain bits, then pad10*1 */
-                block[RATE - 1] ^= 0x80;
+                memset(buf[s] + take, 0, (size_t)(RATE - take));
+                buf[s][take] ^= 0x1F; /* SHAKE's domain bits, then pad10*1 */
+                buf[s][RATE - 1] ^= 0x80;
             }
-            for (int j = 0; j < RATE_WORDS; j++) st.w[s + width * j] ^= load_le64(block + 8 * j);
+            src[s] = buf[s];
         }
-        perm(&st);
-        pos += take;
-        if (last) break;
     }
-    for (ptrdiff_t done = 0; done < out_len;) {
-        ptrdiff_t take = out_len - done < RATE ? out_len - done : RATE;
-        for (int s = 0; s < nrows; s++) {
-            for (int j = 0; j < RATE_WORDS; j++) store_le64(block + 8 * j, st.w[s + width * j]);
-            memcpy(out + rows[s] * out_len + done, block, (size_t)take);
-        }
-        done += take;
-        if (done < out_len) perm(&st);
-    }
+    return last;
 }
+
+/* SHAKE128 of W rows at once (rows[s] for lane s; a group shorter than W
+ * repeats its last row in the spare lanes, whose output is dropped).  The
+ * state stays in 25 values of T, lane s of stream s in element s, from the
+ * first absorbed block to the last squeezed one. */
+#define SHAKE_GROUP(NAME, T, W, RCV, ATTR)                                                  \
+    ATTR static void NAME(const xof_seg *segs, int nsegs, ptrdiff_t msg_len,               \
+                          const ptrdiff_t *rows, int nrows, unsigned char *out,            \
+                          ptrdiff_t out_len) {                                             \
+        T A[25], E[25];                                                                    \
+        unsigned char buf[W][RATE];                                                        \
+        const unsigned char *src[W];                                                       \
+        memset(A, 0, sizeof A);                                                            \
+        for (ptrdiff_t pos = 0;; pos += RATE) {                                            \
+            int last = next_blocks(segs, nsegs, msg_len, pos, rows, nrows, W, buf, src);   \
+            for (int j = 0; j < RATE_WORDS; j++) {                                         \
+                u64 lane[W];                                                               \
+                for (int s = 0; s < W; s++) lane[s] = load_le64(src[s] + 8 * j);           \
+                T v;                                                                       \
+                memcpy(&v, lane, sizeof v);                                                \
+                A[j] ^= v;                                                                 \
+            }                                                                              \
+            KECCAK_ROUNDS(T, A, E, RCV);                                                      \
+            if (last) break;                                                               \
+        }                                                                                  \
+        for (ptrdiff_t done = 0; done < out_len;) {                                        \
+            ptrdiff_t take = out_len - done < RATE ? out_len - done : RATE;                \
+            u64 words[RATE_WORDS][W];                                                      \
+            memcpy(words, A, sizeof words);                                                \
+            for (int s = 0; s < nrows; s++) {                                              \
+                unsigned char *o = out + rows[s] * out_len + done;                         \
+                ptrdiff_t j = 0;                                                           \
+                for (; 8 * j + 8 <= take; j++) store_le64(o + 8 * j, words[j][s]);         \
+                if (8 * j < take) {                                                        \
+                    unsigned char tail[8];                                                 \
+                    store_le64(tail, words[j][s]);                                         \
+                    memcpy(o + 8 * j, tail, (size_t)(take - 8 * j));                       \
+                }                                                                          \
+            }                                                                              \
+            done += take;                                                                  \
+            if (done < out_len) KECCAK_ROUNDS(T, A, E, RCV);                                  \
+        }                                                                                  \
+    }
+
+#define RC_SCALAR(c) (c)
+SHAKE_GROUP(shake_group1, u64, 1, RC_SCALAR, )
+
+#ifdef HAVE_X86_PATHS
+#define RC_V4(c) ((v4){(c), (c), (c), (c)})
+SHAKE_GROUP(shake_group4, v4, 4, RC_V4, __attribute__((target("avx2"))))
+#define RC_V8(c) ((v8){(c), (c), (c), (c), (c), (c), (c), (c)})
+SHAKE_GROUP(shake_group8, v8, 8, RC_V8, __attribute__((target("avx512f"))))
+#endif
 
 void shake128_rows(const xof_seg *segs, int nsegs, ptrdiff_t rows, unsigned char *out,
                    ptrdiff_t out_len) {
@@ -252,6 +295,16 @@ void shake128_rows(const xof_seg *segs, int nsegs, ptrdiff_t rows, unsigned char
         int w = width;
         if (w == 8 && n <= 4) w = 4;
         if (w == 4 && n == 1) w = 1;
-        shake_group(segs, nsegs, msg_len, idx, n, w, out, out_len);
+#ifdef HAVE_X86_PATHS
+        if (w == 8) {
+            shake_group8(segs, nsegs, msg_len, idx, n, out, out_len);
+            continue;
+        }
+        if (w == 4) {
+            shake_group4(segs, nsegs, msg_len, idx, n, out, out_len);
+            continue;
+        }
+#endif
+        shake_group1(segs, nsegs, msg_len, idx, n, out, out_len);
     }
 }
