@@ -34,6 +34,8 @@ from dataclasses import dataclass
 from enum import IntEnum
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from svtagg.dp.errors import FailedPrecondition, InvalidArgument, PeerUnavailable
 from svtagg.servers.exchange import VerifyBatch, VerifyResult
 from svtagg.servers.proofs import field_words_rows, task_validity
@@ -151,18 +153,14 @@ def _decide(
 ) -> tuple[bytes, list[int]]:
     """Each report's verdict from the two prep shares, and the valid reports'
     rows of this server's output shares, in batch order."""
-    verdicts = bytearray(len(mine.index))
-    both: list[int] = []
-    for i, (lp, hp) in enumerate(zip(leader.index, helper.index, strict=True)):
-        if lp < 0:
-            verdicts[i] = Verdict.MALFORMED_LEADER
-        elif hp < 0:
-            verdicts[i] = Verdict.MALFORMED_HELPER
-        else:
-            both.append(i)
-    if not both or mine.prep is None:
-        return bytes(verdicts), []
-    lrows, hrows = [leader.index[i] for i in both], [helper.index[i] for i in both]
+    lidx, hidx = np.asarray(leader.index), np.asarray(helper.index)
+    verdicts = np.full(len(lidx), Verdict.VALID, dtype=np.uint8)
+    verdicts[hidx < 0] = Verdict.MALFORMED_HELPER
+    verdicts[lidx < 0] = Verdict.MALFORMED_LEADER
+    both = np.flatnonzero((lidx >= 0) & (hidx >= 0))
+    if not both.size or mine.prep is None:
+        return verdicts.tobytes(), []
+    lrows, hrows = lidx[both], hidx[both]
     accepted, msgs = prio.prep_shares_to_prep_rows(
         [leader.verifiers[lrows], helper.verifiers[hrows]],
         [
@@ -170,17 +168,11 @@ def _decide(
             None if helper.parts is None else helper.parts[hrows],
         ],
     )
-    rows = [mine.index[i] for i in both]
+    rows = np.asarray(mine.index)[both]
     committed = prio.prep_next_rows(mine.prep, msgs, rows)
-    valid: list[int] = []
-    for k, i in enumerate(both):
-        if not accepted[k]:
-            verdicts[i] = Verdict.INVALID_PROOF
-        elif not committed[k]:
-            verdicts[i] = Verdict.JOINT_RANDOMNESS
-        else:
-            valid.append(rows[k])
-    return bytes(verdicts), valid
+    verdicts[both[~committed]] = Verdict.JOINT_RANDOMNESS
+    verdicts[both[~accepted]] = Verdict.INVALID_PROOF
+    return verdicts.tobytes(), rows[accepted & committed].tolist()
 
 
 def _decode_shares(prio: Prio3, data: Sequence[bytes], who: str) -> _Shares:

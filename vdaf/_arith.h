@@ -98,8 +98,13 @@ static inline e128 csub128(u64 top, u64 lo, u64 hi) {
     unsigned char b;
     u64 d0 = sbb(lo, 1, 0, &b);
     u64 d1 = sbb(hi, P128_HI, b, &b);
-    u64 mask = (u64)0 - (top | (u64)(b ^ 1)); /* the value is >= p */
-    return (e128){(d0 & mask) | (lo & ~mask), (d1 & mask) | (hi & ~mask)};
+    int use = (int)top | (b ^ 1); /* the value is >= p */
+    /* selects the compilers make conditional moves (a mask and and/or gets
+     * turned into slow vector code by GCC's SLP pass) */
+    e128 r;
+    r.lo = use ? d0 : lo;
+    r.hi = use ? d1 : hi;
+    return r;
 }
 
 static inline e128 add128(e128 a, e128 b) {
@@ -113,9 +118,9 @@ static inline e128 sub128(e128 a, e128 b) {
     unsigned char bw, c;
     u64 lo = sbb(a.lo, b.lo, 0, &bw);
     u64 hi = sbb(a.hi, b.hi, bw, &bw);
-    u64 mask = (u64)0 - (u64)bw; /* wrapped: add p back */
-    lo = adc(lo, 1 & mask, 0, &c);
-    hi = adc(hi, P128_HI & mask, c, &c);
+    /* wrapped: add p back */
+    lo = adc(lo, bw ? 1 : 0, 0, &c);
+    hi = adc(hi, bw ? P128_HI : 0, c, &c);
     return (e128){lo, hi};
 }
 

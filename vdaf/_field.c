@@ -188,6 +188,48 @@ static PyObject *py_sum_last(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* fold_rows(fid, a, row_len, offset, length, n, out): out[r, j] =
+ * sum_b a[r, offset + b*n + j] over b*n + j < length, for a of (rows, row_len)
+ * elements and out of (rows, n): each row's polynomial a[r, offset:offset+length]
+ * reduced mod x^n - 1 (its values at the n-th roots of unity are then one NTT). */
+static PyObject *py_fold_rows(PyObject *self, PyObject *args) {
+    int fid;
+    Py_ssize_t row_len, offset, length, n;
+    PyObject *a_o, *o_o;
+    if (!PyArg_ParseTuple(args, "iOnnnnO", &fid, &a_o, &row_len, &offset, &length, &n, &o_o) ||
+        check_fid(fid) < 0)
+        return NULL;
+    vbuf a, o;
+    if (get_vecs(fid, 2, (PyObject *[]){a_o, o_o}, (int[]){0, 1}, (vbuf *[]){&a, &o}) < 0)
+        return NULL;
+    Py_ssize_t rows = n > 0 ? o.n / n : 0;
+    if (n <= 0 || row_len <= 0 || offset < 0 || length < 0 || offset + length > row_len ||
+        o.n != rows * n || a.n != rows * row_len) {
+        PyErr_SetString(PyExc_ValueError, "fold_rows: shape mismatch");
+    } else if (fid == 0) {
+        const u64 *x = (const u64 *)a.view.buf;
+        u64 *out = (u64 *)o.view.buf;
+        for (Py_ssize_t r = 0; r < rows; r++) {
+            const u64 *xr = x + r * row_len + offset;
+            u64 *orow = out + r * n;
+            for (Py_ssize_t j = 0; j < n; j++) orow[j] = j < length ? xr[j] : 0;
+            for (Py_ssize_t k = n; k < length; k++) orow[k % n] = add64(orow[k % n], xr[k]);
+        }
+    } else {
+        const e128 *x = (const e128 *)a.view.buf;
+        e128 *out = (e128 *)o.view.buf;
+        for (Py_ssize_t r = 0; r < rows; r++) {
+            const e128 *xr = x + r * row_len + offset;
+            e128 *orow = out + r * n;
+            for (Py_ssize_t j = 0; j < n; j++) orow[j] = j < length ? xr[j] : (e128){0, 0};
+            for (Py_ssize_t k = n; k < length; k++) orow[k % n] = add128(orow[k % n], xr[k]);
+        }
+    }
+    release_vecs(2, (vbuf *[]){&a, &o});
+    if (PyErr_Occurred()) return NULL;
+    Py_RETURN_NONE;
+}
+
 /* bits_value(fid, a, group, count, out): out[g] = sum_{j < count} 2^j a[g*group + j]
  * for a of (G, group) elements, count <= min(group, 63): each group's leading
  * bits read as a number (the draft's truncate of Sum/SumVec, RangeVec's low
@@ -285,6 +327,7 @@ static Py_ssize_t bitrev(Py_ssize_t i, int bits) {
             break;                                                                       \
         }                                                                                \
         for (Py_ssize_t i = 0; i < n; i++) rev[i] = bitrev(i, bits);                     \
+        T scale_tw = TWPREP(scale);                                                      \
         for (Py_ssize_t m = 2; m <= n; m *= 2) {                                         \
             Py_ssize_t half = m / 2;                                                     \
             T wm = root, w = ONE;                                                        \
@@ -318,7 +361,7 @@ static Py_ssize_t bitrev(Py_ssize_t i, int bits) {
                     }                                                                    \
             }                                                                            \
             if (have_scale)                                                              \
-                for (Py_ssize_t i = 0; i < n; i++) x[i] = MUL(x[i], scale);              \
+                for (Py_ssize_t i = 0; i < n; i++) x[i] = TWMUL(x[i], scale_tw);         \
         }                                                                                \
         Py_END_ALLOW_THREADS                                                             \
         PyMem_Free(tw);                                                                  \
@@ -562,8 +605,22 @@ static PyObject *py_powers_rows(PyObject *self, PyObject *args) {
     } else {
         const e128 *xs = (const e128 *)x.view.buf;
         e128 *out = (e128 *)o.view.buf;
-        for (Py_ssize_t r = 0; r < rows; r++) {
-            e128 step = mont128(xs[r], R2_128);
+        Py_ssize_t r = 0;
+        /* four rows at a time: each row's chain of products waits on the last one */
+        for (; r + 4 <= rows; r += 4) {
+            e128 step[4], acc[4];
+            for (int q = 0; q < 4; q++) {
+                step[q] = tomont128(xs[r + q]);
+                acc[q] = first ? xs[r + q] : (e128){1, 0};
+            }
+            for (Py_ssize_t i = 0; i < n; i++)
+                for (int q = 0; q < 4; q++) {
+                    out[(r + q) * n + i] = acc[q];
+                    acc[q] = mont128(acc[q], step[q]);
+                }
+        }
+        for (; r < rows; r++) {
+            e128 step = tomont128(xs[r]);
             e128 acc = first ? xs[r] : (e128){1, 0};
             for (Py_ssize_t i = 0; i < n; i++, acc = mont128(acc, step)) out[r * n + i] = acc;
         }
@@ -783,15 +840,15 @@ static PyObject *py_bit_check_at(PyObject *self, PyObject *args) {
         const e128 *ms = (const e128 *)m.view.buf, *rs = (const e128 *)r.view.buf;
         const e128 *ls = (const e128 *)l.view.buf;
         e128 s = AT128(sv, 0), *out = (e128 *)o.view.buf;
-        acc5 *acc = (acc5 *)PyMem_Malloc(sizeof(acc5) * (size_t)(2 * chunk));
-        if (!acc) {
+        /* per call, its two factors in Montgomery form: lam*r^(call*chunk+1)*R, lam*R */
+        e128 *fac = (e128 *)PyMem_Malloc(sizeof(e128) * (size_t)(2 * calls));
+        if (!fac) {
             PyErr_NoMemory();
             goto done;
         }
         for (Py_ssize_t q = 0; q < rows; q++) {
             const e128 *mq = ms + q * len, *lq = ls + q * np_;
             e128 *oq = out + q * 2 * chunk;
-            for (Py_ssize_t c = 0; c < 2 * chunk; c++) acc5_zero(&acc[c]);
             e128 rm = tomont128(rs[q]);                   /* r*R */
             e128 r_chunk_m = rm;                          /* r^chunk * R */
             for (Py_ssize_t c = 1; c < chunk; c++) r_chunk_m = mont128(r_chunk_m, rm);
@@ -800,27 +857,29 @@ static PyObject *py_bit_check_at(PyObject *self, PyObject *args) {
             for (Py_ssize_t call = 0; call < calls; call++) {
                 e128 lam = lq[call + 1];
                 acc3_add(&lam_sum, lam);
-                e128 lam_m = tomont128(lam);                        /* lam*R */
-                e128 lam_r_m = tomont128(mont128(lam_m, r_base));  /* lam*r^..*R */
-                Py_ssize_t base = call * chunk;
-                Py_ssize_t end = len - base < chunk ? len - base : chunk;
-                /* sums of v*(u*R), reduced once at the end: sum v*u */
-                for (Py_ssize_t c = 0; c < end; c++) {
-                    e128 v = mq[base + c];
-                    acc5_mac(&acc[2 * c], v, lam_r_m);
-                    acc5_mac(&acc[2 * c + 1], v, lam_m);
-                }
+                e128 lam_m = tomont128(lam);
+                fac[2 * call] = tomont128(mont128(lam_m, r_base));
+                fac[2 * call + 1] = lam_m;
                 r_base = mont128(r_base, r_chunk_m);
             }
             e128 s_lam = mul128(s, acc3_reduce(&lam_sum));
             e128 rc_m = tomont128((e128){1, 0}); /* r^c * R, from c = 0 */
             for (Py_ssize_t c = 0; c < chunk; c++) {
-                oq[2 * c] = mont128(acc5_redc(&acc[2 * c]), rc_m);
-                oq[2 * c + 1] = sub128(acc5_redc(&acc[2 * c + 1]), s_lam);
+                /* sums of v*(u*R) over the calls, reduced once: sum v*u; one
+                 * accumulator at a time, which keeps it in registers */
+                acc5 even, odd;
+                acc5_zero(&even);
+                for (Py_ssize_t call = 0, k = c; call < calls && k < len; call++, k += chunk)
+                    acc5_mac(&even, mq[k], fac[2 * call]);
+                acc5_zero(&odd);
+                for (Py_ssize_t call = 0, k = c; call < calls && k < len; call++, k += chunk)
+                    acc5_mac(&odd, mq[k], fac[2 * call + 1]);
+                oq[2 * c] = mont128(acc5_redc(&even), rc_m);
+                oq[2 * c + 1] = sub128(acc5_redc(&odd), s_lam);
                 rc_m = mont128(rc_m, rm);
             }
         }
-        PyMem_Free(acc);
+        PyMem_Free(fac);
     }
 done:
     release_vecs(5, (vbuf *[]){&m, &r, &sv, &l, &o});
@@ -900,6 +959,8 @@ static PyMethodDef methods[] = {
     {"mul", py_mul, METH_VARARGS, "mul(fid, a, b, out): out = a * b"},
     {"sum_rows", py_sum_rows, METH_VARARGS, "sum_rows(fid, a, rows, out): column sums of a (rows x cols)"},
     {"sum_last", py_sum_last, METH_VARARGS, "sum_last(fid, a, n, out): row sums of a (rows x n)"},
+    {"fold_rows", py_fold_rows, METH_VARARGS,
+     "fold_rows(fid, a, row_len, offset, length, n, out): each row's slice mod x^n - 1"},
     {"bits_value", py_bits_value, METH_VARARGS,
      "bits_value(fid, a, group, count, out): out[g] = sum_{j<count} 2^j a[g, j]"},
     {"powers", py_powers, METH_VARARGS, "powers(fid, start, step, out): out[i] = start * step^i"},

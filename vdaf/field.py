@@ -129,6 +129,13 @@ class Field:
         out["lo"] = arr
         return out
 
+    def empty(self, *shape: int) -> Vec:
+        """A vector of `shape` to be filled (natively uninitialised; zeros for the
+        reference)."""
+        if self._native():
+            return np.empty(shape, dtype=self._dtype())
+        return self.zeros(*shape)
+
     def zeros(self, *shape: int) -> Vec:
         if self._native():
             return np.zeros(shape, dtype=self._dtype())
@@ -350,12 +357,13 @@ def _bit_reversal(n: int) -> npt.NDArray[np.intp]:
     return rev
 
 
-def ntt(f: Field, a: Vec, inverse: bool = False) -> Vec:
+def ntt(f: Field, a: Vec, inverse: bool = False, in_place: bool = False) -> Vec:
     """Radix-2 NTT along the last axis (length n, a power of two).
 
     Forward: coefficients c → evaluations y_k = Σ_j c_j ω^(jk), ω = f.root(n).
     Inverse: evaluations at the n-th roots → coefficients (interpolation).
     Rows (the leading axes) are transformed together, one vector step per stage.
+    `in_place` lets the native core transform a C-contiguous `a` itself.
     """
     p = f.modulus
     n = a.shape[-1]
@@ -365,7 +373,7 @@ def ntt(f: Field, a: Vec, inverse: bool = False) -> Vec:
     if inverse:
         w_n = f.inv(w_n)
     if a.dtype != object:
-        out = np.array(a, order="C", copy=True)
+        out = a if in_place and a.flags.c_contiguous else np.array(a, order="C", copy=True)
         scale = f._scalar(f.inv(n)) if inverse else None
         _backend.core().ntt(f.fid, out, n, f._scalar(w_n), scale)
         return out
@@ -402,6 +410,11 @@ def poly_eval_at_roots(f: Field, coeffs: Vec, n: int) -> Vec:
     serves a polynomial longer than n.
     """
     length = coeffs.shape[-1]
+    if coeffs.dtype != object and coeffs.size:
+        folded_n = np.empty((*coeffs.shape[:-1], n), dtype=coeffs.dtype)
+        core = _backend.core()
+        core.fold_rows(f.fid, np.ascontiguousarray(coeffs), length, 0, length, n, folded_n)
+        return ntt(f, folded_n, in_place=True)
     padded_len = -(-length // n) * n
     padded = f.zeros_as(coeffs, *coeffs.shape[:-1], padded_len)
     padded[..., :length] = coeffs

@@ -294,7 +294,7 @@ class _BatchQueryCall:
         so one size-P transform per report replaces an inverse NTT of every wire
         row; unrecorded calls (wire value 0) contribute nothing."""
         f, rows = self.f, self.seeds.shape[0]
-        lam = ntt(f, np.ascontiguousarray(t_powers[:, : self.p]), inverse=True)
+        lam = ntt(f, np.array(t_powers[:, : self.p], order="C"), inverse=True, in_place=True)
         acc = weighted_rows(f, self.seeds.reshape(rows, 1, -1), lam[:, :1])
         for start, x in self.inputs:
             # x is (arity, reports, k); as (reports, k, arity) it is usually the

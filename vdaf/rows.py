@@ -351,7 +351,7 @@ class Prio3Rows:
         else:
             if reports.seeds is None:
                 raise ValueError("a Helper's input shares carry seeds")
-            meas_all = f.zeros(rows, flp.meas_len)
+            meas_all = f.empty(rows, flp.meas_len)
         if self.uses_joint_rand and (reports.publics is None or reports.blinds is None):
             raise ValueError("joint randomness needs the public shares and the blinds")
         verifiers = f.zeros_as(meas_all, rows, flp.verifier_len)
@@ -429,7 +429,7 @@ class Prio3Rows:
         count = prep.verifiers.shape[0] if rows is None else len(rows)
         if msgs is None or prep.seeds is None:
             return np.full(count, msgs is None and prep.seeds is None)
-        seeds = prep.seeds if rows is None else prep.seeds[list(rows)]
+        seeds = prep.seeds if rows is None else prep.seeds[np.asarray(rows, dtype=np.intp)]
         return np.all(msgs == seeds, axis=1)  # type: ignore[no-any-return]
 
     # -- message encodings of a batch (draft §7.2.6) ---------------------------------
