@@ -309,6 +309,45 @@ static Py_ssize_t bitrev(Py_ssize_t i, int bits) {
     return r;
 }
 
+/* Twiddles of a radix-2 transform of size n with the primitive n-th root
+ * `root`, in Montgomery form: stage m's w_m^j (w_m = root^(n/m)) at
+ * tw[m/2 + j], j < m/2. */
+static void twiddles128(e128 root, Py_ssize_t n, e128 *tw) {
+    for (Py_ssize_t m = 2; m <= n; m *= 2) {
+        e128 wm = root, w = {1, 0};
+        for (Py_ssize_t k = m; k < n; k *= 2) wm = mul128(wm, wm);
+        for (Py_ssize_t j = 0; j < m / 2; j++, w = mul128(w, wm)) tw[m / 2 + j] = tomont128(w);
+    }
+}
+
+/* Decimation in frequency: natural order in, the transform's entries in
+ * bit-reversed order out (Gentleman-Sande butterflies). */
+static void dif128(e128 *x, Py_ssize_t n, const e128 *tw) {
+    for (Py_ssize_t m = n; m >= 2; m /= 2) {
+        Py_ssize_t half = m / 2;
+        const e128 *twm = tw + half;
+        for (Py_ssize_t b = 0; b < n; b += m)
+            for (Py_ssize_t j = 0; j < half; j++) {
+                e128 u = x[b + j], v = x[b + j + half];
+                x[b + j] = add128(u, v);
+                x[b + j + half] = j ? mont128(sub128(u, v), twm[j]) : sub128(u, v);
+            }
+    }
+}
+
+/* The bit-reversal permutation of x, in place (rev: the permutation's table). */
+static void permute128(e128 *x, Py_ssize_t n, const Py_ssize_t *rev) {
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_ssize_t j = rev[i];
+        if (j > i) {
+            e128 t = x[i];
+            x[i] = x[j];
+            x[j] = t;
+        }
+    }
+}
+
+
 /* In-place iterative radix-2 NTT of each row (decimation in time after a
  * bit-reversal permutation), the same transform as vdaf/field.py's ntt:
  * stage m uses twiddles w_m^j, w_m = w_n^(n/m), and (u + v w, u - v w).
@@ -371,7 +410,6 @@ static Py_ssize_t bitrev(Py_ssize_t i, int bits) {
 /* Twiddles are multiplied in with one reduction: Field128 keeps them in
  * Montgomery form (w*R), so mont(v, w*R) = v*w. */
 static inline u64 ID64(u64 x) { return x; }
-#define TOMONT128 tomont128
 
 /* ntt(fid, data, n, root, scale_or_None): transform the rows of data (rows*n
  * elements, in place) with the primitive n-th root `root`. */
@@ -404,9 +442,28 @@ static PyObject *py_ntt(PyObject *self, PyObject *args) {
             u64 scale = have_scale ? AT64(sc, 0) : 1;
             NTT_BODY(u64, mul64, ID64, mul64, add64, sub64, (u64)1);
         } else {
+            /* Field128: decimation in frequency, then the permutation */
             e128 *data = (e128 *)d.view.buf, root = AT128(rt, 0);
-            e128 scale = have_scale ? AT128(sc, 0) : (e128){1, 0};
-            NTT_BODY(e128, mul128, TOMONT128, mont128, add128, sub128, ((e128){1, 0}));
+            e128 *tw = (e128 *)PyMem_Malloc(sizeof(e128) * (size_t)n);
+            Py_ssize_t *rev = (Py_ssize_t *)PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)n);
+            if (!tw || !rev) {
+                PyErr_NoMemory();
+            } else {
+                twiddles128(root, n, tw);
+                for (Py_ssize_t i = 0; i < n; i++) rev[i] = bitrev(i, bits);
+                e128 scale_m = have_scale ? tomont128(AT128(sc, 0)) : (e128){0, 0};
+                Py_BEGIN_ALLOW_THREADS
+                for (Py_ssize_t r = 0; r < rows; r++) {
+                    e128 *x = data + r * n;
+                    dif128(x, n, tw);
+                    permute128(x, n, rev);
+                    if (have_scale)
+                        for (Py_ssize_t i = 0; i < n; i++) x[i] = mont128(x[i], scale_m);
+                }
+                Py_END_ALLOW_THREADS
+            }
+            PyMem_Free(tw);
+            PyMem_Free(rev);
         }
     }
     release_vecs(2, (vbuf *[]){&d, &rt});
@@ -811,6 +868,121 @@ static PyObject *py_mul_cols(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* ------------------------------------------- the prover's gadget polynomial */
+
+/* mul_gadget_poly(fid, wires, count, consts, out): the gadget polynomial of
+ * ParallelSum(Mul, count) for each report, G(x) = sum_c w_2c(x) w_2c+1(x),
+ * from the wire values at the P-th roots of unity alpha^k: wires of
+ * (2*count, rows, P) elements, out of (rows, 2P - 1) (G's coefficients,
+ * lowest first), consts = [alpha, alpha^-1, omega, omega^-1, P^-1, (2P)^-1]
+ * with omega a primitive 2P-th root (omega^2 = alpha).  Field128.
+ *
+ * G has degree 2P - 2, so its values at the 2P-th roots determine it: at
+ * omega^2k = alpha^k they are sums of the wire values' products; at
+ * omega^(2k+1) each wire polynomial is evaluated on the coset omega*<alpha>
+ * (an inverse transform to its coefficients, twisted by omega^j, and a
+ * forward one), and one inverse transform of size 2P gives G.  Every
+ * transform is a decimation in frequency (here about twice as fast as one in
+ * time), the coset values staying in bit-reversed order.  The same
+ * polynomial as vdaf/flp.py's gadget_poly, per report, sums unreduced. */
+static PyObject *py_mul_gadget_poly(PyObject *self, PyObject *args) {
+    int fid;
+    Py_ssize_t count;
+    PyObject *w_o, *c_o, *o_o;
+    if (!PyArg_ParseTuple(args, "iOnOO", &fid, &w_o, &count, &c_o, &o_o) || check_fid(fid) < 0)
+        return NULL;
+    if (fid != 1) {
+        PyErr_SetString(PyExc_ValueError, "mul_gadget_poly: Field128 only");
+        return NULL;
+    }
+    vbuf w, cs, o;
+    if (get_vecs(fid, 3, (PyObject *[]){w_o, c_o, o_o}, (int[]){0, 0, 1}, (vbuf *[]){&w, &cs, &o}) < 0)
+        return NULL;
+    Py_ssize_t p = 0, rows = 0;
+    if (count > 0 && cs.n == 6 && o.n > 0) {
+        /* out is rows x (2P - 1), wires 2*count x rows x P */
+        for (Py_ssize_t cand = 1; cand <= w.n; cand *= 2) {
+            if (o.n % (2 * cand - 1) == 0 && w.n == 2 * count * (o.n / (2 * cand - 1)) * cand) {
+                p = cand;
+                rows = o.n / (2 * cand - 1);
+                break;
+            }
+        }
+    }
+    if (p < 2) {
+        PyErr_SetString(PyExc_ValueError, "mul_gadget_poly: shape mismatch");
+        release_vecs(3, (vbuf *[]){&w, &cs, &o});
+        return NULL;
+    }
+    const e128 *c = (const e128 *)cs.view.buf, *wires = (const e128 *)w.view.buf;
+    e128 *out = (e128 *)o.view.buf;
+    Py_ssize_t n2 = 2 * p;
+    /* scratch: twiddles (forward and inverse size P, inverse size 2P), the
+     * twist, two coset rows, 2P evaluations; accumulators; a permutation */
+    e128 *buf = (e128 *)PyMem_Malloc(sizeof(e128) * (size_t)(p + p + n2 + p + p + p + n2));
+    acc5 *acc = (acc5 *)PyMem_Malloc(sizeof(acc5) * (size_t)(2 * p));
+    Py_ssize_t *rev2 = (Py_ssize_t *)PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)(n2 + p));
+    if (!buf || !acc || !rev2) {
+        PyMem_Free(buf);
+        PyMem_Free(acc);
+        PyMem_Free(rev2);
+        release_vecs(3, (vbuf *[]){&w, &cs, &o});
+        return PyErr_NoMemory();
+    }
+    e128 *tw_f = buf, *tw_i = tw_f + p, *tw_i2 = tw_i + p, *twist = tw_i2 + n2;
+    e128 *ca = twist + p, *cb = ca + p, *ev = cb + p;
+    int bits2 = 0;
+    while (((Py_ssize_t)1 << bits2) < n2) bits2++;
+    for (Py_ssize_t i = 0; i < n2; i++) rev2[i] = bitrev(i, bits2);
+    twiddles128(c[0], p, tw_f);
+    twiddles128(c[1], p, tw_i);
+    twiddles128(c[3], n2, tw_i2);
+    Py_ssize_t *rev = rev2 + n2; /* over P's bits: rev(i) = rev2(2i) */
+    for (Py_ssize_t i = 0; i < p; i++) rev[i] = rev2[2 * i];
+    {
+        e128 wj = c[4]; /* twist[j] = omega^j / P in Montgomery form */
+        for (Py_ssize_t j = 0; j < p; j++, wj = mul128(wj, c[2])) twist[j] = tomont128(wj);
+    }
+    e128 scale2 = tomont128(c[5]);
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t r = 0; r < rows; r++) {
+        for (Py_ssize_t k = 0; k < 2 * p; k++) acc5_zero(&acc[k]);
+        for (Py_ssize_t pair = 0; pair < count; pair++) {
+            const e128 *a = wires + ((2 * pair) * rows + r) * p;
+            const e128 *b = wires + ((2 * pair + 1) * rows + r) * p;
+            for (Py_ssize_t k = 0; k < p; k++) acc5_mac(&acc[k], a[k], b[k]);
+            memcpy(ca, a, sizeof(e128) * (size_t)p);
+            memcpy(cb, b, sizeof(e128) * (size_t)p);
+            dif128(ca, p, tw_i); /* P * coefficients, bit-reversed */
+            dif128(cb, p, tw_i);
+            permute128(ca, p, rev);
+            permute128(cb, p, rev);
+            for (Py_ssize_t j = 0; j < p; j++) {
+                ca[j] = mont128(ca[j], twist[j]);
+                cb[j] = mont128(cb[j], twist[j]);
+            }
+            dif128(ca, p, tw_f); /* values at omega*alpha^rev(i) */
+            dif128(cb, p, tw_f);
+            for (Py_ssize_t i = 0; i < p; i++) acc5_mac(&acc[p + i], ca[i], cb[i]);
+        }
+        /* the sums are x*y; redc divides by R, mont(., R^2) multiplies it back */
+        for (Py_ssize_t k = 0; k < p; k++) {
+            ev[2 * k] = mont128(acc5_redc(&acc[k]), R2_128);
+            ev[2 * rev[k] + 1] = mont128(acc5_redc(&acc[p + k]), R2_128);
+        }
+        dif128(ev, n2, tw_i2);
+        e128 *orow = out + r * (n2 - 1);
+        for (Py_ssize_t i = 0; i < n2; i++)
+            if (rev2[i] < n2 - 1) orow[rev2[i]] = mont128(ev[i], scale2);
+    }
+    Py_END_ALLOW_THREADS
+    PyMem_Free(buf);
+    PyMem_Free(acc);
+    PyMem_Free(rev2);
+    release_vecs(3, (vbuf *[]){&w, &cs, &o});
+    Py_RETURN_NONE;
+}
+
 /* bit_check_at(fid, meas, r, s, lam, chunk, calls, out, rows): the chunked
  * bit check's wire values at a point, straight from the measurement: for
  * report q, with x_k = (r^(k+1) m_k, m_k - s) the inputs of call k / chunk
@@ -975,6 +1147,8 @@ static PyMethodDef methods[] = {
     {"pair_products", py_pair_products, METH_VARARGS,
      "pair_products(fid, x, count, out): out[j] = sum_c x[c, 0, j] x[c, 1, j]"},
     {"mul_cols", py_mul_cols, METH_VARARGS, "mul_cols(fid, a, b, out): out[r, k] = a[r, k] b[k]"},
+    {"mul_gadget_poly", py_mul_gadget_poly, METH_VARARGS,
+     "mul_gadget_poly(fid, wires, count, consts, out): ParallelSum(Mul)'s gadget polynomials"},
     {"bit_check_at", py_bit_check_at, METH_VARARGS,
      "bit_check_at(fid, meas, r, s, lam, chunk, calls, out, rows): bit-check wires at t"},
     {"sample", py_sample, METH_VARARGS, "sample(fid, raw, out) -> kept: rejection sampling"},

@@ -24,6 +24,7 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
+from svtagg.vdaf import native as _backend
 from svtagg.vdaf.field import (
     Field,
     Vec,
@@ -143,6 +144,8 @@ def gadget_poly(f: Field, g: Gadget, wires: Vec) -> Vec:
     length = g.degree * (p_len - 1) + 1
     n = next_power_of_2(max(length, p_len))
     m = n // p_len
+    if _native_mul_sum(f, g, wires) and p_len >= 2:
+        return _mul_gadget_poly(f, g, wires)  # type: ignore[arg-type]
     coeffs = ntt(f, wires, inverse=True)
     evals = f.zeros_as(wires, *wires.shape[:-1], p_len, m)  # root ω^(k·m + s) at [k, s]
     evals[..., 0] = wires
@@ -152,6 +155,30 @@ def gadget_poly(f: Field, g: Gadget, wires: Vec) -> Vec:
         evals[..., s] = ntt(f, mul_cols(f, coeffs, twist))
     out = ntt(f, g.eval(f, evals.reshape(*wires.shape[:-1], n)), inverse=True)
     return out[..., :length]  # type: ignore[no-any-return]
+
+
+def _native_mul_sum(f: Field, g: Gadget, wires: Vec) -> bool:
+    return (
+        isinstance(g, ParallelSum)
+        and isinstance(g.sub, Mul)
+        and wires.dtype != object
+        and f.encoded_size == 16
+        and wires.size > 0
+    )
+
+
+def _mul_gadget_poly(f: Field, g: ParallelSum, wires: Vec) -> Vec:
+    """`gadget_poly` of ParallelSum(Mul) natively, report by report in one call."""
+    p_len = wires.shape[-1]
+    lead = wires.shape[1:-1]
+    rows = int(np.prod(lead)) if lead else 1
+    alpha, omega = f.root(p_len), f.root(2 * p_len)
+    values = [alpha, f.inv(alpha), omega, f.inv(omega), f.inv(p_len), f.inv(2 * p_len)]
+    consts = f.from_object(np.array(values, dtype=object))
+    out = np.empty((rows, 2 * p_len - 1), dtype=wires.dtype)
+    core = _backend.core()
+    core.mul_gadget_poly(f.fid, np.ascontiguousarray(wires), g.count, consts, out)
+    return out.reshape(*lead, 2 * p_len - 1)
 
 
 # -- validity circuits (draft §7.3.2) -----------------------------------------------
