@@ -144,7 +144,7 @@ def _proof_batch(
         ids = [key.report_id(i) for i in numbers]
         rands = [key.prio3_rand(i, row, size) for i, row in zip(numbers, rows, strict=True)]
     try:
-        shards = validity.shard(rows.tolist(), ids, rands)
+        shards = validity.shard(rows, ids, rands)
     except MeasurementError as exc:  # e.g. two categories under onehot
         raise InputError(f"a row does not fit the task's validity circuit: {exc}") from None
     lead, help_ = pb.UploadBatch(task_id=task_id), pb.UploadBatch(task_id=task_id)

@@ -12,8 +12,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from dataclasses import field as dc_field
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from svtagg.vdaf.field import (
     FIELD64,
@@ -45,6 +47,41 @@ def _bits_le(f: Field, values: Sequence[int], bits: int) -> Vec:
     arr = np.array([int(v) for v in values], dtype=object)
     shifts = np.arange(bits)
     return f.from_small(((arr[:, None] >> shifts) & 1).reshape(-1).astype(np.int64))
+
+
+def _int_matrix(measurements: Sequence[object], width: int, high: int) -> npt.NDArray[Any] | None:
+    """The measurements as a (count, width) integer matrix when every entry is an
+    integer (not a bool) in [0, high), else None: the caller then encodes them
+    one by one, which refuses what is wrong with the right message."""
+    if not isinstance(measurements, np.ndarray):
+        try:  # a bool is an int to numpy, not to `_check_int`
+            if not all(
+                type(v) is int or isinstance(v, np.integer) for r in measurements for v in r
+            ):  # type: ignore[attr-defined]
+                return None
+        except TypeError:
+            return None
+    try:
+        arr = np.asarray(measurements)
+    except (ValueError, TypeError):
+        return None
+    if arr.ndim != 2 or arr.shape[1] != width or arr.dtype.kind not in "iu" or high > 2**62:
+        return None
+    if arr.size and (int(arr.min()) < 0 or int(arr.max()) >= high):
+        return None
+    return arr.astype(np.int64)
+
+
+def _bits_matrix(f: Field, values: npt.NDArray[Any], bits: int) -> Vec:
+    """Each row's values as `bits` field elements 0/1 each, least significant first
+    (`_bits_le` of every row)."""
+    shifts = np.arange(bits, dtype=np.int64)
+    return f.from_small(((values[:, :, None] >> shifts) & 1).reshape(values.shape[0], -1))
+
+
+def _encode_each(valid: Any, measurements: Sequence[object]) -> Vec:
+    encoded = [valid.encode(m) for m in measurements]
+    return np.stack(encoded).reshape(len(encoded), valid.meas_len)
 
 
 def _from_bits(f: Field, meas: Vec, bits: int) -> Vec:
@@ -234,6 +271,13 @@ class SumVec:
         values = [_check_int(v, 0, 2**self.bits, "a SumVec entry") for v in measurement]
         return _bits_le(self.field, values, self.bits)
 
+    def encode_batch(self, measurements: Sequence[object]) -> Vec:
+        """`encode` of each measurement, as the rows of a matrix."""
+        values = _int_matrix(measurements, self.length, 2**self.bits)
+        if values is None:
+            return _encode_each(self, measurements)
+        return _bits_matrix(self.field, values, self.bits)
+
     def truncate(self, meas: Vec) -> Vec:
         return _from_bits(self.field, meas, self.bits)
 
@@ -297,6 +341,20 @@ class Histogram:
         index = _check_int(measurement, 0, self.length, "a Histogram bucket")
         one_hot = np.zeros(self.length, dtype=np.int64)
         one_hot[index] = 1
+        return self.field.from_small(one_hot)
+
+    def encode_batch(self, measurements: Sequence[object]) -> Vec:
+        """`encode` of each measurement (a bucket), as the rows of a matrix."""
+        column = (
+            measurements.reshape(-1, 1)
+            if isinstance(measurements, np.ndarray)
+            else [[m] for m in measurements]
+        )
+        buckets = _int_matrix(column, 1, self.length)
+        if buckets is None:
+            return _encode_each(self, measurements)
+        one_hot = np.zeros((len(measurements), self.length), dtype=np.int64)
+        one_hot[np.arange(len(measurements)), buckets[:, 0]] = 1
         return self.field.from_small(one_hot)
 
     def truncate(self, meas: Vec) -> Vec:

@@ -24,17 +24,22 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from svtagg.vdaf.circuits import (
     MeasurementError,
     _bits_le,
+    _bits_matrix,
     _check_int,
     _chunked_bit_check,
     _chunked_bit_check_batch,
     _column,
+    _encode_each,
     _from_bits,
+    _int_matrix,
 )
 from svtagg.vdaf.field import FIELD128, Field, Vec, bits_value, powers_rows
 from svtagg.vdaf.flp import Gadget, GadgetCall, Mul, ParallelSum
@@ -56,6 +61,11 @@ def sqrt_chunk(products: int) -> int:
     if products <= 0:
         raise ValueError("a circuit needs at least one product")
     return max(1, round(math.sqrt(products)))
+
+
+def _bit_columns(values: npt.NDArray[Any], bits: int) -> npt.NDArray[Any]:
+    """A column of integers as `bits` columns of their bits, least significant first."""
+    return (values >> np.arange(bits, dtype=np.int64)) & 1  # type: ignore[no-any-return]
 
 
 def _calls(count: int, chunk: int) -> int:
@@ -188,6 +198,13 @@ class RangeVec:
         values = [_check_int(v, 0, bound + 1, "a RangeVec entry") for v in entries]
         return _bits_le(self.field, values, self.bits)
 
+    def encode_batch(self, measurements: Sequence[object]) -> Vec:
+        """`encode` of each measurement, as the rows of a matrix."""
+        values = _int_matrix(measurements, self.length, 2**self.frac_bits + 1)
+        if values is None:
+            return _encode_each(self, measurements)
+        return _bits_matrix(self.field, values, self.bits)
+
     def truncate(self, meas: Vec) -> Vec:
         return _from_bits(self.field, meas, self.bits)
 
@@ -294,6 +311,16 @@ class MultiHot:
         f = self.field
         encoded_weight = _bits_le(f, [weight + self.offset], self.weight_bits)
         return np.concatenate([f.from_small(np.array(bits, dtype=np.int64)), encoded_weight])
+
+    def encode_batch(self, measurements: Sequence[object]) -> Vec:
+        """`encode` of each measurement, as the rows of a matrix."""
+        bits = _int_matrix(measurements, self.length, 2)
+        if bits is None or (bits.size and int(bits.sum(axis=1).max()) > self.max_weight):
+            return _encode_each(self, measurements)
+        weights = bits.sum(axis=1, keepdims=True) + self.offset
+        return self.field.from_small(
+            np.concatenate([bits, _bit_columns(weights, self.weight_bits)], axis=1)
+        )
 
     def truncate(self, meas: Vec) -> Vec:
         return meas[: self.length]

@@ -24,6 +24,10 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
 
 from svtagg.vdaf.circuits import MeasurementError
 from svtagg.vdaf.prio3 import (
@@ -90,25 +94,37 @@ class Validity:
             return ones[0]  # Prio3Histogram's measurement: the bucket
         return [v // unit for v in grid_row]
 
+    def measurements(self, grid_rows: Sequence[Sequence[int]] | npt.NDArray[Any]) -> Any:
+        """`measurement` of every row, the rows of an integer matrix at once (the
+        first row `measurement` refuses is refused, with its message)."""
+        if not self.counts:
+            return grid_rows
+        grid = np.asarray(grid_rows) if len(grid_rows) else None
+        if grid is None or grid.ndim != 2 or grid.dtype.kind not in "iu":
+            return [self.measurement(list(r)) for r in grid_rows]
+        unit = 1 << self.frac_bits
+        bad = ~((grid == 0) | (grid == unit)).all(axis=1)
+        if self.name == "onehot":
+            bad |= np.count_nonzero(grid, axis=1) != 1
+        if bad.any():
+            self.measurement([int(v) for v in grid[int(np.argmax(bad))]])  # raises
+        if self.name == "onehot":
+            return np.argmax(grid, axis=1)  # Prio3Histogram's measurements: the buckets
+        return (grid // unit).astype(np.int64)
+
     def shard(
         self,
-        grid_rows: list[list[int]],
+        grid_rows: Sequence[Sequence[int]] | npt.NDArray[Any],
         nonces: Sequence[bytes],
         rands: Sequence[bytes] | None = None,
     ) -> list[tuple[bytes, bytes, bytes]]:
-        """Reports from rows of values on the grid: (public share, leader's input
-        share, helper's input share) encoded, each proving this circuit.  The
-        nonce is the report's id; `rands` default to fresh CSPRNG bytes."""
+        """Reports from rows of values on the grid (a list of rows, or an integer
+        matrix): (public share, leader's input share, helper's input share)
+        encoded, each proving this circuit.  The nonce is the report's id;
+        `rands` default to fresh CSPRNG bytes."""
         prio = self.prio3
-        out = prio.shard_batch([self.measurement(r) for r in grid_rows], nonces, rands)
-        return [
-            (
-                prio.encode_public_share(public),
-                prio.encode_input_share(shares[0]),
-                prio.encode_input_share(shares[1]),
-            )
-            for public, shares in out
-        ]
+        out = prio.shard_batch_encoded(self.measurements(grid_rows), nonces, rands)
+        return [(public, shares[0], shares[1]) for public, shares in out]
 
     def describe(self) -> str:
         what = CIRCUITS[self.name]
