@@ -6,13 +6,15 @@ uploads per report.
     python -m svtagg.benchmarks.bench_ingest                  # 10,000 reports per instance
     python -m svtagg.benchmarks.bench_ingest --quick          # 1,000 reports, for a smoke test
     python -m svtagg.benchmarks.bench_ingest --reports N [--batch B] [--gc-reports M]
-                                             [--no-processes]
+                                             [--no-processes] [--instances LIST]
 
-Instances (F = 16 throughout): Prio3 with the `range` circuit at d = 100, with
+Instances (default; F = 16): Prio3 with the `range` circuit at d = 100, with
 `onehot` and with `multihot:10` at d = 1,000; and, for comparison, plain shares
 at d = 100 checked by the old defence, a garbled range check at the close (2d
 sign tests of full width per report, ORed per report: `any_per_group` of the
 mpc layer, garbler and evaluator in this one process over a MemoryChannel).
+`--instances` names others as circuit@d[/F], e.g. range@10000/8,onehot@10000;
+the targets are marked only on the instances they name.
 
 - client: `Validity.shard` on blocks of B rows, as the client's upload shards
   a batch; ms per report, median [min–max] over the blocks (the plain column:
@@ -76,10 +78,12 @@ TASK_ID = "ingest"
 #: Lanes per garbled validation chunk, as the servers ran the old check (2d
 #: lanes per report, so 250 reports per chunk at d = 100).
 GC_LANES = 50_000
-#: The targets, per instance's circuit: client ms per report (≤), servers
-#: reports/s (≥); and bytes stored per report per server (≤).
-CLIENT_MS = {"range": 5.0, "onehot": 0.5}
-SERVER_RATE = {"range": 5_000.0, "onehot": 20_000.0}
+#: The targets, for the instances they name ((circuit, d, F); "plain": the old
+#: check's rate): client ms per report (≤), servers reports/s (≥); and bytes
+#: stored per report per server (≤), for every instance.
+CLIENT_MS = {("range", 100, 16): 5.0, ("onehot", 1000, 16): 0.5}
+SERVER_RATE = {("range", 100, 16): 5_000.0, ("onehot", 1000, 16): 20_000.0}
+GC_RATE = {("plain", 100, 16): 5_000.0}
 STORAGE_BYTES = 100.0
 
 
@@ -101,13 +105,23 @@ class Instance:
         """The circuit's name without the weight bound ("plain" for none)."""
         return self.validity.split(":")[0] or "plain"
 
+    def target(self, targets: dict[tuple[str, int, int], float]) -> float | None:
+        return targets.get((self.kind, self.d, self.frac_bits))
 
-INSTANCES = (
-    Instance("range d=100", "range", 100),
-    Instance("onehot d=1000", "onehot", 1000),
-    Instance("multihot:10 d=1000", "multihot:10", 1000),
-    Instance("plain+GC d=100", "", 100),
-)
+
+def parse_instance(text: str) -> Instance:
+    """An instance from `circuit@d[/F]` (circuit: range, onehot, multihot[:r]
+    or plain), e.g. range@10000/8, onehot@1000, plain@100."""
+    name, _, size = text.partition("@")
+    d_text, _, f_text = size.partition("/")
+    d, frac_bits = int(d_text), int(f_text or FRAC_BITS)
+    validity = "" if name == "plain" else name
+    label = f"{'plain+GC' if name == 'plain' else name} d={d}"
+    if frac_bits != FRAC_BITS:
+        label += f" F={frac_bits}"
+    inst = Instance(label, validity, d, frac_bits)
+    inst.circuit  # noqa: B018 - refuses a name that does not parse
+    return inst
 
 
 def _stat(xs: Sequence[float]) -> Stat:
@@ -356,7 +370,7 @@ def process_run(inst: Instance, data: Sharded, batch: int) -> ProcessRun:
 
 
 # ------------------------------------------------------------------ the old check
-def gc_lanes(grid: U64) -> tuple[U64, U64]:
+def gc_lanes(grid: U64, frac_bits: int = FRAC_BITS) -> tuple[U64, U64]:
     """Both servers' lanes of the old range check for plain reports of these
     grid rows (m × d), as the servers formed them from the stored shares: per
     report, for each value v the lanes −v − 1 and then v − 2^F − 1 (a lane's
@@ -366,7 +380,7 @@ def gc_lanes(grid: U64) -> tuple[U64, U64]:
     for i, row in enumerate(grid):
         explicit, seed = share(row)
         lead[i], helper[i] = explicit, expand_seed(seed, d)
-    return gc_lanes_of(lead, helper, sensitivity(FRAC_BITS))
+    return gc_lanes_of(lead, helper, sensitivity(frac_bits))
 
 
 def gc_lanes_of(lead: U64, helper: U64, top: int) -> tuple[U64, U64]:
@@ -440,23 +454,23 @@ def rows(cols: Sequence[Column]) -> list[tuple[str, list[str], str]]:
         out.append((name, [cell(c) for c in cols], target))
 
     def client(c: Column) -> str:
-        t = CLIENT_MS.get(c.inst.kind)
+        t = c.inst.target(CLIENT_MS)
         return _cell(c.client, 3) + _mark(c.client[0], t, True)
 
     def server(c: Column) -> str:
-        t = SERVER_RATE.get(c.inst.kind)
+        t = c.inst.target(SERVER_RATE)
         return _cell(c.ref.rate, 0) + _mark(c.ref.rate[0], t, False)
 
     def procs(c: Column) -> str:
         if c.procs is None:
             return "not run"
-        t = SERVER_RATE.get(c.inst.kind)
+        t = c.inst.target(SERVER_RATE)
         return _cell(c.procs.rate, 0) + _mark(c.procs.rate[0], t, False)
 
     def gc(c: Column) -> str:
         if c.gc is None:
             return "—"
-        return _cell(c.gc.rate, 0) + _mark(c.gc.rate[0], SERVER_RATE["range"], False)
+        return _cell(c.gc.rate, 0) + _mark(c.gc.rate[0], c.inst.target(GC_RATE), False)
 
     add("client: proof (plain: sharing), ms/report", client, "≤ 5 range d=100; ≤ 0.5 onehot")
     add("servers, reference pair, reports/s", server, "≥ 5,000 range d=100; ≥ 20,000 onehot")
@@ -555,20 +569,26 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reports", type=int, default=None, help="reports per instance")
     ap.add_argument("--quick", action="store_true", help="1,000 reports per instance")
     ap.add_argument("--batch", type=int, default=1000, help="rows per client block and batch")
-    ap.add_argument("--gc-reports", type=int, default=None, help="reports for the old check")
+    ap.add_argument(
+        "--gc-reports", type=int, default=None, help="reports for the old check (0: skip it)"
+    )
     ap.add_argument("--no-processes", action="store_true", help="skip the two-process run")
+    ap.add_argument(
+        "--instances",
+        default="range@100,onehot@1000,multihot:10@1000,plain@100",
+        help="comma-separated circuit@d[/F] (circuit: range, onehot, multihot[:r], plain)",
+    )
     args = ap.parse_args(argv)
     n = args.reports or (1000 if args.quick else 10_000)
     batch = min(args.batch, 1000)
     if args.quick and args.reports is None:
         batch = min(batch, 200)
-    gc_n = args.gc_reports or min(n, 2000)
+    gc_n = min(n, 2000) if args.gc_reports is None else args.gc_reports
+    instances = [parse_instance(x) for x in args.instances.split(",") if x]
     print(f"load average at start: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
     print(f"field core: {vdaf_native.describe()}; garbling core: {mpc_native.describe()}")
-    print(f"{n:,} reports per instance, blocks and batches of {batch}; F = {FRAC_BITS}")
-    sharded = []
-    for inst in INSTANCES:
-        sharded.append((inst, shard_reports(inst, valid_values(inst, n), batch)))
+    print(f"{n:,} reports per instance, blocks and batches of {batch}")
+    sharded = [(inst, shard_reports(inst, valid_values(inst, n), batch)) for inst in instances]
     with tempfile.TemporaryDirectory(prefix="svtagg-ingest-") as tmp:
         refs = reference_all(sharded, batch, Path(tmp))
     cols = []
@@ -576,14 +596,14 @@ def main(argv: list[str] | None = None) -> int:
         if ref.n != (n, n):
             raise RuntimeError(f"{inst.label}: the servers hold {ref.n}, not {n} reports each")
         cols.append(Column(inst, _stat(data.ms_per_report), upload_bytes(inst, data), ref))
-    if not args.no_processes:
-        for col, (inst, data) in zip(cols, sharded, strict=True):
+    for col, (inst, data) in zip(cols, sharded, strict=True):
+        if not args.no_processes:
             col.procs = process_run(inst, data, batch)
-    old = cols[-1]
-    grid = encode(valid_values(old.inst, gc_n, seed=1), FRAC_BITS)
-    old.gc = asyncio.run(gc_check(*gc_lanes(grid), old.inst.d))
-    if any(old.gc.invalid):
-        raise RuntimeError("the old check flagged a valid report")
+        if not inst.validity and gc_n > 0:
+            grid = encode(valid_values(inst, gc_n, seed=1), inst.frac_bits)
+            col.gc = asyncio.run(gc_check(*gc_lanes(grid, inst.frac_bits), inst.d))
+            if any(col.gc.invalid):
+                raise RuntimeError("the old check flagged a valid report")
     print()
     print_table(cols)
     print()

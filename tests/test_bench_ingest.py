@@ -127,7 +127,7 @@ def test_two_server_processes(tmp_path: Path) -> None:
 
 def test_the_table_marks_each_figure_against_its_target() -> None:
     def col(kind: str, client_ms: float, rate: float) -> bi.Column:
-        inst = {"range": bi.INSTANCES[0], "onehot": bi.INSTANCES[1]}[kind]
+        inst = bi.parse_instance({"range": "range@100", "onehot": "onehot@1000"}[kind])
         storage = {
             r: bi.Storage((90.0, 90.0, 80.0), (120.0, 101.0, 60.0)) for r in ("leader", "helper")
         }
@@ -146,3 +146,16 @@ def test_the_table_marks_each_figure_against_its_target() -> None:
     stored = [c for n, c in lines.items() if n.startswith("storage")]
     # open: kept 90 ≤ 100; closed: kept 101 > 100
     assert [cells[0].rsplit(" ", 1)[1] for cells in stored] == ["met", "MISSED"] * 2
+
+
+def test_instances_by_name_and_targets_only_where_they_apply() -> None:
+    assert bi.parse_instance("range@10000/8") == bi.Instance("range d=10000 F=8", "range", 10000, 8)
+    assert bi.parse_instance("multihot:10@1000").circuit.max_weight == 10  # type: ignore[union-attr]
+    plain = bi.parse_instance("plain@100")
+    assert (plain.validity, plain.kind, plain.circuit) == ("", "plain", None)
+    with pytest.raises(ValueError):
+        bi.parse_instance("range:3@100")
+    assert bi.parse_instance("range@100").target(bi.CLIENT_MS) == 5.0
+    assert bi.parse_instance("range@100/8").target(bi.CLIENT_MS) is None
+    assert bi.parse_instance("onehot@10000").target(bi.SERVER_RATE) is None
+    assert plain.target(bi.GC_RATE) == 5_000.0
