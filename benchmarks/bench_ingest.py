@@ -65,6 +65,7 @@ from svtagg.proto import svtagg_pb2 as pb
 from svtagg.proto.tls import Identity
 from svtagg.proto.vocab import REPORT_ID_BYTES
 from svtagg.servers.reference import reference_pair
+from svtagg.servers.wire import VERIFY
 from svtagg.vdaf import native as vdaf_native
 from svtagg.vdaf.validity import Validity, parse_validity
 
@@ -205,13 +206,14 @@ def upload_bytes(inst: Instance, data: Sharded) -> dict[str, float]:
     share + the id, to the helper likewise (the largest over the reports, whose
     lengths are fixed by the circuit), and the protobuf batch per report."""
     ids = REPORT_ID_BYTES
-    batch = upload_batch(inst, data.ids, data.shards)
+    sample = min(len(data), 100)  # lengths are fixed per circuit: a sample's message will do
+    batch = upload_batch(inst, data.ids[:sample], data.shards[:sample])
     return {
         "leader": max(len(ld) + len(p) + ids for p, ld, _ in data.shards),
         "helper": max(len(h) + len(p) + ids for p, _, h in data.shards),
         "public": max(len(p) for p, _, _ in data.shards),
-        "pb_leader": batch.leader.ByteSize() / len(data),
-        "pb_helper": batch.helper.ByteSize() / len(data),
+        "pb_leader": batch.leader.ByteSize() / sample,
+        "pb_helper": batch.helper.ByteSize() / sample,
     }
 
 
@@ -272,6 +274,9 @@ class ServerRun:
     cpu_ms: float
     storage: dict[str, Storage]
     n: tuple[int, int]
+    #: Bytes of the batches' verification between the servers, per report (the
+    #: Verify call and its answer as the wire encodes them, without framing).
+    peer_bytes: float = 0.0
 
 
 async def reference_run(inst: Instance, root: Path, data: Sharded, batch: int) -> ServerRun:
@@ -281,7 +286,13 @@ async def reference_run(inst: Instance, root: Path, data: Sharded, batch: int) -
     dbs = {"leader": root / "l.sqlite", "helper": root / "h.sqlite"}
     rates: list[float] = []
     cpu = 0.0
-    async with reference_pair(root, frac_bits=inst.frac_bits) as ref:
+    peer = [0]
+
+    def tap(what: str, name: str, data: bytes) -> None:
+        if name == VERIFY.name:
+            peer[0] += len(data)
+
+    async with reference_pair(root, frac_bits=inst.frac_bits, tap=tap) as ref:
         await ref.leader.create_task(reference_spec(inst, max(len(data), 1000)))
         base_free = {role: checkpoint(db) for role, db in dbs.items()}
         base = {role: footprint(db) for role, db in dbs.items()}
@@ -301,6 +312,7 @@ async def reference_run(inst: Instance, root: Path, data: Sharded, batch: int) -
             rates.append(len(ids) / (time.perf_counter() - t))
             cpu += time.process_time() - c
         n = len(data)
+        peer_bytes = peer[0] / n
 
         def measure() -> dict[str, tuple[float, float, float]]:
             out = {}
@@ -316,7 +328,7 @@ async def reference_run(inst: Instance, root: Path, data: Sharded, batch: int) -
         closed = measure()
         stor = {role: Storage(opened[role], closed[role]) for role in dbs}
         counts = (ref.leader.core.task(TASK_ID).n, ref.helper.core.task(TASK_ID).n)
-    return ServerRun(_stat(rates), cpu / n * 1e3, stor, counts)
+    return ServerRun(_stat(rates), cpu / n * 1e3, stor, counts, peer_bytes)
 
 
 def _proc_cpu(pid: int) -> float:
@@ -475,6 +487,7 @@ def rows(cols: Sequence[Column]) -> list[tuple[str, list[str], str]]:
     add("client: proof (plain: sharing), ms/report", client, "≤ 5 range d=100; ≤ 0.5 onehot")
     add("servers, reference pair, reports/s", server, "≥ 5,000 range d=100; ≥ 20,000 onehot")
     add("  process CPU, ms/report (both servers)", lambda c: f"{c.ref.cpu_ms:.3f}")
+    add("  verification bytes between servers/report", lambda c: f"{c.ref.peer_bytes:,.0f}")
     add("servers, two processes, reports/s", procs, "as above")
     for role in ("leader", "helper"):
 
@@ -531,6 +544,8 @@ Notes:
   verification and record, the leader's); two processes on 2 cores can at
   best halve that time.  The two-process row sends each batch helper-first,
   then to the leader, and waits for it before the next (no pipelining).
+- Verification bytes: the leader's Verify call and the helper's answer as
+  encoded (protobuf, without gRPC, HTTP/2 and TLS framing), per report.
 - plain+GC: plain shares (no proof) stored as they come; they are checked only
   at the close, by the garbled range check (2d sign tests of width 64 per
   report, OR per report), measured with the mpc garbler/evaluator pair in

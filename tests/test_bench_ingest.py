@@ -84,6 +84,7 @@ def test_reference_run_holds_every_report_and_stores_ids_only(tmp_path: Path) ->
     assert leader.open[1] >= 8 * plain.d  # the shares are in `.shares`
     assert helper.open[1] >= SEED  # the seeds are
     assert leader.closed[1] < 8 * plain.d / 2  # dropped at the agreement
+    assert run.peer_bytes == 0  # plain shares: no exchange at ingest
     for s in (leader, helper):
         assert s.open[0] >= s.open[1] >= s.open[2] >= 0
         assert s.closed[1] >= s.closed[2] >= 0
@@ -94,6 +95,11 @@ def test_reference_run_holds_every_report_and_stores_ids_only(tmp_path: Path) ->
     (tmp_path / "r").mkdir()
     run = asyncio.run(bi.reference_run(proof, tmp_path / "r", data, batch=100))
     assert run.n == (n, n) and run.cpu_ms > 0
+    # per report: its id, then each server's prep share (verifier and joint-
+    # randomness part), plus a verdict byte and the messages' framing
+    prio = proof.circuit.prio3  # type: ignore[union-attr]
+    prep = 16 * prio.flp.verifier_len + SEED
+    assert ID + 2 * prep < run.peer_bytes < ID + 2 * prep + 16
     for s in run.storage.values():
         # ids and 16-byte seeds (open) in 4 KiB pages: far below any share
         assert 0 < s.open[1] < 400 and 0 < s.closed[1] < 400
