@@ -277,6 +277,10 @@ class ServerRun:
     #: Bytes of the batches' verification between the servers, per report (the
     #: Verify call and its answer as the wire encodes them, without framing).
     peer_bytes: float = 0.0
+    #: The close (field-to-ring or robust pass over the d sums, agreement):
+    #: wall seconds and bytes between the servers, per task.
+    close_s: float = 0.0
+    close_bytes: int = 0
 
 
 async def reference_run(inst: Instance, root: Path, data: Sharded, batch: int) -> ServerRun:
@@ -286,9 +290,10 @@ async def reference_run(inst: Instance, root: Path, data: Sharded, batch: int) -
     dbs = {"leader": root / "l.sqlite", "helper": root / "h.sqlite"}
     rates: list[float] = []
     cpu = 0.0
-    peer = [0]
+    peer = [0, 0]  # the verification's bytes, everything's bytes
 
     def tap(what: str, name: str, data: bytes) -> None:
+        peer[1] += len(data)
         if name == VERIFY.name:
             peer[0] += len(data)
 
@@ -324,11 +329,13 @@ async def reference_run(inst: Instance, root: Path, data: Sharded, batch: int) -
             return out
 
         opened = measure()
+        before, t = peer[1], time.perf_counter()
         await ref.leader.close_collection(TASK_ID)
+        close_s, close_bytes = time.perf_counter() - t, peer[1] - before
         closed = measure()
         stor = {role: Storage(opened[role], closed[role]) for role in dbs}
         counts = (ref.leader.core.task(TASK_ID).n, ref.helper.core.task(TASK_ID).n)
-    return ServerRun(_stat(rates), cpu / n * 1e3, stor, counts, peer_bytes)
+    return ServerRun(_stat(rates), cpu / n * 1e3, stor, counts, peer_bytes, close_s, close_bytes)
 
 
 def _proc_cpu(pid: int) -> float:
@@ -488,6 +495,8 @@ def rows(cols: Sequence[Column]) -> list[tuple[str, list[str], str]]:
     add("servers, reference pair, reports/s", server, "≥ 5,000 range d=100; ≥ 20,000 onehot")
     add("  process CPU, ms/report (both servers)", lambda c: f"{c.ref.cpu_ms:.3f}")
     add("  verification bytes between servers/report", lambda c: f"{c.ref.peer_bytes:,.0f}")
+    add("the close, reference pair, s (per task)", lambda c: f"{c.ref.close_s:.2f}")
+    add("  the close, bytes between servers (per task)", lambda c: f"{c.ref.close_bytes:,}")
     add("servers, two processes, reports/s", procs, "as above")
     for role in ("leader", "helper"):
 
@@ -545,7 +554,10 @@ Notes:
   best halve that time.  The two-process row sends each batch helper-first,
   then to the leader, and waits for it before the next (no pipelining).
 - Verification bytes: the leader's Verify call and the helper's answer as
-  encoded (protobuf, without gRPC, HTTP/2 and TLS framing), per report.
+  encoded (protobuf, without gRPC, HTTP/2 and TLS framing), per report.  The
+  close: every message between the servers while the leader closes the task
+  (with proofs: the field sums to ring shares and clamped, one garbled pass;
+  plain: the robust pass over the ring sums; then the agreement), once per task.
 - plain+GC: plain shares (no proof) stored as they come; they are checked only
   at the close, by the garbled range check (2d sign tests of width 64 per
   report, OR per report), measured with the mpc garbler/evaluator pair in

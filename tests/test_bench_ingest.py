@@ -85,6 +85,8 @@ def test_reference_run_holds_every_report_and_stores_ids_only(tmp_path: Path) ->
     assert helper.open[1] >= SEED  # the seeds are
     assert leader.closed[1] < 8 * plain.d / 2  # dropped at the agreement
     assert run.peer_bytes == 0  # plain shares: no exchange at ingest
+    # the close's robust pass garbles 64-bit lanes: well over 64 bytes per coordinate
+    assert run.close_s > 0 and run.close_bytes > 64 * plain.d
     for s in (leader, helper):
         assert s.open[0] >= s.open[1] >= s.open[2] >= 0
         assert s.closed[1] >= s.closed[2] >= 0
