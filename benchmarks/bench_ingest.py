@@ -21,16 +21,19 @@ the targets are marked only on the instances they name.
   `mpc.sharing.share` per row).
 - servers, reference pair: `ReferencePair.send_proofs` per batch of B reports
   already sharded (the helper keeps them pending, the leader verifies the batch
-  with it, both fold); reports/s, median [min–max] over the batches, and the
-  process's CPU per report.  Both servers run in this one process, serially.
+  with it, both fold; the plain column: `store_reports`, nothing checked);
+  reports/s, median [min–max] over the batches, the process's CPU per report,
+  and the verification's bytes between the servers per report.  Both servers
+  run in this one process, serially.  Then the close: seconds and bytes
+  between the servers, per task.
 - servers, two processes: a `LocalDeployment` (leader and helper processes,
   mutual TLS, SQLite), the same sharded batches sent with `Uploader.send`
   (helper first, then the leader, which verifies with the helper); reports/s
   over the batches and each server process's CPU per report (/proc).
 - storage: growth of each server's SQLite store (database file + WAL + the
   `.shares` directory) from just after the task's creation, per report, after
-  the upload and after the close; and the same after a WAL checkpoint
-  (TRUNCATE), i.e. what stays.
+  the upload and after the close: as the files stand, after a WAL checkpoint
+  (TRUNCATE), and that without the file's free pages.
 - upload: the encoded lengths a client sends each server per report, and the
   protobuf message (`UploadBatch`) per report.
 """
@@ -392,8 +395,8 @@ def process_run(inst: Instance, data: Sharded, batch: int) -> ProcessRun:
 def gc_lanes(grid: U64, frac_bits: int = FRAC_BITS) -> tuple[U64, U64]:
     """Both servers' lanes of the old range check for plain reports of these
     grid rows (m × d), as the servers formed them from the stored shares: per
-    report, for each value v the lanes −v − 1 and then v − 2^F − 1 (a lane's
-    sign test says v < 0, resp. v > 2^F), 2d lanes per report."""
+    report 2d lanes, first −v − 1 for each of its values v (its sign test says
+    v < 0), then v − 2^F − 1 for each (v > 2^F)."""
     m, d = grid.shape
     lead, helper = np.empty((m, d), np.uint64), np.empty((m, d), np.uint64)
     for i, row in enumerate(grid):
