@@ -79,8 +79,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     u.add_argument("--retries", type=int, default=5, help="retries per batch when unreachable")
     u.add_argument(
         "--require-validation",
-        action="store_true",
-        help="refuse tasks that do not range-check reports (validate_reports)",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="refuse to upload to a task whose reports carry no validity proof; "
+        "--no-require-validation uploads plain shares to such a task (default: refuse)",
     )
     u.add_argument("--json", action="store_true", help="print the result as one JSON object")
     u.add_argument("--quiet", action="store_true", help="no progress on stderr")

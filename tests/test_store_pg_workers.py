@@ -21,6 +21,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
+import grpc
 import numpy as np
 import pytest
 from conftest import postgres_unavailable
@@ -245,22 +246,24 @@ class WorkerDeployment(PgProcessDeployment):
 
 
 def test_workers_answer_streams_and_run_the_close(tmp_path: Path, pg_url: tuple[str, str]) -> None:
-    """Two leader workers: a validating close (its passes as parallel jobs)
-    drops exactly the out-of-range reports, and streams answer as in process."""
+    """Two leader workers: reports proved valid at ingest (raw shares, as a
+    malicious client sends them, are refused), the close's field-to-ring passes
+    run as parallel jobs, and streams answer as in process."""
     pd = WorkerDeployment(tmp_path, *pg_url, leaders=2).start()
     try:
-        spec = task_spec("v", D, 100_000, "1000", validate_reports=True)
+        spec = task_spec("v", D, 100_000, "1000", validity="range")
         pd.stub().CreateTask(spec, timeout=30)
         values = np.ones((1200, D))
         with pd.uploader() as up:
             up.upload("v", values)
         # Two reports out of range, sent as a malicious client would (raw shares).
         for bad in ([2**63 - 5] + [0] * (D - 1), [0] * (D - 1) + [-1]):
-            lb, hb = _raw_report(bad)
-            pd.stub("client", "Ingest", "leader").Upload(lb, timeout=10)
-            pd.stub("client", "Ingest", "helper").Upload(hb, timeout=10)
+            lb, _ = _raw_report(bad)
+            with pytest.raises(grpc.RpcError) as refused:
+                pd.stub("client", "Ingest", "leader").Upload(lb, timeout=10)
+            assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         info = pd.stub().CloseCollection(pb.TaskRef(task_id="v"), timeout=300)
-        assert info.n == 1200 and info.dropped_reports == 2
+        assert info.n == 1200 and info.dropped_reports == 0
         with pd.oracle("v") as o:
             assert o.open_stream(EPS).ask([(Query(1), 10**4), (Query(0), -1000.0)]) == 1
             assert o.open_stream(EPS).ask([(Query(0), 10**4)]) is None
