@@ -32,8 +32,8 @@ import numpy as np
 from svtagg.analyst.remote_oracle import RemoteOracle
 from svtagg.benchmarks.bench_system import (
     bench_chunks,
-    bench_single,
     bench_proof_close,
+    bench_single,
     comparison_task,
 )
 from svtagg.benchmarks.pg import server_url
