@@ -16,6 +16,7 @@ server (SVTAGG_TEST_POSTGRES)."""
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import AsyncIterator
 from fractions import Fraction
 from pathlib import Path
@@ -35,12 +36,12 @@ from test_reliability import (
     stream_through_kill,
 )
 from test_store_pg_reliability import PgProcessDeployment
-from test_validation import _raw_report
 
 from svtagg.analyst.oracle import Query
 from svtagg.deploy.jobs import task_spec
 from svtagg.dp.errors import FailedPrecondition
 from svtagg.dp.task import TaskParams
+from svtagg.mpc.sharing import share
 from svtagg.proto import svtagg_pb2 as pb
 from svtagg.servers.work import Unclaimed, WorkerLost
 
@@ -245,6 +246,14 @@ class WorkerDeployment(PgProcessDeployment):
             super().start_role(role)
 
 
+def _raw_report(values: list[int]) -> pb.UploadBatch:
+    """The leader's half of one report of arbitrary ring values, without a proof."""
+    explicit, _ = share(np.array([v % 2**64 for v in values], dtype=np.uint64))
+    lead = pb.UploadBatch(task_id="v")
+    lead.reports.add(report_id=os.urandom(16), explicit_share=explicit.astype("<u8").tobytes())
+    return lead
+
+
 def test_workers_answer_streams_and_run_the_close(tmp_path: Path, pg_url: tuple[str, str]) -> None:
     """Two leader workers: reports proved valid at ingest (raw shares, as a
     malicious client sends them, are refused), the close's field-to-ring passes
@@ -258,7 +267,7 @@ def test_workers_answer_streams_and_run_the_close(tmp_path: Path, pg_url: tuple[
             up.upload("v", values)
         # Two reports out of range, sent as a malicious client would (raw shares).
         for bad in ([2**63 - 5] + [0] * (D - 1), [0] * (D - 1) + [-1]):
-            lb, _ = _raw_report(bad)
+            lb = _raw_report(bad)
             with pytest.raises(grpc.RpcError) as refused:
                 pd.stub("client", "Ingest", "leader").Upload(lb, timeout=10)
             assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
