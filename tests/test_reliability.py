@@ -316,6 +316,6 @@ def crash_loop(pd: ProcessDeployment, label: str) -> None:
     print(f"\n{label}: kills survived per point:", survived)
     print(
         f"{label}: {sum(survived.values())} kills, invariants held after each; "
-        f"{len(col.acked) + len(proved.acked)} acked reports all counted once, {dropped} unacked dropped "
-        "at reconciliation"
+        f"{len(col.acked) + len(proved.acked)} acked reports all counted once, "
+        f"{dropped} unacked dropped at reconciliation"
     )
