@@ -160,7 +160,15 @@ def run_upload(args: argparse.Namespace) -> int:
         embedding = args.embedding
         if embedding is None and info.spec.embedding not in ("", "vectors"):
             embedding = info.spec.embedding
-        up.checked_task(args.task, args.require_validation, embedding or "vectors", info=info)
+        try:
+            up.checked_task(args.task, args.require_validation, embedding or "vectors", info=info)
+        except ValueError as exc:
+            if isinstance(exc, InputError) or not args.require_validation:
+                raise
+            raise ValueError(
+                f"{exc} (--no-require-validation uploads plain shares, which only the "
+                "servers' robust aggregates bound)"
+            ) from None
         fmt = args.format or default_format(embedding)
         if fmt is None:
             source = "" if args.embedding else f" (the embedding task {args.task!r} records)"
