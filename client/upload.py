@@ -35,6 +35,8 @@ from svtagg.proto import svtagg_pb2 as pb
 from svtagg.proto import svtagg_pb2_grpc as pb_grpc
 from svtagg.proto.tls import tls_target
 from svtagg.proto.vocab import CALL_DEADLINE, CHANNEL_OPTIONS, MAX_BATCH_VALUES, REPORT_ID_BYTES
+from svtagg.vdaf.circuits import MeasurementError
+from svtagg.vdaf.validity import Validity, ValidityError, parse_validity
 
 RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
 
@@ -72,6 +74,15 @@ class UploadKey:
         msg = row.to_bytes(8, "big") + np.ascontiguousarray(encoded, dtype="<u8").tobytes()
         return self._prf(b"svtagg-seed", msg, SEED_BYTES)
 
+    def prio3_rand(self, row: int, encoded: npt.NDArray[np.uint64], size: int) -> bytes:
+        """Row `row`'s Prio3 sharding randomness (seeds, blinds, proof randomness),
+        bound to its value as `seed` is, so a row sent again is the same report."""
+        msg = row.to_bytes(8, "big") + np.ascontiguousarray(encoded, dtype="<u8").tobytes()
+        out = b""
+        for block in range(-(-size // 64)):
+            out += self._prf(b"svtagg-prio3-%d" % block, msg, 64)
+        return out[:size]
+
 
 @dataclass(frozen=True)
 class Batch:
@@ -82,6 +93,9 @@ class Batch:
     leader: pb.UploadBatch
     helper: pb.UploadBatch
     keyed: bool = False
+    #: Prio3 reports (a task with a validity circuit): the helper must hold
+    #: them before the leader verifies them with it, so it is sent first.
+    proofs: bool = False
 
     def __len__(self) -> int:
         return len(self.leader.reports)
@@ -93,11 +107,16 @@ def make_batch(
     frac_bits: int,
     key: UploadKey | None = None,
     first_row: int = 0,
+    validity: Validity | None = None,
 ) -> Batch:
     """Encode an m × d block of per-user values in [0, 1] and share each row;
     with `key`, the rows are rows first_row, first_row + 1, ... of that upload
-    and their ids and seeds are the key's (else fresh random ones)."""
+    and their ids and seeds are the key's (else fresh random ones).  For a task
+    with a validity circuit (`validity`), each row becomes a Prio3 report with
+    its proof (`svtagg.vdaf.validity.Validity.shard`)."""
     rows = encode(np.atleast_2d(np.asarray(values, dtype=np.float64)), frac_bits)
+    if validity is not None:
+        return _proof_batch(task_id, rows, validity, key, first_row)
     lead, help_ = pb.UploadBatch(task_id=task_id), pb.UploadBatch(task_id=task_id)
     for i, row in enumerate(rows, first_row):
         if key is None:
@@ -107,6 +126,32 @@ def make_batch(
         lead.reports.add(report_id=rid, explicit_share=explicit.astype("<u8").tobytes())
         help_.reports.add(report_id=rid, seed=seed)
     return Batch(lead, help_, keyed=key is not None)
+
+
+def _proof_batch(
+    task_id: str,
+    rows: npt.NDArray[np.uint64],
+    validity: Validity,
+    key: UploadKey | None,
+    first_row: int,
+) -> Batch:
+    if key is None:
+        ids = [os.urandom(REPORT_ID_BYTES) for _ in range(len(rows))]
+        rands = None
+    else:
+        size = validity.prio3.rand_size
+        numbers = range(first_row, first_row + len(rows))
+        ids = [key.report_id(i) for i in numbers]
+        rands = [key.prio3_rand(i, row, size) for i, row in zip(numbers, rows, strict=True)]
+    try:
+        shards = validity.shard(rows.tolist(), ids, rands)
+    except MeasurementError as exc:  # e.g. two categories under onehot
+        raise InputError(f"a row does not fit the task's validity circuit: {exc}") from None
+    lead, help_ = pb.UploadBatch(task_id=task_id), pb.UploadBatch(task_id=task_id)
+    for rid, (public, leader, helper) in zip(ids, shards, strict=True):
+        lead.reports.add(report_id=rid, input_share=leader, public_share=public)
+        help_.reports.add(report_id=rid, input_share=helper, public_share=public)
+    return Batch(lead, help_, keyed=key is not None, proofs=True)
 
 
 @dataclass
@@ -121,6 +166,8 @@ class UploadStats:
     #: Rows of this upload each server (leader, helper) has acknowledged holding,
     #: counted as each answer arrives: after an interrupt, what each one stores.
     held: list[int] = field(default_factory=lambda: [0, 0])
+    #: Reports the servers refused for a failed validity proof, by reason.
+    rejected: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -221,20 +268,37 @@ class Uploader:
         batch: Batch,
         stats: UploadStats | None = None,
         futures: dict[int, Future[Any]] | None = None,
+        which: tuple[int, ...] = (0, 1),
     ) -> tuple[int, int]:
-        """Deliver one batch to both servers (waiting on `futures` if it was already
-        submitted); returns their n afterwards (0 if the batch had been stored by
-        an earlier attempt whose answer was lost)."""
+        """Deliver one batch to the servers in `which` (waiting on `futures` if it
+        was already submitted); returns their n afterwards (0 if the batch had
+        been stored by an earlier attempt whose answer was lost).  Prio3 reports
+        go to the helper first, then to the leader, which verifies them there."""
         stats = stats if stats is not None else UploadStats()
-        futures = futures if futures is not None else self._submit(batch)
+        if not batch.proofs:
+            return self._deliver(batch, stats, futures or self._submit(batch, which))
+        ns = [0, 0]
+        if 1 in which:
+            ns[1] = self._deliver(batch, stats, futures or self._submit(batch, (1,)))[1]
+        if 0 in which:
+            ns[0] = self._deliver(batch, stats, self._submit(batch, (0,)))[0]
+        return ns[0], ns[1]
+
+    def _deliver(
+        self, batch: Batch, stats: UploadStats, futures: dict[int, Future[Any]]
+    ) -> tuple[int, int]:
+        """Wait for the submitted calls, resubmitting those that may be retried."""
         ns = [0, 0]
         attempt = 0
         while True:
             retry: list[int] = []
             for i, fut in futures.items():
                 try:
-                    ns[i] = int(fut.result().n)
+                    result = fut.result()
+                    ns[i] = int(result.n)
                     stats.held[i] += len(batch)
+                    for reason, count in result.rejected.items():
+                        stats.rejected[reason] = stats.rejected.get(reason, 0) + int(count)
                 except grpc.RpcError as exc:
                     code = exc.code()  # type: ignore[attr-defined]
                     if code == grpc.StatusCode.ALREADY_EXISTS and (attempt > 0 or batch.keyed):
@@ -296,8 +360,10 @@ class Uploader:
         upload embedded otherwise (`embedding`: the upload's, "vectors" for rows
         already in [0,1]^d)."""
         info = info if info is not None else self.task(task_id)
-        if require_validation and not info.spec.validate_reports:
-            raise ValueError(f"task {task_id!r} does not validate reports; refusing to upload")
+        if require_validation and not info.spec.validity:
+            raise ValueError(
+                f"task {task_id!r} takes reports without a validity proof; refusing to upload"
+            )
         recorded = info.spec.embedding
         if embedding is not None and recorded and recorded != embedding:
             raise InputError(
@@ -328,13 +394,14 @@ class Uploader:
         `first_row` on, and a batch a server already holds counts as held there."""
         info = info if info is not None else self.checked_task(task_id, require_validation)
         d = info.spec.d
+        validity = task_circuit(info.spec)
         stats = stats if stats is not None else UploadStats()
         key = resume.key if resume is not None else None
         acknowledged = resume.acknowledged if resume is not None else None
         row = resume.first_row if resume is not None else 0
         start = time.perf_counter()
         # Pipelined: the next batch is encoded and shared while this one is in flight.
-        inflight: tuple[Batch, dict[int, Future[Any]]] | None = None
+        inflight: tuple[Batch, dict[int, Future[Any]], tuple[int, ...]] | None = None
         for block in _with_end(blocks):
             batch = None
             if block is not None:
@@ -342,13 +409,13 @@ class Uploader:
                     raise InputError(f"rows have {block.shape[-1]} values, task has d={d}")
                 if block.shape[0] * d > MAX_BATCH_VALUES:
                     raise InputError(f"a block of {block.shape[0]} rows exceeds the batch bound")
-                batch = make_batch(task_id, block, info.spec.frac_bits, key, row)
+                batch = make_batch(task_id, block, info.spec.frac_bits, key, row, validity)
                 row += len(batch)
                 # On a resume, a server that acknowledged these rows is not asked again.
                 which = tuple(i for i in (0, 1) if key is None or stats.held[i] < row)
             if inflight is not None:
-                done, futures = inflight
-                n_l, n_h = self.send(done, stats, futures)
+                done, futures, sent_to = inflight
+                n_l, n_h = self.send(done, stats, futures, sent_to)
                 stats.reports += len(done)
                 stats.batches += 1
                 stats.n_leader, stats.n_helper = n_l or stats.n_leader, n_h or stats.n_helper
@@ -356,9 +423,22 @@ class Uploader:
                     acknowledged(stats)
                 if progress is not None:
                     progress(stats.reports, total if total is not None else -1)
-            inflight = (batch, self._submit(batch, which)) if batch is not None else None
+            if batch is not None:
+                # Prio3 reports: only the helper's half goes ahead (the leader's waits for it).
+                ahead = tuple(i for i in which if i == 1 or not batch.proofs)
+                inflight = (batch, self._submit(batch, ahead), which)
+            else:
+                inflight = None
         stats.seconds = time.perf_counter() - start
         return stats
+
+
+def task_circuit(spec: pb.TaskSpec) -> Validity | None:
+    """The validity circuit a task's reports prove (None: plain shares)."""
+    try:
+        return parse_validity(spec.validity, spec.d, spec.frac_bits, spec.embedding)
+    except ValidityError as exc:
+        raise InputError(f"task {spec.task_id!r}: {exc} (a newer server? upgrade svtagg)") from None
 
 
 def _with_end(

@@ -17,7 +17,7 @@ Leader, helper and certificate directory default to the settings of
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from pathlib import Path
 from typing import Any, Unpack
@@ -121,14 +121,17 @@ class TaskView:
     n_max: int
     collecting: bool
     streams: int
-    validate_reports: bool
     #: The embedding the task's clients use ("" = none recorded).
     embedding: str
+    #: The validity circuit every report proves at ingest ("" = none).
+    validity: str
     budget: BudgetView
     helper_budget: BudgetView | None
-    #: Reports the close took out (held by one server only, or out of range
-    #: under validate_reports); only a close reports it, else 0.
+    #: Reports the close took out (held by one server only); only a close
+    #: reports it, else 0.
     dropped_reports: int = 0
+    #: Reports refused at ingest for a failed validity proof, by reason.
+    rejected: dict[str, int] = field(default_factory=dict)
 
     @classmethod
     def from_pb(cls, info: pb.TaskInfo) -> TaskView:
@@ -141,13 +144,14 @@ class TaskView:
             n_max=int(s.n_max),
             collecting=bool(info.collection_open),
             streams=int(info.streams),
-            validate_reports=bool(s.validate_reports),
             embedding=str(s.embedding),
+            validity=str(s.validity),
             budget=BudgetView.from_pb(info.budget),
             helper_budget=BudgetView.from_pb(info.helper_budget)
             if info.helper_budget.epsilon_total
             else None,
             dropped_reports=int(info.dropped_reports),
+            rejected={k: int(v) for k, v in sorted(info.rejected.items())},
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -159,8 +163,9 @@ class TaskView:
             "n_max": self.n_max,
             "state": "collecting" if self.collecting else "closed",
             "streams": self.streams,
-            "validate_reports": self.validate_reports,
             "embedding": self.embedding or None,
+            "validity": self.validity or None,
+            "rejected": self.rejected,
             "budget": self.budget.to_json(),
             "helper_budget": self.helper_budget.to_json() if self.helper_budget else None,
             "dropped_reports": self.dropped_reports,
@@ -170,9 +175,13 @@ class TaskView:
         lines = [
             f"task {self.task_id}: d={self.d} F={self.frac_bits} n={self.n} "
             f"({'collecting' if self.collecting else 'closed'}), streams={self.streams}"
-            + (f", embedding {self.embedding}" if self.embedding else ""),
+            + (f", embedding {self.embedding}" if self.embedding else "")
+            + (f", proofs {self.validity}" if self.validity else ""),
             f"  leader ledger: {self.budget}",
         ]
+        if self.rejected:
+            counts = ", ".join(f"{k} {v}" for k, v in self.rejected.items())
+            lines.append(f"  refused at ingest (failed proof): {counts}")
         if self.dropped_reports:
             lines.insert(
                 1,
@@ -333,7 +342,7 @@ class Deployment:
         """Create a task on both servers with total budget (ε, δ); decimals and
         exact fractions ("1/2") are both accepted and stored exactly.
         `options` (`TaskOptions`): delta (default "1/1000000"), min_batch (default
-        100), frac_bits, validate_reports, epsilon_min, and `embedding`, which
+        100), frac_bits, validity, epsilon_min, and `embedding`, which
         records what the clients use (heavy_hitters, sparse_mean, marginals,
         fp_loss, or vectors); uploads embedded otherwise are refused."""
         settings: TaskOptions = {"delta": "1/1000000", "min_batch": 100, **options}

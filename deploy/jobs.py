@@ -50,10 +50,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     c.add_argument("--epsilon", default="10", help="total ε budget (exact, e.g. 1/2)")
     c.add_argument("--delta", default="1/1000000", help="total δ budget")
     c.add_argument(
-        "--validate-reports",
-        action="store_true",
-        help="range-check every report at the close (2d comparisons per report; "
-        "needed when clients may collude with the analyst)",
+        "--validity",
+        default="",
+        metavar="CIRCUIT",
+        help="every report proves its values valid at ingest (Prio3): range (values in "
+        "[0,1]), onehot (one 1), multihot or multihot:r (0/1, at most r ones); "
+        "see docs/threat-model.md (default: none)",
     )
     c.add_argument(
         "--embedding",
@@ -156,7 +158,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     s.add_argument("--out", default="results/sim.json")
     s.add_argument("--workdir")
     s.add_argument(
-        "--validate-reports", action="store_true", help="range-check every report at the close"
+        "--validity",
+        default="",
+        metavar="CIRCUIT",
+        help="every report proves its values valid at ingest (range, onehot, multihot:r)",
     )
     s.set_defaults(handler=_sim)
 
@@ -323,8 +328,15 @@ def _demo_collect(
         f"(separate processes, mutual TLS, SQLite in {dep.root})"
     )
     stub = analyst_stub(dep.address("leader"), dep.certs)
+    # Heavy hitters: every report proves it holds at most 3 categories (0/1
+    # entries), checked at ingest.  Model selection's dense [0,1]^1000 vectors
+    # would need a range proof of (F+1)·d field elements per report (272 KB at
+    # F = 16: docs/scaling.md), so that demo keeps plain shares and the robust
+    # aggregates' bound.
+    model = getattr(args, "scenario", "heavy-hitters") == "model-selection"
+    validity = "" if model else "multihot:3"
     stub.CreateTask(
-        task_spec("demo", args.d, 10 * args.users, args.epsilon, min_batch=100),
+        task_spec("demo", args.d, 10 * args.users, args.epsilon, min_batch=100, validity=validity),
         timeout=CALL_DEADLINE,
     )
     up = upload_parallel(
@@ -334,7 +346,13 @@ def _demo_collect(
         f"uploaded {up['reports']} reports in {up['seconds']}s ({up['reports_per_s']:,.0f}/s)"
     )
     info = stub.CloseCollection(pb.TaskRef(task_id="demo"), timeout=CALL_DEADLINE)
-    _progress(f"collection closed: n={info.n} on both servers")
+    checked = (
+        f" (every report's {validity} proof checked at ingest; "
+        f"{sum(info.rejected.values())} refused)"
+        if validity
+        else ""
+    )
+    _progress(f"collection closed: n={info.n} on both servers{checked}")
     return up, info
 
 
@@ -412,7 +430,7 @@ def _sim(args: argparse.Namespace) -> int:
                 args.d,
                 max(10 * args.n, 1000),
                 args.epsilon,
-                validate_reports=args.validate_reports,
+                validity=args.validity,
             ),
             timeout=CALL_DEADLINE,
         )
@@ -432,7 +450,8 @@ def _sim(args: argparse.Namespace) -> int:
             "seconds": round(time.perf_counter() - t_close, 3),
             "n": closed.n,
             "dropped_reports": closed.dropped_reports,
-            "validated": args.validate_reports,
+            "validity": args.validity or None,
+            "rejected": dict(closed.rejected),
         }
         _progress(
             f"collection closed: n={closed.n}, dropped {closed.dropped_reports} "

@@ -14,16 +14,17 @@ class TaskOptions(TypedDict, total=False):
     frac_bits: F, the fraction bits of an encoded value (16).  min_batch: the
     smallest upload batch (1).  delta: the total δ, exact text or a number (0).
     epsilon_min: the smallest ε one stream may use, or "auto" (the default) for
-    the smallest the overflow bound allows.  validate_reports: range-check every
-    report at the close (False).  embedding: what the clients upload
-    (heavy_hitters, sparse_mean, marginals, fp_loss or vectors; "" records none).
+    the smallest the overflow bound allows.  validity: the circuit every report
+    proves at ingest (range, onehot, multihot or multihot:r; "" for none).
+    embedding: what the clients upload (heavy_hitters, sparse_mean, marginals,
+    fp_loss or vectors; "" records none).
     """
 
     frac_bits: int
     min_batch: int
     delta: str | float
     epsilon_min: str
-    validate_reports: bool
+    validity: str
     embedding: str
 
 
@@ -48,6 +49,6 @@ def task_spec(
         epsilon_total=str(epsilon),
         delta_total=str(options.get("delta", "0")),
         epsilon_min=epsilon_min,
-        validate_reports=options.get("validate_reports", False),
         embedding=options.get("embedding", ""),
+        validity=options.get("validity", ""),
     )

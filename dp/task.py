@@ -18,6 +18,9 @@ MAX_D = 1_000_000
 
 #: An embedding's name as a task records it ("" = none recorded).
 EMBEDDING_RE = re.compile(r"[a-z0-9_]{0,32}")
+#: A validity circuit's name as a task records it (the servers check that it
+#: fits the task: svtagg.vdaf.validity.parse_validity).
+VALIDITY_RE = re.compile(r"(|range|onehot|multihot(:[1-9][0-9]{0,6})?)")
 
 
 @dataclass(frozen=True)
@@ -32,10 +35,14 @@ class TaskParams:
     epsilon_total: Fraction
     delta_total: Fraction
     epsilon_min: Fraction
-    #: Range-check every report at the close (docs/threat-model.md).
+    #: A task created with the retired garbled range check (read from older
+    #: stores only: new tasks refuse it and prove validity at ingest instead).
     validate_reports: bool = False
     #: The embedding the task's clients use ("" = not recorded); uploads check it.
     embedding: str = ""
+    #: The validity circuit every report proves at ingest (svtagg.vdaf.validity:
+    #: range, onehot, multihot[:r]); "" = reports carry no proof.
+    validity: str = ""
 
 
 @dataclass(frozen=True)
@@ -54,6 +61,7 @@ class TaskSpec:
     epsilon_min: str
     validate_reports: bool = False
     embedding: str = ""
+    validity: str = ""
 
 
 def parse_task_params(spec: TaskSpec) -> TaskParams:
@@ -88,6 +96,16 @@ def parse_task_params(spec: TaskSpec) -> TaskParams:
             )
     if not EMBEDDING_RE.fullmatch(embedding):
         raise InvalidArgument(f"embedding must match {EMBEDDING_RE.pattern}, got {embedding!r}")
+    if not VALIDITY_RE.fullmatch(spec.validity):
+        raise InvalidArgument(
+            f"validity must be range, onehot, multihot or multihot:r, got {spec.validity!r}"
+        )
+    if spec.validate_reports:
+        raise InvalidArgument(
+            "validate_reports (the garbled range check at the close) is retired: reports "
+            "prove their values valid at ingest instead; give the task a validity circuit "
+            "(validity=range, onehot or multihot)"
+        )
     return TaskParams(
         task_id,
         d,
@@ -99,6 +117,7 @@ def parse_task_params(spec: TaskSpec) -> TaskParams:
         eps_min,
         bool(spec.validate_reports),
         embedding,
+        spec.validity,
     )
 
 

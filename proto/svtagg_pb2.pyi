@@ -32,7 +32,7 @@ LOW: Outcome
 CLOSE: Outcome
 
 class TaskSpec(_message.Message):
-    __slots__ = ("task_id", "d", "frac_bits", "n_max", "min_batch", "epsilon_total", "delta_total", "epsilon_min", "validate_reports", "embedding")
+    __slots__ = ("task_id", "d", "frac_bits", "n_max", "min_batch", "epsilon_total", "delta_total", "epsilon_min", "validate_reports", "embedding", "validity")
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     D_FIELD_NUMBER: _ClassVar[int]
     FRAC_BITS_FIELD_NUMBER: _ClassVar[int]
@@ -43,6 +43,7 @@ class TaskSpec(_message.Message):
     EPSILON_MIN_FIELD_NUMBER: _ClassVar[int]
     VALIDATE_REPORTS_FIELD_NUMBER: _ClassVar[int]
     EMBEDDING_FIELD_NUMBER: _ClassVar[int]
+    VALIDITY_FIELD_NUMBER: _ClassVar[int]
     task_id: str
     d: int
     frac_bits: int
@@ -53,7 +54,8 @@ class TaskSpec(_message.Message):
     epsilon_min: str
     validate_reports: bool
     embedding: str
-    def __init__(self, task_id: _Optional[str] = ..., d: _Optional[int] = ..., frac_bits: _Optional[int] = ..., n_max: _Optional[int] = ..., min_batch: _Optional[int] = ..., epsilon_total: _Optional[str] = ..., delta_total: _Optional[str] = ..., epsilon_min: _Optional[str] = ..., validate_reports: _Optional[bool] = ..., embedding: _Optional[str] = ...) -> None: ...
+    validity: str
+    def __init__(self, task_id: _Optional[str] = ..., d: _Optional[int] = ..., frac_bits: _Optional[int] = ..., n_max: _Optional[int] = ..., min_batch: _Optional[int] = ..., epsilon_total: _Optional[str] = ..., delta_total: _Optional[str] = ..., epsilon_min: _Optional[str] = ..., validate_reports: _Optional[bool] = ..., embedding: _Optional[str] = ..., validity: _Optional[str] = ...) -> None: ...
 
 class TaskRef(_message.Message):
     __slots__ = ("task_id",)
@@ -74,7 +76,14 @@ class BudgetStatus(_message.Message):
     def __init__(self, epsilon_total: _Optional[str] = ..., delta_total: _Optional[str] = ..., epsilon_spent: _Optional[str] = ..., delta_spent: _Optional[str] = ...) -> None: ...
 
 class TaskInfo(_message.Message):
-    __slots__ = ("spec", "n", "collection_open", "budget", "helper_budget", "streams", "agreed", "dropped_reports")
+    __slots__ = ("spec", "n", "collection_open", "budget", "helper_budget", "streams", "agreed", "dropped_reports", "verify_key", "rejected")
+    class RejectedEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     SPEC_FIELD_NUMBER: _ClassVar[int]
     N_FIELD_NUMBER: _ClassVar[int]
     COLLECTION_OPEN_FIELD_NUMBER: _ClassVar[int]
@@ -83,6 +92,8 @@ class TaskInfo(_message.Message):
     STREAMS_FIELD_NUMBER: _ClassVar[int]
     AGREED_FIELD_NUMBER: _ClassVar[int]
     DROPPED_REPORTS_FIELD_NUMBER: _ClassVar[int]
+    VERIFY_KEY_FIELD_NUMBER: _ClassVar[int]
+    REJECTED_FIELD_NUMBER: _ClassVar[int]
     spec: TaskSpec
     n: int
     collection_open: bool
@@ -91,7 +102,9 @@ class TaskInfo(_message.Message):
     streams: int
     agreed: bool
     dropped_reports: int
-    def __init__(self, spec: _Optional[_Union[TaskSpec, _Mapping]] = ..., n: _Optional[int] = ..., collection_open: _Optional[bool] = ..., budget: _Optional[_Union[BudgetStatus, _Mapping]] = ..., helper_budget: _Optional[_Union[BudgetStatus, _Mapping]] = ..., streams: _Optional[int] = ..., agreed: _Optional[bool] = ..., dropped_reports: _Optional[int] = ...) -> None: ...
+    verify_key: bytes
+    rejected: _containers.ScalarMap[str, int]
+    def __init__(self, spec: _Optional[_Union[TaskSpec, _Mapping]] = ..., n: _Optional[int] = ..., collection_open: _Optional[bool] = ..., budget: _Optional[_Union[BudgetStatus, _Mapping]] = ..., helper_budget: _Optional[_Union[BudgetStatus, _Mapping]] = ..., streams: _Optional[int] = ..., agreed: _Optional[bool] = ..., dropped_reports: _Optional[int] = ..., verify_key: _Optional[bytes] = ..., rejected: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class TaskList(_message.Message):
     __slots__ = ("tasks",)
@@ -104,14 +117,18 @@ class Empty(_message.Message):
     def __init__(self) -> None: ...
 
 class Report(_message.Message):
-    __slots__ = ("report_id", "explicit_share", "seed")
+    __slots__ = ("report_id", "explicit_share", "seed", "input_share", "public_share")
     REPORT_ID_FIELD_NUMBER: _ClassVar[int]
     EXPLICIT_SHARE_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
+    INPUT_SHARE_FIELD_NUMBER: _ClassVar[int]
+    PUBLIC_SHARE_FIELD_NUMBER: _ClassVar[int]
     report_id: bytes
     explicit_share: bytes
     seed: bytes
-    def __init__(self, report_id: _Optional[bytes] = ..., explicit_share: _Optional[bytes] = ..., seed: _Optional[bytes] = ...) -> None: ...
+    input_share: bytes
+    public_share: bytes
+    def __init__(self, report_id: _Optional[bytes] = ..., explicit_share: _Optional[bytes] = ..., seed: _Optional[bytes] = ..., input_share: _Optional[bytes] = ..., public_share: _Optional[bytes] = ...) -> None: ...
 
 class UploadBatch(_message.Message):
     __slots__ = ("task_id", "reports")
@@ -122,12 +139,21 @@ class UploadBatch(_message.Message):
     def __init__(self, task_id: _Optional[str] = ..., reports: _Optional[_Iterable[_Union[Report, _Mapping]]] = ...) -> None: ...
 
 class UploadResult(_message.Message):
-    __slots__ = ("accepted", "n")
+    __slots__ = ("accepted", "n", "rejected")
+    class RejectedEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     N_FIELD_NUMBER: _ClassVar[int]
+    REJECTED_FIELD_NUMBER: _ClassVar[int]
     accepted: int
     n: int
-    def __init__(self, accepted: _Optional[int] = ..., n: _Optional[int] = ...) -> None: ...
+    rejected: _containers.ScalarMap[str, int]
+    def __init__(self, accepted: _Optional[int] = ..., n: _Optional[int] = ..., rejected: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class OpenStreamRequest(_message.Message):
     __slots__ = ("task_id", "kind", "epsilon", "delta", "plan_id", "plan_group")
@@ -380,3 +406,25 @@ class StreamRef(_message.Message):
     STREAM_ID_FIELD_NUMBER: _ClassVar[int]
     stream_id: str
     def __init__(self, stream_id: _Optional[str] = ...) -> None: ...
+
+class VerifyBatch(_message.Message):
+    __slots__ = ("task_id", "report_ids", "prep_shares")
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    REPORT_IDS_FIELD_NUMBER: _ClassVar[int]
+    PREP_SHARES_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    report_ids: bytes
+    prep_shares: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, task_id: _Optional[str] = ..., report_ids: _Optional[bytes] = ..., prep_shares: _Optional[_Iterable[bytes]] = ...) -> None: ...
+
+class VerifyResult(_message.Message):
+    __slots__ = ("prep_shares", "verdicts", "replayed", "n")
+    PREP_SHARES_FIELD_NUMBER: _ClassVar[int]
+    VERDICTS_FIELD_NUMBER: _ClassVar[int]
+    REPLAYED_FIELD_NUMBER: _ClassVar[int]
+    N_FIELD_NUMBER: _ClassVar[int]
+    prep_shares: _containers.RepeatedScalarFieldContainer[bytes]
+    verdicts: bytes
+    replayed: bool
+    n: int
+    def __init__(self, prep_shares: _Optional[_Iterable[bytes]] = ..., verdicts: _Optional[bytes] = ..., replayed: _Optional[bool] = ..., n: _Optional[int] = ...) -> None: ...

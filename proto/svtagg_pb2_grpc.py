@@ -674,6 +674,11 @@ class PeerStub:
                 request_serializer=svtagg_dot_proto_dot_svtagg__pb2.PlanRef.SerializeToString,
                 response_deserializer=svtagg_dot_proto_dot_svtagg__pb2.PlanInfo.FromString,
                 _registered_method=True)
+        self.Verify = channel.unary_unary(
+                '/svtagg.v1.Peer/Verify',
+                request_serializer=svtagg_dot_proto_dot_svtagg__pb2.VerifyBatch.SerializeToString,
+                response_deserializer=svtagg_dot_proto_dot_svtagg__pb2.VerifyResult.FromString,
+                _registered_method=True)
 
 
 class PeerServicer:
@@ -759,6 +764,12 @@ class PeerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Verify(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PeerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -826,6 +837,11 @@ def add_PeerServicer_to_server(servicer, server):
                     servicer.FailPlan,
                     request_deserializer=svtagg_dot_proto_dot_svtagg__pb2.PlanRef.FromString,
                     response_serializer=svtagg_dot_proto_dot_svtagg__pb2.PlanInfo.SerializeToString,
+            ),
+            'Verify': grpc.unary_unary_rpc_method_handler(
+                    servicer.Verify,
+                    request_deserializer=svtagg_dot_proto_dot_svtagg__pb2.VerifyBatch.FromString,
+                    response_serializer=svtagg_dot_proto_dot_svtagg__pb2.VerifyResult.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1179,6 +1195,33 @@ class Peer:
             '/svtagg.v1.Peer/FailPlan',
             svtagg_dot_proto_dot_svtagg__pb2.PlanRef.SerializeToString,
             svtagg_dot_proto_dot_svtagg__pb2.PlanInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Verify(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/svtagg.v1.Peer/Verify',
+            svtagg_dot_proto_dot_svtagg__pb2.VerifyBatch.SerializeToString,
+            svtagg_dot_proto_dot_svtagg__pb2.VerifyResult.FromString,
             options,
             channel_credentials,
             insecure,

@@ -44,7 +44,9 @@ from svtagg.proto.vocab import (
 )
 from svtagg.servers.exchange import ChunkKind, PlanInfo, PlanRequest, PrepareStream, Progress
 from svtagg.servers.faults import crash_point
+from svtagg.servers.proofs import check_validity, helper_undo_sum
 from svtagg.servers.store import FAILED, Store, StreamState, TaskState
+from svtagg.vdaf.prio3 import VERIFY_KEY_SIZE
 
 if TYPE_CHECKING:
     from svtagg.mpc.channel import Channel
@@ -62,6 +64,8 @@ class ComparisonParty(Protocol):
     ) -> list[int]: ...
 
     async def clamp_reshare(self, share: U64, bound: int) -> U64: ...
+
+    async def field_clamp_reshare(self, share: U64, bound: int, field: object) -> U64: ...
 
     async def any_per_group(self, z: U64, group: int) -> list[bool]: ...
 
@@ -137,6 +141,7 @@ class ServerCore:
         max_delta_total: Fraction | None = None,
         require_validation: bool = False,
         robust_aggregates: bool = True,
+        verify_proofs: bool = True,
     ) -> None:
         self.role: Role = role
         self.store = store
@@ -153,12 +158,21 @@ class ServerCore:
         #: client uploads, an honest user moves every compared value by ≤ 2^F.
         #: Switched off only by tests, as the negative control of the wrap attack.
         self.robust_aggregates = robust_aggregates
+        #: Check every report's validity proof at ingest (servers/ingest.py).
+        #: Switched off only by tests, as the negative control of poisoning:
+        #: then every report that decodes is folded unchecked.
+        self.verify_proofs = verify_proofs
 
     def check_budget_policy(self, params: TaskParams) -> None:
         """Refuse a task whose total (ε, δ) exceeds this server's configured cap, or
         that skips report validation where this server requires it."""
-        if self.require_validation and not params.validate_reports:
-            raise InvalidArgument("this server requires validate_reports on every task")
+        if self.require_validation and not params.validity:
+            raise InvalidArgument(
+                "this server requires every report to be validated: give the task a "
+                "validity circuit (--validity)"
+            )
+        if params.validity:
+            check_validity(params.validity, params.d, params.frac_bits, params.embedding)
         if self.max_epsilon_total is not None and params.epsilon_total > self.max_epsilon_total:
             raise InvalidArgument(
                 f"epsilon_total={params.epsilon_total} exceeds this server's cap of "
@@ -177,8 +191,12 @@ class ServerCore:
     def task_ids(self) -> list[str]:
         return self.store.task_ids()
 
-    def create_task(self, params: TaskParams) -> TaskState:
-        return self.store.create_task(params)
+    def create_task(self, params: TaskParams, verify_key: bytes = b"") -> TaskState:
+        """Record a task; one with a validity circuit holds the Prio3 verify key
+        both servers share (drawn by the helper, `verify_key` on the leader)."""
+        if params.validity and not verify_key:
+            verify_key = self.rng.random_bytes(VERIFY_KEY_SIZE)
+        return self.store.create_task(params, verify_key)
 
     def close_collection(self, task_id: str) -> TaskState:
         return self.store.close_collection(task_id)
@@ -192,30 +210,40 @@ class ServerCore:
         return self.store.sums(task_id)
 
     # ------------------------------------------------------------ uploads
-    def upload(self, task_id: str, reports: Sequence[tuple[bytes, bytes]]) -> int:
-        """Store one batch of (report id, share) atomically; returns n afterwards.
-
-        The leader's share is d little-endian uint64; the helper's a 16-byte seed."""
-        task = self.store.task(task_id)
+    def check_batch(self, task: TaskState, ids: Sequence[bytes]) -> list[bytes]:
+        """An upload batch's ids, refused unless the batch's size and ids are well formed."""
         if not task.collection_open:
-            raise FailedPrecondition(f"collection of task {task_id!r} is closed")
-        if not reports:
+            raise FailedPrecondition(f"collection of task {task.params.task_id!r} is closed")
+        if not ids:
             raise InvalidArgument("empty upload batch")
-        if len(reports) > MAX_BATCH_REPORTS:
+        if len(ids) > MAX_BATCH_REPORTS:
             raise ResourceExhausted(
-                f"a batch holds at most {MAX_BATCH_REPORTS} reports, got {len(reports)}"
+                f"a batch holds at most {MAX_BATCH_REPORTS} reports, got {len(ids)}"
             )
-        if len(reports) * task.params.d > MAX_BATCH_VALUES:
+        d = task.params.d
+        if len(ids) * d > MAX_BATCH_VALUES:
             raise ResourceExhausted(
                 f"a batch holds at most {MAX_BATCH_VALUES} values (reports × d); "
-                f"at d={task.params.d} send at most {max(1, MAX_BATCH_VALUES // task.params.d)} "
-                "reports per batch"
+                f"at d={d} send at most {max(1, MAX_BATCH_VALUES // d)} reports per batch"
             )
-        ids = [rid for rid, _ in reports]
         if any(len(rid) != REPORT_ID_BYTES for rid in ids):
             raise InvalidArgument(f"report ids must be {REPORT_ID_BYTES} bytes")
         if len(set(ids)) != len(ids):
             raise InvalidArgument("duplicate report id within one batch")
+        return list(ids)
+
+    def upload(self, task_id: str, reports: Sequence[tuple[bytes, bytes]]) -> int:
+        """Store one batch of (report id, share) atomically; returns n afterwards.
+
+        The leader's share is d little-endian uint64; the helper's a 16-byte seed.
+        (A task with a validity circuit takes Prio3 reports: servers/ingest.py.)"""
+        task = self.store.task(task_id)
+        if task.params.validity:
+            raise InvalidArgument(
+                f"task {task_id!r} takes reports with a validity proof "
+                f"({task.params.validity}); this client sent plain shares (upgrade it)"
+            )
+        ids = self.check_batch(task, [rid for rid, _ in reports])
         d = task.params.d
         shares = [share for _, share in reports]
         if self.role == Role.LEADER:
@@ -246,34 +274,20 @@ class ServerCore:
 
     def remove_reports(self, task_id: str, report_ids: list[bytes]) -> TaskState:
         """Reconciliation: drop reports the other server never stored."""
-        d = self.store.task(task_id).params.d
-        return self.store.remove_reports(task_id, report_ids, lambda sh: self.share_sum(d, sh))
-
-    # ------------------------------------------------------------ range validation
-    def validation_inputs(self, task: TaskState, report_ids: list[bytes]) -> U64:
-        """This server's share of the range test of every value of these reports.
-
-        For each report (in the given order) 2d lanes: first −v − 1 ≥ 0 (v < 0),
-        then v − 2^F − 1 ≥ 0 (v > 2^F), as signed ring values; the circuit ORs a
-        report's 2d tests, so it reveals one bit per report (invalid or not).
-        """
-        if task.collection_open:
-            raise FailedPrecondition("reports are validated only after the close")
-        d = task.params.d
-        shares = self.store.shares(task.params.task_id, report_ids)
-        if self.role == Role.LEADER:
-            x = np.frombuffer(b"".join(shares), dtype="<u8").astype(np.uint64).reshape(-1, d)
-            low = ~x  # −x − 1
-            high = x - np.uint64(sensitivity(task.params.frac_bits) + 1)
-        else:
-            x = (
-                np.stack([expand_seed(seed, d) for seed in shares])
-                if shares
-                else np.zeros((0, d), dtype=np.uint64)
+        task = self.store.task(task_id)
+        if task.params.validity:
+            if self.role == Role.LEADER and report_ids:
+                # The helper records a verified batch first, so this never
+                # happens between two intact stores.
+                raise FailedPrecondition(
+                    f"the leader holds {len(report_ids)} verified reports the helper lacks "
+                    "(a helper store restored from an older copy?); they cannot be taken out"
+                )
+            return self.store.remove_reports(
+                task_id, report_ids, lambda seeds: helper_undo_sum(task, seeds)
             )
-            low = ~x + np.uint64(1)  # −x
-            high = x
-        return np.concatenate([low, high], axis=1).reshape(-1).astype(np.uint64)
+        d = task.params.d
+        return self.store.remove_reports(task_id, report_ids, lambda sh: self.share_sum(d, sh))
 
     # ------------------------------------------------------------ the agreement
     def mark_agreed(self, task_id: str, robust: U64 | None) -> TaskState:
@@ -414,10 +428,23 @@ class ServerCore:
         |z_L + z_H| is at most wrap_bound(n_max, F, τ bound, both parties' noise
         clamps at this stream's ε) < 2^(w−1) — scores are robust aggregates in
         [0, n·2^F] whatever clients uploaded — rounded up to whole bytes."""
-        if not self.robust_aggregates:
+        if not self.robust_aggregates and not task.params.validity:
             return RING_BITS  # the test-only control compares raw, wrapping sums
         p = task.params
         return _comparison_width(p.n_max, p.frac_bits, stream.kind, stream.epsilon)
+
+    async def robust_shares(
+        self, party: ComparisonParty, task: TaskState, sums: U64, lo: int, hi: int
+    ) -> U64:
+        """This server's new shares of g(S) for coordinates [lo, hi) of `sums`
+        (its stored share sums): re-shared in Z_2^64 from ring shares, or — a
+        task with a validity circuit — converted from Field128 shares (added
+        mod p inside the circuit, clamped, re-shared in the ring)."""
+        bound = self.clamp_bound(task)
+        if task.params.validity:
+            words = sums.reshape(-1, 2)[lo:hi]
+            return await party.field_clamp_reshare(words, bound, "Field128")
+        return await party.clamp_reshare(sums[lo:hi], bound)
 
     @staticmethod
     def clamp_bound(task: TaskState) -> int:
@@ -426,7 +453,7 @@ class ServerCore:
 
     def query_sums(self, task: TaskState) -> U64:
         """This server's share of what queries read: g(S) (robust aggregates)."""
-        if not self.robust_aggregates:
+        if not self.robust_aggregates and not task.params.validity:
             return self.store.sums(task.params.task_id)
         robust = self.store.robust_sums(task.params.task_id)
         if robust is None:

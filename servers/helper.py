@@ -7,6 +7,7 @@ comparison session over a frame stream (`servers.session.HelperSession`)."""
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 
 from svtagg.dp.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 from svtagg.dp.task import TaskSpec, parse_task_params
@@ -25,9 +26,11 @@ from svtagg.servers.exchange import (
     StreamChunk,
     StreamInfo,
     TaskInfo,
-    ValidationChunk,
+    VerifyBatch,
+    VerifyResult,
 )
 from svtagg.servers.faults import crash_point
+from svtagg.servers.ingest import helper_verify
 from svtagg.servers.session import (
     DataOffer,
     HelperSession,
@@ -58,8 +61,14 @@ class HelperDriver:
             existing = self.core.task(params.task_id)
             if existing.params == params:
                 # The leader retries after failing between the two creations.
-                return TaskInfo.of(existing)
-        return TaskInfo.of(self.core.create_task(params))
+                return replace(TaskInfo.of(existing), verify_key=existing.verify_key)
+        task = self.core.create_task(params)
+        # The Prio3 verify key goes to the leader in this answer, never further.
+        return replace(TaskInfo.of(task), verify_key=task.verify_key)
+
+    async def verify(self, batch: VerifyBatch) -> VerifyResult:
+        """Verify an upload batch with the leader's prep shares (servers/ingest.py)."""
+        return helper_verify(self.core, batch)
 
     async def digest(self, task_id: str) -> ReportSet:
         t = self.core.task(task_id)
@@ -101,7 +110,7 @@ class HelperDriver:
         if t.agreed and t.streams:
             return TaskInfo.of(t)  # a retry: queries already run on the stored g(S)
         robust = None
-        if self.core.robust_aggregates:
+        if self.core.robust_aggregates or t.params.validity:
             robust = self.core.staged_robust(t, agreement.pass_id)
             if robust is None:
                 raise FailedPrecondition(
@@ -165,9 +174,7 @@ class HelperDriver:
             header = await session.next_header(self.stopping)
             if header is None:
                 return
-            if isinstance(header, ValidationChunk):
-                await self._validate(session, party, header)
-            elif isinstance(header, RobustChunk):
+            if isinstance(header, RobustChunk):
                 await self._robust(session, party, header)
             else:
                 await self._stream_chunk(session, party, header)
@@ -194,25 +201,6 @@ class HelperDriver:
         await self._run(party, stream, task, chunk)
         await session.ok()
 
-    async def _validate(
-        self, session: HelperSession, party: ComparisonParty, h: ValidationChunk
-    ) -> None:
-        """The evaluator's side of one range-validation chunk (see the leader's
-        `validate_reports`); a refusal goes back and the session lives on."""
-        try:
-            task = self.core.task(h.task_id)
-            if not task.params.validate_reports:
-                raise FailedPrecondition("this task does not validate its reports")
-            if task.agreed:
-                raise FailedPrecondition("the report set is already agreed")
-            z = self.core.validation_inputs(task, h.ids())
-        except Exception as exc:  # noqa: BLE001 - refusal goes back, session lives
-            await session.refuse(exc)
-            return
-        await session.ok()
-        await party.any_per_group(z, 2 * task.params.d)
-        await session.ok()
-
     async def _robust(self, session: HelperSession, party: ComparisonParty, h: RobustChunk) -> None:
         """The evaluator's side of one robust-aggregate chunk (see the leader's
         `robust_pass`): its new shares of g(S) for coordinates [lo, hi), staged
@@ -230,12 +218,12 @@ class HelperDriver:
                 raise InvalidArgument(
                     f"a robust-aggregate chunk names its pass ({PASS_ID_BYTES} bytes)"
                 )
-            z = self.core.sums(task.params.task_id)[lo:hi]
+            sums = self.core.sums(task.params.task_id)
         except Exception as exc:  # noqa: BLE001 - refusal goes back, session lives
             await session.refuse(exc)
             return
         await session.ok()
-        y = await party.clamp_reshare(z, self.core.clamp_bound(task))
+        y = await self.core.robust_shares(party, task, sums, lo, hi)
         self.core.stage_robust(task, h.pass_id, lo, y)
         await session.ok()
 

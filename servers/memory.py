@@ -25,6 +25,8 @@ from svtagg.servers.exchange import (
     ReportSet,
     StreamInfo,
     TaskInfo,
+    VerifyBatch,
+    VerifyResult,
 )
 from svtagg.servers.helper import HelperDriver
 from svtagg.servers.session import LeaderSession
@@ -80,6 +82,9 @@ class MemoryHelperPort:
 
     async def mark_agreed(self, agreement: Agreement, timeout: float | None = None) -> TaskInfo:
         return await self._call(wire.MARK_AGREED, agreement, self.helper.mark_agreed)
+
+    async def verify(self, batch: VerifyBatch, timeout: float | None = None) -> VerifyResult:
+        return await self._call(wire.VERIFY, batch, self.helper.verify)
 
     async def budget(self, task_id: str, timeout: float | None = None) -> TaskInfo:
         return await self._call(wire.BUDGET, task_id, self.helper.budget)

@@ -37,6 +37,12 @@ class Metrics:
         self.reports = Counter(
             "svtagg_reports_ingested", "Reports stored from client uploads", ["task"], registry=r
         )
+        self.rejected = Counter(
+            "svtagg_reports_rejected",
+            "Reports refused at ingest for a failed validity proof (leader), by reason",
+            ["task", "reason"],
+            registry=r,
+        )
         self.batches = Counter(
             "svtagg_upload_batches", "Upload batches stored", ["task"], registry=r
         )

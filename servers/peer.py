@@ -42,6 +42,8 @@ from svtagg.servers.exchange import (
     ReportSet,
     StreamInfo,
     TaskInfo,
+    VerifyBatch,
+    VerifyResult,
 )
 from svtagg.servers.session import LeaderSession
 
@@ -164,6 +166,9 @@ class GrpcHelperPort:
 
     async def mark_agreed(self, agreement: Agreement, timeout: float | None = None) -> TaskInfo:
         return await self._call(wire.MARK_AGREED, self.stub.MarkAgreed, agreement, timeout)
+
+    async def verify(self, batch: VerifyBatch, timeout: float | None = None) -> VerifyResult:
+        return await self._call(wire.VERIFY, self.stub.Verify, batch, timeout)
 
     async def budget(self, task_id: str, timeout: float | None = None) -> TaskInfo:
         return await self._call(wire.BUDGET, self.stub.Budget, task_id, timeout)

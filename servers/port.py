@@ -23,6 +23,8 @@ from svtagg.servers.exchange import (
     ReportSet,
     StreamInfo,
     TaskInfo,
+    VerifyBatch,
+    VerifyResult,
 )
 from svtagg.servers.session import LeaderSession
 
@@ -43,6 +45,10 @@ class HelperPort(Protocol):
     async def list_reports(self, page: ReportPage, timeout: float | None = None) -> ReportIds: ...
 
     async def drop_reports(self, ids: ReportIds, timeout: float | None = None) -> ReportSet: ...
+
+    async def verify(self, batch: VerifyBatch, timeout: float | None = None) -> VerifyResult:
+        """Verify an upload batch of a task with a validity circuit (servers/ingest.py)."""
+        ...
 
     async def mark_agreed(self, agreement: Agreement, timeout: float | None = None) -> TaskInfo: ...
 

@@ -28,6 +28,13 @@ from svtagg.proto.vocab import REPORT_ID_BYTES, Role
 from svtagg.servers.core import PartyFactory, ServerCore, garbled_circuit_party
 from svtagg.servers.exchange import OpenStream
 from svtagg.servers.helper import HelperDriver
+from svtagg.servers.ingest import (
+    Accepted,
+    ProofReport,
+    helper_receive,
+    task_validity,
+    verify_upload,
+)
 from svtagg.servers.leader import LeaderDriver
 from svtagg.servers.memory import MemoryHelperPort, Tap
 from svtagg.servers.store_sqlite import SqliteStore
@@ -67,6 +74,36 @@ class ReferencePair:
             helper.append((rid, seed))
         self.store_reports(task_id, leader, [] if leader_only else helper)
 
+    async def upload_proofs(
+        self, task_id: str, values: npt.ArrayLike, helper_too: bool = True
+    ) -> Accepted:
+        """Upload rows of per-user values as a client of a task with a validity
+        circuit does: Prio3 reports, to the helper first (`helper_too`: else
+        the helper misses them), then to the leader, which verifies the batch
+        with the helper."""
+        task = self.leader.core.task(task_id)
+        grid = encode(np.atleast_2d(np.asarray(values, dtype=np.float64)), task.params.frac_bits)
+        ids = [os.urandom(REPORT_ID_BYTES) for _ in range(len(grid))]
+        shards = task_validity(task).shard(grid.tolist(), ids)
+        return await self.send_proofs(task_id, ids, shards, helper_too)
+
+    async def send_proofs(
+        self,
+        task_id: str,
+        ids: Sequence[bytes],
+        shards: Sequence[tuple[bytes, bytes, bytes]],
+        helper_too: bool = True,
+    ) -> Accepted:
+        """Send sharded reports ((public, leader, helper) share bytes) as a client does."""
+        if helper_too:
+            helper_receive(
+                self.helper.core,
+                task_id,
+                [ProofReport(r, h, p) for r, (p, _, h) in zip(ids, shards, strict=True)],
+            )
+        reports = [ProofReport(r, ld, p) for r, (p, ld, _) in zip(ids, shards, strict=True)]
+        return await verify_upload(self.leader.core, self.port, task_id, reports)
+
     async def open(self, task_id: str, eps: str = "1") -> str:
         """Open a LAP24 stream of ε `eps`; returns its id."""
         req = OpenStream(task_id, StreamKind.LAP24, eps)
@@ -80,13 +117,21 @@ async def reference_pair(
     frac_bits: int = 16,
     robust: bool = True,
     tap: Tap | None = None,
+    verify_proofs: bool = True,
 ) -> AsyncIterator[ReferencePair]:
-    """A leader driver and a helper driver on fresh stores under `root`."""
+    """A leader driver and a helper driver on fresh stores under `root`
+    (`robust`, `verify_proofs`: False only for the tests' negative controls)."""
     party = party or garbled_circuit_party
     stores = SqliteStore(root / "l.sqlite"), SqliteStore(root / "h.sqlite")
-    helper = HelperDriver(ServerCore(Role.HELPER, stores[1], robust_aggregates=robust), party)
+    # The helper's core first: each draws its noise key as it is made, and the
+    # frozen transcript (tests/test_transcript.py) fixes that order.
+    helper_core, leader_core = (
+        ServerCore(role, store, robust_aggregates=robust, verify_proofs=verify_proofs)
+        for role, store in ((Role.HELPER, stores[1]), (Role.LEADER, stores[0]))
+    )
+    helper = HelperDriver(helper_core, party)
     port = MemoryHelperPort(helper, tap)
-    leader = LeaderDriver(ServerCore(Role.LEADER, stores[0], robust_aggregates=robust), port, party)
+    leader = LeaderDriver(leader_core, port, party)
     try:
         yield ReferencePair(leader, helper, port, frac_bits)
     finally:

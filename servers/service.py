@@ -216,7 +216,9 @@ class SvtaggServer:
         for task_id in self.store.task_ids():
             self.metrics.budget(self.store, task_id)
         if config.kind.serves_ingest:
-            ingest = IngestService(self.core, limiter=self.limiter, metrics=self.metrics)
+            ingest = IngestService(
+                self.core, helper=self.peer, limiter=self.limiter, metrics=self.metrics
+            )
             add_service(pb_grpc.add_IngestServicer_to_server, ingest, self.server)
         add_service(health_pb2_grpc.add_HealthServicer_to_server, self.health, self.server)
         # Built by `start`, once what they need is connected.

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
 
-from svtagg.dp.errors import InvalidArgument
+from svtagg.dp.errors import FailedPrecondition, InvalidArgument
 from svtagg.proto import health_pb2, health_pb2_grpc
 from svtagg.proto import svtagg_pb2 as pb
 from svtagg.proto import svtagg_pb2_grpc as pb_grpc
@@ -22,10 +22,12 @@ from svtagg.proto.wire import UNDECODABLE
 from svtagg.servers import wire
 from svtagg.servers.core import ServerCore
 from svtagg.servers.helper import HelperDriver
+from svtagg.servers.ingest import ProofReport, helper_receive, verify_upload
 from svtagg.servers.leader import LeaderDriver
 from svtagg.servers.limits import RateLimiter
 from svtagg.servers.metrics import Metrics
 from svtagg.servers.peer import GrpcHelperPort
+from svtagg.servers.port import HelperPort
 from svtagg.servers.rpc import ANONYMOUS, Context, peer_role, rpc
 
 if TYPE_CHECKING:
@@ -46,26 +48,51 @@ class IngestService(pb_grpc.IngestServicer):
         self,
         core: ServerCore,
         *,
+        helper: HelperPort | None = None,
         limiter: RateLimiter | None = None,
         metrics: Metrics | None = None,
     ) -> None:
         self.core = core
+        #: The leader's connection to the helper, which verifies proofs with it.
+        self.helper = helper
         self.limiter = limiter
         self.metrics = metrics
 
     @rpc(Role.CLIENT, ANONYMOUS)
     async def Upload(self, request: pb.UploadBatch, context: Context) -> pb.UploadResult:
-        field = "explicit_share" if self.core.role == Role.LEADER else "seed"
+        if request.reports and request.reports[0].WhichOneof("share") == "input_share":
+            result = await self._proofs(request)
+        else:
+            field = "explicit_share" if self.core.role == Role.LEADER else "seed"
+            reports = []
+            for r in request.reports:
+                if r.WhichOneof("share") != field:
+                    raise InvalidArgument(f"the {self.core.role} takes reports with a {field}")
+                reports.append((r.report_id, getattr(r, field)))
+            n = self.core.upload(request.task_id, reports)
+            result = pb.UploadResult(accepted=len(reports), n=n)
+        if self.metrics is not None:
+            self.metrics.reports.labels(task=request.task_id).inc(result.accepted)
+            self.metrics.batches.labels(task=request.task_id).inc()
+            for reason, count in result.rejected.items():
+                self.metrics.rejected.labels(task=request.task_id, reason=reason).inc(count)
+        return result
+
+    async def _proofs(self, request: pb.UploadBatch) -> pb.UploadResult:
+        """A batch of Prio3 reports (servers/ingest.py): pending on the helper,
+        verified with the helper and folded on the leader."""
         reports = []
         for r in request.reports:
-            if r.WhichOneof("share") != field:
-                raise InvalidArgument(f"the {self.core.role} takes reports with a {field}")
-            reports.append((r.report_id, getattr(r, field)))
-        n = self.core.upload(request.task_id, reports)
-        if self.metrics is not None:
-            self.metrics.reports.labels(task=request.task_id).inc(len(reports))
-            self.metrics.batches.labels(task=request.task_id).inc()
-        return pb.UploadResult(accepted=len(reports), n=n)
+            if r.WhichOneof("share") != "input_share":
+                raise InvalidArgument("a batch holds Prio3 reports only, or plain shares only")
+            reports.append(ProofReport(r.report_id, r.input_share, r.public_share))
+        if self.core.role == Role.HELPER:
+            n = helper_receive(self.core, request.task_id, reports)
+            return pb.UploadResult(accepted=len(reports), n=n)
+        if self.helper is None:
+            raise FailedPrecondition("this process does not take uploads (no helper connection)")
+        out = await verify_upload(self.core, self.helper, request.task_id, reports)
+        return pb.UploadResult(accepted=out.accepted, n=out.n, rejected=out.rejected)
 
     @rpc(Role.CLIENT, Role.ANALYST, Role.LEADER, ANONYMOUS)
     async def GetTask(self, request: pb.TaskRef, context: Context) -> pb.TaskInfo:
@@ -234,6 +261,10 @@ class PeerService(pb_grpc.PeerServicer):
     @rpc(Role.LEADER)
     async def DropReports(self, request: pb.ReportIds, context: Context) -> pb.CollectionDigest:
         return await self._serve(wire.DROP_REPORTS, self.driver.drop_reports, request)
+
+    @rpc(Role.LEADER)
+    async def Verify(self, request: pb.VerifyBatch, context: Context) -> pb.VerifyResult:
+        return await self._serve(wire.VERIFY, self.driver.verify, request)
 
     @rpc(Role.LEADER)
     async def MarkAgreed(self, request: pb.CollectionDigest, context: Context) -> pb.TaskInfo:

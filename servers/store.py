@@ -25,7 +25,7 @@ import functools
 import hashlib
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from fractions import Fraction
 from typing import Any, Protocol
@@ -44,6 +44,7 @@ from svtagg.dp.plans import PlanBook
 from svtagg.dp.queries import Budget
 from svtagg.dp.task import TaskParams
 from svtagg.mpc.ring import U64
+from svtagg.vdaf.field import FIELD128
 
 DIGEST_BYTES = 16
 
@@ -76,6 +77,10 @@ class TaskState:
     streams: int
     #: Both servers hold the same report set (checked when the collection closed).
     agreed: bool = False
+    #: The Prio3 verify key of a task with a validity circuit (a server secret).
+    verify_key: bytes = field(default=b"", repr=False)
+    #: Reports refused at ingest for a failed proof: (reason, count), by reason.
+    rejected: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -114,8 +119,9 @@ class Store(Protocol):
     def close(self) -> None: ...
 
     # ------------------------------------------------------------ tasks
-    def create_task(self, p: TaskParams) -> TaskState:
-        """Record a new task (AlreadyExists if its id is taken)."""
+    def create_task(self, p: TaskParams, verify_key: bytes = b"") -> TaskState:
+        """Record a new task (AlreadyExists if its id is taken); `verify_key`:
+        the Prio3 verify key of a task with a validity circuit."""
         ...
 
     def task(self, task_id: str) -> TaskState: ...
@@ -132,17 +138,46 @@ class Store(Protocol):
 
     # ------------------------------------------------------------ uploads
     def add_reports(
-        self, task_id: str, report_ids: list[bytes], shares: list[bytes], share_sum: U64
+        self,
+        task_id: str,
+        report_ids: list[bytes],
+        shares: list[bytes],
+        share_sum: U64,
+        verified: Verified | None = None,
     ) -> int:
         """Store one batch atomically; returns the task's n afterwards.  Each report's
-        own share (explicit share or seed) is kept until the servers agree on the
-        report set, so that a report only one server received can be taken out.
-        A batch holding an id already stored is refused whole (AlreadyExists),
-        before the capacity check, so that a batch resent after a lost answer is
-        refused as a replay, not as a full task."""
+        own share (explicit share or seed; b"" for none) is kept until the servers
+        agree on the report set, so that a report only one server received can be
+        taken out.  A batch holding an id already stored is refused whole
+        (AlreadyExists), before the capacity check, so that a batch resent after
+        a lost answer is refused as a replay, not as a full task.
+
+        A task with a validity circuit stores only the batch's valid reports,
+        `share_sum` is their output shares' sum in the field (its encoding as
+        uint64 words, `fold`), and `verified` says what the verification did:
+        its verdicts are recorded under the batch id, the refusals counted and
+        the batch's pending shares (`add_pending`) dropped, in the same
+        transaction."""
         ...
 
-    def close_collection(self, task_id: str) -> TaskState: ...
+    def add_pending(self, task_id: str, report_ids: list[bytes], blobs: list[bytes]) -> int:
+        """The helper of a task with a validity circuit: keep each report's Prio3
+        shares until the leader's verification of its batch (atomically; an id
+        already pending keeps its first shares; AlreadyExists if an id is already
+        verified).  Returns how many reports of the task are pending."""
+        ...
+
+    def pending(self, task_id: str, report_ids: list[bytes]) -> list[bytes | None]:
+        """The pending shares of each report (None: not received)."""
+        ...
+
+    def verdicts(self, task_id: str, batch_id: bytes) -> bytes | None:
+        """The verdicts recorded for a verified batch (None: not verified here)."""
+        ...
+
+    def close_collection(self, task_id: str) -> TaskState:
+        """No more uploads; pending shares and batch verdicts are dropped."""
+        ...
 
     def shares(self, task_id: str, report_ids: list[bytes]) -> list[bytes]:
         """This server's stored share of each report (until the agreement)."""
@@ -274,15 +309,15 @@ TASK_COLUMNS = (
     "task_id, d, frac_bits, n_max, min_batch, epsilon_total, delta_total,"
     " epsilon_min, n, collection_open, epsilon_spent, delta_spent, digest,"
     " (SELECT COUNT(*) FROM streams s WHERE s.task_id = t.task_id), agreed,"
-    " validate_reports, embedding"
+    " validate_reports, embedding, validity, verify_key, rejected"
 )
 #: The columns of `tasks` a new task sets, in the order of `new_task_row`.
 NEW_TASK_COLUMNS = (
     "task_id, d, frac_bits, n_max, min_batch, epsilon_total,"
-    " delta_total, epsilon_min, digest, sums, validate_reports, embedding"
+    " delta_total, epsilon_min, digest, sums, validate_reports, embedding, validity, verify_key"
 )
 #: The columns of `tasks` an upload batch is checked against (`admit_batch`).
-BATCH_COLUMNS = "n, n_max, collection_open, sums, digest, d"
+BATCH_COLUMNS = "n, n_max, collection_open, sums, digest, d, validity, rejected"
 #: The columns of `streams` that `stream_state` reads, in its order.
 STREAM_COLUMNS = (
     "stream_id, task_id, kind, epsilon, delta, gamma, state, chunks, queries, plan_id, plan_group"
@@ -293,7 +328,7 @@ NEW_STREAM_COLUMNS = "stream_id, task_id, kind, epsilon, delta, state, plan_id, 
 PLAN_COLUMNS = "book, state, task_id"
 
 
-def new_task_row(p: TaskParams) -> tuple[object, ...]:
+def new_task_row(p: TaskParams, verify_key: bytes = b"") -> tuple[object, ...]:
     """The values of NEW_TASK_COLUMNS for a task with nothing uploaded."""
     return (
         p.task_id,
@@ -305,9 +340,11 @@ def new_task_row(p: TaskParams) -> tuple[object, ...]:
         str(p.delta_total),
         str(p.epsilon_min),
         bytes(DIGEST_BYTES),
-        np.zeros(p.d, dtype=np.uint64).tobytes(),
+        bytes(sum_bytes(p.d, bool(p.validity))),
         int(p.validate_reports),
         p.embedding,
+        p.validity,
+        verify_key,
     )
 
 
@@ -335,11 +372,22 @@ def task_state(task_id: str, row: Sequence[Any] | None) -> TaskState:
         _fraction(row[7]),
         bool(row[15]),
         row[16],
+        row[17],
     )
     budget = Budget(
         params.epsilon_total, params.delta_total, _fraction(row[10]), _fraction(row[11])
     )
-    return TaskState(params, row[8], bool(row[9]), budget, bytes(row[12]), row[13], bool(row[14]))
+    return TaskState(
+        params,
+        row[8],
+        bool(row[9]),
+        budget,
+        bytes(row[12]),
+        row[13],
+        bool(row[14]),
+        bytes(row[18] or b""),
+        tuple(sorted(json.loads(row[19] or "{}").items())),
+    )
 
 
 def new_stream_row(
@@ -403,6 +451,54 @@ def xor_reports(digest: bytes, report_ids: list[bytes]) -> bytes:
     return bytes(x ^ y for x, y in zip(digest, report_digest(report_ids), strict=True))
 
 
+@dataclass(frozen=True)
+class Verified:
+    """What ingest verification did with one batch (`Store.add_reports`): the
+    batch's id and its verdicts (one byte per report; recorded unless the id is
+    b"", as on the leader), the refusals by reason, and every id of the batch
+    (whose pending shares are dropped)."""
+
+    batch_id: bytes
+    verdicts: bytes
+    rejected: dict[str, int]
+    batch_ids: list[bytes]
+
+
+def sum_bytes(d: int, in_field: bool) -> int:
+    """Bytes of a task's share sums: d uint64 ring elements, or d Field128 ones."""
+    return (FIELD128.encoded_size if in_field else 8) * d
+
+
+def fold(blob: bytes, delta: U64, in_field: bool, subtract: bool = False) -> bytes:
+    """Stored share sums with `delta` added (or taken out): in Z_2^64, or in
+    Field128 for a task with a validity circuit (both as their uint64 words)."""
+    if not in_field:
+        old = np.frombuffer(blob, dtype=np.uint64)
+        return (old - delta if subtract else old + delta).tobytes()
+    f = FIELD128
+    old = f.decode_vec(blob)
+    new = f.decode_vec(np.ascontiguousarray(delta, dtype="<u8").tobytes())
+    return f.encode_vec(f.sub(old, new) if subtract else f.add(old, new))
+
+
+def counted(text: str | None, more: dict[str, int]) -> str:
+    """A task's stored refusal counts (JSON) with `more` added."""
+    counts: dict[str, int] = json.loads(text or "{}")
+    for reason, k in more.items():
+        if k:
+            counts[reason] = counts.get(reason, 0) + int(k)
+    return json.dumps(counts, sort_keys=True)
+
+
+def batch_id(task_id: str, report_ids: Sequence[bytes]) -> bytes:
+    """A batch's id: a hash of its task and its ids in order, so the leader's
+    retry of a batch names the batch the helper already verified."""
+    h = hashlib.sha256(b"svtagg-batch\0" + task_id.encode() + b"\0")
+    for rid in report_ids:
+        h.update(rid)
+    return h.digest()[:16]
+
+
 def admit_batch(
     task_id: str, row: Sequence[Any] | None, share_sum: U64
 ) -> tuple[int, int, bytes, bytes]:
@@ -413,11 +509,12 @@ def admit_batch(
     full task, and a resuming client counts it as held."""
     if row is None:
         raise NotFound(f"unknown task {task_id!r}")
-    n, n_max, is_open, sums_blob, digest, d = row
+    n, n_max, is_open, sums_blob, digest, d, validity = row[:7]
     if not is_open:
         raise FailedPrecondition(f"collection of task {task_id!r} is closed")
-    if share_sum.shape != (d,):
-        raise InvalidArgument(f"share sum has length {share_sum.size}, task has d={d}")
+    words = sum_bytes(d, bool(validity)) // 8
+    if share_sum.shape != (words,):
+        raise InvalidArgument(f"share sum has {share_sum.size} words, task (d={d}) has {words}")
     return n, n_max, sums_blob, digest
 
 

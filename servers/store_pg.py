@@ -82,12 +82,15 @@ from svtagg.servers.store import (
     TASK_COLUMNS,
     StreamState,
     TaskState,
+    Verified,
     admit_batch,
     admit_to_plan,
     assemble,
     book_text,
     charged,
     check_removable,
+    counted,
+    fold,
     new_stream_row,
     new_task_row,
     next_chunk,
@@ -98,6 +101,7 @@ from svtagg.servers.store import (
     within_capacity,
     xor_reports,
 )
+from svtagg.servers.store_pg_pending import PgPending
 from svtagg.servers.store_pg_schema import MIGRATIONS
 
 
@@ -187,7 +191,7 @@ def missing_path_schema(conn: psycopg.Connection[Any]) -> str | None:
     return first if first and first != "$user" else None
 
 
-class PgStore:
+class PgStore(PgPending):
     """PostgreSQL store of one server (`store.Store`).
 
     `schema` (optional) keeps the store in that schema of the database (created
@@ -294,14 +298,14 @@ class PgStore:
         return cur.rowcount
 
     # ------------------------------------------------------------ tasks
-    def create_task(self, p: TaskParams) -> TaskState:
+    def create_task(self, p: TaskParams, verify_key: bytes = b"") -> TaskState:
         with self._tx():
             if self._conn.execute("SELECT 1 FROM tasks WHERE task_id=%s", (p.task_id,)).fetchone():
                 raise AlreadyExists(f"task {p.task_id!r} already exists")
             self._conn.execute(
                 f"INSERT INTO tasks ({NEW_TASK_COLUMNS})"
-                " VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)",
-                new_task_row(p),
+                " VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)",
+                new_task_row(p, verify_key),
             )
         return self.task(p.task_id)
 
@@ -330,7 +334,12 @@ class PgStore:
 
     # ------------------------------------------------------------ uploads
     def add_reports(
-        self, task_id: str, report_ids: list[bytes], shares: list[bytes], share_sum: U64
+        self,
+        task_id: str,
+        report_ids: list[bytes],
+        shares: list[bytes],
+        share_sum: U64,
+        verified: Verified | None = None,
     ) -> int:
         with self._tx():
             row = self._conn.execute(
@@ -355,13 +364,18 @@ class PgStore:
                 ) from None
             within_capacity(task_id, n, n_max, len(report_ids))
             crash_point("upload.mid_store")
-            sums = np.frombuffer(sums_blob, dtype=np.uint64) + share_sum
+            assert row is not None  # admit_batch refused a missing task
+            rejected = row[7]
+            if verified is not None:
+                self._record_verified(task_id, verified)
+                rejected = counted(rejected, verified.rejected)
             self._conn.execute(
-                "UPDATE tasks SET n=%s, sums=%s, digest=%s WHERE task_id=%s",
+                "UPDATE tasks SET n=%s, sums=%s, digest=%s, rejected=%s WHERE task_id=%s",
                 (
                     n + len(report_ids),
-                    sums.tobytes(),
+                    fold(bytes(sums_blob), share_sum, bool(row[6])),
                     xor_reports(bytes(digest), report_ids),
+                    rejected,
                     task_id,
                 ),
             )
@@ -371,6 +385,8 @@ class PgStore:
         with self._tx():
             self.task(task_id)
             self._conn.execute("UPDATE tasks SET collection_open=0 WHERE task_id=%s", (task_id,))
+            self._conn.execute("DELETE FROM pending WHERE task_id=%s", (task_id,))
+            self._conn.execute("DELETE FROM verdicts WHERE task_id=%s", (task_id,))
         return self.task(task_id)
 
     def _stored_shares(self, task_id: str, report_ids: list[bytes]) -> dict[bytes, bytes | None]:
@@ -421,14 +437,19 @@ class PgStore:
             present = [rid for rid in report_ids if rid in stored]
             if present:
                 shares = [stored[rid] or b"" for rid in present]
-                sums = self.sums(task_id) - share_sum(shares)
+                held = self._conn.execute(
+                    "SELECT sums, validity FROM tasks WHERE task_id=%s", (task_id,)
+                ).fetchone()
+                assert held is not None  # self.task() found it
+                sums_blob, in_field = held
+                sums = fold(bytes(sums_blob), share_sum(shares), bool(in_field), subtract=True)
                 self._conn.execute(
                     "DELETE FROM reports WHERE task_id=%s AND report_id = ANY(%s)",
                     (task_id, present),
                 )
                 self._conn.execute(
                     "UPDATE tasks SET n=n-%s, sums=%s, digest=%s WHERE task_id=%s",
-                    (len(present), sums.tobytes(), xor_reports(task.digest, present), task_id),
+                    (len(present), sums, xor_reports(task.digest, present), task_id),
                 )
         return self.task(task_id)
 

@@ -192,5 +192,31 @@ _V5: tuple[str, ...] = (
     "ALTER TABLE robust_staged ADD PRIMARY KEY (task_id, pass_id, lo)",
 )
 
+#: Version 6: validity proofs — the task's circuit, its Prio3 verify key and
+#: the count of refused reports by reason; the helper's pending Prio3 shares
+#: (until the leader verifies their batch) and each verified batch's verdicts
+#: (so a retried verification answers the same), both dropped at the close.
+#: The garbled range check is retired: its leased jobs ('validate') go.
+_V6: tuple[str, ...] = (
+    "DELETE FROM work WHERE kind = 'validate'",
+    "ALTER TABLE work DROP CONSTRAINT work_kind_check",
+    "ALTER TABLE work ADD CONSTRAINT work_kind_check CHECK (kind IN ('ask', 'compare', 'robust'))",
+    "ALTER TABLE tasks ADD COLUMN validity TEXT NOT NULL DEFAULT ''",
+    "ALTER TABLE tasks ADD COLUMN verify_key BYTEA",
+    "ALTER TABLE tasks ADD COLUMN rejected TEXT NOT NULL DEFAULT '{}'",
+    """CREATE TABLE pending (
+        task_id TEXT COLLATE "C" NOT NULL REFERENCES tasks (task_id),
+        report_id BYTEA NOT NULL,
+        blob BYTEA NOT NULL,
+        PRIMARY KEY (task_id, report_id)
+    )""",
+    """CREATE TABLE verdicts (
+        task_id TEXT COLLATE "C" NOT NULL REFERENCES tasks (task_id),
+        batch_id BYTEA NOT NULL,
+        verdicts BYTEA NOT NULL,
+        PRIMARY KEY (task_id, batch_id)
+    )""",
+)
+
 #: `MIGRATIONS[v]` brings a store at version v to v + 1.
-MIGRATIONS: tuple[tuple[str, ...], ...] = (_V1, _V2, _V3, _V4, _V5)
+MIGRATIONS: tuple[tuple[str, ...], ...] = (_V1, _V2, _V3, _V4, _V5, _V6)

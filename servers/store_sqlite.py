@@ -43,12 +43,15 @@ from svtagg.servers.store import (
     TASK_COLUMNS,
     StreamState,
     TaskState,
+    Verified,
     admit_batch,
     admit_to_plan,
     assemble,
     book_text,
     charged,
     check_removable,
+    counted,
+    fold,
     new_stream_row,
     new_task_row,
     next_chunk,
@@ -96,6 +99,17 @@ CREATE TABLE IF NOT EXISTS streams (
 -- task() counts a task's streams on every call: without this index that count
 -- scanned every stream of every task (an index only: no schema version change).
 CREATE INDEX IF NOT EXISTS streams_by_task ON streams (task_id, state);
+-- A task with a validity circuit: the helper's Prio3 shares of each report
+-- until the leader verifies its batch, and each verified batch's verdicts
+-- (so that a retried verification answers the same); both dropped at the close.
+CREATE TABLE IF NOT EXISTS pending (
+    task_id TEXT NOT NULL, report_id BLOB NOT NULL, blob BLOB NOT NULL,
+    PRIMARY KEY (task_id, report_id)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS verdicts (
+    task_id TEXT NOT NULL, batch_id BLOB NOT NULL, verdicts BLOB NOT NULL,
+    PRIMARY KEY (task_id, batch_id)
+) WITHOUT ROWID;
 """
 
 
@@ -104,7 +118,7 @@ class SqliteStore:
     one event loop; one process per store file."""
 
     #: Schema version this code writes (SQLite's user_version).
-    SCHEMA_VERSION = 4
+    SCHEMA_VERSION = 5
 
     def __init__(self, path: str | Path) -> None:
         self.path = str(path)
@@ -162,6 +176,19 @@ class SqliteStore:
                 if col not in cols:
                     self._db.execute(f"ALTER TABLE streams ADD COLUMN {col} {kind}")
             self._db.execute("PRAGMA user_version = 4")
+            version = 4
+        if version < 5:
+            # v5: validity proofs — the task's circuit, its Prio3 verify key and
+            # the count of refused reports by reason.
+            cols = {r[1] for r in self._db.execute("PRAGMA table_info(tasks)")}
+            for col, kind in (
+                ("validity", "TEXT NOT NULL DEFAULT ''"),
+                ("verify_key", "BLOB"),
+                ("rejected", "TEXT NOT NULL DEFAULT '{}'"),
+            ):
+                if col not in cols:
+                    self._db.execute(f"ALTER TABLE tasks ADD COLUMN {col} {kind}")
+            self._db.execute("PRAGMA user_version = 5")
 
     def _recover(self) -> int:
         """Fail closed every stream that was opening or mid-chunk at the last stop,
@@ -190,13 +217,13 @@ class SqliteStore:
         return _Transaction(self._db)
 
     # ------------------------------------------------------------ tasks
-    def create_task(self, p: TaskParams) -> TaskState:
+    def create_task(self, p: TaskParams, verify_key: bytes = b"") -> TaskState:
         with self._tx():
             if self._db.execute("SELECT 1 FROM tasks WHERE task_id=?", (p.task_id,)).fetchone():
                 raise AlreadyExists(f"task {p.task_id!r} already exists")
             self._db.execute(
-                f"INSERT INTO tasks ({NEW_TASK_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
-                new_task_row(p),
+                f"INSERT INTO tasks ({NEW_TASK_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                new_task_row(p, verify_key),
             )
         return self.task(p.task_id)
 
@@ -241,7 +268,12 @@ class SqliteStore:
         return offset
 
     def add_reports(
-        self, task_id: str, report_ids: list[bytes], shares: list[bytes], share_sum: U64
+        self,
+        task_id: str,
+        report_ids: list[bytes],
+        shares: list[bytes],
+        share_sum: U64,
+        verified: Verified | None = None,
     ) -> int:
         with self._tx():
             row = self._db.execute(
@@ -255,7 +287,7 @@ class SqliteStore:
                     f"AND report_id IN ({placeholders})",
                     (task_id, *report_ids),
                 ).fetchone()[0]
-                if len(report_ids) < 30_000
+                if 0 < len(report_ids) < 30_000
                 else 0
             )
             if seen:
@@ -280,22 +312,80 @@ class SqliteStore:
                 raise AlreadyExists(
                     "a report id of this batch was already uploaded (replay); batch refused"
                 ) from None
-            sums = np.frombuffer(sums_blob, dtype=np.uint64) + share_sum
+            rejected = row[7]
+            if verified is not None:
+                self._record_verified(task_id, verified)
+                rejected = counted(rejected, verified.rejected)
             self._db.execute(
-                "UPDATE tasks SET n=?, sums=?, digest=? WHERE task_id=?",
+                "UPDATE tasks SET n=?, sums=?, digest=?, rejected=? WHERE task_id=?",
                 (
                     n + len(report_ids),
-                    sums.tobytes(),
+                    fold(sums_blob, share_sum, bool(row[6])),
                     xor_reports(bytes(digest), report_ids),
+                    rejected,
                     task_id,
                 ),
             )
         return int(n + len(report_ids))
 
+    def _record_verified(self, task_id: str, v: Verified) -> None:
+        """A verified batch's verdicts, and its pending shares dropped (inside
+        the caller's transaction)."""
+        if v.batch_id:  # the helper's record (a retried verification reads it)
+            self._db.execute(
+                "INSERT INTO verdicts (task_id, batch_id, verdicts) VALUES (?, ?, ?)",
+                (task_id, v.batch_id, v.verdicts),
+            )
+        self._db.executemany(
+            "DELETE FROM pending WHERE task_id=? AND report_id=?",
+            [(task_id, rid) for rid in v.batch_ids],
+        )
+
+    def add_pending(self, task_id: str, report_ids: list[bytes], blobs: list[bytes]) -> int:
+        with self._tx():
+            task = self.task(task_id)
+            if not task.collection_open:
+                raise FailedPrecondition(f"collection of task {task_id!r} is closed")
+            placeholders = ",".join("?" * len(report_ids))
+            seen = self._db.execute(
+                f"SELECT COUNT(*) FROM reports WHERE task_id=? AND report_id IN ({placeholders})",
+                (task_id, *report_ids),
+            ).fetchone()[0]
+            if seen:
+                raise AlreadyExists(
+                    f"{seen} report id(s) of this batch were already verified (replay); "
+                    "batch refused"
+                )
+            self._db.executemany(
+                "INSERT OR IGNORE INTO pending (task_id, report_id, blob) VALUES (?, ?, ?)",
+                [(task_id, rid, blob) for rid, blob in zip(report_ids, blobs, strict=True)],
+            )
+            count = self._db.execute(
+                "SELECT COUNT(*) FROM pending WHERE task_id=?", (task_id,)
+            ).fetchone()[0]
+        return int(count)
+
+    def pending(self, task_id: str, report_ids: list[bytes]) -> list[bytes | None]:
+        out: list[bytes | None] = []
+        for rid in report_ids:
+            row = self._db.execute(
+                "SELECT blob FROM pending WHERE task_id=? AND report_id=?", (task_id, rid)
+            ).fetchone()
+            out.append(None if row is None else bytes(row[0]))
+        return out
+
+    def verdicts(self, task_id: str, batch_id: bytes) -> bytes | None:
+        row = self._db.execute(
+            "SELECT verdicts FROM verdicts WHERE task_id=? AND batch_id=?", (task_id, batch_id)
+        ).fetchone()
+        return None if row is None else bytes(row[0])
+
     def close_collection(self, task_id: str) -> TaskState:
         with self._tx():
             self.task(task_id)
             self._db.execute("UPDATE tasks SET collection_open=0 WHERE task_id=?", (task_id,))
+            self._db.execute("DELETE FROM pending WHERE task_id=?", (task_id,))
+            self._db.execute("DELETE FROM verdicts WHERE task_id=?", (task_id,))
         return self.task(task_id)
 
     def _share_at(self, task_id: str, rid: bytes) -> tuple[int, int] | None:
@@ -343,14 +433,17 @@ class SqliteStore:
                         f.seek(at[0])
                         shares.append(f.read(at[1]))
             if present:
-                sums = self.sums(task_id) - share_sum(shares)
+                sums_blob, in_field = self._db.execute(
+                    "SELECT sums, validity FROM tasks WHERE task_id=?", (task_id,)
+                ).fetchone()
+                sums = fold(sums_blob, share_sum(shares), bool(in_field), subtract=True)
                 self._db.executemany(
                     "DELETE FROM reports WHERE task_id=? AND report_id=?",
                     [(task_id, rid) for rid in present],
                 )
                 self._db.execute(
                     "UPDATE tasks SET n=n-?, sums=?, digest=? WHERE task_id=?",
-                    (len(present), sums.tobytes(), xor_reports(task.digest, present), task_id),
+                    (len(present), sums, xor_reports(task.digest, present), task_id),
                 )
         return self.task(task_id)
 

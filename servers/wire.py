@@ -18,6 +18,7 @@ from typing import Any, Generic, TypeVar
 
 from google.protobuf.message import Message
 
+from svtagg.dp.errors import InvalidArgument
 from svtagg.dp.queries import Budget
 from svtagg.dp.task import TaskParams, TaskSpec
 from svtagg.proto import svtagg_pb2 as pb
@@ -46,7 +47,8 @@ from svtagg.servers.exchange import (
     StreamChunk,
     StreamInfo,
     TaskInfo,
-    ValidationChunk,
+    VerifyBatch,
+    VerifyResult,
 )
 from svtagg.servers.store import TaskState
 
@@ -93,6 +95,7 @@ def _spec_to_pb(s: TaskSpec) -> pb.TaskSpec:
         epsilon_min=s.epsilon_min,
         validate_reports=s.validate_reports,
         embedding=s.embedding,
+        validity=s.validity,
     )
 
 
@@ -108,6 +111,7 @@ def _spec_from_pb(m: pb.TaskSpec) -> TaskSpec:
         m.epsilon_min,
         m.validate_reports,
         m.embedding,
+        m.validity,
     )
 
 
@@ -123,6 +127,7 @@ def _params_to_pb(p: TaskParams) -> pb.TaskSpec:
         epsilon_min=str(p.epsilon_min),
         validate_reports=p.validate_reports,
         embedding=p.embedding,
+        validity=p.validity,
     )
 
 
@@ -139,6 +144,7 @@ def _params_from_pb(m: pb.TaskSpec) -> TaskParams:
         _fraction(m.epsilon_min),
         m.validate_reports,
         m.embedding,
+        m.validity,
     )
 
 
@@ -169,6 +175,8 @@ def _task_info_to_pb(t: TaskInfo) -> pb.TaskInfo:
         streams=t.streams,
         agreed=t.agreed,
         dropped_reports=t.dropped_reports,
+        verify_key=t.verify_key,
+        rejected=dict(t.rejected),
     )
     if t.helper_budget is not None:
         out.helper_budget.CopyFrom(_budget_to_pb(t.helper_budget))
@@ -185,6 +193,8 @@ def _task_info_from_pb(m: pb.TaskInfo) -> TaskInfo:
         m.agreed,
         _budget_from_pb(m.helper_budget) if m.HasField("helper_budget") else None,
         m.dropped_reports,
+        m.verify_key,
+        tuple(sorted(m.rejected.items())),
     )
 
 
@@ -226,6 +236,23 @@ REPORT_IDS: Codec[ReportIds, pb.ReportIds] = Codec(
     pb.ReportIds,
     lambda r: pb.ReportIds(task_id=r.task_id, report_ids=b"".join(r.ids), more=r.more),
     lambda m: ReportIds(m.task_id, tuple(split_ids(m.report_ids)), m.more),
+)
+
+
+# ---------------------------------------------------------------- ingest verification
+VERIFY_BATCH: Codec[VerifyBatch, pb.VerifyBatch] = Codec(
+    pb.VerifyBatch,
+    lambda v: pb.VerifyBatch(
+        task_id=v.task_id, report_ids=b"".join(v.ids), prep_shares=list(v.prep_shares)
+    ),
+    lambda m: VerifyBatch(m.task_id, tuple(split_ids(m.report_ids)), tuple(m.prep_shares)),
+)
+VERIFY_RESULT: Codec[VerifyResult, pb.VerifyResult] = Codec(
+    pb.VerifyResult,
+    lambda r: pb.VerifyResult(
+        prep_shares=list(r.prep_shares), verdicts=r.verdicts, replayed=r.replayed, n=r.n
+    ),
+    lambda m: VerifyResult(tuple(m.prep_shares), m.verdicts, m.replayed, m.n),
 )
 
 
@@ -398,8 +425,6 @@ COMPARE_ANSWER: Codec[CompareAnswer, pb.CompareResponse] = Codec(
 
 def _header_to_pb(h: ChunkHeader) -> pb.ChunkHeader:
     """The flat ChunkHeader: which of its fields are set says the kind."""
-    if isinstance(h, ValidationChunk):
-        return pb.ChunkHeader(validate_task_id=h.task_id, report_ids=h.report_ids)
     if isinstance(h, RobustChunk):
         return pb.ChunkHeader(
             robust_task_id=h.task_id, coord_lo=h.coord_lo, coord_hi=h.coord_hi, pass_id=h.pass_id
@@ -416,15 +441,15 @@ def _robust_from_pb(m: pb.ChunkHeader) -> RobustChunk:
     return RobustChunk(m.robust_task_id, m.coord_lo, m.coord_hi, m.pass_id)
 
 
-def _validation_from_pb(m: pb.ChunkHeader) -> ValidationChunk:
-    return ValidationChunk(m.validate_task_id, m.report_ids)
-
-
 def _header_from_pb(m: pb.ChunkHeader) -> ChunkHeader:
-    """A validation task id makes a validation chunk, else a robust task id a
-    robust chunk, else it is a stream's chunk (`compare`: a Compare chunk)."""
+    """A robust task id makes a robust chunk, else it is a stream's chunk
+    (`compare`: a Compare chunk).  A range-validation header (the retired
+    garbled range check of an older leader) is refused."""
     if m.validate_task_id:
-        return _validation_from_pb(m)
+        raise InvalidArgument(
+            "the garbled range check at the close is retired: reports prove their "
+            "validity at ingest (upgrade the leader)"
+        )
     if m.robust_task_id:
         return _robust_from_pb(m)
     kind = ChunkKind.COMPARE if m.compare else ChunkKind.ASK
@@ -441,13 +466,11 @@ _JOB_INPUTS: dict[ChunkKind, Codec[Any, Any]] = {
     ChunkKind.ASK: ASK,
     ChunkKind.COMPARE: COMPARE,
     ChunkKind.ROBUST: Codec(pb.ChunkHeader, _header_to_pb, _robust_from_pb),
-    ChunkKind.VALIDATE: Codec(pb.ChunkHeader, _header_to_pb, _validation_from_pb),
 }
 _JOB_ANSWERS: dict[ChunkKind, Codec[Any, Any] | None] = {
     ChunkKind.ASK: ASK_ANSWER,
     ChunkKind.COMPARE: COMPARE_ANSWER,
     ChunkKind.ROBUST: None,
-    ChunkKind.VALIDATE: None,
 }
 
 
@@ -499,3 +522,4 @@ FAIL_STREAM = PeerCall("FailStream", STREAM_REF, STREAM_INFO)
 RESERVE_PLAN = PeerCall("ReservePlan", PLAN_REQUEST, PLAN_INFO)
 END_PLAN = PeerCall("EndPlan", PLAN_REF, PLAN_INFO)
 FAIL_PLAN = PeerCall("FailPlan", PLAN_REF, PLAN_INFO)
+VERIFY = PeerCall("Verify", VERIFY_BATCH, VERIFY_RESULT)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -37,10 +38,12 @@ from svtagg.servers.store import (
     PLAN_ENDED,
     PLAN_FAILED,
     Store,
+    Verified,
     report_digest,
 )
 from svtagg.servers.store_open import open_store, sqlite_file
 from svtagg.servers.store_sqlite import SqliteStore
+from svtagg.vdaf.field import FIELD128
 
 #: A factory: `opener()` opens (or reopens) the test's store.
 Opener = Callable[[], Store]
@@ -212,6 +215,43 @@ def test_reconciliation_removes_reports_and_agreement_keeps_aggregates(store: St
 
 
 # ------------------------------------------------------------------ ledger and streams
+def test_verified_batches_fold_in_the_field_with_ids_only(store: Store) -> None:
+    """A task with a validity circuit: the helper's shares wait as pending until
+    their batch is verified; a verified batch folds its sum mod p (not mod 2^64),
+    stores its ids, records its verdicts once and counts its refusals — all in
+    one transaction; the close drops what is still pending."""
+    p = replace(params(), validity="range")
+    t = store.create_task(p, b"k" * 16)
+    assert t.verify_key == b"k" * 16 and t.params.validity == "range"
+    words = FIELD128.encoded_size // 8 * p.d
+    assert store.sums("t").shape == (words,) and not store.sums("t").any()
+    ids = [bytes([i]) * 16 for i in range(3)]
+    assert store.add_pending("t", ids, [b"a", b"b", b"c"]) == 3
+    assert store.add_pending("t", ids[:1], [b"other"]) == 3  # the first shares stay
+    assert store.pending("t", [ids[0], b"z" * 16]) == [b"a", None]
+    p_minus_1 = FIELD128.modulus - 1
+    delta = np.frombuffer(FIELD128.encode_vec(FIELD128.vec([p_minus_1] * p.d)), "<u8")
+    verified = Verified(b"B" * 16, b"\x00\x00\x01", {"invalid_proof": 1}, ids)
+    assert store.add_reports("t", ids[:2], [b"s" * 16] * 2, delta, verified) == 2
+    assert store.pending("t", ids) == [None, None, None]
+    assert store.verdicts("t", b"B" * 16) == b"\x00\x00\x01"
+    assert store.verdicts("t", b"C" * 16) is None
+    assert dict(store.task("t").rejected) == {"invalid_proof": 1}
+    one = np.frombuffer(FIELD128.encode_vec(FIELD128.vec([2] * p.d)), "<u8")
+    store.add_reports("t", [b"x" * 16], [b"s" * 16], one, Verified(b"", b"\x00", {}, []))
+    # (p − 1) + 2 = 1 mod p: a ring sum would have given 2^128 + 1 in two words
+    assert FIELD128.to_ints(FIELD128.decode_vec(store.sums("t").tobytes())) == [1] * p.d
+    with pytest.raises(AlreadyExists):  # a verified id comes back to the helper
+        store.add_pending("t", ids[:1], [b"a"])
+    store.add_pending("t", [b"q" * 16], [b"q"])
+    store.close_collection("t")
+    assert store.pending("t", [b"q" * 16]) == [None]
+    assert store.verdicts("t", b"B" * 16) is None
+    taken = store.remove_reports("t", [b"x" * 16], lambda shares: one)
+    assert taken.n == 2
+    assert FIELD128.to_ints(FIELD128.decode_vec(store.sums("t").tobytes())) == [p_minus_1] * p.d
+
+
 def test_opening_a_stream_charges_the_ledger_or_nothing(store: Store) -> None:
     agreed_task(store)
     store.open_stream("s1", "t", StreamKind.LAP24, Fraction(1, 2), Fraction(0), Fraction(0))
@@ -582,9 +622,11 @@ def test_sqlite_schema_v3_streams_gain_their_plan(tmp_path: Path) -> None:
         assert (
             store._db.execute("PRAGMA user_version").fetchone()[0]
             == SqliteStore.SCHEMA_VERSION
-            == 4
+            == 5
         )
         assert store.stream("s").plan is None and store.stream("s").state == FAILED
+        # v5: a task made before validity proofs takes plain shares, none refused
+        assert store.task("t").params.validity == "" and store.task("t").rejected == ()
         store.reserve_plan("p", "t", PlanBook.reserve([Group(Fraction(1, 4))]))
         store.open_stream(
             "u", "t", StreamKind.LAP24, Fraction(1, 8), Fraction(0), Fraction(0), ("p", 0)
@@ -630,8 +672,10 @@ def test_pg_schema_v4_streams_gain_their_plan_and_staging_its_pass(pg_url: tuple
         )
     store = PgStore(url, schema=schema)
     try:
-        assert store.schema_version() == PgStore.SCHEMA_VERSION == 5
+        assert store.schema_version() == PgStore.SCHEMA_VERSION == 6
         assert store.stream("s").plan is None
+        # v6: a task made before validity proofs takes plain shares, none refused
+        assert store.task("t").params.validity == "" and store.task("t").rejected == ()
         assert store._conn.execute("SELECT count(*) FROM robust_staged").fetchone() == (0,)
         store.stage_robust("t", b"P" * 16, b"\x00", 0, np.arange(2, dtype=np.uint64))
         assert list(store.staged_robust("t", b"P" * 16, b"\x00", 2)) == [0, 1]

@@ -3,7 +3,7 @@ preparation, aggregation and unsharding, with XofShake128 and the generic FLP.
 
 The Client splits its encoded measurement and proof additively: the Leader
 (aggregator 0) gets explicit vectors, each Helper two 16-byte XOF seeds.  For
-circuits with joint randomness (Sum, SumVec, Histogram) the Client commits to
+circuits with joint randomness (all but Count) the Client commits to
 every share with a blinded "joint randomness part"; the proof is bound (Fiat–
 Shamir) to the seed derived from all parts, and the aggregators recompute
 their own parts and check the Client's seed in `prep_next`.  Each aggregator
@@ -26,6 +26,7 @@ import numpy as np
 from svtagg.vdaf.circuits import Count, Histogram, Sum, SumVec
 from svtagg.vdaf.field import Vec
 from svtagg.vdaf.flp import FlpGeneric, Valid
+from svtagg.vdaf.ranged import MultiHot, RangeVec
 from svtagg.vdaf.xof import SEED_SIZE, XofShake128, expand_rows, format_dst
 
 NONCE_SIZE = 16
@@ -37,6 +38,12 @@ _PREP_BATCH = 256
 #: polynomial's 2P points); 32–256 measured within noise of each other.
 _SHARD_BATCH = 64
 VERIFY_KEY_SIZE = SEED_SIZE
+
+# Algorithm IDs of this project's own Prio3 instances (vdaf/ranged.py).  They are
+# not in draft 07; the draft reserves 0xFFFF0000–0xFFFFFFFF for private use, and
+# these two are taken from that range, so no registered codepoint is reused.
+ALGORITHM_ID_RANGE_VEC = 0xFFFF5301
+ALGORITHM_ID_MULTIHOT = 0xFFFF5302
 
 # XOF usages (draft §7.2.5)
 USAGE_MEAS_SHARE = 1
@@ -592,6 +599,20 @@ def prio3_sum_vec(length: int, bits: int, chunk_length: int, shares: int = 2) ->
 
 def prio3_histogram(length: int, chunk_length: int, shares: int = 2) -> Prio3:
     return Prio3(Histogram(length, chunk_length), 0x00000003, shares)
+
+
+def prio3_range_vec(
+    length: int, frac_bits: int, chunk_length: int | None = None, shares: int = 2
+) -> Prio3:
+    """`length` values in [0, 2^frac_bits] each (ours; private-use algorithm ID)."""
+    return Prio3(RangeVec(length, frac_bits, chunk_length), ALGORITHM_ID_RANGE_VEC, shares)
+
+
+def prio3_multihot(
+    length: int, max_weight: int, chunk_length: int | None = None, shares: int = 2
+) -> Prio3:
+    """A 0/1 vector with at most `max_weight` ones (ours; private-use algorithm ID)."""
+    return Prio3(MultiHot(length, max_weight, chunk_length), ALGORITHM_ID_MULTIHOT, shares)
 
 
 def run_prio3(

@@ -1,0 +1,314 @@
+"""Ingest of reports that prove their validity (Prio3, draft-irtf-cfrg-vdaf-07).
+
+A task with a validity circuit (`TaskParams.validity`, svtagg.vdaf.validity)
+takes Prio3 reports: the client shards each report's measurement into an input
+share per server plus a public share, with a fully linear proof that the
+measurement is valid, and uploads to the helper first, then to the leader.
+
+- The helper keeps each report's small input share (three 16-byte seeds) and
+  the public share as *pending* (`Store.add_pending`) — nothing is counted.
+- The leader's Upload verifies the batch with the helper in one exchange
+  (`verify_upload`): it computes its Prio3 prep share of every report, sends
+  them (`VerifyBatch`); the helper computes its own, combines both into each
+  report's verdict, folds the valid reports' output shares into its field
+  sums and records their ids, the batch's verdicts and the refusals in one
+  transaction (`helper_verify`), and answers with its prep shares; the leader
+  combines them the same way, checks that both verdicts agree, and folds and
+  records likewise.  The client's answer names the refusals by reason.
+- Only ids are stored per report, plus the helper's 16-byte measurement seed,
+  which lets the close take out a report the leader never recorded (the
+  helper records first; a leader killed in between never answered the
+  client, who sends the batch again — the helper then answers with the
+  verdicts it recorded, `VerifyResult.replayed`).
+
+Both servers decide alike from the same two prep shares (the draft's
+prep_shares_to_prep and prep_next), so an acknowledged report is counted once
+on each.  What a verdict byte means: `Verdict`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import TYPE_CHECKING, Any
+
+from svtagg.dp.errors import FailedPrecondition, InvalidArgument, PeerUnavailable
+from svtagg.servers.exchange import VerifyBatch, VerifyResult
+from svtagg.servers.faults import crash_point
+from svtagg.servers.proofs import field_words, task_validity
+from svtagg.servers.store import Verified, batch_id
+from svtagg.vdaf.prio3 import PrepShare, PrepState, Prio3, VerifyError
+from svtagg.vdaf.xof import SEED_SIZE
+
+if TYPE_CHECKING:
+    from svtagg.servers.core import ServerCore
+    from svtagg.servers.port import HelperPort
+
+
+class Verdict(IntEnum):
+    """A report's fate at ingest (one byte per report on the wire and on disk)."""
+
+    VALID = 0
+    #: The FLP verifier rejects the proof (the measurement is invalid, or the
+    #: proof was made for other values or another report).
+    INVALID_PROOF = 1
+    #: The joint randomness the client proved with is not the one its shares
+    #: commit to (a wrong joint-randomness part in the public share).
+    JOINT_RANDOMNESS = 2
+    #: The leader's input share or the public share does not decode.
+    MALFORMED_LEADER = 3
+    #: The helper's input share or the public share does not decode.
+    MALFORMED_HELPER = 4
+
+
+#: The reason each refusal is counted under (what clients and operators see).
+REASONS = {
+    Verdict.INVALID_PROOF: "invalid_proof",
+    Verdict.JOINT_RANDOMNESS: "joint_randomness",
+    Verdict.MALFORMED_LEADER: "malformed_share",
+    Verdict.MALFORMED_HELPER: "malformed_share",
+}
+
+
+@dataclass(frozen=True)
+class ProofReport:
+    """One uploaded report of a task with a validity circuit, as one server gets it."""
+
+    report_id: bytes
+    input_share: bytes
+    public_share: bytes
+
+
+@dataclass(frozen=True)
+class Accepted:
+    """An upload batch's outcome at the leader: n afterwards, and the refusals."""
+
+    accepted: int
+    n: int
+    rejected: dict[str, int]
+
+
+def rejected_counts(verdicts: bytes) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for v in verdicts:
+        if v != Verdict.VALID:
+            reason = REASONS[Verdict(v)]
+            out[reason] = out.get(reason, 0) + 1
+    return out
+
+
+def _decode_prep_share(prio: Prio3, data: bytes) -> PrepShare:
+    f = prio.field
+    size = prio.flp.verifier_len * f.encoded_size
+    part = SEED_SIZE if prio.uses_joint_rand else 0
+    if len(data) != size + part:
+        raise ValueError(f"a prep share is {size + part} bytes, got {len(data)}")
+    return PrepShare(f.decode_vec(data[:size]), data[size:] or None)
+
+
+@dataclass
+class _Prepared:
+    """One server's side of a batch: per report its prep state and prep share,
+    or None where its input share (or the public share) did not decode."""
+
+    states: list[PrepState | None]
+    shares: list[PrepShare | None]
+
+
+def _prepare(
+    prio: Prio3, key: bytes, agg_id: int, reports: Sequence[tuple[bytes, bytes, bytes]]
+) -> _Prepared:
+    """prep_init over the decodable reports of a batch; `reports`: (nonce,
+    public share, input share) bytes."""
+    decoded: list[tuple[int, object, object]] = []
+    for i, (_, public, share) in enumerate(reports):
+        try:
+            decoded.append(
+                (i, prio.decode_public_share(public), prio.decode_input_share(agg_id, share))
+            )
+        except ValueError:
+            continue
+    states: list[PrepState | None] = [None] * len(reports)
+    shares: list[PrepShare | None] = [None] * len(reports)
+    if decoded:
+        out = prio.prep_init_batch(
+            key,
+            agg_id,
+            [reports[i][0] for i, _, _ in decoded],
+            [p for _, p, _ in decoded],  # type: ignore[misc]
+            [s for _, _, s in decoded],  # type: ignore[misc]
+        )
+        for (i, _, _), (st, ps) in zip(decoded, out, strict=True):
+            states[i], shares[i] = st, ps
+    return _Prepared(states, shares)
+
+
+def _decide(
+    prio: Prio3, mine: _Prepared, leader: list[PrepShare | None], helper: list[PrepShare | None]
+) -> tuple[bytes, list[Any]]:
+    """Each report's verdict from the two prep shares, and the valid reports'
+    output shares (this server's), in batch order."""
+    verdicts = bytearray(len(mine.states))
+    both: list[int] = []
+    for i, (lp, hp) in enumerate(zip(leader, helper, strict=True)):
+        if lp is None:
+            verdicts[i] = Verdict.MALFORMED_LEADER
+        elif hp is None:
+            verdicts[i] = Verdict.MALFORMED_HELPER
+        else:
+            both.append(i)
+    msgs = prio.prep_shares_to_prep_batch([[leader[i], helper[i]] for i in both])  # type: ignore[list-item]
+    outs: list[Any] = []
+    for i, msg in zip(both, msgs, strict=True):
+        state = mine.states[i]
+        assert state is not None
+        if isinstance(msg, VerifyError):
+            verdicts[i] = Verdict.INVALID_PROOF
+            continue
+        try:
+            outs.append(prio.prep_next(state, msg))
+        except VerifyError:
+            verdicts[i] = Verdict.JOINT_RANDOMNESS
+    return bytes(verdicts), outs
+
+
+def _encode_shares(prio: Prio3, shares: list[PrepShare | None]) -> tuple[bytes, ...]:
+    return tuple(b"" if ps is None else prio.encode_prep_share(ps) for ps in shares)
+
+
+def _decode_shares(prio: Prio3, data: Sequence[bytes], who: str) -> list[PrepShare | None]:
+    out: list[PrepShare | None] = []
+    for blob in data:
+        if not blob:
+            out.append(None)
+            continue
+        try:
+            out.append(_decode_prep_share(prio, blob))
+        except ValueError as exc:
+            raise InvalidArgument(f"the {who}'s prep share: {exc}") from None
+    return out
+
+
+# ---------------------------------------------------------------- the helper
+def helper_receive(core: ServerCore, task_id: str, reports: Sequence[ProofReport]) -> int:
+    """The helper's Upload: keep the batch's shares pending; returns the task's n."""
+    task = core.task(task_id)
+    task_validity(task)
+    ids = core.check_batch(task, [r.report_id for r in reports])
+    core.store.add_pending(task_id, ids, [r.public_share + r.input_share for r in reports])
+    return task.n
+
+
+def _split_pending(prio: Prio3, blob: bytes) -> tuple[bytes, bytes]:
+    size = SEED_SIZE * prio.shares if prio.uses_joint_rand else 0
+    return blob[:size], blob[size:]
+
+
+def helper_verify(core: ServerCore, batch: VerifyBatch) -> VerifyResult:
+    """The helper's side of a batch's verification (see the module's text)."""
+    task = core.task(batch.task_id)
+    v = task_validity(task)
+    prio = v.prio3
+    ids = list(batch.ids)
+    if len(batch.prep_shares) != len(ids):
+        raise InvalidArgument(f"{len(ids)} reports, {len(batch.prep_shares)} prep shares")
+    bid = batch_id(batch.task_id, ids)
+    recorded = core.store.verdicts(batch.task_id, bid)
+    if recorded is not None:
+        return VerifyResult((), recorded, True, task.n)
+    blobs = core.store.pending(batch.task_id, ids)
+    missing = sum(b is None for b in blobs)
+    if missing:
+        raise FailedPrecondition(
+            f"the helper has not received {missing} of this batch's {len(ids)} reports; "
+            "upload them to the helper first"
+        )
+    reports = [(rid, *_split_pending(prio, b or b"")) for rid, b in zip(ids, blobs, strict=True)]
+    mine = _prepare(prio, task.verify_key, 1, reports)
+    leader = _decode_shares(prio, batch.prep_shares, "leader")
+    verdicts, outs = _checked(core, prio, mine, leader, mine.shares)
+    valid = [i for i, x in enumerate(verdicts) if x == Verdict.VALID]
+    seeds = [reports[i][2][:SEED_SIZE] for i in valid]
+    n = core.store.add_reports(
+        batch.task_id,
+        [ids[i] for i in valid],
+        seeds,
+        field_words(prio, v, outs),
+        Verified(bid, verdicts, rejected_counts(verdicts), ids),
+    )
+    crash_point("verify.after_record")  # recorded here, the leader not answered
+    return VerifyResult(_encode_shares(prio, mine.shares), verdicts, False, n)
+
+
+def _checked(
+    core: ServerCore,
+    prio: Prio3,
+    mine: _Prepared,
+    leader: list[PrepShare | None],
+    helper: list[PrepShare | None],
+) -> tuple[bytes, list[Any]]:
+    """`_decide`, or (the test-only control `core.verify_proofs` off) every
+    decodable report taken as valid, unchecked."""
+    if core.verify_proofs:
+        return _decide(prio, mine, leader, helper)
+    verdicts = bytes(
+        Verdict.MALFORMED_LEADER if lp is None else Verdict.MALFORMED_HELPER if hp is None else 0
+        for lp, hp in zip(leader, helper, strict=True)
+    )
+    outs = [st.out_share for st, x in zip(mine.states, verdicts, strict=True) if x == 0 and st]
+    return verdicts, outs
+
+
+# ---------------------------------------------------------------- the leader
+async def verify_upload(
+    core: ServerCore, helper: HelperPort, task_id: str, reports: Sequence[ProofReport]
+) -> Accepted:
+    """The leader's Upload of a task with a validity circuit: verify the batch
+    with the helper, fold the valid reports, answer with the refusals."""
+    task = core.task(task_id)
+    if not task.collection_open:
+        raise FailedPrecondition(f"collection of task {task_id!r} is closed")
+    v = task_validity(task)
+    prio = v.prio3
+    ids = core.check_batch(task, [r.report_id for r in reports])
+    rows = [(r.report_id, r.public_share, r.input_share) for r in reports]
+    mine = await asyncio.to_thread(_prepare, prio, task.verify_key, 0, rows)
+    answer = await helper.verify(
+        VerifyBatch(task_id, tuple(ids), _encode_shares(prio, mine.shares))
+    )
+    if len(answer.verdicts) != len(ids):
+        raise PeerUnavailable(f"the helper sent {len(answer.verdicts)} verdicts for {len(ids)}")
+    if answer.replayed:
+        # The helper recorded this batch before (our earlier answer was lost):
+        # its verdicts stand; our output shares are our prep states'.
+        verdicts = answer.verdicts
+        outs = [
+            st.out_share
+            for st, x in zip(mine.states, verdicts, strict=True)
+            if x == Verdict.VALID and st is not None
+        ]
+        if len(outs) != sum(x == Verdict.VALID for x in verdicts):
+            raise FailedPrecondition("the helper's recorded verdicts do not fit this batch")
+    else:
+        theirs = _decode_shares(prio, answer.prep_shares, "helper")
+        if len(theirs) != len(ids):
+            raise PeerUnavailable("the helper sent a prep share count other than the batch's")
+        verdicts, outs = _checked(core, prio, mine, mine.shares, theirs)
+        if verdicts != answer.verdicts:
+            raise FailedPrecondition(
+                "the servers' verdicts on this batch differ; it is not counted here "
+                "(the close takes it out on the helper)"
+            )
+    valid = [rid for rid, x in zip(ids, verdicts, strict=True) if x == Verdict.VALID]
+    counts = rejected_counts(verdicts)
+    crash_point("verify.before_record")  # the helper has recorded; not yet here
+    n = core.store.add_reports(
+        task_id,
+        valid,
+        [b""] * len(valid),
+        field_words(prio, v, outs),
+        Verified(b"", verdicts, counts, []),
+    )
+    return Accepted(len(valid), n, counts)

@@ -1,0 +1,160 @@
+"""The validity circuits a task's reports prove, by name.
+
+A task names one (`TaskParams.validity`); its clients shard every report with
+that circuit's Prio3 instance and both servers verify each proof at ingest
+(servers/ingest.py).  What each proves about one report, for a task of
+dimension d and precision F (values on the grid of 2^F units per user):
+
+- ``range``: every coordinate is an integer in [0, 2^F], i.e. a value in
+  [0, 1] at precision F (`RangeVec`: F+1 bits per coordinate, plus a check
+  that the top bit excludes every lower one).  Any embedding.
+- ``onehot``: exactly one coordinate is 1, the others 0 (Prio3Histogram of
+  draft 07).  Heavy hitters where each user holds one item.
+- ``multihot:r``: every coordinate is 0 or 1 and at most r of them are 1
+  (`MultiHot`); ``multihot`` alone bounds the weight by d, i.e. only the
+  0/1 check.  Heavy hitters where a user holds up to r items.
+
+The 0/1 circuits count users; their sums are scaled by 2^F when folded, so
+every task's aggregates are on the same grid (2^F units per user).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+
+from svtagg.vdaf.circuits import MeasurementError
+from svtagg.vdaf.prio3 import (
+    Prio3,
+    prio3_histogram,
+    prio3_multihot,
+    prio3_range_vec,
+)
+
+#: The circuit names a task may give, with what each proves.
+CIRCUITS = {
+    "range": "every coordinate is an integer in [0, 2^F] (a value in [0, 1] at precision F)",
+    "onehot": "exactly one coordinate is 1 and every other is 0",
+    "multihot": "every coordinate is 0 or 1, and at most r are 1 (multihot:r; r = d if omitted)",
+}
+#: The circuits that suit an embedding's vectors: the 0/1 circuits only fit
+#: embeddings whose values can be 0/1 (heavy hitters, or rows given as they are).
+FITS = {
+    "": ("range", "onehot", "multihot"),
+    "vectors": ("range", "onehot", "multihot"),
+    "heavy_hitters": ("multihot", "onehot", "range"),
+}
+_NAME = re.compile(r"(range|onehot|multihot)(?::([1-9][0-9]{0,6}))?")
+
+
+class ValidityError(ValueError):
+    """A circuit name that does not parse or does not fit the task."""
+
+
+@dataclass(frozen=True)
+class Validity:
+    """One task's circuit: its name, the task's d and F, and the weight bound."""
+
+    name: str
+    d: int
+    frac_bits: int
+    max_weight: int = 0
+
+    @property
+    def counts(self) -> bool:
+        """The circuit's outputs are 0/1 counts (scaled by 2^F when folded)."""
+        return self.name != "range"
+
+    @property
+    def scale(self) -> int:
+        """What one output unit is worth on the task's grid."""
+        return 1 << self.frac_bits if self.counts else 1
+
+    @property
+    def prio3(self) -> Prio3:
+        return _instance(self)
+
+    def measurement(self, grid_row: list[int]) -> list[int] | int:
+        """A report's measurement from its values on the grid (integers in [0, 2^F])."""
+        if not self.counts:
+            return grid_row
+        unit = 1 << self.frac_bits
+        if any(v not in (0, unit) for v in grid_row):
+            raise MeasurementError(f"{self.name} takes 0/1 values only")
+        if self.name == "onehot":
+            ones = [j for j, v in enumerate(grid_row) if v]
+            if len(ones) != 1:
+                raise MeasurementError(f"onehot takes exactly one 1 per row, got {len(ones)}")
+            return ones[0]  # Prio3Histogram's measurement: the bucket
+        return [v // unit for v in grid_row]
+
+    def shard(
+        self,
+        grid_rows: list[list[int]],
+        nonces: Sequence[bytes],
+        rands: Sequence[bytes] | None = None,
+    ) -> list[tuple[bytes, bytes, bytes]]:
+        """Reports from rows of values on the grid: (public share, leader's input
+        share, helper's input share) encoded, each proving this circuit.  The
+        nonce is the report's id; `rands` default to fresh CSPRNG bytes."""
+        prio = self.prio3
+        out = prio.shard_batch([self.measurement(r) for r in grid_rows], nonces, rands)
+        return [
+            (
+                prio.encode_public_share(public),
+                prio.encode_input_share(shares[0]),
+                prio.encode_input_share(shares[1]),
+            )
+            for public, shares in out
+        ]
+
+    def describe(self) -> str:
+        what = CIRCUITS[self.name]
+        if self.name == "multihot":
+            what = what.replace("r are", f"{self.max_weight} are")
+        return what
+
+
+def parse_validity(text: str, d: int, frac_bits: int, embedding: str = "") -> Validity | None:
+    """The circuit `text` names for a task (None for ""); ValidityError if it does
+    not parse or does not fit the task's embedding."""
+    if not text:
+        return None
+    m = _NAME.fullmatch(text)
+    if m is None:
+        raise ValidityError(
+            f"unknown validity circuit {text!r}; known: range, onehot, multihot, multihot:r"
+        )
+    name, weight = m.group(1), m.group(2)
+    if weight is not None and name != "multihot":
+        raise ValidityError(f"only multihot takes a weight bound (multihot:r), got {text!r}")
+    fits = FITS.get(embedding, ("range",))
+    if name not in fits:
+        raise ValidityError(
+            f"validity {name} does not fit embedding {embedding or 'vectors'}; "
+            f"use {' or '.join(fits)}"
+        )
+    max_weight = 0
+    if name == "multihot":
+        max_weight = d if weight is None else int(weight)
+        if not 1 <= max_weight <= d:
+            raise ValidityError(f"multihot:r needs 1 <= r <= d={d}, got {max_weight}")
+    if name == "onehot" and d < 2:
+        raise ValidityError("onehot needs d >= 2")
+    return Validity(name, d, frac_bits, max_weight)
+
+
+@lru_cache(maxsize=32)
+def _instance(v: Validity) -> Prio3:
+    if v.name == "range":
+        return prio3_range_vec(v.d, v.frac_bits)
+    if v.name == "onehot":
+        return prio3_histogram(v.d, _chunk(v.d))
+    return prio3_multihot(v.d, v.max_weight)
+
+
+def _chunk(calls: int) -> int:
+    """A gadget chunk length near √calls (the draft's advice for ParallelSum)."""
+    return max(1, int(round(calls**0.5)))
