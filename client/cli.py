@@ -79,8 +79,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     u.add_argument("--retries", type=int, default=5, help="retries per batch when unreachable")
     u.add_argument(
         "--require-validation",
-        action="store_true",
-        help="refuse tasks that do not range-check reports (validate_reports)",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="refuse to upload to a task whose reports carry no validity proof; "
+        "--no-require-validation uploads plain shares to such a task (default: refuse)",
     )
     u.add_argument("--json", action="store_true", help="print the result as one JSON object")
     u.add_argument("--quiet", action="store_true", help="no progress on stderr")
@@ -158,7 +160,15 @@ def run_upload(args: argparse.Namespace) -> int:
         embedding = args.embedding
         if embedding is None and info.spec.embedding not in ("", "vectors"):
             embedding = info.spec.embedding
-        up.checked_task(args.task, args.require_validation, embedding or "vectors", info=info)
+        try:
+            up.checked_task(args.task, args.require_validation, embedding or "vectors", info=info)
+        except ValueError as exc:
+            if isinstance(exc, InputError) or not args.require_validation:
+                raise
+            raise ValueError(
+                f"{exc} (--no-require-validation uploads plain shares, which only the "
+                "servers' robust aggregates bound)"
+            ) from None
         fmt = args.format or default_format(embedding)
         if fmt is None:
             source = "" if args.embedding else f" (the embedding task {args.task!r} records)"

@@ -360,7 +360,7 @@ class Uploader:
         upload embedded otherwise (`embedding`: the upload's, "vectors" for rows
         already in [0,1]^d)."""
         info = info if info is not None else self.task(task_id)
-        if require_validation and not (info.spec.validity or info.spec.validate_reports):
+        if require_validation and not info.spec.validity:
             raise ValueError(
                 f"task {task_id!r} takes reports without a validity proof; refusing to upload"
             )

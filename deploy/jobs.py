@@ -58,12 +58,6 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "see docs/threat-model.md (default: none)",
     )
     c.add_argument(
-        "--validate-reports",
-        action="store_true",
-        help="the older garbled range check at the close instead of proofs "
-        "(2d comparisons per report)",
-    )
-    c.add_argument(
         "--embedding",
         choices=EMBEDDINGS,
         default="",
@@ -164,7 +158,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     s.add_argument("--out", default="results/sim.json")
     s.add_argument("--workdir")
     s.add_argument(
-        "--validate-reports", action="store_true", help="range-check every report at the close"
+        "--validity",
+        default="",
+        metavar="CIRCUIT",
+        help="every report proves its values valid at ingest (range, onehot, multihot:r)",
     )
     s.set_defaults(handler=_sim)
 
@@ -433,7 +430,7 @@ def _sim(args: argparse.Namespace) -> int:
                 args.d,
                 max(10 * args.n, 1000),
                 args.epsilon,
-                validate_reports=args.validate_reports,
+                validity=args.validity,
             ),
             timeout=CALL_DEADLINE,
         )
@@ -453,7 +450,8 @@ def _sim(args: argparse.Namespace) -> int:
             "seconds": round(time.perf_counter() - t_close, 3),
             "n": closed.n,
             "dropped_reports": closed.dropped_reports,
-            "validated": args.validate_reports,
+            "validity": args.validity or None,
+            "rejected": dict(closed.rejected),
         }
         _progress(
             f"collection closed: n={closed.n}, dropped {closed.dropped_reports} "

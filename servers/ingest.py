@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from svtagg.dp.errors import FailedPrecondition, InvalidArgument, PeerUnavailable
 from svtagg.servers.exchange import VerifyBatch, VerifyResult
+from svtagg.servers.faults import crash_point
 from svtagg.servers.proofs import field_words, task_validity
 from svtagg.servers.store import Verified, batch_id
 from svtagg.vdaf.prio3 import PrepShare, PrepState, Prio3, VerifyError
@@ -237,6 +238,7 @@ def helper_verify(core: ServerCore, batch: VerifyBatch) -> VerifyResult:
         field_words(prio, v, outs),
         Verified(bid, verdicts, rejected_counts(verdicts), ids),
     )
+    crash_point("verify.after_record")  # recorded here, the leader not answered
     return VerifyResult(_encode_shares(prio, mine.shares), verdicts, False, n)
 
 
@@ -301,6 +303,7 @@ async def verify_upload(
             )
     valid = [rid for rid, x in zip(ids, verdicts, strict=True) if x == Verdict.VALID]
     counts = rejected_counts(verdicts)
+    crash_point("verify.before_record")  # the helper has recorded; not yet here
     n = core.store.add_reports(
         task_id,
         valid,
