@@ -7,8 +7,9 @@ all on PostgreSQL stores, side by side in one run:
     2 workers    front end + two leader workers (the second paired with a helper worker)
 
 For each: single-query round trip (k = 1), comparisons/s for chunks of 10^4 on
-one stream and on two streams asked at once, and a validating close (5,000
-reports at d = 100: its chunks become parallel jobs).
+one stream and on two streams asked at once, and the close of a task of
+proved one-hot reports at d = 10^4 (its field-to-ring chunks become parallel
+jobs).
 
     SVTAGG_TEST_POSTGRES=postgresql://... python -m svtagg.benchmarks.bench_workers [--quick]
 
@@ -31,8 +32,8 @@ import numpy as np
 from svtagg.analyst.remote_oracle import RemoteOracle
 from svtagg.benchmarks.bench_system import (
     bench_chunks,
+    bench_proof_close,
     bench_single,
-    bench_validation,
     comparison_task,
 )
 from svtagg.benchmarks.pg import server_url
@@ -95,8 +96,8 @@ def run_config(name: str, workers: int, url: str, quick: bool) -> dict[str, Any]
             print(f"[{name}] chunk:", out["chunks"][0], flush=True)
         out["two_streams"] = _two_streams(dep, 10_000, 2 if quick else 6)
         print(f"[{name}] two streams:", out["two_streams"], flush=True)
-        out["validation"] = bench_validation(dep, 500 if quick else 5000, 100)
-        print(f"[{name}] validation:", out["validation"], flush=True)
+        out["close"] = bench_proof_close(dep, 200 if quick else 1000, 10_000)
+        print(f"[{name}] close:", out["close"], flush=True)
     finally:
         dep.stop()
         import psycopg
@@ -115,9 +116,9 @@ def main(argv: list[str] | None = None) -> None:
     print(f"load average at start: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
     results = {name: run_config(name, w, url, args.quick) for name, w in CONFIGS.items()}
     base = results["in-process"]
-    print("\nconfiguration   k=1 p50 ms   10^4 chunk, 1 stream   10^4, 2 streams   validation")
+    print("\nconfiguration   k=1 p50 ms   10^4 chunk, 1 stream   10^4, 2 streams   close")
     for name, r in results.items():
-        c, two, v = r["chunks"][0], r["two_streams"], r["validation"]
+        c, two, v = r["chunks"][0], r["two_streams"], r["close"]
         ratio = c["comparisons_per_s_median"] / base["chunks"][0]["comparisons_per_s_median"]
         print(
             f"{name:<14} {r['single_query']['p50_ms']:>10.2f}   "

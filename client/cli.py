@@ -79,8 +79,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     u.add_argument("--retries", type=int, default=5, help="retries per batch when unreachable")
     u.add_argument(
         "--require-validation",
-        action="store_true",
-        help="refuse tasks that do not range-check reports (validate_reports)",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="refuse to upload to a task whose reports carry no validity proof; "
+        "--no-require-validation uploads plain shares to such a task (default: refuse)",
     )
     u.add_argument("--json", action="store_true", help="print the result as one JSON object")
     u.add_argument("--quiet", action="store_true", help="no progress on stderr")
@@ -158,7 +160,15 @@ def run_upload(args: argparse.Namespace) -> int:
         embedding = args.embedding
         if embedding is None and info.spec.embedding not in ("", "vectors"):
             embedding = info.spec.embedding
-        up.checked_task(args.task, args.require_validation, embedding or "vectors", info=info)
+        try:
+            up.checked_task(args.task, args.require_validation, embedding or "vectors", info=info)
+        except ValueError as exc:
+            if isinstance(exc, InputError) or not args.require_validation:
+                raise
+            raise ValueError(
+                f"{exc} (--no-require-validation uploads plain shares, which only the "
+                "servers' robust aggregates bound)"
+            ) from None
         fmt = args.format or default_format(embedding)
         if fmt is None:
             source = "" if args.embedding else f" (the embedding task {args.task!r} records)"
@@ -278,6 +288,8 @@ def run_upload(args: argparse.Namespace) -> int:
                     "clipped_by_column": {str(k): v for k, v in sorted(read.by_column.items())},
                     "leader_n": stats.n_leader,
                     "helper_n": stats.n_helper,
+                    "proofs": info.spec.validity or None,
+                    "rejected": stats.rejected,
                     "format": fmt,
                     "embedding": embedding,
                     "d": d,
@@ -292,10 +304,20 @@ def run_upload(args: argparse.Namespace) -> int:
         row, col = read.first_clipped
         clipped = f"; clipped {read.clipped} values (first at row {row}, column {col})"
     resumed = f" from row {start + 1} on" if recorded is not None else ""
+    if info.spec.validity:
+        # The helper counts a report once the leader has verified it with it.
+        refused = ", ".join(f"{k} {v}" for k, v in sorted(stats.rejected.items()))
+        counts = (
+            f"{info.spec.validity} proofs checked by both servers, "
+            f"{sum(stats.rejected.values())} refused{f' ({refused})' if refused else ''}; "
+            f"n={stats.n_leader}"
+        )
+    else:
+        counts = f"leader n={stats.n_leader}, helper n={stats.n_helper}"
     print(
         f"uploaded {stats.reports} reports{resumed} in {stats.batches} batches "
         f"({stats.retries} retries) in {stats.seconds:.2f}s ({rate:,.0f} reports/s); "
-        f"leader n={stats.n_leader}, helper n={stats.n_helper}{clipped}"
+        f"{counts}{clipped}"
     )
     return 0
 

@@ -195,7 +195,6 @@ def run_create(args: argparse.Namespace) -> int:
         min_batch=args.min_batch,
         delta=args.delta,
         epsilon_min=args.epsilon_min,
-        validate_reports=args.validate_reports,
         embedding=args.embedding,
         validity=args.validity,
     )

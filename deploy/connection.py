@@ -121,15 +121,14 @@ class TaskView:
     n_max: int
     collecting: bool
     streams: int
-    validate_reports: bool
     #: The embedding the task's clients use ("" = none recorded).
     embedding: str
     #: The validity circuit every report proves at ingest ("" = none).
     validity: str
     budget: BudgetView
     helper_budget: BudgetView | None
-    #: Reports the close took out (held by one server only, or out of range
-    #: under validate_reports); only a close reports it, else 0.
+    #: Reports the close took out (held by one server only); only a close
+    #: reports it, else 0.
     dropped_reports: int = 0
     #: Reports refused at ingest for a failed validity proof, by reason.
     rejected: dict[str, int] = field(default_factory=dict)
@@ -145,7 +144,6 @@ class TaskView:
             n_max=int(s.n_max),
             collecting=bool(info.collection_open),
             streams=int(info.streams),
-            validate_reports=bool(s.validate_reports),
             embedding=str(s.embedding),
             validity=str(s.validity),
             budget=BudgetView.from_pb(info.budget),
@@ -165,7 +163,6 @@ class TaskView:
             "n_max": self.n_max,
             "state": "collecting" if self.collecting else "closed",
             "streams": self.streams,
-            "validate_reports": self.validate_reports,
             "embedding": self.embedding or None,
             "validity": self.validity or None,
             "rejected": self.rejected,
@@ -345,7 +342,7 @@ class Deployment:
         """Create a task on both servers with total budget (ε, δ); decimals and
         exact fractions ("1/2") are both accepted and stored exactly.
         `options` (`TaskOptions`): delta (default "1/1000000"), min_batch (default
-        100), frac_bits, validate_reports, epsilon_min, and `embedding`, which
+        100), frac_bits, validity, epsilon_min, and `embedding`, which
         records what the clients use (heavy_hitters, sparse_mean, marginals,
         fp_loss, or vectors); uploads embedded otherwise are refused."""
         settings: TaskOptions = {"delta": "1/1000000", "min_batch": 100, **options}

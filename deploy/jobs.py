@@ -21,7 +21,7 @@ import numpy.typing as npt
 
 from svtagg.deploy.algorithms import ALGORITHMS, RunFlags, run_algorithm
 from svtagg.deploy.tasks import task_spec
-from svtagg.deploy.workloads import laplace_argmax, model_selection, workload
+from svtagg.deploy.workloads import forged_batch, laplace_argmax, model_selection, workload
 from svtagg.dp.errors import Refusal
 from svtagg.proto import svtagg_pb2 as pb
 from svtagg.proto import svtagg_pb2_grpc as pb_grpc
@@ -56,12 +56,6 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="every report proves its values valid at ingest (Prio3): range (values in "
         "[0,1]), onehot (one 1), multihot or multihot:r (0/1, at most r ones); "
         "see docs/threat-model.md (default: none)",
-    )
-    c.add_argument(
-        "--validate-reports",
-        action="store_true",
-        help="the older garbled range check at the close instead of proofs "
-        "(2d comparisons per report)",
     )
     c.add_argument(
         "--embedding",
@@ -146,6 +140,16 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     d.add_argument("--epsilon", default="4")
     d.add_argument("--zipf", type=float, default=1.1, help="Zipf exponent of categories")
     d.add_argument("--per-user", type=int, default=3, help="categories drawn per user")
+    d.add_argument(
+        "--malicious",
+        type=int,
+        default=0,
+        metavar="M",
+        help="heavy-hitters: M malicious clients besides the users, each sending its "
+        "worst valid report (its 3 items on the rarest categories) and a forged one "
+        "(a count of 10^6 on the rarest category, its proof made honestly for that "
+        "encoding), which the servers refuse",
+    )
     d.add_argument("--seed", type=int, default=1)
     d.add_argument("--workdir", help="keep certificates, stores and logs here")
     d.set_defaults(handler=_demo)
@@ -164,7 +168,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     s.add_argument("--out", default="results/sim.json")
     s.add_argument("--workdir")
     s.add_argument(
-        "--validate-reports", action="store_true", help="range-check every report at the close"
+        "--validity",
+        default="",
+        metavar="CIRCUIT",
+        help="every report proves its values valid at ingest (range, onehot, multihot:r)",
     )
     s.set_defaults(handler=_sim)
 
@@ -348,6 +355,8 @@ def _demo_collect(
     _progress(
         f"uploaded {up['reports']} reports in {up['seconds']}s ({up['reports_per_s']:,.0f}/s)"
     )
+    if getattr(args, "malicious", 0) and validity:
+        _attack(dep, values, validity, args.malicious)
     info = stub.CloseCollection(pb.TaskRef(task_id="demo"), timeout=CALL_DEADLINE)
     checked = (
         f" (every report's {validity} proof checked at ingest; "
@@ -357,6 +366,33 @@ def _demo_collect(
     )
     _progress(f"collection closed: n={info.n} on both servers{checked}")
     return up, info
+
+
+def _attack(dep: LocalDeployment, values: np.ndarray, validity: str, clients: int) -> None:
+    """`clients` malicious clients: each sends its worst valid report and a
+    forged one (see `--malicious`); the servers count the first like any user's
+    and refuse the second."""
+    from svtagg.client.upload import Uploader, UploadStats
+    from svtagg.vdaf.validity import parse_validity
+
+    d = values.shape[1]
+    circuit = parse_validity(validity, d, 16)  # task_spec's default F
+    assert circuit is not None
+    rare = np.argsort(values.sum(axis=0), kind="stable")[:3]
+    worst = np.zeros((clients, d))
+    worst[:, rare] = 1
+    c = Identity.load(dep.certs, "client")
+    with Uploader(dep.address("leader"), dep.address("helper"), c.ca, c.cert, c.key) as up:
+        valid = up.upload("demo", worst)
+        forged = forged_batch("demo", circuit, int(rare[0]), 10**6, clients)
+        stats = UploadStats()
+        up.send(forged, stats)
+    refused = ", ".join(f"{k} {v}" for k, v in sorted(stats.rejected.items()))
+    _progress(
+        f"{clients} malicious clients: {valid.reports} worst valid reports counted "
+        f"(one user's worth each, on categories {sorted(int(j) for j in rare)}); "
+        f"{clients} forged reports refused ({refused or 'none refused!'})"
+    )
 
 
 def _demo_model_selection(args: argparse.Namespace, t0: float) -> int:
@@ -433,7 +469,7 @@ def _sim(args: argparse.Namespace) -> int:
                 args.d,
                 max(10 * args.n, 1000),
                 args.epsilon,
-                validate_reports=args.validate_reports,
+                validity=args.validity,
             ),
             timeout=CALL_DEADLINE,
         )
@@ -453,7 +489,8 @@ def _sim(args: argparse.Namespace) -> int:
             "seconds": round(time.perf_counter() - t_close, 3),
             "n": closed.n,
             "dropped_reports": closed.dropped_reports,
-            "validated": args.validate_reports,
+            "validity": args.validity or None,
+            "rejected": dict(closed.rejected),
         }
         _progress(
             f"collection closed: n={closed.n}, dropped {closed.dropped_reports} "

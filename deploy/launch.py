@@ -49,7 +49,10 @@ def server_command(
     ]
     if helper:
         cmd += ["--helper", helper]
-    return cmd
+    # A local simulation serves both kinds of task: those whose reports prove
+    # their validity and those of plain shares (the model-selection demo), so
+    # it lifts the default refusal of the latter (`--require-validation`).
+    return [*cmd, "--no-require-validation"]
 
 
 def wait_serving(address: str, identity: Identity, role: str, timeout: float = 30.0) -> None:

@@ -16,7 +16,6 @@ class TaskOptions(TypedDict, total=False):
     epsilon_min: the smallest ε one stream may use, or "auto" (the default) for
     the smallest the overflow bound allows.  validity: the circuit every report
     proves at ingest (range, onehot, multihot or multihot:r; "" for none).
-    validate_reports: the garbled range check at the close instead (False).
     embedding: what the clients upload (heavy_hitters, sparse_mean, marginals,
     fp_loss or vectors; "" records none).
     """
@@ -25,7 +24,6 @@ class TaskOptions(TypedDict, total=False):
     min_batch: int
     delta: str | float
     epsilon_min: str
-    validate_reports: bool
     validity: str
     embedding: str
 
@@ -51,7 +49,6 @@ def task_spec(
         epsilon_total=str(epsilon),
         delta_total=str(options.get("delta", "0")),
         epsilon_min=epsilon_min,
-        validate_reports=options.get("validate_reports", False),
         embedding=options.get("embedding", ""),
         validity=options.get("validity", ""),
     )

@@ -35,7 +35,8 @@ class TaskParams:
     epsilon_total: Fraction
     delta_total: Fraction
     epsilon_min: Fraction
-    #: Range-check every report at the close (docs/threat-model.md).
+    #: A task created with the retired garbled range check (read from older
+    #: stores only: new tasks refuse it and prove validity at ingest instead).
     validate_reports: bool = False
     #: The embedding the task's clients use ("" = not recorded); uploads check it.
     embedding: str = ""
@@ -99,10 +100,11 @@ def parse_task_params(spec: TaskSpec) -> TaskParams:
         raise InvalidArgument(
             f"validity must be range, onehot, multihot or multihot:r, got {spec.validity!r}"
         )
-    if spec.validity and spec.validate_reports:
+    if spec.validate_reports:
         raise InvalidArgument(
-            "validate_reports (the garbled range check) and validity proofs are two "
-            "defences against the same clients; choose the proofs alone"
+            "validate_reports (the garbled range check at the close) is retired: reports "
+            "prove their values valid at ingest instead; give the task a validity circuit "
+            "(validity=range, onehot or multihot)"
         )
     return TaskParams(
         task_id,

@@ -136,8 +136,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     p.add_argument(
         "--require-validation",
-        action="store_true",
-        help="refuse tasks that do not range-check their reports (validate_reports)",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="refuse tasks whose reports carry no validity proof (a task's --validity); "
+        "--no-require-validation also serves tasks of plain shares, which only the "
+        "robust aggregates bound (default: required)",
     )
     p.set_defaults(handler=run_server)
 

@@ -166,7 +166,7 @@ class ServerCore:
     def check_budget_policy(self, params: TaskParams) -> None:
         """Refuse a task whose total (ε, δ) exceeds this server's configured cap, or
         that skips report validation where this server requires it."""
-        if self.require_validation and not (params.validity or params.validate_reports):
+        if self.require_validation and not params.validity:
             raise InvalidArgument(
                 "this server requires every report to be validated: give the task a "
                 "validity circuit (--validity)"
@@ -288,32 +288,6 @@ class ServerCore:
             )
         d = task.params.d
         return self.store.remove_reports(task_id, report_ids, lambda sh: self.share_sum(d, sh))
-
-    # ------------------------------------------------------------ range validation
-    def validation_inputs(self, task: TaskState, report_ids: list[bytes]) -> U64:
-        """This server's share of the range test of every value of these reports.
-
-        For each report (in the given order) 2d lanes: first −v − 1 ≥ 0 (v < 0),
-        then v − 2^F − 1 ≥ 0 (v > 2^F), as signed ring values; the circuit ORs a
-        report's 2d tests, so it reveals one bit per report (invalid or not).
-        """
-        if task.collection_open:
-            raise FailedPrecondition("reports are validated only after the close")
-        d = task.params.d
-        shares = self.store.shares(task.params.task_id, report_ids)
-        if self.role == Role.LEADER:
-            x = np.frombuffer(b"".join(shares), dtype="<u8").astype(np.uint64).reshape(-1, d)
-            low = ~x  # −x − 1
-            high = x - np.uint64(sensitivity(task.params.frac_bits) + 1)
-        else:
-            x = (
-                np.stack([expand_seed(seed, d) for seed in shares])
-                if shares
-                else np.zeros((0, d), dtype=np.uint64)
-            )
-            low = ~x + np.uint64(1)  # −x
-            high = x
-        return np.concatenate([low, high], axis=1).reshape(-1).astype(np.uint64)
 
     # ------------------------------------------------------------ the agreement
     def mark_agreed(self, task_id: str, robust: U64 | None) -> TaskState:

@@ -11,7 +11,7 @@ the helper as written; everything a server reports (ledgers, charges, refunds)
 is an exact `Fraction`.
 
 A chunk is one of four kinds (`ChunkKind`): an Ask or a Compare chunk of a
-stream, a robust-aggregate chunk or a range-validation chunk of the close.
+stream, or a robust-aggregate chunk of the close.
 Each kind's `ChunkSpec` names its header, the inputs a leased job of that
 kind carries, the stream kinds it answers, and its progress rule — how many
 queries a result answers and whether the stream closes — written once for both
@@ -31,7 +31,6 @@ from svtagg.dp.plans import PlanBook
 from svtagg.dp.queries import Budget, Outcome, Progress, ask_progress
 from svtagg.dp.task import TaskParams
 from svtagg.mpc.circuits import CLOSE
-from svtagg.proto.vocab import split_ids
 from svtagg.servers.store import OPEN, StreamState, TaskState
 
 #: (plan id, group) of a stream charged to a plan's group.
@@ -292,12 +291,11 @@ class CompareAnswer:
 
 
 class ChunkKind(StrEnum):
-    """The four kinds of chunk (the strings are a leased job's `kind`)."""
+    """The three kinds of chunk (the strings are a leased job's `kind`)."""
 
     ASK = "ask"
     COMPARE = "compare"
     ROBUST = "robust"
-    VALIDATE = "validate"
 
     @property
     def spec(self) -> ChunkSpec:
@@ -345,26 +343,9 @@ class RobustChunk:
         return ChunkKind.ROBUST
 
 
-@dataclass(frozen=True)
-class ValidationChunk:
-    """The header of a range-validation chunk of the close: 16-byte report ids
-    concatenated, in the order both servers lay out the reports' values."""
-
-    task_id: str
-    report_ids: bytes
-
-    @property
-    def kind(self) -> ChunkKind:
-        return ChunkKind.VALIDATE
-
-    def ids(self) -> list[bytes]:
-        """The report ids (InvalidArgument unless whole 16-byte ids)."""
-        return split_ids(self.report_ids)
-
-
-ChunkHeader = StreamChunk | RobustChunk | ValidationChunk
+ChunkHeader = StreamChunk | RobustChunk
 #: What a leased job carries: the analyst's chunk, or a close-time chunk's header.
-JobInputs = Ask | Compare | RobustChunk | ValidationChunk
+JobInputs = Ask | Compare | RobustChunk
 #: What a leased job answers: the analyst's answer, or a close-time chunk's bytes.
 JobAnswer = AskAnswer | CompareAnswer | bytes
 
@@ -392,5 +373,4 @@ _SPECS = {
         StreamChunk, Compare, frozenset({StreamKind.CTT}), compare_progress
     ),
     ChunkKind.ROBUST: ChunkSpec(RobustChunk, RobustChunk, frozenset(), None),
-    ChunkKind.VALIDATE: ChunkSpec(ValidationChunk, ValidationChunk, frozenset(), None),
 }

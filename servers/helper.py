@@ -26,7 +26,6 @@ from svtagg.servers.exchange import (
     StreamChunk,
     StreamInfo,
     TaskInfo,
-    ValidationChunk,
     VerifyBatch,
     VerifyResult,
 )
@@ -175,9 +174,7 @@ class HelperDriver:
             header = await session.next_header(self.stopping)
             if header is None:
                 return
-            if isinstance(header, ValidationChunk):
-                await self._validate(session, party, header)
-            elif isinstance(header, RobustChunk):
+            if isinstance(header, RobustChunk):
                 await self._robust(session, party, header)
             else:
                 await self._stream_chunk(session, party, header)
@@ -202,25 +199,6 @@ class HelperDriver:
             self.core.fail_stream(stream.stream_id)
             raise
         await self._run(party, stream, task, chunk)
-        await session.ok()
-
-    async def _validate(
-        self, session: HelperSession, party: ComparisonParty, h: ValidationChunk
-    ) -> None:
-        """The evaluator's side of one range-validation chunk (see the leader's
-        `validate_reports`); a refusal goes back and the session lives on."""
-        try:
-            task = self.core.task(h.task_id)
-            if not task.params.validate_reports:
-                raise FailedPrecondition("this task does not validate its reports")
-            if task.agreed:
-                raise FailedPrecondition("the report set is already agreed")
-            z = self.core.validation_inputs(task, h.ids())
-        except Exception as exc:  # noqa: BLE001 - refusal goes back, session lives
-            await session.refuse(exc)
-            return
-        await session.ok()
-        await party.any_per_group(z, 2 * task.params.d)
         await session.ok()
 
     async def _robust(self, session: HelperSession, party: ComparisonParty, h: RobustChunk) -> None:

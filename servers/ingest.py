@@ -38,6 +38,7 @@ import numpy as np
 
 from svtagg.dp.errors import FailedPrecondition, InvalidArgument, PeerUnavailable
 from svtagg.servers.exchange import VerifyBatch, VerifyResult
+from svtagg.servers.faults import crash_point
 from svtagg.servers.proofs import field_words_rows, task_validity
 from svtagg.servers.store import Verified, batch_id
 from svtagg.vdaf.prio3 import Prio3
@@ -241,6 +242,7 @@ def helper_verify(core: ServerCore, batch: VerifyBatch) -> VerifyResult:
         _out_words(prio, v, mine, rows),
         Verified(bid, verdicts, rejected_counts(verdicts), ids),
     )
+    crash_point("verify.after_record")  # recorded here, the leader not answered
     return VerifyResult(mine.shares, verdicts, False, n)
 
 
@@ -301,6 +303,7 @@ async def verify_upload(
             )
     valid = [rid for rid, x in zip(ids, verdicts, strict=True) if x == Verdict.VALID]
     counts = rejected_counts(verdicts)
+    crash_point("verify.before_record")  # the helper has recorded; not yet here
     n = core.store.add_reports(
         task_id,
         valid,

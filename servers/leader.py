@@ -1,5 +1,5 @@
 """The leader driver: every analyst request the leader serves, and how it drives
-the helper through a `HelperPort` — close / reconcile / validate, stream
+the helper through a `HelperPort` — close / reconcile / re-share, stream
 opening and the chunk exchange with fail-closed handling (the ledgers are kept
 together by `servers.reconcile`).  Free of any transport: it takes and returns
 the domain values of `servers.exchange`, the gRPC `AnalystService` converts
@@ -12,7 +12,7 @@ import logging
 import secrets
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 
@@ -60,7 +60,6 @@ from svtagg.servers.exchange import (
     StreamChunk,
     StreamInfo,
     TaskInfo,
-    ValidationChunk,
 )
 from svtagg.servers.faults import crash_point
 from svtagg.servers.port import HelperPort
@@ -80,16 +79,11 @@ log = logging.getLogger("svtagg.server")
 #: tables per chunk.
 ROBUST_LANES = 4096
 
-#: Lanes per range-validation chunk (2d per report): about 150 MB of protocol
-#: traffic, well inside the chunk deadline.
-VALIDATION_LANES = 50_000
 #: Close-time chunks a leasing leader keeps queued or running at once (more
 #: than any pool of workers it pairs; bounds the work table and the waiters).
 PASS_JOBS = 32
 #: How long `close_collection` waits for the helper before closing anything.
 HELPER_CHECK_DEADLINE = 5.0
-#: A chunk of a close-time pass.
-PassChunk = TypeVar("PassChunk", RobustChunk, ValidationChunk)
 
 
 class LeaderDriver:
@@ -184,7 +178,7 @@ class LeaderDriver:
             spec.n_max,
             spec.epsilon_total,
             spec.delta_total,
-            params.validity or ("garbled range check" if spec.validate_reports else "none"),
+            params.validity or "none",
         )
         return info
 
@@ -236,20 +230,14 @@ class LeaderDriver:
                     f"servers still disagree on the reports (leader n={task.n}, "
                     f"helper n={helper.n}); try closing again"
                 )
-        invalid: list[bytes] = []
-        # A close retried after a lost MarkAgreed reply: the helper agreed on this
-        # very set (validated then) and dropped its per-report shares, so the set
-        # is not validated again; the robust pass and the agreement run again.
-        agreed_there = helper.agreed and helper.same_as(task)
-        if task.params.validate_reports and not agreed_there:
-            invalid = await self._validate_reports(task)
-            if invalid:
-                task, helper = await self._drop(task_id, invalid, invalid)
-                log.info(
-                    "task %s: dropped %d reports with values out of range", task_id, len(invalid)
-                )
-                if not helper.same_as(task):
-                    raise FailedPrecondition("servers disagree after validation; close again")
+        if task.params.validate_reports:
+            # A task made before the garbled range check was retired: its reports
+            # carry no proofs; the robust aggregates still bound each one.
+            log.warning(
+                "task %s was created with the retired garbled range check; closing it "
+                "without that check (each report is still bounded by the robust aggregates)",
+                task_id,
+            )
         # Each pass has its own id: the helper keeps only this pass's shares.
         pass_id = secrets.token_bytes(PASS_ID_BYTES)
         # A task with a validity circuit always runs it: it is the field-to-ring conversion.
@@ -261,7 +249,7 @@ class LeaderDriver:
         await self.helper.mark_agreed(Agreement(task_id, task.n, task.digest, pass_id))
         info = replace(
             TaskInfo.of(self.core.mark_agreed(task_id, robust)),
-            dropped_reports=dropped + len(invalid),
+            dropped_reports=dropped,
         )
         log.info(
             "task %s: both servers agree on n=%d (dropped %d)",
@@ -356,7 +344,7 @@ class LeaderDriver:
         return np.asarray(out, dtype=np.uint64).tobytes()
 
     async def _passes(
-        self, headers: Sequence[PassChunk], run_here: Callable[[PassChunk], Awaitable[bytes]]
+        self, headers: Sequence[RobustChunk], run_here: Callable[[RobustChunk], Awaitable[bytes]]
     ) -> list[bytes]:
         """A close-time pass's chunks: here one after another, or as leased jobs
         that the workers run in parallel, at most PASS_JOBS queued at a time
@@ -367,7 +355,7 @@ class LeaderDriver:
         work = self.work
         slots = asyncio.Semaphore(PASS_JOBS)
 
-        async def leased(h: PassChunk) -> bytes:
+        async def leased(h: RobustChunk) -> bytes:
             async with slots:
                 return await run_leased(work, h)
 
@@ -376,32 +364,6 @@ class LeaderDriver:
             if isinstance(r, BaseException):
                 raise r
         return [bytes(r) for r in results]  # type: ignore[arg-type]
-
-    async def _validate_reports(self, task: TaskState) -> list[bytes]:
-        """Range-check every report in one garbled pass; the invalid ones.
-
-        Reports go in sorted id order, VALIDATION_LANES lanes (2d per report) at a
-        time; the circuit ORs each report's 2d sign tests, so the servers learn
-        one bit per report ("invalid") and nothing about which value failed."""
-        task_id = task.params.task_id
-        ids = sorted(self.core.report_ids(task_id))
-        batch = max(1, VALIDATION_LANES // (2 * task.params.d))
-        parts = [ids[i : i + batch] for i in range(0, len(ids), batch)]
-        headers = [ValidationChunk(task_id, b"".join(p)) for p in parts]
-        bits = await self._passes(headers, lambda h: self.validation_chunk(task, h))
-        return [
-            rid
-            for p, b in zip(parts, bits, strict=True)
-            for rid, bad in zip(p, b, strict=True)
-            if bad
-        ]
-
-    async def validation_chunk(self, task: TaskState, h: ValidationChunk) -> bytes:
-        """One byte per report of the chunk: 1 if any of its values is out of range."""
-        z = self.core.validation_inputs(task, h.ids())
-        per = 2 * task.params.d
-        bits, _ = await self._exchange(h, lambda party: party.any_per_group(z, per))
-        return bytes(bytearray(int(b) for b in bits))
 
     # ------------------------------------------------------------ streams
     async def open_stream(self, request: OpenStream) -> StreamInfo:
@@ -594,9 +556,7 @@ class LeaderDriver:
         if isinstance(inputs, Compare):
             return await self.compare(inputs)
         task = self.core.task(inputs.task_id)
-        if isinstance(inputs, RobustChunk):
-            return await self.robust_chunk(task, inputs)
-        return await self.validation_chunk(task, inputs)
+        return await self.robust_chunk(task, inputs)
 
     async def _fail_helper(self, stream_id: str) -> None:
         try:

@@ -196,7 +196,11 @@ _V5: tuple[str, ...] = (
 #: the count of refused reports by reason; the helper's pending Prio3 shares
 #: (until the leader verifies their batch) and each verified batch's verdicts
 #: (so a retried verification answers the same), both dropped at the close.
+#: The garbled range check is retired: its leased jobs ('validate') go.
 _V6: tuple[str, ...] = (
+    "DELETE FROM work WHERE kind = 'validate'",
+    "ALTER TABLE work DROP CONSTRAINT work_kind_check",
+    "ALTER TABLE work ADD CONSTRAINT work_kind_check CHECK (kind IN ('ask', 'compare', 'robust'))",
     "ALTER TABLE tasks ADD COLUMN validity TEXT NOT NULL DEFAULT ''",
     "ALTER TABLE tasks ADD COLUMN verify_key BYTEA",
     "ALTER TABLE tasks ADD COLUMN rejected TEXT NOT NULL DEFAULT '{}'",

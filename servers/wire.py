@@ -18,6 +18,7 @@ from typing import Any, Generic, TypeVar
 
 from google.protobuf.message import Message
 
+from svtagg.dp.errors import InvalidArgument
 from svtagg.dp.queries import Budget
 from svtagg.dp.task import TaskParams, TaskSpec
 from svtagg.proto import svtagg_pb2 as pb
@@ -46,7 +47,6 @@ from svtagg.servers.exchange import (
     StreamChunk,
     StreamInfo,
     TaskInfo,
-    ValidationChunk,
     VerifyBatch,
     VerifyResult,
 )
@@ -425,8 +425,6 @@ COMPARE_ANSWER: Codec[CompareAnswer, pb.CompareResponse] = Codec(
 
 def _header_to_pb(h: ChunkHeader) -> pb.ChunkHeader:
     """The flat ChunkHeader: which of its fields are set says the kind."""
-    if isinstance(h, ValidationChunk):
-        return pb.ChunkHeader(validate_task_id=h.task_id, report_ids=h.report_ids)
     if isinstance(h, RobustChunk):
         return pb.ChunkHeader(
             robust_task_id=h.task_id, coord_lo=h.coord_lo, coord_hi=h.coord_hi, pass_id=h.pass_id
@@ -443,15 +441,15 @@ def _robust_from_pb(m: pb.ChunkHeader) -> RobustChunk:
     return RobustChunk(m.robust_task_id, m.coord_lo, m.coord_hi, m.pass_id)
 
 
-def _validation_from_pb(m: pb.ChunkHeader) -> ValidationChunk:
-    return ValidationChunk(m.validate_task_id, m.report_ids)
-
-
 def _header_from_pb(m: pb.ChunkHeader) -> ChunkHeader:
-    """A validation task id makes a validation chunk, else a robust task id a
-    robust chunk, else it is a stream's chunk (`compare`: a Compare chunk)."""
+    """A robust task id makes a robust chunk, else it is a stream's chunk
+    (`compare`: a Compare chunk).  A range-validation header (the retired
+    garbled range check of an older leader) is refused."""
     if m.validate_task_id:
-        return _validation_from_pb(m)
+        raise InvalidArgument(
+            "the garbled range check at the close is retired: reports prove their "
+            "validity at ingest (upgrade the leader)"
+        )
     if m.robust_task_id:
         return _robust_from_pb(m)
     kind = ChunkKind.COMPARE if m.compare else ChunkKind.ASK
@@ -468,13 +466,11 @@ _JOB_INPUTS: dict[ChunkKind, Codec[Any, Any]] = {
     ChunkKind.ASK: ASK,
     ChunkKind.COMPARE: COMPARE,
     ChunkKind.ROBUST: Codec(pb.ChunkHeader, _header_to_pb, _robust_from_pb),
-    ChunkKind.VALIDATE: Codec(pb.ChunkHeader, _header_to_pb, _validation_from_pb),
 }
 _JOB_ANSWERS: dict[ChunkKind, Codec[Any, Any] | None] = {
     ChunkKind.ASK: ASK_ANSWER,
     ChunkKind.COMPARE: COMPARE_ANSWER,
     ChunkKind.ROBUST: None,
-    ChunkKind.VALIDATE: None,
 }
 
 

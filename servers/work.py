@@ -54,7 +54,6 @@ from svtagg.servers.exchange import (
     JobAnswer,
     JobInputs,
     RobustChunk,
-    ValidationChunk,
 )
 
 if TYPE_CHECKING:  # psycopg is the optional `postgres` extra: imported where used
@@ -128,7 +127,7 @@ async def run_leased(
 @overload
 async def run_leased(
     queue: JobQueue,
-    inputs: RobustChunk | ValidationChunk,
+    inputs: RobustChunk,
     stream_id: str | None = None,
     on_lost: Callable[[str], Awaitable[None]] | None = None,
 ) -> bytes: ...

@@ -73,6 +73,7 @@ class Env:
             "--input",
             str(path),
             "--quiet",
+            "--no-require-validation",  # these tasks take plain shares
             *argv,
         ]
 

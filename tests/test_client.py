@@ -120,9 +120,39 @@ async def test_cli_upload(deployment: Deployment, tmp_path: Path):
                 "d=4",
                 "--batch",
                 "8",
+                "--no-require-validation",  # a task of plain shares
             ]
         )
         info = deployment.analyst_stub().DescribeTask(pb.TaskRef(task_id="t"), timeout=5)
         return rc, info.n
 
     assert await off_loop(run) == (0, 30)
+
+
+async def test_cli_upload_proves_by_default_and_refuses_plain_tasks(
+    deployment: Deployment, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`svtagg client upload` to a task with a validity circuit sends proved
+    reports without any option; to a task of plain shares it refuses by
+    default, saying how to upload anyway."""
+    data = tmp_path / "cats.csv"
+    data.write_text("\n".join(f"{i % 4},{(i + 1) % 4}" for i in range(30)) + "\n")
+    base = ["client", "upload", "--leader", deployment.leader_addr, "--helper",
+            deployment.helper_addr, "--certs", str(deployment.certs), "--input", str(data),
+            "--embedding", "heavy_hitters", "--format", "categories", "--quiet"]  # fmt: skip
+
+    def run() -> tuple[int, int, int]:
+        stub = deployment.analyst_stub()
+        spec = pb.TaskSpec(
+            task_id="hh", d=4, frac_bits=16, n_max=1000, min_batch=1, epsilon_total="1",
+            delta_total="0", epsilon_min="1/100", validity="multihot:2",
+        )  # fmt: skip
+        stub.CreateTask(spec, timeout=10)
+        make_task(stub, "plain", d=4)
+        proved = main([*base, "--task", "hh"])
+        refused = main([*base, "--task", "plain"])
+        info = stub.DescribeTask(pb.TaskRef(task_id="hh"), timeout=5)
+        return proved, refused, info.n
+
+    assert await off_loop(run) == (0, 2, 30)
+    assert "--no-require-validation" in capsys.readouterr().err

@@ -37,6 +37,8 @@ from svtagg.client.upload import UploadError, make_batch
 from svtagg.dp.errors import Refusal
 from svtagg.dp.queries import Query
 from svtagg.proto import svtagg_pb2 as pb
+from svtagg.vdaf.field import FIELD128
+from svtagg.vdaf.validity import parse_validity
 
 D, F = 6, 16
 EPS = Fraction(1, 2)
@@ -60,21 +62,25 @@ PAIRS = [
     ("chunk.after_mark", "helper"),
     ("chunk.after_result", "leader"),
     ("chunk.after_result", "helper"),
+    ("verify.after_record", "helper"),
+    ("verify.before_record", "leader"),
 ]
 
 
 class Collection:
     """The client side of an upload: which report ids carry which rows, which were acked."""
 
-    def __init__(self, task: str) -> None:
+    def __init__(self, task: str, validity: str = "") -> None:
         self.task = task
+        #: The task's validity circuit: the batches are Prio3 reports with proofs.
+        self.validity = parse_validity(validity, D, F) if validity else None
         self.rows: dict[bytes, np.ndarray] = {}
         self.acked: set[bytes] = set()
         self.rng = np.random.default_rng(7)
 
     def batch(self, m: int) -> Any:
         values = self.rng.random((m, D))
-        b = make_batch(self.task, values, F)
+        b = make_batch(self.task, values, F, validity=self.validity)
         for r, row in zip(b.leader.reports, values, strict=True):
             self.rows[r.report_id] = row
         return b
@@ -83,9 +89,10 @@ class Collection:
         self.acked.update(r.report_id for r in b.leader.reports)
 
 
-def create_task(pd: ProcessDeployment, task: str) -> None:
+def create_task(pd: ProcessDeployment, task: str, validity: str = "") -> None:
     pd.stub().CreateTask(
         pb.TaskSpec(
+            validity=validity,
             task_id=task,
             d=D,
             frac_bits=F,
@@ -142,7 +149,12 @@ def check_reports(pd: ProcessDeployment, col: Collection) -> int:
     assert lead.n == help_.n == len(lead.report_ids) == info.n
     assert col.acked <= lead.report_ids <= set(col.rows)
     counted = np.array([col.rows[r] for r in sorted(lead.report_ids)])
-    assert np.array_equal(lead.sums + help_.sums, encoded_sum(counted, F))
+    if col.validity is None:
+        assert np.array_equal(lead.sums + help_.sums, encoded_sum(counted, F))
+    else:  # Field128 sums (as words): added mod p
+        f = FIELD128
+        total = f.add(f.decode_vec(lead.sums.tobytes()), f.decode_vec(help_.sums.tobytes()))
+        assert f.to_ints(total) == [int(x) for x in encoded_sum(counted, F)]
     return int(info.dropped_reports)
 
 
@@ -234,6 +246,23 @@ def test_crash_points(procs: ProcessDeployment):
     assert sum(pd.kills.values()) == 9
 
 
+def test_crash_points_with_proofs(procs: ProcessDeployment):
+    """A task whose reports prove their validity: one SIGKILL at each point of
+    the batch verification (the helper just after recording a batch, the
+    leader just before, and mid-store); the client's retry is answered from the
+    helper's recorded verdicts, an abandoned batch is taken out on the helper at
+    the close, and every acknowledged report counts once on both servers."""
+    pd = procs
+    col = Collection("pv", validity="range")
+    create_task(pd, "pv", validity="range")
+    upload_through_kill(pd, col, "helper", "verify.after_record")
+    upload_through_kill(pd, col, "leader", "verify.before_record")
+    upload_through_kill(pd, col, "leader", "upload.mid_store")
+    upload_through_kill(pd, col, "leader", "verify.before_record", give_up=True)
+    assert check_reports(pd, col) == 10  # the abandoned batch, held by the helper only
+    assert sum(pd.kills.values()) == 4
+
+
 def test_leader_ledger_wins(procs: ProcessDeployment):
     """The servers disagree after the leader dies between the two charges: the
     leader has charged, the helper has not.  The leader's ledger wins: its charge
@@ -267,21 +296,26 @@ def crash_loop(pd: ProcessDeployment, label: str) -> None:
     try:
         col = Collection("up")
         create_task(pd, "up")
+        proved = Collection("pv", validity="range")
+        create_task(pd, "pv", validity="range")
         closed_task(pd, "s")
         for rep in range(KILLS_HEAVY):
             for point, role in PAIRS:
+                last = rep == KILLS_HEAVY - 1
                 if point.startswith("upload."):
-                    upload_through_kill(pd, col, role, point, give_up=rep == KILLS_HEAVY - 1)
+                    upload_through_kill(pd, col, role, point, give_up=last)
+                elif point.startswith("verify."):
+                    upload_through_kill(pd, proved, role, point, give_up=last)
                 else:
                     stream_through_kill(pd, "s", role, point)
                 key = f"{point}@{role}"
                 survived[key] = survived.get(key, 0) + 1
-        dropped = check_reports(pd, col)
+        dropped = check_reports(pd, col) + check_reports(pd, proved)
     finally:
         pd.stop()
     print(f"\n{label}: kills survived per point:", survived)
     print(
         f"{label}: {sum(survived.values())} kills, invariants held after each; "
-        f"{len(col.acked)} acked reports all counted once, {dropped} unacked dropped "
-        "at reconciliation"
+        f"{len(col.acked) + len(proved.acked)} acked reports all counted once, "
+        f"{dropped} unacked dropped at reconciliation"
     )

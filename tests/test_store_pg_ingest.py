@@ -12,6 +12,7 @@ import pytest
 from test_store_contract import batch, params, share_sum
 
 from svtagg.dp.errors import NotFound
+from svtagg.servers.store import report_digest
 
 
 @pytest.fixture
@@ -94,8 +95,19 @@ def test_a_version_2_store_migrates_with_its_reports(
         m.setattr(store_pg, "MIGRATIONS", store_pg.MIGRATIONS[:2])
         m.setattr(PgStore, "SCHEMA_VERSION", 2)
         old = PgStore(url, schema=schema)
-        old.create_task(params("t"))
-        old.add_reports("t", ids[:3], shares[:3], share_sum(shares[:3]))
+        # What version-2 code wrote: a task and three reports with their shares
+        # (the rows by hand: today's methods write the columns of today's schema).
+        old._conn.execute(
+            "INSERT INTO tasks (task_id, d, frac_bits, n_max, min_batch, epsilon_total,"
+            " delta_total, epsilon_min, digest, sums, n) VALUES"
+            " ('t', 3, 16, 100, 1, '1', '1/1000000', '1/10', %s, %s, 3)",
+            (report_digest(ids[:3]), share_sum(shares[:3]).tobytes()),
+        )
+        for rid, sh in zip(ids[:3], shares[:3], strict=True):
+            old._conn.execute(
+                "INSERT INTO reports (task_id, report_id, share) VALUES ('t', %s, %s)", (rid, sh)
+            )
+        old._conn.commit()
         assert old.schema_version() == 2
         assert old._conn.execute(fkeys).fetchone() == (1,)
         old.close()

@@ -16,11 +16,13 @@ server (SVTAGG_TEST_POSTGRES)."""
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import AsyncIterator
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
+import grpc
 import numpy as np
 import pytest
 from conftest import postgres_unavailable
@@ -34,12 +36,12 @@ from test_reliability import (
     stream_through_kill,
 )
 from test_store_pg_reliability import PgProcessDeployment
-from test_validation import _raw_report
 
 from svtagg.analyst.oracle import Query
 from svtagg.deploy.jobs import task_spec
 from svtagg.dp.errors import FailedPrecondition
 from svtagg.dp.task import TaskParams
+from svtagg.mpc.sharing import share
 from svtagg.proto import svtagg_pb2 as pb
 from svtagg.servers.work import Unclaimed, WorkerLost
 
@@ -244,23 +246,33 @@ class WorkerDeployment(PgProcessDeployment):
             super().start_role(role)
 
 
+def _raw_report(values: list[int]) -> pb.UploadBatch:
+    """The leader's half of one report of arbitrary ring values, without a proof."""
+    explicit, _ = share(np.array([v % 2**64 for v in values], dtype=np.uint64))
+    lead = pb.UploadBatch(task_id="v")
+    lead.reports.add(report_id=os.urandom(16), explicit_share=explicit.astype("<u8").tobytes())
+    return lead
+
+
 def test_workers_answer_streams_and_run_the_close(tmp_path: Path, pg_url: tuple[str, str]) -> None:
-    """Two leader workers: a validating close (its passes as parallel jobs)
-    drops exactly the out-of-range reports, and streams answer as in process."""
+    """Two leader workers: reports proved valid at ingest (raw shares, as a
+    malicious client sends them, are refused), the close's field-to-ring passes
+    run as parallel jobs, and streams answer as in process."""
     pd = WorkerDeployment(tmp_path, *pg_url, leaders=2).start()
     try:
-        spec = task_spec("v", D, 100_000, "1000", validate_reports=True)
+        spec = task_spec("v", D, 100_000, "1000", validity="range")
         pd.stub().CreateTask(spec, timeout=30)
         values = np.ones((1200, D))
         with pd.uploader() as up:
             up.upload("v", values)
         # Two reports out of range, sent as a malicious client would (raw shares).
         for bad in ([2**63 - 5] + [0] * (D - 1), [0] * (D - 1) + [-1]):
-            lb, hb = _raw_report(bad)
-            pd.stub("client", "Ingest", "leader").Upload(lb, timeout=10)
-            pd.stub("client", "Ingest", "helper").Upload(hb, timeout=10)
+            lb = _raw_report(bad)
+            with pytest.raises(grpc.RpcError) as refused:
+                pd.stub("client", "Ingest", "leader").Upload(lb, timeout=10)
+            assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         info = pd.stub().CloseCollection(pb.TaskRef(task_id="v"), timeout=300)
-        assert info.n == 1200 and info.dropped_reports == 2
+        assert info.n == 1200 and info.dropped_reports == 0
         with pd.oracle("v") as o:
             assert o.open_stream(EPS).ask([(Query(1), 10**4), (Query(0), -1000.0)]) == 1
             assert o.open_stream(EPS).ask([(Query(0), 10**4)]) is None

@@ -1,8 +1,9 @@
 """Frozen transcript vectors: what each server sends, byte for byte.
 
 A seeded task runs through the one-process reference (`servers.reference`):
-two client uploads (one report out of range), the close (its range-validation
-chunk and robust-aggregate pass), a stream of each kind (LAP24, LAP3, EXP3 with
+two client uploads of Prio3 reports with their validity proofs (one report out
+of range, refused at ingest), each verified by both servers in one exchange,
+the close (its field-to-ring pass), a stream of each kind (LAP24, LAP3, EXP3 with
 Ask chunks; CTT with a Compare chunk), a budget plan with one stream in it,
 and two refusals.  Every random draw comes from a counter-mode SHA-256 stream
 keyed by the seed (os.urandom and the `secrets` functions are replaced for the
@@ -37,10 +38,11 @@ import pytest
 from svtagg.client.upload import make_batch
 from svtagg.dp.errors import Refusal
 from svtagg.mpc import native
-from svtagg.mpc.sharing import share
 from svtagg.proto import svtagg_pb2 as pb
 from svtagg.servers import wire
 from svtagg.servers.reference import ReferencePair, reference_pair
+from svtagg.vdaf.field import FIELD128
+from svtagg.vdaf.validity import parse_validity
 
 VECTORS = Path(__file__).parent / "vectors" / "transcript.json"
 SEED = b"svtagg transcript vectors v1"
@@ -136,14 +138,21 @@ def _calls(ref: ReferencePair) -> dict[str, Any]:
     }
 
 
-def _upload(rec: Recorder, ref: ReferencePair, lead: pb.UploadBatch, help_: pb.UploadBatch) -> None:
+async def _upload(
+    rec: Recorder, ref: ReferencePair, lead: pb.UploadBatch, help_: pb.UploadBatch
+) -> None:
+    """A client's upload: the helper's half, then the leader's (which verifies
+    the batch with the helper); the leader's answer is recorded too."""
     rec.note("upload", "leader", lead)
     rec.note("upload", "helper", help_)
-    ref.store_reports(
-        lead.task_id,
-        [(r.report_id, r.explicit_share) for r in lead.reports],
-        [(r.report_id, r.seed) for r in help_.reports],
-    )
+    ids = [r.report_id for r in lead.reports]
+    shards = [
+        (lr.public_share, lr.input_share, hr.input_share)
+        for lr, hr in zip(lead.reports, help_.reports, strict=True)
+    ]
+    got = await ref.send_proofs(lead.task_id, ids, shards)
+    answer = pb.UploadResult(accepted=got.accepted, n=got.n, rejected=got.rejected)
+    rec.note("upload", "answer", answer)
 
 
 async def _scenario(rec: Recorder, ref: ReferencePair) -> None:
@@ -163,18 +172,27 @@ async def _scenario(rec: Recorder, ref: ReferencePair) -> None:
             epsilon_total="20",
             delta_total="1/1000",
             epsilon_min="1/10",
-            validate_reports=True,
+            validity="range",
         ),
     )
-    batch = make_batch(TASK, VALUES, F)
-    _upload(rec, ref, batch.leader, batch.helper)
-    # One report out of range (above 1.0 in coordinate 1): the close drops it.
-    explicit, seed = share(np.array([0, 2**F + 1, 0, 0], dtype=np.uint64))
-    rid = os.urandom(16)
+    circuit = parse_validity("range", D, F)
+    assert circuit is not None
+    batch = make_batch(TASK, VALUES, F, validity=circuit)
+    await _upload(rec, ref, batch.leader, batch.helper)
+    # One report out of range (above 1.0 in coordinate 1), its proof made honestly
+    # for that encoding: refused at ingest.
+    prio, rid = circuit.prio3, os.urandom(16)
+    encoded = [(x >> i) & 1 for x in (0, 2**F + 1, 0, 0) for i in range(F + 1)]
+    seeds = [os.urandom(16) for _ in range(prio.rand_size // 16)]
+    public, shares = prio.shard_encoded(FIELD128.vec(encoded), rid, seeds)
     lead, help_ = pb.UploadBatch(task_id=TASK), pb.UploadBatch(task_id=TASK)
-    lead.reports.add(report_id=rid, explicit_share=explicit.astype("<u8").tobytes())
-    help_.reports.add(report_id=rid, seed=seed)
-    _upload(rec, ref, lead, help_)
+    for side, share in ((lead, shares[0]), (help_, shares[1])):
+        side.reports.add(
+            report_id=rid,
+            input_share=prio.encode_input_share(share),
+            public_share=prio.encode_public_share(public),
+        )
+    await _upload(rec, ref, lead, help_)
     await analyst("CloseCollection", pb.TaskRef(task_id=TASK))
 
     queries = pb.Queries(index=[3, 2, 1, 0], complement=[False, False, False, True])

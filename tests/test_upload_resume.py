@@ -35,7 +35,7 @@ def _upload(dep: Deployment, path: Path, *extra: str) -> int:
     return main(
         ["client", "upload", "--leader", dep.leader_addr, "--helper", dep.helper_addr,
          "--certs", str(dep.certs), "--task", "t", "--input", str(path),
-         "--batch", str(BATCH), "--quiet", *extra]
+         "--batch", str(BATCH), "--quiet", "--no-require-validation", *extra]
     )  # fmt: skip
 
 
@@ -219,7 +219,8 @@ async def test_the_task_s_embedding_is_used_when_none_is_given(
             )  # fmt: skip
             stub.CreateTask(spec, timeout=10)
         common = ["client", "upload", "--leader", deployment.leader_addr, "--helper",
-                  deployment.helper_addr, "--certs", str(deployment.certs), "--quiet"]  # fmt: skip
+                  deployment.helper_addr, "--certs", str(deployment.certs), "--quiet",
+                  "--no-require-validation"]  # fmt: skip
         hh = main([*common, "--task", "hh", "--input", str(cats), "--format", "categories"])
         smr = main([*common, "--task", "sm", "--input", str(sm), "--param", "clip=2"])
         # heavy_hitters has two formats: one must still be chosen
@@ -249,7 +250,7 @@ async def test_ctrl_c_in_a_real_upload_then_resume(deployment: Deployment, tmp_p
     args = [sys.executable, "-m", "svtagg.deploy.cli", "client", "upload",
             "--leader", deployment.leader_addr, "--helper", deployment.helper_addr,
             "--certs", str(deployment.certs), "--task", "t", "--input", str(path),
-            "--batch", "50", "--quiet"]  # fmt: skip
+            "--batch", "50", "--quiet", "--no-require-validation"]  # fmt: skip
     # PYTHONFAULTHANDLER: a client that hangs is made to say where (SIGABRT below).
     env = {**os.environ, "SVTAGG_CONFIG": "", "PYTHONFAULTHANDLER": "1"}
     proc = await asyncio.create_subprocess_exec(*args, env=env, stderr=asyncio.subprocess.PIPE)

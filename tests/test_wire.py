@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from svtagg.dp.errors import InvalidArgument
 from svtagg.dp.kinds import StreamKind
 from svtagg.dp.queries import Budget, Outcome
 from svtagg.dp.task import TaskParams, TaskSpec
@@ -39,7 +40,6 @@ from svtagg.servers.exchange import (
     StreamChunk,
     StreamInfo,
     TaskInfo,
-    ValidationChunk,
     VerifyBatch,
     VerifyResult,
     ask_progress,
@@ -130,19 +130,17 @@ def test_a_first_yes_at_zero_is_a_yes() -> None:
 
 
 def test_the_flat_chunk_header_decodes_as_the_helper_always_read_it() -> None:
-    """A validation task id wins over a robust task id, which wins over a stream;
-    `compare` makes a stream's chunk a Compare chunk.  Each domain header goes
-    out with only its own fields set."""
-    both = pb.ChunkHeader(
-        stream_id="s", validate_task_id="v", report_ids=b"r" * 16, robust_task_id="r"
-    )
-    assert wire.CHUNK_HEADER.from_pb(both) == ValidationChunk("v", b"r" * 16)
+    """A robust task id wins over a stream; `compare` makes a stream's chunk a
+    Compare chunk; a range-validation header (the retired garbled range check of
+    an older leader) is refused.  Each domain header goes out with only its own
+    fields set."""
+    with pytest.raises(InvalidArgument, match="retired"):
+        wire.CHUNK_HEADER.from_pb(pb.ChunkHeader(validate_task_id="v", report_ids=b"r" * 16))
     robust = pb.ChunkHeader(stream_id="s", robust_task_id="r", coord_lo=1, coord_hi=2)
     assert wire.CHUNK_HEADER.from_pb(robust) == RobustChunk("r", 1, 2, b"")
     compare = pb.ChunkHeader(stream_id="s", chunk_no=2, compare=True)
     assert wire.CHUNK_HEADER.from_pb(compare) == StreamChunk(ChunkKind.COMPARE, "s", 2, Queries(()))
     for header in (
-        ValidationChunk("v", b"r" * 32),
         RobustChunk("r", 0, 4096, b"p" * 16),
         StreamChunk(ChunkKind.ASK, "s", 1, Queries((0, 1), (False, True))),
         StreamChunk(ChunkKind.COMPARE, "s", 3, Queries((2,))),
@@ -158,7 +156,6 @@ def test_leased_jobs_keep_their_kind_and_payload() -> None:
         (Ask("s", q, (1,)), ChunkKind.ASK, AskAnswer(None, False, 3)),
         (Compare("s", q, (-1,), (1,)), ChunkKind.COMPARE, CompareAnswer((), False, 3)),
         (RobustChunk("t", 0, 2, b"p" * 16), ChunkKind.ROBUST, bytes(16)),
-        (ValidationChunk("t", b"r" * 16), ChunkKind.VALIDATE, b"\x01"),
     ]
     for inputs, kind, answer in jobs:
         got_kind, payload = wire.job_payload(inputs)
@@ -190,8 +187,8 @@ def test_each_stream_kind_answers_one_chunk_kind() -> None:
 
 
 def test_chunk_kinds_are_the_work_tables_kinds() -> None:
-    """The kinds a leased job may have on disk (the PostgreSQL CHECK) are the
-    ChunkKind values: nothing stored changes."""
-    found = re.search(r"CHECK \(kind IN \(([^)]*)\)\)", inspect.getsource(store_pg_schema))
-    assert found is not None
-    assert {k.strip().strip("'") for k in found.group(1).split(",")} == {k.value for k in ChunkKind}
+    """The kinds a leased job may have on disk (the PostgreSQL CHECK, as the
+    last migration that sets it leaves it) are the ChunkKind values."""
+    found = re.findall(r"CHECK \(kind IN \(([^)]*)\)\)", inspect.getsource(store_pg_schema))
+    assert found
+    assert {k.strip().strip("'") for k in found[-1].split(",")} == {k.value for k in ChunkKind}
