@@ -983,6 +983,117 @@ static PyObject *py_mul_gadget_poly(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* ------------------------------------------- sums of products with AVX-512 IFMA */
+
+/* T += v * 2^shift (v < 2^64, shift < 256) into an unreduced sum. */
+static inline void acc5_add_shifted(acc5 *a, u64 v, unsigned shift) {
+    u64 w[5] = {0, 0, 0, 0, 0};
+    unsigned q = shift / 64, r = shift % 64;
+    w[q] = v << r;
+    if (r && q + 1 < 5) w[q + 1] = v >> (64 - r);
+    unsigned char c;
+    a->w0 = adc(a->w0, w[0], 0, &c);
+    a->w1 = adc(a->w1, w[1], c, &c);
+    a->w2 = adc(a->w2, w[2], c, &c);
+    a->w3 = adc(a->w3, w[3], c, &c);
+    a->w4 += w[4] + c;
+}
+
+/* Whether the IFMA path is used (the CPU has it and tests have not turned it off). */
+static int have_ifma = 0, use_ifma = 0;
+
+#ifdef __x86_64__
+#include <immintrin.h>
+#define IFMA_TARGET __attribute__((target("avx512f,avx512ifma")))
+
+/* The 52-bit limbs of x < 2^128 (x = l0 + l1*2^52 + l2*2^104, l2 < 2^24). */
+static inline void limbs52(e128 x, u64 *l) {
+    const u64 m = (1ULL << 52) - 1;
+    l[0] = x.lo & m;
+    l[1] = ((x.lo >> 52) | (x.hi << 12)) & m;
+    l[2] = x.hi >> 40;
+}
+
+/* acc[0..4] += the limb products of v (8 lanes) and e (broadcast limbs), by
+ * weight 2^(52w): lo and hi halves of each 52x52-bit product (the weight-5
+ * term is l2*e2 < 2^48, whose high half is 0). */
+#define IFMA_MAC(acc, v0, v1, v2, e)                                                     \
+    do {                                                                                 \
+        acc[0] = _mm512_madd52lo_epu64(acc[0], v0, e[0]);                                \
+        acc[1] = _mm512_madd52hi_epu64(acc[1], v0, e[0]);                                \
+        acc[1] = _mm512_madd52lo_epu64(acc[1], v0, e[1]);                                \
+        acc[1] = _mm512_madd52lo_epu64(acc[1], v1, e[0]);                                \
+        acc[2] = _mm512_madd52hi_epu64(acc[2], v0, e[1]);                                \
+        acc[2] = _mm512_madd52hi_epu64(acc[2], v1, e[0]);                                \
+        acc[2] = _mm512_madd52lo_epu64(acc[2], v0, e[2]);                                \
+        acc[2] = _mm512_madd52lo_epu64(acc[2], v1, e[1]);                                \
+        acc[2] = _mm512_madd52lo_epu64(acc[2], v2, e[0]);                                \
+        acc[3] = _mm512_madd52hi_epu64(acc[3], v0, e[2]);                                \
+        acc[3] = _mm512_madd52hi_epu64(acc[3], v1, e[1]);                                \
+        acc[3] = _mm512_madd52hi_epu64(acc[3], v2, e[0]);                                \
+        acc[3] = _mm512_madd52lo_epu64(acc[3], v1, e[2]);                                \
+        acc[3] = _mm512_madd52lo_epu64(acc[3], v2, e[1]);                                \
+        acc[4] = _mm512_madd52hi_epu64(acc[4], v1, e[2]);                                \
+        acc[4] = _mm512_madd52hi_epu64(acc[4], v2, e[1]);                                \
+        acc[4] = _mm512_madd52lo_epu64(acc[4], v2, e[2]);                                \
+    } while (0)
+
+/* Lane j of the five limb sums into out[j] (an unreduced sum). */
+IFMA_TARGET static void ifma_flush(const __m512i *acc, acc5 *out, int lanes) {
+    u64 w[5][8];
+    for (int k = 0; k < 5; k++) _mm512_storeu_si512((void *)w[k], acc[k]);
+    for (int j = 0; j < lanes; j++)
+        for (int k = 0; k < 5; k++) acc5_add_shifted(&out[j], w[k][j], 52 * (unsigned)k);
+}
+
+/* The chunked bit check's two sums for columns c0 .. c0 + lanes - 1 (lanes <= 8):
+ * even[j] = sum_call m[call*chunk + c0 + j] * fac[2 call], odd[j] likewise with
+ * fac[2 call + 1], unreduced; facl holds the factors' limbs (6 per call).  A
+ * limb sum grows by under 5 * 2^52 per call, so it is flushed every 256 calls. */
+IFMA_TARGET static void bit_sums_ifma(const e128 *mq, Py_ssize_t len, Py_ssize_t chunk,
+                                      Py_ssize_t calls, const u64 *facl, Py_ssize_t c0, int lanes,
+                                      acc5 *even, acc5 *odd) {
+    const __m512i m52 = _mm512_set1_epi64((long long)((1ULL << 52) - 1));
+    const __m512i lo_idx = _mm512_set_epi64(14, 12, 10, 8, 6, 4, 2, 0);
+    const __m512i hi_idx = _mm512_set_epi64(15, 13, 11, 9, 7, 5, 3, 1);
+    for (int j = 0; j < lanes; j++) {
+        acc5_zero(&even[j]);
+        acc5_zero(&odd[j]);
+    }
+    __m512i ae[5], ao[5];
+    for (int k = 0; k < 5; k++) ae[k] = ao[k] = _mm512_setzero_si512();
+    for (Py_ssize_t call = 0; call < calls; call++) {
+        Py_ssize_t base = call * chunk + c0;
+        Py_ssize_t n = len - base < lanes ? len - base : lanes; /* elements present */
+        if (n <= 0) break;
+        __mmask8 m0 = (__mmask8)(n >= 4 ? 0xFF : (1u << (2 * n)) - 1);
+        __mmask8 m1 = (__mmask8)(n >= 8 ? 0xFF : n <= 4 ? 0 : (1u << (2 * (n - 4))) - 1);
+        __m512i x0 = _mm512_maskz_loadu_epi64(m0, (const void *)(mq + base));
+        __m512i x1 = _mm512_maskz_loadu_epi64(m1, (const void *)(mq + base + 4));
+        __m512i lo = _mm512_permutex2var_epi64(x0, lo_idx, x1);
+        __m512i hi = _mm512_permutex2var_epi64(x0, hi_idx, x1);
+        __m512i v0 = _mm512_and_si512(lo, m52);
+        __m512i v1 = _mm512_and_si512(
+            _mm512_or_si512(_mm512_srli_epi64(lo, 52), _mm512_slli_epi64(hi, 12)), m52);
+        __m512i v2 = _mm512_srli_epi64(hi, 40);
+        const u64 *f = facl + 6 * call;
+        __m512i fe[3] = {_mm512_set1_epi64((long long)f[0]), _mm512_set1_epi64((long long)f[1]),
+                         _mm512_set1_epi64((long long)f[2])};
+        __m512i fo[3] = {_mm512_set1_epi64((long long)f[3]), _mm512_set1_epi64((long long)f[4]),
+                         _mm512_set1_epi64((long long)f[5])};
+        IFMA_MAC(ae, v0, v1, v2, fe);
+        IFMA_MAC(ao, v0, v1, v2, fo);
+        if ((call & 255) == 255) {
+            ifma_flush(ae, even, lanes);
+            ifma_flush(ao, odd, lanes);
+            for (int k = 0; k < 5; k++) ae[k] = ao[k] = _mm512_setzero_si512();
+        }
+    }
+    ifma_flush(ae, even, lanes);
+    ifma_flush(ao, odd, lanes);
+}
+#endif
+
 /* bit_check_at(fid, meas, r, s, lam, chunk, calls, out, rows): the chunked
  * bit check's wire values at a point, straight from the measurement: for
  * report q, with x_k = (r^(k+1) m_k, m_k - s) the inputs of call k / chunk
@@ -1012,9 +1123,13 @@ static PyObject *py_bit_check_at(PyObject *self, PyObject *args) {
         const e128 *ms = (const e128 *)m.view.buf, *rs = (const e128 *)r.view.buf;
         const e128 *ls = (const e128 *)l.view.buf;
         e128 s = AT128(sv, 0), *out = (e128 *)o.view.buf;
-        /* per call, its two factors in Montgomery form: lam*r^(call*chunk+1)*R, lam*R */
+        /* per call, its two factors in Montgomery form: lam*r^(call*chunk+1)*R, lam*R
+         * (and for the IFMA path their 52-bit limbs) */
         e128 *fac = (e128 *)PyMem_Malloc(sizeof(e128) * (size_t)(2 * calls));
-        if (!fac) {
+        u64 *facl = (u64 *)PyMem_Malloc(sizeof(u64) * (size_t)(6 * calls));
+        if (!fac || !facl) {
+            PyMem_Free(fac);
+            PyMem_Free(facl);
             PyErr_NoMemory();
             goto done;
         }
@@ -1036,22 +1151,41 @@ static PyObject *py_bit_check_at(PyObject *self, PyObject *args) {
             }
             e128 s_lam = mul128(s, acc3_reduce(&lam_sum));
             e128 rc_m = tomont128((e128){1, 0}); /* r^c * R, from c = 0 */
-            for (Py_ssize_t c = 0; c < chunk; c++) {
-                /* sums of v*(u*R) over the calls, reduced once: sum v*u; one
-                 * accumulator at a time, which keeps it in registers */
-                acc5 even, odd;
-                acc5_zero(&even);
-                for (Py_ssize_t call = 0, k = c; call < calls && k < len; call++, k += chunk)
-                    acc5_mac(&even, mq[k], fac[2 * call]);
-                acc5_zero(&odd);
-                for (Py_ssize_t call = 0, k = c; call < calls && k < len; call++, k += chunk)
-                    acc5_mac(&odd, mq[k], fac[2 * call + 1]);
-                oq[2 * c] = mont128(acc5_redc(&even), rc_m);
-                oq[2 * c + 1] = sub128(acc5_redc(&odd), s_lam);
-                rc_m = mont128(rc_m, rm);
+#ifdef __x86_64__
+            if (use_ifma)
+                for (Py_ssize_t call = 0; call < 2 * calls; call++) limbs52(fac[call], facl + 3 * call);
+#endif
+            for (Py_ssize_t c0 = 0; c0 < chunk; c0 += 8) {
+                /* sums of v*(u*R) over the calls, reduced once: sum v*u */
+                int lanes = chunk - c0 < 8 ? (int)(chunk - c0) : 8;
+                acc5 even[8], odd[8];
+#ifdef __x86_64__
+                if (use_ifma) {
+                    bit_sums_ifma(mq, len, chunk, calls, facl, c0, lanes, even, odd);
+                } else
+#endif
+                {
+                    for (int j = 0; j < lanes; j++) {
+                        /* one accumulator at a time, which keeps it in registers */
+                        Py_ssize_t c = c0 + j;
+                        acc5_zero(&even[j]);
+                        for (Py_ssize_t call = 0, k = c; call < calls && k < len; call++, k += chunk)
+                            acc5_mac(&even[j], mq[k], fac[2 * call]);
+                        acc5_zero(&odd[j]);
+                        for (Py_ssize_t call = 0, k = c; call < calls && k < len; call++, k += chunk)
+                            acc5_mac(&odd[j], mq[k], fac[2 * call + 1]);
+                    }
+                }
+                for (int j = 0; j < lanes; j++) {
+                    Py_ssize_t c = c0 + j;
+                    oq[2 * c] = mont128(acc5_redc(&even[j]), rc_m);
+                    oq[2 * c + 1] = sub128(acc5_redc(&odd[j]), s_lam);
+                    rc_m = mont128(rc_m, rm);
+                }
             }
         }
         PyMem_Free(fac);
+        PyMem_Free(facl);
     }
 done:
     release_vecs(5, (vbuf *[]){&m, &r, &sv, &l, &o});
@@ -1112,6 +1246,19 @@ fail:
     return NULL;
 }
 
+/* simd(on=-1): whether the AVX-512 IFMA sums are used (where the CPU has
+ * them); on 0/1 turns them off/on (tests compare both paths). */
+static PyObject *py_simd(PyObject *self, PyObject *args) {
+    int on = -1;
+    if (!PyArg_ParseTuple(args, "|i", &on)) return NULL;
+    if (on == 1 && !have_ifma) {
+        PyErr_SetString(PyExc_ValueError, "this CPU has no AVX-512 IFMA");
+        return NULL;
+    }
+    if (on >= 0) use_ifma = on;
+    return PyBool_FromLong(use_ifma);
+}
+
 /* keccak_width(want=-1): the number of SHAKE128 streams per permutation in use
  * (1, 4 or 8); want 0 picks the widest this CPU runs, 1/4/8 one of them. */
 static PyObject *py_keccak_width(PyObject *self, PyObject *args) {
@@ -1156,6 +1303,7 @@ static PyMethodDef methods[] = {
      "copy_rows(blobs, offset, width, out): blob[offset:offset+width] of each into out's rows"},
     {"shake_rows", py_shake_rows, METH_VARARGS,
      "shake_rows(pieces, rows, out): SHAKE128 of each row's message into out"},
+    {"simd", py_simd, METH_VARARGS, "simd(on=-1): whether the AVX-512 IFMA sums are in use"},
     {"keccak_width", py_keccak_width, METH_VARARGS,
      "keccak_width(want=-1): SHAKE128 streams per permutation (1, 4, 8)"},
     {NULL, NULL, 0, NULL},
@@ -1167,5 +1315,10 @@ static struct PyModuleDef moduledef = {
 
 PyMODINIT_FUNC PyInit__field(void) {
     keccak_init();
+#ifdef __x86_64__
+    __builtin_cpu_init();
+    have_ifma = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512ifma");
+#endif
+    use_ifma = have_ifma;
     return PyModule_Create(&moduledef);
 }
