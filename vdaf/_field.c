@@ -1046,51 +1046,74 @@ IFMA_TARGET static void ifma_flush(const __m512i *acc, acc5 *out, int lanes) {
         for (int k = 0; k < 5; k++) acc5_add_shifted(&out[j], w[k][j], 52 * (unsigned)k);
 }
 
-/* The chunked bit check's two sums for columns c0 .. c0 + lanes - 1 (lanes <= 8):
- * even[j] = sum_call m[call*chunk + c0 + j] * fac[2 call], odd[j] likewise with
- * fac[2 call + 1], unreduced; facl holds the factors' limbs (6 per call).  A
- * limb sum grows by under 5 * 2^52 per call, so it is flushed every 256 calls. */
+/* The chunked bit check's two sums for every column c < chunk: even[c] =
+ * sum_call m[call*chunk + c] * fac[2 call], odd[c] likewise with
+ * fac[2 call + 1], unreduced; facl holds the factors' limbs (6 per call), acc
+ * is scratch for 10 * ceil(chunk / 8) vectors.  Eight columns per vector;
+ * the calls go in blocks of 8 through every column (the measurement is read
+ * in order, each block's rows staying in cache), the limb sums in memory
+ * between blocks.  A limb sum grows by under 5 * 2^52 per call, so the sums
+ * are flushed every 256 calls. */
 IFMA_TARGET static void bit_sums_ifma(const e128 *mq, Py_ssize_t len, Py_ssize_t chunk,
-                                      Py_ssize_t calls, const u64 *facl, Py_ssize_t c0, int lanes,
+                                      Py_ssize_t calls, const u64 *facl, __m512i *acc,
                                       acc5 *even, acc5 *odd) {
     const __m512i m52 = _mm512_set1_epi64((long long)((1ULL << 52) - 1));
     const __m512i lo_idx = _mm512_set_epi64(14, 12, 10, 8, 6, 4, 2, 0);
     const __m512i hi_idx = _mm512_set_epi64(15, 13, 11, 9, 7, 5, 3, 1);
-    for (int j = 0; j < lanes; j++) {
-        acc5_zero(&even[j]);
-        acc5_zero(&odd[j]);
+    Py_ssize_t groups = (chunk + 7) / 8;
+    for (Py_ssize_t c = 0; c < chunk; c++) {
+        acc5_zero(&even[c]);
+        acc5_zero(&odd[c]);
     }
-    __m512i ae[5], ao[5];
-    for (int k = 0; k < 5; k++) ae[k] = ao[k] = _mm512_setzero_si512();
-    for (Py_ssize_t call = 0; call < calls; call++) {
-        Py_ssize_t base = call * chunk + c0;
-        Py_ssize_t n = len - base < lanes ? len - base : lanes; /* elements present */
-        if (n <= 0) break;
-        __mmask8 m0 = (__mmask8)(n >= 4 ? 0xFF : (1u << (2 * n)) - 1);
-        __mmask8 m1 = (__mmask8)(n >= 8 ? 0xFF : n <= 4 ? 0 : (1u << (2 * (n - 4))) - 1);
-        __m512i x0 = _mm512_maskz_loadu_epi64(m0, (const void *)(mq + base));
-        __m512i x1 = _mm512_maskz_loadu_epi64(m1, (const void *)(mq + base + 4));
-        __m512i lo = _mm512_permutex2var_epi64(x0, lo_idx, x1);
-        __m512i hi = _mm512_permutex2var_epi64(x0, hi_idx, x1);
-        __m512i v0 = _mm512_and_si512(lo, m52);
-        __m512i v1 = _mm512_and_si512(
-            _mm512_or_si512(_mm512_srli_epi64(lo, 52), _mm512_slli_epi64(hi, 12)), m52);
-        __m512i v2 = _mm512_srli_epi64(hi, 40);
-        const u64 *f = facl + 6 * call;
-        __m512i fe[3] = {_mm512_set1_epi64((long long)f[0]), _mm512_set1_epi64((long long)f[1]),
-                         _mm512_set1_epi64((long long)f[2])};
-        __m512i fo[3] = {_mm512_set1_epi64((long long)f[3]), _mm512_set1_epi64((long long)f[4]),
-                         _mm512_set1_epi64((long long)f[5])};
-        IFMA_MAC(ae, v0, v1, v2, fe);
-        IFMA_MAC(ao, v0, v1, v2, fo);
-        if ((call & 255) == 255) {
-            ifma_flush(ae, even, lanes);
-            ifma_flush(ao, odd, lanes);
-            for (int k = 0; k < 5; k++) ae[k] = ao[k] = _mm512_setzero_si512();
+    for (Py_ssize_t k = 0; k < 10 * groups; k++) acc[k] = _mm512_setzero_si512();
+    for (Py_ssize_t block = 0; block < calls; block += 8) {
+        Py_ssize_t block_end = calls - block < 8 ? calls : block + 8;
+        for (Py_ssize_t g = 0; g < groups; g++) {
+            Py_ssize_t c0 = 8 * g;
+            Py_ssize_t lanes = chunk - c0 < 8 ? chunk - c0 : 8;
+            __m512i ae[5], ao[5];
+            for (int k = 0; k < 5; k++) {
+                ae[k] = acc[10 * g + k];
+                ao[k] = acc[10 * g + 5 + k];
+            }
+            for (Py_ssize_t call = block; call < block_end; call++) {
+                Py_ssize_t base = call * chunk + c0;
+                Py_ssize_t n = len - base < lanes ? len - base : lanes; /* elements present */
+                if (n <= 0) break;
+                __mmask8 m0 = (__mmask8)(n >= 4 ? 0xFF : (1u << (2 * n)) - 1);
+                __mmask8 m1 = (__mmask8)(n >= 8 ? 0xFF : n <= 4 ? 0 : (1u << (2 * (n - 4))) - 1);
+                __m512i x0 = _mm512_maskz_loadu_epi64(m0, (const void *)(mq + base));
+                __m512i x1 = _mm512_maskz_loadu_epi64(m1, (const void *)(mq + base + 4));
+                __m512i lo = _mm512_permutex2var_epi64(x0, lo_idx, x1);
+                __m512i hi = _mm512_permutex2var_epi64(x0, hi_idx, x1);
+                __m512i v0 = _mm512_and_si512(lo, m52);
+                __m512i v1 = _mm512_and_si512(
+                    _mm512_or_si512(_mm512_srli_epi64(lo, 52), _mm512_slli_epi64(hi, 12)), m52);
+                __m512i v2 = _mm512_srli_epi64(hi, 40);
+                const u64 *f = facl + 6 * call;
+                __m512i fe[3] = {_mm512_set1_epi64((long long)f[0]),
+                                 _mm512_set1_epi64((long long)f[1]),
+                                 _mm512_set1_epi64((long long)f[2])};
+                __m512i fo[3] = {_mm512_set1_epi64((long long)f[3]),
+                                 _mm512_set1_epi64((long long)f[4]),
+                                 _mm512_set1_epi64((long long)f[5])};
+                IFMA_MAC(ae, v0, v1, v2, fe);
+                IFMA_MAC(ao, v0, v1, v2, fo);
+            }
+            for (int k = 0; k < 5; k++) {
+                acc[10 * g + k] = ae[k];
+                acc[10 * g + 5 + k] = ao[k];
+            }
+        }
+        if ((block_end & 255) == 0 || block_end == calls) {
+            for (Py_ssize_t g = 0; g < groups; g++) {
+                int lanes = chunk - 8 * g < 8 ? (int)(chunk - 8 * g) : 8;
+                ifma_flush(acc + 10 * g, even + 8 * g, lanes);
+                ifma_flush(acc + 10 * g + 5, odd + 8 * g, lanes);
+            }
+            for (Py_ssize_t k = 0; k < 10 * groups; k++) acc[k] = _mm512_setzero_si512();
         }
     }
-    ifma_flush(ae, even, lanes);
-    ifma_flush(ao, odd, lanes);
 }
 #endif
 
@@ -1127,12 +1150,19 @@ static PyObject *py_bit_check_at(PyObject *self, PyObject *args) {
          * (and for the IFMA path their 52-bit limbs) */
         e128 *fac = (e128 *)PyMem_Malloc(sizeof(e128) * (size_t)(2 * calls));
         u64 *facl = (u64 *)PyMem_Malloc(sizeof(u64) * (size_t)(6 * calls));
-        if (!fac || !facl) {
+        acc5 *sums = (acc5 *)PyMem_Malloc(sizeof(acc5) * (size_t)(2 * chunk));
+        /* the IFMA path's limb sums: 10 vectors of 64 bytes per 8 columns, aligned */
+        Py_ssize_t groups = (chunk + 7) / 8;
+        unsigned char *scratch = (unsigned char *)PyMem_Malloc((size_t)(640 * groups + 64));
+        if (!fac || !facl || !sums || !scratch) {
             PyMem_Free(fac);
             PyMem_Free(facl);
+            PyMem_Free(sums);
+            PyMem_Free(scratch);
             PyErr_NoMemory();
             goto done;
         }
+        void *limb_sums = scratch + (64 - ((uintptr_t)scratch & 63)) % 64;
         for (Py_ssize_t q = 0; q < rows; q++) {
             const e128 *mq = ms + q * len, *lq = ls + q * np_;
             e128 *oq = out + q * 2 * chunk;
@@ -1155,37 +1185,34 @@ static PyObject *py_bit_check_at(PyObject *self, PyObject *args) {
             if (use_ifma)
                 for (Py_ssize_t call = 0; call < 2 * calls; call++) limbs52(fac[call], facl + 3 * call);
 #endif
-            for (Py_ssize_t c0 = 0; c0 < chunk; c0 += 8) {
-                /* sums of v*(u*R) over the calls, reduced once: sum v*u */
-                int lanes = chunk - c0 < 8 ? (int)(chunk - c0) : 8;
-                acc5 even[8], odd[8];
+            /* sums of v*(u*R) over the calls, reduced once: sum v*u */
+            acc5 *even = sums, *odd = sums + chunk;
 #ifdef __x86_64__
-                if (use_ifma) {
-                    bit_sums_ifma(mq, len, chunk, calls, facl, c0, lanes, even, odd);
-                } else
+            if (use_ifma) {
+                bit_sums_ifma(mq, len, chunk, calls, facl, (__m512i *)limb_sums, even, odd);
+            } else
 #endif
-                {
-                    for (int j = 0; j < lanes; j++) {
-                        /* one accumulator at a time, which keeps it in registers */
-                        Py_ssize_t c = c0 + j;
-                        acc5_zero(&even[j]);
-                        for (Py_ssize_t call = 0, k = c; call < calls && k < len; call++, k += chunk)
-                            acc5_mac(&even[j], mq[k], fac[2 * call]);
-                        acc5_zero(&odd[j]);
-                        for (Py_ssize_t call = 0, k = c; call < calls && k < len; call++, k += chunk)
-                            acc5_mac(&odd[j], mq[k], fac[2 * call + 1]);
-                    }
+            {
+                for (Py_ssize_t c = 0; c < chunk; c++) {
+                    /* one accumulator at a time, which keeps it in registers */
+                    acc5_zero(&even[c]);
+                    for (Py_ssize_t call = 0, k = c; call < calls && k < len; call++, k += chunk)
+                        acc5_mac(&even[c], mq[k], fac[2 * call]);
+                    acc5_zero(&odd[c]);
+                    for (Py_ssize_t call = 0, k = c; call < calls && k < len; call++, k += chunk)
+                        acc5_mac(&odd[c], mq[k], fac[2 * call + 1]);
                 }
-                for (int j = 0; j < lanes; j++) {
-                    Py_ssize_t c = c0 + j;
-                    oq[2 * c] = mont128(acc5_redc(&even[j]), rc_m);
-                    oq[2 * c + 1] = sub128(acc5_redc(&odd[j]), s_lam);
-                    rc_m = mont128(rc_m, rm);
-                }
+            }
+            for (Py_ssize_t c = 0; c < chunk; c++) {
+                oq[2 * c] = mont128(acc5_redc(&even[c]), rc_m);
+                oq[2 * c + 1] = sub128(acc5_redc(&odd[c]), s_lam);
+                rc_m = mont128(rc_m, rm);
             }
         }
         PyMem_Free(fac);
         PyMem_Free(facl);
+        PyMem_Free(sums);
+        PyMem_Free(scratch);
     }
 done:
     release_vecs(5, (vbuf *[]){&m, &r, &sv, &l, &o});
