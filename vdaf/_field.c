@@ -833,6 +833,45 @@ static PyObject *py_pair_products(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* pair_products_last(fid, x, count, out): out[m] = sum_c x[m, 2c] * x[m, 2c+1]
+ * for x of (M, 2*count) elements: ParallelSum(Mul) with the calls' inputs in
+ * rows (the layout the circuits make them in). */
+static PyObject *py_pair_products_last(PyObject *self, PyObject *args) {
+    int fid;
+    Py_ssize_t count;
+    PyObject *x_o, *o_o;
+    if (!PyArg_ParseTuple(args, "iOnO", &fid, &x_o, &count, &o_o) || check_fid(fid) < 0) return NULL;
+    vbuf x, o;
+    if (get_vecs(fid, 2, (PyObject *[]){x_o, o_o}, (int[]){0, 1}, (vbuf *[]){&x, &o}) < 0)
+        return NULL;
+    Py_ssize_t nm = o.n;
+    if (count <= 0 || x.n != count * 2 * nm) {
+        PyErr_SetString(PyExc_ValueError, "pair_products_last: shape mismatch");
+    } else if (fid == 0) {
+        const u64 *xs = (const u64 *)x.view.buf;
+        u64 *out = (u64 *)o.view.buf;
+        for (Py_ssize_t j = 0; j < nm; j++) {
+            u64 acc = 0;
+            for (Py_ssize_t c = 0; c < count; c++)
+                acc = add64(acc, mul64(xs[(j * count + c) * 2], xs[(j * count + c) * 2 + 1]));
+            out[j] = acc;
+        }
+    } else {
+        const e128 *xs = (const e128 *)x.view.buf;
+        e128 *out = (e128 *)o.view.buf;
+        for (Py_ssize_t j = 0; j < nm; j++) {
+            acc5 acc;
+            acc5_zero(&acc);
+            const e128 *row = xs + j * 2 * count;
+            for (Py_ssize_t c = 0; c < count; c++) acc5_mac(&acc, row[2 * c], row[2 * c + 1]);
+            out[j] = mont128(acc5_redc(&acc), R2_128);
+        }
+    }
+    release_vecs(2, (vbuf *[]){&x, &o});
+    if (PyErr_Occurred()) return NULL;
+    Py_RETURN_NONE;
+}
+
 /* mul_cols(fid, a, b, out): out[r, k] = a[r, k] * b[k] for a of (rows, n)
  * elements and b of n (one row shared by all); b goes to Montgomery form once. */
 static PyObject *py_mul_cols(PyObject *self, PyObject *args) {
@@ -873,7 +912,7 @@ static PyObject *py_mul_cols(PyObject *self, PyObject *args) {
 /* mul_gadget_poly(fid, wires, count, consts, out): the gadget polynomial of
  * ParallelSum(Mul, count) for each report, G(x) = sum_c w_2c(x) w_2c+1(x),
  * from the wire values at the P-th roots of unity alpha^k: wires of
- * (2*count, rows, P) elements, out of (rows, 2P - 1) (G's coefficients,
+ * (rows, P, 2*count) elements, out of (rows, 2P - 1) (G's coefficients,
  * lowest first), consts = [alpha, alpha^-1, omega, omega^-1, P^-1, (2P)^-1]
  * with omega a primitive 2P-th root (omega^2 = alpha).  Field128.
  *
@@ -900,7 +939,7 @@ static PyObject *py_mul_gadget_poly(PyObject *self, PyObject *args) {
         return NULL;
     Py_ssize_t p = 0, rows = 0;
     if (count > 0 && cs.n == 6 && o.n > 0) {
-        /* out is rows x (2P - 1), wires 2*count x rows x P */
+        /* out is rows x (2P - 1), wires rows x P x 2*count */
         for (Py_ssize_t cand = 1; cand <= w.n; cand *= 2) {
             if (o.n % (2 * cand - 1) == 0 && w.n == 2 * count * (o.n / (2 * cand - 1)) * cand) {
                 p = cand;
@@ -947,12 +986,13 @@ static PyObject *py_mul_gadget_poly(PyObject *self, PyObject *args) {
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t r = 0; r < rows; r++) {
         for (Py_ssize_t k = 0; k < 2 * p; k++) acc5_zero(&acc[k]);
+        const e128 *wr = wires + r * p * 2 * count; /* wr[k * arity + i]: wire i at alpha^k */
         for (Py_ssize_t pair = 0; pair < count; pair++) {
-            const e128 *a = wires + ((2 * pair) * rows + r) * p;
-            const e128 *b = wires + ((2 * pair + 1) * rows + r) * p;
-            for (Py_ssize_t k = 0; k < p; k++) acc5_mac(&acc[k], a[k], b[k]);
-            memcpy(ca, a, sizeof(e128) * (size_t)p);
-            memcpy(cb, b, sizeof(e128) * (size_t)p);
+            for (Py_ssize_t k = 0; k < p; k++) {
+                ca[k] = wr[k * 2 * count + 2 * pair];
+                cb[k] = wr[k * 2 * count + 2 * pair + 1];
+                acc5_mac(&acc[k], ca[k], cb[k]);
+            }
             dif128(ca, p, tw_i); /* P * coefficients, bit-reversed */
             dif128(cb, p, tw_i);
             permute128(ca, p, rev);
@@ -1320,6 +1360,8 @@ static PyMethodDef methods[] = {
      "bit_pairs(fid, meas, r, s, out, rows): (r^(k+1) m_k, m_k - s) per report"},
     {"pair_products", py_pair_products, METH_VARARGS,
      "pair_products(fid, x, count, out): out[j] = sum_c x[c, 0, j] x[c, 1, j]"},
+    {"pair_products_last", py_pair_products_last, METH_VARARGS,
+     "pair_products_last(fid, x, count, out): out[m] = sum_c x[m, 2c] x[m, 2c+1]"},
     {"mul_cols", py_mul_cols, METH_VARARGS, "mul_cols(fid, a, b, out): out[r, k] = a[r, k] b[k]"},
     {"mul_gadget_poly", py_mul_gadget_poly, METH_VARARGS,
      "mul_gadget_poly(fid, wires, count, consts, out): ParallelSum(Mul)'s gadget polynomials"},

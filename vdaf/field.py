@@ -497,7 +497,11 @@ def pair_products(f: Field, x: Vec, count: int) -> Vec:
     if x.dtype != object and x.size:
         out = np.empty(rest, dtype=x.dtype)
         core = _backend.core()
-        core.pair_products(f.fid, np.ascontiguousarray(x), count, out)
+        last = np.moveaxis(x, 0, -1)
+        if not x.flags.c_contiguous and last.flags.c_contiguous:  # inputs in rows
+            core.pair_products_last(f.fid, last, count, out)
+        else:
+            core.pair_products(f.fid, np.ascontiguousarray(x), count, out)
         return out
     per = x.reshape((count, 2) + rest)
     return f.sum(f.mul(per[:, 0], per[:, 1]), axis=0)

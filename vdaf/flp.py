@@ -145,7 +145,10 @@ def gadget_poly(f: Field, g: Gadget, wires: Vec) -> Vec:
     n = next_power_of_2(max(length, p_len))
     m = n // p_len
     if _native_mul_sum(f, g, wires) and p_len >= 2:
-        return _mul_gadget_poly(f, g, wires)  # type: ignore[arg-type]
+        lead = wires.shape[1:-1]
+        per_report = np.moveaxis(wires.reshape(g.arity, -1, p_len), 0, -1)
+        polys = _mul_gadget_poly(f, g, per_report)  # type: ignore[arg-type]
+        return polys.reshape(*lead, polys.shape[-1])
     coeffs = ntt(f, wires, inverse=True)
     evals = f.zeros_as(wires, *wires.shape[:-1], p_len, m)  # root ω^(k·m + s) at [k, s]
     evals[..., 0] = wires
@@ -168,17 +171,16 @@ def _native_mul_sum(f: Field, g: Gadget, wires: Vec) -> bool:
 
 
 def _mul_gadget_poly(f: Field, g: ParallelSum, wires: Vec) -> Vec:
-    """`gadget_poly` of ParallelSum(Mul) natively, report by report in one call."""
-    p_len = wires.shape[-1]
-    lead = wires.shape[1:-1]
-    rows = int(np.prod(lead)) if lead else 1
+    """`gadget_poly` of ParallelSum(Mul) natively, report by report in one call:
+    wires (reports, P, arity) → polynomials (reports, 2P − 1)."""
+    rows, p_len = wires.shape[0], wires.shape[1]
     alpha, omega = f.root(p_len), f.root(2 * p_len)
     values = [alpha, f.inv(alpha), omega, f.inv(omega), f.inv(p_len), f.inv(2 * p_len)]
     consts = f.from_object(np.array(values, dtype=object))
     out = np.empty((rows, 2 * p_len - 1), dtype=wires.dtype)
     core = _backend.core()
     core.mul_gadget_poly(f.fid, np.ascontiguousarray(wires), g.count, consts, out)
-    return out.reshape(*lead, 2 * p_len - 1)
+    return out
 
 
 # -- validity circuits (draft §7.3.2) -----------------------------------------------
@@ -261,13 +263,15 @@ class _QueryCall(_Recorder):
 
 class _BatchProveCall:
     """_ProveCall for a batch of reports: inputs (arity, reports, k) recorded into
-    wires (arity, reports, P), the gadget evaluated on all of them at once."""
+    wires kept as (reports, P, arity) — the circuits lay their inputs out as
+    (reports, k, arity), so recording them is a plain copy — and the gadget
+    evaluated on all of them at once."""
 
     def __init__(self, f: Field, g: Gadget, calls: int, seeds: Vec) -> None:
         self.f, self.g = f, g
         self.p = next_power_of_2(1 + calls)
-        self.wires = f.zeros_as(seeds, g.arity, seeds.shape[0], self.p)
-        self.wires[:, :, 0] = seeds.T
+        self.wires = f.zeros_as(seeds, seeds.shape[0], self.p, g.arity)
+        self.wires[:, 0, :] = seeds
         self.k = 0
 
     def __call__(self, x: Vec) -> Vec:
@@ -275,9 +279,15 @@ class _BatchProveCall:
         start = self.k + 1
         if start + batch > self.p:
             raise FlpError("a circuit called a gadget more often than it declared")
-        self.wires[:, :, start : start + batch] = x
+        self.wires[:, start : start + batch, :] = x.transpose(1, 2, 0)
         self.k += batch
         return self.g.eval(self.f, x)
+
+    def poly(self) -> Vec:
+        """The gadget polynomial of each report, (reports, length)."""
+        if _native_mul_sum(self.f, self.g, self.wires) and self.p >= 2:
+            return _mul_gadget_poly(self.f, self.g, self.wires)  # type: ignore[arg-type]
+        return gadget_poly(self.f, self.g, self.wires.transpose(2, 0, 1))
 
 
 class _BatchQueryCall:
@@ -453,8 +463,8 @@ class FlpGeneric:
         eval_batch(meas, joint_rand, 1, recorders)
         parts = []
         for r in recorders:
-            parts.append(r.wires[:, :, 0].T)
-            parts.append(gadget_poly(f, r.g, r.wires))
+            parts.append(r.wires[:, 0, :])
+            parts.append(r.poly())
         return np.concatenate(parts, axis=1)  # type: ignore[no-any-return]
 
     def query_batch(
