@@ -8,16 +8,19 @@ reference, side by side in one run), the median and min–max over N reports of
 the shard time and of the preparation time (prep_init on both aggregators,
 combining the prep shares, prep_next on both), the bytes a client uploads
 (public share plus both input shares, in the draft's encoding), the ratio
-python/native, and the issue's targets with met/missed where there are any
-(SumVec, Histogram; the project's own RangeVec and MultiHot have none), then
-each instance's upload split into Leader input share, Helper input share and
-public share.  Then the batched
-preparation (Prio3.prep_init_batch on each aggregator over B reports,
-prep_shares_to_prep_batch, prep_next on both): ms of CPU per report for both
-aggregators and the reports/s that gives on 2 cores, median and best of K
-batches, next to the per-report path's figure and the same targets.  The chunk length of
-ParallelSum is the one giving the shortest proof (draft §7.4.3.1: found by
-trial).  Both backends produce the same bytes (tests/test_vdaf_native.py).
+python/native, and the targets with met/missed where there are any
+(SumVec, Histogram, RangeVec; MultiHot has none), then each instance's upload
+split into Leader input share, Helper input share and public share.  Then the
+batched path as a client and the servers run it, over K batches of B reports:
+CPU ms per report of sharding (shard_batch_encoded, every message encoded) and
+of each aggregator's work (servers/ingest.py: decode the batch's shares,
+prep_init_rows, encode the prep shares; decode the other's, decide, fold the
+output shares), median and min–max, with the reports/s that gives on 2 cores
+and the same targets (the preparation budget split evenly between the two
+servers).  The chunk length of ParallelSum is the one giving the shortest
+proof (draft §7.4.3.1: found by trial); the servers' own instances
+(vdaf/validity.py) take ⌊√length⌉ instead.  Both backends produce the same
+bytes (tests/test_vdaf_native.py, test_vdaf_rows.py).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import os
 import statistics
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from svtagg.vdaf import native
 from svtagg.vdaf.circuits import Histogram, SumVec
@@ -41,6 +45,7 @@ from svtagg.vdaf.prio3 import (
     prio3_sum_vec,
 )
 from svtagg.vdaf.ranged import MultiHot, RangeVec
+from svtagg.vdaf.rows import PrepRows
 
 #: Width of the instance column.
 NAME_W = 40
@@ -96,48 +101,78 @@ def measure(vdaf: Prio3, measurement: object, reports: int) -> dict[str, float |
     }
 
 
-def measure_batch(vdaf: Prio3, measurement: object, batch: int, rounds: int) -> dict[str, float]:
-    """Per-report ms of shard_batch and of the batched preparation (both
-    aggregators) over `rounds` batches of `batch` reports."""
+def _prepare(
+    vdaf: Prio3, key: bytes, j: int, reports: Sequence[Sequence[bytes]]
+) -> tuple[PrepRows, list[bytes]]:
+    """Aggregator j's first half of a batch, as servers/ingest.py does it: decode
+    the batch's public and input shares, prep_init, encode the prep shares."""
+    nonces, publics, shares = reports
+    _, rows = vdaf.decode_report_rows(j, nonces, publics, shares)
+    prep = vdaf.prep_init_rows(key, j, rows)
+    return prep, vdaf.encode_prep_share_rows(prep)
+
+
+def _decide(vdaf: Prio3, j: int, mine: PrepRows, encoded: list[list[bytes]]) -> int:
+    """Aggregator j's second half: decode the others' prep shares, decide each
+    report (prep_shares_to_prep, prep_next) and fold the valid output shares."""
+    f = vdaf.field
+    shares = [
+        (mine.verifiers, mine.parts) if k == j else vdaf.decode_prep_share_rows(encoded[k])
+        for k in range(vdaf.shares)
+    ]
+    accepted, msgs = vdaf.prep_shares_to_prep_rows([v for v, _ in shares], [p for _, p in shares])
+    valid = accepted & vdaf.prep_next_rows(mine, msgs)
+    f.sum(mine.out_shares[valid], axis=0)
+    return int(valid.sum())
+
+
+def measure_batch(vdaf: Prio3, measurement: object, batch: int, rounds: int) -> dict[str, Any]:
+    """CPU ms per report of sharding a batch (shard_batch_encoded: a client's
+    reports, every message encoded) and of each aggregator's work on it
+    (`_prepare` and `_decide`), over `rounds` batches of `batch` reports."""
     key = os.urandom(16)
     nonces = [os.urandom(NONCE_SIZE) for _ in range(batch)]
-    times, init_share, shard_t = [], [], []
+    shard_t: list[float] = []
+    agg_t: list[list[float]] = [[] for _ in range(vdaf.shares)]
     for _ in range(rounds + 1):  # the first batch warms caches and is not counted
-        ts = time.perf_counter()
-        sharded = vdaf.shard_batch([measurement] * batch, nonces)
+        ts = time.process_time()
+        sharded = vdaf.shard_batch_encoded([measurement] * batch, nonces)
+        shard_t.append((time.process_time() - ts) / batch * 1e3)
         publics = [pub for pub, _ in sharded]
-        shard_t.append((time.perf_counter() - ts) / batch * 1e3)
-        t0 = time.perf_counter()
-        per_agg = [
-            vdaf.prep_init_batch(key, j, nonces, publics, [ins[j] for _, ins in sharded])
-            for j in range(vdaf.shares)
-        ]
-        t1 = time.perf_counter()
-        msgs = vdaf.prep_shares_to_prep_batch(
-            [[per_agg[j][i][1] for j in range(vdaf.shares)] for i in range(batch)]
-        )
+        preps, encoded, spent = [], [], []
         for j in range(vdaf.shares):
-            for i, msg in enumerate(msgs):
-                if isinstance(msg, Exception):
-                    raise msg
-                vdaf.prep_next(per_agg[j][i][0], msg)
-        t2 = time.perf_counter()
-        times.append((t2 - t0) / batch * 1e3)
-        init_share.append((t1 - t0) / (t2 - t0))
-    times, init_share, shard_t = times[1:], init_share[1:], shard_t[1:]
+            t0 = time.process_time()
+            prep, enc = _prepare(vdaf, key, j, (nonces, publics, [ins[j] for _, ins in sharded]))
+            spent.append(time.process_time() - t0)
+            preps.append(prep)
+            encoded.append(enc)
+        for j in range(vdaf.shares):
+            t0 = time.process_time()
+            if _decide(vdaf, j, preps[j], encoded) != batch:
+                raise RuntimeError("a valid report was rejected")
+            agg_t[j].append((spent[j] + time.process_time() - t0) / batch * 1e3)
+    shard_t = shard_t[1:]
+    aggs = [t[1:] for t in agg_t]
+    both = [sum(ts) for ts in zip(*aggs, strict=True)]
     return {
-        "shard_ms": statistics.median(shard_t),
-        "shard_min": min(shard_t),
-        "ms": statistics.median(times),
-        "min": min(times),
-        "init_share": statistics.median(init_share),
+        "shard": shard_t,
+        "aggs": aggs,
+        "both": both,
     }
+
+
+def _cell(values: list[float]) -> str:
+    return f"{statistics.median(values):.3f} [{min(values):.3f}–{max(values):.3f}]"
 
 
 #: The issue's targets: client shard time per report (ms), and the preparation
 #: budget per report — N reports/s through both servers on 2 cores is 2/N
 #: core-seconds for both servers' work, which this one process does in turn.
-TARGETS = {"SumVec": (5.0, 2e3 / 5000), "Histogram": (0.5, 2e3 / 20000)}
+TARGETS = {
+    "SumVec": (5.0, 2e3 / 5000),
+    "Histogram": (0.5, 2e3 / 20000),
+    "RangeVec": (5.0, 2e3 / 5000),
+}
 
 
 def _fmt(r: dict[str, float | int], key: str) -> str:
@@ -229,36 +264,37 @@ def main(argv: list[str] | None = None) -> int:
         )
     print()
     print(
-        "Batched (shard_batch; prep_init_batch on both aggregators, prep_shares_to_prep_batch, "
-        "prep_next): ms per report, median [best] of "
-        f"{args.rounds} batches; preparation reports/s on 2 cores = 2000 / ms"
+        "Batched, as a client and the servers run it (CPU ms per report, median [min–max] of "
+        f"{args.rounds} batches): shard = shard_batch_encoded; each aggregator = decode the "
+        "batch's shares, prep_init, encode the prep shares, decode the other's, decide, fold "
+        "(servers/ingest.py); reports/s on 2 cores = 2000 / (leader + helper)"
     )
     print(
-        f"{'instance':<{NAME_W}}{'backend':<8}{'batch':>7}{'shard batched':>18}"
-        f"{'prep per-report':>17}{'prep batched':>18}{'reports/s':>11}{'in prep_init':>14}"
+        f"{'instance':<{NAME_W}}{'backend':<8}{'batch':>6}{'shard':>24}{'leader':>24}"
+        f"{'helper':>24}{'reports/s':>11}"
     )
-    for kind, (name, vdaf, m, results) in batched.items():
+    for kind, (name, vdaf, m, _) in batched.items():
         fastest: dict[str, float] = {}
         for b in backends:
             native.use(b)
             size = args.batch if b == "native" else args.python_batch
             r = measure_batch(vdaf, m, size, args.rounds)
-            for key in ("shard_ms", "ms"):
-                fastest[key] = min(fastest.get(key, r[key]), r[key])
-            shard_cell = f"{r['shard_ms']:.3f} [{r['shard_min']:.3f}]"
-            cell = f"{r['ms']:.3f} [{r['min']:.3f}]"
+            fastest["shard"] = min(fastest.get("shard", 1e9), statistics.median(r["shard"]))
+            worst = max(statistics.median(t) for t in r["aggs"])
+            fastest["agg"] = min(fastest.get("agg", 1e9), worst)
             print(
-                f"{name:<{NAME_W}}{b:<8}{size:>7}{shard_cell:>18}{results[b]['prep_ms']:>17.2f}"
-                f"{cell:>18}{2e3 / r['ms']:>11,.0f}{r['init_share']:>14.0%}"
+                f"{name:<{NAME_W}}{b:<8}{size:>6}{_cell(r['shard']):>24}{_cell(r['aggs'][0]):>24}"
+                f"{_cell(r['aggs'][1]):>24}{2e3 / statistics.median(r['both']):>11,.0f}"
             )
         if kind not in TARGETS:
             continue
         t_shard, t_prep = TARGETS[kind]
-        ok_s = "met" if fastest and fastest["shard_ms"] <= t_shard else "missed"
-        ok_p = "met" if fastest and fastest["ms"] <= t_prep else "missed"
+        per_server = t_prep / 2
+        ok_s = "met" if fastest["shard"] <= t_shard else "missed"
+        ok_p = "met" if fastest["agg"] <= per_server else "missed"
         print(
-            f"{'':<{NAME_W}}{'target':<8}{'':>7}{f'≤ {t_shard:g} ({ok_s})':>18}{'':>17}"
-            f"{f'≤ {t_prep:g} ({ok_p})':>18}{2e3 / t_prep:>11,.0f}"
+            f"{'':<{NAME_W}}{'target':<8}{'':>6}{f'≤ {t_shard:g} ({ok_s})':>24}"
+            f"{f'≤ {per_server:g} per server ({ok_p})':>48}{2e3 / t_prep:>11,.0f}"
         )
     native.use(before)
     return 0
