@@ -278,13 +278,13 @@ def main(argv: list[str] | None = None) -> int:
         for b in backends:
             native.use(b)
             size = args.batch if b == "native" else args.python_batch
-            r = measure_batch(vdaf, m, size, args.rounds)
-            fastest["shard"] = min(fastest.get("shard", 1e9), statistics.median(r["shard"]))
-            worst = max(statistics.median(t) for t in r["aggs"])
+            rb = measure_batch(vdaf, m, size, args.rounds)
+            fastest["shard"] = min(fastest.get("shard", 1e9), statistics.median(rb["shard"]))
+            worst = max(statistics.median(t) for t in rb["aggs"])
             fastest["agg"] = min(fastest.get("agg", 1e9), worst)
             print(
-                f"{name:<{NAME_W}}{b:<8}{size:>6}{_cell(r['shard']):>24}{_cell(r['aggs'][0]):>24}"
-                f"{_cell(r['aggs'][1]):>24}{2e3 / statistics.median(r['both']):>11,.0f}"
+                f"{name:<{NAME_W}}{b:<8}{size:>6}{_cell(rb['shard']):>24}{_cell(rb['aggs'][0]):>24}"
+                f"{_cell(rb['aggs'][1]):>24}{2e3 / statistics.median(rb['both']):>11,.0f}"
             )
         if kind not in TARGETS:
             continue

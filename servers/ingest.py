@@ -177,7 +177,7 @@ def _decide(
 
 
 def _decode_shares(prio: Prio3, data: Sequence[bytes], who: str) -> _Shares:
-    index, blobs = [-1] * len(data), []
+    index, blobs = [-1] * len(data), list[bytes]()
     for i, blob in enumerate(data):
         if blob:
             index[i] = len(blobs)

@@ -54,10 +54,9 @@ def _int_matrix(measurements: Sequence[object], width: int, high: int) -> npt.ND
     integer (not a bool) in [0, high), else None: the caller then encodes them
     one by one, which refuses what is wrong with the right message."""
     if not isinstance(measurements, np.ndarray):
+        rows: Sequence[Any] = measurements
         try:  # a bool is an int to numpy, not to `_check_int`
-            if not all(
-                type(v) is int or isinstance(v, np.integer) for r in measurements for v in r
-            ):  # type: ignore[attr-defined]
+            if not all(type(v) is int or isinstance(v, np.integer) for r in rows for v in r):
                 return None
         except TypeError:
             return None

@@ -421,7 +421,10 @@ class Prio3Rows:
         return accepted, self._seeds_rows(np.concatenate(parts, axis=1))  # type: ignore[arg-type]
 
     def prep_next_rows(
-        self, prep: PrepRows, msgs: U8 | None, rows: Sequence[int] | None = None
+        self,
+        prep: PrepRows,
+        msgs: U8 | None,
+        rows: Sequence[int] | npt.NDArray[np.intp] | None = None,
     ) -> npt.NDArray[np.bool_]:
         """`prep_next` of every row of `prep` (or of the rows `rows`, msgs[k] for
         rows[k]): whether the prep message is the joint randomness seed the
@@ -557,8 +560,10 @@ class Prio3Rows:
             for i, sh in enumerate(input_shares):
                 if sh.meas is None or sh.proof is None:
                     raise ValueError(f"report {i}: the Leader's input share carries vectors")
-            meas = np.stack([sh.meas for sh in input_shares]).reshape(rows, flp.meas_len)
-            proof = np.stack([sh.proof for sh in input_shares]).reshape(rows, flp.proof_len)
+            meas_rows = [sh.meas for sh in input_shares if sh.meas is not None]
+            proof_rows = [sh.proof for sh in input_shares if sh.proof is not None]
+            meas = np.stack(meas_rows).reshape(rows, flp.meas_len)
+            proof = np.stack(proof_rows).reshape(rows, flp.proof_len)
         else:
             for i, sh in enumerate(input_shares):
                 if sh.meas_seed is None or sh.proof_seed is None:
