@@ -29,7 +29,7 @@ from svtagg.analyst.selection import (
     scan_selection,
     sum_estimation,
 )
-from svtagg.dp.kinds import StreamKind
+from svtagg.dp.kinds import ABOVE_THRESHOLD_KINDS, StreamKind
 from svtagg.dp.queries import Epsilon, Number, Query
 
 #: A run's JSON-ready summary.
@@ -38,7 +38,7 @@ Summary = dict[str, Any]
 Progress = Callable[[int, int, int], None]
 #: Stream kinds every `run` algorithm accepts: the AboveThreshold kinds (no run
 #: algorithm opens a CompareToThresholds stream).
-RUN_KINDS = tuple(k.value for k in StreamKind if k is not StreamKind.CTT)
+RUN_KINDS = tuple(k.value for k in StreamKind if k in ABOVE_THRESHOLD_KINDS)
 
 
 @dataclass(frozen=True)
