@@ -245,3 +245,28 @@ def test_the_local_oracle_is_the_reference_mechanism() -> None:
     assert oracle.budget().epsilon_spent == 50
     with pytest.raises(ValueError, match="noisy_max"):
         oracle.open_stream(1, "nmax")
+
+
+def test_the_baseline_on_the_local_oracle() -> None:
+    """`noisy_max_selection` over every coordinate finds a clear maximum, its α
+    is the nmax accuracy, a plan's group pays for it, and more candidates than
+    one tournament holds are refused before anything is charged."""
+    from svtagg.analyst.oracle import planned
+    from svtagg.analyst.selection import noisy_max_selection
+    from svtagg.dp.accuracy import alpha
+    from svtagg.dp.queries import MAX_CHUNK
+
+    sums = np.arange(50, dtype=np.int64) * (1 << F)
+    sums[17] = 200 << F  # 151 units above the next
+    oracle = LocalOracle.from_sums(sums, 200, 10, frac_bits=F, parties=2, seed=3)
+    res = noisy_max_selection(oracle, 1, beta=0.1)
+    assert res.index == 17 and res.query == Query(17)
+    assert res.alpha == alpha("nmax", 1, 50, 0.1, parties=2, frac_bits=F)
+    with planned(oracle, [(2, 0)]) as plan:
+        assert noisy_max_selection(plan, 1).index == 17
+        assert noisy_max_selection(plan, 1, candidates=[Query(3), Query(17)]).index == 1
+    assert oracle.budget().epsilon_spent == 3  # the plan used all of its group
+    big = LocalOracle.from_sums(np.zeros(MAX_CHUNK + 1, dtype=np.int64), 1, 10, frac_bits=F)
+    with pytest.raises(ValueError, match="one tournament"):
+        noisy_max_selection(big, 1)
+    assert big.budget().epsilon_spent == 0
