@@ -288,6 +288,8 @@ def run_upload(args: argparse.Namespace) -> int:
                     "clipped_by_column": {str(k): v for k, v in sorted(read.by_column.items())},
                     "leader_n": stats.n_leader,
                     "helper_n": stats.n_helper,
+                    "proofs": info.spec.validity or None,
+                    "rejected": stats.rejected,
                     "format": fmt,
                     "embedding": embedding,
                     "d": d,
@@ -302,10 +304,20 @@ def run_upload(args: argparse.Namespace) -> int:
         row, col = read.first_clipped
         clipped = f"; clipped {read.clipped} values (first at row {row}, column {col})"
     resumed = f" from row {start + 1} on" if recorded is not None else ""
+    if info.spec.validity:
+        # The helper counts a report once the leader has verified it with it.
+        refused = ", ".join(f"{k} {v}" for k, v in sorted(stats.rejected.items()))
+        counts = (
+            f"{info.spec.validity} proofs checked by both servers, "
+            f"{sum(stats.rejected.values())} refused{f' ({refused})' if refused else ''}; "
+            f"n={stats.n_leader}"
+        )
+    else:
+        counts = f"leader n={stats.n_leader}, helper n={stats.n_helper}"
     print(
         f"uploaded {stats.reports} reports{resumed} in {stats.batches} batches "
         f"({stats.retries} retries) in {stats.seconds:.2f}s ({rate:,.0f} reports/s); "
-        f"leader n={stats.n_leader}, helper n={stats.n_helper}{clipped}"
+        f"{counts}{clipped}"
     )
     return 0
 

@@ -202,6 +202,9 @@ __all__ = [
 ]
 
 
+#: A batch in flight: its futures, the servers it goes to, the helper's n once known.
+_InFlight = tuple["Batch", dict[int, Future[Any]], tuple[int, ...], int]
+
 #: Channels of uploads a Ctrl-C cut short (see `Uploader.__exit__`).
 _ABANDONED: list[grpc.Channel] = []
 
@@ -278,11 +281,25 @@ class Uploader:
         if not batch.proofs:
             return self._deliver(batch, stats, futures or self._submit(batch, which))
         ns = [0, 0]
-        if 1 in which:
-            ns[1] = self._deliver(batch, stats, futures or self._submit(batch, (1,)))[1]
-        if 0 in which:
-            ns[0] = self._deliver(batch, stats, self._submit(batch, (0,)))[0]
+        held = dict(futures or {})
+        for i in (1, 0):  # the helper's half first
+            if i in which:
+                sent: dict[int, Future[Any]] = (
+                    {i: held[i]} if i in held else self._submit(batch, (i,))
+                )
+                ns[i] = self._deliver(batch, stats, sent)[i]
         return ns[0], ns[1]
+
+    def _to_leader(self, inflight: _InFlight, stats: UploadStats) -> _InFlight:
+        """Prio3 reports in flight: once the helper holds them, hand the leader
+        its half at once, so that the leader verifies this batch while the
+        client shards the next (the helper's answer is usually already there)."""
+        batch, futures, which, n_helper = inflight
+        if not batch.proofs or 1 not in futures:
+            return inflight
+        n_helper = self._deliver(batch, stats, {1: futures[1]})[1]
+        rest = tuple(i for i in which if i != 1)
+        return batch, self._submit(batch, rest), rest, n_helper
 
     def _deliver(
         self, batch: Batch, stats: UploadStats, futures: dict[int, Future[Any]]
@@ -401,8 +418,10 @@ class Uploader:
         row = resume.first_row if resume is not None else 0
         start = time.perf_counter()
         # Pipelined: the next batch is encoded and shared while this one is in flight.
-        inflight: tuple[Batch, dict[int, Future[Any]], tuple[int, ...]] | None = None
+        inflight: _InFlight | None = None
         for block in _with_end(blocks):
+            if inflight is not None:
+                inflight = self._to_leader(inflight, stats)
             batch = None
             if block is not None:
                 if block.ndim != 2 or block.shape[1] != d:
@@ -414,8 +433,9 @@ class Uploader:
                 # On a resume, a server that acknowledged these rows is not asked again.
                 which = tuple(i for i in (0, 1) if key is None or stats.held[i] < row)
             if inflight is not None:
-                done, futures, sent_to = inflight
-                n_l, n_h = self.send(done, stats, futures, sent_to)
+                done, futures, sent_to, n_h = inflight
+                got = self.send(done, stats, futures, sent_to)
+                n_l, n_h = got[0], got[1] or n_h
                 stats.reports += len(done)
                 stats.batches += 1
                 stats.n_leader, stats.n_helper = n_l or stats.n_leader, n_h or stats.n_helper
@@ -426,7 +446,7 @@ class Uploader:
             if batch is not None:
                 # Prio3 reports: only the helper's half goes ahead (the leader's waits for it).
                 ahead = tuple(i for i in which if i == 1 or not batch.proofs)
-                inflight = (batch, self._submit(batch, ahead), which)
+                inflight = (batch, self._submit(batch, ahead), which, 0)
             else:
                 inflight = None
         stats.seconds = time.perf_counter() - start

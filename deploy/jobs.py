@@ -21,7 +21,7 @@ import numpy.typing as npt
 
 from svtagg.deploy.algorithms import ALGORITHMS, RunFlags, run_algorithm
 from svtagg.deploy.tasks import task_spec
-from svtagg.deploy.workloads import laplace_argmax, model_selection, workload
+from svtagg.deploy.workloads import forged_batch, laplace_argmax, model_selection, workload
 from svtagg.dp.errors import Refusal
 from svtagg.proto import svtagg_pb2 as pb
 from svtagg.proto import svtagg_pb2_grpc as pb_grpc
@@ -140,6 +140,16 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     d.add_argument("--epsilon", default="4")
     d.add_argument("--zipf", type=float, default=1.1, help="Zipf exponent of categories")
     d.add_argument("--per-user", type=int, default=3, help="categories drawn per user")
+    d.add_argument(
+        "--malicious",
+        type=int,
+        default=0,
+        metavar="M",
+        help="heavy-hitters: M malicious clients besides the users, each sending its "
+        "worst valid report (its 3 items on the rarest categories) and a forged one "
+        "(a count of 10^6 on the rarest category, its proof made honestly for that "
+        "encoding), which the servers refuse",
+    )
     d.add_argument("--seed", type=int, default=1)
     d.add_argument("--workdir", help="keep certificates, stores and logs here")
     d.set_defaults(handler=_demo)
@@ -345,6 +355,8 @@ def _demo_collect(
     _progress(
         f"uploaded {up['reports']} reports in {up['seconds']}s ({up['reports_per_s']:,.0f}/s)"
     )
+    if getattr(args, "malicious", 0) and validity:
+        _attack(dep, values, validity, args.malicious)
     info = stub.CloseCollection(pb.TaskRef(task_id="demo"), timeout=CALL_DEADLINE)
     checked = (
         f" (every report's {validity} proof checked at ingest; "
@@ -354,6 +366,33 @@ def _demo_collect(
     )
     _progress(f"collection closed: n={info.n} on both servers{checked}")
     return up, info
+
+
+def _attack(dep: LocalDeployment, values: np.ndarray, validity: str, clients: int) -> None:
+    """`clients` malicious clients: each sends its worst valid report and a
+    forged one (see `--malicious`); the servers count the first like any user's
+    and refuse the second."""
+    from svtagg.client.upload import Uploader, UploadStats
+    from svtagg.vdaf.validity import parse_validity
+
+    d = values.shape[1]
+    circuit = parse_validity(validity, d, 16)  # task_spec's default F
+    assert circuit is not None
+    rare = np.argsort(values.sum(axis=0), kind="stable")[:3]
+    worst = np.zeros((clients, d))
+    worst[:, rare] = 1
+    c = Identity.load(dep.certs, "client")
+    with Uploader(dep.address("leader"), dep.address("helper"), c.ca, c.cert, c.key) as up:
+        valid = up.upload("demo", worst)
+        forged = forged_batch("demo", circuit, int(rare[0]), 10**6, clients)
+        stats = UploadStats()
+        up.send(forged, stats)
+    refused = ", ".join(f"{k} {v}" for k, v in sorted(stats.rejected.items()))
+    _progress(
+        f"{clients} malicious clients: {valid.reports} worst valid reports counted "
+        f"(one user's worth each, on categories {sorted(int(j) for j in rare)}); "
+        f"{clients} forged reports refused ({refused or 'none refused!'})"
+    )
 
 
 def _demo_model_selection(args: argparse.Namespace, t0: float) -> int:

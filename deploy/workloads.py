@@ -1,12 +1,21 @@
 """Synthetic per-user data for the demo and the simulation (simulated users, not
-shares or noise: numpy's seeded generator is the right tool here)."""
+shares or noise: numpy's seeded generator is the right tool here), and the
+forged reports of the demo's malicious clients (their randomness from the
+CSPRNG, as a client's)."""
 
 from __future__ import annotations
+
+import os
 
 import numpy as np
 import numpy.typing as npt
 
 from svtagg.client.embeddings import heavy_hitters_embedding
+from svtagg.client.upload import Batch
+from svtagg.proto import svtagg_pb2 as pb
+from svtagg.proto.vocab import REPORT_ID_BYTES
+from svtagg.vdaf.field import FIELD128
+from svtagg.vdaf.validity import Validity
 
 
 def zipf_categories(
@@ -48,3 +57,27 @@ def laplace_argmax(
     by ≤ d in ℓ1), then the argmax: the naive central baseline."""
     gen = np.random.default_rng(seed)
     return int(np.argmax(sums + gen.laplace(0.0, l1_sensitivity / epsilon, sums.shape)))
+
+
+def forged_batch(task_id: str, circuit: Validity, item: int, count: int, clients: int) -> Batch:
+    """What `clients` malicious clients forge: a report claiming `count` on
+    coordinate `item` (a digit `count` where a valid report has a 0 or a 1),
+    proved honestly for that encoding — the proof is well made, the
+    measurement is not valid, and the servers refuse it at ingest."""
+    prio = circuit.prio3
+    width = circuit.frac_bits + 1 if circuit.name == "range" else 1
+    ids = [os.urandom(REPORT_ID_BYTES) for _ in range(clients)]
+    lead, help_ = pb.UploadBatch(task_id=task_id), pb.UploadBatch(task_id=task_id)
+    for rid in ids:
+        meas = [0] * prio.flp.meas_len
+        meas[item * width] = count
+        seeds = [os.urandom(16) for _ in range(prio.rand_size // 16)]
+        public, shares = prio.shard_encoded(FIELD128.vec(meas), rid, seeds)
+        encoded = prio.encode_public_share(public)
+        lead.reports.add(
+            report_id=rid, input_share=prio.encode_input_share(shares[0]), public_share=encoded
+        )
+        help_.reports.add(
+            report_id=rid, input_share=prio.encode_input_share(shares[1]), public_share=encoded
+        )
+    return Batch(lead, help_, proofs=True)

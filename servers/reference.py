@@ -37,6 +37,7 @@ from svtagg.servers.ingest import (
 )
 from svtagg.servers.leader import LeaderDriver
 from svtagg.servers.memory import MemoryHelperPort, Tap
+from svtagg.servers.store import Store
 from svtagg.servers.store_sqlite import SqliteStore
 
 
@@ -118,11 +119,15 @@ async def reference_pair(
     robust: bool = True,
     tap: Tap | None = None,
     verify_proofs: bool = True,
+    stores: tuple[Store, Store] | None = None,
 ) -> AsyncIterator[ReferencePair]:
-    """A leader driver and a helper driver on fresh stores under `root`
-    (`robust`, `verify_proofs`: False only for the tests' negative controls)."""
+    """A leader driver and a helper driver on fresh SQLite stores under `root`,
+    or on `stores` (leader's, helper's; closed at the end) — e.g. two
+    PostgreSQL schemas (`robust`, `verify_proofs`: False only for the tests'
+    negative controls)."""
     party = party or garbled_circuit_party
-    stores = SqliteStore(root / "l.sqlite"), SqliteStore(root / "h.sqlite")
+    if stores is None:
+        stores = SqliteStore(root / "l.sqlite"), SqliteStore(root / "h.sqlite")
     # The helper's core first: each draws its noise key as it is made, and the
     # frozen transcript (tests/test_transcript.py) fixes that order.
     helper_core, leader_core = (

@@ -8,21 +8,36 @@ and the close converts the field sums into the ring shares queries read."""
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import pg_tagged
 
 from svtagg.dp.errors import AlreadyExists
 from svtagg.dp.task import TaskSpec
 from svtagg.mpc.ring import encode
 from svtagg.servers.reference import ReferencePair, reference_pair
+from svtagg.servers.store import Store
 from svtagg.vdaf.field import FIELD128
 from svtagg.vdaf.validity import Validity, parse_validity
 
 F = 8
 UNIT = 1 << F
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def stores(request: pytest.FixtureRequest) -> Iterator[Callable[[], tuple[Store, Store] | None]]:
+    """The reference pair's stores: SQLite files (None: the default), or two
+    fresh PostgreSQL schemas (skipped without a server; dropped afterwards)."""
+    if request.param == "sqlite":
+        yield lambda: None
+        return
+    from svtagg.servers.store_pg import PgStore
+
+    with pg_tagged() as (url, tag):
+        yield lambda: (PgStore(url, schema=f"l_{tag}"), PgStore(url, schema=f"h_{tag}"))
 
 
 def spec(validity: str, d: int = 6, embedding: str = "") -> TaskSpec:
@@ -105,7 +120,9 @@ async def test_only_ids_are_kept(tmp_path: Path) -> None:
             assert not side.core.store._share_file("t").exists()  # type: ignore[attr-defined]
 
 
-async def test_hostile_reports_are_refused_counted_and_change_nothing(tmp_path: Path) -> None:
+async def test_hostile_reports_are_refused_counted_and_change_nothing(
+    tmp_path: Path, stores: Callable[[], tuple[Store, Store] | None]
+) -> None:
     d = 4
     v = parse_validity("range", d, F)
     assert v is not None
@@ -130,7 +147,7 @@ async def test_hostile_reports_are_refused_counted_and_change_nothing(tmp_path: 
         (good[0][0], good[0][1][:-1], good[0][2]),
         (good[1][0], good[1][1], good[1][2] + b"\0"),
     ]
-    async with reference_pair(tmp_path) as ref:
+    async with reference_pair(tmp_path, stores=stores()) as ref:
         await ref.leader.create_task(spec("range", d=d))
         got = await ref.send_proofs("t", ids, good)
         assert got.accepted == 10
@@ -202,13 +219,15 @@ async def test_malicious_clients_move_a_count_by_their_number_at_most(tmp_path: 
     assert set(np.argsort(-totals)[:5]) == set(np.argsort(-truth)[:5])
 
 
-async def test_a_leader_lost_after_the_helper_recorded(tmp_path: Path) -> None:
+async def test_a_leader_lost_after_the_helper_recorded(
+    tmp_path: Path, stores: Callable[[], tuple[Store, Store] | None]
+) -> None:
     """The helper records a verified batch first.  A leader that fails before
     its own record never answered the client: the batch sent again is answered
     from the helper's recorded verdicts and counts once; a batch never sent
     again is taken out on the helper at the close (from its 16-byte seeds)."""
     d = 3
-    async with reference_pair(tmp_path) as ref:
+    async with reference_pair(tmp_path, stores=stores()) as ref:
         await ref.leader.create_task(spec("range", d=d))
         v = parse_validity("range", d, F)
         assert v is not None
