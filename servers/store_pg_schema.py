@@ -218,5 +218,12 @@ _V6: tuple[str, ...] = (
     )""",
 )
 
+#: Version 7: report-noisy-max chunks run as leased jobs too ('nmax').
+_V7: tuple[str, ...] = (
+    "ALTER TABLE work DROP CONSTRAINT work_kind_check",
+    "ALTER TABLE work ADD CONSTRAINT work_kind_check "
+    "CHECK (kind IN ('ask', 'compare', 'robust', 'nmax'))",
+)
+
 #: `MIGRATIONS[v]` brings a store at version v to v + 1.
-MIGRATIONS: tuple[tuple[str, ...], ...] = (_V1, _V2, _V3, _V4, _V5, _V6)
+MIGRATIONS: tuple[tuple[str, ...], ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7)
