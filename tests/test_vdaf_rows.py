@@ -40,7 +40,7 @@ from svtagg.vdaf.prio3 import (
     prio3_sum_vec,
 )
 from svtagg.vdaf.ranged import MultiHot, RangeVec
-from svtagg.vdaf.rows import PrepRows
+from svtagg.vdaf.rows import PrepRows, ReportRows
 from svtagg.vdaf.validity import Validity
 
 CASES: dict[str, tuple[Prio3, Any]] = {
@@ -265,6 +265,11 @@ def test_decode_report_rows_drops_what_does_not_decode() -> None:
         vdaf.decode_prep_share_rows([f.modulus.to_bytes(16, "little") + shares[0][16:]])
     with pytest.raises(ValueError, match="one nonce"):
         vdaf.decode_report_rows(0, nonces[:2], publics, leader)
+    short = ReportRows(reports.nonces, reports.publics, reports.meas[:, :5], reports.proof)  # type: ignore[index]
+    with pytest.raises(ValueError, match=r"meas of shape \(3, 5\)"):
+        vdaf.prep_init_rows(key, 0, short)
+    with pytest.raises(ValueError, match="lack their seeds"):
+        vdaf.prep_init_rows(key, 1, reports)
 
 
 @pytest.mark.usefixtures("vdaf_backend")

@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -344,16 +345,10 @@ class Prio3Rows:
         if not 0 <= agg_id < self.shares:
             raise ValueError(f"aggregator id {agg_id} out of range")
         f, flp, rows = self.field, self.flp, reports.rows
-        if agg_id == 0:
-            if reports.meas is None or reports.proof is None:
-                raise ValueError("the Leader's input shares carry vectors")
-            meas_all = reports.meas
-        else:
-            if reports.seeds is None:
-                raise ValueError("a Helper's input shares carry seeds")
-            meas_all = f.empty(rows, flp.meas_len)
-        if self.uses_joint_rand and (reports.publics is None or reports.blinds is None):
-            raise ValueError("joint randomness needs the public shares and the blinds")
+        self._check_rows(agg_id, reports)
+        given = reports.meas if agg_id == 0 else None
+        # a Helper expands its shares into a matrix of its own
+        meas_all: Vec = f.empty(rows, flp.meas_len) if given is None else given
         verifiers = f.zeros_as(meas_all, rows, flp.verifier_len)
         parts = np.empty((rows, SEED_SIZE), dtype=np.uint8) if self.uses_joint_rand else None
         seeds = np.empty((rows, SEED_SIZE), dtype=np.uint8) if self.uses_joint_rand else None
@@ -400,6 +395,25 @@ class Prio3Rows:
             )
             verifiers[start:end] = flp.query_batch(meas, proof, query_rand, joint_rand, self.shares)
         return PrepRows(verifiers, parts, self._truncate_rows(meas_all), seeds)
+
+    def _check_rows(self, agg_id: int, reports: ReportRows) -> None:
+        """Refuse (ValueError) matrices of the wrong shape for this instance."""
+        rows, flp = reports.rows, self.flp
+        want: dict[str, tuple[Any, int]] = {"nonces": (reports.nonces, NONCE_SIZE)}
+        if agg_id == 0:
+            want |= {"meas": (reports.meas, flp.meas_len), "proof": (reports.proof, flp.proof_len)}
+        else:
+            want["seeds"] = (reports.seeds, 2 * SEED_SIZE)
+        if self.uses_joint_rand:
+            want |= {
+                "publics": (reports.publics, SEED_SIZE * self.shares),
+                "blinds": (reports.blinds, SEED_SIZE),
+            }
+        for name, (arr, width) in want.items():
+            if arr is None:
+                raise ValueError(f"the reports lack their {name}")
+            if arr.shape != (rows, width):
+                raise ValueError(f"{name} of shape {arr.shape}, expected ({rows}, {width})")
 
     def prep_shares_to_prep_rows(
         self, verifiers: Sequence[Vec], parts: Sequence[U8 | None]
