@@ -233,3 +233,44 @@ async def test_one_server_cannot_predict_the_noise(
     control = await _predicted_by_leader(pair, monkeypatch, "zero")
     assert control == 1.0
     assert not control < 4 * collision + 0.005
+
+
+# ---------------------------------------------------------------- the deployment
+def test_create_task_noise_joint_through_the_servers(tmp_path: Path) -> None:
+    """`svtagg analyst create-task --noise joint` on real servers (gRPC, TLS):
+    the task says so, a lap24 stream answers, both ledgers hold (ε, δ_charge)
+    and the analyst's stats count the same δ; an exp3 stream is refused."""
+    import json
+
+    from test_cli_errors import svtagg as run_cli
+
+    import svtagg
+    from svtagg.deploy.launch import LocalDeployment
+    from svtagg.dp.errors import Refusal
+    from svtagg.dp.queries import Query
+
+    with LocalDeployment(tmp_path / "dep") as dep:
+        common = ["--leader", dep.address("leader"), "--certs", str(dep.certs), "--task", "j"]
+        r = run_cli("analyst", "create-task", *common, "--d", "3", "--min-batch", "1",
+                    "--frac-bits", str(F), "--noise", "joint", "--json")  # fmt: skip
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout)["noise"] == "joint"
+        values = np.zeros((N, 3))
+        values[:, 1] = 1.0
+        with svtagg.connect(
+            dep.address("leader"), certs=dep.certs, helper=dep.address("helper")
+        ) as conn:
+            conn.upload("j", values)
+            task = conn.task("j")
+            task.close_collection()
+            oracle = task.oracle()
+            stream = oracle.open_stream("4")
+            assert stream.ask([(Query(j), N / 2) for j in range(3)]) == 1
+            charge = joint_stream_noise(StreamKind.LAP24, Fraction(4), F).delta_charge
+            assert oracle.stats().delta_spent == charge
+            state = task.state()
+            for ledger in (state.budget, state.helper_budget):
+                assert ledger is not None
+                assert (ledger.exact["epsilon_spent"], ledger.exact["delta_spent"]) == (4, charge)
+            with pytest.raises(Refusal, match="lap24 and lap3 streams only"):
+                oracle.open_stream("1", StreamKind.EXP3)
