@@ -17,9 +17,16 @@ import numpy.typing as npt
 from svtagg.analyst.oracle import OracleStats
 from svtagg.dp import accuracy
 from svtagg.dp.errors import NotFound, Refusal
-from svtagg.dp.kinds import StreamKind, as_fraction, default_tau_bound, validate_stream
+from svtagg.dp.kinds import (
+    StreamKind,
+    StreamRequest,
+    as_fraction,
+    default_tau_bound,
+    validate_stream,
+)
 from svtagg.dp.ledger import Ledger
 from svtagg.dp.noise import RandomSource
+from svtagg.dp.noisy_max import noisy_argmax
 from svtagg.dp.plans import PlanBook, PlanCharge, parse_groups
 from svtagg.dp.queries import (
     Budget,
@@ -161,18 +168,39 @@ class LocalOracle:
         plan: tuple[str, int] | None = None,
     ) -> LocalStream:
         req = validate_stream(kind, epsilon, delta, self._parties)
-        kind, eps, dl, charge_delta = req.kind, req.epsilon, req.delta, req.charge_delta
-        # Charge before any noise is drawn: to the budget, or to a plan's group.
+        if req.kind == StreamKind.NMAX:
+            raise ValueError("a report-noisy-max is run with `noisy_max`, not a stream")
+        self._charge(req, plan)
+        mech = self._make_mechanism(req.kind, req.epsilon)
+        return LocalStream(self, req.kind, req.epsilon, req.delta, mech)
+
+    def _charge(self, req: StreamRequest, plan: tuple[str, int] | None) -> None:
+        """Charge before any noise is drawn: to the budget, or to a plan's group."""
         if plan is None:
-            self._ledger.charge(eps, charge_delta)
+            self._ledger.charge(req.epsilon, req.charge_delta)
         else:
-            self._plan(plan[0]).admit(plan[1], eps, charge_delta)
-        mech = self._make_mechanism(kind, eps)
+            self._plan(plan[0]).admit(plan[1], req.epsilon, req.charge_delta)
         self._stats.streams += 1
-        self._stats.epsilon_spent += eps
-        self._stats.delta_spent += charge_delta
-        self._stats.by_kind[kind.value] = self._stats.by_kind.get(kind.value, 0) + 1
-        return LocalStream(self, kind, eps, dl, mech)
+        self._stats.epsilon_spent += req.epsilon
+        self._stats.delta_spent += req.charge_delta
+        self._stats.by_kind[req.kind.value] = self._stats.by_kind.get(req.kind.value, 0) + 1
+
+    def noisy_max(
+        self,
+        queries: Sequence[Query],
+        epsilon: Number | str,
+        plan: tuple[str, int] | None = None,
+    ) -> int:
+        """Report-noisy-max over `queries` (`dp.noisy_max`): the candidates are
+        checked, ε is charged (to the budget or a plan's group), then each party
+        draws its noise; the position of the largest noisy score."""
+        req = validate_stream(StreamKind.NMAX, epsilon, 0, self._parties)
+        check_chunk_size(len(queries))
+        scores = self._scores(queries)
+        self._charge(req, plan)
+        out = noisy_argmax(scores, req.epsilon, self.frac_bits, self._rng, self._parties)
+        self._count(len(queries))
+        return out
 
     def reserve_plan(
         self, groups: Sequence[tuple[Number | str, Number | str]], delta_slack: Number | str = 0

@@ -103,6 +103,17 @@ class Oracle(Protocol):
         and open a stream."""
         ...
 
+    def noisy_max(
+        self,
+        queries: Sequence[Query],
+        epsilon: Number | str,
+        plan: tuple[str, int] | None = None,
+    ) -> int:
+        """Report-noisy-max (stream kind nmax): charge ε like a stream, then the
+        position in `queries` of the largest noisy score (one-sided Exp(2Δ/ε)
+        noise per candidate, per party).  One selection per charge."""
+        ...
+
     def reserve_plan(
         self, groups: Sequence[tuple[Number | str, Number | str]], delta_slack: Number | str = 0
     ) -> tuple[str, PlanCharge]:
@@ -156,6 +167,16 @@ class PlannedOracle:
         stream = self.inner.open_stream(epsilon, kind, delta, plan or (self.plan_id, self.group))
         self.opened += 1
         return stream
+
+    def noisy_max(
+        self,
+        queries: Sequence[Query],
+        epsilon: Number | str,
+        plan: tuple[str, int] | None = None,
+    ) -> int:
+        out = self.inner.noisy_max(queries, epsilon, plan or (self.plan_id, self.group))
+        self.opened += 1
+        return out
 
     def reserve_plan(
         self, groups: Sequence[tuple[Number | str, Number | str]], delta_slack: Number | str = 0

@@ -26,7 +26,7 @@ from svtagg.analyst.oracle import OracleStats
 from svtagg.dp import accuracy
 from svtagg.dp.errors import Refusal, StreamClosed
 from svtagg.dp.jointsvt import INDEPENDENT, JOINT, joint_stream_noise
-from svtagg.dp.kinds import StreamKind, as_fraction, validate_stream
+from svtagg.dp.kinds import StreamKind, StreamRequest, as_fraction, validate_stream
 from svtagg.dp.plans import PlanBook, PlanCharge, Rule, parse_groups
 from svtagg.dp.queries import (
     Budget,
@@ -37,6 +37,7 @@ from svtagg.dp.queries import (
     check_chunk_size,
     check_ctt_gaps,
     encode_thresholds,
+    noisy_max_progress,
 )
 from svtagg.proto import svtagg_pb2 as pb
 from svtagg.proto import svtagg_pb2_grpc as pb_grpc
@@ -57,6 +58,11 @@ class RemoteStats(OracleStats):
 
     peer_bytes: int = 0
     seconds_in_calls: float = 0.0
+
+
+def _pb_queries(queries: Sequence[Query]) -> pb.Queries:
+    comp = [q.complement for q in queries]
+    return pb.Queries(index=[q.index for q in queries], complement=comp if any(comp) else [])
 
 
 class RemoteStream:
@@ -93,8 +99,7 @@ class RemoteStream:
         check_chunk_size(len(queries))
         if self._closed:
             raise StreamClosed("this stream has already answered and is closed")
-        comp = [q.complement for q in queries]
-        return pb.Queries(index=[q.index for q in queries], complement=comp if any(comp) else [])
+        return _pb_queries(queries)
 
     def _call(self, method: str, request: Any) -> Any:
         try:
@@ -234,11 +239,18 @@ class RemoteOracle:
     ) -> RemoteStream:
         # The same check the servers apply; they apply it again and are authoritative.
         req = validate_stream(kind, epsilon, delta, self.parties)
+        if req.kind == StreamKind.NMAX:
+            raise ValueError("a report-noisy-max is run with `noisy_max`, not a stream")
+        info = self._open(req, plan)
+        return RemoteStream(self, info, req.kind, req.epsilon, req.delta)
+
+    def _open(self, req: StreamRequest, plan: tuple[str, int] | None) -> pb.StreamInfo:
+        """Open a stream of the checked request on both servers (each charges)."""
         kind, eps, dl, charge = req.kind, req.epsilon, req.delta, req.charge_delta
         if self.noise == JOINT:  # the sampler's δ; the servers refuse other kinds
             with contextlib.suppress(ValueError):
                 charge += joint_stream_noise(kind, eps, self.frac_bits).delta_charge
-        info = self._call(
+        info: pb.StreamInfo = self._call(
             "OpenStream",
             pb.OpenStreamRequest(
                 task_id=self.task_id,
@@ -253,7 +265,32 @@ class RemoteOracle:
         self._stats.epsilon_spent += eps
         self._stats.delta_spent += charge
         self._stats.by_kind[kind.value] = self._stats.by_kind.get(kind.value, 0) + 1
-        return RemoteStream(self, info, kind, eps, dl)
+        return info
+
+    def noisy_max(
+        self,
+        queries: Sequence[Query],
+        epsilon: Number | str,
+        plan: tuple[str, int] | None = None,
+    ) -> int:
+        """Report-noisy-max through the servers: an NMAX stream of ε is opened
+        (both servers charge it, in `plan`'s group if given), then one NoisyMax
+        chunk of the candidates; each server adds its own one-sided Exp(2Δ/ε)
+        noise per candidate to its share, and only the position of the largest
+        noisy sum comes back.  The answer closes the stream.  The candidates
+        are checked here first (count, indices), so a refusal costs nothing."""
+        req = validate_stream(StreamKind.NMAX, epsilon, 0, self.parties)
+        check_chunk_size(len(queries))
+        if any(not 0 <= q.index < self._d for q in queries):
+            raise ValueError(f"a candidate's index is out of range [0, {self._d})")
+        info = self._open(req, plan)
+        request = pb.NoisyMaxRequest(stream_id=info.stream_id, queries=_pb_queries(queries))
+        resp = self._call("NoisyMax", request)
+        index = int(resp.index)
+        if not 0 <= index < len(queries):
+            raise Refusal(f"the leader answered an impossible index {index}")
+        self._count(noisy_max_progress(index, len(queries)).answered, resp.peer_bytes)
+        return index
 
     def accuracy(self, kind: StreamKind | str, epsilon: Number | str, k: int, beta: float) -> float:
         return accuracy.alpha(kind, epsilon, k, beta, self.parties, self.frac_bits)

@@ -23,13 +23,15 @@ from svtagg.analyst.selection import (
     ScanOptions,
     SelectionResult,
     binary_search,
+    check_candidates,
     geometric_binary_search,
     linear_scan,
+    noisy_max_selection,
     sampling_and_filtering,
     scan_selection,
     sum_estimation,
 )
-from svtagg.dp.kinds import StreamKind
+from svtagg.dp.kinds import ABOVE_THRESHOLD_KINDS, StreamKind
 from svtagg.dp.queries import Epsilon, Number, Query
 
 #: A run's JSON-ready summary.
@@ -38,7 +40,7 @@ Summary = dict[str, Any]
 Progress = Callable[[int, int, int], None]
 #: Stream kinds every `run` algorithm accepts: the AboveThreshold kinds (no run
 #: algorithm opens a CompareToThresholds stream).
-RUN_KINDS = tuple(k.value for k in StreamKind if k is not StreamKind.CTT)
+RUN_KINDS = tuple(k.value for k in StreamKind if k in ABOVE_THRESHOLD_KINDS)
 
 
 @dataclass(frozen=True)
@@ -90,6 +92,8 @@ class Algorithm(Generic[O]):
     `auto_kind`: --kind auto lets the selection pick the kind.  `shares`: it takes
     --shares.  `needs_index`: it needs --index (and no other algorithm takes it).
     `own_plan`: it reserves its own budget plan instead of one plan of ε.
+    `kinds`: it opens AboveThreshold streams, so --kind applies (noisy-max
+    opens its own kind, nmax, and takes no --kind).
     """
 
     name: str
@@ -99,6 +103,7 @@ class Algorithm(Generic[O]):
     shares: bool = False
     needs_index: bool = False
     own_plan: bool = False
+    kinds: bool = True
 
 
 # --------------------------------------------------------------------------- options
@@ -216,6 +221,16 @@ class SparseMeanJob:
 
 
 @dataclass(frozen=True)
+class NoisyMaxJob:
+    """noisy-max: every coordinate is a candidate, so d must fit one tournament."""
+
+    @classmethod
+    def from_flags(cls, flags: RunFlags, oracle: Oracle) -> NoisyMaxJob:
+        check_candidates(oracle.d)
+        return cls()
+
+
+@dataclass(frozen=True)
 class MwemJob:
     """mwem: the binary attributes (the task's d is their pair count), T (None:
     Theorem 7.7's) and δ (> 0: advanced composition, Theorem 7.8)."""
@@ -314,6 +329,11 @@ def _run_sparse_mean(run: Run[SparseMeanJob]) -> Summary:
     }
 
 
+def _run_noisy_max(run: Run[NoisyMaxJob]) -> Summary:
+    res = noisy_max_selection(run.oracle, run.epsilon, run.beta)
+    return {"selected": res.query.index, "alpha": res.alpha}
+
+
 def _run_mwem(run: Run[MwemJob]) -> Summary:
     job = run.options
     workload = applications.MarginalWorkload.build(job.attributes)
@@ -343,6 +363,7 @@ ALGORITHMS: dict[str, Algorithm[Any]] = {
         Algorithm("sf", SamplingJob.from_flags, _run_sf),
         Algorithm("binary-search", NoOptions.from_flags, _run_binary_search),
         Algorithm("linear-scan", NoOptions.from_flags, _run_linear_scan),
+        Algorithm("noisy-max", NoisyMaxJob.from_flags, _run_noisy_max, kinds=False),
         Algorithm("sum", SumJob.from_flags, _run_sum, needs_index=True),
         Algorithm("fp", FpJob.from_flags, _run_fp, auto_kind=True),
         Algorithm("sparse-mean", SparseMeanJob.from_flags, _run_sparse_mean),
@@ -365,6 +386,11 @@ def check_run_options(
     with: a kind the algorithm does not open, a total ε below the task's smallest
     stream ε, `sum` without its coordinate.  ValueError, naming the option."""
     accepted = [*RUN_KINDS, *(["auto"] if algorithm.auto_kind else [])]
+    if kind is not None and not algorithm.kinds:
+        raise ValueError(
+            f"--kind does not apply to --algorithm {algorithm.name} (it opens one stream of "
+            "its own kind)"
+        )
     if kind is not None and kind not in accepted:
         raise ValueError(
             f"--kind {kind} is not a stream kind --algorithm {algorithm.name} opens; "

@@ -515,7 +515,7 @@ def _sim(args: argparse.Namespace) -> int:
                     args.beta,
                     args.k,
                     index=0 if args.algorithm == "sum" else None,
-                    kind="lap24",
+                    kind="lap24" if ALGORITHMS[args.algorithm].kinds else None,
                     seed=args.seed,
                 )
                 report["result"] = run_algorithm(oracle, flags)

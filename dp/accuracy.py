@@ -8,7 +8,10 @@ s ≥ τ + α, NO whenever s ≤ τ − α.  Union bound:
     P(|γ| > a₁) + K · P(|ν| > a₂) ≤ β,
 and we take the split of β between the two terms that minimises a₁ + a₂.  For
 the one-sided kind only the upper tails matter (ν, γ ≥ 0) and N_j ∈ [−γ, ν_j],
-so max(a₁, a₂) + 1 suffices.  The tails are the
+so max(a₁, a₂) + 1 suffices.  Report-noisy-max (no γ, one-sided ν ≥ 0 on each
+of K candidates): if every ν_j < α then the selected j* has
+s_j* ≥ s_max + ν_max − ν_j* > s_max − α, so α is the least a + 1 with
+K · P(ν > a) ≤ β.  The tails are the
 exact ones of the discrete laws (single draw or sum of two), evaluated in floating
 point; this function is not on the privacy path, only on the accuracy one.
 """
@@ -25,7 +28,10 @@ from svtagg.mpc.ring import DEFAULT_FRAC_BITS, sensitivity
 
 
 def _log_tail(family: Family, scale: float, parties: int) -> Callable[[int], float]:
-    """a ↦ log P(|X| > a) (two-sided) or log P(X > a) (one-sided), a >= 0 integer."""
+    """a ↦ log P(|X| > a) (two-sided) or log P(X > a) (one-sided), a >= 0 integer
+    (−inf for the family "none": no such term)."""
+    if family == "none":
+        return lambda a: -math.inf
     lam = 1.0 / scale
     one_minus_q = -math.expm1(-lam)
     log_q = -lam
@@ -93,12 +99,13 @@ def alpha_grid(
         model.threshold_family, float(model.threshold_scale(epsilon, frac_bits)), parties
     )
     t_nu = _log_tail(model.query_family, float(model.query_scale(epsilon, frac_bits)), parties)
-    one_sided = model.threshold_family == "geometric" and model.query_family == "geometric"
+    one_sided = {model.threshold_family, model.query_family} <= {"geometric", "none"}
     best: int | None = None
-    # Split β: fraction f to the threshold term, (1 - f) to the K query terms.
-    for i in range(1, 200):
-        f = i / 200.0
-        a1 = _inverse_tail(t_gamma, math.log(f * beta))
+    # Split β: fraction f to the threshold term, (1 - f) to the K query terms
+    # (all of it to the queries when there is no threshold term).
+    splits = [0.0] if model.threshold_family == "none" else [i / 200.0 for i in range(1, 200)]
+    for f in splits:
+        a1 = _inverse_tail(t_gamma, math.log(f * beta)) if f else 0
         a2 = _inverse_tail(t_nu, math.log((1.0 - f) * beta / k))
         # One-sided noise: N = ν − γ lies in [−γ, ν], so the larger bound suffices.
         total = (max(a1, a2) if one_sided else a1 + a2) + 1

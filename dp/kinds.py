@@ -11,6 +11,12 @@ randomise the test, with the corrupt server's terms acting as a data-independent
 shift of each query's threshold.  AboveThreshold with adaptively chosen
 per-query thresholds is ε-DP (Lyu, Su, Li 2017, Algorithm 1 allows them), so
 each stream stays ε-DP.  CompareToThresholds needs more; see `ctt_gap`.
+
+Report-noisy-max (`NMAX`) has no threshold: each server adds one-sided
+geometric noise of scale 2Δ/ε to its share of every candidate, and only the
+argmax of the sums is revealed.  With the corrupt server's draws fixed, that is
+report-noisy-max on shifted scores of sensitivity Δ, ε-DP on the integer grid
+(`dp.noisy_max`, docs/privacy.md).
 """
 
 from __future__ import annotations
@@ -24,7 +30,8 @@ from typing import Literal
 
 from svtagg.mpc.ring import can_wrap, sensitivity
 
-Family = Literal["laplace", "geometric"]
+#: "none": the kind draws no such term (report-noisy-max has no threshold noise).
+Family = Literal["laplace", "geometric", "none"]
 
 #: Each draw is clamped to +-TAIL_SCALES * scale so that the overflow bound is a
 #: theorem.  The clamped mass is at most 2 * exp(-4096) < 2^-5900 per draw, far
@@ -39,6 +46,7 @@ class StreamKind(StrEnum):
     LAP3 = "lap3"  # note, Mechanism One: γ, ν ~ Lap(3Δ/ε)
     EXP3 = "exp3"  # note, Mechanism Two: γ, ν ~ one-sided Exp(3Δ/ε)
     CTT = "ctt"  # CompareToThresholds (Algorithms 4-5): γ ~ Lap(2Δ/ε), ν ~ Lap(6Δ/ε)
+    NMAX = "nmax"  # report-noisy-max: no γ; ν ~ one-sided Exp(2Δ/ε) per candidate
 
     @classmethod
     def parse(cls, value: str | StreamKind) -> StreamKind:
@@ -47,6 +55,10 @@ class StreamKind(StrEnum):
         except ValueError:
             names = ", ".join(k.value for k in cls)
             raise ValueError(f"unknown stream kind {value!r}; expected one of {names}") from None
+
+
+#: The AboveThreshold kinds: first-YES streams of (query, τ) pairs (Ask chunks).
+ABOVE_THRESHOLD_KINDS = frozenset({StreamKind.LAP24, StreamKind.LAP3, StreamKind.EXP3})
 
 
 @dataclass(frozen=True)
@@ -77,6 +89,7 @@ NOISE_MODELS: dict[StreamKind, NoiseModel] = {
     StreamKind.LAP3: NoiseModel(StreamKind.LAP3, "laplace", 3, "laplace", 3),
     StreamKind.EXP3: NoiseModel(StreamKind.EXP3, "geometric", 3, "geometric", 3),
     StreamKind.CTT: NoiseModel(StreamKind.CTT, "laplace", 2, "laplace", 6),
+    StreamKind.NMAX: NoiseModel(StreamKind.NMAX, "none", 0, "geometric", 2),
 }
 
 
@@ -216,7 +229,7 @@ def validate_stream(
 ) -> StreamRequest:
     """The one check every oracle and server applies before charging a stream.
 
-    AboveThreshold kinds are pure ε-DP (δ must be 0); CompareToThresholds needs
+    AboveThreshold and report-noisy-max kinds are pure ε-DP (δ must be 0); CompareToThresholds needs
     ε, δ ∈ (0, 1) and charges `ctt_delta_charge(δ, parties)`.  Raises ValueError.
     """
     k = StreamKind.parse(kind)
@@ -228,5 +241,6 @@ def validate_stream(
         ctt_gap(eps, dl, parties)  # validates ε, δ ∈ (0, 1)
         return StreamRequest(k, eps, dl, ctt_delta_charge(dl, parties))
     if dl != 0:
-        raise ValueError(f"an AboveThreshold stream is pure ε-DP; got delta={dl}")
+        what = "a report-noisy-max" if k == StreamKind.NMAX else "an AboveThreshold"
+        raise ValueError(f"{what} stream is pure ε-DP; got delta={dl}")
     return StreamRequest(k, eps, dl, Fraction(0))

@@ -223,7 +223,10 @@ def discrete_laplace(scale: Fraction, size: int, rng: RandomSource) -> I64:
 
 
 def draw(family: Family, scale: Fraction, size: int, rng: RandomSource) -> I64:
-    """Draws of one family, clamped to ±clamp_bound(scale) (see kinds.TAIL_SCALES)."""
+    """Draws of one family, clamped to ±clamp_bound(scale) (see kinds.TAIL_SCALES);
+    the family "none" is all zeros and takes no randomness."""
+    if family == "none":
+        return np.zeros(size, dtype=np.int64)
     raw = discrete_laplace(scale, size, rng) if family == "laplace" else geometric(scale, size, rng)
     bound = clamp_bound(scale)
     return np.clip(raw, -bound, bound)

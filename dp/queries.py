@@ -181,3 +181,9 @@ def ask_progress(first_yes: int | None, k: int) -> Progress:
     """An Ask chunk of k queries: up to and including the first YES, which
     closes the stream; all k, the stream open, when there is none."""
     return Progress(k, False) if first_yes is None else Progress(first_yes + 1, True)
+
+
+def noisy_max_progress(index: int, k: int) -> Progress:
+    """A report-noisy-max chunk of k candidates: all k answered by the one
+    index, which closes the stream (one selection per stream and charge)."""
+    return Progress(k, True)

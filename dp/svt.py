@@ -19,7 +19,7 @@ import numpy as np
 import numpy.typing as npt
 
 from svtagg.dp.errors import StreamClosed
-from svtagg.dp.kinds import StreamKind, check_epsilon
+from svtagg.dp.kinds import ABOVE_THRESHOLD_KINDS, StreamKind, check_epsilon
 from svtagg.dp.noise import RandomSource, draw_query_noise, draw_threshold_noise
 from svtagg.dp.queries import Outcome
 
@@ -79,8 +79,8 @@ class AboveThresholdStream(_StreamBase):
         rng: RandomSource,
         parties: int = 1,
     ) -> None:
-        if kind == StreamKind.CTT:
-            raise ValueError("use CompareToThresholdsStream for kind 'ctt'")
+        if kind not in ABOVE_THRESHOLD_KINDS:
+            raise ValueError(f"kind {kind.value!r} is not an AboveThreshold kind")
         super().__init__(kind, epsilon, frac_bits, rng, parties)
 
     def ask(self, scores: I64, taus: I64) -> int | None:

@@ -14,6 +14,7 @@ class StreamKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     LAP3: _ClassVar[StreamKind]
     EXP3: _ClassVar[StreamKind]
     CTT: _ClassVar[StreamKind]
+    NMAX: _ClassVar[StreamKind]
 
 class Outcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -26,6 +27,7 @@ LAP24: StreamKind
 LAP3: StreamKind
 EXP3: StreamKind
 CTT: StreamKind
+NMAX: StreamKind
 OUTCOME_UNSPECIFIED: Outcome
 HIGH: Outcome
 LOW: Outcome
@@ -289,6 +291,24 @@ class CompareResponse(_message.Message):
     peer_bytes: int
     def __init__(self, outcomes: _Optional[_Iterable[_Union[Outcome, str]]] = ..., closed: _Optional[bool] = ..., peer_bytes: _Optional[int] = ...) -> None: ...
 
+class NoisyMaxRequest(_message.Message):
+    __slots__ = ("stream_id", "queries")
+    STREAM_ID_FIELD_NUMBER: _ClassVar[int]
+    QUERIES_FIELD_NUMBER: _ClassVar[int]
+    stream_id: str
+    queries: Queries
+    def __init__(self, stream_id: _Optional[str] = ..., queries: _Optional[_Union[Queries, _Mapping]] = ...) -> None: ...
+
+class NoisyMaxResponse(_message.Message):
+    __slots__ = ("index", "closed", "peer_bytes")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    CLOSED_FIELD_NUMBER: _ClassVar[int]
+    PEER_BYTES_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    closed: bool
+    peer_bytes: int
+    def __init__(self, index: _Optional[int] = ..., closed: _Optional[bool] = ..., peer_bytes: _Optional[int] = ...) -> None: ...
+
 class CollectionDigest(_message.Message):
     __slots__ = ("n", "report_digest", "task_id", "agreed", "pass_id")
     N_FIELD_NUMBER: _ClassVar[int]
@@ -344,7 +364,7 @@ class PrepareStreamRequest(_message.Message):
     def __init__(self, stream_id: _Optional[str] = ..., task_id: _Optional[str] = ..., kind: _Optional[_Union[StreamKind, str]] = ..., epsilon: _Optional[str] = ..., delta: _Optional[str] = ..., plan_id: _Optional[str] = ..., plan_group: _Optional[int] = ..., replay: _Optional[bool] = ...) -> None: ...
 
 class ChunkHeader(_message.Message):
-    __slots__ = ("stream_id", "chunk_no", "queries", "compare", "validate_task_id", "report_ids", "robust_task_id", "coord_lo", "coord_hi", "pass_id")
+    __slots__ = ("stream_id", "chunk_no", "queries", "compare", "validate_task_id", "report_ids", "robust_task_id", "coord_lo", "coord_hi", "pass_id", "noisy_max")
     STREAM_ID_FIELD_NUMBER: _ClassVar[int]
     CHUNK_NO_FIELD_NUMBER: _ClassVar[int]
     QUERIES_FIELD_NUMBER: _ClassVar[int]
@@ -355,6 +375,7 @@ class ChunkHeader(_message.Message):
     COORD_LO_FIELD_NUMBER: _ClassVar[int]
     COORD_HI_FIELD_NUMBER: _ClassVar[int]
     PASS_ID_FIELD_NUMBER: _ClassVar[int]
+    NOISY_MAX_FIELD_NUMBER: _ClassVar[int]
     stream_id: str
     chunk_no: int
     queries: Queries
@@ -365,7 +386,8 @@ class ChunkHeader(_message.Message):
     coord_lo: int
     coord_hi: int
     pass_id: bytes
-    def __init__(self, stream_id: _Optional[str] = ..., chunk_no: _Optional[int] = ..., queries: _Optional[_Union[Queries, _Mapping]] = ..., compare: _Optional[bool] = ..., validate_task_id: _Optional[str] = ..., report_ids: _Optional[bytes] = ..., robust_task_id: _Optional[str] = ..., coord_lo: _Optional[int] = ..., coord_hi: _Optional[int] = ..., pass_id: _Optional[bytes] = ...) -> None: ...
+    noisy_max: bool
+    def __init__(self, stream_id: _Optional[str] = ..., chunk_no: _Optional[int] = ..., queries: _Optional[_Union[Queries, _Mapping]] = ..., compare: _Optional[bool] = ..., validate_task_id: _Optional[str] = ..., report_ids: _Optional[bytes] = ..., robust_task_id: _Optional[str] = ..., coord_lo: _Optional[int] = ..., coord_hi: _Optional[int] = ..., pass_id: _Optional[bytes] = ..., noisy_max: _Optional[bool] = ...) -> None: ...
 
 class SessionOpen(_message.Message):
     __slots__ = ("session_id", "data_channel")

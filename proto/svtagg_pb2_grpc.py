@@ -200,6 +200,11 @@ class AnalystStub:
                 request_serializer=svtagg_dot_proto_dot_svtagg__pb2.PlanRef.SerializeToString,
                 response_deserializer=svtagg_dot_proto_dot_svtagg__pb2.PlanInfo.FromString,
                 _registered_method=True)
+        self.NoisyMax = channel.unary_unary(
+                '/svtagg.v1.Analyst/NoisyMax',
+                request_serializer=svtagg_dot_proto_dot_svtagg__pb2.NoisyMaxRequest.SerializeToString,
+                response_deserializer=svtagg_dot_proto_dot_svtagg__pb2.NoisyMaxResponse.FromString,
+                _registered_method=True)
 
 
 class AnalystServicer:
@@ -265,6 +270,12 @@ class AnalystServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def NoisyMax(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AnalystServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -317,6 +328,11 @@ def add_AnalystServicer_to_server(servicer, server):
                     servicer.EndPlan,
                     request_deserializer=svtagg_dot_proto_dot_svtagg__pb2.PlanRef.FromString,
                     response_serializer=svtagg_dot_proto_dot_svtagg__pb2.PlanInfo.SerializeToString,
+            ),
+            'NoisyMax': grpc.unary_unary_rpc_method_handler(
+                    servicer.NoisyMax,
+                    request_deserializer=svtagg_dot_proto_dot_svtagg__pb2.NoisyMaxRequest.FromString,
+                    response_serializer=svtagg_dot_proto_dot_svtagg__pb2.NoisyMaxResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -589,6 +605,33 @@ class Analyst:
             '/svtagg.v1.Analyst/EndPlan',
             svtagg_dot_proto_dot_svtagg__pb2.PlanRef.SerializeToString,
             svtagg_dot_proto_dot_svtagg__pb2.PlanInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def NoisyMax(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/svtagg.v1.Analyst/NoisyMax',
+            svtagg_dot_proto_dot_svtagg__pb2.NoisyMaxRequest.SerializeToString,
+            svtagg_dot_proto_dot_svtagg__pb2.NoisyMaxResponse.FromString,
             options,
             channel_credentials,
             insecure,

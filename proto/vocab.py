@@ -104,6 +104,7 @@ KIND_TO_PB = {
     StreamKind.LAP3: pb.LAP3,
     StreamKind.EXP3: pb.EXP3,
     StreamKind.CTT: pb.CTT,
+    StreamKind.NMAX: pb.NMAX,
 }
 _KIND_FROM_PB = {v: k for k, v in KIND_TO_PB.items()}
 

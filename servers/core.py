@@ -65,6 +65,8 @@ class ComparisonParty(Protocol):
         self, z_high: U64, z_low: U64, width: int = 64
     ) -> list[int]: ...
 
+    async def noisy_max(self, z: U64, width: int = 64) -> int | None: ...
+
     async def clamp_reshare(self, share: U64, bound: int) -> U64: ...
 
     async def field_clamp_reshare(self, share: U64, bound: int, field: object) -> U64: ...
@@ -534,6 +536,11 @@ class ServerCore:
             z -= taus
         return z - np.uint64(noise[0] % (1 << 64))
 
+    def noisy_max_inputs(self, stream: StreamState, task: TaskState, chunk: Chunk) -> U64:
+        """z = q(S) + ν for every candidate: this server's share of the score
+        plus its own one-sided noise (no threshold, no γ)."""
+        return self._scores(task, chunk) + self._noise(stream, task, len(chunk))
+
     def compare_inputs(
         self,
         stream: StreamState,
@@ -574,13 +581,19 @@ class ServerCore:
     ) -> tuple[Any, Progress]:
         """One chunk of a stream on this server's side of the garbled comparison:
         its masked inputs (the leader folds in the analyst's `thresholds`: τ for
-        an Ask chunk, (τL, τH) for a Compare chunk), the protocol, and what the
-        result did to the stream (the kind's progress rule).  The result: the
-        first YES index (None: none) or the CompareToThresholds codes."""
+        an Ask chunk, (τL, τH) for a Compare chunk, none for noisy-max), the
+        protocol, and what the result did to the stream (the kind's progress
+        rule).  The result: the first YES index (None: none), the
+        CompareToThresholds codes, or the noisy-max index."""
         kind = ChunkKind.of_stream(stream.kind)
         width = self.comparison_width(task, stream)
         result: Any
-        if kind == ChunkKind.COMPARE:
+        if kind == ChunkKind.NMAX:
+            assert thresholds is None
+            result = await party.noisy_max(self.noisy_max_inputs(stream, task, chunk), width)
+            if result is None:  # k ≥ 1 candidates always have a maximum
+                raise FailedPrecondition("the tournament returned no candidate")
+        elif kind == ChunkKind.COMPARE:
             assert thresholds is None or isinstance(thresholds, tuple)
             z_high, z_low = self.compare_inputs(stream, task, chunk, thresholds)
             result = list(await party.compare_to_thresholds(z_high, z_low, width))

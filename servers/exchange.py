@@ -10,8 +10,8 @@ them, so every refusal reads as it always did and the leader forwards them to
 the helper as written; everything a server reports (ledgers, charges, refunds)
 is an exact `Fraction`.
 
-A chunk is one of four kinds (`ChunkKind`): an Ask or a Compare chunk of a
-stream, or a robust-aggregate chunk of the close.
+A chunk is one of four kinds (`ChunkKind`): an Ask, a Compare or a
+report-noisy-max chunk of a stream, or a robust-aggregate chunk of the close.
 Each kind's `ChunkSpec` names its header, the inputs a leased job of that
 kind carries, the stream kinds it answers, and its progress rule — how many
 queries a result answers and whether the stream closes — written once for both
@@ -26,9 +26,15 @@ from enum import StrEnum
 from fractions import Fraction
 from typing import Any
 
-from svtagg.dp.kinds import StreamKind
+from svtagg.dp.kinds import ABOVE_THRESHOLD_KINDS, StreamKind
 from svtagg.dp.plans import PlanBook
-from svtagg.dp.queries import Budget, Outcome, Progress, ask_progress
+from svtagg.dp.queries import (
+    Budget,
+    Outcome,
+    Progress,
+    ask_progress,
+    noisy_max_progress,
+)
 from svtagg.dp.task import TaskParams
 from svtagg.mpc.circuits import CLOSE
 from svtagg.servers.store import OPEN, StreamState, TaskState
@@ -269,6 +275,14 @@ class Compare:
 
 
 @dataclass(frozen=True)
+class NoisyMax:
+    """A report-noisy-max chunk as the analyst sends it: the candidates."""
+
+    stream_id: str
+    queries: Queries
+
+
+@dataclass(frozen=True)
 class AskAnswer:
     """An Ask chunk's answer: the first YES in the chunk (None: none)."""
 
@@ -290,12 +304,23 @@ class CompareAnswer:
     peer_bytes: int
 
 
+@dataclass(frozen=True)
+class NoisyMaxAnswer:
+    """A report-noisy-max chunk's answer: the position of the largest noisy
+    score among the candidates (the stream is closed by it)."""
+
+    index: int
+    closed: bool
+    peer_bytes: int
+
+
 class ChunkKind(StrEnum):
-    """The three kinds of chunk (the strings are a leased job's `kind`)."""
+    """The kinds of chunk (the strings are a leased job's `kind`)."""
 
     ASK = "ask"
     COMPARE = "compare"
     ROBUST = "robust"
+    NMAX = "nmax"
 
     @property
     def spec(self) -> ChunkSpec:
@@ -314,7 +339,7 @@ class ChunkKind(StrEnum):
 
 @dataclass(frozen=True)
 class StreamChunk:
-    """The header of a stream's chunk (Ask or Compare): the stream, the chunk's
+    """The header of a stream's chunk (Ask, Compare or noisy-max): the stream, the chunk's
     number in it (1, 2, ...; the helper refuses any other), the queries."""
 
     kind: ChunkKind
@@ -345,9 +370,9 @@ class RobustChunk:
 
 ChunkHeader = StreamChunk | RobustChunk
 #: What a leased job carries: the analyst's chunk, or a close-time chunk's header.
-JobInputs = Ask | Compare | RobustChunk
+JobInputs = Ask | Compare | NoisyMax | RobustChunk
 #: What a leased job answers: the analyst's answer, or a close-time chunk's bytes.
-JobAnswer = AskAnswer | CompareAnswer | bytes
+JobAnswer = AskAnswer | CompareAnswer | NoisyMaxAnswer | bytes
 
 
 @dataclass(frozen=True)
@@ -366,11 +391,14 @@ _SPECS = {
     ChunkKind.ASK: ChunkSpec(
         StreamChunk,
         Ask,
-        frozenset(StreamKind) - {StreamKind.CTT},  # the AboveThreshold kinds
+        ABOVE_THRESHOLD_KINDS,
         ask_progress,
     ),
     ChunkKind.COMPARE: ChunkSpec(
         StreamChunk, Compare, frozenset({StreamKind.CTT}), compare_progress
     ),
     ChunkKind.ROBUST: ChunkSpec(RobustChunk, RobustChunk, frozenset(), None),
+    ChunkKind.NMAX: ChunkSpec(
+        StreamChunk, NoisyMax, frozenset({StreamKind.NMAX}), noisy_max_progress
+    ),
 }

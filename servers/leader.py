@@ -48,6 +48,8 @@ from svtagg.servers.exchange import (
     CompareAnswer,
     JobAnswer,
     JobInputs,
+    NoisyMax,
+    NoisyMaxAnswer,
     OpenStream,
     PlanInfo,
     PlanRequest,
@@ -84,6 +86,10 @@ ROBUST_LANES = 4096
 PASS_JOBS = 32
 #: How long `close_collection` waits for the helper before closing anything.
 HELPER_CHECK_DEADLINE = 5.0
+
+#: How a refusal names a stream kind and the call each chunk kind answers.
+_STREAM_NAMES = {StreamKind.CTT: "a CompareToThresholds", StreamKind.NMAX: "a report-noisy-max"}
+_CHUNK_CALLS = {ChunkKind.ASK: "Ask", ChunkKind.COMPARE: "Compare", ChunkKind.NMAX: "NoisyMax"}
 
 
 class LeaderDriver:
@@ -400,11 +406,11 @@ class LeaderDriver:
 
     def _open_stream(self, stream_id: str, kind: ChunkKind) -> tuple[StreamState, TaskState]:
         stream, task = self.core.stream_and_task(stream_id)
-        if kind != ChunkKind.of_stream(stream.kind):
+        answers = ChunkKind.of_stream(stream.kind)
+        if kind != answers:
             raise InvalidArgument(
-                "a CompareToThresholds stream answers Compare, not Ask"
-                if stream.kind == StreamKind.CTT
-                else "only a CompareToThresholds stream answers Compare"
+                f"{_STREAM_NAMES.get(stream.kind, 'an AboveThreshold')} stream answers "
+                f"{_CHUNK_CALLS[answers]}, not {_CHUNK_CALLS[kind]}"
             )
         if stream.state != OPEN:
             raise StreamClosed(f"stream {stream_id} is {stream.state}; it answers no more")
@@ -434,8 +440,22 @@ class LeaderDriver:
         out, closed, nbytes = await self._run_chunk(stream, task, chunk, (lows, highs))
         return CompareAnswer(tuple(OUTCOME_OF_CODE[o] for o in out), closed, nbytes)
 
+    async def noisy_max(self, request: NoisyMax) -> NoisyMaxAnswer:
+        """Report-noisy-max on an open NMAX stream: the candidates are checked,
+        then the chunk runs as an Ask chunk does (durable mark on both servers,
+        each server's own noise on its share, the garbled tournament, the
+        result recorded); its one answer closes the stream."""
+        stream, task = self._open_stream(request.stream_id, ChunkKind.NMAX)
+        chunk = parse_chunk(task, request.queries.index, request.queries.complement)
+        if self.work is not None:
+            answer = await self._leased(request, stream.stream_id)
+            assert isinstance(answer, NoisyMaxAnswer)
+            return answer
+        j, closed, nbytes = await self._run_chunk(stream, task, chunk, None)
+        return NoisyMaxAnswer(j, closed, nbytes)
+
     async def _run_chunk(
-        self, stream: StreamState, task: TaskState, chunk: Chunk, thresholds: Thresholds
+        self, stream: StreamState, task: TaskState, chunk: Chunk, thresholds: Thresholds | None
     ) -> tuple[Any, bool, int]:
         """One chunk at a time per stream (concurrent chunks are refused)."""
         sid = stream.stream_id
@@ -448,7 +468,7 @@ class LeaderDriver:
             self._busy.discard(sid)
 
     async def _chunk(
-        self, stream: StreamState, task: TaskState, chunk: Chunk, thresholds: Thresholds
+        self, stream: StreamState, task: TaskState, chunk: Chunk, thresholds: Thresholds | None
     ) -> tuple[Any, bool, int]:
         """Send the header, mark the chunk in progress durably (while the helper
         does the same), run the garbled comparison on a pooled session, record
@@ -526,7 +546,7 @@ class LeaderDriver:
             await self.pool.release(session, healthy)
         return result, session.traffic - before
 
-    async def _leased(self, request: Ask | Compare, stream_id: str) -> JobAnswer:
+    async def _leased(self, request: Ask | Compare | NoisyMax, stream_id: str) -> JobAnswer:
         """A chunk run by a worker.  When it failed the stream (its helper process
         may have been the one that died, leaving the helper's copy mid-chunk),
         the stream is failed through the helper's main process as well."""
@@ -555,6 +575,8 @@ class LeaderDriver:
             return await self.ask(inputs)
         if isinstance(inputs, Compare):
             return await self.compare(inputs)
+        if isinstance(inputs, NoisyMax):
+            return await self.noisy_max(inputs)
         task = self.core.task(inputs.task_id)
         return await self.robust_chunk(task, inputs)
 

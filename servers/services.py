@@ -192,6 +192,13 @@ class AnalystService(pb_grpc.AnalystServicer):
         self._chunk(request.stream_id, start, len(request.queries.index), answer.peer_bytes)
         return wire.COMPARE_ANSWER.to_pb(answer)
 
+    @rpc(Role.ANALYST)
+    async def NoisyMax(self, request: pb.NoisyMaxRequest, context: Context) -> pb.NoisyMaxResponse:
+        start = time.perf_counter()
+        answer = await self.driver.noisy_max(wire.NOISY_MAX.from_pb(request))
+        self._chunk(request.stream_id, start, len(request.queries.index), answer.peer_bytes)
+        return wire.NOISY_MAX_ANSWER.to_pb(answer)
+
     def _task_of(self, stream_id: str) -> str:
         task_id = self._stream_tasks.get(stream_id)
         if task_id is not None:

@@ -34,6 +34,8 @@ from svtagg.servers.exchange import (
     CompareAnswer,
     JobAnswer,
     JobInputs,
+    NoisyMax,
+    NoisyMaxAnswer,
     OpenStream,
     PlanGroup,
     PlanInfo,
@@ -429,6 +431,17 @@ COMPARE_ANSWER: Codec[CompareAnswer, pb.CompareResponse] = Codec(
     lambda m: CompareAnswer(tuple(outcome_from_pb(o) for o in m.outcomes), m.closed, m.peer_bytes),
 )
 
+NOISY_MAX: Codec[NoisyMax, pb.NoisyMaxRequest] = Codec(
+    pb.NoisyMaxRequest,
+    lambda n: pb.NoisyMaxRequest(stream_id=n.stream_id, queries=_queries_to_pb(n.queries)),
+    lambda m: NoisyMax(m.stream_id, _queries_from_pb(m.queries)),
+)
+NOISY_MAX_ANSWER: Codec[NoisyMaxAnswer, pb.NoisyMaxResponse] = Codec(
+    pb.NoisyMaxResponse,
+    lambda a: pb.NoisyMaxResponse(index=a.index, closed=a.closed, peer_bytes=a.peer_bytes),
+    lambda m: NoisyMaxAnswer(m.index, m.closed, m.peer_bytes),
+)
+
 
 def _header_to_pb(h: ChunkHeader) -> pb.ChunkHeader:
     """The flat ChunkHeader: which of its fields are set says the kind."""
@@ -441,6 +454,7 @@ def _header_to_pb(h: ChunkHeader) -> pb.ChunkHeader:
         chunk_no=h.chunk_no,
         compare=h.kind == ChunkKind.COMPARE,
         queries=_queries_to_pb(h.queries),
+        noisy_max=h.kind == ChunkKind.NMAX,
     )
 
 
@@ -450,8 +464,9 @@ def _robust_from_pb(m: pb.ChunkHeader) -> RobustChunk:
 
 def _header_from_pb(m: pb.ChunkHeader) -> ChunkHeader:
     """A robust task id makes a robust chunk, else it is a stream's chunk
-    (`compare`: a Compare chunk).  A range-validation header (the retired
-    garbled range check of an older leader) is refused."""
+    (`compare`: a Compare chunk, `noisy_max`: a report-noisy-max chunk, at most
+    one of the two).  A range-validation header (the retired garbled range
+    check of an older leader) is refused."""
     if m.validate_task_id:
         raise InvalidArgument(
             "the garbled range check at the close is retired: reports prove their "
@@ -459,7 +474,9 @@ def _header_from_pb(m: pb.ChunkHeader) -> ChunkHeader:
         )
     if m.robust_task_id:
         return _robust_from_pb(m)
-    kind = ChunkKind.COMPARE if m.compare else ChunkKind.ASK
+    if m.compare and m.noisy_max:
+        raise InvalidArgument("a chunk header names two kinds (compare and noisy_max)")
+    kind = ChunkKind.COMPARE if m.compare else ChunkKind.NMAX if m.noisy_max else ChunkKind.ASK
     return StreamChunk(kind, m.stream_id, m.chunk_no, _queries_from_pb(m.queries))
 
 
@@ -473,17 +490,19 @@ _JOB_INPUTS: dict[ChunkKind, Codec[Any, Any]] = {
     ChunkKind.ASK: ASK,
     ChunkKind.COMPARE: COMPARE,
     ChunkKind.ROBUST: Codec(pb.ChunkHeader, _header_to_pb, _robust_from_pb),
+    ChunkKind.NMAX: NOISY_MAX,
 }
 _JOB_ANSWERS: dict[ChunkKind, Codec[Any, Any] | None] = {
     ChunkKind.ASK: ASK_ANSWER,
     ChunkKind.COMPARE: COMPARE_ANSWER,
     ChunkKind.ROBUST: None,
+    ChunkKind.NMAX: NOISY_MAX_ANSWER,
 }
 
 
 def job_payload(inputs: JobInputs) -> tuple[ChunkKind, bytes]:
-    """A leased job's kind and payload (an AskRequest, a CompareRequest, or the
-    close-time chunk's ChunkHeader)."""
+    """A leased job's kind and payload (an AskRequest, a CompareRequest, a
+    NoisyMaxRequest, or the close-time chunk's ChunkHeader)."""
     kind = ChunkKind.of_inputs(inputs)
     return kind, _JOB_INPUTS[kind].encode(inputs)
 

@@ -53,6 +53,8 @@ from svtagg.servers.exchange import (
     CompareAnswer,
     JobAnswer,
     JobInputs,
+    NoisyMax,
+    NoisyMaxAnswer,
     RobustChunk,
 )
 
@@ -122,6 +124,15 @@ async def run_leased(
     stream_id: str | None = None,
     on_lost: Callable[[str], Awaitable[None]] | None = None,
 ) -> CompareAnswer: ...
+
+
+@overload
+async def run_leased(
+    queue: JobQueue,
+    inputs: NoisyMax,
+    stream_id: str | None = None,
+    on_lost: Callable[[str], Awaitable[None]] | None = None,
+) -> NoisyMaxAnswer: ...
 
 
 @overload

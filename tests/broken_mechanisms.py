@@ -1,4 +1,5 @@
-"""Known non-private SVT variants, kept only as negative controls for the audit.
+"""Known non-private SVT and report-noisy-max variants, kept only as negative
+controls for the audits.
 
 Each subclasses the reference local oracle and breaks exactly one thing.
 """
@@ -11,7 +12,9 @@ from fractions import Fraction
 import numpy as np
 
 from svtagg.analyst.local_oracle import LocalOracle
-from svtagg.dp.kinds import StreamKind
+from svtagg.dp.kinds import StreamKind, validate_stream
+from svtagg.dp.noise import draw
+from svtagg.dp.noisy_max import first_argmax, noise_scale
 from svtagg.dp.queries import Number, Query
 from svtagg.dp.svt import AboveThresholdStream
 
@@ -71,3 +74,44 @@ class RevealsValueOracle(LocalOracle):
             return None
         j = int(yes[0])
         return j, int(scores[j] + nu[j])
+
+
+# --- report-noisy-max ------------------------------------------------------------------
+
+
+class _NoisyMaxScales(LocalOracle):
+    """Report-noisy-max whose parties draw one-sided geometric noise at the given
+    fractions of the correct scale 2Δ/ε (0: the party adds none); charged as the
+    correct mechanism is.  Subclasses fix the fractions."""
+
+    fractions: tuple[Fraction, ...] = ()
+
+    def noisy_max(self, queries, epsilon, plan=None):  # type: ignore[no-untyped-def]
+        req = validate_stream(StreamKind.NMAX, epsilon, 0, self.parties)
+        scores = self._scores(queries)
+        self._charge(req, plan)
+        return first_argmax(scores + broken_noise(self, req.epsilon, len(queries)))
+
+
+def broken_noise(oracle: _NoisyMaxScales, epsilon: Fraction, k: int) -> np.ndarray:
+    """The total of the parties' draws at their fractions of the scale."""
+    total = np.zeros(k, dtype=np.int64)
+    for f in oracle.fractions:
+        if f:
+            total += draw("geometric", noise_scale(epsilon, oracle.frac_bits) * f, k, oracle._rng)
+    return total
+
+
+class HalfScaleNoisyMaxOracle(_NoisyMaxScales):
+    """Noise Exp(Δ/ε), the scale of monotone counting queries, where the scores
+    may move in opposite directions (a replaced user): the loss reaches 2ε."""
+
+    fractions = (Fraction(1, 2),)
+
+
+class OneNoisyServerOracle(_NoisyMaxScales):
+    """Two servers, one adding no noise and the other half the scale: the sum
+    looks like one party's noise at Δ/ε, and against the noisy server (who knows
+    its draws) the answer is deterministic."""
+
+    fractions = (Fraction(0), Fraction(1, 2))

@@ -40,6 +40,7 @@ ANALYST_RPCS = {
     "OpenStream": pb.OpenStreamRequest(task_id="t"),
     "Ask": pb.AskRequest(stream_id="s"),
     "Compare": pb.CompareRequest(stream_id="s"),
+    "NoisyMax": pb.NoisyMaxRequest(stream_id="s"),
     "Budget": pb.TaskRef(task_id="t"),
 }
 PEER_RPCS = {

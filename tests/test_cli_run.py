@@ -83,6 +83,8 @@ BAD_RUNS = [
     ("--index on another algorithm", ["--algorithm", "scan", "--index", "2"], USAGE, "--index",
      None),
     ("β out of range", ["--algorithm", "scan", "--beta", "1.5"], USAGE, "beta", None),
+    ("--kind on noisy-max", ["--algorithm", "noisy-max", "--kind", "lap24"], USAGE, "--kind",
+     None),
 ]  # fmt: skip
 
 
@@ -133,3 +135,31 @@ def test_run_reports_its_own_spend_as_numbers(env: Env):
     for key in ("epsilon", "epsilon_spent", "delta_spent", "task_epsilon_spent",
                 "task_epsilon_left", "task_delta_spent", "task_delta_left"):  # fmt: skip
         assert isinstance(out[key], float), f"{key}: {out[key]!r} is not a number"
+
+
+def test_noisy_max_runs_through_the_servers(env: Env):
+    """The baseline through the command line and the remote oracle: the largest
+    count (coordinate 5, 108 of 120 users, 20 above the next) is chosen at
+    ε = 4 (noise scale 1/2 per server), and each run costs exactly its ε on both
+    ledgers."""
+    from svtagg.analyst.remote_oracle import RemoteOracle
+    from svtagg.dp.queries import Query
+
+    before = env.ledgers()
+    r = svtagg(*env.analyst("run", "--algorithm", "noisy-max", "--epsilon", "4"))
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["algorithm"] == "noisy-max" and out["selected"] == 5 and out["alpha"] > 0
+    assert env.ledgers() == (before[0] + 4, before[1] + 4)
+    with RemoteOracle.from_certs(env.dep.address("leader"), "t", env.dep.certs) as oracle:
+        assert oracle.noisy_max([Query(0), Query(5), Query(5, complement=True)], "3/2") == 1
+        # n − S_0 = 106 against S_3 = 69 (the counts of this seed).
+        assert oracle.noisy_max([Query(0, complement=True), Query(3)], "3/2") == 0
+        stats = oracle.stats()
+        assert stats.streams == 2 and stats.by_kind == {"nmax": 2} and stats.queries == 5
+        assert stats.peer_bytes > 0
+        with pytest.raises(ValueError, match="out of range"):
+            oracle.noisy_max([Query(6)], 1)
+        with pytest.raises(ValueError, match="noisy_max"):
+            oracle.open_stream(1, "nmax")
+    assert env.ledgers() == (before[0] + 7, before[1] + 7)

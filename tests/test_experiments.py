@@ -139,3 +139,23 @@ def test_words_flags() -> None:
     bad = parser.parse_args(["experiment", "words", "--parties", "3"])
     with pytest.raises(ValueError):
         words_config(bad)
+
+
+def test_noisy_max_experiment(tmp_path: Path) -> None:
+    """The noisy-max comparison at a tiny size: one row per method, noisy-max
+    sends one tournament where the scan sends many comparisons, its error
+    falls as ε grows, and the budget that matches the scan's error is read off
+    the curve by log-linear interpolation."""
+    from svtagg.experiments.noisy_max import noisy_max_budget, noisy_max_vs_scan, table
+
+    res = noisy_max_vs_scan(n=2000, d=60, runs=4, epsilon=1.0, seed=1)
+    rows = {r["method"]: r for r in res["rows"]}
+    assert set(rows) == {"scan", "nmax2", "nmax1"}
+    assert rows["nmax2"]["comparisons_per_candidate"] == 1
+    assert rows["scan"]["comparisons_per_candidate"] > 10
+    assert all(e >= 0 for r in rows.values() for e in r["errors"])
+    curve = res["noisy_max_curve"]
+    assert curve[0][1] > curve[-1][1]  # ε/16 is far noisier than ε
+    assert "report-noisy-max, two servers" in table(res)
+    assert noisy_max_budget([(1.0, 8.0), (2.0, 2.0)], 4.0) == pytest.approx(np.sqrt(2))
+    assert noisy_max_budget([(1.0, 8.0), (2.0, 2.0)], 1.0) is None

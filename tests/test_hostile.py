@@ -132,6 +132,12 @@ class Env:
             timeout=30,
         )
         self.closed = closed
+        self.nmax = o(kind=pb.NMAX, epsilon="1/2")
+        answered = o(kind=pb.NMAX, epsilon="1/2")
+        self.analyst.NoisyMax(
+            pb.NoisyMaxRequest(stream_id=answered, queries=pb.Queries(index=[0, 1])), timeout=30
+        )
+        self.nmax_closed = answered
         self.streams = [self.lap, self.ctt, self.closed, "", "0" * 32, "x" * 1000]
         self.tasks = ["h", OPEN_TASK, "", "nope", "bad id!", "a" * 65, "../../etc", "h\x00", "h\n"]
         self.digest = pb.CollectionDigest(
@@ -554,6 +560,56 @@ def test_ask(env: Env, examples: int):
     env.alive()
 
 
+NMAX_MUTATIONS = [
+    "empty",
+    "oversized",
+    "index>=d",
+    "complement count",
+    "noisy-max on lap",
+    "noisy-max on ctt",
+    "ask on nmax",
+    "answered stream",
+    "unknown stream",
+]
+
+
+@pytest.mark.parametrize("examples", EXAMPLES)
+def test_noisy_max(env: Env, examples: int):
+    @run_property(
+        examples,
+        st.sampled_from(NMAX_MUTATIONS),
+        st.integers(1, 6),
+        st.sampled_from(env.streams[3:]),
+        st.integers(0, 2**32 - 1),
+    )
+    def body(mutation: str, k: int, unknown: str, extra: int) -> None:
+        idx, comp, sid = [i % D for i in range(k)], [], env.nmax
+        if mutation == "empty":
+            idx = []
+        elif mutation == "oversized":
+            idx = [0] * (MAX_CHUNK + k)
+        elif mutation == "index>=d":
+            idx[-1] = D + extra % (2**32 - D)
+        elif mutation == "complement count":
+            comp = [True] * (k + 1)
+        elif mutation == "noisy-max on lap":
+            sid = env.lap
+        elif mutation == "noisy-max on ctt":
+            sid = env.ctt
+        elif mutation == "answered stream":
+            sid = env.nmax_closed
+        elif mutation == "ask on nmax":
+            ask = pb.AskRequest(stream_id=env.nmax, queries=pb.Queries(index=idx), tau=[0] * k)
+            env.refused("Analyst.Ask", lambda: env.analyst.Ask(ask, timeout=60))
+            return
+        else:
+            sid = unknown
+        req = pb.NoisyMaxRequest(stream_id=sid, queries=pb.Queries(index=idx, complement=comp))
+        env.refused("Analyst.NoisyMax", lambda: env.analyst.NoisyMax(req, timeout=60))
+
+    env.alive()
+
+
 CMP_MUTATIONS = [
     "low>high",
     "gap",
@@ -666,6 +722,7 @@ UNARY = {
         "/svtagg.v1.Analyst/OpenStream",
         "/svtagg.v1.Analyst/Ask",
         "/svtagg.v1.Analyst/Compare",
+        "/svtagg.v1.Analyst/NoisyMax",
         "/svtagg.v1.Analyst/Budget",
         "/grpc.health.v1.Health/Check",
     ],

@@ -219,3 +219,32 @@ async def test_remote_matches_local_every_kind(deployment: Deployment, kind: str
     table = np.array([[rem.count(c) for c in cells], [loc.count(c) for c in cells]])
     p = chi2_contingency(table).pvalue if len(cells) > 1 else 1.0
     assert p > 1e-3, f"{kind}: remote {table[0]} vs local {table[1]}: p={p:.2g}"
+
+
+async def test_noisy_max_over_more_than_two_lane_batches(deployment: Deployment):
+    """Report-noisy-max through gRPC servers over d = 9,000 candidates (three
+    lane batches of the tournament, streamed on the comparison data channel):
+    the one held coordinate (count 20, every other 0) is chosen at ε = 4
+    (noise scale 1/2 per server), by the baseline over every coordinate and
+    among chosen candidates; each selection charges ε once."""
+    from svtagg.analyst.selection import noisy_max_selection
+
+    d, best = 9000, 7777
+    values = np.zeros((20, d))
+    values[:, best] = 1.0
+    await off_loop(_upload_and_close, deployment, values, eps_total="20")
+
+    def run() -> tuple[int, int, Fraction, int]:
+        with deployment.oracle("t1") as oracle:
+            everything = noisy_max_selection(oracle, 4)
+            some = oracle.noisy_max([Query(3), Query(best), Query(8999)], 4)
+            return (
+                everything.query.index,
+                some,
+                oracle.budget().epsilon_spent,
+                oracle.stats().peer_bytes,
+            )
+
+    index, some, spent, peer_bytes = await off_loop(run)
+    assert (index, some, spent) == (best, 1, 8)
+    assert peer_bytes > d * 4000  # ≈ 4.5 kB per candidate at w = 40 (docs/algorithms.md)

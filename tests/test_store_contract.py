@@ -673,11 +673,18 @@ def test_pg_schema_v4_streams_gain_their_plan_and_staging_its_pass(pg_url: tuple
         )
     store = PgStore(url, schema=schema)
     try:
-        assert store.schema_version() == PgStore.SCHEMA_VERSION == 7
+        assert store.schema_version() == PgStore.SCHEMA_VERSION == 8
         assert store.stream("s").plan is None
+        # v7: the work table takes report-noisy-max jobs
+        (check,) = store._conn.execute(
+            "SELECT pg_get_constraintdef(oid) FROM pg_constraint"
+            " WHERE conname = 'work_kind_check' AND connamespace = %s::regnamespace",
+            (schema,),
+        ).fetchone()
+        assert "'nmax'" in check and "'validate'" not in check
         # v6: a task made before validity proofs takes plain shares, none refused
         assert store.task("t").params.validity == "" and store.task("t").rejected == ()
-        assert store.task("t").params.noise == "independent"  # v7: the noise option
+        assert store.task("t").params.noise == "independent"  # v8: the noise option
         assert store._conn.execute("SELECT count(*) FROM robust_staged").fetchone() == (0,)
         store.stage_robust("t", b"P" * 16, b"\x00", 0, np.arange(2, dtype=np.uint64))
         assert list(store.staged_robust("t", b"P" * 16, b"\x00", 2)) == [0, 1]

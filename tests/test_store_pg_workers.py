@@ -257,7 +257,8 @@ def _raw_report(values: list[int]) -> pb.UploadBatch:
 def test_workers_answer_streams_and_run_the_close(tmp_path: Path, pg_url: tuple[str, str]) -> None:
     """Two leader workers: reports proved valid at ingest (raw shares, as a
     malicious client sends them, are refused), the close's field-to-ring passes
-    run as parallel jobs, and streams answer as in process."""
+    run as parallel jobs, and streams (Ask and noisy-max chunks) answer as in
+    process."""
     pd = WorkerDeployment(tmp_path, *pg_url, leaders=2).start()
     try:
         spec = task_spec("v", D, 100_000, "1000", validity="range")
@@ -276,6 +277,8 @@ def test_workers_answer_streams_and_run_the_close(tmp_path: Path, pg_url: tuple[
         with pd.oracle("v") as o:
             assert o.open_stream(EPS).ask([(Query(1), 10**4), (Query(0), -1000.0)]) == 1
             assert o.open_stream(EPS).ask([(Query(0), 10**4)]) is None
+            # A report-noisy-max chunk is a leased job too: n − S_0 = 0 against S_1 = 1200.
+            assert o.noisy_max([Query(0, complement=True), Query(1)], EPS) == 1
         assert budgets(pd, "v")[0] == budgets(pd, "v")[1]
     finally:
         pd.stop()

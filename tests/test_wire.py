@@ -27,6 +27,8 @@ from svtagg.servers.exchange import (
     ChunkKind,
     Compare,
     CompareAnswer,
+    NoisyMax,
+    NoisyMaxAnswer,
     PlanGroup,
     PlanInfo,
     PlanRequest,
@@ -44,6 +46,7 @@ from svtagg.servers.exchange import (
     VerifyResult,
     ask_progress,
     compare_progress,
+    noisy_max_progress,
 )
 
 PARAMS = TaskParams("t", 4, 16, 1000, 1, Fraction(20), Fraction(1, 1000), Fraction(1, 10), True)
@@ -144,8 +147,13 @@ def test_the_flat_chunk_header_decodes_as_the_helper_always_read_it() -> None:
         RobustChunk("r", 0, 4096, b"p" * 16),
         StreamChunk(ChunkKind.ASK, "s", 1, Queries((0, 1), (False, True))),
         StreamChunk(ChunkKind.COMPARE, "s", 3, Queries((2,))),
+        StreamChunk(ChunkKind.NMAX, "s", 1, Queries((4, 0, 9), (False, True, False))),
     ):
         assert wire.CHUNK_HEADER.decode(wire.CHUNK_HEADER.encode(header)) == header
+    nmax = pb.ChunkHeader(stream_id="s", chunk_no=1, noisy_max=True)
+    assert wire.CHUNK_HEADER.from_pb(nmax) == StreamChunk(ChunkKind.NMAX, "s", 1, Queries(()))
+    with pytest.raises(InvalidArgument, match="two kinds"):
+        wire.CHUNK_HEADER.from_pb(pb.ChunkHeader(stream_id="s", compare=True, noisy_max=True))
     with pytest.raises(ValueError, match="no stream"):
         StreamChunk(ChunkKind.ROBUST, "s", 1, Queries((0,)))
 
@@ -156,6 +164,7 @@ def test_leased_jobs_keep_their_kind_and_payload() -> None:
         (Ask("s", q, (1,)), ChunkKind.ASK, AskAnswer(None, False, 3)),
         (Compare("s", q, (-1,), (1,)), ChunkKind.COMPARE, CompareAnswer((), False, 3)),
         (RobustChunk("t", 0, 2, b"p" * 16), ChunkKind.ROBUST, bytes(16)),
+        (NoisyMax("s", Queries((3, 1), (True, False))), ChunkKind.NMAX, NoisyMaxAnswer(1, True, 3)),
     ]
     for inputs, kind, answer in jobs:
         got_kind, payload = wire.job_payload(inputs)
@@ -175,6 +184,8 @@ def test_progress_rules() -> None:
     assert ChunkKind.ASK.spec.progress is ask_progress
     assert ChunkKind.COMPARE.spec.progress is compare_progress
     assert ChunkKind.ROBUST.spec.progress is None
+    assert ChunkKind.NMAX.spec.progress is noisy_max_progress
+    assert noisy_max_progress(0, 5) == noisy_max_progress(4, 5) == Progress(5, True)
 
 
 def test_each_stream_kind_answers_one_chunk_kind() -> None:
@@ -183,6 +194,7 @@ def test_each_stream_kind_answers_one_chunk_kind() -> None:
         StreamKind.LAP3: ChunkKind.ASK,
         StreamKind.EXP3: ChunkKind.ASK,
         StreamKind.CTT: ChunkKind.COMPARE,
+        StreamKind.NMAX: ChunkKind.NMAX,
     }
 
 

@@ -14,9 +14,15 @@ MWEM's shifted scores fold into thresholds (algorithms.md §3).
 Modules: `records` (candidates, search spaces, results), `session` (one run's
 streams and spend), `search` (Algorithm 8's rounds and descending-scan levels),
 `plans` (options and data-independent plans), `paper` (the paper's algorithms),
-`practical` and `scan` (the variants).  The public names are re-exported here.
+`practical` and `scan` (the variants), and `noisy_max` (report-noisy-max, the
+baseline that is not an SVT selection).  The public names are re-exported here.
 """
 
+from svtagg.analyst.selection.noisy_max import (
+    NoisyMaxResult,
+    check_candidates,
+    noisy_max_selection,
+)
 from svtagg.analyst.selection.paper import (
     binary_search,
     binary_search_rounds,
@@ -88,6 +94,7 @@ __all__ = [
     "Candidates",
     "Epsilon",
     "GbsSchedule",
+    "NoisyMaxResult",
     "Phase",
     "PracticalOptions",
     "PracticalPlan",
@@ -105,10 +112,12 @@ __all__ = [
     "Variant",
     "binary_search",
     "binary_search_rounds",
+    "check_candidates",
     "default_rounds",
     "gbs_budgets",
     "geometric_binary_search",
     "linear_scan",
+    "noisy_max_selection",
     "plan_for",
     "plan_practical",
     "plan_sampling_and_filtering",

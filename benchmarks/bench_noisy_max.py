@@ -1,0 +1,154 @@
+"""What one report-noisy-max costs against the scan selection, on the engine and
+through the one-process reference pair (`servers.reference`: a leader and a
+helper driver on their own SQLite stores, the real garbled circuits; both in
+this process, so the seconds are one core's).
+
+1. Engine: AND gates and bytes per candidate of the tournament
+   (`noisy_max`) and per query of a first-YES chunk (`first_yes`), both at the
+   comparison width the servers derive for the task below.
+2. Servers: a task of n users and d coordinates (0/1 values whose column sums
+   are the experiments' planted scores); one NoisyMax chunk over every
+   coordinate, and one Ask chunk of d queries that never says YES — the bytes
+   between the servers (`peer_bytes`) and the time of each.
+3. The scan selection's comparisons per candidate on the same sums, from the
+   local two-party oracle (the same streams and noise the servers would run),
+   which with (2) gives the scan's bytes through the servers.
+
+    python -m svtagg.benchmarks.bench_noisy_max [--n 10000] [--d 1000] [--epsilon 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from svtagg.analyst.local_oracle import LocalOracle
+from svtagg.analyst.selection import scan_selection
+from svtagg.dp.kinds import StreamKind
+from svtagg.dp.task import TaskSpec
+from svtagg.experiments.common import planted_scores
+from svtagg.mpc.circuits import argmax_and_gates
+from svtagg.mpc.protocol import connected_pair
+from svtagg.servers.exchange import Ask, NoisyMax, OpenStream, Queries
+from svtagg.servers.reference import reference_pair
+
+F = 16
+
+
+async def engine(k: int, width: int) -> dict[str, dict[str, float]]:
+    """Per candidate (tournament) and per query (first-YES chunk) at width w."""
+    rng = np.random.default_rng(k)
+    a = rng.integers(0, 2**64, k, dtype=np.uint64)
+    small = rng.integers(-(1 << 20), 1 << 20, k).astype(np.int64).view(np.uint64)
+    g, e = await connected_pair()
+    out = {}
+    for name in ("noisy_max", "first_yes"):
+        b = small - a  # z_L + z_H well inside the width; a NO everywhere for first_yes
+        if name == "first_yes":
+            b = (-(1 << 30) - np.abs(small.view(np.int64))).view(np.uint64) - a
+        start = time.perf_counter()
+        await asyncio.gather(getattr(g, name)(a, width), getattr(e, name)(b, width))
+        seconds = time.perf_counter() - start
+        st = g.last_stats
+        out[name] = {
+            "and_gates": st.and_gates / k,
+            "bytes": (st.bytes_sent + st.bytes_received) / k,
+            "seconds": seconds,
+        }
+    assert out["noisy_max"]["and_gates"] * k == argmax_and_gates(k, width)
+    return out
+
+
+def data(n: int, d: int, seed: int = 0) -> np.ndarray:
+    """0/1 rows whose column sums are the planted scores of the experiments
+    (`experiments.common.planted_scores`: the best at n/2, one candidate per
+    score unit below it): user i holds coordinate j iff i < s_j."""
+    scores = planted_scores(n, d, np.random.default_rng(seed))
+    return (np.arange(n)[:, None] < scores[None, :]).astype(np.float64)
+
+
+async def servers(n: int, d: int, epsilon: str) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as tmp:
+        async with reference_pair(Path(tmp)) as ref:
+            spec = TaskSpec("bench", d, F, n, 1, "100", "0", "1/1000")
+            await ref.leader.create_task(spec)
+            rows = data(n, d)
+            for lo in range(0, n, 1000):
+                ref.upload("bench", rows[lo : lo + 1000])
+            await ref.leader.close_collection("bench")
+            task = ref.leader.core.task("bench")
+            every = Queries(tuple(range(d)))
+            info = await ref.leader.open_stream(OpenStream("bench", StreamKind.NMAX, epsilon))
+            stream = ref.leader.core.stream(info.stream_id)
+            width = ref.leader.core.comparison_width(task, stream)
+            start = time.perf_counter()
+            nm = await ref.leader.noisy_max(NoisyMax(info.stream_id, every))
+            nm_seconds = time.perf_counter() - start
+            lap = await ref.leader.open_stream(OpenStream("bench", StreamKind.LAP24, epsilon))
+            never = tuple([2 * n << F] * d)  # τ = 2n: no YES, every query compared
+            start = time.perf_counter()
+            ask = await ref.leader.ask(Ask(lap.stream_id, every, never))
+            ask_seconds = time.perf_counter() - start
+            assert ask.index is None
+            sums = ref.leader.core.query_sums(task) + ref.helper.core.query_sums(task)
+    return {
+        "width": width,
+        "noisy_max": {"index": nm.index, "bytes": nm.peer_bytes, "seconds": nm_seconds},
+        "ask": {"bytes": ask.peer_bytes, "seconds": ask_seconds},
+        "sums": sums.astype(np.int64),
+    }
+
+
+def scan_comparisons(sums: np.ndarray, n: int, epsilon: str, runs: int) -> float:
+    """Queries the scan selection sends per candidate (mean over runs)."""
+    per = []
+    for seed in range(runs):
+        oracle = LocalOracle.from_sums(sums, n, 10**6, frac_bits=F, parties=2, seed=seed)
+        scan_selection(oracle, epsilon, 0.05)
+        per.append(oracle.stats().queries / sums.size)
+    return float(np.mean(per))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--n", type=int, default=10_000)
+    ap.add_argument("--d", type=int, default=1000)
+    ap.add_argument("--epsilon", default="1")
+    ap.add_argument("--scan-runs", type=int, default=5)
+    args = ap.parse_args()
+    n, d = args.n, args.d
+    srv = asyncio.run(servers(n, d, args.epsilon))
+    w = srv["width"]
+    print(f"servers' comparison width for n_max={n}, F={F}, ε={args.epsilon}: w = {w}")
+    for k in (1000, 10_000):
+        eng = asyncio.run(engine(k, w))
+        nm, fy = eng["noisy_max"], eng["first_yes"]
+        print(
+            f"engine, k={k:,}: tournament {nm['and_gates']:.1f} ANDs and {nm['bytes']:,.0f} B "
+            f"per candidate ({nm['seconds']:.3f} s); first-YES {fy['and_gates']:.1f} ANDs and "
+            f"{fy['bytes']:,.0f} B per query ({fy['seconds']:.3f} s)"
+        )
+    nm, ask = srv["noisy_max"], srv["ask"]
+    print(
+        f"servers, n={n:,}, d={d:,}: NoisyMax over all d: {nm['bytes'] / 1e6:.2f} MB "
+        f"({nm['bytes'] / d:,.0f} B per candidate), {nm['seconds']:.3f} s; an Ask chunk of d "
+        f"queries: {ask['bytes'] / 1e6:.2f} MB ({ask['bytes'] / d:,.0f} B per query), "
+        f"{ask['seconds']:.3f} s"
+    )
+    cmp = scan_comparisons(srv["sums"], n, args.epsilon, args.scan_runs)
+    scan_bytes = cmp * d * ask["bytes"] / d
+    print(
+        f"scan selection at ε={args.epsilon}: {cmp:.0f} comparisons per candidate "
+        f"(mean of {args.scan_runs} local two-party runs) ≈ {scan_bytes / 1e6:.0f} MB through "
+        f"the servers, {scan_bytes / nm['bytes']:.0f}× the noisy-max's"
+    )
+
+
+if __name__ == "__main__":
+    main()
