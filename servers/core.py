@@ -4,7 +4,9 @@ masked comparison inputs z_L / z_H.
 
 Trust assumptions relied on here (see docs/services.md): two non-colluding,
 semi-honest servers; each draws its own full-scale noise from its own CSPRNG
-and never reveals γ, ν or its share sums; only the comparison protocol's
+(or, for a task with noise = joint, holds its additive share of one joint
+draw made in the garbled circuit: servers/joint.py) and never reveals γ, ν or
+its share sums; only the comparison protocol's
 output (first YES index / outcomes) leaves a server.  Clients are not trusted:
 queries read the robust aggregates g(S) (`query_sums`), whose sensitivity is
 2^F whatever the other reports are.
