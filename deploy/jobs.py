@@ -65,6 +65,15 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "uploads embedded otherwise are refused (default: none recorded)",
     )
     c.add_argument(
+        "--noise",
+        choices=("independent", "joint"),
+        default="independent",
+        help="joint: each stream's noise is drawn once, at the mechanism's scale, inside "
+        "the garbled circuit from both servers' random bits (lap24 and lap3 streams "
+        "only; each stream also charges a δ below 2^-60); see docs/privacy.md "
+        "(default: independent, each server adds its own)",
+    )
+    c.add_argument(
         "--epsilon-min",
         default="auto",
         help="smallest ε a stream may use; auto: the smallest safe from overflow",
