@@ -31,9 +31,7 @@ def test_width_is_the_servers(n_max: int, epsilon: Fraction) -> None:
     from svtagg.servers.core import _comparison_width
 
     for kind in (StreamKind.LAP24, StreamKind.NMAX):
-        assert comparison_width(n_max, kind, epsilon) == _comparison_width(
-            n_max, 16, kind, epsilon
-        )
+        assert comparison_width(n_max, kind, epsilon) == _comparison_width(n_max, 16, kind, epsilon)
 
 
 def test_engine_costs_on_a_small_instance() -> None:
@@ -76,9 +74,10 @@ def test_frontier_rows_at_a_tiny_size(tmp_path: Path) -> None:
         assert r["bytes_total"] == pytest.approx(cmp * 2000.0 * 60)
         assert r["engine_seconds"] == pytest.approx(cmp * 1e-5 * 60)
     # the accurate end sends more comparisons than the cheap end
-    assert rows["scan_accurate"]["comparisons_per_candidate"] > rows["scan_cheap"][
-        "comparisons_per_candidate"
-    ]
+    assert (
+        rows["scan_accurate"]["comparisons_per_candidate"]
+        > rows["scan_cheap"]["comparisons_per_candidate"]
+    )
     nm = rows["noisy_max"]
     assert nm["comparisons_per_candidate"] is None  # one tournament
     assert (nm["and_per_candidate"], nm["bytes_per_candidate"]) == (120.0, 4500.0)
