@@ -301,14 +301,17 @@ def plot_frontier(out: Path, result: dict[str, Any]) -> Path:
     )
     nm = rows["noisy_max"]
     ax.plot([nm["bytes_per_candidate"]], [nm["mean"]], "s", color="C3", ms=8, label=nm["label"])
-    for r in [*scans, nm]:
-        name = r["label"].split(",")[1].split("(")[0].strip() if r in scans else "noisy-max"
+    # label offsets (points): cheap end above left, default below, accurate above
+    # right, noisy-max above right, so that equal errors do not overlap
+    offsets = [((-10, 9), "right"), ((0, -20), "center"), ((10, 9), "left"), ((12, 8), "left")]
+    for r, (xy, ha) in zip([*scans, nm], offsets, strict=True):
+        name = r["label"].split(",")[1].split("(")[0].strip() if r is not nm else "noisy-max"
         ax.annotate(
             f"{name}: {r['mean']:.2f}, ε-eq. {fmt_eq(r)}×",
             (r["bytes_per_candidate"], r["mean"]),
             textcoords="offset points",
-            xytext=(9, -14) if r is nm else (-10, 9),
-            ha="left" if r is nm else "right",
+            xytext=xy,
+            ha=ha,
             fontsize=8,
             bbox={"boxstyle": "round,pad=0.2", "fc": "white", "ec": "none", "alpha": 0.85},
         )
@@ -319,6 +322,7 @@ def plot_frontier(out: Path, result: dict[str, Any]) -> Path:
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlim(min(xs) / 3, max(xs) * 6)
+    ax.set_ylim(min(r["mean"] for r in result["rows"] if r["mean"] > 0) / 2, None)
     ax.set_xlabel("bytes between the servers per candidate (log)")
     ax.set_ylabel("mean selection error, score units (log)")
     ax.set_title(
