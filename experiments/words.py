@@ -243,7 +243,7 @@ def _plot_words(out: Path, result: dict[str, Any]) -> Path:
             ax.text(r["mean"], y, text, va="center", fontsize=7.5)
         ax.set_yticks(range(len(rows)), [plot_label(r) for r in rows], fontsize=8)
         ax.set_xscale("symlog", linthresh=1.0)
-        ax.set_xlim(0, max(ys) * 60 + 10)
+        ax.set_xlim(0, max(ys) * 150 + 10)  # room for the longest note
         ax.set_xlabel("mean error, users (symlog)", fontsize=9)
         ax.set_title(f"n = {n:,}, ε = {eps:g}, {result['config']['reps']} datasets", fontsize=10)
         ax.grid(True, axis="x", alpha=0.3)
