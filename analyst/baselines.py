@@ -122,6 +122,16 @@ def gaussian_sparse_mean(
     return out
 
 
+def laplace_selection(
+    sums: npt.ArrayLike, epsilon: float, l1_sensitivity: float, rng: Rng | int | None = None
+) -> int:
+    """Naive selection: Lap(Δ₁/ε) on all d sums, the argmax.  For records in [0,1]^d
+    (every record may touch every candidate) a replacement moves the sums by ≤ d
+    in ℓ1, so Δ₁ = d and the error grows like d·log d/ε."""
+    s = np.asarray(sums, dtype=np.float64)
+    return int(np.argmax(s + _rng(rng).laplace(0.0, l1_sensitivity / float(epsilon), s.shape)))
+
+
 def laplace_top_k(
     counts: npt.ArrayLike, k: int, epsilon: float, sparsity: int, rng: Rng | int | None = None
 ) -> list[int]:

@@ -11,6 +11,7 @@ ValueError); `svtagg.proto.vocab` holds the table.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
@@ -24,6 +25,7 @@ import numpy.typing as npt
 from svtagg.analyst.oracle import OracleStats
 from svtagg.dp import accuracy
 from svtagg.dp.errors import Refusal, StreamClosed
+from svtagg.dp.jointsvt import INDEPENDENT, JOINT, joint_stream_noise
 from svtagg.dp.kinds import StreamKind, StreamRequest, as_fraction, validate_stream
 from svtagg.dp.plans import PlanBook, PlanCharge, Rule, parse_groups
 from svtagg.dp.queries import (
@@ -172,6 +174,8 @@ class RemoteOracle:
         self.frac_bits = int(info.spec.frac_bits)
         #: The smallest ε the servers let one stream of this task use.
         self.epsilon_min = Fraction(info.spec.epsilon_min or 0)
+        #: The task's noise option: "independent" or "joint" (dp/jointsvt.py).
+        self.noise = info.spec.noise or INDEPENDENT
 
     @classmethod
     def from_certs(cls, leader: str, task_id: str, certs: str | Path, **kw: Any) -> RemoteOracle:
@@ -243,6 +247,9 @@ class RemoteOracle:
     def _open(self, req: StreamRequest, plan: tuple[str, int] | None) -> pb.StreamInfo:
         """Open a stream of the checked request on both servers (each charges)."""
         kind, eps, dl, charge = req.kind, req.epsilon, req.delta, req.charge_delta
+        if self.noise == JOINT:  # the sampler's δ; the servers refuse other kinds
+            with contextlib.suppress(ValueError):
+                charge += joint_stream_noise(kind, eps, self.frac_bits).delta_charge
         info: pb.StreamInfo = self._call(
             "OpenStream",
             pb.OpenStreamRequest(

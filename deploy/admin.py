@@ -197,6 +197,7 @@ def run_create(args: argparse.Namespace) -> int:
         epsilon_min=args.epsilon_min,
         embedding=args.embedding,
         validity=args.validity,
+        noise=args.noise,
     )
     with _deployment(args) as dep:
         try:

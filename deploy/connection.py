@@ -132,6 +132,8 @@ class TaskView:
     dropped_reports: int = 0
     #: Reports refused at ingest for a failed validity proof, by reason.
     rejected: dict[str, int] = field(default_factory=dict)
+    #: Where the streams' noise comes from: independent or joint.
+    noise: str = "independent"
 
     @classmethod
     def from_pb(cls, info: pb.TaskInfo) -> TaskView:
@@ -152,6 +154,7 @@ class TaskView:
             else None,
             dropped_reports=int(info.dropped_reports),
             rejected={k: int(v) for k, v in sorted(info.rejected.items())},
+            noise=str(s.noise) or "independent",
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -165,6 +168,7 @@ class TaskView:
             "streams": self.streams,
             "embedding": self.embedding or None,
             "validity": self.validity or None,
+            "noise": self.noise,
             "rejected": self.rejected,
             "budget": self.budget.to_json(),
             "helper_budget": self.helper_budget.to_json() if self.helper_budget else None,
@@ -176,7 +180,8 @@ class TaskView:
             f"task {self.task_id}: d={self.d} F={self.frac_bits} n={self.n} "
             f"({'collecting' if self.collecting else 'closed'}), streams={self.streams}"
             + (f", embedding {self.embedding}" if self.embedding else "")
-            + (f", proofs {self.validity}" if self.validity else ""),
+            + (f", proofs {self.validity}" if self.validity else "")
+            + (", joint noise" if self.noise == "joint" else ""),
             f"  leader ledger: {self.budget}",
         ]
         if self.rejected:

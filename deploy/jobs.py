@@ -65,6 +65,15 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "uploads embedded otherwise are refused (default: none recorded)",
     )
     c.add_argument(
+        "--noise",
+        choices=("independent", "joint"),
+        default="independent",
+        help="joint: each stream's noise is drawn once, at the mechanism's scale, inside "
+        "the garbled circuit from both servers' random bits (lap24 and lap3 streams "
+        "only; each stream also charges a δ below 2^-60); see docs/privacy.md "
+        "(default: independent, each server adds its own)",
+    )
+    c.add_argument(
         "--epsilon-min",
         default="auto",
         help="smallest ε a stream may use; auto: the smallest safe from overflow",
@@ -329,10 +338,11 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _demo_collect(
-    dep: LocalDeployment, args: argparse.Namespace, values: np.ndarray
+    dep: LocalDeployment, args: argparse.Namespace, values: np.ndarray, budget: str | None = None
 ) -> tuple[dict[str, Any], Any]:
-    """The demo's task on the running deployment: create it, upload `values`,
-    close the collection; (upload figures, the close's TaskInfo)."""
+    """The demo's task on the running deployment (total ε `budget`, default the
+    run's ε): create it, upload `values`, close the collection; (upload figures,
+    the close's TaskInfo)."""
     _progress(
         f"leader {dep.address('leader')}, helper {dep.address('helper')} "
         f"(separate processes, mutual TLS, SQLite in {dep.root})"
@@ -346,7 +356,14 @@ def _demo_collect(
     model = getattr(args, "scenario", "heavy-hitters") == "model-selection"
     validity = "" if model else "multihot:3"
     stub.CreateTask(
-        task_spec("demo", args.d, 10 * args.users, args.epsilon, min_batch=100, validity=validity),
+        task_spec(
+            "demo",
+            args.d,
+            10 * args.users,
+            budget or args.epsilon,
+            min_batch=100,
+            validity=validity,
+        ),
         timeout=CALL_DEADLINE,
     )
     up = upload_parallel(
@@ -395,8 +412,30 @@ def _attack(dep: LocalDeployment, values: np.ndarray, validity: str, clients: in
     )
 
 
+#: One row of the model-selection demo's table: the method, its chosen
+#: candidate, and — for a run through the servers — the bytes between the
+#: servers and its wall time (None for a simulated baseline).
+DemoRow = tuple[str, int, int | None, float | None]
+
+
+def selection_table(truth: npt.NDArray[np.float64], rows: list[DemoRow]) -> list[str]:
+    """The demo's table: chosen candidate, its score, the error (best score −
+    chosen score), MB between the servers and seconds ('—' where not run on them)."""
+    best = float(truth.max())
+    out = [
+        f"{'method':<60} {'chosen':>7} {'score':>9} {'error':>8} {'MB servers':>10} {'s':>6}",
+    ]
+    for name, j, peer_bytes, seconds in rows:
+        mb = "—" if peer_bytes is None else f"{peer_bytes / 1e6:.2f}"
+        sec = "—" if seconds is None else f"{seconds:.1f}"
+        out.append(f"{name:<60} {j:>7} {truth[j]:>9.1f} {best - truth[j]:>8.1f} {mb:>10} {sec:>6}")
+    return out
+
+
 def _demo_model_selection(args: argparse.Namespace, t0: float) -> int:
-    """Private model selection through both servers, next to the aggregation baselines."""
+    """Private model selection through both servers (the scan selection and
+    report-noisy-max, each at ε on one task of 2ε), next to the aggregation
+    baselines and the central exponential mechanism."""
     from svtagg.analyst import baselines
     from svtagg.analyst.local_oracle import LocalOracle
     from svtagg.analyst.remote_oracle import RemoteOracle
@@ -409,45 +448,58 @@ def _demo_model_selection(args: argparse.Namespace, t0: float) -> int:
     values = model_selection(args.users, args.d, args.seed)
     truth = values.sum(axis=0)
     eps = float(Fraction(args.epsilon))
+    served: list[DemoRow] = []
     with LocalDeployment(Path(args.workdir) if args.workdir else None) as dep:
-        up, info = _demo_collect(dep, args, values)
-        _progress(f"running private model selection (scan selection, ε={args.epsilon})")
-        t1 = time.perf_counter()
+        up, info = _demo_collect(dep, args, values, budget=str(2 * Fraction(args.epsilon)))
         with RemoteOracle.from_certs(dep.address("leader"), "demo", dep.certs) as oracle:
-            res = run_algorithm(oracle, RunFlags("scan", args.epsilon, seed=args.seed))
+            for algorithm, name in (
+                ("scan", "SVT scan selection, two servers (pure ε)"),
+                ("noisy-max", "report-noisy-max, two servers (pure ε)"),
+            ):
+                _progress(f"running private model selection ({algorithm}, ε={args.epsilon})")
+                sent, t1 = oracle.stats().peer_bytes, time.perf_counter()
+                res = run_algorithm(oracle, RunFlags(algorithm, args.epsilon, seed=args.seed))
+                spent = time.perf_counter() - t1
+                served.append((name, int(res["selected"]), oracle.stats().peer_bytes - sent, spent))
             summary = _oracle_summary(oracle)
-        query_s = time.perf_counter() - t1
-    best = float(truth.max())
     n = args.users
-    picks = [
-        ("SVT scan selection, two servers (pure ε)", int(res["selected"])),
+    rows: list[DemoRow] = [
+        *served,
         (
             f"Gaussian aggregation, all d sums ((ε, 1/n²), ℓ2 sens. √{args.d})",
             baselines.gaussian_selection(truth, eps, 1.0 / n**2, args.seed),
+            None,
+            None,
         ),
         (
             f"Laplace on all d sums (pure ε, ℓ1 sens. {args.d})",
             laplace_argmax(truth, eps, float(args.d), args.seed),
+            None,
+            None,
+        ),
+        (
+            "exponential mechanism (central, trusted curator)",
+            baselines.exponential_mechanism(truth, eps, 1.0, args.seed),
+            None,
+            None,
         ),
     ]
     local = run_algorithm(
         LocalOracle(values, args.epsilon, parties=2, seed=args.seed),
         RunFlags("scan", args.epsilon),
     )
-    picks.append(("SVT scan selection, local two-party oracle", int(local["selected"])))
-    print(f"\nbest candidate {int(truth.argmax())}: score {best:.1f} (n = {n}, ε = {eps:g})")
-    print(f"{'method':<60} {'chosen':>7} {'score':>9} {'error':>8}")
-    for name, j in picks:
-        print(f"{name:<60} {j:>7} {truth[j]:>9.1f} {best - truth[j]:>8.1f}")
+    rows.append(("SVT scan selection, local two-party oracle", int(local["selected"]), None, None))
+    print(f"\nbest candidate {int(truth.argmax())}: score {truth.max():.1f} (n = {n}, ε = {eps:g})")
+    print("\n".join(selection_table(truth, rows)))
     print(
         f"\nerror = best score − chosen score (a score unit is one user's full vote); "
-        f"{summary['queries']} queries in {summary['streams']} streams, "
-        f"{summary['peer_bytes'] / 1e6:.1f} MB between servers"
+        f"through the servers: {summary['queries']} queries in {summary['streams']} streams, "
+        f"{summary['peer_bytes'] / 1e6:.1f} MB between servers; '—': not run on the servers"
     )
     print(
-        f"budget: ε spent {summary['exact']['epsilon_spent']}, "
+        f"budget: ε spent {summary['exact']['epsilon_spent']} (ε each for the two runs), "
         f"left {summary['exact']['task_epsilon_left']}; "
-        f"selection {query_s:.1f}s, wall time {time.perf_counter() - t0:.1f}s "
+        f"wall time {time.perf_counter() - t0:.1f}s "
         "(--scenario heavy-hitters runs the top-k demo)"
     )
     return 0

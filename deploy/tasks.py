@@ -17,7 +17,9 @@ class TaskOptions(TypedDict, total=False):
     the smallest the overflow bound allows.  validity: the circuit every report
     proves at ingest (range, onehot, multihot or multihot:r; "" for none).
     embedding: what the clients upload (heavy_hitters, sparse_mean, marginals,
-    fp_loss or vectors; "" records none).
+    fp_loss or vectors; "" records none).  noise: "independent" (the default:
+    each server draws its own noise) or "joint" (the noise of each lap24 / lap3
+    stream drawn once inside the garbled circuit; needs delta > 0).
     """
 
     frac_bits: int
@@ -26,6 +28,7 @@ class TaskOptions(TypedDict, total=False):
     epsilon_min: str
     validity: str
     embedding: str
+    noise: str
 
 
 def task_spec(
@@ -51,4 +54,5 @@ def task_spec(
         epsilon_min=epsilon_min,
         embedding=options.get("embedding", ""),
         validity=options.get("validity", ""),
+        noise="" if options.get("noise", "independent") == "independent" else options["noise"],
     )

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from svtagg.dp.errors import InvalidArgument
+from svtagg.dp.jointsvt import INDEPENDENT, JOINT, NOISE_OPTIONS
 from svtagg.dp.kinds import StreamKind, as_fraction, check_epsilon, overflow_possible
 from svtagg.mpc.ring import MAX_FRAC_BITS
 
@@ -43,6 +44,10 @@ class TaskParams:
     #: The validity circuit every report proves at ingest (svtagg.vdaf.validity:
     #: range, onehot, multihot[:r]); "" = reports carry no proof.
     validity: str = ""
+    #: Where the streams' noise comes from: "independent" (each server draws its
+    #: own full-scale noise) or "joint" (one draw of the central noise inside
+    #: the garbled circuit, from both servers' random bits: dp/jointsvt.py).
+    noise: str = INDEPENDENT
 
 
 @dataclass(frozen=True)
@@ -62,6 +67,7 @@ class TaskSpec:
     validate_reports: bool = False
     embedding: str = ""
     validity: str = ""
+    noise: str = ""
 
 
 def parse_task_params(spec: TaskSpec) -> TaskParams:
@@ -100,6 +106,14 @@ def parse_task_params(spec: TaskSpec) -> TaskParams:
         raise InvalidArgument(
             f"validity must be range, onehot, multihot or multihot:r, got {spec.validity!r}"
         )
+    noise = spec.noise or INDEPENDENT
+    if noise not in NOISE_OPTIONS:
+        raise InvalidArgument(f"noise must be independent or joint, got {spec.noise!r}")
+    if noise == JOINT and delta == 0:
+        raise InvalidArgument(
+            "a task with joint noise needs delta_total > 0: each of its streams charges "
+            "the sampler's finite-support δ (below 2^-60 per stream; docs/privacy.md)"
+        )
     if spec.validate_reports:
         raise InvalidArgument(
             "validate_reports (the garbled range check at the close) is retired: reports "
@@ -118,6 +132,7 @@ def parse_task_params(spec: TaskSpec) -> TaskParams:
         bool(spec.validate_reports),
         embedding,
         spec.validity,
+        noise,
     )
 
 

@@ -1,4 +1,4 @@
-"""`svtagg experiment figure1|words|queries|applications|all`: the command line
+"""`svtagg experiment figure1|words|queries|applications|frontier|all`: the command line
 of the paper's experiments.
 
 Each experiment writes `<name>.json` (configuration, every run, medians with
@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from svtagg.experiments.applications import ApplicationsConfig
     from svtagg.experiments.figure1 import Figure1Config
+    from svtagg.experiments.frontier import FrontierConfig
     from svtagg.experiments.words import WordsConfig
 
 #: The command line's exit code for a missing local prerequisite (as `svtagg.deploy.cli`).
@@ -26,12 +27,15 @@ EXIT_ENVIRONMENT = 3
 #: `svtagg experiment --help`'s description.
 DESCRIPTION = """Experiments reproducing the paper's comparisons: Figure 1 (selection error vs d
 and n, planted data), selection on real word frequencies (`words`, needs the
-`wordfreq` package), query counts, and the §7 applications.
+`wordfreq` package), query counts, the §7 applications, and the selection frontier (`frontier`:
+error against bytes between the servers for the scan selection, noisy-max and
+the baselines at the same data and ε).
 
 Each writes `<name>.json` (configuration, every run, medians with quartiles) and
 `<name>.png` into the output folder.  SVT algorithms run against `LocalOracle`
 (exact samplers, central noise); baselines are simulation baselines (see
-`baselines`).  Run with `svtagg experiment figure1|words|queries|applications|all`.
+`baselines`).  Run with
+`svtagg experiment figure1|words|queries|applications|frontier|all`.
 """
 
 
@@ -87,6 +91,27 @@ def words_config(args: argparse.Namespace) -> WordsConfig:
     return cfg
 
 
+def frontier_config(args: argparse.Namespace) -> FrontierConfig:
+    """The frontier's settings from the CLI flags (--n, --d, --epsilon: one value
+    each; --reps: runs, default 100; --quick: n = 2000, d = 100, 4 runs)."""
+    from svtagg.experiments.frontier import FrontierConfig
+
+    cfg = FrontierConfig(seed=args.seed)
+    if getattr(args, "quick", False):
+        cfg.n, cfg.d, cfg.runs = 2000, 100, 4
+    if getattr(args, "reps", None) is not None:
+        cfg.runs = args.reps
+    for flag in ("n", "d", "epsilon"):
+        text = getattr(args, flag, None)
+        if text:
+            if "," in text:
+                raise ValueError(f"frontier takes one --{flag} value, got {text}")
+            setattr(cfg, flag, float(text) if flag == "epsilon" else int(text))
+    if cfg.n < 1 or cfg.d < 2 or cfg.epsilon <= 0 or cfg.runs < 1:
+        raise ValueError(f"need n >= 1, d >= 2, ε > 0 and runs >= 1, got {cfg}")
+    return cfg
+
+
 def run(args: argparse.Namespace) -> int:
     """The `svtagg experiment` handler: runs the chosen experiments, prints their
     tables, writes their JSON and PNG files.  Exit 3 without matplotlib."""
@@ -100,15 +125,26 @@ def run(args: argparse.Namespace) -> int:
         print(f"svtagg: experiment: {MATPLOTLIB_MISSING}", file=sys.stderr)
         return EXIT_ENVIRONMENT
     out = Path(args.out)
+    reps = args.reps if args.reps is not None else 5
     f1, q_ds, q_n, ap = (
         quick_configs() if args.quick else (Figure1Config(), None, 100_000, ApplicationsConfig())
     )
-    which = ["figure1", "words", "queries", "applications"] if args.which == "all" else [args.which]
+    everything = ["figure1", "words", "queries", "applications", "frontier"]
+    which = everything if args.which == "all" else [args.which]
     for w in which:
-        if w == "words":
+        if w == "frontier":
+            from svtagg.experiments.frontier import frontier
+
+            try:
+                fcfg = frontier_config(args)
+            except ValueError as exc:
+                print(f"frontier: {exc}", file=sys.stderr)
+                return 2
+            print(frontier(out, fcfg)["table"])
+        elif w == "words":
             try:
                 cfg = words_config(args)
-                res = words(out, args.reps, args.seed, cfg)
+                res = words(out, reps, args.seed, cfg)
             except (RuntimeError, ValueError) as exc:
                 print(f"words: {exc}", file=sys.stderr)
                 if args.which == "words":
@@ -116,11 +152,11 @@ def run(args: argparse.Namespace) -> int:
                 continue
             print(res["table"])
         elif w == "figure1":
-            res = figure1(out, args.reps, args.seed, f1)
+            res = figure1(out, reps, args.seed, f1)
             print(res["table"])
             print(res["matching"])
         elif w == "queries":
-            res = queries(out, args.reps, args.seed, q_ds, q_n)
+            res = queries(out, reps, args.seed, q_ds, q_n)
             for a, rows in res["rows"].items():
                 print(
                     f"{a:>11}: "
@@ -135,7 +171,7 @@ def run(args: argparse.Namespace) -> int:
                     f"d·log*n+log³n={b['d_logstar_n_plus_log3_n']:.0f}"
                 )
         else:
-            res = applications(out, args.reps, args.seed, ap)
+            res = applications(out, reps, args.seed, ap)
             for key in ("top_k", "sparse_mean", "mwem"):
                 for m, rows in res[key].items():
                     x = "T" if key == "mwem" else "n"
@@ -153,13 +189,26 @@ def register(subparsers: Any) -> None:
         help="reproduce the paper's comparisons on planted and word-frequency data (JSON + PNG)",
         description=DESCRIPTION,
     )
-    p.add_argument("which", choices=["figure1", "words", "queries", "applications", "all"])
+    p.add_argument(
+        "which", choices=["figure1", "words", "queries", "applications", "frontier", "all"]
+    )
     p.add_argument("--out", default="results", help="output folder (default: results)")
-    p.add_argument("--reps", type=int, default=5, help="repetitions per point (default: 5)")
+    p.add_argument(
+        "--reps", type=int, help="repetitions per point (default: 5; frontier: runs, 100)"
+    )
     p.add_argument("--seed", type=int, default=0, help="base seed (default: 0)")
     p.add_argument("--quick", action="store_true", help="tiny sizes, for smoke tests")
-    p.add_argument("--n", help="words: number of users, comma-separated (default: 100000,1000000)")
-    p.add_argument("--epsilon", help="words: ε per setting, comma-separated (default: 1,0.25)")
+    p.add_argument(
+        "--n",
+        help="words: number of users, comma-separated (default: 100000,1000000); "
+        "frontier: one value (default: 10000)",
+    )
+    p.add_argument(
+        "--epsilon",
+        help="words: ε per setting, comma-separated (default: 1,0.25); "
+        "frontier: one value (default: 1)",
+    )
+    p.add_argument("--d", help="frontier: candidates (default: 1000)")
     p.add_argument("--window", help="words: candidate word ranks lo:hi (default: 101:1100)")
     p.add_argument("--parties", help="words: noise models, 1, 2 or 1,2 (default: 1,2)")
     p.set_defaults(handler=run)

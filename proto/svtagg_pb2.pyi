@@ -34,7 +34,7 @@ LOW: Outcome
 CLOSE: Outcome
 
 class TaskSpec(_message.Message):
-    __slots__ = ("task_id", "d", "frac_bits", "n_max", "min_batch", "epsilon_total", "delta_total", "epsilon_min", "validate_reports", "embedding", "validity")
+    __slots__ = ("task_id", "d", "frac_bits", "n_max", "min_batch", "epsilon_total", "delta_total", "epsilon_min", "validate_reports", "embedding", "validity", "noise")
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     D_FIELD_NUMBER: _ClassVar[int]
     FRAC_BITS_FIELD_NUMBER: _ClassVar[int]
@@ -46,6 +46,7 @@ class TaskSpec(_message.Message):
     VALIDATE_REPORTS_FIELD_NUMBER: _ClassVar[int]
     EMBEDDING_FIELD_NUMBER: _ClassVar[int]
     VALIDITY_FIELD_NUMBER: _ClassVar[int]
+    NOISE_FIELD_NUMBER: _ClassVar[int]
     task_id: str
     d: int
     frac_bits: int
@@ -57,7 +58,8 @@ class TaskSpec(_message.Message):
     validate_reports: bool
     embedding: str
     validity: str
-    def __init__(self, task_id: _Optional[str] = ..., d: _Optional[int] = ..., frac_bits: _Optional[int] = ..., n_max: _Optional[int] = ..., min_batch: _Optional[int] = ..., epsilon_total: _Optional[str] = ..., delta_total: _Optional[str] = ..., epsilon_min: _Optional[str] = ..., validate_reports: _Optional[bool] = ..., embedding: _Optional[str] = ..., validity: _Optional[str] = ...) -> None: ...
+    noise: str
+    def __init__(self, task_id: _Optional[str] = ..., d: _Optional[int] = ..., frac_bits: _Optional[int] = ..., n_max: _Optional[int] = ..., min_batch: _Optional[int] = ..., epsilon_total: _Optional[str] = ..., delta_total: _Optional[str] = ..., epsilon_min: _Optional[str] = ..., validate_reports: _Optional[bool] = ..., embedding: _Optional[str] = ..., validity: _Optional[str] = ..., noise: _Optional[str] = ...) -> None: ...
 
 class TaskRef(_message.Message):
     __slots__ = ("task_id",)

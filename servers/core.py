@@ -4,7 +4,9 @@ masked comparison inputs z_L / z_H.
 
 Trust assumptions relied on here (see docs/services.md): two non-colluding,
 semi-honest servers; each draws its own full-scale noise from its own CSPRNG
-and never reveals γ, ν or its share sums; only the comparison protocol's
+(or, for a task with noise = joint, holds its additive share of one joint
+draw made in the garbled circuit: servers/joint.py) and never reveals γ, ν or
+its share sums; only the comparison protocol's
 output (first YES index / outcomes) leaves a server.  Clients are not trusted:
 queries read the robust aggregates g(S) (`query_sums`), whose sensitivity is
 2^F whatever the other reports are.
@@ -22,6 +24,7 @@ import numpy as np
 import numpy.typing as npt
 
 from svtagg.dp.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
+from svtagg.dp.jointsvt import JOINT
 from svtagg.dp.kinds import (
     StreamKind,
     as_fraction,
@@ -44,6 +47,7 @@ from svtagg.proto.vocab import (
 )
 from svtagg.servers.exchange import ChunkKind, PlanInfo, PlanRequest, PrepareStream, Progress
 from svtagg.servers.faults import crash_point
+from svtagg.servers.joint import JointDraw, joint_shares, shapes, stream_noise
 from svtagg.servers.proofs import check_validity, helper_undo_sum
 from svtagg.servers.store import FAILED, Store, StreamState, TaskState
 from svtagg.vdaf.prio3 import VERIFY_KEY_SIZE
@@ -164,6 +168,10 @@ class ServerCore:
         #: Switched off only by tests, as the negative control of poisoning:
         #: then every report that decodes is folded unchecked.
         self.verify_proofs = verify_proofs
+        #: Test-only hook: when a list, each chunk of a joint-noise stream appends
+        #: this server's shares of the noise it used (servers never set it; a
+        #: test adds both servers' shares to see the noise the pair produced).
+        self.joint_noise_log: list[JointDraw] | None = None
 
     def check_budget_policy(self, params: TaskParams) -> None:
         """Refuse a task whose total (ε, δ) exceeds this server's configured cap, or
@@ -353,6 +361,9 @@ class ServerCore:
         except (ValueError, ArithmeticError) as exc:
             raise InvalidArgument(str(exc)) from None
         kind, eps, dl, charge_delta = req.kind, req.epsilon, req.delta, req.charge_delta
+        joint = task.params.noise == JOINT
+        if joint:  # the sampler's finite-support δ (dp/jointsvt.py); ε is unchanged
+            charge_delta += stream_noise(kind, eps, task.params.frac_bits).delta_charge
         if request.replay:
             # The leader opened it when the task allowed it; it never answers here.
             self.store.open_stream(stream_id, task_id, kind, eps, dl, charge_delta, plan, True)
@@ -369,7 +380,9 @@ class ServerCore:
             )
         self.store.open_stream(stream_id, task_id, kind, eps, dl, charge_delta, plan)
         crash_point("open.after_charge")
-        gamma = draw_threshold_noise(kind, eps, task.params.frac_bits, self.rng)
+        # Joint noise: γ's shares are drawn in the first chunk (servers/joint.py);
+        # the 0 stored here is never compared (a failed first chunk fails the stream).
+        gamma = 0 if joint else draw_threshold_noise(kind, eps, task.params.frac_bits, self.rng)
         self.store.set_threshold_noise(stream_id, gamma, open_now)
         return self.store.stream(stream_id)
 
@@ -488,15 +501,42 @@ class ServerCore:
             stream.kind, stream.epsilon, task.params.frac_bits, k, self.rng
         ).astype(np.uint64)
 
+    async def _joint_noise(
+        self, party: ComparisonParty, stream: StreamState, task: TaskState, k: int
+    ) -> tuple[int, U64]:
+        """This server's shares of a joint-noise stream's γ (drawn and stored
+        durably in its first chunk) and of the chunk's k fresh ν."""
+        gamma_shape, nu_shape = shapes(
+            stream_noise(stream.kind, stream.epsilon, task.params.frac_bits)
+        )
+        if stream.chunks == 0:
+            gamma = int((await joint_shares(party, 1, gamma_shape))[0])
+            self.store.set_joint_threshold_noise(stream.stream_id, gamma)
+        else:
+            assert stream.gamma is not None
+            gamma = stream.gamma
+        nu = await joint_shares(party, k, nu_shape)
+        if self.joint_noise_log is not None:
+            self.joint_noise_log.append(JointDraw(stream.stream_id, stream.chunks, gamma, nu))
+        return gamma, nu
+
     def ask_inputs(
-        self, stream: StreamState, task: TaskState, chunk: Chunk, taus: U64 | None
+        self,
+        stream: StreamState,
+        task: TaskState,
+        chunk: Chunk,
+        taus: U64 | None,
+        noise: tuple[int, U64] | None = None,
     ) -> U64:
-        """z = q(S) − τ + ν − γ (leader, τ in grid units) or q(S) + ν − γ (helper)."""
-        assert stream.gamma is not None
-        z = self._scores(task, chunk) + self._noise(stream, task, len(chunk))
+        """z = q(S) − τ + ν − γ (leader, τ in grid units) or q(S) + ν − γ (helper):
+        this server's own draws, or its shares (γ, ν) of joint noise (`noise`)."""
+        if noise is None:
+            assert stream.gamma is not None
+            noise = stream.gamma, self._noise(stream, task, len(chunk))
+        z = self._scores(task, chunk) + noise[1]
         if taus is not None:
             z -= taus
-        return z - np.uint64(stream.gamma % (1 << 64))
+        return z - np.uint64(noise[0] % (1 << 64))
 
     def noisy_max_inputs(self, stream: StreamState, task: TaskState, chunk: Chunk) -> U64:
         """z = q(S) + ν for every candidate: this server's share of the score
@@ -561,7 +601,11 @@ class ServerCore:
             result = list(await party.compare_to_thresholds(z_high, z_low, width))
         else:
             assert not isinstance(thresholds, tuple)
-            result = await party.first_yes(self.ask_inputs(stream, task, chunk, thresholds), width)
+            noise = None
+            if task.params.noise == JOINT:
+                noise = await self._joint_noise(party, stream, task, len(chunk))
+            z = self.ask_inputs(stream, task, chunk, thresholds, noise)
+            result = await party.first_yes(z, width)
         progress = kind.spec.progress
         assert progress is not None
         return result, progress(result, len(chunk))

@@ -231,6 +231,13 @@ class Store(Protocol):
         `confirm_stream` once the helper has charged too."""
         ...
 
+    def set_joint_threshold_noise(self, stream_id: str, gamma: int) -> None:
+        """Store this server's share of a joint-noise stream's γ, drawn in the
+        stream's first chunk (there is no garbled session at the open), durably,
+        before that chunk's comparison: refused unless the stream is in its first
+        chunk (`in_chunk`, one chunk begun)."""
+        ...
+
     def confirm_stream(self, stream_id: str) -> None:
         """The leader's stream opens once the helper has charged and drawn its γ.
         May commit without waiting for durability: losing it leaves the stream
@@ -309,12 +316,13 @@ TASK_COLUMNS = (
     "task_id, d, frac_bits, n_max, min_batch, epsilon_total, delta_total,"
     " epsilon_min, n, collection_open, epsilon_spent, delta_spent, digest,"
     " (SELECT COUNT(*) FROM streams s WHERE s.task_id = t.task_id), agreed,"
-    " validate_reports, embedding, validity, verify_key, rejected"
+    " validate_reports, embedding, validity, verify_key, rejected, noise"
 )
 #: The columns of `tasks` a new task sets, in the order of `new_task_row`.
 NEW_TASK_COLUMNS = (
     "task_id, d, frac_bits, n_max, min_batch, epsilon_total,"
-    " delta_total, epsilon_min, digest, sums, validate_reports, embedding, validity, verify_key"
+    " delta_total, epsilon_min, digest, sums, validate_reports, embedding, validity, verify_key,"
+    " noise"
 )
 #: The columns of `tasks` an upload batch is checked against (`admit_batch`).
 BATCH_COLUMNS = "n, n_max, collection_open, sums, digest, d, validity, rejected"
@@ -345,6 +353,7 @@ def new_task_row(p: TaskParams, verify_key: bytes = b"") -> tuple[object, ...]:
         p.embedding,
         p.validity,
         verify_key,
+        p.noise,
     )
 
 
@@ -373,6 +382,7 @@ def task_state(task_id: str, row: Sequence[Any] | None) -> TaskState:
         bool(row[15]),
         row[16],
         row[17],
+        row[20],
     )
     budget = Budget(
         params.epsilon_total, params.delta_total, _fraction(row[10]), _fraction(row[11])

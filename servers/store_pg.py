@@ -304,7 +304,7 @@ class PgStore(PgPending):
                 raise AlreadyExists(f"task {p.task_id!r} already exists")
             self._conn.execute(
                 f"INSERT INTO tasks ({NEW_TASK_COLUMNS})"
-                " VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)",
+                " VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)",
                 new_task_row(p, verify_key),
             )
         return self.task(p.task_id)
@@ -539,6 +539,15 @@ class PgStore(PgPending):
             )
             if cur.rowcount != 1:
                 raise FailedPrecondition(f"stream {stream_id!r} is not being opened")
+
+    def set_joint_threshold_noise(self, stream_id: str, gamma: int) -> None:
+        with self._tx():
+            cur = self._conn.execute(
+                "UPDATE streams SET gamma=%s WHERE stream_id=%s AND state=%s AND chunks=1",
+                (str(gamma), stream_id, IN_CHUNK),
+            )
+            if cur.rowcount != 1:
+                raise FailedPrecondition(f"stream {stream_id!r} is not in its first chunk")
 
     def confirm_stream(self, stream_id: str) -> None:
         """Committed with synchronous_commit off."""

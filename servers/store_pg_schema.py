@@ -225,5 +225,11 @@ _V7: tuple[str, ...] = (
     "CHECK (kind IN ('ask', 'compare', 'robust', 'nmax'))",
 )
 
+#: Version 8: the task's noise option (tasks stored before: independent).
+_V8: tuple[str, ...] = (
+    "ALTER TABLE tasks ADD COLUMN noise TEXT NOT NULL DEFAULT 'independent'"
+    " CHECK (noise IN ('independent', 'joint'))",
+)
+
 #: `MIGRATIONS[v]` brings a store at version v to v + 1.
-MIGRATIONS: tuple[tuple[str, ...], ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7)
+MIGRATIONS: tuple[tuple[str, ...], ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8)

@@ -118,7 +118,7 @@ class SqliteStore:
     one event loop; one process per store file."""
 
     #: Schema version this code writes (SQLite's user_version).
-    SCHEMA_VERSION = 5
+    SCHEMA_VERSION = 6
 
     def __init__(self, path: str | Path) -> None:
         self.path = str(path)
@@ -189,6 +189,15 @@ class SqliteStore:
                 if col not in cols:
                     self._db.execute(f"ALTER TABLE tasks ADD COLUMN {col} {kind}")
             self._db.execute("PRAGMA user_version = 5")
+            version = 5
+        if version < 6:
+            # v6: the task's noise option (tasks stored before: independent).
+            cols = {r[1] for r in self._db.execute("PRAGMA table_info(tasks)")}
+            if "noise" not in cols:
+                self._db.execute(
+                    "ALTER TABLE tasks ADD COLUMN noise TEXT NOT NULL DEFAULT 'independent'"
+                )
+            self._db.execute("PRAGMA user_version = 6")
 
     def _recover(self) -> int:
         """Fail closed every stream that was opening or mid-chunk at the last stop,
@@ -222,7 +231,7 @@ class SqliteStore:
             if self._db.execute("SELECT 1 FROM tasks WHERE task_id=?", (p.task_id,)).fetchone():
                 raise AlreadyExists(f"task {p.task_id!r} already exists")
             self._db.execute(
-                f"INSERT INTO tasks ({NEW_TASK_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                f"INSERT INTO tasks ({NEW_TASK_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                 new_task_row(p, verify_key),
             )
         return self.task(p.task_id)
@@ -503,6 +512,15 @@ class SqliteStore:
             )
             if cur.rowcount != 1:
                 raise FailedPrecondition(f"stream {stream_id!r} is not being opened")
+
+    def set_joint_threshold_noise(self, stream_id: str, gamma: int) -> None:
+        with self._tx():
+            cur = self._db.execute(
+                "UPDATE streams SET gamma=? WHERE stream_id=? AND state=? AND chunks=1",
+                (str(gamma), stream_id, IN_CHUNK),
+            )
+            if cur.rowcount != 1:
+                raise FailedPrecondition(f"stream {stream_id!r} is not in its first chunk")
 
     def confirm_stream(self, stream_id: str) -> None:
         """Not fsynced (synchronous=NORMAL)."""

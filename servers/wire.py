@@ -19,6 +19,7 @@ from typing import Any, Generic, TypeVar
 from google.protobuf.message import Message
 
 from svtagg.dp.errors import InvalidArgument
+from svtagg.dp.jointsvt import INDEPENDENT
 from svtagg.dp.queries import Budget
 from svtagg.dp.task import TaskParams, TaskSpec
 from svtagg.proto import svtagg_pb2 as pb
@@ -98,6 +99,7 @@ def _spec_to_pb(s: TaskSpec) -> pb.TaskSpec:
         validate_reports=s.validate_reports,
         embedding=s.embedding,
         validity=s.validity,
+        noise=s.noise,
     )
 
 
@@ -114,6 +116,7 @@ def _spec_from_pb(m: pb.TaskSpec) -> TaskSpec:
         m.validate_reports,
         m.embedding,
         m.validity,
+        m.noise,
     )
 
 
@@ -130,6 +133,9 @@ def _params_to_pb(p: TaskParams) -> pb.TaskSpec:
         validate_reports=p.validate_reports,
         embedding=p.embedding,
         validity=p.validity,
+        # "" on the wire for independent noise: the messages of such tasks are
+        # byte for byte what they were before the option (tests/test_transcript.py).
+        noise="" if p.noise == INDEPENDENT else p.noise,
     )
 
 
@@ -147,6 +153,7 @@ def _params_from_pb(m: pb.TaskSpec) -> TaskParams:
         m.validate_reports,
         m.embedding,
         m.validity,
+        m.noise or INDEPENDENT,
     )
 
 

@@ -14,6 +14,7 @@ from svtagg.analyst.selection import scan_selection
 from svtagg.deploy import jobs
 from svtagg.deploy.algorithms import RunFlags, run_algorithm
 from svtagg.deploy.workloads import laplace_argmax, model_selection
+from svtagg.dp.errors import BudgetExhausted
 
 
 def test_model_selection_data_touches_every_candidate() -> None:
@@ -73,3 +74,34 @@ def test_run_algorithm_scan_with_shares_on_a_local_oracle() -> None:
     assert len(top["selected"]) == 3
     with pytest.raises(ValueError):
         run_algorithm(oracle, RunFlags("gbs", "1", shares="1/2,0"))
+
+
+def test_selection_table_rows() -> None:
+    truth = np.array([10.0, 40.0, 25.5])
+    lines = jobs.selection_table(
+        truth,
+        [
+            ("through the servers", 2, 1_234_567, 0.84),
+            ("simulated", 1, None, None),
+        ],
+    )
+    assert lines[0].split()[-2:] == ["servers", "s"]
+    served, simulated = lines[1].split(), lines[2].split()
+    assert served[-5:] == ["2", "25.5", "14.5", "1.23", "0.8"]  # error = 40 − 25.5
+    assert simulated[-5:] == ["1", "40.0", "0.0", "—", "—"]
+
+
+def test_demo_noisy_max_row_runs_on_a_local_oracle() -> None:
+    # The demo's second run through the servers, on the local two-party oracle:
+    # noisy-max on the model-selection data picks a near-best candidate and is
+    # charged ε, so a task of 2ε holds the scan and the noisy-max runs.
+    v = model_selection(2000, 30, seed=2)
+    truth = v.sum(axis=0)
+    oracle = LocalOracle(v, 2, parties=2, seed=2)
+    scan = run_algorithm(oracle, RunFlags("scan", "1"))
+    nm = run_algorithm(oracle, RunFlags("noisy-max", "1"))
+    assert nm["algorithm"] == "noisy-max" and 0 <= nm["selected"] < 30
+    assert truth.max() - truth[nm["selected"]] <= nm["alpha"]  # seeded run, w.p. ≥ 1 − β
+    assert truth.max() - truth[scan["selected"]] >= 0
+    with pytest.raises(BudgetExhausted):  # the budget is spent
+        run_algorithm(oracle, RunFlags("noisy-max", "1"))

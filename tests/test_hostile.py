@@ -454,7 +454,7 @@ def hostile_open(env: Env) -> Any:
         st.builds(
             pb.OpenStreamRequest,
             task_id=st.just("h"),
-            kind=st.sampled_from([0, 5, 99, 2**31 - 1, -1]),
+            kind=st.sampled_from([0, 6, 99, 2**31 - 1, -1]),
             epsilon=st.just("1/2"),
         ),
         st.builds(

@@ -622,11 +622,12 @@ def test_sqlite_schema_v3_streams_gain_their_plan(tmp_path: Path) -> None:
         assert (
             store._db.execute("PRAGMA user_version").fetchone()[0]
             == SqliteStore.SCHEMA_VERSION
-            == 5
+            == 6
         )
         assert store.stream("s").plan is None and store.stream("s").state == FAILED
         # v5: a task made before validity proofs takes plain shares, none refused
         assert store.task("t").params.validity == "" and store.task("t").rejected == ()
+        assert store.task("t").params.noise == "independent"  # v6: the noise option
         store.reserve_plan("p", "t", PlanBook.reserve([Group(Fraction(1, 4))]))
         store.open_stream(
             "u", "t", StreamKind.LAP24, Fraction(1, 8), Fraction(0), Fraction(0), ("p", 0)
@@ -672,7 +673,7 @@ def test_pg_schema_v4_streams_gain_their_plan_and_staging_its_pass(pg_url: tuple
         )
     store = PgStore(url, schema=schema)
     try:
-        assert store.schema_version() == PgStore.SCHEMA_VERSION == 7
+        assert store.schema_version() == PgStore.SCHEMA_VERSION == 8
         assert store.stream("s").plan is None
         # v7: the work table takes report-noisy-max jobs
         (check,) = store._conn.execute(
@@ -683,6 +684,7 @@ def test_pg_schema_v4_streams_gain_their_plan_and_staging_its_pass(pg_url: tuple
         assert "'nmax'" in check and "'validate'" not in check
         # v6: a task made before validity proofs takes plain shares, none refused
         assert store.task("t").params.validity == "" and store.task("t").rejected == ()
+        assert store.task("t").params.noise == "independent"  # v8: the noise option
         assert store._conn.execute("SELECT count(*) FROM robust_staged").fetchone() == (0,)
         store.stage_robust("t", b"P" * 16, b"\x00", 0, np.arange(2, dtype=np.uint64))
         assert list(store.staged_robust("t", b"P" * 16, b"\x00", 2)) == [0, 1]

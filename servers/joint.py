@@ -1,0 +1,71 @@
+"""Jointly generated noise on the servers (task option noise = joint).
+
+A joint-noise stream's γ and every query's ν are drawn inside the garbled
+circuit (`svtagg.mpc.jointnoise`) in the chunk's own session, before the
+comparison, from both servers' random bits (os.urandom on each side): the
+leader keeps a fresh r, the helper gets ν − r, and each adds its share exactly
+where it would add its own independent draw, so the comparison circuit is
+unchanged.  The samplers are those `dp.jointsvt.joint_stream_noise` accounts
+for: one draw at the kind's central scale (slightly inflated), not two.
+
+γ: there is no session when a stream opens, so it is drawn in the stream's
+first chunk and each server stores its share durably (`Store.
+set_joint_threshold_noise`, committed with an fsync) before that chunk's
+comparison runs; later chunks read it.  A first chunk that fails fails the
+stream closed on both servers (as every chunk failure does), so a stream whose
+γ was never drawn never compares."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from fractions import Fraction
+
+from svtagg.dp.errors import FailedPrecondition, InvalidArgument
+from svtagg.dp.jointsvt import JointStreamNoise, check_joint_kind, joint_stream_noise
+from svtagg.dp.kinds import StreamKind, noise_model
+from svtagg.mpc.jointnoise import SamplerShape, evaluate_joint_noise, garble_joint_noise
+from svtagg.mpc.protocol import ComparisonEvaluator, ComparisonGarbler
+from svtagg.mpc.ring import U64
+
+
+@dataclass(frozen=True)
+class JointDraw:
+    """One server's shares of the joint noise a chunk used (the test hook's record)."""
+
+    stream_id: str
+    chunk: int
+    gamma: int
+    nu: U64
+
+
+def stream_noise(kind: StreamKind, epsilon: Fraction, frac_bits: int) -> JointStreamNoise:
+    """The samplers of a joint-noise stream, or InvalidArgument: a kind the joint
+    sampler does not cover, or an ε it cannot fit."""
+    try:
+        check_joint_kind(kind)
+        noise = joint_stream_noise(kind, epsilon, frac_bits)
+    except ValueError as exc:
+        raise InvalidArgument(str(exc)) from None
+    # The comparison width is derived from the independent-noise clamp bounds
+    # (two parties' γ and ν); a joint sample lies in [−2^K, 2^K), far inside them.
+    if noise.max_magnitude > 2 * noise_model(kind).noise_bound_per_party(epsilon, frac_bits):
+        raise InvalidArgument("joint noise would exceed the comparison's overflow bound")
+    return noise
+
+
+def shapes(noise: JointStreamNoise) -> tuple[SamplerShape, SamplerShape]:
+    """(γ's sampler, ν's sampler)."""
+    return (
+        SamplerShape(noise.threshold_constants, noise.bits),
+        SamplerShape(noise.query_constants, noise.bits),
+    )
+
+
+async def joint_shares(party: object, n: int, shape: SamplerShape) -> U64:
+    """This server's additive shares of n joint samples, in the chunk's session:
+    the leader's r (it garbles), the helper's ν − r (it evaluates)."""
+    if isinstance(party, ComparisonGarbler):
+        return await garble_joint_noise(party, n, shape)
+    if isinstance(party, ComparisonEvaluator):
+        return await evaluate_joint_noise(party, n, shape)
+    raise FailedPrecondition("joint noise needs the garbled-circuit engine")

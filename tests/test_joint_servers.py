@@ -1,0 +1,276 @@
+"""Joint noise through the servers (task option noise = joint), on the
+one-process reference pair: the task and its refusals, a joint-noise stream
+answering AboveThreshold correctly on clearly separated data, the ledger charge
+(ε unchanged, the sampler's δ), γ drawn once in the first chunk and kept, and
+the noise the pair produces (both servers' shares added, through the test-only
+hook `ServerCore.joint_noise_log`) against the exact pmf — with two broken
+controls the tests catch: one server's random bits only (that server then
+predicts every ν) and two independent draws at the central scale (the sum's law
+is not the single draw's)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from svtagg.dp.errors import InvalidArgument
+from svtagg.dp.joint import pmf, sampler_constants, shift_ratio
+from svtagg.dp.jointsvt import _within, joint_stream_noise
+from svtagg.dp.kinds import StreamKind, noise_model
+from svtagg.dp.noise import RandomSource
+from svtagg.dp.task import TaskSpec, parse_task_params
+from svtagg.mpc import jointnoise
+from svtagg.mpc.jointnoise import SamplerShape, plain_joint_noise
+from svtagg.mpc.ring import sensitivity
+from svtagg.servers import joint as server_joint
+from svtagg.servers.exchange import Ask, OpenStream, Queries
+from svtagg.servers.joint import JointDraw
+from svtagg.servers.reference import ReferencePair, reference_pair
+
+F = 6
+N = 40
+UNIT = 1 << F
+
+
+def spec(task_id: str, noise: str = "joint", delta: str = "1/1000000") -> TaskSpec:
+    return TaskSpec(
+        task_id=task_id,
+        d=4,
+        frac_bits=F,
+        n_max=10 * N,
+        min_batch=1,
+        epsilon_total="40",
+        delta_total=delta,
+        epsilon_min="1/4",
+        noise=noise,
+    )
+
+
+@pytest.fixture
+async def pair(tmp_path: Path) -> AsyncIterator[ReferencePair]:
+    """A closed joint-noise task: coordinates 0, 1, 3 are 0 for every user,
+    coordinate 2 is 1 (its sum is N score units)."""
+    async with reference_pair(tmp_path, frac_bits=F) as p:
+        await p.leader.create_task(spec("t"))
+        p.upload("t", np.tile([0.0, 0.0, 1.0, 0.0], (N, 1)))
+        await p.leader.close_collection("t")
+        for core in (p.leader.core, p.helper.core):
+            core.joint_noise_log = []
+        yield p
+
+
+def _reconstruct(p: ReferencePair) -> list[tuple[JointDraw, JointDraw]]:
+    logs = p.leader.core.joint_noise_log, p.helper.core.joint_noise_log
+    assert logs[0] is not None and logs[1] is not None and len(logs[0]) == len(logs[1])
+    return list(zip(logs[0], logs[1], strict=True))
+
+
+def _nu(p: ReferencePair) -> np.ndarray:
+    """Every ν the pair used, r + (ν − r) mod 2^64, as signed integers."""
+    return np.concatenate([(a.nu + b.nu).view(np.int64) for a, b in _reconstruct(p)])
+
+
+# ---------------------------------------------------------------- the option
+def test_the_option_is_validated() -> None:
+    assert parse_task_params(spec("a", noise="")).noise == "independent"
+    assert parse_task_params(spec("a")).noise == "joint"
+    with pytest.raises(InvalidArgument, match="independent or joint"):
+        parse_task_params(spec("a", noise="shared"))
+    with pytest.raises(InvalidArgument, match="delta_total > 0"):
+        parse_task_params(spec("a", delta="0"))
+
+
+async def test_joint_task_refuses_other_kinds(pair: ReferencePair) -> None:
+    for kind, eps in ((StreamKind.EXP3, "1"), (StreamKind.CTT, "1/2")):
+        with pytest.raises(InvalidArgument, match="lap24 and lap3 streams only"):
+            await pair.leader.open_stream(OpenStream("t", kind, eps, "1/100" if eps != "1" else ""))
+    # Nothing was charged by the refusals.
+    assert pair.leader.core.task("t").budget.epsilon_spent == 0
+
+
+# ---------------------------------------------------------------- the mechanism
+@pytest.mark.parametrize("kind", [StreamKind.LAP24, StreamKind.LAP3])
+async def test_joint_stream_answers_svt(pair: ReferencePair, kind: StreamKind) -> None:
+    """ε = 4: the noise scales are 1–3 score units, the gap 20: a chunk far below
+    τ answers NO (γ drawn, stored, kept), then the chunk with the ones answers
+    YES at the ones' coordinate, and the ledgers show (ε, δ_charge)."""
+    info = await pair.leader.open_stream(OpenStream("t", kind, "4"))
+    sid = info.stream_id
+    tau = (N // 2) * UNIT
+    no = await pair.leader.ask(Ask(sid, Queries((0, 1, 3)), (tau,) * 3))
+    assert not no.yes and not no.closed
+    stored = [core.store.stream(sid).gamma for core in (pair.leader.core, pair.helper.core)]
+    yes = await pair.leader.ask(Ask(sid, Queries((0, 1, 2, 3)), (tau,) * 4))
+    assert yes.index == 2 and yes.closed
+
+    draws = _reconstruct(pair)
+    assert [d.chunk for d, _ in draws] == [0, 1]
+    (l0, h0), (l1, h1) = draws
+    assert (l0.gamma, h0.gamma) == (l1.gamma, h1.gamma) == tuple(stored)  # γ kept
+    gamma = (l0.gamma + h0.gamma) % (1 << 64)
+    gamma = gamma - (1 << 64) if gamma >= 1 << 63 else gamma
+    noise = joint_stream_noise(kind, Fraction(4), F)
+    assert -(1 << len(noise.threshold_constants)) <= gamma < 1 << len(noise.threshold_constants)
+    assert [len(d.nu) for d, _ in draws] == [3, 4]
+
+    for core in (pair.leader.core, pair.helper.core):
+        budget = core.task("t").budget
+        assert (budget.epsilon_spent, budget.delta_spent) == (4, noise.delta_charge)
+    assert 0 < noise.delta <= noise.delta_charge < Fraction(1, 1 << 60)
+
+
+def test_the_charge_bounds_the_exact_loss() -> None:
+    """The exact SVT loss of the samplers (R_ρ at shift Δ, R_ν at 2Δ) is within
+    e^ε, and the control — each server drawing at half the central scale, so a
+    server colluding with the analyst subtracts its own draw and leaves a
+    half-scale one — is caught: its loss exceeds the charge."""
+    delta_unit = sensitivity(F)
+    for kind in (StreamKind.LAP24, StreamKind.LAP3):
+        for eps in (Fraction(1, 4), Fraction(1), Fraction(4)):
+            noise = joint_stream_noise(kind, eps, F)
+            c_rho, c_nu, b = noise.threshold_constants, noise.query_constants, noise.bits
+            exact = shift_ratio(c_rho, b, delta_unit) * shift_ratio(c_nu, b, 2 * delta_unit)
+            assert exact == noise.ratio and _within(exact, eps)
+
+            model = noise_model(kind)
+            half_rho = sampler_constants(model.threshold_scale(eps, F) / 2, b)
+            half_nu = sampler_constants(model.query_scale(eps, F) / 2, b)
+            residual = shift_ratio(half_rho, b, delta_unit) * shift_ratio(
+                half_nu, b, 2 * delta_unit
+            )
+            assert not _within(residual, eps)
+
+
+# ---------------------------------------------------------------- the law
+def _chi_square_pvalue(samples: np.ndarray, law: dict[int, Fraction]) -> float:
+    """Pearson's test against `law`, cells expecting fewer than 5 pooled."""
+    from scipy.stats import chisquare
+
+    n = samples.size
+    counts = Counter(samples.tolist())
+    big = sorted(x for x, p in law.items() if p * n >= 5)
+    obs = [counts.get(x, 0) for x in big]
+    exp = [float(law[x]) * n for x in big]
+    obs.append(n - sum(obs))
+    exp.append(n - sum(exp))
+    return float(chisquare(obs, exp).pvalue)
+
+
+async def _many_nu(pair: ReferencePair, chunks: int, size: int) -> str:
+    """Chunks of `size` queries at a τ no score reaches (every answer NO)."""
+    sid = (await pair.leader.open_stream(OpenStream("t", StreamKind.LAP24, "1"))).stream_id
+    index = tuple(i % 4 for i in range(size))
+    for _ in range(chunks):
+        answer = await pair.leader.ask(Ask(sid, Queries(index), (4 * N * UNIT,) * size))
+        assert not answer.yes
+    return sid
+
+
+async def test_the_noise_follows_the_exact_law(pair: ReferencePair) -> None:
+    """20,000 ν from the pair (both servers' shares added) fit the exact pmf of
+    the stream's query sampler; the same test rejects the sum of two independent
+    draws at the central scale (what the comparison would see if each server
+    drew its own at that scale) — 20,000 such sums from the exact sampler."""
+    await _many_nu(pair, 4, 5000)
+    samples = _nu(pair)
+    assert samples.size == 20_000
+    noise = joint_stream_noise(StreamKind.LAP24, Fraction(1), F)
+    law = pmf(noise.query_constants, noise.bits)
+    assert set(np.unique(samples).tolist()) <= law.keys()
+    assert _chi_square_pvalue(samples, law) > 1e-3
+
+    shape = SamplerShape(noise.query_constants, noise.bits)
+    rng = RandomSource(b"two independent draws")
+    twice = sum(plain_joint_noise(rng.u64(shape.words * samples.size), shape) for _ in range(2))
+    assert _chi_square_pvalue(np.asarray(twice), law) < 1e-6
+
+
+async def _predicted_by_leader(
+    pair: ReferencePair, monkeypatch: pytest.MonkeyPatch, helper_bits: str
+) -> float:
+    """How often the leader, from its own random words alone, names the ν the
+    pair used.  helper_bits "random" (the servers' code) or "zero" (the control:
+    only the leader's bits enter the circuit)."""
+    leader_words: list[np.ndarray] = []
+    real_garble, real_evaluate = jointnoise.garble_joint_noise, jointnoise.evaluate_joint_noise
+
+    async def garble(party: Any, n: int, shape: SamplerShape, u: Any = None) -> Any:
+        u = RandomSource().u64(shape.words * n).reshape(shape.words, n)
+        leader_words.append(plain_joint_noise(u, shape))
+        return await real_garble(party, n, shape, u)
+
+    async def evaluate(party: Any, n: int, shape: SamplerShape, v: Any = None) -> Any:
+        if helper_bits == "zero":
+            v = np.zeros((shape.words, n), dtype=np.uint64)
+        return await real_evaluate(party, n, shape, v)
+
+    hook: Callable[..., Awaitable[Any]]
+    for name, hook in (("garble_joint_noise", garble), ("evaluate_joint_noise", evaluate)):
+        monkeypatch.setattr(server_joint, name, hook)
+    for core in (pair.leader.core, pair.helper.core):
+        core.joint_noise_log = []
+    await _many_nu(pair, 1, 2000)
+    guess = np.concatenate(leader_words[1:])  # [0] is γ's draw
+    return float(np.mean(_nu(pair) == guess))
+
+
+async def test_one_server_cannot_predict_the_noise(
+    pair: ReferencePair, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With both servers' bits the leader's best guess from its own bits is right
+    about as often as two independent draws coincide; the control (the helper's
+    bits zero) lets the leader predict every ν, and the same check catches it."""
+    noise = joint_stream_noise(StreamKind.LAP24, Fraction(1), F)
+    collision = float(sum(p * p for p in pmf(noise.query_constants, noise.bits).values()))
+    honest = await _predicted_by_leader(pair, monkeypatch, "random")
+    assert honest < 4 * collision + 0.005
+    control = await _predicted_by_leader(pair, monkeypatch, "zero")
+    assert control == 1.0
+    assert not control < 4 * collision + 0.005
+
+
+# ---------------------------------------------------------------- the deployment
+def test_create_task_noise_joint_through_the_servers(tmp_path: Path) -> None:
+    """`svtagg analyst create-task --noise joint` on real servers (gRPC, TLS):
+    the task says so, a lap24 stream answers, both ledgers hold (ε, δ_charge)
+    and the analyst's stats count the same δ; an exp3 stream is refused."""
+    import json
+
+    from test_cli_errors import svtagg as run_cli
+
+    import svtagg
+    from svtagg.deploy.launch import LocalDeployment
+    from svtagg.dp.errors import Refusal
+    from svtagg.dp.queries import Query
+
+    with LocalDeployment(tmp_path / "dep") as dep:
+        common = ["--leader", dep.address("leader"), "--certs", str(dep.certs), "--task", "j"]
+        r = run_cli("analyst", "create-task", *common, "--d", "3", "--min-batch", "1",
+                    "--frac-bits", str(F), "--noise", "joint", "--json")  # fmt: skip
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout)["noise"] == "joint"
+        values = np.zeros((N, 3))
+        values[:, 1] = 1.0
+        with svtagg.connect(
+            dep.address("leader"), certs=dep.certs, helper=dep.address("helper")
+        ) as conn:
+            conn.upload("j", values)
+            task = conn.task("j")
+            task.close_collection()
+            oracle = task.oracle()
+            stream = oracle.open_stream("4")
+            assert stream.ask([(Query(j), N / 2) for j in range(3)]) == 1
+            charge = joint_stream_noise(StreamKind.LAP24, Fraction(4), F).delta_charge
+            assert oracle.stats().delta_spent == charge
+            state = task.state()
+            for ledger in (state.budget, state.helper_budget):
+                assert ledger is not None
+                assert (ledger.exact["epsilon_spent"], ledger.exact["delta_spent"]) == (4, charge)
+            with pytest.raises(Refusal, match="lap24 and lap3 streams only"):
+                oracle.open_stream("1", StreamKind.EXP3)
