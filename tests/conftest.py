@@ -34,6 +34,31 @@ DriverPair = ReferencePair
 driver_pair = reference_pair
 
 
+@contextlib.asynccontextmanager
+async def failing_helper_pair(root: Path, method: str) -> AsyncIterator[DriverPair]:
+    """A reference pair whose helper party fails its comparison `method`
+    (first_yes, noisy_max, ...) while `pair.crash_helper[0]` is set: a helper
+    lost mid-protocol, for the fail-closed tests."""
+    crash = [False]
+
+    def party(role: Role, channel: Any, sid: bytes) -> Any:
+        p = garbled_circuit_party(role, channel, sid)
+        if role == Role.HELPER:
+            real = getattr(p, method)
+
+            async def failing(*args: Any, **kw: Any) -> Any:
+                if crash[0]:
+                    raise RuntimeError(f"helper lost in {method}")
+                return await real(*args, **kw)
+
+            setattr(p, method, failing)
+        return p
+
+    async with driver_pair(root, party) as pair:
+        pair.crash_helper = crash
+        yield pair
+
+
 async def cross_engine_pair(
     garbler: str, evaluator: str, session: bytes = b"cross"
 ) -> tuple[ComparisonGarbler, ComparisonEvaluator]:

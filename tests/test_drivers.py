@@ -9,17 +9,14 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from fractions import Fraction
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
-from conftest import DriverPair, driver_pair
+from conftest import DriverPair, failing_helper_pair
 
 from svtagg.dp.errors import PeerUnavailable, StreamClosed
 from svtagg.dp.task import TaskSpec
 from svtagg.proto import svtagg_pb2 as pb
-from svtagg.proto.vocab import Role
-from svtagg.servers.core import ComparisonParty, garbled_circuit_party
 from svtagg.servers.exchange import (
     Ask,
     PrepareStream,
@@ -37,23 +34,7 @@ N = 400  # n/2 = 200 score units: noise at ε = 1 never reaches it (tail < e^-40
 
 @pytest.fixture
 async def pair(tmp_path: Path) -> AsyncIterator[DriverPair]:
-    crash = [False]
-
-    def party(role: Role, channel: Any, sid: bytes) -> ComparisonParty:
-        p = garbled_circuit_party(role, channel, sid)
-        if role == Role.HELPER:
-            real = p.first_yes
-
-            async def first_yes(z: Any, width: int = 64) -> int | None:
-                if crash[0]:
-                    raise RuntimeError("helper lost mid-chunk")
-                return await real(z, width)
-
-            p.first_yes = first_yes  # type: ignore[method-assign]
-        return p
-
-    async with driver_pair(tmp_path, party) as p:
-        p.crash_helper = crash
+    async with failing_helper_pair(tmp_path, "first_yes") as p:
         yield p
 
 

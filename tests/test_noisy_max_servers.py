@@ -11,11 +11,10 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from fractions import Fraction
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
-from conftest import DriverPair, driver_pair
+from conftest import DriverPair, failing_helper_pair
 
 from svtagg.analyst.audit import fit_test
 from svtagg.dp.errors import (
@@ -28,8 +27,6 @@ from svtagg.dp.kinds import StreamKind
 from svtagg.dp.noisy_max import noise_scale, output_law
 from svtagg.dp.queries import MAX_CHUNK
 from svtagg.dp.task import TaskSpec
-from svtagg.proto.vocab import Role
-from svtagg.servers.core import ComparisonParty, garbled_circuit_party
 from svtagg.servers.exchange import (
     Ask,
     ChunkKind,
@@ -49,23 +46,7 @@ N = 200
 
 @pytest.fixture
 async def pair(tmp_path: Path) -> AsyncIterator[DriverPair]:
-    crash = [False]
-
-    def party(role: Role, channel: Any, sid: bytes) -> ComparisonParty:
-        p = garbled_circuit_party(role, channel, sid)
-        if role == Role.HELPER:
-            real = p.noisy_max
-
-            async def noisy_max(z: Any, width: int = 64) -> int | None:
-                if crash[0]:
-                    raise RuntimeError("helper lost mid-tournament")
-                return await real(z, width)
-
-            p.noisy_max = noisy_max  # type: ignore[method-assign]
-        return p
-
-    async with driver_pair(tmp_path, party) as p:
-        p.crash_helper = crash
+    async with failing_helper_pair(tmp_path, "noisy_max") as p:
         yield p
 
 

@@ -216,8 +216,27 @@ class Sum:
         return self.field.to_int(output[0])
 
 
+class BitDigits:
+    """The output side of a circuit whose measurement is its entries' bits,
+    `bits` per entry, least significant first (SumVec, RangeVec): the entries
+    come back as Σ 2^i·b_i."""
+
+    field: Field
+    bits: int
+
+    def truncate(self, meas: Vec) -> Vec:
+        return _from_bits(self.field, meas, self.bits)
+
+    def truncate_batch(self, meas: Vec) -> Vec:
+        """`truncate` of each row (each row is whole groups of `bits`)."""
+        return _from_bits(self.field, meas.reshape(-1), self.bits).reshape(meas.shape[0], -1)
+
+    def decode(self, output: Vec, num_measurements: int) -> list[int]:
+        return self.field.to_ints(output)
+
+
 @dataclass
-class SumVec:
+class SumVec(BitDigits):
     """`length` integers in [0, 2^bits), all bits checked in chunks (draft §7.4.3)."""
 
     length: int
@@ -276,16 +295,6 @@ class SumVec:
         if values is None:
             return _encode_each(self, measurements)
         return _bits_matrix(self.field, values, self.bits)
-
-    def truncate(self, meas: Vec) -> Vec:
-        return _from_bits(self.field, meas, self.bits)
-
-    def truncate_batch(self, meas: Vec) -> Vec:
-        """`truncate` of each row (each row is whole groups of `bits`)."""
-        return _from_bits(self.field, meas.reshape(-1), self.bits).reshape(meas.shape[0], -1)
-
-    def decode(self, output: Vec, num_measurements: int) -> list[int]:
-        return self.field.to_ints(output)
 
 
 @dataclass

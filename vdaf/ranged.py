@@ -30,6 +30,7 @@ import numpy as np
 import numpy.typing as npt
 
 from svtagg.vdaf.circuits import (
+    BitDigits,
     MeasurementError,
     _bits_le,
     _bits_matrix,
@@ -82,7 +83,7 @@ def _measurement_list(measurement: object, length: int, what: str) -> list[objec
     return list(measurement)
 
 
-class RangeVec:
+class RangeVec(BitDigits):
     """`length` integers, each in [0, 2^F] inclusive (F = `frac_bits`, 1 ≤ F ≤ 32):
     a vector of values in [0, 1] with 2^F units each.
 
@@ -204,16 +205,6 @@ class RangeVec:
         if values is None:
             return _encode_each(self, measurements)
         return _bits_matrix(self.field, values, self.bits)
-
-    def truncate(self, meas: Vec) -> Vec:
-        return _from_bits(self.field, meas, self.bits)
-
-    def truncate_batch(self, meas: Vec) -> Vec:
-        """`truncate` of each row."""
-        return _from_bits(self.field, meas.reshape(-1), self.bits).reshape(meas.shape[0], -1)
-
-    def decode(self, output: Vec, num_measurements: int) -> list[int]:
-        return self.field.to_ints(output)
 
 
 class MultiHot:
