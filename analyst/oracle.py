@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Protocol, runtime_checkable
 
+from svtagg.dp.jointsvt import INDEPENDENT, JOINT, joint_group_delta
 from svtagg.dp.kinds import StreamKind
 from svtagg.dp.plans import PlanCharge
 from svtagg.dp.queries import Budget, Number, Outcome, Query
@@ -157,6 +158,14 @@ class PlannedOracle:
     def parties(self) -> int:
         return self.inner.parties
 
+    @property
+    def noise(self) -> str:
+        return joint_noise_of(self.inner)[0]
+
+    @property
+    def frac_bits(self) -> int:
+        return joint_noise_of(self.inner)[1]
+
     def open_stream(
         self,
         epsilon: Number | str,
@@ -196,21 +205,85 @@ class PlannedOracle:
         return self.inner.stats()
 
 
+#: A plan group's streams as the SDK declares them: (kind, ε) of every stream
+#: the group may open, fixed before any data is touched.
+GroupStreams = Sequence[tuple[StreamKind | str, Number | str]]
+
+
+def joint_noise_of(oracle: object) -> tuple[str, int]:
+    """(the task's noise option, its frac_bits) as the oracle knows them: an
+    oracle that says nothing (the local simulation) is an independent-noise one."""
+    noise = getattr(oracle, "noise", INDEPENDENT)
+    return (noise if noise in (INDEPENDENT, JOINT) else INDEPENDENT), int(
+        getattr(oracle, "frac_bits", 0)
+    )
+
+
+def group_delta(oracle: object, streams: GroupStreams) -> Fraction:
+    """The δ a plan group needs for `streams` on this oracle's task: 0 with
+    independent noise (the kinds the algorithms open charge no δ there), the sum
+    of the streams' joint δ charges with joint noise (`dp.jointsvt.
+    joint_group_delta`, the amount each server admits the stream's δ with)."""
+    noise, frac_bits = joint_noise_of(oracle)
+    if noise != JOINT:
+        return Fraction(0)
+    try:
+        return joint_group_delta(((k, Fraction(str(e))) for k, e in streams), frac_bits)
+    except ValueError as exc:
+        raise ValueError(f"a plan stream cannot take joint noise: {exc}") from None
+
+
+def plan_groups(oracle: object, streams: Sequence[GroupStreams]) -> list[tuple[Fraction, Fraction]]:
+    """The plan's groups for `streams` (one list per group): each group holds
+    exactly the ε of its streams and the δ `group_delta` says they will be charged."""
+    return [
+        (sum((Fraction(str(e)) for _, e in g), Fraction(0)), group_delta(oracle, g))
+        for g in streams
+    ]
+
+
+def check_plan_delta(
+    oracle: object,
+    groups: Sequence[tuple[Number | str, Number | str]],
+    streams: Sequence[GroupStreams],
+) -> None:
+    """ValueError (before anything is reserved) if a group declares less ε or δ
+    than its declared streams will be charged on this oracle's task."""
+    if len(streams) != len(groups):
+        raise ValueError(f"{len(groups)} plan groups but streams for {len(streams)}")
+    for i, ((eps, dl), need) in enumerate(zip(groups, plan_groups(oracle, streams), strict=True)):
+        have = (Fraction(str(eps)), Fraction(str(dl or 0)))
+        if have[0] < need[0] or have[1] < need[1]:
+            raise ValueError(
+                f"plan group {i} declares (ε={have[0]}, δ={have[1]}) but its streams will be "
+                f"charged (ε={need[0]}, δ={need[1]}) on this {joint_noise_of(oracle)[0]}-noise "
+                "task: the plan under-declares its budget"
+            )
+
+
 @contextmanager
 def planned(
     oracle: Oracle,
     groups: Sequence[tuple[Number | str, Number | str]],
     delta_slack: Number | str = 0,
+    streams: Sequence[GroupStreams] | None = None,
 ) -> Iterator[PlannedOracle]:
     """Reserve the plan before any stream opens (refused whole, nothing spent, if
     it does not fit), run the body on a `PlannedOracle`, and end the plan when
     the body returns cleanly (what it did not use comes back, for basic plans).
+
+    `streams` (one list of (kind, ε) per group): the streams the body may open,
+    checked against the groups first (`check_plan_delta`): a plan that
+    under-declares what they will be charged — on a joint-noise task, the
+    joint δ of each stream — is refused before anything is reserved.
 
     After an error the plan is left as it is (a crash never refunds), with one
     exception: a ValueError (an invalid argument, refused before any charge or
     noise draw) before the plan's first stream opened.  Then nothing under the
     plan has touched the data, and ending it returns the whole reservation, so a
     run that cannot start costs nothing."""
+    if streams is not None:
+        check_plan_delta(oracle, groups, streams)
     plan_id, charge = oracle.reserve_plan(groups, delta_slack)
     view = PlannedOracle(oracle, plan_id, charge)
     try:

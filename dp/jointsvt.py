@@ -30,6 +30,7 @@ thresholds from one γ, with its own gap argument) are refused.
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterable
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -137,3 +138,17 @@ def joint_stream_noise(
                 _power_of_two_above(delta),
             )
     raise ValueError(f"the joint sampler at {bits} bits cannot fit epsilon={epsilon}")
+
+
+def joint_group_delta(
+    streams: Iterable[tuple[StreamKind | str, Fraction]], frac_bits: int
+) -> Fraction:
+    """The δ a plan group must hold on a joint-noise task for `streams` (kind, ε)
+    to open in it: the sum of their charged δ (each rounded up to its power of
+    two, as the servers charge it; basic composition inside the group, as
+    `dp.plans.PlanBook.admit` counts it).  Exact; ValueError for a kind or ε the
+    joint sampler does not cover."""
+    total = Fraction(0)
+    for kind, eps in streams:
+        total += joint_stream_noise(StreamKind.parse(kind), Fraction(eps), frac_bits).delta_charge
+    return total

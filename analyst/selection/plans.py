@@ -14,10 +14,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
-from svtagg.analyst.oracle import Oracle
+from svtagg.analyst.oracle import Oracle, joint_noise_of
 from svtagg.analyst.selection.records import Variant, variant_of
 from svtagg.analyst.selection.search import GBS_RATIO, gbs_budgets, rank_schedule_length
 from svtagg.analyst.selection.session import ROUNDING_SLACK, check_beta, default_rounds
+from svtagg.dp.jointsvt import JOINT, JOINT_KINDS
 from svtagg.dp.kinds import StreamKind, as_fraction, noise_model
 from svtagg.dp.queries import Epsilon, Number
 
@@ -196,6 +197,14 @@ class ScanPlan:
     def planned_epsilon(self) -> Fraction:
         return self.coarse_epsilon + self.mid_epsilon + self.streams * self.fine_epsilon
 
+    def stream_budgets(self) -> list[tuple[StreamKind, Fraction]]:
+        """(kind, ε) of every stream the plan may open: the binary search's
+        rounds, the middle stream (if any), one deciding stream per rank.  What a
+        budget plan's group must hold for it (`analyst.oracle.plan_groups`)."""
+        mid = [self.mid_epsilon] if self.mid_epsilon else []
+        budgets = [*self.coarse_budgets, *mid, *[self.fine_epsilon] * self.streams]
+        return [(self.kind, e) for e in budgets]
+
     @property
     def stages(self) -> int:
         """Streams before the first fine stream: coarse rounds plus the middle stream."""
@@ -247,7 +256,9 @@ def stream_kind(
     """`kind`, or for "auto" the one of `PRACTICAL_KINDS` with the smallest α for a
     chunk of `size` queries on budget `epsilon` at failure `beta`."""
     if kind == "auto":
-        kinds = [StreamKind.parse(k) for k in PRACTICAL_KINDS]
+        # A joint-noise task opens lap24 and lap3 streams only (dp/jointsvt.py).
+        joint = joint_noise_of(oracle)[0] == JOINT
+        kinds = [StreamKind.parse(k) for k in (JOINT_KINDS if joint else PRACTICAL_KINDS)]
         return min(kinds, key=lambda k: float(oracle.accuracy(k, epsilon, size, beta)))
     return StreamKind.parse(kind)
 

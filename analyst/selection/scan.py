@@ -245,3 +245,19 @@ def scan_top_k(
     localised = _scan_localise(session, region, pl)
     chosen, lowers, uppers = _scan_ranks(session, region, localised, pl, progress)
     return ScanTopK(chosen, lowers, uppers, session.spend, pl.planned_epsilon)
+
+
+def scan_plan(
+    oracle: Oracle,
+    epsilon: Epsilon | Number | str,
+    beta: float,
+    *,
+    k: int = 1,
+    space: SearchSpace | None = None,
+    options: ScanOptions | None = None,
+) -> ScanPlan:
+    """The plan `scan_selection` (k = 1) or `scan_top_k` would make on this
+    space, made before any budget is reserved: its `stream_budgets` are what a
+    budget plan's group must hold (on a joint-noise task, their joint δ too)."""
+    region = (space or SearchSpace()).resolve(oracle)
+    return _scan_plan(oracle, region, k, epsilon, beta, options, None)
