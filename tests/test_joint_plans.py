@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from svtagg.analyst.oracle import OracleStats, planned, plan_groups
+from svtagg.analyst.oracle import OracleStats, plan_groups, planned
 from svtagg.analyst.selection import ScanOptions, scan_selection
 from svtagg.analyst.selection.scan import scan_plan
 from svtagg.dp import accuracy
