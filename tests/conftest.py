@@ -87,6 +87,18 @@ def vdaf_backend(request: pytest.FixtureRequest) -> Iterator[str]:
         yield name
 
 
+@pytest.fixture(params=["numpy", "native"])
+def mpc_engine(request: pytest.FixtureRequest) -> Iterator[str]:
+    """The comparison engine for one test: numpy, then the native core
+    (skipped where it is not built)."""
+    if request.param == "native" and not mpc_native.available():
+        pytest.skip("native core not built")
+    before = mpc_native.active()
+    mpc_native.use(request.param)
+    yield request.param
+    mpc_native.use(before)
+
+
 @pytest.fixture(scope="session")
 def certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_deployment(tmp_path_factory.mktemp("certs"))

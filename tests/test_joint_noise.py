@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import math
 from collections import Counter
-from collections.abc import Iterator
 from fractions import Fraction
 
 import numpy as np
@@ -23,7 +22,6 @@ from svtagg.dp.joint import (
     tail_mass,
 )
 from svtagg.dp.noise import RandomSource
-from svtagg.mpc import native
 from svtagg.mpc.circuits import bit_planes, planes, ring_from_bits
 from svtagg.mpc.garble import PlainBackend
 from svtagg.mpc.jointnoise import (
@@ -139,16 +137,6 @@ def test_tail_mass_against_enumeration() -> None:
 
 
 # ---------------------------------------------------------------- the protocol
-@pytest.fixture(params=["numpy", "native"])
-def engine(request: pytest.FixtureRequest) -> Iterator[str]:
-    if request.param == "native" and not native.available():
-        pytest.skip("native core not built")
-    before = native.active()
-    native.use(request.param)
-    yield request.param
-    native.use(before)
-
-
 async def _protocol(
     shape: SamplerShape, u: np.ndarray | None, v: np.ndarray | None, n: int
 ) -> tuple[np.ndarray, np.ndarray, int]:
@@ -166,10 +154,11 @@ def _words(seed: bytes, shape: SamplerShape, n: int) -> np.ndarray:
 
 
 @pytest.mark.parametrize("t,b", [(Fraction(3), 8), (Fraction(1 << 20), 64)])
-def test_protocol_reconstructs_the_sample(engine: str, t: Fraction, b: int) -> None:
+def test_protocol_reconstructs_the_sample(mpc_engine: str, t: Fraction, b: int) -> None:
     shape = SamplerShape(sampler_constants(t, b), b)
     n = 5000 if b <= 8 else 300  # more than one OT lane batch
-    u, v = _words(b"u" + engine.encode(), shape, n), _words(b"v" + engine.encode(), shape, n)
+    tag = mpc_engine.encode()
+    u, v = _words(b"u" + tag, shape, n), _words(b"v" + tag, shape, n)
     r, y, ands = asyncio.run(_protocol(shape, u, v, n))
     np.testing.assert_array_equal((r + y).view(np.int64), plain_joint_noise(u ^ v, shape))
     assert ands == and_gates_per_sample(shape) * n
@@ -243,14 +232,14 @@ def test_one_server_randomness_lets_that_server_predict_the_noise() -> None:
 
 
 @pytest.mark.heavy
-def test_chi_square_at_scale_on_both_engines(engine: str) -> None:
+def test_chi_square_at_scale_on_both_engines(mpc_engine: str) -> None:
     """100,000 protocol samples of a two-word shape (t = 10, b = 12) fit the exact
     pmf on each engine, and the fit rejects the law of a 5% larger scale."""
     t, b, n = Fraction(10), 12, 100_000
     c = sampler_constants(t, b)
     shape = SamplerShape(c, b)
-    u = _words(b"heavy-u" + engine.encode(), shape, n)
-    v = _words(b"heavy-v" + engine.encode(), shape, n)
+    u = _words(b"heavy-u" + mpc_engine.encode(), shape, n)
+    v = _words(b"heavy-v" + mpc_engine.encode(), shape, n)
     r, y, _ = asyncio.run(_protocol(shape, u, v, n))
     samples = (r + y).view(np.int64)
     np.testing.assert_array_equal(samples, plain_joint_noise(u ^ v, shape))

@@ -247,18 +247,8 @@ async def test_the_protocol_catches_a_wrong_circuit(broken: Callable[..., None])
 
 
 # ---------------------------------------------------------------- the protocol
-@pytest.fixture(params=["numpy", "native"])
-def engine(request: pytest.FixtureRequest) -> Iterator[str]:
-    if request.param == "native" and not native.available():
-        pytest.skip("native core not built")
-    before = native.active()
-    native.use(request.param)
-    yield request.param
-    native.use(before)
-
-
 @pytest.mark.parametrize("f", FIELDS, ids=lambda f: f.name)
-async def test_protocol_reshares_the_clamped_field_sum(f: PrimeField, engine: str) -> None:
+async def test_protocol_reshares_the_clamped_field_sum(f: PrimeField, mpc_engine: str) -> None:
     """r (leader) + y (helper) = g_p(S) mod 2^64, edges and random sums, over
     more than one lane batch; the leader's r is fresh on each run."""
     rnd = random.Random(f.words)
@@ -268,7 +258,7 @@ async def test_protocol_reshares_the_clamped_field_sum(f: PrimeField, engine: st
     a, b = a + ra, b + rb
     want = plain_field_clamp(a, b, f, bound)
     g, e = await connected_pair()
-    assert g.engine == e.engine == engine
+    assert g.engine == e.engine == mpc_engine
     r, y = await asyncio.gather(
         g.field_clamp_reshare(np.array(a, dtype=object), bound, f.name),
         e.field_clamp_reshare(field_words(np.array(b, dtype=object), f), bound, f),
@@ -350,7 +340,7 @@ async def test_engines_interoperate(engines: tuple[str, str]) -> None:
 
 @pytest.mark.heavy
 @pytest.mark.parametrize("f", FIELDS, ids=lambda f: f.name)
-async def test_protocol_on_a_large_vector(f: PrimeField, engine: str) -> None:
+async def test_protocol_on_a_large_vector(f: PrimeField, mpc_engine: str) -> None:
     """100,000 coordinates in one chunk (25 to 50 lane batches)."""
     rnd = random.Random(17)
     a, b = random_pairs(f, 100_000, rnd)

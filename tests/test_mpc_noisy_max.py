@@ -241,23 +241,13 @@ async def test_the_protocol_catches_a_wrong_circuit(broken: Callable[..., None])
 
 
 # ---------------------------------------------------------------- the protocol
-@pytest.fixture(params=["numpy", "native"])
-def engine(request: pytest.FixtureRequest) -> Iterator[str]:
-    if request.param == "native" and not native.available():
-        pytest.skip("native core not built")
-    before = native.active()
-    native.use(request.param)
-    yield request.param
-    native.use(before)
-
-
-async def test_protocol_finds_the_noisy_max(engine: str) -> None:
+async def test_protocol_finds_the_noisy_max(mpc_engine: str) -> None:
     """Both parties learn the plaintext argmax, for one candidate to more than
     two lane batches (streamed), at widths 8 to 64; each message fits the
     announced bound; no candidates give None."""
     rng = np.random.default_rng(5)
     g, e = await connected_pair()
-    assert g.engine == e.engine == engine
+    assert g.engine == e.engine == mpc_engine
     cases = [(1, 64), (2, 8), (3, 40), (7, 16), (1000, 40), (2 * LANE_BATCH + 17, 40)]
     for k, w in cases:
         for z in edge_vectors(k, w, rng)[:4] + [list(rng.integers(-(1 << 20), 1 << 20, k))]:
@@ -325,7 +315,7 @@ def test_engines_garble_the_same_bytes(k: int, w: int) -> None:
 
 
 @pytest.mark.heavy
-async def test_protocol_on_a_large_vector(engine: str) -> None:
+async def test_protocol_on_a_large_vector(mpc_engine: str) -> None:
     """10^5 candidates in one chunk (25 lane batches), ties at the maximum."""
     rng = np.random.default_rng(17)
     z = rng.integers(-(1 << 30), 1 << 30, 100_000)
