@@ -11,11 +11,13 @@ by SQLite's user_version (`SqliteStore.SCHEMA_VERSION`).
 
 from __future__ import annotations
 
+import io
 import os
 import sqlite3
 from collections.abc import Callable
 from fractions import Fraction
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
@@ -263,15 +265,24 @@ class SqliteStore:
     def _share_file(self, task_id: str) -> Path:
         return self._shares_dir / f"{task_id}.bin"
 
+    def _read_shares(self, task_id: str) -> BinaryIO:
+        """The task's share file for reading (empty if no share was ever stored:
+        a task whose reports keep their ids only)."""
+        path = self._share_file(task_id)
+        return open(path, "rb") if path.exists() else io.BytesIO()
+
     def _append_shares(self, task_id: str, shares: list[bytes]) -> int:
         """Append shares to the task's share file and fsync; returns the offset.
         Shares live outside SQLite because they are large and needed only until
         the collection closes; a crash before the SQLite commit leaves an
         unreferenced tail, which is harmless."""
+        blob = b"".join(shares)
+        if not blob:  # ids only (the leader of a task with proofs): nothing to sync
+            return 0
         self._shares_dir.mkdir(exist_ok=True)
         with open(self._share_file(task_id), "ab") as f:
             offset = f.tell()
-            f.write(b"".join(shares))
+            f.write(blob)
             f.flush()
             os.fsync(f.fileno())
         return offset
@@ -407,7 +418,7 @@ class SqliteStore:
 
     def shares(self, task_id: str, report_ids: list[bytes]) -> list[bytes]:
         out = []
-        with open(self._share_file(task_id), "rb") as f:
+        with self._read_shares(task_id) as f:
             for rid in report_ids:
                 at = self._share_at(task_id, rid)
                 if at is None:
@@ -434,7 +445,7 @@ class SqliteStore:
             present: list[bytes] = []
             if not report_ids:
                 return task
-            with open(self._share_file(task_id), "rb") as f:
+            with self._read_shares(task_id) as f:
                 for rid in report_ids:
                     at = self._share_at(task_id, rid)
                     if at is not None:
