@@ -3,10 +3,10 @@ garbled circuit from both servers' random bits and handed out as additive shares
 
 Why: with independent noise each server adds its own draw, so a server that
 colludes with the analyst knows half of the noise.  Here neither server knows
-any of it: the circuit's random bits are u ⊕ v, u the garbler's (leader's) and
-v the evaluator's (helper's), both from os.urandom, so the joint bits are
+any of it: the circuit's random bits are u ⊕ v, u the garbler's (the helper's,
+on the servers) and v the evaluator's (the leader's), both from os.urandom, so the joint bits are
 uniform unless both servers collude.  The output is re-shared as in the robust
-pass: the leader keeps a fresh r, the helper learns y = ν − r mod 2^64, so the
+pass: the garbler keeps a fresh r, the evaluator learns y = ν − r mod 2^64, so the
 online comparison circuits take ν as one more additive share and stay unchanged.
 
 The sampler (its exact law is `svtagg.dp.joint`):

@@ -1,5 +1,6 @@
-"""The two-party comparison protocol: semi-honest Yao between the leader (garbler)
-and the helper (evaluator) over an abstract `Channel`, one chunk of queries per call.
+"""The two-party comparison protocol: semi-honest Yao between a garbler (on the
+servers, the helper) and an evaluator (the leader) over an abstract `Channel`,
+one chunk of queries per call.
 """
 
 from __future__ import annotations
@@ -441,7 +442,7 @@ def _ot_widths(lanes: int, width: int) -> list[int]:
 
 
 class ComparisonGarbler(_Party):
-    """The leader's side: garbles, holds Δ and the first share of every input.
+    """The helper's side on the servers: garbles, holds Δ and the first share of every input.
 
     Its inputs need no labels: they enter the circuit as free XORs with
     constants it knows, so they never leave it.
@@ -518,7 +519,7 @@ class ComparisonGarbler(_Party):
 
 
 class ComparisonEvaluator(_Party):
-    """The helper's side: obtains its input labels by OT and evaluates."""
+    """The leader's side on the servers: obtains its input labels by OT and evaluates."""
 
     #: Tests may set this list to see every label the evaluator computes.
     label_log: list[Blocks] | None = None

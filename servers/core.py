@@ -80,10 +80,14 @@ PartyFactory = Callable[[Role, "Channel", bytes], ComparisonParty]
 
 
 def garbled_circuit_party(role: Role, channel: Channel, session_id: bytes) -> ComparisonParty:
-    """The real engine: the leader garbles, the helper evaluates."""
+    """The real engine: the helper garbles, the leader evaluates.  The leader
+    knows its inputs when the analyst's chunk arrives, so its OT-extension
+    message travels with the chunk header; the helper answers with the tables,
+    and the leader decodes the result the analyst waits for: one round trip
+    (docs/mpc.md, "Per chunk")."""
     from svtagg.mpc.protocol import ComparisonEvaluator, ComparisonGarbler
 
-    cls = ComparisonGarbler if role == Role.LEADER else ComparisonEvaluator
+    cls = ComparisonEvaluator if role == Role.LEADER else ComparisonGarbler
     party: ComparisonParty = cls(channel, session_id)
     return party
 

@@ -7,10 +7,12 @@ comparison session over a frame stream (`servers.session.HelperSession`)."""
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import replace
 
 from svtagg.dp.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 from svtagg.dp.task import TaskSpec, parse_task_params
+from svtagg.mpc.ring import U64
 from svtagg.proto.vocab import PASS_ID_BYTES, REPORT_ID_BYTES, REPORT_PAGE, Role
 from svtagg.servers.core import Chunk, ComparisonParty, PartyFactory, ServerCore, parse_chunk
 from svtagg.servers.exchange import (
@@ -32,13 +34,18 @@ from svtagg.servers.exchange import (
 from svtagg.servers.faults import crash_point
 from svtagg.servers.ingest import helper_verify
 from svtagg.servers.session import (
+    DataChannel,
     DataOffer,
     HelperSession,
     ReadFrame,
     SwitchChannel,
     WriteFrame,
 )
-from svtagg.servers.store import StreamState, TaskState
+from svtagg.servers.store import IN_CHUNK, StreamState, TaskState
+
+#: How long a chunk's header waits for the helper's record of the stream's
+#: previous chunk, whose result the leader sent one way just before.
+RESULT_WAIT = 5.0
 
 
 class HelperDriver:
@@ -53,6 +60,10 @@ class HelperDriver:
         self.stopping = asyncio.Event()
         #: The data listener offered to sessions that ask (None: frames only).
         self.data = data
+        #: Stream chunks accepted and not yet recorded (`settled`).
+        self._unrecorded = 0
+        self._recorded = asyncio.Event()
+        self._recorded.set()
 
     async def create_task(self, spec: TaskSpec) -> TaskInfo:
         params = parse_task_params(spec)
@@ -155,7 +166,8 @@ class HelperDriver:
     # ------------------------------------------------------------ sessions
     async def serve_session(self, write: WriteFrame, read: ReadFrame) -> None:
         """A comparison session: set up once, then chunks one at a time until the
-        stream ends (read returns None) or the server stops while idle."""
+        stream ends (read returns None), the server stops while idle, or a
+        chunk is refused (the leader then discards the session)."""
         session = HelperSession(write, read)
         sid, data = await session.accept(self.data)
         try:
@@ -164,76 +176,123 @@ class HelperDriver:
                 Role.HELPER, SwitchChannel(channel, data) if data is not None else channel, sid
             )
             await party.setup()
-            await self._chunks(session, party)
+            await self._chunks(session, party, data)
         finally:
             if data is not None:
                 data.close()
 
-    async def _chunks(self, session: HelperSession, party: ComparisonParty) -> None:
+    async def _chunks(
+        self, session: HelperSession, party: ComparisonParty, data: DataChannel | None
+    ) -> None:
         while True:
             header = await session.next_header(self.stopping)
             if header is None:
                 return
+            try:
+                if isinstance(header, RobustChunk):
+                    checked = self._check_robust(header)
+                else:
+                    checked = await self._accept(header)
+            except Exception as exc:  # noqa: BLE001 - the refusal goes back to the leader
+                await session.refuse(exc)
+                await session.discard(data)
+                return
             if isinstance(header, RobustChunk):
-                await self._robust(session, party, header)
+                await self._robust(session, party, header, checked)
             else:
-                await self._stream_chunk(session, party, header)
+                await self._stream_chunk(session, party, header, checked)
 
     async def _stream_chunk(
-        self, session: HelperSession, party: ComparisonParty, h: StreamChunk
+        self,
+        session: HelperSession,
+        party: ComparisonParty,
+        h: StreamChunk,
+        accepted: tuple[StreamState, TaskState, Chunk],
     ) -> None:
-        """The evaluator's side of one Ask or Compare chunk: marked in progress
-        durably before the go, the result recorded before the closing status; a
-        refusal goes back and the session lives on."""
+        """The garbler's side of one stream chunk, marked in progress durably
+        before the go and the tables; the result, which the leader sends one way,
+        recorded (not waited for by the leader: a helper that never records it
+        fails the stream closed, now or at its restart)."""
+        stream, task, chunk = accepted
+        self._unrecorded += 1
+        self._recorded.clear()
         try:
-            stream, task, chunk = self._accept(h)
-        except Exception as exc:  # noqa: BLE001 - refusal goes back, session lives
-            await session.refuse(exc)
-            return
-        crash_point("chunk.after_mark")
-        try:
-            await session.ok()
-        except BaseException:
-            # Marked, and the leader gone before the go: failed now, not left
-            # `in_chunk` until this server's next restart.
-            self.core.fail_stream(stream.stream_id)
-            raise
-        await self._run(party, stream, task, chunk)
-        await session.ok()
+            crash_point("chunk.after_mark")
+            try:
+                await session.ok()
+            except BaseException:
+                # Marked, and the leader gone before the go: failed now, not left
+                # `in_chunk` until this server's next restart.
+                self.core.fail_stream(stream.stream_id)
+                raise
+            await self._run(party, stream, task, chunk)
+        finally:
+            self._unrecorded -= 1
+            if not self._unrecorded:
+                self._recorded.set()
 
-    async def _robust(self, session: HelperSession, party: ComparisonParty, h: RobustChunk) -> None:
-        """The evaluator's side of one robust-aggregate chunk (see the leader's
+    async def settled(self) -> None:
+        """Return once every stream chunk this process has accepted is recorded
+        or failed: the leader's answer does not wait for that (tests and
+        benchmarks that read this server's store right after an answer do)."""
+        await self._recorded.wait()
+
+    def _check_robust(self, h: RobustChunk) -> tuple[TaskState, U64]:
+        task = self.core.task(h.task_id)
+        if task.collection_open:
+            raise FailedPrecondition("robust aggregates are computed after the close")
+        if task.agreed and task.streams:
+            raise FailedPrecondition("queries already run on this task's aggregates")
+        lo, hi = h.coord_lo, h.coord_hi
+        if not 0 <= lo < hi <= task.params.d:
+            raise InvalidArgument(f"coordinates [{lo}, {hi}) out of [0, {task.params.d})")
+        if len(h.pass_id) != PASS_ID_BYTES:
+            raise InvalidArgument(
+                f"a robust-aggregate chunk names its pass ({PASS_ID_BYTES} bytes)"
+            )
+        return task, self.core.sums(task.params.task_id)
+
+    async def _robust(
+        self,
+        session: HelperSession,
+        party: ComparisonParty,
+        h: RobustChunk,
+        checked: tuple[TaskState, U64],
+    ) -> None:
+        """The garbler's side of one robust-aggregate chunk (see the leader's
         `robust_pass`): its new shares of g(S) for coordinates [lo, hi), staged
-        until MarkAgreed.  A refusal goes back and the session lives on."""
-        try:
-            task = self.core.task(h.task_id)
-            if task.collection_open:
-                raise FailedPrecondition("robust aggregates are computed after the close")
-            if task.agreed and task.streams:
-                raise FailedPrecondition("queries already run on this task's aggregates")
-            lo, hi = h.coord_lo, h.coord_hi
-            if not 0 <= lo < hi <= task.params.d:
-                raise InvalidArgument(f"coordinates [{lo}, {hi}) out of [0, {task.params.d})")
-            if len(h.pass_id) != PASS_ID_BYTES:
-                raise InvalidArgument(
-                    f"a robust-aggregate chunk names its pass ({PASS_ID_BYTES} bytes)"
-                )
-            sums = self.core.sums(task.params.task_id)
-        except Exception as exc:  # noqa: BLE001 - refusal goes back, session lives
-            await session.refuse(exc)
-            return
+        until MarkAgreed, and a closing status once staged (the leader waits
+        for it before MarkAgreed)."""
+        task, sums = checked
         await session.ok()
-        y = await self.core.robust_shares(party, task, sums, lo, hi)
-        self.core.stage_robust(task, h.pass_id, lo, y)
+        y = await self.core.robust_shares(party, task, sums, h.coord_lo, h.coord_hi)
+        self.core.stage_robust(task, h.pass_id, h.coord_lo, y)
         await session.ok()
 
-    def _accept(self, h: StreamChunk) -> tuple[StreamState, TaskState, Chunk]:
+    async def _accept(self, h: StreamChunk) -> tuple[StreamState, TaskState, Chunk]:
+        await self._previous_recorded(h)
         stream, task = self.core.stream_and_task(h.stream_id)
         if h.kind != ChunkKind.of_stream(stream.kind):
             raise InvalidArgument("chunk mode does not match the stream kind")
         chunk = parse_chunk(task, h.queries.index, h.queries.complement)
         self.core.begin_chunk(h.stream_id, h.chunk_no)
         return stream, task, chunk
+
+    async def _previous_recorded(self, h: StreamChunk) -> None:
+        """The leader answers a chunk without waiting for this side's record of
+        it, so the next chunk's header may come, on another session (or to
+        another helper process), before the previous result has been read:
+        wait for that record, at most RESULT_WAIT seconds (polling the store,
+        which other helper processes write too).  After that, `begin_chunk`
+        refuses a stream still in its previous chunk."""
+        deadline = time.monotonic() + RESULT_WAIT
+        pause = 0.0005
+        while True:
+            s = self.core.stream(h.stream_id)
+            if s.state != IN_CHUNK or s.chunks != h.chunk_no - 1 or time.monotonic() > deadline:
+                return
+            await asyncio.sleep(pause)
+            pause = min(2 * pause, 0.05)
 
     async def _run(
         self, party: ComparisonParty, stream: StreamState, task: TaskState, chunk: Chunk

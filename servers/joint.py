@@ -3,7 +3,7 @@
 A joint-noise stream's γ and every query's ν are drawn inside the garbled
 circuit (`svtagg.mpc.jointnoise`) in the chunk's own session, before the
 comparison, from both servers' random bits (os.urandom on each side): the
-leader keeps a fresh r, the helper gets ν − r, and each adds its share exactly
+helper (the garbler) keeps a fresh r, the leader gets ν − r, and each adds its share exactly
 where it would add its own independent draw, so the comparison circuit is
 unchanged.  The samplers are those `dp.jointsvt.joint_stream_noise` accounts
 for: one draw at the kind's central scale (slightly inflated), not two.
@@ -63,7 +63,7 @@ def shapes(noise: JointStreamNoise) -> tuple[SamplerShape, SamplerShape]:
 
 async def joint_shares(party: object, n: int, shape: SamplerShape) -> U64:
     """This server's additive shares of n joint samples, in the chunk's session:
-    the leader's r (it garbles), the helper's ν − r (it evaluates)."""
+    the helper's r (it garbles), the leader's ν − r (it evaluates)."""
     if isinstance(party, ComparisonGarbler):
         return await garble_joint_noise(party, n, shape)
     if isinstance(party, ComparisonEvaluator):

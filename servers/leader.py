@@ -345,7 +345,7 @@ class LeaderDriver:
             sums = self.core.sums(task.params.task_id)
         lo, hi = h.coord_lo, h.coord_hi
         out, _ = await self._exchange(
-            h, lambda party: self.core.robust_shares(party, task, sums, lo, hi)
+            h, lambda party: self.core.robust_shares(party, task, sums, lo, hi), confirm=True
         )
         return np.asarray(out, dtype=np.uint64).tobytes()
 
@@ -470,11 +470,12 @@ class LeaderDriver:
     async def _chunk(
         self, stream: StreamState, task: TaskState, chunk: Chunk, thresholds: Thresholds | None
     ) -> tuple[Any, bool, int]:
-        """Send the header, mark the chunk in progress durably (while the helper
-        does the same), run the garbled comparison on a pooled session, record
-        the result.  Once marked, any failure or refusal fails the stream closed
-        on both servers; nothing is refunded.  The result, whether the stream
-        closed, and the bytes exchanged."""
+        """Send the header with the protocol's first message, mark the chunk in
+        progress durably (while the helper does the same), evaluate the garbled
+        comparison on a pooled session, record the result.  Once the header is
+        out, any failure or refusal fails the stream closed on both servers;
+        nothing is refunded.  The result, whether the stream closed, and the
+        bytes exchanged."""
         sid, next_chunk = stream.stream_id, stream.chunks + 1
         complement = chunk.complement.tolist() if chunk.complement.any() else []
         header = StreamChunk(
@@ -485,8 +486,9 @@ class LeaderDriver:
         )
 
         def mark() -> None:
-            # Both servers fsync their "chunk in progress" mark in parallel; neither
-            # runs the circuit before its own mark is durable.
+            # Both servers fsync their "chunk in progress" mark in parallel; the
+            # helper's is durable before it sends its tables, this one before this
+            # side reads them: neither learns a result before its own mark.
             self.core.begin_chunk(sid, next_chunk)
             crash_point("chunk.after_mark")
 
@@ -509,35 +511,37 @@ class LeaderDriver:
         run: Callable[[ComparisonParty], Awaitable[Any]],
         on_written: Callable[[], None] | None = None,
         on_failure: Callable[[], Awaitable[None]] | None = None,
+        confirm: bool = False,
     ) -> tuple[Any, int]:
-        """One chunk on a pooled session: send the header, (on_written: the durable
-        mark), wait for the helper's go, run the garbled protocol, wait for its
-        done.  A failure after on_written calls on_failure.  Returns the result and
-        the bytes exchanged."""
+        """One chunk on a pooled session in one round trip: the header and, right
+        behind it, the protocol's first message (this side evaluates: its
+        OT-extension message); while they travel, on_written (the durable mark);
+        then the helper's verdict and tables, the evaluation, and the result to
+        the helper, one way: a stream chunk does not wait for the helper's
+        record (docs/services.md, "Durability of a chunk").  `confirm` (a
+        close-time chunk) waits for the helper's closing status as well.  A
+        failure once the header is out calls on_failure; a refused or failed
+        chunk discards the session.  Returns the result and the bytes exchanged."""
         session = await self.pool.acquire()
         healthy = False
-        written = False
+        sent = False
         try:
             before = session.traffic
-            await session.send_header(header)
-            if on_written is not None:
-                on_written()
-            written = True
-            refused = await session.status()
-            if refused is not None:
-                healthy = True  # the protocol never started; the session is intact
-                raise refused
+            await session.send_header(header, on_written)
+            sent = True
             # A deadline on this task, not a task of its own (as wait_for makes):
             # one loop hop less per chunk.
             async with asyncio.timeout(CHUNK_DEADLINE):
                 result = await run(session.party)
+                await session.verdict()  # read already, unless the protocol never replied
             crash_point("chunk.after_result")
-            refused = await session.status()
-            if refused is not None:
-                raise refused
+            if confirm:
+                refused = await session.status()
+                if refused is not None:
+                    raise refused
             healthy = True
         except BaseException as exc:
-            if written and on_failure is not None:
+            if sent and on_failure is not None:
                 await on_failure()
             if isinstance(exc, asyncio.TimeoutError):
                 raise PeerUnavailable("the protocol with the helper timed out") from None

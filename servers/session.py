@@ -1,17 +1,21 @@
 """Comparison sessions between the leader and the helper, free of any transport.
 
-A session is an ordered stream of PeerFrames: SessionOpen, then per chunk a
-header (leader), the helper's status, the comparison protocol's fragments, the
-helper's closing status.  The framing is a protobuf edge: the drivers hand a
-session domain chunk headers (`servers.exchange`) and get refusals back
-(`LeaderSession`, `HelperSession`); the frames never leave this module and the
-transports that carry them.  `FrameChannel` carries the protocol's byte messages
-as fragments; the transport (a gRPC stream or two in-memory queues) only moves
-frames.  When the helper offers a data channel (`servers/datachannel.py`), the
-protocol's messages travel there instead and only control frames use the
-stream.  The base OTs of a session cost ≈ 0.04 s (Ed25519), so the leader
-keeps a pool of set-up sessions and discards any session after an error, so a
-broken protocol state is never reused.
+A session is an ordered stream of PeerFrames: SessionOpen, then per chunk the
+leader's header right followed by its first protocol message (it evaluates:
+its OT-extension message), the helper's verdict followed by its garbled
+tables, and the leader's one-way result; a close-time chunk ends with the
+helper's closing status (`servers.leader.LeaderDriver._exchange`).  The
+framing is a protobuf edge: the drivers hand a session domain chunk headers
+(`servers.exchange`) and get refusals back (`LeaderSession`, `HelperSession`);
+the frames never leave this module and the transports that carry them.
+`FrameChannel` carries the protocol's byte messages as fragments; the
+transport (a gRPC stream or two in-memory queues) only moves frames.  When the
+helper offers a data channel (`servers/datachannel.py`), the protocol's
+messages travel there instead and only control frames use the stream.  The
+base OTs of a session cost ≈ 0.04 s (Ed25519), so the leader keeps a pool of
+set-up sessions and discards any session after an error or a refused chunk
+(whose first protocol message already went out), so a broken protocol state
+is never reused.
 """
 
 from __future__ import annotations
@@ -165,10 +169,71 @@ class SwitchChannel:
         return self.frames.messages_sent + self.data.messages_sent
 
 
+class VerdictChannel:
+    """The leader's protocol channel: a chunk's first protocol message goes out
+    right behind its header, without waiting for the helper's go.  Before the
+    chunk's first reply is read, `armed`'s callback runs (the leader's durable
+    mark, while the message is in flight) and the helper's verdict is read from
+    the control frames: a refusal is raised there, ahead of any tables."""
+
+    def __init__(self, frames: FrameChannel, inner: Channel) -> None:
+        self.frames = frames
+        self.inner = inner
+        self._armed = False
+        self._before_reply: Callable[[], None] | None = None
+
+    def arm(self, before_reply: Callable[[], None] | None) -> None:
+        """The next reply is the first of a chunk: read the verdict first."""
+        self._armed = True
+        self._before_reply = before_reply
+
+    @property
+    def armed(self) -> bool:
+        return self._armed
+
+    async def verdict(self) -> None:
+        """The mark, then the helper's verdict on the chunk (raised if refused)."""
+        before, self._before_reply, self._armed = self._before_reply, None, False
+        if before is not None:
+            before()
+        status = await _status(self.frames)
+        if not status.ok:
+            raise refusal_from_status(status, "helper: ")
+
+    def select(self, lanes: int) -> None:
+        select = getattr(self.inner, "select", None)
+        if select is not None:
+            select(lanes)
+
+    def limit_messages(self, limit: int) -> None:
+        self.inner.limit_messages(limit)  # type: ignore[attr-defined]
+
+    async def send(self, data: Message) -> None:
+        await self.inner.send(data)
+
+    async def recv(self) -> bytes:
+        if self._armed:
+            await self.verdict()
+        return await self.inner.recv()
+
+    @property
+    def bytes_sent(self) -> int:
+        return self.inner.bytes_sent
+
+    @property
+    def bytes_received(self) -> int:
+        return self.inner.bytes_received
+
+    @property
+    def messages_sent(self) -> int:
+        return self.inner.messages_sent
+
+
 class LeaderSession:
-    """One set-up garbler on one session; `cancel` ends the session, `done` says
-    whether the transport has ended it.  `channel` carries the control frames;
-    the garbler runs on `data` when the helper offered a data channel."""
+    """One set-up evaluator on one session; `cancel` ends the session, `done`
+    says whether the transport has ended it.  `channel` carries the control
+    frames; the evaluator runs on `data` when the helper offered a data
+    channel, through `verdicts` (which reads the helper's go first)."""
 
     def __init__(
         self,
@@ -176,10 +241,12 @@ class LeaderSession:
         party: ComparisonParty,
         cancel: Callable[[], Any],
         done: Callable[[], bool],
+        verdicts: VerdictChannel,
         data: DataChannel | None = None,
     ) -> None:
         self.channel = channel
         self.party = party
+        self.verdicts = verdicts
         self.data = data
         self._cancel = cancel
         self._done = done
@@ -217,22 +284,34 @@ class LeaderSession:
                     data = await asyncio.wait_for(
                         connect_data(offer.data_port, sid), SETUP_DEADLINE
                     )
-            party = factory(
-                Role.LEADER, SwitchChannel(channel, data) if data is not None else channel, sid
+            verdicts = VerdictChannel(
+                channel, SwitchChannel(channel, data) if data is not None else channel
             )
+            party = factory(Role.LEADER, verdicts, sid)
             await asyncio.wait_for(party.setup(), SETUP_DEADLINE)
         except BaseException:
             abort()
             raise
-        return cls(channel, party, abort, done, data)
+        return cls(channel, party, abort, done, verdicts, data)
 
-    async def send_header(self, header: ChunkHeader) -> None:
-        """Start a chunk: its header, for the helper to check and mark."""
+    async def send_header(
+        self, header: ChunkHeader, before_reply: Callable[[], None] | None = None
+    ) -> None:
+        """Start a chunk: its header, for the helper to check and mark.  The
+        protocol's first message follows at once; `before_reply` runs before
+        its first reply is read, and then the helper's verdict."""
+        self.verdicts.arm(before_reply)
         await self.channel.write_frame(pb.PeerFrame(header=CHUNK_HEADER.to_pb(header)))
 
+    async def verdict(self) -> None:
+        """The helper's verdict on the chunk, unless the protocol has read it
+        (a refusal raised)."""
+        if self.verdicts.armed:
+            await self.verdicts.verdict()
+
     async def status(self) -> Refusal | None:
-        """The helper's next verdict on the chunk: None when it goes ahead (or
-        has recorded the result), else its refusal."""
+        """The helper's closing status of a close-time chunk: None when it has
+        recorded the result, else its refusal."""
         status = await _status(self.channel)
         return None if status.ok else refusal_from_status(status, "helper: ")
 
@@ -257,6 +336,8 @@ async def _status(channel: FrameChannel) -> pb.PeerStatus:
 
 
 _OK = pb.PeerFrame(status=pb.PeerStatus(ok=True))
+#: What a discarded session's data connection may still carry: its own hard cap.
+DRAIN_LIMIT = 1 << 30
 
 
 class HelperSession:
@@ -307,8 +388,34 @@ class HelperSession:
         await self._write(_OK)
 
     async def refuse(self, exc: BaseException) -> None:
-        """Refuse the chunk (the session lives on)."""
+        """Refuse the chunk; then `discard` the session."""
         await self._write(pb.PeerFrame(status=refusal_status(exc)))
+
+    async def discard(self, data: DataChannel | None) -> None:
+        """After a refusal: the leader's first protocol message of the chunk was
+        sent behind the header, so the session's protocol state is spent (the
+        leader counted a chunk this side did not).  Read and drop whatever comes,
+        on the frames and the data connection, until the leader ends the session
+        (it does on reading the refusal), so its sends never block unread."""
+
+        async def frames() -> None:
+            with contextlib.suppress(Exception):
+                while await self._read() is not None:
+                    pass
+
+        async def bulk(conn: DataChannel) -> None:
+            conn.limit_messages(DRAIN_LIMIT)
+            with contextlib.suppress(Exception):
+                while True:
+                    await conn.recv()
+
+        drain = asyncio.ensure_future(bulk(data)) if data is not None else None
+        try:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(frames(), SETUP_DEADLINE)
+        finally:
+            if drain is not None:
+                drain.cancel()
 
 
 class SessionPool:

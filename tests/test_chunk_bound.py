@@ -55,6 +55,7 @@ async def test_leader_refuses_the_chunk_after_the_last(pair: DriverPair, tmp_pat
         set_chunks(tmp_path / db, sid, MAX_STREAM_CHUNKS - 1)
     answer = await pair.leader.ask(ask(sid))  # the last chunk a stream may answer
     assert not answer.yes and not answer.closed
+    await pair.helper.settled()  # the helper records the result it was sent one way
     for core in (pair.leader.core, pair.helper.core):
         assert core.store.stream(sid).chunks == MAX_STREAM_CHUNKS
     with pytest.raises(ResourceExhausted, match="2\\^40 chunks"):

@@ -72,6 +72,7 @@ async def test_close_reconciles_and_chunks_answer(pair: DriverPair) -> None:
     ans = await pair.leader.ask(Ask(sid, q, (N // 2 * unit, N // 2 * unit)))
     assert ans.yes and ans.index == 1 and ans.closed and ans.peer_bytes > 0
     # Both servers recorded the YES; the stream answers no more.
+    await pair.helper.settled()  # the helper records the result it was sent one way
     for core in (pair.leader.core, pair.helper.core):
         s = core.store.stream(sid)
         assert s.closed and s.queries == 2

@@ -105,6 +105,7 @@ async def test_joint_stream_answers_svt(pair: ReferencePair, kind: StreamKind) -
     tau = (N // 2) * UNIT
     no = await pair.leader.ask(Ask(sid, Queries((0, 1, 3)), (tau,) * 3))
     assert not no.yes and not no.closed
+    await pair.helper.settled()  # the helper records the result it was sent one way
     stored = [core.store.stream(sid).gamma for core in (pair.leader.core, pair.helper.core)]
     yes = await pair.leader.ask(Ask(sid, Queries((0, 1, 2, 3)), (tau,) * 4))
     assert yes.index == 2 and yes.closed

@@ -101,6 +101,7 @@ async def test_the_argmax_of_separated_counts_is_found(pair: DriverPair) -> None
     every = Queries(tuple(range(D)))
     ans = await pair.leader.noisy_max(NoisyMax(sid, every))
     assert ans.index == 23 and ans.closed and ans.peer_bytes > 0
+    await pair.helper.settled()  # the helper records the result it was sent one way
     for core in (pair.leader.core, pair.helper.core):
         s = core.store.stream(sid)
         assert s.closed and s.queries == D and s.chunks == 1
@@ -156,10 +157,10 @@ async def test_wrong_kinds_are_refused(pair: DriverPair) -> None:
         await pair.leader.noisy_max(NoisyMax(ctt_id, Queries((0, 1))))
     # The helper checks the header's kind against its own copy of the stream.
     with pytest.raises(InvalidArgument, match="does not match"):
-        pair.helper._accept(StreamChunk(ChunkKind.NMAX, lap, 1, Queries((0,))))
+        await pair.helper._accept(StreamChunk(ChunkKind.NMAX, lap, 1, Queries((0,))))
     nmax = await open_nmax(pair)
     with pytest.raises(InvalidArgument, match="does not match"):
-        pair.helper._accept(StreamChunk(ChunkKind.ASK, nmax, 1, Queries((0,))))
+        await pair.helper._accept(StreamChunk(ChunkKind.ASK, nmax, 1, Queries((0,))))
     # A report-noisy-max is pure ε-DP: a δ is refused before any charge.
     before = spent(pair)
     with pytest.raises(InvalidArgument, match="pure"):

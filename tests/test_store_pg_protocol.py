@@ -56,6 +56,7 @@ async def test_a_task_end_to_end_on_postgres(pg_url: tuple[str, str]) -> None:
         q = Queries((1, 0))
         ans = await pair.leader.ask(Ask(sid, q, (N // 2 * unit, N // 2 * unit)))
         assert ans.yes and ans.index == 1 and ans.closed
+        await pair.helper.settled()  # the helper records the result it was sent one way
         for core in (pair.leader.core, pair.helper.core):
             s = core.store.stream(sid)
             assert s.closed and s.queries == 2
