@@ -521,3 +521,38 @@ async def test_two_sessions_with_one_id_never_share_a_connection(certs: Path) ->
         peer.close()
     finally:
         await lst.close()
+
+
+async def test_a_refused_chunk_on_the_data_channel_reports_the_refusal(tmp_path: Path) -> None:
+    """The leader's OT message of a large chunk goes out on the data connection
+    behind the header, before the helper's verdict: a refused chunk must still
+    come back as the helper's refusal (the helper drops what the leader sends
+    until the leader ends the session), soon, and the next chunk runs on a
+    fresh session."""
+    from svtagg.analyst.remote_oracle import RemoteOracle
+    from svtagg.dp.errors import Refusal
+
+    dep = Deployment(write_deployment(tmp_path / "certs"), tmp_path)
+    await dep.start(helper_data_port=0)
+    try:
+        await _task(dep, "t")
+        assert dep.helper is not None
+        # The analyst's calls block: they run in a thread, the servers in this loop.
+        oracle = await asyncio.to_thread(RemoteOracle.from_certs, dep.leader_addr, "t", dep.certs)
+        try:
+            far = [(Query(j % oracle.d), 10 * oracle.n) for j in range(5000)]
+            s = await asyncio.to_thread(oracle.open_stream, 1)
+            assert await asyncio.to_thread(s.ask, far) is None
+            dep.helper.core.fail_stream(s.stream_id)  # the helper's copy only
+            t = time.monotonic()
+            # An OT message of ≈ 30 MB: more than the sockets buffer, so the leader's
+            # send completes only because the helper drains it.
+            with pytest.raises(Refusal, match="helper: .*failed"):
+                await asyncio.to_thread(s.ask, far * 10)
+            assert time.monotonic() - t < 20  # not the chunk deadline
+            fresh = await asyncio.to_thread(oracle.open_stream, 1)
+            assert await asyncio.to_thread(fresh.ask, far) is None
+        finally:
+            oracle.close()
+    finally:
+        await dep.stop()
