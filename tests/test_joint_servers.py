@@ -21,7 +21,7 @@ import pytest
 
 from svtagg.dp.errors import InvalidArgument
 from svtagg.dp.joint import pmf, sampler_constants, shift_ratio
-from svtagg.dp.jointsvt import _within, joint_stream_noise
+from svtagg.dp.jointsvt import JOINT_DELTA_CAP, _within, joint_stream_noise
 from svtagg.dp.kinds import StreamKind, noise_model
 from svtagg.dp.noise import RandomSource
 from svtagg.dp.task import TaskSpec, parse_task_params
@@ -274,3 +274,26 @@ def test_create_task_noise_joint_through_the_servers(tmp_path: Path) -> None:
                 assert (ledger.exact["epsilon_spent"], ledger.exact["delta_spent"]) == (4, charge)
             with pytest.raises(Refusal, match="lap24 and lap3 streams only"):
                 oracle.open_stream("1", StreamKind.EXP3)
+        # `svtagg analyst run` on the joint task: the run's plan holds a δ
+        # allowance, the streams charge their sampler δ within it and the rest
+        # comes back; noisy-max (independent noise only) is refused, nothing spent.
+        r = run_cli("analyst", "run", *common, "--algorithm", "scan", "--epsilon", "2",
+                    "--kind", "lap24", "--seed", "1")  # fmt: skip
+        assert r.returncode == 0, r.stderr
+        out = json.loads(r.stdout)
+        assert out["selected"] == 1
+        spent = Fraction(out["exact"]["delta_spent"])  # this run's: its streams' exact δ
+        assert 0 < spent <= out["streams"] * JOINT_DELTA_CAP
+        assert Fraction(out["exact"]["task_delta_spent"]) == charge + spent
+        for bad, why in (
+            (["--algorithm", "noisy-max"], "independent noise only"),
+            (["--algorithm", "scan", "--kind", "exp3"], "cannot take this task's joint noise"),
+        ):
+            r = run_cli("analyst", "run", *common, *bad, "--epsilon", "1")
+            assert r.returncode != 0 and why in r.stderr, r.stderr
+        r = run_cli("analyst", "describe", *common, "--json")
+        budget = json.loads(r.stdout)["budget"]["exact"]
+        assert (Fraction(budget["epsilon_spent"]), Fraction(budget["delta_spent"])) == (
+            6,
+            charge + spent,
+        )
