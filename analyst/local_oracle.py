@@ -195,7 +195,11 @@ class LocalOracle:
             joint = joint_stream_noise(check_joint_kind(req.kind), req.epsilon, self.frac_bits)
             req = StreamRequest(req.kind, req.epsilon, req.delta, joint.delta_charge)
         self._charge(req, plan)
-        mech = self._make_mechanism(req.kind, req.epsilon, joint)
+        mech = (  # subclasses (the audit's broken controls) override the two-argument form
+            self._make_mechanism(req.kind, req.epsilon)
+            if joint is None
+            else self._make_mechanism(req.kind, req.epsilon, joint)
+        )
         return LocalStream(self, req.kind, req.epsilon, req.delta, mech)
 
     def _check_floor(self, epsilon: Fraction) -> None:

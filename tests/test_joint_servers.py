@@ -191,6 +191,35 @@ async def test_the_noise_follows_the_exact_law(pair: ReferencePair) -> None:
     assert _chi_square_pvalue(np.asarray(twice), law) < 1e-6
 
 
+async def test_first_yes_answers_follow_the_exact_joint_law(tmp_path: Path) -> None:
+    """400 fresh lap24 streams on one chunk (coordinates 0, 1, 2 at thresholds 8,
+    8 and N + 6 score units, ε = 1): the analyst's first-YES answers fit the exact
+    law of ONE joint draw per term (`audit.joint_first_yes_pmf`, the sampler's
+    exact pmf), and the same G-test rejects the law of two servers' independent
+    draws at the central scale — so the answers come from the joint noise."""
+    from dataclasses import replace
+
+    from svtagg.analyst.audit import first_yes_pmf, fit_test, joint_first_yes_pmf
+
+    streams, eps = 400, Fraction(1)
+    taus = (8 * UNIT, 8 * UNIT, (N + 6) * UNIT)
+    async with reference_pair(tmp_path, frac_bits=F) as p:
+        await p.leader.create_task(replace(spec("a"), epsilon_total=str(streams)))
+        p.upload("a", np.tile([0.0, 0.0, 1.0, 0.0], (N, 1)))
+        await p.leader.close_collection("a")
+        outputs = []
+        for _ in range(streams):
+            sid = (await p.leader.open_stream(OpenStream("a", StreamKind.LAP24, "1"))).stream_id
+            answer = await p.leader.ask(Ask(sid, Queries((0, 1, 2)), taus))
+            outputs.append(answer.index if answer.yes else None)
+    scores = (0, 0, N * UNIT)
+    rng = np.random.default_rng(11)
+    joint = joint_first_yes_pmf(scores, taus, StreamKind.LAP24, eps, F)
+    assert fit_test("joint", outputs, joint, rng).p_value > 1e-3
+    independent = first_yes_pmf(scores, taus, StreamKind.LAP24, eps, F, parties=2)
+    assert fit_test("two draws", outputs, independent, rng).p_value < 1e-3
+
+
 async def _predicted_by_leader(
     pair: ReferencePair, monkeypatch: pytest.MonkeyPatch, helper_bits: str
 ) -> float:
