@@ -31,7 +31,6 @@ from svtagg.dp.jointsvt import joint_stream_noise
 from svtagg.dp.kinds import Family, StreamKind, check_epsilon, noise_model
 from svtagg.mpc.ring import DEFAULT_FRAC_BITS, sensitivity
 
-
 #: a ↦ log P(|X| > a) (or log P(X > a)), evaluated on an int64 array of a ≥ 0.
 LogTail = Callable[[npt.NDArray[np.int64]], npt.NDArray[np.float64]]
 
