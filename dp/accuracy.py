@@ -22,6 +22,7 @@ import math
 from collections.abc import Callable
 from fractions import Fraction
 from functools import lru_cache
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -32,7 +33,7 @@ from svtagg.dp.kinds import Family, StreamKind, check_epsilon, noise_model
 from svtagg.mpc.ring import DEFAULT_FRAC_BITS, sensitivity
 
 #: a ↦ log P(|X| > a) (or log P(X > a)), evaluated on an int64 array of a ≥ 0.
-LogTail = Callable[[npt.NDArray[np.int64]], npt.NDArray[np.float64]]
+LogTail = Callable[[npt.NDArray[np.int64]], npt.NDArray[Any]]
 
 
 def _log_tail(family: Family, scale: float, parties: int) -> LogTail:
