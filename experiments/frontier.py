@@ -370,7 +370,7 @@ def plot_frontier(out: Path, result: dict[str, Any]) -> Path:
         ((0, -20), "center"),
         ((10, 9), "left"),
         ((12, 8), "left"),
-        ((10, -16), "left"),
+        ((-10, -16), "right"),
     ]
     short = {id(nm): "noisy-max", id(jt): "default, joint noise"}
     for r, (xy, ha) in zip([*scans, nm, jt], offsets, strict=True):
