@@ -18,6 +18,7 @@ from svtagg.analyst.local_oracle import LocalOracle
 from svtagg.analyst.selection import (
     ScanOptions,
     geometric_binary_search,
+    noisy_max_selection,
     practical_selection,
     scan_selection,
 )
@@ -27,6 +28,7 @@ from svtagg.experiments.common import (
     error_row,
     fmt,
     fmt_eq,
+    fmt_eq_range,
     local_oracle,
     oracle_seed,
     pyplot,
@@ -76,7 +78,9 @@ class WordsConfig:
         default_factory=lambda: [(100_000, 1.0), (1_000_000, 0.25)]
     )
     window: tuple[int, int] = (101, 1100)
-    parties: tuple[int, ...] = (1, 2)
+    #: Noise models: 1 (one party), 2 (two servers, independent), "joint" (a
+    #: joint-noise task: one draw of the garbled sampler per term).
+    parties: tuple[int | str, ...] = (1, 2)
 
 
 #: The two ends of the scan selection's localisation shares (docs/algorithms.md §6).
@@ -106,7 +110,15 @@ WORD_METHODS: list[tuple[str, str, Callable[[LocalOracle, float], Any]]] = [
         lambda o, e: practical_selection(o, e, 0.1),
     ),
     ("alg8", "Alg 8 (GeometricBinarySearch)", lambda o, e: geometric_binary_search(o, e, 0.1)),
+    (
+        "noisy_max",
+        "report-noisy-max (one tournament; independent noise only)",
+        lambda o, e: noisy_max_selection(o, e, 0.1),
+    ),
 ]
+#: Methods a joint-noise task does not offer (report-noisy-max takes each
+#: server's own noise): the words experiment skips them for parties "joint".
+INDEPENDENT_ONLY = frozenset({"noisy_max"})
 
 
 def words(
@@ -126,19 +138,27 @@ def words(
     for i, (n, eps) in enumerate(cfg.settings):
         datasets = [word_scores(n, freqs, seeded_rng(seed, 8, i, r)) for r in range(reps)]
         em_mean = float(np.mean([em_expected_error(sc, eps) for sc in datasets]))
-        errs: dict[tuple[str, int], list[float]] = {}
-        sent: dict[tuple[str, int], list[float]] = {}
+        errs: dict[tuple[str, int | str], list[float]] = {}
+        sent: dict[tuple[str, int | str], list[float]] = {}
         for r, scores in enumerate(datasets):
             best = float(scores.max())
             k = 0
             for p in cfg.parties:
                 for key, _, fn in WORD_METHODS:
                     k += 1
-                    res = fn(
-                        local_oracle(scores, n, oracle_seed(seeded_rng(seed, 8, i, r, k)), p), eps
+                    if p == "joint" and key in INDEPENDENT_ONLY:
+                        continue
+                    seed_k = oracle_seed(seeded_rng(seed, 8, i, r, k))
+                    oracle = (
+                        local_oracle(scores, n, seed_k, 2, "joint")
+                        if p == "joint"
+                        else local_oracle(scores, n, seed_k, int(p))
                     )
+                    res = fn(oracle, eps)
                     errs.setdefault((key, p), []).append(best - float(scores[res.index]))
-                    sent.setdefault((key, p), []).append(res.spend.queries_sent / len(scores))
+                    spend = getattr(res, "spend", None)  # noisy-max: one tournament lane each
+                    per = spend.queries_sent / len(scores) if spend is not None else 1.0
+                    sent.setdefault((key, p), []).append(per)
             bar.tick(f"n={n} ε={eps}")
         head = {"n": n, "epsilon": eps}
         em_errs = [
@@ -153,6 +173,8 @@ def words(
         rows.append({**error_row(head, sh_errs, em_mean, datasets, eps), "method": "shuffle"})
         for p in cfg.parties:
             for key, _, _ in WORD_METHODS:
+                if (key, p) not in errs:
+                    continue
                 row = error_row(head, errs[(key, p)], em_mean, datasets, eps)
                 row.update(method=key, parties=p, sent_per_candidate=summarize(sent[(key, p)]))
                 rows.append(row)
@@ -183,7 +205,7 @@ def words(
 def words_table(result: dict[str, Any]) -> str:
     lines = [
         f"{'n':>8} {'ε':>5} {'method':<58} {'parties':>7} {'mean':>7} {'median':>6} "
-        f"{'/EM':>6} {'ε-equiv':>7} {'cmp/cand':>8}"
+        f"{'/EM':>6} {'ε-equiv (90%)':>16} {'cmp/cand':>8}"
     ]
     for r in result["rows"]:
         label = result["methods"][r["method"]]
@@ -191,7 +213,7 @@ def words_table(result: dict[str, Any]) -> str:
         lines.append(
             f"{r['n']:>8} {r['epsilon']:>5} {label:<58} {r.get('parties', '—')!s:>7} "
             f"{r['mean']:>7.2f} {r['median']:>6.1f} {fmt(r['mean_ratio_to_em']):>6} "
-            f"{fmt_eq(r):>7} {fmt(sent):>8}"
+            f"{fmt_eq_range(r):>16} {fmt(sent):>8}"
         )
     return "\n".join(lines)
 
@@ -205,6 +227,7 @@ PLOT_NAMES = {
     "scan_accurate": "scan, accurate end",
     "practical": "practical",
     "alg8": "Alg 8",
+    "noisy_max": "report-noisy-max",
 }
 
 
@@ -212,7 +235,10 @@ def plot_label(row: dict[str, Any]) -> str:
     """A row's name on the words figure: the method's short name and its noise."""
     name = PLOT_NAMES.get(row["method"], row["method"])
     parties = row.get("parties")
-    return name if parties is None else f"{name} · {'1 party' if parties == 1 else '2 servers'}"
+    if parties is None:
+        return name
+    noise = {1: "1 party", 2: "2 servers", "joint": "joint noise"}.get(parties, str(parties))
+    return f"{name} · {noise}"
 
 
 def _plot_words(out: Path, result: dict[str, Any]) -> Path:
