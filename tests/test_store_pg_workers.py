@@ -289,7 +289,8 @@ def test_worker_killed_mid_chunk_fails_the_stream_closed(
 ) -> None:
     """SIGKILL of the leader worker or of the helper worker it pairs with, at
     each chunk crash point: an error (never the bit), the stream failed on both
-    servers, the charge kept on both ledgers, and the next stream answers."""
+    servers, the charge kept on both ledgers, and the next stream answers (an
+    answer only when the leader recorded it first: `answered_first`)."""
     pd = WorkerDeployment(tmp_path, *pg_url).start()
     try:
         closed_task(pd, "s")
