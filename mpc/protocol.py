@@ -339,7 +339,8 @@ class _Party:
 
     async def first_yes(self, z: npt.ArrayLike, width: int = RING_BITS) -> int | None:
         """First j with signed(z_L[j] + z_H[j]) ≥ 0, or None, on both sides.
-        Call with this party's share: z_L on the garbler, z_H on the evaluator.
+        Call with this party's share (which party holds which share does not
+        matter: the circuit adds them).
         `width` w < 64 compares only the low w bits: both parties must pass the
         same w, and it is correct when every |z_L + z_H| < 2^(w−1)."""
         return await self._chunk_flow(first_yes_spec(width), z)
