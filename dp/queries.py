@@ -183,7 +183,9 @@ def ask_progress(first_yes: int | None, k: int) -> Progress:
     return Progress(k, False) if first_yes is None else Progress(first_yes + 1, True)
 
 
-def noisy_max_progress(index: int, k: int) -> Progress:
-    """A report-noisy-max chunk of k candidates: all k answered by the one
-    index, which closes the stream (one selection per stream and charge)."""
-    return Progress(k, True)
+def noisy_max_progress(index: int | None, k: int) -> Progress:
+    """A report-noisy-max chunk of k candidates: all k answered; the one index,
+    which only the stream's last chunk reveals, closes the stream (one
+    selection per stream and charge).  A chunk with more to follow (None)
+    leaves it open."""
+    return Progress(k, index is not None)
