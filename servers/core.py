@@ -34,11 +34,15 @@ from svtagg.dp.kinds import (
 )
 from svtagg.dp.noise import RandomSource, draw_query_noise, draw_threshold_noise
 from svtagg.dp.plans import PlanBook, parse_groups
-from svtagg.dp.queries import check_chunk_size, check_ctt_width, check_stream_chunks
+from svtagg.dp.queries import (
+    MAX_TOURNAMENT,
+    check_chunk_size,
+    check_ctt_width,
+    check_stream_chunks,
+)
 from svtagg.dp.task import TaskParams
 from svtagg.mpc.ring import RING_BITS, U64, sensitivity, wrap_bound
 from svtagg.mpc.sharing import expand_seed
-from svtagg.mpc.tournament import CARRY_INDEX_BITS
 from svtagg.proto.vocab import (
     MAX_BATCH_REPORTS,
     MAX_BATCH_VALUES,
@@ -554,12 +558,12 @@ class ServerCore:
 
     @staticmethod
     def check_tournament(stream: StreamState, chunk: Chunk) -> None:
-        """A stream's candidates, over all its report-noisy-max chunks, number
-        fewer than 2^32 (the carried and revealed index's width); refused before
-        the chunk is marked."""
-        if stream.queries + len(chunk) >= 1 << CARRY_INDEX_BITS:
+        """A stream's candidates, over all its report-noisy-max chunks, number at
+        most MAX_TOURNAMENT (< 2^32, the carried and revealed index's width);
+        refused before the chunk is marked."""
+        if stream.queries + len(chunk) > MAX_TOURNAMENT:
             raise InvalidArgument(
-                f"a report-noisy-max stream holds fewer than 2^{CARRY_INDEX_BITS} candidates"
+                f"a report-noisy-max stream holds at most {MAX_TOURNAMENT:,} candidates"
             )
 
     async def noisy_max(
