@@ -254,8 +254,8 @@ def test_the_baseline_on_the_local_oracle() -> None:
     tournament holds are refused before anything is charged."""
     from svtagg.analyst.oracle import planned
     from svtagg.analyst.selection import noisy_max_selection
-    from svtagg.dp.accuracy import alpha
     from svtagg.analyst.selection.noisy_max import check_candidates
+    from svtagg.dp.accuracy import alpha
     from svtagg.dp.queries import MAX_CHUNK, MAX_TOURNAMENT
 
     sums = np.arange(50, dtype=np.int64) * (1 << F)

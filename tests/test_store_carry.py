@@ -18,7 +18,7 @@ from svtagg.servers.store import FAILED, Store
 from svtagg.servers.store_sqlite import SqliteStore
 
 
-def nmax_stream(store: Store, sid: str = "s") -> None:
+def nmax_stream(store: Store, sid: str = "s") -> None:  # noqa: F811
     store.create_task(params())
     store.close_collection("t")
     store.mark_agreed("t", None)
@@ -73,12 +73,12 @@ def test_sqlite_schema_v6_streams_gain_the_carry(tmp_path: Path) -> None:
     raw.execute("PRAGMA user_version = 6")
     raw.commit()
     raw.close()
-    store = SqliteStore(path)
+    opened = SqliteStore(path)
     try:
-        assert store._db.execute("PRAGMA user_version").fetchone()[0] == 7
-        names = {r[1] for r in store._db.execute("PRAGMA table_info(streams)")}
+        assert opened._db.execute("PRAGMA user_version").fetchone()[0] == 7
+        names = {r[1] for r in opened._db.execute("PRAGMA table_info(streams)")}
         assert {"carry", "carry_chunk"} <= names
-        nmax_stream(store)
-        assert store.noisy_max_carry("s") is None
+        nmax_stream(opened)
+        assert opened.noisy_max_carry("s") is None
     finally:
-        store.close()
+        opened.close()
