@@ -224,7 +224,7 @@ def noisy_max_chunk_spec(
     index over the stream, on both sides; any other's is the evaluator's masked
     carry, which it keeps (the garbler is sent nothing and keeps `out_mask`).
     Table blocks: ≤ 6w − 1 per candidate; the carry lanes' 6w + 2 each cover
-    the match against the carry (≤ 4w + 148), the slack the offset's adder (62)."""
+    the match against the carry (≤ 4w + 170), the slack the offset's adder (62)."""
     w, first = check_width(width), carry_lanes(width) if where.carry_in else 0
 
     def circuit(be: Backend, a_bits: Bits | None, b: WireSource, n: int) -> tuple[Wires, ...]:
