@@ -453,3 +453,16 @@ def test_engines_garble_the_same_bytes(k: int, w: int, final: bool) -> None:
         assert argmax_index(bits) == want[1]
     else:
         assert carry_value_index(carry_words(bits[0] ^ mask, w), w) == want
+
+
+@pytest.mark.heavy
+async def test_protocol_beyond_one_chunk(mpc_engine: str) -> None:
+    """2.5·10^5 candidates, more than a chunk holds, in three chunks of at most
+    10^5 (each 25 lane batches), tied maxima in the first and the last chunk:
+    the first wins."""
+    rng = np.random.default_rng(18)
+    z = rng.integers(-(1 << 30), 1 << 30, 250_000)
+    z[[99_999, 150_000, 249_999]] = 1 << 31
+    g, e = await connected_pair()
+    got = await run_stream(g, e, z, [100_000, 100_000, 50_000], 40, rng)
+    assert got == [99_999] * 2
