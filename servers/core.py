@@ -34,7 +34,12 @@ from svtagg.dp.kinds import (
 )
 from svtagg.dp.noise import RandomSource, draw_query_noise, draw_threshold_noise
 from svtagg.dp.plans import PlanBook, parse_groups
-from svtagg.dp.queries import check_chunk_size, check_ctt_width, check_stream_chunks
+from svtagg.dp.queries import (
+    MAX_TOURNAMENT,
+    check_chunk_size,
+    check_ctt_width,
+    check_stream_chunks,
+)
 from svtagg.dp.task import TaskParams
 from svtagg.mpc.ring import RING_BITS, U64, sensitivity, wrap_bound
 from svtagg.mpc.sharing import expand_seed
@@ -67,7 +72,13 @@ class ComparisonParty(Protocol):
         self, z_high: U64, z_low: U64, width: int = 64
     ) -> list[int]: ...
 
-    async def noisy_max(self, z: U64, width: int = 64) -> int | None: ...
+    async def noisy_max(
+        self, z: U64, width: int = 64, carry: U64 | None = None, offset: int = 0
+    ) -> int | None: ...
+
+    async def noisy_max_carry(
+        self, z: U64, carry: U64 | None, offset: int, width: int = 64
+    ) -> U64: ...
 
     async def clamp_reshare(self, share: U64, bound: int) -> U64: ...
 
@@ -98,6 +109,8 @@ class Chunk:
 
     index: npt.NDArray[np.int64]
     complement: npt.NDArray[np.bool_]
+    #: A report-noisy-max chunk with more of its stream's tournament to follow.
+    more: bool = False
 
     def __len__(self) -> int:
         return int(self.index.size)
@@ -547,6 +560,48 @@ class ServerCore:
         plus its own one-sided noise (no threshold, no γ)."""
         return self._scores(task, chunk) + self._noise(stream, task, len(chunk))
 
+    @staticmethod
+    def check_tournament(stream: StreamState, chunk: Chunk) -> None:
+        """A stream's candidates, over all its report-noisy-max chunks, number at
+        most MAX_TOURNAMENT (< 2^32, the carried and revealed index's width);
+        refused before the chunk is marked."""
+        if stream.queries + len(chunk) > MAX_TOURNAMENT:
+            raise InvalidArgument(
+                f"a report-noisy-max stream holds at most {MAX_TOURNAMENT:,} candidates"
+            )
+
+    async def noisy_max(
+        self, party: ComparisonParty, stream: StreamState, task: TaskState, chunk: Chunk, width: int
+    ) -> int | None:
+        """One chunk of the stream's tournament (docs/mpc.md, "Chunked
+        tournaments"): its candidates are numbered from the stream's answered
+        queries; from the second chunk on, this server's share of the winner so
+        far comes in, stored by the chunk before.  A chunk with `more` to follow
+        stores this server's share of the new winner durably and reveals
+        nothing (None); the last returns the index over the stream."""
+        z = self.noisy_max_inputs(stream, task, chunk)
+        carry = self._carried(stream)
+        if chunk.more:
+            share = await party.noisy_max_carry(z, carry, stream.queries, width)
+            self.store.set_noisy_max_carry(stream.stream_id, share.astype("<u8").tobytes())
+            return None
+        j = await party.noisy_max(z, width, carry, stream.queries)
+        if j is None:  # k ≥ 1 candidates always have a maximum
+            raise FailedPrecondition("the tournament returned no candidate")
+        return j
+
+    def _carried(self, stream: StreamState) -> U64 | None:
+        """This server's share of the winner the stream's last chunk carried
+        (None before the first chunk); refused unless that chunk stored it."""
+        if stream.chunks == 0:
+            return None
+        stored = self.store.noisy_max_carry(stream.stream_id)
+        if stored is None or stored[0] != stream.chunks:
+            raise FailedPrecondition(
+                f"stream {stream.stream_id!r}: no carried winner of chunk {stream.chunks}"
+            )
+        return np.frombuffer(stored[1], dtype="<u8").astype(np.uint64)
+
     def compare_inputs(
         self,
         stream: StreamState,
@@ -596,9 +651,7 @@ class ServerCore:
         result: Any
         if kind == ChunkKind.NMAX:
             assert thresholds is None
-            result = await party.noisy_max(self.noisy_max_inputs(stream, task, chunk), width)
-            if result is None:  # k ≥ 1 candidates always have a maximum
-                raise FailedPrecondition("the tournament returned no candidate")
+            result = await self.noisy_max(party, stream, task, chunk, width)
         elif kind == ChunkKind.COMPARE:
             assert thresholds is None or isinstance(thresholds, tuple)
             z_high, z_low = self.compare_inputs(stream, task, chunk, thresholds)

@@ -274,7 +274,9 @@ class HelperDriver:
         stream, task = self.core.stream_and_task(h.stream_id)
         if h.kind != ChunkKind.of_stream(stream.kind):
             raise InvalidArgument("chunk mode does not match the stream kind")
-        chunk = parse_chunk(task, h.queries.index, h.queries.complement)
+        chunk = replace(parse_chunk(task, h.queries.index, h.queries.complement), more=h.more)
+        if h.kind == ChunkKind.NMAX:
+            self.core.check_tournament(stream, chunk)
         self.core.begin_chunk(h.stream_id, h.chunk_no)
         return stream, task, chunk
 

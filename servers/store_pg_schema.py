@@ -231,5 +231,12 @@ _V8: tuple[str, ...] = (
     " CHECK (noise IN ('independent', 'joint'))",
 )
 
+#: Version 9: a chunked report-noisy-max's carried winner (this server's
+#: share) and the chunk that stored it.
+_V9: tuple[str, ...] = (
+    "ALTER TABLE streams ADD COLUMN carry_chunk BIGINT",
+    "ALTER TABLE streams ADD COLUMN carry BYTEA",
+)
+
 #: `MIGRATIONS[v]` brings a store at version v to v + 1.
-MIGRATIONS: tuple[tuple[str, ...], ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8)
+MIGRATIONS: tuple[tuple[str, ...], ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9)

@@ -120,7 +120,7 @@ class SqliteStore:
     one event loop; one process per store file."""
 
     #: Schema version this code writes (SQLite's user_version).
-    SCHEMA_VERSION = 6
+    SCHEMA_VERSION = 7
 
     def __init__(self, path: str | Path) -> None:
         self.path = str(path)
@@ -200,6 +200,14 @@ class SqliteStore:
                     "ALTER TABLE tasks ADD COLUMN noise TEXT NOT NULL DEFAULT 'independent'"
                 )
             self._db.execute("PRAGMA user_version = 6")
+            version = 6
+        if version < 7:
+            # v7: a chunked report-noisy-max's carried winner (this server's share).
+            cols = {r[1] for r in self._db.execute("PRAGMA table_info(streams)")}
+            for col, kind in (("carry_chunk", "INTEGER"), ("carry", "BLOB")):
+                if col not in cols:
+                    self._db.execute(f"ALTER TABLE streams ADD COLUMN {col} {kind}")
+            self._db.execute("PRAGMA user_version = 7")
 
     def _recover(self) -> int:
         """Fail closed every stream that was opening or mid-chunk at the last stop,
@@ -532,6 +540,23 @@ class SqliteStore:
             )
             if cur.rowcount != 1:
                 raise FailedPrecondition(f"stream {stream_id!r} is not in its first chunk")
+
+    def set_noisy_max_carry(self, stream_id: str, carry: bytes) -> None:
+        with self._tx():
+            cur = self._db.execute(
+                "UPDATE streams SET carry=?, carry_chunk=chunks WHERE stream_id=? AND state=?",
+                (carry, stream_id, IN_CHUNK),
+            )
+            if cur.rowcount != 1:
+                raise FailedPrecondition(f"stream {stream_id!r} is not in a chunk")
+
+    def noisy_max_carry(self, stream_id: str) -> tuple[int, bytes] | None:
+        row = self._db.execute(
+            "SELECT carry_chunk, carry FROM streams WHERE stream_id=?", (stream_id,)
+        ).fetchone()
+        if row is None:
+            raise NotFound(f"unknown stream {stream_id!r}")
+        return None if row[1] is None else (int(row[0]), bytes(row[1]))
 
     def confirm_stream(self, stream_id: str) -> None:
         """Not fsynced (synchronous=NORMAL)."""
