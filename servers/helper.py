@@ -188,19 +188,26 @@ class HelperDriver:
             header = await session.next_header(self.stopping)
             if header is None:
                 return
-            try:
-                if isinstance(header, RobustChunk):
-                    checked = self._check_robust(header)
-                else:
-                    checked = await self._accept(header)
-            except Exception as exc:  # noqa: BLE001 - the refusal goes back to the leader
-                await session.refuse(exc)
-                await session.discard(data)
-                return
             if isinstance(header, RobustChunk):
-                await self._robust(session, party, header, checked)
+                try:
+                    robust = self._check_robust(header)
+                except Exception as exc:  # noqa: BLE001 - the refusal goes back to the leader
+                    await self._refuse(session, data, exc)
+                    return
+                await self._robust(session, party, header, robust)
             else:
-                await self._stream_chunk(session, party, header, checked)
+                try:
+                    accepted = await self._accept(header)
+                except Exception as exc:  # noqa: BLE001 - the refusal goes back to the leader
+                    await self._refuse(session, data, exc)
+                    return
+                await self._stream_chunk(session, party, header, accepted)
+
+    @staticmethod
+    async def _refuse(session: HelperSession, data: DataChannel | None, exc: Exception) -> None:
+        """Refuse the chunk, then drop the session (`HelperSession.discard`)."""
+        await session.refuse(exc)
+        await session.discard(data)
 
     async def _stream_chunk(
         self,
