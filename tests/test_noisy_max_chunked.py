@@ -65,12 +65,14 @@ async def test_a_stream_in_chunks_finds_the_argmax(pair: DriverPair, best: int, 
     """The best coordinate in the first, a middle or the last chunk (and
     chunks of one candidate): found, ε charged once, the stream open until
     the last chunk and closed by it; each server holds its own share of the
-    last carried winner, and the two differ (the helper's is masked)."""
+    last carried winner, and the two differ (the evaluator's, the leader's, is
+    masked)."""
     await closed_task(pair, best=best)
     sid = await open_nmax(pair, eps="1")
     assert spent(pair) == (1, 1)
     assert await run_in_chunks(pair, sid, list(range(D)), size) == best
     chunks = -(-D // size)
+    await pair.helper.settled()  # the helper records the result it was sent one way
     for core in (pair.leader.core, pair.helper.core):
         s = core.store.stream(sid)
         assert s.closed and s.queries == D and s.chunks == chunks
