@@ -45,9 +45,17 @@ from svtagg.proto.vocab import (
     SEED_BYTES,
     Role,
 )
-from svtagg.servers.exchange import ChunkKind, PlanInfo, PlanRequest, PrepareStream, Progress
+from svtagg.servers.exchange import (
+    ChunkKind,
+    NoiseBatch,
+    PlanInfo,
+    PlanRequest,
+    PoolDraw,
+    PrepareStream,
+    Progress,
+)
 from svtagg.servers.faults import crash_point
-from svtagg.servers.joint import JointDraw, joint_shares, shapes, stream_noise
+from svtagg.servers.joint import JointDraw, Pooled, joint_shares, shapes, stream_noise
 from svtagg.servers.proofs import check_validity, helper_undo_sum
 from svtagg.servers.store import FAILED, Store, StreamState, TaskState
 from svtagg.vdaf.prio3 import VERIFY_KEY_SIZE
@@ -336,8 +344,13 @@ class ServerCore:
 
     def fail_stream(self, stream_id: str) -> None:
         """Fail the stream closed (idempotent): it never answers again, and its
-        charge stays spent."""
+        charge stays spent (and its pooled joint noise is discarded)."""
         self.store.fail_stream(stream_id)
+        self._discard_pool(stream_id)
+
+    def _discard_pool(self, stream_id: str) -> None:
+        if self.store.joint_pool(stream_id).runs:
+            self.store.discard_joint_pool(stream_id)
 
     def begin_chunk(self, stream_id: str, chunk_no: int) -> None:
         """Mark chunk `chunk_no` in progress, durably, before its protocol runs."""
@@ -346,6 +359,8 @@ class ServerCore:
     def end_chunk(self, stream_id: str, progress: Progress) -> None:
         """Record what the chunk answered (and whether the stream closed)."""
         self.store.end_chunk(stream_id, progress.answered, progress.closes)
+        if progress.closes:
+            self._discard_pool(stream_id)
 
     def open_stream(self, request: PrepareStream, open_now: bool = True) -> StreamState:
         """Validate, charge the ledger durably, then draw this server's γ.  With
@@ -501,23 +516,109 @@ class ServerCore:
             stream.kind, stream.epsilon, task.params.frac_bits, k, self.rng
         ).astype(np.uint64)
 
-    async def _joint_noise(
-        self, party: ComparisonParty, stream: StreamState, task: TaskState, k: int
-    ) -> tuple[int, U64]:
-        """This server's shares of a joint-noise stream's γ (drawn and stored
-        durably in its first chunk) and of the chunk's k fresh ν."""
+    # ------------------------------------------------------------ joint noise pool
+    @staticmethod
+    def pools_noise(stream: StreamState, task: TaskState) -> bool:
+        """Whether the stream's chunks draw joint noise (and so may pool it)."""
+        return task.params.noise == JOINT and ChunkKind.of_stream(stream.kind) == ChunkKind.ASK
+
+    def pool_draw(self, stream: StreamState, task: TaskState, k: int) -> PoolDraw:
+        """(The leader) what the next chunk of k queries of `stream` takes from
+        its pool: the first held run's samples, up to k, and γ if it is pooled."""
+        if not self.pools_noise(stream, task):
+            return PoolDraw()
+        pool = self.store.joint_pool(stream.stream_id)
+        lo, held = pool.first_run()
+        return PoolDraw(lo, min(k, held), stream.chunks == 0 and pool.gamma_ready)
+
+    def take_pooled(self, stream: StreamState, task: TaskState, draw: PoolDraw) -> Pooled | None:
+        """Consume what the chunk just marked (`begin_chunk`) draws from its
+        stream's pool — both servers, before the comparison; the helper checks
+        the leader's `draw` against its own store (a sample below its `used`
+        counter is refused: no share is used twice).  A refusal fails the
+        stream here."""
+        if draw == PoolDraw():
+            return None
+        try:
+            if not self.pools_noise(stream, task):
+                raise InvalidArgument("pooled noise belongs to Ask chunks of joint-noise streams")
+            gamma = None
+            if draw.gamma:
+                if stream.chunks != 0:
+                    raise InvalidArgument("only a stream's first chunk takes γ from the pool")
+                if not self.store.joint_pool(stream.stream_id).gamma_ready:
+                    raise FailedPrecondition("this server holds no pooled γ for the stream")
+                gamma = self.store.stream(stream.stream_id).gamma
+                assert gamma is not None
+            nu = np.zeros(0, dtype=np.uint64)
+            if draw.count:
+                nu = self.store.take_joint_noise(stream.stream_id, draw.lo, draw.count)
+        except BaseException:
+            self.fail_stream(stream.stream_id)
+            raise
+        return Pooled(gamma, nu, draw.lo)
+
+    def reserve_noise_batch(
+        self, stream_id: str, count: int, gamma: bool, lo: int | None = None
+    ) -> tuple[NoiseBatch, StreamState, TaskState]:
+        """Check a batch for a joint-noise stream and reserve its sequence numbers
+        durably (the leader: its next ones; the helper: the leader's `lo`,
+        refused if any was reserved before)."""
+        stream, task = self.stream_and_task(stream_id)
+        if not self.pools_noise(stream, task):
+            raise InvalidArgument(f"stream {stream_id} draws no joint noise ahead of time")
+        stream_noise(stream.kind, stream.epsilon, task.params.frac_bits)
+        if gamma and stream.chunks:
+            raise FailedPrecondition("the stream's γ is drawn already")
+        first = self.store.reserve_joint_batch(stream_id, count, lo)
+        return NoiseBatch(stream_id, first, count, gamma), stream, task
+
+    async def noise_batch(
+        self, party: ComparisonParty, stream: StreamState, task: TaskState, batch: NoiseBatch
+    ) -> tuple[int | None, U64]:
+        """This server's shares of a batch: γ (if asked) and `count` ν, drawn by
+        the very sampler a chunk would run (so dp/jointsvt.py's accounting holds)."""
         gamma_shape, nu_shape = shapes(
             stream_noise(stream.kind, stream.epsilon, task.params.frac_bits)
         )
-        if stream.chunks == 0:
+        gamma = int((await joint_shares(party, 1, gamma_shape))[0]) if batch.gamma else None
+        return gamma, await joint_shares(party, batch.count, nu_shape)
+
+    def keep_noise_batch(self, batch: NoiseBatch, gamma: int | None, nu: U64) -> bool:
+        """Store a generated batch (durably); False: discarded (the stream answers
+        no more or has consumed past it)."""
+        return self.store.add_joint_batch(batch.stream_id, batch.lo, nu, gamma)
+
+    async def _joint_noise(
+        self,
+        party: ComparisonParty,
+        stream: StreamState,
+        task: TaskState,
+        k: int,
+        pooled: Pooled | None = None,
+    ) -> tuple[int, U64]:
+        """This server's shares of a joint-noise stream's γ (pooled, or drawn and
+        stored durably in its first chunk) and of the chunk's k ν: the pooled
+        ones first, the rest drawn now."""
+        gamma_shape, nu_shape = shapes(
+            stream_noise(stream.kind, stream.epsilon, task.params.frac_bits)
+        )
+        if pooled is not None and pooled.gamma is not None:
+            gamma = pooled.gamma
+        elif stream.chunks == 0:
             gamma = int((await joint_shares(party, 1, gamma_shape))[0])
             self.store.set_joint_threshold_noise(stream.stream_id, gamma)
         else:
             assert stream.gamma is not None
             gamma = stream.gamma
-        nu = await joint_shares(party, k, nu_shape)
+        m = 0 if pooled is None else len(pooled.nu)
+        nu = np.zeros(0, dtype=np.uint64) if pooled is None else pooled.nu
+        if m < k:
+            nu = np.concatenate([nu, await joint_shares(party, k - m, nu_shape)])
         if self.joint_noise_log is not None:
-            self.joint_noise_log.append(JointDraw(stream.stream_id, stream.chunks, gamma, nu))
+            lo, gamma_pooled = (0, False) if pooled is None else (pooled.lo, pooled.gamma is not None)
+            draw = JointDraw(stream.stream_id, stream.chunks, gamma, nu, lo, m, gamma_pooled)
+            self.joint_noise_log.append(draw)
         return gamma, nu
 
     def ask_inputs(
@@ -580,12 +681,14 @@ class ServerCore:
         task: TaskState,
         chunk: Chunk,
         thresholds: Thresholds | None = None,
+        pooled: Pooled | None = None,
     ) -> tuple[Any, Progress]:
         """One chunk of a stream on this server's side of the garbled comparison:
         its masked inputs (the leader folds in the analyst's `thresholds`: τ for
         an Ask chunk, (τL, τH) for a Compare chunk, none for noisy-max), the
         protocol, and what the result did to the stream (the kind's progress
-        rule).  The result: the first YES index (None: none), the
+        rule).  `pooled`: the joint noise it took from its stream's pool
+        (`take_pooled`).  The result: the first YES index (None: none), the
         CompareToThresholds codes, or the noisy-max index."""
         kind = ChunkKind.of_stream(stream.kind)
         width = self.comparison_width(task, stream)
@@ -603,7 +706,7 @@ class ServerCore:
             assert not isinstance(thresholds, tuple)
             noise = None
             if task.params.noise == JOINT:
-                noise = await self._joint_noise(party, stream, task, len(chunk))
+                noise = await self._joint_noise(party, stream, task, len(chunk), pooled)
             z = self.ask_inputs(stream, task, chunk, thresholds, noise)
             result = await party.first_yes(z, width)
         progress = kind.spec.progress

@@ -16,6 +16,7 @@ from svtagg.servers.core import Chunk, ComparisonParty, PartyFactory, ServerCore
 from svtagg.servers.exchange import (
     Agreement,
     ChunkKind,
+    NoiseBatch,
     PlanInfo,
     PlanRequest,
     PrepareStream,
@@ -31,6 +32,7 @@ from svtagg.servers.exchange import (
 )
 from svtagg.servers.faults import crash_point
 from svtagg.servers.ingest import helper_verify
+from svtagg.servers.joint import Pooled
 from svtagg.servers.session import (
     DataOffer,
     HelperSession,
@@ -176,6 +178,8 @@ class HelperDriver:
                 return
             if isinstance(header, RobustChunk):
                 await self._robust(session, party, header)
+            elif isinstance(header, NoiseBatch):
+                await self._noise_batch(session, party, header)
             else:
                 await self._stream_chunk(session, party, header)
 
@@ -187,6 +191,8 @@ class HelperDriver:
         refusal goes back and the session lives on."""
         try:
             stream, task, chunk = self._accept(h)
+            # Consumed (durably) before the go: a sample is never used twice.
+            pooled = self.core.take_pooled(stream, task, h.pool)
         except Exception as exc:  # noqa: BLE001 - refusal goes back, session lives
             await session.refuse(exc)
             return
@@ -198,7 +204,27 @@ class HelperDriver:
             # `in_chunk` until this server's next restart.
             self.core.fail_stream(stream.stream_id)
             raise
-        await self._run(party, stream, task, chunk)
+        await self._run(party, stream, task, chunk, pooled)
+        await session.ok()
+
+    async def _noise_batch(
+        self, session: HelperSession, party: ComparisonParty, h: NoiseBatch
+    ) -> None:
+        """The evaluator's side of a joint-noise batch: its sequence numbers
+        reserved durably before the go (the leader cannot have one generated
+        twice), the shares kept (durably) before the closing status, so the
+        leader keeps a batch only if this server holds it too.  A refusal goes
+        back and the session lives on; a batch that fails is never used."""
+        try:
+            batch, stream, task = self.core.reserve_noise_batch(
+                h.stream_id, h.count, h.gamma, h.lo
+            )
+        except Exception as exc:  # noqa: BLE001 - refusal goes back, session lives
+            await session.refuse(exc)
+            return
+        await session.ok()
+        gamma, nu = await self.core.noise_batch(party, stream, task, batch)
+        self.core.keep_noise_batch(batch, gamma, nu)
         await session.ok()
 
     async def _robust(self, session: HelperSession, party: ComparisonParty, h: RobustChunk) -> None:
@@ -236,10 +262,15 @@ class HelperDriver:
         return stream, task, chunk
 
     async def _run(
-        self, party: ComparisonParty, stream: StreamState, task: TaskState, chunk: Chunk
+        self,
+        party: ComparisonParty,
+        stream: StreamState,
+        task: TaskState,
+        chunk: Chunk,
+        pooled: Pooled | None = None,
     ) -> None:
         try:
-            _, progress = await self.core.run_chunk(party, stream, task, chunk)
+            _, progress = await self.core.run_chunk(party, stream, task, chunk, pooled=pooled)
         except BaseException:
             self.core.fail_stream(stream.stream_id)
             raise

@@ -30,12 +30,40 @@ from svtagg.mpc.ring import U64
 
 @dataclass(frozen=True)
 class JointDraw:
-    """One server's shares of the joint noise a chunk used (the test hook's record)."""
+    """One server's shares of the joint noise a chunk used (the test hook's
+    record): ν of its first `pooled` queries are the pool's samples numbered
+    from `pool_lo`, the rest were drawn in the chunk; `gamma_pooled`: the
+    stream's γ came from the pool."""
 
     stream_id: str
     chunk: int
     gamma: int
     nu: U64
+    pool_lo: int = 0
+    pooled: int = 0
+    gamma_pooled: bool = False
+
+
+@dataclass(frozen=True)
+class Pooled:
+    """What a chunk took from its stream's pool on one server, consumed before
+    its comparison: the pooled γ share (its first chunk, else None) and the ν
+    shares of its first len(nu) queries, the samples numbered from `lo`."""
+
+    gamma: int | None
+    nu: U64
+    lo: int = 0
+
+
+@dataclass(frozen=True)
+class PoolPolicy:
+    """How the leader keeps a joint-noise stream's pool filled: after the open
+    (with γ) and after each chunk, batches of `batch` samples (at most
+    `jointpool.MAX_BATCH`) until it holds at least max(`reserve`, the last
+    chunk's size) — enough for the next chunk of that size."""
+
+    batch: int = 1000
+    reserve: int = 1000
 
 
 def stream_noise(kind: StreamKind, epsilon: Fraction, frac_bits: int) -> JointStreamNoise:

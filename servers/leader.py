@@ -8,6 +8,7 @@ them at its edge, and tests run it against an in-memory helper."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import secrets
 from collections.abc import Awaitable, Callable, Sequence
@@ -64,11 +65,14 @@ from svtagg.servers.exchange import (
     TaskInfo,
 )
 from svtagg.servers.faults import crash_point
+from svtagg.servers.joint import Pooled, PoolPolicy
+from svtagg.servers.jointpool import MAX_BATCH
 from svtagg.servers.port import HelperPort
 from svtagg.servers.reconcile import LedgerSync
 from svtagg.servers.session import SessionPool
 from svtagg.servers.store import (
     FAILED,
+    IN_CHUNK,
     OPEN,
     StreamState,
     TaskState,
@@ -112,6 +116,12 @@ class LeaderDriver:
         #: Leased work (servers/work.py): when set, chunks and close-time passes
         #: are queued for worker processes instead of run in this process.
         self.work = work
+        #: How this process keeps joint-noise streams' pools filled ahead of
+        #: their chunks (servers/joint.py); None: it does not (a leased-work
+        #: worker leaves it to the front end), and chunks draw what their
+        #: pool lacks in the chunk.
+        self.noise_pool: PoolPolicy | None = PoolPolicy()
+        self._fills: dict[str, asyncio.Task[None]] = {}
 
     # ------------------------------------------------------------ plans
     async def reserve_plan(self, request: PlanRequest) -> PlanInfo:
@@ -393,6 +403,9 @@ class LeaderDriver:
             self.ledgers.owe_stream(request.task_id, stream_id)
             raise
         self.core.confirm_stream(stream_id)
+        stream, task = self.core.stream_and_task(stream_id)
+        if self.core.pools_noise(stream, task):
+            self._want_pool(stream_id, 0)  # γ and the first batch, before any chunk
         log.info(
             "task %s: stream %s opened (%s, epsilon %s, delta %s%s)",
             request.task_id,
@@ -420,12 +433,18 @@ class LeaderDriver:
         stream, task = self._open_stream(request.stream_id, ChunkKind.ASK)
         chunk = parse_chunk(task, request.queries.index, request.queries.complement)
         taus = parse_taus(task, request.tau, len(chunk))
+        pools = self.core.pools_noise(stream, task)
+        if pools:
+            await self._pool_ready(stream, len(chunk))
         if self.work is not None:
             answer = await self._leased(request, stream.stream_id)
             assert isinstance(answer, AskAnswer)
-            return answer
-        j, closed, nbytes = await self._run_chunk(stream, task, chunk, taus)
-        return AskAnswer(j, closed, nbytes)
+        else:
+            j, closed, nbytes = await self._run_chunk(stream, task, chunk, taus)
+            answer = AskAnswer(j, closed, nbytes)
+        if pools and not answer.closed:
+            self._want_pool(stream.stream_id, len(chunk))
+        return answer
 
     async def compare(self, request: Compare) -> CompareAnswer:
         stream, task = self._open_stream(request.stream_id, ChunkKind.COMPARE)
@@ -477,17 +496,22 @@ class LeaderDriver:
         closed, and the bytes exchanged."""
         sid, next_chunk = stream.stream_id, stream.chunks + 1
         complement = chunk.complement.tolist() if chunk.complement.any() else []
+        draw = self.core.pool_draw(stream, task, len(chunk))
         header = StreamChunk(
             ChunkKind.of_stream(stream.kind),
             sid,
             next_chunk,
             Queries(tuple(chunk.index.tolist()), tuple(complement)),
+            draw,
         )
+        pooled: list[Pooled | None] = [None]
 
         def mark() -> None:
             # Both servers fsync their "chunk in progress" mark in parallel; neither
-            # runs the circuit before its own mark is durable.
+            # runs the circuit before its own mark is durable, nor before the pooled
+            # noise it uses is consumed (durably: never used twice).
             self.core.begin_chunk(sid, next_chunk)
+            pooled[0] = self.core.take_pooled(stream, task, draw)
             crash_point("chunk.after_mark")
 
         async def fail() -> None:
@@ -496,12 +520,81 @@ class LeaderDriver:
 
         (result, progress), traffic = await self._exchange(
             header,
-            lambda party: self.core.run_chunk(party, stream, task, chunk, thresholds),
+            lambda party: self.core.run_chunk(party, stream, task, chunk, thresholds, pooled[0]),
             mark,
             fail,
         )
         self.core.end_chunk(sid, progress)
         return result, progress.closes, traffic
+
+    # ------------------------------------------------------------ joint noise pool
+    async def fill_pool(self, stream_id: str, count: int, gamma: bool = False) -> bool:
+        """One batch of a joint-noise stream's noise, ahead of its chunks: `count`
+        ν samples (and, `gamma`, its γ) numbered from the leader's next unreserved
+        sequence number, reserved durably on both servers first, generated on a
+        pooled session, kept by the helper before its closing status and by the
+        leader after it (so the leader never holds a sample the helper lacks).
+        Whether it was kept (False: the stream answers no more, or went past it).
+        A failed batch is never used: its numbers stay reserved, its shares gone."""
+        batch, stream, task = self.core.reserve_noise_batch(stream_id, count, gamma)
+        (gamma_share, nu), _ = await self._exchange(
+            batch, lambda party: self.core.noise_batch(party, stream, task, batch)
+        )
+        return self.core.keep_noise_batch(batch, gamma_share, nu)
+
+    def _want_pool(self, stream_id: str, k: int) -> None:
+        """Fill the stream's pool in the background (one filler per stream at a
+        time) up to max(policy reserve, k) samples, with γ before the first chunk."""
+        policy = self.noise_pool
+        if policy is None or stream_id in self._fills:
+            return
+        want = max(policy.reserve, k)
+        task = asyncio.create_task(self._fill(stream_id, want, policy.batch))
+        self._fills[stream_id] = task
+
+        def done(t: asyncio.Task[None]) -> None:
+            if self._fills.get(stream_id) is t:
+                del self._fills[stream_id]
+
+        task.add_done_callback(done)
+
+    async def _fill(self, stream_id: str, want: int, batch: int) -> None:
+        try:
+            while True:
+                stream = self.core.stream(stream_id)
+                if stream.state not in (OPEN, IN_CHUNK):
+                    return
+                pool = self.core.store.joint_pool(stream_id)
+                gamma = stream.chunks == 0 and not pool.gamma_ready
+                if pool.held >= want and not gamma:
+                    return
+                count = min(MAX_BATCH, max(batch, want - pool.held))
+                if not await self.fill_pool(stream_id, count, gamma):
+                    return
+        except Exception as exc:  # noqa: BLE001 - the chunks draw in the chunk instead
+            log.warning("stream %s: joint noise batch failed: %s", stream_id, exc)
+
+    async def stop_noise_fills(self) -> None:
+        """Cancel the background fillers (shutdown); a batch cut short is never used."""
+        fills = list(self._fills.values())
+        for t in fills:
+            t.cancel()
+        for t in fills:
+            with contextlib.suppress(BaseException):
+                await t
+
+    async def _pool_ready(self, stream: StreamState, k: int) -> None:
+        """Before a chunk of k queries: if its stream's pool is being filled and
+        lacks γ (first chunk) or k samples, wait for the filler, since finishing
+        a batch already under way costs the chunk less than drawing in it.  A
+        failed filler leaves the chunk to draw in the chunk what it lacks."""
+        fill = self._fills.get(stream.stream_id)
+        if fill is None:
+            return
+        pool = self.core.store.joint_pool(stream.stream_id)
+        if (stream.chunks == 0 and not pool.gamma_ready) or pool.first_run()[1] < k:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(fill)
 
     async def _exchange(
         self,

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable
+from dataclasses import replace
 from fractions import Fraction
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -64,7 +65,9 @@ from svtagg.dp.plans import PlanBook
 from svtagg.dp.queries import Budget
 from svtagg.dp.task import TaskParams
 from svtagg.mpc.ring import U64
+from svtagg.servers import jointpool
 from svtagg.servers.faults import crash_point
+from svtagg.servers.jointpool import Batch, JointPool
 from svtagg.servers.store import (
     BATCH_COLUMNS,
     CLOSED,
@@ -295,7 +298,14 @@ class PgStore(PgPending):
             cur = self._conn.execute(
                 "UPDATE streams SET state=%s WHERE state IN (%s, %s)", (FAILED, OPENING, IN_CHUNK)
             )
-        return cur.rowcount
+            failed = cur.rowcount
+            # A stream that answers no more keeps no joint noise shares.
+            self._conn.execute(
+                "DELETE FROM joint_batches b USING streams s"
+                " WHERE b.stream_id = s.stream_id AND s.state <> %s",
+                (OPEN,),
+            )
+        return failed
 
     # ------------------------------------------------------------ tasks
     def create_task(self, p: TaskParams, verify_key: bytes = b"") -> TaskState:
@@ -595,6 +605,81 @@ class PgStore(PgPending):
                 "UPDATE streams SET state=%s WHERE stream_id=%s AND state NOT IN (%s, %s)",
                 (FAILED, stream_id, CLOSED, FAILED),
             )
+
+    # ------------------------------------------------------------ joint noise pool
+    def _batches(self, stream_id: str) -> list[Batch]:
+        return [
+            (int(lo), jointpool.decode(blob))
+            for lo, blob in self._conn.execute(
+                "SELECT lo, shares FROM joint_batches WHERE stream_id=%s ORDER BY lo",
+                (stream_id,),
+            )
+        ]
+
+    def joint_pool(self, stream_id: str) -> JointPool:
+        row = self._conn.execute(
+            "SELECT next_seq, used_seq, gamma_ready FROM joint_pools WHERE stream_id=%s",
+            (stream_id,),
+        ).fetchone()
+        if row is None:
+            return JointPool()
+        return JointPool(
+            int(row[0]), int(row[1]), bool(row[2]), jointpool.runs_of(self._batches(stream_id))
+        )
+
+    def _set_pool(self, stream_id: str, pool: JointPool) -> None:
+        self._conn.execute(
+            "INSERT INTO joint_pools (stream_id, next_seq, used_seq, gamma_ready)"
+            " VALUES (%s,%s,%s,%s) ON CONFLICT (stream_id) DO UPDATE SET"
+            " next_seq=EXCLUDED.next_seq, used_seq=EXCLUDED.used_seq,"
+            " gamma_ready=EXCLUDED.gamma_ready",
+            (stream_id, pool.next, pool.used, pool.gamma_ready),
+        )
+
+    def reserve_joint_batch(self, stream_id: str, count: int, lo: int | None = None) -> int:
+        with self._tx():
+            if self.stream(stream_id).state not in (OPEN, IN_CHUNK):
+                raise FailedPrecondition(f"stream {stream_id!r} answers no more")
+            pool = self.joint_pool(stream_id)
+            first = jointpool.reserve(pool, count, lo)
+            self._set_pool(stream_id, replace(pool, next=first + count))
+        return first
+
+    def add_joint_batch(self, stream_id: str, lo: int, nu: U64, gamma: int | None) -> bool:
+        with self._tx():
+            s = self.stream(stream_id)
+            pool = self.joint_pool(stream_id)
+            if s.state not in (OPEN, IN_CHUNK) or lo < pool.used or lo + len(nu) > pool.next:
+                return False
+            self._conn.execute(
+                "INSERT INTO joint_batches (stream_id, lo, shares) VALUES (%s,%s,%s)",
+                (stream_id, lo, jointpool.encode(nu)),
+            )
+            if gamma is not None and s.state == OPEN and s.chunks == 0:
+                self._conn.execute(
+                    "UPDATE streams SET gamma=%s WHERE stream_id=%s", (str(gamma), stream_id)
+                )
+                self._set_pool(stream_id, replace(pool, gamma_ready=True))
+        return True
+
+    def take_joint_noise(self, stream_id: str, lo: int, count: int) -> U64:
+        with self._tx():
+            if self.stream(stream_id).state != IN_CHUNK:
+                raise FailedPrecondition(f"stream {stream_id!r} is not in a chunk")
+            pool = self.joint_pool(stream_id)
+            taken, keep = jointpool.take(self._batches(stream_id), pool.used, lo, count)
+            self._conn.execute("DELETE FROM joint_batches WHERE stream_id=%s", (stream_id,))
+            for first, shares in keep:
+                self._conn.execute(
+                    "INSERT INTO joint_batches (stream_id, lo, shares) VALUES (%s,%s,%s)",
+                    (stream_id, first, jointpool.encode(shares)),
+                )
+            self._set_pool(stream_id, replace(pool, used=lo + count))
+        return taken
+
+    def discard_joint_pool(self, stream_id: str) -> None:
+        with self._tx():
+            self._conn.execute("DELETE FROM joint_batches WHERE stream_id=%s", (stream_id,))
 
     # ------------------------------------------------------------ plans
     def plan(self, plan_id: str) -> tuple[PlanBook, str, str]:

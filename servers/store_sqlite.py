@@ -15,6 +15,7 @@ import io
 import os
 import sqlite3
 from collections.abc import Callable
+from dataclasses import replace
 from fractions import Fraction
 from pathlib import Path
 from typing import BinaryIO
@@ -27,7 +28,9 @@ from svtagg.dp.plans import PlanBook
 from svtagg.dp.queries import Budget
 from svtagg.dp.task import TaskParams
 from svtagg.mpc.ring import U64
+from svtagg.servers import jointpool
 from svtagg.servers.faults import crash_point
+from svtagg.servers.jointpool import Batch, JointPool
 from svtagg.servers.store import (
     BATCH_COLUMNS,
     CLOSED,
@@ -120,7 +123,7 @@ class SqliteStore:
     one event loop; one process per store file."""
 
     #: Schema version this code writes (SQLite's user_version).
-    SCHEMA_VERSION = 6
+    SCHEMA_VERSION = 7
 
     def __init__(self, path: str | Path) -> None:
         self.path = str(path)
@@ -200,6 +203,21 @@ class SqliteStore:
                     "ALTER TABLE tasks ADD COLUMN noise TEXT NOT NULL DEFAULT 'independent'"
                 )
             self._db.execute("PRAGMA user_version = 6")
+            version = 6
+        if version < 7:
+            # v7: ahead-of-time joint noise — each stream's pool counters and the
+            # batches of this server's shares it holds (servers/jointpool.py).
+            self._db.execute(
+                "CREATE TABLE IF NOT EXISTS joint_pools (stream_id TEXT PRIMARY KEY,"
+                " next_seq INTEGER NOT NULL DEFAULT 0, used_seq INTEGER NOT NULL DEFAULT 0,"
+                " gamma_ready INTEGER NOT NULL DEFAULT 0)"
+            )
+            self._db.execute(
+                "CREATE TABLE IF NOT EXISTS joint_batches (stream_id TEXT NOT NULL,"
+                " lo INTEGER NOT NULL, shares BLOB NOT NULL, PRIMARY KEY (stream_id, lo))"
+                " WITHOUT ROWID"
+            )
+            self._db.execute("PRAGMA user_version = 7")
 
     def _recover(self) -> int:
         """Fail closed every stream that was opening or mid-chunk at the last stop,
@@ -221,6 +239,12 @@ class SqliteStore:
             ]
             cur = self._db.execute(
                 "UPDATE streams SET state=? WHERE state IN (?, ?)", (FAILED, OPENING, IN_CHUNK)
+            )
+            # A stream that answers no more keeps no joint noise shares.
+            self._db.execute(
+                "DELETE FROM joint_batches WHERE stream_id NOT IN"
+                " (SELECT stream_id FROM streams WHERE state=?)",
+                (OPEN,),
             )
         return cur.rowcount
 
@@ -588,6 +612,78 @@ class SqliteStore:
                 "UPDATE streams SET state=? WHERE stream_id=? AND state!=?",
                 (FAILED, stream_id, CLOSED),
             )
+
+    # ------------------------------------------------------------ joint noise pool
+    def _batches(self, stream_id: str) -> list[Batch]:
+        return [
+            (int(lo), jointpool.decode(blob))
+            for lo, blob in self._db.execute(
+                "SELECT lo, shares FROM joint_batches WHERE stream_id=? ORDER BY lo", (stream_id,)
+            )
+        ]
+
+    def joint_pool(self, stream_id: str) -> JointPool:
+        row = self._db.execute(
+            "SELECT next_seq, used_seq, gamma_ready FROM joint_pools WHERE stream_id=?",
+            (stream_id,),
+        ).fetchone()
+        if row is None:
+            return JointPool()
+        return JointPool(
+            int(row[0]), int(row[1]), bool(row[2]), jointpool.runs_of(self._batches(stream_id))
+        )
+
+    def _set_pool(self, stream_id: str, pool: JointPool) -> None:
+        self._db.execute(
+            "INSERT INTO joint_pools (stream_id, next_seq, used_seq, gamma_ready)"
+            " VALUES (?,?,?,?) ON CONFLICT (stream_id) DO UPDATE SET next_seq=excluded.next_seq,"
+            " used_seq=excluded.used_seq, gamma_ready=excluded.gamma_ready",
+            (stream_id, pool.next, pool.used, int(pool.gamma_ready)),
+        )
+
+    def reserve_joint_batch(self, stream_id: str, count: int, lo: int | None = None) -> int:
+        with self._tx():
+            if self.stream(stream_id).state not in (OPEN, IN_CHUNK):
+                raise FailedPrecondition(f"stream {stream_id!r} answers no more")
+            pool = self.joint_pool(stream_id)
+            first = jointpool.reserve(pool, count, lo)
+            self._set_pool(stream_id, replace(pool, next=first + count))
+        return first
+
+    def add_joint_batch(self, stream_id: str, lo: int, nu: U64, gamma: int | None) -> bool:
+        with self._tx():
+            s = self.stream(stream_id)
+            pool = self.joint_pool(stream_id)
+            if s.state not in (OPEN, IN_CHUNK) or lo < pool.used or lo + len(nu) > pool.next:
+                return False
+            self._db.execute(
+                "INSERT INTO joint_batches (stream_id, lo, shares) VALUES (?,?,?)",
+                (stream_id, lo, jointpool.encode(nu)),
+            )
+            if gamma is not None and s.state == OPEN and s.chunks == 0:
+                self._db.execute(
+                    "UPDATE streams SET gamma=? WHERE stream_id=?", (str(gamma), stream_id)
+                )
+                self._set_pool(stream_id, replace(pool, gamma_ready=True))
+        return True
+
+    def take_joint_noise(self, stream_id: str, lo: int, count: int) -> U64:
+        with self._tx():
+            if self.stream(stream_id).state != IN_CHUNK:
+                raise FailedPrecondition(f"stream {stream_id!r} is not in a chunk")
+            pool = self.joint_pool(stream_id)
+            taken, keep = jointpool.take(self._batches(stream_id), pool.used, lo, count)
+            self._db.execute("DELETE FROM joint_batches WHERE stream_id=?", (stream_id,))
+            self._db.executemany(
+                "INSERT INTO joint_batches (stream_id, lo, shares) VALUES (?,?,?)",
+                [(stream_id, first, jointpool.encode(sh)) for first, sh in keep],
+            )
+            self._set_pool(stream_id, replace(pool, used=lo + count))
+        return taken
+
+    def discard_joint_pool(self, stream_id: str) -> None:
+        with self._tx():
+            self._db.execute("DELETE FROM joint_batches WHERE stream_id=?", (stream_id,))
 
     # ------------------------------------------------------------ plans
     def plan(self, plan_id: str) -> tuple[PlanBook, str, str]:
