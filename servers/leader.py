@@ -528,19 +528,20 @@ class LeaderDriver:
         return result, progress.closes, traffic
 
     # ------------------------------------------------------------ joint noise pool
-    async def fill_pool(self, stream_id: str, count: int, gamma: bool = False) -> bool:
+    async def fill_pool(self, stream_id: str, count: int, gamma: bool = False) -> int | None:
         """One batch of a joint-noise stream's noise, ahead of its chunks: `count`
         ν samples (and, `gamma`, its γ) numbered from the leader's next unreserved
         sequence number, reserved durably on both servers first, generated on a
         pooled session, kept by the helper before its closing status and by the
         leader after it (so the leader never holds a sample the helper lacks).
-        Whether it was kept (False: the stream answers no more, or went past it).
-        A failed batch is never used: its numbers stay reserved, its shares gone."""
+        The bytes the batch exchanged, or None if it was not kept (the stream
+        answers no more, or went past it).  A failed batch is never used: its
+        numbers stay reserved, its shares are gone."""
         batch, stream, task = self.core.reserve_noise_batch(stream_id, count, gamma)
-        (gamma_share, nu), _ = await self._exchange(
+        (gamma_share, nu), traffic = await self._exchange(
             batch, lambda party: self.core.noise_batch(party, stream, task, batch)
         )
-        return self.core.keep_noise_batch(batch, gamma_share, nu)
+        return traffic if self.core.keep_noise_batch(batch, gamma_share, nu) else None
 
     def _want_pool(self, stream_id: str, k: int) -> None:
         """Fill the stream's pool in the background (one filler per stream at a
@@ -569,7 +570,7 @@ class LeaderDriver:
                 if pool.held >= want and not gamma:
                     return
                 count = min(MAX_BATCH, max(batch, want - pool.held))
-                if not await self.fill_pool(stream_id, count, gamma):
+                if await self.fill_pool(stream_id, count, gamma) is None:
                     return
         except Exception as exc:  # noqa: BLE001 - the chunks draw in the chunk instead
             log.warning("stream %s: joint noise batch failed: %s", stream_id, exc)
