@@ -531,28 +531,29 @@ class ServerCore:
         lo, held = pool.first_run()
         return PoolDraw(lo, min(k, held), stream.chunks == 0 and pool.gamma_ready)
 
-    def take_pooled(self, stream: StreamState, task: TaskState, draw: PoolDraw) -> Pooled | None:
-        """Consume what the chunk just marked (`begin_chunk`) draws from its
-        stream's pool — both servers, before the comparison; the helper checks
-        the leader's `draw` against its own store (a sample below its `used`
-        counter is refused: no share is used twice).  A refusal fails the
-        stream here."""
+    def begin_pooled(
+        self, stream: StreamState, task: TaskState, chunk_no: int | None, draw: PoolDraw
+    ) -> Pooled | None:
+        """`begin_chunk`, consuming in the same durable transaction what the
+        chunk draws from its stream's pool (both servers, before the
+        comparison).  The helper checks the
+        leader's `draw` against its own store: a sample below its `used`
+        counter, or not held, is refused — no share is used twice.  A refusal
+        fails the stream here."""
         if draw == PoolDraw():
+            self.begin_chunk(stream.stream_id, chunk_no)
             return None
         try:
             if not self.pools_noise(stream, task):
                 raise InvalidArgument("pooled noise belongs to Ask chunks of joint-noise streams")
-            gamma = None
             if draw.gamma:
                 if stream.chunks != 0:
                     raise InvalidArgument("only a stream's first chunk takes γ from the pool")
                 if not self.store.joint_pool(stream.stream_id).gamma_ready:
                     raise FailedPrecondition("this server holds no pooled γ for the stream")
-                gamma = self.store.stream(stream.stream_id).gamma
-                assert gamma is not None
-            nu = np.zeros(0, dtype=np.uint64)
-            if draw.count:
-                nu = self.store.take_joint_noise(stream.stream_id, draw.lo, draw.count)
+            _, nu = self.store.begin_pooled_chunk(stream.stream_id, chunk_no, draw.lo, draw.count)
+            # Read after the mark: a pooled γ is frozen once a chunk has begun.
+            gamma = self.store.stream(stream.stream_id).gamma if draw.gamma else None
         except BaseException:
             self.fail_stream(stream.stream_id)
             raise
@@ -688,7 +689,7 @@ class ServerCore:
         an Ask chunk, (τL, τH) for a Compare chunk, none for noisy-max), the
         protocol, and what the result did to the stream (the kind's progress
         rule).  `pooled`: the joint noise it took from its stream's pool
-        (`take_pooled`).  The result: the first YES index (None: none), the
+        (`begin_pooled`).  The result: the first YES index (None: none), the
         CompareToThresholds codes, or the noisy-max index."""
         kind = ChunkKind.of_stream(stream.kind)
         width = self.comparison_width(task, stream)

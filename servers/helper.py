@@ -190,9 +190,7 @@ class HelperDriver:
         durably before the go, the result recorded before the closing status; a
         refusal goes back and the session lives on."""
         try:
-            stream, task, chunk = self._accept(h)
-            # Consumed (durably) before the go: a sample is never used twice.
-            pooled = self.core.take_pooled(stream, task, h.pool)
+            stream, task, chunk, pooled = self._accept(h)
         except Exception as exc:  # noqa: BLE001 - refusal goes back, session lives
             await session.refuse(exc)
             return
@@ -253,13 +251,15 @@ class HelperDriver:
         self.core.stage_robust(task, h.pass_id, lo, y)
         await session.ok()
 
-    def _accept(self, h: StreamChunk) -> tuple[StreamState, TaskState, Chunk]:
+    def _accept(self, h: StreamChunk) -> tuple[StreamState, TaskState, Chunk, Pooled | None]:
         stream, task = self.core.stream_and_task(h.stream_id)
         if h.kind != ChunkKind.of_stream(stream.kind):
             raise InvalidArgument("chunk mode does not match the stream kind")
         chunk = parse_chunk(task, h.queries.index, h.queries.complement)
-        self.core.begin_chunk(h.stream_id, h.chunk_no)
-        return stream, task, chunk
+        # The mark and (a joint-noise stream) the pooled noise it consumes, in
+        # one durable step before the go: a sample is never used twice.
+        pooled = self.core.begin_pooled(stream, task, h.chunk_no, h.pool)
+        return stream, task, chunk, pooled
 
     async def _run(
         self,

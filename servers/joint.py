@@ -1,19 +1,58 @@
 """Jointly generated noise on the servers (task option noise = joint).
 
 A joint-noise stream's γ and every query's ν are drawn inside the garbled
-circuit (`svtagg.mpc.jointnoise`) in the chunk's own session, before the
-comparison, from both servers' random bits (os.urandom on each side): the
-leader keeps a fresh r, the helper gets ν − r, and each adds its share exactly
-where it would add its own independent draw, so the comparison circuit is
-unchanged.  The samplers are those `dp.jointsvt.joint_stream_noise` accounts
-for: one draw at the kind's central scale (slightly inflated), not two.
+circuit (`svtagg.mpc.jointnoise`) from both servers' random bits (os.urandom on
+each side): the leader keeps a fresh r, the helper gets ν − r, and each adds
+its share exactly where it would add its own independent draw, so the
+comparison circuit is unchanged.  The samplers are those
+`dp.jointsvt.joint_stream_noise` accounts for: one draw at the kind's central
+scale (slightly inflated), not two.
 
-γ: there is no session when a stream opens, so it is drawn in the stream's
-first chunk and each server stores its share durably (`Store.
-set_joint_threshold_noise`, committed with an fsync) before that chunk's
-comparison runs; later chunks read it.  A first chunk that fails fails the
-stream closed on both servers (as every chunk failure does), so a stream whose
-γ was never drawn never compares."""
+Ahead of time.  The sampler costs ≈ 40× the bytes of the comparison it feeds,
+so the leader draws a stream's noise before its chunks need it, in batches (a
+`NoiseBatch`, its own chunk kind, on a pooled session): right after the open,
+γ and `PoolPolicy.reserve` samples of ν; after each chunk, enough for another
+chunk of that size (`LeaderDriver._want_pool`; a worker of leased work leaves
+this to its front end, which runs the batches itself).  Each server keeps its
+shares of a stream's pool in its store (`servers/jointpool.py`): its own
+secret share, as sensitive as its own independent draw.  An Ask chunk then
+names, in its header (`PoolDraw`), the samples it consumes: ν of its first
+`count` queries are the pool's samples [lo, lo + count), the rest are drawn in
+the chunk as before (the fallback: an empty or short pool, e.g. while a batch
+is still running — the front end first waits for a batch already under way —
+or a leader that fills no pool, `noise_pool = None`); its first chunk's γ
+comes from the pool if the pool holds it, else it is drawn in that chunk.
+
+Why no share is ever used twice, by either server:
+- a batch reserves its sequence numbers durably on both servers before the
+  sampler runs (the helper refuses a batch whose numbers it has reserved
+  before), so each number is generated once;
+- a chunk consumes its samples on each server in one committed (fsynced)
+  transaction after its durable `in_chunk` mark and before its comparison:
+  they and everything held below them are deleted, and the server's own
+  `used` counter moves past them.  The helper checks the leader's range
+  against its own counter and refuses one below it (the stream then fails
+  closed), so the leader cannot make it reuse a share; a failed chunk has
+  consumed its samples, and its stream never answers again anyway;
+- a stream that answers no more (closed, failed, interrupted by a restart)
+  keeps no shares: deleted at the close or failure, and at recovery.
+Why both servers use the same sample for the same lane: the numbers travel in
+the headers, and the leader keeps a batch only after the helper's closing
+status says the helper has stored it — so a sample the leader holds is held
+by the helper under the same number (a batch the leader lost, the helper
+keeps unused until the stream ends).  γ: a batch's γ is kept only while the
+stream has begun no chunk, and the first chunk either names the pooled γ
+(the helper refuses if it holds none) or draws a new one in the chunk, which
+replaces any pooled γ never used.
+Why the accounting is unchanged: a batch runs the very sampler a chunk runs
+(`noise_batch`), with the same shapes.
+
+γ drawn in the chunk: there is no session when a stream opens, so without a
+pooled γ it is drawn in the stream's first chunk and each server stores its
+share durably (`Store.set_joint_threshold_noise`, committed with an fsync)
+before that chunk's comparison runs; later chunks read it.  A first chunk that
+fails fails the stream closed on both servers (as every chunk failure does),
+so a stream whose γ was never drawn never compares."""
 
 from __future__ import annotations
 

@@ -60,11 +60,11 @@ class JointPool:
         return first, count
 
 
-def runs_of(batches: Sequence[Batch]) -> tuple[tuple[int, int], ...]:
-    """The held runs, ascending, adjacent batches merged."""
+def runs_of(sizes: Sequence[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
+    """The held runs, ascending, adjacent batches merged, from each batch's
+    (first number, samples)."""
     out: list[tuple[int, int]] = []
-    for lo, shares in sorted(batches, key=lambda b: b[0]):
-        n = len(shares)
+    for lo, n in sorted(sizes):
         if out and out[-1][0] + out[-1][1] == lo:
             out[-1] = (out[-1][0], out[-1][1] + n)
         elif n:
@@ -89,9 +89,9 @@ def reserve(pool: JointPool, count: int, lo: int | None) -> int:
 
 
 def take(batches: Sequence[Batch], used: int, lo: int, count: int) -> tuple[U64, list[Batch]]:
-    """Samples [lo, lo + count) out of the held `batches`, and the batches to
-    keep: only samples from lo + count on (everything below is consumed or
-    discarded).  Refused if any of them was consumed or discarded (lo < used)
+    """Samples [lo, lo + count) out of the held `batches` (at least every one
+    that starts below lo + count), and what to keep of them: only samples from
+    lo + count on (everything below is consumed or discarded).  Refused if any of them was consumed or discarded (lo < used)
     or is not held here."""
     if count < 0 or lo < 0:
         raise InvalidArgument("a negative range of noise samples")

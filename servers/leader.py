@@ -510,8 +510,7 @@ class LeaderDriver:
             # Both servers fsync their "chunk in progress" mark in parallel; neither
             # runs the circuit before its own mark is durable, nor before the pooled
             # noise it uses is consumed (durably: never used twice).
-            self.core.begin_chunk(sid, next_chunk)
-            pooled[0] = self.core.take_pooled(stream, task, draw)
+            pooled[0] = self.core.begin_pooled(stream, task, next_chunk, draw)
             crash_point("chunk.after_mark")
 
         async def fail() -> None:

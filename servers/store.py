@@ -302,6 +302,14 @@ class Store(Protocol):
         them are held."""
         ...
 
+    def begin_pooled_chunk(
+        self, stream_id: str, chunk_no: int | None, lo: int, count: int
+    ) -> tuple[int, U64]:
+        """`begin_chunk` and `take_joint_noise` in one committed transaction
+        (one fsync on the query path, as for a chunk without pooled noise);
+        refused whole, nothing marked or taken."""
+        ...
+
     def discard_joint_pool(self, stream_id: str) -> None:
         """Delete every held sample of the stream (it answers no more); the
         counters stay, so no sequence number is ever handed out again."""

@@ -607,12 +607,13 @@ class PgStore(PgPending):
             )
 
     # ------------------------------------------------------------ joint noise pool
-    def _batches(self, stream_id: str) -> list[Batch]:
+    def _batches(self, stream_id: str, below: int) -> list[Batch]:
+        """The held batches that start below `below`."""
         return [
             (int(lo), jointpool.decode(blob))
             for lo, blob in self._conn.execute(
-                "SELECT lo, shares FROM joint_batches WHERE stream_id=%s ORDER BY lo",
-                (stream_id,),
+                "SELECT lo, shares FROM joint_batches WHERE stream_id=%s AND lo<%s ORDER BY lo",
+                (stream_id, below),
             )
         ]
 
@@ -623,9 +624,12 @@ class PgStore(PgPending):
         ).fetchone()
         if row is None:
             return JointPool()
-        return JointPool(
-            int(row[0]), int(row[1]), bool(row[2]), jointpool.runs_of(self._batches(stream_id))
-        )
+        sizes = self._conn.execute(
+            "SELECT lo, length(shares) / 8 FROM joint_batches WHERE stream_id=%s ORDER BY lo",
+            (stream_id,),
+        ).fetchall()
+        runs = jointpool.runs_of([(int(lo), int(n)) for lo, n in sizes])
+        return JointPool(int(row[0]), int(row[1]), bool(row[2]), runs)
 
     def _set_pool(self, stream_id: str, pool: JointPool) -> None:
         self._conn.execute(
@@ -667,8 +671,11 @@ class PgStore(PgPending):
             if self.stream(stream_id).state != IN_CHUNK:
                 raise FailedPrecondition(f"stream {stream_id!r} is not in a chunk")
             pool = self.joint_pool(stream_id)
-            taken, keep = jointpool.take(self._batches(stream_id), pool.used, lo, count)
-            self._conn.execute("DELETE FROM joint_batches WHERE stream_id=%s", (stream_id,))
+            below = self._batches(stream_id, lo + count)
+            taken, keep = jointpool.take(below, pool.used, lo, count)
+            self._conn.execute(
+                "DELETE FROM joint_batches WHERE stream_id=%s AND lo<%s", (stream_id, lo + count)
+            )
             for first, shares in keep:
                 self._conn.execute(
                     "INSERT INTO joint_batches (stream_id, lo, shares) VALUES (%s,%s,%s)",
@@ -676,6 +683,13 @@ class PgStore(PgPending):
                 )
             self._set_pool(stream_id, replace(pool, used=lo + count))
         return taken
+
+    def begin_pooled_chunk(
+        self, stream_id: str, chunk_no: int | None, lo: int, count: int
+    ) -> tuple[int, U64]:
+        with self._tx():
+            number = self.begin_chunk(stream_id, chunk_no)
+            return number, self.take_joint_noise(stream_id, lo, count)
 
     def discard_joint_pool(self, stream_id: str) -> None:
         with self._tx():

@@ -614,11 +614,13 @@ class SqliteStore:
             )
 
     # ------------------------------------------------------------ joint noise pool
-    def _batches(self, stream_id: str) -> list[Batch]:
+    def _batches(self, stream_id: str, below: int) -> list[Batch]:
+        """The held batches that start below `below`."""
         return [
             (int(lo), jointpool.decode(blob))
             for lo, blob in self._db.execute(
-                "SELECT lo, shares FROM joint_batches WHERE stream_id=? ORDER BY lo", (stream_id,)
+                "SELECT lo, shares FROM joint_batches WHERE stream_id=? AND lo<? ORDER BY lo",
+                (stream_id, below),
             )
         ]
 
@@ -629,9 +631,12 @@ class SqliteStore:
         ).fetchone()
         if row is None:
             return JointPool()
-        return JointPool(
-            int(row[0]), int(row[1]), bool(row[2]), jointpool.runs_of(self._batches(stream_id))
-        )
+        sizes = self._db.execute(
+            "SELECT lo, length(shares) / 8 FROM joint_batches WHERE stream_id=? ORDER BY lo",
+            (stream_id,),
+        ).fetchall()
+        runs = jointpool.runs_of([(int(lo), int(n)) for lo, n in sizes])
+        return JointPool(int(row[0]), int(row[1]), bool(row[2]), runs)
 
     def _set_pool(self, stream_id: str, pool: JointPool) -> None:
         self._db.execute(
@@ -672,14 +677,24 @@ class SqliteStore:
             if self.stream(stream_id).state != IN_CHUNK:
                 raise FailedPrecondition(f"stream {stream_id!r} is not in a chunk")
             pool = self.joint_pool(stream_id)
-            taken, keep = jointpool.take(self._batches(stream_id), pool.used, lo, count)
-            self._db.execute("DELETE FROM joint_batches WHERE stream_id=?", (stream_id,))
+            below = self._batches(stream_id, lo + count)
+            taken, keep = jointpool.take(below, pool.used, lo, count)
+            self._db.execute(
+                "DELETE FROM joint_batches WHERE stream_id=? AND lo<?", (stream_id, lo + count)
+            )
             self._db.executemany(
                 "INSERT INTO joint_batches (stream_id, lo, shares) VALUES (?,?,?)",
                 [(stream_id, first, jointpool.encode(sh)) for first, sh in keep],
             )
             self._set_pool(stream_id, replace(pool, used=lo + count))
         return taken
+
+    def begin_pooled_chunk(
+        self, stream_id: str, chunk_no: int | None, lo: int, count: int
+    ) -> tuple[int, U64]:
+        with self._tx():
+            number = self.begin_chunk(stream_id, chunk_no)
+            return number, self.take_joint_noise(stream_id, lo, count)
 
     def discard_joint_pool(self, stream_id: str) -> None:
         with self._tx():

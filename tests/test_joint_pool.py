@@ -194,9 +194,8 @@ async def test_a_failed_chunk_consumes_its_samples(
     await _ask_no(pair, other, 20)
     helper = pair.helper.core
     stream, task = helper.stream_and_task(other)
-    helper.begin_chunk(other, 2)
     with pytest.raises(FailedPrecondition, match="already consumed"):
-        helper.take_pooled(stream, task, PoolDraw(10, 20))
+        helper.begin_pooled(stream, task, 2, PoolDraw(10, 20))
     assert helper.store.stream(other).state == FAILED
     _check_pairs(pair)
 
@@ -229,9 +228,8 @@ async def test_a_restarted_helper_keeps_its_pool_and_never_reuses(
         with pytest.raises(FailedPrecondition, match="reserved before"):
             core.reserve_noise_batch(sid, 10, False, lo=100)
         stream, task = core.stream_and_task(sid)
-        core.begin_chunk(sid, 3)
         with pytest.raises(FailedPrecondition, match="already consumed"):
-            core.take_pooled(stream, task, PoolDraw(100, 10))
+            core.begin_pooled(stream, task, 3, PoolDraw(100, 10))
     finally:
         store.close()
 

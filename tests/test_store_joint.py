@@ -100,8 +100,11 @@ def test_a_pool_hands_out_each_sample_once(backend: tuple[str, Opener]) -> None:
     assert (pool.next, pool.used, pool.gamma_ready, pool.runs) == (5, 3, True, ((3, 2),))
     with pytest.raises(FailedPrecondition, match="reserved before"):
         again.reserve_joint_batch("s", 1, lo=0)
-    again.begin_chunk("s")
-    assert again.take_joint_noise("s", 3, 2).tolist() == [13, 14]
+    with pytest.raises(FailedPrecondition, match="already consumed"):
+        again.begin_pooled_chunk("s", 2, 2, 1)  # refused whole: no chunk begun
+    assert again.stream("s").chunks == 1
+    number, nu = again.begin_pooled_chunk("s", 2, 3, 2)
+    assert (number, nu.tolist()) == (2, [13, 14])
     assert again.joint_pool("s").runs == ()
 
 
