@@ -55,7 +55,14 @@ from svtagg.servers.exchange import (
     Progress,
 )
 from svtagg.servers.faults import crash_point
-from svtagg.servers.joint import JointDraw, Pooled, joint_shares, shapes, stream_noise
+from svtagg.servers.joint import (
+    JointDraw,
+    Pooled,
+    joint_shares,
+    pools_noise,
+    shapes,
+    stream_noise,
+)
 from svtagg.servers.proofs import check_validity, helper_undo_sum
 from svtagg.servers.store import FAILED, Store, StreamState, TaskState
 from svtagg.vdaf.prio3 import VERIFY_KEY_SIZE
@@ -517,34 +524,28 @@ class ServerCore:
         ).astype(np.uint64)
 
     # ------------------------------------------------------------ joint noise pool
-    @staticmethod
-    def pools_noise(stream: StreamState, task: TaskState) -> bool:
-        """Whether the stream's chunks draw joint noise (and so may pool it)."""
-        return task.params.noise == JOINT and ChunkKind.of_stream(stream.kind) == ChunkKind.ASK
-
     def pool_draw(self, stream: StreamState, task: TaskState, k: int) -> PoolDraw:
         """(The leader) what the next chunk of k queries of `stream` takes from
         its pool: the first held run's samples, up to k, and γ if it is pooled."""
-        if not self.pools_noise(stream, task):
+        if not pools_noise(stream, task):
             return PoolDraw()
         pool = self.store.joint_pool(stream.stream_id)
         lo, held = pool.first_run()
         return PoolDraw(lo, min(k, held), stream.chunks == 0 and pool.gamma_ready)
 
     def begin_pooled(
-        self, stream: StreamState, task: TaskState, chunk_no: int | None, draw: PoolDraw
+        self, stream: StreamState, task: TaskState, chunk_no: int, draw: PoolDraw
     ) -> Pooled | None:
         """`begin_chunk`, consuming in the same durable transaction what the
-        chunk draws from its stream's pool (both servers, before the
-        comparison).  The helper checks the
-        leader's `draw` against its own store: a sample below its `used`
-        counter, or not held, is refused — no share is used twice.  A refusal
-        fails the stream here."""
+        chunk draws from its stream's pool (both servers, before the comparison).
+        The helper checks the leader's `draw` against its own store: a sample
+        below its `used` counter, or not held, is refused — no share is used
+        twice.  A refusal fails the stream here."""
         if draw == PoolDraw():
             self.begin_chunk(stream.stream_id, chunk_no)
             return None
         try:
-            if not self.pools_noise(stream, task):
+            if not pools_noise(stream, task):
                 raise InvalidArgument("pooled noise belongs to Ask chunks of joint-noise streams")
             if draw.gamma:
                 if stream.chunks != 0:
@@ -566,29 +567,13 @@ class ServerCore:
         durably (the leader: its next ones; the helper: the leader's `lo`,
         refused if any was reserved before)."""
         stream, task = self.stream_and_task(stream_id)
-        if not self.pools_noise(stream, task):
+        if not pools_noise(stream, task):
             raise InvalidArgument(f"stream {stream_id} draws no joint noise ahead of time")
         stream_noise(stream.kind, stream.epsilon, task.params.frac_bits)
         if gamma and stream.chunks:
             raise FailedPrecondition("the stream's γ is drawn already")
         first = self.store.reserve_joint_batch(stream_id, count, lo)
         return NoiseBatch(stream_id, first, count, gamma), stream, task
-
-    async def noise_batch(
-        self, party: ComparisonParty, stream: StreamState, task: TaskState, batch: NoiseBatch
-    ) -> tuple[int | None, U64]:
-        """This server's shares of a batch: γ (if asked) and `count` ν, drawn by
-        the very sampler a chunk would run (so dp/jointsvt.py's accounting holds)."""
-        gamma_shape, nu_shape = shapes(
-            stream_noise(stream.kind, stream.epsilon, task.params.frac_bits)
-        )
-        gamma = int((await joint_shares(party, 1, gamma_shape))[0]) if batch.gamma else None
-        return gamma, await joint_shares(party, batch.count, nu_shape)
-
-    def keep_noise_batch(self, batch: NoiseBatch, gamma: int | None, nu: U64) -> bool:
-        """Store a generated batch (durably); False: discarded (the stream answers
-        no more or has consumed past it)."""
-        return self.store.add_joint_batch(batch.stream_id, batch.lo, nu, gamma)
 
     async def _joint_noise(
         self,
@@ -617,9 +602,7 @@ class ServerCore:
         if m < k:
             nu = np.concatenate([nu, await joint_shares(party, k - m, nu_shape)])
         if self.joint_noise_log is not None:
-            lo, gamma_pooled = (0, False) if pooled is None else (pooled.lo, pooled.gamma is not None)
-            draw = JointDraw(stream.stream_id, stream.chunks, gamma, nu, lo, m, gamma_pooled)
-            self.joint_noise_log.append(draw)
+            self.joint_noise_log.append(JointDraw.of(stream, gamma, nu, pooled))
         return gamma, nu
 
     def ask_inputs(

@@ -32,7 +32,7 @@ from svtagg.servers.exchange import (
 )
 from svtagg.servers.faults import crash_point
 from svtagg.servers.ingest import helper_verify
-from svtagg.servers.joint import Pooled
+from svtagg.servers.joint import Pooled, batch_shares
 from svtagg.servers.session import (
     DataOffer,
     HelperSession,
@@ -214,15 +214,13 @@ class HelperDriver:
         leader keeps a batch only if this server holds it too.  A refusal goes
         back and the session lives on; a batch that fails is never used."""
         try:
-            batch, stream, task = self.core.reserve_noise_batch(
-                h.stream_id, h.count, h.gamma, h.lo
-            )
+            batch, stream, task = self.core.reserve_noise_batch(h.stream_id, h.count, h.gamma, h.lo)
         except Exception as exc:  # noqa: BLE001 - refusal goes back, session lives
             await session.refuse(exc)
             return
         await session.ok()
-        gamma, nu = await self.core.noise_batch(party, stream, task, batch)
-        self.core.keep_noise_batch(batch, gamma, nu)
+        gamma, nu = await batch_shares(party, stream, task, batch)
+        self.core.store.add_joint_batch(h.stream_id, batch.lo, nu, gamma)
         await session.ok()
 
     async def _robust(self, session: HelperSession, party: ComparisonParty, h: RobustChunk) -> None:

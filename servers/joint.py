@@ -45,7 +45,7 @@ stream has begun no chunk, and the first chunk either names the pooled γ
 (the helper refuses if it holds none) or draws a new one in the chunk, which
 replaces any pooled γ never used.
 Why the accounting is unchanged: a batch runs the very sampler a chunk runs
-(`noise_batch`), with the same shapes.
+(`batch_shares`), with the same shapes.
 
 γ drawn in the chunk: there is no session when a stream opens, so without a
 pooled γ it is drawn in the stream's first chunk and each server stores its
@@ -60,11 +60,13 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from svtagg.dp.errors import FailedPrecondition, InvalidArgument
-from svtagg.dp.jointsvt import JointStreamNoise, check_joint_kind, joint_stream_noise
+from svtagg.dp.jointsvt import JOINT, JointStreamNoise, check_joint_kind, joint_stream_noise
 from svtagg.dp.kinds import StreamKind, noise_model
 from svtagg.mpc.jointnoise import SamplerShape, evaluate_joint_noise, garble_joint_noise
 from svtagg.mpc.protocol import ComparisonEvaluator, ComparisonGarbler
 from svtagg.mpc.ring import U64
+from svtagg.servers.exchange import ChunkKind, NoiseBatch
+from svtagg.servers.store import StreamState, TaskState
 
 
 @dataclass(frozen=True)
@@ -81,6 +83,13 @@ class JointDraw:
     pool_lo: int = 0
     pooled: int = 0
     gamma_pooled: bool = False
+
+    @classmethod
+    def of(cls, stream: StreamState, gamma: int, nu: U64, pooled: Pooled | None) -> JointDraw:
+        if pooled is None:
+            return cls(stream.stream_id, stream.chunks, gamma, nu)
+        p = pooled
+        return cls(stream.stream_id, stream.chunks, gamma, nu, p.lo, len(p.nu), p.gamma is not None)
 
 
 @dataclass(frozen=True)
@@ -136,3 +145,18 @@ async def joint_shares(party: object, n: int, shape: SamplerShape) -> U64:
     if isinstance(party, ComparisonEvaluator):
         return await evaluate_joint_noise(party, n, shape)
     raise FailedPrecondition("joint noise needs the garbled-circuit engine")
+
+
+def pools_noise(stream: StreamState, task: TaskState) -> bool:
+    """Whether the stream's chunks draw joint noise (and so may pool it)."""
+    return task.params.noise == JOINT and ChunkKind.of_stream(stream.kind) == ChunkKind.ASK
+
+
+async def batch_shares(
+    party: object, stream: StreamState, task: TaskState, batch: NoiseBatch
+) -> tuple[int | None, U64]:
+    """This server's shares of a batch: γ (if asked) and `count` ν, drawn by the
+    very sampler a chunk would run (so dp/jointsvt.py's accounting holds)."""
+    gamma_shape, nu_shape = shapes(stream_noise(stream.kind, stream.epsilon, task.params.frac_bits))
+    gamma = int((await joint_shares(party, 1, gamma_shape))[0]) if batch.gamma else None
+    return gamma, await joint_shares(party, batch.count, nu_shape)

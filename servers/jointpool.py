@@ -91,8 +91,8 @@ def reserve(pool: JointPool, count: int, lo: int | None) -> int:
 def take(batches: Sequence[Batch], used: int, lo: int, count: int) -> tuple[U64, list[Batch]]:
     """Samples [lo, lo + count) out of the held `batches` (at least every one
     that starts below lo + count), and what to keep of them: only samples from
-    lo + count on (everything below is consumed or discarded).  Refused if any of them was consumed or discarded (lo < used)
-    or is not held here."""
+    lo + count on (everything below is consumed or discarded).  Refused if any
+    of them was consumed or discarded (lo < used) or is not held here."""
     if count < 0 or lo < 0:
         raise InvalidArgument("a negative range of noise samples")
     if lo < used:

@@ -65,7 +65,7 @@ from svtagg.servers.exchange import (
     TaskInfo,
 )
 from svtagg.servers.faults import crash_point
-from svtagg.servers.joint import Pooled, PoolPolicy
+from svtagg.servers.joint import Pooled, PoolPolicy, batch_shares, pools_noise
 from svtagg.servers.jointpool import MAX_BATCH
 from svtagg.servers.port import HelperPort
 from svtagg.servers.reconcile import LedgerSync
@@ -404,7 +404,7 @@ class LeaderDriver:
             raise
         self.core.confirm_stream(stream_id)
         stream, task = self.core.stream_and_task(stream_id)
-        if self.core.pools_noise(stream, task):
+        if pools_noise(stream, task):
             self._want_pool(stream_id, 0)  # γ and the first batch, before any chunk
         log.info(
             "task %s: stream %s opened (%s, epsilon %s, delta %s%s)",
@@ -433,7 +433,7 @@ class LeaderDriver:
         stream, task = self._open_stream(request.stream_id, ChunkKind.ASK)
         chunk = parse_chunk(task, request.queries.index, request.queries.complement)
         taus = parse_taus(task, request.tau, len(chunk))
-        pools = self.core.pools_noise(stream, task)
+        pools = pools_noise(stream, task)
         if pools:
             await self._pool_ready(stream, len(chunk))
         if self.work is not None:
@@ -538,9 +538,10 @@ class LeaderDriver:
         numbers stay reserved, its shares are gone."""
         batch, stream, task = self.core.reserve_noise_batch(stream_id, count, gamma)
         (gamma_share, nu), traffic = await self._exchange(
-            batch, lambda party: self.core.noise_batch(party, stream, task, batch)
+            batch, lambda party: batch_shares(party, stream, task, batch)
         )
-        return traffic if self.core.keep_noise_batch(batch, gamma_share, nu) else None
+        kept = self.core.store.add_joint_batch(stream_id, batch.lo, nu, gamma_share)
+        return traffic if kept else None
 
     def _want_pool(self, stream_id: str, k: int) -> None:
         """Fill the stream's pool in the background (one filler per stream at a

@@ -41,8 +41,7 @@ second live process sharing it (ingest replicas and workers open it with
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable
-from dataclasses import replace
+from collections.abc import Callable, Sequence
 from fractions import Fraction
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -65,9 +64,7 @@ from svtagg.dp.plans import PlanBook
 from svtagg.dp.queries import Budget
 from svtagg.dp.task import TaskParams
 from svtagg.mpc.ring import U64
-from svtagg.servers import jointpool
 from svtagg.servers.faults import crash_point
-from svtagg.servers.jointpool import Batch, JointPool
 from svtagg.servers.store import (
     BATCH_COLUMNS,
     CLOSED,
@@ -104,6 +101,7 @@ from svtagg.servers.store import (
     within_capacity,
     xor_reports,
 )
+from svtagg.servers.store_jointpool import JointPoolTables
 from svtagg.servers.store_pg_pending import PgPending
 from svtagg.servers.store_pg_schema import MIGRATIONS
 
@@ -194,7 +192,7 @@ def missing_path_schema(conn: psycopg.Connection[Any]) -> str | None:
     return first if first and first != "$user" else None
 
 
-class PgStore(PgPending):
+class PgStore(PgPending, JointPoolTables):
     """PostgreSQL store of one server (`store.Store`).
 
     `schema` (optional) keeps the store in that schema of the database (created
@@ -607,93 +605,10 @@ class PgStore(PgPending):
             )
 
     # ------------------------------------------------------------ joint noise pool
-    def _batches(self, stream_id: str, below: int) -> list[Batch]:
-        """The held batches that start below `below`."""
-        return [
-            (int(lo), jointpool.decode(blob))
-            for lo, blob in self._conn.execute(
-                "SELECT lo, shares FROM joint_batches WHERE stream_id=%s AND lo<%s ORDER BY lo",
-                (stream_id, below),
-            )
-        ]
-
-    def joint_pool(self, stream_id: str) -> JointPool:
-        row = self._conn.execute(
-            "SELECT next_seq, used_seq, gamma_ready FROM joint_pools WHERE stream_id=%s",
-            (stream_id,),
-        ).fetchone()
-        if row is None:
-            return JointPool()
-        sizes = self._conn.execute(
-            "SELECT lo, length(shares) / 8 FROM joint_batches WHERE stream_id=%s ORDER BY lo",
-            (stream_id,),
-        ).fetchall()
-        runs = jointpool.runs_of([(int(lo), int(n)) for lo, n in sizes])
-        return JointPool(int(row[0]), int(row[1]), bool(row[2]), runs)
-
-    def _set_pool(self, stream_id: str, pool: JointPool) -> None:
-        self._conn.execute(
-            "INSERT INTO joint_pools (stream_id, next_seq, used_seq, gamma_ready)"
-            " VALUES (%s,%s,%s,%s) ON CONFLICT (stream_id) DO UPDATE SET"
-            " next_seq=EXCLUDED.next_seq, used_seq=EXCLUDED.used_seq,"
-            " gamma_ready=EXCLUDED.gamma_ready",
-            (stream_id, pool.next, pool.used, pool.gamma_ready),
-        )
-
-    def reserve_joint_batch(self, stream_id: str, count: int, lo: int | None = None) -> int:
-        with self._tx():
-            if self.stream(stream_id).state not in (OPEN, IN_CHUNK):
-                raise FailedPrecondition(f"stream {stream_id!r} answers no more")
-            pool = self.joint_pool(stream_id)
-            first = jointpool.reserve(pool, count, lo)
-            self._set_pool(stream_id, replace(pool, next=first + count))
-        return first
-
-    def add_joint_batch(self, stream_id: str, lo: int, nu: U64, gamma: int | None) -> bool:
-        with self._tx():
-            s = self.stream(stream_id)
-            pool = self.joint_pool(stream_id)
-            if s.state not in (OPEN, IN_CHUNK) or lo < pool.used or lo + len(nu) > pool.next:
-                return False
-            self._conn.execute(
-                "INSERT INTO joint_batches (stream_id, lo, shares) VALUES (%s,%s,%s)",
-                (stream_id, lo, jointpool.encode(nu)),
-            )
-            if gamma is not None and s.state == OPEN and s.chunks == 0:
-                self._conn.execute(
-                    "UPDATE streams SET gamma=%s WHERE stream_id=%s", (str(gamma), stream_id)
-                )
-                self._set_pool(stream_id, replace(pool, gamma_ready=True))
-        return True
-
-    def take_joint_noise(self, stream_id: str, lo: int, count: int) -> U64:
-        with self._tx():
-            if self.stream(stream_id).state != IN_CHUNK:
-                raise FailedPrecondition(f"stream {stream_id!r} is not in a chunk")
-            pool = self.joint_pool(stream_id)
-            below = self._batches(stream_id, lo + count)
-            taken, keep = jointpool.take(below, pool.used, lo, count)
-            self._conn.execute(
-                "DELETE FROM joint_batches WHERE stream_id=%s AND lo<%s", (stream_id, lo + count)
-            )
-            for first, shares in keep:
-                self._conn.execute(
-                    "INSERT INTO joint_batches (stream_id, lo, shares) VALUES (%s,%s,%s)",
-                    (stream_id, first, jointpool.encode(shares)),
-                )
-            self._set_pool(stream_id, replace(pool, used=lo + count))
-        return taken
-
-    def begin_pooled_chunk(
-        self, stream_id: str, chunk_no: int | None, lo: int, count: int
-    ) -> tuple[int, U64]:
-        with self._tx():
-            number = self.begin_chunk(stream_id, chunk_no)
-            return number, self.take_joint_noise(stream_id, lo, count)
-
-    def discard_joint_pool(self, stream_id: str) -> None:
-        with self._tx():
-            self._conn.execute("DELETE FROM joint_batches WHERE stream_id=%s", (stream_id,))
+    def _sql(self, statement: str, params: Sequence[Any] = ()) -> Any:
+        """A statement of the shared joint-pool code (`store_jointpool`), its
+        `?` placeholders as psycopg's."""
+        return self._conn.execute(statement.replace("?", "%s").encode(), params)
 
     # ------------------------------------------------------------ plans
     def plan(self, plan_id: str) -> tuple[PlanBook, str, str]:

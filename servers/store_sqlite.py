@@ -14,11 +14,10 @@ from __future__ import annotations
 import io
 import os
 import sqlite3
-from collections.abc import Callable
-from dataclasses import replace
+from collections.abc import Callable, Sequence
 from fractions import Fraction
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -28,9 +27,7 @@ from svtagg.dp.plans import PlanBook
 from svtagg.dp.queries import Budget
 from svtagg.dp.task import TaskParams
 from svtagg.mpc.ring import U64
-from svtagg.servers import jointpool
 from svtagg.servers.faults import crash_point
-from svtagg.servers.jointpool import Batch, JointPool
 from svtagg.servers.store import (
     BATCH_COLUMNS,
     CLOSED,
@@ -67,6 +64,7 @@ from svtagg.servers.store import (
     within_capacity,
     xor_reports,
 )
+from svtagg.servers.store_jointpool import JointPoolTables
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS tasks (
@@ -118,7 +116,7 @@ CREATE TABLE IF NOT EXISTS verdicts (
 """
 
 
-class SqliteStore:
+class SqliteStore(JointPoolTables):
     """SQLite store of one server (`store.Store`).  Not thread-safe: one server,
     one event loop; one process per store file."""
 
@@ -614,91 +612,9 @@ class SqliteStore:
             )
 
     # ------------------------------------------------------------ joint noise pool
-    def _batches(self, stream_id: str, below: int) -> list[Batch]:
-        """The held batches that start below `below`."""
-        return [
-            (int(lo), jointpool.decode(blob))
-            for lo, blob in self._db.execute(
-                "SELECT lo, shares FROM joint_batches WHERE stream_id=? AND lo<? ORDER BY lo",
-                (stream_id, below),
-            )
-        ]
-
-    def joint_pool(self, stream_id: str) -> JointPool:
-        row = self._db.execute(
-            "SELECT next_seq, used_seq, gamma_ready FROM joint_pools WHERE stream_id=?",
-            (stream_id,),
-        ).fetchone()
-        if row is None:
-            return JointPool()
-        sizes = self._db.execute(
-            "SELECT lo, length(shares) / 8 FROM joint_batches WHERE stream_id=? ORDER BY lo",
-            (stream_id,),
-        ).fetchall()
-        runs = jointpool.runs_of([(int(lo), int(n)) for lo, n in sizes])
-        return JointPool(int(row[0]), int(row[1]), bool(row[2]), runs)
-
-    def _set_pool(self, stream_id: str, pool: JointPool) -> None:
-        self._db.execute(
-            "INSERT INTO joint_pools (stream_id, next_seq, used_seq, gamma_ready)"
-            " VALUES (?,?,?,?) ON CONFLICT (stream_id) DO UPDATE SET next_seq=excluded.next_seq,"
-            " used_seq=excluded.used_seq, gamma_ready=excluded.gamma_ready",
-            (stream_id, pool.next, pool.used, int(pool.gamma_ready)),
-        )
-
-    def reserve_joint_batch(self, stream_id: str, count: int, lo: int | None = None) -> int:
-        with self._tx():
-            if self.stream(stream_id).state not in (OPEN, IN_CHUNK):
-                raise FailedPrecondition(f"stream {stream_id!r} answers no more")
-            pool = self.joint_pool(stream_id)
-            first = jointpool.reserve(pool, count, lo)
-            self._set_pool(stream_id, replace(pool, next=first + count))
-        return first
-
-    def add_joint_batch(self, stream_id: str, lo: int, nu: U64, gamma: int | None) -> bool:
-        with self._tx():
-            s = self.stream(stream_id)
-            pool = self.joint_pool(stream_id)
-            if s.state not in (OPEN, IN_CHUNK) or lo < pool.used or lo + len(nu) > pool.next:
-                return False
-            self._db.execute(
-                "INSERT INTO joint_batches (stream_id, lo, shares) VALUES (?,?,?)",
-                (stream_id, lo, jointpool.encode(nu)),
-            )
-            if gamma is not None and s.state == OPEN and s.chunks == 0:
-                self._db.execute(
-                    "UPDATE streams SET gamma=? WHERE stream_id=?", (str(gamma), stream_id)
-                )
-                self._set_pool(stream_id, replace(pool, gamma_ready=True))
-        return True
-
-    def take_joint_noise(self, stream_id: str, lo: int, count: int) -> U64:
-        with self._tx():
-            if self.stream(stream_id).state != IN_CHUNK:
-                raise FailedPrecondition(f"stream {stream_id!r} is not in a chunk")
-            pool = self.joint_pool(stream_id)
-            below = self._batches(stream_id, lo + count)
-            taken, keep = jointpool.take(below, pool.used, lo, count)
-            self._db.execute(
-                "DELETE FROM joint_batches WHERE stream_id=? AND lo<?", (stream_id, lo + count)
-            )
-            self._db.executemany(
-                "INSERT INTO joint_batches (stream_id, lo, shares) VALUES (?,?,?)",
-                [(stream_id, first, jointpool.encode(sh)) for first, sh in keep],
-            )
-            self._set_pool(stream_id, replace(pool, used=lo + count))
-        return taken
-
-    def begin_pooled_chunk(
-        self, stream_id: str, chunk_no: int | None, lo: int, count: int
-    ) -> tuple[int, U64]:
-        with self._tx():
-            number = self.begin_chunk(stream_id, chunk_no)
-            return number, self.take_joint_noise(stream_id, lo, count)
-
-    def discard_joint_pool(self, stream_id: str) -> None:
-        with self._tx():
-            self._db.execute("DELETE FROM joint_batches WHERE stream_id=?", (stream_id,))
+    def _sql(self, statement: str, params: Sequence[Any] = ()) -> Any:
+        """A statement of the shared joint-pool code (`store_jointpool`)."""
+        return self._db.execute(statement, params)
 
     # ------------------------------------------------------------ plans
     def plan(self, plan_id: str) -> tuple[PlanBook, str, str]:

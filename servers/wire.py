@@ -34,6 +34,7 @@ from svtagg.servers.exchange import (
     CompareAnswer,
     JobAnswer,
     JobInputs,
+    NoiseBatch,
     NoisyMax,
     NoisyMaxAnswer,
     OpenStream,
@@ -41,13 +42,12 @@ from svtagg.servers.exchange import (
     PlanInfo,
     PlanRequest,
     PlanSlot,
+    PoolDraw,
     PrepareStream,
     Queries,
     ReportIds,
     ReportPage,
     ReportSet,
-    NoiseBatch,
-    PoolDraw,
     RobustChunk,
     StreamChunk,
     StreamInfo,
@@ -478,8 +478,8 @@ def _robust_from_pb(m: pb.ChunkHeader) -> RobustChunk:
 def _header_from_pb(m: pb.ChunkHeader) -> ChunkHeader:
     """A robust task id makes a robust chunk, `joint_batch` a noise batch,
     else it is a stream's chunk (`compare`: a Compare chunk, `noisy_max`: a
-    report-noisy-max chunk, at most one of the two).  A range-validation header (the retired garbled range
-    check of an older leader) is refused."""
+    report-noisy-max chunk, at most one of the two).  A range-validation
+    header (the retired garbled range check of an older leader) is refused."""
     if m.validate_task_id:
         raise InvalidArgument(
             "the garbled range check at the close is retired: reports prove their "

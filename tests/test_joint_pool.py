@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from test_joint_servers import N, UNIT, _chi_square_pvalue, spec
+from test_joint_servers import UNIT, N, _chi_square_pvalue, spec
 
 from svtagg.dp.errors import FailedPrecondition, Refusal
 from svtagg.dp.joint import pmf

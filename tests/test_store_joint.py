@@ -10,7 +10,7 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
-from test_store_contract import backend, params, store  # noqa: F401 - fixtures
+from test_store_contract import Opener, backend, params, store  # noqa: F401 - fixtures
 
 from svtagg.dp.errors import FailedPrecondition, InvalidArgument
 from svtagg.dp.kinds import StreamKind
@@ -53,14 +53,13 @@ def _u64(*xs: int) -> np.ndarray:
     return np.array(xs, dtype=np.uint64)
 
 
-def _open_joint(store: Store, sid: str = "s") -> None:
-    if "t" not in store.task_ids():
-        store.create_task(replace(params(), noise="joint"))
-        store.close_collection("t")
-        store.mark_agreed("t", None)
-    eps = Fraction(1, 4)
-    store.open_stream(sid, "t", StreamKind.LAP24, eps, Fraction(0), Fraction(0))
-    store.set_threshold_noise(sid, 0)
+def _open_joint(st: Store, sid: str = "s") -> None:
+    if "t" not in st.task_ids():
+        st.create_task(replace(params(), noise="joint"))
+        st.close_collection("t")
+        st.mark_agreed("t", None)
+    st.open_stream(sid, "t", StreamKind.LAP24, Fraction(1, 4), Fraction(0), Fraction(0))
+    st.set_threshold_noise(sid, 0)
 
 
 def test_a_pool_hands_out_each_sample_once(backend: tuple[str, Opener]) -> None:  # noqa: F811
@@ -68,32 +67,32 @@ def test_a_pool_hands_out_each_sample_once(backend: tuple[str, Opener]) -> None:
     replay), a chunk takes a range once (nothing below `used` again, even the
     samples it skipped), and all of it survives a reopen."""
     opener = backend[1]
-    store = opener()
-    _open_joint(store)
-    assert store.joint_pool("s") == JointPool()
-    assert store.reserve_joint_batch("s", 3) == 0  # the leader's next
-    assert store.reserve_joint_batch("s", 2, lo=3) == 3  # the helper, at the leader's lo
+    st = opener()
+    _open_joint(st)
+    assert st.joint_pool("s") == JointPool()
+    assert st.reserve_joint_batch("s", 3) == 0  # the leader's next
+    assert st.reserve_joint_batch("s", 2, lo=3) == 3  # the helper, at the leader's lo
     with pytest.raises(FailedPrecondition, match="reserved before"):
-        store.reserve_joint_batch("s", 2, lo=4)
+        st.reserve_joint_batch("s", 2, lo=4)
     with pytest.raises(InvalidArgument, match="1 to"):
-        store.reserve_joint_batch("s", 0)
-    assert store.add_joint_batch("s", 0, _u64(10, 11, 12), gamma=99)
-    assert store.add_joint_batch("s", 3, _u64(13, 14), gamma=None)
-    assert not store.add_joint_batch("s", 5, _u64(15), gamma=None)  # never reserved
-    pool = store.joint_pool("s")
+        st.reserve_joint_batch("s", 0)
+    assert st.add_joint_batch("s", 0, _u64(10, 11, 12), gamma=99)
+    assert st.add_joint_batch("s", 3, _u64(13, 14), gamma=None)
+    assert not st.add_joint_batch("s", 5, _u64(15), gamma=None)  # never reserved
+    pool = st.joint_pool("s")
     assert (pool.next, pool.used, pool.gamma_ready, pool.runs) == (5, 0, True, ((0, 5),))
-    assert store.stream("s").gamma == 99
+    assert st.stream("s").gamma == 99
     with pytest.raises(FailedPrecondition, match="not in a chunk"):
-        store.take_joint_noise("s", 0, 2)
-    store.begin_chunk("s")
-    assert store.take_joint_noise("s", 1, 2).tolist() == [11, 12]  # sample 0 is discarded
+        st.take_joint_noise("s", 0, 2)
+    st.begin_chunk("s")
+    assert st.take_joint_noise("s", 1, 2).tolist() == [11, 12]  # sample 0 is discarded
     for lo in (0, 2):
         with pytest.raises(FailedPrecondition, match="already consumed"):
-            store.take_joint_noise("s", lo, 1)
+            st.take_joint_noise("s", lo, 1)
     with pytest.raises(FailedPrecondition, match="not all held"):
-        store.take_joint_noise("s", 4, 2)
-    store.end_chunk("s", 2, close=False)
-    store.close()
+        st.take_joint_noise("s", 4, 2)
+    st.end_chunk("s", 2, close=False)
+    st.close()
 
     again = opener()
     pool = again.joint_pool("s")
@@ -122,15 +121,15 @@ def test_a_stream_that_answers_no_more_keeps_no_shares(
     """Failed or interrupted by a stop: its held shares are deleted (counters
     kept), and a batch that arrives afterwards is not kept."""
     opener = backend[1]
-    store = opener()
-    _open_joint(store, "a")
-    _open_joint(store, "b")
+    st = opener()
+    _open_joint(st, "a")
+    _open_joint(st, "b")
     for sid in ("a", "b"):
-        store.reserve_joint_batch(sid, 2)
-        store.add_joint_batch(sid, 0, _u64(1, 2), None)
-    store.begin_chunk("a")
-    store.take_joint_noise("a", 0, 1)
-    store.close()  # "a" was mid-chunk
+        st.reserve_joint_batch(sid, 2)
+        st.add_joint_batch(sid, 0, _u64(1, 2), None)
+    st.begin_chunk("a")
+    st.take_joint_noise("a", 0, 1)
+    st.close()  # "a" was mid-chunk
     again = opener()
     assert again.stream("a").state == FAILED
     assert again.joint_pool("a").runs == () and again.joint_pool("a").used == 1
