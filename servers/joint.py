@@ -108,10 +108,13 @@ class PoolPolicy:
     """How the leader keeps a joint-noise stream's pool filled: after the open
     (with γ) and after each chunk, batches of `batch` samples (at most
     `jointpool.MAX_BATCH`) until it holds at least max(`reserve`, the last
-    chunk's size) — enough for the next chunk of that size."""
+    chunk's size) — enough for the next chunk of that size.  The first batch,
+    γ's, holds at most `first` samples, so that a chunk sent right after the
+    open waits little for its γ."""
 
     batch: int = 1000
     reserve: int = 1000
+    first: int = 100
 
 
 def stream_noise(kind: StreamKind, epsilon: Fraction, frac_bits: int) -> JointStreamNoise:

@@ -91,6 +91,9 @@ PASS_JOBS = 32
 #: How long `close_collection` waits for the helper before closing anything.
 HELPER_CHECK_DEADLINE = 5.0
 
+#: How often a chunk waiting for its stream's noise batches looks at the pool (s).
+POOL_POLL = 0.01
+
 #: How a refusal names a stream kind and the call each chunk kind answers.
 _STREAM_NAMES = {StreamKind.CTT: "a CompareToThresholds", StreamKind.NMAX: "a report-noisy-max"}
 _CHUNK_CALLS = {ChunkKind.ASK: "Ask", ChunkKind.COMPARE: "Compare", ChunkKind.NMAX: "NoisyMax"}
@@ -550,7 +553,7 @@ class LeaderDriver:
         if policy is None or stream_id in self._fills:
             return
         want = max(policy.reserve, k)
-        task = asyncio.create_task(self._fill(stream_id, want, policy.batch))
+        task = asyncio.create_task(self._fill(stream_id, want, policy))
         self._fills[stream_id] = task
 
         def done(t: asyncio.Task[None]) -> None:
@@ -559,7 +562,7 @@ class LeaderDriver:
 
         task.add_done_callback(done)
 
-    async def _fill(self, stream_id: str, want: int, batch: int) -> None:
+    async def _fill(self, stream_id: str, want: int, policy: PoolPolicy) -> None:
         try:
             while True:
                 stream = self.core.stream(stream_id)
@@ -569,7 +572,9 @@ class LeaderDriver:
                 gamma = stream.chunks == 0 and not pool.gamma_ready
                 if pool.held >= want and not gamma:
                     return
-                count = min(MAX_BATCH, max(batch, want - pool.held))
+                count = min(MAX_BATCH, max(policy.batch, want - pool.held))
+                if gamma:
+                    count = max(1, min(count, policy.first))
                 if await self.fill_pool(stream_id, count, gamma) is None:
                     return
         except Exception as exc:  # noqa: BLE001 - the chunks draw in the chunk instead
@@ -585,17 +590,17 @@ class LeaderDriver:
                 await t
 
     async def _pool_ready(self, stream: StreamState, k: int) -> None:
-        """Before a chunk of k queries: if its stream's pool is being filled and
-        lacks γ (first chunk) or k samples, wait for the filler, since finishing
-        a batch already under way costs the chunk less than drawing in it.  A
-        failed filler leaves the chunk to draw in the chunk what it lacks."""
+        """Before a chunk of k queries: while its stream's pool is being filled
+        and lacks γ (first chunk) or k samples, wait for the filler's batches,
+        since finishing a batch already under way costs the chunk less than
+        drawing in it.  A filler that ends (or fails) leaves the chunk to draw
+        in the chunk what the pool lacks."""
         fill = self._fills.get(stream.stream_id)
-        if fill is None:
-            return
-        pool = self.core.store.joint_pool(stream.stream_id)
-        if (stream.chunks == 0 and not pool.gamma_ready) or pool.first_run()[1] < k:
-            with contextlib.suppress(Exception):
-                await asyncio.shield(fill)
+        while fill is not None and not fill.done():
+            pool = self.core.store.joint_pool(stream.stream_id)
+            if not (stream.chunks == 0 and not pool.gamma_ready) and pool.first_run()[1] >= k:
+                return
+            await asyncio.wait({fill}, timeout=POOL_POLL)
 
     async def _exchange(
         self,
