@@ -8,8 +8,9 @@ practice (c·2^F/ε for F = 16 and ε from 10 down to 0.01).  Then, through the
 one-process reference pair (both servers in this process, native engine,
 SQLite stores, F = 16, lap24 at ε = 1): the offline generation of joint noise
 (`LeaderDriver.fill_pool`: AND gates, bytes and seconds per sample), and the
-online Ask chunks of each size, independent noise and joint noise from the
-pool alternating, comparisons/s median (min–max) over the repeats.
+online Ask chunks of each size, independent noise, joint noise from the pool
+and joint noise drawn in the chunk interleaved, comparisons/s median (min–max)
+over the repeats.
 """
 
 from __future__ import annotations
@@ -52,10 +53,11 @@ def measure(fn, scale: Fraction, draws: int, repeats: int) -> float:  # type: ig
 
 
 async def joint_vs_independent(sizes: list[int], repeats: int) -> dict[str, Any]:
-    """Offline generation of every joint sample the joint chunks use, then the
+    """Offline generation of every joint sample the pooled chunks use, then the
     chunks: for each size, `repeats` rounds of (an independent-noise chunk, a
-    joint-noise chunk served wholly from the pool), every answer NO (τ above
-    every score), so all k queries are compared."""
+    joint-noise chunk served wholly from the pool, and for reference one that
+    draws its joint noise in the chunk), every answer NO (τ above every score),
+    so all k queries are compared."""
     out: dict[str, Any] = {"sizes": {}}
     with tempfile.TemporaryDirectory() as tmp:
         async with reference_pair(Path(tmp), frac_bits=F) as ref:
@@ -70,9 +72,9 @@ async def joint_vs_independent(sizes: list[int], repeats: int) -> dict[str, Any]
             gen_seconds = gen_bytes = gen_samples = 0.0
             for k in sizes:
                 streams = {}
-                for task_id in ("ind", "joint"):
+                for name, task_id in (("ind", "ind"), ("joint", "joint"), ("chunk", "joint")):
                     info = await ref.leader.open_stream(OpenStream(task_id, StreamKind.LAP24, "1"))
-                    streams[task_id] = info.stream_id
+                    streams[name] = info.stream_id
                 need, first = k * repeats, True
                 while need:
                     batch = min(need, MAX_BATCH)
@@ -86,15 +88,15 @@ async def joint_vs_independent(sizes: list[int], repeats: int) -> dict[str, Any]
                     first = False
                 index = Queries(tuple(i % D for i in range(k)))
                 never = (4 * USERS << F,) * k
-                walls: dict[str, list[float]] = {"ind": [], "joint": []}
+                walls: dict[str, list[float]] = {name: [] for name in streams}
                 peer: dict[str, int] = {}
                 for _ in range(repeats):
-                    for task_id, sid in streams.items():
+                    for name, sid in streams.items():
                         t = time.perf_counter()
                         answer = await ref.leader.ask(Ask(sid, index, never))
-                        walls[task_id].append(time.perf_counter() - t)
+                        walls[name].append(time.perf_counter() - t)
                         assert answer.index is None
-                        peer[task_id] = answer.peer_bytes
+                        peer[name] = answer.peer_bytes
                 pool = ref.leader.core.store.joint_pool(streams["joint"])
                 assert pool.used == k * repeats  # every joint ν came from the pool
                 out["sizes"][k] = {
@@ -123,15 +125,16 @@ def print_joint(r: dict[str, Any], repeats: int) -> None:
         f"{g['bytes_per_sample']:,.0f} bytes/sample, {g['samples_per_second']:,.0f} samples/s "
         f"({g['samples']:,.0f} samples in {g['seconds']:.1f} s, batches of <= {MAX_BATCH:,})"
     )
-    print(f"online Ask chunks, comparisons/s, median (min-max) of {repeats}, alternating:")
-    print(f"{'chunk':>8}  {'independent noise':>30}  {'joint noise from the pool':>30}  ratio")
+    print(f"online Ask chunks, comparisons/s, median (min-max) of {repeats}, interleaved:")
+    heads = ("independent noise", "joint, from the pool", "joint, drawn in chunk")
+    print(f"{'chunk':>8}  {heads[0]:>34}  {heads[1]:>34}  {'pool/ind':>8}  {heads[2]:>34}")
     for k, row in r["sizes"].items():
         cells = []
-        for name in ("ind", "joint"):
+        for name in ("ind", "joint", "chunk"):
             med, lo, hi = row[name]["rate"]
             cells.append(f"{med:,.0f} ({lo:,.0f}-{hi:,.0f}), {row[name]['bytes'] / k:,.0f} B/q")
         ratio = row["joint"]["rate"][0] / row["ind"]["rate"][0]
-        print(f"{k:>8,}  {cells[0]:>30}  {cells[1]:>30}  {ratio:.2f}")
+        print(f"{k:>8,}  {cells[0]:>34}  {cells[1]:>34}  {ratio:>8.2f}  {cells[2]:>34}")
 
 
 def main(argv: list[str] | None = None) -> int:
