@@ -125,6 +125,9 @@ class LeaderDriver:
         #: pool lacks in the chunk.
         self.noise_pool: PoolPolicy | None = PoolPolicy()
         self._fills: dict[str, asyncio.Task[None]] = {}
+        #: One background batch at a time, so that it never holds every pooled
+        #: session (two by default): chunks keep at least one.
+        self._fill_slot = asyncio.Semaphore(1)
 
     # ------------------------------------------------------------ plans
     async def reserve_plan(self, request: PlanRequest) -> PlanInfo:
@@ -564,21 +567,25 @@ class LeaderDriver:
 
     async def _fill(self, stream_id: str, want: int, policy: PoolPolicy) -> None:
         try:
-            while True:
-                stream = self.core.stream(stream_id)
-                if stream.state not in (OPEN, IN_CHUNK):
-                    return
-                pool = self.core.store.joint_pool(stream_id)
-                gamma = stream.chunks == 0 and not pool.gamma_ready
-                if pool.held >= want and not gamma:
-                    return
-                count = min(MAX_BATCH, max(policy.batch, want - pool.held))
-                if gamma:
-                    count = max(1, min(count, policy.first))
-                if await self.fill_pool(stream_id, count, gamma) is None:
-                    return
+            while await self._fill_once(stream_id, want, policy):
+                pass
         except Exception as exc:  # noqa: BLE001 - the chunks draw in the chunk instead
             log.warning("stream %s: joint noise batch failed: %s", stream_id, exc)
+
+    async def _fill_once(self, stream_id: str, want: int, policy: PoolPolicy) -> bool:
+        """One batch towards `want` held samples (and γ); whether to go on."""
+        async with self._fill_slot:
+            stream = self.core.stream(stream_id)
+            if stream.state not in (OPEN, IN_CHUNK):
+                return False
+            pool = self.core.store.joint_pool(stream_id)
+            gamma = stream.chunks == 0 and not pool.gamma_ready
+            if pool.held >= want and not gamma:
+                return False
+            count = min(MAX_BATCH, max(policy.batch, want - pool.held))
+            if gamma:
+                count = max(1, min(count, policy.first))
+            return await self.fill_pool(stream_id, count, gamma) is not None
 
     async def stop_noise_fills(self) -> None:
         """Cancel the background fillers (shutdown); a batch cut short is never used."""

@@ -279,3 +279,21 @@ async def test_one_server_cannot_predict_pooled_noise(
     control = await _predicted_by_leader(pair, monkeypatch, "zero")
     assert control == 1.0
     assert not control < 4 * collision + 0.005
+
+
+async def test_streams_filled_side_by_side_keep_their_own_samples(pair: ReferencePair) -> None:
+    """Two streams whose pools fill in the background at once (one batch at a
+    time per leader), their chunks interleaved: each chunk's samples are its
+    own stream's, on both servers, and both streams find their YES."""
+    pair.leader.noise_pool = PoolPolicy(batch=100, reserve=100, first=20)
+    sids = [await _open(pair, "4") for _ in range(2)]
+    for _ in range(3):
+        for sid in sids:
+            await _ask_no(pair, sid, 60)
+    for sid in sids:
+        yes = await pair.leader.ask(Ask(sid, Queries((2, 0)), ((N // 2) * UNIT,) * 2))
+        assert yes.index == 0 and yes.closed
+    leader, _ = _logs(pair)
+    assert {d.stream_id for d in leader} == set(sids)
+    assert any(d.pooled for d in leader)
+    _check_pairs(pair, eps=4)
