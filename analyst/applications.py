@@ -13,7 +13,7 @@ from fractions import Fraction
 import numpy as np
 import numpy.typing as npt
 
-from svtagg.analyst.oracle import Oracle, PlannedOracle, planned
+from svtagg.analyst.oracle import Oracle, PlannedOracle, adaptive_groups, planned
 from svtagg.analyst.selection import (
     Candidates,
     PracticalOptions,
@@ -407,7 +407,7 @@ def mwem_svt(
     step = Epsilon(mwem_step_epsilon(eps, t_rounds, delta))
     # The plan, fixed before any data is touched: 2T steps of ε0 each, charged by
     # the cheapest composition the servers accept (zCDP when δ > 0).
-    groups = [(step.value, 0)] * (2 * t_rounds)
+    groups = adaptive_groups(oracle, [step.value] * (2 * t_rounds))
     with planned(oracle, groups, Fraction(str(delta)) if delta > 0 else 0) as plan_oracle:
         steps = _MwemSteps(plan_oracle, workload, step, beta / (2 * t_rounds), kind, variant)
         synth, chosen = mwem_loop(n, workload, t_rounds, steps.select, steps.measure)

@@ -34,6 +34,8 @@ import numpy as np
 import numpy.typing as npt
 
 from svtagg.analyst.oracle import Oracle
+from svtagg.dp.joint import pmf as joint_pmf
+from svtagg.dp.jointsvt import joint_stream_noise
 from svtagg.dp.kinds import StreamKind, noise_model
 from svtagg.dp.noise import geometric_log_pmf, laplace_log_pmf
 from svtagg.dp.queries import Query, encode_thresholds
@@ -430,6 +432,43 @@ def first_yes_pmf(
         model.threshold_family, model.threshold_scale(eps, frac_bits), parties
     )
     n_lo, p_nu = _noise_pmf(model.query_family, model.query_scale(eps, frac_bits), parties)
+    return _first_yes_law(scores, taus, (g_lo, p_gamma), (n_lo, p_nu))
+
+
+def joint_first_yes_pmf(
+    scores: Sequence[int],
+    taus: Sequence[int],
+    kind: StreamKind | str,
+    epsilon: Fraction,
+    frac_bits: int,
+) -> npt.NDArray[np.float64]:
+    """`first_yes_pmf` for a stream of a joint-noise task: γ and every ν are ONE
+    draw each of the garbled sampler, whose exact law is `dp.joint.pmf` at the
+    stream's constants (`dp.jointsvt.joint_stream_noise`); small supports only
+    (`dp.joint.MAX_ENUMERATED_DIGITS`)."""
+    noise = joint_stream_noise(StreamKind.parse(kind), Fraction(epsilon), frac_bits)
+
+    def law(constants: tuple[int, ...]) -> tuple[int, npt.NDArray[np.float64]]:
+        exact = joint_pmf(constants, noise.bits)
+        lo = min(exact)
+        out = np.zeros(max(exact) - lo + 1)
+        for x, p in exact.items():
+            out[x - lo] = float(p)
+        return lo, out
+
+    return _first_yes_law(scores, taus, law(noise.threshold_constants), law(noise.query_constants))
+
+
+def _first_yes_law(
+    scores: Sequence[int],
+    taus: Sequence[int],
+    gamma: tuple[int, npt.NDArray[np.float64]],
+    nu: tuple[int, npt.NDArray[np.float64]],
+) -> npt.NDArray[np.float64]:
+    """P(first YES at j) for j < k, then P(no YES), for γ and i.i.d. ν with these
+    (lowest value, pmf) laws: YES iff s − τ + ν − γ ≥ 0."""
+    g_lo, p_gamma = gamma
+    n_lo, p_nu = nu
     cdf_nu = np.cumsum(p_nu)
     gammas = g_lo + np.arange(p_gamma.size)
 

@@ -2,8 +2,10 @@
 
 It holds the per-user matrix, encodes it exactly as clients do (`mpc.ring.encode`),
 sums it, and answers streams with the same exact samplers, noise models and ledger
-rules as the servers — with one party's noise (central DP) or the two-server
-noise model (two independent full draws per term).
+rules as the servers — with one party's noise (central DP), the two-server
+noise model (two independent full draws per term), or a joint-noise task's
+(`noise="joint"`: one draw per term of the garbled sampler's exact law,
+`dp.joint.sample`, with its δ charged as the servers charge it).
 """
 
 from __future__ import annotations
@@ -17,6 +19,14 @@ import numpy.typing as npt
 from svtagg.analyst.oracle import OracleStats
 from svtagg.dp import accuracy
 from svtagg.dp.errors import NotFound, Refusal
+from svtagg.dp.jointsvt import (
+    INDEPENDENT,
+    JOINT,
+    NOISE_OPTIONS,
+    JointStreamNoise,
+    check_joint_kind,
+    joint_stream_noise,
+)
 from svtagg.dp.kinds import (
     StreamKind,
     StreamRequest,
@@ -110,6 +120,8 @@ class LocalOracle:
         frac_bits: int = DEFAULT_FRAC_BITS,
         parties: int = 1,
         seed: bytes | int | None = None,
+        noise: str = INDEPENDENT,
+        epsilon_min: Number | str | None = None,
     ) -> None:
         matrix = np.asarray(data, dtype=np.float64)
         if matrix.ndim != 2 or matrix.shape[0] < 1 or matrix.shape[1] < 1:
@@ -119,6 +131,12 @@ class LocalOracle:
         self._n, self._d = int(matrix.shape[0]), int(matrix.shape[1])
         self.frac_bits = frac_bits
         self._parties = parties
+        if noise not in NOISE_OPTIONS:
+            raise ValueError(f"noise must be one of {NOISE_OPTIONS}, got {noise!r}")
+        #: The task option it simulates: "independent" or "joint" (dp/jointsvt.py).
+        self.noise = noise
+        #: The smallest ε one stream may take (None: no floor), as a task's.
+        self.epsilon_min = None if epsilon_min is None else as_fraction(epsilon_min, "epsilon_min")
         # Exact integer sums of the encoded values, as the servers' shares add up to.
         self._sums = encode(matrix, frac_bits).astype(np.int64).sum(axis=0)
         self._ledger = Ledger(epsilon_total, delta_total)
@@ -138,9 +156,10 @@ class LocalOracle:
         frac_bits: int = DEFAULT_FRAC_BITS,
         parties: int = 1,
         seed: bytes | int | None = None,
+        noise: str = INDEPENDENT,
     ) -> LocalOracle:
         """An oracle from already-encoded grid sums (e.g. for large synthetic data)."""
-        self = cls(np.zeros((1, 1)), epsilon_total, delta_total, frac_bits, parties, seed)
+        self = cls(np.zeros((1, 1)), epsilon_total, delta_total, frac_bits, parties, seed, noise)
         arr = np.asarray(sums, dtype=np.int64)
         if arr.ndim != 1 or (arr < 0).any() or (arr > n * sensitivity(frac_bits)).any():
             raise ValueError("sums must be a vector of grid sums in [0, n·2^F]")
@@ -170,9 +189,24 @@ class LocalOracle:
         req = validate_stream(kind, epsilon, delta, self._parties)
         if req.kind == StreamKind.NMAX:
             raise ValueError("a report-noisy-max is run with `noisy_max`, not a stream")
+        self._check_floor(req.epsilon)
+        joint = None
+        if self.noise == JOINT:  # as the servers: the kind checked, the sampler's δ charged
+            joint = joint_stream_noise(check_joint_kind(req.kind), req.epsilon, self.frac_bits)
+            req = StreamRequest(req.kind, req.epsilon, req.delta, joint.delta_charge)
         self._charge(req, plan)
-        mech = self._make_mechanism(req.kind, req.epsilon)
+        mech = (  # subclasses (the audit's broken controls) override the two-argument form
+            self._make_mechanism(req.kind, req.epsilon)
+            if joint is None
+            else self._make_mechanism(req.kind, req.epsilon, joint)
+        )
         return LocalStream(self, req.kind, req.epsilon, req.delta, mech)
+
+    def _check_floor(self, epsilon: Fraction) -> None:
+        if self.epsilon_min is not None and epsilon < self.epsilon_min:
+            raise ValueError(
+                f"epsilon={epsilon} is below the task's epsilon_min={self.epsilon_min}"
+            )
 
     def _charge(self, req: StreamRequest, plan: tuple[str, int] | None) -> None:
         """Charge before any noise is drawn: to the budget, or to a plan's group."""
@@ -195,6 +229,11 @@ class LocalOracle:
         checked, ε is charged (to the budget or a plan's group), then each party
         draws its noise; the position of the largest noisy score."""
         req = validate_stream(StreamKind.NMAX, epsilon, 0, self._parties)
+        if self.noise == JOINT:
+            raise ValueError(
+                "report-noisy-max takes independent noise only; this task has joint noise"
+            )
+        self._check_floor(req.epsilon)
         check_chunk_size(len(queries))
         scores = self._scores(queries)
         self._charge(req, plan)
@@ -227,13 +266,15 @@ class LocalOracle:
         return self._plans[plan_id]
 
     def _make_mechanism(
-        self, kind: StreamKind, eps: Fraction
+        self, kind: StreamKind, eps: Fraction, joint: JointStreamNoise | None = None
     ) -> AboveThresholdStream | CompareToThresholdsStream:
         if kind == StreamKind.CTT:
             return CompareToThresholdsStream(eps, self.frac_bits, self._rng, self._parties)
-        return AboveThresholdStream(kind, eps, self.frac_bits, self._rng, self._parties)
+        return AboveThresholdStream(kind, eps, self.frac_bits, self._rng, self._parties, joint)
 
     def accuracy(self, kind: StreamKind | str, epsilon: Number | str, k: int, beta: float) -> float:
+        if self.noise == JOINT and StreamKind.parse(kind) != StreamKind.NMAX:
+            return accuracy.joint_alpha(kind, epsilon, k, beta, self.frac_bits)  # one draw
         return accuracy.alpha(kind, epsilon, k, beta, self._parties, self.frac_bits)
 
     def budget(self) -> Budget:

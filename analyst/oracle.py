@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Protocol, runtime_checkable
 
-from svtagg.dp.jointsvt import INDEPENDENT, JOINT, joint_group_delta
+from svtagg.dp.jointsvt import INDEPENDENT, JOINT, joint_allowance, joint_group_delta
 from svtagg.dp.kinds import StreamKind
 from svtagg.dp.plans import PlanCharge
 from svtagg.dp.queries import Budget, Number, Outcome, Query
@@ -163,6 +163,10 @@ class PlannedOracle:
         return joint_noise_of(self.inner)[0]
 
     @property
+    def epsilon_min(self) -> Fraction:
+        return Fraction(getattr(self.inner, "epsilon_min", 0) or 0)
+
+    @property
     def frac_bits(self) -> int:
         return joint_noise_of(self.inner)[1]
 
@@ -240,6 +244,27 @@ def plan_groups(oracle: object, streams: Sequence[GroupStreams]) -> list[tuple[F
         (sum((Fraction(str(e)) for _, e in g), Fraction(0)), group_delta(oracle, g))
         for g in streams
     ]
+
+
+def adaptive_groups(
+    oracle: object, epsilons: Sequence[Number | str]
+) -> list[tuple[Fraction, Fraction]]:
+    """Plan groups of these ε for a body whose streams are not known in advance:
+    δ = 0 on an independent-noise task; on a joint-noise task each group holds
+    `dp.jointsvt.joint_allowance` (its most streams, by the task's epsilon_min,
+    times the per-stream δ cap), which a basic plan partly returns at its end."""
+    noise, _ = joint_noise_of(oracle)
+    out = []
+    for e in epsilons:
+        eps = Fraction(str(e))
+        if noise != JOINT:
+            out.append((eps, Fraction(0)))
+            continue
+        eps_min = Fraction(getattr(oracle, "epsilon_min", 0) or 0)
+        if eps_min <= 0:
+            raise ValueError("a joint-noise task's oracle must know its epsilon_min")
+        out.append((eps, joint_allowance(eps, eps_min)))
+    return out
 
 
 def check_plan_delta(

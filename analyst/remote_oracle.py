@@ -25,7 +25,7 @@ import numpy.typing as npt
 from svtagg.analyst.oracle import OracleStats
 from svtagg.dp import accuracy
 from svtagg.dp.errors import Refusal, StreamClosed
-from svtagg.dp.jointsvt import INDEPENDENT, JOINT, joint_stream_noise
+from svtagg.dp.jointsvt import INDEPENDENT, JOINT, JOINT_KINDS, joint_stream_noise
 from svtagg.dp.kinds import StreamKind, StreamRequest, as_fraction, validate_stream
 from svtagg.dp.plans import PlanBook, PlanCharge, Rule, parse_groups
 from svtagg.dp.queries import (
@@ -293,6 +293,8 @@ class RemoteOracle:
         return index
 
     def accuracy(self, kind: StreamKind | str, epsilon: Number | str, k: int, beta: float) -> float:
+        if self.noise == JOINT and StreamKind.parse(kind) in JOINT_KINDS:
+            return accuracy.joint_alpha(kind, epsilon, k, beta, self.frac_bits)  # one draw
         return accuracy.alpha(kind, epsilon, k, beta, self.parties, self.frac_bits)
 
     def budget(self) -> Budget:

@@ -18,7 +18,7 @@ from typing import Any, Generic, TypeVar
 
 from svtagg.analyst import applications
 from svtagg.analyst.applications import TopKOptions
-from svtagg.analyst.oracle import Oracle, planned
+from svtagg.analyst.oracle import Oracle, adaptive_groups, planned
 from svtagg.analyst.selection import (
     ScanOptions,
     SelectionResult,
@@ -31,6 +31,7 @@ from svtagg.analyst.selection import (
     scan_selection,
     sum_estimation,
 )
+from svtagg.dp.jointsvt import INDEPENDENT, JOINT, JOINT_KINDS
 from svtagg.dp.kinds import ABOVE_THRESHOLD_KINDS, StreamKind
 from svtagg.dp.queries import Epsilon, Number, Query
 
@@ -396,6 +397,18 @@ def check_run_options(
             f"--kind {kind} is not a stream kind --algorithm {algorithm.name} opens; "
             f"expected one of {', '.join(accepted)}"
         )
+    if getattr(oracle, "noise", INDEPENDENT) == JOINT:
+        if not algorithm.kinds:
+            raise ValueError(
+                f"--algorithm {algorithm.name} takes independent noise only; this task has "
+                "joint noise (docs/privacy.md)"
+            )
+        joint_kinds = [k.value for k in JOINT_KINDS]
+        if kind is not None and kind != "auto" and kind not in joint_kinds:
+            raise ValueError(
+                f"--kind {kind} cannot take this task's joint noise; expected one of "
+                f"{', '.join(joint_kinds + (['auto'] if algorithm.auto_kind else []))}"
+            )
     floor = getattr(oracle, "epsilon_min", Fraction(0))
     if epsilon.value < floor:
         raise ValueError(
@@ -439,10 +452,12 @@ def run_algorithm(oracle: Oracle, flags: RunFlags, progress: Progress | None = N
 
     The whole run is one plan of ε, reserved on both servers before any stream:
     refused at once, nothing spent, if the budget left cannot hold it (MWEM
-    reserves its own plan of 2T steps)."""
+    reserves its own plan of 2T steps).  On a joint-noise task the plan also
+    holds a δ allowance for the streams' sampler δ (`adaptive_groups`); what the
+    streams did not use comes back when the plan ends."""
     algorithm, run = prepare(oracle, flags, progress)
     head: Summary = {"algorithm": algorithm.name, "epsilon": str(run.epsilon.value)}
     if algorithm.own_plan:
         return {**head, **algorithm.run(run)}
-    with planned(oracle, [(run.epsilon.value, 0)]) as plan_oracle:
+    with planned(oracle, adaptive_groups(oracle, [run.epsilon.value])) as plan_oracle:
         return {**head, **algorithm.run(replace(run, oracle=plan_oracle))}

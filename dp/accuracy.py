@@ -23,6 +23,10 @@ from collections.abc import Callable
 from fractions import Fraction
 from functools import lru_cache
 
+import numpy as np
+import numpy.typing as npt
+
+from svtagg.dp.jointsvt import joint_stream_noise
 from svtagg.dp.kinds import Family, StreamKind, check_epsilon, noise_model
 from svtagg.mpc.ring import DEFAULT_FRAC_BITS, sensitivity
 
@@ -100,10 +104,22 @@ def alpha_grid(
     )
     t_nu = _log_tail(model.query_family, float(model.query_scale(epsilon, frac_bits)), parties)
     one_sided = {model.threshold_family, model.query_family} <= {"geometric", "none"}
+    return _best_split(t_gamma, t_nu, k, beta, one_sided, model.threshold_family != "none")
+
+
+def _best_split(
+    t_gamma: Callable[[int], float],
+    t_nu: Callable[[int], float],
+    k: int,
+    beta: float,
+    one_sided: bool,
+    has_threshold: bool,
+) -> int:
+    """min over the splits of β of a₁ + a₂ + 1 (max(a₁, a₂) + 1 one-sided)."""
     best: int | None = None
     # Split β: fraction f to the threshold term, (1 - f) to the K query terms
     # (all of it to the queries when there is no threshold term).
-    splits = [0.0] if model.threshold_family == "none" else [i / 200.0 for i in range(1, 200)]
+    splits = [i / 200.0 for i in range(1, 200)] if has_threshold else [0.0]
     for f in splits:
         a1 = _inverse_tail(t_gamma, math.log(f * beta)) if f else 0
         a2 = _inverse_tail(t_nu, math.log((1.0 - f) * beta / k))
@@ -113,6 +129,74 @@ def alpha_grid(
             best = total
     assert best is not None
     return best
+
+
+def _joint_abs_tails(
+    constants: tuple[int, ...], bits: int, a: npt.NDArray[np.int64]
+) -> npt.NDArray[np.float64]:
+    """P(|X| > a) for one draw of the joint sampler, for every a of an array
+    (`dp.joint.abs_tail`, vectorised: the digit walk of `tail_mass` in floats)."""
+
+    def tail(m: npt.NDArray[np.int64]) -> npt.NDArray[np.float64]:
+        total = np.zeros(m.shape)
+        prefix = np.ones(m.shape)
+        for i in reversed(range(len(constants))):
+            p = constants[i] / float(1 << bits)
+            bit = ((m >> i) & 1).astype(bool)
+            total += np.where(bit, 0.0, prefix * p)
+            prefix *= np.where(bit, p, 1.0 - p)
+        out = total + prefix
+        return np.where(m <= 0, 1.0, np.where(m >= 1 << len(constants), 0.0, out))
+
+    return 0.5 * (tail(a + 1) + tail(a))
+
+
+def _joint_inverse_tails(
+    constants: tuple[int, ...], bits: int, targets: npt.NDArray[np.float64]
+) -> npt.NDArray[np.int64]:
+    """For each target, the least integer a ≥ 0 with P(|X| > a) ≤ target: one
+    bisection over [0, 2^K] for all targets at once (the tail is non-increasing
+    and 0 at 2^K)."""
+    lo = np.full(targets.shape, -1, dtype=np.int64)  # fails (P(|X| > −1) = 1)
+    hi = np.full(targets.shape, 1 << len(constants), dtype=np.int64)  # holds
+    while np.any(hi - lo > 1):
+        mid = (lo + hi) // 2
+        ok = _joint_abs_tails(constants, bits, mid) <= targets
+        hi = np.where(ok, mid, hi)
+        lo = np.where(ok, lo, mid)
+    return hi
+
+
+@lru_cache(maxsize=4096)
+def joint_alpha_grid(
+    kind: StreamKind, epsilon: Fraction, k: int, beta: float, frac_bits: int
+) -> int:
+    """α in grid units for a joint-noise stream: γ and each ν are ONE draw each
+    of the garbled sampler (`dp.joint`'s exact law at the slightly inflated
+    central scales, `dp.jointsvt.joint_stream_noise`), not the sum of two
+    servers' draws; the same split of β as `alpha_grid`."""
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    if not 0 < beta < 1:
+        raise ValueError(f"beta must be in (0, 1), got {beta}")
+    noise = joint_stream_noise(kind, epsilon, frac_bits)
+    f = np.arange(1, 200) / 200.0
+    a1 = _joint_inverse_tails(noise.threshold_constants, noise.bits, f * beta)
+    a2 = _joint_inverse_tails(noise.query_constants, noise.bits, (1.0 - f) * beta / k)
+    return int(np.min(a1 + a2)) + 1
+
+
+def joint_alpha(
+    kind: StreamKind | str,
+    epsilon: Fraction | float | str,
+    k: int,
+    beta: float,
+    frac_bits: int = DEFAULT_FRAC_BITS,
+) -> float:
+    """`alpha` for a stream of a joint-noise task, in score units."""
+    eps = check_epsilon(epsilon)
+    grid = joint_alpha_grid(StreamKind.parse(kind), eps, int(k), float(beta), frac_bits)
+    return grid / sensitivity(frac_bits)
 
 
 def alpha(

@@ -38,7 +38,10 @@ As SVT noise: the usual change-of-variables proof shifts the threshold noise
 by Δ and the one answered query's noise by 2Δ (Δ for monotone queries); with
 these pointwise bounds and the shifted points that leave the support charged
 to δ, the stream costs (ε_ρ + ε_ν, δ_ρ + δ_ν), each term `privacy_loss` at its
-shift.  The charge is not wired into the accountant (docs/privacy.md).
+shift; `dp.jointsvt` charges it (docs/privacy.md).
+
+`sample` draws from this law exactly, as the circuit does, for the local
+simulation; `abs_tail` gives P(|ν| > a) for the accuracy bounds of one draw.
 """
 
 from __future__ import annotations
@@ -48,7 +51,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from fractions import Fraction
 
-from svtagg.dp.noise import _digits
+import numpy as np
+import numpy.typing as npt
+
+from svtagg.dp.noise import RandomSource, _digits
 
 #: Above this many digits `pmf` refuses to enumerate the support.
 MAX_ENUMERATED_DIGITS = 20
@@ -224,3 +230,46 @@ def brute_force_loss(constants: tuple[int, ...], bits: int, sensitivity: int) ->
             ratio = max(ratio, px / q, q / px)
         delta = max(delta, sum((px for x, px in p.items() if x + d not in p), Fraction(0)))
     return PrivacyLoss(ratio, delta)
+
+
+def sample(
+    constants: tuple[int, ...], bits: int, k: int, rng: RandomSource
+) -> npt.NDArray[np.int64]:
+    """k independent draws of ν from exactly this law, digit by digit as the
+    circuit draws them: digit i is [U_i < c_i] for a uniform b-bit U_i (the low
+    b bits of a CSPRNG word), the sign one more bit.  For the local simulation
+    of a joint-noise task; the servers draw inside the garbled circuit."""
+    if not 1 <= bits <= 64:
+        raise ValueError("bits must be in [1, 64]")
+    mask = np.uint64((1 << bits) - 1)
+    g = np.zeros(k, dtype=np.int64)
+    for i, c in enumerate(constants):
+        u = rng.u64(k) & mask
+        g |= (u < np.uint64(c)).astype(np.int64) << i
+    sign = (rng.u64(k) & np.uint64(1)).astype(bool)
+    return np.where(sign, -g - 1, g)
+
+
+def abs_tail(constants: tuple[int, ...], bits: int, a: int) -> float:
+    """P(|ν| > a) for an integer a ≥ 0, in floating point (for accuracy bounds,
+    never for the privacy charge): ν > a is G ≥ a + 1 with sign 0, ν < −a is
+    G ≥ a with sign 1 (ν = −G − 1)."""
+    return 0.5 * (_float_tail(constants, bits, a + 1) + _float_tail(constants, bits, a))
+
+
+def _float_tail(constants: tuple[int, ...], bits: int, m: int) -> float:
+    """`tail_mass` in floating point."""
+    k = len(constants)
+    if m <= 0:
+        return 1.0
+    if m >= 1 << k:
+        return 0.0
+    p = [c / float(1 << bits) for c in constants]
+    total, prefix = 0.0, 1.0
+    for i in reversed(range(k)):
+        if (m >> i) & 1:
+            prefix *= p[i]
+        else:
+            total += prefix * p[i]
+            prefix *= 1.0 - p[i]
+    return total + prefix

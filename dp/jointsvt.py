@@ -52,6 +52,12 @@ SAMPLER_BITS = 64
 INFLATION_EXPONENTS = (40, 32, 24, 16, 12, 8, 6, 4, 3, 2, 1)
 #: Binary digits of e^ε for the rigorous comparison.
 _EXP_PRECISION = 192
+#: The most δ one joint-noise stream may be charged: a (kind, ε) whose sampler
+#: needs more is refused.  Every stream the two kinds open at F ≤ 16 and
+#: ε ∈ [1/64, 16] is charged 2^−69 or less, so the cap refuses nothing a task
+#: uses; it gives a plan that cannot list its streams in advance a rigorous
+#: allowance (`joint_allowance`).
+JOINT_DELTA_CAP = Fraction(1, 1 << 64)
 
 
 def check_joint_kind(kind: StreamKind | str) -> StreamKind:
@@ -126,6 +132,10 @@ def joint_stream_noise(
                 tail_mass(c_rho, bits, (1 << len(c_rho)) - delta_unit)
                 + tail_mass(c_nu, bits, (1 << len(c_nu)) - 2 * delta_unit)
             ) / 2
+            if delta > JOINT_DELTA_CAP:
+                raise ValueError(
+                    f"the joint sampler's δ at epsilon={epsilon} exceeds the cap 2^-64"
+                )
             return JointStreamNoise(
                 bits,
                 c_rho,
@@ -152,3 +162,14 @@ def joint_group_delta(
     for kind, eps in streams:
         total += joint_stream_noise(StreamKind.parse(kind), Fraction(eps), frac_bits).delta_charge
     return total
+
+
+def joint_allowance(epsilon: Fraction, epsilon_min: Fraction) -> Fraction:
+    """The δ a plan group of ε must hold on a joint-noise task when the streams
+    it will open are not known in advance (an adaptive algorithm): every stream
+    takes at least the task's epsilon_min, so at most ⌊ε / epsilon_min⌋ of them
+    open, and each is charged at most `JOINT_DELTA_CAP`.  An upper bound; a basic
+    plan returns what its streams did not use when it ends."""
+    if epsilon_min <= 0:
+        raise ValueError("epsilon_min must be > 0")
+    return (Fraction(epsilon) // Fraction(epsilon_min)) * JOINT_DELTA_CAP

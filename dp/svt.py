@@ -14,14 +14,19 @@ used by the servers' circuits too: YES iff z = s − τ + ν − γ ≥ 0).
 from __future__ import annotations
 
 from fractions import Fraction
+from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
 
 from svtagg.dp.errors import StreamClosed
+from svtagg.dp.joint import sample
 from svtagg.dp.kinds import ABOVE_THRESHOLD_KINDS, StreamKind, check_epsilon
 from svtagg.dp.noise import RandomSource, draw_query_noise, draw_threshold_noise
 from svtagg.dp.queries import Outcome
+
+if TYPE_CHECKING:
+    from svtagg.dp.jointsvt import JointStreamNoise
 
 I64 = npt.NDArray[np.int64]
 
@@ -34,6 +39,7 @@ class _StreamBase:
         frac_bits: int,
         rng: RandomSource,
         parties: int = 1,
+        joint: JointStreamNoise | None = None,
     ) -> None:
         if parties not in (1, 2):
             raise ValueError(f"parties must be 1 or 2, got {parties}")
@@ -44,16 +50,24 @@ class _StreamBase:
         self._rng = rng
         self._closed = False
         self.queries_answered = 0
+        #: Joint noise (a joint-noise task): γ and each ν are ONE draw each of the
+        #: garbled sampler's exact law (`dp.joint.sample`), whatever `parties` is.
+        self._joint = joint
         # init(ε): the secret threshold noise, drawn once per stream (per party).
-        self._gamma = sum(
-            draw_threshold_noise(kind, self.epsilon, frac_bits, rng) for _ in range(parties)
-        )
+        if joint is not None:
+            self._gamma = int(sample(joint.threshold_constants, joint.bits, 1, rng)[0])
+        else:
+            self._gamma = sum(
+                draw_threshold_noise(kind, self.epsilon, frac_bits, rng) for _ in range(parties)
+            )
 
     @property
     def closed(self) -> bool:
         return self._closed
 
     def _query_noise(self, k: int) -> I64:
+        if self._joint is not None:
+            return sample(self._joint.query_constants, self._joint.bits, k, self._rng)
         total = np.zeros(k, dtype=np.int64)
         for _ in range(self.parties):
             total += draw_query_noise(self.kind, self.epsilon, self.frac_bits, k, self._rng)
@@ -78,10 +92,11 @@ class AboveThresholdStream(_StreamBase):
         frac_bits: int,
         rng: RandomSource,
         parties: int = 1,
+        joint: JointStreamNoise | None = None,
     ) -> None:
         if kind not in ABOVE_THRESHOLD_KINDS:
             raise ValueError(f"kind {kind.value!r} is not an AboveThreshold kind")
-        super().__init__(kind, epsilon, frac_bits, rng, parties)
+        super().__init__(kind, epsilon, frac_bits, rng, parties, joint)
 
     def ask(self, scores: I64, taus: I64) -> int | None:
         """First j with s_j + ν_j ≥ τ_j + γ, or None; a YES closes the stream."""

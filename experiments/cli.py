@@ -82,9 +82,10 @@ def words_config(args: argparse.Namespace) -> WordsConfig:
     elif getattr(args, "quick", False):
         cfg.window = (101, 300)
     if getattr(args, "parties", None):
-        cfg.parties = tuple(int(x) for x in args.parties.split(","))
-        if not set(cfg.parties) <= {1, 2}:
-            raise ValueError("--parties takes 1, 2 or 1,2")
+        names = [x.strip() for x in args.parties.split(",")]
+        if not set(names) <= {"1", "2", "joint"}:
+            raise ValueError("--parties takes 1, 2 and joint, comma-separated (e.g. 1,2,joint)")
+        cfg.parties = tuple(x if x == "joint" else int(x) for x in names)
     for n, e in cfg.settings:
         if n < 1 or e <= 0:
             raise ValueError(f"need n >= 1 and ε > 0, got n={n}, ε={e}")
@@ -210,5 +211,9 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--d", help="frontier: candidates (default: 1000)")
     p.add_argument("--window", help="words: candidate word ranks lo:hi (default: 101:1100)")
-    p.add_argument("--parties", help="words: noise models, 1, 2 or 1,2 (default: 1,2)")
+    p.add_argument(
+        "--parties",
+        help="words: noise models, comma-separated: 1 (one party), 2 (two servers' "
+        "independent noise), joint (a joint-noise task) (default: 1,2)",
+    )
     p.set_defaults(handler=run)

@@ -119,10 +119,14 @@ def em_equivalent_epsilon(datasets: Sequence[npt.ArrayLike], mean_error: float) 
     return math.sqrt(lo * hi)
 
 
-def local_oracle(scores: npt.ArrayLike, n: int, seed: int, parties: int = 1) -> LocalOracle:
+def local_oracle(
+    scores: npt.ArrayLike, n: int, seed: int, parties: int = 1, noise: str = "independent"
+) -> LocalOracle:
+    """An oracle on planted scores; `noise="joint"` simulates a joint-noise task
+    (with a δ budget for the sampler's δ)."""
     sums = np.asarray(scores, dtype=np.int64) * GRID
     return LocalOracle.from_sums(
-        sums, n, BIG_BUDGET, frac_bits=FRAC_BITS, seed=seed, parties=parties
+        sums, n, BIG_BUDGET, "1/2" if noise == "joint" else 0, FRAC_BITS, parties, seed, noise
     )
 
 

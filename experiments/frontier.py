@@ -2,8 +2,12 @@
 selection method next to what it costs between the two servers.
 
 Methods: the scan selection at its cheap, default and accurate localisation
-shares and report-noisy-max (both with two servers' noise on `LocalOracle`,
-the law the servers' answers follow); the Gaussian aggregation baseline
+shares and report-noisy-max (both with two servers' independent noise on
+`LocalOracle`, the law the servers' answers follow); the default scan on a
+joint-noise task (`LocalOracle(noise="joint")`: one draw per term of the
+garbled sampler's exact law, `dp.joint.sample`, as the servers' joint answers
+follow) and, for reference, with one party's noise (central DP, what joint
+noise is meant to reach); the Gaussian aggregation baseline
 ((ε, 1/n²), all d sums), Laplace on all d sums (pure ε, ℓ1 sensitivity d) and
 the central exponential mechanism (simulation baselines, `analyst.baselines`).
 
@@ -16,8 +20,12 @@ when the experiment starts (`engine_costs`: a first-YES chunk and a noisy-max
 tournament on a small instance over an in-memory channel, at the comparison
 width the servers derive for this n and ε): comparisons sent per candidate
 (scan: measured on each run), AND gates and bytes between the servers per
-candidate, and the engine's seconds for all d candidates.  The baselines that
-do not run through the servers have no cost columns.
+candidate, and the engine's seconds for all d candidates.  The joint-noise
+row adds the sampler's cost (one ν drawn in the garbled circuit per
+comparison, measured on the same engine at the lap24 scale of ε): its online
+comparisons are the independent ones'; the noise generation is the extra work.
+The baselines that do not run through the servers (and the one-party
+reference) have no cost columns.
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ import numpy.typing as npt
 
 from svtagg.analyst import baselines
 from svtagg.analyst.selection import ScanOptions, noisy_max_selection, scan_selection
+from svtagg.dp.jointsvt import joint_stream_noise
 from svtagg.dp.kinds import StreamKind, default_tau_bound, noise_model
 from svtagg.experiments.common import (
     FRAC_BITS,
@@ -59,6 +68,12 @@ SCAN_SETTINGS: list[tuple[str, str, ScanOptions | None]] = [
     ("scan_cheap", "scan, cheap end (ε/2 search, no middle)", CHEAP_SHARES),
     ("scan", "scan, default (ε/8 + ε/16)", None),
     ("scan_accurate", "scan, accurate end (ε/16 + ε/32)", ACCURATE_SHARES),
+]
+
+#: The default scan with other noise: (key, label, LocalOracle noise, parties).
+NOISE_SETTINGS: list[tuple[str, str, str, int]] = [
+    ("scan_joint", "scan, default, joint noise (one draw, garbled sampler)", "joint", 2),
+    ("scan_central", "scan, default, one party's noise (central reference)", "independent", 1),
 ]
 
 #: (key, label) of the other methods, in table order.
@@ -101,6 +116,10 @@ class EngineCosts:
     and_per_candidate: float
     bytes_per_candidate: float
     seconds_per_candidate: float
+    #: One joint ν sample (lap24 at ε), drawn in the garbled sampler.
+    and_per_sample: float = 0.0
+    bytes_per_sample: float = 0.0
+    seconds_per_sample: float = 0.0
 
 
 def comparison_width(n_max: int, kind: StreamKind, epsilon: Fraction) -> int:
@@ -112,7 +131,8 @@ def comparison_width(n_max: int, kind: StreamKind, epsilon: Fraction) -> int:
     return min(RING_BITS, -(-(bound.bit_length() + 1) // 8) * 8)
 
 
-async def _measure(k: int, width: int) -> dict[str, dict[str, float]]:
+async def _measure(k: int, width: int, epsilon: Fraction) -> dict[str, dict[str, float]]:
+    from svtagg.mpc.jointnoise import SamplerShape, evaluate_joint_noise, garble_joint_noise
     from svtagg.mpc.protocol import connected_pair
 
     rng = np.random.default_rng(k)
@@ -135,6 +155,19 @@ async def _measure(k: int, width: int) -> dict[str, dict[str, float]]:
             "bytes": (st.bytes_sent + st.bytes_received) / k,
             "seconds": min(seconds) / k,
         }
+    noise = joint_stream_noise(StreamKind.LAP24, epsilon, FRAC_BITS)
+    shape = SamplerShape(noise.query_constants, noise.bits)
+    seconds = []
+    for _ in range(REPEATS):
+        start = time.perf_counter()
+        await asyncio.gather(garble_joint_noise(g, k, shape), evaluate_joint_noise(e, k, shape))
+        seconds.append(time.perf_counter() - start)
+    st = g.last_stats
+    out["sample"] = {
+        "and": st.and_gates / k,
+        "bytes": (st.bytes_sent + st.bytes_received) / k,
+        "seconds": min(seconds) / k,
+    }
     return out
 
 
@@ -143,23 +176,32 @@ def engine_costs(n_max: int, epsilon: float, k: int = ENGINE_INSTANCE) -> Engine
     servers use for a LAP24 stream and an NMAX stream at ε (the larger of the two)."""
     eps = Fraction(epsilon).limit_denominator(10**6)
     width = max(comparison_width(n_max, kind, eps) for kind in (StreamKind.LAP24, StreamKind.NMAX))
-    m = asyncio.run(_measure(k, width))
-    q, t = m["first_yes"], m["noisy_max"]
+    m = asyncio.run(_measure(k, width, eps))
+    q, t, j = m["first_yes"], m["noisy_max"], m["sample"]
     return EngineCosts(
-        width, k, q["and"], q["bytes"], q["seconds"], t["and"], t["bytes"], t["seconds"]
-    )
+        width, k, q["and"], q["bytes"], q["seconds"], t["and"], t["bytes"], t["seconds"],
+        j["and"], j["bytes"], j["seconds"],
+    )  # fmt: skip
 
 
-def cost_columns(costs: EngineCosts, d: int, comparisons: float | None) -> dict[str, Any]:
+def cost_columns(
+    costs: EngineCosts, d: int, comparisons: float | None, joint: bool = False
+) -> dict[str, Any]:
     """A method's cost per candidate and for all d: `comparisons` first-YES queries
-    per candidate (an SVT scan), or None for one tournament (noisy-max)."""
+    per candidate (an SVT scan), or None for one tournament (noisy-max); `joint`:
+    each comparison also draws its ν in the garbled sampler."""
     if comparisons is None:
         per = (costs.and_per_candidate, costs.bytes_per_candidate, costs.seconds_per_candidate)
     else:
+        extra = (
+            (costs.and_per_sample, costs.bytes_per_sample, costs.seconds_per_sample)
+            if joint
+            else (0.0, 0.0, 0.0)
+        )
         per = (
-            comparisons * costs.and_per_query,
-            comparisons * costs.bytes_per_query,
-            comparisons * costs.seconds_per_query,
+            comparisons * (costs.and_per_query + extra[0]),
+            comparisons * (costs.bytes_per_query + extra[1]),
+            comparisons * (costs.seconds_per_query + extra[2]),
         )
     return {
         "comparisons_per_candidate": comparisons,
@@ -173,8 +215,10 @@ def cost_columns(costs: EngineCosts, d: int, comparisons: float | None) -> dict[
 def _runs(cfg: FrontierConfig, datasets: list[npt.NDArray[np.int64]]) -> dict[str, Any]:
     """Every run's error per method, and the scans' comparisons per candidate."""
     errs: dict[str, list[float]] = {k: [] for k, _, _ in SCAN_SETTINGS}
+    errs.update({k: [] for k, _, _, _ in NOISE_SETTINGS})
     errs.update({k: [] for k, _ in OTHER_METHODS})
     sent: dict[str, list[float]] = {k: [] for k, _, _ in SCAN_SETTINGS}
+    sent.update({k: [] for k, _, _, _ in NOISE_SETTINGS})
     n, eps = cfg.n, cfg.epsilon
     bar = Progress(len(datasets), "frontier")
     for r, scores in enumerate(datasets):
@@ -183,6 +227,11 @@ def _runs(cfg: FrontierConfig, datasets: list[npt.NDArray[np.int64]]) -> dict[st
         for key, _, options in SCAN_SETTINGS:
             o = local_oracle(scores, n, oracle_seed(rng), parties=2)
             res = scan_selection(o, eps, cfg.beta, options=options)
+            errs[key].append(best - float(scores[res.index]))
+            sent[key].append(res.spend.queries_sent / scores.size)
+        for key, _, noise, parties in NOISE_SETTINGS:
+            o = local_oracle(scores, n, oracle_seed(rng), parties=parties, noise=noise)
+            res = scan_selection(o, eps, cfg.beta)
             errs[key].append(best - float(scores[res.index]))
             sent[key].append(res.spend.queries_sent / scores.size)
         o = local_oracle(scores, n, oracle_seed(rng), parties=2)
@@ -208,7 +257,11 @@ def frontier(
     datasets = [planted_scores(cfg.n, cfg.d, seeded_rng(cfg.seed, 30, r)) for r in range(cfg.runs)]
     em_mean = float(np.mean([em_expected_error(s, cfg.epsilon) for s in datasets]))
     measured = _runs(cfg, datasets)
-    labels = {k: label for k, label, _ in SCAN_SETTINGS} | dict(OTHER_METHODS)
+    labels = (
+        {k: label for k, label, _ in SCAN_SETTINGS}
+        | {k: label for k, label, _, _ in NOISE_SETTINGS}
+        | dict(OTHER_METHODS)
+    )
     rows = []
     for key, label in labels.items():
         row = error_row(
@@ -220,8 +273,11 @@ def frontier(
         )
         if key == "em":  # EM's mean is its exact expectation; the median is sampled
             _set_mean(row, em_mean, datasets, cfg.epsilon)
-        if key in measured["sent"]:
-            row.update(cost_columns(costs, cfg.d, float(np.mean(measured["sent"][key]))))
+        if key == "scan_central":  # a reference, not a deployment: no server cost
+            row["comparisons_per_candidate"] = float(np.mean(measured["sent"][key]))
+        elif key in measured["sent"]:
+            sent = float(np.mean(measured["sent"][key]))
+            row.update(cost_columns(costs, cfg.d, sent, joint=key == "scan_joint"))
         elif key == "noisy_max":
             row.update(cost_columns(costs, cfg.d, None))
         rows.append(row)
@@ -232,8 +288,10 @@ def frontier(
         "em_mean": em_mean,
         "data": "planted column sums (experiments.common.planted_scores): the best candidate "
         "at n/2, one candidate per score unit below it",
-        "noise": "scan and noisy-max: two servers' noise (LocalOracle, parties=2); the "
-        "others are simulation baselines",
+        "noise": "scan and noisy-max: two servers' independent noise (LocalOracle, "
+        "parties=2); scan_joint: a joint-noise task's law (one draw of the garbled "
+        "sampler per term); scan_central: one party's noise; the others are simulation "
+        "baselines",
         "rows": rows,
     }
     result["table"] = frontier_table(result)
@@ -264,7 +322,9 @@ def frontier_table(result: dict[str, Any]) -> str:
         f"seed {cfg['seed']}; engine constants at w = {eng['width']} "
         f"({eng['and_per_query']:.1f} ANDs, {eng['bytes_per_query']:,.0f} B per first-YES query; "
         f"{eng['and_per_candidate']:.1f} ANDs, {eng['bytes_per_candidate']:,.0f} B per "
-        f"tournament candidate; instance of {eng['instance']})",
+        f"tournament candidate; {eng.get('and_per_sample', 0):,.0f} ANDs, "
+        f"{eng.get('bytes_per_sample', 0):,.0f} B per joint ν sample; "
+        f"instance of {eng['instance']})",
         "",
         "| method | mean / median error | ε-eq. (×ε_EM) | comparisons per candidate "
         "| ANDs per candidate | bytes per candidate | MB between servers | engine s |",
@@ -301,11 +361,20 @@ def plot_frontier(out: Path, result: dict[str, Any]) -> Path:
     )
     nm = rows["noisy_max"]
     ax.plot([nm["bytes_per_candidate"]], [nm["mean"]], "s", color="C3", ms=8, label=nm["label"])
+    jt = rows["scan_joint"]
+    ax.plot([jt["bytes_per_candidate"]], [jt["mean"]], "D", color="C1", ms=7, label=jt["label"])
     # label offsets (points): cheap end above left, default below, accurate above
-    # right, noisy-max above right, so that equal errors do not overlap
-    offsets = [((-10, 9), "right"), ((0, -20), "center"), ((10, 9), "left"), ((12, 8), "left")]
-    for r, (xy, ha) in zip([*scans, nm], offsets, strict=True):
-        name = r["label"].split(",")[1].split("(")[0].strip() if r is not nm else "noisy-max"
+    # right, noisy-max above right, joint below right, so equal errors do not overlap
+    offsets = [
+        ((-10, 9), "right"),
+        ((0, -20), "center"),
+        ((10, 9), "left"),
+        ((12, 8), "left"),
+        ((10, -16), "left"),
+    ]
+    short = {id(nm): "noisy-max", id(jt): "default, joint noise"}
+    for r, (xy, ha) in zip([*scans, nm, jt], offsets, strict=True):
+        name = short.get(id(r)) or r["label"].split(",")[1].split("(")[0].strip()
         ax.annotate(
             f"{name}: {r['mean']:.2f}, ε-eq. {fmt_eq(r)}×",
             (r["bytes_per_candidate"], r["mean"]),
@@ -315,10 +384,11 @@ def plot_frontier(out: Path, result: dict[str, Any]) -> Path:
             fontsize=8,
             bbox={"boxstyle": "round,pad=0.2", "fc": "white", "ec": "none", "alpha": 0.85},
         )
-    for key, color, style in (("em", "k", "--"), ("gaussian", "C2", ":"), ("laplace", "C4", "-.")):
+    lines = (("em", "k", "--"), ("scan_central", "C7", (0, (1, 3))), ("gaussian", "C2", ":"))
+    for key, color, style in (*lines, ("laplace", "C4", "-.")):
         r = rows[key]
         ax.axhline(r["mean"], color=color, ls=style, lw=1.2, label=f"{r['label']}: {r['mean']:.3g}")
-    xs = [r["bytes_per_candidate"] for r in [*scans, nm]]
+    xs = [r["bytes_per_candidate"] for r in [*scans, nm, jt]]
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlim(min(xs) / 3, max(xs) * 6)
@@ -327,7 +397,7 @@ def plot_frontier(out: Path, result: dict[str, Any]) -> Path:
     ax.set_ylabel("mean selection error, score units (log)")
     ax.set_title(
         f"Selection frontier: n = {cfg['n']:,}, d = {cfg['d']:,}, ε = {cfg['epsilon']:g}, "
-        f"{cfg['runs']} runs, two servers' noise",
+        f"{cfg['runs']} runs, two servers (independent noise unless marked)",
         fontsize=10,
     )
     ax.grid(True, which="major", alpha=0.3)

@@ -76,7 +76,9 @@ class WordsConfig:
         default_factory=lambda: [(100_000, 1.0), (1_000_000, 0.25)]
     )
     window: tuple[int, int] = (101, 1100)
-    parties: tuple[int, ...] = (1, 2)
+    #: Noise models: 1 (one party), 2 (two servers, independent), "joint" (a
+    #: joint-noise task: one draw of the garbled sampler per term).
+    parties: tuple[int | str, ...] = (1, 2)
 
 
 #: The two ends of the scan selection's localisation shares (docs/algorithms.md §6).
@@ -126,17 +128,21 @@ def words(
     for i, (n, eps) in enumerate(cfg.settings):
         datasets = [word_scores(n, freqs, seeded_rng(seed, 8, i, r)) for r in range(reps)]
         em_mean = float(np.mean([em_expected_error(sc, eps) for sc in datasets]))
-        errs: dict[tuple[str, int], list[float]] = {}
-        sent: dict[tuple[str, int], list[float]] = {}
+        errs: dict[tuple[str, int | str], list[float]] = {}
+        sent: dict[tuple[str, int | str], list[float]] = {}
         for r, scores in enumerate(datasets):
             best = float(scores.max())
             k = 0
             for p in cfg.parties:
                 for key, _, fn in WORD_METHODS:
                     k += 1
-                    res = fn(
-                        local_oracle(scores, n, oracle_seed(seeded_rng(seed, 8, i, r, k)), p), eps
+                    seed_k = oracle_seed(seeded_rng(seed, 8, i, r, k))
+                    oracle = (
+                        local_oracle(scores, n, seed_k, 2, "joint")
+                        if p == "joint"
+                        else local_oracle(scores, n, seed_k, int(p))
                     )
+                    res = fn(oracle, eps)
                     errs.setdefault((key, p), []).append(best - float(scores[res.index]))
                     sent.setdefault((key, p), []).append(res.spend.queries_sent / len(scores))
             bar.tick(f"n={n} ε={eps}")
@@ -212,7 +218,10 @@ def plot_label(row: dict[str, Any]) -> str:
     """A row's name on the words figure: the method's short name and its noise."""
     name = PLOT_NAMES.get(row["method"], row["method"])
     parties = row.get("parties")
-    return name if parties is None else f"{name} · {'1 party' if parties == 1 else '2 servers'}"
+    if parties is None:
+        return name
+    noise = {1: "1 party", 2: "2 servers", "joint": "joint noise"}.get(parties, str(parties))
+    return f"{name} · {noise}"
 
 
 def _plot_words(out: Path, result: dict[str, Any]) -> Path:

@@ -136,9 +136,30 @@ def test_words_flags() -> None:
     cfg = words_config(args)
     assert cfg.settings == [(1000, 0.5), (2000, 0.5)] and cfg.window == (11, 60)
     assert cfg.parties == (1, 2)
+    joint = parser.parse_args(["experiment", "words", "--parties", "1,joint"])
+    assert words_config(joint).parties == (1, "joint")
     bad = parser.parse_args(["experiment", "words", "--parties", "3"])
     with pytest.raises(ValueError):
         words_config(bad)
+
+
+def test_words_with_joint_noise(tmp_path: Path) -> None:
+    """The words experiment's joint-noise rows: one draw of the garbled sampler's
+    law per term (a joint-noise task), labelled as such on the figure."""
+    from svtagg.experiments.words import WordsConfig, plot_label, words
+
+    cfg = WordsConfig(settings=[(5000, 1.0)], window=(101, 160), parties=(1, "joint"))
+    res = words(tmp_path, reps=2, seed=1, cfg=cfg)
+    joint = [r for r in res["rows"] if r.get("parties") == "joint"]
+    assert {r["method"] for r in joint} == {
+        "scan",
+        "scan_cheap",
+        "scan_accurate",
+        "practical",
+        "alg8",
+    }
+    assert all(len(r["errors"]) == 2 and r["sent_per_candidate"]["mean"] > 0 for r in joint)
+    assert plot_label(joint[0]).endswith("joint noise")
 
 
 def test_noisy_max_experiment(tmp_path: Path) -> None:

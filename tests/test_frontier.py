@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from svtagg.dp.jointsvt import joint_stream_noise
 from svtagg.dp.kinds import StreamKind
 from svtagg.experiments.cli import frontier_config, register
 from svtagg.experiments.frontier import (
@@ -22,7 +23,7 @@ from svtagg.experiments.frontier import (
 from svtagg.mpc.circuits import argmax_and_gates
 
 #: Made-up constants, so the cost columns can be checked against them exactly.
-COSTS = EngineCosts(40, 64, 41.0, 2000.0, 1e-5, 120.0, 4500.0, 6e-5)
+COSTS = EngineCosts(40, 64, 41.0, 2000.0, 1e-5, 120.0, 4500.0, 6e-5, 1600.0, 76000.0, 2e-4)
 
 
 @pytest.mark.parametrize("n_max", [1000, 10**5, 10**7])
@@ -42,6 +43,10 @@ def test_engine_costs_on_a_small_instance() -> None:
     assert c.bytes_per_query > 16 * c.and_per_query  # two 128-bit ciphertexts per AND
     assert c.bytes_per_candidate > 2 * c.bytes_per_query
     assert c.seconds_per_query > 0 and c.seconds_per_candidate > 0
+    # one joint ν: the sampler's K·b + 63 ANDs (no chunk logic), ≥ 32 B of tables each
+    noise = joint_stream_noise(StreamKind.LAP24, Fraction(1), 16)
+    assert c.and_per_sample == len(noise.query_constants) * noise.bits + 63
+    assert c.bytes_per_sample > 32 * c.and_per_sample and c.seconds_per_sample > 0
 
 
 def test_frontier_rows_at_a_tiny_size(tmp_path: Path) -> None:
@@ -52,6 +57,8 @@ def test_frontier_rows_at_a_tiny_size(tmp_path: Path) -> None:
         "scan_cheap",
         "scan",
         "scan_accurate",
+        "scan_joint",
+        "scan_central",
         "noisy_max",
         "gaussian",
         "laplace",
@@ -82,10 +89,16 @@ def test_frontier_rows_at_a_tiny_size(tmp_path: Path) -> None:
     assert nm["comparisons_per_candidate"] is None  # one tournament
     assert (nm["and_per_candidate"], nm["bytes_per_candidate"]) == (120.0, 4500.0)
     assert nm["bytes_total"] == 4500.0 * 60
-    for key in ("gaussian", "laplace", "em"):
+    joint = rows["scan_joint"]  # the online comparisons plus one sampled ν each
+    cmp = joint["comparisons_per_candidate"]
+    assert cmp > 1
+    assert joint["and_per_candidate"] == pytest.approx(cmp * (41.0 + 1600.0))
+    assert joint["bytes_per_candidate"] == pytest.approx(cmp * (2000.0 + 76000.0))
+    assert rows["scan_central"]["comparisons_per_candidate"] > 1
+    for key in ("gaussian", "laplace", "em", "scan_central"):
         assert "bytes_per_candidate" not in rows[key]
     lines = res["table"].splitlines()
-    assert sum(line.startswith("| ") for line in lines) == 1 + 7
+    assert sum(line.startswith("| ") for line in lines) == 1 + 9
     assert "1 tournament" in res["table"]
     saved = json.loads((tmp_path / "frontier.json").read_text())
     assert saved["engine"]["bytes_per_query"] == 2000.0

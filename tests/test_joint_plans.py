@@ -149,8 +149,8 @@ class PairOracle:
         return info.refunded_epsilon, info.refunded_delta
 
     def accuracy(self, kind: StreamKind | str, epsilon: Number | str, k: int, beta: float) -> float:
-        # As the remote SDK: the two-party α bounds the single inflated draw.
-        return accuracy.alpha(kind, epsilon, k, beta, 2, F)
+        # As the remote SDK on a joint task: the α of one draw of the sampler.
+        return accuracy.joint_alpha(kind, epsilon, k, beta, F)
 
     def budget(self) -> Budget:
         return self.pair.leader.core.task("t").budget

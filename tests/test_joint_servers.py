@@ -25,7 +25,7 @@ import pytest
 
 from svtagg.dp.errors import InvalidArgument
 from svtagg.dp.joint import pmf, sampler_constants, shift_ratio
-from svtagg.dp.jointsvt import _within, joint_stream_noise
+from svtagg.dp.jointsvt import JOINT_DELTA_CAP, _within, joint_stream_noise
 from svtagg.dp.kinds import StreamKind, noise_model
 from svtagg.dp.noise import RandomSource
 from svtagg.dp.task import TaskSpec, parse_task_params
@@ -196,6 +196,35 @@ async def test_the_noise_follows_the_exact_law(pair: ReferencePair) -> None:
     assert _chi_square_pvalue(np.asarray(twice), law) < 1e-6
 
 
+async def test_first_yes_answers_follow_the_exact_joint_law(tmp_path: Path) -> None:
+    """400 fresh lap24 streams on one chunk (coordinates 0, 1, 2 at thresholds 8,
+    8 and N + 6 score units, ε = 1): the analyst's first-YES answers fit the exact
+    law of ONE joint draw per term (`audit.joint_first_yes_pmf`, the sampler's
+    exact pmf), and the same G-test rejects the law of two servers' independent
+    draws at the central scale — so the answers come from the joint noise."""
+    from dataclasses import replace
+
+    from svtagg.analyst.audit import first_yes_pmf, fit_test, joint_first_yes_pmf
+
+    streams, eps = 400, Fraction(1)
+    taus = (8 * UNIT, 8 * UNIT, (N + 6) * UNIT)
+    async with reference_pair(tmp_path, frac_bits=F) as p:
+        await p.leader.create_task(replace(spec("a"), epsilon_total=str(streams)))
+        p.upload("a", np.tile([0.0, 0.0, 1.0, 0.0], (N, 1)))
+        await p.leader.close_collection("a")
+        outputs = []
+        for _ in range(streams):
+            sid = (await p.leader.open_stream(OpenStream("a", StreamKind.LAP24, "1"))).stream_id
+            answer = await p.leader.ask(Ask(sid, Queries((0, 1, 2)), taus))
+            outputs.append(answer.index if answer.yes else None)
+    scores = (0, 0, N * UNIT)
+    rng = np.random.default_rng(11)
+    joint = joint_first_yes_pmf(scores, taus, StreamKind.LAP24, eps, F)
+    assert fit_test("joint", outputs, joint, rng).p_value > 1e-3
+    independent = first_yes_pmf(scores, taus, StreamKind.LAP24, eps, F, parties=2)
+    assert fit_test("two draws", outputs, independent, rng).p_value < 1e-3
+
+
 async def _predicted_by_leader(
     pair: ReferencePair, monkeypatch: pytest.MonkeyPatch, helper_bits: str
 ) -> float:
@@ -279,3 +308,26 @@ def test_create_task_noise_joint_through_the_servers(tmp_path: Path) -> None:
                 assert (ledger.exact["epsilon_spent"], ledger.exact["delta_spent"]) == (4, charge)
             with pytest.raises(Refusal, match="lap24 and lap3 streams only"):
                 oracle.open_stream("1", StreamKind.EXP3)
+        # `svtagg analyst run` on the joint task: the run's plan holds a δ
+        # allowance, the streams charge their sampler δ within it and the rest
+        # comes back; noisy-max (independent noise only) is refused, nothing spent.
+        r = run_cli("analyst", "run", *common, "--algorithm", "scan", "--epsilon", "2",
+                    "--kind", "lap24", "--seed", "1")  # fmt: skip
+        assert r.returncode == 0, r.stderr
+        out = json.loads(r.stdout)
+        assert out["selected"] == 1
+        spent = Fraction(out["exact"]["delta_spent"])  # this run's: its streams' exact δ
+        assert 0 < spent <= out["streams"] * JOINT_DELTA_CAP
+        assert Fraction(out["exact"]["task_delta_spent"]) == charge + spent
+        for bad, why in (
+            (["--algorithm", "noisy-max"], "independent noise only"),
+            (["--algorithm", "scan", "--kind", "exp3"], "cannot take this task's joint noise"),
+        ):
+            r = run_cli("analyst", "run", *common, *bad, "--epsilon", "1")
+            assert r.returncode != 0 and why in r.stderr, r.stderr
+        r = run_cli("analyst", "describe", *common, "--json")
+        budget = json.loads(r.stdout)["budget"]["exact"]
+        assert (Fraction(budget["epsilon_spent"]), Fraction(budget["delta_spent"])) == (
+            6,
+            charge + spent,
+        )
