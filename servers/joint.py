@@ -11,9 +11,11 @@ scale (slightly inflated), not two.
 Ahead of time.  The sampler costs ≈ 40× the bytes of the comparison it feeds,
 so the leader draws a stream's noise before its chunks need it, in batches (a
 `NoiseBatch`, its own chunk kind, on a pooled session): right after the open,
-γ and `PoolPolicy.reserve` samples of ν; after each chunk, enough for another
+γ and `PoolPolicy.first` samples of ν; after each chunk, enough for another
 chunk of that size (`LeaderDriver._want_pool`; a worker of leased work leaves
-this to its front end, which runs the batches itself).  Each server keeps its
+this to its front end, which runs the batches itself).  It takes the sampler
+off the query path when there is time between chunks to run it; back-to-back
+chunks are still bounded by its rate.  Each server keeps its
 shares of a stream's pool in its store (`servers/jointpool.py`): its own
 secret share, as sensitive as its own independent draw.  An Ask chunk then
 names, in its header (`PoolDraw`), the samples it consumes: ν of its first
@@ -105,16 +107,17 @@ class Pooled:
 
 @dataclass(frozen=True)
 class PoolPolicy:
-    """How the leader keeps a joint-noise stream's pool filled: after the open
-    (with γ) and after each chunk, batches of `batch` samples (at most
-    `jointpool.MAX_BATCH`) until it holds at least max(`reserve`, the last
-    chunk's size) — enough for the next chunk of that size.  The first batch,
-    γ's, holds at most `first` samples, so that a chunk sent right after the
-    open waits little for its γ."""
+    """How the leader keeps a joint-noise stream's pool filled ahead of its
+    chunks.  After the open: γ and `first` ν.  After each chunk of k queries:
+    up to max(`reserve`, k) held samples — enough for another chunk of that
+    size — in exchanges of at most `batch` samples (≤ `jointpool.MAX_BATCH`).
+    Nobody declares how many queries a stream will ask, so what a stream still
+    holds when it ends is discarded: at most max(`reserve`, its last chunk's
+    size) samples, generated for nothing."""
 
-    batch: int = 1000
-    reserve: int = 1000
-    first: int = 100
+    batch: int = 2000
+    reserve: int = 0
+    first: int = 32
 
 
 def stream_noise(kind: StreamKind, epsilon: Fraction, frac_bits: int) -> JointStreamNoise:

@@ -582,9 +582,8 @@ class LeaderDriver:
             gamma = stream.chunks == 0 and not pool.gamma_ready
             if pool.held >= want and not gamma:
                 return False
-            count = min(MAX_BATCH, max(policy.batch, want - pool.held))
-            if gamma:
-                count = max(1, min(count, policy.first))
+            count = policy.first if gamma else want - pool.held
+            count = max(1, min(count, policy.batch, MAX_BATCH))
             return await self.fill_pool(stream_id, count, gamma) is not None
 
     async def stop_noise_fills(self) -> None:
