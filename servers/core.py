@@ -351,9 +351,10 @@ class ServerCore:
 
     def fail_stream(self, stream_id: str) -> None:
         """Fail the stream closed (idempotent): it never answers again, and its
-        charge stays spent (and its pooled joint noise is discarded)."""
-        self.store.fail_stream(stream_id)
+        charge stays spent (and its pooled joint noise is discarded first, so
+        that no failed stream keeps shares whatever stops in between)."""
         self._discard_pool(stream_id)
+        self.store.fail_stream(stream_id)
 
     def _discard_pool(self, stream_id: str) -> None:
         if self.store.joint_pool(stream_id).runs:

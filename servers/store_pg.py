@@ -296,14 +296,9 @@ class PgStore(PgPending, JointPoolTables):
             cur = self._conn.execute(
                 "UPDATE streams SET state=%s WHERE state IN (%s, %s)", (FAILED, OPENING, IN_CHUNK)
             )
-            failed = cur.rowcount
-            # A stream that answers no more keeps no joint noise shares.
-            self._conn.execute(
-                "DELETE FROM joint_batches b USING streams s"
-                " WHERE b.stream_id = s.stream_id AND s.state <> %s",
-                (OPEN,),
-            )
-        return failed
+            for sid, _ in self.recovered_failed:  # it keeps no joint noise shares
+                self._conn.execute("DELETE FROM joint_batches WHERE stream_id=%s", (sid,))
+        return cur.rowcount
 
     # ------------------------------------------------------------ tasks
     def create_task(self, p: TaskParams, verify_key: bytes = b"") -> TaskState:

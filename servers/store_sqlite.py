@@ -238,12 +238,8 @@ class SqliteStore(JointPoolTables):
             cur = self._db.execute(
                 "UPDATE streams SET state=? WHERE state IN (?, ?)", (FAILED, OPENING, IN_CHUNK)
             )
-            # A stream that answers no more keeps no joint noise shares.
-            self._db.execute(
-                "DELETE FROM joint_batches WHERE stream_id NOT IN"
-                " (SELECT stream_id FROM streams WHERE state=?)",
-                (OPEN,),
-            )
+            for sid, _ in self.recovered_failed:  # it keeps no joint noise shares
+                self._db.execute("DELETE FROM joint_batches WHERE stream_id=?", (sid,))
         return cur.rowcount
 
     def _tx(self) -> _Transaction:
