@@ -8,9 +8,10 @@ controls the tests catch: one server's random bits only (that server then
 predicts every ν) and two independent draws at the central scale (the sum's law
 is not the single draw's).
 
-These run the in-chunk draw (the leader fills no pool: `noise_pool = None`),
-which is also what a chunk falls back to when its stream's pool lacks samples;
-noise generated ahead of time is tested in tests/test_joint_pool.py."""
+The tests on the `pair` fixture run the in-chunk draw (the leader fills no
+pool: `noise_pool = None`), which is also what a chunk falls back to when its
+stream's pool lacks samples; the first-YES law and the gRPC test run the
+servers' default (noise generated ahead of time, tests/test_joint_pool.py)."""
 
 from __future__ import annotations
 
