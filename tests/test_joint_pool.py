@@ -34,6 +34,7 @@ from svtagg.servers.core import ServerCore, garbled_circuit_party
 from svtagg.servers.exchange import Ask, OpenStream, PoolDraw, Queries
 from svtagg.servers.helper import HelperDriver
 from svtagg.servers.joint import JointDraw, PoolPolicy
+from svtagg.servers.leader import LeaderDriver
 from svtagg.servers.reference import ReferencePair, reference_pair
 from svtagg.servers.store import FAILED
 from svtagg.servers.store_sqlite import SqliteStore
@@ -231,6 +232,35 @@ async def test_a_restarted_helper_keeps_its_pool_and_never_reuses(
         with pytest.raises(FailedPrecondition, match="already consumed"):
             core.begin_pooled(stream, task, 3, PoolDraw(100, 10))
     finally:
+        store.close()
+
+
+async def test_a_restarted_leader_goes_on_with_its_pool(
+    pair: ReferencePair, tmp_path: Path
+) -> None:
+    """The leader's pool is in its store too: after a restart it names the
+    next unused samples, and its next batch takes fresh numbers (the helper
+    would refuse reused ones)."""
+    sid = await _open(pair)
+    assert await pair.leader.fill_pool(sid, 60, gamma=True)
+    await _ask_no(pair, sid, 40)
+
+    old = pair.leader
+    await old.pool.close()
+    old.core.store.close()
+    store = SqliteStore(tmp_path / "l.sqlite")
+    core = ServerCore(Role.LEADER, store)
+    core.joint_noise_log = old.core.joint_noise_log
+    pair.leader = LeaderDriver(core, pair.port, garbled_circuit_party)
+    pair.leader.noise_pool = None
+    try:
+        assert await pair.leader.fill_pool(sid, 30)  # numbers 60..90
+        await _ask_no(pair, sid, 50)  # 40..90: the rest of the first batch, then the second
+        leader, _ = _logs(pair)
+        assert [(d.pool_lo, d.pooled) for d in leader] == [(0, 40), (40, 50)]
+        _check_pairs(pair)
+    finally:
+        await pair.leader.pool.close()
         store.close()
 
 
