@@ -1,9 +1,10 @@
 """Joint noise generated ahead of time (servers/joint.py, servers/jointpool.py),
 on the one-process reference pair: pooled ν still fit the sampler's exact pmf;
 no sample is used twice, by either server, across chunks, a failed chunk, a
-replayed header and a helper restart; both servers use the same samples for
-the same lane (every reconstructed ν lies in the sampler's support, which a
-mismatched pair — a uniform ring element — misses with probability ≈ 2^−50);
+replayed header and a restart of either server; both servers use the same
+samples for the same lane (every reconstructed ν lies in the sampler's
+support, which a mismatched pair — a uniform ring element — misses with
+probability ≈ 2^−50);
 a chunk the pool cannot cover draws the rest in the chunk; the colluding-server
 control is still caught; answers stay correct.
 
