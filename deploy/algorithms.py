@@ -409,7 +409,7 @@ def check_run_options(
                 f"--kind {kind} cannot take this task's joint noise; expected one of "
                 f"{', '.join(joint_kinds + (['auto'] if algorithm.auto_kind else []))}"
             )
-    floor = getattr(oracle, "epsilon_min", Fraction(0))
+    floor = getattr(oracle, "epsilon_min", None) or Fraction(0)
     if epsilon.value < floor:
         raise ValueError(
             f"--epsilon {epsilon.value} is below the task's epsilon_min={floor} "

@@ -432,12 +432,47 @@ def selection_table(truth: npt.NDArray[np.float64], rows: list[DemoRow]) -> list
     return out
 
 
+#: The scan's settings the demo also runs on a local oracle: (label, --shares,
+#: noise).  "joint": a joint-noise task's law (one draw of the garbled sampler per
+#: term, `LocalOracle(noise="joint")`), simulated, not run through the servers:
+#: drawing each ν in the garbled sampler moves ≈ 40× the comparison's bytes.
+LOCAL_SCANS: tuple[tuple[str, str | None, str], ...] = (
+    ("SVT scan, default, local two-party oracle", None, "independent"),
+    ("SVT scan, cheap end (ε/2 search, no middle), local two-party", "1/2,0", "independent"),
+    ("SVT scan, accurate end (ε/16 + ε/32), local two-party", "1/16,1/32", "independent"),
+    ("SVT scan, default, joint noise (local simulation)", None, "joint"),
+)
+
+
+def _local_scan_rows(values: np.ndarray, epsilon: str, seed: int | None) -> list[DemoRow]:
+    """The scan at its three settings and with joint noise, on local oracles
+    over the same data and ε (each at ε; a joint oracle has a task's epsilon_min
+    and a δ budget for the sampler's δ)."""
+    from svtagg.analyst.local_oracle import LocalOracle
+    from svtagg.dp.task import safe_epsilon_min
+
+    rows: list[DemoRow] = []
+    for label, shares, noise in LOCAL_SCANS:
+        joint = noise == "joint"
+        oracle = LocalOracle(
+            values,
+            epsilon,
+            "1/1000000" if joint else 0,
+            parties=2,
+            seed=seed,
+            noise=noise,
+            epsilon_min=safe_epsilon_min(10 * values.shape[0], 16) if joint else None,
+        )
+        res = run_algorithm(oracle, RunFlags("scan", epsilon, shares=shares))
+        rows.append((label, int(res["selected"]), None, None))
+    return rows
+
+
 def _demo_model_selection(args: argparse.Namespace, t0: float) -> int:
     """Private model selection through both servers (the scan selection and
     report-noisy-max, each at ε on one task of 2ε), next to the aggregation
     baselines and the central exponential mechanism."""
     from svtagg.analyst import baselines
-    from svtagg.analyst.local_oracle import LocalOracle
     from svtagg.analyst.remote_oracle import RemoteOracle
     from svtagg.deploy.launch import LocalDeployment
 
@@ -484,11 +519,7 @@ def _demo_model_selection(args: argparse.Namespace, t0: float) -> int:
             None,
         ),
     ]
-    local = run_algorithm(
-        LocalOracle(values, args.epsilon, parties=2, seed=args.seed),
-        RunFlags("scan", args.epsilon),
-    )
-    rows.append(("SVT scan selection, local two-party oracle", int(local["selected"]), None, None))
+    rows += _local_scan_rows(values, args.epsilon, args.seed)
     print(f"\nbest candidate {int(truth.argmax())}: score {truth.max():.1f} (n = {n}, ε = {eps:g})")
     print("\n".join(selection_table(truth, rows)))
     print(

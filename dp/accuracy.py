@@ -22,42 +22,44 @@ import math
 from collections.abc import Callable
 from fractions import Fraction
 from functools import lru_cache
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from svtagg.dp.joint import abs_tail
 from svtagg.dp.jointsvt import joint_stream_noise
 from svtagg.dp.kinds import Family, StreamKind, check_epsilon, noise_model
 from svtagg.mpc.ring import DEFAULT_FRAC_BITS, sensitivity
 
+#: a ↦ log P(|X| > a) (or log P(X > a)), evaluated on an int64 array of a ≥ 0.
+LogTail = Callable[[npt.NDArray[np.int64]], npt.NDArray[Any]]
 
-def _log_tail(family: Family, scale: float, parties: int) -> Callable[[int], float]:
-    """a ↦ log P(|X| > a) (two-sided) or log P(X > a) (one-sided), a >= 0 integer
-    (−inf for the family "none": no such term)."""
+
+def _log_tail(family: Family, scale: float, parties: int) -> LogTail:
+    """a ↦ log P(|X| > a) (two-sided) or log P(X > a) (one-sided), a >= 0 integer,
+    on arrays (−inf for the family "none": no such term)."""
     if family == "none":
-        return lambda a: -math.inf
+        return lambda a: np.full(np.shape(a), -math.inf)
     lam = 1.0 / scale
     one_minus_q = -math.expm1(-lam)
     log_q = -lam
 
     if family == "laplace" and parties == 1:
         # P(|X| >= b) = 2 q^b / (1 + q) for b >= 1
-        def f(a: int) -> float:
-            b = a + 1
-            return math.log(2.0) + b * log_q - math.log1p(math.exp(-lam))
-
-        return f
+        const = math.log(2.0) - math.log1p(math.exp(-lam))
+        return lambda a: const + (a + 1) * log_q
     if family == "laplace" and parties == 2:
         # P(S = s) = c² q^|s| (|s| + A), c = (1-q)/(1+q), A = (1+q²)/(1-q²)
         q = math.exp(-lam)
         log_c2 = 2.0 * math.log(math.tanh(lam / 2.0))
         big_a = (1.0 + q * q) / (one_minus_q * (1.0 + q))
 
-        def f(a: int) -> float:
+        def f(a: npt.NDArray[np.int64]) -> npt.NDArray[np.float64]:
             b = a + 1
             # Σ_{s>=b} q^s (s + A) = q^b [ (b(1-q) + q)/(1-q)² + A/(1-q) ]
             inner = (b * one_minus_q + q) / one_minus_q**2 + big_a / one_minus_q
-            return math.log(2.0) + log_c2 + b * log_q + math.log(inner)
+            return math.log(2.0) + log_c2 + b * log_q + np.log(inner)
 
         return f
     if family == "geometric" and parties == 1:
@@ -66,25 +68,34 @@ def _log_tail(family: Family, scale: float, parties: int) -> Callable[[int], flo
     if family == "geometric" and parties == 2:
         # P(G1 + G2 >= b) = q^b [ (b+1)(1-q) + q ]
         q = math.exp(-lam)
-        return lambda a: (a + 1) * log_q + math.log((a + 2) * one_minus_q + q)
+        return lambda a: (a + 1) * log_q + np.log((a + 2) * one_minus_q + q)
     raise ValueError(f"unsupported family/parties: {family}/{parties}")
 
 
-def _inverse_tail(log_tail: Callable[[int], float], log_target: float) -> int:
-    """Least integer a >= 0 with log_tail(a) <= log_target."""
-    if log_tail(0) <= log_target:
-        return 0
-    hi = 1
-    while log_tail(hi) > log_target:
-        hi *= 2
-    lo = hi // 2
-    while hi - lo > 1:
+def _inverse_tails(
+    log_tail: LogTail, log_targets: npt.NDArray[np.float64]
+) -> npt.NDArray[np.int64]:
+    """For each target, the least integer a >= 0 with log_tail(a) <= target (the
+    tails are non-increasing): doubling, then bisection, for all targets at once."""
+    t = np.asarray(log_targets, dtype=np.float64)
+    zero = np.zeros(t.shape, dtype=np.int64)
+    done = log_tail(zero) <= t
+    lo, hi = zero, np.ones(t.shape, dtype=np.int64)
+    while True:
+        short = ~done & (log_tail(hi) > t)
+        if not short.any():
+            break
+        lo = np.where(short, hi, lo)
+        hi = np.where(short, hi * 2, hi)
+    while True:
+        open_ = ~done & (hi - lo > 1)
+        if not open_.any():
+            break
         mid = (lo + hi) // 2
-        if log_tail(mid) <= log_target:
-            hi = mid
-        else:
-            lo = mid
-    return hi
+        ok = log_tail(mid) <= t
+        hi = np.where(open_ & ok, mid, hi)
+        lo = np.where(open_ & ~ok, mid, lo)
+    return np.where(done, 0, hi)
 
 
 @lru_cache(maxsize=65536)
@@ -104,67 +115,29 @@ def alpha_grid(
     )
     t_nu = _log_tail(model.query_family, float(model.query_scale(epsilon, frac_bits)), parties)
     one_sided = {model.threshold_family, model.query_family} <= {"geometric", "none"}
-    return _best_split(t_gamma, t_nu, k, beta, one_sided, model.threshold_family != "none")
+    return _best_split(t_gamma, t_nu, k, beta, one_sided, model.threshold_family != "none")[0]
 
 
 def _best_split(
-    t_gamma: Callable[[int], float],
-    t_nu: Callable[[int], float],
+    t_gamma: LogTail,
+    t_nu: LogTail,
     k: int,
     beta: float,
     one_sided: bool,
     has_threshold: bool,
-) -> int:
-    """min over the splits of β of a₁ + a₂ + 1 (max(a₁, a₂) + 1 one-sided)."""
-    best: int | None = None
+) -> tuple[int, int, int]:
+    """(α, a₁, a₂) at the split of β that minimises α = a₁ + a₂ + 1
+    (max(a₁, a₂) + 1 one-sided)."""
     # Split β: fraction f to the threshold term, (1 - f) to the K query terms
     # (all of it to the queries when there is no threshold term).
-    splits = [i / 200.0 for i in range(1, 200)] if has_threshold else [0.0]
-    for f in splits:
-        a1 = _inverse_tail(t_gamma, math.log(f * beta)) if f else 0
-        a2 = _inverse_tail(t_nu, math.log((1.0 - f) * beta / k))
-        # One-sided noise: N = ν − γ lies in [−γ, ν], so the larger bound suffices.
-        total = (max(a1, a2) if one_sided else a1 + a2) + 1
-        if best is None or total < best:
-            best = total
-    assert best is not None
-    return best
-
-
-def _joint_abs_tails(
-    constants: tuple[int, ...], bits: int, a: npt.NDArray[np.int64]
-) -> npt.NDArray[np.float64]:
-    """P(|X| > a) for one draw of the joint sampler, for every a of an array
-    (`dp.joint.abs_tail`, vectorised: the digit walk of `tail_mass` in floats)."""
-
-    def tail(m: npt.NDArray[np.int64]) -> npt.NDArray[np.float64]:
-        total = np.zeros(m.shape)
-        prefix = np.ones(m.shape)
-        for i in reversed(range(len(constants))):
-            p = constants[i] / float(1 << bits)
-            bit = ((m >> i) & 1).astype(bool)
-            total += np.where(bit, 0.0, prefix * p)
-            prefix *= np.where(bit, p, 1.0 - p)
-        out = total + prefix
-        return np.where(m <= 0, 1.0, np.where(m >= 1 << len(constants), 0.0, out))
-
-    return 0.5 * (tail(a + 1) + tail(a))
-
-
-def _joint_inverse_tails(
-    constants: tuple[int, ...], bits: int, targets: npt.NDArray[np.float64]
-) -> npt.NDArray[np.int64]:
-    """For each target, the least integer a ≥ 0 with P(|X| > a) ≤ target: one
-    bisection over [0, 2^K] for all targets at once (the tail is non-increasing
-    and 0 at 2^K)."""
-    lo = np.full(targets.shape, -1, dtype=np.int64)  # fails (P(|X| > −1) = 1)
-    hi = np.full(targets.shape, 1 << len(constants), dtype=np.int64)  # holds
-    while np.any(hi - lo > 1):
-        mid = (lo + hi) // 2
-        ok = _joint_abs_tails(constants, bits, mid) <= targets
-        hi = np.where(ok, mid, hi)
-        lo = np.where(ok, lo, mid)
-    return hi
+    f = np.arange(1, 200) / 200.0 if has_threshold else np.zeros(1)
+    with np.errstate(divide="ignore"):
+        a1 = np.where(f > 0, _inverse_tails(t_gamma, np.log(f * beta)), 0)
+    a2 = _inverse_tails(t_nu, np.log((1.0 - f) * beta / k))
+    # One-sided noise: N = ν − γ lies in [−γ, ν], so the larger bound suffices.
+    total = (np.maximum(a1, a2) if one_sided else a1 + a2) + 1
+    i = int(np.argmin(total))  # the first of equal totals, as the loop over f kept
+    return int(total[i]), int(a1[i]), int(a2[i])
 
 
 @lru_cache(maxsize=4096)
@@ -174,16 +147,33 @@ def joint_alpha_grid(
     """α in grid units for a joint-noise stream: γ and each ν are ONE draw each
     of the garbled sampler (`dp.joint`'s exact law at the slightly inflated
     central scales, `dp.jointsvt.joint_stream_noise`), not the sum of two
-    servers' draws; the same split of β as `alpha_grid`."""
+    servers' draws.
+
+    The split of β is chosen on the one-party Laplace tails at the sampler's
+    (inflated) scales, which the exact law follows to the rounding of its
+    constants; the bound is then checked on the exact law's tails
+    (`dp.joint.abs_tail`) and widened one grid unit at a time until
+    P(|γ| > a₁) + k·P(|ν| > a₂) ≤ β holds there, so it is the exact law's."""
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
     if not 0 < beta < 1:
         raise ValueError(f"beta must be in (0, 1), got {beta}")
     noise = joint_stream_noise(kind, epsilon, frac_bits)
-    f = np.arange(1, 200) / 200.0
-    a1 = _joint_inverse_tails(noise.threshold_constants, noise.bits, f * beta)
-    a2 = _joint_inverse_tails(noise.query_constants, noise.bits, (1.0 - f) * beta / k)
-    return int(np.min(a1 + a2)) + 1
+    t_gamma = _log_tail("laplace", float(noise.threshold_scale), 1)
+    t_nu = _log_tail("laplace", float(noise.query_scale), 1)
+    _, a1, a2 = _best_split(t_gamma, t_nu, k, beta, False, True)
+
+    def excess(a1: int, a2: int) -> tuple[float, float]:
+        return (
+            abs_tail(noise.threshold_constants, noise.bits, a1),
+            k * abs_tail(noise.query_constants, noise.bits, a2),
+        )
+
+    g, q = excess(a1, a2)
+    while g + q > beta:  # widen the term that holds more of the mass
+        a1, a2 = (a1 + 1, a2) if g >= q else (a1, a2 + 1)
+        g, q = excess(a1, a2)
+    return a1 + a2 + 1
 
 
 def joint_alpha(

@@ -105,3 +105,16 @@ def test_demo_noisy_max_row_runs_on_a_local_oracle() -> None:
     assert truth.max() - truth[scan["selected"]] >= 0
     with pytest.raises(BudgetExhausted):  # the budget is spent
         run_algorithm(oracle, RunFlags("noisy-max", "1"))
+
+
+def test_demo_local_scan_rows_include_joint_noise() -> None:
+    """The demo's local rows: the scan at its three settings on the two-party
+    oracle and on a simulated joint-noise task, each a candidate index."""
+    v = model_selection(2000, 30, seed=4)
+    rows = jobs._local_scan_rows(v, "2", 4)
+    assert [r[0] for r in rows] == [label for label, _, _ in jobs.LOCAL_SCANS]
+    assert any("joint noise" in label for label, _, _ in jobs.LOCAL_SCANS)
+    truth = v.sum(axis=0)
+    for _, j, sent, seconds in rows:
+        assert 0 <= j < 30 and sent is None and seconds is None
+        assert truth.max() - truth[j] < 0.1 * truth.max()  # near the best at ε = 2
