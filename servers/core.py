@@ -535,7 +535,7 @@ class ServerCore:
         return PoolDraw(lo, min(k, held), stream.chunks == 0 and pool.gamma_ready)
 
     def begin_pooled(
-        self, stream: StreamState, task: TaskState, chunk_no: int, draw: PoolDraw
+        self, stream: StreamState, task: TaskState, chunk_no: int, draw: PoolDraw, k: int
     ) -> Pooled | None:
         """`begin_chunk`, consuming in the same durable transaction what the
         chunk draws from its stream's pool (both servers, before the comparison).
@@ -546,8 +546,8 @@ class ServerCore:
             self.begin_chunk(stream.stream_id, chunk_no)
             return None
         try:
-            if not pools_noise(stream, task):
-                raise InvalidArgument("pooled noise belongs to Ask chunks of joint-noise streams")
+            if not pools_noise(stream, task) or draw.count > k:
+                raise InvalidArgument("pooled noise: only for an Ask chunk's joint ν, one each")
             if draw.gamma:
                 if stream.chunks != 0:
                     raise InvalidArgument("only a stream's first chunk takes γ from the pool")

@@ -256,7 +256,7 @@ class HelperDriver:
         chunk = parse_chunk(task, h.queries.index, h.queries.complement)
         # The mark and (a joint-noise stream) the pooled noise it consumes, in
         # one durable step before the go: a sample is never used twice.
-        pooled = self.core.begin_pooled(stream, task, h.chunk_no, h.pool)
+        pooled = self.core.begin_pooled(stream, task, h.chunk_no, h.pool, len(chunk))
         return stream, task, chunk, pooled
 
     async def _run(

@@ -28,6 +28,9 @@ from svtagg.mpc.ring import U64
 #: One held batch: (first sequence number, this server's shares).
 Batch = tuple[int, U64]
 
+#: Sequence numbers stay below this (the stores keep them as signed 64-bit).
+MAX_SEQ = 1 << 62
+
 #: Most samples one batch exchange generates (≈ 1,600 AND gates each for lap24:
 #: ≈ 0.5 GB of garbled tables at this size, streamed in lane batches).
 MAX_BATCH = 10_000
@@ -78,8 +81,11 @@ def reserve(pool: JointPool, count: int, lo: int | None) -> int:
     reserved before; or (None: the leader) this server's next."""
     if not 1 <= count <= MAX_BATCH:
         raise InvalidArgument(f"a noise batch holds 1 to {MAX_BATCH} samples, not {count}")
+    first = max(pool.next, pool.used) if lo is None else lo
+    if first + count > MAX_SEQ:
+        raise FailedPrecondition(f"a stream's pool numbers its samples below {MAX_SEQ}")
     if lo is None:
-        return max(pool.next, pool.used)
+        return first
     if lo < max(pool.next, pool.used):
         raise FailedPrecondition(
             f"noise samples from {lo} were reserved before (next is {pool.next}): "
@@ -93,8 +99,8 @@ def take(batches: Sequence[Batch], used: int, lo: int, count: int) -> tuple[U64,
     that starts below lo + count), and what to keep of them: only samples from
     lo + count on (everything below is consumed or discarded).  Refused if any
     of them was consumed or discarded (lo < used) or is not held here."""
-    if count < 0 or lo < 0:
-        raise InvalidArgument("a negative range of noise samples")
+    if count < 0 or lo < 0 or lo + count > MAX_SEQ:
+        raise InvalidArgument(f"noise samples [{lo}, {lo + count}) out of [0, {MAX_SEQ})")
     if lo < used:
         raise FailedPrecondition(
             f"noise samples from {lo} are already consumed (this server's next unused is {used})"

@@ -516,7 +516,7 @@ class LeaderDriver:
             # Both servers fsync their "chunk in progress" mark in parallel; neither
             # runs the circuit before its own mark is durable, nor before the pooled
             # noise it uses is consumed (durably: never used twice).
-            pooled[0] = self.core.begin_pooled(stream, task, next_chunk, draw)
+            pooled[0] = self.core.begin_pooled(stream, task, next_chunk, draw, len(chunk))
             crash_point("chunk.after_mark")
 
         async def fail() -> None:

@@ -197,9 +197,30 @@ async def test_a_failed_chunk_consumes_its_samples(
     helper = pair.helper.core
     stream, task = helper.stream_and_task(other)
     with pytest.raises(FailedPrecondition, match="already consumed"):
-        helper.begin_pooled(stream, task, 2, PoolDraw(10, 20))
+        helper.begin_pooled(stream, task, 2, PoolDraw(10, 20), 20)
     assert helper.store.stream(other).state == FAILED
     _check_pairs(pair)
+
+
+async def test_the_helper_refuses_headers_no_honest_leader_sends(pair: ReferencePair) -> None:
+    """More pooled samples than the chunk has queries, a pooled γ the helper
+    never stored, a batch numbered past the pool's range: refused, and a
+    refused chunk fails its stream (its samples are never used)."""
+    helper = pair.helper.core
+    for draw, k, why in (
+        (PoolDraw(0, 21), 20, "one each"),
+        (PoolDraw(0, 0, gamma=True), 5, "no pooled γ"),
+    ):
+        sid = await _open(pair)
+        if draw.count:
+            assert await pair.leader.fill_pool(sid, 30)
+        stream, task = helper.stream_and_task(sid)
+        with pytest.raises(Refusal, match=why):
+            helper.begin_pooled(stream, task, 1, draw, k)
+        assert helper.store.stream(sid).state == FAILED
+    sid = await _open(pair)
+    with pytest.raises(FailedPrecondition, match="below"):
+        helper.reserve_noise_batch(sid, 10, False, lo=(1 << 62) - 5)
 
 
 async def test_a_restarted_helper_keeps_its_pool_and_never_reuses(
@@ -231,7 +252,7 @@ async def test_a_restarted_helper_keeps_its_pool_and_never_reuses(
             core.reserve_noise_batch(sid, 10, False, lo=100)
         stream, task = core.stream_and_task(sid)
         with pytest.raises(FailedPrecondition, match="already consumed"):
-            core.begin_pooled(stream, task, 3, PoolDraw(100, 10))
+            core.begin_pooled(stream, task, 3, PoolDraw(100, 10), 10)
     finally:
         store.close()
 
