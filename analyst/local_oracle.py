@@ -16,7 +16,7 @@ from fractions import Fraction
 import numpy as np
 import numpy.typing as npt
 
-from svtagg.analyst.oracle import OracleStats
+from svtagg.analyst.oracle import OracleStats, TournamentProgress
 from svtagg.dp import accuracy
 from svtagg.dp.errors import NotFound, Refusal
 from svtagg.dp.jointsvt import (
@@ -36,7 +36,7 @@ from svtagg.dp.kinds import (
 )
 from svtagg.dp.ledger import Ledger
 from svtagg.dp.noise import RandomSource
-from svtagg.dp.noisy_max import noisy_argmax
+from svtagg.dp.noisy_max import chunked_noisy_argmax, noisy_argmax
 from svtagg.dp.plans import PlanBook, PlanCharge, parse_groups
 from svtagg.dp.queries import (
     Budget,
@@ -47,6 +47,7 @@ from svtagg.dp.queries import (
     check_ctt_gaps,
     check_stream_chunks,
     encode_thresholds,
+    tournament_chunks,
 )
 from svtagg.dp.svt import AboveThresholdStream, CompareToThresholdsStream
 from svtagg.mpc.ring import DEFAULT_FRAC_BITS, encode, sensitivity
@@ -224,21 +225,35 @@ class LocalOracle:
         queries: Sequence[Query],
         epsilon: Number | str,
         plan: tuple[str, int] | None = None,
+        *,
+        chunk_size: int | None = None,
+        progress: TournamentProgress | None = None,
     ) -> int:
         """Report-noisy-max over `queries` (`dp.noisy_max`): the candidates are
         checked, ε is charged (to the budget or a plan's group), then each party
-        draws its noise; the position of the largest noisy score."""
+        draws its noise; the position of the largest noisy score.  Over several
+        chunks (`tournament_chunks`) it runs as the servers do
+        (`chunked_noisy_argmax`: the noise drawn chunk by chunk, the winner
+        carried)."""
         req = validate_stream(StreamKind.NMAX, epsilon, 0, self._parties)
         if self.noise == JOINT:
             raise ValueError(
                 "report-noisy-max takes independent noise only; this task has joint noise"
             )
         self._check_floor(req.epsilon)
-        check_chunk_size(len(queries))
+        chunks = tournament_chunks(len(queries), chunk_size)
         scores = self._scores(queries)
         self._charge(req, plan)
-        out = noisy_argmax(scores, req.epsilon, self.frac_bits, self._rng, self._parties)
-        self._count(len(queries))
+        if len(chunks) == 1:
+            out = noisy_argmax(scores, req.epsilon, self.frac_bits, self._rng, self._parties)
+        else:
+            out = chunked_noisy_argmax(
+                scores, req.epsilon, self.frac_bits, self._rng, self._parties, chunks
+            )
+        for lo, hi in chunks:
+            self._count(hi - lo)
+            if progress is not None:
+                progress(hi, len(queries))
         return out
 
     def reserve_plan(

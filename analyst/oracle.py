@@ -18,7 +18,7 @@ Conventions shared by all implementations:
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -28,6 +28,9 @@ from svtagg.dp.jointsvt import INDEPENDENT, JOINT, joint_allowance, joint_group_
 from svtagg.dp.kinds import StreamKind
 from svtagg.dp.plans import PlanCharge
 from svtagg.dp.queries import Budget, Number, Outcome, Query
+
+#: (candidates sent so far, candidates in all), after each chunk of a report-noisy-max.
+TournamentProgress = Callable[[int, int], None]
 
 
 @dataclass
@@ -109,10 +112,16 @@ class Oracle(Protocol):
         queries: Sequence[Query],
         epsilon: Number | str,
         plan: tuple[str, int] | None = None,
+        *,
+        chunk_size: int | None = None,
+        progress: TournamentProgress | None = None,
     ) -> int:
         """Report-noisy-max (stream kind nmax): charge ε like a stream, then the
         position in `queries` of the largest noisy score (one-sided Exp(2Δ/ε)
-        noise per candidate, per party).  One selection per charge."""
+        noise per candidate, per party).  One selection per charge, whatever
+        the number of chunks of `chunk_size` (default `MAX_CHUNK`) the
+        candidates are sent in (`dp.queries.tournament_chunks`); `progress`
+        is called after each chunk."""
         ...
 
     def reserve_plan(
@@ -186,8 +195,17 @@ class PlannedOracle:
         queries: Sequence[Query],
         epsilon: Number | str,
         plan: tuple[str, int] | None = None,
+        *,
+        chunk_size: int | None = None,
+        progress: TournamentProgress | None = None,
     ) -> int:
-        out = self.inner.noisy_max(queries, epsilon, plan or (self.plan_id, self.group))
+        out = self.inner.noisy_max(
+            queries,
+            epsilon,
+            plan or (self.plan_id, self.group),
+            chunk_size=chunk_size,
+            progress=progress,
+        )
         self.opened += 1
         return out
 

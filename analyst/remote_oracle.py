@@ -22,7 +22,7 @@ import grpc
 import numpy as np
 import numpy.typing as npt
 
-from svtagg.analyst.oracle import OracleStats
+from svtagg.analyst.oracle import OracleStats, TournamentProgress
 from svtagg.dp import accuracy
 from svtagg.dp.errors import Refusal, StreamClosed
 from svtagg.dp.jointsvt import INDEPENDENT, JOINT, JOINT_KINDS, joint_stream_noise
@@ -37,7 +37,7 @@ from svtagg.dp.queries import (
     check_chunk_size,
     check_ctt_gaps,
     encode_thresholds,
-    noisy_max_progress,
+    tournament_chunks,
 )
 from svtagg.proto import svtagg_pb2 as pb
 from svtagg.proto import svtagg_pb2_grpc as pb_grpc
@@ -272,24 +272,37 @@ class RemoteOracle:
         queries: Sequence[Query],
         epsilon: Number | str,
         plan: tuple[str, int] | None = None,
+        *,
+        chunk_size: int | None = None,
+        progress: TournamentProgress | None = None,
     ) -> int:
         """Report-noisy-max through the servers: an NMAX stream of ε is opened
-        (both servers charge it, in `plan`'s group if given), then one NoisyMax
-        chunk of the candidates; each server adds its own one-sided Exp(2Δ/ε)
-        noise per candidate to its share, and only the position of the largest
-        noisy sum comes back.  The answer closes the stream.  The candidates
+        (both servers charge it, in `plan`'s group if given), then NoisyMax
+        chunks of the candidates (`tournament_chunks`), each but the last with
+        `more` set; each server adds its own one-sided Exp(2Δ/ε) noise per
+        candidate to its share, the winner so far is carried secret-shared from
+        chunk to chunk, and only the position of the largest noisy sum comes
+        back, after the last chunk, which closes the stream.  The candidates
         are checked here first (count, indices), so a refusal costs nothing."""
         req = validate_stream(StreamKind.NMAX, epsilon, 0, self.parties)
-        check_chunk_size(len(queries))
+        chunks = tournament_chunks(len(queries), chunk_size)
         if any(not 0 <= q.index < self._d for q in queries):
             raise ValueError(f"a candidate's index is out of range [0, {self._d})")
         info = self._open(req, plan)
-        request = pb.NoisyMaxRequest(stream_id=info.stream_id, queries=_pb_queries(queries))
-        resp = self._call("NoisyMax", request)
+        for lo, hi in chunks:
+            more = hi < len(queries)
+            request = pb.NoisyMaxRequest(
+                stream_id=info.stream_id, queries=_pb_queries(queries[lo:hi]), more=more
+            )
+            resp = self._call("NoisyMax", request)
+            if resp.closed == more:
+                raise Refusal("the leader closed the tournament at the wrong chunk")
+            self._count(hi - lo, resp.peer_bytes)  # every candidate is answered
+            if progress is not None:
+                progress(hi, len(queries))
         index = int(resp.index)
         if not 0 <= index < len(queries):
             raise Refusal(f"the leader answered an impossible index {index}")
-        self._count(noisy_max_progress(index, len(queries)).answered, resp.peer_bytes)
         return index
 
     def accuracy(self, kind: StreamKind | str, epsilon: Number | str, k: int, beta: float) -> float:

@@ -33,7 +33,7 @@ from svtagg.analyst.selection import (
 )
 from svtagg.dp.jointsvt import INDEPENDENT, JOINT, JOINT_KINDS
 from svtagg.dp.kinds import ABOVE_THRESHOLD_KINDS, StreamKind
-from svtagg.dp.queries import Epsilon, Number, Query
+from svtagg.dp.queries import MAX_CHUNK, Epsilon, Number, Query
 
 #: A run's JSON-ready summary.
 Summary = dict[str, Any]
@@ -223,7 +223,8 @@ class SparseMeanJob:
 
 @dataclass(frozen=True)
 class NoisyMaxJob:
-    """noisy-max: every coordinate is a candidate, so d must fit one tournament."""
+    """noisy-max: every coordinate is a candidate (d ≤ MAX_TOURNAMENT, in chunks
+    of MAX_CHUNK: one tournament, one ε)."""
 
     @classmethod
     def from_flags(cls, flags: RunFlags, oracle: Oracle) -> NoisyMaxJob:
@@ -331,7 +332,13 @@ def _run_sparse_mean(run: Run[SparseMeanJob]) -> Summary:
 
 
 def _run_noisy_max(run: Run[NoisyMaxJob]) -> Summary:
-    res = noisy_max_selection(run.oracle, run.epsilon, run.beta)
+    report = run.progress
+
+    def sent(done: int, total: int) -> None:  # (chunks done, chunks, candidates sent)
+        if report is not None:
+            report(-(-done // MAX_CHUNK), -(-total // MAX_CHUNK), done)
+
+    res = noisy_max_selection(run.oracle, run.epsilon, run.beta, progress=sent)
     return {"selected": res.query.index, "alpha": res.alpha}
 
 

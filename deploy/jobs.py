@@ -227,9 +227,20 @@ def _run(args: argparse.Namespace) -> int:
     from svtagg.analyst.remote_oracle import RemoteOracle
 
     start = time.perf_counter()
+
+    def chunk_sent(done: int, chunks: int, candidates: int) -> None:
+        # noisy-max over more than one chunk: a line per chunk, on stderr.
+        if chunks > 1:
+            _progress(
+                f"  chunk {done}/{chunks} of the tournament sent ({candidates:,} candidates, "
+                f"{time.perf_counter() - start:.1f}s)"
+            )
+
+    flags = RunFlags.from_args(args)
     with RemoteOracle.from_certs(args.leader, args.task, args.certs) as oracle:
         before = oracle.budget()
-        result = run_algorithm(oracle, RunFlags.from_args(args))
+        progress = chunk_sent if flags.algorithm == "noisy-max" else None
+        result = run_algorithm(oracle, flags, progress=progress)
         summary = _oracle_summary(oracle, before)
     asked = result.pop("epsilon")
     result["epsilon"] = float(Fraction(asked))

@@ -83,6 +83,40 @@ def noisy_argmax(
     return first_argmax(s + noise(eps, frac_bits, s.size, rng, parties))
 
 
+def chunked_noisy_argmax(
+    scores: npt.ArrayLike,
+    epsilon: Fraction | int | str,
+    frac_bits: int,
+    rng: RandomSource,
+    parties: int = 1,
+    chunks: Sequence[tuple[int, int]] = (),
+) -> int:
+    """`noisy_argmax` run chunk by chunk as the servers run it (docs/mpc.md,
+    "Chunked tournaments"): each chunk's candidates get their noise when the
+    chunk runs, and the winner so far — its noisy value and index, the noise
+    never redrawn — meets them, keeping ties (its index is smaller).  The
+    same law as one tournament over all the candidates; `chunks` ([lo, hi),
+    in order, covering the scores; default: one chunk)."""
+    eps = check_epsilon(epsilon)
+    s = np.asarray(scores, dtype=np.int64)
+    if s.ndim != 1 or s.size == 0:
+        raise ValueError("need a non-empty vector of candidate scores")
+    parts = list(chunks) or [(0, s.size)]
+    starts, ends = [lo for lo, _ in parts], [hi for _, hi in parts]
+    if starts[0] != 0 or ends[-1] != s.size or starts[1:] != ends[:-1]:
+        raise ValueError("the chunks must cover the candidates in order")
+    if any(lo >= hi for lo, hi in parts):
+        raise ValueError("a chunk needs at least one candidate")
+    best: tuple[int, int] | None = None
+    for lo, hi in parts:
+        noisy = s[lo:hi] + noise(eps, frac_bits, hi - lo, rng, parties)
+        j = first_argmax(noisy)
+        if best is None or int(noisy[j]) > best[0]:
+            best = (int(noisy[j]), lo + j)
+    assert best is not None
+    return best[1]
+
+
 # ---------------------------------------------------------------- exact law, one party
 def _elementary(xs: Sequence[Fraction]) -> list[Fraction]:
     """e_0..e_m of xs: Σ over the subsets of size m of the products."""

@@ -28,6 +28,9 @@ MAX_CHUNK = 100_000
 #: stated rather than charged (docs/privacy.md) because K ≤ MAX_STREAM_CHUNKS ·
 #: MAX_CHUNK keeps it below 2^−5800, so the bound is enforced, not assumed.
 MAX_STREAM_CHUNKS = 2**40
+#: Candidates of one report-noisy-max stream, all its chunks counted: its
+#: tournament carries and reveals a 32-bit index (mpc/tournament.py).
+MAX_TOURNAMENT = 2**32 - 1
 
 
 @dataclass(frozen=True)
@@ -117,6 +120,18 @@ def check_chunk_size(k: int) -> None:
         raise ChunkTooLarge(f"a chunk holds at most {MAX_CHUNK} queries, got {k}")
 
 
+def tournament_chunks(k: int, chunk_size: int | None = None) -> list[tuple[int, int]]:
+    """The chunks [lo, hi) a report-noisy-max over k candidates is sent in:
+    1..MAX_TOURNAMENT candidates, chunks of `chunk_size` (default and at most
+    MAX_CHUNK), the last one shorter."""
+    size = MAX_CHUNK if chunk_size is None else chunk_size
+    if not 1 <= size <= MAX_CHUNK:
+        raise ValueError(f"chunk_size must be in [1, {MAX_CHUNK}], got {size}")
+    if not 1 <= k <= MAX_TOURNAMENT:
+        raise ValueError(f"a report-noisy-max takes 1..{MAX_TOURNAMENT:,} candidates, got {k:,}")
+    return [(lo, min(k, lo + size)) for lo in range(0, k, size)]
+
+
 def check_stream_chunks(answered: int) -> None:
     """A stream that has answered MAX_STREAM_CHUNKS chunks answers no more."""
     top = MAX_STREAM_CHUNKS
@@ -183,7 +198,9 @@ def ask_progress(first_yes: int | None, k: int) -> Progress:
     return Progress(k, False) if first_yes is None else Progress(first_yes + 1, True)
 
 
-def noisy_max_progress(index: int, k: int) -> Progress:
-    """A report-noisy-max chunk of k candidates: all k answered by the one
-    index, which closes the stream (one selection per stream and charge)."""
-    return Progress(k, True)
+def noisy_max_progress(index: int | None, k: int) -> Progress:
+    """A report-noisy-max chunk of k candidates: all k answered; the one index,
+    which only the stream's last chunk reveals, closes the stream (one
+    selection per stream and charge).  A chunk with more to follow (None)
+    leaves it open."""
+    return Progress(k, index is not None)

@@ -52,6 +52,7 @@ from svtagg.experiments.common import (
     em_expected_error,
     error_row,
     fmt_eq,
+    fmt_eq_range,
     local_oracle,
     oracle_seed,
     planted_scores,
@@ -273,6 +274,11 @@ def frontier(
         )
         if key == "em":  # EM's mean is its exact expectation; the median is sampled
             _set_mean(row, em_mean, datasets, cfg.epsilon)
+        if key in measured["sent"]:
+            row["comparisons_range"] = [
+                float(np.min(measured["sent"][key])),
+                float(np.max(measured["sent"][key])),
+            ]
         if key == "scan_central":  # a reference, not a deployment: no server cost
             row["comparisons_per_candidate"] = float(np.mean(measured["sent"][key]))
         elif key in measured["sent"]:
@@ -326,16 +332,21 @@ def frontier_table(result: dict[str, Any]) -> str:
         f"{eng.get('bytes_per_sample', 0):,.0f} B per joint ν sample; "
         f"instance of {eng['instance']})",
         "",
-        "| method | mean / median error | ε-eq. (×ε_EM) | comparisons per candidate "
-        "| ANDs per candidate | bytes per candidate | MB between servers | engine s |",
+        "| method | mean / median error | ε-eq. (×ε_EM, 90% interval) "
+        "| comparisons per candidate (min–max) | ANDs per candidate | bytes per candidate "
+        "| MB between servers | engine s |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for r in result["rows"]:
         cmp = r.get("comparisons_per_candidate")
         has_cost = "bytes_per_candidate" in r
         cmp_text = "1 tournament" if has_cost and cmp is None else _num(cmp, ".0f")
+        if "comparisons_range" in r:
+            lo, hi = r["comparisons_range"]
+            cmp_text += f" ({lo:.0f}–{hi:.0f})"
         lines.append(
-            f"| {r['label']} | {r['mean']:.2f} / {r['median']:.1f} | {fmt_eq(r)} | {cmp_text} | "
+            f"| {r['label']} | {r['mean']:.2f} / {r['median']:.1f} | {fmt_eq_range(r)} "
+            f"| {cmp_text} | "
             f"{_num(r.get('and_per_candidate'), ',.0f')} | "
             f"{_num(r.get('bytes_per_candidate'), ',.0f')} | "
             f"{_num(r['bytes_total'] / 1e6 if has_cost else None, ',.2f')} | "
@@ -370,7 +381,7 @@ def plot_frontier(out: Path, result: dict[str, Any]) -> Path:
         ((0, -20), "center"),
         ((10, 9), "left"),
         ((12, 8), "left"),
-        ((10, -16), "left"),
+        ((-10, -16), "right"),
     ]
     short = {id(nm): "noisy-max", id(jt): "default, joint noise"}
     for r, (xy, ha) in zip([*scans, nm, jt], offsets, strict=True):

@@ -28,6 +28,7 @@ from svtagg.experiments.common import (
     error_row,
     fmt,
     fmt_eq,
+    fmt_eq_range,
     local_oracle,
     oracle_seed,
     pyplot,
@@ -204,7 +205,7 @@ def words(
 def words_table(result: dict[str, Any]) -> str:
     lines = [
         f"{'n':>8} {'ε':>5} {'method':<58} {'parties':>7} {'mean':>7} {'median':>6} "
-        f"{'/EM':>6} {'ε-equiv':>7} {'cmp/cand':>8}"
+        f"{'/EM':>6} {'ε-equiv (90%)':>16} {'cmp/cand':>8}"
     ]
     for r in result["rows"]:
         label = result["methods"][r["method"]]
@@ -212,7 +213,7 @@ def words_table(result: dict[str, Any]) -> str:
         lines.append(
             f"{r['n']:>8} {r['epsilon']:>5} {label:<58} {r.get('parties', '—')!s:>7} "
             f"{r['mean']:>7.2f} {r['median']:>6.1f} {fmt(r['mean_ratio_to_em']):>6} "
-            f"{fmt_eq(r):>7} {fmt(sent):>8}"
+            f"{fmt_eq_range(r):>16} {fmt(sent):>8}"
         )
     return "\n".join(lines)
 

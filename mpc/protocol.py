@@ -11,7 +11,7 @@ import secrets
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -48,6 +48,15 @@ from svtagg.mpc.garble import Backend, Bits, EvalBackend, GarbleBackend, Wires
 from svtagg.mpc.ot import KAPPA, IKNPReceiver, IKNPSender, base_ot_receive, base_ot_send
 from svtagg.mpc.ring import RING_BITS, U64
 from svtagg.mpc.streaming import _OrderedSends, _Parts
+from svtagg.mpc.tournament import (
+    CARRY_INDEX_BITS,
+    TournamentChunk,
+    carry_bits,
+    carry_lanes,
+    carry_words,
+    chunk_input,
+    noisy_max_chunk_circuit,
+)
 
 _CHUNK_BITS = 40  # chunk counter width inside the high tweak word
 
@@ -207,6 +216,40 @@ def noisy_max_spec(width: int = RING_BITS) -> ChunkCircuit[int | None]:
     )
 
 
+def noisy_max_chunk_spec(
+    width: int, where: TournamentChunk, out_mask: Bits | None = None
+) -> ChunkCircuit[Any]:
+    """A chunk of a chunked report-noisy-max (`tournament.noisy_max_chunk_circuit`;
+    the carry's lanes, then the candidates).  The last chunk's result is the
+    index over the stream, on both sides; any other's is the evaluator's masked
+    carry, which it keeps (the garbler is sent nothing and keeps `out_mask`).
+    Table blocks: ≤ 6w − 1 per candidate; the carry lanes' 6w + 2 each cover
+    the match against the carry (≤ 4w + 170), the slack the offset's adder (62)."""
+    w, first = check_width(width), carry_lanes(width) if where.carry_in else 0
+
+    def circuit(be: Backend, a_bits: Bits | None, b: WireSource, n: int) -> tuple[Wires, ...]:
+        mask = out_mask if a_bits is not None else None
+        return noisy_max_chunk_circuit(be, a_bits, b, n, w, where, mask)
+
+    def parse(msg: bytes, n: int) -> int:
+        return _parse_argmax(msg, where.offset + n - first)
+
+    last = where.final
+    return ChunkCircuit(
+        inputs=("z",),
+        outputs=1,
+        circuit=circuit,
+        decode=argmax_index if last else lambda bits: carry_words(bits[0], w),
+        encode=_encode_index if last else lambda y, n: b"",
+        parse=parse if last else _parse_nothing,
+        empty=lambda: None,
+        tables_per_lane=6 * w + 2,
+        output_bits=lambda n: CARRY_INDEX_BITS if last else carry_bits(w),
+        width=w,
+        streams=True,
+    )
+
+
 def _parse_nothing(msg: bytes, k: int) -> None:
     if msg:
         raise ValueError("malformed result message")
@@ -351,12 +394,43 @@ class _Party:
         party's shares (`width` as for `first_yes`)."""
         return await self._chunk_flow(compare_to_thresholds_spec(width), z_high, z_low)
 
-    async def noisy_max(self, z: npt.ArrayLike, width: int = RING_BITS) -> int | None:
+    async def noisy_max(
+        self,
+        z: npt.ArrayLike,
+        width: int = RING_BITS,
+        carry: npt.ArrayLike | None = None,
+        offset: int = 0,
+    ) -> int | None:
         """Report-noisy-max: the first j maximizing signed(z_L[j] + z_H[j]) on the
         low `width` bits, on both sides, and nothing else (None for no
         candidates).  Each party's share already carries its own noise; correct
-        when every |z_L + z_H| < 2^(w−1), as for `first_yes`."""
-        return await self._chunk_flow(noisy_max_spec(width), z)
+        when every |z_L + z_H| < 2^(w−1), as for `first_yes`.  The last chunk
+        of a chunked tournament passes this party's `carry` from the chunk
+        before and its candidates' `offset`: the index is then over the stream,
+        the carried winner winning ties (docs/mpc.md, "Chunked tournaments")."""
+        if carry is None and offset == 0:
+            return await self._chunk_flow(noisy_max_spec(width), z)
+        spec = noisy_max_chunk_spec(width, TournamentChunk(offset, carry is not None))
+        zz = chunk_input(_as_ring(z), None if carry is None else _as_ring(carry), width)
+        return int(await self._chunk_flow(spec, zz))
+
+    async def noisy_max_carry(
+        self, z: npt.ArrayLike, carry: npt.ArrayLike | None, offset: int, width: int = RING_BITS
+    ) -> U64:
+        """A chunk of a chunked report-noisy-max that is not the last: this
+        party's XOR share of the winner so far (noisy value and index, as
+        `tournament.carry_lanes(w)` lanes: fresh CSPRNG masks on the garbler,
+        the masked winner on the evaluator); nothing is revealed.  `carry`: this
+        party's share from the chunk before (None in the first, offset 0)."""
+        mask = self._carry_mask(width)
+        where = TournamentChunk(offset, carry is not None, final=False)
+        zz = chunk_input(_as_ring(z), None if carry is None else _as_ring(carry), width)
+        y = await self._chunk_flow(noisy_max_chunk_spec(width, where, mask), zz)
+        return carry_words(mask, width) if mask is not None else np.asarray(y, dtype=np.uint64)
+
+    def _carry_mask(self, width: int) -> Bits | None:
+        """The garbler's fresh mask bits for a carried winner (None: evaluator)."""
+        return None
 
     async def any_per_group(self, z: npt.ArrayLike, group: int) -> list[bool]:
         """For each run of `group` lanes: is any signed(z_L + z_H) ≥ 0 in it?  Both
@@ -465,6 +539,10 @@ class ComparisonGarbler(_Party):
         r = np.frombuffer(os.urandom(8 * a.shape[0]), dtype="<u8").astype(np.uint64)
         await self._chunk_flow(clamp_reshare_spec(bound), a, np.uint64(0) - r)
         return r
+
+    def _carry_mask(self, width: int) -> Bits:
+        raw = np.frombuffer(os.urandom(carry_bits(width) // 8), np.uint8)
+        return np.unpackbits(raw, bitorder="little")
 
     async def field_clamp_reshare(self, share: npt.ArrayLike, bound: int, field: object) -> U64:
         f = prime_field(field)

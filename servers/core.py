@@ -34,7 +34,12 @@ from svtagg.dp.kinds import (
 )
 from svtagg.dp.noise import RandomSource, draw_query_noise, draw_threshold_noise
 from svtagg.dp.plans import PlanBook, parse_groups
-from svtagg.dp.queries import check_chunk_size, check_ctt_width, check_stream_chunks
+from svtagg.dp.queries import (
+    MAX_TOURNAMENT,
+    check_chunk_size,
+    check_ctt_width,
+    check_stream_chunks,
+)
 from svtagg.dp.task import TaskParams
 from svtagg.mpc.ring import RING_BITS, U64, sensitivity, wrap_bound
 from svtagg.mpc.sharing import expand_seed
@@ -47,22 +52,13 @@ from svtagg.proto.vocab import (
 )
 from svtagg.servers.exchange import (
     ChunkKind,
-    NoiseBatch,
     PlanInfo,
     PlanRequest,
-    PoolDraw,
     PrepareStream,
     Progress,
 )
 from svtagg.servers.faults import crash_point
-from svtagg.servers.joint import (
-    JointDraw,
-    Pooled,
-    joint_shares,
-    pools_noise,
-    shapes,
-    stream_noise,
-)
+from svtagg.servers.joint import JointDraw, JointNoiseSteps, Pooled, stream_noise
 from svtagg.servers.proofs import check_validity, helper_undo_sum
 from svtagg.servers.store import FAILED, Store, StreamState, TaskState
 from svtagg.vdaf.prio3 import VERIFY_KEY_SIZE
@@ -82,7 +78,13 @@ class ComparisonParty(Protocol):
         self, z_high: U64, z_low: U64, width: int = 64
     ) -> list[int]: ...
 
-    async def noisy_max(self, z: U64, width: int = 64) -> int | None: ...
+    async def noisy_max(
+        self, z: U64, width: int = 64, carry: U64 | None = None, offset: int = 0
+    ) -> int | None: ...
+
+    async def noisy_max_carry(
+        self, z: U64, carry: U64 | None, offset: int, width: int = 64
+    ) -> U64: ...
 
     async def clamp_reshare(self, share: U64, bound: int) -> U64: ...
 
@@ -109,6 +111,8 @@ class Chunk:
 
     index: npt.NDArray[np.int64]
     complement: npt.NDArray[np.bool_]
+    #: A report-noisy-max chunk with more of its stream's tournament to follow.
+    more: bool = False
 
     def __len__(self) -> int:
         return int(self.index.size)
@@ -150,7 +154,7 @@ def _comparison_width(n_max: int, frac_bits: int, kind: StreamKind, epsilon: Fra
     return min(RING_BITS, -(-(bound.bit_length() + 1) // 8) * 8)
 
 
-class ServerCore:
+class ServerCore(JointNoiseSteps):
     """One server's state machine over its store; the service layer wraps it."""
 
     def __init__(
@@ -356,10 +360,6 @@ class ServerCore:
         self._discard_pool(stream_id)
         self.store.fail_stream(stream_id)
 
-    def _discard_pool(self, stream_id: str) -> None:
-        if self.store.joint_pool(stream_id).runs:
-            self.store.discard_joint_pool(stream_id)
-
     def begin_chunk(self, stream_id: str, chunk_no: int) -> None:
         """Mark chunk `chunk_no` in progress, durably, before its protocol runs."""
         self.store.begin_chunk(stream_id, chunk_no)
@@ -524,88 +524,6 @@ class ServerCore:
             stream.kind, stream.epsilon, task.params.frac_bits, k, self.rng
         ).astype(np.uint64)
 
-    # ------------------------------------------------------------ joint noise pool
-    def pool_draw(self, stream: StreamState, task: TaskState, k: int) -> PoolDraw:
-        """(The leader) what the next chunk of k queries of `stream` takes from
-        its pool: the first held run's samples, up to k, and γ if it is pooled."""
-        if not pools_noise(stream, task):
-            return PoolDraw()
-        pool = self.store.joint_pool(stream.stream_id)
-        lo, held = pool.first_run()
-        return PoolDraw(lo, min(k, held), stream.chunks == 0 and pool.gamma_ready)
-
-    def begin_pooled(
-        self, stream: StreamState, task: TaskState, chunk_no: int, draw: PoolDraw, k: int
-    ) -> Pooled | None:
-        """`begin_chunk`, consuming in the same durable transaction what the
-        chunk draws from its stream's pool (both servers, before the comparison).
-        The helper checks the leader's `draw` against its own store: a sample
-        below its `used` counter, or not held, is refused — no share is used
-        twice.  A refusal fails the stream here."""
-        if draw == PoolDraw():
-            self.begin_chunk(stream.stream_id, chunk_no)
-            return None
-        try:
-            if not pools_noise(stream, task) or draw.count > k:
-                raise InvalidArgument("pooled noise: only for an Ask chunk's joint ν, one each")
-            if draw.gamma:
-                if stream.chunks != 0:
-                    raise InvalidArgument("only a stream's first chunk takes γ from the pool")
-                if not self.store.joint_pool(stream.stream_id).gamma_ready:
-                    raise FailedPrecondition("this server holds no pooled γ for the stream")
-            _, nu = self.store.begin_pooled_chunk(stream.stream_id, chunk_no, draw.lo, draw.count)
-            # Read after the mark: a pooled γ is frozen once a chunk has begun.
-            gamma = self.store.stream(stream.stream_id).gamma if draw.gamma else None
-        except BaseException:
-            self.fail_stream(stream.stream_id)
-            raise
-        return Pooled(gamma, nu, draw.lo)
-
-    def reserve_noise_batch(
-        self, stream_id: str, count: int, gamma: bool, lo: int | None = None
-    ) -> tuple[NoiseBatch, StreamState, TaskState]:
-        """Check a batch for a joint-noise stream and reserve its sequence numbers
-        durably (the leader: its next ones; the helper: the leader's `lo`,
-        refused if any was reserved before)."""
-        stream, task = self.stream_and_task(stream_id)
-        if not pools_noise(stream, task):
-            raise InvalidArgument(f"stream {stream_id} draws no joint noise ahead of time")
-        stream_noise(stream.kind, stream.epsilon, task.params.frac_bits)
-        if gamma and stream.chunks:
-            raise FailedPrecondition("the stream's γ is drawn already")
-        first = self.store.reserve_joint_batch(stream_id, count, lo)
-        return NoiseBatch(stream_id, first, count, gamma), stream, task
-
-    async def _joint_noise(
-        self,
-        party: ComparisonParty,
-        stream: StreamState,
-        task: TaskState,
-        k: int,
-        pooled: Pooled | None = None,
-    ) -> tuple[int, U64]:
-        """This server's shares of a joint-noise stream's γ (pooled, or drawn and
-        stored durably in its first chunk) and of the chunk's k ν: the pooled
-        ones first, the rest drawn now."""
-        gamma_shape, nu_shape = shapes(
-            stream_noise(stream.kind, stream.epsilon, task.params.frac_bits)
-        )
-        if pooled is not None and pooled.gamma is not None:
-            gamma = pooled.gamma
-        elif stream.chunks == 0:
-            gamma = int((await joint_shares(party, 1, gamma_shape))[0])
-            self.store.set_joint_threshold_noise(stream.stream_id, gamma)
-        else:
-            assert stream.gamma is not None
-            gamma = stream.gamma
-        m = 0 if pooled is None else len(pooled.nu)
-        nu = np.zeros(0, dtype=np.uint64) if pooled is None else pooled.nu
-        if m < k:
-            nu = np.concatenate([nu, await joint_shares(party, k - m, nu_shape)])
-        if self.joint_noise_log is not None:
-            self.joint_noise_log.append(JointDraw.of(stream, gamma, nu, pooled))
-        return gamma, nu
-
     def ask_inputs(
         self,
         stream: StreamState,
@@ -628,6 +546,48 @@ class ServerCore:
         """z = q(S) + ν for every candidate: this server's share of the score
         plus its own one-sided noise (no threshold, no γ)."""
         return self._scores(task, chunk) + self._noise(stream, task, len(chunk))
+
+    @staticmethod
+    def check_tournament(stream: StreamState, chunk: Chunk) -> None:
+        """A stream's candidates, over all its report-noisy-max chunks, number at
+        most MAX_TOURNAMENT (< 2^32, the carried and revealed index's width);
+        refused before the chunk is marked."""
+        if stream.queries + len(chunk) > MAX_TOURNAMENT:
+            raise InvalidArgument(
+                f"a report-noisy-max stream holds at most {MAX_TOURNAMENT:,} candidates"
+            )
+
+    async def noisy_max(
+        self, party: ComparisonParty, stream: StreamState, task: TaskState, chunk: Chunk, width: int
+    ) -> int | None:
+        """One chunk of the stream's tournament (docs/mpc.md, "Chunked
+        tournaments"): its candidates are numbered from the stream's answered
+        queries; from the second chunk on, this server's share of the winner so
+        far comes in, stored by the chunk before.  A chunk with `more` to follow
+        stores this server's share of the new winner durably and reveals
+        nothing (None); the last returns the index over the stream."""
+        z = self.noisy_max_inputs(stream, task, chunk)
+        carry = self._carried(stream)
+        if chunk.more:
+            share = await party.noisy_max_carry(z, carry, stream.queries, width)
+            self.store.set_noisy_max_carry(stream.stream_id, share.astype("<u8").tobytes())
+            return None
+        j = await party.noisy_max(z, width, carry, stream.queries)
+        if j is None:  # k ≥ 1 candidates always have a maximum
+            raise FailedPrecondition("the tournament returned no candidate")
+        return j
+
+    def _carried(self, stream: StreamState) -> U64 | None:
+        """This server's share of the winner the stream's last chunk carried
+        (None before the first chunk); refused unless that chunk stored it."""
+        if stream.chunks == 0:
+            return None
+        stored = self.store.noisy_max_carry(stream.stream_id)
+        if stored is None or stored[0] != stream.chunks:
+            raise FailedPrecondition(
+                f"stream {stream.stream_id!r}: no carried winner of chunk {stream.chunks}"
+            )
+        return np.frombuffer(stored[1], dtype="<u8").astype(np.uint64)
 
     def compare_inputs(
         self,
@@ -680,9 +640,7 @@ class ServerCore:
         result: Any
         if kind == ChunkKind.NMAX:
             assert thresholds is None
-            result = await party.noisy_max(self.noisy_max_inputs(stream, task, chunk), width)
-            if result is None:  # k ≥ 1 candidates always have a maximum
-                raise FailedPrecondition("the tournament returned no candidate")
+            result = await self.noisy_max(party, stream, task, chunk, width)
         elif kind == ChunkKind.COMPARE:
             assert thresholds is None or isinstance(thresholds, tuple)
             z_high, z_low = self.compare_inputs(stream, task, chunk, thresholds)

@@ -277,10 +277,14 @@ class Compare:
 
 @dataclass(frozen=True)
 class NoisyMax:
-    """A report-noisy-max chunk as the analyst sends it: the candidates."""
+    """A report-noisy-max chunk as the analyst sends it: the candidates, and
+    whether more chunks of the stream's tournament follow (`more`: nothing is
+    revealed, the winner so far is carried secret-shared; the chunk without it
+    reveals the index over all the stream's candidates and closes the stream)."""
 
     stream_id: str
     queries: Queries
+    more: bool = False
 
 
 @dataclass(frozen=True)
@@ -308,9 +312,10 @@ class CompareAnswer:
 @dataclass(frozen=True)
 class NoisyMaxAnswer:
     """A report-noisy-max chunk's answer: the position of the largest noisy
-    score among the candidates (the stream is closed by it)."""
+    score among the stream's candidates, all chunks counted (the stream is
+    closed by it); None for a chunk with more to follow (the stream stays open)."""
 
-    index: int
+    index: int | None
     closed: bool
     peer_bytes: int
 
@@ -362,11 +367,15 @@ class StreamChunk:
     stream_id: str
     chunk_no: int
     queries: Queries
+    #: A report-noisy-max chunk with more of its tournament to follow (`NoisyMax.more`).
+    more: bool = False
     pool: PoolDraw = PoolDraw()
 
     def __post_init__(self) -> None:
         if self.kind.spec.header is not StreamChunk:
             raise ValueError(f"a {self.kind.value} chunk belongs to no stream")
+        if self.more and self.kind != ChunkKind.NMAX:
+            raise ValueError("only a report-noisy-max chunk has more to follow")
 
 
 @dataclass(frozen=True)

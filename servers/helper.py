@@ -253,7 +253,9 @@ class HelperDriver:
         stream, task = self.core.stream_and_task(h.stream_id)
         if h.kind != ChunkKind.of_stream(stream.kind):
             raise InvalidArgument("chunk mode does not match the stream kind")
-        chunk = parse_chunk(task, h.queries.index, h.queries.complement)
+        chunk = replace(parse_chunk(task, h.queries.index, h.queries.complement), more=h.more)
+        if h.kind == ChunkKind.NMAX:
+            self.core.check_tournament(stream, chunk)
         # The mark and (a joint-noise stream) the pooled noise it consumes, in
         # one durable step before the go: a sample is never used twice.
         pooled = self.core.begin_pooled(stream, task, h.chunk_no, h.pool, len(chunk))

@@ -469,9 +469,14 @@ class LeaderDriver:
         """Report-noisy-max on an open NMAX stream: the candidates are checked,
         then the chunk runs as an Ask chunk does (durable mark on both servers,
         each server's own noise on its share, the garbled tournament, the
-        result recorded); its one answer closes the stream."""
+        result recorded); its one answer closes the stream.  A chunk with
+        `more` to follow answers no index and leaves the stream open: the
+        tournament goes on in the next chunk, from the winner carried
+        secret-shared (`ServerCore.noisy_max`)."""
         stream, task = self._open_stream(request.stream_id, ChunkKind.NMAX)
         chunk = parse_chunk(task, request.queries.index, request.queries.complement)
+        chunk = replace(chunk, more=request.more)
+        self.core.check_tournament(stream, chunk)
         if self.work is not None:
             answer = await self._leased(request, stream.stream_id)
             assert isinstance(answer, NoisyMaxAnswer)
@@ -508,6 +513,7 @@ class LeaderDriver:
             sid,
             next_chunk,
             Queries(tuple(chunk.index.tolist()), tuple(complement)),
+            chunk.more,
             draw,
         )
         pooled: list[Pooled | None] = [None]

@@ -243,6 +243,18 @@ class Store(Protocol):
         chunk (`in_chunk`, one chunk begun)."""
         ...
 
+    def set_noisy_max_carry(self, stream_id: str, carry: bytes) -> None:
+        """Store this server's share of the winner a chunk of a chunked
+        report-noisy-max carries to the next (servers/core.py), durably, under
+        the chunk's number, before the chunk's end is recorded: refused unless
+        the stream is mid-chunk.  The next chunk reads it (`noisy_max_carry`)."""
+        ...
+
+    def noisy_max_carry(self, stream_id: str) -> tuple[int, bytes] | None:
+        """(chunk number, share) of the last carried winner stored for the
+        stream, None if none was."""
+        ...
+
     def confirm_stream(self, stream_id: str) -> None:
         """The leader's stream opens once the helper has charged and drawn its γ.
         May commit without waiting for durability: losing it leaves the stream

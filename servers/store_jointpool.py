@@ -2,7 +2,7 @@
 `servers/jointpool.py`'s), written once for both stores: each store provides
 `_sql` (a statement with `?` placeholders, run inside its transaction), `_tx`
 and `stream`, and the tables `joint_pools` and `joint_batches` (SQLite schema
-7, PostgreSQL schema 9)."""
+8, PostgreSQL schema 10)."""
 
 from __future__ import annotations
 

@@ -552,6 +552,23 @@ class PgStore(PgPending, JointPoolTables):
             if cur.rowcount != 1:
                 raise FailedPrecondition(f"stream {stream_id!r} is not in its first chunk")
 
+    def set_noisy_max_carry(self, stream_id: str, carry: bytes) -> None:
+        with self._tx():
+            cur = self._conn.execute(
+                "UPDATE streams SET carry=%s, carry_chunk=chunks WHERE stream_id=%s AND state=%s",
+                (carry, stream_id, IN_CHUNK),
+            )
+            if cur.rowcount != 1:
+                raise FailedPrecondition(f"stream {stream_id!r} is not in a chunk")
+
+    def noisy_max_carry(self, stream_id: str) -> tuple[int, bytes] | None:
+        row = self._conn.execute(
+            "SELECT carry_chunk, carry FROM streams WHERE stream_id=%s", (stream_id,)
+        ).fetchone()
+        if row is None:
+            raise NotFound(f"unknown stream {stream_id!r}")
+        return None if row[1] is None else (int(row[0]), bytes(row[1]))
+
     def confirm_stream(self, stream_id: str) -> None:
         """Committed with synchronous_commit off."""
         with self._tx(durable=False):

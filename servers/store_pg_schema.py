@@ -231,10 +231,17 @@ _V8: tuple[str, ...] = (
     " CHECK (noise IN ('independent', 'joint'))",
 )
 
-#: Version 9: ahead-of-time joint noise — each stream's pool counters and the
+#: Version 9: a chunked report-noisy-max's carried winner (this server's
+#: share) and the chunk that stored it.
+_V9: tuple[str, ...] = (
+    "ALTER TABLE streams ADD COLUMN carry_chunk BIGINT",
+    "ALTER TABLE streams ADD COLUMN carry BYTEA",
+)
+
+#: Version 10: ahead-of-time joint noise — each stream's pool counters and the
 #: batches of this server's shares it holds (servers/jointpool.py); the work
 #: table admits the batch's chunk kind ('noise', run by the front end today).
-_V9: tuple[str, ...] = (
+_V10: tuple[str, ...] = (
     "ALTER TABLE work DROP CONSTRAINT work_kind_check",
     "ALTER TABLE work ADD CONSTRAINT work_kind_check "
     "CHECK (kind IN ('ask', 'compare', 'robust', 'nmax', 'noise'))",
@@ -253,4 +260,4 @@ _V9: tuple[str, ...] = (
 )
 
 #: `MIGRATIONS[v]` brings a store at version v to v + 1.
-MIGRATIONS: tuple[tuple[str, ...], ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9)
+MIGRATIONS: tuple[tuple[str, ...], ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9, _V10)

@@ -65,55 +65,7 @@ from svtagg.servers.store import (
     xor_reports,
 )
 from svtagg.servers.store_jointpool import JointPoolTables
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS tasks (
-    task_id TEXT PRIMARY KEY,
-    d INTEGER NOT NULL, frac_bits INTEGER NOT NULL,
-    n_max INTEGER NOT NULL, min_batch INTEGER NOT NULL,
-    epsilon_total TEXT NOT NULL, delta_total TEXT NOT NULL, epsilon_min TEXT NOT NULL,
-    n INTEGER NOT NULL DEFAULT 0,
-    digest BLOB NOT NULL,
-    sums BLOB NOT NULL,
-    collection_open INTEGER NOT NULL DEFAULT 1,
-    epsilon_spent TEXT NOT NULL DEFAULT '0',
-    delta_spent TEXT NOT NULL DEFAULT '0',
-    agreed INTEGER NOT NULL DEFAULT 0,
-    validate_reports INTEGER NOT NULL DEFAULT 0,
-    embedding TEXT NOT NULL DEFAULT ''
-);
-CREATE TABLE IF NOT EXISTS reports (
-    task_id TEXT NOT NULL, report_id BLOB NOT NULL,
-    share_off INTEGER,
-    share_len INTEGER,
-    PRIMARY KEY (task_id, report_id)
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS streams (
-    stream_id TEXT PRIMARY KEY,
-    task_id TEXT NOT NULL,
-    kind TEXT NOT NULL, epsilon TEXT NOT NULL, delta TEXT NOT NULL,
-    gamma TEXT,
-    state TEXT NOT NULL,
-    chunks INTEGER NOT NULL DEFAULT 0,
-    queries INTEGER NOT NULL DEFAULT 0,
-    plan_id TEXT,
-    plan_group INTEGER
-);
--- task() counts a task's streams on every call: without this index that count
--- scanned every stream of every task (an index only: no schema version change).
-CREATE INDEX IF NOT EXISTS streams_by_task ON streams (task_id, state);
--- A task with a validity circuit: the helper's Prio3 shares of each report
--- until the leader verifies its batch, and each verified batch's verdicts
--- (so that a retried verification answers the same); both dropped at the close.
-CREATE TABLE IF NOT EXISTS pending (
-    task_id TEXT NOT NULL, report_id BLOB NOT NULL, blob BLOB NOT NULL,
-    PRIMARY KEY (task_id, report_id)
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS verdicts (
-    task_id TEXT NOT NULL, batch_id BLOB NOT NULL, verdicts BLOB NOT NULL,
-    PRIMARY KEY (task_id, batch_id)
-) WITHOUT ROWID;
-"""
+from svtagg.servers.store_sqlite_schema import BASE_TABLES
 
 
 class SqliteStore(JointPoolTables):
@@ -121,7 +73,7 @@ class SqliteStore(JointPoolTables):
     one event loop; one process per store file."""
 
     #: Schema version this code writes (SQLite's user_version).
-    SCHEMA_VERSION = 7
+    SCHEMA_VERSION = 8
 
     def __init__(self, path: str | Path) -> None:
         self.path = str(path)
@@ -129,7 +81,7 @@ class SqliteStore(JointPoolTables):
         self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
-        self._db.executescript(_SCHEMA)
+        self._db.executescript(BASE_TABLES)
         self._migrate()
         #: Streams this start failed closed (opening / in_chunk at the last stop).
         self.recovered_failed: list[tuple[str, str]] = []
@@ -203,7 +155,15 @@ class SqliteStore(JointPoolTables):
             self._db.execute("PRAGMA user_version = 6")
             version = 6
         if version < 7:
-            # v7: ahead-of-time joint noise — each stream's pool counters and the
+            # v7: a chunked report-noisy-max's carried winner (this server's share).
+            cols = {r[1] for r in self._db.execute("PRAGMA table_info(streams)")}
+            for col, kind in (("carry_chunk", "INTEGER"), ("carry", "BLOB")):
+                if col not in cols:
+                    self._db.execute(f"ALTER TABLE streams ADD COLUMN {col} {kind}")
+            self._db.execute("PRAGMA user_version = 7")
+            version = 7
+        if version < 8:
+            # v8: ahead-of-time joint noise — each stream's pool counters and the
             # batches of this server's shares it holds (servers/jointpool.py).
             self._db.execute(
                 "CREATE TABLE IF NOT EXISTS joint_pools (stream_id TEXT PRIMARY KEY,"
@@ -215,7 +175,7 @@ class SqliteStore(JointPoolTables):
                 " lo INTEGER NOT NULL, shares BLOB NOT NULL, PRIMARY KEY (stream_id, lo))"
                 " WITHOUT ROWID"
             )
-            self._db.execute("PRAGMA user_version = 7")
+            self._db.execute("PRAGMA user_version = 8")
 
     def _recover(self) -> int:
         """Fail closed every stream that was opening or mid-chunk at the last stop,
@@ -550,6 +510,23 @@ class SqliteStore(JointPoolTables):
             )
             if cur.rowcount != 1:
                 raise FailedPrecondition(f"stream {stream_id!r} is not in its first chunk")
+
+    def set_noisy_max_carry(self, stream_id: str, carry: bytes) -> None:
+        with self._tx():
+            cur = self._db.execute(
+                "UPDATE streams SET carry=?, carry_chunk=chunks WHERE stream_id=? AND state=?",
+                (carry, stream_id, IN_CHUNK),
+            )
+            if cur.rowcount != 1:
+                raise FailedPrecondition(f"stream {stream_id!r} is not in a chunk")
+
+    def noisy_max_carry(self, stream_id: str) -> tuple[int, bytes] | None:
+        row = self._db.execute(
+            "SELECT carry_chunk, carry FROM streams WHERE stream_id=?", (stream_id,)
+        ).fetchone()
+        if row is None:
+            raise NotFound(f"unknown stream {stream_id!r}")
+        return None if row[1] is None else (int(row[0]), bytes(row[1]))
 
     def confirm_stream(self, stream_id: str) -> None:
         """Not fsynced (synchronous=NORMAL)."""

@@ -435,13 +435,15 @@ COMPARE_ANSWER: Codec[CompareAnswer, pb.CompareResponse] = Codec(
 
 NOISY_MAX: Codec[NoisyMax, pb.NoisyMaxRequest] = Codec(
     pb.NoisyMaxRequest,
-    lambda n: pb.NoisyMaxRequest(stream_id=n.stream_id, queries=_queries_to_pb(n.queries)),
-    lambda m: NoisyMax(m.stream_id, _queries_from_pb(m.queries)),
+    lambda n: pb.NoisyMaxRequest(
+        stream_id=n.stream_id, queries=_queries_to_pb(n.queries), more=n.more
+    ),
+    lambda m: NoisyMax(m.stream_id, _queries_from_pb(m.queries), m.more),
 )
 NOISY_MAX_ANSWER: Codec[NoisyMaxAnswer, pb.NoisyMaxResponse] = Codec(
     pb.NoisyMaxResponse,
-    lambda a: pb.NoisyMaxResponse(index=a.index, closed=a.closed, peer_bytes=a.peer_bytes),
-    lambda m: NoisyMaxAnswer(m.index, m.closed, m.peer_bytes),
+    lambda a: pb.NoisyMaxResponse(index=a.index or 0, closed=a.closed, peer_bytes=a.peer_bytes),
+    lambda m: NoisyMaxAnswer(m.index if m.closed else None, m.closed, m.peer_bytes),
 )
 
 
@@ -465,6 +467,7 @@ def _header_to_pb(h: ChunkHeader) -> pb.ChunkHeader:
         compare=h.kind == ChunkKind.COMPARE,
         queries=_queries_to_pb(h.queries),
         noisy_max=h.kind == ChunkKind.NMAX,
+        noisy_max_more=h.more,
         joint_lo=h.pool.lo,
         joint_count=h.pool.count,
         joint_gamma=h.pool.gamma,
@@ -488,14 +491,17 @@ def _header_from_pb(m: pb.ChunkHeader) -> ChunkHeader:
     if m.robust_task_id:
         return _robust_from_pb(m)
     if m.joint_batch:
-        if m.compare or m.noisy_max or m.chunk_no or m.queries.index:
+        if m.compare or m.noisy_max or m.noisy_max_more or m.chunk_no or m.queries.index:
             raise InvalidArgument("a noise batch header carries no chunk")
         return NoiseBatch(m.stream_id, m.joint_lo, m.joint_count, m.joint_gamma)
     if m.compare and m.noisy_max:
         raise InvalidArgument("a chunk header names two kinds (compare and noisy_max)")
+    if m.noisy_max_more and not m.noisy_max:
+        raise InvalidArgument("only a noisy_max chunk has more to follow")
     kind = ChunkKind.COMPARE if m.compare else ChunkKind.NMAX if m.noisy_max else ChunkKind.ASK
     pool = PoolDraw(m.joint_lo, m.joint_count, m.joint_gamma)
-    return StreamChunk(kind, m.stream_id, m.chunk_no, _queries_from_pb(m.queries), pool)
+    queries = _queries_from_pb(m.queries)
+    return StreamChunk(kind, m.stream_id, m.chunk_no, queries, m.noisy_max_more, pool)
 
 
 CHUNK_HEADER: Codec[ChunkHeader, pb.ChunkHeader] = Codec(

@@ -248,3 +248,29 @@ async def test_noisy_max_over_more_than_two_lane_batches(deployment: Deployment)
     index, some, spent, peer_bytes = await off_loop(run)
     assert (index, some, spent) == (best, 1, 8)
     assert peer_bytes > d * 4000  # ≈ 4.5 kB per candidate at w = 40 (docs/algorithms.md)
+
+
+async def test_noisy_max_in_chunks_through_grpc(deployment: Deployment):
+    """One report-noisy-max over d = 9,000 candidates sent in chunks of 4,000
+    through gRPC servers: one nmax stream, three NoisyMax chunks (the first two
+    with `more`, answering nothing), the one held coordinate — in the last
+    chunk — found, ε charged once, progress after each chunk."""
+    from svtagg.analyst.selection import noisy_max_selection
+
+    d, best = 9000, 8500
+    values = np.zeros((20, d))
+    values[:, best] = 1.0
+    await off_loop(_upload_and_close, deployment, values, eps_total="20")
+
+    def run() -> tuple[int, list[tuple[int, int]], Fraction, int, int]:
+        with deployment.oracle("t1") as oracle:
+            sent: list[tuple[int, int]] = []
+            res = noisy_max_selection(
+                oracle, 4, chunk_size=4000, progress=lambda done, k: sent.append((done, k))
+            )
+            st = oracle.stats()
+            return res.query.index, sent, oracle.budget().epsilon_spent, st.streams, st.chunks
+
+    index, sent, spent, streams, chunks = await off_loop(run)
+    assert (index, spent, streams, chunks) == (best, 4, 1, 3)
+    assert sent == [(4000, d), (8000, d), (d, d)]

@@ -249,12 +249,14 @@ def test_the_local_oracle_is_the_reference_mechanism() -> None:
 
 def test_the_baseline_on_the_local_oracle() -> None:
     """`noisy_max_selection` over every coordinate finds a clear maximum, its α
-    is the nmax accuracy, a plan's group pays for it, and more candidates than
-    one tournament holds are refused before anything is charged."""
+    is the nmax accuracy, a plan's group pays for it, more candidates than one
+    chunk run as one tournament in chunks, and more candidates than one
+    tournament holds are refused before anything is charged."""
     from svtagg.analyst.oracle import planned
     from svtagg.analyst.selection import noisy_max_selection
+    from svtagg.analyst.selection.noisy_max import check_candidates
     from svtagg.dp.accuracy import alpha
-    from svtagg.dp.queries import MAX_CHUNK
+    from svtagg.dp.queries import MAX_CHUNK, MAX_TOURNAMENT
 
     sums = np.arange(50, dtype=np.int64) * (1 << F)
     sums[17] = 200 << F  # 151 units above the next
@@ -266,7 +268,19 @@ def test_the_baseline_on_the_local_oracle() -> None:
         assert noisy_max_selection(plan, 1).index == 17
         assert noisy_max_selection(plan, 1, candidates=[Query(3), Query(17)]).index == 1
     assert oracle.budget().epsilon_spent == 3  # the plan used all of its group
-    big = LocalOracle.from_sums(np.zeros(MAX_CHUNK + 1, dtype=np.int64), 1, 10, frac_bits=F)
+    # More candidates than one chunk: one tournament in two chunks, one ε.
+    big_sums = np.zeros(MAX_CHUNK + 1, dtype=np.int64)
+    big_sums[MAX_CHUNK] = 500 << F  # in the second chunk, far above the rest
+    big = LocalOracle.from_sums(big_sums, 500, 10, frac_bits=F, parties=2, seed=4)
+    sent: list[tuple[int, int]] = []
+    res = noisy_max_selection(big, 1, progress=lambda done, k: sent.append((done, k)))
+    assert res.index == MAX_CHUNK and sent == [(MAX_CHUNK, MAX_CHUNK + 1), (MAX_CHUNK + 1,) * 2]
+    assert big.budget().epsilon_spent == 1 and big.stats().chunks == 2
+    # A bad chunk size or more candidates than a tournament holds: refused
+    # before anything is charged.
+    for size in (0, MAX_CHUNK + 1):
+        with pytest.raises(ValueError, match="chunk_size"):
+            noisy_max_selection(big, 1, chunk_size=size)
     with pytest.raises(ValueError, match="one tournament"):
-        noisy_max_selection(big, 1)
-    assert big.budget().epsilon_spent == 0
+        check_candidates(MAX_TOURNAMENT + 1)
+    assert big.budget().epsilon_spent == 1

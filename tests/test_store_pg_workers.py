@@ -279,6 +279,10 @@ def test_workers_answer_streams_and_run_the_close(tmp_path: Path, pg_url: tuple[
             assert o.open_stream(EPS).ask([(Query(0), 10**4)]) is None
             # A report-noisy-max chunk is a leased job too: n − S_0 = 0 against S_1 = 1200.
             assert o.noisy_max([Query(0, complement=True), Query(1)], EPS) == 1
+            # Chunks of one tournament, each leased on its own (any worker): the
+            # carried winner is each server's row in the shared database.
+            zero = Query(0, complement=True)
+            assert o.noisy_max([zero, zero, Query(1), zero], EPS, chunk_size=1) == 2
         assert budgets(pd, "v")[0] == budgets(pd, "v")[1]
     finally:
         pd.stop()

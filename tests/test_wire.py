@@ -150,7 +150,7 @@ def test_the_flat_chunk_header_decodes_as_the_helper_always_read_it() -> None:
         StreamChunk(ChunkKind.ASK, "s", 1, Queries((0, 1), (False, True))),
         StreamChunk(ChunkKind.COMPARE, "s", 3, Queries((2,))),
         StreamChunk(ChunkKind.NMAX, "s", 1, Queries((4, 0, 9), (False, True, False))),
-        StreamChunk(ChunkKind.ASK, "s", 1, Queries((0, 1)), PoolDraw(2**40, 2, True)),
+        StreamChunk(ChunkKind.ASK, "s", 1, Queries((0, 1)), pool=PoolDraw(2**40, 2, True)),
         NoiseBatch("s", 2**40 + 2, 10_000, True),
         NoiseBatch("s", 0, 1),
     ):

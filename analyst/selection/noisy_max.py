@@ -5,10 +5,10 @@ Unlike the SVT selections it is not a sequence of threshold comparisons: the
 oracle adds one-sided Exp(2Δ/ε) noise per candidate (each server its own, on
 its share) and reveals the position of the largest noisy score.  It touches
 data through `Oracle.noisy_max` only, so it runs on the local oracle, the
-servers and a plan alike.  Its candidates fit one chunk (`MAX_CHUNK`): the
-servers run one tournament per stream, and a selection over more candidates
-would need the tournament's intermediate winners kept secret between chunks,
-which the servers do not do (docs/algorithms.md)."""
+servers and a plan alike.  More candidates than one chunk (`MAX_CHUNK`) go to
+the servers in several chunks of one tournament, whose winner so far is
+carried secret-shared between them, so one ε still pays for the one index
+released (docs/algorithms.md); at most `MAX_TOURNAMENT` candidates."""
 
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
-from svtagg.analyst.oracle import Oracle
+from svtagg.analyst.oracle import Oracle, TournamentProgress
 from svtagg.dp.kinds import StreamKind
-from svtagg.dp.queries import MAX_CHUNK, Epsilon, Number, Query
+from svtagg.dp.queries import MAX_TOURNAMENT, Epsilon, Number, Query
 
 
 @dataclass(frozen=True)
@@ -37,21 +37,25 @@ def noisy_max_selection(
     epsilon: Epsilon | Number | str,
     beta: float = 0.05,
     candidates: Sequence[Query] | None = None,
+    *,
+    chunk_size: int | None = None,
+    progress: TournamentProgress | None = None,
 ) -> NoisyMaxResult:
-    """Report-noisy-max over `candidates` (default: every coordinate) at ε."""
+    """Report-noisy-max over `candidates` (default: every coordinate) at ε, in
+    chunks of `chunk_size` (default `MAX_CHUNK`); `progress` after each chunk."""
     eps = Epsilon.parse(epsilon).value
     if not 0 < beta < 1:
         raise ValueError(f"beta must be in (0, 1), got {beta}")
     queries = list(candidates) if candidates is not None else [Query(j) for j in range(oracle.d)]
     check_candidates(len(queries))
     alpha = oracle.accuracy(StreamKind.NMAX, eps, len(queries), beta)
-    index = oracle.noisy_max(queries, eps)
+    index = oracle.noisy_max(queries, eps, chunk_size=chunk_size, progress=progress)
     return NoisyMaxResult(index, queries[index], alpha, eps)
 
 
 def check_candidates(k: int) -> None:
-    """One tournament holds 1..MAX_CHUNK candidates (ValueError otherwise)."""
-    if not 1 <= k <= MAX_CHUNK:
+    """One tournament holds 1..MAX_TOURNAMENT candidates (ValueError otherwise)."""
+    if not 1 <= k <= MAX_TOURNAMENT:
         raise ValueError(
-            f"report-noisy-max runs one tournament of 1..{MAX_CHUNK:,} candidates, got {k:,}"
+            f"report-noisy-max runs one tournament of 1..{MAX_TOURNAMENT:,} candidates, got {k:,}"
         )
