@@ -241,7 +241,7 @@ async def test_ctrl_c_in_a_real_upload_then_resume(deployment: Deployment, tmp_p
     import signal
     import sys
 
-    rows = 8_000
+    rows = 20_000  # long enough that the signal lands mid-upload on a loaded machine
     values = np.random.default_rng(9).random((rows, 2)).round(3)
     path = tmp_path / "big.csv"
     np.savetxt(path, values, delimiter=",", fmt="%.3f")
