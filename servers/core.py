@@ -50,9 +50,15 @@ from svtagg.proto.vocab import (
     SEED_BYTES,
     Role,
 )
-from svtagg.servers.exchange import ChunkKind, PlanInfo, PlanRequest, PrepareStream, Progress
+from svtagg.servers.exchange import (
+    ChunkKind,
+    PlanInfo,
+    PlanRequest,
+    PrepareStream,
+    Progress,
+)
 from svtagg.servers.faults import crash_point
-from svtagg.servers.joint import JointDraw, joint_shares, shapes, stream_noise
+from svtagg.servers.joint import JointDraw, JointNoiseSteps, Pooled, stream_noise
 from svtagg.servers.proofs import check_validity, helper_undo_sum
 from svtagg.servers.store import FAILED, Store, StreamState, TaskState
 from svtagg.vdaf.prio3 import VERIFY_KEY_SIZE
@@ -152,7 +158,7 @@ def _comparison_width(n_max: int, frac_bits: int, kind: StreamKind, epsilon: Fra
     return min(RING_BITS, -(-(bound.bit_length() + 1) // 8) * 8)
 
 
-class ServerCore:
+class ServerCore(JointNoiseSteps):
     """One server's state machine over its store; the service layer wraps it."""
 
     def __init__(
@@ -353,7 +359,9 @@ class ServerCore:
 
     def fail_stream(self, stream_id: str) -> None:
         """Fail the stream closed (idempotent): it never answers again, and its
-        charge stays spent."""
+        charge stays spent (and its pooled joint noise is discarded first, so
+        that no failed stream keeps shares whatever stops in between)."""
+        self._discard_pool(stream_id)
         self.store.fail_stream(stream_id)
 
     def begin_chunk(self, stream_id: str, chunk_no: int) -> None:
@@ -363,6 +371,8 @@ class ServerCore:
     def end_chunk(self, stream_id: str, progress: Progress) -> None:
         """Record what the chunk answered (and whether the stream closed)."""
         self.store.end_chunk(stream_id, progress.answered, progress.closes)
+        if progress.closes:
+            self._discard_pool(stream_id)
 
     def open_stream(self, request: PrepareStream, open_now: bool = True) -> StreamState:
         """Validate, charge the ledger durably, then draw this server's γ.  With
@@ -518,25 +528,6 @@ class ServerCore:
             stream.kind, stream.epsilon, task.params.frac_bits, k, self.rng
         ).astype(np.uint64)
 
-    async def _joint_noise(
-        self, party: ComparisonParty, stream: StreamState, task: TaskState, k: int
-    ) -> tuple[int, U64]:
-        """This server's shares of a joint-noise stream's γ (drawn and stored
-        durably in its first chunk) and of the chunk's k fresh ν."""
-        gamma_shape, nu_shape = shapes(
-            stream_noise(stream.kind, stream.epsilon, task.params.frac_bits)
-        )
-        if stream.chunks == 0:
-            gamma = int((await joint_shares(party, 1, gamma_shape))[0])
-            self.store.set_joint_threshold_noise(stream.stream_id, gamma)
-        else:
-            assert stream.gamma is not None
-            gamma = stream.gamma
-        nu = await joint_shares(party, k, nu_shape)
-        if self.joint_noise_log is not None:
-            self.joint_noise_log.append(JointDraw(stream.stream_id, stream.chunks, gamma, nu))
-        return gamma, nu
-
     def ask_inputs(
         self,
         stream: StreamState,
@@ -639,12 +630,14 @@ class ServerCore:
         task: TaskState,
         chunk: Chunk,
         thresholds: Thresholds | None = None,
+        pooled: Pooled | None = None,
     ) -> tuple[Any, Progress]:
         """One chunk of a stream on this server's side of the garbled comparison:
         its masked inputs (the leader folds in the analyst's `thresholds`: τ for
         an Ask chunk, (τL, τH) for a Compare chunk, none for noisy-max), the
         protocol, and what the result did to the stream (the kind's progress
-        rule).  The result: the first YES index (None: none), the
+        rule).  `pooled`: the joint noise it took from its stream's pool
+        (`begin_pooled`).  The result: the first YES index (None: none), the
         CompareToThresholds codes, or the noisy-max index."""
         kind = ChunkKind.of_stream(stream.kind)
         width = self.comparison_width(task, stream)
@@ -660,7 +653,7 @@ class ServerCore:
             assert not isinstance(thresholds, tuple)
             noise = None
             if task.params.noise == JOINT:
-                noise = await self._joint_noise(party, stream, task, len(chunk))
+                noise = await self._joint_noise(party, stream, task, len(chunk), pooled)
             z = self.ask_inputs(stream, task, chunk, thresholds, noise)
             result = await party.first_yes(z, width)
         progress = kind.spec.progress

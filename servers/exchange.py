@@ -10,8 +10,9 @@ them, so every refusal reads as it always did and the leader forwards them to
 the helper as written; everything a server reports (ledgers, charges, refunds)
 is an exact `Fraction`.
 
-A chunk is one of four kinds (`ChunkKind`): an Ask, a Compare or a
-report-noisy-max chunk of a stream, or a robust-aggregate chunk of the close.
+A chunk is one of five kinds (`ChunkKind`): an Ask, a Compare or a
+report-noisy-max chunk of a stream, a robust-aggregate chunk of the close, or
+a batch of a joint-noise stream's noise generated ahead of its chunks.
 Each kind's `ChunkSpec` names its header, the inputs a leased job of that
 kind carries, the stream kinds it answers, and its progress rule — how many
 queries a result answers and whether the stream closes — written once for both
@@ -326,6 +327,7 @@ class ChunkKind(StrEnum):
     COMPARE = "compare"
     ROBUST = "robust"
     NMAX = "nmax"
+    NOISE = "noise"
 
     @property
     def spec(self) -> ChunkSpec:
@@ -343,9 +345,23 @@ class ChunkKind(StrEnum):
 
 
 @dataclass(frozen=True)
+class PoolDraw:
+    """The ahead-of-time joint noise an Ask chunk of a joint-noise stream
+    consumes (servers/joint.py): ν of its first `count` queries from the
+    samples numbered [lo, lo + count) of the stream's pool (the rest drawn in
+    the chunk), and (its first chunk) whether γ comes from the pool too
+    instead of being drawn in the chunk.  The default: nothing from the pool."""
+
+    lo: int = 0
+    count: int = 0
+    gamma: bool = False
+
+
+@dataclass(frozen=True)
 class StreamChunk:
     """The header of a stream's chunk (Ask, Compare or noisy-max): the stream, the chunk's
-    number in it (1, 2, ...; the helper refuses any other), the queries."""
+    number in it (1, 2, ...; the helper refuses any other), the queries, and
+    (a joint-noise stream) the pooled noise it consumes."""
 
     kind: ChunkKind
     stream_id: str
@@ -353,6 +369,7 @@ class StreamChunk:
     queries: Queries
     #: A report-noisy-max chunk with more of its tournament to follow (`NoisyMax.more`).
     more: bool = False
+    pool: PoolDraw = PoolDraw()
 
     def __post_init__(self) -> None:
         if self.kind.spec.header is not StreamChunk:
@@ -377,7 +394,23 @@ class RobustChunk:
         return ChunkKind.ROBUST
 
 
-ChunkHeader = StreamChunk | RobustChunk
+@dataclass(frozen=True)
+class NoiseBatch:
+    """The header of a joint-noise batch (ahead of the chunks that use it): `count`
+    of a joint-noise stream's ν samples, numbered [lo, lo + count) in its pool,
+    and (`gamma`) one γ sample, generated and kept by both servers."""
+
+    stream_id: str
+    lo: int
+    count: int
+    gamma: bool = False
+
+    @property
+    def kind(self) -> ChunkKind:
+        return ChunkKind.NOISE
+
+
+ChunkHeader = StreamChunk | RobustChunk | NoiseBatch
 #: What a leased job carries: the analyst's chunk, or a close-time chunk's header.
 JobInputs = Ask | Compare | NoisyMax | RobustChunk
 #: What a leased job answers: the analyst's answer, or a close-time chunk's bytes.
@@ -410,4 +443,6 @@ _SPECS = {
     ChunkKind.NMAX: ChunkSpec(
         StreamChunk, NoisyMax, frozenset({StreamKind.NMAX}), noisy_max_progress
     ),
+    # Run by the leader on its own sessions, never leased (no JobInputs).
+    ChunkKind.NOISE: ChunkSpec(NoiseBatch, NoiseBatch, frozenset(), None),
 }

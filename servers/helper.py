@@ -18,6 +18,7 @@ from svtagg.servers.core import Chunk, ComparisonParty, PartyFactory, ServerCore
 from svtagg.servers.exchange import (
     Agreement,
     ChunkKind,
+    NoiseBatch,
     PlanInfo,
     PlanRequest,
     PrepareStream,
@@ -33,6 +34,7 @@ from svtagg.servers.exchange import (
 )
 from svtagg.servers.faults import crash_point
 from svtagg.servers.ingest import helper_verify
+from svtagg.servers.joint import Pooled, batch_shares
 from svtagg.servers.session import (
     DataChannel,
     DataOffer,
@@ -195,6 +197,15 @@ class HelperDriver:
                     await self._refuse(session, data, exc)
                     return
                 await self._robust(session, party, header, robust)
+            elif isinstance(header, NoiseBatch):
+                try:
+                    reserved = self.core.reserve_noise_batch(
+                        header.stream_id, header.count, header.gamma, header.lo
+                    )
+                except Exception as exc:  # noqa: BLE001 - the refusal goes back to the leader
+                    await self._refuse(session, data, exc)
+                    return
+                await self._noise_batch(session, party, header, reserved)
             else:
                 try:
                     accepted = await self._accept(header)
@@ -214,13 +225,13 @@ class HelperDriver:
         session: HelperSession,
         party: ComparisonParty,
         h: StreamChunk,
-        accepted: tuple[StreamState, TaskState, Chunk],
+        accepted: tuple[StreamState, TaskState, Chunk, Pooled | None],
     ) -> None:
         """The garbler's side of one stream chunk, marked in progress durably
         before the go and the tables; the result, which the leader sends one way,
         recorded (not waited for by the leader: a helper that never records it
         fails the stream closed, now or at its restart)."""
-        stream, task, chunk = accepted
+        stream, task, chunk, pooled = accepted
         self._unrecorded += 1
         self._recorded.clear()
         try:
@@ -232,11 +243,29 @@ class HelperDriver:
                 # `in_chunk` until this server's next restart.
                 self.core.fail_stream(stream.stream_id)
                 raise
-            await self._run(party, stream, task, chunk)
+            await self._run(party, stream, task, chunk, pooled)
         finally:
             self._unrecorded -= 1
             if not self._unrecorded:
                 self._recorded.set()
+
+    async def _noise_batch(
+        self,
+        session: HelperSession,
+        party: ComparisonParty,
+        h: NoiseBatch,
+        reserved: tuple[NoiseBatch, StreamState, TaskState],
+    ) -> None:
+        """The garbler's side of a joint-noise batch: its sequence numbers
+        reserved durably before the go (the leader cannot have one generated
+        twice), the shares kept (durably) before the closing status, so the
+        leader keeps a batch only if this server holds it too (the leader waits
+        for that status).  A batch that fails is never used."""
+        batch, stream, task = reserved
+        await session.ok()
+        gamma, nu = await batch_shares(party, stream, task, batch)
+        self.core.store.add_joint_batch(h.stream_id, batch.lo, nu, gamma)
+        await session.ok()
 
     async def settled(self) -> None:
         """Return once every stream chunk this process has accepted is recorded
@@ -276,7 +305,7 @@ class HelperDriver:
         self.core.stage_robust(task, h.pass_id, h.coord_lo, y)
         await session.ok()
 
-    async def _accept(self, h: StreamChunk) -> tuple[StreamState, TaskState, Chunk]:
+    async def _accept(self, h: StreamChunk) -> tuple[StreamState, TaskState, Chunk, Pooled | None]:
         await self._previous_recorded(h)
         stream, task = self.core.stream_and_task(h.stream_id)
         if h.kind != ChunkKind.of_stream(stream.kind):
@@ -284,8 +313,10 @@ class HelperDriver:
         chunk = replace(parse_chunk(task, h.queries.index, h.queries.complement), more=h.more)
         if h.kind == ChunkKind.NMAX:
             self.core.check_tournament(stream, chunk)
-        self.core.begin_chunk(h.stream_id, h.chunk_no)
-        return stream, task, chunk
+        # The mark and (a joint-noise stream) the pooled noise it consumes, in
+        # one durable step before the go: a sample is never used twice.
+        pooled = self.core.begin_pooled(stream, task, h.chunk_no, h.pool, len(chunk))
+        return stream, task, chunk, pooled
 
     async def _previous_recorded(self, h: StreamChunk) -> None:
         """The leader answers a chunk without waiting for this side's record of
@@ -304,10 +335,15 @@ class HelperDriver:
             pause = min(2 * pause, 0.05)
 
     async def _run(
-        self, party: ComparisonParty, stream: StreamState, task: TaskState, chunk: Chunk
+        self,
+        party: ComparisonParty,
+        stream: StreamState,
+        task: TaskState,
+        chunk: Chunk,
+        pooled: Pooled | None = None,
     ) -> None:
         try:
-            _, progress = await self.core.run_chunk(party, stream, task, chunk)
+            _, progress = await self.core.run_chunk(party, stream, task, chunk, pooled=pooled)
         except BaseException:
             self.core.fail_stream(stream.stream_id)
             raise

@@ -1,41 +1,125 @@
 """Jointly generated noise on the servers (task option noise = joint).
 
 A joint-noise stream's γ and every query's ν are drawn inside the garbled
-circuit (`svtagg.mpc.jointnoise`) in the chunk's own session, before the
-comparison, from both servers' random bits (os.urandom on each side): the
-helper (the garbler) keeps a fresh r, the leader gets ν − r, and each adds its share exactly
-where it would add its own independent draw, so the comparison circuit is
-unchanged.  The samplers are those `dp.jointsvt.joint_stream_noise` accounts
-for: one draw at the kind's central scale (slightly inflated), not two.
+circuit (`svtagg.mpc.jointnoise`) from both servers' random bits (os.urandom on
+each side): the helper (the garbler) keeps a fresh r, the leader gets ν − r, and
+each adds its share exactly where it would add its own independent draw, so the
+comparison circuit is unchanged.  The samplers are those
+`dp.jointsvt.joint_stream_noise` accounts for: one draw at the kind's central
+scale (slightly inflated), not two.
 
-γ: there is no session when a stream opens, so it is drawn in the stream's
-first chunk and each server stores its share durably (`Store.
-set_joint_threshold_noise`, committed with an fsync) before that chunk's
-comparison runs; later chunks read it.  A first chunk that fails fails the
-stream closed on both servers (as every chunk failure does), so a stream whose
-γ was never drawn never compares."""
+Ahead of time.  The sampler costs ≈ 40× the bytes of the comparison it feeds,
+so the leader draws a stream's noise before its chunks need it, in batches (a
+`NoiseBatch`, its own chunk kind, on a pooled session): right after the open,
+γ and `PoolPolicy.first` samples of ν; after each chunk, enough for another
+chunk of that size (`LeaderDriver._want_pool`; a worker of leased work leaves
+this to its front end, which runs the batches itself).  It takes the sampler
+off the query path when there is time between chunks to run it; back-to-back
+chunks are still bounded by its rate.  Each server keeps its
+shares of a stream's pool in its store (`servers/jointpool.py`): its own
+secret share, as sensitive as its own independent draw.  An Ask chunk then
+names, in its header (`PoolDraw`), the samples it consumes: ν of its first
+`count` queries are the pool's samples [lo, lo + count), the rest are drawn in
+the chunk as before (the fallback: an empty or short pool, e.g. while a batch
+is still running — the front end first waits for a batch already under way —
+or a leader that fills no pool, `noise_pool = None`); its first chunk's γ
+comes from the pool if the pool holds it, else it is drawn in that chunk.
+
+Why no share is ever used twice, by either server:
+- a batch reserves its sequence numbers durably on both servers before the
+  sampler runs (the helper refuses a batch whose numbers it has reserved
+  before), so each number is generated once;
+- a chunk consumes its samples on each server in one committed (fsynced)
+  transaction after its durable `in_chunk` mark and before its comparison:
+  they and everything held below them are deleted, and the server's own
+  `used` counter moves past them.  The helper checks the leader's range
+  against its own counter and refuses one below it (the stream then fails
+  closed), so the leader cannot make it reuse a share; a failed chunk has
+  consumed its samples, and its stream never answers again anyway;
+- a stream that answers no more (closed, failed, interrupted by a restart)
+  keeps no shares: deleted at the close or failure, and at recovery.
+Why both servers use the same sample for the same lane: the numbers travel in
+the headers, and the leader keeps a batch only after the helper's closing
+status says the helper has stored it — so a sample the leader holds is held
+by the helper under the same number (a batch the leader lost, the helper
+keeps unused until the stream ends).  γ: a batch's γ is kept only while the
+stream has begun no chunk, and the first chunk either names the pooled γ
+(the helper refuses if it holds none) or draws a new one in the chunk, which
+replaces any pooled γ never used.
+Why the accounting is unchanged: a batch runs the very sampler a chunk runs
+(`batch_shares`), with the same shapes.
+
+γ drawn in the chunk: there is no session when a stream opens, so without a
+pooled γ it is drawn in the stream's first chunk and each server stores its
+share durably (`Store.set_joint_threshold_noise`, committed with an fsync)
+before that chunk's comparison runs; later chunks read it.  A first chunk that
+fails fails the stream closed on both servers (as every chunk failure does),
+so a stream whose γ was never drawn never compares."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from fractions import Fraction
 
+import numpy as np
+
 from svtagg.dp.errors import FailedPrecondition, InvalidArgument
-from svtagg.dp.jointsvt import JointStreamNoise, check_joint_kind, joint_stream_noise
+from svtagg.dp.jointsvt import JOINT, JointStreamNoise, check_joint_kind, joint_stream_noise
 from svtagg.dp.kinds import StreamKind, noise_model
 from svtagg.mpc.jointnoise import SamplerShape, evaluate_joint_noise, garble_joint_noise
 from svtagg.mpc.protocol import ComparisonEvaluator, ComparisonGarbler
 from svtagg.mpc.ring import U64
+from svtagg.servers.exchange import ChunkKind, NoiseBatch, PoolDraw
+from svtagg.servers.store import Store, StreamState, TaskState
 
 
 @dataclass(frozen=True)
 class JointDraw:
-    """One server's shares of the joint noise a chunk used (the test hook's record)."""
+    """One server's shares of the joint noise a chunk used (the test hook's
+    record): ν of its first `pooled` queries are the pool's samples numbered
+    from `pool_lo`, the rest were drawn in the chunk; `gamma_pooled`: the
+    stream's γ came from the pool."""
 
     stream_id: str
     chunk: int
     gamma: int
     nu: U64
+    pool_lo: int = 0
+    pooled: int = 0
+    gamma_pooled: bool = False
+
+    @classmethod
+    def of(cls, stream: StreamState, gamma: int, nu: U64, pooled: Pooled | None) -> JointDraw:
+        if pooled is None:
+            return cls(stream.stream_id, stream.chunks, gamma, nu)
+        p = pooled
+        return cls(stream.stream_id, stream.chunks, gamma, nu, p.lo, len(p.nu), p.gamma is not None)
+
+
+@dataclass(frozen=True)
+class Pooled:
+    """What a chunk took from its stream's pool on one server, consumed before
+    its comparison: the pooled γ share (its first chunk, else None) and the ν
+    shares of its first len(nu) queries, the samples numbered from `lo`."""
+
+    gamma: int | None
+    nu: U64
+    lo: int = 0
+
+
+@dataclass(frozen=True)
+class PoolPolicy:
+    """How the leader keeps a joint-noise stream's pool filled ahead of its
+    chunks.  After the open: γ and `first` ν.  After each chunk of k queries:
+    up to max(`reserve`, k) held samples — enough for another chunk of that
+    size — in exchanges of at most `batch` samples (≤ `jointpool.MAX_BATCH`).
+    Nobody declares how many queries a stream will ask, so what a stream still
+    holds when it ends is discarded: at most max(`reserve`, its last chunk's
+    size) samples, generated for nothing."""
+
+    batch: int = 2000
+    reserve: int = 0
+    first: int = 32
 
 
 def stream_noise(kind: StreamKind, epsilon: Fraction, frac_bits: int) -> JointStreamNoise:
@@ -69,3 +153,122 @@ async def joint_shares(party: object, n: int, shape: SamplerShape) -> U64:
     if isinstance(party, ComparisonEvaluator):
         return await evaluate_joint_noise(party, n, shape)
     raise FailedPrecondition("joint noise needs the garbled-circuit engine")
+
+
+def pools_noise(stream: StreamState, task: TaskState) -> bool:
+    """Whether the stream's chunks draw joint noise (and so may pool it)."""
+    return task.params.noise == JOINT and ChunkKind.of_stream(stream.kind) == ChunkKind.ASK
+
+
+async def batch_shares(
+    party: object, stream: StreamState, task: TaskState, batch: NoiseBatch
+) -> tuple[int | None, U64]:
+    """This server's shares of a batch: γ (if asked) and `count` ν, drawn by the
+    very sampler a chunk would run (so dp/jointsvt.py's accounting holds)."""
+    gamma_shape, nu_shape = shapes(stream_noise(stream.kind, stream.epsilon, task.params.frac_bits))
+    gamma = int((await joint_shares(party, 1, gamma_shape))[0]) if batch.gamma else None
+    return gamma, await joint_shares(party, batch.count, nu_shape)
+
+
+class JointNoiseSteps:
+    """The joint-noise steps of `core.ServerCore`, mixed into it: what a chunk
+    takes from its stream's pool (`pool_draw`, `begin_pooled`), a noise
+    batch's reservation, and a chunk's draw of what the pool lacks."""
+
+    store: Store
+    #: Test-only hook (see `core.ServerCore`).
+    joint_noise_log: list[JointDraw] | None
+
+    def begin_chunk(self, stream_id: str, chunk_no: int) -> None:
+        raise NotImplementedError
+
+    def fail_stream(self, stream_id: str) -> None:
+        raise NotImplementedError
+
+    def stream_and_task(self, stream_id: str) -> tuple[StreamState, TaskState]:
+        raise NotImplementedError
+
+    def _discard_pool(self, stream_id: str) -> None:
+        if self.store.joint_pool(stream_id).runs:
+            self.store.discard_joint_pool(stream_id)
+
+    def pool_draw(self, stream: StreamState, task: TaskState, k: int) -> PoolDraw:
+        """(The leader) what the next chunk of k queries of `stream` takes from
+        its pool: the first held run's samples, up to k, and γ if it is pooled."""
+        if not pools_noise(stream, task):
+            return PoolDraw()
+        pool = self.store.joint_pool(stream.stream_id)
+        lo, held = pool.first_run()
+        return PoolDraw(lo, min(k, held), stream.chunks == 0 and pool.gamma_ready)
+
+    def begin_pooled(
+        self, stream: StreamState, task: TaskState, chunk_no: int, draw: PoolDraw, k: int
+    ) -> Pooled | None:
+        """`begin_chunk`, consuming in the same durable transaction what the
+        chunk draws from its stream's pool (both servers, before the comparison).
+        The helper checks the leader's `draw` against its own store: a sample
+        below its `used` counter, or not held, is refused — no share is used
+        twice.  A refusal fails the stream here."""
+        if draw == PoolDraw():
+            self.begin_chunk(stream.stream_id, chunk_no)
+            return None
+        try:
+            if not pools_noise(stream, task) or draw.count > k:
+                raise InvalidArgument("pooled noise: only for an Ask chunk's joint ν, one each")
+            if draw.gamma:
+                if stream.chunks != 0:
+                    raise InvalidArgument("only a stream's first chunk takes γ from the pool")
+                if not self.store.joint_pool(stream.stream_id).gamma_ready:
+                    raise FailedPrecondition("this server holds no pooled γ for the stream")
+            _, nu = self.store.begin_pooled_chunk(stream.stream_id, chunk_no, draw.lo, draw.count)
+            # Read after the mark: a pooled γ is frozen once a chunk has begun.
+            gamma = self.store.stream(stream.stream_id).gamma if draw.gamma else None
+        except BaseException:
+            self.fail_stream(stream.stream_id)
+            raise
+        return Pooled(gamma, nu, draw.lo)
+
+    def reserve_noise_batch(
+        self, stream_id: str, count: int, gamma: bool, lo: int | None = None
+    ) -> tuple[NoiseBatch, StreamState, TaskState]:
+        """Check a batch for a joint-noise stream and reserve its sequence numbers
+        durably (the leader: its next ones; the helper: the leader's `lo`,
+        refused if any was reserved before)."""
+        stream, task = self.stream_and_task(stream_id)
+        if not pools_noise(stream, task):
+            raise InvalidArgument(f"stream {stream_id} draws no joint noise ahead of time")
+        stream_noise(stream.kind, stream.epsilon, task.params.frac_bits)
+        if gamma and stream.chunks:
+            raise FailedPrecondition("the stream's γ is drawn already")
+        first = self.store.reserve_joint_batch(stream_id, count, lo)
+        return NoiseBatch(stream_id, first, count, gamma), stream, task
+
+    async def _joint_noise(
+        self,
+        party: object,
+        stream: StreamState,
+        task: TaskState,
+        k: int,
+        pooled: Pooled | None = None,
+    ) -> tuple[int, U64]:
+        """This server's shares of a joint-noise stream's γ (pooled, or drawn and
+        stored durably in its first chunk) and of the chunk's k ν: the pooled
+        ones first, the rest drawn now."""
+        gamma_shape, nu_shape = shapes(
+            stream_noise(stream.kind, stream.epsilon, task.params.frac_bits)
+        )
+        if pooled is not None and pooled.gamma is not None:
+            gamma = pooled.gamma
+        elif stream.chunks == 0:
+            gamma = int((await joint_shares(party, 1, gamma_shape))[0])
+            self.store.set_joint_threshold_noise(stream.stream_id, gamma)
+        else:
+            assert stream.gamma is not None
+            gamma = stream.gamma
+        m = 0 if pooled is None else len(pooled.nu)
+        nu = np.zeros(0, dtype=np.uint64) if pooled is None else pooled.nu
+        if m < k:
+            nu = np.concatenate([nu, await joint_shares(party, k - m, nu_shape)])
+        if self.joint_noise_log is not None:
+            self.joint_noise_log.append(JointDraw.of(stream, gamma, nu, pooled))
+        return gamma, nu

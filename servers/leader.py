@@ -8,6 +8,7 @@ them at its edge, and tests run it against an in-memory helper."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import secrets
 from collections.abc import Awaitable, Callable, Sequence
@@ -53,6 +54,7 @@ from svtagg.servers.exchange import (
     OpenStream,
     PlanInfo,
     PlanRequest,
+    PoolDraw,
     PrepareStream,
     Queries,
     ReportIds,
@@ -64,11 +66,14 @@ from svtagg.servers.exchange import (
     TaskInfo,
 )
 from svtagg.servers.faults import crash_point
+from svtagg.servers.joint import Pooled, PoolPolicy, batch_shares, pools_noise
+from svtagg.servers.jointpool import MAX_BATCH
 from svtagg.servers.port import HelperPort
 from svtagg.servers.reconcile import LedgerSync
 from svtagg.servers.session import SessionPool
 from svtagg.servers.store import (
     FAILED,
+    IN_CHUNK,
     OPEN,
     StreamState,
     TaskState,
@@ -86,6 +91,9 @@ ROBUST_LANES = 4096
 PASS_JOBS = 32
 #: How long `close_collection` waits for the helper before closing anything.
 HELPER_CHECK_DEADLINE = 5.0
+
+#: How often a chunk waiting for its stream's noise batches looks at the pool (s).
+POOL_POLL = 0.01
 
 #: How a refusal names a stream kind and the call each chunk kind answers.
 _STREAM_NAMES = {StreamKind.CTT: "a CompareToThresholds", StreamKind.NMAX: "a report-noisy-max"}
@@ -112,6 +120,15 @@ class LeaderDriver:
         #: Leased work (servers/work.py): when set, chunks and close-time passes
         #: are queued for worker processes instead of run in this process.
         self.work = work
+        #: How this process keeps joint-noise streams' pools filled ahead of
+        #: their chunks (servers/joint.py); None: it does not (a leased-work
+        #: worker leaves it to the front end), and chunks draw what their
+        #: pool lacks in the chunk.
+        self.noise_pool: PoolPolicy | None = PoolPolicy()
+        self._fills: dict[str, asyncio.Task[None]] = {}
+        #: One background batch at a time, so that it never holds every pooled
+        #: session (two by default): chunks keep at least one.
+        self._fill_slot = asyncio.Semaphore(1)
 
     # ------------------------------------------------------------ plans
     async def reserve_plan(self, request: PlanRequest) -> PlanInfo:
@@ -393,6 +410,9 @@ class LeaderDriver:
             self.ledgers.owe_stream(request.task_id, stream_id)
             raise
         self.core.confirm_stream(stream_id)
+        stream, task = self.core.stream_and_task(stream_id)
+        if pools_noise(stream, task):
+            self._want_pool(stream_id, 0)  # γ and the first batch, before any chunk
         log.info(
             "task %s: stream %s opened (%s, epsilon %s, delta %s%s)",
             request.task_id,
@@ -420,12 +440,18 @@ class LeaderDriver:
         stream, task = self._open_stream(request.stream_id, ChunkKind.ASK)
         chunk = parse_chunk(task, request.queries.index, request.queries.complement)
         taus = parse_taus(task, request.tau, len(chunk))
+        pools = pools_noise(stream, task)
+        if pools:
+            await self._pool_ready(stream, len(chunk))
         if self.work is not None:
             answer = await self._leased(request, stream.stream_id)
             assert isinstance(answer, AskAnswer)
-            return answer
-        j, closed, nbytes = await self._run_chunk(stream, task, chunk, taus)
-        return AskAnswer(j, closed, nbytes)
+        else:
+            j, closed, nbytes = await self._run_chunk(stream, task, chunk, taus)
+            answer = AskAnswer(j, closed, nbytes)
+        if pools and not answer.closed:
+            self._want_pool(stream.stream_id, len(chunk))
+        return answer
 
     async def compare(self, request: Compare) -> CompareAnswer:
         stream, task = self._open_stream(request.stream_id, ChunkKind.COMPARE)
@@ -483,19 +509,23 @@ class LeaderDriver:
         bytes exchanged."""
         sid, next_chunk = stream.stream_id, stream.chunks + 1
         complement = chunk.complement.tolist() if chunk.complement.any() else []
+        draw = self.core.pool_draw(stream, task, len(chunk))
         header = StreamChunk(
             ChunkKind.of_stream(stream.kind),
             sid,
             next_chunk,
             Queries(tuple(chunk.index.tolist()), tuple(complement)),
             chunk.more,
+            draw,
         )
+        pooled: list[Pooled | None] = [None]
 
         def mark() -> None:
             # Both servers fsync their "chunk in progress" mark in parallel; the
             # helper's is durable before it sends its tables, this one before this
-            # side reads them: neither learns a result before its own mark.
-            self.core.begin_chunk(sid, next_chunk)
+            # side reads them: neither learns a result before its own mark, nor
+            # uses pooled noise before it is consumed (durably: never used twice).
+            pooled[0] = self.core.begin_pooled(stream, task, next_chunk, draw, len(chunk))
             crash_point("chunk.after_mark")
 
         async def fail() -> None:
@@ -504,12 +534,92 @@ class LeaderDriver:
 
         (result, progress), traffic = await self._exchange(
             header,
-            lambda party: self.core.run_chunk(party, stream, task, chunk, thresholds),
+            lambda party: self.core.run_chunk(party, stream, task, chunk, thresholds, pooled[0]),
             mark,
             fail,
+            # Pooled joint noise: this side's inputs are the shares the mark
+            # consumes, so the mark comes before the first protocol message
+            # (its fsync then on the path); otherwise it overlaps the flight.
+            mark_first=draw != PoolDraw(),
         )
         self.core.end_chunk(sid, progress)
         return result, progress.closes, traffic
+
+    # ------------------------------------------------------------ joint noise pool
+    async def fill_pool(self, stream_id: str, count: int, gamma: bool = False) -> int | None:
+        """One batch of a joint-noise stream's noise, ahead of its chunks: `count`
+        ν samples (and, `gamma`, its γ) numbered from the leader's next unreserved
+        sequence number, reserved durably on both servers first, generated on a
+        pooled session, kept by the helper before its closing status and by the
+        leader after it (so the leader never holds a sample the helper lacks).
+        The bytes the batch exchanged, or None if it was not kept (the stream
+        answers no more, or went past it).  A failed batch is never used: its
+        numbers stay reserved, its shares are gone."""
+        batch, stream, task = self.core.reserve_noise_batch(stream_id, count, gamma)
+        (gamma_share, nu), traffic = await self._exchange(
+            batch, lambda party: batch_shares(party, stream, task, batch), confirm=True
+        )
+        kept = self.core.store.add_joint_batch(stream_id, batch.lo, nu, gamma_share)
+        return traffic if kept else None
+
+    def _want_pool(self, stream_id: str, k: int) -> None:
+        """Fill the stream's pool in the background (one filler per stream at a
+        time) up to max(policy reserve, k) samples, with γ before the first chunk."""
+        policy = self.noise_pool
+        if policy is None or stream_id in self._fills:
+            return
+        want = max(policy.reserve, k)
+        task = asyncio.create_task(self._fill(stream_id, want, policy))
+        self._fills[stream_id] = task
+
+        def done(t: asyncio.Task[None]) -> None:
+            if self._fills.get(stream_id) is t:
+                del self._fills[stream_id]
+
+        task.add_done_callback(done)
+
+    async def _fill(self, stream_id: str, want: int, policy: PoolPolicy) -> None:
+        try:
+            while await self._fill_once(stream_id, want, policy):
+                pass
+        except Exception as exc:  # noqa: BLE001 - the chunks draw in the chunk instead
+            log.warning("stream %s: joint noise batch failed: %s", stream_id, exc)
+
+    async def _fill_once(self, stream_id: str, want: int, policy: PoolPolicy) -> bool:
+        """One batch towards `want` held samples (and γ); whether to go on."""
+        async with self._fill_slot:
+            stream = self.core.stream(stream_id)
+            if stream.state not in (OPEN, IN_CHUNK):
+                return False
+            pool = self.core.store.joint_pool(stream_id)
+            gamma = stream.chunks == 0 and not pool.gamma_ready
+            if pool.held >= want and not gamma:
+                return False
+            count = policy.first if gamma else want - pool.held
+            count = max(1, min(count, policy.batch, MAX_BATCH))
+            return await self.fill_pool(stream_id, count, gamma) is not None
+
+    async def stop_noise_fills(self) -> None:
+        """Cancel the background fillers (shutdown); a batch cut short is never used."""
+        fills = list(self._fills.values())
+        for t in fills:
+            t.cancel()
+        for t in fills:
+            with contextlib.suppress(BaseException):
+                await t
+
+    async def _pool_ready(self, stream: StreamState, k: int) -> None:
+        """Before a chunk of k queries: while its stream's pool is being filled
+        and lacks γ (first chunk) or k samples, wait for the filler's batches,
+        since finishing a batch already under way costs the chunk less than
+        drawing in it.  A filler that ends (or fails) leaves the chunk to draw
+        in the chunk what the pool lacks."""
+        fill = self._fills.get(stream.stream_id)
+        while fill is not None and not fill.done():
+            pool = self.core.store.joint_pool(stream.stream_id)
+            if not (stream.chunks == 0 and not pool.gamma_ready) and pool.first_run()[1] >= k:
+                return
+            await asyncio.wait({fill}, timeout=POOL_POLL)
 
     async def _exchange(
         self,
@@ -518,6 +628,7 @@ class LeaderDriver:
         on_written: Callable[[], None] | None = None,
         on_failure: Callable[[], Awaitable[None]] | None = None,
         confirm: bool = False,
+        mark_first: bool = False,
     ) -> tuple[Any, int]:
         """One chunk on a pooled session in one round trip: the header and, right
         behind it, the protocol's first message (this side evaluates: its
@@ -525,7 +636,8 @@ class LeaderDriver:
         then the helper's verdict and tables, the evaluation, and the result to
         the helper, one way: a stream chunk does not wait for the helper's
         record (docs/services.md, "Durability of a chunk").  `confirm` (a
-        close-time chunk) waits for the helper's closing status as well.  A
+        close-time chunk, a joint-noise batch) waits for the helper's closing
+        status as well; `mark_first` runs on_written before the protocol.  A
         failure once the header is out calls on_failure; a refused or failed
         chunk discards the session.  Returns the result and the bytes exchanged."""
         session = await self.pool.acquire()
@@ -533,8 +645,10 @@ class LeaderDriver:
         sent = False
         try:
             before = session.traffic
-            await session.send_header(header, on_written)
+            await session.send_header(header, None if mark_first else on_written)
             sent = True
+            if mark_first and on_written is not None:
+                on_written()
             # A deadline on this task, not a task of its own (as wait_for makes):
             # one loop hop less per chunk.
             async with asyncio.timeout(CHUNK_DEADLINE):

@@ -140,6 +140,7 @@ async def reference_pair(
     try:
         yield ReferencePair(leader, helper, port, frac_bits)
     finally:
+        await leader.stop_noise_fills()
         await leader.pool.close()
         await port.close()
         for store in stores:

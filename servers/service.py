@@ -277,6 +277,7 @@ class SvtaggServer:
         if kind is ProcessKind.WORKER:
             self.work = await WorkQueue.connect(self.store, ("new",))
             self.driver = LeaderDriver(self.core, peer, self.party)
+            self.driver.noise_pool = None  # the front end fills joint-noise pools
             self.worker = Worker(self.work, self.driver.run_job, self.config.lease_seconds)
             return  # Health only: the jobs come from the store
         if kind is ProcessKind.LEASED_FRONT_END:
@@ -322,6 +323,7 @@ class SvtaggServer:
         if self.data_listener is not None:
             await self.data_listener.close()
         if self.driver is not None:
+            await self.driver.stop_noise_fills()
             await self.driver.pool.close()
         if self._probe is not None and not self._probe.done():
             self._probe.cancel()

@@ -16,7 +16,11 @@ Durability rules (one committed transaction per step, in both stores):
   one committed transaction *before* any noise is drawn; a crash never refunds;
 - a chunk is marked `in_chunk` (committed) before the comparison runs, and on
   restart every `opening` / `in_chunk` stream is failed closed, so a stream
-  interrupted mid-protocol never answers again.
+  interrupted mid-protocol never answers again;
+- a joint-noise stream's ahead-of-time shares are consumed (deleted, the
+  stream's `used` counter moved past them) in a committed transaction before
+  the chunk that uses them compares, and a stream that answers no more keeps
+  none (servers/jointpool.py).
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ from svtagg.dp.plans import PlanBook
 from svtagg.dp.queries import Budget
 from svtagg.dp.task import TaskParams
 from svtagg.mpc.ring import U64
+from svtagg.servers.jointpool import JointPool
 from svtagg.vdaf.field import FIELD128
 
 DIGEST_BYTES = 16
@@ -280,6 +285,46 @@ class Store(Protocol):
 
     def fail_stream(self, stream_id: str) -> None:
         """Fail a stream closed (a closed one stays closed); its charge stays spent."""
+        ...
+
+    # ------------------------------------------------------------ joint noise pool
+    def joint_pool(self, stream_id: str) -> JointPool:
+        """The stream's pool of ahead-of-time joint noise shares (servers/jointpool.py)."""
+        ...
+
+    def reserve_joint_batch(self, stream_id: str, count: int, lo: int | None = None) -> int:
+        """Reserve sequence numbers [lo, lo + count) for a batch about to be
+        generated, durably, and return lo: the leader's next (lo None), or the
+        leader's lo on the helper, refused if any of them was reserved before.
+        Refused unless the stream is open (or in a chunk)."""
+        ...
+
+    def add_joint_batch(self, stream_id: str, lo: int, nu: U64, gamma: int | None) -> bool:
+        """Keep a generated batch of this server's ν shares at [lo, lo + len(nu)),
+        durably, and its γ share if it drew one while the stream has begun no
+        chunk (else that γ is discarded).  Nothing is kept (False) once the stream
+        no longer answers or its samples from lo on are consumed."""
+        ...
+
+    def take_joint_noise(self, stream_id: str, lo: int, count: int) -> U64:
+        """Consume samples [lo, lo + count) for the chunk the stream is in,
+        durably, before its comparison: they and every held sample below them
+        are deleted and `used` moves past them, in one transaction.  Refused
+        (nothing changes) unless the stream is in a chunk, lo ≥ used and all of
+        them are held."""
+        ...
+
+    def begin_pooled_chunk(
+        self, stream_id: str, chunk_no: int | None, lo: int, count: int
+    ) -> tuple[int, U64]:
+        """`begin_chunk` and `take_joint_noise` in one committed transaction
+        (one fsync on the query path, as for a chunk without pooled noise);
+        refused whole, nothing marked or taken."""
+        ...
+
+    def discard_joint_pool(self, stream_id: str) -> None:
+        """Delete every held sample of the stream (it answers no more); the
+        counters stay, so no sequence number is ever handed out again."""
         ...
 
     # ------------------------------------------------------------ plans

@@ -41,7 +41,7 @@ second live process sharing it (ingest replicas and workers open it with
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from fractions import Fraction
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -101,6 +101,7 @@ from svtagg.servers.store import (
     within_capacity,
     xor_reports,
 )
+from svtagg.servers.store_jointpool import JointPoolTables
 from svtagg.servers.store_pg_pending import PgPending
 from svtagg.servers.store_pg_schema import MIGRATIONS
 
@@ -191,7 +192,7 @@ def missing_path_schema(conn: psycopg.Connection[Any]) -> str | None:
     return first if first and first != "$user" else None
 
 
-class PgStore(PgPending):
+class PgStore(PgPending, JointPoolTables):
     """PostgreSQL store of one server (`store.Store`).
 
     `schema` (optional) keeps the store in that schema of the database (created
@@ -295,6 +296,8 @@ class PgStore(PgPending):
             cur = self._conn.execute(
                 "UPDATE streams SET state=%s WHERE state IN (%s, %s)", (FAILED, OPENING, IN_CHUNK)
             )
+            for sid, _ in self.recovered_failed:  # it keeps no joint noise shares
+                self._conn.execute("DELETE FROM joint_batches WHERE stream_id=%s", (sid,))
         return cur.rowcount
 
     # ------------------------------------------------------------ tasks
@@ -612,6 +615,12 @@ class PgStore(PgPending):
                 "UPDATE streams SET state=%s WHERE stream_id=%s AND state NOT IN (%s, %s)",
                 (FAILED, stream_id, CLOSED, FAILED),
             )
+
+    # ------------------------------------------------------------ joint noise pool
+    def _sql(self, statement: str, params: Sequence[Any] = ()) -> Any:
+        """A statement of the shared joint-pool code (`store_jointpool`), its
+        `?` placeholders as psycopg's."""
+        return self._conn.execute(statement.replace("?", "%s").encode(), params)
 
     # ------------------------------------------------------------ plans
     def plan(self, plan_id: str) -> tuple[PlanBook, str, str]:

@@ -238,5 +238,26 @@ _V9: tuple[str, ...] = (
     "ALTER TABLE streams ADD COLUMN carry BYTEA",
 )
 
+#: Version 10: ahead-of-time joint noise — each stream's pool counters and the
+#: batches of this server's shares it holds (servers/jointpool.py); the work
+#: table admits the batch's chunk kind ('noise', run by the front end today).
+_V10: tuple[str, ...] = (
+    "ALTER TABLE work DROP CONSTRAINT work_kind_check",
+    "ALTER TABLE work ADD CONSTRAINT work_kind_check "
+    "CHECK (kind IN ('ask', 'compare', 'robust', 'nmax', 'noise'))",
+    """CREATE TABLE joint_pools (
+        stream_id TEXT COLLATE "C" PRIMARY KEY REFERENCES streams (stream_id),
+        next_seq BIGINT NOT NULL DEFAULT 0,
+        used_seq BIGINT NOT NULL DEFAULT 0,
+        gamma_ready BOOLEAN NOT NULL DEFAULT FALSE
+    )""",
+    """CREATE TABLE joint_batches (
+        stream_id TEXT COLLATE "C" NOT NULL REFERENCES streams (stream_id),
+        lo BIGINT NOT NULL,
+        shares BYTEA NOT NULL,
+        PRIMARY KEY (stream_id, lo)
+    )""",
+)
+
 #: `MIGRATIONS[v]` brings a store at version v to v + 1.
-MIGRATIONS: tuple[tuple[str, ...], ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9)
+MIGRATIONS: tuple[tuple[str, ...], ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9, _V10)

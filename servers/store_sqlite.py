@@ -14,10 +14,10 @@ from __future__ import annotations
 import io
 import os
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from fractions import Fraction
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -64,63 +64,16 @@ from svtagg.servers.store import (
     within_capacity,
     xor_reports,
 )
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS tasks (
-    task_id TEXT PRIMARY KEY,
-    d INTEGER NOT NULL, frac_bits INTEGER NOT NULL,
-    n_max INTEGER NOT NULL, min_batch INTEGER NOT NULL,
-    epsilon_total TEXT NOT NULL, delta_total TEXT NOT NULL, epsilon_min TEXT NOT NULL,
-    n INTEGER NOT NULL DEFAULT 0,
-    digest BLOB NOT NULL,
-    sums BLOB NOT NULL,
-    collection_open INTEGER NOT NULL DEFAULT 1,
-    epsilon_spent TEXT NOT NULL DEFAULT '0',
-    delta_spent TEXT NOT NULL DEFAULT '0',
-    agreed INTEGER NOT NULL DEFAULT 0,
-    validate_reports INTEGER NOT NULL DEFAULT 0,
-    embedding TEXT NOT NULL DEFAULT ''
-);
-CREATE TABLE IF NOT EXISTS reports (
-    task_id TEXT NOT NULL, report_id BLOB NOT NULL,
-    share_off INTEGER,
-    share_len INTEGER,
-    PRIMARY KEY (task_id, report_id)
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS streams (
-    stream_id TEXT PRIMARY KEY,
-    task_id TEXT NOT NULL,
-    kind TEXT NOT NULL, epsilon TEXT NOT NULL, delta TEXT NOT NULL,
-    gamma TEXT,
-    state TEXT NOT NULL,
-    chunks INTEGER NOT NULL DEFAULT 0,
-    queries INTEGER NOT NULL DEFAULT 0,
-    plan_id TEXT,
-    plan_group INTEGER
-);
--- task() counts a task's streams on every call: without this index that count
--- scanned every stream of every task (an index only: no schema version change).
-CREATE INDEX IF NOT EXISTS streams_by_task ON streams (task_id, state);
--- A task with a validity circuit: the helper's Prio3 shares of each report
--- until the leader verifies its batch, and each verified batch's verdicts
--- (so that a retried verification answers the same); both dropped at the close.
-CREATE TABLE IF NOT EXISTS pending (
-    task_id TEXT NOT NULL, report_id BLOB NOT NULL, blob BLOB NOT NULL,
-    PRIMARY KEY (task_id, report_id)
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS verdicts (
-    task_id TEXT NOT NULL, batch_id BLOB NOT NULL, verdicts BLOB NOT NULL,
-    PRIMARY KEY (task_id, batch_id)
-) WITHOUT ROWID;
-"""
+from svtagg.servers.store_jointpool import JointPoolTables
+from svtagg.servers.store_sqlite_schema import BASE_TABLES
 
 
-class SqliteStore:
+class SqliteStore(JointPoolTables):
     """SQLite store of one server (`store.Store`).  Not thread-safe: one server,
     one event loop; one process per store file."""
 
     #: Schema version this code writes (SQLite's user_version).
-    SCHEMA_VERSION = 7
+    SCHEMA_VERSION = 8
 
     def __init__(self, path: str | Path) -> None:
         self.path = str(path)
@@ -128,7 +81,7 @@ class SqliteStore:
         self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
-        self._db.executescript(_SCHEMA)
+        self._db.executescript(BASE_TABLES)
         self._migrate()
         #: Streams this start failed closed (opening / in_chunk at the last stop).
         self.recovered_failed: list[tuple[str, str]] = []
@@ -208,6 +161,21 @@ class SqliteStore:
                 if col not in cols:
                     self._db.execute(f"ALTER TABLE streams ADD COLUMN {col} {kind}")
             self._db.execute("PRAGMA user_version = 7")
+            version = 7
+        if version < 8:
+            # v8: ahead-of-time joint noise — each stream's pool counters and the
+            # batches of this server's shares it holds (servers/jointpool.py).
+            self._db.execute(
+                "CREATE TABLE IF NOT EXISTS joint_pools (stream_id TEXT PRIMARY KEY,"
+                " next_seq INTEGER NOT NULL DEFAULT 0, used_seq INTEGER NOT NULL DEFAULT 0,"
+                " gamma_ready INTEGER NOT NULL DEFAULT 0)"
+            )
+            self._db.execute(
+                "CREATE TABLE IF NOT EXISTS joint_batches (stream_id TEXT NOT NULL,"
+                " lo INTEGER NOT NULL, shares BLOB NOT NULL, PRIMARY KEY (stream_id, lo))"
+                " WITHOUT ROWID"
+            )
+            self._db.execute("PRAGMA user_version = 8")
 
     def _recover(self) -> int:
         """Fail closed every stream that was opening or mid-chunk at the last stop,
@@ -230,6 +198,8 @@ class SqliteStore:
             cur = self._db.execute(
                 "UPDATE streams SET state=? WHERE state IN (?, ?)", (FAILED, OPENING, IN_CHUNK)
             )
+            for sid, _ in self.recovered_failed:  # it keeps no joint noise shares
+                self._db.execute("DELETE FROM joint_batches WHERE stream_id=?", (sid,))
         return cur.rowcount
 
     def _tx(self) -> _Transaction:
@@ -613,6 +583,11 @@ class SqliteStore:
                 "UPDATE streams SET state=? WHERE stream_id=? AND state!=?",
                 (FAILED, stream_id, CLOSED),
             )
+
+    # ------------------------------------------------------------ joint noise pool
+    def _sql(self, statement: str, params: Sequence[Any] = ()) -> Any:
+        """A statement of the shared joint-pool code (`store_jointpool`)."""
+        return self._db.execute(statement, params)
 
     # ------------------------------------------------------------ plans
     def plan(self, plan_id: str) -> tuple[PlanBook, str, str]:

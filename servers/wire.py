@@ -34,6 +34,7 @@ from svtagg.servers.exchange import (
     CompareAnswer,
     JobAnswer,
     JobInputs,
+    NoiseBatch,
     NoisyMax,
     NoisyMaxAnswer,
     OpenStream,
@@ -41,6 +42,7 @@ from svtagg.servers.exchange import (
     PlanInfo,
     PlanRequest,
     PlanSlot,
+    PoolDraw,
     PrepareStream,
     Queries,
     ReportIds,
@@ -451,6 +453,14 @@ def _header_to_pb(h: ChunkHeader) -> pb.ChunkHeader:
         return pb.ChunkHeader(
             robust_task_id=h.task_id, coord_lo=h.coord_lo, coord_hi=h.coord_hi, pass_id=h.pass_id
         )
+    if isinstance(h, NoiseBatch):
+        return pb.ChunkHeader(
+            stream_id=h.stream_id,
+            joint_batch=True,
+            joint_lo=h.lo,
+            joint_count=h.count,
+            joint_gamma=h.gamma,
+        )
     return pb.ChunkHeader(
         stream_id=h.stream_id,
         chunk_no=h.chunk_no,
@@ -458,6 +468,9 @@ def _header_to_pb(h: ChunkHeader) -> pb.ChunkHeader:
         queries=_queries_to_pb(h.queries),
         noisy_max=h.kind == ChunkKind.NMAX,
         noisy_max_more=h.more,
+        joint_lo=h.pool.lo,
+        joint_count=h.pool.count,
+        joint_gamma=h.pool.gamma,
     )
 
 
@@ -466,10 +479,10 @@ def _robust_from_pb(m: pb.ChunkHeader) -> RobustChunk:
 
 
 def _header_from_pb(m: pb.ChunkHeader) -> ChunkHeader:
-    """A robust task id makes a robust chunk, else it is a stream's chunk
-    (`compare`: a Compare chunk, `noisy_max`: a report-noisy-max chunk, at most
-    one of the two).  A range-validation header (the retired garbled range
-    check of an older leader) is refused."""
+    """A robust task id makes a robust chunk, `joint_batch` a noise batch,
+    else it is a stream's chunk (`compare`: a Compare chunk, `noisy_max`: a
+    report-noisy-max chunk, at most one of the two).  A range-validation
+    header (the retired garbled range check of an older leader) is refused."""
     if m.validate_task_id:
         raise InvalidArgument(
             "the garbled range check at the close is retired: reports prove their "
@@ -477,12 +490,18 @@ def _header_from_pb(m: pb.ChunkHeader) -> ChunkHeader:
         )
     if m.robust_task_id:
         return _robust_from_pb(m)
+    if m.joint_batch:
+        if m.compare or m.noisy_max or m.noisy_max_more or m.chunk_no or m.queries.index:
+            raise InvalidArgument("a noise batch header carries no chunk")
+        return NoiseBatch(m.stream_id, m.joint_lo, m.joint_count, m.joint_gamma)
     if m.compare and m.noisy_max:
         raise InvalidArgument("a chunk header names two kinds (compare and noisy_max)")
     if m.noisy_max_more and not m.noisy_max:
         raise InvalidArgument("only a noisy_max chunk has more to follow")
     kind = ChunkKind.COMPARE if m.compare else ChunkKind.NMAX if m.noisy_max else ChunkKind.ASK
-    return StreamChunk(kind, m.stream_id, m.chunk_no, _queries_from_pb(m.queries), m.noisy_max_more)
+    pool = PoolDraw(m.joint_lo, m.joint_count, m.joint_gamma)
+    queries = _queries_from_pb(m.queries)
+    return StreamChunk(kind, m.stream_id, m.chunk_no, queries, m.noisy_max_more, pool)
 
 
 CHUNK_HEADER: Codec[ChunkHeader, pb.ChunkHeader] = Codec(

@@ -6,7 +6,12 @@ the noise the pair produces (both servers' shares added, through the test-only
 hook `ServerCore.joint_noise_log`) against the exact pmf — with two broken
 controls the tests catch: one server's random bits only (that server then
 predicts every ν) and two independent draws at the central scale (the sum's law
-is not the single draw's)."""
+is not the single draw's).
+
+The tests on the `pair` fixture run the in-chunk draw (the leader fills no
+pool: `noise_pool = None`), which is also what a chunk falls back to when its
+stream's pool lacks samples; the first-YES law and the gRPC test run the
+servers' default (noise generated ahead of time, tests/test_joint_pool.py)."""
 
 from __future__ import annotations
 
@@ -60,6 +65,7 @@ async def pair(tmp_path: Path) -> AsyncIterator[ReferencePair]:
         await p.leader.create_task(spec("t"))
         p.upload("t", np.tile([0.0, 0.0, 1.0, 0.0], (N, 1)))
         await p.leader.close_collection("t")
+        p.leader.noise_pool = None  # every draw in the chunk
         for core in (p.leader.core, p.helper.core):
             core.joint_noise_log = []
         yield p

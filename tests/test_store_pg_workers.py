@@ -288,6 +288,43 @@ def test_workers_answer_streams_and_run_the_close(tmp_path: Path, pg_url: tuple[
         pd.stop()
 
 
+def test_workers_answer_joint_noise_from_the_front_ends_pool(
+    tmp_path: Path, pg_url: tuple[str, str]
+) -> None:
+    """A joint-noise task under leased work: the front end fills each stream's
+    pool (its own sessions, the helper's main process), the workers' chunks
+    consume it from the shared stores (a helper worker's included), the answers
+    are right, and both servers' counters say the same samples were used."""
+    from svtagg.servers.store_pg import PgStore
+
+    pd = WorkerDeployment(tmp_path, *pg_url).start()
+    try:
+        pd.stub().CreateTask(task_spec("j", D, 10_000, "100", delta="1/1000", noise="joint"))
+        values = np.zeros((40, D))
+        values[:, 1] = 1.0
+        with pd.uploader() as up:
+            up.upload("j", values)
+        pd.stub().CloseCollection(pb.TaskRef(task_id="j"), timeout=300)
+        with pd.oracle("j") as o:
+            stream = o.open_stream(4)
+            for _ in range(3):  # every coordinate far below τ: NO
+                assert stream.ask([(Query(0), 30.0)] * 50) is None
+            assert stream.ask([(Query(0), 20.0), (Query(1), 20.0)]) == 1
+            sid = stream.stream_id
+        used = []
+        for role in ("leader", "helper"):
+            store = PgStore(pg_url[0], schema=pd.schemas[role])
+            try:
+                pool = store.joint_pool(sid)
+                used.append(pool.used)
+                assert pool.gamma_ready and pool.runs == ()  # closed: leftovers deleted
+            finally:
+                store.close()
+        assert used[0] == used[1] > 0
+    finally:
+        pd.stop()
+
+
 def test_worker_killed_mid_chunk_fails_the_stream_closed(
     tmp_path: Path, pg_url: tuple[str, str]
 ) -> None:

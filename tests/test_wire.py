@@ -27,11 +27,13 @@ from svtagg.servers.exchange import (
     ChunkKind,
     Compare,
     CompareAnswer,
+    NoiseBatch,
     NoisyMax,
     NoisyMaxAnswer,
     PlanGroup,
     PlanInfo,
     PlanRequest,
+    PoolDraw,
     PrepareStream,
     Progress,
     Queries,
@@ -148,8 +150,16 @@ def test_the_flat_chunk_header_decodes_as_the_helper_always_read_it() -> None:
         StreamChunk(ChunkKind.ASK, "s", 1, Queries((0, 1), (False, True))),
         StreamChunk(ChunkKind.COMPARE, "s", 3, Queries((2,))),
         StreamChunk(ChunkKind.NMAX, "s", 1, Queries((4, 0, 9), (False, True, False))),
+        StreamChunk(ChunkKind.ASK, "s", 1, Queries((0, 1)), pool=PoolDraw(2**40, 2, True)),
+        NoiseBatch("s", 2**40 + 2, 10_000, True),
+        NoiseBatch("s", 0, 1),
     ):
         assert wire.CHUNK_HEADER.decode(wire.CHUNK_HEADER.encode(header)) == header
+    # An older leader's Ask header takes nothing from a pool.
+    old = wire.CHUNK_HEADER.from_pb(pb.ChunkHeader(stream_id="s", chunk_no=1))
+    assert isinstance(old, StreamChunk) and old.pool == PoolDraw()
+    with pytest.raises(InvalidArgument, match="no chunk"):
+        wire.CHUNK_HEADER.from_pb(pb.ChunkHeader(stream_id="s", chunk_no=1, joint_batch=True))
     nmax = pb.ChunkHeader(stream_id="s", chunk_no=1, noisy_max=True)
     assert wire.CHUNK_HEADER.from_pb(nmax) == StreamChunk(ChunkKind.NMAX, "s", 1, Queries(()))
     with pytest.raises(InvalidArgument, match="two kinds"):
