@@ -502,11 +502,9 @@ class LeaderDriver:
         self, stream: StreamState, task: TaskState, chunk: Chunk, thresholds: Thresholds | None
     ) -> tuple[Any, bool, int]:
         """Send the header with the protocol's first message, mark the chunk in
-        progress durably (while the helper does the same), evaluate the garbled
-        comparison on a pooled session, record the result.  Once the header is
-        out, any failure or refusal fails the stream closed on both servers;
-        nothing is refunded.  The result, whether the stream closed, and the
-        bytes exchanged."""
+        progress durably (as the helper does), evaluate, record the result.  Once
+        the header is out, any failure or refusal fails the stream closed on both
+        servers; nothing is refunded.  Result, whether it closed, bytes."""
         sid, next_chunk = stream.stream_id, stream.chunks + 1
         complement = chunk.complement.tolist() if chunk.complement.any() else []
         draw = self.core.pool_draw(stream, task, len(chunk))
@@ -521,10 +519,8 @@ class LeaderDriver:
         pooled: list[Pooled | None] = [None]
 
         def mark() -> None:
-            # Both servers fsync their "chunk in progress" mark in parallel; the
-            # helper's is durable before it sends its tables, this one before this
-            # side reads them: neither learns a result before its own mark, nor
-            # uses pooled noise before it is consumed (durably: never used twice).
+            # Both servers fsync their mark in parallel, the helper's before its
+            # tables, this one before they are read: no result before its own mark.
             pooled[0] = self.core.begin_pooled(stream, task, next_chunk, draw, len(chunk))
             crash_point("chunk.after_mark")
 
@@ -537,10 +533,7 @@ class LeaderDriver:
             lambda party: self.core.run_chunk(party, stream, task, chunk, thresholds, pooled[0]),
             mark,
             fail,
-            # Pooled joint noise: this side's inputs are the shares the mark
-            # consumes, so the mark comes before the first protocol message
-            # (its fsync then on the path); otherwise it overlaps the flight.
-            mark_first=draw != PoolDraw(),
+            mark_first=draw != PoolDraw(),  # the inputs need the shares it consumes
         )
         self.core.end_chunk(sid, progress)
         return result, progress.closes, traffic
@@ -630,16 +623,12 @@ class LeaderDriver:
         confirm: bool = False,
         mark_first: bool = False,
     ) -> tuple[Any, int]:
-        """One chunk on a pooled session in one round trip: the header and, right
-        behind it, the protocol's first message (this side evaluates: its
-        OT-extension message); while they travel, on_written (the durable mark);
-        then the helper's verdict and tables, the evaluation, and the result to
-        the helper, one way: a stream chunk does not wait for the helper's
-        record (docs/services.md, "Durability of a chunk").  `confirm` (a
-        close-time chunk, a joint-noise batch) waits for the helper's closing
-        status as well; `mark_first` runs on_written before the protocol.  A
-        failure once the header is out calls on_failure; a refused or failed
-        chunk discards the session.  Returns the result and the bytes exchanged."""
+        """One chunk on a pooled session in one round trip: the header, the first
+        protocol message right behind it, on_written (the mark) while they travel
+        (`mark_first`: before them), the helper's verdict and tables, the result
+        sent one way (docs/services.md, "Durability of a chunk"); `confirm` also
+        waits for the helper's closing status.  A failure once the header is out
+        calls on_failure and discards the session.  Result and bytes exchanged."""
         session = await self.pool.acquire()
         healthy = False
         sent = False
