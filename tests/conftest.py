@@ -451,3 +451,32 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     # Only when a PostgreSQL case asked (no connection attempt for other runs).
     if _pg_reason and _pg_reason[0]:
         terminalreporter.write_line(f"PostgreSQL tests skipped: {_pg_reason[0]}")
+
+
+def spy_joint_sampler(monkeypatch: pytest.MonkeyPatch, garbler_only: bool) -> list[np.ndarray]:
+    """Hook the servers' joint-noise sampler (`servers.joint`): each draw appends
+    the ν that the garbling server's own random words alone would give (its best
+    guess, `plain_joint_noise` of its words); with `garbler_only` the evaluating
+    server's words are zero — the control where one server's randomness is all
+    that enters the sampler.  Returns the list the guesses go to."""
+    from svtagg.dp.noise import RandomSource
+    from svtagg.mpc import jointnoise
+    from svtagg.mpc.jointnoise import SamplerShape, plain_joint_noise
+    from svtagg.servers import joint as server_joint
+
+    guesses: list[np.ndarray] = []
+    real_garble, real_evaluate = jointnoise.garble_joint_noise, jointnoise.evaluate_joint_noise
+
+    async def garble(party: Any, n: int, shape: SamplerShape, u: Any = None) -> Any:
+        u = RandomSource().u64(shape.words * n).reshape(shape.words, n)
+        guesses.append(plain_joint_noise(u, shape))
+        return await real_garble(party, n, shape, u)
+
+    async def evaluate(party: Any, n: int, shape: SamplerShape, v: Any = None) -> Any:
+        if garbler_only:
+            v = np.zeros((shape.words, n), dtype=np.uint64)
+        return await real_evaluate(party, n, shape, v)
+
+    monkeypatch.setattr(server_joint, "garble_joint_noise", garble)
+    monkeypatch.setattr(server_joint, "evaluate_joint_noise", evaluate)
+    return guesses

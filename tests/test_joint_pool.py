@@ -13,24 +13,21 @@ chunk's record names the pool's sequence numbers it consumed."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from conftest import spy_joint_sampler
 from test_joint_servers import UNIT, N, _chi_square_pvalue, spec
 
 from svtagg.dp.errors import FailedPrecondition, Refusal
 from svtagg.dp.joint import pmf
 from svtagg.dp.jointsvt import joint_stream_noise
 from svtagg.dp.kinds import StreamKind
-from svtagg.dp.noise import RandomSource
-from svtagg.mpc import jointnoise
-from svtagg.mpc.jointnoise import SamplerShape, plain_joint_noise
 from svtagg.proto.vocab import Role
-from svtagg.servers import joint as server_joint
 from svtagg.servers.core import ServerCore, garbled_circuit_party
 from svtagg.servers.exchange import Ask, OpenStream, PoolDraw, Queries
 from svtagg.servers.helper import HelperDriver
@@ -287,49 +284,36 @@ async def test_a_restarted_leader_goes_on_with_its_pool(
         store.close()
 
 
-async def _predicted_by_leader(
-    pair: ReferencePair, monkeypatch: pytest.MonkeyPatch, helper_bits: str
+async def _predicted_by_garbler(
+    pair: ReferencePair, monkeypatch: pytest.MonkeyPatch, evaluator_bits: str
 ) -> float:
-    """How often the leader, from its own random words of a pooled batch,
-    names the ν a chunk then used.  helper_bits "random" (the servers' code) or
-    "zero" (the control: only the leader's bits enter the sampler)."""
-    leader_words: list[np.ndarray] = []
-    real_garble, real_evaluate = jointnoise.garble_joint_noise, jointnoise.evaluate_joint_noise
-
-    async def garble(party: Any, n: int, shape: SamplerShape, u: Any = None) -> Any:
-        u = RandomSource().u64(shape.words * n).reshape(shape.words, n)
-        leader_words.append(plain_joint_noise(u, shape))
-        return await real_garble(party, n, shape, u)
-
-    async def evaluate(party: Any, n: int, shape: SamplerShape, v: Any = None) -> Any:
-        if helper_bits == "zero":
-            v = np.zeros((shape.words, n), dtype=np.uint64)
-        return await real_evaluate(party, n, shape, v)
-
-    hook: Callable[..., Awaitable[Any]]
-    for name, hook in (("garble_joint_noise", garble), ("evaluate_joint_noise", evaluate)):
-        monkeypatch.setattr(server_joint, name, hook)
+    """How often the garbling server (the helper), from its own random words of
+    a pooled batch, names the ν a chunk then used.  evaluator_bits "random" (the
+    servers' code) or "zero" (the control: only the garbler's bits enter the
+    sampler)."""
+    guesses = spy_joint_sampler(monkeypatch, garbler_only=evaluator_bits == "zero")
     for c in (pair.leader.core, pair.helper.core):
         c.joint_noise_log = []
     sid = await _open(pair)
     assert await pair.leader.fill_pool(sid, 2000, gamma=True)
     await _ask_no(pair, sid, 2000)
     (a,), (b,) = _logs(pair)
-    assert a.pooled == 2000 and len(leader_words) == 2  # γ's draw, then the batch
-    return float(np.mean(_signed(a.nu + b.nu) == leader_words[1]))
+    assert a.pooled == 2000 and len(guesses) == 2  # γ's draw, then the batch
+    return float(np.mean(_signed(a.nu + b.nu) == guesses[1]))
 
 
 async def test_one_server_cannot_predict_pooled_noise(
     pair: ReferencePair, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """As tests/test_joint_servers.py's check, on noise from the pool: the
-    leader's guess from its own bits is right about as often as two independent
-    draws coincide; the control (the helper's bits zero) is caught."""
+    garbling server's guess from its own bits is right about as often as two
+    independent draws coincide; the control (the evaluator's bits zero) is
+    caught."""
     noise = joint_stream_noise(StreamKind.LAP24, Fraction(1), F)
     collision = float(sum(p * p for p in pmf(noise.query_constants, noise.bits).values()))
-    honest = await _predicted_by_leader(pair, monkeypatch, "random")
+    honest = await _predicted_by_garbler(pair, monkeypatch, "random")
     assert honest < 4 * collision + 0.005
-    control = await _predicted_by_leader(pair, monkeypatch, "zero")
+    control = await _predicted_by_garbler(pair, monkeypatch, "zero")
     assert control == 1.0
     assert not control < 4 * collision + 0.005
 

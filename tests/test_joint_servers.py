@@ -16,13 +16,13 @@ servers' default (noise generated ahead of time, tests/test_joint_pool.py)."""
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from fractions import Fraction
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
+from conftest import spy_joint_sampler
 
 from svtagg.dp.errors import InvalidArgument
 from svtagg.dp.joint import pmf, sampler_constants, shift_ratio
@@ -30,10 +30,8 @@ from svtagg.dp.jointsvt import JOINT_DELTA_CAP, _within, joint_stream_noise
 from svtagg.dp.kinds import StreamKind, noise_model
 from svtagg.dp.noise import RandomSource
 from svtagg.dp.task import TaskSpec, parse_task_params
-from svtagg.mpc import jointnoise
 from svtagg.mpc.jointnoise import SamplerShape, plain_joint_noise
 from svtagg.mpc.ring import sensitivity
-from svtagg.servers import joint as server_joint
 from svtagg.servers.exchange import Ask, OpenStream, Queries
 from svtagg.servers.joint import JointDraw
 from svtagg.servers.reference import ReferencePair, reference_pair
@@ -227,46 +225,32 @@ async def test_first_yes_answers_follow_the_exact_joint_law(tmp_path: Path) -> N
     assert fit_test("two draws", outputs, independent, rng).p_value < 1e-3
 
 
-async def _predicted_by_leader(
-    pair: ReferencePair, monkeypatch: pytest.MonkeyPatch, helper_bits: str
+async def _predicted_by_garbler(
+    pair: ReferencePair, monkeypatch: pytest.MonkeyPatch, evaluator_bits: str
 ) -> float:
-    """How often the leader, from its own random words alone, names the ν the
-    pair used.  helper_bits "random" (the servers' code) or "zero" (the control:
-    only the leader's bits enter the circuit)."""
-    leader_words: list[np.ndarray] = []
-    real_garble, real_evaluate = jointnoise.garble_joint_noise, jointnoise.evaluate_joint_noise
-
-    async def garble(party: Any, n: int, shape: SamplerShape, u: Any = None) -> Any:
-        u = RandomSource().u64(shape.words * n).reshape(shape.words, n)
-        leader_words.append(plain_joint_noise(u, shape))
-        return await real_garble(party, n, shape, u)
-
-    async def evaluate(party: Any, n: int, shape: SamplerShape, v: Any = None) -> Any:
-        if helper_bits == "zero":
-            v = np.zeros((shape.words, n), dtype=np.uint64)
-        return await real_evaluate(party, n, shape, v)
-
-    hook: Callable[..., Awaitable[Any]]
-    for name, hook in (("garble_joint_noise", garble), ("evaluate_joint_noise", evaluate)):
-        monkeypatch.setattr(server_joint, name, hook)
+    """How often the garbling server (the helper), from its own random words
+    alone, names the ν the pair used.  evaluator_bits "random" (the servers'
+    code) or "zero" (the control: only the garbler's bits enter the circuit)."""
+    guesses = spy_joint_sampler(monkeypatch, garbler_only=evaluator_bits == "zero")
     for core in (pair.leader.core, pair.helper.core):
         core.joint_noise_log = []
     await _many_nu(pair, 1, 2000)
-    guess = np.concatenate(leader_words[1:])  # [0] is γ's draw
+    guess = np.concatenate(guesses[1:])  # [0] is γ's draw
     return float(np.mean(_nu(pair) == guess))
 
 
 async def test_one_server_cannot_predict_the_noise(
     pair: ReferencePair, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """With both servers' bits the leader's best guess from its own bits is right
-    about as often as two independent draws coincide; the control (the helper's
-    bits zero) lets the leader predict every ν, and the same check catches it."""
+    """With both servers' bits the garbling server's best guess from its own bits
+    is right about as often as two independent draws coincide; the control (the
+    evaluating server's bits zero) lets it predict every ν, and the same check
+    catches it."""
     noise = joint_stream_noise(StreamKind.LAP24, Fraction(1), F)
     collision = float(sum(p * p for p in pmf(noise.query_constants, noise.bits).values()))
-    honest = await _predicted_by_leader(pair, monkeypatch, "random")
+    honest = await _predicted_by_garbler(pair, monkeypatch, "random")
     assert honest < 4 * collision + 0.005
-    control = await _predicted_by_leader(pair, monkeypatch, "zero")
+    control = await _predicted_by_garbler(pair, monkeypatch, "zero")
     assert control == 1.0
     assert not control < 4 * collision + 0.005
 
