@@ -480,3 +480,18 @@ def spy_joint_sampler(monkeypatch: pytest.MonkeyPatch, garbler_only: bool) -> li
     monkeypatch.setattr(server_joint, "garble_joint_noise", garble)
     monkeypatch.setattr(server_joint, "evaluate_joint_noise", evaluate)
     return guesses
+
+
+def joint_guess_bound(frac_bits: int) -> float:
+    """How often a server may name a lap24 (ε = 1) joint ν from its own bits and
+    still count as not predicting it: four times the chance that two
+    independent draws coincide (Σ p²), plus a margin of 0.005."""
+    from fractions import Fraction
+
+    from svtagg.dp.joint import pmf
+    from svtagg.dp.jointsvt import joint_stream_noise
+    from svtagg.dp.kinds import StreamKind
+
+    noise = joint_stream_noise(StreamKind.LAP24, Fraction(1), frac_bits)
+    collision = float(sum(p * p for p in pmf(noise.query_constants, noise.bits).values()))
+    return 4 * collision + 0.005

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import spy_joint_sampler
+from conftest import joint_guess_bound, spy_joint_sampler
 from test_joint_servers import UNIT, N, _chi_square_pvalue, spec
 
 from svtagg.dp.errors import FailedPrecondition, Refusal
@@ -309,13 +309,12 @@ async def test_one_server_cannot_predict_pooled_noise(
     garbling server's guess from its own bits is right about as often as two
     independent draws coincide; the control (the evaluator's bits zero) is
     caught."""
-    noise = joint_stream_noise(StreamKind.LAP24, Fraction(1), F)
-    collision = float(sum(p * p for p in pmf(noise.query_constants, noise.bits).values()))
+    bound = joint_guess_bound(F)
     honest = await _predicted_by_garbler(pair, monkeypatch, "random")
-    assert honest < 4 * collision + 0.005
+    assert honest < bound
     control = await _predicted_by_garbler(pair, monkeypatch, "zero")
     assert control == 1.0
-    assert not control < 4 * collision + 0.005
+    assert not control < bound
 
 
 async def test_streams_filled_side_by_side_keep_their_own_samples(pair: ReferencePair) -> None:

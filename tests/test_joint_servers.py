@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import spy_joint_sampler
+from conftest import joint_guess_bound, spy_joint_sampler
 
 from svtagg.dp.errors import InvalidArgument
 from svtagg.dp.joint import pmf, sampler_constants, shift_ratio
@@ -246,13 +246,12 @@ async def test_one_server_cannot_predict_the_noise(
     is right about as often as two independent draws coincide; the control (the
     evaluating server's bits zero) lets it predict every ν, and the same check
     catches it."""
-    noise = joint_stream_noise(StreamKind.LAP24, Fraction(1), F)
-    collision = float(sum(p * p for p in pmf(noise.query_constants, noise.bits).values()))
+    bound = joint_guess_bound(F)
     honest = await _predicted_by_garbler(pair, monkeypatch, "random")
-    assert honest < 4 * collision + 0.005
+    assert honest < bound
     control = await _predicted_by_garbler(pair, monkeypatch, "zero")
     assert control == 1.0
-    assert not control < 4 * collision + 0.005
+    assert not control < bound
 
 
 # ---------------------------------------------------------------- the deployment
