@@ -847,6 +847,107 @@ done:
     return ret;
 }
 
+/* ------------------------------------------------------------------ SoftSpoken OT
+ *
+ * ss_expand(schedules, k, skip0, nonce, first, nblk, v_out, v_stride, u_out, u_stride):
+ *   the leaf streams of mpc/softspoken.py, fused with their sums.  The schedules
+ *   are n = 128/k blocks of (2^k − skip0) leaf keys; leaf x of block i (x from
+ *   skip0 on; a skipped leaf 0 counts as zero) streams G = AES_key(nonce ‖ first + j)
+ *   for j < nblk (the IKNP row PRG's counter blocks).  Writes
+ *   v_out[(i·k + b)·v_stride + 16j…] = ⊕_{x: bit b of x} G_{i,x}, and, unless
+ *   u_out is None, u_out[i·u_stride + 16j…] = ⊕_x G_{i,x}.  The leaf index x is
+ *   public (the garbler's leaves are relabelled), so its bits may pick rows.
+ */
+typedef struct {
+    const uint8_t *S;
+    uint8_t *V, *U;
+    uint64_t nb;
+    unsigned long long first;
+    Py_ssize_t nblk, vs, us;
+    int k, skip0;
+} ss_ctx;
+
+static void ss_range(void *arg, size_t i0, size_t i1) {
+    ss_ctx *x = (ss_ctx *)arg;
+    const int k = x->k, leaves = 1 << k, per = leaves - x->skip0;
+    const Py_ssize_t nblk = x->nblk;
+    block rk[11];
+    for (size_t i = i0; i < i1; i++) {
+        block *v[8];
+        for (int b = 0; b < k; b++) {
+            v[b] = (block *)(x->V + ((Py_ssize_t)i * k + b) * x->vs);
+            memset(v[b], 0, (size_t)(16 * nblk));
+        }
+        block *u = x->U ? (block *)(x->U + (Py_ssize_t)i * x->us) : NULL;
+        if (u) memset(u, 0, (size_t)(16 * nblk));
+        for (int leaf = x->skip0; leaf < leaves; leaf++) {
+            memcpy(rk, x->S + 176 * ((Py_ssize_t)i * per + leaf - x->skip0), sizeof rk);
+            Py_ssize_t j = 0;
+            for (; j < nblk; j += 4) {
+                int m = nblk - j < 4 ? (int)(nblk - j) : 4;
+                block g[4]; /* a short tail computes (and drops) up to 3 spare blocks */
+                for (int q = 0; q < 4; q++)
+                    g[q] = _mm_xor_si128(
+                        _mm_set_epi64x((long long)__builtin_bswap64(x->first + (uint64_t)(j + q)),
+                                       (long long)x->nb),
+                        rk[0]);
+                for (int r = 1; r < 10; r++)
+                    for (int q = 0; q < 4; q++) g[q] = _mm_aesenc_si128(g[q], rk[r]);
+                for (int q = 0; q < 4; q++) g[q] = _mm_aesenclast_si128(g[q], rk[10]);
+                for (int b = 0; b < k; b++) {
+                    if (!((leaf >> b) & 1)) continue; /* public leaf index */
+                    for (int q = 0; q < m; q++)
+                        _mm_storeu_si128(v[b] + j + q,
+                                         _mm_xor_si128(_mm_loadu_si128(v[b] + j + q), g[q]));
+                }
+                if (u)
+                    for (int q = 0; q < m; q++)
+                        _mm_storeu_si128(u + j + q, _mm_xor_si128(_mm_loadu_si128(u + j + q), g[q]));
+            }
+        }
+    }
+}
+
+static PyObject *py_ss_expand(PyObject *self, PyObject *args) {
+    PyObject *so, *vo, *uo;
+    int k, skip0;
+    unsigned long long nonce, first;
+    Py_ssize_t nblk, vs, us;
+    if (!PyArg_ParseTuple(args, "OipKKnOnOn", &so, &k, &skip0, &nonce, &first, &nblk, &vo, &vs,
+                          &uo, &us))
+        return NULL;
+    buf_t sch = {0}, v = {0}, u = {0};
+    PyObject *ret = NULL;
+    if (k != 1 && k != 2 && k != 4 && k != 8) {
+        PyErr_SetString(PyExc_ValueError, "SoftSpoken k must be 1, 2, 4 or 8");
+        return NULL;
+    }
+    int n = 128 / k, per = (1 << k) - (skip0 ? 1 : 0);
+    if (get_buf(so, &sch, 0, "schedules") || get_buf(vo, &v, 1, "v_out")) goto done;
+    if (uo != Py_None && get_buf(uo, &u, 1, "u_out")) goto done;
+    if (sch.view.len != (Py_ssize_t)176 * n * per || nblk < 0 || nblk > ((Py_ssize_t)1 << 32) ||
+        vs < 16 * nblk || vs > ((Py_ssize_t)1 << 40) ||
+        (uo != Py_None && (us < 16 * nblk || us > ((Py_ssize_t)1 << 40)))) {
+        PyErr_SetString(PyExc_ValueError, "bad SoftSpoken expansion shape");
+        goto done;
+    }
+    /* rows are at most 128 × 2^40 bytes apart: no overflow in 64 bits */
+    if (nblk && need(&v, 127 * vs + 16 * nblk, "v_out")) goto done;
+    if (nblk && uo != Py_None && need(&u, (Py_ssize_t)(n - 1) * us + 16 * nblk, "u_out")) goto done;
+    ss_ctx x = {sch.p, v.p, uo != Py_None ? u.p : NULL, __builtin_bswap64(nonce), first,
+                nblk, vs, us, k, skip0 ? 1 : 0};
+    if (nblk) {
+        Py_BEGIN_ALLOW_THREADS
+        ss_range(&x, 0, (size_t)n);
+        Py_END_ALLOW_THREADS
+    }
+    ret = Py_NewRef(Py_None);
+done:
+    release(&sch); release(&v);
+    if (uo != Py_None) release(&u);
+    return ret;
+}
+
 /* ------------------------------------------------------------------ module */
 
 static PyObject *py_set_key(PyObject *self, PyObject *args) {
@@ -889,6 +990,7 @@ static PyMethodDef methods[] = {
     {"transpose128", py_transpose128, METH_VARARGS, "IKNP 128 x m bit transpose."},
     {"expand_keys", py_expand_keys, METH_VARARGS, "AES-128 key schedules of 16-byte keys."},
     {"prg_rows", py_prg_rows, METH_VARARGS, "AES-CTR rows of the IKNP PRG."},
+    {"ss_expand", py_ss_expand, METH_VARARGS, "SoftSpoken leaf streams and their sums."},
     {NULL, NULL, 0, NULL},
 };
 
