@@ -867,43 +867,44 @@ typedef struct {
     int k, skip0;
 } ss_ctx;
 
+#define SS_TILE 64 /* counter blocks summed in L1 before they are stored */
+
 static void ss_range(void *arg, size_t i0, size_t i1) {
     ss_ctx *x = (ss_ctx *)arg;
     const int k = x->k, leaves = 1 << k, per = leaves - x->skip0;
     const Py_ssize_t nblk = x->nblk;
-    block rk[11];
+    block acc[9][SS_TILE]; /* v[0..k−1], then u */
     for (size_t i = i0; i < i1; i++) {
-        block *v[8];
-        for (int b = 0; b < k; b++) {
-            v[b] = (block *)(x->V + ((Py_ssize_t)i * k + b) * x->vs);
-            memset(v[b], 0, (size_t)(16 * nblk));
-        }
-        block *u = x->U ? (block *)(x->U + (Py_ssize_t)i * x->us) : NULL;
-        if (u) memset(u, 0, (size_t)(16 * nblk));
-        for (int leaf = x->skip0; leaf < leaves; leaf++) {
-            memcpy(rk, x->S + 176 * ((Py_ssize_t)i * per + leaf - x->skip0), sizeof rk);
-            Py_ssize_t j = 0;
-            for (; j < nblk; j += 4) {
-                int m = nblk - j < 4 ? (int)(nblk - j) : 4;
-                block g[4]; /* a short tail computes (and drops) up to 3 spare blocks */
-                for (int q = 0; q < 4; q++)
-                    g[q] = _mm_xor_si128(
-                        _mm_set_epi64x((long long)__builtin_bswap64(x->first + (uint64_t)(j + q)),
-                                       (long long)x->nb),
-                        rk[0]);
-                for (int r = 1; r < 10; r++)
-                    for (int q = 0; q < 4; q++) g[q] = _mm_aesenc_si128(g[q], rk[r]);
-                for (int q = 0; q < 4; q++) g[q] = _mm_aesenclast_si128(g[q], rk[10]);
-                for (int b = 0; b < k; b++) {
-                    if (!((leaf >> b) & 1)) continue; /* public leaf index */
-                    for (int q = 0; q < m; q++)
-                        _mm_storeu_si128(v[b] + j + q,
-                                         _mm_xor_si128(_mm_loadu_si128(v[b] + j + q), g[q]));
+        const uint8_t *keys = x->S + 176 * (Py_ssize_t)i * per;
+        for (Py_ssize_t j0 = 0; j0 < nblk; j0 += SS_TILE) {
+            int m = nblk - j0 < SS_TILE ? (int)(nblk - j0) : SS_TILE;
+            memset(acc, 0, sizeof acc);
+            for (int leaf = x->skip0; leaf < leaves; leaf++) {
+                block rk[11];
+                memcpy(rk, keys + 176 * (leaf - x->skip0), sizeof rk);
+                for (int j = 0; j < m; j += 4) {
+                    /* 4 in flight: with the 11 round keys, 15 of the 16 xmm registers */
+                    block g[4]; /* a short tail computes (and drops) spare blocks */
+                    for (int q = 0; q < 4; q++)
+                        g[q] = _mm_xor_si128(
+                            _mm_set_epi64x(
+                                (long long)__builtin_bswap64(x->first + (uint64_t)(j0 + j + q)),
+                                (long long)x->nb),
+                            rk[0]);
+                    for (int r = 1; r < 10; r++)
+                        for (int q = 0; q < 4; q++) g[q] = _mm_aesenc_si128(g[q], rk[r]);
+                    for (int q = 0; q < 4; q++) g[q] = _mm_aesenclast_si128(g[q], rk[10]);
+                    /* spare tail blocks land past m in acc and are never stored */
+                    for (int b = 0; b < k; b++) {
+                        if (!((leaf >> b) & 1)) continue; /* public leaf index */
+                        for (int q = 0; q < 4; q++) acc[b][j + q] = _mm_xor_si128(acc[b][j + q], g[q]);
+                    }
+                    for (int q = 0; q < 4; q++) acc[8][j + q] = _mm_xor_si128(acc[8][j + q], g[q]);
                 }
-                if (u)
-                    for (int q = 0; q < m; q++)
-                        _mm_storeu_si128(u + j + q, _mm_xor_si128(_mm_loadu_si128(u + j + q), g[q]));
             }
+            for (int b = 0; b < k; b++)
+                memcpy(x->V + ((Py_ssize_t)i * k + b) * x->vs + 16 * j0, acc[b], (size_t)(16 * m));
+            if (x->U) memcpy(x->U + (Py_ssize_t)i * x->us + 16 * j0, acc[8], (size_t)(16 * m));
         }
     }
 }
