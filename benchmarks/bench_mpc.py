@@ -4,9 +4,10 @@ evaluation of the comparison circuit, end-to-end comparisons per second over
 the in-memory channel (both parties in this one process, so one core does all
 the work), a single comparison's latency, bytes per comparison, base-OT setup
 and the close's robust-aggregate pass.  Medians with min–max over the runs;
-every line prints its target.
+every line prints its target.  The comparison rows run once per OT extension
+of `--ot` (default IKNP and SoftSpoken with k = 4, side by side).
 
-    python -m svtagg.benchmarks.bench_mpc [--runs N] [--max-k K] [--width W]
+    python -m svtagg.benchmarks.bench_mpc [--runs N] [--max-k K] [--width W] [--ot LIST]
 
 Throughput is wall-clock; on a shared machine compare the ratios (measured in
 the same run) rather than absolute figures across runs.
@@ -83,8 +84,10 @@ def bench_gates(k: int, runs: int, width: int) -> dict[str, Stat]:
     return {"garble": _rate(n_and, gw), "eval": _rate(n_and, ew)}
 
 
-async def bench_protocol(ks: list[int], runs: int, width: int) -> dict[int, dict[str, Any]]:
-    g, e = await connected_pair()
+async def bench_protocol(
+    ks: list[int], runs: int, width: int, ot: str | None = None
+) -> dict[int, dict[str, Any]]:
+    g, e = await connected_pair(ot=ot)
     rng = np.random.default_rng(2)
     out: dict[int, dict[str, Any]] = {}
     for k in ks:
@@ -110,8 +113,8 @@ async def bench_protocol(ks: list[int], runs: int, width: int) -> dict[int, dict
     return out
 
 
-async def bench_setup(runs: int, group: str | None = None) -> Stat:
-    """Seconds to set up a garbler/evaluator pair (128 base OTs + key schedules)."""
+async def bench_setup(runs: int, group: str | None = None, ot: str | None = None) -> Stat:
+    """Seconds to set up a garbler/evaluator pair (128 base OTs, the extension's setup)."""
     from svtagg.mpc import ot
 
     walls = []
@@ -121,7 +124,7 @@ async def bench_setup(runs: int, group: str | None = None) -> Stat:
     try:
         for _ in range(max(3, runs)):
             t = time.perf_counter()
-            await connected_pair()
+            await connected_pair(ot=ot)
             walls.append(time.perf_counter() - t)
     finally:
         ot.default_group = saved  # type: ignore[assignment]
@@ -176,7 +179,14 @@ def main(argv: list[str] | None = None) -> None:
         help="pin this process to this many CPUs (1: the one-core figures; both parties "
         "and every thread share them)",
     )
+    ap.add_argument(
+        "--ot",
+        default="iknp,softspoken:4",
+        help="comma-separated OT extensions for the comparison rows: iknp, softspoken:k "
+        "(k in 1, 2, 4, 8)",
+    )
     args = ap.parse_args(argv)
+    ots = args.ot.split(",")
     if hasattr(os, "sched_setaffinity") and args.cpus > 0:
         os.sched_setaffinity(0, set(sorted(os.sched_getaffinity(0))[: args.cpus]))
     ks = [k for k in (1, 1_000, 10_000, 100_000) if k <= args.max_k]
@@ -194,14 +204,17 @@ def main(argv: list[str] | None = None) -> None:
             native.use(eng)
             r: dict[str, Any] = {}
             r["gates"] = bench_gates(min(ks[-1], 65_536), args.runs, args.width)
-            r["cmp"] = asyncio.run(bench_protocol(ks, args.runs, args.width))
+            r["cmp"] = {
+                ot: asyncio.run(bench_protocol(ks, args.runs, args.width, ot)) for ot in ots
+            }
             r["cmp64"] = asyncio.run(bench_protocol([ks[-1]], args.runs, 64))
             r["robust"] = asyncio.run(bench_robust(args.robust_d, args.runs))
             res[eng] = r
     finally:
         native.use(before)
         native.set_threads(threads_before)
-    setup = asyncio.run(bench_setup(args.runs, "ed25519"))
+    setup = asyncio.run(bench_setup(args.runs, "ed25519", "iknp"))
+    setups = {ot: asyncio.run(bench_setup(args.runs, "ed25519", ot)) for ot in ots}
     setup_modp = asyncio.run(bench_setup(args.runs, "modp3072"))
     w = args.width
     best = engines[-1]
@@ -230,31 +243,34 @@ def main(argv: list[str] | None = None) -> None:
         digits=2,
     )
     for k in ks:
-        if k == 1:
-            row(
-                "single comparison in-process (K = 1), ms",
-                lambda r: r["cmp"][1]["latency_ms"],
-                "<= 0.1 ms",
-                digits=3,
-            )
-            continue
-        tgt = ">= 250,000 (K = 100,000, one core)" if k == 100_000 else "none"
+        for ot in ots:
+            if k == 1:
+                row(
+                    f"single comparison in-process (K = 1), ms, OT {ot}",
+                    lambda r, ot=ot: r["cmp"][ot][1]["latency_ms"],
+                    "<= 0.1 ms",
+                    digits=3,
+                )
+                continue
+            tgt = ">= 250,000 (K = 100,000, one core)" if k == 100_000 else "none"
 
-        def rate(r: dict[str, Any], k: int = k) -> Stat:
-            return r["cmp"][k]["rate"]  # type: ignore[no-any-return]
+            def rate(r: dict[str, Any], k: int = k, ot: str = ot) -> Stat:
+                return r["cmp"][ot][k]["rate"]  # type: ignore[no-any-return]
 
-        row(f"comparisons/s in-process, K = {k:,}, w = {w}", rate, tgt)
+            row(f"comparisons/s in-process, K = {k:,}, w = {w}, OT {ot}", rate, tgt)
     kmax = ks[-1]
     row(
-        f"comparisons/s in-process, K = {kmax:,}, w = 64",
+        f"comparisons/s in-process, K = {kmax:,}, w = 64 (default OT)",
         lambda r: r["cmp64"][kmax]["rate"],
         "none",
     )
-    cmp = res[best]["cmp"][kmax]
-    print(
-        f"bytes/comparison at w = {w}: {cmp['bytes']:,.0f} ({cmp['and']:.1f} AND/comparison); "
-        f"at w = 64: {res[best]['cmp64'][kmax]['bytes']:,.0f}   [target <= 2,000]"
-    )
+    for ot in ots:
+        cmp = res[best]["cmp"][ot][kmax]
+        print(
+            f"bytes/comparison at w = {w}, OT {ot}: {cmp['bytes']:,.0f} "
+            f"({cmp['and']:.1f} AND/comparison)   [target <= 2,000]"
+        )
+    print(f"bytes/comparison at w = 64 (default OT): {res[best]['cmp64'][kmax]['bytes']:,.0f}")
     row(
         f"robust-aggregate pass, d = {args.robust_d:,}, seconds",
         lambda r: r["robust"]["seconds"],
@@ -266,6 +282,10 @@ def main(argv: list[str] | None = None) -> None:
         f"{_fmt(setup, digits=3)} s   [target <= 0.1 s]; in the 3072-bit MODP group "
         f"(the reference): {_fmt(setup_modp, digits=3)} s"
     )
+    for ot in ots:
+        print(
+            f"setup with OT {ot} (base OTs, the extension's setup): {_fmt(setups[ot], digits=3)} s"
+        )
     print(f"load average at end: {os.getloadavg()[0]:.2f}")
 
 

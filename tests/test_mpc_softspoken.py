@@ -201,7 +201,9 @@ def test_message_does_not_depend_on_r_in_distribution() -> None:
     """Per-position frequencies for r = 0 and r = all ones agree (two-sample)."""
     zeros, _ = _views(SoftSpokenReceiver, np.zeros(4, np.uint8), np.zeros(4, np.uint8), 300)
     ones, _ = _views(SoftSpokenReceiver, np.full(4, 0xFF, np.uint8), np.zeros(4, np.uint8), 300)
-    table = np.array([[zeros.sum(), zeros.size - zeros.sum()], [ones.sum(), ones.size - ones.sum()]])
+    table = np.array(
+        [[zeros.sum(), zeros.size - zeros.sum()], [ones.sum(), ones.size - ones.sum()]]
+    )
     assert stats.chi2_contingency(table).pvalue > 1e-4
 
 
@@ -366,7 +368,9 @@ def test_engines_give_the_same_bytes(k: int, engine_restore: None) -> None:
         qs = [b.copy() for b in snd.labels(msg, widths, 11)]
         res[engine] = (msg, ts, qs)
     assert res["native"][0] == res["numpy"][0]
-    for a, b in zip(res["native"][1] + res["native"][2], res["numpy"][1] + res["numpy"][2]):
+    for a, b in zip(
+        res["native"][1] + res["native"][2], res["numpy"][1] + res["numpy"][2], strict=True
+    ):
         assert np.array_equal(a, b)
 
 
