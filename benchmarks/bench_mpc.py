@@ -113,7 +113,7 @@ async def bench_protocol(
     return out
 
 
-async def bench_setup(runs: int, group: str | None = None, ot: str | None = None) -> Stat:
+async def bench_setup(runs: int, group: str | None = None, ext: str | None = None) -> Stat:
     """Seconds to set up a garbler/evaluator pair (128 base OTs, the extension's setup)."""
     from svtagg.mpc import ot
 
@@ -124,7 +124,7 @@ async def bench_setup(runs: int, group: str | None = None, ot: str | None = None
     try:
         for _ in range(max(3, runs)):
             t = time.perf_counter()
-            await connected_pair(ot=ot)
+            await connected_pair(ot=ext)
             walls.append(time.perf_counter() - t)
     finally:
         ot.default_group = saved  # type: ignore[assignment]
