@@ -84,6 +84,16 @@ def _stride(width: int) -> int:
     return 16 * ((width + 15) // 16) + 16
 
 
+def _reuse(owner: Any, name: str, size: int) -> npt.NDArray[np.uint8]:
+    """A per-party scratch buffer of `size` bytes kept across extensions
+    (fresh pages cost a page fault per 4 KiB)."""
+    buf: npt.NDArray[np.uint8] | None = getattr(owner, name, None)
+    if buf is None or buf.shape[0] < size:
+        buf = np.empty(size, dtype=np.uint8)
+        setattr(owner, name, buf)
+    return buf[:size]
+
+
 def _hasher() -> Any:
     return native.NativeHash() if native.active() == "native" else TweakableHash()
 
@@ -154,7 +164,10 @@ class _LeafPRG:
         ctr[:, 1] = np.arange(first, first + nblk, dtype=np.uint64)
         src = ctr.data.cast("B")
         leaves = 1 << self.k
-        g = np.zeros((self.n, leaves, 16 * nblk + 16), dtype=np.uint8)  # OpenSSL slack
+        size = self.n * leaves * (16 * nblk + 16)  # rows with OpenSSL's slack block
+        g = _reuse(self, "_g", size).reshape(self.n, leaves, 16 * nblk + 16)
+        if self.skip0:
+            g[:, 0] = 0  # the garbler's unknown leaf counts as zero
         start = int(self.skip0)
         targets = [g[i, x] for i in range(self.n) for x in range(start, leaves)]
         for enc, row in zip(self._enc, targets, strict=True):
@@ -216,7 +229,7 @@ class SoftSpokenReceiver:
         pad = [_stride(w) for w in widths]
         if self._t_buf.shape[0] < KAPPA * sum(pad):
             self._t_buf = np.empty(KAPPA * sum(pad), dtype=np.uint8)
-        u = np.empty((n, max(pad)), dtype=np.uint8)
+        u = _reuse(self, "_u", n * max(pad)).reshape(n, max(pad))
         out = self._msg_buf[:total]
         self._t_at, pos, col, first = [], 0, 0, 0
         for r, w, p in zip(choices, widths, pad, strict=True):
@@ -305,7 +318,7 @@ class SoftSpokenSender:
                 f"OT extension message has {len(msg)} bytes, want {message_bytes(widths, self.k)}"
             )
         c_all = np.frombuffer(msg, dtype=np.uint8)
-        rows = np.empty((KAPPA, _stride(max(widths))), dtype=np.uint8)
+        rows = _reuse(self, "_rows", KAPPA * _stride(max(widths))).reshape(KAPPA, -1)
         out = _label_buffer(self, 8 * max(widths))
         blk = self._s // self.k
         pos, first = 0, 0
