@@ -291,7 +291,19 @@ def test_ot_specs() -> None:
 @pytest.mark.parametrize("k", SOFTSPOKEN_KS)
 @pytest.mark.parametrize("skip0", [False, True])
 @pytest.mark.parametrize("nblk", [0, 1, 3, 64, 65, 130])
-def test_native_expansion_matches_the_reference(k: int, skip0: bool, nblk: int) -> None:
+@pytest.mark.parametrize("vaes", [True, False])
+def test_native_expansion_matches_the_reference(k: int, skip0: bool, nblk: int, vaes: bool) -> None:
+    """Both native paths (VAES where the CPU has it, and AES-NI) against OpenSSL + `fold`."""
+
+    before = native.core().features()["active_vaes"]
+    native.set_vaes(vaes)
+    try:
+        _check_native_expansion(k, skip0, nblk)
+    finally:
+        native.set_vaes(before)
+
+
+def _check_native_expansion(k: int, skip0: bool, nblk: int) -> None:
     from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
     n, leaves = KAPPA // k, 1 << k
