@@ -438,3 +438,50 @@ async def test_parties_on_different_extensions_fail() -> None:
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
+
+
+@pytest.mark.parametrize(
+    ("announced", "accepted"),
+    [("", True), ("softspoken:4", True), ("softspoken", True), ("iknp", False),
+     ("softspoken:8", False), ("quantum", False)],
+)  # fmt: skip
+async def test_helper_checks_the_leaders_ot_extension(announced: str, accepted: bool) -> None:
+    """SessionOpen names the leader's extension; the helper refuses another one
+    before any OT runs (empty: a leader that does not announce, not checked)."""
+    from svtagg.dp.errors import InvalidArgument
+    from svtagg.proto import svtagg_pb2 as pb
+    from svtagg.servers.session import HelperSession
+
+    frames = [pb.PeerFrame(open=pb.SessionOpen(session_id=b"s" * 16, ot_extension=announced))]
+
+    async def read() -> pb.PeerFrame | None:
+        return frames.pop(0) if frames else None
+
+    async def write(frame: pb.PeerFrame) -> None:
+        return None
+
+    session = HelperSession(write, read)
+    if accepted:
+        assert await session.accept(None) == (b"s" * 16, None)
+    else:
+        with pytest.raises(InvalidArgument, match="OT extension"):
+            await session.accept(None)
+
+
+async def test_the_leader_announces_the_default_extension() -> None:
+    from svtagg.mpc.softspoken import DEFAULT_OT
+    from svtagg.proto import svtagg_pb2 as pb
+    from svtagg.servers.session import LeaderSession
+
+    sent: list[pb.PeerFrame] = []
+
+    async def write(frame: pb.PeerFrame) -> None:
+        sent.append(frame)
+        raise ConnectionResetError("stop after the SessionOpen")
+
+    async def read() -> pb.PeerFrame | None:
+        return None
+
+    with pytest.raises(ConnectionResetError):
+        await LeaderSession.open(write, read, lambda: None, lambda: False, lambda *a: None)  # type: ignore[arg-type,return-value]
+    assert sent[0].open.ot_extension == DEFAULT_OT == "softspoken:4"
