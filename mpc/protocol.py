@@ -48,7 +48,7 @@ from svtagg.mpc.circuits import LOW as LOW
 from svtagg.mpc.garble import Backend, Bits, EvalBackend, GarbleBackend, Wires
 from svtagg.mpc.ot import KAPPA, base_ot_receive, base_ot_send
 from svtagg.mpc.ring import RING_BITS, U64
-from svtagg.mpc.softspoken import extension_receiver, extension_sender, parse_ot
+from svtagg.mpc.softspoken import bytes_per_ot, extension_receiver, extension_sender, parse_ot
 from svtagg.mpc.streaming import _OrderedSends, _Parts
 from svtagg.mpc.tournament import (
     CARRY_INDEX_BITS,
@@ -111,13 +111,13 @@ class ChunkCircuit(Generic[R]):
     def decoding_bits(self, k: int) -> int:
         return self.output_bits(k) if self.output_bits is not None else self.outputs * k
 
-    def max_message(self, k: int) -> int:
+    def max_message(self, k: int, ot_bytes: int = 16) -> int:
         """Bytes of the longest message an honest party sends in a chunk of k (the OT
-        extension's, ≤ 16 bytes per evaluator input bit, the tables with the decoding
+        extension's, `ot_bytes` per evaluator input bit, the tables with the decoding
         bits, the result): a receiver refuses a longer announced length at once."""
         lanes = k * len(self.inputs)
         tables = 16 * (self.tables_per_lane * lanes + 64) + (self.decoding_bits(k) + 7) // 8
-        return max(16 * self.width * lanes, tables, 8 * k)
+        return max(ot_bytes * self.width * lanes, tables, 8 * k)
 
 
 def _encode_index(j: int | None, k: int) -> bytes:
@@ -470,7 +470,7 @@ class _Party:
             select(k * len(spec.inputs))
         limit = getattr(self.channel, "limit_messages", None)
         if limit is not None:  # and one that can refuse longer messages up front
-            limit(spec.max_message(k))
+            limit(spec.max_message(k, bytes_per_ot(self.ot)))
         s, r, t = self.channel.bytes_sent, self.channel.bytes_received, time.perf_counter()
         z = shares[0] if len(shares) == 1 else np.concatenate(shares)
         result, and_gates = await self._run(spec, z, k, nonce, tweak_hi)

@@ -362,6 +362,11 @@ def parse_ot(spec: str | None) -> tuple[str, int]:
     raise ValueError(f"unknown OT extension {spec!r}: 'iknp', 'softspoken' or 'softspoken:k'")
 
 
+def bytes_per_ot(ot: tuple[str, int]) -> int:
+    """Bytes of the per-extension message per OT: 16 (IKNP), 16/k (SoftSpoken)."""
+    return KAPPA // 8 if ot[0] == "iknp" else KAPPA // 8 // ot[1]
+
+
 async def extension_receiver(
     channel: Channel, keys: list[tuple[bytes, bytes]], ot: tuple[str, int]
 ) -> Receiver:
