@@ -18,6 +18,7 @@ import numpy as np
 import numpy.typing as npt
 
 from svtagg.mpc import native
+from svtagg.mpc import softspoken as otx
 from svtagg.mpc.aes import Blocks, TweakableHash
 from svtagg.mpc.channel import Channel, MemoryChannel
 from svtagg.mpc.circuits import (
@@ -111,13 +112,13 @@ class ChunkCircuit(Generic[R]):
     def decoding_bits(self, k: int) -> int:
         return self.output_bits(k) if self.output_bits is not None else self.outputs * k
 
-    def max_message(self, k: int, ot_bytes: int = 16) -> int:
+    def max_message(self, k: int, ot_bytes: float = 16) -> int:
         """Bytes of the longest message an honest party sends in a chunk of k (the OT
         extension's, `ot_bytes` per evaluator input bit, the tables with the decoding
         bits, the result): a receiver refuses a longer announced length at once."""
         lanes = k * len(self.inputs)
         tables = 16 * (self.tables_per_lane * lanes + 64) + (self.decoding_bits(k) + 7) // 8
-        return max(ot_bytes * self.width * lanes, tables, 8 * k)
+        return max(int(ot_bytes * self.width * lanes), tables, 8 * k)
 
 
 def _encode_index(j: int | None, k: int) -> bytes:
@@ -470,7 +471,7 @@ class _Party:
             select(k * len(spec.inputs))
         limit = getattr(self.channel, "limit_messages", None)
         if limit is not None:  # and one that can refuse longer messages up front
-            limit(spec.max_message(k, bytes_per_ot(self.ot)))
+            limit(max(spec.max_message(k, bytes_per_ot(self.ot)), otx.extension_bound(self.ot)))
         s, r, t = self.channel.bytes_sent, self.channel.bytes_received, time.perf_counter()
         z = shares[0] if len(shares) == 1 else np.concatenate(shares)
         result, and_gates = await self._run(spec, z, k, nonce, tweak_hi)
@@ -532,7 +533,7 @@ class ComparisonGarbler(_Party):
         s = [secrets.randbits(1) for _ in range(KAPPA)]
         s[0] = 1  # Δ's point-and-permute bit
         keys = await base_ot_receive(self.channel, s, self.session_id)
-        self._ext = await extension_sender(self.channel, s, keys, self.ot)
+        self._ext = await extension_sender(self.channel, s, keys, self.ot, self.session_id)
         self.delta = self._ext.delta
         self._ready = True
 
@@ -559,15 +560,13 @@ class ComparisonGarbler(_Party):
     async def _run(
         self, spec: ChunkCircuit[R], z: U64, k: int, nonce: int, tweak_hi: int
     ) -> tuple[R, int]:
-        """Receive the OT-extension message (16/k bytes per evaluator input bit), garble,
-        send all tables + output-decoding bits, receive the decoded result.
-
-        A chunk of several lane batches is garbled in a worker thread and each
-        batch's tables are sent as soon as they exist, so garbling, transfer and
-        the helper's evaluation overlap; the bytes are the same, in
-        `spec.parts(k)` messages instead of one."""
+        """Receive the OT message (Ferret: after any refill), garble, send all tables +
+        output-decoding bits, receive the decoded result.  A chunk of several lane
+        batches is garbled in a worker thread, each batch's tables sent as soon as
+        they exist (the same bytes, in `spec.parts(k)` messages instead of one)."""
         a_bits = bit_planes(z)
         lanes = k * len(spec.inputs)  # the evaluator's input lanes
+        await otx.refill(self._ext, self.channel, lanes * spec.width)  # Ferret: pool short
         q = self._ext.labels(await self.channel.recv(), _ot_widths(lanes, spec.width), nonce)
         # 125 ciphertexts per comparison plus < 6 per lane for the chunk logic.
         capacity = spec.tables_per_lane * lanes + 64
@@ -606,7 +605,7 @@ class ComparisonEvaluator(_Party):
     async def setup(self) -> None:
         """Base OTs (the evaluator is the base-OT sender), then the extension's setup."""
         keys = await base_ot_send(self.channel, KAPPA, self.session_id)
-        self._ext = await extension_receiver(self.channel, keys, self.ot)
+        self._ext = await extension_receiver(self.channel, keys, self.ot, self.session_id)
         self._ready = True
 
     async def clamp_reshare(self, share: npt.ArrayLike, bound: int) -> U64:
@@ -631,6 +630,7 @@ class ComparisonEvaluator(_Party):
             np.packbits(bit_planes(z[lo:hi])[: spec.width].reshape(-1), bitorder="little")
             for lo, hi in lane_batches(lanes)
         ]
+        await otx.refill(self._ext, self.channel, lanes * spec.width)
         await self.channel.send(self._ext.u_message(choices, nonce))
         nd = (spec.decoding_bits(k) + 7) // 8
         t = self._ext.labels(_ot_widths(lanes, spec.width), nonce)

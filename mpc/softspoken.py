@@ -37,7 +37,7 @@ import numpy as np
 import numpy.typing as npt
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
-from svtagg.mpc import native
+from svtagg.mpc import ferret, native
 from svtagg.mpc.aes import Blocks, TweakableHash
 from svtagg.mpc.channel import Channel
 from svtagg.mpc.ot import (
@@ -340,17 +340,20 @@ class SoftSpokenSender:
 
 # ---------------------------------------------------------------- choosing the extension
 
-#: The OT extensions a party can run: "iknp" (16 bytes per OT) or "softspoken"
-#: ("softspoken:k" for k in SOFTSPOKEN_KS; plain "softspoken" is k = DEFAULT_K).
-OT_KINDS = ("iknp", "softspoken")
+#: The OT extensions a party can run: "iknp" (16 bytes per OT), "softspoken"
+#: ("softspoken:k" for k in SOFTSPOKEN_KS; plain "softspoken" is k = DEFAULT_K)
+#: or "ferret" (a pool of silent OTs, one bit per OT in a chunk; "ferret:set"
+#: for a set of `ferret.LPN_SETS`, plain "ferret" is `ferret.DEFAULT_SET`).
+OT_KINDS = ("iknp", "softspoken", "ferret")
 DEFAULT_OT = f"softspoken:{DEFAULT_K}"
 
-Receiver = IKNPReceiver | SoftSpokenReceiver
-Sender = IKNPSender | SoftSpokenSender
+Receiver = IKNPReceiver | SoftSpokenReceiver | ferret.FerretReceiver
+Sender = IKNPSender | SoftSpokenSender | ferret.FerretSender
 
 
 def parse_ot(spec: str | None) -> tuple[str, int]:
-    """("iknp", 0) or ("softspoken", k) for an OT spec; None is `DEFAULT_OT`."""
+    """("iknp", 0), ("softspoken", k) or ("ferret", index into `ferret.SET_NAMES`)
+    for an OT spec; None is `DEFAULT_OT`."""
     name, _, k = (spec or DEFAULT_OT).partition(":")
     if name == "iknp" and not k:
         return "iknp", 0
@@ -359,32 +362,60 @@ def parse_ot(spec: str | None) -> tuple[str, int]:
             return "softspoken", _check_k(int(k) if k else DEFAULT_K)
         except ValueError:
             pass
-    raise ValueError(f"unknown OT extension {spec!r}: 'iknp', 'softspoken' or 'softspoken:k'")
+    if name == "ferret" and (k or ferret.DEFAULT_SET) in ferret.SET_NAMES:
+        return "ferret", ferret.SET_NAMES.index(k or ferret.DEFAULT_SET)
+    raise ValueError(f"unknown OT extension {spec!r}: 'iknp', 'softspoken[:k]' or 'ferret[:set]'")
 
 
-def bytes_per_ot(ot: tuple[str, int]) -> int:
-    """Bytes of the per-extension message per OT: 16 (IKNP), 16/k (SoftSpoken)."""
+def bytes_per_ot(ot: tuple[str, int]) -> float:
+    """Bytes of a chunk's OT message per OT: 16 (IKNP), 16/k (SoftSpoken), 1/8 (Ferret)."""
+    if ot[0] == "ferret":
+        return 1 / 8
     return KAPPA // 8 if ot[0] == "iknp" else KAPPA // 8 // ot[1]
 
 
+def extension_bound(ot: tuple[str, int]) -> int:
+    """The longest message of an extension run inside a chunk (Ferret's refill)."""
+    return ferret.max_reply(ferret.SET_NAMES[ot[1]]) if ot[0] == "ferret" else 0
+
+
+async def refill(ext: Receiver | Sender, channel: Channel, need: int) -> None:
+    """Before a chunk of `need` OTs: Ferret extends its pool while it is short
+    (both parties count alike, so both run the same extensions)."""
+    if isinstance(ext, ferret.FerretReceiver | ferret.FerretSender):
+        await ext.refill(channel, need)
+
+
 async def extension_receiver(
-    channel: Channel, keys: list[tuple[bytes, bytes]], ot: tuple[str, int]
+    channel: Channel, keys: list[tuple[bytes, bytes]], ot: tuple[str, int], session_id: bytes = b""
 ) -> Receiver:
     """The evaluator's extension after its base OTs; SoftSpoken sends its setup
-    message (the session's third, evaluator → garbler)."""
+    message (the session's third, evaluator → garbler).  Ferret bootstraps its
+    pool from SoftSpoken (k = DEFAULT_K) and runs its first extension."""
     if ot[0] == "iknp":
         return IKNPReceiver(keys)
-    receiver = SoftSpokenReceiver(keys, ot[1])
+    receiver = SoftSpokenReceiver(keys, ot[1] if ot[0] == "softspoken" else DEFAULT_K)
     await channel.send(receiver.setup_message())
+    if ot[0] == "ferret":
+        name = ferret.SET_NAMES[ot[1]]
+        return await ferret.bootstrap_receiver(channel, receiver, name, session_id)
     return receiver
 
 
 async def extension_sender(
-    channel: Channel, s_bits: list[int], keys: list[bytes], ot: tuple[str, int]
+    channel: Channel,
+    s_bits: list[int],
+    keys: list[bytes],
+    ot: tuple[str, int],
+    session_id: bytes = b"",
 ) -> Sender:
-    """The garbler's extension after its base OTs (SoftSpoken: receives the setup)."""
+    """The garbler's extension after its base OTs (SoftSpoken: receives the
+    setup; Ferret: then its pool)."""
     if ot[0] == "iknp":
         return IKNPSender(s_bits, keys)
-    sender = SoftSpokenSender(s_bits, keys, ot[1])
+    sender = SoftSpokenSender(s_bits, keys, ot[1] if ot[0] == "softspoken" else DEFAULT_K)
     sender.receive_setup(await channel.recv())
+    if ot[0] == "ferret":
+        name = ferret.SET_NAMES[ot[1]]
+        return await ferret.bootstrap_sender(channel, sender, name, session_id)
     return sender
