@@ -1016,6 +1016,111 @@ done:
     return ret;
 }
 
+/* ------------------------------------------------------------------ Ferret LPN
+ *
+ * fr_lpn(schedule, first, count, mask, base, noise, out[, base_bits, noise_bits,
+ * out_bits]): the local-linear expansion of a Ferret extension (mpc/ferret.py,
+ * `lpn_indices` and `lpn_encode`).  Output i (first ≤ i < first + count, first
+ * even) XORs base[j] for the 10 indices j read as little-endian 32-bit words
+ * from bytes [40i, 40i + 40) of the AES-128-CTR stream under `schedule` (the
+ * 128-bit counter big-endian from 0), each and-ed with `mask` = k − 1, into
+ * noise[i]; with the bit arrays, the same for the receiver's choice bits.
+ * The indices are public: the addresses they pick depend on no secret.
+ */
+#define FR_D 10
+typedef struct {
+    block rk[11];
+    uint64_t first;
+    uint32_t mask;
+    const block *base, *noise;
+    block *out;
+    const uint8_t *bb, *nb;
+    uint8_t *ob;
+} fr_ctx;
+
+static void fr_range(void *arg, size_t p0, size_t p1) {
+    /* pairs of outputs [2·p0, 2·p1) counted from first: 80 bytes = 5 blocks each */
+    fr_ctx *x = (fr_ctx *)arg;
+    const block *rk = x->rk;
+    for (size_t p = p0; p < p1; p++) {
+        uint64_t ctr = (x->first / 2 + p) * 5;
+        block b[5];
+        uint32_t idx[20];
+        for (int q = 0; q < 5; q++)
+            b[q] = _mm_xor_si128(_mm_set_epi64x((long long)__builtin_bswap64(ctr + (uint64_t)q), 0),
+                                 rk[0]);
+        for (int i = 1; i < 10; i++)
+            for (int q = 0; q < 5; q++) b[q] = _mm_aesenc_si128(b[q], rk[i]);
+        for (int q = 0; q < 5; q++) b[q] = _mm_aesenclast_si128(b[q], rk[10]);
+        memcpy(idx, b, sizeof idx);
+        for (int h = 0; h < 2; h++) {
+            size_t i = 2 * p + (size_t)h;
+            const uint32_t *ix = idx + FR_D * h;
+            block acc = _mm_loadu_si128(x->noise + i);
+            for (int j = 0; j < FR_D; j++)
+                acc = _mm_xor_si128(acc, _mm_loadu_si128(x->base + (ix[j] & x->mask)));
+            _mm_storeu_si128(x->out + i, acc);
+            if (x->ob) {
+                uint8_t bit = x->nb[i];
+                for (int j = 0; j < FR_D; j++) bit ^= x->bb[ix[j] & x->mask];
+                x->ob[i] = bit;
+            }
+        }
+    }
+}
+
+static PyObject *py_fr_lpn(PyObject *self, PyObject *args) {
+    Py_buffer sch;
+    unsigned long long first;
+    Py_ssize_t count;
+    unsigned int mask;
+    PyObject *bo, *no, *oo, *bbo = Py_None, *nbo = Py_None, *obo = Py_None;
+    if (!PyArg_ParseTuple(args, "y*KnIOOO|OOO", &sch, &first, &count, &mask, &bo, &no, &oo, &bbo,
+                          &nbo, &obo))
+        return NULL;
+    buf_t base = {0}, noise = {0}, out = {0}, bb = {0}, nb = {0}, ob = {0};
+    PyObject *ret = NULL;
+    int bits = bbo != Py_None;
+    if (sch.len != 176 || first % 2 || count < 0 || count % 2 || count > ((Py_ssize_t)1 << 40) ||
+        first > ((unsigned long long)1 << 40) || (mask & (mask + 1u))) {
+        PyErr_SetString(PyExc_ValueError, "fr_lpn: bad shape (even first and count, k a power of 2)");
+        goto done;
+    }
+    if (get_buf(bo, &base, 0, "base") || get_buf(no, &noise, 0, "noise") ||
+        get_buf(oo, &out, 1, "out"))
+        goto done;
+    if (need(&base, 16 * ((Py_ssize_t)mask + 1), "base") || need(&noise, 16 * count, "noise") ||
+        need(&out, 16 * count, "out"))
+        goto done;
+    if (bits) {
+        if (get_buf(bbo, &bb, 0, "base_bits") || get_buf(nbo, &nb, 0, "noise_bits") ||
+            get_buf(obo, &ob, 1, "out_bits"))
+            goto done;
+        if (need(&bb, (Py_ssize_t)mask + 1, "base_bits") || need(&nb, count, "noise_bits") ||
+            need(&ob, count, "out_bits"))
+            goto done;
+    }
+    fr_ctx x;
+    memcpy(x.rk, sch.buf, sizeof x.rk);
+    x.first = first;
+    x.mask = mask;
+    x.base = (const block *)base.p;
+    x.noise = (const block *)noise.p;
+    x.out = (block *)out.p;
+    x.bb = bits ? (const uint8_t *)bb.p : NULL;
+    x.nb = bits ? (const uint8_t *)nb.p : NULL;
+    x.ob = bits ? (uint8_t *)ob.p : NULL;
+    Py_BEGIN_ALLOW_THREADS
+    parallel_for((size_t)count / 2, 1, 4096, fr_range, &x);
+    Py_END_ALLOW_THREADS
+    ret = Py_NewRef(Py_None);
+done:
+    PyBuffer_Release(&sch);
+    release(&base); release(&noise); release(&out);
+    release(&bb); release(&nb); release(&ob);
+    return ret;
+}
+
 /* ------------------------------------------------------------------ module */
 
 static PyObject *py_set_key(PyObject *self, PyObject *args) {
@@ -1059,6 +1164,7 @@ static PyMethodDef methods[] = {
     {"expand_keys", py_expand_keys, METH_VARARGS, "AES-128 key schedules of 16-byte keys."},
     {"prg_rows", py_prg_rows, METH_VARARGS, "AES-CTR rows of the IKNP PRG."},
     {"ss_expand", py_ss_expand, METH_VARARGS, "SoftSpoken leaf streams and their sums."},
+    {"fr_lpn", py_fr_lpn, METH_VARARGS, "Ferret LPN expansion (10 indices per output)."},
     {NULL, NULL, 0, NULL},
 };
 

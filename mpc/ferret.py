@@ -162,6 +162,43 @@ def lpn_encode_bits(
     return out
 
 
+def lpn_expand(
+    seed: bytes,
+    first: int,
+    base: Blocks,
+    noise: Blocks,
+    out: Blocks,
+    bits: tuple[npt.NDArray[np.uint8], npt.NDArray[np.uint8]] | None = None,
+) -> npt.NDArray[np.uint8] | None:
+    """Outputs first … first + len(noise) − 1 of the expansion with k = len(base):
+    out = A·base ⊕ noise, and A·base_bits ⊕ noise_bits for `bits` (the
+    evaluator's choice bits).  The native core and the numpy reference give the
+    same bytes."""
+    k, count = base.shape[0], noise.shape[0]
+    if native.active() == "native":
+        sched = native.core().expand_keys(seed)
+        ob = None if bits is None else np.empty(count, dtype=np.uint8)
+        extra = (
+            ()
+            if bits is None
+            else (np.ascontiguousarray(bits[0]), np.ascontiguousarray(bits[1]), ob)
+        )
+        native.core().fr_lpn(
+            sched,
+            first,
+            count,
+            k - 1,
+            np.ascontiguousarray(base),
+            np.ascontiguousarray(noise),
+            out,
+            *extra,
+        )
+        return ob
+    idx = lpn_indices(seed, first, count, k)
+    lpn_encode(base, idx, noise, out)
+    return None if bits is None else lpn_encode_bits(bits[0], idx, bits[1])
+
+
 def _expand(h: Any, nodes: Blocks, level: int) -> tuple[Blocks, Blocks]:
     """GGM children (left, right) of every node of an (n, 2) array."""
     n = nodes.shape[0]
@@ -319,12 +356,14 @@ class FerretReceiver(_Pool):
             w[ar, alphas[lo:hi]] = phi[lo:hi] ^ np.bitwise_xor.reduce(w, axis=1)
             e = np.zeros((hi - lo, leaves), dtype=np.uint8)
             e[ar, alphas[lo:hi]] = 1
-            idx = lpn_indices(seed, lo * leaves, (hi - lo) * leaves, s.k)
             sl = slice(lo * leaves, hi * leaves)
-            lpn_encode(base_t, idx, w.reshape(-1, 2), out_t[sl])
-            out_r[sl] = lpn_encode_bits(base_r, idx, e.reshape(-1))
+            ob = lpn_expand(
+                seed, sl.start, base_t, w.reshape(-1, 2), out_t[sl], (base_r, e.reshape(-1))
+            )
+            assert ob is not None
+            out_r[sl] = ob
         self.extensions += 1
-        self.res_t, self.res_r = out_t[: nxt.base], out_r[: nxt.base]
+        self.res_t, self.res_r = out_t[: nxt.base].copy(), out_r[: nxt.base].copy()
         self.pool_t = np.concatenate([self.pool_t[self.pos :], out_t[nxt.base :]])
         self.pool_r = np.concatenate([self.pool_r[self.pos :], out_r[nxt.base :]])
         self.pos = 0
@@ -401,13 +440,12 @@ class FerretSender(_Pool):
             v, sums = ggm_send(self.h, seeds[lo:hi], s.depth)
             msg[lo:hi] = sums
             phi[lo:hi] = np.bitwise_xor.reduce(v, axis=1) ^ self.delta
-            idx = lpn_indices(seed, lo * leaves, (hi - lo) * leaves, s.k)
-            lpn_encode(base, idx, v.reshape(-1, 2), out[lo * leaves : hi * leaves])
+            lpn_expand(seed, lo * leaves, base, v.reshape(-1, 2), out[lo * leaves : hi * leaves])
         flat = msg.reshape(-1, 2, 2)
         flat[:, 0] ^= h0
         flat[:, 1] ^= h1
         self.extensions += 1
-        self.res_q = out[: nxt.base]
+        self.res_q = out[: nxt.base].copy()
         self.pool_q = np.concatenate([self.pool_q[self.pos :], out[nxt.base :]])
         self.pos = 0
         return _REPLY + msg.tobytes() + phi.tobytes()
