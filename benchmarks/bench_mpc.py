@@ -5,7 +5,7 @@ the in-memory channel (both parties in this one process, so one core does all
 the work), a single comparison's latency, bytes per comparison, base-OT setup
 and the close's robust-aggregate pass.  Medians with min–max over the runs;
 every line prints its target.  The comparison rows run once per OT extension
-of `--ot` (default IKNP and SoftSpoken with k = 4, side by side).
+of `--ot` (default IKNP, SoftSpoken with k = 4 and Ferret, side by side).
 
     python -m svtagg.benchmarks.bench_mpc [--runs N] [--max-k K] [--width W] [--ot LIST]
 
@@ -98,6 +98,7 @@ async def bench_protocol(
         reps = runs if k > 1 else max(200, runs)
         await asyncio.gather(g.first_yes(z_l, width), e.first_yes(z_h, width))  # warm
         walls = []
+        traffic = g.channel.bytes_sent + g.channel.bytes_received
         for _ in range(reps):
             w = time.perf_counter()
             res = await asyncio.gather(g.first_yes(z_l, width), e.first_yes(z_h, width))
@@ -107,7 +108,8 @@ async def bench_protocol(
         out[k] = {
             "rate": _rate(k, walls),
             "latency_ms": _stat([1e3 * x for x in walls]),
-            "bytes": (st.bytes_sent + st.bytes_received) / k,
+            # amortized over the runs: a Ferret refill lands in some chunks only
+            "bytes": (g.channel.bytes_sent + g.channel.bytes_received - traffic) / (k * reps),
             "and": st.and_gates / k,
         }
     return out
@@ -181,9 +183,9 @@ def main(argv: list[str] | None = None) -> None:
     )
     ap.add_argument(
         "--ot",
-        default="iknp,softspoken:4",
+        default="iknp,softspoken:4,ferret",
         help="comma-separated OT extensions for the comparison rows: iknp, softspoken:k "
-        "(k in 1, 2, 4, 8)",
+        "(k in 1, 2, 4, 8), ferret[:set] (set in b10, b11, b12, b13)",
     )
     args = ap.parse_args(argv)
     ots = args.ot.split(",")
@@ -274,6 +276,15 @@ def main(argv: list[str] | None = None) -> None:
             f"bytes/comparison at w = {w}, OT {ot}: {cmp['bytes']:,.0f} "
             f"({cmp['and']:.1f} AND/comparison)   [target <= 2,000]"
         )
+        if ot.startswith("ferret"):
+            from svtagg.mpc import ferret
+            from svtagg.mpc.softspoken import parse_ot
+
+            name = ferret.SET_NAMES[parse_ot(ot)[1]]
+            print(
+                f"    OT bytes/comparison once the pool runs on {name}: "
+                f"{ferret.steady_bytes_per_ot(name) * w:.2f} (w = {w})"
+            )
     print(f"bytes/comparison at w = 64 (default OT): {res[best]['cmp64'][kmax]['bytes']:,.0f}")
     row(
         f"robust-aggregate pass, d = {args.robust_d:,}, seconds",

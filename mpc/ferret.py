@@ -112,6 +112,13 @@ def first_set(name: str) -> LpnSet:
     return LPN_SETS[name] if name in ("test", "tiny", FIRST_SET) else LPN_SETS[FIRST_SET]
 
 
+def steady_bytes_per_ot(name: str) -> float:
+    """Bytes per OT once the pool runs on set `name`: an extension's two messages
+    over the COTs it adds to the pool, plus the chunk's one bit."""
+    s = LPN_SETS[name]
+    return (s.request_bytes() + s.reply_bytes()) / (s.n - s.base) + 1 / 8
+
+
 def max_reply(name: str) -> int:
     return max(first_set(name).reply_bytes(), LPN_SETS[name].reply_bytes())
 

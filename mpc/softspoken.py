@@ -367,6 +367,14 @@ def parse_ot(spec: str | None) -> tuple[str, int]:
     raise ValueError(f"unknown OT extension {spec!r}: 'iknp', 'softspoken[:k]' or 'ferret[:set]'")
 
 
+def server_ot() -> str:
+    """The servers' OT extension: `SVTAGG_OT` if set (it must parse), else `DEFAULT_OT`.
+    Both servers must run the same one: the helper refuses another at SessionOpen."""
+    spec = os.environ.get("SVTAGG_OT") or DEFAULT_OT
+    parse_ot(spec)
+    return spec
+
+
 def bytes_per_ot(ot: tuple[str, int]) -> float:
     """Bytes of a chunk's OT message per OT: 16 (IKNP), 16/k (SoftSpoken), 1/8 (Ferret)."""
     if ot[0] == "ferret":

@@ -103,9 +103,10 @@ def garbled_circuit_party(role: Role, channel: Channel, session_id: bytes) -> Co
     and the leader decodes the result the analyst waits for: one round trip
     (docs/mpc.md, "Per chunk")."""
     from svtagg.mpc.protocol import ComparisonEvaluator, ComparisonGarbler
+    from svtagg.mpc.softspoken import server_ot
 
     cls = ComparisonEvaluator if role == Role.LEADER else ComparisonGarbler
-    party: ComparisonParty = cls(channel, session_id)
+    party: ComparisonParty = cls(channel, session_id, server_ot())
     return party
 
 

@@ -29,7 +29,7 @@ from typing import Any, Protocol
 from svtagg.dp.errors import InvalidArgument, PeerUnavailable, Refusal
 from svtagg.mpc.channel import Channel, Message
 from svtagg.mpc.ot import MAX_SETUP_MESSAGE
-from svtagg.mpc.softspoken import DEFAULT_OT, parse_ot
+from svtagg.mpc.softspoken import parse_ot, server_ot
 from svtagg.proto import svtagg_pb2 as pb
 from svtagg.proto.vocab import (
     FRAGMENT,
@@ -277,7 +277,7 @@ class LeaderSession:
             await write(
                 pb.PeerFrame(
                     open=pb.SessionOpen(
-                        session_id=sid, data_channel=bool(connect_data), ot_extension=DEFAULT_OT
+                        session_id=sid, data_channel=bool(connect_data), ot_extension=server_ot()
                     )
                 )
             )
@@ -363,9 +363,9 @@ class HelperSession:
             raise InvalidArgument("a session starts with SessionOpen (16-byte id)")
         sid = first.open.session_id
         ot = first.open.ot_extension
-        if ot and _ot_of(ot) != parse_ot(None):
+        if ot and _ot_of(ot) != parse_ot(server_ot()):
             raise InvalidArgument(
-                f"the leader's OT extension {ot!r} is not this helper's {DEFAULT_OT!r}"
+                f"the leader's OT extension {ot!r} is not this helper's {server_ot()!r}"
             )
         data: DataChannel | None = None
         if first.open.data_channel:
