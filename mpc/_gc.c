@@ -1016,6 +1016,155 @@ done:
     return ret;
 }
 
+/* ------------------------------------------------------------------ Ferret GGM trees
+ *
+ * fr_ggm_send(seeds, depth, hi, leaves, sums): for each tree i, the GGM tree of
+ * `depth` levels from seeds[i] (children H(x, (side, hi | level)) with the
+ * tweakable hash, left child of node p at 2p): its leaves and, per level, the
+ * XOR of the left and of the right children (mpc/ferret.py, `ggm_send`).
+ * fr_ggm_recv(known, alphas, phi, depth, hi, leaves): the evaluator's trees
+ * from the off-path level sums, every leaf but α_i, then leaf α_i set to
+ * φ_i ⊕ (XOR of the others) (`ggm_receive` and the fill in `finish`).  The
+ * path is followed with masks over every node, so α picks no address.
+ * One level computes π(x) once for both children: the same bytes as H.
+ */
+static void fr_level(block *nodes, size_t w, uint64_t hi, block *p, block *c, block sums[2]) {
+    memcpy(p, nodes, w * sizeof(block));
+    aes_n(p, w);
+    block t0 = _mm_set_epi64x((long long)hi, 0), t1 = _mm_set_epi64x((long long)hi, 1);
+    for (size_t j = 0; j < w; j++) {
+        c[2 * j] = _mm_xor_si128(p[j], t0);
+        c[2 * j + 1] = _mm_xor_si128(p[j], t1);
+    }
+    aes_n(c, 2 * w);
+    block s0 = _mm_setzero_si128(), s1 = _mm_setzero_si128();
+    for (size_t j = 0; j < w; j++) {
+        block l = _mm_xor_si128(c[2 * j], p[j]), r = _mm_xor_si128(c[2 * j + 1], p[j]);
+        nodes[2 * j] = l;
+        nodes[2 * j + 1] = r;
+        s0 = _mm_xor_si128(s0, l);
+        s1 = _mm_xor_si128(s1, r);
+    }
+    sums[0] = s0;
+    sums[1] = s1;
+}
+
+typedef struct {
+    int depth, recv;
+    uint64_t hi;
+    const block *seeds, *known, *phi;
+    const int64_t *alphas;
+    block *leaves, *sums;
+    int failed;
+} fr_ggm_ctx;
+
+static inline block eq_mask(uint64_t a, uint64_t b) {
+    return _mm_set1_epi64x(-(long long)(a == b));
+}
+
+static void fr_ggm_range(void *arg, size_t i0, size_t i1) {
+    fr_ggm_ctx *x = (fr_ggm_ctx *)arg;
+    size_t n = (size_t)1 << x->depth;
+    block *p = (block *)aligned_alloc(64, ((n / 2 * sizeof(block) + 63) / 64) * 64 + 64);
+    block *c = (block *)aligned_alloc(64, ((n * sizeof(block) + 63) / 64) * 64);
+    if (!p || !c) {
+        free(p); free(c);
+        x->failed = 1;
+        return;
+    }
+    for (size_t i = i0; i < i1; i++) {
+        block *nodes = x->leaves + i * n;
+        uint64_t path = 0, alpha = x->recv ? (uint64_t)x->alphas[i] : 0;
+        nodes[0] = x->recv ? _mm_setzero_si128() : _mm_loadu_si128(x->seeds + i);
+        for (int level = 1; level <= x->depth; level++) {
+            size_t w = (size_t)1 << (level - 1);
+            block s[2];
+            fr_level(nodes, w, x->hi | (uint64_t)level, p, c, s);
+            if (!x->recv) {
+                x->sums[(i * (size_t)x->depth + (size_t)(level - 1)) * 2] = s[0];
+                x->sums[(i * (size_t)x->depth + (size_t)(level - 1)) * 2 + 1] = s[1];
+                continue;
+            }
+            /* drop the unknown node's children from the nodes and the sums */
+            for (size_t j = 0; j < 2 * w; j++) {
+                block m = eq_mask(j >> 1, path);
+                s[j & 1] = _mm_xor_si128(s[j & 1], _mm_and_si128(nodes[j], m));
+                nodes[j] = _mm_andnot_si128(m, nodes[j]);
+            }
+            uint64_t a = (alpha >> (x->depth - level)) & 1;
+            block ma = _mm_set1_epi64x(-(long long)a); /* off side is 0 when a = 1 */
+            block s_off = _mm_or_si128(_mm_and_si128(ma, s[0]), _mm_andnot_si128(ma, s[1]));
+            block val = _mm_xor_si128(_mm_loadu_si128(x->known + i * (size_t)x->depth + (size_t)(level - 1)), s_off);
+            uint64_t off = 2 * path + (1 - a);
+            for (size_t j = 0; j < 2 * w; j++)
+                nodes[j] = _mm_xor_si128(nodes[j], _mm_and_si128(val, eq_mask(j, off)));
+            path = 2 * path + a;
+        }
+        if (x->recv) {
+            block acc = _mm_loadu_si128(x->phi + i);
+            for (size_t j = 0; j < n; j++) acc = _mm_xor_si128(acc, nodes[j]);
+            for (size_t j = 0; j < n; j++)
+                nodes[j] = _mm_xor_si128(nodes[j], _mm_and_si128(acc, eq_mask(j, alpha)));
+        }
+    }
+    free(p);
+    free(c);
+}
+
+static PyObject *py_fr_ggm(PyObject *self, PyObject *args) {
+    /* fr_ggm(recv, depth, hi, seeds_or_known, alphas_or_None, phi_or_None, leaves, sums_or_None) */
+    int recv, depth;
+    unsigned long long hi;
+    PyObject *so, *ao, *po, *lo, *uo;
+    if (!PyArg_ParseTuple(args, "piKOOOOO", &recv, &depth, &hi, &so, &ao, &po, &lo, &uo))
+        return NULL;
+    buf_t sb = {0}, ab = {0}, pb = {0}, lb = {0}, ub = {0};
+    PyObject *ret = NULL;
+    if (depth < 1 || depth > 24) {
+        PyErr_SetString(PyExc_ValueError, "fr_ggm: depth in [1, 24]");
+        return NULL;
+    }
+    if (get_buf(so, &sb, 0, recv ? "known" : "seeds") || get_buf(lo, &lb, 1, "leaves")) goto done;
+    Py_ssize_t per = recv ? 16 * (Py_ssize_t)depth : 16;
+    if (sb.view.len % per) {
+        PyErr_SetString(PyExc_ValueError, "fr_ggm: seeds or sums of a whole number of trees");
+        goto done;
+    }
+    Py_ssize_t trees = sb.view.len / per;
+    if (need(&lb, trees * 16 * ((Py_ssize_t)1 << depth), "leaves")) goto done;
+    if (recv) {
+        if (get_buf(ao, &ab, 0, "alphas") || get_buf(po, &pb, 0, "phi")) goto done;
+        if (need(&ab, 8 * trees, "alphas") || need(&pb, 16 * trees, "phi")) goto done;
+        for (Py_ssize_t i = 0; i < trees; i++) {
+            int64_t a = ((const int64_t *)ab.p)[i];
+            if (a < 0 || a >= ((int64_t)1 << depth)) {
+                PyErr_SetString(PyExc_ValueError, "fr_ggm: a noise position outside its bin");
+                goto done;
+            }
+        }
+    } else {
+        if (get_buf(uo, &ub, 1, "sums") || need(&ub, trees * 32 * depth, "sums")) goto done;
+    }
+    fr_ggm_ctx x = {depth, recv, hi, (const block *)sb.p, (const block *)sb.p,
+                    recv ? (const block *)pb.p : NULL, recv ? (const int64_t *)ab.p : NULL,
+                    (block *)lb.p, recv ? NULL : (block *)ub.p, 0};
+    if (((uintptr_t)lb.p & 15) || (!recv && ((uintptr_t)ub.p & 15))) {
+        PyErr_SetString(PyExc_ValueError, "fr_ggm: outputs must be 16-byte aligned");
+        goto done;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    parallel_for((size_t)trees, 1, 4, fr_ggm_range, &x);
+    Py_END_ALLOW_THREADS
+    if (x.failed) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    ret = Py_NewRef(Py_None);
+done:
+    release(&sb); release(&ab); release(&pb); release(&lb); release(&ub);
+    return ret;
+}
+
 /* ------------------------------------------------------------------ Ferret LPN
  *
  * fr_lpn(schedule, first, count, mask, base, noise, out[, base_bits, noise_bits,
@@ -1029,7 +1178,7 @@ done:
  */
 #define FR_D 10
 typedef struct {
-    block rk[11];
+    uint8_t sched[176];
     uint64_t first;
     uint32_t mask;
     const block *base, *noise;
@@ -1038,23 +1187,26 @@ typedef struct {
     uint8_t *ob;
 } fr_ctx;
 
+/* 16 pairs of outputs per AES batch: 80 counter blocks, VAES or AES-NI. */
+#define FR_PAIRS 16
 static void fr_range(void *arg, size_t p0, size_t p1) {
     /* pairs of outputs [2·p0, 2·p1) counted from first: 80 bytes = 5 blocks each */
     fr_ctx *x = (fr_ctx *)arg;
-    const block *rk = x->rk;
-    for (size_t p = p0; p < p1; p++) {
-        uint64_t ctr = (x->first / 2 + p) * 5;
-        block b[5];
-        uint32_t idx[20];
-        for (int q = 0; q < 5; q++)
-            b[q] = _mm_xor_si128(_mm_set_epi64x((long long)__builtin_bswap64(ctr + (uint64_t)q), 0),
-                                 rk[0]);
-        for (int i = 1; i < 10; i++)
-            for (int q = 0; q < 5; q++) b[q] = _mm_aesenc_si128(b[q], rk[i]);
-        for (int q = 0; q < 5; q++) b[q] = _mm_aesenclast_si128(b[q], rk[10]);
-        memcpy(idx, b, sizeof idx);
-        for (int h = 0; h < 2; h++) {
-            size_t i = 2 * p + (size_t)h;
+    block ctr[5 * FR_PAIRS], ks[5 * FR_PAIRS];
+    for (size_t p = p0; p < p1; p += FR_PAIRS) {
+        size_t np = p1 - p < FR_PAIRS ? p1 - p : FR_PAIRS;
+        uint64_t c0 = (x->first / 2 + p) * 5;
+        for (int q = 0; q < 5 * FR_PAIRS; q++)
+            ctr[q] = _mm_set_epi64x((long long)__builtin_bswap64(c0 + (uint64_t)q), 0);
+#ifdef HAVE_VAES_TARGET
+        if (use_vaes)
+            ss_ctr_vaes(x->sched, ctr, 5 * FR_PAIRS, ks);
+        else
+#endif
+            ss_ctr_128(x->sched, ctr, 5 * FR_PAIRS, ks);
+        const uint32_t *idx = (const uint32_t *)ks;
+        for (size_t h = 0; h < 2 * np; h++) {
+            size_t i = 2 * p + h;
             const uint32_t *ix = idx + FR_D * h;
             block acc = _mm_loadu_si128(x->noise + i);
             for (int j = 0; j < FR_D; j++)
@@ -1101,7 +1253,7 @@ static PyObject *py_fr_lpn(PyObject *self, PyObject *args) {
             goto done;
     }
     fr_ctx x;
-    memcpy(x.rk, sch.buf, sizeof x.rk);
+    memcpy(x.sched, sch.buf, sizeof x.sched);
     x.first = first;
     x.mask = mask;
     x.base = (const block *)base.p;
@@ -1111,7 +1263,7 @@ static PyObject *py_fr_lpn(PyObject *self, PyObject *args) {
     x.nb = bits ? (const uint8_t *)nb.p : NULL;
     x.ob = bits ? (uint8_t *)ob.p : NULL;
     Py_BEGIN_ALLOW_THREADS
-    parallel_for((size_t)count / 2, 1, 4096, fr_range, &x);
+    parallel_for((size_t)count / 2, FR_PAIRS, 4096, fr_range, &x);
     Py_END_ALLOW_THREADS
     ret = Py_NewRef(Py_None);
 done:
@@ -1165,6 +1317,7 @@ static PyMethodDef methods[] = {
     {"prg_rows", py_prg_rows, METH_VARARGS, "AES-CTR rows of the IKNP PRG."},
     {"ss_expand", py_ss_expand, METH_VARARGS, "SoftSpoken leaf streams and their sums."},
     {"fr_lpn", py_fr_lpn, METH_VARARGS, "Ferret LPN expansion (10 indices per output)."},
+    {"fr_ggm", py_fr_ggm, METH_VARARGS, "Ferret GGM trees (garbler's, or the evaluator's punctured ones)."},
     {NULL, NULL, 0, NULL},
 };
 

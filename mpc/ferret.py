@@ -228,6 +228,13 @@ def _mask_tweaks(counter: int, count: int) -> Blocks:
 def ggm_send(h: Any, seeds: Blocks, depth: int) -> tuple[Blocks, Blocks]:
     """The garbler's trees: leaves (t, 2^depth, 2) and level sums (t, depth, 2 sides, 2)."""
     t = seeds.shape[0]
+    if native.active() == "native":
+        leaves = np.empty((t, 1 << depth, 2), dtype=np.uint64)
+        sums = np.empty((t, depth, 2, 2), dtype=np.uint64)
+        native.core().fr_ggm(
+            False, depth, GGM_TWEAK, np.ascontiguousarray(seeds), None, None, leaves, sums
+        )
+        return leaves, sums
     nodes = seeds.reshape(t, 1, 2)
     sums = np.empty((t, depth, 2, 2), dtype=np.uint64)
     for level in range(1, depth + 1):
@@ -239,6 +246,25 @@ def ggm_send(h: Any, seeds: Blocks, depth: int) -> tuple[Blocks, Blocks]:
         sums[:, level - 1] = np.bitwise_xor.reduce(child, axis=1)
         nodes = child.reshape(t, 2 * width, 2)
     return nodes, sums
+
+
+def spcot_leaves(
+    h: Any, known: Blocks, alphas: npt.NDArray[np.int64], phi: Blocks, depth: int
+) -> Blocks:
+    """The evaluator's SPCOT outputs: every leaf from the off-path sums, leaf α
+    from φ (w = v ⊕ e_α·Δ), (t, 2^depth, 2)."""
+    if native.active() == "native":
+        leaves = np.empty((known.shape[0], 1 << depth, 2), dtype=np.uint64)
+        native.core().fr_ggm(
+            True, depth, GGM_TWEAK, np.ascontiguousarray(known),
+            np.ascontiguousarray(alphas, dtype=np.int64),
+            np.ascontiguousarray(phi), leaves, None,
+        )  # fmt: skip
+        return leaves
+    w = ggm_receive(h, known, alphas, depth)
+    ar = np.arange(known.shape[0])
+    w[ar, alphas] = phi ^ np.bitwise_xor.reduce(w, axis=1)
+    return w
 
 
 def ggm_receive(h: Any, known: Blocks, alphas: npt.NDArray[np.int64], depth: int) -> Blocks:
@@ -358,9 +384,8 @@ class FerretReceiver(_Pool):
         base_t, base_r = self.res_t[: s.k], self.res_r[: s.k]
         leaves = 1 << s.depth
         for lo, hi in self.groups(s):
-            w = ggm_receive(self.h, known[lo:hi], alphas[lo:hi], s.depth)
+            w = spcot_leaves(self.h, known[lo:hi], alphas[lo:hi], phi[lo:hi], s.depth)
             ar = np.arange(hi - lo)
-            w[ar, alphas[lo:hi]] = phi[lo:hi] ^ np.bitwise_xor.reduce(w, axis=1)
             e = np.zeros((hi - lo, leaves), dtype=np.uint8)
             e[ar, alphas[lo:hi]] = 1
             sl = slice(lo * leaves, hi * leaves)
@@ -446,7 +471,7 @@ class FerretSender(_Pool):
         for lo, hi in self.groups(s):
             v, sums = ggm_send(self.h, seeds[lo:hi], s.depth)
             msg[lo:hi] = sums
-            phi[lo:hi] = np.bitwise_xor.reduce(v, axis=1) ^ self.delta
+            phi[lo:hi] = sums[:, -1, 0] ^ sums[:, -1, 1] ^ self.delta  # Δ ⊕ all leaves
             lpn_expand(seed, lo * leaves, base, v.reshape(-1, 2), out[lo * leaves : hi * leaves])
         flat = msg.reshape(-1, 2, 2)
         flat[:, 0] ^= h0
