@@ -296,6 +296,30 @@ def alpha_bits(alphas: npt.NDArray[np.int64], depth: int) -> npt.NDArray[np.uint
     return ((alphas[:, None] >> shifts[None, :]) & 1).astype(np.uint8).reshape(-1)
 
 
+def _scratch(owner: Any, name: str, shape: tuple[int, ...], dtype: Any) -> Any:
+    """A buffer kept across extensions (fresh pages cost a fault per 4 KiB)."""
+    buf = getattr(owner, name, None)
+    if buf is None or buf.shape[0] < shape[0]:
+        buf = np.empty(shape, dtype=dtype)
+        setattr(owner, name, buf)
+    return buf[: shape[0]]
+
+
+def _append(owner: Any, name: str, old: Any, new: Any) -> Any:
+    """old ‖ new in the buffer `name` (reused when large enough; old may lie in it)."""
+    rows = old.shape[0] + new.shape[0]
+    buf = getattr(owner, name, None)
+    if buf is None or buf.shape[0] < rows:
+        fresh = np.empty((max(rows, 1),) + new.shape[1:], dtype=new.dtype)
+        fresh[: old.shape[0]] = old
+        buf = fresh
+        setattr(owner, name, buf)
+    else:
+        buf[: old.shape[0]] = old.copy() if np.shares_memory(buf, old) else old
+    buf[old.shape[0] : rows] = new
+    return buf[:rows]
+
+
 class _Pool:
     """What both sides share: the reserve, the pool, counters."""
 
@@ -326,8 +350,13 @@ class _Pool:
             yield lo, min(lo + step, s.t)
 
     def memory_bytes(self) -> int:
-        """Bytes this party keeps per session between extensions."""
-        return sum(a.nbytes for a in vars(self).values() if isinstance(a, np.ndarray))
+        """Bytes this party's arrays hold (buffers counted once)."""
+        owners = {}
+        for a in vars(self).values():
+            if isinstance(a, np.ndarray):
+                b = a.base if isinstance(a.base, np.ndarray) else a
+                owners[id(b)] = b.nbytes
+        return sum(owners.values())
 
 
 class FerretReceiver(_Pool):
@@ -379,8 +408,8 @@ class FerretReceiver(_Pool):
         flat = m.reshape(-1, 2, 2)
         known = (flat[np.arange(flat.shape[0]), b] ^ hs).reshape(s.t, s.depth, 2)
         seed = lpn_seed(self.session_id, self.extensions)
-        out_t = np.empty((s.n, 2), dtype=np.uint64)
-        out_r = np.empty(s.n, dtype=np.uint8)
+        out_t = _scratch(self, "_out_t", (s.n, 2), np.uint64)
+        out_r = _scratch(self, "_out_r", (s.n,), np.uint8)
         base_t, base_r = self.res_t[: s.k], self.res_r[: s.k]
         leaves = 1 << s.depth
         for lo, hi in self.groups(s):
@@ -396,8 +425,8 @@ class FerretReceiver(_Pool):
             out_r[sl] = ob
         self.extensions += 1
         self.res_t, self.res_r = out_t[: nxt.base].copy(), out_r[: nxt.base].copy()
-        self.pool_t = np.concatenate([self.pool_t[self.pos :], out_t[nxt.base :]])
-        self.pool_r = np.concatenate([self.pool_r[self.pos :], out_r[nxt.base :]])
+        self.pool_t = _append(self, "_buf_t", self.pool_t[self.pos :], out_t[nxt.base :])
+        self.pool_r = _append(self, "_buf_r", self.pool_r[self.pos :], out_r[nxt.base :])
         self.pos = 0
 
     async def extend(self, channel: Channel) -> None:
@@ -465,7 +494,7 @@ class FerretSender(_Pool):
         seed = lpn_seed(self.session_id, self.extensions)
         msg = np.empty((s.t, s.depth, 2, 2), dtype=np.uint64)
         phi = np.empty((s.t, 2), dtype=np.uint64)
-        out = np.empty((s.n, 2), dtype=np.uint64)
+        out = _scratch(self, "_out", (s.n, 2), np.uint64)
         base = self.res_q[: s.k]
         leaves = 1 << s.depth
         for lo, hi in self.groups(s):
@@ -478,7 +507,7 @@ class FerretSender(_Pool):
         flat[:, 1] ^= h1
         self.extensions += 1
         self.res_q = out[: nxt.base].copy()
-        self.pool_q = np.concatenate([self.pool_q[self.pos :], out[nxt.base :]])
+        self.pool_q = _append(self, "_buf_q", self.pool_q[self.pos :], out[nxt.base :])
         self.pos = 0
         return _REPLY + msg.tobytes() + phi.tobytes()
 
