@@ -103,7 +103,7 @@ LPN_SETS = {
 }
 #: The set of a session's first extension when the chosen one is a published set.
 FIRST_SET = "b10"
-DEFAULT_SET = "b11"
+DEFAULT_SET = "b10"
 SET_NAMES = tuple(LPN_SETS)
 
 
