@@ -31,6 +31,7 @@ from svtagg.mpc.threehalves import (
     STEP,
     ThreeHalvesEvalBackend,
     ThreeHalvesGarbleBackend,
+    check_scheme,
     layer_blocks,
 )
 
@@ -304,3 +305,17 @@ class NativeThreeHalvesEvalBackend(NativeEvalBackend, ThreeHalvesEvalBackend):
         tab = self._take(n + (width - 2) * layer_blocks(n))
         core().th_eval_sign(_c(b), tab, int(self.tweak_hi), layer0, width, yes)
         return yes
+
+
+def backends(
+    engine: str, scheme: str = "halfgates"
+) -> tuple[type[GarbleBackend], type[EvalBackend]]:
+    """The garbler and evaluator backend classes of an engine and a garbling
+    scheme ("halfgates" or "threehalves")."""
+    if check_scheme(scheme) == "halfgates":
+        if engine == "native":
+            return NativeGarbleBackend, NativeEvalBackend
+        return GarbleBackend, EvalBackend
+    if engine == "native":
+        return NativeThreeHalvesGarbleBackend, NativeThreeHalvesEvalBackend
+    return ThreeHalvesGarbleBackend, ThreeHalvesEvalBackend

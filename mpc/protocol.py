@@ -49,7 +49,6 @@ from svtagg.mpc.garble import Backend, Bits, Wires
 from svtagg.mpc.ot import KAPPA, IKNPReceiver, IKNPSender, base_ot_receive, base_ot_send
 from svtagg.mpc.ring import RING_BITS, U64
 from svtagg.mpc.streaming import _OrderedSends, _Parts
-from svtagg.mpc.threehalves import backends
 from svtagg.mpc.tournament import (
     CARRY_INDEX_BITS,
     TournamentChunk,
@@ -376,7 +375,7 @@ class _Party:
             native.NativeHash() if self.engine == "native" else TweakableHash()
         )
         self.scheme = scheme
-        self._garble_cls, self._eval_cls = backends(self.engine, scheme)
+        self._garble_cls, self._eval_cls = native.backends(self.engine, scheme)
         self._workspace: dict[str, Blocks] = {}  # scratch reused across chunks
         self.last_stats = RunStats()
         self._ready = False

@@ -270,19 +270,6 @@ def check_scheme(scheme: str) -> str:
     return scheme
 
 
-def backends(engine: str, scheme: str = "halfgates") -> tuple[type[GarbleBackend], type[EvalBackend]]:
-    """The garbler and evaluator backend classes of an engine and scheme."""
-    from svtagg.mpc import native
-
-    if check_scheme(scheme) == "halfgates":
-        if engine == "native":
-            return native.NativeGarbleBackend, native.NativeEvalBackend
-        return GarbleBackend, EvalBackend
-    if engine == "native":
-        return native.NativeThreeHalvesGarbleBackend, native.NativeThreeHalvesEvalBackend
-    return ThreeHalvesGarbleBackend, ThreeHalvesEvalBackend
-
-
 def and_bytes(scheme: str) -> float:
     """Table bytes per full AND gate (layer padding aside)."""
     return 32.0 if check_scheme(scheme) == "halfgates" else 24 + 5 / 8

@@ -65,7 +65,7 @@ def rand_delta() -> Blocks:
 
 
 def pair_of(engine: str, delta: Blocks, tweak_hi: int = 7) -> tuple[Any, Any]:
-    gcls, ecls = th.backends(engine, "threehalves")
+    gcls, ecls = native.backends(engine, "threehalves")
     h = native.NativeHash() if engine == "native" else TweakableHash()
     return gcls(delta, h, tweak_hi), ecls(h, tweak_hi, b"")
 
@@ -95,7 +95,10 @@ def test_control_matrix_seen_by_the_evaluator_is_independent_of_the_truth_table(
             seen: Counter[tuple[int, ...]] = Counter()
             for rho0, rho1 in itertools.product((0, 1), repeat=2):
                 zeta = (rho0, rho1, a, b, a ^ b)
-                r = [sum(p & q for p, q in zip(row, zeta)) & 1 for row in th.v_rows(i, j)]
+                r = [
+                    sum(p & q for p, q in zip(row, zeta, strict=True)) & 1
+                    for row in th.v_rows(i, j)
+                ]
                 seen[tuple(sum(th.control_matrix(i, j, r[0], r[1]), []))] += 1
             dists.add(tuple(sorted(seen.items())))
         assert len(dists) == 1, (i, j)
@@ -282,7 +285,7 @@ def _run_circuit(engine: str, circuit: Any, z_l: np.ndarray, z_h: np.ndarray) ->
     out_e = circuit(e, None, planes(with_bits(b0, b_bits, d)), n)
     e.done()
     if isinstance(out_g, tuple):
-        return out_p, [e.decode(x, g.decoding(y)) for x, y in zip(out_e, out_g)], g
+        return out_p, [e.decode(x, g.decoding(y)) for x, y in zip(out_e, out_g, strict=True)], g
     return out_p, e.decode(out_e, g.decoding(out_g)), g
 
 
