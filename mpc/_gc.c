@@ -866,11 +866,13 @@ done:
  * th_garble_sign(a u8 (w, n), b0, delta, tweak_hi, layer0, w, rho u8[(w−2)·n],
  *   yes0_out, tables_out) and th_eval_sign(b, tables, tweak_hi, layer0, w, yes_out):
  *   the fused carry chain, tables n + (w − 2)·th_layer_blocks(n) blocks.
- * The garbler's Q is selected from all 16 entries by masks, not by indexing
- * with its secret colours.
+ * The garbler's Q is an affine function of its secret colours and coins,
+ * evaluated with masks (no table indexed by a secret).
  */
 
 static uint64_t th_q[16], th_r[16];
+/* Q as an affine map of (a, b, ρ_0, ρ_1) plus an ab term: Q_0, Q_a, Q_b, Q_ρ0, Q_ρ1, Q_ab. */
+static uint64_t th_qa[6];
 static int th_ready = 0;
 
 static inline size_t th_ctl_bytes(size_t n) { return (5 * n + 7) / 8; }
@@ -884,59 +886,69 @@ static inline uint64_t lo64(block x) { return (uint64_t)_mm_cvtsi128_si64(x); }
 static inline uint64_t hi64(block x) { return (uint64_t)_mm_extract_epi64(x, 1); }
 
 /* One group of g ≤ 16 gates at lane0 (a multiple of 16) of a layer of n gates
- * whose table starts at `tab` (bytes).  s: 18·GROUP scratch blocks. */
+ * whose table starts at `tab` (bytes).  s: 18·GROUP scratch blocks.  The
+ * per-gate linear algebra runs over arrays of the group's gates (one word per
+ * gate), so the compiler vectorizes it. */
 static void th_garble_group(const block *a0, const block *b0, block d, uint64_t hi,
                             uint64_t layer, uint64_t lane0, size_t g, const uint8_t *rho,
                             size_t n, uint8_t *tab, block *c0, block *s) {
     block *x = s, *t = s + 6 * GROUP, *p = s + 12 * GROUP;
-    block as[GROUP], bs[GROUP];
+    uint64_t X[4][GROUP], q[GROUP], ta[GROUP], tb[GROUP], rr[GROUP];
     for (size_t j = 0; j < g; j++) {
-        as[j] = _mm_xor_si128(a0[j], _mm_and_si128(mask_of(a0[j]), d));
-        bs[j] = _mm_xor_si128(b0[j], _mm_and_si128(mask_of(b0[j]), d));
-        block xs = _mm_xor_si128(as[j], bs[j]);
-        x[j] = as[j];
-        x[g + j] = _mm_xor_si128(as[j], d);
-        x[2 * g + j] = bs[j];
-        x[3 * g + j] = _mm_xor_si128(bs[j], d);
+        block as = _mm_xor_si128(a0[j], _mm_and_si128(mask_of(a0[j]), d));
+        block bs = _mm_xor_si128(b0[j], _mm_and_si128(mask_of(b0[j]), d));
+        block xs = _mm_xor_si128(as, bs);
+        x[j] = as;
+        x[g + j] = _mm_xor_si128(as, d);
+        x[2 * g + j] = bs;
+        x[3 * g + j] = _mm_xor_si128(bs, d);
         x[4 * g + j] = xs;
         x[5 * g + j] = _mm_xor_si128(xs, d);
         for (uint64_t h = 0; h < 3; h++)
             t[2 * h * g + j] = t[(2 * h + 1) * g + j] = tweak3(layer, lane0 + j, h, hi);
+        X[0][j] = lo64(as); X[1][j] = hi64(as); X[2][j] = lo64(bs); X[3][j] = hi64(bs);
+        ta[j] = (lo64(a0[j]) & 1) ^ 1;
+        tb[j] = (lo64(b0[j]) & 1) ^ 1;
+        rr[j] = rho[j] & 3;
     }
     tccr_n(x, t, x, p, 6 * g);
+    /* Q = Q_0 ⊕ a·Q_a ⊕ b·Q_b ⊕ ρ_0·Q_ρ0 ⊕ ρ_1·Q_ρ1 ⊕ ab·Q_ab, by masks. */
+    for (size_t j = 0; j < g; j++)
+        q[j] = th_qa[0] ^ ((0 - ta[j]) & th_qa[1]) ^ ((0 - tb[j]) & th_qa[2]) ^
+               ((0 - (rr[j] >> 1)) & th_qa[3]) ^ ((0 - (rr[j] & 1)) & th_qa[4]) ^
+               ((0 - (ta[j] & tb[j])) & th_qa[5]);
+    const uint64_t dl = lo64(d), dh = hi64(d);
+    uint64_t z[5][GROUP];
+    for (int row = 0; row < 5; row++) {
+        const int sh = 6 * row;
+        for (size_t j = 0; j < g; j++) {
+            uint64_t qj = q[j] >> sh;
+            z[row][j] = ((0 - (qj & 1)) & X[0][j]) ^ ((0 - ((qj >> 1) & 1)) & X[1][j]) ^
+                        ((0 - ((qj >> 2) & 1)) & X[2][j]) ^ ((0 - ((qj >> 3) & 1)) & X[3][j]) ^
+                        ((0 - ((qj >> 4) & 1)) & dl) ^ ((0 - ((qj >> 5) & 1)) & dh);
+        }
+    }
     uint64_t *G = (uint64_t *)tab;
     uint8_t ctl[10] = {0};
-    const uint64_t dl = lo64(d), dh = hi64(d);
     for (size_t j = 0; j < g; j++) {
         uint64_t w[6], m[6];
         for (int k = 0; k < 6; k++) {
             w[k] = lo64(x[(size_t)k * g + j]);
             m[k] = hi64(x[(size_t)k * g + j]) & 1;
         }
-        uint64_t ta = (lo64(a0[j]) & 1) ^ 1, tb = (lo64(b0[j]) & 1) ^ 1, r = rho[j] & 3;
-        uint64_t cs = (ta << 3) | (tb << 2) | r, q = 0;
-        for (uint64_t e = 0; e < 16; e++) q |= th_q[e] & (0 - (uint64_t)(e == cs));
-        const uint64_t X[6] = {lo64(as[j]), hi64(as[j]), lo64(bs[j]), hi64(bs[j]), dl, dh};
-        uint64_t z[5];
-        for (int row = 0; row < 5; row++) {
-            uint64_t acc = 0;
-            for (int c = 0; c < 6; c++) acc ^= (0 - ((q >> (6 * row + c)) & 1)) & X[c];
-            z[row] = acc;
-        }
-        z[0] ^= w[0] ^ w[4];
-        z[1] ^= w[2] ^ w[4];
-        z[2] ^= w[0] ^ w[1];
-        z[3] ^= w[2] ^ w[3];
-        z[4] ^= w[4] ^ w[5];
-        c0[j] = _mm_set_epi64x((long long)z[1], (long long)z[0]);
+        c0[j] = _mm_set_epi64x((long long)(z[1][j] ^ w[2] ^ w[4]),
+                               (long long)(z[0][j] ^ w[0] ^ w[4]));
         size_t k = lane0 + j;
-        G[k] = z[2];
-        G[n + k] = z[3];
-        G[2 * n + k] = z[4];
+        G[k] = z[2][j] ^ w[0] ^ w[1];
+        G[n + k] = z[3][j] ^ w[2] ^ w[3];
+        G[2 * n + k] = z[4][j] ^ w[4] ^ w[5];
+        uint64_t r = rr[j];
         uint64_t bits = ((r >> 1) ^ m[0] ^ m[4]) | (((r & 1) ^ m[2] ^ m[4]) << 1) |
-                        ((ta ^ m[0] ^ m[1]) << 2) | ((tb ^ m[2] ^ m[3]) << 3) |
-                        ((ta ^ tb ^ m[4] ^ m[5]) << 4);
-        for (int c = 0; c < 5; c++) ctl[(5 * j + c) / 8] |= (uint8_t)(((bits >> c) & 1) << ((5 * j + c) % 8));
+                        ((ta[j] ^ m[0] ^ m[1]) << 2) | ((tb[j] ^ m[2] ^ m[3]) << 3) |
+                        ((ta[j] ^ tb[j] ^ m[4] ^ m[5]) << 4);
+        size_t at = 5 * j;
+        ctl[at / 8] |= (uint8_t)(bits << (at % 8));
+        if (at % 8 > 3) ctl[at / 8 + 1] |= (uint8_t)(bits >> (8 - at % 8));
     }
     memcpy(tab + 24 * n + 10 * (lane0 / GROUP), ctl, (5 * g + 7) / 8);
 }
@@ -951,25 +963,28 @@ static void th_eval_group(const block *a, const block *b, const uint8_t *tab, ui
         for (uint64_t h = 0; h < 3; h++) t[h * g + j] = tweak3(layer, lane0 + j, h, hi);
     }
     tccr_n(x, t, x, p, 3 * g);
-    const uint64_t *G = (const uint64_t *)tab;
-    const uint8_t *ctl = tab + 24 * n + 10 * (lane0 / GROUP);
+    const uint64_t *G = (const uint64_t *)tab + lane0;
+    /* The group's 5g control bits, g ≤ 16: at most 10 bytes. */
+    uint8_t raw[16] = {0};
+    memcpy(raw, tab + 24 * n + 10 * (lane0 / GROUP), (5 * g + 7) / 8);
+    unsigned __int128 ctl = 0;
+    for (int k = 9; k >= 0; k--) ctl = (ctl << 8) | raw[k];
     for (size_t j = 0; j < g; j++) {
-        size_t k = lane0 + j;
-        uint64_t z[5];
-        for (int cc = 0; cc < 5; cc++) z[cc] = (ctl[(5 * j + cc) / 8] >> ((5 * j + cc) % 8)) & 1;
+        uint64_t z = (uint64_t)(ctl >> (5 * j)) & 31;
         uint64_t i = lo64(a[j]) & 1, jj = lo64(b[j]) & 1, ij = i ^ jj;
-        uint64_t hA = lo64(x[j]), hB = lo64(x[g + j]), hX = lo64(x[2 * g + j]);
         uint64_t mA = hi64(x[j]) & 1, mB = hi64(x[g + j]) & 1, mX = hi64(x[2 * g + j]) & 1;
-        uint64_t r0 = z[0] ^ (i & z[2]) ^ (ij & z[4]) ^ mA ^ mX;
-        uint64_t r1 = z[1] ^ (jj & z[3]) ^ (ij & z[4]) ^ mB ^ mX;
-        uint64_t rb = th_r[(i << 3) | (jj << 2) | (r0 << 1) | r1];
-        const uint64_t Y[4] = {lo64(a[j]), hi64(a[j]), lo64(b[j]), hi64(b[j])};
-        uint64_t lin[2] = {0, 0};
-        for (int row = 0; row < 2; row++)
-            for (int cc = 0; cc < 4; cc++) lin[row] ^= (0 - ((rb >> (4 * row + cc)) & 1)) & Y[cc];
-        uint64_t g2 = (0 - ij) & G[2 * n + k];
-        uint64_t cl = ((0 - i) & G[k]) ^ g2 ^ hA ^ hX ^ lin[0];
-        uint64_t cr = ((0 - jj) & G[n + k]) ^ g2 ^ hB ^ hX ^ lin[1];
+        uint64_t r0 = (z & 1) ^ (i & (z >> 2)) ^ (ij & (z >> 4)) ^ mA ^ mX;
+        uint64_t r1 = ((z >> 1) & 1) ^ (jj & (z >> 3)) ^ (ij & (z >> 4)) ^ mB ^ mX;
+        uint64_t rb = th_r[(i << 3) | (jj << 2) | ((r0 & 1) << 1) | (r1 & 1)];
+        uint64_t al = lo64(a[j]), ah = hi64(a[j]), bl = lo64(b[j]), bh = hi64(b[j]);
+        uint64_t l0 = ((0 - (rb & 1)) & al) ^ ((0 - ((rb >> 1) & 1)) & ah) ^
+                      ((0 - ((rb >> 2) & 1)) & bl) ^ ((0 - ((rb >> 3) & 1)) & bh);
+        uint64_t l1 = ((0 - ((rb >> 4) & 1)) & al) ^ ((0 - ((rb >> 5) & 1)) & ah) ^
+                      ((0 - ((rb >> 6) & 1)) & bl) ^ ((0 - ((rb >> 7) & 1)) & bh);
+        uint64_t hx = lo64(x[2 * g + j]);
+        uint64_t g2 = (0 - ij) & G[2 * n + j];
+        uint64_t cl = ((0 - i) & G[j]) ^ g2 ^ lo64(x[j]) ^ hx ^ l0;
+        uint64_t cr = ((0 - jj) & G[n + j]) ^ g2 ^ lo64(x[g + j]) ^ hx ^ l1;
         c[j] = _mm_set_epi64x((long long)cr, (long long)cl);
     }
 }
@@ -1007,8 +1022,24 @@ static PyObject *py_th_tables(PyObject *self, PyObject *args) {
     }
     memcpy(th_q, q.buf, 128);
     memcpy(th_r, r.buf, 128);
-    th_ready = 1;
     PyBuffer_Release(&q); PyBuffer_Release(&r);
+    /* case = 8a + 4b + 2ρ_0 + ρ_1 */
+    th_qa[0] = th_q[0];
+    th_qa[1] = th_q[8] ^ th_q[0];
+    th_qa[2] = th_q[4] ^ th_q[0];
+    th_qa[3] = th_q[2] ^ th_q[0];
+    th_qa[4] = th_q[1] ^ th_q[0];
+    th_qa[5] = th_q[12] ^ th_q[8] ^ th_q[4] ^ th_q[0];
+    for (uint64_t e = 0; e < 16; e++) {
+        uint64_t a = e >> 3, b = (e >> 2) & 1, r0 = (e >> 1) & 1, r1 = e & 1;
+        uint64_t v = th_qa[0] ^ ((0 - a) & th_qa[1]) ^ ((0 - b) & th_qa[2]) ^
+                     ((0 - r0) & th_qa[3]) ^ ((0 - r1) & th_qa[4]) ^ ((0 - (a & b)) & th_qa[5]);
+        if (v != th_q[e]) {
+            PyErr_SetString(PyExc_ValueError, "Q is not affine in (a, b, rho) plus ab");
+            return NULL;
+        }
+    }
+    th_ready = 1;
     Py_RETURN_NONE;
 }
 
