@@ -867,12 +867,26 @@ done:
  *   yes0_out, tables_out) and th_eval_sign(b, tables, tweak_hi, layer0, w, yes_out):
  *   the fused carry chain, tables n + (w − 2)·th_layer_blocks(n) blocks.
  * The garbler's Q is an affine function of its secret colours and coins,
- * evaluated with masks (no table indexed by a secret).
+ * evaluated with masks (th_qx; no table indexed by a secret).
  */
 
 static uint64_t th_q[16], th_r[16];
-/* Q as an affine map of (a, b, ρ_0, ρ_1) plus an ab term: Q_0, Q_a, Q_b, Q_ρ0, Q_ρ1, Q_ab. */
-static uint64_t th_qa[6];
+
+/* z = Q_{a,b,ρ}·(y_0..y_3 = A_L, A_R, B_L, B_R, Δ_L, Δ_R) for the garbler's masks
+ * ma = −a, mb = −b, m0 = −ρ_0, m1 = −ρ_1, mab = −ab.  Q is affine in (a, b, ρ)
+ * plus an ab term; this is the matrices `threehalves.garbler_matrix` solves for,
+ * written out (th_tables checks them against Python's table at load). */
+static inline void th_qx(uint64_t ma, uint64_t mb, uint64_t m0, uint64_t m1, uint64_t mab,
+                         uint64_t y0, uint64_t y1, uint64_t y2, uint64_t y3, uint64_t dl,
+                         uint64_t dh, uint64_t z[5]) {
+    uint64_t y03 = y0 ^ y3, y12 = y1 ^ y2, dd = dl ^ dh;
+    uint64_t mall = ma ^ mb ^ mab;
+    z[0] = y2 ^ dl ^ (mall & dl) ^ (m0 & (y0 ^ y12)) ^ (m1 & y03);
+    z[1] = y1 ^ dh ^ (mall & dh) ^ (m0 & y03) ^ (m1 & (y12 ^ y3));
+    z[2] = y2 ^ dl ^ (ma & (y0 ^ y12 ^ dd)) ^ (mb & (y03 ^ dh)) ^ (m0 & dh) ^ (m1 & dd);
+    z[3] = y1 ^ dh ^ (ma & (y03 ^ dl)) ^ (mb & (y12 ^ y3 ^ dd)) ^ (m0 & dd) ^ (m1 & dl);
+    z[4] = (ma & (y12 ^ y3 ^ dh)) ^ (mb & (y0 ^ y12 ^ dl)) ^ (m0 & dl) ^ (m1 & dh);
+}
 static int th_ready = 0;
 
 static inline size_t th_ctl_bytes(size_t n) { return (5 * n + 7) / 8; }
@@ -893,7 +907,7 @@ static void th_garble_group(const block *a0, const block *b0, block d, uint64_t 
                             uint64_t layer, uint64_t lane0, size_t g, const uint8_t *rho,
                             size_t n, uint8_t *tab, block *c0, block *s) {
     block *x = s, *t = s + 6 * GROUP, *p = s + 12 * GROUP;
-    uint64_t X[4][GROUP], q[GROUP], ta[GROUP], tb[GROUP], rr[GROUP];
+    uint64_t X[4][GROUP], ta[GROUP], tb[GROUP], rr[GROUP];
     for (size_t j = 0; j < g; j++) {
         block as = _mm_xor_si128(a0[j], _mm_and_si128(mask_of(a0[j]), d));
         block bs = _mm_xor_si128(b0[j], _mm_and_si128(mask_of(b0[j]), d));
@@ -912,21 +926,12 @@ static void th_garble_group(const block *a0, const block *b0, block d, uint64_t 
         rr[j] = rho[j] & 3;
     }
     tccr_n(x, t, x, p, 6 * g);
-    /* Q = Q_0 ⊕ a·Q_a ⊕ b·Q_b ⊕ ρ_0·Q_ρ0 ⊕ ρ_1·Q_ρ1 ⊕ ab·Q_ab, by masks. */
-    for (size_t j = 0; j < g; j++)
-        q[j] = th_qa[0] ^ ((0 - ta[j]) & th_qa[1]) ^ ((0 - tb[j]) & th_qa[2]) ^
-               ((0 - (rr[j] >> 1)) & th_qa[3]) ^ ((0 - (rr[j] & 1)) & th_qa[4]) ^
-               ((0 - (ta[j] & tb[j])) & th_qa[5]);
     const uint64_t dl = lo64(d), dh = hi64(d);
-    uint64_t z[5][GROUP];
-    for (int row = 0; row < 5; row++) {
-        const int sh = 6 * row;
-        for (size_t j = 0; j < g; j++) {
-            uint64_t qj = q[j] >> sh;
-            z[row][j] = ((0 - (qj & 1)) & X[0][j]) ^ ((0 - ((qj >> 1) & 1)) & X[1][j]) ^
-                        ((0 - ((qj >> 2) & 1)) & X[2][j]) ^ ((0 - ((qj >> 3) & 1)) & X[3][j]) ^
-                        ((0 - ((qj >> 4) & 1)) & dl) ^ ((0 - ((qj >> 5) & 1)) & dh);
-        }
+    uint64_t z[GROUP][5];
+    for (size_t j = 0; j < g; j++) {
+        uint64_t ma = 0 - ta[j], mb = 0 - tb[j];
+        th_qx(ma, mb, 0 - (rr[j] >> 1), 0 - (rr[j] & 1), ma & mb, X[0][j], X[1][j], X[2][j],
+              X[3][j], dl, dh, z[j]);
     }
     uint64_t *G = (uint64_t *)tab;
     uint8_t ctl[10] = {0};
@@ -936,12 +941,12 @@ static void th_garble_group(const block *a0, const block *b0, block d, uint64_t 
             w[k] = lo64(x[(size_t)k * g + j]);
             m[k] = hi64(x[(size_t)k * g + j]) & 1;
         }
-        c0[j] = _mm_set_epi64x((long long)(z[1][j] ^ w[2] ^ w[4]),
-                               (long long)(z[0][j] ^ w[0] ^ w[4]));
+        c0[j] = _mm_set_epi64x((long long)(z[j][1] ^ w[2] ^ w[4]),
+                               (long long)(z[j][0] ^ w[0] ^ w[4]));
         size_t k = lane0 + j;
-        G[k] = z[2][j] ^ w[0] ^ w[1];
-        G[n + k] = z[3][j] ^ w[2] ^ w[3];
-        G[2 * n + k] = z[4][j] ^ w[4] ^ w[5];
+        G[k] = z[j][2] ^ w[0] ^ w[1];
+        G[n + k] = z[j][3] ^ w[2] ^ w[3];
+        G[2 * n + k] = z[j][4] ^ w[4] ^ w[5];
         uint64_t r = rr[j];
         uint64_t bits = ((r >> 1) ^ m[0] ^ m[4]) | (((r & 1) ^ m[2] ^ m[4]) << 1) |
                         ((ta[j] ^ m[0] ^ m[1]) << 2) | ((tb[j] ^ m[2] ^ m[3]) << 3) |
@@ -1023,19 +1028,17 @@ static PyObject *py_th_tables(PyObject *self, PyObject *args) {
     memcpy(th_q, q.buf, 128);
     memcpy(th_r, r.buf, 128);
     PyBuffer_Release(&q); PyBuffer_Release(&r);
-    /* case = 8a + 4b + 2ρ_0 + ρ_1 */
-    th_qa[0] = th_q[0];
-    th_qa[1] = th_q[8] ^ th_q[0];
-    th_qa[2] = th_q[4] ^ th_q[0];
-    th_qa[3] = th_q[2] ^ th_q[0];
-    th_qa[4] = th_q[1] ^ th_q[0];
-    th_qa[5] = th_q[12] ^ th_q[8] ^ th_q[4] ^ th_q[0];
+    /* th_qx must be the Q of Python's table, column by column (case = 8a + 4b + 2ρ_0 + ρ_1). */
     for (uint64_t e = 0; e < 16; e++) {
-        uint64_t a = e >> 3, b = (e >> 2) & 1, r0 = (e >> 1) & 1, r1 = e & 1;
-        uint64_t v = th_qa[0] ^ ((0 - a) & th_qa[1]) ^ ((0 - b) & th_qa[2]) ^
-                     ((0 - r0) & th_qa[3]) ^ ((0 - r1) & th_qa[4]) ^ ((0 - (a & b)) & th_qa[5]);
+        uint64_t a = e >> 3, b = (e >> 2) & 1, r0 = (e >> 1) & 1, r1 = e & 1, v = 0;
+        for (int c = 0; c < 6; c++) {
+            uint64_t u[6] = {0, 0, 0, 0, 0, 0}, z[5];
+            u[c] = 1;
+            th_qx(0 - a, 0 - b, 0 - r0, 0 - r1, 0 - (a & b), u[0], u[1], u[2], u[3], u[4], u[5], z);
+            for (int row = 0; row < 5; row++) v |= (z[row] & 1) << (6 * row + c);
+        }
         if (v != th_q[e]) {
-            PyErr_SetString(PyExc_ValueError, "Q is not affine in (a, b, rho) plus ab");
+            PyErr_SetString(PyExc_ValueError, "the core's three-halves Q differs from the table");
             return NULL;
         }
     }

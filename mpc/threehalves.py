@@ -156,9 +156,13 @@ def layer_blocks(n: int) -> int:
     return (24 * n + control_bytes(n) + 15) // 16
 
 
+_PAIR_SHIFTS = np.array([0, 2, 4, 6], dtype=np.uint8)
+
+
 def os_coins(n: int) -> Bits:
-    """ρ of n gates (two bits each, values 0..3) from the OS CSPRNG."""
-    return np.frombuffer(os.urandom(n), dtype=np.uint8) & np.uint8(3)
+    """ρ of n gates (two bits each, values 0..3) from the OS CSPRNG, four per byte."""
+    raw = np.frombuffer(os.urandom((n + 3) // 4), dtype=np.uint8)
+    return ((raw[:, None] >> _PAIR_SHIFTS) & np.uint8(3)).reshape(-1)[:n]
 
 
 def _neg(bits: U64) -> U64:
