@@ -391,3 +391,45 @@ async def test_three_halves_sends_fewer_bytes_per_comparison() -> None:
 async def test_unknown_scheme_is_refused() -> None:
     with pytest.raises(ValueError, match="scheme"):
         await connected_pair(scheme="fourths")
+
+
+@pytest.mark.parametrize("scheme", th.SCHEMES)
+async def test_chunked_tournament_and_joint_noise_under_both_schemes(scheme: str) -> None:
+    """The carried report-noisy-max over three chunks and the joint-noise
+    sampler: the same answers whichever scheme garbles them."""
+    from fractions import Fraction
+
+    from svtagg.dp.joint import sampler_constants
+    from svtagg.mpc.circuits import plain_argmax
+    from svtagg.mpc.jointnoise import (
+        SamplerShape,
+        evaluate_joint_noise,
+        garble_joint_noise,
+        plain_joint_noise,
+    )
+
+    g, e = await connected_pair(scheme=scheme)
+    w = 40
+    z = RNG.integers(-(2**30), 2**30, 90)
+    z[[17, 61]] = 2**31  # a tie: the first one wins
+    a, b = _split(z)
+    cg = ce = None
+    off = 0
+    for c, k in enumerate([30, 30, 30]):
+        za, zb = a[off : off + k], b[off : off + k]
+        if c == 2:
+            got = await asyncio.gather(g.noisy_max(za, w, cg, off), e.noisy_max(zb, w, ce, off))
+        else:
+            cg, ce = await asyncio.gather(
+                g.noisy_max_carry(za, cg, off, w), e.noisy_max_carry(zb, ce, off, w)
+            )
+        off += k
+    assert got == [17, 17] == [plain_argmax(a, b, w)] * 2
+    shape = SamplerShape(sampler_constants(Fraction(3), 8), 8)
+    n = 500
+    u = RNG.integers(0, 2**64, (shape.words, n), dtype=np.uint64)
+    v = RNG.integers(0, 2**64, (shape.words, n), dtype=np.uint64)
+    r, y = await asyncio.gather(
+        garble_joint_noise(g, n, shape, u), evaluate_joint_noise(e, n, shape, v)
+    )
+    np.testing.assert_array_equal((r + y).view(np.int64), plain_joint_noise(u ^ v, shape))
