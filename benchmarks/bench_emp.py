@@ -237,6 +237,7 @@ def summarize(results: dict[str, Any]) -> dict[str, Any]:
 
     for label in results["emp_variants"]:
         runs = [r["emp"][label] for r in rounds]
+        put(label, "bytes:1", [_emp_row(x, 1).get("bytes_per_cmp") for x in runs])
         for k in sizes:
             put(label, f"rate:{k}", [emp_rate(x, k) for x in runs])
             put(label, f"bytes:{k}", [_emp_row(x, k).get("bytes_per_cmp") for x in runs])
@@ -252,7 +253,32 @@ def summarize(results: dict[str, Any]) -> dict[str, Any]:
             put(col, f"bytes:{k}", [svtagg_bytes(r["svtagg"], key, k) for r in rounds])
         put(col, "latency_ms", [r["svtagg"]["single_query"]["p50_ms"] for r in rounds])
         put(col, "p99_ms", [r["svtagg"]["single_query"]["p99_ms"] for r in rounds])
+        single = [r["svtagg"]["single_query"].get("peer_bytes_per_query") for r in rounds]
+        put(col, "bytes:1", single if key == "chunks_one_stream" else [])
+        # paired: svtagg over the first EMP column, within each round
+        ref = results["emp_variants"][0]
+        for k in sizes:
+            put(
+                col,
+                f"ratio:{k}",
+                [
+                    _ratio(svtagg_rate(r["svtagg"], key, k), emp_rate(r["emp"][ref], k))
+                    for r in rounds
+                ],
+            )
+        put(
+            col,
+            "latency_ratio",
+            [
+                _ratio(r["svtagg"]["single_query"]["p50_ms"], emp_latency_ms(r["emp"][ref]))
+                for r in rounds
+            ],
+        )
     return cols
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return None if a is None or not b else a / b
 
 
 def _fmt(fig: tuple[float, float, float] | None, digits: int = 0) -> str:
@@ -264,25 +290,25 @@ def _fmt(fig: tuple[float, float, float] | None, digits: int = 0) -> str:
 
 def print_table(results: dict[str, Any]) -> list[str]:
     """The side-by-side table (markdown), printed and returned as lines.  The
-    ratios are svtagg's figure over the first EMP column's."""
+    ratios are svtagg's figure over the first EMP column's in the same round
+    (median and min–max over the rounds)."""
     cols = summarize(results)
     sizes = QUICK_SIZES if results["quick"] else SIZES
     emp = results["emp_variants"]
     per_chunk, one = "svtagg, stream per chunk", "svtagg, one stream"
     ref = emp[0]
-    head = [*emp, per_chunk, one, f"svtagg/{ref}: per chunk, one stream"]
+    head = [*emp, per_chunk, one, f"svtagg/{ref} in each round: per chunk; one stream"]
     lines = [f"| K | {' | '.join(head)} |", "|---" * (len(head) + 1) + "|"]
 
     def get(col: str, fig: str) -> tuple[float, float, float] | None:
         return cols.get(col, {}).get(fig)
 
-    def ratio(a: tuple[float, float, float] | None, b: tuple[float, float, float] | None) -> str:
-        return "—" if a is None or b is None else f"{a[0] / b[0]:.2f}×"
+    def ratio(fig: tuple[float, float, float] | None) -> str:
+        return "—" if fig is None else f"{fig[0]:.2f}× ({fig[1]:.2f}–{fig[2]:.2f})"
 
     for k in sizes:
         cells = [_fmt(get(n, f"rate:{k}")) for n in [*emp, per_chunk, one]]
-        base = get(ref, f"rate:{k}")
-        r = f"{ratio(get(per_chunk, f'rate:{k}'), base)}, {ratio(get(one, f'rate:{k}'), base)}"
+        r = f"{ratio(get(per_chunk, f'ratio:{k}'))}; {ratio(get(one, f'ratio:{k}'))}"
         lines.append(f"| {k:,}: comparisons/s | {' | '.join(cells)} | {r} |")
 
     def micro(fig: tuple[float, float, float] | None) -> tuple[float, float, float] | None:
@@ -292,9 +318,11 @@ def print_table(results: dict[str, Any]) -> list[str]:
     p50, p99 = get(one, "latency_ms"), get(one, "p99_ms")
     p99_text = "—" if p99 is None else f"{p99[0]:.1f}"
     lat += ["—", _fmt(p50, 2) + f" ms p50 (p99 {p99_text} ms)"]
-    slow = get(ref, "latency_ms")
-    times = "—" if p50 is None or slow is None else f"{p50[0] / slow[0]:.0f}× the latency"
+    lr = get(one, "latency_ratio")
+    times = "—" if lr is None else f"{lr[0]:.0f}× ({lr[1]:.0f}–{lr[2]:.0f}) the latency"
     lines.append(f"| 1 (single comparison): latency | {' | '.join(lat)} | {times} |")
+    byt1 = [_fmt(get(n, "bytes:1")) for n in [*emp, per_chunk, one]]
+    lines.append(f"| 1: bytes per comparison | {' | '.join(byt1)} | |")
     big = sizes[-1]
     byt = [_fmt(get(n, f"bytes:{big}")) for n in [*emp, per_chunk, one]]
     lines.append(f"| {big:,}: bytes per comparison | {' | '.join(byt)} | |")
@@ -304,6 +332,22 @@ def print_table(results: dict[str, Any]) -> list[str]:
     lines.append(f"| EMP session setup (base OTs, first COT batch) | {' | '.join(setup)} | |")
     print("\n".join(lines))
     return lines
+
+
+def pool_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Several runs' results as one, their rounds pooled (same sizes and EMP
+    columns required), each run's load kept."""
+    if not runs:
+        raise ValueError("no runs to pool")
+    first = runs[0]
+    for r in runs[1:]:
+        if r["quick"] != first["quick"] or r["emp_variants"] != first["emp_variants"]:
+            raise ValueError("the runs differ in sizes (--quick) or EMP columns")
+    pooled = dict(first, rounds=[rnd for r in runs for rnd in r["rounds"]])
+    pooled["loads"] = [(r["load_start"], r["load_end"]) for r in runs]
+    rounds, loads = len(pooled["rounds"]), "; ".join(f"{a} → {b}" for a, b in pooled["loads"])
+    print(f"{len(runs)} runs, {rounds} rounds pooled; load average per run: {loads}")
+    return pooled
 
 
 def _emp_variants(modes: str, one_core: bool) -> list[EmpVariant]:
@@ -379,7 +423,20 @@ def main(argv: list[str] | None = None) -> int:
         help="one more EMP column: the first mode with both processes on one CPU",
     )
     p.add_argument("--out", default="results/bench_emp.json")
+    p.add_argument(
+        "--table",
+        nargs="+",
+        type=Path,
+        metavar="JSON",
+        help="print the table of earlier runs' --out files, their rounds pooled (runs nothing)",
+    )
     args = p.parse_args(argv)
+    if args.table:
+        try:
+            print_table(pool_runs([json.loads(f.read_text()) for f in args.table]))
+        except (OSError, ValueError, KeyError) as e:
+            p.error(f"--table: {e}")
+        return 0
     if args.emp is None:
         p.error("no EMP driver given (--emp).\n\n" + HOW_TO_BUILD)
     driver = args.emp.resolve()

@@ -77,3 +77,40 @@ def test_driver_output_is_read_per_chunk_size() -> None:
 def test_driver_output_without_timings_is_an_error(text: str) -> None:
     with pytest.raises(be.DriverError):
         be.parse_driver_output(text)
+
+
+def _fake_run(emp_s: float, svtagg_rate: int) -> dict[str, object]:
+    """One quick run of one round: EMP takes emp_s per chunk at every K."""
+    emp = be.parse_driver_output("\n".join(_line(k, [emp_s]) for k in (1, *be.QUICK_SIZES)))
+    rows = [
+        {"chunk": k, "comparisons_per_s_median": svtagg_rate, "peer_MB_per_chunk": 1.936 * k / 1000}
+        for k in be.QUICK_SIZES
+    ]
+    single = {"p50_ms": 5.0, "p99_ms": 9.0, "peer_bytes_per_query": 1881.0}
+    rnd = {
+        "emp": {"EMP batch": emp},
+        "svtagg": {"single_query": single, "chunks": rows, "chunks_one_stream": rows},
+    }
+    return {
+        "quick": True,
+        "emp_variants": ["EMP batch"],
+        "load_start": "1.00 1.00 1.00",
+        "load_end": "2.00 2.00 2.00",
+        "rounds": [rnd],
+    }
+
+
+def test_pooled_table_pairs_each_round(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # round 1: EMP 10^3 per 0.01 s at K = 1000 (100,000/s), svtagg 50,000/s -> 0.5×;
+    # round 2: EMP 200,000/s, svtagg 50,000/s -> 0.25×; median 0.375×
+    files = []
+    for i, (emp_s, rate) in enumerate([(0.01, 50_000), (0.005, 50_000)]):
+        f = tmp_path / f"run{i}.json"
+        f.write_text(json.dumps(_fake_run(emp_s, rate)))
+        files.append(str(f))
+    assert be.main(["--table", *files]) == 0
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.startswith("| 1,000:"))
+    assert "0.38× (0.25–0.50)" in row
+    assert "150,000 (100,000–200,000)" in row
+    assert "2 runs, 2 rounds pooled" in out
