@@ -1,5 +1,5 @@
 """The servers' part of the mechanism, free of any transport: task validation,
-upload accounting, stream opening (charge, then draw γ) and each chunk's
+upload accounting, stream opening (charge and γ in one transaction) and each chunk's
 masked comparison inputs z_L / z_H.
 
 Trust assumptions relied on here (see docs/services.md): two non-colluding,
@@ -375,9 +375,9 @@ class ServerCore(JointNoiseSteps):
             self._discard_pool(stream_id)
 
     def open_stream(self, request: PrepareStream, open_now: bool = True) -> StreamState:
-        """Validate, charge the ledger durably, then draw this server's γ.  With
-        open_now=False (the leader) the stream stays `opening` until confirmed.
-        With `request.replay` (the helper, at reconciliation) only the charge of
+        """Validate, draw this server's γ, then charge the ledger and store γ in
+        one durable transaction.  With open_now=False (the leader) the stream
+        stays `opening` until confirmed.  With `request.replay` (the helper, at reconciliation) only the charge of
         a stream the leader opened and failed is recorded, the stream failed,
         and no γ drawn (`Store.open_stream`)."""
         stream_id, task_id, plan = request.stream_id, request.task_id, request.plan
@@ -405,12 +405,15 @@ class ServerCore(JointNoiseSteps):
             raise InvalidArgument(
                 f"epsilon={eps} is below the task's epsilon_min={task.params.epsilon_min}"
             )
-        self.store.open_stream(stream_id, task_id, kind, eps, dl, charge_delta, plan)
-        crash_point("open.after_charge")
         # Joint noise: γ's shares are drawn in the first chunk (servers/joint.py);
         # the 0 stored here is never compared (a failed first chunk fails the stream).
         gamma = 0 if joint else draw_threshold_noise(kind, eps, task.params.frac_bits, self.rng)
-        self.store.set_threshold_noise(stream_id, gamma, open_now)
+        # The charge and γ commit together (one fsync); a refused charge drops γ
+        # unused, and no comparison reads it before both servers have charged.
+        with self.store.atomic():
+            self.store.open_stream(stream_id, task_id, kind, eps, dl, charge_delta, plan)
+            self.store.set_threshold_noise(stream_id, gamma, open_now)
+        crash_point("open.after_charge")
         return self.store.stream(stream_id)
 
     # ------------------------------------------------------------ plans
