@@ -377,9 +377,9 @@ class ServerCore(JointNoiseSteps):
     def open_stream(self, request: PrepareStream, open_now: bool = True) -> StreamState:
         """Validate, draw this server's γ, then charge the ledger and store γ in
         one durable transaction.  With open_now=False (the leader) the stream
-        stays `opening` until confirmed.  With `request.replay` (the helper, at reconciliation) only the charge of
-        a stream the leader opened and failed is recorded, the stream failed,
-        and no γ drawn (`Store.open_stream`)."""
+        stays `opening` until confirmed.  With `request.replay` (the helper, at
+        reconciliation) only the charge of a stream the leader opened and failed
+        is recorded, the stream failed, and no γ drawn (`Store.open_stream`)."""
         stream_id, task_id, plan = request.stream_id, request.task_id, request.plan
         epsilon, delta = request.epsilon, request.delta
         task = self.store.task(task_id)
