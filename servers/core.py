@@ -139,11 +139,16 @@ def parse_taus(task: TaskState, taus: Sequence[int], k: int, name: str = "tau") 
     if len(taus) != k:
         raise InvalidArgument(f"{len(taus)} {name} values for {k} queries")
     bound = default_tau_bound(task.params.n_max, task.params.frac_bits)
-    # Checked on Python ints: np.abs(int64(-2^63)) is still negative, and a
+    too_big = InvalidArgument(f"|{name}| exceeds the bound of {bound} grid units (4·n_max·2^F)")
+    try:
+        grid = np.asarray(taus, dtype=np.int64)
+    except OverflowError:
+        raise too_big from None
+    # Both ends compared, no abs: np.abs(int64(-2^63)) is still negative, and a
     # threshold of -2^63 would flip the comparison (z wraps past the sign bit).
-    if any(abs(int(t)) > bound for t in taus):
-        raise InvalidArgument(f"|{name}| exceeds the bound of {bound} grid units (4·n_max·2^F)")
-    return np.asarray(taus, dtype=np.int64).astype(np.uint64)
+    if grid.size and (int(grid.max()) > bound or int(grid.min()) < -bound):
+        raise too_big
+    return grid.astype(np.uint64)
 
 
 #: The analyst's thresholds of a chunk, as ring elements: τ (Ask) or (τL, τH) (Compare).
