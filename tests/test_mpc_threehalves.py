@@ -379,7 +379,7 @@ async def test_three_halves_sends_fewer_bytes_per_comparison() -> None:
     z = np.zeros(k, dtype=np.uint64) - np.uint64(5)  # all NO
     sizes = {}
     for scheme in th.SCHEMES:
-        g, e = await connected_pair(scheme=scheme)
+        g, e = await connected_pair(ot="iknp", scheme=scheme)
         await asyncio.gather(g.first_yes(z, 40), e.first_yes(np.zeros_like(z), 40))
         sizes[scheme] = (g.last_stats.bytes_sent + g.last_stats.bytes_received) / k
     # Half-gates at w = 40 with IKNP: 1,936 B; three-halves saves 7.375 B on 38 + ~2 ANDs.
