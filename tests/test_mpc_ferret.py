@@ -457,3 +457,46 @@ async def test_parties_on_different_sets_fail() -> None:
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
+
+
+@pytest.mark.parametrize(
+    ("servers", "announced", "accepted"),
+    [("ferret", "ferret", True), ("ferret", "ferret:b10", True), ("ferret", "softspoken:4", False),
+     (None, "ferret", False), ("ferret:b11", "ferret", False)],
+)  # fmt: skip
+async def test_servers_choose_ferret_by_environment(
+    servers: str | None, announced: str, accepted: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SVTAGG_OT sets both servers' extension; the helper refuses a leader on another."""
+    from svtagg.dp.errors import InvalidArgument
+    from svtagg.mpc.softspoken import DEFAULT_OT, server_ot
+    from svtagg.proto import svtagg_pb2 as pb
+    from svtagg.servers.session import HelperSession
+
+    if servers is None:
+        monkeypatch.delenv("SVTAGG_OT", raising=False)
+    else:
+        monkeypatch.setenv("SVTAGG_OT", servers)
+    assert server_ot() == (servers or DEFAULT_OT)
+    frames = [pb.PeerFrame(open=pb.SessionOpen(session_id=b"s" * 16, ot_extension=announced))]
+
+    async def read() -> pb.PeerFrame | None:
+        return frames.pop(0) if frames else None
+
+    async def write(frame: pb.PeerFrame) -> None:
+        return None
+
+    session = HelperSession(write, read)
+    if accepted:
+        assert await session.accept(None) == (b"s" * 16, None)
+    else:
+        with pytest.raises(InvalidArgument, match="OT extension"):
+            await session.accept(None)
+
+
+def test_an_unknown_server_extension_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    from svtagg.mpc.softspoken import server_ot
+
+    monkeypatch.setenv("SVTAGG_OT", "ferret:b99")
+    with pytest.raises(ValueError):
+        server_ot()

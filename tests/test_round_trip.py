@@ -120,6 +120,9 @@ async def test_a_close_time_chunk_waits_for_the_helpers_record(tmp_path: Path) -
         assert info.agreed
         seen = flights.take()
         seen = seen[next(i for i, (_, bodies) in enumerate(seen) if "header" in bodies) :]
+        # A fresh session's last setup message (SoftSpoken's, leader to helper) may
+        # share the header's flight: the chunk starts at the header.
+        seen[0] = (seen[0][0], seen[0][1][seen[0][1].index("header") :])
         assert directions(seen) == ["to_helper", "to_leader", "to_helper", "to_leader"], seen
         assert seen[0][1][0] == "header" and seen[-1][1] == ["status"]
 
