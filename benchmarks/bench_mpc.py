@@ -8,6 +8,11 @@ every line prints its target.  The comparison rows run once per OT extension
 of `--ot` (default IKNP and SoftSpoken with k = 4, side by side).
 
     python -m svtagg.benchmarks.bench_mpc [--runs N] [--max-k K] [--width W] [--ot LIST]
+        [--schemes both [--schemes-only]]
+
+`--schemes both` adds half-gates and three-halves garbling side by side (AND/s,
+comparisons/s at K = 10^3 and 10^4, bytes per comparison, on both engines),
+their runs interleaved so that load drifts hit both schemes alike.
 
 Throughput is wall-clock; on a shared machine compare the ratios (measured in
 the same run) rather than absolute figures across runs.
@@ -28,8 +33,8 @@ import numpy as np
 from svtagg.mpc import native
 from svtagg.mpc.aes import TweakableHash
 from svtagg.mpc.circuits import bit_planes, planes, sign_yes
-from svtagg.mpc.garble import EvalBackend, GarbleBackend
 from svtagg.mpc.protocol import connected_pair
+from svtagg.mpc.threehalves import SCHEMES
 
 Stat = tuple[float, float, float]  # median, min, max
 
@@ -52,7 +57,7 @@ def _timed(fn: Callable[[], Any], runs: int) -> list[float]:
     return walls
 
 
-def bench_gates(k: int, runs: int, width: int) -> dict[str, Stat]:
+def bench_gates(k: int, runs: int, width: int, scheme: str = "halfgates") -> dict[str, Stat]:
     """AND gates/s of the comparison's carry chain (width − 1 AND per lane)."""
     rng = np.random.default_rng(1)
     delta = rng.integers(0, 2**64, 2, dtype=np.uint64)
@@ -63,8 +68,7 @@ def bench_gates(k: int, runs: int, width: int) -> dict[str, Stat]:
     b = b0 ^ ((-(b_bits.astype(np.uint64)))[..., None] & delta)
     nat = native.active() == "native"
     hasher: Any = native.NativeHash() if nat else TweakableHash()
-    gcls = native.NativeGarbleBackend if nat else GarbleBackend
-    ecls = native.NativeEvalBackend if nat else EvalBackend
+    gcls, ecls = native.backends(native.active(), scheme)
     # The protocol reuses its table buffer across chunks; so does the benchmark.
     buf = np.zeros((2 * width * k + 1, 2), dtype=np.uint64)
     state: dict[str, Any] = {}
@@ -85,11 +89,11 @@ def bench_gates(k: int, runs: int, width: int) -> dict[str, Stat]:
 
 
 async def bench_protocol(
-    ks: list[int], runs: int, width: int, ots: list[str | None]
+    ks: list[int], runs: int, width: int, ots: list[str | None], scheme: str = "halfgates"
 ) -> dict[str | None, dict[int, dict[str, Any]]]:
     """First-YES chunks per OT extension; the extensions take turns within each
     repetition, so a change in the machine's load falls on all of them alike."""
-    pairs = {ot: await connected_pair(ot=ot) for ot in ots}
+    pairs = {ot: await connected_pair(scheme=scheme, ot=ot) for ot in ots}
     rng = np.random.default_rng(2)
     out: dict[str | None, dict[int, dict[str, Any]]] = {ot: {} for ot in ots}
     for k in ks:
@@ -165,6 +169,41 @@ def _fmt(s: Stat, scale: float = 1.0, digits: int = 0) -> str:
     return f"{m:,.{digits}f} ({lo:,.{digits}f}–{hi:,.{digits}f})"
 
 
+def bench_schemes(engines: list[str], runs: int, width: int) -> dict[tuple[str, str], Any]:
+    """Both schemes on every engine, one run of each per round (interleaved)."""
+    out: dict[tuple[str, str], dict[str, list[Any]]] = {}
+    for _ in range(runs):
+        for eng in engines:
+            native.use(eng)
+            for scheme in SCHEMES:
+                r = out.setdefault((eng, scheme), {"g": [], "e": [], "k3": [], "k4": []})
+                gates = bench_gates(10_000, 1, width, scheme)
+                r["g"].append(gates["garble"][0])
+                r["e"].append(gates["eval"][0])
+                p = asyncio.run(bench_protocol([1_000, 10_000], 1, width, [None], scheme))[None]
+                r["k3"].append(p[1_000]["rate"][0])
+                r["k4"].append(p[10_000]["rate"][0])
+                r["bytes"] = [p[1_000]["bytes"], p[10_000]["bytes"]]
+    return out
+
+
+def print_schemes(res: dict[tuple[str, str], Any], runs: int, width: int) -> None:
+    print(
+        f"\nhalf-gates vs three-halves, w = {width}: median (min–max) over {runs} interleaved runs"
+    )
+    print(
+        "engine  scheme       garble M AND/s     eval M AND/s       "
+        "cmp/s K=10^3              cmp/s K=10^4              bytes/cmp (K=10^3, 10^4)"
+    )
+    for (eng, scheme), r in res.items():
+        b3, b4 = r["bytes"]
+        print(
+            f"{eng:<7} {scheme:<12} {_fmt(_stat(r['g']), 1e-6, 2):<18} "
+            f"{_fmt(_stat(r['e']), 1e-6, 2):<18} {_fmt(_stat(r['k3'])):<25} "
+            f"{_fmt(_stat(r['k4'])):<25} {b3:,.1f}, {b4:,.1f}"
+        )
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=5)
@@ -190,6 +229,8 @@ def main(argv: list[str] | None = None) -> None:
         help="comma-separated OT extensions for the comparison rows: iknp, softspoken:k "
         "(k in 1, 2, 4, 8)",
     )
+    ap.add_argument("--schemes", choices=["halfgates", "both"], default="halfgates")
+    ap.add_argument("--schemes-only", action="store_true", help="only the scheme comparison")
     args = ap.parse_args(argv)
     ots = args.ot.split(",")
     if hasattr(os, "sched_setaffinity") and args.cpus > 0:
@@ -204,6 +245,15 @@ def main(argv: list[str] | None = None) -> None:
     print(f"native-core threads for this run: {args.threads}; pinned to {cpus} CPU(s)")
     before = native.active()
     res: dict[str, dict[str, Any]] = {}
+    if args.schemes == "both":
+        try:
+            sch = bench_schemes(engines, args.runs, args.width)
+        finally:
+            native.use(before)
+        print_schemes(sch, args.runs, args.width)
+        if args.schemes_only:
+            native.set_threads(threads_before)
+            return
     try:
         for eng in engines:
             native.use(eng)

@@ -1016,6 +1016,424 @@ done:
     return ret;
 }
 
+/* ================================================================== three-halves
+ *
+ * Three-halves AND gates (Rosulek–Roy 2021; mpc/threehalves.py is the reference
+ * and states the construction).  A label's halves are its two 64-bit words;
+ * per gate the garbler hashes six labels (A, A ⊕ Δ, B, B ⊕ Δ, A ⊕ B, A ⊕ B ⊕ Δ
+ * for the colour-0 labels A, B) under the tweaks (L·2^32 + 3k + h, hi),
+ * h = 0, 0, 1, 1, 2, 2, and the evaluator three.  A layer of n gates writes
+ * G_0 of every gate (n words), then G_1, then G_2, then the 5n control bits
+ * (gate-major, little-endian), zero-padded to whole blocks.  Lanes are taken in
+ * groups of 16, whose 80 control bits are exactly 10 bytes, so groups (and
+ * threads) write disjoint bytes.
+ *
+ * th_tables(q, r): the garbler's Q and the evaluator's R lookups (16 × u64
+ *   each, computed in Python from the construction's matrices).
+ * th_garble_and(a0, b0, delta, tweak_hi, layer, rho u8[n], c0_out, tables_out)
+ * th_eval_and(a, b, tables, tweak_hi, layer, c_out)
+ * th_garble_sign(a u8 (w, n), b0, delta, tweak_hi, layer0, w, rho u8[(w−2)·n],
+ *   yes0_out, tables_out) and th_eval_sign(b, tables, tweak_hi, layer0, w, yes_out):
+ *   the fused carry chain, tables n + (w − 2)·th_layer_blocks(n) blocks.
+ * The garbler's Q is an affine function of its secret colours and coins,
+ * evaluated with masks (th_qx; no table indexed by a secret).
+ */
+
+static uint64_t th_q[16], th_r[16];
+
+/* z = Q_{a,b,ρ}·(y_0..y_3 = A_L, A_R, B_L, B_R, Δ_L, Δ_R) for the garbler's masks
+ * ma = −a, mb = −b, m0 = −ρ_0, m1 = −ρ_1, mab = −ab.  Q is affine in (a, b, ρ)
+ * plus an ab term; this is the matrices `threehalves.garbler_matrix` solves for,
+ * written out (th_tables checks them against Python's table at load). */
+static inline void th_qx(uint64_t ma, uint64_t mb, uint64_t m0, uint64_t m1, uint64_t mab,
+                         uint64_t y0, uint64_t y1, uint64_t y2, uint64_t y3, uint64_t dl,
+                         uint64_t dh, uint64_t z[5]) {
+    uint64_t y03 = y0 ^ y3, y12 = y1 ^ y2, dd = dl ^ dh;
+    uint64_t mall = ma ^ mb ^ mab;
+    z[0] = y2 ^ dl ^ (mall & dl) ^ (m0 & (y0 ^ y12)) ^ (m1 & y03);
+    z[1] = y1 ^ dh ^ (mall & dh) ^ (m0 & y03) ^ (m1 & (y12 ^ y3));
+    z[2] = y2 ^ dl ^ (ma & (y0 ^ y12 ^ dd)) ^ (mb & (y03 ^ dh)) ^ (m0 & dh) ^ (m1 & dd);
+    z[3] = y1 ^ dh ^ (ma & (y03 ^ dl)) ^ (mb & (y12 ^ y3 ^ dd)) ^ (m0 & dd) ^ (m1 & dl);
+    z[4] = (ma & (y12 ^ y3 ^ dh)) ^ (mb & (y0 ^ y12 ^ dl)) ^ (m0 & dl) ^ (m1 & dh);
+}
+static int th_ready = 0;
+
+static inline size_t th_ctl_bytes(size_t n) { return (5 * n + 7) / 8; }
+static inline size_t th_layer_blocks(size_t n) { return (24 * n + th_ctl_bytes(n) + 15) / 16; }
+
+static inline block tweak3(uint64_t layer, uint64_t lane, uint64_t h, uint64_t hi) {
+    return _mm_set_epi64x((long long)hi, (long long)((layer << 32) | (3 * lane + h)));
+}
+
+static inline uint64_t lo64(block x) { return (uint64_t)_mm_cvtsi128_si64(x); }
+static inline uint64_t hi64(block x) { return (uint64_t)_mm_extract_epi64(x, 1); }
+
+/* One group of g ≤ 16 gates at lane0 (a multiple of 16) of a layer of n gates
+ * whose table starts at `tab` (bytes).  s: 18·GROUP scratch blocks.  The
+ * per-gate linear algebra runs over arrays of the group's gates (one word per
+ * gate), so the compiler vectorizes it. */
+static void th_garble_group(const block *a0, const block *b0, block d, uint64_t hi,
+                            uint64_t layer, uint64_t lane0, size_t g, const uint8_t *rho,
+                            size_t n, uint8_t *tab, block *c0, block *s) {
+    block *x = s, *t = s + 6 * GROUP, *p = s + 12 * GROUP;
+    uint64_t X[4][GROUP], ta[GROUP], tb[GROUP], rr[GROUP];
+    for (size_t j = 0; j < g; j++) {
+        block as = _mm_xor_si128(a0[j], _mm_and_si128(mask_of(a0[j]), d));
+        block bs = _mm_xor_si128(b0[j], _mm_and_si128(mask_of(b0[j]), d));
+        block xs = _mm_xor_si128(as, bs);
+        x[j] = as;
+        x[g + j] = _mm_xor_si128(as, d);
+        x[2 * g + j] = bs;
+        x[3 * g + j] = _mm_xor_si128(bs, d);
+        x[4 * g + j] = xs;
+        x[5 * g + j] = _mm_xor_si128(xs, d);
+        for (uint64_t h = 0; h < 3; h++)
+            t[2 * h * g + j] = t[(2 * h + 1) * g + j] = tweak3(layer, lane0 + j, h, hi);
+        X[0][j] = lo64(as); X[1][j] = hi64(as); X[2][j] = lo64(bs); X[3][j] = hi64(bs);
+        ta[j] = (lo64(a0[j]) & 1) ^ 1;
+        tb[j] = (lo64(b0[j]) & 1) ^ 1;
+        rr[j] = rho[j] & 3;
+    }
+    tccr_n(x, t, x, p, 6 * g);
+    const uint64_t dl = lo64(d), dh = hi64(d);
+    uint64_t z[GROUP][5];
+    for (size_t j = 0; j < g; j++) {
+        uint64_t ma = 0 - ta[j], mb = 0 - tb[j];
+        th_qx(ma, mb, 0 - (rr[j] >> 1), 0 - (rr[j] & 1), ma & mb, X[0][j], X[1][j], X[2][j],
+              X[3][j], dl, dh, z[j]);
+    }
+    uint64_t *G = (uint64_t *)tab;
+    uint8_t ctl[10] = {0};
+    for (size_t j = 0; j < g; j++) {
+        uint64_t w[6], m[6];
+        for (int k = 0; k < 6; k++) {
+            w[k] = lo64(x[(size_t)k * g + j]);
+            m[k] = hi64(x[(size_t)k * g + j]) & 1;
+        }
+        c0[j] = _mm_set_epi64x((long long)(z[j][1] ^ w[2] ^ w[4]),
+                               (long long)(z[j][0] ^ w[0] ^ w[4]));
+        size_t k = lane0 + j;
+        G[k] = z[j][2] ^ w[0] ^ w[1];
+        G[n + k] = z[j][3] ^ w[2] ^ w[3];
+        G[2 * n + k] = z[j][4] ^ w[4] ^ w[5];
+        uint64_t r = rr[j];
+        uint64_t bits = ((r >> 1) ^ m[0] ^ m[4]) | (((r & 1) ^ m[2] ^ m[4]) << 1) |
+                        ((ta[j] ^ m[0] ^ m[1]) << 2) | ((tb[j] ^ m[2] ^ m[3]) << 3) |
+                        ((ta[j] ^ tb[j] ^ m[4] ^ m[5]) << 4);
+        size_t at = 5 * j;
+        ctl[at / 8] |= (uint8_t)(bits << (at % 8));
+        if (at % 8 > 3) ctl[at / 8 + 1] |= (uint8_t)(bits >> (8 - at % 8));
+    }
+    memcpy(tab + 24 * n + 10 * (lane0 / GROUP), ctl, (5 * g + 7) / 8);
+}
+
+static void th_eval_group(const block *a, const block *b, const uint8_t *tab, uint64_t hi,
+                          uint64_t layer, uint64_t lane0, size_t g, size_t n, block *c, block *s) {
+    block *x = s, *t = s + 3 * GROUP, *p = s + 6 * GROUP;
+    for (size_t j = 0; j < g; j++) {
+        x[j] = a[j];
+        x[g + j] = b[j];
+        x[2 * g + j] = _mm_xor_si128(a[j], b[j]);
+        for (uint64_t h = 0; h < 3; h++) t[h * g + j] = tweak3(layer, lane0 + j, h, hi);
+    }
+    tccr_n(x, t, x, p, 3 * g);
+    const uint64_t *G = (const uint64_t *)tab + lane0;
+    /* The group's 5g control bits, g ≤ 16: at most 10 bytes. */
+    uint8_t raw[16] = {0};
+    memcpy(raw, tab + 24 * n + 10 * (lane0 / GROUP), (5 * g + 7) / 8);
+    unsigned __int128 ctl = 0;
+    for (int k = 9; k >= 0; k--) ctl = (ctl << 8) | raw[k];
+    for (size_t j = 0; j < g; j++) {
+        uint64_t z = (uint64_t)(ctl >> (5 * j)) & 31;
+        uint64_t i = lo64(a[j]) & 1, jj = lo64(b[j]) & 1, ij = i ^ jj;
+        uint64_t mA = hi64(x[j]) & 1, mB = hi64(x[g + j]) & 1, mX = hi64(x[2 * g + j]) & 1;
+        uint64_t r0 = (z & 1) ^ (i & (z >> 2)) ^ (ij & (z >> 4)) ^ mA ^ mX;
+        uint64_t r1 = ((z >> 1) & 1) ^ (jj & (z >> 3)) ^ (ij & (z >> 4)) ^ mB ^ mX;
+        uint64_t rb = th_r[(i << 3) | (jj << 2) | ((r0 & 1) << 1) | (r1 & 1)];
+        uint64_t al = lo64(a[j]), ah = hi64(a[j]), bl = lo64(b[j]), bh = hi64(b[j]);
+        uint64_t l0 = ((0 - (rb & 1)) & al) ^ ((0 - ((rb >> 1) & 1)) & ah) ^
+                      ((0 - ((rb >> 2) & 1)) & bl) ^ ((0 - ((rb >> 3) & 1)) & bh);
+        uint64_t l1 = ((0 - ((rb >> 4) & 1)) & al) ^ ((0 - ((rb >> 5) & 1)) & ah) ^
+                      ((0 - ((rb >> 6) & 1)) & bl) ^ ((0 - ((rb >> 7) & 1)) & bh);
+        uint64_t hx = lo64(x[2 * g + j]);
+        uint64_t g2 = (0 - ij) & G[2 * n + j];
+        uint64_t cl = ((0 - i) & G[j]) ^ g2 ^ lo64(x[j]) ^ hx ^ l0;
+        uint64_t cr = ((0 - jj) & G[n + j]) ^ g2 ^ lo64(x[g + j]) ^ hx ^ l1;
+        c[j] = _mm_set_epi64x((long long)cr, (long long)cl);
+    }
+}
+
+/* Zero the padding after a layer's control bits (the table buffer is reused). */
+static void th_zero_pad(uint8_t *tab, size_t n) {
+    size_t used = 24 * n + th_ctl_bytes(n);
+    memset(tab + used, 0, 16 * th_layer_blocks(n) - used);
+}
+
+/* A table's padding must be zero: bits past the 5n control bits, and bytes after. */
+static int th_check_pad(const uint8_t *tab, size_t n) {
+    size_t used = 24 * n + th_ctl_bytes(n), end = 16 * th_layer_blocks(n);
+    if ((5 * n) % 8 && (tab[used - 1] >> ((5 * n) % 8))) return -1;
+    for (size_t k = used; k < end; k++)
+        if (tab[k]) return -1;
+    return 0;
+}
+
+static int th_check_ready(void) {
+    if (!th_ready) {
+        PyErr_SetString(PyExc_RuntimeError, "three-halves tables not set (th_tables)");
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *py_th_tables(PyObject *self, PyObject *args) {
+    Py_buffer q, r;
+    if (!PyArg_ParseTuple(args, "y*y*", &q, &r)) return NULL;
+    if (q.len != 128 || r.len != 128) {
+        PyBuffer_Release(&q); PyBuffer_Release(&r);
+        PyErr_SetString(PyExc_ValueError, "expected two tables of 16 u64");
+        return NULL;
+    }
+    memcpy(th_q, q.buf, 128);
+    memcpy(th_r, r.buf, 128);
+    PyBuffer_Release(&q); PyBuffer_Release(&r);
+    /* th_qx must be the Q of Python's table, column by column (case = 8a + 4b + 2ρ_0 + ρ_1). */
+    for (uint64_t e = 0; e < 16; e++) {
+        uint64_t a = e >> 3, b = (e >> 2) & 1, r0 = (e >> 1) & 1, r1 = e & 1, v = 0;
+        for (int c = 0; c < 6; c++) {
+            uint64_t u[6] = {0, 0, 0, 0, 0, 0}, z[5];
+            u[c] = 1;
+            th_qx(0 - a, 0 - b, 0 - r0, 0 - r1, 0 - (a & b), u[0], u[1], u[2], u[3], u[4], u[5], z);
+            for (int row = 0; row < 5; row++) v |= (z[row] & 1) << (6 * row + c);
+        }
+        if (v != th_q[e]) {
+            PyErr_SetString(PyExc_ValueError, "the core's three-halves Q differs from the table");
+            return NULL;
+        }
+    }
+    th_ready = 1;
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_th_garble_and(PyObject *self, PyObject *args) {
+    PyObject *ao, *bo, *dob, *ro, *co, *to;
+    unsigned long long hi, layer;
+    if (!PyArg_ParseTuple(args, "OOOKKOOO", &ao, &bo, &dob, &hi, &layer, &ro, &co, &to)) return NULL;
+    if (th_check_ready()) return NULL;
+    block d;
+    if (get_delta(dob, &d)) return NULL;
+    buf_t a = {0}, b = {0}, rr = {0}, c = {0}, t = {0};
+    PyObject *ret = NULL;
+    if (get_blocks(ao, &a, 0, "a0") || get_blocks(bo, &b, 0, "b0") || get_buf(ro, &rr, 0, "rho") ||
+        get_blocks(co, &c, 1, "out") || get_blocks(to, &t, 1, "tables"))
+        goto done;
+    size_t n = (size_t)a.view.len / 16;
+    if (check_blocks(&b, n, "b0") || check_blocks(&c, n, "out") || need(&rr, (Py_ssize_t)n, "rho") ||
+        check_blocks(&t, th_layer_blocks(n), "tables"))
+        goto done;
+    block *s = get_scratch(18 * GROUP);
+    if (!s) { PyErr_NoMemory(); goto done; }
+    uint8_t *T = t.p;
+    th_zero_pad(T, n);
+    for (size_t k = 0; k < n; k += GROUP) {
+        size_t g = n - k < GROUP ? n - k : GROUP;
+        th_garble_group((const block *)a.p + k, (const block *)b.p + k, d, hi, layer, k, g,
+                        (const uint8_t *)rr.p + k, n, T, (block *)c.p + k, s);
+    }
+    ret = Py_NewRef(Py_None);
+done:
+    release(&a); release(&b); release(&rr); release(&c); release(&t);
+    return ret;
+}
+
+static PyObject *py_th_eval_and(PyObject *self, PyObject *args) {
+    PyObject *ao, *bo, *to, *co;
+    unsigned long long hi, layer;
+    if (!PyArg_ParseTuple(args, "OOOKKO", &ao, &bo, &to, &hi, &layer, &co)) return NULL;
+    if (th_check_ready()) return NULL;
+    buf_t a = {0}, b = {0}, c = {0}, t = {0};
+    PyObject *ret = NULL;
+    if (get_blocks(ao, &a, 0, "a") || get_blocks(bo, &b, 0, "b") ||
+        get_blocks(to, &t, 0, "tables") || get_blocks(co, &c, 1, "out"))
+        goto done;
+    size_t n = (size_t)a.view.len / 16;
+    if (check_blocks(&b, n, "b") || check_blocks(&c, n, "out") ||
+        check_blocks(&t, th_layer_blocks(n), "tables"))
+        goto done;
+    const uint8_t *T = t.p;
+    if (th_check_pad(T, n)) {
+        PyErr_SetString(PyExc_ValueError, "three-halves table padding is not zero");
+        goto done;
+    }
+    block *s = get_scratch(9 * GROUP);
+    if (!s) { PyErr_NoMemory(); goto done; }
+    for (size_t k = 0; k < n; k += GROUP) {
+        size_t g = n - k < GROUP ? n - k : GROUP;
+        th_eval_group((const block *)a.p + k, (const block *)b.p + k, T, hi, layer, k, g, n,
+                      (block *)c.p + k, s);
+    }
+    ret = Py_NewRef(Py_None);
+done:
+    release(&a); release(&b); release(&c); release(&t);
+    return ret;
+}
+
+typedef struct {
+    const uint8_t *A, *rho; /* garbler only */
+    const block *B;
+    const uint8_t *T_in;
+    block *Y;
+    uint8_t *T;
+    block d;
+    uint64_t hi, layer0;
+    size_t n;
+    int w;
+    int failed;
+} th_sign_ctx;
+
+static void th_garble_sign_range(void *arg, size_t k0, size_t k1) {
+    th_sign_ctx *x = (th_sign_ctx *)arg;
+    block *s = (block *)aligned_alloc(64, 22 * GROUP * sizeof(block));
+    if (!s) { x->failed = 1; return; }
+    const uint8_t *A = x->A;
+    const block *B = x->B;
+    block d = x->d;
+    size_t n = x->n, lb = 16 * th_layer_blocks(n);
+    int w = x->w;
+    block *c = s + 18 * GROUP, *xx = s + 19 * GROUP, *yy = s + 20 * GROUP, *gg = s + 21 * GROUP;
+    uint8_t bits[GROUP];
+    for (size_t k = k0; k < k1; k += GROUP) {
+        size_t g = k1 - k < GROUP ? k1 - k : GROUP;
+        for (size_t j = 0; j < g; j++) bits[j] = (uint8_t)(A[k + j] & 1);
+        garble_and_const_group(bits, B + k, d, x->hi, x->layer0, k, g, c, (block *)x->T + k, s);
+        for (int i = 1; i < w - 1; i++) {
+            const block *bi = B + (size_t)i * n + k;
+            for (size_t j = 0; j < g; j++) {
+                block am = _mm_set1_epi64x(-(int64_t)(A[(size_t)i * n + k + j] & 1));
+                xx[j] = _mm_xor_si128(c[j], _mm_and_si128(am, d));
+                yy[j] = _mm_xor_si128(bi[j], c[j]);
+            }
+            uint8_t *base = x->T + 16 * n + (size_t)(i - 1) * lb;
+            th_garble_group(xx, yy, d, x->hi, x->layer0 + (uint64_t)i, k, g,
+                            x->rho + (size_t)(i - 1) * n + k, n, base, gg, s);
+            for (size_t j = 0; j < g; j++) c[j] = _mm_xor_si128(c[j], gg[j]);
+        }
+        const block *top = B + (size_t)(w - 1) * n + k;
+        for (size_t j = 0; j < g; j++) {
+            block am = _mm_set1_epi64x(-(int64_t)(A[(size_t)(w - 1) * n + k + j] & 1));
+            block sign = _mm_xor_si128(_mm_xor_si128(top[j], c[j]), _mm_and_si128(am, d));
+            x->Y[k + j] = _mm_xor_si128(sign, d); /* NOT: the garbler relabels */
+        }
+    }
+    free(s);
+}
+
+static void th_eval_sign_range(void *arg, size_t k0, size_t k1) {
+    th_sign_ctx *x = (th_sign_ctx *)arg;
+    block *s = (block *)aligned_alloc(64, 12 * GROUP * sizeof(block));
+    if (!s) { x->failed = 1; return; }
+    const block *B = x->B;
+    size_t n = x->n, lb = 16 * th_layer_blocks(n);
+    int w = x->w;
+    block *c = s + 9 * GROUP, *yy = s + 10 * GROUP, *gg = s + 11 * GROUP;
+    for (size_t k = k0; k < k1; k += GROUP) {
+        size_t g = k1 - k < GROUP ? k1 - k : GROUP;
+        eval_and_const_group(B + k, (const block *)x->T_in + k, x->hi, x->layer0, k, g, c, s);
+        for (int i = 1; i < w - 1; i++) {
+            const block *bi = B + (size_t)i * n + k;
+            for (size_t j = 0; j < g; j++) yy[j] = _mm_xor_si128(bi[j], c[j]);
+            const uint8_t *base = x->T_in + 16 * n + (size_t)(i - 1) * lb;
+            th_eval_group(c, yy, base, x->hi, x->layer0 + (uint64_t)i, k, g, n, gg, s);
+            for (size_t j = 0; j < g; j++) c[j] = _mm_xor_si128(c[j], gg[j]);
+        }
+        const block *top = B + (size_t)(w - 1) * n + k;
+        for (size_t j = 0; j < g; j++) x->Y[k + j] = _mm_xor_si128(top[j], c[j]);
+    }
+    free(s);
+}
+
+static PyObject *py_th_garble_sign(PyObject *self, PyObject *args) {
+    PyObject *ao, *bo, *dob, *ro, *yo, *to;
+    unsigned long long hi, layer0;
+    int w;
+    if (!PyArg_ParseTuple(args, "OOOKKiOOO", &ao, &bo, &dob, &hi, &layer0, &w, &ro, &yo, &to))
+        return NULL;
+    if (th_check_ready()) return NULL;
+    if (w < 2 || w > 64) {
+        PyErr_SetString(PyExc_ValueError, "width must be in [2, 64]");
+        return NULL;
+    }
+    block d;
+    if (get_delta(dob, &d)) return NULL;
+    buf_t a = {0}, b = {0}, rr = {0}, y = {0}, t = {0};
+    PyObject *ret = NULL;
+    if (get_buf(ao, &a, 0, "a") || get_blocks(bo, &b, 0, "b0") || get_buf(ro, &rr, 0, "rho") ||
+        get_blocks(yo, &y, 1, "out") || get_blocks(to, &t, 1, "tables"))
+        goto done;
+    size_t n = (size_t)y.view.len / 16;
+    size_t lb = 16 * th_layer_blocks(n);
+    if (need(&a, (Py_ssize_t)((size_t)w * n), "a") || check_blocks(&b, (size_t)w * n, "b0") ||
+        need(&rr, (Py_ssize_t)((size_t)(w - 2) * n), "rho") || check_blocks(&y, n, "out") ||
+        need(&t, (Py_ssize_t)(16 * n + (size_t)(w - 2) * lb), "tables"))
+        goto done;
+    for (int i = 1; i < w - 1; i++) th_zero_pad((uint8_t *)t.p + 16 * n + (size_t)(i - 1) * lb, n);
+    th_sign_ctx x = {a.p, rr.p, b.p, NULL, y.p, t.p, d, hi, layer0, n, w, 0};
+    Py_BEGIN_ALLOW_THREADS
+    parallel_for(n, GROUP, MIN_PARALLEL_LANES, th_garble_sign_range, &x);
+    Py_END_ALLOW_THREADS
+    if (x.failed) { PyErr_NoMemory(); goto done; }
+    ret = Py_NewRef(Py_None);
+done:
+    release(&a); release(&b); release(&rr); release(&y); release(&t);
+    return ret;
+}
+
+static PyObject *py_th_eval_sign(PyObject *self, PyObject *args) {
+    PyObject *bo, *to, *yo;
+    unsigned long long hi, layer0;
+    int w;
+    if (!PyArg_ParseTuple(args, "OOKKiO", &bo, &to, &hi, &layer0, &w, &yo)) return NULL;
+    if (th_check_ready()) return NULL;
+    if (w < 2 || w > 64) {
+        PyErr_SetString(PyExc_ValueError, "width must be in [2, 64]");
+        return NULL;
+    }
+    buf_t b = {0}, t = {0}, y = {0};
+    PyObject *ret = NULL;
+    if (get_blocks(bo, &b, 0, "b") || get_blocks(to, &t, 0, "tables") ||
+        get_blocks(yo, &y, 1, "out"))
+        goto done;
+    size_t n = (size_t)y.view.len / 16;
+    size_t lb = 16 * th_layer_blocks(n);
+    if (check_blocks(&b, (size_t)w * n, "b") ||
+        need(&t, (Py_ssize_t)(16 * n + (size_t)(w - 2) * lb), "tables"))
+        goto done;
+    for (int i = 1; i < w - 1; i++)
+        if (th_check_pad((const uint8_t *)t.p + 16 * n + (size_t)(i - 1) * lb, n)) {
+            PyErr_SetString(PyExc_ValueError, "three-halves table padding is not zero");
+            goto done;
+        }
+    th_sign_ctx x = {NULL, NULL, b.p, t.p, y.p, NULL, _mm_setzero_si128(), hi, layer0, n, w, 0};
+    Py_BEGIN_ALLOW_THREADS
+    parallel_for(n, GROUP, MIN_PARALLEL_LANES, th_eval_sign_range, &x);
+    Py_END_ALLOW_THREADS
+    if (x.failed) { PyErr_NoMemory(); goto done; }
+    ret = Py_NewRef(Py_None);
+done:
+    release(&b); release(&t); release(&y);
+    return ret;
+}
+
+static PyMethodDef th_methods[] = {
+    {"th_tables", py_th_tables, METH_VARARGS, "Set the three-halves Q and R lookups."},
+    {"th_garble_and", py_th_garble_and, METH_VARARGS, "One garbled AND layer (three halves)."},
+    {"th_eval_and", py_th_eval_and, METH_VARARGS, "One evaluated AND layer (three halves)."},
+    {"th_garble_sign", py_th_garble_sign, METH_VARARGS, "Fused carry chain, garbler (three halves)."},
+    {"th_eval_sign", py_th_eval_sign, METH_VARARGS, "Fused carry chain, evaluator (three halves)."},
+    {NULL, NULL, 0, NULL},
+};
+/* ============================================================== end three-halves */
+
 /* ------------------------------------------------------------------ module */
 
 static PyObject *py_set_key(PyObject *self, PyObject *args) {
@@ -1076,5 +1494,7 @@ PyMODINIT_FUNC PyInit__gc(void) {
     have_vaes = __builtin_cpu_supports("vaes") && __builtin_cpu_supports("avx512f");
 #endif
     use_vaes = have_vaes;
-    return PyModule_Create(&moduledef);
+    PyObject *m = PyModule_Create(&moduledef);
+    if (m && PyModule_AddFunctions(m, th_methods) < 0) Py_CLEAR(m);
+    return m;
 }

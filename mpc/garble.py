@@ -105,23 +105,24 @@ class _Common:
             ws[name] = buf
         return buf
 
-    def _tweaks(self, n: int, halves: tuple[int, ...]) -> Blocks:
+    def _tweaks(self, n: int, halves: tuple[int, ...], step: int = 2) -> Blocks:
         """Tweaks of the next AND layer (n gates), one block of n rows per entry of
         `halves`: half h of the gate in lane k of layer L gets the tweak
-        (L·2^32 + 2k + h, hi). Counts the layer."""
-        if n >= 1 << 31:
+        (L·2^32 + step·k + h, hi), h < step (step 3 for three-halves gates, whose
+        three hashed pairs take h = 0, 1, 2). Counts the layer."""
+        if n >= (1 << 32) // step:
             raise ValueError("AND layer too wide for the tweak format")
-        patterns: dict[tuple[int, tuple[int, ...]], Blocks] = self.__dict__.setdefault(
+        patterns: dict[tuple[int, tuple[int, ...], int], Blocks] = self.__dict__.setdefault(
             "_patterns", {}
         )
-        pat = patterns.get((n, halves))
+        pat = patterns.get((n, halves, step))
         if pat is None:
             pat = np.empty((n * len(halves), 2), dtype=np.uint64)
-            lanes = np.arange(0, 2 * n, 2, dtype=np.uint64)
+            lanes = np.arange(0, step * n, step, dtype=np.uint64)
             for k, h in enumerate(halves):
                 np.add(lanes, np.uint64(h), out=pat[k * n : (k + 1) * n, 0])
             pat[:, 1] = self.tweak_hi
-            patterns[(n, halves)] = pat
+            patterns[(n, halves, step)] = pat
         tw = self._workspace("tweaks", pat.shape[0])[: pat.shape[0]]
         # Only the low word changes with the layer: one strided XOR over it,
         # the high word copied (no broadcasting over the length-2 axis).

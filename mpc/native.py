@@ -25,6 +25,15 @@ import numpy.typing as npt
 
 from svtagg.mpc.aes import FIXED_KEY, Blocks
 from svtagg.mpc.garble import Bits, EvalBackend, GarbleBackend
+from svtagg.mpc.threehalves import (
+    Q_TABLE,
+    R_TABLE,
+    STEP,
+    ThreeHalvesEvalBackend,
+    ThreeHalvesGarbleBackend,
+    check_scheme,
+    layer_blocks,
+)
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +43,7 @@ try:
     from svtagg.mpc import _gc as _loaded  # type: ignore[attr-defined,unused-ignore]
 
     _loaded.set_key(FIXED_KEY)
+    _loaded.th_tables(Q_TABLE.tobytes(), R_TABLE.tobytes())
     _gc = _loaded
 except ImportError as exc:  # not built here, or a CPU without AES-NI
     _load_error = str(exc) or type(exc).__name__
@@ -141,11 +151,11 @@ class _NativeLayers:
     tweak_log: list[Blocks] | None
     label_log: list[Any] | None
 
-    def _layer(self, n: int, halves: tuple[int, ...]) -> int:
+    def _layer(self, n: int, halves: tuple[int, ...], step: int = 2) -> int:
         if self.tweak_log is not None:
-            self._tweaks(n, halves)  # type: ignore[attr-defined]
+            self._tweaks(n, halves, step)  # type: ignore[attr-defined]
             return self.and_layers - 1
-        if n >= 1 << 31:
+        if n >= (1 << 32) // step:
             raise ValueError("AND layer too wide for the tweak format")
         layer = self.and_layers
         self.and_layers += 1
@@ -246,3 +256,66 @@ def transpose_rows_native(mat: npt.NDArray[np.uint8], out: Blocks) -> Blocks:
         mat = np.ascontiguousarray(mat)
     core().transpose128(mat, out)
     return out
+
+
+class NativeThreeHalvesGarbleBackend(NativeGarbleBackend, ThreeHalvesGarbleBackend):
+    """Three-halves AND layers and carry chains in the native core (the garbler
+    half-gate `and_const` as under half-gates)."""
+
+    def and_(self, a0: Blocks, b0: Blocks) -> Blocks:
+        n = a0.shape[0]
+        layer = self._layer(n, (0, 0, 1, 1, 2, 2), STEP)
+        rho = _c(np.asarray(self.coins(n), dtype=np.uint8))
+        tab = self._alloc(layer_blocks(n))
+        c0 = np.empty((n, 2), dtype=np.uint64)
+        core().th_garble_and(_c(a0), _c(b0), self.delta, int(self.tweak_hi), layer, rho, c0, tab)
+        self.and_gates += n
+        return self._log(c0)
+
+    def sign_batch(self, a_bits: Bits | None, b: Blocks, width: int) -> Blocks | None:
+        if not self._fused_ok() or a_bits is None:
+            return None
+        n = b.shape[1]
+        layer0, yes = self._chain(n, width)
+        rho = _c(np.asarray(self.coins((width - 2) * n), dtype=np.uint8))
+        tab = self._alloc(n + (width - 2) * layer_blocks(n))
+        core().th_garble_sign(
+            _c(a_bits[:width]), _c(b), self.delta, int(self.tweak_hi), layer0, width, rho, yes, tab
+        )
+        return yes
+
+
+class NativeThreeHalvesEvalBackend(NativeEvalBackend, ThreeHalvesEvalBackend):
+    """The three-halves evaluator in the native core."""
+
+    def and_(self, a: Blocks, b: Blocks) -> Blocks:
+        n = a.shape[0]
+        layer = self._layer(n, (0, 1, 2), STEP)
+        tab = self._take(layer_blocks(n))
+        c = np.empty((n, 2), dtype=np.uint64)
+        core().th_eval_and(_c(a), _c(b), tab, int(self.tweak_hi), layer, c)
+        self.and_gates += n
+        return self._log(c)
+
+    def sign_batch(self, a_bits: Bits | None, b: Blocks, width: int) -> Blocks | None:
+        if not self._fused_ok():
+            return None
+        n = b.shape[1]
+        layer0, yes = self._chain(n, width)
+        tab = self._take(n + (width - 2) * layer_blocks(n))
+        core().th_eval_sign(_c(b), tab, int(self.tweak_hi), layer0, width, yes)
+        return yes
+
+
+def backends(
+    engine: str, scheme: str = "halfgates"
+) -> tuple[type[GarbleBackend], type[EvalBackend]]:
+    """The garbler and evaluator backend classes of an engine and a garbling
+    scheme ("halfgates" or "threehalves")."""
+    if check_scheme(scheme) == "halfgates":
+        if engine == "native":
+            return NativeGarbleBackend, NativeEvalBackend
+        return GarbleBackend, EvalBackend
+    if engine == "native":
+        return NativeThreeHalvesGarbleBackend, NativeThreeHalvesEvalBackend
+    return ThreeHalvesGarbleBackend, ThreeHalvesEvalBackend

@@ -45,7 +45,7 @@ from svtagg.mpc.circuits import (
 # HIGH and LOW stay importable from here, where the codes used to be defined.
 from svtagg.mpc.circuits import HIGH as HIGH
 from svtagg.mpc.circuits import LOW as LOW
-from svtagg.mpc.garble import Backend, Bits, EvalBackend, GarbleBackend, Wires
+from svtagg.mpc.garble import Backend, Bits, Wires
 from svtagg.mpc.ot import KAPPA, base_ot_receive, base_ot_send
 from svtagg.mpc.ring import RING_BITS, U64
 from svtagg.mpc.softspoken import bytes_per_ot, extension_receiver, extension_sender, parse_ot
@@ -353,19 +353,21 @@ class _Party:
 
     A `session_id` must be fresh for every garbler/evaluator pair (the servers
     use their stream id), and both parties must run the same chunks in the same
-    order with the same k: the tweak of half h of the AND gate in lane k of layer
-    L is (L·2^32 + 2k + h, 24-bit session tag ‖ 40-bit chunk counter), which the
+    order with the same k and `scheme` ("halfgates" or "threehalves"): the tweak
+    of half h of the AND gate in lane k of layer L is (L·2^32 + 2k + h, 24-bit
+    session tag ‖ 40-bit chunk counter), 3k + h under three-halves, which the
     tweakable hash needs unique across the session (see `garble.py`).
     """
 
     #: Tests may set this list to see every batch of input labels.
     input_labels_log: list[Blocks] | None = None
 
-    def __init__(self, channel: Channel, session_id: bytes, ot: str | None = None) -> None:
-        """`ot`: "iknp" or "softspoken[:k]" (default DEFAULT_OT), the same on both sides."""
+    def __init__(
+        self, channel: Channel, session_id: bytes, scheme: str = "halfgates", ot: str | None = None
+    ) -> None:
         if not session_id:
             raise ValueError("session_id must be non-empty and fresh")
-        self.channel, self.ot = channel, parse_ot(ot)
+        self.channel, self.ot = channel, parse_ot(ot)  # "iknp" | "softspoken[:k]", both alike
         self.session_id = bytes(session_id)
         self._tag = int.from_bytes(hashlib.sha256(b"svtagg-gc" + self.session_id).digest()[:3])
         self._chunk = 0
@@ -374,26 +376,23 @@ class _Party:
         self.hasher: TweakableHash | native.NativeHash = (
             native.NativeHash() if self.engine == "native" else TweakableHash()
         )
-        self._garble_cls = native.NativeGarbleBackend if self.engine == "native" else GarbleBackend
-        self._eval_cls = native.NativeEvalBackend if self.engine == "native" else EvalBackend
+        self.scheme = scheme
+        self._garble_cls, self._eval_cls = native.backends(self.engine, scheme)
         self._workspace: dict[str, Blocks] = {}  # scratch reused across chunks
         self.last_stats = RunStats()
         self._ready = False
 
     async def first_yes(self, z: npt.ArrayLike, width: int = RING_BITS) -> int | None:
-        """First j with signed(z_L[j] + z_H[j]) ≥ 0, or None, on both sides.
-        Call with this party's share (which party holds which share does not
-        matter: the circuit adds them).
-        `width` w < 64 compares only the low w bits: both parties must pass the
-        same w, and it is correct when every |z_L + z_H| < 2^(w−1)."""
+        """First j with signed(z_L[j] + z_H[j]) ≥ 0, or None, on both sides, from
+        this party's share (either share: the circuit adds them).  `width` w < 64
+        compares the low w bits (same w on both; correct if |z_L + z_H| < 2^(w−1))."""
         return await self._chunk_flow(first_yes_spec(width), z)
 
     async def compare_to_thresholds(
         self, z_high: npt.ArrayLike, z_low: npt.ArrayLike, width: int = RING_BITS
     ) -> list[int]:
-        """Outcomes (HIGH, LOW, CLOSE) up to and including the first CLOSE, on
-        both sides; nothing about later queries is revealed. Call with this
-        party's shares (`width` as for `first_yes`)."""
+        """Outcomes (HIGH, LOW, CLOSE) up to and including the first CLOSE, on both
+        sides, and nothing later, from this party's shares (`width`: `first_yes`)."""
         return await self._chunk_flow(compare_to_thresholds_spec(width), z_high, z_low)
 
     async def noisy_max(
@@ -440,10 +439,9 @@ class _Party:
         return await self._chunk_flow(any_per_group_spec(group), z)
 
     async def clamp_reshare(self, share: npt.ArrayLike, bound: int) -> U64:
-        """This party's new share of g(S) = min(tri(S), bound) for every lane, where
-        S = share_L + share_H and tri(s) = min(s, 2^64 − s): the robust aggregate.
-        The garbler's new share is a fresh uniform r (CSPRNG), the evaluator's is
-        g(S) − r; neither learns anything else."""
+        """This party's new share of g(S) = min(tri(S), bound) per lane, S = share_L
+        + share_H, tri(s) = min(s, 2^64 − s): the robust aggregate.  The garbler's
+        is a fresh uniform r (CSPRNG), the evaluator's g(S) − r; nothing else leaks."""
         raise NotImplementedError
 
     async def field_clamp_reshare(self, share: npt.ArrayLike, bound: int, field: object) -> U64:
@@ -517,11 +515,8 @@ def _ot_widths(lanes: int, width: int) -> list[int]:
 
 
 class ComparisonGarbler(_Party):
-    """The helper's side on the servers: garbles, holds Δ and the first share of every input.
-
-    Its inputs need no labels: they enter the circuit as free XORs with
-    constants it knows, so they never leave it.
-    """
+    """The helper's side on the servers: garbles, holds Δ and the first share of every
+    input, which needs no labels (free XORs with constants it knows)."""
 
     #: Tests may set this list to see every tweak.
     tweak_log: list[Blocks] | None = None
@@ -666,21 +661,22 @@ class ComparisonEvaluator(_Party):
 
 
 async def connected_pair(
-    session_id: bytes | None = None, ot: str | None = None
+    session_id: bytes | None = None, scheme: str = "halfgates", ot: str | None = None
 ) -> tuple[ComparisonGarbler, ComparisonEvaluator]:
-    """A garbler and an evaluator joined by a MemoryChannel, with base OTs and
-    the OT extension's setup (`ot`, as for the parties) done."""
+    """A garbler and an evaluator joined by a MemoryChannel, their OT setup (`ot`) done."""
     sid = session_id if session_id is not None else secrets.token_bytes(16)
     cg, ce = MemoryChannel.pair()
-    g, e = ComparisonGarbler(cg, sid, ot), ComparisonEvaluator(ce, sid, ot)
+    g, e = ComparisonGarbler(cg, sid, scheme, ot), ComparisonEvaluator(ce, sid, scheme, ot)
     await asyncio.gather(g.setup(), e.setup())
     return g, e
 
 
-async def run_first_yes(z_l: npt.ArrayLike, z_h: npt.ArrayLike) -> int | None:
+async def run_first_yes(
+    z_l: npt.ArrayLike, z_h: npt.ArrayLike, scheme: str = "halfgates"
+) -> int | None:
     """One-process reference: both parties over a MemoryChannel; returns the
     (agreed) first-YES index."""
-    g, e = await connected_pair()
+    g, e = await connected_pair(scheme=scheme)
     rg, re_ = await asyncio.gather(g.first_yes(z_l), e.first_yes(z_h))
     if rg != re_:
         raise AssertionError("parties disagree")
@@ -688,10 +684,14 @@ async def run_first_yes(z_l: npt.ArrayLike, z_h: npt.ArrayLike) -> int | None:
 
 
 async def run_compare_to_thresholds(
-    z_high_l: npt.ArrayLike, z_low_l: npt.ArrayLike, z_high_h: npt.ArrayLike, z_low_h: npt.ArrayLike
+    z_high_l: npt.ArrayLike,
+    z_low_l: npt.ArrayLike,
+    z_high_h: npt.ArrayLike,
+    z_low_h: npt.ArrayLike,
+    scheme: str = "halfgates",
 ) -> list[int]:
     """One-process reference for CompareToThresholds (leader's shares first)."""
-    g, e = await connected_pair()
+    g, e = await connected_pair(scheme=scheme)
     rg, re_ = await asyncio.gather(
         g.compare_to_thresholds(z_high_l, z_low_l), e.compare_to_thresholds(z_high_h, z_low_h)
     )

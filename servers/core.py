@@ -1,5 +1,5 @@
 """The servers' part of the mechanism, free of any transport: task validation,
-upload accounting, stream opening (charge, then draw γ) and each chunk's
+upload accounting, stream opening (charge and γ in one transaction) and each chunk's
 masked comparison inputs z_L / z_H.
 
 Trust assumptions relied on here (see docs/services.md): two non-colluding,
@@ -139,11 +139,16 @@ def parse_taus(task: TaskState, taus: Sequence[int], k: int, name: str = "tau") 
     if len(taus) != k:
         raise InvalidArgument(f"{len(taus)} {name} values for {k} queries")
     bound = default_tau_bound(task.params.n_max, task.params.frac_bits)
-    # Checked on Python ints: np.abs(int64(-2^63)) is still negative, and a
+    too_big = InvalidArgument(f"|{name}| exceeds the bound of {bound} grid units (4·n_max·2^F)")
+    try:
+        grid = np.asarray(taus, dtype=np.int64)
+    except OverflowError:
+        raise too_big from None
+    # Both ends compared, no abs: np.abs(int64(-2^63)) is still negative, and a
     # threshold of -2^63 would flip the comparison (z wraps past the sign bit).
-    if any(abs(int(t)) > bound for t in taus):
-        raise InvalidArgument(f"|{name}| exceeds the bound of {bound} grid units (4·n_max·2^F)")
-    return np.asarray(taus, dtype=np.int64).astype(np.uint64)
+    if grid.size and (int(grid.max()) > bound or int(grid.min()) < -bound):
+        raise too_big
+    return grid.astype(np.uint64)
 
 
 #: The analyst's thresholds of a chunk, as ring elements: τ (Ask) or (τL, τH) (Compare).
@@ -375,11 +380,11 @@ class ServerCore(JointNoiseSteps):
             self._discard_pool(stream_id)
 
     def open_stream(self, request: PrepareStream, open_now: bool = True) -> StreamState:
-        """Validate, charge the ledger durably, then draw this server's γ.  With
-        open_now=False (the leader) the stream stays `opening` until confirmed.
-        With `request.replay` (the helper, at reconciliation) only the charge of
-        a stream the leader opened and failed is recorded, the stream failed,
-        and no γ drawn (`Store.open_stream`)."""
+        """Validate, draw this server's γ, then charge the ledger and store γ in
+        one durable transaction.  With open_now=False (the leader) the stream
+        stays `opening` until confirmed.  With `request.replay` (the helper, at
+        reconciliation) only the charge of a stream the leader opened and failed
+        is recorded, the stream failed, and no γ drawn (`Store.open_stream`)."""
         stream_id, task_id, plan = request.stream_id, request.task_id, request.plan
         epsilon, delta = request.epsilon, request.delta
         task = self.store.task(task_id)
@@ -405,12 +410,15 @@ class ServerCore(JointNoiseSteps):
             raise InvalidArgument(
                 f"epsilon={eps} is below the task's epsilon_min={task.params.epsilon_min}"
             )
-        self.store.open_stream(stream_id, task_id, kind, eps, dl, charge_delta, plan)
-        crash_point("open.after_charge")
         # Joint noise: γ's shares are drawn in the first chunk (servers/joint.py);
         # the 0 stored here is never compared (a failed first chunk fails the stream).
         gamma = 0 if joint else draw_threshold_noise(kind, eps, task.params.frac_bits, self.rng)
-        self.store.set_threshold_noise(stream_id, gamma, open_now)
+        # The charge and γ commit together (one fsync); a refused charge drops γ
+        # unused, and no comparison reads it before both servers have charged.
+        with self.store.atomic():
+            self.store.open_stream(stream_id, task_id, kind, eps, dl, charge_delta, plan)
+            self.store.set_threshold_noise(stream_id, gamma, open_now)
+        crash_point("open.after_charge")
         return self.store.stream(stream_id)
 
     # ------------------------------------------------------------ plans

@@ -29,6 +29,7 @@ import functools
 import hashlib
 import json
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from enum import StrEnum
 from fractions import Fraction
@@ -220,7 +221,7 @@ class Store(Protocol):
     ) -> None:
         """Charge (ε, delta_charge) — to the task's ledger, or to a group of a
         reserved plan — and record the stream as `opening`, in one committed
-        transaction, before the caller draws any noise.
+        transaction (which `atomic` may extend to the stream's γ).
 
         `replay` (reconciliation): the other server opened and failed this
         stream while this one never saw it.  It is recorded `failed` (it never
@@ -229,6 +230,11 @@ class Store(Protocol):
         ended since refunded that group's unused part without this stream, so
         the task is charged what the refund would have kept back.  Idempotent:
         a stream already recorded is left as it is."""
+        ...
+
+    def atomic(self) -> AbstractContextManager[None]:
+        """Several of these steps as one transaction: their commits join it (one
+        commit, one fsync at its end); an exception rolls all of them back."""
         ...
 
     def set_threshold_noise(self, stream_id: str, gamma: int, open_now: bool = True) -> None:

@@ -7,9 +7,9 @@ Selected by a `--db postgresql://...` URL (`store_open.open_store`).
 Durability and isolation:
 - every committed transaction is durable: the session runs with
   `synchronous_commit = on` (the server's fsync setting is the operator's);
-  the uploads' batches, the ledger charge with the `opening` mark, and the
-  `in_chunk` mark all commit before the caller goes on (and before any noise is
-  drawn), as in SQLite.  `confirm_stream` and `end_chunk` commit with
+  the uploads' batches, the ledger charge with the `opening` mark and γ, and
+  the `in_chunk` mark all commit before the caller goes on, as in SQLite.
+  `confirm_stream` and `end_chunk` commit with
   `synchronous_commit = off`, as SQLite writes them with synchronous=NORMAL:
   losing them leaves the stream `opening` / `in_chunk`, failed on restart;
 - each write transaction runs at READ COMMITTED and first takes a transaction
@@ -135,9 +135,8 @@ def _copy_rows(task_id: str, report_ids: list[bytes], shares: list[bytes]) -> by
 
 
 class _TextDumper(StrDumperUnknown):
-    """Python strings as PostgreSQL text; a NUL character (which text cannot
-    hold, and no stored id has) is the caller's invalid argument, not a
-    database error."""
+    """Python strings as PostgreSQL text; a NUL character (which text cannot hold,
+    and no stored id has) is the caller's invalid argument, not a database error."""
 
     def dump(self, obj: str) -> Buffer | None:
         if "\x00" in obj:
@@ -248,6 +247,8 @@ class PgStore(PgPending, JointPoolTables):
 
     def _tx(self, durable: bool = True) -> _Transaction:
         return _Transaction(self._conn, durable)
+
+    atomic = _tx  # Store.atomic: the steps inside share one (durable) transaction
 
     def _migrate(self) -> None:
         with self._tx():

@@ -205,6 +205,8 @@ class SqliteStore(JointPoolTables):
     def _tx(self) -> _Transaction:
         return _Transaction(self._db)
 
+    atomic = _tx  # Store.atomic: the steps inside share one (durable) transaction
+
     # ------------------------------------------------------------ tasks
     def create_task(self, p: TaskParams, verify_key: bytes = b"") -> TaskState:
         with self._tx():
