@@ -363,11 +363,11 @@ class _Party:
     input_labels_log: list[Blocks] | None = None
 
     def __init__(
-        self, channel: Channel, session_id: bytes, ot: str | None = None, scheme: str = "halfgates"
+        self, channel: Channel, session_id: bytes, scheme: str = "halfgates", ot: str | None = None
     ) -> None:
         if not session_id:
             raise ValueError("session_id must be non-empty and fresh")
-        self.channel, self.ot = channel, parse_ot(ot)
+        self.channel, self.ot = channel, parse_ot(ot)  # "iknp" | "softspoken[:k]", both alike
         self.session_id = bytes(session_id)
         self._tag = int.from_bytes(hashlib.sha256(b"svtagg-gc" + self.session_id).digest()[:3])
         self._chunk = 0
@@ -660,13 +660,12 @@ class ComparisonEvaluator(_Party):
 
 
 async def connected_pair(
-    session_id: bytes | None = None, ot: str | None = None, scheme: str = "halfgates"
+    session_id: bytes | None = None, scheme: str = "halfgates", ot: str | None = None
 ) -> tuple[ComparisonGarbler, ComparisonEvaluator]:
-    """A garbler and an evaluator joined by a MemoryChannel, with base OTs and
-    the OT extension's setup (`ot`, as for the parties) done."""
+    """A garbler and an evaluator joined by a MemoryChannel, their OT setup (`ot`) done."""
     sid = session_id if session_id is not None else secrets.token_bytes(16)
     cg, ce = MemoryChannel.pair()
-    g, e = ComparisonGarbler(cg, sid, ot, scheme), ComparisonEvaluator(ce, sid, ot, scheme)
+    g, e = ComparisonGarbler(cg, sid, scheme, ot), ComparisonEvaluator(ce, sid, scheme, ot)
     await asyncio.gather(g.setup(), e.setup())
     return g, e
 

@@ -106,7 +106,7 @@ def garbled_circuit_party(role: Role, channel: Channel, session_id: bytes) -> Co
     from svtagg.mpc.softspoken import server_ot
 
     cls = ComparisonEvaluator if role == Role.LEADER else ComparisonGarbler
-    party: ComparisonParty = cls(channel, session_id, server_ot())
+    party: ComparisonParty = cls(channel, session_id, ot=server_ot())
     return party
 
 

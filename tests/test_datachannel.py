@@ -414,7 +414,7 @@ async def test_every_honest_message_fits_its_chunk_bound(width: int, ot: str) ->
     q2: asyncio.Queue[bytes] = asyncio.Queue()
     cg, ce = _Recorder(q1, q2), _Recorder(q2, q1)
     cg.limit = ce.limit = 1 << 20  # the base OTs
-    g, e = ComparisonGarbler(cg, b"b" * 16, ot), ComparisonEvaluator(ce, b"b" * 16, ot)
+    g, e = ComparisonGarbler(cg, b"b" * 16, ot=ot), ComparisonEvaluator(ce, b"b" * 16, ot=ot)
     await asyncio.gather(g.setup(), e.setup())
     rng = np.random.default_rng(5)
     for k in (1, 3, 700, 4097):

@@ -304,8 +304,8 @@ async def test_the_session_limit_admits_the_extensions() -> None:
 
     cg, ce = Bounded.pair()
     g, e = (
-        ComparisonGarbler(cg, b"bound", "ferret:b10"),
-        ComparisonEvaluator(ce, b"bound", "ferret:b10"),
+        ComparisonGarbler(cg, b"bound", ot="ferret:b10"),
+        ComparisonEvaluator(ce, b"bound", ot="ferret:b10"),
     )
     await asyncio.gather(g.setup(), e.setup())
     z = np.zeros(1, np.uint64)
@@ -448,8 +448,8 @@ async def test_parties_on_different_sets_fail() -> None:
     """A garbler and an evaluator on different sets refuse the first extension."""
     cg, ce = MemoryChannel.pair()
     g, e = (
-        ComparisonGarbler(cg, b"mix", "ferret:test"),
-        ComparisonEvaluator(ce, b"mix", "ferret:tiny"),
+        ComparisonGarbler(cg, b"mix", ot="ferret:test"),
+        ComparisonEvaluator(ce, b"mix", ot="ferret:tiny"),
     )
     task = asyncio.ensure_future(e.setup())
     with pytest.raises(ValueError):

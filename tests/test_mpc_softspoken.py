@@ -426,7 +426,7 @@ async def test_parties_on_different_extensions_fail() -> None:
     for g_ot, e_ot in (("softspoken:4", "softspoken:2"), ("softspoken", "iknp")):
         sid = secrets.token_bytes(16)
         cg, ce = MemoryChannel.pair()
-        g, e = ComparisonGarbler(cg, sid, g_ot), ComparisonEvaluator(ce, sid, e_ot)
+        g, e = ComparisonGarbler(cg, sid, ot=g_ot), ComparisonEvaluator(ce, sid, ot=e_ot)
 
         async def evaluator(e: ComparisonEvaluator = e) -> None:
             await e.setup()
