@@ -166,9 +166,9 @@ async def _cross(garbler: str, evaluator: str) -> tuple[ComparisonGarbler, Compa
     cg, ce = MemoryChannel.pair()
     try:
         native.use(garbler)
-        g = ComparisonGarbler(cg, b"cross-3h", scheme="threehalves")
+        g = ComparisonGarbler(cg, b"cross-3h", "threehalves")
         native.use(evaluator)
-        e = ComparisonEvaluator(ce, b"cross-3h", scheme="threehalves")
+        e = ComparisonEvaluator(ce, b"cross-3h", "threehalves")
     finally:
         native.use(before)
     await asyncio.gather(g.setup(), e.setup())
