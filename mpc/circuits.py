@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from svtagg.mpc.chain import or_chain
 from svtagg.mpc.garble import Backend, Bits, Wires
 from svtagg.mpc.ring import RING_BITS
 
@@ -115,6 +116,12 @@ def _sign_yes_batch(be: Backend, a_bits: Bits | None, b: Wires, width: int) -> W
 
 
 def prefix_or(be: Backend, x: Wires) -> Wires:
+    """Inclusive prefix OR p_k = x_0 ∨ … ∨ x_k, linear (`chain.or_chain`):
+    K − 1 ORs, the fewest, in one AND layer garbled gate after gate."""
+    return or_chain(be, x)
+
+
+def prefix_or_tree(be: Backend, x: Wires) -> Wires:
     """Inclusive prefix OR p_k = x_0 ∨ … ∨ x_k, Brent–Kung: < 2n ORs in
     2·log2(n) layers, each layer one vectorized gate call over all its gates."""
     p = x.copy()
