@@ -36,6 +36,8 @@ from svtagg.mpc.threehalves import (
 )
 
 _M64 = (1 << 64) - 1
+_M128 = (1 << 128) - 1
+_FROM = int.from_bytes
 _ENC = Cipher(algorithms.AES(FIXED_KEY), modes.ECB()).encryptor()
 
 
@@ -58,11 +60,11 @@ def _blocks(vals: list[int]) -> Blocks:
 
 
 def _hash2(x0: int, t0: int, x1: int, t1: int) -> tuple[int, int]:
-    """H(x0, t0), H(x1, t1) with H(x, t) = π(π(x) ⊕ t) ⊕ π(x), two AES calls."""
-    p = _ENC.update(x0.to_bytes(16, "little") + x1.to_bytes(16, "little"))
-    p0, p1 = int.from_bytes(p[:16], "little"), int.from_bytes(p[16:], "little")
-    q = _ENC.update((p0 ^ t0).to_bytes(16, "little") + (p1 ^ t1).to_bytes(16, "little"))
-    return int.from_bytes(q[:16], "little") ^ p0, int.from_bytes(q[16:], "little") ^ p1
+    """H(x0, t0), H(x1, t1) with H(x, t) = π(π(x) ⊕ t) ⊕ π(x): two AES calls
+    over both blocks, as one 256-bit integer."""
+    p = _FROM(_ENC.update((x0 | x1 << 128).to_bytes(32, "little")), "little")
+    h = _FROM(_ENC.update((p ^ (t0 | t1 << 128)).to_bytes(32, "little")), "little") ^ p
+    return h & _M128, h >> 128
 
 
 def _hash1(x: int, t: int) -> int:
