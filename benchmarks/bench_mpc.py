@@ -30,12 +30,10 @@ import contextlib
 import os
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
-
-from collections.abc import Iterator
 
 from svtagg.mpc import circuits, native
 from svtagg.mpc.aes import TweakableHash

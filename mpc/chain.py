@@ -134,7 +134,9 @@ _Q_ROWS = [(_bits(int(q), 0), _bits(int(q), 1)) for q in Q_TABLE.tolist()]
 _R_BITS = [int(r) for r in R_TABLE.tolist()]
 
 
-def _th_garble(be: ThreeHalvesGarbleBackend, x0: list[int], b0: Blocks, rho: list[int]) -> list[int]:
+def _th_garble(
+    be: ThreeHalvesGarbleBackend, x0: list[int], b0: Blocks, rho: list[int]
+) -> list[int]:
     n = len(x0) - 1
     d = int(be.delta[0]) | (int(be.delta[1]) << 64)
     dl, dh = d & _M64, d >> 64
@@ -213,6 +215,7 @@ def or_chain(be: Backend, x: Wires) -> Wires:
         if out is not None:
             return out
     n = k - 1
+    gates: Backend = be
     rho = None
     if isinstance(be, PlainBackend):
         prev: Wires = np.bitwise_or.accumulate(x)[:-1]
@@ -229,10 +232,9 @@ def or_chain(be: Backend, x: Wires) -> Wires:
         prev = _blocks(step(be, _ints(x), np.ascontiguousarray(x[1:]), tab))
     else:  # pragma: no cover - every backend is one of the above
         raise TypeError(f"no linear prefix OR for {type(be).__name__}")
-    a = be.not_(prev)
-    b = be.not_(x[1:])
-    c = be.and_(a, b) if rho is None else be.and_(a, b, rho)  # type: ignore[call-arg]
-    p = be.not_(c)
+    a, b = gates.not_(prev), gates.not_(x[1:])
+    c = gates.and_(a, b) if rho is None else gates.and_(a, b, rho)  # type: ignore[call-arg]
+    p = gates.not_(c)
     if not np.array_equal(p[:-1], prev[1:]):
         raise AssertionError("the linear prefix OR's serial pass disagrees with its layer")
     return np.concatenate([x[:1], p])
