@@ -207,7 +207,7 @@ def or_chain(be: Backend, x: Wires) -> Wires:
     """Inclusive prefix OR p_k = x_0 ∨ … ∨ x_k over the K wires of x, linearly:
     K − 1 OR gates in one AND layer (see the module docstring)."""
     k = x.shape[0]
-    if k == 1:
+    if k <= 1:  # no gate
         return x.copy()
     fused: Callable[[Wires], Wires | None] | None = getattr(be, "or_chain_fused", None)
     if fused is not None:
