@@ -5,6 +5,9 @@ SQLite, garbled circuits), configurations side by side in one run:
     native+grpc   native core, protocol inside the gRPC session stream
     native+data   native core, protocol on the comparison data channel (default)
 
+and, with --configs, each garbling scheme on the last: native+data+halfgates,
+native+data+threehalves (`--garbling`, both servers).
+
 For each: single-query round trip and comparisons/s per chunk size; for the
 last one also chunks of 10^5, batched upload and Algorithm 8 at scale (report
 validation is measured by `bench_ingest`: proofs at ingest, next to the
@@ -124,6 +127,7 @@ def bench_chunks(
                 "comparisons_per_s_best": round(k / best),
                 "comparisons_per_s_worst": round(k / max(times)),
                 "peer_MB_per_chunk": round(peer / 1e6, 2),
+                "peer_bytes_per_comparison": round(peer / k, 1),
             }
         )
     return rows
@@ -182,7 +186,11 @@ CONFIGS: dict[str, tuple[str, list[str]]] = {
     "numpy+grpc": ("numpy", ["--data-port", "off"]),
     "native+grpc": ("native", ["--data-port", "off"]),
     "native+data": ("native", []),
+    "native+data+halfgates": ("native", ["--garbling", "halfgates"]),
+    "native+data+threehalves": ("native", ["--garbling", "threehalves"]),
 }
+#: Run by default (the garbling schemes on request, --configs).
+DEFAULT_CONFIGS = ("numpy+grpc", "native+grpc", "native+data")
 
 
 def run_config(name: str, quick: bool, full: bool, skip_alg8: bool) -> dict[str, Any]:
@@ -274,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--skip-alg8", action="store_true")
     p.add_argument(
         "--configs",
-        default=",".join(CONFIGS),
+        default=",".join(DEFAULT_CONFIGS),
         help=f"comma-separated, from {', '.join(CONFIGS)}; the last one gets the full run",
     )
     args = p.parse_args(argv)
