@@ -222,3 +222,25 @@ def test_linear_saves_an_and_per_comparison() -> None:
         prefix_or_tree(tree, x)
         assert lin.and_gates == k - 1 < tree.and_gates < 2 * k
         assert tree.and_gates - lin.and_gates > 0.9 * k
+
+
+@pytest.mark.parametrize("scheme", th.SCHEMES)
+@pytest.mark.parametrize("engine", ENGINES)
+async def test_streamed_chunks_through_the_protocol(scheme: str, engine: str) -> None:
+    """Chunks of 4,097 and 8,193 lanes stream their sign-test batches; the
+    chain's table comes last, with the decoding bits.  Both engines, both schemes."""
+    from svtagg.mpc.protocol import run_compare_to_thresholds, run_first_yes
+
+    previous = native.active()
+    native.use(engine)
+    try:
+        for k in (4_097, 8_193):
+            for yes in ([k - 1], [LANE_BATCH], []):
+                z_l, z_h = _split(_values(k, yes))
+                assert await run_first_yes(z_l, z_h, scheme) == (yes[0] if yes else None)
+        k = 4_097
+        z_l, z_h = _split(_queries(k, [k - 1]))
+        got = await run_compare_to_thresholds(z_l[:k], z_l[k:], z_h[:k], z_h[k:], scheme)
+        assert got == plain_compare_to_thresholds(z_l[:k] + z_h[:k], z_l[k:] + z_h[k:])
+    finally:
+        native.use(previous)
