@@ -124,6 +124,7 @@ def bench_chunks(
                 "comparisons_per_s_best": round(k / best),
                 "comparisons_per_s_worst": round(k / max(times)),
                 "peer_MB_per_chunk": round(peer / 1e6, 2),
+                "peer_bytes_per_comparison": round(peer / k, 1),
             }
         )
     return rows

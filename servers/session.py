@@ -29,6 +29,7 @@ from typing import Any, Protocol
 from svtagg.dp.errors import InvalidArgument, PeerUnavailable, Refusal
 from svtagg.mpc.channel import Channel, Message
 from svtagg.mpc.ot import MAX_SETUP_MESSAGE
+from svtagg.mpc.softspoken import DEFAULT_OT, parse_ot
 from svtagg.proto import svtagg_pb2 as pb
 from svtagg.proto.vocab import (
     FRAGMENT,
@@ -274,7 +275,11 @@ class LeaderSession:
 
         try:
             await write(
-                pb.PeerFrame(open=pb.SessionOpen(session_id=sid, data_channel=bool(connect_data)))
+                pb.PeerFrame(
+                    open=pb.SessionOpen(
+                        session_id=sid, data_channel=bool(connect_data), ot_extension=DEFAULT_OT
+                    )
+                )
             )
             if connect_data is not None:
                 offer = await asyncio.wait_for(_status(channel), SETUP_DEADLINE)
@@ -357,6 +362,11 @@ class HelperSession:
         if first.WhichOneof("body") != "open" or len(first.open.session_id) != 16:
             raise InvalidArgument("a session starts with SessionOpen (16-byte id)")
         sid = first.open.session_id
+        ot = first.open.ot_extension
+        if ot and _ot_of(ot) != parse_ot(None):
+            raise InvalidArgument(
+                f"the leader's OT extension {ot!r} is not this helper's {DEFAULT_OT!r}"
+            )
         data: DataChannel | None = None
         if first.open.data_channel:
             port = offer.port if offer is not None else 0
@@ -469,3 +479,11 @@ class SessionPool:
                 s.close()
             self._count -= len(self._idle)
             self._idle.clear()
+
+
+def _ot_of(spec: str) -> tuple[str, int] | None:
+    """The parsed OT extension a leader announces, None if this helper does not know it."""
+    try:
+        return parse_ot(spec)
+    except ValueError:
+        return None
