@@ -4,9 +4,10 @@ evaluation of the comparison circuit, end-to-end comparisons per second over
 the in-memory channel (both parties in this one process, so one core does all
 the work), a single comparison's latency, bytes per comparison, base-OT setup
 and the close's robust-aggregate pass.  Medians with min–max over the runs;
-every line prints its target.
+every line prints its target.  The comparison rows run once per OT extension
+of `--ot` (default IKNP and SoftSpoken with k = 4, side by side).
 
-    python -m svtagg.benchmarks.bench_mpc [--runs N] [--max-k K] [--width W]
+    python -m svtagg.benchmarks.bench_mpc [--runs N] [--max-k K] [--width W] [--ot LIST]
         [--schemes both [--schemes-only]] [--prefix both [--prefix-only]]
 
 `--schemes both` adds half-gates and three-halves garbling side by side (AND/s,
@@ -94,36 +95,41 @@ def bench_gates(k: int, runs: int, width: int, scheme: str = "halfgates") -> dic
 
 
 async def bench_protocol(
-    ks: list[int], runs: int, width: int, scheme: str = "halfgates"
-) -> dict[int, dict[str, Any]]:
-    g, e = await connected_pair(scheme=scheme)
+    ks: list[int], runs: int, width: int, ots: list[str | None], scheme: str = "halfgates"
+) -> dict[str | None, dict[int, dict[str, Any]]]:
+    """First-YES chunks per OT extension; the extensions take turns within each
+    repetition, so a change in the machine's load falls on all of them alike."""
+    pairs = {ot: await connected_pair(scheme=scheme, ot=ot) for ot in ots}
     rng = np.random.default_rng(2)
-    out: dict[int, dict[str, Any]] = {}
+    out: dict[str | None, dict[int, dict[str, Any]]] = {ot: {} for ot in ots}
     for k in ks:
         # All NO: the worst case (the whole chunk is evaluated in every case anyway).
         sums = -rng.integers(1, min(2**40, 2 ** (width - 2)), k)  # |z| < 2^(w-1)
         z_l = rng.integers(0, 2**64, k, dtype=np.uint64)
         z_h = sums.astype(np.int64).view(np.uint64) - z_l
         reps = runs if k > 1 else max(200, runs)
-        await asyncio.gather(g.first_yes(z_l, width), e.first_yes(z_h, width))  # warm
-        walls = []
+        walls: dict[str | None, list[float]] = {ot: [] for ot in ots}
+        for g, e in pairs.values():
+            await asyncio.gather(g.first_yes(z_l, width), e.first_yes(z_h, width))  # warm
         for _ in range(reps):
-            w = time.perf_counter()
-            res = await asyncio.gather(g.first_yes(z_l, width), e.first_yes(z_h, width))
-            walls.append(time.perf_counter() - w)
-            assert res == [None, None]
-        st = g.last_stats
-        out[k] = {
-            "rate": _rate(k, walls),
-            "latency_ms": _stat([1e3 * x for x in walls]),
-            "bytes": (st.bytes_sent + st.bytes_received) / k,
-            "and": st.and_gates / k,
-        }
+            for ot, (g, e) in pairs.items():
+                w = time.perf_counter()
+                res = await asyncio.gather(g.first_yes(z_l, width), e.first_yes(z_h, width))
+                walls[ot].append(time.perf_counter() - w)
+                assert res == [None, None]
+        for ot, (g, _) in pairs.items():
+            st = g.last_stats
+            out[ot][k] = {
+                "rate": _rate(k, walls[ot]),
+                "latency_ms": _stat([1e3 * x for x in walls[ot]]),
+                "bytes": (st.bytes_sent + st.bytes_received) / k,
+                "and": st.and_gates / k,
+            }
     return out
 
 
-async def bench_setup(runs: int, group: str | None = None) -> Stat:
-    """Seconds to set up a garbler/evaluator pair (128 base OTs + key schedules)."""
+async def bench_setup(runs: int, group: str | None = None, ext: str | None = None) -> Stat:
+    """Seconds to set up a garbler/evaluator pair (128 base OTs, the extension's setup)."""
     from svtagg.mpc import ot
 
     walls = []
@@ -133,7 +139,7 @@ async def bench_setup(runs: int, group: str | None = None) -> Stat:
     try:
         for _ in range(max(3, runs)):
             t = time.perf_counter()
-            await connected_pair()
+            await connected_pair(ot=ext)
             walls.append(time.perf_counter() - t)
     finally:
         ot.default_group = saved  # type: ignore[assignment]
@@ -180,7 +186,7 @@ def bench_schemes(engines: list[str], runs: int, width: int) -> dict[tuple[str, 
                 gates = bench_gates(10_000, 1, width, scheme)
                 r["g"].append(gates["garble"][0])
                 r["e"].append(gates["eval"][0])
-                p = asyncio.run(bench_protocol([1_000, 10_000], 1, width, scheme))
+                p = asyncio.run(bench_protocol([1_000, 10_000], 1, width, [None], scheme))[None]
                 r["k3"].append(p[1_000]["rate"][0])
                 r["k4"].append(p[10_000]["rate"][0])
                 r["bytes"] = [p[1_000]["bytes"], p[10_000]["bytes"]]
@@ -243,7 +249,9 @@ def bench_prefix(engines: list[str], runs: int, width: int) -> dict[tuple[str, .
                 for name in PREFIXES:
                     r = out.setdefault((eng, scheme, name), {"k3": [], "k4": [], "alone": {}})
                     with _prefix(name):
-                        p = asyncio.run(bench_protocol([1_000, 10_000], 1, width, scheme))
+                        p = asyncio.run(bench_protocol([1_000, 10_000], 1, width, [None], scheme))[
+                            None
+                        ]
                     r["k3"].append(p[1_000]["rate"][0])
                     r["k4"].append(p[10_000]["rate"][0])
                     r["bytes"] = p[10_000]["bytes"]
@@ -293,11 +301,18 @@ def main(argv: list[str] | None = None) -> None:
         help="pin this process to this many CPUs (1: the one-core figures; both parties "
         "and every thread share them)",
     )
+    ap.add_argument(
+        "--ot",
+        default="iknp,softspoken:4",
+        help="comma-separated OT extensions for the comparison rows: iknp, softspoken:k "
+        "(k in 1, 2, 4, 8)",
+    )
     ap.add_argument("--schemes", choices=["halfgates", "both"], default="halfgates")
     ap.add_argument("--schemes-only", action="store_true", help="only the scheme comparison")
     ap.add_argument("--prefix", choices=["linear", "both"], default="linear")
     ap.add_argument("--prefix-only", action="store_true", help="only the prefix comparison")
     args = ap.parse_args(argv)
+    ots = args.ot.split(",")
     if hasattr(os, "sched_setaffinity") and args.cpus > 0:
         os.sched_setaffinity(0, set(sorted(os.sched_getaffinity(0))[: args.cpus]))
     ks = [k for k in (1, 1_000, 10_000, 100_000) if k <= args.max_k]
@@ -333,14 +348,15 @@ def main(argv: list[str] | None = None) -> None:
             native.use(eng)
             r: dict[str, Any] = {}
             r["gates"] = bench_gates(min(ks[-1], 65_536), args.runs, args.width)
-            r["cmp"] = asyncio.run(bench_protocol(ks, args.runs, args.width))
-            r["cmp64"] = asyncio.run(bench_protocol([ks[-1]], args.runs, 64))
+            r["cmp"] = asyncio.run(bench_protocol(ks, args.runs, args.width, list(ots)))
+            r["cmp64"] = asyncio.run(bench_protocol([ks[-1]], args.runs, 64, [None]))[None]
             r["robust"] = asyncio.run(bench_robust(args.robust_d, args.runs))
             res[eng] = r
     finally:
         native.use(before)
         native.set_threads(threads_before)
-    setup = asyncio.run(bench_setup(args.runs, "ed25519"))
+    setup = asyncio.run(bench_setup(args.runs, "ed25519", "iknp"))
+    setups = {ot: asyncio.run(bench_setup(args.runs, "ed25519", ot)) for ot in ots}
     setup_modp = asyncio.run(bench_setup(args.runs, "modp3072"))
     w = args.width
     best = engines[-1]
@@ -369,31 +385,38 @@ def main(argv: list[str] | None = None) -> None:
         digits=2,
     )
     for k in ks:
-        if k == 1:
-            row(
-                "single comparison in-process (K = 1), ms",
-                lambda r: r["cmp"][1]["latency_ms"],
-                "<= 0.1 ms",
-                digits=3,
-            )
-            continue
-        tgt = ">= 250,000 (K = 100,000, one core)" if k == 100_000 else "none"
+        for ot in ots:
+            if k == 1:
 
-        def rate(r: dict[str, Any], k: int = k) -> Stat:
-            return r["cmp"][k]["rate"]  # type: ignore[no-any-return]
+                def latency(r: dict[str, Any], ot: str = ot) -> Stat:
+                    return r["cmp"][ot][1]["latency_ms"]  # type: ignore[no-any-return]
 
-        row(f"comparisons/s in-process, K = {k:,}, w = {w}", rate, tgt)
+                row(
+                    f"single comparison in-process (K = 1), ms, OT {ot}",
+                    latency,
+                    "<= 0.1 ms",
+                    digits=3,
+                )
+                continue
+            tgt = ">= 250,000 (K = 100,000, one core)" if k == 100_000 else "none"
+
+            def rate(r: dict[str, Any], k: int = k, ot: str = ot) -> Stat:
+                return r["cmp"][ot][k]["rate"]  # type: ignore[no-any-return]
+
+            row(f"comparisons/s in-process, K = {k:,}, w = {w}, OT {ot}", rate, tgt)
     kmax = ks[-1]
     row(
-        f"comparisons/s in-process, K = {kmax:,}, w = 64",
+        f"comparisons/s in-process, K = {kmax:,}, w = 64 (default OT)",
         lambda r: r["cmp64"][kmax]["rate"],
         "none",
     )
-    cmp = res[best]["cmp"][kmax]
-    print(
-        f"bytes/comparison at w = {w}: {cmp['bytes']:,.0f} ({cmp['and']:.1f} AND/comparison); "
-        f"at w = 64: {res[best]['cmp64'][kmax]['bytes']:,.0f}   [target <= 2,000]"
-    )
+    for ot in ots:
+        cmp = res[best]["cmp"][ot][kmax]
+        print(
+            f"bytes/comparison at w = {w}, OT {ot}: {cmp['bytes']:,.0f} "
+            f"({cmp['and']:.1f} AND/comparison)   [target <= 2,000]"
+        )
+    print(f"bytes/comparison at w = 64 (default OT): {res[best]['cmp64'][kmax]['bytes']:,.0f}")
     row(
         f"robust-aggregate pass, d = {args.robust_d:,}, seconds",
         lambda r: r["robust"]["seconds"],
@@ -405,6 +428,10 @@ def main(argv: list[str] | None = None) -> None:
         f"{_fmt(setup, digits=3)} s   [target <= 0.1 s]; in the 3072-bit MODP group "
         f"(the reference): {_fmt(setup_modp, digits=3)} s"
     )
+    for ot in ots:
+        print(
+            f"setup with OT {ot} (base OTs, the extension's setup): {_fmt(setups[ot], digits=3)} s"
+        )
     print(f"load average at end: {os.getloadavg()[0]:.2f}")
 
 

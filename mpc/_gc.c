@@ -847,6 +847,175 @@ done:
     return ret;
 }
 
+/* ------------------------------------------------------------------ SoftSpoken OT
+ *
+ * ss_expand(schedules, k, skip0, nonce, first, nblk, v_out, v_stride, u_out, u_stride):
+ *   the leaf streams of mpc/softspoken.py, fused with their sums.  The schedules
+ *   are n = 128/k blocks of (2^k − skip0) leaf keys; leaf x of block i (x from
+ *   skip0 on; a skipped leaf 0 counts as zero) streams G = AES_key(nonce ‖ first + j)
+ *   for j < nblk (the IKNP row PRG's counter blocks).  Writes
+ *   v_out[(i·k + b)·v_stride + 16j…] = ⊕_{x: bit b of x} G_{i,x}, and, unless
+ *   u_out is None, u_out[i·u_stride + 16j…] = ⊕_x G_{i,x}.  The leaf index x is
+ *   public (the garbler's leaves are relabelled), so its bits may pick rows.
+ */
+typedef struct {
+    const uint8_t *S;
+    uint8_t *V, *U;
+    uint64_t nb;
+    unsigned long long first;
+    Py_ssize_t nblk, vs, us;
+    int k, skip0;
+} ss_ctx;
+
+#define SS_TILE 64 /* counter blocks summed in L1 before they are stored */
+
+/* g[q] = AES_rk(ctr[q]) for q < m (m a multiple of 4, ≤ SS_TILE). */
+static void ss_ctr_128(const uint8_t *sched, const block *ctr, int m, block *g) {
+    block rk[11];
+    memcpy(rk, sched, sizeof rk);
+    for (int j = 0; j < m; j += 4) {
+        /* 4 in flight: with the 11 round keys, 15 of the 16 xmm registers */
+        block b0 = _mm_xor_si128(ctr[j], rk[0]), b1 = _mm_xor_si128(ctr[j + 1], rk[0]);
+        block b2 = _mm_xor_si128(ctr[j + 2], rk[0]), b3 = _mm_xor_si128(ctr[j + 3], rk[0]);
+        for (int r = 1; r < 10; r++) {
+            b0 = _mm_aesenc_si128(b0, rk[r]); b1 = _mm_aesenc_si128(b1, rk[r]);
+            b2 = _mm_aesenc_si128(b2, rk[r]); b3 = _mm_aesenc_si128(b3, rk[r]);
+        }
+        g[j] = _mm_aesenclast_si128(b0, rk[10]); g[j + 1] = _mm_aesenclast_si128(b1, rk[10]);
+        g[j + 2] = _mm_aesenclast_si128(b2, rk[10]); g[j + 3] = _mm_aesenclast_si128(b3, rk[10]);
+    }
+}
+
+#ifdef HAVE_VAES_TARGET
+__attribute__((target("avx512f,vaes")))
+static void ss_ctr_vaes(const uint8_t *sched, const block *ctr, int m, block *g) {
+    __m512i k[11];
+    for (int r = 0; r < 11; r++)
+        k[r] = _mm512_broadcast_i32x4(_mm_loadu_si128((const block *)(sched + 16 * r)));
+    int j = 0;
+    for (; j + 16 <= m; j += 16) {
+        __m512i b0 = _mm512_xor_si512(_mm512_loadu_si512((const void *)(ctr + j)), k[0]);
+        __m512i b1 = _mm512_xor_si512(_mm512_loadu_si512((const void *)(ctr + j + 4)), k[0]);
+        __m512i b2 = _mm512_xor_si512(_mm512_loadu_si512((const void *)(ctr + j + 8)), k[0]);
+        __m512i b3 = _mm512_xor_si512(_mm512_loadu_si512((const void *)(ctr + j + 12)), k[0]);
+        for (int r = 1; r < 10; r++) {
+            b0 = _mm512_aesenc_epi128(b0, k[r]); b1 = _mm512_aesenc_epi128(b1, k[r]);
+            b2 = _mm512_aesenc_epi128(b2, k[r]); b3 = _mm512_aesenc_epi128(b3, k[r]);
+        }
+        _mm512_storeu_si512((void *)(g + j), _mm512_aesenclast_epi128(b0, k[10]));
+        _mm512_storeu_si512((void *)(g + j + 4), _mm512_aesenclast_epi128(b1, k[10]));
+        _mm512_storeu_si512((void *)(g + j + 8), _mm512_aesenclast_epi128(b2, k[10]));
+        _mm512_storeu_si512((void *)(g + j + 12), _mm512_aesenclast_epi128(b3, k[10]));
+    }
+    for (; j < m; j += 4) {
+        __m512i b = _mm512_xor_si512(_mm512_loadu_si512((const void *)(ctr + j)), k[0]);
+        for (int r = 1; r < 10; r++) b = _mm512_aesenc_epi128(b, k[r]);
+        _mm512_storeu_si512((void *)(g + j), _mm512_aesenclast_epi128(b, k[10]));
+    }
+    _mm256_zeroupper();
+}
+
+/* ss_add_128 with 512-bit XORs (m a multiple of 4). */
+__attribute__((target("avx512f")))
+static void ss_add_vaes(block (*acc)[SS_TILE], const block *g, int m, int leaf, int k) {
+    for (int b = 0; b < k; b++) {
+        if (!((leaf >> b) & 1)) continue; /* public leaf index */
+        for (int q = 0; q < m; q += 4)
+            _mm512_storeu_si512((void *)(acc[b] + q),
+                                _mm512_xor_si512(_mm512_loadu_si512((const void *)(acc[b] + q)),
+                                                 _mm512_loadu_si512((const void *)(g + q))));
+    }
+    for (int q = 0; q < m; q += 4)
+        _mm512_storeu_si512((void *)(acc[8] + q),
+                            _mm512_xor_si512(_mm512_loadu_si512((const void *)(acc[8] + q)),
+                                             _mm512_loadu_si512((const void *)(g + q))));
+    _mm256_zeroupper();
+}
+#endif
+
+/* acc[b] ^= g where bit b of the leaf index is set, acc[8] ^= g always. */
+static void ss_add_128(block (*acc)[SS_TILE], const block *g, int m, int leaf, int k) {
+    for (int b = 0; b < k; b++) {
+        if (!((leaf >> b) & 1)) continue; /* public leaf index */
+        for (int q = 0; q < m; q++) acc[b][q] = _mm_xor_si128(acc[b][q], g[q]);
+    }
+    for (int q = 0; q < m; q++) acc[8][q] = _mm_xor_si128(acc[8][q], g[q]);
+}
+
+static void ss_range(void *arg, size_t i0, size_t i1) {
+    ss_ctx *x = (ss_ctx *)arg;
+    const int k = x->k, leaves = 1 << k, per = leaves - x->skip0;
+    const Py_ssize_t nblk = x->nblk;
+    block acc[9][SS_TILE]; /* v[0..k−1], then u */
+    block ctr[SS_TILE], g[SS_TILE];
+    void (*ctr_fn)(const uint8_t *, const block *, int, block *) = ss_ctr_128;
+    void (*add_fn)(block (*)[SS_TILE], const block *, int, int, int) = ss_add_128;
+#ifdef HAVE_VAES_TARGET
+    if (use_vaes) {
+        ctr_fn = ss_ctr_vaes;
+        add_fn = ss_add_vaes;
+    }
+#endif
+    for (size_t i = i0; i < i1; i++) {
+        const uint8_t *keys = x->S + 176 * (Py_ssize_t)i * per;
+        for (Py_ssize_t j0 = 0; j0 < nblk; j0 += SS_TILE) {
+            int m = nblk - j0 < SS_TILE ? (int)(nblk - j0) : SS_TILE;
+            int m4 = (m + 3) & ~3; /* a short tail computes (and drops) spare blocks */
+            for (int q = 0; q < m4; q++)
+                ctr[q] = _mm_set_epi64x(
+                    (long long)__builtin_bswap64(x->first + (uint64_t)(j0 + q)), (long long)x->nb);
+            memset(acc, 0, sizeof acc);
+            for (int leaf = x->skip0; leaf < leaves; leaf++) {
+                ctr_fn(keys + 176 * (leaf - x->skip0), ctr, m4, g);
+                add_fn(acc, g, m4, leaf, k);
+            }
+            for (int b = 0; b < k; b++)
+                memcpy(x->V + ((Py_ssize_t)i * k + b) * x->vs + 16 * j0, acc[b], (size_t)(16 * m));
+            if (x->U) memcpy(x->U + (Py_ssize_t)i * x->us + 16 * j0, acc[8], (size_t)(16 * m));
+        }
+    }
+}
+
+static PyObject *py_ss_expand(PyObject *self, PyObject *args) {
+    PyObject *so, *vo, *uo;
+    int k, skip0;
+    unsigned long long nonce, first;
+    Py_ssize_t nblk, vs, us;
+    if (!PyArg_ParseTuple(args, "OipKKnOnOn", &so, &k, &skip0, &nonce, &first, &nblk, &vo, &vs,
+                          &uo, &us))
+        return NULL;
+    buf_t sch = {0}, v = {0}, u = {0};
+    PyObject *ret = NULL;
+    if (k != 1 && k != 2 && k != 4 && k != 8) {
+        PyErr_SetString(PyExc_ValueError, "SoftSpoken k must be 1, 2, 4 or 8");
+        return NULL;
+    }
+    int n = 128 / k, per = (1 << k) - (skip0 ? 1 : 0);
+    if (get_buf(so, &sch, 0, "schedules") || get_buf(vo, &v, 1, "v_out")) goto done;
+    if (uo != Py_None && get_buf(uo, &u, 1, "u_out")) goto done;
+    if (sch.view.len != (Py_ssize_t)176 * n * per || nblk < 0 || nblk > ((Py_ssize_t)1 << 32) ||
+        vs < 16 * nblk || vs > ((Py_ssize_t)1 << 40) ||
+        (uo != Py_None && (us < 16 * nblk || us > ((Py_ssize_t)1 << 40)))) {
+        PyErr_SetString(PyExc_ValueError, "bad SoftSpoken expansion shape");
+        goto done;
+    }
+    /* rows are at most 128 × 2^40 bytes apart: no overflow in 64 bits */
+    if (nblk && need(&v, 127 * vs + 16 * nblk, "v_out")) goto done;
+    if (nblk && uo != Py_None && need(&u, (Py_ssize_t)(n - 1) * us + 16 * nblk, "u_out")) goto done;
+    ss_ctx x = {sch.p, v.p, uo != Py_None ? u.p : NULL, __builtin_bswap64(nonce), first,
+                nblk, vs, us, k, skip0 ? 1 : 0};
+    if (nblk) {
+        Py_BEGIN_ALLOW_THREADS
+        ss_range(&x, 0, (size_t)n);
+        Py_END_ALLOW_THREADS
+    }
+    ret = Py_NewRef(Py_None);
+done:
+    release(&sch); release(&v);
+    if (uo != Py_None) release(&u);
+    return ret;
+}
+
 /* ================================================================== three-halves
  *
  * Three-halves AND gates (Rosulek–Roy 2021; mpc/threehalves.py is the reference
@@ -1457,6 +1626,7 @@ static PyMethodDef methods[] = {
     {"transpose128", py_transpose128, METH_VARARGS, "IKNP 128 x m bit transpose."},
     {"expand_keys", py_expand_keys, METH_VARARGS, "AES-128 key schedules of 16-byte keys."},
     {"prg_rows", py_prg_rows, METH_VARARGS, "AES-CTR rows of the IKNP PRG."},
+    {"ss_expand", py_ss_expand, METH_VARARGS, "SoftSpoken leaf streams and their sums."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -46,8 +46,9 @@ from svtagg.mpc.circuits import (
 from svtagg.mpc.circuits import HIGH as HIGH
 from svtagg.mpc.circuits import LOW as LOW
 from svtagg.mpc.garble import Backend, Bits, Wires
-from svtagg.mpc.ot import KAPPA, IKNPReceiver, IKNPSender, base_ot_receive, base_ot_send
+from svtagg.mpc.ot import KAPPA, base_ot_receive, base_ot_send
 from svtagg.mpc.ring import RING_BITS, U64
+from svtagg.mpc.softspoken import bytes_per_ot, extension_receiver, extension_sender, parse_ot
 from svtagg.mpc.streaming import _OrderedSends, _Parts
 from svtagg.mpc.tournament import (
     CARRY_INDEX_BITS,
@@ -101,8 +102,7 @@ class ChunkCircuit(Generic[R]):
     streams: bool = False
 
     def parts(self, k: int) -> int:
-        """Messages the garbler's tables come in: one per lane batch of the sign
-        test, then the rest with the decoding bits; 1 when not streamed."""
+        """Messages of the garbler's tables: a lane batch's each, then the rest (1 unstreamed)."""
         if not self.streams:
             return 1
         batches = len(lane_batches(k * len(self.inputs)))
@@ -111,13 +111,13 @@ class ChunkCircuit(Generic[R]):
     def decoding_bits(self, k: int) -> int:
         return self.output_bits(k) if self.output_bits is not None else self.outputs * k
 
-    def max_message(self, k: int) -> int:
-        """Bytes of the longest message an honest party sends in a chunk of k (OT
-        matrix, 16 bytes per evaluator input bit; tables and decoding bits; result):
-        a receiver refuses a longer announced length before allocating anything."""
+    def max_message(self, k: int, ot_bytes: int = 16) -> int:
+        """Bytes of the longest message an honest party sends in a chunk of k (the OT
+        extension's, `ot_bytes` per evaluator input bit, the tables with the decoding
+        bits, the result): a receiver refuses a longer announced length at once."""
         lanes = k * len(self.inputs)
         tables = 16 * (self.tables_per_lane * lanes + 64) + (self.decoding_bits(k) + 7) // 8
-        return max(16 * self.width * lanes, tables, 8 * k)
+        return max(ot_bytes * self.width * lanes, tables, 8 * k)
 
 
 def _encode_index(j: int | None, k: int) -> bytes:
@@ -362,10 +362,12 @@ class _Party:
     #: Tests may set this list to see every batch of input labels.
     input_labels_log: list[Blocks] | None = None
 
-    def __init__(self, channel: Channel, session_id: bytes, scheme: str = "halfgates") -> None:
+    def __init__(
+        self, channel: Channel, session_id: bytes, scheme: str = "halfgates", ot: str | None = None
+    ) -> None:
         if not session_id:
             raise ValueError("session_id must be non-empty and fresh")
-        self.channel = channel
+        self.channel, self.ot = channel, parse_ot(ot)  # "iknp" | "softspoken[:k]", both alike
         self.session_id = bytes(session_id)
         self._tag = int.from_bytes(hashlib.sha256(b"svtagg-gc" + self.session_id).digest()[:3])
         self._chunk = 0
@@ -466,7 +468,7 @@ class _Party:
             select(k * len(spec.inputs))
         limit = getattr(self.channel, "limit_messages", None)
         if limit is not None:  # and one that can refuse longer messages up front
-            limit(spec.max_message(k))
+            limit(spec.max_message(k, bytes_per_ot(self.ot)))
         s, r, t = self.channel.bytes_sent, self.channel.bytes_received, time.perf_counter()
         z = shares[0] if len(shares) == 1 else np.concatenate(shares)
         result, and_gates = await self._run(spec, z, k, nonce, tweak_hi)
@@ -525,8 +527,8 @@ class ComparisonGarbler(_Party):
         s = [secrets.randbits(1) for _ in range(KAPPA)]
         s[0] = 1  # Δ's point-and-permute bit
         keys = await base_ot_receive(self.channel, s, self.session_id)
-        self._iknp = IKNPSender(s, keys)
-        self.delta = self._iknp.delta
+        self._ext = await extension_sender(self.channel, s, keys, self.ot)
+        self.delta = self._ext.delta
         self._ready = True
 
     async def clamp_reshare(self, share: npt.ArrayLike, bound: int) -> U64:
@@ -552,7 +554,7 @@ class ComparisonGarbler(_Party):
     async def _run(
         self, spec: ChunkCircuit[R], z: U64, k: int, nonce: int, tweak_hi: int
     ) -> tuple[R, int]:
-        """Receive the IKNP matrix u (16 bytes per evaluator input bit), garble,
+        """Receive the OT-extension message (16/k bytes per evaluator input bit), garble,
         send all tables + output-decoding bits, receive the decoded result.
 
         A chunk of several lane batches is garbled in a worker thread and each
@@ -561,7 +563,7 @@ class ComparisonGarbler(_Party):
         `spec.parts(k)` messages instead of one."""
         a_bits = bit_planes(z)
         lanes = k * len(spec.inputs)  # the evaluator's input lanes
-        q = self._iknp.labels(await self.channel.recv(), _ot_widths(lanes, spec.width), nonce)
+        q = self._ext.labels(await self.channel.recv(), _ot_widths(lanes, spec.width), nonce)
         # 125 ciphertexts per comparison plus < 6 per lane for the chunk logic.
         capacity = spec.tables_per_lane * lanes + 64
         be = self._garble_cls(
@@ -597,9 +599,9 @@ class ComparisonEvaluator(_Party):
     label_log: list[Blocks] | None = None
 
     async def setup(self) -> None:
-        """Base OTs (the evaluator is the base-OT sender)."""
+        """Base OTs (the evaluator is the base-OT sender), then the extension's setup."""
         keys = await base_ot_send(self.channel, KAPPA, self.session_id)
-        self._iknp = IKNPReceiver(keys)
+        self._ext = await extension_receiver(self.channel, keys, self.ot)
         self._ready = True
 
     async def clamp_reshare(self, share: npt.ArrayLike, bound: int) -> U64:
@@ -624,9 +626,9 @@ class ComparisonEvaluator(_Party):
             np.packbits(bit_planes(z[lo:hi])[: spec.width].reshape(-1), bitorder="little")
             for lo, hi in lane_batches(lanes)
         ]
-        await self.channel.send(self._iknp.u_message(choices, nonce))
+        await self.channel.send(self._ext.u_message(choices, nonce))
         nd = (spec.decoding_bits(k) + 7) // 8
-        t = self._iknp.labels(_ot_widths(lanes, spec.width), nonce)
+        t = self._ext.labels(_ot_widths(lanes, spec.width), nonce)
         wires = self._input_wires(t, spec.width)
         if spec.parts(k) > 1:
             parts = _Parts(self.channel, spec.parts(k), nd)
@@ -659,12 +661,12 @@ class ComparisonEvaluator(_Party):
 
 
 async def connected_pair(
-    session_id: bytes | None = None, scheme: str = "halfgates"
+    session_id: bytes | None = None, scheme: str = "halfgates", ot: str | None = None
 ) -> tuple[ComparisonGarbler, ComparisonEvaluator]:
-    """A garbler and an evaluator joined by a MemoryChannel, with base OTs done."""
+    """A garbler and an evaluator joined by a MemoryChannel, their OT setup (`ot`) done."""
     sid = session_id if session_id is not None else secrets.token_bytes(16)
     cg, ce = MemoryChannel.pair()
-    g, e = ComparisonGarbler(cg, sid, scheme), ComparisonEvaluator(ce, sid, scheme)
+    g, e = ComparisonGarbler(cg, sid, scheme, ot), ComparisonEvaluator(ce, sid, scheme, ot)
     await asyncio.gather(g.setup(), e.setup())
     return g, e
 

@@ -29,6 +29,7 @@ from typing import Any, Protocol
 from svtagg.dp.errors import InvalidArgument, PeerUnavailable, Refusal
 from svtagg.mpc.channel import Channel, Message
 from svtagg.mpc.ot import MAX_SETUP_MESSAGE
+from svtagg.mpc.softspoken import DEFAULT_OT, parse_ot
 from svtagg.proto import svtagg_pb2 as pb
 from svtagg.proto.vocab import (
     FRAGMENT,
@@ -281,6 +282,7 @@ class LeaderSession:
                     open=pb.SessionOpen(
                         session_id=sid,
                         data_channel=bool(connect_data),
+                        ot_extension=DEFAULT_OT,
                         garbling=garbling_of(factory),
                     )
                 )
@@ -370,6 +372,11 @@ class HelperSession:
             raise InvalidArgument("a session starts with SessionOpen (16-byte id)")
         sid = first.open.session_id
         try:
+            ot = first.open.ot_extension
+            if ot and _ot_of(ot) != parse_ot(None):
+                raise InvalidArgument(
+                    f"the leader's OT extension {ot!r} is not this helper's {DEFAULT_OT!r}"
+                )
             check_garbling(first.open.garbling, garbling)
         except InvalidArgument as exc:  # told to the leader, whatever it reads next
             await self._write(pb.PeerFrame(status=refusal_status(exc)))
@@ -486,3 +493,11 @@ class SessionPool:
                 s.close()
             self._count -= len(self._idle)
             self._idle.clear()
+
+
+def _ot_of(spec: str) -> tuple[str, int] | None:
+    """The parsed OT extension a leader announces, None if this helper does not know it."""
+    try:
+        return parse_ot(spec)
+    except ValueError:
+        return None

@@ -403,17 +403,18 @@ class _Recorder(MemoryChannel):
         await super().send(data)
 
 
+@pytest.mark.parametrize("ot", ["iknp", "softspoken:4"])
 @pytest.mark.parametrize("width", [8, 40, 64])
-async def test_every_honest_message_fits_its_chunk_bound(width: int) -> None:
+async def test_every_honest_message_fits_its_chunk_bound(width: int, ot: str) -> None:
     """The bound a receiver applies (`ChunkCircuit.max_message`) admits every
-    message of every kind of chunk, and is tight."""
+    message of every kind of chunk, on either OT extension, and is tight."""
     from svtagg.mpc.protocol import ComparisonEvaluator, ComparisonGarbler
 
     q1: asyncio.Queue[bytes] = asyncio.Queue()
     q2: asyncio.Queue[bytes] = asyncio.Queue()
     cg, ce = _Recorder(q1, q2), _Recorder(q2, q1)
     cg.limit = ce.limit = 1 << 20  # the base OTs
-    g, e = ComparisonGarbler(cg, b"b" * 16), ComparisonEvaluator(ce, b"b" * 16)
+    g, e = ComparisonGarbler(cg, b"b" * 16, ot=ot), ComparisonEvaluator(ce, b"b" * 16, ot=ot)
     await asyncio.gather(g.setup(), e.setup())
     rng = np.random.default_rng(5)
     for k in (1, 3, 700, 4097):
@@ -428,9 +429,13 @@ async def test_every_honest_message_fits_its_chunk_bound(width: int) -> None:
             cg.largest = ce.largest = 0
             await asyncio.gather(getattr(g, name)(*args), getattr(e, name)(*args))
             assert cg.limit == ce.limit  # both sides bound the chunk alike
-            # Tight: within 2.5x, plus the fixed 64 blocks of slack.
+            # Tight: within 2.5x, plus the fixed 64 blocks of slack.  Within 3x for
+            # a streamed chunk at w = 8 with SoftSpoken: the tables' bound covers
+            # all its lane batches at once, and the OT message (IKNP's was the
+            # largest there) is 4x shorter.
             largest = max(cg.largest, ce.largest)
-            assert cg.limit <= 2.5 * largest + 16 * 64, (k, largest, cg.limit)
+            slack = 3.0 if width == 8 and ot != "iknp" else 2.5
+            assert cg.limit <= slack * largest + 16 * 64, (k, largest, cg.limit)
 
 
 async def test_an_oversized_length_header_is_refused_before_allocating(certs: Path) -> None:

@@ -121,7 +121,11 @@ async def test_a_close_time_chunk_waits_for_the_helpers_record(tmp_path: Path) -
         seen = flights.take()
         seen = seen[next(i for i, (_, bodies) in enumerate(seen) if "header" in bodies) :]
         assert directions(seen) == ["to_helper", "to_leader", "to_helper", "to_leader"], seen
-        assert seen[0][1][0] == "header" and seen[-1][1] == ["status"]
+        # The session opens for this chunk: the tail of its setup (SoftSpoken's
+        # message, leader → helper, one fragment) rides in the header's flight.
+        first = seen[0][1]
+        assert first[: first.index("header")] in ([], ["fragment"]), first
+        assert seen[-1][1] == ["status"]
 
 
 async def test_the_next_header_waits_for_the_previous_record(
