@@ -319,7 +319,7 @@ async def _serve(args: argparse.Namespace, config: ServerConfig) -> int:
     server = SvtaggServer(config)  # binds the ports, then opens the store
     log = logging.getLogger("svtagg.server")
     log.info("%s store: %s", args.role, describe_store(args.db))
-    log.info("comparison engine: %s", native.describe())
+    log.info("comparison engine: %s; garbling: %s", native.describe(), config.garbling)
     for name, cap, default in (
         ("epsilon", config.max_epsilon_total, DEFAULT_MAX_EPSILON_TOTAL),
         ("delta", config.max_delta_total, DEFAULT_MAX_DELTA_TOTAL),
