@@ -8,11 +8,16 @@ every line prints its target.  The comparison rows run once per OT extension
 of `--ot` (default IKNP, SoftSpoken with k = 4 and Ferret, side by side).
 
     python -m svtagg.benchmarks.bench_mpc [--runs N] [--max-k K] [--width W] [--ot LIST]
-        [--schemes both [--schemes-only]]
+        [--schemes both [--schemes-only]] [--prefix both [--prefix-only]]
 
 `--schemes both` adds half-gates and three-halves garbling side by side (AND/s,
 comparisons/s at K = 10^3 and 10^4, bytes per comparison, on both engines),
 their runs interleaved so that load drifts hit both schemes alike.
+`--prefix both` sets the first-YES chunk's linear prefix OR (the circuit's)
+beside the Brent–Kung one it replaced (`circuits.prefix_or_tree`), both
+schemes, both engines, interleaved the same way: comparisons/s at K = 10^3 and
+10^4, bytes and ANDs per comparison, and the prefix OR alone (garble +
+evaluate) at K = 10^3, 10^4 and 10^5.
 
 Throughput is wall-clock; on a shared machine compare the ratios (measured in
 the same run) rather than absolute figures across runs.
@@ -22,15 +27,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
 
-from svtagg.mpc import native
+from svtagg.mpc import circuits, native
 from svtagg.mpc.aes import TweakableHash
 from svtagg.mpc.circuits import bit_planes, planes, sign_yes
 from svtagg.mpc.protocol import connected_pair
@@ -233,6 +239,78 @@ def print_schemes(res: dict[tuple[str, str], Any], runs: int, width: int) -> Non
         )
 
 
+PREFIXES = {"linear": circuits.prefix_or, "tree": circuits.prefix_or_tree}
+
+
+@contextlib.contextmanager
+def _prefix(name: str) -> Iterator[None]:
+    """Run the chunk circuits with the named prefix OR."""
+    before = circuits.prefix_or
+    circuits.prefix_or = PREFIXES[name]  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        circuits.prefix_or = before  # type: ignore[assignment]
+
+
+def _prefix_alone(k: int, scheme: str, name: str) -> float:
+    """Seconds to garble and evaluate the prefix OR alone over k wires."""
+    rng = np.random.default_rng(3)
+    d = rng.integers(0, 2**64, 2, dtype=np.uint64)
+    d[0] |= np.uint64(1)
+    x = rng.integers(0, 2**64, (k, 2), dtype=np.uint64)
+    gb, eb = native.backends(native.active(), scheme)
+    h = native.NativeHash() if native.active() == "native" else TweakableHash()
+    t = time.perf_counter()
+    g = gb(d, h, 5)
+    PREFIXES[name](g, x)
+    PREFIXES[name](eb(h, 5, g.table_bytes()), x)
+    return time.perf_counter() - t
+
+
+def bench_prefix(engines: list[str], runs: int, width: int) -> dict[tuple[str, ...], Any]:
+    """Linear vs Brent–Kung prefix OR, every engine and scheme, interleaved."""
+    out: dict[tuple[str, ...], dict[str, Any]] = {}
+    for _ in range(runs):
+        for eng in engines:
+            native.use(eng)
+            for scheme in SCHEMES:
+                for name in PREFIXES:
+                    r = out.setdefault((eng, scheme, name), {"k3": [], "k4": [], "alone": {}})
+                    with _prefix(name):
+                        p = asyncio.run(bench_protocol([1_000, 10_000], 1, width, [None], scheme))[
+                            None
+                        ]
+                    r["k3"].append(p[1_000]["rate"][0])
+                    r["k4"].append(p[10_000]["rate"][0])
+                    r["bytes"] = p[10_000]["bytes"]
+                    r["and"] = p[10_000]["and"]
+                    for k in (1_000, 10_000, 100_000):
+                        r["alone"].setdefault(k, []).append(_prefix_alone(k, scheme, name))
+    return out
+
+
+def print_prefix(res: dict[tuple[str, ...], Any], runs: int, width: int) -> None:
+    print(f"\nlinear vs Brent–Kung prefix OR, w = {width}: median (min–max) over {runs} runs")
+    print(
+        "engine  scheme       prefix  cmp/s K=10^3              cmp/s K=10^4              "
+        "bytes/cmp  AND/cmp  prefix alone ms, K=10^3 | 10^4 | 10^5"
+    )
+    for (eng, scheme, name), r in res.items():
+        alone = " | ".join(_fmt(_stat(r["alone"][k]), 1e3, 1) for k in (1_000, 10_000, 100_000))
+        print(
+            f"{eng:<7} {scheme:<12} {name:<7} {_fmt(_stat(r['k3'])):<25} "
+            f"{_fmt(_stat(r['k4'])):<25} {r['bytes']:>9,.1f}  {r['and']:>7.2f}  {alone}"
+        )
+    for eng, scheme in {(e, s) for e, s, _ in res}:
+        lin, tree = res[(eng, scheme, "linear")], res[(eng, scheme, "tree")]
+        ratios = [a / b for a, b in zip(lin["k4"], tree["k4"], strict=True)]
+        print(
+            f"{eng} {scheme}: linear/tree cmp/s at K=10^4, per-round ratio "
+            f"{_fmt(_stat(ratios), 1.0, 3)}"
+        )
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=5)
@@ -260,6 +338,8 @@ def main(argv: list[str] | None = None) -> None:
     )
     ap.add_argument("--schemes", choices=["halfgates", "both"], default="halfgates")
     ap.add_argument("--schemes-only", action="store_true", help="only the scheme comparison")
+    ap.add_argument("--prefix", choices=["linear", "both"], default="linear")
+    ap.add_argument("--prefix-only", action="store_true", help="only the prefix comparison")
     args = ap.parse_args(argv)
     ots = args.ot.split(",")
     if hasattr(os, "sched_setaffinity") and args.cpus > 0:
@@ -274,6 +354,15 @@ def main(argv: list[str] | None = None) -> None:
     print(f"native-core threads for this run: {args.threads}; pinned to {cpus} CPU(s)")
     before = native.active()
     res: dict[str, dict[str, Any]] = {}
+    if args.prefix == "both":
+        try:
+            pre = bench_prefix(engines, args.runs, args.width)
+        finally:
+            native.use(before)
+        print_prefix(pre, args.runs, args.width)
+        if args.prefix_only:
+            native.set_threads(threads_before)
+            return
     if args.schemes == "both":
         try:
             sch = bench_schemes(engines, args.runs, args.width)

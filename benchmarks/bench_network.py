@@ -21,6 +21,8 @@ the relays, round trips (flights / 2) and bytes per comparison.
     python -m svtagg.benchmarks.bench_network          # 1, 10, 50 ms at 1g; 1 ms at 10g
     python -m svtagg.benchmarks.bench_network --quick  # smaller demo, fewer repetitions
     python -m svtagg.benchmarks.bench_network --rtt 0,1 --rate 1g --grid
+    python -m svtagg.benchmarks.bench_network --quick --rtt 1 --rate 1g \
+        --garbling halfgates,threehalves   # each scheme, a deployment each
 
 Configurations: every --rtt at the first --rate, and the first --rtt at each
 further rate (--grid: every pair).  JSON goes to --out.
@@ -166,14 +168,17 @@ def _data_port() -> int:
 
 
 @contextlib.contextmanager
-def network_deployment() -> Iterator[Network]:
+def network_deployment(garbling: str | None = None) -> Iterator[Network]:
     """Helper, relays, leader (pointed at the relays), the analyst's relay, and
-    a probe relay to a local echo server; all links start with no delay."""
+    a probe relay to a local echo server; all links start with no delay.
+    `garbling`: both servers' --garbling (None: their default)."""
     data_port = _data_port()
     echo = socket.create_server(("127.0.0.1", 0))
     threading.Thread(target=_echo, args=(echo,), daemon=True).start()
+    scheme = ["--garbling", garbling] if garbling else []
     dep = LocalDeployment(
-        server_args=UNCAPPED_SERVER_ARGS, role_args={"helper": ["--data-port", str(data_port)]}
+        server_args=UNCAPPED_SERVER_ARGS + scheme,
+        role_args={"helper": ["--data-port", str(data_port)]},
     )
     with RelayProcess() as relays:
         try:
@@ -309,7 +314,10 @@ def _cell(s: dict[str, float], unit: str = "") -> str:
 
 def table(results: list[dict[str, Any]]) -> str:
     """The per-configuration figures as a Markdown table, one column each."""
-    names = [Config(**r["config"]).name for r in results]
+    names = [
+        Config(**r["config"]).name + (f", {r['garbling']}" if r.get("garbling") else "")
+        for r in results
+    ]
 
     def chunk(r: dict[str, Any], k: int) -> dict[str, Any]:
         return next(c for c in r["chunks"] if c["chunk"] == k)
@@ -360,6 +368,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rate", default="1g,10g", help="link rates, bits/s (1g, 10g, 100m, none)")
     p.add_argument("--analyst-rtt", type=float, default=1.0, help="analyst↔leader RTT, ms")
     p.add_argument("--grid", action="store_true", help="every RTT at every rate")
+    p.add_argument(
+        "--garbling",
+        default="",
+        help="comma-separated garbling schemes, each on a deployment of its own, "
+        "every configuration under each (default: the servers' default only)",
+    )
     p.add_argument("--out", default="results/bench_network.json")
     args = p.parse_args(argv)
     rtts = [float(x) for x in args.rtt.split(",") if x.strip()]
@@ -371,20 +385,21 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     print(f"load average at start: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
     results = []
-    with network_deployment() as net:
-        comparison_task(net.dep)
-        demo_task(net.dep, users, d)
-        print(f"deployment up, tasks uploaded in {time.perf_counter() - started:.0f} s")
-        for cfg in plan:
-            results.append(run_config(net, cfg, args.quick))
-            print(f"[{cfg.name}]", json.dumps(results[-1]), flush=True)
+    for scheme in [x.strip() for x in args.garbling.split(",") if x.strip()] or [None]:
+        with network_deployment(scheme) as net:
+            comparison_task(net.dep)
+            demo_task(net.dep, users, d)
+            print(f"deployment up, tasks uploaded in {time.perf_counter() - started:.0f} s")
+            for cfg in plan:
+                results.append({**run_config(net, cfg, args.quick), "garbling": scheme})
+                print(f"[{cfg.name} {scheme or ''}]", json.dumps(results[-1]), flush=True)
     print(
         f"\ndemo: {users:,} users, d = {d:,}, scan selection at ε = 4; "
         f"analyst↔leader RTT {args.analyst_rtt:g} ms; medians (min–max)\n"
     )
     print(table(results))
     for r in results:
-        name = Config(**r["config"]).name
+        name = Config(**r["config"]).name + (f", {r['garbling']}" if r.get("garbling") else "")
         for label, step in (("stream opening", r["open_stream"]), ("chunk of 1", r["single"])):
             print(f"\nleader↔helper flights, {label}, {name}:")
             print("\n".join(f"  {line}" for line in step["trace"]))

@@ -5,6 +5,9 @@ SQLite, garbled circuits), configurations side by side in one run:
     native+grpc   native core, protocol inside the gRPC session stream
     native+data   native core, protocol on the comparison data channel (default)
 
+and, with --configs, each garbling scheme on the last: native+data+halfgates,
+native+data+threehalves (`--garbling`, both servers).
+
 For each: single-query round trip and comparisons/s per chunk size; for the
 last one also chunks of 10^5, batched upload and Algorithm 8 at scale (report
 validation is measured by `bench_ingest`: proofs at ingest, next to the
@@ -184,10 +187,14 @@ CONFIGS: dict[str, tuple[str, list[str]]] = {
     "numpy+grpc": ("numpy", ["--data-port", "off"]),
     "native+grpc": ("native", ["--data-port", "off"]),
     "native+data": ("native", []),
+    "native+data+halfgates": ("native", ["--garbling", "halfgates"]),
+    "native+data+threehalves": ("native", ["--garbling", "threehalves"]),
     "iknp": ("native", []),
     "softspoken:4": ("native", []),
     "ferret": ("native", []),
 }
+#: Run by default (the garbling schemes and the OT extensions on request, --configs).
+DEFAULT_CONFIGS = ("numpy+grpc", "native+grpc", "native+data")
 #: Configurations that set the servers' OT extension (`SVTAGG_OT`, inherited):
 #: `--configs iknp,softspoken:4,ferret` compares them on the default transport.
 CONFIG_OT = {"iknp": "iknp", "softspoken:4": "softspoken:4", "ferret": "ferret"}
@@ -298,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--skip-alg8", action="store_true")
     p.add_argument(
         "--configs",
-        default=",".join(CONFIGS),
+        default=",".join(DEFAULT_CONFIGS),
         help=f"comma-separated, from {', '.join(CONFIGS)}; the last one gets the full run",
     )
     args = p.parse_args(argv)

@@ -1692,6 +1692,156 @@ static PyMethodDef th_methods[] = {
 };
 /* ============================================================== end three-halves */
 
+/* ================================================================== prefix chain
+ * The linear prefix OR p_0 = x_0, p_j = p_{j−1} ∨ x_j (mpc/chain.py): K − 1 OR
+ * gates ¬(¬p_{j−1} ∧ ¬x_j) forming ONE AND layer (gate j − 1 in lane j − 1, its
+ * tweaks and table slots those of the scheme's layer code), garbled gate after
+ * gate since each needs the previous output.
+ *
+ * chain_garble(x0 (K blocks), delta, tweak_hi, layer, p0_out (K), tables_out 2(K−1))
+ * chain_eval(x (K), tables, tweak_hi, layer, p_out (K))
+ * th_chain_garble(x0, delta, tweak_hi, layer, rho u8[K−1], p0_out, tables_out)
+ * th_chain_eval(x, tables, tweak_hi, layer, p_out); three-halves tables
+ *   th_layer_blocks(K − 1) blocks.
+ */
+
+/* One three-halves gate in lane k of a layer of n gates (th_garble_group for a
+ * single gate at any lane): output 0-label, G words and 5 control bits. */
+static block th_chain_garble_gate(block a0, block b0, block d, uint64_t hi, uint64_t layer,
+                                  uint64_t k, uint64_t rho, size_t n, uint8_t *tab, block *s) {
+    block *x = s, *t = s + 6, *p = s + 12;
+    block as = _mm_xor_si128(a0, _mm_and_si128(mask_of(a0), d));
+    block bs = _mm_xor_si128(b0, _mm_and_si128(mask_of(b0), d));
+    block xs = _mm_xor_si128(as, bs);
+    x[0] = as; x[1] = _mm_xor_si128(as, d);
+    x[2] = bs; x[3] = _mm_xor_si128(bs, d);
+    x[4] = xs; x[5] = _mm_xor_si128(xs, d);
+    for (uint64_t h = 0; h < 3; h++) t[2 * h] = t[2 * h + 1] = tweak3(layer, k, h, hi);
+    tccr_n(x, t, x, p, 6);
+    uint64_t ta = (lo64(a0) & 1) ^ 1, tb = (lo64(b0) & 1) ^ 1, ma = 0 - ta, mb = 0 - tb;
+    uint64_t z[5], w[6], m[6];
+    th_qx(ma, mb, 0 - (rho >> 1), 0 - (rho & 1), ma & mb, lo64(as), hi64(as), lo64(bs), hi64(bs),
+          lo64(d), hi64(d), z);
+    for (int c = 0; c < 6; c++) {
+        w[c] = lo64(x[c]);
+        m[c] = hi64(x[c]) & 1;
+    }
+    uint64_t *G = (uint64_t *)tab;
+    G[k] = z[2] ^ w[0] ^ w[1];
+    G[n + k] = z[3] ^ w[2] ^ w[3];
+    G[2 * n + k] = z[4] ^ w[4] ^ w[5];
+    uint64_t bits = ((rho >> 1) ^ m[0] ^ m[4]) | (((rho & 1) ^ m[2] ^ m[4]) << 1) |
+                    ((ta ^ m[0] ^ m[1]) << 2) | ((tb ^ m[2] ^ m[3]) << 3) |
+                    ((ta ^ tb ^ m[4] ^ m[5]) << 4);
+    uint8_t *ctl = tab + 24 * n;
+    size_t at = 5 * k;
+    ctl[at / 8] |= (uint8_t)(bits << (at % 8));
+    if (at % 8 > 3) ctl[at / 8 + 1] |= (uint8_t)(bits >> (8 - at % 8));
+    return _mm_set_epi64x((long long)(z[1] ^ w[2] ^ w[4]), (long long)(z[0] ^ w[0] ^ w[4]));
+}
+
+static block th_chain_eval_gate(block a, block b, const uint8_t *tab, uint64_t hi, uint64_t layer,
+                                uint64_t k, size_t n, block *s) {
+    block *x = s, *t = s + 3, *p = s + 6;
+    x[0] = a; x[1] = b; x[2] = _mm_xor_si128(a, b);
+    for (uint64_t h = 0; h < 3; h++) t[h] = tweak3(layer, k, h, hi);
+    tccr_n(x, t, x, p, 3);
+    const uint64_t *G = (const uint64_t *)tab;
+    const uint8_t *ctl = tab + 24 * n;
+    size_t at = 5 * k;
+    uint64_t pair = ctl[at / 8] | (at / 8 + 1 < th_ctl_bytes(n) ? (uint64_t)ctl[at / 8 + 1] << 8 : 0);
+    uint64_t z = (pair >> (at % 8)) & 31;
+    uint64_t i = lo64(a) & 1, jj = lo64(b) & 1, ij = i ^ jj;
+    uint64_t mA = hi64(x[0]) & 1, mB = hi64(x[1]) & 1, mX = hi64(x[2]) & 1;
+    uint64_t r0 = (z & 1) ^ (i & (z >> 2)) ^ (ij & (z >> 4)) ^ mA ^ mX;
+    uint64_t r1 = ((z >> 1) & 1) ^ (jj & (z >> 3)) ^ (ij & (z >> 4)) ^ mB ^ mX;
+    uint64_t rb = th_r[(i << 3) | (jj << 2) | ((r0 & 1) << 1) | (r1 & 1)];
+    uint64_t al = lo64(a), ah = hi64(a), bl = lo64(b), bh = hi64(b);
+    uint64_t l0 = ((0 - (rb & 1)) & al) ^ ((0 - ((rb >> 1) & 1)) & ah) ^
+                  ((0 - ((rb >> 2) & 1)) & bl) ^ ((0 - ((rb >> 3) & 1)) & bh);
+    uint64_t l1 = ((0 - ((rb >> 4) & 1)) & al) ^ ((0 - ((rb >> 5) & 1)) & ah) ^
+                  ((0 - ((rb >> 6) & 1)) & bl) ^ ((0 - ((rb >> 7) & 1)) & bh);
+    uint64_t hx = lo64(x[2]);
+    uint64_t g2 = (0 - ij) & G[2 * n + k];
+    uint64_t cl = ((0 - i) & G[k]) ^ g2 ^ lo64(x[0]) ^ hx ^ l0;
+    uint64_t cr = ((0 - jj) & G[n + k]) ^ g2 ^ lo64(x[1]) ^ hx ^ l1;
+    return _mm_set_epi64x((long long)cr, (long long)cl);
+}
+
+/* Shared argument handling: x (K blocks), p (K blocks), tables of `tab_blocks(K − 1)`. */
+static PyObject *chain_run(PyObject *args, int garbler, int three) {
+    PyObject *xo, *dob = NULL, *ro = NULL, *po, *to;
+    unsigned long long hi, layer;
+    int ok = garbler ? (three ? PyArg_ParseTuple(args, "OOKKOOO", &xo, &dob, &hi, &layer, &ro, &po, &to)
+                              : PyArg_ParseTuple(args, "OOKKOO", &xo, &dob, &hi, &layer, &po, &to))
+                     : PyArg_ParseTuple(args, "OOKKO", &xo, &to, &hi, &layer, &po);
+    if (!ok) return NULL;
+    if (three && th_check_ready()) return NULL;
+    block d = _mm_setzero_si128();
+    if (garbler && get_delta(dob, &d)) return NULL;
+    buf_t x = {0}, p = {0}, t = {0}, rr = {0};
+    PyObject *ret = NULL;
+    if (get_blocks(xo, &x, 0, "x") || get_blocks(po, &p, 1, "out") ||
+        get_blocks(to, &t, garbler, "tables") || (ro && get_buf(ro, &rr, 0, "rho")))
+        goto done;
+    size_t K = (size_t)x.view.len / 16;
+    if (K < 1) { PyErr_SetString(PyExc_ValueError, "empty chain"); goto done; }
+    size_t n = K - 1;
+    if (check_blocks(&p, K, "out") ||
+        check_blocks(&t, three ? th_layer_blocks(n) : 2 * n, "tables") ||
+        (ro && need(&rr, (Py_ssize_t)n, "rho")))
+        goto done;
+    if (three && !garbler && th_check_pad(t.p, n)) {
+        PyErr_SetString(PyExc_ValueError, "three-halves table padding is not zero");
+        goto done;
+    }
+    block s[12 * GROUP]; /* the half-gates group helpers' scratch layout */
+    const block *X = x.p;
+    block *P = p.p;
+    Py_BEGIN_ALLOW_THREADS
+    if (three && garbler) { /* control bits are OR-ed in gate by gate */
+        memset((uint8_t *)t.p + 24 * n, 0, th_ctl_bytes(n));
+        th_zero_pad(t.p, n);
+    }
+    P[0] = X[0];
+    for (size_t k = 0; k < n; k++) {
+        block c;
+        if (three && garbler) {
+            c = th_chain_garble_gate(_mm_xor_si128(P[k], d), _mm_xor_si128(X[k + 1], d), d, hi,
+                                     layer, k, ((const uint8_t *)rr.p)[k] & 3, n, t.p, s);
+        } else if (three) {
+            c = th_chain_eval_gate(P[k], X[k + 1], t.p, hi, layer, k, n, s);
+        } else if (garbler) {
+            block a0 = _mm_xor_si128(P[k], d), b0 = _mm_xor_si128(X[k + 1], d), *T = t.p;
+            garble_and_group(&a0, &b0, d, hi, layer, k, 1, &c, T + k, T + n + k, s);
+        } else {
+            const block *T = t.p;
+            eval_and_group(&P[k], &X[k + 1], T + k, T + n + k, hi, layer, k, 1, &c, s);
+        }
+        P[k + 1] = _mm_xor_si128(c, d); /* NOT: ⊕Δ on the garbler, nothing on the evaluator */
+    }
+    Py_END_ALLOW_THREADS
+    ret = Py_NewRef(Py_None);
+done:
+    release(&x); release(&p); release(&t);
+    if (ro) release(&rr);
+    return ret;
+}
+
+static PyObject *py_chain_garble(PyObject *self, PyObject *args) { return chain_run(args, 1, 0); }
+static PyObject *py_chain_eval(PyObject *self, PyObject *args) { return chain_run(args, 0, 0); }
+static PyObject *py_th_chain_garble(PyObject *self, PyObject *args) { return chain_run(args, 1, 1); }
+static PyObject *py_th_chain_eval(PyObject *self, PyObject *args) { return chain_run(args, 0, 1); }
+
+static PyMethodDef chain_methods[] = {
+    {"chain_garble", py_chain_garble, METH_VARARGS, "Linear prefix OR, garbler (half gates)."},
+    {"chain_eval", py_chain_eval, METH_VARARGS, "Linear prefix OR, evaluator (half gates)."},
+    {"th_chain_garble", py_th_chain_garble, METH_VARARGS, "Linear prefix OR, garbler (three halves)."},
+    {"th_chain_eval", py_th_chain_eval, METH_VARARGS, "Linear prefix OR, evaluator (three halves)."},
+    {NULL, NULL, 0, NULL},
+};
+/* ============================================================== end prefix chain */
+
 /* ------------------------------------------------------------------ module */
 
 static PyObject *py_set_key(PyObject *self, PyObject *args) {
@@ -1756,5 +1906,6 @@ PyMODINIT_FUNC PyInit__gc(void) {
     use_vaes = have_vaes;
     PyObject *m = PyModule_Create(&moduledef);
     if (m && PyModule_AddFunctions(m, th_methods) < 0) Py_CLEAR(m);
+    if (m && PyModule_AddFunctions(m, chain_methods) < 0) Py_CLEAR(m);
     return m;
 }

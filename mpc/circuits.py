@@ -8,8 +8,8 @@ sign bit of the 64-bit sum.
 Sizes per comparison: the carry chain needs 63 AND gates (one garbler-half gate
 for bit 0, 62 full half-gates), i.e. 125 ciphertexts = 2000 bytes; the garbler's
 inputs cost nothing (they are folded into labels by free XOR with a constant).
-The chunk circuits add a Brent–Kung prefix-OR (< 2 ANDs per lane) and, for
-CompareToThresholds, 2 more ANDs per query.
+The chunk circuits add the linear prefix-OR (`chain.py`: (K − 1)/K AND per
+lane) and, for CompareToThresholds, 2 more ANDs per query.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from svtagg.mpc.chain import or_chain
 from svtagg.mpc.garble import Backend, Bits, Wires
 from svtagg.mpc.ring import RING_BITS
 
@@ -115,8 +116,16 @@ def _sign_yes_batch(be: Backend, a_bits: Bits | None, b: Wires, width: int) -> W
 
 
 def prefix_or(be: Backend, x: Wires) -> Wires:
+    """Inclusive prefix OR p_k = x_0 ∨ … ∨ x_k, linear (`chain.or_chain`):
+    K − 1 ORs, the fewest, in one AND layer garbled gate after gate."""
+    return or_chain(be, x)
+
+
+def prefix_or_tree(be: Backend, x: Wires) -> Wires:
     """Inclusive prefix OR p_k = x_0 ∨ … ∨ x_k, Brent–Kung: < 2n ORs in
-    2·log2(n) layers, each layer one vectorized gate call over all its gates."""
+    2·log2(n) layers, each layer one vectorized gate call over all its gates.
+    Not used by the chunk circuits: the baseline `prefix_or` was measured
+    against (`bench_mpc --prefix both`, docs/mpc.md)."""
     p = x.copy()
     n = p.shape[0]
     d = 1

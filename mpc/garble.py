@@ -355,6 +355,12 @@ class EvalBackend(_Common):
         self._pos += n
         return t
 
+    def peek(self, n: int) -> Blocks:
+        """The next n table blocks, left to be taken."""
+        t = self._take(n)
+        self._pos -= n
+        return t
+
     def done(self) -> None:
         if self._pos != self._tables.shape[0]:
             raise ValueError("garbled tables longer than the circuit")

@@ -218,6 +218,18 @@ class NativeGarbleBackend(_NativeLayers, GarbleBackend):
         )
         return yes
 
+    def or_chain_fused(self, x: Blocks) -> Blocks | None:
+        """The linear prefix OR (`chain.or_chain`) in one call (None: the reference path)."""
+        if not self._fused_ok():
+            return None
+        n = x.shape[0] - 1
+        layer = self._layer(n, (0, 0, 1, 1))
+        tab = self._alloc(2 * n)
+        p = np.empty_like(x)
+        core().chain_garble(_c(x), self.delta, int(self.tweak_hi), layer, p, tab)
+        self.and_gates += n
+        return p
+
 
 class NativeEvalBackend(_NativeLayers, EvalBackend):
     """The evaluator with its AND layers and carry chains in the native core."""
@@ -249,6 +261,17 @@ class NativeEvalBackend(_NativeLayers, EvalBackend):
         core().eval_sign(_c(b), tab, int(self.tweak_hi), layer0, width, yes)
         return yes
 
+    def or_chain_fused(self, x: Blocks) -> Blocks | None:
+        if not self._fused_ok():
+            return None
+        n = x.shape[0] - 1
+        layer = self._layer(n, (0, 1))
+        tab = self._take(2 * n)
+        p = np.empty_like(x)
+        core().chain_eval(_c(x), tab, int(self.tweak_hi), layer, p)
+        self.and_gates += n
+        return p
+
 
 def transpose_rows_native(mat: npt.NDArray[np.uint8], out: Blocks) -> Blocks:
     """`ot.transpose_rows` in the native core; `mat` may have strided rows."""
@@ -262,10 +285,10 @@ class NativeThreeHalvesGarbleBackend(NativeGarbleBackend, ThreeHalvesGarbleBacke
     """Three-halves AND layers and carry chains in the native core (the garbler
     half-gate `and_const` as under half-gates)."""
 
-    def and_(self, a0: Blocks, b0: Blocks) -> Blocks:
+    def and_(self, a0: Blocks, b0: Blocks, rho: Bits | None = None) -> Blocks:
         n = a0.shape[0]
         layer = self._layer(n, (0, 0, 1, 1, 2, 2), STEP)
-        rho = _c(np.asarray(self.coins(n), dtype=np.uint8))
+        rho = _c(np.asarray(self.coins(n) if rho is None else rho, dtype=np.uint8))
         tab = self._alloc(layer_blocks(n))
         c0 = np.empty((n, 2), dtype=np.uint64)
         core().th_garble_and(_c(a0), _c(b0), self.delta, int(self.tweak_hi), layer, rho, c0, tab)
@@ -283,6 +306,18 @@ class NativeThreeHalvesGarbleBackend(NativeGarbleBackend, ThreeHalvesGarbleBacke
             _c(a_bits[:width]), _c(b), self.delta, int(self.tweak_hi), layer0, width, rho, yes, tab
         )
         return yes
+
+    def or_chain_fused(self, x: Blocks) -> Blocks | None:
+        if not self._fused_ok():
+            return None
+        n = x.shape[0] - 1
+        layer = self._layer(n, (0, 0, 1, 1, 2, 2), STEP)
+        rho = _c(np.asarray(self.coins(n), dtype=np.uint8))
+        tab = self._alloc(layer_blocks(n))
+        p = np.empty_like(x)
+        core().th_chain_garble(_c(x), self.delta, int(self.tweak_hi), layer, rho, p, tab)
+        self.and_gates += n
+        return p
 
 
 class NativeThreeHalvesEvalBackend(NativeEvalBackend, ThreeHalvesEvalBackend):
@@ -305,6 +340,17 @@ class NativeThreeHalvesEvalBackend(NativeEvalBackend, ThreeHalvesEvalBackend):
         tab = self._take(n + (width - 2) * layer_blocks(n))
         core().th_eval_sign(_c(b), tab, int(self.tweak_hi), layer0, width, yes)
         return yes
+
+    def or_chain_fused(self, x: Blocks) -> Blocks | None:
+        if not self._fused_ok():
+            return None
+        n = x.shape[0] - 1
+        layer = self._layer(n, (0, 1, 2), STEP)
+        tab = self._take(layer_blocks(n))
+        p = np.empty_like(x)
+        core().th_chain_eval(_c(x), tab, int(self.tweak_hi), layer, p)
+        self.and_gates += n
+        return p
 
 
 def backends(

@@ -192,12 +192,13 @@ class ThreeHalvesGarbleBackend(GarbleBackend):
         h = self.hasher(x, self._tweaks(n, (0, 0, 1, 1, 2, 2), STEP), self._workspace("h", 6 * n))
         return a, b, h, al, be
 
-    def and_(self, a0: Blocks, b0: Blocks) -> Blocks:
+    def and_(self, a0: Blocks, b0: Blocks, rho: Bits | None = None) -> Blocks:
+        """rho: the gates' coins when already drawn (`chain.or_chain`), else drawn here."""
         n = a0.shape[0]
         a, b, h, al, be = self._hash_six(a0, b0)
         w = h[:, 0].reshape(6, n)  # half-label masks
         m = (h[:, 1] & _ONE).astype(np.uint8).reshape(6, n)  # control-bit masks
-        rho = np.asarray(self.coins(n), dtype=np.uint8)
+        rho = np.asarray(self.coins(n) if rho is None else rho, dtype=np.uint8)
         ta, tb = (al ^ _ONE).astype(np.uint8), (be ^ _ONE).astype(np.uint8)
         case = (ta << 3) | (tb << 2) | rho
         q = Q_TABLE[case]

@@ -47,5 +47,5 @@ env PYTHONPATH="$work" SVTAGG_BACKEND=native SVTAGG_VDAF_BACKEND=native PYTHONMA
     UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1" \
     python -m pytest -q -p no:cacheprovider -m "not heavy" \
     tests/test_mpc_native.py tests/test_mpc_ot.py tests/test_mpc_protocol.py tests/test_mpc_clamp.py \
-    tests/test_mpc_native_threehalves.py tests/test_mpc_threehalves.py \
+    tests/test_mpc_native_threehalves.py tests/test_mpc_threehalves.py tests/test_mpc_prefix.py \
     tests/test_vdaf_*.py "$@"

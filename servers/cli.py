@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from svtagg.dp.kinds import as_fraction
 from svtagg.proto.tls import DEFAULT_HOSTS, ROLES, load_identity, write_deployment
+from svtagg.servers.garbling import DEFAULT_GARBLING, GARBLING_SCHEMES
 
 if TYPE_CHECKING:
     from svtagg.servers.service import ServerConfig
@@ -65,6 +66,14 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         default=None,
         help="threads of the native comparison core (default: one per CPU; "
         "the environment variable SVTAGG_THREADS sets the same)",
+    )
+    p.add_argument(
+        "--garbling",
+        choices=GARBLING_SCHEMES,
+        default=DEFAULT_GARBLING,
+        help="garbling scheme of the comparison sessions: halfgates (32 bytes per AND "
+        "gate) or threehalves (24.625 bytes, more CPU); both servers must name the same, "
+        f"the helper refuses a leader on another (default {DEFAULT_GARBLING}; docs/mpc.md)",
     )
     p.add_argument(
         "--ingest-only",
@@ -240,6 +249,7 @@ def check_startup(args: argparse.Namespace) -> ServerConfig:
         data_port=data_port,
         metrics_listen=args.metrics_listen,
         kind=kind,
+        garbling=args.garbling,
         **({"lease_seconds": args.lease} if args.lease is not None else {}),
     )
 
@@ -309,7 +319,7 @@ async def _serve(args: argparse.Namespace, config: ServerConfig) -> int:
     server = SvtaggServer(config)  # binds the ports, then opens the store
     log = logging.getLogger("svtagg.server")
     log.info("%s store: %s", args.role, describe_store(args.db))
-    log.info("comparison engine: %s", native.describe())
+    log.info("comparison engine: %s; garbling: %s", native.describe(), config.garbling)
     for name, cap, default in (
         ("epsilon", config.max_epsilon_total, DEFAULT_MAX_EPSILON_TOTAL),
         ("delta", config.max_delta_total, DEFAULT_MAX_DELTA_TOTAL),

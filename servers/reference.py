@@ -120,11 +120,13 @@ async def reference_pair(
     tap: Tap | None = None,
     verify_proofs: bool = True,
     stores: tuple[Store, Store] | None = None,
+    helper_party: PartyFactory | None = None,
 ) -> AsyncIterator[ReferencePair]:
     """A leader driver and a helper driver on fresh SQLite stores under `root`,
     or on `stores` (leader's, helper's; closed at the end) — e.g. two
     PostgreSQL schemas (`robust`, `verify_proofs`: False only for the tests'
-    negative controls)."""
+    negative controls).  `party` makes both servers' comparison parties, or
+    the leader's only when `helper_party` is given (e.g. another scheme)."""
     party = party or garbled_circuit_party
     if stores is None:
         stores = SqliteStore(root / "l.sqlite"), SqliteStore(root / "h.sqlite")
@@ -134,7 +136,7 @@ async def reference_pair(
         ServerCore(role, store, robust_aggregates=robust, verify_proofs=verify_proofs)
         for role, store in ((Role.HELPER, stores[1]), (Role.LEADER, stores[0]))
     )
-    helper = HelperDriver(helper_core, party)
+    helper = HelperDriver(helper_core, helper_party or party)
     port = MemoryHelperPort(helper, tap)
     leader = LeaderDriver(leader_core, port, party)
     try:

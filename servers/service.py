@@ -19,8 +19,9 @@ from svtagg.proto import svtagg_pb2_grpc as pb_grpc
 from svtagg.proto.tls import CertificateError, Identity
 from svtagg.proto.vocab import SERVER_OPTIONS, SERVER_ROLES, Role
 from svtagg.proto.wire import add_service
-from svtagg.servers.core import PartyFactory, ServerCore, garbled_circuit_party
+from svtagg.servers.core import PartyFactory, ServerCore
 from svtagg.servers.datachannel import DataListener, split_host
+from svtagg.servers.garbling import DEFAULT_GARBLING, GarbledCircuitParties, check_scheme_name
 from svtagg.servers.helper import HelperDriver
 from svtagg.servers.leader import LeaderDriver
 from svtagg.servers.limits import RateLimiter
@@ -165,6 +166,9 @@ class ServerConfig:
     #: `svtagg_helper_reachable` gauge, the log line on each change, the
     #: leader's own health).
     helper_probe_interval: float = 1.0
+    #: The garbling scheme of this server's comparison sessions (both servers
+    #: must name the same; the helper refuses a leader on another).
+    garbling: str = DEFAULT_GARBLING
 
     def check(self) -> None:
         """ValueError (one line) for a configuration no server can run."""
@@ -174,6 +178,7 @@ class ServerConfig:
             raise ValueError("the leader needs the helper's address")
         self.kind.check_store(self.store_path)
         self.kind.check_role(self.role)
+        check_scheme_name(self.garbling)
 
 
 class SvtaggServer:
@@ -184,10 +189,10 @@ class SvtaggServer:
     awaited — the helper's certificate, the data listener, the work queue —
     then builds the role's driver and services on them, and serves."""
 
-    def __init__(self, config: ServerConfig, party: PartyFactory = garbled_circuit_party) -> None:
+    def __init__(self, config: ServerConfig, party: PartyFactory | None = None) -> None:
         config.check()
         self.config = config
-        self.party = party
+        self.party = party if party is not None else GarbledCircuitParties(config.garbling)
         self.server = grpc.aio.server(options=SERVER_OPTIONS)
         self.port, self.ingest_port = _bind_ports(self.server, config)
         self.data_listener = _data_listener(config)

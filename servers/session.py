@@ -40,6 +40,7 @@ from svtagg.proto.vocab import (
 )
 from svtagg.servers.core import ComparisonParty, PartyFactory
 from svtagg.servers.exchange import ChunkHeader
+from svtagg.servers.garbling import DEFAULT_GARBLING, check_garbling, garbling_of
 from svtagg.servers.wire import CHUNK_HEADER
 
 #: Reads the next frame; returns None at the end of the stream.
@@ -100,6 +101,8 @@ class FrameChannel:
         size = 0
         while True:
             frame = await self.read_frame()
+            if frame.WhichOneof("body") == "status" and not frame.status.ok:
+                raise PeerUnavailable(f"helper refused the session: {frame.status.message}")
             if frame.WhichOneof("body") != "fragment":
                 raise PeerUnavailable("unexpected frame inside the comparison protocol")
             size += len(frame.fragment)
@@ -277,7 +280,10 @@ class LeaderSession:
             await write(
                 pb.PeerFrame(
                     open=pb.SessionOpen(
-                        session_id=sid, data_channel=bool(connect_data), ot_extension=server_ot()
+                        session_id=sid,
+                        data_channel=bool(connect_data),
+                        ot_extension=server_ot(),
+                        garbling=garbling_of(factory),
                     )
                 )
             )
@@ -355,18 +361,26 @@ class HelperSession:
         self._read = read
         self.channel = FrameChannel(write, read)
 
-    async def accept(self, offer: DataOffer | None) -> tuple[bytes, DataChannel | None]:
+    async def accept(
+        self, offer: DataOffer | None, garbling: str = DEFAULT_GARBLING
+    ) -> tuple[bytes, DataChannel | None]:
         """The session's id, and its data connection if the leader asked for one
-        and the helper offers it (`offer`)."""
+        and the helper offers it (`offer`); refused (InvalidArgument) if the
+        leader garbles under another scheme than this helper's `garbling`."""
         first = await self.channel.read_frame()
         if first.WhichOneof("body") != "open" or len(first.open.session_id) != 16:
             raise InvalidArgument("a session starts with SessionOpen (16-byte id)")
         sid = first.open.session_id
-        ot = first.open.ot_extension
-        if ot and _ot_of(ot) != parse_ot(server_ot()):
-            raise InvalidArgument(
-                f"the leader's OT extension {ot!r} is not this helper's {server_ot()!r}"
-            )
+        try:
+            ot = first.open.ot_extension
+            if ot and _ot_of(ot) != parse_ot(server_ot()):
+                raise InvalidArgument(
+                    f"the leader's OT extension {ot!r} is not this helper's {server_ot()!r}"
+                )
+            check_garbling(first.open.garbling, garbling)
+        except InvalidArgument as exc:  # told to the leader, whatever it reads next
+            await self._write(pb.PeerFrame(status=refusal_status(exc)))
+            raise
         data: DataChannel | None = None
         if first.open.data_channel:
             port = offer.port if offer is not None else 0

@@ -1,0 +1,64 @@
+"""The garbling scheme a server runs its comparison sessions under
+(`--garbling`, docs/mpc.md "Three-halves garbling").
+
+Both servers must garble and evaluate under the same scheme: the leader names
+its scheme in SessionOpen and the helper refuses a session under another one
+before any OT runs (`check_garbling`), with an error naming both.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from svtagg.dp.errors import InvalidArgument
+from svtagg.proto.vocab import Role
+
+if TYPE_CHECKING:
+    from svtagg.mpc.channel import Channel
+    from svtagg.servers.core import ComparisonParty, PartyFactory
+
+#: The schemes of `svtagg.mpc.threehalves.SCHEMES` (not imported: the engine
+#: loads only when a session starts).
+GARBLING_SCHEMES = ("halfgates", "threehalves")
+#: Chosen from the servers' measured throughput (docs/mpc.md, docs/scaling.md).
+DEFAULT_GARBLING = "halfgates"
+
+
+def check_scheme_name(garbling: str) -> str:
+    if garbling not in GARBLING_SCHEMES:
+        raise ValueError(
+            f"unknown garbling scheme {garbling!r}; choose {' or '.join(GARBLING_SCHEMES)}"
+        )
+    return garbling
+
+
+class GarbledCircuitParties:
+    """A `PartyFactory`: the real engine (the helper garbles, the leader
+    evaluates) under one garbling scheme."""
+
+    def __init__(self, garbling: str = DEFAULT_GARBLING) -> None:
+        self.garbling = check_scheme_name(garbling)
+
+    def __call__(self, role: Role, channel: Channel, session_id: bytes) -> ComparisonParty:
+        from svtagg.mpc.protocol import ComparisonEvaluator, ComparisonGarbler
+
+        cls = ComparisonEvaluator if role == Role.LEADER else ComparisonGarbler
+        party: ComparisonParty = cls(channel, session_id, scheme=self.garbling)
+        return party
+
+
+def garbling_of(factory: PartyFactory) -> str:
+    """The scheme a party factory garbles under (the default for any other engine)."""
+    return str(getattr(factory, "garbling", DEFAULT_GARBLING))
+
+
+def check_garbling(announced: str, own: str) -> None:
+    """The helper's check of the leader's SessionOpen: the same scheme, or an
+    InvalidArgument naming both (an empty announcement: a leader that does not
+    name one, taken as the default)."""
+    theirs = announced or DEFAULT_GARBLING
+    if theirs != own:
+        raise InvalidArgument(
+            f"the leader's garbling scheme {theirs!r} is not this helper's {own!r} "
+            "(start both servers with the same --garbling)"
+        )
