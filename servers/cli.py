@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from svtagg.dp.kinds import as_fraction
+from svtagg.mpc.softspoken import parse_ot, server_ot
 from svtagg.proto.tls import DEFAULT_HOSTS, ROLES, load_identity, write_deployment
 from svtagg.servers.garbling import DEFAULT_GARBLING, GARBLING_SCHEMES
 
@@ -74,6 +75,16 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="garbling scheme of the comparison sessions: halfgates (32 bytes per AND "
         "gate) or threehalves (24.625 bytes, more CPU); both servers must name the same, "
         f"the helper refuses a leader on another (default {DEFAULT_GARBLING}; docs/mpc.md)",
+    )
+    p.add_argument(
+        "--ot",
+        default=None,
+        metavar="EXTENSION",
+        help="OT extension of the comparison sessions: softspoken[:k] (4 bytes per "
+        "OT at k = 4), iknp (16 bytes), ferret[:b10..b13] (≈ 0.5 bytes per OT, more CPU "
+        "and ≈ 35 MB per session); both servers must name the same, the helper refuses a "
+        "leader on another (default: the environment variable SVTAGG_OT, else "
+        "softspoken:4; docs/mpc.md)",
     )
     p.add_argument(
         "--ingest-only",
@@ -196,6 +207,7 @@ def check_startup(args: argparse.Namespace) -> ServerConfig:
     from svtagg.servers.store_open import sqlite_file
 
     role = Role(args.role)
+    parse_ot(args.ot or server_ot())  # an unknown --ot or SVTAGG_OT, before anything starts
     kind = ProcessKind.from_flags(
         role,
         args.db,
@@ -250,6 +262,7 @@ def check_startup(args: argparse.Namespace) -> ServerConfig:
         metrics_listen=args.metrics_listen,
         kind=kind,
         garbling=args.garbling,
+        ot=args.ot,
         **({"lease_seconds": args.lease} if args.lease is not None else {}),
     )
 
@@ -319,7 +332,12 @@ async def _serve(args: argparse.Namespace, config: ServerConfig) -> int:
     server = SvtaggServer(config)  # binds the ports, then opens the store
     log = logging.getLogger("svtagg.server")
     log.info("%s store: %s", args.role, describe_store(args.db))
-    log.info("comparison engine: %s; garbling: %s", native.describe(), config.garbling)
+    log.info(
+        "comparison engine: %s; garbling: %s; OT extension: %s",
+        native.describe(),
+        config.garbling,
+        config.ot or server_ot(),
+    )
     for name, cap, default in (
         ("epsilon", config.max_epsilon_total, DEFAULT_MAX_EPSILON_TOTAL),
         ("delta", config.max_delta_total, DEFAULT_MAX_DELTA_TOTAL),

@@ -34,22 +34,34 @@ def check_scheme_name(garbling: str) -> str:
 
 class GarbledCircuitParties:
     """A `PartyFactory`: the real engine (the helper garbles, the leader
-    evaluates) under one garbling scheme."""
+    evaluates) under one garbling scheme and one OT extension (`ot`: None is
+    `SVTAGG_OT` or the default, `mpc.softspoken.server_ot`)."""
 
-    def __init__(self, garbling: str = DEFAULT_GARBLING) -> None:
+    def __init__(self, garbling: str = DEFAULT_GARBLING, ot: str | None = None) -> None:
+        from svtagg.mpc.softspoken import parse_ot, server_ot
+
         self.garbling = check_scheme_name(garbling)
+        self.ot = ot if ot is not None else server_ot()
+        parse_ot(self.ot)  # ValueError (one line) for an unknown extension
 
     def __call__(self, role: Role, channel: Channel, session_id: bytes) -> ComparisonParty:
         from svtagg.mpc.protocol import ComparisonEvaluator, ComparisonGarbler
 
         cls = ComparisonEvaluator if role == Role.LEADER else ComparisonGarbler
-        party: ComparisonParty = cls(channel, session_id, scheme=self.garbling)
+        party: ComparisonParty = cls(channel, session_id, scheme=self.garbling, ot=self.ot)
         return party
 
 
 def garbling_of(factory: PartyFactory) -> str:
     """The scheme a party factory garbles under (the default for any other engine)."""
     return str(getattr(factory, "garbling", DEFAULT_GARBLING))
+
+
+def ot_of(factory: PartyFactory) -> str:
+    """The OT extension a party factory runs (`server_ot()` for any other engine)."""
+    from svtagg.mpc.softspoken import server_ot
+
+    return str(getattr(factory, "ot", None) or server_ot())
 
 
 def check_garbling(announced: str, own: str) -> None:

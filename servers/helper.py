@@ -33,7 +33,7 @@ from svtagg.servers.exchange import (
     VerifyResult,
 )
 from svtagg.servers.faults import crash_point
-from svtagg.servers.garbling import garbling_of
+from svtagg.servers.garbling import garbling_of, ot_of
 from svtagg.servers.ingest import helper_verify
 from svtagg.servers.joint import Pooled, batch_shares
 from svtagg.servers.session import (
@@ -172,7 +172,7 @@ class HelperDriver:
         stream ends (read returns None), the server stops while idle, or a
         chunk is refused (the leader then discards the session)."""
         session = HelperSession(write, read)
-        sid, data = await session.accept(self.data, garbling_of(self.party))
+        sid, data = await session.accept(self.data, garbling_of(self.party), ot_of(self.party))
         try:
             channel = session.channel
             party = self.party(

@@ -14,6 +14,7 @@ from fractions import Fraction
 
 import grpc
 
+from svtagg.mpc.softspoken import parse_ot
 from svtagg.proto import health_pb2_grpc
 from svtagg.proto import svtagg_pb2_grpc as pb_grpc
 from svtagg.proto.tls import CertificateError, Identity
@@ -169,6 +170,9 @@ class ServerConfig:
     #: The garbling scheme of this server's comparison sessions (both servers
     #: must name the same; the helper refuses a leader on another).
     garbling: str = DEFAULT_GARBLING
+    #: The OT extension of those sessions (both servers must name the same);
+    #: None: `SVTAGG_OT`, else the default (`mpc.softspoken.server_ot`).
+    ot: str | None = None
 
     def check(self) -> None:
         """ValueError (one line) for a configuration no server can run."""
@@ -179,6 +183,8 @@ class ServerConfig:
         self.kind.check_store(self.store_path)
         self.kind.check_role(self.role)
         check_scheme_name(self.garbling)
+        if self.ot is not None:
+            parse_ot(self.ot)
 
 
 class SvtaggServer:
@@ -192,7 +198,9 @@ class SvtaggServer:
     def __init__(self, config: ServerConfig, party: PartyFactory | None = None) -> None:
         config.check()
         self.config = config
-        self.party = party if party is not None else GarbledCircuitParties(config.garbling)
+        self.party = (
+            party if party is not None else GarbledCircuitParties(config.garbling, config.ot)
+        )
         self.server = grpc.aio.server(options=SERVER_OPTIONS)
         self.port, self.ingest_port = _bind_ports(self.server, config)
         self.data_listener = _data_listener(config)

@@ -40,7 +40,7 @@ from svtagg.proto.vocab import (
 )
 from svtagg.servers.core import ComparisonParty, PartyFactory
 from svtagg.servers.exchange import ChunkHeader
-from svtagg.servers.garbling import DEFAULT_GARBLING, check_garbling, garbling_of
+from svtagg.servers.garbling import DEFAULT_GARBLING, check_garbling, garbling_of, ot_of
 from svtagg.servers.wire import CHUNK_HEADER
 
 #: Reads the next frame; returns None at the end of the stream.
@@ -282,7 +282,7 @@ class LeaderSession:
                     open=pb.SessionOpen(
                         session_id=sid,
                         data_channel=bool(connect_data),
-                        ot_extension=server_ot(),
+                        ot_extension=ot_of(factory),
                         garbling=garbling_of(factory),
                     )
                 )
@@ -362,20 +362,22 @@ class HelperSession:
         self.channel = FrameChannel(write, read)
 
     async def accept(
-        self, offer: DataOffer | None, garbling: str = DEFAULT_GARBLING
+        self, offer: DataOffer | None, garbling: str = DEFAULT_GARBLING, ot: str | None = None
     ) -> tuple[bytes, DataChannel | None]:
         """The session's id, and its data connection if the leader asked for one
         and the helper offers it (`offer`); refused (InvalidArgument) if the
-        leader garbles under another scheme than this helper's `garbling`."""
+        leader garbles under another scheme than this helper's `garbling`, or
+        runs another OT extension than `ot` (None: `server_ot()`)."""
         first = await self.channel.read_frame()
         if first.WhichOneof("body") != "open" or len(first.open.session_id) != 16:
             raise InvalidArgument("a session starts with SessionOpen (16-byte id)")
         sid = first.open.session_id
         try:
-            ot = first.open.ot_extension
-            if ot and _ot_of(ot) != parse_ot(server_ot()):
+            theirs, own = first.open.ot_extension, ot or server_ot()
+            if theirs and _ot_of(theirs) != parse_ot(own):
                 raise InvalidArgument(
-                    f"the leader's OT extension {ot!r} is not this helper's {server_ot()!r}"
+                    f"the leader's OT extension {theirs!r} is not this helper's {own!r} "
+                    "(start both servers with the same --ot)"
                 )
             check_garbling(first.open.garbling, garbling)
         except InvalidArgument as exc:  # told to the leader, whatever it reads next

@@ -31,6 +31,7 @@ from svtagg.servers.garbling import (
     GarbledCircuitParties,
     check_garbling,
     garbling_of,
+    ot_of,
 )
 
 F = 16
@@ -40,10 +41,11 @@ HIGH, LOW = 10 * N * UNIT, -(N * UNIT)
 
 
 class Spy(GarbledCircuitParties):
-    """The real engine under one scheme, remembering the parties it made."""
+    """The real engine under one scheme (and OT extension), remembering the
+    parties it made."""
 
-    def __init__(self, garbling: str) -> None:
-        super().__init__(garbling)
+    def __init__(self, garbling: str, ot: str | None = None) -> None:
+        super().__init__(garbling, ot)
         self.made: list[tuple[Role, Any]] = []
 
     def __call__(self, role: Role, channel: Any, session_id: bytes) -> Any:
@@ -111,6 +113,47 @@ async def test_the_helper_refuses_another_scheme_before_any_ot(
             await pair.leader.close_collection("t")
     assert help_.made == []  # refused at SessionOpen: no party, no base OT
     assert all(not getattr(p, "_ready", False) for _, p in lead.made)
+
+
+@pytest.mark.parametrize("ot", ["iknp", "softspoken:2", "ferret:tiny"])
+async def test_a_stream_under_each_ot_extension(
+    tmp_path: Path, ot: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The servers' `ot` (`--ot`) is what both parties run and what the leader
+    names in SessionOpen, whatever SVTAGG_OT says."""
+    from svtagg.mpc.softspoken import parse_ot
+
+    monkeypatch.setenv("SVTAGG_OT", "softspoken:8")
+    opens = Opens()
+    spy = Spy(DEFAULT_GARBLING, ot)
+    assert ot_of(spy) == ot
+    async with driver_pair(tmp_path, spy, tap=opens.tap) as pair:
+        sid = await _ready(pair)
+        answer = await pair.leader.ask(Ask(sid, Queries((2, 0)), (LOW, LOW)))
+        assert answer.yes and answer.index == 0
+    assert {o.ot_extension for o in opens.seen} == {ot}
+    assert {party.ot for _, party in spy.made} == {parse_ot(ot)}
+
+
+async def test_the_helper_refuses_another_ot_extension(tmp_path: Path) -> None:
+    lead, help_ = Spy(DEFAULT_GARBLING, "iknp"), Spy(DEFAULT_GARBLING, "softspoken:4")
+    async with driver_pair(tmp_path, lead, helper_party=help_) as pair:
+        await pair.leader.create_task(TaskSpec("t", 3, F, 10 * N, 1, "20", "0", "1/4", False))
+        pair.upload("t", np.ones((N, 3)))
+        with pytest.raises(Exception, match="OT extension 'iknp' is not this helper's"):
+            await pair.leader.close_collection("t")
+    assert help_.made == []
+
+
+def test_an_unknown_ot_extension_is_refused_before_the_server_starts(tmp_path: Path) -> None:
+    rc, out = _cli(
+        "server", "--role", "helper", "--db", str(tmp_path / "h.sqlite"),
+        "--certs", str(tmp_path / "certs"), "--ot", "softspoken:3",
+    )  # fmt: skip
+    assert rc != 0 and "unknown OT extension 'softspoken:3'" in out, out
+    assert not (tmp_path / "h.sqlite").exists()
+    with pytest.raises(ValueError, match="unknown OT extension"):
+        GarbledCircuitParties(DEFAULT_GARBLING, "ferret:b99")
 
 
 def _cli(*argv: str) -> tuple[int, str]:
