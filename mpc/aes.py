@@ -10,6 +10,7 @@ low 64 bits (little-endian bytes 0..7), so the point-and-permute bit of a label
 from __future__ import annotations
 
 import hashlib
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -89,3 +90,18 @@ def make_tweaks(hi: int, start: int, n: int, step: int = 1) -> Blocks:
     tw[:, 0] = np.arange(start, start + step * n, step, dtype=np.uint64)
     tw[:, 1] = np.uint64(hi)
     return tw
+
+
+def ggm_children(h: Any, nodes: Blocks, tweak_hi: int) -> tuple[Blocks, Blocks]:
+    """One GGM level: the (left, right) children of every node of an (n, 2)
+    array, H(node, (side, tweak_hi)) with the tweakable hash `h` (numpy or
+    native, the same bytes); SoftSpoken's and Ferret's trees or their level in
+    `tweak_hi`."""
+    n = nodes.shape[0]
+    tw = np.empty((n, 2), dtype=np.uint64)
+    tw[:, 1] = np.uint64(tweak_hi)
+    out = []
+    for side in (0, 1):
+        tw[:, 0] = np.uint64(side)
+        out.append(np.array(h(np.ascontiguousarray(nodes), tw), copy=True))
+    return out[0], out[1]

@@ -38,7 +38,7 @@ import numpy.typing as npt
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 from svtagg.mpc import ferret, native
-from svtagg.mpc.aes import Blocks, TweakableHash
+from svtagg.mpc.aes import Blocks, TweakableHash, ggm_children
 from svtagg.mpc.channel import Channel
 from svtagg.mpc.ot import (
     KAPPA,
@@ -100,14 +100,7 @@ def _hasher() -> Any:
 
 def _children(h: Any, nodes: Blocks, level: int) -> tuple[Blocks, Blocks]:
     """GGM children (left, right) of every node of an (n, 2) array."""
-    n = nodes.shape[0]
-    tw = np.empty((n, 2), dtype=np.uint64)
-    tw[:, 1] = np.uint64(GGM_TWEAK | level)
-    out = []
-    for side in (0, 1):
-        tw[:, 0] = np.uint64(side)
-        out.append(np.array(h(np.ascontiguousarray(nodes), tw), copy=True))
-    return out[0], out[1]
+    return ggm_children(h, nodes, GGM_TWEAK | level)
 
 
 def _key_blocks(keys: list[bytes]) -> Blocks:
