@@ -336,6 +336,18 @@ class _Pool:
     def available(self) -> int:
         raise NotImplementedError
 
+    async def extend(self, channel: Channel) -> None:
+        raise NotImplementedError
+
+    async def refill(self, channel: Channel, need: int) -> int:
+        """Extensions until the pool holds `need` COTs; returns how many ran
+        (both sides know the pool's size, so both run the same number)."""
+        runs = 0
+        while self.available() < need:
+            await self.extend(channel)
+            runs += 1
+        return runs
+
     def groups(self, s: LpnSet) -> Iterator[tuple[int, int]]:
         """Tree ranges expanded together (≈ 2^16 leaves each)."""
         step = max(1, _GROUP_LEAVES >> s.depth)
@@ -427,14 +439,6 @@ class FerretReceiver(_Pool):
         await channel.send(msg)
         self.finish(await channel.recv(), alphas)
 
-    async def refill(self, channel: Channel, need: int) -> int:
-        """Extensions until the pool holds `need` COTs; returns how many ran."""
-        runs = 0
-        while self.available() < need:
-            await self.extend(channel)
-            runs += 1
-        return runs
-
     def u_message(self, choices: list[npt.NDArray[np.uint8]], nonce: int) -> bytes:
         """d = b ⊕ r for the chunk's packed choice bits (one bit per OT), drawing
         the next Σ 8·width COTs of the pool."""
@@ -506,13 +510,6 @@ class FerretSender(_Pool):
 
     async def extend(self, channel: Channel) -> None:
         await channel.send(self.reply(await channel.recv()))
-
-    async def refill(self, channel: Channel, need: int) -> int:
-        runs = 0
-        while self.available() < need:
-            await self.extend(channel)
-            runs += 1
-        return runs
 
     def labels(self, msg: bytes, widths: list[int], nonce: int) -> Iterator[Blocks]:
         """0-labels q_j ⊕ d_j·Δ for the evaluator's d bits, piece by piece."""

@@ -495,3 +495,20 @@ def joint_guess_bound(frac_bits: int) -> float:
     noise = joint_stream_noise(StreamKind.LAP24, Fraction(1), frac_bits)
     collision = float(sum(p * p for p in pmf(noise.query_constants, noise.bits).values()))
     return 4 * collision + 0.005
+
+
+async def helper_accepts_open(ot_extension: str) -> tuple[bytes, object]:
+    """A helper session's `accept` of a leader's SessionOpen naming `ot_extension`
+    (the helper's own from SVTAGG_OT or the default): (session id, None), or the
+    refusal it raises."""
+    from svtagg.servers.session import HelperSession
+
+    frames = [pb.PeerFrame(open=pb.SessionOpen(session_id=b"s" * 16, ot_extension=ot_extension))]
+
+    async def read() -> pb.PeerFrame | None:
+        return frames.pop(0) if frames else None
+
+    async def write(frame: pb.PeerFrame) -> None:
+        return None
+
+    return await HelperSession(write, read).accept(None)

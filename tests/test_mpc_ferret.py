@@ -468,30 +468,21 @@ async def test_servers_choose_ferret_by_environment(
     servers: str | None, announced: str, accepted: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """SVTAGG_OT sets both servers' extension; the helper refuses a leader on another."""
+    from conftest import helper_accepts_open
+
     from svtagg.dp.errors import InvalidArgument
     from svtagg.mpc.softspoken import DEFAULT_OT, server_ot
-    from svtagg.proto import svtagg_pb2 as pb
-    from svtagg.servers.session import HelperSession
 
     if servers is None:
         monkeypatch.delenv("SVTAGG_OT", raising=False)
     else:
         monkeypatch.setenv("SVTAGG_OT", servers)
     assert server_ot() == (servers or DEFAULT_OT)
-    frames = [pb.PeerFrame(open=pb.SessionOpen(session_id=b"s" * 16, ot_extension=announced))]
-
-    async def read() -> pb.PeerFrame | None:
-        return frames.pop(0) if frames else None
-
-    async def write(frame: pb.PeerFrame) -> None:
-        return None
-
-    session = HelperSession(write, read)
     if accepted:
-        assert await session.accept(None) == (b"s" * 16, None)
+        assert await helper_accepts_open(announced) == (b"s" * 16, None)
     else:
         with pytest.raises(InvalidArgument, match="OT extension"):
-            await session.accept(None)
+            await helper_accepts_open(announced)
 
 
 def test_an_unknown_server_extension_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -448,24 +448,15 @@ async def test_parties_on_different_extensions_fail() -> None:
 async def test_helper_checks_the_leaders_ot_extension(announced: str, accepted: bool) -> None:
     """SessionOpen names the leader's extension; the helper refuses another one
     before any OT runs (empty: a leader that does not announce, not checked)."""
+    from conftest import helper_accepts_open
+
     from svtagg.dp.errors import InvalidArgument
-    from svtagg.proto import svtagg_pb2 as pb
-    from svtagg.servers.session import HelperSession
 
-    frames = [pb.PeerFrame(open=pb.SessionOpen(session_id=b"s" * 16, ot_extension=announced))]
-
-    async def read() -> pb.PeerFrame | None:
-        return frames.pop(0) if frames else None
-
-    async def write(frame: pb.PeerFrame) -> None:
-        return None
-
-    session = HelperSession(write, read)
     if accepted:
-        assert await session.accept(None) == (b"s" * 16, None)
+        assert await helper_accepts_open(announced) == (b"s" * 16, None)
     else:
         with pytest.raises(InvalidArgument, match="OT extension"):
-            await session.accept(None)
+            await helper_accepts_open(announced)
 
 
 async def test_the_leader_announces_the_default_extension() -> None:
