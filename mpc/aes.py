@@ -92,16 +92,17 @@ def make_tweaks(hi: int, start: int, n: int, step: int = 1) -> Blocks:
     return tw
 
 
-def ggm_children(h: Any, nodes: Blocks, tweak_hi: int) -> tuple[Blocks, Blocks]:
-    """One GGM level: the (left, right) children of every node of an (n, 2)
-    array, H(node, (side, tweak_hi)) with the tweakable hash `h` (numpy or
-    native, the same bytes); SoftSpoken's and Ferret's trees or their level in
-    `tweak_hi`."""
-    n = nodes.shape[0]
-    tw = np.empty((n, 2), dtype=np.uint64)
+def ggm_level(h: Any, nodes: npt.NDArray[np.uint64], tweak_hi: int) -> npt.NDArray[np.uint64]:
+    """One level of t GGM trees at once: nodes (t, width, 2 words) → children
+    (t, width, 2 sides, 2 words), child `side` = H(node, (side, tweak_hi)) with
+    the tweakable hash `h` (numpy or native, the same bytes); SoftSpoken's and
+    Ferret's trees put their own tag and the level in `tweak_hi`."""
+    t, width = nodes.shape[:2]
+    flat = np.ascontiguousarray(nodes.reshape(-1, 2))
+    tw = np.empty((flat.shape[0], 2), dtype=np.uint64)
     tw[:, 1] = np.uint64(tweak_hi)
-    out = []
+    child = np.empty((t, width, 2, 2), dtype=np.uint64)
     for side in (0, 1):
         tw[:, 0] = np.uint64(side)
-        out.append(np.array(h(np.ascontiguousarray(nodes), tw), copy=True))
-    return out[0], out[1]
+        child[:, :, side] = np.asarray(h(flat, tw)).reshape(t, width, 2)
+    return child

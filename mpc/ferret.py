@@ -43,7 +43,7 @@ import numpy.typing as npt
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 from svtagg.mpc import native
-from svtagg.mpc.aes import Blocks, TweakableHash, ggm_children
+from svtagg.mpc.aes import Blocks, TweakableHash, ggm_level
 from svtagg.mpc.channel import Channel
 from svtagg.mpc.ot import _check_widths
 
@@ -206,9 +206,9 @@ def lpn_expand(
     return None if bits is None else lpn_encode_bits(bits[0], idx, bits[1])
 
 
-def _expand(h: Any, nodes: Blocks, level: int) -> tuple[Blocks, Blocks]:
-    """GGM children (left, right) of every node of an (n, 2) array."""
-    return ggm_children(h, nodes, GGM_TWEAK | level)
+def _expand(h: Any, nodes: Blocks, level: int) -> npt.NDArray[np.uint64]:
+    """GGM children (t, width, side, word) of the nodes (t, width, 2) of t trees."""
+    return ggm_level(h, nodes, GGM_TWEAK | level)
 
 
 def _mask_tweaks(counter: int, count: int) -> Blocks:
@@ -232,10 +232,7 @@ def ggm_send(h: Any, seeds: Blocks, depth: int) -> tuple[Blocks, Blocks]:
     sums = np.empty((t, depth, 2, 2), dtype=np.uint64)
     for level in range(1, depth + 1):
         width = nodes.shape[1]
-        left, right = _expand(h, nodes.reshape(-1, 2), level)
-        child = np.empty((t, width, 2, 2), dtype=np.uint64)
-        child[:, :, 0] = left.reshape(t, width, 2)
-        child[:, :, 1] = right.reshape(t, width, 2)
+        child = _expand(h, nodes, level)
         sums[:, level - 1] = np.bitwise_xor.reduce(child, axis=1)
         nodes = child.reshape(t, 2 * width, 2)
     return nodes, sums
@@ -269,10 +266,7 @@ def ggm_receive(h: Any, known: Blocks, alphas: npt.NDArray[np.int64], depth: int
     path = np.zeros(t, dtype=np.int64)
     for level in range(1, depth + 1):
         width = nodes.shape[1]
-        left, right = _expand(h, nodes.reshape(-1, 2), level)
-        child = np.empty((t, width, 2, 2), dtype=np.uint64)
-        child[:, :, 0] = left.reshape(t, width, 2)
-        child[:, :, 1] = right.reshape(t, width, 2)
+        child = _expand(h, nodes, level)
         child[ar, path] = 0  # the unknown node's children
         a = (alphas >> (depth - level)) & 1
         side = np.bitwise_xor.reduce(child, axis=1)  # (t, 2, 2)

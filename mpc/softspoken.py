@@ -38,7 +38,7 @@ import numpy.typing as npt
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 from svtagg.mpc import ferret, native
-from svtagg.mpc.aes import Blocks, TweakableHash, ggm_children
+from svtagg.mpc.aes import Blocks, TweakableHash, ggm_level
 from svtagg.mpc.channel import Channel
 from svtagg.mpc.ot import (
     KAPPA,
@@ -98,9 +98,9 @@ def _hasher() -> Any:
     return native.NativeHash() if native.active() == "native" else TweakableHash()
 
 
-def _children(h: Any, nodes: Blocks, level: int) -> tuple[Blocks, Blocks]:
-    """GGM children (left, right) of every node of an (n, 2) array."""
-    return ggm_children(h, nodes, GGM_TWEAK | level)
+def _children(h: Any, nodes: Blocks, level: int) -> npt.NDArray[np.uint64]:
+    """GGM children (n, width, side, word) of the nodes (n, width, 2) of n trees."""
+    return ggm_level(h, nodes, GGM_TWEAK | level)
 
 
 def _key_blocks(keys: list[bytes]) -> Blocks:
@@ -194,10 +194,7 @@ class SoftSpokenReceiver:
         sums = np.empty((k, n, 2, 2), dtype=np.uint64)
         for level in range(1, k + 1):
             width = nodes.shape[1]
-            left, right = _children(h, nodes.reshape(-1, 2), level)
-            child = np.empty((n, width, 2, 2), dtype=np.uint64)
-            child[:, :, 0] = left.reshape(n, width, 2)
-            child[:, :, 1] = right.reshape(n, width, 2)
+            child = _children(h, nodes, level)
             j = np.arange(n) * k + (k - level)
             sums[level - 1, :, 0] = np.bitwise_xor.reduce(child[:, :, 0], axis=1) ^ self._keys1[j]
             sums[level - 1, :, 1] = np.bitwise_xor.reduce(child[:, :, 1], axis=1) ^ self._keys0[j]
@@ -284,12 +281,10 @@ class SoftSpokenSender:
             width = nodes.shape[1]
             j = np.arange(n) * k + (k - level)
             mask = (np.uint64(0) - self._s_bits[j])[:, None]  # all ones where the path goes right
-            left, right = _children(h, nodes.reshape(-1, 2), level)
-            left, right = left.reshape(n, width, 2), right.reshape(n, width, 2)
-            swap = (left ^ right) & mask[:, None]
-            child = np.empty((n, width, 2, 2), dtype=np.uint64)
-            child[:, :, 0] = left ^ swap  # relabelled child d is original side d ⊕ c
-            child[:, :, 1] = right ^ swap
+            child = _children(h, nodes, level)
+            swap = (child[:, :, 0] ^ child[:, :, 1]) & mask[:, None]
+            child[:, :, 0] ^= swap  # relabelled child d is original side d ⊕ c
+            child[:, :, 1] ^= swap
             e0, e1 = sums[level - 1, :, 0], sums[level - 1, :, 1]
             other = e1 ^ ((e0 ^ e1) & mask) ^ self._keys[j]  # the off-path side's sum
             rest = np.bitwise_xor.reduce(child[:, 1:, 1], axis=1) if width > 1 else 0

@@ -380,8 +380,7 @@ def _delta_from_reply(s: LpnSet, reply: bytes) -> Blocks:
     h = ferret._hasher()
     nodes = np.ascontiguousarray(m[0, 0])  # level 1: left and right child of the root
     for level in range(2, s.depth + 1):
-        left, right = ferret._expand(h, nodes, level)
-        nodes = np.stack([left, right], axis=1).reshape(-1, 2)
+        nodes = ferret._expand(h, nodes[None], level).reshape(-1, 2)
     return phi[0] ^ np.bitwise_xor.reduce(nodes, axis=0)  # type: ignore[no-any-return]
 
 
