@@ -12,6 +12,10 @@ from svtagg.analyst.selection.records import Candidates, Spend
 from svtagg.dp.kinds import StreamKind
 from svtagg.dp.queries import MAX_CHUNK
 
+#: A descending scan (`Session.descend`) puts as many whole levels in one chunk
+#: as fit in this many comparisons (at least one level per chunk).
+DESCEND_CHUNK = 16_384
+
 #: Thresholds are sent as whole score units (see `Session._tau`), which moves
 #: each by at most 1/2; the interval bookkeeping widens every α by that much.
 ROUNDING_SLACK = 0.5
@@ -20,8 +24,17 @@ ROUNDING_SLACK = 0.5
 class Session:
     """Opens streams and asks chunks on behalf of one algorithm run, recording spend."""
 
-    def __init__(self, oracle: Oracle, kind: StreamKind | str, spend: Spend | None = None):
+    def __init__(
+        self,
+        oracle: Oracle,
+        kind: StreamKind | str,
+        spend: Spend | None = None,
+        descend_chunk: int = DESCEND_CHUNK,
+    ):
+        if descend_chunk < 1:
+            raise ValueError(f"descend_chunk must be at least 1, got {descend_chunk}")
         self.oracle = oracle
+        self.descend_chunk = descend_chunk
         self.kind = StreamKind.parse(kind)
         self.spend = spend if spend is not None else Spend()
         # Thresholds beyond what a server accepts carry no information (see `_tau`).
@@ -60,9 +73,16 @@ class Session:
         than MAX_CHUNK are split: consecutive chunks on one stream are the same
         online AboveThreshold mechanism.
         """
-        for start in range(0, len(positions), MAX_CHUNK):
-            part = positions[start : start + MAX_CHUNK]
-            chunk = [(cands.queries[p], self._tau(m - cands.offsets[p])) for p in part]
+        return self._ask_pairs(stream, cands, [(p, m) for p in positions])
+
+    def _ask_pairs(
+        self, stream: Stream, cands: Candidates, pairs: Sequence[tuple[int, float]]
+    ) -> int | None:
+        """Batch SVT of (candidate position, threshold) pairs in order: the index in
+        `pairs` of the first YES, or None."""
+        for start in range(0, len(pairs), MAX_CHUNK):
+            part = pairs[start : start + MAX_CHUNK]
+            chunk = [(cands.queries[p], self._tau(m - cands.offsets[p])) for p, m in part]
             hit = stream.ask(chunk)
             self.spend.chunks += 1
             self.spend.queries_sent += len(chunk)
@@ -80,12 +100,26 @@ class Session:
     ) -> tuple[int, int] | None:
         """One stream of budget ε asking all of `positions` at each of `levels` in
         turn: (position in `positions`, level index) of its YES, or None if it never
-        said YES."""
+        said YES.
+
+        Whole levels go to the stream together, as many as fit in `descend_chunk`
+        comparisons: the stream sees the same queries in the same order as level
+        by level (the next level is asked only after all-NO answers, which is what
+        a chunk's first-YES index already tells), so the released output has the
+        same distribution; a chunk's comparisons after its first YES are computed
+        and not released.  Fewer, larger chunks cost fewer round trips and more
+        comparisons (at most one chunk's worth more per stream).
+        """
         stream = self.open(epsilon)
-        for i, m in enumerate(levels):
-            hit = self.ask(stream, cands, positions, m)
+        size = len(positions)
+        if size == 0:
+            return None
+        per = max(1, self.descend_chunk // size)
+        for first in range(0, len(levels), per):
+            pairs = [(p, m) for m in levels[first : first + per] for p in positions]
+            hit = self._ask_pairs(stream, cands, pairs)
             if hit is not None:
-                return hit, i
+                return hit % size, first + hit // size
         return None
 
 
