@@ -119,16 +119,25 @@ def _inverse_tails(
 def _secant_guess(
     log_tail: LogTail, t: npt.NDArray[np.float64], done: npt.NDArray[np.bool_]
 ) -> npt.NDArray[np.int64]:
-    """A starting point for `_inverse_tails`: three secant steps from a = 0 on the
-    tail's unit slopes (only a guess; 0 where the target is already met)."""
-    a = np.zeros(t.shape, dtype=np.float64)
+    """A starting point for `_inverse_tails` (only a guess; 0 where the target is
+    already met).  Every tail here is (a + 1)·log q plus a slowly varying term, so
+    one step along the far slope (the secant between 2^30 and 2^31) from a = 0 lands
+    near the answer (the slope near 0 would overshoot for wide sums of two draws),
+    and Newton steps on local secants close in on it."""
+    far = np.asarray([2**30, 2**31], dtype=np.int64)
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-        for _ in range(3):
+        ends = log_tail(far)
+        slope = float(ends[1] - ends[0]) / 2**30
+        if not (np.isfinite(slope) and slope < 0):
+            return np.zeros(t.shape, dtype=np.int64)
+        a = np.maximum((t - log_tail(np.zeros(t.shape, dtype=np.int64))) / slope, 0.0)
+        for _ in range(3):  # Newton steps on local secants a few percent wide
             ai = np.clip(np.floor(a), 0, 2.0**60).astype(np.int64)
+            h = np.maximum(ai >> 5, 1)
             f0 = log_tail(ai)
-            slope = log_tail(ai + 1) - f0
-            nxt = ai + (t - f0) / slope
-            a = np.where(np.isfinite(nxt) & (slope < 0), np.maximum(nxt, 0.0), a)
+            local = (log_tail(ai + h) - f0) / h
+            nxt = ai + (t - f0) / np.where(local < 0, local, slope)
+            a = np.where(np.isfinite(nxt), np.maximum(nxt, 0.0), a)
     guess = np.clip(np.ceil(a), 0, 2.0**60).astype(np.int64)
     return np.where(done, 0, guess)
 
