@@ -96,8 +96,7 @@ def _reordering_descend(
     per = 5
     for first in range(0, len(levels), per):
         block = list(levels[first : first + per])[::-1]
-        pairs = [(p, m) for m in block for p in positions]
-        hit = session._ask_pairs(stream, cands, pairs)
+        hit = session._ask_levels(stream, cands, positions, block)
         if hit is not None:
             return hit % len(positions), first + len(block) - 1 - hit // len(positions)
     return None

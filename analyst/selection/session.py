@@ -7,6 +7,8 @@ import math
 from collections.abc import Sequence
 from fractions import Fraction
 
+import numpy as np
+
 from svtagg.analyst.oracle import Oracle, Stream
 from svtagg.analyst.selection.records import Candidates, Spend
 from svtagg.dp.kinds import StreamKind
@@ -52,8 +54,11 @@ class Session:
         self.spend.alphas.append(a)
         return a + ROUNDING_SLACK
 
-    def _tau(self, tau: float) -> int:
-        """The threshold actually sent: τ rounded to a whole score unit, within ±4n.
+    def _taus(
+        self, cands: Candidates, positions: Sequence[int], levels: Sequence[float]
+    ) -> list[int]:
+        """The thresholds actually sent for `positions` at each of `levels` in turn
+        (level-major): m − offset rounded to a whole score unit, within ±4n.
 
         Whole units take the oracle's exact integer path (no per-threshold rational
         encoding, which dominated run time); the ±1/2 this moves a threshold is
@@ -62,7 +67,11 @@ class Session:
         score, so clamping only matters when the noise is of the order of 4n, i.e.
         when the stream is useless anyway.  Both are data-independent.
         """
-        return min(max(math.floor(tau + 0.5), -self.tau_limit), self.tau_limit)
+        offsets = np.asarray(cands.offsets, dtype=np.float64)[np.asarray(positions, dtype=np.intp)]
+        m = np.asarray(levels, dtype=np.float64)[:, None]
+        taus = np.clip(np.floor(m - offsets[None, :] + 0.5), -self.tau_limit, self.tau_limit)
+        out: list[int] = taus.astype(np.int64).ravel().tolist()
+        return out
 
     def ask(
         self, stream: Stream, cands: Candidates, positions: Sequence[int], m: float
@@ -73,16 +82,17 @@ class Session:
         than MAX_CHUNK are split: consecutive chunks on one stream are the same
         online AboveThreshold mechanism.
         """
-        return self._ask_pairs(stream, cands, [(p, m) for p in positions])
+        return self._ask_levels(stream, cands, positions, [m])
 
-    def _ask_pairs(
-        self, stream: Stream, cands: Candidates, pairs: Sequence[tuple[int, float]]
+    def _ask_levels(
+        self, stream: Stream, cands: Candidates, positions: Sequence[int], levels: Sequence[float]
     ) -> int | None:
-        """Batch SVT of (candidate position, threshold) pairs in order: the index in
-        `pairs` of the first YES, or None."""
+        """Batch SVT of all of `positions` at each of `levels` in turn: the index of
+        the first YES in that order (level-major), or None."""
+        queries = [cands.queries[p] for p in positions] * len(levels)
+        pairs = list(zip(queries, self._taus(cands, positions, levels), strict=True))
         for start in range(0, len(pairs), MAX_CHUNK):
-            part = pairs[start : start + MAX_CHUNK]
-            chunk = [(cands.queries[p], self._tau(m - cands.offsets[p])) for p, m in part]
+            chunk = pairs[start : start + MAX_CHUNK]
             hit = stream.ask(chunk)
             self.spend.chunks += 1
             self.spend.queries_sent += len(chunk)
@@ -116,8 +126,7 @@ class Session:
             return None
         per = max(1, self.descend_chunk // size)
         for first in range(0, len(levels), per):
-            pairs = [(p, m) for m in levels[first : first + per] for p in positions]
-            hit = self._ask_pairs(stream, cands, pairs)
+            hit = self._ask_levels(stream, cands, positions, levels[first : first + per])
             if hit is not None:
                 return hit % size, first + hit // size
         return None
