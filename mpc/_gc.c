@@ -699,25 +699,96 @@ typedef struct {
     Py_ssize_t stride;
 } tr_ctx;
 
-/* Gather one byte column of 16 rows, then peel its 8 bits with movemask. */
-static void transpose_range(void *arg, size_t c0, size_t c1) {
-    tr_ctx *x = (tr_ctx *)arg;
+/* One byte column c of rows 16g..16g+15 gathered byte by byte (the tail of a
+ * matrix narrower than a tile), its 8 bits peeled with movemask. */
+static void transpose_column(const tr_ctx *x, size_t c) {
     Py_ssize_t stride = x->stride;
-    for (size_t c = c0; c < c1; c++) {
-        for (int g = 0; g < 8; g++) {
-            const uint8_t *p = x->R + (size_t)(16 * g) * stride + c;
-            block v = _mm_set_epi8(
-                (char)p[15 * stride], (char)p[14 * stride], (char)p[13 * stride],
-                (char)p[12 * stride], (char)p[11 * stride], (char)p[10 * stride],
-                (char)p[9 * stride], (char)p[8 * stride], (char)p[7 * stride],
-                (char)p[6 * stride], (char)p[5 * stride], (char)p[4 * stride],
-                (char)p[3 * stride], (char)p[2 * stride], (char)p[1 * stride], (char)p[0]);
+    for (int g = 0; g < 8; g++) {
+        const uint8_t *p = x->R + (size_t)(16 * g) * stride + c;
+        block v = _mm_set_epi8(
+            (char)p[15 * stride], (char)p[14 * stride], (char)p[13 * stride],
+            (char)p[12 * stride], (char)p[11 * stride], (char)p[10 * stride],
+            (char)p[9 * stride], (char)p[8 * stride], (char)p[7 * stride],
+            (char)p[6 * stride], (char)p[5 * stride], (char)p[4 * stride],
+            (char)p[3 * stride], (char)p[2 * stride], (char)p[1 * stride], (char)p[0]);
+        for (int bit = 7; bit >= 0; bit--) {
+            x->O[(size_t)(8 * c + bit) * 8 + g] = (uint16_t)_mm_movemask_epi8(v);
+            v = _mm_slli_epi64(v, 1);
+        }
+    }
+}
+
+/* Transposes a 16 × 16 byte matrix in place (row i of the input in a[i]; row j
+ * of the result, i.e. input column j, in a[j]): four rounds of the perfect
+ * shuffle, each interleaving row i with row i + 8. */
+#define TR16_ROUNDS(T, LO, HI)                                                    \
+    for (int round_ = 0; round_ < 4; round_++) {                                  \
+        T b_[16];                                                                 \
+        for (int i_ = 0; i_ < 8; i_++) {                                          \
+            b_[2 * i_] = LO(a[i_], a[i_ + 8]);                                    \
+            b_[2 * i_ + 1] = HI(a[i_], a[i_ + 8]);                                \
+        }                                                                         \
+        for (int i_ = 0; i_ < 16; i_++) a[i_] = b_[i_];                           \
+    }
+
+/* Columns [c, c + 16) of rows 16g..16g+15: 16 row loads, a 16 × 16 byte
+ * transpose in registers, then 8 movemasks per column (the same words as
+ * transpose_column, from contiguous loads instead of 256 scattered bytes). */
+static void transpose_tile16(const tr_ctx *x, size_t c) {
+    Py_ssize_t stride = x->stride;
+    for (int g = 0; g < 8; g++) {
+        const uint8_t *p = x->R + (size_t)(16 * g) * stride + c;
+        block a[16];
+        for (int r = 0; r < 16; r++) a[r] = _mm_loadu_si128((const block *)(p + r * stride));
+        TR16_ROUNDS(block, _mm_unpacklo_epi8, _mm_unpackhi_epi8)
+        for (int j = 0; j < 16; j++) {
+            block v = a[j];
+            uint16_t *o = x->O + (size_t)(8 * (c + j)) * 8 + g;
             for (int bit = 7; bit >= 0; bit--) {
-                x->O[(size_t)(8 * c + bit) * 8 + g] = (uint16_t)_mm_movemask_epi8(v);
+                o[8 * bit] = (uint16_t)_mm_movemask_epi8(v);
                 v = _mm_slli_epi64(v, 1);
             }
         }
     }
+}
+
+#ifdef HAVE_VAES_TARGET
+static int have_bw = 0;
+
+/* transpose_tile16 on four tiles at once (columns [c, c + 64)): 512-bit
+ * unpacks work per 128-bit lane, so lane L ends up holding column c + 16L + j. */
+__attribute__((target("avx512f,avx512bw")))
+static void transpose_tile64(const tr_ctx *x, size_t c) {
+    Py_ssize_t stride = x->stride;
+    for (int g = 0; g < 8; g++) {
+        const uint8_t *p = x->R + (size_t)(16 * g) * stride + c;
+        __m512i a[16];
+        for (int r = 0; r < 16; r++) a[r] = _mm512_loadu_si512((const void *)(p + r * stride));
+        TR16_ROUNDS(__m512i, _mm512_unpacklo_epi8, _mm512_unpackhi_epi8)
+        for (int j = 0; j < 16; j++) {
+            __m512i v = a[j];
+            for (int bit = 7; bit >= 0; bit--) {
+                uint64_t m = (uint64_t)_mm512_movepi8_mask(v);
+                for (int lane = 0; lane < 4; lane++)
+                    x->O[(size_t)(8 * (c + 16 * lane + j) + bit) * 8 + g] =
+                        (uint16_t)(m >> (16 * lane));
+                v = _mm512_add_epi8(v, v); /* each byte's next bit to its top */
+            }
+        }
+    }
+    _mm256_zeroupper();
+}
+#endif
+
+static void transpose_range(void *arg, size_t c0, size_t c1) {
+    tr_ctx *x = (tr_ctx *)arg;
+    size_t c = c0;
+#ifdef HAVE_VAES_TARGET
+    if (use_vaes && have_bw)
+        for (; c + 64 <= c1; c += 64) transpose_tile64(x, c);
+#endif
+    for (; c + 16 <= c1; c += 16) transpose_tile16(x, c);
+    for (; c < c1; c++) transpose_column(x, c);
 }
 
 static PyObject *py_transpose128(PyObject *self, PyObject *args) {
@@ -1902,6 +1973,7 @@ PyMODINIT_FUNC PyInit__gc(void) {
     }
 #ifdef HAVE_VAES_TARGET
     have_vaes = __builtin_cpu_supports("vaes") && __builtin_cpu_supports("avx512f");
+    have_bw = __builtin_cpu_supports("avx512bw");
 #endif
     use_vaes = have_vaes;
     PyObject *m = PyModule_Create(&moduledef);
