@@ -140,6 +140,23 @@ class _LeafPRG:
         ]
         self._schedules = native.core().expand_keys(raw) if native.available() else None
 
+    def fused(self) -> bool:
+        """The native core expands, corrects and transposes in one pass (`labels`)."""
+        return native.active() == "native" and self._schedules is not None
+
+    def labels(
+        self, nonce: int, first: int, width: int, out: Blocks, garbler: tuple[Any, Any] | None,
+        evaluator: tuple[Any, Any] | None,
+    ) -> None:  # fmt: skip
+        """The native core's one pass over a piece (`_gc.ss_labels`): the
+        transposed rows into `out`, corrected with (c, Δ bits) for the garbler,
+        or writing the message piece (u_out, r) for the evaluator."""
+        c, s = garbler if garbler is not None else (None, None)
+        u, r = evaluator if evaluator is not None else (None, None)
+        native.core().ss_labels(
+            self._schedules, self.k, int(self.skip0), nonce, first, width, c, s, u, r, out
+        )
+
     def expand(
         self, nonce: int, first: int, width: int, v_out: npt.NDArray[np.uint8], u_out: Any
     ) -> None:
@@ -185,6 +202,7 @@ class SoftSpokenReceiver:
         self._t_buf = np.empty(0, dtype=np.uint8)  # the pieces' (128, padded width) rows
         self._t_at: list[tuple[int, int]] = []
         self._nonce: int | None = None
+        self._fused: Blocks | None = None  # the native core's labels of the last u_message
 
     def setup_message(self) -> bytes:
         """Fresh trees (CSPRNG roots) and the level sums masked with the base-OT keys."""
@@ -217,11 +235,23 @@ class SoftSpokenReceiver:
         if self._msg_buf.shape[0] < total:
             self._msg_buf = np.empty(total, dtype=np.uint8)
         pad = [_stride(w) for w in widths]
-        if self._t_buf.shape[0] < KAPPA * sum(pad):
+        if not self._prg.fused() and self._t_buf.shape[0] < KAPPA * sum(pad):
             self._t_buf = np.empty(KAPPA * sum(pad), dtype=np.uint8)
-        u = _reuse(self, "_u", n * max(pad)).reshape(n, max(pad))
         out = self._msg_buf[:total]
         self._t_at, pos, col, first = [], 0, 0, 0
+        if self._prg.fused():  # labels now, piece by piece, while the rows are in cache
+            labels = _reuse(self, "_lab", 128 * sum(widths)).view(np.uint64).reshape(-1, 2)
+            for r, w in zip(choices, widths, strict=True):
+                c = out[pos : pos + n * w]
+                self._prg.labels(nonce, first, w, labels[col : col + 8 * w], None, (c, r))
+                self._t_at.append((col, w))
+                first += (w + 15) // 16
+                pos += n * w
+                col += 8 * w
+            self._nonce, self._fused = nonce, labels
+            return out.data
+        self._fused = None
+        u = _reuse(self, "_u", n * max(pad)).reshape(n, max(pad))
         for r, w, p in zip(choices, widths, pad, strict=True):
             t = self._t_buf[KAPPA * col : KAPPA * (col + p)].reshape(KAPPA, p)
             self._prg.expand(nonce, first, w, t, u)
@@ -240,6 +270,10 @@ class SoftSpokenReceiver:
         _check_widths(widths)
         if nonce != self._nonce or [w for _, w in self._t_at] != list(widths):
             raise ValueError("labels() must follow u_message() with the same nonce and widths")
+        if self._fused is not None:  # made by u_message: views, valid until the next one
+            for col, w in self._t_at:
+                yield self._fused[col : col + 8 * w]
+            return
         out = _label_buffer(self, 8 * max(widths))
         for col, w in self._t_at:
             p = _stride(w)
@@ -306,10 +340,19 @@ class SoftSpokenSender:
                 f"OT extension message has {len(msg)} bytes, want {message_bytes(widths, self.k)}"
             )
         c_all = np.frombuffer(msg, dtype=np.uint8)
-        rows = _reuse(self, "_rows", KAPPA * _stride(max(widths))).reshape(KAPPA, -1)
         out = _label_buffer(self, 8 * max(widths))
-        blk = self._s // self.k
         pos, first = 0, 0
+        if self._prg.fused():
+            s_bits = np.packbits(self._s_bits.astype(np.uint8), bitorder="little")
+            for w in widths:
+                c = c_all[pos : pos + n * w]
+                pos += n * w
+                self._prg.labels(nonce, first, w, out[: 8 * w], (c, s_bits), None)
+                first += (w + 15) // 16
+                yield out[: 8 * w]
+            return
+        rows = _reuse(self, "_rows", KAPPA * _stride(max(widths))).reshape(KAPPA, -1)
+        blk = self._s // self.k
         for w in widths:
             c = c_all[pos : pos + n * w].reshape(n, w)
             pos += n * w
