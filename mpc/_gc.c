@@ -1137,7 +1137,15 @@ typedef struct {
     int k, skip0;
 } ssl_ctx;
 
-static int ss_labels_run(const ssl_ctx *x) {
+typedef struct {
+    const ssl_ctx *x;
+    int failed;
+} ssl_job;
+
+/* Column tiles [t0, t1) of the piece (each thread its own rows and sums). */
+static void ss_labels_range(void *arg, size_t t0, size_t t1) {
+    ssl_job *job = (ssl_job *)arg;
+    const ssl_ctx *x = job->x;
     const int k = x->k, n = 128 / k, per = (1 << k) - x->skip0;
     const Py_ssize_t w = x->w, tw = 16 * SSL_TILE_BLOCKS;
     uint8_t *rows = (uint8_t *)aligned_alloc(64, (size_t)(128 * tw));
@@ -1145,9 +1153,11 @@ static int ss_labels_run(const ssl_ctx *x) {
     if (!rows || !acc) {
         free(rows);
         free(acc);
-        return -1;
+        job->failed = 1;
+        return;
     }
-    for (Py_ssize_t col0 = 0; col0 < w; col0 += tw) {
+    for (size_t t = t0; t < t1; t++) {
+        Py_ssize_t col0 = (Py_ssize_t)t * tw;
         Py_ssize_t tc = w - col0 < tw ? w - col0 : tw; /* bytes of this tile */
         int m = (int)((tc + 15) / 16);
         for (int i = 0; i < n; i++) {
@@ -1168,12 +1178,21 @@ static int ss_labels_run(const ssl_ctx *x) {
                 for (Py_ssize_t q = 0; q < tc; q++) dst[q] = u[q] ^ r[q];
             }
         }
-        tr_ctx t = {rows, x->O + (size_t)(8 * col0) * 8, tw};
-        transpose_range(&t, 0, (size_t)tc);
+        tr_ctx tr = {rows, x->O + (size_t)(8 * col0) * 8, tw};
+        transpose_range(&tr, 0, (size_t)tc);
     }
     free(rows);
     free(acc);
-    return 0;
+}
+
+/* The tiles split over the core's threads (a whole chunk's message is made
+ * before the garbler can start, so the evaluator uses both cores for it). */
+static int ss_labels_run(const ssl_ctx *x) {
+    const Py_ssize_t tw = 16 * SSL_TILE_BLOCKS;
+    size_t tiles = (size_t)((x->w + tw - 1) / tw);
+    ssl_job job = {x, 0};
+    parallel_for(tiles, 1, 2, ss_labels_range, &job);
+    return job.failed ? -1 : 0;
 }
 
 static PyObject *py_ss_labels(PyObject *self, PyObject *args) {
