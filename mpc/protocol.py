@@ -561,7 +561,14 @@ class ComparisonGarbler(_Party):
         a_bits = bit_planes(z)
         lanes = k * len(spec.inputs)  # the evaluator's input lanes
         await otx.refill(self._ext, self.channel, lanes * spec.width)  # Ferret: pool short
-        q = self._ext.labels(await self.channel.recv(), _ot_widths(lanes, spec.width), nonce)
+        widths = _ot_widths(lanes, spec.width)
+        arriving = getattr(self.channel, "recv_progressive", None)
+        if arriving is not None and spec.parts(k) > 1 and isinstance(self._ext, otx.Streamable):
+            # The OT message is read on as the first lane batches are garbled.
+            msg = await arriving()
+            q = self._ext.labels(msg.buffer, widths, nonce, ready=msg.wait)
+        else:
+            q = self._ext.labels(await self.channel.recv(), widths, nonce)
         # 125 ciphertexts per comparison plus < 6 per lane for the chunk logic.
         capacity = spec.tables_per_lane * lanes + 64
         be = self._garble_cls(
@@ -625,7 +632,12 @@ class ComparisonEvaluator(_Party):
             for lo, hi in lane_batches(lanes)
         ]
         await otx.refill(self._ext, self.channel, lanes * spec.width)
-        await self.channel.send(self._ext.u_message(choices, nonce))
+        send_pieces = getattr(self.channel, "send_pieces", None)
+        if send_pieces is not None and spec.parts(k) > 1 and hasattr(self._ext, "u_pieces"):
+            # Each lane batch's part of the OT message travels while the next is made.
+            await send_pieces(*self._ext.u_pieces(choices, nonce))
+        else:
+            await self.channel.send(self._ext.u_message(choices, nonce))
         nd = (spec.decoding_bits(k) + 7) // 8
         t = self._ext.labels(_ot_widths(lanes, spec.width), nonce)
         wires = self._input_wires(t, spec.width)

@@ -30,7 +30,7 @@ OpenSSL ECB per leaf; both give the same bytes.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -226,21 +226,41 @@ class SoftSpokenReceiver:
         pieces concatenated) for packed choice bits r given piece by piece.
         Keeps the rows t for `labels(…, nonce)`.  A view of a buffer the next
         call overwrites: send it before extending again."""
+        total, pieces = self.u_pieces(choices, nonce)
+        for _ in pieces:
+            pass
+        return self._msg_buf[:total].data
+
+    def u_pieces(
+        self, choices: list[npt.NDArray[np.uint8]], nonce: int
+    ) -> tuple[int, Iterator[memoryview]]:
+        """`u_message` piece by piece: its length, and an iterator that makes
+        each piece's part of the message when asked for it (so one piece can
+        travel while the next is made); `labels` after the last."""
         if self._prg is None:
             raise RuntimeError("SoftSpoken setup_message() not run")
         widths = [c.shape[0] for c in choices]
         _check_widths(widths)
-        n = KAPPA // self.k
         total = message_bytes(widths, self.k)
+        self._t_at, self._nonce = [], None  # labels() only once every piece is made
+        return total, self._pieces(choices, widths, nonce, total)
+
+    def _pieces(
+        self, choices: list[npt.NDArray[np.uint8]], widths: list[int], nonce: int, total: int
+    ) -> Iterator[memoryview]:
+        assert self._prg is not None
+        n = KAPPA // self.k
         if self._msg_buf.shape[0] < total:
             self._msg_buf = np.empty(total, dtype=np.uint8)
         pad = [_stride(w) for w in widths]
-        if not self._prg.fused() and self._t_buf.shape[0] < KAPPA * sum(pad):
+        fused = self._prg.fused()
+        if not fused and self._t_buf.shape[0] < KAPPA * sum(pad):
             self._t_buf = np.empty(KAPPA * sum(pad), dtype=np.uint8)
         out = self._msg_buf[:total]
-        self._t_at, pos, col, first = [], 0, 0, 0
-        if self._prg.fused():  # labels now, piece by piece, while the rows are in cache
+        pos, col, first = 0, 0, 0
+        if fused:  # labels now, piece by piece, while the rows are in cache
             labels = _reuse(self, "_lab", 128 * sum(widths)).view(np.uint64).reshape(-1, 2)
+            self._fused = labels
             for r, w in zip(choices, widths, strict=True):
                 c = out[pos : pos + n * w]
                 self._prg.labels(nonce, first, w, labels[col : col + 8 * w], None, (c, r))
@@ -248,8 +268,9 @@ class SoftSpokenReceiver:
                 first += (w + 15) // 16
                 pos += n * w
                 col += 8 * w
-            self._nonce, self._fused = nonce, labels
-            return out.data
+                yield c.data
+            self._nonce = nonce
+            return
         self._fused = None
         u = _reuse(self, "_u", n * max(pad)).reshape(n, max(pad))
         for r, w, p in zip(choices, widths, pad, strict=True):
@@ -261,8 +282,8 @@ class SoftSpokenReceiver:
             first += (w + 15) // 16
             pos += n * w
             col += p
+            yield c.reshape(-1).data
         self._nonce = nonce
-        return out.data
 
     def labels(self, widths: list[int], nonce: int) -> Iterator[Blocks]:
         """The blocks t_j of the last `u_message` (same nonce and widths),
@@ -328,9 +349,17 @@ class SoftSpokenSender:
         self.leaves = nodes
         self._prg = _LeafPRG(nodes[:, 1:].reshape(-1, 2), k, skip0=True)
 
-    def labels(self, msg: bytes, widths: list[int], nonce: int) -> Iterator[Blocks]:
+    def labels(
+        self,
+        msg: bytes | bytearray | memoryview,
+        widths: list[int],
+        nonce: int,
+        ready: Callable[[int], object] | None = None,
+    ) -> Iterator[Blocks]:
         """Blocks q_j = t_j ⊕ r_j·Δ, transposed, piece by piece; each yielded
-        array is overwritten by the next one."""
+        array is overwritten by the next one.  `ready(end)`, if given, is
+        called before a piece is read and returns once msg[:end] holds the
+        message's bytes (a message still arriving)."""
         if self._prg is None:
             raise RuntimeError("SoftSpoken receive_setup() not run")
         _check_widths(widths)
@@ -345,6 +374,8 @@ class SoftSpokenSender:
         if self._prg.fused():
             s_bits = np.packbits(self._s_bits.astype(np.uint8), bitorder="little")
             for w in widths:
+                if ready is not None:
+                    ready(pos + n * w)
                 c = c_all[pos : pos + n * w]
                 pos += n * w
                 self._prg.labels(nonce, first, w, out[: 8 * w], (c, s_bits), None)
@@ -354,6 +385,8 @@ class SoftSpokenSender:
         rows = _reuse(self, "_rows", KAPPA * _stride(max(widths))).reshape(KAPPA, -1)
         blk = self._s // self.k
         for w in widths:
+            if ready is not None:
+                ready(pos + n * w)
             c = c_all[pos : pos + n * w].reshape(n, w)
             pos += n * w
             self._prg.expand(nonce, first, w, rows, None)
@@ -379,6 +412,8 @@ OT_KINDS = ("iknp", "softspoken", "ferret")
 DEFAULT_OT = f"softspoken:{DEFAULT_K}"
 
 Receiver = IKNPReceiver | SoftSpokenReceiver | ferret.FerretReceiver
+#: The garbler's extensions that can read a message still arriving (`labels(…, ready=)`).
+Streamable = SoftSpokenSender
 Sender = IKNPSender | SoftSpokenSender | ferret.FerretSender
 
 
