@@ -50,7 +50,7 @@ from svtagg.mpc.garble import Backend, Bits, Wires
 from svtagg.mpc.ot import KAPPA, base_ot_receive, base_ot_send
 from svtagg.mpc.ring import RING_BITS, U64
 from svtagg.mpc.softspoken import bytes_per_ot, extension_receiver, extension_sender, parse_ot
-from svtagg.mpc.streaming import _OrderedSends, _Parts
+from svtagg.mpc.streaming import _OrderedSends, _Parts, recv_progressive, send_pieces
 from svtagg.mpc.tournament import (
     CARRY_INDEX_BITS,
     TournamentChunk,
@@ -562,10 +562,10 @@ class ComparisonGarbler(_Party):
         lanes = k * len(spec.inputs)  # the evaluator's input lanes
         await otx.refill(self._ext, self.channel, lanes * spec.width)  # Ferret: pool short
         widths = _ot_widths(lanes, spec.width)
-        arriving = getattr(self.channel, "recv_progressive", None)
-        if arriving is not None and spec.parts(k) > 1 and isinstance(self._ext, otx.Streamable):
+        progressive = hasattr(self.channel, "recv_progressive")
+        if progressive and spec.parts(k) > 1 and isinstance(self._ext, otx.Streamable):
             # The OT message is read on as the first lane batches are garbled.
-            msg = await arriving()
+            msg = await recv_progressive(self.channel)
             q = self._ext.labels(msg.buffer, widths, nonce, ready=msg.wait)
         else:
             q = self._ext.labels(await self.channel.recv(), widths, nonce)
@@ -632,10 +632,10 @@ class ComparisonEvaluator(_Party):
             for lo, hi in lane_batches(lanes)
         ]
         await otx.refill(self._ext, self.channel, lanes * spec.width)
-        send_pieces = getattr(self.channel, "send_pieces", None)
-        if send_pieces is not None and spec.parts(k) > 1 and hasattr(self._ext, "u_pieces"):
+        piecewise = hasattr(self.channel, "send_pieces")
+        if piecewise and spec.parts(k) > 1 and hasattr(self._ext, "u_pieces"):
             # Each lane batch's part of the OT message travels while the next is made.
-            await send_pieces(*self._ext.u_pieces(choices, nonce))
+            await send_pieces(self.channel, *self._ext.u_pieces(choices, nonce))
         else:
             await self.channel.send(self._ext.u_message(choices, nonce))
         nd = (spec.decoding_bits(k) + 7) // 8

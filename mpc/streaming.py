@@ -7,8 +7,50 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+from collections.abc import Iterator
+from typing import Any, Protocol
 
 from svtagg.mpc.channel import Channel
+
+
+class Arriving(Protocol):
+    """A message read as it arrives (`servers.datachannel.Arriving`)."""
+
+    size: int
+    buffer: Any
+
+    def wait(self, end: int) -> memoryview: ...
+
+
+class Arrived:
+    """A message already whole, read like one still arriving."""
+
+    def __init__(self, data: bytes | bytearray | memoryview) -> None:
+        self.buffer = data
+        self.size = len(data)
+
+    def wait(self, end: int) -> memoryview:
+        return memoryview(self.buffer)[:end]
+
+
+async def send_pieces(channel: Channel, total: int, pieces: Iterator[memoryview]) -> None:
+    """One message made piece by piece: the channel's `send_pieces` where it has
+    one (a wrapper passes it on to the channel it sends on), else one `send` of
+    the pieces joined (the same bytes)."""
+    fn = getattr(channel, "send_pieces", None)
+    if fn is not None:
+        await fn(total, pieces)
+    else:
+        await channel.send(b"".join(bytes(p) for p in pieces))
+
+
+async def recv_progressive(channel: Channel) -> Arriving:
+    """The next message, readable by prefixes as it arrives where the channel
+    can (`recv_progressive`), else whole."""
+    fn = getattr(channel, "recv_progressive", None)
+    if fn is not None:
+        return await fn()  # type: ignore[no-any-return]
+    return Arrived(await channel.recv())
 
 
 class _OrderedSends:

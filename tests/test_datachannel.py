@@ -643,3 +643,16 @@ async def test_streamed_chunks_over_a_data_connection(certs: Path, ot: str) -> N
         a.close()
         b.close()
         await lst.close()
+
+
+async def test_pieces_fall_back_to_whole_messages_on_other_channels() -> None:
+    """On a channel without the piecewise path (the session's frames, memory),
+    a message made in pieces is one send of their concatenation, and a
+    progressive read is the whole message."""
+    from svtagg.mpc import streaming
+
+    a, b = MemoryChannel.pair()
+    parts = [b"ab", b"", b"cde"]
+    await streaming.send_pieces(a, 5, iter([memoryview(p) for p in parts]))
+    msg = await streaming.recv_progressive(b)
+    assert msg.size == 5 and bytes(msg.wait(5)) == b"abcde" and bytes(msg.wait(2)) == b"ab"
