@@ -412,8 +412,6 @@ OT_KINDS = ("iknp", "softspoken", "ferret")
 DEFAULT_OT = f"softspoken:{DEFAULT_K}"
 
 Receiver = IKNPReceiver | SoftSpokenReceiver | ferret.FerretReceiver
-#: The garbler's extensions that can read a message still arriving (`labels(…, ready=)`).
-Streamable = SoftSpokenSender
 Sender = IKNPSender | SoftSpokenSender | ferret.FerretSender
 
 
