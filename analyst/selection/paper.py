@@ -170,7 +170,8 @@ def linear_scan(
 
     For m = u, u−1, …, ℓ (default [0, n]) ask all d candidates at threshold m
     (whole levels per chunk, `Session.descend`) and return the first YES; if none
-    ever answers, return the first candidate.  ≤ d·(u−ℓ+1) queries; the α recorded is for that many queries.
+    ever answers, return the first candidate.  ≤ d·(u−ℓ+1) queries; the α
+    recorded is for that many queries.
     Optimal error O(log(d n/β)/ε), at the price of O(d n) queries.
     """
     eps = Epsilon.parse(epsilon).value
