@@ -4,6 +4,7 @@ thresholds rounded to whole score units, and records what the run spent."""
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Sequence
 from fractions import Fraction
 
@@ -37,16 +38,38 @@ class Session:
             raise ValueError(f"descend_chunk must be at least 1, got {descend_chunk}")
         self.oracle = oracle
         self.descend_chunk = descend_chunk
+        self._ahead: deque[tuple[Fraction, Stream]] = deque()
         self.kind = StreamKind.parse(kind)
         self.spend = spend if spend is not None else Spend()
         # Thresholds beyond what a server accepts carry no information (see `_tau`).
         self.tau_limit = 4 * oracle.n - 1
 
     def open(self, epsilon: Fraction) -> Stream:
+        """A stream of budget ε: the next one opened ahead (`open_ahead`), or a new one."""
+        if self._ahead:
+            planned = self._ahead[0][0]
+            if planned != epsilon:
+                raise ValueError(f"the next stream opened ahead has ε = {planned}, not {epsilon}")
+            return self._ahead.popleft()[1]
         stream = self.oracle.open_stream(epsilon, self.kind)
         self.spend.streams += 1
         self.spend.epsilon += epsilon
         return stream
+
+    def open_ahead(self, epsilons: Sequence[Fraction]) -> None:
+        """Open now, all at once, the streams the run will certainly open next, in
+        this order (`open` hands them out).  Only an oracle that opens several streams
+        concurrently (`opens_concurrently`: the servers) does anything: k opens
+        then cost about one round trip's wait instead of k.  Each is charged when
+        opened here, as it would have been a little later; a run that fails in
+        between leaves them charged and unused."""
+        if not epsilons or not getattr(self.oracle, "opens_concurrently", False):
+            return
+        streams = self.oracle.open_streams(list(epsilons), self.kind)  # type: ignore[attr-defined]
+        for eps, stream in zip(epsilons, streams, strict=True):
+            self._ahead.append((eps, stream))
+            self.spend.streams += 1
+            self.spend.epsilon += eps
 
     def alpha(self, epsilon: Fraction, k: int, beta: float) -> float:
         """α from the oracle (recorded as is) plus the threshold rounding slack."""
