@@ -40,6 +40,8 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import numpy as np
+
 from svtagg.dp.errors import PeerUnavailable
 from svtagg.mpc.channel import Message
 from svtagg.proto.tls import Identity, role_of_pem, server_name
@@ -60,8 +62,15 @@ ADMIT_SECONDS = 10.0
 #: older one than this could only be bound if its session were still waiting).
 USED_IDS = 65536
 #: Messages up to this size are returned as `bytes` (one small copy); larger ones
-#: as the bytearray they were received into.
+#: as a memoryview of the buffer they were received into.
 _SMALL = 1 << 16
+
+
+def _uninitialized(size: int) -> memoryview:
+    """A writable byte buffer of `size` bytes, not zeroed first (every byte is
+    received into it before it is read; `bytearray(size)` would clear tens of
+    MB per chunk for nothing)."""
+    return np.empty(size, dtype=np.uint8).data.cast("B")
 
 
 class ChannelClosed(PeerUnavailable):
@@ -124,7 +133,7 @@ class Arriving:
 
     def __init__(self, size: int) -> None:
         self.size = size
-        self.buffer = bytearray(size)
+        self.buffer = _uninitialized(size)
         self._got = 0
         self._error: BaseException | None = None
         self._cond = threading.Condition()
@@ -146,7 +155,7 @@ class Arriving:
                 if self._error is not None:
                     raise ChannelClosed(f"data connection lost: {self._error}")
                 self._cond.wait()
-        return memoryview(self.buffer)[:end]
+        return self.buffer[:end]
 
 
 #: Bytes a progressive receive reads before it tells a waiting reader.
@@ -184,8 +193,8 @@ class DataConnection:
             raise ChannelClosed(f"data message of {size} bytes exceeds the cap")
         if size > self.limit:
             raise ChannelClosed(f"data message of {size} bytes exceeds this chunk's {self.limit}")
-        body = bytearray(size)
-        _recv_exact(self._sock, memoryview(body))
+        body = _uninitialized(size)
+        _recv_exact(self._sock, body)
         # Large messages stay in the buffer they arrived in (no copy); readers
         # only take lengths, slices and memoryviews of them.
         return bytes(body) if size <= _SMALL else body  # type: ignore[return-value]
@@ -214,7 +223,7 @@ class DataConnection:
         return int(size)
 
     def _fill_blocking(self, msg: Arriving) -> None:
-        view, got = memoryview(msg.buffer), 0
+        view, got = msg.buffer, 0
         try:
             while got < msg.size:
                 end = min(got + _PROGRESS, msg.size)
@@ -280,7 +289,7 @@ class DataConnection:
 
     async def recv(self) -> bytes:
         data = await self._io(self._recv_blocking)
-        assert isinstance(data, (bytes, bytearray))
+        assert isinstance(data, (bytes, memoryview))
         self.bytes_received += len(data)
         self.messages_received += 1
         return data  # type: ignore[return-value]

@@ -619,7 +619,7 @@ async def test_a_closed_connection_wakes_a_reader_of_a_partial_message(certs: Pa
         await lst.close()
 
 
-@pytest.mark.parametrize("ot", ["softspoken:4", "iknp"])
+@pytest.mark.parametrize("ot", ["softspoken:4", "iknp", "ferret"])
 async def test_streamed_chunks_over_a_data_connection(certs: Path, ot: str) -> None:
     """Chunks of several lane batches on a real data connection (the OT message
     in pieces, read as it arrives; the tables in parts): the same results as
