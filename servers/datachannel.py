@@ -36,7 +36,7 @@ import threading
 import time
 import weakref
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -131,9 +131,10 @@ class Arriving:
     behind `wait` (`DataConnection.recv_progressive`), so a reader in another
     thread can use each prefix as soon as it is there."""
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, closed: Callable[[], bool] = lambda: False) -> None:
         self.size = size
         self.buffer = _uninitialized(size)
+        self._closed = closed
         self._got = 0
         self._error: BaseException | None = None
         self._cond = threading.Condition()
@@ -149,12 +150,15 @@ class Arriving:
             self._cond.notify_all()
 
     def wait(self, end: int) -> memoryview:
-        """Blocks until the first `end` bytes are in; a view of them."""
+        """Blocks until the first `end` bytes are in; a view of them.  Wakes now
+        and then: a closed connection must not strand the reader's thread."""
         with self._cond:
             while self._got < end:
                 if self._error is not None:
                     raise ChannelClosed(f"data connection lost: {self._error}")
-                self._cond.wait()
+                if self._closed():
+                    raise ChannelClosed("data connection is closed")
+                self._cond.wait(timeout=1.0)
         return self.buffer[:end]
 
 
@@ -273,7 +277,7 @@ class DataConnection:
         Later operations on this connection run after the message is in."""
         size = await self._io(self._recv_header_blocking)
         assert isinstance(size, int)
-        msg = Arriving(size)
+        msg = Arriving(size, lambda: self._closed)
         if self._closed:
             raise ChannelClosed("data connection is closed")
         # Submitted now, so that it runs before any later operation on the connection.
