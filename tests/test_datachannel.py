@@ -160,6 +160,10 @@ async def test_a_helper_side_close_ends_the_leader_session(tmp_path: Path) -> No
         await _task(dep, "t")
         await _ask_far(dep, "t", k=5000)
         assert dep.helper is not None and dep.helper.data_listener is not None
+        assert dep.helper.peer_service is not None
+        # The result travels to the helper one way after the answer; `is_closed`
+        # (which closes a connection with anything readable) is for idle ones.
+        await dep.helper.peer_service.driver.settled()
         # Close every connection the helper holds (its side of each session).
         held = [c for c in dep.helper.data_listener.connections if not c.is_closed]
         assert held
