@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import replace
 
 from svtagg.dp.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
@@ -39,12 +40,17 @@ from svtagg.servers.joint import Pooled, batch_shares
 from svtagg.servers.session import (
     DataChannel,
     DataOffer,
+    GoChannel,
     HelperSession,
     ReadFrame,
     SwitchChannel,
     WriteFrame,
 )
 from svtagg.servers.store import IN_CHUNK, StreamState, TaskState
+
+#: An accepted stream chunk: its stream, task, queries, pooled noise, and the
+#: call that makes its mark durable (None: durable already).
+Accepted = tuple[StreamState, TaskState, Chunk, Pooled | None, Callable[[], None] | None]
 
 #: How long a chunk's header waits for the helper's record of the stream's
 #: previous chunk, whose result the leader sent one way just before.
@@ -175,17 +181,20 @@ class HelperDriver:
         sid, data = await session.accept(self.data, garbling_of(self.party), ot_of(self.party))
         try:
             channel = session.channel
-            party = self.party(
-                Role.HELPER, SwitchChannel(channel, data) if data is not None else channel, sid
-            )
+            gate = GoChannel(SwitchChannel(channel, data) if data is not None else channel)
+            party = self.party(Role.HELPER, gate, sid)
             await party.setup()
-            await self._chunks(session, party, data)
+            await self._chunks(session, party, gate, data)
         finally:
             if data is not None:
                 data.close()
 
     async def _chunks(
-        self, session: HelperSession, party: ComparisonParty, data: DataChannel | None
+        self,
+        session: HelperSession,
+        party: ComparisonParty,
+        gate: GoChannel,
+        data: DataChannel | None,
     ) -> None:
         while True:
             header = await session.next_header(self.stopping)
@@ -213,7 +222,7 @@ class HelperDriver:
                 except Exception as exc:  # noqa: BLE001 - the refusal goes back to the leader
                     await self._refuse(session, data, exc)
                     return
-                await self._stream_chunk(session, party, header, accepted)
+                await self._stream_chunk(session, party, gate, accepted)
 
     @staticmethod
     async def _refuse(session: HelperSession, data: DataChannel | None, exc: Exception) -> None:
@@ -225,27 +234,34 @@ class HelperDriver:
         self,
         session: HelperSession,
         party: ComparisonParty,
-        h: StreamChunk,
-        accepted: tuple[StreamState, TaskState, Chunk, Pooled | None],
+        gate: GoChannel,
+        accepted: Accepted,
     ) -> None:
-        """The garbler's side of one stream chunk, marked in progress durably
-        before the go and the tables; the result, which the leader sends one way,
-        recorded (not waited for by the leader: a helper that never records it
-        fails the stream closed, now or at its restart)."""
-        stream, task, chunk, pooled = accepted
+        """The garbler's side of one stream chunk, marked in progress before
+        the garbling and durably before the go and the tables (the mark's sync,
+        when the store defers it, runs in a thread meanwhile); the result, which
+        the leader sends one way, recorded (not waited for by the leader: a
+        helper that never records it fails the stream closed, now or at its
+        restart)."""
+        stream, task, chunk, pooled, sync = accepted
+        durable = None if sync is None else asyncio.get_running_loop().run_in_executor(None, sync)
+
+        async def go() -> None:
+            if durable is not None:
+                await durable
+            crash_point("chunk.after_mark")
+            await session.ok()
+
         self._unrecorded += 1
         self._recorded.clear()
+        gate.arm(go)
         try:
-            crash_point("chunk.after_mark")
-            try:
-                await session.ok()
-            except BaseException:
-                # Marked, and the leader gone before the go: failed now, not left
-                # `in_chunk` until this server's next restart.
-                self.core.fail_stream(stream.stream_id)
-                raise
-            await self._run(party, stream, task, chunk, pooled)
+            await self._run(party, stream, task, chunk, pooled, gate)
         finally:
+            if durable is not None and not durable.done():
+                # A chunk that failed first: the sync ends on its own (the stream
+                # is failed), its outcome not waited for.
+                durable.add_done_callback(lambda f: f.cancelled() or f.exception())
             self._unrecorded -= 1
             if not self._unrecorded:
                 self._recorded.set()
@@ -306,7 +322,7 @@ class HelperDriver:
         self.core.stage_robust(task, h.pass_id, h.coord_lo, y)
         await session.ok()
 
-    async def _accept(self, h: StreamChunk) -> tuple[StreamState, TaskState, Chunk, Pooled | None]:
+    async def _accept(self, h: StreamChunk) -> Accepted:
         await self._previous_recorded(h)
         stream, task = self.core.stream_and_task(h.stream_id)
         if h.kind != ChunkKind.of_stream(stream.kind):
@@ -316,8 +332,8 @@ class HelperDriver:
             self.core.check_tournament(stream, chunk)
         # The mark and (a joint-noise stream) the pooled noise it consumes, in
         # one durable step before the go: a sample is never used twice.
-        pooled = self.core.begin_pooled(stream, task, h.chunk_no, h.pool, len(chunk))
-        return stream, task, chunk, pooled
+        pooled, sync = self.core.mark_chunk(stream, task, h.chunk_no, h.pool, len(chunk))
+        return stream, task, chunk, pooled, sync
 
     async def _previous_recorded(self, h: StreamChunk) -> None:
         """The leader answers a chunk without waiting for this side's record of
@@ -341,10 +357,15 @@ class HelperDriver:
         stream: StreamState,
         task: TaskState,
         chunk: Chunk,
-        pooled: Pooled | None = None,
+        pooled: Pooled | None,
+        gate: GoChannel,
     ) -> None:
+        """Garble (the go leaves with the first message: `GoChannel`), then
+        record the result.  A failure (the leader gone before the go, too)
+        fails the stream now, not at this server's next restart."""
         try:
             _, progress = await self.core.run_chunk(party, stream, task, chunk, pooled=pooled)
+            await gate.release()  # a chunk that sent nothing still gets its go
         except BaseException:
             self.core.fail_stream(stream.stream_id)
             raise

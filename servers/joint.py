@@ -58,6 +58,7 @@ so a stream whose γ was never drawn never compares."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -227,6 +228,18 @@ class JointNoiseSteps:
             self.fail_stream(stream.stream_id)
             raise
         return Pooled(gamma, nu, draw.lo)
+
+    def mark_chunk(
+        self, stream: StreamState, task: TaskState, chunk_no: int, draw: PoolDraw, k: int
+    ) -> tuple[Pooled | None, Callable[[], None] | None]:
+        """`begin_pooled`, except that a chunk taking nothing from a pool may
+        leave its mark's durability owed (`Store.begin_chunk_deferred`): the
+        second value, a blocking call that returns once the mark is durable
+        (None: it is already).  The helper runs it while it garbles and sends
+        nothing of the chunk before it has returned."""
+        if draw != PoolDraw():
+            return self.begin_pooled(stream, task, chunk_no, draw, k), None
+        return None, self.store.begin_chunk_deferred(stream.stream_id, chunk_no)[1]
 
     def reserve_noise_batch(
         self, stream_id: str, count: int, gamma: bool, lo: int | None = None

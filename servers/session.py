@@ -233,6 +233,54 @@ class VerdictChannel:
         return self.inner.messages_sent
 
 
+class GoChannel:
+    """The helper's protocol channel: before a chunk's first protocol message
+    leaves, `arm`'s callback runs (it waits for the chunk's durable mark and
+    sends the go), so the mark's sync overlaps the garbling and the go still
+    comes right before the tables."""
+
+    def __init__(self, inner: Channel) -> None:
+        self.inner = inner
+        self._before_send: Callable[[], Awaitable[None]] | None = None
+
+    def arm(self, before_send: Callable[[], Awaitable[None]]) -> None:
+        self._before_send = before_send
+
+    async def release(self) -> None:
+        """Run the armed callback now, unless a send has run it."""
+        before, self._before_send = self._before_send, None
+        if before is not None:
+            await before()
+
+    def select(self, lanes: int) -> None:
+        select = getattr(self.inner, "select", None)
+        if select is not None:
+            select(lanes)
+
+    def limit_messages(self, limit: int) -> None:
+        self.inner.limit_messages(limit)  # type: ignore[attr-defined]
+
+    async def send(self, data: Message) -> None:
+        if self._before_send is not None:
+            await self.release()
+        await self.inner.send(data)
+
+    async def recv(self) -> bytes:
+        return await self.inner.recv()
+
+    @property
+    def bytes_sent(self) -> int:
+        return self.inner.bytes_sent
+
+    @property
+    def bytes_received(self) -> int:
+        return self.inner.bytes_received
+
+    @property
+    def messages_sent(self) -> int:
+        return self.inner.messages_sent
+
+
 class LeaderSession:
     """One set-up evaluator on one session; `cancel` ends the session, `done`
     says whether the transport has ended it.  `channel` carries the control
