@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
 from dataclasses import replace
 
 from svtagg.dp.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
@@ -48,9 +47,9 @@ from svtagg.servers.session import (
 )
 from svtagg.servers.store import IN_CHUNK, StreamState, TaskState
 
-#: An accepted stream chunk: its stream, task, queries, pooled noise, and the
-#: call that makes its mark durable (None: durable already).
-Accepted = tuple[StreamState, TaskState, Chunk, Pooled | None, Callable[[], None] | None]
+#: An accepted stream chunk: its stream, task, queries, pooled noise, and a
+#: future done once its mark is durable.
+Accepted = tuple[StreamState, TaskState, Chunk, Pooled | None, "asyncio.Future[None]"]
 
 #: How long a chunk's header waits for the helper's record of the stream's
 #: previous chunk, whose result the leader sent one way just before.
@@ -243,12 +242,10 @@ class HelperDriver:
         the leader sends one way, recorded (not waited for by the leader: a
         helper that never records it fails the stream closed, now or at its
         restart)."""
-        stream, task, chunk, pooled, sync = accepted
-        durable = None if sync is None else asyncio.get_running_loop().run_in_executor(None, sync)
+        stream, task, chunk, pooled, durable = accepted
 
         async def go() -> None:
-            if durable is not None:
-                await durable
+            await durable
             crash_point("chunk.after_mark")
             await session.ok()
 
@@ -258,7 +255,7 @@ class HelperDriver:
         try:
             await self._run(party, stream, task, chunk, pooled, gate)
         finally:
-            if durable is not None and not durable.done():
+            if not durable.done():
                 # A chunk that failed first: the sync ends on its own (the stream
                 # is failed), its outcome not waited for.
                 durable.add_done_callback(lambda f: f.cancelled() or f.exception())
@@ -332,8 +329,8 @@ class HelperDriver:
             self.core.check_tournament(stream, chunk)
         # The mark and (a joint-noise stream) the pooled noise it consumes, in
         # one durable step before the go: a sample is never used twice.
-        pooled, sync = self.core.mark_chunk(stream, task, h.chunk_no, h.pool, len(chunk))
-        return stream, task, chunk, pooled, sync
+        pooled, durable = self.core.mark_chunk(stream, task, h.chunk_no, h.pool, len(chunk))
+        return stream, task, chunk, pooled, durable
 
     async def _previous_recorded(self, h: StreamChunk) -> None:
         """The leader answers a chunk without waiting for this side's record of

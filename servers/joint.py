@@ -58,6 +58,8 @@ so a stream whose γ was never drawn never compares."""
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
@@ -72,6 +74,9 @@ from svtagg.mpc.protocol import ComparisonEvaluator, ComparisonGarbler
 from svtagg.mpc.ring import U64
 from svtagg.servers.exchange import ChunkKind, NoiseBatch, PoolDraw
 from svtagg.servers.store import Store, StreamState, TaskState
+
+#: How long the loop waits for a mark's sync to start in its thread (seconds).
+STARTED_WAIT = 0.002
 
 
 @dataclass(frozen=True)
@@ -171,6 +176,22 @@ async def batch_shares(
     return gamma, await joint_shares(party, batch.count, nu_shape)
 
 
+def in_thread(call: Callable[[], None]) -> asyncio.Future[None]:
+    """Run a blocking `call` (a mark's sync) in the loop's executor, and
+    return once that thread has started it: the sync then waits on the disk
+    while this thread goes on (drawing noise, garbling), instead of waiting
+    for the interpreter lock until the loop next idles."""
+    started = threading.Event()
+
+    def run() -> None:
+        started.set()
+        call()
+
+    future = asyncio.get_running_loop().run_in_executor(None, run)
+    started.wait(STARTED_WAIT)
+    return future
+
+
 class JointNoiseSteps:
     """The joint-noise steps of `core.ServerCore`, mixed into it: what a chunk
     takes from its stream's pool (`pool_draw`, `begin_pooled`), a noise
@@ -231,15 +252,22 @@ class JointNoiseSteps:
 
     def mark_chunk(
         self, stream: StreamState, task: TaskState, chunk_no: int, draw: PoolDraw, k: int
-    ) -> tuple[Pooled | None, Callable[[], None] | None]:
+    ) -> tuple[Pooled | None, asyncio.Future[None]]:
         """`begin_pooled`, except that a chunk taking nothing from a pool may
         leave its mark's durability owed (`Store.begin_chunk_deferred`): the
-        second value, a blocking call that returns once the mark is durable
-        (None: it is already).  The helper runs it while it garbles and sends
-        nothing of the chunk before it has returned."""
+        second value is done once the mark is durable (its sync running in a
+        thread meanwhile, or done at once).  Nothing of the chunk leaves this
+        server before it is done (docs/services.md, "Durability of a chunk")."""
+        sync = None
         if draw != PoolDraw():
-            return self.begin_pooled(stream, task, chunk_no, draw, k), None
-        return None, self.store.begin_chunk_deferred(stream.stream_id, chunk_no)[1]
+            pooled = self.begin_pooled(stream, task, chunk_no, draw, k)
+        else:
+            pooled, sync = None, self.store.begin_chunk_deferred(stream.stream_id, chunk_no)[1]
+        if sync is not None:
+            return pooled, in_thread(sync)
+        durable = asyncio.get_running_loop().create_future()
+        durable.set_result(None)
+        return pooled, durable
 
     def reserve_noise_batch(
         self, stream_id: str, count: int, gamma: bool, lo: int | None = None

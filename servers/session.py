@@ -70,6 +70,57 @@ class DataOffer(Protocol):
     async def claim(self, sid: bytes, timeout: float) -> DataChannel: ...
 
 
+class WriteBehind:
+    """A transport's frame writes started in order without waiting for each
+    to complete (a gRPC stream's write returns only after the frame has gone
+    through gRPC's own thread and back through the event loop): the caller
+    goes on once its write has started, the next write starts once the
+    previous one is done.  A failed write fails every later one, raised to
+    the next caller or by `flush`; at most `LIMIT` bytes are waiting."""
+
+    LIMIT = 4 * FRAGMENT
+
+    def __init__(self, write: WriteFrame) -> None:
+        self._write = write
+        self._last: asyncio.Future[None] | None = None
+        self._waiting = 0
+
+    async def __call__(self, frame: pb.PeerFrame) -> None:
+        last = self._last
+        if last is not None and last.done():
+            self._last = None
+            last.result()  # a failed write's error
+        size = len(frame.fragment)
+        self._waiting += size
+        self._last = asyncio.ensure_future(self._after(last, frame, size))
+        self._last.add_done_callback(_retrieved)
+        if self._waiting > self.LIMIT:
+            await self.flush()
+        else:
+            await asyncio.sleep(0)  # the write starts before the caller goes on
+
+    async def _after(
+        self, before: asyncio.Future[None] | None, frame: pb.PeerFrame, size: int
+    ) -> None:
+        try:
+            if before is not None:
+                await before
+            await self._write(frame)
+        finally:
+            self._waiting -= size
+
+    async def flush(self) -> None:
+        """Return once every write so far is done (raising a failed one's error)."""
+        if self._last is not None:
+            await self._last
+
+
+def _retrieved(future: asyncio.Future[None]) -> None:
+    """A write's error is raised to a later caller, or to none (the session is over)."""
+    if not future.cancelled():
+        future.exception()
+
+
 class FrameChannel:
     """`mpc.channel.Channel` over a stream of PeerFrames (fragments only)."""
 
@@ -184,9 +235,9 @@ class VerdictChannel:
         self.frames = frames
         self.inner = inner
         self._armed = False
-        self._before_reply: Callable[[], None] | None = None
+        self._before_reply: Callable[[], Awaitable[None]] | None = None
 
-    def arm(self, before_reply: Callable[[], None] | None) -> None:
+    def arm(self, before_reply: Callable[[], Awaitable[None]] | None) -> None:
         """The next reply is the first of a chunk: read the verdict first."""
         self._armed = True
         self._before_reply = before_reply
@@ -199,7 +250,7 @@ class VerdictChannel:
         """The mark, then the helper's verdict on the chunk (raised if refused)."""
         before, self._before_reply, self._armed = self._before_reply, None, False
         if before is not None:
-            before()
+            await before()
         status = await _status(self.frames)
         if not status.ok:
             raise refusal_from_status(status, "helper: ")
@@ -354,7 +405,7 @@ class LeaderSession:
         return cls(channel, party, abort, done, verdicts, data)
 
     async def send_header(
-        self, header: ChunkHeader, before_reply: Callable[[], None] | None = None
+        self, header: ChunkHeader, before_reply: Callable[[], Awaitable[None]] | None = None
     ) -> None:
         """Start a chunk: its header, for the helper to check and mark.  The
         protocol's first message follows at once; `before_reply` runs before
