@@ -59,7 +59,6 @@ so a stream whose γ was never drawn never compares."""
 from __future__ import annotations
 
 import asyncio
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
@@ -74,9 +73,6 @@ from svtagg.mpc.protocol import ComparisonEvaluator, ComparisonGarbler
 from svtagg.mpc.ring import U64
 from svtagg.servers.exchange import ChunkKind, NoiseBatch, PoolDraw
 from svtagg.servers.store import Store, StreamState, TaskState
-
-#: How long the loop waits for a mark's sync to start in its thread (seconds).
-STARTED_WAIT = 0.002
 
 
 @dataclass(frozen=True)
@@ -177,19 +173,10 @@ async def batch_shares(
 
 
 def in_thread(call: Callable[[], None]) -> asyncio.Future[None]:
-    """Run a blocking `call` (a mark's sync) in the loop's executor, and
-    return once that thread has started it: the sync then waits on the disk
-    while this thread goes on (drawing noise, garbling), instead of waiting
-    for the interpreter lock until the loop next idles."""
-    started = threading.Event()
-
-    def run() -> None:
-        started.set()
-        call()
-
-    future = asyncio.get_running_loop().run_in_executor(None, run)
-    started.wait(STARTED_WAIT)
-    return future
+    """Run a blocking `call` (a mark's sync) in the loop's executor: it waits on
+    the disk while this thread goes on (drawing noise, garbling, waiting for
+    the peer)."""
+    return asyncio.get_running_loop().run_in_executor(None, call)
 
 
 class JointNoiseSteps:
