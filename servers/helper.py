@@ -247,13 +247,13 @@ class HelperDriver:
         async def go() -> None:
             await durable
             crash_point("chunk.after_mark")
-            await session.ok()
+            session.go()
 
         self._unrecorded += 1
         self._recorded.clear()
         gate.arm(go)
         try:
-            await self._run(party, stream, task, chunk, pooled, gate)
+            await self._run(party, session, (stream, task, chunk, pooled), gate)
         finally:
             if not durable.done():
                 # A chunk that failed first: the sync ends on its own (the stream
@@ -351,18 +351,18 @@ class HelperDriver:
     async def _run(
         self,
         party: ComparisonParty,
-        stream: StreamState,
-        task: TaskState,
-        chunk: Chunk,
-        pooled: Pooled | None,
+        session: HelperSession,
+        chunk_of: tuple[StreamState, TaskState, Chunk, Pooled | None],
         gate: GoChannel,
     ) -> None:
         """Garble (the go leaves with the first message: `GoChannel`), then
         record the result.  A failure (the leader gone before the go, too)
         fails the stream now, not at this server's next restart."""
+        stream, task, chunk, pooled = chunk_of
         try:
             _, progress = await self.core.run_chunk(party, stream, task, chunk, pooled=pooled)
             await gate.release()  # a chunk that sent nothing still gets its go
+            await session.flush()
         except BaseException:
             self.core.fail_stream(stream.stream_id)
             raise

@@ -133,12 +133,34 @@ class FrameChannel:
         self.bytes_received = 0
         self.messages_sent = 0
         self.messages_received = 0
+        #: A control frame waiting to carry the next message's first fragment.
+        self._held: pb.PeerFrame | None = None
+        #: The fragment the last control frame read carried, read next.
+        self._carried: pb.PeerFrame | None = None
+
+    def hold(self, frame: pb.PeerFrame) -> None:
+        """Write `frame` (a header or a status) together with the first
+        fragment of the next protocol message sent here (`then_fragment`), or
+        alone before any other frame (`flush`, `write_frame`)."""
+        self._held = frame
+
+    async def flush(self) -> None:
+        """Write the held control frame now, if any."""
+        if self._held is not None:
+            frame, self._held = self._held, None
+            await self._write(frame)
 
     async def send(self, data: Message) -> None:
         view = memoryview(data)
         for start in range(0, max(len(view), 1), FRAGMENT):
             end = start + FRAGMENT
-            await self._write(pb.PeerFrame(fragment=bytes(view[start:end]), more=end < len(view)))
+            part, more = bytes(view[start:end]), end < len(view)
+            frame, self._held = self._held, None
+            if frame is None:
+                frame = pb.PeerFrame(fragment=part, more=more)
+            else:
+                frame.then_fragment, frame.more = part, more
+            await self._write(frame)
         self.bytes_sent += len(data)
         self.messages_sent += 1
 
@@ -169,12 +191,27 @@ class FrameChannel:
         return data
 
     async def read_frame(self) -> pb.PeerFrame:
+        if self._carried is not None:
+            frame, self._carried = self._carried, None
+            return frame
         frame = await self._read()
         if frame is None:
             raise PeerUnavailable("peer closed the session")
-        return frame  # type: ignore[no-any-return]
+        return self.split(frame)
+
+    def split(self, frame: pb.PeerFrame) -> pb.PeerFrame:
+        """A frame read from the transport, without the fragment it carries,
+        which the next `read_frame` returns as a frame of its own."""
+        if frame.HasField("then_fragment"):
+            if frame.WhichOneof("body") not in ("header", "status"):
+                raise PeerUnavailable("only a header or a status carries a fragment")
+            self._carried = pb.PeerFrame(fragment=frame.then_fragment, more=frame.more)
+            frame.ClearField("then_fragment")
+            frame.more = False
+        return frame
 
     async def write_frame(self, frame: pb.PeerFrame) -> None:
+        await self.flush()
         await self._write(frame)
 
     @property
@@ -206,6 +243,8 @@ class SwitchChannel:
         self.data.limit_messages(limit)
 
     async def send(self, data: Message) -> None:
+        if self._cur is self.data:
+            await self.frames.flush()  # a held control frame goes first, alone
         await self._cur.send(data)
 
     async def recv(self) -> bytes:
@@ -249,6 +288,7 @@ class VerdictChannel:
     async def verdict(self) -> None:
         """The mark, then the helper's verdict on the chunk (raised if refused)."""
         before, self._before_reply, self._armed = self._before_reply, None, False
+        await self.frames.flush()  # the header, if no protocol message carried it
         if before is not None:
             await before()
         status = await _status(self.frames)
@@ -407,11 +447,12 @@ class LeaderSession:
     async def send_header(
         self, header: ChunkHeader, before_reply: Callable[[], Awaitable[None]] | None = None
     ) -> None:
-        """Start a chunk: its header, for the helper to check and mark.  The
-        protocol's first message follows at once; `before_reply` runs before
-        its first reply is read, and then the helper's verdict."""
+        """Start a chunk: its header, for the helper to check and mark, sent
+        with the protocol's first message (in its frame, when that message
+        goes on the session's frames); `before_reply` runs before the first
+        reply is read, and then the helper's verdict."""
         self.verdicts.arm(before_reply)
-        await self.channel.write_frame(pb.PeerFrame(header=CHUNK_HEADER.to_pb(header)))
+        self.channel.hold(pb.PeerFrame(header=CHUNK_HEADER.to_pb(header)))
 
     async def verdict(self) -> None:
         """The helper's verdict on the chunk, unless the protocol has read it
@@ -504,17 +545,26 @@ class HelperSession:
         frame = reading.result()
         if frame is None:
             return None
+        frame = self.channel.split(frame)
         if frame.WhichOneof("body") != "header":
             raise InvalidArgument("expected a chunk header")
         return CHUNK_HEADER.from_pb(frame.header)
 
     async def ok(self) -> None:
         """Go ahead with the chunk; or, after it, its result is recorded."""
-        await self._write(_OK)
+        await self.channel.write_frame(_OK)
+
+    def go(self) -> None:
+        """Go ahead with the chunk, in the frame of the next protocol message
+        (`FrameChannel.hold`; `flush` sends it alone)."""
+        self.channel.hold(pb.PeerFrame(status=pb.PeerStatus(ok=True)))
+
+    async def flush(self) -> None:
+        await self.channel.flush()
 
     async def refuse(self, exc: BaseException) -> None:
         """Refuse the chunk; then `discard` the session."""
-        await self._write(pb.PeerFrame(status=refusal_status(exc)))
+        await self.channel.write_frame(pb.PeerFrame(status=refusal_status(exc)))
 
     async def discard(self, data: DataChannel | None) -> None:
         """After a refusal: the leader's first protocol message of the chunk was
