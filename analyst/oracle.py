@@ -190,6 +190,21 @@ class PlannedOracle:
         self.opened += 1
         return stream
 
+    @property
+    def opens_concurrently(self) -> bool:
+        return bool(getattr(self.inner, "opens_concurrently", False))
+
+    def open_streams(
+        self, epsilons: Sequence[Number | str], kind: StreamKind | str = StreamKind.LAP24
+    ) -> list[Stream]:
+        """The inner oracle's `open_streams` (only where `opens_concurrently`), in
+        the current group."""
+        streams: list[Stream] = self.inner.open_streams(  # type: ignore[attr-defined]
+            epsilons, kind, (self.plan_id, self.group)
+        )
+        self.opened += len(streams)
+        return streams
+
     def noisy_max(
         self,
         queries: Sequence[Query],

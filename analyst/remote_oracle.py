@@ -12,6 +12,7 @@ ValueError); `svtagg.proto.vocab` holds the table.
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
@@ -203,8 +204,6 @@ class RemoteOracle:
         self.close()
 
     def _call(self, method: str, request: Any) -> Any:
-        import time
-
         start = time.perf_counter()
         try:
             return getattr(self._stub, method)(request, timeout=self.timeout)
@@ -244,28 +243,73 @@ class RemoteOracle:
         info = self._open(req, plan)
         return RemoteStream(self, info, req.kind, req.epsilon, req.delta)
 
+    #: `open_streams` runs its calls concurrently (`Session.open_ahead` uses it).
+    opens_concurrently = True
+
+    def open_streams(
+        self,
+        epsilons: Sequence[Number | str],
+        kind: StreamKind | str = StreamKind.LAP24,
+        plan: tuple[str, int] | None = None,
+    ) -> list[RemoteStream]:
+        """Open several pure-ε streams of one kind at once: the OpenStream calls run
+        concurrently, so opening k streams waits about one call's round trips
+        instead of k.  Each is charged on both servers exactly as `open_stream`
+        charges it; if some are refused, the others stay open and charged (as they
+        would have been, opened one after another) and the first refusal is raised."""
+        reqs = [validate_stream(kind, e, 0, self.parties) for e in epsilons]
+        if any(r.kind == StreamKind.NMAX for r in reqs):
+            raise ValueError("a report-noisy-max is run with `noisy_max`, not a stream")
+        start = time.perf_counter()
+        calls = [
+            self._stub.OpenStream.future(self._open_request(r, plan), timeout=self.timeout)
+            for r in reqs
+        ]
+        streams: list[RemoteStream] = []
+        refused: Exception | None = None
+        for req, call in zip(reqs, calls, strict=True):
+            try:
+                info = call.result()
+            except grpc.RpcError as exc:
+                refused = refused or refusal_from_rpc(exc)
+                continue
+            self._opened(req)
+            streams.append(RemoteStream(self, info, req.kind, req.epsilon, req.delta))
+        self._stats.seconds_in_calls += time.perf_counter() - start
+        if refused is not None:
+            raise refused
+        return streams
+
     def _open(self, req: StreamRequest, plan: tuple[str, int] | None) -> pb.StreamInfo:
         """Open a stream of the checked request on both servers (each charges)."""
-        kind, eps, dl, charge = req.kind, req.epsilon, req.delta, req.charge_delta
+        info: pb.StreamInfo = self._call("OpenStream", self._open_request(req, plan))
+        self._opened(req)
+        return info
+
+    def _charge_delta(self, req: StreamRequest) -> Fraction:
+        charge = req.charge_delta
         if self.noise == JOINT:  # the sampler's δ; the servers refuse other kinds
             with contextlib.suppress(ValueError):
-                charge += joint_stream_noise(kind, eps, self.frac_bits).delta_charge
-        info: pb.StreamInfo = self._call(
-            "OpenStream",
-            pb.OpenStreamRequest(
-                task_id=self.task_id,
-                kind=KIND_TO_PB[kind],
-                epsilon=str(eps),
-                delta=str(dl),
-                plan_id=plan[0] if plan else "",
-                plan_group=plan[1] if plan else 0,
-            ),
+                charge += joint_stream_noise(req.kind, req.epsilon, self.frac_bits).delta_charge
+        return charge
+
+    def _open_request(
+        self, req: StreamRequest, plan: tuple[str, int] | None
+    ) -> pb.OpenStreamRequest:
+        return pb.OpenStreamRequest(
+            task_id=self.task_id,
+            kind=KIND_TO_PB[req.kind],
+            epsilon=str(req.epsilon),
+            delta=str(req.delta),
+            plan_id=plan[0] if plan else "",
+            plan_group=plan[1] if plan else 0,
         )
+
+    def _opened(self, req: StreamRequest) -> None:
         self._stats.streams += 1
-        self._stats.epsilon_spent += eps
-        self._stats.delta_spent += charge
-        self._stats.by_kind[kind.value] = self._stats.by_kind.get(kind.value, 0) + 1
-        return info
+        self._stats.epsilon_spent += req.epsilon
+        self._stats.delta_spent += self._charge_delta(req)
+        self._stats.by_kind[req.kind.value] = self._stats.by_kind.get(req.kind.value, 0) + 1
 
     def noisy_max(
         self,

@@ -76,17 +76,35 @@ def _inverse_tails(
     log_tail: LogTail, log_targets: npt.NDArray[np.float64]
 ) -> npt.NDArray[np.int64]:
     """For each target, the least integer a >= 0 with log_tail(a) <= target (the
-    tails are non-increasing): doubling, then bisection, for all targets at once."""
+    tails are non-increasing), for all targets at once.
+
+    The answer is bracketed around a guess (a few secant steps on the tail, which
+    is close to linear in a: q^a times a slowly varying factor), the bracket widened
+    by doubling steps until log_tail(lo) > target >= log_tail(hi), then bisected.
+    The bracket, not the guess, decides the result: any guess gives the same a."""
     t = np.asarray(log_targets, dtype=np.float64)
     zero = np.zeros(t.shape, dtype=np.int64)
     done = log_tail(zero) <= t
-    lo, hi = zero, np.ones(t.shape, dtype=np.int64)
+    guess = _secant_guess(log_tail, t, done)
+    # hi: the guess, moved up until its tail is at or below the target
+    hi = np.where(done, 0, np.maximum(guess, 1))
+    step = np.ones(t.shape, dtype=np.int64)
     while True:
         short = ~done & (log_tail(hi) > t)
         if not short.any():
             break
-        lo = np.where(short, hi, lo)
-        hi = np.where(short, hi * 2, hi)
+        hi = np.where(short, hi + step, hi)
+        step = np.where(short, step * 2, step)
+    # lo: below hi, moved down until its tail is above the target (0's always is)
+    lo = np.maximum(hi - 1, 0)
+    step = np.ones(t.shape, dtype=np.int64)
+    while True:
+        low = ~done & (lo > 0) & (log_tail(lo) <= t)
+        if not low.any():
+            break
+        hi = np.where(low, lo, hi)
+        lo = np.where(low, np.maximum(lo - step, 0), lo)
+        step = np.where(low, step * 2, step)
     while True:
         open_ = ~done & (hi - lo > 1)
         if not open_.any():
@@ -96,6 +114,32 @@ def _inverse_tails(
         hi = np.where(open_ & ok, mid, hi)
         lo = np.where(open_ & ~ok, mid, lo)
     return np.where(done, 0, hi)
+
+
+def _secant_guess(
+    log_tail: LogTail, t: npt.NDArray[np.float64], done: npt.NDArray[np.bool_]
+) -> npt.NDArray[np.int64]:
+    """A starting point for `_inverse_tails` (only a guess; 0 where the target is
+    already met).  Every tail here is (a + 1)·log q plus a slowly varying term, so
+    one step along the far slope (the secant between 2^30 and 2^31) from a = 0 lands
+    near the answer (the slope near 0 would overshoot for wide sums of two draws),
+    and Newton steps on local secants close in on it."""
+    far = np.asarray([2**30, 2**31], dtype=np.int64)
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        ends = log_tail(far)
+        slope = float(ends[1] - ends[0]) / 2**30
+        if not (np.isfinite(slope) and slope < 0):
+            return np.zeros(t.shape, dtype=np.int64)
+        a = np.maximum((t - log_tail(np.zeros(t.shape, dtype=np.int64))) / slope, 0.0)
+        for _ in range(3):  # Newton steps on local secants a few percent wide
+            ai = np.clip(np.floor(a), 0, 2.0**60).astype(np.int64)
+            h = np.maximum(ai >> 5, 1)
+            f0 = log_tail(ai)
+            local = (log_tail(ai + h) - f0) / h
+            nxt = ai + (t - f0) / np.where(local < 0, local, slope)
+            a = np.where(np.isfinite(nxt), np.maximum(nxt, 0.0), a)
+    guess = np.clip(np.ceil(a), 0, 2.0**60).astype(np.int64)
+    return np.where(done, 0, guess)
 
 
 @lru_cache(maxsize=65536)

@@ -175,6 +175,15 @@ def encode_thresholds(
     Whole numbers take a fast path; anything else goes through its exact rational.
     """
     unit = sensitivity(frac_bits)
+    ints = np.asarray(taus) if len(taus) else None
+    if ints is not None and ints.dtype.kind in "iub" and ints.ndim == 1:
+        # whole numbers that fit int64 (numpy made no object array): one array op
+        whole, lim = ints.astype(np.int64), (2**63 - 1) // unit
+        if -lim <= int(whole.min()) and int(whole.max()) <= lim:
+            out = whole * unit
+            if bound is not None and int(np.abs(out).max()) > bound:
+                raise InvalidArgument(f"|threshold| must be at most {bound / unit:g} score units")
+            return out
     if taus and all(isinstance(t, (int, np.integer)) for t in taus):
         grid = [int(t) * unit for t in taus]
     else:

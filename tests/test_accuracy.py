@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from svtagg.dp.accuracy import alpha, alpha_grid
-from svtagg.dp.kinds import StreamKind
+from svtagg.dp.accuracy import LogTail, _inverse_tails, _log_tail, alpha, alpha_grid
+from svtagg.dp.kinds import Family, StreamKind
 from svtagg.dp.noise import RandomSource, draw_query_noise, draw_threshold_noise
 
 LEVEL = 1e-4
@@ -68,3 +68,35 @@ def test_alpha_rejects_bad_arguments() -> None:
         alpha("lap24", 1, 10, 1.5)
     with pytest.raises(ValueError):
         alpha("nope", 1, 10, 0.1)
+
+
+def _least_a_by_scan(log_tail: LogTail, target: float) -> int:
+    """The least a >= 0 with log_tail(a) <= target, by doubling and bisection from
+    0 on one target (the plain search `_inverse_tails` must agree with)."""
+    one = lambda a: float(log_tail(np.asarray([a], dtype=np.int64))[0])  # noqa: E731
+    if one(0) <= target:
+        return 0
+    lo, hi = 0, 1
+    while one(hi) > target:
+        lo, hi = hi, hi * 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if one(mid) <= target else (mid, hi)
+    return hi
+
+
+@pytest.mark.parametrize(
+    ("family", "parties"), [("laplace", 1), ("laplace", 2), ("geometric", 1), ("geometric", 2)]
+)
+def test_inverse_tails_is_the_least_a(family: Family, parties: int) -> None:
+    rng = np.random.default_rng(5)
+    for scale in 10.0 ** rng.uniform(-1, 7, 40):
+        tail = _log_tail(family, float(scale), parties)
+        targets = np.log(rng.uniform(1e-15, 1.0, 12)) * rng.uniform(0.5, 30)
+        got = _inverse_tails(tail, targets)
+        want = [_least_a_by_scan(tail, float(t)) for t in targets]
+        assert got.tolist() == want, (family, parties, scale)
+        # the answer is the boundary: its tail meets the target, one below does not
+        for a, t in zip(want, targets, strict=True):
+            assert float(tail(np.asarray([a]))[0]) <= t
+            assert a == 0 or float(tail(np.asarray([a - 1]))[0]) > t

@@ -168,9 +168,10 @@ def linear_scan(
 ) -> SelectionResult:
     """Algorithm 7, private linear scan: one stream of budget ε.
 
-    For m = u, u−1, …, ℓ (default [0, n]) ask one chunk — all d candidates at
-    threshold m — and return the first YES; if none ever answers, return the first
-    candidate.  ≤ d·(u−ℓ+1) queries; the α recorded is for that many queries.
+    For m = u, u−1, …, ℓ (default [0, n]) ask all d candidates at threshold m
+    (whole levels per chunk, `Session.descend`) and return the first YES; if none
+    ever answers, return the first candidate.  ≤ d·(u−ℓ+1) queries; the α
+    recorded is for that many queries.
     Optimal error O(log(d n/β)/ε), at the price of O(d n) queries.
     """
     eps = Epsilon.parse(epsilon).value
@@ -180,13 +181,14 @@ def linear_scan(
     lo, hi = interval if interval is not None else (0, oracle.n)
     session = Session(oracle, kind)
     alpha = session.alpha(eps, d * (hi - lo + 1), beta)
-    stream = session.open(eps)
-    for m in range(hi, lo - 1, -1):
-        hit = session.ask(stream, cands, range(d), float(m))
-        if hit is not None:
-            return SelectionResult(
-                hit, cands.queries[hit], m - alpha, m + 1 + alpha, session.spend, eps
-            )
+    levels = [float(m) for m in range(hi, lo - 1, -1)]
+    found = session.descend(cands, range(d), levels, eps)  # whole levels per chunk
+    if found is not None:
+        hit, i = found
+        m = levels[i]
+        return SelectionResult(
+            hit, cands.queries[hit], m - alpha, m + 1 + alpha, session.spend, eps
+        )
     return SelectionResult(0, cands.queries[0], float(lo), lo + alpha, session.spend, eps)
 
 

@@ -102,7 +102,12 @@ def _mid_stage(session: Session, region: Region, coarse: _Localised, plan: ScanP
 
 def _scan_localise(session: Session, region: Region, plan: ScanPlan) -> _Localised:
     """The coarse stage, then the middle stage if the plan has one; the witness is
-    the middle stage's YES if it had one."""
+    the middle stage's YES if it had one.
+
+    Every stream of these stages and the first rank's is opened whatever the
+    answers, so they are opened ahead, together (`Session.open_ahead`)."""
+    mid = [plan.mid_epsilon] if plan.mid_epsilon else []
+    session.open_ahead([*plan.coarse_budgets, *mid, plan.fine_epsilon])
     found = _scan_coarse(session, region, plan)
     return _mid_stage(session, region, found, plan) if plan.mid_epsilon else found
 
