@@ -47,9 +47,8 @@ from svtagg.servers.session import (
 )
 from svtagg.servers.store import IN_CHUNK, StreamState, TaskState
 
-#: An accepted stream chunk: its stream, task, queries, pooled noise, and a
-#: future done once its mark is durable.
-Accepted = tuple[StreamState, TaskState, Chunk, Pooled | None, "asyncio.Future[None]"]
+#: An accepted stream chunk, marked durably: its stream, task, queries, pooled noise.
+Accepted = tuple[StreamState, TaskState, Chunk, Pooled | None]
 
 #: How long a chunk's header waits for the helper's record of the stream's
 #: previous chunk, whose result the leader sent one way just before.
@@ -236,29 +235,19 @@ class HelperDriver:
         gate: GoChannel,
         accepted: Accepted,
     ) -> None:
-        """The garbler's side of one stream chunk, marked in progress before
-        the garbling and durably before the go and the tables (the mark's sync,
-        when the store defers it, runs in a thread meanwhile); the result, which
-        the leader sends one way, recorded (not waited for by the leader: a
-        helper that never records it fails the stream closed, now or at its
-        restart)."""
-        stream, task, chunk, pooled, durable = accepted
-
-        async def go() -> None:
-            await durable
-            crash_point("chunk.after_mark")
-            session.go()
-
+        """The garbler's side of one stream chunk, marked in progress durably
+        before the garbling, its go sent with the first fragment of the tables;
+        the result, which the leader sends one way, recorded (not waited for by
+        the leader: a helper that never records it fails the stream closed, now
+        or at its restart)."""
+        stream, task, chunk, pooled = accepted
         self._unrecorded += 1
         self._recorded.clear()
-        gate.arm(go)
+        crash_point("chunk.after_mark")
+        gate.arm(session.go)
         try:
             await self._run(party, session, (stream, task, chunk, pooled), gate)
         finally:
-            if not durable.done():
-                # A chunk that failed first: the sync ends on its own (the stream
-                # is failed), its outcome not waited for.
-                durable.add_done_callback(lambda f: f.cancelled() or f.exception())
             self._unrecorded -= 1
             if not self._unrecorded:
                 self._recorded.set()
@@ -329,8 +318,8 @@ class HelperDriver:
             self.core.check_tournament(stream, chunk)
         # The mark and (a joint-noise stream) the pooled noise it consumes, in
         # one durable step before the go: a sample is never used twice.
-        pooled, durable = self.core.mark_chunk(stream, task, h.chunk_no, h.pool, len(chunk))
-        return stream, task, chunk, pooled, durable
+        pooled = self.core.begin_pooled(stream, task, h.chunk_no, h.pool, len(chunk))
+        return stream, task, chunk, pooled
 
     async def _previous_recorded(self, h: StreamChunk) -> None:
         """The leader answers a chunk without waiting for this side's record of
@@ -357,11 +346,11 @@ class HelperDriver:
     ) -> None:
         """Garble (the go leaves with the first message: `GoChannel`), then
         record the result.  A failure (the leader gone before the go, too)
-        fails the stream now, not at this server's next restart."""
+        fails the stream now, not left `in_chunk` until the next restart."""
         stream, task, chunk, pooled = chunk_of
         try:
             _, progress = await self.core.run_chunk(party, stream, task, chunk, pooled=pooled)
-            await gate.release()  # a chunk that sent nothing still gets its go
+            gate.release()  # a chunk that sent nothing still gets its go
             await session.flush()
         except BaseException:
             self.core.fail_stream(stream.stream_id)

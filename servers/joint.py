@@ -58,8 +58,6 @@ so a stream whose γ was never drawn never compares."""
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -172,13 +170,6 @@ async def batch_shares(
     return gamma, await joint_shares(party, batch.count, nu_shape)
 
 
-def in_thread(call: Callable[[], None]) -> asyncio.Future[None]:
-    """Run a blocking `call` (a mark's sync) in the loop's executor: it waits on
-    the disk while this thread goes on (drawing noise, garbling, waiting for
-    the peer)."""
-    return asyncio.get_running_loop().run_in_executor(None, call)
-
-
 class JointNoiseSteps:
     """The joint-noise steps of `core.ServerCore`, mixed into it: what a chunk
     takes from its stream's pool (`pool_draw`, `begin_pooled`), a noise
@@ -236,25 +227,6 @@ class JointNoiseSteps:
             self.fail_stream(stream.stream_id)
             raise
         return Pooled(gamma, nu, draw.lo)
-
-    def mark_chunk(
-        self, stream: StreamState, task: TaskState, chunk_no: int, draw: PoolDraw, k: int
-    ) -> tuple[Pooled | None, asyncio.Future[None]]:
-        """`begin_pooled`, except that a chunk taking nothing from a pool may
-        leave its mark's durability owed (`Store.begin_chunk_deferred`): the
-        second value is done once the mark is durable (its sync running in a
-        thread meanwhile, or done at once).  Nothing of the chunk leaves this
-        server before it is done (docs/services.md, "Durability of a chunk")."""
-        sync = None
-        if draw != PoolDraw():
-            pooled = self.begin_pooled(stream, task, chunk_no, draw, k)
-        else:
-            pooled, sync = None, self.store.begin_chunk_deferred(stream.stream_id, chunk_no)[1]
-        if sync is not None:
-            return pooled, in_thread(sync)
-        durable = asyncio.get_running_loop().create_future()
-        durable.set_result(None)
-        return pooled, durable
 
     def reserve_noise_batch(
         self, stream_id: str, count: int, gamma: bool, lo: int | None = None

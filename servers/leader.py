@@ -518,10 +518,10 @@ class LeaderDriver:
         )
         pooled: list[Pooled | None] = [None]
 
-        async def mark() -> None:
-            # Both servers' marks sync in parallel; the tables are read after this one's.
-            pooled[0], durable = self.core.mark_chunk(stream, task, next_chunk, draw, len(chunk))
-            await durable
+        def mark() -> None:
+            # Both servers fsync their mark in parallel, the helper's before its
+            # tables, this one before they are read: no result before its own mark.
+            pooled[0] = self.core.begin_pooled(stream, task, next_chunk, draw, len(chunk))
             crash_point("chunk.after_mark")
 
         async def fail() -> None:
@@ -618,7 +618,7 @@ class LeaderDriver:
         self,
         header: ChunkHeader,
         run: Callable[[ComparisonParty], Awaitable[Any]],
-        on_written: Callable[[], Awaitable[None]] | None = None,
+        on_written: Callable[[], None] | None = None,
         on_failure: Callable[[], Awaitable[None]] | None = None,
         confirm: bool = False,
         mark_first: bool = False,
@@ -637,7 +637,7 @@ class LeaderDriver:
             await session.send_header(header, None if mark_first else on_written)
             sent = True
             if mark_first and on_written is not None:
-                await on_written()
+                on_written()
             # A deadline on this task, not a task of its own (as wait_for makes):
             # one loop hop less per chunk.
             async with asyncio.timeout(CHUNK_DEADLINE):

@@ -45,7 +45,7 @@ from svtagg.servers.exchange import (
     VerifyBatch,
     VerifyResult,
 )
-from svtagg.servers.session import LeaderSession, WriteBehind
+from svtagg.servers.session import LeaderSession
 
 log = logging.getLogger(__name__)
 Q = TypeVar("Q")
@@ -228,13 +228,11 @@ class GrpcHelperPort:
         await self.connected()
         call = self.stub.Session(wait_for_ready=True)
 
-        async def write_now(frame: pb.PeerFrame) -> None:
+        async def write(frame: pb.PeerFrame) -> None:
             try:
                 await call.write(frame)
             except grpc.aio.AioRpcError as exc:
                 raise _unavailable(exc) from None
-
-        write = WriteBehind(write_now)
 
         async def read() -> Any:
             try:

@@ -6,7 +6,6 @@ API (`servers.leader.LeaderDriver`) and probes the helper, whose Peer service
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -30,7 +29,6 @@ from svtagg.servers.metrics import Metrics
 from svtagg.servers.peer import GrpcHelperPort
 from svtagg.servers.port import HelperPort
 from svtagg.servers.rpc import ANONYMOUS, Context, peer_role, rpc
-from svtagg.servers.session import WriteBehind
 
 if TYPE_CHECKING:
     from prometheus_client import Gauge
@@ -320,12 +318,7 @@ class PeerService(pb_grpc.PeerServicer):
             frame = await context.read()
             return None if frame is grpc.aio.EOF else frame
 
-        write = WriteBehind(context.write)
-        try:
-            await self.driver.serve_session(write, read)
-        finally:
-            with contextlib.suppress(Exception):
-                await write.flush()  # the last frames go out before the stream ends
+        await self.driver.serve_session(context.write, read)
 
 
 class HelperProbe:

@@ -70,57 +70,6 @@ class DataOffer(Protocol):
     async def claim(self, sid: bytes, timeout: float) -> DataChannel: ...
 
 
-class WriteBehind:
-    """A transport's frame writes started in order without waiting for each
-    to complete (a gRPC stream's write returns only after the frame has gone
-    through gRPC's own thread and back through the event loop): the caller
-    goes on once its write has started, the next write starts once the
-    previous one is done.  A failed write fails every later one, raised to
-    the next caller or by `flush`; at most `LIMIT` bytes are waiting."""
-
-    LIMIT = 4 * FRAGMENT
-
-    def __init__(self, write: WriteFrame) -> None:
-        self._write = write
-        self._last: asyncio.Future[None] | None = None
-        self._waiting = 0
-
-    async def __call__(self, frame: pb.PeerFrame) -> None:
-        last = self._last
-        if last is not None and last.done():
-            self._last = None
-            last.result()  # a failed write's error
-        size = len(frame.fragment)
-        self._waiting += size
-        self._last = asyncio.ensure_future(self._after(last, frame, size))
-        self._last.add_done_callback(_retrieved)
-        if self._waiting > self.LIMIT:
-            await self.flush()
-        else:
-            await asyncio.sleep(0)  # the write starts before the caller goes on
-
-    async def _after(
-        self, before: asyncio.Future[None] | None, frame: pb.PeerFrame, size: int
-    ) -> None:
-        try:
-            if before is not None:
-                await before
-            await self._write(frame)
-        finally:
-            self._waiting -= size
-
-    async def flush(self) -> None:
-        """Return once every write so far is done (raising a failed one's error)."""
-        if self._last is not None:
-            await self._last
-
-
-def _retrieved(future: asyncio.Future[None]) -> None:
-    """A write's error is raised to a later caller, or to none (the session is over)."""
-    if not future.cancelled():
-        future.exception()
-
-
 class FrameChannel:
     """`mpc.channel.Channel` over a stream of PeerFrames (fragments only)."""
 
@@ -274,9 +223,9 @@ class VerdictChannel:
         self.frames = frames
         self.inner = inner
         self._armed = False
-        self._before_reply: Callable[[], Awaitable[None]] | None = None
+        self._before_reply: Callable[[], None] | None = None
 
-    def arm(self, before_reply: Callable[[], Awaitable[None]] | None) -> None:
+    def arm(self, before_reply: Callable[[], None] | None) -> None:
         """The next reply is the first of a chunk: read the verdict first."""
         self._armed = True
         self._before_reply = before_reply
@@ -290,7 +239,7 @@ class VerdictChannel:
         before, self._before_reply, self._armed = self._before_reply, None, False
         await self.frames.flush()  # the header, if no protocol message carried it
         if before is not None:
-            await before()
+            before()
         status = await _status(self.frames)
         if not status.ok:
             raise refusal_from_status(status, "helper: ")
@@ -326,22 +275,21 @@ class VerdictChannel:
 
 class GoChannel:
     """The helper's protocol channel: before a chunk's first protocol message
-    leaves, `arm`'s callback runs (it waits for the chunk's durable mark and
-    sends the go), so the mark's sync overlaps the garbling and the go still
-    comes right before the tables."""
+    leaves, `arm`'s callback runs (it holds the go, `HelperSession.go`), so
+    the go travels in the frame of the tables' first fragment."""
 
     def __init__(self, inner: Channel) -> None:
         self.inner = inner
-        self._before_send: Callable[[], Awaitable[None]] | None = None
+        self._before_send: Callable[[], None] | None = None
 
-    def arm(self, before_send: Callable[[], Awaitable[None]]) -> None:
+    def arm(self, before_send: Callable[[], None]) -> None:
         self._before_send = before_send
 
-    async def release(self) -> None:
+    def release(self) -> None:
         """Run the armed callback now, unless a send has run it."""
         before, self._before_send = self._before_send, None
         if before is not None:
-            await before()
+            before()
 
     def select(self, lanes: int) -> None:
         select = getattr(self.inner, "select", None)
@@ -352,8 +300,7 @@ class GoChannel:
         self.inner.limit_messages(limit)  # type: ignore[attr-defined]
 
     async def send(self, data: Message) -> None:
-        if self._before_send is not None:
-            await self.release()
+        self.release()
         await self.inner.send(data)
 
     async def recv(self) -> bytes:
@@ -445,7 +392,7 @@ class LeaderSession:
         return cls(channel, party, abort, done, verdicts, data)
 
     async def send_header(
-        self, header: ChunkHeader, before_reply: Callable[[], Awaitable[None]] | None = None
+        self, header: ChunkHeader, before_reply: Callable[[], None] | None = None
     ) -> None:
         """Start a chunk: its header, for the helper to check and mark, sent
         with the protocol's first message (in its frame, when that message

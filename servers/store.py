@@ -282,16 +282,6 @@ class Store(Protocol):
         next one, so a session id is never reused."""
         ...
 
-    def begin_chunk_deferred(
-        self, stream_id: str, chunk_no: int | None = None
-    ) -> tuple[int, Callable[[], None] | None]:
-        """`begin_chunk`, committed at once (refused as it refuses) but perhaps
-        not yet durable: the chunk's number and, when the commit has still to
-        reach the disk, a blocking call (safe off the event loop's thread) that
-        returns once it has (None: durable already).  Nothing that depends on
-        the chunk may leave the server before that call returns."""
-        ...
-
     def end_chunk(self, stream_id: str, answered: int, close: bool) -> None:
         """Record a chunk's result.  May commit without waiting for durability:
         if a power loss drops this record, the stream is back to `in_chunk` and

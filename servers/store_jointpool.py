@@ -6,7 +6,7 @@ and `stream`, and the tables `joint_pools` and `joint_batches` (SQLite schema
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from dataclasses import replace
 from typing import Any
@@ -103,12 +103,6 @@ class JointPoolTables:
                 )
             self._set_pool(stream_id, replace(pool, used=end))
         return taken
-
-    def begin_chunk_deferred(
-        self, stream_id: str, chunk_no: int | None = None
-    ) -> tuple[int, Callable[[], None] | None]:
-        """`Store.begin_chunk_deferred`, durable at once unless a store defers it."""
-        return self.begin_chunk(stream_id, chunk_no), None
 
     def begin_pooled_chunk(
         self, stream_id: str, chunk_no: int | None, lo: int, count: int

@@ -11,7 +11,6 @@ by SQLite's user_version (`SqliteStore.SCHEMA_VERSION`).
 
 from __future__ import annotations
 
-import functools
 import io
 import os
 import sqlite3
@@ -80,8 +79,7 @@ class SqliteStore(JointPoolTables):
         self.path = str(path)
         self._shares_dir = Path(self.path + ".shares")
         self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-        wal = self._db.execute("PRAGMA journal_mode=WAL").fetchone()[0] == "wal"
-        self._wal = os.path.abspath(self.path) + "-wal" if wal else None  # deferred marks sync it
+        self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.executescript(BASE_TABLES)
         self._migrate()
@@ -91,8 +89,6 @@ class SqliteStore(JointPoolTables):
         #: killed inside ReservePlan may hold one the helper never reserved.
         self.recovered_plans: list[tuple[str, str]] = []
         self.failed_on_recovery = self._recover()
-        if self._wal is not None:  # the WAL file, perhaps created just now, stays named
-            _fsync(os.path.dirname(self._wal))
         #: The helper's robust-aggregate shares between the close's passes and
         #: MarkAgreed: task → pass id → (report digest, {lo: shares}).  In memory
         #: here (one process per SQLite store; a restart runs the close again); in
@@ -206,8 +202,8 @@ class SqliteStore(JointPoolTables):
                 self._db.execute("DELETE FROM joint_batches WHERE stream_id=?", (sid,))
         return cur.rowcount
 
-    def _tx(self, durable: bool = True) -> _Transaction:
-        return _Transaction(self._db, durable)
+    def _tx(self) -> _Transaction:
+        return _Transaction(self._db)
 
     atomic = _tx  # Store.atomic: the steps inside share one (durable) transaction
 
@@ -536,13 +532,18 @@ class SqliteStore(JointPoolTables):
 
     def confirm_stream(self, stream_id: str) -> None:
         """Not fsynced (synchronous=NORMAL)."""
-        with self._tx(durable=False):
-            cur = self._db.execute(
-                "UPDATE streams SET state=? WHERE stream_id=? AND state=? AND gamma IS NOT NULL",
-                (OPEN, stream_id, OPENING),
-            )
-            if cur.rowcount != 1:
-                raise FailedPrecondition(f"stream {stream_id!r} is not being opened")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        try:
+            with self._tx():
+                cur = self._db.execute(
+                    "UPDATE streams SET state=? WHERE stream_id=? AND state=?"
+                    " AND gamma IS NOT NULL",
+                    (OPEN, stream_id, OPENING),
+                )
+                if cur.rowcount != 1:
+                    raise FailedPrecondition(f"stream {stream_id!r} is not being opened")
+        finally:
+            self._db.execute("PRAGMA synchronous=FULL")
 
     def stream_ids(self, task_id: str, state: str) -> list[str]:
         rows = self._db.execute(
@@ -566,23 +567,17 @@ class SqliteStore(JointPoolTables):
             )
         return number
 
-    def begin_chunk_deferred(
-        self, stream_id: str, chunk_no: int | None = None
-    ) -> tuple[int, Callable[[], None] | None]:
-        """Committed with synchronous=NORMAL (in the WAL, not synced); the
-        returned call syncs the WAL, as synchronous=FULL does inside COMMIT."""
-        if self._wal is None or self._db.in_transaction:
-            return self.begin_chunk(stream_id, chunk_no), None
-        with self._tx(durable=False):
-            return self.begin_chunk(stream_id, chunk_no), functools.partial(_fsync, self._wal)
-
     def end_chunk(self, stream_id: str, answered: int, close: bool) -> None:
         """Not fsynced (synchronous=NORMAL)."""
-        with self._tx(durable=False):
-            self._db.execute(
-                "UPDATE streams SET state=?, queries=queries+? WHERE stream_id=? AND state=?",
-                (CLOSED if close else OPEN, answered, stream_id, IN_CHUNK),
-            )
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        try:
+            with self._tx():
+                self._db.execute(
+                    "UPDATE streams SET state=?, queries=queries+? WHERE stream_id=? AND state=?",
+                    (CLOSED if close else OPEN, answered, stream_id, IN_CHUNK),
+                )
+        finally:
+            self._db.execute("PRAGMA synchronous=FULL")
 
     def fail_stream(self, stream_id: str) -> None:
         with self._tx():
@@ -659,41 +654,22 @@ class SqliteStore(JointPoolTables):
         self._staged.pop(task_id, None)
 
 
-def _fsync(path: str) -> None:
-    """Whatever was written to `path` reaches the disk (from any thread)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 class _Transaction:
-    """BEGIN IMMEDIATE ... COMMIT, rolled back on any exception; re-entrant.
-    Not `durable`: committed with synchronous=NORMAL (no fsync) when outermost."""
+    """BEGIN IMMEDIATE ... COMMIT, rolled back on any exception; re-entrant."""
 
-    def __init__(self, db: sqlite3.Connection, durable: bool = True) -> None:
-        self._db, self._durable, self._outer = db, durable, False
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self._db = db
+        self._outer = False
 
     def __enter__(self) -> None:
-        if self._db.in_transaction:
-            return
-        self._synchronous("NORMAL")
-        try:
+        if not self._db.in_transaction:
             self._db.execute("BEGIN IMMEDIATE")
-        except BaseException:
-            self._synchronous("FULL")
-            raise
-        self._outer = True
+            self._outer = True
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
         if not self._outer:
             return
-        try:
-            self._db.execute("COMMIT" if exc_type is None else "ROLLBACK")
-        finally:
-            self._synchronous("FULL")
-
-    def _synchronous(self, level: str) -> None:
-        if not self._durable:
-            self._db.execute(f"PRAGMA synchronous={level}")
+        if exc_type is None:
+            self._db.execute("COMMIT")
+        else:
+            self._db.execute("ROLLBACK")

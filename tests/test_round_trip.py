@@ -151,9 +151,7 @@ async def test_the_next_header_waits_for_the_previous_record(
 
     t = time.monotonic()
     late = asyncio.ensure_future(record_later())
-    stream, _, _, _, _ = await pair.helper._accept(
-        StreamChunk(ChunkKind.ASK, sid, 3, Queries((1,)))
-    )
+    stream, _, _, _ = await pair.helper._accept(StreamChunk(ChunkKind.ASK, sid, 3, Queries((1,))))
     await late
     assert time.monotonic() - t >= 0.05
     s = store.stream(sid)
