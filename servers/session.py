@@ -39,7 +39,7 @@ from svtagg.proto.vocab import (
     refusal_status,
 )
 from svtagg.servers.core import ComparisonParty, PartyFactory
-from svtagg.servers.exchange import ChunkHeader
+from svtagg.servers.exchange import ChunkHeader, NoiseBatch, RobustChunk
 from svtagg.servers.garbling import DEFAULT_GARBLING, check_garbling, garbling_of, ot_of
 from svtagg.servers.wire import CHUNK_HEADER
 
@@ -394,12 +394,17 @@ class LeaderSession:
     async def send_header(
         self, header: ChunkHeader, before_reply: Callable[[], None] | None = None
     ) -> None:
-        """Start a chunk: its header, for the helper to check and mark, sent
-        with the protocol's first message (in its frame, when that message
-        goes on the session's frames); `before_reply` runs before the first
-        reply is read, and then the helper's verdict."""
+        """Start a chunk: its header, for the helper to check and mark; a small
+        chunk's header waits for the protocol's first message and carries it
+        (`FOLD_LANES`), a larger one's leaves now, so that the helper marks
+        and draws while the leader prepares that message.  `before_reply`
+        runs before the first reply is read, and then the helper's verdict."""
         self.verdicts.arm(before_reply)
-        self.channel.hold(pb.PeerFrame(header=CHUNK_HEADER.to_pb(header)))
+        frame = pb.PeerFrame(header=CHUNK_HEADER.to_pb(header))
+        if _lanes(header) <= FOLD_LANES:
+            self.channel.hold(frame)
+        else:
+            await self.channel.write_frame(frame)
 
     async def verdict(self) -> None:
         """The helper's verdict on the chunk, unless the protocol has read it
@@ -424,6 +429,20 @@ class LeaderSession:
 
     def close(self) -> None:
         self._cancel()
+
+
+#: Chunks of at most this many queries (coordinates, samples) send their
+#: header in the frame of the protocol's first message: one frame less, the
+#: fixed cost of a small chunk; a larger chunk's header goes ahead of it.
+FOLD_LANES = 64
+
+
+def _lanes(header: ChunkHeader) -> int:
+    if isinstance(header, RobustChunk):
+        return header.coord_hi - header.coord_lo
+    if isinstance(header, NoiseBatch):
+        return header.count
+    return len(header.queries.index)
 
 
 async def _status(channel: FrameChannel) -> pb.PeerStatus:
