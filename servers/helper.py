@@ -37,6 +37,7 @@ from svtagg.servers.garbling import garbling_of, ot_of
 from svtagg.servers.ingest import helper_verify
 from svtagg.servers.joint import Pooled, batch_shares
 from svtagg.servers.session import (
+    FOLD_LANES,
     DataChannel,
     DataOffer,
     GoChannel,
@@ -236,10 +237,10 @@ class HelperDriver:
         accepted: Accepted,
     ) -> None:
         """The garbler's side of one stream chunk, marked in progress durably
-        before the garbling, its go sent with the first fragment of the tables;
-        the result, which the leader sends one way, recorded (not waited for by
-        the leader: a helper that never records it fails the stream closed, now
-        or at its restart)."""
+        before the garbling, its go sent then (a small chunk's with the first
+        fragment of the tables, `FOLD_LANES`); the result, which the leader
+        sends one way, recorded (not waited for by the leader: a helper that
+        never records it fails the stream closed, now or at its restart)."""
         stream, task, chunk, pooled = accepted
         self._unrecorded += 1
         self._recorded.clear()
@@ -349,6 +350,9 @@ class HelperDriver:
         fails the stream now, not left `in_chunk` until the next restart."""
         stream, task, chunk, pooled = chunk_of
         try:
+            if len(chunk) > FOLD_LANES:  # the go leaves now: the leader reads it meanwhile
+                gate.release()
+                await session.flush()
             _, progress = await self.core.run_chunk(party, stream, task, chunk, pooled=pooled)
             gate.release()  # a chunk that sent nothing still gets its go
             await session.flush()
