@@ -699,25 +699,96 @@ typedef struct {
     Py_ssize_t stride;
 } tr_ctx;
 
-/* Gather one byte column of 16 rows, then peel its 8 bits with movemask. */
-static void transpose_range(void *arg, size_t c0, size_t c1) {
-    tr_ctx *x = (tr_ctx *)arg;
+/* One byte column c of rows 16g..16g+15 gathered byte by byte (the tail of a
+ * matrix narrower than a tile), its 8 bits peeled with movemask. */
+static void transpose_column(const tr_ctx *x, size_t c) {
     Py_ssize_t stride = x->stride;
-    for (size_t c = c0; c < c1; c++) {
-        for (int g = 0; g < 8; g++) {
-            const uint8_t *p = x->R + (size_t)(16 * g) * stride + c;
-            block v = _mm_set_epi8(
-                (char)p[15 * stride], (char)p[14 * stride], (char)p[13 * stride],
-                (char)p[12 * stride], (char)p[11 * stride], (char)p[10 * stride],
-                (char)p[9 * stride], (char)p[8 * stride], (char)p[7 * stride],
-                (char)p[6 * stride], (char)p[5 * stride], (char)p[4 * stride],
-                (char)p[3 * stride], (char)p[2 * stride], (char)p[1 * stride], (char)p[0]);
+    for (int g = 0; g < 8; g++) {
+        const uint8_t *p = x->R + (size_t)(16 * g) * stride + c;
+        block v = _mm_set_epi8(
+            (char)p[15 * stride], (char)p[14 * stride], (char)p[13 * stride],
+            (char)p[12 * stride], (char)p[11 * stride], (char)p[10 * stride],
+            (char)p[9 * stride], (char)p[8 * stride], (char)p[7 * stride],
+            (char)p[6 * stride], (char)p[5 * stride], (char)p[4 * stride],
+            (char)p[3 * stride], (char)p[2 * stride], (char)p[1 * stride], (char)p[0]);
+        for (int bit = 7; bit >= 0; bit--) {
+            x->O[(size_t)(8 * c + bit) * 8 + g] = (uint16_t)_mm_movemask_epi8(v);
+            v = _mm_slli_epi64(v, 1);
+        }
+    }
+}
+
+/* Transposes a 16 × 16 byte matrix in place (row i of the input in a[i]; row j
+ * of the result, i.e. input column j, in a[j]): four rounds of the perfect
+ * shuffle, each interleaving row i with row i + 8. */
+#define TR16_ROUNDS(T, LO, HI)                                                    \
+    for (int round_ = 0; round_ < 4; round_++) {                                  \
+        T b_[16];                                                                 \
+        for (int i_ = 0; i_ < 8; i_++) {                                          \
+            b_[2 * i_] = LO(a[i_], a[i_ + 8]);                                    \
+            b_[2 * i_ + 1] = HI(a[i_], a[i_ + 8]);                                \
+        }                                                                         \
+        for (int i_ = 0; i_ < 16; i_++) a[i_] = b_[i_];                           \
+    }
+
+/* Columns [c, c + 16) of rows 16g..16g+15: 16 row loads, a 16 × 16 byte
+ * transpose in registers, then 8 movemasks per column (the same words as
+ * transpose_column, from contiguous loads instead of 256 scattered bytes). */
+static void transpose_tile16(const tr_ctx *x, size_t c) {
+    Py_ssize_t stride = x->stride;
+    for (int g = 0; g < 8; g++) {
+        const uint8_t *p = x->R + (size_t)(16 * g) * stride + c;
+        block a[16];
+        for (int r = 0; r < 16; r++) a[r] = _mm_loadu_si128((const block *)(p + r * stride));
+        TR16_ROUNDS(block, _mm_unpacklo_epi8, _mm_unpackhi_epi8)
+        for (int j = 0; j < 16; j++) {
+            block v = a[j];
+            uint16_t *o = x->O + (size_t)(8 * (c + j)) * 8 + g;
             for (int bit = 7; bit >= 0; bit--) {
-                x->O[(size_t)(8 * c + bit) * 8 + g] = (uint16_t)_mm_movemask_epi8(v);
+                o[8 * bit] = (uint16_t)_mm_movemask_epi8(v);
                 v = _mm_slli_epi64(v, 1);
             }
         }
     }
+}
+
+#ifdef HAVE_VAES_TARGET
+static int have_bw = 0;
+
+/* transpose_tile16 on four tiles at once (columns [c, c + 64)): 512-bit
+ * unpacks work per 128-bit lane, so lane L ends up holding column c + 16L + j. */
+__attribute__((target("avx512f,avx512bw")))
+static void transpose_tile64(const tr_ctx *x, size_t c) {
+    Py_ssize_t stride = x->stride;
+    for (int g = 0; g < 8; g++) {
+        const uint8_t *p = x->R + (size_t)(16 * g) * stride + c;
+        __m512i a[16];
+        for (int r = 0; r < 16; r++) a[r] = _mm512_loadu_si512((const void *)(p + r * stride));
+        TR16_ROUNDS(__m512i, _mm512_unpacklo_epi8, _mm512_unpackhi_epi8)
+        for (int j = 0; j < 16; j++) {
+            __m512i v = a[j];
+            for (int bit = 7; bit >= 0; bit--) {
+                uint64_t m = (uint64_t)_mm512_movepi8_mask(v);
+                for (int lane = 0; lane < 4; lane++)
+                    x->O[(size_t)(8 * (c + 16 * lane + j) + bit) * 8 + g] =
+                        (uint16_t)(m >> (16 * lane));
+                v = _mm512_add_epi8(v, v); /* each byte's next bit to its top */
+            }
+        }
+    }
+    _mm256_zeroupper();
+}
+#endif
+
+static void transpose_range(void *arg, size_t c0, size_t c1) {
+    tr_ctx *x = (tr_ctx *)arg;
+    size_t c = c0;
+#ifdef HAVE_VAES_TARGET
+    if (use_vaes && have_bw)
+        for (; c + 64 <= c1; c += 64) transpose_tile64(x, c);
+#endif
+    for (; c + 16 <= c1; c += 16) transpose_tile16(x, c);
+    for (; c < c1; c++) transpose_column(x, c);
 }
 
 static PyObject *py_transpose128(PyObject *self, PyObject *args) {
@@ -1013,6 +1084,163 @@ static PyObject *py_ss_expand(PyObject *self, PyObject *args) {
 done:
     release(&sch); release(&v);
     if (uo != Py_None) release(&u);
+    return ret;
+}
+
+/* ------------------------------------------------------------------ SoftSpoken labels
+ *
+ * ss_labels(schedules, k, skip0, nonce, first, w, c, s, u_out, r, out): one
+ * piece of w bytes (8w OTs) from counter block `first`, expanded, corrected
+ * and transposed column tile by column tile, so that a tile's 128 rows are
+ * still in cache when they are transposed (ss_expand + transpose128 write and
+ * read back 128 rows of the whole piece).
+ *   garbler (skip0 = 1): c = the piece of the evaluator's message (n rows of w
+ *     bytes), s = the 128 choice bits Δ (16 bytes, bit j at byte j/8, bit j%8);
+ *     row j = v_j ⊕ s_j·c_{j/k}; u_out, r None.
+ *   evaluator (skip0 = 0): u_out = the message piece to fill (n rows of w
+ *     bytes), r = the packed choice bits (w bytes): u_out_i = u_i ⊕ r; row j = v_j;
+ *     c, s None.
+ * out: 8w blocks, the transposed rows (block j = bit j of every row).  The same
+ * bytes as ss_expand, the correction and transpose128.
+ */
+#define SSL_TILE_BLOCKS SS_TILE /* 1 KiB of every row per tile */
+
+static void ss_tree_tile(const uint8_t *keys, int k, int skip0, uint64_t nonce_be,
+                         uint64_t ctr0, int m, block (*acc)[SS_TILE]) {
+    const int leaves = 1 << k;
+    block ctr[SS_TILE], g[SS_TILE];
+    void (*ctr_fn)(const uint8_t *, const block *, int, block *) = ss_ctr_128;
+    void (*add_fn)(block (*)[SS_TILE], const block *, int, int, int) = ss_add_128;
+#ifdef HAVE_VAES_TARGET
+    if (use_vaes) {
+        ctr_fn = ss_ctr_vaes;
+        add_fn = ss_add_vaes;
+    }
+#endif
+    int m4 = (m + 3) & ~3;
+    for (int q = 0; q < m4; q++)
+        ctr[q] = _mm_set_epi64x((long long)__builtin_bswap64(ctr0 + (uint64_t)q),
+                                (long long)nonce_be);
+    memset(acc, 0, sizeof(block) * 9 * SS_TILE);
+    for (int leaf = skip0; leaf < leaves; leaf++) {
+        ctr_fn(keys + 176 * (leaf - skip0), ctr, m4, g);
+        add_fn(acc, g, m4, leaf, k);
+    }
+}
+
+typedef struct {
+    const uint8_t *S, *C, *s, *r;
+    uint8_t *U;
+    uint16_t *O;
+    uint64_t nonce_be, first;
+    Py_ssize_t w;
+    int k, skip0;
+} ssl_ctx;
+
+typedef struct {
+    const ssl_ctx *x;
+    int failed;
+} ssl_job;
+
+/* Column tiles [t0, t1) of the piece (each thread its own rows and sums). */
+static void ss_labels_range(void *arg, size_t t0, size_t t1) {
+    ssl_job *job = (ssl_job *)arg;
+    const ssl_ctx *x = job->x;
+    const int k = x->k, n = 128 / k, per = (1 << k) - x->skip0;
+    const Py_ssize_t w = x->w, tw = 16 * SSL_TILE_BLOCKS;
+    uint8_t *rows = (uint8_t *)aligned_alloc(64, (size_t)(128 * tw));
+    block(*acc)[SS_TILE] = (block(*)[SS_TILE])aligned_alloc(64, sizeof(block) * 9 * SS_TILE);
+    if (!rows || !acc) {
+        free(rows);
+        free(acc);
+        job->failed = 1;
+        return;
+    }
+    for (size_t t = t0; t < t1; t++) {
+        Py_ssize_t col0 = (Py_ssize_t)t * tw;
+        Py_ssize_t tc = w - col0 < tw ? w - col0 : tw; /* bytes of this tile */
+        int m = (int)((tc + 15) / 16);
+        for (int i = 0; i < n; i++) {
+            ss_tree_tile(x->S + 176 * (Py_ssize_t)i * per, k, x->skip0, x->nonce_be,
+                         x->first + (uint64_t)(col0 / 16), m, acc);
+            for (int b = 0; b < k; b++) {
+                int j = i * k + b;
+                uint8_t *row = rows + (Py_ssize_t)j * tw;
+                memcpy(row, acc[b], (size_t)(16 * m));
+                if (x->C && ((x->s[j >> 3] >> (j & 7)) & 1)) {
+                    const uint8_t *c = x->C + (Py_ssize_t)i * w + col0;
+                    for (Py_ssize_t q = 0; q < tc; q++) row[q] ^= c[q];
+                }
+            }
+            if (x->U) {
+                const uint8_t *u = (const uint8_t *)acc[8], *r = x->r + col0;
+                uint8_t *dst = x->U + (Py_ssize_t)i * w + col0;
+                for (Py_ssize_t q = 0; q < tc; q++) dst[q] = u[q] ^ r[q];
+            }
+        }
+        tr_ctx tr = {rows, x->O + (size_t)(8 * col0) * 8, tw};
+        transpose_range(&tr, 0, (size_t)tc);
+    }
+    free(rows);
+    free(acc);
+}
+
+/* The tiles split over the core's threads (a whole chunk's message is made
+ * before the garbler can start, so the evaluator uses both cores for it). */
+static int ss_labels_run(const ssl_ctx *x) {
+    const Py_ssize_t tw = 16 * SSL_TILE_BLOCKS;
+    size_t tiles = (size_t)((x->w + tw - 1) / tw);
+    ssl_job job = {x, 0};
+    parallel_for(tiles, 1, 2, ss_labels_range, &job);
+    return job.failed ? -1 : 0;
+}
+
+static PyObject *py_ss_labels(PyObject *self, PyObject *args) {
+    PyObject *so, *co, *sbo, *uo, *ro, *oo;
+    int k, skip0;
+    unsigned long long nonce, first;
+    Py_ssize_t w;
+    if (!PyArg_ParseTuple(args, "OipKKnOOOOO", &so, &k, &skip0, &nonce, &first, &w, &co, &sbo,
+                          &uo, &ro, &oo))
+        return NULL;
+    if (k != 1 && k != 2 && k != 4 && k != 8) {
+        PyErr_SetString(PyExc_ValueError, "SoftSpoken k must be 1, 2, 4 or 8");
+        return NULL;
+    }
+    int garbler = co != Py_None, n = 128 / k, per = (1 << k) - (skip0 ? 1 : 0);
+    if (w <= 0 || w > ((Py_ssize_t)1 << 32) || garbler != (sbo != Py_None) ||
+        garbler == (uo != Py_None) || (uo != Py_None) != (ro != Py_None)) {
+        PyErr_SetString(PyExc_ValueError, "bad SoftSpoken labels arguments");
+        return NULL;
+    }
+    buf_t sch = {0}, c = {0}, sb = {0}, u = {0}, r = {0}, o = {0};
+    PyObject *ret = NULL;
+    if (get_buf(so, &sch, 0, "schedules") || get_blocks(oo, &o, 1, "out")) goto done;
+    if (garbler && (get_buf(co, &c, 0, "c") || get_buf(sbo, &sb, 0, "s"))) goto done;
+    if (!garbler && (get_buf(uo, &u, 1, "u_out") || get_buf(ro, &r, 0, "r"))) goto done;
+    if (sch.view.len != (Py_ssize_t)176 * n * per) {
+        PyErr_SetString(PyExc_ValueError, "bad SoftSpoken schedules");
+        goto done;
+    }
+    if (need(&o, 128 * w, "out")) goto done;
+    if (garbler && (need(&c, (Py_ssize_t)n * w, "c") || need(&sb, 16, "s"))) goto done;
+    if (!garbler && (need(&u, (Py_ssize_t)n * w, "u_out") || need(&r, w, "r"))) goto done;
+    ssl_ctx x = {sch.p, garbler ? c.p : NULL, garbler ? sb.p : NULL, garbler ? NULL : r.p,
+                 garbler ? NULL : u.p, o.p, __builtin_bswap64(nonce), first, w, k,
+                 skip0 ? 1 : 0};
+    int failed;
+    Py_BEGIN_ALLOW_THREADS
+    failed = ss_labels_run(&x);
+    Py_END_ALLOW_THREADS
+    if (failed) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    ret = Py_NewRef(Py_None);
+done:
+    release(&sch); release(&o);
+    if (garbler) { release(&c); release(&sb); }
+    else { release(&u); release(&r); }
     return ret;
 }
 
@@ -1885,6 +2113,7 @@ static PyMethodDef methods[] = {
     {"expand_keys", py_expand_keys, METH_VARARGS, "AES-128 key schedules of 16-byte keys."},
     {"prg_rows", py_prg_rows, METH_VARARGS, "AES-CTR rows of the IKNP PRG."},
     {"ss_expand", py_ss_expand, METH_VARARGS, "SoftSpoken leaf streams and their sums."},
+    {"ss_labels", py_ss_labels, METH_VARARGS, "SoftSpoken labels of one piece, tile by tile."},
     {"fr_lpn", py_fr_lpn, METH_VARARGS, "Ferret LPN expansion (10 indices per output)."},
     {"fr_ggm", py_fr_ggm, METH_VARARGS, "Ferret GGM trees (garbler's, or the evaluator's punctured ones)."},
     {NULL, NULL, 0, NULL},
@@ -1902,6 +2131,7 @@ PyMODINIT_FUNC PyInit__gc(void) {
     }
 #ifdef HAVE_VAES_TARGET
     have_vaes = __builtin_cpu_supports("vaes") && __builtin_cpu_supports("avx512f");
+    have_bw = __builtin_cpu_supports("avx512bw");
 #endif
     use_vaes = have_vaes;
     PyObject *m = PyModule_Create(&moduledef);

@@ -47,7 +47,15 @@ HIGH, LOW, CLOSE = CttCode.HIGH, CttCode.LOW, CttCode.CLOSE
 def bit_planes(z: npt.NDArray[np.uint64]) -> Bits:
     """(64, n) uint8 array: row i holds bit i of every element of z."""
     le = np.ascontiguousarray(z, dtype="<u8").view(np.uint8).reshape(-1, 8)
-    return np.ascontiguousarray(np.unpackbits(le, axis=1, bitorder="little").T)
+    # Byte b of every element in a row (one small transpose), then row 8b + t
+    # is that row shifted by t: 8 shifts of n bytes instead of unpacking to
+    # (n, 64) and transposing 64·n bytes (≈ 14x faster at n = 10^5).
+    cols = np.ascontiguousarray(le.T)
+    out = np.empty((64, cols.shape[1]), dtype=np.uint8)
+    for t in range(8):
+        np.right_shift(cols, t, out=out[t::8])
+    np.bitwise_and(out, 1, out=out)
+    return out
 
 
 WireSource = Callable[[int, int], Wires]

@@ -50,7 +50,7 @@ from svtagg.mpc.garble import Backend, Bits, Wires
 from svtagg.mpc.ot import KAPPA, base_ot_receive, base_ot_send
 from svtagg.mpc.ring import RING_BITS, U64
 from svtagg.mpc.softspoken import bytes_per_ot, extension_receiver, extension_sender, parse_ot
-from svtagg.mpc.streaming import _OrderedSends, _Parts
+from svtagg.mpc.streaming import _OrderedSends, _Parts, ot_labels, send_ot_message
 from svtagg.mpc.tournament import (
     CARRY_INDEX_BITS,
     TournamentChunk,
@@ -561,7 +561,8 @@ class ComparisonGarbler(_Party):
         a_bits = bit_planes(z)
         lanes = k * len(spec.inputs)  # the evaluator's input lanes
         await otx.refill(self._ext, self.channel, lanes * spec.width)  # Ferret: pool short
-        q = self._ext.labels(await self.channel.recv(), _ot_widths(lanes, spec.width), nonce)
+        widths, streamed = _ot_widths(lanes, spec.width), spec.parts(k) > 1
+        q = await ot_labels(self.channel, self._ext, widths, nonce, streamed)
         # 125 ciphertexts per comparison plus < 6 per lane for the chunk logic.
         capacity = spec.tables_per_lane * lanes + 64
         be = self._garble_cls(
@@ -625,7 +626,7 @@ class ComparisonEvaluator(_Party):
             for lo, hi in lane_batches(lanes)
         ]
         await otx.refill(self._ext, self.channel, lanes * spec.width)
-        await self.channel.send(self._ext.u_message(choices, nonce))
+        await send_ot_message(self.channel, self._ext, choices, nonce, spec.parts(k) > 1)
         nd = (spec.decoding_bits(k) + 7) // 8
         t = self._ext.labels(_ot_widths(lanes, spec.width), nonce)
         wires = self._input_wires(t, spec.width)

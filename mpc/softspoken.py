@@ -30,7 +30,7 @@ OpenSSL ECB per leaf; both give the same bytes.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -140,6 +140,23 @@ class _LeafPRG:
         ]
         self._schedules = native.core().expand_keys(raw) if native.available() else None
 
+    def fused(self) -> bool:
+        """The native core expands, corrects and transposes in one pass (`labels`)."""
+        return native.active() == "native" and self._schedules is not None
+
+    def labels(
+        self, nonce: int, first: int, width: int, out: Blocks, garbler: tuple[Any, Any] | None,
+        evaluator: tuple[Any, Any] | None,
+    ) -> None:  # fmt: skip
+        """The native core's one pass over a piece (`_gc.ss_labels`): the
+        transposed rows into `out`, corrected with (c, Δ bits) for the garbler,
+        or writing the message piece (u_out, r) for the evaluator."""
+        c, s = garbler if garbler is not None else (None, None)
+        u, r = evaluator if evaluator is not None else (None, None)
+        native.core().ss_labels(
+            self._schedules, self.k, int(self.skip0), nonce, first, width, c, s, u, r, out
+        )
+
     def expand(
         self, nonce: int, first: int, width: int, v_out: npt.NDArray[np.uint8], u_out: Any
     ) -> None:
@@ -185,6 +202,7 @@ class SoftSpokenReceiver:
         self._t_buf = np.empty(0, dtype=np.uint8)  # the pieces' (128, padded width) rows
         self._t_at: list[tuple[int, int]] = []
         self._nonce: int | None = None
+        self._fused: Blocks | None = None  # the native core's labels of the last u_message
 
     def setup_message(self) -> bytes:
         """Fresh trees (CSPRNG roots) and the level sums masked with the base-OT keys."""
@@ -208,20 +226,53 @@ class SoftSpokenReceiver:
         pieces concatenated) for packed choice bits r given piece by piece.
         Keeps the rows t for `labels(…, nonce)`.  A view of a buffer the next
         call overwrites: send it before extending again."""
+        total, pieces = self.u_pieces(choices, nonce)
+        for _ in pieces:
+            pass
+        return self._msg_buf[:total].data
+
+    def u_pieces(
+        self, choices: list[npt.NDArray[np.uint8]], nonce: int
+    ) -> tuple[int, Iterator[memoryview]]:
+        """`u_message` piece by piece: its length, and an iterator that makes
+        each piece's part of the message when asked for it (so one piece can
+        travel while the next is made); `labels` after the last."""
         if self._prg is None:
             raise RuntimeError("SoftSpoken setup_message() not run")
         widths = [c.shape[0] for c in choices]
         _check_widths(widths)
-        n = KAPPA // self.k
         total = message_bytes(widths, self.k)
+        self._t_at, self._nonce = [], None  # labels() only once every piece is made
+        return total, self._pieces(choices, widths, nonce, total)
+
+    def _pieces(
+        self, choices: list[npt.NDArray[np.uint8]], widths: list[int], nonce: int, total: int
+    ) -> Iterator[memoryview]:
+        assert self._prg is not None
+        n = KAPPA // self.k
         if self._msg_buf.shape[0] < total:
             self._msg_buf = np.empty(total, dtype=np.uint8)
         pad = [_stride(w) for w in widths]
-        if self._t_buf.shape[0] < KAPPA * sum(pad):
+        fused = self._prg.fused()
+        if not fused and self._t_buf.shape[0] < KAPPA * sum(pad):
             self._t_buf = np.empty(KAPPA * sum(pad), dtype=np.uint8)
-        u = _reuse(self, "_u", n * max(pad)).reshape(n, max(pad))
         out = self._msg_buf[:total]
-        self._t_at, pos, col, first = [], 0, 0, 0
+        pos, col, first = 0, 0, 0
+        if fused:  # labels now, piece by piece, while the rows are in cache
+            labels = _reuse(self, "_lab", 128 * sum(widths)).view(np.uint64).reshape(-1, 2)
+            self._fused = labels
+            for r, w in zip(choices, widths, strict=True):
+                c = out[pos : pos + n * w]
+                self._prg.labels(nonce, first, w, labels[col : col + 8 * w], None, (c, r))
+                self._t_at.append((col, w))
+                first += (w + 15) // 16
+                pos += n * w
+                col += 8 * w
+                yield c.data
+            self._nonce = nonce
+            return
+        self._fused = None
+        u = _reuse(self, "_u", n * max(pad)).reshape(n, max(pad))
         for r, w, p in zip(choices, widths, pad, strict=True):
             t = self._t_buf[KAPPA * col : KAPPA * (col + p)].reshape(KAPPA, p)
             self._prg.expand(nonce, first, w, t, u)
@@ -231,8 +282,8 @@ class SoftSpokenReceiver:
             first += (w + 15) // 16
             pos += n * w
             col += p
+            yield c.reshape(-1).data
         self._nonce = nonce
-        return out.data
 
     def labels(self, widths: list[int], nonce: int) -> Iterator[Blocks]:
         """The blocks t_j of the last `u_message` (same nonce and widths),
@@ -240,6 +291,10 @@ class SoftSpokenReceiver:
         _check_widths(widths)
         if nonce != self._nonce or [w for _, w in self._t_at] != list(widths):
             raise ValueError("labels() must follow u_message() with the same nonce and widths")
+        if self._fused is not None:  # made by u_message: views, valid until the next one
+            for col, w in self._t_at:
+                yield self._fused[col : col + 8 * w]
+            return
         out = _label_buffer(self, 8 * max(widths))
         for col, w in self._t_at:
             p = _stride(w)
@@ -294,9 +349,17 @@ class SoftSpokenSender:
         self.leaves = nodes
         self._prg = _LeafPRG(nodes[:, 1:].reshape(-1, 2), k, skip0=True)
 
-    def labels(self, msg: bytes, widths: list[int], nonce: int) -> Iterator[Blocks]:
+    def labels(
+        self,
+        msg: bytes | bytearray | memoryview,
+        widths: list[int],
+        nonce: int,
+        ready: Callable[[int], object] | None = None,
+    ) -> Iterator[Blocks]:
         """Blocks q_j = t_j ⊕ r_j·Δ, transposed, piece by piece; each yielded
-        array is overwritten by the next one."""
+        array is overwritten by the next one.  `ready(end)`, if given, is
+        called before a piece is read and returns once msg[:end] holds the
+        message's bytes (a message still arriving)."""
         if self._prg is None:
             raise RuntimeError("SoftSpoken receive_setup() not run")
         _check_widths(widths)
@@ -306,11 +369,24 @@ class SoftSpokenSender:
                 f"OT extension message has {len(msg)} bytes, want {message_bytes(widths, self.k)}"
             )
         c_all = np.frombuffer(msg, dtype=np.uint8)
-        rows = _reuse(self, "_rows", KAPPA * _stride(max(widths))).reshape(KAPPA, -1)
         out = _label_buffer(self, 8 * max(widths))
-        blk = self._s // self.k
         pos, first = 0, 0
+        if self._prg.fused():
+            s_bits = np.packbits(self._s_bits.astype(np.uint8), bitorder="little")
+            for w in widths:
+                if ready is not None:
+                    ready(pos + n * w)
+                c = c_all[pos : pos + n * w]
+                pos += n * w
+                self._prg.labels(nonce, first, w, out[: 8 * w], (c, s_bits), None)
+                first += (w + 15) // 16
+                yield out[: 8 * w]
+            return
+        rows = _reuse(self, "_rows", KAPPA * _stride(max(widths))).reshape(KAPPA, -1)
+        blk = self._s // self.k
         for w in widths:
+            if ready is not None:
+                ready(pos + n * w)
             c = c_all[pos : pos + n * w].reshape(n, w)
             pos += n * w
             self._prg.expand(nonce, first, w, rows, None)

@@ -7,8 +7,77 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+from collections.abc import Iterator
+from typing import Any, Protocol
 
+from svtagg.mpc.aes import Blocks
 from svtagg.mpc.channel import Channel
+from svtagg.mpc.softspoken import SoftSpokenReceiver, SoftSpokenSender
+
+
+class Arriving(Protocol):
+    """A message read as it arrives (`servers.datachannel.Arriving`)."""
+
+    size: int
+    buffer: Any
+
+    def wait(self, end: int) -> memoryview: ...
+
+
+class Arrived:
+    """A message already whole, read like one still arriving."""
+
+    def __init__(self, data: bytes | bytearray | memoryview) -> None:
+        self.buffer = data
+        self.size = len(data)
+
+    def wait(self, end: int) -> memoryview:
+        return memoryview(self.buffer)[:end]
+
+
+async def send_pieces(channel: Channel, total: int, pieces: Iterator[memoryview]) -> None:
+    """One message made piece by piece: the channel's `send_pieces` where it has
+    one (a wrapper passes it on to the channel it sends on), else one `send` of
+    the pieces joined (the same bytes)."""
+    fn = getattr(channel, "send_pieces", None)
+    if fn is not None:
+        await fn(total, pieces)
+    else:
+        await channel.send(b"".join(bytes(p) for p in pieces))
+
+
+async def recv_progressive(channel: Channel) -> Arriving:
+    """The next message, readable by prefixes as it arrives where the channel
+    can (`recv_progressive`), else whole."""
+    fn = getattr(channel, "recv_progressive", None)
+    if fn is not None:
+        return await fn()  # type: ignore[no-any-return]
+    return Arrived(await channel.recv())
+
+
+async def send_ot_message(
+    channel: Channel, ext: Any, choices: list[Any], nonce: int, streamed: bool
+) -> None:
+    """The evaluator's OT-extension message of a chunk: in a streamed chunk, on a
+    channel that can, piece by piece (each lane batch's piece travels while the
+    next is made; the same bytes in one message), else whole."""
+    if streamed and hasattr(channel, "send_pieces") and isinstance(ext, SoftSpokenReceiver):
+        await send_pieces(channel, *ext.u_pieces(choices, nonce))
+    else:
+        await channel.send(ext.u_message(choices, nonce))
+
+
+async def ot_labels(
+    channel: Channel, ext: Any, widths: list[int], nonce: int, streamed: bool
+) -> Iterator[Blocks]:
+    """The garbler's labels of a chunk from the evaluator's OT message: in a
+    streamed chunk, on a channel that can, read on while the first lane batches
+    are garbled (each batch's labels wait for their piece), else once it is in."""
+    if streamed and hasattr(channel, "recv_progressive") and isinstance(ext, SoftSpokenSender):
+        msg = await recv_progressive(channel)
+        return ext.labels(msg.buffer, widths, nonce, ready=msg.wait)
+    labels: Iterator[Blocks] = ext.labels(await channel.recv(), widths, nonce)
+    return labels
 
 
 class _OrderedSends:

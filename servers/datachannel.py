@@ -36,8 +36,11 @@ import threading
 import time
 import weakref
 from collections import OrderedDict
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+import numpy as np
 
 from svtagg.dp.errors import PeerUnavailable
 from svtagg.mpc.channel import Message
@@ -59,8 +62,15 @@ ADMIT_SECONDS = 10.0
 #: older one than this could only be bound if its session were still waiting).
 USED_IDS = 65536
 #: Messages up to this size are returned as `bytes` (one small copy); larger ones
-#: as the bytearray they were received into.
+#: as a memoryview of the buffer they were received into.
 _SMALL = 1 << 16
+
+
+def _uninitialized(size: int) -> memoryview:
+    """A writable byte buffer of `size` bytes, not zeroed first (every byte is
+    received into it before it is read; `bytearray(size)` would clear tens of
+    MB per chunk for nothing)."""
+    return np.empty(size, dtype=np.uint8).data.cast("B")
 
 
 class ChannelClosed(PeerUnavailable):
@@ -116,6 +126,46 @@ def _recv_exact(sock: ssl.SSLSocket, view: memoryview, deadline: float | None = 
         got += n
 
 
+class Arriving:
+    """A message being received: its length is known, its bytes come in
+    behind `wait` (`DataConnection.recv_progressive`), so a reader in another
+    thread can use each prefix as soon as it is there."""
+
+    def __init__(self, size: int, closed: Callable[[], bool] = lambda: False) -> None:
+        self.size = size
+        self.buffer = _uninitialized(size)
+        self._closed = closed
+        self._got = 0
+        self._error: BaseException | None = None
+        self._cond = threading.Condition()
+
+    def _advance(self, got: int) -> None:
+        with self._cond:
+            self._got = got
+            self._cond.notify_all()
+
+    def _fail(self, exc: BaseException) -> None:
+        with self._cond:
+            self._error = exc
+            self._cond.notify_all()
+
+    def wait(self, end: int) -> memoryview:
+        """Blocks until the first `end` bytes are in; a view of them.  Wakes now
+        and then: a closed connection must not strand the reader's thread."""
+        with self._cond:
+            while self._got < end:
+                if self._error is not None:
+                    raise ChannelClosed(f"data connection lost: {self._error}")
+                if self._closed():
+                    raise ChannelClosed("data connection is closed")
+                self._cond.wait(timeout=1.0)
+        return self.buffer[:end]
+
+
+#: Bytes a progressive receive reads before it tells a waiting reader.
+_PROGRESS = 1 << 18
+
+
 class DataConnection:
     """One end of a data connection: `mpc.channel.Channel` (send/recv with
     counters).  Each operation runs in this connection's one worker thread, so
@@ -147,11 +197,46 @@ class DataConnection:
             raise ChannelClosed(f"data message of {size} bytes exceeds the cap")
         if size > self.limit:
             raise ChannelClosed(f"data message of {size} bytes exceeds this chunk's {self.limit}")
-        body = bytearray(size)
-        _recv_exact(self._sock, memoryview(body))
+        body = _uninitialized(size)
+        _recv_exact(self._sock, body)
         # Large messages stay in the buffer they arrived in (no copy); readers
         # only take lengths, slices and memoryviews of them.
         return bytes(body) if size <= _SMALL else body  # type: ignore[return-value]
+
+    def _send_pieces_blocking(self, total: int, pieces: Iterator[memoryview]) -> int:
+        self._sock.sendall(_HEADER.pack(total))
+        sent = 0
+        for piece in pieces:  # each made here, in this thread, as the last one travels
+            view = memoryview(piece).cast("B")
+            if sent + len(view) > total:
+                raise ValueError("pieces longer than their announced total")
+            self._sock.sendall(view)
+            sent += len(view)
+        if sent != total:
+            raise ValueError("pieces shorter than their announced total")
+        return sent
+
+    def _recv_header_blocking(self) -> int:
+        head = bytearray(_HEADER.size)
+        _recv_exact(self._sock, memoryview(head))
+        (size,) = _HEADER.unpack(head)
+        if size > MAX_DATA_MESSAGE:
+            raise ChannelClosed(f"data message of {size} bytes exceeds the cap")
+        if size > self.limit:
+            raise ChannelClosed(f"data message of {size} bytes exceeds this chunk's {self.limit}")
+        return int(size)
+
+    def _fill_blocking(self, msg: Arriving) -> None:
+        view, got = msg.buffer, 0
+        try:
+            while got < msg.size:
+                end = min(got + _PROGRESS, msg.size)
+                _recv_exact(self._sock, view[got:end])
+                got = end
+                msg._advance(got)
+        except BaseException as exc:
+            msg._fail(exc)
+            raise
 
     async def _io(self, fn: object, *args: object) -> object:
         if self._closed:
@@ -176,9 +261,39 @@ class DataConnection:
         self.bytes_sent += len(view)
         self.messages_sent += 1
 
+    async def send_pieces(self, total: int, pieces: Iterator[memoryview]) -> None:
+        """One message of `total` bytes whose pieces are made one after another
+        in this connection's worker thread (the same bytes on the wire as one
+        `send` of their concatenation): the peer has the first piece while the
+        next one is being made."""
+        await self._io(self._send_pieces_blocking, total, pieces)
+        self.bytes_sent += total
+        self.messages_sent += 1
+
+    async def recv_progressive(self) -> Arriving:
+        """The next message as it arrives: returned once its length header is
+        read (and checked as `recv` checks it); its bytes are read on in the
+        worker thread, and a reader waits for each prefix (`Arriving.wait`).
+        Later operations on this connection run after the message is in."""
+        size = await self._io(self._recv_header_blocking)
+        assert isinstance(size, int)
+        msg = Arriving(size, lambda: self._closed)
+        if self._closed:
+            raise ChannelClosed("data connection is closed")
+        # Submitted now, so that it runs before any later operation on the connection.
+        fill = asyncio.get_running_loop().run_in_executor(self._worker, self._fill_blocking, msg)
+        fill.add_done_callback(self._after_fill)
+        self.bytes_received += size
+        self.messages_received += 1
+        return msg
+
+    def _after_fill(self, fill: asyncio.Future[None]) -> None:
+        if not fill.cancelled() and fill.exception() is not None:
+            self.close()  # the reader was told (`Arriving.wait` raises)
+
     async def recv(self) -> bytes:
         data = await self._io(self._recv_blocking)
-        assert isinstance(data, (bytes, bytearray))
+        assert isinstance(data, (bytes, memoryview))
         self.bytes_received += len(data)
         self.messages_received += 1
         return data  # type: ignore[return-value]

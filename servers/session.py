@@ -23,10 +23,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, Protocol
 
 from svtagg.dp.errors import InvalidArgument, PeerUnavailable, Refusal
+from svtagg.mpc import streaming
 from svtagg.mpc.channel import Channel, Message
 from svtagg.mpc.ot import MAX_SETUP_MESSAGE
 from svtagg.mpc.softspoken import parse_ot, server_ot
@@ -199,6 +200,12 @@ class SwitchChannel:
     async def recv(self) -> bytes:
         return await self._cur.recv()
 
+    async def send_pieces(self, total: int, pieces: Iterator[memoryview]) -> None:
+        await streaming.send_pieces(self._cur, total, pieces)
+
+    async def recv_progressive(self) -> streaming.Arriving:
+        return await streaming.recv_progressive(self._cur)
+
     @property
     def bytes_sent(self) -> int:
         return self.frames.bytes_sent + self.data.bytes_sent
@@ -254,6 +261,9 @@ class VerdictChannel:
 
     async def send(self, data: Message) -> None:
         await self.inner.send(data)
+
+    async def send_pieces(self, total: int, pieces: Iterator[memoryview]) -> None:
+        await streaming.send_pieces(self.inner, total, pieces)
 
     async def recv(self) -> bytes:
         if self._armed:

@@ -314,3 +314,14 @@ def test_negative_control_naive_hash_leaks_delta(hasher: Any, broken: bool, engi
         prp = FixedKeyAES()
         raw = a ^ prp.inverse(tab[0] ^ prp.permute(a))  # the same inversion, unverified
         assert not np.any(np.all(raw == delta, axis=1))
+
+
+@pytest.mark.parametrize("n", [0, 1, 7, 4096, 10_001])
+def test_bit_planes_hold_bit_i_of_every_element_in_row_i(n: int) -> None:
+    from svtagg.mpc.circuits import bit_planes
+
+    z = np.random.default_rng(n).integers(0, 2**64, n, dtype=np.uint64)
+    got = bit_planes(z)
+    assert got.shape == (64, n) and got.dtype == np.uint8 and got.flags.c_contiguous
+    want = ((z[None, :] >> np.arange(64, dtype=np.uint64)[:, None]) & np.uint64(1)).astype(np.uint8)
+    assert np.array_equal(got, want)

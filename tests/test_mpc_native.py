@@ -150,13 +150,17 @@ def _numpy_transpose(mat: np.ndarray) -> np.ndarray:
 
 
 @needs_native
-@pytest.mark.parametrize("nb", [1, 2, 15, 16, 17, 100, 4097])
-def test_transpose_matches_numpy(nb: int) -> None:
+@pytest.mark.parametrize("nb", [1, 2, 15, 16, 17, 63, 64, 100, 131, 4097])
+def test_transpose_matches_numpy(nb: int, vaes_modes: list[bool]) -> None:
+    """Every path of the native transpose: 64-column tiles (AVX-512, with the
+    VAES path on), 16-column tiles, the column-by-column tail."""
     base = RNG.integers(0, 256, (128, nb + 13), dtype=np.uint8)
     mat = base[:, 5 : 5 + nb]  # strided rows, as the OT extension passes them
     ref = _numpy_transpose(mat)
-    out = np.empty((8 * nb, 2), dtype=np.uint64)
-    assert np.array_equal(native.transpose_rows_native(mat, out), ref)
+    for on in vaes_modes:
+        native.set_vaes(on)
+        out = np.empty((8 * nb, 2), dtype=np.uint64)
+        assert np.array_equal(native.transpose_rows_native(mat, out), ref)
     # And the reference itself: bit i of block j = bit j of row i.
     bits = np.unpackbits(mat, axis=1, bitorder="little")
     j = RNG.integers(0, 8 * nb, 20)

@@ -351,9 +351,21 @@ def test_native_expansion_refuses_bad_shapes() -> None:
 
 
 @pytest.mark.parametrize("k", SOFTSPOKEN_KS)
-def test_engines_give_the_same_bytes(k: int, engine_restore: None) -> None:
+@pytest.mark.parametrize("vaes", [True, False])
+def test_engines_give_the_same_bytes(k: int, vaes: bool, engine_restore: None) -> None:
+    """The native one-pass labels (`_gc.ss_labels`, tiles of 1 KiB, both AES
+    paths) against the numpy reference: message and labels on both sides."""
     if not native.available():
         pytest.skip("native core not built")
+    before = native.core().features()["active_vaes"]
+    native.set_vaes(vaes)
+    try:
+        _engines_give_the_same_bytes(k)
+    finally:
+        native.set_vaes(before)
+
+
+def _engines_give_the_same_bytes(k: int) -> None:
     keys, s, chosen = _base_ots()
     out = {}
     for engine in ("native", "numpy"):
@@ -370,7 +382,7 @@ def test_engines_give_the_same_bytes(k: int, engine_restore: None) -> None:
 
     ry._prg = _LeafPRG(rn.leaves, k, skip0=False)
     sy._prg = _LeafPRG(sn.leaves[:, 1:].reshape(-1, 2), k, skip0=True)
-    widths = [5, 4096, 37]
+    widths = [5, 4096, 37, 2500, 1024, 1040]
     rs = [np.frombuffer(os.urandom(w), np.uint8) for w in widths]
     res = {}
     for engine, (rcv, snd) in (("native", (rn, sn)), ("numpy", (ry, sy))):
