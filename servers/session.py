@@ -201,6 +201,8 @@ class SwitchChannel:
         return await self._cur.recv()
 
     async def send_pieces(self, total: int, pieces: Iterator[memoryview]) -> None:
+        if self._cur is self.data:
+            await self.frames.flush()
         await streaming.send_pieces(self._cur, total, pieces)
 
     async def recv_progressive(self) -> streaming.Arriving:
@@ -313,8 +315,15 @@ class GoChannel:
         self.release()
         await self.inner.send(data)
 
+    async def send_pieces(self, total: int, pieces: Iterator[memoryview]) -> None:
+        self.release()
+        await streaming.send_pieces(self.inner, total, pieces)
+
     async def recv(self) -> bytes:
         return await self.inner.recv()
+
+    async def recv_progressive(self) -> streaming.Arriving:
+        return await streaming.recv_progressive(self.inner)
 
     @property
     def bytes_sent(self) -> int:
