@@ -428,18 +428,20 @@ class PeerStatus(_message.Message):
     def __init__(self, ok: _Optional[bool] = ..., code: _Optional[int] = ..., message: _Optional[str] = ..., refusal: _Optional[str] = ..., data_port: _Optional[int] = ...) -> None: ...
 
 class PeerFrame(_message.Message):
-    __slots__ = ("header", "fragment", "open", "status", "more")
+    __slots__ = ("header", "fragment", "open", "status", "more", "then_fragment")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     FRAGMENT_FIELD_NUMBER: _ClassVar[int]
     OPEN_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     MORE_FIELD_NUMBER: _ClassVar[int]
+    THEN_FRAGMENT_FIELD_NUMBER: _ClassVar[int]
     header: ChunkHeader
     fragment: bytes
     open: SessionOpen
     status: PeerStatus
     more: bool
-    def __init__(self, header: _Optional[_Union[ChunkHeader, _Mapping]] = ..., fragment: _Optional[bytes] = ..., open: _Optional[_Union[SessionOpen, _Mapping]] = ..., status: _Optional[_Union[PeerStatus, _Mapping]] = ..., more: _Optional[bool] = ...) -> None: ...
+    then_fragment: bytes
+    def __init__(self, header: _Optional[_Union[ChunkHeader, _Mapping]] = ..., fragment: _Optional[bytes] = ..., open: _Optional[_Union[SessionOpen, _Mapping]] = ..., status: _Optional[_Union[PeerStatus, _Mapping]] = ..., more: _Optional[bool] = ..., then_fragment: _Optional[bytes] = ...) -> None: ...
 
 class StreamRef(_message.Message):
     __slots__ = ("stream_id",)

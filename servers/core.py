@@ -152,6 +152,9 @@ def parse_taus(task: TaskState, taus: Sequence[int], k: int, name: str = "tau") 
     return grid.astype(np.uint64)
 
 
+#: Tasks whose g(S) a server keeps in memory (`ServerCore.query_sums`).
+SUMS_CACHED = 16
+
 #: The analyst's thresholds of a chunk, as ring elements: τ (Ask) or (τL, τH) (Compare).
 Thresholds = U64 | tuple[U64, U64]
 
@@ -201,6 +204,9 @@ class ServerCore(JointNoiseSteps):
         #: this server's shares of the noise it used (servers never set it; a
         #: test adds both servers' shares to see the noise the pair produced).
         self.joint_noise_log: list[JointDraw] | None = None
+        #: g(S) of the tasks that have streams here, which never changes again
+        #: (`query_sums`), by task id; the most recent few.
+        self._query_sums: dict[str, U64] = {}
 
     def check_budget_policy(self, params: TaskParams) -> None:
         """Refuse a task whose total (ε, δ) exceeds this server's configured cap, or
@@ -506,12 +512,21 @@ class ServerCore(JointNoiseSteps):
         """This server's share of what queries read: g(S) (robust aggregates)."""
         if not self.robust_aggregates and not task.params.validity:
             return self.store.sums(task.params.task_id)
-        robust = self.store.robust_sums(task.params.task_id)
+        task_id = task.params.task_id
+        cached = self._query_sums.get(task_id)
+        if cached is not None:
+            return cached
+        robust = self.store.robust_sums(task_id)
         if robust is None:
             raise FailedPrecondition(
-                f"task {task.params.task_id!r} was agreed without robust aggregates "
+                f"task {task_id!r} was agreed without robust aggregates "
                 "(by an older version); create a new task"
             )
+        if task.agreed and task.streams:  # no close rewrites it any more (`mark_agreed`)
+            robust.setflags(write=False)
+            if len(self._query_sums) >= SUMS_CACHED:
+                del self._query_sums[next(iter(self._query_sums))]
+            self._query_sums[task_id] = robust
         return robust
 
     def stream_and_task(self, stream_id: str) -> tuple[StreamState, TaskState]:

@@ -37,14 +37,19 @@ from svtagg.servers.garbling import garbling_of, ot_of
 from svtagg.servers.ingest import helper_verify
 from svtagg.servers.joint import Pooled, batch_shares
 from svtagg.servers.session import (
+    FOLD_LANES,
     DataChannel,
     DataOffer,
+    GoChannel,
     HelperSession,
     ReadFrame,
     SwitchChannel,
     WriteFrame,
 )
 from svtagg.servers.store import IN_CHUNK, StreamState, TaskState
+
+#: An accepted stream chunk, marked durably: its stream, task, queries, pooled noise.
+Accepted = tuple[StreamState, TaskState, Chunk, Pooled | None]
 
 #: How long a chunk's header waits for the helper's record of the stream's
 #: previous chunk, whose result the leader sent one way just before.
@@ -175,17 +180,20 @@ class HelperDriver:
         sid, data = await session.accept(self.data, garbling_of(self.party), ot_of(self.party))
         try:
             channel = session.channel
-            party = self.party(
-                Role.HELPER, SwitchChannel(channel, data) if data is not None else channel, sid
-            )
+            gate = GoChannel(SwitchChannel(channel, data) if data is not None else channel)
+            party = self.party(Role.HELPER, gate, sid)
             await party.setup()
-            await self._chunks(session, party, data)
+            await self._chunks(session, party, gate, data)
         finally:
             if data is not None:
                 data.close()
 
     async def _chunks(
-        self, session: HelperSession, party: ComparisonParty, data: DataChannel | None
+        self,
+        session: HelperSession,
+        party: ComparisonParty,
+        gate: GoChannel,
+        data: DataChannel | None,
     ) -> None:
         while True:
             header = await session.next_header(self.stopping)
@@ -213,7 +221,7 @@ class HelperDriver:
                 except Exception as exc:  # noqa: BLE001 - the refusal goes back to the leader
                     await self._refuse(session, data, exc)
                     return
-                await self._stream_chunk(session, party, header, accepted)
+                await self._stream_chunk(session, party, gate, accepted)
 
     @staticmethod
     async def _refuse(session: HelperSession, data: DataChannel | None, exc: Exception) -> None:
@@ -225,26 +233,21 @@ class HelperDriver:
         self,
         session: HelperSession,
         party: ComparisonParty,
-        h: StreamChunk,
-        accepted: tuple[StreamState, TaskState, Chunk, Pooled | None],
+        gate: GoChannel,
+        accepted: Accepted,
     ) -> None:
         """The garbler's side of one stream chunk, marked in progress durably
-        before the go and the tables; the result, which the leader sends one way,
-        recorded (not waited for by the leader: a helper that never records it
-        fails the stream closed, now or at its restart)."""
+        before the garbling, its go sent then (a small chunk's with the first
+        fragment of the tables, `FOLD_LANES`); the result, which the leader
+        sends one way, recorded (not waited for by the leader: a helper that
+        never records it fails the stream closed, now or at its restart)."""
         stream, task, chunk, pooled = accepted
         self._unrecorded += 1
         self._recorded.clear()
+        crash_point("chunk.after_mark")
+        gate.arm(session.go)
         try:
-            crash_point("chunk.after_mark")
-            try:
-                await session.ok()
-            except BaseException:
-                # Marked, and the leader gone before the go: failed now, not left
-                # `in_chunk` until this server's next restart.
-                self.core.fail_stream(stream.stream_id)
-                raise
-            await self._run(party, stream, task, chunk, pooled)
+            await self._run(party, session, (stream, task, chunk, pooled), gate)
         finally:
             self._unrecorded -= 1
             if not self._unrecorded:
@@ -306,7 +309,7 @@ class HelperDriver:
         self.core.stage_robust(task, h.pass_id, h.coord_lo, y)
         await session.ok()
 
-    async def _accept(self, h: StreamChunk) -> tuple[StreamState, TaskState, Chunk, Pooled | None]:
+    async def _accept(self, h: StreamChunk) -> Accepted:
         await self._previous_recorded(h)
         stream, task = self.core.stream_and_task(h.stream_id)
         if h.kind != ChunkKind.of_stream(stream.kind):
@@ -338,13 +341,21 @@ class HelperDriver:
     async def _run(
         self,
         party: ComparisonParty,
-        stream: StreamState,
-        task: TaskState,
-        chunk: Chunk,
-        pooled: Pooled | None = None,
+        session: HelperSession,
+        chunk_of: tuple[StreamState, TaskState, Chunk, Pooled | None],
+        gate: GoChannel,
     ) -> None:
+        """Garble (the go leaves with the first message: `GoChannel`), then
+        record the result.  A failure (the leader gone before the go, too)
+        fails the stream now, not left `in_chunk` until the next restart."""
+        stream, task, chunk, pooled = chunk_of
         try:
+            if len(chunk) > FOLD_LANES:  # the go leaves now: the leader reads it meanwhile
+                gate.release()
+                await session.flush()
             _, progress = await self.core.run_chunk(party, stream, task, chunk, pooled=pooled)
+            gate.release()  # a chunk that sent nothing still gets its go
+            await session.flush()
         except BaseException:
             self.core.fail_stream(stream.stream_id)
             raise

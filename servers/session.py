@@ -40,7 +40,7 @@ from svtagg.proto.vocab import (
     refusal_status,
 )
 from svtagg.servers.core import ComparisonParty, PartyFactory
-from svtagg.servers.exchange import ChunkHeader
+from svtagg.servers.exchange import ChunkHeader, NoiseBatch, RobustChunk
 from svtagg.servers.garbling import DEFAULT_GARBLING, check_garbling, garbling_of, ot_of
 from svtagg.servers.wire import CHUNK_HEADER
 
@@ -83,12 +83,34 @@ class FrameChannel:
         self.bytes_received = 0
         self.messages_sent = 0
         self.messages_received = 0
+        #: A control frame waiting to carry the next message's first fragment.
+        self._held: pb.PeerFrame | None = None
+        #: The fragment the last control frame read carried, read next.
+        self._carried: pb.PeerFrame | None = None
+
+    def hold(self, frame: pb.PeerFrame) -> None:
+        """Write `frame` (a header or a status) together with the first
+        fragment of the next protocol message sent here (`then_fragment`), or
+        alone before any other frame (`flush`, `write_frame`)."""
+        self._held = frame
+
+    async def flush(self) -> None:
+        """Write the held control frame now, if any."""
+        if self._held is not None:
+            frame, self._held = self._held, None
+            await self._write(frame)
 
     async def send(self, data: Message) -> None:
         view = memoryview(data)
         for start in range(0, max(len(view), 1), FRAGMENT):
             end = start + FRAGMENT
-            await self._write(pb.PeerFrame(fragment=bytes(view[start:end]), more=end < len(view)))
+            part, more = bytes(view[start:end]), end < len(view)
+            frame, self._held = self._held, None
+            if frame is None:
+                frame = pb.PeerFrame(fragment=part, more=more)
+            else:
+                frame.then_fragment, frame.more = part, more
+            await self._write(frame)
         self.bytes_sent += len(data)
         self.messages_sent += 1
 
@@ -119,12 +141,27 @@ class FrameChannel:
         return data
 
     async def read_frame(self) -> pb.PeerFrame:
+        if self._carried is not None:
+            frame, self._carried = self._carried, None
+            return frame
         frame = await self._read()
         if frame is None:
             raise PeerUnavailable("peer closed the session")
-        return frame  # type: ignore[no-any-return]
+        return self.split(frame)
+
+    def split(self, frame: pb.PeerFrame) -> pb.PeerFrame:
+        """A frame read from the transport, without the fragment it carries,
+        which the next `read_frame` returns as a frame of its own."""
+        if frame.HasField("then_fragment"):
+            if frame.WhichOneof("body") not in ("header", "status"):
+                raise PeerUnavailable("only a header or a status carries a fragment")
+            self._carried = pb.PeerFrame(fragment=frame.then_fragment, more=frame.more)
+            frame.ClearField("then_fragment")
+            frame.more = False
+        return frame
 
     async def write_frame(self, frame: pb.PeerFrame) -> None:
+        await self.flush()
         await self._write(frame)
 
     @property
@@ -156,12 +193,16 @@ class SwitchChannel:
         self.data.limit_messages(limit)
 
     async def send(self, data: Message) -> None:
+        if self._cur is self.data:
+            await self.frames.flush()  # a held control frame goes first, alone
         await self._cur.send(data)
 
     async def recv(self) -> bytes:
         return await self._cur.recv()
 
     async def send_pieces(self, total: int, pieces: Iterator[memoryview]) -> None:
+        if self._cur is self.data:
+            await self.frames.flush()
         await streaming.send_pieces(self._cur, total, pieces)
 
     async def recv_progressive(self) -> streaming.Arriving:
@@ -205,6 +246,7 @@ class VerdictChannel:
     async def verdict(self) -> None:
         """The mark, then the helper's verdict on the chunk (raised if refused)."""
         before, self._before_reply, self._armed = self._before_reply, None, False
+        await self.frames.flush()  # the header, if no protocol message carried it
         if before is not None:
             before()
         status = await _status(self.frames)
@@ -229,6 +271,59 @@ class VerdictChannel:
         if self._armed:
             await self.verdict()
         return await self.inner.recv()
+
+    @property
+    def bytes_sent(self) -> int:
+        return self.inner.bytes_sent
+
+    @property
+    def bytes_received(self) -> int:
+        return self.inner.bytes_received
+
+    @property
+    def messages_sent(self) -> int:
+        return self.inner.messages_sent
+
+
+class GoChannel:
+    """The helper's protocol channel: before a chunk's first protocol message
+    leaves, `arm`'s callback runs (it holds the go, `HelperSession.go`), so
+    the go travels in the frame of the tables' first fragment."""
+
+    def __init__(self, inner: Channel) -> None:
+        self.inner = inner
+        self._before_send: Callable[[], None] | None = None
+
+    def arm(self, before_send: Callable[[], None]) -> None:
+        self._before_send = before_send
+
+    def release(self) -> None:
+        """Run the armed callback now, unless a send has run it."""
+        before, self._before_send = self._before_send, None
+        if before is not None:
+            before()
+
+    def select(self, lanes: int) -> None:
+        select = getattr(self.inner, "select", None)
+        if select is not None:
+            select(lanes)
+
+    def limit_messages(self, limit: int) -> None:
+        self.inner.limit_messages(limit)  # type: ignore[attr-defined]
+
+    async def send(self, data: Message) -> None:
+        self.release()
+        await self.inner.send(data)
+
+    async def send_pieces(self, total: int, pieces: Iterator[memoryview]) -> None:
+        self.release()
+        await streaming.send_pieces(self.inner, total, pieces)
+
+    async def recv(self) -> bytes:
+        return await self.inner.recv()
+
+    async def recv_progressive(self) -> streaming.Arriving:
+        return await streaming.recv_progressive(self.inner)
 
     @property
     def bytes_sent(self) -> int:
@@ -318,11 +413,17 @@ class LeaderSession:
     async def send_header(
         self, header: ChunkHeader, before_reply: Callable[[], None] | None = None
     ) -> None:
-        """Start a chunk: its header, for the helper to check and mark.  The
-        protocol's first message follows at once; `before_reply` runs before
-        its first reply is read, and then the helper's verdict."""
+        """Start a chunk: its header, for the helper to check and mark; a small
+        chunk's header waits for the protocol's first message and carries it
+        (`FOLD_LANES`), a larger one's leaves now, so that the helper marks
+        and draws while the leader prepares that message.  `before_reply`
+        runs before the first reply is read, and then the helper's verdict."""
         self.verdicts.arm(before_reply)
-        await self.channel.write_frame(pb.PeerFrame(header=CHUNK_HEADER.to_pb(header)))
+        frame = pb.PeerFrame(header=CHUNK_HEADER.to_pb(header))
+        if _lanes(header) <= FOLD_LANES:
+            self.channel.hold(frame)
+        else:
+            await self.channel.write_frame(frame)
 
     async def verdict(self) -> None:
         """The helper's verdict on the chunk, unless the protocol has read it
@@ -347,6 +448,20 @@ class LeaderSession:
 
     def close(self) -> None:
         self._cancel()
+
+
+#: Chunks of at most this many queries (coordinates, samples) send their
+#: header in the frame of the protocol's first message: one frame less, the
+#: fixed cost of a small chunk; a larger chunk's header goes ahead of it.
+FOLD_LANES = 64
+
+
+def _lanes(header: ChunkHeader) -> int:
+    if isinstance(header, RobustChunk):
+        return header.coord_hi - header.coord_lo
+    if isinstance(header, NoiseBatch):
+        return header.count
+    return len(header.queries.index)
 
 
 async def _status(channel: FrameChannel) -> pb.PeerStatus:
@@ -415,17 +530,26 @@ class HelperSession:
         frame = reading.result()
         if frame is None:
             return None
+        frame = self.channel.split(frame)
         if frame.WhichOneof("body") != "header":
             raise InvalidArgument("expected a chunk header")
         return CHUNK_HEADER.from_pb(frame.header)
 
     async def ok(self) -> None:
         """Go ahead with the chunk; or, after it, its result is recorded."""
-        await self._write(_OK)
+        await self.channel.write_frame(_OK)
+
+    def go(self) -> None:
+        """Go ahead with the chunk, in the frame of the next protocol message
+        (`FrameChannel.hold`; `flush` sends it alone)."""
+        self.channel.hold(pb.PeerFrame(status=pb.PeerStatus(ok=True)))
+
+    async def flush(self) -> None:
+        await self.channel.flush()
 
     async def refuse(self, exc: BaseException) -> None:
         """Refuse the chunk; then `discard` the session."""
-        await self._write(pb.PeerFrame(status=refusal_status(exc)))
+        await self.channel.write_frame(pb.PeerFrame(status=refusal_status(exc)))
 
     async def discard(self, data: DataChannel | None) -> None:
         """After a refusal: the leader's first protocol message of the chunk was

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from fractions import Fraction
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -217,19 +218,27 @@ async def test_a_refused_replay_leaves_the_task_usable(
 
 async def test_a_chunk_whose_go_is_lost_fails_the_helpers_copy(pair: DriverPair) -> None:
     """The leader dies right after sending a chunk header: the helper marks the
-    stream mid-chunk, and its go for the chunk cannot be sent.  The helper's
-    copy is failed at once (it never answers again) instead of staying
-    `in_chunk` until the helper restarts."""
+    stream mid-chunk, and its go for the chunk (which leaves with its tables)
+    cannot be sent.  The helper's copy is failed at once (it never answers
+    again) instead of staying `in_chunk` until the helper restarts."""
     await pair.leader.create_task(spec("t"))
     pair.upload("t", data(N))
     await pair.leader.close_collection("t")
     sid = await pair.open("t")
 
     class Idle:
+        """A garbler that sends its tables at once, with the go in their frame."""
+
+        def __init__(self, channel: Any) -> None:
+            self.channel = channel
+
         async def setup(self) -> None:
             return None
 
-    pair.helper.party = lambda role, channel, session: Idle()  # type: ignore[assignment,return-value]
+        async def first_yes(self, z: Any, width: int) -> None:
+            await self.channel.send(b"tables")
+
+    pair.helper.party = lambda role, channel, session: Idle(channel)  # type: ignore[assignment,return-value]
     frames = [
         pb.PeerFrame(open=pb.SessionOpen(session_id=b"s" * 16)),
         pb.PeerFrame(

@@ -39,10 +39,13 @@ class Flights:
             self.frames.append((what, pb.PeerFrame.FromString(data)))
 
     def take(self) -> list[tuple[str, list[str]]]:
-        """The frames since the last call as flights: (direction, frame bodies)."""
+        """The frames since the last call as flights: (direction, frame bodies;
+        a header or status carrying a fragment as "header+fragment")."""
         out: list[tuple[str, list[str]]] = []
         for what, frame in self.frames:
             body = frame.WhichOneof("body") or ""
+            if frame.HasField("then_fragment"):
+                body += "+fragment"
             if out and out[-1][0] == what:
                 out[-1][1].append(body)
             else:
@@ -77,7 +80,7 @@ def directions(flights: list[tuple[str, list[str]]]) -> list[str]:
 
 
 async def test_a_stream_chunk_is_one_round_trip(tapped: tuple[DriverPair, Flights]) -> None:
-    """Header and OT message in one flight, verdict and tables in the next, the
+    """Header and OT message in one frame, verdict and tables in the next, the
     result one way: the leader answers without a further flight from the helper."""
     pair, flights = tapped
     sid = await pair.open("t")
@@ -87,8 +90,8 @@ async def test_a_stream_chunk_is_one_round_trip(tapped: tuple[DriverPair, Flight
         seen = flights.take()
         assert directions(seen) == ["to_helper", "to_leader", "to_helper"], seen
         header, reply, result = (bodies for _, bodies in seen)
-        assert header[0] == "header" and set(header[1:]) == {"fragment"}
-        assert reply[0] == "status" and set(reply[1:]) == {"fragment"}
+        assert header == ["header+fragment"], header
+        assert reply == ["status+fragment"], reply
         assert result == ["fragment"]  # the decoded result, and no status after it
         assert answer.yes == (tau == LOW)
     await pair.helper.settled()
@@ -119,12 +122,13 @@ async def test_a_close_time_chunk_waits_for_the_helpers_record(tmp_path: Path) -
         info = await pair.leader.close_collection("r")
         assert info.agreed
         seen = flights.take()
-        seen = seen[next(i for i, (_, bodies) in enumerate(seen) if "header" in bodies) :]
+        seen = seen[next(i for i, (_, b) in enumerate(seen) if "header+fragment" in b) :]
         assert directions(seen) == ["to_helper", "to_leader", "to_helper", "to_leader"], seen
         # The session opens for this chunk: the tail of its setup (SoftSpoken's
-        # message, leader → helper, one fragment) rides in the header's flight.
+        # message, leader → helper, one fragment) rides in the header's flight;
+        # the header carries the chunk's first message.
         first = seen[0][1]
-        assert first[: first.index("header")] in ([], ["fragment"]), first
+        assert first[: first.index("header+fragment")] in ([], ["fragment"]), first
         assert seen[-1][1] == ["status"]
 
 
