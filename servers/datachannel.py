@@ -188,15 +188,7 @@ class DataConnection:
         self._sock.sendall(data)
 
     def _recv_blocking(self) -> bytes:
-        head = bytearray(_HEADER.size)
-        _recv_exact(self._sock, memoryview(head))
-        (size,) = _HEADER.unpack(head)
-        # Checked before anything is allocated: a header alone must not make
-        # this side reserve memory no honest message of the chunk needs.
-        if size > MAX_DATA_MESSAGE:
-            raise ChannelClosed(f"data message of {size} bytes exceeds the cap")
-        if size > self.limit:
-            raise ChannelClosed(f"data message of {size} bytes exceeds this chunk's {self.limit}")
+        size = self._recv_header_blocking()
         body = _uninitialized(size)
         _recv_exact(self._sock, body)
         # Large messages stay in the buffer they arrived in (no copy); readers
@@ -217,6 +209,9 @@ class DataConnection:
         return sent
 
     def _recv_header_blocking(self) -> int:
+        """A message's length, checked before anything is allocated: a header
+        alone must not make this side reserve memory no honest message of the
+        chunk needs."""
         head = bytearray(_HEADER.size)
         _recv_exact(self._sock, memoryview(head))
         (size,) = _HEADER.unpack(head)

@@ -221,7 +221,25 @@ class SwitchChannel:
         return self.frames.messages_sent + self.data.messages_sent
 
 
-class VerdictChannel:
+class _Wrapping:
+    """A protocol channel around `inner`: its byte and message counts are inner's."""
+
+    inner: Channel
+
+    @property
+    def bytes_sent(self) -> int:
+        return self.inner.bytes_sent
+
+    @property
+    def bytes_received(self) -> int:
+        return self.inner.bytes_received
+
+    @property
+    def messages_sent(self) -> int:
+        return self.inner.messages_sent
+
+
+class VerdictChannel(_Wrapping):
     """The leader's protocol channel: a chunk's first protocol message goes out
     right behind its header, without waiting for the helper's go.  Before the
     chunk's first reply is read, `armed`'s callback runs (the leader's durable
@@ -272,20 +290,8 @@ class VerdictChannel:
             await self.verdict()
         return await self.inner.recv()
 
-    @property
-    def bytes_sent(self) -> int:
-        return self.inner.bytes_sent
 
-    @property
-    def bytes_received(self) -> int:
-        return self.inner.bytes_received
-
-    @property
-    def messages_sent(self) -> int:
-        return self.inner.messages_sent
-
-
-class GoChannel:
+class GoChannel(_Wrapping):
     """The helper's protocol channel: before a chunk's first protocol message
     leaves, `arm`'s callback runs (it holds the go, `HelperSession.go`), so
     the go travels in the frame of the tables' first fragment."""
@@ -324,18 +330,6 @@ class GoChannel:
 
     async def recv_progressive(self) -> streaming.Arriving:
         return await streaming.recv_progressive(self.inner)
-
-    @property
-    def bytes_sent(self) -> int:
-        return self.inner.bytes_sent
-
-    @property
-    def bytes_received(self) -> int:
-        return self.inner.bytes_received
-
-    @property
-    def messages_sent(self) -> int:
-        return self.inner.messages_sent
 
 
 class LeaderSession:
