@@ -131,7 +131,9 @@ def test_sub_millisecond_delay_is_kept(server: dict[str, int]) -> None:
             relays.add(LinkSpec("echo", ("127.0.0.1", 0), echo, 0.0005)), 40, 100
         )
     added = min(times) - min(base)
-    assert 0.0009 < added < 0.0014, f"added round trip {added * 1e3:.3f} ms, configured 1 ms"
+    # Rounded up to whole milliseconds, each direction's 0.5 ms would add ≥ 2 ms;
+    # the margin above 1 ms is the relay's own scheduling on a loaded box.
+    assert 0.0009 < added < 0.0019, f"added round trip {added * 1e3:.3f} ms, configured 1 ms"
 
 
 def test_bulk_transfer_runs_at_the_configured_rate(server: dict[str, int]) -> None:
