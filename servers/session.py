@@ -222,9 +222,18 @@ class SwitchChannel:
 
 
 class _Wrapping:
-    """A protocol channel around `inner`: its byte and message counts are inner's."""
+    """A protocol channel around `inner`: lane selection, message limits and the
+    byte and message counts are inner's."""
 
     inner: Channel
+
+    def select(self, lanes: int) -> None:
+        select = getattr(self.inner, "select", None)
+        if select is not None:
+            select(lanes)
+
+    def limit_messages(self, limit: int) -> None:
+        self.inner.limit_messages(limit)  # type: ignore[attr-defined]
 
     @property
     def bytes_sent(self) -> int:
@@ -271,14 +280,6 @@ class VerdictChannel(_Wrapping):
         if not status.ok:
             raise refusal_from_status(status, "helper: ")
 
-    def select(self, lanes: int) -> None:
-        select = getattr(self.inner, "select", None)
-        if select is not None:
-            select(lanes)
-
-    def limit_messages(self, limit: int) -> None:
-        self.inner.limit_messages(limit)  # type: ignore[attr-defined]
-
     async def send(self, data: Message) -> None:
         await self.inner.send(data)
 
@@ -308,14 +309,6 @@ class GoChannel(_Wrapping):
         before, self._before_send = self._before_send, None
         if before is not None:
             before()
-
-    def select(self, lanes: int) -> None:
-        select = getattr(self.inner, "select", None)
-        if select is not None:
-            select(lanes)
-
-    def limit_messages(self, limit: int) -> None:
-        self.inner.limit_messages(limit)  # type: ignore[attr-defined]
 
     async def send(self, data: Message) -> None:
         self.release()
