@@ -350,14 +350,16 @@ async def _serve(args: argparse.Namespace, config: ServerConfig) -> int:
         else:
             log.info("budget cap: total %s <= %s", name, cap)
     await server.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    # Handlers before the port file: a supervisor that stops the server as soon as
+    # the file appears gets the orderly shutdown, not the default signal death.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
     if args.port_file:
         tmp = Path(args.port_file + ".tmp")
         tmp.write_text(str(server.port))
         tmp.replace(args.port_file)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
     stopping = asyncio.ensure_future(stop.wait())
     failing = asyncio.ensure_future(server.failed.wait())
     await asyncio.wait({stopping, failing}, return_when=asyncio.FIRST_COMPLETED)
