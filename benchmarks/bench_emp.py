@@ -46,7 +46,13 @@ from pathlib import Path
 from typing import Any
 
 from svtagg.analyst.remote_oracle import RemoteOracle
-from svtagg.benchmarks.bench_system import CONFIGS, bench_chunks, bench_single, comparison_task
+from svtagg.benchmarks.bench_system import (
+    CONFIGS,
+    bench_chunks,
+    bench_floor,
+    bench_single,
+    comparison_task,
+)
 from svtagg.deploy.launch import UNCAPPED_SERVER_ARGS, LocalDeployment
 from svtagg.dp.queries import Query
 
@@ -172,13 +178,15 @@ def emp_plan(quick: bool) -> dict[int, int]:
     return {1: 200, 1000: 20, 10_000: 10, 100_000: 3}
 
 
-def svtagg_round(oracle: RemoteOracle, quick: bool) -> dict[str, Any]:
-    """One round through both servers: single queries on one open stream, then
-    NO-answering chunks, a stream per chunk and all on one open stream."""
+def svtagg_round(oracle: RemoteOracle, quick: bool, dep: LocalDeployment) -> dict[str, Any]:
+    """One round through both servers: single queries on one open stream (and
+    the floor under them, `bench_floor`), then NO-answering chunks, a stream
+    per chunk and all on one open stream."""
     before = oracle.stats().peer_bytes
     count = 30 if quick else 200
     single = bench_single(oracle, count)
     single["peer_bytes_per_query"] = round((oracle.stats().peer_bytes - before) / count, 1)
+    single.update(bench_floor(dep, count))
     sizes = QUICK_SIZES if quick else SIZES
     reps = 2 if quick else 5
     per_chunk: list[dict[str, Any]] = []
@@ -252,6 +260,8 @@ def summarize(results: dict[str, Any]) -> dict[str, Any]:
             put(col, f"rate:{k}", [svtagg_rate(r["svtagg"], key, k) for r in rounds])
             put(col, f"bytes:{k}", [svtagg_bytes(r["svtagg"], key, k) for r in rounds])
         put(col, "latency_ms", [r["svtagg"]["single_query"]["p50_ms"] for r in rounds])
+        for floor in ("grpc_unary_p50_ms", "fsync_commit_p50_ms"):
+            put(col, floor, [r["svtagg"]["single_query"].get(floor) for r in rounds])
         put(col, "p99_ms", [r["svtagg"]["single_query"]["p99_ms"] for r in rounds])
         single = [r["svtagg"]["single_query"].get("peer_bytes_per_query") for r in rounds]
         put(col, "bytes:1", single if key == "chunks_one_stream" else [])
@@ -321,6 +331,11 @@ def print_table(results: dict[str, Any]) -> list[str]:
     lr = get(one, "latency_ratio")
     times = "—" if lr is None else f"{lr[0]:.0f}× ({lr[1]:.0f}–{lr[2]:.0f}) the latency"
     lines.append(f"| 1 (single comparison): latency | {' | '.join(lat)} | {times} |")
+    rpc, commit = get(one, "grpc_unary_p50_ms"), get(one, "fsync_commit_p50_ms")
+    if rpc is not None and commit is not None:
+        text = f"{_fmt(rpc, 2)} ms a bare gRPC call to the leader; "
+        floor = ["—"] * (len(emp) + 1) + [text + f"{_fmt(commit, 2)} ms an fsync'd commit"]
+        lines.append(f"| 1: floor under the latency (p50) | {' | '.join(floor)} | |")
     byt1 = [_fmt(get(n, "bytes:1")) for n in [*emp, per_chunk, one]]
     lines.append(f"| 1: bytes per comparison | {' | '.join(byt1)} | |")
     big = sizes[-1]
@@ -394,7 +409,7 @@ def run_rounds(
                             for v in variants:
                                 rnd["emp"][v.label] = run_emp(driver, emp_plan(quick), v)
                         else:
-                            rnd["svtagg"] = svtagg_round(oracle, quick)
+                            rnd["svtagg"] = svtagg_round(oracle, quick, dep)
                         print(f"[round {i + 1}] {side}: {time.perf_counter() - t:.1f} s")
                     rnd["load_end"] = _load()
                     results["rounds"].append(rnd)

@@ -151,6 +151,52 @@ def bench_single(oracle: RemoteOracle, count: int) -> dict[str, Any]:
     }
 
 
+def bench_floor(dep: LocalDeployment, count: int) -> dict[str, Any]:
+    """What a single query cannot go below on this machine, measured beside it:
+    a bare unary gRPC call to the leader (its health check: TLS, HTTP/2, both
+    gRPC runtimes and the event loop, no handler work), as the analyst's Ask
+    makes one; and one SQLite commit with an fsync (WAL, synchronous=FULL) in
+    the deployment's folder, as each server's chunk mark makes one."""
+    import sqlite3
+
+    import grpc
+
+    from svtagg.proto import health_pb2, health_pb2_grpc
+    from svtagg.proto.tls import tls_target
+    from svtagg.proto.vocab import CHANNEL_OPTIONS
+
+    ident = Identity.load(dep.certs, "analyst")
+    creds = grpc.ssl_channel_credentials(ident.ca, ident.key, ident.cert)
+    options = [*CHANNEL_OPTIONS, *tls_target("leader")]
+    rtt = []
+    with grpc.secure_channel(dep.address("leader"), creds, options=options) as ch:
+        check = health_pb2_grpc.HealthStub(ch).Check
+        for i in range(count + 20):
+            t = time.perf_counter()
+            check(health_pb2.HealthCheckRequest(), timeout=10)
+            if i >= 20:  # the first calls warm the channel
+                rtt.append(time.perf_counter() - t)
+    path = dep.root / "floor.sqlite"
+    db = sqlite3.connect(path, isolation_level=None)
+    commits = []
+    try:
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=FULL")
+        db.execute("CREATE TABLE t (k INTEGER PRIMARY KEY, v INTEGER)")
+        for i in range(count):
+            t = time.perf_counter()
+            db.execute("BEGIN IMMEDIATE")
+            db.execute("INSERT OR REPLACE INTO t VALUES (?, ?)", (i % 4, i))
+            db.execute("COMMIT")
+            commits.append(time.perf_counter() - t)
+    finally:
+        db.close()
+    return {
+        "grpc_unary_p50_ms": round(1e3 * float(np.median(rtt)), 3),
+        "fsync_commit_p50_ms": round(1e3 * float(np.median(commits)), 3),
+    }
+
+
 def bench_alg8(dep: LocalDeployment, n: int, d: int, batch: int) -> dict[str, Any]:
     from svtagg.analyst.selection import geometric_binary_search
 
@@ -216,6 +262,8 @@ def run_config(name: str, quick: bool, full: bool, skip_alg8: bool) -> dict[str,
                 oracle.open_stream(1).ask([(Query(0), 2 * oracle.n)])  # warm the session
                 out["single_query"] = bench_single(oracle, 50 if quick else 300)
                 print(f"[{name}] single query:", out["single_query"])
+                out["floor"] = bench_floor(dep, 50 if quick else 300)
+                print(f"[{name}] floor under a single query:", out["floor"])
                 sizes = [1000, 10_000] + ([100_000] if full and not quick else [])
                 out["chunks"] = bench_chunks(oracle, sizes, 2 if quick else 5)
                 out["chunks_one_stream"] = bench_chunks(

@@ -114,3 +114,25 @@ def test_pooled_table_pairs_each_round(tmp_path: Path, capsys: pytest.CaptureFix
     assert "0.38× (0.25–0.50)" in row
     assert "150,000 (100,000–200,000)" in row
     assert "2 runs, 2 rounds pooled" in out
+
+
+def test_table_prints_the_floor_under_a_single_query(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    files = []
+    for i, (rpc, commit) in enumerate([(0.8, 0.3), (1.0, 0.5)]):
+        run = _fake_run(0.01, 50_000)
+        single = run["rounds"][0]["svtagg"]["single_query"]  # type: ignore[index]
+        single.update(grpc_unary_p50_ms=rpc, fsync_commit_p50_ms=commit)
+        f = tmp_path / f"run{i}.json"
+        f.write_text(json.dumps(run))
+        files.append(str(f))
+    assert be.main(["--table", *files]) == 0
+    row = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("| 1: floor"))
+    assert "0.90 (0.80–1.00) ms a bare gRPC call" in row
+    assert "0.40 (0.30–0.50) ms an fsync'd commit" in row
+    # Results saved before the floor was measured print no such row.
+    plain = tmp_path / "plain.json"
+    plain.write_text(json.dumps(_fake_run(0.01, 50_000)))
+    assert be.main(["--table", str(plain)]) == 0
+    assert "| 1: floor" not in capsys.readouterr().out
