@@ -234,11 +234,13 @@ def _inverse_tails(tail: _Tail, log_targets: npt.NDArray[np.float64]) -> npt.NDA
     is strictly decreasing around the target's level: always for one draw (the
     computed tail is c + (a + 1)·log q, monotone in a under round-to-nearest), and
     for a sum of two at scale ≤ FAST_SCALE_MAX and t ≤ FAST_TARGET_MAX, where the
-    tail falls by ≥ 10^-3·λ per step at the target's level (λ = 1/scale ≥ 2^-34)
-    against rounding errors below 10^-12.  Targets without such an answer in the
-    window go to the plain search."""
+    exact tail falls per step by 25× or more the computed one's rounding error at
+    the target's level (λ = 1/scale ≥ 2^-34: a fall ≳ 10^-3·λ near the level
+    1 − 2^-20, where the geometric sum's value is ≈ 10^-3 and exact to ~10^-16,
+    ≳ λ/4 elsewhere, against errors ≲ 10^-12 at |values| ≤ 10^3).  Targets without
+    such an answer in the window go to the plain search."""
     t = np.asarray(log_targets, dtype=np.float64)
-    if tail.guess is None:
+    if tail.guess is None or t.size == 0:
         return _inverse_tails_reference(tail.fn, t)
     x = tail.guess(t)
     g = np.rint(np.fmax(np.fmin(x, 2.0**60), 1.0)).astype(np.int64)  # NaN: 2^60
