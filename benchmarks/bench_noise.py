@@ -86,8 +86,8 @@ async def joint_vs_independent(sizes: list[int], repeats: int) -> dict[str, Any]
                     gen_samples += batch + first
                     need -= batch
                     first = False
-                index = Queries(tuple(i % D for i in range(k)))
-                never = (4 * USERS << F,) * k
+                index = Queries(np.arange(k) % D)
+                never = np.full(k, 4 * USERS << F)
                 walls: dict[str, list[float]] = {name: [] for name in streams}
                 peer: dict[str, int] = {}
                 for _ in range(repeats):

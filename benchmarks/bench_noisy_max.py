@@ -122,7 +122,7 @@ async def servers(n: int, d: int, epsilon: str, chunks: int) -> dict[str, Any]:
                 ref.upload("bench", rows[lo : lo + 1000])
             await ref.leader.close_collection("bench")
             task = ref.leader.core.task("bench")
-            every = Queries(tuple(range(d)))
+            every = Queries(np.arange(d))
             info = await ref.leader.open_stream(OpenStream("bench", StreamKind.NMAX, epsilon))
             stream = ref.leader.core.stream(info.stream_id)
             width = ref.leader.core.comparison_width(task, stream)
@@ -134,12 +134,12 @@ async def servers(n: int, d: int, epsilon: str, chunks: int) -> dict[str, Any]:
             start = time.perf_counter()
             parts = []
             for lo in range(0, d, size):
-                part = Queries(tuple(range(lo, min(d, lo + size))))
+                part = Queries(np.arange(lo, min(d, lo + size)))
                 more = lo + size < d
                 parts.append(await ref.leader.noisy_max(NoisyMax(info.stream_id, part, more)))
             chunked_seconds = time.perf_counter() - start
             lap = await ref.leader.open_stream(OpenStream("bench", StreamKind.LAP24, epsilon))
-            never = tuple([2 * n << F] * d)  # τ = 2n: no YES, every query compared
+            never = np.full(d, 2 * n << F)  # τ = 2n: no YES, every query compared
             start = time.perf_counter()
             ask = await ref.leader.ask(Ask(lap.stream_id, every, never))
             ask_seconds = time.perf_counter() - start

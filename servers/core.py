@@ -123,7 +123,11 @@ class Chunk:
         return int(self.index.size)
 
 
-def parse_chunk(task: TaskState, index: Sequence[int], complement: Sequence[bool]) -> Chunk:
+def parse_chunk(
+    task: TaskState,
+    index: Sequence[int] | npt.NDArray[Any],
+    complement: Sequence[bool] | npt.NDArray[np.bool_],
+) -> Chunk:
     k = len(index)
     check_chunk_size(k)
     idx = np.asarray(index, dtype=np.int64)
@@ -135,7 +139,9 @@ def parse_chunk(task: TaskState, index: Sequence[int], complement: Sequence[bool
     return Chunk(idx, comp)
 
 
-def parse_taus(task: TaskState, taus: Sequence[int], k: int, name: str = "tau") -> U64:
+def parse_taus(
+    task: TaskState, taus: Sequence[int] | npt.NDArray[Any], k: int, name: str = "tau"
+) -> U64:
     """Thresholds in grid units, bounded by default_tau_bound, as ring elements."""
     if len(taus) != k:
         raise InvalidArgument(f"{len(taus)} {name} values for {k} queries")

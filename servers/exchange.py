@@ -22,10 +22,13 @@ oracle reads its answers with too)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from enum import StrEnum
 from fractions import Fraction
 from typing import Any
+
+import numpy as np
+import numpy.typing as npt
 
 from svtagg.dp.kinds import ABOVE_THRESHOLD_KINDS, StreamKind
 from svtagg.dp.plans import PlanBook
@@ -242,37 +245,95 @@ class PlanInfo:
 
 
 # ---------------------------------------------------------------- chunks
+_NO_FLAGS: npt.NDArray[np.bool_] = np.zeros(0, dtype=np.bool_)
+_NO_FLAGS.flags.writeable = False
+
+
 def compare_progress(codes: Sequence[int], k: int) -> Progress:
     """A Compare chunk: every outcome returned (up to and including the first
     CLOSE) is answered; a CLOSE closes the stream."""
     return Progress(len(codes), CLOSE in codes)
 
 
-@dataclass(frozen=True)
-class Queries:
-    """A chunk's queries: query j is (index[j], complement[j]); no flags, all plain."""
+def frozen_ints(values: Any) -> npt.NDArray[Any]:
+    """A read-only int64 copy of `values` (a sequence, an array or a protobuf
+    repeated field, read at C speed); values beyond int64 stay exact Python ints
+    (dtype object) for the bound checks to refuse."""
+    try:
+        arr = np.array(values, dtype=np.int64)
+    except OverflowError:
+        arr = np.array(list(values), dtype=object)
+    arr.flags.writeable = False
+    return arr
 
-    index: tuple[int, ...]
-    complement: tuple[bool, ...] = ()
+
+def frozen_flags(values: Any) -> npt.NDArray[np.bool_]:
+    arr = np.array(values, dtype=np.bool_)
+    arr.flags.writeable = False
+    return arr
 
 
-@dataclass(frozen=True)
-class Ask:
-    """An Ask chunk as the analyst sends it (thresholds in grid units)."""
+class _Vectors:
+    """Equality and hashing of a frozen record whose `_vectors` fields are
+    read-only numpy arrays (compared by dtype kind and values, as tuples were)."""
+
+    _vectors: tuple[str, ...] = ()
+
+    def _key(self) -> tuple[Any, ...]:
+        out: list[Any] = []
+        for f in fields(self):  # type: ignore[arg-type]
+            v = getattr(self, f.name)
+            out.append((v.dtype.kind, tuple(v.tolist())) if f.name in self._vectors else v)
+        return tuple(out)
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and self._key() == other._key()  # type: ignore[attr-defined]
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+
+@dataclass(frozen=True, eq=False)
+class Queries(_Vectors):
+    """A chunk's queries: query j is (index[j], complement[j]); no flags, all plain.
+    Both are read-only arrays (any sequence given is copied into one): a chunk
+    of 10^4 queries crosses the servers as arrays, never as Python ints."""
+
+    index: npt.NDArray[Any]
+    complement: npt.NDArray[np.bool_] = field(default_factory=lambda: _NO_FLAGS)
+    _vectors = ("index", "complement")
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "index", frozen_ints(self.index))
+        object.__setattr__(self, "complement", frozen_flags(self.complement))
+
+
+@dataclass(frozen=True, eq=False)
+class Ask(_Vectors):
+    """An Ask chunk as the analyst sends it (thresholds in grid units, read-only)."""
 
     stream_id: str
     queries: Queries
-    tau: tuple[int, ...]
+    tau: npt.NDArray[Any]
+    _vectors = ("tau",)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "tau", frozen_ints(self.tau))
 
 
-@dataclass(frozen=True)
-class Compare:
-    """A Compare chunk as the analyst sends it (thresholds in grid units)."""
+@dataclass(frozen=True, eq=False)
+class Compare(_Vectors):
+    """A Compare chunk as the analyst sends it (thresholds in grid units, read-only)."""
 
     stream_id: str
     queries: Queries
-    tau_low: tuple[int, ...]
-    tau_high: tuple[int, ...]
+    tau_low: npt.NDArray[Any]
+    tau_high: npt.NDArray[Any]
+    _vectors = ("tau_low", "tau_high")
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "tau_low", frozen_ints(self.tau_low))
+        object.__setattr__(self, "tau_high", frozen_ints(self.tau_high))
 
 
 @dataclass(frozen=True)

@@ -506,13 +506,12 @@ class LeaderDriver:
         the header is out, any failure or refusal fails the stream closed on both
         servers; nothing is refunded.  Result, whether it closed, bytes."""
         sid, next_chunk = stream.stream_id, stream.chunks + 1
-        complement = chunk.complement.tolist() if chunk.complement.any() else []
         draw = self.core.pool_draw(stream, task, len(chunk))
         header = StreamChunk(
             ChunkKind.of_stream(stream.kind),
             sid,
             next_chunk,
-            Queries(tuple(chunk.index.tolist()), tuple(complement)),
+            Queries(chunk.index, chunk.complement[: len(chunk) if chunk.complement.any() else 0]),
             chunk.more,
             draw,
         )

@@ -176,9 +176,13 @@ class SwitchChannel:
     hop less per message: lower latency).  The protocol calls `select(lanes)`
     with the chunk's public size, so both parties switch alike."""
 
-    #: Above this many evaluator input lanes (about 2 KB each) a chunk uses the
-    #: data connection; the lane-batch size, from which chunks are also streamed.
-    DATA_LANES = 4096
+    #: Above this many evaluator input lanes (about 1.4 KB each at w = 40) a chunk
+    #: uses the data connection.  Below a few hundred lanes the session's frames
+    #: win (one thread hop less per message); from about 500 the data connection
+    #: does (a 1.4 MB message cut into gRPC fragments costs more than the hops):
+    #: measured, docs/mpc.md "Peer transport".  Independent of the lane batch
+    #: (4,096), from which chunks are also streamed.
+    DATA_LANES = 512
 
     def __init__(self, frames: FrameChannel, data: DataChannel) -> None:
         self.frames = frames
