@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from fractions import Fraction
 from functools import lru_cache
 from typing import Any
@@ -72,11 +73,14 @@ def _log_tail(family: Family, scale: float, parties: int) -> LogTail:
     raise ValueError(f"unsupported family/parties: {family}/{parties}")
 
 
-def _inverse_tails(
+def _inverse_tails_reference(
     log_tail: LogTail, log_targets: npt.NDArray[np.float64]
 ) -> npt.NDArray[np.int64]:
     """For each target, the least integer a >= 0 with log_tail(a) <= target (the
-    tails are non-increasing), for all targets at once.
+    tails are non-increasing), for all targets at once: the plain search, for any
+    tail (`_inverse_tails` answers most targets faster and falls back to this one).
+    Each target's answer depends on that target alone, so the search over a subset
+    of the targets gives the same answers for them.
 
     The answer is bracketed around a guess (a few secant steps on the tail, which
     is close to linear in a: q^a times a slowly varying factor), the bracket widened
@@ -119,7 +123,7 @@ def _inverse_tails(
 def _secant_guess(
     log_tail: LogTail, t: npt.NDArray[np.float64], done: npt.NDArray[np.bool_]
 ) -> npt.NDArray[np.int64]:
-    """A starting point for `_inverse_tails` (only a guess; 0 where the target is
+    """A starting point for `_inverse_tails_reference` (only a guess; 0 where the target is
     already met).  Every tail here is (a + 1)·log q plus a slowly varying term, so
     one step along the far slope (the secant between 2^30 and 2^31) from a = 0 lands
     near the answer (the slope near 0 would overshoot for wide sums of two draws),
@@ -142,6 +146,119 @@ def _secant_guess(
     return np.where(done, 0, guess)
 
 
+#: a ↦ the real a at which a tail crosses each target, approximately (float array).
+Guess = Callable[[npt.NDArray[np.float64]], npt.NDArray[np.float64]]
+
+#: Noise scales up to which `_inverse_tails` answers from its closed-form guess (its
+#: uniqueness argument holds there with a wide margin); beyond, the plain search.
+FAST_SCALE_MAX = 2.0**34
+#: Targets above this (P > 1 − 2^-20: within ~10^-3 scales of 0) are left to the
+#: plain search for sums of two draws, whose tails are nearly flat there.
+FAST_TARGET_MAX = -(2.0**-20)
+#: Split fractions of β `_best_split` tries (threshold's share f = 1/200 … 199/200).
+_SPLIT = np.arange(1, 200) / 200.0
+_ONE_MINUS_SPLIT = 1.0 - _SPLIT
+_SPLIT.flags.writeable = False
+_ONE_MINUS_SPLIT.flags.writeable = False
+#: The window `_inverse_tails` checks around its guess g: g − 1, g, g + 1.
+_WINDOW = np.asarray([[-1], [0], [1]], dtype=np.int64)
+
+
+@dataclass(frozen=True, eq=False)
+class _Tail:
+    """A log-tail (`_log_tail`) and, where `_inverse_tails` may use it, a guess of
+    its inverse (None: the plain search only); `target_max`: the largest target
+    the guess answers for."""
+
+    fn: LogTail
+    guess: Guess | None
+    target_max: float
+
+
+@lru_cache(maxsize=4096)
+def _tail(family: Family, scale: float, parties: int) -> _Tail:
+    """`_log_tail(family, scale, parties)` with its inverse guess; one object per
+    (family, scale, parties), so that `_best_split` sees equal tails as one."""
+    fn = _log_tail(family, scale, parties)
+    guess = _inverse_guess(family, scale, parties)
+    return _Tail(fn, guess, FAST_TARGET_MAX if parties == 2 else math.inf)
+
+
+def _inverse_guess(family: Family, scale: float, parties: int) -> Guess | None:
+    """The real a at which the tail equals each target t, from its closed form (to
+    within float rounding, well inside ±1/2 for scale ≤ FAST_SCALE_MAX).
+
+    One draw: the log-tail is linear in a.  Sum of two: with λ = 1/scale,
+    m = 1 − q and y the affine function of b = a + 1 in the log (y = 1 + b·m;
+    Laplace: y = b·m + q + A·m), b·log q = −(λ/m)·(y − const), so the log-tail is
+    r₀ − w + log w in w = (λ/m)·y and t is met at the w ≥ 1 with w − log w = r₀ − t
+    (three Newton steps from w = r + log r), a = w·scale − const."""
+    if family == "none":
+        return lambda t: np.zeros(np.shape(t))
+    if not 0 < scale <= FAST_SCALE_MAX or parties not in (1, 2):
+        return None
+    lam = 1.0 / scale
+    if parties == 1:
+        const = math.log(2.0) - math.log1p(math.exp(-lam)) if family == "laplace" else 0.0
+        return lambda t: (t - const) * -scale - 1.0
+    q = math.exp(-lam)
+    m = -math.expm1(-lam)
+    kn = lam / m  # −log q / (1 − q) ≥ 1
+    if family == "geometric":
+        r0, offset = kn - math.log(kn), 1.0 / m + 1.0
+    else:
+        d = q + (1.0 + q * q) / (1.0 + q)  # q + A·m
+        log_c2 = 2.0 * math.log(math.tanh(lam / 2.0))
+        r0 = math.log(2.0) + log_c2 + kn * d - math.log(kn) - 2.0 * math.log(m)
+        offset = d / m + 1.0
+
+    def guess(t: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+        r = r0 - t
+        with np.errstate(invalid="ignore", divide="ignore"):
+            w = r + np.log(r)
+            r1 = r - 1.0
+            for _ in range(3):  # Newton on w − log w − r: w ← w·(log w + r − 1)/(w − 1)
+                w = w * (np.log(w) + r1) / (w - 1.0)
+        return w * scale - offset
+
+    return guess
+
+
+def _inverse_tails(tail: _Tail, log_targets: npt.NDArray[np.float64]) -> npt.NDArray[np.int64]:
+    """`_inverse_tails_reference(tail.fn, log_targets)`, the same answers, faster.
+
+    The guess g (rounded, at least 1) is checked on the tail itself at g − 1, g,
+    g + 1: a target met at g − 1 = 0 has answer 0 (the plain search's own test),
+    and an a in the window with tail(a − 1) > t ≥ tail(a) is a boundary.  The
+    boundary is unique, hence the plain search's answer, wherever the computed tail
+    is strictly decreasing around the target's level: always for one draw (the
+    computed tail is c + (a + 1)·log q, monotone in a under round-to-nearest), and
+    for a sum of two at scale ≤ FAST_SCALE_MAX and t ≤ FAST_TARGET_MAX, where the
+    exact tail falls per step by 25× or more the computed one's rounding error at
+    the target's level (λ = 1/scale ≥ 2^-34: a fall ≳ 10^-3·λ near the level
+    1 − 2^-20, where the geometric sum's value is ≈ 10^-3 and exact to ~10^-16,
+    ≳ λ/4 elsewhere, against errors ≲ 10^-12 at |values| ≤ 10^3).  Targets without
+    such an answer in the window go to the plain search."""
+    t = np.asarray(log_targets, dtype=np.float64)
+    if tail.guess is None or t.size == 0:
+        return _inverse_tails_reference(tail.fn, t)
+    x = tail.guess(t)
+    g = np.rint(np.fmax(np.fmin(x, 2.0**60), 1.0)).astype(np.int64)  # NaN: 2^60
+    m0, m1, m2 = tail.fn(_WINDOW + g) <= t  # met at g − 1, g, g + 1
+    fast = t.max() <= tail.target_max
+    if fast and not m0.any() and m2.all():  # the usual case: every boundary at g or g + 1
+        return g + 1 - m1
+    zero = m0 & (g == 1)
+    found = ~m0 & (m1 | m2)  # boundary at g (met at g) or g + 1
+    ok = zero | (found & (t <= tail.target_max))
+    a = np.where(zero, 0, g + 1 - m1)
+    if ok.all():
+        return a
+    rest = ~ok
+    a[rest] = _inverse_tails_reference(tail.fn, t[rest])
+    return a
+
+
 @lru_cache(maxsize=65536)
 def alpha_grid(
     kind: StreamKind, epsilon: Fraction, k: int, beta: float, parties: int, frac_bits: int
@@ -154,17 +271,17 @@ def alpha_grid(
     if parties not in (1, 2):
         raise ValueError(f"parties must be 1 or 2, got {parties}")
     model = noise_model(kind)
-    t_gamma = _log_tail(
+    t_gamma = _tail(
         model.threshold_family, float(model.threshold_scale(epsilon, frac_bits)), parties
     )
-    t_nu = _log_tail(model.query_family, float(model.query_scale(epsilon, frac_bits)), parties)
+    t_nu = _tail(model.query_family, float(model.query_scale(epsilon, frac_bits)), parties)
     one_sided = {model.threshold_family, model.query_family} <= {"geometric", "none"}
     return _best_split(t_gamma, t_nu, k, beta, one_sided, model.threshold_family != "none")[0]
 
 
 def _best_split(
-    t_gamma: LogTail,
-    t_nu: LogTail,
+    t_gamma: _Tail,
+    t_nu: _Tail,
     k: int,
     beta: float,
     one_sided: bool,
@@ -174,10 +291,24 @@ def _best_split(
     (max(a₁, a₂) + 1 one-sided)."""
     # Split β: fraction f to the threshold term, (1 - f) to the K query terms
     # (all of it to the queries when there is no threshold term).
-    f = np.arange(1, 200) / 200.0 if has_threshold else np.zeros(1)
-    with np.errstate(divide="ignore"):
-        a1 = np.where(f > 0, _inverse_tails(t_gamma, np.log(f * beta)), 0)
-    a2 = _inverse_tails(t_nu, np.log((1.0 - f) * beta / k))
+    if not has_threshold:  # all of β to the queries (f = 0)
+        with np.errstate(divide="ignore"):
+            a2 = _inverse_tails(t_nu, np.log(np.ones(1) * beta / k))
+        a1 = np.zeros(1, dtype=np.int64)
+    else:  # targets log(f·β) for a₁, log((1 − f)·β/k) for a₂, in one array
+        n = _SPLIT.size
+        targets = np.empty(2 * n)
+        np.multiply(_SPLIT, beta, out=targets[:n])
+        np.multiply(_ONE_MINUS_SPLIT, beta, out=targets[n:])
+        np.divide(targets[n:], k, out=targets[n:])
+        with np.errstate(divide="ignore"):
+            np.log(targets, out=targets)
+        if t_gamma is t_nu:  # one tail (exp3, lap3): one search for both
+            both = _inverse_tails(t_nu, targets)
+            a1, a2 = both[:n], both[n:]
+        else:
+            a1 = _inverse_tails(t_gamma, targets[:n])
+            a2 = _inverse_tails(t_nu, targets[n:])
     # One-sided noise: N = ν − γ lies in [−γ, ν], so the larger bound suffices.
     total = (np.maximum(a1, a2) if one_sided else a1 + a2) + 1
     i = int(np.argmin(total))  # the first of equal totals, as the loop over f kept
@@ -203,8 +334,8 @@ def joint_alpha_grid(
     if not 0 < beta < 1:
         raise ValueError(f"beta must be in (0, 1), got {beta}")
     noise = joint_stream_noise(kind, epsilon, frac_bits)
-    t_gamma = _log_tail("laplace", float(noise.threshold_scale), 1)
-    t_nu = _log_tail("laplace", float(noise.query_scale), 1)
+    t_gamma = _tail("laplace", float(noise.threshold_scale), 1)
+    t_nu = _tail("laplace", float(noise.query_scale), 1)
     _, a1, a2 = _best_split(t_gamma, t_nu, k, beta, False, True)
 
     def excess(a1: int, a2: int) -> tuple[float, float]:
