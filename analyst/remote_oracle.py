@@ -23,6 +23,7 @@ import grpc
 import numpy as np
 import numpy.typing as npt
 
+from svtagg.analyst.ask_stream import AskCall
 from svtagg.analyst.oracle import OracleStats, TournamentProgress
 from svtagg.dp import accuracy
 from svtagg.dp.errors import Refusal, StreamClosed
@@ -158,6 +159,7 @@ class RemoteOracle:
         key: bytes,
         *,
         timeout: float = 600.0,
+        ask_stream: bool = True,
     ) -> None:
         creds = grpc.ssl_channel_credentials(ca, key, cert)
         self._channel = grpc.secure_channel(
@@ -166,6 +168,9 @@ class RemoteOracle:
         self._stub = pb_grpc.AnalystStub(self._channel)
         self.task_id = task_id
         self.timeout = timeout
+        #: Ask chunks travel on one long-lived call (`analyst.ask_stream`).
+        self._asks = AskCall(self._stub, timeout)
+        self._asks.supported = ask_stream  # False: every Ask a unary call
         self._stats = RemoteStats()
         info = self.describe()
         if info.collection_open:
@@ -195,6 +200,7 @@ class RemoteOracle:
         )
 
     def close(self) -> None:
+        self._asks.close()
         self._channel.close()
 
     def __enter__(self) -> RemoteOracle:
@@ -206,6 +212,10 @@ class RemoteOracle:
     def _call(self, method: str, request: Any) -> Any:
         start = time.perf_counter()
         try:
+            if method == "Ask":  # on the open AskStream call, unless busy or unsupported
+                answer = self._asks.ask(request)
+                if answer is not None:
+                    return answer
             return getattr(self._stub, method)(request, timeout=self.timeout)
         except grpc.RpcError as exc:
             raise refusal_from_rpc(exc) from None

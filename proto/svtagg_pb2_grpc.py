@@ -180,6 +180,11 @@ class AnalystStub:
                 request_serializer=svtagg_dot_proto_dot_svtagg__pb2.AskRequest.SerializeToString,
                 response_deserializer=svtagg_dot_proto_dot_svtagg__pb2.AskResponse.FromString,
                 _registered_method=True)
+        self.AskStream = channel.stream_stream(
+                '/svtagg.v1.Analyst/AskStream',
+                request_serializer=svtagg_dot_proto_dot_svtagg__pb2.AskRequest.SerializeToString,
+                response_deserializer=svtagg_dot_proto_dot_svtagg__pb2.AskResponse.FromString,
+                _registered_method=True)
         self.Compare = channel.unary_unary(
                 '/svtagg.v1.Analyst/Compare',
                 request_serializer=svtagg_dot_proto_dot_svtagg__pb2.CompareRequest.SerializeToString,
@@ -246,6 +251,15 @@ class AnalystServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AskStream(self, request_iterator, context):
+        """Ask chunks on one long-lived call: each request is answered by one response,
+        in order, as Ask would answer it (one round trip, without a unary call's
+        set-up).  A refusal ends the call with its status; the caller opens another.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Compare(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -306,6 +320,11 @@ def add_AnalystServicer_to_server(servicer, server):
             ),
             'Ask': grpc.unary_unary_rpc_method_handler(
                     servicer.Ask,
+                    request_deserializer=svtagg_dot_proto_dot_svtagg__pb2.AskRequest.FromString,
+                    response_serializer=svtagg_dot_proto_dot_svtagg__pb2.AskResponse.SerializeToString,
+            ),
+            'AskStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.AskStream,
                     request_deserializer=svtagg_dot_proto_dot_svtagg__pb2.AskRequest.FromString,
                     response_serializer=svtagg_dot_proto_dot_svtagg__pb2.AskResponse.SerializeToString,
             ),
@@ -495,6 +514,33 @@ class Analyst:
             request,
             target,
             '/svtagg.v1.Analyst/Ask',
+            svtagg_dot_proto_dot_svtagg__pb2.AskRequest.SerializeToString,
+            svtagg_dot_proto_dot_svtagg__pb2.AskResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AskStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/svtagg.v1.Analyst/AskStream',
             svtagg_dot_proto_dot_svtagg__pb2.AskRequest.SerializeToString,
             svtagg_dot_proto_dot_svtagg__pb2.AskResponse.FromString,
             options,

@@ -41,13 +41,15 @@ def request_ref(request: Any) -> str:
     return " ".join(parts)
 
 
-async def _abort(
+async def abort_with(
     context: grpc.aio.ServicerContext,
     exc: BaseException,
     method: str,
     request: Any = None,
     metrics: Metrics | None = None,
 ) -> None:
+    """End the call with `exc`'s status (a refusal's code and name, logged by the
+    method and the ids the request names; anything else an internal error)."""
     found = status_of(exc)
     ref = request_ref(request)
     if found is None:
@@ -82,28 +84,31 @@ def rpc(*roles: str) -> Callable[[F], F]:
                     raise InvalidArgument(
                         f"{method.__name__}: the request does not parse as its protobuf message"
                     )
-                limiter: RateLimiter | None = getattr(self, "limiter", None)
                 # The leader (the only holder of the leader certificate) drives the
                 # helper at protocol speed; every other caller is rate limited.
-                if (
-                    limiter is not None
-                    and caller != Role.LEADER
-                    and not limiter.allow(caller_identity(context))
-                ):
-                    raise RateLimited(
-                        f"rate limit: at most {limiter.rate:g} requests/s "
-                        f"(bursts of {limiter.burst:g}) per caller; retry later"
-                    )
+                if caller != Role.LEADER:
+                    check_rate(getattr(self, "limiter", None), context)
                 return await method(self, request, context)
             except grpc.aio.AbortError:
                 raise
             except Exception as exc:  # noqa: BLE001 - every refusal becomes a status
-                await _abort(context, exc, method.__name__, request, getattr(self, "metrics", None))
+                await abort_with(
+                    context, exc, method.__name__, request, getattr(self, "metrics", None)
+                )
                 raise
 
         return handler  # type: ignore[return-value]
 
     return wrap
+
+
+def check_rate(limiter: RateLimiter | None, context: grpc.aio.ServicerContext) -> None:
+    """One request of the caller against its rate limit (RateLimited beyond it)."""
+    if limiter is not None and not limiter.allow(caller_identity(context)):
+        raise RateLimited(
+            f"rate limit: at most {limiter.rate:g} requests/s "
+            f"(bursts of {limiter.burst:g}) per caller; retry later"
+        )
 
 
 def caller_identity(context: grpc.aio.ServicerContext) -> str:

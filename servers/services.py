@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
@@ -28,7 +28,7 @@ from svtagg.servers.limits import RateLimiter
 from svtagg.servers.metrics import Metrics
 from svtagg.servers.peer import GrpcHelperPort
 from svtagg.servers.port import HelperPort
-from svtagg.servers.rpc import ANONYMOUS, Context, peer_role, rpc
+from svtagg.servers.rpc import ANONYMOUS, Context, abort_with, check_rate, peer_role, rpc
 
 if TYPE_CHECKING:
     from prometheus_client import Gauge
@@ -180,10 +180,34 @@ class AnalystService(pb_grpc.AnalystServicer):
 
     @rpc(Role.ANALYST)
     async def Ask(self, request: pb.AskRequest, context: Context) -> pb.AskResponse:
+        return await self._ask(request)
+
+    async def _ask(self, request: pb.AskRequest) -> pb.AskResponse:
         start = time.perf_counter()
         answer = await self.driver.ask(wire.ASK.from_pb(request))
         self._chunk(request.stream_id, start, len(request.queries.index), answer.peer_bytes)
         return wire.ASK_ANSWER.to_pb(answer)
+
+    @rpc(Role.ANALYST)
+    async def AskStream(self, requests: AsyncIterator[pb.AskRequest], context: Context) -> None:
+        """Ask, request after request on one call (the caller authenticated and
+        rate limited at the call's start by `rpc`, each further request counted
+        against the caller's limit as a call would be).  A refusal ends the call
+        with the status Ask would return."""
+        first = True
+        async for request in requests:
+            try:
+                if request is UNDECODABLE:
+                    raise InvalidArgument("AskStream: a request does not parse as AskRequest")
+                if not first:
+                    check_rate(self.limiter, context)
+                first = False
+                await context.write(await self._ask(request))
+            except grpc.aio.AbortError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - a refusal named by its request
+                await abort_with(context, exc, "AskStream", request, self.metrics)
+                raise
 
     @rpc(Role.ANALYST)
     async def Compare(self, request: pb.CompareRequest, context: Context) -> pb.CompareResponse:
