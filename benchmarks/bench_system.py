@@ -177,6 +177,8 @@ def bench_floor(dep: LocalDeployment, count: int) -> dict[str, Any]:
             if i >= 20:  # the first calls warm the channel
                 rtt.append(time.perf_counter() - t)
     path = dep.root / "floor.sqlite"
+    for stale in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+        stale.unlink(missing_ok=True)  # a fresh file every round
     db = sqlite3.connect(path, isolation_level=None)
     commits = []
     try:

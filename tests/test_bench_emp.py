@@ -136,3 +136,16 @@ def test_table_prints_the_floor_under_a_single_query(
     plain.write_text(json.dumps(_fake_run(0.01, 50_000)))
     assert be.main(["--table", str(plain)]) == 0
     assert "| 1: floor" not in capsys.readouterr().out
+
+
+def test_floor_is_measured_on_a_running_deployment_round_after_round(tmp_path: Path) -> None:
+    """`bench_floor` against real server processes, twice (as bench_emp's rounds
+    call it): both figures are positive times, each round on a fresh file."""
+    from svtagg.benchmarks.bench_system import bench_floor
+    from svtagg.deploy.launch import LocalDeployment
+
+    with LocalDeployment(tmp_path / "dep") as dep:
+        for _ in range(2):
+            floor = bench_floor(dep, 5)
+            assert set(floor) == {"grpc_unary_p50_ms", "fsync_commit_p50_ms"}
+            assert all(0 < v < 1000 for v in floor.values()), floor
