@@ -146,31 +146,35 @@ def _best_split_reference(
     return int(total[i]), int(a1[i]), int(a2[i])
 
 
-def _split_reference(
-    kind: StreamKind, epsilon: Fraction, k: int, beta: float, parties: int, frac_bits: int
+def _split_with(
+    tail: Any,
+    split: Any,
+    kind: StreamKind,
+    epsilon: Fraction,
+    k: int,
+    beta: float,
+    parties: int,
+    frac_bits: int,
 ) -> tuple[int, int, int]:
-    """`alpha_grid`'s (α, a₁, a₂) as the straightforward code computed it."""
+    """`alpha_grid`'s (α, a₁, a₂) from the tails `tail(family, scale, parties)`
+    made and the split search `split` (the straightforward code's or the fast one)."""
     model = noise_model(kind)
-    t_gamma = _log_tail(
+    t_gamma = tail(
         model.threshold_family, float(model.threshold_scale(epsilon, frac_bits)), parties
     )
-    t_nu = _log_tail(model.query_family, float(model.query_scale(epsilon, frac_bits)), parties)
+    t_nu = tail(model.query_family, float(model.query_scale(epsilon, frac_bits)), parties)
     one_sided = {model.threshold_family, model.query_family} <= {"geometric", "none"}
     has_threshold = model.threshold_family != "none"
-    return _best_split_reference(t_gamma, t_nu, k, beta, one_sided, has_threshold)
+    return split(t_gamma, t_nu, k, beta, one_sided, has_threshold)  # type: ignore[no-any-return]
 
 
-def _split_fast(
-    kind: StreamKind, epsilon: Fraction, k: int, beta: float, parties: int, frac_bits: int
-) -> tuple[int, int, int]:
-    model = noise_model(kind)
-    t_gamma = _tail(
-        model.threshold_family, float(model.threshold_scale(epsilon, frac_bits)), parties
-    )
-    t_nu = _tail(model.query_family, float(model.query_scale(epsilon, frac_bits)), parties)
-    one_sided = {model.threshold_family, model.query_family} <= {"geometric", "none"}
-    has_threshold = model.threshold_family != "none"
-    return _best_split(t_gamma, t_nu, k, beta, one_sided, has_threshold)
+def _split_reference(*args: Any) -> tuple[int, int, int]:
+    """As the straightforward code computed it."""
+    return _split_with(_log_tail, _best_split_reference, *args)
+
+
+def _split_fast(*args: Any) -> tuple[int, int, int]:
+    return _split_with(_tail, _best_split, *args)
 
 
 def _hard_targets(
