@@ -18,6 +18,7 @@ from conftest import ProcessDeployment
 
 from svtagg.analyst.ask_stream import AskCall
 from svtagg.analyst.remote_oracle import RemoteOracle
+from svtagg.deploy.tasks import task_spec
 from svtagg.dp.errors import PeerUnavailable, RateLimited, StreamClosed
 from svtagg.dp.queries import Query
 from svtagg.proto import svtagg_pb2 as pb
@@ -26,19 +27,8 @@ N, D = 6, 4
 
 
 def _task(pd: ProcessDeployment, task_id: str = "t") -> None:
-    pd.stub().CreateTask(
-        pb.TaskSpec(
-            task_id=task_id,
-            d=D,
-            frac_bits=8,
-            n_max=100,
-            min_batch=1,
-            epsilon_total="1000",
-            delta_total="0",
-            epsilon_min="1/10",
-        ),
-        timeout=30,
-    )
+    spec = task_spec(task_id, D, 100, "1000", frac_bits=8, epsilon_min="1/10")
+    pd.stub().CreateTask(spec, timeout=30)
     with pd.uploader() as up:
         up.upload(task_id, np.eye(D)[[0, 0, 0, 1, 2, 3]])  # S = (3, 1, 1, 1)
     pd.stub().CloseCollection(pb.TaskRef(task_id=task_id), timeout=30)
