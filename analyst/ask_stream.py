@@ -11,7 +11,9 @@ The call answers one request at a time, in order: the thread that holds it sends
 a request and reads its answer; a thread that finds it busy uses the unary Ask
 instead (concurrent streams of one oracle never wait for each other).  A refusal
 ends the call with the status Ask would have returned, raised here as the same
-refusal; the next chunk opens a new call.  A leader without `AskStream` (older)
+refusal; the next chunk opens a new call.  A call that ended while idle (the
+leader restarted, the connection dropped) is replaced before the next request
+goes out, as a unary call would reconnect.  A leader without `AskStream` (older)
 answers UNIMPLEMENTED: the oracle then stays on the unary Ask.
 
 Deadlines: a unary call carries its own; here a watchdog thread cancels the call
@@ -64,6 +66,11 @@ class AskCall:
             self._lock.release()
 
     def _exchange(self, request: pb.AskRequest) -> pb.AskResponse | None:
+        if self._answers is not None and self._answers.done():
+            # Ended while idle (the leader restarted, the connection dropped): the
+            # request has not been sent, so it goes on a new call, as a unary
+            # call would reconnect.
+            self._drop()
         if self._answers is None:
             self._open()
         assert self._requests is not None

@@ -150,6 +150,9 @@ class _Call:
     def cancel(self) -> None:
         self._cancelled.set()
 
+    def done(self) -> bool:
+        return self._cancelled.is_set()
+
 
 class _Stub:
     def __init__(self, delay: float = 0.0, fail: grpc.StatusCode | None = None) -> None:
@@ -203,3 +206,30 @@ def test_a_busy_call_sends_the_caller_to_the_unary_ask() -> None:
     assert call.ask(pb.AskRequest(stream_id="2")) is None  # busy: use the unary Ask
     first.join()
     call.close()
+
+
+def test_a_call_that_ended_while_idle_is_replaced_before_the_request() -> None:
+    """The leader restarted between two chunks: the old call has ended, so the next
+    request goes on a new call instead of failing on the dead one."""
+    stub = _Stub()
+    call = AskCall(stub, timeout=5)
+    assert call.ask(pb.AskRequest(stream_id="1")) is not None
+    call._answers.cancel()  # the call ends while no request is in flight
+    answer = call.ask(pb.AskRequest(stream_id="2"))
+    assert answer is not None and answer.peer_bytes == 2 and stub.calls == 2
+    call.close()
+
+
+def test_the_leader_restarting_between_chunks_costs_no_chunk(tmp_path: Path) -> None:
+    pd = ProcessDeployment(tmp_path).start()
+    try:
+        _task(pd)
+        with _oracle(pd, True) as o:
+            s = o.open_stream(50)
+            assert s.ask([(Query(0), 100)]) is None
+            pd.dep.stop_role("leader")
+            pd.restart("leader")
+            time.sleep(0.5)
+            assert s.ask([(Query(1), 100)]) is None  # on a new call to the new process
+    finally:
+        pd.stop()
