@@ -13,8 +13,9 @@ direction) pairs with the largest estimated privacy-loss ratio among every
 interval of first-YES outcomes, a fresh final sample tests them (StatDP's
 thinned Fisher test), and each dataset's outputs are also tested against the
 exact output law of the specified two-server mechanism (`first_yes_pmf`;
-not for ctt).  All of it is one Bonferroni family at total level 1e-3, so a
-correct mechanism fails an audit with probability ≤ 1e-3 per kind.
+not for ctt).  All of it is one Bonferroni family at total level 1e-3 (the
+default run's smoke: 1e-4, `SMOKE_LEVEL`), so a correct mechanism fails an
+audit with probability ≤ 1e-3 per kind.
 
 Default run: a smoke of PILOT_DEFAULT + TRIALS_DEFAULT streams per dataset per
 kind, and the design at a reduced size against broken local two-party oracles
@@ -68,6 +69,12 @@ PILOT_HEAVY, TRIALS_HEAVY = 1000, 2000
 #: The design against local oracles in the default run (about 3 s each).
 PILOT_LIGHT, TRIALS_LIGHT = 250, 550
 POWER_REPEATS = 10
+#: The default run's smoke audits (8: four kinds on two backends) test at family
+#: level 10^-4 each, so a correct build fails the default suite on them with
+#: probability ≤ 8·10^-4 (at 10^-3 it was ≤ 0.8 %, and it happened: once, in
+#: postgres-workers/exp3, while the heavy audit of that pair passes at
+#: p ≈ 0.5–0.7).  The heavy run and the broken controls keep 10^-3.
+SMOKE_LEVEL = 1e-4
 WORKERS = 8  # concurrent streams per dataset (each stream is independent)
 
 
@@ -107,6 +114,7 @@ def design_report(
     pilot: int,
     trials: int,
     seed: int,
+    level: float = 1e-3,
 ) -> AuditReport:
     """The remote audit's design on any source of streams: `pilot` + `trials`
     streams per dataset (iid, so the first `pilot` are the pilot and the rest the
@@ -120,7 +128,7 @@ def design_report(
         (out_d[:pilot], out_dp[:pilot]),
         (out_d[pilot:], out_dp[pilot:]),
         events,
-        PilotDesign(keep=KEEP, seed=seed, reference=reference),
+        PilotDesign(keep=KEEP, level=level, seed=seed, reference=reference),
     )
 
 
@@ -187,7 +195,9 @@ def remote(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
             pd.stop()
 
 
-def _audit(remote: RemoteAudit, kind: str, pilot: int, trials: int, seed: int) -> AuditReport:
+def _audit(
+    remote: RemoteAudit, kind: str, pilot: int, trials: int, seed: int, level: float = 1e-3
+) -> AuditReport:
     sc, run, events, reference = scenario_and_run(kind)
     k = len(sc.chunk)
 
@@ -198,7 +208,9 @@ def _audit(remote: RemoteAudit, kind: str, pilot: int, trials: int, seed: int) -
             assert (o is None or 0 <= o < k) if kind != "ctt" else len(o) in range(1, k + 1)
         return out
 
-    return design_report(f"remote {sc.name}", sc, events, reference, sample, pilot, trials, seed)
+    return design_report(
+        f"remote {sc.name}", sc, events, reference, sample, pilot, trials, seed, level
+    )
 
 
 KINDS = ["lap24", "lap3", "exp3", "ctt"]
@@ -206,7 +218,9 @@ KINDS = ["lap24", "lap3", "exp3", "ctt"]
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_remote_audit_smoke(remote: RemoteAudit, kind: str):
-    rep = _audit(remote, kind, PILOT_DEFAULT, TRIALS_DEFAULT, seed=KINDS.index(kind))
+    rep = _audit(
+        remote, kind, PILOT_DEFAULT, TRIALS_DEFAULT, seed=KINDS.index(kind), level=SMOKE_LEVEL
+    )
     assert not rep.violated, rep.summary()
 
 
