@@ -330,6 +330,8 @@ class SvtaggServer:
             loop.cancel()
             with contextlib.suppress(BaseException):
                 await loop
+        if self.analyst is not None:
+            self.analyst.end_idle_calls()
         await self.server.stop(grace)
         if self.work is not None:
             await self.work.close()

@@ -126,6 +126,17 @@ class AnalystService(pb_grpc.AnalystServicer):
         #: Each stream's task, for the chunk metrics' labels: a stream never
         #: changes task, so one store read per stream, not one per chunk.
         self._stream_tasks: dict[str, str] = {}
+        #: AskStream calls waiting for their next request (`end_idle_calls`).
+        self._idle_calls: set[asyncio.Task[Any]] = set()
+        self._ending = False
+
+    def end_idle_calls(self) -> None:
+        """Cancel the AskStream calls that wait for a request (at shutdown: an
+        open call would otherwise hold the server for its whole grace); a call
+        answering a chunk finishes it first, within the grace."""
+        self._ending = True
+        for task in list(self._idle_calls):
+            task.cancel()
 
     async def _helper_connected(self) -> None:
         if self.helper is not None:
@@ -195,7 +206,21 @@ class AnalystService(pb_grpc.AnalystServicer):
         against the caller's limit as a call would be).  A refusal ends the call
         with the status Ask would return."""
         first = True
-        async for request in requests:
+        task = asyncio.current_task()
+        assert task is not None
+        pending = requests.__aiter__()
+        while not self._ending:  # a call that answered a chunk during shutdown ends after it
+            self._idle_calls.add(task)
+            try:
+                request = await pending.__anext__()
+            except StopAsyncIteration:
+                return
+            except asyncio.CancelledError:
+                if self._ending:  # shutting down: end the call with OK, at once
+                    return
+                raise
+            finally:
+                self._idle_calls.discard(task)
             try:
                 if request is UNDECODABLE:
                     raise InvalidArgument("AskStream: a request does not parse as AskRequest")

@@ -233,3 +233,19 @@ def test_the_leader_restarting_between_chunks_costs_no_chunk(tmp_path: Path) -> 
             assert s.ask([(Query(1), 100)]) is None  # on a new call to the new process
     finally:
         pd.stop()
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_an_open_call_does_not_hold_the_leader_at_shutdown(tmp_path: Path, stream: bool) -> None:
+    """SIGTERM with an idle AskStream call open: the leader ends the call and
+    stops at once, not after its 5 s grace (as with unary calls only)."""
+    pd = ProcessDeployment(tmp_path).start()
+    try:
+        _task(pd)
+        with _oracle(pd, stream) as o:
+            assert o.open_stream(50).ask([(Query(0), 100)]) is None  # the call is open
+            t = time.monotonic()
+            assert pd.dep.stop_role("leader") == 0
+            assert time.monotonic() - t < 3.0
+    finally:
+        pd.stop()
