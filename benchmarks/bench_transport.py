@@ -4,6 +4,7 @@ loopback with the deployment's mutual-TLS certificates: MB/s of large messages
 small one, the pattern of a comparison chunk.
 
     python -m svtagg.benchmarks.bench_transport [--mb 20] [--rounds 10]
+    python -m svtagg.benchmarks.bench_transport --bytes 1500 --rounds 2000  # small messages
 
 Candidates:
   grpc-1MiB / grpc-4MiB  the Peer.Session bidirectional gRPC stream (grpc.aio),
@@ -79,7 +80,7 @@ def _grpc_receiver(certs: str, port: int, ready: mp.synchronize.Event) -> None:
     asyncio.run(main())
 
 
-async def _grpc_sender(certs: str, port: int, mb: int, rounds: int, fragment: int) -> list[float]:
+async def _grpc_sender(certs: str, port: int, size: int, rounds: int, fragment: int) -> list[float]:
     ident = Identity.load(certs, "leader")
     creds = grpc.ssl_channel_credentials(ident.ca, ident.key, ident.cert)
     opts = [*CHANNEL_OPTIONS, ("grpc.ssl_target_name_override", "svtagg-helper")]
@@ -89,7 +90,7 @@ async def _grpc_sender(certs: str, port: int, mb: int, rounds: int, fragment: in
             request_serializer=pb.PeerFrame.SerializeToString,
             response_deserializer=pb.PeerFrame.FromString,
         )()
-        payload = os.urandom(mb << 20)
+        payload = os.urandom(size)
         view = memoryview(payload)
         rates = []
         for _ in range(rounds + 1):
@@ -144,13 +145,13 @@ def _asyncio_receiver(certs: str, port: int, ready: mp.synchronize.Event) -> Non
     asyncio.run(main())
 
 
-async def _asyncio_sender(certs: str, port: int, mb: int, rounds: int) -> list[float]:
+async def _asyncio_sender(certs: str, port: int, size: int, rounds: int) -> list[float]:
     ctx = datachannel._context(Identity.load(certs, "leader"), server=False)
     r, w = await asyncio.open_connection(
         "127.0.0.1", port, ssl=ctx, server_hostname="svtagg-helper"
     )
     conn = _AsyncioStream(r, w)
-    return await _pingpong(conn, mb, rounds, lambda: w.close())
+    return await _pingpong(conn, size, rounds, lambda: w.close())
 
 
 def _thread_receiver(certs: str, port: int, ready: mp.synchronize.Event) -> None:
@@ -170,14 +171,14 @@ def _thread_receiver(certs: str, port: int, ready: mp.synchronize.Event) -> None
     asyncio.run(main())
 
 
-async def _thread_sender(certs: str, port: int, mb: int, rounds: int) -> list[float]:
+async def _thread_sender(certs: str, port: int, size: int, rounds: int) -> list[float]:
     conn = await datachannel.connect("127.0.0.1", port, Identity.load(certs, "leader"))
     await datachannel.announce(conn, b"0123456789abcdef")
-    return await _pingpong(conn, mb, rounds, conn.close)
+    return await _pingpong(conn, size, rounds, conn.close)
 
 
-async def _pingpong(conn, mb: int, rounds: int, close) -> list[float]:  # type: ignore[no-untyped-def]
-    payload = os.urandom(mb << 20)
+async def _pingpong(conn, size: int, rounds: int, close) -> list[float]:  # type: ignore[no-untyped-def]
+    payload = os.urandom(size)
     rates = []
     for _ in range(rounds + 1):
         t = time.perf_counter()
@@ -215,8 +216,12 @@ def _run(name: str, target, args, sender) -> tuple[list[float], float]:  # type:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mb", type=int, default=20, help="MiB per large message")
+    ap.add_argument(
+        "--bytes", type=int, default=0, help="bytes per message instead of --mb (small messages)"
+    )
     ap.add_argument("--rounds", type=int, default=10)
     args = ap.parse_args(argv)
+    size = args.bytes or args.mb << 20
     with tempfile.TemporaryDirectory() as tmp:
         certs = str(Path(tmp) / "certs")
         write_deployment(certs)
@@ -227,32 +232,33 @@ def main(argv: list[str] | None = None) -> None:
                 "grpc",
                 _grpc_receiver,
                 (certs, port),
-                _grpc_sender(certs, port, args.mb, args.rounds, frag),
+                _grpc_sender(certs, port, size, args.rounds, frag),
             )
         port = _free_port()
         results["asyncio-tls"] = _run(
             "asyncio",
             _asyncio_receiver,
             (certs, port),
-            _asyncio_sender(certs, port, args.mb, args.rounds),
+            _asyncio_sender(certs, port, size, args.rounds),
         )
         port = _free_port()
         results["thread-tls"] = _run(
             "thread",
             _thread_receiver,
             (certs, port),
-            _thread_sender(certs, port, args.mb, args.rounds),
+            _thread_sender(certs, port, size, args.rounds),
         )
-    print(f"{args.mb} MiB messages, {args.rounds} rounds, receiver in another process")
+    print(f"{size:,}-byte messages, {args.rounds} rounds, receiver in another process")
     base = statistics.median(results["grpc-1MiB"][0])
-    moved = (args.rounds + 1) * args.mb * (1 << 20) / 1e6  # MB, warm-up round included
+    moved = (args.rounds + 1) * size / 1e6  # MB, warm-up round included
     print(f"load average: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
     for name, (rates, cpu) in results.items():
         med = statistics.median(rates)
         print(
             f"{name:>13}: {med:7.0f} MB/s median (min {min(rates):.0f}, max {max(rates):.0f})"
             f"  {med / base:4.2f}x grpc-1MiB;  {1e3 * cpu / moved:5.2f} ms CPU per MB"
-            " (both processes)"
+            f" (both processes); a round trip {1e6 * size / 1e6 / med:,.0f} µs median,"
+            f" {1e6 * cpu / (args.rounds + 1):,.0f} µs CPU"
         )
 
 
