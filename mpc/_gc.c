@@ -1013,11 +1013,11 @@ static void ss_add_128(block (*acc)[SS_TILE], const block *g, int m, int leaf, i
     for (int q = 0; q < m; q++) acc[8][q] = _mm_xor_si128(acc[8][q], g[q]);
 }
 
-static void ss_range(void *arg, size_t i0, size_t i1) {
-    ss_ctx *x = (ss_ctx *)arg;
-    const int k = x->k, leaves = 1 << k, per = leaves - x->skip0;
-    const Py_ssize_t nblk = x->nblk;
-    block acc[9][SS_TILE]; /* v[0..k−1], then u */
+/* One tile of m counter blocks from ctr0 through every leaf's PRG: acc[b] the
+ * XOR of the leaves with bit b set, acc[8] of all of them (ss_expand, ss_labels). */
+static void ss_tree_tile(const uint8_t *keys, int k, int skip0, uint64_t nonce_be,
+                         uint64_t ctr0, int m, block (*acc)[SS_TILE]) {
+    const int leaves = 1 << k;
     block ctr[SS_TILE], g[SS_TILE];
     void (*ctr_fn)(const uint8_t *, const block *, int, block *) = ss_ctr_128;
     void (*add_fn)(block (*)[SS_TILE], const block *, int, int, int) = ss_add_128;
@@ -1027,19 +1027,27 @@ static void ss_range(void *arg, size_t i0, size_t i1) {
         add_fn = ss_add_vaes;
     }
 #endif
+    int m4 = (m + 3) & ~3; /* a short tail computes (and drops) spare blocks */
+    for (int q = 0; q < m4; q++)
+        ctr[q] = _mm_set_epi64x((long long)__builtin_bswap64(ctr0 + (uint64_t)q),
+                                (long long)nonce_be);
+    memset(acc, 0, sizeof(block) * 9 * SS_TILE);
+    for (int leaf = skip0; leaf < leaves; leaf++) {
+        ctr_fn(keys + 176 * (leaf - skip0), ctr, m4, g);
+        add_fn(acc, g, m4, leaf, k);
+    }
+}
+
+static void ss_range(void *arg, size_t i0, size_t i1) {
+    ss_ctx *x = (ss_ctx *)arg;
+    const int k = x->k, per = (1 << k) - x->skip0;
+    const Py_ssize_t nblk = x->nblk;
+    block acc[9][SS_TILE]; /* v[0..k−1], then u */
     for (size_t i = i0; i < i1; i++) {
         const uint8_t *keys = x->S + 176 * (Py_ssize_t)i * per;
         for (Py_ssize_t j0 = 0; j0 < nblk; j0 += SS_TILE) {
             int m = nblk - j0 < SS_TILE ? (int)(nblk - j0) : SS_TILE;
-            int m4 = (m + 3) & ~3; /* a short tail computes (and drops) spare blocks */
-            for (int q = 0; q < m4; q++)
-                ctr[q] = _mm_set_epi64x(
-                    (long long)__builtin_bswap64(x->first + (uint64_t)(j0 + q)), (long long)x->nb);
-            memset(acc, 0, sizeof acc);
-            for (int leaf = x->skip0; leaf < leaves; leaf++) {
-                ctr_fn(keys + 176 * (leaf - x->skip0), ctr, m4, g);
-                add_fn(acc, g, m4, leaf, k);
-            }
+            ss_tree_tile(keys, k, x->skip0, x->nb, x->first + (uint64_t)j0, m, acc);
             for (int b = 0; b < k; b++)
                 memcpy(x->V + ((Py_ssize_t)i * k + b) * x->vs + 16 * j0, acc[b], (size_t)(16 * m));
             if (x->U) memcpy(x->U + (Py_ssize_t)i * x->us + 16 * j0, acc[8], (size_t)(16 * m));
@@ -1105,28 +1113,6 @@ done:
  */
 #define SSL_TILE_BLOCKS SS_TILE /* 1 KiB of every row per tile */
 
-static void ss_tree_tile(const uint8_t *keys, int k, int skip0, uint64_t nonce_be,
-                         uint64_t ctr0, int m, block (*acc)[SS_TILE]) {
-    const int leaves = 1 << k;
-    block ctr[SS_TILE], g[SS_TILE];
-    void (*ctr_fn)(const uint8_t *, const block *, int, block *) = ss_ctr_128;
-    void (*add_fn)(block (*)[SS_TILE], const block *, int, int, int) = ss_add_128;
-#ifdef HAVE_VAES_TARGET
-    if (use_vaes) {
-        ctr_fn = ss_ctr_vaes;
-        add_fn = ss_add_vaes;
-    }
-#endif
-    int m4 = (m + 3) & ~3;
-    for (int q = 0; q < m4; q++)
-        ctr[q] = _mm_set_epi64x((long long)__builtin_bswap64(ctr0 + (uint64_t)q),
-                                (long long)nonce_be);
-    memset(acc, 0, sizeof(block) * 9 * SS_TILE);
-    for (int leaf = skip0; leaf < leaves; leaf++) {
-        ctr_fn(keys + 176 * (leaf - skip0), ctr, m4, g);
-        add_fn(acc, g, m4, leaf, k);
-    }
-}
 
 typedef struct {
     const uint8_t *S, *C, *s, *r;
