@@ -317,6 +317,8 @@ class SoftSpokenSender:
         self._s_bits = np.asarray(s_bits, dtype=np.uint64) & np.uint64(1)
         self._keys = _key_blocks(keys)
         self._s = np.flatnonzero(self._s_bits)
+        #: Δ's bits packed as the native core's `ss_labels` takes them.
+        self._s_packed = np.packbits(self._s_bits.astype(np.uint8), bitorder="little")
         self.delta = _bits_to_block(list(s_bits))[0]
         self._prg: _LeafPRG | None = None
         #: (n, 2^k, 2) leaves by y = x ⊕ Δ_i; row y = 0 (the unknown one) is zero.
@@ -372,13 +374,12 @@ class SoftSpokenSender:
         out = _label_buffer(self, 8 * max(widths))
         pos, first = 0, 0
         if self._prg.fused():
-            s_bits = np.packbits(self._s_bits.astype(np.uint8), bitorder="little")
             for w in widths:
                 if ready is not None:
                     ready(pos + n * w)
                 c = c_all[pos : pos + n * w]
                 pos += n * w
-                self._prg.labels(nonce, first, w, out[: 8 * w], (c, s_bits), None)
+                self._prg.labels(nonce, first, w, out[: 8 * w], (c, self._s_packed), None)
                 first += (w + 15) // 16
                 yield out[: 8 * w]
             return

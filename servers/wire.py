@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, Generic, TypeVar
 
-import numpy as np
 from google.protobuf.message import Message
 
 from svtagg.dp.errors import InvalidArgument
@@ -400,9 +399,9 @@ def _queries_to_pb(q: Queries) -> pb.Queries:
 
 
 def _queries_from_pb(m: pb.Queries) -> Queries:
-    # Repeated scalar fields read into numpy arrays at C speed (buffer protocol):
-    # a chunk of 10^4 queries is never a tuple of Python ints on the servers.
-    return Queries(np.array(m.index, dtype=np.int64), np.array(m.complement, dtype=np.bool_))
+    # The record reads the repeated scalar fields into its arrays at C speed
+    # (buffer protocol): a chunk of 10^4 queries is never a tuple of Python ints.
+    return Queries(m.index, m.complement)
 
 
 ASK: Codec[Ask, pb.AskRequest] = Codec(
@@ -410,7 +409,7 @@ ASK: Codec[Ask, pb.AskRequest] = Codec(
     lambda a: pb.AskRequest(
         stream_id=a.stream_id, queries=_queries_to_pb(a.queries), tau=a.tau.tolist()
     ),
-    lambda m: Ask(m.stream_id, _queries_from_pb(m.queries), np.array(m.tau, dtype=np.int64)),
+    lambda m: Ask(m.stream_id, _queries_from_pb(m.queries), m.tau),
 )
 COMPARE: Codec[Compare, pb.CompareRequest] = Codec(
     pb.CompareRequest,
@@ -420,12 +419,7 @@ COMPARE: Codec[Compare, pb.CompareRequest] = Codec(
         tau_low=c.tau_low.tolist(),
         tau_high=c.tau_high.tolist(),
     ),
-    lambda m: Compare(
-        m.stream_id,
-        _queries_from_pb(m.queries),
-        np.array(m.tau_low, dtype=np.int64),
-        np.array(m.tau_high, dtype=np.int64),
-    ),
+    lambda m: Compare(m.stream_id, _queries_from_pb(m.queries), m.tau_low, m.tau_high),
 )
 ASK_ANSWER: Codec[AskAnswer, pb.AskResponse] = Codec(
     pb.AskResponse,
