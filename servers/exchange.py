@@ -274,10 +274,15 @@ def frozen_flags(values: Any) -> npt.NDArray[np.bool_]:
 
 
 class _Vectors:
-    """Equality and hashing of a frozen record whose `_vectors` fields are
-    read-only numpy arrays (compared by dtype kind and values, as tuples were)."""
+    """A frozen record whose `_vectors` fields are read-only numpy arrays: each
+    given value frozen into one by its function, equality and hashing by dtype
+    kind and values (as tuples compared)."""
 
-    _vectors: tuple[str, ...] = ()
+    _vectors: dict[str, Callable[[Any], npt.NDArray[Any]]] = {}
+
+    def __post_init__(self) -> None:
+        for name, freeze in self._vectors.items():
+            object.__setattr__(self, name, freeze(getattr(self, name)))
 
     def _key(self) -> tuple[Any, ...]:
         out: list[Any] = []
@@ -301,11 +306,7 @@ class Queries(_Vectors):
 
     index: npt.NDArray[Any]
     complement: npt.NDArray[np.bool_] = field(default_factory=lambda: _NO_FLAGS)
-    _vectors = ("index", "complement")
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "index", frozen_ints(self.index))
-        object.__setattr__(self, "complement", frozen_flags(self.complement))
+    _vectors = {"index": frozen_ints, "complement": frozen_flags}
 
 
 @dataclass(frozen=True, eq=False)
@@ -315,10 +316,7 @@ class Ask(_Vectors):
     stream_id: str
     queries: Queries
     tau: npt.NDArray[Any]
-    _vectors = ("tau",)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "tau", frozen_ints(self.tau))
+    _vectors = {"tau": frozen_ints}
 
 
 @dataclass(frozen=True, eq=False)
@@ -329,11 +327,7 @@ class Compare(_Vectors):
     queries: Queries
     tau_low: npt.NDArray[Any]
     tau_high: npt.NDArray[Any]
-    _vectors = ("tau_low", "tau_high")
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "tau_low", frozen_ints(self.tau_low))
-        object.__setattr__(self, "tau_high", frozen_ints(self.tau_high))
+    _vectors = {"tau_low": frozen_ints, "tau_high": frozen_ints}
 
 
 @dataclass(frozen=True)
