@@ -134,8 +134,4 @@ class AskCall:
         with self._watch_cond:
             self._closed = True
             self._watch_cond.notify()
-        answers, requests = self._answers, self._requests
-        if requests is not None:
-            requests.put(_END)
-        if answers is not None:
-            answers.cancel()
+        self._drop()
