@@ -34,7 +34,7 @@ import numpy as np
 
 from svtagg.analyst.remote_oracle import RemoteOracle
 from svtagg.client.upload import Uploader
-from svtagg.deploy.jobs import analyst_stub, task_spec
+from svtagg.deploy.jobs import analyst_channel, analyst_stub, task_spec
 from svtagg.deploy.launch import UNCAPPED_SERVER_ARGS, LocalDeployment
 from svtagg.dp.queries import Query
 from svtagg.proto import svtagg_pb2 as pb
@@ -159,17 +159,10 @@ def bench_floor(dep: LocalDeployment, count: int) -> dict[str, Any]:
     the deployment's folder, as each server's chunk mark makes one."""
     import sqlite3
 
-    import grpc
-
     from svtagg.proto import health_pb2, health_pb2_grpc
-    from svtagg.proto.tls import tls_target
-    from svtagg.proto.vocab import CHANNEL_OPTIONS
 
-    ident = Identity.load(dep.certs, "analyst")
-    creds = grpc.ssl_channel_credentials(ident.ca, ident.key, ident.cert)
-    options = [*CHANNEL_OPTIONS, *tls_target("leader")]
     rtt = []
-    with grpc.secure_channel(dep.address("leader"), creds, options=options) as ch:
+    with analyst_channel(dep.address("leader"), dep.certs) as ch:
         check = health_pb2_grpc.HealthStub(ch).Check
         for i in range(count + 20):
             t = time.perf_counter()

@@ -186,11 +186,16 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 # ------------------------------------------------------------------ helpers
-def analyst_stub(leader: str, certs: str | Path) -> Any:
+def analyst_channel(leader: str, certs: str | Path) -> grpc.Channel:
+    """A mutual-TLS channel to the leader at `leader`, as the analyst in `certs`."""
     ident = Identity.load(certs, "analyst")
     creds = grpc.ssl_channel_credentials(ident.ca, ident.key, ident.cert)
     options = [*CHANNEL_OPTIONS, *tls_target(Role.LEADER)]
-    return pb_grpc.AnalystStub(grpc.secure_channel(leader, creds, options=options))
+    return grpc.secure_channel(leader, creds, options=options)
+
+
+def analyst_stub(leader: str, certs: str | Path) -> Any:
+    return pb_grpc.AnalystStub(analyst_channel(leader, certs))
 
 
 #: Embeddings a task may record (`client/embeddings.py`; "vectors": none applied).
