@@ -13,8 +13,10 @@ median over the rounds with the min–max of the rounds' own medians.
     python -m svtagg.benchmarks.bench_emp --emp /path/to/driver [--rounds 3] [--quick]
 
 What both sides compute per chunk: K pairs of additive shares (a_j, b_j) of
-width w = 40, YES_j = NOT the sign bit of (a_j + b_j) mod 2^w (w − 1 AND
-gates), then the first YES (a prefix OR, its one-hot) revealed as an index.
+width w, YES_j = NOT the sign bit of (a_j + b_j) mod 2^w (w − 1 AND gates),
+then the first YES (a prefix OR, its one-hot) revealed as an index.  w is the
+width svtagg's servers derive for the benchmark's streams (the task "cmp",
+n_max = 10^4, ε = 1: 34 bits), and EMP is run at the same w.
 
 The driver's interface (what this module expects; see docs/scaling.md):
 
@@ -42,11 +44,13 @@ import statistics
 import subprocess
 import time
 from dataclasses import dataclass
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
 from svtagg.analyst.remote_oracle import RemoteOracle
 from svtagg.benchmarks.bench_system import (
+    CMP_N_MAX,
     CONFIGS,
     bench_chunks,
     bench_floor,
@@ -55,8 +59,10 @@ from svtagg.benchmarks.bench_system import (
 )
 from svtagg.deploy.launch import UNCAPPED_SERVER_ARGS, LocalDeployment
 from svtagg.dp.queries import Query
+from svtagg.servers.core import stream_width
 
-WIDTH = 40
+#: The comparison width of svtagg's chunks here, which EMP is given too.
+WIDTH = stream_width(CMP_N_MAX, 16, "lap24", Fraction(1))
 SIZES = (1000, 10_000, 100_000)
 QUICK_SIZES = (1000, 10_000)
 

@@ -76,9 +76,14 @@ def bench_proof_close(dep: LocalDeployment, n: int, d: int) -> dict[str, Any]:
     return {"reports": n, "d": d, "close_seconds": round(time.perf_counter() - t, 2)}
 
 
+#: n_max of the task "cmp": its ε = 1 streams compare at `stream_width(CMP_N_MAX, 16,
+#: "lap24", 1)` bits (34).
+CMP_N_MAX = 10_000
+
+
 def comparison_task(dep: LocalDeployment) -> None:
     """The closed task "cmp" the comparison figures ask: 1,000 reports, d = 1,000."""
-    _task(dep, "cmp", 1000, 10_000)
+    _task(dep, "cmp", 1000, CMP_N_MAX)
     _upload(dep, "cmp", np.random.default_rng(4).random((1000, 1000)), 500)
     _close(dep, "cmp")
 

@@ -125,11 +125,11 @@ class EngineCosts:
 
 def comparison_width(n_max: int, kind: StreamKind, epsilon: Fraction) -> int:
     """The comparison width the servers derive for a stream (docs/mpc.md,
-    "Width"): the smallest whole-byte w with wrap_bound < 2^(w−1)."""
+    "Width"): the smallest w with wrap_bound < 2^(w−1), in bits."""
     noise = noise_model(kind).noise_bound_per_party(epsilon, FRAC_BITS)
     tau = default_tau_bound(n_max, FRAC_BITS)
     bound = wrap_bound(n_max, FRAC_BITS, tau, noise, parties=2)
-    return min(RING_BITS, -(-(bound.bit_length() + 1) // 8) * 8)
+    return min(RING_BITS, bound.bit_length() + 1)
 
 
 async def _measure(k: int, width: int, epsilon: Fraction) -> dict[str, dict[str, float]]:

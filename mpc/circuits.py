@@ -75,9 +75,10 @@ def lane_batches(n: int) -> tuple[tuple[int, int], ...]:
 
 
 def check_width(width: int) -> int:
-    """Comparison widths are whole bytes (the OT extension packs w bits per lane)."""
-    if not (8 <= width <= RING_BITS and width % 8 == 0):
-        raise ValueError(f"comparison width must be a multiple of 8 in [8, 64], got {width}")
+    """A comparison width: any whole number of bits in [2, 64] (the OT extension
+    packs a lane batch's w bits per lane into whole bytes, padding the last)."""
+    if not (2 <= width <= RING_BITS):
+        raise ValueError(f"comparison width must be in [2, 64] bits, got {width}")
     return width
 
 

@@ -96,7 +96,7 @@ class ChunkCircuit(Generic[R]):
     tables_per_lane: int = 131
     #: Output wires of a chunk of k (the bundles laid end to end); default k each.
     output_bits: Callable[[int], int] | None = None
-    #: Bits per evaluator input lane: the comparison width w (a multiple of 8).
+    #: Bits per evaluator input lane: the comparison width w (2..64).
     width: int = RING_BITS
     #: The circuit starts with the sign test over all lanes (`circuits.sign_yes`),
     #: so the garbler can stream its tables lane batch by lane batch.
@@ -113,12 +113,12 @@ class ChunkCircuit(Generic[R]):
         return self.output_bits(k) if self.output_bits is not None else self.outputs * k
 
     def max_message(self, k: int, ot_bytes: float = 16) -> int:
-        """Bytes of the longest message an honest party sends in a chunk of k (OT
-        message, `ot_bytes` per evaluator input bit; tables and decoding bits; result):
-        a receiver refuses a longer announced length before allocating anything."""
-        lanes = k * len(self.inputs)
+        """Bytes of the longest message an honest party sends in a chunk of k (OT message,
+        `ot_bytes` per OT, lane batches padded to whole bytes; tables and decoding bits;
+        result): a receiver refuses a longer announced length before allocating anything."""
+        lanes, ots = k * len(self.inputs), 8 * sum(_ot_widths(k * len(self.inputs), self.width))
         tables = 16 * (self.tables_per_lane * lanes + 64) + (self.decoding_bits(k) + 7) // 8
-        return max(int(ot_bytes * self.width * lanes), tables, 8 * k)
+        return max(int(ot_bytes * ots), tables, 8 * k)
 
 
 def _encode_index(j: int | None, k: int) -> bytes:
@@ -501,7 +501,7 @@ class _Party:
         log = self.input_labels_log
 
         def source(lo: int, hi: int) -> Blocks:
-            batch = next(labels)
+            batch = next(labels)[: width * (hi - lo)]  # without the padding's spare OTs
             if log is not None:
                 log.append(batch.copy())
             return batch.reshape(width, hi - lo, 2)
@@ -510,8 +510,8 @@ class _Party:
 
 
 def _ot_widths(lanes: int, width: int) -> list[int]:
-    """Bytes of packed choice bits per lane batch (width bits per lane)."""
-    return [width // 8 * (hi - lo) for lo, hi in lane_batches(lanes)]
+    """Bytes of packed choice bits per lane batch (w bits per lane, zero-padded)."""
+    return [-(-width * (hi - lo) // 8) for lo, hi in lane_batches(lanes)]
 
 
 class ComparisonGarbler(_Party):
@@ -538,8 +538,8 @@ class ComparisonGarbler(_Party):
         return r
 
     def _carry_mask(self, width: int) -> Bits:
-        raw = np.frombuffer(os.urandom(carry_bits(width) // 8), np.uint8)
-        return np.unpackbits(raw, bitorder="little")
+        raw = np.frombuffer(os.urandom(-(-carry_bits(width) // 8)), np.uint8)
+        return np.unpackbits(raw, bitorder="little")[: carry_bits(width)]
 
     async def field_clamp_reshare(self, share: npt.ArrayLike, bound: int, field: object) -> U64:
         f = prime_field(field)
@@ -560,8 +560,8 @@ class ComparisonGarbler(_Party):
         they exist (the same bytes, in `spec.parts(k)` messages instead of one)."""
         a_bits = bit_planes(z)
         lanes = k * len(spec.inputs)  # the evaluator's input lanes
-        await otx.refill(self._ext, self.channel, lanes * spec.width)  # Ferret: pool short
         widths, streamed = _ot_widths(lanes, spec.width), spec.parts(k) > 1
+        await otx.refill(self._ext, self.channel, 8 * sum(widths))  # Ferret: pool short
         q = await ot_labels(self.channel, self._ext, widths, nonce, streamed)
         # 125 ciphertexts per comparison plus < 6 per lane for the chunk logic.
         capacity = spec.tables_per_lane * lanes + 64
@@ -625,7 +625,7 @@ class ComparisonEvaluator(_Party):
             np.packbits(bit_planes(z[lo:hi])[: spec.width].reshape(-1), bitorder="little")
             for lo, hi in lane_batches(lanes)
         ]
-        await otx.refill(self._ext, self.channel, lanes * spec.width)
+        await otx.refill(self._ext, self.channel, 8 * sum(_ot_widths(lanes, spec.width)))
         await send_ot_message(self.channel, self._ext, choices, nonce, spec.parts(k) > 1)
         nd = (spec.decoding_bits(k) + 7) // 8
         t = self._ext.labels(_ot_widths(lanes, spec.width), nonce)

@@ -167,10 +167,18 @@ Thresholds = U64 | tuple[U64, U64]
 
 @functools.lru_cache(maxsize=1024)
 def _comparison_width(n_max: int, frac_bits: int, kind: StreamKind, epsilon: Fraction) -> int:
-    """Smallest whole-byte w with wrap_bound < 2^(w−1) (cached: asked per chunk)."""
+    """Smallest w with wrap_bound < 2^(w−1), in bits (cached: asked per chunk).
+    Every AND gate, OT and table of a comparison is per bit of w, so a bit of
+    slack costs ≈ 1/w of a chunk; the bound is exact (`mpc.ring.wrap_bound`)."""
     noise = noise_model(kind).noise_bound_per_party(epsilon, frac_bits)
     bound = wrap_bound(n_max, frac_bits, default_tau_bound(n_max, frac_bits), noise, parties=2)
-    return min(RING_BITS, -(-(bound.bit_length() + 1) // 8) * 8)
+    return min(RING_BITS, bound.bit_length() + 1)
+
+
+def stream_width(n_max: int, frac_bits: int, kind: StreamKind | str, epsilon: Fraction) -> int:
+    """The comparison width both servers derive for a stream of `kind` and budget
+    ε in a task of n_max and F = frac_bits (benchmarks run EMP at the same w)."""
+    return _comparison_width(n_max, frac_bits, StreamKind.parse(kind), Fraction(epsilon))
 
 
 class ServerCore(JointNoiseSteps):
@@ -490,7 +498,7 @@ class ServerCore(JointNoiseSteps):
         only, so both servers derive the same w (docs/mpc.md, "Width"): every
         |z_L + z_H| is at most wrap_bound(n_max, F, τ bound, both parties' noise
         clamps at this stream's ε) < 2^(w−1) — scores are robust aggregates in
-        [0, n·2^F] whatever clients uploaded — rounded up to whole bytes."""
+        [0, n·2^F] whatever clients uploaded — and w is the least such width."""
         if not self.robust_aggregates and not task.params.validity:
             return RING_BITS  # the test-only control compares raw, wrapping sums
         p = task.params

@@ -283,6 +283,26 @@ async def test_extensions_run_exactly_when_the_pool_is_short() -> None:
     assert ferret_reply_bound_ok()
 
 
+async def test_widths_that_are_not_whole_bytes_draw_padded_batches() -> None:
+    """At a width that is not a whole number of bytes a chunk draws its w·k OTs
+    padded to whole bytes, the pool refills exactly when that many are short,
+    and the answers are the plaintext's."""
+    g, e = await connected_pair(b"odd-width", ot="ferret:test")
+    s = LPN_SETS["test"]
+    per = s.n - s.base
+    rng = np.random.default_rng(13)
+    for k, w in ((1, 13), (3, 13), (50, 33), (120, 13), (7, 35), (200, 33)):
+        need, have, ext0 = 8 * -(-w * k // 8), e._ext.available(), e._ext.extensions
+        want = 0 if have >= need else -(-(need - have) // per)
+        z = rng.integers(-(1 << (w - 2)), 1 << (w - 2), k).astype(np.int64)
+        z_l = rng.integers(0, 2**64, k, dtype=np.uint64)
+        got = await asyncio.gather(g.first_yes(z_l, w), e.first_yes(z.view(np.uint64) - z_l, w))
+        expect = next((i for i in range(k) if z[i] >= 0), None)
+        assert got == [expect, expect], (k, w)
+        assert e._ext.extensions - ext0 == g._ext.extensions - ext0 == want, (k, w)
+        assert e._ext.available() == g._ext.available() == have + want * per - need
+
+
 def ferret_reply_bound_ok() -> bool:
     spec = parse_ot("ferret:test")
     return extension_bound(spec) == LPN_SETS["test"].reply_bytes() and bytes_per_ot(spec) == 1 / 8

@@ -170,7 +170,7 @@ def test_transpose_matches_numpy(nb: int, vaes_modes: list[bool]) -> None:
 
 @needs_native
 @pytest.mark.parametrize("engines", [("native", "numpy"), ("numpy", "native")])
-@pytest.mark.parametrize("width", [16, 40, 64])
+@pytest.mark.parametrize("width", [16, 33, 40, 64])
 async def test_engines_interoperate_at_the_width_boundaries(
     engines: tuple[str, str], width: int
 ) -> None:

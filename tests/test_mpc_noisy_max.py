@@ -35,7 +35,7 @@ from svtagg.mpc.protocol import (
 )
 
 M64 = 1 << 64
-WIDTHS = [8, 16, 40, 64]
+WIDTHS = [8, 13, 16, 33, 40, 64]  # any width in bits, not only whole bytes
 SIZES = [1, 2, 3, 4, 5, 7, 8, 9, 31, 33, 100, 257]
 needs_native = pytest.mark.skipif(not native.available(), reason="native core not built")
 
@@ -180,7 +180,7 @@ def test_and_gates_per_candidate() -> None:
 
 def test_width_is_checked() -> None:
     with pytest.raises(ValueError, match="width"):
-        noisy_max_spec(12)
+        noisy_max_spec(1)
     with pytest.raises(ValueError, match="width"):
         run_plain(*share([1, 2], np.random.default_rng(0)), 72)
 
@@ -248,7 +248,7 @@ async def test_protocol_finds_the_noisy_max(mpc_engine: str) -> None:
     rng = np.random.default_rng(5)
     g, e = await connected_pair()
     assert g.engine == e.engine == mpc_engine
-    cases = [(1, 64), (2, 8), (3, 40), (7, 16), (1000, 40), (2 * LANE_BATCH + 17, 40)]
+    cases = [(1, 64), (2, 8), (3, 40), (7, 16), (5, 33), (1000, 35), (2 * LANE_BATCH + 17, 40)]
     for k, w in cases:
         for z in edge_vectors(k, w, rng)[:4] + [list(rng.integers(-(1 << 20), 1 << 20, k))]:
             a, b = share(z, rng)

@@ -145,6 +145,25 @@ async def test_compare_to_thresholds_matches_plaintext(pair) -> None:  # type: i
         assert got[0] == got[1] == plain_compare_to_thresholds(h_l + h_h, l_l + l_h)
 
 
+@pytest.mark.parametrize("width", [11, 33])
+async def test_compare_to_thresholds_at_widths_that_are_not_whole_bytes(width: int) -> None:
+    """CompareToThresholds at w bits: the same codes as in plaintext for sums up to
+    ±(2^(w−1) − 1), over more than one lane batch (two inputs per query)."""
+    g, e = await connected_pair(b"odd-width")
+    half = 1 << (width - 1)
+    k = 2500  # 5,000 input lanes: two lane batches, the second one padded
+    hi = RNG.integers(-(half - 1), half, k)
+    lo = np.where(hi < 0, RNG.integers(0, half, k), hi)  # HIGH or LOW until ...
+    hi[:4], lo[:4] = [half - 1, -(half - 1), -1, 0], [half - 1, half - 1, 0, 0]
+    hi[k - 3], lo[k - 3] = -(half - 1), -1  # ... the one CLOSE, in the second batch
+    h_l, h_h = split(hi)
+    l_l, l_h = split(lo)
+    got = await asyncio.gather(
+        g.compare_to_thresholds(h_l, l_l, width), e.compare_to_thresholds(h_h, l_h, width)
+    )
+    assert got[0] == got[1] == plain_compare_to_thresholds(h_l + h_h, l_l + l_h)
+
+
 async def test_ctt_nothing_after_first_close() -> None:
     hi = np.array([0, -5, 3, -9, 10, -1])
     lo = np.array([1, 2, 9, -1, 10, 0])
@@ -236,12 +255,13 @@ def test_ctt_result_message_has_a_fixed_length() -> None:
     asyncio.run(run())
 
 
-@pytest.mark.parametrize("width", [8, 16, 40, 64])
-def test_narrow_comparisons_at_the_width_boundaries(width: int) -> None:
+@pytest.mark.parametrize("width", [2, 3, 8, 13, 16, 33, 35, 40, 63, 64])
+def test_narrow_comparisons_at_the_width_boundaries(width: int, mpc_engine: str) -> None:
     """With |z_L + z_H| < 2^(w−1) the w-bit circuit answers exactly as the 64-bit
     one: checked at 0, ±1 and ±(2^(w−1) − 1), on random shares and past a lane
-    batch.  At ±2^(w−1) the bound is broken and the w-bit answer is wrong (+2^(w−1)
-    reads as negative), which shows the bound is tight."""
+    batch, on both engines and at widths that are not whole bytes (whose OT
+    batches end in padding bits).  At ±2^(w−1) the bound is broken and the w-bit
+    answer is wrong (+2^(w−1) reads as negative), which shows the bound is tight."""
     import asyncio
 
     from svtagg.mpc.protocol import connected_pair

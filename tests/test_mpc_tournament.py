@@ -37,7 +37,7 @@ from svtagg.mpc.tournament import (
 )
 
 M64 = 1 << 64
-WIDTHS = [8, 16, 40, 64]
+WIDTHS = [8, 13, 16, 33, 40, 64]  # any width in bits, not only whole bytes
 needs_native = pytest.mark.skipif(not native.available(), reason="native core not built")
 
 
@@ -177,7 +177,7 @@ def stream_in_chunks(
     raise AssertionError("no final chunk")
 
 
-@pytest.mark.parametrize("w", [8, 40, 64])
+@pytest.mark.parametrize("w", [8, 33, 40, 64])
 def test_a_stream_in_chunks_is_one_tournament(w: int) -> None:
     """Any split of the candidates gives the one-tournament argmax: the
     maximum in the first, a middle or the last chunk, tied maxima across
@@ -334,7 +334,9 @@ async def test_protocol_runs_a_stream_in_chunks(mpc_engine: str) -> None:
     rng = np.random.default_rng(5)
     g, e = await connected_pair()
     assert g.engine == e.engine == mpc_engine
-    for sizes, w in (([3, 4], 8), ([1, 1, 1], 64), ([5000, LANE_BATCH, 3], 40), ([4091, 10], 16)):
+    streams = [([3, 4], 8), ([1, 1, 1], 64), ([5000, LANE_BATCH, 3], 40), ([4091, 10], 16)]
+    streams += [([7, 2, 5], 13), ([LANE_BATCH + 5, 9], 33)]  # widths that are not whole bytes
+    for sizes, w in streams:
         d = sum(sizes)
         z = rng.integers(-100, 100, d)
         z[rng.integers(0, d)] = 100  # a tie or two at the top, at random places
@@ -407,7 +409,7 @@ async def test_engines_interoperate(engines: tuple[str, str]) -> None:
 @needs_native
 @pytest.mark.parametrize(
     ("k", "w", "final"),
-    [(37, 64, False), (LANE_BATCH + 300, 40, False), (LANE_BATCH - 1, 16, True)],
+    [(37, 64, False), (LANE_BATCH + 300, 40, False), (LANE_BATCH - 1, 16, True), (99, 33, False)],
 )
 def test_engines_garble_the_same_bytes(k: int, w: int, final: bool) -> None:
     """Numpy and native garblers given the same Δ, input labels, garbler bits
