@@ -102,9 +102,14 @@ def rpc(*roles: str) -> Callable[[F], F]:
     return wrap
 
 
-def check_rate(limiter: RateLimiter | None, context: grpc.aio.ServicerContext) -> None:
-    """One request of the caller against its rate limit (RateLimited beyond it)."""
-    if limiter is not None and not limiter.allow(caller_identity(context)):
+def check_rate(
+    limiter: RateLimiter | None, context: grpc.aio.ServicerContext, caller: str | None = None
+) -> None:
+    """One request of the caller (`caller_identity`, if not given) against its
+    rate limit (RateLimited beyond it)."""
+    if limiter is None:
+        return
+    if not limiter.allow(caller if caller is not None else caller_identity(context)):
         raise RateLimited(
             f"rate limit: at most {limiter.rate:g} requests/s "
             f"(bursts of {limiter.burst:g}) per caller; retry later"

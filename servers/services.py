@@ -28,7 +28,15 @@ from svtagg.servers.limits import RateLimiter
 from svtagg.servers.metrics import Metrics
 from svtagg.servers.peer import GrpcHelperPort
 from svtagg.servers.port import HelperPort
-from svtagg.servers.rpc import ANONYMOUS, Context, abort_with, check_rate, peer_role, rpc
+from svtagg.servers.rpc import (
+    ANONYMOUS,
+    Context,
+    abort_with,
+    caller_identity,
+    check_rate,
+    peer_role,
+    rpc,
+)
 
 if TYPE_CHECKING:
     from prometheus_client import Gauge
@@ -205,7 +213,7 @@ class AnalystService(pb_grpc.AnalystServicer):
         rate limited at the call's start by `rpc`, each further request counted
         against the caller's limit as a call would be).  A refusal ends the call
         with the status Ask would return."""
-        first = True
+        first, caller = True, caller_identity(context)  # one call, one caller
         task = asyncio.current_task()
         assert task is not None
         pending = requests.__aiter__()
@@ -225,7 +233,7 @@ class AnalystService(pb_grpc.AnalystServicer):
                 if request is UNDECODABLE:
                     raise InvalidArgument("AskStream: a request does not parse as AskRequest")
                 if not first:
-                    check_rate(self.limiter, context)
+                    check_rate(self.limiter, context, caller)
                 first = False
                 await context.write(await self._ask(request))
             except grpc.aio.AbortError:
