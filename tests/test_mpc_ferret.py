@@ -303,6 +303,30 @@ async def test_widths_that_are_not_whole_bytes_draw_padded_batches() -> None:
         assert e._ext.available() == g._ext.available() == have + want * per - need
 
 
+async def test_a_chunk_that_fits_only_unpadded_refills_first() -> None:
+    """On a published set a refill adds a number of COTs that is not a multiple
+    of 8, so the pool can hold w·k COTs but fewer than the chunk's byte-padded
+    count: that chunk must refill first (asking for w·k alone, it ran short)."""
+    from svtagg.mpc.protocol import _ot_widths
+
+    g, e = await connected_pair(b"padded-refill", ot="ferret:b10")
+    have = e._ext.available()
+    fits = [
+        (w, k)
+        for w in range(9, 40)
+        for k in range(have // w - 8, have // w + 1)
+        if w * k <= have < 8 * sum(_ot_widths(k, w))
+    ]
+    assert fits, have  # b10's pool after its first extension has such a chunk
+    w, k = fits[0]
+    z = np.full(k, -3, dtype=np.int64)
+    z[-1] = 5
+    z_l = np.zeros(k, dtype=np.uint64)
+    got = await asyncio.gather(g.first_yes(z_l, w), e.first_yes(z.view(np.uint64), w))
+    assert got == [k - 1, k - 1]
+    assert e._ext.extensions == g._ext.extensions == 2  # the bootstrap's and this refill
+
+
 def ferret_reply_bound_ok() -> bool:
     spec = parse_ot("ferret:test")
     return extension_bound(spec) == LPN_SETS["test"].reply_bytes() and bytes_per_ot(spec) == 1 / 8

@@ -145,6 +145,25 @@ async def test_compare_to_thresholds_matches_plaintext(pair) -> None:  # type: i
         assert got[0] == got[1] == plain_compare_to_thresholds(h_l + h_h, l_l + l_h)
 
 
+@pytest.mark.parametrize("scheme", ["halfgates", "threehalves"])
+@pytest.mark.parametrize("ot", ["iknp", "softspoken:2", "softspoken:8", "ferret:test"])
+async def test_every_scheme_and_extension_at_widths_that_are_not_whole_bytes(
+    scheme: str, ot: str, mpc_engine: str
+) -> None:
+    """First-YES chunks at 13 and 33 bits give the plaintext answer under both
+    garbling schemes and every OT extension (whose batches end in padding bits),
+    from one query to more than a lane batch."""
+    g, e = await connected_pair(b"odd-" + ot.encode(), scheme=scheme, ot=ot)
+    for width in (13, 33):
+        half = 1 << (width - 1)
+        for k in (1, 7, 5000):
+            z = RNG.integers(-(half - 1), half, k).astype(np.int64)
+            z[: k // 2] = -np.abs(z[: k // 2]) - 1  # the first YES in the second half
+            z_l, z_h = split(z)
+            got = await asyncio.gather(g.first_yes(z_l, width), e.first_yes(z_h, width))
+            assert got[0] == got[1] == next((i for i in range(k) if z[i] >= 0), None)
+
+
 @pytest.mark.parametrize("width", [11, 33])
 async def test_compare_to_thresholds_at_widths_that_are_not_whole_bytes(width: int) -> None:
     """CompareToThresholds at w bits: the same codes as in plaintext for sums up to
