@@ -58,8 +58,8 @@ from svtagg.benchmarks.bench_system import (
     comparison_task,
 )
 from svtagg.deploy.launch import UNCAPPED_SERVER_ARGS, LocalDeployment
+from svtagg.dp.kinds import stream_width
 from svtagg.dp.queries import Query
-from svtagg.servers.core import stream_width
 
 #: The comparison width of svtagg's chunks here, which EMP is given too.
 WIDTH = stream_width(CMP_N_MAX, 16, "lap24", Fraction(1))

@@ -21,6 +21,7 @@ report-noisy-max on shifted scores of sensitivity Δ, ε-DP on the integer grid
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from dataclasses import dataclass
@@ -28,7 +29,7 @@ from enum import StrEnum
 from fractions import Fraction
 from typing import Literal
 
-from svtagg.mpc.ring import can_wrap, sensitivity
+from svtagg.mpc.ring import RING_BITS, can_wrap, sensitivity, wrap_bound
 
 #: "none": the kind draws no such term (report-noisy-max has no threshold noise).
 Family = Literal["laplace", "geometric", "none"]
@@ -209,6 +210,27 @@ def overflow_possible(
 def default_tau_bound(n_max: int, frac_bits: int) -> int:
     """Thresholds beyond ±4·n_max (score units) carry no information; refuse them."""
     return 4 * n_max * sensitivity(frac_bits)
+
+
+def stream_width(n_max: int, frac_bits: int, kind: StreamKind | str, epsilon: Fraction) -> int:
+    """The comparison width w of a stream of `kind` at budget ε in a task of
+    n_max and F = frac_bits: the least w, in bits, with wrap_bound < 2^(w−1)
+    (docs/mpc.md, "Width from public parameters").  Both servers derive it from
+    these public values alone; every AND gate, OT and table of a comparison is
+    per bit of w, so a bit of slack costs ≈ 1/w of a chunk."""
+    if not isinstance(kind, StreamKind) or not isinstance(epsilon, Fraction):
+        kind, epsilon = (
+            StreamKind.parse(kind),
+            Fraction(epsilon),
+        )  # not per chunk: servers pass these
+    return _stream_width(n_max, frac_bits, kind, epsilon)
+
+
+@functools.lru_cache(maxsize=1024)
+def _stream_width(n_max: int, frac_bits: int, kind: StreamKind, epsilon: Fraction) -> int:
+    noise = noise_model(kind).noise_bound_per_party(epsilon, frac_bits)
+    bound = wrap_bound(n_max, frac_bits, default_tau_bound(n_max, frac_bits), noise, parties=2)
+    return min(RING_BITS, bound.bit_length() + 1)
 
 
 @dataclass(frozen=True)

@@ -44,7 +44,7 @@ import numpy.typing as npt
 from svtagg.analyst import baselines
 from svtagg.analyst.selection import ScanOptions, noisy_max_selection, scan_selection
 from svtagg.dp.jointsvt import joint_stream_noise
-from svtagg.dp.kinds import StreamKind, default_tau_bound, noise_model
+from svtagg.dp.kinds import StreamKind, stream_width
 from svtagg.experiments.common import (
     FRAC_BITS,
     Progress,
@@ -61,7 +61,6 @@ from svtagg.experiments.common import (
     write_result,
 )
 from svtagg.experiments.words import ACCURATE_SHARES, CHEAP_SHARES
-from svtagg.mpc.ring import RING_BITS, wrap_bound
 
 #: The scan selection's localisation shares: (key, label, options).  The default
 #: is `plan_scan`'s (ε/8 search + ε/16 middle stage).
@@ -125,11 +124,8 @@ class EngineCosts:
 
 def comparison_width(n_max: int, kind: StreamKind, epsilon: Fraction) -> int:
     """The comparison width the servers derive for a stream (docs/mpc.md,
-    "Width"): the smallest w with wrap_bound < 2^(w−1), in bits."""
-    noise = noise_model(kind).noise_bound_per_party(epsilon, FRAC_BITS)
-    tau = default_tau_bound(n_max, FRAC_BITS)
-    bound = wrap_bound(n_max, FRAC_BITS, tau, noise, parties=2)
-    return min(RING_BITS, bound.bit_length() + 1)
+    "Width"): `dp.kinds.stream_width` at the experiments' F."""
+    return stream_width(n_max, FRAC_BITS, kind, epsilon)
 
 
 async def _measure(k: int, width: int, epsilon: Fraction) -> dict[str, dict[str, float]]:

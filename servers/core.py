@@ -14,7 +14,6 @@ queries read the robust aggregates g(S) (`query_sums`), whose sensitivity is
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
@@ -26,10 +25,9 @@ import numpy.typing as npt
 from svtagg.dp.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
 from svtagg.dp.jointsvt import JOINT
 from svtagg.dp.kinds import (
-    StreamKind,
     as_fraction,
     default_tau_bound,
-    noise_model,
+    stream_width,
     validate_stream,
 )
 from svtagg.dp.noise import RandomSource, draw_query_noise, draw_threshold_noise
@@ -41,7 +39,7 @@ from svtagg.dp.queries import (
     check_stream_chunks,
 )
 from svtagg.dp.task import TaskParams
-from svtagg.mpc.ring import RING_BITS, U64, sensitivity, wrap_bound
+from svtagg.mpc.ring import RING_BITS, U64, sensitivity
 from svtagg.mpc.sharing import expand_seed
 from svtagg.proto.vocab import (
     MAX_BATCH_REPORTS,
@@ -163,22 +161,6 @@ SUMS_CACHED = 16
 
 #: The analyst's thresholds of a chunk, as ring elements: τ (Ask) or (τL, τH) (Compare).
 Thresholds = U64 | tuple[U64, U64]
-
-
-@functools.lru_cache(maxsize=1024)
-def _comparison_width(n_max: int, frac_bits: int, kind: StreamKind, epsilon: Fraction) -> int:
-    """Smallest w with wrap_bound < 2^(w−1), in bits (cached: asked per chunk).
-    Every AND gate, OT and table of a comparison is per bit of w, so a bit of
-    slack costs ≈ 1/w of a chunk; the bound is exact (`mpc.ring.wrap_bound`)."""
-    noise = noise_model(kind).noise_bound_per_party(epsilon, frac_bits)
-    bound = wrap_bound(n_max, frac_bits, default_tau_bound(n_max, frac_bits), noise, parties=2)
-    return min(RING_BITS, bound.bit_length() + 1)
-
-
-def stream_width(n_max: int, frac_bits: int, kind: StreamKind | str, epsilon: Fraction) -> int:
-    """The comparison width both servers derive for a stream of `kind` and budget
-    ε in a task of n_max and F = frac_bits (benchmarks run EMP at the same w)."""
-    return _comparison_width(n_max, frac_bits, StreamKind.parse(kind), Fraction(epsilon))
 
 
 class ServerCore(JointNoiseSteps):
@@ -502,7 +484,7 @@ class ServerCore(JointNoiseSteps):
         if not self.robust_aggregates and not task.params.validity:
             return RING_BITS  # the test-only control compares raw, wrapping sums
         p = task.params
-        return _comparison_width(p.n_max, p.frac_bits, stream.kind, stream.epsilon)
+        return stream_width(p.n_max, p.frac_bits, stream.kind, stream.epsilon)
 
     async def robust_shares(
         self, party: ComparisonParty, task: TaskState, sums: U64, lo: int, hi: int

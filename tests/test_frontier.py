@@ -29,7 +29,7 @@ COSTS = EngineCosts(40, 64, 41.0, 2000.0, 1e-5, 120.0, 4500.0, 6e-5, 1600.0, 760
 @pytest.mark.parametrize("n_max", [1000, 10**5, 10**7])
 @pytest.mark.parametrize("epsilon", [Fraction(1), Fraction(1, 1000)])
 def test_width_is_the_servers(n_max: int, epsilon: Fraction) -> None:
-    from svtagg.servers.core import _comparison_width
+    from svtagg.dp.kinds import stream_width as _comparison_width
 
     for kind in (StreamKind.LAP24, StreamKind.NMAX):
         assert comparison_width(n_max, kind, epsilon) == _comparison_width(n_max, 16, kind, epsilon)

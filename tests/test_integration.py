@@ -10,10 +10,9 @@ import pytest
 from conftest import Deployment, make_task, off_loop
 
 from svtagg.dp.errors import BudgetExhausted, StreamClosed
-from svtagg.dp.kinds import StreamKind, ctt_gap
+from svtagg.dp.kinds import StreamKind, ctt_gap, stream_width
 from svtagg.dp.queries import Outcome, Query
 from svtagg.proto import svtagg_pb2 as pb
-from svtagg.servers.core import stream_width
 
 
 def _upload_and_close(dep: Deployment, values: np.ndarray, task_id: str = "t1", **kw: object):  # noqa: E501
