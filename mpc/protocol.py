@@ -619,16 +619,16 @@ class ComparisonEvaluator(_Party):
         """Send the OT extension message for this side's input bits, receive the
         tables, evaluate, decode, send the result back (a streamed chunk is
         evaluated in a worker thread, part by part as the parts arrive)."""
-        lanes = z.shape[0]
+        lanes, widths = z.shape[0], _ot_widths(z.shape[0], spec.width)
         # OT positions inside a lane batch are bit-plane major, as the wires are.
         choices = [
             np.packbits(bit_planes(z[lo:hi])[: spec.width].reshape(-1), bitorder="little")
             for lo, hi in lane_batches(lanes)
         ]
-        await otx.refill(self._ext, self.channel, 8 * sum(_ot_widths(lanes, spec.width)))
+        await otx.refill(self._ext, self.channel, 8 * sum(widths))
         await send_ot_message(self.channel, self._ext, choices, nonce, spec.parts(k) > 1)
         nd = (spec.decoding_bits(k) + 7) // 8
-        t = self._ext.labels(_ot_widths(lanes, spec.width), nonce)
+        t = self._ext.labels(widths, nonce)
         wires = self._input_wires(t, spec.width)
         if spec.parts(k) > 1:
             parts = _Parts(self.channel, spec.parts(k), nd)
