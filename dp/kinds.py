@@ -129,14 +129,20 @@ def as_fraction(value: Fraction | int | float | str, name: str = "value") -> Fra
     else:
         text = str(value).strip()
         if not _NUMBER_RE.fullmatch(text):
-            raise ValueError(f"{name} must be a number, got {value!r}")
+            raise ValueError(f"{name} must be a number, got {_shown(value)}")
         try:
             out = Fraction(text)
         except (ValueError, ZeroDivisionError) as exc:
-            raise ValueError(f"{name} must be a number, got {value!r}") from exc
+            raise ValueError(f"{name} must be a number, got {_shown(value)}") from exc
     if max(out.numerator.bit_length(), out.denominator.bit_length()) > MAX_RATIONAL_BITS:
-        raise ValueError(f"{name} is too large or too precise: {value!r}")
+        raise ValueError(f"{name} is too large or too precise: {_shown(value)}")
     return out
+
+
+def _shown(value: object, limit: int = 40) -> str:
+    """`value` as a refusal quotes it: its repr, cut to `limit` characters."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}… ({len(text)} characters)"
 
 
 def check_epsilon(epsilon: Fraction | int | float | str) -> Fraction:

@@ -79,6 +79,15 @@ MAX_BATCH_VALUES = 1 << 24
 #: is cut into FRAGMENT-sized frames (a chunk of 10^5 comparisons sends ~350 MB).
 MAX_MESSAGE_BYTES = 64 << 20
 FRAGMENT = 1 << 20
+#: What verifying one upload batch of a task with a validity circuit may
+#: allocate on either server (`Validity.verify_bytes` per report): bounds the
+#: batch before any share is decoded, whatever the shares' own size.
+MAX_VERIFY_BYTES = 256 << 20
+#: Upload batches one server verifies at once (each within MAX_VERIFY_BYTES);
+#: more wait their turn.
+VERIFY_SLOTS = 2
+#: Tasks one server holds (ListTasks answers them in one message).
+MAX_TASKS = 10_000
 
 #: Message-size limits for every channel, on both ends.
 CHANNEL_OPTIONS: list[tuple[str, int | str]] = [

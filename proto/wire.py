@@ -1,14 +1,26 @@
-"""Registering the generated services with requests that fail to parse turned
-into a clear INVALID_ARGUMENT (gRPC itself would answer UNKNOWN with the parser's
-exception): unary requests are decoded by a tolerant deserializer that yields
-`UNDECODABLE`, which the service edge refuses."""
+"""Registering the generated services:
+
+- requests that fail to parse become a clear INVALID_ARGUMENT (gRPC itself
+  would answer UNKNOWN with the parser's exception, or INTERNAL on a stream):
+  every request, unary or streamed, is decoded by a tolerant deserializer that
+  yields `UNDECODABLE`, which the service edge refuses;
+- with an `admit` hook (servers/admission.py), every call is admitted before
+  its request is read: a unary request is registered as a one-message client
+  stream on the server side (the wire is the same), so the method's message
+  is read only once the call holds its place."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import inspect
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import grpc
+
+#: `admit(full method name, context)`: an async context manager held while the
+#: call runs, or ending the call (context.abort) when it is not admitted.
+Admit = Callable[[str, Any], AbstractAsyncContextManager[None]]
 
 
 class _Undecodable:
@@ -30,11 +42,66 @@ def _tolerant(parse: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
     return deserialize
 
 
+async def _one(context: Any) -> Any:
+    """The single request of a unary call registered as a client stream."""
+    request = await context.read()
+    if request is grpc.aio.EOF:
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the call carried no request")
+    return request
+
+
+def _admitted(full: str, h: Any, admit: Admit) -> Any:
+    """Method handler `h` of method `full`, admitted before anything is read."""
+    ser, des = h.response_serializer, h.request_deserializer
+    if not h.request_streaming and not h.response_streaming:
+        unary = h.unary_unary
+
+        async def stream_unary(_requests: AsyncIterator[Any], context: Any) -> Any:
+            async with admit(full, context):
+                return await unary(await _one(context), context)
+
+        return grpc.stream_unary_rpc_method_handler(stream_unary, des, ser)
+    if not h.request_streaming:
+        unary_stream = h.unary_stream
+
+        async def stream_stream_one(_requests: AsyncIterator[Any], context: Any) -> Any:
+            async with admit(full, context):
+                async for answer in unary_stream(await _one(context), context):
+                    yield answer
+
+        return grpc.stream_stream_rpc_method_handler(stream_stream_one, des, ser)
+    if h.response_streaming and inspect.isasyncgenfunction(h.stream_stream):
+        answers = h.stream_stream
+
+        async def stream_stream_gen(requests: AsyncIterator[Any], context: Any) -> Any:
+            async with admit(full, context):
+                async for answer in answers(requests, context):
+                    yield answer
+
+        return grpc.stream_stream_rpc_method_handler(stream_stream_gen, des, ser)
+    if h.response_streaming:  # answers by context.write
+        streams = h.stream_stream
+
+        async def stream_stream(requests: AsyncIterator[Any], context: Any) -> Any:
+            async with admit(full, context):
+                await streams(requests, context)
+
+        return grpc.stream_stream_rpc_method_handler(stream_stream, des, ser)
+    stream_unary_ = h.stream_unary
+
+    async def stream_unary_held(requests: AsyncIterator[Any], context: Any) -> Any:
+        async with admit(full, context):
+            return await stream_unary_(requests, context)
+
+    return grpc.stream_unary_rpc_method_handler(stream_unary_held, des, ser)
+
+
 class _Registrar:
     """Stands in for the server in a generated `add_…Servicer_to_server` call."""
 
-    def __init__(self, server: grpc.aio.Server) -> None:
+    def __init__(self, server: grpc.aio.Server, admit: Admit | None) -> None:
         self.server = server
+        self.admit = admit
 
     def add_generic_rpc_handlers(self, handlers: Any) -> None:
         pass  # registered below, from the rewritten method handlers
@@ -42,16 +109,27 @@ class _Registrar:
     def add_registered_method_handlers(self, service: str, handlers: dict[str, Any]) -> None:
         rewritten = {
             name: h._replace(request_deserializer=_tolerant(h.request_deserializer))
-            if not h.request_streaming and h.request_deserializer is not None
+            if h.request_deserializer is not None
             else h
             for name, h in handlers.items()
         }
+        if self.admit is not None:
+            admit = self.admit
+            rewritten = {
+                name: _admitted(f"/{service}/{name}", h, admit) for name, h in rewritten.items()
+            }
         self.server.add_generic_rpc_handlers(
             (grpc.method_handlers_generic_handler(service, rewritten),)
         )
         self.server.add_registered_method_handlers(service, rewritten)
 
 
-def add_service(add: Callable[[Any, Any], None], servicer: Any, server: grpc.aio.Server) -> None:
-    """`add(servicer, server)` (a generated registration function), tolerantly."""
-    add(servicer, _Registrar(server))
+def add_service(
+    add: Callable[[Any, Any], None],
+    servicer: Any,
+    server: grpc.aio.Server,
+    admit: Admit | None = None,
+) -> None:
+    """`add(servicer, server)` (a generated registration function), tolerantly,
+    each call admitted by `admit` first (if given)."""
+    add(servicer, _Registrar(server, admit))

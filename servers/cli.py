@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING
 from svtagg.dp.kinds import as_fraction
 from svtagg.mpc.softspoken import parse_ot, server_ot
 from svtagg.proto.tls import DEFAULT_HOSTS, ROLES, load_identity, write_deployment
+from svtagg.proto.vocab import MAX_TASKS
+from svtagg.servers.admission import CallLimits
 from svtagg.servers.garbling import DEFAULT_GARBLING, GARBLING_SCHEMES
 
 if TYPE_CHECKING:
@@ -127,6 +129,37 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="requests/s per caller certificate (0: no limit; the leader is exempt)",
     )
     p.add_argument("--rate-burst", type=float, default=2000.0, help="token-bucket burst size")
+    defaults = CallLimits()
+    p.add_argument(
+        "--max-calls-per-caller",
+        type=int,
+        default=defaults.calls_per_caller,
+        help="calls in flight per caller, streaming calls included (0: no bound)",
+    )
+    p.add_argument(
+        "--max-calls",
+        type=int,
+        default=defaults.calls_total,
+        help="calls in flight in all, the leader's not counted (0: no bound)",
+    )
+    p.add_argument(
+        "--max-uploads-per-caller",
+        type=int,
+        default=defaults.uploads_per_caller,
+        help="Upload calls reading or processing a batch per caller; more wait (0: no bound)",
+    )
+    p.add_argument(
+        "--max-tasks",
+        type=int,
+        default=MAX_TASKS,
+        help="tasks this server holds at most",
+    )
+    p.add_argument(
+        "--max-uploads",
+        type=int,
+        default=defaults.uploads_total,
+        help="Upload calls reading or processing a batch in all; more wait",
+    )
     p.add_argument(
         "--log-level",
         default="INFO",
@@ -255,6 +288,13 @@ def check_startup(args: argparse.Namespace) -> ServerConfig:
         ingest_listen=args.ingest_listen,
         rate_limit=args.rate_limit,
         rate_burst=args.rate_burst,
+        max_tasks=args.max_tasks,
+        call_limits=CallLimits(
+            calls_per_caller=args.max_calls_per_caller,
+            calls_total=args.max_calls,
+            uploads_per_caller=args.max_uploads_per_caller,
+            uploads_total=args.max_uploads,
+        ),
         max_epsilon_total=max_epsilon_total,
         max_delta_total=max_delta_total,
         require_validation=args.require_validation,

@@ -14,6 +14,7 @@ queries read the robust aggregates g(S) (`query_sums`), whose sensitivity is
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
@@ -44,8 +45,10 @@ from svtagg.mpc.sharing import expand_seed
 from svtagg.proto.vocab import (
     MAX_BATCH_REPORTS,
     MAX_BATCH_VALUES,
+    MAX_TASKS,
     REPORT_ID_BYTES,
     SEED_BYTES,
+    VERIFY_SLOTS,
     Role,
 )
 from svtagg.servers.exchange import (
@@ -203,6 +206,10 @@ class ServerCore(JointNoiseSteps):
         #: g(S) of the tasks that have streams here, which never changes again
         #: (`query_sums`), by task id; the most recent few.
         self._query_sums: dict[str, U64] = {}
+        #: Ingest verifications running at once (servers/ingest.py: VERIFY_SLOTS).
+        self.verify_slots = asyncio.Semaphore(VERIFY_SLOTS)
+        #: Tasks this server holds at most (`--max-tasks`).
+        self.max_tasks = MAX_TASKS
 
     def check_budget_policy(self, params: TaskParams) -> None:
         """Refuse a task whose total (ε, δ) exceeds this server's configured cap, or
@@ -237,6 +244,8 @@ class ServerCore(JointNoiseSteps):
         both servers share (drawn by the helper, `verify_key` on the leader)."""
         if params.validity and not verify_key:
             verify_key = self.rng.random_bytes(VERIFY_KEY_SIZE)
+        if len(self.store.task_ids()) >= self.max_tasks:
+            raise ResourceExhausted(f"this server holds its limit of {self.max_tasks} tasks")
         return self.store.create_task(params, verify_key)
 
     def close_collection(self, task_id: str) -> TaskState:

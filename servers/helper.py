@@ -87,7 +87,7 @@ class HelperDriver:
 
     async def verify(self, batch: VerifyBatch) -> VerifyResult:
         """Verify an upload batch with the leader's prep shares (servers/ingest.py)."""
-        return helper_verify(self.core, batch)
+        return await helper_verify(self.core, batch)
 
     async def digest(self, task_id: str) -> ReportSet:
         t = self.core.task(task_id)

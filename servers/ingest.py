@@ -24,11 +24,30 @@ measurement is valid, and uploads to the helper first, then to the leader.
 Both servers decide alike from the same two prep shares (the draft's
 prep_shares_to_prep and prep_next), so an acknowledged report is counted once
 on each.  What a verdict byte means: `Verdict`.
+
+The retry rule.  The helper records each batch's verdicts with a `binding`: a
+digest of the leader's prep shares they were decided on.  A batch sent again
+(same task, same ids) is answered from the record only if its leader prep
+shares are the same; otherwise it is refused and nothing is counted.  A leader
+prep share is a function of the leader's input share: its joint randomness
+part is a hash of the leader's measurement share, and its verifier is a linear
+function of the leader's input share whose coefficients (the query randomness)
+come from the verify key, which clients do not hold.  So a retry whose leader
+shares changed cannot have its unverified output shares folded.
+
+Bounds.  Every share's length is the circuit's (`Validity.input_share_bytes`);
+a batch holds at most `Validity.batch_limit` reports, so that what its
+verification allocates is bounded before anything is decoded; a report whose
+leader share did not decode costs the helper nothing (it is refused without
+being expanded); verification runs off the event loop, at most
+`VERIFY_SLOTS` batches at a time per server; the helper keeps at most the
+task's room plus one batch of unverified reports (`pending_cap`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import IntEnum
@@ -36,13 +55,21 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from svtagg.dp.errors import FailedPrecondition, InvalidArgument, PeerUnavailable
+from svtagg.dp.errors import (
+    AlreadyExists,
+    FailedPrecondition,
+    InvalidArgument,
+    PeerUnavailable,
+    ResourceExhausted,
+)
+from svtagg.proto.vocab import MAX_BATCH_REPORTS, MAX_MESSAGE_BYTES, MAX_VERIFY_BYTES
 from svtagg.servers.exchange import VerifyBatch, VerifyResult
 from svtagg.servers.faults import crash_point
 from svtagg.servers.proofs import field_words_rows, task_validity
-from svtagg.servers.store import Verified, batch_id
+from svtagg.servers.store import TaskState, Verified, batch_id
 from svtagg.vdaf.prio3 import Prio3
 from svtagg.vdaf.rows import PrepRows
+from svtagg.vdaf.validity import Validity
 from svtagg.vdaf.xof import SEED_SIZE
 
 if TYPE_CHECKING:
@@ -195,14 +222,53 @@ def _out_words(prio: Prio3, v: Any, mine: _Prepared, rows: list[int]) -> Any:
     return field_words_rows(prio, v, outs, rows)
 
 
+# ---------------------------------------------------------------- bounds
+def check_proof_batch(core: ServerCore, task: TaskState, ids: Sequence[bytes]) -> list[bytes]:
+    """`core.check_batch`, and at most `Validity.batch_limit` reports: the bound
+    on what the batch's verification allocates, checked before any decoding."""
+    v = task_validity(task)
+    limit = v.batch_limit(MAX_BATCH_REPORTS, MAX_MESSAGE_BYTES, MAX_VERIFY_BYTES)
+    if len(ids) > limit:
+        raise ResourceExhausted(
+            f"a batch of this task ({v.name}, d={v.d}) holds at most {limit} reports "
+            f"(each costs {v.verify_bytes()} bytes to verify), got {len(ids)}"
+        )
+    return core.check_batch(task, ids)
+
+
+def pending_cap(task: TaskState) -> int:
+    """Unverified reports the helper keeps for a task: its room plus one batch."""
+    return max(0, task.params.n_max - task.n) + MAX_BATCH_REPORTS
+
+
+def binding(task_id: str, ids: Sequence[bytes], leader_prep_shares: Sequence[bytes]) -> bytes:
+    """The digest a batch's verdicts are bound to (see the module's retry rule)."""
+    h = hashlib.sha256(b"svtagg/verify-binding/v1")
+    h.update(len(task_id.encode()).to_bytes(4, "big") + task_id.encode())
+    h.update(len(ids).to_bytes(4, "big") + b"".join(ids))
+    for share in leader_prep_shares:
+        h.update(len(share).to_bytes(4, "big") + share)
+    return h.digest()
+
+
 # ---------------------------------------------------------------- the helper
 def helper_receive(core: ServerCore, task_id: str, reports: Sequence[ProofReport]) -> int:
-    """The helper's Upload: keep the batch's shares pending; returns the task's n."""
+    """The helper's Upload: keep the batch's shares pending.  A share of the
+    wrong length is kept as b"" (refused as malformed at verification), so a
+    pending report never holds more than the circuit's few bytes.  Returns 0:
+    n is not a client's to know (GetTask withholds it too)."""
     task = core.task(task_id)
-    task_validity(task)
-    ids = core.check_batch(task, [r.report_id for r in reports])
-    core.store.add_pending(task_id, ids, [r.public_share + r.input_share for r in reports])
-    return task.n
+    v = task_validity(task)
+    ids = check_proof_batch(core, task, [r.report_id for r in reports])
+    public, share = v.public_share_bytes(), v.input_share_bytes(1)
+    blobs = [
+        r.public_share + r.input_share
+        if len(r.public_share) == public and len(r.input_share) == share
+        else b""
+        for r in reports
+    ]
+    core.store.add_pending(task_id, ids, blobs, cap=pending_cap(task))
+    return 0
 
 
 def _split_pending(prio: Prio3, blob: bytes) -> tuple[bytes, bytes]:
@@ -210,7 +276,7 @@ def _split_pending(prio: Prio3, blob: bytes) -> tuple[bytes, bytes]:
     return blob[:size], blob[size:]
 
 
-def helper_verify(core: ServerCore, batch: VerifyBatch) -> VerifyResult:
+async def helper_verify(core: ServerCore, batch: VerifyBatch) -> VerifyResult:
     """The helper's side of a batch's verification (see the module's text)."""
     task = core.task(batch.task_id)
     v = task_validity(task)
@@ -218,32 +284,77 @@ def helper_verify(core: ServerCore, batch: VerifyBatch) -> VerifyResult:
     ids = list(batch.ids)
     if len(batch.prep_shares) != len(ids):
         raise InvalidArgument(f"{len(ids)} reports, {len(batch.prep_shares)} prep shares")
+    check_proof_batch(core, task, ids)
     bid = batch_id(batch.task_id, ids)
+    bound = binding(batch.task_id, ids, batch.prep_shares)
     recorded = core.store.verdicts(batch.task_id, bid)
     if recorded is not None:
-        return VerifyResult((), recorded, True, task.n)
+        if core.store.verdict_binding(batch.task_id, bid) != bound:
+            raise FailedPrecondition(
+                "this batch was verified before with other leader shares; a retry must "
+                "send the very same reports (refused: nothing of it counted again)"
+            )
+        return VerifyResult((), recorded, True, 0)
     blobs = core.store.pending(batch.task_id, ids)
-    missing = sum(b is None for b in blobs)
-    if missing:
-        raise FailedPrecondition(
-            f"the helper has not received {missing} of this batch's {len(ids)} reports; "
-            "upload them to the helper first"
+    _check_received(core, batch.task_id, ids, blobs)
+    # A report the leader could not decode is refused as such; the helper
+    # neither decodes nor expands its own shares of it (an empty nonce).
+    reports = [
+        (rid, *_split_pending(prio, b or b"")) if lp else (b"", b"", b"")
+        for rid, b, lp in zip(ids, blobs, batch.prep_shares, strict=True)
+    ]
+    async with core.verify_slots:
+        verdicts, mine, rows, words = await asyncio.to_thread(
+            _helper_decide, core, prio, v, task.verify_key, reports, batch.prep_shares
         )
-    reports = [(rid, *_split_pending(prio, b or b"")) for rid, b in zip(ids, blobs, strict=True)]
-    mine = _prepare(prio, task.verify_key, 1, reports)
-    leader = _decode_shares(prio, batch.prep_shares, "leader")
-    verdicts, rows = _checked(core, prio, mine, leader, _own(mine))
     valid = [i for i, x in enumerate(verdicts) if x == Verdict.VALID]
     seeds = [reports[i][2][:SEED_SIZE] for i in valid]
-    n = core.store.add_reports(
+    core.store.add_reports(
         batch.task_id,
         [ids[i] for i in valid],
         seeds,
-        _out_words(prio, v, mine, rows),
-        Verified(bid, verdicts, rejected_counts(verdicts), ids),
+        words,
+        Verified(bid, verdicts, rejected_counts(verdicts), ids, bound),
     )
     crash_point("verify.after_record")  # recorded here, the leader not answered
-    return VerifyResult(mine.shares, verdicts, False, n)
+    return VerifyResult(mine.shares, verdicts, False, 0)
+
+
+def _check_received(
+    core: ServerCore, task_id: str, ids: list[bytes], blobs: list[bytes | None]
+) -> None:
+    """Refuse a batch the helper does not hold whole: AlreadyExists for ids it
+    has already counted (a resent part of a verified batch), FailedPrecondition
+    for ids it never received."""
+    missing = [rid for rid, b in zip(ids, blobs, strict=True) if b is None]
+    if not missing:
+        return
+    counted = core.store.counted(task_id, missing)
+    if counted:
+        raise AlreadyExists(
+            f"{counted} of this batch's {len(ids)} reports were already uploaded and "
+            "counted; batch refused (nothing counted twice)"
+        )
+    raise FailedPrecondition(
+        f"the helper has not received {len(missing)} of this batch's {len(ids)} reports; "
+        "upload them to the helper first"
+    )
+
+
+def _helper_decide(
+    core: ServerCore,
+    prio: Prio3,
+    v: Validity,
+    verify_key: bytes,
+    reports: list[tuple[bytes, bytes, bytes]],
+    leader_prep_shares: Sequence[bytes],
+) -> tuple[bytes, _Prepared, list[int], Any]:
+    """The helper's verification of a batch, off the event loop: its verdicts,
+    its prep shares and the field words of its valid output shares."""
+    leader = _decode_shares(prio, leader_prep_shares, "leader")
+    mine = _prepare(prio, verify_key, 1, reports)
+    verdicts, rows = _checked(core, prio, mine, leader, _own(mine))
+    return verdicts, mine, rows, _out_words(prio, v, mine, rows)
 
 
 def _checked(
@@ -276,9 +387,10 @@ async def verify_upload(
         raise FailedPrecondition(f"collection of task {task_id!r} is closed")
     v = task_validity(task)
     prio = v.prio3
-    ids = core.check_batch(task, [r.report_id for r in reports])
+    ids = check_proof_batch(core, task, [r.report_id for r in reports])
     rows = [(r.report_id, r.public_share, r.input_share) for r in reports]
-    mine = await asyncio.to_thread(_prepare, prio, task.verify_key, 0, rows)
+    async with core.verify_slots:
+        mine = await asyncio.to_thread(_prepare, prio, task.verify_key, 0, rows)
     answer = await helper.verify(VerifyBatch(task_id, tuple(ids), mine.shares))
     if len(answer.verdicts) != len(ids):
         raise PeerUnavailable(f"the helper sent {len(answer.verdicts)} verdicts for {len(ids)}")
@@ -295,7 +407,10 @@ async def verify_upload(
         if len(answer.prep_shares) != len(ids):
             raise PeerUnavailable("the helper sent a prep share count other than the batch's")
         theirs = _decode_shares(prio, answer.prep_shares, "helper")
-        verdicts, out_rows = _checked(core, prio, mine, _own(mine), theirs)
+        async with core.verify_slots:
+            verdicts, out_rows = await asyncio.to_thread(
+                _checked, core, prio, mine, _own(mine), theirs
+            )
         if verdicts != answer.verdicts:
             raise FailedPrecondition(
                 "the servers' verdicts on this batch differ; it is not counted here "
@@ -304,11 +419,8 @@ async def verify_upload(
     valid = [rid for rid, x in zip(ids, verdicts, strict=True) if x == Verdict.VALID]
     counts = rejected_counts(verdicts)
     crash_point("verify.before_record")  # the helper has recorded; not yet here
+    words = await asyncio.to_thread(_out_words, prio, v, mine, out_rows)
     n = core.store.add_reports(
-        task_id,
-        valid,
-        [b""] * len(valid),
-        _out_words(prio, v, mine, out_rows),
-        Verified(b"", verdicts, counts, []),
+        task_id, valid, [b""] * len(valid), words, Verified(b"", verdicts, counts, [])
     )
     return Accepted(len(valid), n, counts)

@@ -4,19 +4,23 @@ second main process on the same store would undo the first one's work: the
 main process holds an exclusive lock for its lifetime, taken before the store
 is opened, and a second one is refused in one line naming the holder.
 
-SQLite: an flock on `<db>.lock` (the file stays; the kernel drops the lock when
-the process ends, however it ends).  PostgreSQL: a session-level advisory lock
-keyed by the store's schema, held by a session of its own (the server drops it
-when the process's connection ends).  Ingest replicas and workers share a
+SQLite: an flock on the store file itself, i.e. on its inode, whatever name
+reaches it (the kernel drops the lock when the process ends, however it ends);
+`<db>.lock` only names the holder, and is never followed through a link.
+PostgreSQL: a session-level advisory lock keyed by the store's schema, held
+by a session of its own (the server drops it when the process's connection
+ends).  Ingest replicas and workers share a
 PostgreSQL store with the main process by design and take no lock."""
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import os
 import socket
+import stat
 import time
 from typing import IO, Any
 
@@ -41,13 +45,16 @@ def _holder(role: str) -> str:
 class MainLock:
     """The held lock; `release()` when the server has closed its store."""
 
-    def __init__(self, file: IO[str] | None = None, session: Any = None) -> None:
-        self._file, self._session = file, session
+    def __init__(self, file: IO[str] | None = None, session: Any = None, fd: int = -1) -> None:
+        self._file, self._session, self._fd = file, session, fd
 
     def release(self) -> None:
         if self._file is not None:
-            self._file.close()  # closing the descriptor drops the flock
+            self._file.close()
             self._file = None
+        if self._fd >= 0:
+            os.close(self._fd)  # closing the descriptor drops the flock
+            self._fd = -1
         if self._session is not None:
             with contextlib.suppress(Exception):
                 self._session.close()
@@ -61,26 +68,62 @@ def hold_main_lock(store_path: str, role: str) -> MainLock:
         return _hold_postgres(store_path, role)
     if path == ":memory:":
         return MainLock()
-    # One lock file per store file, however `--db` names it (a symlink, ../).
     path = os.path.realpath(path)
-    f = open(f"{path}.lock", "a+", encoding="utf-8")  # noqa: SIM115 - held for the lifetime
+    # The lock is the store file's own inode (an flock, which SQLite's POSIX
+    # record locks do not touch), so every name of the store — a symlink, ../,
+    # a hard link — meets the same lock.  The descriptor stays open until
+    # `release`, after the store is closed (closing a descriptor of the file
+    # would drop SQLite's record locks of this process).
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
-        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        f.seek(0)
-        holder = f.read().strip() or "main process"
-        f.close()
+        os.close(fd)
         raise StoreInUse(
-            f"store {path} is in use by another {holder}; one main process per store"
+            f"store {path} is in use by another {_read_holder(path)}; one main process per store"
         ) from None
     except BaseException:
-        f.close()
+        os.close(fd)
         raise
-    f.seek(0)
-    f.truncate()
-    f.write(_holder(role) + "\n")
-    f.flush()
-    return MainLock(file=f)
+    try:
+        note = _holder_file(f"{path}.lock")
+    except BaseException:
+        os.close(fd)
+        raise
+    note.write(_holder(role) + "\n")
+    note.flush()
+    return MainLock(file=note, fd=fd)
+
+
+def _holder_file(name: str) -> IO[str]:
+    """`<db>.lock`, where the holder writes its name for a second process's
+    refusal: opened without following a link, and refused unless it is a
+    regular file of one name (truncating a planted link would overwrite its
+    target)."""
+    try:
+        fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise StoreInUse(
+                f"{name} is a symbolic link; remove it (the server writes there)"
+            ) from None
+        raise
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+        os.close(fd)
+        raise StoreInUse(f"{name} is not a plain file of its own; remove it")
+    os.ftruncate(fd, 0)
+    return os.fdopen(fd, "w", encoding="utf-8")
+
+
+def _read_holder(path: str) -> str:
+    """The holder's name from `<db>.lock` (never following a link)."""
+    try:
+        fd = os.open(f"{path}.lock", os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return "main process"
+    with os.fdopen(fd, encoding="utf-8", errors="replace") as f:
+        return f.read(200).strip() or "main process"
 
 
 def _hold_postgres(url: str, role: str) -> MainLock:

@@ -12,6 +12,7 @@ import numpy as np
 
 from svtagg.dp.errors import FailedPrecondition, InvalidArgument
 from svtagg.mpc.ring import U64
+from svtagg.proto.vocab import MAX_BATCH_REPORTS, MAX_MESSAGE_BYTES, MAX_VERIFY_BYTES
 from svtagg.servers.store import TaskState
 from svtagg.vdaf.field import FIELD128
 from svtagg.vdaf.prio3 import Prio3
@@ -36,11 +37,20 @@ def task_validity(task: TaskState) -> Validity:
 
 
 def check_validity(text: str, d: int, frac_bits: int, embedding: str) -> None:
-    """Refuse (InvalidArgument) a task whose circuit does not parse or fit."""
+    """Refuse (InvalidArgument) a task whose circuit does not parse or fit, or
+    one of whose reports alone would not fit an upload message or the bound on
+    a batch's verification."""
     try:
-        parse_validity(text, d, frac_bits, embedding)
+        v = parse_validity(text, d, frac_bits, embedding)
     except ValidityError as exc:
         raise InvalidArgument(str(exc)) from None
+    if v is not None and not v.batch_limit(MAX_BATCH_REPORTS, MAX_MESSAGE_BYTES, MAX_VERIFY_BYTES):
+        raise InvalidArgument(
+            f"one {v.name} report at d={d}, F={frac_bits} is {v.input_share_bytes(0)} bytes "
+            f"to the leader and costs {v.verify_bytes()} bytes to verify, over the "
+            f"{MAX_MESSAGE_BYTES >> 20} MiB message or {MAX_VERIFY_BYTES >> 20} MiB "
+            "verification bound: choose a smaller d (or a 0/1 circuit)"
+        )
 
 
 def field_words(prio: Prio3, v: Validity, out_shares: Sequence[object]) -> U64:

@@ -28,6 +28,8 @@ F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 #: Stands for "no client certificate", possible only on the optional
 #: server-only-TLS ingest port (the main port's handshake demands a certificate).
 ANONYMOUS = ""
+#: Longest refusal text a call ends with (characters).
+MAX_DETAIL = 1000
 
 
 def request_ref(request: Any) -> str:
@@ -61,7 +63,12 @@ async def abort_with(
         metrics.refusals.labels(method=method, code=code.name).inc()
     # The method, the ids it names and the code: messages may name parameters, never data.
     log.info("%s %s refused: %s (%s)", method, ref or "-", code.name, name)
-    await context.abort(code, str(exc), trailing_metadata=((REFUSAL_KEY, name),))
+    # A refusal's text is cut to MAX_DETAIL: it may quote the request, and
+    # gRPC's metadata limit would otherwise break the call.
+    detail = str(exc)
+    if len(detail) > MAX_DETAIL:
+        detail = detail[: MAX_DETAIL - 1] + "…"
+    await context.abort(code, detail, trailing_metadata=((REFUSAL_KEY, name),))
 
 
 def rpc(*roles: str) -> Callable[[F], F]:

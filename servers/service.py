@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from fractions import Fraction
 
@@ -18,8 +18,9 @@ from svtagg.mpc.softspoken import parse_ot
 from svtagg.proto import health_pb2_grpc
 from svtagg.proto import svtagg_pb2_grpc as pb_grpc
 from svtagg.proto.tls import CertificateError, Identity
-from svtagg.proto.vocab import SERVER_OPTIONS, SERVER_ROLES, Role
+from svtagg.proto.vocab import MAX_TASKS, SERVER_OPTIONS, SERVER_ROLES, Role
 from svtagg.proto.wire import add_service
+from svtagg.servers.admission import Admission, CallLimits
 from svtagg.servers.core import PartyFactory, ServerCore
 from svtagg.servers.datachannel import DataListener, split_host
 from svtagg.servers.garbling import DEFAULT_GARBLING, GarbledCircuitParties, check_scheme_name
@@ -148,6 +149,11 @@ class ServerConfig:
     #: helper are exempt.  rate <= 0 disables the limit.
     rate_limit: float = 1000.0
     rate_burst: float = 2000.0
+    #: Calls in flight per caller and in all, uploads among them
+    #: (servers/admission.py), checked before a request is read.
+    call_limits: CallLimits = field(default_factory=CallLimits)
+    #: Tasks this server holds at most (ListTasks answers them in one message).
+    max_tasks: int = MAX_TASKS
     #: Budget policy: largest total (ε, δ) a task may have on this server (None: no cap).
     max_epsilon_total: Fraction | None = None
     max_delta_total: Fraction | None = None
@@ -216,7 +222,9 @@ class SvtaggServer:
             max_delta_total=config.max_delta_total,
             require_validation=config.require_validation,
         )
+        self.core.max_tasks = config.max_tasks
         self.limiter = RateLimiter(config.rate_limit, config.rate_burst)
+        self.admission = Admission(config.call_limits)
         self.peer = _helper_port(config)
         self.helper_probe = (
             HelperProbe(
@@ -225,15 +233,22 @@ class SvtaggServer:
             if self.peer is not None
             else None
         )
-        self.health = HealthService(self.helper_probe)
+        self.health = HealthService(self.helper_probe, self.limiter)
         for task_id in self.store.task_ids():
             self.metrics.budget(self.store, task_id)
         if config.kind.serves_ingest:
             ingest = IngestService(
                 self.core, helper=self.peer, limiter=self.limiter, metrics=self.metrics
             )
-            add_service(pb_grpc.add_IngestServicer_to_server, ingest, self.server)
-        add_service(health_pb2_grpc.add_HealthServicer_to_server, self.health, self.server)
+            add_service(
+                pb_grpc.add_IngestServicer_to_server, ingest, self.server, self.admission.admit
+            )
+        add_service(
+            health_pb2_grpc.add_HealthServicer_to_server,
+            self.health,
+            self.server,
+            self.admission.admit,
+        )
         # Built by `start`, once what they need is connected.
         self.work: WorkQueue | None = None
         #: The leader's driver (main process, front end or worker); None on the helper.
@@ -303,7 +318,9 @@ class SvtaggServer:
         self.analyst = AnalystService(
             self.driver, helper=peer, limiter=self.limiter, metrics=self.metrics
         )
-        add_service(pb_grpc.add_AnalystServicer_to_server, self.analyst, self.server)
+        add_service(
+            pb_grpc.add_AnalystServicer_to_server, self.analyst, self.server, self.admission.admit
+        )
 
     async def _build_helper(self) -> None:
         """The helper's Peer service, offering the data listener once it listens."""
@@ -312,7 +329,9 @@ class SvtaggServer:
             log.info("helper data channel on port %d", self.data_listener.port)
         driver = HelperDriver(self.core, self.party, data=self.data_listener)
         self.peer_service = PeerService(driver, metrics=self.metrics)
-        add_service(pb_grpc.add_PeerServicer_to_server, self.peer_service, self.server)
+        add_service(
+            pb_grpc.add_PeerServicer_to_server, self.peer_service, self.server, self.admission.admit
+        )
 
     async def stop(self, grace: float = 5.0) -> None:
         """Graceful shutdown: report NOT_SERVING, let calls finish, close the store."""

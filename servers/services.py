@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
 
-from svtagg.dp.errors import FailedPrecondition, InvalidArgument
+from svtagg.dp.errors import FailedPrecondition, InvalidArgument, RateLimited
 from svtagg.proto import health_pb2, health_pb2_grpc
 from svtagg.proto import svtagg_pb2 as pb
 from svtagg.proto import svtagg_pb2_grpc as pb_grpc
@@ -68,6 +68,11 @@ class IngestService(pb_grpc.IngestServicer):
 
     @rpc(Role.CLIENT, ANONYMOUS)
     async def Upload(self, request: pb.UploadBatch, context: Context) -> pb.UploadResult:
+        """Store (plain shares) or verify and fold (Prio3 reports) one batch.  The
+        answer's n stays 0: the task's count is not the uploader's to learn
+        (GetTask withholds it from clients too; the analyst reads it)."""
+        if not request.reports:
+            raise InvalidArgument("empty upload batch")
         if request.reports and request.reports[0].WhichOneof("share") == "input_share":
             result = await self._proofs(request)
         else:
@@ -77,8 +82,8 @@ class IngestService(pb_grpc.IngestServicer):
                 if r.WhichOneof("share") != field:
                     raise InvalidArgument(f"the {self.core.role} takes reports with a {field}")
                 reports.append((r.report_id, getattr(r, field)))
-            n = self.core.upload(request.task_id, reports)
-            result = pb.UploadResult(accepted=len(reports), n=n)
+            self.core.upload(request.task_id, reports)
+            result = pb.UploadResult(accepted=len(reports))
         if self.metrics is not None:
             self.metrics.reports.labels(task=request.task_id).inc(result.accepted)
             self.metrics.batches.labels(task=request.task_id).inc()
@@ -95,12 +100,12 @@ class IngestService(pb_grpc.IngestServicer):
                 raise InvalidArgument("a batch holds Prio3 reports only, or plain shares only")
             reports.append(ProofReport(r.report_id, r.input_share, r.public_share))
         if self.core.role == Role.HELPER:
-            n = helper_receive(self.core, request.task_id, reports)
-            return pb.UploadResult(accepted=len(reports), n=n)
+            helper_receive(self.core, request.task_id, reports)
+            return pb.UploadResult(accepted=len(reports))
         if self.helper is None:
             raise FailedPrecondition("this process does not take uploads (no helper connection)")
         out = await verify_upload(self.core, self.helper, request.task_id, reports)
-        return pb.UploadResult(accepted=out.accepted, n=out.n, rejected=out.rejected)
+        return pb.UploadResult(accepted=out.accepted, rejected=out.rejected)
 
     @rpc(Role.CLIENT, Role.ANALYST, Role.LEADER, ANONYMOUS)
     async def GetTask(self, request: pb.TaskRef, context: Context) -> pb.TaskInfo:
@@ -373,6 +378,8 @@ class PeerService(pb_grpc.PeerServicer):
 
         async def read() -> Any:
             frame = await context.read()
+            if frame is UNDECODABLE:
+                raise InvalidArgument("Session: a frame does not parse as PeerFrame")
             return None if frame is grpc.aio.EOF else frame
 
         await self.driver.serve_session(context.write, read)
@@ -425,9 +432,12 @@ class HealthService(health_pb2_grpc.HealthServicer):
     leader, Check also answers NOT_SERVING while the helper is unreachable (as
     `HelperProbe` last saw it), since no task can be created, closed or queried then."""
 
-    def __init__(self, helper: HelperProbe | None = None) -> None:
+    def __init__(
+        self, helper: HelperProbe | None = None, limiter: RateLimiter | None = None
+    ) -> None:
         self.serving = True
         self.helper = helper
+        self.limiter = limiter
         self._changed = asyncio.Event()
 
     def set_serving(self, serving: bool) -> None:
@@ -439,6 +449,11 @@ class HealthService(health_pb2_grpc.HealthServicer):
         return s(status=s.SERVING if self.serving else s.NOT_SERVING)
 
     async def Check(self, request: Any, context: Any) -> health_pb2.HealthCheckResponse:
+        if peer_role(context) != Role.LEADER:
+            try:
+                check_rate(self.limiter, context)
+            except RateLimited as exc:
+                await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
         if request is UNDECODABLE:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "undecodable request")
         if request.service not in ("", "svtagg.v1.Ingest", "svtagg.v1.Analyst", "svtagg.v1.Peer"):
@@ -449,6 +464,20 @@ class HealthService(health_pb2_grpc.HealthServicer):
         return self._status()
 
     async def Watch(self, request: Any, context: Any) -> Any:
+        """Status changes, for as long as the call is held: only for a caller
+        with a certificate (an anonymous watcher on the ingest port is refused;
+        Check answers anyone), within its rate limit, and counted among its
+        calls in flight (servers/admission.py) while it lasts."""
+        if peer_role(context) is None:
+            await context.abort(
+                grpc.StatusCode.UNAUTHENTICATED, "Watch needs a certificate; Check needs none"
+            )
+        if request is UNDECODABLE:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "undecodable request")
+        try:
+            check_rate(self.limiter, context)
+        except RateLimited as exc:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
         while True:
             yield self._status()
             if not self.serving:

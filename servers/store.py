@@ -166,11 +166,15 @@ class Store(Protocol):
         transaction."""
         ...
 
-    def add_pending(self, task_id: str, report_ids: list[bytes], blobs: list[bytes]) -> int:
+    def add_pending(
+        self, task_id: str, report_ids: list[bytes], blobs: list[bytes], cap: int | None = None
+    ) -> int:
         """The helper of a task with a validity circuit: keep each report's Prio3
         shares until the leader's verification of its batch (atomically; an id
         already pending keeps its first shares; AlreadyExists if an id is already
-        verified).  Returns how many reports of the task are pending."""
+        verified; ResourceExhausted, nothing kept, if the task would then hold
+        more than `cap` pending reports).  Returns how many reports of the task
+        are pending."""
         ...
 
     def pending(self, task_id: str, report_ids: list[bytes]) -> list[bytes | None]:
@@ -179,6 +183,15 @@ class Store(Protocol):
 
     def verdicts(self, task_id: str, batch_id: bytes) -> bytes | None:
         """The verdicts recorded for a verified batch (None: not verified here)."""
+        ...
+
+    def counted(self, task_id: str, report_ids: list[bytes]) -> int:
+        """How many of `report_ids` the task holds as reports (verified or stored)."""
+        ...
+
+    def verdict_binding(self, task_id: str, batch_id: bytes) -> bytes | None:
+        """What a verified batch's verdicts are bound to (`Verified.binding`;
+        None: not verified here, or recorded before bindings were kept)."""
         ...
 
     def close_collection(self, task_id: str) -> TaskState:
@@ -535,6 +548,21 @@ class Verified:
     verdicts: bytes
     rejected: dict[str, int]
     batch_ids: list[bytes]
+    #: The helper's record: a digest of the leader's prep shares the verdicts
+    #: were decided on (servers/ingest.py: `binding`), kept with them so a
+    #: retried batch is answered from the record only if it is the same batch.
+    binding: bytes = b""
+
+
+def check_pending_cap(held: int, adding: int, cap: int) -> None:
+    """Refuse (ResourceExhausted) a batch that would take a task's pending
+    reports past `cap` (the rule both stores apply inside `add_pending`)."""
+    if held + adding > cap:
+        raise ResourceExhausted(
+            f"the helper holds {held} unverified reports of this task; {adding} more "
+            f"would pass its bound of {cap} (the task's room plus one batch): send "
+            "each batch's leader half before the next batch's helper half"
+        )
 
 
 def sum_bytes(d: int, in_field: bool) -> int:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from svtagg.dp.errors import AlreadyExists, FailedPrecondition
-from svtagg.servers.store import TaskState, Verified
+from svtagg.servers.store import TaskState, Verified, check_pending_cap
 
 
 class _Held(Protocol):
@@ -21,22 +21,29 @@ class _Held(Protocol):
 
 
 class PgPending:
-    """Pending shares and batch verdicts, in the tables of schema version 6."""
+    """Pending shares and batch verdicts, in the tables of schema version 6 (the binding: 11)."""
 
     def _record_verified(self: _Held, task_id: str, v: Verified) -> None:
         """A verified batch's verdicts, and its pending shares dropped (inside
         the caller's transaction)."""
         if v.batch_id:  # the helper's record (a retried verification reads it)
             self._conn.execute(
-                "INSERT INTO verdicts (task_id, batch_id, verdicts) VALUES (%s, %s, %s)",
-                (task_id, v.batch_id, v.verdicts),
+                "INSERT INTO verdicts (task_id, batch_id, verdicts, binding)"
+                " VALUES (%s, %s, %s, %s)",
+                (task_id, v.batch_id, v.verdicts, v.binding),
             )
         self._conn.execute(
             "DELETE FROM pending WHERE task_id=%s AND report_id = ANY(%s)",
             (task_id, v.batch_ids),
         )
 
-    def add_pending(self: _Held, task_id: str, report_ids: list[bytes], blobs: list[bytes]) -> int:
+    def add_pending(
+        self: _Held,
+        task_id: str,
+        report_ids: list[bytes],
+        blobs: list[bytes],
+        cap: int | None = None,
+    ) -> int:
         with self._tx():
             row = self._conn.execute(
                 "SELECT collection_open FROM tasks WHERE task_id=%s FOR UPDATE", (task_id,)
@@ -45,6 +52,11 @@ class PgPending:
                 self.task(task_id)  # NotFound
             if not row[0]:
                 raise FailedPrecondition(f"collection of task {task_id!r} is closed")
+            if cap is not None:  # the task's row is locked: no other batch counts meanwhile
+                held = self._conn.execute(
+                    "SELECT COUNT(*) FROM pending WHERE task_id=%s", (task_id,)
+                ).fetchone()[0]
+                check_pending_cap(held, len(report_ids), cap)
             seen = self._conn.execute(
                 "SELECT COUNT(*) FROM reports WHERE task_id=%s AND report_id = ANY(%s)",
                 (task_id, report_ids),
@@ -78,3 +90,16 @@ class PgPending:
             "SELECT verdicts FROM verdicts WHERE task_id=%s AND batch_id=%s", (task_id, batch_id)
         ).fetchone()
         return None if row is None else bytes(row[0])
+
+    def counted(self: _Held, task_id: str, report_ids: list[bytes]) -> int:
+        row = self._conn.execute(
+            "SELECT COUNT(*) FROM reports WHERE task_id=%s AND report_id = ANY(%s)",
+            (task_id, report_ids),
+        ).fetchone()
+        return int(row[0])
+
+    def verdict_binding(self: _Held, task_id: str, batch_id: bytes) -> bytes | None:
+        row = self._conn.execute(
+            "SELECT binding FROM verdicts WHERE task_id=%s AND batch_id=%s", (task_id, batch_id)
+        ).fetchone()
+        return None if row is None or row[0] is None else bytes(row[0])

@@ -259,5 +259,22 @@ _V10: tuple[str, ...] = (
     )""",
 )
 
+#: Version 11: a verified batch's verdicts bound to the leader's prep shares
+#: they were decided on (`store.Verified.binding`): a retry that changed them
+#: is refused (rows recorded before hold NULL, and no retry of those is taken).
+_V11: tuple[str, ...] = ("ALTER TABLE verdicts ADD COLUMN binding BYTEA",)
+
 #: `MIGRATIONS[v]` brings a store at version v to v + 1.
-MIGRATIONS: tuple[tuple[str, ...], ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9, _V10)
+MIGRATIONS: tuple[tuple[str, ...], ...] = (
+    _V1,
+    _V2,
+    _V3,
+    _V4,
+    _V5,
+    _V6,
+    _V7,
+    _V8,
+    _V9,
+    _V10,
+    _V11,
+)

@@ -51,6 +51,7 @@ from svtagg.servers.store import (
     assemble,
     book_text,
     charged,
+    check_pending_cap,
     check_removable,
     counted,
     fold,
@@ -73,7 +74,7 @@ class SqliteStore(JointPoolTables):
     one event loop; one process per store file."""
 
     #: Schema version this code writes (SQLite's user_version).
-    SCHEMA_VERSION = 8
+    SCHEMA_VERSION = 9
 
     def __init__(self, path: str | Path) -> None:
         self.path = str(path)
@@ -176,6 +177,15 @@ class SqliteStore(JointPoolTables):
                 " WITHOUT ROWID"
             )
             self._db.execute("PRAGMA user_version = 8")
+            version = 8
+        if version < 9:
+            # v9: a verified batch's verdicts bound to the leader's prep shares
+            # they were decided on (`Verified.binding`), so a retry that changed
+            # them is refused (rows recorded before hold NULL: no retry of those).
+            cols = {r[1] for r in self._db.execute("PRAGMA table_info(verdicts)")}
+            if "binding" not in cols:
+                self._db.execute("ALTER TABLE verdicts ADD COLUMN binding BLOB")
+            self._db.execute("PRAGMA user_version = 9")
 
     def _recover(self) -> int:
         """Fail closed every stream that was opening or mid-chunk at the last stop,
@@ -333,19 +343,26 @@ class SqliteStore(JointPoolTables):
         the caller's transaction)."""
         if v.batch_id:  # the helper's record (a retried verification reads it)
             self._db.execute(
-                "INSERT INTO verdicts (task_id, batch_id, verdicts) VALUES (?, ?, ?)",
-                (task_id, v.batch_id, v.verdicts),
+                "INSERT INTO verdicts (task_id, batch_id, verdicts, binding) VALUES (?, ?, ?, ?)",
+                (task_id, v.batch_id, v.verdicts, v.binding),
             )
         self._db.executemany(
             "DELETE FROM pending WHERE task_id=? AND report_id=?",
             [(task_id, rid) for rid in v.batch_ids],
         )
 
-    def add_pending(self, task_id: str, report_ids: list[bytes], blobs: list[bytes]) -> int:
+    def add_pending(
+        self, task_id: str, report_ids: list[bytes], blobs: list[bytes], cap: int | None = None
+    ) -> int:
         with self._tx():
             task = self.task(task_id)
             if not task.collection_open:
                 raise FailedPrecondition(f"collection of task {task_id!r} is closed")
+            if cap is not None:
+                held = self._db.execute(
+                    "SELECT COUNT(*) FROM pending WHERE task_id=?", (task_id,)
+                ).fetchone()[0]
+                check_pending_cap(held, len(report_ids), cap)
             placeholders = ",".join("?" * len(report_ids))
             seen = self._db.execute(
                 f"SELECT COUNT(*) FROM reports WHERE task_id=? AND report_id IN ({placeholders})",
@@ -379,6 +396,23 @@ class SqliteStore(JointPoolTables):
             "SELECT verdicts FROM verdicts WHERE task_id=? AND batch_id=?", (task_id, batch_id)
         ).fetchone()
         return None if row is None else bytes(row[0])
+
+    def counted(self, task_id: str, report_ids: list[bytes]) -> int:
+        total = 0
+        for start in range(0, len(report_ids), 500):  # SQLite's bound on parameters
+            part = report_ids[start : start + 500]
+            total += self._db.execute(
+                "SELECT COUNT(*) FROM reports WHERE task_id=? AND report_id IN "
+                f"({','.join('?' * len(part))})",
+                (task_id, *part),
+            ).fetchone()[0]
+        return int(total)
+
+    def verdict_binding(self, task_id: str, batch_id: bytes) -> bytes | None:
+        row = self._db.execute(
+            "SELECT binding FROM verdicts WHERE task_id=? AND batch_id=?", (task_id, batch_id)
+        ).fetchone()
+        return None if row is None or row[0] is None else bytes(row[0])
 
     def close_collection(self, task_id: str) -> TaskState:
         with self._tx():

@@ -27,7 +27,7 @@ def _upload_and_close(dep: Deployment, values: np.ndarray, task_id: str = "t1", 
 async def test_upload_close_stream_chunk(deployment: Deployment, svc_rng: np.random.Generator):
     values = (svc_rng.random((200, 6)) < np.array([0.9, 0.1, 0.1, 0.5, 0.1, 0.05])).astype(float)
     stats, info = await off_loop(_upload_and_close, deployment, values, eps_total="20")
-    assert (stats.n_leader, stats.n_helper, info.n) == (200, 200, 200)
+    assert (stats.held, info.n) == ([200, 200], 200)
     assert not info.collection_open
 
     def run() -> tuple[int | None, int | None, list[Outcome], object]:

@@ -52,7 +52,7 @@ async def test_a_client_uploads_proved_reports_through_both_servers(
         stub.CreateTask(proof_task(), timeout=10)
         with dep.uploader() as up:
             stats = up.upload("p", values, batch_size=128, require_validation=True)
-        assert (stats.reports, stats.n_leader, stats.rejected) == (300, 300, {})
+        assert (stats.reports, stats.held, stats.rejected) == (300, [300, 300], {})
         plain = make_batch("p", values[:2], F)  # no proof
         ingest = pb_grpc.IngestStub(dep.uploader()._channels[0])
         with pytest.raises(grpc.RpcError) as refused:

@@ -622,7 +622,7 @@ def test_sqlite_schema_v3_streams_gain_their_plan(tmp_path: Path) -> None:
         assert (
             store._db.execute("PRAGMA user_version").fetchone()[0]
             == SqliteStore.SCHEMA_VERSION
-            == 8
+            == 9
         )
         assert store.stream("s").plan is None and store.stream("s").state == FAILED
         assert store.noisy_max_carry("s") is None  # v7: no carried winner
@@ -674,7 +674,7 @@ def test_pg_schema_v4_streams_gain_their_plan_and_staging_its_pass(pg_url: tuple
         )
     store = PgStore(url, schema=schema)
     try:
-        assert store.schema_version() == PgStore.SCHEMA_VERSION == 10
+        assert store.schema_version() == PgStore.SCHEMA_VERSION == 11
         assert store.stream("s").plan is None
         assert store.noisy_max_carry("s") is None  # v9: no carried winner
         # v7: the work table takes report-noisy-max jobs

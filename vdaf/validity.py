@@ -36,6 +36,7 @@ from svtagg.vdaf.prio3 import (
     prio3_multihot,
     prio3_range_vec,
 )
+from svtagg.vdaf.xof import SEED_SIZE
 
 #: The circuit names a task may give, with what each proves.
 CIRCUITS = {
@@ -125,6 +126,44 @@ class Validity:
         prio = self.prio3
         out = prio.shard_batch_encoded(self.measurements(grid_rows), nonces, rands)
         return [(public, shares[0], shares[1]) for public, shares in out]
+
+    # -- sizes: what one report costs on the wire and in verification --------
+    def public_share_bytes(self) -> int:
+        """Exact length of a report's public share (the joint randomness parts)."""
+        prio = self.prio3
+        return SEED_SIZE * prio.shares if prio.uses_joint_rand else 0
+
+    def input_share_bytes(self, agg_id: int) -> int:
+        """Exact length of aggregator `agg_id`'s input share: the leader's
+        measurement and proof shares in the field, a helper's two seeds; plus
+        the blind where the circuit uses joint randomness."""
+        prio = self.prio3
+        blind = SEED_SIZE if prio.uses_joint_rand else 0
+        if agg_id == 0:
+            return (prio.flp.meas_len + prio.flp.proof_len) * prio.field.encoded_size + blind
+        return 2 * SEED_SIZE + blind
+
+    def verify_bytes(self) -> int:
+        """An upper estimate of what verifying one report allocates on either
+        server: its measurement and proof shares, output share, verifier and
+        the query's intermediate rows, each a field element, counted twice
+        (a copy is made on the way)."""
+        flp = self.prio3.flp
+        elements = flp.meas_len + flp.proof_len + flp.output_len + flp.verifier_len
+        return 2 * elements * self.prio3.field.encoded_size
+
+    def batch_limit(self, max_reports: int, max_message: int, max_verify: int) -> int:
+        """The most reports one upload batch of this circuit may hold: at most
+        `max_reports`, a leader message within `max_message` bytes (with room
+        for ids and framing), and a verification within `max_verify` bytes.
+        0 when a single report does not fit (such a task is refused)."""
+        per_message = self.input_share_bytes(0) + self.public_share_bytes() + 64
+        return max(
+            0,
+            min(
+                max_reports, (max_message - 4096) // per_message, max_verify // self.verify_bytes()
+            ),
+        )
 
     def describe(self) -> str:
         what = CIRCUITS[self.name]
