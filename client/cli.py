@@ -5,7 +5,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from svtagg.client.journal import UploadJournal
+    from svtagg.client.records import ReadStats
+    from svtagg.proto import svtagg_pb2 as pb
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -47,7 +54,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         action="store_true",
         help="skip the first line of a text file (refused if that line is all numbers)",
     )
-    u.add_argument("--delimiter", default=",", help="field separator of a text file")
+    u.add_argument(
+        "--delimiter",
+        default=",",
+        help="field separator of a text file: one character, or '\\t' for a tab",
+    )
     u.add_argument(
         "--clip",
         action="store_true",
@@ -62,7 +73,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="embedding parameter, e.g. clip=3.5, bound=1, p=2 (repeatable)",
     )
     u.add_argument(
-        "--batch", type=int, default=1000, help="reports per batch (a resume keeps the journal's)"
+        "--batch",
+        type=int,
+        default=1000,
+        help="reports per batch, lowered (with a notice) to what one batch of the task may "
+        "hold, fewer for a large d with proofs (a resume keeps the journal's)",
     )
     u.add_argument(
         "--resume",
@@ -84,8 +99,16 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="refuse to upload to a task whose reports carry no validity proof; "
         "--no-require-validation uploads plain shares to such a task (default: refuse)",
     )
-    u.add_argument("--json", action="store_true", help="print the result as one JSON object")
-    u.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    u.add_argument(
+        "--json",
+        action="store_true",
+        help="print the result as one JSON object. reports: sent by this run; rows: of the "
+        "input; batch: reports per batch; leader_rows/helper_rows: rows of this upload each "
+        "server has acknowledged holding (they replace leader_n/helper_n: servers do not tell "
+        "clients a task's n); leader_stored/helper_stored: of those, stored by this run (the "
+        "rest were already held); rejected: reports refused for a failed proof, by reason",
+    )
+    u.add_argument("--quiet", action="store_true", help="no progress or notices on stderr")
     u.set_defaults(handler=run_upload)
     p.set_defaults(handler=lambda a: (p.print_help(), 2)[1])
 
@@ -120,34 +143,19 @@ def run_upload(args: argparse.Namespace) -> int:
 
     from svtagg.client.journal import UploadJournal, default_path, fingerprint
     from svtagg.client.records import InputError, ReadStats, Spec, default_format, read_input
-    from svtagg.client.upload import Resumable, Uploader, UploadError, UploadStats
+    from svtagg.client.upload import Resumable, Uploader, UploadError, UploadStats, task_circuit
     from svtagg.proto.tls import load_identity
-    from svtagg.proto.vocab import MAX_BATCH_VALUES
 
     if args.batch < 1:
         raise InputError(f"--batch must be >= 1, got {args.batch}")
-    if len(args.delimiter) != 1:
-        raise InputError(f"--delimiter must be one character, got {args.delimiter!r}")
+    delimiter = "\t" if args.delimiter == "\\t" else args.delimiter
+    if len(delimiter) != 1:
+        raise InputError(
+            f"--delimiter must be one character ('\\t' for a tab), got {args.delimiter!r}"
+        )
     params = _params(args.param)
     journal_path = Path(args.journal) if args.journal else default_path(args.input, args.task)
-    recorded: UploadJournal | None = None
-    if journal_path.exists():
-        recorded = UploadJournal.load(journal_path)
-        if not args.resume:
-            if recorded.done:
-                raise InputError(
-                    f"{args.input} was already uploaded to task {recorded.task!r} "
-                    f"({recorded.rows:,} rows; journal {journal_path}): nothing sent. "
-                    "To upload these users again as new users, delete the journal"
-                )
-            raise InputError(
-                f"an upload of {args.input} to task {recorded.task!r} was interrupted "
-                f"({recorded.held()}; journal {journal_path}): --resume continues it"
-            )
-    elif args.resume:
-        raise InputError(
-            f"no upload journal {journal_path} to resume (an upload without --resume starts one)"
-        )
+    recorded = _recorded(args, journal_path)
     if args.no_client_cert:
         ca, cert, key = (Path(args.certs) / "ca.pem").read_bytes(), None, None
     else:
@@ -179,10 +187,9 @@ def run_upload(args: argparse.Namespace) -> int:
         d = int(info.spec.d)
         if "d" in params and int(params.pop("d")) != d:
             raise InputError(f"--param d disagrees with the task's d={d}")
-        spec = Spec(d, fmt, embedding, params, clip=args.clip)
-        batch = max(1, min(args.batch, MAX_BATCH_VALUES // d))
-        if recorded is not None:
-            batch = int(recorded.options.get("batch", batch))  # the same batches again
+        # Every row must also fit the task's validity circuit: checked in pass 1.
+        spec = Spec(d, fmt, embedding, params, clip=args.clip, validity=task_circuit(info.spec))
+        batch = _batch_size(args, info.spec, recorded, journal_path)
 
         def blocks(stats: ReadStats) -> Any:
             return read_input(
@@ -190,13 +197,14 @@ def run_upload(args: argparse.Namespace) -> int:
                 spec,
                 batch=batch,
                 header=args.header,
-                delimiter=args.delimiter,
+                delimiter=delimiter,
                 stats=stats,
             )
 
         # The progress line redraws itself, so only on a terminal (no \r in logs).
         live = not args.quiet and sys.stderr.isatty()
-        # Pass 1: check every row (memory: one batch) so a bad row uploads nothing.
+        # Pass 1: check every row (memory: one batch) before the journal is
+        # written, so a bad row uploads nothing and leaves nothing behind.
         checked = ReadStats()
         for _ in blocks(checked):
             pass
@@ -209,7 +217,7 @@ def run_upload(args: argparse.Namespace) -> int:
             "params": params,
             "clip": args.clip,
             "header": args.header,
-            "delimiter": args.delimiter,
+            "delimiter": delimiter,
             "batch": batch,
         }
         journal = UploadJournal(
@@ -218,13 +226,12 @@ def run_upload(args: argparse.Namespace) -> int:
         if recorded is not None:
             why = recorded.differs(journal)
             if why is not None:
-                raise InputError(f"cannot resume from journal {journal_path}: {why}")
-            journal = recorded
-            if journal.done:
-                print(
-                    f"nothing to resume: {journal.held()} (journal {journal_path})",
-                    file=sys.stderr,
+                raise InputError(
+                    f"cannot resume from journal {journal_path}: {why}; {recorded.held()}. "
+                    "To finish that upload, --resume with its input and options as they were; "
+                    f"{recorded.start_over(journal_path)}"
                 )
+            journal = recorded
         else:
             journal.create(journal_path)  # the key is on disk before any report leaves
         # Both servers hold every row before this one; batches after it may be
@@ -244,13 +251,12 @@ def run_upload(args: argparse.Namespace) -> int:
             journal.leader_rows, journal.helper_rows = stats.held
             journal.save(journal_path)
 
-        read = ReadStats()
         stats = UploadStats(held=[journal.leader_rows, journal.helper_rows])
         try:
             if not journal.done:
                 up.upload_blocks(
                     args.task,
-                    _skip_rows(blocks(read), start),
+                    _skip_rows(blocks(ReadStats()), start),
                     total=total,
                     progress=progress,
                     info=info,
@@ -265,61 +271,147 @@ def run_upload(args: argparse.Namespace) -> int:
             ) from None
         except UploadError as exc:
             record(stats)
-            hint = ": --resume continues" if exc.unreachable else ""
+            hint = (
+                f": --resume continues (journal {journal_path})"
+                if exc.unreachable
+                else "; --resume continues once the refusal's cause is gone; "
+                + journal.start_over(journal_path)
+            )
             raise UploadError(
-                f"{exc}; {journal.held()}{hint} (journal {journal_path})",
+                f"{exc}; {journal.held()}{hint}",
                 unreachable=exc.unreachable,
             ) from None
     if live and stats.reports:
         print(file=sys.stderr)
-    rate = stats.reports / stats.seconds if stats.seconds else 0.0
+    out = {
+        "task": args.task,
+        "reports": stats.reports,
+        "resumed_at_row": start if recorded is not None else None,
+        "rows": total,
+        "batch": batch,
+        "batches": stats.batches,
+        "retries": stats.retries,
+        "seconds": round(stats.seconds, 3),
+        "clipped_values": checked.clipped,
+        "clipped_by_column": {str(k): v for k, v in sorted(checked.by_column.items())},
+        # What the client knows: the rows of this upload each server has
+        # acknowledged (not the task's n, which servers do not tell clients).
+        "leader_rows": stats.held[0],
+        "helper_rows": stats.held[1],
+        "leader_stored": stats.stored[0],
+        "helper_stored": stats.stored[1],
+        "proofs": info.spec.validity or None,
+        "rejected": stats.rejected,
+        "format": fmt,
+        "embedding": embedding,
+        "d": d,
+        "journal": str(journal_path),
+    }
     if args.json:
-        print(
-            json.dumps(
-                {
-                    "task": args.task,
-                    "reports": stats.reports,
-                    "resumed_at_row": start if recorded is not None else None,
-                    "rows": total,
-                    "batches": stats.batches,
-                    "retries": stats.retries,
-                    "seconds": round(stats.seconds, 3),
-                    "clipped_values": read.clipped,
-                    "clipped_by_column": {str(k): v for k, v in sorted(read.by_column.items())},
-                    "leader_n": stats.n_leader,
-                    "helper_n": stats.n_helper,
-                    "proofs": info.spec.validity or None,
-                    "rejected": stats.rejected,
-                    "format": fmt,
-                    "embedding": embedding,
-                    "d": d,
-                    "journal": str(journal_path),
-                }
-            )
-        )
-        return 0
-    clipped = ""
-    if read.clipped:
-        assert read.first_clipped is not None
-        row, col = read.first_clipped
-        clipped = f"; clipped {read.clipped} values (first at row {row}, column {col})"
-    resumed = f" from row {start + 1} on" if recorded is not None else ""
-    if info.spec.validity:
-        # The helper counts a report once the leader has verified it with it.
-        refused = ", ".join(f"{k} {v}" for k, v in sorted(stats.rejected.items()))
-        counts = (
-            f"{info.spec.validity} proofs checked by both servers, "
-            f"{sum(stats.rejected.values())} refused{f' ({refused})' if refused else ''}; "
-            f"n={stats.n_leader}"
-        )
+        print(json.dumps(out))
     else:
-        counts = f"leader n={stats.n_leader}, helper n={stats.n_helper}"
-    print(
-        f"uploaded {stats.reports} reports{resumed} in {stats.batches} batches "
-        f"({stats.retries} retries) in {stats.seconds:.2f}s ({rate:,.0f} reports/s); "
-        f"{counts}{clipped}"
-    )
+        print(_summary(out, journal.held(), checked))
     return 0
+
+
+def _recorded(args: argparse.Namespace, journal_path: Path) -> UploadJournal | None:
+    """The journal of this upload if one exists (an `UploadJournal`), refusing a
+    run it blocks: a rerun without --resume, or a --resume without one."""
+    from svtagg.client.journal import UploadJournal
+    from svtagg.client.records import InputError
+
+    if not journal_path.exists():
+        if args.resume:
+            raise InputError(
+                f"no upload journal {journal_path} to resume "
+                "(an upload without --resume starts one)"
+            )
+        return None
+    recorded = UploadJournal.load(journal_path)
+    if args.resume:
+        return recorded
+    if recorded.done:
+        raise InputError(
+            f"{args.input} was already uploaded to task {recorded.task!r} "
+            f"({recorded.rows:,} rows; journal {journal_path}): nothing sent. "
+            "To upload these users again as new users, delete the journal"
+        )
+    raise InputError(
+        f"an upload of {args.input} to task {recorded.task!r} was interrupted "
+        f"({recorded.held()}; journal {journal_path}): --resume continues it; "
+        f"{recorded.start_over(journal_path)}"
+    )
+
+
+def _batch_size(
+    args: argparse.Namespace,
+    spec: pb.TaskSpec,
+    recorded: UploadJournal | None,
+    journal_path: Path,
+) -> int:
+    """Reports per batch: --batch, lowered to what one batch of the task may hold
+    (`client.upload.batch_bound`, saying so on stderr), or on a resume the
+    journal's, which must still fit (a resume sends the very same batches)."""
+    from svtagg.client.records import InputError
+    from svtagg.client.upload import batch_bound
+
+    most = batch_bound(spec)
+    if recorded is not None:
+        batch = int(recorded.options.get("batch", min(args.batch, most)))
+        if batch > most and not recorded.done:
+            raise InputError(
+                f"cannot resume from journal {journal_path}: it records batches of {batch:,} "
+                f"reports, more than one batch of task {args.task!r} may hold ({most:,}), and "
+                f"a resume must send the very same batches; {recorded.held()}; "
+                f"{recorded.start_over(journal_path)}"
+            )
+        return batch
+    if args.batch > most and not args.quiet:
+        proofs = f" with {spec.validity} proofs" if spec.validity else ""
+        print(
+            f"--batch {args.batch:,} is more than one batch of task {args.task!r} may hold "
+            f"({most:,} reports of d={spec.d:,}{proofs}): sending batches of {most:,}",
+            file=sys.stderr,
+        )
+    return min(args.batch, most)
+
+
+def _summary(out: dict[str, Any], held: str, checked: ReadStats) -> str:
+    """The one-line result of an upload: what was sent and what each server now
+    holds of it (`held`: the journal's words when not both hold every row)."""
+    total = out["rows"]
+    held_by = (out["leader_rows"], out["helper_rows"])
+    stored = (out["leader_stored"], out["helper_stored"])
+    if stored == (0, 0) and min(held_by) >= total:
+        return (
+            f"nothing left to send: all {total:,} rows were already held by both servers "
+            f"(journal {out['journal']})"
+        )
+    rate = out["reports"] / out["seconds"] if out["seconds"] else 0.0
+    resumed = "" if out["resumed_at_row"] is None else f" from row {out['resumed_at_row'] + 1} on"
+    line = (
+        f"uploaded {out['reports']:,} reports{resumed} in {out['batches']} batches of at most "
+        f"{out['batch']:,} ({out['retries']} retries) in {out['seconds']:.2f}s "
+        f"({rate:,.0f} reports/s); "
+    )
+    line += f"both servers hold all {total:,} rows" if min(held_by) >= total else held
+    if stored != (out["reports"], out["reports"]):
+        line += (
+            f"; of the {out['reports']:,} reports the leader stored {stored[0]:,} anew and "
+            f"the helper {stored[1]:,} (the rest they already held)"
+        )
+    if out["proofs"]:
+        # The helper counts a report once the leader has verified it with it.
+        refused = ", ".join(f"{k} {v}" for k, v in sorted(out["rejected"].items()))
+        line += (
+            f"; {out['proofs']} proofs checked by both servers, "
+            f"{sum(out['rejected'].values())} refused{f' ({refused})' if refused else ''}"
+        )
+    if checked.clipped:
+        assert checked.first_clipped is not None
+        row, col = checked.first_clipped
+        line += f"; clipped {checked.clipped} values (first at row {row}, column {col})"
+    return line
 
 
 def _skip_rows(blocks: Any, rows: int) -> Any:

@@ -15,7 +15,7 @@ import contextlib
 import hashlib
 import json
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -93,17 +93,37 @@ class UploadJournal:
 
     @classmethod
     def load(cls, path: Path) -> UploadJournal:
+        """The journal at `path`; InputError (one line naming the file and how to
+        start over) if it is not one this client wrote: truncated, not JSON,
+        fields missing, of the wrong type or out of range (a negative count)."""
         try:
             raw = json.loads(path.read_text(encoding="utf-8"))
-            if raw.pop("version") != VERSION:
-                raise ValueError("unknown version")
-            journal = cls(**raw)
-            journal.upload_key  # noqa: B018 - the key must parse
-            return journal
-        except (OSError, ValueError, TypeError, KeyError) as e:
-            if isinstance(e, FileNotFoundError):
-                raise
-            raise InputError(f"upload journal {path} is unreadable ({e})") from None
+            journal = cls(**_fields(raw))
+        except FileNotFoundError:
+            raise
+        except (OSError, ValueError) as e:  # JSONDecodeError, UnicodeDecodeError
+            why = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise InputError(
+                f"upload journal {path} is unreadable or damaged ({why}): it cannot be resumed; "
+                "to start over, delete it (or pass another --journal); rows an earlier run "
+                "sent would then count again"
+            ) from None
+        return journal
+
+    def start_over(self, path: Path) -> str:
+        """How to start this upload over, and what that costs (for messages):
+        rows both servers hold count twice under a new key; a row one server
+        alone holds is taken out at the close."""
+        both = min(self.leader_rows, self.helper_rows)
+        if both == 0:
+            return (
+                f"to start over, delete {path} (no row of it is held by both servers, "
+                "so none would count twice)"
+            )
+        return (
+            f"to start over anyway, delete {path}: the {both:,} rows both servers hold "
+            "would then count twice"
+        )
 
     def differs(self, other: UploadJournal) -> str | None:
         """Why `other` (this run's view of the upload) is not the upload this
@@ -114,6 +134,8 @@ class UploadJournal:
             return f"{other.input} changed since the upload began (its size or content differ)"
         if self.task != other.task:
             return f"the journal is of task {self.task!r}, not {other.task!r}"
+        if self.rows != other.rows:
+            return f"the journal records {self.rows:,} rows, the input has {other.rows:,}"
         changed = sorted(k for k in self.options if self.options[k] != other.options.get(k))
         if changed:
             was = ", ".join(f"{k}={self.options[k]!r}" for k in changed)
@@ -128,3 +150,41 @@ def _sync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _fields(raw: object) -> dict[str, Any]:
+    """A journal's fields, checked: the right names, types and ranges (a
+    journal is a file anyone may edit, and its counts choose the rows sent)."""
+    if not isinstance(raw, dict):
+        raise ValueError(f"not a JSON object but {type(raw).__name__}")
+    if raw.get("version") != VERSION:
+        raise ValueError(f"version {raw.get('version')!r}, this client writes {VERSION}")
+    out = {k: v for k, v in raw.items() if k != "version"}
+    names = {f.name for f in fields(UploadJournal)}
+    if set(out) != names:
+        missing, unknown = sorted(names - set(out)), sorted(set(out) - names)
+        raise ValueError(f"fields missing: {missing}, unknown: {unknown}")
+    for name in ("task", "input", "sha256", "key"):
+        if not isinstance(out[name], str):
+            raise ValueError(f"{name} is not a string")
+    for name, hex_chars in (("sha256", 64), ("key", 64)):
+        if len(out[name]) != hex_chars or not _is_hex(out[name]):
+            raise ValueError(f"{name} is not {hex_chars} hex digits")
+    if not isinstance(out["options"], dict):
+        raise ValueError("options is not an object")
+    counts = {k: out[k] for k in ("size", "rows", "leader_rows", "helper_rows")}
+    if "batch" in out["options"]:
+        counts["options.batch"] = out["options"]["batch"]
+    for name, value in counts.items():
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise ValueError(f"{name} is {value!r}, not a count")
+    if out["rows"] < 1 or counts.get("options.batch", 1) < 1:
+        raise ValueError("rows and the batch size must be at least 1")
+    for name in ("leader_rows", "helper_rows"):
+        if out[name] > out["rows"]:
+            raise ValueError(f"{name} {out[name]:,} exceeds the upload's {out['rows']:,} rows")
+    return out
+
+
+def _is_hex(text: str) -> bool:
+    return all(c in "0123456789abcdef" for c in text.lower())

@@ -6,7 +6,10 @@ refused instead of being read whole.  Nothing is guessed: the input format is
 explicit, and every value that cannot be uploaded as given is refused with its
 row and column (1-based, rows counted in the file including a header line),
 except where clipping is the embedding's documented contribution bound and the
-caller asked for it (`clip=True`): then it is clipped and counted.
+caller asked for it (`clip=True`): then it is clipped and counted.  For a task
+with a validity circuit (`Spec.validity`), a row the circuit would refuse (two
+categories under `onehot`, more than r under `multihot:r`) is refused here too,
+with its row, before anything is sent.
 
 Formats (`FORMATS`):
 
@@ -36,6 +39,9 @@ from svtagg.client.embeddings import (
     marginals_embedding,
     sparse_mean_embedding,
 )
+from svtagg.mpc.ring import encode
+from svtagg.vdaf.circuits import MeasurementError
+from svtagg.vdaf.validity import Validity
 
 Array = npt.NDArray[np.float64]
 
@@ -80,13 +86,15 @@ class ReadStats:
 
 @dataclass
 class Spec:
-    """How to turn rows of a file into [0, 1]^d vectors for a task of dimension d."""
+    """How to turn rows of a file into [0, 1]^d vectors for a task of dimension d
+    (`validity`: the circuit the task's reports prove, which every row must fit)."""
 
     d: int
     fmt: str
     embedding: str | None = None
     params: dict[str, Any] = field(default_factory=dict)
     clip: bool = False
+    validity: Validity | None = None
 
     def __post_init__(self) -> None:
         if self.fmt not in FORMATS:
@@ -162,8 +170,51 @@ def check_range(
     return block
 
 
+def check_circuit(block: Array, validity: Validity, first_row: int) -> None:
+    """Refuse (InputError naming the row) the first row of an m × d block in
+    [0, 1] that the task's validity circuit does not take: a report whose proof
+    the client could not make."""
+    check_grid(encode(np.atleast_2d(block), validity.frac_bits), validity, first_row)
+
+
+def check_grid(grid: npt.NDArray[np.uint64], validity: Validity, first_row: int) -> None:
+    """`check_circuit` of rows already on the task's grid.  The 0/1 and one-hot
+    rules are the circuit's own (`Validity.measurements`); multihot:r's weight
+    bound is its `max_weight`."""
+    circuit = validity.name + (f":{validity.max_weight}" if validity.name == "multihot" else "")
+    try:
+        measurements = validity.measurements(grid)
+    except MeasurementError:
+        for i, row in enumerate(grid):
+            try:
+                validity.measurement([int(v) for v in row])
+            except MeasurementError as exc:
+                raise InputError(
+                    f"row {first_row + i}: {exc} (the task's reports prove {circuit}: "
+                    f"{validity.describe()})"
+                ) from None
+        raise
+    if validity.name == "multihot":
+        weights = np.asarray(measurements).sum(axis=1)
+        over = np.flatnonzero(weights > validity.max_weight)
+        if over.size:
+            i = int(over[0])
+            raise InputError(
+                f"row {first_row + i} holds {int(weights[i])} categories (ones); the task's "
+                f"reports prove {circuit}: at most {validity.max_weight} per row"
+            )
+
+
 def embed_block(spec: Spec, rows: Any, first_row: int, stats: ReadStats) -> Array:
-    """One block of parsed rows → an m × d block of values in [0, 1]."""
+    """One block of parsed rows → an m × d block of values in [0, 1], each row
+    one the task's validity circuit takes (`spec.validity`)."""
+    block = _embed(spec, rows, first_row, stats)
+    if spec.validity is not None:
+        check_circuit(block, spec.validity, first_row)
+    return block
+
+
+def _embed(spec: Spec, rows: Any, first_row: int, stats: ReadStats) -> Array:
     if spec.fmt == "categories":
         lists: list[list[int]] = []
         for i, cats in enumerate(rows):
@@ -225,13 +276,20 @@ def _check_binary(block: Array, first_row: int) -> None:
 
 
 # ------------------------------------------------------------------ reading
+def _hint(text: str, row: int) -> str:
+    """Why a field may not parse: tabs in it (a TSV file read with another
+    delimiter), or a header line."""
+    if "\t" in text:
+        return " (the line holds tabs: a TSV file? use --delimiter '\\t')"
+    return " (a header line? use --header)" if row == 1 else ""
+
+
 def _parse_float(text: str, row: int, col: int) -> float:
     try:
         return float(text)
     except ValueError:
-        hint = " (a header line? use --header)" if row == 1 else ""
         raise InputError(
-            f"row {row}, column {col}: {text.strip()!r} is not a number{hint}"
+            f"row {row}, column {col}: {text.strip()!r} is not a number{_hint(text, row)}"
         ) from None
 
 
@@ -239,7 +297,7 @@ def _parse_category(text: str, row: int, col: int, d: int) -> int:
     try:
         value = int(text)
     except ValueError:
-        hint = " (a header line? use --header)" if row == 1 else ""
+        hint = _hint(text, row)
         raise InputError(
             f"row {row}, column {col}: {text.strip()!r} is not a category id{hint}"
         ) from None
@@ -336,6 +394,9 @@ def read_csv(
                 count = text.count(delimiter) + 1
                 if count != width:
                     hint = f"; delimiter is {delimiter!r}" if count == 1 else ""
+                    tsv = "\t" in text or Path(path).suffix.lower() == ".tsv"
+                    if hint and tsv and delimiter != "\t":
+                        hint += ": a TSV file? use --delimiter '\\t'"
                     raise InputError(
                         f"row {row} has {count} values, expected {width} "
                         f"(the task's d={spec.d}{' as attribute count' if width != spec.d else ''})"

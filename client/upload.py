@@ -28,13 +28,27 @@ import numpy as np
 import numpy.typing as npt
 
 from svtagg.client.embeddings import EMBEDDINGS
-from svtagg.client.records import InputError, ReadStats, check_range
+from svtagg.client.records import (
+    InputError,
+    ReadStats,
+    check_circuit,
+    check_grid,
+    check_range,
+)
 from svtagg.mpc.ring import encode
 from svtagg.mpc.sharing import SEED_BYTES, share
 from svtagg.proto import svtagg_pb2 as pb
 from svtagg.proto import svtagg_pb2_grpc as pb_grpc
 from svtagg.proto.tls import tls_target
-from svtagg.proto.vocab import CALL_DEADLINE, CHANNEL_OPTIONS, MAX_BATCH_VALUES, REPORT_ID_BYTES
+from svtagg.proto.vocab import (
+    CALL_DEADLINE,
+    CHANNEL_OPTIONS,
+    MAX_BATCH_REPORTS,
+    MAX_BATCH_VALUES,
+    MAX_MESSAGE_BYTES,
+    MAX_VERIFY_BYTES,
+    REPORT_ID_BYTES,
+)
 from svtagg.vdaf.circuits import MeasurementError
 from svtagg.vdaf.validity import Validity, ValidityError, parse_validity
 
@@ -146,6 +160,9 @@ def _proof_batch(
     try:
         shards = validity.shard(rows, ids, rands)
     except MeasurementError as exc:  # e.g. two categories under onehot
+        # Name the row (1-based, of the upload's rows); callers that read a
+        # file check every row first (`client.records.check_circuit`).
+        check_grid(rows, validity, first_row + 1)
         raise InputError(f"a row does not fit the task's validity circuit: {exc}") from None
     lead, help_ = pb.UploadBatch(task_id=task_id), pb.UploadBatch(task_id=task_id)
     for rid, (public, leader, helper) in zip(ids, shards, strict=True):
@@ -156,16 +173,24 @@ def _proof_batch(
 
 @dataclass
 class UploadStats:
+    #: Reports in the batches this run delivered (including batches a server
+    #: refused as already held: `stored` says what was new).
     reports: int = 0
     batches: int = 0
     retries: int = 0
     seconds: float = 0.0
+    #: The servers' answers' n, as they give it: 0 where a server withholds the
+    #: task's count from clients (or answered "already held"), so never a count
+    #: of this upload; `held` and `stored` are.
     n_leader: int = 0
     n_helper: int = 0
     errors: list[str] = field(default_factory=list)
     #: Rows of this upload each server (leader, helper) has acknowledged holding,
     #: counted as each answer arrives: after an interrupt, what each one stores.
     held: list[int] = field(default_factory=lambda: [0, 0])
+    #: Of those, the rows each server stored on this run's calls (the others it
+    #: held already, from an earlier run or a retried call whose answer was lost).
+    stored: list[int] = field(default_factory=lambda: [0, 0])
     #: Reports the servers refused for a failed validity proof, by reason.
     rejected: dict[str, int] = field(default_factory=dict)
 
@@ -198,6 +223,7 @@ __all__ = [
     "UploadKey",
     "UploadStats",
     "Uploader",
+    "batch_bound",
     "make_batch",
 ]
 
@@ -314,6 +340,7 @@ class Uploader:
                     result = fut.result()
                     ns[i] = int(result.n)
                     stats.held[i] += len(batch)
+                    stats.stored[i] += len(batch)
                     for reason, count in result.rejected.items():
                         stats.rejected[reason] = stats.rejected.get(reason, 0) + int(count)
                 except grpc.RpcError as exc:
@@ -348,8 +375,10 @@ class Uploader:
     ) -> UploadStats:
         """Upload an n × d matrix of per-user values in [0, 1], one report per row.
 
-        Values outside [0, 1], NaN and inf are refused (`InputError`, naming the
-        row and column) before anything is sent.
+        Values outside [0, 1], NaN and inf, and for a task with a validity
+        circuit rows it does not take, are refused (`InputError`, naming the
+        row and column) before anything is sent.  Batches hold at most
+        `batch_size` reports and never more than the task takes (`batch_bound`).
         require_validation: refuse (ValueError) a task that does not range-check
         its reports — a client's own protection against a task set up so that a
         malicious client could reverse comparisons (docs/threat-model.md)."""
@@ -360,7 +389,10 @@ class Uploader:
         info = self.checked_task(task_id, require_validation)
         if matrix.shape[1] != info.spec.d:
             raise InputError(f"rows have {matrix.shape[1]} values, task has d={info.spec.d}")
-        size = max(1, min(batch_size, MAX_BATCH_VALUES // info.spec.d))
+        validity = task_circuit(info.spec)
+        if validity is not None:
+            check_circuit(matrix, validity, 1)
+        size = min(batch_size, batch_bound(info.spec))
         return self.upload_blocks(
             task_id, _blocks(matrix, size), total=matrix.shape[0], progress=progress, info=info
         )
@@ -403,15 +435,19 @@ class Uploader:
         resume: Resumable | None = None,
         stats: UploadStats | None = None,
     ) -> UploadStats:
-        """Upload blocks of rows (each m × d, values in [0, 1], at most the servers'
-        batch bound) as they come: memory holds two blocks, not the input.  A
-        block of the wrong width or with values outside [0, 1] raises InputError;
-        blocks sent before it stay uploaded (`stats` says how many, also after an
+        """Upload blocks of rows (each m × d, values in [0, 1]) as they come: memory
+        holds two blocks, not the input.  A block larger than the task takes
+        (`batch_bound`) is sent in pieces of that size; a resumable upload must
+        cut its rows the same way on every run (a batch is held or not as a
+        whole), so `client.cli` sizes its blocks itself.  A block of the wrong
+        width or with values outside [0, 1] raises InputError; blocks sent
+        before it stay uploaded (`stats` says how many, also after an
         interrupt).  With `resume` the blocks are the upload's rows from its
         `first_row` on, and a batch a server already holds counts as held there."""
         info = info if info is not None else self.checked_task(task_id, require_validation)
         d = info.spec.d
         validity = task_circuit(info.spec)
+        most = batch_bound(info.spec)
         stats = stats if stats is not None else UploadStats()
         key = resume.key if resume is not None else None
         acknowledged = resume.acknowledged if resume is not None else None
@@ -419,15 +455,13 @@ class Uploader:
         start = time.perf_counter()
         # Pipelined: the next batch is encoded and shared while this one is in flight.
         inflight: _InFlight | None = None
-        for block in _with_end(blocks):
+        for block in _with_end(_pieces(blocks, most)):
             if inflight is not None:
                 inflight = self._to_leader(inflight, stats)
             batch = None
             if block is not None:
                 if block.ndim != 2 or block.shape[1] != d:
                     raise InputError(f"rows have {block.shape[-1]} values, task has d={d}")
-                if block.shape[0] * d > MAX_BATCH_VALUES:
-                    raise InputError(f"a block of {block.shape[0]} rows exceeds the batch bound")
                 batch = make_batch(task_id, block, info.spec.frac_bits, key, row, validity)
                 row += len(batch)
                 # On a resume, a server that acknowledged these rows is not asked again.
@@ -453,12 +487,47 @@ class Uploader:
         return stats
 
 
+def batch_bound(spec: pb.TaskSpec) -> int:
+    """The most reports one upload batch of the task may hold: what the servers
+    take (`MAX_BATCH_REPORTS` reports, `MAX_BATCH_VALUES` values) in one message
+    (`MAX_MESSAGE_BYTES`), and for a task with a validity circuit what its
+    reports' size allows (`Validity.batch_limit`, the servers' own rule).
+    InputError if not even one report fits: no client can upload to the task."""
+    d = int(spec.d)
+    validity = task_circuit(spec)
+    if validity is not None:
+        most = validity.batch_limit(MAX_BATCH_REPORTS, MAX_MESSAGE_BYTES, MAX_VERIFY_BYTES)
+    else:
+        # The leader's half: d little-endian uint64 and an id per report.
+        most = min(MAX_BATCH_REPORTS, (MAX_MESSAGE_BYTES - 4096) // (8 * d + 64))
+    most = min(most, MAX_BATCH_VALUES // d)
+    if most < 1:
+        proofs = f" with {spec.validity} proofs" if spec.validity else ""
+        raise InputError(
+            f"task {spec.task_id!r}: one report of d={d:,}{proofs} is more than one upload "
+            f"batch may hold (the servers take {MAX_MESSAGE_BYTES >> 20} MiB per message and "
+            f"{MAX_VERIFY_BYTES >> 20} MiB to verify a batch): no client can upload to it"
+        )
+    return most
+
+
 def task_circuit(spec: pb.TaskSpec) -> Validity | None:
     """The validity circuit a task's reports prove (None: plain shares)."""
     try:
         return parse_validity(spec.validity, spec.d, spec.frac_bits, spec.embedding)
     except ValidityError as exc:
         raise InputError(f"task {spec.task_id!r}: {exc} (a newer server? upgrade svtagg)") from None
+
+
+def _pieces(
+    blocks: Iterable[npt.NDArray[np.float64]], most: int
+) -> Iterator[npt.NDArray[np.float64]]:
+    """The blocks, each cut into pieces of at most `most` rows."""
+    for block in blocks:
+        if block.ndim == 2 and block.shape[0] > most:
+            yield from (block[i : i + most] for i in range(0, block.shape[0], most))
+        else:
+            yield block
 
 
 def _with_end(

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import inspect
+import traceback
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Any
@@ -50,6 +51,25 @@ async def _one(context: Any) -> Any:
     return request
 
 
+def _forget(exc: BaseException) -> None:
+    """Drop what the frames of a failed call's exceptions hold.
+
+    A refused call ends by raising (context.abort), and the exception's
+    traceback keeps every frame of the handler alive, with the request in
+    them, until the cycle collector happens to run: measured, each refused
+    40 MiB upload left ≈ 45 MB held.  Clearing the finished frames frees the
+    request when the call ends."""
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        traceback.clear_frames(e.__traceback__)
+        todo += [e.__context__, e.__cause__]
+
+
 def _admitted(full: str, h: Any, admit: Admit) -> Any:
     """Method handler `h` of method `full`, admitted before anything is read."""
     ser, des = h.response_serializer, h.request_deserializer
@@ -58,7 +78,13 @@ def _admitted(full: str, h: Any, admit: Admit) -> Any:
 
         async def stream_unary(_requests: AsyncIterator[Any], context: Any) -> Any:
             async with admit(full, context):
-                return await unary(await _one(context), context)
+                request = await _one(context)
+                try:
+                    return await unary(request, context)
+                except BaseException as exc:
+                    del request
+                    _forget(exc)
+                    raise
 
         return grpc.stream_unary_rpc_method_handler(stream_unary, des, ser)
     if not h.request_streaming:

@@ -1,9 +1,12 @@
-"""The shape limits of the source tree, checked by scripts/check.sh:
+"""The shape of the source tree, checked by scripts/check.sh:
 
 - no import circle between the project's modules (strongly connected
-  components of the module import graph, imports inside functions included);
-- no module above MAX_LINES lines;
-- no function taking more than MAX_PARAMS parameters (self / cls not counted).
+  components of the module import graph, imports inside functions included):
+  this fails the check;
+- modules above MAX_LINES lines and functions taking more than MAX_PARAMS
+  parameters (self / cls not counted) are listed as notes, not failures: the
+  sizes are a nudge towards cohesive modules, and a cohesive long module is
+  better than one split by the count alone.
 
 Tests and generated protobuf code are exempt.  `--report` prints the largest
 modules and functions as well (for a review or a closing note).
@@ -130,15 +133,15 @@ def main() -> int:
         ),
         reverse=True,
     )
-    problems = [
-        f"{p.relative_to(ROOT)}: {n} lines (limit {MAX_LINES})" for n, p in sizes if n > MAX_LINES
+    notes = [
+        f"{p.relative_to(ROOT)}: {n} lines (nudge {MAX_LINES})" for n, p in sizes if n > MAX_LINES
     ]
-    problems += [
-        f"{where}: {n} parameters (limit {MAX_PARAMS})" for n, where in funcs if n > MAX_PARAMS
+    notes += [
+        f"{where}: {n} parameters (nudge {MAX_PARAMS})" for n, where in funcs if n > MAX_PARAMS
     ]
     # Every module of the package (an __init__ names its package).
     names = {module_name(p) for p in files}
-    problems += [f"import circle: {' ↔ '.join(c)}" for c in import_cycles(names)]
+    problems = [f"import circle: {' ↔ '.join(c)}" for c in import_cycles(names)]
     if args.report:
         print("largest modules (lines):")
         for n, p in sizes[:12]:
@@ -146,13 +149,12 @@ def main() -> int:
         print("most parameters:")
         for n, where in funcs[:12]:
             print(f"  {n:5d}  {where}")
+    for line in notes:
+        print(f"structure: note: {line}")
     for line in problems:
         print(f"structure: {line}", file=sys.stderr)
     if not problems:
-        print(
-            f"structure: {len(files)} modules, none above {MAX_LINES} lines, no function above "
-            f"{MAX_PARAMS} parameters, no import circle"
-        )
+        print(f"structure: {len(files)} modules, no import circle ({len(notes)} size notes)")
     return 1 if problems else 0
 
 

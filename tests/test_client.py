@@ -9,7 +9,7 @@ from typing import Any
 import grpc
 import numpy as np
 import pytest
-from conftest import Deployment, make_task, off_loop
+from conftest import Deployment, make_task, off_loop, store_view
 
 from svtagg.client.upload import UploadError, UploadStats, embed, load_records, make_batch
 from svtagg.deploy.cli import main
@@ -156,3 +156,66 @@ async def test_cli_upload_proves_by_default_and_refuses_plain_tasks(
 
     assert await off_loop(run) == (0, 2, 30)
     assert "--no-require-validation" in capsys.readouterr().err
+
+
+def _cli(dep: Deployment, task: str, path: Path, *extra: str) -> int:
+    return main(
+        ["client", "upload", "--leader", dep.leader_addr, "--helper", dep.helper_addr,
+         "--certs", str(dep.certs), "--task", task, "--input", str(path), "--quiet", *extra]
+    )  # fmt: skip
+
+
+def _proved_task(dep: Deployment, task: str, d: int, validity: str) -> None:
+    spec = pb.TaskSpec(
+        task_id=task, d=d, frac_bits=16, n_max=1000, min_batch=1, epsilon_total="1",
+        delta_total="0", epsilon_min="1/100", validity=validity,
+    )  # fmt: skip
+    dep.analyst_stub().CreateTask(spec, timeout=10)
+
+
+async def test_a_crlf_file_uploads_and_its_json_says_what_each_server_holds(
+    deployment: Deployment, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+):
+    """A CRLF file (with a header) to a task with range proofs: every row held
+    by both servers, and --json says so per server (leader_rows, helper_rows)
+    instead of n from the servers' answers, which for a client is no count of
+    anything (the issue's "helper_n": 0)."""
+    import json
+
+    rows = 25
+    path = tmp_path / "crlf.csv"
+    path.write_bytes(b"a,b,c\r\n" + b"0.5,0.25,1\r\n" * rows)
+
+    def run() -> int:
+        _proved_task(deployment, "r", 3, "range")
+        return _cli(deployment, "r", path, "--header", "--batch", "10", "--json")
+
+    assert await off_loop(run) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert "leader_n" not in result and "helper_n" not in result, result
+    assert (result["rows"], result["reports"], result["batches"]) == (rows, rows, 3), result
+    assert (result["leader_rows"], result["helper_rows"]) == (rows, rows), result
+    assert (result["leader_stored"], result["helper_stored"]) == (rows, rows), result
+    held = [store_view(deployment.root / f"{r}.sqlite", "r").n for r in ("leader", "helper")]
+    assert held == [rows, rows]
+
+
+async def test_a_tsv_file_gets_the_delimiter_hint_and_the_hint_works(
+    deployment: Deployment, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+):
+    """A tab-separated file read with the default ',' is refused with the hint
+    --delimiter '\\t' (as a shell passes it: backslash, t), which then reads it."""
+    path = tmp_path / "users.tsv"
+    path.write_text("0.5\t0.25\t1\n0\t1\t0.75\n")
+
+    def run() -> tuple[int, int]:
+        make_task(deployment.analyst_stub(), "t", d=3)
+        plain = ("--no-require-validation",)
+        return _cli(deployment, "t", path, *plain), _cli(
+            deployment, "t", path, *plain, "--delimiter", "\\t"
+        )
+
+    assert await off_loop(run) == (2, 0)
+    err = capsys.readouterr().err
+    assert "--delimiter '\\t'" in err, err
+    assert store_view(deployment.root / "helper.sqlite", "t").n == 2

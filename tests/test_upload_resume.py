@@ -158,19 +158,24 @@ async def test_an_interrupted_upload_says_what_is_held_and_resumes(
             Upload=_InterruptedAnswer(real.Upload, 3, i == 0), GetTask=real.GetTask
         )
 
-    def run() -> tuple[int, int]:
+    def run() -> tuple[int, int, int]:
         make_task(deployment.analyst_stub(), "t", d=D)
         with monkeypatch.context() as m:
             m.setattr(Uploader, "__init__", interrupting_init)
             interrupted = _upload(deployment, path)
-        return interrupted, _upload(deployment, path, "--resume")
+        return interrupted, _upload(deployment, path), _upload(deployment, path, "--resume")
 
     interrupted = await off_loop(run)
     err = capsys.readouterr().err
-    assert interrupted == (130, 0), err
+    assert interrupted == (130, 2, 0), err
     line = next(x for x in err.splitlines() if x.startswith("interrupted: "))
     assert f"{held} of this upload's 30 rows" in line, line
     assert "--resume" in line
+    # A rerun without --resume is refused, saying both ways on and what each costs.
+    rerun = next(x for x in err.splitlines() if "was interrupted" in x)
+    assert "--resume continues it" in rerun, rerun
+    journal = tmp_path / "users.csv.upload-t.json"
+    assert f"delete {journal}: the 16 rows both servers hold would then count twice" in rerun
     n_l, n_h, sums = _held(deployment)
     assert (n_l, n_h) == (ROWS, ROWS)
     assert np.array_equal(sums, encoded_sum(values, 16))
@@ -199,6 +204,10 @@ async def test_resume_refuses_a_changed_input_and_a_missing_journal(
     assert await off_loop(run) == (2, 2)
     err = capsys.readouterr().err
     assert "no upload journal" in err and "changed since" in err
+    # ... and how to start over, at what cost: the rows of the old file count already
+    changed = next(line for line in err.splitlines() if "changed since" in line)
+    assert f"delete {tmp_path / 'j.json'}" in changed, changed
+    assert f"the {ROWS} rows both servers hold would then count twice" in changed, changed
     assert _held(deployment)[:2] == (ROWS, ROWS)
 
 
@@ -284,3 +293,190 @@ async def test_ctrl_c_in_a_real_upload_then_resume(deployment: Deployment, tmp_p
     n_l, n_h, sums = _held(deployment)
     assert (n_l, n_h) == (rows, rows)
     assert np.array_equal(sums, encoded_sum(values, 16))
+
+
+def _journal_cases(good: dict[str, Any]) -> list[tuple[str, str]]:
+    """(name, journal text): journals this client never writes."""
+
+    def edited(**fields: Any) -> str:
+        return json.dumps({**good, **fields})
+
+    text = json.dumps(good)
+    return [
+        ("negative counts", edited(leader_rows=-5, helper_rows=-5)),
+        ("a count as text", edited(rows=str(ROWS))),
+        ("a count as a bool", edited(helper_rows=True)),
+        ("more held than rows", edited(leader_rows=ROWS + 8)),
+        ("a batch of 0", edited(options={**good["options"], "batch": 0})),
+        ("a key that is not hex", edited(key="zz" * 32)),
+        ("options not an object", edited(options=[])),
+        ("a field missing", json.dumps({k: v for k, v in good.items() if k != "rows"})),
+        ("truncated", text[: len(text) // 2]),
+        ("not an object", "[1, 2]"),
+        ("empty", ""),
+    ]
+
+
+async def test_a_damaged_journal_is_one_line_naming_it_and_how_to_start_over(
+    deployment: Deployment, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+):
+    """A journal edited or cut short (negative or mistyped counts, truncated
+    JSON): with or without --resume, exit 2 and one line naming the journal and
+    how to start over, never a traceback; nothing is sent."""
+    path, _ = _data(tmp_path)
+    journal = tmp_path / "users.csv.upload-t.json"
+
+    def run() -> list[tuple[str, int, int]]:
+        make_task(deployment.analyst_stub(), "t", d=D)
+        assert _upload(deployment, path) == 0
+        capsys.readouterr()
+        good = json.loads(journal.read_text())
+        out = []
+        for name, text in _journal_cases(good):
+            journal.write_text(text)
+            out.append((name, _upload(deployment, path), _upload(deployment, path, "--resume")))
+        return out
+
+    results = await off_loop(run)
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert [(name, 2, 2) for name, *_ in results] == results, err
+    assert len(lines) == 2 * len(results), err  # one line per run
+    for line in lines:
+        assert f"upload journal {journal} is unreadable or damaged" in line, line
+        assert "delete it (or pass another --journal)" in line, line
+    assert _held(deployment)[:2] == (ROWS, ROWS)  # nothing sent again
+
+
+async def test_a_resume_that_finds_everything_held_says_so(
+    deployment: Deployment, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+):
+    """Every batch already held (the answers were lost, so the journal never
+    heard): the resume says that nothing was left to send, not "uploaded 30
+    reports", and prints no n of the servers' answers (which withhold the
+    task's count from clients).  --json gives the rows each server
+    acknowledged and how many of them this run stored (none)."""
+    from svtagg.client.journal import UploadJournal
+
+    path, values = _data(tmp_path)
+    journal = tmp_path / "users.csv.upload-t.json"
+
+    def forget_acknowledgements() -> None:
+        recorded = UploadJournal.load(journal)
+        recorded.leader_rows = recorded.helper_rows = 0
+        recorded.save(journal)
+
+    def run() -> tuple[int, ...]:
+        make_task(deployment.analyst_stub(), "t", d=D)
+        first = _upload(deployment, path)
+        capsys.readouterr()
+        forget_acknowledgements()
+        text = _upload(deployment, path, "--resume")
+        forget_acknowledgements()
+        as_json = _upload(deployment, path, "--resume", "--json")
+        finished = _upload(deployment, path, "--resume")  # the journal says: all held
+        return first, text, as_json, finished
+
+    assert await off_loop(run) == (0, 0, 0, 0)
+    out = capsys.readouterr().out.splitlines()
+    nothing = f"nothing left to send: all {ROWS} rows were already held by both servers"
+    assert out[0].startswith(nothing) and out[2].startswith(nothing), out
+    assert not any("n=" in line for line in out), out
+    result = json.loads(out[1])
+    assert "leader_n" not in result and "helper_n" not in result, result
+    assert (result["leader_rows"], result["helper_rows"]) == (ROWS, ROWS), result
+    assert (result["leader_stored"], result["helper_stored"]) == (0, 0), result
+    n_l, n_h, sums = _held(deployment)
+    assert (n_l, n_h) == (ROWS, ROWS)
+    assert np.array_equal(sums, encoded_sum(values, 16))
+
+
+async def test_a_bad_row_is_named_and_leaves_no_journal(
+    deployment: Deployment, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+):
+    """A row of 4 categories for a multihot:3 task, after four good batches:
+    refused with its line number (the header counts) before the journal is
+    written and before any report is sent; once the file is fixed the upload
+    just runs."""
+    rows = ["0,1"] * 9
+    rows[5] = "0,1,2,3"  # line 7 of the file, after the header
+    path = tmp_path / "items.csv"
+    path.write_text("items\n" + "\n".join(rows) + "\n")
+    argv = ["client", "upload", "--leader", deployment.leader_addr, "--helper",
+            deployment.helper_addr, "--certs", str(deployment.certs), "--task", "mh",
+            "--input", str(path), "--embedding", "heavy_hitters", "--format", "categories",
+            "--header", "--batch", "2", "--quiet"]  # fmt: skip
+
+    def held() -> tuple[int, int]:
+        lead, help_ = (
+            store_view(deployment.root / f"{r}.sqlite", "mh") for r in ("leader", "helper")
+        )
+        return lead.n, help_.n
+
+    def run() -> tuple[int, tuple[int, int], bool, int]:
+        spec = pb.TaskSpec(
+            task_id="mh", d=4, frac_bits=16, n_max=1000, min_batch=1, epsilon_total="1",
+            delta_total="0", epsilon_min="1/100", validity="multihot:3",
+        )  # fmt: skip
+        deployment.analyst_stub().CreateTask(spec, timeout=10)
+        refused = main(argv)
+        before = held()
+        journal = any(tmp_path.glob("items.csv.upload-*"))
+        rows[5] = "0,1,2"
+        path.write_text("items\n" + "\n".join(rows) + "\n")
+        return refused, before, journal, main(argv)
+
+    refused, before, journal, fixed = await off_loop(run)
+    err = capsys.readouterr().err
+    assert (refused, before, journal, fixed) == (2, (0, 0), False, 0), err
+    line = next(x for x in err.splitlines() if x.startswith("svtagg: bad input"))
+    assert "row 7 holds 4 categories" in line and "multihot:3" in line, line
+    assert held() == (9, 9)
+
+
+async def test_a_resume_with_batches_above_the_task_s_limit_says_how_to_start_over(
+    deployment: Deployment, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+):
+    """A journal of an earlier client that recorded batches of 1,000 reports for
+    a range task of d = 1,000 (one message each: refused by the transport, so no
+    row is held): a resume cannot cut the rows otherwise, so it is refused in one
+    line saying which file to delete; after that the upload runs."""
+    from svtagg.client.journal import UploadJournal, fingerprint
+    from svtagg.proto.vocab import MAX_BATCH_REPORTS, MAX_MESSAGE_BYTES, MAX_VERIFY_BYTES
+    from svtagg.vdaf.validity import parse_validity
+
+    d, rows = 1000, 240
+    limit = parse_validity("range", d, 16).batch_limit(
+        MAX_BATCH_REPORTS, MAX_MESSAGE_BYTES, MAX_VERIFY_BYTES
+    )
+    path = tmp_path / "wide.csv"
+    np.savetxt(path, np.random.default_rng(4).random((rows, d)), delimiter=",", fmt="%.3f")
+    journal = tmp_path / "wide.csv.upload-w.json"
+    options = {"d": d, "embedding": None, "format": "matrix", "params": {}, "clip": False,
+               "header": False, "delimiter": ",", "batch": 1000}  # fmt: skip
+    UploadJournal("w", str(path), *fingerprint(path), options, rows).create(journal)
+    argv = ["client", "upload", "--leader", deployment.leader_addr, "--helper",
+            deployment.helper_addr, "--certs", str(deployment.certs), "--task", "w",
+            "--input", str(path), "--quiet"]  # fmt: skip
+
+    def run() -> tuple[int, int]:
+        spec = pb.TaskSpec(
+            task_id="w", d=d, frac_bits=16, n_max=1000, min_batch=1, epsilon_total="1",
+            delta_total="0", epsilon_min="1/100", validity="range",
+        )  # fmt: skip
+        deployment.analyst_stub().CreateTask(spec, timeout=10)
+        resumed = main([*argv, "--resume"])
+        journal.unlink()  # as the message says
+        return resumed, main(argv)
+
+    assert await off_loop(run) == (2, 0)
+    lines = [x for x in capsys.readouterr().err.splitlines() if x.strip()]
+    assert len(lines) == 1, lines
+    assert (
+        f"records batches of 1,000 reports, more than one batch of task 'w' may hold ({limit})"
+        in lines[0]
+    )
+    assert f"to start over, delete {journal} (no row of it is held by both servers" in lines[0]
+    assert json.loads(journal.read_text())["options"]["batch"] == limit
+    held = [store_view(deployment.root / f"{r}.sqlite", "w").n for r in ("leader", "helper")]
+    assert held == [rows, rows]
