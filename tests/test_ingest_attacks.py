@@ -150,6 +150,33 @@ def test_a_retry_with_a_raised_leader_share_is_refused_and_the_honest_retry_coun
 ) -> None:
     """Before: the resend was answered from the helper's verdicts and its
     unverified output shares folded (one report counted as 1,001 users)."""
+    _retry_attack(pd)
+
+
+def test_the_retry_rule_on_the_postgresql_store(pg_url: tuple[str, str], tmp_path: Path) -> None:
+    from test_store_pg_reliability import PgProcessDeployment
+
+    url, tag = pg_url
+    pg = PgProcessDeployment(tmp_path, url, tag).start()
+    try:
+        _retry_attack(pg)
+        _pending_attack(pg, lambda: _pg_pending_bytes(url, pg.schemas["helper"]))
+    finally:
+        pg.stop()
+
+
+def _pg_pending_bytes(url: str, schema: str) -> int:
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT pg_total_relation_size(%s::regclass)", (f'"{schema}".pending',)
+        ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def _retry_attack(pd: ProcessDeployment) -> None:
     d = 4
     pd.stub().CreateTask(_spec("retry", d, "onehot"), timeout=10)
     v = parse_validity("onehot", d, F)
@@ -250,23 +277,26 @@ def test_unverified_shares_on_the_helper_are_bounded_in_count_and_bytes(
     pd: ProcessDeployment,
 ) -> None:
     """Before: 300 MiB of pending shares in 7.4 s on a task with n_max = 10."""
+
+    def size() -> int:
+        return sum(p.stat().st_size for p in pd.root.glob("helper.sqlite*") if p.is_file())
+
+    _pending_attack(pd, size)
+
+
+def _pending_attack(pd: ProcessDeployment, size: Callable[[], int]) -> None:
     d = 4
     pd.stub().CreateTask(_spec("pend", d, "onehot", n_max=10), timeout=10)
     v = parse_validity("onehot", d, F)
     assert v is not None
     helper = pd.stub("client", "Ingest", "helper")
-    store = pd.root / "helper.sqlite"
-
-    def size() -> int:
-        return sum(p.stat().st_size for p in pd.root.glob("helper.sqlite*") if p.is_file())
-
     before = size()
     for _ in range(8):  # oversized shares: kept as nothing (refused at verification)
         hb = pb.UploadBatch(task_id="pend")
         for _ in range(16):
             hb.reports.add(report_id=os.urandom(16), input_share=os.urandom(1 << 20))
         helper.Upload(hb, timeout=60)
-    assert size() - before < 4 << 20, f"{store} grew by {(size() - before) >> 20} MiB"
+    assert size() - before < 4 << 20, f"the helper's store grew by {(size() - before) >> 20} MiB"
     # In count: the task's room (10) plus one batch (10,000), 128 held already.
     hb = pb.UploadBatch(task_id="pend")
     for _ in range(9882):
