@@ -386,6 +386,11 @@ class RemoteOracle:
         charge = PlanCharge(Fraction(info.epsilon), Fraction(info.delta), Rule(info.rule))
         return info.plan_id, charge
 
+    def active_plans(self) -> list[str]:
+        """The ids of this task's plans still active on the leader."""
+        listing = self._call("ListPlans", pb.TaskRef(task_id=self.task_id))
+        return [p.plan_id for p in listing.plans]
+
     def end_plan(self, plan_id: str) -> tuple[Fraction, Fraction]:
         info = self._call("EndPlan", pb.PlanRef(plan_id=plan_id))
         return Fraction(info.refunded_epsilon), Fraction(info.refunded_delta)

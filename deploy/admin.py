@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from fractions import Fraction
 from typing import Any
 
@@ -90,6 +91,17 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     bud = asub.add_parser("budget", help="a task's budget on both servers (decimals)")
     _common(bud)
     bud.set_defaults(handler=run_budget)
+    plans = asub.add_parser(
+        "plans", help="a task's plans still active: the budget a failed run left reserved"
+    )
+    _common(plans)
+    plans.set_defaults(handler=run_plans)
+    end = asub.add_parser(
+        "end-plan", help="end a plan on both servers; what its streams did not use comes back"
+    )
+    _common(end, task=False)
+    end.add_argument("--plan", required=True, help="the plan id (`svtagg analyst plans`)")
+    end.set_defaults(handler=run_end_plan)
     cmds = _choices(analyst)
     for name, handler in (("describe", run_describe), ("close", run_close)):
         if name in cmds:
@@ -168,6 +180,30 @@ def run_budget(args: argparse.Namespace) -> int:
     return _emit(args, data, "\n".join(lines))
 
 
+def run_plans(args: argparse.Namespace) -> int:
+    with _deployment(args) as dep:
+        plans = dep.task(args.task).plans()
+    if not plans:
+        text = f"task {args.task}: no active plan"
+    else:
+        lines = [f"task {args.task}: {len(plans)} active plan(s)"]
+        for p in plans:
+            lines.append(f"  {p['plan_id']}  ε {p['epsilon']}  δ {p['delta']}  ({p['rule']})")
+        lines.append("end one with: svtagg analyst end-plan --plan ID")
+        text = "\n".join(lines)
+    return _emit(args, {"task": args.task, "plans": plans}, text)
+
+
+def run_end_plan(args: argparse.Namespace) -> int:
+    with _deployment(args) as dep:
+        p = dep.end_plan(args.plan)
+    text = (
+        f"plan {p['plan_id']} of task {p['task_id']}: {p['state']}; returned "
+        f"ε {p['refunded_epsilon']}, δ {p['refunded_delta']} (of ε {p['epsilon']} reserved)"
+    )
+    return _emit(args, p, text)
+
+
 def run_describe(args: argparse.Namespace) -> int:
     with _deployment(args) as dep:
         state = dep.task(args.task).state()
@@ -181,11 +217,19 @@ def run_close(args: argparse.Namespace) -> int:
 
 
 def run_create(args: argparse.Namespace) -> int:
-    import grpc
-
     from svtagg.deploy.jobs import task_spec
+    from svtagg.deploy.tasks import default_validity
     from svtagg.dp.errors import InvalidArgument
 
+    validity, chosen = args.validity, ""
+    if validity is None:
+        validity, why = default_validity(args.embedding)
+        chosen = (
+            f"create-task: --validity {validity} ({why}; every report proves it at ingest, "
+            "as a default server requires; --validity none takes plain shares)"
+        )
+    elif validity == "none":
+        validity = ""
     spec = task_spec(
         args.task,
         args.d,
@@ -196,21 +240,21 @@ def run_create(args: argparse.Namespace) -> int:
         delta=args.delta,
         epsilon_min=args.epsilon_min,
         embedding=args.embedding,
-        validity=args.validity,
+        validity=validity,
         noise=args.noise,
     )
     with _deployment(args) as dep:
         try:
             dep._call("CreateTask", spec)
-        except grpc.RpcError as exc:
-            if exc.code() == grpc.StatusCode.INVALID_ARGUMENT:  # type: ignore[attr-defined]
-                detail = exc.details()  # type: ignore[attr-defined]
-                if "epsilon" in detail or "delta" in detail:
-                    detail += (
-                        f" (asked: ε {args.epsilon}, δ {args.delta}; "
-                        "--help shows the defaults of --epsilon and --delta)"
-                    )
-                raise InvalidArgument(detail) from None
-            raise
+        except InvalidArgument as exc:
+            detail = str(exc)
+            if "epsilon" in detail or "delta" in detail:
+                detail += (
+                    f" (asked: ε {args.epsilon}, δ {args.delta}; "
+                    "--help shows the defaults of --epsilon and --delta)"
+                )
+            raise InvalidArgument(detail) from None
         state = dep.task(args.task).state()
+    if chosen:  # said once the task exists (a refusal stays one line)
+        print(chosen, file=sys.stderr)
     return _emit(args, state.to_json(), str(state))

@@ -52,7 +52,8 @@ class RunFlags:
     algorithm: str = "top-k"
     epsilon: Number | str = "1"
     beta: float = 0.05
-    k: int = 10
+    #: top-k and sparse-mean: how many (None: DEFAULT_K); refused elsewhere.
+    k: int | None = None
     index: int | None = None
     kind: str | None = None
     seed: int | None = None
@@ -105,12 +106,19 @@ class Algorithm(Generic[O]):
     needs_index: bool = False
     own_plan: bool = False
     kinds: bool = True
+    #: It takes --k (top-k, sparse-mean; noisy-max checks its own).
+    takes_k: bool = False
 
 
 # --------------------------------------------------------------------------- options
 
 
-def _check_k(k: int, oracle: Oracle) -> int:
+#: top-k's and sparse-mean's k when none is given.
+DEFAULT_K = 10
+
+
+def _check_k(k: int | None, oracle: Oracle) -> int:
+    k = DEFAULT_K if k is None else k
     if not 1 <= k <= oracle.d:
         raise ValueError(f"--k must be in [1, {oracle.d}], got {k}")
     return k
@@ -228,6 +236,11 @@ class NoisyMaxJob:
 
     @classmethod
     def from_flags(cls, flags: RunFlags, oracle: Oracle) -> NoisyMaxJob:
+        if flags.k not in (None, 1):
+            raise ValueError(
+                f"noisy-max selects one index, not --k {flags.k}: for the k largest use "
+                "--algorithm top-k (nothing was reserved)"
+            )
         check_candidates(oracle.d)
         return cls()
 
@@ -365,7 +378,9 @@ def _run_mwem(run: Run[MwemJob]) -> Summary:
 ALGORITHMS: dict[str, Algorithm[Any]] = {
     a.name: a
     for a in (
-        Algorithm("top-k", TopKJob.from_flags, _run_top_k, auto_kind=True, shares=True),
+        Algorithm(
+            "top-k", TopKJob.from_flags, _run_top_k, auto_kind=True, shares=True, takes_k=True
+        ),
         Algorithm("scan", ScanJob.from_flags, _run_scan, auto_kind=True, shares=True),
         Algorithm("gbs", NoOptions.from_flags, _run_gbs),
         Algorithm("sf", SamplingJob.from_flags, _run_sf),
@@ -374,7 +389,7 @@ ALGORITHMS: dict[str, Algorithm[Any]] = {
         Algorithm("noisy-max", NoisyMaxJob.from_flags, _run_noisy_max, kinds=False),
         Algorithm("sum", SumJob.from_flags, _run_sum, needs_index=True),
         Algorithm("fp", FpJob.from_flags, _run_fp, auto_kind=True),
-        Algorithm("sparse-mean", SparseMeanJob.from_flags, _run_sparse_mean),
+        Algorithm("sparse-mean", SparseMeanJob.from_flags, _run_sparse_mean, takes_k=True),
         Algorithm("mwem", MwemJob.from_flags, _run_mwem, own_plan=True),
     )
 }
@@ -445,6 +460,8 @@ def prepare(
         )
     if flags.shares and not algorithm.shares:
         raise ValueError("--shares applies to the scan and top-k algorithms only")
+    if flags.k is not None and not algorithm.takes_k and algorithm.name != "noisy-max":
+        raise ValueError(f"--k applies to top-k and sparse-mean only, not {algorithm.name}")
     epsilon = Epsilon.parse(flags.epsilon)
     check_run_options(oracle, algorithm, epsilon, flags.kind, flags.index)
     if not 0 < flags.beta < 1:
@@ -453,7 +470,12 @@ def prepare(
     return algorithm, Run(oracle, epsilon, flags.beta, flags.kind, options, progress)
 
 
-def run_algorithm(oracle: Oracle, flags: RunFlags, progress: Progress | None = None) -> Summary:
+def run_algorithm(
+    oracle: Oracle,
+    flags: RunFlags,
+    progress: Progress | None = None,
+    on_plan: Callable[[str], None] | None = None,
+) -> Summary:
     """Run one algorithm of the registry on an oracle; its JSON-ready summary
     (the algorithm, ε as exact text, then what the algorithm found).
 
@@ -461,10 +483,13 @@ def run_algorithm(oracle: Oracle, flags: RunFlags, progress: Progress | None = N
     refused at once, nothing spent, if the budget left cannot hold it (MWEM
     reserves its own plan of 2T steps).  On a joint-noise task the plan also
     holds a δ allowance for the streams' sampler δ (`adaptive_groups`); what the
-    streams did not use comes back when the plan ends."""
+    streams did not use comes back when the plan ends.  `on_plan` is told the
+    plan's id once it is reserved (so a caller can end a plan a failure left)."""
     algorithm, run = prepare(oracle, flags, progress)
     head: Summary = {"algorithm": algorithm.name, "epsilon": str(run.epsilon.value)}
     if algorithm.own_plan:
         return {**head, **algorithm.run(run)}
     with planned(oracle, adaptive_groups(oracle, [run.epsilon.value])) as plan_oracle:
+        if on_plan is not None:
+            on_plan(plan_oracle.plan_id)
         return {**head, **algorithm.run(replace(run, oracle=plan_oracle))}

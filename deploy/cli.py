@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sqlite3
 import sys
 from collections.abc import Callable, Sequence
@@ -173,6 +174,25 @@ def explain_tls(details: str) -> str | None:
     return "TLS handshake failed (run with GRPC_VERBOSITY=DEBUG for the details)"
 
 
+def explain_connect(details: str) -> str | None:
+    """One line for a connection nobody answered (a wrong port or host, a server
+    not started) in gRPC's `details`, else None."""
+    text = details.lower()
+    if "failed to connect" not in text and "connection refused" not in text:
+        return None
+    found = re.search(r"(?:ipv4:|ipv6:|dns:)?(\[[^\]]+\]:\d+|[\w.-]+:\d+)", details)
+    where = found.group(1) if found else "the address given"
+    return (
+        f"nothing answers at {where} (connection refused: is the address right and the "
+        "server running? `svtagg doctor --leader ADDR --certs DIR` checks a deployment)"
+    )
+
+
+def explain_unreachable(details: str) -> str:
+    """`details` of an unreachable server, explained where the cause is known."""
+    return explain_tls(details) or explain_connect(details) or details
+
+
 def describe_failure(exc: BaseException) -> tuple[int, str] | None:
     """(exit code, one-line message) for an expected failure; None: a bug."""
     import grpc
@@ -186,7 +206,7 @@ def describe_failure(exc: BaseException) -> tuple[int, str] | None:
         code = exc.code()  # type: ignore[attr-defined]
         details = _one_line(exc.details())  # type: ignore[attr-defined]
         if code in unreachable:
-            why = explain_tls(details) or f"{code.name}: {details}"
+            why = explain_tls(details) or explain_connect(details) or f"{code.name}: {details}"
             return EXIT_UNREACHABLE, f"unreachable: {why}"
         return EXIT_REFUSED, f"refused: {code.name}: {details}"
     if isinstance(exc, UploadError):
@@ -201,7 +221,7 @@ def describe_failure(exc: BaseException) -> tuple[int, str] | None:
     if isinstance(exc, CertificateError):
         return EXIT_ENVIRONMENT, f"certificate: {_one_line(str(exc))}"
     if isinstance(exc, PeerUnavailable):
-        return EXIT_UNREACHABLE, f"unreachable: {_one_line(str(exc))}"
+        return EXIT_UNREACHABLE, f"unreachable: {explain_unreachable(_one_line(str(exc)))}"
     if isinstance(exc, Refusal):
         return EXIT_REFUSED, f"refused: {type(exc).__name__}: {_one_line(str(exc))}"
     if isinstance(exc, FileNotFoundError | NotADirectoryError | IsADirectoryError):

@@ -17,7 +17,7 @@ Leader, helper and certificate directory default to the settings of
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from fractions import Fraction
 from pathlib import Path
 from typing import Any, Unpack
@@ -26,15 +26,12 @@ import grpc
 import numpy as np
 import numpy.typing as npt
 
-from svtagg.analyst import applications
-from svtagg.analyst.applications import TopKOptions
 from svtagg.analyst.remote_oracle import RemoteOracle
-from svtagg.analyst.selection import sum_estimation
 from svtagg.client.records import InputError, ReadStats, Spec, default_format, embed_block
 from svtagg.client.upload import Uploader, UploadStats
-from svtagg.deploy.tasks import TaskOptions, task_spec
-from svtagg.dp.errors import NotFound
-from svtagg.dp.queries import Query
+from svtagg.deploy.algorithms import RunFlags, run_algorithm
+from svtagg.deploy.tasks import TaskOptions, default_validity, task_spec
+from svtagg.dp.errors import InvalidArgument, NotFound, Refusal
 from svtagg.proto import svtagg_pb2 as pb
 from svtagg.proto import svtagg_pb2_grpc as pb_grpc
 from svtagg.proto.tls import load_identity, tls_target
@@ -44,6 +41,7 @@ from svtagg.proto.vocab import (
     MAX_BATCH_VALUES,
     Role,
     check_address,
+    refusal_from_rpc,
 )
 
 __all__ = ["BudgetView", "Deployment", "TaskHandle", "TaskOptions", "TaskView", "connect"]
@@ -241,6 +239,12 @@ class TaskHandle:
         closed = self.deployment._call("CloseCollection", self._ref())
         return replace(self.state(), dropped_reports=int(closed.dropped_reports))
 
+    def plans(self) -> list[dict[str, str]]:
+        """The task's plans still active (reserved and not ended): what a run
+        that failed left reserved.  `Deployment.end_plan` ends one."""
+        listing = self.deployment._call("ListPlans", self._ref())
+        return [plan_json(p) for p in listing.plans]
+
     def oracle(self) -> RemoteOracle:
         """The `Oracle` over this closed task, for `svtagg.analyst` algorithms."""
         if self._oracle is None:
@@ -248,26 +252,60 @@ class TaskHandle:
             self._oracle = RemoteOracle(d.leader, self.task_id, d._ca, d._cert, d._key)
         return self._oracle
 
+    def run(self, algorithm: str, epsilon: float | str, **flags: Any) -> dict[str, Any]:
+        """Run one algorithm exactly as `svtagg analyst run` does, through the same
+        code (`deploy.algorithms.run_algorithm`): every option is checked, and the
+        run's whole ε reserved on both servers as one plan, before any stream
+        opens, so a request that cannot finish is refused with nothing spent.
+        `flags` are `RunFlags`' (k, index, kind, seed, shares, beta, p, bound,
+        clip, attributes, rounds, delta).  Returns the summary the command prints
+        (without the budget figures: `budget()` has them).  Refusals are
+        `svtagg.dp.errors.Refusal` (InvalidArgument for a bad option,
+        BudgetExhausted when the budget left cannot hold ε, PeerUnavailable when
+        a server cannot be reached)."""
+        unknown = set(flags) - {f.name for f in fields(RunFlags)}
+        if unknown:
+            raise InvalidArgument(f"unknown option(s) {', '.join(sorted(unknown))}")
+        run = RunFlags(algorithm=algorithm, epsilon=epsilon, **flags)
+        try:
+            return run_algorithm(self.oracle(), run)
+        except grpc.RpcError as exc:
+            raise refusal_from_rpc(exc) from None
+        except Refusal:
+            raise
+        except ValueError as exc:
+            raise InvalidArgument(str(exc)) from None
+
     def top_k(
-        self, k: int, epsilon: float | str, *, variant: str = "practical", seed: int | None = None
+        self,
+        k: int,
+        epsilon: float | str,
+        *,
+        kind: str | None = None,
+        shares: str | None = None,
+        seed: int | None = None,
     ) -> list[int]:
-        """Private top-k heavy hitters (Theorem 7.1) on data uploaded with the
-        heavy_hitters embedding: the k category ids, most frequent first-ish."""
-        options = TopKOptions(variant=variant, rng=seed)
-        res = applications.top_k_heavy_hitters(self.oracle(), k, epsilon, options=options)
-        return [int(i) for i in res.indices]
+        """Private top-k heavy hitters (Theorem 7.1, by scan selection as `svtagg
+        analyst run --algorithm top-k`) on data uploaded with the heavy_hitters
+        embedding: the k category ids, most frequent first-ish."""
+        out = self.run("top-k", epsilon, k=k, kind=kind, shares=shares, seed=seed)
+        return [int(i) for i in out["selected"]]
 
     def sum(self, index: int, epsilon: float | str, beta: float = 0.05) -> dict[str, float]:
         """Corollary 6.8: an interval containing coordinate `index`'s sum w.p. ≥ 1 − β."""
-        est = sum_estimation(self.oracle(), Query(index), epsilon, beta)
-        return {"estimate": est.estimate, "lower": est.lower, "upper": est.upper}
+        out = self.run("sum", epsilon, index=index, beta=beta)
+        return {"estimate": out["estimate"], "lower": out["lower"], "upper": out["upper"]}
 
     def sparse_mean(
         self, k: int, epsilon: float | str, clip: float, beta: float = 0.05
     ) -> npt.NDArray[np.float64]:
-        """Sparse mean estimation (§7.2) on data uploaded with sparse_mean(clip)."""
-        res = applications.sparse_mean(self.oracle(), k, epsilon, beta, clip)
-        return res.mean
+        """Sparse mean estimation (§7.2) on data uploaded with sparse_mean(clip):
+        the mean vector, zero off the k coordinates it selected."""
+        out = self.run("sparse-mean", epsilon, k=k, clip=clip, beta=beta)
+        mean = np.zeros(self.oracle().d)
+        for j, value in out["mean"].items():
+            mean[int(j)] = value
+        return mean
 
     def close(self) -> None:
         if self._oracle is not None:
@@ -319,7 +357,17 @@ class Deployment:
         self._channel.close()
 
     def _call(self, method: str, request: Any) -> Any:
-        return getattr(self._stub, method)(request, timeout=self.timeout)
+        """One analyst call; a failure is raised as its `Refusal` (the front
+        door's one exception family), never as a raw gRPC error."""
+        try:
+            return getattr(self._stub, method)(request, timeout=self.timeout)
+        except grpc.RpcError as exc:
+            raise refusal_from_rpc(exc) from None
+
+    def end_plan(self, plan_id: str) -> dict[str, str]:
+        """End a plan on both servers (idempotent): what its streams did not use
+        comes back to the task (`refunded_epsilon`, `refunded_delta`)."""
+        return plan_json(self._call("EndPlan", pb.PlanRef(plan_id=plan_id)))
 
     def tasks(self) -> list[TaskView]:
         """Every task on the leader, with n, state and the leader's ledger."""
@@ -351,6 +399,10 @@ class Deployment:
         records what the clients use (heavy_hitters, sparse_mean, marginals,
         fp_loss, or vectors); uploads embedded otherwise are refused."""
         settings: TaskOptions = {"delta": "1/1000000", "min_batch": 100, **options}
+        if "validity" not in options:  # as `svtagg analyst create-task` chooses
+            settings["validity"] = default_validity(options.get("embedding", ""))[0]
+        elif settings["validity"] == "none":
+            settings["validity"] = ""
         self._call("CreateTask", task_spec(task_id, d, n_max, epsilon, **settings))
         handle = TaskHandle(self, task_id)
         self._handles.append(handle)
@@ -425,6 +477,21 @@ def connect(
     if helper:
         check_address(helper, "helper")
     return Deployment(leader, certs, helper=helper, client_certs=client_certs, timeout=timeout)
+
+
+def plan_json(p: pb.PlanInfo) -> dict[str, str]:
+    """A plan as the front door and `svtagg analyst plans --json` show it
+    (amounts as exact text)."""
+    return {
+        "plan_id": p.plan_id,
+        "task_id": p.task_id,
+        "epsilon": p.epsilon,
+        "delta": p.delta,
+        "rule": p.rule,
+        "state": p.state,
+        "refunded_epsilon": p.refunded_epsilon or "0",
+        "refunded_delta": p.refunded_delta or "0",
+    }
 
 
 def _category_rows(data: Any) -> list[Any]:

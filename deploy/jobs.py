@@ -9,6 +9,7 @@ import argparse
 import json
 import multiprocessing as mp
 import sys
+import threading
 import time
 from dataclasses import asdict
 from fractions import Fraction
@@ -51,11 +52,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     c.add_argument("--delta", default="1/1000000", help="total δ budget")
     c.add_argument(
         "--validity",
-        default="",
+        default=None,
         metavar="CIRCUIT",
         help="every report proves its values valid at ingest (Prio3): range (values in "
-        "[0,1]), onehot (one 1), multihot or multihot:r (0/1, at most r ones); "
-        "see docs/threat-model.md (default: none)",
+        "[0,1]), onehot (one 1), multihot or multihot:r (0/1, at most r ones), or none "
+        "(plain shares, which a default server refuses); see docs/threat-model.md "
+        "(default: multihot for --embedding heavy_hitters, else range; the choice is printed)",
     )
     c.add_argument(
         "--embedding",
@@ -90,7 +92,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     r.add_argument("--algorithm", choices=list(ALGORITHMS), default="top-k")
     r.add_argument("--epsilon", default="1")
     r.add_argument("--beta", type=float, default=0.05)
-    r.add_argument("--k", type=int, default=10, help="top-k, sparse-mean: how many")
+    r.add_argument("--k", type=int, default=None, help="top-k, sparse-mean: how many (default 10)")
     r.add_argument("--index", type=int, default=None, help="sum (required): which coordinate")
     r.add_argument(
         "--kind",
@@ -99,6 +101,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "each algorithm's own — auto for those three, lap24 for the paper's algorithms)",
     )
     r.add_argument("--seed", type=int, default=None)
+    r.add_argument(
+        "--progress",
+        action="store_true",
+        help="a progress line on stderr every 2 s (always on a terminal)",
+    )
     r.add_argument(
         "--shares",
         default=None,
@@ -169,7 +176,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     s.add_argument("--d", type=int, default=1000)
     s.add_argument("--algorithm", choices=list(ALGORITHMS), default="top-k")
     s.add_argument("--epsilon", default="4")
-    s.add_argument("--k", type=int, default=10)
+    s.add_argument("--k", type=int, default=None, help="top-k: how many (default 10)")
     s.add_argument("--beta", type=float, default=0.05)
     s.add_argument("--clients", type=int, default=2, help="uploader processes")
     s.add_argument("--batch", type=int, default=500)
@@ -245,7 +252,14 @@ def _run(args: argparse.Namespace) -> int:
     with RemoteOracle.from_certs(args.leader, args.task, args.certs) as oracle:
         before = oracle.budget()
         progress = chunk_sent if flags.algorithm == "noisy-max" else None
-        result = run_algorithm(oracle, flags, progress=progress)
+        plans: list[str] = []
+        with RunProgress(oracle, str(flags.epsilon), start, on=_show_progress(args)):
+            try:
+                result = run_algorithm(oracle, flags, progress=progress, on_plan=plans.append)
+            except Exception as exc:
+                if plans:
+                    _failed_run(oracle, args.task, plans[0], str(flags.epsilon), exc)
+                raise
         summary = _oracle_summary(oracle, before)
     asked = result.pop("epsilon")
     result["epsilon"] = float(Fraction(asked))
@@ -254,6 +268,83 @@ def _run(args: argparse.Namespace) -> int:
     result["seconds"] = round(time.perf_counter() - start, 3)
     print(json.dumps(result, indent=2))
     return 0
+
+
+def _show_progress(args: argparse.Namespace) -> bool:
+    """Progress lines on stderr: on a terminal, or when asked (--progress)."""
+    return bool(getattr(args, "progress", False)) or sys.stderr.isatty()
+
+
+class RunProgress:
+    """While a run works, a line on stderr every `every` seconds: streams,
+    queries and chunks so far, the ε the run reserved, the time; a last line
+    when it ends.  Off when `on` is false."""
+
+    def __init__(
+        self, oracle: Any, epsilon: str, start: float, *, on: bool, every: float = 2.0
+    ) -> None:
+        self.oracle, self.epsilon, self.start, self.on, self.every = (
+            oracle,
+            epsilon,
+            start,
+            on,
+            every,
+        )
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def line(self) -> str:
+        st = self.oracle.stats()
+        return (
+            f"  {st.streams:,} streams, {st.queries:,} queries, {st.chunks:,} chunks; "
+            f"ε {self.epsilon} reserved for this run; {time.perf_counter() - self.start:.1f}s"
+        )
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.every):
+            _progress(self.line())
+
+    def __enter__(self) -> RunProgress:
+        if self.on:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.on:
+            self._stop.set()
+            self._thread.join()
+            _progress(self.line().replace("  ", "  done: ", 1))
+
+
+def _failed_run(oracle: Any, task_id: str, plan_id: str, epsilon: str, exc: Exception) -> None:
+    """A run that failed after reserving its plan: end the plan if both servers
+    answer (what its streams did not use comes back), and say what was spent
+    and what stays reserved — a line on stderr and a JSON object on stdout."""
+    report: dict[str, Any] = {
+        "error": f"{type(exc).__name__}: {exc}",
+        "plan_id": plan_id,
+        "epsilon_reserved": epsilon,
+    }
+    try:
+        if plan_id not in oracle.active_plans():
+            return  # ended already: refused before any stream, nothing spent
+        refunded, _ = oracle.end_plan(plan_id)
+    except Exception as end_exc:  # noqa: BLE001 - the servers may still be out of reach
+        report |= {"plan_state": "active", "epsilon_returned": "0"}
+        _progress(
+            f"the run failed after reserving ε {epsilon} (plan {plan_id}), which the task's "
+            f"ledger counts as spent; the plan could not be ended now "
+            f"({type(end_exc).__name__}). Once both servers answer, `svtagg analyst end-plan "
+            f"--plan {plan_id}` returns what its streams did not use; `svtagg analyst plans "
+            f"--task {task_id}` lists the plans still open"
+        )
+    else:
+        report |= {"plan_state": "ended", "epsilon_returned": str(refunded)}
+        _progress(
+            f"the run failed; its plan {plan_id} is ended: ε {refunded} of the {epsilon} "
+            "it reserved came back (the rest was used by the streams it opened)"
+        )
+    print(json.dumps(report, indent=2))
 
 
 # ------------------------------------------------------------------ workloads

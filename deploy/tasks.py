@@ -31,6 +31,17 @@ class TaskOptions(TypedDict, total=False):
     noise: str
 
 
+def default_validity(embedding: str) -> tuple[str, str]:
+    """The validity circuit a task takes when its creator names none, and why:
+    what a default server (which requires one) accepts, and the cheapest that
+    holds every report of that embedding.  heavy_hitters rows are 0/1 per
+    category (a user may hold several): multihot; every other embedding's
+    values lie in [0, 1]: range."""
+    if embedding == "heavy_hitters":
+        return "multihot", "each category is 0 or 1 (heavy_hitters rows)"
+    return "range", "each value is in [0, 1]"
+
+
 def task_spec(
     task_id: str, d: int, n_max: int, epsilon: str | float, **options: Unpack[TaskOptions]
 ) -> pb.TaskSpec:

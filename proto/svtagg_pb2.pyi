@@ -221,6 +221,12 @@ class PlanInfo(_message.Message):
     refunded_delta: str
     def __init__(self, plan_id: _Optional[str] = ..., task_id: _Optional[str] = ..., epsilon: _Optional[str] = ..., delta: _Optional[str] = ..., rule: _Optional[str] = ..., state: _Optional[str] = ..., refunded_epsilon: _Optional[str] = ..., refunded_delta: _Optional[str] = ...) -> None: ...
 
+class PlanList(_message.Message):
+    __slots__ = ("plans",)
+    PLANS_FIELD_NUMBER: _ClassVar[int]
+    plans: _containers.RepeatedCompositeFieldContainer[PlanInfo]
+    def __init__(self, plans: _Optional[_Iterable[_Union[PlanInfo, _Mapping]]] = ...) -> None: ...
+
 class StreamInfo(_message.Message):
     __slots__ = ("stream_id", "task_id", "kind", "epsilon", "delta", "closed", "queries_answered")
     STREAM_ID_FIELD_NUMBER: _ClassVar[int]

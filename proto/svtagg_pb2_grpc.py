@@ -210,6 +210,11 @@ class AnalystStub:
                 request_serializer=svtagg_dot_proto_dot_svtagg__pb2.NoisyMaxRequest.SerializeToString,
                 response_deserializer=svtagg_dot_proto_dot_svtagg__pb2.NoisyMaxResponse.FromString,
                 _registered_method=True)
+        self.ListPlans = channel.unary_unary(
+                '/svtagg.v1.Analyst/ListPlans',
+                request_serializer=svtagg_dot_proto_dot_svtagg__pb2.TaskRef.SerializeToString,
+                response_deserializer=svtagg_dot_proto_dot_svtagg__pb2.PlanList.FromString,
+                _registered_method=True)
 
 
 class AnalystServicer:
@@ -290,6 +295,12 @@ class AnalystServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListPlans(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AnalystServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -352,6 +363,11 @@ def add_AnalystServicer_to_server(servicer, server):
                     servicer.NoisyMax,
                     request_deserializer=svtagg_dot_proto_dot_svtagg__pb2.NoisyMaxRequest.FromString,
                     response_serializer=svtagg_dot_proto_dot_svtagg__pb2.NoisyMaxResponse.SerializeToString,
+            ),
+            'ListPlans': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListPlans,
+                    request_deserializer=svtagg_dot_proto_dot_svtagg__pb2.TaskRef.FromString,
+                    response_serializer=svtagg_dot_proto_dot_svtagg__pb2.PlanList.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -678,6 +694,33 @@ class Analyst:
             '/svtagg.v1.Analyst/NoisyMax',
             svtagg_dot_proto_dot_svtagg__pb2.NoisyMaxRequest.SerializeToString,
             svtagg_dot_proto_dot_svtagg__pb2.NoisyMaxResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListPlans(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/svtagg.v1.Analyst/ListPlans',
+            svtagg_dot_proto_dot_svtagg__pb2.TaskRef.SerializeToString,
+            svtagg_dot_proto_dot_svtagg__pb2.PlanList.FromString,
             options,
             channel_credentials,
             insecure,

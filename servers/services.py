@@ -282,6 +282,14 @@ class AnalystService(pb_grpc.AnalystServicer):
         return wire.PLAN_INFO.to_pb(info)
 
     @rpc(Role.ANALYST)
+    async def ListPlans(self, request: pb.TaskRef, context: Context) -> pb.PlanList:
+        """The task's active plans (reserved, not ended), as the leader holds them."""
+        core = self.driver.core
+        core.task(request.task_id)  # NOT_FOUND for an unknown task
+        ids = core.plan_ids(request.task_id, "active")
+        return pb.PlanList(plans=[wire.PLAN_INFO.to_pb(core.plan_info(p)) for p in ids])
+
+    @rpc(Role.ANALYST)
     async def EndPlan(self, request: pb.PlanRef, context: Context) -> pb.PlanInfo:
         info = await self.driver.end_plan(request.plan_id)
         if self.metrics is not None:
