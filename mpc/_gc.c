@@ -409,7 +409,12 @@ static void eval_and_const_group(const block *b, const block *tab, uint64_t hi, 
         out[j] = _mm_xor_si128(x[j], _mm_and_si128(mask_of(b[j]), tab[j]));
 }
 
+/* Whether b holds n blocks; n * 16 past PY_SSIZE_T_MAX is refused, not wrapped. */
 static int check_blocks(buf_t *b, size_t n, const char *name) {
+    if (n > (size_t)(PY_SSIZE_T_MAX / 16)) {
+        PyErr_Format(PyExc_ValueError, "%s: %zu blocks overflow the address space", name, n);
+        return -1;
+    }
     return need(b, (Py_ssize_t)(16 * n), name);
 }
 
@@ -1267,10 +1272,17 @@ typedef struct {
     int depth, recv;
     uint64_t hi;
     const block *seeds, *known, *phi;
-    const int64_t *alphas;
+    const unsigned char *alphas; /* int64 each, at any alignment: read with load_i64 */
     block *leaves, *sums;
     int failed;
 } fr_ggm_ctx;
+
+/* The int64 at p, which need not be 8-byte aligned (memcpy: one plain load). */
+static inline int64_t load_i64(const unsigned char *p) {
+    int64_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
 
 static inline block eq_mask(uint64_t a, uint64_t b) {
     return _mm_set1_epi64x(-(long long)(a == b));
@@ -1288,7 +1300,7 @@ static void fr_ggm_range(void *arg, size_t i0, size_t i1) {
     }
     for (size_t i = i0; i < i1; i++) {
         block *nodes = x->leaves + i * n;
-        uint64_t path = 0, alpha = x->recv ? (uint64_t)x->alphas[i] : 0;
+        uint64_t path = 0, alpha = x->recv ? (uint64_t)load_i64(x->alphas + 8 * i) : 0;
         nodes[0] = x->recv ? _mm_setzero_si128() : _mm_loadu_si128(x->seeds + i);
         for (int level = 1; level <= x->depth; level++) {
             size_t w = (size_t)1 << (level - 1);
@@ -1344,13 +1356,18 @@ static PyObject *py_fr_ggm(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "fr_ggm: seeds or sums of a whole number of trees");
         goto done;
     }
-    Py_ssize_t trees = sb.view.len / per;
-    if (need(&lb, trees * 16 * ((Py_ssize_t)1 << depth), "leaves")) goto done;
+    Py_ssize_t trees = sb.view.len / per, leaf_bytes;
+    /* trees * 16 * 2^depth bytes of leaves (trees <= len / 16: the other sizes cannot overflow) */
+    if (__builtin_mul_overflow(trees, (Py_ssize_t)16 << depth, &leaf_bytes)) {
+        PyErr_SetString(PyExc_ValueError, "fr_ggm: the leaves overflow the address space");
+        goto done;
+    }
+    if (need(&lb, leaf_bytes, "leaves")) goto done;
     if (recv) {
         if (get_buf(ao, &ab, 0, "alphas") || get_buf(po, &pb, 0, "phi")) goto done;
         if (need(&ab, 8 * trees, "alphas") || need(&pb, 16 * trees, "phi")) goto done;
         for (Py_ssize_t i = 0; i < trees; i++) {
-            int64_t a = ((const int64_t *)ab.p)[i];
+            int64_t a = load_i64((const unsigned char *)ab.p + 8 * i);
             if (a < 0 || a >= ((int64_t)1 << depth)) {
                 PyErr_SetString(PyExc_ValueError, "fr_ggm: a noise position outside its bin");
                 goto done;
@@ -1360,7 +1377,7 @@ static PyObject *py_fr_ggm(PyObject *self, PyObject *args) {
         if (get_buf(uo, &ub, 1, "sums") || need(&ub, trees * 32 * depth, "sums")) goto done;
     }
     fr_ggm_ctx x = {depth, recv, hi, (const block *)sb.p, (const block *)sb.p,
-                    recv ? (const block *)pb.p : NULL, recv ? (const int64_t *)ab.p : NULL,
+                    recv ? (const block *)pb.p : NULL, recv ? (const unsigned char *)ab.p : NULL,
                     (block *)lb.p, recv ? NULL : (block *)ub.p, 0};
     if (((uintptr_t)lb.p & 15) || (!recv && ((uintptr_t)ub.p & 15))) {
         PyErr_SetString(PyExc_ValueError, "fr_ggm: outputs must be 16-byte aligned");
@@ -1666,8 +1683,10 @@ static PyObject *py_th_tables(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "expected two tables of 16 u64");
         return NULL;
     }
-    memcpy(th_q, q.buf, 128);
-    memcpy(th_r, r.buf, 128);
+    /* checked in locals: a refused pair leaves the tables in use as they were */
+    uint64_t new_q[16], new_r[16];
+    memcpy(new_q, q.buf, 128);
+    memcpy(new_r, r.buf, 128);
     PyBuffer_Release(&q); PyBuffer_Release(&r);
     /* th_qx must be the Q of Python's table, column by column (case = 8a + 4b + 2ρ_0 + ρ_1). */
     for (uint64_t e = 0; e < 16; e++) {
@@ -1678,11 +1697,13 @@ static PyObject *py_th_tables(PyObject *self, PyObject *args) {
             th_qx(0 - a, 0 - b, 0 - r0, 0 - r1, 0 - (a & b), u[0], u[1], u[2], u[3], u[4], u[5], z);
             for (int row = 0; row < 5; row++) v |= (z[row] & 1) << (6 * row + c);
         }
-        if (v != th_q[e]) {
+        if (v != new_q[e]) {
             PyErr_SetString(PyExc_ValueError, "the core's three-halves Q differs from the table");
             return NULL;
         }
     }
+    memcpy(th_q, new_q, sizeof th_q);
+    memcpy(th_r, new_r, sizeof th_r);
     th_ready = 1;
     Py_RETURN_NONE;
 }

@@ -27,16 +27,51 @@
 
 /* ------------------------------------------------------- generic dispatch */
 
-/* Field ids: 0 = Field64 (1 word per element), 1 = Field128 (2 words). */
+/* Field ids: 0 = Field64 (1 word per element), 1 = Field128 (2 words).
+ *
+ * The entry points below trust no argument: every size and offset is checked
+ * with overflow-safe arithmetic (a product past PY_SSIZE_T_MAX never matches
+ * a buffer's length), every buffer against the lengths its arguments imply,
+ * and a buffer an element is read from (a root, a scale, a point) must hold
+ * one.  The checks run once per call, before any loop. */
 
 typedef struct {
-    Py_buffer view;
-    Py_ssize_t n; /* elements */
+    Py_buffer view; /* view.buf: 8-byte aligned (an aligned copy while orig is set) */
+    Py_ssize_t n;   /* elements */
+    void *orig;     /* the exporter's own pointer, while view.buf is an aligned copy */
+    int writable;
 } vbuf;
 
+/* *out = a * b for sizes a, b >= 0; 0 if the product fits in Py_ssize_t, else
+ * -1 (no exception set). */
+static inline int mul_size(Py_ssize_t a, Py_ssize_t b, Py_ssize_t *out) {
+    if (a < 0 || b < 0) return -1;
+    return __builtin_mul_overflow(a, b, out) ? -1 : 0;
+}
+
+/* Whether have == a * b exactly, the product computed without overflow. */
+static inline int is_product(Py_ssize_t have, Py_ssize_t a, Py_ssize_t b) {
+    Py_ssize_t p;
+    return mul_size(a, b, &p) == 0 && p == have;
+}
+
+/* Whether have == a * b * c exactly, the product computed without overflow. */
+static inline int is_product3(Py_ssize_t have, Py_ssize_t a, Py_ssize_t b, Py_ssize_t c) {
+    Py_ssize_t p;
+    return mul_size(a, b, &p) == 0 && is_product(have, p, c);
+}
+
+/* A C-contiguous vector of field fid.  The loops read and write u64 and e128
+ * through typed pointers, so a buffer that does not start on an 8-byte
+ * boundary (a memoryview at an odd offset) is worked on through an aligned
+ * copy, written back by release_vec if it is an output: no load or store in
+ * this file is misaligned, and aligned buffers (every numpy array the Python
+ * side makes) cost nothing more. */
 static int get_vec(PyObject *obj, int fid, int writable, vbuf *out) {
     int flags = PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0);
     if (PyObject_GetBuffer(obj, &out->view, flags) < 0) return -1;
+    out->orig = NULL;
+    out->writable = writable;
     Py_ssize_t size = fid ? 16 : 8;
     if (out->view.len % size) {
         PyBuffer_Release(&out->view);
@@ -44,7 +79,31 @@ static int get_vec(PyObject *obj, int fid, int writable, vbuf *out) {
         return -1;
     }
     out->n = out->view.len / size;
+    if (((uintptr_t)out->view.buf & 7) && out->view.len > 0) {
+        void *copy = PyMem_Malloc((size_t)out->view.len); /* aligned for any type */
+        if (!copy) {
+            PyBuffer_Release(&out->view);
+            PyErr_NoMemory();
+            return -1;
+        }
+        memcpy(copy, out->view.buf, (size_t)out->view.len);
+        out->orig = out->view.buf;
+        out->view.buf = copy;
+    }
     return 0;
+}
+
+/* Releases a vector from get_vec: an aligned copy goes back to the exporter's
+ * memory if the vector is an output, and the exporter gets its view back as
+ * it gave it. */
+static void release_vec(vbuf *v) {
+    if (v->orig) {
+        if (v->writable) memcpy(v->orig, v->view.buf, (size_t)v->view.len);
+        PyMem_Free(v->view.buf);
+        v->view.buf = v->orig;
+        v->orig = NULL;
+    }
+    PyBuffer_Release(&v->view);
 }
 
 /* Acquires n vectors of field fid, objs[i] into *bufs[i] (writable where
@@ -53,7 +112,7 @@ static int get_vecs(int fid, int n, PyObject *const objs[], const int writable[]
                     vbuf *const bufs[]) {
     for (int i = 0; i < n; i++) {
         if (get_vec(objs[i], fid, writable[i], bufs[i]) < 0) {
-            while (i--) PyBuffer_Release(&bufs[i]->view);
+            while (i--) release_vec(bufs[i]);
             return -1;
         }
     }
@@ -61,7 +120,7 @@ static int get_vecs(int fid, int n, PyObject *const objs[], const int writable[]
 }
 
 static void release_vecs(int n, vbuf *const bufs[]) {
-    for (int i = 0; i < n; i++) PyBuffer_Release(&bufs[i]->view);
+    for (int i = 0; i < n; i++) release_vec(bufs[i]);
 }
 
 static int check_fid(int fid) {
@@ -126,11 +185,12 @@ static PyObject *py_sum_rows(PyObject *self, PyObject *args) {
                  (vbuf *[]){&a, &o}) < 0)
         return NULL;
     Py_ssize_t cols = o.n;
-    if (rows < 0 || a.n != rows * cols) {
+    if (!is_product(a.n, rows, cols)) {
         release_vecs(2, (vbuf *[]){&a, &o});
         PyErr_SetString(PyExc_ValueError, "sum_rows: shape mismatch");
         return NULL;
     }
+    if (cols == 0) rows = 0; /* no columns: nothing to sum, however many (empty) rows */
     if (fid == 0) {
         const u64 *x = (const u64 *)a.view.buf;
         u64 *out = (u64 *)o.view.buf;
@@ -164,7 +224,7 @@ static PyObject *py_sum_last(PyObject *self, PyObject *args) {
     vbuf a, o;
     if (get_vecs(fid, 2, (PyObject *[]){a_o, o_o}, (int[]){0, 1}, (vbuf *[]){&a, &o}) < 0)
         return NULL;
-    if (n < 0 || a.n != o.n * n) {
+    if (!is_product(a.n, o.n, n)) {
         PyErr_SetString(PyExc_ValueError, "sum_last: shape mismatch");
     } else if (fid == 0) {
         const u64 *x = (const u64 *)a.view.buf;
@@ -203,8 +263,8 @@ static PyObject *py_fold_rows(PyObject *self, PyObject *args) {
     if (get_vecs(fid, 2, (PyObject *[]){a_o, o_o}, (int[]){0, 1}, (vbuf *[]){&a, &o}) < 0)
         return NULL;
     Py_ssize_t rows = n > 0 ? o.n / n : 0;
-    if (n <= 0 || row_len <= 0 || offset < 0 || length < 0 || offset + length > row_len ||
-        o.n != rows * n || a.n != rows * row_len) {
+    if (n <= 0 || row_len <= 0 || offset < 0 || length < 0 || offset > row_len ||
+        length > row_len - offset || o.n != rows * n || !is_product(a.n, rows, row_len)) {
         PyErr_SetString(PyExc_ValueError, "fold_rows: shape mismatch");
     } else if (fid == 0) {
         const u64 *x = (const u64 *)a.view.buf;
@@ -244,7 +304,7 @@ static PyObject *py_bits_value(PyObject *self, PyObject *args) {
     vbuf a, o;
     if (get_vecs(fid, 2, (PyObject *[]){a_o, o_o}, (int[]){0, 1}, (vbuf *[]){&a, &o}) < 0)
         return NULL;
-    if (group <= 0 || count < 0 || count > group || count > 63 || a.n != o.n * group) {
+    if (group <= 0 || count < 0 || count > group || count > 63 || !is_product(a.n, o.n, group)) {
         PyErr_SetString(PyExc_ValueError, "bits_value: shape mismatch (count <= group, count <= 63)");
     } else if (fid == 0) {
         const u64 *x = (const u64 *)a.view.buf;
@@ -433,8 +493,12 @@ static PyObject *py_ntt(PyObject *self, PyObject *args) {
         release_vecs(2, (vbuf *[]){&d, &rt});
         return NULL;
     }
-    if (d.n % n) {
+    if (rt.n != 1 || (have_scale && sc.n != 1)) {
+        PyErr_SetString(PyExc_ValueError, "ntt: root and scale are single elements");
+    } else if (d.n % n) {
         PyErr_SetString(PyExc_ValueError, "ntt: data is not a whole number of rows");
+    } else if (d.n == 0) {
+        /* no rows: nothing to transform; from here on n <= d.n bounds the tables */
     } else {
         Py_ssize_t rows = d.n / n;
         if (fid == 0) {
@@ -467,7 +531,7 @@ static PyObject *py_ntt(PyObject *self, PyObject *args) {
         }
     }
     release_vecs(2, (vbuf *[]){&d, &rt});
-    if (have_scale) PyBuffer_Release(&sc.view);
+    if (have_scale) release_vec(&sc);
     if (PyErr_Occurred()) return NULL;
     Py_RETURN_NONE;
 }
@@ -482,7 +546,9 @@ static PyObject *py_poly_eval(PyObject *self, PyObject *args) {
     if (get_vecs(fid, 3, (PyObject *[]){c_o, t_o, o_o}, (int[]){0, 0, 1},
                  (vbuf *[]){&c, &t, &o}) < 0)
         return NULL;
-    if (n < 0 || c.n != o.n * n) {
+    if (t.n != 1) {
+        PyErr_SetString(PyExc_ValueError, "poly_eval: the point is a single element");
+    } else if (!is_product(c.n, o.n, n)) {
         PyErr_SetString(PyExc_ValueError, "poly_eval: shape mismatch");
     } else if (fid == 0) {
         const u64 *x = (const u64 *)c.view.buf;
@@ -546,7 +612,8 @@ static PyObject *py_sample(PyObject *self, PyObject *args) {
 
 /* copy_rows(blobs, offset, width, out): out (len(blobs) * width bytes,
  * writable) gets blob[offset, offset + width) of each blob in turn: the same
- * field of many encoded messages as the rows of one matrix, in one copy. */
+ * field of many encoded messages as the rows of one matrix, in one copy.
+ * The blobs are taken into a tuple first, so the rows stay the ones counted. */
 static PyObject *py_copy_rows(PyObject *self, PyObject *args) {
     PyObject *blobs_o, *out_o;
     Py_ssize_t offset, width;
@@ -555,22 +622,23 @@ static PyObject *py_copy_rows(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "copy_rows: offset and width are >= 0");
         return NULL;
     }
-    PyObject *seq = PySequence_Fast(blobs_o, "copy_rows: blobs is a sequence");
+    PyObject *seq = PySequence_Tuple(blobs_o);
     if (!seq) return NULL;
     Py_buffer outv;
     if (PyObject_GetBuffer(out_o, &outv, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
         Py_DECREF(seq);
         return NULL;
     }
-    Py_ssize_t rows = PySequence_Fast_GET_SIZE(seq);
-    if (outv.len != rows * width) {
+    Py_ssize_t rows = PyTuple_GET_SIZE(seq);
+    if (!is_product(outv.len, rows, width)) {
         PyErr_SetString(PyExc_ValueError, "copy_rows: out is not len(blobs) x width bytes");
     } else {
         unsigned char *dst = (unsigned char *)outv.buf;
         for (Py_ssize_t i = 0; i < rows; i++) {
             Py_buffer b;
-            if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(seq, i), &b, PyBUF_C_CONTIGUOUS) < 0) break;
-            if (b.len < offset + width) {
+            if (PyObject_GetBuffer(PyTuple_GET_ITEM(seq, i), &b, PyBUF_C_CONTIGUOUS) < 0) break;
+            /* offset + width <= b.len, without forming the sum */
+            if (offset > b.len || width > b.len - offset) {
                 PyBuffer_Release(&b);
                 PyErr_Format(PyExc_ValueError, "copy_rows: blob %zd is too short", i);
                 break;
@@ -609,7 +677,7 @@ static PyObject *py_dot_rows(PyObject *self, PyObject *args) {
     }
     if (o.n == 0) {
         /* nothing to compute */
-    } else if (n == 0 || groups * rows * n != a.n) {
+    } else if (n == 0 || !is_product3(a.n, groups, rows, n)) {
         PyErr_SetString(PyExc_ValueError, "dot_rows: shape mismatch");
     } else if (fid == 0) {
         const u64 *x = (const u64 *)a.view.buf, *y = (const u64 *)b.view.buf;
@@ -702,8 +770,10 @@ static PyObject *py_weighted_rows(PyObject *self, PyObject *args) {
                  (vbuf *[]){&m, &w, &o}) < 0)
         return NULL;
     Py_ssize_t ni = rows > 0 ? w.n / rows : 0, nj = rows > 0 ? o.n / rows : 0;
-    if (rows <= 0 || w.n != rows * ni || o.n != rows * nj || m.n != rows * ni * nj) {
+    if (rows <= 0 || w.n != rows * ni || o.n != rows * nj || !is_product3(m.n, rows, ni, nj)) {
         PyErr_SetString(PyExc_ValueError, "weighted_rows: shape mismatch");
+    } else if (nj == 0) {
+        /* an empty out: nothing to write, however many rows are claimed */
     } else if (fid == 0) {
         const u64 *x = (const u64 *)m.view.buf, *ws = (const u64 *)w.view.buf;
         u64 *out = (u64 *)o.view.buf;
@@ -755,9 +825,10 @@ static PyObject *py_bit_pairs(PyObject *self, PyObject *args) {
     if (get_vecs(fid, 4, (PyObject *[]){m_o, r_o, s_o, o_o}, (int[]){0, 0, 0, 1},
                  (vbuf *[]){&m, &r, &sv, &o}) < 0)
         return NULL;
-    Py_ssize_t len = rows > 0 ? m.n / rows : 0, k_all = rows > 0 ? o.n / (2 * rows) : 0;
-    if (rows <= 0 || r.n != rows || sv.n != 1 || m.n != rows * len || o.n != 2 * rows * k_all ||
-        k_all < len) {
+    /* rows == r.n bounds rows (and 2 * rows) before anything is divided by it */
+    int shape_ok = rows > 0 && r.n == rows && sv.n == 1;
+    Py_ssize_t len = shape_ok ? m.n / rows : 0, k_all = shape_ok ? o.n / (2 * rows) : 0;
+    if (!shape_ok || m.n != rows * len || o.n != 2 * rows * k_all || k_all < len) {
         PyErr_SetString(PyExc_ValueError, "bit_pairs: shape mismatch");
     } else if (fid == 0) {
         const u64 *x = (const u64 *)m.view.buf, *rs = (const u64 *)r.view.buf;
@@ -802,8 +873,10 @@ static PyObject *py_pair_products(PyObject *self, PyObject *args) {
                  (vbuf *[]){&x, &o}) < 0)
         return NULL;
     Py_ssize_t nm = o.n;
-    if (count <= 0 || x.n != count * 2 * nm) {
+    if (count <= 0 || !is_product3(x.n, count, 2, nm)) {
         PyErr_SetString(PyExc_ValueError, "pair_products: shape mismatch");
+    } else if (nm == 0) {
+        /* an empty out: nothing to write, however many calls are claimed */
     } else if (fid == 0) {
         const u64 *xs = (const u64 *)x.view.buf;
         u64 *out = (u64 *)o.view.buf;
@@ -845,7 +918,7 @@ static PyObject *py_pair_products_last(PyObject *self, PyObject *args) {
     if (get_vecs(fid, 2, (PyObject *[]){x_o, o_o}, (int[]){0, 1}, (vbuf *[]){&x, &o}) < 0)
         return NULL;
     Py_ssize_t nm = o.n;
-    if (count <= 0 || x.n != count * 2 * nm) {
+    if (count <= 0 || !is_product3(x.n, nm, count, 2)) {
         PyErr_SetString(PyExc_ValueError, "pair_products_last: shape mismatch");
     } else if (fid == 0) {
         const u64 *xs = (const u64 *)x.view.buf;
@@ -937,11 +1010,11 @@ static PyObject *py_mul_gadget_poly(PyObject *self, PyObject *args) {
     vbuf w, cs, o;
     if (get_vecs(fid, 3, (PyObject *[]){w_o, c_o, o_o}, (int[]){0, 0, 1}, (vbuf *[]){&w, &cs, &o}) < 0)
         return NULL;
-    Py_ssize_t p = 0, rows = 0;
-    if (count > 0 && cs.n == 6 && o.n > 0) {
-        /* out is rows x (2P - 1), wires rows x P x 2*count */
+    Py_ssize_t p = 0, rows = 0, arity;
+    if (count > 0 && mul_size(2, count, &arity) == 0 && cs.n == 6 && o.n > 0) {
+        /* out is rows x (2P - 1), wires rows x P x 2*count; P <= w.n bounds the scratch */
         for (Py_ssize_t cand = 1; cand <= w.n; cand *= 2) {
-            if (o.n % (2 * cand - 1) == 0 && w.n == 2 * count * (o.n / (2 * cand - 1)) * cand) {
+            if (o.n % (2 * cand - 1) == 0 && is_product3(w.n, arity, o.n / (2 * cand - 1), cand)) {
                 p = cand;
                 rows = o.n / (2 * cand - 1);
                 break;
@@ -1178,9 +1251,12 @@ static PyObject *py_bit_check_at(PyObject *self, PyObject *args) {
     if (get_vecs(fid, 5, (PyObject *[]){m_o, r_o, s_o, l_o, o_o}, (int[]){0, 0, 0, 0, 1},
                  (vbuf *[]){&m, &r, &sv, &l, &o}) < 0)
         return NULL;
-    Py_ssize_t len = rows > 0 ? m.n / rows : 0, np_ = rows > 0 ? l.n / rows : 0;
-    if (rows <= 0 || chunk <= 0 || calls <= 0 || m.n != rows * len || len > chunk * calls ||
-        r.n != rows || sv.n != 1 || l.n != rows * np_ || np_ < calls + 1 || o.n != rows * 2 * chunk) {
+    /* rows == r.n, calls < np_ and 2 * chunk * rows == o.n bound every scratch size by
+     * a buffer's; chunk * calls (the padded measurement) must not overflow either */
+    int shape_ok = rows > 0 && r.n == rows && chunk > 0 && calls > 0 && sv.n == 1;
+    Py_ssize_t len = shape_ok ? m.n / rows : 0, np_ = shape_ok ? l.n / rows : 0, padded;
+    if (!shape_ok || m.n != rows * len || mul_size(chunk, calls, &padded) < 0 || len > padded ||
+        l.n != rows * np_ || calls >= np_ || !is_product3(o.n, rows, 2, chunk)) {
         PyErr_SetString(PyExc_ValueError, "bit_check_at: shape mismatch");
     } else {
         const e128 *ms = (const e128 *)m.view.buf, *rs = (const e128 *)r.view.buf;
@@ -1284,12 +1360,22 @@ static PyObject *py_shake_rows(PyObject *self, PyObject *args) {
     for (; held < nsegs; held++) {
         Py_ssize_t off, width, stride;
         PyObject *obj, *item = PyTuple_GET_ITEM(segs_o, held);
+        if (!PyTuple_Check(item)) {
+            PyErr_SetString(PyExc_TypeError, "shake_rows: a piece is (buffer, offset, width, stride)");
+            goto fail;
+        }
         if (!PyArg_ParseTuple(item, "Onnn;shake_rows: a piece is (buffer, offset, width, stride)",
                               &obj, &off, &width, &stride))
             goto fail;
         if (PyObject_GetBuffer(obj, &views[held], PyBUF_C_CONTIGUOUS) < 0) goto fail;
-        Py_ssize_t last = rows ? off + (rows - 1) * stride + width : 0;
-        if (off < 0 || width < 0 || stride < 0 || (rows && (last > views[held].len || off > views[held].len))) {
+        /* the last row's bytes end at off + (rows - 1) * stride + width <= len,
+         * each step checked for overflow */
+        Py_ssize_t end = 0;
+        int fits = off >= 0 && width >= 0 && stride >= 0;
+        if (fits && rows)
+            fits = mul_size(rows - 1, stride, &end) == 0 && !__builtin_add_overflow(end, off, &end) &&
+                   !__builtin_add_overflow(end, width, &end) && end <= views[held].len;
+        if (!fits) {
             held++;
             PyErr_SetString(PyExc_ValueError, "shake_rows: a piece reaches past its buffer");
             goto fail;
@@ -1301,9 +1387,11 @@ static PyObject *py_shake_rows(PyObject *self, PyObject *args) {
         goto fail;
     }
     Py_ssize_t out_len = rows ? outv.len / rows : 0;
-    Py_BEGIN_ALLOW_THREADS
-    shake128_rows(segs, (int)nsegs, rows, (unsigned char *)outv.buf, out_len);
-    Py_END_ALLOW_THREADS
+    if (out_len > 0) { /* else nothing to write, however many rows are claimed */
+        Py_BEGIN_ALLOW_THREADS
+        shake128_rows(segs, (int)nsegs, rows, (unsigned char *)outv.buf, out_len);
+        Py_END_ALLOW_THREADS
+    }
     while (held--) PyBuffer_Release(&views[held]);
     PyBuffer_Release(&outv);
     Py_RETURN_NONE;
@@ -1318,6 +1406,10 @@ fail:
 static PyObject *py_simd(PyObject *self, PyObject *args) {
     int on = -1;
     if (!PyArg_ParseTuple(args, "|i", &on)) return NULL;
+    if (on < -1 || on > 1) {
+        PyErr_SetString(PyExc_ValueError, "simd: on is -1 (ask), 0 (off) or 1 (on)");
+        return NULL;
+    }
     if (on == 1 && !have_ifma) {
         PyErr_SetString(PyExc_ValueError, "this CPU has no AVX-512 IFMA");
         return NULL;
