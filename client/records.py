@@ -39,6 +39,7 @@ from svtagg.client.embeddings import (
     marginals_embedding,
     sparse_mean_embedding,
 )
+from svtagg.dp.errors import InvalidArgument
 from svtagg.mpc.ring import encode
 from svtagg.vdaf.circuits import MeasurementError
 from svtagg.vdaf.validity import Validity
@@ -58,8 +59,9 @@ FORMATS_OF: dict[str | None, tuple[str, ...]] = {
 CHARS_PER_VALUE = 64
 
 
-class InputError(ValueError):
-    """Client input that cannot be uploaded as given (names the row and column)."""
+class InputError(InvalidArgument):
+    """Client input that cannot be uploaded as given (names the row and column).
+    An InvalidArgument (so a ValueError too): the front door's one family."""
 
 
 def default_format(embedding: str | None) -> str | None:

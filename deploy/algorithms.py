@@ -64,6 +64,9 @@ class RunFlags:
     attributes: int | None = None
     rounds: int | None = None
     delta: float = 0.0
+    #: top-k: ε for each selected item's count with an interval (Corollary
+    #: 6.8's binary-search sum, ε/k each), charged in the same plan (None: none).
+    counts: Number | str | None = None
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> RunFlags:
@@ -170,15 +173,32 @@ class ScanJob:
 
 @dataclass(frozen=True)
 class TopKJob:
-    """top-k: how many, the seed, and the localisation's shares."""
+    """top-k: how many, the seed, the localisation's shares, and the ε of the
+    selected items' counts (None: ids only)."""
 
     k: int
     seed: int | None
     shares: Shares | None
+    counts: Epsilon | None = None
 
     @classmethod
     def from_flags(cls, flags: RunFlags, oracle: Oracle) -> TopKJob:
-        return cls(_check_k(flags.k, oracle), flags.seed, Shares.parse(flags.shares))
+        counts = None
+        if flags.counts is not None:
+            counts = Epsilon.parse(flags.counts)
+            k = _check_k(flags.k, oracle)
+            floor = getattr(oracle, "epsilon_min", None) or Fraction(0)
+            if counts.value / k < floor:
+                raise ValueError(
+                    f"--counts {counts.value} gives each of the {k} counts ε "
+                    f"{counts.value / k}, below the task's epsilon_min={floor}"
+                )
+        return cls(_check_k(flags.k, oracle), flags.seed, Shares.parse(flags.shares), counts)
+
+    @property
+    def extra_epsilon(self) -> Fraction:
+        """What the run spends beyond its selection's ε."""
+        return self.counts.value if self.counts is not None else Fraction(0)
 
 
 @dataclass(frozen=True)
@@ -279,7 +299,19 @@ def _run_top_k(run: Run[TopKJob]) -> Summary:
     res = applications.top_k_heavy_hitters(
         run.oracle, job.k, run.epsilon, options=options, progress=run.progress
     )
-    return {"selected": res.indices}
+    out: Summary = {"selected": res.indices}
+    if job.counts is not None and res.indices:
+        # Each count ε/k, β/k: the k intervals hold together w.p. ≥ 1 − β.
+        each, beta = job.counts.value / len(res.indices), run.beta / len(res.indices)
+        counts = []
+        for j in res.indices:
+            est = sum_estimation(run.oracle, Query(int(j)), each, beta, kind=StreamKind.LAP24)
+            counts.append(
+                {"index": int(j), "estimate": est.estimate, "lower": est.lower,
+                 "upper": est.upper, "epsilon": str(each)}
+            )  # fmt: skip
+        out |= {"counts": counts, "counts_epsilon": str(job.counts.value)}
+    return out
 
 
 def _run_scan(run: Run[ScanJob]) -> Summary:
@@ -462,6 +494,8 @@ def prepare(
         raise ValueError("--shares applies to the scan and top-k algorithms only")
     if flags.k is not None and not algorithm.takes_k and algorithm.name != "noisy-max":
         raise ValueError(f"--k applies to top-k and sparse-mean only, not {algorithm.name}")
+    if flags.counts is not None and algorithm.name != "top-k":
+        raise ValueError(f"--counts applies to top-k only, not {algorithm.name}")
     epsilon = Epsilon.parse(flags.epsilon)
     check_run_options(oracle, algorithm, epsilon, flags.kind, flags.index)
     if not 0 < flags.beta < 1:
@@ -486,10 +520,11 @@ def run_algorithm(
     streams did not use comes back when the plan ends.  `on_plan` is told the
     plan's id once it is reserved (so a caller can end a plan a failure left)."""
     algorithm, run = prepare(oracle, flags, progress)
-    head: Summary = {"algorithm": algorithm.name, "epsilon": str(run.epsilon.value)}
+    total = run.epsilon.value + getattr(run.options, "extra_epsilon", Fraction(0))
+    head: Summary = {"algorithm": algorithm.name, "epsilon": str(total)}
     if algorithm.own_plan:
         return {**head, **algorithm.run(run)}
-    with planned(oracle, adaptive_groups(oracle, [run.epsilon.value])) as plan_oracle:
+    with planned(oracle, adaptive_groups(oracle, [total])) as plan_oracle:
         if on_plan is not None:
             on_plan(plan_oracle.plan_id)
         return {**head, **algorithm.run(replace(run, oracle=plan_oracle))}

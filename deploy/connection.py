@@ -17,6 +17,9 @@ Leader, helper and certificate directory default to the settings of
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 from dataclasses import dataclass, field, fields, replace
 from fractions import Fraction
 from pathlib import Path
@@ -27,18 +30,24 @@ import numpy as np
 import numpy.typing as npt
 
 from svtagg.analyst.remote_oracle import RemoteOracle
+from svtagg.client.journal import UploadJournal
 from svtagg.client.records import InputError, ReadStats, Spec, default_format, embed_block
-from svtagg.client.upload import Uploader, UploadStats
+from svtagg.client.upload import Resumable, Uploader, UploadStats, batch_bound, task_circuit
 from svtagg.deploy.algorithms import RunFlags, run_algorithm
 from svtagg.deploy.tasks import TaskOptions, default_validity, task_spec
-from svtagg.dp.errors import InvalidArgument, NotFound, Refusal
+from svtagg.dp.errors import (
+    AlreadyExists,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    Refusal,
+)
 from svtagg.proto import svtagg_pb2 as pb
 from svtagg.proto import svtagg_pb2_grpc as pb_grpc
 from svtagg.proto.tls import load_identity, tls_target
 from svtagg.proto.vocab import (
     CALL_DEADLINE,
     CHANNEL_OPTIONS,
-    MAX_BATCH_VALUES,
     Role,
     check_address,
     refusal_from_rpc,
@@ -417,34 +426,149 @@ class Deployment:
         fmt: str | None = None,
         clip: bool = False,
         batch: int = 1000,
+        journal: str | Path | bool | None = None,
+        resume: bool = False,
         **params: Any,
     ) -> UploadStats:
         """Share and upload one report per row of `data` (numpy array, pandas
         DataFrame or 2-d sequence) to both servers as a client.
 
-        The rows are checked like `svtagg client upload` checks a file: values
-        outside the range, NaN and inf are refused (InputError naming the row and
-        column) unless `clip` where clipping is the documented bound.  Needs
-        `helper=` and a client certificate (`client_certs=`, default `certs`)."""
+        The rows are checked like `svtagg client upload` checks a file, every
+        row before anything is sent: values outside the range, NaN and inf are
+        refused (InputError naming the row and column) unless `clip` where
+        clipping is the documented bound, and so is a row the task's validity
+        circuit does not take.  Needs `helper=` and a client certificate
+        (`client_certs=`, default `certs`).
+
+        Counted once, as the CLI's upload is: the upload keeps a journal (its
+        secret key and progress; default `upload_journal_path(task_id, data)`,
+        under SVTAGG_STATE_DIR or ~/.local/state/svtagg), so the same rows
+        uploaded again to the same task are refused (AlreadyExists, nothing
+        sent) instead of counted twice, and an interrupted upload is refused
+        (FailedPrecondition) until `resume=True` continues it.  `journal=PATH`
+        keeps it elsewhere; `journal=False` keeps none: every call then counts
+        its rows as new users."""
         if self.helper is None:
-            raise ValueError("upload needs the helper's address: connect(..., helper=...)")
+            raise InvalidArgument("upload needs the helper's address: connect(..., helper=...)")
         fmt = fmt or default_format(embedding)
         if fmt is None:
             raise InputError(f"embedding {embedding} needs fmt='categories' or fmt='matrix'")
         ident = load_identity(self.client_certs, Role.CLIENT)
         with Uploader(self.leader, self.helper, ident.ca, ident.cert, ident.key) as up:
-            info = up.checked_task(task_id, False, embedding or "vectors")
-            spec = Spec(int(info.spec.d), fmt, embedding, params, clip=clip)
+            try:
+                info = up.checked_task(task_id, False, embedding or "vectors")
+            except grpc.RpcError as exc:
+                raise refusal_from_rpc(exc) from None
+            spec = Spec(
+                int(info.spec.d), fmt, embedding, params, clip=clip,
+                validity=task_circuit(info.spec),
+            )  # fmt: skip
             rows: Any = _category_rows(data) if fmt == "categories" else _as_matrix(data)
             stats = ReadStats()
-            size = max(1, min(batch, MAX_BATCH_VALUES // spec.d))
+            size = max(1, min(batch, batch_bound(info.spec)))
             blocks = [
                 embed_block(spec, rows[i : i + size], i + 1, stats)
                 for i in range(0, len(rows), size)
             ]
             if not blocks:
                 raise InputError("no rows to upload")
-            return up.upload_blocks(task_id, blocks, info=info)
+            options = {"d": spec.d, "embedding": embedding, "format": fmt, "params": params,
+                       "clip": clip, "batch": size}  # fmt: skip
+            if journal is False:
+                return _send(up, task_id, blocks, info)
+            digest = _digest(blocks, options)
+            path = Path(journal) if isinstance(journal, str | Path) else None
+            path = path or upload_journal_path(task_id, digest)
+            return _journaled(up, task_id, blocks, info, path, digest, options, resume)
+
+
+def _send(
+    up: Uploader,
+    task_id: str,
+    blocks: list[npt.NDArray[np.float64]],
+    info: pb.TaskInfo,
+    resume: Resumable | None = None,
+    stats: UploadStats | None = None,
+) -> UploadStats:
+    try:
+        return up.upload_blocks(task_id, blocks, info=info, resume=resume, stats=stats)
+    except grpc.RpcError as exc:
+        raise refusal_from_rpc(exc) from None
+
+
+def _digest(blocks: list[npt.NDArray[np.float64]], options: dict[str, Any]) -> str:
+    """SHA-256 of the embedded rows and the options that made them."""
+    h = hashlib.sha256(json.dumps(options, sort_keys=True, default=str).encode())
+    for b in blocks:
+        h.update(np.ascontiguousarray(b, dtype=np.float64).tobytes())
+    return h.hexdigest()
+
+
+def upload_journal_path(task_id: str, digest: str) -> Path:
+    """Where `Deployment.upload` keeps the journal of these rows for this task."""
+    root = os.environ.get("SVTAGG_STATE_DIR") or Path.home() / ".local" / "state" / "svtagg"
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in task_id)[:64]
+    return Path(root) / "uploads" / f"{safe}-{digest[:24]}.json"
+
+
+def _journaled(
+    up: Uploader,
+    task_id: str,
+    blocks: list[npt.NDArray[np.float64]],
+    info: pb.TaskInfo,
+    path: Path,
+    digest: str,
+    options: dict[str, Any],
+    resume: bool,
+) -> UploadStats:
+    """The upload of `blocks` under the journal at `path` (see `Deployment.upload`)."""
+    total = sum(len(b) for b in blocks)
+    fresh = UploadJournal(task_id, "<python data>", total, digest, options, total)
+    if path.exists():
+        recorded = UploadJournal.load(path)
+        if recorded.done:
+            raise AlreadyExists(
+                f"these {recorded.rows:,} rows were already uploaded to task {task_id!r} "
+                f"(journal {path}): nothing sent; to upload them again as new users pass "
+                "journal=False or delete the journal"
+            )
+        why = recorded.differs(fresh)
+        if why is not None:
+            raise FailedPrecondition(
+                f"cannot continue from journal {path}: {why}; {recorded.start_over(path)}"
+            )
+        if not resume:
+            raise FailedPrecondition(
+                f"an upload of these rows to task {task_id!r} was interrupted "
+                f"({recorded.held()}; journal {path}): resume=True continues it; "
+                f"{recorded.start_over(path)}"
+            )
+        fresh = recorded
+    elif resume:
+        raise FailedPrecondition(f"no upload journal {path} to resume: nothing sent")
+    else:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fresh.create(path)  # the key is on disk before any report leaves
+    size = int(options["batch"])
+    start = min(fresh.leader_rows, fresh.helper_rows) // size * size
+
+    def record(stats: UploadStats) -> None:
+        fresh.leader_rows, fresh.helper_rows = stats.held
+        fresh.save(path)
+
+    rest = _rows_from(blocks, start)
+    stats = UploadStats(held=[fresh.leader_rows, fresh.helper_rows])
+    return _send(up, task_id, rest, info, Resumable(fresh.upload_key, start, record), stats)
+
+
+def _rows_from(blocks: list[npt.NDArray[np.float64]], start: int) -> list[npt.NDArray[np.float64]]:
+    """The blocks' rows from row `start` on."""
+    out, seen = [], 0
+    for b in blocks:
+        if seen + len(b) > start:
+            out.append(b[max(0, start - seen) :])
+        seen += len(b)
+    return out
 
 
 def connect(

@@ -102,6 +102,13 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     r.add_argument("--seed", type=int, default=None)
     r.add_argument(
+        "--counts",
+        default=None,
+        metavar="EPS",
+        help="top-k: also each selected item's count with an interval (Cor. 6.8's "
+        "binary-search sum, EPS/k each), charged on top of --epsilon in the same plan",
+    )
+    r.add_argument(
         "--progress",
         action="store_true",
         help="a progress line on stderr every 2 s (always on a terminal)",

@@ -441,6 +441,13 @@ def _in_ci() -> bool:
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
+    import os
+    import tempfile
+
+    # The front door's upload journals (`Deployment.upload`) go to a throwaway
+    # directory, never the user's ~/.local/state.
+    if not os.environ.get("SVTAGG_STATE_DIR"):
+        os.environ["SVTAGG_STATE_DIR"] = tempfile.mkdtemp(prefix="svtagg-state-")
     if _in_ci():
         reason = postgres_unavailable()
         if reason:
