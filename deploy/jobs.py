@@ -424,7 +424,12 @@ def _demo(args: argparse.Namespace) -> int:
             summary = _oracle_summary(oracle)
         query_s = time.perf_counter() - t1
     true_top = [int(j) for j in np.argsort(-truth, kind="stable")[: args.k]]
-    print(f"\n{'rank':>4}  {'private top-k':>14} {'count':>7}   {'true top-k':>10} {'count':>7}")
+    print(
+        "\n(count: the true count, which this demo knows because it made the data; the "
+        "servers release only the selected ids — `analyst run --counts EPS` asks for "
+        "private counts with intervals)"
+    )
+    print(f"{'rank':>4}  {'private top-k':>14} {'count':>7}   {'true top-k':>10} {'count':>7}")
     for r, (p, t) in enumerate(zip(res["selected"], true_top, strict=True), 1):
         print(f"{r:>4}  {p:>14} {int(truth[p]):>7}   {t:>10} {int(truth[t]):>7}")
     hits = len(set(res["selected"]) & set(true_top))
@@ -534,7 +539,8 @@ DemoRow = tuple[str, int, int | None, float | None]
 
 def selection_table(truth: npt.NDArray[np.float64], rows: list[DemoRow]) -> list[str]:
     """The demo's table: chosen candidate, its score, the error (best score −
-    chosen score), MB between the servers and seconds ('—' where not run on them)."""
+    chosen score), MB between the servers and seconds ('—' where not run on them).
+    Scores are the truth the demo knows (it made the data), not released figures."""
     best = float(truth.max())
     out = [
         f"{'method':<60} {'chosen':>7} {'score':>9} {'error':>8} {'MB servers':>10} {'s':>6}",
@@ -543,6 +549,10 @@ def selection_table(truth: npt.NDArray[np.float64], rows: list[DemoRow]) -> list
         mb = "—" if peer_bytes is None else f"{peer_bytes / 1e6:.2f}"
         sec = "—" if seconds is None else f"{seconds:.1f}"
         out.append(f"{name:<60} {j:>7} {truth[j]:>9.1f} {best - truth[j]:>8.1f} {mb:>10} {sec:>6}")
+    out.append(
+        "(score: the candidate's true score, known to the demo because it made the data; "
+        "only the choice is released)"
+    )
     return out
 
 
