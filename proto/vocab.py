@@ -4,9 +4,7 @@ codes.  Every role imports these from here; nothing else defines them."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
-from enum import StrEnum
 
 import grpc
 
@@ -27,67 +25,26 @@ from svtagg.dp.kinds import StreamKind
 from svtagg.dp.plans import PlanBook
 from svtagg.dp.queries import Outcome
 from svtagg.proto import svtagg_pb2 as pb
-
-
-class Role(StrEnum):
-    """Who a certificate belongs to (its subject's OU), and so which RPCs it may call."""
-
-    LEADER = "leader"
-    HELPER = "helper"
-    ANALYST = "analyst"
-    CLIENT = "client"
-
-
-SERVER_ROLES = (Role.LEADER, Role.HELPER)
-
-#: host:port, the host a name, an IPv4 address or a bracketed IPv6 address.
-_ADDRESS_RE = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):([0-9]{1,5})")
-
-
-def check_address(value: str, what: str, *, listen: bool = False) -> str:
-    """`value` when it is host:port (port 0, "any free port", only where a server
-    listens); else ValueError naming `what`.  Without this gRPC would dial port
-    443 for a bare host name, and a listener would report a port in use."""
-    found = _ADDRESS_RE.fullmatch(value.strip())
-    if found is None:
-        raise ValueError(
-            f"{what}: expected host:port (e.g. localhost:7443 or [::1]:7443), got {value!r}"
-        )
-    port = int(found.group(2))
-    if not (0 if listen else 1) <= port <= 65535:
-        lowest = 0 if listen else 1
-        raise ValueError(f"{what}: port {port} is outside [{lowest}, 65535] in {value!r}")
-    return value.strip()
-
-
-# ---------------------------------------------------------------- limits
-#: Random id of one report, the same on both servers.
-REPORT_ID_BYTES = 16
-#: Report ids per reconciliation message (ListReports pages, DropReports
-#: batches): 1 MiB of ids, far below the message cap, whatever the task's size.
-REPORT_PAGE = 65536
-#: Random id of one robust-aggregate pass of a close (ChunkHeader.pass_id).
-PASS_ID_BYTES = 16
-#: The helper's share of a report: a PRG seed it expands to d ring elements.
-SEED_BYTES = 16
-#: Largest upload batch in reports.
-MAX_BATCH_REPORTS = 10_000
-#: Reports × d per batch: bounds the helper's seed expansion (8 bytes of AES
-#: keystream per value) and the leader's share arithmetic for one request.
-MAX_BATCH_VALUES = 1 << 24
-#: Largest gRPC message either end accepts; protocol traffic between the servers
-#: is cut into FRAGMENT-sized frames (a chunk of 10^5 comparisons sends ~350 MB).
-MAX_MESSAGE_BYTES = 64 << 20
-FRAGMENT = 1 << 20
-#: What verifying one upload batch of a task with a validity circuit may
-#: allocate on either server (`Validity.verify_bytes` per report): bounds the
-#: batch before any share is decoded, whatever the shares' own size.
-MAX_VERIFY_BYTES = 256 << 20
-#: Upload batches one server verifies at once (each within MAX_VERIFY_BYTES);
-#: more wait their turn.
-VERIFY_SLOTS = 2
-#: Tasks one server holds (ListTasks answers them in one message).
-MAX_TASKS = 10_000
+from svtagg.proto.terms import (  # noqa: F401 - re-exported: vocab is every role's one import
+    CALL_DEADLINE,
+    CHUNK_DEADLINE,
+    FRAGMENT,
+    MAX_BATCH_REPORTS,
+    MAX_BATCH_VALUES,
+    MAX_MESSAGE_BYTES,
+    MAX_TASKS,
+    MAX_VERIFY_BYTES,
+    PASS_ID_BYTES,
+    PEER_DEADLINE,
+    REPORT_ID_BYTES,
+    REPORT_PAGE,
+    SEED_BYTES,
+    SERVER_ROLES,
+    SETUP_DEADLINE,
+    VERIFY_SLOTS,
+    Role,
+    check_address,
+)
 
 #: Message-size limits for every channel, on both ends.
 CHANNEL_OPTIONS: list[tuple[str, int | str]] = [
@@ -96,16 +53,6 @@ CHANNEL_OPTIONS: list[tuple[str, int | str]] = [
 ]
 #: A server also refuses to share its port (so a second server on it fails loudly).
 SERVER_OPTIONS: list[tuple[str, int | str]] = [*CHANNEL_OPTIONS, ("grpc.so_reuseport", 0)]
-
-# ---------------------------------------------------------------- deadlines (seconds)
-#: Every unary leader → helper call.
-PEER_DEADLINE = 15.0
-#: One chunk of the comparison protocol on a session.
-CHUNK_DEADLINE = 600.0
-#: Opening a comparison session (base OTs).
-SETUP_DEADLINE = 60.0
-#: Analyst and client calls (the CLI and SDK defaults).
-CALL_DEADLINE = 30.0
 
 # ---------------------------------------------------------------- conversions
 KIND_TO_PB = {

@@ -42,7 +42,7 @@ from svtagg.dp.queries import (
 from svtagg.dp.task import TaskParams
 from svtagg.mpc.ring import RING_BITS, U64, sensitivity
 from svtagg.mpc.sharing import expand_seed
-from svtagg.proto.vocab import (
+from svtagg.proto.terms import (
     MAX_BATCH_REPORTS,
     MAX_BATCH_VALUES,
     MAX_TASKS,

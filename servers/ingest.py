@@ -62,7 +62,7 @@ from svtagg.dp.errors import (
     PeerUnavailable,
     ResourceExhausted,
 )
-from svtagg.proto.vocab import MAX_BATCH_REPORTS, MAX_MESSAGE_BYTES, MAX_VERIFY_BYTES
+from svtagg.proto.terms import MAX_BATCH_REPORTS, MAX_MESSAGE_BYTES, MAX_VERIFY_BYTES
 from svtagg.servers.exchange import VerifyBatch, VerifyResult
 from svtagg.servers.faults import crash_point
 from svtagg.servers.proofs import field_words_rows, task_validity

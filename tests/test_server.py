@@ -385,19 +385,29 @@ def test_certs_command(tmp_path: Path):
 
 
 async def test_queries_wait_for_min_batch(deployment: Deployment):
-    def run() -> grpc.StatusCode:
+    """Below min_batch the close is refused (a task closed there could never be
+    queried), saying how many reports are missing; queries wait meanwhile."""
+
+    def run() -> tuple[grpc.StatusCode, grpc.StatusCode, str]:
         stub = deployment.analyst_stub()
         make_task(stub, "t", d=2, min_batch=10)
         with deployment.uploader() as up:
             up.upload("t", np.ones((5, 2)))
-        stub.CloseCollection(pb.TaskRef(task_id="t"), timeout=5)
-        return code_of(
+        try:
+            stub.CloseCollection(pb.TaskRef(task_id="t"), timeout=5)
+            close, detail = Code.OK, ""
+        except grpc.RpcError as exc:
+            close, detail = exc.code(), exc.details()  # type: ignore[attr-defined]
+        ask = code_of(
             lambda: stub.OpenStream(
                 pb.OpenStreamRequest(task_id="t", kind=pb.LAP24, epsilon="1"), timeout=5
             )
         )
+        return close, ask, detail
 
-    assert await off_loop(run) == Code.FAILED_PRECONDITION
+    close, ask, detail = await off_loop(run)
+    assert close == ask == Code.FAILED_PRECONDITION
+    assert "upload 5 more before closing" in detail
 
 
 async def test_impostor_helper_is_refused(certs: Path, tmp_path: Path):
