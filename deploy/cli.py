@@ -177,8 +177,7 @@ def explain_tls(details: str) -> str | None:
 def explain_connect(details: str) -> str | None:
     """One line for a connection nobody answered (a wrong port or host, a server
     not started) in gRPC's `details`, else None."""
-    text = details.lower()
-    if "failed to connect" not in text and "connection refused" not in text:
+    if "connection refused" not in details.lower():  # not "socket closed" after TLS
         return None
     found = re.search(r"(?:ipv4:|ipv6:|dns:)?(\[[^\]]+\]:\d+|[\w.-]+:\d+)", details)
     where = found.group(1) if found else "the address given"
