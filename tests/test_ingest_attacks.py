@@ -245,6 +245,7 @@ def test_a_verification_is_bounded_before_anything_is_decoded(pd: ProcessDeploym
             answer = lead.Upload(lb, timeout=60)
             assert answer.accepted == 0 and dict(answer.rejected) == {"malformed_share": limit}
     grown = _peak_rss(pd, "helper") - before
+    print(f"\namplification: helper peak +{grown >> 20} MiB, bystander worst {probe.worst:.3f}s")
     assert grown < 200 << 20, f"the helper's peak memory grew by {grown >> 20} MiB"
     assert probe.worst < 1.0 and not probe.failures, (probe.worst, probe.failures)
 
@@ -267,6 +268,7 @@ def test_concurrent_large_uploads_of_one_caller_are_read_a_few_at_a_time(
             )
     assert set(codes) == {Code.NOT_FOUND}, codes
     grown = _peak_rss(pd, "helper") - before
+    print(f"\nconcurrent uploads: helper peak +{grown >> 20} MiB, bystander {probe.worst:.3f}s")
     # Two calls of this caller are read at a time (--max-uploads-per-caller).
     assert grown < 800 << 20, f"the helper's peak memory grew by {grown >> 20} MiB"
     assert probe.worst < 2.0 and not probe.failures, (probe.worst, probe.failures)
@@ -296,6 +298,7 @@ def _pending_attack(pd: ProcessDeployment, size: Callable[[], int]) -> None:
         for _ in range(16):
             hb.reports.add(report_id=os.urandom(16), input_share=os.urandom(1 << 20))
         helper.Upload(hb, timeout=60)
+    print(f"\npending: the helper's store grew {(size() - before) >> 10} KiB for 128 MiB sent")
     assert size() - before < 4 << 20, f"the helper's store grew by {(size() - before) >> 20} MiB"
     # In count: the task's room (10) plus one batch (10,000), 128 held already.
     hb = pb.UploadBatch(task_id="pend")
