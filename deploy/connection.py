@@ -441,9 +441,10 @@ class Deployment:
         (`client_certs=`, default `certs`).
 
         Counted once, as the CLI's upload is: the upload keeps a journal (its
-        secret key and progress; default `upload_journal_path(task_id, data)`,
-        under SVTAGG_STATE_DIR or ~/.local/state/svtagg), so the same rows
-        uploaded again to the same task are refused (AlreadyExists, nothing
+        secret key and progress; default `upload_journal_path`, under
+        SVTAGG_STATE_DIR or ~/.local/state/svtagg, named by the task, the rows
+        and the deployment's CA), so the same rows uploaded again to the same
+        task of the same deployment are refused (AlreadyExists, nothing
         sent) instead of counted twice, and an interrupted upload is refused
         (FailedPrecondition) until `resume=True` continues it.  `journal=PATH`
         keeps it elsewhere; `journal=False` keeps none: every call then counts
@@ -476,7 +477,9 @@ class Deployment:
                        "clip": clip, "batch": size}  # fmt: skip
             if journal is False:
                 return _send(up, task_id, blocks, info)
-            digest = _digest(blocks, options)
+            # A deployment is its CA: the same rows to another deployment's
+            # task of the same name are another upload.
+            digest = _digest(blocks, {**options, "ca": hashlib.sha256(ident.ca).hexdigest()})
             path = Path(journal) if isinstance(journal, str | Path) else None
             path = path or upload_journal_path(task_id, digest)
             return _journaled(up, task_id, blocks, info, path, digest, options, resume)

@@ -64,7 +64,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from svtagg.deploy.cli import (
+from svtagg.deploy.failures import (
     EXIT_ENVIRONMENT,
     EXIT_OK,
     EXIT_UNREACHABLE,

@@ -147,7 +147,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     d = sub.add_parser(
         "demo",
         help="run the whole system on this machine: private model selection next to "
-        "aggregation baselines (about 15 s)",
+        "aggregation baselines (about 30 s on 2 cores)",
     )
     d.add_argument(
         "--scenario",

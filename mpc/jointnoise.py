@@ -185,7 +185,8 @@ def _random_words(count: int) -> U64:
 async def garble_joint_noise(
     party: ComparisonGarbler, n: int, shape: SamplerShape, u: U64 | None = None
 ) -> U64:
-    """The leader's side of n joint samples: returns its share r (os.urandom).
+    """The garbler's side of n joint samples (the helper's, on the servers):
+    returns its share r (os.urandom), which it keeps.
 
     u: its (W, n) random words; os.urandom unless given — tests pass them to
     check the output against `plain_joint_noise` and to run the one-server
@@ -200,7 +201,8 @@ async def garble_joint_noise(
 async def evaluate_joint_noise(
     party: ComparisonEvaluator, n: int, shape: SamplerShape, v: U64 | None = None
 ) -> U64:
-    """The helper's side of n joint samples: returns its share y = ν − r.
+    """The evaluator's side of n joint samples (the leader's, on the servers):
+    returns its share y = ν − r, the only output the circuit decodes.
 
     v: its (W, n) random words; os.urandom unless given (tests only, as for
     `garble_joint_noise`)."""
