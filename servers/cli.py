@@ -130,36 +130,18 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     p.add_argument("--rate-burst", type=float, default=2000.0, help="token-bucket burst size")
     defaults = CallLimits()
-    p.add_argument(
-        "--max-calls-per-caller",
-        type=int,
-        default=defaults.calls_per_caller,
-        help="calls in flight per caller, streaming calls included (0: no bound)",
-    )
-    p.add_argument(
-        "--max-calls",
-        type=int,
-        default=defaults.calls_total,
-        help="calls in flight in all, the leader's not counted (0: no bound)",
-    )
-    p.add_argument(
-        "--max-uploads-per-caller",
-        type=int,
-        default=defaults.uploads_per_caller,
-        help="Upload calls reading or processing a batch per caller; more wait (0: no bound)",
-    )
-    p.add_argument(
-        "--max-tasks",
-        type=int,
-        default=MAX_TASKS,
-        help="tasks this server holds at most",
-    )
-    p.add_argument(
-        "--max-uploads",
-        type=int,
-        default=defaults.uploads_total,
-        help="Upload calls reading or processing a batch in all; more wait",
-    )
+    for flag, default, text in (
+        ("--max-calls-per-caller", defaults.calls_per_caller,
+         "calls in flight per caller, streaming calls included (0: no bound)"),
+        ("--max-calls", defaults.calls_total,
+         "calls in flight in all, the leader's not counted (0: no bound)"),
+        ("--max-uploads-per-caller", defaults.uploads_per_caller,
+         "Upload calls reading or processing a batch per caller; more wait (0: no bound)"),
+        ("--max-uploads", defaults.uploads_total,
+         "Upload calls reading or processing a batch in all; more wait"),
+        ("--max-tasks", MAX_TASKS, "tasks this server holds at most"),
+    ):  # fmt: skip
+        p.add_argument(flag, type=int, default=default, help=text)
     p.add_argument(
         "--log-level",
         default="INFO",
