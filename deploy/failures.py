@@ -56,7 +56,10 @@ def explain_tls(details: str) -> str | None:
 def explain_connect(details: str) -> str | None:
     """One line for a connection nobody answered (a wrong port or host, a server
     not started) in gRPC's `details`, else None."""
-    if "connection refused" not in details.lower():  # not "socket closed" after TLS
+    text = details.lower()
+    # Not "socket closed" after a TLS handshake, and not the leader's relayed
+    # "helper unreachable" (its words name the server that failed).
+    if "connection refused" not in text or "helper unreachable" in text:
         return None
     found = re.search(r"(?:ipv4:|ipv6:|dns:)?(\[[^\]]+\]:\d+|[\w.-]+:\d+)", details)
     where = found.group(1) if found else "the address given"

@@ -294,7 +294,7 @@ async def helper_verify(core: ServerCore, batch: VerifyBatch) -> VerifyResult:
                 "this batch was verified before with other leader shares; a retry must "
                 "send the very same reports (refused: nothing of it counted again)"
             )
-        return VerifyResult((), recorded, True, 0)
+        return VerifyResult((), recorded, True, task.n)
     blobs = core.store.pending(batch.task_id, ids)
     _check_received(core, batch.task_id, ids, blobs)
     # A report the leader could not decode is refused as such; the helper
@@ -309,7 +309,7 @@ async def helper_verify(core: ServerCore, batch: VerifyBatch) -> VerifyResult:
         )
     valid = [i for i, x in enumerate(verdicts) if x == Verdict.VALID]
     seeds = [reports[i][2][:SEED_SIZE] for i in valid]
-    core.store.add_reports(
+    n = core.store.add_reports(
         batch.task_id,
         [ids[i] for i in valid],
         seeds,
@@ -317,7 +317,7 @@ async def helper_verify(core: ServerCore, batch: VerifyBatch) -> VerifyResult:
         Verified(bid, verdicts, rejected_counts(verdicts), ids, bound),
     )
     crash_point("verify.after_record")  # recorded here, the leader not answered
-    return VerifyResult(mine.shares, verdicts, False, 0)
+    return VerifyResult(mine.shares, verdicts, False, n)
 
 
 def _check_received(

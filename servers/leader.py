@@ -235,18 +235,18 @@ class LeaderDriver:
         task = self.core.task(task_id)
         if task.agreed:
             return TaskInfo.of(task)
-        if task.collection_open and task.n < task.params.min_batch:
-            # A task closed below min_batch could never be queried, reopened or
-            # removed: refuse, saying what is missing.
-            raise FailedPrecondition(
-                f"task {task_id!r} holds {task.n} reports and needs min_batch="
-                f"{task.params.min_batch} to be queried: upload "
-                f"{task.params.min_batch - task.n} more before closing (nothing closed)"
-            )
         if task.collection_open:
             # The helper must answer before the leader's side closes, so an outage
             # refuses the close cleanly instead of closing one server only.
             await self.helper.budget(task_id, timeout=HELPER_CHECK_DEADLINE)
+            if task.n < task.params.min_batch:
+                # A task closed below min_batch could never be queried, reopened
+                # or removed: refuse, saying what is missing.
+                raise FailedPrecondition(
+                    f"task {task_id!r} holds {task.n} reports and needs min_batch="
+                    f"{task.params.min_batch} to be queried: upload "
+                    f"{task.params.min_batch - task.n} more before closing (nothing closed)"
+                )
             task = self.core.close_collection(task_id)
             log.info("task %s: collection closed on the leader (n=%d)", task_id, task.n)
         helper = await self.helper.close_collection(task_id)

@@ -25,7 +25,9 @@ USAGE, ENVIRONMENT = 2, 3
 def _task(dep: LocalDeployment, task: str, d: int) -> list[str]:
     """Create `task` of dimension d; the analyst's options naming it."""
     common = ["--leader", dep.address("leader"), "--certs", str(dep.certs), "--task", task]
-    r = svtagg("analyst", "create-task", *common, "--d", str(d), "--min-batch", "1")
+    r = svtagg(
+        "analyst", "create-task", *common, "--d", str(d), "--min-batch", "1", "--validity", "none"
+    )
     assert r.returncode == 0, r.stderr
     return common
 

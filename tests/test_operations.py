@@ -51,7 +51,15 @@ NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 def test_helper_outage_seen_by_health_close_and_describe(tmp_path: Path):
     with LocalDeployment(tmp_path / "dep") as dep:
         base = ["--leader", dep.address("leader"), "--certs", str(dep.certs), "--task", "t"]
-        r = svtagg("analyst", "create-task", *base, "--d", "4", "--min-batch", "1")
+        r = svtagg(
+            "analyst", "create-task", *base, "--d", "4", "--min-batch", "1", "--validity", "none"
+        )
+        assert r.returncode == 0, r.stderr
+        rows = tmp_path / "one.csv"
+        rows.write_text("0,1,0,1\n")
+        r = svtagg("client", "upload", "--leader", dep.address("leader"), "--helper",
+                   dep.address("helper"), "--certs", str(dep.certs), "--task", "t",
+                   "--input", str(rows), "--no-require-validation", "--quiet")  # fmt: skip
         assert r.returncode == 0, r.stderr
         assert leader_health(dep) == SERVING
 
@@ -82,7 +90,7 @@ def test_helper_outage_seen_by_health_close_and_describe(tmp_path: Path):
     log = (tmp_path / "dep" / "leader.log").read_text()
     assert "task t: created (d=4" in log
     assert "task t: collection closed on the leader" in log
-    assert "task t: both servers agree on n=0" in log
+    assert "task t: both servers agree on n=1" in log
     assert "helper at" in log and "unreachable" in log
 
 

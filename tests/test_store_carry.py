@@ -75,7 +75,7 @@ def test_sqlite_schema_v6_streams_gain_the_carry(tmp_path: Path) -> None:
     raw.close()
     opened = SqliteStore(path)
     try:
-        assert opened._db.execute("PRAGMA user_version").fetchone()[0] == 8  # v7, then v8
+        assert opened._db.execute("PRAGMA user_version").fetchone()[0] == 9  # v7, then v8 and v9
         names = {r[1] for r in opened._db.execute("PRAGMA table_info(streams)")}
         assert {"carry", "carry_chunk"} <= names
         nmax_stream(opened)
