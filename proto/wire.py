@@ -11,6 +11,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import inspect
 import traceback
 from collections.abc import AsyncIterator, Callable
@@ -19,9 +21,15 @@ from typing import Any
 
 import grpc
 
-#: `admit(full method name, context)`: an async context manager held while the
-#: call runs, or ending the call (context.abort) when it is not admitted.
-Admit = Callable[[str, Any], AbstractAsyncContextManager[None]]
+#: `admit(full method name, context, roles)`: an async context manager held
+#: while the call runs, or ending the call (context.abort) when it is not
+#: admitted; `roles` are the roles the method serves (None: any).
+Admit = Callable[[str, Any, "frozenset[str] | None"], AbstractAsyncContextManager[None]]
+#: `reading(full method name, context)`: held while a unary request is read.
+Reading = Callable[[str, Any], AbstractAsyncContextManager[None]]
+#: How long a unary request may take to arrive once its call is admitted: 64 MiB
+#: at ≈ 0.5 MiB/s.  A caller that sends nothing does not hold its place longer.
+READ_SECONDS = 120.0
 
 
 class _Undecodable:
@@ -44,8 +52,15 @@ def _tolerant(parse: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
 
 
 async def _one(context: Any) -> Any:
-    """The single request of a unary call registered as a client stream."""
-    request = await context.read()
+    """The single request of a unary call registered as a client stream, read
+    within READ_SECONDS."""
+    try:
+        request = await asyncio.wait_for(context.read(), READ_SECONDS)
+    except TimeoutError:
+        await context.abort(
+            grpc.StatusCode.DEADLINE_EXCEEDED,
+            f"the request did not arrive within {READ_SECONDS:g} s of the call's start",
+        )
     if request is grpc.aio.EOF:
         await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the call carried no request")
     return request
@@ -70,15 +85,18 @@ def _forget(exc: BaseException) -> None:
         todo += [e.__context__, e.__cause__]
 
 
-def _admitted(full: str, h: Any, admit: Admit) -> Any:
+def _admitted(full: str, h: Any, admit: Admit, reading: Reading) -> Any:
     """Method handler `h` of method `full`, admitted before anything is read."""
     ser, des = h.response_serializer, h.request_deserializer
+    behaviour = h.unary_unary or h.unary_stream or h.stream_unary or h.stream_stream
+    roles = getattr(behaviour, "roles", None)
     if not h.request_streaming and not h.response_streaming:
         unary = h.unary_unary
 
         async def stream_unary(_requests: AsyncIterator[Any], context: Any) -> Any:
-            async with admit(full, context):
-                request = await _one(context)
+            async with admit(full, context, roles):
+                async with reading(full, context):
+                    request = await _one(context)
                 try:
                     return await unary(request, context)
                 except BaseException as exc:
@@ -91,8 +109,10 @@ def _admitted(full: str, h: Any, admit: Admit) -> Any:
         unary_stream = h.unary_stream
 
         async def stream_stream_one(_requests: AsyncIterator[Any], context: Any) -> Any:
-            async with admit(full, context):
-                async for answer in unary_stream(await _one(context), context):
+            async with admit(full, context, roles):
+                async with reading(full, context):
+                    request = await _one(context)
+                async for answer in unary_stream(request, context):
                     yield answer
 
         return grpc.stream_stream_rpc_method_handler(stream_stream_one, des, ser)
@@ -100,7 +120,7 @@ def _admitted(full: str, h: Any, admit: Admit) -> Any:
         answers = h.stream_stream
 
         async def stream_stream_gen(requests: AsyncIterator[Any], context: Any) -> Any:
-            async with admit(full, context):
+            async with admit(full, context, roles):
                 async for answer in answers(requests, context):
                     yield answer
 
@@ -109,25 +129,33 @@ def _admitted(full: str, h: Any, admit: Admit) -> Any:
         streams = h.stream_stream
 
         async def stream_stream(requests: AsyncIterator[Any], context: Any) -> Any:
-            async with admit(full, context):
+            async with admit(full, context, roles):
                 await streams(requests, context)
 
         return grpc.stream_stream_rpc_method_handler(stream_stream, des, ser)
     stream_unary_ = h.stream_unary
 
     async def stream_unary_held(requests: AsyncIterator[Any], context: Any) -> Any:
-        async with admit(full, context):
+        async with admit(full, context, roles):
             return await stream_unary_(requests, context)
 
     return grpc.stream_unary_rpc_method_handler(stream_unary_held, des, ser)
 
 
+@contextlib.asynccontextmanager
+async def _no_gate(_full: str, _context: Any) -> AsyncIterator[None]:
+    yield
+
+
 class _Registrar:
     """Stands in for the server in a generated `add_…Servicer_to_server` call."""
 
-    def __init__(self, server: grpc.aio.Server, admit: Admit | None) -> None:
+    def __init__(
+        self, server: grpc.aio.Server, admit: Admit | None, reading: Reading | None
+    ) -> None:
         self.server = server
         self.admit = admit
+        self.reading = reading or _no_gate
 
     def add_generic_rpc_handlers(self, handlers: Any) -> None:
         pass  # registered below, from the rewritten method handlers
@@ -142,7 +170,8 @@ class _Registrar:
         if self.admit is not None:
             admit = self.admit
             rewritten = {
-                name: _admitted(f"/{service}/{name}", h, admit) for name, h in rewritten.items()
+                name: _admitted(f"/{service}/{name}", h, admit, self.reading)
+                for name, h in rewritten.items()
             }
         self.server.add_generic_rpc_handlers(
             (grpc.method_handlers_generic_handler(service, rewritten),)
@@ -155,7 +184,9 @@ def add_service(
     servicer: Any,
     server: grpc.aio.Server,
     admit: Admit | None = None,
+    reading: Reading | None = None,
 ) -> None:
     """`add(servicer, server)` (a generated registration function), tolerantly,
-    each call admitted by `admit` first (if given)."""
-    add(servicer, _Registrar(server, admit))
+    each call admitted by `admit` first and its unary request read inside
+    `reading` (if given)."""
+    add(servicer, _Registrar(server, admit, reading))

@@ -33,7 +33,7 @@ import grpc
 
 from svtagg.dp.errors import ResourceExhausted
 from svtagg.proto.vocab import Role
-from svtagg.servers.rpc import abort_with, caller_identity, peer_role
+from svtagg.servers.rpc import ANONYMOUS, abort_with, caller_identity, peer_role
 
 #: Methods whose request is an upload batch (up to the message cap each).
 UPLOAD_METHODS = frozenset({"/svtagg.v1.Ingest/Upload"})
@@ -52,6 +52,14 @@ class CallLimits:
     #: Upload calls reading or processing a batch, in all: with the 64 MiB
     #: message cap, the bound on what uploads hold in memory at once.
     uploads_total: int = 8
+    #: Other unary requests being read at once, per caller and in all: any
+    #: message may be 64 MiB, so reading is bounded as uploads are (a read
+    #: takes its place only while the request arrives, at most READ_SECONDS).
+    reads_per_caller: int = 2
+    reads_total: int = 8
+    #: Calls in flight of callers without a certificate (the ingest port), in
+    #: all: they cannot take the places of certificate holders.
+    anonymous_total: int = 1024
 
 
 class Admission:
@@ -63,6 +71,9 @@ class Admission:
         self._total = 0
         self._uploads = asyncio.Semaphore(max(1, self.limits.uploads_total))
         self._caller_uploads: dict[str, _Slots] = {}
+        self._reads = asyncio.Semaphore(max(1, self.limits.reads_total))
+        self._caller_reads: dict[str, _Slots] = {}
+        self._anonymous = 0
 
     def in_flight(self, caller: str | None = None) -> int:
         """Calls now held (of `caller`, or in all)."""
@@ -70,6 +81,11 @@ class Admission:
 
     def _refusal(self, method: str, caller: str) -> ResourceExhausted | None:
         lim = self.limits
+        if caller.startswith("addr:") and 0 < lim.anonymous_total <= self._anonymous:
+            return ResourceExhausted(
+                f"this server holds its limit of {lim.anonymous_total} calls without a "
+                "certificate; retry later"
+            )
         if 0 < lim.calls_per_caller <= self._calls.get(caller, 0):
             return ResourceExhausted(
                 f"at most {lim.calls_per_caller} calls in flight per caller; "
@@ -82,18 +98,36 @@ class Admission:
         return None
 
     @contextlib.asynccontextmanager
-    async def admit(self, method: str, context: grpc.aio.ServicerContext) -> AsyncIterator[None]:
+    async def admit(
+        self,
+        method: str,
+        context: grpc.aio.ServicerContext,
+        roles: frozenset[str] | None = None,
+    ) -> AsyncIterator[None]:
         """Hold a place for one call of `method` while the body runs, or end the
-        call with RESOURCE_EXHAUSTED (nothing read, nothing held)."""
-        if peer_role(context) == Role.LEADER:
+        call (nothing read, nothing held): UNAUTHENTICATED for a caller whose
+        role the method does not serve (`roles`, from `rpc`), RESOURCE_EXHAUSTED
+        beyond a bound."""
+        role = peer_role(context)
+        if role == Role.LEADER:
             yield
             return
+        name = method.rsplit("/", 1)[-1]
+        if roles is not None and (role or ANONYMOUS) not in roles:
+            await context.abort(
+                grpc.StatusCode.UNAUTHENTICATED,
+                f"{name} needs a certificate of role "
+                f"{' or '.join(sorted(r or 'none' for r in roles))}; "
+                f"caller presented {role or 'none'}",
+            )
         caller = caller_identity(context)
         refused = self._refusal(method, caller)
         if refused is not None:
-            await abort_with(context, refused, method.rsplit("/", 1)[-1])
+            await abort_with(context, refused, name)
+        anonymous = caller.startswith("addr:")
         self._calls[caller] = self._calls.get(caller, 0) + 1
         self._total += 1
+        self._anonymous += anonymous
         try:
             if method in UPLOAD_METHODS and self.limits.uploads_total > 0:
                 async with self._upload_slot(caller):
@@ -102,6 +136,7 @@ class Admission:
                 yield
         finally:
             self._total -= 1
+            self._anonymous -= anonymous
             left = self._calls[caller] - 1
             if left:
                 self._calls[caller] = left
@@ -109,23 +144,42 @@ class Admission:
                 del self._calls[caller]
 
     @contextlib.asynccontextmanager
-    async def _upload_slot(self, caller: str) -> AsyncIterator[None]:
-        """The caller's upload slot, then one of the server's (in that order, so
-        a caller waiting on its own slot holds none of the server's)."""
-        per = self.limits.uploads_per_caller
-        if per <= 0:
-            async with self._uploads:
-                yield
+    async def reading(self, method: str, context: grpc.aio.ServicerContext) -> AsyncIterator[None]:
+        """Held while a unary request other than an upload is read (an upload's
+        place, taken by `admit`, already bounds its read)."""
+        if method in UPLOAD_METHODS or peer_role(context) == Role.LEADER:
+            yield
             return
-        entry = self._caller_uploads.setdefault(caller, _Slots(asyncio.Semaphore(per)))
-        entry.users += 1
-        try:
-            async with entry.slots, self._uploads:
-                yield
-        finally:
-            entry.users -= 1
-            if not entry.users:  # no call of this caller holds or awaits it
-                del self._caller_uploads[caller]
+        async with _slot(
+            self._caller_reads, caller_identity(context), self.limits.reads_per_caller, self._reads
+        ):
+            yield
+
+    def _upload_slot(self, caller: str) -> contextlib.AbstractAsyncContextManager[None]:
+        """The caller's upload slot, then one of the server's."""
+        return _slot(self._caller_uploads, caller, self.limits.uploads_per_caller, self._uploads)
+
+
+@contextlib.asynccontextmanager
+async def _slot(
+    table: dict[str, _Slots], caller: str, per: int, shared: asyncio.Semaphore
+) -> AsyncIterator[None]:
+    """One of the caller's `per` slots (its entry in `table`), then one of the
+    `shared` ones (in that order, so a caller waiting on its own slot holds none
+    of the server's); per <= 0: the shared one only."""
+    if per <= 0:
+        async with shared:
+            yield
+        return
+    entry = table.setdefault(caller, _Slots(asyncio.Semaphore(per)))
+    entry.users += 1
+    try:
+        async with entry.slots, shared:
+            yield
+    finally:
+        entry.users -= 1
+        if not entry.users:  # no call of this caller holds or awaits it
+            del table[caller]
 
 
 @dataclass

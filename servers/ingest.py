@@ -253,20 +253,22 @@ def binding(task_id: str, ids: Sequence[bytes], leader_prep_shares: Sequence[byt
 
 # ---------------------------------------------------------------- the helper
 def helper_receive(core: ServerCore, task_id: str, reports: Sequence[ProofReport]) -> int:
-    """The helper's Upload: keep the batch's shares pending.  A share of the
-    wrong length is kept as b"" (refused as malformed at verification), so a
+    """The helper's Upload: keep the batch's shares pending, each of exactly the
+    circuit's length (a batch holding another length is refused whole), so a
     pending report never holds more than the circuit's few bytes.  Returns 0:
     n is not a client's to know (GetTask withholds it too)."""
     task = core.task(task_id)
     v = task_validity(task)
     ids = check_proof_batch(core, task, [r.report_id for r in reports])
     public, share = v.public_share_bytes(), v.input_share_bytes(1)
-    blobs = [
-        r.public_share + r.input_share
-        if len(r.public_share) == public and len(r.input_share) == share
-        else b""
-        for r in reports
-    ]
+    for i, r in enumerate(reports):
+        if len(r.public_share) != public or len(r.input_share) != share:
+            raise InvalidArgument(
+                f"report {i} of the batch: the helper's input share is {share} bytes and the "
+                f"public share {public} for this task's circuit, got {len(r.input_share)} "
+                f"and {len(r.public_share)} (batch refused, nothing kept)"
+            )
+    blobs = [r.public_share + r.input_share for r in reports]
     core.store.add_pending(task_id, ids, blobs, cap=pending_cap(task))
     return 0
 
@@ -309,13 +311,25 @@ async def helper_verify(core: ServerCore, batch: VerifyBatch) -> VerifyResult:
         )
     valid = [i for i, x in enumerate(verdicts) if x == Verdict.VALID]
     seeds = [reports[i][2][:SEED_SIZE] for i in valid]
-    n = core.store.add_reports(
-        batch.task_id,
-        [ids[i] for i in valid],
-        seeds,
-        words,
-        Verified(bid, verdicts, rejected_counts(verdicts), ids, bound),
-    )
+    try:
+        n = core.store.add_reports(
+            batch.task_id,
+            [ids[i] for i in valid],
+            seeds,
+            words,
+            Verified(bid, verdicts, rejected_counts(verdicts), ids, bound),
+        )
+    except Exception:
+        # Another verification of this very batch recorded it meanwhile: answer
+        # from that record, under the retry rule.
+        again = core.store.verdicts(batch.task_id, bid)
+        if again is None:
+            raise
+        if core.store.verdict_binding(batch.task_id, bid) != bound:
+            raise FailedPrecondition(
+                "this batch was verified meanwhile with other leader shares (refused)"
+            ) from None
+        return VerifyResult((), again, True, core.task(batch.task_id).n)
     crash_point("verify.after_record")  # recorded here, the leader not answered
     return VerifyResult(mine.shares, verdicts, False, n)
 
@@ -388,6 +402,9 @@ async def verify_upload(
     v = task_validity(task)
     prio = v.prio3
     ids = check_proof_batch(core, task, [r.report_id for r in reports])
+    bid = batch_id(task_id, ids)
+    if core.store.verdicts(task_id, bid) is not None:
+        raise AlreadyExists("this batch was already uploaded and counted (nothing counted twice)")
     rows = [(r.report_id, r.public_share, r.input_share) for r in reports]
     async with core.verify_slots:
         mine = await asyncio.to_thread(_prepare, prio, task.verify_key, 0, rows)
@@ -420,7 +437,9 @@ async def verify_upload(
     counts = rejected_counts(verdicts)
     crash_point("verify.before_record")  # the helper has recorded; not yet here
     words = await asyncio.to_thread(_out_words, prio, v, mine, out_rows)
+    # Recorded under the batch's id here too, so that resending a batch (even
+    # one with no valid report) counts its refusals once.
     n = core.store.add_reports(
-        task_id, valid, [b""] * len(valid), words, Verified(b"", verdicts, counts, [])
+        task_id, valid, [b""] * len(valid), words, Verified(bid, verdicts, counts, [])
     )
     return Accepted(len(valid), n, counts)

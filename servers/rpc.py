@@ -4,8 +4,10 @@ with `svtagg.proto.vocab`'s one table."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
+import ipaddress
 import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
@@ -28,7 +30,7 @@ F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 #: Stands for "no client certificate", possible only on the optional
 #: server-only-TLS ingest port (the main port's handshake demands a certificate).
 ANONYMOUS = ""
-#: Longest refusal text a call ends with (characters).
+#: Longest refusal text a call ends with (bytes of UTF-8).
 MAX_DETAIL = 1000
 
 
@@ -66,8 +68,8 @@ async def abort_with(
     # A refusal's text is cut to MAX_DETAIL: it may quote the request, and
     # gRPC's metadata limit would otherwise break the call.
     detail = str(exc)
-    if len(detail) > MAX_DETAIL:
-        detail = detail[: MAX_DETAIL - 1] + "…"
+    if len(detail.encode()) > MAX_DETAIL:  # bytes: gRPC's metadata limit counts them
+        detail = detail.encode()[: MAX_DETAIL - 3].decode(errors="ignore") + "…"
     await context.abort(code, detail, trailing_metadata=((REFUSAL_KEY, name),))
 
 
@@ -104,6 +106,8 @@ def rpc(*roles: str) -> Callable[[F], F]:
                 )
                 raise
 
+        # The roles, for admission to refuse a caller before its request is read.
+        handler.roles = frozenset(roles)  # type: ignore[attr-defined]
         return handler  # type: ignore[return-value]
 
     return wrap
@@ -129,7 +133,13 @@ def caller_identity(context: grpc.aio.ServicerContext) -> str:
     if certs:
         return "cert:" + hashlib.sha256(certs[0]).hexdigest()
     peer = context.peer() or ""
-    return "addr:" + peer.rsplit(":", 1)[0]
+    host = peer.rsplit(":", 1)[0]
+    if host.startswith("ipv6:"):
+        # One IPv6 subscriber holds a /64: its addresses are one caller.
+        with contextlib.suppress(ValueError):
+            net = ipaddress.ip_network(f"{host[5:].strip('[]').split('%')[0]}/64", strict=False)
+            return f"addr:ipv6:{net}"
+    return "addr:" + host
 
 
 def peer_role(context: grpc.aio.ServicerContext) -> Role | None:

@@ -11,6 +11,7 @@ import logging
 from dataclasses import dataclass, field
 from enum import Enum
 from fractions import Fraction
+from typing import Any
 
 import grpc
 
@@ -240,15 +241,8 @@ class SvtaggServer:
             ingest = IngestService(
                 self.core, helper=self.peer, limiter=self.limiter, metrics=self.metrics
             )
-            add_service(
-                pb_grpc.add_IngestServicer_to_server, ingest, self.server, self.admission.admit
-            )
-        add_service(
-            health_pb2_grpc.add_HealthServicer_to_server,
-            self.health,
-            self.server,
-            self.admission.admit,
-        )
+            self._serve(pb_grpc.add_IngestServicer_to_server, ingest)
+        self._serve(health_pb2_grpc.add_HealthServicer_to_server, self.health)
         # Built by `start`, once what they need is connected.
         self.work: WorkQueue | None = None
         #: The leader's driver (main process, front end or worker); None on the helper.
@@ -318,9 +312,7 @@ class SvtaggServer:
         self.analyst = AnalystService(
             self.driver, helper=peer, limiter=self.limiter, metrics=self.metrics
         )
-        add_service(
-            pb_grpc.add_AnalystServicer_to_server, self.analyst, self.server, self.admission.admit
-        )
+        self._serve(pb_grpc.add_AnalystServicer_to_server, self.analyst)
 
     async def _build_helper(self) -> None:
         """The helper's Peer service, offering the data listener once it listens."""
@@ -329,9 +321,12 @@ class SvtaggServer:
             log.info("helper data channel on port %d", self.data_listener.port)
         driver = HelperDriver(self.core, self.party, data=self.data_listener)
         self.peer_service = PeerService(driver, metrics=self.metrics)
-        add_service(
-            pb_grpc.add_PeerServicer_to_server, self.peer_service, self.server, self.admission.admit
-        )
+        self._serve(pb_grpc.add_PeerServicer_to_server, self.peer_service)
+
+    def _serve(self, add: Any, servicer: Any) -> None:
+        """Register a service: every call admitted, and its request read, within
+        this server's call bounds (servers/admission.py)."""
+        add_service(add, servicer, self.server, self.admission.admit, self.admission.reading)
 
     async def stop(self, grace: float = 5.0) -> None:
         """Graceful shutdown: report NOT_SERVING, let calls finish, close the store."""
