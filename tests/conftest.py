@@ -368,6 +368,17 @@ class ProcessDeployment:
         return store_view(self.root / f"{role}.sqlite", task_id)
 
 
+@contextlib.contextmanager
+def running(root: Path, server_args: list[str] | None = None) -> Iterator[ProcessDeployment]:
+    """A started `ProcessDeployment` under `root`, stopped on the way out (for a
+    module fixture: `with running(tmp_path_factory.mktemp(name)) as d: yield d`)."""
+    d = ProcessDeployment(root, server_args).start()
+    try:
+        yield d
+    finally:
+        d.stop()
+
+
 from svtagg.benchmarks.storeview import StoreView, encoded_sum, store_view  # noqa: E402,F401
 
 # ---------------------------------------------------------------- PostgreSQL

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import ProcessDeployment
+from conftest import ProcessDeployment, running
 
 from svtagg.deploy.cli import EXIT_ENVIRONMENT, EXIT_UNREACHABLE, EXIT_USAGE, main
 from svtagg.proto import health_pb2
@@ -27,11 +27,8 @@ def no_settings(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture(scope="module")
 def pd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProcessDeployment]:
-    d = ProcessDeployment(tmp_path_factory.mktemp("doctor")).start()
-    try:
+    with running(tmp_path_factory.mktemp("doctor")) as d:
         yield d
-    finally:
-        d.stop()
 
 
 def doctor(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, dict[str, str]]:

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import ProcessDeployment
+from conftest import ProcessDeployment, running
 
 import svtagg
 from svtagg.deploy.cli import main
@@ -27,11 +27,8 @@ D = 12
 
 @pytest.fixture(scope="module")
 def pd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProcessDeployment]:
-    d = ProcessDeployment(tmp_path_factory.mktemp("front")).start()
-    try:
+    with running(tmp_path_factory.mktemp("front")) as d:
         yield d
-    finally:
-        d.stop()
 
 
 def _connect(pd: ProcessDeployment) -> Any:
