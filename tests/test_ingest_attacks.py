@@ -282,7 +282,7 @@ def test_concurrent_large_uploads_of_one_caller_are_read_a_few_at_a_time(
 
 
 def test_large_requests_to_any_method_are_read_a_few_at_a_time(pd: ProcessDeployment) -> None:
-    """Found in review: the bound covered Upload only; 32 concurrent 60 MiB
+    """Before: the bound covered Upload only; 32 concurrent 60 MiB
     Health.Check requests took a server from 67 MB to 1.78 GB.  Every unary
     request is now read within the caller's and the server's read places, and
     a caller whose role a method does not serve is refused before its request
