@@ -24,7 +24,7 @@ import grpc
 #: `admit(full method name, context, roles)`: an async context manager held
 #: while the call runs, or ending the call (context.abort) when it is not
 #: admitted; `roles` are the roles the method serves (None: any).
-Admit = Callable[[str, Any, "frozenset[str] | None"], AbstractAsyncContextManager[None]]
+Admit = Callable[[str, Any, "tuple[str, ...] | None"], AbstractAsyncContextManager[None]]
 #: `reading(full method name, context)`: held while a unary request is read.
 Reading = Callable[[str, Any], AbstractAsyncContextManager[None]]
 #: How long a unary request may take to arrive once its call is admitted: 64 MiB

@@ -33,7 +33,7 @@ import grpc
 
 from svtagg.dp.errors import ResourceExhausted
 from svtagg.proto.vocab import Role
-from svtagg.servers.rpc import ANONYMOUS, abort_with, caller_identity, peer_role
+from svtagg.servers.rpc import ANONYMOUS, abort_with, caller_identity, peer_role, refuse_role
 
 #: Methods whose request is an upload batch (up to the message cap each).
 UPLOAD_METHODS = frozenset({"/svtagg.v1.Ingest/Upload"})
@@ -102,7 +102,7 @@ class Admission:
         self,
         method: str,
         context: grpc.aio.ServicerContext,
-        roles: frozenset[str] | None = None,
+        roles: tuple[str, ...] | None = None,
     ) -> AsyncIterator[None]:
         """Hold a place for one call of `method` while the body runs, or end the
         call (nothing read, nothing held): UNAUTHENTICATED for a caller whose
@@ -114,12 +114,7 @@ class Admission:
             return
         name = method.rsplit("/", 1)[-1]
         if roles is not None and (role or ANONYMOUS) not in roles:
-            await context.abort(
-                grpc.StatusCode.UNAUTHENTICATED,
-                f"{name} needs a certificate of role "
-                f"{' or '.join(sorted(r or 'none' for r in roles))}; "
-                f"caller presented {role or 'none'}",
-            )
+            await refuse_role(context, name, roles, role or ANONYMOUS)
         caller = caller_identity(context)
         refused = self._refusal(method, caller)
         if refused is not None:

@@ -9,7 +9,7 @@ import functools
 import hashlib
 import ipaddress
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
 import grpc
@@ -82,12 +82,7 @@ def rpc(*roles: str) -> Callable[[F], F]:
         async def handler(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
             caller = peer_role(context) or ANONYMOUS
             if caller not in roles:
-                await context.abort(
-                    grpc.StatusCode.UNAUTHENTICATED,
-                    f"{method.__name__} needs a certificate of role "
-                    f"{' or '.join(r or 'none' for r in roles)}; "
-                    f"caller presented {caller or 'none'}",
-                )
+                await refuse_role(context, method.__name__, roles, caller)
             try:
                 if request is UNDECODABLE:
                     raise InvalidArgument(
@@ -107,10 +102,22 @@ def rpc(*roles: str) -> Callable[[F], F]:
                 raise
 
         # The roles, for admission to refuse a caller before its request is read.
-        handler.roles = frozenset(roles)  # type: ignore[attr-defined]
+        handler.roles = tuple(roles)  # type: ignore[attr-defined]
         return handler  # type: ignore[return-value]
 
     return wrap
+
+
+async def refuse_role(
+    context: grpc.aio.ServicerContext, name: str, roles: Sequence[str], caller: str
+) -> None:
+    """End the call: method `name` serves only `roles` (ANONYMOUS: no
+    certificate), and the caller presented `caller`."""
+    await context.abort(
+        grpc.StatusCode.UNAUTHENTICATED,
+        f"{name} needs a certificate of role {' or '.join(r or 'none' for r in roles)}; "
+        f"caller presented {caller or 'none'}",
+    )
 
 
 def check_rate(

@@ -448,6 +448,13 @@ class HealthService(health_pb2_grpc.HealthServicer):
         self.limiter = limiter
         self._changed = asyncio.Event()
 
+    async def _rate(self, context: Any) -> None:
+        """One request against the caller's rate limit (RESOURCE_EXHAUSTED beyond)."""
+        try:
+            check_rate(self.limiter, context)
+        except RateLimited as exc:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
+
     def set_serving(self, serving: bool) -> None:
         self.serving = serving
         self._changed.set()
@@ -458,10 +465,7 @@ class HealthService(health_pb2_grpc.HealthServicer):
 
     async def Check(self, request: Any, context: Any) -> health_pb2.HealthCheckResponse:
         if peer_role(context) != Role.LEADER:
-            try:
-                check_rate(self.limiter, context)
-            except RateLimited as exc:
-                await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
+            await self._rate(context)
         if request is UNDECODABLE:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "undecodable request")
         if request.service not in ("", "svtagg.v1.Ingest", "svtagg.v1.Analyst", "svtagg.v1.Peer"):
@@ -482,10 +486,7 @@ class HealthService(health_pb2_grpc.HealthServicer):
             )
         if request is UNDECODABLE:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "undecodable request")
-        try:
-            check_rate(self.limiter, context)
-        except RateLimited as exc:
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
+        await self._rate(context)
         while True:
             yield self._status()
             if not self.serving:
