@@ -74,6 +74,8 @@ def test_a_top_k_the_budget_cannot_hold_is_refused_before_anything_is_spent(
         with pytest.raises(BudgetExhausted):
             task.top_k(k=3, epsilon=5)
         assert task.budget().exact["epsilon_spent"] == 0
+        helper = task.state().helper_budget  # the refusal spent nothing there either
+        assert helper is not None and helper.exact["epsilon_spent"] == 0
         top = task.top_k(k=3, epsilon=1, seed=1)
         assert len(top) == 3 and len(set(top)) == 3
         # The whole ε was reserved as one plan, and what the streams did not
