@@ -68,7 +68,7 @@ from svtagg.proto import svtagg_pb2 as pb
 from svtagg.proto.tls import Identity
 from svtagg.proto.vocab import REPORT_ID_BYTES
 from svtagg.servers.reference import reference_pair
-from svtagg.servers.wire import VERIFY
+from svtagg.servers.edge.wire import VERIFY
 from svtagg.vdaf import native as vdaf_native
 from svtagg.vdaf.validity import Validity, parse_validity
 

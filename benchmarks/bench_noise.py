@@ -31,9 +31,9 @@ from svtagg.dp.kinds import StreamKind
 from svtagg.dp.noise import RandomSource, discrete_laplace, geometric
 from svtagg.dp.task import TaskSpec
 from svtagg.mpc.jointnoise import and_gates_per_sample
-from svtagg.servers.exchange import Ask, OpenStream, Queries
-from svtagg.servers.joint import shapes
-from svtagg.servers.jointpool import MAX_BATCH
+from svtagg.servers.exchange.values import Ask, OpenStream, Queries
+from svtagg.servers.exchange.joint import shapes
+from svtagg.servers.store.jointpool import MAX_BATCH
 from svtagg.servers.reference import reference_pair
 
 F = 16

@@ -40,7 +40,7 @@ from svtagg.experiments.common import planted_scores
 from svtagg.mpc.circuits import argmax_and_gates, plain_argmax
 from svtagg.mpc.protocol import connected_pair
 from svtagg.mpc.tournament import TournamentChunk, noisy_max_chunk_and_gates
-from svtagg.servers.exchange import Ask, NoisyMax, OpenStream, Queries
+from svtagg.servers.exchange.values import Ask, NoisyMax, OpenStream, Queries
 from svtagg.servers.reference import reference_pair
 
 F = 16

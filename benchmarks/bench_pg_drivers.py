@@ -1,5 +1,5 @@
 """PostgreSQL drivers side by side on the store's write shapes: psycopg 3
-(synchronous, as `servers/store_pg.py` uses it) against asyncpg.
+(synchronous, as `servers/store/postgres.py` uses it) against asyncpg.
 
     SVTAGG_TEST_POSTGRES=postgresql://... python -m svtagg.benchmarks.bench_pg_drivers \
         [--repeat 7] [--batches 5]
@@ -43,8 +43,8 @@ from typing import Any
 import numpy as np
 
 from svtagg.benchmarks.pg import server_url
-from svtagg.servers.store_pg import _copy_rows
-from svtagg.servers.store_pg_schema import MIGRATIONS
+from svtagg.servers.store.postgres import _copy_rows
+from svtagg.servers.store.postgres_schema import MIGRATIONS
 
 TASK = "bench"
 REPORT_ID_BYTES = 16

@@ -13,7 +13,7 @@ Candidates:
                          with StreamReader.readexactly;
   thread-tls             a blocking TLS socket driven from a worker thread,
                          `sendall` and `recv_into` one buffer per message (what
-                         `servers/datachannel.py` uses).
+                         `servers/edge/datachannel.py` uses).
 The receiver runs in a second process, as the helper does.
 """
 
@@ -33,7 +33,7 @@ import grpc
 from svtagg.proto import svtagg_pb2 as pb
 from svtagg.proto.tls import Identity, write_deployment
 from svtagg.proto.vocab import CHANNEL_OPTIONS, SERVER_OPTIONS
-from svtagg.servers import datachannel
+from svtagg.servers.edge import datachannel
 
 
 def _free_port() -> int:

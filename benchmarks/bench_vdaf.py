@@ -13,7 +13,7 @@ python/native, and the targets with met/missed where there are any
 split into Leader input share, Helper input share and public share.  Then the
 batched path as a client and the servers run it, over K batches of B reports:
 CPU ms per report of sharding (shard_batch_encoded, every message encoded) and
-of each aggregator's work (servers/ingest.py: decode the batch's shares,
+of each aggregator's work (servers/ingest/batches.py: decode the batch's shares,
 prep_init_rows, encode the prep shares; decode the other's, decide, fold the
 output shares), median and min–max, with the reports/s that gives on 2 cores
 and the same targets (the preparation budget split evenly between the two
@@ -104,7 +104,7 @@ def measure(vdaf: Prio3, measurement: object, reports: int) -> dict[str, float |
 def _prepare(
     vdaf: Prio3, key: bytes, j: int, reports: Sequence[Sequence[bytes]]
 ) -> tuple[PrepRows, list[bytes]]:
-    """Aggregator j's first half of a batch, as servers/ingest.py does it: decode
+    """Aggregator j's first half of a batch, as servers/ingest/batches.py does it: decode
     the batch's public and input shares, prep_init, encode the prep shares."""
     nonces, publics, shares = reports
     _, rows = vdaf.decode_report_rows(j, nonces, publics, shares)
@@ -267,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
         "Batched, as a client and the servers run it (CPU ms per report, median [min–max] of "
         f"{args.rounds} batches): shard = shard_batch_encoded; each aggregator = decode the "
         "batch's shares, prep_init, encode the prep shares, decode the other's, decide, fold "
-        "(servers/ingest.py); reports/s on 2 cores = 2000 / (leader + helper)"
+        "(servers/ingest/batches.py); reports/s on 2 cores = 2000 / (leader + helper)"
     )
     print(
         f"{'instance':<{NAME_W}}{'backend':<8}{'batch':>6}{'shard':>24}{'leader':>24}"

@@ -119,7 +119,7 @@ def format_number(x: Fraction | float) -> str:
 @dataclass(frozen=True)
 class TaskView:
     """A task as the leader describes it to the analyst: public parameters, n, state
-    and both ledgers (the servers' own task record is `svtagg.servers.store.TaskState`)."""
+    and both ledgers (the servers' own task record is `svtagg.servers.store.rules.TaskState`)."""
 
     task_id: str
     d: int

@@ -29,7 +29,7 @@ helper
     Health.Check.
 leader -> helper
     the leader's health check answers NOT_SERVING while its own probe of the
-    helper fails (`servers.services.HealthService`), so SERVING from the leader
+    helper fails (`servers.edge.services.HealthService`), so SERVING from the leader
     means the leader reaches its helper, as of its last probe.
 clock skew
     not measured, and the report says so: the servers expose no time.  Their

@@ -16,7 +16,7 @@ from svtagg.mpc.softspoken import SoftSpokenReceiver, SoftSpokenSender
 
 
 class Arriving(Protocol):
-    """A message read as it arrives (`servers.datachannel.Arriving`)."""
+    """A message read as it arrives (`servers.edge.datachannel.Arriving`)."""
 
     size: int
     buffer: Any

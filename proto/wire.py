@@ -4,7 +4,7 @@
   would answer UNKNOWN with the parser's exception, or INTERNAL on a stream):
   every request, unary or streamed, is decoded by a tolerant deserializer that
   yields `UNDECODABLE`, which the service edge refuses;
-- with an `admit` hook (servers/admission.py), every call is admitted before
+- with an `admit` hook (servers/edge/admission.py), every call is admitted before
   its request is read: a unary request is registered as a one-message client
   stream on the server side (the wire is the same), so the method's message
   is read only once the call holds its place."""

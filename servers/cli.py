@@ -16,8 +16,8 @@ from svtagg.dp.kinds import as_fraction
 from svtagg.mpc.softspoken import parse_ot, server_ot
 from svtagg.proto.tls import DEFAULT_HOSTS, ROLES, load_identity, write_deployment
 from svtagg.proto.vocab import MAX_TASKS
-from svtagg.servers.admission import CallLimits
-from svtagg.servers.garbling import DEFAULT_GARBLING, GARBLING_SCHEMES
+from svtagg.servers.edge.admission import CallLimits
+from svtagg.servers.exchange.garbling import DEFAULT_GARBLING, GARBLING_SCHEMES
 
 if TYPE_CHECKING:
     from svtagg.servers.service import ServerConfig
@@ -219,7 +219,7 @@ def check_startup(args: argparse.Namespace) -> ServerConfig:
     (one-line messages) instead of starting half-way."""
     from svtagg.proto.vocab import Role
     from svtagg.servers.service import ProcessKind, ServerConfig
-    from svtagg.servers.store_open import sqlite_file
+    from svtagg.servers.store.opener import sqlite_file
 
     role = Role(args.role)
     parse_ot(args.ot or server_ot())  # an unknown --ot or SVTAGG_OT, before anything starts
@@ -240,7 +240,7 @@ def check_startup(args: argparse.Namespace) -> ServerConfig:
         raise ValueError("--helper is for the leader only")
     identity = load_identity(args.certs, role)
     if role == Role.LEADER and args.helper:
-        from svtagg.servers.peer import check_helper_certificate
+        from svtagg.servers.edge.peer import check_helper_certificate
 
         check_helper_certificate(args.helper, identity)
     db_file = sqlite_file(args.db)  # None: a PostgreSQL URL, checked when the store opens
@@ -305,12 +305,12 @@ def run_server(args: argparse.Namespace) -> int:
 def describe_store(db: str) -> str:
     """Which store a server opened, for its log: the SQLite file's absolute path,
     or the PostgreSQL URL without its password."""
-    from svtagg.servers.store_open import sqlite_file
+    from svtagg.servers.store.opener import sqlite_file
 
     path = sqlite_file(db)
     if path is not None:
         return f"SQLite {Path(path).resolve()}"
-    from svtagg.servers.store_pg import redact
+    from svtagg.servers.store.postgres import redact
 
     return f"PostgreSQL {redact(db)}"
 

@@ -5,7 +5,7 @@ masked comparison inputs z_L / z_H.
 Trust assumptions relied on here (see docs/services.md): two non-colluding,
 semi-honest servers; each draws its own full-scale noise from its own CSPRNG
 (or, for a task with noise = joint, holds its additive share of one joint
-draw made in the garbled circuit: servers/joint.py) and never reveals γ, ν or
+draw made in the garbled circuit: servers/exchange/joint.py) and never reveals γ, ν or
 its share sums; only the comparison protocol's
 output (first YES index / outcomes) leaves a server.  Clients are not trusted:
 queries read the robust aggregates g(S) (`query_sums`), whose sensitivity is
@@ -51,7 +51,7 @@ from svtagg.proto.terms import (
     VERIFY_SLOTS,
     Role,
 )
-from svtagg.servers.exchange import (
+from svtagg.servers.exchange.values import (
     ChunkKind,
     PlanInfo,
     PlanRequest,
@@ -59,9 +59,9 @@ from svtagg.servers.exchange import (
     Progress,
 )
 from svtagg.servers.faults import crash_point
-from svtagg.servers.joint import JointDraw, JointNoiseSteps, Pooled, stream_noise
-from svtagg.servers.proofs import check_validity, helper_undo_sum
-from svtagg.servers.store import FAILED, Store, StreamState, TaskState
+from svtagg.servers.exchange.joint import JointDraw, JointNoiseSteps, Pooled, stream_noise
+from svtagg.servers.ingest.validity import check_validity, helper_undo_sum
+from svtagg.servers.store.rules import FAILED, Store, StreamState, TaskState
 from svtagg.vdaf.prio3 import VERIFY_KEY_SIZE
 
 if TYPE_CHECKING:
@@ -195,7 +195,7 @@ class ServerCore(JointNoiseSteps):
         #: client uploads, an honest user moves every compared value by ≤ 2^F.
         #: Switched off only by tests, as the negative control of the wrap attack.
         self.robust_aggregates = robust_aggregates
-        #: Check every report's validity proof at ingest (servers/ingest.py).
+        #: Check every report's validity proof at ingest (servers/ingest/batches.py).
         #: Switched off only by tests, as the negative control of poisoning:
         #: then every report that decodes is folded unchecked.
         self.verify_proofs = verify_proofs
@@ -206,7 +206,7 @@ class ServerCore(JointNoiseSteps):
         #: g(S) of the tasks that have streams here, which never changes again
         #: (`query_sums`), by task id; the most recent few.
         self._query_sums: dict[str, U64] = {}
-        #: Ingest verifications running at once (servers/ingest.py: VERIFY_SLOTS).
+        #: Ingest verifications running at once (servers/ingest/batches.py: VERIFY_SLOTS).
         self.verify_slots = asyncio.Semaphore(VERIFY_SLOTS)
         #: Tasks this server holds at most (`--max-tasks`).
         self.max_tasks = MAX_TASKS
@@ -286,7 +286,7 @@ class ServerCore(JointNoiseSteps):
         """Store one batch of (report id, share) atomically; returns n afterwards.
 
         The leader's share is d little-endian uint64; the helper's a 16-byte seed.
-        (A task with a validity circuit takes Prio3 reports: servers/ingest.py.)"""
+        (A task with a validity circuit takes Prio3 reports: servers/ingest/batches.py.)"""
         task = self.store.task(task_id)
         if task.params.validity:
             raise InvalidArgument(
@@ -422,7 +422,7 @@ class ServerCore(JointNoiseSteps):
             raise InvalidArgument(
                 f"epsilon={eps} is below the task's epsilon_min={task.params.epsilon_min}"
             )
-        # Joint noise: γ's shares are drawn in the first chunk (servers/joint.py);
+        # Joint noise: γ's shares are drawn in the first chunk (servers/exchange/joint.py);
         # the 0 stored here is never compared (a failed first chunk fails the stream).
         gamma = 0 if joint else draw_threshold_noise(kind, eps, task.params.frac_bits, self.rng)
         # The charge and γ commit together (one fsync); a refused charge drops γ

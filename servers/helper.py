@@ -1,8 +1,8 @@
 """The helper driver: the helper's side of every leader ↔ helper exchange, free
 of any transport.  Each unary method takes and returns the domain values of
-`servers.exchange` (the gRPC `PeerService` and the in-memory port convert the
+`servers.exchange.values` (the gRPC `PeerService` and the in-memory port convert the
 Peer service's messages at their edge), and `serve_session` runs one
-comparison session over a frame stream (`servers.session.HelperSession`)."""
+comparison session over a frame stream (`servers.exchange.session.HelperSession`)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from svtagg.dp.task import TaskSpec, parse_task_params
 from svtagg.mpc.ring import U64
 from svtagg.proto.vocab import PASS_ID_BYTES, REPORT_ID_BYTES, REPORT_PAGE, Role
 from svtagg.servers.core import Chunk, ComparisonParty, PartyFactory, ServerCore, parse_chunk
-from svtagg.servers.exchange import (
+from svtagg.servers.exchange.values import (
     Agreement,
     ChunkKind,
     NoiseBatch,
@@ -33,10 +33,10 @@ from svtagg.servers.exchange import (
     VerifyResult,
 )
 from svtagg.servers.faults import crash_point
-from svtagg.servers.garbling import garbling_of, ot_of
-from svtagg.servers.ingest import helper_verify
-from svtagg.servers.joint import Pooled, batch_shares
-from svtagg.servers.session import (
+from svtagg.servers.exchange.garbling import garbling_of, ot_of
+from svtagg.servers.ingest.batches import helper_verify
+from svtagg.servers.exchange.joint import Pooled, batch_shares
+from svtagg.servers.exchange.session import (
     FOLD_LANES,
     DataChannel,
     DataOffer,
@@ -46,7 +46,7 @@ from svtagg.servers.session import (
     SwitchChannel,
     WriteFrame,
 )
-from svtagg.servers.store import IN_CHUNK, StreamState, TaskState
+from svtagg.servers.store.rules import IN_CHUNK, StreamState, TaskState
 
 #: An accepted stream chunk, marked durably: its stream, task, queries, pooled noise.
 Accepted = tuple[StreamState, TaskState, Chunk, Pooled | None]
@@ -86,7 +86,7 @@ class HelperDriver:
         return replace(TaskInfo.of(task), verify_key=task.verify_key)
 
     async def verify(self, batch: VerifyBatch) -> VerifyResult:
-        """Verify an upload batch with the leader's prep shares (servers/ingest.py)."""
+        """Verify an upload batch with the leader's prep shares (servers/ingest/batches.py)."""
         return await helper_verify(self.core, batch)
 
     async def digest(self, task_id: str) -> ReportSet:

@@ -2,7 +2,7 @@
 the helper through a `HelperPort` — close / reconcile / re-share, stream
 opening and the chunk exchange with fail-closed handling (the ledgers are kept
 together by `servers.reconcile`).  Free of any transport: it takes and returns
-the domain values of `servers.exchange`, the gRPC `AnalystService` converts
+the domain values of `servers.exchange.values`, the gRPC `AnalystService` converts
 them at its edge, and tests run it against an in-memory helper."""
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from svtagg.servers.core import (
     parse_chunk,
     parse_taus,
 )
-from svtagg.servers.exchange import (
+from svtagg.servers.exchange.values import (
     Agreement,
     Ask,
     AskAnswer,
@@ -66,12 +66,12 @@ from svtagg.servers.exchange import (
     TaskInfo,
 )
 from svtagg.servers.faults import crash_point
-from svtagg.servers.joint import Pooled, PoolPolicy, batch_shares, pools_noise
-from svtagg.servers.jointpool import MAX_BATCH
-from svtagg.servers.port import HelperPort
+from svtagg.servers.exchange.joint import Pooled, PoolPolicy, batch_shares, pools_noise
+from svtagg.servers.store.jointpool import MAX_BATCH
+from svtagg.servers.exchange.port import HelperPort
 from svtagg.servers.reconcile import LedgerSync
-from svtagg.servers.session import SessionPool
-from svtagg.servers.store import (
+from svtagg.servers.exchange.session import SessionPool
+from svtagg.servers.store.rules import (
     FAILED,
     IN_CHUNK,
     OPEN,
@@ -121,7 +121,7 @@ class LeaderDriver:
         #: are queued for worker processes instead of run in this process.
         self.work = work
         #: How this process keeps joint-noise streams' pools filled ahead of
-        #: their chunks (servers/joint.py); None: it does not (a leased-work
+        #: their chunks (servers/exchange/joint.py); None: it does not (a leased-work
         #: worker leaves it to the front end), and chunks draw what their
         #: pool lacks in the chunk.
         self.noise_pool: PoolPolicy | None = PoolPolicy()

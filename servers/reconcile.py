@@ -14,9 +14,9 @@ from functools import partial
 
 from svtagg.dp.errors import NotFound, PeerUnavailable, Refusal
 from svtagg.servers.core import ServerCore
-from svtagg.servers.exchange import PlanRequest, PrepareStream
-from svtagg.servers.port import HelperPort
-from svtagg.servers.store import PLAN_ACTIVE, PLAN_FAILED
+from svtagg.servers.exchange.values import PlanRequest, PrepareStream
+from svtagg.servers.exchange.port import HelperPort
+from svtagg.servers.store.rules import PLAN_ACTIVE, PLAN_FAILED
 
 log = logging.getLogger("svtagg.server")
 

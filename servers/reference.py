@@ -1,5 +1,5 @@
 """The one-process reference: a leader driver and a helper driver on their own
-stores, joined by the in-memory port (`servers.memory`).  No TLS, no sockets, no
+stores, joined by the in-memory port (`servers.exchange.memory`).  No TLS, no sockets, no
 subprocesses, so it runs in a notebook as well as in the tests::
 
     async with reference_pair(Path(tmp)) as ref:
@@ -26,9 +26,9 @@ from svtagg.mpc.ring import encode
 from svtagg.mpc.sharing import share
 from svtagg.proto.vocab import REPORT_ID_BYTES, Role
 from svtagg.servers.core import PartyFactory, ServerCore, garbled_circuit_party
-from svtagg.servers.exchange import OpenStream
+from svtagg.servers.exchange.values import OpenStream
 from svtagg.servers.helper import HelperDriver
-from svtagg.servers.ingest import (
+from svtagg.servers.ingest.batches import (
     Accepted,
     ProofReport,
     helper_receive,
@@ -36,9 +36,9 @@ from svtagg.servers.ingest import (
     verify_upload,
 )
 from svtagg.servers.leader import LeaderDriver
-from svtagg.servers.memory import MemoryHelperPort, Tap
-from svtagg.servers.store import Store
-from svtagg.servers.store_sqlite import SqliteStore
+from svtagg.servers.exchange.memory import MemoryHelperPort, Tap
+from svtagg.servers.store.rules import Store
+from svtagg.servers.store.sqlite import SqliteStore
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """One server process assembled from its parts: its ports, store, drivers and
 gRPC services, chosen by its role and its process kind.  The services are in
-`servers.services`, the RPC guard in `servers.rpc`, the metrics in
-`servers.metrics`."""
+`servers.edge.services`, the RPC guard in `servers.edge.rpc`, the metrics in
+`servers.edge.metrics`."""
 
 from __future__ import annotations
 
@@ -21,25 +21,25 @@ from svtagg.proto import svtagg_pb2_grpc as pb_grpc
 from svtagg.proto.tls import CertificateError, Identity
 from svtagg.proto.vocab import MAX_TASKS, SERVER_OPTIONS, SERVER_ROLES, Role
 from svtagg.proto.wire import add_service
-from svtagg.servers.admission import Admission, CallLimits
+from svtagg.servers.edge.admission import Admission, CallLimits
 from svtagg.servers.core import PartyFactory, ServerCore
-from svtagg.servers.datachannel import DataListener, split_host
-from svtagg.servers.garbling import DEFAULT_GARBLING, GarbledCircuitParties, check_scheme_name
+from svtagg.servers.edge.datachannel import DataListener, split_host
+from svtagg.servers.exchange.garbling import DEFAULT_GARBLING, GarbledCircuitParties, check_scheme_name
 from svtagg.servers.helper import HelperDriver
 from svtagg.servers.leader import LeaderDriver
-from svtagg.servers.limits import RateLimiter
-from svtagg.servers.mainlock import MainLock, hold_main_lock
-from svtagg.servers.metrics import Metrics
-from svtagg.servers.peer import GrpcHelperPort
-from svtagg.servers.services import (
+from svtagg.servers.edge.limits import RateLimiter
+from svtagg.servers.store.mainlock import MainLock, hold_main_lock
+from svtagg.servers.edge.metrics import Metrics
+from svtagg.servers.edge.peer import GrpcHelperPort
+from svtagg.servers.edge.services import (
     AnalystService,
     HealthService,
     HelperProbe,
     IngestService,
     PeerService,
 )
-from svtagg.servers.store import Store
-from svtagg.servers.store_open import open_store, sqlite_file
+from svtagg.servers.store.rules import Store
+from svtagg.servers.store.opener import open_store, sqlite_file
 from svtagg.servers.work import LEASE_SECONDS, Worker, WorkQueue
 
 log = logging.getLogger("svtagg.server")
@@ -151,7 +151,7 @@ class ServerConfig:
     rate_limit: float = 1000.0
     rate_burst: float = 2000.0
     #: Calls in flight per caller and in all, uploads among them
-    #: (servers/admission.py), checked before a request is read.
+    #: (servers/edge/admission.py), checked before a request is read.
     call_limits: CallLimits = field(default_factory=CallLimits)
     #: Tasks this server holds at most (ListTasks answers them in one message).
     max_tasks: int = MAX_TASKS
@@ -325,7 +325,7 @@ class SvtaggServer:
 
     def _serve(self, add: Any, servicer: Any) -> None:
         """Register a service: every call admitted, and its request read, within
-        this server's call bounds (servers/admission.py)."""
+        this server's call bounds (servers/edge/admission.py)."""
         add_service(add, servicer, self.server, self.admission.admit, self.admission.reading)
 
     async def stop(self, grace: float = 5.0) -> None:

@@ -44,8 +44,8 @@ from typing import TYPE_CHECKING, Any, Protocol, overload
 from svtagg.dp.errors import FailedPrecondition, InvalidArgument, PeerUnavailable, Refusal
 from svtagg.proto import svtagg_pb2 as pb
 from svtagg.proto.vocab import refusal_from_status, refusal_status, status_of
-from svtagg.servers import wire
-from svtagg.servers.exchange import (
+from svtagg.servers.edge import wire
+from svtagg.servers.exchange.values import (
     Ask,
     AskAnswer,
     ChunkKind,
@@ -61,7 +61,7 @@ from svtagg.servers.exchange import (
 if TYPE_CHECKING:  # psycopg is the optional `postgres` extra: imported where used
     import psycopg
 
-    from svtagg.servers.store import Store
+    from svtagg.servers.store.rules import Store
 
 log = logging.getLogger("svtagg.work")
 
@@ -88,7 +88,7 @@ class Unclaimed(PeerUnavailable):
 @dataclass(frozen=True)
 class Job:
     """A job as the `work` table holds it: its kind (a `ChunkKind`'s value) and
-    its payload, the protobuf bytes `servers.wire` makes of its inputs."""
+    its payload, the protobuf bytes `servers.edge.wire` makes of its inputs."""
 
     job_id: int
     kind: str
@@ -191,7 +191,7 @@ class WorkQueue:
         self._abandoned: set[asyncio.Future[None]] = set()
         self._early: set[int] = set()  # finished jobs whose waiter was not yet registered
         self._alive = (0, 0.0)  # (leader workers seen, when: time.monotonic())
-        #: The front end's Prometheus metrics (servers.metrics.Metrics), if any.
+        #: The front end's Prometheus metrics (servers.edge.metrics.Metrics), if any.
         self.metrics = metrics
 
     @classmethod
@@ -203,7 +203,7 @@ class WorkQueue:
         woken by the notifications it needs: "done" (a front end), "new" (a worker)."""
         from psycopg import sql
 
-        from svtagg.servers.store_pg import PgStore
+        from svtagg.servers.store.postgres import PgStore
 
         if not isinstance(store, PgStore):
             raise ValueError("leased work needs a PostgreSQL store (--db postgresql://...)")

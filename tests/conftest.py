@@ -472,7 +472,7 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
 
 
 def spy_joint_sampler(monkeypatch: pytest.MonkeyPatch, garbler_only: bool) -> list[np.ndarray]:
-    """Hook the servers' joint-noise sampler (`servers.joint`): each draw appends
+    """Hook the servers' joint-noise sampler (`servers.exchange.joint`): each draw appends
     the ν that the garbling server's own random words alone would give (its best
     guess, `plain_joint_noise` of its words); with `garbler_only` the evaluating
     server's words are zero — the control where one server's randomness is all
@@ -480,7 +480,7 @@ def spy_joint_sampler(monkeypatch: pytest.MonkeyPatch, garbler_only: bool) -> li
     from svtagg.dp.noise import RandomSource
     from svtagg.mpc import jointnoise
     from svtagg.mpc.jointnoise import SamplerShape, plain_joint_noise
-    from svtagg.servers import joint as server_joint
+    from svtagg.servers.exchange import joint as server_joint
 
     guesses: list[np.ndarray] = []
     real_garble, real_evaluate = jointnoise.garble_joint_noise, jointnoise.evaluate_joint_noise
@@ -519,7 +519,7 @@ async def helper_accepts_open(ot_extension: str) -> tuple[bytes, object]:
     """A helper session's `accept` of a leader's SessionOpen naming `ot_extension`
     (the helper's own from SVTAGG_OT or the default): (session id, None), or the
     refusal it raises."""
-    from svtagg.servers.session import HelperSession
+    from svtagg.servers.exchange.session import HelperSession
 
     frames = [pb.PeerFrame(open=pb.SessionOpen(session_id=b"s" * 16, ot_extension=ot_extension))]
 

@@ -18,7 +18,7 @@ from svtagg.analyst.local_oracle import LocalOracle
 from svtagg.dp.errors import ResourceExhausted
 from svtagg.dp.kinds import TAIL_SCALES
 from svtagg.dp.queries import MAX_CHUNK, MAX_STREAM_CHUNKS, Query
-from svtagg.servers.exchange import Ask, Queries
+from svtagg.servers.exchange.values import Ask, Queries
 
 
 def test_clamping_delta_of_the_largest_stream():

@@ -1,4 +1,4 @@
-"""The comparison data channel (servers/datachannel.py): messages of every size
+"""The comparison data channel (servers/edge/datachannel.py): messages of every size
 arrive intact, only a leader certificate is admitted, the leader admits only the
 helper's name, a connection is bound to at most one session and closed when
 none claims it, oversized messages end the connection — and a deployment runs
@@ -25,8 +25,8 @@ from svtagg.dp.queries import Query
 from svtagg.mpc.channel import MemoryChannel
 from svtagg.proto.tls import Identity, server_name, write_deployment
 from svtagg.proto.vocab import Role
-from svtagg.servers import datachannel
-from svtagg.servers.datachannel import (
+from svtagg.servers.edge import datachannel
+from svtagg.servers.edge.datachannel import (
     ChannelClosed,
     DataConnection,
     DataListener,
@@ -473,7 +473,7 @@ async def test_frame_channel_bounds_a_message_and_its_fragments() -> None:
     run of empty fragments, is refused once the bound is passed, not joined."""
     from svtagg.proto import svtagg_pb2 as pb
     from svtagg.proto.vocab import FRAGMENT
-    from svtagg.servers.session import FrameChannel
+    from svtagg.servers.exchange.session import FrameChannel
 
     read_count = 0
 

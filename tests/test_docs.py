@@ -30,7 +30,7 @@ from svtagg.dp.kinds import StreamKind
 from svtagg.dp.task import safe_epsilon_min
 from svtagg.mpc.jointnoise import and_gates_per_sample, evaluate_joint_noise, garble_joint_noise
 from svtagg.mpc.protocol import connected_pair
-from svtagg.servers.joint import shapes
+from svtagg.servers.exchange.joint import shapes
 from svtagg.vdaf.validity import parse_validity
 
 ROOT = Path(__file__).resolve().parents[1]

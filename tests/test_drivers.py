@@ -18,7 +18,7 @@ from conftest import DriverPair, failing_helper_pair
 from svtagg.dp.errors import PeerUnavailable, StreamClosed
 from svtagg.dp.task import TaskSpec
 from svtagg.proto import svtagg_pb2 as pb
-from svtagg.servers.exchange import (
+from svtagg.servers.exchange.values import (
     Ask,
     PrepareStream,
     Queries,
@@ -27,7 +27,7 @@ from svtagg.servers.exchange import (
     ReportSet,
     StreamInfo,
 )
-from svtagg.servers.store import FAILED
+from svtagg.servers.store.rules import FAILED
 
 F = 16
 N = 400  # n/2 = 200 score units: noise at ε = 1 never reaches it (tail < e^-40)

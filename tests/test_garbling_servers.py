@@ -1,4 +1,4 @@
-"""The servers' garbling scheme (`--garbling`, servers/garbling.py): a stream
+"""The servers' garbling scheme (`--garbling`, servers/exchange/garbling.py): a stream
 answered under three-halves through the reference pair, the leader naming its
 scheme in SessionOpen, a helper on another scheme refusing the session before
 any OT runs (its party is never made), the option, and two server processes
@@ -24,8 +24,8 @@ from svtagg.mpc.threehalves import SCHEMES
 from svtagg.proto import svtagg_pb2 as pb
 from svtagg.proto.tls import Identity
 from svtagg.proto.vocab import Role
-from svtagg.servers.exchange import Ask, Queries
-from svtagg.servers.garbling import (
+from svtagg.servers.exchange.values import Ask, Queries
+from svtagg.servers.exchange.garbling import (
     DEFAULT_GARBLING,
     GARBLING_SCHEMES,
     GarbledCircuitParties,

@@ -845,7 +845,7 @@ def test_rate_limit_per_caller(tmp_path: Path):
 def test_token_bucket_unit():
     """The limiter itself, on a fake clock: burst, refill at `rate`, separate
     identities, bounded memory."""
-    from svtagg.servers.limits import RateLimiter
+    from svtagg.servers.edge.limits import RateLimiter
 
     now = [0.0]
     lim = RateLimiter(rate=2.0, burst=3.0, max_identities=2, clock=lambda: now[0])
@@ -869,7 +869,7 @@ async def test_a_worker_failure_reaches_the_analyst_without_its_text(
     import logging
 
     from svtagg.dp.errors import PeerUnavailable
-    from svtagg.servers.store_pg import PgStore
+    from svtagg.servers.store.postgres import PgStore
     from svtagg.servers.work import Job, Worker, WorkQueue
 
     secret = "gamma=123456789"
@@ -915,7 +915,7 @@ async def test_a_leased_robust_job_of_the_wrong_length_fails_the_pass(tmp_path: 
     from svtagg.proto.vocab import PASS_ID_BYTES, Role
     from svtagg.servers.core import ServerCore
     from svtagg.servers.leader import ROBUST_LANES, LeaderDriver
-    from svtagg.servers.store_sqlite import SqliteStore
+    from svtagg.servers.store.sqlite import SqliteStore
 
     class ShortWork:
         async def run(self, kind: str, payload: bytes, *args: Any, **kw: Any) -> bytes:
@@ -953,7 +953,7 @@ def _data_conn(env: Env, role: str = "leader") -> Any:
     """A blocking TLS connection to the helper's data port with `role`'s certificate."""
     from svtagg.proto.tls import server_name
     from svtagg.proto.vocab import Role
-    from svtagg.servers import datachannel
+    from svtagg.servers.edge import datachannel
 
     ctx = datachannel._context(env.pd.identity(role), server=False)
     return datachannel._connect_blocking(
@@ -1027,7 +1027,7 @@ def test_data_channel_admission_deadline(env: Env):
     import struct
     from concurrent.futures import ThreadPoolExecutor
 
-    from svtagg.servers.datachannel import ADMIT_SECONDS, MAX_HANDSHAKES
+    from svtagg.servers.edge.datachannel import ADMIT_SECONDS, MAX_HANDSHAKES
 
     def trickle(_: int) -> float:
         sock = _data_conn(env)

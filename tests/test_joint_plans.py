@@ -26,7 +26,7 @@ from svtagg.dp.kinds import StreamKind
 from svtagg.dp.plans import PlanCharge, Rule
 from svtagg.dp.queries import Budget, Number, Query, encode_thresholds
 from svtagg.dp.task import TaskSpec
-from svtagg.servers.exchange import (
+from svtagg.servers.exchange.values import (
     Ask,
     OpenStream,
     PlanGroup,

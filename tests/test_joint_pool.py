@@ -1,4 +1,4 @@
-"""Joint noise generated ahead of time (servers/joint.py, servers/jointpool.py),
+"""Joint noise generated ahead of time (servers/exchange/joint.py, servers/store/jointpool.py),
 on the one-process reference pair: pooled ν still fit the sampler's exact pmf;
 no sample is used twice, by either server, across chunks, a failed chunk, a
 replayed header and a restart of either server; both servers use the same
@@ -29,13 +29,13 @@ from svtagg.dp.jointsvt import joint_stream_noise
 from svtagg.dp.kinds import StreamKind
 from svtagg.proto.vocab import Role
 from svtagg.servers.core import ServerCore, garbled_circuit_party
-from svtagg.servers.exchange import Ask, OpenStream, PoolDraw, Queries
+from svtagg.servers.exchange.values import Ask, OpenStream, PoolDraw, Queries
 from svtagg.servers.helper import HelperDriver
-from svtagg.servers.joint import JointDraw, PoolPolicy
+from svtagg.servers.exchange.joint import JointDraw, PoolPolicy
 from svtagg.servers.leader import LeaderDriver
 from svtagg.servers.reference import ReferencePair, reference_pair
-from svtagg.servers.store import FAILED
-from svtagg.servers.store_sqlite import SqliteStore
+from svtagg.servers.store.rules import FAILED
+from svtagg.servers.store.sqlite import SqliteStore
 
 F = 6
 NO = 4 * N * UNIT  # a τ no score reaches: every answer NO

@@ -51,7 +51,7 @@ async def test_a_second_main_process_on_a_sqlite_store_is_refused(
 
 
 def test_the_command_line_refuses_in_one_line_with_exit_3(certs: Path, tmp_path: Path):
-    from svtagg.servers.mainlock import hold_main_lock
+    from svtagg.servers.store.mainlock import hold_main_lock
 
     db = tmp_path / "leader.sqlite"
     lock = hold_main_lock(str(db), "leader")
@@ -73,7 +73,7 @@ def test_the_command_line_refuses_in_one_line_with_exit_3(certs: Path, tmp_path:
 async def test_a_second_main_process_on_a_postgres_store_is_refused(
     pg_url: tuple[str, str], certs: Path, monkeypatch: pytest.MonkeyPatch
 ):
-    from svtagg.servers import mainlock
+    from svtagg.servers.store import mainlock
 
     monkeypatch.setattr(mainlock, "PG_LOCK_WAIT", 0.5)
     url, tag = pg_url

@@ -474,7 +474,7 @@ async def test_helper_checks_the_leaders_ot_extension(announced: str, accepted: 
 async def test_the_leader_announces_the_default_extension() -> None:
     from svtagg.mpc.softspoken import DEFAULT_OT
     from svtagg.proto import svtagg_pb2 as pb
-    from svtagg.servers.session import LeaderSession
+    from svtagg.servers.exchange.session import LeaderSession
 
     sent: list[pb.PeerFrame] = []
 

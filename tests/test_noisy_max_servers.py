@@ -27,7 +27,7 @@ from svtagg.dp.kinds import StreamKind
 from svtagg.dp.noisy_max import noise_scale, output_law
 from svtagg.dp.queries import MAX_CHUNK
 from svtagg.dp.task import TaskSpec
-from svtagg.servers.exchange import (
+from svtagg.servers.exchange.values import (
     Ask,
     ChunkKind,
     NoisyMax,
@@ -37,7 +37,7 @@ from svtagg.servers.exchange import (
     Queries,
     StreamChunk,
 )
-from svtagg.servers.store import FAILED
+from svtagg.servers.store.rules import FAILED
 
 F = 16
 D = 40

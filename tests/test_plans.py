@@ -24,11 +24,11 @@ from svtagg.dp.task import TaskSpec, safe_epsilon_min
 from svtagg.proto import svtagg_pb2 as pb
 from svtagg.proto.vocab import Role
 from svtagg.servers.core import ServerCore, garbled_circuit_party
-from svtagg.servers.exchange import OpenStream, PlanGroup, PlanInfo, PlanRequest, PrepareStream
+from svtagg.servers.exchange.values import OpenStream, PlanGroup, PlanInfo, PlanRequest, PrepareStream
 from svtagg.servers.helper import HelperDriver
 from svtagg.servers.leader import LeaderDriver
-from svtagg.servers.memory import MemoryHelperPort
-from svtagg.servers.store_sqlite import SqliteStore
+from svtagg.servers.exchange.memory import MemoryHelperPort
+from svtagg.servers.store.sqlite import SqliteStore
 
 TINY = Fraction(1, 10**6)
 

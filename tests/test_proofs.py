@@ -1,4 +1,4 @@
-"""Validity proofs at ingest (servers/ingest.py), through the one-process
+"""Validity proofs at ingest (servers/ingest/batches.py), through the one-process
 reference pair: every report of a task with a validity circuit proves its
 values valid, both servers verify each batch in one exchange and fold the valid
 reports into field sums, hostile reports are refused, counted and change
@@ -19,7 +19,7 @@ from svtagg.dp.errors import AlreadyExists, InvalidArgument
 from svtagg.dp.task import TaskSpec
 from svtagg.mpc.ring import encode
 from svtagg.servers.reference import ReferencePair, reference_pair
-from svtagg.servers.store import Store
+from svtagg.servers.store.rules import Store
 from svtagg.vdaf.field import FIELD128
 from svtagg.vdaf.validity import Validity, parse_validity
 
@@ -34,7 +34,7 @@ def stores(request: pytest.FixtureRequest) -> Iterator[Callable[[], tuple[Store,
     if request.param == "sqlite":
         yield lambda: None
         return
-    from svtagg.servers.store_pg import PgStore
+    from svtagg.servers.store.postgres import PgStore
 
     with pg_tagged() as (url, tag):
         yield lambda: (PgStore(url, schema=f"l_{tag}"), PgStore(url, schema=f"h_{tag}"))

@@ -17,9 +17,9 @@ from svtagg.dp.task import TaskSpec, parse_task_params
 from svtagg.proto import svtagg_pb2 as pb
 from svtagg.proto import svtagg_pb2_grpc as pb_grpc
 from svtagg.servers.core import ServerCore
-from svtagg.servers.exchange import Agreement, TaskInfo
+from svtagg.servers.exchange.values import Agreement, TaskInfo
 from svtagg.servers.reference import reference_pair
-from svtagg.servers.store_sqlite import SqliteStore
+from svtagg.servers.store.sqlite import SqliteStore
 
 D, F = 5, 12
 
@@ -103,7 +103,7 @@ async def test_a_lost_mark_agreed_reply_does_not_wedge_the_close(tmp_path: Path)
     the retried close completes on the same report set, and the stored ring
     shares add up to the proved reports' sums."""
     async with reference_pair(tmp_path, frac_bits=F) as pair:
-        from svtagg.servers import wire
+        from svtagg.servers.edge import wire
 
         await pair.leader.create_task(wire.TASK_SPEC.from_pb(proof_task("v")))
         values = np.random.default_rng(3).random((30, D))

@@ -18,8 +18,8 @@ from svtagg.dp.errors import FailedPrecondition, StreamClosed
 from svtagg.dp.task import TaskSpec
 from svtagg.proto import svtagg_pb2 as pb
 from svtagg.servers import helper as helper_module
-from svtagg.servers.exchange import Ask, ChunkKind, Queries, StreamChunk
-from svtagg.servers.store import FAILED, IN_CHUNK, OPEN
+from svtagg.servers.exchange.values import Ask, ChunkKind, Queries, StreamChunk
+from svtagg.servers.store.rules import FAILED, IN_CHUNK, OPEN
 
 F = 16
 N = 200

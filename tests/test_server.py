@@ -20,8 +20,8 @@ from svtagg.proto import health_pb2, health_pb2_grpc
 from svtagg.proto import svtagg_pb2 as pb
 from svtagg.proto import svtagg_pb2_grpc as pb_grpc
 from svtagg.proto.tls import Identity, tls_target, write_deployment
-from svtagg.servers.store import FAILED
-from svtagg.servers.store_sqlite import SqliteStore
+from svtagg.servers.store.rules import FAILED
+from svtagg.servers.store.sqlite import SqliteStore
 
 Code = grpc.StatusCode
 
@@ -552,7 +552,7 @@ def test_comparison_width_comes_from_public_parameters() -> None:
     from svtagg.dp.task import TaskSpec, parse_task_params
     from svtagg.mpc.ring import wrap_bound
     from svtagg.servers.core import ServerCore
-    from svtagg.servers.store import OPEN, StreamState, TaskState
+    from svtagg.servers.store.rules import OPEN, StreamState, TaskState
 
     core = ServerCore.__new__(ServerCore)
     core.robust_aggregates = True

@@ -14,8 +14,8 @@ from test_store_contract import backend, params, store  # noqa: F401 - fixtures
 
 from svtagg.dp.errors import FailedPrecondition, NotFound
 from svtagg.dp.kinds import StreamKind
-from svtagg.servers.store import FAILED, Store
-from svtagg.servers.store_sqlite import SqliteStore
+from svtagg.servers.store.rules import FAILED, Store
+from svtagg.servers.store.sqlite import SqliteStore
 
 
 def nmax_stream(store: Store, sid: str = "s") -> None:  # noqa: F811

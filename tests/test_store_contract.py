@@ -28,7 +28,7 @@ from svtagg.dp.errors import (
 from svtagg.dp.kinds import StreamKind
 from svtagg.dp.plans import Group, PlanBook
 from svtagg.dp.task import TaskParams
-from svtagg.servers.store import (
+from svtagg.servers.store.rules import (
     CLOSED,
     FAILED,
     IN_CHUNK,
@@ -41,8 +41,8 @@ from svtagg.servers.store import (
     Verified,
     report_digest,
 )
-from svtagg.servers.store_open import open_store, sqlite_file
-from svtagg.servers.store_sqlite import SqliteStore
+from svtagg.servers.store.opener import open_store, sqlite_file
+from svtagg.servers.store.sqlite import SqliteStore
 from svtagg.vdaf.field import FIELD128
 
 #: A factory: `opener()` opens (or reopens) the test's store.
@@ -63,7 +63,7 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[st
         reason = postgres_unavailable()
         if reason:
             pytest.skip(reason)
-        from svtagg.servers.store_pg import PgStore
+        from svtagg.servers.store.postgres import PgStore
 
         url = os.environ[PG_ENV]
         schema = f"t_{uuid.uuid4().hex[:16]}"
@@ -568,7 +568,7 @@ def test_pg_sessions_commit_durably_at_read_committed(pg: Store) -> None:
 def test_pg_schema_is_versioned(backend: tuple[str, Opener]) -> None:
     if backend[0] != "postgres":
         pytest.skip("PostgreSQL schema versions")
-    from svtagg.servers.store_pg import PgStore
+    from svtagg.servers.store.postgres import PgStore
 
     first = backend[1]()
     assert isinstance(first, PgStore) and first.schema_version() == PgStore.SCHEMA_VERSION
@@ -644,8 +644,8 @@ def test_pg_schema_v4_streams_gain_their_plan_and_staging_its_pass(pg_url: tuple
     dropped (a close in progress runs its pass again)."""
     import psycopg
 
-    from svtagg.servers.store_pg import PgStore
-    from svtagg.servers.store_pg_schema import MIGRATIONS
+    from svtagg.servers.store.postgres import PgStore
+    from svtagg.servers.store.postgres_schema import MIGRATIONS
 
     url, tag = pg_url
     schema = f"v4_{tag}"

@@ -14,8 +14,8 @@ from test_store_contract import Opener, backend, params, store  # noqa: F401 - f
 
 from svtagg.dp.errors import FailedPrecondition, InvalidArgument
 from svtagg.dp.kinds import StreamKind
-from svtagg.servers.jointpool import JointPool
-from svtagg.servers.store import FAILED, IN_CHUNK, Store
+from svtagg.servers.store.jointpool import JointPool
+from svtagg.servers.store.rules import FAILED, IN_CHUNK, Store
 
 
 def test_a_task_keeps_its_noise_option(store: Store) -> None:  # noqa: F811

@@ -12,7 +12,7 @@ import pytest
 from test_store_contract import batch, params, share_sum
 
 from svtagg.dp.errors import NotFound
-from svtagg.servers.store import report_digest
+from svtagg.servers.store.rules import report_digest
 
 
 @pytest.fixture
@@ -32,7 +32,7 @@ def _raw(url: str, schema: str) -> Any:
 def test_reports_of_a_missing_task_are_refused(pg: tuple[str, str]) -> None:
     import psycopg
 
-    from svtagg.servers.store_pg import PgStore, _copy_rows
+    from svtagg.servers.store.postgres import PgStore, _copy_rows
 
     store = PgStore(pg[0], schema=pg[1])
     try:
@@ -83,8 +83,8 @@ def test_reports_of_a_missing_task_are_refused(pg: tuple[str, str]) -> None:
 def test_a_version_2_store_migrates_with_its_reports(
     pg: tuple[str, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from svtagg.servers import store_pg
-    from svtagg.servers.store_pg import PgStore
+    from svtagg.servers.store import postgres as store_pg
+    from svtagg.servers.store.postgres import PgStore
 
     url, schema = pg
     fkeys = (

@@ -15,15 +15,15 @@ from test_drivers import F, N, data, spec
 from svtagg.dp.errors import StreamClosed
 from svtagg.proto.vocab import Role
 from svtagg.servers.core import ServerCore, garbled_circuit_party
-from svtagg.servers.exchange import Ask, Queries
+from svtagg.servers.exchange.values import Ask, Queries
 from svtagg.servers.helper import HelperDriver
 from svtagg.servers.leader import LeaderDriver
-from svtagg.servers.memory import MemoryHelperPort
-from svtagg.servers.store import FAILED
+from svtagg.servers.exchange.memory import MemoryHelperPort
+from svtagg.servers.store.rules import FAILED
 
 
 def make_pair(url: str, tag: str) -> DriverPair:
-    from svtagg.servers.store_pg import PgStore
+    from svtagg.servers.store.postgres import PgStore
 
     helper = HelperDriver(
         ServerCore(Role.HELPER, PgStore(url, schema=f"h_{tag}")), garbled_circuit_party

@@ -56,7 +56,7 @@ def pg_schema(pg_url: tuple[str, str]) -> tuple[str, str]:
 @pytest.fixture
 async def queues(pg_schema: tuple[str, str]) -> AsyncIterator[tuple[Any, Any, Any]]:
     """A store and two queues on it (a front end's and a worker's connections)."""
-    from svtagg.servers.store_pg import PgStore
+    from svtagg.servers.store.postgres import PgStore
     from svtagg.servers.work import WorkQueue
 
     store = PgStore(pg_schema[0], schema=pg_schema[1])
@@ -140,7 +140,7 @@ async def test_lost_worker_fails_the_stream(queues: tuple[Any, Any, Any]) -> Non
 async def test_unclaimed_job_is_withdrawn_unrun(queues: tuple[Any, Any, Any]) -> None:
     _, front, q = queues
     from svtagg.proto.vocab import Role
-    from svtagg.servers.metrics import Metrics
+    from svtagg.servers.edge.metrics import Metrics
 
     front.metrics = Metrics(Role.LEADER)
     with pytest.raises(Unclaimed, match="no comparison worker is running"):
@@ -187,7 +187,7 @@ def test_staged_robust_shares_cover_every_coordinate(pg_schema: tuple[str, str])
     """The helper's staged shares (any of its processes may stage a piece) are
     complete only when every coordinate of the same report set is staged by
     the same pass."""
-    from svtagg.servers.store_pg import PgStore
+    from svtagg.servers.store.postgres import PgStore
 
     store = PgStore(pg_schema[0], schema=pg_schema[1])
     p = b"P" * 16
@@ -295,7 +295,7 @@ def test_workers_answer_joint_noise_from_the_front_ends_pool(
     pool (its own sessions, the helper's main process), the workers' chunks
     consume it from the shared stores (a helper worker's included), the answers
     are right, and both servers' counters say the same samples were used."""
-    from svtagg.servers.store_pg import PgStore
+    from svtagg.servers.store.postgres import PgStore
 
     pd = WorkerDeployment(tmp_path, *pg_url).start()
     try:

@@ -39,7 +39,7 @@ from svtagg.client.upload import make_batch
 from svtagg.dp.errors import Refusal
 from svtagg.mpc import native
 from svtagg.proto import svtagg_pb2 as pb
-from svtagg.servers import wire
+from svtagg.servers.edge import wire
 from svtagg.servers.reference import ReferencePair, reference_pair
 from svtagg.vdaf.field import FIELD128
 from svtagg.vdaf.validity import parse_validity
@@ -115,7 +115,7 @@ class Recorder:
 # -- the analyst calls, in protobuf as the Analyst service receives them ------------------
 def _calls(ref: ReferencePair) -> dict[str, Any]:
     """Each analyst call as the Analyst service makes it: the request converted
-    to the leader's domain values, the answer back to protobuf (servers.wire)."""
+    to the leader's domain values, the answer back to protobuf (servers.edge.wire)."""
     leader = ref.leader
 
     def call(

@@ -1,5 +1,5 @@
-"""The servers' protobuf edge (servers/wire.py) and the domain exchanges it
-converts (servers/exchange.py): every Peer call's request and reply comes back
+"""The servers' protobuf edge (servers/edge/wire.py) and the domain exchanges it
+converts (servers/exchange/values.py): every Peer call's request and reply comes back
 from its bytes as it went in, the flat ChunkHeader decodes by the rule the
 helper has always applied, leased jobs keep their kinds and payloads, and the
 chunk kinds' progress rules and names are the ones the servers and the work
@@ -19,8 +19,9 @@ from svtagg.dp.kinds import StreamKind
 from svtagg.dp.queries import Budget, Outcome
 from svtagg.dp.task import TaskParams, TaskSpec
 from svtagg.proto import svtagg_pb2 as pb
-from svtagg.servers import store_pg_schema, wire
-from svtagg.servers.exchange import (
+from svtagg.servers.store import postgres_schema as store_pg_schema
+from svtagg.servers.edge import wire
+from svtagg.servers.exchange.values import (
     Agreement,
     Ask,
     AskAnswer,

@@ -31,7 +31,7 @@ from svtagg.client.upload import make_batch
 from svtagg.dp.kinds import StreamKind
 from svtagg.dp.task import TaskSpec
 from svtagg.mpc.circuits import plain_clamp
-from svtagg.servers.exchange import Ask, OpenStream, Queries
+from svtagg.servers.exchange.values import Ask, OpenStream, Queries
 
 F = 4
 UNIT = 1 << F

@@ -2,7 +2,7 @@
 
 A task names one (`TaskParams.validity`); its clients shard every report with
 that circuit's Prio3 instance and both servers verify each proof at ingest
-(servers/ingest.py).  What each proves about one report, for a task of
+(servers/ingest/batches.py).  What each proves about one report, for a task of
 dimension d and precision F (values on the grid of 2^F units per user):
 
 - ``range``: every coordinate is an integer in [0, 2^F], i.e. a value in

@@ -1,7 +1,7 @@
 """How the leader reaches the helper: a small port with two implementations, the
-gRPC peer (`servers.peer.GrpcHelperPort`) and an in-memory one
-(`servers.memory.MemoryHelperPort`) that runs the helper driver in the same
-process.  One method per exchange, in the domain values of `servers.exchange`
+gRPC peer (`servers.edge.peer.GrpcHelperPort`) and an in-memory one
+(`servers.exchange.memory.MemoryHelperPort`) that runs the helper driver in the same
+process.  One method per exchange, in the domain values of `servers.exchange.values`
 (each port converts them to the Peer service's messages and back); every
 failure arrives as a refusal from `svtagg.dp.errors` (an unreachable helper as
 PeerUnavailable), never as a transport exception.  `timeout`: the call's
@@ -13,7 +13,7 @@ from typing import Protocol
 
 from svtagg.dp.task import TaskSpec
 from svtagg.servers.core import PartyFactory
-from svtagg.servers.exchange import (
+from svtagg.servers.exchange.values import (
     Agreement,
     PlanInfo,
     PlanRequest,
@@ -26,7 +26,7 @@ from svtagg.servers.exchange import (
     VerifyBatch,
     VerifyResult,
 )
-from svtagg.servers.session import LeaderSession
+from svtagg.servers.exchange.session import LeaderSession
 
 
 class HelperPort(Protocol):
@@ -47,7 +47,7 @@ class HelperPort(Protocol):
     async def drop_reports(self, ids: ReportIds, timeout: float | None = None) -> ReportSet: ...
 
     async def verify(self, batch: VerifyBatch, timeout: float | None = None) -> VerifyResult:
-        """Verify an upload batch of a task with a validity circuit (servers/ingest.py)."""
+        """Verify an upload batch of a task with a validity circuit (servers/ingest/batches.py)."""
         ...
 
     async def mark_agreed(self, agreement: Agreement, timeout: float | None = None) -> TaskInfo: ...

@@ -13,7 +13,7 @@ import numpy as np
 from svtagg.dp.errors import FailedPrecondition, InvalidArgument
 from svtagg.mpc.ring import U64
 from svtagg.proto.terms import MAX_BATCH_REPORTS, MAX_MESSAGE_BYTES, MAX_VERIFY_BYTES
-from svtagg.servers.store import TaskState
+from svtagg.servers.store.rules import TaskState
 from svtagg.vdaf.field import FIELD128
 from svtagg.vdaf.prio3 import Prio3
 from svtagg.vdaf.validity import Validity, ValidityError, parse_validity

@@ -1,10 +1,10 @@
 """The servers' protobuf edge: every conversion between the wire messages and
-the domain values of `servers.exchange`, and the one place that knows how a
+the domain values of `servers.exchange.values`, and the one place that knows how a
 value is laid out on the wire (a ChunkHeader's flat fields, rationals as exact
 text, report ids concatenated).
 
-The gRPC services (`servers.services`), the gRPC and in-memory helper ports
-(`servers.peer`, `servers.memory`), the session framing (`servers.session`) and
+The gRPC services (`servers.edge.services`), the gRPC and in-memory helper ports
+(`servers.edge.peer`, `servers.exchange.memory`), the session framing (`servers.exchange.session`) and
 the leased work table (`servers.work`) convert here; the drivers and the core
 never see a protobuf message.  Each of the Peer service's unary calls is one
 `PeerCall`: its RPC name and the codecs of its request and reply."""
@@ -24,7 +24,7 @@ from svtagg.dp.queries import Budget
 from svtagg.dp.task import TaskParams, TaskSpec
 from svtagg.proto import svtagg_pb2 as pb
 from svtagg.proto.vocab import KIND_TO_PB, OUTCOME_TO_PB, kind_from_pb, outcome_from_pb, split_ids
-from svtagg.servers.exchange import (
+from svtagg.servers.exchange.values import (
     Agreement,
     Ask,
     AskAnswer,
@@ -55,7 +55,7 @@ from svtagg.servers.exchange import (
     VerifyBatch,
     VerifyResult,
 )
-from svtagg.servers.store import TaskState
+from svtagg.servers.store.rules import TaskState
 
 D = TypeVar("D")
 M = TypeVar("M", bound=Message)

@@ -20,7 +20,7 @@ Durability rules (one committed transaction per step, in both stores):
 - a joint-noise stream's ahead-of-time shares are consumed (deleted, the
   stream's `used` counter moved past them) in a committed transaction before
   the chunk that uses them compares, and a stream that answers no more keeps
-  none (servers/jointpool.py).
+  none (servers/store/jointpool.py).
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ from svtagg.dp.plans import PlanBook
 from svtagg.dp.queries import Budget
 from svtagg.dp.task import TaskParams
 from svtagg.mpc.ring import U64
-from svtagg.servers.jointpool import JointPool
+from svtagg.servers.store.jointpool import JointPool
 from svtagg.vdaf.field import FIELD128
 
 DIGEST_BYTES = 16
@@ -308,7 +308,7 @@ class Store(Protocol):
 
     # ------------------------------------------------------------ joint noise pool
     def joint_pool(self, stream_id: str) -> JointPool:
-        """The stream's pool of ahead-of-time joint noise shares (servers/jointpool.py)."""
+        """The stream's pool of ahead-of-time joint noise shares (servers/store/jointpool.py)."""
         ...
 
     def reserve_joint_batch(self, stream_id: str, count: int, lo: int | None = None) -> int:
@@ -549,7 +549,7 @@ class Verified:
     rejected: dict[str, int]
     batch_ids: list[bytes]
     #: The helper's record: a digest of the leader's prep shares the verdicts
-    #: were decided on (servers/ingest.py: `binding`), kept with them so a
+    #: were decided on (servers/ingest/batches.py: `binding`), kept with them so a
     #: retried batch is answered from the record only if it is the same batch.
     binding: bytes = b""
 

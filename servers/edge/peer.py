@@ -1,5 +1,5 @@
 """The gRPC implementation of `HelperPort`: unary calls to the helper's Peer
-service with deadlines (domain values converted by `servers.wire`), and
+service with deadlines (domain values converted by `servers.edge.wire`), and
 comparison sessions as Peer.Session bidirectional streams.  Transport failures
 become refusals here (an unreachable or failing helper is PeerUnavailable, its
 message starting "helper unreachable"), so the leader driver never sees gRPC.
@@ -29,10 +29,11 @@ from svtagg.proto.vocab import (
     Role,
     refusal_from_rpc,
 )
-from svtagg.servers import datachannel, wire
+from svtagg.servers.edge import datachannel
+from svtagg.servers.edge import wire
 from svtagg.servers.core import PartyFactory
-from svtagg.servers.datachannel import DataConnection, split_host
-from svtagg.servers.exchange import (
+from svtagg.servers.edge.datachannel import DataConnection, split_host
+from svtagg.servers.exchange.values import (
     Agreement,
     PlanInfo,
     PlanRequest,
@@ -45,7 +46,7 @@ from svtagg.servers.exchange import (
     VerifyBatch,
     VerifyResult,
 )
-from svtagg.servers.session import LeaderSession
+from svtagg.servers.exchange.session import LeaderSession
 
 log = logging.getLogger(__name__)
 Q = TypeVar("Q")
@@ -94,7 +95,7 @@ class GrpcHelperPort:
         connect_deadline: float = CONNECT_DEADLINE,
     ) -> None:
         """`data_channel`: ask the helper for the comparison data channel
-        (servers/datachannel.py) on each new session."""
+        (servers/edge/datachannel.py) on each new session."""
         self.address = address
         self.identity = identity
         self.host = split_host(address)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from svtagg.proto.vocab import Role
-from svtagg.servers.store import TaskState
+from svtagg.servers.store.rules import TaskState
 
 
 class TaskSource(Protocol):

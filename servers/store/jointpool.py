@@ -1,5 +1,5 @@
 """Ahead-of-time joint noise: the rules both stores apply to a stream's pool of
-jointly drawn noise shares (servers/joint.py says how the pool is filled and
+jointly drawn noise shares (servers/exchange/joint.py says how the pool is filled and
 consumed, docs/privacy.md why no share is ever used twice).
 
 A stream's pool, on each server, is a pair of counters and the batches held:

@@ -28,7 +28,7 @@ from svtagg.dp.queries import Budget
 from svtagg.dp.task import TaskParams
 from svtagg.mpc.ring import U64
 from svtagg.servers.faults import crash_point
-from svtagg.servers.store import (
+from svtagg.servers.store.rules import (
     BATCH_COLUMNS,
     CLOSED,
     FAILED,
@@ -65,8 +65,8 @@ from svtagg.servers.store import (
     within_capacity,
     xor_reports,
 )
-from svtagg.servers.store_jointpool import JointPoolTables
-from svtagg.servers.store_sqlite_schema import BASE_TABLES
+from svtagg.servers.store.jointpool_tables import JointPoolTables
+from svtagg.servers.store.sqlite_schema import BASE_TABLES
 
 
 class SqliteStore(JointPoolTables):
@@ -165,7 +165,7 @@ class SqliteStore(JointPoolTables):
             version = 7
         if version < 8:
             # v8: ahead-of-time joint noise — each stream's pool counters and the
-            # batches of this server's shares it holds (servers/jointpool.py).
+            # batches of this server's shares it holds (servers/store/jointpool.py).
             self._db.execute(
                 "CREATE TABLE IF NOT EXISTS joint_pools (stream_id TEXT PRIMARY KEY,"
                 " next_seq INTEGER NOT NULL DEFAULT 0, used_seq INTEGER NOT NULL DEFAULT 0,"

@@ -1,5 +1,5 @@
 """The joint-noise pool operations of `store.Store` (the rules are
-`servers/jointpool.py`'s), written once for both stores: each store provides
+`servers/store/jointpool.py`'s), written once for both stores: each store provides
 `_sql` (a statement with `?` placeholders, run inside its transaction), `_tx`
 and `stream`, and the tables `joint_pools` and `joint_batches` (SQLite schema
 8, PostgreSQL schema 10)."""
@@ -13,9 +13,9 @@ from typing import Any
 
 from svtagg.dp.errors import FailedPrecondition
 from svtagg.mpc.ring import U64
-from svtagg.servers import jointpool
-from svtagg.servers.jointpool import Batch, JointPool
-from svtagg.servers.store import IN_CHUNK, OPEN, StreamState
+from svtagg.servers.store import jointpool
+from svtagg.servers.store.jointpool import Batch, JointPool
+from svtagg.servers.store.rules import IN_CHUNK, OPEN, StreamState
 
 
 class JointPoolTables:

@@ -8,8 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from svtagg.dp.errors import InvalidArgument
-from svtagg.servers.store import Store
-from svtagg.servers.store_sqlite import SqliteStore
+from svtagg.servers.store.rules import Store
+from svtagg.servers.store.sqlite import SqliteStore
 
 #: `--db` values that name a PostgreSQL store.
 POSTGRES_SCHEMES = ("postgresql://", "postgres://")
@@ -43,7 +43,7 @@ def open_store(db: str | Path, recover: bool = True) -> Store:
             raise ValueError("ingest replicas share a PostgreSQL store (--db postgresql://...)")
         return SqliteStore(path)
     try:
-        from svtagg.servers.store_pg import PgStore
+        from svtagg.servers.store.postgres import PgStore
     except ImportError as e:
         raise RuntimeError(
             'a postgresql:// store needs psycopg: pip install "svtagg[postgres]"'

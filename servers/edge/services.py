@@ -19,16 +19,16 @@ from svtagg.proto import svtagg_pb2 as pb
 from svtagg.proto import svtagg_pb2_grpc as pb_grpc
 from svtagg.proto.vocab import Role
 from svtagg.proto.wire import UNDECODABLE
-from svtagg.servers import wire
+from svtagg.servers.edge import wire
 from svtagg.servers.core import ServerCore
 from svtagg.servers.helper import HelperDriver
-from svtagg.servers.ingest import ProofReport, helper_receive, verify_upload
+from svtagg.servers.ingest.batches import ProofReport, helper_receive, verify_upload
 from svtagg.servers.leader import LeaderDriver
-from svtagg.servers.limits import RateLimiter
-from svtagg.servers.metrics import Metrics
-from svtagg.servers.peer import GrpcHelperPort
-from svtagg.servers.port import HelperPort
-from svtagg.servers.rpc import (
+from svtagg.servers.edge.limits import RateLimiter
+from svtagg.servers.edge.metrics import Metrics
+from svtagg.servers.edge.peer import GrpcHelperPort
+from svtagg.servers.exchange.port import HelperPort
+from svtagg.servers.edge.rpc import (
     ANONYMOUS,
     Context,
     abort_with,
@@ -92,7 +92,7 @@ class IngestService(pb_grpc.IngestServicer):
         return result
 
     async def _proofs(self, request: pb.UploadBatch) -> pb.UploadResult:
-        """A batch of Prio3 reports (servers/ingest.py): pending on the helper,
+        """A batch of Prio3 reports (servers/ingest/batches.py): pending on the helper,
         verified with the helper and folded on the leader."""
         reports = []
         for r in request.reports:
@@ -479,7 +479,7 @@ class HealthService(health_pb2_grpc.HealthServicer):
         """Status changes, for as long as the call is held: only for a caller
         with a certificate (an anonymous watcher on the ingest port is refused;
         Check answers anyone), within its rate limit, and counted among its
-        calls in flight (servers/admission.py) while it lasts."""
+        calls in flight (servers/edge/admission.py) while it lasts."""
         if peer_role(context) is None:
             await context.abort(
                 grpc.StatusCode.UNAUTHENTICATED, "Watch needs a certificate; Check needs none"

@@ -239,7 +239,7 @@ _V9: tuple[str, ...] = (
 )
 
 #: Version 10: ahead-of-time joint noise — each stream's pool counters and the
-#: batches of this server's shares it holds (servers/jointpool.py); the work
+#: batches of this server's shares it holds (servers/store/jointpool.py); the work
 #: table admits the batch's chunk kind ('noise', run by the front end today).
 _V10: tuple[str, ...] = (
     "ALTER TABLE work DROP CONSTRAINT work_kind_check",

@@ -6,11 +6,11 @@ its OT-extension message), the helper's verdict followed by its garbled
 tables, and the leader's one-way result; a close-time chunk ends with the
 helper's closing status (`servers.leader.LeaderDriver._exchange`).  The
 framing is a protobuf edge: the drivers hand a session domain chunk headers
-(`servers.exchange`) and get refusals back (`LeaderSession`, `HelperSession`);
+(`servers.exchange.values`) and get refusals back (`LeaderSession`, `HelperSession`);
 the frames never leave this module and the transports that carry them.
 `FrameChannel` carries the protocol's byte messages as fragments; the
 transport (a gRPC stream or two in-memory queues) only moves frames.  When the
-helper offers a data channel (`servers/datachannel.py`), the protocol's
+helper offers a data channel (`servers/edge/datachannel.py`), the protocol's
 messages travel there instead and only control frames use the stream.  The
 base OTs of a session cost ≈ 0.04 s (Ed25519), so the leader keeps a pool of
 set-up sessions and discards any session after an error or a refused chunk
@@ -40,9 +40,9 @@ from svtagg.proto.vocab import (
     refusal_status,
 )
 from svtagg.servers.core import ComparisonParty, PartyFactory
-from svtagg.servers.exchange import ChunkHeader, NoiseBatch, RobustChunk
-from svtagg.servers.garbling import DEFAULT_GARBLING, check_garbling, garbling_of, ot_of
-from svtagg.servers.wire import CHUNK_HEADER
+from svtagg.servers.exchange.values import ChunkHeader, NoiseBatch, RobustChunk
+from svtagg.servers.exchange.garbling import DEFAULT_GARBLING, check_garbling, garbling_of, ot_of
+from svtagg.servers.edge.wire import CHUNK_HEADER
 
 #: Reads the next frame; returns None at the end of the stream.
 ReadFrame = Callable[[], Awaitable[Any]]

@@ -65,7 +65,7 @@ from svtagg.dp.queries import Budget
 from svtagg.dp.task import TaskParams
 from svtagg.mpc.ring import U64
 from svtagg.servers.faults import crash_point
-from svtagg.servers.store import (
+from svtagg.servers.store.rules import (
     BATCH_COLUMNS,
     CLOSED,
     FAILED,
@@ -101,9 +101,9 @@ from svtagg.servers.store import (
     within_capacity,
     xor_reports,
 )
-from svtagg.servers.store_jointpool import JointPoolTables
-from svtagg.servers.store_pg_pending import PgPending
-from svtagg.servers.store_pg_schema import MIGRATIONS
+from svtagg.servers.store.jointpool_tables import JointPoolTables
+from svtagg.servers.store.postgres_pending import PgPending
+from svtagg.servers.store.postgres_schema import MIGRATIONS
 
 
 def redact(url: str) -> str:

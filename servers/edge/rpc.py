@@ -18,10 +18,10 @@ from svtagg.dp.errors import InvalidArgument, RateLimited
 from svtagg.proto.tls import role_of_pem
 from svtagg.proto.vocab import REFUSAL_KEY, Role, status_of
 from svtagg.proto.wire import UNDECODABLE
-from svtagg.servers.limits import RateLimiter
+from svtagg.servers.edge.limits import RateLimiter
 
 if TYPE_CHECKING:
-    from svtagg.servers.metrics import Metrics
+    from svtagg.servers.edge.metrics import Metrics
 
 log = logging.getLogger("svtagg.server")
 

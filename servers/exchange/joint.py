@@ -16,7 +16,7 @@ chunk of that size (`LeaderDriver._want_pool`; a worker of leased work leaves
 this to its front end, which runs the batches itself).  It takes the sampler
 off the query path when there is time between chunks to run it; back-to-back
 chunks are still bounded by its rate.  Each server keeps its
-shares of a stream's pool in its store (`servers/jointpool.py`): its own
+shares of a stream's pool in its store (`servers/store/jointpool.py`): its own
 secret share, as sensitive as its own independent draw.  An Ask chunk then
 names, in its header (`PoolDraw`), the samples it consumes: ν of its first
 `count` queries are the pool's samples [lo, lo + count), the rest are drawn in
@@ -69,8 +69,8 @@ from svtagg.dp.kinds import StreamKind, noise_model
 from svtagg.mpc.jointnoise import SamplerShape, evaluate_joint_noise, garble_joint_noise
 from svtagg.mpc.protocol import ComparisonEvaluator, ComparisonGarbler
 from svtagg.mpc.ring import U64
-from svtagg.servers.exchange import ChunkKind, NoiseBatch, PoolDraw
-from svtagg.servers.store import Store, StreamState, TaskState
+from svtagg.servers.exchange.values import ChunkKind, NoiseBatch, PoolDraw
+from svtagg.servers.store.rules import Store, StreamState, TaskState
 
 
 @dataclass(frozen=True)

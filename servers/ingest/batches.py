@@ -63,10 +63,10 @@ from svtagg.dp.errors import (
     ResourceExhausted,
 )
 from svtagg.proto.terms import MAX_BATCH_REPORTS, MAX_MESSAGE_BYTES, MAX_VERIFY_BYTES
-from svtagg.servers.exchange import VerifyBatch, VerifyResult
+from svtagg.servers.exchange.values import VerifyBatch, VerifyResult
 from svtagg.servers.faults import crash_point
-from svtagg.servers.proofs import field_words_rows, task_validity
-from svtagg.servers.store import TaskState, Verified, batch_id
+from svtagg.servers.ingest.validity import field_words_rows, task_validity
+from svtagg.servers.store.rules import TaskState, Verified, batch_id
 from svtagg.vdaf.prio3 import Prio3
 from svtagg.vdaf.rows import PrepRows
 from svtagg.vdaf.validity import Validity
@@ -74,7 +74,7 @@ from svtagg.vdaf.xof import SEED_SIZE
 
 if TYPE_CHECKING:
     from svtagg.servers.core import ServerCore
-    from svtagg.servers.port import HelperPort
+    from svtagg.servers.exchange.port import HelperPort
 
 
 class Verdict(IntEnum):

@@ -33,7 +33,7 @@ import grpc
 
 from svtagg.dp.errors import ResourceExhausted
 from svtagg.proto.vocab import Role
-from svtagg.servers.rpc import ANONYMOUS, abort_with, caller_identity, peer_role, refuse_role
+from svtagg.servers.edge.rpc import ANONYMOUS, abort_with, caller_identity, peer_role, refuse_role
 
 #: Methods whose request is an upload batch (up to the message cap each).
 UPLOAD_METHODS = frozenset({"/svtagg.v1.Ingest/Upload"})

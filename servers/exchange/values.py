@@ -3,7 +3,7 @@ gets back, what the leader asks the helper and gets back (each of the Peer
 service's unary calls), and what a comparison chunk is.
 
 These are the types the drivers, the core and the ports speak; protobuf is
-converted to and from them at the edges only (`servers.wire`).  Rationals the
+converted to and from them at the edges only (`servers.edge.wire`).  Rationals the
 analyst proposes (a stream's ε, a plan's groups, a task's budget: its proposal
 is `dp.task.TaskSpec`) stay the text the analyst wrote until the core validates
 them, so every refusal reads as it always did and the leader forwards them to
@@ -41,7 +41,7 @@ from svtagg.dp.queries import (
 )
 from svtagg.dp.task import TaskParams
 from svtagg.mpc.circuits import CLOSE
-from svtagg.servers.store import OPEN, StreamState, TaskState
+from svtagg.servers.store.rules import OPEN, StreamState, TaskState
 
 #: (plan id, group) of a stream charged to a plan's group.
 PlanSlot = tuple[str, int]
@@ -402,7 +402,7 @@ class ChunkKind(StrEnum):
 @dataclass(frozen=True)
 class PoolDraw:
     """The ahead-of-time joint noise an Ask chunk of a joint-noise stream
-    consumes (servers/joint.py): ν of its first `count` queries from the
+    consumes (servers/exchange/joint.py): ν of its first `count` queries from the
     samples numbered [lo, lo + count) of the stream's pool (the rest drawn in
     the chunk), and (its first chunk) whether γ comes from the pool too
     instead of being drawn in the chunk.  The default: nothing from the pool."""

@@ -24,7 +24,7 @@ import stat
 import time
 from typing import IO, Any
 
-from svtagg.servers.store_open import sqlite_file
+from svtagg.servers.store.opener import sqlite_file
 
 #: PostgreSQL keeps application names to 63 bytes.
 _APP_NAME_BYTES = 63
@@ -127,7 +127,7 @@ def _read_holder(path: str) -> str:
 
 
 def _hold_postgres(url: str, role: str) -> MainLock:
-    from svtagg.servers.store_pg import connect, missing_path_schema, redact
+    from svtagg.servers.store.postgres import connect, missing_path_schema, redact
 
     name = f"svtagg {_holder(role)}".encode()[:_APP_NAME_BYTES].decode(errors="ignore")
     session = connect(url, application_name=name)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from svtagg.dp.errors import AlreadyExists, FailedPrecondition
-from svtagg.servers.store import TaskState, Verified, check_pending_cap
+from svtagg.servers.store.rules import TaskState, Verified, check_pending_cap
 
 
 class _Held(Protocol):
