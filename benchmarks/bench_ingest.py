@@ -67,8 +67,8 @@ from svtagg.mpc.sharing import expand_seed, share
 from svtagg.proto import svtagg_pb2 as pb
 from svtagg.proto.tls import Identity
 from svtagg.proto.vocab import REPORT_ID_BYTES
-from svtagg.servers.reference import reference_pair
 from svtagg.servers.edge.wire import VERIFY
+from svtagg.servers.reference import reference_pair
 from svtagg.vdaf import native as vdaf_native
 from svtagg.vdaf.validity import Validity, parse_validity
 

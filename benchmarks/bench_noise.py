@@ -31,10 +31,10 @@ from svtagg.dp.kinds import StreamKind
 from svtagg.dp.noise import RandomSource, discrete_laplace, geometric
 from svtagg.dp.task import TaskSpec
 from svtagg.mpc.jointnoise import and_gates_per_sample
-from svtagg.servers.exchange.values import Ask, OpenStream, Queries
 from svtagg.servers.exchange.joint import shapes
-from svtagg.servers.store.jointpool import MAX_BATCH
+from svtagg.servers.exchange.values import Ask, OpenStream, Queries
 from svtagg.servers.reference import reference_pair
+from svtagg.servers.store.jointpool import MAX_BATCH
 
 F = 16
 D = 1000

@@ -51,6 +51,7 @@ from svtagg.proto.terms import (
     VERIFY_SLOTS,
     Role,
 )
+from svtagg.servers.exchange.joint import JointDraw, JointNoiseSteps, Pooled, stream_noise
 from svtagg.servers.exchange.values import (
     ChunkKind,
     PlanInfo,
@@ -59,7 +60,6 @@ from svtagg.servers.exchange.values import (
     Progress,
 )
 from svtagg.servers.faults import crash_point
-from svtagg.servers.exchange.joint import JointDraw, JointNoiseSteps, Pooled, stream_noise
 from svtagg.servers.ingest.validity import check_validity, helper_undo_sum
 from svtagg.servers.store.rules import FAILED, Store, StreamState, TaskState
 from svtagg.vdaf.prio3 import VERIFY_KEY_SIZE

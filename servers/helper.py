@@ -15,6 +15,18 @@ from svtagg.dp.task import TaskSpec, parse_task_params
 from svtagg.mpc.ring import U64
 from svtagg.proto.vocab import PASS_ID_BYTES, REPORT_ID_BYTES, REPORT_PAGE, Role
 from svtagg.servers.core import Chunk, ComparisonParty, PartyFactory, ServerCore, parse_chunk
+from svtagg.servers.exchange.garbling import garbling_of, ot_of
+from svtagg.servers.exchange.joint import Pooled, batch_shares
+from svtagg.servers.exchange.session import (
+    FOLD_LANES,
+    DataChannel,
+    DataOffer,
+    GoChannel,
+    HelperSession,
+    ReadFrame,
+    SwitchChannel,
+    WriteFrame,
+)
 from svtagg.servers.exchange.values import (
     Agreement,
     ChunkKind,
@@ -33,19 +45,7 @@ from svtagg.servers.exchange.values import (
     VerifyResult,
 )
 from svtagg.servers.faults import crash_point
-from svtagg.servers.exchange.garbling import garbling_of, ot_of
 from svtagg.servers.ingest.batches import helper_verify
-from svtagg.servers.exchange.joint import Pooled, batch_shares
-from svtagg.servers.exchange.session import (
-    FOLD_LANES,
-    DataChannel,
-    DataOffer,
-    GoChannel,
-    HelperSession,
-    ReadFrame,
-    SwitchChannel,
-    WriteFrame,
-)
 from svtagg.servers.store.rules import IN_CHUNK, StreamState, TaskState
 
 #: An accepted stream chunk, marked durably: its stream, task, queries, pooled noise.

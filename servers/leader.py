@@ -39,6 +39,9 @@ from svtagg.servers.core import (
     parse_chunk,
     parse_taus,
 )
+from svtagg.servers.exchange.joint import Pooled, PoolPolicy, batch_shares, pools_noise
+from svtagg.servers.exchange.port import HelperPort
+from svtagg.servers.exchange.session import SessionPool
 from svtagg.servers.exchange.values import (
     Agreement,
     Ask,
@@ -66,11 +69,8 @@ from svtagg.servers.exchange.values import (
     TaskInfo,
 )
 from svtagg.servers.faults import crash_point
-from svtagg.servers.exchange.joint import Pooled, PoolPolicy, batch_shares, pools_noise
-from svtagg.servers.store.jointpool import MAX_BATCH
-from svtagg.servers.exchange.port import HelperPort
 from svtagg.servers.reconcile import LedgerSync
-from svtagg.servers.exchange.session import SessionPool
+from svtagg.servers.store.jointpool import MAX_BATCH
 from svtagg.servers.store.rules import (
     FAILED,
     IN_CHUNK,

@@ -14,8 +14,8 @@ from functools import partial
 
 from svtagg.dp.errors import NotFound, PeerUnavailable, Refusal
 from svtagg.servers.core import ServerCore
-from svtagg.servers.exchange.values import PlanRequest, PrepareStream
 from svtagg.servers.exchange.port import HelperPort
+from svtagg.servers.exchange.values import PlanRequest, PrepareStream
 from svtagg.servers.store.rules import PLAN_ACTIVE, PLAN_FAILED
 
 log = logging.getLogger("svtagg.server")

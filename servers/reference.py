@@ -26,6 +26,7 @@ from svtagg.mpc.ring import encode
 from svtagg.mpc.sharing import share
 from svtagg.proto.vocab import REPORT_ID_BYTES, Role
 from svtagg.servers.core import PartyFactory, ServerCore, garbled_circuit_party
+from svtagg.servers.exchange.memory import MemoryHelperPort, Tap
 from svtagg.servers.exchange.values import OpenStream
 from svtagg.servers.helper import HelperDriver
 from svtagg.servers.ingest.batches import (
@@ -36,7 +37,6 @@ from svtagg.servers.ingest.batches import (
     verify_upload,
 )
 from svtagg.servers.leader import LeaderDriver
-from svtagg.servers.exchange.memory import MemoryHelperPort, Tap
 from svtagg.servers.store.rules import Store
 from svtagg.servers.store.sqlite import SqliteStore
 

@@ -21,14 +21,10 @@ from svtagg.proto import svtagg_pb2_grpc as pb_grpc
 from svtagg.proto.tls import CertificateError, Identity
 from svtagg.proto.vocab import MAX_TASKS, SERVER_OPTIONS, SERVER_ROLES, Role
 from svtagg.proto.wire import add_service
-from svtagg.servers.edge.admission import Admission, CallLimits
 from svtagg.servers.core import PartyFactory, ServerCore
+from svtagg.servers.edge.admission import Admission, CallLimits
 from svtagg.servers.edge.datachannel import DataListener, split_host
-from svtagg.servers.exchange.garbling import DEFAULT_GARBLING, GarbledCircuitParties, check_scheme_name
-from svtagg.servers.helper import HelperDriver
-from svtagg.servers.leader import LeaderDriver
 from svtagg.servers.edge.limits import RateLimiter
-from svtagg.servers.store.mainlock import MainLock, hold_main_lock
 from svtagg.servers.edge.metrics import Metrics
 from svtagg.servers.edge.peer import GrpcHelperPort
 from svtagg.servers.edge.services import (
@@ -38,8 +34,16 @@ from svtagg.servers.edge.services import (
     IngestService,
     PeerService,
 )
-from svtagg.servers.store.rules import Store
+from svtagg.servers.exchange.garbling import (
+    DEFAULT_GARBLING,
+    GarbledCircuitParties,
+    check_scheme_name,
+)
+from svtagg.servers.helper import HelperDriver
+from svtagg.servers.leader import LeaderDriver
+from svtagg.servers.store.mainlock import MainLock, hold_main_lock
 from svtagg.servers.store.opener import open_store, sqlite_file
+from svtagg.servers.store.rules import Store
 from svtagg.servers.work import LEASE_SECONDS, Worker, WorkQueue
 
 log = logging.getLogger("svtagg.server")

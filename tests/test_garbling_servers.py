@@ -24,7 +24,6 @@ from svtagg.mpc.threehalves import SCHEMES
 from svtagg.proto import svtagg_pb2 as pb
 from svtagg.proto.tls import Identity
 from svtagg.proto.vocab import Role
-from svtagg.servers.exchange.values import Ask, Queries
 from svtagg.servers.exchange.garbling import (
     DEFAULT_GARBLING,
     GARBLING_SCHEMES,
@@ -33,6 +32,7 @@ from svtagg.servers.exchange.garbling import (
     garbling_of,
     ot_of,
 )
+from svtagg.servers.exchange.values import Ask, Queries
 
 F = 16
 N = 200

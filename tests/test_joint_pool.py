@@ -29,9 +29,9 @@ from svtagg.dp.jointsvt import joint_stream_noise
 from svtagg.dp.kinds import StreamKind
 from svtagg.proto.vocab import Role
 from svtagg.servers.core import ServerCore, garbled_circuit_party
+from svtagg.servers.exchange.joint import JointDraw, PoolPolicy
 from svtagg.servers.exchange.values import Ask, OpenStream, PoolDraw, Queries
 from svtagg.servers.helper import HelperDriver
-from svtagg.servers.exchange.joint import JointDraw, PoolPolicy
 from svtagg.servers.leader import LeaderDriver
 from svtagg.servers.reference import ReferencePair, reference_pair
 from svtagg.servers.store.rules import FAILED

@@ -32,8 +32,8 @@ from svtagg.dp.noise import RandomSource
 from svtagg.dp.task import TaskSpec, parse_task_params
 from svtagg.mpc.jointnoise import SamplerShape, plain_joint_noise
 from svtagg.mpc.ring import sensitivity
-from svtagg.servers.exchange.values import Ask, OpenStream, Queries
 from svtagg.servers.exchange.joint import JointDraw
+from svtagg.servers.exchange.values import Ask, OpenStream, Queries
 from svtagg.servers.reference import ReferencePair, reference_pair
 
 F = 6

@@ -33,8 +33,8 @@ from svtagg.dp.errors import InvalidArgument, PeerUnavailable, StreamClosed
 from svtagg.dp.noisy_max import noise_scale, output_law
 from svtagg.dp.queries import MAX_TOURNAMENT
 from svtagg.proto import svtagg_pb2 as pb
-from svtagg.servers.edge import wire
 from svtagg.servers.core import Chunk, ServerCore
+from svtagg.servers.edge import wire
 from svtagg.servers.exchange.values import ChunkKind, NoisyMax, NoisyMaxAnswer, Queries, StreamChunk
 from svtagg.servers.store.rules import FAILED
 

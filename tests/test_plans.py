@@ -24,10 +24,16 @@ from svtagg.dp.task import TaskSpec, safe_epsilon_min
 from svtagg.proto import svtagg_pb2 as pb
 from svtagg.proto.vocab import Role
 from svtagg.servers.core import ServerCore, garbled_circuit_party
-from svtagg.servers.exchange.values import OpenStream, PlanGroup, PlanInfo, PlanRequest, PrepareStream
+from svtagg.servers.exchange.memory import MemoryHelperPort
+from svtagg.servers.exchange.values import (
+    OpenStream,
+    PlanGroup,
+    PlanInfo,
+    PlanRequest,
+    PrepareStream,
+)
 from svtagg.servers.helper import HelperDriver
 from svtagg.servers.leader import LeaderDriver
-from svtagg.servers.exchange.memory import MemoryHelperPort
 from svtagg.servers.store.sqlite import SqliteStore
 
 TINY = Fraction(1, 10**6)

@@ -16,8 +16,8 @@ from conftest import DriverPair, driver_pair, encoded_sum, pg_tagged
 from test_drivers import F, N, data, spec
 
 from svtagg.dp.errors import PeerUnavailable
-from svtagg.servers.exchange.values import Agreement, Ask, ChunkKind, Queries, RobustChunk, TaskInfo
 from svtagg.servers.edge.wire import job_inputs
+from svtagg.servers.exchange.values import Agreement, Ask, ChunkKind, Queries, RobustChunk, TaskInfo
 from svtagg.servers.work import Job
 
 

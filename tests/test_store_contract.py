@@ -28,6 +28,7 @@ from svtagg.dp.errors import (
 from svtagg.dp.kinds import StreamKind
 from svtagg.dp.plans import Group, PlanBook
 from svtagg.dp.task import TaskParams
+from svtagg.servers.store.opener import open_store, sqlite_file
 from svtagg.servers.store.rules import (
     CLOSED,
     FAILED,
@@ -41,7 +42,6 @@ from svtagg.servers.store.rules import (
     Verified,
     report_digest,
 )
-from svtagg.servers.store.opener import open_store, sqlite_file
 from svtagg.servers.store.sqlite import SqliteStore
 from svtagg.vdaf.field import FIELD128
 

@@ -126,8 +126,8 @@ def test_crash_points_heavy_on_postgres(tmp_path: Path, pg_url: tuple[str, str])
 def test_concurrent_writers_lose_no_update(pg_url: tuple[str, str]) -> None:
     """Four connections upload into one store at once: n, the sums and the digest
     are those of every batch (the store's lock serialises read-modify-write)."""
-    from svtagg.servers.store.rules import report_digest
     from svtagg.servers.store.postgres import PgStore
+    from svtagg.servers.store.rules import report_digest
 
     url, tag = pg_url
     schema = f"c_{tag}"

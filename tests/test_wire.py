@@ -19,7 +19,6 @@ from svtagg.dp.kinds import StreamKind
 from svtagg.dp.queries import Budget, Outcome
 from svtagg.dp.task import TaskParams, TaskSpec
 from svtagg.proto import svtagg_pb2 as pb
-from svtagg.servers.store import postgres_schema as store_pg_schema
 from svtagg.servers.edge import wire
 from svtagg.servers.exchange.values import (
     Agreement,
@@ -51,6 +50,7 @@ from svtagg.servers.exchange.values import (
     compare_progress,
     noisy_max_progress,
 )
+from svtagg.servers.store import postgres_schema as store_pg_schema
 
 PARAMS = TaskParams("t", 4, 16, 1000, 1, Fraction(20), Fraction(1, 1000), Fraction(1, 10), True)
 PROOF_PARAMS = TaskParams(

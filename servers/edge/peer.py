@@ -29,10 +29,10 @@ from svtagg.proto.vocab import (
     Role,
     refusal_from_rpc,
 )
-from svtagg.servers.edge import datachannel
-from svtagg.servers.edge import wire
 from svtagg.servers.core import PartyFactory
+from svtagg.servers.edge import datachannel, wire
 from svtagg.servers.edge.datachannel import DataConnection, split_host
+from svtagg.servers.exchange.session import LeaderSession
 from svtagg.servers.exchange.values import (
     Agreement,
     PlanInfo,
@@ -46,7 +46,6 @@ from svtagg.servers.exchange.values import (
     VerifyBatch,
     VerifyResult,
 )
-from svtagg.servers.exchange.session import LeaderSession
 
 log = logging.getLogger(__name__)
 Q = TypeVar("Q")

@@ -19,15 +19,11 @@ from svtagg.proto import svtagg_pb2 as pb
 from svtagg.proto import svtagg_pb2_grpc as pb_grpc
 from svtagg.proto.vocab import Role
 from svtagg.proto.wire import UNDECODABLE
-from svtagg.servers.edge import wire
 from svtagg.servers.core import ServerCore
-from svtagg.servers.helper import HelperDriver
-from svtagg.servers.ingest.batches import ProofReport, helper_receive, verify_upload
-from svtagg.servers.leader import LeaderDriver
+from svtagg.servers.edge import wire
 from svtagg.servers.edge.limits import RateLimiter
 from svtagg.servers.edge.metrics import Metrics
 from svtagg.servers.edge.peer import GrpcHelperPort
-from svtagg.servers.exchange.port import HelperPort
 from svtagg.servers.edge.rpc import (
     ANONYMOUS,
     Context,
@@ -37,6 +33,10 @@ from svtagg.servers.edge.rpc import (
     peer_role,
     rpc,
 )
+from svtagg.servers.exchange.port import HelperPort
+from svtagg.servers.helper import HelperDriver
+from svtagg.servers.ingest.batches import ProofReport, helper_receive, verify_upload
+from svtagg.servers.leader import LeaderDriver
 
 if TYPE_CHECKING:
     from prometheus_client import Gauge

@@ -13,8 +13,9 @@ from typing import TypeVar
 from svtagg.dp.errors import PeerUnavailable
 from svtagg.dp.task import TaskSpec
 from svtagg.proto import svtagg_pb2 as pb
-from svtagg.servers.edge import wire
 from svtagg.servers.core import PartyFactory
+from svtagg.servers.edge import wire
+from svtagg.servers.exchange.session import LeaderSession
 from svtagg.servers.exchange.values import (
     Agreement,
     PlanInfo,
@@ -29,7 +30,6 @@ from svtagg.servers.exchange.values import (
     VerifyResult,
 )
 from svtagg.servers.helper import HelperDriver
-from svtagg.servers.exchange.session import LeaderSession
 
 _END = None  # queued when one side ends the session
 Q = TypeVar("Q")

@@ -13,6 +13,7 @@ from typing import Protocol
 
 from svtagg.dp.task import TaskSpec
 from svtagg.servers.core import PartyFactory
+from svtagg.servers.exchange.session import LeaderSession
 from svtagg.servers.exchange.values import (
     Agreement,
     PlanInfo,
@@ -26,7 +27,6 @@ from svtagg.servers.exchange.values import (
     VerifyBatch,
     VerifyResult,
 )
-from svtagg.servers.exchange.session import LeaderSession
 
 
 class HelperPort(Protocol):

@@ -40,9 +40,9 @@ from svtagg.proto.vocab import (
     refusal_status,
 )
 from svtagg.servers.core import ComparisonParty, PartyFactory
-from svtagg.servers.exchange.values import ChunkHeader, NoiseBatch, RobustChunk
-from svtagg.servers.exchange.garbling import DEFAULT_GARBLING, check_garbling, garbling_of, ot_of
 from svtagg.servers.edge.wire import CHUNK_HEADER
+from svtagg.servers.exchange.garbling import DEFAULT_GARBLING, check_garbling, garbling_of, ot_of
+from svtagg.servers.exchange.values import ChunkHeader, NoiseBatch, RobustChunk
 
 #: Reads the next frame; returns None at the end of the stream.
 ReadFrame = Callable[[], Awaitable[Any]]

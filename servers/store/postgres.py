@@ -65,6 +65,9 @@ from svtagg.dp.queries import Budget
 from svtagg.dp.task import TaskParams
 from svtagg.mpc.ring import U64
 from svtagg.servers.faults import crash_point
+from svtagg.servers.store.jointpool_tables import JointPoolTables
+from svtagg.servers.store.postgres_pending import PgPending
+from svtagg.servers.store.postgres_schema import MIGRATIONS
 from svtagg.servers.store.rules import (
     BATCH_COLUMNS,
     CLOSED,
@@ -101,9 +104,6 @@ from svtagg.servers.store.rules import (
     within_capacity,
     xor_reports,
 )
-from svtagg.servers.store.jointpool_tables import JointPoolTables
-from svtagg.servers.store.postgres_pending import PgPending
-from svtagg.servers.store.postgres_schema import MIGRATIONS
 
 
 def redact(url: str) -> str:

@@ -28,6 +28,7 @@ from svtagg.dp.queries import Budget
 from svtagg.dp.task import TaskParams
 from svtagg.mpc.ring import U64
 from svtagg.servers.faults import crash_point
+from svtagg.servers.store.jointpool_tables import JointPoolTables
 from svtagg.servers.store.rules import (
     BATCH_COLUMNS,
     CLOSED,
@@ -65,7 +66,6 @@ from svtagg.servers.store.rules import (
     within_capacity,
     xor_reports,
 )
-from svtagg.servers.store.jointpool_tables import JointPoolTables
 from svtagg.servers.store.sqlite_schema import BASE_TABLES
 
 
