@@ -1,6 +1,7 @@
-"""One server's durable state in PostgreSQL (`store.Store` names its
-operations and promises; `store_sqlite.SqliteStore` is the default store),
-for deployments that keep each server's state in a database server.
+"""One server's durable state in PostgreSQL: the PostgreSQL dialect of
+`sql.SqlStore` (which writes every operation once; `rules.Store` names them
+and their promises), for deployments that keep each server's state in a
+database server.
 
 Selected by a `--db postgresql://...` URL (`store_open.open_store`).
 
@@ -41,69 +42,22 @@ second live process sharing it (ingest replicas and workers open it with
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable, Sequence
+from collections.abc import Iterator, Sequence
 from fractions import Fraction
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-import numpy as np
 import psycopg
 from psycopg import sql
 from psycopg.abc import Buffer
 from psycopg.pq import TransactionStatus
 from psycopg.types.string import StrDumperUnknown
 
-from svtagg.dp.errors import (
-    AlreadyExists,
-    FailedPrecondition,
-    InvalidArgument,
-    NotFound,
-)
-from svtagg.dp.kinds import StreamKind
-from svtagg.dp.plans import PlanBook
+from svtagg.dp.errors import AlreadyExists, InvalidArgument
 from svtagg.dp.queries import Budget
-from svtagg.dp.task import TaskParams
-from svtagg.mpc.ring import U64
-from svtagg.servers.faults import crash_point
-from svtagg.servers.store.jointpool_tables import JointPoolTables
-from svtagg.servers.store.postgres_pending import PgPending
 from svtagg.servers.store.postgres_schema import MIGRATIONS
-from svtagg.servers.store.rules import (
-    BATCH_COLUMNS,
-    CLOSED,
-    FAILED,
-    IN_CHUNK,
-    NEW_STREAM_COLUMNS,
-    NEW_TASK_COLUMNS,
-    OPEN,
-    OPENING,
-    PLAN_ACTIVE,
-    PLAN_COLUMNS,
-    PLAN_ENDED,
-    PLAN_FAILED,
-    STREAM_COLUMNS,
-    TASK_COLUMNS,
-    StreamState,
-    TaskState,
-    Verified,
-    admit_batch,
-    admit_to_plan,
-    assemble,
-    book_text,
-    charged,
-    check_removable,
-    counted,
-    fold,
-    new_stream_row,
-    new_task_row,
-    next_chunk,
-    plan_state,
-    refunded,
-    stream_state,
-    task_state,
-    within_capacity,
-    xor_reports,
-)
+from svtagg.servers.store.rules import within_capacity
+from svtagg.servers.store.sql import SqlStore
 
 
 def redact(url: str) -> str:
@@ -191,12 +145,15 @@ def missing_path_schema(conn: psycopg.Connection[Any]) -> str | None:
     return first if first and first != "$user" else None
 
 
-class PgStore(PgPending, JointPoolTables):
-    """PostgreSQL store of one server (`store.Store`).
+class PgStore(SqlStore):
+    """PostgreSQL store of one server (`rules.Store`).
 
     `schema` (optional) keeps the store in that schema of the database (created
     if missing); otherwise the connection's search_path decides (`public`
     unless the URL says otherwise, e.g. `?options=-csearch_path%3Dleader`)."""
+
+    FOR_UPDATE = " FOR UPDATE"
+    STREAM_ORDER = "seq"
 
     #: Schema version this code writes (the `svtagg_schema` table; not SQLite's numbering).
     SCHEMA_VERSION = len(MIGRATIONS)
@@ -208,6 +165,7 @@ class PgStore(PgPending, JointPoolTables):
         conn = connect(url)
         conn.adapters.register_dumper(str, _TextDumper)
         self._conn = conn
+        self._statements: dict[str, bytes] = {}
         self._url = url  # for the work queue's own sessions (never logged)
         try:
             conn.execute("SET synchronous_commit = on")
@@ -245,11 +203,6 @@ class PgStore(PgPending, JointPoolTables):
             raise
         return conn
 
-    def _tx(self, durable: bool = True) -> _Transaction:
-        return _Transaction(self._conn, durable)
-
-    atomic = _tx  # Store.atomic: the steps inside share one (durable) transaction
-
     def _migrate(self) -> None:
         with self._tx():
             self._conn.execute(
@@ -276,122 +229,46 @@ class PgStore(PgPending, JointPoolTables):
         row = self._conn.execute("SELECT version FROM svtagg_schema").fetchone()
         return 0 if row is None else int(row[0])
 
-    def _recover(self) -> int:
-        """Fail closed every stream that was opening or mid-chunk at the last stop,
-        and list the plans then active (`recovered_plans`)."""
-        with self._tx():
-            self.recovered_plans = [
-                (r[0], r[1])
-                for r in self._conn.execute(
-                    "SELECT plan_id, task_id FROM plans WHERE state=%s ORDER BY plan_id",
-                    (PLAN_ACTIVE,),
-                )
-            ]
-            self.recovered_failed = [
-                (r[0], r[1])
-                for r in self._conn.execute(
-                    "SELECT stream_id, task_id FROM streams WHERE state IN (%s, %s)",
-                    (OPENING, IN_CHUNK),
-                )
-            ]
-            cur = self._conn.execute(
-                "UPDATE streams SET state=%s WHERE state IN (%s, %s)", (FAILED, OPENING, IN_CHUNK)
-            )
-            for sid, _ in self.recovered_failed:  # it keeps no joint noise shares
-                self._conn.execute("DELETE FROM joint_batches WHERE stream_id=%s", (sid,))
-        return cur.rowcount
+    # ------------------------------------------------------------ the dialect seam
+    def _statement(self, statement: str) -> bytes:
+        """The statement with psycopg's placeholders (cached: the hot path runs
+        the same few statements over and over)."""
+        held = self._statements.get(statement)
+        if held is None:
+            held = self._statements[statement] = statement.replace("?", "%s").encode()
+        return held
 
-    # ------------------------------------------------------------ tasks
-    def create_task(self, p: TaskParams, verify_key: bytes = b"") -> TaskState:
-        with self._tx():
-            if self._conn.execute("SELECT 1 FROM tasks WHERE task_id=%s", (p.task_id,)).fetchone():
-                raise AlreadyExists(f"task {p.task_id!r} already exists")
-            self._conn.execute(
-                f"INSERT INTO tasks ({NEW_TASK_COLUMNS})"
-                " VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)",
-                new_task_row(p, verify_key),
-            )
-        return self.task(p.task_id)
+    def _run(self, statement: str, params: Sequence[Any] = ()) -> Any:
+        return self._conn.execute(self._statement(statement), params)
 
-    def task(self, task_id: str) -> TaskState:
-        row = self._conn.execute(
-            f"SELECT {TASK_COLUMNS} FROM tasks t WHERE task_id=%s", (task_id,)
-        ).fetchone()
-        return task_state(task_id, row)
+    def _run_many(self, statement: str, rows: Sequence[Sequence[Any]]) -> None:
+        with self._conn.cursor() as cur:
+            cur.executemany(self._statement(statement), rows)
 
-    def task_ids(self) -> list[str]:
-        return [r[0] for r in self._conn.execute("SELECT task_id FROM tasks ORDER BY task_id")]
+    def _tx(self, durable: bool = True) -> _Transaction:
+        return _Transaction(self._conn, durable)
 
-    def sums(self, task_id: str) -> U64:
-        row = self._conn.execute("SELECT sums FROM tasks WHERE task_id=%s", (task_id,)).fetchone()
-        if row is None:
-            raise NotFound(f"unknown task {task_id!r}")
-        return np.frombuffer(row[0], dtype=np.uint64).copy()
+    def _in(self, ids: Sequence[bytes]) -> Iterator[tuple[str, tuple[Any, ...]]]:
+        yield "= ANY(?)", (list(ids),)
 
-    def robust_sums(self, task_id: str) -> U64 | None:
-        row = self._conn.execute(
-            "SELECT robust_sums FROM tasks WHERE task_id=%s", (task_id,)
-        ).fetchone()
-        if row is None:
-            raise NotFound(f"unknown task {task_id!r}")
-        return None if row[0] is None else np.frombuffer(row[0], dtype=np.uint64).copy()
-
-    # ------------------------------------------------------------ uploads
-    def add_reports(
-        self,
-        task_id: str,
-        report_ids: list[bytes],
-        shares: list[bytes],
-        share_sum: U64,
-        verified: Verified | None = None,
-    ) -> int:
-        with self._tx():
-            row = self._conn.execute(
-                f"SELECT {BATCH_COLUMNS} FROM tasks WHERE task_id=%s FOR UPDATE", (task_id,)
-            ).fetchone()
-            n, n_max, sums_blob, digest = admit_batch(task_id, row, share_sum)
-            if len(shares) != len(report_ids):
-                raise InvalidArgument(f"{len(report_ids)} report ids, {len(shares)} shares")
-            # a replayed id violates the primary key: the COPY fails and the
-            # whole batch rolls back (no lookup before: it would double the cost)
-            try:
-                with (
-                    self._conn.cursor() as cur,
-                    cur.copy(
-                        "COPY reports (task_id, report_id, share) FROM STDIN (FORMAT BINARY)"
-                    ) as copy,
-                ):
-                    copy.write(_copy_rows(task_id, report_ids, shares))
-            except psycopg.errors.UniqueViolation:
-                raise AlreadyExists(
-                    "a report id of this batch was already uploaded (replay); batch refused"
-                ) from None
-            within_capacity(task_id, n, n_max, len(report_ids))
-            crash_point("upload.mid_store")
-            assert row is not None  # admit_batch refused a missing task
-            rejected = row[7]
-            if verified is not None:
-                self._record_verified(task_id, verified)
-                rejected = counted(rejected, verified.rejected)
-            self._conn.execute(
-                "UPDATE tasks SET n=%s, sums=%s, digest=%s, rejected=%s WHERE task_id=%s",
-                (
-                    n + len(report_ids),
-                    fold(bytes(sums_blob), share_sum, bool(row[6])),
-                    xor_reports(bytes(digest), report_ids),
-                    rejected,
-                    task_id,
-                ),
-            )
-        return int(n + len(report_ids))
-
-    def close_collection(self, task_id: str) -> TaskState:
-        with self._tx():
-            self.task(task_id)
-            self._conn.execute("UPDATE tasks SET collection_open=0 WHERE task_id=%s", (task_id,))
-            self._conn.execute("DELETE FROM pending WHERE task_id=%s", (task_id,))
-            self._conn.execute("DELETE FROM verdicts WHERE task_id=%s", (task_id,))
-        return self.task(task_id)
+    def _insert_reports(
+        self, task_id: str, report_ids: list[bytes], shares: list[bytes], room: tuple[int, int]
+    ) -> None:
+        # a replayed id violates the primary key: the COPY fails and the
+        # whole batch rolls back (no lookup before: it would double the cost)
+        try:
+            with (
+                self._conn.cursor() as cur,
+                cur.copy(
+                    "COPY reports (task_id, report_id, share) FROM STDIN (FORMAT BINARY)"
+                ) as copy,
+            ):
+                copy.write(_copy_rows(task_id, report_ids, shares))
+        except psycopg.errors.UniqueViolation:
+            raise AlreadyExists(
+                "a report id of this batch was already uploaded (replay); batch refused"
+            ) from None
+        within_capacity(task_id, *room, len(report_ids))
 
     def _stored_shares(self, task_id: str, report_ids: list[bytes]) -> dict[bytes, bytes | None]:
         rows = self._conn.execute(
@@ -400,95 +277,22 @@ class PgStore(PgPending, JointPoolTables):
         ).fetchall()
         return {bytes(r[0]): None if r[1] is None else bytes(r[1]) for r in rows}
 
-    def shares(self, task_id: str, report_ids: list[bytes]) -> list[bytes]:
-        stored = self._stored_shares(task_id, report_ids)
-        out = []
-        for rid in report_ids:
-            if rid not in stored:
-                raise NotFound(f"task {task_id!r} has no report {rid.hex()}")
-            share = stored[rid]
-            if share is None:
-                raise FailedPrecondition(
-                    f"task {task_id!r}: per-report shares were dropped at the agreement"
-                )
-            out.append(share)
-        return out
-
-    def report_ids(self, task_id: str, after: bytes = b"", limit: int | None = None) -> list[bytes]:
-        if limit is None:
-            rows = self._conn.execute(
-                "SELECT report_id FROM reports WHERE task_id=%s AND report_id > %s"
-                " ORDER BY report_id",
-                (task_id, after),
-            )
-        else:
-            rows = self._conn.execute(
-                "SELECT report_id FROM reports WHERE task_id=%s AND report_id > %s"
-                " ORDER BY report_id LIMIT %s",
-                (task_id, after, int(limit)),
-            )
-        return [bytes(r[0]) for r in rows]
-
-    def remove_reports(
-        self, task_id: str, report_ids: list[bytes], share_sum: Callable[[list[bytes]], U64]
-    ) -> TaskState:
-        with self._tx():
-            task = self.task(task_id)
-            check_removable(task)
-            if not report_ids:
-                return task
-            stored = self._stored_shares(task_id, report_ids)
-            present = [rid for rid in report_ids if rid in stored]
-            if present:
-                shares = [stored[rid] or b"" for rid in present]
-                held = self._conn.execute(
-                    "SELECT sums, validity FROM tasks WHERE task_id=%s", (task_id,)
-                ).fetchone()
-                assert held is not None  # self.task() found it
-                sums_blob, in_field = held
-                sums = fold(bytes(sums_blob), share_sum(shares), bool(in_field), subtract=True)
-                self._conn.execute(
-                    "DELETE FROM reports WHERE task_id=%s AND report_id = ANY(%s)",
-                    (task_id, present),
-                )
-                self._conn.execute(
-                    "UPDATE tasks SET n=n-%s, sums=%s, digest=%s WHERE task_id=%s",
-                    (len(present), sums, xor_reports(task.digest, present), task_id),
-                )
-        return self.task(task_id)
-
-    def mark_agreed(self, task_id: str, robust_sums: U64 | None) -> TaskState:
-        blob = None if robust_sums is None else np.asarray(robust_sums, np.uint64).tobytes()
-        with self._tx():
-            self._conn.execute(
-                "UPDATE tasks SET agreed=1, robust_sums=%s WHERE task_id=%s", (blob, task_id)
-            )
-            self._conn.execute(
-                "UPDATE reports SET share=NULL WHERE task_id=%s AND share IS NOT NULL",
-                (task_id,),
-            )
-        return self.task(task_id)
-
-    # ------------------------------------------------------------ ledger
-    def _write_spent(self, task_id: str, after: Budget) -> None:
-        """Write the task's new spent totals and append the change to the
-        `spends` journal (inside the caller's transaction)."""
-        before = self._conn.execute(
-            "SELECT epsilon_spent, delta_spent FROM tasks WHERE task_id=%s", (task_id,)
-        ).fetchone()
-        if before is None:
-            raise NotFound(f"unknown task {task_id!r}")
+    def _drop_shares(self, task_id: str) -> None:
         self._conn.execute(
-            "UPDATE tasks SET epsilon_spent=%s, delta_spent=%s WHERE task_id=%s",
-            (str(after.epsilon_spent), str(after.delta_spent), task_id),
+            "UPDATE reports SET share=NULL WHERE task_id=%s AND share IS NOT NULL", (task_id,)
         )
+
+    def _after_agreed(self, task_id: str) -> None:
+        """The shares were dropped inside the agreement's transaction."""
+
+    def _journal(self, task_id: str, change: tuple[Fraction, Fraction], after: Budget) -> None:
         self._conn.execute(
             "INSERT INTO spends (task_id, epsilon, delta, epsilon_spent, delta_spent)"
             " VALUES (%s, %s, %s, %s, %s)",
             (
                 task_id,
-                str(after.epsilon_spent - Fraction(before[0])),
-                str(after.delta_spent - Fraction(before[1])),
+                str(change[0]),
+                str(change[1]),
                 str(after.epsilon_spent),
                 str(after.delta_spent),
             ),
@@ -500,201 +304,3 @@ class PgStore(PgPending, JointPoolTables):
             "SELECT epsilon, delta FROM spends WHERE task_id=%s ORDER BY seq", (task_id,)
         ).fetchall()
         return [(Fraction(r[0]), Fraction(r[1])) for r in rows]
-
-    # ------------------------------------------------------------ streams
-    def open_stream(
-        self,
-        stream_id: str,
-        task_id: str,
-        kind: StreamKind,
-        epsilon: Fraction,
-        delta: Fraction,
-        delta_charge: Fraction,
-        plan: tuple[str, int] | None = None,
-        replay: bool = False,
-    ) -> None:
-        with self._tx():
-            if self._conn.execute(
-                "SELECT 1 FROM streams WHERE stream_id=%s", (stream_id,)
-            ).fetchone():
-                if replay:
-                    return
-                raise AlreadyExists(f"stream {stream_id!r} already exists")
-            budget = self.task(task_id).budget
-            extra: tuple[Fraction, Fraction] | None = (epsilon, delta_charge)
-            if plan is not None:
-                held = self.plan(plan[0])
-                extra = admit_to_plan(plan, held, task_id, (epsilon, delta_charge), replay)
-                self._conn.execute(
-                    "UPDATE plans SET book=%s WHERE plan_id=%s", (book_text(held[0]), plan[0])
-                )
-            if extra is not None:
-                self._write_spent(task_id, charged(budget, *extra))
-            self._conn.execute(
-                f"INSERT INTO streams ({NEW_STREAM_COLUMNS}) VALUES (%s,%s,%s,%s,%s,%s,%s,%s)",
-                new_stream_row(stream_id, task_id, kind, epsilon, delta, plan, replay),
-            )
-
-    def set_threshold_noise(self, stream_id: str, gamma: int, open_now: bool = True) -> None:
-        with self._tx():
-            cur = self._conn.execute(
-                "UPDATE streams SET gamma=%s, state=%s WHERE stream_id=%s AND state=%s",
-                (str(gamma), OPEN if open_now else OPENING, stream_id, OPENING),
-            )
-            if cur.rowcount != 1:
-                raise FailedPrecondition(f"stream {stream_id!r} is not being opened")
-
-    def set_joint_threshold_noise(self, stream_id: str, gamma: int) -> None:
-        with self._tx():
-            cur = self._conn.execute(
-                "UPDATE streams SET gamma=%s WHERE stream_id=%s AND state=%s AND chunks=1",
-                (str(gamma), stream_id, IN_CHUNK),
-            )
-            if cur.rowcount != 1:
-                raise FailedPrecondition(f"stream {stream_id!r} is not in its first chunk")
-
-    def set_noisy_max_carry(self, stream_id: str, carry: bytes) -> None:
-        with self._tx():
-            cur = self._conn.execute(
-                "UPDATE streams SET carry=%s, carry_chunk=chunks WHERE stream_id=%s AND state=%s",
-                (carry, stream_id, IN_CHUNK),
-            )
-            if cur.rowcount != 1:
-                raise FailedPrecondition(f"stream {stream_id!r} is not in a chunk")
-
-    def noisy_max_carry(self, stream_id: str) -> tuple[int, bytes] | None:
-        row = self._conn.execute(
-            "SELECT carry_chunk, carry FROM streams WHERE stream_id=%s", (stream_id,)
-        ).fetchone()
-        if row is None:
-            raise NotFound(f"unknown stream {stream_id!r}")
-        return None if row[1] is None else (int(row[0]), bytes(row[1]))
-
-    def confirm_stream(self, stream_id: str) -> None:
-        """Committed with synchronous_commit off."""
-        with self._tx(durable=False):
-            cur = self._conn.execute(
-                "UPDATE streams SET state=%s WHERE stream_id=%s AND state=%s AND gamma IS NOT NULL",
-                (OPEN, stream_id, OPENING),
-            )
-            if cur.rowcount != 1:
-                raise FailedPrecondition(f"stream {stream_id!r} is not being opened")
-
-    def stream_ids(self, task_id: str, state: str) -> list[str]:
-        rows = self._conn.execute(
-            "SELECT stream_id FROM streams WHERE task_id=%s AND state=%s ORDER BY seq",
-            (task_id, state),
-        ).fetchall()
-        return [r[0] for r in rows]
-
-    def stream(self, stream_id: str) -> StreamState:
-        row = self._conn.execute(
-            f"SELECT {STREAM_COLUMNS} FROM streams WHERE stream_id=%s", (stream_id,)
-        ).fetchone()
-        return stream_state(stream_id, row)
-
-    def begin_chunk(self, stream_id: str, chunk_no: int | None = None) -> int:
-        with self._tx():
-            number = next_chunk(self.stream(stream_id), chunk_no)
-            self._conn.execute(
-                "UPDATE streams SET state=%s, chunks=chunks+1 WHERE stream_id=%s",
-                (IN_CHUNK, stream_id),
-            )
-        return number
-
-    def end_chunk(self, stream_id: str, answered: int, close: bool) -> None:
-        """Committed with synchronous_commit off."""
-        with self._tx(durable=False):
-            self._conn.execute(
-                "UPDATE streams SET state=%s, queries=queries+%s WHERE stream_id=%s AND state=%s",
-                (CLOSED if close else OPEN, answered, stream_id, IN_CHUNK),
-            )
-
-    def fail_stream(self, stream_id: str) -> None:
-        with self._tx():
-            self._conn.execute(
-                "UPDATE streams SET state=%s WHERE stream_id=%s AND state NOT IN (%s, %s)",
-                (FAILED, stream_id, CLOSED, FAILED),
-            )
-
-    # ------------------------------------------------------------ joint noise pool
-    def _sql(self, statement: str, params: Sequence[Any] = ()) -> Any:
-        """A statement of the shared joint-pool code (`store_jointpool`), its
-        `?` placeholders as psycopg's."""
-        return self._conn.execute(statement.replace("?", "%s").encode(), params)
-
-    # ------------------------------------------------------------ plans
-    def plan(self, plan_id: str) -> tuple[PlanBook, str, str]:
-        row = self._conn.execute(
-            f"SELECT {PLAN_COLUMNS} FROM plans WHERE plan_id=%s", (plan_id,)
-        ).fetchone()
-        return plan_state(plan_id, row)
-
-    def reserve_plan(self, plan_id: str, task_id: str, book: PlanBook) -> None:
-        with self._tx():
-            budget = self.task(task_id).budget
-            if self._conn.execute("SELECT 1 FROM plans WHERE plan_id=%s", (plan_id,)).fetchone():
-                raise AlreadyExists(f"plan {plan_id!r} already exists")
-            self._write_spent(task_id, charged(budget, book.charge.epsilon, book.charge.delta))
-            self._conn.execute(
-                "INSERT INTO plans (plan_id, task_id, book, state) VALUES (%s,%s,%s,%s)",
-                (plan_id, task_id, book_text(book), PLAN_ACTIVE),
-            )
-
-    def end_plan(self, plan_id: str) -> tuple[Fraction, Fraction]:
-        with self._tx():
-            book, state, task_id = self.plan(plan_id)
-            if state != PLAN_ACTIVE:
-                return Fraction(0), Fraction(0)
-            back_e, back_d = book.refund()
-            self._write_spent(task_id, refunded(self.task(task_id).budget, back_e, back_d))
-            self._conn.execute("UPDATE plans SET state=%s WHERE plan_id=%s", (PLAN_ENDED, plan_id))
-        return back_e, back_d
-
-    def fail_plan(self, plan_id: str) -> None:
-        with self._tx():
-            self.plan(plan_id)
-            self._conn.execute(
-                "UPDATE plans SET state=%s WHERE plan_id=%s AND state=%s",
-                (PLAN_FAILED, plan_id, PLAN_ACTIVE),
-            )
-
-    def plan_ids(self, task_id: str, state: str) -> list[str]:
-        return [
-            r[0]
-            for r in self._conn.execute(
-                "SELECT plan_id FROM plans WHERE task_id=%s AND state=%s ORDER BY plan_id",
-                (task_id, state),
-            )
-        ]
-
-    # ------------------------------------------------------------ robust staging
-    def stage_robust(
-        self, task_id: str, pass_id: bytes, digest: bytes, lo: int, shares: U64
-    ) -> None:
-        with self._tx(durable=False):
-            self._conn.execute(
-                "INSERT INTO robust_staged (task_id, pass_id, digest, lo, hi, shares)"
-                " VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (task_id, pass_id, lo)"
-                " DO UPDATE SET digest=EXCLUDED.digest, hi=EXCLUDED.hi, shares=EXCLUDED.shares",
-                (
-                    task_id,
-                    pass_id,
-                    digest,
-                    lo,
-                    lo + len(shares),
-                    np.asarray(shares, np.uint64).tobytes(),
-                ),
-            )
-
-    def staged_robust(self, task_id: str, pass_id: bytes, digest: bytes, d: int) -> U64 | None:
-        rows = self._conn.execute(
-            "SELECT lo, hi, shares FROM robust_staged"
-            " WHERE task_id=%s AND pass_id=%s AND digest=%s",
-            (task_id, pass_id, digest),
-        ).fetchall()
-        return assemble(d, [(int(lo), np.frombuffer(b, np.uint64)) for lo, _, b in rows])
-
-    def clear_staged(self, task_id: str) -> None:
-        with self._tx(durable=False):
-            self._conn.execute("DELETE FROM robust_staged WHERE task_id=%s", (task_id,))
