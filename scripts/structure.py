@@ -3,13 +3,15 @@
 - no import circle between the project's modules (strongly connected
   components of the module import graph, imports inside functions included):
   this fails the check;
-- modules above MAX_LINES lines and functions taking more than MAX_PARAMS
-  parameters (self / cls not counted) are listed as notes, not failures: the
-  sizes are a nudge towards cohesive modules, and a cohesive long module is
-  better than one split by the count alone.
+- the import layers inside servers/, printed bottom first: a module's layer is
+  one above the highest layer it imports from servers/, so a newcomer sees
+  which parts stand on which (and a circle could not be layered at all).
 
-Tests and generated protobuf code are exempt.  `--report` prints the largest
-modules and functions as well (for a review or a closing note).
+There is no size limit: module length and parameter counts are not checked
+(a cohesive long module beats one split to fit a count; a call with many
+arguments takes them by keyword or as one value).  Tests and generated
+protobuf code are exempt.  `--report` prints the largest modules, classes and
+functions (for a review or a closing note).
 
     python scripts/structure.py [--report]
 """
@@ -21,8 +23,6 @@ import ast
 import sys
 from pathlib import Path
 
-MAX_LINES = 700
-MAX_PARAMS = 8
 ROOT = Path(__file__).resolve().parent.parent
 EXEMPT_DIRS = {"tests", ".venv", "build", "dist", ".git", "results"}
 
@@ -72,16 +72,56 @@ def functions(path: Path) -> list[tuple[int, str, int]]:
     return out
 
 
-def import_cycles(names: set[str]) -> list[list[str]]:
-    """Strongly connected components (size > 1) of the direct-import graph."""
+def import_graph(names: set[str]) -> dict[str, list[str]]:
+    """Each module's direct imports among `names` (imports inside functions included)."""
     import grimp
 
     graph = grimp.build_graph("svtagg", cache_dir=None)
     names = names & graph.modules  # scripts/ and the like are not modules of the package
-    edges = {
+    return {
         m: sorted(i for i in graph.find_modules_directly_imported_by(m) if i in names)
         for m in names
     }
+
+
+def layers(edges: dict[str, list[str]], prefix: str) -> list[list[str]]:
+    """The modules under `prefix` by import layer, bottom first (imports from
+    outside `prefix` do not count); only for a graph without circles."""
+    inside = {m: [i for i in edges[m] if i.startswith(prefix)] for m in edges}
+    inside = {m: deps for m, deps in inside.items() if m.startswith(prefix)}
+    # A package's __init__ (a docstring, no imports) is not a layer's module.
+    inside = {m: d for m, d in inside.items() if not any(o.startswith(m + ".") for o in inside)}
+    level: dict[str, int] = {}
+
+    def of(m: str) -> int:
+        if m not in level:
+            level[m] = 1 + max((of(i) for i in inside[m]), default=-1)
+        return level[m]
+
+    for m in inside:
+        of(m)
+    out: list[list[str]] = [[] for _ in range(max(level.values(), default=-1) + 1)]
+    for m, n in level.items():
+        out[n].append(m[len(prefix) :] or "(package)")
+    return [sorted(row) for row in out]
+
+
+def classes(path: Path) -> list[tuple[int, int, str]]:
+    """(lines, methods, name) of every class in `path`."""
+    tree = ast.parse(path.read_text(), str(path))
+    return [
+        (
+            (node.end_lineno or node.lineno) - node.lineno + 1,
+            sum(isinstance(c, ast.FunctionDef | ast.AsyncFunctionDef) for c in node.body),
+            node.name,
+        )
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ClassDef)
+    ]
+
+
+def import_cycles(edges: dict[str, list[str]]) -> list[list[str]]:
+    """Strongly connected components (size > 1) of the direct-import graph."""
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
@@ -113,7 +153,7 @@ def import_cycles(names: set[str]) -> list[list[str]]:
                 found.append(sorted(component))
 
     sys.setrecursionlimit(10_000)
-    for v in sorted(names):
+    for v in sorted(edges):
         if v not in index:
             connect(v)
     return found
@@ -124,38 +164,43 @@ def main() -> int:
     ap.add_argument("--report", action="store_true", help="print the largest modules/functions")
     args = ap.parse_args()
     files = sources()
-    sizes = sorted(((len(p.read_text().splitlines()), p) for p in files), reverse=True)
-    funcs = sorted(
-        (
-            (n, f"{p.relative_to(ROOT)}:{line} {name}")
-            for p in files
-            for n, name, line in functions(p)
-        ),
-        reverse=True,
-    )
-    notes = [
-        f"{p.relative_to(ROOT)}: {n} lines (nudge {MAX_LINES})" for n, p in sizes if n > MAX_LINES
-    ]
-    notes += [
-        f"{where}: {n} parameters (nudge {MAX_PARAMS})" for n, where in funcs if n > MAX_PARAMS
-    ]
     # Every module of the package (an __init__ names its package).
-    names = {module_name(p) for p in files}
-    problems = [f"import circle: {' ↔ '.join(c)}" for c in import_cycles(names)]
+    edges = import_graph({module_name(p) for p in files})
+    problems = [f"import circle: {' ↔ '.join(c)}" for c in import_cycles(edges)]
     if args.report:
+        sizes = sorted(((len(p.read_text().splitlines()), p) for p in files), reverse=True)
         print("largest modules (lines):")
         for n, p in sizes[:12]:
             print(f"  {n:5d}  {p.relative_to(ROOT)}")
+        big = sorted(
+            (n, k, f"{p.relative_to(ROOT)} {name}") for p in files for n, k, name in classes(p)
+        )[::-1]
+        print("largest classes (lines, methods):")
+        for n, k, where in big[:12]:
+            print(f"  {n:5d} {k:3d}  {where}")
+        funcs = sorted(
+            (n, f"{p.relative_to(ROOT)}:{line} {name}")
+            for p in files
+            for n, name, line in functions(p)
+        )[::-1]
         print("most parameters:")
         for n, where in funcs[:12]:
             print(f"  {n:5d}  {where}")
-    for line in notes:
-        print(f"structure: note: {line}")
     for line in problems:
         print(f"structure: {line}", file=sys.stderr)
-    if not problems:
-        print(f"structure: {len(files)} modules, no import circle ({len(notes)} size notes)")
-    return 1 if problems else 0
+    if problems:
+        return 1
+    rows = layers(edges, "svtagg.servers.")
+    print(f"structure: servers/ in {len(rows)} import layers, bottom first:")
+    for n, row in enumerate(rows):
+        print(f"  {n:2d}  {' '.join(row)}")
+    inner = sum(
+        len([i for i in v if i.startswith("svtagg.servers.")])
+        for k, v in edges.items()
+        if k.startswith("svtagg.servers.")
+    )
+    print(f"structure: {len(files)} modules, no import circle ({inner} imports inside servers/)")
+    return 0
 
 
 if __name__ == "__main__":

@@ -15,10 +15,10 @@ queries read the robust aggregates g(S) (`query_sums`), whose sensitivity is
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
@@ -39,7 +39,7 @@ from svtagg.dp.queries import (
     check_ctt_width,
     check_stream_chunks,
 )
-from svtagg.dp.task import TaskParams
+from svtagg.dp.task import TASK_ID_RE, TaskParams
 from svtagg.mpc.ring import RING_BITS, U64, sensitivity
 from svtagg.mpc.sharing import expand_seed
 from svtagg.proto.terms import (
@@ -52,6 +52,7 @@ from svtagg.proto.terms import (
     Role,
 )
 from svtagg.servers.exchange.joint import JointDraw, JointNoiseSteps, Pooled, stream_noise
+from svtagg.servers.exchange.party import ComparisonParty
 from svtagg.servers.exchange.values import (
     ChunkKind,
     PlanInfo,
@@ -61,54 +62,11 @@ from svtagg.servers.exchange.values import (
 )
 from svtagg.servers.faults import crash_point
 from svtagg.servers.ingest.validity import check_validity, helper_undo_sum
-from svtagg.servers.store.rules import FAILED, Store, StreamState, TaskState
+from svtagg.servers.store.rules import FAILED, Store, StreamState, TaskState, unknown_task
 from svtagg.vdaf.prio3 import VERIFY_KEY_SIZE
 
 if TYPE_CHECKING:
-    from svtagg.mpc.channel import Channel
-
-
-class ComparisonParty(Protocol):
-    """One side of the two-party comparison protocol (svtagg.mpc.protocol)."""
-
-    async def setup(self) -> None: ...
-
-    async def first_yes(self, z: U64, width: int = 64) -> int | None: ...
-
-    async def compare_to_thresholds(
-        self, z_high: U64, z_low: U64, width: int = 64
-    ) -> list[int]: ...
-
-    async def noisy_max(
-        self, z: U64, width: int = 64, carry: U64 | None = None, offset: int = 0
-    ) -> int | None: ...
-
-    async def noisy_max_carry(
-        self, z: U64, carry: U64 | None, offset: int, width: int = 64
-    ) -> U64: ...
-
-    async def clamp_reshare(self, share: U64, bound: int) -> U64: ...
-
-    async def field_clamp_reshare(self, share: U64, bound: int, field: object) -> U64: ...
-
-    async def any_per_group(self, z: U64, group: int) -> list[bool]: ...
-
-
-PartyFactory = Callable[[Role, "Channel", bytes], ComparisonParty]
-
-
-def garbled_circuit_party(role: Role, channel: Channel, session_id: bytes) -> ComparisonParty:
-    """The real engine: the helper garbles, the leader evaluates.  The leader
-    knows its inputs when the analyst's chunk arrives, so its OT-extension
-    message travels with the chunk header; the helper answers with the tables,
-    and the leader decodes the result the analyst waits for: one round trip
-    (docs/mpc.md, "Per chunk")."""
-    from svtagg.mpc.protocol import ComparisonEvaluator, ComparisonGarbler
-    from svtagg.mpc.softspoken import server_ot
-
-    cls = ComparisonEvaluator if role == Role.LEADER else ComparisonGarbler
-    party: ComparisonParty = cls(channel, session_id, ot=server_ot())
-    return party
+    pass
 
 
 @dataclass(frozen=True)
@@ -234,6 +192,8 @@ class ServerCore(JointNoiseSteps):
 
     # ------------------------------------------------------------ tasks
     def task(self, task_id: str) -> TaskState:
+        if not TASK_ID_RE.fullmatch(task_id):  # no such task can exist: the store is not asked
+            raise unknown_task(task_id)
         return self.store.task(task_id)
 
     def task_ids(self) -> list[str]:

@@ -14,9 +14,10 @@ from svtagg.dp.errors import AlreadyExists, FailedPrecondition, InvalidArgument,
 from svtagg.dp.task import TaskSpec, parse_task_params
 from svtagg.mpc.ring import U64
 from svtagg.proto.vocab import PASS_ID_BYTES, REPORT_ID_BYTES, REPORT_PAGE, Role
-from svtagg.servers.core import Chunk, ComparisonParty, PartyFactory, ServerCore, parse_chunk
+from svtagg.servers.core import Chunk, ServerCore, parse_chunk
 from svtagg.servers.exchange.garbling import garbling_of, ot_of
 from svtagg.servers.exchange.joint import Pooled, batch_shares
+from svtagg.servers.exchange.party import ComparisonParty, PartyFactory
 from svtagg.servers.exchange.session import (
     FOLD_LANES,
     DataChannel,

@@ -32,14 +32,13 @@ from svtagg.mpc.ring import U64
 from svtagg.proto.vocab import CHUNK_DEADLINE, OUTCOME_OF_CODE, PASS_ID_BYTES, REPORT_PAGE
 from svtagg.servers.core import (
     Chunk,
-    ComparisonParty,
-    PartyFactory,
     ServerCore,
     Thresholds,
     parse_chunk,
     parse_taus,
 )
 from svtagg.servers.exchange.joint import Pooled, PoolPolicy, batch_shares, pools_noise
+from svtagg.servers.exchange.party import ComparisonParty, PartyFactory
 from svtagg.servers.exchange.port import HelperPort
 from svtagg.servers.exchange.session import SessionPool
 from svtagg.servers.exchange.values import (

@@ -1,5 +1,5 @@
 """The one-process reference: a leader driver and a helper driver on their own
-stores, joined by the in-memory port (`servers.exchange.memory`).  No TLS, no sockets, no
+stores, joined by the in-memory port (`servers.memory`).  No TLS, no sockets, no
 subprocesses, so it runs in a notebook as well as in the tests::
 
     async with reference_pair(Path(tmp)) as ref:
@@ -25,8 +25,8 @@ from svtagg.dp.kinds import StreamKind
 from svtagg.mpc.ring import encode
 from svtagg.mpc.sharing import share
 from svtagg.proto.vocab import REPORT_ID_BYTES, Role
-from svtagg.servers.core import PartyFactory, ServerCore, garbled_circuit_party
-from svtagg.servers.exchange.memory import MemoryHelperPort, Tap
+from svtagg.servers.core import ServerCore
+from svtagg.servers.exchange.party import PartyFactory, garbled_circuit_party
 from svtagg.servers.exchange.values import OpenStream
 from svtagg.servers.helper import HelperDriver
 from svtagg.servers.ingest.batches import (
@@ -37,6 +37,7 @@ from svtagg.servers.ingest.batches import (
     verify_upload,
 )
 from svtagg.servers.leader import LeaderDriver
+from svtagg.servers.memory import MemoryHelperPort, Tap
 from svtagg.servers.store.rules import Store
 from svtagg.servers.store.sqlite import SqliteStore
 

@@ -21,7 +21,7 @@ from svtagg.proto import svtagg_pb2_grpc as pb_grpc
 from svtagg.proto.tls import CertificateError, Identity
 from svtagg.proto.vocab import MAX_TASKS, SERVER_OPTIONS, SERVER_ROLES, Role
 from svtagg.proto.wire import add_service
-from svtagg.servers.core import PartyFactory, ServerCore
+from svtagg.servers.core import ServerCore
 from svtagg.servers.edge.admission import Admission, CallLimits
 from svtagg.servers.edge.datachannel import DataListener, split_host
 from svtagg.servers.edge.limits import RateLimiter
@@ -39,6 +39,7 @@ from svtagg.servers.exchange.garbling import (
     GarbledCircuitParties,
     check_scheme_name,
 )
+from svtagg.servers.exchange.party import PartyFactory
 from svtagg.servers.helper import HelperDriver
 from svtagg.servers.leader import LeaderDriver
 from svtagg.servers.store.mainlock import MainLock, hold_main_lock

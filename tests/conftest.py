@@ -20,7 +20,7 @@ from svtagg.mpc.protocol import ComparisonEvaluator, ComparisonGarbler
 from svtagg.proto import svtagg_pb2 as pb
 from svtagg.proto.tls import Identity, write_deployment
 from svtagg.proto.vocab import Role
-from svtagg.servers.core import PartyFactory, garbled_circuit_party
+from svtagg.servers.exchange.party import PartyFactory, garbled_circuit_party
 from svtagg.servers.reference import ReferencePair, reference_pair
 from svtagg.servers.service import ServerConfig, SvtaggServer
 from svtagg.vdaf import native as vdaf_native

@@ -28,8 +28,9 @@ from svtagg.dp.joint import pmf
 from svtagg.dp.jointsvt import joint_stream_noise
 from svtagg.dp.kinds import StreamKind
 from svtagg.proto.vocab import Role
-from svtagg.servers.core import ServerCore, garbled_circuit_party
+from svtagg.servers.core import ServerCore
 from svtagg.servers.exchange.joint import JointDraw, PoolPolicy
+from svtagg.servers.exchange.party import garbled_circuit_party
 from svtagg.servers.exchange.values import Ask, OpenStream, PoolDraw, Queries
 from svtagg.servers.helper import HelperDriver
 from svtagg.servers.leader import LeaderDriver

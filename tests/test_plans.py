@@ -23,8 +23,8 @@ from svtagg.dp.plans import Group, PlanBook, Rule, plan_charge
 from svtagg.dp.task import TaskSpec, safe_epsilon_min
 from svtagg.proto import svtagg_pb2 as pb
 from svtagg.proto.vocab import Role
-from svtagg.servers.core import ServerCore, garbled_circuit_party
-from svtagg.servers.exchange.memory import MemoryHelperPort
+from svtagg.servers.core import ServerCore
+from svtagg.servers.exchange.party import garbled_circuit_party
 from svtagg.servers.exchange.values import (
     OpenStream,
     PlanGroup,
@@ -34,6 +34,7 @@ from svtagg.servers.exchange.values import (
 )
 from svtagg.servers.helper import HelperDriver
 from svtagg.servers.leader import LeaderDriver
+from svtagg.servers.memory import MemoryHelperPort
 from svtagg.servers.store.sqlite import SqliteStore
 
 TINY = Fraction(1, 10**6)

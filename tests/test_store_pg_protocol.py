@@ -14,11 +14,12 @@ from test_drivers import F, N, data, spec
 
 from svtagg.dp.errors import StreamClosed
 from svtagg.proto.vocab import Role
-from svtagg.servers.core import ServerCore, garbled_circuit_party
-from svtagg.servers.exchange.memory import MemoryHelperPort
+from svtagg.servers.core import ServerCore
+from svtagg.servers.exchange.party import garbled_circuit_party
 from svtagg.servers.exchange.values import Ask, Queries
 from svtagg.servers.helper import HelperDriver
 from svtagg.servers.leader import LeaderDriver
+from svtagg.servers.memory import MemoryHelperPort
 from svtagg.servers.store.rules import FAILED
 
 

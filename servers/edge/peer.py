@@ -29,9 +29,9 @@ from svtagg.proto.vocab import (
     Role,
     refusal_from_rpc,
 )
-from svtagg.servers.core import PartyFactory
 from svtagg.servers.edge import datachannel, wire
 from svtagg.servers.edge.datachannel import DataConnection, split_host
+from svtagg.servers.exchange.party import PartyFactory
 from svtagg.servers.exchange.session import LeaderSession
 from svtagg.servers.exchange.values import (
     Agreement,

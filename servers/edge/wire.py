@@ -4,7 +4,7 @@ value is laid out on the wire (a ChunkHeader's flat fields, rationals as exact
 text, report ids concatenated).
 
 The gRPC services (`servers.edge.services`), the gRPC and in-memory helper
-ports (`servers.edge.peer`, `servers.exchange.memory`), the session framing
+ports (`servers.edge.peer`, `servers.memory`), the session framing
 (`servers.exchange.session`) and the leased work table (`servers.work`)
 convert here; the drivers and the core never see a protobuf message.  Each
 of the Peer service's unary calls is one `PeerCall`: its RPC name and the

@@ -15,7 +15,7 @@ from svtagg.proto.vocab import Role
 
 if TYPE_CHECKING:
     from svtagg.mpc.channel import Channel
-    from svtagg.servers.core import ComparisonParty, PartyFactory
+    from svtagg.servers.exchange.party import ComparisonParty, PartyFactory
 
 #: The schemes of `svtagg.mpc.threehalves.SCHEMES` (not imported: the engine
 #: loads only when a session starts).

@@ -1,6 +1,6 @@
 """How the leader reaches the helper: a small port with two implementations, the
 gRPC peer (`servers.edge.peer.GrpcHelperPort`) and an in-memory one
-(`servers.exchange.memory.MemoryHelperPort`) that runs the helper driver in the same
+(`servers.memory.MemoryHelperPort`) that runs the helper driver in the same
 process.  One method per exchange, in the domain values of `servers.exchange.values`
 (each port converts them to the Peer service's messages and back); every
 failure arrives as a refusal from `svtagg.dp.errors` (an unreachable helper as
@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from svtagg.dp.task import TaskSpec
-from svtagg.servers.core import PartyFactory
+from svtagg.servers.exchange.party import PartyFactory
 from svtagg.servers.exchange.session import LeaderSession
 from svtagg.servers.exchange.values import (
     Agreement,

@@ -39,9 +39,9 @@ from svtagg.proto.vocab import (
     refusal_from_status,
     refusal_status,
 )
-from svtagg.servers.core import ComparisonParty, PartyFactory
 from svtagg.servers.edge.wire import CHUNK_HEADER
 from svtagg.servers.exchange.garbling import DEFAULT_GARBLING, check_garbling, garbling_of, ot_of
+from svtagg.servers.exchange.party import ComparisonParty, PartyFactory
 from svtagg.servers.exchange.values import ChunkHeader, NoiseBatch, RobustChunk
 
 #: Reads the next frame; returns None at the end of the stream.

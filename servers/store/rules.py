@@ -442,10 +442,17 @@ def _fraction(text: Any) -> Fraction:
     return Fraction(text)
 
 
+def unknown_task(task_id: str) -> NotFound:
+    """NotFound for a task id no store holds, quoting at most 64 characters of
+    it: a request may carry an id of megabytes, and a task id has at most 64."""
+    shown = repr(task_id[:64]) + ("…" if len(task_id) > 64 else "")
+    return NotFound(f"unknown task {shown}")
+
+
 def task_state(task_id: str, row: Sequence[Any] | None) -> TaskState:
     """The task a row of TASK_COLUMNS holds (NotFound for no row)."""
     if row is None:
-        raise NotFound(f"unknown task {task_id!r}")
+        raise unknown_task(task_id)
     params = TaskParams(
         row[0],
         row[1],
@@ -609,7 +616,7 @@ def admit_batch(
     so that a batch resent after a lost answer is refused as a replay, not as a
     full task, and a resuming client counts it as held."""
     if row is None:
-        raise NotFound(f"unknown task {task_id!r}")
+        raise unknown_task(task_id)
     n, n_max, is_open, sums_blob, digest, d, validity = row[:7]
     if not is_open:
         raise FailedPrecondition(f"collection of task {task_id!r} is closed")

@@ -86,6 +86,7 @@ from svtagg.servers.store.rules import (
     refunded,
     stream_state,
     task_state,
+    unknown_task,
     xor_reports,
 )
 
@@ -221,13 +222,13 @@ class SqlStore(ABC):
     def sums(self, task_id: str) -> U64:
         row = self._one("SELECT sums FROM tasks WHERE task_id=?", (task_id,))
         if row is None:
-            raise NotFound(f"unknown task {task_id!r}")
+            raise unknown_task(task_id)
         return np.frombuffer(row[0], dtype=np.uint64).copy()
 
     def robust_sums(self, task_id: str) -> U64 | None:
         row = self._one("SELECT robust_sums FROM tasks WHERE task_id=?", (task_id,))
         if row is None:
-            raise NotFound(f"unknown task {task_id!r}")
+            raise unknown_task(task_id)
         return None if row[0] is None else np.frombuffer(row[0], dtype=np.uint64).copy()
 
     # ------------------------------------------------------------ uploads
@@ -404,7 +405,7 @@ class SqlStore(ABC):
             "SELECT epsilon_spent, delta_spent FROM tasks WHERE task_id=?", (task_id,)
         )
         if before is None:
-            raise NotFound(f"unknown task {task_id!r}")
+            raise unknown_task(task_id)
         self._run(
             "UPDATE tasks SET epsilon_spent=?, delta_spent=? WHERE task_id=?",
             (str(after.epsilon_spent), str(after.delta_spent), task_id),

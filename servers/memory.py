@@ -13,8 +13,8 @@ from typing import TypeVar
 from svtagg.dp.errors import PeerUnavailable
 from svtagg.dp.task import TaskSpec
 from svtagg.proto import svtagg_pb2 as pb
-from svtagg.servers.core import PartyFactory
 from svtagg.servers.edge import wire
+from svtagg.servers.exchange.party import PartyFactory
 from svtagg.servers.exchange.session import LeaderSession
 from svtagg.servers.exchange.values import (
     Agreement,
