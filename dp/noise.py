@@ -171,10 +171,76 @@ def _resolve_tie(y: Fraction, which: str, rng: RandomSource) -> bool:
         w += 1
 
 
+#: Up to this many draws, the samplers run on Python integers (`_few`): a
+#: one-query chunk's noise is one draw per server, where numpy's per-call
+#: overhead was most of its cost.  Both paths take the same random words in the
+#: same order and compute the same function of them (tests/test_noise_few.py).
+FEW = 8
+
+
+@lru_cache(maxsize=1024)
+def _few_plan(
+    scale: Fraction,
+) -> tuple[int, tuple[int, ...], int, tuple[Fraction, ...], Fraction, int]:
+    """`_plan`'s K and first digit words as Python ints, y_K's first word, the
+    exponents (for ties) and the clamp bound: one cache lookup per draw."""
+    k, ys, y_high, words = _plan(scale)
+    first = _word(y_high, "exp", 1)
+    return k, tuple(int(w) for w in words), first, ys, y_high, clamp_bound(scale)
+
+
+def _geometric_few(scale: Fraction, size: int, rng: RandomSource) -> list[int]:
+    """`geometric` for size <= FEW, on Python integers: the k·size words of the
+    low bits (bit-major, as `geometric`'s matrix), ties resolved in that order,
+    then the high part's size words, its ties, and its rare extra draws."""
+    k, words, first, ys, y_high, _ = _few_plan(scale)
+    out = [0] * size
+    if k:
+        flat = rng.u64(k * size).tolist()
+        for bit, w in enumerate(words):
+            for idx in range(size):
+                u = flat[bit * size + idx]
+                if u < w or (u == w and _resolve_tie(ys[bit], "logistic", rng)):
+                    out[idx] |= 1 << bit
+    high = [
+        u < first or (u == first and _resolve_tie(y_high, "exp", rng))
+        for u in rng.u64(size).tolist()
+    ]
+    for idx, h in enumerate(high):
+        if h:
+            out[idx] += (1 + int(geometric(scale / (1 << k), 1, rng)[0])) << k
+    return out
+
+
+def _discrete_laplace_few(scale: Fraction, size: int, rng: RandomSource) -> list[int]:
+    """`discrete_laplace` for size <= FEW, on Python integers (same rounds,
+    same words, same order)."""
+    out = [0] * size
+    todo = list(range(size))
+    while todo:
+        mag = _geometric_few(scale, len(todo), rng)
+        signs = rng.random_bytes(len(todo))
+        again = []
+        for i, m, b in zip(todo, mag, signs, strict=True):
+            if b & 1 and m == 0:  # "−0": redrawn
+                again.append(i)
+            else:
+                out[i] = -m if b & 1 else m
+        todo = again
+    return out
+
+
 def geometric(scale: Fraction, size: int, rng: RandomSource) -> I64:
     """Exact draws with P(G = g) = (1 − q) q^g, q = exp(−1/scale), g = 0, 1, ..."""
     if scale <= 0:
         raise ValueError(f"scale must be > 0, got {scale}")
+    if size <= FEW:
+        return np.array(_geometric_few(scale, size, rng), dtype=np.int64)
+    return _geometric_many(scale, size, rng)
+
+
+def _geometric_many(scale: Fraction, size: int, rng: RandomSource) -> I64:
+    """`geometric` on numpy arrays (the path for more than FEW draws)."""
     k, ys, y_high, words = _plan(scale)
     out = np.zeros(size, dtype=np.int64)
     if k:
@@ -211,10 +277,17 @@ def discrete_laplace(scale: Fraction, size: int, rng: RandomSource) -> I64:
     counted twice: the accepted law is ∝ q^|x| exactly, and only a (1 − q)/2
     fraction of draws is redone (half the cost of the difference of two geometrics).
     """
+    if size <= FEW:
+        return np.array(_discrete_laplace_few(scale, size, rng), dtype=np.int64)
+    return _discrete_laplace_many(scale, size, rng)
+
+
+def _discrete_laplace_many(scale: Fraction, size: int, rng: RandomSource) -> I64:
+    """`discrete_laplace` on numpy arrays (the path for more than FEW draws)."""
     out = np.empty(size, dtype=np.int64)
     todo = np.arange(size)
     while todo.size:
-        mag = geometric(scale, todo.size, rng)
+        mag = _geometric_many(scale, todo.size, rng)
         neg = (np.frombuffer(rng.random_bytes(todo.size), dtype=np.uint8) & 1).astype(bool)
         ok = ~(neg & (mag == 0))
         out[todo[ok]] = np.where(neg[ok], -mag[ok], mag[ok])
@@ -227,6 +300,10 @@ def draw(family: Family, scale: Fraction, size: int, rng: RandomSource) -> I64:
     the family "none" is all zeros and takes no randomness."""
     if family == "none":
         return np.zeros(size, dtype=np.int64)
+    if size <= FEW:
+        few = (_discrete_laplace_few if family == "laplace" else _geometric_few)(scale, size, rng)
+        bound = _few_plan(scale)[5]
+        return np.array([min(max(v, -bound), bound) for v in few], dtype=np.int64)
     raw = discrete_laplace(scale, size, rng) if family == "laplace" else geometric(scale, size, rng)
     bound = clamp_bound(scale)
     return np.clip(raw, -bound, bound)

@@ -164,6 +164,8 @@ class ServerCore(JointNoiseSteps):
         #: g(S) of the tasks that have streams here, which never changes again
         #: (`query_sums`), by task id; the most recent few.
         self._query_sums: dict[str, U64] = {}
+        #: Tasks as the chunk path reads them (`_chunk_task`).
+        self._chunk_tasks: dict[str, TaskState] = {}
         #: Ingest verifications running at once (servers/ingest/batches.py: VERIFY_SLOTS).
         self.verify_slots = asyncio.Semaphore(VERIFY_SLOTS)
         #: Tasks this server holds at most (`--max-tasks`).
@@ -494,12 +496,31 @@ class ServerCore(JointNoiseSteps):
             self._query_sums[task_id] = robust
         return robust
 
-    def stream_and_task(self, stream_id: str) -> tuple[StreamState, TaskState]:
-        """The stream a chunk is for, and its task; refused once the stream has
-        answered its last chunk (each server counts its own)."""
-        stream = self.store.stream(stream_id)
+    def stream_and_task(
+        self, stream_id: str, read: StreamState | None = None
+    ) -> tuple[StreamState, TaskState]:
+        """The stream a chunk is for (`read`: as the caller has just read it),
+        and its task; refused once the stream has answered its last chunk (each
+        server counts its own)."""
+        stream = read if read is not None else self.store.stream(stream_id)
         check_stream_chunks(stream.chunks)
-        return stream, self.store.task(stream.task_id)
+        return stream, self._chunk_task(stream.task_id)
+
+    def _chunk_task(self, task_id: str) -> TaskState:
+        """The task a chunk is for.  Once the servers agreed on its reports and
+        a stream was opened, nothing a chunk reads of it changes again (its
+        parameters, n, digest, noise, validity and verify key; no close
+        rewrites it): that copy is kept, one store read less per chunk.  Its
+        ledger fields go stale, and the chunk path does not read them."""
+        held = self._chunk_tasks.get(task_id)
+        if held is not None:
+            return held
+        task = self.store.task(task_id)
+        if task.agreed and task.streams and not task.collection_open:
+            if len(self._chunk_tasks) >= SUMS_CACHED:
+                self._chunk_tasks.clear()
+            self._chunk_tasks[task_id] = task
+        return task
 
     def _scores(self, task: TaskState, chunk: Chunk) -> U64:
         """q(S) on this server's share: S[j], or for a complement n·2^F − S[j] (leader)

@@ -311,8 +311,7 @@ class HelperDriver:
         await session.ok()
 
     async def _accept(self, h: StreamChunk) -> Accepted:
-        await self._previous_recorded(h)
-        stream, task = self.core.stream_and_task(h.stream_id)
+        stream, task = self.core.stream_and_task(h.stream_id, await self._previous_recorded(h))
         if h.kind != ChunkKind.of_stream(stream.kind):
             raise InvalidArgument("chunk mode does not match the stream kind")
         chunk = replace(parse_chunk(task, h.queries.index, h.queries.complement), more=h.more)
@@ -323,19 +322,19 @@ class HelperDriver:
         pooled = self.core.begin_pooled(stream, task, h.chunk_no, h.pool, len(chunk))
         return stream, task, chunk, pooled
 
-    async def _previous_recorded(self, h: StreamChunk) -> None:
+    async def _previous_recorded(self, h: StreamChunk) -> StreamState:
         """The leader answers a chunk without waiting for this side's record of
         it, so the next chunk's header may come, on another session (or to
         another helper process), before the previous result has been read:
         wait for that record, at most RESULT_WAIT seconds (polling the store,
         which other helper processes write too).  After that, `begin_chunk`
-        refuses a stream still in its previous chunk."""
+        refuses a stream still in its previous chunk.  The stream as last read."""
         deadline = time.monotonic() + RESULT_WAIT
         pause = 0.0005
         while True:
             s = self.core.stream(h.stream_id)
             if s.state != IN_CHUNK or s.chunks != h.chunk_no - 1 or time.monotonic() > deadline:
-                return
+                return s
             await asyncio.sleep(pause)
             pause = min(2 * pause, 0.05)
 

@@ -248,6 +248,11 @@ class PgStore(SqlStore):
     def _tx(self, durable: bool = True) -> _Transaction:
         return _Transaction(self._conn, durable)
 
+    def _write_alone(self, statement: str, params: Sequence[Any], durable: bool = True) -> Any:
+        # under the store's lock, as every write transaction (see the module's doc)
+        with self._tx(durable):
+            return self._run(statement, params)
+
     def _in(self, ids: Sequence[bytes]) -> Iterator[tuple[str, tuple[Any, ...]]]:
         yield "= ANY(?)", (list(ids),)
 

@@ -127,6 +127,13 @@ class SqlStore(ABC):
         `durable=False` commits without waiting for the disk."""
 
     @abstractmethod
+    def _write_alone(self, statement: str, params: Sequence[Any], durable: bool = True) -> Any:
+        """One write statement as a transaction of its own (inside a caller's
+        transaction: part of it); its cursor.  The per-chunk marks are one
+        statement each, and a database that commits a lone statement by itself
+        saves the BEGIN and COMMIT round trips."""
+
+    @abstractmethod
     def _in(self, ids: Sequence[bytes]) -> Iterator[tuple[str, tuple[Any, ...]]]:
         """`report_id IN ids` as (SQL after the column, parameters), in as many
         parts as the database needs."""
@@ -505,6 +512,17 @@ class SqlStore(ABC):
         return stream_state(stream_id, row)
 
     def begin_chunk(self, stream_id: str, chunk_no: int | None = None) -> int:
+        if chunk_no is not None:
+            # The servers' path: one guarded statement, durable.  It changes a
+            # row only where `rules.next_chunk` would accept the chunk; when it
+            # changes none, the transaction below says why.
+            marked = self._write_alone(
+                "UPDATE streams SET state=?, chunks=chunks+1"
+                " WHERE stream_id=? AND state=? AND chunks=?",
+                (IN_CHUNK, stream_id, OPEN, chunk_no - 1),
+            )
+            if marked.rowcount == 1:
+                return chunk_no
         with self._tx():
             number = next_chunk(self.stream(stream_id), chunk_no)
             self._run(
@@ -515,11 +533,11 @@ class SqlStore(ABC):
 
     def end_chunk(self, stream_id: str, answered: int, close: bool) -> None:
         """Committed without waiting for the disk (as `confirm_stream`)."""
-        with self._tx(durable=False):
-            self._run(
-                "UPDATE streams SET state=?, queries=queries+? WHERE stream_id=? AND state=?",
-                (CLOSED if close else OPEN, answered, stream_id, IN_CHUNK),
-            )
+        self._write_alone(
+            "UPDATE streams SET state=?, queries=queries+? WHERE stream_id=? AND state=?",
+            (CLOSED if close else OPEN, answered, stream_id, IN_CHUNK),
+            durable=False,
+        )
 
     def fail_stream(self, stream_id: str) -> None:
         with self._tx():

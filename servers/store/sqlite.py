@@ -160,6 +160,19 @@ class SqliteStore(SqlStore):
     def _tx(self, durable: bool = True) -> _Transaction:
         return _Transaction(self._db, durable)
 
+    def _write_alone(self, statement: str, params: Sequence[Any], durable: bool = True) -> Any:
+        if self._db.in_transaction:
+            return self._db.execute(statement, params)
+        # SQLite commits a statement outside BEGIN by itself, as one transaction
+        # (the write lock taken and released around it; fsynced when durable)
+        if durable:
+            return self._db.execute(statement, params)
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        try:
+            return self._db.execute(statement, params)
+        finally:
+            self._db.execute("PRAGMA synchronous=FULL")
+
     def _in(self, ids: Sequence[bytes]) -> Iterator[tuple[str, tuple[Any, ...]]]:
         for start in range(0, len(ids), IN_LIST):
             part = tuple(ids[start : start + IN_LIST])
