@@ -140,7 +140,7 @@ def statements_per_chunk(chunks: int = 300) -> dict[str, dict[str, float]]:
             far = 200 << 16
 
             async def ask() -> None:
-                await pair.leader.ask(Ask(sid, Queries((0,)), (far,)))
+                await pair.leader.ask(Ask(sid, Queries(np.zeros(1, np.int64)), np.array([far])))
                 await pair.helper.settled()
 
             for _ in range(20):

@@ -51,12 +51,21 @@ from svtagg.proto.terms import (
     VERIFY_SLOTS,
     Role,
 )
-from svtagg.servers.exchange.joint import JointDraw, JointNoiseSteps, Pooled, stream_noise
+from svtagg.servers.exchange.joint import (
+    JointDraw,
+    Pooled,
+    joint_shares,
+    pools_noise,
+    shapes,
+    stream_noise,
+)
 from svtagg.servers.exchange.party import ComparisonParty
 from svtagg.servers.exchange.values import (
     ChunkKind,
+    NoiseBatch,
     PlanInfo,
     PlanRequest,
+    PoolDraw,
     PrepareStream,
     Progress,
 )
@@ -124,7 +133,7 @@ SUMS_CACHED = 16
 Thresholds = U64 | tuple[U64, U64]
 
 
-class ServerCore(JointNoiseSteps):
+class ServerCore:
     """One server's state machine over its store; the service layer wraps it."""
 
     def __init__(
@@ -669,3 +678,90 @@ class ServerCore(JointNoiseSteps):
         progress = kind.spec.progress
         assert progress is not None
         return result, progress(result, len(chunk))
+
+    # ------------------------------------------------------------ joint noise
+    # (servers/exchange/joint.py says how a stream's pool is filled and drawn)
+    def _discard_pool(self, stream_id: str) -> None:
+        if self.store.joint_pool(stream_id).runs:
+            self.store.discard_joint_pool(stream_id)
+
+    def pool_draw(self, stream: StreamState, task: TaskState, k: int) -> PoolDraw:
+        """(The leader) what the next chunk of k queries of `stream` takes from
+        its pool: the first held run's samples, up to k, and γ if it is pooled."""
+        if not pools_noise(stream, task):
+            return PoolDraw()
+        pool = self.store.joint_pool(stream.stream_id)
+        lo, held = pool.first_run()
+        return PoolDraw(lo, min(k, held), stream.chunks == 0 and pool.gamma_ready)
+
+    def begin_pooled(
+        self, stream: StreamState, task: TaskState, chunk_no: int, draw: PoolDraw, k: int
+    ) -> Pooled | None:
+        """`begin_chunk`, consuming in the same durable transaction what the
+        chunk draws from its stream's pool (both servers, before the comparison).
+        The helper checks the leader's `draw` against its own store: a sample
+        below its `used` counter, or not held, is refused — no share is used
+        twice.  A refusal fails the stream here."""
+        if draw == PoolDraw():
+            self.begin_chunk(stream.stream_id, chunk_no)
+            return None
+        try:
+            if not pools_noise(stream, task) or draw.count > k:
+                raise InvalidArgument("pooled noise: only for an Ask chunk's joint ν, one each")
+            if draw.gamma:
+                if stream.chunks != 0:
+                    raise InvalidArgument("only a stream's first chunk takes γ from the pool")
+                if not self.store.joint_pool(stream.stream_id).gamma_ready:
+                    raise FailedPrecondition("this server holds no pooled γ for the stream")
+            _, nu = self.store.begin_pooled_chunk(stream.stream_id, chunk_no, draw.lo, draw.count)
+            # Read after the mark: a pooled γ is frozen once a chunk has begun.
+            gamma = self.store.stream(stream.stream_id).gamma if draw.gamma else None
+        except BaseException:
+            self.fail_stream(stream.stream_id)
+            raise
+        return Pooled(gamma, nu, draw.lo)
+
+    def reserve_noise_batch(
+        self, stream_id: str, count: int, gamma: bool, lo: int | None = None
+    ) -> tuple[NoiseBatch, StreamState, TaskState]:
+        """Check a batch for a joint-noise stream and reserve its sequence numbers
+        durably (the leader: its next ones; the helper: the leader's `lo`,
+        refused if any was reserved before)."""
+        stream, task = self.stream_and_task(stream_id)
+        if not pools_noise(stream, task):
+            raise InvalidArgument(f"stream {stream_id} draws no joint noise ahead of time")
+        stream_noise(stream.kind, stream.epsilon, task.params.frac_bits)
+        if gamma and stream.chunks:
+            raise FailedPrecondition("the stream's γ is drawn already")
+        first = self.store.reserve_joint_batch(stream_id, count, lo)
+        return NoiseBatch(stream_id, first, count, gamma), stream, task
+
+    async def _joint_noise(
+        self,
+        party: object,
+        stream: StreamState,
+        task: TaskState,
+        k: int,
+        pooled: Pooled | None = None,
+    ) -> tuple[int, U64]:
+        """This server's shares of a joint-noise stream's γ (pooled, or drawn and
+        stored durably in its first chunk) and of the chunk's k ν: the pooled
+        ones first, the rest drawn now."""
+        gamma_shape, nu_shape = shapes(
+            stream_noise(stream.kind, stream.epsilon, task.params.frac_bits)
+        )
+        if pooled is not None and pooled.gamma is not None:
+            gamma = pooled.gamma
+        elif stream.chunks == 0:
+            gamma = int((await joint_shares(party, 1, gamma_shape))[0])
+            self.store.set_joint_threshold_noise(stream.stream_id, gamma)
+        else:
+            assert stream.gamma is not None
+            gamma = stream.gamma
+        m = 0 if pooled is None else len(pooled.nu)
+        nu = np.zeros(0, dtype=np.uint64) if pooled is None else pooled.nu
+        if m < k:
+            nu = np.concatenate([nu, await joint_shares(party, k - m, nu_shape)])
+        if self.joint_noise_log is not None:
+            self.joint_noise_log.append(JointDraw.of(stream, gamma, nu, pooled))
+        return gamma, nu

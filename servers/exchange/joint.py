@@ -61,16 +61,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from fractions import Fraction
 
-import numpy as np
-
 from svtagg.dp.errors import FailedPrecondition, InvalidArgument
 from svtagg.dp.jointsvt import JOINT, JointStreamNoise, check_joint_kind, joint_stream_noise
 from svtagg.dp.kinds import StreamKind, noise_model
 from svtagg.mpc.jointnoise import SamplerShape, evaluate_joint_noise, garble_joint_noise
 from svtagg.mpc.protocol import ComparisonEvaluator, ComparisonGarbler
 from svtagg.mpc.ring import U64
-from svtagg.servers.exchange.values import ChunkKind, NoiseBatch, PoolDraw
-from svtagg.servers.store.rules import Store, StreamState, TaskState
+from svtagg.servers.exchange.values import ChunkKind, NoiseBatch
+from svtagg.servers.store.rules import StreamState, TaskState
 
 
 @dataclass(frozen=True)
@@ -168,107 +166,3 @@ async def batch_shares(
     gamma_shape, nu_shape = shapes(stream_noise(stream.kind, stream.epsilon, task.params.frac_bits))
     gamma = int((await joint_shares(party, 1, gamma_shape))[0]) if batch.gamma else None
     return gamma, await joint_shares(party, batch.count, nu_shape)
-
-
-class JointNoiseSteps:
-    """The joint-noise steps of `core.ServerCore`, mixed into it: what a chunk
-    takes from its stream's pool (`pool_draw`, `begin_pooled`), a noise
-    batch's reservation, and a chunk's draw of what the pool lacks."""
-
-    store: Store
-    #: Test-only hook (see `core.ServerCore`).
-    joint_noise_log: list[JointDraw] | None
-
-    def begin_chunk(self, stream_id: str, chunk_no: int) -> None:
-        raise NotImplementedError
-
-    def fail_stream(self, stream_id: str) -> None:
-        raise NotImplementedError
-
-    def stream_and_task(self, stream_id: str) -> tuple[StreamState, TaskState]:
-        raise NotImplementedError
-
-    def _discard_pool(self, stream_id: str) -> None:
-        if self.store.joint_pool(stream_id).runs:
-            self.store.discard_joint_pool(stream_id)
-
-    def pool_draw(self, stream: StreamState, task: TaskState, k: int) -> PoolDraw:
-        """(The leader) what the next chunk of k queries of `stream` takes from
-        its pool: the first held run's samples, up to k, and γ if it is pooled."""
-        if not pools_noise(stream, task):
-            return PoolDraw()
-        pool = self.store.joint_pool(stream.stream_id)
-        lo, held = pool.first_run()
-        return PoolDraw(lo, min(k, held), stream.chunks == 0 and pool.gamma_ready)
-
-    def begin_pooled(
-        self, stream: StreamState, task: TaskState, chunk_no: int, draw: PoolDraw, k: int
-    ) -> Pooled | None:
-        """`begin_chunk`, consuming in the same durable transaction what the
-        chunk draws from its stream's pool (both servers, before the comparison).
-        The helper checks the leader's `draw` against its own store: a sample
-        below its `used` counter, or not held, is refused — no share is used
-        twice.  A refusal fails the stream here."""
-        if draw == PoolDraw():
-            self.begin_chunk(stream.stream_id, chunk_no)
-            return None
-        try:
-            if not pools_noise(stream, task) or draw.count > k:
-                raise InvalidArgument("pooled noise: only for an Ask chunk's joint ν, one each")
-            if draw.gamma:
-                if stream.chunks != 0:
-                    raise InvalidArgument("only a stream's first chunk takes γ from the pool")
-                if not self.store.joint_pool(stream.stream_id).gamma_ready:
-                    raise FailedPrecondition("this server holds no pooled γ for the stream")
-            _, nu = self.store.begin_pooled_chunk(stream.stream_id, chunk_no, draw.lo, draw.count)
-            # Read after the mark: a pooled γ is frozen once a chunk has begun.
-            gamma = self.store.stream(stream.stream_id).gamma if draw.gamma else None
-        except BaseException:
-            self.fail_stream(stream.stream_id)
-            raise
-        return Pooled(gamma, nu, draw.lo)
-
-    def reserve_noise_batch(
-        self, stream_id: str, count: int, gamma: bool, lo: int | None = None
-    ) -> tuple[NoiseBatch, StreamState, TaskState]:
-        """Check a batch for a joint-noise stream and reserve its sequence numbers
-        durably (the leader: its next ones; the helper: the leader's `lo`,
-        refused if any was reserved before)."""
-        stream, task = self.stream_and_task(stream_id)
-        if not pools_noise(stream, task):
-            raise InvalidArgument(f"stream {stream_id} draws no joint noise ahead of time")
-        stream_noise(stream.kind, stream.epsilon, task.params.frac_bits)
-        if gamma and stream.chunks:
-            raise FailedPrecondition("the stream's γ is drawn already")
-        first = self.store.reserve_joint_batch(stream_id, count, lo)
-        return NoiseBatch(stream_id, first, count, gamma), stream, task
-
-    async def _joint_noise(
-        self,
-        party: object,
-        stream: StreamState,
-        task: TaskState,
-        k: int,
-        pooled: Pooled | None = None,
-    ) -> tuple[int, U64]:
-        """This server's shares of a joint-noise stream's γ (pooled, or drawn and
-        stored durably in its first chunk) and of the chunk's k ν: the pooled
-        ones first, the rest drawn now."""
-        gamma_shape, nu_shape = shapes(
-            stream_noise(stream.kind, stream.epsilon, task.params.frac_bits)
-        )
-        if pooled is not None and pooled.gamma is not None:
-            gamma = pooled.gamma
-        elif stream.chunks == 0:
-            gamma = int((await joint_shares(party, 1, gamma_shape))[0])
-            self.store.set_joint_threshold_noise(stream.stream_id, gamma)
-        else:
-            assert stream.gamma is not None
-            gamma = stream.gamma
-        m = 0 if pooled is None else len(pooled.nu)
-        nu = np.zeros(0, dtype=np.uint64) if pooled is None else pooled.nu
-        if m < k:
-            nu = np.concatenate([nu, await joint_shares(party, k - m, nu_shape)])
-        if self.joint_noise_log is not None:
-            self.joint_noise_log.append(JointDraw.of(stream, gamma, nu, pooled))
-        return gamma, nu
