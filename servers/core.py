@@ -381,7 +381,9 @@ class ServerCore:
             charge_delta += stream_noise(kind, eps, task.params.frac_bits).delta_charge
         if request.replay:
             # The leader opened it when the task allowed it; it never answers here.
-            self.store.open_stream(stream_id, task_id, kind, eps, dl, charge_delta, plan, True)
+            self.store.open_stream(
+                stream_id, task_id, kind, eps, dl, charge_delta, plan=plan, replay=True
+            )
             return self.store.stream(stream_id)
         self.require_queryable(task)
         if not task.agreed:
@@ -399,7 +401,7 @@ class ServerCore:
         # The charge and γ commit together (one fsync); a refused charge drops γ
         # unused, and no comparison reads it before both servers have charged.
         with self.store.atomic():
-            self.store.open_stream(stream_id, task_id, kind, eps, dl, charge_delta, plan)
+            self.store.open_stream(stream_id, task_id, kind, eps, dl, charge_delta, plan=plan)
             self.store.set_threshold_noise(stream_id, gamma, open_now)
         crash_point("open.after_charge")
         return self.store.stream(stream_id)

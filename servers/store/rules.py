@@ -230,6 +230,7 @@ class Store(Protocol):
         delta: Fraction,
         delta_charge: Fraction,
         plan: tuple[str, int] | None = None,
+        *,
         replay: bool = False,
     ) -> None:
         """Charge (ε, delta_charge) — to the task's ledger, or to a group of a

@@ -433,6 +433,7 @@ class SqlStore(ABC):
         delta: Fraction,
         delta_charge: Fraction,
         plan: tuple[str, int] | None = None,
+        *,
         replay: bool = False,
     ) -> None:
         with self._tx():
