@@ -140,6 +140,7 @@ class ServerCore:
         self,
         role: Role,
         store: Store,
+        *,
         rng: RandomSource | None = None,
         max_epsilon_total: Fraction | None = None,
         max_delta_total: Fraction | None = None,

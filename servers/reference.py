@@ -116,6 +116,7 @@ class ReferencePair:
 async def reference_pair(
     root: Path,
     party: PartyFactory | None = None,
+    *,
     frac_bits: int = 16,
     robust: bool = True,
     tap: Tap | None = None,
