@@ -249,8 +249,11 @@ async def test_ctrl_c_in_a_real_upload_then_resume(deployment: Deployment, tmp_p
     import os
     import signal
     import sys
+    import time
 
-    rows = 20_000  # long enough that the signal lands mid-upload on a loaded machine
+    # long enough that the signal lands mid-upload on a loaded machine (20,000 rows
+    # once took 6 s, and a CI run's signal came after the last of them)
+    rows = 50_000
     values = np.random.default_rng(9).random((rows, 2)).round(3)
     path = tmp_path / "big.csv"
     np.savetxt(path, values, delimiter=",", fmt="%.3f")
@@ -263,10 +266,14 @@ async def test_ctrl_c_in_a_real_upload_then_resume(deployment: Deployment, tmp_p
     # PYTHONFAULTHANDLER: a client that hangs is made to say where (SIGABRT below).
     env = {**os.environ, "SVTAGG_CONFIG": "", "PYTHONFAULTHANDLER": "1"}
     proc = await asyncio.create_subprocess_exec(*args, env=env, stderr=asyncio.subprocess.PIPE)
+    seen, started = 0, time.monotonic()
     for _ in range(600):  # until a few batches are held
         await asyncio.sleep(0.05)
-        if journal.exists() and json.loads(journal.read_text() or "{}").get("leader_rows", 0):
-            break
+        if journal.exists():
+            seen = json.loads(journal.read_text() or "{}").get("leader_rows", 0)
+            if seen:
+                break
+    signalled = f"SIGINT after {time.monotonic() - started:.1f} s, the journal then at {seen} rows"
     proc.send_signal(signal.SIGINT)
     try:  # an interrupted client must end promptly, never hang in its cleanup
         _, err = await asyncio.wait_for(proc.communicate(), 60)
@@ -281,7 +288,7 @@ async def test_ctrl_c_in_a_real_upload_then_resume(deployment: Deployment, tmp_p
             "the interrupted upload did not exit within 60 s; its threads:\n" + err.decode()
         ) from None
     text = err.decode()
-    assert proc.returncode == 130, text
+    assert proc.returncode == 130, (signalled, text)
     assert "interrupted: the leader holds" in text and "--resume" in text, text
     held = json.loads(journal.read_text())
     assert 0 < held["leader_rows"] < rows, held
