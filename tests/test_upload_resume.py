@@ -251,9 +251,7 @@ async def test_ctrl_c_in_a_real_upload_then_resume(deployment: Deployment, tmp_p
     import sys
     import time
 
-    # long enough that the signal lands mid-upload on a loaded machine (20,000 rows
-    # once took 6 s, and a CI run's signal came after the last of them)
-    rows = 50_000
+    rows = 20_000  # long enough that the signal lands mid-upload on a loaded machine
     values = np.random.default_rng(9).random((rows, 2)).round(3)
     path = tmp_path / "big.csv"
     np.savetxt(path, values, delimiter=",", fmt="%.3f")
@@ -265,7 +263,15 @@ async def test_ctrl_c_in_a_real_upload_then_resume(deployment: Deployment, tmp_p
             "--batch", "50", "--quiet", "--no-require-validation"]  # fmt: skip
     # PYTHONFAULTHANDLER: a client that hangs is made to say where (SIGABRT below).
     env = {**os.environ, "SVTAGG_CONFIG": "", "PYTHONFAULTHANDLER": "1"}
-    proc = await asyncio.create_subprocess_exec(*args, env=env, stderr=asyncio.subprocess.PIPE)
+    # As a terminal's Ctrl-C finds it: SIGINT handled, even when this test runs
+    # under a shell that ignores it (a job started with `&` in a script does, and
+    # a process keeps an ignored SIGINT ignored across exec).
+    proc = await asyncio.create_subprocess_exec(
+        *args,
+        env=env,
+        stderr=asyncio.subprocess.PIPE,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     seen, started = 0, time.monotonic()
     for _ in range(600):  # until a few batches are held
         await asyncio.sleep(0.05)
