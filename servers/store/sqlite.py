@@ -28,8 +28,9 @@ from svtagg.servers.store.rules import assemble, within_capacity
 from svtagg.servers.store.sql import SqlStore
 from svtagg.servers.store.sqlite_schema import BASE_TABLES
 
-#: Ids per `IN (...)` list (below SQLite's bound on a statement's parameters).
-IN_LIST = 500
+#: Ids per `IN (...)` list: below SQLite's bound on a statement's parameters
+#: (32,766 since SQLite 3.32), so an upload batch (MAX_BATCH_REPORTS) is one list.
+IN_LIST = 30_000
 
 
 class SqliteStore(SqlStore):
@@ -200,17 +201,11 @@ class SqliteStore(SqlStore):
     def _insert_reports(
         self, task_id: str, report_ids: list[bytes], shares: list[bytes], room: tuple[int, int]
     ) -> None:
-        if 0 < len(report_ids) < 30_000:  # a replay is refused before any share is written
-            seen = self._db.execute(
-                "SELECT COUNT(*) FROM reports WHERE task_id=? "
-                f"AND report_id IN ({','.join('?' * len(report_ids))})",
-                (task_id, *report_ids),
-            ).fetchone()[0]
-            if seen:
-                raise AlreadyExists(
-                    f"{seen} report id(s) of this batch were already uploaded (replay); "
-                    "batch refused"
-                )
+        seen = self._count_reports(task_id, report_ids)  # before any share is written
+        if seen:
+            raise AlreadyExists(
+                f"{seen} report id(s) of this batch were already uploaded (replay); batch refused"
+            )
         within_capacity(task_id, *room, len(report_ids))
         offset = self._append_shares(task_id, shares)
         rows = []
