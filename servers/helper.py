@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import replace
+from typing import Any
 
 from svtagg.dp.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 from svtagg.dp.task import TaskSpec, parse_task_params
@@ -17,6 +18,7 @@ from svtagg.proto.vocab import PASS_ID_BYTES, REPORT_ID_BYTES, REPORT_PAGE, Role
 from svtagg.servers.core import Chunk, ServerCore, parse_chunk
 from svtagg.servers.exchange.garbling import garbling_of, ot_of
 from svtagg.servers.exchange.joint import Pooled, batch_shares
+from svtagg.servers.exchange.machine import Exchange, Flow, Step
 from svtagg.servers.exchange.party import ComparisonParty, PartyFactory
 from svtagg.servers.exchange.session import (
     FOLD_LANES,
@@ -30,6 +32,7 @@ from svtagg.servers.exchange.session import (
 )
 from svtagg.servers.exchange.values import (
     Agreement,
+    ChunkHeader,
     ChunkKind,
     NoiseBatch,
     PlanInfo,
@@ -196,80 +199,96 @@ class HelperDriver:
         gate: GoChannel,
         data: DataChannel | None,
     ) -> None:
+        """One exchange per header (`servers.exchange.machine`), until the
+        session ends or a chunk is refused (the session is then discarded)."""
         while True:
             header = await session.next_header(self.stopping)
             if header is None:
                 return
-            if isinstance(header, RobustChunk):
-                try:
-                    robust = self._check_robust(header)
-                except Exception as exc:  # noqa: BLE001 - the refusal goes back to the leader
-                    await self._refuse(session, data, exc)
-                    return
-                await self._robust(session, party, header, robust)
-            elif isinstance(header, NoiseBatch):
-                try:
-                    reserved = self.core.reserve_noise_batch(
-                        header.stream_id, header.count, header.gamma, header.lo
-                    )
-                except Exception as exc:  # noqa: BLE001 - the refusal goes back to the leader
-                    await self._refuse(session, data, exc)
-                    return
-                await self._noise_batch(session, party, header, reserved)
-            else:
-                try:
-                    accepted = await self._accept(header)
-                except Exception as exc:  # noqa: BLE001 - the refusal goes back to the leader
-                    await self._refuse(session, data, exc)
-                    return
-                await self._stream_chunk(session, party, gate, accepted)
+            x = Exchange.of(header, leader=False)
+            x.take(Step.READ_HEADER)
+            try:
+                checked = await self._check(x, header)
+            except Exception as exc:  # noqa: BLE001 - the refusal goes back to the leader
+                x.take(Step.REFUSE)
+                await session.refuse(exc)
+                await session.discard(data)
+                return
+            try:
+                await self._exchange(x, session, party, gate, header, checked)
+            except BaseException:
+                if x.committed:  # D4
+                    x.take(Step.FAIL)
+                    self.core.fail_stream(header.stream_id)  # type: ignore[union-attr]
+                raise
 
-    @staticmethod
-    async def _refuse(session: HelperSession, data: DataChannel | None, exc: Exception) -> None:
-        """Refuse the chunk, then drop the session (`HelperSession.discard`)."""
-        await session.refuse(exc)
-        await session.discard(data)
+    async def _check(self, x: Exchange, header: ChunkHeader) -> Any:
+        """The header checked against this server's store, and the MARK where
+        the flow has one (durable, D1): what the exchange runs on."""
+        if isinstance(header, RobustChunk):
+            return self._check_robust(header)
+        if isinstance(header, NoiseBatch):
+            reserved = self.core.reserve_noise_batch(
+                header.stream_id, header.count, header.gamma, header.lo
+            )
+            x.take(Step.MARK)
+            return reserved
+        accepted = await self._accept(header)
+        x.take(Step.MARK)
+        crash_point("chunk.after_mark")
+        return accepted
 
-    async def _stream_chunk(
+    async def _exchange(
         self,
+        x: Exchange,
         session: HelperSession,
         party: ComparisonParty,
         gate: GoChannel,
-        accepted: Accepted,
+        header: ChunkHeader,
+        checked: Any,
     ) -> None:
-        """The garbler's side of one stream chunk, marked in progress durably
-        before the garbling, its go sent then (a small chunk's with the first
-        fragment of the tables, `FOLD_LANES`); the result, which the leader
-        sends one way, recorded (not waited for by the leader: a helper that
-        never records it fails the stream closed, now or at its restart)."""
-        stream, task, chunk, pooled = accepted
-        self._unrecorded += 1
-        self._recorded.clear()
-        crash_point("chunk.after_mark")
-        gate.arm(session.go)
-        try:
-            await self._run(party, session, (stream, task, chunk, pooled), gate)
-        finally:
-            self._unrecorded -= 1
-            if not self._unrecorded:
-                self._recorded.set()
-
-    async def _noise_batch(
-        self,
-        session: HelperSession,
-        party: ComparisonParty,
-        h: NoiseBatch,
-        reserved: tuple[NoiseBatch, StreamState, TaskState],
-    ) -> None:
-        """The garbler's side of a joint-noise batch: its sequence numbers
-        reserved durably before the go (the leader cannot have one generated
-        twice), the shares kept (durably) before the closing status, so the
-        leader keeps a batch only if this server holds it too (the leader waits
-        for that status).  A batch that fails is never used."""
-        batch, stream, task = reserved
+        """The garbler's side of one accepted exchange: the go (held for the
+        tables' first fragment on a stream chunk, unless the chunk is large:
+        `FOLD_LANES`; sent alone on a close-time flow), the protocol, the
+        record, and on a close-time flow the closing status after it (D3).
+        The leader sends a stream chunk's result one way and does not wait for
+        its record (`settled`)."""
+        if x.flow is Flow.STREAM:
+            stream, task, chunk, pooled = checked
+            self._unrecorded += 1
+            self._recorded.clear()
+            try:
+                gate.arm(x, session.go)
+                if len(chunk) > FOLD_LANES:  # the go leaves now: the leader reads it meanwhile
+                    gate.release()
+                    await session.flush()
+                _, progress = await self.core.run_chunk(party, stream, task, chunk, pooled=pooled)
+                gate.release()  # a chunk that sent nothing still gets its go
+                await session.flush()
+                x.take(Step.RUN)
+                crash_point("chunk.after_result")
+                self.core.end_chunk(stream.stream_id, progress)
+                x.take(Step.RECORD)
+            finally:
+                self._unrecorded -= 1
+                if not self._unrecorded:
+                    self._recorded.set()
+            return
+        x.take(Step.SEND_VERDICT)
         await session.ok()
-        gamma, nu = await batch_shares(party, stream, task, batch)
-        self.core.store.add_joint_batch(h.stream_id, batch.lo, nu, gamma)
+        if isinstance(header, NoiseBatch):
+            batch, stream, task = checked
+            gamma, nu = await batch_shares(party, stream, task, batch)
+            x.take(Step.RUN)
+            self.core.store.add_joint_batch(header.stream_id, batch.lo, nu, gamma)
+        else:
+            assert isinstance(header, RobustChunk)
+            task, sums = checked
+            y = await self.core.robust_shares(party, task, sums, header.coord_lo, header.coord_hi)
+            x.take(Step.RUN)
+            self.core.stage_robust(task, header.pass_id, header.coord_lo, y)
+        x.take(Step.RECORD)
+        x.take(Step.SEND_CLOSING)
         await session.ok()
 
     async def settled(self) -> None:
@@ -292,23 +311,6 @@ class HelperDriver:
                 f"a robust-aggregate chunk names its pass ({PASS_ID_BYTES} bytes)"
             )
         return task, self.core.sums(task.params.task_id)
-
-    async def _robust(
-        self,
-        session: HelperSession,
-        party: ComparisonParty,
-        h: RobustChunk,
-        checked: tuple[TaskState, U64],
-    ) -> None:
-        """The garbler's side of one robust-aggregate chunk (see the leader's
-        `robust_pass`): its new shares of g(S) for coordinates [lo, hi), staged
-        until MarkAgreed, and a closing status once staged (the leader waits
-        for it before MarkAgreed)."""
-        task, sums = checked
-        await session.ok()
-        y = await self.core.robust_shares(party, task, sums, h.coord_lo, h.coord_hi)
-        self.core.stage_robust(task, h.pass_id, h.coord_lo, y)
-        await session.ok()
 
     async def _accept(self, h: StreamChunk) -> Accepted:
         stream, task = self.core.stream_and_task(h.stream_id, await self._previous_recorded(h))
@@ -337,27 +339,3 @@ class HelperDriver:
                 return s
             await asyncio.sleep(pause)
             pause = min(2 * pause, 0.05)
-
-    async def _run(
-        self,
-        party: ComparisonParty,
-        session: HelperSession,
-        chunk_of: tuple[StreamState, TaskState, Chunk, Pooled | None],
-        gate: GoChannel,
-    ) -> None:
-        """Garble (the go leaves with the first message: `GoChannel`), then
-        record the result.  A failure (the leader gone before the go, too)
-        fails the stream now, not left `in_chunk` until the next restart."""
-        stream, task, chunk, pooled = chunk_of
-        try:
-            if len(chunk) > FOLD_LANES:  # the go leaves now: the leader reads it meanwhile
-                gate.release()
-                await session.flush()
-            _, progress = await self.core.run_chunk(party, stream, task, chunk, pooled=pooled)
-            gate.release()  # a chunk that sent nothing still gets its go
-            await session.flush()
-        except BaseException:
-            self.core.fail_stream(stream.stream_id)
-            raise
-        crash_point("chunk.after_result")
-        self.core.end_chunk(stream.stream_id, progress)

@@ -27,6 +27,7 @@ from svtagg.dp.errors import (
 )
 from svtagg.dp.kinds import StreamKind
 from svtagg.dp.plans import check_groups_usable, parse_groups
+from svtagg.dp.queries import Progress
 from svtagg.dp.task import TaskSpec, parse_task_params
 from svtagg.mpc.ring import U64
 from svtagg.proto.vocab import CHUNK_DEADLINE, OUTCOME_OF_CODE, PASS_ID_BYTES, REPORT_PAGE
@@ -38,6 +39,7 @@ from svtagg.servers.core import (
     parse_taus,
 )
 from svtagg.servers.exchange.joint import Pooled, PoolPolicy, batch_shares, pools_noise
+from svtagg.servers.exchange.machine import Exchange, Step
 from svtagg.servers.exchange.party import ComparisonParty, PartyFactory
 from svtagg.servers.exchange.port import HelperPort
 from svtagg.servers.exchange.session import SessionPool
@@ -368,9 +370,11 @@ class LeaderDriver:
         if sums is None:
             sums = self.core.sums(task.params.task_id)
         lo, hi = h.coord_lo, h.coord_hi
+        x = Exchange.of(h, leader=True)
         out, _ = await self._exchange(
-            h, lambda party: self.core.robust_shares(party, task, sums, lo, hi), confirm=True
+            x, h, lambda party: self.core.robust_shares(party, task, sums, lo, hi)
         )
+        x.take(Step.RECORD)  # kept by the caller until MarkAgreed
         return np.asarray(out, dtype=np.uint64).tobytes()
 
     async def _passes(
@@ -508,10 +512,12 @@ class LeaderDriver:
     async def _chunk(
         self, stream: StreamState, task: TaskState, chunk: Chunk, thresholds: Thresholds | None
     ) -> tuple[Any, bool, int]:
-        """Send the header with the protocol's first message, mark the chunk in
-        progress durably (as the helper does), evaluate, record the result.  Once
-        the header is out, any failure or refusal fails the stream closed on both
-        servers; nothing is refunded.  Result, whether it closed, bytes."""
+        """One stream chunk's exchange (`servers.exchange.machine`, flow STREAM):
+        the header with the protocol's first message, the durable mark while
+        they travel (before them when the chunk's inputs are the pooled shares
+        it consumes), the evaluation, the result recorded.  Once the header is
+        out, any failure or refusal fails the stream closed on both servers;
+        nothing is refunded.  Result, whether it closed, bytes."""
         sid, next_chunk = stream.stream_id, stream.chunks + 1
         draw = self.core.pool_draw(stream, task, len(chunk))
         header = StreamChunk(
@@ -522,26 +528,24 @@ class LeaderDriver:
             chunk.more,
             draw,
         )
+        x = Exchange.of(header, leader=True)
         pooled: list[Pooled | None] = [None]
 
         def mark() -> None:
             # Both servers fsync their mark in parallel, the helper's before its
-            # tables, this one before they are read: no result before its own mark.
+            # go, this one before the go is read: no result before its own mark.
             pooled[0] = self.core.begin_pooled(stream, task, next_chunk, draw, len(chunk))
             crash_point("chunk.after_mark")
 
-        async def fail() -> None:
-            self.core.fail_stream(sid)
-            await self._fail_helper(sid)
+        async def run(party: ComparisonParty) -> tuple[Any, Progress]:
+            if draw != PoolDraw() and x.may(Step.MARK):
+                mark()  # the inputs are the pooled shares the mark consumes
+                x.take(Step.MARK)
+            return await self.core.run_chunk(party, stream, task, chunk, thresholds, pooled[0])
 
-        (result, progress), traffic = await self._exchange(
-            header,
-            lambda party: self.core.run_chunk(party, stream, task, chunk, thresholds, pooled[0]),
-            mark,
-            fail,
-            mark_first=draw != PoolDraw(),  # the inputs need the shares it consumes
-        )
+        (result, progress), traffic = await self._exchange(x, header, run, mark)
         self.core.end_chunk(sid, progress)
+        x.take(Step.RECORD)
         return result, progress.closes, traffic
 
     # ------------------------------------------------------------ joint noise pool
@@ -555,10 +559,13 @@ class LeaderDriver:
         answers no more, or went past it).  A failed batch is never used: its
         numbers stay reserved, its shares are gone."""
         batch, stream, task = self.core.reserve_noise_batch(stream_id, count, gamma)
+        x = Exchange.of(batch, leader=True)
+        x.take(Step.MARK)  # the reservation, durable
         (gamma_share, nu), traffic = await self._exchange(
-            batch, lambda party: batch_shares(party, stream, task, batch), confirm=True
+            x, batch, lambda party: batch_shares(party, stream, task, batch)
         )
         kept = self.core.store.add_joint_batch(stream_id, batch.lo, nu, gamma_share)
+        x.take(Step.RECORD)
         return traffic if kept else None
 
     def _want_pool(self, stream_id: str, k: int) -> None:
@@ -620,44 +627,48 @@ class LeaderDriver:
                 return
             await asyncio.wait({fill}, timeout=POOL_POLL)
 
+    async def _fail_closed(self, x: Exchange, stream_id: str | None) -> None:
+        """D4: once an exchange is committed, its stream fails closed here and
+        on the helper."""
+        if x.committed and stream_id is not None:
+            x.take(Step.FAIL)
+            self.core.fail_stream(stream_id)
+            await self._fail_helper(stream_id)
+
     async def _exchange(
         self,
+        x: Exchange,
         header: ChunkHeader,
         run: Callable[[ComparisonParty], Awaitable[Any]],
-        on_written: Callable[[], None] | None = None,
-        on_failure: Callable[[], Awaitable[None]] | None = None,
-        confirm: bool = False,
-        mark_first: bool = False,
+        mark: Callable[[], None] | None = None,
     ) -> tuple[Any, int]:
-        """One chunk on a pooled session in one round trip: the header, the first
-        protocol message right behind it, on_written (the mark) while they travel
-        (`mark_first`: before them), the helper's verdict and tables, the result
-        sent one way (docs/services.md, "Durability of a chunk"); `confirm` also
-        waits for the helper's closing status.  A failure once the header is out
-        calls on_failure and discards the session.  Result and bytes exchanged."""
+        """The leader's side of one exchange on a pooled session, in one round
+        trip (`servers.exchange.machine`): the header, the first protocol
+        message right behind it, `mark` while they travel if the exchange's
+        MARK is still due, the helper's verdict and tables, the result sent
+        one way; a close-time flow also reads the helper's closing status.
+        A failure once committed fails the stream (D4), and a failed session is
+        discarded.  Result and bytes exchanged; the caller takes RECORD."""
         session = await self.pool.acquire()
         healthy = False
-        sent = False
         try:
             before = session.traffic
-            await session.send_header(header, None if mark_first else on_written)
-            sent = True
-            if mark_first and on_written is not None:
-                on_written()
+            await session.send_header(x, header, mark)
             # A deadline on this task, not a task of its own (as wait_for makes):
             # one loop hop less per chunk.
             async with asyncio.timeout(CHUNK_DEADLINE):
                 result = await run(session.party)
                 await session.verdict()  # read already, unless the protocol never replied
+            x.take(Step.RUN)
             crash_point("chunk.after_result")
-            if confirm:
+            if x.flow.close_time:
                 refused = await session.status()
                 if refused is not None:
                     raise refused
+                x.take(Step.READ_CLOSING)
             healthy = True
         except BaseException as exc:
-            if sent and on_failure is not None:
-                await on_failure()
+            await self._fail_closed(x, getattr(header, "stream_id", None))
             if isinstance(exc, asyncio.TimeoutError):
                 raise PeerUnavailable("the protocol with the helper timed out") from None
             raise

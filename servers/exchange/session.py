@@ -41,6 +41,7 @@ from svtagg.proto.vocab import (
 )
 from svtagg.servers.edge.wire import CHUNK_HEADER
 from svtagg.servers.exchange.garbling import DEFAULT_GARBLING, check_garbling, garbling_of, ot_of
+from svtagg.servers.exchange.machine import Exchange, Step
 from svtagg.servers.exchange.party import ComparisonParty, PartyFactory
 from svtagg.servers.exchange.values import ChunkHeader, NoiseBatch, RobustChunk
 
@@ -255,34 +256,40 @@ class _Wrapping:
 class VerdictChannel(_Wrapping):
     """The leader's protocol channel: a chunk's first protocol message goes out
     right behind its header, without waiting for the helper's go.  Before the
-    chunk's first reply is read, `armed`'s callback runs (the leader's durable
-    mark, while the message is in flight) and the helper's verdict is read from
-    the control frames: a refusal is raised there, ahead of any tables."""
+    chunk's first reply is read, the exchange's due steps are taken (its MARK,
+    durable while the message is in flight, unless it marked first: D1 in
+    `servers.exchange.machine`), then the helper's verdict is read from the
+    control frames: a refusal is raised there, ahead of any tables."""
 
     def __init__(self, frames: FrameChannel, inner: Channel) -> None:
         self.frames = frames
         self.inner = inner
-        self._armed = False
-        self._before_reply: Callable[[], None] | None = None
+        self._exchange: Exchange | None = None
+        self._mark: Callable[[], None] | None = None
 
-    def arm(self, before_reply: Callable[[], None] | None) -> None:
-        """The next reply is the first of a chunk: read the verdict first."""
-        self._armed = True
-        self._before_reply = before_reply
+    def arm(self, exchange: Exchange, mark: Callable[[], None] | None) -> None:
+        """The next reply is the first of `exchange`'s chunk: read the verdict
+        first, after `mark` if its MARK is still due."""
+        self._exchange = exchange
+        self._mark = mark
 
     @property
     def armed(self) -> bool:
-        return self._armed
+        return self._exchange is not None
 
     async def verdict(self) -> None:
         """The mark, then the helper's verdict on the chunk (raised if refused)."""
-        before, self._before_reply, self._armed = self._before_reply, None, False
+        x, mark, self._exchange, self._mark = self._exchange, self._mark, None, None
+        assert x is not None
         await self.frames.flush()  # the header, if no protocol message carried it
-        if before is not None:
-            before()
+        if x.may(Step.MARK):
+            assert mark is not None, "a chunk that marks gives its mark"
+            mark()
+            x.take(Step.MARK)
         status = await _status(self.frames)
         if not status.ok:
             raise refusal_from_status(status, "helper: ")
+        x.take(Step.READ_VERDICT)
 
     async def send(self, data: Message) -> None:
         await self.inner.send(data)
@@ -291,28 +298,32 @@ class VerdictChannel(_Wrapping):
         await streaming.send_pieces(self.inner, total, pieces)
 
     async def recv(self) -> bytes:
-        if self._armed:
+        if self._exchange is not None:
             await self.verdict()
         return await self.inner.recv()
 
 
 class GoChannel(_Wrapping):
     """The helper's protocol channel: before a chunk's first protocol message
-    leaves, `arm`'s callback runs (it holds the go, `HelperSession.go`), so
-    the go travels in the frame of the tables' first fragment."""
+    leaves, its exchange takes SEND_VERDICT and the go is held
+    (`HelperSession.go`), so that it travels in the frame of the tables'
+    first fragment."""
 
     def __init__(self, inner: Channel) -> None:
         self.inner = inner
-        self._before_send: Callable[[], None] | None = None
+        self._exchange: Exchange | None = None
+        self._go: Callable[[], None] | None = None
 
-    def arm(self, before_send: Callable[[], None]) -> None:
-        self._before_send = before_send
+    def arm(self, exchange: Exchange, go: Callable[[], None]) -> None:
+        self._exchange = exchange
+        self._go = go
 
     def release(self) -> None:
-        """Run the armed callback now, unless a send has run it."""
-        before, self._before_send = self._before_send, None
-        if before is not None:
-            before()
+        """Send the go now (held for the next frame), unless a send has."""
+        x, go, self._exchange, self._go = self._exchange, self._go, None, None
+        if x is not None and go is not None:
+            x.take(Step.SEND_VERDICT)  # OutOfOrder before the MARK (D1)
+            go()
 
     async def send(self, data: Message) -> None:
         self.release()
@@ -402,14 +413,16 @@ class LeaderSession:
         return cls(channel, party, abort, done, verdicts, data)
 
     async def send_header(
-        self, header: ChunkHeader, before_reply: Callable[[], None] | None = None
+        self, exchange: Exchange, header: ChunkHeader, mark: Callable[[], None] | None = None
     ) -> None:
-        """Start a chunk: its header, for the helper to check and mark; a small
-        chunk's header waits for the protocol's first message and carries it
-        (`FOLD_LANES`), a larger one's leaves now, so that the helper marks
-        and draws while the leader prepares that message.  `before_reply`
-        runs before the first reply is read, and then the helper's verdict."""
-        self.verdicts.arm(before_reply)
+        """Start `exchange`'s chunk: its header, for the helper to check and
+        mark; a small chunk's header waits for the protocol's first message and
+        carries it (`FOLD_LANES`), a larger one's leaves now, so that the helper
+        marks and draws while the leader prepares that message.  Before the
+        first reply is read: `mark`, if the exchange's MARK is still due, and
+        then the helper's verdict."""
+        exchange.take(Step.SEND_HEADER)
+        self.verdicts.arm(exchange, mark)
         frame = pb.PeerFrame(header=CHUNK_HEADER.to_pb(header))
         if _lanes(header) <= FOLD_LANES:
             self.channel.hold(frame)
