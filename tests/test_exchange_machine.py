@@ -6,9 +6,12 @@ through the one-process reference pair)."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
+import sqlite3
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +19,7 @@ import numpy as np
 import pytest
 from test_joint_servers import UNIT, N, spec
 
+from svtagg.dp.errors import AlreadyExists
 from svtagg.dp.kinds import StreamKind
 from svtagg.servers.exchange.machine import (
     DURABLE,
@@ -29,6 +33,7 @@ from svtagg.servers.exchange.machine import (
 )
 from svtagg.servers.exchange.values import Ask, OpenStream, Queries
 from svtagg.servers.reference import ReferencePair, reference_pair
+from svtagg.servers.store.rules import FAILED, IN_CHUNK, OPEN
 from svtagg.servers.store.sqlite import SqliteStore
 
 F = 6
@@ -326,3 +331,79 @@ def _outermost(current: list[str], name: str) -> Iterator[None]:
     finally:
         if outer:
             current.pop()
+
+
+# ------------------------------------------------------------------ D2: records that wait
+def _open_stream(store: SqliteStore, sid: str = "a") -> None:
+    from test_store_contract import agreed_task
+
+    agreed_task(store)
+    store.open_stream(sid, "t", StreamKind.LAP24, Fraction(1, 8), Fraction(0), Fraction(0))
+    store.set_threshold_noise(sid, 1)
+
+
+def _on_disk(path: Path, sid: str = "a") -> tuple[str, int, int]:
+    """(state, chunks, queries) as another connection reads the file."""
+    with sqlite3.connect(path) as db:
+        row = db.execute(
+            "SELECT state, chunks, queries FROM streams WHERE stream_id=?", (sid,)
+        ).fetchone()
+    return str(row[0]), int(row[1]), int(row[2])
+
+
+async def test_a_record_waits_for_the_next_mark(tmp_path: Path) -> None:
+    """On SQLite a chunk's record waits in memory (read back by `stream`), and
+    the next mark writes it in its own one statement: one transaction per
+    chunk; an idle stream's record is written within RECORD_WAIT."""
+    path = tmp_path / "s.sqlite"
+    store = SqliteStore(path)
+    _open_stream(store)
+    statements: list[str] = []
+    store._db.set_trace_callback(statements.append)
+    assert store.begin_chunk("a", 1) == 1
+    store.end_chunk("a", 5, close=False)
+    s = store.stream("a")
+    assert (s.state, s.chunks, s.queries) == (OPEN, 1, 5)
+    assert _on_disk(path) == (IN_CHUNK, 1, 0)
+    statements.clear()
+    assert store.begin_chunk("a", 2) == 2
+    writes = [q for q in statements if not q.startswith("SELECT")]
+    assert len(writes) == 1 and "queries=queries+" in writes[0], statements
+    assert _on_disk(path) == (IN_CHUNK, 2, 5)
+    store.end_chunk("a", 3, close=False)
+    await asyncio.sleep(4 * SqliteStore.RECORD_WAIT)
+    assert _on_disk(path) == (OPEN, 2, 8)
+    store.close()
+
+
+async def test_a_lost_record_fails_the_stream_closed(tmp_path: Path) -> None:
+    """D2's price: a restart that finds the stream in its chunk (the record
+    was still in memory) fails it closed; the record, written late by the
+    store that lost it, changes nothing."""
+    path = tmp_path / "s.sqlite"
+    store = SqliteStore(path)
+    _open_stream(store)
+    store.begin_chunk("a", 1)
+    store.end_chunk("a", 5, close=False)
+    restarted = SqliteStore(path)  # what a restart after a kill finds
+    assert restarted.recovered_failed == [("a", "t")]
+    store.close()  # writes its record: guarded on in_chunk, so no change
+    assert restarted.stream("a").state == FAILED
+    restarted.close()
+
+
+async def test_a_transaction_that_rolls_back_gives_the_record_back(tmp_path: Path) -> None:
+    """Any transaction writes the waiting records first; one that rolls back
+    (here a refused open) keeps them waiting, and the next one writes them."""
+    path = tmp_path / "s.sqlite"
+    store = SqliteStore(path)
+    _open_stream(store)
+    store.begin_chunk("a", 1)
+    store.end_chunk("a", 5, close=False)
+    with pytest.raises(AlreadyExists):
+        store.open_stream("a", "t", StreamKind.LAP24, Fraction(1, 8), Fraction(0), Fraction(0))
+    assert _on_disk(path) == (IN_CHUNK, 1, 0)
+    assert store.stream("a").state == OPEN
+    store.fail_stream("a")  # a transaction: the record first, then the failure
+    assert store.stream("a").queries == 5 and _on_disk(path) == (FAILED, 1, 5)
+    store.close()

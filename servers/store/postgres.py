@@ -161,6 +161,7 @@ class PgStore(SqlStore):
     def __init__(self, url: str, schema: str | None = None, recover: bool = True) -> None:
         """`recover=False`: an ingest replica or a worker, which must not fail
         the streams the server's main process has in flight."""
+        self._start_records()
         self.path = redact(url)
         conn = connect(url)
         conn.adapters.register_dumper(str, _TextDumper)
@@ -188,6 +189,7 @@ class PgStore(SqlStore):
             raise
 
     def close(self) -> None:
+        self._stop_records()
         self._conn.close()
 
     async def open_session(self, application_name: str) -> psycopg.AsyncConnection[Any]:

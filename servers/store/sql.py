@@ -34,6 +34,8 @@ one transaction per step.  A ledger rule therefore lives in `rules.charged` /
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
@@ -90,6 +92,8 @@ from svtagg.servers.store.rules import (
     xor_reports,
 )
 
+log = logging.getLogger("svtagg.store")
+
 
 def _marks(count: int) -> str:
     return ",".join("?" * count)
@@ -104,10 +108,30 @@ class SqlStore(ABC):
     FOR_UPDATE = ""
     #: The column that orders a task's streams by their creation.
     STREAM_ORDER = "rowid"
+    #: Seconds a stream chunk's record may wait in memory to be written with
+    #: the stream's next mark (D2 in servers/exchange/machine.py: one
+    #: transaction per chunk); None: written at once, as a dialect must whose
+    #: store other processes share (their next chunk would not see it).
+    RECORD_WAIT: float | None = None
 
     recovered_failed: list[tuple[str, str]]
     recovered_plans: list[tuple[str, str]]
     failed_on_recovery: int
+
+    def _start_records(self) -> None:
+        """(Each dialect's `__init__`.)  No stream record waits yet."""
+        #: stream id → queries its last chunk answered, record not written yet.
+        self._ended: dict[str, int] = {}
+        #: The records the open transaction writes (back to `_ended` on rollback).
+        self._writing: dict[str, int] = {}
+        self._record_timer: asyncio.TimerHandle | None = None
+
+    def _stop_records(self) -> None:
+        """(Each dialect's `close`, before the database goes.)"""
+        if self._record_timer is not None:
+            self._record_timer.cancel()
+            self._record_timer = None
+        self.write_records()
 
     # ------------------------------------------------------------ the dialect seam
     @abstractmethod
@@ -501,6 +525,7 @@ class SqlStore(ABC):
             )
 
     def stream_ids(self, task_id: str, state: str) -> list[str]:
+        self.write_records()
         rows = self._run(
             "SELECT stream_id FROM streams WHERE task_id=? AND state=?"
             f" ORDER BY {self.STREAM_ORDER}",
@@ -510,21 +535,43 @@ class SqlStore(ABC):
 
     def stream(self, stream_id: str) -> StreamState:
         row = self._one(f"SELECT {STREAM_COLUMNS} FROM streams WHERE stream_id=?", (stream_id,))
-        return stream_state(stream_id, row)
+        state = stream_state(stream_id, row)
+        answered = self._ended.get(stream_id)
+        if answered is not None and state.state == IN_CHUNK:  # its record waits (D2)
+            state = replace(state, state=OPEN, queries=state.queries + answered)
+        return state
 
     def begin_chunk(self, stream_id: str, chunk_no: int | None = None) -> int:
-        if chunk_no is not None:
+        others = len(self._ended) - (stream_id in self._ended)
+        if chunk_no is not None and not others:
             # The servers' path: one guarded statement, durable.  It changes a
-            # row only where `rules.next_chunk` would accept the chunk; when it
+            # row only where `rules.next_chunk` would accept the chunk (with the
+            # previous chunk's record folded in, if it waits: D2); when it
             # changes none, the transaction below says why.
-            marked = self._write_alone(
-                "UPDATE streams SET state=?, chunks=chunks+1"
-                " WHERE stream_id=? AND state=? AND chunks=?",
-                (IN_CHUNK, stream_id, OPEN, chunk_no - 1),
-            )
+            answered = self._ended.pop(stream_id, None)
+            if answered is None:
+                statement, params = (
+                    "UPDATE streams SET state=?, chunks=chunks+1"
+                    " WHERE stream_id=? AND state=? AND chunks=?",
+                    (IN_CHUNK, stream_id, OPEN, chunk_no - 1),
+                )
+            else:
+                statement, params = (
+                    "UPDATE streams SET chunks=chunks+1, queries=queries+?"
+                    " WHERE stream_id=? AND state=? AND chunks=?",
+                    (answered, stream_id, IN_CHUNK, chunk_no - 1),
+                )
+            try:
+                marked = self._write_alone(statement, params)
+            except BaseException:
+                if answered is not None:
+                    self._ended[stream_id] = answered
+                raise
             if marked.rowcount == 1:
                 return chunk_no
-        with self._tx():
+            if answered is not None:
+                self._ended[stream_id] = answered
+        with self._tx():  # writes any waiting record first (`_write_records`)
             number = next_chunk(self.stream(stream_id), chunk_no)
             self._run(
                 "UPDATE streams SET state=?, chunks=chunks+1 WHERE stream_id=?",
@@ -533,12 +580,55 @@ class SqlStore(ABC):
         return number
 
     def end_chunk(self, stream_id: str, answered: int, close: bool) -> None:
-        """Committed without waiting for the disk (as `confirm_stream`)."""
-        self._write_alone(
-            "UPDATE streams SET state=?, queries=queries+? WHERE stream_id=? AND state=?",
-            (CLOSED if close else OPEN, answered, stream_id, IN_CHUNK),
-            durable=False,
-        )
+        """Not durable (D2 in servers/exchange/machine.py).  Where the dialect
+        lets records wait (`RECORD_WAIT`), a chunk that does not close its
+        stream leaves its record in memory: the stream's next mark writes it
+        in the same statement, or the next transaction of any kind, or a timer
+        after RECORD_WAIT seconds, or `close`.  Until then `stream` reads it
+        from memory; a crash loses it, and the restart fails the stream closed."""
+        if self.RECORD_WAIT is None or close:
+            self._write_alone(
+                "UPDATE streams SET state=?, queries=queries+? WHERE stream_id=? AND state=?",
+                (CLOSED if close else OPEN, answered, stream_id, IN_CHUNK),
+                durable=False,
+            )
+            return
+        self._ended[stream_id] = answered
+        if self._record_timer is None:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:  # no loop to wake us: write it now
+                self.write_records()
+                return
+            self._record_timer = loop.call_later(self.RECORD_WAIT, self._records_due)
+
+    def _records_due(self) -> None:
+        self._record_timer = None
+        try:
+            self.write_records()
+        except Exception as exc:  # noqa: BLE001 - the records wait for the next write
+            log.warning("writing stream records failed: %s", exc)
+
+    def write_records(self) -> None:
+        """Write the stream records that wait in memory (not durably)."""
+        if self._ended:
+            with self._tx(durable=False):
+                pass  # the transaction writes them as it begins
+
+    def _write_records(self) -> None:
+        """(The dialect calls this first in each outermost transaction.)  The
+        waiting records, written in the caller's transaction; given back to
+        memory by `_records_rolled_back` if it rolls back."""
+        self._writing, self._ended = self._ended, {}
+        for stream_id, answered in self._writing.items():
+            self._run(
+                "UPDATE streams SET state=?, queries=queries+? WHERE stream_id=? AND state=?",
+                (OPEN, answered, stream_id, IN_CHUNK),
+            )
+
+    def _records_rolled_back(self) -> None:
+        self._ended.update(self._writing)
+        self._writing = {}
 
     def fail_stream(self, stream_id: str) -> None:
         with self._tx():

@@ -39,8 +39,11 @@ class SqliteStore(SqlStore):
 
     #: Schema version this code writes (SQLite's user_version).
     SCHEMA_VERSION = 9
+    #: One process per store file: a chunk's record waits for the next mark.
+    RECORD_WAIT = 0.05
 
     def __init__(self, path: str | Path) -> None:
+        self._start_records()
         self.path = str(path)
         self._shares_dir = Path(self.path + ".shares")
         self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
@@ -61,6 +64,7 @@ class SqliteStore(SqlStore):
         self._staged: dict[str, dict[bytes, tuple[bytes, dict[int, U64]]]] = {}
 
     def close(self) -> None:
+        self._stop_records()
         self._db.close()
 
     def _migrate(self) -> None:
@@ -159,7 +163,7 @@ class SqliteStore(SqlStore):
         self._db.executemany(statement, rows)
 
     def _tx(self, durable: bool = True) -> _Transaction:
-        return _Transaction(self._db, durable)
+        return _Transaction(self, durable)
 
     def _write_alone(self, statement: str, params: Sequence[Any], durable: bool = True) -> Any:
         if self._db.in_transaction:
@@ -272,10 +276,13 @@ class SqliteStore(SqlStore):
 class _Transaction:
     """BEGIN IMMEDIATE ... COMMIT, rolled back on any exception; re-entrant (an
     inner one joins the outer, and its durability).  Not durable: committed
-    under synchronous=NORMAL (in WAL mode: no fsync at the commit)."""
+    under synchronous=NORMAL (in WAL mode: no fsync at the commit).  The
+    outermost one writes the stream records that wait (`SqlStore.end_chunk`)
+    first, and gives them back if it rolls back."""
 
-    def __init__(self, db: sqlite3.Connection, durable: bool = True) -> None:
-        self._db = db
+    def __init__(self, store: SqliteStore, durable: bool = True) -> None:
+        self._store = store
+        self._db = store._db
         self._outer = False
         self._durable = durable
 
@@ -290,13 +297,25 @@ class _Transaction:
             self._restore()
             raise
         self._outer = True
+        try:
+            self._store._write_records()
+        except BaseException:
+            self.__exit__(Exception, None, None)
+            raise
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
         if not self._outer:
             return
+        self._outer = False
+        committed = False
         try:
             self._db.execute("COMMIT" if exc_type is None else "ROLLBACK")
+            committed = exc_type is None
         finally:
+            if committed:
+                self._store._writing = {}
+            else:
+                self._store._records_rolled_back()
             self._restore()
 
     def _restore(self) -> None:
