@@ -589,12 +589,14 @@ def test_sqlite_schema_v2_gains_the_embedding_column(tmp_path: Path) -> None:
     store.close()
     raw = sqlite3.connect(path)
     raw.execute("ALTER TABLE tasks DROP COLUMN embedding")
+    raw.execute("DROP TABLE svtagg_schema")  # as a version-2 store had none
     raw.execute("PRAGMA user_version = 2")
     raw.commit()
     raw.close()
     store = SqliteStore(path)
     try:
-        assert store._db.execute("PRAGMA user_version").fetchone()[0] == SqliteStore.SCHEMA_VERSION
+        assert store._db.execute("PRAGMA user_version").fetchone()[0] == SqliteStore.LEGACY_VERSION
+        assert store.schema_version() == SqliteStore.SCHEMA_VERSION
         assert store.task("old").params.embedding == ""
         assert store.task("old").params == params("old")
     finally:
@@ -614,6 +616,7 @@ def test_sqlite_schema_v3_streams_gain_their_plan(tmp_path: Path) -> None:
     raw = sqlite3.connect(path)
     raw.execute("ALTER TABLE streams DROP COLUMN plan_id")
     raw.execute("ALTER TABLE streams DROP COLUMN plan_group")
+    raw.execute("DROP TABLE svtagg_schema")
     raw.execute("PRAGMA user_version = 3")
     raw.commit()
     raw.close()
@@ -621,9 +624,10 @@ def test_sqlite_schema_v3_streams_gain_their_plan(tmp_path: Path) -> None:
     try:
         assert (
             store._db.execute("PRAGMA user_version").fetchone()[0]
-            == SqliteStore.SCHEMA_VERSION
+            == SqliteStore.LEGACY_VERSION
             == 9
         )
+        assert store.schema_version() == SqliteStore.SCHEMA_VERSION == 12
         assert store.stream("s").plan is None and store.stream("s").state == FAILED
         assert store.noisy_max_carry("s") is None  # v7: no carried winner
         # v5: a task made before validity proofs takes plain shares, none refused
@@ -674,7 +678,7 @@ def test_pg_schema_v4_streams_gain_their_plan_and_staging_its_pass(pg_url: tuple
         )
     store = PgStore(url, schema=schema)
     try:
-        assert store.schema_version() == PgStore.SCHEMA_VERSION == 11
+        assert store.schema_version() == PgStore.SCHEMA_VERSION == 12
         assert store.stream("s").plan is None
         assert store.noisy_max_carry("s") is None  # v9: no carried winner
         # v7: the work table takes report-noisy-max jobs
@@ -695,3 +699,34 @@ def test_pg_schema_v4_streams_gain_their_plan_and_staging_its_pass(pg_url: tuple
         assert list(store.staged_robust("t", b"P" * 16, b"\x00", 2)) == [0, 1]
     finally:
         store.close()
+
+
+# ------------------------------------------------------------------ the shared history
+def test_one_history_runs_on_both_dialects(
+    backend: tuple[str, Opener], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Both dialects stand at the shared history's version; a step added to it
+    (here a made-up v13) runs on a store of either dialect at its next open,
+    written once for both; a store newer than the code is refused."""
+    from svtagg.servers.store import migrations, sql
+
+    name, opener = backend
+    store = opener()
+    assert store.schema_version() == migrations.VERSION == 12
+    store.create_task(params("t"))
+    store.close()
+    step = migrations.Migration(
+        13, "a test table", ("CREATE TABLE shared_step (x INTEGER NOT NULL)",)
+    )
+    monkeypatch.setattr(sql, "HISTORY", (*migrations.HISTORY, step))
+    from svtagg.servers.store.sql import SqlStore
+
+    for cls in {type(store), SqlStore}:
+        monkeypatch.setattr(cls, "SCHEMA_VERSION", 13)
+    store = opener()
+    assert store.schema_version() == 13 and store.task("t").params == params("t")
+    assert store._one("SELECT COUNT(*) FROM shared_step") == (0,)  # type: ignore[attr-defined]
+    store.close()
+    monkeypatch.undo()
+    with pytest.raises(RuntimeError, match="schema version 13"):
+        opener()

@@ -30,8 +30,9 @@ files: a database server may be on another machine, the share must commit
 atomically with its report id, and a column needs no second fsync.  At the
 agreement they are set to NULL (the SQLite store deletes its share file).
 
-The schema is versioned in `svtagg_schema` (`store_pg_schema.MIGRATIONS`), and
-a store written by a newer version is refused.
+The schema is versioned in `svtagg_schema`: PostgreSQL's frozen ladder
+(`postgres_schema.MIGRATIONS`, 1–11), then the history both dialects share
+(`servers/store/migrations.py`); a store written by a newer version is refused.
 
 One server process per store, as with SQLite: at start the store fails closed
 every stream that was `opening` or `in_chunk`, which would be wrong for a
@@ -155,8 +156,7 @@ class PgStore(SqlStore):
     FOR_UPDATE = " FOR UPDATE"
     STREAM_ORDER = "seq"
 
-    #: Schema version this code writes (the `svtagg_schema` table; not SQLite's numbering).
-    SCHEMA_VERSION = len(MIGRATIONS)
+    DIALECT = "postgres"
 
     def __init__(self, url: str, schema: str | None = None, recover: bool = True) -> None:
         """`recover=False`: an ingest replica or a worker, which must not fail
@@ -206,30 +206,24 @@ class PgStore(SqlStore):
         return conn
 
     def _migrate(self) -> None:
+        """PostgreSQL's frozen ladder (`postgres_schema.MIGRATIONS`, versions
+        1–11), then the shared history (`servers/store/migrations.py`), in one
+        transaction."""
         with self._tx():
             self._conn.execute(
                 "CREATE TABLE IF NOT EXISTS svtagg_schema ("
                 " one BOOLEAN PRIMARY KEY DEFAULT TRUE CHECK (one), version INTEGER NOT NULL)"
             )
-            row = self._conn.execute("SELECT version FROM svtagg_schema").fetchone()
-            version = 0 if row is None else int(row[0])
-            if version > self.SCHEMA_VERSION:
-                raise RuntimeError(
-                    f"the store {self.path} has schema version {version}; this svtagg "
-                    f"knows versions up to {self.SCHEMA_VERSION} (upgrade svtagg)"
-                )
-            for step in MIGRATIONS[version:]:
-                for statement in step:
-                    self._conn.execute(statement.encode())
-            self._conn.execute(
-                "INSERT INTO svtagg_schema (version) VALUES (%s)"
-                " ON CONFLICT (one) DO UPDATE SET version = EXCLUDED.version",
-                (self.SCHEMA_VERSION,),
-            )
+            version = self.schema_version()
+            if version < len(MIGRATIONS):
+                for step in MIGRATIONS[version:]:
+                    for statement in step:
+                        self._conn.execute(statement.encode())
+                version = len(MIGRATIONS)
+            self._migrate_shared(version)
 
-    def schema_version(self) -> int:
-        row = self._conn.execute("SELECT version FROM svtagg_schema").fetchone()
-        return 0 if row is None else int(row[0])
+    def _has_version_table(self) -> bool:
+        return True  # `_migrate` makes it first
 
     # ------------------------------------------------------------ the dialect seam
     def _statement(self, statement: str) -> bytes:

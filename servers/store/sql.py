@@ -54,6 +54,7 @@ from svtagg.mpc.ring import U64
 from svtagg.servers.faults import crash_point
 from svtagg.servers.store import jointpool
 from svtagg.servers.store.jointpool import Batch, JointPool
+from svtagg.servers.store.migrations import HISTORY, VERSION
 from svtagg.servers.store.rules import (
     BATCH_COLUMNS,
     CLOSED,
@@ -118,6 +119,41 @@ class SqlStore(ABC):
     recovered_plans: list[tuple[str, str]]
     failed_on_recovery: int
 
+    #: The dialect's name in `migrations` ("sqlite" / "postgres").
+    DIALECT = "sqlite"
+    #: The schema version this code writes (`migrations.VERSION`).
+    SCHEMA_VERSION = VERSION
+
+    def schema_version(self) -> int:
+        """The store's version in the shared history (0: before it)."""
+        if not self._has_version_table():
+            return 0
+        row = self._one("SELECT version FROM svtagg_schema")
+        return 0 if row is None else int(row[0])
+
+    def _migrate_shared(self, version: int) -> None:
+        """(Inside the dialect's migration transaction, its frozen ladder climbed
+        to `version`.)  The steps of the one history (`migrations.HISTORY`) the
+        store lacks, up to SCHEMA_VERSION, and the version stamped."""
+        stamped = self.schema_version()
+        if max(stamped, version) > self.SCHEMA_VERSION:
+            raise RuntimeError(
+                f"the store {self.path} has schema version {max(stamped, version)}; this"
+                f" svtagg knows versions up to {self.SCHEMA_VERSION} (upgrade svtagg)"
+            )
+        version = max(stamped, version)
+        for step in HISTORY:
+            if version < step.version <= self.SCHEMA_VERSION:
+                for statement in step.for_dialect(self.DIALECT):
+                    self._run(statement)
+                version = step.version
+        if self._has_version_table():
+            self._run(
+                "INSERT INTO svtagg_schema (one, version) VALUES (TRUE, ?)"
+                " ON CONFLICT (one) DO UPDATE SET version = excluded.version",
+                (version,),
+            )
+
     def _start_records(self) -> None:
         """(Each dialect's `__init__`.)  No stream record waits yet."""
         #: stream id → queries its last chunk answered, record not written yet.
@@ -134,8 +170,14 @@ class SqlStore(ABC):
         self.write_records()
 
     # ------------------------------------------------------------ the dialect seam
+    path: str
+
     @abstractmethod
     def close(self) -> None: ...
+
+    @abstractmethod
+    def _has_version_table(self) -> bool:
+        """Whether the store has the `svtagg_schema` table (SQLite: from v12)."""
 
     @abstractmethod
     def _run(self, statement: str, params: Sequence[Any] = ()) -> Any:
@@ -549,6 +591,7 @@ class SqlStore(ABC):
             # previous chunk's record folded in, if it waits: D2); when it
             # changes none, the transaction below says why.
             answered = self._ended.pop(stream_id, None)
+            params: tuple[Any, ...]
             if answered is None:
                 statement, params = (
                     "UPDATE streams SET state=?, chunks=chunks+1"

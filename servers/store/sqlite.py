@@ -7,7 +7,10 @@ step commits with an fsync, except `confirm_stream` and `end_chunk`, written
 with synchronous=NORMAL (losing them fails the stream on restart, which is
 safe).  Per-report shares live in a side file per task (`<db>.shares/`), not
 in the database, and are deleted at the agreement.  The schema is versioned
-by SQLite's user_version (`SqliteStore.SCHEMA_VERSION`).
+by SQLite's user_version up to 9 (the frozen ladder), then by the shared
+history in `svtagg_schema` (`servers/store/migrations.py`).  A stream chunk's
+record (not durable) waits in memory for the stream's next mark
+(`SqlStore.end_chunk`): one process owns a SQLite store.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import numpy as np
 from svtagg.dp.errors import AlreadyExists
 from svtagg.dp.queries import Budget
 from svtagg.mpc.ring import U64
+from svtagg.servers.store.migrations import LEGACY
 from svtagg.servers.store.rules import assemble, within_capacity
 from svtagg.servers.store.sql import SqlStore
 from svtagg.servers.store.sqlite_schema import BASE_TABLES
@@ -37,8 +41,9 @@ class SqliteStore(SqlStore):
     """SQLite store of one server (`rules.Store`).  Not thread-safe: one server,
     one event loop; one process per store file."""
 
-    #: Schema version this code writes (SQLite's user_version).
-    SCHEMA_VERSION = 9
+    #: The end of SQLite's frozen ladder (its user_version); the shared
+    #: history goes on from there (`servers/store/migrations.py`).
+    LEGACY_VERSION = LEGACY["sqlite"]
     #: One process per store file: a chunk's record waits for the next mark.
     RECORD_WAIT = 0.05
 
@@ -68,7 +73,8 @@ class SqliteStore(SqlStore):
         self._db.close()
 
     def _migrate(self) -> None:
-        """Bring an older store up to SCHEMA_VERSION, one versioned step at a time."""
+        """Bring an older store up to SCHEMA_VERSION, one versioned step at a time:
+        SQLite's frozen ladder (user_version 1–9), then the shared history."""
         version = self._db.execute("PRAGMA user_version").fetchone()[0]
         if version < 1:
             # v1: the robust aggregate g(S) of each coordinate, written at agreement.
@@ -154,6 +160,15 @@ class SqliteStore(SqlStore):
             if "binding" not in cols:
                 self._db.execute("ALTER TABLE verdicts ADD COLUMN binding BLOB")
             self._db.execute("PRAGMA user_version = 9")
+        with self._tx():
+            self._migrate_shared(self.LEGACY_VERSION)
+
+    def _has_version_table(self) -> bool:
+        return bool(
+            self._db.execute(
+                "SELECT 1 FROM sqlite_master WHERE type='table' AND name='svtagg_schema'"
+            ).fetchone()
+        )
 
     # ------------------------------------------------------------ the dialect seam
     def _run(self, statement: str, params: Sequence[Any] = ()) -> Any:
