@@ -49,8 +49,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-
-from svtagg.servers.exchange.values import ChunkHeader, NoiseBatch, RobustChunk
+from typing import Protocol
 
 
 class Msg(Enum):
@@ -67,14 +66,6 @@ class Flow(Enum):
     STREAM = "stream"  # an Ask, Compare or NoisyMax chunk of an open stream
     BATCH = "batch"  # a joint-noise batch, ahead of a stream's chunks
     ROBUST = "robust"  # a robust-aggregate chunk of the close
-
-    @classmethod
-    def of(cls, header: ChunkHeader) -> Flow:
-        if isinstance(header, NoiseBatch):
-            return cls.BATCH
-        if isinstance(header, RobustChunk):
-            return cls.ROBUST
-        return cls.STREAM
 
     @property
     def close_time(self) -> bool:
@@ -207,6 +198,13 @@ def table(leader: bool, flow: Flow) -> dict[tuple[State, Step], State]:
     return (_LEADER if leader else _HELPER)[flow]
 
 
+class Header(Protocol):
+    """A chunk header (`servers.exchange.values`) names the flow it starts."""
+
+    @property
+    def FLOW(self) -> Flow: ...  # noqa: N802 - the headers' class constant
+
+
 class OutOfOrder(RuntimeError):
     """A driver took a step its exchange does not allow now: a bug in this
     server, never the peer's doing."""
@@ -222,8 +220,8 @@ class Exchange:
     steps: list[Step] = field(default_factory=list)
 
     @classmethod
-    def of(cls, header: ChunkHeader, *, leader: bool) -> Exchange:
-        return cls(leader, Flow.of(header))
+    def of(cls, header: Header, *, leader: bool) -> Exchange:
+        return cls(leader, header.FLOW)
 
     def may(self, step: Step) -> bool:
         return (self.state, step) in table(self.leader, self.flow)

@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
 from enum import StrEnum
 from fractions import Fraction
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import numpy.typing as npt
@@ -41,6 +41,7 @@ from svtagg.dp.queries import (
 )
 from svtagg.dp.task import TaskParams
 from svtagg.mpc.circuits import CLOSE
+from svtagg.servers.exchange.machine import Flow
 from svtagg.servers.store.rules import OPEN, StreamState, TaskState
 
 #: (plan id, group) of a stream charged to a plan's group.
@@ -418,6 +419,8 @@ class StreamChunk:
     number in it (1, 2, ...; the helper refuses any other), the queries, and
     (a joint-noise stream) the pooled noise it consumes."""
 
+    FLOW: ClassVar[Flow] = Flow.STREAM
+
     kind: ChunkKind
     stream_id: str
     chunk_no: int
@@ -439,6 +442,8 @@ class RobustChunk:
     [coord_lo, coord_hi) of the task re-shared as g(S), staged on the helper
     under the pass `pass_id`."""
 
+    FLOW: ClassVar[Flow] = Flow.ROBUST
+
     task_id: str
     coord_lo: int
     coord_hi: int
@@ -454,6 +459,8 @@ class NoiseBatch:
     """The header of a joint-noise batch (ahead of the chunks that use it): `count`
     of a joint-noise stream's ν samples, numbered [lo, lo + count) in its pool,
     and (`gamma`) one γ sample, generated and kept by both servers."""
+
+    FLOW: ClassVar[Flow] = Flow.BATCH
 
     stream_id: str
     lo: int
