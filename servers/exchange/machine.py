@@ -40,9 +40,11 @@ tests/test_exchange_machine.py (and the stores' side of it by the same test):
   noise batch's record is durable (a chunk may draw it after a restart); a
   robust chunk's staged shares need not be: a restart that loses them makes
   MarkAgreed refuse the pass, and the close runs a new one.
-* **D4, fail closed.**  Once a stream chunk's HEADER has left the leader, or
-  the helper has marked it, any failure FAILs the stream on that server (and
-  the leader fails it on the helper too); nothing is refunded.
+* **D4, fail closed.**  From the moment a stream chunk's HEADER has left the
+  leader, or the helper has marked it, until that server's RUN has ended, any
+  failure FAILs the stream on that server (and the leader fails it on the
+  helper too); nothing is refunded.  A failure to RECORD after the RUN is a
+  lost record (D2).
 """
 
 from __future__ import annotations
@@ -240,8 +242,11 @@ class Exchange:
 
     @property
     def committed(self) -> bool:
-        """A failure from here on fails the stream closed (D4): the leader's
-        header has left, or the helper has marked the chunk."""
-        if self.flow is not Flow.STREAM or self.state in (State.DONE, State.FAILED):
-            return False
-        return Step.MARK in self.steps or (self.leader and Step.SEND_HEADER in self.steps)
+        """A failure now fails the stream closed (D4): the leader's header has
+        left, or the helper has marked the chunk, and the protocol has not
+        ended."""
+        return self.flow is Flow.STREAM and self.state in (
+            State.HEADER_SENT,
+            State.MARKED,
+            State.GO,
+        )
