@@ -4,7 +4,7 @@
 # (kills survived per point, kills from outside per phase and the invariants
 # checked, hostile inputs tried per RPC, load held, audit sample sizes, results
 # and power).  ~15-20 minutes on 2 cores.  The fast parts of the
-# same suites run in the default `python -m pytest -q` (the README's test command).
+# same suites run in the default `python -m pytest -q -n 2` (the README's test command).
 #
 #   scripts/reliability.sh            # everything; full log in $RELIABILITY_LOG (or a temp file)
 #   scripts/reliability.sh -k load    # extra pytest arguments narrow it down
