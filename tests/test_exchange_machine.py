@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from test_joint_servers import UNIT, N, spec
 
-from svtagg.dp.errors import AlreadyExists
+from svtagg.dp.errors import AlreadyExists, PeerUnavailable
 from svtagg.dp.kinds import StreamKind
 from svtagg.servers.exchange.machine import (
     DURABLE,
@@ -410,3 +410,50 @@ async def test_a_transaction_that_rolls_back_gives_the_record_back(tmp_path: Pat
     store.fail_stream("a")  # a transaction: the record first, then the failure
     assert store.stream("a").queries == 5 and _on_disk(path) == (FAILED, 1, 5)
     store.close()
+
+
+def test_records_wait_on_each_loop_in_turn(tmp_path: Path) -> None:
+    """A store used from one event loop, then another (the first ended before
+    its timer fired): the second loop's record is still written by a timer of
+    its own, and after `close` a record is refused where it is made."""
+    path = tmp_path / "s.sqlite"
+    store = SqliteStore(path)
+    _open_stream(store, "a")
+    store.open_stream("b", "t", StreamKind.LAP24, Fraction(1, 8), Fraction(0), Fraction(0))
+    store.set_threshold_noise("b", 1)
+
+    async def chunk(sid: str, wait: float) -> None:
+        store.begin_chunk(sid, store.stream(sid).chunks + 1)
+        store.end_chunk(sid, 2, close=False)
+        await asyncio.sleep(wait)
+
+    asyncio.run(chunk("a", 0))  # ends before its timer
+    asyncio.run(chunk("b", 4 * SqliteStore.RECORD_WAIT))
+    assert _on_disk(path, "b") == (OPEN, 1, 2)
+    store.close()
+    assert _on_disk(path, "a") == (OPEN, 1, 2)  # written at the close
+    with pytest.raises(sqlite3.ProgrammingError):
+        store.end_chunk("a", 1, close=False)
+
+
+async def test_a_header_that_never_left_fails_nothing(traced: Any) -> None:
+    """D4 starts when the header has left: a large chunk whose header write
+    fails (the pooled session's transport gone) leaves the stream open on both
+    servers, and the next chunk is answered."""
+    p, taken = traced
+    sid = (await p.leader.open_stream(OpenStream("t", StreamKind.LAP24, "4"))).stream_id
+    session = await p.leader.pool.acquire()
+    real = session.channel.write_frame
+
+    async def broken(frame: Any) -> None:
+        raise PeerUnavailable("the session's transport is gone")
+
+    session.channel.write_frame = broken  # type: ignore[method-assign]
+    await p.leader.pool.release(session, True)
+    size = 100  # above FOLD_LANES: the header is written ahead of the protocol
+    with pytest.raises(PeerUnavailable, match="transport is gone"):
+        await p.leader.ask(Ask(sid, Queries(tuple(i % 4 for i in range(size))), (NO,) * size))
+    session.channel.write_frame = real  # type: ignore[method-assign]
+    assert p.leader.core.stream(sid).state == OPEN and p.helper.core.stream(sid).state == OPEN
+    answer = await p.leader.ask(Ask(sid, Queries((0, 1)), (NO,) * 2))
+    assert not answer.yes

@@ -421,13 +421,15 @@ class LeaderSession:
         marks and draws while the leader prepares that message.  Before the
         first reply is read: `mark`, if the exchange's MARK is still due, and
         then the helper's verdict."""
-        exchange.take(Step.SEND_HEADER)
-        self.verdicts.arm(exchange, mark)
         frame = pb.PeerFrame(header=CHUNK_HEADER.to_pb(header))
         if _lanes(header) <= FOLD_LANES:
             self.channel.hold(frame)
         else:
             await self.channel.write_frame(frame)
+        # Sent (or handed to the protocol's first message) only now: a write
+        # that failed leaves the exchange uncommitted (D4 fails nothing).
+        exchange.take(Step.SEND_HEADER)
+        self.verdicts.arm(exchange, mark)
 
     async def verdict(self) -> None:
         """The helper's verdict on the chunk, unless the protocol has read it

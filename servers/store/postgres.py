@@ -189,8 +189,10 @@ class PgStore(SqlStore):
             raise
 
     def close(self) -> None:
-        self._stop_records()
-        self._conn.close()
+        try:
+            self._stop_records()
+        finally:
+            self._conn.close()
 
     async def open_session(self, application_name: str) -> psycopg.AsyncConnection[Any]:
         """A new autocommit asynchronous session on this store's database, in its

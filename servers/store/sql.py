@@ -161,12 +161,16 @@ class SqlStore(ABC):
         #: The records the open transaction writes (back to `_ended` on rollback).
         self._writing: dict[str, int] = {}
         self._record_timer: asyncio.TimerHandle | None = None
+        self._timer_loop: asyncio.AbstractEventLoop | None = None
 
     def _stop_records(self) -> None:
-        """(Each dialect's `close`, before the database goes.)"""
+        """(Each dialect's `close`, before the database goes.)  The waiting
+        records written; from now on a record is written at once (so a record
+        after the close fails where it is made, not later in a timer)."""
         if self._record_timer is not None:
             self._record_timer.cancel()
             self._record_timer = None
+        self.RECORD_WAIT = None
         self.write_records()
 
     # ------------------------------------------------------------ the dialect seam
@@ -637,13 +641,15 @@ class SqlStore(ABC):
             )
             return
         self._ended[stream_id] = answered
-        if self._record_timer is None:
-            try:
-                loop = asyncio.get_running_loop()
-            except RuntimeError:  # no loop to wake us: write it now
-                self.write_records()
-                return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop to wake us: write it now
+            self.write_records()
+            return
+        if self._record_timer is None or self._timer_loop is not loop:
+            # (a handle of a loop that has ended would never fire)
             self._record_timer = loop.call_later(self.RECORD_WAIT, self._records_due)
+            self._timer_loop = loop
 
     def _records_due(self) -> None:
         self._record_timer = None

@@ -9,8 +9,9 @@ safe).  Per-report shares live in a side file per task (`<db>.shares/`), not
 in the database, and are deleted at the agreement.  The schema is versioned
 by SQLite's user_version up to 9 (the frozen ladder), then by the shared
 history in `svtagg_schema` (`servers/store/migrations.py`).  A stream chunk's
-record (not durable) waits in memory for the stream's next mark
-(`SqlStore.end_chunk`): one process owns a SQLite store.
+record (not durable) waits in memory for the stream's next mark, at most 50 ms
+(`SqlStore.end_chunk`; one process owns a SQLite store): a killed process, not
+only a crashed machine, can lose it, and the restart then fails the stream.
 """
 
 from __future__ import annotations
@@ -69,8 +70,10 @@ class SqliteStore(SqlStore):
         self._staged: dict[str, dict[bytes, tuple[bytes, dict[int, U64]]]] = {}
 
     def close(self) -> None:
-        self._stop_records()
-        self._db.close()
+        try:
+            self._stop_records()
+        finally:
+            self._db.close()
 
     def _migrate(self) -> None:
         """Bring an older store up to SCHEMA_VERSION, one versioned step at a time:
