@@ -66,6 +66,7 @@ from svtagg.dp.errors import PeerUnavailable, Refusal
 from svtagg.dp.queries import Query, encode_thresholds
 from svtagg.proto import svtagg_pb2 as pb
 from svtagg.proto import svtagg_pb2_grpc as pb_grpc
+from svtagg.servers.store.sqlite import SqliteStore
 
 T = TypeVar("T")
 
@@ -556,6 +557,11 @@ class KillLoop:
         servers mark a chunk in parallel, so a kill can leave one holding the
         stream failed and the other open; such a stream is counted and must
         refuse its next chunk (the refusal fails it on the other server)."""
+        if not isinstance(self.pd, PgProcessDeployment):
+            # An idle SQLite server writes a chunk's record within RECORD_WAIT
+            # of the chunk (D2 in servers/exchange/machine.py: it waits in
+            # memory for the stream's next mark): read the stores after it.
+            time.sleep(3 * SqliteStore.RECORD_WAIT)
         lead = stream_rows(self.pd, "leader", self.q)
         help_ = stream_rows(self.pd, "helper", self.q)
         for role, rows in (("leader", lead), ("helper", help_)):
