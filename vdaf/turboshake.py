@@ -18,6 +18,8 @@ SHAKE128, checked against this one.
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 _MASK = (1 << 64) - 1
@@ -128,7 +130,7 @@ class XofFixedKeyAes128:
             raise ValueError("XofFixedKeyAes128 seeds are 16 bytes")
         if len(dst) > 65535:
             raise ValueError("XofFixedKeyAes128 takes a dst of at most 65535 bytes")
-        key = turboshake128(len(dst).to_bytes(2, "little") + dst + binder, 2, 16)
+        key = _fixed_key(dst, binder)
         self._aes = Cipher(algorithms.AES(key), modes.ECB()).encryptor()
         self._seed = int.from_bytes(seed, "little")
         self._used = 0
@@ -150,6 +152,13 @@ class XofFixedKeyAes128:
     @classmethod
     def derive_seed(cls, seed: bytes, dst: bytes, binder: bytes) -> bytes:
         return cls(seed, dst, binder).next(cls.SEED_SIZE)
+
+
+@lru_cache(maxsize=256)
+def _fixed_key(dst: bytes, binder: bytes) -> bytes:
+    """TurboSHAKE128(len(dst) ‖ dst ‖ binder, 2, 16): the same AES key for every
+    seed of one report (the draft's note: it may be cached across evaluations)."""
+    return turboshake128(len(dst).to_bytes(2, "little") + dst + binder, 2, 16)
 
 
 def next_vec(
