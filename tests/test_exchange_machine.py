@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
 import sqlite3
+import uuid
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from fractions import Fraction
@@ -17,6 +19,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from conftest import PG_ENV, postgres_unavailable
 from test_joint_servers import UNIT, N, spec
 
 from svtagg.dp.errors import AlreadyExists, PeerUnavailable
@@ -270,41 +273,69 @@ STORE_STEPS = {
 }
 
 
+@pytest.fixture(params=["sqlite", "postgres"])
+def dialect(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
+    """(store class, whether a store is inside a transaction, the two stores
+    for the reference pair or None for its SQLite files)."""
+    if request.param == "sqlite":
+        yield SqliteStore, lambda s: s._db.in_transaction, None
+        return
+    reason = postgres_unavailable()
+    if reason:
+        pytest.skip(reason)
+    import psycopg
+
+    from svtagg.servers.store.postgres import PgStore
+
+    url, tag = os.environ[PG_ENV], uuid.uuid4().hex[:12]
+    schemas = (f"l_{tag}", f"h_{tag}")
+    stores = tuple(PgStore(url, schema=s) for s in schemas)
+
+    def busy(s: Any) -> bool:
+        return bool(s._conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE)
+
+    yield PgStore, busy, stores
+    with psycopg.connect(url, autocommit=True) as conn:
+        for schema in schemas:
+            conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
 async def test_the_stores_commit_what_the_rule_says(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, dialect: Any
 ) -> None:
     """Each store method that takes a MARK or a RECORD commits durably exactly
-    when `DURABLE` says so (a method that writes nothing at all, e.g. a record
-    kept in memory, counts as not durable)."""
+    when `DURABLE` says so, on both dialects (a method that writes nothing at
+    all, e.g. a record kept in memory, counts as not durable)."""
+    cls, busy, stores = dialect
     commits: dict[str, list[bool]] = {name: [] for name in STORE_STEPS}
     current: list[str] = []
-    real_tx, real_alone = SqliteStore._tx, SqliteStore._write_alone
+    real_tx, real_alone = cls._tx, cls._write_alone
 
-    def tx(self: SqliteStore, durable: bool = True) -> AbstractContextManager[None]:
-        if current and not self._db.in_transaction:
+    def tx(self: Any, durable: bool = True) -> AbstractContextManager[None]:
+        if current and not busy(self):
             commits[current[0]].append(durable)
-        return real_tx(self, durable)
+        return real_tx(self, durable)  # type: ignore[no-any-return]
 
-    def alone(self: SqliteStore, statement: str, params: Any, durable: bool = True) -> Any:
-        if current and not self._db.in_transaction:
+    def alone(self: Any, statement: str, params: Any, durable: bool = True) -> Any:
+        if current and not busy(self):
             commits[current[0]].append(durable)
         return real_alone(self, statement, params, durable)
 
-    monkeypatch.setattr(SqliteStore, "_tx", tx)
-    monkeypatch.setattr(SqliteStore, "_write_alone", alone)
+    monkeypatch.setattr(cls, "_tx", tx)
+    monkeypatch.setattr(cls, "_write_alone", alone)
 
     def watch(name: str) -> None:
-        real = getattr(SqliteStore, name)
+        real = getattr(cls, name)
 
-        def wrapped(self: SqliteStore, *a: Any, **k: Any) -> Any:
+        def wrapped(self: Any, *a: Any, **k: Any) -> Any:
             with _outermost(current, name):
                 return real(self, *a, **k)
 
-        monkeypatch.setattr(SqliteStore, name, wrapped)
+        monkeypatch.setattr(cls, name, wrapped)
 
     for name in STORE_STEPS:
         watch(name)
-    async with reference_pair(tmp_path, frac_bits=F) as p:
+    async with reference_pair(tmp_path, frac_bits=F, stores=stores) as p:
         await p.leader.create_task(spec("t"))
         p.upload("t", np.tile([0.0, 0.0, 1.0, 0.0], (N, 1)))
         await p.leader.close_collection("t")
