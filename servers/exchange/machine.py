@@ -127,60 +127,51 @@ class State(Enum):
 
 
 S = State
-_LEADER: dict[Flow, dict[tuple[State, Step], State]] = {
+#: Each table is an opening per flow (how the header moves and where the mark
+#: falls), the protocol, and an ending (a close-time flow's closing status).
+_LEADER_OPENING = {
     Flow.STREAM: {
         (S.READY, Step.SEND_HEADER): S.HEADER_SENT,
         # While the first message travels; before it is made when the chunk's
         # inputs are the pooled shares the mark consumes.
         (S.HEADER_SENT, Step.MARK): S.MARKED,
-        (S.MARKED, Step.READ_VERDICT): S.GO,
-        (S.GO, Step.RUN): S.RAN,
-        (S.RAN, Step.RECORD): S.DONE,
     },
     Flow.BATCH: {
         (S.READY, Step.MARK): S.MARKED_FIRST,
         (S.MARKED_FIRST, Step.SEND_HEADER): S.MARKED,
-        (S.MARKED, Step.READ_VERDICT): S.GO,
-        (S.GO, Step.RUN): S.RAN,
-        (S.RAN, Step.READ_CLOSING): S.CONFIRMED,
-        (S.CONFIRMED, Step.RECORD): S.DONE,
     },
-    Flow.ROBUST: {
-        # Nothing to mark: the helper stages its shares under the pass id,
-        # which MarkAgreed names (a pass that fails is run again, whole).
-        (S.READY, Step.SEND_HEADER): S.MARKED,
-        (S.MARKED, Step.READ_VERDICT): S.GO,
-        (S.GO, Step.RUN): S.RAN,
-        (S.RAN, Step.READ_CLOSING): S.CONFIRMED,
-        (S.CONFIRMED, Step.RECORD): S.DONE,
-    },
+    # Nothing to mark: the helper stages its shares under the pass id, which
+    # MarkAgreed names (a pass that fails is run again, whole).
+    Flow.ROBUST: {(S.READY, Step.SEND_HEADER): S.MARKED},
+}
+_LEADER_RUN = {(S.MARKED, Step.READ_VERDICT): S.GO, (S.GO, Step.RUN): S.RAN}
+_LEADER_END = {
+    False: {(S.RAN, Step.RECORD): S.DONE},
+    True: {(S.RAN, Step.READ_CLOSING): S.CONFIRMED, (S.CONFIRMED, Step.RECORD): S.DONE},
+}
+_HELPER_OPENING = {
+    (S.READY, Step.READ_HEADER): S.HEADER_READ,
+    (S.HEADER_READ, Step.REFUSE): S.REFUSED,
+}
+_HELPER_MARK = {
+    True: {(S.HEADER_READ, Step.MARK): S.MARKED, (S.MARKED, Step.SEND_VERDICT): S.GO},
+    False: {(S.HEADER_READ, Step.SEND_VERDICT): S.GO},
+}
+_HELPER_END = {
+    False: {(S.RAN, Step.RECORD): S.DONE},
+    True: {(S.RAN, Step.RECORD): S.RECORDED, (S.RECORDED, Step.SEND_CLOSING): S.DONE},
+}
+_LEADER: dict[Flow, dict[tuple[State, Step], State]] = {
+    f: {**_LEADER_OPENING[f], **_LEADER_RUN, **_LEADER_END[f.close_time]} for f in Flow
 }
 _HELPER: dict[Flow, dict[tuple[State, Step], State]] = {
-    Flow.STREAM: {
-        (S.READY, Step.READ_HEADER): S.HEADER_READ,
-        (S.HEADER_READ, Step.REFUSE): S.REFUSED,
-        (S.HEADER_READ, Step.MARK): S.MARKED,
-        (S.MARKED, Step.SEND_VERDICT): S.GO,
+    f: {
+        **_HELPER_OPENING,
+        **_HELPER_MARK[f is not Flow.ROBUST],
         (S.GO, Step.RUN): S.RAN,
-        (S.RAN, Step.RECORD): S.DONE,
-    },
-    Flow.BATCH: {
-        (S.READY, Step.READ_HEADER): S.HEADER_READ,
-        (S.HEADER_READ, Step.REFUSE): S.REFUSED,
-        (S.HEADER_READ, Step.MARK): S.MARKED,
-        (S.MARKED, Step.SEND_VERDICT): S.GO,
-        (S.GO, Step.RUN): S.RAN,
-        (S.RAN, Step.RECORD): S.RECORDED,
-        (S.RECORDED, Step.SEND_CLOSING): S.DONE,
-    },
-    Flow.ROBUST: {
-        (S.READY, Step.READ_HEADER): S.HEADER_READ,
-        (S.HEADER_READ, Step.REFUSE): S.REFUSED,
-        (S.HEADER_READ, Step.SEND_VERDICT): S.GO,
-        (S.GO, Step.RUN): S.RAN,
-        (S.RAN, Step.RECORD): S.RECORDED,
-        (S.RECORDED, Step.SEND_CLOSING): S.DONE,
-    },
+        **_HELPER_END[f.close_time],
+    }
+    for f in Flow
 }
 del S
 

@@ -594,30 +594,21 @@ class SqlStore(ABC):
             # row only where `rules.next_chunk` would accept the chunk (with the
             # previous chunk's record folded in, if it waits: D2); when it
             # changes none, the transaction below says why.
-            answered = self._ended.pop(stream_id, None)
-            params: tuple[Any, ...]
-            if answered is None:
-                statement, params = (
-                    "UPDATE streams SET state=?, chunks=chunks+1"
-                    " WHERE stream_id=? AND state=? AND chunks=?",
-                    (IN_CHUNK, stream_id, OPEN, chunk_no - 1),
-                )
-            else:
-                statement, params = (
-                    "UPDATE streams SET chunks=chunks+1, queries=queries+?"
-                    " WHERE stream_id=? AND state=? AND chunks=?",
-                    (answered, stream_id, IN_CHUNK, chunk_no - 1),
-                )
-            try:
-                marked = self._write_alone(statement, params)
-            except BaseException:
-                if answered is not None:
-                    self._ended[stream_id] = answered
-                raise
+            answered = self._ended.get(stream_id)
+            marked = self._write_alone(
+                "UPDATE streams SET state=?, chunks=chunks+1, queries=queries+?"
+                " WHERE stream_id=? AND state=? AND chunks=?",
+                (
+                    IN_CHUNK,
+                    answered or 0,
+                    stream_id,
+                    OPEN if answered is None else IN_CHUNK,
+                    chunk_no - 1,
+                ),
+            )
             if marked.rowcount == 1:
+                self._ended.pop(stream_id, None)
                 return chunk_no
-            if answered is not None:
-                self._ended[stream_id] = answered
         with self._tx():  # writes any waiting record first (`_write_records`)
             number = next_chunk(self.stream(stream_id), chunk_no)
             self._run(
