@@ -164,7 +164,13 @@ def first_yes_circuit(
     """Chunk circuit of AboveThreshold over n lanes: outputs the one-hot of the
     first YES (all zeros if none). Lanes after the first YES output 0 whatever
     their inputs."""
-    return _first_one(be, prefix_or(be, sign_yes(be, a_bits, b, n, width)))
+    return first_yes_logic(be, sign_yes(be, a_bits, b, n, width))
+
+
+def first_yes_logic(be: Backend, yes: Wires) -> Wires:
+    """The one-hot of the first YES among the YES wires (the chunk logic after
+    the sign tests, shared by the garbled and the OT-based path)."""
+    return _first_one(be, prefix_or(be, yes))
 
 
 def ctt_circuit(
@@ -178,7 +184,11 @@ def ctt_circuit(
     before j). Before the first CLOSE, m_j tells HIGH from LOW; from the first
     CLOSE on, m_j = 0 and after it f_j = 0, so later queries reveal nothing.
     """
-    yes = sign_yes(be, a_bits, b, 2 * n, width)
+    return ctt_logic(be, sign_yes(be, a_bits, b, 2 * n, width), n)
+
+
+def ctt_logic(be: Backend, yes: Wires, n: int) -> tuple[Wires, Wires]:
+    """`ctt_circuit` after its sign tests: yes = the n high then the n low YES wires."""
     high, low = yes[:n], yes[n:]
     close = be.and_(be.not_(high), be.not_(low))
     p = prefix_or(be, close)

@@ -17,7 +17,7 @@ from typing import Any, Generic, TypeVar
 import numpy as np
 import numpy.typing as npt
 
-from svtagg.mpc import native
+from svtagg.mpc import millionaire, native
 from svtagg.mpc import softspoken as otx
 from svtagg.mpc.aes import Blocks, TweakableHash
 from svtagg.mpc.channel import Channel, MemoryChannel
@@ -32,11 +32,13 @@ from svtagg.mpc.circuits import (
     check_width,
     clamp_reshare_circuit,
     ctt_circuit,
+    ctt_logic,
     ctt_outcomes,
     field_clamp_reshare_circuit,
     field_words,
     first_yes_circuit,
     first_yes_index,
+    first_yes_logic,
     index_bits,
     lane_batches,
     prime_field,
@@ -188,6 +190,46 @@ def compare_to_thresholds_spec(width: int = RING_BITS) -> ChunkCircuit[list[int]
         tables_per_lane=2 * w + 3,
         width=w,
         streams=True,
+    )
+
+
+def _yes_wires(be: Backend, a_bits: Bits | None, b: WireSource, n: int) -> Wires:
+    """YES bits held as XOR shares (the OT path's output) as wires: the
+    evaluator's share by OT (1 bit per lane), the garbler's a free XOR."""
+    parts = []
+    for lo, hi in lane_batches(n):
+        w = b(lo, hi)[0].copy()  # the OT extension reuses its label buffer per batch
+        parts.append(be.xor_const(w, None if a_bits is None else a_bits[0, lo:hi]))
+    return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+
+def first_yes_after_ot() -> ChunkCircuit[int | None]:
+    """AboveThreshold's chunk logic on YES bits shared by the OT path."""
+    return ChunkCircuit(
+        inputs=("z",),
+        outputs=1,
+        circuit=lambda be, a_bits, b, k: (first_yes_logic(be, _yes_wires(be, a_bits, b, k)),),
+        decode=lambda bits: first_yes_index(bits[0]),
+        encode=_encode_index,
+        parse=_parse_index,
+        empty=lambda: None,
+        tables_per_lane=3,
+        width=1,
+    )
+
+
+def ctt_after_ot() -> ChunkCircuit[list[int]]:
+    """CompareToThresholds' chunk logic on YES bits shared by the OT path."""
+    return ChunkCircuit(
+        inputs=("z_high", "z_low"),
+        outputs=2,
+        circuit=lambda be, a_bits, b, k: ctt_logic(be, _yes_wires(be, a_bits, b, 2 * k), k),
+        decode=lambda bits: ctt_outcomes(*bits),
+        encode=_encode_outcomes,
+        parse=_parse_outcomes,
+        empty=list,
+        tables_per_lane=6,
+        width=1,
     )
 
 
@@ -363,7 +405,12 @@ class _Party:
     input_labels_log: list[Blocks] | None = None
 
     def __init__(
-        self, channel: Channel, session_id: bytes, scheme: str = "halfgates", ot: str | None = None
+        self,
+        channel: Channel,
+        session_id: bytes,
+        scheme: str = "halfgates",
+        ot: str | None = None,
+        ot_compare_from: int | None = None,
     ) -> None:
         if not session_id:
             raise ValueError("session_id must be non-empty and fresh")
@@ -381,11 +428,19 @@ class _Party:
         self._workspace: dict[str, Blocks] = {}  # scratch reused across chunks
         self.last_stats = RunStats()
         self._ready = False
+        #: First-YES and CompareToThresholds chunks of at least this many
+        #: comparisons run the OT-based path (`millionaire.py`); None: never.
+        #: Both parties must be given the same value (the servers: SessionOpen).
+        self.ot_compare_from = ot_compare_from
+        #: "garbled" or "ot": the path the last first-YES / CTT chunk took.
+        self.last_path = "garbled"
 
     async def first_yes(self, z: npt.ArrayLike, width: int = RING_BITS) -> int | None:
         """First j with signed(z_L[j] + z_H[j]) ≥ 0, or None, on both sides, from
         this party's share (either share: the circuit adds them).  `width` w < 64
         compares the low w bits (same w on both; correct if |z_L + z_H| < 2^(w−1))."""
+        if self._ot_path(np.shape(z)[0]):
+            return await self._ot_chunk(first_yes_after_ot(), width, z)
         return await self._chunk_flow(first_yes_spec(width), z)
 
     async def compare_to_thresholds(
@@ -393,7 +448,61 @@ class _Party:
     ) -> list[int]:
         """Outcomes (HIGH, LOW, CLOSE) up to and including the first CLOSE, on both
         sides, and nothing later, from this party's shares (`width`: `first_yes`)."""
+        if self._ot_path(2 * np.shape(z_high)[0]):
+            return await self._ot_chunk(ctt_after_ot(), width, z_high, z_low)
         return await self._chunk_flow(compare_to_thresholds_spec(width), z_high, z_low)
+
+    def _ot_path(self, comparisons: int) -> bool:
+        """Whether a chunk of this many comparisons runs the OT-based path (public:
+        both parties decide alike).  Records the choice in `last_path`."""
+        cut = self.ot_compare_from
+        use = cut is not None and comparisons > 0 and comparisons >= cut
+        self.last_path = "ot" if use else "garbled"
+        return use
+
+    async def _ot_chunk(self, spec: ChunkCircuit[R], width: int, *zs: npt.ArrayLike) -> R:
+        """The OT-based path: the millionaires' protocol gives XOR shares of every
+        YES bit (its own chunk number: OT nonce and tweaks), then the chunk's
+        logic (prefix OR, CTT codes) runs garbled on those bits (`spec`, w = 1)."""
+        if not self._ready:
+            raise RuntimeError("call setup() first")
+        check_width(width)
+        shares = [_as_ring(z) for z in zs]
+        if any(s.shape != shares[0].shape for s in shares):
+            raise ValueError(f"{' and '.join(spec.inputs)} differ in length")
+        nonce, tweak_hi = self._next_chunk()
+        z = shares[0] if len(shares) == 1 else np.concatenate(shares)
+        s, r, t = self.channel.bytes_sent, self.channel.bytes_received, time.perf_counter()
+        p = millionaire.plan(width)
+        select = getattr(self.channel, "select", None)
+        if select is not None:
+            select(z.shape[0])
+        limit = getattr(self.channel, "limit_messages", None)
+        if limit is not None:
+            ots = 8 * sum(_ot_widths(z.shape[0], p.planes))
+            longest = max(
+                int(bytes_per_ot(self.ot) * ots),
+                -(-p.table_bits * z.shape[0] // 8) + 2 * p.ands * z.shape[0] // 8 + 1,
+            )
+            limit(max(longest, otx.extension_bound(self.ot)))
+        yes = await self._millionaire(p, z, nonce, tweak_hi)
+        parts = np.split(yes.astype(np.uint64), len(shares))
+        result = await self._chunk_flow(spec, *parts)
+        gc = self.last_stats
+        self.last_stats = RunStats(
+            comparisons=z.shape[0],
+            and_gates=gc.and_gates,
+            bytes_sent=self.channel.bytes_sent - s,
+            bytes_received=self.channel.bytes_received - r,
+            messages=1 + len(millionaire.schedule(p.depth)) + gc.messages,
+            seconds=time.perf_counter() - t,
+        )
+        self.last_path = "ot"
+        return result
+
+    async def _millionaire(self, p: millionaire.Plan, z: U64, nonce: int, tweak_hi: int) -> Bits:
+        """This side's XOR shares of YES for every lane of z."""
+        raise NotImplementedError
 
     async def noisy_max(
         self,
@@ -531,6 +640,24 @@ class ComparisonGarbler(_Party):
         self.delta = self._ext.delta
         self._ready = True
 
+    async def _millionaire(self, p: millionaire.Plan, z: U64, nonce: int, tweak_hi: int) -> Bits:
+        """Receive the OT message, send the leaf tables and openings as
+        `millionaire.schedule` says, read the evaluator's openings."""
+        side = millionaire.GarblerSide(p, z, self.delta, tweak_hi)
+        lanes = z.shape[0]
+        widths = _ot_widths(lanes, p.planes)
+        await otx.refill(self._ext, self.channel, 8 * sum(widths))
+        q = await ot_labels(self.channel, self._ext, widths, nonce, False)
+        for lo, hi in lane_batches(lanes):
+            side.batch(self.hasher, lo, next(q)[: p.planes * (hi - lo)].reshape(p.planes, hi - lo, 2))
+        for i, (who, levels) in enumerate(millionaire.schedule(p.depth)):
+            if who == "G":
+                msg = side.pack(levels)
+                await self.channel.send(side.tables() + msg if i == 0 else msg)
+            else:
+                side.receive(await self.channel.recv(), levels)
+        return side.yes_share()
+
     async def clamp_reshare(self, share: npt.ArrayLike, bound: int) -> U64:
         a = _as_ring(share)
         r = np.frombuffer(os.urandom(8 * a.shape[0]), dtype="<u8").astype(np.uint64)
@@ -603,6 +730,32 @@ class ComparisonEvaluator(_Party):
         self._ext = await extension_receiver(self.channel, keys, self.ot, self.session_id)
         self._ready = True
 
+    async def _millionaire(self, p: millionaire.Plan, z: U64, nonce: int, tweak_hi: int) -> Bits:
+        """Send the OT message for the leaf bits and the triples' random choices,
+        then read the tables and exchange openings as `millionaire.schedule` says."""
+        side = millionaire.EvaluatorSide(p, z, tweak_hi)
+        lanes = z.shape[0]
+        widths = _ot_widths(lanes, p.planes)
+        choices = [side.choices(lo, hi) for lo, hi in lane_batches(lanes)]
+        await otx.refill(self._ext, self.channel, 8 * sum(widths))
+        await send_ot_message(self.channel, self._ext, choices, nonce, False)
+        t = self._ext.labels(widths, nonce)
+        for lo, hi in lane_batches(lanes):
+            side.batch(self.hasher, lo, next(t)[: p.planes * (hi - lo)].reshape(p.planes, hi - lo, 2))
+        tables = -(-p.table_bits * lanes // 8)
+        for i, (who, levels) in enumerate(millionaire.schedule(p.depth)):
+            if who == "E":
+                await self.channel.send(side.pack(levels))
+                continue
+            msg = memoryview(await self.channel.recv())
+            if i == 0:
+                if len(msg) < tables:
+                    raise ValueError("malformed comparison table message")
+                side.read_tables(msg[:tables])
+                msg = msg[tables:]
+            side.receive(msg, levels)
+        return side.yes_share()
+
     async def clamp_reshare(self, share: npt.ArrayLike, bound: int) -> U64:
         y = await self._chunk_flow(clamp_reshare_spec(bound), share)
         return y if y is not None else np.zeros(0, dtype=np.uint64)
@@ -661,12 +814,17 @@ class ComparisonEvaluator(_Party):
 
 
 async def connected_pair(
-    session_id: bytes | None = None, scheme: str = "halfgates", ot: str | None = None
+    session_id: bytes | None = None,
+    scheme: str = "halfgates",
+    ot: str | None = None,
+    ot_compare_from: int | None = None,
 ) -> tuple[ComparisonGarbler, ComparisonEvaluator]:
-    """A garbler and an evaluator joined by a MemoryChannel, their OT setup (`ot`) done."""
+    """A garbler and an evaluator joined by a MemoryChannel, their OT setup (`ot`)
+    done; `ot_compare_from`: the OT-based path's chunk size (`_Party`)."""
     sid = session_id if session_id is not None else secrets.token_bytes(16)
     cg, ce = MemoryChannel.pair()
-    g, e = ComparisonGarbler(cg, sid, scheme, ot), ComparisonEvaluator(ce, sid, scheme, ot)
+    g = ComparisonGarbler(cg, sid, scheme, ot, ot_compare_from)
+    e = ComparisonEvaluator(ce, sid, scheme, ot, ot_compare_from)
     await asyncio.gather(g.setup(), e.setup())
     return g, e
 

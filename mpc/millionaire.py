@@ -1,0 +1,465 @@
+"""The OT-based comparison (docs/mpc.md, "The OT-based comparison path"): XOR
+shares of YES_j = [signed(z_L[j] + z_H[j]) ≥ 0] on the low w bits, from a
+millionaires' protocol over correlated OTs, with no garbled table per bit.
+
+The carry into bit w − 1 of z_G + z_E (mod 2^w) is [x > ȳ] for the low n = w − 1
+bits x of the garbler's share and ȳ = ¬(the evaluator's low n bits): x + y ≥ 2^n
+⇔ x > 2^n − 1 − y.  So YES = ¬(a_{n} ⊕ b_{n} ⊕ [x > ȳ]), and each party's
+share of YES is one bit of its own plus its share of the millionaires' bit.
+
+The millionaires' protocol follows CrypTFlow2 (Rathee, Rathee, Goyal, Gupta,
+Sharma, Chandran, Rastogi, "CrypTFlow2: Practical 2-Party Secure Inference",
+CCS 2020, §4.1):
+
+* the n bits are cut into q leaf blocks; for each block the evaluator, as the
+  receiver of a 1-out-of-2^s OT on its block value v, learns the garbler's
+  masked table entry (lt, eq)[v] ⊕ (gt_G, eq_G): XOR shares of [x_j > v] and
+  [x_j = v];
+* the leaves are combined pairwise up a tree, gt = gt_hi ⊕ eq_hi·gt_lo and
+  eq = eq_hi·eq_lo, each AND a Beaver multiplication on XOR shares.
+
+Both parts run on the session's OT extension (SoftSpoken, IKNP or Ferret): one
+chunk's correlated OTs q ⊕ t = r·Δ, the evaluator choosing r.
+
+* 1-out-of-2^s OT from s correlated OTs: the garbler's keys K_i^b = H(q_i ⊕ b·Δ,
+  τ_i), the evaluator's K_i^{r_i} = H(t_i, τ_i); entry u is masked by
+  H(⊕_i K_i^{u_i}, τ_{block, u}).  For u ≠ v the XOR contains some key
+  K_i^{¬v_i} the evaluator cannot compute, so the mask is pseudorandom to it
+  (H a tweakable correlation-robust hash, every tweak used once per Δ).
+* A bit triple from two correlated OTs with random choices: a random OT's
+  messages s_b = lsb H(q ⊕ b·Δ, τ) give (s_0 ⊕ s_1)·r = s_0 ⊕ s_r, shares of the
+  product of a garbler bit and an evaluator bit; two of them are the two cross
+  terms of (a_G ⊕ a_E)(b_G ⊕ b_E) (the construction of ABY and CrypTFlow2).
+
+The tree's depth D is made odd where that costs little (blocks of ≤ 5 bits):
+then the evaluator holds its last share one flight before the garbler and its
+input message for the chunk's garbled logic rides in that flight.  Flights per
+chunk (E = evaluator, G = garbler): E the OT message; G the leaf tables and its
+level-1 openings; then alternately each party's openings of every level it can
+open, two levels per flight.  `schedule(D)` is that order, the same on both.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from svtagg.mpc.aes import Blocks
+
+Bits = npt.NDArray[np.uint8]
+
+#: Bits per leaf block before the depth is made odd (CrypTFlow2's m = 4).
+BLOCK_BITS = 4
+#: The largest leaf block taken to save a tree level (a 2^5-entry table).
+MAX_BLOCK_BITS = 5
+_PAD = np.uint64(1 << 63)  # high bit of the low tweak word: the leaf masks
+
+
+@dataclass(frozen=True)
+class Gate:
+    """One node of a tree level: a pair (hi, lo) of the level below, or one
+    node passed up unchanged (lo = -1); `eq` says whether its eq is needed."""
+
+    hi: int
+    lo: int
+    eq: bool
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The public shape of one width's comparison: leaf blocks, tree, OT count."""
+
+    width: int
+    #: (lowest bit, bits) of each leaf block, most significant block first.
+    blocks: tuple[tuple[int, int], ...]
+    #: Whether each leaf's eq share is needed (the lowest block's never is).
+    leaf_eq: tuple[bool, ...]
+    levels: tuple[tuple[Gate, ...], ...]
+
+    @property
+    def bits(self) -> int:
+        return self.width - 1
+
+    @property
+    def depth(self) -> int:
+        return len(self.levels)
+
+    def level_ands(self, level: int) -> int:
+        return sum(1 + g.eq for g in self.levels[level] if g.lo >= 0)
+
+    @property
+    def ands(self) -> int:
+        """Beaver ANDs per comparison."""
+        return sum(self.level_ands(i) for i in range(self.depth))
+
+    @property
+    def planes(self) -> int:
+        """Correlated OTs per comparison: one per leaf bit, two per AND."""
+        return self.bits + 2 * self.ands
+
+    @property
+    def table_bits(self) -> int:
+        """Bits of the garbler's leaf tables per comparison."""
+        return sum((1 + eq) << s for (_, s), eq in zip(self.blocks, self.leaf_eq, strict=True))
+
+
+def _blocks(n: int) -> list[int]:
+    q = -(-n // BLOCK_BITS)
+    depth = math.ceil(math.log2(q)) if q > 1 else 0
+    if depth >= 2 and depth % 2 == 0 and -(-n // (1 << (depth - 1))) <= MAX_BLOCK_BITS:
+        q = 1 << (depth - 1)
+    base, extra = divmod(n, q)
+    return [base + (1 if j < extra else 0) for j in range(q)]
+
+
+@functools.lru_cache(maxsize=64)
+def plan(width: int) -> Plan:
+    if not 2 <= width <= 64:
+        raise ValueError(f"comparison width must be in [2, 64] bits, got {width}")
+    sizes = _blocks(width - 1)
+    blocks, top = [], width - 1
+    for s in sizes:
+        top -= s
+        blocks.append((top, s))
+    # Bottom-up shape: pairs (0,1), (2,3), …; an odd last node passes up.
+    shapes: list[list[tuple[int, int]]] = []
+    count = len(blocks)
+    while count > 1:
+        level = [(2 * i, 2 * i + 1) for i in range(count // 2)]
+        if count % 2:
+            level.append((count - 1, -1))
+        shapes.append(level)
+        count = len(level)
+    # Top-down needs: the root needs gt only; a pair needs its hi's eq always
+    # and its lo's eq when it needs eq itself; a passed node as its parent.
+    need = [False]
+    levels: list[tuple[Gate, ...]] = []
+    for level in reversed(shapes):
+        below = [False] * (max(max(h, lo) for h, lo in level) + 1)
+        gates = []
+        for (h, lo), eq in zip(level, need, strict=True):
+            gates.append(Gate(h, lo, eq))
+            if lo >= 0:
+                below[h], below[lo] = True, eq
+            else:
+                below[h] = eq
+        levels.append(tuple(gates))
+        need = below
+    levels.reverse()
+    leaf_eq = tuple(need) if shapes else (False,)
+    return Plan(width, tuple(blocks), leaf_eq, tuple(levels))
+
+
+def schedule(depth: int) -> list[tuple[str, tuple[int, ...]]]:
+    """The flights after the evaluator's OT message: (sender "G"/"E", tree levels
+    (1-based) whose openings it carries).  The first is the garbler's, with the
+    leaf tables.  A party opens level L once it holds both openings of L − 1."""
+    if depth == 0:
+        return [("G", ())]
+    flights: list[tuple[str, tuple[int, ...]]] = [("G", (1,))]
+    mine, theirs = {"G": 1, "E": 0}, {"G": 0, "E": 1}
+    turn = "E"
+    while min(mine.values()) < depth:
+        other = "G" if turn == "E" else "E"
+        sent = []
+        level = mine[turn] + 1
+        while level <= depth and level - 1 <= theirs[turn]:
+            sent.append(level)
+            level += 1
+        mine[turn] += len(sent)
+        theirs[other] = mine[turn]
+        flights.append((turn, tuple(sent)))
+        turn = other
+    return flights
+
+
+def evaluator_done_after(depth: int) -> int:
+    """Index in `schedule(depth)` of the flight after which the evaluator holds
+    its YES shares: its own last flight when it already holds the garbler's
+    last level, else the garbler's last flight."""
+    flights = schedule(depth)
+    for i, (who, levels) in enumerate(flights):
+        if depth in levels and who == "G":
+            return i  # the garbler's last level arrives: done after reading it
+    raise AssertionError("unreachable")
+
+
+def _lane_tweaks(first: int, lanes: int, planes: int, hi: int) -> Blocks:
+    """Tweaks (lane·planes + plane, hi) of one lane batch's OTs, plane-major."""
+    tw = np.empty((planes, lanes, 2), dtype=np.uint64)
+    lane = np.arange(first, first + lanes, dtype=np.uint64) * np.uint64(planes)
+    tw[:, :, 0] = lane[None, :] + np.arange(planes, dtype=np.uint64)[:, None]
+    tw[:, :, 1] = np.uint64(hi)
+    return tw.reshape(-1, 2)
+
+
+def _pad_tweaks(first: int, lanes: int, block: int, blocks: int, u: Any, hi: int) -> Blocks:
+    """Tweaks of block `block`'s masks: (2^63 | (lane·q + block)·2^8 | u, hi)."""
+    base = (np.arange(first, first + lanes, dtype=np.uint64) * np.uint64(blocks)
+            + np.uint64(block)) << np.uint64(8)  # fmt: skip
+    u = np.asarray(u, dtype=np.uint64)
+    tw = np.empty(np.broadcast_shapes(base[:, None].shape, u.reshape(lanes, -1).shape) + (2,),
+                  dtype=np.uint64)  # fmt: skip
+    tw[..., 0] = (base[:, None] | u.reshape(lanes, -1)) | _PAD
+    tw[..., 1] = np.uint64(hi)
+    return tw.reshape(-1, 2)
+
+
+def _lsb(x: Blocks) -> Bits:
+    return (x[:, 0] & np.uint64(1)).astype(np.uint8)
+
+
+def random_bits(n: int) -> Bits:
+    """n uniform bits from the CSPRNG."""
+    raw = np.frombuffer(os.urandom(-(-n // 8)), dtype=np.uint8)
+    return np.unpackbits(raw, bitorder="little")[:n]
+
+
+def low_bits(z: npt.NDArray[np.uint64], lo: int, s: int) -> npt.NDArray[np.int64]:
+    return ((z >> np.uint64(lo)) & np.uint64((1 << s) - 1)).astype(np.int64)
+
+
+class _Side:
+    """What both parties hold during one chunk: leaf shares, triples, the tree."""
+
+    garbler: bool
+
+    def __init__(self, p: Plan, lanes: int) -> None:
+        self.plan, self.lanes = p, lanes
+        t = p.ands
+        self.a = np.empty((t, lanes), np.uint8)
+        self.b = np.empty((t, lanes), np.uint8)
+        self.c = np.empty((t, lanes), np.uint8)
+        q = len(p.blocks)
+        self.gt = np.empty((q, lanes), np.uint8)
+        self.eq = np.zeros((q, lanes), np.uint8)
+        self._closed = 0  # tree levels whose outputs this side holds
+        self._opened: dict[int, Bits] = {}  # this side's openings (d ‖ e) per level
+        self._theirs: dict[int, Bits] = {}  # the peer's
+        self._t0 = [0]
+        for i in range(p.depth):
+            self._t0.append(self._t0[-1] + p.level_ands(i))
+
+    def open_level(self, level: int) -> Bits:
+        """This side's openings (x ⊕ a, y ⊕ b) of `level`'s ANDs (0-based), as bits."""
+        if level != self._closed or level in self._opened:
+            raise AssertionError("tree levels are opened once, in order")
+        xs, ys = [], []
+        for g in self.plan.levels[level]:
+            if g.lo < 0:
+                continue
+            xs.append(self.eq[g.hi])
+            ys.append(self.gt[g.lo])
+            if g.eq:
+                xs.append(self.eq[g.hi])
+                ys.append(self.eq[g.lo])
+        t0, t1 = self._t0[level], self._t0[level + 1]
+        x, y = np.stack(xs), np.stack(ys)
+        mine = np.concatenate([(x ^ self.a[t0:t1]).ravel(), (y ^ self.b[t0:t1]).ravel()])
+        self._opened[level] = mine
+        return mine
+
+    def _settle(self) -> None:
+        """Close every level whose two openings are in, in order."""
+        while self._closed in self._opened and self._closed in self._theirs:
+            self._close_level(self._closed)
+            self._closed += 1
+
+    def _close_level(self, level: int) -> None:
+        """With both openings of `level`: this side's output shares; the level's
+        nodes become the tree's current nodes."""
+        t0, t1 = self._t0[level], self._t0[level + 1]
+        m = (t1 - t0) * self.lanes
+        both = self._opened.pop(level) ^ self._theirs.pop(level)
+        d = both[:m].reshape(t1 - t0, self.lanes)
+        e = both[m:].reshape(t1 - t0, self.lanes)
+        z = self.c[t0:t1] ^ (d & self.b[t0:t1]) ^ (e & self.a[t0:t1])
+        if self.garbler:
+            z ^= d & e
+        gates = self.plan.levels[level]
+        gt = np.empty((len(gates), self.lanes), np.uint8)
+        eq = np.zeros((len(gates), self.lanes), np.uint8)
+        at = 0
+        for i, g in enumerate(gates):
+            if g.lo < 0:
+                gt[i], eq[i] = self.gt[g.hi], self.eq[g.hi]
+                continue
+            gt[i] = self.gt[g.hi] ^ z[at]
+            at += 1
+            if g.eq:
+                eq[i] = z[at]
+                at += 1
+        self.gt, self.eq = gt, eq
+
+    def pack(self, levels: tuple[int, ...]) -> bytes:
+        """This side's openings of `levels` (1-based), each level closed as soon
+        as the peer's openings of it are in (so the next can be opened)."""
+        bits = []
+        for lv in levels:
+            bits.append(self.open_level(lv - 1))
+            self._settle()
+        if not bits:
+            return b""
+        return np.packbits(np.concatenate(bits), bitorder="little").tobytes()
+
+    def receive(self, msg: bytes | memoryview, levels: tuple[int, ...]) -> None:
+        """The peer's openings of `levels` (1-based), of the length they must have."""
+        sizes = [2 * self.plan.level_ands(lv - 1) * self.lanes for lv in levels]
+        if len(msg) != -(-sum(sizes) // 8):
+            raise ValueError("malformed comparison opening message")
+        bits = np.unpackbits(np.frombuffer(msg, np.uint8), bitorder="little")
+        at = 0
+        for lv, size in zip(levels, sizes, strict=True):
+            self._theirs[lv - 1] = bits[at : at + size]
+            at += size
+        if bits[at:].any():
+            raise ValueError("malformed comparison opening message")
+        self._settle()
+
+    def carry(self) -> Bits:
+        if self.gt.shape[0] != 1:
+            raise AssertionError("tree not finished")
+        return self.gt[0]
+
+
+class GarblerSide(_Side):
+    """The OT sender (on the servers, the helper): holds Δ and x."""
+
+    garbler = True
+
+    def __init__(self, p: Plan, z: npt.NDArray[np.uint64], delta: Blocks, tweak_hi: int) -> None:
+        super().__init__(p, z.shape[0])
+        self.z = z
+        self.delta = np.ascontiguousarray(delta, dtype=np.uint64).reshape(1, 2)
+        self.hi = tweak_hi
+        q = len(p.blocks)
+        self.gt[:] = random_bits(q * self.lanes).reshape(q, self.lanes)
+        self.eq[:] = random_bits(q * self.lanes).reshape(q, self.lanes)
+        self._tables = [np.empty(((1 + eq) * self.lanes) << s, np.uint8)
+                        for (_, s), eq in zip(p.blocks, p.leaf_eq, strict=True)]  # fmt: skip
+
+    def batch(self, h: Any, lo: int, q: Blocks) -> None:
+        """One lane batch's correlated OTs (planes × lanes × 2 words): its
+        part of the leaf tables and its triples."""
+        p, n = self.plan, self.plan.bits
+        lanes = q.shape[1]
+        flat = np.ascontiguousarray(q.reshape(-1, 2))
+        tw = _lane_tweaks(lo, lanes, p.planes, self.hi)
+        k0 = np.array(h(flat, tw)).reshape(p.planes, lanes, 2)
+        k1 = np.array(h(np.ascontiguousarray(flat ^ self.delta), tw)).reshape(p.planes, lanes, 2)
+        nb = len(p.blocks)
+        for j, ((first, s), eq) in enumerate(zip(p.blocks, p.leaf_eq, strict=True)):
+            comb = np.zeros((lanes, 1, 2), np.uint64)
+            for bit in range(s):  # entry u = Σ u_l·2^l: the new bit is the high one
+                plane = first + bit
+                comb = np.concatenate([comb ^ k0[plane][:, None], comb ^ k1[plane][:, None]], 1)
+            u = np.arange(1 << s)
+            tw_u = _pad_tweaks(lo, lanes, j, nb, np.broadcast_to(u, (lanes, 1 << s)), self.hi)
+            pad = np.array(h(np.ascontiguousarray(comb.reshape(-1, 2)), tw_u))
+            pw = pad[:, 0].reshape(lanes, 1 << s)
+            xj = low_bits(self.z[lo : lo + lanes], first, s)[:, None]
+            gt = ((pw & np.uint64(1)).astype(np.uint8) ^ (xj > u).astype(np.uint8)
+                  ^ self.gt[j, lo : lo + lanes, None])  # fmt: skip
+            size = lanes << s
+            table = self._tables[j]
+            table[lo << s : (lo << s) + size] = gt.ravel()
+            if eq:
+                e = ((pw >> np.uint64(1)) & np.uint64(1)).astype(np.uint8) ^ (xj == u).astype(
+                    np.uint8
+                ) ^ self.eq[j, lo : lo + lanes, None]
+                half = self.lanes << s
+                table[half + (lo << s) : half + (lo << s) + size] = e.ravel()
+        # Triples: planes n + 2t (a_G·b_E) and n + 2t + 1 (b_G·a_E).
+        s0 = (k0[n:, :, 0] & np.uint64(1)).astype(np.uint8)
+        s1 = (k1[n:, :, 0] & np.uint64(1)).astype(np.uint8)
+        a, u1 = s0[0::2] ^ s1[0::2], s0[0::2]
+        b, u2 = s0[1::2] ^ s1[1::2], s0[1::2]
+        sl = slice(lo, lo + lanes)
+        self.a[:, sl], self.b[:, sl], self.c[:, sl] = a, b, (a & b) ^ u1 ^ u2
+
+    def tables(self) -> bytes:
+        return np.packbits(np.concatenate(self._tables), bitorder="little").tobytes()
+
+    def yes_share(self) -> Bits:
+        """¬(a_n ⊕ carry_G): this side's share of YES."""
+        top = ((self.z >> np.uint64(self.plan.bits)) & np.uint64(1)).astype(np.uint8)
+        return 1 ^ top ^ self.carry()
+
+
+class EvaluatorSide(_Side):
+    """The OT receiver (on the servers, the leader): holds ȳ = ¬y."""
+
+    garbler = False
+
+    def __init__(self, p: Plan, z: npt.NDArray[np.uint64], tweak_hi: int) -> None:
+        super().__init__(p, z.shape[0])
+        self.z = z
+        self.ybar = ~z
+        self.hi = tweak_hi
+        self.r = np.empty((p.planes, self.lanes), np.uint8)
+        for i in range(p.bits):
+            self.r[i] = low_bits(self.ybar, i, 1)
+        self.r[p.bits :] = random_bits(2 * p.ands * self.lanes).reshape(2 * p.ands, self.lanes)
+        q = len(p.blocks)
+        self._pads = np.empty((q, self.lanes), np.uint64)
+
+    def choices(self, lo: int, hi: int) -> Bits:
+        """Packed choice bits of a lane batch, plane-major (the extension's layout)."""
+        return np.packbits(self.r[:, lo:hi].reshape(-1), bitorder="little")
+
+    def batch(self, h: Any, lo: int, t: Blocks) -> None:
+        p, n = self.plan, self.plan.bits
+        lanes = t.shape[1]
+        tw = _lane_tweaks(lo, lanes, p.planes, self.hi)
+        k = np.array(h(np.ascontiguousarray(t.reshape(-1, 2)), tw)).reshape(p.planes, lanes, 2)
+        nb = len(p.blocks)
+        for j, (first, s) in enumerate(p.blocks):
+            comb = np.zeros((lanes, 2), np.uint64)
+            for bit in range(s):
+                comb ^= k[first + bit]
+            v = low_bits(self.ybar[lo : lo + lanes], first, s)
+            pad = np.array(h(comb, _pad_tweaks(lo, lanes, j, nb, v, self.hi)))
+            self._pads[j, lo : lo + lanes] = pad[:, 0]
+        sl = slice(lo, lo + lanes)
+        v_bits = (k[n:, :, 0] & np.uint64(1)).astype(np.uint8)
+        r = self.r[n:, sl]
+        b, v1 = r[0::2], v_bits[0::2]
+        a, v2 = r[1::2], v_bits[1::2]
+        self.a[:, sl], self.b[:, sl], self.c[:, sl] = a, b, (a & b) ^ v1 ^ v2
+
+    def read_tables(self, msg: bytes | memoryview) -> None:
+        p = self.plan
+        if len(msg) != -(-p.table_bits * self.lanes // 8):
+            raise ValueError("malformed comparison table message")
+        bits = np.unpackbits(np.frombuffer(msg, np.uint8), bitorder="little")
+        if bits[p.table_bits * self.lanes :].any():
+            raise ValueError("malformed comparison table message")
+        at, lanes = 0, np.arange(self.lanes)
+        for j, ((first, s), eq) in enumerate(zip(p.blocks, p.leaf_eq, strict=True)):
+            v = low_bits(self.ybar, first, s)
+            idx = at + (lanes << s) + v
+            pw = self._pads[j]
+            self.gt[j] = bits[idx] ^ (pw & np.uint64(1)).astype(np.uint8)
+            if eq:
+                half = self.lanes << s
+                self.eq[j] = bits[idx + half] ^ ((pw >> np.uint64(1)) & np.uint64(1)).astype(
+                    np.uint8
+                )
+            at += (1 + eq) * (self.lanes << s)
+
+    def yes_share(self) -> Bits:
+        """b_n ⊕ carry_E: this side's share of YES."""
+        top = ((self.z >> np.uint64(self.plan.bits)) & np.uint64(1)).astype(np.uint8)
+        return top ^ self.carry()
+
+
+def plain_yes(z_g: npt.NDArray[np.uint64], z_e: npt.NDArray[np.uint64], width: int) -> Bits:
+    """Plaintext reference: YES_j on the low `width` bits of z_g + z_e."""
+    s = (z_g + z_e) & np.uint64((1 << width) - 1 if width < 64 else (1 << 64) - 1)
+    return (1 ^ ((s >> np.uint64(width - 1)) & np.uint64(1))).astype(np.uint8)
