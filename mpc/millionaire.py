@@ -190,23 +190,34 @@ def evaluator_done_after(depth: int) -> int:
     raise AssertionError("unreachable")
 
 
-def _lane_tweaks(first: int, lanes: int, planes: int, hi: int) -> Blocks:
+def _scratch(ws: dict[str, Any], name: str, rows: int) -> Blocks:
+    """`rows` blocks of the buffer `name` in `ws`, grown when too small."""
+    buf = ws.get("mill_" + name)
+    if buf is None or buf.shape[0] < rows:
+        buf = ws["mill_" + name] = np.empty((rows, 2), dtype=np.uint64)
+    return buf[:rows]
+
+
+def _lane_tweaks(first: int, lanes: int, planes: int, hi: int, ws: dict[str, Any]) -> Blocks:
     """Tweaks (lane·planes + plane, hi) of one lane batch's OTs, plane-major."""
-    tw = np.empty((planes, lanes, 2), dtype=np.uint64)
+    tw = _scratch(ws, "tw", planes * lanes).reshape(planes, lanes, 2)
     lane = np.arange(first, first + lanes, dtype=np.uint64) * np.uint64(planes)
-    tw[:, :, 0] = lane[None, :] + np.arange(planes, dtype=np.uint64)[:, None]
+    np.add(lane[None, :], np.arange(planes, dtype=np.uint64)[:, None], out=tw[:, :, 0])
     tw[:, :, 1] = np.uint64(hi)
     return tw.reshape(-1, 2)
 
 
-def _pad_tweaks(first: int, lanes: int, block: int, blocks: int, u: Any, hi: int) -> Blocks:
-    """Tweaks of block `block`'s masks: (2^63 | (lane·q + block)·2^8 | u, hi)."""
+def _pad_tweaks(
+    first: int, lanes: int, block: int, blocks: int, u: Any, hi: int, ws: dict[str, Any]
+) -> Blocks:
+    """Tweaks of block `block`'s masks, entry-major: (2^63 | (lane·q + block)·2^8 |
+    u, hi) for u the rows of `u` (entries × 1, or 1 × lanes: one per lane)."""
     base = (np.arange(first, first + lanes, dtype=np.uint64) * np.uint64(blocks)
             + np.uint64(block)) << np.uint64(8)  # fmt: skip
     u = np.asarray(u, dtype=np.uint64)
-    tw = np.empty(np.broadcast_shapes(base[:, None].shape, u.reshape(lanes, -1).shape) + (2,),
-                  dtype=np.uint64)  # fmt: skip
-    tw[..., 0] = (base[:, None] | u.reshape(lanes, -1)) | _PAD
+    rows = u.shape[0]
+    tw = _scratch(ws, "twu", rows * lanes).reshape(rows, lanes, 2)
+    np.bitwise_or(base[None, :] | _PAD, u, out=tw[..., 0])
     tw[..., 1] = np.uint64(hi)
     return tw.reshape(-1, 2)
 
@@ -341,50 +352,59 @@ class GarblerSide(_Side):
         q = len(p.blocks)
         self.gt[:] = random_bits(q * self.lanes).reshape(q, self.lanes)
         self.eq[:] = random_bits(q * self.lanes).reshape(q, self.lanes)
-        self._tables = [np.empty(((1 + eq) * self.lanes) << s, np.uint8)
+        # Block j's table: (gt, and eq if needed) × entry u × lane, entry-major.
+        self._tables = [np.empty((1 + eq, 1 << s, self.lanes), np.uint8)
                         for (_, s), eq in zip(p.blocks, p.leaf_eq, strict=True)]  # fmt: skip
 
-    def batch(self, h: Any, lo: int, q: Blocks) -> None:
+    def batch(self, h: Any, lo: int, q: Blocks, ws: dict[str, Any]) -> None:
         """One lane batch's correlated OTs (planes × lanes × 2 words): its
-        part of the leaf tables and its triples."""
+        part of the leaf tables and its triples.  `ws`: scratch buffers kept
+        by the caller across batches and chunks (fresh pages fault per 4 KiB)."""
         p, n = self.plan, self.plan.bits
-        lanes = q.shape[1]
-        flat = np.ascontiguousarray(q.reshape(-1, 2))
-        tw = _lane_tweaks(lo, lanes, p.planes, self.hi)
-        k0 = np.array(h(flat, tw)).reshape(p.planes, lanes, 2)
-        k1 = np.array(h(np.ascontiguousarray(flat ^ self.delta), tw)).reshape(p.planes, lanes, 2)
+        lanes, rows = q.shape[1], p.planes * q.shape[1]
+        flat = q.reshape(-1, 2)
+        tw = _lane_tweaks(lo, lanes, p.planes, self.hi, ws)
+        k0 = h(flat, tw, _scratch(ws, "k0", rows + 1)).reshape(p.planes, lanes, 2)
+        x = _scratch(ws, "x", rows)
+        np.bitwise_xor(flat, self.delta, out=x)
+        k1 = h(x, tw, _scratch(ws, "k1", rows + 1)).reshape(p.planes, lanes, 2)
         nb = len(p.blocks)
+        sl = slice(lo, lo + lanes)
         for j, ((first, s), eq) in enumerate(zip(p.blocks, p.leaf_eq, strict=True)):
-            comb = np.zeros((lanes, 1, 2), np.uint64)
-            for bit in range(s):  # entry u = Σ u_l·2^l: the new bit is the high one
-                plane = first + bit
-                comb = np.concatenate([comb ^ k0[plane][:, None], comb ^ k1[plane][:, None]], 1)
-            u = np.arange(1 << s)
-            tw_u = _pad_tweaks(lo, lanes, j, nb, np.broadcast_to(u, (lanes, 1 << s)), self.hi)
-            pad = np.array(h(np.ascontiguousarray(comb.reshape(-1, 2)), tw_u))
-            pw = pad[:, 0].reshape(lanes, 1 << s)
-            xj = low_bits(self.z[lo : lo + lanes], first, s)[:, None]
-            gt = ((pw & np.uint64(1)).astype(np.uint8) ^ (xj > u).astype(np.uint8)
-                  ^ self.gt[j, lo : lo + lanes, None])  # fmt: skip
-            size = lanes << s
+            # Entry u = Σ u_l·2^l: comb[u] = ⊕_l K_l^{u_l}, doubled bit by bit
+            # (entry-major, so every XOR runs over a whole lane batch).
+            comb = _scratch(ws, "comb", lanes << s).reshape(1 << s, lanes, 2)
+            comb[0] = k0[first]
+            comb[1] = k1[first]
+            for bit in range(1, s):
+                w = 1 << bit
+                np.bitwise_xor(comb[:w], k1[first + bit], out=comb[w : 2 * w])
+                np.bitwise_xor(comb[:w], k0[first + bit], out=comb[:w])
+            u = np.arange(1 << s, dtype=np.uint64)[:, None]
+            tw_u = _pad_tweaks(lo, lanes, j, nb, u, self.hi, ws)
+            pad = h(comb.reshape(-1, 2), tw_u, _scratch(ws, "pad", (lanes << s) + 1))
+            pw = pad[:, 0].reshape(1 << s, lanes)
+            xj = low_bits(self.z[sl], first, s)[None, :]
             table = self._tables[j]
-            table[lo << s : (lo << s) + size] = gt.ravel()
+            gt = (pw & np.uint64(1)).astype(np.uint8)
+            gt ^= (xj > u).astype(np.uint8)
+            gt ^= self.gt[j, sl]
+            table[0, :, sl] = gt
             if eq:
-                e = ((pw >> np.uint64(1)) & np.uint64(1)).astype(np.uint8) ^ (xj == u).astype(
-                    np.uint8
-                ) ^ self.eq[j, lo : lo + lanes, None]
-                half = self.lanes << s
-                table[half + (lo << s) : half + (lo << s) + size] = e.ravel()
+                e = ((pw >> np.uint64(1)) & np.uint64(1)).astype(np.uint8)
+                e ^= (xj == u).astype(np.uint8)
+                e ^= self.eq[j, sl]
+                table[1, :, sl] = e
         # Triples: planes n + 2t (a_G·b_E) and n + 2t + 1 (b_G·a_E).
         s0 = (k0[n:, :, 0] & np.uint64(1)).astype(np.uint8)
         s1 = (k1[n:, :, 0] & np.uint64(1)).astype(np.uint8)
         a, u1 = s0[0::2] ^ s1[0::2], s0[0::2]
         b, u2 = s0[1::2] ^ s1[1::2], s0[1::2]
-        sl = slice(lo, lo + lanes)
         self.a[:, sl], self.b[:, sl], self.c[:, sl] = a, b, (a & b) ^ u1 ^ u2
 
     def tables(self) -> bytes:
-        return np.packbits(np.concatenate(self._tables), bitorder="little").tobytes()
+        bits = np.concatenate([t.ravel() for t in self._tables])
+        return np.packbits(bits, bitorder="little").tobytes()
 
     def yes_share(self) -> Bits:
         """¬(a_n ⊕ carry_G): this side's share of YES."""
@@ -413,20 +433,21 @@ class EvaluatorSide(_Side):
         """Packed choice bits of a lane batch, plane-major (the extension's layout)."""
         return np.packbits(self.r[:, lo:hi].reshape(-1), bitorder="little")
 
-    def batch(self, h: Any, lo: int, t: Blocks) -> None:
+    def batch(self, h: Any, lo: int, t: Blocks, ws: dict[str, Any]) -> None:
         p, n = self.plan, self.plan.bits
-        lanes = t.shape[1]
-        tw = _lane_tweaks(lo, lanes, p.planes, self.hi)
-        k = np.array(h(np.ascontiguousarray(t.reshape(-1, 2)), tw)).reshape(p.planes, lanes, 2)
+        lanes, rows = t.shape[1], p.planes * t.shape[1]
+        tw = _lane_tweaks(lo, lanes, p.planes, self.hi, ws)
+        k = h(t.reshape(-1, 2), tw, _scratch(ws, "k0", rows + 1)).reshape(p.planes, lanes, 2)
         nb = len(p.blocks)
-        for j, (first, s) in enumerate(p.blocks):
-            comb = np.zeros((lanes, 2), np.uint64)
-            for bit in range(s):
-                comb ^= k[first + bit]
-            v = low_bits(self.ybar[lo : lo + lanes], first, s)
-            pad = np.array(h(comb, _pad_tweaks(lo, lanes, j, nb, v, self.hi)))
-            self._pads[j, lo : lo + lanes] = pad[:, 0]
         sl = slice(lo, lo + lanes)
+        comb = _scratch(ws, "comb", lanes)
+        for j, (first, s) in enumerate(p.blocks):
+            comb[:] = k[first]
+            for bit in range(1, s):
+                comb ^= k[first + bit]
+            v = low_bits(self.ybar[sl], first, s)[None, :]
+            pad = h(comb, _pad_tweaks(lo, lanes, j, nb, v, self.hi, ws), _scratch(ws, "pad", lanes + 1))
+            self._pads[j, sl] = pad[:, 0]
         v_bits = (k[n:, :, 0] & np.uint64(1)).astype(np.uint8)
         r = self.r[n:, sl]
         b, v1 = r[0::2], v_bits[0::2]
@@ -442,8 +463,7 @@ class EvaluatorSide(_Side):
             raise ValueError("malformed comparison table message")
         at, lanes = 0, np.arange(self.lanes)
         for j, ((first, s), eq) in enumerate(zip(p.blocks, p.leaf_eq, strict=True)):
-            v = low_bits(self.ybar, first, s)
-            idx = at + (lanes << s) + v
+            idx = at + low_bits(self.ybar, first, s) * self.lanes + lanes  # entry v, lane
             pw = self._pads[j]
             self.gt[j] = bits[idx] ^ (pw & np.uint64(1)).astype(np.uint8)
             if eq:

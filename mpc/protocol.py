@@ -618,6 +618,11 @@ class _Party:
         return source
 
 
+def _rows(labels: Blocks, planes: int, lanes: int) -> Blocks:
+    """A lane batch's OT blocks as planes × lanes × 2 words (without padding OTs)."""
+    return labels[: planes * lanes].reshape(planes, lanes, 2)
+
+
 def _ot_widths(lanes: int, width: int) -> list[int]:
     """Bytes of packed choice bits per lane batch (w bits per lane, zero-padded)."""
     return [-(-width * (hi - lo) // 8) for lo, hi in lane_batches(lanes)]
@@ -649,7 +654,7 @@ class ComparisonGarbler(_Party):
         await otx.refill(self._ext, self.channel, 8 * sum(widths))
         q = await ot_labels(self.channel, self._ext, widths, nonce, False)
         for lo, hi in lane_batches(lanes):
-            side.batch(self.hasher, lo, next(q)[: p.planes * (hi - lo)].reshape(p.planes, hi - lo, 2))
+            side.batch(self.hasher, lo, _rows(next(q), p.planes, hi - lo), self._workspace)
         for i, (who, levels) in enumerate(millionaire.schedule(p.depth)):
             if who == "G":
                 msg = side.pack(levels)
@@ -741,7 +746,7 @@ class ComparisonEvaluator(_Party):
         await send_ot_message(self.channel, self._ext, choices, nonce, False)
         t = self._ext.labels(widths, nonce)
         for lo, hi in lane_batches(lanes):
-            side.batch(self.hasher, lo, next(t)[: p.planes * (hi - lo)].reshape(p.planes, hi - lo, 2))
+            side.batch(self.hasher, lo, _rows(next(t), p.planes, hi - lo), self._workspace)
         tables = -(-p.table_bits * lanes // 8)
         for i, (who, levels) in enumerate(millionaire.schedule(p.depth)):
             if who == "E":
