@@ -483,3 +483,88 @@ def plain_yes(z_g: npt.NDArray[np.uint64], z_e: npt.NDArray[np.uint64], width: i
     """Plaintext reference: YES_j on the low `width` bits of z_g + z_e."""
     s = (z_g + z_e) & np.uint64((1 << width) - 1 if width < 64 else (1 << 64) - 1)
     return (1 ^ ((s >> np.uint64(width - 1)) & np.uint64(1))).astype(np.uint8)
+
+
+# ------------------------------------------------------------------ choosing the path
+#: Measured CPU per comparison and server, native engine, w = 34, chunks of 10^4
+#: (`python -m svtagg.benchmarks.bench_otcompare`, docs/mpc.md): the garbled path
+#: and the OT path.  The rule below needs only their ratio to a link's cost.
+CPU_GARBLED = 3.0e-6
+CPU_OT = 5.5e-6
+
+
+def garbled_bytes(width: int, ot_bytes: float) -> float:
+    """Bytes per first-YES comparison of the garbled path (half-gates): 32 per
+    carry AND, 16 for the garbler-half gate, the OT per input bit, 32 for the
+    prefix OR."""
+    return 32 * (width - 2) + 16 + ot_bytes * width + 32
+
+
+def ot_path_bytes(width: int, ot_bytes: float) -> float:
+    """Bytes per comparison of the OT path: the OTs (leaf bits, triples, the
+    logic's one input bit), the leaf tables, the openings (2 bits per AND and
+    party), 32 for the prefix OR garbled."""
+    p = plan(width)
+    return ot_bytes * (p.planes + 1) + p.table_bits / 8 + 4 * p.ands / 8 + 32
+
+
+def ot_path_round_trips(width: int) -> int:
+    """Round trips before the evaluator holds the result (garbled path: 1)."""
+    flights = schedule(plan(width).depth)
+    # E's OT message, the schedule, then E's input message for the logic if its
+    # last share came in a garbler flight (else it rides E's last flight), tables.
+    return (1 + len(flights) + (flights[-1][0] == "G") + 1) // 2
+
+
+@dataclass(frozen=True)
+class PathRule:
+    """Which path a first-YES / CTT chunk takes, the same on both servers.
+
+    "garbled" and "ot" fix it; "auto:RTT_MS:MBPS" chooses per chunk the path
+    with the lower modelled time, round trips × RTT + comparisons × (bytes ×
+    8 / bandwidth + CPU), from the link the deployment states (RTT in
+    milliseconds, bandwidth in Mbit/s) and the measured constants above."""
+
+    mode: str = "garbled"
+    rtt: float = 0.0  # seconds
+    bandwidth: float = 0.0  # bytes per second
+
+    @classmethod
+    def parse(cls, text: str) -> PathRule:
+        t = (text or "garbled").strip()
+        if t in ("garbled", "ot"):
+            return cls(t)
+        parts = t.split(":")
+        if parts[0] == "auto" and len(parts) == 3:
+            try:
+                rtt_ms, mbps = float(parts[1]), float(parts[2])
+            except ValueError:
+                rtt_ms = mbps = -1.0
+            if rtt_ms >= 0 and mbps > 0 and math.isfinite(rtt_ms) and math.isfinite(mbps):
+                return cls("auto", rtt_ms / 1000, mbps * 1e6 / 8)
+        raise ValueError(
+            f"unknown comparison path {text!r}; choose garbled, ot or auto:RTT_MS:MBPS "
+            "(e.g. auto:10:1000 for a 10 ms, 1 Gbit/s link)"
+        )
+
+    def __str__(self) -> str:
+        if self.mode != "auto":
+            return self.mode
+        return f"auto:{self.rtt * 1000:g}:{self.bandwidth * 8 / 1e6:g}"
+
+    def modelled(self, comparisons: int, width: int, ot_bytes: float) -> tuple[float, float]:
+        """(garbled, OT path) modelled seconds for a chunk of `comparisons`."""
+        per_byte = 1 / self.bandwidth if self.bandwidth else 0.0
+        g = self.rtt + comparisons * (garbled_bytes(width, ot_bytes) * per_byte + CPU_GARBLED)
+        o = ot_path_round_trips(width) * self.rtt + comparisons * (
+            ot_path_bytes(width, ot_bytes) * per_byte + CPU_OT
+        )
+        return g, o
+
+    def use_ot(self, comparisons: int, width: int, ot_bytes: float) -> bool:
+        if comparisons <= 0 or self.mode == "garbled":
+            return False
+        if self.mode == "ot":
+            return True
+        g, o = self.modelled(comparisons, width, ot_bytes)
+        return o < g

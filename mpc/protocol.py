@@ -410,7 +410,7 @@ class _Party:
         session_id: bytes,
         scheme: str = "halfgates",
         ot: str | None = None,
-        ot_compare_from: int | None = None,
+        path: str | millionaire.PathRule = "garbled",
     ) -> None:
         if not session_id:
             raise ValueError("session_id must be non-empty and fresh")
@@ -428,10 +428,11 @@ class _Party:
         self._workspace: dict[str, Blocks] = {}  # scratch reused across chunks
         self.last_stats = RunStats()
         self._ready = False
-        #: First-YES and CompareToThresholds chunks of at least this many
-        #: comparisons run the OT-based path (`millionaire.py`); None: never.
-        #: Both parties must be given the same value (the servers: SessionOpen).
-        self.ot_compare_from = ot_compare_from
+        #: Which path first-YES and CompareToThresholds chunks take
+        #: (`millionaire.PathRule`: "garbled", "ot" or "auto:RTT_MS:MBPS", per
+        #: chunk size and width).  Both parties must be given the same rule (the
+        #: servers: SessionOpen.comparison_path).
+        self.path = path if isinstance(path, millionaire.PathRule) else millionaire.PathRule.parse(path)
         #: "garbled" or "ot": the path the last first-YES / CTT chunk took.
         self.last_path = "garbled"
 
@@ -439,7 +440,7 @@ class _Party:
         """First j with signed(z_L[j] + z_H[j]) ≥ 0, or None, on both sides, from
         this party's share (either share: the circuit adds them).  `width` w < 64
         compares the low w bits (same w on both; correct if |z_L + z_H| < 2^(w−1))."""
-        if self._ot_path(np.shape(z)[0]):
+        if self._ot_path(np.shape(z)[0], width):
             return await self._ot_chunk(first_yes_after_ot(), width, z)
         return await self._chunk_flow(first_yes_spec(width), z)
 
@@ -448,15 +449,14 @@ class _Party:
     ) -> list[int]:
         """Outcomes (HIGH, LOW, CLOSE) up to and including the first CLOSE, on both
         sides, and nothing later, from this party's shares (`width`: `first_yes`)."""
-        if self._ot_path(2 * np.shape(z_high)[0]):
+        if self._ot_path(2 * np.shape(z_high)[0], width):
             return await self._ot_chunk(ctt_after_ot(), width, z_high, z_low)
         return await self._chunk_flow(compare_to_thresholds_spec(width), z_high, z_low)
 
-    def _ot_path(self, comparisons: int) -> bool:
+    def _ot_path(self, comparisons: int, width: int) -> bool:
         """Whether a chunk of this many comparisons runs the OT-based path (public:
         both parties decide alike).  Records the choice in `last_path`."""
-        cut = self.ot_compare_from
-        use = cut is not None and comparisons > 0 and comparisons >= cut
+        use = self.path.use_ot(comparisons, width, bytes_per_ot(self.ot))
         self.last_path = "ot" if use else "garbled"
         return use
 
@@ -822,14 +822,14 @@ async def connected_pair(
     session_id: bytes | None = None,
     scheme: str = "halfgates",
     ot: str | None = None,
-    ot_compare_from: int | None = None,
+    path: str = "garbled",
 ) -> tuple[ComparisonGarbler, ComparisonEvaluator]:
     """A garbler and an evaluator joined by a MemoryChannel, their OT setup (`ot`)
-    done; `ot_compare_from`: the OT-based path's chunk size (`_Party`)."""
+    done; `path`: which path first-YES / CTT chunks take (`millionaire.PathRule`)."""
     sid = session_id if session_id is not None else secrets.token_bytes(16)
     cg, ce = MemoryChannel.pair()
-    g = ComparisonGarbler(cg, sid, scheme, ot, ot_compare_from)
-    e = ComparisonEvaluator(ce, sid, scheme, ot, ot_compare_from)
+    g = ComparisonGarbler(cg, sid, scheme, ot, path)
+    e = ComparisonEvaluator(ce, sid, scheme, ot, path)
     await asyncio.gather(g.setup(), e.setup())
     return g, e
 

@@ -408,16 +408,18 @@ class ChunkHeader(_message.Message):
     def __init__(self, stream_id: _Optional[str] = ..., chunk_no: _Optional[int] = ..., queries: _Optional[_Union[Queries, _Mapping]] = ..., compare: _Optional[bool] = ..., validate_task_id: _Optional[str] = ..., report_ids: _Optional[bytes] = ..., robust_task_id: _Optional[str] = ..., coord_lo: _Optional[int] = ..., coord_hi: _Optional[int] = ..., pass_id: _Optional[bytes] = ..., noisy_max: _Optional[bool] = ..., noisy_max_more: _Optional[bool] = ..., joint_lo: _Optional[int] = ..., joint_count: _Optional[int] = ..., joint_gamma: _Optional[bool] = ..., joint_batch: _Optional[bool] = ...) -> None: ...
 
 class SessionOpen(_message.Message):
-    __slots__ = ("session_id", "data_channel", "ot_extension", "garbling")
+    __slots__ = ("session_id", "data_channel", "ot_extension", "garbling", "comparison_path")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     DATA_CHANNEL_FIELD_NUMBER: _ClassVar[int]
     OT_EXTENSION_FIELD_NUMBER: _ClassVar[int]
     GARBLING_FIELD_NUMBER: _ClassVar[int]
+    COMPARISON_PATH_FIELD_NUMBER: _ClassVar[int]
     session_id: bytes
     data_channel: bool
     ot_extension: str
     garbling: str
-    def __init__(self, session_id: _Optional[bytes] = ..., data_channel: _Optional[bool] = ..., ot_extension: _Optional[str] = ..., garbling: _Optional[str] = ...) -> None: ...
+    comparison_path: str
+    def __init__(self, session_id: _Optional[bytes] = ..., data_channel: _Optional[bool] = ..., ot_extension: _Optional[str] = ..., garbling: _Optional[str] = ..., comparison_path: _Optional[str] = ...) -> None: ...
 
 class PeerStatus(_message.Message):
     __slots__ = ("ok", "code", "message", "refusal", "data_port")

@@ -89,6 +89,17 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "softspoken:4; docs/mpc.md)",
     )
     p.add_argument(
+        "--comparison",
+        default="garbled",
+        metavar="PATH",
+        help="leader: which path first-YES and CompareToThresholds chunks take: garbled "
+        "(one round trip, ≈ 1,200 bytes per comparison at w = 34), ot (the OT-based "
+        "millionaires' path: ≈ 300 bytes with softspoken:4, ≈ 110 with ferret, three "
+        "round trips, more CPU) or auto:RTT_MS:MBPS (per chunk, the faster of the two "
+        "for the stated link, e.g. auto:10:1000); the helper follows its leader "
+        "(default garbled; docs/mpc.md)",
+    )
+    p.add_argument(
         "--ingest-only",
         action="store_true",
         help="an ingest replica of this role: serves uploads (and health) only, on the "
@@ -285,6 +296,7 @@ def check_startup(args: argparse.Namespace) -> ServerConfig:
         kind=kind,
         garbling=args.garbling,
         ot=args.ot,
+        comparison=args.comparison,
         **({"lease_seconds": args.lease} if args.lease is not None else {}),
     )
 

@@ -15,7 +15,7 @@ queries read the robust aggregates g(S) (`query_sums`), whose sensitivity is
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any
@@ -171,6 +171,9 @@ class ServerCore:
         #: this server's shares of the noise it used (servers never set it; a
         #: test adds both servers' shares to see the noise the pair produced).
         self.joint_noise_log: list[JointDraw] | None = None
+        #: Called with the path ("garbled" or "ot") each first-YES / CTT chunk
+        #: took on this server (the `svtagg_comparison_chunks` metric).
+        self.on_path: Callable[[str], None] | None = None
         #: g(S) of the tasks that have streams here, which never changes again
         #: (`query_sums`), by task id; the most recent few.
         self._query_sums: dict[str, U64] = {}
@@ -678,6 +681,8 @@ class ServerCore:
                 noise = await self._joint_noise(party, stream, task, len(chunk), pooled)
             z = self.ask_inputs(stream, task, chunk, thresholds, noise)
             result = await party.first_yes(z, width)
+        if kind != ChunkKind.NMAX and self.on_path is not None:
+            self.on_path(str(getattr(party, "last_path", "garbled")))
         progress = kind.spec.progress
         assert progress is not None
         return result, progress(result, len(chunk))

@@ -180,12 +180,13 @@ class HelperDriver:
         """A comparison session: set up once, then chunks one at a time until the
         stream ends (read returns None), the server stops while idle, or a
         chunk is refused (the leader then discards the session)."""
-        session = HelperSession(write, read)
+        session = HelperSession(write, read, self.party)
         sid, data = await session.accept(self.data, garbling_of(self.party), ot_of(self.party))
         try:
             channel = session.channel
             gate = GoChannel(SwitchChannel(channel, data) if data is not None else channel)
-            party = self.party(Role.HELPER, gate, sid)
+            assert session.factory is not None
+            party = session.factory(Role.HELPER, gate, sid)
             await party.setup()
             await self._chunks(session, party, gate, data)
         finally:

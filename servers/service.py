@@ -35,6 +35,7 @@ from svtagg.servers.edge.services import (
     PeerService,
 )
 from svtagg.servers.exchange.garbling import (
+    check_comparison,
     DEFAULT_GARBLING,
     GarbledCircuitParties,
     check_scheme_name,
@@ -185,6 +186,10 @@ class ServerConfig:
     #: The OT extension of those sessions (both servers must name the same);
     #: None: `SVTAGG_OT`, else the default (`mpc.softspoken.server_ot`).
     ot: str | None = None
+    #: Leader: which path first-YES / CTT chunks take ("garbled", "ot" or
+    #: "auto:RTT_MS:MBPS", `mpc.millionaire.PathRule`); the helper runs the
+    #: rule its leader announces.
+    comparison: str = "garbled"
 
     def check(self) -> None:
         """ValueError (one line) for a configuration no server can run."""
@@ -197,6 +202,7 @@ class ServerConfig:
         check_scheme_name(self.garbling)
         if self.ot is not None:
             parse_ot(self.ot)
+        check_comparison(self.comparison)
 
 
 class SvtaggServer:
@@ -211,7 +217,7 @@ class SvtaggServer:
         config.check()
         self.config = config
         self.party = (
-            party if party is not None else GarbledCircuitParties(config.garbling, config.ot)
+            party if party is not None else GarbledCircuitParties(config.garbling, config.ot, config.comparison)
         )
         self.server = grpc.aio.server(options=SERVER_OPTIONS)
         self.port, self.ingest_port = _bind_ports(self.server, config)
@@ -229,6 +235,7 @@ class SvtaggServer:
             require_validation=config.require_validation,
         )
         self.core.max_tasks = config.max_tasks
+        self.core.on_path = lambda path: self.metrics.comparison_paths.labels(path=path).inc()
         self.limiter = RateLimiter(config.rate_limit, config.rate_burst)
         self.admission = Admission(config.call_limits)
         self.peer = _helper_port(config)

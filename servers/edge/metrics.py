@@ -57,6 +57,13 @@ class Metrics:
             registry=r,
         )
         self.chunks = Counter("svtagg_chunks", "Chunks answered (leader)", ["task"], registry=r)
+        self.comparison_paths = Counter(
+            "svtagg_comparison_chunks",
+            "First-YES and CompareToThresholds chunks run, by the path they took "
+            "(garbled or ot; --comparison)",
+            ["path"],
+            registry=r,
+        )
         self.peer_bytes = Counter(
             "svtagg_peer_bytes",
             "Bytes exchanged with the helper by chunk protocols (leader)",

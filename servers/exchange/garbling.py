@@ -37,19 +37,59 @@ class GarbledCircuitParties:
     evaluates) under one garbling scheme and one OT extension (`ot`: None is
     `SVTAGG_OT` or the default, `mpc.softspoken.server_ot`)."""
 
-    def __init__(self, garbling: str = DEFAULT_GARBLING, ot: str | None = None) -> None:
+    def __init__(
+        self, garbling: str = DEFAULT_GARBLING, ot: str | None = None, comparison: str = "garbled"
+    ) -> None:
         from svtagg.mpc.softspoken import parse_ot, server_ot
 
         self.garbling = check_scheme_name(garbling)
         self.ot = ot if ot is not None else server_ot()
         parse_ot(self.ot)  # ValueError (one line) for an unknown extension
+        self.comparison = check_comparison(comparison)
+
+    def with_path(self, comparison: str) -> GarbledCircuitParties:
+        """The same engine running another path rule (the helper takes the leader's)."""
+        return GarbledCircuitParties(self.garbling, self.ot, comparison)
 
     def __call__(self, role: Role, channel: Channel, session_id: bytes) -> ComparisonParty:
         from svtagg.mpc.protocol import ComparisonEvaluator, ComparisonGarbler
 
         cls = ComparisonEvaluator if role == Role.LEADER else ComparisonGarbler
-        party: ComparisonParty = cls(channel, session_id, scheme=self.garbling, ot=self.ot)
+        party: ComparisonParty = cls(
+            channel, session_id, scheme=self.garbling, ot=self.ot, path=self.comparison
+        )
         return party
+
+
+def check_comparison(comparison: str) -> str:
+    """The comparison path rule in its canonical spelling (`--comparison`:
+    garbled, ot or auto:RTT_MS:MBPS), or ValueError naming the choices."""
+    from svtagg.mpc.millionaire import PathRule
+
+    return str(PathRule.parse(comparison))
+
+
+def comparison_of(factory: PartyFactory) -> str:
+    """The path rule a party factory runs ("garbled" for any other engine)."""
+    return str(getattr(factory, "comparison", "garbled"))
+
+
+def helper_factory(factory: PartyFactory, announced: str) -> PartyFactory:
+    """The helper's factory for a session whose leader announced `announced`:
+    its own engine under the leader's rule (both must take the same path on
+    every chunk), or InvalidArgument if the rule is malformed or the engine
+    runs only the garbled path."""
+    try:
+        rule = check_comparison(announced)
+    except ValueError as exc:
+        raise InvalidArgument(f"the leader's comparison path: {exc}") from None
+    if rule == comparison_of(factory):
+        return factory
+    with_path = getattr(factory, "with_path", None)
+    if with_path is None:
+        raise InvalidArgument(f"this helper's engine cannot run the comparison path {rule!r}")
+    made: PartyFactory = with_path(rule)
+    return made
 
 
 def garbling_of(factory: PartyFactory) -> str:

@@ -40,7 +40,14 @@ from svtagg.proto.vocab import (
     refusal_status,
 )
 from svtagg.servers.edge.wire import CHUNK_HEADER
-from svtagg.servers.exchange.garbling import DEFAULT_GARBLING, check_garbling, garbling_of, ot_of
+from svtagg.servers.exchange.garbling import (
+    DEFAULT_GARBLING,
+    check_garbling,
+    comparison_of,
+    garbling_of,
+    helper_factory,
+    ot_of,
+)
 from svtagg.servers.exchange.machine import Exchange, Step
 from svtagg.servers.exchange.party import ComparisonParty, PartyFactory
 from svtagg.servers.exchange.values import ChunkHeader, NoiseBatch, RobustChunk
@@ -391,6 +398,7 @@ class LeaderSession:
                         data_channel=bool(connect_data),
                         ot_extension=ot_of(factory),
                         garbling=garbling_of(factory),
+                        comparison_path=comparison_of(factory),
                     )
                 )
             )
@@ -487,10 +495,15 @@ class HelperSession:
     channel, when it asks for one), then one chunk header at a time, each
     answered by the helper's verdicts."""
 
-    def __init__(self, write: WriteFrame, read: ReadFrame) -> None:
+    def __init__(
+        self, write: WriteFrame, read: ReadFrame, factory: PartyFactory | None = None
+    ) -> None:
         self._write = write
         self._read = read
         self.channel = FrameChannel(write, read)
+        #: The helper's party factory, under the leader's path rule once accepted.
+        self.factory = factory
+        self.comparison_path = "garbled"
 
     async def accept(
         self, offer: DataOffer | None, garbling: str = DEFAULT_GARBLING, ot: str | None = None
@@ -498,7 +511,9 @@ class HelperSession:
         """The session's id, and its data connection if the leader asked for one
         and the helper offers it (`offer`); refused (InvalidArgument) if the
         leader garbles under another scheme than this helper's `garbling`, or
-        runs another OT extension than `ot` (None: `server_ot()`)."""
+        runs another OT extension than `ot` (None: `server_ot()`).  The
+        leader's comparison path rule is kept in `comparison_path` (`party`
+        makes the helper's factory for it)."""
         first = await self.channel.read_frame()
         if first.WhichOneof("body") != "open" or len(first.open.session_id) != 16:
             raise InvalidArgument("a session starts with SessionOpen (16-byte id)")
@@ -511,6 +526,9 @@ class HelperSession:
                     "(start both servers with the same --ot)"
                 )
             check_garbling(first.open.garbling, garbling)
+            self.comparison_path = first.open.comparison_path or "garbled"
+            if self.factory is not None:
+                self.factory = helper_factory(self.factory, self.comparison_path)
         except InvalidArgument as exc:  # told to the leader, whatever it reads next
             await self._write(pb.PeerFrame(status=refusal_status(exc)))
             raise
