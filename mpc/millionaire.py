@@ -516,6 +516,15 @@ def ot_path_round_trips(width: int) -> int:
     return (1 + len(flights) + (flights[-1][0] == "G") + 1) // 2
 
 
+def server_path() -> str:
+    """The servers' default path rule: `SVTAGG_COMPARISON` if set (it must
+    parse), else "garbled".  Only the leader's counts: the helper runs the rule
+    its leader announces."""
+    spec = os.environ.get("SVTAGG_COMPARISON") or "garbled"
+    PathRule.parse(spec)
+    return spec
+
+
 @dataclass(frozen=True)
 class PathRule:
     """Which path a first-YES / CTT chunk takes, the same on both servers.

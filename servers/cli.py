@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from svtagg.dp.kinds import as_fraction
+from svtagg.mpc.millionaire import PathRule, server_path
 from svtagg.mpc.softspoken import parse_ot, server_ot
 from svtagg.proto.tls import DEFAULT_HOSTS, ROLES, load_identity, write_deployment
 from svtagg.proto.vocab import MAX_TASKS
@@ -90,14 +91,14 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     p.add_argument(
         "--comparison",
-        default="garbled",
+        default=None,
         metavar="PATH",
         help="leader: which path first-YES and CompareToThresholds chunks take: garbled "
         "(one round trip, ≈ 1,200 bytes per comparison at w = 34), ot (the OT-based "
         "millionaires' path: ≈ 300 bytes with softspoken:4, ≈ 110 with ferret, three "
         "round trips, more CPU) or auto:RTT_MS:MBPS (per chunk, the faster of the two "
         "for the stated link, e.g. auto:10:1000); the helper follows its leader "
-        "(default garbled; docs/mpc.md)",
+        "(default: the environment variable SVTAGG_COMPARISON, else garbled; docs/mpc.md)",
     )
     p.add_argument(
         "--ingest-only",
@@ -234,6 +235,7 @@ def check_startup(args: argparse.Namespace) -> ServerConfig:
 
     role = Role(args.role)
     parse_ot(args.ot or server_ot())  # an unknown --ot or SVTAGG_OT, before anything starts
+    PathRule.parse(args.comparison or server_path())  # likewise --comparison
     kind = ProcessKind.from_flags(
         role,
         args.db,

@@ -189,7 +189,7 @@ class ServerConfig:
     #: Leader: which path first-YES / CTT chunks take ("garbled", "ot" or
     #: "auto:RTT_MS:MBPS", `mpc.millionaire.PathRule`); the helper runs the
     #: rule its leader announces.
-    comparison: str = "garbled"
+    comparison: str | None = None
 
     def check(self) -> None:
         """ValueError (one line) for a configuration no server can run."""
@@ -202,7 +202,8 @@ class ServerConfig:
         check_scheme_name(self.garbling)
         if self.ot is not None:
             parse_ot(self.ot)
-        check_comparison(self.comparison)
+        if self.comparison is not None:
+            check_comparison(self.comparison)
 
 
 class SvtaggServer:

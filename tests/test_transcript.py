@@ -40,11 +40,15 @@ from svtagg.dp.errors import Refusal
 from svtagg.mpc import native
 from svtagg.proto import svtagg_pb2 as pb
 from svtagg.servers.edge import wire
+from svtagg.servers.exchange.garbling import DEFAULT_GARBLING, GarbledCircuitParties
 from svtagg.servers.reference import ReferencePair, reference_pair
 from svtagg.vdaf.field import FIELD128
 from svtagg.vdaf.validity import parse_validity
 
 VECTORS = Path(__file__).parent / "vectors" / "transcript.json"
+#: The same scenario with first-YES and CTT chunks on the OT-based path
+#: (`--comparison ot`, mpc/millionaire.py).
+VECTORS_OT = Path(__file__).parent / "vectors" / "transcript_ot.json"
 SEED = b"svtagg transcript vectors v1"
 WHOLE = 512  # bytes: larger messages are recorded as their digest and length
 D, F = 4, 16
@@ -234,10 +238,13 @@ async def _scenario(rec: Recorder, ref: ReferencePair) -> None:
     await analyst("DescribeTask", pb.TaskRef(task_id=TASK))
 
 
-async def _transcript(root: Path) -> list[list[str]]:
+async def _transcript(root: Path, path: str = "garbled") -> list[list[str]]:
     root.mkdir(exist_ok=True)
     rec = Recorder()
-    async with reference_pair(root, frac_bits=F, tap=rec.tap) as ref:
+    party = None
+    if path != "garbled":
+        party = GarbledCircuitParties(DEFAULT_GARBLING, None, path)
+    async with reference_pair(root, frac_bits=F, tap=rec.tap, party=party) as ref:
         await _scenario(rec, ref)
     return rec.events
 
@@ -252,14 +259,16 @@ def _first_difference(got: list[list[str]], want: list[list[str]]) -> str:
 ENGINES = ["numpy"] + (["native"] if native.available() else [])
 
 
+@pytest.mark.parametrize("path", ["garbled", "ot"])
 @pytest.mark.parametrize("engine", ENGINES)
 async def test_the_wire_matches_the_frozen_transcript(
-    engine: str, seeded: CounterDRBG, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    engine: str, path: str, seeded: CounterDRBG, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    vectors = VECTORS if path == "garbled" else VECTORS_OT
     previous = native.active()
     native.use(engine)
     try:
-        got = await _transcript(tmp_path)
+        got = await _transcript(tmp_path, path)
     finally:
         native.use(previous)
     kinds = {e[0] for e in got}
@@ -274,9 +283,9 @@ async def test_the_wire_matches_the_frozen_transcript(
         "to_leader",
     } <= kinds
     if os.environ.get("SVTAGG_WRITE_VECTORS") == "1":
-        VECTORS.parent.mkdir(exist_ok=True)
-        VECTORS.write_text(json.dumps({"seed": SEED.decode(), "events": got}, indent=0) + "\n")
-    want = json.loads(VECTORS.read_text())["events"]
+        vectors.parent.mkdir(exist_ok=True)
+        vectors.write_text(json.dumps({"seed": SEED.decode(), "events": got}, indent=0) + "\n")
+    want = json.loads(vectors.read_text())["events"]
     assert got == want, _first_difference(got, want)
 
 

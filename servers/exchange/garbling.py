@@ -38,14 +38,19 @@ class GarbledCircuitParties:
     `SVTAGG_OT` or the default, `mpc.softspoken.server_ot`)."""
 
     def __init__(
-        self, garbling: str = DEFAULT_GARBLING, ot: str | None = None, comparison: str = "garbled"
+        self,
+        garbling: str = DEFAULT_GARBLING,
+        ot: str | None = None,
+        comparison: str | None = None,
     ) -> None:
+        from svtagg.mpc.millionaire import server_path
         from svtagg.mpc.softspoken import parse_ot, server_ot
 
         self.garbling = check_scheme_name(garbling)
         self.ot = ot if ot is not None else server_ot()
         parse_ot(self.ot)  # ValueError (one line) for an unknown extension
-        self.comparison = check_comparison(comparison)
+        #: The path rule (None: `SVTAGG_COMPARISON`, else garbled).
+        self.comparison = check_comparison(comparison if comparison is not None else server_path())
 
     def with_path(self, comparison: str) -> GarbledCircuitParties:
         """The same engine running another path rule (the helper takes the leader's)."""

@@ -398,7 +398,8 @@ class LeaderSession:
                         data_channel=bool(connect_data),
                         ot_extension=ot_of(factory),
                         garbling=garbling_of(factory),
-                        comparison_path=comparison_of(factory),
+                        # Empty for garbled: the wire of a garbled deployment is unchanged.
+                        comparison_path=_announced(comparison_of(factory)),
                     )
                 )
             )
@@ -468,6 +469,10 @@ class LeaderSession:
 #: header in the frame of the protocol's first message: one frame less, the
 #: fixed cost of a small chunk; a larger chunk's header goes ahead of it.
 FOLD_LANES = 64
+
+
+def _announced(path: str) -> str:
+    return "" if path == "garbled" else path
 
 
 def _lanes(header: ChunkHeader) -> int:
