@@ -23,6 +23,10 @@ the relays, round trips (flights / 2) and bytes per comparison.
     python -m svtagg.benchmarks.bench_network --rtt 0,1 --rate 1g --grid
     python -m svtagg.benchmarks.bench_network --quick --rtt 1 --rate 1g \
         --garbling halfgates,threehalves   # each scheme, a deployment each
+    python -m svtagg.benchmarks.bench_network --quick --rtt 10 --rate 1g \
+        --comparison garbled,ot,auto:10:1000 --chunks 1000,10000,100000
+                                           # each comparison path (the leader's
+                                           # --comparison), a deployment each
 
 Configurations: every --rtt at the first --rate, and the first --rtt at each
 further rate (--grid: every pair).  JSON goes to --out.
@@ -168,14 +172,18 @@ def _data_port() -> int:
 
 
 @contextlib.contextmanager
-def network_deployment(garbling: str | None = None) -> Iterator[Network]:
+def network_deployment(
+    garbling: str | None = None, comparison: str | None = None
+) -> Iterator[Network]:
     """Helper, relays, leader (pointed at the relays), the analyst's relay, and
     a probe relay to a local echo server; all links start with no delay.
-    `garbling`: both servers' --garbling (None: their default)."""
+    `garbling`: both servers' --garbling (None: their default); `comparison`:
+    the leader's --comparison (the helper follows it)."""
     data_port = _data_port()
     echo = socket.create_server(("127.0.0.1", 0))
     threading.Thread(target=_echo, args=(echo,), daemon=True).start()
     scheme = ["--garbling", garbling] if garbling else []
+    path = ["--comparison", comparison] if comparison else []
     dep = LocalDeployment(
         server_args=UNCAPPED_SERVER_ARGS + scheme,
         role_args={"helper": ["--data-port", str(data_port)]},
@@ -187,7 +195,7 @@ def network_deployment(garbling: str | None = None) -> Iterator[Network]:
             peer = relays.add(LinkSpec("peer", (RELAY_HOST, 0), helper, group="peer"))
             data = (RELAY_HOST, data_port)
             relays.add(LinkSpec("data", data, ("127.0.0.1", data_port), group="peer"))
-            dep.role_args["leader"] = ["--helper", peer]
+            dep.role_args["leader"] = ["--helper", peer, *path]
             dep.start_role("leader")
             leader = ("127.0.0.1", dep.ports["leader"])
             analyst = relays.add(LinkSpec("analyst", ("127.0.0.1", 0), leader))
@@ -291,7 +299,9 @@ def measure_demo(net: Network, epsilon: str, settle: float) -> dict[str, Any]:
     }
 
 
-def run_config(net: Network, cfg: Config, quick: bool) -> dict[str, Any]:
+def run_config(
+    net: Network, cfg: Config, quick: bool, chunks: tuple[int, ...] = (1000, 10_000)
+) -> dict[str, Any]:
     net.configure(cfg)
     settle = 0.05 + 2 * max(cfg.rtt_ms, cfg.analyst_rtt_ms) / 1e3
     out: dict[str, Any] = {"config": asdict(cfg)}
@@ -301,8 +311,8 @@ def run_config(net: Network, cfg: Config, quick: bool) -> dict[str, Any]:
         out["open_stream"] = measure_open(net, oracle, 3 if quick else 5, settle)
         out["single"] = measure_chunk(net, oracle, 1, 10 if quick else 30, settle)
         out["chunks"] = [
-            measure_chunk(net, oracle, 1000, 3 if quick else 5, settle),
-            measure_chunk(net, oracle, 10_000, 2 if quick else 3, settle),
+            measure_chunk(net, oracle, k, (3 if quick else 5) if k <= 1000 else (2 if quick else 3), settle)
+            for k in chunks
         ]
     out["demo"] = measure_demo(net, "4", settle)
     return out
@@ -312,12 +322,15 @@ def _cell(s: dict[str, float], unit: str = "") -> str:
     return f"{s['median']:,g}{unit} ({s['min']:,g}–{s['max']:,g})"
 
 
+def _name(r: dict[str, Any]) -> str:
+    extra = [r[key] for key in ("garbling", "comparison") if r.get(key)]
+    return ", ".join([Config(**r["config"]).name, *extra])
+
+
 def table(results: list[dict[str, Any]]) -> str:
     """The per-configuration figures as a Markdown table, one column each."""
-    names = [
-        Config(**r["config"]).name + (f", {r['garbling']}" if r.get("garbling") else "")
-        for r in results
-    ]
+    names = [_name(r) for r in results]
+    sizes = [c["chunk"] for c in results[0]["chunks"]]
 
     def chunk(r: dict[str, Any], k: int) -> dict[str, Any]:
         return next(c for c in r["chunks"] if c["chunk"] == k)
@@ -326,8 +339,10 @@ def table(results: list[dict[str, Any]]) -> str:
         ("link RTT, measured by ping (ms)", lambda r: _cell(r["link_rtt_ms"])),
         ("single query, ms", lambda r: _cell(r["single"]["ms"])),
         ("stream opening, ms", lambda r: _cell(r["open_stream"]["ms"])),
-        ("comparisons/s, chunk 10^3", lambda r: _cell(chunk(r, 1000)["comparisons_per_s"])),
-        ("comparisons/s, chunk 10^4", lambda r: _cell(chunk(r, 10_000)["comparisons_per_s"])),
+        *[
+            (f"comparisons/s, chunk {k:,}", lambda r, k=k: _cell(chunk(r, k)["comparisons_per_s"]))
+            for k in sizes
+        ],
         ("demo selection, s", lambda r: f"{r['demo']['seconds']:g}"),
         (
             "demo: streams / chunks / leader↔helper round trips",
@@ -338,12 +353,15 @@ def table(results: list[dict[str, Any]]) -> str:
         ),
         ("leader↔helper round trips, stream opening", lambda r: _g(r["open_stream"])),
         ("leader↔helper round trips, chunk of 1", lambda r: _g(r["single"])),
-        ("leader↔helper round trips, chunk 10^3", lambda r: _g(chunk(r, 1000))),
-        ("leader↔helper round trips, chunk 10^4", lambda r: _g(chunk(r, 10_000))),
-        (
-            "bytes per comparison on the wire, chunk 10^4",
-            lambda r: f"{chunk(r, 10_000)['wire_bytes_per_comparison']:,g}",
-        ),
+        *[(f"leader↔helper round trips, chunk {k:,}", lambda r, k=k: _g(chunk(r, k))) for k in sizes],
+        *[
+            (
+                f"bytes per comparison on the wire, chunk {k:,}",
+                lambda r, k=k: f"{chunk(r, k)['wire_bytes_per_comparison']:,g}",
+            )
+            for k in sizes
+            if k >= 10_000
+        ],
     ]
     lines = ["| figure | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
     lines += [f"| {label} | " + " | ".join(get(r) for r in results) + " |" for label, get in rows]
@@ -374,6 +392,13 @@ def main(argv: list[str] | None = None) -> int:
         help="comma-separated garbling schemes, each on a deployment of its own, "
         "every configuration under each (default: the servers' default only)",
     )
+    p.add_argument(
+        "--comparison",
+        default="",
+        help="comma-separated comparison paths (the leader's --comparison: garbled, ot, "
+        "auto:RTT_MS:MBPS), each on a deployment of its own (default: the servers' default)",
+    )
+    p.add_argument("--chunks", default="1000,10000", help="chunk sizes measured (comma-separated)")
     p.add_argument("--out", default="results/bench_network.json")
     args = p.parse_args(argv)
     rtts = [float(x) for x in args.rtt.split(",") if x.strip()]
@@ -385,21 +410,26 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     print(f"load average at start: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
     results = []
-    for scheme in [x.strip() for x in args.garbling.split(",") if x.strip()] or [None]:
-        with network_deployment(scheme) as net:
-            comparison_task(net.dep)
-            demo_task(net.dep, users, d)
-            print(f"deployment up, tasks uploaded in {time.perf_counter() - started:.0f} s")
-            for cfg in plan:
-                results.append({**run_config(net, cfg, args.quick), "garbling": scheme})
-                print(f"[{cfg.name} {scheme or ''}]", json.dumps(results[-1]), flush=True)
+    sizes = tuple(int(x) for x in args.chunks.split(",") if x.strip())
+    schemes = [x.strip() for x in args.garbling.split(",") if x.strip()] or [None]
+    paths = [x.strip() for x in args.comparison.split(",") if x.strip()] or [None]
+    for scheme in schemes:
+        for path in paths:
+            with network_deployment(scheme, path) as net:
+                comparison_task(net.dep)
+                demo_task(net.dep, users, d)
+                print(f"deployment up, tasks uploaded in {time.perf_counter() - started:.0f} s")
+                for cfg in plan:
+                    r = run_config(net, cfg, args.quick, sizes)
+                    results.append({**r, "garbling": scheme, "comparison": path})
+                    print(f"[{_name(results[-1])}]", json.dumps(results[-1]), flush=True)
     print(
         f"\ndemo: {users:,} users, d = {d:,}, scan selection at ε = 4; "
         f"analyst↔leader RTT {args.analyst_rtt:g} ms; medians (min–max)\n"
     )
     print(table(results))
     for r in results:
-        name = Config(**r["config"]).name + (f", {r['garbling']}" if r.get("garbling") else "")
+        name = _name(r)
         for label, step in (("stream opening", r["open_stream"]), ("chunk of 1", r["single"])):
             print(f"\nleader↔helper flights, {label}, {name}:")
             print("\n".join(f"  {line}" for line in step["trace"]))

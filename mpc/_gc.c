@@ -2104,6 +2104,217 @@ static PyObject *py_features(PyObject *self, PyObject *noargs) {
                          use_vaes ? Py_True : Py_False);
 }
 
+/* ------------------------------------------------------------------ OT-based comparison
+ *
+ * The millionaires' leaves of mpc/millionaire.py for one lane batch, in one pass
+ * per group of lanes (the same bytes as the numpy reference, tested):
+ *
+ * mill_garbler(q, delta, tweak_hi, lane0, blocks, x, gt, eq, table, t0, t1)
+ *   q: planes × L blocks (plane-major); blocks: int32 (first, s, eq) per leaf;
+ *   x: L uint64; gt, eq: nb × L uint8 (the garbler's shares);
+ *   table: per leaf j, (1 + eq_j) × 2^s_j × L uint8 (entry-major), end to end;
+ *   t0, t1: (planes − n) × L uint8, lsb H(q) and lsb H(q ⊕ Δ) of the triple planes.
+ * mill_evaluator(t, tweak_hi, lane0, blocks, ybar, pads, t0)
+ *   pads: nb × L uint64, the low word of entry ȳ_j's mask; t0: lsb H(t).
+ * Tweaks: (lane·planes + plane, hi) for the OT keys, (2^63 | (lane·nb + j)·2^8 | u,
+ * hi) for the masks, lane = lane0 + the lane's index in the batch.
+ */
+#define MILL_GROUP 16
+#define MILL_MAX_S 6
+
+typedef struct {
+    const block *q;
+    block delta;
+    uint64_t hi, lane0;
+    size_t planes, nbits, nb, L;
+    const int32_t *blk;
+    const uint64_t *x;
+    const uint8_t *gt, *eq;
+    uint8_t *table, *t0, *t1;
+    uint64_t *pads;
+    int garbler;
+    int failed;
+} mill_job;
+
+static void mill_range(void *ctx, size_t lo, size_t hi_lane) {
+    mill_job *m = (mill_job *)ctx;
+    size_t P = m->planes, G = MILL_GROUP, E_MAX = (size_t)1 << MILL_MAX_S;
+    size_t keys = P * G, combs = E_MAX * G;
+    size_t scr = keys > combs ? keys : combs;
+    block *buf = (block *)aligned_alloc(64, sizeof(block) * (4 * keys + 3 * combs + scr) + 64);
+    if (!buf) { m->failed = 1; return; }
+    block *in = buf, *tw = in + keys, *k0 = tw + keys, *k1 = k0 + keys;
+    block *comb = k1 + keys, *tw2 = comb + combs, *pad = tw2 + combs, *p = pad + combs;
+    for (size_t g0 = lo; g0 < hi_lane; g0 += G) {
+        size_t n = hi_lane - g0 < G ? hi_lane - g0 : G;
+        for (size_t pl = 0; pl < P; pl++)
+            for (size_t i = 0; i < n; i++) {
+                uint64_t lane = m->lane0 + g0 + i;
+                in[pl * n + i] = m->q[pl * m->L + g0 + i];
+                tw[pl * n + i] = _mm_set_epi64x((long long)m->hi, (long long)(lane * P + pl));
+            }
+        tccr_n(in, tw, k0, p, P * n);
+        if (m->garbler) {
+            for (size_t j = 0; j < P * n; j++) in[j] = _mm_xor_si128(in[j], m->delta);
+            tccr_n(in, tw, k1, p, P * n);
+        }
+        for (size_t pl = m->nbits; pl < P; pl++)
+            for (size_t i = 0; i < n; i++) {
+                size_t at = (pl - m->nbits) * m->L + g0 + i;
+                m->t0[at] = (uint8_t)(_mm_cvtsi128_si64(k0[pl * n + i]) & 1);
+                if (m->garbler) m->t1[at] = (uint8_t)(_mm_cvtsi128_si64(k1[pl * n + i]) & 1);
+            }
+        size_t off = 0;
+        for (size_t j = 0; j < m->nb; j++) {
+            size_t first = (size_t)m->blk[3 * j], s = (size_t)m->blk[3 * j + 1];
+            int eqf = m->blk[3 * j + 2];
+            size_t E = (size_t)1 << s;
+            if (m->garbler) {
+                for (size_t i = 0; i < n; i++) { /* entry-major: comb[u·n + i] */
+                    comb[i] = k0[first * n + i];
+                    comb[n + i] = k1[first * n + i];
+                }
+                for (size_t b = 1; b < s; b++) {
+                    size_t w = (size_t)1 << b;
+                    for (size_t u = 0; u < w; u++)
+                        for (size_t i = 0; i < n; i++) {
+                            block c = comb[u * n + i];
+                            comb[(w + u) * n + i] = _mm_xor_si128(c, k1[(first + b) * n + i]);
+                            comb[u * n + i] = _mm_xor_si128(c, k0[(first + b) * n + i]);
+                        }
+                }
+                for (size_t u = 0; u < E; u++)
+                    for (size_t i = 0; i < n; i++) {
+                        uint64_t lane = m->lane0 + g0 + i;
+                        uint64_t low = (1ULL << 63) | ((lane * m->nb + j) << 8) | u;
+                        tw2[u * n + i] = _mm_set_epi64x((long long)m->hi, (long long)low);
+                    }
+                tccr_n(comb, tw2, pad, p, E * n);
+                /* Entry-major rows: each entry's n lanes are n consecutive bytes. */
+                const size_t L = m->L;
+                uint8_t *const tab = m->table + off + g0;
+                uint64_t xj[MILL_GROUP];
+                uint8_t gs[MILL_GROUP], es[MILL_GROUP];
+                for (size_t i = 0; i < n; i++) {
+                    xj[i] = (m->x[g0 + i] >> first) & (E - 1);
+                    gs[i] = m->gt[j * L + g0 + i];
+                    es[i] = m->eq[j * L + g0 + i];
+                }
+                for (size_t u = 0; u < E; u++) {
+                    uint8_t *row = tab + u * L, *erow = tab + (E + u) * L;
+                    for (size_t i = 0; i < n; i++) {
+                        uint64_t w = (uint64_t)_mm_cvtsi128_si64(pad[u * n + i]);
+                        row[i] = (uint8_t)((w & 1) ^ (xj[i] > u) ^ gs[i]);
+                        if (eqf) erow[i] = (uint8_t)(((w >> 1) & 1) ^ (xj[i] == u) ^ es[i]);
+                    }
+                }
+                off += (size_t)(1 + eqf) * E * L;
+            } else {
+                for (size_t i = 0; i < n; i++) {
+                    block c = k0[first * n + i];
+                    for (size_t b = 1; b < s; b++) c = _mm_xor_si128(c, k0[(first + b) * n + i]);
+                    comb[i] = c;
+                    uint64_t lane = m->lane0 + g0 + i;
+                    uint64_t v = (m->x[g0 + i] >> first) & (E - 1);
+                    uint64_t low = (1ULL << 63) | ((lane * m->nb + j) << 8) | v;
+                    tw2[i] = _mm_set_epi64x((long long)m->hi, (long long)low);
+                }
+                tccr_n(comb, tw2, pad, p, n);
+                for (size_t i = 0; i < n; i++)
+                    m->pads[j * m->L + g0 + i] = (uint64_t)_mm_cvtsi128_si64(pad[i]);
+            }
+        }
+    }
+    free(buf);
+}
+
+static int mill_blocks(buf_t *b, size_t *nb, size_t *nbits) {
+    if (b->view.len % 12 || b->view.len == 0) {
+        PyErr_SetString(PyExc_ValueError, "blocks: int32 triples (first, s, eq)");
+        return -1;
+    }
+    const int32_t *v = (const int32_t *)b->p;
+    *nb = (size_t)b->view.len / 12;
+    *nbits = 0;
+    for (size_t j = 0; j < *nb; j++) {
+        if (v[3 * j + 1] < 1 || v[3 * j + 1] > MILL_MAX_S || v[3 * j] < 0 || v[3 * j] > 63) {
+            PyErr_SetString(PyExc_ValueError, "blocks: a leaf of 1..6 bits within 64");
+            return -1;
+        }
+        *nbits += (size_t)v[3 * j + 1];
+    }
+    return 0;
+}
+
+static PyObject *py_mill(PyObject *args, int garbler) {
+    PyObject *qo, *bo, *xo, *go = NULL, *eo = NULL, *to = NULL, *t0o, *t1o = NULL, *po = NULL;
+    PyObject *delta_o = NULL;
+    unsigned long long hi, lane0;
+    mill_job m = {0};
+    buf_t q = {0}, d = {0}, bl = {0}, x = {0}, gt = {0}, eq = {0}, tab = {0}, t0 = {0},
+          t1 = {0}, pads = {0};
+    PyObject *ret = NULL;
+    if (garbler) {
+        if (!PyArg_ParseTuple(args, "OOKKOOOOOOO", &qo, &delta_o, &hi, &lane0, &bo, &xo, &go, &eo,
+                              &to, &t0o, &t1o))
+            return NULL;
+    } else if (!PyArg_ParseTuple(args, "OKKOOOO", &qo, &hi, &lane0, &bo, &xo, &po, &t0o)) {
+        return NULL;
+    }
+    if (get_blocks(qo, &q, 0, "q") || get_buf(bo, &bl, 0, "blocks") || get_buf(xo, &x, 0, "x") ||
+        get_buf(t0o, &t0, 1, "t0"))
+        goto done;
+    size_t nb, nbits;
+    if (mill_blocks(&bl, &nb, &nbits)) goto done;
+    size_t L = (size_t)x.view.len / 8;
+    if (L == 0 || q.view.len % (Py_ssize_t)(16 * L)) {
+        PyErr_SetString(PyExc_ValueError, "q: planes × lanes blocks");
+        goto done;
+    }
+    size_t planes = (size_t)q.view.len / (16 * L);
+    if (planes < nbits || need(&t0, (Py_ssize_t)((planes - nbits) * L), "t0")) goto done;
+    m = (mill_job){.q = (const block *)q.p, .hi = hi, .lane0 = lane0, .planes = planes,
+                   .nbits = nbits, .nb = nb, .L = L, .blk = (const int32_t *)bl.p,
+                   .x = (const uint64_t *)x.p, .t0 = (uint8_t *)t0.p, .garbler = garbler};
+    if (garbler) {
+        if (get_blocks(delta_o, &d, 0, "delta") || need(&d, 16, "delta") ||
+            get_buf(go, &gt, 0, "gt") || get_buf(eo, &eq, 0, "eq") ||
+            get_buf(to, &tab, 1, "table") || get_buf(t1o, &t1, 1, "t1"))
+            goto done;
+        size_t tb = 0;
+        for (size_t j = 0; j < nb; j++)
+            tb += (size_t)(1 + m.blk[3 * j + 2]) * ((size_t)1 << m.blk[3 * j + 1]) * L;
+        if (need(&gt, (Py_ssize_t)(nb * L), "gt") || need(&eq, (Py_ssize_t)(nb * L), "eq") ||
+            need(&tab, (Py_ssize_t)tb, "table") ||
+            need(&t1, (Py_ssize_t)((planes - nbits) * L), "t1"))
+            goto done;
+        m.delta = *(const block *)d.p;
+        m.gt = (const uint8_t *)gt.p;
+        m.eq = (const uint8_t *)eq.p;
+        m.table = (uint8_t *)tab.p;
+        m.t1 = (uint8_t *)t1.p;
+    } else {
+        if (get_buf(po, &pads, 1, "pads") || need(&pads, (Py_ssize_t)(8 * nb * L), "pads"))
+            goto done;
+        m.pads = (uint64_t *)pads.p;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    parallel_for(L, MILL_GROUP, 1024, mill_range, &m);
+    Py_END_ALLOW_THREADS
+    if (m.failed) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    ret = Py_NewRef(Py_None);
+done:
+    release(&q); release(&d); release(&bl); release(&x); release(&gt); release(&eq);
+    release(&tab); release(&t0); release(&t1); release(&pads);
+    return ret;
+}
+
+static PyObject *py_mill_garbler(PyObject *self, PyObject *args) { return py_mill(args, 1); }
+static PyObject *py_mill_evaluator(PyObject *self, PyObject *args) { return py_mill(args, 0); }
+
 static PyMethodDef methods[] = {
     {"set_key", py_set_key, METH_VARARGS, "Set the fixed AES-128 key of π."},
     {"set_threads", py_set_threads, METH_VARARGS, "Threads for the carry chains and wide transposes."},
@@ -2123,6 +2334,8 @@ static PyMethodDef methods[] = {
     {"ss_labels", py_ss_labels, METH_VARARGS, "SoftSpoken labels of one piece, tile by tile."},
     {"fr_lpn", py_fr_lpn, METH_VARARGS, "Ferret LPN expansion (10 indices per output)."},
     {"fr_ggm", py_fr_ggm, METH_VARARGS, "Ferret GGM trees (garbler's, or the evaluator's punctured ones)."},
+    {"mill_garbler", py_mill_garbler, METH_VARARGS, "OT-based comparison: the garbler's leaf tables and triple bits."},
+    {"mill_evaluator", py_mill_evaluator, METH_VARARGS, "OT-based comparison: the evaluator's masks and triple bits."},
     {NULL, NULL, 0, NULL},
 };
 

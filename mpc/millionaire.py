@@ -222,8 +222,23 @@ def _pad_tweaks(
     return tw.reshape(-1, 2)
 
 
-def _lsb(x: Blocks) -> Bits:
-    return (x[:, 0] & np.uint64(1)).astype(np.uint8)
+def _native(h: Any) -> bool:
+    """Whether `h` is the native core's hash (then the core runs the leaves)."""
+    from svtagg.mpc.native import NativeHash
+
+    return isinstance(h, NativeHash)
+
+
+@functools.lru_cache(maxsize=64)
+def _blocks_cached(width: int) -> bytes:
+    p = plan(width)
+    rows = [(first, s, int(eq)) for (first, s), eq in zip(p.blocks, p.leaf_eq, strict=True)]
+    return np.array(rows, dtype=np.int32).tobytes()
+
+
+def _blocks_arg(p: Plan) -> bytes:
+    """The leaves as the native core takes them: int32 (first bit, bits, eq) each."""
+    return _blocks_cached(p.width)
 
 
 def random_bits(n: int) -> Bits:
@@ -359,9 +374,31 @@ class GarblerSide(_Side):
     def batch(self, h: Any, lo: int, q: Blocks, ws: dict[str, Any]) -> None:
         """One lane batch's correlated OTs (planes × lanes × 2 words): its
         part of the leaf tables and its triples.  `ws`: scratch buffers kept
-        by the caller across batches and chunks (fresh pages fault per 4 KiB)."""
+        by the caller across batches and chunks (fresh pages fault per 4 KiB).
+        With the native hash, the native core does it in one pass (same bytes)."""
         p, n = self.plan, self.plan.bits
         lanes, rows = q.shape[1], p.planes * q.shape[1]
+        sl = slice(lo, lo + lanes)
+        if _native(h):
+            from svtagg.mpc.native import core
+
+            t = 2 * p.ands
+            s0, s1 = np.empty((t, lanes), np.uint8), np.empty((t, lanes), np.uint8)
+            table = np.empty(p.table_bits * lanes, np.uint8)
+            core().mill_garbler(
+                np.ascontiguousarray(q), self.delta, self.hi, lo, _blocks_arg(p),
+                np.ascontiguousarray(self.z[sl]), np.ascontiguousarray(self.gt[:, sl]),
+                np.ascontiguousarray(self.eq[:, sl]), table, s0, s1,
+            )  # fmt: skip
+            at = 0
+            for j, ((_, s), eq) in enumerate(zip(p.blocks, p.leaf_eq, strict=True)):
+                size = (1 + eq) << s
+                self._tables[j][:, :, sl] = table[at * lanes : (at + size) * lanes].reshape(
+                    1 + eq, 1 << s, lanes
+                )
+                at += size
+            self._triples(sl, s0, s1)
+            return
         flat = q.reshape(-1, 2)
         tw = _lane_tweaks(lo, lanes, p.planes, self.hi, ws)
         k0 = h(flat, tw, _scratch(ws, "k0", rows + 1)).reshape(p.planes, lanes, 2)
@@ -369,7 +406,6 @@ class GarblerSide(_Side):
         np.bitwise_xor(flat, self.delta, out=x)
         k1 = h(x, tw, _scratch(ws, "k1", rows + 1)).reshape(p.planes, lanes, 2)
         nb = len(p.blocks)
-        sl = slice(lo, lo + lanes)
         for j, ((first, s), eq) in enumerate(zip(p.blocks, p.leaf_eq, strict=True)):
             # Entry u = Σ u_l·2^l: comb[u] = ⊕_l K_l^{u_l}, doubled bit by bit
             # (entry-major, so every XOR runs over a whole lane batch).
@@ -395,9 +431,13 @@ class GarblerSide(_Side):
                 e ^= (xj == u).astype(np.uint8)
                 e ^= self.eq[j, sl]
                 table[1, :, sl] = e
-        # Triples: planes n + 2t (a_G·b_E) and n + 2t + 1 (b_G·a_E).
         s0 = (k0[n:, :, 0] & np.uint64(1)).astype(np.uint8)
         s1 = (k1[n:, :, 0] & np.uint64(1)).astype(np.uint8)
+        self._triples(sl, s0, s1)
+
+    def _triples(self, sl: slice, s0: Bits, s1: Bits) -> None:
+        """Triples from the random OTs' bits s_b = lsb H(q ⊕ b·Δ) of planes n + 2t
+        (a_G·b_E) and n + 2t + 1 (b_G·a_E)."""
         a, u1 = s0[0::2] ^ s1[0::2], s0[0::2]
         b, u2 = s0[1::2] ^ s1[1::2], s0[1::2]
         self.a[:, sl], self.b[:, sl], self.c[:, sl] = a, b, (a & b) ^ u1 ^ u2
@@ -434,12 +474,25 @@ class EvaluatorSide(_Side):
         return np.packbits(self.r[:, lo:hi].reshape(-1), bitorder="little")
 
     def batch(self, h: Any, lo: int, t: Blocks, ws: dict[str, Any]) -> None:
+        """One lane batch's OT blocks t: its entries' masks and its triples."""
         p, n = self.plan, self.plan.bits
         lanes, rows = t.shape[1], p.planes * t.shape[1]
+        sl = slice(lo, lo + lanes)
+        if _native(h):
+            from svtagg.mpc.native import core
+
+            v_bits = np.empty((2 * p.ands, lanes), np.uint8)
+            pads = np.empty((len(p.blocks), lanes), np.uint64)
+            core().mill_evaluator(
+                np.ascontiguousarray(t), self.hi, lo, _blocks_arg(p),
+                np.ascontiguousarray(self.ybar[sl]), pads, v_bits,
+            )  # fmt: skip
+            self._pads[:, sl] = pads
+            self._triples(sl, v_bits)
+            return
         tw = _lane_tweaks(lo, lanes, p.planes, self.hi, ws)
         k = h(t.reshape(-1, 2), tw, _scratch(ws, "k0", rows + 1)).reshape(p.planes, lanes, 2)
         nb = len(p.blocks)
-        sl = slice(lo, lo + lanes)
         comb = _scratch(ws, "comb", lanes)
         for j, (first, s) in enumerate(p.blocks):
             comb[:] = k[first]
@@ -448,8 +501,11 @@ class EvaluatorSide(_Side):
             v = low_bits(self.ybar[sl], first, s)[None, :]
             pad = h(comb, _pad_tweaks(lo, lanes, j, nb, v, self.hi, ws), _scratch(ws, "pad", lanes + 1))
             self._pads[j, sl] = pad[:, 0]
-        v_bits = (k[n:, :, 0] & np.uint64(1)).astype(np.uint8)
-        r = self.r[n:, sl]
+        self._triples(sl, (k[n:, :, 0] & np.uint64(1)).astype(np.uint8))
+
+    def _triples(self, sl: slice, v_bits: Bits) -> None:
+        """Triples from the OT bits lsb H(t) of the triple planes (see the garbler's)."""
+        r = self.r[self.plan.bits :, sl]
         b, v1 = r[0::2], v_bits[0::2]
         a, v2 = r[1::2], v_bits[1::2]
         self.a[:, sl], self.b[:, sl], self.c[:, sl] = a, b, (a & b) ^ v1 ^ v2
