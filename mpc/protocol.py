@@ -652,9 +652,20 @@ class ComparisonGarbler(_Party):
         lanes = z.shape[0]
         widths = _ot_widths(lanes, p.planes)
         await otx.refill(self._ext, self.channel, 8 * sum(widths))
-        q = await ot_labels(self.channel, self._ext, widths, nonce, False)
-        for lo, hi in lane_batches(lanes):
-            side.batch(self.hasher, lo, _rows(next(q), p.planes, hi - lo), self._workspace)
+        batches = lane_batches(lanes)
+        # Several lane batches: the OT message is read as it arrives and each
+        # batch's leaves are made (in a worker thread) once its piece is in.
+        streamed = len(batches) > 1
+        q = await ot_labels(self.channel, self._ext, widths, nonce, streamed)
+
+        def leaves() -> None:
+            for lo, hi in batches:
+                side.batch(self.hasher, lo, _rows(next(q), p.planes, hi - lo), self._workspace)
+
+        if streamed:
+            await asyncio.to_thread(leaves)
+        else:
+            leaves()
         for i, (who, levels) in enumerate(millionaire.schedule(p.depth)):
             if who == "G":
                 msg = side.pack(levels)
@@ -743,7 +754,7 @@ class ComparisonEvaluator(_Party):
         widths = _ot_widths(lanes, p.planes)
         choices = [side.choices(lo, hi) for lo, hi in lane_batches(lanes)]
         await otx.refill(self._ext, self.channel, 8 * sum(widths))
-        await send_ot_message(self.channel, self._ext, choices, nonce, False)
+        await send_ot_message(self.channel, self._ext, choices, nonce, len(choices) > 1)
         t = self._ext.labels(widths, nonce)
         for lo, hi in lane_batches(lanes):
             side.batch(self.hasher, lo, _rows(next(t), p.planes, hi - lo), self._workspace)
