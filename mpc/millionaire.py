@@ -542,11 +542,13 @@ def plain_yes(z_g: npt.NDArray[np.uint64], z_e: npt.NDArray[np.uint64], width: i
 
 
 # ------------------------------------------------------------------ choosing the path
-#: Measured CPU per comparison and server, native engine, w = 34, chunks of 10^4
-#: (`python -m svtagg.benchmarks.bench_otcompare`, docs/mpc.md): the garbled path
-#: and the OT path.  The rule below needs only their ratio to a link's cost.
-CPU_GARBLED = 3.0e-6
-CPU_OT = 5.5e-6
+#: Seconds per comparison of a chunk beyond its round trips and its bytes at the
+#: link's rate, measured through both server processes at w = 34 (`bench_network
+#: --quick --rtt 10 --rate 1g --comparison garbled,ot --chunks 10000,100000`,
+#: docs/scaling.md "Comparison path"): 3.6 / 1.7 µs garbled and 8.1 / 5.7 µs on
+#: the OT path at chunks of 10^4 / 10^5 (two cores for both servers).
+CPU_GARBLED = 2.5e-6
+CPU_OT = 6.5e-6
 
 
 def garbled_bytes(width: int, ot_bytes: float) -> float:

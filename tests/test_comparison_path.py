@@ -276,3 +276,23 @@ async def test_the_helper_takes_the_leaders_path(tmp_path: Path) -> None:
 
     with pytest.raises(InvalidArgument, match="comparison path"):
         helper_factory(help_, "auto:fast")
+
+
+def test_the_environment_chooses_the_servers_default_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """SVTAGG_COMPARISON is the default of --comparison and of the reference
+    engine (`garbled_circuit_party`): how the audits and the kill loop are run
+    with the OT path chosen."""
+    from svtagg.mpc.channel import MemoryChannel
+    from svtagg.servers.exchange.party import garbled_circuit_party
+
+    monkeypatch.setenv("SVTAGG_COMPARISON", "ot")
+    a, _ = MemoryChannel.pair()
+    party = garbled_circuit_party(Role.LEADER, a, b"s" * 16)
+    assert str(party.path) == "ot"  # type: ignore[attr-defined]
+    assert comparison_of(garbled_circuit_party) == "ot"
+    assert GarbledCircuitParties().comparison == "ot"
+    monkeypatch.setenv("SVTAGG_COMPARISON", "auto:nope")
+    with pytest.raises(ValueError, match="unknown comparison path"):
+        GarbledCircuitParties()
+    monkeypatch.delenv("SVTAGG_COMPARISON")
+    assert GarbledCircuitParties().comparison == "garbled"

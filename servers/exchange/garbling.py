@@ -75,8 +75,10 @@ def check_comparison(comparison: str) -> str:
 
 
 def comparison_of(factory: PartyFactory) -> str:
-    """The path rule a party factory runs ("garbled" for any other engine)."""
-    return str(getattr(factory, "comparison", "garbled"))
+    """The path rule a party factory runs (`server_path()` for any other engine)."""
+    from svtagg.mpc.millionaire import server_path
+
+    return str(getattr(factory, "comparison", None) or check_comparison(server_path()))
 
 
 def helper_factory(factory: PartyFactory, announced: str) -> PartyFactory:

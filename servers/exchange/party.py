@@ -49,9 +49,10 @@ def garbled_circuit_party(role: Role, channel: Channel, session_id: bytes) -> Co
     message travels with the chunk header; the helper answers with the tables,
     and the leader decodes the result the analyst waits for: one round trip
     (docs/mpc.md, "Per chunk")."""
+    from svtagg.mpc.millionaire import server_path
     from svtagg.mpc.protocol import ComparisonEvaluator, ComparisonGarbler
     from svtagg.mpc.softspoken import server_ot
 
     cls = ComparisonEvaluator if role == Role.LEADER else ComparisonGarbler
-    party: ComparisonParty = cls(channel, session_id, ot=server_ot())
+    party: ComparisonParty = cls(channel, session_id, ot=server_ot(), path=server_path())
     return party
