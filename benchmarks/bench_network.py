@@ -311,7 +311,9 @@ def run_config(
         out["open_stream"] = measure_open(net, oracle, 3 if quick else 5, settle)
         out["single"] = measure_chunk(net, oracle, 1, 10 if quick else 30, settle)
         out["chunks"] = [
-            measure_chunk(net, oracle, k, (3 if quick else 5) if k <= 1000 else (2 if quick else 3), settle)
+            measure_chunk(
+                net, oracle, k, (3 if quick else 5) if k <= 1000 else (2 if quick else 3), settle
+            )
             for k in chunks
         ]
     out["demo"] = measure_demo(net, "4", settle)
@@ -353,7 +355,10 @@ def table(results: list[dict[str, Any]]) -> str:
         ),
         ("leader↔helper round trips, stream opening", lambda r: _g(r["open_stream"])),
         ("leader↔helper round trips, chunk of 1", lambda r: _g(r["single"])),
-        *[(f"leader↔helper round trips, chunk {k:,}", lambda r, k=k: _g(chunk(r, k))) for k in sizes],
+        *[
+            (f"leader↔helper round trips, chunk {k:,}", lambda r, k=k: _g(chunk(r, k)))
+            for k in sizes
+        ],
         *[
             (
                 f"bytes per comparison on the wire, chunk {k:,}",

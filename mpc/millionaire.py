@@ -449,7 +449,7 @@ class GarblerSide(_Side):
     def yes_share(self) -> Bits:
         """¬(a_n ⊕ carry_G): this side's share of YES."""
         top = ((self.z >> np.uint64(self.plan.bits)) & np.uint64(1)).astype(np.uint8)
-        return 1 ^ top ^ self.carry()
+        return np.bitwise_xor(top ^ self.carry(), np.uint8(1))
 
 
 class EvaluatorSide(_Side):
@@ -499,7 +499,9 @@ class EvaluatorSide(_Side):
             for bit in range(1, s):
                 comb ^= k[first + bit]
             v = low_bits(self.ybar[sl], first, s)[None, :]
-            pad = h(comb, _pad_tweaks(lo, lanes, j, nb, v, self.hi, ws), _scratch(ws, "pad", lanes + 1))
+            pad = h(
+                comb, _pad_tweaks(lo, lanes, j, nb, v, self.hi, ws), _scratch(ws, "pad", lanes + 1)
+            )
             self._pads[j, sl] = pad[:, 0]
         self._triples(sl, (k[n:, :, 0] & np.uint64(1)).astype(np.uint8))
 

@@ -432,7 +432,9 @@ class _Party:
         #: (`millionaire.PathRule`: "garbled", "ot" or "auto:RTT_MS:MBPS", per
         #: chunk size and width).  Both parties must be given the same rule (the
         #: servers: SessionOpen.comparison_path).
-        self.path = path if isinstance(path, millionaire.PathRule) else millionaire.PathRule.parse(path)
+        self.path = (
+            path if isinstance(path, millionaire.PathRule) else millionaire.PathRule.parse(path)
+        )
         #: "garbled" or "ot": the path the last first-YES / CTT chunk took.
         self.last_path = "garbled"
 

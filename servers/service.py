@@ -35,9 +35,9 @@ from svtagg.servers.edge.services import (
     PeerService,
 )
 from svtagg.servers.exchange.garbling import (
-    check_comparison,
     DEFAULT_GARBLING,
     GarbledCircuitParties,
+    check_comparison,
     check_scheme_name,
 )
 from svtagg.servers.exchange.party import PartyFactory
@@ -218,7 +218,9 @@ class SvtaggServer:
         config.check()
         self.config = config
         self.party = (
-            party if party is not None else GarbledCircuitParties(config.garbling, config.ot, config.comparison)
+            party
+            if party is not None
+            else GarbledCircuitParties(config.garbling, config.ot, config.comparison)
         )
         self.server = grpc.aio.server(options=SERVER_OPTIONS)
         self.port, self.ingest_port = _bind_ports(self.server, config)

@@ -17,9 +17,9 @@ from conftest import driver_pair
 from svtagg.dp.task import TaskSpec
 from svtagg.mpc import millionaire as M
 from svtagg.mpc import native
+from svtagg.mpc.aes import TweakableHash
 from svtagg.mpc.circuits import plain_compare_to_thresholds, plain_first_yes
 from svtagg.mpc.native import NativeHash
-from svtagg.mpc.aes import TweakableHash
 from svtagg.mpc.protocol import connected_pair
 from svtagg.proto import svtagg_pb2 as pb
 from svtagg.proto.vocab import Role
@@ -37,11 +37,15 @@ ENGINES = ["numpy"] + (["native"] if native.available() else [])
 def _values(rng: np.random.Generator, k: int, width: int) -> tuple[Any, Any, Any]:
     """Shares of k sums |s| < 2^(w−1), with the edges of the range among them."""
     half = 1 << (width - 1)
-    s = rng.integers(-half, half, k, dtype=np.int64) if width < 64 else rng.integers(
-        -(2**62), 2**62, k, dtype=np.int64
+    s = (
+        rng.integers(-half, half, k, dtype=np.int64)
+        if width < 64
+        else rng.integers(-(2**62), 2**62, k, dtype=np.int64)
     )
-    edges = np.array([0, -1, half - 1, -half, 1], dtype=np.int64) if width < 64 else np.array(
-        [0, -1, 2**63 - 1, -(2**63), 1], dtype=np.int64
+    edges = (
+        np.array([0, -1, half - 1, -half, 1], dtype=np.int64)
+        if width < 64
+        else np.array([0, -1, 2**63 - 1, -(2**63), 1], dtype=np.int64)
     )
     s[: min(k, 5)] = edges[: min(k, 5)]
     total = s.view(np.uint64)
@@ -85,14 +89,17 @@ async def test_both_paths_give_the_same_answers(ot: str) -> None:
             assert rg == re_ == want, (width, k, g.last_path)
         none = (np.zeros(k, np.int64) - 1).view(np.uint64) - a  # −1: NO at every width
         for g, e in ((go, eo), (gg, eg)):
-            assert await asyncio.gather(g.first_yes(a, width), e.first_yes(none, width)) == [None] * 2
+            assert (
+                await asyncio.gather(g.first_yes(a, width), e.first_yes(none, width)) == [None] * 2
+            )
         hi_a, lo_a, _ = _values(rng, k, width)
         hi_b = np.full(k, -1, np.int64).view(np.uint64) - hi_a
         lo_b = rng.integers(-1, 1, k).astype(np.int64).view(np.uint64) - lo_a
         got = []
         for g, e in ((go, eo), (gg, eg)):
             pair = await asyncio.gather(
-                g.compare_to_thresholds(hi_a, lo_a, width), e.compare_to_thresholds(hi_b, lo_b, width)
+                g.compare_to_thresholds(hi_a, lo_a, width),
+                e.compare_to_thresholds(hi_b, lo_b, width),
             )
             assert pair[0] == pair[1]
             got.append(pair[0])
