@@ -2315,6 +2315,68 @@ done:
 static PyObject *py_mill_garbler(PyObject *self, PyObject *args) { return py_mill(args, 1); }
 static PyObject *py_mill_evaluator(PyObject *self, PyObject *args) { return py_mill(args, 0); }
 
+/* mill_tables(m, d, x, gt, eq, blocks, out): the garbler's tables of one chunk on
+ * precomputed slots.  m: L × M uint8, slot-major (the two mask bits of every entry
+ * of every leaf block, blocks end to end); d, x: L uint64 (the evaluator's
+ * d = ȳ ⊕ r, the garbler's x); gt, eq: nb × L uint8 (its fresh shares); out: per
+ * leaf j, (1 + eq_j) × 2^s_j × L uint8, entry u's row holding mask(u ⊕ d_j) ⊕
+ * [x_j > u] ⊕ gt_j (and the eq half likewise). */
+static PyObject *py_mill_tables(PyObject *self, PyObject *args) {
+    PyObject *mo, *dox, *xo, *go, *eo, *bo, *oo;
+    if (!PyArg_ParseTuple(args, "OOOOOOO", &mo, &dox, &xo, &go, &eo, &bo, &oo)) return NULL;
+    buf_t m = {0}, d = {0}, x = {0}, gt = {0}, eq = {0}, bl = {0}, out = {0};
+    PyObject *ret = NULL;
+    if (get_buf(mo, &m, 0, "m") || get_buf(dox, &d, 0, "d") || get_buf(xo, &x, 0, "x") ||
+        get_buf(go, &gt, 0, "gt") || get_buf(eo, &eq, 0, "eq") || get_buf(bo, &bl, 0, "blocks") ||
+        get_buf(oo, &out, 1, "out"))
+        goto done;
+    size_t nb, nbits;
+    if (mill_blocks(&bl, &nb, &nbits)) goto done;
+    size_t L = (size_t)x.view.len / 8;
+    const int32_t *blk = (const int32_t *)bl.p;
+    size_t M = 0, tb = 0;
+    for (size_t j = 0; j < nb; j++) {
+        M += (size_t)1 << blk[3 * j + 1];
+        tb += (size_t)(1 + blk[3 * j + 2]) << blk[3 * j + 1];
+    }
+    if (L == 0 || need(&d, (Py_ssize_t)(8 * L), "d") || need(&m, (Py_ssize_t)(L * M), "m") ||
+        need(&gt, (Py_ssize_t)(nb * L), "gt") || need(&eq, (Py_ssize_t)(nb * L), "eq") ||
+        need(&out, (Py_ssize_t)(tb * L), "out"))
+        goto done;
+    const uint8_t *mp = (const uint8_t *)m.p, *gp = (const uint8_t *)gt.p, *ep = (const uint8_t *)eq.p;
+    const uint64_t *dp = (const uint64_t *)d.p, *xp = (const uint64_t *)x.p;
+    uint8_t *op = (uint8_t *)out.p;
+    Py_BEGIN_ALLOW_THREADS
+    size_t off = 0, row0 = 0;
+    for (size_t j = 0; j < nb; j++) {
+        size_t first = (size_t)blk[3 * j], E = (size_t)1 << blk[3 * j + 1];
+        int eqf = blk[3 * j + 2];
+        for (size_t l0 = 0; l0 < L; l0 += 64) {
+            size_t n = L - l0 < 64 ? L - l0 : 64;
+            uint8_t dj[64], xj[64];
+            for (size_t i = 0; i < n; i++) {
+                dj[i] = (uint8_t)((dp[l0 + i] >> first) & (E - 1));
+                xj[i] = (uint8_t)((xp[l0 + i] >> first) & (E - 1));
+            }
+            for (size_t u = 0; u < E; u++) {
+                uint8_t *row = op + off + u * L + l0, *erow = op + off + (E + u) * L + l0;
+                for (size_t i = 0; i < n; i++) {
+                    uint8_t w = mp[(l0 + i) * M + row0 + (u ^ dj[i])];
+                    row[i] = (uint8_t)((w & 1) ^ (xj[i] > u) ^ gp[j * L + l0 + i]);
+                    if (eqf) erow[i] = (uint8_t)(((w >> 1) & 1) ^ (xj[i] == u) ^ ep[j * L + l0 + i]);
+                }
+            }
+        }
+        off += (size_t)(1 + eqf) * E * L;
+        row0 += E;
+    }
+    Py_END_ALLOW_THREADS
+    ret = Py_NewRef(Py_None);
+done:
+    release(&m); release(&d); release(&x); release(&gt); release(&eq); release(&bl); release(&out);
+    return ret;
+}
+
 static PyMethodDef methods[] = {
     {"set_key", py_set_key, METH_VARARGS, "Set the fixed AES-128 key of π."},
     {"set_threads", py_set_threads, METH_VARARGS, "Threads for the carry chains and wide transposes."},
@@ -2335,6 +2397,7 @@ static PyMethodDef methods[] = {
     {"fr_lpn", py_fr_lpn, METH_VARARGS, "Ferret LPN expansion (10 indices per output)."},
     {"fr_ggm", py_fr_ggm, METH_VARARGS, "Ferret GGM trees (garbler's, or the evaluator's punctured ones)."},
     {"mill_garbler", py_mill_garbler, METH_VARARGS, "OT-based comparison: the garbler's leaf tables and triple bits."},
+    {"mill_tables", py_mill_tables, METH_VARARGS, "OT-based comparison: the garbler's tables on precomputed slots."},
     {"mill_evaluator", py_mill_evaluator, METH_VARARGS, "OT-based comparison: the evaluator's masks and triple bits."},
     {NULL, NULL, 0, NULL},
 };

@@ -353,6 +353,15 @@ class _Side:
             raise AssertionError("tree not finished")
         return self.gt[0]
 
+    z: npt.NDArray[np.uint64]
+
+    def yes_share(self) -> Bits:
+        """This side's share of YES: ¬(a_n ⊕ carry_G) on the garbler, b_n ⊕
+        carry_E on the evaluator."""
+        top = ((self.z >> np.uint64(self.plan.bits)) & np.uint64(1)).astype(np.uint8)
+        share = top ^ self.carry()
+        return np.bitwise_xor(share, np.uint8(1)) if self.garbler else share
+
 
 class GarblerSide(_Side):
     """The OT sender (on the servers, the helper): holds Δ and x."""
@@ -446,11 +455,6 @@ class GarblerSide(_Side):
         bits = np.concatenate([t.ravel() for t in self._tables])
         return np.packbits(bits, bitorder="little").tobytes()
 
-    def yes_share(self) -> Bits:
-        """¬(a_n ⊕ carry_G): this side's share of YES."""
-        top = ((self.z >> np.uint64(self.plan.bits)) & np.uint64(1)).astype(np.uint8)
-        return np.bitwise_xor(top ^ self.carry(), np.uint8(1))
-
 
 class EvaluatorSide(_Side):
     """The OT receiver (on the servers, the leader): holds ȳ = ¬y."""
@@ -512,6 +516,174 @@ class EvaluatorSide(_Side):
         a, v2 = r[1::2], v_bits[1::2]
         self.a[:, sl], self.b[:, sl], self.c[:, sl] = a, b, (a & b) ^ v1 ^ v2
 
+
+# ------------------------------------------------------------------ slots and chunks
+#: The most slots a session fills ahead: after a chunk of k comparisons, both
+#: parties top their pool up to min(k, MAX_AHEAD) slots for the next chunk.
+MAX_AHEAD = 1 << 17
+
+
+class Slots:
+    """Precomputed comparisons of one width (the offline phase): arrays whose
+    first axis is the slot (a slot's data contiguous), taken in order by both
+    parties alike."""
+
+    def __init__(self, width: int, arrays: dict[str, npt.NDArray[Any]]) -> None:
+        self.width, self.arrays = width, arrays
+
+    def __len__(self) -> int:
+        return int(self.arrays["a"].shape[0])
+
+    def __getitem__(self, name: str) -> npt.NDArray[Any]:
+        return self.arrays[name]
+
+    def split(self, n: int) -> tuple[Slots, Slots]:
+        head = {k: v[:n] for k, v in self.arrays.items()}
+        tail = {k: v[n:] for k, v in self.arrays.items()}
+        return Slots(self.width, head), Slots(self.width, tail)
+
+    def __add__(self, other: Slots) -> Slots:
+        if other.width != self.width:
+            raise ValueError("slots of two widths")
+        both = {k: np.concatenate([v, other.arrays[k]]) for k, v in self.arrays.items()}
+        return Slots(self.width, both)
+
+
+class SlotPool:
+    """A session's slots, of the width of its last OT-path chunk: a chunk of
+    another width discards them (both parties alike: widths are public)."""
+
+    def __init__(self) -> None:
+        self.slots: Slots | None = None
+
+    def available(self, width: int) -> int:
+        if self.slots is not None and self.slots.width != width:
+            self.slots = None
+        return 0 if self.slots is None else len(self.slots)
+
+    def add(self, slots: Slots) -> None:
+        if self.slots is None or self.slots.width != slots.width:
+            self.slots = slots
+        else:
+            self.slots = self.slots + slots
+
+    def take(self, width: int, n: int) -> Slots:
+        if self.available(width) < n or self.slots is None:
+            raise AssertionError("the pool is short: fill it first")
+        head, self.slots = self.slots.split(n)
+        return head
+
+
+def garbler_slots(side: GarblerSide) -> Slots:
+    """The garbler's slots from a fill: made with x = 0 and zero shares, so
+    entry w of block j's table is its mask (the eq half XOR [w = 0]); kept as
+    mask bits (gt in bit 0, eq in bit 1) per entry w and slot, and the triples."""
+    p = side.plan
+    masks = []
+    for (_, s), eq in zip(p.blocks, p.leaf_eq, strict=True):
+        j = len(masks)
+        m = side._tables[j][0].copy()
+        if eq:
+            e = side._tables[j][1].copy()
+            e[0] ^= 1  # [0 = w] at w = 0
+            m |= e << 1
+        masks.append(m)
+    arrays = {k: np.ascontiguousarray(v.T) for k, v in (("a", side.a), ("b", side.b), ("c", side.c))}
+    # Slot-major: the entries of every block of one slot side by side.
+    arrays["m"] = np.ascontiguousarray(np.concatenate(masks).T)
+    return Slots(p.width, arrays)
+
+
+def evaluator_slots(side: EvaluatorSide) -> Slots:
+    """The evaluator's slots from a fill: its random choices r (the low n bits
+    of ȳ it chose with), the two mask bits of the entry r_j of each block, and
+    the triples."""
+    p = side.plan
+    r = side.ybar & np.uint64((1 << p.bits) - 1)
+    masks = np.ascontiguousarray((side._pads & np.uint64(3)).astype(np.uint8).T)
+    arrays = {k: np.ascontiguousarray(v.T) for k, v in (("a", side.a), ("b", side.b), ("c", side.c))}
+    return Slots(p.width, {**arrays, "r": r, "m": masks})
+
+
+def _d_message(d: npt.NDArray[np.uint64], n: int) -> bytes:
+    """The n low bits of every lane's d, plane-major, packed."""
+    planes = np.stack([low_bits(d, i, 1).astype(np.uint8) for i in range(n)])
+    return np.packbits(planes.reshape(-1), bitorder="little").tobytes()
+
+
+def parse_d(msg: bytes | memoryview, n: int, lanes: int) -> npt.NDArray[np.uint64]:
+    """`_d_message` back, refusing a message of another length."""
+    if len(msg) != -(-n * lanes // 8):
+        raise ValueError("malformed comparison choice message")
+    bits = np.unpackbits(np.frombuffer(msg, np.uint8), bitorder="little")
+    if bits[n * lanes :].any():
+        raise ValueError("malformed comparison choice message")
+    planes = bits[: n * lanes].reshape(n, lanes).astype(np.uint64)
+    d = np.zeros(lanes, np.uint64)
+    for i in range(n):
+        d |= planes[i] << np.uint64(i)
+    return d
+
+
+class GarblerChunk(_Side):
+    """The garbler's side of one chunk on precomputed slots: with the
+    evaluator's d = v ⊕ r, entry u of block j is masked by the slot's mask of
+    entry u ⊕ d_j (the OTs derandomized: the keys K_l^{u_l} of the chunk are
+    the fill's K_l^{u_l ⊕ d_l}), so the tables cost no hashing."""
+
+    garbler = True
+
+    def __init__(self, p: Plan, z: npt.NDArray[np.uint64], slots: Slots) -> None:
+        super().__init__(p, z.shape[0])
+        self.z, self.slots = z, slots
+        self.a, self.b, self.c = slots["a"].T, slots["b"].T, slots["c"].T
+        q = len(p.blocks)
+        self.gt = random_bits(q * self.lanes).reshape(q, self.lanes)
+        self.eq = random_bits(q * self.lanes).reshape(q, self.lanes)
+
+    def tables(self, d: npt.NDArray[np.uint64], native_core: bool = False) -> bytes:
+        """The leaf tables (the native core's pass, or numpy: the same bytes)."""
+        p = self.plan
+        if native_core:
+            from svtagg.mpc.native import core
+
+            out = np.empty(p.table_bits * self.lanes, np.uint8)
+            core().mill_tables(
+                np.ascontiguousarray(self.slots["m"]), np.ascontiguousarray(d),
+                np.ascontiguousarray(self.z), self.gt, self.eq, _blocks_arg(p), out,
+            )  # fmt: skip
+            return np.packbits(out, bitorder="little").tobytes()
+        parts, row = [], 0
+        for j, ((first, s), eq) in enumerate(zip(p.blocks, p.leaf_eq, strict=True)):
+            u = np.arange(1 << s, dtype=np.int64)[None, :]
+            idx = u ^ low_bits(d, first, s)[:, None]
+            m = np.take_along_axis(self.slots["m"][:, row : row + (1 << s)], idx, axis=1).T
+            row += 1 << s
+            xj = low_bits(self.z, first, s)[None, :]
+            parts.append(((m & 1) ^ (xj > u.T) ^ self.gt[j]).astype(np.uint8).ravel())
+            if eq:
+                bit = ((m >> 1) & 1) ^ (xj == u.T) ^ self.eq[j]
+                parts.append(bit.astype(np.uint8).ravel())
+        return np.packbits(np.concatenate(parts), bitorder="little").tobytes()
+
+
+class EvaluatorChunk(_Side):
+    """The evaluator's side of one chunk on precomputed slots: it sends d =
+    ȳ ⊕ r (one-time padded by the fill's random choices) and unmasks its
+    entry v = ȳ_j with the slot's mask of entry r_j."""
+
+    garbler = False
+
+    def __init__(self, p: Plan, z: npt.NDArray[np.uint64], slots: Slots) -> None:
+        super().__init__(p, z.shape[0])
+        self.z, self.slots = z, slots
+        self.a, self.b, self.c = slots["a"].T, slots["b"].T, slots["c"].T
+        self.ybar = ~z
+        self.d = (self.ybar ^ slots["r"]) & np.uint64((1 << p.bits) - 1)
+
+    def d_message(self) -> bytes:
+        return _d_message(self.d, self.plan.bits)
+
     def read_tables(self, msg: bytes | memoryview) -> None:
         p = self.plan
         if len(msg) != -(-p.table_bits * self.lanes // 8):
@@ -520,21 +692,13 @@ class EvaluatorSide(_Side):
         if bits[p.table_bits * self.lanes :].any():
             raise ValueError("malformed comparison table message")
         at, lanes = 0, np.arange(self.lanes)
+        masks = self.slots["m"].T
         for j, ((first, s), eq) in enumerate(zip(p.blocks, p.leaf_eq, strict=True)):
             idx = at + low_bits(self.ybar, first, s) * self.lanes + lanes  # entry v, lane
-            pw = self._pads[j]
-            self.gt[j] = bits[idx] ^ (pw & np.uint64(1)).astype(np.uint8)
+            self.gt[j] = bits[idx] ^ (masks[j] & 1)
             if eq:
-                half = self.lanes << s
-                self.eq[j] = bits[idx + half] ^ ((pw >> np.uint64(1)) & np.uint64(1)).astype(
-                    np.uint8
-                )
+                self.eq[j] = bits[idx + (self.lanes << s)] ^ (masks[j] >> 1)
             at += (1 + eq) * (self.lanes << s)
-
-    def yes_share(self) -> Bits:
-        """b_n ⊕ carry_E: this side's share of YES."""
-        top = ((self.z >> np.uint64(self.plan.bits)) & np.uint64(1)).astype(np.uint8)
-        return top ^ self.carry()
 
 
 def plain_yes(z_g: npt.NDArray[np.uint64], z_e: npt.NDArray[np.uint64], width: int) -> Bits:
@@ -561,11 +725,12 @@ def garbled_bytes(width: int, ot_bytes: float) -> float:
 
 
 def ot_path_bytes(width: int, ot_bytes: float) -> float:
-    """Bytes per comparison of the OT path: the OTs (leaf bits, triples, the
-    logic's one input bit), the leaf tables, the openings (2 bits per AND and
+    """Bytes per comparison of the OT path in a steady stream of chunks: the
+    fill's OTs (leaf bits, triples), the logic's one input OT, the online d
+    bits (one per leaf bit), the leaf tables, the openings (2 bits per AND and
     party), 32 for the prefix OR garbled."""
     p = plan(width)
-    return ot_bytes * (p.planes + 1) + p.table_bits / 8 + 4 * p.ands / 8 + 32
+    return ot_bytes * (p.planes + 1) + p.bits / 8 + p.table_bits / 8 + 4 * p.ands / 8 + 32
 
 
 def ot_path_round_trips(width: int) -> int:

@@ -437,6 +437,12 @@ class _Party:
         )
         #: "garbled" or "ot": the path the last first-YES / CTT chunk took.
         self.last_path = "garbled"
+        #: The OT path's precomputed slots and a fill still being made in a worker
+        #: thread (on copies of its OT labels: it never touches the extension).
+        self._slots = millionaire.SlotPool()
+        self._fill_task: asyncio.Future[millionaire.Slots] | None = None
+        self._fill_ws: dict[str, Any] = {}
+        self._fill_hasher: TweakableHash | native.NativeHash = type(self.hasher)()
 
     async def first_yes(self, z: npt.ArrayLike, width: int = RING_BITS) -> int | None:
         """First j with signed(z_L[j] + z_H[j]) ≥ 0, or None, on both sides, from
@@ -463,47 +469,84 @@ class _Party:
         return use
 
     async def _ot_chunk(self, spec: ChunkCircuit[R], width: int, *zs: npt.ArrayLike) -> R:
-        """The OT-based path: the millionaires' protocol gives XOR shares of every
-        YES bit (its own chunk number: OT nonce and tweaks), then the chunk's
-        logic (prefix OR, CTT codes) runs garbled on those bits (`spec`, w = 1)."""
+        """The OT-based path on the session's precomputed slots (`millionaire.Slots`):
+        filled inline when the pool is short, then the online phase (the
+        evaluator's d bits, the tables, the tree), then the chunk's logic (prefix
+        OR, CTT codes) garbled on the shared YES bits (`spec`, w = 1).  The next
+        chunk's fill rides in the online phase's first flights (the evaluator's
+        OT message after its d bits; the garbler reads it after sending its
+        tables) and both make it in a worker thread while the chunk goes on."""
         if not self._ready:
             raise RuntimeError("call setup() first")
         check_width(width)
         shares = [_as_ring(z) for z in zs]
         if any(s.shape != shares[0].shape for s in shares):
             raise ValueError(f"{' and '.join(spec.inputs)} differ in length")
-        nonce, tweak_hi = self._next_chunk()
+        await self._settle_fill()
         z = shares[0] if len(shares) == 1 else np.concatenate(shares)
+        lanes = z.shape[0]
         s, r, t = self.channel.bytes_sent, self.channel.bytes_received, time.perf_counter()
         p = millionaire.plan(width)
         select = getattr(self.channel, "select", None)
         if select is not None:
-            select(z.shape[0])
+            select(lanes)
         limit = getattr(self.channel, "limit_messages", None)
+        fill_bound = max(
+            int(bytes_per_ot(self.ot) * 8 * sum(_ot_widths(min(lanes, millionaire.MAX_AHEAD), p.planes))),
+            int(bytes_per_ot(self.ot) * 8 * sum(_ot_widths(lanes, p.planes))),
+        )
         if limit is not None:
-            ots = 8 * sum(_ot_widths(z.shape[0], p.planes))
-            longest = max(
-                int(bytes_per_ot(self.ot) * ots),
-                -(-p.table_bits * z.shape[0] // 8) + 2 * p.ands * z.shape[0] // 8 + 1,
-            )
-            limit(max(longest, otx.extension_bound(self.ot)))
-        yes = await self._millionaire(p, z, nonce, tweak_hi)
+            online = -(-p.table_bits * lanes // 8) + 2 * p.ands * lanes // 8 + 1
+            limit(max(fill_bound, online, otx.extension_bound(self.ot)))
+        short = lanes - self._slots.available(width)
+        if short > 0:
+            await self._fill(p, short, background=False)
+        slots = self._slots.take(width, lanes)
+        ahead = min(lanes, millionaire.MAX_AHEAD) - self._slots.available(width)
+        if ahead > 0:
+            # Ferret draws the next fill's OTs and the logic's now, so that no
+            # extension round trip falls inside the chunk's flights.
+            need = 8 * sum(_ot_widths(lanes, 1)) + 8 * sum(_ot_widths(ahead, p.planes))
+            await otx.refill(self._ext, self.channel, need)
+        yes = await self._online(p, z, slots, max(ahead, 0))
         parts = np.split(yes.astype(np.uint64), len(shares))
-        result = await self._chunk_flow(spec, *parts)
+        result = await self._chunk_flow(spec, *parts, at_least=fill_bound)
         gc = self.last_stats
         self.last_stats = RunStats(
-            comparisons=z.shape[0],
+            comparisons=lanes,
             and_gates=gc.and_gates,
             bytes_sent=self.channel.bytes_sent - s,
             bytes_received=self.channel.bytes_received - r,
-            messages=1 + len(millionaire.schedule(p.depth)) + gc.messages,
+            messages=1 + len(millionaire.schedule(p.depth)) + gc.messages + (short > 0),
             seconds=time.perf_counter() - t,
         )
         self.last_path = "ot"
         return result
 
-    async def _millionaire(self, p: millionaire.Plan, z: U64, nonce: int, tweak_hi: int) -> Bits:
-        """This side's XOR shares of YES for every lane of z."""
+    async def _settle_fill(self) -> None:
+        """Wait for the fill made in the background during the last chunk and
+        add its slots (before anything else uses the OT extension: the fill
+        reads the extension's label buffers)."""
+        task, self._fill_task = self._fill_task, None
+        if task is not None:
+            self._slots.add(await task)
+
+    def _background(self, work: Callable[[], millionaire.Slots]) -> None:
+        task = asyncio.ensure_future(asyncio.to_thread(work))
+        # A session that ends first never awaits it: retrieve its outcome anyway.
+        task.add_done_callback(lambda f: f.cancelled() or f.exception())
+        self._fill_task = task
+
+    async def _fill(self, p: millionaire.Plan, slots: int, background: bool) -> None:
+        """Make `slots` slots of width p.width (both sides alike); inline, or
+        with this side's work in a worker thread (`_settle_fill` collects it)."""
+        raise NotImplementedError
+
+    async def _online(
+        self, p: millionaire.Plan, z: U64, slots: millionaire.Slots, ahead: int
+    ) -> Bits:
+        """This side's XOR shares of YES for every lane of z, from its slots; the
+        next fill of `ahead` slots rides in its first flights."""
         raise NotImplementedError
 
     async def noisy_max(
@@ -563,9 +606,12 @@ class _Party:
         uint64 words (`circuits.field_words`).  Garbler: a fresh uniform r."""
         raise NotImplementedError
 
-    async def _chunk_flow(self, spec: ChunkCircuit[R], *zs: npt.ArrayLike) -> R:
+    async def _chunk_flow(self, spec: ChunkCircuit[R], *zs: npt.ArrayLike, at_least: int = 0) -> R:
+        """One garbled chunk (`at_least`: a longer message the chunk may carry,
+        the OT path's next fill, which the receiver must accept)."""
         if not self._ready:
             raise RuntimeError("call setup() first")
+
         shares = [_as_ring(z) for z in zs]
         if any(s.shape != shares[0].shape for s in shares):
             raise ValueError(f"{' and '.join(spec.inputs)} differ in length")
@@ -579,7 +625,8 @@ class _Party:
             select(k * len(spec.inputs))
         limit = getattr(self.channel, "limit_messages", None)
         if limit is not None:  # and one that can refuse longer messages up front
-            limit(max(spec.max_message(k, bytes_per_ot(self.ot)), otx.extension_bound(self.ot)))
+            bounds = (spec.max_message(k, bytes_per_ot(self.ot)), otx.extension_bound(self.ot))
+            limit(max(*bounds, at_least))
         s, r, t = self.channel.bytes_sent, self.channel.bytes_received, time.perf_counter()
         z = shares[0] if len(shares) == 1 else np.concatenate(shares)
         result, and_gates = await self._run(spec, z, k, nonce, tweak_hi)
@@ -620,6 +667,11 @@ class _Party:
         return source
 
 
+def _random_ring(n: int) -> U64:
+    """n uniform ring elements from the CSPRNG."""
+    return np.frombuffer(os.urandom(8 * n), dtype="<u8").astype(np.uint64)
+
+
 def _rows(labels: Blocks, planes: int, lanes: int) -> Blocks:
     """A lane batch's OT blocks as planes × lanes × 2 words (without padding OTs)."""
     return labels[: planes * lanes].reshape(planes, lanes, 2)
@@ -647,31 +699,52 @@ class ComparisonGarbler(_Party):
         self.delta = self._ext.delta
         self._ready = True
 
-    async def _millionaire(self, p: millionaire.Plan, z: U64, nonce: int, tweak_hi: int) -> Bits:
-        """Receive the OT message, send the leaf tables and openings as
-        `millionaire.schedule` says, read the evaluator's openings."""
-        side = millionaire.GarblerSide(p, z, self.delta, tweak_hi)
-        lanes = z.shape[0]
-        widths = _ot_widths(lanes, p.planes)
+    async def _fill(self, p: millionaire.Plan, slots: int, background: bool) -> None:
+        """Receive the fill's OT message and make the slots: the leaves' masks for
+        every entry (x = 0, zero shares: `millionaire.garbler_slots`) and the
+        triples.  Inline, the message is read as it arrives (batches made in a
+        worker thread as their pieces come); in the background it is read whole,
+        its labels copied out, and the slots made in a worker thread while the
+        chunk goes on."""
+        nonce, tweak_hi = self._next_chunk()
+        side = millionaire.GarblerSide(p, np.zeros(slots, np.uint64), self.delta, tweak_hi)
+        side.gt[:] = 0
+        side.eq[:] = 0
+        widths = _ot_widths(slots, p.planes)
         await otx.refill(self._ext, self.channel, 8 * sum(widths))
-        batches = lane_batches(lanes)
-        # Several lane batches: the OT message is read as it arrives and each
-        # batch's leaves are made (in a worker thread) once its piece is in.
-        streamed = len(batches) > 1
+        batches = lane_batches(slots)
+        streamed = not background and len(batches) > 1
         q = await ot_labels(self.channel, self._ext, widths, nonce, streamed)
+        h, ws = self._fill_hasher, self._fill_ws
 
-        def leaves() -> None:
+        def work() -> millionaire.Slots:
             for lo, hi in batches:
-                side.batch(self.hasher, lo, _rows(next(q), p.planes, hi - lo), self._workspace)
+                side.batch(h, lo, _rows(next(q), p.planes, hi - lo), ws)
+            return millionaire.garbler_slots(side)
 
-        if streamed:
-            await asyncio.to_thread(leaves)
+        if background:  # expand the labels now (the extension's buffers are reused)
+            rows = await asyncio.to_thread(lambda: [b.copy() for b in q])
+            q = iter(rows)
+            self._background(work)
         else:
-            leaves()
+            self._slots.add(await asyncio.to_thread(work) if streamed else work())
+
+    async def _online(
+        self, p: millionaire.Plan, z: U64, slots: millionaire.Slots, ahead: int
+    ) -> Bits:
+        """Read the evaluator's d bits, send the tables and the openings as
+        `millionaire.schedule` says, read the evaluator's openings (and, after
+        the tables, the next fill's OT message)."""
+        side = millionaire.GarblerChunk(p, z, slots)
+        d = millionaire.parse_d(await self.channel.recv(), p.bits, z.shape[0])
         for i, (who, levels) in enumerate(millionaire.schedule(p.depth)):
             if who == "G":
                 msg = side.pack(levels)
-                await self.channel.send(side.tables() + msg if i == 0 else msg)
+                if i == 0:
+                    msg = side.tables(d, self.engine == "native") + msg
+                await self.channel.send(msg)
+                if i == 0 and ahead:
+                    await self._fill(p, ahead, background=True)
             else:
                 side.receive(await self.channel.recv(), levels)
         return side.yes_share()
@@ -748,18 +821,41 @@ class ComparisonEvaluator(_Party):
         self._ext = await extension_receiver(self.channel, keys, self.ot, self.session_id)
         self._ready = True
 
-    async def _millionaire(self, p: millionaire.Plan, z: U64, nonce: int, tweak_hi: int) -> Bits:
-        """Send the OT message for the leaf bits and the triples' random choices,
-        then read the tables and exchange openings as `millionaire.schedule` says."""
-        side = millionaire.EvaluatorSide(p, z, tweak_hi)
-        lanes = z.shape[0]
-        widths = _ot_widths(lanes, p.planes)
-        choices = [side.choices(lo, hi) for lo, hi in lane_batches(lanes)]
+    async def _fill(self, p: millionaire.Plan, slots: int, background: bool) -> None:
+        """Send the fill's OT message (random choices: the leaf bits r and the
+        triples') and make the slots from the labels: the masks of the entries
+        r addresses and the triples (`millionaire.evaluator_slots`)."""
+        nonce, tweak_hi = self._next_chunk()
+        side = millionaire.EvaluatorSide(p, _random_ring(slots), tweak_hi)
+        widths = _ot_widths(slots, p.planes)
+        batches = lane_batches(slots)
+        choices = [side.choices(lo, hi) for lo, hi in batches]
         await otx.refill(self._ext, self.channel, 8 * sum(widths))
         await send_ot_message(self.channel, self._ext, choices, nonce, len(choices) > 1)
         t = self._ext.labels(widths, nonce)
-        for lo, hi in lane_batches(lanes):
-            side.batch(self.hasher, lo, _rows(next(t), p.planes, hi - lo), self._workspace)
+        h, ws = self._fill_hasher, self._fill_ws
+
+        def work() -> millionaire.Slots:
+            for lo, hi in batches:
+                side.batch(h, lo, _rows(next(t), p.planes, hi - lo), ws)
+            return millionaire.evaluator_slots(side)
+
+        if background:  # the labels copied out: the extension's buffers are reused
+            t = iter([b.copy() for b in t])
+            self._background(work)
+        else:
+            self._slots.add(work())
+
+    async def _online(
+        self, p: millionaire.Plan, z: U64, slots: millionaire.Slots, ahead: int
+    ) -> Bits:
+        """Send d = ȳ ⊕ r and the next fill's OT message, read the tables and
+        exchange openings as `millionaire.schedule` says."""
+        side = millionaire.EvaluatorChunk(p, z, slots)
+        await self.channel.send(side.d_message())
+        if ahead:
+            await self._fill(p, ahead, background=True)
+        lanes = z.shape[0]
         tables = -(-p.table_bits * lanes // 8)
         for i, (who, levels) in enumerate(millionaire.schedule(p.depth)):
             if who == "E":
@@ -800,6 +896,7 @@ class ComparisonEvaluator(_Party):
         await send_ot_message(self.channel, self._ext, choices, nonce, spec.parts(k) > 1)
         nd = (spec.decoding_bits(k) + 7) // 8
         t = self._ext.labels(widths, nonce)
+
         wires = self._input_wires(t, spec.width)
         if spec.parts(k) > 1:
             parts = _Parts(self.channel, spec.parts(k), nd)

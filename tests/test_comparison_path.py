@@ -63,10 +63,11 @@ async def test_shares_match_the_plaintext_at_every_width(engine: str) -> None:
         for width in range(2, 65):
             p = M.plan(width)
             a, b, _ = _values(rng, 300, width)
-            nonce, hi = g._next_chunk()
-            e._next_chunk()
+            # A fill (inline), then the online phase on its slots, as a chunk runs them.
+            await asyncio.gather(g._fill(p, 300, False), e._fill(p, 300, False))
             yg, ye = await asyncio.gather(
-                g._millionaire(p, a, nonce, hi), e._millionaire(p, b, nonce, hi)
+                g._online(p, a, g._slots.take(width, 300), 0),
+                e._online(p, b, e._slots.take(width, 300), 0),
             )
             assert np.array_equal(yg ^ ye, M.plain_yes(a, b, width)), width
     finally:
