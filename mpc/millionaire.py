@@ -710,11 +710,11 @@ def plain_yes(z_g: npt.NDArray[np.uint64], z_e: npt.NDArray[np.uint64], width: i
 # ------------------------------------------------------------------ choosing the path
 #: Seconds per comparison of a chunk beyond its round trips and its bytes at the
 #: link's rate, measured through both server processes at w = 34 (`bench_network
-#: --quick --rtt 10 --rate 1g --comparison garbled,ot --chunks 10000,100000`,
-#: docs/scaling.md "Comparison path"): 3.6 / 1.7 µs garbled and 8.1 / 5.7 µs on
-#: the OT path at chunks of 10^4 / 10^5 (two cores for both servers).
-CPU_GARBLED = 2.5e-6
-CPU_OT = 6.5e-6
+#: --quick --rtt 10 --rate 1g,100m --comparison garbled,ot,auto:10:1000 --chunks
+#: 1000,10000,100000`, docs/scaling.md "Comparison path"): 3.4–6.3 µs garbled and
+#: 5.2–7.6 µs on the OT path at chunks of 10^5 / 10^4 (two cores for both servers).
+CPU_GARBLED = 4.0e-6
+CPU_OT = 6.0e-6
 
 
 def garbled_bytes(width: int, ot_bytes: float) -> float:

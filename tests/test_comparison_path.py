@@ -7,6 +7,7 @@ made by XOR of hashes), and the servers taking the leader's path."""
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
 from typing import Any
 
@@ -304,3 +305,57 @@ def test_the_environment_chooses_the_servers_default_path(monkeypatch: pytest.Mo
         GarbledCircuitParties()
     monkeypatch.delenv("SVTAGG_COMPARISON")
     assert GarbledCircuitParties().comparison == "garbled"
+
+
+# ---------------------------------------------------------------- slots (offline / online)
+async def test_the_next_fill_rides_in_the_chunk() -> None:
+    """After the first chunk (an inline fill, then a fill ahead), chunks of the
+    same width and size find their slots ready: both pools agree slot for slot,
+    a chunk sends only its steady bytes, and another width discards the pool."""
+    g, e = await connected_pair(path="ot")
+    rng = np.random.default_rng(2)
+    a, b, total = _values(rng, 2000, 34)
+    sizes = []
+    for _ in range(3):
+        got = await asyncio.gather(g.first_yes(a, 34), e.first_yes(b, 34))
+        assert got[0] == got[1] == _first_yes_w(total, 34)
+        sizes.append(e.last_stats.bytes_sent + e.last_stats.bytes_received)
+        await asyncio.gather(g._settle_fill(), e._settle_fill())
+        assert g._slots.available(34) == e._slots.available(34) == 2000
+    assert sizes[1] == sizes[2] < sizes[0]  # the first chunk also filled inline
+    assert abs(sizes[1] / 2000 - M.ot_path_bytes(34, 4)) < 1.0
+    await asyncio.gather(g.first_yes(a[:10], 40), e.first_yes(b[:10], 40))
+    await asyncio.gather(g._settle_fill(), e._settle_fill())
+    # The width-34 slots were discarded for the width-40 chunk's own.
+    assert g._slots.available(40) == e._slots.available(40) == 10
+
+
+def _d_balance(r_random: bool, trials: int = 4000) -> float:
+    """Chi-square (1 dof per bit, summed over the n bits) of the evaluator's d
+    bits for one fixed input over many slots: uniform when r is the fill's
+    random choice; a fill whose choices are all zero sends ȳ itself."""
+    p = M.plan(34)
+    z = np.full(trials, 0x1234_5678_9ABC, np.uint64)  # the same ȳ in every lane
+    r = (
+        np.frombuffer(os.urandom(8 * trials), np.uint64).copy()
+        if r_random
+        else np.zeros(trials, np.uint64)
+    )
+    r &= np.uint64((1 << p.bits) - 1)
+    t = p.ands
+    zeros = np.zeros((trials, t), np.uint8)
+    slots = M.Slots(34, {"a": zeros, "b": zeros, "c": zeros, "r": r, "m": zeros[:, :8]})
+    d = M.EvaluatorChunk(p, z, slots).d
+    chi = 0.0
+    for i in range(p.bits):
+        ones = int(M.low_bits(d, i, 1).sum())
+        chi += (2 * ones - trials) ** 2 / trials
+    return chi
+
+
+def test_the_d_bits_are_one_time_padded() -> None:
+    """The garbler's view of the online phase: d = ȳ ⊕ r is uniform for any
+    fixed input (the chi-square of 33 bits stays near its 33 degrees of
+    freedom); the negative control, choices left at zero, sends ȳ in the clear."""
+    assert _d_balance(True) < 80  # χ²(33): P(> 80) < 10^-5
+    assert _d_balance(False) > 10_000
