@@ -580,15 +580,16 @@ def garbler_slots(side: GarblerSide) -> Slots:
     mask bits (gt in bit 0, eq in bit 1) per entry w and slot, and the triples."""
     p = side.plan
     masks = []
-    for (_, s), eq in zip(p.blocks, p.leaf_eq, strict=True):
-        j = len(masks)
+    for j, eq in enumerate(p.leaf_eq):
         m = side._tables[j][0].copy()
         if eq:
             e = side._tables[j][1].copy()
             e[0] ^= 1  # [0 = w] at w = 0
             m |= e << 1
         masks.append(m)
-    arrays = {k: np.ascontiguousarray(v.T) for k, v in (("a", side.a), ("b", side.b), ("c", side.c))}
+    arrays = {
+        k: np.ascontiguousarray(v.T) for k, v in (("a", side.a), ("b", side.b), ("c", side.c))
+    }
     # Slot-major: the entries of every block of one slot side by side.
     arrays["m"] = np.ascontiguousarray(np.concatenate(masks).T)
     return Slots(p.width, arrays)
@@ -601,7 +602,9 @@ def evaluator_slots(side: EvaluatorSide) -> Slots:
     p = side.plan
     r = side.ybar & np.uint64((1 << p.bits) - 1)
     masks = np.ascontiguousarray((side._pads & np.uint64(3)).astype(np.uint8).T)
-    arrays = {k: np.ascontiguousarray(v.T) for k, v in (("a", side.a), ("b", side.b), ("c", side.c))}
+    arrays = {
+        k: np.ascontiguousarray(v.T) for k, v in (("a", side.a), ("b", side.b), ("c", side.c))
+    }
     return Slots(p.width, {**arrays, "r": r, "m": masks})
 
 

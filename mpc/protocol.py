@@ -441,6 +441,7 @@ class _Party:
         #: thread (on copies of its OT labels: it never touches the extension).
         self._slots = millionaire.SlotPool()
         self._fill_task: asyncio.Future[millionaire.Slots] | None = None
+        self._labels_pending: asyncio.Future[Any] | None = None
         self._fill_ws: dict[str, Any] = {}
         self._fill_hasher: TweakableHash | native.NativeHash = type(self.hasher)()
 
@@ -492,7 +493,11 @@ class _Party:
             select(lanes)
         limit = getattr(self.channel, "limit_messages", None)
         fill_bound = max(
-            int(bytes_per_ot(self.ot) * 8 * sum(_ot_widths(min(lanes, millionaire.MAX_AHEAD), p.planes))),
+            int(
+                bytes_per_ot(self.ot)
+                * 8
+                * sum(_ot_widths(min(lanes, millionaire.MAX_AHEAD), p.planes))
+            ),
             int(bytes_per_ot(self.ot) * 8 * sum(_ot_widths(lanes, p.planes))),
         )
         if limit is not None:
@@ -528,11 +533,14 @@ class _Party:
         add its slots (before anything else uses the OT extension: the fill
         reads the extension's label buffers)."""
         task, self._fill_task = self._fill_task, None
+        self._labels_pending = None
         if task is not None:
             self._slots.add(await task)
 
     def _background(self, work: Callable[[], millionaire.Slots]) -> None:
-        task = asyncio.ensure_future(asyncio.to_thread(work))
+        self._background_task(asyncio.ensure_future(asyncio.to_thread(work)))
+
+    def _background_task(self, task: asyncio.Future[millionaire.Slots]) -> None:
         # A session that ends first never awaits it: retrieve its outcome anyway.
         task.add_done_callback(lambda f: f.cancelled() or f.exception())
         self._fill_task = task
@@ -611,7 +619,9 @@ class _Party:
         the OT path's next fill, which the receiver must accept)."""
         if not self._ready:
             raise RuntimeError("call setup() first")
-
+        pending, self._labels_pending = self._labels_pending, None
+        if pending is not None:  # a fill's labels still being copied out of the extension
+            await pending
         shares = [_as_ring(z) for z in zs]
         if any(s.shape != shares[0].shape for s in shares):
             raise ValueError(f"{' and '.join(spec.inputs)} differ in length")
@@ -722,10 +732,19 @@ class ComparisonGarbler(_Party):
                 side.batch(h, lo, _rows(next(q), p.planes, hi - lo), ws)
             return millionaire.garbler_slots(side)
 
-        if background:  # expand the labels now (the extension's buffers are reused)
-            rows = await asyncio.to_thread(lambda: [b.copy() for b in q])
-            q = iter(rows)
-            self._background(work)
+        if background:
+            # Expand the labels in a worker thread too (the chunk's own flights go
+            # on meanwhile); the chunk's logic waits for them before it uses the
+            # extension again (`_labels_pending`: the extension reuses its buffers).
+            expanded = asyncio.ensure_future(asyncio.to_thread(lambda: [b.copy() for b in q]))
+            self._labels_pending = expanded
+
+            async def chained() -> millionaire.Slots:
+                nonlocal q
+                q = iter(await expanded)
+                return await asyncio.to_thread(work)
+
+            self._background_task(asyncio.ensure_future(chained()))
         else:
             self._slots.add(await asyncio.to_thread(work) if streamed else work())
 
