@@ -872,21 +872,32 @@ class ComparisonEvaluator(_Party):
         exchange openings as `millionaire.schedule` says."""
         side = millionaire.EvaluatorChunk(p, z, slots)
         await self.channel.send(side.d_message())
-        if ahead:
-            await self._fill(p, ahead, background=True)
+        # The next fill is made and sent while the garbler makes its tables: its
+        # send runs beside this side's reads, and this side's next send waits
+        # for it (a channel's sends go one after another).
+        fill = asyncio.ensure_future(self._fill(p, ahead, background=True)) if ahead else None
         lanes = z.shape[0]
         tables = -(-p.table_bits * lanes // 8)
-        for i, (who, levels) in enumerate(millionaire.schedule(p.depth)):
-            if who == "E":
-                await self.channel.send(side.pack(levels))
-                continue
-            msg = memoryview(await self.channel.recv())
-            if i == 0:
-                if len(msg) < tables:
-                    raise ValueError("malformed comparison table message")
-                side.read_tables(msg[:tables])
-                msg = msg[tables:]
-            side.receive(msg, levels)
+        try:
+            for i, (who, levels) in enumerate(millionaire.schedule(p.depth)):
+                if who == "E":
+                    if fill is not None:
+                        await fill
+                        fill = None
+                    await self.channel.send(side.pack(levels))
+                    continue
+                msg = memoryview(await self.channel.recv())
+                if i == 0:
+                    if len(msg) < tables:
+                        raise ValueError("malformed comparison table message")
+                    side.read_tables(msg[:tables])
+                    msg = msg[tables:]
+                side.receive(msg, levels)
+            if fill is not None:
+                await fill
+        finally:
+            if fill is not None and not fill.done():
+                fill.cancel()
         return side.yes_share()
 
     async def clamp_reshare(self, share: npt.ArrayLike, bound: int) -> U64:
