@@ -492,14 +492,8 @@ class _Party:
         if select is not None:
             select(lanes)
         limit = getattr(self.channel, "limit_messages", None)
-        fill_bound = max(
-            int(
-                bytes_per_ot(self.ot)
-                * 8
-                * sum(_ot_widths(min(lanes, millionaire.MAX_AHEAD), p.planes))
-            ),
-            int(bytes_per_ot(self.ot) * 8 * sum(_ot_widths(lanes, p.planes))),
-        )
+        # A fill, inline or ahead, is of at most `lanes` slots.
+        fill_bound = int(bytes_per_ot(self.ot) * 8 * sum(_ot_widths(lanes, p.planes)))
         if limit is not None:
             online = -(-p.table_bits * lanes // 8) + 2 * p.ands * lanes // 8 + 1
             limit(max(fill_bound, online, otx.extension_bound(self.ot)))
