@@ -403,6 +403,8 @@ class _Party:
 
     #: Tests may set this list to see every batch of input labels.
     input_labels_log: list[Blocks] | None = None
+    #: The OT extension's sender or receiver, made by `setup`.
+    _ext: Any
 
     def __init__(
         self,
