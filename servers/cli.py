@@ -369,10 +369,14 @@ async def _serve(args: argparse.Namespace, config: ServerConfig) -> int:
     log = logging.getLogger("svtagg.server")
     log.info("%s store: %s", args.role, describe_store(args.db))
     log.info(
-        "comparison engine: %s; garbling: %s; OT extension: %s",
+        "comparison engine: %s; garbling: %s; OT extension: %s; comparison path: %s",
         native.describe(),
         config.garbling,
         config.ot or server_ot(),
+        # The helper runs whatever path each leader announces.
+        PathRule.parse(config.comparison or server_path())
+        if args.role == "leader"
+        else "the leader's",
     )
     for name, cap, default in (
         ("epsilon", config.max_epsilon_total, DEFAULT_MAX_EPSILON_TOTAL),
