@@ -179,17 +179,6 @@ def schedule(depth: int) -> list[tuple[str, tuple[int, ...]]]:
     return flights
 
 
-def evaluator_done_after(depth: int) -> int:
-    """Index in `schedule(depth)` of the flight after which the evaluator holds
-    its YES shares: its own last flight when it already holds the garbler's
-    last level, else the garbler's last flight."""
-    flights = schedule(depth)
-    for i, (who, levels) in enumerate(flights):
-        if depth in levels and who == "G":
-            return i  # the garbler's last level arrives: done after reading it
-    raise AssertionError("unreachable")
-
-
 def _scratch(ws: dict[str, Any], name: str, rows: int) -> Blocks:
     """`rows` blocks of the buffer `name` in `ws`, grown when too small."""
     buf = ws.get("mill_" + name)

@@ -766,18 +766,17 @@ class ComparisonGarbler(_Party):
 
     async def clamp_reshare(self, share: npt.ArrayLike, bound: int) -> U64:
         a = _as_ring(share)
-        r = np.frombuffer(os.urandom(8 * a.shape[0]), dtype="<u8").astype(np.uint64)
+        r = _random_ring(a.shape[0])
         await self._chunk_flow(clamp_reshare_spec(bound), a, np.uint64(0) - r)
         return r
 
     def _carry_mask(self, width: int) -> Bits:
-        raw = np.frombuffer(os.urandom(-(-carry_bits(width) // 8)), np.uint8)
-        return np.unpackbits(raw, bitorder="little")[: carry_bits(width)]
+        return millionaire.random_bits(carry_bits(width))
 
     async def field_clamp_reshare(self, share: npt.ArrayLike, bound: int, field: object) -> U64:
         f = prime_field(field)
         a = field_words(share, f)
-        r = np.frombuffer(os.urandom(8 * a.shape[0]), dtype="<u8").astype(np.uint64)
+        r = _random_ring(a.shape[0])
         neg_r = np.zeros_like(a)
         neg_r[:, 0] = np.uint64(0) - r  # −r in word 0 of each coordinate
         spec = field_clamp_reshare_spec(bound, f)
