@@ -30,6 +30,14 @@ if __name__ == "__main__":  # how pip's build backend runs it; importing it does
                 optional=True,
             ),
             Extension(
+                "svtagg.vdaf._sparse",
+                sources=["vdaf/_sparse.c"],
+                depends=["mpc/_aesni.h"],
+                # The sparse reports' DPF expansion: AES-NI like the engine's core.
+                extra_compile_args=["-O3", "-maes", "-msse4.1", "-std=c11"],
+                optional=True,
+            ),
+            Extension(
                 "svtagg.vdaf._field",
                 sources=["vdaf/_field.c", "vdaf/_keccak.c"],
                 depends=["vdaf/_keccak.h", "vdaf/_arith.h"],

@@ -153,7 +153,7 @@ def _proof_batch(
         ids = [os.urandom(REPORT_ID_BYTES) for _ in range(len(rows))]
         rands = None
     else:
-        size = validity.prio3.rand_size
+        size = validity.rand_size
         numbers = range(first_row, first_row + len(rows))
         ids = [key.report_id(i) for i in numbers]
         rands = [key.prio3_rand(i, row, size) for i, row in zip(numbers, rows, strict=True)]

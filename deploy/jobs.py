@@ -194,7 +194,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "--validity",
         default="",
         metavar="CIRCUIT",
-        help="every report proves its values valid at ingest (range, onehot, multihot:r)",
+        help="every report proves its values valid at ingest "
+        "(range, onehot, sparse-onehot, multihot:r)",
     )
     s.set_defaults(handler=_sim)
 

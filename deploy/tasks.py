@@ -15,7 +15,7 @@ class TaskOptions(TypedDict, total=False):
     smallest upload batch (1).  delta: the total δ, exact text or a number (0).
     epsilon_min: the smallest ε one stream may use, or "auto" (the default) for
     the smallest the overflow bound allows.  validity: the circuit every report
-    proves at ingest (range, onehot, multihot or multihot:r; "" for none).
+    proves at ingest (range, onehot, sparse-onehot, multihot or multihot:r; "" for none).
     embedding: what the clients upload (heavy_hitters, sparse_mean, marginals,
     fp_loss or vectors; "" records none).  noise: "independent" (the default:
     each server draws its own noise) or "joint" (the noise of each lap24 / lap3

@@ -67,8 +67,10 @@ from svtagg.servers.exchange.values import VerifyBatch, VerifyResult
 from svtagg.servers.faults import crash_point
 from svtagg.servers.ingest.validity import field_words_rows, task_validity
 from svtagg.servers.store.rules import TaskState, Verified, batch_id
+from svtagg.vdaf.field import FIELD128
 from svtagg.vdaf.prio3 import Prio3
 from svtagg.vdaf.rows import PrepRows
+from svtagg.vdaf.sparse import PREP_SHARE_SIZE, SparseError, SparseOnehot
 from svtagg.vdaf.validity import Validity
 from svtagg.vdaf.xof import SEED_SIZE
 
@@ -222,6 +224,144 @@ def _out_words(prio: Prio3, v: Any, mine: _Prepared, rows: list[int]) -> Any:
     return field_words_rows(prio, v, outs, rows)
 
 
+class _Prio3Kind:
+    """Prio3 reports (range, onehot, multihot): the FLP's prep shares."""
+
+    def __init__(self, v: Validity) -> None:
+        self.v, self.prio = v, v.prio3
+
+    def prepare(
+        self, key: bytes, agg_id: int, reports: Sequence[tuple[bytes, bytes, bytes]]
+    ) -> _Prepared:
+        return _prepare(self.prio, key, agg_id, reports)
+
+    def own(self, mine: _Prepared) -> _Shares:
+        return _own(mine)
+
+    def decode_shares(self, data: Sequence[bytes], who: str) -> _Shares:
+        return _decode_shares(self.prio, data, who)
+
+    def decide(self, mine: _Prepared, leader: _Shares, helper: _Shares) -> tuple[bytes, list[int]]:
+        return _decide(self.prio, mine, leader, helper)
+
+    def out_words(self, mine: _Prepared, rows: list[int]) -> Any:
+        return _out_words(self.prio, self.v, mine, rows)
+
+    def split_pending(self, blob: bytes) -> tuple[bytes, bytes]:
+        return _split_pending(self.prio, blob)
+
+    def kept(self, report: tuple[bytes, bytes, bytes]) -> bytes:
+        """What the helper keeps of a counted report to take it out again at
+        the close: its 16-byte measurement seed."""
+        return report[2][:SEED_SIZE]
+
+
+@dataclass
+class _SparseState:
+    """One server's side of a batch of sparse reports: the sum of the output
+    shares of every report it could expand, and those reports (to take the
+    refused ones out again)."""
+
+    acc: Any
+    reports: list[tuple[bytes, bytes, bytes]]
+    verify_key: bytes
+    agg_id: int
+
+
+class _SparseKind:
+    """Sparse one-hot reports (vdaf/sparse.py): each server expands every
+    report's DPF key into one running sum as it goes (memory O(d) per batch,
+    whatever the batch's size), then takes out the few reports refused — so
+    valid reports are expanded once."""
+
+    def __init__(self, v: Validity) -> None:
+        self.v, self.scheme = v, v.scheme
+
+    def prepare(
+        self, key: bytes, agg_id: int, reports: Sequence[tuple[bytes, bytes, bytes]]
+    ) -> _Prepared:
+        acc = FIELD128.zeros(self.v.d)
+        index, shares = [-1] * len(reports), [b""] * len(reports)
+        kept: list[tuple[bytes, bytes, bytes]] = []
+        for i, (nonce, public, share) in enumerate(reports):
+            if not nonce:
+                continue
+            try:
+                shares[i] = self.scheme.expand_into(acc, agg_id, key, nonce, public, share)
+            except SparseError:
+                continue
+            index[i] = len(kept)
+            kept.append((nonce, public, share))
+        state = _SparseState(acc, kept, key, agg_id)
+        return _Prepared(index, state, tuple(shares))  # type: ignore[arg-type]
+
+    def own(self, mine: _Prepared) -> _Shares:
+        blobs = [b for b in mine.shares if b]
+        return _Shares(mine.index, blobs, None)
+
+    def decode_shares(self, data: Sequence[bytes], who: str) -> _Shares:
+        index, blobs = [-1] * len(data), list[bytes]()
+        for i, blob in enumerate(data):
+            if not blob:
+                continue
+            if len(blob) != PREP_SHARE_SIZE:
+                raise InvalidArgument(
+                    f"the {who}'s prep share {i} is {len(blob)} bytes, not {PREP_SHARE_SIZE}"
+                )
+            index[i] = len(blobs)
+            blobs.append(blob)
+        return _Shares(index, blobs, None)
+
+    def decide(self, mine: _Prepared, leader: _Shares, helper: _Shares) -> tuple[bytes, list[int]]:
+        verdicts, rows = bytearray(), []
+        for i, (li, hi) in enumerate(zip(leader.index, helper.index, strict=True)):
+            if li < 0:
+                verdicts.append(Verdict.MALFORMED_LEADER)
+            elif hi < 0:
+                verdicts.append(Verdict.MALFORMED_HELPER)
+            else:
+                try:
+                    ok = SparseOnehot.decide(leader.verifiers[li], helper.verifiers[hi])
+                except SparseError as exc:
+                    raise InvalidArgument(f"prep share {i}: {exc}") from None
+                verdicts.append(Verdict.VALID if ok else Verdict.INVALID_PROOF)
+                if ok and mine.index[i] >= 0:
+                    rows.append(mine.index[i])
+        return bytes(verdicts), rows
+
+    def out_words(self, mine: _Prepared, rows: list[int]) -> Any:
+        """The running sum less the expanded reports not in `rows`."""
+        state: _SparseState = mine.prep  # type: ignore[assignment]
+        acc = state.acc.copy()
+        for r in sorted(set(range(len(state.reports))) - set(rows)):
+            nonce, public, share = state.reports[r]
+            self.scheme.expand_into(
+                acc, state.agg_id, state.verify_key, nonce, public, share, negate=True
+            )
+        return _scaled_words(self.v, acc)
+
+    def split_pending(self, blob: bytes) -> tuple[bytes, bytes]:
+        size = self.scheme.public_share_bytes()
+        return blob[:size], blob[size:]
+
+    def kept(self, report: tuple[bytes, bytes, bytes]) -> bytes:
+        """What the helper keeps of a counted report to take it out again at
+        the close: its id (the DPF's nonce), public share and key, 292 bytes
+        at d = 10⁴ (a sparse report has no shorter seed of its share)."""
+        return report[0] + report[1] + report[2]
+
+
+def _scaled_words(v: Validity, total: Any) -> Any:
+    if v.scale != 1:
+        total = FIELD128.mul(total, v.scale)
+    return np.frombuffer(FIELD128.encode_vec(total), dtype="<u8").copy()
+
+
+def ingest_kind(v: Validity) -> _Prio3Kind | _SparseKind:
+    """How a task's reports are verified and folded."""
+    return _SparseKind(v) if v.sparse else _Prio3Kind(v)
+
+
 # ---------------------------------------------------------------- bounds
 def check_proof_batch(core: ServerCore, task: TaskState, ids: Sequence[bytes]) -> list[bytes]:
     """`core.check_batch`, and at most `Validity.batch_limit` reports: the bound
@@ -282,7 +422,7 @@ async def helper_verify(core: ServerCore, batch: VerifyBatch) -> VerifyResult:
     """The helper's side of a batch's verification (see the module's text)."""
     task = core.task(batch.task_id)
     v = task_validity(task)
-    prio = v.prio3
+    kind = ingest_kind(v)
     ids = list(batch.ids)
     if len(batch.prep_shares) != len(ids):
         raise InvalidArgument(f"{len(ids)} reports, {len(batch.prep_shares)} prep shares")
@@ -302,15 +442,15 @@ async def helper_verify(core: ServerCore, batch: VerifyBatch) -> VerifyResult:
     # A report the leader could not decode is refused as such; the helper
     # neither decodes nor expands its own shares of it (an empty nonce).
     reports = [
-        (rid, *_split_pending(prio, b or b"")) if lp else (b"", b"", b"")
+        (rid, *kind.split_pending(b or b"")) if lp else (b"", b"", b"")
         for rid, b, lp in zip(ids, blobs, batch.prep_shares, strict=True)
     ]
     async with core.verify_slots:
         verdicts, mine, rows, words = await asyncio.to_thread(
-            _helper_decide, core, prio, v, task.verify_key, reports, batch.prep_shares
+            _helper_decide, core, kind, task.verify_key, reports, batch.prep_shares
         )
     valid = [i for i, x in enumerate(verdicts) if x == Verdict.VALID]
-    seeds = [reports[i][2][:SEED_SIZE] for i in valid]
+    seeds = [kind.kept(reports[i]) for i in valid]
     try:
         n = core.store.add_reports(
             batch.task_id,
@@ -357,31 +497,30 @@ def _check_received(
 
 def _helper_decide(
     core: ServerCore,
-    prio: Prio3,
-    v: Validity,
+    kind: _Prio3Kind | _SparseKind,
     verify_key: bytes,
     reports: list[tuple[bytes, bytes, bytes]],
     leader_prep_shares: Sequence[bytes],
 ) -> tuple[bytes, _Prepared, list[int], Any]:
     """The helper's verification of a batch, off the event loop: its verdicts,
     its prep shares and the field words of its valid output shares."""
-    leader = _decode_shares(prio, leader_prep_shares, "leader")
-    mine = _prepare(prio, verify_key, 1, reports)
-    verdicts, rows = _checked(core, prio, mine, leader, _own(mine))
-    return verdicts, mine, rows, _out_words(prio, v, mine, rows)
+    leader = kind.decode_shares(leader_prep_shares, "leader")
+    mine = kind.prepare(verify_key, 1, reports)
+    verdicts, rows = _checked(core, kind, mine, leader, kind.own(mine))
+    return verdicts, mine, rows, kind.out_words(mine, rows)
 
 
 def _checked(
     core: ServerCore,
-    prio: Prio3,
+    kind: _Prio3Kind | _SparseKind,
     mine: _Prepared,
     leader: _Shares,
     helper: _Shares,
 ) -> tuple[bytes, list[int]]:
-    """`_decide`, or (the test-only control `core.verify_proofs` off) every
-    decodable report taken as valid, unchecked."""
+    """The kind's decision, or (the test-only control `core.verify_proofs`
+    off) every decodable report taken as valid, unchecked."""
     if core.verify_proofs:
-        return _decide(prio, mine, leader, helper)
+        return kind.decide(mine, leader, helper)
     verdicts = bytes(
         Verdict.MALFORMED_LEADER if lp < 0 else Verdict.MALFORMED_HELPER if hp < 0 else 0
         for lp, hp in zip(leader.index, helper.index, strict=True)
@@ -400,14 +539,14 @@ async def verify_upload(
     if not task.collection_open:
         raise FailedPrecondition(f"collection of task {task_id!r} is closed")
     v = task_validity(task)
-    prio = v.prio3
+    kind = ingest_kind(v)
     ids = check_proof_batch(core, task, [r.report_id for r in reports])
     bid = batch_id(task_id, ids)
     if core.store.verdicts(task_id, bid) is not None:
         raise AlreadyExists("this batch was already uploaded and counted (nothing counted twice)")
     rows = [(r.report_id, r.public_share, r.input_share) for r in reports]
     async with core.verify_slots:
-        mine = await asyncio.to_thread(_prepare, prio, task.verify_key, 0, rows)
+        mine = await asyncio.to_thread(kind.prepare, task.verify_key, 0, rows)
     answer = await helper.verify(VerifyBatch(task_id, tuple(ids), mine.shares))
     if len(answer.verdicts) != len(ids):
         raise PeerUnavailable(f"the helper sent {len(answer.verdicts)} verdicts for {len(ids)}")
@@ -423,10 +562,10 @@ async def verify_upload(
     else:
         if len(answer.prep_shares) != len(ids):
             raise PeerUnavailable("the helper sent a prep share count other than the batch's")
-        theirs = _decode_shares(prio, answer.prep_shares, "helper")
+        theirs = kind.decode_shares(answer.prep_shares, "helper")
         async with core.verify_slots:
             verdicts, out_rows = await asyncio.to_thread(
-                _checked, core, prio, mine, _own(mine), theirs
+                _checked, core, kind, mine, kind.own(mine), theirs
             )
         if verdicts != answer.verdicts:
             raise FailedPrecondition(
@@ -436,7 +575,7 @@ async def verify_upload(
     valid = [rid for rid, x in zip(ids, verdicts, strict=True) if x == Verdict.VALID]
     counts = rejected_counts(verdicts)
     crash_point("verify.before_record")  # the helper has recorded; not yet here
-    words = await asyncio.to_thread(_out_words, prio, v, mine, out_rows)
+    words = await asyncio.to_thread(kind.out_words, mine, out_rows)
     # Recorded under the batch's id here too, so that resending a batch (even
     # one with no valid report) counts its refusals once.
     n = core.store.add_reports(

@@ -1,0 +1,257 @@
+/*
+ * svtagg.vdaf._sparse — the native expansion of a sparse one-hot report's DPF
+ * key over its whole domain (vdaf/sparse.py is the reference and says what
+ * each step is for; the tests compare both byte for byte).
+ *
+ * expand(tree_key, proof_key0, proof_key1, digest_key, agg_id, seed_cws,
+ *        ctrl_cws, proof_cw, output_cw, key, negate, acc) -> digest ‖ total
+ *
+ *   tree_key, proof_key{0,1}, digest_key: 16-byte AES keys (the report's);
+ *   seed_cws: n × 16 bytes; ctrl_cws: 2n bytes of 0/1 (left, right per level);
+ *   proof_cw, key: 16 bytes; output_cw: a Field128 element, 16 bytes LE;
+ *   acc: d ≤ 2^n Field128 elements (16 bytes LE each, canonical), to which
+ *   this server's output share y_x = (−1)^b·(conv(s_x) + t_x·CW) is added on
+ *   [0, d) — or subtracted when `negate` (taking a refused report out again).
+ *   Returns 32 bytes: the digest ⊕_x AES_digest_key(π̃_x ⊕ x) over the leaves
+ *   x < d (the tree is expanded only where it meets [0, d)), then Σ_{x<d} y_x (Field128, LE; not negated by `negate`).
+ *
+ * H(x ⊕ tweak) = AES(σ) ⊕ σ with σ = (x.hi, x.hi ⊕ x.lo ⊕ tweak) on the two
+ * 64-bit words of a block.  The tree is expanded level by level in place
+ * (children 2j, 2j+1 of node j), every AES call of a level in one batch.
+ * Runs without the GIL.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../mpc/_aesni.h"
+
+enum { LEFT = 1, RIGHT = 2, CONVERT = 3, PROOF = 5, MAX_BITS = 24 };
+
+static inline block sigma(block x, uint64_t tweak) {
+    /* (lo, hi) ↦ (hi, hi ⊕ lo ⊕ tweak), in the vector unit */
+    block hh = _mm_unpackhi_epi64(x, x);
+    block lo_up = _mm_slli_si128(x, 8);
+    return _mm_xor_si128(_mm_xor_si128(hh, lo_up), _mm_set_epi64x((long long)tweak, 0));
+}
+
+/* Field128: p = 2^128 − 7·2^66 + 1. */
+typedef unsigned __int128 u128;
+static const u128 P128 = (((u128)0xffffffffffffffe4ULL) << 64) | 1ULL;
+
+static inline u128 f_add(u128 a, u128 b) { /* branch-free: the operands are random */
+    unsigned long long slo, shi, rlo, rhi;
+    unsigned char c = _addcarry_u64(0, (uint64_t)a, (uint64_t)b, &slo);
+    c = _addcarry_u64(c, (uint64_t)(a >> 64), (uint64_t)(b >> 64), &shi);
+    unsigned char br = _subborrow_u64(0, slo, 1, &rlo);
+    br = _subborrow_u64(br, shi, 0xffffffffffffffe4ULL, &rhi);
+    uint64_t m = 0 - (uint64_t)(c | !br); /* a carry out, or s ≥ p: take s − p */
+    return ((u128)((rhi & m) | (shi & ~m)) << 64) | ((rlo & m) | (slo & ~m));
+}
+static inline u128 f_neg(u128 a) { return (P128 - a) & ((u128)0 - (u128)(a != 0)); }
+static inline u128 load128(const uint8_t *p) {
+    uint64_t lo, hi;
+    memcpy(&lo, p, 8);
+    memcpy(&hi, p + 8, 8);
+    return ((u128)hi << 64) | lo;
+}
+static inline void store128(uint8_t *p, u128 v) {
+    uint64_t lo = (uint64_t)v, hi = (uint64_t)(v >> 64);
+    memcpy(p, &lo, 8);
+    memcpy(p + 8, &hi, 8);
+}
+
+#define TILE 32 /* parents per batch: 64 children, 64 AES blocks in flight */
+
+/* The children of parents [j0, j0 + cnt): seeds and bits into kid / kt
+ * (2·cnt entries), level corrections applied where the parent's bit is 1. */
+static inline void children(const block *rk, const block *seed, const uint8_t *t, size_t j0,
+                            size_t cnt, block cw, uint8_t cl, uint8_t cr, block *kid,
+                            uint8_t *kt) {
+    block sig[2 * TILE];
+    uint8_t pt[2 * TILE];
+    for (size_t i = 0; i < cnt; i++) {
+        sig[2 * i] = sigma(seed[j0 + i], LEFT);
+        sig[2 * i + 1] = sigma(seed[j0 + i], RIGHT);
+        pt[2 * i] = pt[2 * i + 1] = t[j0 + i];
+    }
+    memcpy(kid, sig, 2 * cnt * sizeof(block));
+    aes_n_keyed(rk, kid, 2 * cnt);
+    const block notone = _mm_set_epi64x(-1, ~(long long)1);
+    for (size_t c = 0; c < 2 * cnt; c++) {
+        block h = _mm_xor_si128(kid[c], sig[c]);
+        uint8_t bit = (uint8_t)(_mm_cvtsi128_si64(h) & 1);
+        block mask = _mm_set1_epi8((char)(0 - pt[c]));
+        kid[c] = _mm_xor_si128(_mm_and_si128(h, notone), _mm_and_si128(cw, mask));
+        kt[c] = bit ^ (pt[c] & ((c & 1) ? cr : cl));
+    }
+}
+
+typedef struct {
+    const block *rk, *rk0, *rk1, *rkd;
+    block proof_cw;
+    size_t d;
+    u128 out_cw;
+    int flip;     /* negate the output share: server 1, xor `negate` */
+    uint8_t *acc; /* d × 16 bytes */
+    u128 total;
+    block digest;
+} leaf_ctx;
+
+/* Outputs, proofs and the digest of leaves [x0, x0 + m).  Branch-free on
+ * the control bits (random: a branch on them mispredicts half the time), and
+ * on locals (the accumulator is bytes, which may alias the context). */
+static inline void leaves_tile(leaf_ctx *L, const block *s, const uint8_t *t, size_t x0,
+                               size_t m) {
+    block sig[2 * TILE], buf[2 * TILE], b0[2 * TILE];
+    const u128 out_cw = L->out_cw, flip = (u128)0 - (u128)L->flip;
+    u128 total = L->total;
+    uint8_t *acc = L->acc + 16 * x0;
+    for (size_t i = 0; i < m; i++) sig[i] = sigma(s[i], CONVERT);
+    memcpy(buf, sig, m * sizeof(block));
+    aes_n_keyed(L->rk, buf, m);
+    for (size_t i = 0; i < m; i++) {
+        uint8_t raw[16];
+        _mm_storeu_si128((block *)raw, _mm_xor_si128(buf[i], sig[i]));
+        u128 y = load128(raw);
+        if (y >= P128) y -= P128; /* probability 7·2^-62 */
+        y = f_add(y, out_cw & ((u128)0 - (u128)t[i]));
+        total = f_add(total, y);
+        u128 ny = f_neg(y);
+        store128(acc + 16 * i, f_add(load128(acc + 16 * i), (ny & flip) | (y & ~flip)));
+    }
+    L->total = total;
+    /* leaf proofs: compacted by control bit (branch-free), each group hashed
+     * under its bit's key, scattered back */
+    size_t idx[2][2 * TILE], k0 = 0, k1 = 0;
+    for (size_t i = 0; i < m; i++) {
+        size_t b = t[i] & 1;
+        idx[0][k0] = i;
+        idx[1][k1] = i;
+        k0 += 1 - b;
+        k1 += b;
+    }
+    const block pcw = L->proof_cw;
+    size_t kk[2] = {k0, k1};
+    for (int bit = 0; bit < 2; bit++) {
+        size_t n = kk[bit];
+        for (size_t q = 0; q < n; q++) sig[q] = sigma(s[idx[bit][q]], PROOF);
+        memcpy(b0, sig, n * sizeof(block));
+        aes_n_keyed(bit ? L->rk1 : L->rk0, b0, n);
+        block corr = bit ? pcw : _mm_setzero_si128();
+        for (size_t q = 0; q < n; q++) {
+            size_t i = idx[bit][q];
+            block v = _mm_xor_si128(_mm_xor_si128(b0[q], sig[q]), corr);
+            buf[i] = _mm_xor_si128(v, _mm_set_epi64x(0, (long long)(x0 + i)));
+        }
+    }
+    aes_n_keyed(L->rkd, buf, m);
+    block dg = L->digest;
+    for (size_t i = 0; i < m; i++) dg = _mm_xor_si128(dg, buf[i]);
+    L->digest = dg;
+}
+
+static PyObject *py_expand(PyObject *self, PyObject *args) {
+    Py_buffer tk, pk0, pk1, dk, cws, ctrl, pcw, ocw, key, acc;
+    int agg_id, negate;
+    if (!PyArg_ParseTuple(args, "y*y*y*y*iy*y*y*y*y*pw*", &tk, &pk0, &pk1, &dk, &agg_id, &cws,
+                          &ctrl, &pcw, &ocw, &key, &negate, &acc))
+        return NULL;
+    PyObject *result = NULL;
+    Py_ssize_t n = cws.len / 16, d = acc.len / 16;
+    if (tk.len != 16 || pk0.len != 16 || pk1.len != 16 || dk.len != 16 || pcw.len != 16 ||
+        ocw.len != 16 || key.len != 16 || cws.len % 16 || n < 1 || n > MAX_BITS ||
+        ctrl.len != 2 * n || acc.len % 16 || d < 1 || d > ((Py_ssize_t)1 << n) ||
+        load128(ocw.buf) >= P128) {
+        PyErr_SetString(PyExc_ValueError, "sparse expand: arguments of the wrong sizes");
+        goto done;
+    }
+    /* the tree's last inner level holds 2^(n-1) nodes */
+    size_t inner = (size_t)1 << (n - 1);
+    /* a per-thread scratch kept between calls: a fresh 2^(n-1)-node buffer
+     * per report costs an mmap and its page faults */
+    static _Thread_local block *seed_cache = NULL;
+    static _Thread_local uint8_t *t_cache = NULL;
+    static _Thread_local size_t cached = 0;
+    if (cached < inner) {
+        free(seed_cache);
+        free(t_cache);
+        seed_cache = aligned_alloc(64, inner * sizeof(block));
+        t_cache = malloc(inner);
+        cached = (seed_cache && t_cache) ? inner : 0;
+        if (!cached) {
+            free(seed_cache);
+            free(t_cache);
+            seed_cache = NULL;
+            t_cache = NULL;
+            PyErr_NoMemory();
+            goto done;
+        }
+    }
+    block *seed = seed_cache;
+    uint8_t *t = t_cache;
+    block rk[11], rk0[11], rk1[11], rkd[11];
+    expand_key(tk.buf, rk);
+    expand_key(pk0.buf, rk0);
+    expand_key(pk1.buf, rk1);
+    expand_key(dk.buf, rkd);
+    const uint8_t *cb = ctrl.buf;
+    leaf_ctx L = {rk, rk0, rk1, rkd, _mm_loadu_si128((const block *)pcw.buf), (size_t)d,
+                  load128(ocw.buf), (agg_id & 1) ^ (negate != 0), acc.buf, 0,
+                  _mm_setzero_si128()};
+
+    Py_BEGIN_ALLOW_THREADS
+    seed[0] = _mm_loadu_si128((const block *)key.buf);
+    t[0] = (uint8_t)(agg_id & 1);
+    block kid[2 * TILE];
+    uint8_t kt[2 * TILE];
+    for (Py_ssize_t lv = 0; lv < n; lv++) {
+        /* only the nodes whose subtree meets [0, d): the leaves past d are
+         * never folded, so they need no output and no proof */
+        size_t span = (size_t)1 << (n - lv);
+        size_t m = ((size_t)d + span - 1) / span;
+        block cw = _mm_loadu_si128((const block *)((const uint8_t *)cws.buf + 16 * lv));
+        uint8_t cl = cb[2 * lv] & 1, cr = cb[2 * lv + 1] & 1;
+        int last = lv == n - 1;
+        /* parents in tiles, backwards: a tile's children overwrite only
+         * parents already read (children of j sit at 2j, 2j + 1 ≥ j) */
+        size_t tiles = (m + TILE - 1) / TILE;
+        for (size_t k = 0; k < tiles; k++) {
+            size_t tile = last ? k : tiles - 1 - k;
+            size_t j0 = tile * TILE, cnt = m - j0 < TILE ? m - j0 : TILE;
+            children(rk, seed, t, j0, cnt, cw, cl, cr, kid, kt);
+            if (last) {
+                size_t x0 = 2 * j0, mm = 2 * cnt;
+                if (x0 + mm > (size_t)d) mm = (size_t)d - x0;
+                leaves_tile(&L, kid, kt, x0, mm);
+            } else {
+                memcpy(seed + 2 * j0, kid, 2 * cnt * sizeof(block));
+                memcpy(t + 2 * j0, kt, 2 * cnt);
+            }
+        }
+    }
+    Py_END_ALLOW_THREADS
+
+    uint8_t out[32];
+    _mm_storeu_si128((block *)out, L.digest);
+    store128(out + 16, (agg_id & 1) ? f_neg(L.total) : L.total);
+    result = PyBytes_FromStringAndSize((const char *)out, 32);
+done:
+    PyBuffer_Release(&tk); PyBuffer_Release(&pk0); PyBuffer_Release(&pk1);
+    PyBuffer_Release(&dk); PyBuffer_Release(&cws); PyBuffer_Release(&ctrl);
+    PyBuffer_Release(&pcw); PyBuffer_Release(&ocw); PyBuffer_Release(&key);
+    PyBuffer_Release(&acc);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"expand", py_expand, METH_VARARGS,
+     "Expand a sparse one-hot DPF key over its domain (see vdaf/sparse.py)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_sparse", NULL, -1, methods};
+
+PyMODINIT_FUNC PyInit__sparse(void) { return PyModule_Create(&module); }

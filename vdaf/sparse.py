@@ -1,0 +1,384 @@
+"""Sparse one-hot reports: a verifiable distributed point function (DPF) key
+per report instead of d field elements — the `sparse-onehot` circuit.
+
+A client holding one item α ∈ [0, d) makes two DPF keys over the n-bit domain
+(n = ⌈log₂ d⌉) whose leaf outputs are additive Field128 shares of the unit
+vector e_α.  Each server expands its key over the whole domain in one pass of
+the GGM tree (level by level, every AES call of a level in one batch), gets
+its share of e_α, and folds it into the task's sums as the dense path folds a
+Prio3 output share.  One report is 16 bytes of key per server plus a public
+share of 16·n + ⌈2n/8⌉ + 32 bytes: 276 bytes to the leader at d = 10⁴ where a
+dense `onehot` report is 167 KB.
+
+The tree (Boyle–Gilboa–Ishai's DPF, CCS 2016, with the seed/control-bit
+layout of the Mastic draft's VIDPF): each node holds a 16-byte seed and a
+control bit per server; a node's children are H(s ⊕ 1) and H(s ⊕ 2), each
+control bit the child's lowest bit (then cleared); the server whose parent
+control bit is 1 XORs the level's seed correction into both children and the
+level's control correction into their bits.  Off α's path both servers hold
+the same seed and bit, on it different seeds and bits that differ.  A leaf's
+output is (−1)^b·(conv(s) + t·CW) with CW chosen so the two shares at α add
+to 1 and all others to 0.  H is the fixed-key AES hash of draft-irtf-cfrg-vdaf-13's
+XofFixedKeyAes128 (σ-MMO, a circular correlation-robust hash) under a key
+derived from the report's nonce (TurboSHAKE128), as the VIDPF does.
+
+The check (one exchange, no interaction with the client): every leaf has a
+proof π = H_t(s ⊕ 5) — the control bit bound in, as the choice of
+the hash's key — and the public share
+carries one proof correction cs, XORed in where t = 1.  A leaf whose two
+servers' (seed, bit) are equal has equal proofs; a leaf where they differ
+agrees only if cs = H(s₀ ⊕ c_{t₀}) ⊕ H(s₁ ⊕ c_{t₁}), a value of its own, so at
+most one leaf can be live.  Each server compresses its 2^n leaf proofs as
+⊕_x AES_{K_v}(π_x ⊕ x) with a key K_v derived from the task's verify key and
+the nonce (clients do not hold it, so they cannot make differences cancel),
+and sends that 16-byte digest with its share of Σ_{x<d} y_x.  Valid iff the
+digests are equal and the two sums add to 1: one live leaf, inside [0, d),
+worth exactly 1.
+
+Why the control bit is in the leaf proof: without it (the Mastic draft's
+node proofs hash the seed only), a client can give both servers the same
+seed and different bits at several nodes with a zero proof correction; those
+nodes all agree yet all carry weight.  tests/test_vdaf_sparse.py keeps that
+construction as the negative control: it is accepted without the bit and
+refused with it (and the same split report passes Mastic-04's checks,
+tests/test_vdaf_mastic.py).
+
+Soundness: a malformed tree passes only by a collision of H-differences
+between two leaves (≈ 2^{2n−128} per attempt for the client) or by a
+digest collision under an unknown key (2^−128).  Privacy: each server sees
+one pseudorandom key, the public corrections, and the other server's digest
+and sum share, which for an honest report are equal to its own and 1 minus
+its own.  conv(s) reduces 128 bits mod p (p = 2^128 − 7·2^66 + 1): its
+distance from uniform is below 2^−59.
+
+This module is the numpy reference; every step is a batch over a level's
+nodes, ≈ 1 ms per report per server at d = 10⁴ (docs/vdaf.md has figures).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+
+from svtagg.vdaf.field import F128_DTYPE, FIELD128, Vec
+
+_core: Any = None
+try:
+    from svtagg.vdaf import _sparse as _loaded  # type: ignore[attr-defined,unused-ignore]
+
+    _core = _loaded
+except ImportError:  # not built here: the numpy reference below does the same
+    pass
+
+DST = b"svtagg/sparse-onehot/v1"
+KEY_SIZE = 16
+NONCE_SIZE = 16
+RAND_SIZE = 2 * KEY_SIZE
+DIGEST_SIZE = 16
+#: The largest domain: 2^24 leaves (the native core's bound too).
+MAX_BITS = 24
+PREP_SHARE_SIZE = DIGEST_SIZE + FIELD128.encoded_size
+P = FIELD128.modulus
+_P_LO, _P_HI = P & (2**64 - 1), P >> 64
+#: Tweaks XORed into a seed's low word: the two children, the output, the proofs.
+LEFT, RIGHT, CONVERT, PROOF = 1, 2, 3, 5
+
+U64 = npt.NDArray[np.uint64]
+
+
+class SparseError(ValueError):
+    """A report or prep share that does not decode."""
+
+
+def domain_bits(d: int) -> int:
+    if not 2 <= d <= 1 << MAX_BITS:
+        raise SparseError(f"a sparse one-hot task needs 2 ≤ d ≤ 2^{MAX_BITS}")
+    return (d - 1).bit_length()
+
+
+@lru_cache(maxsize=4096)
+def _hash_key(nonce: bytes, usage: int = 0) -> bytes:
+    """The report's fixed AES keys, SHAKE128(DST ‖ usage ‖ nonce): usage 0 for
+    the tree, 1 + t for the leaf proofs of control bit t (one set per report,
+    as the VIDPF's XOF derives its key from the nonce)."""
+    return hashlib.shake_128(DST + bytes([usage]) + nonce).digest(16)
+
+
+def _digest_key(verify_key: bytes, nonce: bytes, public: bytes) -> bytes:
+    """The servers' key for compressing the leaf proofs (usage 3): clients do
+    not hold the verify key.  It binds the public share, so two servers
+    handed different corrections for one report get different digests (with
+    a correction each, a client could otherwise keep two leaves live, one of
+    each orientation of the control bits)."""
+    msg = DST + bytes([3, len(verify_key)]) + verify_key + nonce + public
+    return hashlib.shake_128(msg).digest(16)
+
+
+class _Hash:
+    """H(x) = AES_k(σ(x)) ⊕ σ(x), σ(lo ‖ hi) = hi ‖ hi ⊕ lo, on (m, 2) uint64 blocks."""
+
+    def __init__(self, key: bytes) -> None:
+        self._enc = Cipher(algorithms.AES(key), modes.ECB()).encryptor()
+
+    def __call__(self, x: U64, tweak: int) -> U64:
+        sigma = np.empty_like(x)
+        sigma[:, 0] = x[:, 1]
+        sigma[:, 1] = x[:, 1] ^ x[:, 0] ^ np.uint64(tweak)
+        out = np.frombuffer(self._enc.update(sigma.tobytes()), dtype="<u8").reshape(-1, 2)
+        return out ^ sigma  # type: ignore[no-any-return]
+
+
+def _blocks(data: bytes) -> U64:
+    return np.frombuffer(data, dtype="<u8").reshape(-1, 2).copy()
+
+
+def _to_field(words: U64, like: Vec | None = None) -> Vec:
+    """128-bit values reduced mod p, as a Field128 vector (in the
+    representation of `like` when given)."""
+    words = words.copy()
+    over = (words[:, 1] > _P_HI) | ((words[:, 1] == _P_HI) & (words[:, 0] >= _P_LO))
+    for i in np.flatnonzero(over):  # probability 7·2^-62 each
+        v = int(words[i, 0]) + (int(words[i, 1]) << 64) - P
+        words[i] = (v & (2**64 - 1), v >> 64)
+    out = FIELD128.decode_vec(words.astype("<u8").tobytes())
+    return out if like is None else FIELD128.as_like(like, out)
+
+
+@dataclass(frozen=True)
+class PublicShare:
+    """The corrections: per level a seed and two control bits, the leaf-proof
+    correction cs and the output correction CW."""
+
+    seeds: bytes  # n × 16
+    ctrl: tuple[tuple[bool, bool], ...]
+    proof: bytes  # 16
+    output: int  # a Field128 element
+
+
+@dataclass(frozen=True)
+class Expanded:
+    """One server's expansion of one report: its output shares on [0, d),
+    its leaf-proof digest and its share of the total."""
+
+    out: Vec
+    digest: bytes
+    total: int
+
+    def prep_share(self) -> bytes:
+        return self.digest + self.total.to_bytes(16, "little")
+
+
+class SparseOnehot:
+    """Sparse one-hot reports over a domain of d items."""
+
+    def __init__(self, d: int) -> None:
+        self.d = d
+        self.bits = domain_bits(d)
+
+    # ------------------------------------------------------------ sizes
+    def public_share_bytes(self) -> int:
+        n = self.bits
+        return (2 * n + 7) // 8 + 16 * n + 16 + 16
+
+    def input_share_bytes(self) -> int:
+        return KEY_SIZE
+
+    # ------------------------------------------------------------ encodings
+    def encode_public_share(self, ps: PublicShare) -> bytes:
+        n = self.bits
+        packed = bytearray((2 * n + 7) // 8)
+        for i, (a, b) in enumerate(ps.ctrl):
+            packed[(2 * i) // 8] |= int(a) << ((2 * i) % 8)
+            packed[(2 * i + 1) // 8] |= int(b) << ((2 * i + 1) % 8)
+        return bytes(packed) + ps.seeds + ps.proof + ps.output.to_bytes(16, "little")
+
+    def decode_public_share(self, data: bytes) -> PublicShare:
+        n = self.bits
+        if len(data) != self.public_share_bytes():
+            raise SparseError(f"a public share is {self.public_share_bytes()} bytes")
+        head = (2 * n + 7) // 8
+        if (2 * n) % 8 and data[head - 1] >> ((2 * n) % 8):
+            raise SparseError("padding bits of the control corrections are set")
+        bit = [bool(data[i // 8] >> (i % 8) & 1) for i in range(2 * n)]
+        seeds = data[head : head + 16 * n]
+        proof = data[head + 16 * n : head + 16 * n + 16]
+        output = int.from_bytes(data[head + 16 * n + 16 :], "little")
+        if output >= P:
+            raise SparseError("the output correction is not below the Field128 modulus")
+        ctrl = tuple((bit[2 * i], bit[2 * i + 1]) for i in range(n))
+        return PublicShare(seeds, ctrl, proof, output)
+
+    # ------------------------------------------------------------ the client
+    def gen(self, alpha: int, nonce: bytes, rand: bytes) -> tuple[bytes, tuple[bytes, bytes]]:
+        """The encoded public share and the two keys for item `alpha`;
+        `rand`: RAND_SIZE bytes from a CSPRNG."""
+        if not 0 <= alpha < self.d:
+            raise SparseError(f"the item is in [0, {self.d}), got {alpha}")
+        if len(nonce) != NONCE_SIZE or len(rand) != RAND_SIZE:
+            raise SparseError(f"a nonce of {NONCE_SIZE} bytes and {RAND_SIZE} random bytes")
+        h = _Hash(_hash_key(nonce))
+        keys = (rand[:KEY_SIZE], rand[KEY_SIZE:])
+        seed = _blocks(rand)  # row b: server b's seed on α's path
+        ctrl = np.array([False, True])
+        seed_cws, ctrl_cws = [], []
+        for i in range(self.bits):
+            bit = (alpha >> (self.bits - 1 - i)) & 1
+            kids = [h(seed, LEFT), h(seed, RIGHT)]
+            t = [(k[:, 0] & np.uint64(1)).astype(bool) for k in kids]
+            for k in kids:
+                k[:, 0] &= ~np.uint64(1)
+            lose = kids[1 - bit]
+            seed_cw = lose[0] ^ lose[1]
+            ctrl_cw = (bool(t[0][0] ^ t[0][1] ^ (bit == 0)), bool(t[1][0] ^ t[1][1] ^ (bit == 1)))
+            kept, kept_t = kids[bit].copy(), t[bit].copy()
+            kept[ctrl] ^= seed_cw
+            kept_t[ctrl] ^= ctrl_cw[bit]
+            seed, ctrl = kept, kept_t
+            seed_cws.append(seed_cw.astype("<u8").tobytes())
+            ctrl_cws.append(ctrl_cw)
+        conv = FIELD128.to_ints(_to_field(h(seed, CONVERT)))
+        proofs = _leaf_proofs(nonce, seed, ctrl)
+        proof_cw = (proofs[0] ^ proofs[1]).astype("<u8").tobytes()
+        sign = 1 if ctrl[0] else -1  # t₀ − t₁
+        output = sign * (1 - conv[0] + conv[1]) % P
+        ps = PublicShare(b"".join(seed_cws), tuple(ctrl_cws), proof_cw, output)
+        return self.encode_public_share(ps), keys
+
+    # ------------------------------------------------------------ the servers
+    def expand(
+        self, agg_id: int, verify_key: bytes, nonce: bytes, public: bytes, key: bytes
+    ) -> Expanded:
+        """Evaluate `key` on every leaf: this server's output shares on [0, d),
+        its digest of the leaf proofs and its share of Σ_{x<d} y_x."""
+        acc = FIELD128.zeros(self.d)
+        share = self.expand_into(acc, agg_id, verify_key, nonce, public, key)
+        digest, total = self.decode_prep_share(share)
+        return Expanded(acc, digest, total)
+
+    def expand_into(
+        self,
+        acc: Vec,
+        agg_id: int,
+        verify_key: bytes,
+        nonce: bytes,
+        public: bytes,
+        key: bytes,
+        negate: bool = False,
+    ) -> bytes:
+        """Add this server's output shares on [0, d) to the Field128 vector
+        `acc` (subtract them when `negate`) and return its prep share: the
+        16-byte leaf-proof digest, then its share of Σ_{x<d} y_x."""
+        if agg_id not in (0, 1):
+            raise SparseError("the server id is 0 or 1")
+        if len(key) != KEY_SIZE or len(nonce) != NONCE_SIZE:
+            raise SparseError(f"a key and a nonce of {KEY_SIZE} bytes")
+        if acc.shape != (self.d,):
+            raise SparseError(f"the accumulator holds {self.d} elements")
+        ps = self.decode_public_share(public)
+        if _core is not None and acc.dtype == F128_DTYPE and acc.flags.c_contiguous:
+            return bytes(
+                _core.expand(
+                    _hash_key(nonce),
+                    _hash_key(nonce, 1),
+                    _hash_key(nonce, 2),
+                    _digest_key(verify_key, nonce, public),
+                    agg_id,
+                    ps.seeds,
+                    bytes(int(b) for pair in ps.ctrl for b in pair),
+                    ps.proof,
+                    ps.output.to_bytes(16, "little"),
+                    key,
+                    negate,
+                    acc,
+                )
+            )
+        h = _Hash(_hash_key(nonce))
+        cws = _blocks(ps.seeds)
+        seed = _blocks(key)
+        ctrl = np.array([bool(agg_id)])
+        for i in range(self.bits):
+            kids = np.empty((2 * len(seed), 2), dtype=np.uint64)
+            kids[0::2] = h(seed, LEFT)
+            kids[1::2] = h(seed, RIGHT)
+            t = (kids[:, 0] & np.uint64(1)).astype(bool)
+            kids[:, 0] &= ~np.uint64(1)
+            parent = np.repeat(ctrl, 2)
+            kids[parent] ^= cws[i]
+            cw_bits = np.tile(np.array(ps.ctrl[i]), len(seed))
+            t ^= parent & cw_bits
+            span = 1 << (self.bits - 1 - i)  # only the nodes whose subtree meets [0, d)
+            keep = -(-self.d // span)
+            seed, ctrl = kids[:keep], t[:keep]
+        proofs = _leaf_proofs(nonce, seed, ctrl)
+        proofs[ctrl] ^= _blocks(ps.proof)[0]
+        proofs[:, 0] ^= np.arange(len(proofs), dtype=np.uint64)
+        masked = Cipher(
+            algorithms.AES(_digest_key(verify_key, nonce, public)), modes.ECB()
+        ).encryptor()
+        digest = np.bitwise_xor.reduce(
+            np.frombuffer(masked.update(proofs.astype("<u8").tobytes()), dtype="<u8").reshape(
+                -1, 2
+            ),
+            axis=0,
+        )
+        y = _to_field(h(seed, CONVERT), like=acc)
+        where = np.flatnonzero(ctrl)
+        if where.size:
+            y[where] = FIELD128.add(y[where], ps.output)
+        if agg_id == 1:
+            y = FIELD128.neg(y)
+        acc[...] = FIELD128.sub(acc, y) if negate else FIELD128.add(acc, y)
+        total = FIELD128.to_int(FIELD128.sum(y))
+        return digest.astype("<u8").tobytes() + total.to_bytes(16, "little")
+
+    @staticmethod
+    def decode_prep_share(data: bytes) -> tuple[bytes, int]:
+        if len(data) != PREP_SHARE_SIZE:
+            raise SparseError(f"a prep share is {PREP_SHARE_SIZE} bytes")
+        total = int.from_bytes(data[DIGEST_SIZE:], "little")
+        if total >= P:
+            raise SparseError("a prep share's total is not below the Field128 modulus")
+        return data[:DIGEST_SIZE], total
+
+    @classmethod
+    def decide(cls, leader: bytes, helper: bytes) -> bool:
+        """Valid iff the digests agree and the two totals add to one."""
+        d0, s0 = cls.decode_prep_share(leader)
+        d1, s1 = cls.decode_prep_share(helper)
+        return d0 == d1 and (s0 + s1) % P == 1
+
+
+def _leaf_proofs(nonce: bytes, seed: U64, ctrl: npt.NDArray[np.bool_]) -> U64:
+    """π = H_t(s ⊕ 5): the control bit t picks the hash's key, so no seed
+    difference a client could put between the servers maps one bit's input
+    onto the other's (an XOR tweak for t could be cancelled by one)."""
+    out = np.empty_like(seed)
+    for t in (False, True):
+        rows = np.flatnonzero(ctrl == t)
+        if rows.size:
+            out[rows] = _Hash(_hash_key(nonce, 1 + int(t)))(seed[rows], PROOF)
+    return out
+
+
+def batch_expand(
+    scheme: SparseOnehot,
+    agg_id: int,
+    verify_key: bytes,
+    reports: Sequence[tuple[bytes, bytes, bytes]],
+) -> list[Expanded | None]:
+    """`expand` over (nonce, public share, key) triples; None for a report
+    that does not decode."""
+    out: list[Expanded | None] = []
+    for nonce, public, key in reports:
+        try:
+            out.append(scheme.expand(agg_id, verify_key, nonce, public, key))
+        except SparseError:
+            out.append(None)
+    return out
