@@ -20,9 +20,16 @@ import grpc
 import numpy as np
 import numpy.typing as npt
 
+from svtagg.client.embeddings import heavy_hitters_embedding
 from svtagg.deploy.algorithms import ALGORITHMS, RunFlags, run_algorithm
 from svtagg.deploy.tasks import task_spec
-from svtagg.deploy.workloads import forged_batch, laplace_argmax, model_selection, workload
+from svtagg.deploy.workloads import (
+    forged_batch,
+    laplace_argmax,
+    model_selection,
+    workload,
+    zipf_categories,
+)
 from svtagg.dp.errors import Refusal
 from svtagg.proto import svtagg_pb2 as pb
 from svtagg.proto import svtagg_pb2_grpc as pb_grpc
@@ -162,16 +169,23 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     d.add_argument("--k", type=int, default=5, help="heavy-hitters: how many")
     d.add_argument("--epsilon", default="4")
     d.add_argument("--zipf", type=float, default=1.1, help="Zipf exponent of categories")
-    d.add_argument("--per-user", type=int, default=3, help="categories drawn per user")
+    d.add_argument(
+        "--per-user",
+        type=int,
+        default=1,
+        help="heavy-hitters: categories drawn per user; 1 (default) uploads sparse "
+        "reports (sparse-onehot: a verifiable DPF key of O(log d) bytes), more uploads "
+        "dense multihot:N reports with a Prio3 proof",
+    )
     d.add_argument(
         "--malicious",
         type=int,
         default=0,
         metavar="M",
         help="heavy-hitters: M malicious clients besides the users, each sending its "
-        "worst valid report (its 3 items on the rarest categories) and a forged one "
-        "(a count of 10^6 on the rarest category, its proof made honestly for that "
-        "encoding), which the servers refuse",
+        "worst valid report (its items on the rarest categories) and a forged one "
+        "(a count of 10^6 on the rarest category, made honestly for that count), "
+        "which the servers refuse",
     )
     d.add_argument("--seed", type=int, default=1)
     d.add_argument("--workdir", help="keep certificates, stores and logs here")
@@ -405,8 +419,14 @@ def _demo(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     if getattr(args, "scenario", "heavy-hitters") == "model-selection":
         return _demo_model_selection(args, t0)
-    _progress(f"simulating {args.users} users with Zipf({args.zipf}) categories over d={args.d}")
-    values = workload("heavy_hitters", args.users, args.d, args.seed)
+    per_user = getattr(args, "per_user", 1)
+    _progress(
+        f"simulating {args.users} users with Zipf({args.zipf}) categories over d={args.d} "
+        f"({per_user} per user)"
+    )
+    values = heavy_hitters_embedding(
+        zipf_categories(args.users, args.d, args.zipf, per_user, args.seed), args.d
+    )
     truth = values.sum(axis=0)
     with LocalDeployment(Path(args.workdir) if args.workdir else None) as dep:
         up, info = _demo_collect(dep, args, values)
@@ -474,7 +494,10 @@ def _demo_collect(
     # F = 16: docs/scaling.md), so that demo keeps plain shares and the robust
     # aggregates' bound.
     model = getattr(args, "scenario", "heavy-hitters") == "model-selection"
-    validity = "" if model else "multihot:3"
+    per_user = getattr(args, "per_user", 1)
+    validity = "" if model else "sparse-onehot" if per_user == 1 else f"multihot:{per_user}"
+    if validity:
+        _say_reports(validity, args.d)
     stub.CreateTask(
         task_spec(
             "demo",
@@ -505,6 +528,24 @@ def _demo_collect(
     return up, info
 
 
+def _say_reports(validity: str, d: int) -> None:
+    """What one report costs on the wire, for the circuit the demo uses."""
+    from svtagg.vdaf.validity import parse_validity
+
+    circuit, dense = parse_validity(validity, d, 16), parse_validity("onehot", d, 16)
+    assert circuit is not None and dense is not None
+    size = circuit.input_share_bytes(0) + circuit.public_share_bytes()
+    if circuit.sparse:
+        _progress(
+            f"reports: sparse-onehot, each a verifiable DPF key of {size:,} bytes to the "
+            f"leader (a dense onehot report at d={d} is "
+            f"{dense.input_share_bytes(0) + dense.public_share_bytes():,}); both servers "
+            "expand every key over the whole domain and check it is one-hot at ingest"
+        )
+    else:
+        _progress(f"reports: {validity} with a Prio3 proof, {size:,} bytes each to the leader")
+
+
 def _attack(dep: LocalDeployment, values: np.ndarray, validity: str, clients: int) -> None:
     """`clients` malicious clients: each sends its worst valid report and a
     forged one (see `--malicious`); the servers count the first like any user's
@@ -515,7 +556,9 @@ def _attack(dep: LocalDeployment, values: np.ndarray, validity: str, clients: in
     d = values.shape[1]
     circuit = parse_validity(validity, d, 16)  # task_spec's default F
     assert circuit is not None
-    rare = np.argsort(values.sum(axis=0), kind="stable")[:3]
+    rare = np.argsort(values.sum(axis=0), kind="stable")[
+        : 1 if circuit.sparse else circuit.max_weight
+    ]
     worst = np.zeros((clients, d))
     worst[:, rare] = 1
     c = Identity.load(dep.certs, "client")

@@ -63,7 +63,10 @@ def forged_batch(task_id: str, circuit: Validity, item: int, count: int, clients
     """What `clients` malicious clients forge: a report claiming `count` on
     coordinate `item` (a digit `count` where a valid report has a 0 or a 1),
     proved honestly for that encoding — the proof is well made, the
-    measurement is not valid, and the servers refuse it at ingest."""
+    measurement is not valid, and the servers refuse it at ingest.  On a
+    sparse-onehot task: a DPF key pair made honestly for the weight `count`."""
+    if circuit.sparse:
+        return _forged_sparse(task_id, circuit, item, count, clients)
     prio = circuit.prio3
     width = circuit.frac_bits + 1 if circuit.name == "range" else 1
     ids = [os.urandom(REPORT_ID_BYTES) for _ in range(clients)]
@@ -80,4 +83,14 @@ def forged_batch(task_id: str, circuit: Validity, item: int, count: int, clients
         help_.reports.add(
             report_id=rid, input_share=prio.encode_input_share(shares[1]), public_share=encoded
         )
+    return Batch(lead, help_, proofs=True)
+
+
+def _forged_sparse(task_id: str, circuit: Validity, item: int, count: int, clients: int) -> Batch:
+    lead, help_ = pb.UploadBatch(task_id=task_id), pb.UploadBatch(task_id=task_id)
+    for _ in range(clients):
+        rid = os.urandom(REPORT_ID_BYTES)
+        public, keys = circuit.scheme.gen(item, rid, os.urandom(32), weight=count)
+        lead.reports.add(report_id=rid, input_share=keys[0], public_share=public)
+        help_.reports.add(report_id=rid, input_share=keys[1], public_share=public)
     return Batch(lead, help_, proofs=True)

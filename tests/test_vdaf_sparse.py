@@ -252,3 +252,16 @@ def test_native_and_numpy_expansions_are_the_same_bytes(d: int) -> None:
                 b = s.expand(i, VK, nonce, public, keys[i])
             assert FIELD128.to_ints(a.out) == FIELD128.to_ints(b.out)
             assert a.prep_share() == b.prep_share()
+
+
+@pytest.mark.skipif(sparse._core is None, reason="the native sparse core is not built here")
+@pytest.mark.parametrize("d", [2, 3, 100, 10_000])
+def test_native_and_numpy_clients_make_the_same_report(d: int) -> None:
+    s = SparseOnehot(d)
+    for alpha, weight in ((0, 1), (d - 1, 1), (d // 2, 10**6)):
+        nonce, rand = os.urandom(NONCE_SIZE), os.urandom(RAND_SIZE)
+        with native.using("native"):
+            a = s.gen(alpha, nonce, rand, weight)
+        with native.using("python"):
+            b = s.gen(alpha, nonce, rand, weight)
+        assert a == b

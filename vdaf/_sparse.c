@@ -246,9 +246,92 @@ done:
     return result;
 }
 
+/* H(x ⊕ tweak) for one block. */
+static inline block hash1(const block *rk, block x, uint64_t tweak) {
+    block sg = sigma(x, tweak), b = sg;
+    aes_n_keyed(rk, &b, 1);
+    return _mm_xor_si128(b, sg);
+}
+
+/* gen(tree_key, proof_key0, proof_key1, n, alpha, rand, weight) -> public share
+ * The client's side (vdaf/sparse.py `gen` is the reference): the two keys
+ * are rand's halves; walk α's path on both, then the leaf corrections. */
+static PyObject *py_gen(PyObject *self, PyObject *args) {
+    Py_buffer tk, pk0, pk1, rnd, wt;
+    int n;
+    unsigned long long alpha;
+    if (!PyArg_ParseTuple(args, "y*y*y*iKy*y*", &tk, &pk0, &pk1, &n, &alpha, &rnd, &wt))
+        return NULL;
+    PyObject *result = NULL;
+    if (tk.len != 16 || pk0.len != 16 || pk1.len != 16 || rnd.len != 32 || wt.len != 16 ||
+        n < 1 || n > MAX_BITS || alpha >= (1ULL << n) || load128(wt.buf) >= P128) {
+        PyErr_SetString(PyExc_ValueError, "sparse gen: arguments of the wrong sizes");
+        goto done;
+    }
+    block rk[11], rk0[11], rk1[11];
+    expand_key(tk.buf, rk);
+    expand_key(pk0.buf, rk0);
+    expand_key(pk1.buf, rk1);
+    const block notone = _mm_set_epi64x(-1, ~(long long)1);
+    block s[2] = {_mm_loadu_si128((const block *)rnd.buf),
+                  _mm_loadu_si128((const block *)((const uint8_t *)rnd.buf + 16))};
+    uint8_t t[2] = {0, 1};
+    size_t head = (size_t)(2 * n + 7) / 8;
+    size_t size = head + 16 * (size_t)n + 32;
+    uint8_t out[(2 * MAX_BITS + 7) / 8 + 16 * MAX_BITS + 32];
+    memset(out, 0, size);
+    for (int i = 0; i < n; i++) {
+        int bit = (int)((alpha >> (n - 1 - i)) & 1);
+        block kid[2][2];
+        uint8_t kt[2][2];
+        for (int b = 0; b < 2; b++)
+            for (int dir = 0; dir < 2; dir++) {
+                block h = hash1(rk, s[b], dir ? RIGHT : LEFT);
+                kt[b][dir] = (uint8_t)(_mm_cvtsi128_si64(h) & 1);
+                kid[b][dir] = _mm_and_si128(h, notone);
+            }
+        block seed_cw = _mm_xor_si128(kid[0][1 - bit], kid[1][1 - bit]);
+        uint8_t cl = kt[0][0] ^ kt[1][0] ^ (bit == 0);
+        uint8_t cr = kt[0][1] ^ kt[1][1] ^ (bit == 1);
+        uint8_t ck = bit ? cr : cl;
+        for (int b = 0; b < 2; b++) {
+            block k = kid[b][bit];
+            uint8_t kb = kt[b][bit];
+            if (t[b]) {
+                k = _mm_xor_si128(k, seed_cw);
+                kb ^= ck;
+            }
+            s[b] = k;
+            t[b] = kb;
+        }
+        out[(2 * i) / 8] |= (uint8_t)(cl << ((2 * i) % 8));
+        out[(2 * i + 1) / 8] |= (uint8_t)(cr << ((2 * i + 1) % 8));
+        _mm_storeu_si128((block *)(out + head + 16 * i), seed_cw);
+    }
+    uint8_t raw[16];
+    u128 conv[2];
+    block proof[2];
+    for (int b = 0; b < 2; b++) {
+        _mm_storeu_si128((block *)raw, hash1(rk, s[b], CONVERT));
+        conv[b] = load128(raw);
+        if (conv[b] >= P128) conv[b] -= P128;
+        proof[b] = hash1(t[b] ? rk1 : rk0, s[b], PROOF);
+    }
+    _mm_storeu_si128((block *)(out + head + 16 * n), _mm_xor_si128(proof[0], proof[1]));
+    u128 cw = f_add(f_add(load128(wt.buf), f_neg(conv[0])), conv[1]);
+    if (!t[0]) cw = f_neg(cw); /* the sign t₀ − t₁ */
+    store128(out + head + 16 * n + 16, cw);
+    result = PyBytes_FromStringAndSize((const char *)out, (Py_ssize_t)size);
+done:
+    PyBuffer_Release(&tk); PyBuffer_Release(&pk0); PyBuffer_Release(&pk1);
+    PyBuffer_Release(&rnd); PyBuffer_Release(&wt);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"expand", py_expand, METH_VARARGS,
      "Expand a sparse one-hot DPF key over its domain (see vdaf/sparse.py)."},
+    {"gen", py_gen, METH_VARARGS, "Make a sparse one-hot report's public share."},
     {NULL, NULL, 0, NULL},
 };
 

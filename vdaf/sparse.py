@@ -67,6 +67,7 @@ import numpy as np
 import numpy.typing as npt
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
+from svtagg.vdaf import native
 from svtagg.vdaf.field import F128_DTYPE, FIELD128, Vec
 
 _core: Any = None
@@ -216,15 +217,29 @@ class SparseOnehot:
         return PublicShare(seeds, ctrl, proof, output)
 
     # ------------------------------------------------------------ the client
-    def gen(self, alpha: int, nonce: bytes, rand: bytes) -> tuple[bytes, tuple[bytes, bytes]]:
+    def gen(
+        self, alpha: int, nonce: bytes, rand: bytes, weight: int = 1
+    ) -> tuple[bytes, tuple[bytes, bytes]]:
         """The encoded public share and the two keys for item `alpha`;
-        `rand`: RAND_SIZE bytes from a CSPRNG."""
+        `rand`: RAND_SIZE bytes from a CSPRNG.  A `weight` other than 1 makes a
+        report the servers refuse (tests and the demo's forgeries)."""
         if not 0 <= alpha < self.d:
             raise SparseError(f"the item is in [0, {self.d}), got {alpha}")
         if len(nonce) != NONCE_SIZE or len(rand) != RAND_SIZE:
             raise SparseError(f"a nonce of {NONCE_SIZE} bytes and {RAND_SIZE} random bytes")
-        h = _Hash(_hash_key(nonce))
         keys = (rand[:KEY_SIZE], rand[KEY_SIZE:])
+        if _core is not None and native.active() == "native":
+            public = _core.gen(
+                _hash_key(nonce),
+                _hash_key(nonce, 1),
+                _hash_key(nonce, 2),
+                self.bits,
+                alpha,
+                rand,
+                (weight % P).to_bytes(16, "little"),
+            )
+            return bytes(public), keys
+        h = _Hash(_hash_key(nonce))
         seed = _blocks(rand)  # row b: server b's seed on α's path
         ctrl = np.array([False, True])
         seed_cws, ctrl_cws = [], []
@@ -247,7 +262,7 @@ class SparseOnehot:
         proofs = _leaf_proofs(nonce, seed, ctrl)
         proof_cw = (proofs[0] ^ proofs[1]).astype("<u8").tobytes()
         sign = 1 if ctrl[0] else -1  # t₀ − t₁
-        output = sign * (1 - conv[0] + conv[1]) % P
+        output = sign * (weight - conv[0] + conv[1]) % P
         ps = PublicShare(b"".join(seed_cws), tuple(ctrl_cws), proof_cw, output)
         return self.encode_public_share(ps), keys
 
