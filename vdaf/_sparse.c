@@ -9,11 +9,14 @@
  *   tree_key, proof_key{0,1}, digest_key: 16-byte AES keys (the report's);
  *   seed_cws: n × 16 bytes; ctrl_cws: 2n bytes of 0/1 (left, right per level);
  *   proof_cw, key: 16 bytes; output_cw: a Field128 element, 16 bytes LE;
- *   acc: d ≤ 2^n Field128 elements (16 bytes LE each, canonical), to which
- *   this server's output share y_x = (−1)^b·(conv(s_x) + t_x·CW) is added on
- *   [0, d) — or subtracted when `negate` (taking a refused report out again).
- *   Returns 32 bytes: the digest ⊕_x AES_digest_key(π̃_x ⊕ x) over the leaves
- *   x < d (the tree is expanded only where it meets [0, d)), then Σ_{x<d} y_x (Field128, LE; not negated by `negate`).
+ *   acc: d ≤ 2^n wide accumulators of three uint64 limbs (lo, hi, top: a
+ *   192-bit integer each), to which this server's output share is added on
+ *   [0, d) without reduction: y' = conv(s_x) + t_x·CW (< 2p), or 2p − y' for
+ *   server 1 — the other way round when `negate` (taking a refused report
+ *   out again).  The caller reduces mod p once per batch.
+ *   Returns 40 bytes: the digest ⊕_x AES_digest_key(π̃_x ⊕ x) over the leaves
+ *   x < d (the tree is expanded only where it meets [0, d)), then Σ_{x<d} y'
+ *   as three uint64 limbs (not negated: the caller reduces and signs it).
  *
  * H(x ⊕ tweak) = AES(σ) ⊕ σ with σ = (x.hi, x.hi ⊕ x.lo ⊕ tweak) on the two
  * 64-bit words of a block.  The tree is expanded level by level in place
@@ -94,9 +97,9 @@ typedef struct {
     block proof_cw;
     size_t d;
     u128 out_cw;
-    int flip;     /* negate the output share: server 1, xor `negate` */
-    uint8_t *acc; /* d × 16 bytes */
-    u128 total;
+    int flip;       /* negate the output share: server 1, xor `negate` */
+    uint64_t *acc;  /* d × 3 limbs */
+    uint64_t total[3];
     block digest;
 } leaf_ctx;
 
@@ -106,9 +109,11 @@ typedef struct {
 static inline void leaves_tile(leaf_ctx *L, const block *s, const uint8_t *t, size_t x0,
                                size_t m) {
     block sig[2 * TILE], buf[2 * TILE], b0[2 * TILE];
-    const u128 out_cw = L->out_cw, flip = (u128)0 - (u128)L->flip;
-    u128 total = L->total;
-    uint8_t *acc = L->acc + 16 * x0;
+    const u128 out_cw = L->out_cw;
+    const u128 two_p = P128 << 1; /* 2p mod 2^128 (2p = 2^128 + two_p) */
+    const uint64_t flip = 0 - (uint64_t)L->flip;
+    unsigned long long t0 = L->total[0], t1 = L->total[1], t2 = L->total[2];
+    uint64_t *acc = L->acc + 3 * x0;
     for (size_t i = 0; i < m; i++) sig[i] = sigma(s[i], CONVERT);
     memcpy(buf, sig, m * sizeof(block));
     aes_n_keyed(L->rk, buf, m);
@@ -117,12 +122,31 @@ static inline void leaves_tile(leaf_ctx *L, const block *s, const uint8_t *t, si
         _mm_storeu_si128((block *)raw, _mm_xor_si128(buf[i], sig[i]));
         u128 y = load128(raw);
         if (y >= P128) y -= P128; /* probability 7·2^-62 */
-        y = f_add(y, out_cw & ((u128)0 - (u128)t[i]));
-        total = f_add(total, y);
-        u128 ny = f_neg(y);
-        store128(acc + 16 * i, f_add(load128(acc + 16 * i), (ny & flip) | (y & ~flip)));
+        /* y' = y + t·CW < 2p: 129 bits, the top one in c */
+        u128 add = out_cw & ((u128)0 - (u128)t[i]);
+        u128 yp = y + add;
+        uint64_t c = yp < y;
+        unsigned char k = _addcarry_u64(0, t0, (uint64_t)yp, &t0);
+        k = _addcarry_u64(k, t1, (uint64_t)(yp >> 64), &t1);
+        _addcarry_u64(k, t2, c, &t2);
+        /* server 1 (or a take-out) adds 2p − y' instead: 2p = 2^128 + two_p,
+         * and 0 < 2p − y' < 2^129 */
+        u128 dlo = two_p - yp;
+        uint64_t dtop = 1 - c - (uint64_t)(two_p < yp);
+        u128 fm = ((u128)flip << 64) | flip;
+        u128 v = (fm & dlo) | (~fm & yp);
+        uint64_t vtop = (flip & dtop) | (~flip & c);
+        unsigned long long a0 = acc[3 * i], a1 = acc[3 * i + 1], a2 = acc[3 * i + 2];
+        k = _addcarry_u64(0, a0, (uint64_t)v, &a0);
+        k = _addcarry_u64(k, a1, (uint64_t)(v >> 64), &a1);
+        _addcarry_u64(k, a2, vtop, &a2);
+        acc[3 * i] = a0;
+        acc[3 * i + 1] = a1;
+        acc[3 * i + 2] = a2;
     }
-    L->total = total;
+    L->total[0] = t0;
+    L->total[1] = t1;
+    L->total[2] = t2;
     /* leaf proofs: compacted by control bit (branch-free), each group hashed
      * under its bit's key, scattered back */
     size_t idx[2][2 * TILE], k0 = 0, k1 = 0;
@@ -160,10 +184,10 @@ static PyObject *py_expand(PyObject *self, PyObject *args) {
                           &ctrl, &pcw, &ocw, &key, &negate, &acc))
         return NULL;
     PyObject *result = NULL;
-    Py_ssize_t n = cws.len / 16, d = acc.len / 16;
+    Py_ssize_t n = cws.len / 16, d = acc.len / 24;
     if (tk.len != 16 || pk0.len != 16 || pk1.len != 16 || dk.len != 16 || pcw.len != 16 ||
         ocw.len != 16 || key.len != 16 || cws.len % 16 || n < 1 || n > MAX_BITS ||
-        ctrl.len != 2 * n || acc.len % 16 || d < 1 || d > ((Py_ssize_t)1 << n) ||
+        ctrl.len != 2 * n || acc.len % 24 || d < 1 || d > ((Py_ssize_t)1 << n) ||
         load128(ocw.buf) >= P128) {
         PyErr_SetString(PyExc_ValueError, "sparse expand: arguments of the wrong sizes");
         goto done;
@@ -199,7 +223,7 @@ static PyObject *py_expand(PyObject *self, PyObject *args) {
     expand_key(dk.buf, rkd);
     const uint8_t *cb = ctrl.buf;
     leaf_ctx L = {rk, rk0, rk1, rkd, _mm_loadu_si128((const block *)pcw.buf), (size_t)d,
-                  load128(ocw.buf), (agg_id & 1) ^ (negate != 0), acc.buf, 0,
+                  load128(ocw.buf), (agg_id & 1) ^ (negate != 0), acc.buf, {0, 0, 0},
                   _mm_setzero_si128()};
 
     Py_BEGIN_ALLOW_THREADS
@@ -234,10 +258,10 @@ static PyObject *py_expand(PyObject *self, PyObject *args) {
     }
     Py_END_ALLOW_THREADS
 
-    uint8_t out[32];
+    uint8_t out[40];
     _mm_storeu_si128((block *)out, L.digest);
-    store128(out + 16, (agg_id & 1) ? f_neg(L.total) : L.total);
-    result = PyBytes_FromStringAndSize((const char *)out, 32);
+    memcpy(out + 16, L.total, 24);
+    result = PyBytes_FromStringAndSize((const char *)out, 40);
 done:
     PyBuffer_Release(&tk); PyBuffer_Release(&pk0); PyBuffer_Release(&pk1);
     PyBuffer_Release(&dk); PyBuffer_Release(&cws); PyBuffer_Release(&ctrl);

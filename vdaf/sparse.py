@@ -68,7 +68,7 @@ import numpy.typing as npt
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 from svtagg.vdaf import native
-from svtagg.vdaf.field import F128_DTYPE, FIELD128, Vec
+from svtagg.vdaf.field import FIELD128, Vec
 
 _core: Any = None
 try:
@@ -150,6 +150,34 @@ def _to_field(words: U64, like: Vec | None = None) -> Vec:
         words[i] = (v & (2**64 - 1), v >> 64)
     out = FIELD128.decode_vec(words.astype("<u8").tobytes())
     return out if like is None else FIELD128.as_like(like, out)
+
+
+class Accumulator:
+    """The sum of one server's output shares of sparse reports on [0, d).
+
+    Natively a wide integer per coordinate (three uint64 limbs, no reduction
+    while adding: each report adds a value below 2p, so 2^63 reports fit), and
+    reduced mod p once by `value`; in the reference a Field128 vector."""
+
+    def __init__(self, d: int, wide: bool) -> None:
+        self.d = d
+        self.wide = np.zeros((d, 3), dtype=np.uint64) if wide else None
+        self.vec = None if wide else FIELD128.zeros(d)
+
+    def copy(self) -> Accumulator:
+        out = Accumulator.__new__(Accumulator)
+        out.d = self.d
+        out.wide = None if self.wide is None else self.wide.copy()
+        out.vec = None if self.vec is None else self.vec.copy()
+        return out
+
+    def value(self) -> Vec:
+        """The sum as a Field128 vector (canonical)."""
+        if self.wide is None:
+            assert self.vec is not None
+            return self.vec
+        w = self.wide.astype(object)
+        return FIELD128.vec((w[:, 2] << 128) + (w[:, 1] << 64) + w[:, 0])
 
 
 @dataclass(frozen=True)
@@ -267,19 +295,23 @@ class SparseOnehot:
         return self.encode_public_share(ps), keys
 
     # ------------------------------------------------------------ the servers
+    def accumulator(self) -> Accumulator:
+        """An empty sum for `expand_into` (wide and native where the core is)."""
+        return Accumulator(self.d, _core is not None and native.active() == "native")
+
     def expand(
         self, agg_id: int, verify_key: bytes, nonce: bytes, public: bytes, key: bytes
     ) -> Expanded:
         """Evaluate `key` on every leaf: this server's output shares on [0, d),
         its digest of the leaf proofs and its share of Σ_{x<d} y_x."""
-        acc = FIELD128.zeros(self.d)
+        acc = self.accumulator()
         share = self.expand_into(acc, agg_id, verify_key, nonce, public, key)
         digest, total = self.decode_prep_share(share)
-        return Expanded(acc, digest, total)
+        return Expanded(acc.value(), digest, total)
 
     def expand_into(
         self,
-        acc: Vec,
+        acc: Accumulator,
         agg_id: int,
         verify_key: bytes,
         nonce: bytes,
@@ -287,33 +319,38 @@ class SparseOnehot:
         key: bytes,
         negate: bool = False,
     ) -> bytes:
-        """Add this server's output shares on [0, d) to the Field128 vector
-        `acc` (subtract them when `negate`) and return its prep share: the
-        16-byte leaf-proof digest, then its share of Σ_{x<d} y_x."""
+        """Add this server's output shares on [0, d) to `acc` (subtract them
+        when `negate`) and return its prep share: the 16-byte leaf-proof
+        digest, then its share of Σ_{x<d} y_x."""
         if agg_id not in (0, 1):
             raise SparseError("the server id is 0 or 1")
         if len(key) != KEY_SIZE or len(nonce) != NONCE_SIZE:
             raise SparseError(f"a key and a nonce of {KEY_SIZE} bytes")
-        if acc.shape != (self.d,):
+        if acc.d != self.d:
             raise SparseError(f"the accumulator holds {self.d} elements")
         ps = self.decode_public_share(public)
-        if _core is not None and acc.dtype == F128_DTYPE and acc.flags.c_contiguous:
-            return bytes(
-                _core.expand(
-                    _hash_key(nonce),
-                    _hash_key(nonce, 1),
-                    _hash_key(nonce, 2),
-                    _digest_key(verify_key, nonce, public),
-                    agg_id,
-                    ps.seeds,
-                    bytes(int(b) for pair in ps.ctrl for b in pair),
-                    ps.proof,
-                    ps.output.to_bytes(16, "little"),
-                    key,
-                    negate,
-                    acc,
-                )
+        if acc.wide is not None:
+            if _core is None:
+                raise SparseError("a wide accumulator needs the native core")
+            out = _core.expand(
+                _hash_key(nonce),
+                _hash_key(nonce, 1),
+                _hash_key(nonce, 2),
+                _digest_key(verify_key, nonce, public),
+                agg_id,
+                ps.seeds,
+                bytes(int(b) for pair in ps.ctrl for b in pair),
+                ps.proof,
+                ps.output.to_bytes(16, "little"),
+                key,
+                negate,
+                acc.wide,
             )
+            limbs = [int.from_bytes(out[16 + 8 * i : 24 + 8 * i], "little") for i in range(3)]
+            total = (limbs[0] + (limbs[1] << 64) + (limbs[2] << 128)) % P
+            if agg_id == 1:
+                total = -total % P
+            return bytes(out[:16]) + total.to_bytes(16, "little")
         h = _Hash(_hash_key(nonce))
         cws = _blocks(ps.seeds)
         seed = _blocks(key)
@@ -343,13 +380,14 @@ class SparseOnehot:
             ),
             axis=0,
         )
-        y = _to_field(h(seed, CONVERT), like=acc)
+        assert acc.vec is not None
+        y = _to_field(h(seed, CONVERT), like=acc.vec)
         where = np.flatnonzero(ctrl)
         if where.size:
             y[where] = FIELD128.add(y[where], ps.output)
         if agg_id == 1:
             y = FIELD128.neg(y)
-        acc[...] = FIELD128.sub(acc, y) if negate else FIELD128.add(acc, y)
+        acc.vec[...] = FIELD128.sub(acc.vec, y) if negate else FIELD128.add(acc.vec, y)
         total = FIELD128.to_int(FIELD128.sum(y))
         return digest.astype("<u8").tobytes() + total.to_bytes(16, "little")
 

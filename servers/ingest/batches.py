@@ -280,7 +280,7 @@ class _SparseKind:
     def prepare(
         self, key: bytes, agg_id: int, reports: Sequence[tuple[bytes, bytes, bytes]]
     ) -> _Prepared:
-        acc = FIELD128.zeros(self.v.d)
+        acc = self.scheme.accumulator()
         index, shares = [-1] * len(reports), [b""] * len(reports)
         kept: list[tuple[bytes, bytes, bytes]] = []
         for i, (nonce, public, share) in enumerate(reports):
@@ -338,7 +338,7 @@ class _SparseKind:
             self.scheme.expand_into(
                 acc, state.agg_id, state.verify_key, nonce, public, share, negate=True
             )
-        return _scaled_words(self.v, acc)
+        return _scaled_words(self.v, acc.value())
 
     def split_pending(self, blob: bytes) -> tuple[bytes, bytes]:
         size = self.scheme.public_share_bytes()

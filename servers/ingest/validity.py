@@ -89,13 +89,14 @@ def helper_undo_sum(task: TaskState, seeds: list[bytes]) -> U64:
     if v.sparse:
         # a sparse report is kept whole (id, public share, key): expand it again
         scheme, size = v.scheme, v.public_share_bytes()
-        acc = FIELD128.zeros(v.d)
+        acc = scheme.accumulator()
         for blob in seeds:
             rid, public, key = blob[:16], blob[16 : 16 + size], blob[16 + size :]
             scheme.expand_into(acc, 1, task.verify_key, rid, public, key)
+        total = acc.value()
         if v.scale != 1:
-            acc = FIELD128.mul(acc, v.scale)
-        return np.frombuffer(FIELD128.encode_vec(acc), dtype="<u8").copy()
+            total = FIELD128.mul(total, v.scale)
+        return np.frombuffer(FIELD128.encode_vec(total), dtype="<u8").copy()
     prio = v.prio3
     outs = [prio.flp.truncate(prio.helper_meas_share(1, s)) for s in seeds]
     return field_words(prio, v, outs)
