@@ -211,3 +211,22 @@ async def test_the_sdk_uploads_sparse_reports_and_a_resumed_upload_counts_once(
 
     n, reports, held, rejected = await off_loop(run)
     assert (n, reports, held, rejected) == (150, 150, [150, 150], {})
+
+
+async def test_one_id_with_two_different_reports_counts_once(tmp_path: Path) -> None:
+    """A report counted under an id; then another report under the same id
+    (a different item, fresh keys): refused, nothing counted twice."""
+    async with reference_pair(tmp_path, frac_bits=F) as pair:
+        await pair.leader.create_task(wire.TASK_SPEC.from_pb(spec("i")))
+        v, ids, shards = _shards(pair, "i", [10])
+        got = await pair.send_proofs("i", ids, shards)
+        assert got.accepted == 1
+        other = v.shard((onehot_rows([20]) * (1 << F)).astype(np.int64).tolist(), ids)
+        with pytest.raises(Exception, match="already") as refused:
+            await pair.send_proofs("i", ids, other)
+        assert type(refused.value).__name__ in ("AlreadyExists", "FailedPrecondition")
+        info = await pair.leader.close_collection("i")
+        lead = pair.leader.core.store.robust_sums("i")
+        helper = pair.helper.core.store.robust_sums("i")
+        assert info.n == 1 and lead is not None and helper is not None
+        assert np.array_equal(lead + helper, encoded_sum(onehot_rows([10]), F))
