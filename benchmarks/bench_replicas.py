@@ -6,6 +6,14 @@ each, SQLite and PostgreSQL alternately, and the table gives the medians.
 
     SVTAGG_TEST_POSTGRES=postgresql://... python -m svtagg.benchmarks.bench_replicas \
         [--n 40000] [--repeat 5]
+    SVTAGG_TEST_POSTGRES=postgresql://... python -m svtagg.benchmarks.bench_replicas \
+        --proofs onehot,sparse-onehot [--d 10000] [--n 1000] [--repeat 3]
+
+`--proofs`: uploads with validity proofs on PostgreSQL, verified by one pair
+of ingest processes (the two main processes) against two pairs (the main
+processes, and a leader replica started with --helper paired with a helper
+replica), side by side in one run: two client processes, one-hot rows (or
+uniform rows for range), each (circuit, pairs) in turn per repetition.
 
 `scripts/start_postgres.sh DIR` starts a throwaway server and prints its URL.
 The CPU milliseconds per 1,000 reports are read from /proc for the server
@@ -38,19 +46,39 @@ _TICK = os.sysconf("SC_CLK_TCK")
 
 
 def _client(
-    certs: str, leader: str, helper: str, task: str, n: int, seed: int, out: mp.Queue
+    certs: str,
+    leader: str,
+    helper: str,
+    task: str,
+    n: int,
+    seed: int,
+    out: mp.Queue,
+    d: int = 100,
+    onehot: bool = False,
+    batch: int = 1000,
 ) -> None:
     c = Identity.load(certs, "client")
-    values = np.random.default_rng(seed).random((n, 100))
+    gen = np.random.default_rng(seed)
+    if onehot:
+        values = np.zeros((n, d))
+        values[np.arange(n), gen.integers(0, d, n)] = 1.0
+    else:
+        values = gen.random((n, d))
     with Uploader(leader, helper, c.ca, c.cert, c.key, timeout=120) as up:
         t = time.perf_counter()
         cpu = time.process_time()
-        up.upload(task, values, batch_size=1000)
+        up.upload(task, values, batch_size=batch)
         out.put((t, time.perf_counter(), time.process_time() - cpu))
 
 
 def _run_clients(
-    certs: Path, pairs: list[tuple[str, str]], task: str, n: int
+    certs: Path,
+    pairs: list[tuple[str, str]],
+    task: str,
+    n: int,
+    d: int = 100,
+    onehot: bool = False,
+    batch: int = 1000,
 ) -> tuple[float, float]:
     """Reports/s of all clients together (first start to last end), and the
     clients' CPU seconds during their uploads."""
@@ -58,7 +86,7 @@ def _run_clients(
     ctx = mp.get_context("spawn")
     out: mp.Queue = ctx.Queue()
     procs = [
-        ctx.Process(target=_client, args=(str(certs), ld, hp, task, n, i, out))
+        ctx.Process(target=_client, args=(str(certs), ld, hp, task, n, i, out, d, onehot, batch))
         for i, (ld, hp) in enumerate(pairs)
     ]
     for p in procs:
@@ -112,12 +140,67 @@ def _fmt(xs: list[float], unit: str = "") -> str:
     return f"{statistics.median(xs):9,.0f}{unit} ({min(xs):,.0f}-{max(xs):,.0f})"
 
 
+def proofs(url: str, circuits: list[str], d: int, n: int, repeat: int) -> None:
+    """Uploads with proofs through one pair of ingest processes against two
+    (see the module's text), alternating, on one PostgreSQL deployment."""
+    import psycopg
+
+    print(f"load average at start: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
+    tag = uuid.uuid4().hex[:10]
+    schemas = {r: f"{r}_bench_{tag}" for r in ("leader", "helper")}
+    env = {r: {"PGOPTIONS": f"-csearch_path={schemas[r]}"} for r in schemas}
+    rates: dict[tuple[str, int], list[float]] = {}
+    with tempfile.TemporaryDirectory() as tmp, psycopg.connect(url, autocommit=True) as conn:
+        dep = LocalDeployment(Path(tmp) / "pg", server_args=[*UNCAPPED_SERVER_ARGS, "--db", url])
+        try:
+            for role in ("helper", "leader"):
+                dep.start_role(role, env=env[role])
+            helper_replica = dep.start_replica("helper", url, env=env["helper"])
+            leader_replica = dep.start_replica(
+                "leader", url, env=env["leader"], helper=helper_replica
+            )
+            main_pair = (dep.address("leader"), dep.address("helper"))
+            layouts = {1: [main_pair, main_pair], 2: [main_pair, (leader_replica, helper_replica)]}
+            for i in range(repeat):
+                for circuit in circuits:
+                    for pairs, addresses in layouts.items():
+                        task = f"p{i}-{pairs}-{circuit}"
+                        spec = task_spec(task, d, 4 * n, "1000000", validity=circuit)
+                        analyst_stub(main_pair[0], dep.certs).CreateTask(spec, timeout=30)
+                        batch = 400 if circuit == "onehot" and d >= 10_000 else 1000
+                        onehot = circuit != "range"
+                        rate, _ = _run_clients(dep.certs, addresses, task, n, d, onehot, batch)
+                        rates.setdefault((circuit, pairs), []).append(rate)
+                        print(f"  run {i + 1}: {circuit}, {pairs} pair(s): {rate:,.0f} reports/s")
+        finally:
+            dep.stop()
+            for schema in schemas.values():
+                conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+    print(f"2 clients x {n:,} reports, d = {d:,}; {repeat} runs each, alternated")
+    print("median (min-max) reports/s:      one pair (main processes)   two pairs (+ replicas)")
+    for circuit in circuits:
+        one, two = rates[(circuit, 1)], rates[(circuit, 2)]
+        ratio = statistics.median(two) / statistics.median(one)
+        print(f"  {circuit:16s} {_fmt(one):>26s} {_fmt(two):>26s}   {ratio:.2f}x")
+    print(f"load average at end: {os.getloadavg()[0]:.2f}")
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=40_000, help="reports per client")
     ap.add_argument("--repeat", type=int, default=5, help="runs of each store")
+    ap.add_argument(
+        "--proofs",
+        default="",
+        help="comma-separated validity circuits: one pair of ingest processes against "
+        "two, with proofs verified by replicas (e.g. onehot,sparse-onehot)",
+    )
+    ap.add_argument("--d", type=int, default=10_000, help="--proofs: the tasks' d")
     args = ap.parse_args(argv)
     url = server_url()
+    if args.proofs:
+        proofs(url, args.proofs.split(","), args.d, args.n, args.repeat)
+        return
     import psycopg
 
     print(f"load average at start: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")

@@ -126,13 +126,20 @@ class LocalDeployment:
         self.ports[role] = self._spawn(role, role, args, env, timeout)
 
     def start_replica(
-        self, role: str, db: str, env: dict[str, str] | None = None, timeout: float = 30.0
+        self,
+        role: str,
+        db: str,
+        env: dict[str, str] | None = None,
+        timeout: float = 30.0,
+        helper: str | None = None,
     ) -> str:
         """Start an ingest replica of `role` (`--ingest-only`) on the PostgreSQL
-        store `db` of the role's main process; returns its address.  It is
-        stopped with the deployment (or by `stop_role` of its name,
-        `<role>-replica-<i>`)."""
-        return self.start_extra(role, db, "replica", ["--ingest-only"], env, timeout)
+        store `db` of the role's main process; returns its address.  A leader
+        replica given `helper` (a helper process's address) verifies proof
+        batches with it.  It is stopped with the deployment (or by `stop_role`
+        of its name, `<role>-replica-<i>`)."""
+        extra = ["--ingest-only"] + (["--helper", helper] if helper else [])
+        return self.start_extra(role, db, "replica", extra, env, timeout)
 
     def start_worker(
         self,

@@ -105,7 +105,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         action="store_true",
         help="an ingest replica of this role: serves uploads (and health) only, on the "
         "PostgreSQL store of the role's main process (--db postgresql://...); run as "
-        "many as needed, each on its own --listen",
+        "many as needed, each on its own --listen.  A leader replica verifies proofs "
+        "with the helper process named by --helper (the helper's main process or a "
+        "helper replica, which also answers the per-batch Verify)",
     )
     p.add_argument(
         "--lease-work",

@@ -33,6 +33,7 @@ from svtagg.servers.edge.services import (
     HelperProbe,
     IngestService,
     PeerService,
+    VerifyService,
 )
 from svtagg.servers.exchange.garbling import (
     DEFAULT_GARBLING,
@@ -59,6 +60,8 @@ class ProcessKind(Enum):
     MAIN = "main"
     #: `--ingest-only`: serves Ingest (and Health) only; uploads stay
     #: idempotent across replicas (report ids are unique per task in the store).
+    #: A leader replica given `--helper` verifies proofs with that helper
+    #: process; a helper replica also answers Peer.Verify.
     INGEST_REPLICA = "ingest replica"
     #: `--worker`: leader: takes leased jobs (serves Health only); helper:
     #: serves the Peer service and comparison sessions for the leader's workers.
@@ -284,10 +287,14 @@ class SvtaggServer:
         if self.helper_probe is not None:
             # Known before the first health check is answered.
             await self.helper_probe.check()
-        if self.peer is not None:
+        if self.peer is not None and self.config.kind.runs_protocol:
             await self._build_leader(self.peer)
         elif self.config.kind.runs_protocol:
             await self._build_helper()
+        elif self.config.role == Role.HELPER:
+            # A helper replica verifies the upload batches of leader replicas
+            # paired with it (Peer.Verify only, on its shared store).
+            self._serve(pb_grpc.add_PeerServicer_to_server, VerifyService(self.core))
         await self.server.start()
         if self.worker is not None:
             self._work_loop = asyncio.ensure_future(self.worker.run())
@@ -439,9 +446,15 @@ def _open_store(config: ServerConfig) -> tuple[MainLock | None, Store]:
 
 
 def _helper_port(config: ServerConfig) -> GrpcHelperPort | None:
-    """The leader's connection to the helper (none on a replica: it runs no protocol)."""
-    if config.role != Role.LEADER or not config.kind.runs_protocol:
+    """The leader's connection to the helper.  An ingest replica runs no
+    protocol, but one given `--helper` verifies its upload batches with that
+    helper process (the helper's main process or a helper replica)."""
+    if config.role != Role.LEADER:
         return None
+    if not config.kind.runs_protocol:
+        if config.helper_address is None:
+            return None
+        return GrpcHelperPort(config.helper_address, config.identity, data_channel=False)
     assert config.helper_address is not None  # ServerConfig.check
     return GrpcHelperPort(
         config.helper_address, config.identity, data_channel=config.data_port is not None

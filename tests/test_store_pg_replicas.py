@@ -16,10 +16,12 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from test_reliability import Collection, check_reports, create_task
+import numpy as np
+import pytest
+from test_reliability import D, F, Collection, check_reports, create_task
 from test_store_pg_reliability import PgProcessDeployment
 
-from svtagg.client.upload import Uploader, UploadError
+from svtagg.client.upload import Uploader, UploadError, make_batch
 from svtagg.proto.tls import Identity
 
 
@@ -107,3 +109,73 @@ def test_replica_killed_mid_upload_loses_and_doubles_nothing(
         assert lead.n == len(col.rows)  # each report once, however often it was sent
     finally:
         pd.stop()  # the replicas with the deployment
+
+
+class OnehotCollection(Collection):
+    """One item per report, for the one-hot circuits."""
+
+    def batch(self, m: int) -> Any:
+        values = np.zeros((m, D))
+        values[np.arange(m), self.rng.integers(0, D, m)] = 1.0
+        b = make_batch(self.task, values, F, validity=self.validity)
+        for r, row in zip(b.leader.reports, values, strict=True):
+            self.rows[r.report_id] = row
+        return b
+
+
+@pytest.mark.parametrize("validity", ["range", "sparse-onehot"])
+def test_replica_pairs_verify_proofs_and_a_killed_one_counts_nothing_twice(
+    tmp_path: Path, pg_url: tuple[str, str], validity: str
+) -> None:
+    """With proofs (the default), a leader replica started with --helper
+    verifies its batches with a helper replica: uploads go through the replica
+    pair; the leader replica is killed mid-upload; the client sends every batch
+    again through the main processes.  Every acknowledged report is counted
+    once on both servers and S_L + S_H is the plaintext sum of the counted ones."""
+    pd = PgProcessDeployment(tmp_path, *pg_url).start()
+    try:
+        col = (OnehotCollection if validity == "sparse-onehot" else Collection)("vr", validity)
+        create_task(pd, "vr", validity)
+        env = {r: {"PGOPTIONS": f"-csearch_path={pd.schemas[r]}"} for r in ("leader", "helper")}
+        helper_replica = pd.dep.start_replica("helper", pd.url, env=env["helper"])
+        leader_replica = pd.dep.start_replica(
+            "leader", pd.url, env=env["leader"], helper=helper_replica
+        )
+        sent: list[Any] = []
+        outcome: dict[str, Any] = {}
+
+        def through_replicas() -> None:
+            with uploader(pd, leader_replica, helper_replica) as up:
+                try:
+                    for _ in range(300):
+                        b = col.batch(10)
+                        sent.append(b)
+                        up.send(b)
+                        col.ack(b)
+                except UploadError as exc:
+                    outcome["error"] = exc
+
+        t = threading.Thread(target=through_replicas)
+        t.start()
+        deadline = time.monotonic() + 60
+        while len(col.acked) < 60 and t.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        proc = pd.dep.procs["leader-replica-0"]
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        t.join(60)
+        assert not t.is_alive()
+        assert "error" in outcome, "the client saw no failure: the replica died too late"
+        assert len(col.acked) >= 60
+        with uploader(pd, pd.address("leader"), pd.address("helper")) as up:
+            for b in sent:
+                try:
+                    up.send(b)
+                except UploadError as exc:  # refused as already counted: fine
+                    assert "already" in str(exc), exc
+                col.ack(b)
+        check_reports(pd, col)
+        lead = pd.store_view("leader", col.task)
+        assert lead.report_ids == set(col.rows) and lead.n == len(col.rows)
+    finally:
+        pd.stop()

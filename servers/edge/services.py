@@ -35,7 +35,7 @@ from svtagg.servers.edge.rpc import (
 )
 from svtagg.servers.exchange.port import HelperPort
 from svtagg.servers.helper import HelperDriver
-from svtagg.servers.ingest.batches import ProofReport, helper_receive, verify_upload
+from svtagg.servers.ingest.batches import ProofReport, helper_receive, helper_verify, verify_upload
 from svtagg.servers.leader import LeaderDriver
 
 if TYPE_CHECKING:
@@ -103,7 +103,10 @@ class IngestService(pb_grpc.IngestServicer):
             helper_receive(self.core, request.task_id, reports)
             return pb.UploadResult(accepted=len(reports))
         if self.helper is None:
-            raise FailedPrecondition("this process does not take uploads (no helper connection)")
+            raise FailedPrecondition(
+                "this process does not take uploads with proofs (no helper connection: start "
+                "a leader replica with --helper, the helper's main process or a helper replica)"
+            )
         out = await verify_upload(self.core, self.helper, request.task_id, reports)
         return pb.UploadResult(accepted=out.accepted, rejected=out.rejected)
 
@@ -296,6 +299,20 @@ class AnalystService(pb_grpc.AnalystServicer):
             for task_id in self.driver.core.task_ids():
                 self._budget(task_id)
         return wire.PLAN_INFO.to_pb(info)
+
+
+class VerifyService(pb_grpc.PeerServicer):
+    """A helper ingest replica's Peer service: `Verify` only (an upload batch
+    with the prep shares of a leader replica paired with it), on the shared
+    store; every other Peer call is the main process's (UNIMPLEMENTED here)."""
+
+    def __init__(self, core: ServerCore) -> None:
+        self.core = core
+
+    @rpc(Role.LEADER)
+    async def Verify(self, request: pb.VerifyBatch, context: Context) -> pb.VerifyResult:
+        batch = wire.VERIFY.request.from_pb(request)
+        return wire.VERIFY.reply.to_pb(await helper_verify(self.core, batch))
 
 
 class PeerService(pb_grpc.PeerServicer):
