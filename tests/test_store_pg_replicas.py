@@ -18,7 +18,7 @@ from typing import Any
 import grpc
 import numpy as np
 import pytest
-from test_reliability import D, F, Collection, check_reports, create_task
+from test_reliability import Collection, D, F, check_reports, create_task
 from test_store_pg_reliability import PgProcessDeployment
 
 from svtagg.client.upload import Uploader, UploadError, make_batch
