@@ -82,7 +82,11 @@ class Collection:
         self.rng = np.random.default_rng(7)
 
     def batch(self, m: int) -> Any:
-        values = self.rng.random((m, D))
+        if self.validity is not None and self.validity.name in ("onehot", "sparse-onehot"):
+            values = np.zeros((m, D))
+            values[np.arange(m), self.rng.integers(0, D, m)] = 1.0  # one item per report
+        else:
+            values = self.rng.random((m, D))
         b = make_batch(self.task, values, F, validity=self.validity)
         for r, row in zip(b.leader.reports, values, strict=True):
             self.rows[r.report_id] = row
@@ -264,15 +268,18 @@ def test_crash_points(procs: ProcessDeployment):
     assert sum(pd.kills.values()) == 9
 
 
-def test_crash_points_with_proofs(procs: ProcessDeployment):
-    """A task whose reports prove their validity: one SIGKILL at each point of
-    the batch verification (the helper just after recording a batch, the
-    leader just before, and mid-store); the client's retry is answered from the
-    helper's recorded verdicts, an abandoned batch is taken out on the helper at
-    the close, and every acknowledged report counts once on both servers."""
+@pytest.mark.parametrize("validity", ["range", "sparse-onehot"])
+def test_crash_points_with_proofs(procs: ProcessDeployment, validity: str):
+    """A task whose reports prove their validity (Prio3, or sparse DPF keys):
+    one SIGKILL at each point of the batch verification (the helper just after
+    recording a batch, the leader just before, and mid-store); the client's
+    retry is answered from the helper's recorded verdicts, an abandoned batch
+    is taken out on the helper at the close, and every acknowledged report
+    counts once on both servers."""
     pd = procs
-    col = Collection("pv", validity="range")
-    create_task(pd, "pv", validity="range")
+    task = "pv" if validity == "range" else "ps"
+    col = Collection(task, validity=validity)
+    create_task(pd, task, validity=validity)
     upload_through_kill(pd, col, "helper", "verify.after_record")
     upload_through_kill(pd, col, "leader", "verify.before_record")
     upload_through_kill(pd, col, "leader", "upload.mid_store")

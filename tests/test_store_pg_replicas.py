@@ -16,12 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-import numpy as np
 import pytest
-from test_reliability import Collection, D, F, check_reports, create_task
+from test_reliability import Collection, check_reports, create_task
 from test_store_pg_reliability import PgProcessDeployment
 
-from svtagg.client.upload import Uploader, UploadError, make_batch
+from svtagg.client.upload import Uploader, UploadError
 from svtagg.proto.tls import Identity
 
 
@@ -111,18 +110,6 @@ def test_replica_killed_mid_upload_loses_and_doubles_nothing(
         pd.stop()  # the replicas with the deployment
 
 
-class OnehotCollection(Collection):
-    """One item per report, for the one-hot circuits."""
-
-    def batch(self, m: int) -> Any:
-        values = np.zeros((m, D))
-        values[np.arange(m), self.rng.integers(0, D, m)] = 1.0
-        b = make_batch(self.task, values, F, validity=self.validity)
-        for r, row in zip(b.leader.reports, values, strict=True):
-            self.rows[r.report_id] = row
-        return b
-
-
 @pytest.mark.parametrize("validity", ["range", "sparse-onehot"])
 def test_replica_pairs_verify_proofs_and_a_killed_one_counts_nothing_twice(
     tmp_path: Path, pg_url: tuple[str, str], validity: str
@@ -134,7 +121,7 @@ def test_replica_pairs_verify_proofs_and_a_killed_one_counts_nothing_twice(
     once on both servers and S_L + S_H is the plaintext sum of the counted ones."""
     pd = PgProcessDeployment(tmp_path, *pg_url).start()
     try:
-        col = (OnehotCollection if validity == "sparse-onehot" else Collection)("vr", validity)
+        col = Collection("vr", validity)
         create_task(pd, "vr", validity)
         env = {r: {"PGOPTIONS": f"-csearch_path={pd.schemas[r]}"} for r in ("leader", "helper")}
         helper_replica = pd.dep.start_replica("helper", pd.url, env=env["helper"])
