@@ -116,7 +116,7 @@ class Validity:
         if self.name in ("onehot", "sparse-onehot"):
             ones = [j for j, v in enumerate(grid_row) if v]
             if len(ones) != 1:
-                raise MeasurementError(f"onehot takes exactly one 1 per row, got {len(ones)}")
+                raise MeasurementError(f"{self.name} takes exactly one 1 per row, got {len(ones)}")
             return ones[0]  # Prio3Histogram's measurement: the bucket
         return [v // unit for v in grid_row]
 
