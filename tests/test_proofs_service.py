@@ -24,10 +24,10 @@ from svtagg.servers.store.sqlite import SqliteStore
 D, F = 5, 12
 
 
-def proof_task(task_id: str = "p", validity: str = "range") -> pb.TaskSpec:
+def proof_task(task_id: str = "p", validity: str = "range", d: int = D) -> pb.TaskSpec:
     return pb.TaskSpec(
         task_id=task_id,
-        d=D,
+        d=d,
         frac_bits=F,
         n_max=10_000,
         min_batch=1,

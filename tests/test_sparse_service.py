@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import Deployment, encoded_sum, off_loop
+from test_proofs_service import proof_task
 
 from svtagg.client.upload import REPORT_ID_BYTES
 from svtagg.dp.errors import FailedPrecondition
@@ -30,17 +31,7 @@ D, F = 300, 12
 
 
 def spec(task_id: str, validity: str = "sparse-onehot", d: int = D) -> pb.TaskSpec:
-    return pb.TaskSpec(
-        task_id=task_id,
-        d=d,
-        frac_bits=F,
-        n_max=10_000,
-        min_batch=1,
-        epsilon_total="10",
-        delta_total="0",
-        epsilon_min="1/100",
-        validity=validity,
-    )
+    return proof_task(task_id, validity, d)
 
 
 def onehot_rows(items: list[int], d: int = D) -> np.ndarray:

@@ -51,6 +51,47 @@ def resend(up: Uploader, b: Any) -> int:
     return had
 
 
+def kill_mid_upload(
+    pd: PgProcessDeployment,
+    col: Collection,
+    through: tuple[str, str],
+    victim: Any,
+    batches: int,
+    acked: int,
+    pause: float = 0.0,
+) -> list[Any]:
+    """Upload batches of 10 through the (leader, helper) addresses `through`
+    on a thread; once `acked` reports are acknowledged, SIGKILL `victim` (a
+    replica's process).  The client must see the failure.  Returns the
+    batches sent, to be sent again."""
+    sent: list[Any] = []
+    outcome: dict[str, Any] = {}
+
+    def upload() -> None:
+        with uploader(pd, *through) as up:
+            try:
+                for _ in range(batches):
+                    b = col.batch(10)
+                    sent.append(b)
+                    up.send(b)
+                    col.ack(b)
+                    time.sleep(pause)
+            except UploadError as exc:
+                outcome["error"] = exc
+
+    t = threading.Thread(target=upload)
+    t.start()
+    deadline = time.monotonic() + 60
+    while len(col.acked) < acked and t.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    victim.send_signal(signal.SIGKILL)
+    victim.wait(10)
+    t.join(60)
+    assert not t.is_alive()
+    assert "error" in outcome, "the client saw no failure: the replica died too late"
+    return sent
+
+
 def test_replica_killed_mid_upload_loses_and_doubles_nothing(
     tmp_path: Path,
     pg_url: tuple[str, str],
@@ -62,31 +103,8 @@ def test_replica_killed_mid_upload_loses_and_doubles_nothing(
         create_task(pd, "rep")
         for role in ("leader", "helper"):
             replicas[role] = start_replica(pd, role)
-        sent: list[Any] = []
-        outcome: dict[str, Any] = {}
-
-        def upload_through_replicas() -> None:
-            with uploader(pd, replicas["leader"][1], replicas["helper"][1]) as up:
-                try:
-                    for _ in range(400):
-                        b = col.batch(10)
-                        sent.append(b)
-                        up.send(b)
-                        col.ack(b)
-                        time.sleep(0.005)
-                except UploadError as exc:
-                    outcome["error"] = exc
-
-        t = threading.Thread(target=upload_through_replicas)
-        t.start()
-        deadline = time.monotonic() + 30
-        while len(col.acked) < 100 and t.is_alive() and time.monotonic() < deadline:
-            time.sleep(0.01)
-        replicas["leader"][0].send_signal(signal.SIGKILL)
-        replicas["leader"][0].wait(10)
-        t.join(60)
-        assert not t.is_alive()
-        assert "error" in outcome, "the client saw no failure: the replica died too late"
+        through = (replicas["leader"][1], replicas["helper"][1])
+        sent = kill_mid_upload(pd, col, through, replicas["leader"][0], 400, 100, 0.005)
         acked_before = set(col.acked)
         assert 100 <= len(acked_before) < 10 * len(sent)
         # The client retries everything through the main processes (a replica
@@ -128,31 +146,8 @@ def test_replica_pairs_verify_proofs_and_a_killed_one_counts_nothing_twice(
         leader_replica = pd.dep.start_replica(
             "leader", pd.url, env=env["leader"], helper=helper_replica
         )
-        sent: list[Any] = []
-        outcome: dict[str, Any] = {}
-
-        def through_replicas() -> None:
-            with uploader(pd, leader_replica, helper_replica) as up:
-                try:
-                    for _ in range(300):
-                        b = col.batch(10)
-                        sent.append(b)
-                        up.send(b)
-                        col.ack(b)
-                except UploadError as exc:
-                    outcome["error"] = exc
-
-        t = threading.Thread(target=through_replicas)
-        t.start()
-        deadline = time.monotonic() + 60
-        while len(col.acked) < 60 and t.is_alive() and time.monotonic() < deadline:
-            time.sleep(0.01)
-        proc = pd.dep.procs["leader-replica-0"]
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(10)
-        t.join(60)
-        assert not t.is_alive()
-        assert "error" in outcome, "the client saw no failure: the replica died too late"
+        victim = pd.dep.procs["leader-replica-0"]
+        sent = kill_mid_upload(pd, col, (leader_replica, helper_replica), victim, 300, 60)
         assert len(col.acked) >= 60
         with uploader(pd, pd.address("leader"), pd.address("helper")) as up:
             for b in sent:

@@ -122,30 +122,24 @@ class PolyEval:
         return out
 
 
-@dataclass(frozen=True)
 class ParallelSum:
-    """The sum of `count` copies of `sub` on consecutive slices of the input."""
+    """Σ of `count` Mul gadgets on consecutive pairs of the input (the only
+    sub-gadget draft 13's circuits sum in parallel)."""
 
-    sub: Mul
-    count: int
+    degree = 2
 
-    @property
-    def arity(self) -> int:
-        return self.sub.arity * self.count
-
-    @property
-    def degree(self) -> int:
-        return self.sub.degree
+    def __init__(self, count: int) -> None:
+        self.count = count
+        self.arity = 2 * count
+        self._mul = Mul()
 
     def eval(self, p: int, x: Sequence[int]) -> int:
-        a = self.sub.arity
-        return sum(self.sub.eval(p, x[i * a : (i + 1) * a]) for i in range(self.count)) % p
+        return sum(x[2 * i] * x[2 * i + 1] for i in range(self.count)) % p
 
     def eval_poly(self, p: int, polys: Sequence[Sequence[int]]) -> list[int]:
-        a = self.sub.arity
         out: list[int] = []
         for i in range(self.count):
-            part = self.sub.eval_poly(p, polys[i * a : (i + 1) * a])
+            part = self._mul.eval_poly(p, polys[2 * i : 2 * i + 2])
             out += [0] * (len(part) - len(out))
             for j, y in enumerate(part):
                 out[j] = (out[j] + y) % p
@@ -302,7 +296,7 @@ class SumVec(Circuit):
         if length < 1 or bits < 1 or chunk_length < 1 or 1 << bits >= field.modulus:
             raise ValueError("SumVec needs length, bits, chunk_length ≥ 1 and 2^bits < p")
         self.field, self.length, self.bits = field, length, bits
-        self.gadgets = [ParallelSum(Mul(), chunk_length)]
+        self.gadgets = [ParallelSum(chunk_length)]
         self.calls = [(length * bits + chunk_length - 1) // chunk_length]
         self.meas_len, self.output_len = length * bits, length
         self.joint_rand_len, self.eval_output_len = self.calls[0], 1
@@ -330,7 +324,7 @@ class Histogram(Circuit):
         if length < 1 or chunk_length < 1:
             raise ValueError("Histogram needs length and chunk_length ≥ 1")
         self.field, self.length = field, length
-        self.gadgets = [ParallelSum(Mul(), chunk_length)]
+        self.gadgets = [ParallelSum(chunk_length)]
         self.calls = [(length + chunk_length - 1) // chunk_length]
         self.meas_len = self.output_len = length
         self.joint_rand_len, self.eval_output_len = self.calls[0], 2
@@ -360,7 +354,7 @@ class MultihotCountVec(Circuit):
         self.offset = (1 << self.weight_bits) - 1 - max_weight
         if field.modulus - self.offset <= length:
             raise ValueError("length and max_weight too large for the field")
-        self.gadgets = [ParallelSum(Mul(), chunk_length)]
+        self.gadgets = [ParallelSum(chunk_length)]
         self.calls = [(length + self.weight_bits + chunk_length - 1) // chunk_length]
         self.meas_len = length + self.weight_bits
         self.output_len = length
