@@ -40,6 +40,36 @@ static inline block sigma(block x, uint64_t tweak) {
     return _mm_xor_si128(_mm_xor_si128(hh, lo_up), _mm_set_epi64x((long long)tweak, 0));
 }
 
+/* out[i] = H(x_i ⊕ tweak_i) = AES(σ_i) ⊕ σ_i with σ computed in registers,
+ * 8 blocks in flight: x_i = in[idx ? idx[i] : i >> shift], tweak_i =
+ * (shift ? (i & 1 ? RIGHT : LEFT) : tweak).  One pass, no scratch copies. */
+static inline void sigma_mmo(const block *rk, const block *in, const size_t *idx, int shift,
+                             uint64_t tweak, block *out, size_t n) {
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        block sg[8], b[8];
+        for (int j = 0; j < 8; j++) {
+            size_t at = i + (size_t)j;
+            block x = in[idx ? idx[at] : at >> shift];
+            sg[j] = sigma(x, shift ? ((at & 1) ? RIGHT : LEFT) : tweak);
+            b[j] = _mm_xor_si128(sg[j], rk[0]);
+        }
+        for (int r = 1; r < 10; r++) {
+            block k = rk[r];
+            for (int j = 0; j < 8; j++) b[j] = _mm_aesenc_si128(b[j], k);
+        }
+        for (int j = 0; j < 8; j++)
+            out[i + j] = _mm_xor_si128(_mm_aesenclast_si128(b[j], rk[10]), sg[j]);
+    }
+    for (; i < n; i++) {
+        block x = in[idx ? idx[i] : i >> shift];
+        block sg = sigma(x, shift ? ((i & 1) ? RIGHT : LEFT) : tweak);
+        block b = _mm_xor_si128(sg, rk[0]);
+        for (int r = 1; r < 10; r++) b = _mm_aesenc_si128(b, rk[r]);
+        out[i] = _mm_xor_si128(_mm_aesenclast_si128(b, rk[10]), sg);
+    }
+}
+
 /* Field128: p = 2^128 − 7·2^66 + 1. */
 typedef unsigned __int128 u128;
 static const u128 P128 = (((u128)0xffffffffffffffe4ULL) << 64) | 1ULL;
@@ -73,18 +103,12 @@ static inline void store128(uint8_t *p, u128 v) {
 static inline void children(const block *rk, const block *seed, const uint8_t *t, size_t j0,
                             size_t cnt, block cw, uint8_t cl, uint8_t cr, block *kid,
                             uint8_t *kt) {
-    block sig[2 * TILE];
     uint8_t pt[2 * TILE];
-    for (size_t i = 0; i < cnt; i++) {
-        sig[2 * i] = sigma(seed[j0 + i], LEFT);
-        sig[2 * i + 1] = sigma(seed[j0 + i], RIGHT);
-        pt[2 * i] = pt[2 * i + 1] = t[j0 + i];
-    }
-    memcpy(kid, sig, 2 * cnt * sizeof(block));
-    aes_n_keyed(rk, kid, 2 * cnt);
+    for (size_t i = 0; i < cnt; i++) pt[2 * i] = pt[2 * i + 1] = t[j0 + i];
+    sigma_mmo(rk, seed + j0, NULL, 1, 0, kid, 2 * cnt);
     const block notone = _mm_set_epi64x(-1, ~(long long)1);
     for (size_t c = 0; c < 2 * cnt; c++) {
-        block h = _mm_xor_si128(kid[c], sig[c]);
+        block h = kid[c];
         uint8_t bit = (uint8_t)(_mm_cvtsi128_si64(h) & 1);
         block mask = _mm_set1_epi8((char)(0 - pt[c]));
         kid[c] = _mm_xor_si128(_mm_and_si128(h, notone), _mm_and_si128(cw, mask));
@@ -108,18 +132,16 @@ typedef struct {
  * on locals (the accumulator is bytes, which may alias the context). */
 static inline void leaves_tile(leaf_ctx *L, const block *s, const uint8_t *t, size_t x0,
                                size_t m) {
-    block sig[2 * TILE], buf[2 * TILE], b0[2 * TILE];
+    block buf[2 * TILE], b0[2 * TILE];
     const u128 out_cw = L->out_cw;
     const u128 two_p = P128 << 1; /* 2p mod 2^128 (2p = 2^128 + two_p) */
     const uint64_t flip = 0 - (uint64_t)L->flip;
     unsigned long long t0 = L->total[0], t1 = L->total[1], t2 = L->total[2];
     uint64_t *acc = L->acc + 3 * x0;
-    for (size_t i = 0; i < m; i++) sig[i] = sigma(s[i], CONVERT);
-    memcpy(buf, sig, m * sizeof(block));
-    aes_n_keyed(L->rk, buf, m);
+    sigma_mmo(L->rk, s, NULL, 0, CONVERT, buf, m);
     for (size_t i = 0; i < m; i++) {
         uint8_t raw[16];
-        _mm_storeu_si128((block *)raw, _mm_xor_si128(buf[i], sig[i]));
+        _mm_storeu_si128((block *)raw, buf[i]);
         u128 y = load128(raw);
         if (y >= P128) y -= P128; /* probability 7·2^-62 */
         /* y' = y + t·CW < 2p: 129 bits, the top one in c */
@@ -161,13 +183,11 @@ static inline void leaves_tile(leaf_ctx *L, const block *s, const uint8_t *t, si
     size_t kk[2] = {k0, k1};
     for (int bit = 0; bit < 2; bit++) {
         size_t n = kk[bit];
-        for (size_t q = 0; q < n; q++) sig[q] = sigma(s[idx[bit][q]], PROOF);
-        memcpy(b0, sig, n * sizeof(block));
-        aes_n_keyed(bit ? L->rk1 : L->rk0, b0, n);
+        sigma_mmo(bit ? L->rk1 : L->rk0, s, idx[bit], 0, PROOF, b0, n);
         block corr = bit ? pcw : _mm_setzero_si128();
         for (size_t q = 0; q < n; q++) {
             size_t i = idx[bit][q];
-            block v = _mm_xor_si128(_mm_xor_si128(b0[q], sig[q]), corr);
+            block v = _mm_xor_si128(b0[q], corr);
             buf[i] = _mm_xor_si128(v, _mm_set_epi64x(0, (long long)(x0 + i)));
         }
     }

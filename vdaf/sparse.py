@@ -244,6 +244,23 @@ class SparseOnehot:
         ctrl = tuple((bit[2 * i], bit[2 * i + 1]) for i in range(n))
         return PublicShare(seeds, ctrl, proof, output)
 
+    def _split_public(self, data: bytes) -> tuple[bytes, bytes, bytes, bytes]:
+        """`decode_public_share`'s checks, for the native core: the seed
+        corrections, the control corrections one byte per bit, the proof and
+        the output corrections, as bytes."""
+        n = self.bits
+        if len(data) != self.public_share_bytes():
+            raise SparseError(f"a public share is {self.public_share_bytes()} bytes")
+        head = (2 * n + 7) // 8
+        if (2 * n) % 8 and data[head - 1] >> ((2 * n) % 8):
+            raise SparseError("padding bits of the control corrections are set")
+        output = data[head + 16 * n + 16 :]
+        if int.from_bytes(output, "little") >= P:
+            raise SparseError("the output correction is not below the Field128 modulus")
+        bits = np.unpackbits(np.frombuffer(data[:head], np.uint8), bitorder="little")
+        seeds = data[head : head + 16 * n]
+        return seeds, bits[: 2 * n].tobytes(), data[head + 16 * n : head + 16 * n + 16], output
+
     # ------------------------------------------------------------ the client
     def gen(
         self, alpha: int, nonce: bytes, rand: bytes, weight: int = 1
@@ -328,20 +345,20 @@ class SparseOnehot:
             raise SparseError(f"a key and a nonce of {KEY_SIZE} bytes")
         if acc.d != self.d:
             raise SparseError(f"the accumulator holds {self.d} elements")
-        ps = self.decode_public_share(public)
         if acc.wide is not None:
             if _core is None:
                 raise SparseError("a wide accumulator needs the native core")
+            seeds, ctrl_bits, proof, output = self._split_public(public)
             out = _core.expand(
                 _hash_key(nonce),
                 _hash_key(nonce, 1),
                 _hash_key(nonce, 2),
                 _digest_key(verify_key, nonce, public),
                 agg_id,
-                ps.seeds,
-                bytes(int(b) for pair in ps.ctrl for b in pair),
-                ps.proof,
-                ps.output.to_bytes(16, "little"),
+                seeds,
+                ctrl_bits,
+                proof,
+                output,
                 key,
                 negate,
                 acc.wide,
@@ -351,6 +368,7 @@ class SparseOnehot:
             if agg_id == 1:
                 total = -total % P
             return bytes(out[:16]) + total.to_bytes(16, "little")
+        ps = self.decode_public_share(public)
         h = _Hash(_hash_key(nonce))
         cws = _blocks(ps.seeds)
         seed = _blocks(key)
