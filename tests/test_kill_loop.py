@@ -31,7 +31,9 @@ A violation is recorded with its round and the loop goes on (on a fresh query
 task when the ledgers drifted), so one run lists every kind found.  The schedule
 is replayable: SVTAGG_KILL_SEED=<seed> with the same number of kills (the seed
 is printed); the interleaving with the servers' threads is not, so a replay
-reproduces the schedule, not always the exact race.
+reproduces the schedule, not always the exact race.  SVTAGG_KILL_VALIDITY names
+a validity circuit for the upload tasks (e.g. sparse-onehot): the uploads then
+carry proofs, verified at ingest by both servers.
 
 Default run: KILLS_DEFAULT kills (every (phase, role) pair twice, one of them
 timed by the log where the phase has a line).  `pytest -m heavy`: KILLS_HEAVY
@@ -76,6 +78,7 @@ KILLS_DEFAULT = 20
 KILLS_HEAVY = 200
 KILLS_HEAVY_PG = 60
 SEED_ENV = "SVTAGG_KILL_SEED"
+VALIDITY_ENV = "SVTAGG_KILL_VALIDITY"
 DEFAULT_SEED = 19
 #: Leader log lines a kill may be timed right after; other phases use delays.
 LOG_TRIGGERS = {
@@ -265,8 +268,11 @@ class KillLoop:
         self.streams: dict[str, StreamRecord] = {}
 
     def _new_upload_task(self) -> None:
-        self.col = Collection(self._name("u"))
-        create_task(self.pd, self.col.task)
+        # SVTAGG_KILL_VALIDITY=range|sparse-onehot|...: the uploads carry proofs
+        # (verified by both servers at ingest) instead of plain shares.
+        validity = os.environ.get(VALIDITY_ENV, "")
+        self.col = Collection(self._name("u"), validity)
+        create_task(self.pd, self.col.task, validity)
         with self.pd.uploader() as up:
             b = self.col.batch(5)
             up.send(b)
