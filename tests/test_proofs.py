@@ -85,6 +85,7 @@ def bits(values: Sequence[int], width: int) -> list[int]:
         ("range", lambda g, n, d: g.random((n, d))),
         ("onehot", lambda g, n, d: np.eye(d)[g.integers(0, d, n)]),
         ("multihot:2", lambda g, n, d: (g.random((n, d)) < 2 / d) * (np.arange(d) < d)),
+        ("sparse-onehot", lambda g, n, d: np.eye(d)[g.integers(0, d, n)]),
     ],
 )
 async def test_verified_reports_add_up_exactly(tmp_path: Path, validity: str, make: object) -> None:
@@ -190,6 +191,69 @@ async def test_without_verification_the_poison_gets_in(tmp_path: Path) -> None:
             totals = await closed_totals(ref)
         moved = totals - grid(honest).sum(axis=0)
         assert moved.tolist() == ([0] * d if verify else [0, 0, (1 << (F + 1)) - 1, 0])
+
+
+async def test_sparse_hostile_reports_on_both_stores(
+    tmp_path: Path, stores: Callable[[], tuple[Store, Store] | None]
+) -> None:
+    """Sparse DPF keys on SQLite and PostgreSQL: a weight of 10^6 made
+    honestly for that weight, a key of another report, a report bound to
+    another id and a truncated key are refused by reason and change nothing;
+    a replayed batch is refused."""
+    d = 40
+    v = parse_validity("sparse-onehot", d, F)
+    assert v is not None
+    honest = np.eye(d)[np.random.default_rng(7).integers(0, d, 12)]
+    ids = [os.urandom(16) for _ in range(len(honest))]
+    good = shards(v, grid(honest).tolist(), ids)
+    bad_ids = [os.urandom(16) for _ in range(4)]
+    heavy_public, heavy_keys = v.scheme.gen(5, bad_ids[0], os.urandom(32), weight=10**6)
+    other = shards(v, [[UNIT] + [0] * (d - 1)], [os.urandom(16)])[0]
+    mine = shards(v, [[0, UNIT] + [0] * (d - 2)], [bad_ids[1]])[0]
+    elsewhere = shards(v, [[0, 0, UNIT] + [0] * (d - 3)], [os.urandom(16)])[0]
+    hostile = [
+        (heavy_public, *heavy_keys),
+        (mine[0], other[1], mine[2]),  # the leader's key from another report
+        elsewhere,  # made for another id
+        (good[0][0], good[0][1][:-1], good[0][2]),  # a truncated leader key
+    ]
+    async with reference_pair(tmp_path, stores=stores()) as ref:
+        await ref.leader.create_task(spec("sparse-onehot", d=d))
+        assert (await ref.send_proofs("t", ids, good)).accepted == 12
+        bad = await ref.send_proofs("t", bad_ids, hostile)
+        assert (bad.accepted, bad.n) == (0, 12)
+        assert bad.rejected == {"invalid_proof": 3, "malformed_share": 1}
+        with pytest.raises(AlreadyExists):
+            await ref.send_proofs("t", ids, good)
+        totals = await closed_totals(ref)
+    assert totals.tolist() == grid(honest).sum(axis=0).tolist()
+
+
+async def test_sparse_without_verification_the_poison_gets_in(tmp_path: Path) -> None:
+    """The negative control for the sparse path (test-only switch): a key
+    made for a weight of 10^6, with verification off, pushes its count to the
+    robust aggregates' clamp; with verification on it is refused and moves
+    nothing."""
+    d = 8
+    v = parse_validity("sparse-onehot", d, F)
+    assert v is not None
+    honest = np.eye(d)[np.random.default_rng(3).integers(0, d, 10)]
+    public, keys = v.scheme.gen(2, b"p" * 16, os.urandom(32), weight=10**6)
+    for verify in (True, False):
+        root = tmp_path / str(verify)
+        root.mkdir()
+        async with reference_pair(root, verify_proofs=verify) as ref:
+            await ref.leader.create_task(spec("sparse-onehot", d=d))
+            await ref.upload_proofs("t", honest)
+            await ref.send_proofs("t", [b"p" * 16], [(public, *keys)])
+            totals = await closed_totals(ref)
+        truth = grid(honest).sum(axis=0)
+        moved = totals - truth
+        # unverified, the forged count reaches the robust aggregates' clamp,
+        # n·2^F with n = 11: far more than one user's worth
+        poisoned = [0, 0, 11 * UNIT - int(truth[2])] + [0] * (d - 3)
+        assert moved.tolist() == ([0] * d if verify else poisoned)
+        assert verify or moved[2] > UNIT
 
 
 async def test_malicious_clients_move_a_count_by_their_number_at_most(tmp_path: Path) -> None:
