@@ -105,20 +105,22 @@ def domain_bits(d: int) -> int:
 
 
 @lru_cache(maxsize=4096)
-def _hash_key(nonce: bytes, usage: int = 0) -> bytes:
-    """The report's fixed AES keys, SHAKE128(DST ‖ usage ‖ nonce): usage 0 for
+def _hash_key(nonce: bytes, usage: int = 0, dst: bytes = DST) -> bytes:
+    """The report's fixed AES keys, SHAKE128(dst ‖ usage ‖ nonce): usage 0 for
     the tree, 1 + t for the leaf proofs of control bit t (one set per report,
     as the VIDPF's XOF derives its key from the nonce)."""
-    return hashlib.shake_128(DST + bytes([usage]) + nonce).digest(16)
+    return hashlib.shake_128(dst + bytes([usage]) + nonce).digest(16)
 
 
-def _digest_key(verify_key: bytes, nonce: bytes, public: bytes) -> bytes:
+def _digest_key(
+    verify_key: bytes, nonce: bytes, public: bytes, dst: bytes = DST, extra: bytes = b""
+) -> bytes:
     """The servers' key for compressing the leaf proofs (usage 3): clients do
     not hold the verify key.  It binds the public share, so two servers
     handed different corrections for one report get different digests (with
     a correction each, a client could otherwise keep two leaves live, one of
     each orientation of the control bits)."""
-    msg = DST + bytes([3, len(verify_key)]) + verify_key + nonce + public
+    msg = dst + bytes([3, len(verify_key)]) + verify_key + nonce + extra + public
     return hashlib.shake_128(msg).digest(16)
 
 
@@ -426,7 +428,7 @@ class SparseOnehot:
         return d0 == d1 and (s0 + s1) % P == 1
 
 
-def _leaf_proofs(nonce: bytes, seed: U64, ctrl: npt.NDArray[np.bool_]) -> U64:
+def _leaf_proofs(nonce: bytes, seed: U64, ctrl: npt.NDArray[np.bool_], dst: bytes = DST) -> U64:
     """π = H_t(s ⊕ 5): the control bit t picks the hash's key, so no seed
     difference a client could put between the servers maps one bit's input
     onto the other's (an XOR tweak for t could be cancelled by one)."""
@@ -434,7 +436,7 @@ def _leaf_proofs(nonce: bytes, seed: U64, ctrl: npt.NDArray[np.bool_]) -> U64:
     for t in (False, True):
         rows = np.flatnonzero(ctrl == t)
         if rows.size:
-            out[rows] = _Hash(_hash_key(nonce, 1 + int(t)))(seed[rows], PROOF)
+            out[rows] = _Hash(_hash_key(nonce, 1 + int(t), dst))(seed[rows], PROOF)
     return out
 
 

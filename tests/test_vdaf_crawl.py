@@ -1,0 +1,177 @@
+"""The prefix crawl's incremental verifiable DPF (vdaf/crawl.py): honest
+reports walked level by level give every kept prefix's exact count and pass
+every level's check; hostile ones are refused at the level where they break —
+a weight other than one, the split report, a changed correction, different
+public shares to the two servers — and a seed-only leaf proof (Mastic-04's)
+lets the split report through, the negative control."""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from svtagg.vdaf import crawl, sparse
+from svtagg.vdaf.crawl import Level, PrefixDpf
+from svtagg.vdaf.sparse import NONCE_SIZE, RAND_SIZE, P, SparseError
+
+VK = os.urandom(32)
+
+
+def make(dpf: PrefixDpf, alpha: int, weight: int = 1):  # type: ignore[no-untyped-def]
+    nonce = os.urandom(NONCE_SIZE)
+    public, keys = dpf.gen(alpha, nonce, os.urandom(RAND_SIZE), weight)
+    return nonce, public, keys
+
+
+def walk(dpf: PrefixDpf, reports, threshold: int, publics=None):  # type: ignore[no-untyped-def]
+    """Crawl every level: keep the candidates whose reconstructed count is at
+    least `threshold` (the test's plaintext stand-in for the SVT answers).
+    Returns per level the candidate counts and the reports refused there."""
+    kept = [[dpf.root(i, r[2][i]) for i in (0, 1)] for r in reports]
+    alive = set(range(len(reports)))
+    prefixes, out = [0], []
+    for level in range(1, dpf.bits + 1):
+        counts: Counter[int] = Counter()
+        evals, refused = {}, []
+        for j in sorted(alive):
+            nonce, public, _ = reports[j]
+            pubs = publics[j] if publics else (public, public)
+            ev = [dpf.expand(i, VK, nonce, pubs[i], kept[j][i]) for i in (0, 1)]
+            if not dpf.decide(ev[0].prep_share, ev[1].prep_share):
+                refused.append(j)
+                continue
+            evals[j] = ev
+            for x, a, b in zip(ev[0].candidates, ev[0].shares, ev[1].shares, strict=True):
+                counts[x] += (a + b) % P
+        alive -= set(refused)
+        candidates = [2 * x + b for x in prefixes for b in (0, 1)]
+        prefixes = [x for x in candidates if counts[x] >= threshold]
+        for j, ev in evals.items():
+            kept[j] = [dpf.keep(ev[i], prefixes, level) for i in (0, 1)]
+        out.append(({x: counts[x] for x in candidates}, refused))
+    return out
+
+
+def test_an_honest_crawl_counts_every_kept_prefix_exactly() -> None:
+    dpf = PrefixDpf(12)
+    gen = np.random.default_rng(3)
+    popular = [0b101100111000, 0b101100111001, 0b000011110000, 0b111111111111]
+    alphas = [popular[i] for i in gen.choice(4, 40, p=[0.4, 0.3, 0.2, 0.1])]
+    alphas += [int(x) for x in gen.integers(0, 1 << 12, 10)]
+    reports = [make(dpf, a) for a in alphas]
+    levels = walk(dpf, reports, threshold=3)
+    for level, (counts, refused) in enumerate(levels, 1):
+        assert refused == []
+        truth = Counter(a >> (12 - level) for a in alphas)
+        assert counts == {x: truth.get(x, 0) for x in counts}
+    last = {x for x, c in levels[-1][0].items() if c >= 3}
+    assert last == {a for a, c in Counter(alphas).items() if c >= 3}
+
+
+def test_a_weight_other_than_one_is_refused_at_the_first_level() -> None:
+    dpf = PrefixDpf(6)
+    levels = walk(dpf, [make(dpf, 9), make(dpf, 9, weight=2), make(dpf, 9, weight=0)], 1)
+    assert levels[0][1] == [1, 2]
+
+
+@pytest.mark.parametrize("part", ["seed", "ctrl", "proof", "output"])
+def test_a_changed_correction_is_refused_at_its_level(part: str) -> None:
+    dpf = PrefixDpf(8)
+    nonce, public, keys = make(dpf, 0b10110011)
+    levels = dpf.decode(public)
+    lv = levels[4]
+    bad = {
+        "seed": Level(bytes([lv.seed[0] ^ 0x20]) + lv.seed[1:], lv.ctrl, lv.proof, lv.output),
+        "ctrl": Level(lv.seed, (not lv.ctrl[0], lv.ctrl[1]), lv.proof, lv.output),
+        "proof": Level(lv.seed, lv.ctrl, bytes([lv.proof[0] ^ 1]) + lv.proof[1:], lv.output),
+        "output": Level(lv.seed, lv.ctrl, lv.proof, (lv.output + 1) % P),
+    }[part]
+    tampered = dpf.encode([*levels[:4], bad, *levels[5:]])
+    honest = make(dpf, 0b10110011)
+    result = walk(dpf, [honest, (nonce, tampered, keys)], threshold=1)
+    refused_at = [level for level, (_, refused) in enumerate(result, 1) if refused]
+    assert refused_at == [5]  # the level whose correction changed
+
+
+def test_different_public_shares_to_the_two_servers_are_refused() -> None:
+    dpf = PrefixDpf(6)
+    nonce, public, keys = make(dpf, 0b110011)
+    other, _ = dpf.gen(0b110000, nonce, os.urandom(RAND_SIZE))
+    result = walk(dpf, [(nonce, public, keys)], 1, publics=[(public, other)])
+    assert result[0][1] == [0]
+
+
+def split(dpf: PrefixDpf):  # type: ignore[no-untyped-def]
+    """The split report, cut at the last level: equal keys and zero seed
+    corrections, so both servers hold the same seeds everywhere; one live node
+    per level (the left child), then both children of the last live node live,
+    each worth ½.  Each level's proof correction is what the proof function in
+    use (`crawl._leaf_proofs`, patched by the control) makes the left child
+    agree on.  Ground until the two last children's signs agree."""
+    from svtagg.vdaf.sparse import LEFT, RIGHT, _blocks, _Hash, _hash_key
+
+    n = dpf.bits
+    for _ in range(256):
+        nonce, k = os.urandom(NONCE_SIZE), os.urandom(16)
+        h = _Hash(_hash_key(nonce, 0, crawl.DST))
+        seed, ctrl = _blocks(k + k), np.array([False, True])
+        levels = []
+        for level in range(1, n + 1):
+            raw = [h(seed, LEFT), h(seed, RIGHT)]
+            bits = [(x[:, 0] & np.uint64(1)).astype(bool) for x in raw]
+            for x in raw:
+                x[:, 0] &= ~np.uint64(1)
+            # a child whose control correction is 1 flips on the server whose
+            # parent bit is 1: with equal raw bits, the two servers then differ
+            child_t = [b ^ ctrl for b in bits]
+            proofs = crawl._leaf_proofs(nonce, raw[0], child_t[0], crawl.DST)
+            cs = (proofs[0] ^ proofs[1]).astype("<u8").tobytes()
+            signs = [1 if t[0] else -1 for t in child_t]  # t₀ − t₁ per child
+            if level < n:
+                levels.append(Level(bytes(16), (True, False), cs, signs[0] % P))
+                seed, ctrl = raw[0], child_t[0]
+            elif signs[0] == signs[1]:
+                levels.append(Level(bytes(16), (True, True), cs, signs[0] * pow(2, -1, P) % P))
+                return nonce, dpf.encode(levels), (k, k)
+    raise AssertionError("no key with agreeing signs")
+
+
+def test_the_split_report_is_refused_where_it_splits() -> None:
+    dpf = PrefixDpf(5)
+    result = walk(dpf, [split(dpf)], threshold=0)
+    assert [level for level, (_, refused) in enumerate(result, 1) if refused] == [5]
+
+
+def test_negative_control_seed_only_proofs_let_the_split_report_through(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """With leaf proofs on the seed alone (Mastic-04's node proofs) the split
+    report passes every level and puts ½ on two strings: the control bit in
+    the proof's key is what stops it."""
+
+    def seed_only(nonce, seed, ctrl, dst=sparse.DST):  # type: ignore[no-untyped-def]
+        return sparse._Hash(sparse._hash_key(nonce, 1, dst))(seed, sparse.PROOF)
+
+    monkeypatch.setattr(crawl, "_leaf_proofs", seed_only)
+    dpf = PrefixDpf(5)
+    result = walk(dpf, [split(dpf)], threshold=0)
+    assert all(not refused for _, refused in result)
+    half = pow(2, -1, P)
+    assert sorted(result[-1][0].values())[-2:] == [half, half]
+
+
+def test_inputs_are_checked() -> None:
+    dpf = PrefixDpf(5)
+    with pytest.raises(SparseError):
+        dpf.gen(32, os.urandom(NONCE_SIZE), os.urandom(RAND_SIZE))
+    nonce, public, keys = make(dpf, 3)
+    with pytest.raises(SparseError):
+        dpf.decode(public[:-1])
+    with pytest.raises(SparseError):
+        PrefixDpf(257)
+    root = dpf.root(0, keys[0])
+    ev = dpf.expand(0, VK, nonce, public, root)
+    with pytest.raises(SparseError):
+        dpf.decide(ev.prep_share[:-1], ev.prep_share)
+    assert dpf.public_share_bytes() == 2 + 5 * 48

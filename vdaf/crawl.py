@@ -1,0 +1,245 @@
+"""The incremental verifiable DPF a prefix crawl over bit strings needs
+(heavy hitters over unbounded domains): the building block, not the crawl.
+
+**Status: a tested library piece, not used by the servers yet.**  The crawl
+itself — servers that keep every report's key and per-level node states, the
+per-level exchange, the level's counts as the input of SVT streams charged to
+the task's ledger, the analyst's walk, its budget's proof and audit — is not
+built (docs/vdaf.md, "Sparse one-hot reports", "Not done").
+
+A report for a string α of BITS bits is a key pair of the GGM tree of
+vdaf/sparse.py with an output and a proof correction at *every* level, so each
+server can evaluate its share of F(x) = [x is a prefix of α] at any prefix x,
+level by level, without the client.  A crawl keeps, per report, the nodes of
+the prefixes the analyst kept at the previous level (`Nodes`), and evaluates
+the children of those — the level's candidates — at the next.
+
+The check of one level (one exchange of 32-byte prep shares per report):
+
+- **at most one live candidate**: each candidate's proof H_t(s ⊕ 5) is keyed
+  by its control bit, with the level's one proof correction where t = 1 (as
+  sparse.py's leaves: a seed-only proof admits the split report, see
+  docs/vdaf.md), compressed into a digest under a key of the servers' verify
+  key, the report id, the level and the public share;
+- **its weight is the previous level's**: the share of Σ_{candidates} y minus
+  the share of the previous level's kept total opens to 0, with the root's
+  total 1 (so level 1's two candidates hold exactly one unit).
+
+So at every level a report counts for at most one candidate, with weight 0 or
+1.  And its unit follows one path: a node both servers hold alike (same seed
+and bit) has children both hold alike, so a live candidate is always the child
+of a live node of the previous level — which, being a candidate then, was
+checked then.
+
+Numpy reference, one report at a time (the servers would batch it natively).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+
+from svtagg.vdaf.field import FIELD128
+from svtagg.vdaf.sparse import (
+    CONVERT,
+    KEY_SIZE,
+    LEFT,
+    NONCE_SIZE,
+    P,
+    RAND_SIZE,
+    RIGHT,
+    SparseError,
+    _blocks,
+    _digest_key,
+    _Hash,
+    _hash_key,
+    _leaf_proofs,
+    _to_field,
+)
+
+DST = b"svtagg/prefix-crawl/v1"
+#: Strings of up to 256 bits.
+MAX_BITS = 256
+LEVEL_BYTES = 16 + 16 + 16  # seed, proof and output corrections
+PREP_SHARE_SIZE = 32
+
+
+def _bits(x: int, n: int) -> list[int]:
+    return [(x >> (n - 1 - i)) & 1 for i in range(n)]
+
+
+@dataclass(frozen=True)
+class Level:
+    """One level's public corrections."""
+
+    seed: bytes
+    ctrl: tuple[bool, bool]
+    proof: bytes
+    output: int
+
+
+@dataclass
+class Nodes:
+    """One server's kept nodes of one report after a level: their prefixes
+    (as integers of `level` bits), seeds, control bits, and the server's share
+    of their total (the root: 1 on server 0, 0 on server 1)."""
+
+    level: int
+    prefixes: list[int]
+    seeds: npt.NDArray[np.uint64]
+    ctrl: npt.NDArray[np.bool_]
+    total: int
+
+
+@dataclass(frozen=True)
+class Evaluated:
+    """One server's evaluation of one report's candidates at a level."""
+
+    candidates: list[int]
+    seeds: npt.NDArray[np.uint64]
+    ctrl: npt.NDArray[np.bool_]
+    shares: list[int]  # Field128 output shares, in candidate order
+    prep_share: bytes  # digest ‖ (Σ shares − previous total) share
+
+
+class PrefixDpf:
+    """Incremental verifiable DPF keys for strings of `bits` bits."""
+
+    def __init__(self, bits: int) -> None:
+        if not 1 <= bits <= MAX_BITS:
+            raise SparseError(f"strings of 1 to {MAX_BITS} bits")
+        self.bits = bits
+
+    def public_share_bytes(self) -> int:
+        return (2 * self.bits + 7) // 8 + LEVEL_BYTES * self.bits
+
+    def encode(self, levels: list[Level]) -> bytes:
+        n = self.bits
+        packed = bytearray((2 * n + 7) // 8)
+        for i, lv in enumerate(levels):
+            packed[(2 * i) // 8] |= int(lv.ctrl[0]) << ((2 * i) % 8)
+            packed[(2 * i + 1) // 8] |= int(lv.ctrl[1]) << ((2 * i + 1) % 8)
+        body = b"".join(lv.seed + lv.proof + lv.output.to_bytes(16, "little") for lv in levels)
+        return bytes(packed) + body
+
+    def decode(self, data: bytes) -> list[Level]:
+        n = self.bits
+        if len(data) != self.public_share_bytes():
+            raise SparseError(f"a public share is {self.public_share_bytes()} bytes")
+        head = (2 * n + 7) // 8
+        if (2 * n) % 8 and data[head - 1] >> ((2 * n) % 8):
+            raise SparseError("padding bits of the control corrections are set")
+        out = []
+        for i in range(n):
+            at = head + LEVEL_BYTES * i
+            output = int.from_bytes(data[at + 32 : at + 48], "little")
+            if output >= P:
+                raise SparseError("an output correction is not below the Field128 modulus")
+            ctrl = (bool(data[(2 * i) // 8] >> ((2 * i) % 8) & 1),
+                    bool(data[(2 * i + 1) // 8] >> ((2 * i + 1) % 8) & 1))  # fmt: skip
+            out.append(Level(data[at : at + 16], ctrl, data[at + 16 : at + 32], output))
+        return out
+
+    # ------------------------------------------------------------ the client
+    def gen(
+        self, alpha: int, nonce: bytes, rand: bytes, weight: int = 1
+    ) -> tuple[bytes, tuple[bytes, bytes]]:
+        """The public share and the two keys for the string `alpha` (an
+        integer of `bits` bits); a weight other than 1 makes a report the
+        servers refuse (tests)."""
+        if not 0 <= alpha < 1 << self.bits:
+            raise SparseError(f"alpha is a string of {self.bits} bits")
+        if len(nonce) != NONCE_SIZE or len(rand) != RAND_SIZE:
+            raise SparseError(f"a nonce of {NONCE_SIZE} bytes and {RAND_SIZE} random bytes")
+        h = _Hash(_hash_key(nonce, 0, DST))
+        seed = _blocks(rand)
+        ctrl = np.array([False, True])
+        levels = []
+        for bit in _bits(alpha, self.bits):
+            kids = [h(seed, LEFT), h(seed, RIGHT)]
+            t = [(k[:, 0] & np.uint64(1)).astype(bool) for k in kids]
+            for k in kids:
+                k[:, 0] &= ~np.uint64(1)
+            lose = kids[1 - bit]
+            seed_cw = lose[0] ^ lose[1]
+            ctrl_cw = (bool(t[0][0] ^ t[0][1] ^ (bit == 0)), bool(t[1][0] ^ t[1][1] ^ (bit == 1)))
+            kept, kept_t = kids[bit].copy(), t[bit].copy()
+            kept[ctrl] ^= seed_cw
+            kept_t[ctrl] ^= ctrl_cw[bit]
+            seed, ctrl = kept, kept_t
+            conv = FIELD128.to_ints(_to_field(h(seed, CONVERT)))
+            proofs = _leaf_proofs(nonce, seed, ctrl, DST)
+            sign = 1 if ctrl[0] else -1  # t₀ − t₁
+            levels.append(
+                Level(
+                    seed_cw.astype("<u8").tobytes(),
+                    ctrl_cw,
+                    (proofs[0] ^ proofs[1]).astype("<u8").tobytes(),
+                    sign * (weight - conv[0] + conv[1]) % P,
+                )
+            )
+        return self.encode(levels), (rand[:KEY_SIZE], rand[KEY_SIZE:])
+
+    # ------------------------------------------------------------ the servers
+    def root(self, agg_id: int, key: bytes) -> Nodes:
+        if agg_id not in (0, 1) or len(key) != KEY_SIZE:
+            raise SparseError("a server id of 0 or 1 and a 16-byte key")
+        return Nodes(0, [0], _blocks(key), np.array([bool(agg_id)]), 1 - agg_id)
+
+    def expand(
+        self,
+        agg_id: int,
+        verify_key: bytes,
+        nonce: bytes,
+        public: bytes,
+        kept: Nodes,
+    ) -> Evaluated:
+        """This server's shares of the children of `kept` (the level's
+        candidates) and its prep share of the level's check."""
+        level = kept.level + 1
+        if level > self.bits:
+            raise SparseError(f"the strings have {self.bits} bits")
+        cw = self.decode(public)[level - 1]
+        h = _Hash(_hash_key(nonce, 0, DST))
+        m = len(kept.prefixes)
+        kids = np.empty((2 * m, 2), dtype=np.uint64)
+        kids[0::2] = h(kept.seeds, LEFT)
+        kids[1::2] = h(kept.seeds, RIGHT)
+        t = (kids[:, 0] & np.uint64(1)).astype(bool)
+        kids[:, 0] &= ~np.uint64(1)
+        parent = np.repeat(kept.ctrl, 2)
+        kids[parent] ^= _blocks(cw.seed)[0]
+        t ^= parent & np.tile(np.array(cw.ctrl), m)
+        y = FIELD128.to_ints(_to_field(h(kids, CONVERT)))
+        y = [(v + (cw.output if ti else 0)) % P for v, ti in zip(y, t, strict=True)]
+        if agg_id == 1:
+            y = [(-v) % P for v in y]
+        proofs = _leaf_proofs(nonce, kids, t, DST)
+        proofs[t] ^= _blocks(cw.proof)[0]
+        proofs[:, 0] ^= np.arange(len(proofs), dtype=np.uint64)
+        key = _digest_key(verify_key, nonce, public, DST, level.to_bytes(2, "little"))
+        enc = Cipher(algorithms.AES(key), modes.ECB()).encryptor()
+        masked = np.frombuffer(enc.update(proofs.astype("<u8").tobytes()), dtype="<u8")
+        digest = np.bitwise_xor.reduce(masked.reshape(-1, 2), axis=0).astype("<u8").tobytes()
+        diff = (sum(y) - kept.total) % P
+        candidates = [2 * x + b for x in kept.prefixes for b in (0, 1)]
+        return Evaluated(candidates, kids, t, y, digest + diff.to_bytes(16, "little"))
+
+    @staticmethod
+    def decide(leader: bytes, helper: bytes) -> bool:
+        """The level holds: equal digests, and the weight differences add to 0."""
+        if len(leader) != PREP_SHARE_SIZE or len(helper) != PREP_SHARE_SIZE:
+            raise SparseError(f"a prep share is {PREP_SHARE_SIZE} bytes")
+        a, b = (int.from_bytes(x[16:], "little") for x in (leader, helper))
+        return leader[:16] == helper[:16] and (a + b) % P == 0
+
+    @staticmethod
+    def keep(ev: Evaluated, prefixes: list[int], level: int) -> Nodes:
+        """The nodes of the candidates the crawl keeps, and this server's
+        share of their total, for the next level."""
+        where = [ev.candidates.index(x) for x in prefixes]
+        total = sum(ev.shares[i] for i in where) % P
+        return Nodes(level, list(prefixes), ev.seeds[where], ev.ctrl[where], total)
