@@ -265,3 +265,44 @@ def test_malformed_public_shares_are_refused() -> None:
         m.decode_public_share(data[:-1])
     with pytest.raises(MasticError, match="padding"):
         m.decode_public_share(bytes([data[0] | 0x80]) + data[1:])
+
+
+def test_the_drafts_checks_accept_a_split_report() -> None:
+    """A finding about draft 04, kept as a test of the draft's behaviour: the
+    same key to both aggregators, zero seed corrections, control corrections
+    that keep one child live per level and both at the last, and output
+    corrections of 1 then ½ pass the onehot, counter and payload checks (and
+    the FLP): weight ½ on two sibling leaves, which the aggregate decodes as
+    (p + 1)/2.  Node proofs on the seed alone cannot see the control bits;
+    vdaf/sparse.py and vdaf/crawl.py key their proofs by the bit
+    (tests/test_vdaf_sparse.py, tests/test_vdaf_crawl.py refuse the same
+    construction)."""
+    from svtagg.vdaf.vidpf import CorrectionWord
+
+    m = mastic_count(3)
+    p = m.field.modulus
+    for _ in range(64):
+        nonce, k = os.urandom(NONCE_SIZE), os.urandom(16)
+        seed, t, signs, ctrls = k, [False, True], [], []
+        for level in range(3):
+            raw = m.vidpf.extend(seed, CTX, nonce)
+            cw = (True, True) if level == 2 else (True, False)
+            # the live child's bit on each aggregator: raw, flipped where the parent bit is 1
+            child_t = [[raw[1][d] ^ (t[b] and cw[d]) for b in (0, 1)] for d in (0, 1)]
+            ctrls.append(cw)
+            signs.append([1 if ct[0] and not ct[1] else -1 for ct in child_t])
+            seed, t = m.vidpf.convert(raw[0][0], CTX, nonce)[0], child_t[0]
+        if signs[2][0] == signs[2][1]:
+            break
+    else:
+        raise AssertionError("no key with agreeing signs")
+    half = pow(2, -1, p)
+    outs = [signs[0][0] % p, signs[1][0] % p, signs[2][0] * half % p]
+    words = [CorrectionWord(bytes(16), ctrls[i], (outs[i], outs[i]), bytes(32)) for i in range(3)]
+    _, honest = m.shard(CTX, (True, False, True), 1, nonce, os.urandom(m.rand_size))
+    shares = (replace(honest[0], key=k), replace(honest[1], key=k))
+    leaves = ((False, False, False), (False, False, True))
+    for agg in (AggParam(0, ((False,), (True,)), True), AggParam(2, leaves, False)):
+        outs_ = run(m, agg, words, shares, nonce)  # no MasticError: the draft accepts it
+        result = m.unshard(agg, [m.aggregate(agg, [o]) for o in outs_])
+    assert result == [half, half]
