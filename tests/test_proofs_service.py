@@ -156,15 +156,17 @@ async def test_a_keyed_upload_sent_twice_counts_once(deployment: Deployment) -> 
 def test_the_demo_counts_a_malicious_client_once_and_refuses_its_forgery(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """`svtagg demo --scenario heavy-hitters --malicious 1`, small: the worst
-    valid report is counted like any user's, the forged one (10^6 on the
-    rarest category, proved honestly for that encoding) is refused."""
+    """`svtagg demo --scenario heavy-hitters --malicious 1`, small: the reports
+    are sparse DPF keys and the demo says so; the worst valid report is
+    counted like any user's, the forged one (10^6 on the rarest category, made
+    honestly for that count) is refused."""
     from svtagg.deploy.cli import main
 
     argv = ["demo", "--scenario", "heavy-hitters", "--users", "600", "--d", "40", "--k", "2",
             "--malicious", "1", "--epsilon", "2"]  # fmt: skip
     assert main(argv) == 0
     err = capsys.readouterr().err
+    assert "reports: sparse-onehot, each a verifiable DPF key of" in err
     assert "1 worst valid reports counted" in err
     assert "1 forged reports refused (invalid_proof 1)" in err
     assert "collection closed: n=601 on both servers" in err
