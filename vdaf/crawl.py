@@ -40,24 +40,25 @@ from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
-from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 from svtagg.vdaf.field import FIELD128
 from svtagg.vdaf.sparse import (
     CONVERT,
     KEY_SIZE,
-    LEFT,
     NONCE_SIZE,
     RAND_SIZE,
-    RIGHT,
     P,
     SparseError,
     _blocks,
-    _digest_key,
     _Hash,
     _hash_key,
     _leaf_proofs,
     _to_field,
+    children,
+    digest,
+    gen_level,
+    pack_ctrl,
+    unpack_ctrl,
 )
 
 DST = b"svtagg/prefix-crawl/v1"
@@ -117,30 +118,18 @@ class PrefixDpf:
         return (2 * self.bits + 7) // 8 + LEVEL_BYTES * self.bits
 
     def encode(self, levels: list[Level]) -> bytes:
-        n = self.bits
-        packed = bytearray((2 * n + 7) // 8)
-        for i, lv in enumerate(levels):
-            packed[(2 * i) // 8] |= int(lv.ctrl[0]) << ((2 * i) % 8)
-            packed[(2 * i + 1) // 8] |= int(lv.ctrl[1]) << ((2 * i + 1) % 8)
         body = b"".join(lv.seed + lv.proof + lv.output.to_bytes(16, "little") for lv in levels)
-        return bytes(packed) + body
+        return pack_ctrl([lv.ctrl for lv in levels]) + body
 
     def decode(self, data: bytes) -> list[Level]:
-        n = self.bits
-        if len(data) != self.public_share_bytes():
-            raise SparseError(f"a public share is {self.public_share_bytes()} bytes")
-        head = (2 * n + 7) // 8
-        if (2 * n) % 8 and data[head - 1] >> ((2 * n) % 8):
-            raise SparseError("padding bits of the control corrections are set")
+        ctrl, head = unpack_ctrl(data, self.bits, self.public_share_bytes())
         out = []
-        for i in range(n):
+        for i in range(self.bits):
             at = head + LEVEL_BYTES * i
             output = int.from_bytes(data[at + 32 : at + 48], "little")
             if output >= P:
                 raise SparseError("an output correction is not below the Field128 modulus")
-            ctrl = (bool(data[(2 * i) // 8] >> ((2 * i) % 8) & 1),
-                    bool(data[(2 * i + 1) // 8] >> ((2 * i + 1) % 8) & 1))  # fmt: skip
-            out.append(Level(data[at : at + 16], ctrl, data[at + 16 : at + 32], output))
+            out.append(Level(data[at : at + 16], ctrl[i], data[at + 16 : at + 32], output))
         return out
 
     # ------------------------------------------------------------ the client
@@ -159,23 +148,13 @@ class PrefixDpf:
         ctrl = np.array([False, True])
         levels = []
         for bit in _bits(alpha, self.bits):
-            kids = [h(seed, LEFT), h(seed, RIGHT)]
-            t = [(k[:, 0] & np.uint64(1)).astype(bool) for k in kids]
-            for k in kids:
-                k[:, 0] &= ~np.uint64(1)
-            lose = kids[1 - bit]
-            seed_cw = lose[0] ^ lose[1]
-            ctrl_cw = (bool(t[0][0] ^ t[0][1] ^ (bit == 0)), bool(t[1][0] ^ t[1][1] ^ (bit == 1)))
-            kept, kept_t = kids[bit].copy(), t[bit].copy()
-            kept[ctrl] ^= seed_cw
-            kept_t[ctrl] ^= ctrl_cw[bit]
-            seed, ctrl = kept, kept_t
+            seed, ctrl, seed_cw, ctrl_cw = gen_level(h, seed, ctrl, bit)
             conv = FIELD128.to_ints(_to_field(h(seed, CONVERT)))
             proofs = _leaf_proofs(nonce, seed, ctrl, DST)
             sign = 1 if ctrl[0] else -1  # t₀ − t₁
             levels.append(
                 Level(
-                    seed_cw.astype("<u8").tobytes(),
+                    seed_cw,
                     ctrl_cw,
                     (proofs[0] ^ proofs[1]).astype("<u8").tobytes(),
                     sign * (weight - conv[0] + conv[1]) % P,
@@ -204,29 +183,17 @@ class PrefixDpf:
             raise SparseError(f"the strings have {self.bits} bits")
         cw = self.decode(public)[level - 1]
         h = _Hash(_hash_key(nonce, 0, DST))
-        m = len(kept.prefixes)
-        kids = np.empty((2 * m, 2), dtype=np.uint64)
-        kids[0::2] = h(kept.seeds, LEFT)
-        kids[1::2] = h(kept.seeds, RIGHT)
-        t = (kids[:, 0] & np.uint64(1)).astype(bool)
-        kids[:, 0] &= ~np.uint64(1)
-        parent = np.repeat(kept.ctrl, 2)
-        kids[parent] ^= _blocks(cw.seed)[0]
-        t ^= parent & np.tile(np.array(cw.ctrl), m)
+        kids, t = children(h, kept.seeds, kept.ctrl, cw.seed, cw.ctrl)
         y = FIELD128.to_ints(_to_field(h(kids, CONVERT)))
         y = [(v + (cw.output if ti else 0)) % P for v, ti in zip(y, t, strict=True)]
         if agg_id == 1:
             y = [(-v) % P for v in y]
         proofs = _leaf_proofs(nonce, kids, t, DST)
-        proofs[t] ^= _blocks(cw.proof)[0]
-        proofs[:, 0] ^= np.arange(len(proofs), dtype=np.uint64)
-        key = _digest_key(verify_key, nonce, public, DST, level.to_bytes(2, "little"))
-        enc = Cipher(algorithms.AES(key), modes.ECB()).encryptor()
-        masked = np.frombuffer(enc.update(proofs.astype("<u8").tobytes()), dtype="<u8")
-        digest = np.bitwise_xor.reduce(masked.reshape(-1, 2), axis=0).astype("<u8").tobytes()
+        level_tag = level.to_bytes(2, "little")
+        dg = digest(verify_key, nonce, public, proofs, t, cw.proof, DST, level_tag)
         diff = (sum(y) - kept.total) % P
         candidates = [2 * x + b for x in kept.prefixes for b in (0, 1)]
-        return Evaluated(candidates, kids, t, y, digest + diff.to_bytes(16, "little"))
+        return Evaluated(candidates, kids, t, y, dg + diff.to_bytes(16, "little"))
 
     @staticmethod
     def decide(leader: bytes, helper: bytes) -> bool:

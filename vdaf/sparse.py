@@ -158,6 +158,89 @@ def _to_field(words: U64, like: Vec | None = None) -> Vec:
     return out if like is None else FIELD128.as_like(like, out)
 
 
+def pack_ctrl(pairs: Sequence[tuple[bool, bool]]) -> bytes:
+    """The levels' control corrections, two bits a level, least significant
+    bit first (the draft's pack_bits)."""
+    packed = bytearray((2 * len(pairs) + 7) // 8)
+    for i, pair in enumerate(pairs):
+        for j, bit in enumerate(pair):
+            packed[(2 * i + j) // 8] |= int(bit) << ((2 * i + j) % 8)
+    return bytes(packed)
+
+
+def unpack_ctrl(data: bytes, n: int, size: int) -> tuple[list[tuple[bool, bool]], int]:
+    """`n` levels' control corrections from the head of a public share of
+    `size` bytes (SparseError for another length or set padding bits), and
+    where the rest starts."""
+    if len(data) != size:
+        raise SparseError(f"a public share is {size} bytes")
+    head = (2 * n + 7) // 8
+    if (2 * n) % 8 and data[head - 1] >> ((2 * n) % 8):
+        raise SparseError("padding bits of the control corrections are set")
+    bits = [bool(data[i // 8] >> (i % 8) & 1) for i in range(2 * n)]
+    return [(bits[2 * i], bits[2 * i + 1]) for i in range(n)], head
+
+
+def gen_level(
+    h: _Hash, seed: U64, ctrl: npt.NDArray[np.bool_], bit: int
+) -> tuple[U64, npt.NDArray[np.bool_], bytes, tuple[bool, bool]]:
+    """One level of key generation on α's path: the two servers' seeds and
+    bits of the kept child, and the level's seed and control corrections."""
+    kids = [h(seed, LEFT), h(seed, RIGHT)]
+    t = [(k[:, 0] & np.uint64(1)).astype(bool) for k in kids]
+    for k in kids:
+        k[:, 0] &= ~np.uint64(1)
+    lose = kids[1 - bit]
+    seed_cw = lose[0] ^ lose[1]
+    ctrl_cw = (bool(t[0][0] ^ t[0][1] ^ (bit == 0)), bool(t[1][0] ^ t[1][1] ^ (bit == 1)))
+    kept, kept_t = kids[bit].copy(), t[bit].copy()
+    kept[ctrl] ^= seed_cw
+    kept_t[ctrl] ^= ctrl_cw[bit]
+    return kept, kept_t, seed_cw.astype("<u8").tobytes(), ctrl_cw
+
+
+def children(
+    h: _Hash, seed: U64, ctrl: npt.NDArray[np.bool_], seed_cw: bytes, ctrl_cw: tuple[bool, bool]
+) -> tuple[U64, npt.NDArray[np.bool_]]:
+    """One server's children of the nodes (`seed`, `ctrl`), in order (left,
+    right of each), the level's corrections applied where the parent bit is 1."""
+    kids = np.empty((2 * len(seed), 2), dtype=np.uint64)
+    kids[0::2] = h(seed, LEFT)
+    kids[1::2] = h(seed, RIGHT)
+    t = (kids[:, 0] & np.uint64(1)).astype(bool)
+    kids[:, 0] &= ~np.uint64(1)
+    parent = np.repeat(ctrl, 2)
+    kids[parent] ^= _blocks(seed_cw)[0]
+    t ^= parent & np.tile(np.array(ctrl_cw), len(seed))
+    return kids, t
+
+
+def digest(
+    verify_key: bytes,
+    nonce: bytes,
+    public: bytes,
+    proofs: U64,
+    ctrl: npt.NDArray[np.bool_],
+    proof_cw: bytes,
+    dst: bytes = DST,
+    extra: bytes = b"",
+) -> bytes:
+    """⊕_x AES_{K_v}(π̃_x ⊕ x) over proofs π (one per node, in order), with
+    the proof correction XORed in where the node's bit is 1."""
+    proofs = proofs.copy()
+    proofs[ctrl] ^= _blocks(proof_cw)[0]
+    proofs[:, 0] ^= np.arange(len(proofs), dtype=np.uint64)
+    key = _digest_key(verify_key, nonce, public, dst, extra)
+    enc = Cipher(algorithms.AES(key), modes.ECB()).encryptor()
+    masked = np.frombuffer(enc.update(proofs.astype("<u8").tobytes()), dtype="<u8")
+    return np.bitwise_xor.reduce(masked.reshape(-1, 2), axis=0).astype("<u8").tobytes()
+
+
+def _keys(nonce: bytes) -> tuple[bytes, bytes, bytes]:
+    """The report's tree key and its two proof keys."""
+    return _hash_key(nonce), _hash_key(nonce, 1), _hash_key(nonce, 2)
+
+
 class Accumulator:
     """The sum of one server's output shares of sparse reports on [0, d).
 
@@ -227,45 +310,25 @@ class SparseOnehot:
 
     # ------------------------------------------------------------ encodings
     def encode_public_share(self, ps: PublicShare) -> bytes:
-        n = self.bits
-        packed = bytearray((2 * n + 7) // 8)
-        for i, (a, b) in enumerate(ps.ctrl):
-            packed[(2 * i) // 8] |= int(a) << ((2 * i) % 8)
-            packed[(2 * i + 1) // 8] |= int(b) << ((2 * i + 1) % 8)
-        return bytes(packed) + ps.seeds + ps.proof + ps.output.to_bytes(16, "little")
+        return pack_ctrl(ps.ctrl) + ps.seeds + ps.proof + ps.output.to_bytes(16, "little")
 
     def decode_public_share(self, data: bytes) -> PublicShare:
         n = self.bits
-        if len(data) != self.public_share_bytes():
-            raise SparseError(f"a public share is {self.public_share_bytes()} bytes")
-        head = (2 * n + 7) // 8
-        if (2 * n) % 8 and data[head - 1] >> ((2 * n) % 8):
-            raise SparseError("padding bits of the control corrections are set")
-        bit = [bool(data[i // 8] >> (i % 8) & 1) for i in range(2 * n)]
+        ctrl, head = unpack_ctrl(data, n, self.public_share_bytes())
         seeds = data[head : head + 16 * n]
         proof = data[head + 16 * n : head + 16 * n + 16]
         output = int.from_bytes(data[head + 16 * n + 16 :], "little")
         if output >= P:
             raise SparseError("the output correction is not below the Field128 modulus")
-        ctrl = tuple((bit[2 * i], bit[2 * i + 1]) for i in range(n))
-        return PublicShare(seeds, ctrl, proof, output)
+        return PublicShare(seeds, tuple(ctrl), proof, output)
 
     def _split_public(self, data: bytes) -> tuple[bytes, bytes, bytes, bytes]:
-        """`decode_public_share`'s checks, for the native core: the seed
-        corrections, the control corrections one byte per bit, the proof and
-        the output corrections, as bytes."""
-        n = self.bits
-        if len(data) != self.public_share_bytes():
-            raise SparseError(f"a public share is {self.public_share_bytes()} bytes")
-        head = (2 * n + 7) // 8
-        if (2 * n) % 8 and data[head - 1] >> ((2 * n) % 8):
-            raise SparseError("padding bits of the control corrections are set")
-        output = data[head + 16 * n + 16 :]
-        if int.from_bytes(output, "little") >= P:
-            raise SparseError("the output correction is not below the Field128 modulus")
-        bits = np.unpackbits(np.frombuffer(data[:head], np.uint8), bitorder="little")
-        seeds = data[head : head + 16 * n]
-        return seeds, bits[: 2 * n].tobytes(), data[head + 16 * n : head + 16 * n + 16], output
+        """`decode_public_share` for the native core: the seed corrections,
+        the control corrections one byte per bit, the proof and the output
+        corrections, as bytes."""
+        ps = self.decode_public_share(data)
+        bits = bytes(int(b) for pair in ps.ctrl for b in pair)
+        return ps.seeds, bits, ps.proof, ps.output.to_bytes(16, "little")
 
     # ------------------------------------------------------------ the client
     def gen(
@@ -281,9 +344,7 @@ class SparseOnehot:
         keys = (rand[:KEY_SIZE], rand[KEY_SIZE:])
         if _core is not None and native.active() == "native":
             public = _core.gen(
-                _hash_key(nonce),
-                _hash_key(nonce, 1),
-                _hash_key(nonce, 2),
+                *_keys(nonce),
                 self.bits,
                 alpha,
                 rand,
@@ -296,18 +357,8 @@ class SparseOnehot:
         seed_cws, ctrl_cws = [], []
         for i in range(self.bits):
             bit = (alpha >> (self.bits - 1 - i)) & 1
-            kids = [h(seed, LEFT), h(seed, RIGHT)]
-            t = [(k[:, 0] & np.uint64(1)).astype(bool) for k in kids]
-            for k in kids:
-                k[:, 0] &= ~np.uint64(1)
-            lose = kids[1 - bit]
-            seed_cw = lose[0] ^ lose[1]
-            ctrl_cw = (bool(t[0][0] ^ t[0][1] ^ (bit == 0)), bool(t[1][0] ^ t[1][1] ^ (bit == 1)))
-            kept, kept_t = kids[bit].copy(), t[bit].copy()
-            kept[ctrl] ^= seed_cw
-            kept_t[ctrl] ^= ctrl_cw[bit]
-            seed, ctrl = kept, kept_t
-            seed_cws.append(seed_cw.astype("<u8").tobytes())
+            seed, ctrl, seed_cw, ctrl_cw = gen_level(h, seed, ctrl, bit)
+            seed_cws.append(seed_cw)
             ctrl_cws.append(ctrl_cw)
         conv = FIELD128.to_ints(_to_field(h(seed, CONVERT)))
         proofs = _leaf_proofs(nonce, seed, ctrl)
@@ -356,9 +407,7 @@ class SparseOnehot:
                 raise SparseError("a wide accumulator needs the native core")
             seeds, ctrl_bits, proof, output = self._split_public(public)
             out = _core.expand(
-                _hash_key(nonce),
-                _hash_key(nonce, 1),
-                _hash_key(nonce, 2),
+                *_keys(nonce),
                 _digest_key(verify_key, nonce, public),
                 agg_id,
                 seeds,
@@ -376,35 +425,15 @@ class SparseOnehot:
             return bytes(out[:16]) + total.to_bytes(16, "little")
         ps = self.decode_public_share(public)
         h = _Hash(_hash_key(nonce))
-        cws = _blocks(ps.seeds)
         seed = _blocks(key)
         ctrl = np.array([bool(agg_id)])
         for i in range(self.bits):
-            kids = np.empty((2 * len(seed), 2), dtype=np.uint64)
-            kids[0::2] = h(seed, LEFT)
-            kids[1::2] = h(seed, RIGHT)
-            t = (kids[:, 0] & np.uint64(1)).astype(bool)
-            kids[:, 0] &= ~np.uint64(1)
-            parent = np.repeat(ctrl, 2)
-            kids[parent] ^= cws[i]
-            cw_bits = np.tile(np.array(ps.ctrl[i]), len(seed))
-            t ^= parent & cw_bits
+            cw = ps.seeds[16 * i : 16 * (i + 1)]
+            kids, t = children(h, seed, ctrl, cw, ps.ctrl[i])
             span = 1 << (self.bits - 1 - i)  # only the nodes whose subtree meets [0, d)
             keep = -(-self.d // span)
             seed, ctrl = kids[:keep], t[:keep]
-        proofs = _leaf_proofs(nonce, seed, ctrl)
-        proofs[ctrl] ^= _blocks(ps.proof)[0]
-        proofs[:, 0] ^= np.arange(len(proofs), dtype=np.uint64)
-        masked = Cipher(
-            algorithms.AES(_digest_key(verify_key, nonce, public)), modes.ECB()
-        ).encryptor()
-        digest = np.bitwise_xor.reduce(
-            np.frombuffer(masked.update(proofs.astype("<u8").tobytes()), dtype="<u8").reshape(
-                -1, 2
-            ),
-            axis=0,
-        )
-        assert acc.vec is not None
+        dg = digest(verify_key, nonce, public, _leaf_proofs(nonce, seed, ctrl), ctrl, ps.proof)
         y = _to_field(h(seed, CONVERT), like=acc.vec)
         where = np.flatnonzero(ctrl)
         if where.size:
@@ -413,7 +442,7 @@ class SparseOnehot:
             y = FIELD128.neg(y)
         acc.vec[...] = FIELD128.sub(acc.vec, y) if negate else FIELD128.add(acc.vec, y)
         total = FIELD128.to_int(FIELD128.sum(y))
-        return digest.astype("<u8").tobytes() + total.to_bytes(16, "little")
+        return dg + total.to_bytes(16, "little")
 
     @staticmethod
     def decode_prep_share(data: bytes) -> tuple[bytes, int]:
