@@ -434,6 +434,7 @@ class SparseOnehot:
             keep = -(-self.d // span)
             seed, ctrl = kids[:keep], t[:keep]
         dg = digest(verify_key, nonce, public, _leaf_proofs(nonce, seed, ctrl), ctrl, ps.proof)
+        assert acc.vec is not None  # the reference's accumulator
         y = _to_field(h(seed, CONVERT), like=acc.vec)
         where = np.flatnonzero(ctrl)
         if where.size:
