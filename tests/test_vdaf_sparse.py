@@ -265,3 +265,42 @@ def test_native_and_numpy_clients_make_the_same_report(d: int) -> None:
         with native.using("python"):
             b = s.gen(alpha, nonce, rand, weight)
         assert a == b
+
+
+@pytest.mark.skipif(sparse._core is None, reason="the native sparse core is not built here")
+def test_a_batch_on_several_threads_sums_as_on_one() -> None:
+    """expand_batch on 4 threads: the same prep shares and, after adding the
+    threads' wide accumulators (carries across the limbs), the same sum as
+    one thread; a report that does not decode gets no share."""
+    s = SparseOnehot(300)
+    reports = []
+    for i in range(64):
+        nonce = os.urandom(NONCE_SIZE)
+        public, keys = s.gen((7 * i) % 300, nonce, os.urandom(RAND_SIZE))
+        reports.append((nonce, public, keys[1]))
+    reports[5] = (reports[5][0], reports[5][1][:-1], reports[5][2])
+    one, shares1 = s.expand_batch(1, VK, reports, threads=1)
+    four, shares4 = s.expand_batch(1, VK, reports, threads=4)
+    assert (
+        shares1 == shares4
+        and shares1[5] is None
+        and all(x for i, x in enumerate(shares1) if i != 5)
+    )
+    assert FIELD128.to_ints(one.value()) == FIELD128.to_ints(four.value())
+
+
+@pytest.mark.skipif(sparse._core is None, reason="the native sparse core is not built here")
+def test_wide_accumulators_add_with_their_carries() -> None:
+    s = SparseOnehot(4)
+    a, b = s.accumulator(), s.accumulator()
+    assert a.wide is not None and b.wide is not None
+    top = np.uint64(2**64 - 1)
+    a.wide[:] = [[top, top, 0], [top, 0, 0], [0, top, 1], [5, 6, 7]]
+    b.wide[:] = [[1, 0, 0], [1, 0, 0], [0, 1, 0], [top, top, 0]]
+    want = []
+    for x, y in zip(a.wide.tolist(), b.wide.tolist(), strict=True):
+        vx = x[0] + (x[1] << 64) + (x[2] << 128)
+        vy = y[0] + (y[1] << 64) + (y[2] << 128)
+        want.append((vx + vy) % P)
+    a.add(b)
+    assert FIELD128.to_ints(a.value()) == want

@@ -63,6 +63,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -260,6 +261,22 @@ class Accumulator:
         out.vec = None if self.vec is None else self.vec.copy()
         return out
 
+    def add(self, other: Accumulator) -> None:
+        """Add `other` (of the same kind) into this one."""
+        if self.wide is not None and other.wide is not None:
+            a, b = self.wide, other.wide
+            lo = a[:, 0] + b[:, 0]
+            c1 = (lo < a[:, 0]).astype(np.uint64)
+            hi = a[:, 1] + b[:, 1]
+            c2 = (hi < a[:, 1]).astype(np.uint64)
+            hi2 = hi + c1
+            c2 |= (hi2 < hi).astype(np.uint64)
+            a[:, 0], a[:, 1], a[:, 2] = lo, hi2, a[:, 2] + b[:, 2] + c2
+        elif self.vec is not None and other.vec is not None:
+            self.vec[...] = FIELD128.add(self.vec, other.vec)
+        else:
+            raise SparseError("accumulators of two kinds")
+
     def value(self) -> Vec:
         """The sum as a Field128 vector (canonical)."""
         if self.wide is None:
@@ -444,6 +461,41 @@ class SparseOnehot:
         acc.vec[...] = FIELD128.sub(acc.vec, y) if negate else FIELD128.add(acc.vec, y)
         total = FIELD128.to_int(FIELD128.sum(y))
         return dg + total.to_bytes(16, "little")
+
+    def expand_batch(
+        self,
+        agg_id: int,
+        verify_key: bytes,
+        reports: Sequence[tuple[bytes, bytes, bytes]],
+        threads: int = 1,
+    ) -> tuple[Accumulator, list[bytes | None]]:
+        """`expand_into` over (nonce, public share, key) triples into one
+        accumulator, on up to `threads` threads (each its own accumulator,
+        added at the end; the native expansion runs without the GIL): the sum
+        and each report's prep share (None where the report does not decode)."""
+        shares: list[bytes | None] = [None] * len(reports)
+
+        def run(lo: int, hi: int) -> Accumulator:
+            acc = self.accumulator()
+            for i in range(lo, hi):
+                nonce, public, key = reports[i]
+                try:
+                    shares[i] = self.expand_into(acc, agg_id, verify_key, nonce, public, key)
+                except SparseError:
+                    pass
+            return acc
+
+        n = len(reports)
+        parts = max(1, min(threads, n // 8))
+        if parts == 1 or _core is None:
+            return run(0, n), shares
+        bounds = [n * k // parts for k in range(parts + 1)]
+        with ThreadPoolExecutor(parts) as pool:
+            accs = list(pool.map(lambda k: run(bounds[k], bounds[k + 1]), range(parts)))
+        total = accs[0]
+        for other in accs[1:]:
+            total.add(other)
+        return total, shares
 
     @staticmethod
     def decode_prep_share(data: bytes) -> tuple[bytes, int]:

@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import IntEnum
@@ -268,11 +269,16 @@ class _SparseState:
     agg_id: int
 
 
+#: Threads one server expands a batch of sparse reports on (the native
+#: expansion runs without the GIL): the machine's CPUs, at most 8.
+EXPAND_THREADS = min(8, os.cpu_count() or 1)
+
+
 class _SparseKind:
     """Sparse one-hot reports (vdaf/sparse.py): each server expands every
-    report's DPF key into one running sum as it goes (memory O(d) per batch,
-    whatever the batch's size), then takes out the few reports refused — so
-    valid reports are expanded once."""
+    report's DPF key into one running sum as it goes (memory O(d) per thread
+    and batch, whatever the batch's size), then takes out the few reports
+    refused — so valid reports are expanded once."""
 
     def __init__(self, v: Validity) -> None:
         self.v, self.scheme = v, v.scheme
@@ -280,18 +286,16 @@ class _SparseKind:
     def prepare(
         self, key: bytes, agg_id: int, reports: Sequence[tuple[bytes, bytes, bytes]]
     ) -> _Prepared:
-        acc = self.scheme.accumulator()
+        present = [i for i, r in enumerate(reports) if r[0]]
+        acc, got = self.scheme.expand_batch(
+            agg_id, key, [reports[i] for i in present], EXPAND_THREADS
+        )
         index, shares = [-1] * len(reports), [b""] * len(reports)
         kept: list[tuple[bytes, bytes, bytes]] = []
-        for i, (nonce, public, share) in enumerate(reports):
-            if not nonce:
-                continue
-            try:
-                shares[i] = self.scheme.expand_into(acc, agg_id, key, nonce, public, share)
-            except SparseError:
-                continue
-            index[i] = len(kept)
-            kept.append((nonce, public, share))
+        for i, share in zip(present, got, strict=True):
+            if share is not None:
+                index[i], shares[i] = len(kept), share
+                kept.append(reports[i])
         state = _SparseState(acc, kept, key, agg_id)
         return _Prepared(index, state, tuple(shares))  # type: ignore[arg-type]
 
