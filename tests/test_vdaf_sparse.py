@@ -272,11 +272,11 @@ def test_a_batch_on_several_threads_sums_as_on_one() -> None:
     """expand_batch on 4 threads: the same prep shares and, after adding the
     threads' wide accumulators (carries across the limbs), the same sum as
     one thread; a report that does not decode gets no share."""
-    s = SparseOnehot(300)
+    s = SparseOnehot(5000)  # 2^13 leaves: threads are used from 2^12
     reports = []
     for i in range(64):
         nonce = os.urandom(NONCE_SIZE)
-        public, keys = s.gen((7 * i) % 300, nonce, os.urandom(RAND_SIZE))
+        public, keys = s.gen((77 * i) % 5000, nonce, os.urandom(RAND_SIZE))
         reports.append((nonce, public, keys[1]))
     reports[5] = (reports[5][0], reports[5][1][:-1], reports[5][2])
     one, shares1 = s.expand_batch(1, VK, reports, threads=1)
