@@ -276,9 +276,9 @@ EXPAND_THREADS = min(8, os.cpu_count() or 1)
 
 class _SparseKind:
     """Sparse one-hot reports (vdaf/sparse.py): each server expands every
-    report's DPF key into one running sum as it goes (memory O(d) per thread
-    and batch, whatever the batch's size), then takes out the few reports
-    refused — so valid reports are expanded once."""
+    report's DPF key into running sums as it goes (one per thread; memory
+    O(d) per thread and batch, whatever the batch's size), then takes out the
+    few reports refused — so valid reports are expanded once."""
 
     def __init__(self, v: Validity) -> None:
         self.v, self.scheme = v, v.scheme
