@@ -5,8 +5,8 @@ XofFixedKeyAes128 (draft-13 §6.2.1, §6.2.2).
 Why here: the Mastic VDAF (draft-mouris-cfrg-mastic, whose reference code
 pins draft-irtf-cfrg-vdaf-13) derives its VIDPF's seeds and node proofs with
 these two XOFs, where the rest of `vdaf/` implements draft-07's XofShake128
-(`vdaf/xof.py`).  They are the first piece of the sparse-report path (the
-verifiable DPF); nothing in the servers uses them yet.
+(`vdaf/xof.py`).  vdaf/vidpf.py and vdaf/mastic.py use them; the servers'
+sparse path (vdaf/sparse.py) derives its AES keys with SHAKE128 instead.
 
 TurboSHAKE128(M, D, L) is the sponge over Keccak-p[1600, 12] (the last 12 of
 Keccak-f's 24 rounds) with rate 168 bytes: absorb M, then the domain byte D

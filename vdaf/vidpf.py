@@ -11,8 +11,10 @@ Unlike a plain incremental DPF, every node also carries a 32-byte *node proof*
 that the two aggregators compute alike for an honest pair of keys (on α's path
 exactly one of them corrects it, elsewhere both hold the same seed), so
 comparing hashes of them tells the aggregators that a report's tree is
-one-hot (Mastic's "onehot check"; the eval-proof hash and the weight's FLP
-are Mastic's, not here yet).
+one-hot (Mastic's "onehot check"; the evaluation-proof hash and the weight's
+FLP are in vdaf/mastic.py).  The node proof hashes the seed only, which lets a
+"split" report through (docs/vdaf.md); vdaf/sparse.py and vdaf/crawl.py key
+their proofs by the control bit instead.
 
 How a level works (gen, then what `eval_next` undoes): each of the two seeds
 is extended into two children with a control bit each (`extend`); the
@@ -22,11 +24,10 @@ converted into the next seed and a payload (`convert`); the payload's
 correction makes the on-path payloads sum to β; the node proof's correction
 makes the on-path proofs equal.
 
-Status: the first part of the sparse-report path (the sparse-reports issue);
-written from the draft's text, tested by its properties
-(tests/test_vdaf_vidpf.py) — the draft publishes vectors for the whole Mastic
-VDAF only, which need its FLP (draft-irtf-cfrg-vdaf-13's) and are not matched
-yet.  Pure Python; not used by the servers yet.  Constants are the draft's:
+Status: written from the draft's text, tested by its properties
+(tests/test_vdaf_vidpf.py) and, through vdaf/mastic.py, by all nine of the
+draft's vectors (tests/test_vdaf_mastic.py).  Pure Python; not used by the
+servers (their sparse path is vdaf/sparse.py).  Constants are the draft's:
 the `dst` of its reference (`b"mastic"`, version 0, usage, ctx), usages 9–11,
 proofs of 32 bytes.
 """
