@@ -141,7 +141,7 @@ def valid_values(inst: Instance, m: int, seed: int = 0) -> npt.NDArray[np.float6
         return gen.random((m, inst.d))
     v = inst.circuit
     assert v is not None
-    ones = 1 if v.name in ("onehot", "sparse-onehot") else v.max_weight
+    ones = 1 if v.one_item else v.max_weight
     out = np.zeros((m, inst.d))
     for row in out:
         row[gen.choice(inst.d, size=ones, replace=False)] = 1.0

@@ -70,26 +70,4 @@ static inline void aes_n_keyed(const block *round_keys, block *x, size_t n) {
     }
 }
 
-
-/* out[i] = AES(in[i]) ⊕ in[i] (the MMO step of σ-MMO, σ already applied),
- * 8 blocks at a time; `in` and `out` do not overlap. */
-static inline void aes_mmo_keyed(const block *round_keys, const block *in, block *out,
-                                 size_t n) {
-    size_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        block b[8];
-        for (int j = 0; j < 8; j++) b[j] = _mm_xor_si128(in[i + j], round_keys[0]);
-        for (int r = 1; r < 10; r++) {
-            block k = round_keys[r];
-            for (int j = 0; j < 8; j++) b[j] = _mm_aesenc_si128(b[j], k);
-        }
-        for (int j = 0; j < 8; j++)
-            out[i + j] = _mm_xor_si128(_mm_aesenclast_si128(b[j], round_keys[10]), in[i + j]);
-    }
-    for (; i < n; i++) {
-        block b = _mm_xor_si128(in[i], round_keys[0]);
-        for (int r = 1; r < 10; r++) b = _mm_aesenc_si128(b, round_keys[r]);
-        out[i] = _mm_xor_si128(_mm_aesenclast_si128(b, round_keys[10]), in[i]);
-    }
-}
 #endif

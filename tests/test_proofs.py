@@ -181,16 +181,28 @@ async def test_without_verification_the_poison_gets_in(tmp_path: Path) -> None:
     assert v is not None
     honest = np.random.default_rng(3).random((10, d))
     poison = forged(v, bits([0, 0, (1 << (F + 1)) - 1, 0], F + 1), b"p" * 16)
+    moved = await poisoned_totals(tmp_path, "range", honest, poison)
+    assert moved[True] == [0] * d
+    assert moved[False] == [0, 0, (1 << (F + 1)) - 1, 0]
+
+
+async def poisoned_totals(
+    tmp_path: Path, validity: str, honest: np.ndarray, poison: tuple[bytes, ...]
+) -> dict[bool, list[int]]:
+    """How far the closed totals move from the honest rows' when the report
+    `poison` (id b"p" * 16) is sent after them, with verification on and off
+    (the test-only switch)."""
+    moved = {}
     for verify in (True, False):
         root = tmp_path / str(verify)
         root.mkdir()
         async with reference_pair(root, verify_proofs=verify) as ref:
-            await ref.leader.create_task(spec("range", d=d))
+            await ref.leader.create_task(spec(validity, d=honest.shape[1]))
             await ref.upload_proofs("t", honest)
             await ref.send_proofs("t", [b"p" * 16], [poison])
             totals = await closed_totals(ref)
-        moved = totals - grid(honest).sum(axis=0)
-        assert moved.tolist() == ([0] * d if verify else [0, 0, (1 << (F + 1)) - 1, 0])
+        moved[verify] = (totals - grid(honest).sum(axis=0)).tolist()
+    return moved
 
 
 async def test_sparse_hostile_reports_on_both_stores(
@@ -239,21 +251,13 @@ async def test_sparse_without_verification_the_poison_gets_in(tmp_path: Path) ->
     assert v is not None
     honest = np.eye(d)[np.random.default_rng(3).integers(0, d, 10)]
     public, keys = v.scheme.gen(2, b"p" * 16, os.urandom(32), weight=10**6)
-    for verify in (True, False):
-        root = tmp_path / str(verify)
-        root.mkdir()
-        async with reference_pair(root, verify_proofs=verify) as ref:
-            await ref.leader.create_task(spec("sparse-onehot", d=d))
-            await ref.upload_proofs("t", honest)
-            await ref.send_proofs("t", [b"p" * 16], [(public, *keys)])
-            totals = await closed_totals(ref)
-        truth = grid(honest).sum(axis=0)
-        moved = totals - truth
-        # unverified, the forged count reaches the robust aggregates' clamp,
-        # n·2^F with n = 11: far more than one user's worth
-        poisoned = [0, 0, 11 * UNIT - int(truth[2])] + [0] * (d - 3)
-        assert moved.tolist() == ([0] * d if verify else poisoned)
-        assert verify or moved[2] > UNIT
+    moved = await poisoned_totals(tmp_path, "sparse-onehot", honest, (public, *keys))
+    truth = grid(honest).sum(axis=0)
+    assert moved[True] == [0] * d
+    # unverified, the forged count reaches the robust aggregates' clamp,
+    # n·2^F with n = 11: far more than one user's worth
+    assert moved[False] == [0, 0, 11 * UNIT - int(truth[2])] + [0] * (d - 3)
+    assert moved[False][2] > UNIT
 
 
 async def test_malicious_clients_move_a_count_by_their_number_at_most(tmp_path: Path) -> None:

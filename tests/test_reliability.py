@@ -82,7 +82,7 @@ class Collection:
         self.rng = np.random.default_rng(7)
 
     def batch(self, m: int) -> Any:
-        if self.validity is not None and self.validity.name in ("onehot", "sparse-onehot"):
+        if self.validity is not None and self.validity.one_item:
             values = np.zeros((m, D))
             values[np.arange(m), self.rng.integers(0, D, m)] = 1.0  # one item per report
         else:

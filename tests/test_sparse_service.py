@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import Deployment, encoded_sum, off_loop
+from test_proofs import closed_totals
 from test_proofs_service import proof_task
 
 from svtagg.client.upload import REPORT_ID_BYTES
@@ -32,6 +33,13 @@ D, F = 300, 12
 
 def spec(task_id: str, validity: str = "sparse-onehot", d: int = D) -> pb.TaskSpec:
     return proof_task(task_id, validity, d)
+
+
+async def closed_sums_equal(pair, task_id: str, items: list[int]) -> bool:  # type: ignore[no-untyped-def]
+    """Close the task; whether the two servers' robust sums add up to the
+    plaintext sum of one-hot rows of `items`."""
+    totals = await closed_totals(pair, task_id)
+    return bool(np.array_equal(totals, encoded_sum(onehot_rows(items), F)))
 
 
 def onehot_rows(items: list[int], d: int = D) -> np.ndarray:
@@ -59,12 +67,9 @@ async def test_sparse_reports_count_as_dense_ones_would(tmp_path: Path) -> None:
         for block in (values[:120], values[120:]):
             got = await pair.upload_proofs("s", block)
             assert (got.accepted, got.rejected) == (len(block), {})
-        info = await pair.leader.close_collection("s")
-        assert info.agreed and info.n == 200
-        lead = pair.leader.core.store.robust_sums("s")
-        helper = pair.helper.core.store.robust_sums("s")
-        assert lead is not None and helper is not None
-        assert np.array_equal(lead + helper, encoded_sum(values, F))
+        assert await closed_sums_equal(pair, "s", items)
+        task = pair.leader.core.task("s")
+        assert task.agreed and task.n == 200
 
 
 def _shards(pair, task_id: str, items: list[int]):  # type: ignore[no-untyped-def]
@@ -104,11 +109,8 @@ async def test_hostile_reports_are_refused_by_reason(tmp_path: Path) -> None:
         got = await verify_upload(pair.leader.core, pair.port, "h", reports)
         assert got.accepted == 2
         assert got.rejected == {"invalid_proof": 3, "malformed_share": 1}
-        info = await pair.leader.close_collection("h")
-        lead_sums = pair.leader.core.store.robust_sums("h")
-        helper_sums = pair.helper.core.store.robust_sums("h")
-        assert info.n == 2 and lead_sums is not None and helper_sums is not None
-        assert np.array_equal(lead_sums + helper_sums, encoded_sum(onehot_rows([3, 17]), F))
+        assert await closed_sums_equal(pair, "h", [3, 17])
+        assert pair.leader.core.task("h").n == 2
 
 
 async def test_a_retry_with_edited_shares_is_refused_and_the_honest_one_counts_once(
@@ -173,12 +175,8 @@ async def test_the_close_takes_out_a_batch_the_leader_never_recorded(tmp_path: P
                 [ProofReport(r, ld, p) for r, (p, ld, _) in zip(ids, shards, strict=True)],
             )
         pair.leader.core.store.add_reports = real  # type: ignore[method-assign]
-        info = await pair.leader.close_collection("c")
-        assert info.n == 3
-        lead = pair.leader.core.store.robust_sums("c")
-        helper = pair.helper.core.store.robust_sums("c")
-        assert lead is not None and helper is not None
-        assert np.array_equal(lead + helper, encoded_sum(onehot_rows([4, 4, 9]), F))
+        assert await closed_sums_equal(pair, "c", [4, 4, 9])
+        assert pair.leader.core.task("c").n == 3
 
 
 async def test_the_sdk_uploads_sparse_reports_and_a_resumed_upload_counts_once(
@@ -216,8 +214,5 @@ async def test_one_id_with_two_different_reports_counts_once(tmp_path: Path) -> 
         with pytest.raises(Exception, match="already") as refused:
             await pair.send_proofs("i", ids, other)
         assert type(refused.value).__name__ in ("AlreadyExists", "FailedPrecondition")
-        info = await pair.leader.close_collection("i")
-        lead = pair.leader.core.store.robust_sums("i")
-        helper = pair.helper.core.store.robust_sums("i")
-        assert info.n == 1 and lead is not None and helper is not None
-        assert np.array_equal(lead + helper, encoded_sum(onehot_rows([10]), F))
+        assert await closed_sums_equal(pair, "i", [10])
+        assert pair.leader.core.task("i").n == 1

@@ -24,6 +24,7 @@ the FLP (vdaf/flp.py) needs.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from dataclasses import field as dc_field
 from functools import lru_cache
@@ -265,8 +266,9 @@ class Field:
         return self.to_int(self.sum(self.mul(a, b)))
 
     # -- encoding (draft §6.1: encode_vec / decode_vec) ------------------------------
-    def encode_vec(self, a: Vec) -> bytes:
-        """Each element little-endian in ENCODED_SIZE bytes, in order."""
+    def encode_vec(self, a: Vec | Sequence[int]) -> bytes:
+        """Each element (of a vector, or of a sequence of ints in [0, p))
+        little-endian in ENCODED_SIZE bytes, in order."""
         if isinstance(a, np.ndarray) and a.dtype != object:
             return np.ascontiguousarray(a).tobytes()
         flat = np.asarray(a, dtype=object).reshape(-1)

@@ -141,16 +141,12 @@ class Mastic:
         xof = XofTurboShake128(seed, self.dst(ctx, usage), binder)
         return next_vec(xof, self.field.modulus, self.field.encoded_size, n)
 
-    def _encode(self, v: Sequence[int]) -> bytes:
-        size = self.field.encoded_size
-        return b"".join(x.to_bytes(size, "little") for x in v)
-
     def helper_proof_share(self, ctx: bytes, seed: bytes) -> list[int]:
         return self._vec(seed, ctx, USAGE_PROOF_SHARE, b"", self.circuit.proof_len)
 
     def jr_part(self, ctx: bytes, seed: bytes, weight_share: Sequence[int], nonce: bytes) -> bytes:
         dst = self.dst(ctx, USAGE_JOINT_RAND_PART)
-        return XofTurboShake128.derive_seed(seed, dst, nonce + self._encode(weight_share))
+        return XofTurboShake128.derive_seed(seed, dst, nonce + self.field.encode_vec(weight_share))
 
     def jr_seed(self, ctx: bytes, parts: Sequence[bytes]) -> bytes:
         return XofTurboShake128.derive_seed(
@@ -247,7 +243,7 @@ class Mastic:
             kids = n.children
             if False in kids and True in kids:
                 left, right = kids[False].w, kids[True].w
-                payload += self._encode(
+                payload += self.field.encode_vec(
                     [(a - b - c) % p for a, b, c in zip(n.w, left, right, strict=True)]
                 )
                 queue += [kids[False], kids[True]]
@@ -262,7 +258,7 @@ class Mastic:
         return XofTurboShake128(
             verify_key,
             self.dst(ctx, USAGE_EVAL_PROOF),
-            onehot_check + self._encode([counter]) + payload_check,
+            onehot_check + self.field.encode_vec([counter]) + payload_check,
         ).next(PROOF_SIZE)
 
     def prep_shares_to_prep(
@@ -318,7 +314,7 @@ class Mastic:
         return (
             bytes(packed)
             + b"".join(w.seed for w in words)
-            + b"".join(self._encode(w.payload) for w in words)
+            + b"".join(self.field.encode_vec(w.payload) for w in words)
             + b"".join(w.proof for w in words)
         )
 
@@ -354,15 +350,15 @@ class Mastic:
     def encode_input_share(self, share: InputShare) -> bytes:
         out = share.key
         if share.proof_share is not None:
-            out += self._encode(share.proof_share)
+            out += self.field.encode_vec(share.proof_share)
         return out + (share.seed or b"") + (share.peer_part or b"")
 
     def encode_prep_share(self, share: PrepShare) -> bytes:
         out = share.eval_proof + (share.jr_part or b"")
-        return out + (self._encode(share.verifier) if share.verifier is not None else b"")
+        return out + (self.field.encode_vec(share.verifier) if share.verifier is not None else b"")
 
     def encode_agg_share(self, share: Sequence[int]) -> bytes:
-        return self._encode(share)
+        return self.field.encode_vec(share)
 
 
 def mastic_count(bits: int) -> Mastic:

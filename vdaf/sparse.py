@@ -526,20 +526,3 @@ def _leaf_proofs(nonce: bytes, seed: U64, ctrl: npt.NDArray[np.bool_], dst: byte
         if rows.size:
             out[rows] = _Hash(_hash_key(nonce, 1 + int(t), dst))(seed[rows], PROOF)
     return out
-
-
-def batch_expand(
-    scheme: SparseOnehot,
-    agg_id: int,
-    verify_key: bytes,
-    reports: Sequence[tuple[bytes, bytes, bytes]],
-) -> list[Expanded | None]:
-    """`expand` over (nonce, public share, key) triples; None for a report
-    that does not decode."""
-    out: list[Expanded | None] = []
-    for nonce, public, key in reports:
-        try:
-            out.append(scheme.expand(agg_id, verify_key, nonce, public, key))
-        except SparseError:
-            out.append(None)
-    return out

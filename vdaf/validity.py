@@ -89,6 +89,11 @@ class Validity:
         return 1 << self.frac_bits if self.counts else 1
 
     @property
+    def one_item(self) -> bool:
+        """Each report is one item (onehot, dense or sparse)."""
+        return self.name in ("onehot", "sparse-onehot")
+
+    @property
     def sparse(self) -> bool:
         """Reports are sparse DPF keys (vdaf/sparse.py), not Prio3."""
         return self.name == "sparse-onehot"
@@ -113,7 +118,7 @@ class Validity:
         unit = 1 << self.frac_bits
         if any(v not in (0, unit) for v in grid_row):
             raise MeasurementError(f"{self.name} takes 0/1 values only")
-        if self.name in ("onehot", "sparse-onehot"):
+        if self.one_item:
             ones = [j for j, v in enumerate(grid_row) if v]
             if len(ones) != 1:
                 raise MeasurementError(f"{self.name} takes exactly one 1 per row, got {len(ones)}")
@@ -130,11 +135,11 @@ class Validity:
             return [self.measurement(list(r)) for r in grid_rows]
         unit = 1 << self.frac_bits
         bad = ~((grid == 0) | (grid == unit)).all(axis=1)
-        if self.name in ("onehot", "sparse-onehot"):
+        if self.one_item:
             bad |= np.count_nonzero(grid, axis=1) != 1
         if bad.any():
             self.measurement([int(v) for v in grid[int(np.argmax(bad))]])  # raises
-        if self.name in ("onehot", "sparse-onehot"):
+        if self.one_item:
             return np.argmax(grid, axis=1)  # Prio3Histogram's measurements: the buckets
         return (grid // unit).astype(np.int64)
 

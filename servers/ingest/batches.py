@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import IntEnum
@@ -66,9 +65,14 @@ from svtagg.dp.errors import (
 from svtagg.proto.terms import MAX_BATCH_REPORTS, MAX_MESSAGE_BYTES, MAX_VERIFY_BYTES
 from svtagg.servers.exchange.values import VerifyBatch, VerifyResult
 from svtagg.servers.faults import crash_point
-from svtagg.servers.ingest.validity import field_words_rows, task_validity
+from svtagg.servers.ingest.validity import (
+    EXPAND_THREADS,
+    field_words_rows,
+    kept_of,
+    scaled_words,
+    task_validity,
+)
 from svtagg.servers.store.rules import TaskState, Verified, batch_id
-from svtagg.vdaf.field import FIELD128
 from svtagg.vdaf.prio3 import Prio3
 from svtagg.vdaf.rows import PrepRows
 from svtagg.vdaf.sparse import PREP_SHARE_SIZE, SparseError, SparseOnehot
@@ -251,11 +255,6 @@ class _Prio3Kind:
     def split_pending(self, blob: bytes) -> tuple[bytes, bytes]:
         return _split_pending(self.prio, blob)
 
-    def kept(self, report: tuple[bytes, bytes, bytes]) -> bytes:
-        """What the helper keeps of a counted report to take it out again at
-        the close: its 16-byte measurement seed."""
-        return report[2][:SEED_SIZE]
-
 
 @dataclass
 class _SparseState:
@@ -267,11 +266,6 @@ class _SparseState:
     reports: list[tuple[bytes, bytes, bytes]]
     verify_key: bytes
     agg_id: int
-
-
-#: Threads one server expands a batch of sparse reports on (the native
-#: expansion runs without the GIL): the machine's CPUs, at most 8.
-EXPAND_THREADS = min(8, os.cpu_count() or 1)
 
 
 class _SparseKind:
@@ -342,23 +336,11 @@ class _SparseKind:
             self.scheme.expand_into(
                 acc, state.agg_id, state.verify_key, nonce, public, share, negate=True
             )
-        return _scaled_words(self.v, acc.value())
+        return scaled_words(self.v, acc.value())
 
     def split_pending(self, blob: bytes) -> tuple[bytes, bytes]:
         size = self.scheme.public_share_bytes()
         return blob[:size], blob[size:]
-
-    def kept(self, report: tuple[bytes, bytes, bytes]) -> bytes:
-        """What the helper keeps of a counted report to take it out again at
-        the close: its id (the DPF's nonce), public share and key, 292 bytes
-        at d = 10⁴ (a sparse report has no shorter seed of its share)."""
-        return report[0] + report[1] + report[2]
-
-
-def _scaled_words(v: Validity, total: Any) -> Any:
-    if v.scale != 1:
-        total = FIELD128.mul(total, v.scale)
-    return np.frombuffer(FIELD128.encode_vec(total), dtype="<u8").copy()
 
 
 def ingest_kind(v: Validity) -> _Prio3Kind | _SparseKind:
@@ -454,7 +436,7 @@ async def helper_verify(core: ServerCore, batch: VerifyBatch) -> VerifyResult:
             _helper_decide, core, kind, task.verify_key, reports, batch.prep_shares
         )
     valid = [i for i, x in enumerate(verdicts) if x == Verdict.VALID]
-    seeds = [kind.kept(reports[i]) for i in valid]
+    seeds = [kept_of(v, reports[i]) for i in valid]
     try:
         n = core.store.add_reports(
             batch.task_id,

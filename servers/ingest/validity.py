@@ -4,6 +4,7 @@ and output shares as the Field128 words the stores fold (`field_words`)."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any
@@ -17,6 +18,7 @@ from svtagg.servers.store.rules import TaskState
 from svtagg.vdaf.field import FIELD128
 from svtagg.vdaf.prio3 import Prio3
 from svtagg.vdaf.validity import Validity, ValidityError, parse_validity
+from svtagg.vdaf.xof import SEED_SIZE
 
 
 @lru_cache(maxsize=64)
@@ -53,15 +55,21 @@ def check_validity(text: str, d: int, frac_bits: int, embedding: str) -> None:
         )
 
 
+def scaled_words(v: Validity, total: Any) -> U64:
+    """A Field128 sum of output shares, scaled to the task's grid, as the
+    Field128 words the stores fold."""
+    if v.scale != 1:
+        total = FIELD128.mul(total, v.scale)
+    return np.frombuffer(FIELD128.encode_vec(total), dtype="<u8").copy()
+
+
 def field_words(prio: Prio3, v: Validity, out_shares: Sequence[object]) -> U64:
     """The sum of output shares, scaled to the task's grid, as Field128 words."""
     f = prio.field
     total = f.zeros(prio.flp.output_len)
     if out_shares:
         total = f.sum(np.stack(out_shares), axis=0)  # type: ignore[arg-type]
-    if v.scale != 1:
-        total = f.mul(total, v.scale)
-    return np.frombuffer(FIELD128.encode_vec(total), dtype="<u8").copy()
+    return scaled_words(v, total)
 
 
 def field_words_rows(prio: Prio3, v: Validity, out_shares: Any, rows: Sequence[int]) -> U64:
@@ -81,22 +89,30 @@ def field_words_rows(prio: Prio3, v: Validity, out_shares: Any, rows: Sequence[i
     return field_words(prio, v, [total])
 
 
-def helper_undo_sum(task: TaskState, seeds: list[bytes]) -> U64:
-    """The helper's output shares of reports it recorded (from their 16-byte
-    measurement seeds; a sparse report from its id, public share and key), as
-    Field128 words: what reconciliation takes out."""
+#: Threads one server expands a batch of sparse reports on (the native
+#: expansion runs without the GIL): the machine's CPUs, at most 8.
+EXPAND_THREADS = min(8, os.cpu_count() or 1)
+
+
+def kept_of(v: Validity, report: tuple[bytes, bytes, bytes]) -> bytes:
+    """What the helper keeps of a counted report (id, public share, its input
+    share) to take it out again at the close: a Prio3 report's 16-byte
+    measurement seed; a sparse report's id (the DPF's nonce), public share
+    and key, 292 bytes at d = 10⁴ (it has no shorter seed of its share)."""
+    if v.sparse:
+        return report[0] + report[1] + report[2]
+    return report[2][:SEED_SIZE]
+
+
+def helper_undo_sum(task: TaskState, kept: list[bytes]) -> U64:
+    """The helper's output shares of reports it recorded, from what `kept_of`
+    kept of each, as Field128 words: what reconciliation takes out."""
     v = task_validity(task)
     if v.sparse:
-        # a sparse report is kept whole (id, public share, key): expand it again
-        scheme, size = v.scheme, v.public_share_bytes()
-        acc = scheme.accumulator()
-        for blob in seeds:
-            rid, public, key = blob[:16], blob[16 : 16 + size], blob[16 + size :]
-            scheme.expand_into(acc, 1, task.verify_key, rid, public, key)
-        total = acc.value()
-        if v.scale != 1:
-            total = FIELD128.mul(total, v.scale)
-        return np.frombuffer(FIELD128.encode_vec(total), dtype="<u8").copy()
+        size = v.public_share_bytes()
+        reports = [(b[:16], b[16 : 16 + size], b[16 + size :]) for b in kept]
+        acc, _ = v.scheme.expand_batch(1, task.verify_key, reports, EXPAND_THREADS)
+        return scaled_words(v, acc.value())
     prio = v.prio3
-    outs = [prio.flp.truncate(prio.helper_meas_share(1, s)) for s in seeds]
+    outs = [prio.flp.truncate(prio.helper_meas_share(1, s)) for s in kept]
     return field_words(prio, v, outs)
