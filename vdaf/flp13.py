@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from svtagg.vdaf.field import Field, next_power_of_2
+from svtagg.vdaf.field import Field, next_power_of_2, ntt
 
 #: A circuit's way of calling its gadget `i` on a list of inputs.
 Call = Callable[[int, list[int]], int]
@@ -56,31 +56,9 @@ def poly_mul(p: int, a: Sequence[int], b: Sequence[int]) -> list[int]:
 
 def interpolate(f: Field, values: Sequence[int]) -> list[int]:
     """The coefficients of the polynomial of degree < n through
-    (α^k, values[k]) for the n-th root α (n a power of two): an inverse NTT."""
-    n, p = len(values), f.modulus
-    a = list(values)
-    j = 0
-    for i in range(1, n):  # bit-reversal permutation
-        bit = n >> 1
-        while j & bit:
-            j ^= bit
-            bit >>= 1
-        j |= bit
-        if i < j:
-            a[i], a[j] = a[j], a[i]
-    size = 2
-    while size <= n:
-        w_step = pow(f.root(size), -1, p)
-        half = size // 2
-        for start in range(0, n, size):
-            w = 1
-            for k in range(start, start + half):
-                u, v = a[k], a[k + half] * w % p
-                a[k], a[k + half] = (u + v) % p, (u - v) % p
-                w = w * w_step % p
-        size *= 2
-    n_inv = pow(n, -1, p)
-    return [x * n_inv % p for x in a]
+    (α^k, values[k]) for the n-th root α (n a power of two): the field's
+    inverse NTT."""
+    return f.to_ints(ntt(f, f.vec(list(values)), inverse=True))
 
 
 # ------------------------------------------------------------------ gadgets
