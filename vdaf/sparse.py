@@ -93,6 +93,7 @@ MAX_BITS = 24
 PREP_SHARE_SIZE = DIGEST_SIZE + FIELD128.encoded_size
 P = FIELD128.modulus
 _P_LO, _P_HI = P & (2**64 - 1), P >> 64
+_TWO_128 = (1 << 128) % P
 #: Tweaks XORed into a seed's low word: the two children, the output, the proofs.
 LEFT, RIGHT, CONVERT, PROOF = 1, 2, 3, 5
 
@@ -282,8 +283,11 @@ class Accumulator:
         if self.wide is None:
             assert self.vec is not None
             return self.vec
-        w = self.wide.astype(object)
-        return FIELD128.vec((w[:, 2] << 128) + (w[:, 1] << 64) + w[:, 0])
+        # lo + hi·2^64 + top·2^128 ≡ (lo, hi) mod p + top·(2^128 mod p), in
+        # the field's vector ops (top ≤ 2 per report added: far below 2^63)
+        low = _to_field(np.ascontiguousarray(self.wide[:, :2]))
+        top = FIELD128.from_small(self.wide[:, 2].astype(np.int64))
+        return FIELD128.add(low, FIELD128.mul(top, _TWO_128))
 
 
 @dataclass(frozen=True)
