@@ -34,7 +34,6 @@ import numpy as np
 import numpy.typing as npt
 
 from svtagg.analyst.oracle import Oracle
-from svtagg.dp.joint import pmf as joint_pmf
 from svtagg.dp.jointsvt import joint_stream_noise
 from svtagg.dp.kinds import StreamKind, noise_model
 from svtagg.dp.noise import geometric_log_pmf, laplace_log_pmf
@@ -443,20 +442,12 @@ def joint_first_yes_pmf(
     frac_bits: int,
 ) -> npt.NDArray[np.float64]:
     """`first_yes_pmf` for a stream of a joint-noise task: γ and every ν are ONE
-    draw each of the garbled sampler, whose exact law is `dp.joint.pmf` at the
-    stream's constants (`dp.jointsvt.joint_stream_noise`); small supports only
-    (`dp.joint.MAX_ENUMERATED_DIGITS`)."""
+    draw each of the garbled sampler, 2^F·Z plus the servers' dither, whose
+    exact law is `JointStreamNoise.grid_pmf` (`dp.joint.pmf` at the stream's
+    digits, spread and convolved with `dp.jointsvt.dither_law`); small
+    supports only (`dp.joint.MAX_ENUMERATED_DIGITS`)."""
     noise = joint_stream_noise(StreamKind.parse(kind), Fraction(epsilon), frac_bits)
-
-    def law(constants: tuple[int, ...]) -> tuple[int, npt.NDArray[np.float64]]:
-        exact = joint_pmf(constants, noise.bits)
-        lo = min(exact)
-        out = np.zeros(max(exact) - lo + 1)
-        for x, p in exact.items():
-            out[x - lo] = float(p)
-        return lo, out
-
-    return _first_yes_law(scores, taus, law(noise.threshold_constants), law(noise.query_constants))
+    return _first_yes_law(scores, taus, noise.grid_pmf("threshold"), noise.grid_pmf("query"))
 
 
 def _first_yes_law(

@@ -28,7 +28,6 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from svtagg.dp.joint import abs_tail
 from svtagg.dp.jointsvt import joint_stream_noise
 from svtagg.dp.kinds import Family, StreamKind, check_epsilon, noise_model
 from svtagg.mpc.ring import DEFAULT_FRAC_BITS, sensitivity
@@ -326,29 +325,39 @@ def joint_alpha_grid(
 
     The split of β is chosen on the one-party Laplace tails at the sampler's
     (inflated) scales, which the exact law follows to the rounding of its
-    constants; the bound is then checked on the exact law's tails
-    (`dp.joint.abs_tail`) and widened one grid unit at a time until
-    P(|γ| > a₁) + k·P(|ν| > a₂) ≤ β holds there, so it is the exact law's."""
+    constants; the bound is then checked on the exact law's tails in grid
+    units, dither included (`JointStreamNoise.grid_tail`, `grid_upper` for
+    exp3's one-sided draws) and widened one grid unit at a time until
+    P(|γ| > a₁) + k·P(|ν| > a₂) ≤ β (one-sided: P(γ > a₁) + k·P(ν > a₂))
+    holds there, so it is the exact law's (to 1/16 of a sensitivity)."""
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
     if not 0 < beta < 1:
         raise ValueError(f"beta must be in (0, 1), got {beta}")
     noise = joint_stream_noise(kind, epsilon, frac_bits)
-    t_gamma = _tail("laplace", float(noise.threshold_scale), 1)
-    t_nu = _tail("laplace", float(noise.query_scale), 1)
-    _, a1, a2 = _best_split(t_gamma, t_nu, k, beta, False, True)
+    grid = 1 << noise.shift  # the scales are in sensitivities
+    family = "laplace" if noise.signed else "geometric"
+    t_gamma = _tail(family, float(noise.threshold_scale) * grid, 1)
+    t_nu = _tail(family, float(noise.query_scale) * grid, 1)
+    _, a1, a2 = _best_split(t_gamma, t_nu, k, beta, not noise.signed, True)
+
+    # Two-sided draws: |ν − γ| ≤ a₁ + a₂ unless |γ| > a₁ or some |ν| > a₂.
+    # One-sided (exp3): every draw is ≥ 0 (its dither too), so ν − γ lies in
+    # [−a₁, a₂] unless γ > a₁ or some ν > a₂.
+    tail = noise.grid_tail if noise.signed else noise.grid_upper
 
     def excess(a1: int, a2: int) -> tuple[float, float]:
-        return (
-            abs_tail(noise.threshold_constants, noise.bits, a1),
-            k * abs_tail(noise.query_constants, noise.bits, a2),
-        )
+        return tail("threshold", a1), k * tail("query", a2)
 
+    # Widen the term that holds more of the mass, 1/16 of a sensitivity at a
+    # time: the draws live on the sensitivity lattice, so finer steps would
+    # walk 2^F units through a tail that changes little between them.
+    step = max(1, (1 << noise.shift) >> 4)
     g, q = excess(a1, a2)
-    while g + q > beta:  # widen the term that holds more of the mass
-        a1, a2 = (a1 + 1, a2) if g >= q else (a1, a2 + 1)
+    while g + q > beta:
+        a1, a2 = (a1 + step, a2) if g >= q else (a1, a2 + step)
         g, q = excess(a1, a2)
-    return a1 + a2 + 1
+    return (a1 + a2 if noise.signed else max(a1, a2)) + 1
 
 
 def joint_alpha(

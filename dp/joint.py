@@ -55,9 +55,12 @@ import numpy as np
 import numpy.typing as npt
 
 from svtagg.dp.noise import RandomSource, _digits
+from svtagg.mpc.ring import Widths, widths_of
 
 #: Above this many digits `pmf` refuses to enumerate the support.
 MAX_ENUMERATED_DIGITS = 20
+#: The widest digit: its uniform is one 64-bit word.
+MAX_WIDTH = 64
 
 
 def sampler_constants(
@@ -92,13 +95,46 @@ def sampler_constants(
     return tuple(out)
 
 
-def _factors(constants: tuple[int, ...], bits: int) -> list[tuple[int, int]]:
-    """(f_i(0), f_i(1)) = (2^b − c_i, c_i) per digit."""
-    return [((1 << bits) - c, c) for c in constants]
+def fitted_digits(
+    scale: Fraction, precision: int, digits: int
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(c_i, b_i) for i < `digits`, each digit as narrow as `precision`
+    significant bits allow: b_i is the least width with
+    c_i = round(2^b_i / (1 + e^(2^i/t))) ≥ 2^(precision − 1), so every c_i and
+    every 2^b_i − c_i carry a relative rounding error below 2^−precision — or
+    64 bits, with fewer significant bits, for a digit whose probability is
+    below 2^(precision − 65) (its error counts in the exact loss like any
+    other).  ValueError if a digit rounds to 0 at 64 bits."""
+    if scale <= 0:
+        raise ValueError("scale must be > 0")
+    if not 2 <= precision <= MAX_WIDTH:
+        raise ValueError(f"precision must be in [2, {MAX_WIDTH}]")
+    floor = 1 << (precision - 1)
+    constants: list[int] = []
+    widths: list[int] = []
+    for i in range(digits):
+        y = Fraction(1 << i) / Fraction(scale)
+        # p_i = floor(p_i·2^65)/2^65 + less; its leading 1 sets the width.
+        lead = _digits(y, "logistic", MAX_WIDTH + 1).bit_length() - MAX_WIDTH - 1
+        b = min(MAX_WIDTH, max(precision, precision - lead))
+        c = (_digits(y, "logistic", b + 1) + 1) >> 1
+        if c < floor and b < MAX_WIDTH:  # rounding down across a power of two
+            b += 1
+            c = (_digits(y, "logistic", b + 1) + 1) >> 1
+        if c < 1:
+            raise ValueError(f"digit {i} rounds to 0 at {MAX_WIDTH} bits: too many digits")
+        constants.append(c)
+        widths.append(b)
+    return tuple(constants), tuple(widths)
 
 
-def magnitude_weights(constants: tuple[int, ...], bits: int) -> list[int]:
-    """2^(K·b) · P(G = g) for g = 0 .. 2^K − 1: exact integers."""
+def _factors(constants: tuple[int, ...], bits: Widths) -> list[tuple[int, int]]:
+    """(f_i(0), f_i(1)) = (2^b_i − c_i, c_i) per digit."""
+    return [((1 << b) - c, c) for c, b in zip(constants, widths_of(constants, bits), strict=True)]
+
+
+def magnitude_weights(constants: tuple[int, ...], bits: Widths) -> list[int]:
+    """2^(Σ b_i) · P(G = g) for g = 0 .. 2^K − 1: exact integers."""
     k = len(constants)
     if k > MAX_ENUMERATED_DIGITS:
         raise ValueError(f"{k} digits: the support is too large to enumerate")
@@ -108,10 +144,19 @@ def magnitude_weights(constants: tuple[int, ...], bits: int) -> list[int]:
     return w
 
 
-def pmf(constants: tuple[int, ...], bits: int) -> dict[int, Fraction]:
-    """P(ν = x) for every x in the support [−2^K, 2^K), as exact Fractions."""
+def total_width(constants: tuple[int, ...], bits: Widths) -> int:
+    """Σ b_i: the uniform bits the digits take, and log2 of `magnitude_weights`' total."""
+    return sum(widths_of(constants, bits))
+
+
+def pmf(constants: tuple[int, ...], bits: Widths, signed: bool = True) -> dict[int, Fraction]:
+    """P(ν = x) for every x in the support [−2^K, 2^K), as exact Fractions; with
+    `signed` False, P(G = g) on [0, 2^K) (the one-sided sampler)."""
     w = magnitude_weights(constants, bits)
-    den = 2 << (len(constants) * bits)
+    if not signed:
+        den1 = 1 << total_width(constants, bits)
+        return {g: Fraction(v, den1) for g, v in enumerate(w)}
+    den = 2 << total_width(constants, bits)
     out = {g: Fraction(v, den) for g, v in enumerate(w)}
     out.update({-g - 1: Fraction(v, den) for g, v in enumerate(w)})
     return out
@@ -135,7 +180,7 @@ def _adder_pairs(k: int, target: int, add: bool) -> Iterator[tuple[int, int, int
 
 
 def _extreme_ratio(
-    constants: tuple[int, ...], bits: int, target: int, add: bool, largest: bool
+    constants: tuple[int, ...], bits: Widths, target: int, add: bool, largest: bool
 ) -> Fraction | None:
     """max (or min) of P(G = g)/P(G = h) over the pairs of `_adder_pairs`, or None
     if there is no pair.  Ratios are kept as (numerator, denominator) integers."""
@@ -174,7 +219,7 @@ class PrivacyLoss:
         return math.log(self.ratio.numerator) - math.log(self.ratio.denominator)
 
 
-def shift_ratio(constants: tuple[int, ...], bits: int, d: int) -> Fraction:
+def shift_ratio(constants: tuple[int, ...], bits: Widths, d: int) -> Fraction:
     """The largest P(ν = x)/P(ν = x + d) or its reciprocal over the support, for a
     shift 1 ≤ d ≤ 2^K."""
     k = len(constants)
@@ -188,14 +233,26 @@ def shift_ratio(constants: tuple[int, ...], bits: int, d: int) -> Fraction:
     return max(found)
 
 
-def tail_mass(constants: tuple[int, ...], bits: int, m: int) -> Fraction:
+def one_sided_ratio(constants: tuple[int, ...], bits: Widths, d: int) -> Fraction:
+    """The largest P(G = g)/P(G = g + d) over 0 ≤ g < g + d < 2^K: what a shift of
+    the one-sided sampler by +d costs (the change of variables for one-sided
+    noise only ever shifts upwards; docs/privacy.md)."""
+    k = len(constants)
+    if not 1 <= d < 1 << k:
+        raise ValueError("shift out of range")
+    ratio = _extreme_ratio(constants, bits, d, False, True)
+    assert ratio is not None  # g = 0 is a pair
+    return ratio
+
+
+def tail_mass(constants: tuple[int, ...], bits: Widths, m: int) -> Fraction:
     """P(G ≥ m), exact, by walking m's digits from the top: O(K)."""
     k = len(constants)
     if m <= 0:
         return Fraction(1)
     if m >= 1 << k:
         return Fraction(0)
-    p = [Fraction(c, 1 << bits) for c in constants]
+    p = [Fraction(c, 1 << b) for c, b in zip(constants, widths_of(constants, bits), strict=True)]
     total, prefix = Fraction(0), Fraction(1)  # prefix: G agrees with m on the digits so far
     for i in reversed(range(k)):
         if (m >> i) & 1:
@@ -206,7 +263,7 @@ def tail_mass(constants: tuple[int, ...], bits: int, m: int) -> Fraction:
     return total + prefix  # G = m
 
 
-def privacy_loss(constants: tuple[int, ...], bits: int, sensitivity: int) -> PrivacyLoss:
+def privacy_loss(constants: tuple[int, ...], bits: Widths, sensitivity: int) -> PrivacyLoss:
     """(ε, δ) for additive noise of this sampler with sensitivity Δ: the largest
     ratio over every shift 1 ≤ d ≤ Δ and the mass that a shift by Δ pushes out
     of the support (see the module docstring).  O(Δ·K)."""
@@ -217,7 +274,7 @@ def privacy_loss(constants: tuple[int, ...], bits: int, sensitivity: int) -> Pri
     return PrivacyLoss(ratio, tail_mass(constants, bits, (1 << k) - sensitivity) / 2)
 
 
-def brute_force_loss(constants: tuple[int, ...], bits: int, sensitivity: int) -> PrivacyLoss:
+def brute_force_loss(constants: tuple[int, ...], bits: Widths, sensitivity: int) -> PrivacyLoss:
     """`privacy_loss` by enumerating the support (small K only): the reference the
     dynamic programme is tested against."""
     p = pmf(constants, bits)
@@ -233,38 +290,40 @@ def brute_force_loss(constants: tuple[int, ...], bits: int, sensitivity: int) ->
 
 
 def sample(
-    constants: tuple[int, ...], bits: int, k: int, rng: RandomSource
+    constants: tuple[int, ...], bits: Widths, k: int, rng: RandomSource, signed: bool = True
 ) -> npt.NDArray[np.int64]:
     """k independent draws of ν from exactly this law, digit by digit as the
-    circuit draws them: digit i is [U_i < c_i] for a uniform b-bit U_i (the low
-    b bits of a CSPRNG word), the sign one more bit.  For the local simulation
+    circuit draws them: digit i is [U_i < c_i] for a uniform b_i-bit U_i (the low
+    b_i bits of a CSPRNG word), the sign one more bit.  For the local simulation
     of a joint-noise task; the servers draw inside the garbled circuit."""
-    if not 1 <= bits <= 64:
+    widths = widths_of(constants, bits)
+    if not all(1 <= b <= 64 for b in widths):
         raise ValueError("bits must be in [1, 64]")
-    mask = np.uint64((1 << bits) - 1)
     g = np.zeros(k, dtype=np.int64)
-    for i, c in enumerate(constants):
-        u = rng.u64(k) & mask
+    for i, (c, b) in enumerate(zip(constants, widths, strict=True)):
+        u = rng.u64(k) & np.uint64((1 << b) - 1)
         g |= (u < np.uint64(c)).astype(np.int64) << i
+    if not signed:
+        return g
     sign = (rng.u64(k) & np.uint64(1)).astype(bool)
     return np.where(sign, -g - 1, g)
 
 
-def abs_tail(constants: tuple[int, ...], bits: int, a: int) -> float:
+def abs_tail(constants: tuple[int, ...], bits: Widths, a: int) -> float:
     """P(|ν| > a) for an integer a ≥ 0, in floating point (for accuracy bounds,
     never for the privacy charge): ν > a is G ≥ a + 1 with sign 0, ν < −a is
     G ≥ a with sign 1 (ν = −G − 1)."""
-    return 0.5 * (_float_tail(constants, bits, a + 1) + _float_tail(constants, bits, a))
+    return 0.5 * (float_tail(constants, bits, a + 1) + float_tail(constants, bits, a))
 
 
-def _float_tail(constants: tuple[int, ...], bits: int, m: int) -> float:
+def float_tail(constants: tuple[int, ...], bits: Widths, m: int) -> float:
     """`tail_mass` in floating point."""
     k = len(constants)
     if m <= 0:
         return 1.0
     if m >= 1 << k:
         return 0.0
-    p = [c / float(1 << bits) for c in constants]
+    p = [c / float(1 << b) for c, b in zip(constants, widths_of(constants, bits), strict=True)]
     total, prefix = 0.0, 1.0
     for i in reversed(range(k)):
         if (m >> i) & 1:

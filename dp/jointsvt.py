@@ -34,29 +34,44 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from fractions import Fraction
 
-from svtagg.dp.joint import sampler_constants, shift_ratio, tail_mass
+import numpy as np
+import numpy.typing as npt
+
+from svtagg.dp.joint import (
+    abs_tail,
+    fitted_digits,
+    float_tail,
+    one_sided_ratio,
+    pmf,
+    sample,
+    shift_ratio,
+    tail_mass,
+)
 from svtagg.dp.kinds import StreamKind, noise_model
-from svtagg.dp.noise import _exp_bounds
-from svtagg.mpc.ring import sensitivity
+from svtagg.dp.noise import RandomSource, _exp_bounds
+from svtagg.mpc.ring import check_frac_bits
 
 #: A task's noise option.
 INDEPENDENT = "independent"
 JOINT = "joint"
 NOISE_OPTIONS = (INDEPENDENT, JOINT)
 #: The stream kinds a joint-noise task opens.
-JOINT_KINDS = (StreamKind.LAP24, StreamKind.LAP3)
-#: b, the width of the sampler's constants (1727 ANDs per sample at t = 2^20).
-SAMPLER_BITS = 64
-#: The scale inflations tried, 1 + 2^−m for m in this order: the first whose
-#: exact loss fits ε is used.
-INFLATION_EXPONENTS = (40, 32, 24, 16, 12, 8, 6, 4, 3, 2, 1)
+JOINT_KINDS = (StreamKind.LAP24, StreamKind.LAP3, StreamKind.EXP3)
+#: The per-digit precisions tried, cheapest first (`dp.joint.fitted_digits`):
+#: the first that fits ε within `TARGET_INFLATION_EXPONENT` is used.
+PRECISIONS = (8, 10, 12, 14, 16, 20, 24, 32, 40, 48)
+#: The scale inflations tried, 1 + 2^−m for m in this order.
+INFLATION_EXPONENTS = (40, 32, 24, 16, 12, 10, 8, 6, 4, 3, 2, 1)
+#: A precision is taken once it fits with an inflation of at most 1 + 2^−8
+#: (0.4% more noise than the ideal); if none does, the finest precision with
+#: the first inflation that fits.
+TARGET_INFLATION_EXPONENT = 8
 #: Binary digits of e^ε for the rigorous comparison.
 _EXP_PRECISION = 192
-#: The most δ one joint-noise stream may be charged: a (kind, ε) whose sampler
-#: needs more is refused.  Every stream the two kinds open at F ≤ 16 and
-#: ε ∈ [1/64, 16] is charged 2^−69 or less, so the cap refuses nothing a task
-#: uses; it gives a plan that cannot list its streams in advance a rigorous
-#: allowance (`joint_allowance`).
+#: The most δ one joint-noise stream may be charged.  The digits are chosen so
+#: that each stream's δ_ρ + δ_ν stays below it, so a (kind, ε) is refused only
+#: if no sampler of at most 64-bit digits reaches it; it gives a plan that
+#: cannot list its streams in advance a rigorous allowance (`joint_allowance`).
 JOINT_DELTA_CAP = Fraction(1, 1 << 64)
 
 
@@ -65,8 +80,8 @@ def check_joint_kind(kind: StreamKind | str) -> StreamKind:
     k = StreamKind.parse(kind)
     if k not in JOINT_KINDS:
         raise ValueError(
-            f"a task with joint noise opens lap24 and lap3 streams only, not {k.value}: "
-            "exp3's one-sided noise and ctt's two thresholds are not covered by the "
+            f"a task with joint noise opens lap24, lap3 and exp3 streams only, not {k.value}: "
+            "ctt's two thresholds and report-noisy-max are not covered by the "
             "joint sampler's accounting (docs/privacy.md)"
         )
     return k
@@ -74,12 +89,17 @@ def check_joint_kind(kind: StreamKind | str) -> StreamKind:
 
 @dataclass(frozen=True)
 class JointStreamNoise:
-    """The two samplers of a joint-noise stream and what the stream costs."""
+    """The two samplers of a joint-noise stream and what the stream costs.
 
-    bits: int
+    A draw is Z, in whole sensitivities (one user's largest move of a score),
+    from `dp.joint`'s law at the digits (constants, widths); on the servers it
+    enters the comparison as 2^F·Z plus a dither (`dither_law`)."""
+
     threshold_constants: tuple[int, ...]
+    threshold_widths: tuple[int, ...]
     query_constants: tuple[int, ...]
-    #: The scales the constants round, in grid units: the kind's, times `inflation`.
+    query_widths: tuple[int, ...]
+    #: The scales the constants round, in sensitivities: the kind's, times `inflation`.
     threshold_scale: Fraction
     query_scale: Fraction
     inflation: Fraction
@@ -88,11 +108,141 @@ class JointStreamNoise:
     #: δ_ρ + δ_ν exactly, and the power of two ≥ it that the ledger is charged.
     delta: Fraction
     delta_charge: Fraction
+    #: F: a draw Z moves a score by 2^F·Z grid units.
+    shift: int
+    #: False: one-sided draws Z = G ≥ 0 (exp3); True: two-sided, centred at −½.
+    signed: bool = True
 
     @property
     def max_magnitude(self) -> int:
-        """|γ| + |ν| ≤ this (each sample lies in [−2^K, 2^K))."""
-        return (1 << len(self.threshold_constants)) + (1 << len(self.query_constants))
+        """|γ| + |ν| ≤ this in grid units: each Z lies in [−2^K, 2^K), each
+        dither in [−2^F, 2^(F+1))."""
+        k_rho, k_nu = len(self.threshold_constants), len(self.query_constants)
+        return ((1 << k_rho) + (1 << k_nu) + 2) << self.shift
+
+    def sample(self, which: str, k: int, rng: RandomSource) -> npt.NDArray[np.int64]:
+        """k draws in grid units, as the servers add them: 2^F·Z + the two
+        servers' dither (`which`: "threshold" or "query")."""
+        c, w = self._digits(which)
+        z = sample(c, w, k, rng, self.signed)
+        if self.shift == 0:
+            return z
+        mask = np.uint64((1 << self.shift) - 1)
+        d = (rng.u64(k) & mask).astype(np.int64) + (rng.u64(k) & mask).astype(np.int64)
+        return (z << self.shift) + d + dither_offset(self.shift, self.signed)
+
+    def _digits(self, which: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        if which == "threshold":
+            return self.threshold_constants, self.threshold_widths
+        if which == "query":
+            return self.query_constants, self.query_widths
+        raise ValueError(which)
+
+    def grid_tail(self, which: str, a: int) -> float:
+        """P(|draw| > a) for a ≥ 0 in grid units, exact up to floating point:
+        Σ_z P(Z = z)·P(|2^F·z + D| > a), the whole tails of Z where no dither
+        value can bring the draw inside, the few z near ±a/2^F term by term."""
+        c, w = self._digits(which)
+        if self.shift == 0:
+            return abs_tail(c, w, a) if self.signed else float_tail(c, w, a + 1)
+        f, n = self.shift, 1 << self.shift
+        lo = dither_offset(f, self.signed)
+        hi = lo + 2 * n - 2  # D's range
+
+        def z_at_least(m: int) -> float:  # P(Z ≥ m): Z = G, or −G − 1 with the sign
+            if not self.signed:
+                return float_tail(c, w, max(m, 0))
+            pos = 0.5 * float_tail(c, w, max(m, 0))
+            neg = 0.5 * (1.0 - float_tail(c, w, -m)) if m <= -1 else 0.0
+            return pos + neg
+
+        def point(z: int) -> float:
+            return z_at_least(z) - z_at_least(z + 1)
+
+        # draw > a: sure for 2^F·z > a − lo, impossible for 2^F·z ≤ a − hi.
+        sure_up = ((a - lo) >> f) + 1
+        up = z_at_least(sure_up) + sum(
+            point(z) * (1.0 - _dither_at_most(a - (z << f), f, lo))
+            for z in range(((a - hi) >> f), sure_up)
+        )
+        # draw < −a: sure for 2^F·z < −a − hi, impossible for 2^F·z ≥ −a − lo.
+        sure_down = -((a + hi) >> f) - 1  # the largest z with 2^F·z + hi < −a
+        while (sure_down + 1 << f) + hi < -a:
+            sure_down += 1
+        down = (
+            1.0
+            - z_at_least(sure_down + 1)
+            + sum(
+                point(z) * _dither_at_most(-a - (z << f) - 1, f, lo)
+                for z in range(sure_down + 1, -((a + lo) >> f) + 1)
+            )
+        )
+        return up + down
+
+    def grid_upper(self, which: str, a: int) -> float:
+        """P(draw > a) for the one-sided sampler (exp3): a draw is ≥ −2^(F−1),
+        so this is the tail that bounds ν − γ (`accuracy.joint_alpha_grid`)."""
+        c, w = self._digits(which)
+        if self.signed:
+            raise ValueError("grid_upper is for the one-sided sampler")
+        if self.shift == 0:
+            return float_tail(c, w, a + 1)
+        f, n = self.shift, 1 << self.shift
+        lo = dither_offset(f, self.signed)
+        hi = lo + 2 * n - 2
+        sure = ((a - lo) >> f) + 1
+        return float_tail(c, w, max(sure, 0)) + sum(
+            (float_tail(c, w, z) - float_tail(c, w, z + 1))
+            * (1.0 - _dither_at_most(a - (z << f), f, lo))
+            for z in range(max((a - hi) >> f, 0), max(sure, 0))
+        )
+
+    def grid_pmf(self, which: str) -> tuple[int, npt.NDArray[np.float64]]:
+        """(lowest value, pmf) of one draw in grid units (small supports only):
+        2^F·Z convolved with the dither's law."""
+        c, w = self._digits(which)
+        exact = pmf(c, w, self.signed)
+        lo = min(exact)
+        z = np.zeros(max(exact) - lo + 1)
+        for x, p in exact.items():
+            z[x - lo] = float(p)
+        if self.shift == 0:
+            return lo, z
+        spread = np.zeros((len(z) - 1 << self.shift) + 1)
+        spread[:: 1 << self.shift] = z
+        d_lo, d = dither_law(self.shift, self.signed)
+        return (lo << self.shift) + d_lo, np.convolve(spread, d)
+
+
+def dither_offset(shift: int, signed: bool) -> int:
+    """The dither's least value: −2^(F−1) for the two-sided sampler (so a draw
+    stays symmetric about −1 grid unit), 0 for the one-sided one (so its draws
+    stay ≥ 0, which exp3's scans rely on)."""
+    return -(1 << (shift - 1)) if signed and shift else 0
+
+
+def _dither_at_most(x: int, shift: int, lo: int) -> float:
+    """P(D ≤ x) for the dither at F = shift ≥ 1 with least value lo
+    (`dither_law`), closed form: D − lo = U + U' is triangular on
+    [0, 2^(F+1) − 2]."""
+    n = 1 << shift
+    s = x - lo
+    if s < 0:
+        return 0.0
+    if s >= 2 * n - 2:
+        return 1.0
+    if s <= n - 1:
+        return (s + 1) * (s + 2) / 2 / (n * n)
+    return 1.0 - (2 * n - 2 - s) * (2 * n - 1 - s) / 2 / (n * n)
+
+
+def dither_law(shift: int, signed: bool = True) -> tuple[int, npt.NDArray[np.float64]]:
+    """(lowest value, pmf) of the dither the two servers add to a draw at
+    F = shift ≥ 1: U_helper + U_leader + `dither_offset`, each U uniform in
+    [0, 2^F)."""
+    n = 1 << shift
+    one = np.full(n, 1.0 / n)
+    return dither_offset(shift, signed), np.convolve(one, one)
 
 
 def _power_of_two_above(x: Fraction) -> Fraction:
@@ -109,45 +259,85 @@ def _within(ratio: Fraction, epsilon: Fraction) -> bool:
     return ratio.numerator << _EXP_PRECISION <= lo * ratio.denominator
 
 
+Digits = tuple[tuple[int, ...], tuple[int, ...]]
+
+
+def _fit(scale: Fraction, precision: int, shift: int) -> Digits | None:
+    """The fewest digits at this precision whose tail past a shift by `shift`
+    sensitivities, P(G ≥ 2^K − shift), is at most the cap (the two-sided
+    sampler's δ is half that); None if a digit needed cannot be fitted in 64
+    bits."""
+    k = max(2, shift.bit_length() + 1)
+    while True:
+        try:
+            c, w = fitted_digits(scale, precision, k)
+        except ValueError:
+            return None
+        if tail_mass(c, w, (1 << k) - shift) <= JOINT_DELTA_CAP:
+            return c, w
+        k += 1
+
+
 @functools.lru_cache(maxsize=256)
-def joint_stream_noise(
-    kind: StreamKind, epsilon: Fraction, frac_bits: int, bits: int = SAMPLER_BITS
-) -> JointStreamNoise:
+def joint_stream_noise(kind: StreamKind, epsilon: Fraction, frac_bits: int) -> JointStreamNoise:
     """The samplers and charge of a joint-noise stream of this kind and ε.
-    ValueError for a kind that cannot take joint noise, or (no inflation of the
-    ladder fits) a precision too low for this ε."""
+    ValueError for a kind that cannot take joint noise, or an ε no sampler of
+    at most 64-bit digits fits."""
     model = noise_model(check_joint_kind(kind))
-    delta_unit = sensitivity(frac_bits)
-    t_rho = model.threshold_scale(epsilon, frac_bits)
-    t_nu = model.query_scale(epsilon, frac_bits)
-    for m in INFLATION_EXPONENTS:
-        inflation = 1 + Fraction(1, 1 << m)
-        c_rho = sampler_constants(t_rho * inflation, bits)
-        c_nu = sampler_constants(t_nu * inflation, bits)
-        if (1 << len(c_rho)) < delta_unit or (1 << len(c_nu)) < 2 * delta_unit:
-            raise ValueError(f"epsilon={epsilon} is too large for the joint sampler")
-        ratio = shift_ratio(c_rho, bits, delta_unit) * shift_ratio(c_nu, bits, 2 * delta_unit)
-        if _within(ratio, epsilon):
-            delta = (
-                tail_mass(c_rho, bits, (1 << len(c_rho)) - delta_unit)
-                + tail_mass(c_nu, bits, (1 << len(c_nu)) - 2 * delta_unit)
-            ) / 2
-            if delta > JOINT_DELTA_CAP:
-                raise ValueError(
-                    f"the joint sampler's δ at epsilon={epsilon} exceeds the cap 2^-64"
-                )
-            return JointStreamNoise(
-                bits,
-                c_rho,
-                c_nu,
-                t_rho * inflation,
-                t_nu * inflation,
-                inflation,
-                ratio,
-                delta,
-                _power_of_two_above(delta),
-            )
-    raise ValueError(f"the joint sampler at {bits} bits cannot fit epsilon={epsilon}")
+    shift = check_frac_bits(frac_bits)
+    signed = model.query_family == "laplace"  # exp3: one-sided geometric
+    ratio_at = shift_ratio if signed else one_sided_ratio
+    # In sensitivities: the change of variables shifts ρ by 1 and ν by 2.
+    t_rho = Fraction(model.threshold_coef) / epsilon
+    t_nu = Fraction(model.query_coef) / epsilon
+    fallback: tuple[int, Digits, Digits, Fraction] | None = None
+    for precision in PRECISIONS:
+        for m in INFLATION_EXPONENTS:
+            inflation = 1 + Fraction(1, 1 << m)
+            rho = _fit(t_rho * inflation, precision, 1)
+            nu = _fit(t_nu * inflation, precision, 2)
+            if rho is None or nu is None:
+                break
+            ratio = ratio_at(*rho, 1) * ratio_at(*nu, 2)
+            if _within(ratio, epsilon):
+                if m >= TARGET_INFLATION_EXPONENT:
+                    return _stream(rho, nu, t_rho, t_nu, inflation, ratio, shift, signed)
+                if fallback is None or m > fallback[0]:
+                    fallback = (m, rho, nu, ratio)
+                break
+    if fallback is None:
+        raise ValueError(f"the joint sampler cannot fit epsilon={epsilon}")
+    m, rho, nu, ratio = fallback
+    return _stream(rho, nu, t_rho, t_nu, 1 + Fraction(1, 1 << m), ratio, shift, signed)
+
+
+def _stream(
+    rho: Digits,
+    nu: Digits,
+    t_rho: Fraction,
+    t_nu: Fraction,
+    inflation: Fraction,
+    ratio: Fraction,
+    shift: int,
+    signed: bool,
+) -> JointStreamNoise:
+    # The mass a shift by 1 (γ) or 2 (ν) pushes past the top of the support;
+    # the two-sided sampler reaches it with its positive half only.
+    delta = tail_mass(*rho, (1 << len(rho[0])) - 1) + tail_mass(*nu, (1 << len(nu[0])) - 2)
+    if signed:
+        delta /= 2
+    return JointStreamNoise(
+        *rho,
+        *nu,
+        t_rho * inflation,
+        t_nu * inflation,
+        inflation,
+        ratio,
+        delta,
+        _power_of_two_above(delta),
+        shift,
+        signed,
+    )
 
 
 def joint_group_delta(

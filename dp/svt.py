@@ -20,7 +20,6 @@ import numpy as np
 import numpy.typing as npt
 
 from svtagg.dp.errors import StreamClosed
-from svtagg.dp.joint import sample
 from svtagg.dp.kinds import ABOVE_THRESHOLD_KINDS, StreamKind, check_epsilon
 from svtagg.dp.noise import RandomSource, draw_query_noise, draw_threshold_noise
 from svtagg.dp.queries import Outcome
@@ -55,7 +54,7 @@ class _StreamBase:
         self._joint = joint
         # init(ε): the secret threshold noise, drawn once per stream (per party).
         if joint is not None:
-            self._gamma = int(sample(joint.threshold_constants, joint.bits, 1, rng)[0])
+            self._gamma = int(joint.sample("threshold", 1, rng)[0])
         else:
             self._gamma = sum(
                 draw_threshold_noise(kind, self.epsilon, frac_bits, rng) for _ in range(parties)
@@ -67,7 +66,7 @@ class _StreamBase:
 
     def _query_noise(self, k: int) -> I64:
         if self._joint is not None:
-            return sample(self._joint.query_constants, self._joint.bits, k, self._rng)
+            return self._joint.sample("query", k, self._rng)
         total = np.zeros(k, dtype=np.int64)
         for _ in range(self.parties):
             total += draw_query_noise(self.kind, self.epsilon, self.frac_bits, k, self._rng)

@@ -153,7 +153,7 @@ async def _measure(k: int, width: int, epsilon: Fraction) -> dict[str, dict[str,
             "seconds": min(seconds) / k,
         }
     noise = joint_stream_noise(StreamKind.LAP24, epsilon, FRAC_BITS)
-    shape = SamplerShape(noise.query_constants, noise.bits)
+    shape = SamplerShape(noise.query_constants, noise.query_widths, noise.shift)
     seconds = []
     for _ in range(REPEATS):
         start = time.perf_counter()

@@ -43,25 +43,33 @@ import numpy.typing as npt
 from svtagg.mpc.circuits import WireSource, _add_const, lane_batches, ring_from_bits
 from svtagg.mpc.garble import Backend, Bits, Wires
 from svtagg.mpc.protocol import ChunkCircuit, ComparisonEvaluator, ComparisonGarbler
-from svtagg.mpc.ring import RING_BITS, U64
+from svtagg.mpc.ring import RING_BITS, U64, Widths, widths_of
 
 I64 = npt.NDArray[np.int64]
 
 
 @dataclass(frozen=True)
 class SamplerShape:
-    """The public description of the sampler: b and the constants c_0..c_{K−1}."""
+    """The public description of the sampler: the constants c_0..c_{K−1}, their
+    widths b_i (one for all digits or one each), and the shift F: the shares
+    are of 2^F·Z."""
 
     constants: tuple[int, ...]
-    bits: int
+    bits: Widths
+    shift: int = 0
+    #: False: the one-sided sampler, Z = G ≥ 0 (no sign bit; exp3's noise).
+    signed: bool = True
 
     def __post_init__(self) -> None:
-        if not 1 <= self.bits <= RING_BITS:
-            raise ValueError(f"constant width must be in [1, 64], got {self.bits}")
+        widths = widths_of(self.constants, self.bits)
+        if not all(1 <= b <= RING_BITS for b in widths):
+            raise ValueError(f"every digit's width must be in [1, 64], got {self.bits}")
         if not 1 <= len(self.constants) < RING_BITS:
             raise ValueError("the sampler needs between 1 and 63 digits")
-        if any(not 1 <= c < 1 << self.bits for c in self.constants):
+        if any(not 1 <= c < 1 << b for c, b in zip(self.constants, widths, strict=True)):
             raise ValueError("every constant must be in [1, 2^bits)")
+        if not 0 <= self.shift < RING_BITS - len(self.constants):
+            raise ValueError("the shift leaves no room for the sample")
 
     @property
     def digits(self) -> int:
@@ -69,88 +77,137 @@ class SamplerShape:
         return len(self.constants)
 
     @property
+    def widths(self) -> tuple[int, ...]:
+        """b_0, …, b_{K−1}."""
+        return widths_of(self.constants, self.bits)
+
+    @property
     def random_bits(self) -> int:
-        """Joint random bits per sample: K·b for the digits, one for the sign."""
-        return self.digits * self.bits + 1
+        """Joint random bits per sample: Σ b_i for the digits, one for the sign."""
+        return sum(self.widths) + int(self.signed)
 
     @property
     def words(self) -> int:
-        """W: 64-bit words of random bits per sample and party."""
+        """W: input lanes per sample and party (OT'd words on the evaluator)."""
         return -(-self.random_bits // RING_BITS)
+
+    @property
+    def lane_bits(self) -> int:
+        """Random bits per lane: the evaluator's OT width, ⌈bits / W⌉."""
+        return -(-self.random_bits // self.words)
+
+    @property
+    def out_bits(self) -> int:
+        """Bits of Z − r computed: 64 − F (the shares' low F bits are 0)."""
+        return RING_BITS - self.shift
+
+    def position(self, j: int) -> tuple[int, int]:
+        """(lane, bit) of the sample's random bit j."""
+        return divmod(j, self.lane_bits)
+
+
+def _lowest_set(x: int) -> int:
+    return (x & -x).bit_length() - 1
+
+
+def digit_and_gates(shape: SamplerShape) -> int:
+    """ANDs of the K comparisons: b_i − 1 − (trailing zeros of 2^b_i − c_i) each."""
+    return sum(
+        b - 1 - _lowest_set((1 << b) - c)
+        for c, b in zip(shape.constants, shape.widths, strict=True)
+    )
 
 
 def and_gates_per_sample(shape: SamplerShape) -> int:
-    """K·b for the digit comparisons plus 63 for subtracting r."""
-    return shape.digits * shape.bits + RING_BITS - 1
+    """The digit comparisons plus 63 − F for subtracting r."""
+    return digit_and_gates(shape) + shape.out_bits - 1
 
 
-def _digit_bits(be: Backend, x: list[Wires], shape: SamplerShape, garbler: bool) -> list[Wires]:
-    """bit_i = [U_i < c_i] for every digit i, all digits in one gate call per bit
-    position: x holds the joint bits j = 0..K·b − 1, each an n-lane wire vector."""
-    k, b = shape.digits, shape.bits
+def _digit_bits(be: Backend, x: list[Wires], shape: SamplerShape) -> list[Wires]:
+    """bit_i = [U_i < c_i] for every digit i: the complement of the carry out of
+    U_i + k_i, k_i = 2^b_i − c_i public.  Below k_i's lowest 1 the carry is 0,
+    at it the carry is that bit of U_i, above it one AND per bit,
+    c' = c ⊕ ((x ⊕ c) ∧ (k_t ⊕ c)) (majority with a public bit); the digits
+    still running at bit t share one gate call.  x: digit i's bits start at
+    Σ_{j<i} b_j, each an n-lane wire vector."""
+    widths = shape.widths
+    addends = [(1 << b) - c for c, b in zip(shape.constants, widths, strict=True)]
+    starts = [sum(widths[:i]) for i in range(len(widths))]
+    low = [_lowest_set(k) for k in addends]
     n = x[0].shape[0]
-    addends = [(1 << b) - c for c in shape.constants]
-
-    def addend_bits(t: int) -> Bits | None:  # bit t of every digit's addend, K·n lanes
-        if not garbler:
-            return None
-        return np.repeat(np.array([(a >> t) & 1 for a in addends], dtype=np.uint8), n)
-
-    def row(t: int) -> Wires:  # bit t of U_0, …, U_{K−1}, laid end to end
-        return np.concatenate([x[i * b + t] for i in range(k)])
-
-    carry = be.and_const(addend_bits(0), row(0))  # c_1 = x_0 ∧ k_0
-    for t in range(1, b):
-        xt, c = row(t), carry
-        carry = be.xor(c, be.and_(be.xor(xt, c), be.xor_const(c, addend_bits(t))))
-    below = be.not_(carry)  # no carry out: U_i + 2^b − c_i < 2^b, i.e. U_i < c_i
-    return [below[i * n : (i + 1) * n] for i in range(k)]
+    carry: list[Wires] = [x[s + t] for s, t in zip(starts, low, strict=True)]
+    for t in range(1, max(widths)):
+        live = [i for i in range(len(widths)) if low[i] < t < widths[i]]
+        if not live:
+            continue
+        xs = np.concatenate([x[starts[i] + t] for i in live])
+        cs = np.concatenate([carry[i] for i in live])
+        # k_t ⊕ c: a NOT where the public bit is 1 (the evaluator does nothing)
+        ks = np.concatenate([be.not_(carry[i]) if addends[i] >> t & 1 else carry[i] for i in live])
+        # c' = c ⊕ ((x ⊕ c) ∧ (k ⊕ c)): the majority of x, k and c.
+        out = be.xor(cs, be.and_(be.xor(xs, cs), ks))
+        for j, i in enumerate(live):
+            carry[i] = out[j * n : (j + 1) * n]
+    return [be.not_(c) for c in carry]  # no carry out: U_i + 2^b_i − c_i < 2^b_i
 
 
 def joint_noise_circuit(
     be: Backend, a_bits: Bits | None, b: WireSource, n: int, shape: SamplerShape
 ) -> tuple[Wires, ...]:
-    """y = ν − r mod 2^64 for n samples ν of the sampler on the joint bits u ⊕ v.
+    """y = Z − r mod 2^(64−F) for n samples Z of the sampler on the joint bits
+    u ⊕ v.
 
     a_bits: the garbler's (64, (W + 1)·n) bits — W vectors of n words of u, then
-    the n constants −r (None on the evaluator); b: the evaluator's W·n words of
-    v.  Outputs 64 bundles of n wires, bit i of y in bundle i.
-    """
+    the n constants −r (None on the evaluator); b: the evaluator's W·n lanes of
+    v, `lane_bits` each.  Outputs 64 − F bundles of n wires, bit i of y in
+    bundle i."""
     w = shape.words
-    garbler = a_bits is not None
     # Each batch is copied as it comes: the OT extension reuses its label buffer.
     bw = np.concatenate([b(lo, hi).copy() for lo, hi in lane_batches(w * n)], axis=1)
+    bits = shape.lane_bits
+    # The joint bits u ⊕ v: one relabelling of all the evaluator's wires by the
+    # garbler's bits (bit j of a sample at row j mod lane_bits of its word).
+    flat = bw[:bits].reshape(bits * w * n, *bw.shape[2:])
+    u_all = None if a_bits is None else a_bits[:bits, : w * n].reshape(-1)
+    joint = be.xor_const(flat, u_all).reshape(bw[:bits].shape)
     x: list[Wires] = []
     for j in range(shape.random_bits):
-        word, pos = divmod(j, RING_BITS)
-        u = None if a_bits is None else a_bits[pos, word * n : (word + 1) * n]
-        x.append(be.xor_const(bw[pos, word * n : (word + 1) * n], u))
-    sign = x[-1]
-    mag = _digit_bits(be, x[:-1], shape, garbler)
-    nu = [be.xor(g, sign) for g in mag] + [sign] * (RING_BITS - shape.digits)
+        word, pos = shape.position(j)
+        x.append(joint[pos, word * n : (word + 1) * n])
+    if shape.signed:
+        sign = x[-1]
+        mag = _digit_bits(be, x[:-1], shape)
+        z = [be.xor(g, sign) for g in mag] + [sign] * (shape.out_bits - shape.digits)
+    else:
+        mag = _digit_bits(be, x, shape)
+        zero = be.xor(x[0], x[0])  # the constant 0 (both labels agree)
+        z = mag + [zero] * (shape.out_bits - shape.digits)
 
     def neg_r(i: int) -> Bits | None:
         return None if a_bits is None else a_bits[i, w * n : (w + 1) * n]
 
-    return tuple(_add_const(be, nu, neg_r))
+    return tuple(_add_const(be, z, neg_r))
 
 
 def plain_joint_noise(words: U64, shape: SamplerShape) -> I64:
-    """Plaintext reference: the sample of each column of `words` ((W, n) joint
-    random words, u ⊕ v), straight from the definition."""
+    """Plaintext reference: the sample Z of each column of `words` ((W, n) joint
+    random words, u ⊕ v; bits above `lane_bits` ignored), from the definition."""
     words = np.asarray(words, dtype=np.uint64).reshape(shape.words, -1)
 
     def bit(j: int) -> npt.NDArray[np.int64]:
-        word, pos = divmod(j, RING_BITS)
+        word, pos = shape.position(j)
         return ((words[word] >> np.uint64(pos)) & np.uint64(1)).astype(np.int64)
 
-    b = shape.bits
     g = np.zeros(words.shape[1], dtype=np.int64)
-    for i, c in enumerate(shape.constants):
-        u = np.zeros(words.shape[1], dtype=object)  # U_i < 2^b: Python integers
+    start = 0
+    for i, (c, b) in enumerate(zip(shape.constants, shape.widths, strict=True)):
+        u = np.zeros(words.shape[1], dtype=object)  # U_i < 2^b_i: Python integers
         for t in range(b):
-            u = u + (bit(i * b + t).astype(object) << t)
+            u = u + (bit(start + t).astype(object) << t)
         g |= (u < c).astype(np.int64) << i
+        start += b
+    if not shape.signed:
+        return g
     s = bit(shape.random_bits - 1)
     return np.where(s == 1, -g - 1, g)
 
@@ -161,20 +218,28 @@ def _parse_nothing(msg: bytes, k: int) -> None:
 
 
 def joint_noise_spec(shape: SamplerShape) -> ChunkCircuit[U64 | None]:
-    """The chunk of n samples: W evaluator input vectors (the words of v), one
-    garbler-only vector (−r); the evaluator decodes y, the garbler learns nothing."""
+    """The chunk of n samples: W evaluator input vectors (the words of v, OT'd at
+    `lane_bits` each), one garbler-only vector (−r); the evaluator decodes
+    y·2^F, the garbler learns nothing."""
     ands = and_gates_per_sample(shape)
+    zero_rows = shape.shift
+
+    def decode(rows: list[Bits]) -> U64:
+        pad = [np.zeros_like(rows[0])] * zero_rows
+        return ring_from_bits(pad + list(rows))
+
     return ChunkCircuit(
         inputs=tuple(f"v{i}" for i in range(shape.words)),
-        outputs=RING_BITS,
+        outputs=shape.out_bits,
         circuit=lambda be, a_bits, b, k: joint_noise_circuit(be, a_bits, b, k, shape),
-        decode=ring_from_bits,
+        decode=decode,
         encode=lambda y, k: b"",
         parse=_parse_nothing,
         empty=lambda: None,
         garbler_inputs=1,
         # 2 ciphertexts per AND over the W lanes a sample takes, rounded up.
         tables_per_lane=-(-2 * ands // shape.words) + 1,
+        width=shape.lane_bits,
     )
 
 
@@ -195,7 +260,7 @@ async def garble_joint_noise(
     u = u.reshape(shape.words, n)
     r = _random_words(n)
     await party._chunk_flow(joint_noise_spec(shape), *u, np.uint64(0) - r)
-    return r
+    return r << np.uint64(shape.shift)
 
 
 async def evaluate_joint_noise(

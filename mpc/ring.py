@@ -93,3 +93,17 @@ def can_wrap(
 ) -> bool:
     """True if z_L + z_H could leave (-2^63, 2^63), i.e. a comparison could be wrong."""
     return wrap_bound(n_max, frac_bits, tau_bound, noise_bound_per_party, parties) >= SIGNED_LIMIT
+
+
+#: The widths of the joint sampler's digits (`mpc.jointnoise`, `dp.joint`): one
+#: b for every digit, or b_i per digit.
+Widths = int | tuple[int, ...]
+
+
+def widths_of(constants: tuple[int, ...], bits: Widths) -> tuple[int, ...]:
+    """b_0, …, b_{K−1}: `bits` repeated, or `bits` itself (checked to match)."""
+    if isinstance(bits, int):
+        return (bits,) * len(constants)
+    if len(bits) != len(constants):
+        raise ValueError("one width per digit")
+    return tuple(bits)

@@ -473,8 +473,9 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
 
 def spy_joint_sampler(monkeypatch: pytest.MonkeyPatch, garbler_only: bool) -> list[np.ndarray]:
     """Hook the servers' joint-noise sampler (`servers.exchange.joint`): each draw appends
-    the ν that the garbling server's own random words alone would give (its best
-    guess, `plain_joint_noise` of its words); with `garbler_only` the evaluating
+    the Z that the garbling server's own random words alone would give (its best
+    guess, `plain_joint_noise` of its words; the servers' dither is off, see
+    `joint_z`); with `garbler_only` the evaluating
     server's words are zero — the control where one server's randomness is all
     that enters the sampler.  Returns the list the guesses go to."""
     from svtagg.dp.noise import RandomSource
@@ -484,6 +485,8 @@ def spy_joint_sampler(monkeypatch: pytest.MonkeyPatch, garbler_only: bool) -> li
 
     guesses: list[np.ndarray] = []
     real_garble, real_evaluate = jointnoise.garble_joint_noise, jointnoise.evaluate_joint_noise
+    # No dither, so the pair's draw is exactly 2^F·Z − 2^(F−1) (`joint_z` undoes it).
+    monkeypatch.setattr(server_joint, "_dither", lambda n, shift: np.zeros(n, dtype=np.uint64))
 
     async def garble(party: Any, n: int, shape: SamplerShape, u: Any = None) -> Any:
         u = RandomSource().u64(shape.words * n).reshape(shape.words, n)
@@ -500,6 +503,11 @@ def spy_joint_sampler(monkeypatch: pytest.MonkeyPatch, garbler_only: bool) -> li
     return guesses
 
 
+def joint_z(grid: np.ndarray, frac_bits: int) -> np.ndarray:
+    """The Z of draws made without dither (`spy_joint_sampler`): 2^F·Z − 2^(F−1)."""
+    return (np.asarray(grid, dtype=np.int64) + (1 << (frac_bits - 1))) >> frac_bits
+
+
 def joint_guess_bound(frac_bits: int) -> float:
     """How often a server may name a lap24 (ε = 1) joint ν from its own bits and
     still count as not predicting it: four times the chance that two
@@ -511,7 +519,8 @@ def joint_guess_bound(frac_bits: int) -> float:
     from svtagg.dp.kinds import StreamKind
 
     noise = joint_stream_noise(StreamKind.LAP24, Fraction(1), frac_bits)
-    collision = float(sum(p * p for p in pmf(noise.query_constants, noise.bits).values()))
+    law = pmf(noise.query_constants, noise.query_widths).values()
+    collision = float(sum(p * p for p in law))
     return 4 * collision + 0.005
 
 

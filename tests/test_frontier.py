@@ -21,6 +21,7 @@ from svtagg.experiments.frontier import (
     frontier,
 )
 from svtagg.mpc.circuits import argmax_and_gates
+from svtagg.mpc.jointnoise import SamplerShape, and_gates_per_sample
 
 #: Made-up constants, so the cost columns can be checked against them exactly.
 COSTS = EngineCosts(40, 64, 41.0, 2000.0, 1e-5, 120.0, 4500.0, 6e-5, 1600.0, 76000.0, 2e-4)
@@ -43,9 +44,11 @@ def test_engine_costs_on_a_small_instance() -> None:
     assert c.bytes_per_query > 16 * c.and_per_query  # two 128-bit ciphertexts per AND
     assert c.bytes_per_candidate > 2 * c.bytes_per_query
     assert c.seconds_per_query > 0 and c.seconds_per_candidate > 0
-    # one joint ν: the sampler's K·b + 63 ANDs (no chunk logic), ≥ 32 B of tables each
+    # one joint ν: the sampler's digit comparisons and the 47-bit re-share (no
+    # chunk logic), ≥ 32 B of tables each
     noise = joint_stream_noise(StreamKind.LAP24, Fraction(1), 16)
-    assert c.and_per_sample == len(noise.query_constants) * noise.bits + 63
+    shape = SamplerShape(noise.query_constants, noise.query_widths, noise.shift)
+    assert c.and_per_sample == and_gates_per_sample(shape)
     assert c.bytes_per_sample > 32 * c.and_per_sample and c.seconds_per_sample > 0
 
 

@@ -84,22 +84,32 @@ def test_one_draw_alpha_holds_and_is_the_one_party_bound(kind: StreamKind) -> No
     noise = joint_stream_noise(kind, eps, f)
     rng = RandomSource(b"joint-alpha")
     trials = 4000
-    gamma = sample(noise.threshold_constants, noise.bits, trials, rng)
-    nu = sample(noise.query_constants, noise.bits, trials * k, rng).reshape(trials, k)
+    gamma = noise.sample("threshold", trials, rng)
+    nu = noise.sample("query", trials * k, rng).reshape(trials, k)
     worst = np.max(np.abs(nu - gamma[:, None]), axis=1)
     assert np.mean(worst >= grid) <= beta  # the union bound is loose: typically far below β
     assert np.mean(worst >= grid // 2) > beta  # ... and α is not vacuous
     assert accuracy.joint_alpha(kind, eps, k, beta, f) == grid / sensitivity(f)
 
 
-def test_a_stream_above_the_delta_cap_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_digits_follow_the_delta_cap(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sampler takes the fewest digits whose tail fits the cap: a cap of
+    2^−24 instead of 2^−64 saves a digit and is met; a cap no 64-bit digit can
+    reach refuses the stream."""
     kind, eps, f = StreamKind.LAP24, Fraction(1), 8
-    charge = joint_stream_noise(kind, eps, f).delta_charge
-    assert 0 < charge <= JOINT_DELTA_CAP
+    noise = joint_stream_noise(kind, eps, f)
+    assert 0 < noise.delta <= noise.delta_charge <= JOINT_DELTA_CAP
     jointsvt.joint_stream_noise.cache_clear()
-    monkeypatch.setattr(jointsvt, "JOINT_DELTA_CAP", charge / 4)
     try:
-        with pytest.raises(ValueError, match="exceeds the cap"):
+        monkeypatch.setattr(jointsvt, "JOINT_DELTA_CAP", Fraction(1, 1 << 24))
+        higher = jointsvt.joint_stream_noise(kind, eps, f)
+        assert noise.delta < higher.delta <= Fraction(1, 1 << 24)
+        assert len(higher.query_constants) + len(higher.threshold_constants) < len(
+            noise.query_constants
+        ) + len(noise.threshold_constants)
+        jointsvt.joint_stream_noise.cache_clear()
+        monkeypatch.setattr(jointsvt, "JOINT_DELTA_CAP", Fraction(1, 1 << 400))
+        with pytest.raises(ValueError, match="cannot fit"):
             jointsvt.joint_stream_noise(kind, eps, f)
     finally:
         jointsvt.joint_stream_noise.cache_clear()
@@ -124,8 +134,8 @@ def test_local_joint_oracle_charges_and_refuses_as_the_servers() -> None:
     data = (rng.random((3000, 40)) < 0.2).astype(float)
     data[:, 11] = rng.random(3000) < 0.6
     o = LocalOracle(data, 8, "1/1000", frac_bits=8, noise="joint", epsilon_min="1/64", seed=5)
-    with pytest.raises(ValueError, match="lap24 and lap3"):
-        o.open_stream("1", StreamKind.EXP3)
+    with pytest.raises(ValueError, match="lap24, lap3 and exp3"):
+        o.open_stream("1/2", StreamKind.CTT, "1/100")
     with pytest.raises(ValueError, match="independent noise only"):
         o.noisy_max([], "1")
     with pytest.raises(ValueError, match="epsilon_min"):

@@ -16,6 +16,8 @@ import pytest
 
 from svtagg.dp.joint import (
     brute_force_loss,
+    fitted_digits,
+    one_sided_ratio,
     pmf,
     privacy_loss,
     sampler_constants,
@@ -38,39 +40,55 @@ M64 = 1 << 64
 
 
 def _plain_run(shape: SamplerShape, u: np.ndarray, v: np.ndarray, r: np.ndarray) -> np.ndarray:
-    """The circuit in the plaintext backend: y = ν − r, as int64 ν after adding r."""
+    """The circuit in the plaintext backend: y = Z − r mod 2^(64−F), as int64 Z
+    after shifting back and adding r (checking the shares' low F bits are 0)."""
     n = r.size
     be = PlainBackend()
     garbler = bit_planes(np.concatenate([u.reshape(-1), np.uint64(0) - r]))
     out = joint_noise_circuit(be, garbler, planes(bit_planes(v.reshape(-1))), n, shape)
     assert be.and_gates == and_gates_per_sample(shape) * n
-    return (ring_from_bits(list(out)) + r).view(np.int64)
+    assert len(out) == 64 - shape.shift
+    pad = [np.zeros_like(out[0])] * shape.shift
+    total = ring_from_bits(pad + list(out)) + (r << np.uint64(shape.shift))
+    return total.view(np.int64) >> shape.shift
 
 
 def _all_words(shape: SamplerShape) -> np.ndarray:
-    """Every assignment of the K·b + 1 random bits, as (W, 2^(K·b+1)) words."""
+    """Every assignment of the Σb_i + 1 random bits, as (W, 2^(Σb_i+1)) words."""
     total = shape.random_bits
     j = np.arange(1 << total, dtype=np.uint64)
     words = np.zeros((shape.words, j.size), dtype=np.uint64)
     for bit in range(total):
-        w, pos = divmod(bit, 64)
+        w, pos = shape.position(bit)
         words[w] |= ((j >> np.uint64(bit)) & np.uint64(1)) << np.uint64(pos)
     return words
 
 
 @pytest.mark.parametrize(
-    "constants,bits",
-    [((1,), 1), ((3, 1), 2), ((5, 3, 1), 3), ((6, 5, 2), 4), ((13, 7, 2, 1), 4)],
+    "constants,bits,shift,signed",
+    [
+        ((1,), 1, 0, True),
+        ((3, 1), 2, 0, True),
+        ((5, 3, 1), 3, 0, True),
+        ((6, 5, 2), 4, 0, True),
+        ((13, 7, 2, 1), 4, 0, True),
+        # per-digit widths (a fair digit, an addend with trailing zeros) and a shift
+        ((1, 3, 5, 2), (1, 2, 3, 4), 16, True),
+        ((4, 11, 1), (4, 5, 3), 3, True),
+        # the one-sided sampler (exp3): no sign bit, Z = G ≥ 0
+        ((13, 7, 2, 1), 4, 0, False),
+        ((4, 11, 1, 1), (4, 5, 3, 2), 16, False),
+    ],
 )
 def test_circuit_formula_and_pmf_agree_on_every_input(
-    constants: tuple[int, ...], bits: int
+    constants: tuple[int, ...], bits: int | tuple[int, ...], shift: int, signed: bool
 ) -> None:
-    """Exhaustive: for every joint bit string the circuit's ν equals the formula,
-    and counting the formula's outputs over all 2^(K·b+1) strings gives exactly
-    2^(K·b+1) · pmf — the pmf is the law of what is implemented."""
-    shape = SamplerShape(constants, bits)
+    """Exhaustive: for every joint bit string the circuit's Z equals the formula,
+    and counting the formula's outputs over all 2^(Σb_i+1) strings gives exactly
+    2^(Σb_i+1) · pmf — the pmf is the law of what is implemented."""
+    shape = SamplerShape(constants, bits, shift, signed)
     joint = _all_words(shape)
-    rng = np.random.default_rng(len(constants) * 31 + bits)
+    rng = np.random.default_rng(len(constants) * 31 + shape.random_bits + shift)
     u = rng.integers(0, M64, joint.shape, dtype=np.uint64, endpoint=False)
     r = rng.integers(0, M64, joint.shape[1], dtype=np.uint64, endpoint=False)
     nu = _plain_run(shape, u, u ^ joint, r)
@@ -78,7 +96,7 @@ def test_circuit_formula_and_pmf_agree_on_every_input(
     np.testing.assert_array_equal(nu, formula)
     counts = Counter(formula.tolist())
     total = joint.shape[1]
-    exact = pmf(constants, bits)
+    exact = pmf(constants, bits, signed)
     assert sum(exact.values()) == 1
     assert {x: Fraction(c, total) for x, c in counts.items()} == exact
 
@@ -88,9 +106,36 @@ def test_shape_checks_and_layout() -> None:
         SamplerShape((0, 1), 2)  # c = 0 would be a constant digit
     with pytest.raises(ValueError):
         SamplerShape((4,), 2)  # c = 2^b is probability 1
+    with pytest.raises(ValueError):
+        SamplerShape((1, 1), (1,))  # one width per digit
+    with pytest.raises(ValueError):
+        SamplerShape((1,) * 10, 1, 54)  # no room for 10 digits and a sign above F
     s = SamplerShape(sampler_constants(Fraction(1 << 20), 64), 64)
     assert s.digits == 26 and s.random_bits == 26 * 64 + 1 and s.words == 27
-    assert and_gates_per_sample(s) == 26 * 64 + 63
+    # each digit's first AND (at the addend's lowest 1) is free, as are the
+    # positions below it
+    trailing = sum(((1 << 64) - c & -((1 << 64) - c)).bit_length() - 1 for c in s.constants)
+    assert and_gates_per_sample(s) == 26 * 63 - trailing + 63
+    # per-digit widths: the lanes are as wide as the bits need, not 64
+    w = SamplerShape((1, 3, 100), (1, 2, 8), 16)
+    assert w.random_bits == 12 and w.words == 1 and w.lane_bits == 12 and w.out_bits == 48
+    assert and_gates_per_sample(w) == (0 + 1 + 7 - 2) + 47  # 256 − 100 = 156 = 0b10011100
+
+
+def test_fitted_digits_keep_their_precision() -> None:
+    """`fitted_digits`: every c_i has at least `precision` − 1 significant bits
+    (unless capped at 64 bits), so its relative error is below 2^−precision, and
+    the widths grow with the digits' leading zeros."""
+    t = Fraction(4)
+    c, w = fitted_digits(t, 12, 8)
+    for i, (ci, bi) in enumerate(zip(c, w, strict=True)):
+        p = 1 / (1 + math.exp((1 << i) / float(t)))
+        assert ci >= 1 << 11 or bi == 64
+        assert abs(ci / (1 << bi) - p) <= p * 2.0**-12
+    assert list(w) == sorted(w) and w[-1] > w[0]
+    assert max(w) <= 64
+    with pytest.raises(ValueError):
+        fitted_digits(t, 12, 12)  # digit 11: p ≈ e^−512 rounds to 0 at 64 bits
 
 
 def test_constants_round_the_ideal_probabilities() -> None:
@@ -153,20 +198,37 @@ def _words(seed: bytes, shape: SamplerShape, n: int) -> np.ndarray:
     return RandomSource(seed).u64(shape.words * n).reshape(shape.words, n).copy()
 
 
-@pytest.mark.parametrize("t,b", [(Fraction(3), 8), (Fraction(1 << 20), 64)])
-def test_protocol_reconstructs_the_sample(mpc_engine: str, t: Fraction, b: int) -> None:
-    shape = SamplerShape(sampler_constants(t, b), b)
-    n = 5000 if b <= 8 else 300  # more than one OT lane batch
+def _stream_shape() -> SamplerShape:
+    """The servers' ν sampler of a lap24 stream at ε = 1, F = 16."""
+    from svtagg.dp.jointsvt import joint_stream_noise
+    from svtagg.dp.kinds import StreamKind
+
+    noise = joint_stream_noise(StreamKind.LAP24, Fraction(1), 16)
+    return SamplerShape(noise.query_constants, noise.query_widths, noise.shift)
+
+
+@pytest.mark.parametrize("which", ["t=3,b=8", "t=2^20,b=64", "stream"])
+def test_protocol_reconstructs_the_sample(mpc_engine: str, which: str) -> None:
+    shape = {
+        "t=3,b=8": lambda: SamplerShape(sampler_constants(Fraction(3), 8), 8),
+        "t=2^20,b=64": lambda: SamplerShape(sampler_constants(Fraction(1 << 20), 64), 64),
+        "stream": _stream_shape,
+    }[which]()
+    n = 5000 if shape.words <= 3 else 300  # more than one OT lane batch
     tag = mpc_engine.encode()
     u, v = _words(b"u" + tag, shape, n), _words(b"v" + tag, shape, n)
     r, y, ands = asyncio.run(_protocol(shape, u, v, n))
-    np.testing.assert_array_equal((r + y).view(np.int64), plain_joint_noise(u ^ v, shape))
+    f = np.uint64(shape.shift)
+    assert not np.any((r | y) & ((np.uint64(1) << f) - np.uint64(1)))  # low F bits 0
+    np.testing.assert_array_equal(
+        (r + y).view(np.int64) >> shape.shift, plain_joint_noise(u ^ v, shape)
+    )
     assert ands == and_gates_per_sample(shape) * n
     # Without test words both sides draw from os.urandom; shares still add up to
     # values in the support, and r is fresh.
     r1, y1, _ = asyncio.run(_protocol(shape, None, None, 200))
     r2, _, _ = asyncio.run(_protocol(shape, None, None, 200))
-    nu = (r1 + y1).view(np.int64)
+    nu = (r1 + y1).view(np.int64) >> shape.shift
     assert nu.min() >= -(1 << shape.digits) and nu.max() < 1 << shape.digits
     assert not np.array_equal(r1, r2)
 
@@ -245,3 +307,22 @@ def test_chi_square_at_scale_on_both_engines(mpc_engine: str) -> None:
     np.testing.assert_array_equal(samples, plain_joint_noise(u ^ v, shape))
     assert _chi_square_pvalue(samples, pmf(c, b)) > 1e-3
     assert _chi_square_pvalue(samples, pmf(sampler_constants(t * Fraction(21, 20), b), b)) < 1e-6
+
+
+@pytest.mark.parametrize("fitted", [False, True])
+def test_one_sided_ratio_matches_brute_force(fitted: bool) -> None:
+    """exp3's joint accounting shifts its one-sided draws upwards only: the
+    largest P(G = g)/P(G = g + d) by the digit programme equals enumeration,
+    and is within rounding of the ideal e^(d/t)."""
+    t = Fraction(5, 2)
+    bits: int | tuple[int, ...]
+    if fitted:
+        c, bits = fitted_digits(t, 12, 5)
+    else:
+        c, bits = sampler_constants(t, 16, digits=5), 16
+    law = pmf(c, bits, signed=False)
+    assert sum(law.values()) == 1 and min(law) == 0
+    for d in (1, 2, 3):
+        brute = max(law[g] / law[g + d] for g in law if g + d in law)
+        assert one_sided_ratio(c, bits, d) == brute
+        assert abs(math.log(brute) - d / t) < 0.01 * d / t

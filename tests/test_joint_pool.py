@@ -20,11 +20,10 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import joint_guess_bound, spy_joint_sampler
-from test_joint_servers import UNIT, N, _chi_square_pvalue, spec
+from conftest import joint_guess_bound, joint_z, spy_joint_sampler
+from test_joint_servers import UNIT, N, _chi_square_pvalue, binned_law, spec
 
 from svtagg.dp.errors import FailedPrecondition, Refusal
-from svtagg.dp.joint import pmf
 from svtagg.dp.jointsvt import joint_stream_noise
 from svtagg.dp.kinds import StreamKind
 from svtagg.proto.vocab import Role
@@ -74,8 +73,9 @@ def _check_pairs(p: ReferencePair, kind: StreamKind = StreamKind.LAP24, eps: int
     assert len(leader) == len(helper) > 0
     seen: set[tuple[str, int]] = set()
     noise = joint_stream_noise(kind, Fraction(eps), F)
-    nu_bound = 1 << len(noise.query_constants)
-    gamma_bound = 1 << len(noise.threshold_constants)
+    # 2^F·Z + dither, Z in [−2^K, 2^K), the dither in [−2^(F−1), 3·2^(F−1))
+    nu_bound = (1 << len(noise.query_constants)) + 2 << F
+    gamma_bound = (1 << len(noise.threshold_constants)) + 2 << F
     for a, b in zip(leader, helper, strict=True):
         assert (a.stream_id, a.chunk, a.pool_lo, a.pooled, a.gamma_pooled) == (
             b.stream_id,
@@ -119,10 +119,10 @@ async def test_pooled_noise_follows_the_exact_law(pair: ReferencePair) -> None:
     _check_pairs(pair)
     samples = np.concatenate([_signed(a.nu + b.nu) for a, b in zip(*_logs(pair), strict=True)])
     noise = joint_stream_noise(StreamKind.LAP24, Fraction(1), F)
-    law = pmf(noise.query_constants, noise.bits)
-    assert set(np.unique(samples).tolist()) <= law.keys()
+    lo, grid = noise.grid_pmf("query")
+    assert lo <= samples.min() and samples.max() < lo + grid.size
     # False failure probability 1e-3 (the samples are os.urandom's: no seed).
-    assert _chi_square_pvalue(samples, law) > 1e-3
+    assert _chi_square_pvalue(samples >> F, binned_law(lo, grid, F)) > 1e-3
     for core in (pair.leader.core, pair.helper.core):
         pool = core.store.joint_pool(sid)
         assert (pool.used, pool.runs) == (20_000, ())
@@ -300,7 +300,7 @@ async def _predicted_by_garbler(
     await _ask_no(pair, sid, 2000)
     (a,), (b,) = _logs(pair)
     assert a.pooled == 2000 and len(guesses) == 2  # γ's draw, then the batch
-    return float(np.mean(_signed(a.nu + b.nu) == guesses[1]))
+    return float(np.mean(joint_z(_signed(a.nu + b.nu), F) == guesses[1]))
 
 
 async def test_one_server_cannot_predict_pooled_noise(

@@ -22,16 +22,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import joint_guess_bound, spy_joint_sampler
+from conftest import joint_guess_bound, joint_z, spy_joint_sampler
 
 from svtagg.dp.errors import InvalidArgument
-from svtagg.dp.joint import pmf, sampler_constants, shift_ratio
+from svtagg.dp.joint import one_sided_ratio, sampler_constants, shift_ratio
 from svtagg.dp.jointsvt import JOINT_DELTA_CAP, _within, joint_stream_noise
 from svtagg.dp.kinds import StreamKind, noise_model
 from svtagg.dp.noise import RandomSource
 from svtagg.dp.task import TaskSpec, parse_task_params
-from svtagg.mpc.jointnoise import SamplerShape, plain_joint_noise
-from svtagg.mpc.ring import sensitivity
 from svtagg.servers.exchange.joint import JointDraw
 from svtagg.servers.exchange.values import Ask, OpenStream, Queries
 from svtagg.servers.reference import ReferencePair, reference_pair
@@ -75,6 +73,10 @@ def _reconstruct(p: ReferencePair) -> list[tuple[JointDraw, JointDraw]]:
     return list(zip(logs[0], logs[1], strict=True))
 
 
+def _signed_sum(a: JointDraw, b: JointDraw) -> np.ndarray:
+    return (a.nu + b.nu).view(np.int64)
+
+
 def _nu(p: ReferencePair) -> np.ndarray:
     """Every ν the pair used, r + (ν − r) mod 2^64, as signed integers."""
     return np.concatenate([(a.nu + b.nu).view(np.int64) for a, b in _reconstruct(p)])
@@ -91,15 +93,15 @@ def test_the_option_is_validated() -> None:
 
 
 async def test_joint_task_refuses_other_kinds(pair: ReferencePair) -> None:
-    for kind, eps in ((StreamKind.EXP3, "1"), (StreamKind.CTT, "1/2")):
-        with pytest.raises(InvalidArgument, match="lap24 and lap3 streams only"):
+    for kind, eps in ((StreamKind.CTT, "1/2"),):
+        with pytest.raises(InvalidArgument, match="lap24, lap3 and exp3 streams only"):
             await pair.leader.open_stream(OpenStream("t", kind, eps, "1/100" if eps != "1" else ""))
     # Nothing was charged by the refusals.
     assert pair.leader.core.task("t").budget.epsilon_spent == 0
 
 
 # ---------------------------------------------------------------- the mechanism
-@pytest.mark.parametrize("kind", [StreamKind.LAP24, StreamKind.LAP3])
+@pytest.mark.parametrize("kind", [StreamKind.LAP24, StreamKind.LAP3, StreamKind.EXP3])
 async def test_joint_stream_answers_svt(pair: ReferencePair, kind: StreamKind) -> None:
     """ε = 4: the noise scales are 1–3 score units, the gap 20: a chunk far below
     τ answers NO (γ drawn, stored, kept), then the chunk with the ones answers
@@ -121,7 +123,10 @@ async def test_joint_stream_answers_svt(pair: ReferencePair, kind: StreamKind) -
     gamma = (l0.gamma + h0.gamma) % (1 << 64)
     gamma = gamma - (1 << 64) if gamma >= 1 << 63 else gamma
     noise = joint_stream_noise(kind, Fraction(4), F)
-    assert -(1 << len(noise.threshold_constants)) <= gamma < 1 << len(noise.threshold_constants)
+    k = len(noise.threshold_constants)  # 2^F·Z + dither, Z in [−2^K, 2^K)
+    assert -((1 << k) + 1 << F) <= gamma < (1 << k) + 2 << F
+    if kind == StreamKind.EXP3:  # one-sided: Z ≥ 0 and a dither ≥ 0
+        assert gamma >= 0 and min(int(x) for d, e in draws for x in _signed_sum(d, e)) >= 0
     assert [len(d.nu) for d, _ in draws] == [3, 4]
 
     for core in (pair.leader.core, pair.helper.core):
@@ -135,24 +140,34 @@ def test_the_charge_bounds_the_exact_loss() -> None:
     e^ε, and the control — each server drawing at half the central scale, so a
     server colluding with the analyst subtracts its own draw and leaves a
     half-scale one — is caught: its loss exceeds the charge."""
-    delta_unit = sensitivity(F)
-    for kind in (StreamKind.LAP24, StreamKind.LAP3):
+    for kind in (StreamKind.LAP24, StreamKind.LAP3, StreamKind.EXP3):
+        # one-sided noise is only ever shifted upwards (docs/privacy.md)
+        ratio = shift_ratio if kind != StreamKind.EXP3 else one_sided_ratio
         for eps in (Fraction(1, 4), Fraction(1), Fraction(4)):
             noise = joint_stream_noise(kind, eps, F)
-            c_rho, c_nu, b = noise.threshold_constants, noise.query_constants, noise.bits
-            exact = shift_ratio(c_rho, b, delta_unit) * shift_ratio(c_nu, b, 2 * delta_unit)
+            assert noise.signed == (kind != StreamKind.EXP3)
+            rho = noise.threshold_constants, noise.threshold_widths
+            nu = noise.query_constants, noise.query_widths
+            exact = ratio(*rho, 1) * ratio(*nu, 2)  # in sensitivities
             assert exact == noise.ratio and _within(exact, eps)
 
             model = noise_model(kind)
-            half_rho = sampler_constants(model.threshold_scale(eps, F) / 2, b)
-            half_nu = sampler_constants(model.query_scale(eps, F) / 2, b)
-            residual = shift_ratio(half_rho, b, delta_unit) * shift_ratio(
-                half_nu, b, 2 * delta_unit
-            )
+            half_rho = sampler_constants(Fraction(model.threshold_coef) / eps / 2, 64)
+            half_nu = sampler_constants(Fraction(model.query_coef) / eps / 2, 64)
+            residual = ratio(half_rho, 64, 1) * ratio(half_nu, 64, 2)
             assert not _within(residual, eps)
 
 
 # ---------------------------------------------------------------- the law
+def binned_law(lo: int, grid: np.ndarray, f: int) -> dict[int, Fraction]:
+    """The law of ⌊draw / 2^F⌋ from a draw's grid pmf (lowest value `lo`): the
+    sensitivity-sized bins a chi-square test can fill."""
+    out: dict[int, float] = {}
+    for x, p in zip(range(lo, lo + grid.size), grid.tolist(), strict=True):
+        out[x >> f] = out.get(x >> f, 0.0) + p
+    return {k: Fraction(v) for k, v in out.items() if v > 0}
+
+
 def _chi_square_pvalue(samples: np.ndarray, law: dict[int, Fraction]) -> float:
     """Pearson's test against `law`, cells expecting fewer than 5 pooled."""
     from scipy.stats import chisquare
@@ -186,25 +201,30 @@ async def test_the_noise_follows_the_exact_law(pair: ReferencePair) -> None:
     samples = _nu(pair)
     assert samples.size == 20_000
     noise = joint_stream_noise(StreamKind.LAP24, Fraction(1), F)
-    law = pmf(noise.query_constants, noise.bits)
-    assert set(np.unique(samples).tolist()) <= law.keys()
-    assert _chi_square_pvalue(samples, law) > 1e-3
+    lo, grid = noise.grid_pmf("query")
+    assert lo <= samples.min() and samples.max() < lo + grid.size
+    law = binned_law(lo, grid, F)
+    assert _chi_square_pvalue(samples >> F, law) > 1e-3
 
-    shape = SamplerShape(noise.query_constants, noise.bits)
     rng = RandomSource(b"two independent draws")
-    twice = sum(plain_joint_noise(rng.u64(shape.words * samples.size), shape) for _ in range(2))
-    assert _chi_square_pvalue(np.asarray(twice), law) < 1e-6
+    twice = noise.sample("query", samples.size, rng) + noise.sample("query", samples.size, rng)
+    assert _chi_square_pvalue(twice >> F, law) < 1e-6
 
 
-async def test_first_yes_answers_follow_the_exact_joint_law(tmp_path: Path) -> None:
-    """800 fresh lap24 streams on one chunk (coordinates 0, 1, 2 at thresholds 8,
-    8 and N + 6 score units, ε = 1): the analyst's first-YES answers fit the exact
-    law of ONE joint draw per term (`audit.joint_first_yes_pmf`, the sampler's
-    exact pmf), and the same G-test rejects the law of two servers' independent
-    draws at the central scale — so the answers come from the joint noise.  The
-    two laws differ by KL ≈ 0.061 per stream: at 800 streams the G statistic
-    against the wrong law has non-centrality ≈ 97, and falls below the 10^-3
-    critical value with probability ≈ 10^-9 (at 400 streams, ≈ 10^-3)."""
+@pytest.mark.parametrize("kind", [StreamKind.LAP24, StreamKind.EXP3])
+async def test_first_yes_answers_follow_the_exact_joint_law(
+    tmp_path: Path, kind: StreamKind
+) -> None:
+    """800 fresh lap24 (exp3) streams on one chunk (coordinates 0, 1, 2 at
+    thresholds 8, 8 and N + 6 score units, ε = 1): the analyst's first-YES
+    answers fit the exact law of ONE joint draw per term
+    (`audit.joint_first_yes_pmf`: the sampler's exact pmf on the sensitivity
+    lattice with the servers' dither), and the same G-test rejects the law of
+    two servers' independent draws at the central scale — so the answers come
+    from the joint noise.  The two laws differ by KL ≈ 0.058 (0.049) per
+    stream: at 800 streams the G statistic against the wrong law has
+    non-centrality ≈ 92 (78), and falls below the 10^-3 critical value with
+    probability below 10^-7."""
     from dataclasses import replace
 
     from svtagg.analyst.audit import first_yes_pmf, fit_test, joint_first_yes_pmf
@@ -217,15 +237,15 @@ async def test_first_yes_answers_follow_the_exact_joint_law(tmp_path: Path) -> N
         await p.leader.close_collection("a")
         outputs = []
         for _ in range(streams):
-            sid = (await p.leader.open_stream(OpenStream("a", StreamKind.LAP24, "1"))).stream_id
+            sid = (await p.leader.open_stream(OpenStream("a", kind, "1"))).stream_id
             answer = await p.leader.ask(Ask(sid, Queries((0, 1, 2)), taus))
             outputs.append(answer.index if answer.yes else None)
     scores = (0, 0, N * UNIT)
     rng = np.random.default_rng(11)
-    joint = joint_first_yes_pmf(scores, taus, StreamKind.LAP24, eps, F)
+    joint = joint_first_yes_pmf(scores, taus, kind, eps, F)
     fit = fit_test("joint", outputs, joint, rng)
     assert fit.p_value > 1e-3, f"{fit} (false failure 10^-3)"
-    independent = first_yes_pmf(scores, taus, StreamKind.LAP24, eps, F, parties=2)
+    independent = first_yes_pmf(scores, taus, kind, eps, F, parties=2)
     wrong = fit_test("two draws", outputs, independent, rng)
     assert wrong.p_value < 1e-3, f"{wrong} (false failure ≈ 10^-9)"
 
@@ -241,7 +261,7 @@ async def _predicted_by_garbler(
         core.joint_noise_log = []
     await _many_nu(pair, 1, 2000)
     guess = np.concatenate(guesses[1:])  # [0] is γ's draw
-    return float(np.mean(_nu(pair) == guess))
+    return float(np.mean(joint_z(_nu(pair), F) == guess))
 
 
 async def test_one_server_cannot_predict_the_noise(
@@ -296,8 +316,8 @@ def test_create_task_noise_joint_through_the_servers(tmp_path: Path) -> None:
             for ledger in (state.budget, state.helper_budget):
                 assert ledger is not None
                 assert (ledger.exact["epsilon_spent"], ledger.exact["delta_spent"]) == (4, charge)
-            with pytest.raises(Refusal, match="lap24 and lap3 streams only"):
-                oracle.open_stream("1", StreamKind.EXP3)
+            with pytest.raises(Refusal, match="lap24, lap3 and exp3 streams only"):
+                oracle.open_stream("1/2", StreamKind.CTT, "1/100")
         # `svtagg analyst run` on the joint task: the run's plan holds a δ
         # allowance, the streams charge their sampler δ within it and the rest
         # comes back; noisy-max (independent noise only) is refused, nothing spent.
@@ -309,10 +329,7 @@ def test_create_task_noise_joint_through_the_servers(tmp_path: Path) -> None:
         spent = Fraction(out["exact"]["delta_spent"])  # this run's: its streams' exact δ
         assert 0 < spent <= out["streams"] * JOINT_DELTA_CAP
         assert Fraction(out["exact"]["task_delta_spent"]) == charge + spent
-        for bad, why in (
-            (["--algorithm", "noisy-max"], "independent noise only"),
-            (["--algorithm", "scan", "--kind", "exp3"], "cannot take this task's joint noise"),
-        ):
+        for bad, why in ((["--algorithm", "noisy-max"], "independent noise only"),):
             r = run_cli("analyst", "run", *common, *bad, "--epsilon", "1")
             assert r.returncode != 0 and why in r.stderr, r.stderr
         r = run_cli("analyst", "describe", *common, "--json")

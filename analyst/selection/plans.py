@@ -256,7 +256,7 @@ def stream_kind(
     """`kind`, or for "auto" the one of `PRACTICAL_KINDS` with the smallest α for a
     chunk of `size` queries on budget `epsilon` at failure `beta`."""
     if kind == "auto":
-        # A joint-noise task opens lap24 and lap3 streams only (dp/jointsvt.py).
+        # A joint-noise task opens lap24, lap3 and exp3 streams only (dp/jointsvt.py).
         joint = joint_noise_of(oracle)[0] == JOINT
         kinds = [StreamKind.parse(k) for k in (JOINT_KINDS if joint else PRACTICAL_KINDS)]
         return min(kinds, key=lambda k: float(oracle.accuracy(k, epsilon, size, beta)))

@@ -58,11 +58,20 @@ so a stream whose γ was never drawn never compares."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from fractions import Fraction
 
+import numpy as np
+
 from svtagg.dp.errors import FailedPrecondition, InvalidArgument
-from svtagg.dp.jointsvt import JOINT, JointStreamNoise, check_joint_kind, joint_stream_noise
+from svtagg.dp.jointsvt import (
+    JOINT,
+    JointStreamNoise,
+    check_joint_kind,
+    dither_offset,
+    joint_stream_noise,
+)
 from svtagg.dp.kinds import StreamKind, noise_model
 from svtagg.mpc.jointnoise import SamplerShape, evaluate_joint_noise, garble_joint_noise
 from svtagg.mpc.protocol import ComparisonEvaluator, ComparisonGarbler
@@ -138,18 +147,35 @@ def stream_noise(kind: StreamKind, epsilon: Fraction, frac_bits: int) -> JointSt
 def shapes(noise: JointStreamNoise) -> tuple[SamplerShape, SamplerShape]:
     """(γ's sampler, ν's sampler)."""
     return (
-        SamplerShape(noise.threshold_constants, noise.bits),
-        SamplerShape(noise.query_constants, noise.bits),
+        SamplerShape(noise.threshold_constants, noise.threshold_widths, noise.shift, noise.signed),
+        SamplerShape(noise.query_constants, noise.query_widths, noise.shift, noise.signed),
     )
+
+
+def _dither(n: int, shift: int) -> U64:
+    """n uniform values in [0, 2^F) from os.urandom: this server's dither."""
+    words = np.frombuffer(os.urandom(8 * n), dtype="<u8").astype(np.uint64)
+    return words & np.uint64((1 << shift) - 1)
 
 
 async def joint_shares(party: object, n: int, shape: SamplerShape) -> U64:
     """This server's additive shares of n joint samples, in the chunk's session:
-    the helper's r (it garbles), the leader's ν − r (it evaluates)."""
+    the helper's 2^F·r (it garbles), the leader's 2^F·(Z − r) (it evaluates),
+    each plus its own dither in [0, 2^F), the leader's less 2^(F−1) for the
+    two-sided sampler (`dp.jointsvt.dither_law`): the sum is 2^F·Z plus a
+    triangular dither — symmetric about −1 grid unit like the draw itself, or
+    ≥ 0 like the one-sided draw (exp3) — so the comparison sees
+    noise of the fine grid, not a score rounded down to whole sensitivities.
+    Privacy does not rest on the dither (docs/privacy.md)."""
     if isinstance(party, ComparisonGarbler):
-        return await garble_joint_noise(party, n, shape)
+        share = await garble_joint_noise(party, n, shape)
+        return share + _dither(n, shape.shift) if shape.shift else share
     if isinstance(party, ComparisonEvaluator):
-        return await evaluate_joint_noise(party, n, shape)
+        share = await evaluate_joint_noise(party, n, shape)
+        if not shape.shift:
+            return share
+        offset = np.int64(dither_offset(shape.shift, shape.signed)).astype(np.uint64)
+        return share + _dither(n, shape.shift) + offset
     raise FailedPrecondition("joint noise needs the garbled-circuit engine")
 
 
