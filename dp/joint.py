@@ -46,6 +46,7 @@ simulation; `abs_tail` gives P(|ν| > a) for the accuracy bounds of one draw.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -95,6 +96,13 @@ def sampler_constants(
     return tuple(out)
 
 
+@functools.lru_cache(maxsize=4096)
+def _logistic_digits(y: Fraction) -> int:
+    """floor(2^65 / (1 + e^y)), exact (`dp.noise._digits`); cached, since the
+    accounting fits the same scales at several precisions."""
+    return _digits(y, "logistic", MAX_WIDTH + 1)
+
+
 def fitted_digits(
     scale: Fraction, precision: int, digits: int
 ) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -109,23 +117,25 @@ def fitted_digits(
         raise ValueError("scale must be > 0")
     if not 2 <= precision <= MAX_WIDTH:
         raise ValueError(f"precision must be in [2, {MAX_WIDTH}]")
+    digits_ = [_fitted_digit(Fraction(scale), precision, i) for i in range(digits)]
+    return tuple(c for c, _ in digits_), tuple(b for _, b in digits_)
+
+
+@functools.lru_cache(maxsize=8192)
+def _fitted_digit(scale: Fraction, precision: int, i: int) -> tuple[int, int]:
+    """(c_i, b_i) of `fitted_digits`; cached, since the accounting grows K one
+    digit at a time and tries several precisions."""
     floor = 1 << (precision - 1)
-    constants: list[int] = []
-    widths: list[int] = []
-    for i in range(digits):
-        y = Fraction(1 << i) / Fraction(scale)
-        # p_i = floor(p_i·2^65)/2^65 + less; its leading 1 sets the width.
-        lead = _digits(y, "logistic", MAX_WIDTH + 1).bit_length() - MAX_WIDTH - 1
-        b = min(MAX_WIDTH, max(precision, precision - lead))
-        c = (_digits(y, "logistic", b + 1) + 1) >> 1
-        if c < floor and b < MAX_WIDTH:  # rounding down across a power of two
-            b += 1
-            c = (_digits(y, "logistic", b + 1) + 1) >> 1
-        if c < 1:
-            raise ValueError(f"digit {i} rounds to 0 at {MAX_WIDTH} bits: too many digits")
-        constants.append(c)
-        widths.append(b)
-    return tuple(constants), tuple(widths)
+    full = _logistic_digits(Fraction(1 << i) / scale)  # floor(p_i·2^65)
+    lead = full.bit_length() - MAX_WIDTH - 1  # p_i's leading 1 is at 2^lead
+    b = min(MAX_WIDTH, max(precision, precision - lead))
+    c = ((full >> (MAX_WIDTH - b)) + 1) >> 1  # round(p_i·2^b), from the same digits
+    if c < floor and b < MAX_WIDTH:  # rounding down across a power of two
+        b += 1
+        c = ((full >> (MAX_WIDTH - b)) + 1) >> 1
+    if c < 1:
+        raise ValueError(f"digit {i} rounds to 0 at {MAX_WIDTH} bits: too many digits")
+    return c, b
 
 
 def _factors(constants: tuple[int, ...], bits: Widths) -> list[tuple[int, int]]:

@@ -64,7 +64,7 @@ PRECISIONS = (8, 10, 12, 14, 16, 20, 24, 32, 40, 48)
 INFLATION_EXPONENTS = (40, 32, 24, 16, 12, 10, 8, 6, 4, 3, 2, 1)
 #: A precision is taken once it fits with an inflation of at most 1 + 2^−8
 #: (0.4% more noise than the ideal); if none does, the finest precision with
-#: the first inflation that fits.
+#: the least inflation that fits.
 TARGET_INFLATION_EXPONENT = 8
 #: Binary digits of e^ε for the rigorous comparison.
 _EXP_PRECISION = 192
@@ -253,10 +253,14 @@ def _power_of_two_above(x: Fraction) -> Fraction:
     return Fraction(2) ** e
 
 
+@functools.lru_cache(maxsize=1024)
+def _exp_lower(epsilon: Fraction) -> int:
+    return _exp_bounds(epsilon, _EXP_PRECISION)[0]
+
+
 def _within(ratio: Fraction, epsilon: Fraction) -> bool:
     """ratio ≤ e^ε, decided in integers from a rigorous lower bound of e^ε."""
-    lo, _ = _exp_bounds(epsilon, _EXP_PRECISION)
-    return ratio.numerator << _EXP_PRECISION <= lo * ratio.denominator
+    return ratio.numerator << _EXP_PRECISION <= _exp_lower(epsilon) * ratio.denominator
 
 
 Digits = tuple[tuple[int, ...], tuple[int, ...]]
@@ -290,25 +294,40 @@ def joint_stream_noise(kind: StreamKind, epsilon: Fraction, frac_bits: int) -> J
     # In sensitivities: the change of variables shifts ρ by 1 and ν by 2.
     t_rho = Fraction(model.threshold_coef) / epsilon
     t_nu = Fraction(model.query_coef) / epsilon
-    fallback: tuple[int, Digits, Digits, Fraction] | None = None
+
+    def attempt(precision: int, m: int) -> tuple[Digits, Digits, Fraction] | None:
+        """The samplers at this precision and inflation 1 + 2^−m, if they fit ε."""
+        inflation = 1 + Fraction(1, 1 << m)
+        rho = _fit(t_rho * inflation, precision, 1)
+        nu = _fit(t_nu * inflation, precision, 2)
+        if rho is None or nu is None:
+            return None
+        ratio = ratio_at(*rho, 1) * ratio_at(*nu, 2)
+        return (rho, nu, ratio) if _within(ratio, epsilon) else None
+
     for precision in PRECISIONS:
+        # The least inflation that fits at this precision, down to 1 + 2^−8 (not
+        # monotone in m: a larger scale can take one digit more, whose
+        # constant rounds differently, so each is tried).
         for m in INFLATION_EXPONENTS:
-            inflation = 1 + Fraction(1, 1 << m)
-            rho = _fit(t_rho * inflation, precision, 1)
-            nu = _fit(t_nu * inflation, precision, 2)
-            if rho is None or nu is None:
+            if m < TARGET_INFLATION_EXPONENT:
                 break
-            ratio = ratio_at(*rho, 1) * ratio_at(*nu, 2)
-            if _within(ratio, epsilon):
-                if m >= TARGET_INFLATION_EXPONENT:
-                    return _stream(rho, nu, t_rho, t_nu, inflation, ratio, shift, signed)
-                if fallback is None or m > fallback[0]:
-                    fallback = (m, rho, nu, ratio)
-                break
-    if fallback is None:
-        raise ValueError(f"the joint sampler cannot fit epsilon={epsilon}")
-    m, rho, nu, ratio = fallback
-    return _stream(rho, nu, t_rho, t_nu, 1 + Fraction(1, 1 << m), ratio, shift, signed)
+            if m > precision:  # rounding errors of 2^−p leave no room for 1 + 2^−m
+                continue
+            found = attempt(precision, m)
+            if found is not None:
+                rho, nu, ratio = found
+                inflation = 1 + Fraction(1, 1 << m)
+                return _stream(rho, nu, t_rho, t_nu, inflation, ratio, shift, signed)
+    # No precision reaches 1 + 2^−8: the finest precision, least inflation that fits.
+    for m in INFLATION_EXPONENTS:
+        if m < TARGET_INFLATION_EXPONENT:
+            found = attempt(PRECISIONS[-1], m)
+            if found is not None:
+                rho, nu, ratio = found
+                inflation = 1 + Fraction(1, 1 << m)
+                return _stream(rho, nu, t_rho, t_nu, inflation, ratio, shift, signed)
+    raise ValueError(f"the joint sampler cannot fit epsilon={epsilon}")
 
 
 def _stream(

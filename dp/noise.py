@@ -73,33 +73,37 @@ def _derive_key(seed: bytes) -> bytes:
 def _exp_bounds(y: Fraction, prec: int) -> tuple[int, int]:
     """Integers (lo, hi) with lo <= e^y * 2^prec <= hi, for rational y >= 0.
 
-    Range reduction z = y / 2^r <= 1/2, Taylor series with a rigorous remainder
-    bound, then r squarings with directed rounding.
+    Range reduction z = y / 2^r <= 1/2, a Taylor series in fixed point with
+    directed rounding (z and every term rounded down for lo, up for hi) and a
+    rigorous remainder bound, then r squarings rounded the same way.
     """
     if y < 0:
         raise ValueError("y must be >= 0")
+    num, den = y.numerator, y.denominator
     r = 0
-    while y / (1 << r) > Fraction(1, 2):
+    while 2 * num > den << r:  # y / 2^r > 1/2
         r += 1
-    z = y / (1 << r)
-    work = prec + 2 * r + 16
-    # Taylor sum in exact rationals until the remainder bound is below 2^-work.
-    term = Fraction(1)
-    total = Fraction(1)
+    den <<= r
+    work = prec + 2 * r + 24
+    one = 1 << work
+    z_lo = (num << work) // den
+    z_hi = -(-(num << work) // den)
+    t_lo = t_hi = s_lo = s_hi = one
     i = 0
     while True:
         i += 1
-        term = term * z / i
-        total += term
-        # remainder <= term * z / (i+1) * 1/(1-z) <= 2 * term * z / (i+1)
-        rem = 2 * term * z / (i + 1)
-        if rem * (1 << work) < 1:
+        t_lo = (t_lo * z_lo >> work) // i
+        t_hi = -(-(t_hi * z_hi) // (one * i))
+        s_lo += t_lo
+        s_hi += t_hi
+        # remainder <= 2·term_i·z/(i+1) (z <= 1/2), in units of 2^-work
+        if 2 * t_hi * z_hi < (i + 1) * one:
+            s_hi += 1
             break
-    lo = (total.numerator << work) // total.denominator
-    hi = -((-(total + rem).numerator << work) // (total + rem).denominator)
+    lo, hi = s_lo, s_hi
     for _ in range(r):
         lo = (lo * lo) >> work
-        hi = -((-(hi * hi)) >> work)
+        hi = -(-(hi * hi) >> work)
     shift = work - prec
     return lo >> shift, -((-hi) >> shift)
 
