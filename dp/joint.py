@@ -2,11 +2,13 @@
 (`svtagg.mpc.jointnoise`), finite precision included.
 
 The sampler draws K independent digits, digit i equal to 1 with probability
-exactly p_i = c_i / 2^b (a b-bit uniform compared with the public constant
-c_i), a fair sign s, and outputs ν = G = Σ g_i 2^i for s = 0 and ν = −G − 1 for
-s = 1.  So, with f_i(1) = c_i and f_i(0) = 2^b − c_i,
+exactly p_i = c_i / 2^b_i (a b_i-bit uniform compared with the public constant
+c_i; one width b for every digit, or one each: `Widths`), a fair sign s, and
+outputs ν = G = Σ g_i 2^i for s = 0 and ν = −G − 1 for s = 1 (the one-sided
+sampler, `signed=False`, outputs G).  So, with f_i(1) = c_i and
+f_i(0) = 2^b_i − c_i,
 
-    P(G = g) = Π_i f_i(g_i) / 2^(K·b)              for 0 ≤ g < 2^K,
+    P(G = g) = Π_i f_i(g_i) / 2^(Σ b_i)            for 0 ≤ g < 2^K,
     P(ν = x) = ½ P(G = x) (x ≥ 0),  ½ P(G = −x − 1) (x < 0),
 
 all exact rationals (`magnitude_weights`, `pmf`).  The ideal p_i would be
@@ -39,6 +41,11 @@ by Δ and the one answered query's noise by 2Δ (Δ for monotone queries); with
 these pointwise bounds and the shifted points that leave the support charged
 to δ, the stream costs (ε_ρ + ε_ν, δ_ρ + δ_ν), each term `privacy_loss` at its
 shift; `dp.jointsvt` charges it (docs/privacy.md).
+
+For the one-sided law only upward shifts occur (`one_sided_ratio`, the same
+programme in one direction) and δ = P(G ≥ 2^K − Δ).  `fitted_digits` picks
+the constants and widths the servers use (a fixed number of significant bits
+per digit).
 
 `sample` draws from this law exactly, as the circuit does, for the local
 simulation; `abs_tail` gives P(|ν| > a) for the accuracy bounds of one draw.

@@ -2,29 +2,32 @@
 (task option noise = joint; docs/privacy.md, "Jointly generated noise").
 
 With joint noise the threshold noise ρ (γ) and each query's noise ν are single
-draws of the garbled sampler (`svtagg.mpc.jointnoise`), whose exact law is
-`dp.joint.pmf`, not the ideal discrete Laplace.  The change-of-variables proof
-of AboveThreshold (Lyu, Su, Li 2017, Theorem 2) uses the noise only through
-two pointwise ratios: on neighbouring data (every score moves by at most Δ),
-the output "NO for i < j, YES at j" maps to itself under ρ ↦ ρ + Δ and
-ν_j ↦ ν_j + 2Δ (the other ν_i unchanged).  So, with R_ρ the largest
-P(ρ = x)/P(ρ = x + Δ) or its reciprocal over the support, R_ν the same for ν
-and the shift 2Δ, and the pairs whose shifted point leaves the finite support
+draws Z of the garbled sampler (`svtagg.mpc.jointnoise`), in whole
+sensitivities, whose exact law is `dp.joint.pmf`, not the ideal discrete
+Laplace.  The comparison "s + 2^F·ν_Z + dither ≥ τ + 2^F·γ_Z + dither" is SVT
+on the integer scores ⌊(s − τ + dithers)/2^F⌋, which move by at most 1 on
+neighbouring data, so the change-of-variables proof of AboveThreshold (Lyu,
+Su, Li 2017, Theorem 2) runs on Z with sensitivity 1: the output "NO for
+i < j, YES at j" maps to itself under ρ ↦ ρ + 1 and ν_j ↦ ν_j + 2 (the other
+ν_i unchanged).  So, with R_ρ the largest P(ρ = x)/P(ρ = x + 1) over the
+support (and, for the two-sided law, its reciprocal), R_ν the same for ν and
+the shift 2, and the pairs whose shifted point leaves the finite support
 charged to δ:
 
-    P_D[E] ≤ R_ρ·R_ν·P_D'[E] + P(ρ + Δ ∉ supp) + P(ν + 2Δ ∉ supp),
+    P_D[E] ≤ R_ρ·R_ν·P_D'[E] + P(ρ + 1 ∉ supp) + P(ν + 2 ∉ supp),
 
-i.e. (ln R_ρ + ln R_ν, δ_ρ + δ_ν)-DP, both directions (the law is symmetric
-about −½, so the shift −d has the reciprocal ratios and the same tail).
-`dp.joint.shift_ratio` gives R exactly, `dp.joint.tail_mass` the tails.
+i.e. (ln R_ρ + ln R_ν, δ_ρ + δ_ν)-DP, both directions.  `dp.joint.shift_ratio`
+gives R exactly for the two-sided law, `dp.joint.one_sided_ratio` for exp3's
+one-sided one (upward shifts only), `dp.joint.tail_mass` the tails.
 
 The servers charge the stream's ε unchanged: the sampler is built for scales
 t·(1 + 2^−m) — the kind's central scales, inflated by the least of a fixed
-ladder of factors — such that R_ρ·R_ν ≤ e^ε holds, checked in integers against
-a rigorous lower bound of e^ε (`dp.noise._exp_bounds`).  δ is charged, rounded
+ladder of factors, at the cheapest per-digit precision that reaches
+1 + 2^−8 — such that R_ρ·R_ν ≤ e^ε holds, checked in integers against a
+rigorous lower bound of e^ε (`dp.noise._exp_bounds`).  δ is charged, rounded
 up to a power of two (`delta_charge`).  The kinds: lap24 and lap3 (two-sided
-Laplace noise for both terms).  exp3 (one-sided noise) and ctt (two
-thresholds from one γ, with its own gap argument) are refused.
+noise for both terms) and exp3 (one-sided).  ctt (two thresholds from one γ,
+with its own gap argument) and report-noisy-max are refused.
 """
 
 from __future__ import annotations

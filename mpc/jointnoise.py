@@ -1,35 +1,42 @@
-"""Jointly generated noise: a two-sided geometric-like sample drawn inside the
-garbled circuit from both servers' random bits and handed out as additive shares.
+"""Jointly generated noise: a geometric-like sample drawn inside the garbled
+circuit from both servers' random bits and handed out as additive shares.
 
 Why: with independent noise each server adds its own draw, so a server that
 colludes with the analyst knows half of the noise.  Here neither server knows
 any of it: the circuit's random bits are u ⊕ v, u the garbler's (the helper's,
-on the servers) and v the evaluator's (the leader's), both from os.urandom, so the joint bits are
-uniform unless both servers collude.  The output is re-shared as in the robust
-pass: the garbler keeps a fresh r, the evaluator learns y = ν − r mod 2^64, so the
-online comparison circuits take ν as one more additive share and stay unchanged.
+on the servers) and v the evaluator's (the leader's), both from os.urandom, so
+the joint bits are uniform unless both servers collude.  The output is
+re-shared as in the robust pass: the garbler keeps a fresh r, the evaluator
+learns y = Z − r mod 2^(64−F), and each scales its share by 2^F, so the
+online comparison circuits take 2^F·Z as one more additive share and stay
+unchanged.  Z is in whole sensitivities (one user's largest move of a score);
+why a lattice that coarse is enough is in docs/privacy.md ("The sampler").
 
 The sampler (its exact law is `svtagg.dp.joint`):
 
-- K binary digits of a geometric magnitude G.  Digit i is Bernoulli(c_i / 2^b)
-  for public b-bit constants c_i (1 ≤ c_i < 2^b; `dp.joint.sampler_constants`
-  rounds P_i = q^(2^i) / (1 + q^(2^i)) = 1 / (1 + e^(2^i/t))): bit_i = [U_i < c_i]
-  for the i-th b-bit block U_i of the joint bits, the complement of the carry
-  out of U_i + (2^b − c_i).  With the public addend bits k, the carry is
-  c' = c ⊕ ((x ⊕ c) ∧ (k ⊕ c)), one AND per bit (the first a garbler-half
-  gate), and the K comparisons run side by side: b AND layers for all digits.
-- A sign bit s, one more joint bit.  ν = G for s = 0 and ν = −G − 1 = ¬G for
-  s = 1, i.e. every bit of ν is g_i ⊕ s (bits ≥ K are s): free.  This maps the
-  two halves onto disjoint supports [0, 2^K) and [−2^K, 0), so there is no
-  "−0" to reject and the law is exactly P(ν = x) = ½ P(G = x) for x ≥ 0 and
-  ½ P(G = −x − 1) for x < 0: a discrete Laplace centred at −½.
-- y = ν − r: the carry chain of `circuits._add_const`, 63 ANDs.
+- K binary digits of a geometric magnitude G.  Digit i is Bernoulli(c_i / 2^b_i)
+  for public constants c_i of b_i bits (1 ≤ c_i < 2^b_i; `dp.joint.fitted_digits`
+  rounds P_i = 1 / (1 + e^(2^i/t)) to a fixed number of significant bits, so a
+  digit is as wide as its leading zeros plus that precision): bit_i = [U_i < c_i]
+  for the i-th block U_i of b_i joint bits, the complement of the carry out of
+  U_i + k_i, k_i = 2^b_i − c_i.  k_i is public, so the carry is 0 below its
+  lowest 1, a bit of U_i at it, and c' = c ⊕ ((x ⊕ c) ∧ (k ⊕ c)) above it (one
+  AND per bit, the NOT of a public 1 free); the digits still running at a bit
+  position share one gate call.
+- Two-sided (lap24, lap3): a sign bit s, one more joint bit.  Z = G for s = 0
+  and Z = −G − 1 = ¬G for s = 1, i.e. every bit of Z is g_i ⊕ s (bits ≥ K are
+  s): free.  The two halves have disjoint supports [0, 2^K) and [−2^K, 0), so
+  there is no "−0" to reject and the law is exactly P(Z = x) = ½ P(G = x) for
+  x ≥ 0 and ½ P(G = −x − 1) for x < 0: a discrete Laplace centred at −½.
+  One-sided (exp3, `signed=False`): Z = G, no sign bit.
+- y = Z − r mod 2^(64−F): the carry chain of `circuits._add_const`, 63 − F ANDs.
 
-AND gates per sample: K·b + 63 (`and_gates_per_sample`).  The random bits,
-K·b + 1 per sample, are packed into W = ⌈(K·b + 1)/64⌉ 64-bit words: bit j of
-a sample is bit j mod 64 of its word j // 64.  The evaluator's words go in by
-OT (as W input vectors of n lanes, word w of sample s in lane w·n + s); the
-garbler's words and −r are garbler inputs, free.
+AND gates per sample: Σ_i (b_i − 1 − tz(k_i)) + 63 − F (`and_gates_per_sample`;
+201 for lap24's ν at ε = 1, F = 16).  The random bits, Σ b_i (+ 1 for the sign)
+per sample, are packed into W = ⌈bits/64⌉ lanes of ⌈bits/W⌉ bits: bit j of a
+sample is bit j mod `lane_bits` of its lane j // `lane_bits`.  The evaluator's
+lanes go in by OT at that width (W input vectors of n lanes, lane w of sample s
+at w·n + s); the garbler's bits and −r are garbler inputs, free.
 """
 
 from __future__ import annotations
