@@ -124,16 +124,17 @@ def fitted_digits(
         raise ValueError("scale must be > 0")
     if not 2 <= precision <= MAX_WIDTH:
         raise ValueError(f"precision must be in [2, {MAX_WIDTH}]")
-    digits_ = [_fitted_digit(Fraction(scale), precision, i) for i in range(digits)]
+    t = Fraction(scale)
+    digits_ = [_fitted_digit(t.numerator, t.denominator, precision, i) for i in range(digits)]
     return tuple(c for c, _ in digits_), tuple(b for _, b in digits_)
 
 
 @functools.lru_cache(maxsize=8192)
-def _fitted_digit(scale: Fraction, precision: int, i: int) -> tuple[int, int]:
-    """(c_i, b_i) of `fitted_digits`; cached, since the accounting grows K one
-    digit at a time and tries several precisions."""
+def _fitted_digit(num: int, den: int, precision: int, i: int) -> tuple[int, int]:
+    """(c_i, b_i) of `fitted_digits` at the scale num/den; cached, since the
+    accounting grows K one digit at a time and tries several precisions."""
     floor = 1 << (precision - 1)
-    full = _logistic_digits(Fraction(1 << i) / scale)  # floor(p_i·2^65)
+    full = _logistic_digits(Fraction(den << i, num))  # floor(p_i·2^65), p_i at 2^i/t
     lead = full.bit_length() - MAX_WIDTH - 1  # p_i's leading 1 is at 2^lead
     b = min(MAX_WIDTH, max(precision, precision - lead))
     c = ((full >> (MAX_WIDTH - b)) + 1) >> 1  # round(p_i·2^b), from the same digits
@@ -269,15 +270,16 @@ def tail_mass(constants: tuple[int, ...], bits: Widths, m: int) -> Fraction:
         return Fraction(1)
     if m >= 1 << k:
         return Fraction(0)
-    p = [Fraction(c, 1 << b) for c, b in zip(constants, widths_of(constants, bits), strict=True)]
-    total, prefix = Fraction(0), Fraction(1)  # prefix: G agrees with m on the digits so far
+    widths = widths_of(constants, bits)
+    # In integers over the common denominator 2^(Σ b_i) of the digits walked.
+    total, prefix = 0, 1  # prefix: G agrees with m on the digits so far
     for i in reversed(range(k)):
+        c, one = constants[i], 1 << widths[i]
         if (m >> i) & 1:
-            prefix *= p[i]
-        else:
-            total += prefix * p[i]  # G has a 1 where m has a 0: G > m
-            prefix *= 1 - p[i]
-    return total + prefix  # G = m
+            total, prefix = total * one, prefix * c
+        else:  # G has a 1 where m has a 0: G > m
+            total, prefix = total * one + prefix * c, prefix * (one - c)
+    return Fraction(total + prefix, 1 << sum(widths))  # ... or G = m
 
 
 def privacy_loss(constants: tuple[int, ...], bits: Widths, sensitivity: int) -> PrivacyLoss:

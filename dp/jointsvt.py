@@ -33,6 +33,7 @@ with its own gap argument) and report-noisy-max are refused.
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from fractions import Fraction
@@ -274,7 +275,9 @@ def _fit(scale: Fraction, precision: int, shift: int) -> Digits | None:
     sensitivities, P(G ≥ 2^K − shift), is at most the cap (the two-sided
     sampler's δ is half that); None if a digit needed cannot be fitted in 64
     bits."""
-    k = max(2, shift.bit_length() + 1)
+    # Start just below the ideal geometric's answer, P(G ≥ 2^K) = e^(−2^K/t) ≤ cap:
+    # 2^K ≥ t·ln(1/cap) = t·64·ln 2 ≈ 44.4·t.
+    k = max(2, shift.bit_length() + 1, math.floor(math.log2(float(scale) * 44.3)) - 1)
     while True:
         try:
             c, w = fitted_digits(scale, precision, k)
