@@ -7,7 +7,7 @@ any of it: the circuit's random bits are u ⊕ v, u the garbler's (the helper's,
 on the servers) and v the evaluator's (the leader's), both from os.urandom, so
 the joint bits are uniform unless both servers collude.  The output is
 re-shared as in the robust pass: the garbler keeps a fresh r, the evaluator
-learns y = Z − r mod 2^(64−F), and each scales its share by 2^F, so the
+learns y = Z − r mod 2^(w−F), and each scales its share by 2^F, so the
 online comparison circuits take 2^F·Z as one more additive share and stay
 unchanged.  Z is in whole sensitivities (one user's largest move of a score);
 why a lattice that coarse is enough is in docs/privacy.md ("The sampler").
@@ -29,14 +29,18 @@ The sampler (its exact law is `svtagg.dp.joint`):
   there is no "−0" to reject and the law is exactly P(Z = x) = ½ P(G = x) for
   x ≥ 0 and ½ P(G = −x − 1) for x < 0: a discrete Laplace centred at −½.
   One-sided (exp3, `signed=False`): Z = G, no sign bit.
-- y = Z − r mod 2^(64−F): the carry chain of `circuits._add_const`, 63 − F ANDs.
+- y = Z − r mod 2^(w−F): the carry chain of `circuits._add_const`, w − F − 1
+  ANDs, w the stream's comparison width (64 unless the stream's public
+  parameters bound it lower): the comparison reads only the low w bits of the
+  shares, so the shares are exact mod 2^w and their bits ≥ w are not used.
 
-AND gates per sample: Σ_i (b_i − 1 − tz(k_i)) + 63 − F (`and_gates_per_sample`;
-201 for lap24's ν at ε = 1, F = 16).  The random bits, Σ b_i (+ 1 for the sign)
-per sample, are packed into W = ⌈bits/64⌉ lanes of ⌈bits/W⌉ bits: bit j of a
-sample is bit j mod `lane_bits` of its lane j // `lane_bits`.  The evaluator's
-lanes go in by OT at that width (W input vectors of n lanes, lane w of sample s
-at w·n + s); the garbler's bits and −r are garbler inputs, free.
+AND gates per sample: Σ_i (b_i − 1 − tz(k_i)) + w − F − 1
+(`and_gates_per_sample`; 201 for lap24's ν at ε = 1, F = 16, w = 64; 171 at
+w = 34).  The random bits, Σ b_i (+ 1 for the sign) per sample, are packed
+into W = ⌈bits/64⌉ lanes of ⌈bits/W⌉ bits: bit j of a sample is bit
+j mod `lane_bits` of its lane j // `lane_bits`.  The evaluator's lanes go in by
+OT at that width (W input vectors of n lanes, lane l of sample s at l·n + s);
+the garbler's bits and −r are garbler inputs, free.
 """
 
 from __future__ import annotations
@@ -66,6 +70,9 @@ class SamplerShape:
     shift: int = 0
     #: False: the one-sided sampler, Z = G ≥ 0 (no sign bit; exp3's noise).
     signed: bool = True
+    #: w: the shares are exact mod 2^w only (the comparison reads the low w
+    #: bits, `circuits.sign_yes`), so the re-share stops at bit w − 1.
+    width: int = RING_BITS
 
     def __post_init__(self) -> None:
         widths = widths_of(self.constants, self.bits)
@@ -75,8 +82,8 @@ class SamplerShape:
             raise ValueError("the sampler needs between 1 and 63 digits")
         if any(not 1 <= c < 1 << b for c, b in zip(self.constants, widths, strict=True)):
             raise ValueError("every constant must be in [1, 2^bits)")
-        if not 0 <= self.shift < RING_BITS - len(self.constants):
-            raise ValueError("the shift leaves no room for the sample")
+        if not 0 <= self.shift < self.width - len(self.constants) <= RING_BITS:
+            raise ValueError("the shift and width leave no room for the sample")
 
     @property
     def digits(self) -> int:
@@ -105,8 +112,9 @@ class SamplerShape:
 
     @property
     def out_bits(self) -> int:
-        """Bits of Z − r computed: 64 − F (the shares' low F bits are 0)."""
-        return RING_BITS - self.shift
+        """Bits of Z − r computed: w − F (the shares' low F bits are 0, bits ≥ w
+        are not read)."""
+        return self.width - self.shift
 
     def position(self, j: int) -> tuple[int, int]:
         """(lane, bit) of the sample's random bit j."""
@@ -126,7 +134,7 @@ def digit_and_gates(shape: SamplerShape) -> int:
 
 
 def and_gates_per_sample(shape: SamplerShape) -> int:
-    """The digit comparisons plus 63 − F for subtracting r."""
+    """The digit comparisons plus w − F − 1 for subtracting r."""
     return digit_and_gates(shape) + shape.out_bits - 1
 
 
@@ -229,11 +237,11 @@ def joint_noise_spec(shape: SamplerShape) -> ChunkCircuit[U64 | None]:
     `lane_bits` each), one garbler-only vector (−r); the evaluator decodes
     y·2^F, the garbler learns nothing."""
     ands = and_gates_per_sample(shape)
-    zero_rows = shape.shift
+    low, high = shape.shift, RING_BITS - shape.width
 
     def decode(rows: list[Bits]) -> U64:
-        pad = [np.zeros_like(rows[0])] * zero_rows
-        return ring_from_bits(pad + list(rows))
+        zero = np.zeros_like(rows[0])
+        return ring_from_bits([zero] * low + list(rows) + [zero] * high)
 
     return ChunkCircuit(
         inputs=tuple(f"v{i}" for i in range(shape.words)),

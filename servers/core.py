@@ -756,7 +756,8 @@ class ServerCore:
         stored durably in its first chunk) and of the chunk's k ν: the pooled
         ones first, the rest drawn now."""
         gamma_shape, nu_shape = shapes(
-            stream_noise(stream.kind, stream.epsilon, task.params.frac_bits)
+            stream_noise(stream.kind, stream.epsilon, task.params.frac_bits),
+            self.comparison_width(task, stream),
         )
         if pooled is not None and pooled.gamma is not None:
             gamma = pooled.gamma

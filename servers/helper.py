@@ -279,7 +279,8 @@ class HelperDriver:
         await session.ok()
         if isinstance(header, NoiseBatch):
             batch, stream, task = checked
-            gamma, nu = await batch_shares(party, stream, task, batch)
+            width = self.core.comparison_width(task, stream)
+            gamma, nu = await batch_shares(party, stream, task, batch, width)
             x.take(Step.RUN)
             self.core.store.add_joint_batch(header.stream_id, batch.lo, nu, gamma)
         else:

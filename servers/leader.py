@@ -562,7 +562,11 @@ class LeaderDriver:
         x = Exchange.of(batch, leader=True)
         x.take(Step.MARK)  # the reservation, durable
         (gamma_share, nu), traffic = await self._exchange(
-            x, batch, lambda party: batch_shares(party, stream, task, batch)
+            x,
+            batch,
+            lambda party: batch_shares(
+                party, stream, task, batch, self.core.comparison_width(task, stream)
+            ),
         )
         kept = self.core.store.add_joint_batch(stream_id, batch.lo, nu, gamma_share)
         x.take(Step.RECORD)

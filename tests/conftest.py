@@ -503,6 +503,21 @@ def spy_joint_sampler(monkeypatch: pytest.MonkeyPatch, garbler_only: bool) -> li
     return guesses
 
 
+def joint_sum(pair: Any, stream_id: str, a: Any, b: Any) -> np.ndarray:
+    """The joint noise two servers' shares `a`, `b` of a stream make, as int64:
+    the shares are exact mod 2^w only, w the stream's comparison width (the
+    comparison reads the low w bits; `mpc.jointnoise.SamplerShape.width`), so
+    the sum is read as a signed w-bit number."""
+    core = pair.leader.core
+    stream = core.stream(stream_id)
+    w = core.comparison_width(core.task(stream.task_id), stream)
+    x = np.atleast_1d(np.asarray(a, dtype=np.uint64) + np.asarray(b, dtype=np.uint64))
+    if w == 64:
+        return x.view(np.int64)
+    v = (x & np.uint64((1 << w) - 1)).astype(np.int64)
+    return np.where(v >= 1 << (w - 1), v - (1 << w), v)
+
+
 def joint_z(grid: np.ndarray, frac_bits: int) -> np.ndarray:
     """The Z of draws made without dither (`spy_joint_sampler`): 2^F·Z − 2^(F−1)."""
     return (np.asarray(grid, dtype=np.int64) + (1 << (frac_bits - 1))) >> frac_bits

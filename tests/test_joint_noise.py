@@ -47,10 +47,20 @@ def _plain_run(shape: SamplerShape, u: np.ndarray, v: np.ndarray, r: np.ndarray)
     garbler = bit_planes(np.concatenate([u.reshape(-1), np.uint64(0) - r]))
     out = joint_noise_circuit(be, garbler, planes(bit_planes(v.reshape(-1))), n, shape)
     assert be.and_gates == and_gates_per_sample(shape) * n
-    assert len(out) == 64 - shape.shift
-    pad = [np.zeros_like(out[0])] * shape.shift
-    total = ring_from_bits(pad + list(out)) + (r << np.uint64(shape.shift))
-    return total.view(np.int64) >> shape.shift
+    assert len(out) == shape.width - shape.shift
+    zero = np.zeros_like(out[0])
+    pad = [zero] * shape.shift + list(out) + [zero] * (64 - shape.width)
+    total = ring_from_bits(pad) + (r << np.uint64(shape.shift))
+    return _signed_w(total, shape.width) >> shape.shift
+
+
+def _signed_w(x: np.ndarray, w: int) -> np.ndarray:
+    """x mod 2^w read as a signed w-bit number (the shares are exact mod 2^w)."""
+    x = np.asarray(x, dtype=np.uint64)
+    if w == 64:
+        return x.view(np.int64)
+    v = (x & np.uint64((1 << w) - 1)).astype(np.int64)
+    return np.where(v >= 1 << (w - 1), v - (1 << w), v)
 
 
 def _all_words(shape: SamplerShape) -> np.ndarray:
@@ -65,28 +75,35 @@ def _all_words(shape: SamplerShape) -> np.ndarray:
 
 
 @pytest.mark.parametrize(
-    "constants,bits,shift,signed",
+    "constants,bits,shift,signed,width",
     [
-        ((1,), 1, 0, True),
-        ((3, 1), 2, 0, True),
-        ((5, 3, 1), 3, 0, True),
-        ((6, 5, 2), 4, 0, True),
-        ((13, 7, 2, 1), 4, 0, True),
+        ((1,), 1, 0, True, 64),
+        ((3, 1), 2, 0, True, 64),
+        ((5, 3, 1), 3, 0, True, 64),
+        ((6, 5, 2), 4, 0, True, 64),
+        ((13, 7, 2, 1), 4, 0, True, 64),
         # per-digit widths (a fair digit, an addend with trailing zeros) and a shift
-        ((1, 3, 5, 2), (1, 2, 3, 4), 16, True),
-        ((4, 11, 1), (4, 5, 3), 3, True),
+        ((1, 3, 5, 2), (1, 2, 3, 4), 16, True, 64),
+        ((4, 11, 1), (4, 5, 3), 3, True, 64),
         # the one-sided sampler (exp3): no sign bit, Z = G ≥ 0
-        ((13, 7, 2, 1), 4, 0, False),
-        ((4, 11, 1, 1), (4, 5, 3, 2), 16, False),
+        ((13, 7, 2, 1), 4, 0, False, 64),
+        ((4, 11, 1, 1), (4, 5, 3, 2), 16, False, 64),
+        # shares exact mod 2^w only (a stream's comparison width)
+        ((4, 11, 1), (4, 5, 3), 3, True, 20),
+        ((4, 11, 1, 1), (4, 5, 3, 2), 16, False, 34),
     ],
 )
 def test_circuit_formula_and_pmf_agree_on_every_input(
-    constants: tuple[int, ...], bits: int | tuple[int, ...], shift: int, signed: bool
+    constants: tuple[int, ...],
+    bits: int | tuple[int, ...],
+    shift: int,
+    signed: bool,
+    width: int,
 ) -> None:
     """Exhaustive: for every joint bit string the circuit's Z equals the formula,
     and counting the formula's outputs over all 2^(Σb_i+1) strings gives exactly
     2^(Σb_i+1) · pmf — the pmf is the law of what is implemented."""
-    shape = SamplerShape(constants, bits, shift, signed)
+    shape = SamplerShape(constants, bits, shift, signed, width)
     joint = _all_words(shape)
     rng = np.random.default_rng(len(constants) * 31 + shape.random_bits + shift)
     u = rng.integers(0, M64, joint.shape, dtype=np.uint64, endpoint=False)
@@ -198,21 +215,22 @@ def _words(seed: bytes, shape: SamplerShape, n: int) -> np.ndarray:
     return RandomSource(seed).u64(shape.words * n).reshape(shape.words, n).copy()
 
 
-def _stream_shape() -> SamplerShape:
+def _stream_shape(width: int = 64) -> SamplerShape:
     """The servers' ν sampler of a lap24 stream at ε = 1, F = 16."""
     from svtagg.dp.jointsvt import joint_stream_noise
     from svtagg.dp.kinds import StreamKind
 
     noise = joint_stream_noise(StreamKind.LAP24, Fraction(1), 16)
-    return SamplerShape(noise.query_constants, noise.query_widths, noise.shift)
+    return SamplerShape(noise.query_constants, noise.query_widths, noise.shift, True, width)
 
 
-@pytest.mark.parametrize("which", ["t=3,b=8", "t=2^20,b=64", "stream"])
+@pytest.mark.parametrize("which", ["t=3,b=8", "t=2^20,b=64", "stream", "stream,w=34"])
 def test_protocol_reconstructs_the_sample(mpc_engine: str, which: str) -> None:
     shape = {
         "t=3,b=8": lambda: SamplerShape(sampler_constants(Fraction(3), 8), 8),
         "t=2^20,b=64": lambda: SamplerShape(sampler_constants(Fraction(1 << 20), 64), 64),
         "stream": _stream_shape,
+        "stream,w=34": lambda: _stream_shape(34),
     }[which]()
     n = 5000 if shape.words <= 3 else 300  # more than one OT lane batch
     tag = mpc_engine.encode()
@@ -221,14 +239,14 @@ def test_protocol_reconstructs_the_sample(mpc_engine: str, which: str) -> None:
     f = np.uint64(shape.shift)
     assert not np.any((r | y) & ((np.uint64(1) << f) - np.uint64(1)))  # low F bits 0
     np.testing.assert_array_equal(
-        (r + y).view(np.int64) >> shape.shift, plain_joint_noise(u ^ v, shape)
+        _signed_w(r + y, shape.width) >> shape.shift, plain_joint_noise(u ^ v, shape)
     )
     assert ands == and_gates_per_sample(shape) * n
     # Without test words both sides draw from os.urandom; shares still add up to
     # values in the support, and r is fresh.
     r1, y1, _ = asyncio.run(_protocol(shape, None, None, 200))
     r2, _, _ = asyncio.run(_protocol(shape, None, None, 200))
-    nu = (r1 + y1).view(np.int64) >> shape.shift
+    nu = _signed_w(r1 + y1, shape.width) >> shape.shift
     assert nu.min() >= -(1 << shape.digits) and nu.max() < 1 << shape.digits
     assert not np.array_equal(r1, r2)
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import joint_guess_bound, joint_z, spy_joint_sampler
+from conftest import joint_guess_bound, joint_sum, joint_z, spy_joint_sampler
 from test_joint_servers import UNIT, N, _chi_square_pvalue, binned_law, spec
 
 from svtagg.dp.errors import FailedPrecondition, Refusal
@@ -62,10 +62,6 @@ def _logs(p: ReferencePair) -> tuple[list[JointDraw], list[JointDraw]]:
     return a, b
 
 
-def _signed(x: np.ndarray) -> np.ndarray:
-    return np.asarray(x, dtype=np.uint64).view(np.int64)
-
-
 def _check_pairs(p: ReferencePair, kind: StreamKind = StreamKind.LAP24, eps: int = 1) -> None:
     """Both servers' records name the same samples per chunk, no sequence number
     twice, and every reconstructed γ and ν lies in its sampler's support."""
@@ -87,9 +83,9 @@ def _check_pairs(p: ReferencePair, kind: StreamKind = StreamKind.LAP24, eps: int
         used = {(a.stream_id, a.pool_lo + i) for i in range(a.pooled)}
         assert not used & seen, "a pooled sample was used twice"
         seen |= used
-        nu = _signed(a.nu + b.nu)
+        nu = joint_sum(p, a.stream_id, a.nu, b.nu)
         assert ((-nu_bound <= nu) & (nu < nu_bound)).all(), "mismatched shares"
-        gamma = int(_signed(np.array([(a.gamma + b.gamma) % (1 << 64)]))[0])
+        gamma = int(joint_sum(p, a.stream_id, a.gamma, b.gamma)[0])
         assert -gamma_bound <= gamma < gamma_bound
 
 
@@ -117,7 +113,9 @@ async def test_pooled_noise_follows_the_exact_law(pair: ReferencePair) -> None:
     assert [(d.pool_lo, d.pooled) for d in leader] == [(5000 * i, 5000) for i in range(4)]
     assert [d.gamma_pooled for d in leader] == [True, False, False, False]
     _check_pairs(pair)
-    samples = np.concatenate([_signed(a.nu + b.nu) for a, b in zip(*_logs(pair), strict=True)])
+    samples = np.concatenate(
+        [joint_sum(pair, a.stream_id, a.nu, b.nu) for a, b in zip(*_logs(pair), strict=True)]
+    )
     noise = joint_stream_noise(StreamKind.LAP24, Fraction(1), F)
     lo, grid = noise.grid_pmf("query")
     assert lo <= samples.min() and samples.max() < lo + grid.size
@@ -300,7 +298,7 @@ async def _predicted_by_garbler(
     await _ask_no(pair, sid, 2000)
     (a,), (b,) = _logs(pair)
     assert a.pooled == 2000 and len(guesses) == 2  # γ's draw, then the batch
-    return float(np.mean(joint_z(_signed(a.nu + b.nu), F) == guesses[1]))
+    return float(np.mean(joint_z(joint_sum(pair, a.stream_id, a.nu, b.nu), F) == guesses[1]))
 
 
 async def test_one_server_cannot_predict_pooled_noise(

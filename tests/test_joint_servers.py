@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import joint_guess_bound, joint_z, spy_joint_sampler
+from conftest import joint_guess_bound, joint_sum, joint_z, spy_joint_sampler
 
 from svtagg.dp.errors import InvalidArgument
 from svtagg.dp.joint import one_sided_ratio, sampler_constants, shift_ratio
@@ -73,13 +73,9 @@ def _reconstruct(p: ReferencePair) -> list[tuple[JointDraw, JointDraw]]:
     return list(zip(logs[0], logs[1], strict=True))
 
 
-def _signed_sum(a: JointDraw, b: JointDraw) -> np.ndarray:
-    return (a.nu + b.nu).view(np.int64)
-
-
 def _nu(p: ReferencePair) -> np.ndarray:
     """Every ν the pair used, r + (ν − r) mod 2^64, as signed integers."""
-    return np.concatenate([(a.nu + b.nu).view(np.int64) for a, b in _reconstruct(p)])
+    return np.concatenate([joint_sum(p, a.stream_id, a.nu, b.nu) for a, b in _reconstruct(p)])
 
 
 # ---------------------------------------------------------------- the option
@@ -120,13 +116,12 @@ async def test_joint_stream_answers_svt(pair: ReferencePair, kind: StreamKind) -
     assert [d.chunk for d, _ in draws] == [0, 1]
     (l0, h0), (l1, h1) = draws
     assert (l0.gamma, h0.gamma) == (l1.gamma, h1.gamma) == tuple(stored)  # γ kept
-    gamma = (l0.gamma + h0.gamma) % (1 << 64)
-    gamma = gamma - (1 << 64) if gamma >= 1 << 63 else gamma
+    gamma = int(joint_sum(pair, sid, l0.gamma, h0.gamma)[0])
     noise = joint_stream_noise(kind, Fraction(4), F)
     k = len(noise.threshold_constants)  # 2^F·Z + dither, Z in [−2^K, 2^K)
     assert -((1 << k) + 1 << F) <= gamma < (1 << k) + 2 << F
     if kind == StreamKind.EXP3:  # one-sided: Z ≥ 0 and a dither ≥ 0
-        assert gamma >= 0 and min(int(x) for d, e in draws for x in _signed_sum(d, e)) >= 0
+        assert gamma >= 0 and _nu(pair).min() >= 0
     assert [len(d.nu) for d, _ in draws] == [3, 4]
 
     for core in (pair.leader.core, pair.helper.core):

@@ -75,7 +75,7 @@ from svtagg.dp.jointsvt import (
 from svtagg.dp.kinds import StreamKind, noise_model
 from svtagg.mpc.jointnoise import SamplerShape, evaluate_joint_noise, garble_joint_noise
 from svtagg.mpc.protocol import ComparisonEvaluator, ComparisonGarbler
-from svtagg.mpc.ring import U64
+from svtagg.mpc.ring import RING_BITS, U64
 from svtagg.servers.exchange.values import ChunkKind, NoiseBatch
 from svtagg.servers.store.rules import StreamState, TaskState
 
@@ -144,11 +144,14 @@ def stream_noise(kind: StreamKind, epsilon: Fraction, frac_bits: int) -> JointSt
     return noise
 
 
-def shapes(noise: JointStreamNoise) -> tuple[SamplerShape, SamplerShape]:
-    """(γ's sampler, ν's sampler)."""
+def shapes(noise: JointStreamNoise, width: int = RING_BITS) -> tuple[SamplerShape, SamplerShape]:
+    """(γ's sampler, ν's sampler) for a stream whose comparison width is `width`
+    (`ServerCore.comparison_width`: the shares need to be exact mod 2^w only)."""
+    c_rho, w_rho = noise.threshold_constants, noise.threshold_widths
+    c_nu, w_nu = noise.query_constants, noise.query_widths
     return (
-        SamplerShape(noise.threshold_constants, noise.threshold_widths, noise.shift, noise.signed),
-        SamplerShape(noise.query_constants, noise.query_widths, noise.shift, noise.signed),
+        SamplerShape(c_rho, w_rho, noise.shift, noise.signed, width),
+        SamplerShape(c_nu, w_nu, noise.shift, noise.signed, width),
     )
 
 
@@ -185,10 +188,12 @@ def pools_noise(stream: StreamState, task: TaskState) -> bool:
 
 
 async def batch_shares(
-    party: object, stream: StreamState, task: TaskState, batch: NoiseBatch
+    party: object, stream: StreamState, task: TaskState, batch: NoiseBatch, width: int
 ) -> tuple[int | None, U64]:
     """This server's shares of a batch: γ (if asked) and `count` ν, drawn by the
-    very sampler a chunk would run (so dp/jointsvt.py's accounting holds)."""
-    gamma_shape, nu_shape = shapes(stream_noise(stream.kind, stream.epsilon, task.params.frac_bits))
+    very sampler a chunk would run (so dp/jointsvt.py's accounting holds), at
+    the stream's comparison width."""
+    noise = stream_noise(stream.kind, stream.epsilon, task.params.frac_bits)
+    gamma_shape, nu_shape = shapes(noise, width)
     gamma = int((await joint_shares(party, 1, gamma_shape))[0]) if batch.gamma else None
     return gamma, await joint_shares(party, batch.count, nu_shape)
