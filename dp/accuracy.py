@@ -327,9 +327,9 @@ def joint_alpha_grid(
     (inflated) scales, which the exact law follows to the rounding of its
     constants; the bound is then checked on the exact law's tails in grid
     units, dither included (`JointStreamNoise.grid_tail`, `grid_upper` for
-    exp3's one-sided draws) and widened one grid unit at a time until
+    exp3's one-sided draws) and widened 1/16 of a sensitivity at a time until
     P(|γ| > a₁) + k·P(|ν| > a₂) ≤ β (one-sided: P(γ > a₁) + k·P(ν > a₂))
-    holds there, so it is the exact law's (to 1/16 of a sensitivity)."""
+    holds there, so it is the exact law's (to that step)."""
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
     if not 0 < beta < 1:

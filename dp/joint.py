@@ -103,13 +103,6 @@ def sampler_constants(
     return tuple(out)
 
 
-@functools.lru_cache(maxsize=4096)
-def _logistic_digits(y: Fraction) -> int:
-    """floor(2^65 / (1 + e^y)), exact (`dp.noise._digits`); cached, since the
-    accounting fits the same scales at several precisions."""
-    return _digits(y, "logistic", MAX_WIDTH + 1)
-
-
 def fitted_digits(
     scale: Fraction, precision: int, digits: int
 ) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -134,7 +127,7 @@ def _fitted_digit(num: int, den: int, precision: int, i: int) -> tuple[int, int]
     """(c_i, b_i) of `fitted_digits` at the scale num/den; cached, since the
     accounting grows K one digit at a time and tries several precisions."""
     floor = 1 << (precision - 1)
-    full = _logistic_digits(Fraction(den << i, num))  # floor(p_i·2^65), p_i at 2^i/t
+    full = _digits(Fraction(den << i, num), "logistic", MAX_WIDTH + 1)  # floor(p_i·2^65)
     lead = full.bit_length() - MAX_WIDTH - 1  # p_i's leading 1 is at 2^lead
     b = min(MAX_WIDTH, max(precision, precision - lead))
     c = ((full >> (MAX_WIDTH - b)) + 1) >> 1  # round(p_i·2^b), from the same digits

@@ -42,7 +42,6 @@ import numpy as np
 import numpy.typing as npt
 
 from svtagg.dp.joint import (
-    abs_tail,
     fitted_digits,
     float_tail,
     one_sided_ratio,
@@ -142,64 +141,51 @@ class JointStreamNoise:
             return self.query_constants, self.query_widths
         raise ValueError(which)
 
-    def grid_tail(self, which: str, a: int) -> float:
-        """P(|draw| > a) for a ≥ 0 in grid units, exact up to floating point:
-        Σ_z P(Z = z)·P(|2^F·z + D| > a), the whole tails of Z where no dither
-        value can bring the draw inside, the few z near ±a/2^F term by term."""
+    def _z_at_least(self, which: str, m: int) -> float:
+        """P(Z ≥ m): Z = G, or for the two-sided law G or −G − 1 by the sign."""
         c, w = self._digits(which)
-        if self.shift == 0:
-            return abs_tail(c, w, a) if self.signed else float_tail(c, w, a + 1)
-        f, n = self.shift, 1 << self.shift
-        lo = dither_offset(f, self.signed)
-        hi = lo + 2 * n - 2  # D's range
-
-        def z_at_least(m: int) -> float:  # P(Z ≥ m): Z = G, or −G − 1 with the sign
-            if not self.signed:
-                return float_tail(c, w, max(m, 0))
-            pos = 0.5 * float_tail(c, w, max(m, 0))
-            neg = 0.5 * (1.0 - float_tail(c, w, -m)) if m <= -1 else 0.0
-            return pos + neg
-
-        def point(z: int) -> float:
-            return z_at_least(z) - z_at_least(z + 1)
-
-        # draw > a: sure for 2^F·z > a − lo, impossible for 2^F·z ≤ a − hi.
-        sure_up = ((a - lo) >> f) + 1
-        up = z_at_least(sure_up) + sum(
-            point(z) * (1.0 - _dither_at_most(a - (z << f), f, lo))
-            for z in range(((a - hi) >> f), sure_up)
-        )
-        # draw < −a: sure for 2^F·z < −a − hi, impossible for 2^F·z ≥ −a − lo.
-        sure_down = -((a + hi) >> f) - 1  # the largest z with 2^F·z + hi < −a
-        while (sure_down + 1 << f) + hi < -a:
-            sure_down += 1
-        down = (
-            1.0
-            - z_at_least(sure_down + 1)
-            + sum(
-                point(z) * _dither_at_most(-a - (z << f) - 1, f, lo)
-                for z in range(sure_down + 1, -((a + lo) >> f) + 1)
-            )
-        )
-        return up + down
+        if not self.signed:
+            return float_tail(c, w, max(m, 0))
+        neg = 0.5 * (1.0 - float_tail(c, w, -m)) if m <= -1 else 0.0
+        return 0.5 * float_tail(c, w, max(m, 0)) + neg
 
     def grid_upper(self, which: str, a: int) -> float:
-        """P(draw > a) for the one-sided sampler (exp3): a draw is ≥ −2^(F−1),
-        so this is the tail that bounds ν − γ (`accuracy.joint_alpha_grid`)."""
-        c, w = self._digits(which)
-        if self.signed:
-            raise ValueError("grid_upper is for the one-sided sampler")
+        """P(draw > a) in grid units, exact up to floating point: the whole tail
+        of Z where no dither value can bring the draw down to a, the few z with
+        2^F·z near a term by term (for exp3's one-sided draws, the tail that
+        bounds ν − γ: `accuracy.joint_alpha_grid`)."""
         if self.shift == 0:
-            return float_tail(c, w, a + 1)
-        f, n = self.shift, 1 << self.shift
-        lo = dither_offset(f, self.signed)
-        hi = lo + 2 * n - 2
-        sure = ((a - lo) >> f) + 1
-        return float_tail(c, w, max(sure, 0)) + sum(
-            (float_tail(c, w, z) - float_tail(c, w, z + 1))
+            return self._z_at_least(which, a + 1)
+        f, lo = self.shift, dither_offset(self.shift, self.signed)
+        hi = lo + (2 << f) - 2  # D's range
+        sure = ((a - lo) >> f) + 1  # the least z with 2^F·z + lo > a
+        return self._z_at_least(which, sure) + sum(
+            (self._z_at_least(which, z) - self._z_at_least(which, z + 1))
             * (1.0 - _dither_at_most(a - (z << f), f, lo))
-            for z in range(max((a - hi) >> f, 0), max(sure, 0))
+            for z in range((a - hi) >> f, sure)
         )
+
+    def grid_tail(self, which: str, a: int) -> float:
+        """P(|draw| > a) for a ≥ 0 in grid units: `grid_upper` plus the same
+        sum for draw < −a."""
+        if self.shift == 0:
+            return self.grid_upper(which, a) + 1.0 - self._z_at_least(which, -a)
+        f, lo = self.shift, dither_offset(self.shift, self.signed)
+        hi = lo + (2 << f) - 2
+        top = -((a + lo) >> f)  # above it, 2^F·z + lo ≥ −a: never below −a
+        sure = -((a + hi) >> f) - 1  # the largest z with 2^F·z + hi < −a
+        while (sure + 1 << f) + hi < -a:
+            sure += 1
+        below = (
+            1.0
+            - self._z_at_least(which, sure + 1)
+            + sum(
+                (self._z_at_least(which, z) - self._z_at_least(which, z + 1))
+                * _dither_at_most(-a - (z << f) - 1, f, lo)
+                for z in range(sure + 1, top + 1)
+            )
+        )
+        return self.grid_upper(which, a) + below
 
     def grid_pmf(self, which: str) -> tuple[int, npt.NDArray[np.float64]]:
         """(lowest value, pmf) of one draw in grid units (small supports only):

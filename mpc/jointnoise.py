@@ -169,12 +169,12 @@ def _digit_bits(be: Backend, x: list[Wires], shape: SamplerShape) -> list[Wires]
 def joint_noise_circuit(
     be: Backend, a_bits: Bits | None, b: WireSource, n: int, shape: SamplerShape
 ) -> tuple[Wires, ...]:
-    """y = Z − r mod 2^(64−F) for n samples Z of the sampler on the joint bits
-    u ⊕ v.
+    """y = Z − r mod 2^(w−F) for n samples Z of the sampler on the joint bits
+    u ⊕ v (w = `shape.width`).
 
     a_bits: the garbler's (64, (W + 1)·n) bits — W vectors of n words of u, then
     the n constants −r (None on the evaluator); b: the evaluator's W·n lanes of
-    v, `lane_bits` each.  Outputs 64 − F bundles of n wires, bit i of y in
+    v, `lane_bits` each.  Outputs w − F bundles of n wires, bit i of y in
     bundle i."""
     w = shape.words
     # Each batch is copied as it comes: the OT extension reuses its label buffer.
