@@ -493,7 +493,8 @@ class SparseOnehot:
         # below 2^12 leaves a report's Python work (under the GIL) is most of
         # its cost, and threads only contend for the GIL
         parts = max(1, min(threads, n // 8)) if self.bits >= 12 else 1
-        if parts == 1 or _core is None:
+        # threads only where the native core expands (the reference code holds the GIL)
+        if parts == 1 or _core is None or native.active() != "native":
             return run(0, n), shares
         bounds = [n * k // parts for k in range(parts + 1)]
         with ThreadPoolExecutor(parts) as pool:

@@ -17,6 +17,7 @@ from svtagg.proto.terms import MAX_BATCH_REPORTS, MAX_MESSAGE_BYTES, MAX_VERIFY_
 from svtagg.servers.store.rules import TaskState
 from svtagg.vdaf.field import FIELD128
 from svtagg.vdaf.prio3 import Prio3
+from svtagg.vdaf.sparse import NONCE_SIZE
 from svtagg.vdaf.validity import Validity, ValidityError, parse_validity
 from svtagg.vdaf.xof import SEED_SIZE
 
@@ -109,9 +110,13 @@ def helper_undo_sum(task: TaskState, kept: list[bytes]) -> U64:
     kept of each, as Field128 words: what reconciliation takes out."""
     v = task_validity(task)
     if v.sparse:
-        size = v.public_share_bytes()
-        reports = [(b[:16], b[16 : 16 + size], b[16 + size :]) for b in kept]
-        acc, _ = v.scheme.expand_batch(1, task.verify_key, reports, EXPAND_THREADS)
+        size, n = v.public_share_bytes(), NONCE_SIZE  # the report id is the nonce
+        reports = [(b[:n], b[n : n + size], b[n + size :]) for b in kept]
+        acc, shares = v.scheme.expand_batch(1, task.verify_key, reports, EXPAND_THREADS)
+        if any(share is None for share in shares):
+            # a kept report that no longer expands would leave its share in
+            # the sums: the close must not go on with a wrong total
+            raise FailedPrecondition("a report the helper kept no longer expands")
         return scaled_words(v, acc.value())
     prio = v.prio3
     outs = [prio.flp.truncate(prio.helper_meas_share(1, s)) for s in kept]
