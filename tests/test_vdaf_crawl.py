@@ -96,12 +96,52 @@ def test_a_changed_correction_is_refused_at_its_level(part: str) -> None:
     assert refused_at == [5]  # the level whose correction changed
 
 
-def test_different_public_shares_to_the_two_servers_are_refused() -> None:
-    dpf = PrefixDpf(6)
+def _publics_differing_at_level_6(dpf: PrefixDpf):  # type: ignore[no-untyped-def]
+    """A report's key pair with two public shares that differ only in level 6's
+    output correction (its own + 1 and + 2): nothing the first five levels
+    evaluate differs, so only the public share's binding into each level's
+    digest key can tell before level 6; at level 6 whichever server's node is
+    live applies a wrong correction, so the weight check fails there."""
     nonce, public, keys = make(dpf, 0b110011)
-    other, _ = dpf.gen(0b110000, nonce, os.urandom(RAND_SIZE))
-    result = walk(dpf, [(nonce, public, keys)], 1, publics=[(public, other)])
-    assert result[0][1] == [0]
+    levels = dpf.decode(public)
+    lv = levels[5]
+
+    def variant(add: int) -> bytes:
+        return dpf.encode([*levels[:5], Level(lv.seed, lv.ctrl, lv.proof, (lv.output + add) % P)])
+
+    return nonce, keys, variant(1), variant(2)
+
+
+def test_different_public_shares_to_the_two_servers_are_refused_at_once() -> None:
+    dpf = PrefixDpf(6)
+    nonce, keys, one, two = _publics_differing_at_level_6(dpf)
+    result = walk(dpf, [(nonce, one, keys)], 1, publics=[(one, two)])
+    assert result[0][1] == [0]  # at level 1, where the two views first meet
+
+
+def test_unbound_public_shares_let_wrong_counts_through(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Negative control: with a digest key that leaves the public share out,
+    the two servers evaluate different reports unnoticed for five levels, and
+    at level 6 a report whose dead sibling node is held alike (both bits 1)
+    passes with counts 2 and −1 — the sum is still one unit, and still one
+    node is live.  Over 20 reports one such is all but certain (2^−20)."""
+    real = crawl.digest
+
+    def unbound(verify_key, nonce, public, *rest):  # type: ignore[no-untyped-def]
+        return real(verify_key, nonce, b"", *rest)
+
+    monkeypatch.setattr(crawl, "digest", unbound)
+    dpf = PrefixDpf(6)
+    passed_wrong = 0
+    for _ in range(20):
+        nonce, keys, one, two = _publics_differing_at_level_6(dpf)
+        result = walk(dpf, [(nonce, one, keys)], 1, publics=[(one, two)])
+        refused_at = [level for level, (_, refused) in enumerate(result, 1) if refused]
+        assert refused_at in ([], [6])
+        if not refused_at:
+            assert result[-1][0] == {0b110010: P - 1, 0b110011: 2}
+            passed_wrong += 1
+    assert passed_wrong > 0
 
 
 def split(dpf: PrefixDpf):  # type: ignore[no-untyped-def]
@@ -175,3 +215,15 @@ def test_inputs_are_checked() -> None:
     with pytest.raises(SparseError):
         dpf.decide(ev.prep_share[:-1], ev.prep_share)
     assert dpf.public_share_bytes() == 2 + 5 * 48
+
+
+def test_keep_refuses_a_prefix_that_was_no_candidate_or_one_kept_twice() -> None:
+    dpf = PrefixDpf(4)
+    nonce, public, keys = make(dpf, 0b1010)
+    ev = dpf.expand(0, VK, nonce, public, dpf.root(0, keys[0]))
+    assert ev.candidates == [0, 1]
+    with pytest.raises(SparseError, match="not a candidate"):
+        dpf.keep(ev, [2], 1)
+    with pytest.raises(SparseError, match="distinct"):
+        dpf.keep(ev, [1, 1], 1)
+    assert dpf.keep(ev, [1], 1).prefixes == [1]

@@ -106,6 +106,14 @@ class Evaluated:
     prep_share: bytes  # digest ‖ (Σ shares − previous total) share
 
 
+def _level_at(data: bytes, head: int, ctrl: list[tuple[bool, bool]], i: int) -> Level:
+    at = head + LEVEL_BYTES * i
+    output = int.from_bytes(data[at + 32 : at + 48], "little")
+    if output >= P:
+        raise SparseError("an output correction is not below the Field128 modulus")
+    return Level(data[at : at + 16], ctrl[i], data[at + 16 : at + 32], output)
+
+
 class PrefixDpf:
     """Incremental verifiable DPF keys for strings of `bits` bits."""
 
@@ -123,14 +131,13 @@ class PrefixDpf:
 
     def decode(self, data: bytes) -> list[Level]:
         ctrl, head = unpack_ctrl(data, self.bits, self.public_share_bytes())
-        out = []
-        for i in range(self.bits):
-            at = head + LEVEL_BYTES * i
-            output = int.from_bytes(data[at + 32 : at + 48], "little")
-            if output >= P:
-                raise SparseError("an output correction is not below the Field128 modulus")
-            out.append(Level(data[at : at + 16], ctrl[i], data[at + 16 : at + 32], output))
-        return out
+        return [_level_at(data, head, ctrl, i) for i in range(self.bits)]
+
+    def level(self, data: bytes, level: int) -> Level:
+        """Level `level`'s corrections (1-based) alone, the share's length and
+        padding checked."""
+        ctrl, head = unpack_ctrl(data, self.bits, self.public_share_bytes())
+        return _level_at(data, head, ctrl, level - 1)
 
     # ------------------------------------------------------------ the client
     def gen(
@@ -181,7 +188,7 @@ class PrefixDpf:
         level = kept.level + 1
         if level > self.bits:
             raise SparseError(f"the strings have {self.bits} bits")
-        cw = self.decode(public)[level - 1]
+        cw = self.level(public, level)
         h = _Hash(_hash_key(nonce, 0, DST))
         kids, t = children(h, kept.seeds, kept.ctrl, cw.seed, cw.ctrl)
         y = FIELD128.to_ints(_to_field(h(kids, CONVERT)))
@@ -207,6 +214,12 @@ class PrefixDpf:
     def keep(ev: Evaluated, prefixes: list[int], level: int) -> Nodes:
         """The nodes of the candidates the crawl keeps, and this server's
         share of their total, for the next level."""
-        where = [ev.candidates.index(x) for x in prefixes]
+        at = {x: i for i, x in enumerate(ev.candidates)}
+        if len(set(prefixes)) != len(prefixes):
+            raise SparseError("the kept prefixes must be distinct")
+        missing = [x for x in prefixes if x not in at]
+        if missing:
+            raise SparseError(f"prefix {missing[0]} was not a candidate at level {level}")
+        where = [at[x] for x in prefixes]
         total = sum(ev.shares[i] for i in where) % P
         return Nodes(level, list(prefixes), ev.seeds[where], ev.ctrl[where], total)

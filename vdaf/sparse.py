@@ -347,9 +347,18 @@ class SparseOnehot:
         """`decode_public_share` for the native core: the seed corrections,
         the control corrections one byte per bit, the proof and the output
         corrections, as bytes."""
-        ps = self.decode_public_share(data)
-        bits = bytes(int(b) for pair in ps.ctrl for b in pair)
-        return ps.seeds, bits, ps.proof, ps.output.to_bytes(16, "little")
+        n = self.bits
+        if len(data) != self.public_share_bytes():
+            raise SparseError(f"a public share is {self.public_share_bytes()} bytes")
+        head = (2 * n + 7) // 8
+        if (2 * n) % 8 and data[head - 1] >> ((2 * n) % 8):
+            raise SparseError("padding bits of the control corrections are set")
+        bits = np.unpackbits(np.frombuffer(data, np.uint8, head), bitorder="little")[: 2 * n]
+        at = head + 16 * n
+        output = data[at + 16 :]
+        if int.from_bytes(output, "little") >= P:
+            raise SparseError("the output correction is not below the Field128 modulus")
+        return data[head:at], bits.tobytes(), data[at : at + 16], output
 
     # ------------------------------------------------------------ the client
     def gen(
