@@ -22,6 +22,8 @@ from svtagg.dp.errors import NotFound, Refusal
 from svtagg.dp.jointsvt import (
     INDEPENDENT,
     JOINT,
+    JOINT_KINDS,
+    JOINT_MAX_TOURNAMENT,
     NOISE_OPTIONS,
     JointStreamNoise,
     check_joint_kind,
@@ -236,19 +238,24 @@ class LocalOracle:
         (`chunked_noisy_argmax`: the noise drawn chunk by chunk, the winner
         carried)."""
         req = validate_stream(StreamKind.NMAX, epsilon, 0, self._parties)
-        if self.noise == JOINT:
-            raise ValueError(
-                "report-noisy-max takes independent noise only; this task has joint noise"
-            )
+        joint = None
+        if self.noise == JOINT:  # as the servers: one sampler draw per candidate, its δ
+            joint = joint_stream_noise(StreamKind.NMAX, req.epsilon, self.frac_bits)
+            req = StreamRequest(req.kind, req.epsilon, req.delta, joint.delta_charge)
+            if len(queries) > JOINT_MAX_TOURNAMENT:
+                raise ValueError(
+                    f"a report-noisy-max stream holds at most {JOINT_MAX_TOURNAMENT:,} "
+                    "candidates on a task with joint noise"
+                )
         self._check_floor(req.epsilon)
         chunks = tournament_chunks(len(queries), chunk_size)
         scores = self._scores(queries)
         self._charge(req, plan)
         if len(chunks) == 1:
-            out = noisy_argmax(scores, req.epsilon, self.frac_bits, self._rng, self._parties)
+            out = noisy_argmax(scores, req.epsilon, self.frac_bits, self._rng, self._parties, joint)
         else:
             out = chunked_noisy_argmax(
-                scores, req.epsilon, self.frac_bits, self._rng, self._parties, chunks
+                scores, req.epsilon, self.frac_bits, self._rng, self._parties, chunks, joint
             )
         for lo, hi in chunks:
             self._count(hi - lo)
@@ -288,7 +295,7 @@ class LocalOracle:
         return AboveThresholdStream(kind, eps, self.frac_bits, self._rng, self._parties, joint)
 
     def accuracy(self, kind: StreamKind | str, epsilon: Number | str, k: int, beta: float) -> float:
-        if self.noise == JOINT and StreamKind.parse(kind) != StreamKind.NMAX:
+        if self.noise == JOINT and StreamKind.parse(kind) in JOINT_KINDS:
             return accuracy.joint_alpha(kind, epsilon, k, beta, self.frac_bits)  # one draw
         return accuracy.alpha(kind, epsilon, k, beta, self._parties, self.frac_bits)
 

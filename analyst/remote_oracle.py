@@ -27,7 +27,13 @@ from svtagg.analyst.ask_stream import AskCall
 from svtagg.analyst.oracle import OracleStats, TournamentProgress
 from svtagg.dp import accuracy
 from svtagg.dp.errors import Refusal, StreamClosed
-from svtagg.dp.jointsvt import INDEPENDENT, JOINT, JOINT_KINDS, joint_stream_noise
+from svtagg.dp.jointsvt import (
+    INDEPENDENT,
+    JOINT,
+    JOINT_KINDS,
+    JOINT_MAX_TOURNAMENT,
+    joint_stream_noise,
+)
 from svtagg.dp.kinds import StreamKind, StreamRequest, as_fraction, validate_stream
 from svtagg.dp.plans import PlanBook, PlanCharge, Rule, parse_groups
 from svtagg.dp.queries import (
@@ -334,7 +340,8 @@ class RemoteOracle:
         (both servers charge it, in `plan`'s group if given), then NoisyMax
         chunks of the candidates (`tournament_chunks`), each but the last with
         `more` set; each server adds its own one-sided Exp(2Δ/ε) noise per
-        candidate to its share, the winner so far is carried secret-shared from
+        candidate to its share (on a joint-noise task: its share of one joint
+        draw per candidate, dp/jointsvt.py), the winner so far is carried secret-shared from
         chunk to chunk, and only the position of the largest noisy sum comes
         back, after the last chunk, which closes the stream.  The candidates
         are checked here first (count, indices), so a refusal costs nothing."""
@@ -342,6 +349,11 @@ class RemoteOracle:
         chunks = tournament_chunks(len(queries), chunk_size)
         if any(not 0 <= q.index < self._d for q in queries):
             raise ValueError(f"a candidate's index is out of range [0, {self._d})")
+        if self.noise == JOINT and len(queries) > JOINT_MAX_TOURNAMENT:
+            raise ValueError(
+                f"a report-noisy-max stream holds at most {JOINT_MAX_TOURNAMENT:,} "
+                "candidates on a task with joint noise"
+            )
         info = self._open(req, plan)
         for lo, hi in chunks:
             more = hi < len(queries)

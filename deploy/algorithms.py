@@ -31,7 +31,7 @@ from svtagg.analyst.selection import (
     scan_selection,
     sum_estimation,
 )
-from svtagg.dp.jointsvt import INDEPENDENT, JOINT, JOINT_KINDS
+from svtagg.dp.jointsvt import INDEPENDENT, JOINT, JOINT_SVT_KINDS
 from svtagg.dp.kinds import ABOVE_THRESHOLD_KINDS, StreamKind
 from svtagg.dp.queries import MAX_CHUNK, Epsilon, Number, Query
 
@@ -452,12 +452,7 @@ def check_run_options(
             f"expected one of {', '.join(accepted)}"
         )
     if getattr(oracle, "noise", INDEPENDENT) == JOINT:
-        if not algorithm.kinds:
-            raise ValueError(
-                f"--algorithm {algorithm.name} takes independent noise only; this task has "
-                "joint noise (docs/privacy.md)"
-            )
-        joint_kinds = [k.value for k in JOINT_KINDS]
+        joint_kinds = [k.value for k in JOINT_SVT_KINDS]
         if kind is not None and kind != "auto" and kind not in joint_kinds:
             raise ValueError(
                 f"--kind {kind} cannot take this task's joint noise; expected one of "

@@ -328,8 +328,9 @@ def joint_alpha_grid(
     constants; the bound is then checked on the exact law's tails in grid
     units, dither included (`JointStreamNoise.grid_tail`, `grid_upper` for
     exp3's one-sided draws) and widened 1/16 of a sensitivity at a time until
-    P(|γ| > a₁) + k·P(|ν| > a₂) ≤ β (one-sided: P(γ > a₁) + k·P(ν > a₂))
-    holds there, so it is the exact law's (to that step)."""
+    P(|γ| > a₁) + k·P(|ν| > a₂) ≤ β (one-sided: P(γ > a₁) + k·P(ν > a₂);
+    a tournament, nmax, has no γ: k·P(ν > a₂)) holds there, so it is the
+    exact law's (to that step)."""
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
     if not 0 < beta < 1:
@@ -337,9 +338,10 @@ def joint_alpha_grid(
     noise = joint_stream_noise(kind, epsilon, frac_bits)
     grid = 1 << noise.shift  # the scales are in sensitivities
     family = "laplace" if noise.signed else "geometric"
-    t_gamma = _tail(family, float(noise.threshold_scale) * grid, 1)
+    has_threshold = bool(noise.threshold_constants)  # not a tournament (nmax)
     t_nu = _tail(family, float(noise.query_scale) * grid, 1)
-    _, a1, a2 = _best_split(t_gamma, t_nu, k, beta, not noise.signed, True)
+    t_gamma = _tail(family, float(noise.threshold_scale) * grid, 1) if has_threshold else t_nu
+    _, a1, a2 = _best_split(t_gamma, t_nu, k, beta, not noise.signed, has_threshold)
 
     # Two-sided draws: |ν − γ| ≤ a₁ + a₂ unless |γ| > a₁ or some |ν| > a₂.
     # One-sided (exp3): every draw is ≥ 0 (its dither too), so ν − γ lies in
@@ -347,7 +349,7 @@ def joint_alpha_grid(
     tail = noise.grid_tail if noise.signed else noise.grid_upper
 
     def excess(a1: int, a2: int) -> tuple[float, float]:
-        return tail("threshold", a1), k * tail("query", a2)
+        return (tail("threshold", a1) if has_threshold else 0.0), k * tail("query", a2)
 
     # Widen the term that holds more of the mass, 1/16 of a sensitivity at a
     # time: the draws live on the sensitivity lattice, so finer steps would

@@ -26,8 +26,23 @@ ladder of factors, at the cheapest per-digit precision that reaches
 1 + 2^−8 — such that R_ρ·R_ν ≤ e^ε holds, checked in integers against a
 rigorous lower bound of e^ε (`dp.noise._exp_bounds`).  δ is charged, rounded
 up to a power of two (`delta_charge`).  The kinds: lap24 and lap3 (two-sided
-noise for both terms) and exp3 (one-sided).  ctt (two thresholds from one γ,
-with its own gap argument) and report-noisy-max are refused.
+noise for both terms), exp3 (one-sided), and report-noisy-max (nmax: one-sided
+ν per candidate, no γ; below).  ctt (two thresholds from one γ, with its own
+gap argument) is refused.
+
+Report-noisy-max with joint noise: candidate j's noisy score is
+s_j + 2^F·G_j + dither_j, G_j one draw of the one-sided sampler at Exp(2Δ/ε)'s
+scale.  Fix every other draw and every dither: candidate i wins iff G_i ≥ m,
+m the ceiling of (the best other noisy score, tie rule included, − s_i −
+dither_i)/2^F, and on a neighbour m moves by at most 2 (that best score and
+s_i each move by at most 2^F).  Σ_{g≥m} P(g) ≤ R·Σ_{g≥m} P(g + 2) + P(G ≥ 2^K − 2)
+with R = max P(G = g)/P(G = g + 2) over the support (`one_sided_ratio` at
+shift 2), and a smaller m only helps, so P_D(i) ≤ R·P_D'(i) + P(G ≥ 2^K − 2)
+for every i, either direction, and an event's δ is at most the number of
+candidates times that tail: the sampler's digits keep it within
+`JOINT_DELTA_CAP` for `JOINT_MAX_TOURNAMENT` candidates, the most a joint
+tournament holds (2^20, not the 2^32 − 1 of an independent one: a tail of
+2^−96 per candidate would need digits rarer than 64 bits can hold at ε ≥ ½).
 """
 
 from __future__ import annotations
@@ -59,7 +74,9 @@ INDEPENDENT = "independent"
 JOINT = "joint"
 NOISE_OPTIONS = (INDEPENDENT, JOINT)
 #: The stream kinds a joint-noise task opens.
-JOINT_KINDS = (StreamKind.LAP24, StreamKind.LAP3, StreamKind.EXP3)
+JOINT_KINDS = (StreamKind.LAP24, StreamKind.LAP3, StreamKind.EXP3, StreamKind.NMAX)
+#: The AboveThreshold kinds among them (a stream of questions, not a tournament).
+JOINT_SVT_KINDS = (StreamKind.LAP24, StreamKind.LAP3, StreamKind.EXP3)
 #: The per-digit precisions tried, cheapest first (`dp.joint.fitted_digits`):
 #: the first that fits ε within `TARGET_INFLATION_EXPONENT` is used.
 PRECISIONS = (8, 10, 12, 14, 16, 20, 24, 32, 40, 48)
@@ -76,6 +93,10 @@ _EXP_PRECISION = 192
 #: if no sampler of at most 64-bit digits reaches it; it gives a plan that
 #: cannot list its streams in advance a rigorous allowance (`joint_allowance`).
 JOINT_DELTA_CAP = Fraction(1, 1 << 64)
+#: The most candidates one report-noisy-max stream of a joint-noise task holds
+#: (every coordinate of the largest task; `dp.queries.MAX_TOURNAMENT` with
+#: independent noise): its δ is this many times one draw's tail.
+JOINT_MAX_TOURNAMENT = 1 << 20
 
 
 def check_joint_kind(kind: StreamKind | str) -> StreamKind:
@@ -83,9 +104,9 @@ def check_joint_kind(kind: StreamKind | str) -> StreamKind:
     k = StreamKind.parse(kind)
     if k not in JOINT_KINDS:
         raise ValueError(
-            f"a task with joint noise opens lap24, lap3 and exp3 streams only, not {k.value}: "
-            "ctt's two thresholds and report-noisy-max are not covered by the "
-            "joint sampler's accounting (docs/privacy.md)"
+            f"a task with joint noise opens lap24, lap3, exp3 and nmax streams only, not "
+            f"{k.value}: ctt's two thresholds are not covered by the joint sampler's "
+            "accounting (docs/privacy.md)"
         )
     return k
 
@@ -256,9 +277,11 @@ def _within(ratio: Fraction, epsilon: Fraction) -> bool:
 Digits = tuple[tuple[int, ...], tuple[int, ...]]
 
 
-def _fit(scale: Fraction, precision: int, shift: int) -> Digits | None:
+def _fit(
+    scale: Fraction, precision: int, shift: int, cap: Fraction = JOINT_DELTA_CAP
+) -> Digits | None:
     """The fewest digits at this precision whose tail past a shift by `shift`
-    sensitivities, P(G ≥ 2^K − shift), is at most the cap (the two-sided
+    sensitivities, P(G ≥ 2^K − shift), is at most `cap` (the two-sided
     sampler's δ is half that); None if a digit needed cannot be fitted in 64
     bits."""
     # Start just below the ideal geometric's answer, P(G ≥ 2^K) = e^(−2^K/t) ≤ cap:
@@ -269,7 +292,7 @@ def _fit(scale: Fraction, precision: int, shift: int) -> Digits | None:
             c, w = fitted_digits(scale, precision, k)
         except ValueError:
             return None
-        if tail_mass(c, w, (1 << k) - shift) <= JOINT_DELTA_CAP:
+        if tail_mass(c, w, (1 << k) - shift) <= cap:
             return c, w
         k += 1
 
@@ -286,15 +309,18 @@ def joint_stream_noise(kind: StreamKind, epsilon: Fraction, frac_bits: int) -> J
     # In sensitivities: the change of variables shifts ρ by 1 and ν by 2.
     t_rho = Fraction(model.threshold_coef) / epsilon
     t_nu = Fraction(model.query_coef) / epsilon
+    # Report-noisy-max: no γ, and ν's tail is paid once per candidate.
+    tournament = model.threshold_family == "none"
+    nu_cap = JOINT_DELTA_CAP / JOINT_MAX_TOURNAMENT if tournament else JOINT_DELTA_CAP
 
     def attempt(precision: int, m: int) -> tuple[Digits, Digits, Fraction] | None:
         """The samplers at this precision and inflation 1 + 2^−m, if they fit ε."""
         inflation = 1 + Fraction(1, 1 << m)
-        rho = _fit(t_rho * inflation, precision, 1)
-        nu = _fit(t_nu * inflation, precision, 2)
+        rho = ((), ()) if tournament else _fit(t_rho * inflation, precision, 1)
+        nu = _fit(t_nu * inflation, precision, 2, nu_cap)
         if rho is None or nu is None:
             return None
-        ratio = ratio_at(*rho, 1) * ratio_at(*nu, 2)
+        ratio = ratio_at(*nu, 2) * (ratio_at(*rho, 1) if rho[0] else 1)
         return (rho, nu, ratio) if _within(ratio, epsilon) else None
 
     for precision in PRECISIONS:
@@ -333,8 +359,13 @@ def _stream(
     signed: bool,
 ) -> JointStreamNoise:
     # The mass a shift by 1 (γ) or 2 (ν) pushes past the top of the support;
-    # the two-sided sampler reaches it with its positive half only.
-    delta = tail_mass(*rho, (1 << len(rho[0])) - 1) + tail_mass(*nu, (1 << len(nu[0])) - 2)
+    # the two-sided sampler reaches it with its positive half only.  A
+    # tournament (no γ) pays ν's once per candidate, at most JOINT_MAX_TOURNAMENT.
+    nu_tail = tail_mass(*nu, (1 << len(nu[0])) - 2)
+    if rho[0]:
+        delta = tail_mass(*rho, (1 << len(rho[0])) - 1) + nu_tail
+    else:
+        delta = JOINT_MAX_TOURNAMENT * nu_tail
     if signed:
         delta /= 2
     return JointStreamNoise(

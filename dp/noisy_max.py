@@ -38,6 +38,7 @@ from fractions import Fraction
 import numpy as np
 import numpy.typing as npt
 
+from svtagg.dp.jointsvt import JointStreamNoise
 from svtagg.dp.kinds import StreamKind, check_epsilon, noise_model
 from svtagg.dp.noise import RandomSource, draw_query_noise
 
@@ -58,8 +59,19 @@ def first_argmax(values: npt.ArrayLike) -> int:
     return int(np.argmax(arr))
 
 
-def noise(epsilon: Fraction, frac_bits: int, k: int, rng: RandomSource, parties: int = 1) -> I64:
-    """The total noise of k candidates: each party's own full-scale draw, summed."""
+def noise(
+    epsilon: Fraction,
+    frac_bits: int,
+    k: int,
+    rng: RandomSource,
+    parties: int = 1,
+    joint: JointStreamNoise | None = None,
+) -> I64:
+    """The total noise of k candidates: each party's own full-scale draw, summed;
+    or with `joint` (a joint-noise task) one draw each of the garbled sampler's
+    law with the two servers' dither (`JointStreamNoise.sample`)."""
+    if joint is not None:
+        return joint.sample("query", k, rng)
     if parties not in (1, 2):
         raise ValueError(f"parties must be 1 or 2, got {parties}")
     total = np.zeros(k, dtype=np.int64)
@@ -74,13 +86,14 @@ def noisy_argmax(
     frac_bits: int,
     rng: RandomSource,
     parties: int = 1,
+    joint: JointStreamNoise | None = None,
 ) -> int:
     """One report-noisy-max: the first j maximising s_j + noise_j (grid units)."""
     eps = check_epsilon(epsilon)
     s = np.asarray(scores, dtype=np.int64)
     if s.ndim != 1 or s.size == 0:
         raise ValueError("need a non-empty vector of candidate scores")
-    return first_argmax(s + noise(eps, frac_bits, s.size, rng, parties))
+    return first_argmax(s + noise(eps, frac_bits, s.size, rng, parties, joint))
 
 
 def chunked_noisy_argmax(
@@ -90,6 +103,7 @@ def chunked_noisy_argmax(
     rng: RandomSource,
     parties: int = 1,
     chunks: Sequence[tuple[int, int]] = (),
+    joint: JointStreamNoise | None = None,
 ) -> int:
     """`noisy_argmax` run chunk by chunk as the servers run it (docs/mpc.md,
     "Chunked tournaments"): each chunk's candidates get their noise when the
@@ -109,7 +123,7 @@ def chunked_noisy_argmax(
         raise ValueError("a chunk needs at least one candidate")
     best: tuple[int, int] | None = None
     for lo, hi in parts:
-        noisy = s[lo:hi] + noise(eps, frac_bits, hi - lo, rng, parties)
+        noisy = s[lo:hi] + noise(eps, frac_bits, hi - lo, rng, parties, joint)
         j = first_argmax(noisy)
         if best is None or int(noisy[j]) > best[0]:
             best = (int(noisy[j]), lo + j)
@@ -185,14 +199,28 @@ def output_law(scores: Sequence[int], scale: Fraction | float, parties: int = 1)
     2^−80 (the clamp at 4096 scales lies far beyond)."""
     if parties not in (1, 2):
         raise ValueError(f"parties must be 1 or 2, got {parties}")
-    s = np.asarray([int(v) for v in scores], dtype=np.int64)
     t = float(scale)
     top = int(math.ceil(t * (80 * math.log(2) + 2 * math.log(2 + 80 * t)))) + 1
-    pmf = _noise_pmf(t, parties, top)
+    return law_of_noise(scores, 0, _noise_pmf(t, parties, top))
+
+
+def joint_output_law(scores: Sequence[int], joint: JointStreamNoise) -> F64:
+    """P(output = i) on a joint-noise task: each candidate's noise one draw of
+    the sampler's exact law with the servers' dither (`JointStreamNoise.grid_pmf`:
+    small supports only)."""
+    lo, pmf = joint.grid_pmf("query")
+    return law_of_noise(scores, lo, pmf)
+
+
+def law_of_noise(scores: Sequence[int], lo: int, pmf: F64) -> F64:
+    """P(output = i) for k candidates whose noise values are independent, each
+    lo + x with probability pmf[x]; ties to the smaller index."""
+    s = np.asarray([int(v) for v in scores], dtype=np.int64)
+    top = pmf.size - 1
     cdf = np.cumsum(pmf)
     x = np.arange(top + 1, dtype=np.int64)
 
-    def below(y: I64) -> F64:  # P(N ≤ y), 0 below 0 and 1 beyond the cut
+    def below(y: I64) -> F64:  # P(N − lo ≤ y), 0 below 0 and 1 beyond the support
         return np.where(y < 0, 0.0, np.where(y > top, 1.0, cdf[np.clip(y, 0, top)]))
 
     out = np.empty(s.size)

@@ -112,13 +112,10 @@ WORD_METHODS: list[tuple[str, str, Callable[[LocalOracle, float], Any]]] = [
     ("alg8", "Alg 8 (GeometricBinarySearch)", lambda o, e: geometric_binary_search(o, e, 0.1)),
     (
         "noisy_max",
-        "report-noisy-max (one tournament; independent noise only)",
+        "report-noisy-max (one tournament)",
         lambda o, e: noisy_max_selection(o, e, 0.1),
     ),
 ]
-#: Methods a joint-noise task does not offer (report-noisy-max takes each
-#: server's own noise): the words experiment skips them for parties "joint".
-INDEPENDENT_ONLY = frozenset({"noisy_max"})
 
 
 def words(
@@ -146,8 +143,6 @@ def words(
             for p in cfg.parties:
                 for key, _, fn in WORD_METHODS:
                     k += 1
-                    if p == "joint" and key in INDEPENDENT_ONLY:
-                        continue
                     seed_k = oracle_seed(seeded_rng(seed, 8, i, r, k))
                     oracle = (
                         local_oracle(scores, n, seed_k, 2, "joint")

@@ -24,7 +24,7 @@ import numpy as np
 import numpy.typing as npt
 
 from svtagg.dp.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
-from svtagg.dp.jointsvt import JOINT
+from svtagg.dp.jointsvt import JOINT, JOINT_MAX_TOURNAMENT
 from svtagg.dp.kinds import (
     as_fraction,
     default_tau_bound,
@@ -576,14 +576,20 @@ class ServerCore:
         plus its own one-sided noise (no threshold, no γ)."""
         return self._scores(task, chunk) + self._noise(stream, task, len(chunk))
 
-    @staticmethod
-    def check_tournament(stream: StreamState, chunk: Chunk) -> None:
+    def check_tournament(self, stream: StreamState, chunk: Chunk) -> None:
         """A stream's candidates, over all its report-noisy-max chunks, number at
-        most MAX_TOURNAMENT (< 2^32, the carried and revealed index's width);
-        refused before the chunk is marked."""
-        if stream.queries + len(chunk) > MAX_TOURNAMENT:
+        most MAX_TOURNAMENT (< 2^32, the carried and revealed index's width),
+        JOINT_MAX_TOURNAMENT on a joint-noise task (its δ is paid per
+        candidate: dp/jointsvt.py); refused before the chunk is marked."""
+        most = (
+            JOINT_MAX_TOURNAMENT
+            if self._chunk_task(stream.task_id).params.noise == JOINT
+            else MAX_TOURNAMENT
+        )
+        if stream.queries + len(chunk) > most:
             raise InvalidArgument(
-                f"a report-noisy-max stream holds at most {MAX_TOURNAMENT:,} candidates"
+                f"a report-noisy-max stream holds at most {most:,} candidates"
+                + (" on a task with joint noise" if most != MAX_TOURNAMENT else "")
             )
 
     async def noisy_max(
@@ -595,7 +601,12 @@ class ServerCore:
         far comes in, stored by the chunk before.  A chunk with `more` to follow
         stores this server's share of the new winner durably and reveals
         nothing (None); the last returns the index over the stream."""
-        z = self.noisy_max_inputs(stream, task, chunk)
+        if task.params.noise == JOINT:
+            z = self._scores(task, chunk) + await self._joint_candidates(
+                party, stream, task, len(chunk), width
+            )
+        else:
+            z = self.noisy_max_inputs(stream, task, chunk)
         carry = self._carried(stream)
         if chunk.more:
             share = await party.noisy_max_carry(z, carry, stream.queries, width)
@@ -744,6 +755,19 @@ class ServerCore:
         first = self.store.reserve_joint_batch(stream_id, count, lo)
         return NoiseBatch(stream_id, first, count, gamma), stream, task
 
+    async def _joint_candidates(
+        self, party: object, stream: StreamState, task: TaskState, k: int, width: int
+    ) -> U64:
+        """This server's shares of a joint-noise tournament chunk's k draws, one
+        per candidate, made in the chunk (no γ, no pool: dp/jointsvt.py)."""
+        _, nu_shape = shapes(
+            stream_noise(stream.kind, stream.epsilon, task.params.frac_bits), width
+        )
+        nu = await joint_shares(party, k, nu_shape)
+        if self.joint_noise_log is not None:
+            self.joint_noise_log.append(JointDraw.of(stream, 0, nu, None))
+        return nu
+
     async def _joint_noise(
         self,
         party: object,
@@ -762,6 +786,7 @@ class ServerCore:
         if pooled is not None and pooled.gamma is not None:
             gamma = pooled.gamma
         elif stream.chunks == 0:
+            assert gamma_shape is not None  # an Ask stream's kind has a threshold
             gamma = int((await joint_shares(party, 1, gamma_shape))[0])
             self.store.set_joint_threshold_noise(stream.stream_id, gamma)
         else:

@@ -157,7 +157,8 @@ def test_words_with_joint_noise(tmp_path: Path) -> None:
         "scan_accurate",
         "practical",
         "alg8",
-    }  # no noisy_max: a joint task does not offer it
+        "noisy_max",  # one joint draw per candidate
+    }
     assert any(r["method"] == "noisy_max" and r["parties"] == 1 for r in res["rows"])
     assert all(len(r["errors"]) == 2 and r["sent_per_candidate"]["mean"] > 0 for r in joint)
     assert plot_label(joint[0]).endswith("joint noise")

@@ -21,7 +21,7 @@ from svtagg.analyst.selection import ScanOptions, scan_selection
 from svtagg.analyst.selection.scan import scan_plan
 from svtagg.dp import accuracy
 from svtagg.dp.errors import InvalidArgument
-from svtagg.dp.jointsvt import JOINT_KINDS, joint_group_delta, joint_stream_noise
+from svtagg.dp.jointsvt import JOINT_SVT_KINDS, joint_group_delta, joint_stream_noise
 from svtagg.dp.kinds import StreamKind
 from svtagg.dp.plans import PlanCharge, Rule
 from svtagg.dp.queries import Budget, Number, Query, encode_thresholds
@@ -199,7 +199,7 @@ async def test_the_kind_auto_picks_a_joint_kind(pair: ReferencePair) -> None:
     plan = scan_plan(oracle, Fraction(4), 0.1)
     # exp3's one-sided noise has the smallest α here, as with independent noise
     assert plan.kind == StreamKind.EXP3
-    assert plan.kind in JOINT_KINDS
+    assert plan.kind in JOINT_SVT_KINDS
 
 
 async def test_an_under_declared_plan_is_refused_before_any_stream(pair: ReferencePair) -> None:

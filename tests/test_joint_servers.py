@@ -90,7 +90,7 @@ def test_the_option_is_validated() -> None:
 
 async def test_joint_task_refuses_other_kinds(pair: ReferencePair) -> None:
     for kind, eps in ((StreamKind.CTT, "1/2"),):
-        with pytest.raises(InvalidArgument, match="lap24, lap3 and exp3 streams only"):
+        with pytest.raises(InvalidArgument, match="lap24, lap3, exp3 and nmax streams only"):
             await pair.leader.open_stream(OpenStream("t", kind, eps, "1/100" if eps != "1" else ""))
     # Nothing was charged by the refusals.
     assert pair.leader.core.task("t").budget.epsilon_spent == 0
@@ -278,7 +278,8 @@ async def test_one_server_cannot_predict_the_noise(
 def test_create_task_noise_joint_through_the_servers(tmp_path: Path) -> None:
     """`svtagg analyst create-task --noise joint` on real servers (gRPC, TLS):
     the task says so, a lap24 stream answers, both ledgers hold (ε, δ_charge)
-    and the analyst's stats count the same δ; an exp3 stream is refused."""
+    and the analyst's stats count the same δ; a ctt stream is refused; `analyst
+    run` runs a scan and a report-noisy-max on it."""
     import json
 
     from test_cli_errors import svtagg as run_cli
@@ -311,11 +312,11 @@ def test_create_task_noise_joint_through_the_servers(tmp_path: Path) -> None:
             for ledger in (state.budget, state.helper_budget):
                 assert ledger is not None
                 assert (ledger.exact["epsilon_spent"], ledger.exact["delta_spent"]) == (4, charge)
-            with pytest.raises(Refusal, match="lap24, lap3 and exp3 streams only"):
+            with pytest.raises(Refusal, match="lap24, lap3, exp3 and nmax streams only"):
                 oracle.open_stream("1/2", StreamKind.CTT, "1/100")
         # `svtagg analyst run` on the joint task: the run's plan holds a δ
         # allowance, the streams charge their sampler δ within it and the rest
-        # comes back; noisy-max (independent noise only) is refused, nothing spent.
+        # comes back; noisy-max draws one joint value per candidate.
         r = run_cli("analyst", "run", *common, "--algorithm", "scan", "--epsilon", "2",
                     "--kind", "lap24", "--seed", "1")  # fmt: skip
         assert r.returncode == 0, r.stderr
@@ -324,12 +325,15 @@ def test_create_task_noise_joint_through_the_servers(tmp_path: Path) -> None:
         spent = Fraction(out["exact"]["delta_spent"])  # this run's: its streams' exact δ
         assert 0 < spent <= out["streams"] * JOINT_DELTA_CAP
         assert Fraction(out["exact"]["task_delta_spent"]) == charge + spent
-        for bad, why in ((["--algorithm", "noisy-max"], "independent noise only"),):
-            r = run_cli("analyst", "run", *common, *bad, "--epsilon", "1")
-            assert r.returncode != 0 and why in r.stderr, r.stderr
+        r = run_cli("analyst", "run", *common, "--algorithm", "noisy-max", "--epsilon", "4")
+        assert r.returncode == 0, r.stderr
+        nmax = json.loads(r.stdout)
+        assert nmax["selected"] == 1
+        nmax_charge = joint_stream_noise(StreamKind.NMAX, Fraction(4), F).delta_charge
+        assert Fraction(nmax["exact"]["delta_spent"]) == nmax_charge
         r = run_cli("analyst", "describe", *common, "--json")
         budget = json.loads(r.stdout)["budget"]["exact"]
         assert (Fraction(budget["epsilon_spent"]), Fraction(budget["delta_spent"])) == (
-            6,
-            charge + spent,
+            10,
+            charge + spent + nmax_charge,
         )

@@ -18,7 +18,7 @@ from svtagg.analyst.oracle import Oracle, joint_noise_of
 from svtagg.analyst.selection.records import Variant, variant_of
 from svtagg.analyst.selection.search import GBS_RATIO, gbs_budgets, rank_schedule_length
 from svtagg.analyst.selection.session import ROUNDING_SLACK, check_beta, default_rounds
-from svtagg.dp.jointsvt import JOINT, JOINT_KINDS
+from svtagg.dp.jointsvt import JOINT, JOINT_SVT_KINDS
 from svtagg.dp.kinds import StreamKind, as_fraction, noise_model
 from svtagg.dp.queries import Epsilon, Number
 
@@ -256,9 +256,9 @@ def stream_kind(
     """`kind`, or for "auto" the one of `PRACTICAL_KINDS` with the smallest α for a
     chunk of `size` queries on budget `epsilon` at failure `beta`."""
     if kind == "auto":
-        # A joint-noise task opens lap24, lap3 and exp3 streams only (dp/jointsvt.py).
+        # A joint-noise task's AboveThreshold kinds: lap24, lap3 and exp3 (dp/jointsvt.py).
         joint = joint_noise_of(oracle)[0] == JOINT
-        kinds = [StreamKind.parse(k) for k in (JOINT_KINDS if joint else PRACTICAL_KINDS)]
+        kinds = [StreamKind.parse(k) for k in (JOINT_SVT_KINDS if joint else PRACTICAL_KINDS)]
         return min(kinds, key=lambda k: float(oracle.accuracy(k, epsilon, size, beta)))
     return StreamKind.parse(kind)
 

@@ -144,15 +144,16 @@ def stream_noise(kind: StreamKind, epsilon: Fraction, frac_bits: int) -> JointSt
     return noise
 
 
-def shapes(noise: JointStreamNoise, width: int = RING_BITS) -> tuple[SamplerShape, SamplerShape]:
+def shapes(
+    noise: JointStreamNoise, width: int = RING_BITS
+) -> tuple[SamplerShape | None, SamplerShape]:
     """(γ's sampler, ν's sampler) for a stream whose comparison width is `width`
-    (`ServerCore.comparison_width`: the shares need to be exact mod 2^w only)."""
+    (`ServerCore.comparison_width`: the shares need to be exact mod 2^w only);
+    no γ sampler for a tournament (nmax)."""
     c_rho, w_rho = noise.threshold_constants, noise.threshold_widths
     c_nu, w_nu = noise.query_constants, noise.query_widths
-    return (
-        SamplerShape(c_rho, w_rho, noise.shift, noise.signed, width),
-        SamplerShape(c_nu, w_nu, noise.shift, noise.signed, width),
-    )
+    gamma = SamplerShape(c_rho, w_rho, noise.shift, noise.signed, width) if c_rho else None
+    return gamma, SamplerShape(c_nu, w_nu, noise.shift, noise.signed, width)
 
 
 def _dither(n: int, shift: int) -> U64:
@@ -195,5 +196,6 @@ async def batch_shares(
     the stream's comparison width."""
     noise = stream_noise(stream.kind, stream.epsilon, task.params.frac_bits)
     gamma_shape, nu_shape = shapes(noise, width)
+    assert gamma_shape is not None  # pools hold Ask streams' noise only (`pools_noise`)
     gamma = int((await joint_shares(party, 1, gamma_shape))[0]) if batch.gamma else None
     return gamma, await joint_shares(party, batch.count, nu_shape)
