@@ -57,6 +57,7 @@ from svtagg.vdaf.sparse import (
     children,
     digest,
     gen_level,
+    leaf_outputs,
     pack_ctrl,
     unpack_ctrl,
 )
@@ -191,10 +192,7 @@ class PrefixDpf:
         cw = self.level(public, level)
         h = _Hash(_hash_key(nonce, 0, DST))
         kids, t = children(h, kept.seeds, kept.ctrl, cw.seed, cw.ctrl)
-        y = FIELD128.to_ints(_to_field(h(kids, CONVERT)))
-        y = [(v + (cw.output if ti else 0)) % P for v, ti in zip(y, t, strict=True)]
-        if agg_id == 1:
-            y = [(-v) % P for v in y]
+        y = FIELD128.to_ints(leaf_outputs(h, kids, t, cw.output, agg_id))
         proofs = _leaf_proofs(nonce, kids, t, DST)
         level_tag = level.to_bytes(2, "little")
         dg = digest(verify_key, nonce, public, proofs, t, cw.proof, DST, level_tag)

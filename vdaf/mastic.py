@@ -44,6 +44,7 @@ from svtagg.vdaf.flp13 import (
     Sum,
     SumVec,
 )
+from svtagg.vdaf.sparse import SparseError, pack_ctrl, unpack_ctrl
 from svtagg.vdaf.turboshake import XofTurboShake128, next_vec
 from svtagg.vdaf.vidpf import (
     PROOF_SIZE,
@@ -307,12 +308,8 @@ class Mastic:
 
     # ------------------------------------------------------------ encodings
     def encode_public_share(self, words: Sequence[CorrectionWord]) -> bytes:
-        ctrl = [b for w in words for b in w.ctrl]
-        packed = bytearray((len(ctrl) + 7) // 8)
-        for i, b in enumerate(ctrl):
-            packed[i // 8] |= int(b) << (i % 8)
         return (
-            bytes(packed)
+            pack_ctrl([w.ctrl for w in words])
             + b"".join(w.seed for w in words)
             + b"".join(self.field.encode_vec(w.payload) for w in words)
             + b"".join(w.proof for w in words)
@@ -321,14 +318,13 @@ class Mastic:
     def decode_public_share(self, data: bytes) -> list[CorrectionWord]:
         n, size = self.bits, self.field.encoded_size
         value_len = self.vidpf.value_len
-        packed = (2 * n + 7) // 8
-        want = packed + n * (16 + value_len * size + PROOF_SIZE)
+        want = (2 * n + 7) // 8 + n * (16 + value_len * size + PROOF_SIZE)
         if len(data) != want:
             raise MasticError(f"a public share is {want} bytes, not {len(data)}")
-        if (2 * n) % 8 and data[packed - 1] >> ((2 * n) % 8):
-            raise MasticError("padding bits of the control bits are set")
-        bits = [bool(data[i // 8] >> (i % 8) & 1) for i in range(2 * n)]
-        at = packed
+        try:
+            ctrl, at = unpack_ctrl(data, n, want)
+        except SparseError as exc:
+            raise MasticError(str(exc)) from None
         seeds = [data[at + 16 * i : at + 16 * (i + 1)] for i in range(n)]
         at += 16 * n
         payloads = []
@@ -342,10 +338,7 @@ class Mastic:
             payloads.append(tuple(row))
             at += size * value_len
         proofs = [data[at + PROOF_SIZE * i : at + PROOF_SIZE * (i + 1)] for i in range(n)]
-        return [
-            CorrectionWord(seeds[i], (bits[2 * i], bits[2 * i + 1]), payloads[i], proofs[i])
-            for i in range(n)
-        ]
+        return [CorrectionWord(seeds[i], ctrl[i], payloads[i], proofs[i]) for i in range(n)]
 
     def encode_input_share(self, share: InputShare) -> bytes:
         out = share.key

@@ -160,6 +160,24 @@ def _to_field(words: U64, like: Vec | None = None) -> Vec:
     return out if like is None else FIELD128.as_like(like, out)
 
 
+def leaf_outputs(
+    h: _Hash,
+    seeds: U64,
+    ctrl: npt.NDArray[np.bool_],
+    output: int,
+    agg_id: int,
+    like: Vec | None = None,
+) -> Vec:
+    """One server's Field128 shares of the nodes' outputs: each converted seed,
+    plus the output correction where the node's bit is 1, negated on server 1
+    (so the two shares of a node both hold alike add to 0)."""
+    y = _to_field(h(seeds, CONVERT), like=like)
+    where = np.flatnonzero(ctrl)
+    if where.size:
+        y[where] = FIELD128.add(y[where], output)
+    return FIELD128.neg(y) if agg_id == 1 else y
+
+
 def pack_ctrl(pairs: Sequence[tuple[bool, bool]]) -> bytes:
     """The levels' control corrections, two bits a level, least significant
     bit first (the draft's pack_bits)."""
@@ -465,12 +483,7 @@ class SparseOnehot:
             seed, ctrl = kids[:keep], t[:keep]
         dg = digest(verify_key, nonce, public, _leaf_proofs(nonce, seed, ctrl), ctrl, ps.proof)
         assert acc.vec is not None  # the reference's accumulator
-        y = _to_field(h(seed, CONVERT), like=acc.vec)
-        where = np.flatnonzero(ctrl)
-        if where.size:
-            y[where] = FIELD128.add(y[where], ps.output)
-        if agg_id == 1:
-            y = FIELD128.neg(y)
+        y = leaf_outputs(h, seed, ctrl, ps.output, agg_id, like=acc.vec)
         acc.vec[...] = FIELD128.sub(acc.vec, y) if negate else FIELD128.add(acc.vec, y)
         total = FIELD128.to_int(FIELD128.sum(y))
         return dg + total.to_bytes(16, "little")
