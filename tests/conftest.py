@@ -523,18 +523,18 @@ def joint_z(grid: np.ndarray, frac_bits: int) -> np.ndarray:
     return (np.asarray(grid, dtype=np.int64) + (1 << (frac_bits - 1))) >> frac_bits
 
 
-def joint_guess_bound(frac_bits: int) -> float:
-    """How often a server may name a lap24 (ε = 1) joint ν from its own bits and
-    still count as not predicting it: four times the chance that two
-    independent draws coincide (Σ p²), plus a margin of 0.005."""
+def joint_guess_bound(frac_bits: int, kind: str = "lap24", epsilon: str = "1") -> float:
+    """How often a server may name a joint ν (of a `kind` stream at `epsilon`)
+    from its own bits and still count as not predicting it: four times the
+    chance that two independent draws coincide (Σ p²), plus a margin of 0.005."""
     from fractions import Fraction
 
     from svtagg.dp.joint import pmf
     from svtagg.dp.jointsvt import joint_stream_noise
     from svtagg.dp.kinds import StreamKind
 
-    noise = joint_stream_noise(StreamKind.LAP24, Fraction(1), frac_bits)
-    law = pmf(noise.query_constants, noise.query_widths).values()
+    noise = joint_stream_noise(StreamKind(kind), Fraction(epsilon), frac_bits)
+    law = pmf(noise.query_constants, noise.query_widths, noise.signed).values()
     collision = float(sum(p * p for p in law))
     return 4 * collision + 0.005
 

@@ -8,8 +8,10 @@ one-sided law at Exp(2Δ/ε)'s scale, made inside the servers' chunk.
   of 2ε charged as ε — breaks that bound, and the same check catches it.
 - Through the servers: a stream answers the right index and both ledgers hold
   (ε, δ_charge); 800 streams' answers fit the exact law of one joint draw per
-  candidate and reject the law of two independent draws; the candidate limit
-  of a joint tournament.
+  candidate and reject the law of two independent draws; the garbling server
+  names a candidate's draw from its own bits no more often than chance (the
+  control with the other server's bits zeroed names every one); the candidate
+  limit of a joint tournament.
 - The local oracle draws the same law and charges the same δ."""
 
 from __future__ import annotations
@@ -203,6 +205,42 @@ async def test_joint_tournament_answers_follow_the_exact_law(tmp_path: Path) -> 
     two = np.append(output_law(scores, noise_scale(eps, F), parties=2), 0.0)
     wrong = fit_test("two draws", outputs, two, rng)
     assert wrong.p_value < 1e-3, f"{wrong} (false failure below 10^-6)"
+
+
+async def _tournament_guess_rate(
+    pair: ReferencePair, monkeypatch: pytest.MonkeyPatch, garbler_only: bool
+) -> float:
+    """How often the garbling server (the helper), from its own random words
+    alone, names the draw the pair made for a candidate, over a 2,000-candidate
+    tournament at ε = ¼ (garbler_only: the control, the evaluator's words zero)."""
+    from conftest import joint_sum, joint_z, spy_joint_sampler
+
+    guesses = spy_joint_sampler(monkeypatch, garbler_only)
+    for core in (pair.leader.core, pair.helper.core):
+        core.joint_noise_log = []
+    sid = (await pair.leader.open_stream(OpenStream("t", StreamKind.NMAX, "1/4"))).stream_id
+    await pair.leader.noisy_max(NoisyMax(sid, Queries(tuple(i % 4 for i in range(2000)))))
+    logs = pair.leader.core.joint_noise_log, pair.helper.core.joint_noise_log
+    assert logs[0] is not None and logs[1] is not None
+    drawn = joint_z(joint_sum(pair, sid, logs[0][0].nu, logs[1][0].nu), F)
+    monkeypatch.undo()
+    return float(np.mean(drawn == guesses[0]))
+
+
+async def test_one_server_cannot_predict_the_tournament_noise(
+    pair: ReferencePair, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With both servers' bits the garbling server's best guess of each
+    candidate's draw is right about as often as two independent draws
+    coincide; the control (the evaluating server's bits zero) lets it name
+    every draw, and the same bound catches it."""
+    from conftest import joint_guess_bound
+
+    bound = joint_guess_bound(F, "nmax", "1/4")
+    honest = await _tournament_guess_rate(pair, monkeypatch, garbler_only=False)
+    assert honest < bound
+    control = await _tournament_guess_rate(pair, monkeypatch, garbler_only=True)
+    assert control == 1.0 and not control < bound
 
 
 # ---------------------------------------------------------------- the local oracle

@@ -33,7 +33,11 @@ is replayable: SVTAGG_KILL_SEED=<seed> with the same number of kills (the seed
 is printed); the interleaving with the servers' threads is not, so a replay
 reproduces the schedule, not always the exact race.  SVTAGG_KILL_VALIDITY names
 a validity circuit for the upload tasks (e.g. sparse-onehot): the uploads then
-carry proofs, verified at ingest by both servers.
+carry proofs, verified at ingest by both servers.  SVTAGG_KILL_NOISE=joint makes
+the query tasks joint-noise tasks: every stream's noise is drawn in the garbled
+sampler (in its chunks, and ahead of them into the stream's pool by the
+leader's background batches, which the kills then cut too), and each plan
+group holds the δ its stream is charged.
 
 Default run: KILLS_DEFAULT kills (every (phase, role) pair twice, one of them
 timed by the log where the phase has a line).  `pytest -m heavy`: KILLS_HEAVY
@@ -65,6 +69,8 @@ from test_store_pg_reliability import PgProcessDeployment
 from svtagg.analyst.remote_oracle import RemoteOracle, RemoteStream
 from svtagg.client.upload import UploadError
 from svtagg.dp.errors import PeerUnavailable, Refusal
+from svtagg.dp.jointsvt import joint_group_delta
+from svtagg.dp.kinds import StreamKind
 from svtagg.dp.queries import Query, encode_thresholds
 from svtagg.proto import svtagg_pb2 as pb
 from svtagg.proto import svtagg_pb2_grpc as pb_grpc
@@ -79,6 +85,7 @@ KILLS_HEAVY = 200
 KILLS_HEAVY_PG = 60
 SEED_ENV = "SVTAGG_KILL_SEED"
 VALIDITY_ENV = "SVTAGG_KILL_VALIDITY"
+NOISE_ENV = "SVTAGG_KILL_NOISE"
 DEFAULT_SEED = 19
 #: Leader log lines a kill may be timed right after; other phases use delays.
 LOG_TRIGGERS = {
@@ -263,7 +270,7 @@ class KillLoop:
         is the most its ledger may show: every charge asked for, less every
         refund the servers acknowledged."""
         self.q = self._name("q")
-        closed_task(self.pd, self.q)
+        closed_task(self.pd, self.q, os.environ.get(NOISE_ENV, ""))
         self.ceiling = Fraction(0)
         self.streams: dict[str, StreamRecord] = {}
 
@@ -316,7 +323,13 @@ class KillLoop:
 
     def reserve(self, o: RemoteOracle, groups: int) -> str:
         self.ceiling += groups * EPS
-        plan_id, charge = o.reserve_plan([(EPS, 0)] * groups)
+        # A joint-noise stream is charged its sampler's δ: the group holds it.
+        delta = (
+            joint_group_delta([(StreamKind.LAP24, EPS)], F)
+            if os.environ.get(NOISE_ENV) == "joint"
+            else 0
+        )
+        plan_id, charge = o.reserve_plan([(EPS, delta)] * groups)
         assert charge.epsilon == groups * EPS  # basic composition: nothing to gain
         return plan_id
 

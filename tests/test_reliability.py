@@ -96,10 +96,11 @@ class Collection:
         self.acked.update(r.report_id for r in b.leader.reports)
 
 
-def create_task(pd: ProcessDeployment, task: str, validity: str = "") -> None:
+def create_task(pd: ProcessDeployment, task: str, validity: str = "", noise: str = "") -> None:
     pd.stub().CreateTask(
         pb.TaskSpec(
             validity=validity,
+            noise=noise,
             task_id=task,
             d=D,
             frac_bits=F,
@@ -239,8 +240,8 @@ def procs(tmp_path: Path) -> Any:
         pd.stop()
 
 
-def closed_task(pd: ProcessDeployment, task: str) -> None:
-    create_task(pd, task)
+def closed_task(pd: ProcessDeployment, task: str, noise: str = "") -> None:
+    create_task(pd, task, noise=noise)
     with pd.uploader() as up:
         up.upload(task, np.ones((20, D)))
     pd.stub().CloseCollection(pb.TaskRef(task_id=task), timeout=60)
