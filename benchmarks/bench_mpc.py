@@ -8,7 +8,11 @@ every line prints its target.  The comparison rows run once per OT extension
 of `--ot` (default IKNP, SoftSpoken with k = 4 and Ferret, side by side).
 
     python -m svtagg.benchmarks.bench_mpc [--runs N] [--max-k K] [--width W] [--ot LIST]
-        [--schemes both [--schemes-only]] [--prefix both [--prefix-only]]
+        [--ot-path] [--schemes both [--schemes-only]] [--prefix both [--prefix-only]]
+
+`--ot-path` adds the OT-based comparison path (`mpc.millionaire`) beside the
+garbled rows: comparisons/s at K ≥ 10^3 and bytes per comparison, slot fills
+included.
 
 `--schemes both` adds half-gates and three-halves garbling side by side (AND/s,
 comparisons/s at K = 10^3 and 10^4, bytes per comparison, on both engines),
@@ -95,11 +99,18 @@ def bench_gates(k: int, runs: int, width: int, scheme: str = "halfgates") -> dic
 
 
 async def bench_protocol(
-    ks: list[int], runs: int, width: int, ots: list[str | None], scheme: str = "halfgates"
+    ks: list[int],
+    runs: int,
+    width: int,
+    ots: list[str | None],
+    scheme: str = "halfgates",
+    path: str = "garbled",
 ) -> dict[str | None, dict[int, dict[str, Any]]]:
-    """First-YES chunks per OT extension; the extensions take turns within each
-    repetition, so a change in the machine's load falls on all of them alike."""
-    pairs = {ot: await connected_pair(scheme=scheme, ot=ot) for ot in ots}
+    """First-YES chunks per OT extension, on the comparison `path` ("garbled" or
+    "ot", `mpc.millionaire`); the extensions take turns within each repetition,
+    so a change in the machine's load falls on all of them alike.  The OT
+    path's bytes include its slot fills (each chunk fills the next one's)."""
+    pairs = {ot: await connected_pair(scheme=scheme, ot=ot, path=path) for ot in ots}
     rng = np.random.default_rng(2)
     out: dict[str | None, dict[int, dict[str, Any]]] = {ot: {} for ot in ots}
     for k in ks:
@@ -336,6 +347,11 @@ def main(argv: list[str] | None = None) -> None:
         help="comma-separated OT extensions for the comparison rows: iknp, softspoken:k "
         "(k in 1, 2, 4, 8), ferret[:set] (set in b10, b11, b12, b13)",
     )
+    ap.add_argument(
+        "--ot-path",
+        action="store_true",
+        help="add the OT-based comparison path's rows (comparisons/s, bytes) at K > 1",
+    )
     ap.add_argument("--schemes", choices=["halfgates", "both"], default="halfgates")
     ap.add_argument("--schemes-only", action="store_true", help="only the scheme comparison")
     ap.add_argument("--prefix", choices=["linear", "both"], default="linear")
@@ -385,6 +401,10 @@ def main(argv: list[str] | None = None) -> None:
                 if k > 1
             }
             r["cmp64"] = asyncio.run(bench_protocol([ks[-1]], args.runs, 64, [None]))[None]
+            if args.ot_path:  # the OT-based comparison path, default OT extension
+                r["ot_path"] = asyncio.run(
+                    bench_protocol(ks[1:], args.runs, args.width, [None], path="ot")
+                )[None]
             r["robust"] = asyncio.run(bench_robust(args.robust_d, args.runs))
             res[eng] = r
     finally:
@@ -473,6 +493,21 @@ def main(argv: list[str] | None = None) -> None:
                 f"{ferret.steady_bytes_per_ot(name) * w:.2f} (w = {w})"
             )
     print(f"bytes/comparison at w = 64 (default OT): {res[best]['cmp64'][kmax]['bytes']:,.0f}")
+    if args.ot_path:
+        for k in ks[1:]:
+
+            def ot_rate(r: dict[str, Any], k: int = k) -> Stat:
+                return r["ot_path"][k]["rate"]  # type: ignore[no-any-return]
+
+            row(
+                f"comparisons/s in-process, K = {k:,}, w = {w}, OT path (default OT)",
+                ot_rate,
+                "none",
+            )
+        ot_bytes = res[best]["ot_path"][kmax]["bytes"]
+        print(
+            f"bytes/comparison at w = {w}, OT path (default OT): {ot_bytes:,.1f}   [target <= 300]"
+        )
     row(
         f"robust-aggregate pass, d = {args.robust_d:,}, seconds",
         lambda r: r["robust"]["seconds"],
