@@ -372,7 +372,7 @@ class PrepareStreamRequest(_message.Message):
     def __init__(self, stream_id: _Optional[str] = ..., task_id: _Optional[str] = ..., kind: _Optional[_Union[StreamKind, str]] = ..., epsilon: _Optional[str] = ..., delta: _Optional[str] = ..., plan_id: _Optional[str] = ..., plan_group: _Optional[int] = ..., replay: _Optional[bool] = ...) -> None: ...
 
 class ChunkHeader(_message.Message):
-    __slots__ = ("stream_id", "chunk_no", "queries", "compare", "validate_task_id", "report_ids", "robust_task_id", "coord_lo", "coord_hi", "pass_id", "noisy_max", "noisy_max_more", "joint_lo", "joint_count", "joint_gamma", "joint_batch")
+    __slots__ = ("stream_id", "chunk_no", "queries", "compare", "validate_task_id", "report_ids", "robust_task_id", "coord_lo", "coord_hi", "pass_id", "noisy_max", "noisy_max_more", "joint_lo", "joint_count", "joint_gamma", "joint_batch", "prepared_task_id", "prepared_shape", "prepared_epoch", "prepared_move", "prepared_lo")
     STREAM_ID_FIELD_NUMBER: _ClassVar[int]
     CHUNK_NO_FIELD_NUMBER: _ClassVar[int]
     QUERIES_FIELD_NUMBER: _ClassVar[int]
@@ -389,6 +389,11 @@ class ChunkHeader(_message.Message):
     JOINT_COUNT_FIELD_NUMBER: _ClassVar[int]
     JOINT_GAMMA_FIELD_NUMBER: _ClassVar[int]
     JOINT_BATCH_FIELD_NUMBER: _ClassVar[int]
+    PREPARED_TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    PREPARED_SHAPE_FIELD_NUMBER: _ClassVar[int]
+    PREPARED_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    PREPARED_MOVE_FIELD_NUMBER: _ClassVar[int]
+    PREPARED_LO_FIELD_NUMBER: _ClassVar[int]
     stream_id: str
     chunk_no: int
     queries: Queries
@@ -405,7 +410,12 @@ class ChunkHeader(_message.Message):
     joint_count: int
     joint_gamma: bool
     joint_batch: bool
-    def __init__(self, stream_id: _Optional[str] = ..., chunk_no: _Optional[int] = ..., queries: _Optional[_Union[Queries, _Mapping]] = ..., compare: _Optional[bool] = ..., validate_task_id: _Optional[str] = ..., report_ids: _Optional[bytes] = ..., robust_task_id: _Optional[str] = ..., coord_lo: _Optional[int] = ..., coord_hi: _Optional[int] = ..., pass_id: _Optional[bytes] = ..., noisy_max: _Optional[bool] = ..., noisy_max_more: _Optional[bool] = ..., joint_lo: _Optional[int] = ..., joint_count: _Optional[int] = ..., joint_gamma: _Optional[bool] = ..., joint_batch: _Optional[bool] = ...) -> None: ...
+    prepared_task_id: str
+    prepared_shape: str
+    prepared_epoch: bytes
+    prepared_move: bool
+    prepared_lo: int
+    def __init__(self, stream_id: _Optional[str] = ..., chunk_no: _Optional[int] = ..., queries: _Optional[_Union[Queries, _Mapping]] = ..., compare: _Optional[bool] = ..., validate_task_id: _Optional[str] = ..., report_ids: _Optional[bytes] = ..., robust_task_id: _Optional[str] = ..., coord_lo: _Optional[int] = ..., coord_hi: _Optional[int] = ..., pass_id: _Optional[bytes] = ..., noisy_max: _Optional[bool] = ..., noisy_max_more: _Optional[bool] = ..., joint_lo: _Optional[int] = ..., joint_count: _Optional[int] = ..., joint_gamma: _Optional[bool] = ..., joint_batch: _Optional[bool] = ..., prepared_task_id: _Optional[str] = ..., prepared_shape: _Optional[str] = ..., prepared_epoch: _Optional[bytes] = ..., prepared_move: _Optional[bool] = ..., prepared_lo: _Optional[int] = ...) -> None: ...
 
 class SessionOpen(_message.Message):
     __slots__ = ("session_id", "data_channel", "ot_extension", "garbling", "comparison_path")

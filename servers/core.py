@@ -26,6 +26,7 @@ import numpy.typing as npt
 from svtagg.dp.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
 from svtagg.dp.jointsvt import JOINT, JOINT_MAX_TOURNAMENT
 from svtagg.dp.kinds import (
+    StreamKind,
     as_fraction,
     default_tau_bound,
     stream_width,
@@ -60,6 +61,7 @@ from svtagg.servers.exchange.joint import (
     stream_noise,
 )
 from svtagg.servers.exchange.party import ComparisonParty
+from svtagg.servers.exchange.prepared import PreparedNoise, parse_shape, shape_key
 from svtagg.servers.exchange.values import (
     ChunkKind,
     NoiseBatch,
@@ -171,6 +173,9 @@ class ServerCore:
         #: this server's shares of the noise it used (servers never set it; a
         #: test adds both servers' shares to see the noise the pair produced).
         self.joint_noise_log: list[JointDraw] | None = None
+        #: Joint noise prepared ahead of the streams, in memory
+        #: (servers/exchange/prepared.py).
+        self.prepared = PreparedNoise()
         #: Called with the path ("garbled" or "ot") each first-YES / CTT chunk
         #: took on this server (the `svtagg_comparison_chunks` metric).
         self.on_path: Callable[[str], None] | None = None
@@ -461,16 +466,45 @@ class ServerCore:
                 f"task {task.params.task_id!r} has n={task.n} < min_batch={task.params.min_batch}"
             )
 
+    def shape_width(self, task: TaskState, kind: StreamKind, epsilon: Fraction) -> int:
+        """`comparison_width` of a stream of this kind and ε on `task`."""
+        if not self.robust_aggregates and not task.params.validity:
+            return RING_BITS
+        p = task.params
+        return stream_width(p.n_max, p.frac_bits, kind, epsilon)
+
+    def prepared_batch(self, batch: NoiseBatch) -> tuple[TaskState, StreamKind, Fraction]:
+        """(The helper) check a batch filling a prepared pool and reserve its
+        numbers: a joint-noise task that exists, an Ask kind, a sampler that fits."""
+        assert batch.prepared is not None
+        task = self.store.task(batch.prepared.task_id)
+        if task.params.noise != JOINT:
+            raise InvalidArgument(f"task {task.params.task_id!r} draws no joint noise")
+        kind, eps = parse_shape(batch.prepared.shape)
+        stream_noise(kind, eps, task.params.frac_bits)
+        self.prepared.reserve(batch.prepared, batch.count, batch.lo)
+        return task, kind, eps
+
+    def take_prepared(self, stream: StreamState, task: TaskState, batch: NoiseBatch) -> U64:
+        """Prepared samples a move hands to `stream` (servers/exchange/prepared.py),
+        taken out of this server's pool: the pool must be the stream's task's,
+        of the stream's shape, at the generation the batch names."""
+        ref = batch.prepared
+        if ref is None or ref.task_id != task.params.task_id:
+            raise InvalidArgument("a prepared-noise move names its stream's task")
+        if ref.shape != shape_key(stream.kind, stream.epsilon) or batch.gamma:
+            raise InvalidArgument("prepared noise moves ν of the stream's own shape only")
+        return self.prepared.take(ref, batch.source_lo, batch.count)
+
     def comparison_width(self, task: TaskState, stream: StreamState) -> int:
         """The comparison width w of this stream's chunks, from public parameters
         only, so both servers derive the same w (docs/mpc.md, "Width"): every
         |z_L + z_H| is at most wrap_bound(n_max, F, τ bound, both parties' noise
         clamps at this stream's ε) < 2^(w−1) — scores are robust aggregates in
         [0, n·2^F] whatever clients uploaded — and w is the least such width."""
-        if not self.robust_aggregates and not task.params.validity:
-            return RING_BITS  # the test-only control compares raw, wrapping sums
-        p = task.params
-        return stream_width(p.n_max, p.frac_bits, stream.kind, stream.epsilon)
+        # (The test-only control without robust aggregates compares raw,
+        # wrapping sums at the full ring width.)
+        return self.shape_width(task, stream.kind, stream.epsilon)
 
     async def robust_shares(
         self, party: ComparisonParty, task: TaskState, sums: U64, lo: int, hi: int

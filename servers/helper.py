@@ -17,7 +17,7 @@ from svtagg.mpc.ring import U64
 from svtagg.proto.vocab import PASS_ID_BYTES, REPORT_ID_BYTES, REPORT_PAGE, Role
 from svtagg.servers.core import Chunk, ServerCore, parse_chunk
 from svtagg.servers.exchange.garbling import garbling_of, ot_of
-from svtagg.servers.exchange.joint import Pooled, batch_shares
+from svtagg.servers.exchange.joint import Pooled, batch_shares, prepared_shares
 from svtagg.servers.exchange.machine import Exchange, Flow, Step
 from svtagg.servers.exchange.party import ComparisonParty, PartyFactory
 from svtagg.servers.exchange.session import (
@@ -229,9 +229,18 @@ class HelperDriver:
         if isinstance(header, RobustChunk):
             return self._check_robust(header)
         if isinstance(header, NoiseBatch):
+            if header.fills_prepared:  # a task's prepared pool (in memory)
+                prepared = self.core.prepared_batch(header)
+                x.take(Step.MARK)
+                return prepared
             reserved = self.core.reserve_noise_batch(
                 header.stream_id, header.count, header.gamma, header.lo
             )
+            if header.move:  # prepared samples become the stream's: taken before the go
+                batch, stream, task = reserved
+                taken = self.core.take_prepared(stream, task, header)
+                x.take(Step.MARK)
+                return batch, stream, task, taken
             x.take(Step.MARK)
             return reserved
         accepted = await self._accept(header)
@@ -277,7 +286,18 @@ class HelperDriver:
             return
         x.take(Step.SEND_VERDICT)
         await session.ok()
-        if isinstance(header, NoiseBatch):
+        if isinstance(header, NoiseBatch) and header.fills_prepared:
+            task, kind, eps = checked
+            width = self.core.shape_width(task, kind, eps)
+            nu = await prepared_shares(party, task, kind, eps, header.count, width)
+            x.take(Step.RUN)
+            assert header.prepared is not None
+            self.core.prepared.add(header.prepared, header.lo, nu)
+        elif isinstance(header, NoiseBatch) and header.move:
+            batch, stream, task, taken = checked
+            x.take(Step.RUN)
+            self.core.store.add_joint_batch(header.stream_id, batch.lo, taken, None)
+        elif isinstance(header, NoiseBatch):
             batch, stream, task = checked
             width = self.core.comparison_width(task, stream)
             gamma, nu = await batch_shares(party, stream, task, batch, width)

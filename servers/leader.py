@@ -38,10 +38,18 @@ from svtagg.servers.core import (
     parse_chunk,
     parse_taus,
 )
-from svtagg.servers.exchange.joint import Pooled, PoolPolicy, batch_shares, pools_noise
+from svtagg.servers.exchange.joint import (
+    Pooled,
+    PoolPolicy,
+    PreparePolicy,
+    batch_shares,
+    pools_noise,
+    prepared_shares,
+)
 from svtagg.servers.exchange.machine import Exchange, Step
 from svtagg.servers.exchange.party import ComparisonParty, PartyFactory
 from svtagg.servers.exchange.port import HelperPort
+from svtagg.servers.exchange.prepared import parse_shape, shape_key
 from svtagg.servers.exchange.session import SessionPool
 from svtagg.servers.exchange.values import (
     Agreement,
@@ -53,12 +61,14 @@ from svtagg.servers.exchange.values import (
     CompareAnswer,
     JobAnswer,
     JobInputs,
+    NoiseBatch,
     NoisyMax,
     NoisyMaxAnswer,
     OpenStream,
     PlanInfo,
     PlanRequest,
     PoolDraw,
+    PreparedRef,
     PrepareStream,
     Queries,
     ReportIds,
@@ -130,6 +140,15 @@ class LeaderDriver:
         #: One background batch at a time, so that it never holds every pooled
         #: session (two by default): chunks keep at least one.
         self._fill_slot = asyncio.Semaphore(1)
+        #: Prepared noise (servers/exchange/prepared.py): None, or how much of
+        #: what joint-noise streams consumed the leader makes again, ahead of
+        #: the next run, once no chunk has run for `idle` seconds.
+        self.prepare: PreparePolicy | None = PreparePolicy()
+        #: (task id, shape) → samples to make: what the streams of that shape
+        #: consumed (from any source) less what has been made since.
+        self._demand: dict[tuple[str, str], int] = {}
+        self._preparer: asyncio.Task[None] | None = None
+        self._last_chunk = 0.0
 
     # ------------------------------------------------------------ plans
     async def reserve_plan(self, request: PlanRequest) -> PlanInfo:
@@ -453,6 +472,8 @@ class LeaderDriver:
         taus = parse_taus(task, request.tau, len(chunk))
         pools = pools_noise(stream, task)
         if pools:
+            self._last_chunk = asyncio.get_running_loop().time()
+            await self._move_prepared(stream, task, len(chunk))
             await self._pool_ready(stream, len(chunk))
         if self.work is not None:
             answer = await self._leased(request, stream.stream_id)
@@ -460,6 +481,11 @@ class LeaderDriver:
         else:
             j, closed, nbytes = await self._run_chunk(stream, task, chunk, taus)
             answer = AskAnswer(j, closed, nbytes)
+        if pools:
+            self._last_chunk = asyncio.get_running_loop().time()
+            self._want_prepared(
+                task.params.task_id, shape_key(stream.kind, stream.epsilon), len(chunk)
+            )
         if pools and not answer.closed:
             self._want_pool(stream.stream_id, len(chunk))
         return answer
@@ -572,6 +598,108 @@ class LeaderDriver:
         x.take(Step.RECORD)
         return traffic if kept else None
 
+    # ------------------------------------------------------------ prepared noise
+    async def fill_prepared(self, task: TaskState, shape: str, count: int) -> int | None:
+        """One batch of a task's prepared pool of one shape: `count` ν samples,
+        numbered from the pool's next, reserved on both servers before the
+        sampler runs, kept by the helper before its closing status and by the
+        leader after it.  The bytes exchanged, or None if not kept."""
+        kind, eps = parse_shape(shape)
+        ref = self.core.prepared.start(task.params.task_id, shape)
+        lo = self.core.prepared.reserve(ref, count)
+        batch = NoiseBatch("", lo, count, False, ref)
+        x = Exchange.of(batch, leader=True)
+        x.take(Step.MARK)  # the reservation (in memory: a restart loses the pool)
+        width = self.core.shape_width(task, kind, eps)
+        nu, traffic = await self._exchange(
+            x, batch, lambda party: prepared_shares(party, task, kind, eps, count, width)
+        )
+        kept = self.core.prepared.add(ref, lo, nu)
+        x.take(Step.RECORD)
+        return traffic if kept else None
+
+    async def _move_prepared(self, stream: StreamState, task: TaskState, k: int) -> None:
+        """Before a chunk of k queries: what the stream's pool lacks of k, moved
+        out of the task's prepared pool of the stream's shape (no sampler runs).
+        A move that fails drops the prepared pool (the helper may have lost its
+        own); the chunk then draws what is missing as before."""
+        shape = shape_key(stream.kind, stream.epsilon)
+        task_id = task.params.task_id
+        while True:
+            ref = self.core.prepared.ref(task_id, shape)
+            if ref is None:
+                return
+            pool = self.core.store.joint_pool(stream.stream_id)
+            need = k - pool.first_run()[1]
+            src_lo, held = self.core.prepared.first_run(task_id, shape)
+            if need <= 0 or held == 0:
+                return
+            count = min(need, held, MAX_BATCH)
+            try:
+                async with self._fill_slot:
+                    await self._move_once(stream.stream_id, ref, src_lo, count)
+            except Exception as exc:  # noqa: BLE001 - the chunk draws in the chunk instead
+                log.warning("task %s: prepared noise not moved (%s); dropping it", task_id, exc)
+                self.core.prepared.drop(task_id, shape)
+                return
+
+    async def _move_once(self, stream_id: str, ref: PreparedRef, src_lo: int, count: int) -> None:
+        batch, _, _ = self.core.reserve_noise_batch(stream_id, count, False)
+        taken = self.core.prepared.take(ref, src_lo, count)  # used once, whatever follows
+        move = NoiseBatch(stream_id, batch.lo, count, False, ref, True, src_lo)
+        x = Exchange.of(move, leader=True)
+        x.take(Step.MARK)
+
+        async def run(party: ComparisonParty) -> None:
+            return None  # nothing is generated: both servers take their own shares
+
+        await self._exchange(x, move, run)
+        self.core.store.add_joint_batch(stream_id, batch.lo, taken, None)
+        x.take(Step.RECORD)
+
+    def _want_prepared(self, task_id: str, shape: str, used: int) -> None:
+        """Count what a joint-noise chunk used towards its shape's prepared
+        pool and make sure the preparer runs."""
+        policy = self.prepare
+        if policy is None or self.noise_pool is None:  # a worker: its front end prepares
+            return
+        key = (task_id, shape)
+        self._demand[key] = self._demand.get(key, 0) + used
+        if self._preparer is None or self._preparer.done():
+            self._preparer = asyncio.create_task(self._prepare_loop(policy))
+
+    async def _prepare_loop(self, policy: PreparePolicy) -> None:
+        """Make the wanted samples, one batch at a time, only once no
+        joint-noise chunk has run for `policy.idle` seconds (so between runs,
+        not during them); ends when nothing is wanted."""
+        loop = asyncio.get_running_loop()
+        while self._demand:
+            quiet = loop.time() - self._last_chunk
+            if quiet < policy.idle:
+                await asyncio.sleep(policy.idle - quiet)
+                continue
+            (task_id, shape), want = next(iter(self._demand.items()))
+            room = self.core.prepared.cap - self.core.prepared.held(task_id)
+            count = min(want, policy.batch, MAX_BATCH, room)
+            if count <= 0:  # made, or the bound reached
+                del self._demand[(task_id, shape)]
+                continue
+            try:
+                task = self.core.task(task_id)
+                async with self._fill_slot:
+                    kept = await self.fill_prepared(task, shape, count)
+            except Exception as exc:  # noqa: BLE001 - a pool that cannot fill is let go
+                log.warning("task %s: noise not prepared (%s)", task_id, exc)
+                self._demand.pop((task_id, shape), None)
+                continue
+            if kept is None:
+                self._demand.pop((task_id, shape), None)
+                continue
+            self._demand[(task_id, shape)] = want - count
+            if want == count:
+                held = self.core.prepared.held(task_id, shape)
+                log.info("task %s: %d joint-noise samples of %s prepared", task_id, held, shape)
+
     def _want_pool(self, stream_id: str, k: int) -> None:
         """Fill the stream's pool in the background (one filler per stream at a
         time) up to max(policy reserve, k) samples, with γ before the first chunk."""
@@ -612,6 +740,8 @@ class LeaderDriver:
     async def stop_noise_fills(self) -> None:
         """Cancel the background fillers (shutdown); a batch cut short is never used."""
         fills = list(self._fills.values())
+        if self._preparer is not None:
+            fills.append(self._preparer)
         for t in fills:
             t.cancel()
         for t in fills:

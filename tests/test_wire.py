@@ -34,6 +34,7 @@ from svtagg.servers.exchange.values import (
     PlanInfo,
     PlanRequest,
     PoolDraw,
+    PreparedRef,
     PrepareStream,
     Progress,
     Queries,
@@ -154,6 +155,8 @@ def test_the_flat_chunk_header_decodes_as_the_helper_always_read_it() -> None:
         StreamChunk(ChunkKind.ASK, "s", 1, Queries((0, 1)), pool=PoolDraw(2**40, 2, True)),
         NoiseBatch("s", 2**40 + 2, 10_000, True),
         NoiseBatch("s", 0, 1),
+        NoiseBatch("", 7, 5000, False, PreparedRef("t", "lap24:1/40", b"e" * 16)),
+        NoiseBatch("s", 3, 10, False, PreparedRef("t", "exp3:1", b"e" * 16), True, 2**40),
     ):
         assert wire.CHUNK_HEADER.decode(wire.CHUNK_HEADER.encode(header)) == header
     # An older leader's Ask header takes nothing from a pool.
@@ -161,6 +164,13 @@ def test_the_flat_chunk_header_decodes_as_the_helper_always_read_it() -> None:
     assert isinstance(old, StreamChunk) and old.pool == PoolDraw()
     with pytest.raises(InvalidArgument, match="no chunk"):
         wire.CHUNK_HEADER.from_pb(pb.ChunkHeader(stream_id="s", chunk_no=1, joint_batch=True))
+    # A prepared-noise move names its pool and its stream; a batch names one or the other.
+    with pytest.raises(InvalidArgument, match="names its pool and its stream"):
+        wire.CHUNK_HEADER.from_pb(
+            pb.ChunkHeader(stream_id="s", joint_batch=True, prepared_move=True)
+        )
+    with pytest.raises(InvalidArgument, match="names a stream or a prepared pool"):
+        wire.CHUNK_HEADER.from_pb(pb.ChunkHeader(joint_batch=True, joint_count=3))
     nmax = pb.ChunkHeader(stream_id="s", chunk_no=1, noisy_max=True)
     assert wire.CHUNK_HEADER.from_pb(nmax) == StreamChunk(ChunkKind.NMAX, "s", 1, Queries(()))
     with pytest.raises(InvalidArgument, match="two kinds"):

@@ -44,6 +44,7 @@ from svtagg.servers.exchange.values import (
     PlanRequest,
     PlanSlot,
     PoolDraw,
+    PreparedRef,
     PrepareStream,
     Queries,
     ReportIds,
@@ -458,12 +459,18 @@ def _header_to_pb(h: ChunkHeader) -> pb.ChunkHeader:
             robust_task_id=h.task_id, coord_lo=h.coord_lo, coord_hi=h.coord_hi, pass_id=h.pass_id
         )
     if isinstance(h, NoiseBatch):
+        p = h.prepared
         return pb.ChunkHeader(
             stream_id=h.stream_id,
             joint_batch=True,
             joint_lo=h.lo,
             joint_count=h.count,
             joint_gamma=h.gamma,
+            prepared_task_id=p.task_id if p else "",
+            prepared_shape=p.shape if p else "",
+            prepared_epoch=p.epoch if p else b"",
+            prepared_move=h.move,
+            prepared_lo=h.source_lo,
         )
     return pb.ChunkHeader(
         stream_id=h.stream_id,
@@ -497,7 +504,22 @@ def _header_from_pb(m: pb.ChunkHeader) -> ChunkHeader:
     if m.joint_batch:
         if m.compare or m.noisy_max or m.noisy_max_more or m.chunk_no or m.queries.index:
             raise InvalidArgument("a noise batch header carries no chunk")
-        return NoiseBatch(m.stream_id, m.joint_lo, m.joint_count, m.joint_gamma)
+        prepared = None
+        if m.prepared_task_id or m.prepared_shape or m.prepared_epoch:
+            prepared = PreparedRef(m.prepared_task_id, m.prepared_shape, m.prepared_epoch)
+        if (m.prepared_move or m.prepared_lo) and (prepared is None or not m.stream_id):
+            raise InvalidArgument("a prepared-noise move names its pool and its stream")
+        if prepared is None and not m.stream_id:
+            raise InvalidArgument("a noise batch names a stream or a prepared pool")
+        return NoiseBatch(
+            m.stream_id,
+            m.joint_lo,
+            m.joint_count,
+            m.joint_gamma,
+            prepared,
+            m.prepared_move,
+            m.prepared_lo,
+        )
     if m.compare and m.noisy_max:
         raise InvalidArgument("a chunk header names two kinds (compare and noisy_max)")
     if m.noisy_max_more and not m.noisy_max:

@@ -129,6 +129,17 @@ class PoolPolicy:
     first: int = 32
 
 
+@dataclass(frozen=True)
+class PreparePolicy:
+    """How the leader makes joint noise again between runs
+    (servers/exchange/prepared.py): what the streams of each (task, sampler
+    shape) consumed, up to the pool's bound, in batches of `batch`, once no
+    joint-noise chunk has run for `idle` seconds."""
+
+    batch: int = 5000
+    idle: float = 1.0
+
+
 def stream_noise(kind: StreamKind, epsilon: Fraction, frac_bits: int) -> JointStreamNoise:
     """The samplers of a joint-noise stream, or InvalidArgument: a kind the joint
     sampler does not cover, or an ε it cannot fit."""
@@ -199,3 +210,12 @@ async def batch_shares(
     assert gamma_shape is not None  # pools hold Ask streams' noise only (`pools_noise`)
     gamma = int((await joint_shares(party, 1, gamma_shape))[0]) if batch.gamma else None
     return gamma, await joint_shares(party, batch.count, nu_shape)
+
+
+async def prepared_shares(
+    party: object, task: TaskState, kind: StreamKind, epsilon: Fraction, count: int, width: int
+) -> U64:
+    """This server's shares of `count` ν samples of a (kind, ε) stream of
+    `task` (servers/exchange/prepared.py): the very sampler its chunks run."""
+    _, nu_shape = shapes(stream_noise(kind, epsilon, task.params.frac_bits), width)
+    return await joint_shares(party, count, nu_shape)

@@ -466,10 +466,32 @@ class NoiseBatch:
     lo: int
     count: int
     gamma: bool = False
+    #: Prepared noise (servers/exchange/prepared.py): the pool of one task and
+    #: sampler shape, at its generation `epoch`.  With `stream_id` empty the
+    #: batch fills that pool ([lo, lo + count) of its numbering); with
+    #: `stream_id` set and `move`, the pool's samples [source_lo, source_lo +
+    #: count) become the stream's [lo, lo + count): nothing is generated.
+    prepared: PreparedRef | None = None
+    move: bool = False
+    source_lo: int = 0
 
     @property
     def kind(self) -> ChunkKind:
         return ChunkKind.NOISE
+
+    @property
+    def fills_prepared(self) -> bool:
+        return not self.stream_id and self.prepared is not None
+
+
+@dataclass(frozen=True)
+class PreparedRef:
+    """A task's prepared pool of one sampler shape (`shape`: "kind:ε") at one
+    generation (`epoch`: 16 random bytes the leader draws per pool)."""
+
+    task_id: str
+    shape: str
+    epoch: bytes
 
 
 ChunkHeader = StreamChunk | RobustChunk | NoiseBatch

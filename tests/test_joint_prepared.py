@@ -1,0 +1,141 @@
+"""Prepared joint noise (servers/exchange/prepared.py), on the one-process
+reference pair: what a joint-noise stream consumed is made again once the pair
+is idle; the next stream of the same shape takes its chunks' ν out of the
+prepared pool (moved, not generated: the sampler runs for its γ only), the
+moved ν fit the sampler's exact law and both servers hold the same sample per
+lane; a move the helper cannot serve (its pool lost, a range given out
+before, another generation) is refused without failing the stream, whose
+chunk then draws in the chunk; the pool's bound and generations."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from fractions import Fraction
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import joint_sum
+from test_joint_servers import UNIT, N, _chi_square_pvalue, binned_law, spec
+
+from svtagg.dp.errors import FailedPrecondition, ResourceExhausted
+from svtagg.dp.jointsvt import joint_stream_noise
+from svtagg.dp.kinds import StreamKind
+from svtagg.servers.exchange.joint import PreparePolicy
+from svtagg.servers.exchange.prepared import PreparedNoise, shape_key
+from svtagg.servers.exchange.values import Ask, OpenStream, PreparedRef, Queries
+from svtagg.servers.reference import ReferencePair, reference_pair
+from svtagg.servers.store.rules import OPEN
+
+F = 6
+NO = 4 * N * UNIT  # a τ no score reaches: every answer NO
+SHAPE = shape_key(StreamKind.LAP24, Fraction(1))
+
+
+@pytest.fixture
+async def pair(tmp_path: Path) -> AsyncIterator[ReferencePair]:
+    async with reference_pair(tmp_path, frac_bits=F) as p:
+        await p.leader.create_task(spec("t"))
+        p.upload("t", np.tile([0.0, 0.0, 1.0, 0.0], (N, 1)))
+        await p.leader.close_collection("t")
+        p.leader.prepare = PreparePolicy(batch=1000, idle=0.5)  # not between chunks
+        for core in (p.leader.core, p.helper.core):
+            core.joint_noise_log = []
+        yield p
+
+
+async def _stream(p: ReferencePair, chunks: int, size: int) -> str:
+    sid = (await p.leader.open_stream(OpenStream("t", StreamKind.LAP24, "1"))).stream_id
+    index = tuple(i % 4 for i in range(size))
+    for _ in range(chunks):
+        assert not (await p.leader.ask(Ask(sid, Queries(index), (NO,) * size))).yes
+    return sid
+
+
+async def _prepared(p: ReferencePair, at_least: int) -> None:
+    """Wait for the leader's preparer to reach `at_least` samples and stop."""
+    for _ in range(600):
+        task = p.leader._preparer
+        if p.leader.core.prepared.held("t", SHAPE) >= at_least and (task is None or task.done()):
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("the preparer did not fill the pool")
+
+
+async def test_the_next_stream_takes_prepared_noise(pair: ReferencePair) -> None:
+    """A stream asks 3 × 1,000; once idle the leader prepares 3,000 of its shape
+    (both servers hold them); a second stream's 3 × 1,000 queries take every ν
+    from them — pooled in each chunk, nothing drawn in the chunk — and its ν
+    fit the exact law; every reconstructed ν lies in the sampler's support
+    (a mismatched pair would be a uniform ring element)."""
+    await _stream(pair, 3, 1000)
+    await _prepared(pair, 3000)
+    assert pair.helper.core.prepared.held("t", SHAPE) == pair.leader.core.prepared.held("t", SHAPE)
+    before = len(pair.leader.core.joint_noise_log or [])
+    sid = await _stream(pair, 3, 1000)
+    leader, helper = pair.leader.core.joint_noise_log, pair.helper.core.joint_noise_log
+    assert leader is not None and helper is not None
+    drawn = list(zip(leader[before:], helper[before:], strict=True))
+    assert [a.pooled for a, _ in drawn] == [1000, 1000, 1000]  # no ν drawn in a chunk
+    nu = np.concatenate([joint_sum(pair, sid, a.nu, b.nu) for a, b in drawn])
+    noise = joint_stream_noise(StreamKind.LAP24, Fraction(1), F)
+    lo, grid = noise.grid_pmf("query")
+    assert lo <= nu.min() and nu.max() < lo + grid.size
+    assert _chi_square_pvalue(nu >> F, binned_law(lo, grid, F)) > 1e-3
+    # what the second stream consumed is prepared again
+    await _prepared(pair, 3000)
+
+
+async def test_a_move_the_helper_cannot_serve_is_refused_and_the_stream_goes_on(
+    pair: ReferencePair,
+) -> None:
+    """The helper's prepared pool lost (a restart): the move is refused, the
+    leader drops its own pool, the chunk draws its ν in the chunk and answers,
+    and the stream stays open."""
+    await _stream(pair, 1, 1000)
+    await _prepared(pair, 1000)
+    pair.helper.core.prepared.drop_task("t")
+    sid = (await pair.leader.open_stream(OpenStream("t", StreamKind.LAP24, "1"))).stream_id
+    answer = await pair.leader.ask(Ask(sid, Queries((0, 1, 2, 3) * 100), (NO,) * 400))
+    assert not answer.yes
+    assert pair.leader.core.prepared.ref("t", SHAPE) is None  # dropped after the refusal
+    assert pair.leader.core.stream(sid).state == OPEN
+    log = pair.leader.core.joint_noise_log
+    assert log is not None and log[-1].pooled < 400  # drawn in the chunk
+
+
+async def test_the_helper_refuses_prepared_samples_given_out_before(pair: ReferencePair) -> None:
+    """A move naming a prepared range the helper has already moved, or another
+    generation of the pool, is refused before anything is kept."""
+    await _stream(pair, 1, 1000)
+    await _prepared(pair, 1000)
+    ref = pair.leader.core.prepared.ref("t", SHAPE)
+    assert ref is not None
+    helper = pair.helper.core.prepared
+    helper.take(ref, 0, 10)
+    with pytest.raises(FailedPrecondition, match="already consumed"):
+        helper.take(ref, 0, 10)
+    with pytest.raises(FailedPrecondition, match="generation"):
+        helper.take(PreparedRef("t", SHAPE, bytes(16)), 10, 10)
+
+
+def test_the_pool_rules() -> None:
+    """Reservations past the bound are refused; a new generation replaces the
+    helper's pool; a batch for a dropped or replaced pool is not kept."""
+    leader, helper = PreparedNoise(cap=100), PreparedNoise(cap=100)
+    ref = leader.start("t", SHAPE)
+    lo = leader.reserve(ref, 60)
+    assert helper.reserve(ref, 60, lo) == 0
+    with pytest.raises(ResourceExhausted, match="100 prepared noise samples"):
+        leader.reserve(ref, 41)
+    shares = np.arange(60, dtype=np.uint64)
+    assert helper.add(ref, 0, shares) and leader.add(ref, 0, shares)
+    assert helper.first_run("t", SHAPE) == (0, 60)
+    assert list(helper.take(ref, 5, 10)) == list(range(5, 15))  # 0..4 dropped, 15.. kept
+    assert helper.held("t", SHAPE) == 45
+    newer = PreparedRef("t", SHAPE, b"\x01" * 16)
+    assert helper.reserve(newer, 10, 0) == 0  # the leader restarted: a new generation
+    assert helper.held("t") == 0 and not helper.add(ref, 60, shares[:1])
+    with pytest.raises(FailedPrecondition, match="generation"):
+        leader.take(newer, 0, 1)
