@@ -623,25 +623,31 @@ class LeaderDriver:
         out of the task's prepared pool of the stream's shape (no sampler runs).
         A move that fails drops the prepared pool (the helper may have lost its
         own); the chunk then draws what is missing as before."""
-        shape = shape_key(stream.kind, stream.epsilon)
-        task_id = task.params.task_id
         while True:
-            ref = self.core.prepared.ref(task_id, shape)
-            if ref is None:
+            need = k - self.core.store.joint_pool(stream.stream_id).first_run()[1]
+            if need <= 0:
                 return
-            pool = self.core.store.joint_pool(stream.stream_id)
-            need = k - pool.first_run()[1]
-            src_lo, held = self.core.prepared.first_run(task_id, shape)
-            if need <= 0 or held == 0:
-                return
-            count = min(need, held, MAX_BATCH)
-            try:
-                async with self._fill_slot:
-                    await self._move_once(stream.stream_id, ref, src_lo, count)
-            except Exception as exc:  # noqa: BLE001 - the chunk draws in the chunk instead
-                log.warning("task %s: prepared noise not moved (%s); dropping it", task_id, exc)
-                self.core.prepared.drop(task_id, shape)
-                return
+            async with self._fill_slot:
+                if not await self._try_move(stream, task.params.task_id, need):
+                    return
+
+    async def _try_move(self, stream: StreamState, task_id: str, count: int) -> int:
+        """Move up to `count` prepared samples of the stream's shape into its
+        pool (the caller holds the fill slot); how many moved.  A move that
+        fails drops the prepared pool (the helper may have lost its own)."""
+        shape = shape_key(stream.kind, stream.epsilon)
+        ref = self.core.prepared.ref(task_id, shape)
+        src_lo, held = self.core.prepared.first_run(task_id, shape)
+        count = min(count, held, MAX_BATCH)
+        if ref is None or count <= 0:
+            return 0
+        try:
+            await self._move_once(stream.stream_id, ref, src_lo, count)
+        except Exception as exc:  # noqa: BLE001 - the chunk draws in the chunk instead
+            log.warning("task %s: prepared noise not moved (%s); dropping it", task_id, exc)
+            self.core.prepared.drop(task_id, shape)
+            return 0
+        return count
 
     async def _move_once(self, stream_id: str, ref: PreparedRef, src_lo: int, count: int) -> None:
         batch, _, _ = self.core.reserve_noise_batch(stream_id, count, False)
@@ -735,6 +741,8 @@ class LeaderDriver:
                 return False
             count = policy.first if gamma else want - pool.held
             count = max(1, min(count, policy.batch, MAX_BATCH))
+            if not gamma and await self._try_move(stream, stream.task_id, count):
+                return True  # prepared samples, no sampler run
             return await self.fill_pool(stream_id, count, gamma) is not None
 
     async def stop_noise_fills(self) -> None:

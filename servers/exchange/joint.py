@@ -137,7 +137,10 @@ class PreparePolicy:
     joint-noise chunk has run for `idle` seconds."""
 
     batch: int = 5000
-    idle: float = 1.0
+    #: Longer than the pauses inside a run (the analyst planning its next
+    #: stream), so the noise is made between runs rather than mid-run, where
+    #: what it makes is used at once and the next run finds less ready.
+    idle: float = 3.0
 
 
 def stream_noise(kind: StreamKind, epsilon: Fraction, frac_bits: int) -> JointStreamNoise:
