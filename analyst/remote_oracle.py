@@ -66,6 +66,10 @@ class RemoteStats(OracleStats):
 
     peer_bytes: int = 0
     seconds_in_calls: float = 0.0
+    #: Joint noise: the queries sent in Ask chunks, and those of them whose ν
+    #: the servers drew in the chunk (none was ready ahead of it).
+    noise_queries: int = 0
+    noise_drawn: int = 0
 
 
 def _pb_queries(queries: Sequence[Query]) -> pb.Queries:
@@ -128,6 +132,8 @@ class RemoteStream:
         answered = ask_progress(int(resp.index) if resp.yes else None, len(chunk)).answered
         self._answered += answered
         self._oracle._count(answered, resp.peer_bytes)
+        self._oracle._stats.noise_drawn += resp.noise_drawn
+        self._oracle._stats.noise_queries += len(chunk) if self._oracle.noise == JOINT else 0
         return int(resp.index) if resp.yes else None
 
     def compare(self, chunk: Sequence[tuple[Query, Number, Number]]) -> list[Outcome]:

@@ -252,6 +252,11 @@ def _oracle_summary(oracle: Any, before: Any = None) -> dict[str, Any]:
         "queries": st.queries,
         "chunks": st.chunks,
         "peer_bytes": getattr(st, "peer_bytes", 0),
+        **(
+            {"noise_queries": st.noise_queries, "noise_drawn_in_chunks": st.noise_drawn}
+            if getattr(st, "noise_queries", 0)
+            else {}
+        ),
         **{key: float(value) for key, value in exact.items()},
         "exact": {key: str(value) for key, value in exact.items()},
     }
@@ -317,9 +322,17 @@ class RunProgress:
 
     def line(self) -> str:
         st = self.oracle.stats()
+        noise = ""
+        if getattr(st, "noise_queries", 0):  # a joint-noise task
+            noise = (
+                f"; joint noise ready ahead for {st.noise_queries - st.noise_drawn:,} of "
+                f"{st.noise_queries:,} queries sent ({st.noise_drawn:,} drawn in their "
+                "chunks, at the sampler's pace)"
+            )
         return (
             f"  {st.streams:,} streams, {st.queries:,} queries, {st.chunks:,} chunks; "
             f"ε {self.epsilon} reserved for this run; {time.perf_counter() - self.start:.1f}s"
+            + noise
         )
 
     def _loop(self) -> None:

@@ -264,16 +264,18 @@ class AskRequest(_message.Message):
     def __init__(self, stream_id: _Optional[str] = ..., queries: _Optional[_Union[Queries, _Mapping]] = ..., tau: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class AskResponse(_message.Message):
-    __slots__ = ("yes", "index", "closed", "peer_bytes")
+    __slots__ = ("yes", "index", "closed", "peer_bytes", "noise_drawn")
     YES_FIELD_NUMBER: _ClassVar[int]
     INDEX_FIELD_NUMBER: _ClassVar[int]
     CLOSED_FIELD_NUMBER: _ClassVar[int]
     PEER_BYTES_FIELD_NUMBER: _ClassVar[int]
+    NOISE_DRAWN_FIELD_NUMBER: _ClassVar[int]
     yes: bool
     index: int
     closed: bool
     peer_bytes: int
-    def __init__(self, yes: _Optional[bool] = ..., index: _Optional[int] = ..., closed: _Optional[bool] = ..., peer_bytes: _Optional[int] = ...) -> None: ...
+    noise_drawn: int
+    def __init__(self, yes: _Optional[bool] = ..., index: _Optional[int] = ..., closed: _Optional[bool] = ..., peer_bytes: _Optional[int] = ..., noise_drawn: _Optional[int] = ...) -> None: ...
 
 class CompareRequest(_message.Message):
     __slots__ = ("stream_id", "queries", "tau_low", "tau_high")

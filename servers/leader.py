@@ -125,6 +125,8 @@ class LeaderDriver:
         self.helper = helper
         self.pool = SessionPool(lambda: helper.open_session(party))
         self._busy: set[str] = set()
+        #: A joint-noise Ask chunk's queries whose ν it drew itself, by stream.
+        self._drawn: dict[str, int] = {}
         self._close_lock = asyncio.Lock()
         #: The helper's ledger kept up with this one (servers/reconcile.py).
         self.ledgers = LedgerSync(core, helper)
@@ -480,7 +482,7 @@ class LeaderDriver:
             assert isinstance(answer, AskAnswer)
         else:
             j, closed, nbytes = await self._run_chunk(stream, task, chunk, taus)
-            answer = AskAnswer(j, closed, nbytes)
+            answer = AskAnswer(j, closed, nbytes, self._drawn.pop(stream.stream_id, 0))
         if pools:
             self._last_chunk = asyncio.get_running_loop().time()
             self._want_prepared(
@@ -546,6 +548,8 @@ class LeaderDriver:
         nothing is refunded.  Result, whether it closed, bytes."""
         sid, next_chunk = stream.stream_id, stream.chunks + 1
         draw = self.core.pool_draw(stream, task, len(chunk))
+        if pools_noise(stream, task):  # what the chunk draws itself: shown to the analyst
+            self._drawn[sid] = len(chunk) - draw.count
         header = StreamChunk(
             ChunkKind.of_stream(stream.kind),
             sid,

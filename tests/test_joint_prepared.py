@@ -45,11 +45,16 @@ async def pair(tmp_path: Path) -> AsyncIterator[ReferencePair]:
         yield p
 
 
-async def _stream(p: ReferencePair, chunks: int, size: int) -> str:
+async def _stream(p: ReferencePair, chunks: int, size: int, drawn: list[int] | None = None) -> str:
+    """A lap24 stream of `chunks` chunks of `size` NO answers; `drawn` gets each
+    answer's count of queries whose ν was drawn in the chunk."""
     sid = (await p.leader.open_stream(OpenStream("t", StreamKind.LAP24, "1"))).stream_id
     index = tuple(i % 4 for i in range(size))
     for _ in range(chunks):
-        assert not (await p.leader.ask(Ask(sid, Queries(index), (NO,) * size))).yes
+        answer = await p.leader.ask(Ask(sid, Queries(index), (NO,) * size))
+        assert not answer.yes
+        if drawn is not None:
+            drawn.append(answer.noise_drawn)
     return sid
 
 
@@ -73,7 +78,9 @@ async def test_the_next_stream_takes_prepared_noise(pair: ReferencePair) -> None
     await _prepared(pair, 3000)
     assert pair.helper.core.prepared.held("t", SHAPE) == pair.leader.core.prepared.held("t", SHAPE)
     before = len(pair.leader.core.joint_noise_log or [])
-    sid = await _stream(pair, 3, 1000)
+    drawn: list[int] = []
+    sid = await _stream(pair, 3, 1000, drawn)
+    assert drawn == [0, 0, 0]  # what the analyst is told: every ν was ready
     leader, helper = pair.leader.core.joint_noise_log, pair.helper.core.joint_noise_log
     assert leader is not None and helper is not None
     drawn = list(zip(leader[before:], helper[before:], strict=True))
@@ -98,7 +105,7 @@ async def test_a_move_the_helper_cannot_serve_is_refused_and_the_stream_goes_on(
     pair.helper.core.prepared.drop_task("t")
     sid = (await pair.leader.open_stream(OpenStream("t", StreamKind.LAP24, "1"))).stream_id
     answer = await pair.leader.ask(Ask(sid, Queries((0, 1, 2, 3) * 100), (NO,) * 400))
-    assert not answer.yes
+    assert not answer.yes and answer.noise_drawn > 0  # told: drawn at the sampler's pace
     assert pair.leader.core.prepared.ref("t", SHAPE) is None  # dropped after the refusal
     assert pair.leader.core.stream(sid).state == OPEN
     log = pair.leader.core.joint_noise_log

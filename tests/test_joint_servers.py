@@ -322,6 +322,9 @@ def test_create_task_noise_joint_through_the_servers(tmp_path: Path) -> None:
         assert r.returncode == 0, r.stderr
         out = json.loads(r.stdout)
         assert out["selected"] == 1
+        # how much of the run's noise was ready ahead, as the summary reports it
+        assert 0 <= out["noise_drawn_in_chunks"] <= out["noise_queries"]
+        assert out["noise_queries"] >= out["queries"]
         spent = Fraction(out["exact"]["delta_spent"])  # this run's: its streams' exact δ
         assert 0 < spent <= out["streams"] * JOINT_DELTA_CAP
         assert Fraction(out["exact"]["task_delta_spent"]) == charge + spent

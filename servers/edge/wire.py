@@ -426,9 +426,13 @@ COMPARE: Codec[Compare, pb.CompareRequest] = Codec(
 ASK_ANSWER: Codec[AskAnswer, pb.AskResponse] = Codec(
     pb.AskResponse,
     lambda a: pb.AskResponse(
-        yes=a.yes, index=a.index or 0, closed=a.closed, peer_bytes=a.peer_bytes
+        yes=a.yes,
+        index=a.index or 0,
+        closed=a.closed,
+        peer_bytes=a.peer_bytes,
+        noise_drawn=a.noise_drawn,
     ),
-    lambda m: AskAnswer(m.index if m.yes else None, m.closed, m.peer_bytes),
+    lambda m: AskAnswer(m.index if m.yes else None, m.closed, m.peer_bytes, m.noise_drawn),
 )
 COMPARE_ANSWER: Codec[CompareAnswer, pb.CompareResponse] = Codec(
     pb.CompareResponse,

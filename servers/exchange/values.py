@@ -350,6 +350,8 @@ class AskAnswer:
     index: int | None
     closed: bool
     peer_bytes: int
+    #: A joint-noise stream: the queries whose ν was drawn in the chunk (none ready).
+    noise_drawn: int = 0
 
     @property
     def yes(self) -> bool:
