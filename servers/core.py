@@ -477,6 +477,8 @@ class ServerCore:
         """(The helper) check a batch filling a prepared pool and reserve its
         numbers: a joint-noise task that exists, an Ask kind, a sampler that fits."""
         assert batch.prepared is not None
+        if batch.gamma:
+            raise InvalidArgument("prepared noise holds ν only")
         task = self.store.task(batch.prepared.task_id)
         if task.params.noise != JOINT:
             raise InvalidArgument(f"task {task.params.task_id!r} draws no joint noise")

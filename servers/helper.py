@@ -292,7 +292,9 @@ class HelperDriver:
             nu = await prepared_shares(party, task, kind, eps, header.count, width)
             x.take(Step.RUN)
             assert header.prepared is not None
-            self.core.prepared.add(header.prepared, header.lo, nu)
+            if not self.core.prepared.add(header.prepared, header.lo, nu):
+                # kept nothing: say so before the closing status (D3)
+                raise FailedPrecondition("the prepared pool went away during the batch")
         elif isinstance(header, NoiseBatch) and header.move:
             batch, stream, task, taken = checked
             x.take(Step.RUN)

@@ -68,7 +68,6 @@ from svtagg.servers.exchange.values import (
     PlanInfo,
     PlanRequest,
     PoolDraw,
-    PreparedRef,
     PrepareStream,
     Queries,
     ReportIds,
@@ -481,8 +480,11 @@ class LeaderDriver:
             answer = await self._leased(request, stream.stream_id)
             assert isinstance(answer, AskAnswer)
         else:
-            j, closed, nbytes = await self._run_chunk(stream, task, chunk, taus)
-            answer = AskAnswer(j, closed, nbytes, self._drawn.pop(stream.stream_id, 0))
+            try:
+                j, closed, nbytes = await self._run_chunk(stream, task, chunk, taus)
+            finally:
+                drawn = self._drawn.pop(stream.stream_id, 0)
+            answer = AskAnswer(j, closed, nbytes, drawn)
         if pools:
             self._last_chunk = asyncio.get_running_loop().time()
             self._want_prepared(
@@ -625,20 +627,24 @@ class LeaderDriver:
     async def _move_prepared(self, stream: StreamState, task: TaskState, k: int) -> None:
         """Before a chunk of k queries: what the stream's pool lacks of k, moved
         out of the task's prepared pool of the stream's shape (no sampler runs).
-        A move that fails drops the prepared pool (the helper may have lost its
-        own); the chunk then draws what is missing as before."""
-        while True:
-            need = k - self.core.store.joint_pool(stream.stream_id).first_run()[1]
-            if need <= 0:
-                return
+        What it lacks is counted once, before the first move: a pool with a gap
+        (numbers reserved by a batch that failed) never sees its first run
+        grow, and recounting would empty the prepared pool into it.  A move
+        that fails drops the prepared pool (the helper may have lost its own);
+        the chunk then draws what is missing as before."""
+        need = k - self.core.store.joint_pool(stream.stream_id).first_run()[1]
+        while need > 0:
             async with self._fill_slot:
-                if not await self._try_move(stream, task.params.task_id, need):
-                    return
+                moved = await self._try_move(stream, task.params.task_id, need)
+            if not moved:
+                return
+            need -= moved
 
     async def _try_move(self, stream: StreamState, task_id: str, count: int) -> int:
         """Move up to `count` prepared samples of the stream's shape into its
-        pool (the caller holds the fill slot); how many moved.  A move that
-        fails drops the prepared pool (the helper may have lost its own)."""
+        pool (the caller holds the fill slot); how many moved.  Only a failed
+        exchange drops the prepared pool (the helper may have lost its own); a
+        stream that answers no more just takes nothing."""
         shape = shape_key(stream.kind, stream.epsilon)
         ref = self.core.prepared.ref(task_id, shape)
         src_lo, held = self.core.prepared.first_run(task_id, shape)
@@ -646,26 +652,26 @@ class LeaderDriver:
         if ref is None or count <= 0:
             return 0
         try:
-            await self._move_once(stream.stream_id, ref, src_lo, count)
-        except Exception as exc:  # noqa: BLE001 - the chunk draws in the chunk instead
-            log.warning("task %s: prepared noise not moved (%s); dropping it", task_id, exc)
-            self.core.prepared.drop(task_id, shape)
+            batch, _, _ = self.core.reserve_noise_batch(stream.stream_id, count, False)
+        except Refusal:  # the stream answers no more (or draws no joint noise)
             return 0
-        return count
-
-    async def _move_once(self, stream_id: str, ref: PreparedRef, src_lo: int, count: int) -> None:
-        batch, _, _ = self.core.reserve_noise_batch(stream_id, count, False)
         taken = self.core.prepared.take(ref, src_lo, count)  # used once, whatever follows
-        move = NoiseBatch(stream_id, batch.lo, count, False, ref, True, src_lo)
+        move = NoiseBatch(stream.stream_id, batch.lo, count, False, ref, True, src_lo)
         x = Exchange.of(move, leader=True)
         x.take(Step.MARK)
 
         async def run(party: ComparisonParty) -> None:
             return None  # nothing is generated: both servers take their own shares
 
-        await self._exchange(x, move, run)
-        self.core.store.add_joint_batch(stream_id, batch.lo, taken, None)
+        try:
+            await self._exchange(x, move, run)
+        except Exception as exc:  # noqa: BLE001 - the chunk draws in the chunk instead
+            log.warning("task %s: prepared noise not moved (%s); dropping it", task_id, exc)
+            self.core.prepared.drop(task_id, shape)
+            return 0
+        kept = self.core.store.add_joint_batch(stream.stream_id, batch.lo, taken, None)
         x.take(Step.RECORD)
+        return count if kept else 0
 
     def _want_prepared(self, task_id: str, shape: str, used: int) -> None:
         """Count what a joint-noise chunk used towards its shape's prepared
@@ -676,17 +682,19 @@ class LeaderDriver:
         key = (task_id, shape)
         self._demand[key] = self._demand.get(key, 0) + used
         if self._preparer is None or self._preparer.done():
-            self._preparer = asyncio.create_task(self._prepare_loop(policy))
+            self._preparer = asyncio.create_task(self._prepare_loop())
 
-    async def _prepare_loop(self, policy: PreparePolicy) -> None:
+    async def _prepare_loop(self) -> None:
         """Make the wanted samples, one batch at a time, only once no
-        joint-noise chunk has run for `policy.idle` seconds (so between runs,
-        not during them); ends when nothing is wanted."""
+        joint-noise chunk has run for `prepare.idle` seconds (so between runs,
+        not during them); ends when nothing is wanted (or preparing is off).
+        The policy is read afresh at every step."""
         loop = asyncio.get_running_loop()
-        while self._demand:
+        while self._demand and self.prepare is not None:
+            policy = self.prepare
             quiet = loop.time() - self._last_chunk
             if quiet < policy.idle:
-                await asyncio.sleep(policy.idle - quiet)
+                await asyncio.sleep(min(policy.idle - quiet, 1.0))
                 continue
             (task_id, shape), want = next(iter(self._demand.items()))
             room = self.core.prepared.cap - self.core.prepared.held(task_id)

@@ -89,9 +89,10 @@ async def pair(tmp_path: Path) -> AsyncIterator[ReferencePair]:
 # ---------------------------------------------------------------- the accounting
 def _worst_excess(noise: JointStreamNoise, epsilon: Fraction) -> float:
     """max over neighbouring score vectors s, s' of a 3-candidate grid (each
-    score in 0..3 sensitivities, each moving by at most one) and outputs i of
-    P(i | s) − e^ε·P(i | s') − 3·P(G ≥ 2^K − 2), the tournament's exact law
-    (scores in grid units: 2^F per sensitivity)."""
+    score in 0..3 sensitivities, in grid units, each moving by at most one
+    sensitivity, 2^F grid units, so half-sensitivity moves and odd scores
+    meet the dither too) and outputs i of P(i | s) − e^ε·P(i | s') −
+    3·P(G ≥ 2^K − 2), the tournament's exact law."""
     k = len(noise.query_constants)
     delta = 3 * float(tail_mass(noise.query_constants, noise.query_widths, (1 << k) - 2))
     bound = math.exp(epsilon)
@@ -100,11 +101,12 @@ def _worst_excess(noise: JointStreamNoise, epsilon: Fraction) -> float:
 
     def law(s: tuple[int, ...]) -> np.ndarray:
         if s not in laws:
-            laws[s] = joint_output_law([x << noise.shift for x in s], noise)
+            laws[s] = joint_output_law(list(s), noise)
         return laws[s]
 
-    for s in itertools.product(range(4), repeat=3):
-        for move in itertools.product((-1, 0, 1), repeat=3):
+    unit = 1 << noise.shift
+    for s in itertools.product(range(3 * unit + 1), repeat=3):
+        for move in itertools.product(range(-unit, unit + 1), repeat=3):
             t = tuple(a + b for a, b in zip(s, move, strict=True))
             if min(t) < 0:
                 continue

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from fractions import Fraction
 from pathlib import Path
 
@@ -68,7 +69,27 @@ async def _prepared(p: ReferencePair, at_least: int) -> None:
     raise AssertionError("the preparer did not fill the pool")
 
 
-async def test_the_next_stream_takes_prepared_noise(pair: ReferencePair) -> None:
+def _count_generated(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Hook the servers' joint sampler: the leader's side appends how many
+    samples each run of it makes (a move runs no sampler)."""
+    from svtagg.mpc.protocol import ComparisonEvaluator
+    from svtagg.servers.exchange import joint
+
+    made: list[int] = []
+    real = joint.joint_shares
+
+    async def counted(party, n, shape):  # type: ignore[no-untyped-def]
+        if isinstance(party, ComparisonEvaluator):
+            made.append(n)
+        return await real(party, n, shape)
+
+    monkeypatch.setattr(joint, "joint_shares", counted)
+    return made
+
+
+async def test_the_next_stream_takes_prepared_noise(
+    pair: ReferencePair, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A stream asks 3 × 1,000; once idle the leader prepares 3,000 of its shape
     (both servers hold them); a second stream's 3 × 1,000 queries take every ν
     from them — pooled in each chunk, nothing drawn in the chunk — and its ν
@@ -79,8 +100,14 @@ async def test_the_next_stream_takes_prepared_noise(pair: ReferencePair) -> None
     assert pair.helper.core.prepared.held("t", SHAPE) == pair.leader.core.prepared.held("t", SHAPE)
     before = len(pair.leader.core.joint_noise_log or [])
     drawn: list[int] = []
+    pair.leader.prepare = PreparePolicy(batch=1000, idle=60.0)  # none made during it
+    made = _count_generated(monkeypatch)
     sid = await _stream(pair, 3, 1000, drawn)
     assert drawn == [0, 0, 0]  # what the analyst is told: every ν was ready
+    # The sampler ran only for the stream's first batch (γ and 32 ν): the rest moved.
+    assert made == [1, 32]
+    for core in (pair.leader.core, pair.helper.core):
+        assert core.prepared.held("t", SHAPE) <= 3000 - (3000 - 32)
     leader, helper = pair.leader.core.joint_noise_log, pair.helper.core.joint_noise_log
     assert leader is not None and helper is not None
     drawn = list(zip(leader[before:], helper[before:], strict=True))
@@ -90,8 +117,11 @@ async def test_the_next_stream_takes_prepared_noise(pair: ReferencePair) -> None
     lo, grid = noise.grid_pmf("query")
     assert lo <= nu.min() and nu.max() < lo + grid.size
     assert _chi_square_pvalue(nu >> F, binned_law(lo, grid, F)) > 1e-3
-    # what the second stream consumed is prepared again
+    # what the second stream consumed is prepared again, alike on both servers
+    pair.leader.prepare = PreparePolicy(batch=1000, idle=0.5)
+    pair.leader._want_prepared("t", SHAPE, 0)  # wake the preparer
     await _prepared(pair, 3000)
+    assert pair.helper.core.prepared.held("t", SHAPE) == pair.leader.core.prepared.held("t", SHAPE)
 
 
 async def test_a_move_the_helper_cannot_serve_is_refused_and_the_stream_goes_on(
@@ -110,6 +140,27 @@ async def test_a_move_the_helper_cannot_serve_is_refused_and_the_stream_goes_on(
     assert pair.leader.core.stream(sid).state == OPEN
     log = pair.leader.core.joint_noise_log
     assert log is not None and log[-1].pooled < 400  # drawn in the chunk
+
+
+async def test_a_move_from_another_shapes_pool_is_refused_by_the_helper(
+    pair: ReferencePair,
+) -> None:
+    """The leader's move names a prepared pool of another ε than the stream's:
+    the helper refuses it in its check (nothing kept), the stream stays open
+    and its next chunk answers."""
+    other = shape_key(StreamKind.LAP24, Fraction(1, 2))
+    task = pair.leader.core.task("t")
+    assert await pair.leader.fill_prepared(task, other, 50) is not None
+    assert pair.helper.core.prepared.held("t", other) == 50
+    sid = (await pair.leader.open_stream(OpenStream("t", StreamKind.LAP24, "1"))).stream_id
+    stream = pair.leader.core.stream(sid)
+    wrong = replace(stream, epsilon=Fraction(1, 2))  # the leader's view, made to lie
+    async with pair.leader._fill_slot:
+        assert await pair.leader._try_move(wrong, "t", 20) == 0
+    assert pair.helper.core.prepared.held("t", other) == 50  # the helper took nothing
+    assert pair.leader.core.prepared.ref("t", other) is None  # the leader let it go
+    assert pair.leader.core.stream(sid).state == OPEN
+    assert not (await pair.leader.ask(Ask(sid, Queries((0, 1)), (NO, NO)))).yes
 
 
 async def test_the_helper_refuses_prepared_samples_given_out_before(pair: ReferencePair) -> None:

@@ -515,6 +515,8 @@ def _header_from_pb(m: pb.ChunkHeader) -> ChunkHeader:
             raise InvalidArgument("a prepared-noise move names its pool and its stream")
         if prepared is None and not m.stream_id:
             raise InvalidArgument("a noise batch names a stream or a prepared pool")
+        if prepared is not None and m.stream_id and not m.prepared_move:
+            raise InvalidArgument("a batch for a stream names a prepared pool only to move from it")
         return NoiseBatch(
             m.stream_id,
             m.joint_lo,

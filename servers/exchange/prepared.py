@@ -52,7 +52,8 @@ from svtagg.servers.store.jointpool import Batch, JointPool
 
 #: Samples one server holds or has reserved per task (8 bytes of share each).
 MAX_PREPARED = 400_000
-#: Tasks with prepared pools on one server; the least recently started is dropped.
+#: Tasks with prepared pools on one server; the one whose first pool started
+#: earliest is dropped first.
 MAX_TASKS = 8
 EPOCH_BYTES = 16
 
@@ -162,6 +163,11 @@ class PreparedNoise:
         leader's `lo` on the helper (refused if any of its numbers was reserved
         before); refused past the task's bound."""
         pool = self._pool(ref, create=lo is not None)
+        if lo is not None:  # the helper: pools the leader let go may still hold room
+            for key in [k for k in self._pools if k[0] == ref.task_id and k[1] != ref.shape]:
+                if self._committed(ref.task_id) + count <= self.cap:
+                    break
+                del self._pools[key]  # at worst a later move of those is refused
         if self._committed(ref.task_id) + count > self.cap:
             raise ResourceExhausted(
                 f"task {ref.task_id!r} holds {self.cap:,} prepared noise samples at most"
@@ -194,6 +200,8 @@ class PreparedNoise:
 
     def drop(self, task_id: str, shape: str) -> None:
         self._pools.pop((task_id, shape), None)
+        if task_id in self._order and not any(t == task_id for t, _ in self._pools):
+            self._order.remove(task_id)
 
     def drop_task(self, task_id: str) -> None:
         for key in [k for k in self._pools if k[0] == task_id]:
