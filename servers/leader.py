@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import secrets
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
@@ -680,7 +681,7 @@ class LeaderDriver:
         if policy is None or self.noise_pool is None:  # a worker: its front end prepares
             return
         key = (task_id, shape)
-        self._demand[key] = self._demand.get(key, 0) + used
+        self._demand[key] = self._demand.get(key, 0) + math.ceil(used * (1 + policy.margin))
         if self._preparer is None or self._preparer.done():
             self._preparer = asyncio.create_task(self._prepare_loop())
 
@@ -753,8 +754,12 @@ class LeaderDriver:
                 return False
             count = policy.first if gamma else want - pool.held
             count = max(1, min(count, policy.batch, MAX_BATCH))
-            if not gamma and await self._try_move(stream, stream.task_id, count):
-                return True  # prepared samples, no sampler run
+            shape = shape_key(stream.kind, stream.epsilon)
+            if not gamma and self.core.prepared.first_run(stream.task_id, shape)[1]:
+                # Prepared samples wait for the next chunk's own move, which takes
+                # exactly what it needs: moved now, they would be lost with the
+                # stream if it closes on its next YES.
+                return False
             return await self.fill_pool(stream_id, count, gamma) is not None
 
     async def stop_noise_fills(self) -> None:

@@ -90,14 +90,16 @@ def _count_generated(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 async def test_the_next_stream_takes_prepared_noise(
     pair: ReferencePair, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A stream asks 3 × 1,000; once idle the leader prepares 3,000 of its shape
+    """A stream asks 3 × 1,000; once idle the leader prepares 3,750 of its shape
     (both servers hold them); a second stream's 3 × 1,000 queries take every ν
-    from them — pooled in each chunk, nothing drawn in the chunk — and its ν
+    from them — pooled in each chunk, nothing drawn in the chunk, no more
+    moved than the chunks lacked — and its ν
     fit the exact law; every reconstructed ν lies in the sampler's support
     (a mismatched pair would be a uniform ring element)."""
     await _stream(pair, 3, 1000)
-    await _prepared(pair, 3000)
-    assert pair.helper.core.prepared.held("t", SHAPE) == pair.leader.core.prepared.held("t", SHAPE)
+    await _prepared(pair, 3750)  # what it consumed and a quarter more (`PreparePolicy.margin`)
+    held = pair.leader.core.prepared.held("t", SHAPE)
+    assert held == 3750 == pair.helper.core.prepared.held("t", SHAPE)
     before = len(pair.leader.core.joint_noise_log or [])
     drawn: list[int] = []
     pair.leader.prepare = PreparePolicy(batch=1000, idle=60.0)  # none made during it
@@ -106,8 +108,8 @@ async def test_the_next_stream_takes_prepared_noise(
     assert drawn == [0, 0, 0]  # what the analyst is told: every ν was ready
     # The sampler ran only for the stream's first batch (γ and 32 ν): the rest moved.
     assert made == [1, 32]
-    for core in (pair.leader.core, pair.helper.core):
-        assert core.prepared.held("t", SHAPE) <= 3000 - (3000 - 32)
+    for core in (pair.leader.core, pair.helper.core):  # exactly what the chunks lacked moved
+        assert core.prepared.held("t", SHAPE) == held - (3000 - 32)
     leader, helper = pair.leader.core.joint_noise_log, pair.helper.core.joint_noise_log
     assert leader is not None and helper is not None
     drawn = list(zip(leader[before:], helper[before:], strict=True))
