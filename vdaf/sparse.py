@@ -188,17 +188,23 @@ def pack_ctrl(pairs: Sequence[tuple[bool, bool]]) -> bytes:
     return bytes(packed)
 
 
-def unpack_ctrl(data: bytes, n: int, size: int) -> tuple[list[tuple[bool, bool]], int]:
+def ctrl_bits(data: bytes, n: int, size: int) -> tuple[npt.NDArray[np.uint8], int]:
     """`n` levels' control corrections from the head of a public share of
-    `size` bytes (SparseError for another length or set padding bits), and
-    where the rest starts."""
+    `size` bytes, one byte per bit, two a level (SparseError for another
+    length or set padding bits), and where the rest starts."""
     if len(data) != size:
         raise SparseError(f"a public share is {size} bytes")
     head = (2 * n + 7) // 8
     if (2 * n) % 8 and data[head - 1] >> ((2 * n) % 8):
         raise SparseError("padding bits of the control corrections are set")
-    bits = [bool(data[i // 8] >> (i % 8) & 1) for i in range(2 * n)]
-    return [(bits[2 * i], bits[2 * i + 1]) for i in range(n)], head
+    return np.unpackbits(np.frombuffer(data, np.uint8, head), bitorder="little")[: 2 * n], head
+
+
+def unpack_ctrl(data: bytes, n: int, size: int) -> tuple[list[tuple[bool, bool]], int]:
+    """`ctrl_bits` as (bool, bool) pairs, one a level."""
+    bits, head = ctrl_bits(data, n, size)
+    pairs = bits.astype(bool).reshape(n, 2).tolist()
+    return [(a, b) for a, b in pairs], head
 
 
 def gen_level(
@@ -352,26 +358,16 @@ class SparseOnehot:
         return pack_ctrl(ps.ctrl) + ps.seeds + ps.proof + ps.output.to_bytes(16, "little")
 
     def decode_public_share(self, data: bytes) -> PublicShare:
-        n = self.bits
-        ctrl, head = unpack_ctrl(data, n, self.public_share_bytes())
-        seeds = data[head : head + 16 * n]
-        proof = data[head + 16 * n : head + 16 * n + 16]
-        output = int.from_bytes(data[head + 16 * n + 16 :], "little")
-        if output >= P:
-            raise SparseError("the output correction is not below the Field128 modulus")
-        return PublicShare(seeds, tuple(ctrl), proof, output)
+        seeds, bits, proof, output = self._split_public(data)
+        pairs = [(bool(bits[i]), bool(bits[i + 1])) for i in range(0, len(bits), 2)]
+        return PublicShare(seeds, tuple(pairs), proof, int.from_bytes(output, "little"))
 
     def _split_public(self, data: bytes) -> tuple[bytes, bytes, bytes, bytes]:
-        """`decode_public_share` for the native core: the seed corrections,
-        the control corrections one byte per bit, the proof and the output
-        corrections, as bytes."""
+        """The public share checked and cut, as the native core takes it: the
+        seed corrections, the control corrections one byte per bit, the proof
+        and the output corrections, as bytes."""
         n = self.bits
-        if len(data) != self.public_share_bytes():
-            raise SparseError(f"a public share is {self.public_share_bytes()} bytes")
-        head = (2 * n + 7) // 8
-        if (2 * n) % 8 and data[head - 1] >> ((2 * n) % 8):
-            raise SparseError("padding bits of the control corrections are set")
-        bits = np.unpackbits(np.frombuffer(data, np.uint8, head), bitorder="little")[: 2 * n]
+        bits, head = ctrl_bits(data, n, self.public_share_bytes())
         at = head + 16 * n
         output = data[at + 16 :]
         if int.from_bytes(output, "little") >= P:
