@@ -23,10 +23,10 @@ from svtagg.dp.jointsvt import (
     INDEPENDENT,
     JOINT,
     JOINT_KINDS,
-    JOINT_MAX_TOURNAMENT,
     NOISE_OPTIONS,
     JointStreamNoise,
     check_joint_kind,
+    check_joint_tournament,
     joint_stream_noise,
 )
 from svtagg.dp.kinds import (
@@ -242,11 +242,7 @@ class LocalOracle:
         if self.noise == JOINT:  # as the servers: one sampler draw per candidate, its δ
             joint = joint_stream_noise(StreamKind.NMAX, req.epsilon, self.frac_bits)
             req = StreamRequest(req.kind, req.epsilon, req.delta, joint.delta_charge)
-            if len(queries) > JOINT_MAX_TOURNAMENT:
-                raise ValueError(
-                    f"a report-noisy-max stream holds at most {JOINT_MAX_TOURNAMENT:,} "
-                    "candidates on a task with joint noise"
-                )
+            check_joint_tournament(len(queries))
         self._check_floor(req.epsilon)
         chunks = tournament_chunks(len(queries), chunk_size)
         scores = self._scores(queries)

@@ -31,7 +31,7 @@ from svtagg.dp.jointsvt import (
     INDEPENDENT,
     JOINT,
     JOINT_KINDS,
-    JOINT_MAX_TOURNAMENT,
+    check_joint_tournament,
     joint_stream_noise,
 )
 from svtagg.dp.kinds import StreamKind, StreamRequest, as_fraction, validate_stream
@@ -355,11 +355,8 @@ class RemoteOracle:
         chunks = tournament_chunks(len(queries), chunk_size)
         if any(not 0 <= q.index < self._d for q in queries):
             raise ValueError(f"a candidate's index is out of range [0, {self._d})")
-        if self.noise == JOINT and len(queries) > JOINT_MAX_TOURNAMENT:
-            raise ValueError(
-                f"a report-noisy-max stream holds at most {JOINT_MAX_TOURNAMENT:,} "
-                "candidates on a task with joint noise"
-            )
+        if self.noise == JOINT:
+            check_joint_tournament(len(queries))
         info = self._open(req, plan)
         for lo, hi in chunks:
             more = hi < len(queries)

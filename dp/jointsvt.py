@@ -99,6 +99,18 @@ JOINT_DELTA_CAP = Fraction(1, 1 << 64)
 JOINT_MAX_TOURNAMENT = 1 << 20
 
 
+def check_joint_tournament(candidates: int) -> None:
+    """A report-noisy-max stream of a joint-noise task holds at most
+    `JOINT_MAX_TOURNAMENT` candidates (its δ is paid per candidate); ValueError
+    otherwise.  The oracles check it before anything is charged; the servers
+    check it again (`ServerCore.check_tournament`)."""
+    if candidates > JOINT_MAX_TOURNAMENT:
+        raise ValueError(
+            f"a report-noisy-max stream holds at most {JOINT_MAX_TOURNAMENT:,} candidates "
+            "on a task with joint noise"
+        )
+
+
 def check_joint_kind(kind: StreamKind | str) -> StreamKind:
     """The kind, if a joint-noise task opens it; else ValueError saying why."""
     k = StreamKind.parse(kind)

@@ -633,6 +633,9 @@ class LeaderDriver:
         grow, and recounting would empty the prepared pool into it.  A move
         that fails drops the prepared pool (the helper may have lost its own);
         the chunk then draws what is missing as before."""
+        shape = shape_key(stream.kind, stream.epsilon)
+        if not self.core.prepared.first_run(task.params.task_id, shape)[1]:
+            return  # nothing prepared: no store read on the chunk's path
         need = k - self.core.store.joint_pool(stream.stream_id).first_run()[1]
         while need > 0:
             async with self._fill_slot:

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_joint_servers import spec as joint_spec
 
 from svtagg.analyst.audit import fit_test
 from svtagg.analyst.local_oracle import LocalOracle
@@ -54,17 +55,8 @@ SUMS = (36, 37, 40, 38)
 
 
 def spec(task_id: str, streams: int = 40) -> TaskSpec:
-    return TaskSpec(
-        task_id=task_id,
-        d=4,
-        frac_bits=F,
-        n_max=10 * N,
-        min_batch=1,
-        epsilon_total=str(streams),
-        delta_total="1/1000000",
-        epsilon_min="1/4",
-        noise="joint",
-    )
+    """tests/test_joint_servers.py's joint task, with budget for `streams` streams of ε = 1."""
+    return replace(joint_spec(task_id), epsilon_total=str(streams))
 
 
 def data() -> np.ndarray:
