@@ -592,16 +592,29 @@ class LeaderDriver:
         answers no more, or went past it).  A failed batch is never used: its
         numbers stay reserved, its shares are gone."""
         batch, stream, task = self.core.reserve_noise_batch(stream_id, count, gamma)
-        x = Exchange.of(batch, leader=True)
-        x.take(Step.MARK)  # the reservation, durable
-        (gamma_share, nu), traffic = await self._exchange(
-            x,
+        width = self.core.comparison_width(task, stream)
+        return await self._noise_batch(
             batch,
-            lambda party: batch_shares(
-                party, stream, task, batch, self.core.comparison_width(task, stream)
+            lambda party: batch_shares(party, stream, task, batch, width),
+            lambda shares: self.core.store.add_joint_batch(
+                stream_id, batch.lo, shares[1], shares[0]
             ),
         )
-        kept = self.core.store.add_joint_batch(stream_id, batch.lo, nu, gamma_share)
+
+    async def _noise_batch(
+        self,
+        batch: NoiseBatch,
+        run: Callable[[ComparisonParty], Awaitable[Any]],
+        keep: Callable[[Any], bool],
+    ) -> int | None:
+        """A noise batch whose numbers this server has reserved (its MARK: durable
+        for a stream's pool, in memory for a prepared one): the exchange, then
+        `keep` its result once the helper's closing status says the helper kept
+        its own.  The bytes exchanged, or None if not kept."""
+        x = Exchange.of(batch, leader=True)
+        x.take(Step.MARK)
+        result, traffic = await self._exchange(x, batch, run)
+        kept = keep(result)
         x.take(Step.RECORD)
         return traffic if kept else None
 
@@ -614,16 +627,12 @@ class LeaderDriver:
         kind, eps = parse_shape(shape)
         ref = self.core.prepared.start(task.params.task_id, shape)
         lo = self.core.prepared.reserve(ref, count)
-        batch = NoiseBatch("", lo, count, False, ref)
-        x = Exchange.of(batch, leader=True)
-        x.take(Step.MARK)  # the reservation (in memory: a restart loses the pool)
         width = self.core.shape_width(task, kind, eps)
-        nu, traffic = await self._exchange(
-            x, batch, lambda party: prepared_shares(party, task, kind, eps, count, width)
+        return await self._noise_batch(
+            NoiseBatch("", lo, count, False, ref),
+            lambda party: prepared_shares(party, task, kind, eps, count, width),
+            lambda nu: self.core.prepared.add(ref, lo, nu),
         )
-        kept = self.core.prepared.add(ref, lo, nu)
-        x.take(Step.RECORD)
-        return traffic if kept else None
 
     async def _move_prepared(self, stream: StreamState, task: TaskState, k: int) -> None:
         """Before a chunk of k queries: what the stream's pool lacks of k, moved
@@ -660,22 +669,21 @@ class LeaderDriver:
         except Refusal:  # the stream answers no more (or draws no joint noise)
             return 0
         taken = self.core.prepared.take(ref, src_lo, count)  # used once, whatever follows
-        move = NoiseBatch(stream.stream_id, batch.lo, count, False, ref, True, src_lo)
-        x = Exchange.of(move, leader=True)
-        x.take(Step.MARK)
 
-        async def run(party: ComparisonParty) -> None:
+        async def nothing(party: ComparisonParty) -> None:
             return None  # nothing is generated: both servers take their own shares
 
         try:
-            await self._exchange(x, move, run)
+            kept = await self._noise_batch(
+                NoiseBatch(stream.stream_id, batch.lo, count, False, ref, True, src_lo),
+                nothing,
+                lambda _: self.core.store.add_joint_batch(stream.stream_id, batch.lo, taken, None),
+            )
         except Exception as exc:  # noqa: BLE001 - the chunk draws in the chunk instead
             log.warning("task %s: prepared noise not moved (%s); dropping it", task_id, exc)
             self.core.prepared.drop(task_id, shape)
             return 0
-        kept = self.core.store.add_joint_batch(stream.stream_id, batch.lo, taken, None)
-        x.take(Step.RECORD)
-        return count if kept else 0
+        return count if kept is not None else 0
 
     def _want_prepared(self, task_id: str, shape: str, used: int) -> None:
         """Count what a joint-noise chunk used towards its shape's prepared
