@@ -37,7 +37,7 @@ from svtagg.analyst.oracle import Oracle
 from svtagg.dp.jointsvt import joint_stream_noise
 from svtagg.dp.kinds import StreamKind, noise_model
 from svtagg.dp.noise import geometric_log_pmf, laplace_log_pmf
-from svtagg.dp.queries import Query, encode_thresholds
+from svtagg.dp.queries import Outcome, Query, encode_thresholds
 from svtagg.mpc.ring import encode
 
 Output = Hashable
@@ -448,6 +448,53 @@ def joint_first_yes_pmf(
     supports only (`dp.joint.MAX_ENUMERATED_DIGITS`)."""
     noise = joint_stream_noise(StreamKind.parse(kind), Fraction(epsilon), frac_bits)
     return _first_yes_law(scores, taus, noise.grid_pmf("threshold"), noise.grid_pmf("query"))
+
+
+def joint_ctt_pmf(
+    scores: Sequence[int],
+    lows: Sequence[int],
+    highs: Sequence[int],
+    epsilon: Fraction,
+    frac_bits: int,
+    gamma: tuple[int, npt.NDArray[np.float64]] | None = None,
+    nu: tuple[int, npt.NDArray[np.float64]] | None = None,
+) -> dict[tuple[Outcome, ...], float]:
+    """The exact law of a CompareToThresholds chunk's answer on a joint-noise
+    stream (grid scores and thresholds, no ring wrap): every possible output —
+    HIGH/LOW answers up to the first CLOSE, which ends it — and its probability,
+    γ and each ν ONE draw of the sampler (`JointStreamNoise.grid_pmf`, as in
+    `joint_first_yes_pmf`): HIGH iff s + ν > τH − γ, else LOW iff s + ν < τL + γ,
+    else CLOSE (`dp.svt.CompareToThresholdsStream`).  `gamma`, `nu` replace
+    γ's and ν's laws (lowest value, pmf): the broken controls.  2^(k+1) − 1
+    outputs for k queries."""
+    noise = joint_stream_noise(StreamKind.CTT, Fraction(epsilon), frac_bits)
+    g_lo, p_gamma = noise.grid_pmf("threshold") if gamma is None else gamma
+    n_lo, p_nu = noise.grid_pmf("query") if nu is None else nu
+    below = np.concatenate([[0.0], np.cumsum(p_nu)])  # below[i] = P(ν < n_lo + i)
+    g = g_lo + np.arange(p_gamma.size)
+
+    def p_less(x: npt.NDArray[np.int64]) -> npt.NDArray[np.float64]:
+        """P(ν < x), elementwise."""
+        return below[np.clip(x - n_lo, 0, p_nu.size)]
+
+    laws = []
+    for s, lo, hi in zip(scores, lows, highs, strict=True):
+        high = 1.0 - p_less(int(hi) - int(s) + 1 - g)  # ν > τH − γ − s
+        low = p_less(np.minimum(int(lo) - int(s) + g, int(hi) - int(s) + 1 - g))
+        laws.append((high, low, np.clip(1.0 - high - low, 0.0, 1.0)))
+    out: dict[tuple[Outcome, ...], float] = {}
+
+    def walk(i: int, weight: npt.NDArray[np.float64], prefix: tuple[Outcome, ...]) -> None:
+        if i == len(laws):
+            out[prefix] = float(weight.sum())
+            return
+        high, low, close = laws[i]
+        out[(*prefix, Outcome.CLOSE)] = float((weight * close).sum())
+        walk(i + 1, weight * high, (*prefix, Outcome.HIGH))
+        walk(i + 1, weight * low, (*prefix, Outcome.LOW))
+
+    walk(0, p_gamma, ())
+    return out
 
 
 def _first_yes_law(

@@ -27,6 +27,7 @@ from svtagg.dp.jointsvt import (
     JointStreamNoise,
     check_joint_kind,
     check_joint_tournament,
+    joint_charge,
     joint_stream_noise,
 )
 from svtagg.dp.kinds import (
@@ -102,7 +103,9 @@ class LocalStream:
             raise ValueError("only a CompareToThresholds stream answers `compare`")
         check_chunk_size(len(chunk))
         check_stream_chunks(self._chunks)
-        check_ctt_gaps(chunk, self.epsilon, self.delta, self._oracle.parties)
+        check_ctt_gaps(
+            chunk, self.epsilon, self.delta, self._oracle.parties, self._oracle.joint_frac_bits
+        )
         scores = self._oracle._scores([q for q, _, _ in chunk])
         lows = self._oracle._encode_taus([lo for _, lo, _ in chunk])
         highs = self._oracle._encode_taus([hi for _, _, hi in chunk])
@@ -182,6 +185,12 @@ class LocalOracle:
     def parties(self) -> int:
         return self._parties
 
+    @property
+    def joint_frac_bits(self) -> int | None:
+        """F on a joint-noise task (its CompareToThresholds gap depends on it:
+        `dp.jointsvt.joint_ctt_gap`), None otherwise."""
+        return self.frac_bits if self.noise == JOINT else None
+
     def open_stream(
         self,
         epsilon: Number | str,
@@ -196,7 +205,7 @@ class LocalOracle:
         joint = None
         if self.noise == JOINT:  # as the servers: the kind checked, the sampler's δ charged
             joint = joint_stream_noise(check_joint_kind(req.kind), req.epsilon, self.frac_bits)
-            req = StreamRequest(req.kind, req.epsilon, req.delta, joint.delta_charge)
+            req = StreamRequest(req.kind, req.epsilon, req.delta, joint_charge(req, self.frac_bits))
         self._charge(req, plan)
         mech = (  # subclasses (the audit's broken controls) override the two-argument form
             self._make_mechanism(req.kind, req.epsilon)
@@ -287,7 +296,7 @@ class LocalOracle:
         self, kind: StreamKind, eps: Fraction, joint: JointStreamNoise | None = None
     ) -> AboveThresholdStream | CompareToThresholdsStream:
         if kind == StreamKind.CTT:
-            return CompareToThresholdsStream(eps, self.frac_bits, self._rng, self._parties)
+            return CompareToThresholdsStream(eps, self.frac_bits, self._rng, self._parties, joint)
         return AboveThresholdStream(kind, eps, self.frac_bits, self._rng, self._parties, joint)
 
     def accuracy(self, kind: StreamKind | str, epsilon: Number | str, k: int, beta: float) -> float:

@@ -32,7 +32,7 @@ from svtagg.dp.jointsvt import (
     JOINT,
     JOINT_KINDS,
     check_joint_tournament,
-    joint_stream_noise,
+    joint_charge,
 )
 from svtagg.dp.kinds import StreamKind, StreamRequest, as_fraction, validate_stream
 from svtagg.dp.plans import PlanBook, PlanCharge, Rule, parse_groups
@@ -140,7 +140,9 @@ class RemoteStream:
         if self.kind != StreamKind.CTT:
             raise ValueError("only a CompareToThresholds stream answers `compare`")
         queries = self._queries([q for q, _, _ in chunk])
-        check_ctt_gaps(chunk, self.epsilon, self.delta, self._oracle.parties)
+        check_ctt_gaps(
+            chunk, self.epsilon, self.delta, self._oracle.parties, self._oracle.joint_frac_bits
+        )
         lows = self._oracle.encode_taus([lo for _, lo, _ in chunk])
         highs = self._oracle.encode_taus([hi for _, _, hi in chunk])
         resp = self._call(
@@ -251,6 +253,12 @@ class RemoteOracle:
     def parties(self) -> int:
         return 2
 
+    @property
+    def joint_frac_bits(self) -> int | None:
+        """F on a joint-noise task (its CompareToThresholds gap depends on it:
+        `dp.jointsvt.joint_ctt_gap`), None otherwise."""
+        return self.frac_bits if self.noise == JOINT else None
+
     def open_stream(
         self,
         epsilon: Number | str,
@@ -309,11 +317,10 @@ class RemoteOracle:
         return info
 
     def _charge_delta(self, req: StreamRequest) -> Fraction:
-        charge = req.charge_delta
-        if self.noise == JOINT:  # the sampler's δ; the servers refuse other kinds
-            with contextlib.suppress(ValueError):
-                charge += joint_stream_noise(req.kind, req.epsilon, self.frac_bits).delta_charge
-        return charge
+        if self.noise == JOINT:  # the stream's δ and the sampler's, as the servers charge
+            with contextlib.suppress(ValueError):  # the servers refuse what the sampler cannot fit
+                return joint_charge(req, self.frac_bits)
+        return req.charge_delta
 
     def _open_request(
         self, req: StreamRequest, plan: tuple[str, int] | None

@@ -78,8 +78,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         choices=("independent", "joint"),
         default="independent",
         help="joint: each stream's noise is drawn once, at the mechanism's scale, inside "
-        "the garbled circuit from both servers' random bits (lap24, lap3, exp3 and "
-        "report-noisy-max; not ctt; each stream also charges a δ of at most 2^-64); see "
+        "the garbled circuit from both servers' random bits (every stream kind; each "
+        "stream also charges the sampler's δ, at most 2^-64, and ctt its own δ); see "
         "docs/privacy.md (default: independent, each server adds its own)",
     )
     c.add_argument(

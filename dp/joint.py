@@ -256,6 +256,35 @@ def one_sided_ratio(constants: tuple[int, ...], bits: Widths, d: int) -> Fractio
     return ratio
 
 
+def digit_growth(constants: tuple[int, ...], bits: Widths, i: int) -> Fraction:
+    """r_i: the largest P(H = y + 1)/P(H = y) for H = G >> i (the digits i .. K − 1,
+    independent of the lower ones), 0 if i ≥ K.  It bounds the tail's decay over
+    a step of 2^i: P(G ≥ a + 2^i) ≤ r_i·P(G ≥ a) for every a ≥ 0, since with
+    a = A·2^i + α, P(G ≥ a) = P(H ≥ A + 1) + P(H = A)·P(G mod 2^i ≥ α) and the
+    step moves both H terms up by one (CompareToThresholds' Close answer,
+    `dp.jointsvt`, docs/privacy.md).  Exact, by the same digit programme."""
+    k = len(constants)
+    if i >= k:
+        return Fraction(0)
+    widths = widths_of(constants, bits)
+    least = _extreme_ratio(constants[i:], widths[i:], 1, False, False)
+    assert least is not None  # y = 0 is a pair
+    return 1 / least
+
+
+def tail_decay(constants: tuple[int, ...], bits: Widths, j: int) -> Fraction:
+    """An upper bound on max over a ≥ 0 with P(G ≥ a) > 0 of P(G ≥ a + j)/P(G ≥ a)
+    for j ≥ 1: the product of `digit_growth` over the binary digits of j (a step
+    of j is steps of its powers of two), at most 1."""
+    if j < 1:
+        raise ValueError("j must be >= 1")
+    out = Fraction(1)
+    for i in range(j.bit_length()):
+        if (j >> i) & 1:
+            out *= digit_growth(constants, bits, i)
+    return min(out, Fraction(1))
+
+
 def tail_mass(constants: tuple[int, ...], bits: Widths, m: int) -> Fraction:
     """P(G ≥ m), exact, by walking m's digits from the top: O(K)."""
     k = len(constants)

@@ -26,9 +26,9 @@ ladder of factors, at the cheapest per-digit precision that reaches
 1 + 2^−8 — such that R_ρ·R_ν ≤ e^ε holds, checked in integers against a
 rigorous lower bound of e^ε (`dp.noise._exp_bounds`).  δ is charged, rounded
 up to a power of two (`delta_charge`).  The kinds: lap24 and lap3 (two-sided
-noise for both terms), exp3 (one-sided), and report-noisy-max (nmax: one-sided
-ν per candidate, no γ; below).  ctt (two thresholds from one γ, with its own
-gap argument) is refused.
+noise for both terms), exp3 (one-sided), ctt (two-sided, with its own gap
+and Close argument: `joint_ctt_gap`, below) and report-noisy-max (nmax:
+one-sided ν per candidate, no γ; below).
 
 Report-noisy-max with joint noise: candidate j's noisy score is
 s_j + 2^F·G_j + dither_j, G_j one draw of the one-sided sampler at Exp(2Δ/ε)'s
@@ -63,9 +63,10 @@ from svtagg.dp.joint import (
     pmf,
     sample,
     shift_ratio,
+    tail_decay,
     tail_mass,
 )
-from svtagg.dp.kinds import StreamKind, noise_model
+from svtagg.dp.kinds import StreamKind, StreamRequest, check_ctt_parameters, noise_model
 from svtagg.dp.noise import RandomSource, _exp_bounds
 from svtagg.mpc.ring import check_frac_bits
 
@@ -74,7 +75,13 @@ INDEPENDENT = "independent"
 JOINT = "joint"
 NOISE_OPTIONS = (INDEPENDENT, JOINT)
 #: The stream kinds a joint-noise task opens.
-JOINT_KINDS = (StreamKind.LAP24, StreamKind.LAP3, StreamKind.EXP3, StreamKind.NMAX)
+JOINT_KINDS = (
+    StreamKind.LAP24,
+    StreamKind.LAP3,
+    StreamKind.EXP3,
+    StreamKind.CTT,
+    StreamKind.NMAX,
+)
 #: The AboveThreshold kinds among them (a stream of questions, not a tournament).
 JOINT_SVT_KINDS = (StreamKind.LAP24, StreamKind.LAP3, StreamKind.EXP3)
 #: The per-digit precisions tried, cheapest first (`dp.joint.fitted_digits`):
@@ -116,9 +123,8 @@ def check_joint_kind(kind: StreamKind | str) -> StreamKind:
     k = StreamKind.parse(kind)
     if k not in JOINT_KINDS:
         raise ValueError(
-            f"a task with joint noise opens lap24, lap3, exp3 and nmax streams only, not "
-            f"{k.value}: ctt's two thresholds are not covered by the joint sampler's "
-            "accounting (docs/privacy.md)"
+            f"a task with joint noise opens lap24, lap3, exp3, ctt and nmax streams only, "
+            f"not {k.value}"
         )
     return k
 
@@ -148,6 +154,9 @@ class JointStreamNoise:
     shift: int
     #: False: one-sided draws Z = G ≥ 0 (exp3); True: two-sided, centred at −½.
     signed: bool = True
+    #: CompareToThresholds only: the fewest lattice points the Close answer's
+    #: interval of ν must hold for `ratio` to cover it (`joint_ctt_gap`); 0 otherwise.
+    close_span: int = 0
 
     @property
     def max_magnitude(self) -> int:
@@ -315,6 +324,7 @@ def joint_stream_noise(kind: StreamKind, epsilon: Fraction, frac_bits: int) -> J
     ValueError for a kind that cannot take joint noise, or an ε no sampler of
     at most 64-bit digits fits."""
     model = noise_model(check_joint_kind(kind))
+    ctt = kind == StreamKind.CTT
     shift = check_frac_bits(frac_bits)
     signed = model.query_family == "laplace"  # exp3: one-sided geometric
     ratio_at = shift_ratio if signed else one_sided_ratio
@@ -325,15 +335,21 @@ def joint_stream_noise(kind: StreamKind, epsilon: Fraction, frac_bits: int) -> J
     tournament = model.threshold_family == "none"
     nu_cap = JOINT_DELTA_CAP / JOINT_MAX_TOURNAMENT if tournament else JOINT_DELTA_CAP
 
-    def attempt(precision: int, m: int) -> tuple[Digits, Digits, Fraction] | None:
-        """The samplers at this precision and inflation 1 + 2^−m, if they fit ε."""
+    def attempt(precision: int, m: int) -> tuple[Digits, Digits, Fraction, int] | None:
+        """The samplers at this precision and inflation 1 + 2^−m, if they fit ε
+        (for ctt with the least Close span that fits)."""
         inflation = 1 + Fraction(1, 1 << m)
         rho = ((), ()) if tournament else _fit(t_rho * inflation, precision, 1)
         nu = _fit(t_nu * inflation, precision, 2, nu_cap)
         if rho is None or nu is None:
             return None
         ratio = ratio_at(*nu, 2) * (ratio_at(*rho, 1) if rho[0] else 1)
-        return (rho, nu, ratio) if _within(ratio, epsilon) else None
+        if not _within(ratio, epsilon):
+            return None
+        if not ctt:
+            return rho, nu, ratio, 0
+        found = _close_span(nu, ratio, epsilon)
+        return None if found is None else (rho, nu, found[1], found[0])
 
     for precision in PRECISIONS:
         # The least inflation that fits at this precision, down to 1 + 2^−8 (not
@@ -346,17 +362,17 @@ def joint_stream_noise(kind: StreamKind, epsilon: Fraction, frac_bits: int) -> J
                 continue
             found = attempt(precision, m)
             if found is not None:
-                rho, nu, ratio = found
+                rho, nu, ratio, span = found
                 inflation = 1 + Fraction(1, 1 << m)
-                return _stream(rho, nu, t_rho, t_nu, inflation, ratio, shift, signed)
+                return _stream(rho, nu, t_rho, t_nu, inflation, ratio, shift, signed, span)
     # No precision reaches 1 + 2^−8: the finest precision, least inflation that fits.
     for m in INFLATION_EXPONENTS:
         if m < TARGET_INFLATION_EXPONENT:
             found = attempt(PRECISIONS[-1], m)
             if found is not None:
-                rho, nu, ratio = found
+                rho, nu, ratio, span = found
                 inflation = 1 + Fraction(1, 1 << m)
-                return _stream(rho, nu, t_rho, t_nu, inflation, ratio, shift, signed)
+                return _stream(rho, nu, t_rho, t_nu, inflation, ratio, shift, signed, span)
     raise ValueError(f"the joint sampler cannot fit epsilon={epsilon}")
 
 
@@ -369,11 +385,17 @@ def _stream(
     ratio: Fraction,
     shift: int,
     signed: bool,
+    span: int = 0,
 ) -> JointStreamNoise:
     # The mass a shift by 1 (γ) or 2 (ν) pushes past the top of the support;
     # the two-sided sampler reaches it with its positive half only.  A
-    # tournament (no γ) pays ν's once per candidate, at most JOINT_MAX_TOURNAMENT.
+    # tournament (no γ) pays ν's once per candidate, at most JOINT_MAX_TOURNAMENT;
+    # ctt's Close answer pays ν's divided by 1 − R₂·η (`_close_factor`).
     nu_tail = tail_mass(*nu, (1 << len(nu[0])) - 2)
+    if span:
+        factor = _close_factor(nu, span)
+        assert factor is not None  # the span was chosen where it is
+        nu_tail *= factor
     if rho[0]:
         delta = tail_mass(*rho, (1 << len(rho[0])) - 1) + nu_tail
     else:
@@ -391,7 +413,83 @@ def _stream(
         _power_of_two_above(delta),
         shift,
         signed,
+        span,
     )
+
+
+# -- CompareToThresholds with joint noise (docs/privacy.md, "ctt with joint noise")
+#
+# In whole sensitivities, with every dither fixed: High iff Z_ν + Z_ρ ≥ h, Low
+# iff Z_ρ − Z_ν ≥ l (High first), Close otherwise, where h and l each move by at
+# most 1 on a neighbour and h + l ≥ G − 3 for thresholds G sensitivities apart.
+# Mapping Z_ρ ↦ Z_ρ + 1 keeps every High and every Low answer (a Low cannot turn
+# High while 2·Z_ρ ≤ G − 6), and a Close answer's interval [a, b] of Z_ν becomes
+# one that contains [a + 2, b − 2], where P(Z_ν ∈ [a, b]) ≤
+# (R₂·P(Z_ν ∈ [a + 2, b − 2]) + tail)/(1 − R₂·η): R₂ = the shift ratio at 2, η
+# bounds the mass of four points at the interval's far end relative to the
+# whole interval, which holds at least `close_span` points while Z_ρ ≤ Z_max.
+# Z_ρ > Z_max is charged to δ: that is the stream's own δ.
+
+
+def _close_eta(nu: Digits, span: int) -> Fraction:
+    """η for a Close interval of at least `span` (= 2^k + 2, k ≥ 1) points of the
+    two-sided law: its far end b lies ≥ B = (span − 2)/2 above the centre, and
+    P(ν ∈ [b − 1, b + 2]) ≤ ½·T(b − 1) against the interval's ≥ ½·(1 − T(B + 1))
+    (when it reaches 0) or ≥ ½·(T(a) − T(b − 1)) ≥ ½·T(a)·(1 − ρ) (when a ≥ 1, ρ
+    the tail's decay over span − 2 points), T(m) = P(G ≥ m)."""
+    c, w = nu
+    far = (span - 1) // 2  # ⌈(span − 2)/2⌉
+    eta1 = tail_mass(c, w, far - 1) / (1 - tail_mass(c, w, far + 1))
+    decay = tail_decay(c, w, span - 2)
+    eta2 = decay / (1 - decay) if decay < 1 else Fraction(1 << 64)
+    return max(eta1, eta2)
+
+
+def _close_factor(nu: Digits, span: int) -> Fraction | None:
+    """1/(1 − R₂·η): what a Close answer costs on top of R₂, or None when
+    R₂·η ≥ 1 (the span is too short to bound it)."""
+    r2_eta = shift_ratio(*nu, 2) * _close_eta(nu, span)
+    return None if r2_eta >= 1 else 1 / (1 - r2_eta)
+
+
+def _close_span(nu: Digits, ratio: Fraction, epsilon: Fraction) -> tuple[int, Fraction] | None:
+    """The least span 2^k + 2 (k ≥ 1) whose Close factor keeps ratio·factor within
+    e^ε, with that product; None if no span up to past the support does."""
+    for k in range(1, len(nu[0]) + 2):
+        span = (1 << k) + 2
+        factor = _close_factor(nu, span)
+        if factor is not None and _within(ratio * factor, epsilon):
+            return span, ratio * factor
+    return None
+
+
+@functools.lru_cache(maxsize=1024)
+def joint_ctt_gap(epsilon: Fraction, delta: Fraction, frac_bits: int) -> int:
+    """The least τH − τL, in score units (whole sensitivities), that a
+    CompareToThresholds stream of a joint-noise task accepts: 2·Z_max + 4 +
+    `close_span`, where Z_max is the least z ≥ 0 with P(Z_ρ > z) ≤ δ (at most
+    2^K − 2, where the sampler's own δ covers the rest).  ValueError for ε or δ
+    outside (0, 1) or an ε the sampler cannot fit."""
+    check_ctt_parameters(epsilon, delta)
+    noise = joint_stream_noise(StreamKind.CTT, epsilon, frac_bits)
+    c, w = noise.threshold_constants, noise.threshold_widths
+    lo, hi = 0, (1 << len(c)) - 2
+    while lo < hi:  # P(Z_ρ > z) = ½·P(G ≥ z + 1), non-increasing in z
+        mid = (lo + hi) // 2
+        if tail_mass(c, w, mid + 1) / 2 <= delta:
+            hi = mid
+        else:
+            lo = mid + 1
+    return 2 * lo + 4 + noise.close_span
+
+
+def joint_charge(request: StreamRequest, frac_bits: int) -> Fraction:
+    """The δ a stream of a joint-noise task is charged: the stream's own δ (ctt's
+    Z_ρ > Z_max; 0 for the other kinds) plus the sampler's (`delta_charge`).  The
+    one rule for both servers and both oracles; ValueError for a kind or ε the
+    sampler does not cover."""
+    noise = joint_stream_noise(request.kind, request.epsilon, frac_bits)
+    return request.delta + noise.delta_charge
 
 
 def joint_group_delta(

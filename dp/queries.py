@@ -16,6 +16,7 @@ import numpy as np
 import numpy.typing as npt
 
 from svtagg.dp.errors import ChunkTooLarge, InvalidArgument, ResourceExhausted
+from svtagg.dp.jointsvt import joint_ctt_gap
 from svtagg.dp.kinds import as_fraction, check_epsilon, ctt_gap
 from svtagg.mpc.ring import encode_scalar, sensitivity
 
@@ -148,18 +149,33 @@ def check_ctt_gaps(
     epsilon: Fraction,
     delta: Fraction,
     parties: int,
+    joint_frac_bits: int | None = None,
 ) -> None:
     """Every (τL, τH) of a CompareToThresholds chunk must be at least the gap apart."""
     for _, lo, hi in chunk:
         check_ctt_width(
-            as_fraction(hi, "tau_high") - as_fraction(lo, "tau_low"), epsilon, delta, parties
+            as_fraction(hi, "tau_high") - as_fraction(lo, "tau_low"),
+            epsilon,
+            delta,
+            parties,
+            joint_frac_bits,
         )
 
 
-def check_ctt_width(width: Fraction, epsilon: Fraction, delta: Fraction, parties: int) -> None:
+def check_ctt_width(
+    width: Fraction,
+    epsilon: Fraction,
+    delta: Fraction,
+    parties: int,
+    joint_frac_bits: int | None = None,
+) -> None:
     """The one CompareToThresholds gap rule: τH − τL (score units, exact) must be at
-    least `ctt_gap(ε, δ, parties)`, read as the exact rational of its decimal."""
-    gap = ctt_gap(epsilon, delta, parties)
+    least `ctt_gap(ε, δ, parties)`, read as the exact rational of its decimal, or
+    on a joint-noise task (`joint_frac_bits` = its F) `dp.jointsvt.joint_ctt_gap`."""
+    if joint_frac_bits is not None:
+        gap: float | int = joint_ctt_gap(epsilon, delta, joint_frac_bits)
+    else:
+        gap = ctt_gap(epsilon, delta, parties)
     if width < Fraction(str(gap)):
         raise InvalidArgument(
             f"CompareToThresholds requires τH − τL ≥ {gap:.6g} (score units); "

@@ -122,9 +122,14 @@ class CompareToThresholdsStream(_StreamBase):
     """
 
     def __init__(
-        self, epsilon: Fraction, frac_bits: int, rng: RandomSource, parties: int = 1
+        self,
+        epsilon: Fraction,
+        frac_bits: int,
+        rng: RandomSource,
+        parties: int = 1,
+        joint: JointStreamNoise | None = None,
     ) -> None:
-        super().__init__(StreamKind.CTT, epsilon, frac_bits, rng, parties)
+        super().__init__(StreamKind.CTT, epsilon, frac_bits, rng, parties, joint)
 
     def compare(self, scores: I64, tau_low: I64, tau_high: I64) -> list[Outcome]:
         self._check_open()

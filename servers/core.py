@@ -24,7 +24,7 @@ import numpy as np
 import numpy.typing as npt
 
 from svtagg.dp.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
-from svtagg.dp.jointsvt import JOINT, JOINT_MAX_TOURNAMENT
+from svtagg.dp.jointsvt import JOINT, JOINT_MAX_TOURNAMENT, joint_charge
 from svtagg.dp.kinds import (
     StreamKind,
     as_fraction,
@@ -386,8 +386,9 @@ class ServerCore:
             raise InvalidArgument(str(exc)) from None
         kind, eps, dl, charge_delta = req.kind, req.epsilon, req.delta, req.charge_delta
         joint = task.params.noise == JOINT
-        if joint:  # the sampler's finite-support δ (dp/jointsvt.py); ε is unchanged
-            charge_delta += stream_noise(kind, eps, task.params.frac_bits).delta_charge
+        if joint:  # the stream's δ and the sampler's finite-support δ; ε is unchanged
+            stream_noise(kind, eps, task.params.frac_bits)  # refused here if it cannot fit
+            charge_delta = joint_charge(req, task.params.frac_bits)
         if request.replay:
             # The leader opened it when the task allowed it; it never answers here.
             self.store.open_stream(
@@ -671,11 +672,15 @@ class ServerCore:
         task: TaskState,
         chunk: Chunk,
         taus: tuple[U64, U64] | None,
+        noise: tuple[int, U64] | None = None,
     ) -> tuple[U64, U64]:
-        """(z_high, z_low) of CompareToThresholds; the leader folds in τH, τL and the −1s."""
-        assert stream.gamma is not None
-        q_u = self._scores(task, chunk) + self._noise(stream, task, len(chunk))
-        gamma = np.uint64(stream.gamma % (1 << 64))
+        """(z_high, z_low) of CompareToThresholds; the leader folds in τH, τL and the −1s.
+        This server's own draws, or its shares (γ, ν) of joint noise (`noise`)."""
+        if noise is None:
+            assert stream.gamma is not None
+            noise = stream.gamma, self._noise(stream, task, len(chunk))
+        q_u = self._scores(task, chunk) + noise[1]
+        gamma = np.uint64(noise[0] % (1 << 64))
         z_high = q_u + gamma
         z_low = gamma - q_u
         if taus is not None:
@@ -687,13 +692,22 @@ class ServerCore:
 
     @staticmethod
     def check_gap(stream: StreamState, task: TaskState, tau_low: U64, tau_high: U64) -> None:
-        """Refuse thresholds closer than the CompareToThresholds gap (dp.queries' rule)."""
+        """Refuse thresholds closer than the CompareToThresholds gap (dp.queries' rule;
+        a joint-noise task's is `dp.jointsvt.joint_ctt_gap`)."""
         highs = tau_high.view(np.int64).tolist()
         lows = tau_low.view(np.int64).tolist()
         width = min(int(h) - int(lo) for h, lo in zip(highs, lows, strict=True))  # exact ints
-        check_ctt_width(
-            Fraction(width, sensitivity(task.params.frac_bits)), stream.epsilon, stream.delta, 2
-        )
+        frac_bits = task.params.frac_bits
+        try:
+            check_ctt_width(
+                Fraction(width, sensitivity(frac_bits)),
+                stream.epsilon,
+                stream.delta,
+                2,
+                frac_bits if task.params.noise == JOINT else None,
+            )
+        except ValueError as exc:  # the joint sampler cannot fit (refused at open first)
+            raise InvalidArgument(str(exc)) from None
 
     async def run_chunk(
         self,
@@ -719,7 +733,10 @@ class ServerCore:
             result = await self.noisy_max(party, stream, task, chunk, width)
         elif kind == ChunkKind.COMPARE:
             assert thresholds is None or isinstance(thresholds, tuple)
-            z_high, z_low = self.compare_inputs(stream, task, chunk, thresholds)
+            joint = None
+            if task.params.noise == JOINT:  # drawn in the chunk: no pool for ctt
+                joint = await self._joint_noise(party, stream, task, len(chunk))
+            z_high, z_low = self.compare_inputs(stream, task, chunk, thresholds, joint)
             result = list(await party.compare_to_thresholds(z_high, z_low, width))
         else:
             assert not isinstance(thresholds, tuple)

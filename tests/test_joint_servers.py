@@ -26,12 +26,13 @@ from conftest import joint_guess_bound, joint_sum, joint_z, spy_joint_sampler
 
 from svtagg.dp.errors import InvalidArgument
 from svtagg.dp.joint import one_sided_ratio, sampler_constants, shift_ratio
-from svtagg.dp.jointsvt import JOINT_DELTA_CAP, _within, joint_stream_noise
-from svtagg.dp.kinds import StreamKind, noise_model
+from svtagg.dp.jointsvt import JOINT_DELTA_CAP, _within, joint_ctt_gap, joint_stream_noise
+from svtagg.dp.kinds import StreamKind, ctt_gap, noise_model
 from svtagg.dp.noise import RandomSource
+from svtagg.dp.queries import Outcome
 from svtagg.dp.task import TaskSpec, parse_task_params
 from svtagg.servers.exchange.joint import JointDraw
-from svtagg.servers.exchange.values import Ask, OpenStream, Queries
+from svtagg.servers.exchange.values import Ask, Compare, OpenStream, Queries
 from svtagg.servers.reference import ReferencePair, reference_pair
 
 F = 6
@@ -88,12 +89,116 @@ def test_the_option_is_validated() -> None:
         parse_task_params(spec("a", delta="0"))
 
 
-async def test_joint_task_refuses_other_kinds(pair: ReferencePair) -> None:
-    for kind, eps in ((StreamKind.CTT, "1/2"),):
-        with pytest.raises(InvalidArgument, match="lap24, lap3, exp3 and nmax streams only"):
-            await pair.leader.open_stream(OpenStream("t", kind, eps, "1/100" if eps != "1" else ""))
-    # Nothing was charged by the refusals.
-    assert pair.leader.core.task("t").budget.epsilon_spent == 0
+# ---------------------------------------------------------------- CompareToThresholds
+CTT_EPS, CTT_DELTA = Fraction(1, 2), Fraction(1, 10**7)
+
+
+def _ctt_chunk(pair: ReferencePair, sid: str, rows: list[tuple[int, int, int]]) -> Compare:
+    """A Compare chunk of (coordinate, τL, τH) rows in score units."""
+    del pair
+    return Compare(
+        sid,
+        Queries(tuple(q for q, _, _ in rows)),
+        tuple(lo * UNIT for _, lo, _ in rows),
+        tuple(hi * UNIT for _, _, hi in rows),
+    )
+
+
+async def test_joint_ctt_stream_answers(pair: ReferencePair) -> None:
+    """A ctt stream on a joint-noise task (docs/privacy.md, "CompareToThresholds
+    with joint noise"): thresholds closer than `joint_ctt_gap` are refused
+    before anything runs; far from a score the answers are LOW and HIGH (the
+    stream stays open), between thresholds around the score CLOSE (it closes);
+    γ is drawn once, in the first chunk, and kept; both ledgers hold (ε, the
+    stream's δ + the sampler's).  ε = 1/2: ν's scale is 12 score units, γ's 4,
+    the gap about 250; each expected answer fails with probability < 10^-4."""
+    gap = joint_ctt_gap(CTT_EPS, CTT_DELTA, F)
+    assert gap < ctt_gap(CTT_EPS, CTT_DELTA, 2)  # no corrupt server knows γ: no widening
+    info = await pair.leader.open_stream(OpenStream("t", StreamKind.CTT, "1/2", "1/10000000"))
+    sid = info.stream_id
+    with pytest.raises(InvalidArgument, match="CompareToThresholds requires"):
+        await pair.leader.compare(_ctt_chunk(pair, sid, [(0, 150, 150 + gap - 1)]))
+    low, high = (0, 150, 150 + gap), (2, -110 - gap, -110)
+    first = await pair.leader.compare(_ctt_chunk(pair, sid, [low, high]))
+    assert first.outcomes == (Outcome.LOW, Outcome.HIGH) and not first.closed
+    close = (2, N - gap // 2, N + gap - gap // 2)
+    second = await pair.leader.compare(_ctt_chunk(pair, sid, [low, close, high]))
+    assert second.outcomes == (Outcome.LOW, Outcome.CLOSE) and second.closed
+
+    draws = _reconstruct(pair)
+    assert [d.chunk for d, _ in draws] == [0, 1]
+    (l0, h0), (l1, h1) = draws
+    assert (l0.gamma, h0.gamma) == (l1.gamma, h1.gamma)  # γ drawn once, kept
+    assert [len(d.nu) for d, _ in draws] == [2, 3]
+    noise = joint_stream_noise(StreamKind.CTT, CTT_EPS, F)
+    for core in (pair.leader.core, pair.helper.core):
+        budget = core.task("t").budget
+        assert (budget.epsilon_spent, budget.delta_spent) == (
+            CTT_EPS,
+            CTT_DELTA + noise.delta_charge,
+        )
+
+
+async def test_joint_ctt_noise_follows_the_exact_law(pair: ReferencePair) -> None:
+    """20,000 ν of a ctt stream (chunks whose every answer is LOW), both
+    servers' shares added, fit the exact pmf of the stream's query sampler
+    (scale 6/ε); the sum of two independent draws is rejected by the same test."""
+    sid = (
+        await pair.leader.open_stream(OpenStream("t", StreamKind.CTT, "1/2", "1/10000000"))
+    ).stream_id
+    gap = joint_ctt_gap(CTT_EPS, CTT_DELTA, F)
+    rows = [(i % 4, 2 * N + 400, 2 * N + 400 + gap) for i in range(5000)]
+    for _ in range(4):
+        answer = await pair.leader.compare(_ctt_chunk(pair, sid, rows))
+        assert set(answer.outcomes) == {Outcome.LOW} and not answer.closed
+    samples = _nu(pair)
+    assert samples.size == 20_000
+    noise = joint_stream_noise(StreamKind.CTT, CTT_EPS, F)
+    lo, grid = noise.grid_pmf("query")
+    assert lo <= samples.min() and samples.max() < lo + grid.size
+    law = binned_law(lo, grid, F)
+    assert _chi_square_pvalue(samples >> F, law) > 1e-3
+    rng = RandomSource(b"two independent draws")
+    twice = noise.sample("query", samples.size, rng) + noise.sample("query", samples.size, rng)
+    assert _chi_square_pvalue(twice >> F, law) < 1e-6
+
+
+async def test_joint_ctt_answers_follow_the_exact_law(tmp_path: Path) -> None:
+    """300 fresh ctt streams (ε = 9/10) of one chunk — coordinate 0 (score 0)
+    between thresholds where LOW and CLOSE are both likely, coordinate 2 (score
+    N) where HIGH and CLOSE are, coordinate 0 again — fit the exact law of their
+    answers with ONE joint draw per term (`audit.joint_ctt_pmf`; Monte Carlo
+    G-test, p > 10^-3).  The law of two independent draws per term differs from
+    it by KL ≈ 0.03 per stream here, too little for 300 streams to reject
+    reliably: that control is the ν test above."""
+    from dataclasses import replace
+
+    from svtagg.analyst.audit import fit_test, joint_ctt_pmf
+
+    streams, eps, delta = 300, Fraction(9, 10), Fraction(1, 10**9)
+    gap = joint_ctt_gap(eps, delta, F)
+    rows = [(0, -10, gap - 10), (2, N + 13 - gap, N + 13), (0, -10, gap - 10)]
+    async with reference_pair(tmp_path, frac_bits=F) as p:
+        await p.leader.create_task(replace(spec("c"), epsilon_total=str(streams)))
+        p.upload("c", np.tile([0.0, 0.0, 1.0, 0.0], (N, 1)))
+        await p.leader.close_collection("c")
+        outputs = []
+        for _ in range(streams):
+            opened = await p.leader.open_stream(
+                OpenStream("c", StreamKind.CTT, "9/10", "1/1000000000")
+            )
+            answer = await p.leader.compare(_ctt_chunk(p, opened.stream_id, rows))
+            outputs.append(answer.outcomes)
+    law = joint_ctt_pmf(
+        (0, N * UNIT, 0), [lo * UNIT for _, lo, _ in rows], [hi * UNIT for _, _, hi in rows], eps, F
+    )
+    names = sorted(law, key=lambda o: [x.value for x in o])
+    pmf = np.array([law[o] for o in names])
+    seen = Counter(outputs)
+    assert min(pmf[names.index(o)] for o in seen) > 0  # nothing the law rules out
+    assert {(Outcome.CLOSE,), (Outcome.LOW, Outcome.CLOSE)} <= set(seen)
+    fit = fit_test("joint ctt", [names.index(o) for o in outputs], pmf, np.random.default_rng(5))
+    assert fit.p_value > 1e-3, f"{fit} (false failure 10^-3)"
 
 
 # ---------------------------------------------------------------- the mechanism
@@ -278,8 +383,9 @@ async def test_one_server_cannot_predict_the_noise(
 def test_create_task_noise_joint_through_the_servers(tmp_path: Path) -> None:
     """`svtagg analyst create-task --noise joint` on real servers (gRPC, TLS):
     the task says so, a lap24 stream answers, both ledgers hold (ε, δ_charge)
-    and the analyst's stats count the same δ; a ctt stream is refused; `analyst
-    run` runs a scan and a report-noisy-max on it."""
+    and the analyst's stats count the same δ; a ctt stream answers CLOSE and
+    charges its δ with the sampler's; `analyst run` runs a scan and a
+    report-noisy-max on it."""
     import json
 
     from test_cli_errors import svtagg as run_cli
@@ -304,16 +410,27 @@ def test_create_task_noise_joint_through_the_servers(tmp_path: Path) -> None:
             task = conn.task("j")
             task.close_collection()
             oracle = task.oracle()
-            stream = oracle.open_stream("4")
+            stream = oracle.open_stream("3")
             assert stream.ask([(Query(j), N / 2) for j in range(3)]) == 1
-            charge = joint_stream_noise(StreamKind.LAP24, Fraction(4), F).delta_charge
+            charge = joint_stream_noise(StreamKind.LAP24, Fraction(3), F).delta_charge
             assert oracle.stats().delta_spent == charge
             state = task.state()
             for ledger in (state.budget, state.helper_budget):
                 assert ledger is not None
-                assert (ledger.exact["epsilon_spent"], ledger.exact["delta_spent"]) == (4, charge)
-            with pytest.raises(Refusal, match="lap24, lap3, exp3 and nmax streams only"):
-                oracle.open_stream("1/2", StreamKind.CTT, "1/100")
+                assert (ledger.exact["epsilon_spent"], ledger.exact["delta_spent"]) == (3, charge)
+            # CompareToThresholds on the joint task: the joint gap, both ledgers
+            # charged the stream's δ and the sampler's; a gap too narrow refused.
+            gap = joint_ctt_gap(CTT_EPS, CTT_DELTA, F)
+            ctt = oracle.open_stream(CTT_EPS, StreamKind.CTT, CTT_DELTA)
+            with pytest.raises(Refusal, match="CompareToThresholds requires"):
+                ctt.compare([(Query(1), 0, gap - 1)])
+            assert ctt.compare([(Query(1), N - gap / 2, N + gap / 2)]) == [Outcome.CLOSE]
+            ctt_charge = CTT_DELTA + joint_stream_noise(StreamKind.CTT, CTT_EPS, F).delta_charge
+            state = task.state()
+            for ledger in (state.budget, state.helper_budget):
+                assert ledger is not None
+                assert ledger.exact["delta_spent"] == charge + ctt_charge
+            charge += ctt_charge
         # `svtagg analyst run` on the joint task: the run's plan holds a δ
         # allowance, the streams charge their sampler δ within it and the rest
         # comes back; noisy-max draws one joint value per candidate.
@@ -337,6 +454,6 @@ def test_create_task_noise_joint_through_the_servers(tmp_path: Path) -> None:
         r = run_cli("analyst", "describe", *common, "--json")
         budget = json.loads(r.stdout)["budget"]["exact"]
         assert (Fraction(budget["epsilon_spent"]), Fraction(budget["delta_spent"])) == (
-            10,
+            3 + CTT_EPS + 2 + 4,
             charge + spent + nmax_charge,
         )
