@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -70,6 +70,9 @@ class RemoteStats(OracleStats):
     #: the servers drew in the chunk (none was ready ahead of it).
     noise_queries: int = 0
     noise_drawn: int = 0
+    #: Joint noise: the Ask queries sent per sampler shape "kind:ε" — what
+    #: `svtagg analyst prepare-noise --like` prepares for a run like this one.
+    noise_shapes: dict[str, int] = field(default_factory=dict)
 
 
 def _pb_queries(queries: Sequence[Query]) -> pb.Queries:
@@ -133,7 +136,11 @@ class RemoteStream:
         self._answered += answered
         self._oracle._count(answered, resp.peer_bytes)
         self._oracle._stats.noise_drawn += resp.noise_drawn
-        self._oracle._stats.noise_queries += len(chunk) if self._oracle.noise == JOINT else 0
+        if self._oracle.noise == JOINT:
+            stats = self._oracle._stats
+            stats.noise_queries += len(chunk)
+            shape = f"{self.kind.value}:{self.epsilon}"
+            stats.noise_shapes[shape] = stats.noise_shapes.get(shape, 0) + len(chunk)
         return int(resp.index) if resp.yes else None
 
     def compare(self, chunk: Sequence[tuple[Query, Number, Number]]) -> list[Outcome]:

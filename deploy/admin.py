@@ -102,6 +102,28 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     _common(end, task=False)
     end.add_argument("--plan", required=True, help="the plan id (`svtagg analyst plans`)")
     end.set_defaults(handler=run_end_plan)
+    prep = asub.add_parser(
+        "prepare-noise",
+        help="a joint-noise task: make the noise of a run's queries ahead, while the servers "
+        "are idle (also while the collection is open)",
+    )
+    _common(prep)
+    prep.add_argument("--kind", default=None, help="the streams' kind: lap24 | lap3 | exp3")
+    prep.add_argument("--epsilon", default=None, type=exact, help="the streams' ε (exact)")
+    prep.add_argument(
+        "--count", type=int, default=None, help="samples of that shape to hold (one per query)"
+    )
+    prep.add_argument(
+        "--like",
+        default=None,
+        metavar="SUMMARY",
+        help="instead: the JSON summary a previous `svtagg analyst run` printed (a file, - "
+        "for stdin): each of its noise shapes, a quarter more than it sent",
+    )
+    prep.add_argument(
+        "--wait", action="store_true", help="wait until it is made (progress on stderr)"
+    )
+    prep.set_defaults(handler=run_prepare_noise)
     cmds = _choices(analyst)
     for name, handler in (("describe", run_describe), ("close", run_close)):
         if name in cmds:
@@ -202,6 +224,92 @@ def run_end_plan(args: argparse.Namespace) -> int:
         f"ε {p['refunded_epsilon']}, δ {p['refunded_delta']} (of ε {p['epsilon']} reserved)"
     )
     return _emit(args, p, text)
+
+
+def _noise_shapes(args: argparse.Namespace) -> list[tuple[str, str, int]]:
+    """(kind, ε, count) to prepare: from --kind/--epsilon/--count, or from a
+    run summary's `noise_shapes` (each count a quarter more)."""
+    from svtagg.dp.errors import InvalidArgument
+
+    given = [x is not None for x in (args.kind, args.epsilon, args.count)]
+    if args.like is None:
+        if not all(given):
+            raise InvalidArgument("prepare-noise needs --kind, --epsilon and --count (or --like)")
+        if args.count < 0:
+            raise InvalidArgument(f"--count must be >= 0, got {args.count}")
+        return [(args.kind, args.epsilon, args.count)]
+    if any(given):
+        raise InvalidArgument(
+            "--like takes the shapes from the summary: no --kind/--epsilon/--count"
+        )
+    try:
+        text = sys.stdin.read() if args.like == "-" else open(args.like, encoding="utf-8").read()
+        shapes = json.loads(text).get("noise_shapes")
+    except (OSError, ValueError, AttributeError) as exc:
+        raise InvalidArgument(f"--like {args.like}: not a readable run summary ({exc})") from None
+    if not isinstance(shapes, dict) or not shapes:
+        raise InvalidArgument(
+            f"--like {args.like}: the summary has no noise_shapes (a run on a joint-noise task "
+            "with Ask streams has them)"
+        )
+    out = []
+    for shape, count in shapes.items():
+        kind, _, eps = str(shape).partition(":")
+        if not eps or not isinstance(count, int) or count < 0:
+            raise InvalidArgument(f"--like {args.like}: not a noise shape: {shape!r}: {count!r}")
+        out.append((kind, eps, -(-count * 5 // 4)))
+    return out
+
+
+def run_prepare_noise(args: argparse.Namespace) -> int:
+    import time
+
+    shapes = _noise_shapes(args)
+    last = time.monotonic()
+    result: dict[str, dict[str, int]] = {}
+    with _deployment(args) as dep:
+        task = dep.task(args.task)
+        if args.like is not None:  # a summary's counts, at most the task's bound each
+            cap = task.prepare_noise(*shapes[0][:2], 0).cap
+            shapes = [(kind, eps, min(count, cap)) for kind, eps, count in shapes]
+        for kind, eps, count in shapes:  # every request first: the leader makes them in turn
+            result[f"{kind}:{eps}"] = {
+                "asked": count,
+                **task.prepare_noise(kind, eps, count).to_json(),
+            }
+        while args.wait:
+            for kind, eps, count in shapes:
+                result[f"{kind}:{eps}"] = {
+                    "asked": count,
+                    **task.prepare_noise(kind, eps, 0).to_json(),
+                }
+            pending = sum(s["pending"] for s in result.values())
+            if not pending:
+                break
+            now = time.monotonic()
+            if now - last >= 2.0:
+                last = now
+                held = sum(s["held"] for s in result.values())
+                print(
+                    f"prepare-noise: {held:,} held, {pending:,} to make over {len(shapes)} "
+                    "shape(s) (the sampler runs while no chunk does)",
+                    file=sys.stderr,
+                )
+            time.sleep(1.0)
+    lines = [f"task {args.task}: joint noise prepared ahead"]
+    for name, s in result.items():
+        short = (
+            ""
+            if s["held"] + s["pending"] >= s["asked"]
+            else " (the task's bound or a failed batch: less)"
+        )
+        lines.append(
+            f"  {name}: {s['held']:,} held of {s['asked']:,} asked, {s['pending']:,} to make{short}"
+        )
+    held = max(s["task_held"] for s in result.values())
+    cap = max(s["cap"] for s in result.values())
+    lines.append(f"  the task holds {held:,} samples of at most {cap:,}")
+    return _emit(args, {"task": args.task, "shapes": result}, "\n".join(lines))
 
 
 def run_describe(args: argparse.Namespace) -> int:

@@ -20,6 +20,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 from fractions import Fraction
 from pathlib import Path
@@ -42,18 +44,52 @@ from svtagg.dp.errors import (
     NotFound,
     Refusal,
 )
+from svtagg.dp.kinds import StreamKind
 from svtagg.proto import svtagg_pb2 as pb
 from svtagg.proto import svtagg_pb2_grpc as pb_grpc
 from svtagg.proto.tls import load_identity, tls_target
 from svtagg.proto.vocab import (
     CALL_DEADLINE,
     CHANNEL_OPTIONS,
+    KIND_TO_PB,
     Role,
     check_address,
     refusal_from_rpc,
 )
 
-__all__ = ["BudgetView", "Deployment", "TaskHandle", "TaskOptions", "TaskView", "connect"]
+__all__ = [
+    "BudgetView",
+    "Deployment",
+    "NoiseStatus",
+    "TaskHandle",
+    "TaskOptions",
+    "TaskView",
+    "connect",
+]
+
+
+@dataclass(frozen=True)
+class NoiseStatus:
+    """Prepared joint noise of one shape on a task (`TaskHandle.prepare_noise`):
+    samples held on both servers, still to make, the task's bound and what it
+    holds over all shapes."""
+
+    held: int
+    pending: int
+    cap: int
+    task_held: int
+
+    @classmethod
+    def from_pb(cls, m: pb.PrepareNoiseResponse) -> NoiseStatus:
+        return cls(int(m.held), int(m.pending), int(m.cap), int(m.task_held))
+
+    def to_json(self) -> dict[str, int]:
+        return {
+            "held": self.held,
+            "pending": self.pending,
+            "cap": self.cap,
+            "task_held": self.task_held,
+        }
 
 
 def _fraction(text: str) -> Fraction:
@@ -315,6 +351,49 @@ class TaskHandle:
         for j, value in out["mean"].items():
             mean[int(j)] = value
         return mean
+
+    def prepare_noise(
+        self,
+        kind: str,
+        epsilon: float | str | Fraction,
+        count: int = 0,
+        *,
+        wait: bool = False,
+        progress: Callable[[NoiseStatus], None] | None = None,
+        timeout: float | None = None,
+    ) -> NoiseStatus:
+        """A joint-noise task: ask the leader to hold `count` samples of the
+        sampler shape (kind, ε) — the noise of that many queries of a lap24,
+        lap3 or exp3 stream at that ε — made while no chunk runs, so a run
+        whose streams take that shape finds it ready (docs/services.md,
+        "Prepared noise").  A level, not an increment; count 0 only reports.
+        Allowed while the collection is open; charges nothing.  With `wait`,
+        polls once a second until nothing is pending (`progress` sees each
+        status), TimeoutError after `timeout` seconds.  What it cannot make
+        (the task's bound of prepared samples reached, a batch that failed) is
+        not pending either: compare `held` with `count`.  Refusals:
+        InvalidArgument (not a joint task, a kind or ε its streams cannot
+        take, a count above the bound), FailedPrecondition."""
+        try:
+            pb_kind = KIND_TO_PB[StreamKind.parse(kind)]
+        except ValueError as exc:
+            raise InvalidArgument(str(exc)) from None
+        request = pb.PrepareNoiseRequest(
+            task_id=self.task_id, kind=pb_kind, epsilon=str(epsilon), count=int(count)
+        )
+        start = time.monotonic()
+        while True:
+            status = NoiseStatus.from_pb(self.deployment._call("PrepareNoise", request))
+            if progress is not None:
+                progress(status)
+            if not wait or status.pending == 0:
+                return status
+            if timeout is not None and time.monotonic() - start > timeout:
+                raise TimeoutError(f"{status.pending:,} samples still pending after {timeout} s")
+            request = pb.PrepareNoiseRequest(
+                task_id=self.task_id, kind=pb_kind, epsilon=str(epsilon), count=0
+            )
+            time.sleep(1.0)
 
     def close(self) -> None:
         if self._oracle is not None:

@@ -253,7 +253,11 @@ def _oracle_summary(oracle: Any, before: Any = None) -> dict[str, Any]:
         "chunks": st.chunks,
         "peer_bytes": getattr(st, "peer_bytes", 0),
         **(
-            {"noise_queries": st.noise_queries, "noise_drawn_in_chunks": st.noise_drawn}
+            {
+                "noise_queries": st.noise_queries,
+                "noise_drawn_in_chunks": st.noise_drawn,
+                "noise_shapes": dict(st.noise_shapes),
+            }
             if getattr(st, "noise_queries", 0)
             else {}
         ),

@@ -319,6 +319,30 @@ class NoisyMaxResponse(_message.Message):
     peer_bytes: int
     def __init__(self, index: _Optional[int] = ..., closed: _Optional[bool] = ..., peer_bytes: _Optional[int] = ...) -> None: ...
 
+class PrepareNoiseRequest(_message.Message):
+    __slots__ = ("task_id", "kind", "epsilon", "count")
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    EPSILON_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    kind: StreamKind
+    epsilon: str
+    count: int
+    def __init__(self, task_id: _Optional[str] = ..., kind: _Optional[_Union[StreamKind, str]] = ..., epsilon: _Optional[str] = ..., count: _Optional[int] = ...) -> None: ...
+
+class PrepareNoiseResponse(_message.Message):
+    __slots__ = ("held", "pending", "cap", "task_held")
+    HELD_FIELD_NUMBER: _ClassVar[int]
+    PENDING_FIELD_NUMBER: _ClassVar[int]
+    CAP_FIELD_NUMBER: _ClassVar[int]
+    TASK_HELD_FIELD_NUMBER: _ClassVar[int]
+    held: int
+    pending: int
+    cap: int
+    task_held: int
+    def __init__(self, held: _Optional[int] = ..., pending: _Optional[int] = ..., cap: _Optional[int] = ..., task_held: _Optional[int] = ...) -> None: ...
+
 class CollectionDigest(_message.Message):
     __slots__ = ("n", "report_digest", "task_id", "agreed", "pass_id")
     N_FIELD_NUMBER: _ClassVar[int]

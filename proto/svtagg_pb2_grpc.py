@@ -215,6 +215,11 @@ class AnalystStub:
                 request_serializer=svtagg_dot_proto_dot_svtagg__pb2.TaskRef.SerializeToString,
                 response_deserializer=svtagg_dot_proto_dot_svtagg__pb2.PlanList.FromString,
                 _registered_method=True)
+        self.PrepareNoise = channel.unary_unary(
+                '/svtagg.v1.Analyst/PrepareNoise',
+                request_serializer=svtagg_dot_proto_dot_svtagg__pb2.PrepareNoiseRequest.SerializeToString,
+                response_deserializer=svtagg_dot_proto_dot_svtagg__pb2.PrepareNoiseResponse.FromString,
+                _registered_method=True)
 
 
 class AnalystServicer:
@@ -301,6 +306,15 @@ class AnalystServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PrepareNoise(self, request, context):
+        """Joint-noise tasks: make `count` samples of one sampler shape (an
+        AboveThreshold kind at one ε) ahead of the streams that will use them,
+        while the servers are idle; count 0 only reports.  Charges nothing.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AnalystServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -368,6 +382,11 @@ def add_AnalystServicer_to_server(servicer, server):
                     servicer.ListPlans,
                     request_deserializer=svtagg_dot_proto_dot_svtagg__pb2.TaskRef.FromString,
                     response_serializer=svtagg_dot_proto_dot_svtagg__pb2.PlanList.SerializeToString,
+            ),
+            'PrepareNoise': grpc.unary_unary_rpc_method_handler(
+                    servicer.PrepareNoise,
+                    request_deserializer=svtagg_dot_proto_dot_svtagg__pb2.PrepareNoiseRequest.FromString,
+                    response_serializer=svtagg_dot_proto_dot_svtagg__pb2.PrepareNoiseResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -721,6 +740,33 @@ class Analyst:
             '/svtagg.v1.Analyst/ListPlans',
             svtagg_dot_proto_dot_svtagg__pb2.TaskRef.SerializeToString,
             svtagg_dot_proto_dot_svtagg__pb2.PlanList.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PrepareNoise(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/svtagg.v1.Analyst/PrepareNoise',
+            svtagg_dot_proto_dot_svtagg__pb2.PrepareNoiseRequest.SerializeToString,
+            svtagg_dot_proto_dot_svtagg__pb2.PrepareNoiseResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -26,7 +26,8 @@ from svtagg.dp.errors import (
     Refusal,
     StreamClosed,
 )
-from svtagg.dp.kinds import StreamKind
+from svtagg.dp.jointsvt import JOINT, JOINT_SVT_KINDS
+from svtagg.dp.kinds import MAX_STREAM_EPSILON, StreamKind, check_epsilon
 from svtagg.dp.plans import check_groups_usable, parse_groups
 from svtagg.dp.queries import Progress
 from svtagg.dp.task import TaskSpec, parse_task_params
@@ -46,11 +47,12 @@ from svtagg.servers.exchange.joint import (
     batch_shares,
     pools_noise,
     prepared_shares,
+    stream_noise,
 )
 from svtagg.servers.exchange.machine import Exchange, Step
 from svtagg.servers.exchange.party import ComparisonParty, PartyFactory
 from svtagg.servers.exchange.port import HelperPort
-from svtagg.servers.exchange.prepared import parse_shape, shape_key
+from svtagg.servers.exchange.prepared import PrepareStatus, parse_shape, shape_key
 from svtagg.servers.exchange.session import SessionPool
 from svtagg.servers.exchange.values import (
     Agreement,
@@ -149,6 +151,8 @@ class LeaderDriver:
         #: (task id, shape) → samples to make: what the streams of that shape
         #: consumed (from any source) less what has been made since.
         self._demand: dict[tuple[str, str], int] = {}
+        #: The keys of `_demand` the analyst asked for (PrepareNoise), in order.
+        self._asked: list[tuple[str, str]] = []
         self._preparer: asyncio.Task[None] | None = None
         self._last_chunk = 0.0
 
@@ -685,6 +689,53 @@ class LeaderDriver:
             return 0
         return count if kept is not None else 0
 
+    def prepare_noise(
+        self, task_id: str, kind: StreamKind, epsilon: str, count: int
+    ) -> PrepareStatus:
+        """The analyst's PrepareNoise: hold `count` samples of the shape (kind, ε)
+        for a joint-noise task's streams — made by the preparer, as what runs
+        consumed is, while no chunk runs (a level: samples already held or
+        pending count towards it); count 0 only reports.  Allowed while the
+        collection is open (the noise depends on the task's parameters, not on
+        its data).  Charges nothing: a sample is charged by the stream that
+        uses it.  InvalidArgument for a task without joint noise, a kind whose
+        noise is not prepared, an ε no stream of the task may take, a count
+        above the bound; FailedPrecondition where preparing is off."""
+        task = self.core.task(task_id)
+        if task.params.noise != JOINT:
+            raise InvalidArgument(f"task {task_id!r} draws no joint noise: nothing to prepare")
+        if kind not in JOINT_SVT_KINDS:
+            raise InvalidArgument(
+                "noise is prepared for lap24, lap3 and exp3 streams (ctt and report-noisy-max "
+                f"draw theirs in their chunks), not {kind.value}"
+            )
+        try:
+            eps = check_epsilon(epsilon)
+        except (ValueError, ArithmeticError) as exc:
+            raise InvalidArgument(str(exc)) from None
+        if not task.params.epsilon_min <= eps <= MAX_STREAM_EPSILON:
+            raise InvalidArgument(
+                f"epsilon={eps}: a stream of task {task_id!r} takes ε in "
+                f"[{task.params.epsilon_min}, {MAX_STREAM_EPSILON}]"
+            )
+        stream_noise(kind, eps, task.params.frac_bits)  # the sampler fits
+        cap = self.core.prepared.cap
+        if not 0 <= count <= cap:
+            raise InvalidArgument(f"count must be in [0, {cap:,}] (a task's prepared bound)")
+        if self.prepare is None or self.noise_pool is None:
+            raise FailedPrecondition("this process does not prepare noise")
+        key = (task_id, shape_key(kind, eps))
+        held = self.core.prepared.held(*key)
+        if count > held + self._demand.get(key, 0):
+            # Asked for: made after what was asked before, before what runs consumed.
+            self._demand.pop(key, None)
+            asked = [k for k in self._asked if k in self._demand]
+            self._asked = [*asked, key]
+            rest = {k: v for k, v in self._demand.items() if k not in self._asked}
+            self._demand = {**{k: self._demand[k] for k in asked}, key: count - held, **rest}
+            self._start_preparer()
+        return PrepareStatus(held, self._demand.get(key, 0), cap, self.core.prepared.held(task_id))
+
     def _want_prepared(self, task_id: str, shape: str, used: int) -> None:
         """Count what a joint-noise chunk used towards its shape's prepared
         pool and make sure the preparer runs."""
@@ -693,6 +744,9 @@ class LeaderDriver:
             return
         key = (task_id, shape)
         self._demand[key] = self._demand.get(key, 0) + math.ceil(used * (1 + policy.margin))
+        self._start_preparer()
+
+    def _start_preparer(self) -> None:
         if self._preparer is None or self._preparer.done():
             self._preparer = asyncio.create_task(self._prepare_loop())
 
@@ -725,8 +779,11 @@ class LeaderDriver:
             if kept is None:
                 self._demand.pop((task_id, shape), None)
                 continue
-            self._demand[(task_id, shape)] = want - count
-            if want == count:
+            # What is wanted now, less this batch (an analyst's request may have
+            # raised it while the batch ran).
+            left = max(0, self._demand.get((task_id, shape), want) - count)
+            self._demand[(task_id, shape)] = left
+            if left == 0:
                 held = self.core.prepared.held(task_id, shape)
                 log.info("task %s: %d joint-noise samples of %s prepared", task_id, held, shape)
 

@@ -199,3 +199,49 @@ def test_the_pool_rules() -> None:
     assert helper.held("t") == 0 and not helper.add(ref, 60, shares[:1])
     with pytest.raises(FailedPrecondition, match="generation"):
         leader.take(newer, 0, 1)
+
+
+async def test_noise_prepared_on_request_while_the_collection_is_open(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The analyst's PrepareNoise (`LeaderDriver.prepare_noise`): on a task still
+    collecting, 2,500 samples of lap24 at ε = 1 are asked for (a level: asking
+    again adds nothing) and made on both servers; after the close, the first
+    stream of that shape takes its 2 × 1,000 queries' ν from them (nothing drawn
+    in its chunks: the sampler runs for its γ and first 32 ν only).  Refused
+    with nothing made: a task without joint noise, a kind whose noise is not
+    prepared, an ε below the task's floor, a count above the bound, and a
+    process that does not prepare."""
+    from svtagg.dp.errors import InvalidArgument
+
+    async with reference_pair(tmp_path, frac_bits=F) as p:
+        await p.leader.create_task(spec("t"))
+        await p.leader.create_task(spec("plain", noise="independent"))
+        p.leader.prepare = PreparePolicy(batch=1000, idle=0.5)
+        lap24 = StreamKind.LAP24
+        with pytest.raises(InvalidArgument, match="draws no joint noise"):
+            p.leader.prepare_noise("plain", lap24, "1", 10)
+        with pytest.raises(InvalidArgument, match="not ctt"):
+            p.leader.prepare_noise("t", StreamKind.CTT, "1/2", 10)
+        with pytest.raises(InvalidArgument, match="takes ε in"):
+            p.leader.prepare_noise("t", lap24, "1/8", 10)
+        with pytest.raises(InvalidArgument, match="count must be in"):
+            p.leader.prepare_noise("t", lap24, "1", 10**6)
+        status = p.leader.prepare_noise("t", lap24, "1", 2500)
+        assert (status.held, status.pending) == (0, 2500)
+        assert p.leader.prepare_noise("t", lap24, "1", 2500).pending == 2500  # a level
+        await _prepared(p, 2500)
+        status = p.leader.prepare_noise("t", lap24, "1", 0)
+        assert (status.held, status.pending, status.task_held) == (2500, 0, 2500)
+        assert p.helper.core.prepared.held("t", SHAPE) == 2500
+
+        p.upload("t", np.tile([0.0, 0.0, 1.0, 0.0], (N, 1)))
+        await p.leader.close_collection("t")
+        p.leader.prepare = PreparePolicy(batch=1000, idle=60.0)  # none made during it
+        made = _count_generated(monkeypatch)
+        drawn: list[int] = []
+        await _stream(p, 2, 1000, drawn)
+        assert drawn == [0, 0] and made == [1, 32]
+        p.leader.prepare = None
+        with pytest.raises(FailedPrecondition, match="does not prepare"):
+            p.leader.prepare_noise("t", lap24, "1", 10)

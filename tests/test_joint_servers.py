@@ -445,6 +445,25 @@ def test_create_task_noise_joint_through_the_servers(tmp_path: Path) -> None:
         spent = Fraction(out["exact"]["delta_spent"])  # this run's: its streams' exact δ
         assert 0 < spent <= out["streams"] * JOINT_DELTA_CAP
         assert Fraction(out["exact"]["task_delta_spent"]) == charge + spent
+        # The summary's noise shapes, prepared again on request (`prepare-noise
+        # --like`); a request missing its shape is refused, naming what it needs.
+        assert sum(out["noise_shapes"].values()) == out["noise_queries"]
+        (tmp_path / "run.json").write_text(r.stdout)
+        r = run_cli("analyst", "prepare-noise", *common, "--like", str(tmp_path / "run.json"),
+                    "--wait", "--json")  # fmt: skip
+        assert r.returncode == 0, r.stderr
+        prepared = json.loads(r.stdout)["shapes"]
+        assert prepared.keys() == out["noise_shapes"].keys()
+        for name, status in prepared.items():
+            assert status["asked"] == -(-out["noise_shapes"][name] * 5 // 4)
+            assert status["held"] >= status["asked"] and status["pending"] == 0
+        r = run_cli("analyst", "prepare-noise", *common, "--kind", "lap24")
+        assert r.returncode != 0 and "--epsilon and --count" in r.stderr
+        with svtagg.connect(dep.address("leader"), certs=dep.certs) as conn:
+            with pytest.raises(Refusal, match="not ctt"):
+                conn.task("j").prepare_noise("ctt", "1/2", 10)
+            status = conn.task("j").prepare_noise("lap3", "1", 50, wait=True, timeout=60)
+            assert (status.held, status.pending) == (50, 0)
         r = run_cli("analyst", "run", *common, "--algorithm", "noisy-max", "--epsilon", "4")
         assert r.returncode == 0, r.stderr
         nmax = json.loads(r.stdout)

@@ -17,7 +17,7 @@ from svtagg.dp.errors import FailedPrecondition, InvalidArgument, RateLimited
 from svtagg.proto import health_pb2, health_pb2_grpc
 from svtagg.proto import svtagg_pb2 as pb
 from svtagg.proto import svtagg_pb2_grpc as pb_grpc
-from svtagg.proto.vocab import Role
+from svtagg.proto.vocab import Role, kind_from_pb
 from svtagg.proto.wire import UNDECODABLE
 from svtagg.servers.core import ServerCore
 from svtagg.servers.edge import wire
@@ -283,6 +283,19 @@ class AnalystService(pb_grpc.AnalystServicer):
         info = await self.driver.reserve_plan(wire.PLAN_REQUEST.from_pb(request))
         self._budget(request.task_id)
         return wire.PLAN_INFO.to_pb(info)
+
+    @rpc(Role.ANALYST)
+    async def PrepareNoise(
+        self, request: pb.PrepareNoiseRequest, context: Context
+    ) -> pb.PrepareNoiseResponse:
+        """Joint-noise samples of one shape made ahead (`LeaderDriver.prepare_noise`)."""
+        await self._helper_connected()
+        status = self.driver.prepare_noise(
+            request.task_id, kind_from_pb(request.kind), request.epsilon, int(request.count)
+        )
+        return pb.PrepareNoiseResponse(
+            held=status.held, pending=status.pending, cap=status.cap, task_held=status.task_held
+        )
 
     @rpc(Role.ANALYST)
     async def ListPlans(self, request: pb.TaskRef, context: Context) -> pb.PlanList:

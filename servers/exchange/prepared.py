@@ -58,6 +58,17 @@ MAX_TASKS = 8
 EPOCH_BYTES = 16
 
 
+@dataclass(frozen=True)
+class PrepareStatus:
+    """What the leader holds of one shape for a task, and what it still means
+    to make (the answer to the analyst's PrepareNoise)."""
+
+    held: int
+    pending: int
+    cap: int
+    task_held: int
+
+
 def shape_key(kind: StreamKind | str, epsilon: Fraction) -> str:
     """The sampler shape of a stream of this kind and ε on a task: "kind:ε"."""
     return f"{StreamKind.parse(kind).value}:{Fraction(epsilon)}"
