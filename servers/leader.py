@@ -461,6 +461,7 @@ class LeaderDriver:
         return StreamInfo.of(self.core.stream(stream_id))
 
     def _open_stream(self, stream_id: str, kind: ChunkKind) -> tuple[StreamState, TaskState]:
+        self._mark_chunk()  # any task's chunk: the preparer waits for quiet
         stream, task = self.core.stream_and_task(stream_id)
         answers = ChunkKind.of_stream(stream.kind)
         if kind != answers:
@@ -478,7 +479,6 @@ class LeaderDriver:
         taus = parse_taus(task, request.tau, len(chunk))
         pools = pools_noise(stream, task)
         if pools:
-            self._last_chunk = asyncio.get_running_loop().time()
             await self._move_prepared(stream, task, len(chunk))
             await self._pool_ready(stream, len(chunk))
         if self.work is not None:
@@ -491,7 +491,6 @@ class LeaderDriver:
                 drawn = self._drawn.pop(stream.stream_id, 0)
             answer = AskAnswer(j, closed, nbytes, drawn)
         if pools:
-            self._last_chunk = asyncio.get_running_loop().time()
             self._want_prepared(
                 task.params.task_id, shape_key(stream.kind, stream.epsilon), len(chunk)
             )
@@ -543,6 +542,12 @@ class LeaderDriver:
             return await self._chunk(stream, task, chunk, thresholds)
         finally:
             self._busy.discard(sid)
+            self._mark_chunk()
+
+    def _mark_chunk(self) -> None:
+        """A chunk of any stream, on any task, starts or ends now: the preparer
+        makes noise only once none has for `PreparePolicy.idle` seconds."""
+        self._last_chunk = asyncio.get_running_loop().time()
 
     async def _chunk(
         self, stream: StreamState, task: TaskState, chunk: Chunk, thresholds: Thresholds | None
@@ -752,7 +757,7 @@ class LeaderDriver:
 
     async def _prepare_loop(self) -> None:
         """Make the wanted samples, one batch at a time, only once no
-        joint-noise chunk has run for `prepare.idle` seconds (so between runs,
+        chunk of any task has run for `prepare.idle` seconds (so between runs,
         not during them); ends when nothing is wanted (or preparing is off).
         The policy is read afresh at every step."""
         loop = asyncio.get_running_loop()

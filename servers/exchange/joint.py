@@ -136,7 +136,7 @@ class PreparePolicy:
     shape) consumed, and `margin` more (a run's needs vary with its noise: a
     repeated top-10 consumed 207,616 then 223,592 samples of its main shape;
     what is left over serves later runs), up to the pool's bound, in batches
-    of `batch`, once no joint-noise chunk has run for `idle` seconds."""
+    of `batch`, once no chunk (of any task) has run for `idle` seconds."""
 
     batch: int = 5000
     margin: Fraction = Fraction(1, 4)
