@@ -282,9 +282,12 @@ def _chi_square_pvalue(samples: np.ndarray, law: dict[int, Fraction]) -> float:
     return float(chisquare(obs, exp).pvalue)
 
 
-async def _many_nu(pair: ReferencePair, chunks: int, size: int) -> str:
-    """Chunks of `size` queries at a τ no score reaches (every answer NO)."""
-    sid = (await pair.leader.open_stream(OpenStream("t", StreamKind.LAP24, "1"))).stream_id
+async def _many_nu(
+    pair: ReferencePair, chunks: int, size: int, kind: StreamKind = StreamKind.LAP24
+) -> str:
+    """Chunks of `size` queries of a `kind` stream at ε = 1 and a τ no score
+    reaches (every answer NO)."""
+    sid = (await pair.leader.open_stream(OpenStream("t", kind, "1"))).stream_id
     index = tuple(i % 4 for i in range(size))
     for _ in range(chunks):
         answer = await pair.leader.ask(Ask(sid, Queries(index), (4 * N * UNIT,) * size))
@@ -292,15 +295,18 @@ async def _many_nu(pair: ReferencePair, chunks: int, size: int) -> str:
     return sid
 
 
-async def test_the_noise_follows_the_exact_law(pair: ReferencePair) -> None:
+@pytest.mark.parametrize("kind", [StreamKind.LAP24, StreamKind.LAP3, StreamKind.EXP3])
+async def test_the_noise_follows_the_exact_law(pair: ReferencePair, kind: StreamKind) -> None:
     """20,000 ν from the pair (both servers' shares added) fit the exact pmf of
     the stream's query sampler; the same test rejects the sum of two independent
     draws at the central scale (what the comparison would see if each server
-    drew its own at that scale) — 20,000 such sums from the exact sampler."""
-    await _many_nu(pair, 4, 5000)
+    drew its own at that scale) — 20,000 such sums from the exact sampler.
+    (ctt: `test_joint_ctt_noise_follows_the_exact_law`; nmax:
+    tests/test_joint_noisy_max.py.)"""
+    await _many_nu(pair, 4, 5000, kind)
     samples = _nu(pair)
     assert samples.size == 20_000
-    noise = joint_stream_noise(StreamKind.LAP24, Fraction(1), F)
+    noise = joint_stream_noise(kind, Fraction(1), F)
     lo, grid = noise.grid_pmf("query")
     assert lo <= samples.min() and samples.max() < lo + grid.size
     law = binned_law(lo, grid, F)
@@ -351,30 +357,42 @@ async def test_first_yes_answers_follow_the_exact_joint_law(
 
 
 async def _predicted_by_garbler(
-    pair: ReferencePair, monkeypatch: pytest.MonkeyPatch, evaluator_bits: str
+    pair: ReferencePair, monkeypatch: pytest.MonkeyPatch, evaluator_bits: str, kind: StreamKind
 ) -> float:
     """How often the garbling server (the helper), from its own random words
-    alone, names the ν the pair used.  evaluator_bits "random" (the servers'
-    code) or "zero" (the control: only the garbler's bits enter the circuit)."""
+    alone, names the ν the pair used in 2,000 queries of a `kind` stream (ctt:
+    one Compare chunk whose every answer is LOW).  evaluator_bits "random" (the
+    servers' code) or "zero" (the control: only the garbler's bits enter the
+    circuit)."""
     guesses = spy_joint_sampler(monkeypatch, garbler_only=evaluator_bits == "zero")
     for core in (pair.leader.core, pair.helper.core):
         core.joint_noise_log = []
-    await _many_nu(pair, 1, 2000)
+    if kind == StreamKind.CTT:
+        opened = await pair.leader.open_stream(OpenStream("t", kind, "1/2", "1/10000000"))
+        gap = joint_ctt_gap(CTT_EPS, CTT_DELTA, F)
+        rows = [(i % 4, 2 * N + 400, 2 * N + 400 + gap) for i in range(2000)]
+        answer = await pair.leader.compare(_ctt_chunk(pair, opened.stream_id, rows))
+        assert set(answer.outcomes) == {Outcome.LOW}
+    else:
+        await _many_nu(pair, 1, 2000, kind)
     guess = np.concatenate(guesses[1:])  # [0] is γ's draw
     return float(np.mean(joint_z(_nu(pair), F) == guess))
 
 
+@pytest.mark.parametrize(
+    "kind", [StreamKind.LAP24, StreamKind.LAP3, StreamKind.EXP3, StreamKind.CTT]
+)
 async def test_one_server_cannot_predict_the_noise(
-    pair: ReferencePair, monkeypatch: pytest.MonkeyPatch
+    pair: ReferencePair, monkeypatch: pytest.MonkeyPatch, kind: StreamKind
 ) -> None:
     """With both servers' bits the garbling server's best guess from its own bits
     is right about as often as two independent draws coincide; the control (the
     evaluating server's bits zero) lets it predict every ν, and the same check
     catches it."""
-    bound = joint_guess_bound(F)
-    honest = await _predicted_by_garbler(pair, monkeypatch, "random")
+    bound = joint_guess_bound(F, kind.value, "1/2" if kind == StreamKind.CTT else "1")
+    honest = await _predicted_by_garbler(pair, monkeypatch, "random", kind)
     assert honest < bound
-    control = await _predicted_by_garbler(pair, monkeypatch, "zero")
+    control = await _predicted_by_garbler(pair, monkeypatch, "zero", kind)
     assert control == 1.0
     assert not control < bound
 
