@@ -465,8 +465,9 @@ def joint_ctt_pmf(
     γ and each ν ONE draw of the sampler (`JointStreamNoise.grid_pmf`, as in
     `joint_first_yes_pmf`): HIGH iff s + ν > τH − γ, else LOW iff s + ν < τL + γ,
     else CLOSE (`dp.svt.CompareToThresholdsStream`).  `gamma`, `nu` replace
-    γ's and ν's laws (lowest value, pmf): the broken controls.  2^(k+1) − 1
-    outputs for k queries."""
+    γ's and ν's laws (lowest value, pmf): the broken controls and small test
+    samplers.  At most 2^(k+1) − 1 outputs for k queries; outputs of
+    probability 0 are left out (absent means 0)."""
     noise = joint_stream_noise(StreamKind.CTT, Fraction(epsilon), frac_bits)
     g_lo, p_gamma = noise.grid_pmf("threshold") if gamma is None else gamma
     n_lo, p_nu = noise.grid_pmf("query") if nu is None else nu
@@ -490,8 +491,9 @@ def joint_ctt_pmf(
             return
         high, low, close = laws[i]
         out[(*prefix, Outcome.CLOSE)] = float((weight * close).sum())
-        walk(i + 1, weight * high, (*prefix, Outcome.HIGH))
-        walk(i + 1, weight * low, (*prefix, Outcome.LOW))
+        for answer, p in ((Outcome.HIGH, high), (Outcome.LOW, low)):
+            if np.any(p * weight > 0):  # impossible answers are not walked (nor listed)
+                walk(i + 1, weight * p, (*prefix, answer))
 
     walk(0, p_gamma, ())
     return out

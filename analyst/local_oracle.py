@@ -26,6 +26,7 @@ from svtagg.dp.jointsvt import (
     NOISE_OPTIONS,
     JointStreamNoise,
     check_joint_kind,
+    check_joint_queries,
     check_joint_tournament,
     joint_charge,
     joint_stream_noise,
@@ -85,11 +86,18 @@ class LocalStream:
     def alpha(self, k: int, beta: float) -> float:
         return self._oracle.accuracy(self.kind, self.epsilon, k, beta)
 
+    def _check(self, k: int) -> None:
+        """The chunk's size, the stream's chunks and (joint noise) its queries,
+        as the servers check them."""
+        check_chunk_size(k)
+        check_stream_chunks(self._chunks)
+        if self._oracle.noise == JOINT:
+            check_joint_queries(self._mech.queries_answered, k)
+
     def ask(self, chunk: Sequence[tuple[Query, Number]]) -> int | None:
         if not isinstance(self._mech, AboveThresholdStream):
             raise ValueError("a CompareToThresholds stream answers `compare`, not `ask`")
-        check_chunk_size(len(chunk))
-        check_stream_chunks(self._chunks)
+        self._check(len(chunk))
         scores = self._oracle._scores([q for q, _ in chunk])
         taus = self._oracle._encode_taus([t for _, t in chunk])
         before = self._mech.queries_answered
@@ -101,8 +109,7 @@ class LocalStream:
     def compare(self, chunk: Sequence[tuple[Query, Number, Number]]) -> list[Outcome]:
         if not isinstance(self._mech, CompareToThresholdsStream):
             raise ValueError("only a CompareToThresholds stream answers `compare`")
-        check_chunk_size(len(chunk))
-        check_stream_chunks(self._chunks)
+        self._check(len(chunk))
         check_ctt_gaps(
             chunk, self.epsilon, self.delta, self._oracle.parties, self._oracle.joint_frac_bits
         )

@@ -67,8 +67,12 @@ from svtagg.mpc.ring import Widths, widths_of
 
 #: Above this many digits `pmf` refuses to enumerate the support.
 MAX_ENUMERATED_DIGITS = 20
-#: The widest digit: its uniform is one 64-bit word.
+#: The most significant bits per digit (`fitted_digits`' precision).
 MAX_WIDTH = 64
+#: The widest digit: a rare one (probability far below 2^−64, where a
+#: per-query tail far below 2^−64 is needed: `dp.jointsvt`) takes a uniform of
+#: two 64-bit words.
+MAX_RARE_WIDTH = 128
 
 
 def sampler_constants(
@@ -109,10 +113,13 @@ def fitted_digits(
     """(c_i, b_i) for i < `digits`, each digit as narrow as `precision`
     significant bits allow: b_i is the least width with
     c_i = round(2^b_i / (1 + e^(2^i/t))) ≥ 2^(precision − 1), so every c_i and
-    every 2^b_i − c_i carry a relative rounding error below 2^−precision — or
-    64 bits, with fewer significant bits, for a digit whose probability is
-    below 2^(precision − 65) (its error counts in the exact loss like any
-    other).  ValueError if a digit rounds to 0 at 64 bits."""
+    every 2^b_i − c_i carry a relative rounding error below 2^−precision — up
+    to `MAX_RARE_WIDTH` bits, with fewer significant bits, for a digit whose
+    probability is below 2^(precision − 129) (its error counts in the exact
+    loss like any other).  A digit wider than 64 bits (probability below
+    2^(precision − 65): a rare top digit, which the per-query tails of
+    `dp.jointsvt` call for) takes a uniform of two words.  ValueError if a
+    digit rounds to 0 at 128 bits."""
     if scale <= 0:
         raise ValueError("scale must be > 0")
     if not 2 <= precision <= MAX_WIDTH:
@@ -127,15 +134,16 @@ def _fitted_digit(num: int, den: int, precision: int, i: int) -> tuple[int, int]
     """(c_i, b_i) of `fitted_digits` at the scale num/den; cached, since the
     accounting grows K one digit at a time and tries several precisions."""
     floor = 1 << (precision - 1)
-    full = _digits(Fraction(den << i, num), "logistic", MAX_WIDTH + 1)  # floor(p_i·2^65)
-    lead = full.bit_length() - MAX_WIDTH - 1  # p_i's leading 1 is at 2^lead
-    b = min(MAX_WIDTH, max(precision, precision - lead))
-    c = ((full >> (MAX_WIDTH - b)) + 1) >> 1  # round(p_i·2^b), from the same digits
-    if c < floor and b < MAX_WIDTH:  # rounding down across a power of two
+    top = MAX_RARE_WIDTH
+    full = _digits(Fraction(den << i, num), "logistic", top + 1)  # floor(p_i·2^129)
+    lead = full.bit_length() - top - 1  # p_i's leading 1 is at 2^lead
+    b = min(top, max(precision, precision - lead))
+    c = ((full >> (top - b)) + 1) >> 1  # round(p_i·2^b), from the same digits
+    if c < floor and b < top:  # rounding down across a power of two
         b += 1
-        c = ((full >> (MAX_WIDTH - b)) + 1) >> 1
+        c = ((full >> (top - b)) + 1) >> 1
     if c < 1:
-        raise ValueError(f"digit {i} rounds to 0 at {MAX_WIDTH} bits: too many digits")
+        raise ValueError(f"digit {i} rounds to 0 at {MAX_RARE_WIDTH} bits: too many digits")
     return c, b
 
 
@@ -338,12 +346,19 @@ def sample(
     b_i bits of a CSPRNG word), the sign one more bit.  For the local simulation
     of a joint-noise task; the servers draw inside the garbled circuit."""
     widths = widths_of(constants, bits)
-    if not all(1 <= b <= 64 for b in widths):
-        raise ValueError("bits must be in [1, 64]")
+    if not all(1 <= b <= MAX_RARE_WIDTH for b in widths):
+        raise ValueError(f"bits must be in [1, {MAX_RARE_WIDTH}]")
     g = np.zeros(k, dtype=np.int64)
     for i, (c, b) in enumerate(zip(constants, widths, strict=True)):
-        u = rng.u64(k) & np.uint64((1 << b) - 1)
-        g |= (u < np.uint64(c)).astype(np.int64) << i
+        if b <= 64:
+            u = rng.u64(k) & np.uint64((1 << b) - 1)
+            g |= (u < np.uint64(c)).astype(np.int64) << i
+            continue
+        # Two words: U = hi·2^64 + lo < c  ⟺  hi < c_hi, or hi = c_hi and lo < c_lo.
+        hi = rng.u64(k) & np.uint64((1 << (b - 64)) - 1)
+        lo = rng.u64(k)
+        c_hi, c_lo = np.uint64(c >> 64), np.uint64(c & ((1 << 64) - 1))
+        g |= ((hi < c_hi) | ((hi == c_hi) & (lo < c_lo))).astype(np.int64) << i
     if not signed:
         return g
     sign = (rng.u64(k) & np.uint64(1)).astype(bool)

@@ -14,9 +14,13 @@ support (and, for the two-sided law, its reciprocal), R_ν the same for ν and
 the shift 2, and the pairs whose shifted point leaves the finite support
 charged to δ:
 
-    P_D[E] ≤ R_ρ·R_ν·P_D'[E] + P(ρ + 1 ∉ supp) + P(ν + 2 ∉ supp),
+    P_D[E] ≤ R_ρ·R_ν·P_D'[E] + P(ρ + 1 ∉ supp) + N·P(ν + 2 ∉ supp),
 
-i.e. (ln R_ρ + ln R_ν, δ_ρ + δ_ν)-DP, both directions.  `dp.joint.shift_ratio`
+i.e. (ln R_ρ + ln R_ν, δ_ρ + N·δ_ν)-DP, both directions: the ν term belongs
+to the query the output ends at, and a stream sent N queries may end at any
+of them (the events "reaches query j" are nested, so the terms add up to N
+times one), so a stream is sent at most N = `JOINT_MAX_QUERIES` queries and
+ν's digits keep N·δ_ν within the cap.  `dp.joint.shift_ratio`
 gives R exactly for the two-sided law, `dp.joint.one_sided_ratio` for exp3's
 one-sided one (upward shifts only), `dp.joint.tail_mass` the tails.
 
@@ -104,6 +108,26 @@ JOINT_DELTA_CAP = Fraction(1, 1 << 64)
 #: (every coordinate of the largest task; `dp.queries.MAX_TOURNAMENT` with
 #: independent noise): its δ is this many times one draw's tail.
 JOINT_MAX_TOURNAMENT = 1 << 20
+#: The most queries one AboveThreshold or CompareToThresholds stream of a
+#: joint-noise task is sent (counted as the chunks' lengths added to the
+#: queries it answered before them): the answer that ends a stream (YES, or
+#: CLOSE) pays ν's tail past the support, and a stream may end at any of its
+#: queries, so its δ is this many times one draw's tail (docs/privacy.md).
+#: ν's digits are fitted so that it stays within `JOINT_DELTA_CAP` (a rare top
+#: digit takes a uniform of two words: `dp.joint.MAX_RARE_WIDTH`).
+JOINT_MAX_QUERIES = 1 << 24
+
+
+def check_joint_queries(answered: int, k: int) -> None:
+    """A joint-noise AboveThreshold or CompareToThresholds stream that answered
+    `answered` queries takes a chunk of k more only within `JOINT_MAX_QUERIES`;
+    ValueError otherwise (both servers and the local oracle check it before
+    the chunk runs)."""
+    if answered + k > JOINT_MAX_QUERIES:
+        raise ValueError(
+            f"a stream of a task with joint noise is sent at most {JOINT_MAX_QUERIES:,} "
+            f"queries (its δ is paid per query); it answered {answered:,}: open a new stream"
+        )
 
 
 def check_joint_tournament(candidates: int) -> None:
@@ -331,9 +355,9 @@ def joint_stream_noise(kind: StreamKind, epsilon: Fraction, frac_bits: int) -> J
     # In sensitivities: the change of variables shifts ρ by 1 and ν by 2.
     t_rho = Fraction(model.threshold_coef) / epsilon
     t_nu = Fraction(model.query_coef) / epsilon
-    # Report-noisy-max: no γ, and ν's tail is paid once per candidate.
+    # ν's tail is paid once per candidate (report-noisy-max: no γ) or per query.
     tournament = model.threshold_family == "none"
-    nu_cap = JOINT_DELTA_CAP / JOINT_MAX_TOURNAMENT if tournament else JOINT_DELTA_CAP
+    nu_cap = JOINT_DELTA_CAP / (JOINT_MAX_TOURNAMENT if tournament else JOINT_MAX_QUERIES)
 
     def attempt(precision: int, m: int) -> tuple[Digits, Digits, Fraction, int] | None:
         """The samplers at this precision and inflation 1 + 2^−m, if they fit ε
@@ -388,16 +412,17 @@ def _stream(
     span: int = 0,
 ) -> JointStreamNoise:
     # The mass a shift by 1 (γ) or 2 (ν) pushes past the top of the support;
-    # the two-sided sampler reaches it with its positive half only.  A
-    # tournament (no γ) pays ν's once per candidate, at most JOINT_MAX_TOURNAMENT;
-    # ctt's Close answer pays ν's divided by 1 − R₂·η (`_close_factor`).
+    # the two-sided sampler reaches it with its positive half only.  ν's is
+    # paid once per query a stream may end at (JOINT_MAX_QUERIES) or per
+    # candidate of a tournament (no γ; JOINT_MAX_TOURNAMENT); ctt's Close
+    # answer pays it divided by 1 − R₂·η (`_close_factor`).
     nu_tail = tail_mass(*nu, (1 << len(nu[0])) - 2)
     if span:
         factor = _close_factor(nu, span)
         assert factor is not None  # the span was chosen where it is
         nu_tail *= factor
     if rho[0]:
-        delta = tail_mass(*rho, (1 << len(rho[0])) - 1) + nu_tail
+        delta = tail_mass(*rho, (1 << len(rho[0])) - 1) + JOINT_MAX_QUERIES * nu_tail
     else:
         delta = JOINT_MAX_TOURNAMENT * nu_tail
     if signed:

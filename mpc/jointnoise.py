@@ -76,8 +76,8 @@ class SamplerShape:
 
     def __post_init__(self) -> None:
         widths = widths_of(self.constants, self.bits)
-        if not all(1 <= b <= RING_BITS for b in widths):
-            raise ValueError(f"every digit's width must be in [1, 64], got {self.bits}")
+        if not all(1 <= b <= 2 * RING_BITS for b in widths):
+            raise ValueError(f"every digit's width must be in [1, 128], got {self.bits}")
         if not 1 <= len(self.constants) < RING_BITS:
             raise ValueError("the sampler needs between 1 and 63 digits")
         if any(not 1 <= c < 1 << b for c, b in zip(self.constants, widths, strict=True)):

@@ -24,7 +24,7 @@ import numpy as np
 import numpy.typing as npt
 
 from svtagg.dp.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
-from svtagg.dp.jointsvt import JOINT, JOINT_MAX_TOURNAMENT, joint_charge
+from svtagg.dp.jointsvt import JOINT, JOINT_MAX_TOURNAMENT, check_joint_queries, joint_charge
 from svtagg.dp.kinds import (
     StreamKind,
     as_fraction,
@@ -628,6 +628,18 @@ class ServerCore:
                 f"a report-noisy-max stream holds at most {most:,} candidates"
                 + (" on a task with joint noise" if most != MAX_TOURNAMENT else "")
             )
+
+    def check_queries(self, stream: StreamState, chunk: Chunk) -> None:
+        """On a joint-noise task an AboveThreshold or CompareToThresholds stream
+        is sent at most JOINT_MAX_QUERIES queries (its δ pays ν's tail per
+        query: dp/jointsvt.py); refused before the chunk is marked, on both
+        servers."""
+        if self._chunk_task(stream.task_id).params.noise != JOINT:
+            return
+        try:
+            check_joint_queries(stream.queries, len(chunk))
+        except ValueError as exc:
+            raise InvalidArgument(str(exc)) from None
 
     async def noisy_max(
         self, party: ComparisonParty, stream: StreamState, task: TaskState, chunk: Chunk, width: int

@@ -477,6 +477,7 @@ class LeaderDriver:
         stream, task = self._open_stream(request.stream_id, ChunkKind.ASK)
         chunk = parse_chunk(task, request.queries.index, request.queries.complement)
         taus = parse_taus(task, request.tau, len(chunk))
+        self.core.check_queries(stream, chunk)
         pools = pools_noise(stream, task)
         if pools:
             await self._move_prepared(stream, task, len(chunk))
@@ -504,6 +505,7 @@ class LeaderDriver:
         lows = parse_taus(task, request.tau_low, len(chunk), "tau_low")
         highs = parse_taus(task, request.tau_high, len(chunk), "tau_high")
         self.core.check_gap(stream, task, lows, highs)
+        self.core.check_queries(stream, chunk)
         if self.work is not None:
             answer = await self._leased(request, stream.stream_id)
             assert isinstance(answer, CompareAnswer)

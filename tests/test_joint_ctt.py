@@ -24,6 +24,7 @@ from svtagg.analyst.local_oracle import LocalOracle
 from svtagg.dp.errors import InvalidArgument
 from svtagg.dp.joint import digit_growth, magnitude_weights, shift_ratio, tail_decay, tail_mass
 from svtagg.dp.jointsvt import (
+    JOINT_MAX_QUERIES,
     _close_eta,
     _close_factor,
     _within,
@@ -118,8 +119,9 @@ def test_the_charge_covers_the_exact_loss(eps: Fraction) -> None:
         * _close_factor(nu, (noise.close_span - 2) // 2 + 2),  # type: ignore[operator]
         eps,
     )  # the span is the least of its ladder
-    nu_tail = tail_mass(*nu, (1 << len(nu[0])) - 2) * factor
-    assert noise.delta_charge >= (tail_mass(*rho, (1 << len(rho[0])) - 1) + nu_tail) / 2
+    nu_tail = tail_mass(*nu, (1 << len(nu[0])) - 2) * factor  # paid per query
+    rho_tail = tail_mass(*rho, (1 << len(rho[0])) - 1)
+    assert noise.delta_charge >= (rho_tail + JOINT_MAX_QUERIES * nu_tail) / 2
     for delta in (Fraction(1, 10**3), Fraction(1, 10**9)):
         gap = joint_ctt_gap(eps, delta, 16)
         z_max = (gap - 4 - noise.close_span) // 2
@@ -215,3 +217,48 @@ def test_the_local_oracle_runs_ctt_as_the_servers() -> None:
         ]
     )
     assert answers == [Outcome.LOW, Outcome.HIGH, Outcome.CLOSE] and stream.closed
+
+
+def test_the_close_answers_tail_is_paid_per_query() -> None:
+    """On a sampler with few digits, whose tails are visible (ρ: t = 4, K = 6;
+    ν: t = 6, K = 5; whole sensitivities, no dither), with the proof's own
+    constants — e^ε' = R_ρ·R₂/(1 − R₂·η) at the span that minimises it,
+    Z_max = 40, thresholds 2·Z_max + 4 + span apart — a stream of two queries
+    answered HIGH and then n queries that answer LOW unless ν reaches the top
+    of its support, every score moved by −1, stays within
+    P(Z_ρ > Z_max) + (n + 2)·tail' (tail' = ½·T_ν(2^K − 2)/(1 − R₂·η), paid
+    per query, as `JOINT_MAX_QUERIES` charges it) but exceeds
+    P(Z_ρ > Z_max) + tail' once n is large: a stream may end at any of its
+    queries, so the tail cannot be paid once per stream."""
+    from svtagg.dp.joint import fitted_digits, pmf
+
+    rho, nu = fitted_digits(Fraction(4), 12, 6), fitted_digits(Fraction(6), 12, 5)
+
+    def law(digits: tuple[tuple[int, ...], tuple[int, ...]]) -> tuple[int, np.ndarray]:
+        p = pmf(*digits)
+        lo = min(p)
+        return lo, np.array([float(p[x]) for x in range(lo, max(p) + 1)])
+
+    spans = [(1 << k) + 2 for k in range(1, 7)]
+    factors = {s: f for s in spans if (f := _close_factor(nu, s)) is not None}
+    span = min(factors, key=lambda s: factors[s])
+    ratio = shift_ratio(*rho, 1) * shift_ratio(*nu, 2) * factors[span]
+    z_max = 40
+    cut = float(tail_mass(*rho, z_max + 1) / 2)
+    tail = float(tail_mass(*nu, (1 << len(nu[0])) - 2) / 2 * factors[span])
+    gap = 2 * z_max + 4 + span
+    e = float(ratio)
+
+    def worst(n: int) -> float:
+        h = [-4, -4] + [gap + 32] * n  # HIGH iff Z_ν + Z_ρ ≥ h; top: LOW unless Z_ν tops
+        highs, lows = [x - 1 for x in h], [x - 1 - gap for x in h]
+        a = joint_ctt_pmf([0] * len(h), lows, highs, Fraction(1, 2), 1, law(rho), law(nu))
+        b = joint_ctt_pmf([-1] * len(h), lows, highs, Fraction(1, 2), 1, law(rho), law(nu))
+        return max(
+            sum(max(0.0, a[o] - e * b.get(o, 0.0)) for o in a),
+            sum(max(0.0, b[o] - e * a.get(o, 0.0)) for o in b),
+        )
+
+    for n in (10, 80):
+        assert worst(n) <= cut + (n + 2) * tail
+    assert worst(80) > 3 * (cut + tail)  # measured: 3.6·10^-3 against 9.8·10^-4

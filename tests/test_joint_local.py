@@ -94,14 +94,16 @@ def test_one_draw_alpha_holds_and_is_the_one_party_bound(kind: StreamKind) -> No
 
 def test_the_digits_follow_the_delta_cap(monkeypatch: pytest.MonkeyPatch) -> None:
     """The sampler takes the fewest digits whose tail fits the cap: a cap of
-    2^−24 instead of 2^−64 saves a digit and is met; a cap no 64-bit digit can
-    reach refuses the stream."""
+    2^−24 instead of 2^−64 (on a stream of one query, so ν's tail is paid
+    once) saves a digit and is met; a cap no 128-bit digit can reach refuses
+    the stream."""
     kind, eps, f = StreamKind.LAP24, Fraction(1), 8
     noise = joint_stream_noise(kind, eps, f)
     assert 0 < noise.delta <= noise.delta_charge <= JOINT_DELTA_CAP
     jointsvt.joint_stream_noise.cache_clear()
     try:
         monkeypatch.setattr(jointsvt, "JOINT_DELTA_CAP", Fraction(1, 1 << 24))
+        monkeypatch.setattr(jointsvt, "JOINT_MAX_QUERIES", 1)
         higher = jointsvt.joint_stream_noise(kind, eps, f)
         assert noise.delta < higher.delta <= Fraction(1, 1 << 24)
         assert len(higher.query_constants) + len(higher.threshold_constants) < len(

@@ -224,13 +224,27 @@ def _stream_shape(width: int = 64) -> SamplerShape:
     return SamplerShape(noise.query_constants, noise.query_widths, noise.shift, True, width)
 
 
-@pytest.mark.parametrize("which", ["t=3,b=8", "t=2^20,b=64", "stream", "stream,w=34"])
+def _rare_shape() -> SamplerShape:
+    """The servers' ν sampler of a lap24 stream at ε = 9/10, F = 16: its top
+    digit (probability ≈ 2^−82) is 92 bits wide, a uniform of two words."""
+    from svtagg.dp.jointsvt import joint_stream_noise
+    from svtagg.dp.kinds import StreamKind
+
+    noise = joint_stream_noise(StreamKind.LAP24, Fraction(9, 10), 16)
+    assert max(noise.query_widths) > 64
+    return SamplerShape(noise.query_constants, noise.query_widths, noise.shift, True, 64)
+
+
+@pytest.mark.parametrize(
+    "which", ["t=3,b=8", "t=2^20,b=64", "stream", "stream,w=34", "rare digit"]
+)
 def test_protocol_reconstructs_the_sample(mpc_engine: str, which: str) -> None:
     shape = {
         "t=3,b=8": lambda: SamplerShape(sampler_constants(Fraction(3), 8), 8),
         "t=2^20,b=64": lambda: SamplerShape(sampler_constants(Fraction(1 << 20), 64), 64),
         "stream": _stream_shape,
         "stream,w=34": lambda: _stream_shape(34),
+        "rare digit": _rare_shape,
     }[which]()
     n = 5000 if shape.words <= 3 else 300  # more than one OT lane batch
     tag = mpc_engine.encode()
@@ -344,3 +358,25 @@ def test_one_sided_ratio_matches_brute_force(fitted: bool) -> None:
         brute = max(law[g] / law[g + d] for g in law if g + d in law)
         assert one_sided_ratio(c, bits, d) == brute
         assert abs(math.log(brute) - d / t) < 0.01 * d / t
+
+
+def test_two_word_digits_are_drawn_exactly() -> None:
+    """A digit wider than 64 bits (`dp.joint.MAX_RARE_WIDTH`) compares a
+    two-word uniform with its constant: the local sampler (`dp.joint.sample`)
+    and the circuit's plaintext reference (`plain_joint_noise`) both draw the
+    exact law.  Digits of probability 1/4 + 2^−70 (width 72) and
+    1/2 − 3·2^−101 (width 101) beside an 8-bit one: 40,000 draws fit the
+    exact pmf, and a constant off by its top word (probability 1/4 + 1/8) is
+    rejected."""
+    from svtagg.dp.joint import pmf, sample
+
+    consts = (77, (1 << 70) + 4, (1 << 100) - 3)
+    widths = (8, 72, 101)
+    law = pmf(consts, widths, signed=False)
+    draws = sample(consts, widths, 40_000, RandomSource(b"two words"), signed=False)
+    assert _chi_square_pvalue(draws, law) > 1e-3
+    shape = SamplerShape(consts, widths, 0, False, 64)
+    words = _words(b"two words, circuit", shape, 40_000)
+    assert _chi_square_pvalue(plain_joint_noise(words, shape), law) > 1e-3
+    wrong = sample((77, (3 << 69) + 4, (1 << 100) - 3), widths, 40_000, RandomSource(b"w"), False)
+    assert _chi_square_pvalue(wrong, law) < 1e-6

@@ -494,3 +494,35 @@ def test_create_task_noise_joint_through_the_servers(tmp_path: Path) -> None:
             3 + CTT_EPS + 2 + 4,
             charge + spent + nmax_charge,
         )
+
+
+async def test_a_joint_stream_is_sent_at_most_its_queries(
+    pair: ReferencePair, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An AboveThreshold or ctt stream of a joint task is sent at most
+    JOINT_MAX_QUERIES queries (its δ pays ν's tail per query): with the bound
+    at 6, a chunk past it is refused by the leader before it runs (the stream
+    stays open), and the helper's own check refuses it too; the local oracle
+    refuses alike."""
+    from svtagg.analyst.local_oracle import LocalOracle
+    from svtagg.dp import jointsvt
+    from svtagg.dp.queries import Query
+    from svtagg.servers.core import parse_chunk
+
+    monkeypatch.setattr(jointsvt, "JOINT_MAX_QUERIES", 6)
+    sid = (await pair.leader.open_stream(OpenStream("t", StreamKind.LAP24, "1"))).stream_id
+    no = (4 * N * UNIT,) * 4
+    assert not (await pair.leader.ask(Ask(sid, Queries((0, 1, 3, 0)), no))).yes
+    with pytest.raises(InvalidArgument, match="at most 6 queries"):
+        await pair.leader.ask(Ask(sid, Queries((0, 1, 3)), no[:3]))
+    await pair.helper.settled()  # the helper records the chunk's result it was sent
+    stream = pair.helper.core.stream(sid)
+    task = pair.helper.core.task("t")
+    with pytest.raises(InvalidArgument, match="at most 6 queries"):
+        pair.helper.core.check_queries(stream, parse_chunk(task, (0, 1, 3), ()))
+    assert not (await pair.leader.ask(Ask(sid, Queries((0, 1)), no[:2]))).yes  # exactly 6
+    local = LocalOracle(np.zeros((10, 2)), 4, "1/1000", frac_bits=F, noise="joint")
+    ls = local.open_stream("4")
+    assert ls.ask([(Query(0), 30.0)] * 6) is None
+    with pytest.raises(ValueError, match="at most 6 queries"):
+        ls.ask([(Query(0), 30.0)])
