@@ -235,9 +235,7 @@ def _rare_shape() -> SamplerShape:
     return SamplerShape(noise.query_constants, noise.query_widths, noise.shift, True, 64)
 
 
-@pytest.mark.parametrize(
-    "which", ["t=3,b=8", "t=2^20,b=64", "stream", "stream,w=34", "rare digit"]
-)
+@pytest.mark.parametrize("which", ["t=3,b=8", "t=2^20,b=64", "stream", "stream,w=34", "rare digit"])
 def test_protocol_reconstructs_the_sample(mpc_engine: str, which: str) -> None:
     shape = {
         "t=3,b=8": lambda: SamplerShape(sampler_constants(Fraction(3), 8), 8),
