@@ -457,8 +457,8 @@ def _stream(
 
 
 def _close_eta(nu: Digits, span: int) -> Fraction:
-    """η for a Close interval of at least `span` (= 2^k + 2, k ≥ 1) points of the
-    two-sided law: its far end b lies ≥ B = (span − 2)/2 above the centre, and
+    """η for a Close interval of at least `span` (≥ 4) points of the
+    two-sided law: its far end b lies ≥ B = ⌈(span − 2)/2⌉ above the centre, and
     P(ν ∈ [b − 1, b + 2]) ≤ ½·T(b − 1) against the interval's ≥ ½·(1 − T(B + 1))
     (when it reaches 0) or ≥ ½·(T(a) − T(b − 1)) ≥ ½·T(a)·(1 − ρ) (when a ≥ 1, ρ
     the tail's decay over span − 2 points), T(m) = P(G ≥ m)."""
@@ -478,13 +478,30 @@ def _close_factor(nu: Digits, span: int) -> Fraction | None:
 
 
 def _close_span(nu: Digits, ratio: Fraction, epsilon: Fraction) -> tuple[int, Fraction] | None:
-    """The least span 2^k + 2 (k ≥ 1) whose Close factor keeps ratio·factor within
-    e^ε, with that product; None if no span up to past the support does."""
-    for k in range(1, len(nu[0]) + 2):
-        span = (1 << k) + 2
+    """A span whose Close factor keeps ratio·factor within e^ε, with that
+    product; None if no span up to past the support does.  The least 2^k + 2
+    (k ≥ 1) that fits, then a bisection down to the ladder's step before it:
+    a span s with s − 1 failing (the bound at s holds for every longer
+    interval, so any s that fits is sound; the bisection only narrows the gap)."""
+
+    def fits(span: int) -> Fraction | None:
         factor = _close_factor(nu, span)
-        if factor is not None and _within(ratio * factor, epsilon):
-            return span, ratio * factor
+        return ratio * factor if factor is not None and _within(ratio * factor, epsilon) else None
+
+    for k in range(1, len(nu[0]) + 2):
+        hi = (1 << k) + 2
+        product = fits(hi)
+        if product is None:
+            continue
+        lo = (1 << (k - 1)) + 2 if k > 1 else 3  # fails (or is below the least span, 4)
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            found = fits(mid)
+            if found is None:
+                lo = mid
+            else:
+                hi, product = mid, found
+        return hi, product
     return None
 
 

@@ -111,7 +111,7 @@ async def test_joint_ctt_stream_answers(pair: ReferencePair) -> None:
     stream stays open), between thresholds around the score CLOSE (it closes);
     γ is drawn once, in the first chunk, and kept; both ledgers hold (ε, the
     stream's δ + the sampler's).  ε = 1/2: ν's scale is 12 score units, γ's 4,
-    the gap about 250; each expected answer fails with probability < 10^-4."""
+    the gap about 200; each expected answer fails with probability < 10^-4."""
     gap = joint_ctt_gap(CTT_EPS, CTT_DELTA, F)
     assert gap < ctt_gap(CTT_EPS, CTT_DELTA, 2)  # no corrupt server knows γ: no widening
     info = await pair.leader.open_stream(OpenStream("t", StreamKind.CTT, "1/2", "1/10000000"))
