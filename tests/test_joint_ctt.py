@@ -114,9 +114,7 @@ def test_the_charge_covers_the_exact_loss(eps: Fraction) -> None:
     exact = shift_ratio(*rho, 1) * shift_ratio(*nu, 2) * factor
     assert exact == noise.ratio and _within(exact, eps)
     shorter = _close_factor(nu, noise.close_span - 1)  # the bisection's last step fails
-    assert shorter is None or not _within(
-        shift_ratio(*rho, 1) * shift_ratio(*nu, 2) * shorter, eps
-    )
+    assert shorter is None or not _within(shift_ratio(*rho, 1) * shift_ratio(*nu, 2) * shorter, eps)
     nu_tail = tail_mass(*nu, (1 << len(nu[0])) - 2) * factor  # paid per query
     rho_tail = tail_mass(*rho, (1 << len(rho[0])) - 1)
     assert noise.delta_charge >= (rho_tail + JOINT_MAX_QUERIES * nu_tail) / 2
