@@ -89,8 +89,8 @@ def _check_pairs(p: ReferencePair, kind: StreamKind = StreamKind.LAP24, eps: int
         assert -gamma_bound <= gamma < gamma_bound
 
 
-async def _open(p: ReferencePair, eps: str = "1") -> str:
-    return (await p.leader.open_stream(OpenStream("t", StreamKind.LAP24, eps))).stream_id
+async def _open(p: ReferencePair, eps: str = "1", kind: StreamKind = StreamKind.LAP24) -> str:
+    return (await p.leader.open_stream(OpenStream("t", kind, eps))).stream_id
 
 
 async def _ask_no(p: ReferencePair, sid: str, size: int) -> None:
@@ -100,10 +100,12 @@ async def _ask_no(p: ReferencePair, sid: str, size: int) -> None:
     await p.helper.settled()  # the helper records the result it was sent one way
 
 
-async def test_pooled_noise_follows_the_exact_law(pair: ReferencePair) -> None:
+@pytest.mark.parametrize("kind", [StreamKind.LAP24, StreamKind.LAP3, StreamKind.EXP3])
+async def test_pooled_noise_follows_the_exact_law(pair: ReferencePair, kind: StreamKind) -> None:
     """20,000 pooled ν (γ pooled too; four batches, four chunks that draw
-    nothing in the chunk) fit the exact pmf of the stream's query sampler."""
-    sid = await _open(pair)
+    nothing in the chunk) fit the exact pmf of the stream's query sampler, for
+    every kind whose noise is pooled (ctt and nmax draw in their chunks)."""
+    sid = await _open(pair, "1", kind)
     assert await pair.leader.fill_pool(sid, 5000, gamma=True)
     for _ in range(3):
         assert await pair.leader.fill_pool(sid, 5000)
@@ -112,11 +114,11 @@ async def test_pooled_noise_follows_the_exact_law(pair: ReferencePair) -> None:
     leader, _ = _logs(pair)
     assert [(d.pool_lo, d.pooled) for d in leader] == [(5000 * i, 5000) for i in range(4)]
     assert [d.gamma_pooled for d in leader] == [True, False, False, False]
-    _check_pairs(pair)
+    _check_pairs(pair, kind)
     samples = np.concatenate(
         [joint_sum(pair, a.stream_id, a.nu, b.nu) for a, b in zip(*_logs(pair), strict=True)]
     )
-    noise = joint_stream_noise(StreamKind.LAP24, Fraction(1), F)
+    noise = joint_stream_noise(kind, Fraction(1), F)
     lo, grid = noise.grid_pmf("query")
     assert lo <= samples.min() and samples.max() < lo + grid.size
     # False failure probability 1e-3 (the samples are os.urandom's: no seed).
