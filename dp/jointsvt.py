@@ -134,7 +134,7 @@ def check_joint_tournament(candidates: int) -> None:
     """A report-noisy-max stream of a joint-noise task holds at most
     `JOINT_MAX_TOURNAMENT` candidates (its δ is paid per candidate); ValueError
     otherwise.  The oracles check it before anything is charged; the servers
-    check it again (`ServerCore.check_tournament`)."""
+    check it again (`ServerCore.check_queries`)."""
     if candidates > JOINT_MAX_TOURNAMENT:
         raise ValueError(
             f"a report-noisy-max stream holds at most {JOINT_MAX_TOURNAMENT:,} candidates "

@@ -613,33 +613,26 @@ class ServerCore:
         plus its own one-sided noise (no threshold, no γ)."""
         return self._scores(task, chunk) + self._noise(stream, task, len(chunk))
 
-    def check_tournament(self, stream: StreamState, chunk: Chunk) -> None:
-        """A stream's candidates, over all its report-noisy-max chunks, number at
-        most MAX_TOURNAMENT (< 2^32, the carried and revealed index's width),
-        JOINT_MAX_TOURNAMENT on a joint-noise task (its δ is paid per
-        candidate: dp/jointsvt.py); refused before the chunk is marked."""
-        most = (
-            JOINT_MAX_TOURNAMENT
-            if self._chunk_task(stream.task_id).params.noise == JOINT
-            else MAX_TOURNAMENT
-        )
-        if stream.queries + len(chunk) > most:
-            raise InvalidArgument(
-                f"a report-noisy-max stream holds at most {most:,} candidates"
-                + (" on a task with joint noise" if most != MAX_TOURNAMENT else "")
-            )
-
     def check_queries(self, stream: StreamState, chunk: Chunk) -> None:
-        """On a joint-noise task an AboveThreshold or CompareToThresholds stream
-        is sent at most JOINT_MAX_QUERIES queries (its δ pays ν's tail per
-        query: dp/jointsvt.py); refused before the chunk is marked, on both
-        servers."""
-        if self._chunk_task(stream.task_id).params.noise != JOINT:
-            return
-        try:
-            check_joint_queries(stream.queries, len(chunk))
-        except ValueError as exc:
-            raise InvalidArgument(str(exc)) from None
+        """The one size rule of a stream's chunks, on both servers, before the
+        chunk is marked: a report-noisy-max stream's candidates, over all its
+        chunks, number at most MAX_TOURNAMENT (< 2^32, the carried and revealed
+        index's width), JOINT_MAX_TOURNAMENT on a joint-noise task; any other
+        stream of a joint-noise task is sent at most JOINT_MAX_QUERIES queries
+        (either δ is paid per candidate or query: dp/jointsvt.py)."""
+        joint = self._chunk_task(stream.task_id).params.noise == JOINT
+        if stream.kind == StreamKind.NMAX:
+            most = JOINT_MAX_TOURNAMENT if joint else MAX_TOURNAMENT
+            if stream.queries + len(chunk) > most:
+                raise InvalidArgument(
+                    f"a report-noisy-max stream holds at most {most:,} candidates"
+                    + (" on a task with joint noise" if joint else "")
+                )
+        elif joint:
+            try:
+                check_joint_queries(stream.queries, len(chunk))
+            except ValueError as exc:
+                raise InvalidArgument(str(exc)) from None
 
     async def noisy_max(
         self, party: ComparisonParty, stream: StreamState, task: TaskState, chunk: Chunk, width: int

@@ -341,10 +341,7 @@ class HelperDriver:
         if h.kind != ChunkKind.of_stream(stream.kind):
             raise InvalidArgument("chunk mode does not match the stream kind")
         chunk = replace(parse_chunk(task, h.queries.index, h.queries.complement), more=h.more)
-        if h.kind == ChunkKind.NMAX:
-            self.core.check_tournament(stream, chunk)
-        else:
-            self.core.check_queries(stream, chunk)
+        self.core.check_queries(stream, chunk)
         # The mark and (a joint-noise stream) the pooled noise it consumes, in
         # one durable step before the go: a sample is never used twice.
         pooled = self.core.begin_pooled(stream, task, h.chunk_no, h.pool, len(chunk))

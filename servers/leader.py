@@ -524,7 +524,7 @@ class LeaderDriver:
         stream, task = self._open_stream(request.stream_id, ChunkKind.NMAX)
         chunk = parse_chunk(task, request.queries.index, request.queries.complement)
         chunk = replace(chunk, more=request.more)
-        self.core.check_tournament(stream, chunk)
+        self.core.check_queries(stream, chunk)
         if self.work is not None:
             answer = await self._leased(request, stream.stream_id)
             assert isinstance(answer, NoisyMaxAnswer)

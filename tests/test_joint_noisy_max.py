@@ -169,9 +169,9 @@ async def test_a_joint_tournament_holds_at_most_2_to_the_20_candidates(
     stream = pair.leader.core.store.stream(info.stream_id)
     three = Chunk(np.arange(3, dtype=np.int64), np.zeros(3, dtype=bool), more=True)
     core = pair.leader.core
-    core.check_tournament(replace(stream, queries=JOINT_MAX_TOURNAMENT - 3), three)
+    core.check_queries(replace(stream, queries=JOINT_MAX_TOURNAMENT - 3), three)
     with pytest.raises(InvalidArgument, match="at most 1,048,576 candidates on a task with joint"):
-        core.check_tournament(replace(stream, queries=JOINT_MAX_TOURNAMENT - 2), three)
+        core.check_queries(replace(stream, queries=JOINT_MAX_TOURNAMENT - 2), three)
 
 
 async def test_joint_tournament_answers_follow_the_exact_law(tmp_path: Path) -> None:

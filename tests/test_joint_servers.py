@@ -26,7 +26,13 @@ from conftest import joint_guess_bound, joint_sum, joint_z, spy_joint_sampler
 
 from svtagg.dp.errors import InvalidArgument
 from svtagg.dp.joint import one_sided_ratio, sampler_constants, shift_ratio
-from svtagg.dp.jointsvt import JOINT_DELTA_CAP, _within, joint_ctt_gap, joint_stream_noise
+from svtagg.dp.jointsvt import (
+    JOINT_DELTA_CAP,
+    JointStreamNoise,
+    _within,
+    joint_ctt_gap,
+    joint_stream_noise,
+)
 from svtagg.dp.kinds import StreamKind, ctt_gap, noise_model
 from svtagg.dp.noise import RandomSource
 from svtagg.dp.queries import Outcome
@@ -151,16 +157,7 @@ async def test_joint_ctt_noise_follows_the_exact_law(pair: ReferencePair) -> Non
     for _ in range(4):
         answer = await pair.leader.compare(_ctt_chunk(pair, sid, rows))
         assert set(answer.outcomes) == {Outcome.LOW} and not answer.closed
-    samples = _nu(pair)
-    assert samples.size == 20_000
-    noise = joint_stream_noise(StreamKind.CTT, CTT_EPS, F)
-    lo, grid = noise.grid_pmf("query")
-    assert lo <= samples.min() and samples.max() < lo + grid.size
-    law = binned_law(lo, grid, F)
-    assert _chi_square_pvalue(samples >> F, law) > 1e-3
-    rng = RandomSource(b"two independent draws")
-    twice = noise.sample("query", samples.size, rng) + noise.sample("query", samples.size, rng)
-    assert _chi_square_pvalue(twice >> F, law) < 1e-6
+    _check_noise_law(_nu(pair), joint_stream_noise(StreamKind.CTT, CTT_EPS, F))
 
 
 async def test_joint_ctt_answers_follow_the_exact_law(tmp_path: Path) -> None:
@@ -282,6 +279,21 @@ def _chi_square_pvalue(samples: np.ndarray, law: dict[int, Fraction]) -> float:
     return float(chisquare(obs, exp).pvalue)
 
 
+def _check_noise_law(samples: np.ndarray, noise: JointStreamNoise) -> None:
+    """20,000 ν of a stream fit the exact pmf of its query sampler (binned by
+    sensitivity, chi-square p > 10^-3), within its support; the sum of two
+    independent draws of that sampler (each server its own at the central
+    scale) is rejected by the same test (p < 10^-6)."""
+    assert samples.size == 20_000
+    lo, grid = noise.grid_pmf("query")
+    assert lo <= samples.min() and samples.max() < lo + grid.size
+    law = binned_law(lo, grid, F)
+    assert _chi_square_pvalue(samples >> F, law) > 1e-3
+    rng = RandomSource(b"two independent draws")
+    twice = noise.sample("query", samples.size, rng) + noise.sample("query", samples.size, rng)
+    assert _chi_square_pvalue(twice >> F, law) < 1e-6
+
+
 async def _many_nu(
     pair: ReferencePair, chunks: int, size: int, kind: StreamKind = StreamKind.LAP24
 ) -> str:
@@ -304,17 +316,7 @@ async def test_the_noise_follows_the_exact_law(pair: ReferencePair, kind: Stream
     (ctt: `test_joint_ctt_noise_follows_the_exact_law`; nmax:
     tests/test_joint_noisy_max.py.)"""
     await _many_nu(pair, 4, 5000, kind)
-    samples = _nu(pair)
-    assert samples.size == 20_000
-    noise = joint_stream_noise(kind, Fraction(1), F)
-    lo, grid = noise.grid_pmf("query")
-    assert lo <= samples.min() and samples.max() < lo + grid.size
-    law = binned_law(lo, grid, F)
-    assert _chi_square_pvalue(samples >> F, law) > 1e-3
-
-    rng = RandomSource(b"two independent draws")
-    twice = noise.sample("query", samples.size, rng) + noise.sample("query", samples.size, rng)
-    assert _chi_square_pvalue(twice >> F, law) < 1e-6
+    _check_noise_law(_nu(pair), joint_stream_noise(kind, Fraction(1), F))
 
 
 @pytest.mark.parametrize("kind", [StreamKind.LAP24, StreamKind.EXP3])

@@ -159,9 +159,9 @@ async def test_a_stream_holds_fewer_than_2_to_the_32_candidates(pair: DriverPair
     stream = pair.leader.core.store.stream(sid)
     three = Chunk(np.arange(3, dtype=np.int64), np.zeros(3, dtype=bool), more=True)
     core = pair.leader.core
-    core.check_tournament(replace(stream, queries=MAX_TOURNAMENT - 3), three)
+    core.check_queries(replace(stream, queries=MAX_TOURNAMENT - 3), three)
     with pytest.raises(InvalidArgument, match="at most 4,294,967,295 candidates"):
-        core.check_tournament(replace(stream, queries=MAX_TOURNAMENT - 2), three)
+        core.check_queries(replace(stream, queries=MAX_TOURNAMENT - 2), three)
     assert MAX_TOURNAMENT == 2**32 - 1
 
 
