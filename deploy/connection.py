@@ -390,9 +390,7 @@ class TaskHandle:
                 return status
             if timeout is not None and time.monotonic() - start > timeout:
                 raise TimeoutError(f"{status.pending:,} samples still pending after {timeout} s")
-            request = pb.PrepareNoiseRequest(
-                task_id=self.task_id, kind=pb_kind, epsilon=str(epsilon), count=0
-            )
+            request.count = 0  # the level is asked for: from now on, only report
             time.sleep(1.0)
 
     def close(self) -> None:
