@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from svtagg.vdaf import crawl, sparse
-from svtagg.vdaf.crawl import Level, PrefixDpf
+from svtagg.vdaf.crawl import CrawlReports, Level, PrefixDpf, check_level
 from svtagg.vdaf.sparse import NONCE_SIZE, RAND_SIZE, P, SparseError
 
 VK = os.urandom(32)
@@ -27,31 +27,33 @@ def make(dpf: PrefixDpf, alpha: int, weight: int = 1):  # type: ignore[no-untype
 
 
 def walk(dpf: PrefixDpf, reports, threshold: int, publics=None):  # type: ignore[no-untyped-def]
-    """Crawl every level: keep the candidates whose reconstructed count is at
-    least `threshold` (the test's plaintext stand-in for the SVT answers).
-    Returns per level the candidate counts and the reports refused there."""
-    kept = [[dpf.root(i, r[2][i]) for i in (0, 1)] for r in reports]
-    alive = set(range(len(reports)))
-    prefixes, out = [0], []
+    """Crawl every level on two `CrawlReports` (one bit per level): keep the
+    candidates whose reconstructed count is at least `threshold` (the test's
+    plaintext stand-in for the level's answers).  Returns per level the
+    candidate counts and the reports refused there."""
+
+    def view(i: int) -> list[tuple[bytes, bytes, bytes]]:
+        return [
+            (n, publics[j][i] if publics else pub, keys[i])
+            for j, (n, pub, keys) in enumerate(reports)
+        ]
+
+    servers = [CrawlReports(dpf.bits, i, VK, view(i)) for i in (0, 1)]
+    out = []
     for level in range(1, dpf.bits + 1):
-        counts: Counter[int] = Counter()
-        evals, refused = {}, []
-        for j in sorted(alive):
-            nonce, public, _ = reports[j]
-            pubs = publics[j] if publics else (public, public)
-            ev = [dpf.expand(i, VK, nonce, pubs[i], kept[j][i]) for i in (0, 1)]
-            if not dpf.decide(ev[0].prep_share, ev[1].prep_share):
-                refused.append(j)
-                continue
-            evals[j] = ev
-            for x, a, b in zip(ev[0].candidates, ev[0].shares, ev[1].shares, strict=True):
-                counts[x] += (a + b) % P
-        alive -= set(refused)
-        candidates = [2 * x + b for x in prefixes for b in (0, 1)]
-        prefixes = [x for x in candidates if counts[x] >= threshold]
-        for j, ev in evals.items():
-            kept[j] = [dpf.keep(ev[i], prefixes, level) for i in (0, 1)]
-        out.append(({x: counts[x] for x in candidates}, refused))
+        was = servers[0].live
+        ok = check_level(*[s.extend(1) for s in servers])
+        invalid = was & ~ok
+        for s in servers:
+            s.drop(invalid)
+        shares = [s.count_shares() for s in servers]
+        candidates = servers[0].candidates
+        counts = {x: (a + b) % P for x, a, b in zip(candidates, *shares, strict=True)}
+        out.append((counts, np.flatnonzero(invalid).tolist()))
+        if level < dpf.bits:
+            kept = [x for x in candidates if counts[x] >= threshold]
+            for s in servers:
+                s.keep(kept)
     return out
 
 

@@ -1,11 +1,13 @@
-"""The incremental verifiable DPF a prefix crawl over bit strings needs
-(heavy hitters over unbounded domains): the building block, not the crawl.
+"""The incremental verifiable DPF of the prefix crawl over bit strings (heavy
+hitters over unbounded domains), and one server's side of a walk over many
+reports (`CrawlReports`).
 
-**Status: a tested library piece, not used by the servers yet.**  The crawl
-itself — servers that keep every report's key and per-level node states, the
-per-level exchange, the level's counts as the input of SVT streams charged to
-the task's ledger, the analyst's walk, its budget's proof and audit — is not
-built (docs/vdaf.md, "Sparse one-hot reports", "Not done").
+**Status: the reports, their per-level check and a server's state over a walk
+are built and tested; the gRPC servers do not serve a crawl yet.**  The walk
+(`analyst.crawl`) and its privacy mechanism (`dp.crawl`, docs/privacy.md "The
+prefix crawl") run against two in-process `CrawlReports` (`analyst.crawl.
+DpfCrawlOracle`); what the servers still lack is listed in docs/vdaf.md
+("The prefix crawl").
 
 A report for a string α of BITS bits is a key pair of the GGM tree of
 vdaf/sparse.py with an output and a proof correction at *every* level, so each
@@ -221,3 +223,116 @@ class PrefixDpf:
         where = [at[x] for x in prefixes]
         total = sum(ev.shares[i] for i in where) % P
         return Nodes(level, list(prefixes), ev.seeds[where], ev.ctrl[where], total)
+
+
+class CrawlReports:
+    """One server's side of a walk over many reports: each report's kept
+    nodes, level after level, and the reports found invalid (dropped for the
+    rest of the walk, by both servers alike, since `decide` is symmetric).
+
+    A level of the walk extends every kept prefix by `steps` bits: `steps`
+    binary levels of `PrefixDpf.expand`, all children kept between them, each
+    with its own check; the candidates come out in order (kept prefix, then
+    extension).  Numpy reference, one report at a time."""
+
+    def __init__(
+        self, bits: int, agg_id: int, verify_key: bytes, reports: list[tuple[bytes, bytes, bytes]]
+    ) -> None:
+        """`reports`: (nonce, public share, this server's key) each."""
+        self.dpf = PrefixDpf(bits)
+        self.agg_id, self.verify_key = agg_id, verify_key
+        self.reports = reports
+        self._nodes: list[Nodes | None] = []
+        for _, public, key in reports:
+            try:
+                self.dpf.level(public, 1)  # length and padding
+                self._nodes.append(self.dpf.root(agg_id, key))
+            except SparseError:
+                self._nodes.append(None)
+        self._last: list[Evaluated | None] = [None] * len(reports)
+        self.depth = 0  # bits of the current candidates
+        self.candidates: list[int] = [0]  # the root: the empty prefix
+        self._kept = True  # the nodes match `candidates` (no level evaluated since)
+
+    @property
+    def live(self) -> npt.NDArray[np.bool_]:
+        """The reports still in the walk."""
+        return np.array([n is not None for n in self._nodes], dtype=bool)
+
+    def extend(self, steps: int) -> list[list[bytes]]:
+        """Evaluate the next level's candidates (every kept prefix extended by
+        `steps` bits); returns, per report, its prep share of each binary level
+        (empty for a dropped report)."""
+        if not 1 <= steps or self.depth + steps > self.dpf.bits:
+            raise SparseError(f"{steps} more bits past {self.depth} of {self.dpf.bits}")
+        if not self._kept:
+            raise SparseError("keep the last level's prefixes before the next level")
+        shares: list[list[bytes]] = []
+        for i, (nonce, public, _) in enumerate(self.reports):
+            nodes = self._nodes[i]
+            if nodes is None:
+                shares.append([])
+                continue
+            mine = []
+            try:
+                for step in range(steps):
+                    ev = self.dpf.expand(self.agg_id, self.verify_key, nonce, public, nodes)
+                    mine.append(ev.prep_share)
+                    if step + 1 < steps:
+                        nodes = self.dpf.keep(ev, ev.candidates, nodes.level + 1)
+            except SparseError:  # a malformed correction: this server refuses the report
+                self._nodes[i], self._last[i] = None, None
+                shares.append([])
+                continue
+            self._last[i] = ev
+            shares.append(mine)
+        self.depth += steps
+        self.candidates = [(p << steps) | x for p in self.candidates for x in range(1 << steps)]
+        self._kept = False
+        return shares
+
+    def drop(self, invalid: npt.NDArray[np.bool_]) -> None:
+        """Take the reports the level's check refused out of the walk."""
+        for i in np.flatnonzero(invalid):
+            self._nodes[i], self._last[i] = None, None
+
+    def count_shares(self) -> list[int]:
+        """This server's Field128 share of each candidate's count over the
+        reports still in the walk."""
+        totals = [0] * len(self.candidates)
+        for ev in self._last:
+            if ev is None:
+                continue
+            for j, y in enumerate(ev.shares):
+                totals[j] += y
+        return [t % P for t in totals]
+
+    def keep(self, prefixes: list[int]) -> None:
+        """Keep the nodes of `prefixes` (candidates of the last level) for the
+        next level."""
+        if self._kept:
+            raise SparseError("evaluate a level before keeping its prefixes")
+        known = set(self.candidates)
+        if len(set(prefixes)) != len(prefixes) or not known.issuperset(prefixes):
+            raise SparseError("the kept prefixes must be distinct candidates of the last level")
+        for i, ev in enumerate(self._last):
+            if ev is not None:
+                self._nodes[i] = self.dpf.keep(ev, prefixes, self.depth)
+        self.candidates = list(prefixes)
+        self._kept = True
+
+
+def check_level(leader: list[list[bytes]], helper: list[list[bytes]]) -> npt.NDArray[np.bool_]:
+    """Per report, whether every binary level of a walk's level held
+    (`PrefixDpf.decide` on each); a report one server already refused fails."""
+    if len(leader) != len(helper):
+        raise SparseError("the two servers evaluated different report lists")
+    return np.array(
+        [
+            bool(a)
+            and len(a) == len(b)
+            and all(PrefixDpf.decide(x, y) for x, y in zip(a, b, strict=True))
+            for a, b in zip(leader, helper, strict=True)
+        ],
+        dtype=bool,
+    )

@@ -1,0 +1,242 @@
+"""Heavy hitters over bit strings by a prefix crawl: the analyst's walk.
+
+The walk asks, level by level, which candidate prefixes hold a noisy count of
+at least τ (`dp.crawl`: ε_ℓ per level, only the answers leave), keeps those,
+and extends them by the next `stride` bits; what is kept at the last level are
+the heavy strings.  A level whose candidates are all below τ ends the walk
+early (the levels not run are not spent).
+
+Strings reach the walk as B-bit integers: UTF-8, padded with zero bytes to
+B/8 bytes, most significant byte first, so that a prefix of the integer is a
+prefix of the string (`encode_string`, `decode_string`); a string longer than
+B/8 bytes, or holding a NUL byte (which the padding could not tell apart), is
+refused.
+
+Two level oracles: `LocalCrawlOracle` counts in the clear and adds both
+servers' noise (the central reference), `DpfCrawlOracle` runs two in-process
+servers (`vdaf.crawl.CrawlReports`) on the reports' verifiable DPF keys, with
+every level's check, and thresholds their count shares' sum.  Both charge
+each level's ε_ℓ to a ledger first.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Protocol
+
+import numpy as np
+
+from svtagg.dp.crawl import CrawlPlan, above, level_scale
+from svtagg.dp.errors import InvalidArgument
+from svtagg.dp.ledger import Ledger
+from svtagg.dp.noise import RandomSource
+from svtagg.vdaf.crawl import CrawlReports, PrefixDpf, check_level
+from svtagg.vdaf.sparse import NONCE_SIZE, RAND_SIZE, P
+
+
+def encode_string(s: str, bits: int) -> int:
+    """The B-bit integer of a string (UTF-8, zero-padded to B/8 bytes)."""
+    if bits % 8:
+        raise InvalidArgument(f"string tasks take whole bytes: {bits} bits is not a multiple of 8")
+    raw = s.encode("utf-8")
+    if len(raw) > bits // 8:
+        raise InvalidArgument(
+            f"{s[:40]!r} is {len(raw)} bytes in UTF-8; this task takes strings of at most "
+            f"{bits // 8} bytes"
+        )
+    if b"\0" in raw:
+        raise InvalidArgument(f"{s[:40]!r} holds a NUL character, which the padding uses")
+    return int.from_bytes(raw.ljust(bits // 8, b"\0"), "big")
+
+
+def decode_string(x: int, bits: int) -> str:
+    """The string of a B-bit integer (undecodable bytes shown as U+FFFD)."""
+    return x.to_bytes(bits // 8, "big").rstrip(b"\0").decode("utf-8", errors="replace")
+
+
+class LevelOracle(Protocol):
+    """Answers one level of a walk: which candidates are above τ."""
+
+    def above(
+        self, level: int, candidates: Sequence[int], prefix_bits: int, epsilon: Fraction,
+        threshold: int,
+    ) -> list[bool]: ...  # fmt: skip
+
+
+@dataclass(frozen=True)
+class LevelRecord:
+    level: int
+    prefix_bits: int
+    candidates: int
+    kept: int
+
+
+@dataclass
+class CrawlResult:
+    """What a walk found: the strings kept at the last level (as B-bit
+    integers), each level's sizes, the ε spent, and why it stopped early, if
+    it did."""
+
+    plan: CrawlPlan
+    found: list[int]
+    levels: list[LevelRecord] = field(default_factory=list)
+    epsilon_spent: Fraction = Fraction(0)
+    stopped: str = ""
+
+    def strings(self) -> list[str]:
+        return [decode_string(x, self.plan.bits) for x in self.found]
+
+
+def crawl(
+    oracle: LevelOracle, plan: CrawlPlan, progress: Callable[[LevelRecord], None] | None = None
+) -> CrawlResult:
+    """Walk the prefix tree as `plan` says (module docstring)."""
+    result = CrawlResult(plan, [])
+    kept, depth = [0], 0
+    for level in range(1, plan.levels + 1):
+        bits = plan.prefix_bits(level)
+        steps = bits - depth
+        candidates = [(p << steps) | x for p in kept for x in range(1 << steps)]
+        answers = oracle.above(level, candidates, bits, plan.level_epsilon, plan.threshold)
+        result.epsilon_spent += plan.level_epsilon
+        kept = [c for c, yes in zip(candidates, answers, strict=True) if yes]
+        depth = bits
+        record = LevelRecord(level, bits, len(candidates), len(kept))
+        result.levels.append(record)
+        if progress is not None:
+            progress(record)
+        if not kept:
+            result.stopped = f"no candidate of level {level} is above the threshold"
+            return result
+        if len(kept) > plan.max_kept and level < plan.levels:
+            result.stopped = (
+                f"{len(kept)} prefixes of level {level} are above the threshold, more than "
+                f"max_kept = {plan.max_kept}: raise the threshold (or ε), or max_kept"
+            )
+            return result
+    result.found = kept
+    return result
+
+
+def false_positive_floor(
+    level_epsilon: Fraction, candidates: int, expected: float = 0.05, parties: int = 2
+) -> int:
+    """The least τ at which a level of `candidates` zero-count candidates
+    expects at most `expected` of them above τ (the noise's exact tail): a
+    public floor for the threshold, computed from the plan alone."""
+    t = float(level_scale(level_epsilon))
+    tau = 1
+    while True:
+        # P(ν₁ + ν₂ ≥ τ) ≤ P(ν₁ ≥ τ/2) + P(ν₂ ≥ τ/2) for two parties, and the
+        # discrete Laplace tail P(ν ≥ x) = q^x/(1 + q), q = e^{−1/t}.
+        q = math.exp(-1 / t)
+        x = math.ceil(tau / parties)
+        tail = parties * q**x / (1 + q)
+        if candidates * tail <= expected:
+            return tau
+        tau = max(tau + 1, int(tau * 1.05))
+
+
+class LocalCrawlOracle:
+    """Counts the strings' prefixes in the clear and answers with both
+    servers' noise (`parties` = 2) or one party's; charges each level."""
+
+    def __init__(
+        self,
+        values: Iterable[int],
+        bits: int,
+        epsilon_total: Fraction | int | str,
+        parties: int = 2,
+        rng: RandomSource | None = None,
+    ) -> None:
+        self.values = list(values)
+        self.bits = bits
+        self.ledger = Ledger(epsilon_total)
+        self.parties = parties
+        self.rng = rng or RandomSource()
+
+    def counts(self, candidates: Sequence[int], prefix_bits: int) -> list[int]:
+        shift = self.bits - prefix_bits
+        tally = Counter(v >> shift for v in self.values)
+        return [tally.get(c, 0) for c in candidates]
+
+    def above(
+        self, level: int, candidates: Sequence[int], prefix_bits: int, epsilon: Fraction,
+        threshold: int,
+    ) -> list[bool]:  # fmt: skip
+        self.ledger.charge(epsilon)
+        c = self.counts(candidates, prefix_bits)
+        return [bool(x) for x in above(c, threshold, epsilon, self.rng, self.parties)]
+
+
+def make_reports(
+    values: Iterable[int], bits: int
+) -> list[tuple[bytes, bytes, tuple[bytes, bytes]]]:
+    """Each string's report (nonce, public share, the two keys), from the CSPRNG."""
+    dpf = PrefixDpf(bits)
+    out = []
+    for v in values:
+        nonce = os.urandom(NONCE_SIZE)
+        public, keys = dpf.gen(v, nonce, os.urandom(RAND_SIZE))
+        out.append((nonce, public, keys))
+    return out
+
+
+class DpfCrawlOracle:
+    """Two in-process servers holding the reports' keys: per level each
+    evaluates its shares of the candidates' counts and its prep shares, the
+    level's check drops the reports it refuses (on both), and the sum of the
+    two count shares is thresholded with both servers' noise.  What the gRPC
+    servers will do, without the transport (they do not serve a crawl yet)."""
+
+    def __init__(
+        self,
+        reports: Sequence[tuple[bytes, bytes, tuple[bytes, bytes]]],
+        bits: int,
+        epsilon_total: Fraction | int | str,
+        rng: RandomSource | None = None,
+    ) -> None:
+        verify_key = os.urandom(16)
+        self.servers = [
+            CrawlReports(bits, agg, verify_key, [(n, pub, keys[agg]) for n, pub, keys in reports])
+            for agg in (0, 1)
+        ]
+        self.ledger = Ledger(epsilon_total)
+        self.rng = rng or RandomSource()
+        self.refused_at: dict[int, int] = {}  # level → reports its check refused
+        self.counts: list[int] = []  # the last level's counts (tests only: never released)
+
+    def above(
+        self, level: int, candidates: Sequence[int], prefix_bits: int, epsilon: Fraction,
+        threshold: int,
+    ) -> list[bool]:  # fmt: skip
+        leader, helper = self.servers
+        if level > 1:  # the candidates extend the prefixes kept at the last level
+            steps = prefix_bits - leader.depth
+            kept = list(dict.fromkeys(c >> steps for c in candidates))
+            for s in self.servers:
+                s.keep(kept)
+        steps = prefix_bits - leader.depth
+        self.ledger.charge(epsilon)
+        shares = [s.extend(steps) for s in self.servers]
+        if leader.candidates != list(candidates):
+            raise InvalidArgument("the candidates must extend every kept prefix, in order")
+        was = leader.live
+        ok = check_level(*shares)
+        invalid = was & ~ok
+        for s in self.servers:
+            s.drop(invalid)
+        self.refused_at[level] = int(invalid.sum())
+        a, b = leader.count_shares(), helper.count_shares()
+        counts = [(x + y) % P for x, y in zip(a, b, strict=True)]
+        if any(c > len(was) for c in counts):  # each checked report adds 0 or 1
+            raise AssertionError("a level's count exceeds its reports: the check let one through")
+        self.counts = counts
+        return [
+            bool(x) for x in above(np.array(counts, dtype=np.int64), threshold, epsilon, self.rng)
+        ]
