@@ -1,0 +1,210 @@
+"""Heavy hitters over strings by the prefix crawl: accuracy over ε and the
+verifiable-DPF path's cost, in one run.
+
+    python -m svtagg.benchmarks.bench_crawl                 # n = 10^5, ε ∈ {1/4, 1/2, 1, 2}
+    python -m svtagg.benchmarks.bench_crawl --quick         # n = 2·10^4, fewer runs
+
+*Accuracy.*  Each of n users holds one English word of at most 8 bytes
+(wordfreq's list, the `test` extra), drawn with Zipf(1.1) popularity over the
+first `--vocab` such words' ranks; strings of 64 bits, a stride of 8 (one byte
+per level, 8 levels, ε/8 each).  τ = max(⌈φ·n⌉, the plan's false-positive
+floor), public.  Per ε: how many of the true top-10 the walk returned
+(median, min–max over runs), how many strings it returned, the levels it ran.
+The walk runs on `LocalCrawlOracle` (plaintext counts, both servers' noise):
+the answers' law is the servers' (`dp.crawl`), the counts the DPF path's
+(tests/test_crawl.py checks them equal level by level).
+
+*Cost of the DPF path.*  `--dpf-users` reports through two in-process
+servers (`DpfCrawlOracle`: keys, every level's check, count shares): bytes per
+report to each server, client time per report, server time per report and
+level (numpy reference; no native core for the crawl yet).  The gRPC servers
+do not serve a crawl yet, so no time or bytes *between* servers are measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import time
+from collections import Counter
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from svtagg.analyst.crawl import (
+    DpfCrawlOracle,
+    LocalCrawlOracle,
+    crawl,
+    encode_string,
+    false_positive_floor,
+    make_reports,
+)
+from svtagg.dp.crawl import CrawlPlan
+from svtagg.dp.noise import RandomSource
+from svtagg.vdaf.crawl import PrefixDpf
+from svtagg.vdaf.sparse import KEY_SIZE, NONCE_SIZE
+
+BITS, STRIDE, TOP = 64, 8, 10
+
+
+def vocabulary(size: int) -> list[str]:
+    """The first `size` words of wordfreq's English list that fit 8 bytes."""
+    try:
+        import wordfreq
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise SystemExit("bench_crawl needs wordfreq: pip install 'svtagg[test]'") from exc
+    words = [w for w in wordfreq.top_n_list("en", 4 * size) if len(w.encode()) <= BITS // 8]
+    if len(words) < size:
+        raise SystemExit(f"wordfreq lists only {len(words)} words of at most 8 bytes")
+    return words[:size]
+
+
+def corpus(n: int, vocab: list[str], zipf: float, seed: int) -> list[str]:
+    """n users' words, Zipf(`zipf`) over the vocabulary's ranks."""
+    ranks = np.arange(1, len(vocab) + 1, dtype=np.float64)
+    p = ranks**-zipf
+    p /= p.sum()
+    picks = np.random.default_rng(seed).choice(len(vocab), size=n, p=p)
+    return [vocab[i] for i in picks]
+
+
+def threshold(n: int, plan_eps: Fraction, phi: float, max_kept: int) -> int:
+    levels = -(-BITS // STRIDE)
+    floor = false_positive_floor(plan_eps / levels, max_kept << STRIDE)
+    return max(math.ceil(phi * n), floor)
+
+
+def accuracy(
+    words: list[str], epsilons: list[Fraction], runs: int, phi: float, max_kept: int
+) -> list[dict[str, Any]]:
+    values = [encode_string(w, BITS) for w in words]
+    truth = [w for w, _ in Counter(words).most_common(TOP)]
+    tenth = Counter(words).most_common(TOP)[-1][1]
+    rows = []
+    for eps in epsilons:
+        tau = threshold(len(words), eps, phi, max_kept)
+        plan = CrawlPlan(BITS, STRIDE, eps, tau, max_kept)
+        recall, sizes, levels, secs = [], [], [], []
+        for _ in range(runs):
+            oracle = LocalCrawlOracle(values, BITS, eps, rng=RandomSource())
+            t = time.perf_counter()
+            res = crawl(oracle, plan)
+            secs.append(time.perf_counter() - t)
+            found = set(res.strings())
+            recall.append(sum(w in found for w in truth))
+            sizes.append(len(found))
+            levels.append(len(res.levels))
+        rows.append(
+            {
+                "epsilon": str(eps),
+                "tau": tau,
+                "tenth_count": tenth,
+                "top10_found": _spread(recall),
+                "strings_returned": _spread(sizes),
+                "levels_run": _spread(levels),
+                "walk_seconds": round(statistics.median(secs), 2),
+            }
+        )
+    return rows
+
+
+def dpf_cost(words: list[str], epsilon: Fraction, phi: float) -> dict[str, Any]:
+    values = [encode_string(w, BITS) for w in words]
+    t = time.perf_counter()
+    reports = make_reports(values, BITS)
+    client = (time.perf_counter() - t) / len(values)
+    oracle = DpfCrawlOracle(reports, BITS, epsilon)
+    plan = CrawlPlan(BITS, STRIDE, epsilon, threshold(len(words), epsilon, phi, 64), 64)
+    t = time.perf_counter()
+    res = crawl(oracle, plan)
+    walk = time.perf_counter() - t
+    # nodes each server evaluates per report: a level of K kept prefixes
+    # expands 2K, 4K, …, 2^s·K nodes (2^(s+1) − 2 per kept prefix)
+    kept, nodes, depth = 1, 0, 0
+    for r in res.levels:
+        nodes += kept * ((2 << (r.prefix_bits - depth)) - 2)
+        kept, depth = r.kept, r.prefix_bits
+    public = PrefixDpf(BITS).public_share_bytes()
+    return {
+        "users": len(words),
+        "bytes_per_report_leader": NONCE_SIZE + public + KEY_SIZE,
+        "bytes_per_report_helper": NONCE_SIZE + public + KEY_SIZE,
+        "client_ms_per_report": round(1e3 * client, 3),
+        "walk_seconds_both_servers": round(walk, 2),
+        "tau": plan.threshold,
+        "server_ms_per_report_per_walk": round(1e3 * walk / 2 / len(words), 2),
+        "server_us_per_node": round(1e6 * walk / 2 / len(words) / max(nodes, 1), 2),
+        "candidates_per_level": [r.candidates for r in res.levels],
+        "strings_found": len(res.found),
+        "refused": sum(oracle.refused_at.values()),
+    }
+
+
+def _spread(xs: list[int]) -> dict[str, float]:
+    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs)}
+
+
+def table(rows: list[dict[str, Any]], n: int) -> str:
+    out = [
+        f"| ε (64-bit strings, n = {n:,}, 8 levels) | τ | true top-10 returned, median (min–max) "
+        "| strings returned | levels run |",
+        "|---|---|---|---|---|",
+    ]
+    for r in rows:
+        f, s, lv = r["top10_found"], r["strings_returned"], r["levels_run"]
+        out.append(
+            f"| {r['epsilon']} | {r['tau']:,} | {f['median']:g} ({f['min']:g}–{f['max']:g}) "
+            f"| {s['median']:g} ({s['min']:g}–{s['max']:g}) | {lv['median']:g} |"
+        )
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="n = 2·10^4, 3 runs, 100 DPF users")
+    p.add_argument("--n", type=int, default=100_000, help="users")
+    p.add_argument("--epsilon", default="1/4,1/2,1,2", help="walk ε values (comma-separated)")
+    p.add_argument("--runs", type=int, default=10, help="walks per ε")
+    p.add_argument("--vocab", type=int, default=5000, help="distinct words")
+    p.add_argument("--zipf", type=float, default=1.1, help="Zipf exponent over word ranks")
+    p.add_argument("--phi", type=float, default=0.005, help="τ is at least ⌈φ·n⌉")
+    p.add_argument("--max-kept", type=int, default=64, help="prefixes a level may keep")
+    p.add_argument("--dpf-users", type=int, default=300, help="users through the DPF path")
+    p.add_argument("--seed", type=int, default=0, help="the corpus's seed (noise: CSPRNG)")
+    p.add_argument("--out", default="results/bench_crawl.json")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.n, args.runs, args.dpf_users = 20_000, 3, 100
+    epsilons = [Fraction(x) for x in args.epsilon.split(",")]
+    vocab = vocabulary(args.vocab)
+    words = corpus(args.n, vocab, args.zipf, args.seed)
+    t0 = time.perf_counter()
+    rows = accuracy(words, epsilons, args.runs, args.phi, args.max_kept)
+    small = corpus(args.dpf_users, vocab, args.zipf, args.seed + 1)
+    cost = dpf_cost(small, Fraction(16), args.phi)
+    result = {
+        "config": {k: v for k, v in vars(args).items() if k != "out"},
+        "accuracy": rows,
+        "dpf_path": cost,
+        "seconds": round(time.perf_counter() - t0, 1),
+        "cpus": os.cpu_count(),
+    }
+    print(table(rows, args.n))
+    print()
+    print("DPF path (two in-process servers, numpy reference):")
+    for k, v in cost.items():
+        print(f"  {k}: {v}")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2))
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
