@@ -26,11 +26,12 @@ def make(dpf: PrefixDpf, alpha: int, weight: int = 1):  # type: ignore[no-untype
     return nonce, public, keys
 
 
-def walk(dpf: PrefixDpf, reports, threshold: int, publics=None):  # type: ignore[no-untyped-def]
+def walk(dpf: PrefixDpf, reports, threshold: int, publics=None, reference=False):  # type: ignore[no-untyped-def]
     """Crawl every level on two `CrawlReports` (one bit per level): keep the
     candidates whose reconstructed count is at least `threshold` (the test's
     plaintext stand-in for the level's answers).  Returns per level the
-    candidate counts and the reports refused there."""
+    candidate counts and the reports refused there.  `reference`: the numpy
+    path even where the native core is (the controls break the reference)."""
 
     def view(i: int) -> list[tuple[bytes, bytes, bytes]]:
         return [
@@ -38,7 +39,7 @@ def walk(dpf: PrefixDpf, reports, threshold: int, publics=None):  # type: ignore
             for j, (n, pub, keys) in enumerate(reports)
         ]
 
-    servers = [CrawlReports(dpf.bits, i, VK, view(i)) for i in (0, 1)]
+    servers = [CrawlReports(dpf.bits, i, VK, view(i), reference) for i in (0, 1)]
     out = []
     for level in range(1, dpf.bits + 1):
         was = servers[0].live
@@ -137,7 +138,7 @@ def test_unbound_public_shares_let_wrong_counts_through(monkeypatch: pytest.Monk
     passed_wrong = 0
     for _ in range(20):
         nonce, keys, one, two = _publics_differing_at_level_6(dpf)
-        result = walk(dpf, [(nonce, one, keys)], 1, publics=[(one, two)])
+        result = walk(dpf, [(nonce, one, keys)], 1, publics=[(one, two)], reference=True)
         refused_at = [level for level, (_, refused) in enumerate(result, 1) if refused]
         assert refused_at in ([], [6])
         if not refused_at:
@@ -197,7 +198,7 @@ def test_negative_control_seed_only_proofs_let_the_split_report_through(monkeypa
 
     monkeypatch.setattr(crawl, "_leaf_proofs", seed_only)
     dpf = PrefixDpf(5)
-    result = walk(dpf, [split(dpf)], threshold=0)
+    result = walk(dpf, [split(dpf)], threshold=0, reference=True)
     assert all(not refused for _, refused in result)
     half = pow(2, -1, P)
     assert sorted(result[-1][0].values())[-2:] == [half, half]
@@ -229,3 +230,52 @@ def test_keep_refuses_a_prefix_that_was_no_candidate_or_one_kept_twice() -> None
     with pytest.raises(SparseError, match="distinct"):
         dpf.keep(ev, [1, 1], 1)
     assert dpf.keep(ev, [1], 1).prefixes == [1]
+
+
+native_only = pytest.mark.skipif(not crawl._native(), reason="the native core is not built")
+
+
+@native_only
+@pytest.mark.parametrize("bits", [1, 7, 13, 64, 256])
+def test_the_native_core_makes_the_references_bytes(bits: int) -> None:
+    """Key generation and `expand_steps` (several kept nodes, both servers,
+    one to five binary levels at once): the same bytes as the numpy
+    reference's `gen`, `expand` and `keep` in turn."""
+    from svtagg.vdaf import native
+
+    dpf = PrefixDpf(bits)
+    gen = np.random.default_rng(bits)
+    for _ in range(3):
+        nonce, rand = os.urandom(NONCE_SIZE), os.urandom(RAND_SIZE)
+        alpha = int.from_bytes(os.urandom(32), "big") % (1 << bits)
+        public, keys = dpf.gen(alpha, nonce, rand)
+        with native.using("python"):
+            assert dpf.gen(alpha, nonce, rand) == (public, keys)
+        for agg in (0, 1):
+            nodes = dpf.root(agg, keys[agg])
+            while nodes.level < bits:
+                steps = int(gen.integers(1, min(5, bits - nodes.level) + 1))
+                ev, preps = dpf.expand_steps(agg, VK, nonce, public, nodes, steps)
+                ref, ref_preps = dpf.expand_steps(agg, VK, nonce, public, nodes, steps, True)
+                assert preps == ref_preps and ev.shares == ref.shares
+                assert ev.candidates == ref.candidates
+                assert (ev.seeds == ref.seeds).all() and (ev.ctrl == ref.ctrl).all()
+                # keep a few (α's prefix among them), as a walk would
+                mine = alpha >> (bits - nodes.level - steps)
+                others = [int(x) for x in gen.choice(ev.candidates, 3)]
+                kept = list(dict.fromkeys([mine, *others]))
+                nodes = dpf.keep(ev, kept, nodes.level + steps)
+
+
+@native_only
+def test_the_native_core_refuses_an_output_correction_past_the_modulus() -> None:
+    dpf = PrefixDpf(8)
+    nonce, public, keys = make(dpf, 77)
+    levels = dpf.decode(public)
+    raw = bytearray(dpf.encode(levels))
+    head = len(raw) - 48 * 8
+    raw[head + 48 * 2 + 32 : head + 48 * 2 + 48] = (P + 3).to_bytes(16, "little")
+    with pytest.raises(SparseError):
+        dpf.expand_steps(0, VK, nonce, bytes(raw), dpf.root(0, keys[0]), 4)
+    with pytest.raises(SparseError):
+        dpf.expand_steps(0, VK, nonce, bytes(raw), dpf.root(0, keys[0]), 4, reference=True)

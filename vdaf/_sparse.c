@@ -372,10 +372,234 @@ done:
     return result;
 }
 
+/* ------------------------------------------------------------------ the prefix crawl
+ *
+ * vdaf/crawl.py's PrefixDpf in one pass per call (the numpy reference says
+ * what each step is for; the tests compare both byte for byte).
+ *
+ * crawl_gen(tree_key, proof_key0, proof_key1, n, alpha, rand, weight) -> public share
+ *   alpha: the string, ⌈n/8⌉ bytes big-endian (its low n bits); every level
+ *   gets its seed, control, proof and output corrections.
+ *
+ * crawl_expand(tree_key, proof_key0, proof_key1, digest_keys, agg_id, levels,
+ *              ctrl, seeds, bits, total, seeds_out, bits_out, shares_out) -> prep shares
+ *   `steps` = len(digest_keys)/16 binary levels from the nodes (seeds: K × 16,
+ *   bits: K bytes 0/1, total: this server's Field128 share of their total, 16
+ *   bytes LE), every child kept between them; levels: steps × 48 bytes (seed,
+ *   proof, output corrections), ctrl: 2·steps bytes (left, right).  Writes the
+ *   last binary level's K·2^steps nodes (seeds_out, bits_out) and this
+ *   server's Field128 output shares (shares_out, 16 bytes LE each); returns
+ *   steps × 32 bytes, each binary level's prep share (digest ‖ Σ y − previous
+ *   total).
+ */
+enum { CRAWL_MAX_BITS = 256, CRAWL_MAX_NODES = 1 << 17 };
+
+static inline u128 f_reduce(u128 y) { return y >= P128 ? y - P128 : y; }
+
+/* Children of m parents (seed, t) into kid/kt (2m), corrections applied. */
+static void crawl_children(const block *rk, const block *seed, const uint8_t *t, size_t m,
+                           block cw, uint8_t cl, uint8_t cr, block *kid, uint8_t *kt) {
+    sigma_mmo(rk, seed, NULL, 1, 0, kid, 2 * m);
+    const block notone = _mm_set_epi64x(-1, ~(long long)1);
+    for (size_t c = 0; c < 2 * m; c++) {
+        uint8_t pt = t[c >> 1];
+        block h = kid[c];
+        uint8_t bit = (uint8_t)(_mm_cvtsi128_si64(h) & 1);
+        block mask = _mm_set1_epi8((char)(0 - pt));
+        kid[c] = _mm_xor_si128(_mm_and_si128(h, notone), _mm_and_si128(cw, mask));
+        kt[c] = bit ^ (pt & ((c & 1) ? cr : cl));
+    }
+}
+
+static PyObject *py_crawl_expand(PyObject *self, PyObject *args) {
+    Py_buffer tk, pk0, pk1, dks, lv, ctrl, sd, bt, tot, so, bo, yo;
+    int agg_id;
+    if (!PyArg_ParseTuple(args, "y*y*y*y*iy*y*y*y*y*w*w*w*", &tk, &pk0, &pk1, &dks, &agg_id, &lv,
+                          &ctrl, &sd, &bt, &tot, &so, &bo, &yo))
+        return NULL;
+    PyObject *result = NULL;
+    block *a = NULL, *b = NULL, *tmp = NULL;
+    uint8_t *ta = NULL, *tb = NULL;
+    size_t steps = (size_t)dks.len / 16, K = (size_t)bt.len;
+    size_t out_n = steps < 20 ? K << steps : 0;
+    if (tk.len != 16 || pk0.len != 16 || pk1.len != 16 || dks.len % 16 || steps < 1 ||
+        steps > 16 || lv.len != (Py_ssize_t)(48 * steps) || ctrl.len != (Py_ssize_t)(2 * steps) ||
+        K < 1 || sd.len != (Py_ssize_t)(16 * K) || tot.len != 16 || out_n > CRAWL_MAX_NODES ||
+        so.len != (Py_ssize_t)(16 * out_n) || bo.len != (Py_ssize_t)out_n ||
+        yo.len != (Py_ssize_t)(16 * out_n) || load128(tot.buf) >= P128) {
+        PyErr_SetString(PyExc_ValueError, "crawl expand: arguments of the wrong sizes");
+        goto done;
+    }
+    for (size_t i = 0; i < steps; i++)
+        if (load128((const uint8_t *)lv.buf + 48 * i + 32) >= P128) {
+            PyErr_SetString(PyExc_ValueError, "crawl expand: an output correction ≥ p");
+            goto done;
+        }
+    a = aligned_alloc(64, 16 * out_n);
+    b = aligned_alloc(64, 16 * out_n);
+    tmp = aligned_alloc(64, 16 * out_n);
+    ta = malloc(out_n);
+    tb = malloc(out_n);
+    if (!a || !b || !tmp || !ta || !tb) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    block rk[11], rk0[11], rk1[11], rkd[11];
+    expand_key(tk.buf, rk);
+    expand_key(pk0.buf, rk0);
+    expand_key(pk1.buf, rk1);
+    uint8_t prep[32 * 16];
+    const uint8_t *L = lv.buf, *cb = ctrl.buf;
+    memcpy(a, sd.buf, 16 * K);
+    for (size_t i = 0; i < K; i++) ta[i] = ((const uint8_t *)bt.buf)[i] & 1;
+    u128 prev = load128(tot.buf);
+    int neg = agg_id & 1;
+    Py_BEGIN_ALLOW_THREADS
+    size_t m = K;
+    for (size_t s = 0; s < steps; s++) {
+        block cw = _mm_loadu_si128((const block *)(L + 48 * s));
+        block pcw = _mm_loadu_si128((const block *)(L + 48 * s + 16));
+        u128 ocw = load128(L + 48 * s + 32);
+        crawl_children(rk, a, ta, m, cw, cb[2 * s] & 1, cb[2 * s + 1] & 1, b, tb);
+        m *= 2;
+        /* outputs: y = conv(s) + t·CW, negated on server 1; their sum */
+        sigma_mmo(rk, b, NULL, 0, CONVERT, tmp, m);
+        u128 sum = 0;
+        int last = s + 1 == steps;
+        for (size_t x = 0; x < m; x++) {
+            uint8_t raw[16];
+            _mm_storeu_si128((block *)raw, tmp[x]);
+            u128 y = f_reduce(load128(raw));
+            if (tb[x]) y = f_add(y, ocw);
+            if (neg) y = f_neg(y);
+            sum = f_add(sum, y);
+            if (last) store128((uint8_t *)yo.buf + 16 * x, y);
+        }
+        /* proofs keyed by the control bit, the correction where it is 1, the
+         * node's index XORed into the low word, compressed under the level's key */
+        for (int bit = 0; bit < 2; bit++) {
+            /* hash every node under this bit's key, keep the nodes of that bit */
+            sigma_mmo(bit ? rk1 : rk0, b, NULL, 0, PROOF, tmp, m);
+            for (size_t x = 0; x < m; x++) {
+                if ((tb[x] & 1) != bit) continue;
+                block v = bit ? _mm_xor_si128(tmp[x], pcw) : tmp[x];
+                a[x] = _mm_xor_si128(v, _mm_set_epi64x(0, (long long)x)); /* a: scratch */
+            }
+        }
+        expand_key((const uint8_t *)dks.buf + 16 * s, rkd);
+        aes_n_keyed(rkd, a, m);
+        block dg = _mm_setzero_si128();
+        for (size_t x = 0; x < m; x++) dg = _mm_xor_si128(dg, a[x]);
+        _mm_storeu_si128((block *)(prep + 32 * s), dg);
+        store128(prep + 32 * s + 16, f_add(sum, f_neg(prev)));
+        prev = sum;
+        /* the children become the next level's parents */
+        block *sw = a;
+        a = b;
+        b = sw;
+        uint8_t *tw = ta;
+        ta = tb;
+        tb = tw;
+    }
+    memcpy(so.buf, a, 16 * m);
+    memcpy(bo.buf, ta, m);
+    Py_END_ALLOW_THREADS
+    result = PyBytes_FromStringAndSize((const char *)prep, (Py_ssize_t)(32 * steps));
+done:
+    free(a); free(b); free(tmp); free(ta); free(tb);
+    PyBuffer_Release(&tk); PyBuffer_Release(&pk0); PyBuffer_Release(&pk1);
+    PyBuffer_Release(&dks); PyBuffer_Release(&lv); PyBuffer_Release(&ctrl);
+    PyBuffer_Release(&sd); PyBuffer_Release(&bt); PyBuffer_Release(&tot);
+    PyBuffer_Release(&so); PyBuffer_Release(&bo); PyBuffer_Release(&yo);
+    return result;
+}
+
+static PyObject *py_crawl_gen(PyObject *self, PyObject *args) {
+    Py_buffer tk, pk0, pk1, al, rnd, wt;
+    int n;
+    if (!PyArg_ParseTuple(args, "y*y*y*iy*y*y*", &tk, &pk0, &pk1, &n, &al, &rnd, &wt))
+        return NULL;
+    PyObject *result = NULL;
+    uint8_t *out = NULL;
+    if (tk.len != 16 || pk0.len != 16 || pk1.len != 16 || rnd.len != 32 || wt.len != 16 ||
+        n < 1 || n > CRAWL_MAX_BITS || al.len != (n + 7) / 8 || load128(wt.buf) >= P128) {
+        PyErr_SetString(PyExc_ValueError, "crawl gen: arguments of the wrong sizes");
+        goto done;
+    }
+    const uint8_t *ab = al.buf;
+    size_t head = (size_t)(2 * n + 7) / 8, size = head + 48 * (size_t)n;
+    out = calloc(size, 1);
+    if (!out) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    block rk[11], rk0[11], rk1[11];
+    expand_key(tk.buf, rk);
+    expand_key(pk0.buf, rk0);
+    expand_key(pk1.buf, rk1);
+    const block notone = _mm_set_epi64x(-1, ~(long long)1);
+    block s[2] = {_mm_loadu_si128((const block *)rnd.buf),
+                  _mm_loadu_si128((const block *)((const uint8_t *)rnd.buf + 16))};
+    uint8_t t[2] = {0, 1};
+    u128 w = load128(wt.buf);
+    size_t pad = 8 * (size_t)al.len - (size_t)n; /* alpha's leading unused bits */
+    for (int i = 0; i < n; i++) {
+        size_t at = pad + (size_t)i;
+        int bit = (ab[at / 8] >> (7 - at % 8)) & 1;
+        block kid[2][2];
+        uint8_t kt[2][2];
+        for (int c = 0; c < 2; c++)
+            for (int dir = 0; dir < 2; dir++) {
+                block h = hash1(rk, s[c], dir ? RIGHT : LEFT);
+                kt[c][dir] = (uint8_t)(_mm_cvtsi128_si64(h) & 1);
+                kid[c][dir] = _mm_and_si128(h, notone);
+            }
+        block seed_cw = _mm_xor_si128(kid[0][1 - bit], kid[1][1 - bit]);
+        uint8_t cl = kt[0][0] ^ kt[1][0] ^ (bit == 0);
+        uint8_t cr = kt[0][1] ^ kt[1][1] ^ (bit == 1);
+        uint8_t ck = bit ? cr : cl;
+        for (int c = 0; c < 2; c++) {
+            block k = kid[c][bit];
+            uint8_t kb = kt[c][bit];
+            if (t[c]) {
+                k = _mm_xor_si128(k, seed_cw);
+                kb ^= ck;
+            }
+            s[c] = k;
+            t[c] = kb;
+        }
+        out[(2 * i) / 8] |= (uint8_t)(cl << ((2 * i) % 8));
+        out[(2 * i + 1) / 8] |= (uint8_t)(cr << ((2 * i + 1) % 8));
+        uint8_t *lvl = out + head + 48 * (size_t)i;
+        _mm_storeu_si128((block *)lvl, seed_cw);
+        uint8_t raw[16];
+        u128 conv[2];
+        block proof[2];
+        for (int c = 0; c < 2; c++) {
+            _mm_storeu_si128((block *)raw, hash1(rk, s[c], CONVERT));
+            conv[c] = f_reduce(load128(raw));
+            proof[c] = hash1(t[c] ? rk1 : rk0, s[c], PROOF);
+        }
+        _mm_storeu_si128((block *)(lvl + 16), _mm_xor_si128(proof[0], proof[1]));
+        u128 cw = f_add(f_add(w, f_neg(conv[0])), conv[1]);
+        if (!t[0]) cw = f_neg(cw); /* the sign t₀ − t₁ */
+        store128(lvl + 32, cw);
+    }
+    result = PyBytes_FromStringAndSize((const char *)out, (Py_ssize_t)size);
+done:
+    free(out);
+    PyBuffer_Release(&tk); PyBuffer_Release(&pk0); PyBuffer_Release(&pk1);
+    PyBuffer_Release(&al); PyBuffer_Release(&rnd); PyBuffer_Release(&wt);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"expand", py_expand, METH_VARARGS,
      "Expand a sparse one-hot DPF key over its domain (see vdaf/sparse.py)."},
     {"gen", py_gen, METH_VARARGS, "Make a sparse one-hot report's public share."},
+    {"crawl_gen", py_crawl_gen, METH_VARARGS, "Make a prefix-crawl report's public share."},
+    {"crawl_expand", py_crawl_expand, METH_VARARGS,
+     "Evaluate a prefix-crawl key's next binary levels at kept nodes (see vdaf/crawl.py)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -33,7 +33,9 @@ and bit) has children both hold alike, so a live candidate is always the child
 of a live node of the previous level — which, being a candidate then, was
 checked then.
 
-Numpy reference, one report at a time (the servers would batch it natively).
+The numpy code below is the reference; the native core (`vdaf/_sparse.c`,
+`crawl_gen`, `crawl_expand`) makes the same bytes, a report's levels of one
+step of the walk in one call.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from svtagg.vdaf import native, sparse
 from svtagg.vdaf.field import FIELD128
 from svtagg.vdaf.sparse import (
     CONVERT,
@@ -52,11 +55,13 @@ from svtagg.vdaf.sparse import (
     P,
     SparseError,
     _blocks,
+    _digest_key,
     _Hash,
     _hash_key,
     _leaf_proofs,
     _to_field,
     children,
+    ctrl_bits,
     digest,
     gen_level,
     leaf_outputs,
@@ -69,6 +74,19 @@ DST = b"svtagg/prefix-crawl/v1"
 MAX_BITS = 256
 LEVEL_BYTES = 16 + 16 + 16  # seed, proof and output corrections
 PREP_SHARE_SIZE = 32
+
+
+#: The most nodes one native call evaluates (its scratch, 2 MiB a buffer).
+NATIVE_MAX_NODES = 1 << 17
+
+
+def _native() -> bool:
+    return sparse._core is not None and native.active() == "native"
+
+
+def _report_keys(nonce: bytes) -> tuple[bytes, bytes, bytes]:
+    """The report's tree key and its two proof keys (`_hash_key` usages 0–2)."""
+    return tuple(_hash_key(nonce, usage, DST) for usage in range(3))  # type: ignore[return-value]
 
 
 def _bits(x: int, n: int) -> list[int]:
@@ -153,6 +171,16 @@ class PrefixDpf:
             raise SparseError(f"alpha is a string of {self.bits} bits")
         if len(nonce) != NONCE_SIZE or len(rand) != RAND_SIZE:
             raise SparseError(f"a nonce of {NONCE_SIZE} bytes and {RAND_SIZE} random bytes")
+        keys = (rand[:KEY_SIZE], rand[KEY_SIZE:])
+        if _native():
+            public = sparse._core.crawl_gen(
+                *_report_keys(nonce),
+                self.bits,
+                alpha.to_bytes((self.bits + 7) // 8, "big"),
+                rand,
+                (weight % P).to_bytes(16, "little"),
+            )
+            return bytes(public), keys
         h = _Hash(_hash_key(nonce, 0, DST))
         seed = _blocks(rand)
         ctrl = np.array([False, True])
@@ -170,7 +198,7 @@ class PrefixDpf:
                     sign * (weight - conv[0] + conv[1]) % P,
                 )
             )
-        return self.encode(levels), (rand[:KEY_SIZE], rand[KEY_SIZE:])
+        return self.encode(levels), keys
 
     # ------------------------------------------------------------ the servers
     def root(self, agg_id: int, key: bytes) -> Nodes:
@@ -201,6 +229,58 @@ class PrefixDpf:
         diff = (sum(y) - kept.total) % P
         candidates = [2 * x + b for x in kept.prefixes for b in (0, 1)]
         return Evaluated(candidates, kids, t, y, dg + diff.to_bytes(16, "little"))
+
+    def expand_steps(
+        self,
+        agg_id: int,
+        verify_key: bytes,
+        nonce: bytes,
+        public: bytes,
+        kept: Nodes,
+        steps: int,
+        reference: bool = False,
+    ) -> tuple[Evaluated, list[bytes]]:
+        """`steps` binary levels from `kept`, every child kept between them:
+        the last one's evaluation and each one's prep share.  The native core
+        does it in one call (the same bytes as `expand` and `keep` in turn,
+        which `reference` forces)."""
+        first = kept.level + 1
+        if steps < 1 or kept.level + steps > self.bits:
+            raise SparseError(f"{steps} more levels past {kept.level} of {self.bits}")
+        if reference or not _native() or len(kept.prefixes) << steps > NATIVE_MAX_NODES:
+            shares = []
+            for step in range(steps):
+                ev = self.expand(agg_id, verify_key, nonce, public, kept)
+                shares.append(ev.prep_share)
+                if step + 1 < steps:
+                    kept = self.keep(ev, ev.candidates, kept.level + 1)
+            return ev, shares
+        if agg_id not in (0, 1):
+            raise SparseError("a server id of 0 or 1")
+        bits, head = ctrl_bits(public, self.bits, self.public_share_bytes())
+        body = public[head + LEVEL_BYTES * (first - 1) : head + LEVEL_BYTES * (first - 1 + steps)]
+        ctrl = bits[2 * (first - 1) : 2 * (first - 1 + steps)].astype(np.uint8).tobytes()
+        dkeys = b"".join(
+            _digest_key(verify_key, nonce, public, DST, lv.to_bytes(2, "little"))
+            for lv in range(first, first + steps)
+        )
+        n = len(kept.prefixes) << steps
+        seeds = np.empty((n, 2), dtype="<u8")
+        ctrl_out = np.empty(n, dtype=np.uint8)
+        ys = bytearray(16 * n)
+        try:
+            prep = sparse._core.crawl_expand(
+                *_report_keys(nonce), dkeys, agg_id, body, ctrl,
+                kept.seeds.astype("<u8").tobytes(), kept.ctrl.astype(np.uint8).tobytes(),
+                kept.total.to_bytes(16, "little"), seeds, ctrl_out, ys,
+            )  # fmt: skip
+        except ValueError as exc:  # an output correction ≥ p
+            raise SparseError(str(exc)) from None
+        candidates = [(x << steps) | e for x in kept.prefixes for e in range(1 << steps)]
+        shares = [int.from_bytes(ys[16 * i : 16 * i + 16], "little") for i in range(n)]
+        preps = [bytes(prep[32 * i : 32 * i + 32]) for i in range(steps)]
+        ev = Evaluated(candidates, seeds.astype(np.uint64), ctrl_out.astype(bool), shares, preps[-1])
+        return ev, preps
 
     @staticmethod
     def decide(leader: bytes, helper: bytes) -> bool:
@@ -233,13 +313,21 @@ class CrawlReports:
     A level of the walk extends every kept prefix by `steps` bits: `steps`
     binary levels of `PrefixDpf.expand`, all children kept between them, each
     with its own check; the candidates come out in order (kept prefix, then
-    extension).  Numpy reference, one report at a time."""
+    extension).  One report at a time, each in one native call where the
+    core is built."""
 
     def __init__(
-        self, bits: int, agg_id: int, verify_key: bytes, reports: list[tuple[bytes, bytes, bytes]]
+        self,
+        bits: int,
+        agg_id: int,
+        verify_key: bytes,
+        reports: list[tuple[bytes, bytes, bytes]],
+        reference: bool = False,
     ) -> None:
-        """`reports`: (nonce, public share, this server's key) each."""
+        """`reports`: (nonce, public share, this server's key) each;
+        `reference`: the numpy path even where the native core is."""
         self.dpf = PrefixDpf(bits)
+        self.reference = reference
         self.agg_id, self.verify_key = agg_id, verify_key
         self.reports = reports
         self._nodes: list[Nodes | None] = []
@@ -273,13 +361,10 @@ class CrawlReports:
             if nodes is None:
                 shares.append([])
                 continue
-            mine = []
             try:
-                for step in range(steps):
-                    ev = self.dpf.expand(self.agg_id, self.verify_key, nonce, public, nodes)
-                    mine.append(ev.prep_share)
-                    if step + 1 < steps:
-                        nodes = self.dpf.keep(ev, ev.candidates, nodes.level + 1)
+                ev, mine = self.dpf.expand_steps(
+                    self.agg_id, self.verify_key, nonce, public, nodes, steps, self.reference
+                )
             except SparseError:  # a malformed correction: this server refuses the report
                 self._nodes[i], self._last[i] = None, None
                 shares.append([])
