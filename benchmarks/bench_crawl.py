@@ -16,9 +16,10 @@ the answers' law is the servers' (`dp.crawl`), the counts the DPF path's
 
 *Cost of the DPF path.*  `--dpf-users` reports through two in-process
 servers (`DpfCrawlOracle`: keys, every level's check, count shares): bytes per
-report to each server, client time per report, server time per report and
-level (numpy reference; no native core for the crawl yet).  The gRPC servers
-do not serve a crawl yet, so no time or bytes *between* servers are measured.
+report to each server, client time per report, server time per report over
+the walk and per node evaluated (the native core where it is built, else the
+numpy reference).  The gRPC servers do not serve a crawl yet, so no time or
+bytes *between* servers are measured.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from svtagg.analyst.crawl import (
 from svtagg.dp.crawl import CrawlPlan
 from svtagg.dp.noise import RandomSource
 from svtagg.vdaf.crawl import PrefixDpf
+from svtagg.vdaf.crawl import _native as crawl_native
 from svtagg.vdaf.sparse import KEY_SIZE, NONCE_SIZE
 
 BITS, STRIDE, TOP = 64, 8, 10
@@ -196,7 +198,9 @@ def main(argv: list[str] | None = None) -> int:
     }
     print(table(rows, args.n))
     print()
-    print("DPF path (two in-process servers, numpy reference):")
+    print(
+        f"DPF path (two in-process servers, {'native core' if crawl_native() else 'numpy reference'}):"
+    )
     for k, v in cost.items():
         print(f"  {k}: {v}")
     out = Path(args.out)

@@ -58,14 +58,15 @@ def walk(dpf: PrefixDpf, reports, threshold: int, publics=None, reference=False)
     return out
 
 
-def test_an_honest_crawl_counts_every_kept_prefix_exactly() -> None:
+@pytest.mark.parametrize("reference", [False, True], ids=["native-if-built", "reference"])
+def test_an_honest_crawl_counts_every_kept_prefix_exactly(reference: bool) -> None:
     dpf = PrefixDpf(12)
     gen = np.random.default_rng(3)
     popular = [0b101100111000, 0b101100111001, 0b000011110000, 0b111111111111]
     alphas = [popular[i] for i in gen.choice(4, 40, p=[0.4, 0.3, 0.2, 0.1])]
     alphas += [int(x) for x in gen.integers(0, 1 << 12, 10)]
     reports = [make(dpf, a) for a in alphas]
-    levels = walk(dpf, reports, threshold=3)
+    levels = walk(dpf, reports, threshold=3, reference=reference)
     for level, (counts, refused) in enumerate(levels, 1):
         assert refused == []
         truth = Counter(a >> (12 - level) for a in alphas)
@@ -238,10 +239,13 @@ native_only = pytest.mark.skipif(not crawl._native(), reason="the native core is
 @native_only
 @pytest.mark.parametrize("bits", [1, 7, 13, 64, 256])
 def test_the_native_core_makes_the_references_bytes(bits: int) -> None:
-    """Key generation and `expand_steps` (several kept nodes, both servers,
-    one to five binary levels at once): the same bytes as the numpy
-    reference's `gen`, `expand` and `keep` in turn."""
+    """Key generation, a walk's step (`expand_into`: several kept nodes, both
+    servers, one to five binary levels at once; a negated one takes it out
+    again) and `descend`: the same bytes as the numpy reference's `gen`,
+    `expand` and `keep` in turn."""
     from svtagg.vdaf import native
+    from svtagg.vdaf.field import FIELD128
+    from svtagg.vdaf.sparse import Accumulator
 
     dpf = PrefixDpf(bits)
     gen = np.random.default_rng(bits)
@@ -255,27 +259,40 @@ def test_the_native_core_makes_the_references_bytes(bits: int) -> None:
             nodes = dpf.root(agg, keys[agg])
             while nodes.level < bits:
                 steps = int(gen.integers(1, min(5, bits - nodes.level) + 1))
-                ev, preps = dpf.expand_steps(agg, VK, nonce, public, nodes, steps)
-                ref, ref_preps = dpf.expand_steps(agg, VK, nonce, public, nodes, steps, True)
-                assert preps == ref_preps and ev.shares == ref.shares
-                assert ev.candidates == ref.candidates
-                assert (ev.seeds == ref.seeds).all() and (ev.ctrl == ref.ctrl).all()
+                ref, ref_preps = dpf.expand_steps(agg, VK, nonce, public, nodes, steps)
+                acc = Accumulator(len(ref.candidates), wide=True)
+                preps = dpf.expand_into(acc, agg, VK, nonce, public, nodes, steps)
+                assert preps == ref_preps
+                assert FIELD128.to_ints(acc.value()) == ref.shares
+                dpf.expand_into(acc, agg, VK, nonce, public, nodes, steps, negate=True)
+                assert FIELD128.to_ints(acc.value()) == [0] * len(ref.candidates)
                 # keep a few (α's prefix among them), as a walk would
                 mine = alpha >> (bits - nodes.level - steps)
-                others = [int(x) for x in gen.choice(ev.candidates, 3)]
+                others = [int(x) for x in gen.choice(ref.candidates, 3)]
                 kept = list(dict.fromkeys([mine, *others]))
-                nodes = dpf.keep(ev, kept, nodes.level + steps)
+                want = dpf.keep(ref, kept, nodes.level + steps)
+                got = dpf.descend(agg, nonce, public, nodes, steps, kept)
+                assert (got.level, got.prefixes, got.total) == (
+                    want.level,
+                    want.prefixes,
+                    want.total,
+                )
+                assert (got.seeds == want.seeds).all() and (got.ctrl == want.ctrl).all()
+                nodes = got
 
 
 @native_only
 def test_the_native_core_refuses_an_output_correction_past_the_modulus() -> None:
+    from svtagg.vdaf.sparse import Accumulator
+
     dpf = PrefixDpf(8)
     nonce, public, keys = make(dpf, 77)
     levels = dpf.decode(public)
     raw = bytearray(dpf.encode(levels))
     head = len(raw) - 48 * 8
     raw[head + 48 * 2 + 32 : head + 48 * 2 + 48] = (P + 3).to_bytes(16, "little")
+    root = dpf.root(0, keys[0])
     with pytest.raises(SparseError):
-        dpf.expand_steps(0, VK, nonce, bytes(raw), dpf.root(0, keys[0]), 4)
+        dpf.expand_into(Accumulator(16, wide=True), 0, VK, nonce, bytes(raw), root, 4)
     with pytest.raises(SparseError):
-        dpf.expand_steps(0, VK, nonce, bytes(raw), dpf.root(0, keys[0]), 4, reference=True)
+        dpf.expand_steps(0, VK, nonce, bytes(raw), root, 4)

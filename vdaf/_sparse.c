@@ -382,15 +382,22 @@ done:
  *   gets its seed, control, proof and output corrections.
  *
  * crawl_expand(tree_key, proof_key0, proof_key1, digest_keys, agg_id, levels,
- *              ctrl, seeds, bits, total, seeds_out, bits_out, shares_out) -> prep shares
+ *              ctrl, seeds, bits, total, negate, acc) -> prep shares
  *   `steps` = len(digest_keys)/16 binary levels from the nodes (seeds: K × 16,
  *   bits: K bytes 0/1, total: this server's Field128 share of their total, 16
  *   bytes LE), every child kept between them; levels: steps × 48 bytes (seed,
- *   proof, output corrections), ctrl: 2·steps bytes (left, right).  Writes the
- *   last binary level's K·2^steps nodes (seeds_out, bits_out) and this
- *   server's Field128 output shares (shares_out, 16 bytes LE each); returns
- *   steps × 32 bytes, each binary level's prep share (digest ‖ Σ y − previous
- *   total).
+ *   proof, output corrections), ctrl: 2·steps bytes (left, right).  Adds this
+ *   server's Field128 output shares of the last binary level's K·2^steps nodes
+ *   to acc (three uint64 limbs each, unreduced: each addition < p), or their
+ *   negatives when `negate` (a refused report taken out); returns steps × 32
+ *   bytes, each binary level's prep share (digest ‖ Σ y − previous total).
+ *
+ * crawl_descend(tree_key, levels, ctrl, agg_id, seeds, bits, parents, exts)
+ *   -> (seeds, bits, total)
+ *   The nodes a walk keeps after a step of `steps` = len(ctrl)/2 binary
+ *   levels: node i is the descendant of parent node parents[i] (int32) along
+ *   the steps bits of exts[i] (uint32, most significant first); returns their
+ *   seeds, bits and this server's share of their outputs' total.
  */
 enum { CRAWL_MAX_BITS = 256, CRAWL_MAX_NODES = 1 << 17 };
 
@@ -411,11 +418,20 @@ static void crawl_children(const block *rk, const block *seed, const uint8_t *t,
     }
 }
 
+static inline void acc_add(uint64_t *acc, u128 v) {
+    unsigned long long a0 = acc[0], a1 = acc[1];
+    unsigned char k = _addcarry_u64(0, a0, (uint64_t)v, &a0);
+    k = _addcarry_u64(k, a1, (uint64_t)(v >> 64), &a1);
+    acc[0] = a0;
+    acc[1] = a1;
+    acc[2] += k;
+}
+
 static PyObject *py_crawl_expand(PyObject *self, PyObject *args) {
-    Py_buffer tk, pk0, pk1, dks, lv, ctrl, sd, bt, tot, so, bo, yo;
-    int agg_id;
-    if (!PyArg_ParseTuple(args, "y*y*y*y*iy*y*y*y*y*w*w*w*", &tk, &pk0, &pk1, &dks, &agg_id, &lv,
-                          &ctrl, &sd, &bt, &tot, &so, &bo, &yo))
+    Py_buffer tk, pk0, pk1, dks, lv, ctrl, sd, bt, tot, acc;
+    int agg_id, negate;
+    if (!PyArg_ParseTuple(args, "y*y*y*y*iy*y*y*y*y*pw*", &tk, &pk0, &pk1, &dks, &agg_id, &lv,
+                          &ctrl, &sd, &bt, &tot, &negate, &acc))
         return NULL;
     PyObject *result = NULL;
     block *a = NULL, *b = NULL, *tmp = NULL;
@@ -425,8 +441,7 @@ static PyObject *py_crawl_expand(PyObject *self, PyObject *args) {
     if (tk.len != 16 || pk0.len != 16 || pk1.len != 16 || dks.len % 16 || steps < 1 ||
         steps > 16 || lv.len != (Py_ssize_t)(48 * steps) || ctrl.len != (Py_ssize_t)(2 * steps) ||
         K < 1 || sd.len != (Py_ssize_t)(16 * K) || tot.len != 16 || out_n > CRAWL_MAX_NODES ||
-        so.len != (Py_ssize_t)(16 * out_n) || bo.len != (Py_ssize_t)out_n ||
-        yo.len != (Py_ssize_t)(16 * out_n) || load128(tot.buf) >= P128) {
+        acc.len != (Py_ssize_t)(24 * out_n) || load128(tot.buf) >= P128) {
         PyErr_SetString(PyExc_ValueError, "crawl expand: arguments of the wrong sizes");
         goto done;
     }
@@ -473,7 +488,7 @@ static PyObject *py_crawl_expand(PyObject *self, PyObject *args) {
             if (tb[x]) y = f_add(y, ocw);
             if (neg) y = f_neg(y);
             sum = f_add(sum, y);
-            if (last) store128((uint8_t *)yo.buf + 16 * x, y);
+            if (last) acc_add((uint64_t *)acc.buf + 3 * x, negate ? f_neg(y) : y);
         }
         /* proofs keyed by the control bit, the correction where it is 1, the
          * node's index XORed into the low word, compressed under the level's key */
@@ -501,8 +516,6 @@ static PyObject *py_crawl_expand(PyObject *self, PyObject *args) {
         ta = tb;
         tb = tw;
     }
-    memcpy(so.buf, a, 16 * m);
-    memcpy(bo.buf, ta, m);
     Py_END_ALLOW_THREADS
     result = PyBytes_FromStringAndSize((const char *)prep, (Py_ssize_t)(32 * steps));
 done:
@@ -510,7 +523,76 @@ done:
     PyBuffer_Release(&tk); PyBuffer_Release(&pk0); PyBuffer_Release(&pk1);
     PyBuffer_Release(&dks); PyBuffer_Release(&lv); PyBuffer_Release(&ctrl);
     PyBuffer_Release(&sd); PyBuffer_Release(&bt); PyBuffer_Release(&tot);
-    PyBuffer_Release(&so); PyBuffer_Release(&bo); PyBuffer_Release(&yo);
+    PyBuffer_Release(&acc);
+    return result;
+}
+
+static PyObject *py_crawl_descend(PyObject *self, PyObject *args) {
+    Py_buffer tk, lv, ctrl, sd, bt, par, ext;
+    int agg_id;
+    if (!PyArg_ParseTuple(args, "y*y*y*iy*y*y*y*", &tk, &lv, &ctrl, &agg_id, &sd, &bt, &par, &ext))
+        return NULL;
+    PyObject *result = NULL;
+    uint8_t *so = NULL, *bo = NULL;
+    size_t steps = (size_t)ctrl.len / 2, K = (size_t)bt.len, M = (size_t)par.len / 4;
+    if (tk.len != 16 || ctrl.len % 2 || steps < 1 || steps > 16 ||
+        lv.len != (Py_ssize_t)(48 * steps) || sd.len != (Py_ssize_t)(16 * K) || par.len % 4 ||
+        ext.len != par.len || M > CRAWL_MAX_NODES) {
+        PyErr_SetString(PyExc_ValueError, "crawl descend: arguments of the wrong sizes");
+        goto done;
+    }
+    const int32_t *pp = par.buf;
+    const uint32_t *ep = ext.buf;
+    for (size_t i = 0; i < M; i++)
+        if (pp[i] < 0 || (size_t)pp[i] >= K || (steps < 32 && (ep[i] >> steps))) {
+            PyErr_SetString(PyExc_ValueError, "crawl descend: a parent or extension out of range");
+            goto done;
+        }
+    const uint8_t *L = lv.buf, *cb = ctrl.buf;
+    u128 ocw = load128(L + 48 * (steps - 1) + 32);
+    if (ocw >= P128) {
+        PyErr_SetString(PyExc_ValueError, "crawl descend: an output correction ≥ p");
+        goto done;
+    }
+    so = malloc(16 * M + 1);
+    bo = malloc(M + 1);
+    if (!so || !bo) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    block rk[11];
+    expand_key(tk.buf, rk);
+    const block notone = _mm_set_epi64x(-1, ~(long long)1);
+    u128 total = 0;
+    for (size_t i = 0; i < M; i++) {
+        block node = _mm_loadu_si128((const block *)((const uint8_t *)sd.buf + 16 * pp[i]));
+        uint8_t t = ((const uint8_t *)bt.buf)[pp[i]] & 1;
+        for (size_t s = 0; s < steps; s++) {
+            int dir = (int)((ep[i] >> (steps - 1 - s)) & 1);
+            block h = hash1(rk, node, dir ? RIGHT : LEFT);
+            uint8_t bit = (uint8_t)(_mm_cvtsi128_si64(h) & 1);
+            block cw = _mm_loadu_si128((const block *)(L + 48 * s));
+            block mask = _mm_set1_epi8((char)(0 - t));
+            node = _mm_xor_si128(_mm_and_si128(h, notone), _mm_and_si128(cw, mask));
+            t = bit ^ (t & (cb[2 * s + dir] & 1));
+        }
+        uint8_t raw[16];
+        _mm_storeu_si128((block *)raw, hash1(rk, node, CONVERT));
+        u128 y = f_reduce(load128(raw));
+        if (t) y = f_add(y, ocw);
+        if (agg_id & 1) y = f_neg(y);
+        total = f_add(total, y);
+        _mm_storeu_si128((block *)(so + 16 * i), node);
+        bo[i] = t;
+    }
+    uint8_t tb[16];
+    store128(tb, total);
+    result = Py_BuildValue("(y#y#y#)", (const char *)so, (Py_ssize_t)(16 * M), (const char *)bo,
+                           (Py_ssize_t)M, (const char *)tb, (Py_ssize_t)16);
+done:
+    free(so); free(bo);
+    PyBuffer_Release(&tk); PyBuffer_Release(&lv); PyBuffer_Release(&ctrl);
+    PyBuffer_Release(&sd); PyBuffer_Release(&bt); PyBuffer_Release(&par); PyBuffer_Release(&ext);
     return result;
 }
 
@@ -600,6 +682,8 @@ static PyMethodDef methods[] = {
     {"crawl_gen", py_crawl_gen, METH_VARARGS, "Make a prefix-crawl report's public share."},
     {"crawl_expand", py_crawl_expand, METH_VARARGS,
      "Evaluate a prefix-crawl key's next binary levels at kept nodes (see vdaf/crawl.py)."},
+    {"crawl_descend", py_crawl_descend, METH_VARARGS,
+     "A prefix-crawl key's nodes along kept paths, and their outputs' total."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -52,6 +52,7 @@ from svtagg.vdaf.sparse import (
     KEY_SIZE,
     NONCE_SIZE,
     RAND_SIZE,
+    Accumulator,
     P,
     SparseError,
     _blocks,
@@ -231,56 +232,100 @@ class PrefixDpf:
         return Evaluated(candidates, kids, t, y, dg + diff.to_bytes(16, "little"))
 
     def expand_steps(
+        self, agg_id: int, verify_key: bytes, nonce: bytes, public: bytes, kept: Nodes, steps: int
+    ) -> tuple[Evaluated, list[bytes]]:
+        """The reference of a walk's step: `steps` binary levels from `kept`,
+        every child kept between them; the last one's evaluation and each
+        one's prep share."""
+        if steps < 1 or kept.level + steps > self.bits:
+            raise SparseError(f"{steps} more levels past {kept.level} of {self.bits}")
+        shares = []
+        for step in range(steps):
+            ev = self.expand(agg_id, verify_key, nonce, public, kept)
+            shares.append(ev.prep_share)
+            if step + 1 < steps:
+                kept = self.keep(ev, ev.candidates, kept.level + 1)
+        return ev, shares
+
+    def _step_args(self, public: bytes, first: int, steps: int) -> tuple[bytes, bytes]:
+        """Binary levels first … first + steps − 1's corrections, as the native
+        core takes them: 48 bytes (seed, proof, output) and 2 control bits each."""
+        if first < 1 or steps < 1 or first - 1 + steps > self.bits:
+            raise SparseError(f"{steps} more levels past {first - 1} of {self.bits}")
+        bits, head = ctrl_bits(public, self.bits, self.public_share_bytes())
+        body = public[head + LEVEL_BYTES * (first - 1) : head + LEVEL_BYTES * (first - 1 + steps)]
+        return body, bits[2 * (first - 1) : 2 * (first - 1 + steps)].astype(np.uint8).tobytes()
+
+    def expand_into(
         self,
+        acc: Accumulator,
         agg_id: int,
         verify_key: bytes,
         nonce: bytes,
         public: bytes,
         kept: Nodes,
         steps: int,
-        reference: bool = False,
-    ) -> tuple[Evaluated, list[bytes]]:
-        """`steps` binary levels from `kept`, every child kept between them:
-        the last one's evaluation and each one's prep share.  The native core
-        does it in one call (the same bytes as `expand` and `keep` in turn,
-        which `reference` forces)."""
-        first = kept.level + 1
-        if steps < 1 or kept.level + steps > self.bits:
-            raise SparseError(f"{steps} more levels past {kept.level} of {self.bits}")
-        if reference or not _native() or len(kept.prefixes) << steps > NATIVE_MAX_NODES:
-            shares = []
-            for step in range(steps):
-                ev = self.expand(agg_id, verify_key, nonce, public, kept)
-                shares.append(ev.prep_share)
-                if step + 1 < steps:
-                    kept = self.keep(ev, ev.candidates, kept.level + 1)
-            return ev, shares
+        negate: bool = False,
+    ) -> list[bytes]:
+        """The native step: add this server's output shares of the last of
+        `steps` binary levels from `kept` (every child kept between them) to
+        the wide accumulator `acc` (one coordinate per node, in candidate
+        order; subtract them when `negate`), and return each binary level's
+        prep share — `expand_steps`'s bytes."""
+        if not _native() or acc.wide is None:
+            raise SparseError("the native core and a wide accumulator")
         if agg_id not in (0, 1):
             raise SparseError("a server id of 0 or 1")
-        bits, head = ctrl_bits(public, self.bits, self.public_share_bytes())
-        body = public[head + LEVEL_BYTES * (first - 1) : head + LEVEL_BYTES * (first - 1 + steps)]
-        ctrl = bits[2 * (first - 1) : 2 * (first - 1 + steps)].astype(np.uint8).tobytes()
+        first = kept.level + 1
+        body, ctrl = self._step_args(public, first, steps)
+        if acc.d != len(kept.prefixes) << steps:
+            raise SparseError(f"the accumulator holds {acc.d} nodes")
         dkeys = b"".join(
             _digest_key(verify_key, nonce, public, DST, lv.to_bytes(2, "little"))
             for lv in range(first, first + steps)
         )
-        n = len(kept.prefixes) << steps
-        seeds = np.empty((n, 2), dtype="<u8")
-        ctrl_out = np.empty(n, dtype=np.uint8)
-        ys = bytearray(16 * n)
         try:
             prep = sparse._core.crawl_expand(
                 *_report_keys(nonce), dkeys, agg_id, body, ctrl,
                 kept.seeds.astype("<u8").tobytes(), kept.ctrl.astype(np.uint8).tobytes(),
-                kept.total.to_bytes(16, "little"), seeds, ctrl_out, ys,
+                kept.total.to_bytes(16, "little"), negate, acc.wide,
             )  # fmt: skip
         except ValueError as exc:  # an output correction ≥ p
             raise SparseError(str(exc)) from None
-        candidates = [(x << steps) | e for x in kept.prefixes for e in range(1 << steps)]
-        shares = [int.from_bytes(ys[16 * i : 16 * i + 16], "little") for i in range(n)]
-        preps = [bytes(prep[32 * i : 32 * i + 32]) for i in range(steps)]
-        ev = Evaluated(candidates, seeds.astype(np.uint64), ctrl_out.astype(bool), shares, preps[-1])
-        return ev, preps
+        return [bytes(prep[32 * i : 32 * i + 32]) for i in range(steps)]
+
+    def descend(
+        self, agg_id: int, nonce: bytes, public: bytes, kept: Nodes, steps: int, prefixes: list[int]
+    ) -> Nodes:
+        """The native `keep` after a step: the nodes of `prefixes` (each a
+        kept node's prefix extended by `steps` bits), walked down their paths
+        alone, and this server's share of their total."""
+        if not _native():
+            raise SparseError("the native core")
+        body, ctrl = self._step_args(public, kept.level + 1, steps)
+        at = {x: i for i, x in enumerate(kept.prefixes)}
+        if len(set(prefixes)) != len(prefixes):
+            raise SparseError("the kept prefixes must be distinct")
+        try:
+            parents = np.array([at[x >> steps] for x in prefixes], dtype=np.int32)
+        except KeyError:
+            raise SparseError("a kept prefix extends no node of the last level") from None
+        exts = np.array([x & ((1 << steps) - 1) for x in prefixes], dtype=np.uint32)
+        try:
+            seeds, bits, total = sparse._core.crawl_descend(
+                _report_keys(nonce)[0], body, ctrl, agg_id,
+                kept.seeds.astype("<u8").tobytes(), kept.ctrl.astype(np.uint8).tobytes(),
+                parents.tobytes(), exts.tobytes(),
+            )  # fmt: skip
+        except ValueError as exc:
+            raise SparseError(str(exc)) from None
+        return Nodes(
+            kept.level + steps,
+            list(prefixes),
+            np.frombuffer(seeds, dtype="<u8").reshape(-1, 2).astype(np.uint64),
+            np.frombuffer(bits, dtype=np.uint8).astype(bool),
+            int.from_bytes(total, "little"),
+        )
 
     @staticmethod
     def decide(leader: bytes, helper: bytes) -> bool:
@@ -311,10 +356,13 @@ class CrawlReports:
     rest of the walk, by both servers alike, since `decide` is symmetric).
 
     A level of the walk extends every kept prefix by `steps` bits: `steps`
-    binary levels of `PrefixDpf.expand`, all children kept between them, each
-    with its own check; the candidates come out in order (kept prefix, then
-    extension).  One report at a time, each in one native call where the
-    core is built."""
+    binary levels, all children kept between them, each with its own check;
+    the candidates come out in order (kept prefix, then extension).  With the
+    native core each report's step is one call adding its output shares to
+    one wide accumulator (a refused report is taken out by evaluating it
+    again, negated), and keeping walks each report down the kept paths alone,
+    so a report holds only its kept nodes between levels; the reference
+    (`reference`, or no core) holds each report's evaluation until the keep."""
 
     def __init__(
         self,
@@ -327,7 +375,7 @@ class CrawlReports:
         """`reports`: (nonce, public share, this server's key) each;
         `reference`: the numpy path even where the native core is."""
         self.dpf = PrefixDpf(bits)
-        self.reference = reference
+        self.native = _native() and not reference
         self.agg_id, self.verify_key = agg_id, verify_key
         self.reports = reports
         self._nodes: list[Nodes | None] = []
@@ -338,6 +386,9 @@ class CrawlReports:
             except SparseError:
                 self._nodes.append(None)
         self._last: list[Evaluated | None] = [None] * len(reports)
+        self._acc: Accumulator | None = None
+        self._added: set[int] = set()  # reports whose step is in the accumulator
+        self._steps = 0
         self.depth = 0  # bits of the current candidates
         self.candidates: list[int] = [0]  # the root: the empty prefix
         self._kept = True  # the nodes match `candidates` (no level evaluated since)
@@ -355,6 +406,11 @@ class CrawlReports:
             raise SparseError(f"{steps} more bits past {self.depth} of {self.dpf.bits}")
         if not self._kept:
             raise SparseError("keep the last level's prefixes before the next level")
+        n = len(self.candidates) << steps
+        if self.native and n > NATIVE_MAX_NODES:
+            raise SparseError(f"a level of {n:,} candidates (at most {NATIVE_MAX_NODES:,})")
+        self._acc = Accumulator(n, wide=True) if self.native else None
+        self._added = set()
         shares: list[list[bytes]] = []
         for i, (nonce, public, _) in enumerate(self.reports):
             nodes = self._nodes[i]
@@ -362,28 +418,47 @@ class CrawlReports:
                 shares.append([])
                 continue
             try:
-                ev, mine = self.dpf.expand_steps(
-                    self.agg_id, self.verify_key, nonce, public, nodes, steps, self.reference
-                )
+                if self._acc is not None:
+                    mine = self.dpf.expand_into(
+                        self._acc, self.agg_id, self.verify_key, nonce, public, nodes, steps
+                    )
+                    self._added.add(i)
+                else:
+                    ev, mine = self.dpf.expand_steps(
+                        self.agg_id, self.verify_key, nonce, public, nodes, steps
+                    )
+                    self._last[i] = ev
             except SparseError:  # a malformed correction: this server refuses the report
                 self._nodes[i], self._last[i] = None, None
                 shares.append([])
                 continue
-            self._last[i] = ev
             shares.append(mine)
         self.depth += steps
+        self._steps = steps
+        self._prev = self.candidates
         self.candidates = [(p << steps) | x for p in self.candidates for x in range(1 << steps)]
         self._kept = False
         return shares
 
     def drop(self, invalid: npt.NDArray[np.bool_]) -> None:
-        """Take the reports the level's check refused out of the walk."""
+        """Take the reports the level's check refused out of the walk (and
+        their shares out of the level's sums)."""
         for i in np.flatnonzero(invalid):
+            nodes = self._nodes[i]
+            if self._acc is not None and i in self._added and nodes is not None:
+                nonce, public, _ = self.reports[i]
+                self.dpf.expand_into(
+                    self._acc, self.agg_id, self.verify_key, nonce, public, nodes,
+                    self._steps, negate=True,
+                )  # fmt: skip
+                self._added.discard(i)
             self._nodes[i], self._last[i] = None, None
 
     def count_shares(self) -> list[int]:
         """This server's Field128 share of each candidate's count over the
         reports still in the walk."""
+        if self._acc is not None:
+            return FIELD128.to_ints(self._acc.value())
         totals = [0] * len(self.candidates)
         for ev in self._last:
             if ev is None:
@@ -400,10 +475,22 @@ class CrawlReports:
         known = set(self.candidates)
         if len(set(prefixes)) != len(prefixes) or not known.issuperset(prefixes):
             raise SparseError("the kept prefixes must be distinct candidates of the last level")
-        for i, ev in enumerate(self._last):
-            if ev is not None:
-                self._nodes[i] = self.dpf.keep(ev, prefixes, self.depth)
-        self.candidates = list(prefixes)
+        kept = list(prefixes)
+        for i, nodes in enumerate(self._nodes):
+            if nodes is None:
+                continue
+            if self._acc is not None:
+                nonce, public, _ = self.reports[i]
+                self._nodes[i] = self.dpf.descend(
+                    self.agg_id, nonce, public, nodes, self._steps, kept
+                )
+            else:
+                ev = self._last[i]
+                assert ev is not None
+                self._nodes[i] = self.dpf.keep(ev, kept, self.depth)
+                self._last[i] = None
+        self._acc = None
+        self.candidates = kept
         self._kept = True
 
 
