@@ -198,9 +198,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     print(table(rows, args.n))
     print()
-    print(
-        f"DPF path (two in-process servers, {'native core' if crawl_native() else 'numpy reference'}):"
-    )
+    engine = "native core" if crawl_native() else "numpy reference"
+    print(f"DPF path (two in-process servers, {engine}):")
     for k, v in cost.items():
         print(f"  {k}: {v}")
     out = Path(args.out)
