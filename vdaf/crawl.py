@@ -40,6 +40,7 @@ step of the walk in one call.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -88,6 +89,42 @@ def _native() -> bool:
 def _report_keys(nonce: bytes) -> tuple[bytes, bytes, bytes]:
     """The report's tree key and its two proof keys (`_hash_key` usages 0–2)."""
     return tuple(_hash_key(nonce, usage, DST) for usage in range(3))  # type: ignore[return-value]
+
+
+def paths_of(parents: list[int], prefixes: list[int], steps: int) -> tuple[bytes, bytes]:
+    """Where each of `prefixes` hangs: the index of its parent among
+    `parents` (int32) and its last `steps` bits (uint32), as `descend` takes
+    them; SparseError for a prefix extending no parent, or one given twice."""
+    at = {x: i for i, x in enumerate(parents)}
+    if len(set(prefixes)) != len(prefixes):
+        raise SparseError("the kept prefixes must be distinct")
+    try:
+        up = np.array([at[x >> steps] for x in prefixes], dtype=np.int32)
+    except KeyError:
+        raise SparseError("a kept prefix extends no node of the last level") from None
+    ext = np.array([x & ((1 << steps) - 1) for x in prefixes], dtype=np.uint32)
+    return up.tobytes(), ext.tobytes()
+
+
+def public_hash(public: bytes) -> bytes:
+    """What each level's digest key binds of a report's public share: its
+    SHAKE128 hash (32 bytes), so a level's key costs a short hash however
+    long the share is (8 KB at 256 bits)."""
+    return hashlib.shake_128(DST + b"/public" + public).digest(32)
+
+
+@dataclass(frozen=True)
+class ReportView:
+    """What a server reads of one report at every step of a walk, decoded
+    once (`PrefixDpf.view`): its id, its three AES keys, the corrections of
+    every level (48 bytes each: seed, proof, output), the control
+    corrections (two 0/1 bytes a level) and the public share's hash."""
+
+    nonce: bytes
+    keys: tuple[bytes, bytes, bytes]
+    body: bytes
+    ctrl: bytes
+    public_hash: bytes
 
 
 def _bits(x: int, n: int) -> list[int]:
@@ -226,7 +263,7 @@ class PrefixDpf:
         y = FIELD128.to_ints(leaf_outputs(h, kids, t, cw.output, agg_id))
         proofs = _leaf_proofs(nonce, kids, t, DST)
         level_tag = level.to_bytes(2, "little")
-        dg = digest(verify_key, nonce, public, proofs, t, cw.proof, DST, level_tag)
+        dg = digest(verify_key, nonce, public_hash(public), proofs, t, cw.proof, DST, level_tag)
         diff = (sum(y) - kept.total) % P
         candidates = [2 * x + b for x in kept.prefixes for b in (0, 1)]
         return Evaluated(candidates, kids, t, y, dg + diff.to_bytes(16, "little"))
@@ -247,22 +284,34 @@ class PrefixDpf:
                 kept = self.keep(ev, ev.candidates, kept.level + 1)
         return ev, shares
 
-    def _step_args(self, public: bytes, first: int, steps: int) -> tuple[bytes, bytes]:
+    def view(self, nonce: bytes, public: bytes) -> ReportView:
+        """The report decoded once for a walk (`ReportView`); SparseError if
+        its public share does not decode."""
+        if len(nonce) != NONCE_SIZE:
+            raise SparseError(f"a nonce of {NONCE_SIZE} bytes")
+        bits, head = ctrl_bits(public, self.bits, self.public_share_bytes())
+        body = public[head:]
+        for i in range(self.bits):
+            if int.from_bytes(body[LEVEL_BYTES * i + 32 : LEVEL_BYTES * (i + 1)], "little") >= P:
+                raise SparseError("an output correction is not below the Field128 modulus")
+        return ReportView(
+            nonce, _report_keys(nonce), body, bits.astype(np.uint8).tobytes(), public_hash(public)
+        )
+
+    def _step_args(self, view: ReportView, first: int, steps: int) -> tuple[bytes, bytes]:
         """Binary levels first … first + steps − 1's corrections, as the native
         core takes them: 48 bytes (seed, proof, output) and 2 control bits each."""
         if first < 1 or steps < 1 or first - 1 + steps > self.bits:
             raise SparseError(f"{steps} more levels past {first - 1} of {self.bits}")
-        bits, head = ctrl_bits(public, self.bits, self.public_share_bytes())
-        body = public[head + LEVEL_BYTES * (first - 1) : head + LEVEL_BYTES * (first - 1 + steps)]
-        return body, bits[2 * (first - 1) : 2 * (first - 1 + steps)].astype(np.uint8).tobytes()
+        lo, hi = first - 1, first - 1 + steps
+        return view.body[LEVEL_BYTES * lo : LEVEL_BYTES * hi], view.ctrl[2 * lo : 2 * hi]
 
     def expand_into(
         self,
         acc: Accumulator,
         agg_id: int,
         verify_key: bytes,
-        nonce: bytes,
-        public: bytes,
+        view: ReportView,
         kept: Nodes,
         steps: int,
         negate: bool = False,
@@ -277,51 +326,45 @@ class PrefixDpf:
         if agg_id not in (0, 1):
             raise SparseError("a server id of 0 or 1")
         first = kept.level + 1
-        body, ctrl = self._step_args(public, first, steps)
+        body, ctrl = self._step_args(view, first, steps)
         if acc.d != len(kept.prefixes) << steps:
             raise SparseError(f"the accumulator holds {acc.d} nodes")
         dkeys = b"".join(
-            _digest_key(verify_key, nonce, public, DST, lv.to_bytes(2, "little"))
+            _digest_key(verify_key, view.nonce, view.public_hash, DST, lv.to_bytes(2, "little"))
             for lv in range(first, first + steps)
         )
-        try:
-            prep = sparse._core.crawl_expand(
-                *_report_keys(nonce), dkeys, agg_id, body, ctrl,
-                kept.seeds.astype("<u8").tobytes(), kept.ctrl.astype(np.uint8).tobytes(),
-                kept.total.to_bytes(16, "little"), negate, acc.wide,
-            )  # fmt: skip
-        except ValueError as exc:  # an output correction ≥ p
-            raise SparseError(str(exc)) from None
+        prep = sparse._core.crawl_expand(
+            *view.keys, dkeys, agg_id, body, ctrl,
+            kept.seeds.astype("<u8").tobytes(), kept.ctrl.astype(np.uint8).tobytes(),
+            kept.total.to_bytes(16, "little"), negate, acc.wide,
+        )  # fmt: skip
         return [bytes(prep[32 * i : 32 * i + 32]) for i in range(steps)]
 
     def descend(
-        self, agg_id: int, nonce: bytes, public: bytes, kept: Nodes, steps: int, prefixes: list[int]
+        self,
+        agg_id: int,
+        view: ReportView,
+        kept: Nodes,
+        steps: int,
+        prefixes: list[int],
+        paths: tuple[bytes, bytes] | None = None,
     ) -> Nodes:
         """The native `keep` after a step: the nodes of `prefixes` (each a
         kept node's prefix extended by `steps` bits), walked down their paths
-        alone, and this server's share of their total."""
+        alone, and this server's share of their total.  `paths`: `paths_of`
+        the prefixes, when the caller computed them once for many reports."""
         if not _native():
             raise SparseError("the native core")
-        body, ctrl = self._step_args(public, kept.level + 1, steps)
-        at = {x: i for i, x in enumerate(kept.prefixes)}
-        if len(set(prefixes)) != len(prefixes):
-            raise SparseError("the kept prefixes must be distinct")
-        try:
-            parents = np.array([at[x >> steps] for x in prefixes], dtype=np.int32)
-        except KeyError:
-            raise SparseError("a kept prefix extends no node of the last level") from None
-        exts = np.array([x & ((1 << steps) - 1) for x in prefixes], dtype=np.uint32)
-        try:
-            seeds, bits, total = sparse._core.crawl_descend(
-                _report_keys(nonce)[0], body, ctrl, agg_id,
-                kept.seeds.astype("<u8").tobytes(), kept.ctrl.astype(np.uint8).tobytes(),
-                parents.tobytes(), exts.tobytes(),
-            )  # fmt: skip
-        except ValueError as exc:
-            raise SparseError(str(exc)) from None
+        body, ctrl = self._step_args(view, kept.level + 1, steps)
+        parents, exts = paths if paths is not None else paths_of(kept.prefixes, prefixes, steps)
+        seeds, bits, total = sparse._core.crawl_descend(
+            view.keys[0], body, ctrl, agg_id,
+            kept.seeds.astype("<u8").tobytes(), kept.ctrl.astype(np.uint8).tobytes(),
+            parents, exts,
+        )  # fmt: skip
         return Nodes(
             kept.level + steps,
-            list(prefixes),
+            prefixes,
             np.frombuffer(seeds, dtype="<u8").reshape(-1, 2).astype(np.uint64),
             np.frombuffer(bits, dtype=np.uint8).astype(bool),
             int.from_bytes(total, "little"),
@@ -379,12 +422,15 @@ class CrawlReports:
         self.agg_id, self.verify_key = agg_id, verify_key
         self.reports = reports
         self._nodes: list[Nodes | None] = []
-        for _, public, key in reports:
-            try:
-                self.dpf.level(public, 1)  # length and padding
-                self._nodes.append(self.dpf.root(agg_id, key))
+        self._views: list[ReportView | None] = []
+        for nonce, public, key in reports:
+            try:  # a public share that does not decode is refused from the start
+                view: ReportView | None = self.dpf.view(nonce, public)
+                root: Nodes | None = self.dpf.root(agg_id, key)
             except SparseError:
-                self._nodes.append(None)
+                view, root = None, None
+            self._views.append(view if self.native else None)
+            self._nodes.append(root)
         self._last: list[Evaluated | None] = [None] * len(reports)
         self._acc: Accumulator | None = None
         self._added: set[int] = set()  # reports whose step is in the accumulator
@@ -419,8 +465,10 @@ class CrawlReports:
                 continue
             try:
                 if self._acc is not None:
+                    view = self._views[i]
+                    assert view is not None
                     mine = self.dpf.expand_into(
-                        self._acc, self.agg_id, self.verify_key, nonce, public, nodes, steps
+                        self._acc, self.agg_id, self.verify_key, view, nodes, steps
                     )
                     self._added.add(i)
                 else:
@@ -445,12 +493,11 @@ class CrawlReports:
         their shares out of the level's sums)."""
         for i in np.flatnonzero(invalid):
             nodes = self._nodes[i]
-            if self._acc is not None and i in self._added and nodes is not None:
-                nonce, public, _ = self.reports[i]
+            view = self._views[i] if self.native else None
+            if self._acc is not None and i in self._added and nodes is not None and view:
                 self.dpf.expand_into(
-                    self._acc, self.agg_id, self.verify_key, nonce, public, nodes,
-                    self._steps, negate=True,
-                )  # fmt: skip
+                    self._acc, self.agg_id, self.verify_key, view, nodes, self._steps, negate=True
+                )
                 self._added.discard(i)
             self._nodes[i], self._last[i] = None, None
 
@@ -476,13 +523,15 @@ class CrawlReports:
         if len(set(prefixes)) != len(prefixes) or not known.issuperset(prefixes):
             raise SparseError("the kept prefixes must be distinct candidates of the last level")
         kept = list(prefixes)
+        paths = paths_of(self._prev, kept, self._steps) if self._acc is not None else None
         for i, nodes in enumerate(self._nodes):
             if nodes is None:
                 continue
             if self._acc is not None:
-                nonce, public, _ = self.reports[i]
+                view = self._views[i]
+                assert view is not None
                 self._nodes[i] = self.dpf.descend(
-                    self.agg_id, nonce, public, nodes, self._steps, kept
+                    self.agg_id, view, nodes, self._steps, kept, paths
                 )
             else:
                 ev = self._last[i]
