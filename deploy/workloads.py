@@ -29,6 +29,30 @@ def zipf_categories(
     return [sorted(set(row)) for row in draws.tolist()]
 
 
+_ONSETS = ("b", "c", "d", "f", "g", "h", "k", "l", "m", "n", "p", "r", "s", "t", "v", "w",
+           "br", "ch", "cl", "dr", "fl", "gr", "pl", "sh", "st", "th", "tr")  # fmt: skip
+_VOWELS = ("a", "e", "i", "o", "u", "ai", "ea", "ee", "ou", "oa")
+_CODAS = ("", "", "", "n", "r", "s", "t", "l", "m", "nd", "st", "ng", "ck")
+
+
+def word_corpus(users: int, vocabulary: int, exponent: float, seed: int) -> list[str]:
+    """Each user's word: a vocabulary of `vocabulary` distinct made-up words of
+    one to three syllables (at most 8 bytes), drawn with Zipf(exponent)
+    popularity over a random ranking — the strings demo's text."""
+    gen = np.random.default_rng(seed)
+    words: dict[str, None] = {}
+    while len(words) < vocabulary:
+        w = "".join(
+            str(gen.choice(_ONSETS)) + str(gen.choice(_VOWELS)) + str(gen.choice(_CODAS))
+            for _ in range(int(gen.choice([1, 2, 2, 3])))
+        )
+        if len(w) <= 8:
+            words[w] = None
+    vocab = list(words)
+    p = 1.0 / np.arange(1, vocabulary + 1) ** exponent
+    return [vocab[i] for i in gen.choice(vocabulary, size=users, p=p / p.sum())]
+
+
 def workload(name: str, n: int, d: int, seed: int) -> npt.NDArray[np.float64]:
     if name == "heavy_hitters":
         return heavy_hitters_embedding(zipf_categories(n, d, 1.1, 3, seed), d)

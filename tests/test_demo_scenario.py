@@ -118,3 +118,28 @@ def test_demo_local_scan_rows_include_joint_noise() -> None:
     for _, j, sent, seconds in rows:
         assert 0 <= j < 30 and sent is None and seconds is None
         assert truth.max() - truth[j] < 0.1 * truth.max()  # near the best at ε = 2
+
+
+def test_the_strings_demo_finds_the_heavy_words_and_refuses_forged_reports(capsys) -> None:  # type: ignore[no-untyped-def]
+    """`svtagg demo --scenario strings`: the generated text's top words come
+    back as strings, the forged reports (a count of 10^6 each) are refused by
+    the first level's check, and the whole ε is spent over the levels."""
+    from svtagg.deploy.cli import main
+
+    code = main(
+        ["demo", "--scenario", "strings", "--users", "3000", "--k", "2", "--epsilon", "8",
+         "--malicious", "2"]
+    )  # fmt: skip
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "2/2 of the true top-2" in out
+    assert "refused by the levels' checks: 2" in out
+    assert "ε spent 8 of 8 over 16 levels" in out
+
+
+def test_the_word_corpus_is_seeded_and_short() -> None:
+    from svtagg.deploy.workloads import word_corpus
+
+    words = word_corpus(2000, 300, 1.1, seed=5)
+    assert words == word_corpus(2000, 300, 1.1, seed=5)
+    assert len(set(words)) > 100 and all(1 <= len(w.encode()) <= 8 for w in words)
