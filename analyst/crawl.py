@@ -226,8 +226,8 @@ class DpfCrawlOracle:
         shares = [s.extend(steps) for s in self.servers]
         if leader.candidates != list(candidates):
             raise InvalidArgument("the candidates must extend every kept prefix, in order")
-        was = leader.live
-        ok = check_level(*shares)
+        was = leader.live | helper.live
+        ok = check_level(*shares, leader.live & helper.live)
         invalid = was & ~ok
         for s in self.servers:
             s.drop(invalid)

@@ -14,12 +14,15 @@ The walk runs on `LocalCrawlOracle` (plaintext counts, both servers' noise):
 the answers' law is the servers' (`dp.crawl`), the counts the DPF path's
 (tests/test_crawl.py checks them equal level by level).
 
-*Cost of the DPF path.*  `--dpf-users` reports through two in-process
-servers (`DpfCrawlOracle`: keys, every level's check, count shares): bytes per
-report to each server, client time per report, server time per report over
-the walk and per node evaluated (the native core where it is built, else the
-numpy reference).  The gRPC servers do not serve a crawl yet, so no time or
-bytes *between* servers are measured.
+*The DPF path.*  The same walk at `--dpf-epsilon` on the first `--dpf-users`
+users' reports, through two in-process servers (`DpfCrawlOracle`: keys,
+every level's check, count shares): bytes per report to each server, client
+time per report, server time per report over the walk and per node (the
+native core where it is built, else the numpy reference), the check's bytes
+between the servers (32 per report and binary level), and how many of the
+true top-10 it returned.  The gRPC servers do not serve a crawl yet: the
+comparisons' bytes between them (what the level's bits would cost through
+the garbled comparison) are not measured.
 """
 
 from __future__ import annotations
@@ -115,13 +118,15 @@ def accuracy(
     return rows
 
 
-def dpf_cost(words: list[str], epsilon: Fraction, phi: float) -> dict[str, Any]:
+def dpf_cost(words: list[str], epsilon: Fraction, phi: float, max_kept: int) -> dict[str, Any]:
+    """The walk of the accuracy table's plan at `epsilon`, on two in-process
+    servers holding the reports' keys (every level's check, count shares)."""
     values = [encode_string(w, BITS) for w in words]
     t = time.perf_counter()
     reports = make_reports(values, BITS)
     client = (time.perf_counter() - t) / len(values)
     oracle = DpfCrawlOracle(reports, BITS, epsilon)
-    plan = CrawlPlan(BITS, STRIDE, epsilon, threshold(len(words), epsilon, phi, 64), 64)
+    plan = CrawlPlan(BITS, STRIDE, epsilon, threshold(len(words), epsilon, phi, max_kept), max_kept)
     t = time.perf_counter()
     res = crawl(oracle, plan)
     walk = time.perf_counter() - t
@@ -132,17 +137,21 @@ def dpf_cost(words: list[str], epsilon: Fraction, phi: float) -> dict[str, Any]:
         nodes += kept * ((2 << (r.prefix_bits - depth)) - 2)
         kept, depth = r.kept, r.prefix_bits
     public = PrefixDpf(BITS).public_share_bytes()
+    truth = [w for w, _ in Counter(words).most_common(TOP)]
+    found = set(res.strings())
     return {
         "users": len(words),
-        "bytes_per_report_leader": NONCE_SIZE + public + KEY_SIZE,
-        "bytes_per_report_helper": NONCE_SIZE + public + KEY_SIZE,
+        "epsilon": str(epsilon),
+        "tau": plan.threshold,
+        "bytes_per_report_to_each_server": NONCE_SIZE + public + KEY_SIZE,
         "client_ms_per_report": round(1e3 * client, 3),
         "walk_seconds_both_servers": round(walk, 2),
-        "tau": plan.threshold,
-        "server_ms_per_report_per_walk": round(1e3 * walk / 2 / len(words), 2),
-        "server_us_per_node": round(1e6 * walk / 2 / len(words) / max(nodes, 1), 2),
+        "server_us_per_report_per_walk": round(1e6 * walk / 2 / len(words), 1),
+        "server_ns_per_node": round(1e9 * walk / 2 / len(words) / max(nodes, 1), 1),
+        "check_bytes_between_servers": 32 * depth * len(words),
         "candidates_per_level": [r.candidates for r in res.levels],
-        "strings_found": len(res.found),
+        "top10_found": sum(w in found for w in truth),
+        "strings_found": len(found),
         "refused": sum(oracle.refused_at.values()),
     }
 
@@ -176,19 +185,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--zipf", type=float, default=1.1, help="Zipf exponent over word ranks")
     p.add_argument("--phi", type=float, default=0.005, help="τ is at least ⌈φ·n⌉")
     p.add_argument("--max-kept", type=int, default=64, help="prefixes a level may keep")
-    p.add_argument("--dpf-users", type=int, default=300, help="users through the DPF path")
+    p.add_argument(
+        "--dpf-users", type=int, default=100_000, help="users through the DPF path (the first)"
+    )
+    p.add_argument("--dpf-epsilon", default="1", help="the DPF path's walk ε")
     p.add_argument("--seed", type=int, default=0, help="the corpus's seed (noise: CSPRNG)")
     p.add_argument("--out", default="results/bench_crawl.json")
     args = p.parse_args(argv)
     if args.quick:
-        args.n, args.runs, args.dpf_users = 20_000, 3, 100
+        args.n, args.runs, args.dpf_users = 20_000, 3, 2000
     epsilons = [Fraction(x) for x in args.epsilon.split(",")]
     vocab = vocabulary(args.vocab)
     words = corpus(args.n, vocab, args.zipf, args.seed)
     t0 = time.perf_counter()
     rows = accuracy(words, epsilons, args.runs, args.phi, args.max_kept)
-    small = corpus(args.dpf_users, vocab, args.zipf, args.seed + 1)
-    cost = dpf_cost(small, Fraction(16), args.phi)
+    dpf_words = words if args.dpf_users >= args.n else words[: args.dpf_users]
+    cost = dpf_cost(dpf_words, Fraction(args.dpf_epsilon), args.phi, args.max_kept)
     result = {
         "config": {k: v for k, v in vars(args).items() if k != "out"},
         "accuracy": rows,

@@ -381,9 +381,10 @@ done:
  *   alpha: the string, ⌈n/8⌉ bytes big-endian (its low n bits); every level
  *   gets its seed, control, proof and output corrections.
  *
- * crawl_expand(tree_key, proof_key0, proof_key1, digest_keys, agg_id, levels,
+ * crawl_expand(tree_key, proof_key0, proof_key1, base_key, first, agg_id, levels,
  *              ctrl, seeds, bits, total, negate, acc) -> prep shares
- *   `steps` = len(digest_keys)/16 binary levels from the nodes (seeds: K × 16,
+ *   `steps` = len(ctrl)/2 binary levels from binary level `first` on (each
+ *   level's digest key AES_base_key(its number)), from the nodes (seeds: K × 16,
  *   bits: K bytes 0/1, total: this server's Field128 share of their total, 16
  *   bytes LE), every child kept between them; levels: steps × 48 bytes (seed,
  *   proof, output corrections), ctrl: 2·steps bytes (left, right).  Adds this
@@ -427,55 +428,48 @@ static inline void acc_add(uint64_t *acc, u128 v) {
     acc[2] += k;
 }
 
-static PyObject *py_crawl_expand(PyObject *self, PyObject *args) {
-    Py_buffer tk, pk0, pk1, dks, lv, ctrl, sd, bt, tot, acc;
-    int agg_id, negate;
-    if (!PyArg_ParseTuple(args, "y*y*y*y*iy*y*y*y*y*pw*", &tk, &pk0, &pk1, &dks, &agg_id, &lv,
-                          &ctrl, &sd, &bt, &tot, &negate, &acc))
-        return NULL;
-    PyObject *result = NULL;
-    block *a = NULL, *b = NULL, *tmp = NULL;
-    uint8_t *ta = NULL, *tb = NULL;
-    size_t steps = (size_t)dks.len / 16, K = (size_t)bt.len;
-    size_t out_n = steps < 20 ? K << steps : 0;
-    if (tk.len != 16 || pk0.len != 16 || pk1.len != 16 || dks.len % 16 || steps < 1 ||
-        steps > 16 || lv.len != (Py_ssize_t)(48 * steps) || ctrl.len != (Py_ssize_t)(2 * steps) ||
-        K < 1 || sd.len != (Py_ssize_t)(16 * K) || tot.len != 16 || out_n > CRAWL_MAX_NODES ||
-        acc.len != (Py_ssize_t)(24 * out_n) || load128(tot.buf) >= P128) {
-        PyErr_SetString(PyExc_ValueError, "crawl expand: arguments of the wrong sizes");
-        goto done;
-    }
-    for (size_t i = 0; i < steps; i++)
-        if (load128((const uint8_t *)lv.buf + 48 * i + 32) >= P128) {
-            PyErr_SetString(PyExc_ValueError, "crawl expand: an output correction ≥ p");
-            goto done;
-        }
-    a = aligned_alloc(64, 16 * out_n);
-    b = aligned_alloc(64, 16 * out_n);
-    tmp = aligned_alloc(64, 16 * out_n);
-    ta = malloc(out_n);
-    tb = malloc(out_n);
-    if (!a || !b || !tmp || !ta || !tb) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    block rk[11], rk0[11], rk1[11], rkd[11];
-    expand_key(tk.buf, rk);
-    expand_key(pk0.buf, rk0);
-    expand_key(pk1.buf, rk1);
-    uint8_t prep[32 * 16];
-    const uint8_t *L = lv.buf, *cb = ctrl.buf;
-    memcpy(a, sd.buf, 16 * K);
-    for (size_t i = 0; i < K; i++) ta[i] = ((const uint8_t *)bt.buf)[i] & 1;
-    u128 prev = load128(tot.buf);
+/* Scratch of one expansion: two node buffers, their bits, the hashes. */
+typedef struct {
+    block *a, *b, *tmp;
+    uint8_t *ta, *tb;
+} crawl_scratch;
+
+static int scratch_alloc(crawl_scratch *w, size_t n) {
+    w->a = aligned_alloc(64, 16 * n);
+    w->b = aligned_alloc(64, 16 * n);
+    w->tmp = aligned_alloc(64, 16 * n);
+    w->ta = malloc(n);
+    w->tb = malloc(n);
+    return w->a && w->b && w->tmp && w->ta && w->tb;
+}
+
+static void scratch_free(crawl_scratch *w) {
+    free(w->a); free(w->b); free(w->tmp); free(w->ta); free(w->tb);
+}
+
+/* One report's step (see crawl_expand above): keys = tree ‖ proof0 ‖ proof1
+ * (48 bytes), base: the digest keys' key, first: the first binary level,
+ * body: steps × 48, ctrl: 2·steps, K nodes. */
+static void crawl_expand_core(const uint8_t *keys, const uint8_t *base, size_t first, int agg_id,
+                              const uint8_t *body, const uint8_t *ctrl, size_t steps,
+                              const uint8_t *seeds, const uint8_t *bits, size_t K, u128 prev,
+                              int negate, uint64_t *acc, uint8_t *prep, crawl_scratch *w) {
+    block rk[11], rk0[11], rk1[11], rkd[11], rkb[11];
+    expand_key(keys, rk);
+    expand_key(keys + 16, rk0);
+    expand_key(keys + 32, rk1);
+    expand_key(base, rkb);
+    block *a = w->a, *b = w->b, *tmp = w->tmp;
+    uint8_t *ta = w->ta, *tb = w->tb;
+    memcpy(a, seeds, 16 * K);
+    for (size_t i = 0; i < K; i++) ta[i] = bits[i] & 1;
     int neg = agg_id & 1;
-    Py_BEGIN_ALLOW_THREADS
     size_t m = K;
     for (size_t s = 0; s < steps; s++) {
-        block cw = _mm_loadu_si128((const block *)(L + 48 * s));
-        block pcw = _mm_loadu_si128((const block *)(L + 48 * s + 16));
-        u128 ocw = load128(L + 48 * s + 32);
-        crawl_children(rk, a, ta, m, cw, cb[2 * s] & 1, cb[2 * s + 1] & 1, b, tb);
+        block cw = _mm_loadu_si128((const block *)(body + 48 * s));
+        block pcw = _mm_loadu_si128((const block *)(body + 48 * s + 16));
+        u128 ocw = load128(body + 48 * s + 32);
+        crawl_children(rk, a, ta, m, cw, ctrl[2 * s] & 1, ctrl[2 * s + 1] & 1, b, tb);
         m *= 2;
         /* outputs: y = conv(s) + t·CW, negated on server 1; their sum */
         sigma_mmo(rk, b, NULL, 0, CONVERT, tmp, m);
@@ -488,12 +482,11 @@ static PyObject *py_crawl_expand(PyObject *self, PyObject *args) {
             if (tb[x]) y = f_add(y, ocw);
             if (neg) y = f_neg(y);
             sum = f_add(sum, y);
-            if (last) acc_add((uint64_t *)acc.buf + 3 * x, negate ? f_neg(y) : y);
+            if (last) acc_add(acc + 3 * x, negate ? f_neg(y) : y);
         }
         /* proofs keyed by the control bit, the correction where it is 1, the
          * node's index XORed into the low word, compressed under the level's key */
         for (int bit = 0; bit < 2; bit++) {
-            /* hash every node under this bit's key, keep the nodes of that bit */
             sigma_mmo(bit ? rk1 : rk0, b, NULL, 0, PROOF, tmp, m);
             for (size_t x = 0; x < m; x++) {
                 if ((tb[x] & 1) != bit) continue;
@@ -501,30 +494,170 @@ static PyObject *py_crawl_expand(PyObject *self, PyObject *args) {
                 a[x] = _mm_xor_si128(v, _mm_set_epi64x(0, (long long)x)); /* a: scratch */
             }
         }
-        expand_key((const uint8_t *)dks.buf + 16 * s, rkd);
+        /* the level's digest key: AES under the report's base key of its number */
+        block lk = _mm_set_epi64x(0, (long long)(first + s));
+        aes_n_keyed(rkb, &lk, 1);
+        uint8_t lkey[16];
+        _mm_storeu_si128((block *)lkey, lk);
+        expand_key(lkey, rkd);
         aes_n_keyed(rkd, a, m);
         block dg = _mm_setzero_si128();
         for (size_t x = 0; x < m; x++) dg = _mm_xor_si128(dg, a[x]);
         _mm_storeu_si128((block *)(prep + 32 * s), dg);
         store128(prep + 32 * s + 16, f_add(sum, f_neg(prev)));
         prev = sum;
-        /* the children become the next level's parents */
-        block *sw = a;
-        a = b;
-        b = sw;
-        uint8_t *tw = ta;
-        ta = tb;
-        tb = tw;
+        block *sw = a; a = b; b = sw; /* the children become the next parents */
+        uint8_t *tw = ta; ta = tb; tb = tw;
     }
+}
+
+/* Corrections of every step: output corrections below p. */
+static int crawl_body_ok(const uint8_t *body, size_t steps) {
+    for (size_t i = 0; i < steps; i++)
+        if (load128(body + 48 * i + 32) >= P128) return 0;
+    return 1;
+}
+
+static PyObject *py_crawl_expand(PyObject *self, PyObject *args) {
+    Py_buffer tk, pk0, pk1, dks, lv, ctrl, sd, bt, tot, acc;
+    int agg_id, negate, first;
+    if (!PyArg_ParseTuple(args, "y*y*y*y*iiy*y*y*y*y*pw*", &tk, &pk0, &pk1, &dks, &first,
+                          &agg_id, &lv, &ctrl, &sd, &bt, &tot, &negate, &acc))
+        return NULL;
+    PyObject *result = NULL;
+    crawl_scratch w = {0};
+    size_t steps = (size_t)ctrl.len / 2, K = (size_t)bt.len;
+    size_t out_n = steps < 20 ? K << steps : 0;
+    if (tk.len != 16 || pk0.len != 16 || pk1.len != 16 || dks.len != 16 || first < 1 ||
+        ctrl.len % 2 || steps < 1 ||
+        steps > 16 || lv.len != (Py_ssize_t)(48 * steps) || ctrl.len != (Py_ssize_t)(2 * steps) ||
+        K < 1 || sd.len != (Py_ssize_t)(16 * K) || tot.len != 16 || out_n > CRAWL_MAX_NODES ||
+        acc.len != (Py_ssize_t)(24 * out_n) || load128(tot.buf) >= P128) {
+        PyErr_SetString(PyExc_ValueError, "crawl expand: arguments of the wrong sizes");
+        goto done;
+    }
+    if (!crawl_body_ok(lv.buf, steps)) {
+        PyErr_SetString(PyExc_ValueError, "crawl expand: an output correction ≥ p");
+        goto done;
+    }
+    if (!scratch_alloc(&w, out_n)) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    uint8_t keys[48], prep[32 * 16];
+    memcpy(keys, tk.buf, 16);
+    memcpy(keys + 16, pk0.buf, 16);
+    memcpy(keys + 32, pk1.buf, 16);
+    u128 prev = load128(tot.buf);
+    Py_BEGIN_ALLOW_THREADS
+    crawl_expand_core(keys, dks.buf, (size_t)first, agg_id, lv.buf, ctrl.buf, steps, sd.buf,
+                      bt.buf, K, prev, negate, acc.buf, prep, &w);
     Py_END_ALLOW_THREADS
     result = PyBytes_FromStringAndSize((const char *)prep, (Py_ssize_t)(32 * steps));
 done:
-    free(a); free(b); free(tmp); free(ta); free(tb);
+    scratch_free(&w);
     PyBuffer_Release(&tk); PyBuffer_Release(&pk0); PyBuffer_Release(&pk1);
     PyBuffer_Release(&dks); PyBuffer_Release(&lv); PyBuffer_Release(&ctrl);
     PyBuffer_Release(&sd); PyBuffer_Release(&bt); PyBuffer_Release(&tot);
     PyBuffer_Release(&acc);
     return result;
+}
+
+/* crawl_expand_many(keys, base_keys, first, agg_id, bodies, ctrls, seeds, bits, totals,
+ *                   which, negate, acc, prep_out): crawl_expand over R reports with K
+ * nodes each, into one accumulator: keys R × 48 (tree, proof0, proof1),
+ * base_keys R × 16, bodies R × steps × 48, ctrls R × 2·steps, seeds
+ * R × K × 16, bits R × K, totals R × 16, which: R bytes (0: skip the report);
+ * prep_out: R × steps × 32 (written for the reports done). */
+static PyObject *py_crawl_expand_many(PyObject *self, PyObject *args) {
+    Py_buffer ks, dks, lv, ctrl, sd, bt, tot, wh, acc, po;
+    int agg_id, negate, first;
+    if (!PyArg_ParseTuple(args, "y*y*iiy*y*y*y*y*y*pw*w*", &ks, &dks, &first, &agg_id, &lv, &ctrl,
+                          &sd, &bt, &tot, &wh, &negate, &acc, &po))
+        return NULL;
+    PyObject *result = NULL;
+    crawl_scratch w = {0};
+    size_t R = (size_t)wh.len;
+    size_t steps = R ? (size_t)ctrl.len / (2 * R) : 0;
+    size_t K = R ? (size_t)bt.len / R : 0;
+    size_t out_n = steps >= 1 && steps < 20 ? K << steps : 0;
+    if (R < 1 || ks.len != (Py_ssize_t)(48 * R) || steps < 1 || steps > 16 || first < 1 ||
+        dks.len != (Py_ssize_t)(16 * R) || lv.len != (Py_ssize_t)(48 * steps * R) ||
+        ctrl.len != (Py_ssize_t)(2 * steps * R) || K < 1 || bt.len != (Py_ssize_t)(K * R) ||
+        sd.len != (Py_ssize_t)(16 * K * R) || tot.len != (Py_ssize_t)(16 * R) ||
+        out_n > CRAWL_MAX_NODES || acc.len != (Py_ssize_t)(24 * out_n) ||
+        po.len != (Py_ssize_t)(32 * steps * R)) {
+        PyErr_SetString(PyExc_ValueError, "crawl expand_many: arguments of the wrong sizes");
+        goto done;
+    }
+    const uint8_t *W = wh.buf, *T = tot.buf, *B = lv.buf;
+    for (size_t r = 0; r < R; r++)
+        if (W[r] && (load128(T + 16 * r) >= P128 || !crawl_body_ok(B + 48 * steps * r, steps))) {
+            PyErr_SetString(PyExc_ValueError, "crawl expand_many: a field element ≥ p");
+            goto done;
+        }
+    if (!scratch_alloc(&w, out_n)) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    for (size_t r = 0; r < R; r++) {
+        if (!W[r]) continue;
+        crawl_expand_core((const uint8_t *)ks.buf + 48 * r, (const uint8_t *)dks.buf + 16 * r,
+                          (size_t)first, agg_id, B + 48 * steps * r,
+                          (const uint8_t *)ctrl.buf + 2 * steps * r,
+                          steps, (const uint8_t *)sd.buf + 16 * K * r,
+                          (const uint8_t *)bt.buf + K * r, K, load128(T + 16 * r), negate,
+                          acc.buf, (uint8_t *)po.buf + 32 * steps * r, &w);
+    }
+    Py_END_ALLOW_THREADS
+    result = Py_NewRef(Py_None);
+done:
+    scratch_free(&w);
+    PyBuffer_Release(&ks); PyBuffer_Release(&dks); PyBuffer_Release(&lv);
+    PyBuffer_Release(&ctrl); PyBuffer_Release(&sd); PyBuffer_Release(&bt);
+    PyBuffer_Release(&tot); PyBuffer_Release(&wh); PyBuffer_Release(&acc);
+    PyBuffer_Release(&po);
+    return result;
+}
+
+/* One report's descent (see crawl_descend above); returns its total. */
+static u128 crawl_descend_core(const block *rk, const uint8_t *body, const uint8_t *ctrl,
+                               size_t steps, int agg_id, const uint8_t *seeds,
+                               const uint8_t *bits, const int32_t *pp, const uint32_t *ep,
+                               size_t M, uint8_t *so, uint8_t *bo) {
+    const block notone = _mm_set_epi64x(-1, ~(long long)1);
+    u128 ocw = load128(body + 48 * (steps - 1) + 32);
+    u128 total = 0;
+    for (size_t i = 0; i < M; i++) {
+        block node = _mm_loadu_si128((const block *)(seeds + 16 * (size_t)pp[i]));
+        uint8_t t = bits[pp[i]] & 1;
+        for (size_t s = 0; s < steps; s++) {
+            int dir = (int)((ep[i] >> (steps - 1 - s)) & 1);
+            block h = hash1(rk, node, dir ? RIGHT : LEFT);
+            uint8_t bit = (uint8_t)(_mm_cvtsi128_si64(h) & 1);
+            block cw = _mm_loadu_si128((const block *)(body + 48 * s));
+            block mask = _mm_set1_epi8((char)(0 - t));
+            node = _mm_xor_si128(_mm_and_si128(h, notone), _mm_and_si128(cw, mask));
+            t = bit ^ (t & (ctrl[2 * s + dir] & 1));
+        }
+        uint8_t raw[16];
+        _mm_storeu_si128((block *)raw, hash1(rk, node, CONVERT));
+        u128 y = f_reduce(load128(raw));
+        if (t) y = f_add(y, ocw);
+        if (agg_id & 1) y = f_neg(y);
+        total = f_add(total, y);
+        _mm_storeu_si128((block *)(so + 16 * i), node);
+        bo[i] = t;
+    }
+    return total;
+}
+
+static int descend_paths_ok(const int32_t *pp, const uint32_t *ep, size_t M, size_t K,
+                            size_t steps) {
+    for (size_t i = 0; i < M; i++)
+        if (pp[i] < 0 || (size_t)pp[i] >= K || (ep[i] >> steps)) return 0;
+    return 1;
 }
 
 static PyObject *py_crawl_descend(PyObject *self, PyObject *args) {
@@ -541,16 +674,11 @@ static PyObject *py_crawl_descend(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "crawl descend: arguments of the wrong sizes");
         goto done;
     }
-    const int32_t *pp = par.buf;
-    const uint32_t *ep = ext.buf;
-    for (size_t i = 0; i < M; i++)
-        if (pp[i] < 0 || (size_t)pp[i] >= K || (steps < 32 && (ep[i] >> steps))) {
-            PyErr_SetString(PyExc_ValueError, "crawl descend: a parent or extension out of range");
-            goto done;
-        }
-    const uint8_t *L = lv.buf, *cb = ctrl.buf;
-    u128 ocw = load128(L + 48 * (steps - 1) + 32);
-    if (ocw >= P128) {
+    if (!descend_paths_ok(par.buf, ext.buf, M, K, steps)) {
+        PyErr_SetString(PyExc_ValueError, "crawl descend: a parent or extension out of range");
+        goto done;
+    }
+    if (!crawl_body_ok(lv.buf, steps)) {
         PyErr_SetString(PyExc_ValueError, "crawl descend: an output correction ≥ p");
         goto done;
     }
@@ -562,29 +690,8 @@ static PyObject *py_crawl_descend(PyObject *self, PyObject *args) {
     }
     block rk[11];
     expand_key(tk.buf, rk);
-    const block notone = _mm_set_epi64x(-1, ~(long long)1);
-    u128 total = 0;
-    for (size_t i = 0; i < M; i++) {
-        block node = _mm_loadu_si128((const block *)((const uint8_t *)sd.buf + 16 * pp[i]));
-        uint8_t t = ((const uint8_t *)bt.buf)[pp[i]] & 1;
-        for (size_t s = 0; s < steps; s++) {
-            int dir = (int)((ep[i] >> (steps - 1 - s)) & 1);
-            block h = hash1(rk, node, dir ? RIGHT : LEFT);
-            uint8_t bit = (uint8_t)(_mm_cvtsi128_si64(h) & 1);
-            block cw = _mm_loadu_si128((const block *)(L + 48 * s));
-            block mask = _mm_set1_epi8((char)(0 - t));
-            node = _mm_xor_si128(_mm_and_si128(h, notone), _mm_and_si128(cw, mask));
-            t = bit ^ (t & (cb[2 * s + dir] & 1));
-        }
-        uint8_t raw[16];
-        _mm_storeu_si128((block *)raw, hash1(rk, node, CONVERT));
-        u128 y = f_reduce(load128(raw));
-        if (t) y = f_add(y, ocw);
-        if (agg_id & 1) y = f_neg(y);
-        total = f_add(total, y);
-        _mm_storeu_si128((block *)(so + 16 * i), node);
-        bo[i] = t;
-    }
+    u128 total = crawl_descend_core(rk, lv.buf, ctrl.buf, steps, agg_id, sd.buf, bt.buf, par.buf,
+                                    ext.buf, M, so, bo);
     uint8_t tb[16];
     store128(tb, total);
     result = Py_BuildValue("(y#y#y#)", (const char *)so, (Py_ssize_t)(16 * M), (const char *)bo,
@@ -593,6 +700,61 @@ done:
     free(so); free(bo);
     PyBuffer_Release(&tk); PyBuffer_Release(&lv); PyBuffer_Release(&ctrl);
     PyBuffer_Release(&sd); PyBuffer_Release(&bt); PyBuffer_Release(&par); PyBuffer_Release(&ext);
+    return result;
+}
+
+/* crawl_descend_many(keys, agg_id, bodies, ctrls, seeds, bits, parents, exts, which,
+ *                    seeds_out, bits_out, totals_out): crawl_descend over R
+ * reports of K nodes, M kept paths each (the same paths for all): keys R × 48
+ * (the tree key first), bodies R × steps × 48, ctrls R × 2·steps, seeds
+ * R × K × 16, bits R × K; writes seeds_out R × M × 16, bits_out R × M,
+ * totals_out R × 16 for the reports `which` marks. */
+static PyObject *py_crawl_descend_many(PyObject *self, PyObject *args) {
+    Py_buffer ks, lv, ctrl, sd, bt, par, ext, wh, so, bo, to;
+    int agg_id;
+    if (!PyArg_ParseTuple(args, "y*iy*y*y*y*y*y*y*w*w*w*", &ks, &agg_id, &lv, &ctrl, &sd, &bt,
+                          &par, &ext, &wh, &so, &bo, &to))
+        return NULL;
+    PyObject *result = NULL;
+    size_t R = (size_t)wh.len, M = (size_t)par.len / 4;
+    size_t steps = R ? (size_t)ctrl.len / (2 * R) : 0, K = R ? (size_t)bt.len / R : 0;
+    if (R < 1 || ks.len != (Py_ssize_t)(48 * R) || steps < 1 || steps > 16 ||
+        ctrl.len != (Py_ssize_t)(2 * steps * R) || lv.len != (Py_ssize_t)(48 * steps * R) ||
+        K < 1 || bt.len != (Py_ssize_t)(K * R) || sd.len != (Py_ssize_t)(16 * K * R) ||
+        par.len % 4 || ext.len != par.len || M > CRAWL_MAX_NODES ||
+        so.len != (Py_ssize_t)(16 * M * R) || bo.len != (Py_ssize_t)(M * R) ||
+        to.len != (Py_ssize_t)(16 * R)) {
+        PyErr_SetString(PyExc_ValueError, "crawl descend_many: arguments of the wrong sizes");
+        goto done;
+    }
+    if (!descend_paths_ok(par.buf, ext.buf, M, K, steps)) {
+        PyErr_SetString(PyExc_ValueError, "crawl descend_many: a parent or extension out of range");
+        goto done;
+    }
+    const uint8_t *W = wh.buf, *B = lv.buf;
+    for (size_t r = 0; r < R; r++)
+        if (W[r] && !crawl_body_ok(B + 48 * steps * r, steps)) {
+            PyErr_SetString(PyExc_ValueError, "crawl descend_many: an output correction ≥ p");
+            goto done;
+        }
+    Py_BEGIN_ALLOW_THREADS
+    for (size_t r = 0; r < R; r++) {
+        if (!W[r]) continue;
+        block rk[11];
+        expand_key((const uint8_t *)ks.buf + 48 * r, rk);
+        u128 total = crawl_descend_core(
+            rk, B + 48 * steps * r, (const uint8_t *)ctrl.buf + 2 * steps * r, steps, agg_id,
+            (const uint8_t *)sd.buf + 16 * K * r, (const uint8_t *)bt.buf + K * r, par.buf, ext.buf,
+            M, (uint8_t *)so.buf + 16 * M * r, (uint8_t *)bo.buf + M * r);
+        store128((uint8_t *)to.buf + 16 * r, total);
+    }
+    Py_END_ALLOW_THREADS
+    result = Py_NewRef(Py_None);
+done:
+    PyBuffer_Release(&ks); PyBuffer_Release(&lv); PyBuffer_Release(&ctrl);
+    PyBuffer_Release(&sd); PyBuffer_Release(&bt); PyBuffer_Release(&par);
+    PyBuffer_Release(&ext); PyBuffer_Release(&wh); PyBuffer_Release(&so);
+    PyBuffer_Release(&bo); PyBuffer_Release(&to);
     return result;
 }
 
@@ -684,6 +846,10 @@ static PyMethodDef methods[] = {
      "Evaluate a prefix-crawl key's next binary levels at kept nodes (see vdaf/crawl.py)."},
     {"crawl_descend", py_crawl_descend, METH_VARARGS,
      "A prefix-crawl key's nodes along kept paths, and their outputs' total."},
+    {"crawl_expand_many", py_crawl_expand_many, METH_VARARGS,
+     "crawl_expand over many reports into one accumulator."},
+    {"crawl_descend_many", py_crawl_descend_many, METH_VARARGS,
+     "crawl_descend over many reports along the same kept paths."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -45,6 +45,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 from svtagg.vdaf import native, sparse
 from svtagg.vdaf.field import FIELD128
@@ -64,7 +65,7 @@ from svtagg.vdaf.sparse import (
     _to_field,
     children,
     ctrl_bits,
-    digest,
+    digest_with,
     gen_level,
     leaf_outputs,
     pack_ctrl,
@@ -78,6 +79,7 @@ LEVEL_BYTES = 16 + 16 + 16  # seed, proof and output corrections
 PREP_SHARE_SIZE = 32
 
 
+_M64 = (1 << 64) - 1
 #: The most nodes one native call evaluates (its scratch, 2 MiB a buffer).
 NATIVE_MAX_NODES = 1 << 17
 
@@ -104,6 +106,21 @@ def paths_of(parents: list[int], prefixes: list[int], steps: int) -> tuple[bytes
         raise SparseError("a kept prefix extends no node of the last level") from None
     ext = np.array([x & ((1 << steps) - 1) for x in prefixes], dtype=np.uint32)
     return up.tobytes(), ext.tobytes()
+
+
+def base_key(verify_key: bytes, nonce: bytes, phash: bytes) -> bytes:
+    """A report's key for its levels' digest keys: SHAKE128 of the servers'
+    verify key (clients do not hold it), the report id and the public
+    share's hash (so two servers handed different public shares for one
+    report get different digests at every level)."""
+    return _digest_key(verify_key, nonce, phash, DST)
+
+
+def level_key(base: bytes, level: int) -> bytes:
+    """Level `level`'s digest key: AES under the report's base key of the
+    level's number (a PRF, so each level's key is independent)."""
+    enc = Cipher(algorithms.AES(base), modes.ECB()).encryptor()
+    return enc.update(level.to_bytes(16, "little"))
 
 
 def public_hash(public: bytes) -> bytes:
@@ -262,8 +279,8 @@ class PrefixDpf:
         kids, t = children(h, kept.seeds, kept.ctrl, cw.seed, cw.ctrl)
         y = FIELD128.to_ints(leaf_outputs(h, kids, t, cw.output, agg_id))
         proofs = _leaf_proofs(nonce, kids, t, DST)
-        level_tag = level.to_bytes(2, "little")
-        dg = digest(verify_key, nonce, public_hash(public), proofs, t, cw.proof, DST, level_tag)
+        key = level_key(base_key(verify_key, nonce, public_hash(public)), level)
+        dg = digest_with(key, proofs, t, cw.proof)
         diff = (sum(y) - kept.total) % P
         candidates = [2 * x + b for x in kept.prefixes for b in (0, 1)]
         return Evaluated(candidates, kids, t, y, dg + diff.to_bytes(16, "little"))
@@ -329,12 +346,9 @@ class PrefixDpf:
         body, ctrl = self._step_args(view, first, steps)
         if acc.d != len(kept.prefixes) << steps:
             raise SparseError(f"the accumulator holds {acc.d} nodes")
-        dkeys = b"".join(
-            _digest_key(verify_key, view.nonce, view.public_hash, DST, lv.to_bytes(2, "little"))
-            for lv in range(first, first + steps)
-        )
+        base = base_key(verify_key, view.nonce, view.public_hash)
         prep = sparse._core.crawl_expand(
-            *view.keys, dkeys, agg_id, body, ctrl,
+            *view.keys, base, first, agg_id, body, ctrl,
             kept.seeds.astype("<u8").tobytes(), kept.ctrl.astype(np.uint8).tobytes(),
             kept.total.to_bytes(16, "little"), negate, acc.wide,
         )  # fmt: skip
@@ -401,11 +415,12 @@ class CrawlReports:
     A level of the walk extends every kept prefix by `steps` bits: `steps`
     binary levels, all children kept between them, each with its own check;
     the candidates come out in order (kept prefix, then extension).  With the
-    native core each report's step is one call adding its output shares to
-    one wide accumulator (a refused report is taken out by evaluating it
-    again, negated), and keeping walks each report down the kept paths alone,
-    so a report holds only its kept nodes between levels; the reference
-    (`reference`, or no core) holds each report's evaluation until the keep."""
+    native core (`_NativeWalk`) every report's step runs in one call over all
+    reports, adding their output shares to one wide accumulator (refused
+    reports are evaluated again, negated, to take them out), and keeping
+    walks each report down the kept paths alone, so a report holds only its
+    kept nodes between levels; the reference (`reference`, or no core) holds
+    each report's evaluation until the keep, one report at a time."""
 
     def __init__(
         self,
@@ -418,69 +433,48 @@ class CrawlReports:
         """`reports`: (nonce, public share, this server's key) each;
         `reference`: the numpy path even where the native core is."""
         self.dpf = PrefixDpf(bits)
-        self.native = _native() and not reference
         self.agg_id, self.verify_key = agg_id, verify_key
         self.reports = reports
-        self._nodes: list[Nodes | None] = []
-        self._views: list[ReportView | None] = []
+        views: list[ReportView | None] = []
         for nonce, public, key in reports:
-            try:  # a public share that does not decode is refused from the start
-                view: ReportView | None = self.dpf.view(nonce, public)
-                root: Nodes | None = self.dpf.root(agg_id, key)
+            view: ReportView | None = None
+            try:  # a report that does not decode is refused from the start
+                if len(key) == KEY_SIZE:
+                    view = self.dpf.view(nonce, public)
             except SparseError:
-                view, root = None, None
-            self._views.append(view if self.native else None)
-            self._nodes.append(root)
-        self._last: list[Evaluated | None] = [None] * len(reports)
-        self._acc: Accumulator | None = None
-        self._added: set[int] = set()  # reports whose step is in the accumulator
-        self._steps = 0
+                pass
+            views.append(view)
+        self._walk: _NativeWalk | _ReferenceWalk = (
+            _NativeWalk(self.dpf, agg_id, verify_key, reports, views)
+            if _native() and not reference
+            else _ReferenceWalk(self.dpf, agg_id, verify_key, reports, views)
+        )
+        self.native = isinstance(self._walk, _NativeWalk)
         self.depth = 0  # bits of the current candidates
         self.candidates: list[int] = [0]  # the root: the empty prefix
+        self._prev: list[int] = [0]
+        self._steps = 0
         self._kept = True  # the nodes match `candidates` (no level evaluated since)
 
     @property
     def live(self) -> npt.NDArray[np.bool_]:
         """The reports still in the walk."""
-        return np.array([n is not None for n in self._nodes], dtype=bool)
+        return self._walk.live.copy()
 
-    def extend(self, steps: int) -> list[list[bytes]]:
+    def extend(self, steps: int) -> npt.NDArray[np.uint8]:
         """Evaluate the next level's candidates (every kept prefix extended by
         `steps` bits); returns, per report, its prep share of each binary level
-        (empty for a dropped report)."""
+        (a row of 32·steps bytes; zeros for a dropped report)."""
         if not 1 <= steps or self.depth + steps > self.dpf.bits:
             raise SparseError(f"{steps} more bits past {self.depth} of {self.dpf.bits}")
         if not self._kept:
             raise SparseError("keep the last level's prefixes before the next level")
         n = len(self.candidates) << steps
-        if self.native and n > NATIVE_MAX_NODES:
+        if n > NATIVE_MAX_NODES:
             raise SparseError(f"a level of {n:,} candidates (at most {NATIVE_MAX_NODES:,})")
-        self._acc = Accumulator(n, wide=True) if self.native else None
-        self._added = set()
-        shares: list[list[bytes]] = []
-        for i, (nonce, public, _) in enumerate(self.reports):
-            nodes = self._nodes[i]
-            if nodes is None:
-                shares.append([])
-                continue
-            try:
-                if self._acc is not None:
-                    view = self._views[i]
-                    assert view is not None
-                    mine = self.dpf.expand_into(
-                        self._acc, self.agg_id, self.verify_key, view, nodes, steps
-                    )
-                    self._added.add(i)
-                else:
-                    ev, mine = self.dpf.expand_steps(
-                        self.agg_id, self.verify_key, nonce, public, nodes, steps
-                    )
-                    self._last[i] = ev
-            except SparseError:  # a malformed correction: this server refuses the report
-                self._nodes[i], self._last[i] = None, None
-                shares.append([])
-                continue
-            shares.append(mine)
+        shares = self._walk.extend(self.depth + 1, steps, len(self.candidates))
+        if isinstance(shares, list):
+            shares = shares_array(shares, steps)
         self.depth += steps
         self._steps = steps
         self._prev = self.candidates
@@ -491,28 +485,12 @@ class CrawlReports:
     def drop(self, invalid: npt.NDArray[np.bool_]) -> None:
         """Take the reports the level's check refused out of the walk (and
         their shares out of the level's sums)."""
-        for i in np.flatnonzero(invalid):
-            nodes = self._nodes[i]
-            view = self._views[i] if self.native else None
-            if self._acc is not None and i in self._added and nodes is not None and view:
-                self.dpf.expand_into(
-                    self._acc, self.agg_id, self.verify_key, view, nodes, self._steps, negate=True
-                )
-                self._added.discard(i)
-            self._nodes[i], self._last[i] = None, None
+        self._walk.drop(np.asarray(invalid, dtype=bool) & self._walk.live)
 
     def count_shares(self) -> list[int]:
         """This server's Field128 share of each candidate's count over the
         reports still in the walk."""
-        if self._acc is not None:
-            return FIELD128.to_ints(self._acc.value())
-        totals = [0] * len(self.candidates)
-        for ev in self._last:
-            if ev is None:
-                continue
-            for j, y in enumerate(ev.shares):
-                totals[j] += y
-        return [t % P for t in totals]
+        return self._walk.count_shares(len(self.candidates))
 
     def keep(self, prefixes: list[int]) -> None:
         """Keep the nodes of `prefixes` (candidates of the last level) for the
@@ -523,37 +501,191 @@ class CrawlReports:
         if len(set(prefixes)) != len(prefixes) or not known.issuperset(prefixes):
             raise SparseError("the kept prefixes must be distinct candidates of the last level")
         kept = list(prefixes)
-        paths = paths_of(self._prev, kept, self._steps) if self._acc is not None else None
-        for i, nodes in enumerate(self._nodes):
-            if nodes is None:
-                continue
-            if self._acc is not None:
-                view = self._views[i]
-                assert view is not None
-                self._nodes[i] = self.dpf.descend(
-                    self.agg_id, view, nodes, self._steps, kept, paths
-                )
-            else:
-                ev = self._last[i]
-                assert ev is not None
-                self._nodes[i] = self.dpf.keep(ev, kept, self.depth)
-                self._last[i] = None
-        self._acc = None
+        self._walk.keep(self._prev, kept, self._steps, self.depth)
         self.candidates = kept
         self._kept = True
 
 
-def check_level(leader: list[list[bytes]], helper: list[list[bytes]]) -> npt.NDArray[np.bool_]:
-    """Per report, whether every binary level of a walk's level held
-    (`PrefixDpf.decide` on each); a report one server already refused fails."""
-    if len(leader) != len(helper):
-        raise SparseError("the two servers evaluated different report lists")
-    return np.array(
-        [
-            bool(a)
-            and len(a) == len(b)
-            and all(PrefixDpf.decide(x, y) for x, y in zip(a, b, strict=True))
-            for a, b in zip(leader, helper, strict=True)
-        ],
-        dtype=bool,
-    )
+class _ReferenceWalk:
+    """`CrawlReports`'s state on the numpy reference: each report's nodes,
+    and its last evaluation until the keep."""
+
+    def __init__(
+        self,
+        dpf: PrefixDpf,
+        agg_id: int,
+        verify_key: bytes,
+        reports: list[tuple[bytes, bytes, bytes]],
+        views: list[ReportView | None],
+    ) -> None:
+        self.dpf, self.agg_id, self.verify_key, self.reports = dpf, agg_id, verify_key, reports
+        self._nodes: list[Nodes | None] = [
+            None if v is None else dpf.root(agg_id, r[2])
+            for r, v in zip(reports, views, strict=True)
+        ]
+        self._last: list[Evaluated | None] = [None] * len(reports)
+
+    @property
+    def live(self) -> npt.NDArray[np.bool_]:
+        return np.array([n is not None for n in self._nodes], dtype=bool)
+
+    def extend(self, first: int, steps: int, kept: int) -> list[list[bytes]]:
+        shares: list[list[bytes]] = []
+        for i, (nonce, public, _) in enumerate(self.reports):
+            nodes = self._nodes[i]
+            if nodes is None:
+                shares.append([])
+                continue
+            ev, mine = self.dpf.expand_steps(
+                self.agg_id, self.verify_key, nonce, public, nodes, steps
+            )
+            self._last[i] = ev
+            shares.append(mine)
+        return shares
+
+    def drop(self, invalid: npt.NDArray[np.bool_]) -> None:
+        for i in np.flatnonzero(invalid):
+            self._nodes[i], self._last[i] = None, None
+
+    def count_shares(self, n: int) -> list[int]:
+        totals = [0] * n
+        for ev in self._last:
+            if ev is not None:
+                for j, y in enumerate(ev.shares):
+                    totals[j] += y
+        return [t % P for t in totals]
+
+    def keep(self, prev: list[int], kept: list[int], steps: int, depth: int) -> None:
+        for i, ev in enumerate(self._last):
+            if ev is not None:
+                self._nodes[i] = self.dpf.keep(ev, kept, depth)
+                self._last[i] = None
+
+
+class _NativeWalk:
+    """`CrawlReports`'s state on the native core, as arrays over all
+    reports: their keys and corrections (decoded once), their kept nodes
+    (seeds, bits, total shares), the level's accumulator."""
+
+    def __init__(
+        self,
+        dpf: PrefixDpf,
+        agg_id: int,
+        verify_key: bytes,
+        reports: list[tuple[bytes, bytes, bytes]],
+        views: list[ReportView | None],
+    ) -> None:
+        self.dpf, self.agg_id, self.verify_key = dpf, agg_id, verify_key
+        r, bits = len(reports), dpf.bits
+        self.live = np.array([v is not None for v in views], dtype=bool)
+        self._views = views
+        self._keys = np.zeros((r, 48), dtype=np.uint8)
+        self._body = np.zeros((r, LEVEL_BYTES * bits), dtype=np.uint8)
+        self._ctrl = np.zeros((r, 2 * bits), dtype=np.uint8)
+        self._seeds = np.zeros((r, 1, 16), dtype=np.uint8)
+        self._bits = np.zeros((r, 1), dtype=np.uint8)
+        self._totals = np.zeros((r, 16), dtype=np.uint8)
+        self._base = np.zeros((r, 16), dtype=np.uint8)
+        for i, (v, (_, _, key)) in enumerate(zip(views, reports, strict=True)):
+            if v is None:
+                continue
+            self._keys[i] = np.frombuffer(b"".join(v.keys), dtype=np.uint8)
+            self._base[i] = np.frombuffer(base_key(verify_key, v.nonce, v.public_hash), np.uint8)
+            self._body[i] = np.frombuffer(v.body, dtype=np.uint8)
+            self._ctrl[i] = np.frombuffer(v.ctrl, dtype=np.uint8)
+            self._seeds[i, 0] = np.frombuffer(key, dtype=np.uint8)
+            self._bits[i, 0] = agg_id
+            self._totals[i, 0] = 1 - agg_id  # the root's total: 1 on server 0
+        self._acc: Accumulator | None = None
+        self._step: tuple[int, int] = (0, 0)
+        self._prep = np.zeros((r, 0), dtype=np.uint8)
+
+    def _args(self, first: int, steps: int) -> tuple[npt.NDArray[np.uint8], ...]:
+        lo, hi = first - 1, first - 1 + steps
+        body = np.ascontiguousarray(self._body[:, LEVEL_BYTES * lo : LEVEL_BYTES * hi])
+        return body, np.ascontiguousarray(self._ctrl[:, 2 * lo : 2 * hi])
+
+    def _run(self, which: npt.NDArray[np.bool_], negate: bool) -> None:
+        first, steps = self._step
+        assert self._acc is not None and self._acc.wide is not None
+        body, ctrl = self._args(first, steps)
+        sparse._core.crawl_expand_many(
+            self._keys, self._base, first, self.agg_id, body, ctrl, self._seeds, self._bits,
+            self._totals,
+            which.astype(np.uint8), negate, self._acc.wide, self._prep,
+        )  # fmt: skip
+
+    def extend(self, first: int, steps: int, kept: int) -> npt.NDArray[np.uint8]:
+        self._acc = Accumulator(max(kept << steps, 1), wide=True)
+        self._step = (first, steps)
+        self._prep = np.zeros((len(self.live), 32 * steps), dtype=np.uint8)
+        if kept and self.live.any():
+            self._run(self.live, negate=False)
+        return self._prep
+
+    def drop(self, invalid: npt.NDArray[np.bool_]) -> None:
+        if invalid.any() and self._acc is not None:
+            self._run(invalid, negate=True)
+        self.live &= ~invalid
+
+    def count_shares(self, n: int) -> list[int]:
+        assert self._acc is not None
+        return FIELD128.to_ints(self._acc.value())[:n]
+
+    def keep(self, prev: list[int], kept: list[int], steps: int, depth: int) -> None:
+        first, _ = self._step
+        parents, exts = paths_of(prev, kept, steps)
+        r, m = len(self.live), len(kept)
+        seeds = np.zeros((r, max(m, 1), 16), dtype=np.uint8)
+        bits = np.zeros((r, max(m, 1)), dtype=np.uint8)
+        totals = np.zeros((r, 16), dtype=np.uint8)
+        if m and self.live.any():
+            body, ctrl = self._args(first, steps)
+            sparse._core.crawl_descend_many(
+                self._keys, self.agg_id, body, ctrl, self._seeds, self._bits, parents, exts,
+                self.live.astype(np.uint8), seeds, bits, totals,
+            )  # fmt: skip
+        self._seeds, self._bits, self._totals = seeds, bits, totals
+        self._acc = None
+
+
+def check_level(
+    leader: npt.NDArray[np.uint8], helper: npt.NDArray[np.uint8], live: npt.NDArray[np.bool_]
+) -> npt.NDArray[np.bool_]:
+    """Per report, whether every binary level of a walk's step held on both
+    servers' prep shares (`extend`'s arrays: 32 bytes a binary level), as
+    `PrefixDpf.decide` on each, over the reports `live` on both before the
+    step: equal digests, and weight differences adding to 0 mod p."""
+    if leader.shape != helper.shape or leader.shape[0] != len(live) or leader.shape[1] % 32:
+        raise SparseError("the two servers' prep shares differ in shape")
+    r, steps = leader.shape[0], leader.shape[1] // 32
+    a = np.ascontiguousarray(leader).reshape(r, steps, 32)
+    b = np.ascontiguousarray(helper).reshape(r, steps, 32)
+    same = (a[:, :, :16] == b[:, :, :16]).all(axis=2)
+    x = a[:, :, 16:].copy().view("<u8").reshape(r, steps, 2).astype(np.uint64)
+    y = b[:, :, 16:].copy().view("<u8").reshape(r, steps, 2).astype(np.uint64)
+    lo = x[..., 0] + y[..., 0]
+    c0 = (lo < x[..., 0]).astype(np.uint64)
+    hi = x[..., 1] + y[..., 1]
+    top = hi < x[..., 1]
+    hi2 = hi + c0
+    top |= hi2 < hi
+    zero = np.zeros_like(top)
+    for k in (0, 1, 2):  # the 129-bit sum is 0, p or 2p
+        v = k * P
+        zero |= (
+            (lo == np.uint64(v & _M64))
+            & (hi2 == np.uint64((v >> 64) & _M64))
+            & (top == bool(v >> 128))
+        )
+    return np.asarray(live, dtype=bool) & (same & zero).all(axis=1)
+
+
+def shares_array(shares: list[list[bytes]], steps: int) -> npt.NDArray[np.uint8]:
+    """Per-report prep-share lists as `check_level` takes them (zeros for a
+    report with none)."""
+    out = np.zeros((len(shares), 32 * steps), dtype=np.uint8)
+    for i, mine in enumerate(shares):
+        if mine:
+            out[i] = np.frombuffer(b"".join(mine), dtype=np.uint8)
+    return out

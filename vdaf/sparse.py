@@ -253,10 +253,14 @@ def digest(
 ) -> bytes:
     """⊕_x AES_{K_v}(π̃_x ⊕ x) over proofs π (one per node, in order), with
     the proof correction XORed in where the node's bit is 1."""
+    return digest_with(_digest_key(verify_key, nonce, public, dst, extra), proofs, ctrl, proof_cw)
+
+
+def digest_with(key: bytes, proofs: U64, ctrl: npt.NDArray[np.bool_], proof_cw: bytes) -> bytes:
+    """`digest` under a given 16-byte key."""
     proofs = proofs.copy()
     proofs[ctrl] ^= _blocks(proof_cw)[0]
     proofs[:, 0] ^= np.arange(len(proofs), dtype=np.uint64)
-    key = _digest_key(verify_key, nonce, public, dst, extra)
     enc = Cipher(algorithms.AES(key), modes.ECB()).encryptor()
     masked = np.frombuffer(enc.update(proofs.astype("<u8").tobytes()), dtype="<u8")
     return np.bitwise_xor.reduce(masked.reshape(-1, 2), axis=0).astype("<u8").tobytes()
