@@ -21,8 +21,9 @@ The check of one level (one exchange of 32-byte prep shares per report):
 - **at most one live candidate**: each candidate's proof H_t(s ⊕ 5) is keyed
   by its control bit, with the level's one proof correction where t = 1 (as
   sparse.py's leaves: a seed-only proof admits the split report, see
-  docs/vdaf.md), compressed into a digest under a key of the servers' verify
-  key, the report id, the level and the public share;
+  docs/vdaf.md), compressed into a digest under the level's key (`level_key`:
+  AES of the level's number under a key of the servers' verify key, the
+  report id and the public share's hash, `base_key`);
 - **its weight is the previous level's**: the share of Σ_{candidates} y minus
   the share of the previous level's kept total opens to 0, with the root's
   total 1 (so level 1's two candidates hold exactly one unit).
