@@ -286,3 +286,53 @@ def test_level_noise_comes_from_the_csprng_and_has_its_scale() -> None:
     q = math.exp(-1 / t)
     var = 2 * q / (1 - q) ** 2  # variance of the discrete Laplace law
     assert abs(float(np.var(x)) / var - 1) < 0.03
+
+
+# ----------------------------------------------------------------- through the DPF path
+
+
+def _level_answers(values: list[int], reports: list, runs: int) -> Counter:  # type: ignore[type-arg]
+    """How often each answer vector of level 1 (two candidates, τ = 20,
+    ε = 1) comes out of `runs` walks on two in-process servers' keys."""
+    seen: Counter[tuple[bool, ...]] = Counter()
+    for _ in range(runs):
+        oracle = DpfCrawlOracle(reports, 8, 1)
+        answers = oracle.above(1, [0b0, 0b1], 1, Fraction(1), 20)
+        seen[tuple(answers)] += 1
+    return seen
+
+
+def _g_test(seen: Counter, law: dict) -> float:  # type: ignore[type-arg]
+    """The G statistic of observed answer vectors against their exact law."""
+    n = sum(seen.values())
+    return 2 * sum(c * math.log(c / (n * law[o])) for o, c in seen.items() if c)
+
+
+def test_the_dpf_paths_answers_fit_the_exact_law_and_a_skipped_check_does_not(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """End to end through the reports' keys: 300 level-1 walks over strings
+    of 8 bits (20 users start with bit 0, 19 with bit 1) fit the exact law
+    of the two candidates' answers (both servers' noise, τ = 20, ε = 1;
+    G within the 99.9 % point of χ²(3), 16.27).  Control: one extra report of
+    weight 4 on the first prefix, with the level's check skipped (as a
+    server that trusted its clients would), moves that count by 4 — the same
+    G test against the honest law rejects it (observed G ≈ 120–175).  With
+    the check, the forged report is refused and the law holds again."""
+    runs, t = 300, level_scale(Fraction(1))
+    values = [0b00000001] * 20 + [0b10000001] * 19
+    reports = make_reports(values, 8)
+    p = [above_probability(c, 20, t, 2) for c in (20, 19)]
+    law = {(a, b): (p[0] if a else 1 - p[0]) * (p[1] if b else 1 - p[1])
+           for a in (False, True) for b in (False, True)}  # fmt: skip
+    assert _g_test(_level_answers(values, reports, runs), law) < 16.27
+
+    dpf = PrefixDpf(8)
+    nonce = os.urandom(NONCE_SIZE)
+    public, keys = dpf.gen(0b00000001, nonce, os.urandom(RAND_SIZE), weight=4)
+    forged = [*reports, (nonce, public, keys)]
+    assert _g_test(_level_answers(values, forged, runs), law) < 16.27
+    import svtagg.analyst.crawl as acrawl
+
+    monkeypatch.setattr(acrawl, "check_level", lambda a, b, live: np.asarray(live, dtype=bool))
+    assert _g_test(_level_answers(values, forged, runs), law) > 16.27
