@@ -227,7 +227,7 @@ class DpfCrawlOracle:
         if leader.candidates != list(candidates):
             raise InvalidArgument("the candidates must extend every kept prefix, in order")
         was = leader.live | helper.live
-        ok = check_level(*shares, leader.live & helper.live)
+        ok = check_level(shares[0], shares[1], leader.live & helper.live)
         invalid = was & ~ok
         for s in self.servers:
             s.drop(invalid)
