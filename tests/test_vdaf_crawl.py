@@ -298,3 +298,34 @@ def test_an_output_correction_past_the_modulus_is_refused_when_decoded() -> None
     for reference in (False, True):
         result = walk(dpf, [make(dpf, 77), (nonce, bytes(raw), keys)], 1, reference=reference)
         assert [sum(counts.values()) for counts, _ in result] == [1] * 8
+
+
+@native_only
+def test_a_step_on_several_threads_gives_the_same_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The native walk cut over threads (each its own accumulator, added at
+    the end) gives the prep shares, count shares and kept nodes of one
+    thread, a refused report's take-out included."""
+    dpf = PrefixDpf(16)
+    gen = np.random.default_rng(4)
+    reports = [make(dpf, int(a)) for a in gen.choice([7, 300, 4242, 65000], 90)]
+    reports.append(make(dpf, 7, weight=2))
+
+    def run(threads: int) -> list[object]:
+        monkeypatch.setattr(crawl, "WALK_THREADS", threads)
+        monkeypatch.setattr(crawl, "_PER_THREAD", 8)
+        servers = [CrawlReports(16, i, VK, [(n, p, k[i]) for n, p, k in reports]) for i in (0, 1)]
+        out: list[object] = []
+        for _ in range(2):
+            was = servers[0].live & servers[1].live
+            shares = [s.extend(8) for s in servers]
+            ok = check_level(shares[0], shares[1], was)
+            for s in servers:
+                s.drop(was & ~ok)
+            counts = [s.count_shares() for s in servers]
+            out += [shares[0].tobytes(), shares[1].tobytes(), counts, ok.tolist()]
+            if servers[0].depth < 16:
+                for s in servers:
+                    s.keep([x for x, a, b in zip(s.candidates, *counts) if (a + b) % P >= 2])
+        return out
+
+    assert run(1) == run(4)

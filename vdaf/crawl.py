@@ -42,7 +42,11 @@ step of the walk in one call.
 from __future__ import annotations
 
 import hashlib
+import os
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -81,6 +85,7 @@ PREP_SHARE_SIZE = 32
 
 
 _M64 = (1 << 64) - 1
+T = TypeVar("T")
 #: The most nodes one native call evaluates (its scratch, 2 MiB a buffer).
 NATIVE_MAX_NODES = 1 << 17
 
@@ -610,11 +615,19 @@ class _NativeWalk:
         first, steps = self._step
         assert self._acc is not None and self._acc.wide is not None
         body, ctrl = self._args(first, steps)
-        sparse._core.crawl_expand_many(
-            self._keys, self._base, first, self.agg_id, body, ctrl, self._seeds, self._bits,
-            self._totals,
-            which.astype(np.uint8), negate, self._acc.wide, self._prep,
-        )  # fmt: skip
+        marks = which.astype(np.uint8)
+
+        def part(lo: int, hi: int) -> Accumulator:
+            acc = Accumulator(self._acc.d, wide=True)  # type: ignore[union-attr]
+            sparse._core.crawl_expand_many(
+                self._keys[lo:hi], self._base[lo:hi], first, self.agg_id, body[lo:hi],
+                ctrl[lo:hi], self._seeds[lo:hi], self._bits[lo:hi], self._totals[lo:hi],
+                marks[lo:hi], negate, acc.wide, self._prep[lo:hi],
+            )  # fmt: skip
+            return acc
+
+        for acc in _in_threads(part, len(which)):
+            self._acc.add(acc)
 
     def extend(self, first: int, steps: int, kept: int) -> npt.NDArray[np.uint8]:
         self._acc = Accumulator(max(kept << steps, 1), wide=True)
@@ -642,12 +655,35 @@ class _NativeWalk:
         totals = np.zeros((r, 16), dtype=np.uint8)
         if m and self.live.any():
             body, ctrl = self._args(first, steps)
-            sparse._core.crawl_descend_many(
-                self._keys, self.agg_id, body, ctrl, self._seeds, self._bits, parents, exts,
-                self.live.astype(np.uint8), seeds, bits, totals,
-            )  # fmt: skip
+            marks = self.live.astype(np.uint8)
+
+            def part(lo: int, hi: int) -> None:
+                sparse._core.crawl_descend_many(
+                    self._keys[lo:hi], self.agg_id, body[lo:hi], ctrl[lo:hi],
+                    self._seeds[lo:hi], self._bits[lo:hi], parents, exts, marks[lo:hi],
+                    seeds[lo:hi], bits[lo:hi], totals[lo:hi],
+                )  # fmt: skip
+
+            _in_threads(part, r)
         self._seeds, self._bits, self._totals = seeds, bits, totals
         self._acc = None
+
+
+#: Threads a walk's step runs on (the native calls run without the GIL): the
+#: machine's CPUs, at most 8, each with at least `_PER_THREAD` reports.
+WALK_THREADS = min(8, os.cpu_count() or 1)
+_PER_THREAD = 512
+
+
+def _in_threads(part: Callable[[int, int], T], rows: int) -> list[T]:
+    """`part` over [0, rows) cut into contiguous ranges, one per thread; the
+    results in range order (the bytes do not depend on the cut)."""
+    count = max(1, min(WALK_THREADS, rows // _PER_THREAD))
+    cuts = [rows * i // count for i in range(count + 1)]
+    if count == 1:
+        return [part(0, rows)]
+    with ThreadPoolExecutor(count) as pool:
+        return list(pool.map(part, cuts[:-1], cuts[1:]))
 
 
 def check_level(
