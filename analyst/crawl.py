@@ -129,6 +129,8 @@ def false_positive_floor(
     """The least τ at which a level of `candidates` zero-count candidates
     expects at most `expected` of them above τ (the noise's exact tail): a
     public floor for the threshold, computed from the plan alone."""
+    if level_epsilon <= 0 or candidates < 1 or expected <= 0:
+        raise ValueError("a positive ε, at least one candidate and a positive expectation")
     t = float(level_scale(level_epsilon))
     tau = 1
     while True:

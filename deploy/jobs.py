@@ -522,7 +522,14 @@ def _demo_strings(args: argparse.Namespace, t0: float) -> int:
     from svtagg.dp.crawl import CrawlPlan
     from svtagg.vdaf.crawl import PrefixDpf
 
-    eps = Fraction(args.epsilon)
+    try:
+        eps = Fraction(args.epsilon)
+    except (ValueError, ZeroDivisionError):
+        raise ValueError(f"--epsilon must be a positive number, got {args.epsilon!r}") from None
+    if eps <= 0:
+        raise ValueError(f"--epsilon must be positive, got {args.epsilon}")
+    if args.users < 1 or args.k < 1:
+        raise ValueError(f"--users and --k must be at least 1, got {args.users} and {args.k}")
     words = word_corpus(args.users, max(4 * args.k, 500), args.zipf, args.seed)
     truth = Counter(words)
     levels = -(-STRINGS_BITS // STRINGS_STRIDE)

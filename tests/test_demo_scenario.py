@@ -143,3 +143,19 @@ def test_the_word_corpus_is_seeded_and_short() -> None:
     words = word_corpus(2000, 300, 1.1, seed=5)
     assert words == word_corpus(2000, 300, 1.1, seed=5)
     assert len(set(words)) > 100 and all(1 <= len(w.encode()) <= 8 for w in words)
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--epsilon", "abc"], "positive number"),
+        (["--epsilon", "-1"], "must be positive"),
+        (["--users", "0"], "at least 1"),
+        (["--k", "0"], "at least 1"),
+    ],
+)
+def test_the_strings_demo_refuses_bad_flags_by_name(capsys, flags, message) -> None:  # type: ignore[no-untyped-def]
+    from svtagg.deploy.cli import main
+
+    assert main(["demo", "--scenario", "strings", *flags]) == 2
+    assert message in capsys.readouterr().err
