@@ -335,3 +335,23 @@ def test_a_step_on_several_threads_gives_the_same_bytes(monkeypatch: pytest.Monk
         return out
 
     assert run(1) == run(4)
+
+
+def test_count_shares_become_ring_shares_without_an_exchange() -> None:
+    """A level's Field128 count shares, converted by each server alone
+    (`ring_shares`), add up mod 2^64 to the exact counts; the control without
+    server 0's −1 (the integer wrap past p ≡ 1 mod 2^64) is off by one on
+    every candidate."""
+    from svtagg.vdaf.crawl import ring_shares
+
+    dpf = PrefixDpf(8)
+    tops = [int(a) for a in np.random.default_rng(9).integers(0, 4, 60)]
+    reports = [make(dpf, t << 6) for t in tops]  # the top two bits: 0..3
+    servers = [CrawlReports(8, i, VK, [(n, p, k[i]) for n, p, k in reports]) for i in (0, 1)]
+    shares = [s.extend(2) for s in servers]
+    assert check_level(shares[0], shares[1], servers[0].live).all()
+    a, b = (s.count_shares() for s in servers)
+    want = [tops.count(x) for x in range(4)]
+    assert (ring_shares(a, 0) + ring_shares(b, 1)).tolist() == want
+    unshifted = np.array([x & (2**64 - 1) for x in a], dtype=np.uint64) + ring_shares(b, 1)
+    assert unshifted.tolist() == [w + 1 for w in want]

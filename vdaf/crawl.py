@@ -726,3 +726,16 @@ def shares_array(shares: list[list[bytes]], steps: int) -> npt.NDArray[np.uint8]
         if mine:
             out[i] = np.frombuffer(b"".join(mine), dtype=np.uint8)
     return out
+
+
+def ring_shares(count_shares: list[int], agg_id: int) -> npt.NDArray[np.uint64]:
+    """A server's Field128 count shares as additive shares mod 2^64, with no
+    exchange: p ≡ 1 (mod 2^64), and two shares a, b of a count c add up, as
+    integers, to c + p unless a ≤ c — probability (c + 1)/p < 2^−107 for
+    c < 2^20 once one honest report's (pseudorandom) share is in the sum — so
+    server 0 takes (a mod 2^64) − 1 and server 1 b mod 2^64.  What the
+    servers' comparison of a level's counts will take (not used by them yet)."""
+    if agg_id not in (0, 1):
+        raise SparseError("a server id of 0 or 1")
+    low = np.array([x & _M64 for x in count_shares], dtype=np.uint64)
+    return low - np.uint64(1 - agg_id) if agg_id == 0 else low
