@@ -98,21 +98,21 @@ static inline void store128(uint8_t *p, u128 v) {
 
 #define TILE 32 /* parents per batch: 64 children, 64 AES blocks in flight */
 
-/* The children of parents [j0, j0 + cnt): seeds and bits into kid / kt
- * (2·cnt entries), level corrections applied where the parent's bit is 1. */
-static inline void children(const block *rk, const block *seed, const uint8_t *t, size_t j0,
-                            size_t cnt, block cw, uint8_t cl, uint8_t cr, block *kid,
-                            uint8_t *kt) {
-    uint8_t pt[2 * TILE];
-    for (size_t i = 0; i < cnt; i++) pt[2 * i] = pt[2 * i + 1] = t[j0 + i];
-    sigma_mmo(rk, seed + j0, NULL, 1, 0, kid, 2 * cnt);
+/* The children of m parents (seed, t): seeds and bits into kid / kt (2m
+ * entries, children 2j, 2j + 1 of parent j), the level's corrections applied
+ * where the parent's bit is 1.  Both the full-domain expansion (a tile of
+ * parents at a time) and the crawl (a step's nodes) take children here. */
+static inline void children(const block *rk, const block *seed, const uint8_t *t, size_t m,
+                            block cw, uint8_t cl, uint8_t cr, block *kid, uint8_t *kt) {
+    sigma_mmo(rk, seed, NULL, 1, 0, kid, 2 * m);
     const block notone = _mm_set_epi64x(-1, ~(long long)1);
-    for (size_t c = 0; c < 2 * cnt; c++) {
+    for (size_t c = 0; c < 2 * m; c++) {
+        uint8_t pt = t[c >> 1];
         block h = kid[c];
         uint8_t bit = (uint8_t)(_mm_cvtsi128_si64(h) & 1);
-        block mask = _mm_set1_epi8((char)(0 - pt[c]));
+        block mask = _mm_set1_epi8((char)(0 - pt));
         kid[c] = _mm_xor_si128(_mm_and_si128(h, notone), _mm_and_si128(cw, mask));
-        kt[c] = bit ^ (pt[c] & ((c & 1) ? cr : cl));
+        kt[c] = bit ^ (pt & ((c & 1) ? cr : cl));
     }
 }
 
@@ -265,7 +265,7 @@ static PyObject *py_expand(PyObject *self, PyObject *args) {
         for (size_t k = 0; k < tiles; k++) {
             size_t tile = last ? k : tiles - 1 - k;
             size_t j0 = tile * TILE, cnt = m - j0 < TILE ? m - j0 : TILE;
-            children(rk, seed, t, j0, cnt, cw, cl, cr, kid, kt);
+            children(rk, seed + j0, t + j0, cnt, cw, cl, cr, kid, kt);
             if (last) {
                 size_t x0 = 2 * j0, mm = 2 * cnt;
                 if (x0 + mm > (size_t)d) mm = (size_t)d - x0;
@@ -297,6 +297,36 @@ static inline block hash1(const block *rk, block x, uint64_t tweak) {
     return _mm_xor_si128(b, sg);
 }
 
+/* One level of key generation on α's path (vdaf/sparse.py `gen_level`): both
+ * servers' kept child (s, t updated in place), the level's seed correction and
+ * its two control corrections (left, right). */
+static inline void gen_step(const block *rk, block s[2], uint8_t t[2], int bit, block *seed_cw,
+                            uint8_t *cl, uint8_t *cr) {
+    const block notone = _mm_set_epi64x(-1, ~(long long)1);
+    block kid[2][2];
+    uint8_t kt[2][2];
+    for (int c = 0; c < 2; c++)
+        for (int dir = 0; dir < 2; dir++) {
+            block h = hash1(rk, s[c], dir ? RIGHT : LEFT);
+            kt[c][dir] = (uint8_t)(_mm_cvtsi128_si64(h) & 1);
+            kid[c][dir] = _mm_and_si128(h, notone);
+        }
+    *seed_cw = _mm_xor_si128(kid[0][1 - bit], kid[1][1 - bit]);
+    *cl = kt[0][0] ^ kt[1][0] ^ (bit == 0);
+    *cr = kt[0][1] ^ kt[1][1] ^ (bit == 1);
+    uint8_t ck = bit ? *cr : *cl;
+    for (int c = 0; c < 2; c++) {
+        block k = kid[c][bit];
+        uint8_t kb = kt[c][bit];
+        if (t[c]) {
+            k = _mm_xor_si128(k, *seed_cw);
+            kb ^= ck;
+        }
+        s[c] = k;
+        t[c] = kb;
+    }
+}
+
 /* gen(tree_key, proof_key0, proof_key1, n, alpha, rand, weight) -> public share
  * The client's side (vdaf/sparse.py `gen` is the reference): the two keys
  * are rand's halves; walk α's path on both, then the leaf corrections. */
@@ -316,7 +346,6 @@ static PyObject *py_gen(PyObject *self, PyObject *args) {
     expand_key(tk.buf, rk);
     expand_key(pk0.buf, rk0);
     expand_key(pk1.buf, rk1);
-    const block notone = _mm_set_epi64x(-1, ~(long long)1);
     block s[2] = {_mm_loadu_si128((const block *)rnd.buf),
                   _mm_loadu_si128((const block *)((const uint8_t *)rnd.buf + 16))};
     uint8_t t[2] = {0, 1};
@@ -325,29 +354,9 @@ static PyObject *py_gen(PyObject *self, PyObject *args) {
     uint8_t out[(2 * MAX_BITS + 7) / 8 + 16 * MAX_BITS + 32];
     memset(out, 0, size);
     for (int i = 0; i < n; i++) {
-        int bit = (int)((alpha >> (n - 1 - i)) & 1);
-        block kid[2][2];
-        uint8_t kt[2][2];
-        for (int b = 0; b < 2; b++)
-            for (int dir = 0; dir < 2; dir++) {
-                block h = hash1(rk, s[b], dir ? RIGHT : LEFT);
-                kt[b][dir] = (uint8_t)(_mm_cvtsi128_si64(h) & 1);
-                kid[b][dir] = _mm_and_si128(h, notone);
-            }
-        block seed_cw = _mm_xor_si128(kid[0][1 - bit], kid[1][1 - bit]);
-        uint8_t cl = kt[0][0] ^ kt[1][0] ^ (bit == 0);
-        uint8_t cr = kt[0][1] ^ kt[1][1] ^ (bit == 1);
-        uint8_t ck = bit ? cr : cl;
-        for (int b = 0; b < 2; b++) {
-            block k = kid[b][bit];
-            uint8_t kb = kt[b][bit];
-            if (t[b]) {
-                k = _mm_xor_si128(k, seed_cw);
-                kb ^= ck;
-            }
-            s[b] = k;
-            t[b] = kb;
-        }
+        block seed_cw;
+        uint8_t cl, cr;
+        gen_step(rk, s, t, (int)((alpha >> (n - 1 - i)) & 1), &seed_cw, &cl, &cr);
         out[(2 * i) / 8] |= (uint8_t)(cl << ((2 * i) % 8));
         out[(2 * i + 1) / 8] |= (uint8_t)(cr << ((2 * i + 1) % 8));
         _mm_storeu_si128((block *)(out + head + 16 * i), seed_cw);
@@ -381,43 +390,29 @@ done:
  *   alpha: the string, ⌈n/8⌉ bytes big-endian (its low n bits); every level
  *   gets its seed, control, proof and output corrections.
  *
- * crawl_expand(tree_key, proof_key0, proof_key1, base_key, first, agg_id, levels,
- *              ctrl, seeds, bits, total, negate, acc) -> prep shares
- *   `steps` = len(ctrl)/2 binary levels from binary level `first` on (each
- *   level's digest key AES_base_key(its number)), from the nodes (seeds: K × 16,
- *   bits: K bytes 0/1, total: this server's Field128 share of their total, 16
- *   bytes LE), every child kept between them; levels: steps × 48 bytes (seed,
- *   proof, output corrections), ctrl: 2·steps bytes (left, right).  Adds this
- *   server's Field128 output shares of the last binary level's K·2^steps nodes
- *   to acc (three uint64 limbs each, unreduced: each addition < p), or their
- *   negatives when `negate` (a refused report taken out); returns steps × 32
- *   bytes, each binary level's prep share (digest ‖ Σ y − previous total).
+ * crawl_expand_many(keys, base_keys, first, agg_id, bodies, ctrls, seeds, bits,
+ *                   totals, which, negate, acc, prep_out)
+ *   Per report (R of them, K kept nodes each): `steps` = ctrls' width / 2
+ *   binary levels from binary level `first` on (each level's digest key
+ *   AES_base_key(its number)), from the nodes (seeds, bits 0/1, this server's
+ *   Field128 share of their total), every child kept between them; the
+ *   corrections are 48 bytes a level (seed, proof, output) and two control
+ *   bits.  Adds this server's Field128 output shares of the last binary
+ *   level's K·2^steps nodes to acc (three uint64 limbs each, unreduced: each
+ *   addition < p), or their negatives when `negate` (a refused report taken
+ *   out), and writes each binary level's prep share (digest ‖ Σ y − previous
+ *   total, 32 bytes).  One report is R = 1.
  *
- * crawl_descend(tree_key, levels, ctrl, agg_id, seeds, bits, parents, exts)
- *   -> (seeds, bits, total)
- *   The nodes a walk keeps after a step of `steps` = len(ctrl)/2 binary
- *   levels: node i is the descendant of parent node parents[i] (int32) along
- *   the steps bits of exts[i] (uint32, most significant first); returns their
- *   seeds, bits and this server's share of their outputs' total.
+ * crawl_descend_many(keys, agg_id, bodies, ctrls, seeds, bits, parents, exts, which,
+ *                    seeds_out, bits_out, totals_out)
+ *   The nodes a walk keeps after such a step: node i of every report is the
+ *   descendant of its node parents[i] (int32) along the steps bits of exts[i]
+ *   (uint32, most significant first); their seeds, bits and this server's
+ *   share of their outputs' total.
  */
 enum { CRAWL_MAX_BITS = 256, CRAWL_MAX_NODES = 1 << 17 };
 
 static inline u128 f_reduce(u128 y) { return y >= P128 ? y - P128 : y; }
-
-/* Children of m parents (seed, t) into kid/kt (2m), corrections applied. */
-static void crawl_children(const block *rk, const block *seed, const uint8_t *t, size_t m,
-                           block cw, uint8_t cl, uint8_t cr, block *kid, uint8_t *kt) {
-    sigma_mmo(rk, seed, NULL, 1, 0, kid, 2 * m);
-    const block notone = _mm_set_epi64x(-1, ~(long long)1);
-    for (size_t c = 0; c < 2 * m; c++) {
-        uint8_t pt = t[c >> 1];
-        block h = kid[c];
-        uint8_t bit = (uint8_t)(_mm_cvtsi128_si64(h) & 1);
-        block mask = _mm_set1_epi8((char)(0 - pt));
-        kid[c] = _mm_xor_si128(_mm_and_si128(h, notone), _mm_and_si128(cw, mask));
-        kt[c] = bit ^ (pt & ((c & 1) ? cr : cl));
-    }
-}
 
 static inline void acc_add(uint64_t *acc, u128 v) {
     unsigned long long a0 = acc[0], a1 = acc[1];
@@ -469,7 +464,7 @@ static void crawl_expand_core(const uint8_t *keys, const uint8_t *base, size_t f
         block cw = _mm_loadu_si128((const block *)(body + 48 * s));
         block pcw = _mm_loadu_si128((const block *)(body + 48 * s + 16));
         u128 ocw = load128(body + 48 * s + 32);
-        crawl_children(rk, a, ta, m, cw, ctrl[2 * s] & 1, ctrl[2 * s + 1] & 1, b, tb);
+        children(rk, a, ta, m, cw, ctrl[2 * s] & 1, ctrl[2 * s + 1] & 1, b, tb);
         m *= 2;
         /* outputs: y = conv(s) + t·CW, negated on server 1; their sum */
         sigma_mmo(rk, b, NULL, 0, CONVERT, tmp, m);
@@ -516,51 +511,6 @@ static int crawl_body_ok(const uint8_t *body, size_t steps) {
     for (size_t i = 0; i < steps; i++)
         if (load128(body + 48 * i + 32) >= P128) return 0;
     return 1;
-}
-
-static PyObject *py_crawl_expand(PyObject *self, PyObject *args) {
-    Py_buffer tk, pk0, pk1, dks, lv, ctrl, sd, bt, tot, acc;
-    int agg_id, negate, first;
-    if (!PyArg_ParseTuple(args, "y*y*y*y*iiy*y*y*y*y*pw*", &tk, &pk0, &pk1, &dks, &first,
-                          &agg_id, &lv, &ctrl, &sd, &bt, &tot, &negate, &acc))
-        return NULL;
-    PyObject *result = NULL;
-    crawl_scratch w = {0};
-    size_t steps = (size_t)ctrl.len / 2, K = (size_t)bt.len;
-    size_t out_n = steps < 20 ? K << steps : 0;
-    if (tk.len != 16 || pk0.len != 16 || pk1.len != 16 || dks.len != 16 || first < 1 ||
-        ctrl.len % 2 || steps < 1 ||
-        steps > 16 || lv.len != (Py_ssize_t)(48 * steps) || ctrl.len != (Py_ssize_t)(2 * steps) ||
-        K < 1 || sd.len != (Py_ssize_t)(16 * K) || tot.len != 16 || out_n > CRAWL_MAX_NODES ||
-        acc.len != (Py_ssize_t)(24 * out_n) || load128(tot.buf) >= P128) {
-        PyErr_SetString(PyExc_ValueError, "crawl expand: arguments of the wrong sizes");
-        goto done;
-    }
-    if (!crawl_body_ok(lv.buf, steps)) {
-        PyErr_SetString(PyExc_ValueError, "crawl expand: an output correction ≥ p");
-        goto done;
-    }
-    if (!scratch_alloc(&w, out_n)) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    uint8_t keys[48], prep[32 * 16];
-    memcpy(keys, tk.buf, 16);
-    memcpy(keys + 16, pk0.buf, 16);
-    memcpy(keys + 32, pk1.buf, 16);
-    u128 prev = load128(tot.buf);
-    Py_BEGIN_ALLOW_THREADS
-    crawl_expand_core(keys, dks.buf, (size_t)first, agg_id, lv.buf, ctrl.buf, steps, sd.buf,
-                      bt.buf, K, prev, negate, acc.buf, prep, &w);
-    Py_END_ALLOW_THREADS
-    result = PyBytes_FromStringAndSize((const char *)prep, (Py_ssize_t)(32 * steps));
-done:
-    scratch_free(&w);
-    PyBuffer_Release(&tk); PyBuffer_Release(&pk0); PyBuffer_Release(&pk1);
-    PyBuffer_Release(&dks); PyBuffer_Release(&lv); PyBuffer_Release(&ctrl);
-    PyBuffer_Release(&sd); PyBuffer_Release(&bt); PyBuffer_Release(&tot);
-    PyBuffer_Release(&acc);
-    return result;
 }
 
 /* crawl_expand_many(keys, base_keys, first, agg_id, bodies, ctrls, seeds, bits, totals,
@@ -660,49 +610,6 @@ static int descend_paths_ok(const int32_t *pp, const uint32_t *ep, size_t M, siz
     return 1;
 }
 
-static PyObject *py_crawl_descend(PyObject *self, PyObject *args) {
-    Py_buffer tk, lv, ctrl, sd, bt, par, ext;
-    int agg_id;
-    if (!PyArg_ParseTuple(args, "y*y*y*iy*y*y*y*", &tk, &lv, &ctrl, &agg_id, &sd, &bt, &par, &ext))
-        return NULL;
-    PyObject *result = NULL;
-    uint8_t *so = NULL, *bo = NULL;
-    size_t steps = (size_t)ctrl.len / 2, K = (size_t)bt.len, M = (size_t)par.len / 4;
-    if (tk.len != 16 || ctrl.len % 2 || steps < 1 || steps > 16 ||
-        lv.len != (Py_ssize_t)(48 * steps) || sd.len != (Py_ssize_t)(16 * K) || par.len % 4 ||
-        ext.len != par.len || M > CRAWL_MAX_NODES) {
-        PyErr_SetString(PyExc_ValueError, "crawl descend: arguments of the wrong sizes");
-        goto done;
-    }
-    if (!descend_paths_ok(par.buf, ext.buf, M, K, steps)) {
-        PyErr_SetString(PyExc_ValueError, "crawl descend: a parent or extension out of range");
-        goto done;
-    }
-    if (!crawl_body_ok(lv.buf, steps)) {
-        PyErr_SetString(PyExc_ValueError, "crawl descend: an output correction ≥ p");
-        goto done;
-    }
-    so = malloc(16 * M + 1);
-    bo = malloc(M + 1);
-    if (!so || !bo) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    block rk[11];
-    expand_key(tk.buf, rk);
-    u128 total = crawl_descend_core(rk, lv.buf, ctrl.buf, steps, agg_id, sd.buf, bt.buf, par.buf,
-                                    ext.buf, M, so, bo);
-    uint8_t tb[16];
-    store128(tb, total);
-    result = Py_BuildValue("(y#y#y#)", (const char *)so, (Py_ssize_t)(16 * M), (const char *)bo,
-                           (Py_ssize_t)M, (const char *)tb, (Py_ssize_t)16);
-done:
-    free(so); free(bo);
-    PyBuffer_Release(&tk); PyBuffer_Release(&lv); PyBuffer_Release(&ctrl);
-    PyBuffer_Release(&sd); PyBuffer_Release(&bt); PyBuffer_Release(&par); PyBuffer_Release(&ext);
-    return result;
-}
-
 /* crawl_descend_many(keys, agg_id, bodies, ctrls, seeds, bits, parents, exts, which,
  *                    seeds_out, bits_out, totals_out): crawl_descend over R
  * reports of K nodes, M kept paths each (the same paths for all): keys R × 48
@@ -781,7 +688,6 @@ static PyObject *py_crawl_gen(PyObject *self, PyObject *args) {
     expand_key(tk.buf, rk);
     expand_key(pk0.buf, rk0);
     expand_key(pk1.buf, rk1);
-    const block notone = _mm_set_epi64x(-1, ~(long long)1);
     block s[2] = {_mm_loadu_si128((const block *)rnd.buf),
                   _mm_loadu_si128((const block *)((const uint8_t *)rnd.buf + 16))};
     uint8_t t[2] = {0, 1};
@@ -789,29 +695,9 @@ static PyObject *py_crawl_gen(PyObject *self, PyObject *args) {
     size_t pad = 8 * (size_t)al.len - (size_t)n; /* alpha's leading unused bits */
     for (int i = 0; i < n; i++) {
         size_t at = pad + (size_t)i;
-        int bit = (ab[at / 8] >> (7 - at % 8)) & 1;
-        block kid[2][2];
-        uint8_t kt[2][2];
-        for (int c = 0; c < 2; c++)
-            for (int dir = 0; dir < 2; dir++) {
-                block h = hash1(rk, s[c], dir ? RIGHT : LEFT);
-                kt[c][dir] = (uint8_t)(_mm_cvtsi128_si64(h) & 1);
-                kid[c][dir] = _mm_and_si128(h, notone);
-            }
-        block seed_cw = _mm_xor_si128(kid[0][1 - bit], kid[1][1 - bit]);
-        uint8_t cl = kt[0][0] ^ kt[1][0] ^ (bit == 0);
-        uint8_t cr = kt[0][1] ^ kt[1][1] ^ (bit == 1);
-        uint8_t ck = bit ? cr : cl;
-        for (int c = 0; c < 2; c++) {
-            block k = kid[c][bit];
-            uint8_t kb = kt[c][bit];
-            if (t[c]) {
-                k = _mm_xor_si128(k, seed_cw);
-                kb ^= ck;
-            }
-            s[c] = k;
-            t[c] = kb;
-        }
+        block seed_cw;
+        uint8_t cl, cr;
+        gen_step(rk, s, t, (ab[at / 8] >> (7 - at % 8)) & 1, &seed_cw, &cl, &cr);
         out[(2 * i) / 8] |= (uint8_t)(cl << ((2 * i) % 8));
         out[(2 * i + 1) / 8] |= (uint8_t)(cr << ((2 * i + 1) % 8));
         uint8_t *lvl = out + head + 48 * (size_t)i;
@@ -842,10 +728,6 @@ static PyMethodDef methods[] = {
      "Expand a sparse one-hot DPF key over its domain (see vdaf/sparse.py)."},
     {"gen", py_gen, METH_VARARGS, "Make a sparse one-hot report's public share."},
     {"crawl_gen", py_crawl_gen, METH_VARARGS, "Make a prefix-crawl report's public share."},
-    {"crawl_expand", py_crawl_expand, METH_VARARGS,
-     "Evaluate a prefix-crawl key's next binary levels at kept nodes (see vdaf/crawl.py)."},
-    {"crawl_descend", py_crawl_descend, METH_VARARGS,
-     "A prefix-crawl key's nodes along kept paths, and their outputs' total."},
     {"crawl_expand_many", py_crawl_expand_many, METH_VARARGS,
      "crawl_expand over many reports into one accumulator."},
     {"crawl_descend_many", py_crawl_descend_many, METH_VARARGS,

@@ -353,10 +353,11 @@ class PrefixDpf:
         if acc.d != len(kept.prefixes) << steps:
             raise SparseError(f"the accumulator holds {acc.d} nodes")
         base = base_key(verify_key, view.nonce, view.public_hash)
-        prep = sparse._core.crawl_expand(
-            *view.keys, base, first, agg_id, body, ctrl,
+        prep = bytearray(32 * steps)
+        sparse._core.crawl_expand_many(
+            b"".join(view.keys), base, first, agg_id, body, ctrl,
             kept.seeds.astype("<u8").tobytes(), kept.ctrl.astype(np.uint8).tobytes(),
-            kept.total.to_bytes(16, "little"), negate, acc.wide,
+            kept.total.to_bytes(16, "little"), b"\x01", negate, acc.wide, prep,
         )  # fmt: skip
         return [bytes(prep[32 * i : 32 * i + 32]) for i in range(steps)]
 
@@ -377,10 +378,12 @@ class PrefixDpf:
             raise SparseError("the native core")
         body, ctrl = self._step_args(view, kept.level + 1, steps)
         parents, exts = paths if paths is not None else paths_of(kept.prefixes, prefixes, steps)
-        seeds, bits, total = sparse._core.crawl_descend(
-            view.keys[0], body, ctrl, agg_id,
+        m = len(prefixes)
+        seeds, bits, total = bytearray(16 * m), bytearray(m), bytearray(16)
+        sparse._core.crawl_descend_many(
+            b"".join(view.keys), agg_id, body, ctrl,
             kept.seeds.astype("<u8").tobytes(), kept.ctrl.astype(np.uint8).tobytes(),
-            parents, exts,
+            parents, exts, b"\x01", seeds, bits, total,
         )  # fmt: skip
         return Nodes(
             kept.level + steps,
