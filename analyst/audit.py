@@ -36,7 +36,7 @@ import numpy.typing as npt
 from svtagg.analyst.oracle import Oracle
 from svtagg.dp.jointsvt import joint_stream_noise
 from svtagg.dp.kinds import StreamKind, noise_model
-from svtagg.dp.noise import geometric_log_pmf, laplace_log_pmf
+from svtagg.dp.noise import laplace_log_pmf, sum_pmf
 from svtagg.dp.queries import Outcome, Query, encode_thresholds
 from svtagg.mpc.ring import encode
 
@@ -397,22 +397,6 @@ def pilot_audit(
 FIT_SIMS = 20_000
 
 
-def _noise_pmf(family: str, scale: Fraction, parties: int) -> tuple[int, npt.NDArray[np.float64]]:
-    """(lowest value, pmf) of the sum of `parties` independent draws, on a window
-    of ±30 scales per draw (the mass left out is below e^−30 per draw)."""
-    span = math.ceil(30 * scale)
-    if family == "laplace":
-        lo, x = -span, np.arange(-span, span + 1)
-        one = np.exp(laplace_log_pmf(scale, x))
-    else:
-        lo, x = 0, np.arange(0, span + 1)
-        one = np.exp(geometric_log_pmf(scale, x))
-    pmf = one
-    for _ in range(parties - 1):
-        pmf = np.convolve(pmf, one)
-    return lo * parties, pmf
-
-
 def first_yes_pmf(
     scores: Sequence[int],
     taus: Sequence[int],
@@ -427,10 +411,8 @@ def first_yes_pmf(
     `dp.svt` and the servers: YES iff s − τ + ν − γ ≥ 0."""
     model = noise_model(kind)
     eps = Fraction(epsilon)
-    g_lo, p_gamma = _noise_pmf(
-        model.threshold_family, model.threshold_scale(eps, frac_bits), parties
-    )
-    n_lo, p_nu = _noise_pmf(model.query_family, model.query_scale(eps, frac_bits), parties)
+    g_lo, p_gamma = sum_pmf(model.threshold_family, model.threshold_scale(eps, frac_bits), parties)
+    n_lo, p_nu = sum_pmf(model.query_family, model.query_scale(eps, frac_bits), parties)
     return _first_yes_law(scores, taus, (g_lo, p_gamma), (n_lo, p_nu))
 
 

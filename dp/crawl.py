@@ -37,7 +37,7 @@ from fractions import Fraction
 import numpy as np
 import numpy.typing as npt
 
-from svtagg.dp.noise import RandomSource, draw, laplace_log_pmf
+from svtagg.dp.noise import RandomSource, draw, sum_pmf
 
 #: How far one replace-one change moves a level's count vector in L1.
 CRAWL_SENSITIVITY = 2
@@ -125,14 +125,8 @@ def above(
 
 def above_probability(count: int, threshold: int, scale: Fraction, parties: int = 2) -> float:
     """P(count + Σ ν ≥ threshold), the ν `parties` independent discrete Laplace
-    draws of scale `scale` (on a window of ±30 scales per draw)."""
-    span = math.ceil(30 * scale)
-    x = np.arange(-span, span + 1)
-    one = np.exp(laplace_log_pmf(scale, x))
-    pmf = one
-    for _ in range(parties - 1):
-        pmf = np.convolve(pmf, one)
-    lo = -span * parties
+    draws of scale `scale` (`dp.noise.sum_pmf`'s window)."""
+    lo, pmf = sum_pmf("laplace", scale, parties)
     need = threshold - count - lo  # index of the least sum that answers yes
     if need <= 0:
         return float(pmf.sum())
