@@ -35,8 +35,8 @@ from svtagg.dp.crawl import CrawlPlan, above, level_scale
 from svtagg.dp.errors import InvalidArgument
 from svtagg.dp.ledger import Ledger
 from svtagg.dp.noise import RandomSource
-from svtagg.vdaf.crawl import CrawlReports, PrefixDpf, check_level
-from svtagg.vdaf.sparse import NONCE_SIZE, RAND_SIZE, P
+from svtagg.vdaf.crawl import CrawlReports, PrefixDpf, level_counts, step_level
+from svtagg.vdaf.sparse import NONCE_SIZE, RAND_SIZE
 
 
 def encode_string(s: str, bits: int) -> int:
@@ -225,18 +225,12 @@ class DpfCrawlOracle:
                 s.keep(kept)
         steps = prefix_bits - leader.depth
         self.ledger.charge(epsilon)
-        shares = [s.extend(steps) for s in self.servers]
+        invalid = step_level(leader, helper, steps)
         if leader.candidates != list(candidates):
             raise InvalidArgument("the candidates must extend every kept prefix, in order")
-        was = leader.live | helper.live
-        ok = check_level(shares[0], shares[1], leader.live & helper.live)
-        invalid = was & ~ok
-        for s in self.servers:
-            s.drop(invalid)
         self.refused_at[level] = int(invalid.sum())
-        a, b = leader.count_shares(), helper.count_shares()
-        counts = [(x + y) % P for x, y in zip(a, b, strict=True)]
-        if any(c > len(was) for c in counts):  # each checked report adds 0 or 1
+        counts = level_counts(leader, helper)
+        if any(c > len(invalid) for c in counts):  # each checked report adds 0 or 1
             raise AssertionError("a level's count exceeds its reports: the check let one through")
         self.counts = counts
         return [

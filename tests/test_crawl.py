@@ -332,7 +332,7 @@ def test_the_dpf_paths_answers_fit_the_exact_law_and_a_skipped_check_does_not(
     public, keys = dpf.gen(0b00000001, nonce, os.urandom(RAND_SIZE), weight=4)
     forged = [*reports, (nonce, public, keys)]
     assert _g_test(_level_answers(values, forged, runs), law) < 16.27
-    import svtagg.analyst.crawl as acrawl
+    import svtagg.vdaf.crawl as vcrawl
 
-    monkeypatch.setattr(acrawl, "check_level", lambda a, b, live: np.asarray(live, dtype=bool))
+    monkeypatch.setattr(vcrawl, "check_level", lambda a, b, live: np.asarray(live, dtype=bool))
     assert _g_test(_level_answers(values, forged, runs), law) > 16.27

@@ -14,7 +14,14 @@ import numpy as np
 import pytest
 
 from svtagg.vdaf import crawl, sparse
-from svtagg.vdaf.crawl import CrawlReports, Level, PrefixDpf, check_level
+from svtagg.vdaf.crawl import (
+    CrawlReports,
+    Level,
+    PrefixDpf,
+    check_level,
+    level_counts,
+    step_level,
+)
 from svtagg.vdaf.sparse import NONCE_SIZE, RAND_SIZE, P, SparseError
 
 VK = os.urandom(32)
@@ -42,15 +49,9 @@ def walk(dpf: PrefixDpf, reports, threshold: int, publics=None, reference=False)
     servers = [CrawlReports(dpf.bits, i, VK, view(i), reference) for i in (0, 1)]
     out = []
     for level in range(1, dpf.bits + 1):
-        was = servers[0].live | servers[1].live
-        both = servers[0].live & servers[1].live
-        ok = check_level(*[s.extend(1) for s in servers], both)
-        invalid = was & ~ok
-        for s in servers:
-            s.drop(invalid)
-        shares = [s.count_shares() for s in servers]
+        invalid = step_level(servers[0], servers[1], 1)
         candidates = servers[0].candidates
-        counts = {x: (a + b) % P for x, a, b in zip(candidates, *shares, strict=True)}
+        counts = dict(zip(candidates, level_counts(*servers), strict=True))
         out.append((counts, np.flatnonzero(invalid).tolist()))
         if level < dpf.bits:
             kept = [x for x in candidates if counts[x] >= threshold]

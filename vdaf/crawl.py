@@ -587,7 +587,6 @@ class _NativeWalk:
         self.dpf, self.agg_id, self.verify_key = dpf, agg_id, verify_key
         r, bits = len(reports), dpf.bits
         self.live = np.array([v is not None for v in views], dtype=bool)
-        self._views = views
         self._keys = np.zeros((r, 48), dtype=np.uint8)
         self._body = np.zeros((r, LEVEL_BYTES * bits), dtype=np.uint8)
         self._ctrl = np.zeros((r, 2 * bits), dtype=np.uint8)
@@ -719,6 +718,25 @@ def check_level(
             & (top == bool(v >> 128))
         )
     return np.asarray(live, dtype=bool) & (same & zero).all(axis=1)
+
+
+def step_level(leader: CrawlReports, helper: CrawlReports, steps: int) -> npt.NDArray[np.bool_]:
+    """One step of a walk on both servers' sides: each extends by `steps`
+    bits, the level's check runs on both prep shares, and the reports it
+    refuses are dropped on both (what the servers' per-level exchange will
+    do).  Returns the reports refused at this step."""
+    was = leader.live | helper.live
+    ok = check_level(leader.extend(steps), helper.extend(steps), leader.live & helper.live)
+    invalid = was & ~ok
+    for side in (leader, helper):
+        side.drop(invalid)
+    return invalid
+
+
+def level_counts(leader: CrawlReports, helper: CrawlReports) -> list[int]:
+    """The candidates' counts: the two servers' count shares added (what
+    only the comparison may see; in process, the tests' and oracle's view)."""
+    return [(a + b) % P for a, b in zip(leader.count_shares(), helper.count_shares(), strict=True)]
 
 
 def shares_array(shares: list[list[bytes]], steps: int) -> npt.NDArray[np.uint8]:
