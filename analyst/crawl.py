@@ -224,10 +224,11 @@ class DpfCrawlOracle:
             for s in self.servers:
                 s.keep(kept)
         steps = prefix_bits - leader.depth
+        extended = [(p << steps) | x for p in leader.candidates for x in range(1 << steps)]
+        if steps < 1 or extended != list(candidates):  # refused before anything is spent
+            raise InvalidArgument("the candidates must extend every kept prefix, in order")
         self.ledger.charge(epsilon)
         invalid = step_level(leader, helper, steps)
-        if leader.candidates != list(candidates):
-            raise InvalidArgument("the candidates must extend every kept prefix, in order")
         self.refused_at[level] = int(invalid.sum())
         counts = level_counts(leader, helper)
         if any(c > len(invalid) for c in counts):  # each checked report adds 0 or 1

@@ -336,3 +336,13 @@ def test_the_dpf_paths_answers_fit_the_exact_law_and_a_skipped_check_does_not(
 
     monkeypatch.setattr(vcrawl, "check_level", lambda a, b, live: np.asarray(live, dtype=bool))
     assert _g_test(_level_answers(values, forged, runs), law) > 16.27
+
+
+def test_candidates_that_extend_no_kept_prefix_are_refused_before_anything_is_spent() -> None:
+    values = [encode_string(w, 16) for w in ["ab"] * 12]
+    oracle = DpfCrawlOracle(make_reports(values, 16), 16, 10)
+    with pytest.raises(InvalidArgument, match="extend every kept prefix"):
+        oracle.above(1, [0, 1, 2], 8, Fraction(1), 5)  # not the 256 one-byte prefixes
+    assert oracle.ledger.epsilon_spent == 0
+    assert len(oracle.above(1, list(range(256)), 8, Fraction(1), 5)) == 256
+    assert oracle.ledger.epsilon_spent == 1
