@@ -48,6 +48,9 @@ class StreamKind(StrEnum):
     EXP3 = "exp3"  # note, Mechanism Two: γ, ν ~ one-sided Exp(3Δ/ε)
     CTT = "ctt"  # CompareToThresholds (Algorithms 4-5): γ ~ Lap(2Δ/ε), ν ~ Lap(6Δ/ε)
     NMAX = "nmax"  # report-noisy-max: no γ; ν ~ one-sided Exp(2Δ/ε) per candidate
+    #: One level of a prefix crawl (dp/crawl.py): no γ; ν ~ Lap(2/ε) per
+    #: candidate on the *counts* (one unit per user, not the task's grid).
+    CRAWL = "crawl"
 
     @classmethod
     def parse(cls, value: str | StreamKind) -> StreamKind:
@@ -91,6 +94,10 @@ NOISE_MODELS: dict[StreamKind, NoiseModel] = {
     StreamKind.EXP3: NoiseModel(StreamKind.EXP3, "geometric", 3, "geometric", 3),
     StreamKind.CTT: NoiseModel(StreamKind.CTT, "laplace", 2, "laplace", 6),
     StreamKind.NMAX: NoiseModel(StreamKind.NMAX, "none", 0, "geometric", 2),
+    # The crawl draws its noise on counts (dp.crawl.draw_level_noise, scale
+    # 2/ε); stated here on the grid (2·2^F/ε), which only over-states the
+    # bound the overflow checks take.
+    StreamKind.CRAWL: NoiseModel(StreamKind.CRAWL, "none", 0, "laplace", 2),
 }
 
 
@@ -269,6 +276,8 @@ def validate_stream(
         ctt_gap(eps, dl, parties)  # validates ε, δ ∈ (0, 1)
         return StreamRequest(k, eps, dl, ctt_delta_charge(dl, parties))
     if dl != 0:
-        what = "a report-noisy-max" if k == StreamKind.NMAX else "an AboveThreshold"
+        what = {StreamKind.NMAX: "a report-noisy-max", StreamKind.CRAWL: "a crawl level's"}.get(
+            k, "an AboveThreshold"
+        )
         raise ValueError(f"{what} stream is pure ε-DP; got delta={dl}")
     return StreamRequest(k, eps, dl, Fraction(0))

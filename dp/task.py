@@ -21,7 +21,9 @@ MAX_D = 1_000_000
 EMBEDDING_RE = re.compile(r"[a-z0-9_]{0,32}")
 #: A validity circuit's name as a task records it (the servers check that it
 #: fits the task: svtagg.vdaf.validity.parse_validity).
-VALIDITY_RE = re.compile(r"(|range|onehot|sparse-onehot|multihot(:[1-9][0-9]{0,6})?)")
+VALIDITY_RE = re.compile(
+    r"(|range|onehot|sparse-onehot|multihot(:[1-9][0-9]{0,6})?|crawl:[1-9][0-9]{0,2})"
+)
 
 
 @dataclass(frozen=True)
@@ -104,7 +106,7 @@ def parse_task_params(spec: TaskSpec) -> TaskParams:
         raise InvalidArgument(f"embedding must match {EMBEDDING_RE.pattern}, got {embedding!r}")
     if not VALIDITY_RE.fullmatch(spec.validity):
         raise InvalidArgument(
-            f"validity must be range, onehot, sparse-onehot, multihot or multihot:r, "
+            f"validity must be range, onehot, sparse-onehot, multihot, multihot:r or crawl:B, "
             f"got {spec.validity!r}"
         )
     noise = spec.noise or INDEPENDENT

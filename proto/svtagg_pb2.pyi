@@ -15,6 +15,7 @@ class StreamKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     EXP3: _ClassVar[StreamKind]
     CTT: _ClassVar[StreamKind]
     NMAX: _ClassVar[StreamKind]
+    CRAWL: _ClassVar[StreamKind]
 
 class Outcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -28,6 +29,7 @@ LAP3: StreamKind
 EXP3: StreamKind
 CTT: StreamKind
 NMAX: StreamKind
+CRAWL: StreamKind
 OUTCOME_UNSPECIFIED: Outcome
 HIGH: Outcome
 LOW: Outcome
@@ -319,6 +321,40 @@ class NoisyMaxResponse(_message.Message):
     peer_bytes: int
     def __init__(self, index: _Optional[int] = ..., closed: _Optional[bool] = ..., peer_bytes: _Optional[int] = ...) -> None: ...
 
+class CrawlLevelRequest(_message.Message):
+    __slots__ = ("task_id", "walk_id", "parents", "depth", "steps", "epsilon", "tau")
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    WALK_ID_FIELD_NUMBER: _ClassVar[int]
+    PARENTS_FIELD_NUMBER: _ClassVar[int]
+    DEPTH_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    EPSILON_FIELD_NUMBER: _ClassVar[int]
+    TAU_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    walk_id: str
+    parents: bytes
+    depth: int
+    steps: int
+    epsilon: str
+    tau: int
+    def __init__(self, task_id: _Optional[str] = ..., walk_id: _Optional[str] = ..., parents: _Optional[bytes] = ..., depth: _Optional[int] = ..., steps: _Optional[int] = ..., epsilon: _Optional[str] = ..., tau: _Optional[int] = ...) -> None: ...
+
+class CrawlLevelResponse(_message.Message):
+    __slots__ = ("walk_id", "stream_id", "candidates", "above", "refused", "peer_bytes")
+    WALK_ID_FIELD_NUMBER: _ClassVar[int]
+    STREAM_ID_FIELD_NUMBER: _ClassVar[int]
+    CANDIDATES_FIELD_NUMBER: _ClassVar[int]
+    ABOVE_FIELD_NUMBER: _ClassVar[int]
+    REFUSED_FIELD_NUMBER: _ClassVar[int]
+    PEER_BYTES_FIELD_NUMBER: _ClassVar[int]
+    walk_id: str
+    stream_id: str
+    candidates: int
+    above: bytes
+    refused: int
+    peer_bytes: int
+    def __init__(self, walk_id: _Optional[str] = ..., stream_id: _Optional[str] = ..., candidates: _Optional[int] = ..., above: _Optional[bytes] = ..., refused: _Optional[int] = ..., peer_bytes: _Optional[int] = ...) -> None: ...
+
 class PrepareNoiseRequest(_message.Message):
     __slots__ = ("task_id", "kind", "epsilon", "count")
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
@@ -398,7 +434,7 @@ class PrepareStreamRequest(_message.Message):
     def __init__(self, stream_id: _Optional[str] = ..., task_id: _Optional[str] = ..., kind: _Optional[_Union[StreamKind, str]] = ..., epsilon: _Optional[str] = ..., delta: _Optional[str] = ..., plan_id: _Optional[str] = ..., plan_group: _Optional[int] = ..., replay: _Optional[bool] = ...) -> None: ...
 
 class ChunkHeader(_message.Message):
-    __slots__ = ("stream_id", "chunk_no", "queries", "compare", "validate_task_id", "report_ids", "robust_task_id", "coord_lo", "coord_hi", "pass_id", "noisy_max", "noisy_max_more", "joint_lo", "joint_count", "joint_gamma", "joint_batch", "prepared_task_id", "prepared_shape", "prepared_epoch", "prepared_move", "prepared_lo")
+    __slots__ = ("stream_id", "chunk_no", "queries", "compare", "validate_task_id", "report_ids", "robust_task_id", "coord_lo", "coord_hi", "pass_id", "noisy_max", "noisy_max_more", "joint_lo", "joint_count", "joint_gamma", "joint_batch", "crawl", "prepared_task_id", "prepared_shape", "prepared_epoch", "prepared_move", "prepared_lo")
     STREAM_ID_FIELD_NUMBER: _ClassVar[int]
     CHUNK_NO_FIELD_NUMBER: _ClassVar[int]
     QUERIES_FIELD_NUMBER: _ClassVar[int]
@@ -415,6 +451,7 @@ class ChunkHeader(_message.Message):
     JOINT_COUNT_FIELD_NUMBER: _ClassVar[int]
     JOINT_GAMMA_FIELD_NUMBER: _ClassVar[int]
     JOINT_BATCH_FIELD_NUMBER: _ClassVar[int]
+    CRAWL_FIELD_NUMBER: _ClassVar[int]
     PREPARED_TASK_ID_FIELD_NUMBER: _ClassVar[int]
     PREPARED_SHAPE_FIELD_NUMBER: _ClassVar[int]
     PREPARED_EPOCH_FIELD_NUMBER: _ClassVar[int]
@@ -436,12 +473,13 @@ class ChunkHeader(_message.Message):
     joint_count: int
     joint_gamma: bool
     joint_batch: bool
+    crawl: bool
     prepared_task_id: str
     prepared_shape: str
     prepared_epoch: bytes
     prepared_move: bool
     prepared_lo: int
-    def __init__(self, stream_id: _Optional[str] = ..., chunk_no: _Optional[int] = ..., queries: _Optional[_Union[Queries, _Mapping]] = ..., compare: _Optional[bool] = ..., validate_task_id: _Optional[str] = ..., report_ids: _Optional[bytes] = ..., robust_task_id: _Optional[str] = ..., coord_lo: _Optional[int] = ..., coord_hi: _Optional[int] = ..., pass_id: _Optional[bytes] = ..., noisy_max: _Optional[bool] = ..., noisy_max_more: _Optional[bool] = ..., joint_lo: _Optional[int] = ..., joint_count: _Optional[int] = ..., joint_gamma: _Optional[bool] = ..., joint_batch: _Optional[bool] = ..., prepared_task_id: _Optional[str] = ..., prepared_shape: _Optional[str] = ..., prepared_epoch: _Optional[bytes] = ..., prepared_move: _Optional[bool] = ..., prepared_lo: _Optional[int] = ...) -> None: ...
+    def __init__(self, stream_id: _Optional[str] = ..., chunk_no: _Optional[int] = ..., queries: _Optional[_Union[Queries, _Mapping]] = ..., compare: _Optional[bool] = ..., validate_task_id: _Optional[str] = ..., report_ids: _Optional[bytes] = ..., robust_task_id: _Optional[str] = ..., coord_lo: _Optional[int] = ..., coord_hi: _Optional[int] = ..., pass_id: _Optional[bytes] = ..., noisy_max: _Optional[bool] = ..., noisy_max_more: _Optional[bool] = ..., joint_lo: _Optional[int] = ..., joint_count: _Optional[int] = ..., joint_gamma: _Optional[bool] = ..., joint_batch: _Optional[bool] = ..., crawl: _Optional[bool] = ..., prepared_task_id: _Optional[str] = ..., prepared_shape: _Optional[str] = ..., prepared_epoch: _Optional[bytes] = ..., prepared_move: _Optional[bool] = ..., prepared_lo: _Optional[int] = ...) -> None: ...
 
 class SessionOpen(_message.Message):
     __slots__ = ("session_id", "data_channel", "ot_extension", "garbling", "comparison_path")
@@ -514,3 +552,29 @@ class VerifyResult(_message.Message):
     replayed: bool
     n: int
     def __init__(self, prep_shares: _Optional[_Iterable[bytes]] = ..., verdicts: _Optional[bytes] = ..., replayed: _Optional[bool] = ..., n: _Optional[int] = ...) -> None: ...
+
+class CrawlStepRequest(_message.Message):
+    __slots__ = ("stream_id", "task_id", "walk_id", "parents", "depth", "steps", "prep_shares", "reports")
+    STREAM_ID_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    WALK_ID_FIELD_NUMBER: _ClassVar[int]
+    PARENTS_FIELD_NUMBER: _ClassVar[int]
+    DEPTH_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    PREP_SHARES_FIELD_NUMBER: _ClassVar[int]
+    REPORTS_FIELD_NUMBER: _ClassVar[int]
+    stream_id: str
+    task_id: str
+    walk_id: str
+    parents: bytes
+    depth: int
+    steps: int
+    prep_shares: bytes
+    reports: int
+    def __init__(self, stream_id: _Optional[str] = ..., task_id: _Optional[str] = ..., walk_id: _Optional[str] = ..., parents: _Optional[bytes] = ..., depth: _Optional[int] = ..., steps: _Optional[int] = ..., prep_shares: _Optional[bytes] = ..., reports: _Optional[int] = ...) -> None: ...
+
+class CrawlStepResult(_message.Message):
+    __slots__ = ("prep_shares",)
+    PREP_SHARES_FIELD_NUMBER: _ClassVar[int]
+    prep_shares: bytes
+    def __init__(self, prep_shares: _Optional[bytes] = ...) -> None: ...

@@ -220,6 +220,11 @@ class AnalystStub:
                 request_serializer=svtagg_dot_proto_dot_svtagg__pb2.PrepareNoiseRequest.SerializeToString,
                 response_deserializer=svtagg_dot_proto_dot_svtagg__pb2.PrepareNoiseResponse.FromString,
                 _registered_method=True)
+        self.CrawlLevel = channel.unary_unary(
+                '/svtagg.v1.Analyst/CrawlLevel',
+                request_serializer=svtagg_dot_proto_dot_svtagg__pb2.CrawlLevelRequest.SerializeToString,
+                response_deserializer=svtagg_dot_proto_dot_svtagg__pb2.CrawlLevelResponse.FromString,
+                _registered_method=True)
 
 
 class AnalystServicer:
@@ -315,6 +320,12 @@ class AnalystServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CrawlLevel(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AnalystServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -387,6 +398,11 @@ def add_AnalystServicer_to_server(servicer, server):
                     servicer.PrepareNoise,
                     request_deserializer=svtagg_dot_proto_dot_svtagg__pb2.PrepareNoiseRequest.FromString,
                     response_serializer=svtagg_dot_proto_dot_svtagg__pb2.PrepareNoiseResponse.SerializeToString,
+            ),
+            'CrawlLevel': grpc.unary_unary_rpc_method_handler(
+                    servicer.CrawlLevel,
+                    request_deserializer=svtagg_dot_proto_dot_svtagg__pb2.CrawlLevelRequest.FromString,
+                    response_serializer=svtagg_dot_proto_dot_svtagg__pb2.CrawlLevelResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -777,6 +793,33 @@ class Analyst:
             metadata,
             _registered_method=True)
 
+    @staticmethod
+    def CrawlLevel(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/svtagg.v1.Analyst/CrawlLevel',
+            svtagg_dot_proto_dot_svtagg__pb2.CrawlLevelRequest.SerializeToString,
+            svtagg_dot_proto_dot_svtagg__pb2.CrawlLevelResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
 
 class PeerStub:
     """Missing associated documentation comment in .proto file."""
@@ -856,6 +899,11 @@ class PeerStub:
                 '/svtagg.v1.Peer/Verify',
                 request_serializer=svtagg_dot_proto_dot_svtagg__pb2.VerifyBatch.SerializeToString,
                 response_deserializer=svtagg_dot_proto_dot_svtagg__pb2.VerifyResult.FromString,
+                _registered_method=True)
+        self.CrawlStep = channel.unary_unary(
+                '/svtagg.v1.Peer/CrawlStep',
+                request_serializer=svtagg_dot_proto_dot_svtagg__pb2.CrawlStepRequest.SerializeToString,
+                response_deserializer=svtagg_dot_proto_dot_svtagg__pb2.CrawlStepResult.FromString,
                 _registered_method=True)
 
 
@@ -948,6 +996,12 @@ class PeerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CrawlStep(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PeerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -1020,6 +1074,11 @@ def add_PeerServicer_to_server(servicer, server):
                     servicer.Verify,
                     request_deserializer=svtagg_dot_proto_dot_svtagg__pb2.VerifyBatch.FromString,
                     response_serializer=svtagg_dot_proto_dot_svtagg__pb2.VerifyResult.SerializeToString,
+            ),
+            'CrawlStep': grpc.unary_unary_rpc_method_handler(
+                    servicer.CrawlStep,
+                    request_deserializer=svtagg_dot_proto_dot_svtagg__pb2.CrawlStepRequest.FromString,
+                    response_serializer=svtagg_dot_proto_dot_svtagg__pb2.CrawlStepResult.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1400,6 +1459,33 @@ class Peer:
             '/svtagg.v1.Peer/Verify',
             svtagg_dot_proto_dot_svtagg__pb2.VerifyBatch.SerializeToString,
             svtagg_dot_proto_dot_svtagg__pb2.VerifyResult.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CrawlStep(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/svtagg.v1.Peer/CrawlStep',
+            svtagg_dot_proto_dot_svtagg__pb2.CrawlStepRequest.SerializeToString,
+            svtagg_dot_proto_dot_svtagg__pb2.CrawlStepResult.FromString,
             options,
             channel_credentials,
             insecure,

@@ -61,6 +61,7 @@ KIND_TO_PB = {
     StreamKind.EXP3: pb.EXP3,
     StreamKind.CTT: pb.CTT,
     StreamKind.NMAX: pb.NMAX,
+    StreamKind.CRAWL: pb.CRAWL,
 }
 _KIND_FROM_PB = {v: k for k, v in KIND_TO_PB.items()}
 

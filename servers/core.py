@@ -52,6 +52,7 @@ from svtagg.proto.terms import (
     VERIFY_SLOTS,
     Role,
 )
+from svtagg.servers.crawl import Walks
 from svtagg.servers.exchange.joint import (
     JointDraw,
     Pooled,
@@ -188,6 +189,8 @@ class ServerCore:
         self.verify_slots = asyncio.Semaphore(VERIFY_SLOTS)
         #: Tasks this server holds at most (`--max-tasks`).
         self.max_tasks = MAX_TASKS
+        #: Prefix-crawl walks and the levels awaiting their comparison (servers/crawl.py).
+        self.walks = Walks()
 
     def check_budget_policy(self, params: TaskParams) -> None:
         """Refuse a task whose total (ε, δ) exceeds this server's configured cap, or
@@ -199,6 +202,10 @@ class ServerCore:
             )
         if params.validity:
             check_validity(params.validity, params.d, params.frac_bits, params.embedding)
+            if params.validity.startswith("crawl") and params.noise == JOINT:
+                raise InvalidArgument(
+                    "a crawl task draws each server's own noise: give it noise=independent"
+                )
         if self.max_epsilon_total is not None and params.epsilon_total > self.max_epsilon_total:
             raise InvalidArgument(
                 f"epsilon_total={params.epsilon_total} exceeds this server's cap of "
@@ -400,7 +407,15 @@ class ServerCore:
             raise FailedPrecondition(
                 f"task {task_id!r}: the servers have not agreed on the reports; close again"
             )
-        self.query_sums(task)  # refused before any charge if g(S) is missing
+        crawl_task = task.params.validity.startswith("crawl")
+        if crawl_task != (kind == StreamKind.CRAWL):
+            raise InvalidArgument(
+                f"task {task_id!r} answers crawl levels only (CrawlLevel)"
+                if crawl_task
+                else f"a crawl level needs a crawl task; task {task_id!r} is not one"
+            )
+        if not crawl_task:
+            self.query_sums(task)  # refused before any charge if g(S) is missing
         if eps < task.params.epsilon_min:
             raise InvalidArgument(
                 f"epsilon={eps} is below the task's epsilon_min={task.params.epsilon_min}"
@@ -733,7 +748,12 @@ class ServerCore:
         kind = ChunkKind.of_stream(stream.kind)
         width = self.comparison_width(task, stream)
         result: Any
-        if kind == ChunkKind.NMAX:
+        if kind == ChunkKind.CRAWL:
+            # The level's inputs, made at its CrawlStep (servers/crawl.py): each
+            # candidate's sign bit, revealed to both servers.
+            z = self.walks.take_inputs(stream.stream_id, len(chunk))
+            result = await party.any_per_group(z, 1)
+        elif kind == ChunkKind.NMAX:
             assert thresholds is None
             result = await self.noisy_max(party, stream, task, chunk, width)
         elif kind == ChunkKind.COMPARE:
@@ -750,7 +770,7 @@ class ServerCore:
                 noise = await self._joint_noise(party, stream, task, len(chunk), pooled)
             z = self.ask_inputs(stream, task, chunk, thresholds, noise)
             result = await party.first_yes(z, width)
-        if kind != ChunkKind.NMAX and self.on_path is not None:
+        if kind not in (ChunkKind.NMAX, ChunkKind.CRAWL) and self.on_path is not None:
             self.on_path(str(getattr(party, "last_path", "garbled")))
         progress = kind.spec.progress
         assert progress is not None

@@ -11,11 +11,15 @@ import time
 from dataclasses import replace
 from typing import Any
 
+import numpy as np
+
 from svtagg.dp.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
+from svtagg.dp.kinds import StreamKind
 from svtagg.dp.task import TaskSpec, parse_task_params
 from svtagg.mpc.ring import U64
 from svtagg.proto.vocab import PASS_ID_BYTES, REPORT_ID_BYTES, REPORT_PAGE, Role
 from svtagg.servers.core import Chunk, ServerCore, parse_chunk
+from svtagg.servers.crawl import shares_of
 from svtagg.servers.exchange.garbling import garbling_of, ot_of
 from svtagg.servers.exchange.joint import Pooled, batch_shares, prepared_shares
 from svtagg.servers.exchange.machine import Exchange, Flow, Step
@@ -34,9 +38,12 @@ from svtagg.servers.exchange.values import (
     Agreement,
     ChunkHeader,
     ChunkKind,
+    CrawlStep,
+    CrawlStepResult,
     NoiseBatch,
     PlanInfo,
     PlanRequest,
+    PoolDraw,
     PrepareStream,
     ReportIds,
     ReportPage,
@@ -50,7 +57,7 @@ from svtagg.servers.exchange.values import (
 )
 from svtagg.servers.faults import crash_point
 from svtagg.servers.ingest.batches import helper_verify
-from svtagg.servers.store.rules import IN_CHUNK, StreamState, TaskState
+from svtagg.servers.store.rules import IN_CHUNK, OPEN, StreamState, TaskState
 
 #: An accepted stream chunk, marked durably: its stream, task, queries, pooled noise.
 Accepted = tuple[StreamState, TaskState, Chunk, Pooled | None]
@@ -340,12 +347,69 @@ class HelperDriver:
         stream, task = self.core.stream_and_task(h.stream_id, await self._previous_recorded(h))
         if h.kind != ChunkKind.of_stream(stream.kind):
             raise InvalidArgument("chunk mode does not match the stream kind")
-        chunk = replace(parse_chunk(task, h.queries.index, h.queries.complement), more=h.more)
+        if h.kind == ChunkKind.CRAWL:
+            chunk = self._crawl_chunk(h)
+        else:
+            chunk = replace(parse_chunk(task, h.queries.index, h.queries.complement), more=h.more)
         self.core.check_queries(stream, chunk)
         # The mark and (a joint-noise stream) the pooled noise it consumes, in
         # one durable step before the go: a sample is never used twice.
         pooled = self.core.begin_pooled(stream, task, h.chunk_no, h.pool, len(chunk))
         return stream, task, chunk, pooled
+
+    def _crawl_chunk(self, h: StreamChunk) -> Chunk:
+        """A crawl level's one chunk: its candidates 0..k-1, whose inputs this
+        server made at the level's CrawlStep (servers/crawl.py)."""
+        k = len(h.queries.index)
+        if h.chunk_no != 1 or not k or not np.array_equal(h.queries.index, np.arange(k)):
+            raise InvalidArgument("a crawl level's chunk is its first, over candidates 0..k-1")
+        if h.queries.complement.any() or h.pool != PoolDraw():
+            raise InvalidArgument("a crawl level's chunk has no complements and no pooled noise")
+        if not self.core.walks.has_inputs(h.stream_id, k):
+            raise FailedPrecondition(
+                f"this helper process holds no crawl level of {k} candidates for stream "
+                f"{h.stream_id}"
+            )
+        return Chunk(np.arange(k, dtype=np.int64), np.zeros(k, dtype=bool))
+
+    async def crawl_step(self, step: CrawlStep) -> CrawlStepResult:
+        """The helper's side of a crawl level (servers/crawl.py), checked
+        against its own ledger and walk: the level's stream charged here and
+        not yet answered, the parents candidates it checked at the walk's last
+        level.  Any failure fails the stream and ends the walk here."""
+        stream = self.core.stream(step.stream_id)
+        if stream.kind != StreamKind.CRAWL or stream.task_id != step.task_id:
+            raise InvalidArgument(f"stream {step.stream_id} is not a crawl level of this task")
+        if stream.state != OPEN or stream.chunks:
+            raise FailedPrecondition(f"stream {step.stream_id} has answered already")
+        task = self.core.task(step.task_id)
+        walks = self.core.walks
+        if step.depth == 0 and not step.parents:
+            walk = await walks.start(self.core, task, step.walk_id, agg_id=1)
+        else:
+            walk = walks.get(step.walk_id, step.task_id)
+        if walk.lock.locked():
+            raise FailedPrecondition(f"walk {step.walk_id} is answering another level")
+        async with walk.lock:
+            try:
+                walk.check_level(step.parents, step.depth, step.steps)
+                if step.reports != walk.size:
+                    raise FailedPrecondition(
+                        f"the leader's walk holds {step.reports} reports, this one {walk.size}"
+                    )
+                leader = shares_of(step.prep_shares, walk.size, step.steps)
+                mine = await asyncio.to_thread(walk.extend, step.parents, step.steps)
+                await asyncio.to_thread(walk.decide, leader, mine)
+                z = walk.inputs(stream.epsilon, self.core.rng, 1)
+                if self.core.stream(step.stream_id).state != OPEN:
+                    raise FailedPrecondition(f"stream {step.stream_id} was failed meanwhile")
+                walks.put_inputs(step.stream_id, z)
+            except BaseException as exc:
+                walks.end(walk, f"level {walk.levels + 1} failed: {exc}")
+                walks.drop_inputs(step.stream_id)
+                self.core.fail_stream(step.stream_id)
+                raise
+        return CrawlStepResult(mine.tobytes())
 
     async def _previous_recorded(self, h: StreamChunk) -> StreamState:
         """The leader answers a chunk without waiting for this side's record of

@@ -40,6 +40,7 @@ from svtagg.servers.core import (
     parse_chunk,
     parse_taus,
 )
+from svtagg.servers.crawl import shares_of
 from svtagg.servers.exchange.joint import (
     Pooled,
     PoolPolicy,
@@ -62,6 +63,9 @@ from svtagg.servers.exchange.values import (
     ChunkKind,
     Compare,
     CompareAnswer,
+    CrawlAnswer,
+    CrawlLevel,
+    CrawlStep,
     JobAnswer,
     JobInputs,
     NoiseBatch,
@@ -425,8 +429,11 @@ class LeaderDriver:
         return [bytes(r) for r in results]  # type: ignore[arg-type]
 
     # ------------------------------------------------------------ streams
-    async def open_stream(self, request: OpenStream) -> StreamInfo:
-        """Charge the leader's ledger, then the helper's; each draws its own γ."""
+    async def open_stream(self, request: OpenStream, *, crawl: bool = False) -> StreamInfo:
+        """Charge the leader's ledger, then the helper's; each draws its own γ.
+        A CRAWL stream is opened only by a crawl level (`crawl_level`)."""
+        if (request.kind == StreamKind.CRAWL) != crawl:
+            raise InvalidArgument("a crawl level's stream is opened by CrawlLevel, not OpenStream")
         stream_id = secrets.token_hex(16)
         if self.ledgers.owes(request.task_id):
             self.core.task(request.task_id)  # NOT_FOUND before any peer call
@@ -459,6 +466,79 @@ class LeaderDriver:
             f", plan {request.plan[0]} group {request.plan[1]}" if request.plan else "",
         )
         return StreamInfo.of(self.core.stream(stream_id))
+
+    # ------------------------------------------------------------ the prefix crawl
+    async def crawl_level(self, request: CrawlLevel) -> CrawlAnswer:
+        """One level of a prefix crawl (servers/crawl.py): the request checked
+        against this server's walk, the level's CRAWL stream charged on both
+        ledgers, the level's check exchanged with the helper, and one
+        comparison chunk revealing each candidate's bit.  A failure once the
+        stream is charged fails it on both servers and ends the walk."""
+        r = request
+        task = self.core.task(r.task_id)
+        if self.work is not None:
+            raise FailedPrecondition(
+                "this leader leases chunks to workers; a crawl runs in one process only "
+                "(start the leader without --workers)"
+            )
+        walk_id = r.walk_id or secrets.token_hex(16)
+        if r.walk_id:
+            walk = self.core.walks.get(r.walk_id, r.task_id)
+        else:
+            if r.depth or r.parents:
+                raise InvalidArgument("a new walk starts at the root: no parents, depth 0")
+            walk = await self.core.walks.start(self.core, task, walk_id, agg_id=0)
+        if walk.lock.locked():
+            raise FailedPrecondition(f"walk {walk_id} is answering another level; one at a time")
+        async with walk.lock:
+            k = walk.check_level(r.parents, r.depth, r.steps)
+            if not 1 <= r.tau <= 4 * task.params.n_max:
+                raise InvalidArgument(
+                    f"tau is a count of users in [1, 4·n_max = {4 * task.params.n_max}], "
+                    f"got {r.tau}"
+                )
+            info = await self.open_stream(
+                OpenStream(r.task_id, StreamKind.CRAWL, r.epsilon), crawl=True
+            )
+            sid = info.stream_id
+            try:
+                return await self._crawl_level(walk, r, sid, k)
+            except BaseException as exc:
+                self.core.walks.end(walk, f"level {walk.levels + 1} failed: {exc}")
+                self.core.walks.drop_inputs(sid)
+                if self.core.stream(sid).state == OPEN:
+                    self.core.fail_stream(sid)
+                    await self._fail_helper(sid)
+                raise
+
+    async def _crawl_level(self, walk: Any, r: CrawlLevel, sid: str, k: int) -> CrawlAnswer:
+        mine = await asyncio.to_thread(walk.extend, r.parents, r.steps)
+        step = CrawlStep(
+            sid, r.task_id, walk.walk_id, r.parents, r.depth, r.steps, mine.tobytes(), walk.size
+        )
+        answer = await self.helper.crawl_step(step)
+        theirs = shares_of(answer.prep_shares, walk.size, r.steps)
+        invalid = await asyncio.to_thread(walk.decide, mine, theirs)
+        stream, task = self.core.stream_and_task(sid)
+        self.core.walks.put_inputs(sid, walk.inputs(stream.epsilon, self.core.rng, 0, r.tau))
+        index = np.arange(k, dtype=np.int64)
+        chunk = Chunk(index, np.zeros(k, dtype=bool))
+        bits, _, nbytes = await self._run_chunk(stream, task, chunk, None)
+        if len(bits) != k:
+            raise PeerUnavailable(f"the comparison returned {len(bits)} bits for {k} candidates")
+        log.info(
+            "task %s: walk %s level %d (%d bits, %d candidates) answered, %d reports refused",
+            r.task_id,
+            walk.walk_id,
+            walk.levels,
+            r.depth + r.steps,
+            k,
+            int(invalid.sum()),
+        )
+        step_bytes = 2 * len(step.prep_shares)
+        return CrawlAnswer(
+            walk.walk_id, sid, tuple(bool(b) for b in bits), int(invalid.sum()), nbytes + step_bytes
+        )
 
     def _open_stream(self, stream_id: str, kind: ChunkKind) -> tuple[StreamState, TaskState]:
         self._mark_chunk()  # any task's chunk: the preparer waits for quiet

@@ -18,6 +18,8 @@ from svtagg.servers.exchange.party import PartyFactory
 from svtagg.servers.exchange.session import LeaderSession
 from svtagg.servers.exchange.values import (
     Agreement,
+    CrawlStep,
+    CrawlStepResult,
     PlanInfo,
     PlanRequest,
     PrepareStream,
@@ -85,6 +87,11 @@ class MemoryHelperPort:
 
     async def verify(self, batch: VerifyBatch, timeout: float | None = None) -> VerifyResult:
         return await self._call(wire.VERIFY, batch, self.helper.verify)
+
+    async def crawl_step(
+        self, step: CrawlStep, timeout: float | None = None
+    ) -> CrawlStepResult:
+        return await self._call(wire.CRAWL, step, self.helper.crawl_step)
 
     async def budget(self, task_id: str, timeout: float | None = None) -> TaskInfo:
         return await self._call(wire.BUDGET, task_id, self.helper.budget)

@@ -18,6 +18,12 @@ dimension d and precision F (values on the grid of 2^F units per user):
   leader at d = 10⁴, against 167 KB for ``onehot``), which each server
   expands over the whole domain.  Not a Prio3 circuit: no FLP, one exchange
   of 32-byte prep shares per report.
+- ``crawl:B``: each report is one string of B bits (1 ≤ B ≤ 256) as the keys
+  of an incremental verifiable DPF (vdaf/crawl.py: 3,120 bytes per server at
+  B = 64).  The task has no coordinates (d = 1) and no sums: its reports are
+  kept by both servers and walked level by level by the prefix crawl
+  (servers/crawl.py), whose checks refuse hostile reports; at ingest both
+  servers check the first level (exactly one unit in the root's children).
 
 The 0/1 circuits count users; their sums are scaled by 2^F when folded, so
 every task's aggregates are on the same grid (2^F units per user).
@@ -36,12 +42,15 @@ import numpy as np
 import numpy.typing as npt
 
 from svtagg.vdaf.circuits import MeasurementError
+from svtagg.vdaf.crawl import MAX_BITS as CRAWL_MAX_BITS
+from svtagg.vdaf.crawl import PrefixDpf
 from svtagg.vdaf.prio3 import (
     Prio3,
     prio3_histogram,
     prio3_multihot,
     prio3_range_vec,
 )
+from svtagg.vdaf.sparse import KEY_SIZE as SPARSE_KEY_SIZE
 from svtagg.vdaf.sparse import MAX_BITS as SPARSE_MAX_BITS
 from svtagg.vdaf.sparse import RAND_SIZE as SPARSE_RAND_SIZE
 from svtagg.vdaf.sparse import SparseOnehot
@@ -54,15 +63,18 @@ CIRCUITS = {
     "multihot": "every coordinate is 0 or 1, and at most r are 1 (multihot:r; r = d if omitted)",
     "sparse-onehot": "exactly one coordinate is 1 and every other is 0, uploaded as a "
     "verifiable DPF key (O(log d) bytes)",
+    "crawl": "one string of B bits (crawl:B), uploaded as incremental DPF keys walked by the "
+    "prefix crawl",
 }
 #: The circuits that suit an embedding's vectors: the 0/1 circuits only fit
 #: embeddings whose values can be 0/1 (heavy hitters, or rows given as they are).
 FITS = {
-    "": ("range", "onehot", "multihot", "sparse-onehot"),
+    "": ("range", "onehot", "multihot", "sparse-onehot", "crawl"),
     "vectors": ("range", "onehot", "multihot", "sparse-onehot"),
+    "strings": ("crawl",),
     "heavy_hitters": ("sparse-onehot", "multihot", "onehot", "range"),
 }
-_NAME = re.compile(r"(range|onehot|multihot|sparse-onehot)(?::([1-9][0-9]{0,6}))?")
+_NAME = re.compile(r"(range|onehot|multihot|sparse-onehot|crawl)(?::([1-9][0-9]{0,6}))?")
 
 
 class ValidityError(ValueError):
@@ -77,6 +89,8 @@ class Validity:
     d: int
     frac_bits: int
     max_weight: int = 0
+    #: crawl:B: the strings' length in bits.
+    bits: int = 0
 
     @property
     def counts(self) -> bool:
@@ -94,12 +108,27 @@ class Validity:
         return self.name in ("onehot", "sparse-onehot")
 
     @property
+    def crawl(self) -> bool:
+        """Reports are strings as incremental DPF keys (vdaf/crawl.py), kept
+        for the prefix crawl; nothing is folded into sums."""
+        return self.name == "crawl"
+
+    @property
+    def prefix_dpf(self) -> PrefixDpf:
+        """The crawl's incremental DPF over strings of `bits` bits (crawl only)."""
+        if not self.crawl:
+            raise ValidityError(f"{self.name} takes no strings")
+        return _prefix(self.bits)
+
+    @property
     def sparse(self) -> bool:
         """Reports are sparse DPF keys (vdaf/sparse.py), not Prio3."""
         return self.name == "sparse-onehot"
 
     @property
     def prio3(self) -> Prio3:
+        if self.crawl:
+            raise ValidityError("a crawl task takes incremental DPF keys, not Prio3 reports")
         if self.sparse:
             raise ValidityError("a sparse-onehot task takes DPF keys, not Prio3 reports")
         return _instance(self)
@@ -153,6 +182,8 @@ class Validity:
         matrix): (public share, leader's input share, helper's input share)
         encoded, each proving this circuit.  The nonce is the report's id;
         `rands` default to fresh CSPRNG bytes."""
+        if self.crawl:
+            raise ValidityError("a crawl task's reports are strings: shard_strings")
         items = self.measurements(grid_rows)
         if self.sparse:
             scheme = self.scheme
@@ -166,15 +197,31 @@ class Validity:
         out_p = prio.shard_batch_encoded(items, nonces, rands)
         return [(public, shares[0], shares[1]) for public, shares in out_p]
 
+    def shard_strings(
+        self, values: Sequence[int], nonces: Sequence[bytes], rands: Sequence[bytes] | None = None
+    ) -> list[tuple[bytes, bytes, bytes]]:
+        """A crawl task's reports from strings as B-bit integers
+        (analyst.crawl.encode_string): (public share, leader's key, helper's
+        key) each; `rands` default to fresh CSPRNG bytes."""
+        dpf = self.prefix_dpf
+        rands = rands or [os.urandom(SPARSE_RAND_SIZE) for _ in nonces]
+        out = []
+        for value, nonce, rand in zip(values, nonces, rands, strict=True):
+            public, keys = dpf.gen(int(value), nonce, rand)
+            out.append((public, keys[0], keys[1]))
+        return out
+
     @property
     def rand_size(self) -> int:
         """Random bytes one report's sharding takes."""
-        return SPARSE_RAND_SIZE if self.sparse else self.prio3.rand_size
+        return SPARSE_RAND_SIZE if self.sparse or self.crawl else self.prio3.rand_size
 
     # -- sizes: what one report costs on the wire and in verification --------
     def public_share_bytes(self) -> int:
         """Exact length of a report's public share (the joint randomness parts;
         a sparse report's DPF corrections)."""
+        if self.crawl:
+            return self.prefix_dpf.public_share_bytes()
         if self.sparse:
             return self.scheme.public_share_bytes()
         prio = self.prio3
@@ -185,6 +232,8 @@ class Validity:
         measurement and proof shares in the field, a helper's two seeds; plus
         the blind where the circuit uses joint randomness.  A sparse report's
         input share is one 16-byte DPF key per server."""
+        if self.crawl:
+            return SPARSE_KEY_SIZE
         if self.sparse:
             return self.scheme.input_share_bytes()
         prio = self.prio3
@@ -199,7 +248,11 @@ class Validity:
         the query's intermediate rows, each a field element, counted twice
         (a copy is made on the way).  A sparse report allocates little but
         costs a pass over its whole domain: counted as the domain's Field128
-        elements, so a batch's work is bounded as the dense path's is."""
+        elements, so a batch's work is bounded as the dense path's is.  A
+        crawl report's check at ingest is its first level: its public share
+        decoded and two nodes."""
+        if self.crawl:
+            return 2 * self.public_share_bytes()
         if self.sparse:
             return 16 * (1 << self.scheme.bits)
         flp = self.prio3.flp
@@ -221,6 +274,8 @@ class Validity:
 
     def describe(self) -> str:
         what = CIRCUITS[self.name]
+        if self.crawl:
+            what = what.replace("B bits (crawl:B)", f"{self.bits} bits")
         if self.name == "multihot":
             what = what.replace("r are", f"{self.max_weight} are")
         return what
@@ -235,9 +290,11 @@ def parse_validity(text: str, d: int, frac_bits: int, embedding: str = "") -> Va
     if m is None:
         raise ValidityError(
             f"unknown validity circuit {text!r}; known: range, onehot, multihot, multihot:r, "
-            "sparse-onehot"
+            "sparse-onehot, crawl:B"
         )
     name, weight = m.group(1), m.group(2)
+    if name == "crawl":
+        return _crawl(text, weight, d, frac_bits, embedding)
     if weight is not None and name != "multihot":
         raise ValidityError(f"only multihot takes a weight bound (multihot:r), got {text!r}")
     fits = FITS.get(embedding, ("range",))
@@ -256,6 +313,24 @@ def parse_validity(text: str, d: int, frac_bits: int, embedding: str = "") -> Va
     if name == "sparse-onehot" and d > 1 << SPARSE_MAX_BITS:
         raise ValidityError(f"sparse-onehot takes d up to 2^{SPARSE_MAX_BITS}")
     return Validity(name, d, frac_bits, max_weight)
+
+
+def _crawl(text: str, bits: str | None, d: int, frac_bits: int, embedding: str) -> Validity:
+    if bits is None or not 1 <= int(bits) <= CRAWL_MAX_BITS:
+        raise ValidityError(
+            f"a crawl task names its strings' length in bits, crawl:B with 1 <= B <= "
+            f"{CRAWL_MAX_BITS} (crawl:64 for strings of up to 8 bytes), got {text!r}"
+        )
+    if embedding not in ("", "strings"):
+        raise ValidityError(f"validity crawl fits embedding strings, not {embedding}")
+    if d != 1:
+        raise ValidityError(f"a crawl task has no coordinates: d must be 1, got {d}")
+    return Validity("crawl", d, frac_bits, 0, int(bits))
+
+
+@lru_cache(maxsize=8)
+def _prefix(bits: int) -> PrefixDpf:
+    return PrefixDpf(bits)
 
 
 @lru_cache(maxsize=32)

@@ -35,6 +35,8 @@ from svtagg.servers.exchange.party import PartyFactory
 from svtagg.servers.exchange.session import LeaderSession
 from svtagg.servers.exchange.values import (
     Agreement,
+    CrawlStep,
+    CrawlStepResult,
     PlanInfo,
     PlanRequest,
     PrepareStream,
@@ -169,6 +171,11 @@ class GrpcHelperPort:
 
     async def verify(self, batch: VerifyBatch, timeout: float | None = None) -> VerifyResult:
         return await self._call(wire.VERIFY, self.stub.Verify, batch, timeout)
+
+    async def crawl_step(
+        self, step: CrawlStep, timeout: float | None = None
+    ) -> CrawlStepResult:
+        return await self._call(wire.CRAWL, self.stub.CrawlStep, step, timeout)
 
     async def budget(self, task_id: str, timeout: float | None = None) -> TaskInfo:
         return await self._call(wire.BUDGET, self.stub.Budget, task_id, timeout)

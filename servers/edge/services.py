@@ -264,6 +264,15 @@ class AnalystService(pb_grpc.AnalystServicer):
         self._chunk(request.stream_id, start, len(request.queries.index), answer.peer_bytes)
         return wire.NOISY_MAX_ANSWER.to_pb(answer)
 
+    @rpc(Role.ANALYST)
+    async def CrawlLevel(
+        self, request: pb.CrawlLevelRequest, context: Context
+    ) -> pb.CrawlLevelResponse:
+        start = time.perf_counter()
+        answer = await self.driver.crawl_level(wire.CRAWL_LEVEL.from_pb(request))
+        self._chunk(answer.stream_id, start, len(answer.above), answer.peer_bytes)
+        return wire.CRAWL_ANSWER.to_pb(answer)
+
     def _task_of(self, stream_id: str) -> str:
         task_id = self._stream_tasks.get(stream_id)
         if task_id is not None:
@@ -372,6 +381,10 @@ class PeerService(pb_grpc.PeerServicer):
     @rpc(Role.LEADER)
     async def Verify(self, request: pb.VerifyBatch, context: Context) -> pb.VerifyResult:
         return await self._serve(wire.VERIFY, self.driver.verify, request)
+
+    @rpc(Role.LEADER)
+    async def CrawlStep(self, request: pb.CrawlStepRequest, context: Context) -> pb.CrawlStepResult:
+        return await self._serve(wire.CRAWL, self.driver.crawl_step, request)
 
     @rpc(Role.LEADER)
     async def MarkAgreed(self, request: pb.CollectionDigest, context: Context) -> pb.TaskInfo:

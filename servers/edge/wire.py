@@ -12,11 +12,12 @@ codecs of its request and reply."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, Generic, TypeVar
 
+import numpy as np
 from google.protobuf.message import Message
 
 from svtagg.dp.errors import InvalidArgument
@@ -33,6 +34,10 @@ from svtagg.servers.exchange.values import (
     ChunkKind,
     Compare,
     CompareAnswer,
+    CrawlAnswer,
+    CrawlLevel,
+    CrawlStep,
+    CrawlStepResult,
     JobAnswer,
     JobInputs,
     NoiseBatch,
@@ -456,6 +461,99 @@ NOISY_MAX_ANSWER: Codec[NoisyMaxAnswer, pb.NoisyMaxResponse] = Codec(
 )
 
 
+# ---------------------------------------------------------------- the prefix crawl
+#: A prefix on the wire: 32 bytes big-endian (strings of up to 256 bits).
+PREFIX_BYTES = 32
+
+
+def prefixes_to_bytes(prefixes: Sequence[int]) -> bytes:
+    return b"".join(int(p).to_bytes(PREFIX_BYTES, "big") for p in prefixes)
+
+
+def prefixes_from_bytes(data: bytes) -> tuple[int, ...]:
+    if len(data) % PREFIX_BYTES:
+        raise InvalidArgument(f"prefixes are {PREFIX_BYTES} bytes each, got {len(data)} bytes")
+    return tuple(
+        int.from_bytes(data[i : i + PREFIX_BYTES], "big") for i in range(0, len(data), PREFIX_BYTES)
+    )
+
+
+def pack_bits(bits: Sequence[bool]) -> bytes:
+    return np.packbits(np.asarray(bits, dtype=np.uint8), bitorder="little").tobytes()
+
+
+def unpack_bits(data: bytes, k: int) -> tuple[bool, ...]:
+    if len(data) != (k + 7) // 8:
+        raise InvalidArgument(f"{k} bits take {(k + 7) // 8} bytes, got {len(data)}")
+    bits = np.unpackbits(np.frombuffer(data, np.uint8), bitorder="little")[:k]
+    return tuple(bool(b) for b in bits)
+
+
+CRAWL_LEVEL: Codec[CrawlLevel, pb.CrawlLevelRequest] = Codec(
+    pb.CrawlLevelRequest,
+    lambda c: pb.CrawlLevelRequest(
+        task_id=c.task_id,
+        walk_id=c.walk_id,
+        parents=prefixes_to_bytes(c.parents),
+        depth=c.depth,
+        steps=c.steps,
+        epsilon=c.epsilon,
+        tau=c.tau,
+    ),
+    lambda m: CrawlLevel(
+        m.task_id,
+        m.walk_id,
+        prefixes_from_bytes(m.parents),
+        m.depth,
+        m.steps,
+        m.epsilon,
+        m.tau,
+    ),
+)
+CRAWL_ANSWER: Codec[CrawlAnswer, pb.CrawlLevelResponse] = Codec(
+    pb.CrawlLevelResponse,
+    lambda a: pb.CrawlLevelResponse(
+        walk_id=a.walk_id,
+        stream_id=a.stream_id,
+        candidates=len(a.above),
+        above=pack_bits(a.above),
+        refused=a.refused,
+        peer_bytes=a.peer_bytes,
+    ),
+    lambda m: CrawlAnswer(
+        m.walk_id, m.stream_id, unpack_bits(m.above, m.candidates), m.refused, m.peer_bytes
+    ),
+)
+CRAWL_STEP: Codec[CrawlStep, pb.CrawlStepRequest] = Codec(
+    pb.CrawlStepRequest,
+    lambda c: pb.CrawlStepRequest(
+        stream_id=c.stream_id,
+        task_id=c.task_id,
+        walk_id=c.walk_id,
+        parents=prefixes_to_bytes(c.parents),
+        depth=c.depth,
+        steps=c.steps,
+        prep_shares=c.prep_shares,
+        reports=c.reports,
+    ),
+    lambda m: CrawlStep(
+        m.stream_id,
+        m.task_id,
+        m.walk_id,
+        prefixes_from_bytes(m.parents),
+        m.depth,
+        m.steps,
+        m.prep_shares,
+        m.reports,
+    ),
+)
+CRAWL_STEP_RESULT: Codec[CrawlStepResult, pb.CrawlStepResult] = Codec(
+    pb.CrawlStepResult,
+    lambda r: pb.CrawlStepResult(prep_shares=r.prep_shares),
+    lambda m: CrawlStepResult(m.prep_shares),
+)
+
+
 def _header_to_pb(h: ChunkHeader) -> pb.ChunkHeader:
     """The flat ChunkHeader: which of its fields are set says the kind."""
     if isinstance(h, RobustChunk):
@@ -483,6 +581,7 @@ def _header_to_pb(h: ChunkHeader) -> pb.ChunkHeader:
         queries=_queries_to_pb(h.queries),
         noisy_max=h.kind == ChunkKind.NMAX,
         noisy_max_more=h.more,
+        crawl=h.kind == ChunkKind.CRAWL,
         joint_lo=h.pool.lo,
         joint_count=h.pool.count,
         joint_gamma=h.pool.gamma,
@@ -506,7 +605,7 @@ def _header_from_pb(m: pb.ChunkHeader) -> ChunkHeader:
     if m.robust_task_id:
         return _robust_from_pb(m)
     if m.joint_batch:
-        if m.compare or m.noisy_max or m.noisy_max_more or m.chunk_no or m.queries.index:
+        if m.compare or m.noisy_max or m.noisy_max_more or m.crawl or m.chunk_no or m.queries.index:
             raise InvalidArgument("a noise batch header carries no chunk")
         prepared = None
         if m.prepared_task_id or m.prepared_shape or m.prepared_epoch:
@@ -526,11 +625,19 @@ def _header_from_pb(m: pb.ChunkHeader) -> ChunkHeader:
             m.prepared_move,
             m.prepared_lo,
         )
-    if m.compare and m.noisy_max:
-        raise InvalidArgument("a chunk header names two kinds (compare and noisy_max)")
+    if m.compare + m.noisy_max + m.crawl > 1:
+        raise InvalidArgument("a chunk header names two kinds (of compare, noisy_max, crawl)")
     if m.noisy_max_more and not m.noisy_max:
         raise InvalidArgument("only a noisy_max chunk has more to follow")
-    kind = ChunkKind.COMPARE if m.compare else ChunkKind.NMAX if m.noisy_max else ChunkKind.ASK
+    kind = (
+        ChunkKind.COMPARE
+        if m.compare
+        else ChunkKind.NMAX
+        if m.noisy_max
+        else ChunkKind.CRAWL
+        if m.crawl
+        else ChunkKind.ASK
+    )
     pool = PoolDraw(m.joint_lo, m.joint_count, m.joint_gamma)
     queries = _queries_from_pb(m.queries)
     return StreamChunk(kind, m.stream_id, m.chunk_no, queries, m.noisy_max_more, pool)
@@ -605,3 +712,4 @@ RESERVE_PLAN = PeerCall("ReservePlan", PLAN_REQUEST, PLAN_INFO)
 END_PLAN = PeerCall("EndPlan", PLAN_REF, PLAN_INFO)
 FAIL_PLAN = PeerCall("FailPlan", PLAN_REF, PLAN_INFO)
 VERIFY = PeerCall("Verify", VERIFY_BATCH, VERIFY_RESULT)
+CRAWL = PeerCall("CrawlStep", CRAWL_STEP, CRAWL_STEP_RESULT)

@@ -16,6 +16,8 @@ from svtagg.servers.exchange.party import PartyFactory
 from svtagg.servers.exchange.session import LeaderSession
 from svtagg.servers.exchange.values import (
     Agreement,
+    CrawlStep,
+    CrawlStepResult,
     PlanInfo,
     PlanRequest,
     PrepareStream,
@@ -51,6 +53,12 @@ class HelperPort(Protocol):
         ...
 
     async def mark_agreed(self, agreement: Agreement, timeout: float | None = None) -> TaskInfo: ...
+
+    async def crawl_step(
+        self, step: CrawlStep, timeout: float | None = None
+    ) -> CrawlStepResult:
+        """The helper's side of a crawl level's check (servers/crawl.py)."""
+        ...
 
     async def budget(self, task_id: str, timeout: float | None = None) -> TaskInfo:
         """The task as the helper holds it, its ledger included."""

@@ -10,9 +10,10 @@ them, so every refusal reads as it always did and the leader forwards them to
 the helper as written; everything a server reports (ledgers, charges, refunds)
 is an exact `Fraction`.
 
-A chunk is one of five kinds (`ChunkKind`): an Ask, a Compare or a
-report-noisy-max chunk of a stream, a robust-aggregate chunk of the close, or
-a batch of a joint-noise stream's noise generated ahead of its chunks.
+A chunk is one of six kinds (`ChunkKind`): an Ask, a Compare or a
+report-noisy-max chunk of a stream, a robust-aggregate chunk of the close,
+a batch of a joint-noise stream's noise generated ahead of its chunks, or the
+comparison of one level of a prefix crawl.
 Each kind's `ChunkSpec` names its header, the inputs a leased job of that
 kind carries, the stream kinds it answers, and its progress rule — how many
 queries a result answers and whether the stream closes — written once for both
@@ -378,6 +379,64 @@ class NoisyMaxAnswer:
     peer_bytes: int
 
 
+# ---------------------------------------------------------------- the prefix crawl
+@dataclass(frozen=True)
+class CrawlLevel:
+    """One level of a prefix crawl as the analyst asks it (servers/crawl.py):
+    the walk ("" starts one at the root), the last level's candidates to
+    extend (`depth` bits each; none at the root), the bits to extend them by,
+    the level's ε (as written) and the threshold on the counts."""
+
+    task_id: str
+    walk_id: str
+    parents: tuple[int, ...]
+    depth: int
+    steps: int
+    epsilon: str
+    tau: int
+
+
+@dataclass(frozen=True)
+class CrawlAnswer:
+    """A crawl level's answer: which candidates (parents × 2^steps,
+    parent-major) hold a noisy count ≥ τ, the reports its check took out of
+    the walk, and the bytes exchanged with the helper."""
+
+    walk_id: str
+    stream_id: str
+    above: tuple[bool, ...]
+    refused: int
+    peer_bytes: int
+
+
+@dataclass(frozen=True)
+class CrawlStep:
+    """The leader's side of a crawl level for the helper: the level's stream
+    (charged on both), the walk, the parents, and the leader's prep shares of
+    the level's check (`reports` rows of 32·steps bytes, ascending report id)."""
+
+    stream_id: str
+    task_id: str
+    walk_id: str
+    parents: tuple[int, ...]
+    depth: int
+    steps: int
+    prep_shares: bytes
+    reports: int
+
+
+@dataclass(frozen=True)
+class CrawlStepResult:
+    """The helper's prep shares of a crawl level, laid out as the leader's."""
+
+    prep_shares: bytes
+
+
+def crawl_progress(result: Any, k: int) -> Progress:
+    """A crawl level's chunk answers every candidate and closes its stream."""
+    return Progress(k, True)
+
+
 class ChunkKind(StrEnum):
     """The kinds of chunk (the strings are a leased job's `kind`)."""
 
@@ -386,6 +445,7 @@ class ChunkKind(StrEnum):
     ROBUST = "robust"
     NMAX = "nmax"
     NOISE = "noise"
+    CRAWL = "crawl"
 
     @property
     def spec(self) -> ChunkSpec:
@@ -531,4 +591,8 @@ _SPECS = {
     ),
     # Run by the leader on its own sessions, never leased (no JobInputs).
     ChunkKind.NOISE: ChunkSpec(NoiseBatch, NoiseBatch, frozenset(), None),
+    # A crawl level's comparison: run by the leader's main process, never leased.
+    ChunkKind.CRAWL: ChunkSpec(
+        StreamChunk, CrawlLevel, frozenset({StreamKind.CRAWL}), crawl_progress
+    ),
 }

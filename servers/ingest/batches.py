@@ -73,6 +73,8 @@ from svtagg.servers.ingest.validity import (
     task_validity,
 )
 from svtagg.servers.store.rules import TaskState, Verified, batch_id
+from svtagg.vdaf.crawl import CrawlReports, check_level
+from svtagg.vdaf.field import FIELD128
 from svtagg.vdaf.prio3 import Prio3
 from svtagg.vdaf.rows import PrepRows
 from svtagg.vdaf.sparse import PREP_SHARE_SIZE, SparseError, SparseOnehot
@@ -268,6 +270,21 @@ class _SparseState:
     agg_id: int
 
 
+def _fixed_shares(data: Sequence[bytes], who: str) -> _Shares:
+    """Prep shares of PREP_SHARE_SIZE bytes each (b"": none for that report)."""
+    index, blobs = [-1] * len(data), list[bytes]()
+    for i, blob in enumerate(data):
+        if not blob:
+            continue
+        if len(blob) != PREP_SHARE_SIZE:
+            raise InvalidArgument(
+                f"the {who}'s prep share {i} is {len(blob)} bytes, not {PREP_SHARE_SIZE}"
+            )
+        index[i] = len(blobs)
+        blobs.append(blob)
+    return _Shares(index, blobs, None)
+
+
 class _SparseKind:
     """Sparse one-hot reports (vdaf/sparse.py): each server expands every
     report's DPF key into running sums as it goes (one per thread; memory
@@ -298,17 +315,7 @@ class _SparseKind:
         return _Shares(mine.index, blobs, None)
 
     def decode_shares(self, data: Sequence[bytes], who: str) -> _Shares:
-        index, blobs = [-1] * len(data), list[bytes]()
-        for i, blob in enumerate(data):
-            if not blob:
-                continue
-            if len(blob) != PREP_SHARE_SIZE:
-                raise InvalidArgument(
-                    f"the {who}'s prep share {i} is {len(blob)} bytes, not {PREP_SHARE_SIZE}"
-                )
-            index[i] = len(blobs)
-            blobs.append(blob)
-        return _Shares(index, blobs, None)
+        return _fixed_shares(data, who)
 
     def decide(self, mine: _Prepared, leader: _Shares, helper: _Shares) -> tuple[bytes, list[int]]:
         verdicts, rows = bytearray(), []
@@ -343,8 +350,73 @@ class _SparseKind:
         return blob[:size], blob[size:]
 
 
-def ingest_kind(v: Validity) -> _Prio3Kind | _SparseKind:
+class _CrawlKind:
+    """Strings as incremental DPF keys (vdaf/crawl.py): at ingest each server
+    evaluates a report's first level (the root's two children) and both
+    check it (exactly one unit there, and the digests agree); valid reports
+    are kept whole by both servers for the walks (servers/crawl.py), nothing
+    is folded (a crawl task has no sums)."""
+
+    def __init__(self, v: Validity) -> None:
+        self.v = v
+
+    def prepare(
+        self, key: bytes, agg_id: int, reports: Sequence[tuple[bytes, bytes, bytes]]
+    ) -> _Prepared:
+        present = [i for i, r in enumerate(reports) if r[0]]
+        index, out = [-1] * len(reports), [b""] * len(reports)
+        if not present:
+            return _Prepared(index, None, tuple(out))
+        walk = CrawlReports(self.v.bits, agg_id, key, [reports[i] for i in present])
+        shares = walk.extend(1)
+        live = walk.live
+        for row, i in enumerate(present):
+            if live[row]:
+                index[i], out[i] = row, shares[row].tobytes()
+        return _Prepared(index, None, tuple(out))
+
+    def own(self, mine: _Prepared) -> _Shares:
+        return _Shares(mine.index, list(mine.shares), None)
+
+    def decode_shares(self, data: Sequence[bytes], who: str) -> _Shares:
+        return _fixed_shares(data, who)
+
+    def decide(self, mine: _Prepared, leader: _Shares, helper: _Shares) -> tuple[bytes, list[int]]:
+        lidx, hidx = leader.index, helper.index
+        verdicts = bytearray(len(lidx))
+        both = [i for i in range(len(lidx)) if lidx[i] >= 0 and hidx[i] >= 0]
+        for i in range(len(lidx)):
+            if lidx[i] < 0:
+                verdicts[i] = Verdict.MALFORMED_LEADER
+            elif hidx[i] < 0:
+                verdicts[i] = Verdict.MALFORMED_HELPER
+        if both:
+            a = np.frombuffer(b"".join(leader.verifiers[lidx[i]] for i in both), np.uint8)
+            b = np.frombuffer(b"".join(helper.verifiers[hidx[i]] for i in both), np.uint8)
+            ok = check_level(
+                a.reshape(len(both), -1), b.reshape(len(both), -1), np.ones(len(both), bool)
+            )
+            for i, good in zip(both, ok, strict=True):
+                verdicts[i] = Verdict.VALID if good else Verdict.INVALID_PROOF
+        rows = [mine.index[i] for i in both if verdicts[i] == Verdict.VALID]
+        return bytes(verdicts), rows
+
+    def out_words(self, mine: _Prepared, rows: list[int]) -> Any:
+        """Nothing is folded: the task's one (unused) coordinate stays 0."""
+        return scaled_words(self.v, FIELD128.zeros(self.v.d))
+
+    def split_pending(self, blob: bytes) -> tuple[bytes, bytes]:
+        size = self.v.public_share_bytes()
+        return blob[:size], blob[size:]
+
+
+IngestKind = _Prio3Kind | _SparseKind | _CrawlKind
+
+
+def ingest_kind(v: Validity) -> IngestKind:
     """How a task's reports are verified and folded."""
+    if v.crawl:
+        return _CrawlKind(v)
     return _SparseKind(v) if v.sparse else _Prio3Kind(v)
 
 
@@ -483,7 +555,7 @@ def _check_received(
 
 def _helper_decide(
     core: ServerCore,
-    kind: _Prio3Kind | _SparseKind,
+    kind: IngestKind,
     verify_key: bytes,
     reports: list[tuple[bytes, bytes, bytes]],
     leader_prep_shares: Sequence[bytes],
@@ -498,7 +570,7 @@ def _helper_decide(
 
 def _checked(
     core: ServerCore,
-    kind: _Prio3Kind | _SparseKind,
+    kind: IngestKind,
     mine: _Prepared,
     leader: _Shares,
     helper: _Shares,
@@ -562,9 +634,13 @@ async def verify_upload(
     counts = rejected_counts(verdicts)
     crash_point("verify.before_record")  # the helper has recorded; not yet here
     words = await asyncio.to_thread(kind.out_words, mine, out_rows)
+    # A crawl task's reports are kept whole on the leader too (for the walks).
+    kept = [
+        kept_of(v, rows[i]) if v.crawl else b""
+        for i, x in enumerate(verdicts)
+        if x == Verdict.VALID
+    ]
     # Recorded under the batch's id here too, so that resending a batch (even
     # one with no valid report) counts its refusals once.
-    n = core.store.add_reports(
-        task_id, valid, [b""] * len(valid), words, Verified(bid, verdicts, counts, [])
-    )
+    n = core.store.add_reports(task_id, valid, kept, words, Verified(bid, verdicts, counts, []))
     return Accepted(len(valid), n, counts)

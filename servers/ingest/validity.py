@@ -100,7 +100,7 @@ def kept_of(v: Validity, report: tuple[bytes, bytes, bytes]) -> bytes:
     share) to take it out again at the close: a Prio3 report's 16-byte
     measurement seed; a sparse report's id (the DPF's nonce), public share
     and key, 292 bytes at d = 10⁴ (it has no shorter seed of its share)."""
-    if v.sparse:
+    if v.sparse or v.crawl:
         return report[0] + report[1] + report[2]
     return report[2][:SEED_SIZE]
 
@@ -109,6 +109,8 @@ def helper_undo_sum(task: TaskState, kept: list[bytes]) -> U64:
     """The helper's output shares of reports it recorded, from what `kept_of`
     kept of each, as Field128 words: what reconciliation takes out."""
     v = task_validity(task)
+    if v.crawl:  # nothing of a crawl report is in the sums
+        return scaled_words(v, FIELD128.zeros(v.d))
     if v.sparse:
         size, n = v.public_share_bytes(), NONCE_SIZE  # the report id is the nonce
         reports = [(b[:n], b[n : n + size], b[n + size :]) for b in kept]

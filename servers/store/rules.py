@@ -217,7 +217,7 @@ class Store(Protocol):
     def mark_agreed(self, task_id: str, robust_sums: U64 | None) -> TaskState:
         """Record that both servers hold the same reports, with this server's share
         of the robust aggregates (atomically); per-report shares are no longer
-        needed and are dropped."""
+        needed and are dropped (a crawl task's are kept: its walks read them)."""
         ...
 
     # ------------------------------------------------------------ streams

@@ -468,10 +468,14 @@ class SqlStore(ABC):
 
     def mark_agreed(self, task_id: str, robust_sums: U64 | None) -> TaskState:
         blob = None if robust_sums is None else np.asarray(robust_sums, np.uint64).tobytes()
+        # A crawl task's reports are what its walks read (servers/crawl.py): kept.
+        keep = self.task(task_id).params.validity.startswith("crawl")
         with self._tx():
             self._run("UPDATE tasks SET agreed=1, robust_sums=? WHERE task_id=?", (blob, task_id))
-            self._drop_shares(task_id)
-        self._after_agreed(task_id)
+            if not keep:
+                self._drop_shares(task_id)
+        if not keep:
+            self._after_agreed(task_id)
         return self.task(task_id)
 
     # ------------------------------------------------------------ ledger

@@ -1,0 +1,279 @@
+"""The prefix crawl on the servers: a task whose reports are strings
+(validity ``crawl:B``, vdaf/crawl.py) walked level by level, each level
+answering only which candidates hold a noisy count ≥ τ (docs/privacy.md,
+"The prefix crawl").
+
+A task's reports are verified at ingest (the first level's check,
+servers/ingest/batches.py) and, unlike every other task's, kept by both
+servers after the agreement: a walk reads them from the store, in ascending
+report id, into one `vdaf.crawl.CrawlReports` per server (`Walk`).
+
+One level (`CrawlLevel`, the leader's `crawl_level`):
+
+1. the leader checks the request against its walk (the parents are distinct
+   candidates of the walk's last level, or the root; the bits fit), then
+   opens a CRAWL stream at the level's ε: charged on both ledgers, as every
+   stream is (crash-safe, never refunded);
+2. the leader keeps the parents' nodes, extends them by `steps` bits and
+   sends its prep shares of the level's check (`CrawlStep`); the helper runs
+   the same checks against *its own* walk, extends, decides every report's
+   check from both prep shares, drops the refused reports, and answers with
+   its prep shares; the leader decides alike;
+3. each server turns its Field128 count shares into ring shares locally
+   (`vdaf.crawl.ring_shares`) and adds its own discrete Laplace noise of
+   scale 2/ε (`dp.crawl.draw_level_noise`); the leader subtracts τ;
+4. one comparison chunk of the stream (`ChunkKind.CRAWL`) reveals each
+   candidate's sign bit [z_L + z_H ≥ 0] to both servers (the garbled
+   `any_per_group` circuit with groups of one); the stream closes.
+
+What the helper enforces on its own: the stream was charged on its ledger
+and answers once; the parents are candidates it evaluated and checked at the
+walk's last level; every report's check.  So a leader that lies cannot have
+an unchecked node counted, nor a level answered twice for one charge.
+
+Walks live in memory (at most `MAX_WALKS` per server; the oldest idle one
+is forgotten past it).  A restart, a forgotten walk or any failure inside a
+level ends the walk: the next level is refused and the analyst starts a new
+walk; the charges already made stay spent.  A crawl runs in the leader's and
+the helper's main processes (chunk workers and replicas do not serve it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import TYPE_CHECKING
+
+import numpy as np
+import numpy.typing as npt
+
+from svtagg.dp.crawl import MAX_LEVEL_CANDIDATES, MAX_STRIDE, draw_level_noise
+from svtagg.dp.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
+from svtagg.dp.noise import RandomSource
+from svtagg.mpc.ring import U64
+from svtagg.proto.terms import MAX_MESSAGE_BYTES, REPORT_PAGE
+from svtagg.servers.ingest.validity import task_validity
+from svtagg.servers.store.rules import TaskState
+from svtagg.vdaf.crawl import PREP_SHARE_SIZE, CrawlReports, check_level, ring_shares
+from svtagg.vdaf.sparse import NONCE_SIZE, SparseError
+
+if TYPE_CHECKING:
+    from svtagg.servers.core import ServerCore
+
+#: Walks one server holds at once (each holds every report's key: ≈ 3 KB a
+#: report at 64 bits).
+MAX_WALKS = 2
+#: The most bytes of one server's prep shares for one level (a CrawlStep
+#: message, with room for its other fields).
+MAX_STEP_BYTES = MAX_MESSAGE_BYTES - (1 << 20)
+#: A walk's id: 32 hex digits, drawn by the leader.
+WALK_ID_RE = re.compile(r"[0-9a-f]{32}")
+
+
+def check_crawl_task(task: TaskState) -> int:
+    """A crawl task, closed and agreed: its strings' length in bits."""
+    v = task_validity(task) if task.params.validity else None
+    if v is None or not v.crawl:
+        raise FailedPrecondition(
+            f"task {task.params.task_id!r} is not a crawl task (validity crawl:B)"
+        )
+    if task.collection_open:
+        raise FailedPrecondition(f"task {task.params.task_id!r}: close the collection first")
+    if not task.agreed:
+        raise FailedPrecondition(
+            f"task {task.params.task_id!r}: the servers have not agreed on the reports; close again"
+        )
+    return v.bits
+
+
+def load_reports(core: ServerCore, task: TaskState) -> list[tuple[bytes, bytes, bytes]]:
+    """Every report the server kept for the task, ascending by id: (nonce,
+    public share, this server's key)."""
+    v = task_validity(task)
+    size = v.public_share_bytes()
+    out: list[tuple[bytes, bytes, bytes]] = []
+    after = b""
+    while True:
+        ids = core.report_ids(task.params.task_id, after, REPORT_PAGE)
+        if not ids:
+            return out
+        for blob in core.store.shares(task.params.task_id, ids):
+            out.append(
+                (blob[:NONCE_SIZE], blob[NONCE_SIZE : NONCE_SIZE + size], blob[NONCE_SIZE + size :])
+            )
+        after = ids[-1]
+
+
+@dataclass
+class Walk:
+    """One server's side of one walk: its reports' state (`CrawlReports`)."""
+
+    walk_id: str
+    task_id: str
+    reports: CrawlReports
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    #: A level failed inside: the walk answers no more.
+    broken: str = ""
+    levels: int = 0
+
+    @property
+    def size(self) -> int:
+        return len(self.reports.reports)
+
+    def check_level(self, parents: Sequence[int], depth: int, steps: int) -> int:
+        """Refuse a level this walk cannot answer soundly; its candidates' count."""
+        if self.broken:
+            raise FailedPrecondition(f"walk {self.walk_id} ended ({self.broken}); start a new walk")
+        r = self.reports
+        if depth != r.depth:
+            raise InvalidArgument(
+                f"walk {self.walk_id} is at {r.depth} bits; the level names depth {depth}"
+            )
+        if not 1 <= steps <= MAX_STRIDE:
+            raise InvalidArgument(f"a level extends by 1 to {MAX_STRIDE} bits, got {steps}")
+        if depth + steps > r.dpf.bits:
+            raise InvalidArgument(
+                f"{depth} + {steps} bits is past the task's strings of {r.dpf.bits} bits"
+            )
+        if depth == 0:
+            if list(parents) not in ([], [0]):
+                raise InvalidArgument("a walk's first level extends the root: no parents")
+            width = 1
+        else:
+            if not parents:
+                raise InvalidArgument("a level past the root names the prefixes it extends")
+            if any(b <= a for a, b in zip(parents, parents[1:], strict=False)):
+                raise InvalidArgument("the parents must be distinct and ascending")
+            if not set(r.candidates).issuperset(parents):
+                raise InvalidArgument(
+                    "a parent is not a candidate of the walk's last level: only checked "
+                    "prefixes are extended"
+                )
+            width = len(parents)
+        k = width << steps
+        if k > MAX_LEVEL_CANDIDATES:
+            raise InvalidArgument(
+                f"a level of {k:,} candidates (at most {MAX_LEVEL_CANDIDATES:,}): keep fewer "
+                "prefixes or extend by fewer bits"
+            )
+        if self.size * PREP_SHARE_SIZE * steps > MAX_STEP_BYTES:
+            raise ResourceExhausted(
+                f"a level of {steps} bits over {self.size:,} reports moves "
+                f"{self.size * PREP_SHARE_SIZE * steps:,} bytes of checks in one message: "
+                "extend by fewer bits"
+            )
+        return k
+
+    def extend(self, parents: Sequence[int], steps: int) -> npt.NDArray[np.uint8]:
+        """Keep the parents (past the root) and evaluate their extensions:
+        this server's prep shares, a row of 32·steps bytes per report."""
+        if self.reports.depth:
+            self.reports.keep(list(parents))
+        return self.reports.extend(steps)
+
+    def decide(
+        self, leader: npt.NDArray[np.uint8], helper: npt.NDArray[np.uint8]
+    ) -> npt.NDArray[np.bool_]:
+        """Every report's check from both servers' prep shares; the refused
+        ones are dropped (for the rest of the walk).  Returns them."""
+        live = self.reports.live
+        try:
+            ok = check_level(leader, helper, live)
+        except SparseError as exc:
+            raise InvalidArgument(f"the level's prep shares: {exc}") from None
+        invalid = live & ~ok
+        self.reports.drop(invalid)
+        self.levels += 1
+        return invalid
+
+    def inputs(self, epsilon: Fraction, rng: RandomSource, agg_id: int, tau: int = 0) -> U64:
+        """This server's comparison inputs: its ring share of each candidate's
+        count plus its own noise (the leader: minus τ)."""
+        z = ring_shares(self.reports.count_shares(), agg_id)
+        z = z + draw_level_noise(epsilon, z.size, rng).astype(np.uint64)
+        if agg_id == 0:
+            z = z - np.uint64(tau)
+        return z
+
+
+def shares_of(data: bytes, reports: int, steps: int) -> npt.NDArray[np.uint8]:
+    """The other server's prep shares as `check_level` takes them."""
+    row = PREP_SHARE_SIZE * steps
+    if len(data) != reports * row:
+        raise InvalidArgument(
+            f"prep shares of {reports} reports over {steps} bits are {reports * row} bytes, "
+            f"got {len(data)}"
+        )
+    return np.frombuffer(data, dtype=np.uint8).reshape(reports, row)
+
+
+class Walks:
+    """One server's walks and the levels awaiting their comparison chunk."""
+
+    def __init__(self) -> None:
+        self._walks: OrderedDict[str, Walk] = OrderedDict()
+        #: Per CRAWL stream: this server's inputs to its one comparison chunk.
+        self._inputs: dict[str, U64] = {}
+
+    def get(self, walk_id: str, task_id: str) -> Walk:
+        walk = self._walks.get(walk_id)
+        if walk is None or walk.task_id != task_id:
+            raise FailedPrecondition(
+                f"this server holds no walk {walk_id!r} of task {task_id!r} (it ended, was "
+                "forgotten, or the server restarted): start a new walk"
+            )
+        self._walks.move_to_end(walk_id)
+        return walk
+
+    async def start(self, core: ServerCore, task: TaskState, walk_id: str, agg_id: int) -> Walk:
+        """A new walk over the task's reports (read from the store off the loop)."""
+        if not WALK_ID_RE.fullmatch(walk_id):
+            raise InvalidArgument(f"a walk id is 32 hex digits, got {walk_id!r}")
+        if walk_id in self._walks:
+            raise FailedPrecondition(f"walk {walk_id} has started already")
+        bits = check_crawl_task(task)
+
+        def build() -> CrawlReports:
+            reports = load_reports(core, task)
+            return CrawlReports(bits, agg_id, task.verify_key, reports)
+
+        reports = await asyncio.to_thread(build)
+        if walk_id in self._walks:  # a concurrent start of the same id
+            raise FailedPrecondition(f"walk {walk_id} has started already")
+        while len(self._walks) >= MAX_WALKS:
+            oldest = next((w for w in self._walks.values() if not w.lock.locked()), None)
+            if oldest is None:
+                raise ResourceExhausted(f"this server runs {MAX_WALKS} walks already")
+            del self._walks[oldest.walk_id]
+        walk = Walk(walk_id, task.params.task_id, reports)
+        self._walks[walk_id] = walk
+        return walk
+
+    def end(self, walk: Walk, why: str) -> None:
+        walk.broken = why
+        self._walks.pop(walk.walk_id, None)
+
+    def put_inputs(self, stream_id: str, z: U64) -> None:
+        if stream_id in self._inputs:
+            raise FailedPrecondition(f"stream {stream_id} has its level's inputs already")
+        self._inputs[stream_id] = z
+
+    def has_inputs(self, stream_id: str, k: int) -> bool:
+        z = self._inputs.get(stream_id)
+        return z is not None and z.size == k
+
+    def take_inputs(self, stream_id: str, k: int) -> U64:
+        """The level's inputs, once: a chunk of another size is refused."""
+        z = self._inputs.pop(stream_id, None)
+        if z is None or z.size != k:
+            raise FailedPrecondition(
+                f"this server holds no crawl level of {k} candidates for stream {stream_id}"
+            )
+        return z
+
+    def drop_inputs(self, stream_id: str) -> None:
+        self._inputs.pop(stream_id, None)

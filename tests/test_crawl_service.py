@@ -1,0 +1,229 @@
+"""The prefix crawl through the servers (servers/crawl.py): a `crawl:B` task
+verifies each string report's first level at ingest and keeps the reports on
+both servers; a walk's levels are CRAWL streams charged on both ledgers,
+checked on both servers (a report that cheats deeper is taken out at its
+level), compared in the garbled circuit, and only each candidate's bit comes
+back.  The leader's refusals come before any charge; the helper enforces its
+own walk against a leader that lies.  The mechanism and its audits:
+tests/test_crawl.py; the keys: tests/test_vdaf_crawl.py."""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from fractions import Fraction
+from pathlib import Path
+
+import pytest
+
+from svtagg.analyst.crawl import crawl, decode_string, encode_string
+from svtagg.dp.crawl import CrawlPlan
+from svtagg.dp.errors import FailedPrecondition, InvalidArgument
+from svtagg.dp.kinds import StreamKind
+from svtagg.proto import svtagg_pb2 as pb
+from svtagg.servers.edge import wire
+from svtagg.servers.exchange.values import CrawlLevel, CrawlStep, OpenStream
+from svtagg.servers.ingest.validity import task_validity
+from svtagg.servers.reference import ReferencePair, reference_pair
+from svtagg.vdaf.crawl import Level, PrefixDpf
+from svtagg.vdaf.sparse import NONCE_SIZE, RAND_SIZE
+
+BITS = 16  # two-byte strings: a walk of a few levels runs in a second
+WORDS = ["hi", "ok", "no", "go", "up", "we", "be", "do"]
+
+
+def crawl_spec(task_id: str, bits: int = BITS, eps_total: str = "40") -> pb.TaskSpec:
+    return pb.TaskSpec(
+        task_id=task_id,
+        d=1,
+        frac_bits=1,
+        n_max=10_000,
+        min_batch=1,
+        epsilon_total=eps_total,
+        delta_total="0",
+        epsilon_min="1/100",
+        validity=f"crawl:{bits}",
+        embedding="strings",
+    )
+
+
+def population(n: int = 240) -> list[str]:
+    """Words with counts 120, 60, 30, 15, ... (the heavy ones are clear)."""
+    out: list[str] = []
+    share = n // 2
+    for w in WORDS:
+        out += [w] * max(share, 1)
+        share //= 2
+    return out[:n]
+
+
+async def upload(pair: ReferencePair, task_id: str, words: list[str]) -> tuple[int, dict[str, int]]:
+    v = task_validity(pair.leader.core.task(task_id))
+    ids = [os.urandom(NONCE_SIZE) for _ in words]
+    shards = v.shard_strings([encode_string(w, v.bits) for w in words], ids)
+    got = await pair.send_proofs(task_id, ids, shards)
+    return got.accepted, got.rejected
+
+
+class ServerOracle:
+    """`analyst.crawl.LevelOracle` over the leader driver (what the SDK's
+    remote oracle does over gRPC)."""
+
+    def __init__(self, pair: ReferencePair, task_id: str) -> None:
+        self.pair, self.task_id = pair, task_id
+        self.walk_id, self.depth = "", 0
+        self.refused: list[int] = []
+
+    async def level(self, candidates: list[int], prefix_bits: int, eps: Fraction, tau: int) -> list[bool]:
+        steps = prefix_bits - self.depth
+        parents = tuple(dict.fromkeys(c >> steps for c in candidates)) if self.depth else ()
+        answer = await self.pair.leader.crawl_level(
+            CrawlLevel(self.task_id, self.walk_id, parents, self.depth, steps, str(eps), tau)
+        )
+        self.walk_id, self.depth = answer.walk_id, prefix_bits
+        self.refused.append(answer.refused)
+        return list(answer.above)
+
+
+async def walk(pair: ReferencePair, task_id: str, plan: CrawlPlan) -> tuple[list[str], ServerOracle]:
+    """`analyst.crawl.crawl`'s walk, level by level, through the leader."""
+    oracle = ServerOracle(pair, task_id)
+    answers: dict[int, list[bool]] = {}
+
+    class Sync:
+        def above(self, level, candidates, prefix_bits, epsilon, threshold):  # type: ignore[no-untyped-def]
+            return answers.pop(level)
+
+    # crawl() is synchronous: run it once per level, feeding each level's answer.
+    kept, depth = [0], 0
+    for level in range(1, plan.levels + 1):
+        bits = plan.prefix_bits(level)
+        steps = bits - depth
+        candidates = [(p << steps) | x for p in kept for x in range(1 << steps)]
+        got = await oracle.level(candidates, bits, plan.level_epsilon, plan.threshold)
+        kept = [c for c, yes in zip(candidates, got, strict=True) if yes]
+        depth = bits
+        if not kept:
+            break
+    assert Sync  # (the synchronous walk is the SDK's: tests/test_crawl_client.py)
+    return [decode_string(x, plan.bits) for x in kept], oracle
+
+
+async def test_a_walk_through_the_servers_finds_the_heavy_strings(tmp_path: Path) -> None:
+    words = population()
+    async with reference_pair(tmp_path) as pair:
+        await pair.leader.create_task(wire.TASK_SPEC.from_pb(crawl_spec("w")))
+        assert await upload(pair, "w", words) == (len(words), {})
+        await pair.leader.close_collection("w")
+        plan = CrawlPlan(BITS, 4, Fraction(16), threshold=20)
+        found, oracle = await walk(pair, "w", plan)
+        heavy = {w for w, c in Counter(words).items() if c >= 30}
+        assert heavy <= set(found)
+        assert set(found) <= set(words)  # nothing not uploaded (noise scale 1/2 here)
+        assert oracle.refused == [0] * plan.levels
+        # Each level charged its ε on both ledgers.
+        for side in (pair.leader, pair.helper):
+            assert side.core.task("w").budget.epsilon_spent == plan.epsilon
+        # Each level is a closed CRAWL stream on both servers.
+        await pair.helper.settled()  # the leader answers before the helper's record
+        streams = pair.leader.core.store.stream_ids("w", "closed")
+        assert len(streams) == plan.levels
+        assert pair.helper.core.store.stream_ids("w", "closed") == streams
+
+
+async def test_hostile_reports_are_refused_at_ingest_or_at_their_level(tmp_path: Path) -> None:
+    """A weight of two and a key changed for one server are refused at ingest
+    (the first level's check); a report whose third level's output
+    correction is changed passes ingest and is taken out at that level, so
+    no count holds it."""
+    async with reference_pair(tmp_path) as pair:
+        await pair.leader.create_task(wire.TASK_SPEC.from_pb(crawl_spec("h")))
+        v = task_validity(pair.leader.core.task("h"))
+        dpf = PrefixDpf(BITS)
+        honest = [encode_string("hi", BITS)] * 30
+        ids = [os.urandom(NONCE_SIZE) for _ in range(33)]
+        shards = v.shard_strings(honest, ids[:30])
+        public, keys = dpf.gen(encode_string("ok", BITS), ids[30], os.urandom(RAND_SIZE), weight=2)
+        shards.append((public, keys[0], keys[1]))
+        public, keys = dpf.gen(encode_string("ok", BITS), ids[31], os.urandom(RAND_SIZE))
+        shards.append((public, keys[0], bytes([keys[1][0] ^ 1]) + keys[1][1:]))
+        public, keys = dpf.gen(encode_string("ok", BITS), ids[32], os.urandom(RAND_SIZE))
+        levels = dpf.decode(public)
+        lv = levels[2]
+        levels[2] = Level(lv.seed, lv.ctrl, lv.proof, (lv.output + 5) % (2**128 - 159))
+        shards.append((dpf.encode(levels), keys[0], keys[1]))
+        got = await pair.send_proofs("h", ids, shards)
+        assert (got.accepted, got.rejected) == (31, {"invalid_proof": 2})
+        await pair.leader.close_collection("h")
+        plan = CrawlPlan(BITS, 4, Fraction(16), threshold=20)
+        found, oracle = await walk(pair, "h", plan)
+        assert found == ["hi"]
+        assert oracle.refused == [1, 0, 0, 0]  # level 1 holds binary levels 1-4
+
+
+async def test_refusals_before_any_charge(tmp_path: Path) -> None:
+    async with reference_pair(tmp_path) as pair:
+        leader = pair.leader
+        await leader.create_task(wire.TASK_SPEC.from_pb(crawl_spec("c")))
+        await upload(pair, "c", ["hi"] * 5)
+        with pytest.raises(FailedPrecondition, match="close the collection"):
+            await leader.crawl_level(CrawlLevel("c", "", (), 0, 4, "1", 3))
+        await leader.close_collection("c")
+        for bad, match in [
+            (CrawlLevel("c", "", (5,), 4, 4, "1", 3), "starts at the root"),
+            (CrawlLevel("c", "", (), 0, 9, "1", 3), "1 to 8 bits"),
+            (CrawlLevel("c", "", (), 0, 4, "1", 0), "tau"),
+            (CrawlLevel("c", "f" * 32, (1,), 4, 4, "1", 3), "no walk"),
+        ]:
+            with pytest.raises((InvalidArgument, FailedPrecondition), match=match):
+                await leader.crawl_level(bad)
+        answer = await leader.crawl_level(CrawlLevel("c", "", (), 0, 4, "4", 3))
+        spent = leader.core.task("c").budget.epsilon_spent
+        assert spent == 4 and len(answer.above) == 16
+        kept = [i for i, yes in enumerate(answer.above) if yes]
+        for bad, match in [
+            (CrawlLevel("c", answer.walk_id, (16,), 4, 4, "1", 3), "not a candidate"),
+            (CrawlLevel("c", answer.walk_id, (3, 3), 4, 4, "1", 3), "distinct"),
+            (CrawlLevel("c", answer.walk_id, tuple(kept), 8, 4, "1", 3), "depth"),
+            (CrawlLevel("c", answer.walk_id, tuple(kept), 4, 13, "1", 3), "bits"),
+        ]:
+            with pytest.raises(InvalidArgument, match=match):
+                await leader.crawl_level(bad)
+        assert leader.core.task("c").budget.epsilon_spent == spent
+        # A crawl level's stream is not opened by OpenStream, and a crawl task
+        # answers no other stream; a crawl level needs a crawl task.
+        with pytest.raises(InvalidArgument, match="CrawlLevel"):
+            await leader.open_stream(OpenStream("c", StreamKind.CRAWL, "1"))
+        with pytest.raises(InvalidArgument, match="crawl levels only"):
+            await leader.open_stream(OpenStream("c", StreamKind.LAP24, "1"))
+        assert leader.core.task("c").budget.epsilon_spent == spent
+
+
+async def test_the_helper_holds_its_own_walk_against_a_lying_leader(tmp_path: Path) -> None:
+    """A leader that sends the helper parents its walk never checked, or a
+    walk it never started past the root, is refused there, and the level's
+    stream fails on the helper (its charge stays spent)."""
+    async with reference_pair(tmp_path) as pair:
+        await pair.leader.create_task(wire.TASK_SPEC.from_pb(crawl_spec("l")))
+        await upload(pair, "l", ["hi"] * 5 + ["ok"] * 5)
+        await pair.leader.close_collection("l")
+        first = await pair.leader.crawl_level(CrawlLevel("l", "", (), 0, 4, "16", 3))
+        kept = tuple(i for i, yes in enumerate(first.above) if yes)
+        assert kept == (6,)  # "hi" and "ok" both start with the nibble 6
+        second = await pair.leader.crawl_level(CrawlLevel("l", first.walk_id, kept, 4, 4, "16", 3))
+        assert [i for i, yes in enumerate(second.above) if yes] == [8, 15]  # 0x68, 0x6f
+        # The leader opens a CRAWL stream honestly, then lies in its CrawlStep:
+        # a depth-8 prefix under the level-1 prefix 7, which the walk never
+        # extended (so its nodes were never checked).
+        info = await pair.leader.open_stream(OpenStream("l", StreamKind.CRAWL, "1"), crawl=True)
+        walk = pair.leader.core.walks.get(first.walk_id, "l")
+        lie = CrawlStep(info.stream_id, "l", first.walk_id, (0x72,), 8, 4, b"", walk.size)
+        with pytest.raises(InvalidArgument, match="not a candidate"):
+            await pair.port.crawl_step(lie)
+        assert pair.helper.core.stream(info.stream_id).state == "failed"
+        # That failure ended the walk on the helper: no more levels there.
+        info2 = await pair.leader.open_stream(OpenStream("l", StreamKind.CRAWL, "1"), crawl=True)
+        again = CrawlStep(info2.stream_id, "l", first.walk_id, (0x68,), 8, 4, b"", walk.size)
+        with pytest.raises(FailedPrecondition, match="no walk"):
+            await pair.port.crawl_step(again)
+        assert pair.helper.core.task("l").budget.epsilon_spent == 34
