@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from svtagg.analyst.crawl import crawl, decode_string, encode_string
+from svtagg.analyst.crawl import decode_string, encode_string
 from svtagg.dp.crawl import CrawlPlan
 from svtagg.dp.errors import FailedPrecondition, InvalidArgument
 from svtagg.dp.kinds import StreamKind
@@ -74,7 +74,9 @@ class ServerOracle:
         self.walk_id, self.depth = "", 0
         self.refused: list[int] = []
 
-    async def level(self, candidates: list[int], prefix_bits: int, eps: Fraction, tau: int) -> list[bool]:
+    async def level(
+        self, candidates: list[int], prefix_bits: int, eps: Fraction, tau: int
+    ) -> list[bool]:
         steps = prefix_bits - self.depth
         parents = tuple(dict.fromkeys(c >> steps for c in candidates)) if self.depth else ()
         answer = await self.pair.leader.crawl_level(
@@ -85,7 +87,9 @@ class ServerOracle:
         return list(answer.above)
 
 
-async def walk(pair: ReferencePair, task_id: str, plan: CrawlPlan) -> tuple[list[str], ServerOracle]:
+async def walk(
+    pair: ReferencePair, task_id: str, plan: CrawlPlan
+) -> tuple[list[str], ServerOracle]:
     """`analyst.crawl.crawl`'s walk, level by level, through the leader."""
     oracle = ServerOracle(pair, task_id)
     answers: dict[int, list[bool]] = {}

@@ -27,6 +27,10 @@ from svtagg.servers.exchange.values import (
     ChunkKind,
     Compare,
     CompareAnswer,
+    CrawlAnswer,
+    CrawlLevel,
+    CrawlStep,
+    CrawlStepResult,
     NoiseBatch,
     NoisyMax,
     NoisyMaxAnswer,
@@ -88,6 +92,11 @@ EXCHANGES: list[tuple[wire.PeerCall[Any, Any], Any, Any]] = [
         VerifyBatch("t", (b"a" * 16, b"b" * 16), (b"leader prep share", b"")),
         VerifyResult((b"helper prep share", b""), b"\x00\x03", False, 11),
     ),
+    (
+        wire.CRAWL,
+        CrawlStep("s" * 32, "t", "w" * 32, (3, (1 << 255) + 7), 8, 4, b"x" * 256, 2),
+        CrawlStepResult(b"y" * 256),
+    ),
 ]
 
 
@@ -114,6 +123,9 @@ def test_analyst_values_come_back_from_their_bytes() -> None:
         (wire.ASK_ANSWER, AskAnswer(None, False, 10)),
         (wire.ASK_ANSWER, AskAnswer(0, True, 10)),
         (wire.COMPARE_ANSWER, CompareAnswer((Outcome.HIGH, Outcome.LOW, Outcome.CLOSE), True, 9)),
+        (wire.CRAWL_LEVEL, CrawlLevel("t", "", (), 0, 8, "1/8", 40)),
+        (wire.CRAWL_LEVEL, CrawlLevel("t", "w" * 32, (5, 1 << 200), 201, 3, "1", 1)),
+        (wire.CRAWL_ANSWER, CrawlAnswer("w" * 32, "s" * 32, (True,) + (False,) * 8, 2, 99)),
         (wire.TASK_INFO, TaskInfo(PARAMS, 1, True, INFO.budget, 0, False, INFO.budget, 2)),
         (
             wire.TASK_INFO,
@@ -216,6 +228,7 @@ def test_each_stream_kind_answers_one_chunk_kind() -> None:
         StreamKind.EXP3: ChunkKind.ASK,
         StreamKind.CTT: ChunkKind.COMPARE,
         StreamKind.NMAX: ChunkKind.NMAX,
+        StreamKind.CRAWL: ChunkKind.CRAWL,
     }
 
 
@@ -224,4 +237,6 @@ def test_chunk_kinds_are_the_work_tables_kinds() -> None:
     last migration that sets it leaves it) are the ChunkKind values."""
     found = re.findall(r"CHECK \(kind IN \(([^)]*)\)\)", inspect.getsource(store_pg_schema))
     assert found
-    assert {k.strip().strip("'") for k in found[-1].split(",")} == {k.value for k in ChunkKind}
+    # A crawl level's chunk runs in the leader's main process, never leased.
+    leased = {k.value for k in ChunkKind} - {ChunkKind.CRAWL.value}
+    assert {k.strip().strip("'") for k in found[-1].split(",")} == leased
