@@ -8,8 +8,9 @@ early (the levels not run are not spent).
 
 Strings reach the walk as B-bit integers: UTF-8, padded with zero bytes to
 B/8 bytes, most significant byte first, so that a prefix of the integer is a
-prefix of the string (`encode_string`, `decode_string`); a string longer than
-B/8 bytes, or holding a NUL byte (which the padding could not tell apart), is
+prefix of the string (`encode_string`, `decode_string`, from
+`client.strings`, where clients encode theirs); a string longer than B/8
+bytes, or holding a NUL byte (which the padding could not tell apart), is
 refused.
 
 Two level oracles: `LocalCrawlOracle` counts in the clear and adds both
@@ -31,32 +32,14 @@ from typing import Protocol
 
 import numpy as np
 
+from svtagg.client.strings import decode_string
+from svtagg.client.strings import encode_string as encode_string  # the walk's strings, re-exported
 from svtagg.dp.crawl import CrawlPlan, above, level_scale
 from svtagg.dp.errors import InvalidArgument
 from svtagg.dp.ledger import Ledger
 from svtagg.dp.noise import RandomSource
 from svtagg.vdaf.crawl import CrawlReports, PrefixDpf, level_counts, step_level
 from svtagg.vdaf.sparse import NONCE_SIZE, RAND_SIZE
-
-
-def encode_string(s: str, bits: int) -> int:
-    """The B-bit integer of a string (UTF-8, zero-padded to B/8 bytes)."""
-    if bits % 8:
-        raise InvalidArgument(f"string tasks take whole bytes: {bits} bits is not a multiple of 8")
-    raw = s.encode("utf-8")
-    if len(raw) > bits // 8:
-        raise InvalidArgument(
-            f"{s[:40]!r} is {len(raw)} bytes in UTF-8; this task takes strings of at most "
-            f"{bits // 8} bytes"
-        )
-    if b"\0" in raw:
-        raise InvalidArgument(f"{s[:40]!r} holds a NUL character, which the padding uses")
-    return int.from_bytes(raw.ljust(bits // 8, b"\0"), "big")
-
-
-def decode_string(x: int, bits: int) -> str:
-    """The string of a B-bit integer (undecodable bytes shown as U+FFFD)."""
-    return x.to_bytes(bits // 8, "big").rstrip(b"\0").decode("utf-8", errors="replace")
 
 
 class LevelOracle(Protocol):
@@ -194,7 +177,8 @@ class DpfCrawlOracle:
     evaluates its shares of the candidates' counts and its prep shares, the
     level's check drops the reports it refuses (on both), and the sum of the
     two count shares is thresholded with both servers' noise.  What the gRPC
-    servers will do, without the transport (they do not serve a crawl yet)."""
+    servers do (servers/crawl.py), without the transport or the garbled
+    comparison."""
 
     def __init__(
         self,

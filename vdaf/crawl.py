@@ -2,12 +2,10 @@
 hitters over unbounded domains), and one server's side of a walk over many
 reports (`CrawlReports`).
 
-**Status: the reports, their per-level check and a server's state over a walk
-are built and tested; the gRPC servers do not serve a crawl yet.**  The walk
-(`analyst.crawl`) and its privacy mechanism (`dp.crawl`, docs/privacy.md "The
-prefix crawl") run against two in-process `CrawlReports` (`analyst.crawl.
-DpfCrawlOracle`); what the servers still lack is listed in docs/vdaf.md
-("The prefix crawl").
+The walk (`analyst.crawl`) and its privacy mechanism (`dp.crawl`,
+docs/privacy.md "The prefix crawl") run against two in-process
+`CrawlReports` (`analyst.crawl.DpfCrawlOracle`) or through the gRPC servers
+(servers/crawl.py), each holding one `CrawlReports` per walk.
 
 A report for a string α of BITS bits is a key pair of the GGM tree of
 vdaf/sparse.py with an output and a proof correction at *every* level, so each
@@ -755,7 +753,7 @@ def ring_shares(count_shares: list[int], agg_id: int) -> npt.NDArray[np.uint64]:
     integers, to c + p unless a ≤ c — probability (c + 1)/p < 2^−107 for
     c < 2^20 once one honest report's (pseudorandom) share is in the sum — so
     server 0 takes (a mod 2^64) − 1 and server 1 b mod 2^64.  What the
-    servers' comparison of a level's counts will take (not used by them yet)."""
+    servers' comparison of a level's counts takes (servers/crawl.py)."""
     if agg_id not in (0, 1):
         raise SparseError("a server id of 0 or 1")
     low = np.array([x & _M64 for x in count_shares], dtype=np.uint64)
