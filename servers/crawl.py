@@ -237,11 +237,10 @@ class Walks:
             raise FailedPrecondition(f"walk {walk_id} has started already")
         bits = check_crawl_task(task)
 
-        def build() -> CrawlReports:
-            reports = load_reports(core, task)
-            return CrawlReports(bits, agg_id, task.verify_key, reports)
-
-        reports = await asyncio.to_thread(build)
+        # The store is read on the event loop (its connection is the loop's);
+        # the keys are decoded off it.
+        kept = load_reports(core, task)
+        reports = await asyncio.to_thread(CrawlReports, bits, agg_id, task.verify_key, kept)
         if walk_id in self._walks:  # a concurrent start of the same id
             raise FailedPrecondition(f"walk {walk_id} has started already")
         while len(self._walks) >= MAX_WALKS:

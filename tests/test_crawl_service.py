@@ -9,12 +9,14 @@ tests/test_crawl.py; the keys: tests/test_vdaf_crawl.py."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections import Counter
 from fractions import Fraction
 from pathlib import Path
 
 import pytest
+from conftest import pg_tagged
 
 from svtagg.analyst.crawl import decode_string, encode_string
 from svtagg.dp.crawl import CrawlPlan
@@ -25,6 +27,7 @@ from svtagg.servers.edge import wire
 from svtagg.servers.exchange.values import CrawlLevel, CrawlStep, OpenStream
 from svtagg.servers.ingest.validity import task_validity
 from svtagg.servers.reference import ReferencePair, reference_pair
+from svtagg.servers.store.postgres import PgStore
 from svtagg.vdaf.crawl import Level, PrefixDpf
 from svtagg.vdaf.sparse import NONCE_SIZE, RAND_SIZE
 
@@ -113,9 +116,18 @@ async def walk(
     return [decode_string(x, plan.bits) for x in kept], oracle
 
 
-async def test_a_walk_through_the_servers_finds_the_heavy_strings(tmp_path: Path) -> None:
+@pytest.mark.parametrize("store", ["sqlite", "postgres"])
+async def test_a_walk_through_the_servers_finds_the_heavy_strings(
+    tmp_path: Path, store: str
+) -> None:
+    """Both stores keep a crawl task's reports past the agreement."""
     words = population()
-    async with reference_pair(tmp_path) as pair:
+    async with contextlib.AsyncExitStack() as stack:
+        stores = None
+        if store == "postgres":
+            url, tag = stack.enter_context(pg_tagged())
+            stores = (PgStore(url, schema=f"l_{tag}"), PgStore(url, schema=f"h_{tag}"))
+        pair = await stack.enter_async_context(reference_pair(tmp_path, stores=stores))
         await pair.leader.create_task(wire.TASK_SPEC.from_pb(crawl_spec("w")))
         assert await upload(pair, "w", words) == (len(words), {})
         await pair.leader.close_collection("w")
