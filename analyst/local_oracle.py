@@ -209,7 +209,9 @@ class LocalOracle:
         if req.kind == StreamKind.NMAX:
             raise ValueError("a report-noisy-max is run with `noisy_max`, not a stream")
         if req.kind == StreamKind.CRAWL:
-            raise ValueError("a crawl level is run by the prefix crawl (analyst.crawl), not a stream")
+            raise ValueError(
+                "a crawl level is run by the prefix crawl (analyst.crawl), not a stream"
+            )
         self._check_floor(req.epsilon)
         joint = None
         if self.noise == JOINT:  # as the servers: the kind checked, the sampler's δ charged

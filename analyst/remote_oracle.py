@@ -278,7 +278,9 @@ class RemoteOracle:
         if req.kind == StreamKind.NMAX:
             raise ValueError("a report-noisy-max is run with `noisy_max`, not a stream")
         if req.kind == StreamKind.CRAWL:
-            raise ValueError("a crawl level is run by the prefix crawl (analyst.crawl), not a stream")
+            raise ValueError(
+                "a crawl level is run by the prefix crawl (analyst.crawl), not a stream"
+            )
         info = self._open(req, plan)
         return RemoteStream(self, info, req.kind, req.epsilon, req.delta)
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -12,6 +14,7 @@ if TYPE_CHECKING:
 
     from svtagg.client.journal import UploadJournal
     from svtagg.client.records import ReadStats
+    from svtagg.client.upload import Uploader
     from svtagg.proto import svtagg_pb2 as pb
 
 
@@ -35,7 +38,14 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="connect with server-only TLS (servers' --ingest-listen ports)",
     )
     u.add_argument("--task", required=True)
-    u.add_argument("--input", required=True, help=".npy or delimited text, one user per row")
+    u.add_argument(
+        "--input",
+        "--file",
+        dest="input",
+        required=True,
+        help=".npy or delimited text, one user per row; for a crawl task (validity crawl:B) "
+        "a UTF-8 text file of one string per line",
+    )
     u.add_argument(
         "--embedding",
         choices=["heavy_hitters", "sparse_mean", "marginals", "fp_loss"],
@@ -44,10 +54,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     u.add_argument(
         "--format",
-        choices=["matrix", "categories", "records"],
+        choices=["matrix", "categories", "records", "strings"],
         help="matrix: d values per row; categories: category ids per row (heavy_hitters); "
-        "records: raw records of the embedding. Default: the embedding's only format "
-        "(heavy_hitters must choose)",
+        "records: raw records of the embedding; strings: one string per line (UTF-8, at most "
+        "B/8 bytes, no blank line), the only format of a crawl task (validity crawl:B). "
+        "Default: the embedding's only format (heavy_hitters must choose; a crawl task's "
+        "strings, except for a .npy, .csv or .tsv input)",
     )
     u.add_argument(
         "--header",
@@ -142,7 +154,7 @@ def run_upload(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from svtagg.client.journal import UploadJournal, default_path, fingerprint
-    from svtagg.client.records import InputError, ReadStats, Spec, default_format, read_input
+    from svtagg.client.records import InputError, ReadStats
     from svtagg.client.upload import Resumable, Uploader, UploadError, UploadStats, task_circuit
     from svtagg.proto.tls import load_identity
 
@@ -164,42 +176,16 @@ def run_upload(args: argparse.Namespace) -> int:
 
     with Uploader(args.leader, args.helper, ca, cert, key, retries=args.retries) as up:
         info = up.task(args.task)
-        # The task's recorded embedding unless one is given (which must agree).
-        embedding = args.embedding
-        if embedding is None and info.spec.embedding not in ("", "vectors"):
-            embedding = info.spec.embedding
-        try:
-            up.checked_task(args.task, args.require_validation, embedding or "vectors", info=info)
-        except ValueError as exc:
-            if isinstance(exc, InputError) or not args.require_validation:
-                raise
-            raise ValueError(
-                f"{exc} (--no-require-validation uploads plain shares, which only the "
-                "servers' robust aggregates bound)"
-            ) from None
-        fmt = args.format or default_format(embedding)
-        if fmt is None:
-            source = "" if args.embedding else f" (the embedding task {args.task!r} records)"
-            raise InputError(
-                f"embedding {embedding}{source} needs --format categories (category ids per "
-                "row) or --format matrix (a 0/1 row of d values)"
-            )
-        d = int(info.spec.d)
-        if "d" in params and int(params.pop("d")) != d:
-            raise InputError(f"--param d disagrees with the task's d={d}")
-        # Every row must also fit the task's validity circuit: checked in pass 1.
-        spec = Spec(d, fmt, embedding, params, clip=args.clip, validity=task_circuit(info.spec))
+        validity = task_circuit(info.spec)
+        if args.format == "strings" or (validity is not None and validity.crawl):
+            source = _strings_source(args, info.spec, delimiter, params)
+        else:
+            source = _records_source(args, up, info, delimiter, params)
+        fmt, embedding, d = source.fmt, source.embedding, source.d
         batch = _batch_size(args, info.spec, recorded, journal_path)
 
         def blocks(stats: ReadStats) -> Any:
-            return read_input(
-                args.input,
-                spec,
-                batch=batch,
-                header=args.header,
-                delimiter=delimiter,
-                stats=stats,
-            )
+            return source.read(batch, stats)
 
         # The progress line redraws itself, so only on a terminal (no \r in logs).
         live = not args.quiet and sys.stderr.isatty()
@@ -210,16 +196,7 @@ def run_upload(args: argparse.Namespace) -> int:
             pass
         total = checked.rows
         size, digest = fingerprint(args.input)
-        options = {
-            "d": d,
-            "embedding": embedding,
-            "format": fmt,
-            "params": params,
-            "clip": args.clip,
-            "header": args.header,
-            "delimiter": delimiter,
-            "batch": batch,
-        }
+        options = {**source.options, "batch": batch}
         journal = UploadJournal(
             args.task, str(Path(args.input).resolve()), size, digest, options, total
         )
@@ -314,6 +291,118 @@ def run_upload(args: argparse.Namespace) -> int:
     return 0
 
 
+@dataclass(frozen=True)
+class _Source:
+    """What an upload reads and how: the format, the embedding, the task's d,
+    what turns the file's lines into reports (the journal's options, without
+    the batch size), and `read(batch, stats)`, the file's blocks, checked."""
+
+    fmt: str
+    embedding: str | None
+    d: int
+    options: dict[str, Any]
+    read: Callable[[int, ReadStats], Iterator[Any]]
+
+
+def _records_source(
+    args: argparse.Namespace,
+    up: Uploader,
+    info: pb.TaskInfo,
+    delimiter: str,
+    params: dict[str, Any],
+) -> _Source:
+    """Rows of numbers or category ids (`client.records`), for a task of
+    vectors: the embedding the task records unless one is given (which must
+    agree), the format it implies unless given, each row checked against the
+    task's validity circuit."""
+    from svtagg.client.records import InputError, Spec, default_format, read_input
+    from svtagg.client.upload import task_circuit
+
+    # The task's recorded embedding unless one is given (which must agree).
+    embedding = args.embedding
+    if embedding is None and info.spec.embedding not in ("", "vectors"):
+        embedding = info.spec.embedding
+    try:
+        up.checked_task(args.task, args.require_validation, embedding or "vectors", info=info)
+    except ValueError as exc:
+        if isinstance(exc, InputError) or not args.require_validation:
+            raise
+        raise ValueError(
+            f"{exc} (--no-require-validation uploads plain shares, which only the "
+            "servers' robust aggregates bound)"
+        ) from None
+    fmt = args.format or default_format(embedding)
+    if fmt is None:
+        source = "" if args.embedding else f" (the embedding task {args.task!r} records)"
+        raise InputError(
+            f"embedding {embedding}{source} needs --format categories (category ids per "
+            "row) or --format matrix (a 0/1 row of d values)"
+        )
+    d = int(info.spec.d)
+    if "d" in params and int(params.pop("d")) != d:
+        raise InputError(f"--param d disagrees with the task's d={d}")
+    # Every row must also fit the task's validity circuit: checked in pass 1.
+    spec = Spec(d, fmt, embedding, params, clip=args.clip, validity=task_circuit(info.spec))
+
+    def read(batch: int, stats: ReadStats) -> Iterator[Any]:
+        return read_input(
+            args.input, spec, batch=batch, header=args.header, delimiter=delimiter, stats=stats
+        )
+
+    options = {
+        "d": d,
+        "embedding": embedding,
+        "format": fmt,
+        "params": params,
+        "clip": args.clip,
+        "header": args.header,
+        "delimiter": delimiter,
+    }
+    return _Source(fmt, embedding, d, options, read)
+
+
+#: Input a crawl task does not take unless --format strings says it is strings.
+_NOT_STRINGS = (".npy", ".csv", ".tsv")
+
+
+def _strings_source(
+    args: argparse.Namespace, spec: pb.TaskSpec, delimiter: str, params: dict[str, Any]
+) -> _Source:
+    """One string per line (`client.strings.read_strings`), for a crawl task
+    (validity crawl:B): refused, in one line, for another task, with another
+    --format or --embedding, with options that do not apply to strings, and
+    — without --format strings — for a .npy, .csv or .tsv input."""
+    from pathlib import Path
+
+    from svtagg.client.records import InputError
+    from svtagg.client.strings import STRINGS_FORMAT, check_strings_upload, read_strings
+
+    bits = check_strings_upload(spec, args.format, args.embedding)
+    suffix = Path(args.input).suffix.lower()
+    if args.format is None and suffix in _NOT_STRINGS:
+        raise InputError(
+            f"task {args.task!r} is a crawl task (validity {spec.validity}): it takes a text "
+            f"file of strings, one per line, not {suffix} input (--format strings reads "
+            f"{args.input} as one string per line)"
+        )
+    unused = ["--clip"] * args.clip + ["--delimiter"] * (delimiter != ",")
+    unused += [f"--param {k}" for k in params]
+    if unused:
+        raise InputError(f"{', '.join(unused)}: does not apply to strings (one per line)")
+
+    def read(batch: int, stats: ReadStats) -> Iterator[Any]:
+        return read_strings(args.input, bits, batch=batch, header=args.header, stats=stats)
+
+    options = {
+        "d": int(spec.d),
+        "embedding": STRINGS_FORMAT,
+        "format": STRINGS_FORMAT,
+        "bits": bits,
+        "header": args.header,
+    }
+    return _Source(STRINGS_FORMAT, STRINGS_FORMAT, int(spec.d), options, read)
+
+
 def _recorded(args: argparse.Namespace, journal_path: Path) -> UploadJournal | None:
     """The journal of this upload if one exists (an `UploadJournal`), refusing a
     run it blocks: a rerun without --resume, or a --resume without one."""
@@ -403,8 +492,13 @@ def _summary(out: dict[str, Any], held: str, checked: ReadStats) -> str:
     if out["proofs"]:
         # The helper counts a report once the leader has verified it with it.
         refused = ", ".join(f"{k} {v}" for k, v in sorted(out["rejected"].items()))
+        what = (
+            f"{out['proofs']} strings' first level"
+            if out["format"] == "strings"
+            else f"{out['proofs']} proofs"
+        )
         line += (
-            f"; {out['proofs']} proofs checked by both servers, "
+            f"; {what} checked by both servers, "
             f"{sum(out['rejected'].values())} refused{f' ({refused})' if refused else ''}"
         )
     if checked.clipped:

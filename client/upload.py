@@ -17,7 +17,7 @@ import hashlib
 import os
 import secrets
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,6 +53,9 @@ from svtagg.vdaf.circuits import MeasurementError
 from svtagg.vdaf.validity import Validity, ValidityError, parse_validity
 
 RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
+#: A block of an upload's rows: values in [0, 1]^d (m × d), or for a crawl
+#: task strings as B-bit integers (`client.strings.encode_string`).
+Rows = npt.NDArray[np.float64] | list[int]
 
 
 @dataclass(frozen=True)
@@ -95,6 +98,15 @@ class UploadKey:
         out = b""
         for block in range(-(-size // 64)):
             out += self._prf(b"svtagg-prio3-%d" % block, msg, 64)
+        return out[:size]
+
+    def crawl_rand(self, row: int, value: int, size: int) -> bytes:
+        """Row `row`'s DPF key randomness for a crawl task's string (its B-bit
+        integer `value`), bound to the value as `seed` is."""
+        msg = row.to_bytes(8, "big") + value.to_bytes(32, "big")
+        out = b""
+        for block in range(-(-size // 64)):
+            out += self._prf(b"svtagg-crawl-%d" % block, msg, 64)
         return out[:size]
 
 
@@ -164,11 +176,48 @@ def _proof_batch(
         # file check every row first (`client.records.check_circuit`).
         check_grid(rows, validity, first_row + 1)
         raise InputError(f"a row does not fit the task's validity circuit: {exc}") from None
+    return _report_batch(task_id, ids, shards, key is not None)
+
+
+def _report_batch(
+    task_id: str, ids: Sequence[bytes], shards: Sequence[tuple[bytes, bytes, bytes]], keyed: bool
+) -> Batch:
+    """Reports with a public share and one input share per server, which the
+    helper must hold before the leader checks them with it (`Batch.proofs`)."""
     lead, help_ = pb.UploadBatch(task_id=task_id), pb.UploadBatch(task_id=task_id)
     for rid, (public, leader, helper) in zip(ids, shards, strict=True):
         lead.reports.add(report_id=rid, input_share=leader, public_share=public)
         help_.reports.add(report_id=rid, input_share=helper, public_share=public)
-    return Batch(lead, help_, keyed=key is not None, proofs=True)
+    return Batch(lead, help_, keyed=keyed, proofs=True)
+
+
+def make_string_batch(
+    task_id: str,
+    values: Sequence[int],
+    validity: Validity,
+    key: UploadKey | None = None,
+    first_row: int = 0,
+) -> Batch:
+    """A crawl task's reports (validity crawl:B) of strings as B-bit integers
+    (`client.strings.encode_string`): per string, the incremental DPF's public
+    share and one key per server (`Validity.shard_strings`), the report id its
+    nonce.  With `key`, the strings are rows first_row, first_row + 1, ... of
+    that upload and their ids and randomness are the key's."""
+    if not validity.crawl:
+        raise InputError(f"strings go to a crawl task (validity crawl:B), not {validity.name}")
+    for i, v in enumerate(values):
+        if not 0 <= int(v) < 1 << validity.bits:
+            raise InputError(f"row {first_row + i + 1}: not a string of {validity.bits} bits")
+    numbers = range(first_row, first_row + len(values))
+    if key is None:
+        ids = [os.urandom(REPORT_ID_BYTES) for _ in numbers]
+        rands = None
+    else:
+        size = validity.rand_size
+        ids = [key.report_id(i) for i in numbers]
+        rands = [key.crawl_rand(i, int(v), size) for i, v in zip(numbers, values, strict=True)]
+    shards = validity.shard_strings([int(v) for v in values], ids, rands)
+    return _report_batch(task_id, ids, shards, key is not None)
 
 
 @dataclass
@@ -225,6 +274,7 @@ __all__ = [
     "Uploader",
     "batch_bound",
     "make_batch",
+    "make_string_batch",
 ]
 
 
@@ -382,11 +432,18 @@ class Uploader:
         require_validation: refuse (ValueError) a task that does not range-check
         its reports — a client's own protection against a task set up so that a
         malicious client could reverse comparisons (docs/threat-model.md)."""
+        if isinstance(values, list | tuple) and values and isinstance(values[0], str):
+            raise InputError("strings are uploaded to a crawl task with upload_strings")
         matrix = np.atleast_2d(np.asarray(values, dtype=np.float64))
         if matrix.ndim != 2:
             raise InputError(f"expected an n x d matrix, got shape {matrix.shape}")
         check_range(matrix, 0.0, 1.0, 1, "values must lie in [0, 1]", False, ReadStats())
         info = self.checked_task(task_id, require_validation)
+        if _is_crawl(info.spec):
+            raise InputError(
+                f"task {task_id!r} is a crawl task (validity {info.spec.validity}): its "
+                "clients upload strings, with upload_strings"
+            )
         if matrix.shape[1] != info.spec.d:
             raise InputError(f"rows have {matrix.shape[1]} values, task has d={info.spec.d}")
         validity = task_circuit(info.spec)
@@ -396,6 +453,38 @@ class Uploader:
         return self.upload_blocks(
             task_id, _blocks(matrix, size), total=matrix.shape[0], progress=progress, info=info
         )
+
+    def upload_strings(
+        self,
+        task_id: str,
+        strings: Iterable[str],
+        *,
+        batch_size: int = 1000,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> UploadStats:
+        """Upload one string per user to a crawl task (validity crawl:B), each
+        as a report of an incremental verifiable DPF (helper first, then the
+        leader, which checks its first level with the helper at ingest).
+
+        Every string is checked before anything is sent: one that is not a
+        str, longer than B/8 bytes in UTF-8 or holding NUL is refused
+        (`InputError` naming its row, 1-based).  Random report ids and no
+        journal, as `upload`; `upload_blocks(..., resume=...)` with blocks of
+        `client.strings.encode_strings` gives a resumable upload."""
+        from svtagg.client.strings import STRINGS_FORMAT, check_strings_upload, encode_strings
+
+        if isinstance(strings, str | bytes):
+            raise InputError("upload_strings takes a list of strings (one per user), not one")
+        if batch_size < 1:
+            raise ValueError(f"batch size must be >= 1, got {batch_size}")
+        info = self.checked_task(task_id, False)
+        bits = check_strings_upload(info.spec, STRINGS_FORMAT, None)
+        values = encode_strings(strings, bits)
+        if not values:
+            raise InputError("no strings to upload")
+        size = min(batch_size, batch_bound(info.spec))
+        blocks = [values[i : i + size] for i in range(0, len(values), size)]
+        return self.upload_blocks(task_id, blocks, total=len(values), progress=progress, info=info)
 
     def checked_task(
         self,
@@ -426,7 +515,7 @@ class Uploader:
     def upload_blocks(
         self,
         task_id: str,
-        blocks: Iterable[npt.NDArray[np.float64]],
+        blocks: Iterable[Rows],
         *,
         total: int | None = None,
         progress: Callable[[int, int], None] | None = None,
@@ -443,9 +532,10 @@ class Uploader:
         width or with values outside [0, 1] raises InputError; blocks sent
         before it stay uploaded (`stats` says how many, also after an
         interrupt).  With `resume` the blocks are the upload's rows from its
-        `first_row` on, and a batch a server already holds counts as held there."""
+        `first_row` on, and a batch a server already holds counts as held there.
+        A crawl task's blocks are lists of strings as B-bit integers
+        (`client.strings.encode_strings`), each sent as `make_string_batch`."""
         info = info if info is not None else self.checked_task(task_id, require_validation)
-        d = info.spec.d
         validity = task_circuit(info.spec)
         most = batch_bound(info.spec)
         stats = stats if stats is not None else UploadStats()
@@ -460,9 +550,7 @@ class Uploader:
                 inflight = self._to_leader(inflight, stats)
             batch = None
             if block is not None:
-                if block.ndim != 2 or block.shape[1] != d:
-                    raise InputError(f"rows have {block.shape[-1]} values, task has d={d}")
-                batch = make_batch(task_id, block, info.spec.frac_bits, key, row, validity)
+                batch = _batch_of(task_id, block, info.spec, validity, key, row)
                 row += len(batch)
                 # On a resume, a server that acknowledged these rows is not asked again.
                 which = tuple(i for i in (0, 1) if key is None or stats.held[i] < row)
@@ -485,6 +573,33 @@ class Uploader:
                 inflight = None
         stats.seconds = time.perf_counter() - start
         return stats
+
+
+def _batch_of(
+    task_id: str,
+    block: Rows,
+    spec: pb.TaskSpec,
+    validity: Validity | None,
+    key: UploadKey | None,
+    row: int,
+) -> Batch:
+    """One block's batch: strings for a crawl task, rows of [0, 1]^d otherwise."""
+    if validity is not None and validity.crawl:
+        if isinstance(block, np.ndarray):
+            raise InputError(
+                f"task {task_id!r} is a crawl task (validity {spec.validity}): its reports are "
+                "strings, not rows of numbers"
+            )
+        return make_string_batch(task_id, block, validity, key, row)
+    if not isinstance(block, np.ndarray) or block.ndim != 2 or block.shape[1] != int(spec.d):
+        width = block.shape[-1] if isinstance(block, np.ndarray) else "no"
+        raise InputError(f"rows have {width} values, task has d={spec.d}")
+    return make_batch(task_id, block, spec.frac_bits, key, row, validity)
+
+
+def _is_crawl(spec: pb.TaskSpec) -> bool:
+    validity = task_circuit(spec)
+    return validity is not None and validity.crawl
 
 
 def batch_bound(spec: pb.TaskSpec) -> int:
@@ -519,20 +634,16 @@ def task_circuit(spec: pb.TaskSpec) -> Validity | None:
         raise InputError(f"task {spec.task_id!r}: {exc} (a newer server? upgrade svtagg)") from None
 
 
-def _pieces(
-    blocks: Iterable[npt.NDArray[np.float64]], most: int
-) -> Iterator[npt.NDArray[np.float64]]:
+def _pieces(blocks: Iterable[Rows], most: int) -> Iterator[Rows]:
     """The blocks, each cut into pieces of at most `most` rows."""
     for block in blocks:
-        if block.ndim == 2 and block.shape[0] > most:
-            yield from (block[i : i + most] for i in range(0, block.shape[0], most))
+        if (not isinstance(block, np.ndarray) or block.ndim == 2) and len(block) > most:
+            yield from (block[i : i + most] for i in range(0, len(block), most))
         else:
             yield block
 
 
-def _with_end(
-    blocks: Iterable[npt.NDArray[np.float64]],
-) -> Iterator[npt.NDArray[np.float64] | None]:
+def _with_end(blocks: Iterable[Rows]) -> Iterator[Rows | None]:
     yield from blocks
     yield None
 

@@ -124,6 +124,40 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "--wait", action="store_true", help="wait until it is made (progress on stderr)"
     )
     prep.set_defaults(handler=run_prepare_noise)
+    crawl = asub.add_parser(
+        "crawl",
+        help="heavy hitters over strings (a crawl:B task): walk the strings' prefixes "
+        "through the servers; prints the strings found",
+        description="The prefix crawl through the servers: ⌈B/stride⌉ levels, each "
+        "extending the prefixes kept so far by --stride bits and keeping those whose noisy "
+        "count (each server's discrete Laplace noise) is at least --tau, at ε/levels each, "
+        "charged on both servers' ledgers as each level runs. Prints one line per level on "
+        "stderr, the strings found on stdout (one per line), then the ε spent and why the "
+        "walk stopped early, if it did. The task's collection must be closed.",
+    )
+    _common(crawl)
+    crawl.add_argument(
+        "--epsilon", required=True, type=exact, help="the walk's ε, split evenly over its levels"
+    )
+    crawl.add_argument(
+        "--stride", type=positive_int, default=8, help="bits each level adds (1 to 8)"
+    )
+    crawl.add_argument(
+        "--tau",
+        type=positive_int,
+        default=None,
+        help="the count threshold τ (users); default: the plan's false-positive floor, the "
+        "least τ at which a level of max-kept × 2^stride strings nobody holds expects at "
+        "most 0.05 above it",
+    )
+    crawl.add_argument(
+        "--max-kept",
+        type=positive_int,
+        default=64,
+        help="the most prefixes a level may keep; more above τ ends the walk (raise --tau "
+        "or --epsilon); max-kept × 2^stride is at most 65,536",
+    )
+    crawl.set_defaults(handler=run_crawl)
     cmds = _choices(analyst)
     for name, handler in (("describe", run_describe), ("close", run_close)):
         if name in cmds:
@@ -338,9 +372,17 @@ def run_create(args: argparse.Namespace) -> int:
         )
     elif validity == "none":
         validity = ""
+    d = args.d
+    if d is None:
+        if not validity.startswith("crawl:"):
+            raise ValueError(
+                "create-task needs --d, the task's dimension (only a crawl task, "
+                "--validity crawl:B, has d = 1 without it)"
+            )
+        d = 1
     spec = task_spec(
         args.task,
-        args.d,
+        d,
         args.n_max,
         args.epsilon,
         frac_bits=args.frac_bits,
@@ -366,3 +408,116 @@ def run_create(args: argparse.Namespace) -> int:
     if chosen:  # said once the task exists (a refusal stays one line)
         print(chosen, file=sys.stderr)
     return _emit(args, state.to_json(), str(state))
+
+
+def _shown(s: str) -> str:
+    """A found string as one line of output (escaped if it holds a control character)."""
+    return s if s.isprintable() else repr(s)
+
+
+def run_crawl(args: argparse.Namespace) -> int:
+    """`svtagg analyst crawl`: `TaskHandle.heavy_strings` with a line per level."""
+    import time
+
+    from svtagg.deploy.connection import crawl_plan
+    from svtagg.dp.errors import InvalidArgument
+
+    start = time.perf_counter()
+    with _deployment(args) as dep:
+        task = dep.task(args.task)
+        view = task.state()
+        try:  # a bad invocation (exit 2), before anything is spent
+            bits = task.crawl_bits(view)
+            plan = crawl_plan(bits, args.epsilon, args.stride, args.tau, args.max_kept)
+        except InvalidArgument as exc:
+            raise ValueError(str(exc)) from None
+        floor = " (the plan's false-positive floor)" if args.tau is None else ""
+        print(
+            f"crawl of task {args.task} (strings of {bits} bits): {plan.levels} levels of "
+            f"{plan.stride} bits at ε {plan.level_epsilon} each (ε {plan.epsilon}), "
+            f"τ = {plan.threshold}{floor}, at most {plan.max_kept} kept per level",
+            file=sys.stderr,
+            flush=True,
+        )
+
+        def level_done(r: Any) -> None:
+            print(
+                f"  level {r.level}/{plan.levels}: {r.prefix_bits} prefix bits, "
+                f"{r.candidates:,} candidates, {r.kept:,} kept "
+                f"({time.perf_counter() - start:.1f}s)",
+                file=sys.stderr,
+                flush=True,
+            )
+
+        try:
+            result = task.heavy_strings(
+                plan.epsilon,
+                stride=plan.stride,
+                threshold=plan.threshold,
+                max_kept=plan.max_kept,
+                progress=level_done,
+            )
+        except Exception:
+            st = task.crawl_stats
+            if st is not None and st.levels:
+                print(
+                    f"the walk failed after {st.levels} level(s), which spent ε "
+                    f"{st.epsilon_spent} on both servers' ledgers",
+                    file=sys.stderr,
+                )
+            raise
+        stats = task.crawl_stats
+        left = task.budget().exact
+    assert stats is not None
+    whole = bits % 8 == 0
+    found = [_shown(s) for s in result.strings()] if whole else []
+    width = (bits + 3) // 4
+    values = [f"{x:0{width}x}" for x in result.found]
+    task_left = left["epsilon_total"] - left["epsilon_spent"]
+    data = {
+        "task": args.task,
+        "bits": bits,
+        "stride": plan.stride,
+        "tau": plan.threshold,
+        "max_kept": plan.max_kept,
+        "found": result.strings() if whole else None,
+        "values": values,
+        "levels": [
+            {
+                "level": r.level,
+                "prefix_bits": r.prefix_bits,
+                "candidates": r.candidates,
+                "kept": r.kept,
+                "refused": stats.refused_at.get(r.level, 0),
+            }
+            for r in result.levels
+        ],
+        "stopped": result.stopped or None,
+        "epsilon": float(plan.epsilon),
+        "epsilon_spent": float(result.epsilon_spent),
+        "task_epsilon_left": float(task_left),
+        "refused": stats.refused,
+        "peer_bytes": stats.peer_bytes,
+        "seconds": round(time.perf_counter() - start, 3),
+        "exact": {
+            "epsilon": str(plan.epsilon),
+            "level_epsilon": str(plan.level_epsilon),
+            "epsilon_spent": str(result.epsilon_spent),
+            "task_epsilon_left": str(task_left),
+        },
+    }
+    if args.json:
+        print(json.dumps(data))
+        return 0
+    for line in found if whole else values:
+        print(line)
+    stopped = f"; stopped early: {result.stopped}" if result.stopped else ""
+    print(
+        f"{len(result.found)} string(s) found; ε {_num(result.epsilon_spent)} spent of the "
+        f"walk's {_num(plan.epsilon)} over {len(result.levels)} of {plan.levels} levels "
+        f"(ε {_num(task_left)} left on the task){stopped}; {stats.refused} reports refused by "
+        f"the levels' checks, {stats.peer_bytes / 1e6:.1f} MB between the servers, "
+        f"{time.perf_counter() - start:.1f}s",
+        file=sys.stderr,
+    )
+    return 0

@@ -31,20 +31,32 @@ import grpc
 import numpy as np
 import numpy.typing as npt
 
+from svtagg.analyst.crawl import CrawlResult, LevelRecord, crawl, false_positive_floor
+from svtagg.analyst.remote_crawl import CrawlStats, RemoteCrawlOracle
 from svtagg.analyst.remote_oracle import RemoteOracle
 from svtagg.client.journal import UploadJournal
 from svtagg.client.records import InputError, ReadStats, Spec, default_format, embed_block
-from svtagg.client.upload import Resumable, Uploader, UploadStats, batch_bound, task_circuit
+from svtagg.client.strings import STRINGS_FORMAT, check_strings_upload, encode_strings
+from svtagg.client.upload import (
+    Resumable,
+    Rows,
+    Uploader,
+    UploadStats,
+    batch_bound,
+    task_circuit,
+)
 from svtagg.deploy.algorithms import RunFlags, run_algorithm
 from svtagg.deploy.tasks import TaskOptions, default_validity, task_spec
+from svtagg.dp.crawl import CrawlPlan
 from svtagg.dp.errors import (
     AlreadyExists,
+    BudgetExhausted,
     FailedPrecondition,
     InvalidArgument,
     NotFound,
     Refusal,
 )
-from svtagg.dp.kinds import StreamKind
+from svtagg.dp.kinds import StreamKind, as_fraction
 from svtagg.proto import svtagg_pb2 as pb
 from svtagg.proto import svtagg_pb2_grpc as pb_grpc
 from svtagg.proto.tls import load_identity, tls_target
@@ -56,6 +68,7 @@ from svtagg.proto.vocab import (
     check_address,
     refusal_from_rpc,
 )
+from svtagg.vdaf.validity import parse_validity
 
 __all__ = [
     "BudgetView",
@@ -265,6 +278,9 @@ class TaskHandle:
         self.deployment = deployment
         self.task_id = task_id
         self._oracle: RemoteOracle | None = None
+        #: What the last `heavy_strings` walk cost (levels, ε, refused reports,
+        #: bytes between the servers), also after a walk that failed midway.
+        self.crawl_stats: CrawlStats | None = None
 
     def __repr__(self) -> str:
         return f"TaskHandle({self.task_id!r})"
@@ -392,6 +408,83 @@ class TaskHandle:
                 raise TimeoutError(f"{status.pending:,} samples still pending after {timeout} s")
             request.count = 0  # the level is asked for: from now on, only report
             time.sleep(1.0)
+
+    def crawl_bits(self, view: TaskView | None = None) -> int:
+        """B of a crawl task (validity crawl:B); InvalidArgument for another task."""
+        view = view if view is not None else self.state()
+        try:
+            validity = parse_validity(view.validity, view.d, view.frac_bits, view.embedding)
+        except ValueError as exc:
+            raise InvalidArgument(f"task {self.task_id!r}: {exc}") from None
+        if validity is None or not validity.crawl:
+            raise InvalidArgument(
+                f"task {self.task_id!r} is not a crawl task (validity {view.validity or 'none'}): "
+                "heavy_strings walks a task of strings, created with validity crawl:B"
+            )
+        return validity.bits
+
+    def crawl_oracle(self, bits: int | None = None) -> RemoteCrawlOracle:
+        """A `analyst.crawl.LevelOracle` over this task through the leader
+        (`svtagg.analyst.crawl.crawl` walks it): one walk, level 1 first."""
+        return RemoteCrawlOracle(self.deployment._stub, self.task_id, bits=bits)
+
+    def heavy_strings(
+        self,
+        epsilon: float | str | Fraction,
+        *,
+        stride: int = 8,
+        threshold: int | None = None,
+        max_kept: int = 64,
+        progress: Callable[[LevelRecord], None] | None = None,
+    ) -> CrawlResult:
+        """Heavy hitters over the strings of a crawl task (validity crawl:B),
+        by the prefix crawl through the servers (`analyst.crawl.crawl`, as
+        `svtagg analyst crawl` runs it): ⌈B/stride⌉ levels, each extending
+        the kept prefixes by `stride` bits at ε/levels, keeping those whose
+        noisy count is at least `threshold` (None: the plan's false-positive
+        floor, `false_positive_floor(ε/levels, max_kept · 2^stride)`, at least
+        1).  A level keeping more than `max_kept` prefixes, or none, ends the
+        walk early (`stopped` says why; the levels not run are not spent).
+        Returns the `CrawlResult`: `strings()` the heavy strings, `found`
+        them as B-bit integers, `levels` each level's sizes, `epsilon_spent`.
+        `progress` sees each level's `LevelRecord` as it ends.
+
+        Checked before any level runs, nothing spent: a task that is not a
+        crawl task, or still collecting, a plan out of range (InvalidArgument)
+        and an ε above what the leader's ledger has left (BudgetExhausted).
+        Each level charges its ε on both servers as it runs, so a walk that
+        fails midway (a server lost) has spent the levels it ran:
+        `crawl_stats` says what."""
+        view = self.state()
+        bits = self.crawl_bits(view)
+        if view.collecting:
+            raise FailedPrecondition(
+                f"task {self.task_id!r} is still collecting: close its collection before walking"
+            )
+        plan = crawl_plan(bits, epsilon, stride, threshold, max_kept)
+        left = view.budget.exact["epsilon_total"] - view.budget.exact["epsilon_spent"]
+        if plan.epsilon > left:
+            raise BudgetExhausted(
+                f"the walk's ε {plan.epsilon} is more than the {left} task "
+                f"{self.task_id!r} has left: nothing spent"
+            )
+        oracle = self.crawl_oracle(bits)
+        self.crawl_stats = oracle.stats
+        return crawl(oracle, plan, progress)
+
+    def upload_strings(
+        self,
+        strings: Any,
+        *,
+        batch: int = 1000,
+        journal: str | Path | bool | None = None,
+        resume: bool = False,
+    ) -> UploadStats:
+        """Upload one string per user to this crawl task: `Deployment.upload`
+        with fmt="strings" (checked, journaled and counted once as it is)."""
+        return self.deployment.upload(
+            self.task_id, strings, fmt=STRINGS_FORMAT, batch=batch, journal=journal, resume=resume
+        )
 
     def close(self) -> None:
         if self._oracle is not None:
@@ -525,18 +618,40 @@ class Deployment:
         sent) instead of counted twice, and an interrupted upload is refused
         (FailedPrecondition) until `resume=True` continues it.  `journal=PATH`
         keeps it elsewhere; `journal=False` keeps none: every call then counts
-        its rows as new users."""
+        its rows as new users.
+
+        A crawl task (validity crawl:B) takes strings instead, one per user
+        (a list of str, a pandas Series or one-column DataFrame; `fmt`
+        "strings" or None; `TaskHandle.upload_strings` is the same call): each
+        is refused, naming its row, when longer than B/8 bytes in UTF-8 or
+        holding NUL, and fmt="strings" for another task is refused too
+        (InputError, nothing sent)."""
         if self.helper is None:
             raise InvalidArgument("upload needs the helper's address: connect(..., helper=...)")
-        fmt = fmt or default_format(embedding)
-        if fmt is None:
-            raise InputError(f"embedding {embedding} needs fmt='categories' or fmt='matrix'")
+        given = fmt
+        if fmt != STRINGS_FORMAT:
+            fmt = fmt or default_format(embedding)
+            if fmt is None:
+                raise InputError(f"embedding {embedding} needs fmt='categories' or fmt='matrix'")
         ident = load_identity(self.client_certs, Role.CLIENT)
         with Uploader(self.leader, self.helper, ident.ca, ident.cert, ident.key) as up:
             try:
-                info = up.checked_task(task_id, False, embedding or "vectors")
+                info = up.task(task_id)
             except grpc.RpcError as exc:
                 raise refusal_from_rpc(exc) from None
+            validity = task_circuit(info.spec)
+            if fmt == STRINGS_FORMAT or (validity is not None and validity.crawl):
+                unused = ["clip"] * clip + [f"{k}=" for k in sorted(params)]
+                bits = check_strings_upload(info.spec, given, embedding, unused)
+                size = max(1, min(batch, batch_bound(info.spec)))
+                values = encode_strings(_string_rows(data), bits)
+                if not values:
+                    raise InputError("no strings to upload")
+                blocks: list[Rows] = [values[i : i + size] for i in range(0, len(values), size)]
+                options = {"format": STRINGS_FORMAT, "bits": bits, "batch": size}
+                job = _Job(task_id, blocks, info, options, ident.ca)
+                return _upload_job(up, job, journal, resume)
+            info = up.checked_task(task_id, False, embedding or "vectors", info=info)
             spec = Spec(
                 int(info.spec.d), fmt, embedding, params, clip=clip,
                 validity=task_circuit(info.spec),
@@ -552,20 +667,40 @@ class Deployment:
                 raise InputError("no rows to upload")
             options = {"d": spec.d, "embedding": embedding, "format": fmt, "params": params,
                        "clip": clip, "batch": size}  # fmt: skip
-            if journal is False:
-                return _send(up, task_id, blocks, info)
-            # A deployment is its CA: the same rows to another deployment's
-            # task of the same name are another upload.
-            digest = _digest(blocks, {**options, "ca": hashlib.sha256(ident.ca).hexdigest()})
-            path = Path(journal) if isinstance(journal, str | Path) else None
-            path = path or upload_journal_path(task_id, digest)
-            return _journaled(up, task_id, blocks, info, path, digest, options, resume)
+            return _upload_job(up, _Job(task_id, blocks, info, options, ident.ca), journal, resume)
+
+
+@dataclass(frozen=True)
+class _Job:
+    """An upload of Python data, its rows checked and cut into batches: the
+    task, the blocks, the task's info, what made the rows (the journal's
+    options) and the deployment's CA."""
+
+    task_id: str
+    blocks: list[Rows]
+    info: pb.TaskInfo
+    options: dict[str, Any]
+    ca: bytes
+
+
+def _upload_job(
+    up: Uploader, job: _Job, journal: str | Path | bool | None, resume: bool
+) -> UploadStats:
+    """Send `job` under its journal (see `Deployment.upload`), or without one."""
+    if journal is False:
+        return _send(up, job.task_id, job.blocks, job.info)
+    # A deployment is its CA: the same rows to another deployment's task of
+    # the same name are another upload.
+    digest = _digest(job.blocks, {**job.options, "ca": hashlib.sha256(job.ca).hexdigest()})
+    path = Path(journal) if isinstance(journal, str | Path) else None
+    path = path or upload_journal_path(job.task_id, digest)
+    return _journaled(up, job.task_id, job.blocks, job.info, path, digest, job.options, resume)
 
 
 def _send(
     up: Uploader,
     task_id: str,
-    blocks: list[npt.NDArray[np.float64]],
+    blocks: list[Rows],
     info: pb.TaskInfo,
     resume: Resumable | None = None,
     stats: UploadStats | None = None,
@@ -576,11 +711,15 @@ def _send(
         raise refusal_from_rpc(exc) from None
 
 
-def _digest(blocks: list[npt.NDArray[np.float64]], options: dict[str, Any]) -> str:
-    """SHA-256 of the embedded rows and the options that made them."""
+def _digest(blocks: list[Rows], options: dict[str, Any]) -> str:
+    """SHA-256 of the embedded rows (or strings, as their integers) and the
+    options that made them."""
     h = hashlib.sha256(json.dumps(options, sort_keys=True, default=str).encode())
     for b in blocks:
-        h.update(np.ascontiguousarray(b, dtype=np.float64).tobytes())
+        if isinstance(b, np.ndarray):
+            h.update(np.ascontiguousarray(b, dtype=np.float64).tobytes())
+        else:
+            h.update(b"".join(int(v).to_bytes(32, "big") for v in b))
     return h.hexdigest()
 
 
@@ -594,7 +733,7 @@ def upload_journal_path(task_id: str, digest: str) -> Path:
 def _journaled(
     up: Uploader,
     task_id: str,
-    blocks: list[npt.NDArray[np.float64]],
+    blocks: list[Rows],
     info: pb.TaskInfo,
     path: Path,
     digest: str,
@@ -641,14 +780,38 @@ def _journaled(
     return _send(up, task_id, rest, info, Resumable(fresh.upload_key, start, record), stats)
 
 
-def _rows_from(blocks: list[npt.NDArray[np.float64]], start: int) -> list[npt.NDArray[np.float64]]:
+def _rows_from(blocks: list[Rows], start: int) -> list[Rows]:
     """The blocks' rows from row `start` on."""
-    out, seen = [], 0
+    out: list[Rows] = []
+    seen = 0
     for b in blocks:
         if seen + len(b) > start:
             out.append(b[max(0, start - seen) :])
         seen += len(b)
     return out
+
+
+def crawl_plan(
+    bits: int,
+    epsilon: float | str | Fraction,
+    stride: int = 8,
+    threshold: int | None = None,
+    max_kept: int = 64,
+) -> CrawlPlan:
+    """A walk's plan over strings of `bits` bits, every figure checked
+    (InvalidArgument); threshold None: the plan's false-positive floor,
+    `false_positive_floor(ε/levels, max_kept · 2^stride)`, at least 1."""
+    try:
+        eps = as_fraction(epsilon, "epsilon")
+        plan = CrawlPlan(bits, stride, eps, 1 if threshold is None else threshold, max_kept)
+        if threshold is None:
+            floor = false_positive_floor(plan.level_epsilon, max_kept << stride)
+            plan = replace(plan, threshold=max(1, floor))
+    except InvalidArgument:
+        raise
+    except (TypeError, ValueError) as exc:
+        raise InvalidArgument(str(exc)) from None
+    return plan
 
 
 def connect(
@@ -696,6 +859,18 @@ def plan_json(p: pb.PlanInfo) -> dict[str, str]:
         "refunded_epsilon": p.refunded_epsilon or "0",
         "refunded_delta": p.refunded_delta or "0",
     }
+
+
+def _string_rows(data: Any) -> list[Any]:
+    """Strings as one entry per user: a list or any iterable of str, a pandas
+    Series, a one-column DataFrame, a numpy array of str."""
+    if isinstance(data, str | bytes):
+        raise InputError("strings: a list of strings (one per user), not one string")
+    if hasattr(data, "itertuples"):  # pandas DataFrame: its one column, not its labels
+        if len(data.columns) != 1:
+            raise InputError(f"strings: a DataFrame of one column, got {len(data.columns)}")
+        data = data.iloc[:, 0]
+    return list(data.tolist() if hasattr(data, "tolist") else data)
 
 
 def _category_rows(data: Any) -> list[Any]:

@@ -53,7 +53,13 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
     c = asub.add_parser("create-task", help="create a task on both servers")
     common(c)
-    c.add_argument("--d", type=int, required=True)
+    c.add_argument(
+        "--d",
+        type=int,
+        default=None,
+        help="the task's dimension (required, except for a crawl task: --validity crawl:B "
+        "has d = 1)",
+    )
     c.add_argument("--n-max", type=int, default=1_000_000)
     c.add_argument("--min-batch", type=int, default=100)
     c.add_argument("--frac-bits", type=int, default=16)
@@ -65,15 +71,18 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         metavar="CIRCUIT",
         help="every report proves its values valid at ingest (Prio3): range (values in "
         "[0,1]), onehot (one 1), multihot or multihot:r (0/1, at most r ones), or none "
-        "(plain shares, which a default server refuses); see docs/threat-model.md "
-        "(default: multihot for --embedding heavy_hitters, else range; the choice is printed)",
+        "(plain shares, which a default server refuses); crawl:B: each report is one string "
+        "of B bits (B/8 bytes; d = 1), walked by `svtagg analyst crawl`; see "
+        "docs/threat-model.md (default: multihot for --embedding heavy_hitters, crawl:64 for "
+        "--embedding strings, else range; the choice is printed)",
     )
     c.add_argument(
         "--embedding",
         choices=EMBEDDINGS,
         default="",
-        help="record the embedding the clients use (vectors: rows already in [0,1]^d); "
-        "uploads embedded otherwise are refused (default: none recorded)",
+        help="record the embedding the clients use (vectors: rows already in [0,1]^d; "
+        "strings: one string per user, for a crawl:B task); uploads embedded otherwise are "
+        "refused (default: none recorded)",
     )
     c.add_argument(
         "--noise",
@@ -232,7 +241,7 @@ def analyst_stub(leader: str, certs: str | Path) -> Any:
 
 
 #: Embeddings a task may record (`client/embeddings.py`; "vectors": none applied).
-EMBEDDINGS = ["heavy_hitters", "sparse_mean", "marginals", "fp_loss", "vectors"]
+EMBEDDINGS = ["heavy_hitters", "sparse_mean", "marginals", "fp_loss", "vectors", "strings"]
 
 
 def _oracle_summary(oracle: Any, before: Any = None) -> dict[str, Any]:

@@ -15,9 +15,10 @@ class TaskOptions(TypedDict, total=False):
     smallest upload batch (1).  delta: the total δ, exact text or a number (0).
     epsilon_min: the smallest ε one stream may use, or "auto" (the default) for
     the smallest the overflow bound allows.  validity: the circuit every report
-    proves at ingest (range, onehot, sparse-onehot, multihot or multihot:r; "" for none).
+    proves at ingest (range, onehot, sparse-onehot, multihot, multihot:r, or
+    crawl:B for strings of B bits with d = 1; "" for none).
     embedding: what the clients upload (heavy_hitters, sparse_mean, marginals,
-    fp_loss or vectors; "" records none).  noise: "independent" (the default:
+    fp_loss, vectors or strings; "" records none).  noise: "independent" (the default:
     each server draws its own noise) or "joint" (the noise of each lap24 / lap3
     stream drawn once inside the garbled circuit; needs delta > 0).
     """
@@ -35,10 +36,13 @@ def default_validity(embedding: str) -> tuple[str, str]:
     """The validity circuit a task takes when its creator names none, and why:
     what a default server (which requires one) accepts, and the cheapest that
     holds every report of that embedding.  heavy_hitters rows are 0/1 per
-    category (a user may hold several): multihot; every other embedding's
-    values lie in [0, 1]: range."""
+    category (a user may hold several): multihot; strings are walked by the
+    prefix crawl: crawl:64 (strings of up to 8 bytes); every other
+    embedding's values lie in [0, 1]: range."""
     if embedding == "heavy_hitters":
         return "multihot", "each category is 0 or 1 (heavy_hitters rows)"
+    if embedding == "strings":
+        return "crawl:64", "one string of up to 8 bytes per user; crawl:B takes B/8 bytes"
     return "range", "each value is in [0, 1]"
 
 

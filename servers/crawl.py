@@ -46,7 +46,6 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
@@ -57,12 +56,9 @@ from svtagg.dp.noise import RandomSource
 from svtagg.mpc.ring import U64
 from svtagg.proto.terms import MAX_MESSAGE_BYTES, REPORT_PAGE
 from svtagg.servers.ingest.validity import task_validity
-from svtagg.servers.store.rules import TaskState
+from svtagg.servers.store.rules import Store, TaskState
 from svtagg.vdaf.crawl import PREP_SHARE_SIZE, CrawlReports, check_level, ring_shares
 from svtagg.vdaf.sparse import NONCE_SIZE, SparseError
-
-if TYPE_CHECKING:
-    from svtagg.servers.core import ServerCore
 
 #: Walks one server holds at once (each holds every report's key: ≈ 3 KB a
 #: report at 64 bits).
@@ -90,7 +86,7 @@ def check_crawl_task(task: TaskState) -> int:
     return v.bits
 
 
-def load_reports(core: ServerCore, task: TaskState) -> list[tuple[bytes, bytes, bytes]]:
+def load_reports(store: Store, task: TaskState) -> list[tuple[bytes, bytes, bytes]]:
     """Every report the server kept for the task, ascending by id: (nonce,
     public share, this server's key)."""
     v = task_validity(task)
@@ -98,10 +94,10 @@ def load_reports(core: ServerCore, task: TaskState) -> list[tuple[bytes, bytes, 
     out: list[tuple[bytes, bytes, bytes]] = []
     after = b""
     while True:
-        ids = core.report_ids(task.params.task_id, after, REPORT_PAGE)
+        ids = store.report_ids(task.params.task_id, after, REPORT_PAGE)
         if not ids:
             return out
-        for blob in core.store.shares(task.params.task_id, ids):
+        for blob in store.shares(task.params.task_id, ids):
             out.append(
                 (blob[:NONCE_SIZE], blob[NONCE_SIZE : NONCE_SIZE + size], blob[NONCE_SIZE + size :])
             )
@@ -229,7 +225,7 @@ class Walks:
         self._walks.move_to_end(walk_id)
         return walk
 
-    async def start(self, core: ServerCore, task: TaskState, walk_id: str, agg_id: int) -> Walk:
+    async def start(self, store: Store, task: TaskState, walk_id: str, agg_id: int) -> Walk:
         """A new walk over the task's reports (read from the store off the loop)."""
         if not WALK_ID_RE.fullmatch(walk_id):
             raise InvalidArgument(f"a walk id is 32 hex digits, got {walk_id!r}")
@@ -239,7 +235,7 @@ class Walks:
 
         # The store is read on the event loop (its connection is the loop's);
         # the keys are decoded off it.
-        kept = load_reports(core, task)
+        kept = load_reports(store, task)
         reports = await asyncio.to_thread(CrawlReports, bits, agg_id, task.verify_key, kept)
         if walk_id in self._walks:  # a concurrent start of the same id
             raise FailedPrecondition(f"walk {walk_id} has started already")

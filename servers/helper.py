@@ -385,7 +385,7 @@ class HelperDriver:
         task = self.core.task(step.task_id)
         walks = self.core.walks
         if step.depth == 0 and not step.parents:
-            walk = await walks.start(self.core, task, step.walk_id, agg_id=1)
+            walk = await walks.start(self.core.store, task, step.walk_id, agg_id=1)
         else:
             walk = walks.get(step.walk_id, step.task_id)
         if walk.lock.locked():

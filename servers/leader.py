@@ -487,7 +487,7 @@ class LeaderDriver:
         else:
             if r.depth or r.parents:
                 raise InvalidArgument("a new walk starts at the root: no parents, depth 0")
-            walk = await self.core.walks.start(self.core, task, walk_id, agg_id=0)
+            walk = await self.core.walks.start(self.core.store, task, walk_id, agg_id=0)
         if walk.lock.locked():
             raise FailedPrecondition(f"walk {walk_id} is answering another level; one at a time")
         async with walk.lock:

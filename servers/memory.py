@@ -88,9 +88,7 @@ class MemoryHelperPort:
     async def verify(self, batch: VerifyBatch, timeout: float | None = None) -> VerifyResult:
         return await self._call(wire.VERIFY, batch, self.helper.verify)
 
-    async def crawl_step(
-        self, step: CrawlStep, timeout: float | None = None
-    ) -> CrawlStepResult:
+    async def crawl_step(self, step: CrawlStep, timeout: float | None = None) -> CrawlStepResult:
         return await self._call(wire.CRAWL, step, self.helper.crawl_step)
 
     async def budget(self, task_id: str, timeout: float | None = None) -> TaskInfo:

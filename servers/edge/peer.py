@@ -172,9 +172,7 @@ class GrpcHelperPort:
     async def verify(self, batch: VerifyBatch, timeout: float | None = None) -> VerifyResult:
         return await self._call(wire.VERIFY, self.stub.Verify, batch, timeout)
 
-    async def crawl_step(
-        self, step: CrawlStep, timeout: float | None = None
-    ) -> CrawlStepResult:
+    async def crawl_step(self, step: CrawlStep, timeout: float | None = None) -> CrawlStepResult:
         return await self._call(wire.CRAWL, self.stub.CrawlStep, step, timeout)
 
     async def budget(self, task_id: str, timeout: float | None = None) -> TaskInfo:

@@ -54,9 +54,7 @@ class HelperPort(Protocol):
 
     async def mark_agreed(self, agreement: Agreement, timeout: float | None = None) -> TaskInfo: ...
 
-    async def crawl_step(
-        self, step: CrawlStep, timeout: float | None = None
-    ) -> CrawlStepResult:
+    async def crawl_step(self, step: CrawlStep, timeout: float | None = None) -> CrawlStepResult:
         """The helper's side of a crawl level's check (servers/crawl.py)."""
         ...
 
