@@ -175,7 +175,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "(clipped losses), where SVT selection beats Gaussian aggregation and Laplace "
         "counts at the same ε; heavy-hitters: private top-k of Zipf categories; "
         "strings: the heavy words of a generated text by the prefix crawl over 64-bit "
-        "strings, on two servers in this process (the gRPC servers do not serve it yet)",
+        "strings, through a leader and a helper process",
     )
     d.add_argument("--users", type=int, default=10_000)
     d.add_argument("--d", type=int, default=1000)
@@ -515,20 +515,17 @@ STRINGS_BITS, STRINGS_STRIDE, STRINGS_KEPT = 64, 4, 32
 
 def _demo_strings(args: argparse.Namespace, t0: float) -> int:
     """Heavy hitters over strings: each user holds one word of a generated
-    text; reports are verifiable prefix-DPF keys; two servers in this process
-    (`analyst.crawl.DpfCrawlOracle`) walk the prefixes with every level's
-    check, and only the words above τ come back."""
+    text; a leader and a helper process (as `svtagg server` runs them) take
+    the words as verifiable prefix-DPF keys (`crawl:64`), check each one's
+    first level at ingest, and walk the prefixes level by level
+    (`TaskHandle.heavy_strings`): every level's check on both servers, its
+    bits from the garbled comparison, only the words above τ come back."""
     from collections import Counter
     from fractions import Fraction
 
-    from svtagg.analyst.crawl import (
-        DpfCrawlOracle,
-        crawl,
-        encode_string,
-        false_positive_floor,
-        make_reports,
-    )
-    from svtagg.dp.crawl import CrawlPlan
+    import svtagg
+    from svtagg.analyst.crawl import false_positive_floor
+    from svtagg.deploy.launch import LocalDeployment
     from svtagg.vdaf.crawl import PrefixDpf
 
     try:
@@ -543,44 +540,65 @@ def _demo_strings(args: argparse.Namespace, t0: float) -> int:
     truth = Counter(words)
     levels = -(-STRINGS_BITS // STRINGS_STRIDE)
     tau = false_positive_floor(eps / levels, STRINGS_KEPT << STRINGS_STRIDE)
+    malicious = getattr(args, "malicious", 0)
     _progress(
         f"simulating {args.users} users, one word each of a generated text "
         f"({len(truth)} distinct words, Zipf({args.zipf}))"
     )
-    t = time.perf_counter()
-    reports = make_reports([encode_string(w, STRINGS_BITS) for w in words], STRINGS_BITS)
     dpf = PrefixDpf(STRINGS_BITS)
-    rare = encode_string(min(truth, key=lambda w: (truth[w], w)), STRINGS_BITS)
-    for _ in range(getattr(args, "malicious", 0)):
-        # a key pair made honestly for a count of 10^6 on the rarest word
-        nonce = os.urandom(16)
-        public, keys = dpf.gen(rare, nonce, os.urandom(32), weight=10**6)
-        reports.append((nonce, public, keys))
     size = 16 + dpf.public_share_bytes() + 16
-    _progress(
-        f"  {len(words)} reports made in {time.perf_counter() - t:.1f}s: a verifiable "
-        f"prefix-DPF key pair each, {size:,} bytes to each server"
-        + (
-            f"; and {args.malicious} forged ones (a count of 10^6 on the rarest word)"
-            if getattr(args, "malicious", 0)
-            else ""
-        )
-    )
-    _progress(
-        f"walking {levels} levels of {STRINGS_STRIDE} bits at ε/{levels} each (ε={eps}), "
-        f"τ = {tau} (the plan's false-positive floor); two servers in this process — "
-        "the gRPC servers do not serve the crawl yet"
-    )
-    oracle = DpfCrawlOracle(reports, STRINGS_BITS, eps)
-    t1 = time.perf_counter()
+    with LocalDeployment(Path(args.workdir) if args.workdir else None) as dep:
+        _progress(f"leader and helper started (work dir {dep.root})")
+        leader, helper = dep.address("leader"), dep.address("helper")
+        with svtagg.connect(leader, certs=dep.certs, helper=helper) as conn:
+            task = conn.create_task(
+                "demo",
+                1,
+                str(eps),
+                n_max=max(2 * (len(words) + malicious), 1000),
+                validity=f"crawl:{STRINGS_BITS}",
+                embedding="strings",
+                delta="0",
+                min_batch=1,
+            )
+            t = time.perf_counter()
+            task.upload_strings(words, journal=False)
+            _progress(
+                f"  {len(words):,} reports uploaded in {time.perf_counter() - t:.1f}s: a "
+                f"verifiable prefix-DPF key pair each, {size:,} bytes to each server; both "
+                "servers checked every report's first level"
+            )
+            if malicious:
+                _forged_words(dep, dpf, min(truth, key=lambda w: (truth[w], w)), malicious)
+            view = task.close_collection()
+            rejected = dict(view.rejected) if getattr(view, "rejected", None) else {}
+            _progress(
+                f"collection closed: n = {view.n:,}"
+                + (f"; refused at ingest: {rejected}" if rejected else "")
+            )
+            _progress(
+                f"walking {levels} levels of {STRINGS_STRIDE} bits at ε/{levels} each "
+                f"(ε={eps}), τ = {tau} (the plan's false-positive floor): each level a "
+                "crawl stream charged on both ledgers"
+            )
+            t1 = time.perf_counter()
 
-    def level_done(r: Any) -> None:
-        _progress(
-            f"  level {r.level}/{levels}: {r.candidates:,} candidate prefixes, "
-            f"{r.kept} above τ ({time.perf_counter() - t1:.1f}s)"
-        )
+            def level_done(r: Any) -> None:
+                _progress(
+                    f"  level {r.level}/{levels}: {r.candidates:,} candidate prefixes, "
+                    f"{r.kept} above τ ({time.perf_counter() - t1:.1f}s)"
+                )
 
-    res = crawl(oracle, CrawlPlan(STRINGS_BITS, STRINGS_STRIDE, eps, tau, STRINGS_KEPT), level_done)
+            res = task.heavy_strings(
+                eps,
+                stride=STRINGS_STRIDE,
+                threshold=tau,
+                max_kept=STRINGS_KEPT,
+                progress=level_done,
+            )
+            walk_s = time.perf_counter() - t1
+            stats = task.crawl_stats
+            budget = task.budget()
     found = res.strings()
     top = [w for w, _ in truth.most_common(args.k)]
     print(
@@ -598,12 +616,43 @@ def _demo_strings(args: argparse.Namespace, t0: float) -> int:
         f"\n{hits}/{args.k} of the true top-{args.k} among the {len(found)} words found"
         + (f" ({res.stopped})" if res.stopped else "")
     )
+    refused = stats.refused if stats is not None else 0
+    peer = stats.peer_bytes if stats is not None else 0
     print(
-        f"budget: ε spent {res.epsilon_spent} of {eps} over {len(res.levels)} levels; "
-        f"reports refused by the levels' checks: {sum(oracle.refused_at.values())}; "
-        f"walk {time.perf_counter() - t1:.1f}s, wall time {time.perf_counter() - t0:.1f}s"
+        f"budget: ε spent {res.epsilon_spent} over {len(res.levels)} levels "
+        f"(the leader's ledger: {budget.exact['epsilon_spent']} of "
+        f"{budget.exact['epsilon_total']}); "
+        f"reports refused by the walk's checks: {refused}; "
+        f"{peer / 1e6:.1f} MB between the servers; "
+        f"walk {walk_s:.1f}s, wall time {time.perf_counter() - t0:.1f}s"
     )
     return 0
+
+
+def _forged_words(dep: Any, dpf: Any, word: str, count: int) -> None:
+    """Upload `count` reports made honestly for a count of 10^6 on `word`
+    (what a hostile client would send): the first level's check at ingest
+    refuses them."""
+    from svtagg.client.strings import encode_string
+    from svtagg.client.upload import Batch, Uploader, UploadStats
+    from svtagg.proto import svtagg_pb2 as pb
+    from svtagg.proto.tls import Identity
+
+    ident = Identity.load(dep.certs, "client")
+    lead, help_ = pb.UploadBatch(task_id="demo"), pb.UploadBatch(task_id="demo")
+    for _ in range(count):
+        nonce = os.urandom(16)
+        public, keys = dpf.gen(encode_string(word, STRINGS_BITS), nonce, os.urandom(32), 10**6)
+        lead.reports.add(report_id=nonce, input_share=keys[0], public_share=public)
+        help_.reports.add(report_id=nonce, input_share=keys[1], public_share=public)
+    with Uploader(
+        dep.address("leader"), dep.address("helper"), ident.ca, ident.cert, ident.key
+    ) as up:
+        stats = UploadStats()
+        up.send(Batch(lead, help_, proofs=True), stats)
+    _progress(
+        f"  {count} forged reports (a count of 10^6 on {word!r}) uploaded: refused {stats.rejected}"
+    )
 
 
 def _demo_collect(

@@ -122,19 +122,25 @@ def test_demo_local_scan_rows_include_joint_noise() -> None:
 
 def test_the_strings_demo_finds_the_heavy_words_and_refuses_forged_reports(capsys) -> None:  # type: ignore[no-untyped-def]
     """`svtagg demo --scenario strings`: the generated text's top words come
-    back as strings, the forged reports (a count of 10^6 each) are refused by
-    the first level's check, and the whole ε is spent over the levels."""
+    back as strings from a leader and a helper process, the forged reports (a
+    count of 10^6 each) are refused by the first level's check at ingest, and
+    the whole ε is spent over the levels, on the leader's ledger."""
     from svtagg.deploy.cli import main
 
     code = main(
         ["demo", "--scenario", "strings", "--users", "3000", "--k", "2", "--epsilon", "8",
          "--malicious", "2"]
     )  # fmt: skip
-    out = capsys.readouterr().out
+    captured = capsys.readouterr()
+    out, err = captured.out, captured.err
     assert code == 0
     assert "2/2 of the true top-2" in out
-    assert "refused by the levels' checks: 2" in out
-    assert "ε spent 8 of 8 over 16 levels" in out
+    # Through the two server processes: the forged reports are refused at
+    # ingest (the first level's check), the walk's own checks refuse none.
+    assert "refused {'invalid_proof': 2}" in err
+    assert "n = 3,000" in err
+    assert "refused by the walk's checks: 0" in out
+    assert "ε spent 8 over 16 levels (the leader's ledger: 8 of 8)" in out
 
 
 def test_the_word_corpus_is_seeded_and_short() -> None:
