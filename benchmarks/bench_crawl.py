@@ -20,9 +20,10 @@ every level's check, count shares): bytes per report to each server, client
 time per report, server time per report over the walk and per node (the
 native core where it is built, else the numpy reference), the check's bytes
 between the servers (32 per report and binary level), and how many of the
-true top-10 it returned.  The gRPC servers do not serve a crawl yet: the
-comparisons' bytes between them (what the level's bits would cost through
-the garbled comparison) are not measured.
+true top-10 it returned.  By default (`--dpf-path servers`) the walk runs
+through a leader and a helper process instead (`servers_cost`): upload rate,
+walk time per level, the bytes between the servers (the levels' checks and
+their garbled comparisons), the ε on the leader's ledger.
 """
 
 from __future__ import annotations
@@ -156,6 +157,74 @@ def dpf_cost(words: list[str], epsilon: Fraction, phi: float, max_kept: int) -> 
     }
 
 
+def servers_cost(words: list[str], epsilon: Fraction, phi: float, max_kept: int) -> dict[str, Any]:
+    """The same walk through a leader and a helper process (`svtagg server`
+    as a user starts them, SQLite stores): the strings uploaded through the
+    SDK (each report's first level checked at ingest), the collection closed,
+    and the walk run by `TaskHandle.heavy_strings` — every level a crawl
+    stream charged on both ledgers, checked on both servers and compared in
+    the garbled circuit.  Upload rate, walk time and the bytes between the
+    servers (the levels' checks and their comparisons)."""
+    import svtagg
+    from svtagg.deploy.launch import LocalDeployment
+
+    plan_tau = threshold(len(words), epsilon, phi, max_kept)
+    truth = [w for w, _ in Counter(words).most_common(TOP)]
+    with LocalDeployment() as dep:
+        with svtagg.connect(
+            dep.address("leader"), certs=dep.certs, helper=dep.address("helper")
+        ) as conn:
+            task = conn.create_task(
+                "bench",
+                1,
+                str(epsilon),
+                n_max=2 * len(words),
+                validity=f"crawl:{BITS}",
+                embedding="strings",
+                delta="0",
+                min_batch=1,
+            )
+            t = time.perf_counter()
+            task.upload_strings(words, journal=False)
+            upload = time.perf_counter() - t
+            t = time.perf_counter()
+            task.close_collection()
+            close = time.perf_counter() - t
+            levels: list[tuple[float, int, int]] = []
+            t = time.perf_counter()
+
+            def level_done(r: Any) -> None:
+                levels.append((time.perf_counter() - t, r.candidates, r.kept))
+
+            res = task.heavy_strings(
+                epsilon, stride=STRIDE, threshold=plan_tau, max_kept=max_kept, progress=level_done
+            )
+            walk = time.perf_counter() - t
+            stats = task.crawl_stats
+            spent = task.budget().exact["epsilon_spent"]
+    found = set(res.strings())
+    assert stats is not None
+    return {
+        "users": len(words),
+        "epsilon": str(epsilon),
+        "tau": plan_tau,
+        "upload_reports_per_second": round(len(words) / upload, 1),
+        "close_seconds": round(close, 2),
+        "walk_seconds": round(walk, 2),
+        "level_seconds": [
+            round(b - a, 2)
+            for a, b in zip([0.0] + [x[0] for x in levels], [x[0] for x in levels], strict=False)
+        ],
+        "candidates_per_level": [x[1] for x in levels],
+        "peer_bytes": stats.peer_bytes,
+        "check_bytes": 2 * 32 * BITS * len(words) if len(res.levels) * STRIDE >= BITS else None,
+        "refused": stats.refused,
+        "epsilon_spent_leader_ledger": str(spent),
+        "top10_found": sum(w in found for w in truth),
+        "strings_found": len(found),
+    }
+
+
 def _spread(xs: list[int]) -> dict[str, float]:
     return {"median": statistics.median(xs), "min": min(xs), "max": max(xs)}
 
@@ -189,6 +258,13 @@ def main(argv: list[str] | None = None) -> int:
         "--dpf-users", type=int, default=100_000, help="users through the DPF path (the first)"
     )
     p.add_argument("--dpf-epsilon", default="1", help="the DPF path's walk ε")
+    p.add_argument(
+        "--dpf-path",
+        choices=["servers", "in-process", "both"],
+        default="servers",
+        help="the DPF path through a leader and a helper process (default), two "
+        "in-process servers (no comparison, one process), or both",
+    )
     p.add_argument("--seed", type=int, default=0, help="the corpus's seed (noise: CSPRNG)")
     p.add_argument("--out", default="results/bench_crawl.json")
     args = p.parse_args(argv)
@@ -200,20 +276,27 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     rows = accuracy(words, epsilons, args.runs, args.phi, args.max_kept)
     dpf_words = words if args.dpf_users >= args.n else words[: args.dpf_users]
-    cost = dpf_cost(dpf_words, Fraction(args.dpf_epsilon), args.phi, args.max_kept)
-    result = {
+    eps = Fraction(args.dpf_epsilon)
+    result: dict[str, Any] = {
         "config": {k: v for k, v in vars(args).items() if k != "out"},
         "accuracy": rows,
-        "dpf_path": cost,
-        "seconds": round(time.perf_counter() - t0, 1),
-        "cpus": os.cpu_count(),
     }
     print(table(rows, args.n))
-    print()
     engine = "native core" if crawl_native() else "numpy reference"
-    print(f"DPF path (two in-process servers, {engine}):")
-    for k, v in cost.items():
-        print(f"  {k}: {v}")
+    if args.dpf_path in ("in-process", "both"):
+        cost = dpf_cost(dpf_words, eps, args.phi, args.max_kept)
+        result["dpf_path"] = cost
+        print(f"\nDPF path (two in-process servers, {engine}, no comparison):")
+        for k, v in cost.items():
+            print(f"  {k}: {v}")
+    if args.dpf_path in ("servers", "both"):
+        through = servers_cost(dpf_words, eps, args.phi, args.max_kept)
+        result["servers_path"] = through
+        print(f"\nDPF path through a leader and a helper process ({engine}):")
+        for k, v in through.items():
+            print(f"  {k}: {v}")
+    result["seconds"] = round(time.perf_counter() - t0, 1)
+    result["cpus"] = os.cpu_count()
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))
