@@ -103,11 +103,20 @@ def encode_strings(strings: Iterable[object], bits: int, first_row: int = 1) -> 
     for row, s in enumerate(strings, first_row):
         if not isinstance(s, str):
             raise InputError(f"row {row}: {type(s).__name__} {s!r:.40} is not a string")
-        try:
-            out.append(encode_string(s, bits))
-        except InvalidArgument as exc:
-            raise InputError(f"row {row}: {exc}") from None
+        out.append(_checked(s, f"row {row}", bits))
     return out
+
+
+def _checked(text: str, where: str, bits: int) -> int:
+    """The one rule for a user's string, from a file's line or a Python value:
+    not blank, and one the task holds (`encode_string`); InputError naming
+    `where` (the line or the row) otherwise."""
+    if not text.strip():
+        raise InputError(f"{where} is blank: one string per user, and a blank one is no user's")
+    try:
+        return encode_string(text, bits)
+    except InvalidArgument as exc:
+        raise InputError(f"{where}: {exc}") from None
 
 
 def read_strings(
@@ -172,11 +181,4 @@ def _string_of(raw: bytes, line: int, bits: int) -> int:
         ) from None
     if line == 1:
         text = text.removeprefix("\ufeff")  # a byte order mark is no part of the string
-    if not text.strip():
-        raise InputError(
-            f"line {line} is blank: one string per line, and a blank line is no user's string"
-        )
-    try:
-        return encode_string(text, bits)
-    except InvalidArgument as exc:
-        raise InputError(f"line {line}: {exc}") from None
+    return _checked(text, f"line {line}", bits)

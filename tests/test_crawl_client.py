@@ -362,6 +362,12 @@ def test_strings_from_python_are_refused_by_row() -> None:
         encode_strings(["a", "abc"], 16)
     with pytest.raises(InputError, match="row 3: int 7 is not a string"):
         encode_strings(["a", "b", 7], 16)
+    # A blank string is refused from Python as a blank line is from a file:
+    # the same rule for the front door and the command line.
+    with pytest.raises(InputError, match="row 2 is blank"):
+        encode_strings(["a", "  "], 16)
+    with pytest.raises(InputError, match="row 1 is blank"):
+        encode_strings([""], 16)
     with pytest.raises(InputError, match="not a whole number of bytes"):
         encode_strings(["a"], 12)
 
