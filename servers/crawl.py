@@ -54,7 +54,7 @@ from svtagg.dp.crawl import MAX_LEVEL_CANDIDATES, MAX_STRIDE, draw_level_noise
 from svtagg.dp.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
 from svtagg.dp.noise import RandomSource
 from svtagg.mpc.ring import U64
-from svtagg.proto.terms import MAX_MESSAGE_BYTES, REPORT_PAGE
+from svtagg.proto.terms import MAX_MESSAGE_BYTES, PEER_DEADLINE, REPORT_PAGE
 from svtagg.servers.ingest.validity import task_validity
 from svtagg.servers.store.rules import Store, TaskState
 from svtagg.vdaf.crawl import PREP_SHARE_SIZE, CrawlReports, check_level, ring_shares
@@ -194,6 +194,15 @@ class Walk:
         if agg_id == 0:
             z = z - np.uint64(tau)
         return z
+
+
+def step_deadline(reports: int, parents: int, steps: int) -> float:
+    """Seconds the leader gives the helper's side of a level (`CrawlStep`):
+    the peer deadline plus a generous 200 ns per node evaluated (a kept
+    prefix expands 2^(steps+1) − 2 nodes per report) and 50 µs per report
+    (a new walk reads and decodes every report first)."""
+    nodes = max(parents, 1) * ((2 << steps) - 2)
+    return PEER_DEADLINE + reports * (nodes * 2e-7 + 5e-5)
 
 
 def shares_of(data: bytes, reports: int, steps: int) -> npt.NDArray[np.uint8]:

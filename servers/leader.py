@@ -40,7 +40,7 @@ from svtagg.servers.core import (
     parse_chunk,
     parse_taus,
 )
-from svtagg.servers.crawl import shares_of
+from svtagg.servers.crawl import shares_of, step_deadline
 from svtagg.servers.exchange.joint import (
     Pooled,
     PoolPolicy,
@@ -516,7 +516,8 @@ class LeaderDriver:
         step = CrawlStep(
             sid, r.task_id, walk.walk_id, r.parents, r.depth, r.steps, mine.tobytes(), walk.size
         )
-        answer = await self.helper.crawl_step(step)
+        deadline = step_deadline(walk.size, len(r.parents), r.steps)
+        answer = await self.helper.crawl_step(step, timeout=deadline)
         theirs = shares_of(answer.prep_shares, walk.size, r.steps)
         invalid = await asyncio.to_thread(walk.decide, mine, theirs)
         stream, task = self.core.stream_and_task(sid)
