@@ -10,6 +10,7 @@ tests/test_crawl.py; the keys: tests/test_vdaf_crawl.py."""
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 from collections import Counter
 from fractions import Fraction
@@ -19,7 +20,7 @@ import pytest
 from conftest import pg_tagged
 
 from svtagg.analyst.crawl import decode_string, encode_string
-from svtagg.dp.crawl import CrawlPlan
+from svtagg.dp.crawl import CrawlPlan, above_probability, level_scale
 from svtagg.dp.errors import FailedPrecondition, InvalidArgument
 from svtagg.dp.kinds import StreamKind
 from svtagg.proto import svtagg_pb2 as pb
@@ -243,3 +244,49 @@ async def test_the_helper_holds_its_own_walk_against_a_lying_leader(tmp_path: Pa
         with pytest.raises(FailedPrecondition, match="no walk"):
             await pair.port.crawl_step(again)
         assert pair.helper.core.task("l").budget.epsilon_spent == 34
+
+
+# ----------------------------------------------------------------- the law, through the servers
+def _g(seen: Counter[tuple[bool, ...]], law: dict[tuple[bool, bool], float]) -> float:
+    n = sum(seen.values())
+    return 2 * sum(c * math.log(c / (n * law[o])) for o, c in seen.items() if c)
+
+
+async def _first_levels(pair: ReferencePair, runs: int) -> Counter[tuple[bool, ...]]:
+    seen: Counter[tuple[bool, ...]] = Counter()
+    for _ in range(runs):
+        answer = await pair.leader.crawl_level(CrawlLevel("a", "", (), 0, 1, "1", 17))
+        seen[answer.above] += 1
+    return seen
+
+
+async def test_the_servers_answers_fit_the_exact_law_and_half_scale_noise_does_not(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Through the servers (both drivers, the garbled comparison): 300 first
+    levels over 8-bit strings, 20 users under the prefix 0 and 14 under 1,
+    τ = 17, ε = 1, fit the exact law of the two candidates' answers (both
+    servers' discrete Laplace of scale 2/ε; G within the 99.9 % point of
+    χ²(3), 16.27).  Control: servers whose noise is scaled for sensitivity one
+    (half the scale, a loss of 2ε) are rejected by the same test."""
+    runs = 300
+    t = level_scale(Fraction(1))
+    p = [above_probability(c, 17, t, 2) for c in (20, 14)]
+    law = {(a, b): (p[0] if a else 1 - p[0]) * (p[1] if b else 1 - p[1])
+           for a in (False, True) for b in (False, True)}  # fmt: skip
+    async with reference_pair(tmp_path) as pair:
+        spec = crawl_spec("a", bits=8, eps_total=str(2 * runs))
+        await pair.leader.create_task(wire.TASK_SPEC.from_pb(spec))
+        v = task_validity(pair.leader.core.task("a"))
+        ids = [os.urandom(NONCE_SIZE) for _ in range(34)]
+        values = [0b00000001] * 20 + [0b10000001] * 14  # 8-bit strings, as integers
+        got = await pair.send_proofs("a", ids, v.shard_strings(values, ids))
+        assert got.accepted == 34
+        await pair.leader.close_collection("a")
+        assert _g(await _first_levels(pair, runs), law) < 16.27
+
+        import svtagg.servers.crawl as scrawl
+
+        real = scrawl.draw_level_noise
+        monkeypatch.setattr(scrawl, "draw_level_noise", lambda eps, k, rng: real(2 * eps, k, rng))
+        assert _g(await _first_levels(pair, runs), law) > 16.27
