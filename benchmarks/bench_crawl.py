@@ -174,15 +174,8 @@ def servers_cost(words: list[str], epsilon: Fraction, phi: float, max_kept: int)
         with svtagg.connect(
             dep.address("leader"), certs=dep.certs, helper=dep.address("helper")
         ) as conn:
-            task = conn.create_task(
-                "bench",
-                1,
-                str(epsilon),
-                n_max=2 * len(words),
-                validity=f"crawl:{BITS}",
-                embedding="strings",
-                delta="0",
-                min_batch=1,
+            task = conn.create_string_task(
+                "bench", epsilon, bits=BITS, n_max=2 * len(words), min_batch=1
             )
             t = time.perf_counter()
             task.upload_strings(words, journal=False)

@@ -587,6 +587,29 @@ class Deployment:
         self._handles.append(handle)
         return handle
 
+    def create_string_task(
+        self,
+        task_id: str,
+        epsilon: float | str | Fraction,
+        *,
+        bits: int = 64,
+        n_max: int = 1_000_000,
+        min_batch: int = 100,
+    ) -> TaskHandle:
+        """A task of strings of `bits` bits (B/8 bytes) for the prefix crawl:
+        validity crawl:B, d = 1, embedding strings, δ = 0 (a walk is pure
+        ε-DP); `upload_strings` then `heavy_strings` on the handle."""
+        return self.create_task(
+            task_id,
+            1,
+            str(epsilon),
+            n_max=n_max,
+            validity=f"crawl:{bits}",
+            embedding="strings",
+            delta="0",
+            min_batch=min_batch,
+        )
+
     def upload(
         self,
         task_id: str,

@@ -551,14 +551,11 @@ def _demo_strings(args: argparse.Namespace, t0: float) -> int:
         _progress(f"leader and helper started (work dir {dep.root})")
         leader, helper = dep.address("leader"), dep.address("helper")
         with svtagg.connect(leader, certs=dep.certs, helper=helper) as conn:
-            task = conn.create_task(
+            task = conn.create_string_task(
                 "demo",
-                1,
-                str(eps),
+                eps,
+                bits=STRINGS_BITS,
                 n_max=max(2 * (len(words) + malicious), 1000),
-                validity=f"crawl:{STRINGS_BITS}",
-                embedding="strings",
-                delta="0",
                 min_batch=1,
             )
             t = time.perf_counter()
