@@ -753,6 +753,7 @@ class ServerCore:
             # candidate's sign bit, revealed to both servers.
             z = self.walks.take_inputs(stream.stream_id, len(chunk))
             result = await party.any_per_group(z, 1)
+            self.walks.compared(self.store, stream.stream_id)  # the level's record
         elif kind == ChunkKind.NMAX:
             assert thresholds is None
             result = await self.noisy_max(party, stream, task, chunk, width)

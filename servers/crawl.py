@@ -32,10 +32,13 @@ walk's last level; every report's check.  So a leader that lies cannot have
 an unchecked node counted, nor a level answered twice for one charge.
 
 Walks live in memory (at most `MAX_WALKS` per server; the oldest idle one
-is forgotten past it).  A restart, a forgotten walk or any failure inside a
-level ends the walk: the next level is refused and the analyst starts a new
-walk; the charges already made stay spent.  A crawl runs in the leader's and
-the helper's main processes (chunk workers and replicas do not serve it).
+is forgotten past it), and each server records every level it completed
+(`Store.add_crawl_level`: the parents, the bits, the reports its check
+refused), so a restart, a forgotten walk or a level that failed costs a
+rebuild from the record, not the walk (`Walks.at`); a level that failed is
+asked again under a new charge, and the charges made stay spent.  A crawl
+runs in the leader's and the helper's main processes (chunk workers and
+replicas do not serve it).
 """
 
 from __future__ import annotations
@@ -56,7 +59,7 @@ from svtagg.dp.noise import RandomSource
 from svtagg.mpc.ring import U64
 from svtagg.proto.terms import MAX_MESSAGE_BYTES, PEER_DEADLINE, REPORT_PAGE
 from svtagg.servers.ingest.validity import task_validity
-from svtagg.servers.store.rules import Store, TaskState
+from svtagg.servers.store.rules import CrawlRecord, Store, TaskState
 from svtagg.vdaf.crawl import PREP_SHARE_SIZE, CrawlReports, check_level, ring_shares
 from svtagg.vdaf.sparse import NONCE_SIZE, SparseError
 
@@ -106,15 +109,14 @@ def load_reports(store: Store, task: TaskState) -> list[tuple[bytes, bytes, byte
 
 @dataclass
 class Walk:
-    """One server's side of one walk: its reports' state (`CrawlReports`)."""
+    """One server's side of one walk: its reports' state (`CrawlReports`)
+    and the number of levels it has completed."""
 
     walk_id: str
     task_id: str
     reports: CrawlReports
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    #: A level failed inside: the walk answers no more.
-    broken: str = ""
     levels: int = 0
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     @property
     def size(self) -> int:
@@ -122,8 +124,6 @@ class Walk:
 
     def check_level(self, parents: Sequence[int], depth: int, steps: int) -> int:
         """Refuse a level this walk cannot answer soundly; its candidates' count."""
-        if self.broken:
-            raise FailedPrecondition(f"walk {self.walk_id} ended ({self.broken}); start a new walk")
         r = self.reports
         if depth != r.depth:
             raise InvalidArgument(
@@ -196,6 +196,22 @@ class Walk:
         return z
 
 
+def candidates_of(record: CrawlRecord) -> list[int]:
+    """The candidates of a recorded level: its parents (the root: 0)
+    extended by its bits, parent-major."""
+    parents = list(prefixes_of(record.parents)) or [0]
+    return [(p << record.steps) | x for p in parents for x in range(1 << record.steps)]
+
+
+def prefixes_of(data: bytes) -> tuple[int, ...]:
+    """Prefixes as recorded (32 bytes each, big-endian)."""
+    return tuple(int.from_bytes(data[i : i + 32], "big") for i in range(0, len(data), 32))
+
+
+def prefix_bytes(prefixes: Sequence[int]) -> bytes:
+    return b"".join(int(p).to_bytes(32, "big") for p in prefixes)
+
+
 def step_deadline(reports: int, parents: int, steps: int) -> float:
     """Seconds the leader gives the helper's side of a level (`CrawlStep`):
     the peer deadline plus a generous 200 ns per node evaluated (a kept
@@ -217,54 +233,120 @@ def shares_of(data: bytes, reports: int, steps: int) -> npt.NDArray[np.uint8]:
 
 
 class Walks:
-    """One server's walks and the levels awaiting their comparison chunk."""
+    """One server's walks, the levels awaiting their comparison chunk, and
+    each level's record once its comparison is done.
+
+    A walk is answered from memory when it stands where the level asks (its
+    last level's candidates at the level's depth); otherwise — after a
+    restart, a walk forgotten past `MAX_WALKS`, a level that failed, or a
+    level asked again — it is rebuilt from this server's record of the
+    walk's completed levels (`Store.crawl_levels`): the reports read again,
+    the ones its checks refused left out, and the walk positioned at the
+    recorded level whose candidates the request extends
+    (`CrawlReports.resume`).  So what a level may extend is always what this
+    server itself checked and recorded."""
 
     def __init__(self) -> None:
         self._walks: OrderedDict[str, Walk] = OrderedDict()
         #: Per CRAWL stream: this server's inputs to its one comparison chunk.
         self._inputs: dict[str, U64] = {}
+        #: Per CRAWL stream: the record of its level, written once compared.
+        self._pending: dict[str, CrawlRecord] = {}
 
-    def get(self, walk_id: str, task_id: str) -> Walk:
-        walk = self._walks.get(walk_id)
-        if walk is None or walk.task_id != task_id:
-            raise FailedPrecondition(
-                f"this server holds no walk {walk_id!r} of task {task_id!r} (it ended, was "
-                "forgotten, or the server restarted): start a new walk"
-            )
-        self._walks.move_to_end(walk_id)
-        return walk
-
-    async def start(self, store: Store, task: TaskState, walk_id: str, agg_id: int) -> Walk:
-        """A new walk over the task's reports (read from the store off the loop)."""
+    async def at(
+        self,
+        store: Store,
+        task: TaskState,
+        walk_id: str,
+        depth: int,
+        parents: Sequence[int],
+        agg_id: int,
+    ) -> Walk:
+        """The walk, standing where a level at `depth` extending `parents`
+        asks (module and class text); FailedPrecondition when this server
+        recorded no level the request extends."""
         if not WALK_ID_RE.fullmatch(walk_id):
             raise InvalidArgument(f"a walk id is 32 hex digits, got {walk_id!r}")
-        if walk_id in self._walks:
-            raise FailedPrecondition(f"walk {walk_id} has started already")
+        task_id = task.params.task_id
+        walk = self._walks.get(walk_id)
+        if walk is not None and walk.task_id != task_id:
+            raise FailedPrecondition(f"walk {walk_id} is not a walk of task {task_id!r}")
+        if walk is not None and not walk.lock.locked():
+            r = walk.reports
+            if depth == 0 and r.depth == 0 or (depth and r.depth == depth and not r.kept):
+                self._walks.move_to_end(walk_id)
+                return walk
+        records = store.crawl_levels(walk_id)
+        if any(rec.task_id != task_id for rec in records):
+            raise FailedPrecondition(f"walk {walk_id} is not a walk of task {task_id!r}")
+        base: CrawlRecord | None = None
+        if depth:
+            fits = [
+                rec
+                for rec in records
+                if rec.depth + rec.steps == depth and set(candidates_of(rec)).issuperset(parents)
+            ]
+            if not fits:
+                raise FailedPrecondition(
+                    f"this server recorded no level of walk {walk_id} whose candidates the "
+                    f"level extends (depth {depth}): start a new walk"
+                )
+            base = fits[-1]
         bits = check_crawl_task(task)
-
         # The store is read on the event loop (its connection is the loop's);
         # the keys are decoded off it.
         kept = load_reports(store, task)
         reports = await asyncio.to_thread(CrawlReports, bits, agg_id, task.verify_key, kept)
-        if walk_id in self._walks:  # a concurrent start of the same id
-            raise FailedPrecondition(f"walk {walk_id} has started already")
-        while len(self._walks) >= MAX_WALKS:
+        if base is not None:
+            dropped = np.zeros(len(kept), dtype=bool)
+            for rec in records:
+                dropped[np.frombuffer(rec.refused, dtype="<u4")] = True
+            reports.resume(candidates_of(base), depth, dropped)
+        while len(self._walks) >= MAX_WALKS and walk_id not in self._walks:
             oldest = next((w for w in self._walks.values() if not w.lock.locked()), None)
             if oldest is None:
                 raise ResourceExhausted(f"this server runs {MAX_WALKS} walks already")
             del self._walks[oldest.walk_id]
-        walk = Walk(walk_id, task.params.task_id, reports)
+        walk = Walk(walk_id, task_id, reports, base.level if base is not None else 0)
         self._walks[walk_id] = walk
+        self._walks.move_to_end(walk_id)
         return walk
 
-    def end(self, walk: Walk, why: str) -> None:
-        walk.broken = why
-        self._walks.pop(walk.walk_id, None)
+    def forget(self, walk: Walk) -> None:
+        """A level failed inside: the next one rebuilds from the record."""
+        if self._walks.get(walk.walk_id) is walk:
+            del self._walks[walk.walk_id]
 
-    def put_inputs(self, stream_id: str, z: U64) -> None:
+    def stepped(
+        self,
+        stream_id: str,
+        walk: Walk,
+        parents: Sequence[int],
+        depth: int,
+        steps: int,
+        refused: npt.NDArray[np.bool_],
+        z: U64,
+    ) -> None:
+        """A level's step done on this server: its comparison inputs, and its
+        record, written once the comparison is done (`compared`)."""
         if stream_id in self._inputs:
             raise FailedPrecondition(f"stream {stream_id} has its level's inputs already")
         self._inputs[stream_id] = z
+        self._pending[stream_id] = CrawlRecord(
+            walk.walk_id,
+            walk.levels,
+            walk.task_id,
+            depth,
+            steps,
+            prefix_bytes(parents if depth else ()),
+            np.flatnonzero(refused).astype("<u4").tobytes(),
+        )
+
+    def compared(self, store: Store, stream_id: str) -> None:
+        """The level's comparison is done on this server: record the level."""
+        record = self._pending.pop(stream_id, None)
+        if record is not None:
+            store.add_crawl_level(record)
 
     def has_inputs(self, stream_id: str, k: int) -> bool:
         z = self._inputs.get(stream_id)
@@ -281,3 +363,4 @@ class Walks:
 
     def drop_inputs(self, stream_id: str) -> None:
         self._inputs.pop(stream_id, None)
+        self._pending.pop(stream_id, None)

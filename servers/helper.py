@@ -384,10 +384,7 @@ class HelperDriver:
             raise FailedPrecondition(f"stream {step.stream_id} has answered already")
         task = self.core.task(step.task_id)
         walks = self.core.walks
-        if step.depth == 0 and not step.parents:
-            walk = await walks.start(self.core.store, task, step.walk_id, agg_id=1)
-        else:
-            walk = walks.get(step.walk_id, step.task_id)
+        walk = await walks.at(self.core.store, task, step.walk_id, step.depth, step.parents, 1)
         if walk.lock.locked():
             raise FailedPrecondition(f"walk {step.walk_id} is answering another level")
         async with walk.lock:
@@ -399,13 +396,15 @@ class HelperDriver:
                     )
                 leader = shares_of(step.prep_shares, walk.size, step.steps)
                 mine = await asyncio.to_thread(walk.extend, step.parents, step.steps)
-                await asyncio.to_thread(walk.decide, leader, mine)
+                refused = await asyncio.to_thread(walk.decide, leader, mine)
                 z = walk.inputs(stream.epsilon, self.core.rng, 1)
                 if self.core.stream(step.stream_id).state != OPEN:
                     raise FailedPrecondition(f"stream {step.stream_id} was failed meanwhile")
-                walks.put_inputs(step.stream_id, z)
-            except BaseException as exc:
-                walks.end(walk, f"level {walk.levels + 1} failed: {exc}")
+                walks.stepped(
+                    step.stream_id, walk, step.parents, step.depth, step.steps, refused, z
+                )
+            except BaseException:
+                walks.forget(walk)  # the next level rebuilds from the record
                 walks.drop_inputs(step.stream_id)
                 self.core.fail_stream(step.stream_id)
                 raise

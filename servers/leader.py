@@ -481,13 +481,10 @@ class LeaderDriver:
                 "this leader leases chunks to workers; a crawl runs in one process only "
                 "(start the leader without --workers)"
             )
+        if not r.walk_id and (r.depth or r.parents):
+            raise InvalidArgument("a new walk starts at the root: no parents, depth 0")
         walk_id = r.walk_id or secrets.token_hex(16)
-        if r.walk_id:
-            walk = self.core.walks.get(r.walk_id, r.task_id)
-        else:
-            if r.depth or r.parents:
-                raise InvalidArgument("a new walk starts at the root: no parents, depth 0")
-            walk = await self.core.walks.start(self.core.store, task, walk_id, agg_id=0)
+        walk = await self.core.walks.at(self.core.store, task, walk_id, r.depth, r.parents, 0)
         if walk.lock.locked():
             raise FailedPrecondition(f"walk {walk_id} is answering another level; one at a time")
         async with walk.lock:
@@ -503,8 +500,8 @@ class LeaderDriver:
             sid = info.stream_id
             try:
                 return await self._crawl_level(walk, r, sid, k)
-            except BaseException as exc:
-                self.core.walks.end(walk, f"level {walk.levels + 1} failed: {exc}")
+            except BaseException:
+                self.core.walks.forget(walk)  # the next level rebuilds from the record
                 self.core.walks.drop_inputs(sid)
                 if self.core.stream(sid).state == OPEN:
                     self.core.fail_stream(sid)
@@ -521,7 +518,8 @@ class LeaderDriver:
         theirs = shares_of(answer.prep_shares, walk.size, r.steps)
         invalid = await asyncio.to_thread(walk.decide, mine, theirs)
         stream, task = self.core.stream_and_task(sid)
-        self.core.walks.put_inputs(sid, walk.inputs(stream.epsilon, self.core.rng, 0, r.tau))
+        z = walk.inputs(stream.epsilon, self.core.rng, 0, r.tau)
+        self.core.walks.stepped(sid, walk, r.parents, r.depth, r.steps, invalid, z)
         index = np.arange(k, dtype=np.int64)
         chunk = Chunk(index, np.zeros(k, dtype=bool))
         bits, _, nbytes = await self._run_chunk(stream, task, chunk, None)

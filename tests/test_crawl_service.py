@@ -24,6 +24,7 @@ from svtagg.dp.crawl import CrawlPlan, above_probability, level_scale
 from svtagg.dp.errors import FailedPrecondition, InvalidArgument
 from svtagg.dp.kinds import StreamKind
 from svtagg.proto import svtagg_pb2 as pb
+from svtagg.servers.crawl import Walks
 from svtagg.servers.edge import wire
 from svtagg.servers.exchange.values import CrawlLevel, CrawlStep, OpenStream
 from svtagg.servers.ingest.validity import task_validity
@@ -190,7 +191,7 @@ async def test_refusals_before_any_charge(tmp_path: Path) -> None:
             (CrawlLevel("c", "", (5,), 4, 4, "1", 3), "starts at the root"),
             (CrawlLevel("c", "", (), 0, 9, "1", 3), "1 to 8 bits"),
             (CrawlLevel("c", "", (), 0, 4, "1", 0), "tau"),
-            (CrawlLevel("c", "f" * 32, (1,), 4, 4, "1", 3), "no walk"),
+            (CrawlLevel("c", "f" * 32, (1,), 4, 4, "1", 3), "no level of walk"),
         ]:
             with pytest.raises((InvalidArgument, FailedPrecondition), match=match):
                 await leader.crawl_level(bad)
@@ -201,10 +202,10 @@ async def test_refusals_before_any_charge(tmp_path: Path) -> None:
         for bad, match in [
             (CrawlLevel("c", answer.walk_id, (16,), 4, 4, "1", 3), "not a candidate"),
             (CrawlLevel("c", answer.walk_id, (3, 3), 4, 4, "1", 3), "distinct"),
-            (CrawlLevel("c", answer.walk_id, tuple(kept), 8, 4, "1", 3), "depth"),
+            (CrawlLevel("c", answer.walk_id, tuple(kept), 8, 4, "1", 3), "no level of walk"),
             (CrawlLevel("c", answer.walk_id, tuple(kept), 4, 13, "1", 3), "bits"),
         ]:
-            with pytest.raises(InvalidArgument, match=match):
+            with pytest.raises((InvalidArgument, FailedPrecondition), match=match):
                 await leader.crawl_level(bad)
         assert leader.core.task("c").budget.epsilon_spent == spent
         # A crawl level's stream is not opened by OpenStream, and a crawl task
@@ -221,7 +222,7 @@ async def test_the_helper_holds_its_own_walk_against_a_lying_leader(tmp_path: Pa
     walk it never started past the root, is refused there, and the level's
     stream fails on the helper (its charge stays spent)."""
     async with reference_pair(tmp_path) as pair:
-        await pair.leader.create_task(wire.TASK_SPEC.from_pb(crawl_spec("l")))
+        await pair.leader.create_task(wire.TASK_SPEC.from_pb(crawl_spec("l", eps_total="60")))
         await upload(pair, "l", ["hi"] * 5 + ["ok"] * 5)
         await pair.leader.close_collection("l")
         first = await pair.leader.crawl_level(CrawlLevel("l", "", (), 0, 4, "16", 3))
@@ -233,17 +234,26 @@ async def test_the_helper_holds_its_own_walk_against_a_lying_leader(tmp_path: Pa
         # a depth-8 prefix under the level-1 prefix 7, which the walk never
         # extended (so its nodes were never checked).
         info = await pair.leader.open_stream(OpenStream("l", StreamKind.CRAWL, "1"), crawl=True)
-        walk = pair.leader.core.walks.get(first.walk_id, "l")
+        task = pair.leader.core.task("l")
+        walk = await pair.leader.core.walks.at(
+            pair.leader.core.store, task, first.walk_id, 8, (0x68,), 0
+        )
         lie = CrawlStep(info.stream_id, "l", first.walk_id, (0x72,), 8, 4, b"", walk.size)
         with pytest.raises(InvalidArgument, match="not a candidate"):
             await pair.port.crawl_step(lie)
         assert pair.helper.core.stream(info.stream_id).state == "failed"
-        # That failure ended the walk on the helper: no more levels there.
+        # A walk the helper never recorded is refused there too.
         info2 = await pair.leader.open_stream(OpenStream("l", StreamKind.CRAWL, "1"), crawl=True)
-        again = CrawlStep(info2.stream_id, "l", first.walk_id, (0x68,), 8, 4, b"", walk.size)
-        with pytest.raises(FailedPrecondition, match="no walk"):
-            await pair.port.crawl_step(again)
+        other = CrawlStep(info2.stream_id, "l", "e" * 32, (0x68,), 8, 4, b"", walk.size)
+        with pytest.raises(FailedPrecondition, match="no level of walk"):
+            await pair.port.crawl_step(other)
         assert pair.helper.core.task("l").budget.epsilon_spent == 34
+        # The honest walk goes on: the helper rebuilds it from its record.
+        third = await pair.leader.crawl_level(
+            CrawlLevel("l", first.walk_id, (0x68, 0x6F), 8, 4, "16", 3)
+        )
+        # "hi" = 0x68 0x69 and "ok" = 0x6F 0x6B: the nibble 6 under each parent
+        assert sorted(i for i, yes in enumerate(third.above) if yes) == [6, 16 + 6]
 
 
 # ----------------------------------------------------------------- the law, through the servers
@@ -290,3 +300,46 @@ async def test_the_servers_answers_fit_the_exact_law_and_half_scale_noise_does_n
         real = scrawl.draw_level_noise
         monkeypatch.setattr(scrawl, "draw_level_noise", lambda eps, k, rng: real(2 * eps, k, rng))
         assert _g(await _first_levels(pair, runs), law) > 16.27
+
+
+async def test_a_walk_goes_on_after_both_servers_forget_it(tmp_path: Path) -> None:
+    """What a restart does to a walk in memory (both servers' walks
+    dropped): the next level is answered from each server's record of the
+    levels it completed, the reports its checks refused left out; a level
+    asked again (the walk rewound to an earlier depth) is answered too, under
+    a charge of its own; a depth no recorded level reaches is refused."""
+    words = ["hi"] * 30 + ["ok"] * 20 + ["no"] * 3
+    async with reference_pair(tmp_path) as pair:
+        await pair.leader.create_task(wire.TASK_SPEC.from_pb(crawl_spec("r", eps_total="64")))
+        v = task_validity(pair.leader.core.task("r"))
+        ids = [os.urandom(NONCE_SIZE) for _ in range(len(words) + 1)]
+        shards = v.shard_strings([encode_string(w, BITS) for w in words], ids[:-1])
+        dpf = PrefixDpf(BITS)
+        public, keys = dpf.gen(encode_string("ok", BITS), ids[-1], os.urandom(RAND_SIZE))
+        levels = dpf.decode(public)
+        lv = levels[2]  # a report that passes ingest and fails at bit 3
+        levels[2] = Level(lv.seed, lv.ctrl, lv.proof, (lv.output + 5) % (2**128 - 159))
+        shards.append((dpf.encode(levels), keys[0], keys[1]))
+        assert (await pair.send_proofs("r", ids, shards)).accepted == len(words) + 1
+        await pair.leader.close_collection("r")
+        first = await pair.leader.crawl_level(CrawlLevel("r", "", (), 0, 4, "16", 10))
+        assert first.refused == 1 and [i for i, y in enumerate(first.above) if y] == [6]
+        await pair.helper.settled()  # the helper's side of the level recorded
+        for side in (pair.leader, pair.helper):
+            side.core.walks = Walks()  # a restart: nothing in memory
+        w = first.walk_id
+        second = await pair.leader.crawl_level(CrawlLevel("r", w, (6,), 4, 4, "16", 10))
+        assert second.refused == 0  # the refused report stayed out
+        assert [i for i, y in enumerate(second.above) if y] == [8, 15]  # 0x68, 0x6f
+        # The walk rewound: level 2 asked again, from level 1's record.
+        again = await pair.leader.crawl_level(CrawlLevel("r", w, (6,), 4, 4, "16", 10))
+        assert again.above == second.above and again.stream_id != second.stream_id
+        with pytest.raises(FailedPrecondition, match="no level of walk"):
+            await pair.leader.crawl_level(CrawlLevel("r", w, (0x68,), 12, 4, "16", 10))
+        third = await pair.leader.crawl_level(CrawlLevel("r", w, (0x68, 0x6F), 8, 8, "16", 10))
+        found = [i for i, y in enumerate(third.above) if y]
+        assert found == [0x69, 256 + 0x6B]  # "hi", "ok"
+        assert pair.leader.core.task("r").budget.epsilon_spent == 64
+        await pair.helper.settled()
+        assert pair.helper.core.task("r").budget.epsilon_spent == 64
+        assert [r.level for r in pair.helper.core.store.crawl_levels(w)] == [1, 2, 3]

@@ -627,7 +627,7 @@ def test_sqlite_schema_v3_streams_gain_their_plan(tmp_path: Path) -> None:
             == SqliteStore.LEGACY_VERSION
             == 9
         )
-        assert store.schema_version() == SqliteStore.SCHEMA_VERSION == 12
+        assert store.schema_version() == SqliteStore.SCHEMA_VERSION == 13
         assert store.stream("s").plan is None and store.stream("s").state == FAILED
         assert store.noisy_max_carry("s") is None  # v7: no carried winner
         # v5: a task made before validity proofs takes plain shares, none refused
@@ -678,7 +678,7 @@ def test_pg_schema_v4_streams_gain_their_plan_and_staging_its_pass(pg_url: tuple
         )
     store = PgStore(url, schema=schema)
     try:
-        assert store.schema_version() == PgStore.SCHEMA_VERSION == 12
+        assert store.schema_version() == PgStore.SCHEMA_VERSION == 13
         assert store.stream("s").plan is None
         assert store.noisy_max_carry("s") is None  # v9: no carried winner
         # v7: the work table takes report-noisy-max jobs
@@ -706,27 +706,52 @@ def test_one_history_runs_on_both_dialects(
     backend: tuple[str, Opener], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Both dialects stand at the shared history's version; a step added to it
-    (here a made-up v13) runs on a store of either dialect at its next open,
+    (here a made-up v14) runs on a store of either dialect at its next open,
     written once for both; a store newer than the code is refused."""
     from svtagg.servers.store import migrations, sql
 
     name, opener = backend
     store = opener()
-    assert store.schema_version() == migrations.VERSION == 12
+    assert store.schema_version() == migrations.VERSION == 13
     store.create_task(params("t"))
     store.close()
     step = migrations.Migration(
-        13, "a test table", ("CREATE TABLE shared_step (x INTEGER NOT NULL)",)
+        14, "a test table", ("CREATE TABLE shared_step (x INTEGER NOT NULL)",)
     )
     monkeypatch.setattr(sql, "HISTORY", (*migrations.HISTORY, step))
     from svtagg.servers.store.sql import SqlStore
 
     for cls in {type(store), SqlStore}:
-        monkeypatch.setattr(cls, "SCHEMA_VERSION", 13)
+        monkeypatch.setattr(cls, "SCHEMA_VERSION", 14)
     store = opener()
-    assert store.schema_version() == 13 and store.task("t").params == params("t")
+    assert store.schema_version() == 14 and store.task("t").params == params("t")
     assert store._one("SELECT COUNT(*) FROM shared_step") == (0,)  # type: ignore[attr-defined]
     store.close()
     monkeypatch.undo()
-    with pytest.raises(RuntimeError, match="schema version 13"):
+    with pytest.raises(RuntimeError, match="schema version 14"):
         opener()
+
+
+def test_a_walks_levels_are_recorded_and_replaced(backend: tuple[str, Opener]) -> None:
+    """The prefix crawl's record (schema 13, servers/crawl.py): a walk's levels
+    come back in order, a level recorded again replaces its record, and
+    another walk's are apart; they survive the store's reopening."""
+    from svtagg.servers.store.rules import CrawlRecord
+
+    _, opener = backend
+    store = opener()
+    one = CrawlRecord("w" * 32, 1, "t", 0, 8, b"", b"")
+    two = CrawlRecord("w" * 32, 2, "t", 8, 8, (5).to_bytes(32, "big"), b"\x03\x00\x00\x00")
+    store.add_crawl_level(two)
+    store.add_crawl_level(one)
+    store.add_crawl_level(CrawlRecord("v" * 32, 1, "t", 0, 4, b"", b""))
+    again = CrawlRecord("w" * 32, 2, "t", 8, 4, (6).to_bytes(32, "big"), b"")
+    store.add_crawl_level(again)
+    store.close()
+    store = opener()
+    try:
+        assert store.crawl_levels("w" * 32) == [one, again]
+        assert [r.steps for r in store.crawl_levels("v" * 32)] == [4]
+        assert store.crawl_levels("x" * 32) == []
+    finally:
+        store.close()

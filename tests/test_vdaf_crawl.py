@@ -356,3 +356,40 @@ def test_count_shares_become_ring_shares_without_an_exchange() -> None:
     assert (ring_shares(a, 0) + ring_shares(b, 1)).tolist() == want
     unshifted = np.array([x & (2**64 - 1) for x in a], dtype=np.uint64) + ring_shares(b, 1)
     assert unshifted.tolist() == [w + 1 for w in want]
+
+
+@pytest.mark.parametrize("reference", [False, True], ids=["native-if-built", "reference"])
+def test_a_resumed_walk_makes_the_walks_bytes(reference: bool) -> None:
+    """A server that lost its walk rebuilds it from its record (servers/crawl.py):
+    `resume` at a level's candidates (24 bits, past one 16-bit hop), with the
+    reports its checks refused left out, then keep and extend, gives the
+    prep shares and count shares the walk that never stopped gives."""
+    dpf = PrefixDpf(32)
+    gen = np.random.default_rng(8)
+    alphas = [int(x) for x in gen.choice([0xABCDEF01, 0xABCDEE02, 0x12345678], 30)]
+    reports = [make(dpf, a) for a in alphas] + [make(dpf, 0xABCDEF01, weight=3)]
+    view = [(n, p, k[0]) for n, p, k in reports]
+    helper = [(n, p, k[1]) for n, p, k in reports]
+    steady = CrawlReports(32, 0, VK, view, reference)
+    other = CrawlReports(32, 1, VK, helper, reference)
+    kept = [0]
+    for steps in (8, 8, 8):  # three levels: 24 bits
+        if steady.depth:
+            for s in (steady, other):
+                s.keep(kept)
+        invalid = steady.live & ~check_level(steady.extend(steps), other.extend(steps), steady.live)
+        for s in (steady, other):
+            s.drop(invalid)
+        counts = level_counts(steady, other)
+        kept = [c for c, n in zip(steady.candidates, counts, strict=True) if n >= 5]
+    refused = ~steady.live
+    assert refused.sum() == 1  # the weight-3 report, at the first level
+    resumed = CrawlReports(32, 0, VK, view, reference)
+    resumed.resume(steady.candidates, 24, refused)
+    for s in (steady, resumed):
+        s.keep(kept)
+    assert np.array_equal(steady.extend(8), resumed.extend(8))
+    assert steady.count_shares() == resumed.count_shares()
+    assert np.array_equal(steady.live, resumed.live)
+    with pytest.raises(SparseError, match="resumes"):
+        steady.resume(steady.candidates, 32, refused)

@@ -462,11 +462,18 @@ class CrawlReports:
         self._prev: list[int] = [0]
         self._steps = 0
         self._kept = True  # the nodes match `candidates` (no level evaluated since)
+        self._resumed = False  # `resume`d: the next keep descends from the root
 
     @property
     def live(self) -> npt.NDArray[np.bool_]:
         """The reports still in the walk."""
         return self._walk.live.copy()
+
+    @property
+    def kept(self) -> bool:
+        """Whether the nodes are the candidates' (no level evaluated since the
+        last keep); False after a level, until its prefixes are kept."""
+        return self._kept
 
     def extend(self, steps: int) -> npt.NDArray[np.uint8]:
         """Evaluate the next level's candidates (every kept prefix extended by
@@ -499,6 +506,21 @@ class CrawlReports:
         reports still in the walk."""
         return self._walk.count_shares(len(self.candidates))
 
+    def resume(self, candidates: list[int], depth: int, dropped: npt.NDArray[np.bool_]) -> None:
+        """Stand where a walk stood after a level whose candidates (`depth`
+        bits each) were `candidates`, without evaluating any level: the
+        reports in `dropped` out of the walk (refused by its checks so far),
+        and the next `keep` descends from the root to the prefixes it keeps
+        (hops of at most 16 bits through their ancestors).  How a server
+        rebuilds a walk from its record after a restart (servers/crawl.py)."""
+        if self.depth or not self._kept:
+            raise SparseError("only a walk that has run no level resumes")
+        if not 1 <= depth <= self.dpf.bits or any(not 0 <= c < 1 << depth for c in candidates):
+            raise SparseError(f"candidates of {depth} bits, within {self.dpf.bits}")
+        self._walk.drop_only(np.asarray(dropped, dtype=bool))
+        self.depth, self.candidates, self._prev = depth, list(candidates), [0]
+        self._steps, self._kept, self._resumed = depth, False, True
+
     def keep(self, prefixes: list[int]) -> None:
         """Keep the nodes of `prefixes` (candidates of the last level) for the
         next level."""
@@ -508,7 +530,17 @@ class CrawlReports:
         if len(set(prefixes)) != len(prefixes) or not known.issuperset(prefixes):
             raise SparseError("the kept prefixes must be distinct candidates of the last level")
         kept = list(prefixes)
-        self._walk.keep(self._prev, kept, self._steps, self.depth)
+        if self._resumed:  # from the root, in hops through the kept prefixes' ancestors
+            prev, at = [0], 0
+            while at < self.depth:
+                hop = min(16, self.depth - at)
+                shift = self.depth - at - hop
+                nodes = sorted({p >> shift for p in kept}) if shift else kept
+                self._walk.descend(prev, nodes, at + 1, hop)
+                prev, at = nodes, at + hop
+            self._resumed = False
+        else:
+            self._walk.keep(self._prev, kept, self._steps, self.depth)
         self.candidates = kept
         self._kept = True
 
@@ -553,6 +585,20 @@ class _ReferenceWalk:
     def drop(self, invalid: npt.NDArray[np.bool_]) -> None:
         for i in np.flatnonzero(invalid):
             self._nodes[i], self._last[i] = None, None
+
+    def drop_only(self, invalid: npt.NDArray[np.bool_]) -> None:
+        self.drop(invalid)
+
+    def descend(self, prev: list[int], kept: list[int], first: int, steps: int) -> None:
+        """From the nodes of `prev` (first − 1 bits) to those of `kept`."""
+        del prev  # each report's nodes are `prev`'s
+        for i, (nonce, public, _) in enumerate(self.reports):
+            nodes = self._nodes[i]
+            if nodes is not None:
+                ev, _ = self.dpf.expand_steps(
+                    self.agg_id, self.verify_key, nonce, public, nodes, steps
+                )
+                self._nodes[i] = self.dpf.keep(ev, kept, first - 1 + steps)
 
     def count_shares(self, n: int) -> list[int]:
         totals = [0] * n
@@ -641,6 +687,16 @@ class _NativeWalk:
         if invalid.any() and self._acc is not None:
             self._run(invalid, negate=True)
         self.live &= ~invalid
+
+    def drop_only(self, invalid: npt.NDArray[np.bool_]) -> None:
+        """Out of the walk, with no level's sums to take them out of."""
+        self.live &= ~invalid
+
+    def descend(self, prev: list[int], kept: list[int], first: int, steps: int) -> None:
+        """From the nodes of `prev` (first − 1 bits) to those of `kept`
+        (first − 1 + steps bits): `keep` of levels [first, first + steps)."""
+        self._step = (first, steps)
+        self.keep(prev, kept, steps, first - 1 + steps)
 
     def count_shares(self, n: int) -> list[int]:
         assert self._acc is not None

@@ -53,6 +53,26 @@ HISTORY: tuple[Migration, ...] = (
             " one BOOLEAN PRIMARY KEY DEFAULT TRUE CHECK (one), version INTEGER NOT NULL)",
         ),
     ),
+    Migration(
+        13,
+        "the prefix crawl's walks: each level this server completed (its parents,"
+        " bits and the reports its check refused), so a restarted server rebuilds"
+        " a walk from its record (servers/crawl.py)",
+        (
+            "CREATE TABLE IF NOT EXISTS crawl_levels ("
+            " walk_id TEXT NOT NULL, level INTEGER NOT NULL, task_id TEXT NOT NULL,"
+            " depth INTEGER NOT NULL, steps INTEGER NOT NULL,"
+            " parents BLOB NOT NULL, refused BLOB NOT NULL,"
+            " PRIMARY KEY (walk_id, level))",
+        ),
+        (
+            "CREATE TABLE IF NOT EXISTS crawl_levels ("
+            " walk_id TEXT NOT NULL, level INTEGER NOT NULL, task_id TEXT NOT NULL,"
+            " depth INTEGER NOT NULL, steps INTEGER NOT NULL,"
+            " parents BYTEA NOT NULL, refused BYTEA NOT NULL,"
+            " PRIMARY KEY (walk_id, level))",
+        ),
+    ),
 )
 
 #: The version this code writes, on both databases.

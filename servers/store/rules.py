@@ -275,6 +275,15 @@ class Store(Protocol):
         stream, None if none was."""
         ...
 
+    def add_crawl_level(self, record: CrawlRecord) -> None:
+        """Record a level of a prefix-crawl walk this server completed
+        (durably; a level recorded again replaces the record)."""
+        ...
+
+    def crawl_levels(self, walk_id: str) -> list[CrawlRecord]:
+        """The levels recorded for a walk, in level order."""
+        ...
+
     def confirm_stream(self, stream_id: str) -> None:
         """The leader's stream opens once the helper has charged and drawn its γ.
         May commit without waiting for durability: losing it leaves the stream
@@ -543,6 +552,23 @@ def xor_reports(digest: bytes, report_ids: list[bytes]) -> bytes:
     """The digest of a report set with `report_ids` added, or taken out (XOR is
     its own inverse)."""
     return bytes(x ^ y for x, y in zip(digest, report_digest(report_ids), strict=True))
+
+
+@dataclass(frozen=True)
+class CrawlRecord:
+    """One level of a prefix-crawl walk as a server records it once the
+    level's comparison is done (servers/crawl.py): its number in the walk,
+    the parents' bits and the bits it added, the parents (32 bytes each,
+    big-endian; none at the root), and the reports its check refused (their
+    positions in the task's ascending ids, uint32 little-endian)."""
+
+    walk_id: str
+    level: int
+    task_id: str
+    depth: int
+    steps: int
+    parents: bytes
+    refused: bytes
 
 
 @dataclass(frozen=True)

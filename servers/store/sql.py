@@ -70,6 +70,7 @@ from svtagg.servers.store.rules import (
     PLAN_FAILED,
     STREAM_COLUMNS,
     TASK_COLUMNS,
+    CrawlRecord,
     StreamState,
     TaskState,
     Verified,
@@ -563,6 +564,27 @@ class SqlStore(ABC):
         if row is None:
             raise NotFound(f"unknown stream {stream_id!r}")
         return None if row[1] is None else (int(row[0]), bytes(row[1]))
+
+    def add_crawl_level(self, record: CrawlRecord) -> None:
+        r = record
+        with self._tx():
+            self._run("DELETE FROM crawl_levels WHERE walk_id=? AND level=?", (r.walk_id, r.level))
+            self._run(
+                "INSERT INTO crawl_levels (walk_id, level, task_id, depth, steps, parents,"
+                " refused) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (r.walk_id, r.level, r.task_id, r.depth, r.steps, r.parents, r.refused),
+            )
+
+    def crawl_levels(self, walk_id: str) -> list[CrawlRecord]:
+        rows = self._run(
+            "SELECT walk_id, level, task_id, depth, steps, parents, refused FROM crawl_levels"
+            " WHERE walk_id=? ORDER BY level",
+            (walk_id,),
+        ).fetchall()
+        return [
+            CrawlRecord(str(w), int(lv), str(t), int(d), int(s), bytes(p), bytes(rf))
+            for w, lv, t, d, s, p, rf in rows
+        ]
 
     def confirm_stream(self, stream_id: str) -> None:
         """Committed without waiting for the disk (losing it fails the stream
