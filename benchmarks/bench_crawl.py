@@ -210,7 +210,8 @@ def servers_cost(words: list[str], epsilon: Fraction, phi: float, max_kept: int)
         ],
         "candidates_per_level": [x[1] for x in levels],
         "peer_bytes": stats.peer_bytes,
-        "check_bytes": 2 * 32 * BITS * len(words) if len(res.levels) * STRIDE >= BITS else None,
+        # the levels' check values, both ways: 16 bytes per report and level
+        "check_bytes": 2 * 16 * len(res.levels) * len(words),
         "refused": stats.refused,
         "epsilon_spent_leader_ledger": str(spent),
         "top10_found": sum(w in found for w in truth),

@@ -15,10 +15,12 @@ One level (`CrawlLevel`, the leader's `crawl_level`):
    opens a CRAWL stream at the level's ε: charged on both ledgers, as every
    stream is (crash-safe, never refunded);
 2. the leader keeps the parents' nodes, extends them by `steps` bits and
-   sends its prep shares of the level's check (`CrawlStep`); the helper runs
-   the same checks against *its own* walk, extends, decides every report's
-   check from both prep shares, drops the refused reports, and answers with
-   its prep shares; the leader decides alike;
+   sends its check value of every report (`CrawlStep`: a 16-byte hash of
+   its prep shares of the step's binary levels, `vdaf.crawl.check_values`);
+   the helper runs the same checks against *its own* walk, extends, decides
+   every report's check from both values (equal exactly when the check
+   holds), drops the refused reports, and answers with its values; the
+   leader decides alike;
 3. each server turns its Field128 count shares into ring shares locally
    (`vdaf.crawl.ring_shares`) and adds its own discrete Laplace noise of
    scale 2/ε (`dp.crawl.draw_level_noise`); the leader subtracts τ;
@@ -60,7 +62,13 @@ from svtagg.mpc.ring import U64
 from svtagg.proto.terms import MAX_MESSAGE_BYTES, PEER_DEADLINE, REPORT_PAGE
 from svtagg.servers.ingest.validity import task_validity
 from svtagg.servers.store.rules import CrawlRecord, Store, TaskState
-from svtagg.vdaf.crawl import PREP_SHARE_SIZE, CrawlReports, check_level, ring_shares
+from svtagg.vdaf.crawl import (
+    CHECK_VALUE_SIZE,
+    CrawlReports,
+    check_hashed,
+    check_values,
+    ring_shares,
+)
 from svtagg.vdaf.sparse import NONCE_SIZE, SparseError
 
 #: Walks one server holds at once (each holds every report's key: ≈ 3 KB a
@@ -156,31 +164,32 @@ class Walk:
                 f"a level of {k:,} candidates (at most {MAX_LEVEL_CANDIDATES:,}): keep fewer "
                 "prefixes or extend by fewer bits"
             )
-        if self.size * PREP_SHARE_SIZE * steps > MAX_STEP_BYTES:
+        if self.size * CHECK_VALUE_SIZE > MAX_STEP_BYTES:
             raise ResourceExhausted(
-                f"a level of {steps} bits over {self.size:,} reports moves "
-                f"{self.size * PREP_SHARE_SIZE * steps:,} bytes of checks in one message: "
-                "extend by fewer bits"
+                f"a level over {self.size:,} reports moves {self.size * CHECK_VALUE_SIZE:,} "
+                "bytes of checks in one message"
             )
         return k
 
-    def extend(self, parents: Sequence[int], steps: int) -> npt.NDArray[np.uint8]:
+    def extend(self, parents: Sequence[int], steps: int, agg_id: int) -> npt.NDArray[np.uint8]:
         """Keep the parents (past the root) and evaluate their extensions:
-        this server's prep shares, a row of 32·steps bytes per report."""
+        this server's check value of every report (`vdaf.crawl.check_values`:
+        16 bytes each, a hash of its prep shares of the step's binary levels)."""
         if self.reports.depth:
             self.reports.keep(list(parents))
-        return self.reports.extend(steps)
+        prep = self.reports.extend(steps)
+        return check_values(prep, agg_id, self.reports.live)
 
     def decide(
         self, leader: npt.NDArray[np.uint8], helper: npt.NDArray[np.uint8]
     ) -> npt.NDArray[np.bool_]:
-        """Every report's check from both servers' prep shares; the refused
+        """Every report's check from both servers' check values; the refused
         ones are dropped (for the rest of the walk).  Returns them."""
         live = self.reports.live
         try:
-            ok = check_level(leader, helper, live)
+            ok = check_hashed(leader, helper, live)
         except SparseError as exc:
-            raise InvalidArgument(f"the level's prep shares: {exc}") from None
+            raise InvalidArgument(f"the level's check values: {exc}") from None
         invalid = live & ~ok
         self.reports.drop(invalid)
         self.levels += 1
@@ -221,15 +230,14 @@ def step_deadline(reports: int, parents: int, steps: int) -> float:
     return PEER_DEADLINE + reports * (nodes * 2e-7 + 5e-5)
 
 
-def shares_of(data: bytes, reports: int, steps: int) -> npt.NDArray[np.uint8]:
-    """The other server's prep shares as `check_level` takes them."""
-    row = PREP_SHARE_SIZE * steps
-    if len(data) != reports * row:
+def shares_of(data: bytes, reports: int) -> npt.NDArray[np.uint8]:
+    """The other server's check values, as `Walk.decide` takes them."""
+    if len(data) != reports * CHECK_VALUE_SIZE:
         raise InvalidArgument(
-            f"prep shares of {reports} reports over {steps} bits are {reports * row} bytes, "
+            f"the check values of {reports} reports are {reports * CHECK_VALUE_SIZE} bytes, "
             f"got {len(data)}"
         )
-    return np.frombuffer(data, dtype=np.uint8).reshape(reports, row)
+    return np.frombuffer(data, dtype=np.uint8).reshape(reports, CHECK_VALUE_SIZE)
 
 
 class Walks:

@@ -394,8 +394,8 @@ class HelperDriver:
                     raise FailedPrecondition(
                         f"the leader's walk holds {step.reports} reports, this one {walk.size}"
                     )
-                leader = shares_of(step.prep_shares, walk.size, step.steps)
-                mine = await asyncio.to_thread(walk.extend, step.parents, step.steps)
+                leader = shares_of(step.prep_shares, walk.size)
+                mine = await asyncio.to_thread(walk.extend, step.parents, step.steps, 1)
                 refused = await asyncio.to_thread(walk.decide, leader, mine)
                 z = walk.inputs(stream.epsilon, self.core.rng, 1)
                 if self.core.stream(step.stream_id).state != OPEN:

@@ -509,13 +509,13 @@ class LeaderDriver:
                 raise
 
     async def _crawl_level(self, walk: Any, r: CrawlLevel, sid: str, k: int) -> CrawlAnswer:
-        mine = await asyncio.to_thread(walk.extend, r.parents, r.steps)
+        mine = await asyncio.to_thread(walk.extend, r.parents, r.steps, 0)
         step = CrawlStep(
             sid, r.task_id, walk.walk_id, r.parents, r.depth, r.steps, mine.tobytes(), walk.size
         )
         deadline = step_deadline(walk.size, len(r.parents), r.steps)
         answer = await self.helper.crawl_step(step, timeout=deadline)
-        theirs = shares_of(answer.prep_shares, walk.size, r.steps)
+        theirs = shares_of(answer.prep_shares, walk.size)
         invalid = await asyncio.to_thread(walk.decide, mine, theirs)
         stream, task = self.core.stream_and_task(sid)
         z = walk.inputs(stream.epsilon, self.core.rng, 0, r.tau)

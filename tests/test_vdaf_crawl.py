@@ -15,10 +15,13 @@ import pytest
 
 from svtagg.vdaf import crawl, sparse
 from svtagg.vdaf.crawl import (
+    CHECK_VALUE_SIZE,
     CrawlReports,
     Level,
     PrefixDpf,
+    check_hashed,
     check_level,
+    check_values,
     level_counts,
     step_level,
 )
@@ -393,3 +396,48 @@ def test_a_resumed_walk_makes_the_walks_bytes(reference: bool) -> None:
     assert np.array_equal(steady.live, resumed.live)
     with pytest.raises(SparseError, match="resumes"):
         steady.resume(steady.candidates, 32, refused)
+
+
+def test_hashed_check_values_decide_as_the_prep_shares_do() -> None:
+    """The servers exchange a 16-byte hash per report and step
+    (`check_values`) instead of 32 bytes per binary level: it decides exactly
+    as `check_level` on the prep shares, for honest reports, a weight of two,
+    a key changed for one server and a correction changed at the third bit;
+    the control, values that hash the weight without negating it on server 1,
+    refuses the honest reports too."""
+    dpf = PrefixDpf(16)
+    reports = [make(dpf, a) for a in (0x6869, 0x6869, 0x6F6B)]
+    reports.append(make(dpf, 0x6F6B, weight=2))
+    n, p, k = make(dpf, 0x6F6B)
+    reports.append((n, p, (k[0], bytes([k[1][0] ^ 1]) + k[1][1:])))
+    n, p, k = make(dpf, 0x6869)
+    levels = dpf.decode(p)
+    lv = levels[2]
+    levels[2] = Level(lv.seed, lv.ctrl, lv.proof, (lv.output + 1) % P)
+    reports.append((n, dpf.encode(levels), k))
+    sides = [CrawlReports(16, i, VK, [(n, p, k[i]) for n, p, k in reports]) for i in (0, 1)]
+    live = sides[0].live
+    prep = [s.extend(4) for s in sides]
+    plain = check_level(prep[0], prep[1], live)
+    values = [check_values(prep[i], i, live) for i in (0, 1)]
+    assert values[0].shape == (6, CHECK_VALUE_SIZE)
+    assert list(check_hashed(values[0], values[1], live)) == list(plain)
+    assert list(plain) == [True, True, True, False, False, False]
+    unnegated = check_values(prep[1], 0, live)
+    assert not check_hashed(values[0], unnegated, live).any()
+
+
+def test_check_values_reduce_and_negate_weights_exactly() -> None:
+    """`check_values`' weights on 64-bit words: reduced below p and negated
+    mod p as Python integers do, at the edges (0, 1, p − 1, 2^64, 2^128 − 1)
+    and at random."""
+    from svtagg.vdaf.crawl import _canonical
+
+    gen = np.random.default_rng(2)
+    vals = [0, 1, P - 1, P - 2, 2**64 - 1, 2**64, 2**127, P, P + 5, 2**128 - 1]
+    vals += [int.from_bytes(gen.bytes(16), "little") % P for _ in range(500)]
+    words = np.array([[v & (2**64 - 1), v >> 64] for v in vals], dtype=np.uint64)
+    for negate in (False, True):
+        out = _canonical(words, negate)
+        got = [int(a) | (int(b) << 64) for a, b in out]
+        assert got == [(P - v % P) % P if negate else v % P for v in vals]
