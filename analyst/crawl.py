@@ -70,18 +70,42 @@ class CrawlResult:
     levels: list[LevelRecord] = field(default_factory=list)
     epsilon_spent: Fraction = Fraction(0)
     stopped: str = ""
+    #: The prefixes the last level run kept (the root's [0] before any), and
+    #: their bits: where `crawl(..., resume=this)` goes on from.
+    kept: list[int] = field(default_factory=lambda: [0])
+    depth: int = 0
+    #: Whether the walk ended (all its levels, or stopped early); a walk that
+    #: failed midway has not, and may be resumed.
+    done: bool = False
 
     def strings(self) -> list[str]:
         return [decode_string(x, self.plan.bits) for x in self.found]
 
 
 def crawl(
-    oracle: LevelOracle, plan: CrawlPlan, progress: Callable[[LevelRecord], None] | None = None
+    oracle: LevelOracle,
+    plan: CrawlPlan,
+    progress: Callable[[LevelRecord], None] | None = None,
+    *,
+    resume: CrawlResult | None = None,
 ) -> CrawlResult:
-    """Walk the prefix tree as `plan` says (module docstring)."""
-    result = CrawlResult(plan, [])
-    kept, depth = [0], 0
-    for level in range(1, plan.levels + 1):
+    """Walk the prefix tree as `plan` says (module docstring).  `resume`: the
+    result of a walk of this plan, on this oracle, that failed midway (an
+    exception from a level, e.g. a server lost): the walk goes on from its
+    last completed level, and the level that failed is asked again (charged
+    again; the servers rebuild their side of the walk from their records).
+    The result is updated as the walk goes, so a caller holding it after an
+    exception can resume it."""
+    if resume is not None:
+        if resume.done:
+            raise InvalidArgument("this walk has ended; start a new one")
+        if resume.plan != plan:
+            raise InvalidArgument("a walk resumes with its own plan")
+        result = resume
+    else:
+        result = CrawlResult(plan, [])
+    kept, depth = result.kept, result.depth
+    for level in range(len(result.levels) + 1, plan.levels + 1):
         bits = plan.prefix_bits(level)
         steps = bits - depth
         candidates = [(p << steps) | x for p in kept for x in range(1 << steps)]
@@ -91,18 +115,22 @@ def crawl(
         depth = bits
         record = LevelRecord(level, bits, len(candidates), len(kept))
         result.levels.append(record)
+        result.kept, result.depth = kept, depth
         if progress is not None:
             progress(record)
         if not kept:
             result.stopped = f"no candidate of level {level} is above the threshold"
+            result.done = True
             return result
         if len(kept) > plan.max_kept and level < plan.levels:
             result.stopped = (
                 f"{len(kept)} prefixes of level {level} are above the threshold, more than "
                 f"max_kept = {plan.max_kept}: raise the threshold (or ε), or max_kept"
             )
+            result.done = True
             return result
     result.found = kept
+    result.done = True
     return result
 
 

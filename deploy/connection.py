@@ -281,6 +281,9 @@ class TaskHandle:
         #: What the last `heavy_strings` walk cost (levels, ε, refused reports,
         #: bytes between the servers), also after a walk that failed midway.
         self.crawl_stats: CrawlStats | None = None
+        #: The last walk `heavy_strings` ran (its oracle and result so far),
+        #: which `heavy_strings(resume=True)` goes on with after a failure.
+        self._walk: tuple[RemoteCrawlOracle, CrawlResult] | None = None
 
     def __repr__(self) -> str:
         return f"TaskHandle({self.task_id!r})"
@@ -436,6 +439,7 @@ class TaskHandle:
         threshold: int | None = None,
         max_kept: int = 64,
         progress: Callable[[LevelRecord], None] | None = None,
+        resume: bool = False,
     ) -> CrawlResult:
         """Heavy hitters over the strings of a crawl task (validity crawl:B),
         by the prefix crawl through the servers (`analyst.crawl.crawl`, as
@@ -454,7 +458,21 @@ class TaskHandle:
         and an ε above what the leader's ledger has left (BudgetExhausted).
         Each level charges its ε on both servers as it runs, so a walk that
         fails midway (a server lost) has spent the levels it ran:
-        `crawl_stats` says what."""
+        `crawl_stats` says what.  `resume=True` (the same arguments) goes on
+        with that walk from its last completed level instead of starting
+        another: the level that failed is asked again, charged again, and the
+        servers rebuild their side from their records (a restart included)."""
+        if resume:
+            if self._walk is None or self._walk[1].done:
+                raise FailedPrecondition(
+                    f"no walk of task {self.task_id!r} to resume: the last one ended, "
+                    "or none ran from this handle"
+                )
+            oracle, partial = self._walk
+            plan = crawl_plan(self.crawl_bits(self.state()), epsilon, stride, threshold, max_kept)
+            left = plan.epsilon - partial.epsilon_spent
+            self._check_left(left)
+            return crawl(oracle, plan, progress, resume=partial)
         view = self.state()
         bits = self.crawl_bits(view)
         if view.collecting:
@@ -462,15 +480,23 @@ class TaskHandle:
                 f"task {self.task_id!r} is still collecting: close its collection before walking"
             )
         plan = crawl_plan(bits, epsilon, stride, threshold, max_kept)
-        left = view.budget.exact["epsilon_total"] - view.budget.exact["epsilon_spent"]
-        if plan.epsilon > left:
-            raise BudgetExhausted(
-                f"the walk's ε {plan.epsilon} is more than the {left} task "
-                f"{self.task_id!r} has left: nothing spent"
-            )
+        self._check_left(plan.epsilon, view)
         oracle = self.crawl_oracle(bits)
         self.crawl_stats = oracle.stats
-        return crawl(oracle, plan, progress)
+        result = CrawlResult(plan, [])
+        self._walk = (oracle, result)
+        return crawl(oracle, plan, progress, resume=result)
+
+    def _check_left(self, needed: Fraction, view: TaskView | None = None) -> None:
+        """BudgetExhausted, nothing spent, when the leader's ledger holds less
+        than `needed`."""
+        view = view or self.state()
+        left = view.budget.exact["epsilon_total"] - view.budget.exact["epsilon_spent"]
+        if needed > left:
+            raise BudgetExhausted(
+                f"the walk's ε {needed} is more than the {left} task "
+                f"{self.task_id!r} has left: nothing spent"
+            )
 
     def upload_strings(
         self,

@@ -9,19 +9,22 @@ tests/test_crawl.py; the keys: tests/test_vdaf_crawl.py."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import math
 import os
+import threading
 from collections import Counter
 from fractions import Fraction
 from pathlib import Path
+from typing import Any
 
 import pytest
-from conftest import pg_tagged
+from conftest import Deployment, off_loop, pg_tagged
 
 from svtagg.analyst.crawl import decode_string, encode_string
 from svtagg.dp.crawl import CrawlPlan, above_probability, level_scale
-from svtagg.dp.errors import FailedPrecondition, InvalidArgument
+from svtagg.dp.errors import FailedPrecondition, InvalidArgument, PeerUnavailable
 from svtagg.dp.kinds import StreamKind
 from svtagg.proto import svtagg_pb2 as pb
 from svtagg.servers.crawl import Walks
@@ -343,3 +346,70 @@ async def test_a_walk_goes_on_after_both_servers_forget_it(tmp_path: Path) -> No
         await pair.helper.settled()
         assert pair.helper.core.task("r").budget.epsilon_spent == 64
         assert [r.level for r in pair.helper.core.store.crawl_levels(w)] == [1, 2, 3]
+
+
+# ----------------------------------------------------------------- restarts, from outside
+def _sdk(dep: Deployment) -> Any:
+    import svtagg
+
+    return svtagg.connect(dep.leader_addr, certs=dep.certs, helper=dep.helper_addr)
+
+
+async def test_a_walk_goes_on_across_restarts_and_resumes_after_a_failed_level(
+    deployment: Deployment,
+) -> None:
+    """Through the gRPC servers and the SDK: both servers restarted between
+    two levels, the walk goes on (each rebuilds it from its record); the
+    helper lost during a level fails that level (the walk raises, the level's
+    charge spent), and `heavy_strings(resume=True)` after the restart goes on
+    from the last completed level and finds the heavy strings."""
+    dep = deployment
+    words = ["hi"] * 40 + ["ok"] * 30 + ["no"] * 2
+    conn = await off_loop(_sdk, dep)
+    task = await off_loop(conn.create_string_task, "s", 64, bits=16, min_batch=1)
+    await off_loop(task.upload_strings, words, journal=False)
+    await off_loop(task.close_collection)
+    loop = asyncio.get_running_loop()
+    at_level: dict[int, threading.Event] = {2: threading.Event()}
+    go_on = threading.Event()
+
+    def progress(record: Any) -> None:
+        if record.level in at_level:
+            at_level[record.level].set()
+            assert go_on.wait(60)
+
+    walk = loop.run_in_executor(
+        None, lambda: task.heavy_strings(16, stride=4, threshold=10, progress=progress)
+    )
+    assert await loop.run_in_executor(None, at_level[2].wait, 60)
+    await dep.stop()  # both servers, between levels 2 and 3
+    await dep.start()
+    go_on.set()
+    result = await walk
+    assert sorted(result.strings()) == ["hi", "ok"] and result.done
+    assert task.crawl_stats.levels == 4
+
+    # The helper is lost during level 3 of a second walk.
+    at_level.clear()
+    at_level[2] = threading.Event()
+    go_on.clear()
+    walk = loop.run_in_executor(
+        None, lambda: task.heavy_strings(16, stride=4, threshold=10, progress=progress)
+    )
+    assert await loop.run_in_executor(None, at_level[2].wait, 60)
+    assert dep.helper is not None
+    await dep.helper.stop(0.5)
+    dep.helper = None
+    go_on.set()
+    with pytest.raises(PeerUnavailable):
+        await walk
+    await dep.stop()
+    await dep.start()
+    at_level.clear()
+    result = await off_loop(task.heavy_strings, 16, stride=4, threshold=10, resume=True)
+    assert sorted(result.strings()) == ["hi", "ok"] and len(result.levels) == 4
+    spent = (await off_loop(task.budget)).exact["epsilon_spent"]
+    assert spent >= 16 + 16  # two walks, and the failed level's charge
+    with pytest.raises(FailedPrecondition, match="no walk"):
+        await off_loop(task.heavy_strings, 16, stride=4, threshold=10, resume=True)
+    await off_loop(conn.close)
