@@ -74,7 +74,7 @@ from svtagg.vdaf.sparse import NONCE_SIZE, SparseError
 #: Walks one server holds at once (each holds every report's key: ≈ 3 KB a
 #: report at 64 bits).
 MAX_WALKS = 2
-#: The most bytes of one server's prep shares for one level (a CrawlStep
+#: The most bytes of one server's check values for one level (a CrawlStep
 #: message, with room for its other fields).
 MAX_STEP_BYTES = MAX_MESSAGE_BYTES - (1 << 20)
 #: A walk's id: 32 hex digits, drawn by the leader.
@@ -279,7 +279,9 @@ class Walks:
         walk = self._walks.get(walk_id)
         if walk is not None and walk.task_id != task_id:
             raise FailedPrecondition(f"walk {walk_id} is not a walk of task {task_id!r}")
-        if walk is not None and not walk.lock.locked():
+        if walk is not None and walk.lock.locked():
+            raise FailedPrecondition(f"walk {walk_id} is answering another level; one at a time")
+        if walk is not None:
             r = walk.reports
             if depth == 0 and r.depth == 0 or (depth and r.depth == depth and not r.kept):
                 self._walks.move_to_end(walk_id)
