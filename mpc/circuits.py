@@ -343,7 +343,7 @@ def plain_clamp(s: npt.NDArray[np.uint64], bound: int) -> npt.NDArray[np.uint64]
 
 # ---------------------------------------------------------------- report validation
 def any_per_group_circuit(
-    be: Backend, a_bits: Bits | None, b: WireSource, n: int, group: int
+    be: Backend, a_bits: Bits | None, b: WireSource, n: int, group: int, width: int = RING_BITS
 ) -> Wires:
     """For lanes laid out as n/group consecutive groups: the OR of each group's
     YES bits (sign of a + b ≥ 0), one output wire per group.  Range validation
@@ -351,7 +351,7 @@ def any_per_group_circuit(
     invalid" is revealed — not which value, nor which side.  < group ORs per group."""
     if group < 1 or n % group:
         raise ValueError(f"{n} lanes do not split into groups of {group}")
-    yes = sign_yes(be, a_bits, b, n)
+    yes = sign_yes(be, a_bits, b, n, width)
     x = yes.reshape((n // group, group) + yes.shape[1:])
     while x.shape[1] > 1:
         half = x.shape[1] // 2

@@ -302,9 +302,10 @@ def _encode_bits(bits: list[bool], k: int) -> bytes:
     return np.packbits(np.asarray(bits, dtype=np.uint8), bitorder="little").tobytes()
 
 
-def any_per_group_spec(group: int) -> ChunkCircuit[list[bool]]:
-    """One bit per group of `group` lanes (OR of the group's YES): both parties
-    learn the bit vector and nothing else."""
+def any_per_group_spec(group: int, width: int = RING_BITS) -> ChunkCircuit[list[bool]]:
+    """One bit per group of `group` lanes (OR of the group's YES, on w-bit
+    comparisons): both parties learn the bit vector and nothing else."""
+    w = check_width(width)
 
     def parse(msg: bytes, k: int) -> list[bool]:
         m = k // group
@@ -318,12 +319,14 @@ def any_per_group_spec(group: int) -> ChunkCircuit[list[bool]]:
     return ChunkCircuit(
         inputs=("z",),
         outputs=1,
-        circuit=lambda be, a_bits, b, k: (any_per_group_circuit(be, a_bits, b, k, group),),
+        circuit=lambda be, a_bits, b, k: (any_per_group_circuit(be, a_bits, b, k, group, w),),
         decode=lambda bits: [bool(v) for v in bits[0]],
         encode=_encode_bits,
         parse=parse,
         empty=list,
         output_bits=lambda k: k // group,
+        tables_per_lane=2 * w + 3,
+        width=w,
         streams=True,
     )
 
@@ -591,10 +594,13 @@ class _Party:
         """The garbler's fresh mask bits for a carried winner (None: evaluator)."""
         return None
 
-    async def any_per_group(self, z: npt.ArrayLike, group: int) -> list[bool]:
-        """For each run of `group` lanes: is any signed(z_L + z_H) ≥ 0 in it?  Both
-        parties get the bits (report validation: one bit per report)."""
-        return await self._chunk_flow(any_per_group_spec(group), z)
+    async def any_per_group(
+        self, z: npt.ArrayLike, group: int, width: int = RING_BITS
+    ) -> list[bool]:
+        """For each run of `group` lanes: is any signed(z_L + z_H) ≥ 0 in it, on
+        the low `width` bits (correct while |z_L + z_H| < 2^(width−1))?  Both
+        parties get the bits (a crawl level: groups of one)."""
+        return await self._chunk_flow(any_per_group_spec(group, width), z)
 
     async def clamp_reshare(self, share: npt.ArrayLike, bound: int) -> U64:
         """This party's new share of g(S) = min(tri(S), bound) per lane, S = share_L

@@ -52,7 +52,7 @@ from svtagg.proto.terms import (
     VERIFY_SLOTS,
     Role,
 )
-from svtagg.servers.crawl import Walks
+from svtagg.servers.crawl import Walks, crawl_width
 from svtagg.servers.exchange.joint import (
     JointDraw,
     Pooled,
@@ -752,7 +752,8 @@ class ServerCore:
             # The level's inputs, made at its CrawlStep (servers/crawl.py): each
             # candidate's sign bit, revealed to both servers.
             z = self.walks.take_inputs(stream.stream_id, len(chunk))
-            result = await party.any_per_group(z, 1)
+            w = crawl_width(task.params.n_max, stream.epsilon)
+            result = await party.any_per_group(z, 1, w)
             self.walks.compared(self.store, stream.stream_id)  # the level's record
         elif kind == ChunkKind.NMAX:
             assert thresholds is None

@@ -55,8 +55,9 @@ from fractions import Fraction
 import numpy as np
 import numpy.typing as npt
 
-from svtagg.dp.crawl import MAX_LEVEL_CANDIDATES, MAX_STRIDE, draw_level_noise
+from svtagg.dp.crawl import MAX_LEVEL_CANDIDATES, MAX_STRIDE, draw_level_noise, level_scale
 from svtagg.dp.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
+from svtagg.dp.kinds import clamp_bound
 from svtagg.dp.noise import RandomSource
 from svtagg.mpc.ring import U64
 from svtagg.proto.terms import MAX_MESSAGE_BYTES, PEER_DEADLINE, REPORT_PAGE
@@ -219,6 +220,15 @@ def prefixes_of(data: bytes) -> tuple[int, ...]:
 
 def prefix_bytes(prefixes: Sequence[int]) -> bytes:
     return b"".join(int(p).to_bytes(32, "big") for p in prefixes)
+
+
+def crawl_width(n_max: int, epsilon: Fraction) -> int:
+    """The comparison width of a level, from public values alone (both
+    servers derive it): |count + ν_L + ν_H − τ| is at most n_max + 4·n_max
+    (τ's bound) + both draws' clamps (`dp.kinds.clamp_bound` of scale 2/ε),
+    which stays below 2^(w−1)."""
+    bound = 5 * n_max + 2 * clamp_bound(level_scale(epsilon)) + 1
+    return max(2, min(64, bound.bit_length() + 1))
 
 
 def step_deadline(reports: int, parents: int, steps: int) -> float:

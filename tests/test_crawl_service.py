@@ -413,3 +413,18 @@ async def test_a_walk_goes_on_across_restarts_and_resumes_after_a_failed_level(
     with pytest.raises(FailedPrecondition, match="no walk"):
         await off_loop(task.heavy_strings, 16, stride=4, threshold=10, resume=True)
     await off_loop(conn.close)
+
+
+def test_a_levels_comparison_width_covers_every_input() -> None:
+    """The width both servers derive for a level's comparison: every
+    |count + ν_L + ν_H − τ| the level can hold (counts ≤ n_max, τ ≤ 4·n_max,
+    each draw within its clamp) is below 2^(w−1), and one bit less would not
+    hold the extreme."""
+    from svtagg.dp.kinds import clamp_bound
+    from svtagg.servers.crawl import crawl_width
+
+    for n_max, eps in [(1, Fraction(64)), (10_000, Fraction(1, 8)), (10**6, Fraction(1, 100))]:
+        w = crawl_width(n_max, eps)
+        extreme = 5 * n_max + 2 * clamp_bound(level_scale(eps))
+        assert extreme < 1 << (w - 1)
+        assert w == 2 or extreme >= 1 << (w - 2)
