@@ -277,18 +277,21 @@ def main(argv: list[str] | None = None) -> int:
     }
     print(table(rows, args.n))
     engine = "native core" if crawl_native() else "numpy reference"
-    if args.dpf_path in ("in-process", "both"):
-        cost = dpf_cost(dpf_words, eps, args.phi, args.max_kept)
-        result["dpf_path"] = cost
-        print(f"\nDPF path (two in-process servers, {engine}, no comparison):")
-        for k, v in cost.items():
-            print(f"  {k}: {v}")
-    if args.dpf_path in ("servers", "both"):
-        through = servers_cost(dpf_words, eps, args.phi, args.max_kept)
-        result["servers_path"] = through
-        print(f"\nDPF path through a leader and a helper process ({engine}):")
-        for k, v in through.items():
-            print(f"  {k}: {v}")
+    paths = {
+        "in-process": ("dpf_path", dpf_cost, f"(two in-process servers, {engine}, no comparison)"),
+        "servers": (
+            "servers_path",
+            servers_cost,
+            f"through a leader and a helper process ({engine})",
+        ),
+    }
+    for name, (key, run, title) in paths.items():
+        if args.dpf_path in (name, "both"):
+            cost = run(dpf_words, eps, args.phi, args.max_kept)
+            result[key] = cost
+            print(f"\nDPF path {title}:")
+            for k, v in cost.items():
+                print(f"  {k}: {v}")
     result["seconds"] = round(time.perf_counter() - t0, 1)
     result["cpus"] = os.cpu_count()
     out = Path(args.out)
