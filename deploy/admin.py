@@ -137,7 +137,16 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     _common(crawl)
     crawl.add_argument(
-        "--epsilon", required=True, type=exact, help="the walk's ε, split evenly over its levels"
+        "--epsilon",
+        type=exact,
+        help="the walk's ε, split evenly over its levels (required unless --resume)",
+    )
+    crawl.add_argument(
+        "--resume",
+        action="store_true",
+        help="go on with this task's walk that failed midway (its plan as it was recorded "
+        "under SVTAGG_STATE_DIR): from its last completed level, the failed level asked "
+        "again and charged again",
     )
     crawl.add_argument(
         "--stride", type=positive_int, default=8, help="bits each level adds (1 to 8)"
@@ -419,19 +428,31 @@ def run_crawl(args: argparse.Namespace) -> int:
     """`svtagg analyst crawl`: `TaskHandle.heavy_strings` with a line per level."""
     import time
 
-    from svtagg.deploy.connection import crawl_plan
+    from svtagg.deploy.connection import crawl_plan, walk_journal_path
     from svtagg.dp.errors import InvalidArgument
 
     start = time.perf_counter()
+    if args.resume == (args.epsilon is not None):
+        raise ValueError(
+            "give --epsilon for a new walk, or --resume (and no plan) for the last one"
+        )
     with _deployment(args) as dep:
         task = dep.task(args.task)
         view = task.state()
+        journal = walk_journal_path(args.task, dep._ca)
         try:  # a bad invocation (exit 2), before anything is spent
             bits = task.crawl_bits(view)
-            plan = crawl_plan(bits, args.epsilon, args.stride, args.tau, args.max_kept)
+            if args.resume:
+                if not journal.is_file():
+                    raise InvalidArgument(
+                        f"no unfinished walk of task {args.task!r} is recorded here ({journal})"
+                    )
+                plan = task.restore_walk(json.loads(journal.read_text()))
+            else:
+                plan = crawl_plan(bits, args.epsilon, args.stride, args.tau, args.max_kept)
         except InvalidArgument as exc:
             raise ValueError(str(exc)) from None
-        floor = " (the plan's false-positive floor)" if args.tau is None else ""
+        floor = " (the plan's false-positive floor)" if args.tau is None and not args.resume else ""
         print(
             f"crawl of task {args.task} (strings of {bits} bits): {plan.levels} levels of "
             f"{plan.stride} bits at ε {plan.level_epsilon} each (ε {plan.epsilon}), "
@@ -456,16 +477,27 @@ def run_crawl(args: argparse.Namespace) -> int:
                 threshold=plan.threshold,
                 max_kept=plan.max_kept,
                 progress=level_done,
+                resume=args.resume,
             )
         except Exception:
             st = task.crawl_stats
+            record = task.walk_record()
             if st is not None and st.levels:
                 print(
                     f"the walk failed after {st.levels} level(s), which spent ε "
                     f"{st.epsilon_spent} on both servers' ledgers",
                     file=sys.stderr,
                 )
+            if record is not None and record["levels"]:
+                journal.parent.mkdir(parents=True, exist_ok=True)
+                journal.write_text(json.dumps(record))
+                print(
+                    f"its levels are recorded in {journal}: go on with it by "
+                    f"`svtagg analyst crawl --task {args.task} --resume`",
+                    file=sys.stderr,
+                )
             raise
+        journal.unlink(missing_ok=True)  # this task's walk ended
         stats = task.crawl_stats
         left = task.budget().exact
     assert stats is not None

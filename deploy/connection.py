@@ -498,6 +498,67 @@ class TaskHandle:
                 f"{self.task_id!r} has left: nothing spent"
             )
 
+    def walk_record(self) -> dict[str, Any] | None:
+        """The walk `heavy_strings` left unfinished (a level failed), as JSON
+        data a later process can give `restore_walk`; None when there is none."""
+        if self._walk is None or self._walk[1].done:
+            return None
+        oracle, r = self._walk
+        p = r.plan
+        return {
+            "task": self.task_id,
+            "plan": {
+                "bits": p.bits,
+                "stride": p.stride,
+                "epsilon": str(p.epsilon),
+                "threshold": p.threshold,
+                "max_kept": p.max_kept,
+            },
+            "walk_id": oracle.walk_id,
+            "depth": r.depth,
+            "kept": [f"{x:x}" for x in r.kept],
+            "levels": [[lv.level, lv.prefix_bits, lv.candidates, lv.kept] for lv in r.levels],
+            "epsilon_spent": str(r.epsilon_spent),
+        }
+
+    def restore_walk(self, record: dict[str, Any]) -> CrawlPlan:
+        """Take up a walk `walk_record` wrote (another process's, say), so that
+        `heavy_strings(resume=True)` goes on with it; returns its plan.
+        InvalidArgument for a record of another task or one that does not parse."""
+        try:
+            if record["task"] != self.task_id:
+                raise InvalidArgument(
+                    f"the walk record is of task {record['task']!r}, not {self.task_id!r}"
+                )
+            p = record["plan"]
+            plan = CrawlPlan(
+                int(p["bits"]),
+                int(p["stride"]),
+                Fraction(p["epsilon"]),
+                int(p["threshold"]),
+                int(p["max_kept"]),
+            )
+            levels = [LevelRecord(*(int(x) for x in lv)) for lv in record["levels"]]
+            result = CrawlResult(
+                plan,
+                [],
+                levels,
+                Fraction(record["epsilon_spent"]),
+                kept=[int(x, 16) for x in record["kept"]],
+                depth=int(record["depth"]),
+            )
+            walk_id = str(record["walk_id"])
+        except (KeyError, TypeError, ValueError, ZeroDivisionError) as exc:
+            raise InvalidArgument(f"the walk record does not parse: {exc}") from None
+        oracle = self.crawl_oracle(plan.bits)
+        if levels:
+            oracle.walk_id, oracle.depth, oracle.level = walk_id, result.depth, levels[-1].level
+        oracle.stats.levels = len(levels)
+        oracle.stats.epsilon_spent = result.epsilon_spent
+        self.crawl_stats = oracle.stats
+        self._walk = (oracle, result)
+        return plan
+
     def upload_strings(
         self,
         strings: Any,
@@ -770,6 +831,14 @@ def _digest(blocks: list[Rows], options: dict[str, Any]) -> str:
         else:
             h.update(b"".join(int(v).to_bytes(32, "big") for v in b))
     return h.hexdigest()
+
+
+def walk_journal_path(task_id: str, ca: bytes) -> Path:
+    """Where `svtagg analyst crawl` records a walk of this task of this
+    deployment (its CA) that failed midway, for `--resume`."""
+    root = os.environ.get("SVTAGG_STATE_DIR") or Path.home() / ".local" / "state" / "svtagg"
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in task_id)[:64]
+    return Path(root) / "walks" / f"{safe}-{hashlib.sha256(ca).hexdigest()[:16]}.json"
 
 
 def upload_journal_path(task_id: str, digest: str) -> Path:

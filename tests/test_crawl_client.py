@@ -633,7 +633,7 @@ def test_analyst_crawl_says_why_a_walk_stopped_early(
         (["--epsilon", "1", "--max-kept", "1000"], "", "max_kept"),
         (["--epsilon", "1"], "range", "not a crawl task"),
         (["--epsilon", "0"], "", "ε must be positive"),
-        (["--stride", "4"], "", "required: --epsilon"),
+        (["--stride", "4"], "", "give --epsilon for a new walk"),
         (["--epsilon", "1", "--tau", "0"], "", "must be >= 1"),
     ],
 )

@@ -428,3 +428,64 @@ def test_a_levels_comparison_width_covers_every_input() -> None:
         extreme = 5 * n_max + 2 * clamp_bound(level_scale(eps))
         assert extreme < 1 << (w - 1)
         assert w == 2 or extreme >= 1 << (w - 2)
+
+
+async def test_the_command_line_resumes_a_walk_another_process_recorded(
+    deployment: Deployment,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`svtagg analyst crawl --resume`: a walk whose third level failed (the
+    helper lost) is recorded as the CLI records it (`walk_record`, under
+    SVTAGG_STATE_DIR); after the restart a new process goes on from level 3
+    and finds the heavy strings; the record is gone once the walk ends, and a
+    second --resume is refused (exit 2), as is --resume with a plan."""
+    import json
+
+    from svtagg.deploy.cli import main
+    from svtagg.deploy.connection import walk_journal_path
+
+    monkeypatch.setenv("SVTAGG_STATE_DIR", str(tmp_path / "state"))
+    dep = deployment
+    conn = await off_loop(_sdk, dep)
+    task = await off_loop(conn.create_string_task, "c", 64, bits=16, min_batch=1)
+    await off_loop(task.upload_strings, ["hi"] * 40 + ["ok"] * 30, journal=False)
+    await off_loop(task.close_collection)
+    stop = threading.Event()
+    resumed = threading.Event()
+
+    def progress(record: Any) -> None:
+        if record.level == 2:
+            stop.set()
+            assert resumed.wait(60)
+
+    loop = asyncio.get_running_loop()
+    walk = loop.run_in_executor(
+        None, lambda: task.heavy_strings(16, stride=4, threshold=10, progress=progress)
+    )
+    assert await loop.run_in_executor(None, stop.wait, 60)
+    assert dep.helper is not None
+    await dep.helper.stop(0.5)
+    dep.helper = None
+    resumed.set()
+    with pytest.raises(PeerUnavailable):
+        await walk
+    record = task.walk_record()
+    assert record is not None and [lv[0] for lv in record["levels"]] == [1, 2]
+    journal = walk_journal_path("c", conn._ca)
+    journal.parent.mkdir(parents=True)
+    journal.write_text(json.dumps(record))
+    await off_loop(conn.close)
+    await dep.stop()
+    await dep.start()
+    cli = ["analyst", "crawl", "--leader", dep.leader_addr, "--certs", str(dep.certs)]
+    cli += ["--task", "c"]
+    assert await off_loop(main, [*cli, "--resume", "--epsilon", "16"]) == 2
+    capsys.readouterr()
+    assert await off_loop(main, [*cli, "--resume", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert sorted(out["found"]) == ["hi", "ok"]
+    assert [lv["level"] for lv in out["levels"]] == [1, 2, 3, 4]
+    assert not journal.exists()
+    assert await off_loop(main, [*cli, "--resume"]) == 2
