@@ -15,6 +15,7 @@ import math
 import os
 import threading
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -98,15 +99,10 @@ class ServerOracle:
 async def walk(
     pair: ReferencePair, task_id: str, plan: CrawlPlan
 ) -> tuple[list[str], ServerOracle]:
-    """`analyst.crawl.crawl`'s walk, level by level, through the leader."""
+    """`analyst.crawl.crawl`'s walk, level by level, through the leader
+    driver (on this event loop: `crawl` itself is synchronous, and the SDK's
+    walk over gRPC runs it, below)."""
     oracle = ServerOracle(pair, task_id)
-    answers: dict[int, list[bool]] = {}
-
-    class Sync:
-        def above(self, level, candidates, prefix_bits, epsilon, threshold):  # type: ignore[no-untyped-def]
-            return answers.pop(level)
-
-    # crawl() is synchronous: run it once per level, feeding each level's answer.
     kept, depth = [0], 0
     for level in range(1, plan.levels + 1):
         bits = plan.prefix_bits(level)
@@ -117,7 +113,6 @@ async def walk(
         depth = bits
         if not kept:
             break
-    assert Sync  # (the synchronous walk is the SDK's: tests/test_crawl_client.py)
     return [decode_string(x, plan.bits) for x in kept], oracle
 
 
@@ -260,7 +255,7 @@ async def test_the_helper_holds_its_own_walk_against_a_lying_leader(tmp_path: Pa
 
 
 # ----------------------------------------------------------------- the law, through the servers
-def _g(seen: Counter[tuple[bool, ...]], law: dict[tuple[bool, bool], float]) -> float:
+def _g(seen: Counter[tuple[bool, ...]], law: dict[tuple[bool, ...], float]) -> float:
     n = sum(seen.values())
     return 2 * sum(c * math.log(c / (n * law[o])) for o, c in seen.items() if c)
 
@@ -285,8 +280,11 @@ async def test_the_servers_answers_fit_the_exact_law_and_half_scale_noise_does_n
     runs = 300
     t = level_scale(Fraction(1))
     p = [above_probability(c, 17, t, 2) for c in (20, 14)]
-    law = {(a, b): (p[0] if a else 1 - p[0]) * (p[1] if b else 1 - p[1])
-           for a in (False, True) for b in (False, True)}  # fmt: skip
+    law: dict[tuple[bool, ...], float] = {
+        (a, b): (p[0] if a else 1 - p[0]) * (p[1] if b else 1 - p[1])
+        for a in (False, True)
+        for b in (False, True)
+    }
     async with reference_pair(tmp_path) as pair:
         spec = crawl_spec("a", bits=8, eps_total=str(2 * runs))
         await pair.leader.create_task(wire.TASK_SPEC.from_pb(spec))
@@ -355,6 +353,35 @@ def _sdk(dep: Deployment) -> Any:
     return svtagg.connect(dep.leader_addr, certs=dep.certs, helper=dep.helper_addr)
 
 
+async def _walk_with_a_break(task: Any, between: Callable[[], Awaitable[None]]) -> Any:
+    """`task.heavy_strings` (16-bit strings, 4 levels of 4 bits, ε 16, τ 10)
+    on a thread, with `between` run on the event loop after level 2 and
+    before level 3 asks anything; the walk's result (or its exception)."""
+    loop = asyncio.get_running_loop()
+    paused, go_on = threading.Event(), threading.Event()
+
+    def progress(record: Any) -> None:
+        if record.level == 2:
+            paused.set()
+            assert go_on.wait(60)
+
+    walk = loop.run_in_executor(
+        None, lambda: task.heavy_strings(16, stride=4, threshold=10, progress=progress)
+    )
+    assert await loop.run_in_executor(None, paused.wait, 60)
+    try:
+        await between()
+    finally:
+        go_on.set()
+    return await walk
+
+
+async def _lose_the_helper(dep: Deployment) -> None:
+    assert dep.helper is not None
+    await dep.helper.stop(0.5)
+    dep.helper = None
+
+
 async def test_a_walk_goes_on_across_restarts_and_resumes_after_a_failed_level(
     deployment: Deployment,
 ) -> None:
@@ -369,43 +396,20 @@ async def test_a_walk_goes_on_across_restarts_and_resumes_after_a_failed_level(
     task = await off_loop(conn.create_string_task, "s", 64, bits=16, min_batch=1)
     await off_loop(task.upload_strings, words, journal=False)
     await off_loop(task.close_collection)
-    loop = asyncio.get_running_loop()
-    at_level: dict[int, threading.Event] = {2: threading.Event()}
-    go_on = threading.Event()
 
-    def progress(record: Any) -> None:
-        if record.level in at_level:
-            at_level[record.level].set()
-            assert go_on.wait(60)
+    async def restart_both() -> None:
+        await dep.stop()  # both servers, between levels 2 and 3
+        await dep.start()
 
-    walk = loop.run_in_executor(
-        None, lambda: task.heavy_strings(16, stride=4, threshold=10, progress=progress)
-    )
-    assert await loop.run_in_executor(None, at_level[2].wait, 60)
-    await dep.stop()  # both servers, between levels 2 and 3
-    await dep.start()
-    go_on.set()
-    result = await walk
+    result = await _walk_with_a_break(task, restart_both)
     assert sorted(result.strings()) == ["hi", "ok"] and result.done
     assert task.crawl_stats.levels == 4
 
     # The helper is lost during level 3 of a second walk.
-    at_level.clear()
-    at_level[2] = threading.Event()
-    go_on.clear()
-    walk = loop.run_in_executor(
-        None, lambda: task.heavy_strings(16, stride=4, threshold=10, progress=progress)
-    )
-    assert await loop.run_in_executor(None, at_level[2].wait, 60)
-    assert dep.helper is not None
-    await dep.helper.stop(0.5)
-    dep.helper = None
-    go_on.set()
     with pytest.raises(PeerUnavailable):
-        await walk
+        await _walk_with_a_break(task, lambda: _lose_the_helper(dep))
     await dep.stop()
     await dep.start()
-    at_level.clear()
     result = await off_loop(task.heavy_strings, 16, stride=4, threshold=10, resume=True)
     assert sorted(result.strings()) == ["hi", "ok"] and len(result.levels) == 4
     spent = (await off_loop(task.budget)).exact["epsilon_spent"]
@@ -452,25 +456,8 @@ async def test_the_command_line_resumes_a_walk_another_process_recorded(
     task = await off_loop(conn.create_string_task, "c", 64, bits=16, min_batch=1)
     await off_loop(task.upload_strings, ["hi"] * 40 + ["ok"] * 30, journal=False)
     await off_loop(task.close_collection)
-    stop = threading.Event()
-    resumed = threading.Event()
-
-    def progress(record: Any) -> None:
-        if record.level == 2:
-            stop.set()
-            assert resumed.wait(60)
-
-    loop = asyncio.get_running_loop()
-    walk = loop.run_in_executor(
-        None, lambda: task.heavy_strings(16, stride=4, threshold=10, progress=progress)
-    )
-    assert await loop.run_in_executor(None, stop.wait, 60)
-    assert dep.helper is not None
-    await dep.helper.stop(0.5)
-    dep.helper = None
-    resumed.set()
     with pytest.raises(PeerUnavailable):
-        await walk
+        await _walk_with_a_break(task, lambda: _lose_the_helper(dep))
     record = task.walk_record()
     assert record is not None and [lv[0] for lv in record["levels"]] == [1, 2]
     journal = walk_journal_path("c", conn._ca)
