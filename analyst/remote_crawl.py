@@ -29,15 +29,13 @@ from fractions import Fraction
 from typing import Any
 
 import grpc
-import numpy as np
 
 from svtagg.dp.crawl import MAX_CRAWL_BITS, MAX_LEVEL_CANDIDATES, MAX_STRIDE
 from svtagg.dp.errors import InvalidArgument, Refusal
 from svtagg.proto import svtagg_pb2 as pb
 from svtagg.proto.vocab import refusal_from_rpc
-
-#: Bytes of one parent prefix on the wire (big-endian).
-PARENT_BYTES = 32
+from svtagg.vdaf.crawl import prefixes_to_bytes, unpack_bits
+from svtagg.vdaf.sparse import SparseError
 
 
 @dataclass
@@ -59,20 +57,19 @@ class CrawlStats:
 
 def pack_parents(parents: Sequence[int]) -> bytes:
     """The parents as the request sends them: 32 bytes big-endian each."""
-    return b"".join(int(p).to_bytes(PARENT_BYTES, "big") for p in parents)
+    return prefixes_to_bytes(parents)
 
 
 def unpack_above(data: bytes, candidates: int) -> list[bool]:
-    """The response's bits, one per candidate, least significant bit of each
-    byte first (numpy packbits, bitorder="little"); Refusal if the leader sent
-    another number of bytes."""
-    if len(data) != (candidates + 7) // 8:
+    """The response's bits, one per candidate (`vdaf.crawl.unpack_bits`);
+    Refusal if the leader sent another number of bytes."""
+    try:
+        return list(unpack_bits(data, candidates))
+    except SparseError:
         raise Refusal(
             f"the leader answered {len(data)} bytes for {candidates} candidates "
             f"({(candidates + 7) // 8} expected)"
-        )
-    bits = np.unpackbits(np.frombuffer(data, dtype=np.uint8), bitorder="little")
-    return [bool(b) for b in bits[:candidates]]
+        ) from None
 
 
 def level_parents(candidates: Sequence[int], prefix_bits: int, steps: int) -> list[int]:

@@ -68,6 +68,8 @@ from svtagg.vdaf.crawl import (
     CrawlReports,
     check_hashed,
     check_values,
+    prefixes_from_bytes,
+    prefixes_to_bytes,
     ring_shares,
 )
 from svtagg.vdaf.sparse import NONCE_SIZE, SparseError
@@ -209,17 +211,8 @@ class Walk:
 def candidates_of(record: CrawlRecord) -> list[int]:
     """The candidates of a recorded level: its parents (the root: 0)
     extended by its bits, parent-major."""
-    parents = list(prefixes_of(record.parents)) or [0]
+    parents = list(prefixes_from_bytes(record.parents)) or [0]
     return [(p << record.steps) | x for p in parents for x in range(1 << record.steps)]
-
-
-def prefixes_of(data: bytes) -> tuple[int, ...]:
-    """Prefixes as recorded (32 bytes each, big-endian)."""
-    return tuple(int.from_bytes(data[i : i + 32], "big") for i in range(0, len(data), 32))
-
-
-def prefix_bytes(prefixes: Sequence[int]) -> bytes:
-    return b"".join(int(p).to_bytes(32, "big") for p in prefixes)
 
 
 def crawl_width(n_max: int, epsilon: Fraction) -> int:
@@ -358,7 +351,7 @@ class Walks:
             walk.task_id,
             depth,
             steps,
-            prefix_bytes(parents if depth else ()),
+            prefixes_to_bytes(parents if depth else ()),
             np.flatnonzero(refused).astype("<u4").tobytes(),
         )
 

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TypeVar
@@ -110,6 +110,38 @@ def paths_of(parents: list[int], prefixes: list[int], steps: int) -> tuple[bytes
         raise SparseError("a kept prefix extends no node of the last level") from None
     ext = np.array([x & ((1 << steps) - 1) for x in prefixes], dtype=np.uint32)
     return up.tobytes(), ext.tobytes()
+
+
+#: A prefix as the wire and the servers' records carry it: 32 bytes, big-endian
+#: (strings of up to 256 bits).
+PREFIX_BYTES = 32
+
+
+def prefixes_to_bytes(prefixes: Sequence[int]) -> bytes:
+    return b"".join(int(p).to_bytes(PREFIX_BYTES, "big") for p in prefixes)
+
+
+def prefixes_from_bytes(data: bytes) -> tuple[int, ...]:
+    """SparseError unless `data` is whole prefixes."""
+    if len(data) % PREFIX_BYTES:
+        raise SparseError(f"prefixes are {PREFIX_BYTES} bytes each, got {len(data)} bytes")
+    return tuple(
+        int.from_bytes(data[i : i + PREFIX_BYTES], "big") for i in range(0, len(data), PREFIX_BYTES)
+    )
+
+
+def pack_bits(bits: Sequence[bool]) -> bytes:
+    """A level's answers on the wire: one bit per candidate, least significant
+    bit of each byte first."""
+    return np.packbits(np.asarray(bits, dtype=np.uint8), bitorder="little").tobytes()
+
+
+def unpack_bits(data: bytes, k: int) -> tuple[bool, ...]:
+    """`pack_bits` back; SparseError unless `data` is exactly k bits' bytes."""
+    if len(data) != (k + 7) // 8:
+        raise SparseError(f"{len(data)} bytes for {k} bits ({(k + 7) // 8} expected)")
+    bits = np.unpackbits(np.frombuffer(data, dtype=np.uint8), bitorder="little")[:k]
+    return tuple(bool(b) for b in bits)
 
 
 def base_key(verify_key: bytes, nonce: bytes, phash: bytes) -> bytes:

@@ -12,12 +12,11 @@ codecs of its request and reply."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, Generic, TypeVar
 
-import numpy as np
 from google.protobuf.message import Message
 
 from svtagg.dp.errors import InvalidArgument
@@ -63,6 +62,8 @@ from svtagg.servers.exchange.values import (
     VerifyResult,
 )
 from svtagg.servers.store.rules import TaskState
+from svtagg.vdaf.crawl import pack_bits, prefixes_from_bytes, prefixes_to_bytes, unpack_bits
+from svtagg.vdaf.sparse import SparseError
 
 D = TypeVar("D")
 M = TypeVar("M", bound=Message)
@@ -462,31 +463,18 @@ NOISY_MAX_ANSWER: Codec[NoisyMaxAnswer, pb.NoisyMaxResponse] = Codec(
 
 
 # ---------------------------------------------------------------- the prefix crawl
-#: A prefix on the wire: 32 bytes big-endian (strings of up to 256 bits).
-PREFIX_BYTES = 32
+def _prefixes(data: bytes) -> tuple[int, ...]:
+    try:
+        return prefixes_from_bytes(data)
+    except SparseError as exc:
+        raise InvalidArgument(str(exc)) from None
 
 
-def prefixes_to_bytes(prefixes: Sequence[int]) -> bytes:
-    return b"".join(int(p).to_bytes(PREFIX_BYTES, "big") for p in prefixes)
-
-
-def prefixes_from_bytes(data: bytes) -> tuple[int, ...]:
-    if len(data) % PREFIX_BYTES:
-        raise InvalidArgument(f"prefixes are {PREFIX_BYTES} bytes each, got {len(data)} bytes")
-    return tuple(
-        int.from_bytes(data[i : i + PREFIX_BYTES], "big") for i in range(0, len(data), PREFIX_BYTES)
-    )
-
-
-def pack_bits(bits: Sequence[bool]) -> bytes:
-    return np.packbits(np.asarray(bits, dtype=np.uint8), bitorder="little").tobytes()
-
-
-def unpack_bits(data: bytes, k: int) -> tuple[bool, ...]:
-    if len(data) != (k + 7) // 8:
-        raise InvalidArgument(f"{k} bits take {(k + 7) // 8} bytes, got {len(data)}")
-    bits = np.unpackbits(np.frombuffer(data, np.uint8), bitorder="little")[:k]
-    return tuple(bool(b) for b in bits)
+def _bits(data: bytes, k: int) -> tuple[bool, ...]:
+    try:
+        return unpack_bits(data, k)
+    except SparseError as exc:
+        raise InvalidArgument(str(exc)) from None
 
 
 CRAWL_LEVEL: Codec[CrawlLevel, pb.CrawlLevelRequest] = Codec(
@@ -503,7 +491,7 @@ CRAWL_LEVEL: Codec[CrawlLevel, pb.CrawlLevelRequest] = Codec(
     lambda m: CrawlLevel(
         m.task_id,
         m.walk_id,
-        prefixes_from_bytes(m.parents),
+        _prefixes(m.parents),
         m.depth,
         m.steps,
         m.epsilon,
@@ -521,7 +509,7 @@ CRAWL_ANSWER: Codec[CrawlAnswer, pb.CrawlLevelResponse] = Codec(
         peer_bytes=a.peer_bytes,
     ),
     lambda m: CrawlAnswer(
-        m.walk_id, m.stream_id, unpack_bits(m.above, m.candidates), m.refused, m.peer_bytes
+        m.walk_id, m.stream_id, _bits(m.above, m.candidates), m.refused, m.peer_bytes
     ),
 )
 CRAWL_STEP: Codec[CrawlStep, pb.CrawlStepRequest] = Codec(
@@ -540,7 +528,7 @@ CRAWL_STEP: Codec[CrawlStep, pb.CrawlStepRequest] = Codec(
         m.stream_id,
         m.task_id,
         m.walk_id,
-        prefixes_from_bytes(m.parents),
+        _prefixes(m.parents),
         m.depth,
         m.steps,
         m.prep_shares,
