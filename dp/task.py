@@ -51,6 +51,13 @@ class TaskParams:
     #: the garbled circuit, from both servers' random bits: dp/jointsvt.py).
     noise: str = INDEPENDENT
 
+    @property
+    def crawl(self) -> bool:
+        """A task of strings (validity crawl:B) for the prefix crawl: its reports
+        are kept by both servers past the agreement and its only streams are
+        crawl levels (servers/crawl.py)."""
+        return self.validity.startswith("crawl:")
+
 
 @dataclass(frozen=True)
 class TaskSpec:

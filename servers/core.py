@@ -202,7 +202,7 @@ class ServerCore:
             )
         if params.validity:
             check_validity(params.validity, params.d, params.frac_bits, params.embedding)
-            if params.validity.startswith("crawl") and params.noise == JOINT:
+            if params.crawl and params.noise == JOINT:
                 raise InvalidArgument(
                     "a crawl task draws each server's own noise: give it noise=independent"
                 )
@@ -407,7 +407,7 @@ class ServerCore:
             raise FailedPrecondition(
                 f"task {task_id!r}: the servers have not agreed on the reports; close again"
             )
-        crawl_task = task.params.validity.startswith("crawl")
+        crawl_task = task.params.crawl
         if crawl_task != (kind == StreamKind.CRAWL):
             raise InvalidArgument(
                 f"task {task_id!r} answers crawl levels only (CrawlLevel)"
@@ -483,7 +483,10 @@ class ServerCore:
             )
 
     def shape_width(self, task: TaskState, kind: StreamKind, epsilon: Fraction) -> int:
-        """`comparison_width` of a stream of this kind and ε on `task`."""
+        """`comparison_width` of a stream of this kind and ε on `task` (a crawl
+        level's: its counts', `servers.crawl.crawl_width`)."""
+        if kind == StreamKind.CRAWL:
+            return crawl_width(task.params.n_max, epsilon)
         if not self.robust_aggregates and not task.params.validity:
             return RING_BITS
         p = task.params
@@ -752,8 +755,7 @@ class ServerCore:
             # The level's inputs, made at its CrawlStep (servers/crawl.py): each
             # candidate's sign bit, revealed to both servers.
             z = self.walks.take_inputs(stream.stream_id, len(chunk))
-            w = crawl_width(task.params.n_max, stream.epsilon)
-            result = await party.any_per_group(z, 1, w)
+            result = await party.any_per_group(z, 1, width)
             self.walks.compared(self.store, stream.stream_id)  # the level's record
         elif kind == ChunkKind.NMAX:
             assert thresholds is None

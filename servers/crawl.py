@@ -61,7 +61,7 @@ from svtagg.dp.kinds import clamp_bound
 from svtagg.dp.noise import RandomSource
 from svtagg.mpc.ring import U64
 from svtagg.proto.terms import MAX_MESSAGE_BYTES, PEER_DEADLINE, REPORT_PAGE
-from svtagg.servers.ingest.validity import task_validity
+from svtagg.servers.ingest.validity import report_of, task_validity
 from svtagg.servers.store.rules import CrawlRecord, Store, TaskState
 from svtagg.vdaf.crawl import (
     CHECK_VALUE_SIZE,
@@ -72,7 +72,7 @@ from svtagg.vdaf.crawl import (
     prefixes_to_bytes,
     ring_shares,
 )
-from svtagg.vdaf.sparse import NONCE_SIZE, SparseError
+from svtagg.vdaf.sparse import SparseError
 
 #: Walks one server holds at once (each holds every report's key: ≈ 3 KB a
 #: report at 64 bits).
@@ -104,17 +104,13 @@ def load_reports(store: Store, task: TaskState) -> list[tuple[bytes, bytes, byte
     """Every report the server kept for the task, ascending by id: (nonce,
     public share, this server's key)."""
     v = task_validity(task)
-    size = v.public_share_bytes()
     out: list[tuple[bytes, bytes, bytes]] = []
     after = b""
     while True:
         ids = store.report_ids(task.params.task_id, after, REPORT_PAGE)
         if not ids:
             return out
-        for blob in store.shares(task.params.task_id, ids):
-            out.append(
-                (blob[:NONCE_SIZE], blob[NONCE_SIZE : NONCE_SIZE + size], blob[NONCE_SIZE + size :])
-            )
+        out.extend(report_of(v, blob) for blob in store.shares(task.params.task_id, ids))
         after = ids[-1]
 
 

@@ -105,6 +105,13 @@ def kept_of(v: Validity, report: tuple[bytes, bytes, bytes]) -> bytes:
     return report[2][:SEED_SIZE]
 
 
+def report_of(v: Validity, kept: bytes) -> tuple[bytes, bytes, bytes]:
+    """A sparse or crawl report from what `kept_of` kept of it: (id, public
+    share, input share); the report id is the DPF's nonce."""
+    size, n = v.public_share_bytes(), NONCE_SIZE
+    return kept[:n], kept[n : n + size], kept[n + size :]
+
+
 def helper_undo_sum(task: TaskState, kept: list[bytes]) -> U64:
     """The helper's output shares of reports it recorded, from what `kept_of`
     kept of each, as Field128 words: what reconciliation takes out."""
@@ -112,8 +119,7 @@ def helper_undo_sum(task: TaskState, kept: list[bytes]) -> U64:
     if v.crawl:  # nothing of a crawl report is in the sums
         return scaled_words(v, FIELD128.zeros(v.d))
     if v.sparse:
-        size, n = v.public_share_bytes(), NONCE_SIZE  # the report id is the nonce
-        reports = [(b[:n], b[n : n + size], b[n + size :]) for b in kept]
+        reports = [report_of(v, b) for b in kept]
         acc, shares = v.scheme.expand_batch(1, task.verify_key, reports, EXPAND_THREADS)
         if any(share is None for share in shares):
             # a kept report that no longer expands would leave its share in

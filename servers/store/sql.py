@@ -470,7 +470,7 @@ class SqlStore(ABC):
     def mark_agreed(self, task_id: str, robust_sums: U64 | None) -> TaskState:
         blob = None if robust_sums is None else np.asarray(robust_sums, np.uint64).tobytes()
         # A crawl task's reports are what its walks read (servers/crawl.py): kept.
-        keep = self.task(task_id).params.validity.startswith("crawl")
+        keep = self.task(task_id).params.crawl
         with self._tx():
             self._run("UPDATE tasks SET agreed=1, robust_sums=? WHERE task_id=?", (blob, task_id))
             if not keep:
