@@ -183,7 +183,7 @@ def check_grid(grid: npt.NDArray[np.uint64], validity: Validity, first_row: int)
     """`check_circuit` of rows already on the task's grid.  The 0/1 and one-hot
     rules are the circuit's own (`Validity.measurements`); multihot:r's weight
     bound is its `max_weight`."""
-    circuit = validity.name + (f":{validity.max_weight}" if validity.name == "multihot" else "")
+    circuit = validity.label
     try:
         measurements = validity.measurements(grid)
     except MeasurementError:
@@ -196,7 +196,7 @@ def check_grid(grid: npt.NDArray[np.uint64], validity: Validity, first_row: int)
                     f"{validity.describe()})"
                 ) from None
         raise
-    if validity.name == "multihot":
+    if validity.multihot:
         weights = np.asarray(measurements).sum(axis=1)
         over = np.flatnonzero(weights > validity.max_weight)
         if over.size:

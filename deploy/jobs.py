@@ -187,8 +187,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         type=int,
         default=1,
         help="heavy-hitters: categories drawn per user; 1 (default) uploads sparse "
-        "reports (sparse-onehot: a verifiable DPF key of O(log d) bytes), more uploads "
-        "dense multihot:N reports with a Prio3 proof",
+        "reports (sparse-onehot: a verifiable DPF key of O(log d) bytes), N > 1 sparse "
+        "sparse-multihot:N reports (2N - 1 keys of O(log d) bytes)",
     )
     d.add_argument(
         "--malicious",
@@ -222,7 +222,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         default="",
         metavar="CIRCUIT",
         help="every report proves its values valid at ingest "
-        "(range, onehot, sparse-onehot, multihot:r)",
+        "(range, onehot, sparse-onehot, multihot:r, sparse-multihot:r)",
     )
     s.set_defaults(handler=_sim)
 
@@ -670,7 +670,7 @@ def _demo_collect(
     # aggregates' bound.
     model = getattr(args, "scenario", "heavy-hitters") == "model-selection"
     per_user = getattr(args, "per_user", 1)
-    validity = "" if model else "sparse-onehot" if per_user == 1 else f"multihot:{per_user}"
+    validity = "" if model else "sparse-onehot" if per_user == 1 else f"sparse-multihot:{per_user}"
     if validity:
         _say_reports(validity, args.d)
     stub.CreateTask(
@@ -710,7 +710,17 @@ def _say_reports(validity: str, d: int) -> None:
     circuit, dense = parse_validity(validity, d, 16), parse_validity("onehot", d, 16)
     assert circuit is not None and dense is not None
     size = circuit.input_share_bytes(0) + circuit.public_share_bytes()
-    if circuit.sparse:
+    if circuit.sparse and circuit.multihot:
+        dense = parse_validity(f"multihot:{circuit.max_weight}", d, 16)
+        assert dense is not None
+        _progress(
+            f"reports: {validity}, each {2 * circuit.max_weight - 1} verifiable DPF keys, "
+            f"{size:,} bytes to the leader (a dense multihot:{circuit.max_weight} report at "
+            f"d={d} is {dense.input_share_bytes(0) + dense.public_share_bytes():,}); both "
+            "servers expand every key over the whole domain and check at ingest that the "
+            f"items are distinct, at most {circuit.max_weight}"
+        )
+    elif circuit.sparse:
         _progress(
             f"reports: sparse-onehot, each a verifiable DPF key of {size:,} bytes to the "
             f"leader (a dense onehot report at d={d} is "
@@ -732,7 +742,7 @@ def _attack(dep: LocalDeployment, values: np.ndarray, validity: str, clients: in
     circuit = parse_validity(validity, d, 16)  # task_spec's default F
     assert circuit is not None
     rare = np.argsort(values.sum(axis=0), kind="stable")[
-        : 1 if circuit.sparse else circuit.max_weight
+        : circuit.max_weight if circuit.multihot else 1
     ]
     worst = np.zeros((clients, d))
     worst[:, rare] = 1

@@ -15,6 +15,7 @@ from svtagg.client.upload import Batch
 from svtagg.proto import svtagg_pb2 as pb
 from svtagg.proto.vocab import REPORT_ID_BYTES
 from svtagg.vdaf.field import FIELD128
+from svtagg.vdaf.sparse import SparseMultihot
 from svtagg.vdaf.validity import Validity
 
 
@@ -88,7 +89,8 @@ def forged_batch(task_id: str, circuit: Validity, item: int, count: int, clients
     coordinate `item` (a digit `count` where a valid report has a 0 or a 1),
     proved honestly for that encoding — the proof is well made, the
     measurement is not valid, and the servers refuse it at ingest.  On a
-    sparse-onehot task: a DPF key pair made honestly for the weight `count`."""
+    sparse task: DPF keys made honestly for the weight `count` (on a
+    sparse-multihot task, the first item's key)."""
     if circuit.sparse:
         return _forged_sparse(task_id, circuit, item, count, clients)
     prio = circuit.prio3
@@ -114,7 +116,13 @@ def _forged_sparse(task_id: str, circuit: Validity, item: int, count: int, clien
     lead, help_ = pb.UploadBatch(task_id=task_id), pb.UploadBatch(task_id=task_id)
     for _ in range(clients):
         rid = os.urandom(REPORT_ID_BYTES)
-        public, keys = circuit.scheme.gen(item, rid, os.urandom(32), weight=count)
+        scheme = circuit.scheme
+        if isinstance(scheme, SparseMultihot):
+            points = scheme.points([item])
+            weights = [count] + [1] * (len(points) - 1)
+            public, keys = scheme.gen_points(points, rid, os.urandom(32), weights)
+        else:
+            public, keys = scheme.gen(item, rid, os.urandom(32), weight=count)
         lead.reports.add(report_id=rid, input_share=keys[0], public_share=public)
         help_.reports.add(report_id=rid, input_share=keys[1], public_share=public)
     return Batch(lead, help_, proofs=True)

@@ -22,7 +22,8 @@ EMBEDDING_RE = re.compile(r"[a-z0-9_]{0,32}")
 #: A validity circuit's name as a task records it (the servers check that it
 #: fits the task: svtagg.vdaf.validity.parse_validity).
 VALIDITY_RE = re.compile(
-    r"(|range|onehot|sparse-onehot|multihot(:[1-9][0-9]{0,6})?|crawl:[1-9][0-9]{0,2})"
+    r"(|range|onehot|sparse-onehot|multihot(:[1-9][0-9]{0,6})?|sparse-multihot:[1-9][0-9]{0,6}"
+    r"|crawl:[1-9][0-9]{0,2})"
 )
 
 
@@ -44,7 +45,8 @@ class TaskParams:
     #: The embedding the task's clients use ("" = not recorded); uploads check it.
     embedding: str = ""
     #: The validity circuit every report proves at ingest (svtagg.vdaf.validity:
-    #: range, onehot, sparse-onehot, multihot[:r]); "" = reports carry no proof.
+    #: range, onehot, sparse-onehot, multihot[:r], sparse-multihot:r, crawl:B); "" = reports
+    #: carry no proof.
     validity: str = ""
     #: Where the streams' noise comes from: "independent" (each server draws its
     #: own full-scale noise) or "joint" (one draw of the central noise inside
@@ -113,7 +115,8 @@ def parse_task_params(spec: TaskSpec) -> TaskParams:
         raise InvalidArgument(f"embedding must match {EMBEDDING_RE.pattern}, got {embedding!r}")
     if not VALIDITY_RE.fullmatch(spec.validity):
         raise InvalidArgument(
-            f"validity must be range, onehot, sparse-onehot, multihot, multihot:r or crawl:B, "
+            f"validity must be range, onehot, sparse-onehot, multihot, multihot:r, "
+            f"sparse-multihot:r or crawl:B, "
             f"got {spec.validity!r}"
         )
     noise = spec.noise or INDEPENDENT

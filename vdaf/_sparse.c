@@ -125,6 +125,9 @@ typedef struct {
     uint64_t *acc;  /* d × 3 limbs */
     uint64_t total[3];
     block digest;
+    int fold;          /* add the outputs into acc (0: check only) */
+    int weighted;      /* also sum x·y'_x into weight */
+    uint64_t weight[3];
 } leaf_ctx;
 
 /* Outputs, proofs and the digest of leaves [x0, x0 + m).  Branch-free on
@@ -158,13 +161,30 @@ static inline void leaves_tile(leaf_ctx *L, const block *s, const uint8_t *t, si
         u128 fm = ((u128)flip << 64) | flip;
         u128 v = (fm & dlo) | (~fm & yp);
         uint64_t vtop = (flip & dtop) | (~flip & c);
-        unsigned long long a0 = acc[3 * i], a1 = acc[3 * i + 1], a2 = acc[3 * i + 2];
-        k = _addcarry_u64(0, a0, (uint64_t)v, &a0);
-        k = _addcarry_u64(k, a1, (uint64_t)(v >> 64), &a1);
-        _addcarry_u64(k, a2, vtop, &a2);
-        acc[3 * i] = a0;
-        acc[3 * i + 1] = a1;
-        acc[3 * i + 2] = a2;
+        if (L->fold) { /* the same for every leaf of a call: predicted */
+            unsigned long long a0 = acc[3 * i], a1 = acc[3 * i + 1], a2 = acc[3 * i + 2];
+            k = _addcarry_u64(0, a0, (uint64_t)v, &a0);
+            k = _addcarry_u64(k, a1, (uint64_t)(v >> 64), &a1);
+            _addcarry_u64(k, a2, vtop, &a2);
+            acc[3 * i] = a0;
+            acc[3 * i + 1] = a1;
+            acc[3 * i + 2] = a2;
+        }
+        if (L->weighted) {
+            /* x·y' = x·lo + x·hi·2^64 + x·c·2^128 with x < 2^24: below 2^153
+             * a leaf, 2^177 over 2^24 leaves, within three limbs */
+            uint64_t x = (uint64_t)(x0 + i);
+            u128 plo = (u128)x * (uint64_t)yp, phi = (u128)x * (uint64_t)(yp >> 64);
+            unsigned long long w0 = L->weight[0], w1 = L->weight[1], w2 = L->weight[2];
+            k = _addcarry_u64(0, w0, (uint64_t)plo, &w0);
+            k = _addcarry_u64(k, w1, (uint64_t)(plo >> 64), &w1);
+            _addcarry_u64(k, w2, x * c, &w2);
+            k = _addcarry_u64(0, w1, (uint64_t)phi, &w1);
+            _addcarry_u64(k, w2, (uint64_t)(phi >> 64), &w2);
+            L->weight[0] = w0;
+            L->weight[1] = w1;
+            L->weight[2] = w2;
+        }
     }
     L->total[0] = t0;
     L->total[1] = t1;
@@ -199,9 +219,9 @@ static inline void leaves_tile(leaf_ctx *L, const block *s, const uint8_t *t, si
 
 static PyObject *py_expand(PyObject *self, PyObject *args) {
     Py_buffer tk, pk0, pk1, dk, cws, ctrl, pcw, ocw, key, acc;
-    int agg_id, negate;
-    if (!PyArg_ParseTuple(args, "y*y*y*y*iy*y*y*y*y*pw*", &tk, &pk0, &pk1, &dk, &agg_id, &cws,
-                          &ctrl, &pcw, &ocw, &key, &negate, &acc))
+    int agg_id, negate, fold = 1, weighted = 0;
+    if (!PyArg_ParseTuple(args, "y*y*y*y*iy*y*y*y*y*pw*|pp", &tk, &pk0, &pk1, &dk, &agg_id, &cws,
+                          &ctrl, &pcw, &ocw, &key, &negate, &acc, &fold, &weighted))
         return NULL;
     PyObject *result = NULL;
     Py_ssize_t n = cws.len / 16, d = acc.len / 24;
@@ -244,7 +264,7 @@ static PyObject *py_expand(PyObject *self, PyObject *args) {
     const uint8_t *cb = ctrl.buf;
     leaf_ctx L = {rk, rk0, rk1, rkd, _mm_loadu_si128((const block *)pcw.buf), (size_t)d,
                   load128(ocw.buf), (agg_id & 1) ^ (negate != 0), acc.buf, {0, 0, 0},
-                  _mm_setzero_si128()};
+                  _mm_setzero_si128(), fold, weighted, {0, 0, 0}};
 
     Py_BEGIN_ALLOW_THREADS
     seed[0] = _mm_loadu_si128((const block *)key.buf);
@@ -278,10 +298,11 @@ static PyObject *py_expand(PyObject *self, PyObject *args) {
     }
     Py_END_ALLOW_THREADS
 
-    uint8_t out[40];
+    uint8_t out[64];
     _mm_storeu_si128((block *)out, L.digest);
     memcpy(out + 16, L.total, 24);
-    result = PyBytes_FromStringAndSize((const char *)out, 40);
+    memcpy(out + 40, L.weight, 24);
+    result = PyBytes_FromStringAndSize((const char *)out, weighted ? 64 : 40);
 done:
     PyBuffer_Release(&tk); PyBuffer_Release(&pk0); PyBuffer_Release(&pk1);
     PyBuffer_Release(&dk); PyBuffer_Release(&cws); PyBuffer_Release(&ctrl);

@@ -62,6 +62,7 @@ the same bytes (docs/vdaf.md has figures).
 from __future__ import annotations
 
 import hashlib
+import hmac
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -266,6 +267,11 @@ def digest_with(key: bytes, proofs: U64, ctrl: npt.NDArray[np.bool_], proof_cw: 
     return np.bitwise_xor.reduce(masked.reshape(-1, 2), axis=0).astype("<u8").tobytes()
 
 
+def _limbs(data: bytes) -> int:
+    """Three little-endian 64-bit limbs as an integer reduced mod p."""
+    return int.from_bytes(data, "little") % P
+
+
 def _keys(nonce: bytes) -> tuple[bytes, bytes, bytes]:
     """The report's tree key and its two proof keys."""
     return _hash_key(nonce), _hash_key(nonce, 1), _hash_key(nonce, 2)
@@ -276,16 +282,18 @@ class Accumulator:
 
     Natively a wide integer per coordinate (three uint64 limbs, no reduction
     while adding: each report adds a value below 2p, so 2^63 reports fit), and
-    reduced mod p once by `value`; in the reference a Field128 vector."""
+    reduced mod p once by `value`; in the reference a Field128 vector.  It
+    may hold more elements (`size`) than it sums (`d`): a sparse multi-hot
+    report's padding items sit past d and are never part of the value."""
 
-    def __init__(self, d: int, wide: bool) -> None:
-        self.d = d
-        self.wide = np.zeros((d, 3), dtype=np.uint64) if wide else None
-        self.vec = None if wide else FIELD128.zeros(d)
+    def __init__(self, d: int, wide: bool, size: int = 0) -> None:
+        self.d, self.size = d, max(size, d)
+        self.wide = np.zeros((self.size, 3), dtype=np.uint64) if wide else None
+        self.vec = None if wide else FIELD128.zeros(self.size)
 
     def copy(self) -> Accumulator:
         out = Accumulator.__new__(Accumulator)
-        out.d = self.d
+        out.d, out.size = self.d, self.size
         out.wide = None if self.wide is None else self.wide.copy()
         out.vec = None if self.vec is None else self.vec.copy()
         return out
@@ -310,11 +318,12 @@ class Accumulator:
         """The sum as a Field128 vector (canonical)."""
         if self.wide is None:
             assert self.vec is not None
-            return self.vec
+            return self.vec if self.size == self.d else self.vec[: self.d].copy()
         # lo + hi·2^64 + top·2^128 ≡ (lo, hi) mod p + top·(2^128 mod p), in
         # the field's vector ops (top ≤ 2 per report added: far below 2^63)
-        low = _to_field(np.ascontiguousarray(self.wide[:, :2]))
-        top = FIELD128.from_small(self.wide[:, 2].astype(np.int64))
+        wide = self.wide[: self.d]
+        low = _to_field(np.ascontiguousarray(wide[:, :2]))
+        top = FIELD128.from_small(wide[:, 2].astype(np.int64))
         return FIELD128.add(low, FIELD128.mul(top, _TWO_128))
 
 
@@ -444,11 +453,30 @@ class SparseOnehot:
         """Add this server's output shares on [0, d) to `acc` (subtract them
         when `negate`) and return its prep share: the 16-byte leaf-proof
         digest, then its share of Σ_{x<d} y_x."""
+        dg, total, _ = self.evaluate(acc, agg_id, verify_key, nonce, public, key, negate)
+        return dg + total.to_bytes(16, "little")
+
+    def evaluate(
+        self,
+        acc: Accumulator,
+        agg_id: int,
+        verify_key: bytes,
+        nonce: bytes,
+        public: bytes,
+        key: bytes,
+        negate: bool = False,
+        fold: bool = True,
+        weighted: bool = False,
+    ) -> tuple[bytes, int, int]:
+        """`expand_into`'s work, its parts apart: the leaf-proof digest, this
+        server's share of Σ_x y_x and (when `weighted`, else 0) of Σ_x x·y_x
+        — the live leaf's index, for a valid key.  `fold=False` checks the
+        key without adding its outputs to `acc` (which still sets d)."""
         if agg_id not in (0, 1):
             raise SparseError("the server id is 0 or 1")
         if len(key) != KEY_SIZE or len(nonce) != NONCE_SIZE:
             raise SparseError(f"a key and a nonce of {KEY_SIZE} bytes")
-        if acc.d != self.d:
+        if acc.size != self.d:
             raise SparseError(f"the accumulator holds {self.d} elements")
         if acc.wide is not None:
             if _core is None:
@@ -465,12 +493,13 @@ class SparseOnehot:
                 key,
                 negate,
                 acc.wide,
+                fold,
+                weighted,
             )
-            limbs = [int.from_bytes(out[16 + 8 * i : 24 + 8 * i], "little") for i in range(3)]
-            total = (limbs[0] + (limbs[1] << 64) + (limbs[2] << 128)) % P
+            total, weight = _limbs(out[16:40]), _limbs(out[40:64]) if weighted else 0
             if agg_id == 1:
-                total = -total % P
-            return bytes(out[:16]) + total.to_bytes(16, "little")
+                total, weight = -total % P, -weight % P
+            return bytes(out[:16]), total, weight
         ps = self.decode_public_share(public)
         h = _Hash(_hash_key(nonce))
         seed = _blocks(key)
@@ -484,9 +513,14 @@ class SparseOnehot:
         dg = digest(verify_key, nonce, public, _leaf_proofs(nonce, seed, ctrl), ctrl, ps.proof)
         assert acc.vec is not None  # the reference's accumulator
         y = leaf_outputs(h, seed, ctrl, ps.output, agg_id, like=acc.vec)
-        acc.vec[...] = FIELD128.sub(acc.vec, y) if negate else FIELD128.add(acc.vec, y)
+        if fold:
+            acc.vec[...] = FIELD128.sub(acc.vec, y) if negate else FIELD128.add(acc.vec, y)
         total = FIELD128.to_int(FIELD128.sum(y))
-        return dg + total.to_bytes(16, "little")
+        weight = 0
+        if weighted:
+            index = FIELD128.as_like(y, FIELD128.from_small(np.arange(self.d, dtype=np.int64)))
+            weight = FIELD128.to_int(FIELD128.sum(FIELD128.mul(y, index)))
+        return dg, total, weight
 
     def expand_batch(
         self,
@@ -499,32 +533,7 @@ class SparseOnehot:
         accumulator, on up to `threads` threads (each its own accumulator,
         added at the end; the native expansion runs without the GIL): the sum
         and each report's prep share (None where the report does not decode)."""
-        shares: list[bytes | None] = [None] * len(reports)
-
-        def run(lo: int, hi: int) -> Accumulator:
-            acc = self.accumulator()
-            for i in range(lo, hi):
-                nonce, public, key = reports[i]
-                try:
-                    shares[i] = self.expand_into(acc, agg_id, verify_key, nonce, public, key)
-                except SparseError:
-                    pass
-            return acc
-
-        n = len(reports)
-        # below 2^12 leaves a report's Python work (under the GIL) is most of
-        # its cost, and threads only contend for the GIL
-        parts = max(1, min(threads, n // 8)) if self.bits >= 12 else 1
-        # threads only where the native core expands (the reference code holds the GIL)
-        if parts == 1 or _core is None or native.active() != "native":
-            return run(0, n), shares
-        bounds = [n * k // parts for k in range(parts + 1)]
-        with ThreadPoolExecutor(parts) as pool:
-            accs = list(pool.map(lambda k: run(bounds[k], bounds[k + 1]), range(parts)))
-        total = accs[0]
-        for other in accs[1:]:
-            total.add(other)
-        return total, shares
+        return _expand_batch(self, agg_id, verify_key, reports, threads)
 
     @staticmethod
     def decode_prep_share(data: bytes) -> tuple[bytes, int]:
@@ -553,3 +562,206 @@ def _leaf_proofs(nonce: bytes, seed: U64, ctrl: npt.NDArray[np.bool_], dst: byte
         if rows.size:
             out[rows] = _Hash(_hash_key(nonce, 1 + int(t), dst))(seed[rows], PROOF)
     return out
+
+
+MULTI_DST = b"svtagg/sparse-multihot/v1"
+
+
+def _derive(seed: bytes, usage: bytes, k: int) -> bytes:
+    """The k-th 16-byte value derived from `seed` (SHAKE128, domain-separated)."""
+    return hashlib.shake_128(MULTI_DST + usage + k.to_bytes(4, "little") + seed).digest(16)
+
+
+class SparseMultihot:
+    """Sparse multi-hot reports: at most r distinct items of [0, d) as
+    2r − 1 sparse one-hot keys over [0, d + r) (the `sparse-multihot:r`
+    circuit).
+
+    The client sorts its items and pads them to r with padding items d,
+    d + 1, … (each past the task's domain, so never folded): x_1 < … < x_r in
+    [0, d + r).  Keys 1..r are one-hot keys at the x_i; keys r+1..2r−1 at the
+    gaps g_i = x_{i+1} − x_i − 1.  Each server checks every key as a
+    `SparseOnehot` key (one live leaf, worth 1) and computes its shares of
+    each key's index, w = Σ_x x·y_x; valid iff also
+    w(x_{i+1}) − w(x_i) − 1 − w(g_i) = 0 for every i.  As the values are
+    below d + r < p that is x_{i+1} = x_i + 1 + g_i over the integers with
+    g_i ≥ 0: the items are distinct, so the folded vector (keys 1..r on
+    [0, d)) is 0/1 with at most r ones — what `multihot:r` proves with Prio3.
+
+    The servers compare one 32-byte hash: the leader hashes its digests,
+    totals and check shares, the helper its digests, 1 − its totals and its
+    negated check shares; the hashes are equal iff every check holds (but for
+    a BLAKE2b collision), and for a valid report each is a function of the
+    other server's view, so the exchange shows nothing more.  The indices'
+    shares never leave a server.
+
+    A report: one 16-byte seed per server (the keys are derived from it) and
+    a public share of 2r − 1 one-hot public shares, 4,940 bytes at d = 10⁴,
+    r = 10; each server expands 2r − 1 keys over [0, d + r)."""
+
+    def __init__(self, d: int, r: int) -> None:
+        if not 1 <= r <= d:
+            raise SparseError(f"a sparse multi-hot task needs 1 ≤ r ≤ d, got r = {r}")
+        self.d, self.r = d, r
+        self.unit = SparseOnehot(d + r)
+        self.bits = self.unit.bits
+        self.count = 2 * r - 1
+
+    def public_share_bytes(self) -> int:
+        return self.count * self.unit.public_share_bytes()
+
+    def input_share_bytes(self) -> int:
+        return KEY_SIZE
+
+    def verify_bytes(self) -> int:
+        """Domain elements one report's check passes over, in bytes."""
+        return self.count * 16 * (1 << self.bits)
+
+    def _parts(self, nonce: bytes, public: bytes, seed: bytes) -> list[tuple[bytes, bytes, bytes]]:
+        size = self.unit.public_share_bytes()
+        if len(public) != self.count * size:
+            raise SparseError(f"a public share is {self.count * size} bytes")
+        if len(nonce) != NONCE_SIZE or len(seed) != KEY_SIZE:
+            raise SparseError(f"a key and a nonce of {KEY_SIZE} bytes")
+        return [
+            (_derive(nonce, b"n", k), public[k * size : (k + 1) * size], _derive(seed, b"k", k))
+            for k in range(self.count)
+        ]
+
+    def points(self, items: Sequence[int]) -> list[int]:
+        """The 2r − 1 one-hot points of a report holding `items`: the sorted
+        items padded to r, then the gaps."""
+        xs = sorted(int(x) for x in items)
+        if len(xs) > self.r:
+            raise SparseError(f"at most {self.r} items per report, got {len(xs)}")
+        if any(not 0 <= x < self.d for x in xs) or len(set(xs)) != len(xs):
+            raise SparseError(f"distinct items in [0, {self.d}), got {xs}")
+        xs += range(self.d, self.d + self.r - len(xs))
+        return xs + [xs[i + 1] - xs[i] - 1 for i in range(self.r - 1)]
+
+    def gen(
+        self, items: Sequence[int], nonce: bytes, rand: bytes
+    ) -> tuple[bytes, tuple[bytes, bytes]]:
+        """The encoded public share and the two seeds for a report holding
+        `items` (at most r distinct); `rand`: RAND_SIZE CSPRNG bytes."""
+        return self.gen_points(self.points(items), nonce, rand)
+
+    def gen_points(
+        self,
+        points: Sequence[int],
+        nonce: bytes,
+        rand: bytes,
+        weights: Sequence[int] | None = None,
+    ) -> tuple[bytes, tuple[bytes, bytes]]:
+        """A report of the given 2r − 1 one-hot points and weights, unchecked:
+        `gen`'s encoder, and tests' and the demo's forgeries (repeated items,
+        gaps that do not add up, a weight of 2)."""
+        if len(rand) != RAND_SIZE or len(points) != self.count:
+            raise SparseError(f"{self.count} points and {RAND_SIZE} random bytes")
+        seeds = (rand[:KEY_SIZE], rand[KEY_SIZE:])
+        parts = []
+        for k, x in enumerate(points):
+            sub = _derive(seeds[0], b"k", k) + _derive(seeds[1], b"k", k)
+            w = 1 if weights is None else weights[k]
+            public, _ = self.unit.gen(int(x), _derive(nonce, b"n", k), sub, weight=w)
+            parts.append(public)
+        return b"".join(parts), seeds
+
+    def accumulator(self) -> Accumulator:
+        """An empty sum over [0, d), with room for the padding items."""
+        wide = _core is not None and native.active() == "native"
+        return Accumulator(self.d, wide, size=self.d + self.r)
+
+    def expand_into(
+        self,
+        acc: Accumulator,
+        agg_id: int,
+        verify_key: bytes,
+        nonce: bytes,
+        public: bytes,
+        key: bytes,
+        negate: bool = False,
+    ) -> bytes:
+        """Add this server's shares of the report's items to `acc` (subtract
+        them when `negate`) and return its 32-byte prep share."""
+        if acc.d != self.d or acc.size != self.d + self.r:
+            raise SparseError(f"the accumulator holds {self.d} + {self.r} elements")
+        digests, totals, index = [], [], []
+        for k, (sub_nonce, sub_public, sub_key) in enumerate(self._parts(nonce, public, key)):
+            dg, total, w = self.unit.evaluate(
+                acc, agg_id, verify_key, sub_nonce, sub_public, sub_key, negate,
+                fold=k < self.r, weighted=True,
+            )  # fmt: skip
+            digests.append(dg)
+            totals.append(total if agg_id == 0 else (1 - total) % P)
+            index.append(w)
+        r, one = self.r, 1 if agg_id == 0 else 0
+        checks = [(index[i + 1] - index[i] - one - index[r + i]) % P for i in range(r - 1)]
+        if agg_id == 1:
+            checks = [-c % P for c in checks]
+        h = hashlib.blake2b(MULTI_DST + b"/check", digest_size=PREP_SHARE_SIZE)
+        h.update(b"".join(digests))
+        for v in totals + checks:
+            h.update(v.to_bytes(16, "little"))
+        return h.digest()
+
+    def expand(
+        self, agg_id: int, verify_key: bytes, nonce: bytes, public: bytes, key: bytes
+    ) -> tuple[Vec, bytes]:
+        """This server's output shares on [0, d) and its prep share."""
+        acc = self.accumulator()
+        share = self.expand_into(acc, agg_id, verify_key, nonce, public, key)
+        return acc.value(), share
+
+    def expand_batch(
+        self,
+        agg_id: int,
+        verify_key: bytes,
+        reports: Sequence[tuple[bytes, bytes, bytes]],
+        threads: int = 1,
+    ) -> tuple[Accumulator, list[bytes | None]]:
+        """`SparseOnehot.expand_batch` for these reports."""
+        return _expand_batch(self, agg_id, verify_key, reports, threads)
+
+    @staticmethod
+    def decide(leader: bytes, helper: bytes) -> bool:
+        """Valid iff the two servers' hashes are equal."""
+        if len(leader) != PREP_SHARE_SIZE or len(helper) != PREP_SHARE_SIZE:
+            raise SparseError(f"a prep share is {PREP_SHARE_SIZE} bytes")
+        return hmac.compare_digest(leader, helper)
+
+
+def _expand_batch(
+    scheme: SparseOnehot | SparseMultihot,
+    agg_id: int,
+    verify_key: bytes,
+    reports: Sequence[tuple[bytes, bytes, bytes]],
+    threads: int,
+) -> tuple[Accumulator, list[bytes | None]]:
+    """`SparseOnehot.expand_batch` for either scheme."""
+    shares: list[bytes | None] = [None] * len(reports)
+
+    def run(lo: int, hi: int) -> Accumulator:
+        acc = scheme.accumulator()
+        for i in range(lo, hi):
+            nonce, public, key = reports[i]
+            try:
+                shares[i] = scheme.expand_into(acc, agg_id, verify_key, nonce, public, key)
+            except SparseError:
+                pass
+        return acc
+
+    n = len(reports)
+    # below 2^12 leaves a report's Python work (under the GIL) is most of
+    # its cost, and threads only contend for the GIL
+    parts = max(1, min(threads, n // 8)) if scheme.bits >= 12 else 1
+    # threads only where the native core expands (the reference code holds the GIL)
+    if parts == 1 or _core is None or native.active() != "native":
+        return run(0, n), shares
+    bounds = [n * k // parts for k in range(parts + 1)]
+    with ThreadPoolExecutor(parts) as pool:
+        accs = list(pool.map(lambda k: run(bounds[k], bounds[k + 1]), range(parts)))
+    total = accs[0]
+    for other in accs[1:]:
+        total.add(other)
+    return total, shares

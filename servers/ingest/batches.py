@@ -77,7 +77,7 @@ from svtagg.vdaf.crawl import CrawlReports, check_level
 from svtagg.vdaf.field import FIELD128
 from svtagg.vdaf.prio3 import Prio3
 from svtagg.vdaf.rows import PrepRows
-from svtagg.vdaf.sparse import PREP_SHARE_SIZE, SparseError, SparseOnehot
+from svtagg.vdaf.sparse import PREP_SHARE_SIZE, SparseError
 from svtagg.vdaf.validity import Validity
 from svtagg.vdaf.xof import SEED_SIZE
 
@@ -286,7 +286,7 @@ def _fixed_shares(data: Sequence[bytes], who: str) -> _Shares:
 
 
 class _SparseKind:
-    """Sparse one-hot reports (vdaf/sparse.py): each server expands every
+    """Sparse one-hot and multi-hot reports (vdaf/sparse.py): each server expands every
     report's DPF key into running sums as it goes (one per thread; memory
     O(d) per thread and batch, whatever the batch's size), then takes out the
     few reports refused — so valid reports are expanded once."""
@@ -326,7 +326,7 @@ class _SparseKind:
                 verdicts.append(Verdict.MALFORMED_HELPER)
             else:
                 try:
-                    ok = SparseOnehot.decide(leader.verifiers[li], helper.verifiers[hi])
+                    ok = self.scheme.decide(leader.verifiers[li], helper.verifiers[hi])
                 except SparseError as exc:
                     raise InvalidArgument(f"prep share {i}: {exc}") from None
                 verdicts.append(Verdict.VALID if ok else Verdict.INVALID_PROOF)
