@@ -179,7 +179,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     d.add_argument("--users", type=int, default=10_000)
     d.add_argument("--d", type=int, default=1000)
-    d.add_argument("--k", type=int, default=5, help="heavy-hitters: how many")
+    d.add_argument(
+        "--k", type=int, default=None, help="how many heavy hitters (default 5; strings: 10)"
+    )
     d.add_argument("--epsilon", default="4")
     d.add_argument("--zipf", type=float, default=1.1, help="Zipf exponent of categories")
     d.add_argument(
@@ -447,6 +449,8 @@ def _demo(args: argparse.Namespace) -> int:
     from svtagg.deploy.launch import LocalDeployment
 
     t0 = time.perf_counter()
+    if getattr(args, "k", 0) is None:
+        args.k = 10 if getattr(args, "scenario", "") == "strings" else 5
     if getattr(args, "scenario", "heavy-hitters") == "model-selection":
         return _demo_model_selection(args, t0)
     if args.scenario == "strings":
@@ -509,8 +513,10 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
-#: The strings demo: 64-bit strings (8 bytes), walked 4 bits a level, ≤ 32 kept.
-STRINGS_BITS, STRINGS_STRIDE, STRINGS_KEPT = 64, 4, 32
+#: The strings demo: 64-bit strings (8 bytes), walked 8 bits a level, ≤ 32 kept
+#: (8 levels at ε/8 each: at ε = 4 a τ of 97 users, where 16 levels of 4 bits
+#: need 152 — the 10th word of 10⁴ users is held by ≈ 150).
+STRINGS_BITS, STRINGS_STRIDE, STRINGS_KEPT = 64, 8, 32
 
 
 def _demo_strings(args: argparse.Namespace, t0: float) -> int:

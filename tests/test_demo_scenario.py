@@ -140,7 +140,7 @@ def test_the_strings_demo_finds_the_heavy_words_and_refuses_forged_reports(capsy
     assert "refused {'invalid_proof': 2}" in err
     assert "n = 3,000" in err
     assert "refused by the walk's checks: 0" in out
-    assert "ε spent 8 over 16 levels (the leader's ledger: 8 of 8)" in out
+    assert "ε spent 8 over 8 levels (the leader's ledger: 8 of 8)" in out
 
 
 def test_the_word_corpus_is_seeded_and_short() -> None:
