@@ -65,6 +65,7 @@ from svtagg.mpc.protocol import connected_pair
 from svtagg.mpc.ring import U64, encode, sensitivity
 from svtagg.mpc.sharing import expand_seed, share
 from svtagg.proto import svtagg_pb2 as pb
+from svtagg.proto.terms import MAX_BATCH_REPORTS, MAX_MESSAGE_BYTES, MAX_VERIFY_BYTES
 from svtagg.proto.tls import Identity
 from svtagg.proto.vocab import REPORT_ID_BYTES
 from svtagg.servers.edge.wire import VERIFY
@@ -103,6 +104,15 @@ class Instance:
     @property
     def circuit(self) -> Validity | None:
         return parse_validity(self.validity, self.d, self.frac_bits)
+
+    def batch(self, most: int) -> int:
+        """Rows per block and batch: `most`, or fewer where the servers' batch
+        rule allows fewer reports of this circuit (`Validity.batch_limit`, as
+        the SDK sizes its batches)."""
+        v = self.circuit
+        if v is None:
+            return most
+        return min(most, v.batch_limit(MAX_BATCH_REPORTS, MAX_MESSAGE_BYTES, MAX_VERIFY_BYTES))
 
     @property
     def kind(self) -> str:
@@ -583,14 +593,16 @@ Notes:
   HTTP/2 and TLS framing)."""
 
 
-def reference_all(cols: list[tuple[Instance, Sharded]], batch: int, root: Path) -> list[ServerRun]:
+def reference_all(
+    cols: list[tuple[Instance, Sharded]], sizes: dict[str, int], root: Path
+) -> list[ServerRun]:
     """Each instance through a reference pair of its own (one event loop each,
     so nothing of one pair outlives it)."""
     out = []
     for i, (inst, data) in enumerate(cols):
         where = root / str(i)
         where.mkdir()
-        out.append(asyncio.run(reference_run(inst, where, data, batch)))
+        out.append(asyncio.run(reference_run(inst, where, data, sizes[inst.label])))
     return out
 
 
@@ -606,7 +618,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--instances",
         default="range@100,onehot@1000,multihot:10@1000,plain@100",
-        help="comma-separated circuit@d[/F] (circuit: range, onehot, multihot[:r], plain)",
+        help="comma-separated circuit@d[/F] (circuit: range, onehot, multihot[:r], "
+        "sparse-onehot, sparse-multihot:r, plain)",
     )
     args = ap.parse_args(argv)
     n = args.reports or (1000 if args.quick else 10_000)
@@ -617,10 +630,16 @@ def main(argv: list[str] | None = None) -> int:
     instances = [parse_instance(x) for x in args.instances.split(",") if x]
     print(f"load average at start: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
     print(f"field core: {vdaf_native.describe()}; garbling core: {mpc_native.describe()}")
-    print(f"{n:,} reports per instance, blocks and batches of {batch}")
-    sharded = [(inst, shard_reports(inst, valid_values(inst, n), batch)) for inst in instances]
+    sizes = {inst.label: inst.batch(batch) for inst in instances}
+    print(
+        f"{n:,} reports per instance, blocks and batches of {batch}"
+        + "".join(f"; {k}: {b} (the servers' batch rule)" for k, b in sizes.items() if b < batch)
+    )
+    sharded = [
+        (inst, shard_reports(inst, valid_values(inst, n), sizes[inst.label])) for inst in instances
+    ]
     with tempfile.TemporaryDirectory(prefix="svtagg-ingest-") as tmp:
-        refs = reference_all(sharded, batch, Path(tmp))
+        refs = reference_all(sharded, sizes, Path(tmp))
     cols = []
     for (inst, data), ref in zip(sharded, refs, strict=True):
         if ref.n != (n, n):
@@ -628,7 +647,7 @@ def main(argv: list[str] | None = None) -> int:
         cols.append(Column(inst, _stat(data.ms_per_report), upload_bytes(inst, data), ref))
     for col, (inst, data) in zip(cols, sharded, strict=True):
         if not args.no_processes:
-            col.procs = process_run(inst, data, batch)
+            col.procs = process_run(inst, data, sizes[inst.label])
         if not inst.validity and gc_n > 0:
             grid = encode(valid_values(inst, gc_n, seed=1), inst.frac_bits)
             col.gc = asyncio.run(gc_check(*gc_lanes(grid, inst.frac_bits), inst.d))
