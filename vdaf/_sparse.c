@@ -4,7 +4,8 @@
  * each step is for; the tests compare both byte for byte).
  *
  * expand(tree_key, proof_key0, proof_key1, digest_key, agg_id, seed_cws,
- *        ctrl_cws, proof_cw, output_cw, key, negate, acc) -> digest ‖ total
+ *        ctrl_cws, proof_cw, output_cw, key, negate, acc[, fold, weighted])
+ *        -> digest ‖ total [‖ weight]
  *
  *   tree_key, proof_key{0,1}, digest_key: 16-byte AES keys (the report's);
  *   seed_cws: n × 16 bytes; ctrl_cws: 2n bytes of 0/1 (left, right per level);
@@ -17,6 +18,9 @@
  *   Returns 40 bytes: the digest ⊕_x AES_digest_key(π̃_x ⊕ x) over the leaves
  *   x < d (the tree is expanded only where it meets [0, d)), then Σ_{x<d} y'
  *   as three uint64 limbs (not negated: the caller reduces and signs it).
+ *   fold = 0 leaves acc untouched (a key checked, not counted); weighted = 1
+ *   appends Σ_{x<d} x·y' in three limbs (64 bytes in all): a valid key's
+ *   index, which a sparse multi-hot report's gap checks take.
  *
  * H(x ⊕ tweak) = AES(σ) ⊕ σ with σ = (x.hi, x.hi ⊕ x.lo ⊕ tweak) on the two
  * 64-bit words of a block.  The tree is expanded level by level in place
