@@ -190,7 +190,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         default=1,
         help="heavy-hitters: categories drawn per user; 1 (default) uploads sparse "
         "reports (sparse-onehot: a verifiable DPF key of O(log d) bytes), N > 1 sparse "
-        "sparse-multihot:N reports (2N - 1 keys of O(log d) bytes)",
+        "sparse-multihot:N reports (N keys over the domain and 2N - 2 small ones)",
     )
     d.add_argument(
         "--malicious",
@@ -720,11 +720,12 @@ def _say_reports(validity: str, d: int) -> None:
         dense = parse_validity(f"multihot:{circuit.max_weight}", d, 16)
         assert dense is not None
         _progress(
-            f"reports: {validity}, each {2 * circuit.max_weight - 1} verifiable DPF keys, "
+            f"reports: {validity}, each {circuit.scheme.count} verifiable DPF keys "
+            f"({circuit.max_weight} over the domain), "
             f"{size:,} bytes to the leader (a dense multihot:{circuit.max_weight} report at "
             f"d={d} is {dense.input_share_bytes(0) + dense.public_share_bytes():,}); both "
-            "servers expand every key over the whole domain and check at ingest that the "
-            f"items are distinct, at most {circuit.max_weight}"
+            "servers expand every key and check at ingest that the items are distinct, "
+            f"at most {circuit.max_weight}"
         )
     elif circuit.sparse:
         _progress(

@@ -1,6 +1,7 @@
 """Sparse multi-hot reports (vdaf/sparse.py `SparseMultihot`, the
-`sparse-multihot:r` circuit): at most r distinct items as 2r − 1 one-hot DPF
-keys (the sorted items, padded past the domain, and the gaps between them).
+`sparse-multihot:r` circuit): at most r distinct items as one-hot DPF keys
+(the sorted items, padded past the domain, and each gap between them as two
+digits).
 
 Honest reports expand to their 0/1 rows on the native core and the numpy
 reference alike (the same bytes); hostile ones are refused — an item twice,
@@ -111,30 +112,37 @@ def test_sizes_at_ten_thousand() -> None:
     v = parse_validity("sparse-multihot:10", 10_000, 16, "heavy_hitters")
     dense = parse_validity("multihot:10", 10_000, 16)
     assert v is not None and dense is not None and v.sparse and v.multihot
-    assert v.public_share_bytes() + v.input_share_bytes(0) == 19 * 260 + 16
+    # 10 items over [0, 10,010) (260 bytes each), 9 gaps as two digits in
+    # base 101 (keys over [0, 100) and [0, 101): 146 bytes each)
+    assert v.public_share_bytes() + v.input_share_bytes(0) == 10 * 260 + 18 * 146 + 16
     assert dense.input_share_bytes(0) > 30 * (v.public_share_bytes() + v.input_share_bytes(0))
 
 
 def hostile(m: SparseMultihot) -> dict[str, tuple[list[int], list[int] | None]]:
-    """Points (and weights) of reports the servers must refuse."""
-    pts = m.points([3, 4])  # [3, 4, d] and gaps [0, d - 5]
-    twice = [3, 3, m.d] + [0, m.d - 4]  # item 3 twice: its gap would be −1
+    """Points (and weights) of reports the servers must refuse: r items,
+    then each gap's high and low digit in base m.base."""
+    r = m.r
+    pts = m.points([3, 4])  # items [3, 4, d, …]; first gap 0 = (0, 0)
+    twice = list(pts)
+    twice[1] = 3  # item 3 twice: its gap would be −1; the digits say 0
+    twice[r + 2 : r + 4] = divmod(m.d - 4, m.base)  # the next gap, 3 → d, made to fit
     gap = list(pts)
-    gap[m.r] += 1  # a gap that does not add up
+    gap[r + 1] += 1  # a low digit that does not add up
     over = list(pts)
     over[1] = 3 + m.d  # an item past the padding: beyond [0, d + r)
+    unit = [1] * len(pts)
     return {
         "item twice": (twice, None),
         "gap": (gap, None),
-        "weight two": (pts, [2] + [1] * (len(pts) - 1)),
-        "weight zero on a gap": (pts, [1] * m.r + [0] + [1] * (m.r - 2)),
+        "weight two": (pts, [2] + unit[1:]),
+        "weight zero on a digit": (pts, unit[:r] + [0] + unit[r + 1 :]),
         "outside": (over, None),
     }
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize(
-    "kind", ["item twice", "gap", "weight two", "weight zero on a gap", "outside"]
+    "kind", ["item twice", "gap", "weight two", "weight zero on a digit", "outside"]
 )
 def test_hostile_reports_are_refused(kind: str, backend: str) -> None:
     m = SparseMultihot(40, 3)
@@ -167,7 +175,7 @@ def test_negative_control_without_the_gaps_an_item_counts_twice(monkeypatch) -> 
     accepts item 3 twice — a coordinate of 2 in the sums; the real check
     refuses it."""
     m = SparseMultihot(40, 3)
-    twice = [3, 3, 40] + [0, 36]
+    twice, _ = hostile(m)["item twice"]
     nonce, public, keys = report(m, points=twice)
     total, _, ok = expand_both(m, nonce, public, keys)
     assert not ok and total[3] == 2
@@ -178,8 +186,10 @@ def test_negative_control_without_the_gaps_an_item_counts_twice(monkeypatch) -> 
         import hashlib
 
         h = hashlib.blake2b(digest_size=32)
-        for k, (n, p, s) in enumerate(m._parts(nonce, public, key)):
-            dg, t, _ = m.unit.evaluate(acc, agg_id, vk, n, p, s, negate, fold=k < m.r)
+        parts = m._parts(nonce, public, key)
+        for k, (scheme, (n, p, s)) in enumerate(zip(m.keys, parts, strict=True)):
+            into = acc if k < m.r else scheme.accumulator()
+            dg, t, _ = scheme.evaluate(into, agg_id, vk, n, p, s, negate, fold=k < m.r)
             h.update(dg + (t if agg_id == 0 else (1 - t) % P).to_bytes(16, "little"))
         return h.digest()
 

@@ -63,6 +63,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import math
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -574,19 +575,22 @@ def _derive(seed: bytes, usage: bytes, k: int) -> bytes:
 
 class SparseMultihot:
     """Sparse multi-hot reports: at most r distinct items of [0, d) as
-    2r − 1 sparse one-hot keys over [0, d + r) (the `sparse-multihot:r`
-    circuit).
+    one-hot DPF keys (the `sparse-multihot:r` circuit).
 
     The client sorts its items and pads them to r with padding items d,
     d + 1, … (each past the task's domain, so never folded): x_1 < … < x_r in
-    [0, d + r).  Keys 1..r are one-hot keys at the x_i; keys r+1..2r−1 at the
-    gaps g_i = x_{i+1} − x_i − 1.  Each server checks every key as a
-    `SparseOnehot` key (one live leaf, worth 1) and computes its shares of
-    each key's index, w = Σ_x x·y_x; valid iff also
-    w(x_{i+1}) − w(x_i) − 1 − w(g_i) = 0 for every i.  As the values are
-    below d + r < p that is x_{i+1} = x_i + 1 + g_i over the integers with
-    g_i ≥ 0: the items are distinct, so the folded vector (keys 1..r on
-    [0, d)) is 0/1 with at most r ones — what `multihot:r` proves with Prio3.
+    [0, D), D = d + r.  Keys 1..r are one-hot keys over [0, D) at the x_i.
+    Each gap g_i = x_{i+1} − x_i − 1 is written in base B = ⌈√D⌉ as
+    g_i = B·h_i + l_i, with a one-hot key over [0, H) at h_i (H = ⌈D/B⌉) and
+    one over [0, B) at l_i: 2(r − 1) small keys.  Each server checks every key
+    as a `SparseOnehot` key (one live leaf, worth 1) and computes its shares
+    of each key's index, w = Σ_x x·y_x; valid iff also
+    w(x_{i+1}) − w(x_i) − 1 − B·w(h_i) − w(l_i) = 0 for every i.  As every
+    value is below D + B·H < p, that is x_{i+1} = x_i + 1 + g_i over the
+    integers with g_i ≥ 0: the items are distinct, so the folded vector
+    (keys 1..r on [0, d)) is 0/1 with at most r ones — what `multihot:r`
+    proves with Prio3.  A gap costs two expansions of about √D leaves, not
+    one of D.
 
     The servers compare one 32-byte hash: the leader hashes its digests,
     totals and check shares, the helper its digests, 1 − its totals and its
@@ -596,48 +600,57 @@ class SparseMultihot:
     shares never leave a server.
 
     A report: one 16-byte seed per server (the keys are derived from it) and
-    a public share of 2r − 1 one-hot public shares, 4,940 bytes at d = 10⁴,
-    r = 10; each server expands 2r − 1 keys over [0, d + r)."""
+    a public share of the keys' public shares, 5,120 bytes at d = 10⁴, r = 10."""
 
     def __init__(self, d: int, r: int) -> None:
         if not 1 <= r <= d:
             raise SparseError(f"a sparse multi-hot task needs 1 ≤ r ≤ d, got r = {r}")
         self.d, self.r = d, r
-        self.unit = SparseOnehot(d + r)
+        size = d + r
+        self.base = max(2, math.isqrt(size - 1) + 1)  # ⌈√D⌉, at least 2
+        self.unit = SparseOnehot(size)
+        self.high = SparseOnehot(max(2, -(-size // self.base)))
+        self.low = SparseOnehot(self.base)
         self.bits = self.unit.bits
-        self.count = 2 * r - 1
+        #: One scheme per key: the r items, then per gap its high and low digit.
+        self.keys = [self.unit] * r + [self.high, self.low] * (r - 1)
+        self.count = len(self.keys)
+        self._sizes = [k.public_share_bytes() for k in self.keys]
 
     def public_share_bytes(self) -> int:
-        return self.count * self.unit.public_share_bytes()
+        return sum(self._sizes)
 
     def input_share_bytes(self) -> int:
         return KEY_SIZE
 
     def verify_bytes(self) -> int:
         """Domain elements one report's check passes over, in bytes."""
-        return self.count * 16 * (1 << self.bits)
+        return sum(16 * (1 << k.bits) for k in self.keys)
 
     def _parts(self, nonce: bytes, public: bytes, seed: bytes) -> list[tuple[bytes, bytes, bytes]]:
-        size = self.unit.public_share_bytes()
-        if len(public) != self.count * size:
-            raise SparseError(f"a public share is {self.count * size} bytes")
+        if len(public) != self.public_share_bytes():
+            raise SparseError(f"a public share is {self.public_share_bytes()} bytes")
         if len(nonce) != NONCE_SIZE or len(seed) != KEY_SIZE:
             raise SparseError(f"a key and a nonce of {KEY_SIZE} bytes")
-        return [
-            (_derive(nonce, b"n", k), public[k * size : (k + 1) * size], _derive(seed, b"k", k))
-            for k in range(self.count)
-        ]
+        out, at = [], 0
+        for k, size in enumerate(self._sizes):
+            out.append((_derive(nonce, b"n", k), public[at : at + size], _derive(seed, b"k", k)))
+            at += size
+        return out
 
     def points(self, items: Sequence[int]) -> list[int]:
-        """The 2r − 1 one-hot points of a report holding `items`: the sorted
-        items padded to r, then the gaps."""
+        """The one-hot points of a report holding `items`: the sorted items
+        padded to r, then each gap's high and low digit."""
         xs = sorted(int(x) for x in items)
         if len(xs) > self.r:
             raise SparseError(f"at most {self.r} items per report, got {len(xs)}")
         if any(not 0 <= x < self.d for x in xs) or len(set(xs)) != len(xs):
             raise SparseError(f"distinct items in [0, {self.d}), got {xs}")
         xs += range(self.d, self.d + self.r - len(xs))
-        return xs + [xs[i + 1] - xs[i] - 1 for i in range(self.r - 1)]
+        digits: list[int] = []
+        for i in range(self.r - 1):
+            digits += divmod(xs[i + 1] - xs[i] - 1, self.base)
+        return xs + digits
 
     def gen(
         self, items: Sequence[int], nonce: bytes, rand: bytes
@@ -653,17 +666,18 @@ class SparseMultihot:
         rand: bytes,
         weights: Sequence[int] | None = None,
     ) -> tuple[bytes, tuple[bytes, bytes]]:
-        """A report of the given 2r − 1 one-hot points and weights, unchecked:
-        `gen`'s encoder, and tests' and the demo's forgeries (repeated items,
-        gaps that do not add up, a weight of 2)."""
+        """A report of the given one-hot points (r items, then a high and a
+        low digit per gap) and weights, unchecked: `gen`'s encoder, and tests'
+        and the demo's forgeries (repeated items, gaps that do not add up, a
+        weight of 2)."""
         if len(rand) != RAND_SIZE or len(points) != self.count:
             raise SparseError(f"{self.count} points and {RAND_SIZE} random bytes")
         seeds = (rand[:KEY_SIZE], rand[KEY_SIZE:])
         parts = []
-        for k, x in enumerate(points):
+        for k, (scheme, x) in enumerate(zip(self.keys, points, strict=True)):
             sub = _derive(seeds[0], b"k", k) + _derive(seeds[1], b"k", k)
             w = 1 if weights is None else weights[k]
-            public, _ = self.unit.gen(int(x), _derive(nonce, b"n", k), sub, weight=w)
+            public, _ = scheme.gen(int(x), _derive(nonce, b"n", k), sub, weight=w)
             parts.append(public)
         return b"".join(parts), seeds
 
@@ -687,16 +701,24 @@ class SparseMultihot:
         if acc.d != self.d or acc.size != self.d + self.r:
             raise SparseError(f"the accumulator holds {self.d} + {self.r} elements")
         digests, totals, index = [], [], []
-        for k, (sub_nonce, sub_public, sub_key) in enumerate(self._parts(nonce, public, key)):
-            dg, total, w = self.unit.evaluate(
-                acc, agg_id, verify_key, sub_nonce, sub_public, sub_key, negate,
-                fold=k < self.r, weighted=True,
+        scratch = {id(s): s.accumulator() for s in (self.high, self.low)}
+        parts = self._parts(nonce, public, key)
+        for k, (scheme, (sub_nonce, sub_public, sub_key)) in enumerate(
+            zip(self.keys, parts, strict=True)
+        ):
+            item = k < self.r  # an item's key folds; a digit's only checks
+            dg, total, w = scheme.evaluate(
+                acc if item else scratch[id(scheme)], agg_id, verify_key, sub_nonce,
+                sub_public, sub_key, negate, fold=item, weighted=True,
             )  # fmt: skip
             digests.append(dg)
             totals.append(total if agg_id == 0 else (1 - total) % P)
             index.append(w)
-        r, one = self.r, 1 if agg_id == 0 else 0
-        checks = [(index[i + 1] - index[i] - one - index[r + i]) % P for i in range(r - 1)]
+        r, one, b = self.r, 1 if agg_id == 0 else 0, self.base
+        checks = [
+            (index[i + 1] - index[i] - one - b * index[r + 2 * i] - index[r + 2 * i + 1]) % P
+            for i in range(r - 1)
+        ]
         if agg_id == 1:
             checks = [-c % P for c in checks]
         h = hashlib.blake2b(MULTI_DST + b"/check", digest_size=PREP_SHARE_SIZE)

@@ -19,11 +19,11 @@ dimension d and precision F (values on the grid of 2^F units per user):
   expands over the whole domain.  Not a Prio3 circuit: no FLP, one exchange
   of 32-byte prep shares per report.
 - ``sparse-multihot:r``: what ``multihot:r`` proves, uploaded sparse: each
-  report is 2r − 1 verifiable DPF keys over [0, d + r) — the sorted items
-  (padded to r past the domain) and the gaps between them, which the servers
-  check add up, so the items are distinct (vdaf/sparse.py `SparseMultihot`:
-  4,956 bytes to the leader at d = 10⁴, r = 10, against 167 KB for
-  ``multihot:10``).  r is required.
+  report is r verifiable DPF keys over [0, d + r) — the sorted items, padded
+  to r past the domain — and two small keys per gap between them (its digits
+  in base ⌈√(d + r)⌉), which the servers check add up, so the items are
+  distinct (vdaf/sparse.py `SparseMultihot`: 5,244 bytes to the leader at
+  d = 10⁴, r = 10, against 167 KB for ``multihot:10``).  r is required.
 - ``crawl:B``: each report is one string of B bits (1 ≤ B ≤ 256) as the keys
   of an incremental verifiable DPF (vdaf/crawl.py: 3,120 bytes per server at
   B = 64).  The task has no coordinates (d = 1) and no sums: its reports are
@@ -70,7 +70,7 @@ CIRCUITS = {
     "sparse-onehot": "exactly one coordinate is 1 and every other is 0, uploaded as a "
     "verifiable DPF key (O(log d) bytes)",
     "sparse-multihot": "every coordinate is 0 or 1, and at most r are 1 (sparse-multihot:r), "
-    "uploaded as 2r - 1 verifiable DPF keys (O(r log d) bytes)",
+    "uploaded as 3r - 2 verifiable DPF keys (O(r log d) bytes)",
     "crawl": "one string of B bits (crawl:B), uploaded as incremental DPF keys walked by the "
     "prefix crawl",
 }
@@ -326,7 +326,7 @@ def parse_validity(text: str, d: int, frac_bits: int, embedding: str = "") -> Va
     if name == "sparse-multihot" and weight is None:
         raise ValidityError(
             "sparse-multihot names its weight bound, sparse-multihot:r (each report costs "
-            "2r - 1 DPF keys), got 'sparse-multihot'"
+            "3r - 2 DPF keys, r of them over the whole domain), got 'sparse-multihot'"
         )
     fits = FITS.get(embedding, ("range",))
     if name not in fits:
