@@ -711,16 +711,18 @@ def _demo_collect(
 
 def _say_reports(validity: str, d: int) -> None:
     """What one report costs on the wire, for the circuit the demo uses."""
+    from svtagg.vdaf.sparse import SparseMultihot
     from svtagg.vdaf.validity import parse_validity
 
     circuit, dense = parse_validity(validity, d, 16), parse_validity("onehot", d, 16)
     assert circuit is not None and dense is not None
     size = circuit.input_share_bytes(0) + circuit.public_share_bytes()
-    if circuit.sparse and circuit.multihot:
+    scheme = circuit.scheme if circuit.sparse else None
+    if isinstance(scheme, SparseMultihot):
         dense = parse_validity(f"multihot:{circuit.max_weight}", d, 16)
         assert dense is not None
         _progress(
-            f"reports: {validity}, each {circuit.scheme.count} verifiable DPF keys "
+            f"reports: {validity}, each {scheme.count} verifiable DPF keys "
             f"({circuit.max_weight} over the domain), "
             f"{size:,} bytes to the leader (a dense multihot:{circuit.max_weight} report at "
             f"d={d} is {dense.input_share_bytes(0) + dense.public_share_bytes():,}); both "

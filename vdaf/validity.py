@@ -211,7 +211,8 @@ class Validity:
             out = []
             for item, nonce, rand in zip(items, nonces, rands, strict=True):
                 if isinstance(scheme, SparseMultihot):
-                    public, keys = scheme.gen(np.flatnonzero(np.asarray(item)), nonce, rand)
+                    ones = np.flatnonzero(np.asarray(item)).tolist()
+                    public, keys = scheme.gen(ones, nonce, rand)
                 else:
                     public, keys = scheme.gen(int(item), nonce, rand)
                 out.append((public, keys[0], keys[1]))
