@@ -9,9 +9,9 @@ gaps that do not add up, a weight of two, a key or a public share changed for
 one server.  Negative control: the same check without the gaps (only each
 key's one-hotness, as `SparseOnehot` checks it) accepts an item counted twice.
 Through the servers: the sums are a dense `multihot:r` task's, hostile
-reports are refused by reason, a retry with edited shares is refused, the
-close takes out what the leader never recorded, one id counts once, and the
-SDK's resumed upload counts once."""
+reports are refused by reason, and the SDK's resumed upload counts once (the
+retry rule, the close's take-out and one id under two reports:
+tests/test_sparse_service.py, on both sparse circuits)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,6 @@ from test_proofs_service import proof_task
 
 from svtagg.client.records import InputError, check_grid
 from svtagg.client.upload import REPORT_ID_BYTES
-from svtagg.dp.errors import FailedPrecondition
 from svtagg.proto import svtagg_pb2 as pb
 from svtagg.servers.edge import wire
 from svtagg.servers.ingest.batches import ProofReport, helper_receive, verify_upload
@@ -276,75 +275,6 @@ async def test_hostile_reports_are_refused_by_reason(tmp_path: Path) -> None:
         assert got.accepted == 2
         assert got.rejected == {"invalid_proof": 5}
         assert await closed_sums_equal(pair, "h", [[3], [2]])
-
-
-async def test_a_retry_with_edited_shares_is_refused_and_the_honest_one_counts_once(
-    tmp_path: Path,
-) -> None:
-    async with reference_pair(tmp_path, frac_bits=F) as pair:
-        await pair.leader.create_task(wire.TASK_SPEC.from_pb(spec("r")))
-        v, ids, shards = _shards(pair, "r", [[1, 2], [3], []])
-        helper_receive(
-            pair.helper.core,
-            "r",
-            [ProofReport(r, h, p) for r, (p, _, h) in zip(ids, shards, strict=True)],
-        )
-        honest = [ProofReport(r, ld, p) for r, (p, ld, _) in zip(ids, shards, strict=True)]
-        real = pair.leader.core.store.add_reports
-
-        def lost(*a, **k):  # type: ignore[no-untyped-def]
-            raise ConnectionError("the leader dies before recording")
-
-        pair.leader.core.store.add_reports = lost  # type: ignore[method-assign]
-        with pytest.raises(ConnectionError):
-            await verify_upload(pair.leader.core, pair.port, "r", honest)
-        pair.leader.core.store.add_reports = real  # type: ignore[method-assign]
-        edited = list(honest)
-        edited[0] = ProofReport(ids[0], os.urandom(16), honest[0].public_share)
-        with pytest.raises(FailedPrecondition, match="other leader shares"):
-            await verify_upload(pair.leader.core, pair.port, "r", edited)
-        got = await verify_upload(pair.leader.core, pair.port, "r", honest)
-        assert got.accepted == 3
-        assert await closed_sums_equal(pair, "r", [[1, 2], [3], []])
-
-
-async def test_the_close_takes_out_a_batch_the_leader_never_recorded(tmp_path: Path) -> None:
-    async with reference_pair(tmp_path, frac_bits=F) as pair:
-        await pair.leader.create_task(wire.TASK_SPEC.from_pb(spec("c")))
-        await pair.upload_proofs("c", rows([[4, 9], [4]]))
-        v, ids, shards = _shards(pair, "c", [[8, 100, 299], [1]])
-        helper_receive(
-            pair.helper.core,
-            "c",
-            [ProofReport(r, h, p) for r, (p, _, h) in zip(ids, shards, strict=True)],
-        )
-        real = pair.leader.core.store.add_reports
-
-        def lost(*a, **k):  # type: ignore[no-untyped-def]
-            raise ConnectionError("the leader dies before recording")
-
-        pair.leader.core.store.add_reports = lost  # type: ignore[method-assign]
-        with pytest.raises(ConnectionError):
-            await verify_upload(
-                pair.leader.core,
-                pair.port,
-                "c",
-                [ProofReport(r, ld, p) for r, (p, ld, _) in zip(ids, shards, strict=True)],
-            )
-        pair.leader.core.store.add_reports = real  # type: ignore[method-assign]
-        assert await closed_sums_equal(pair, "c", [[4, 9], [4]])
-        assert pair.leader.core.task("c").n == 2
-
-
-async def test_one_id_with_two_different_reports_counts_once(tmp_path: Path) -> None:
-    async with reference_pair(tmp_path, frac_bits=F) as pair:
-        await pair.leader.create_task(wire.TASK_SPEC.from_pb(spec("i")))
-        v, ids, shards = _shards(pair, "i", [[10, 11]])
-        assert (await pair.send_proofs("i", ids, shards)).accepted == 1
-        other = v.shard((rows([[20]]) * (1 << F)).astype(np.int64).tolist(), ids)
-        with pytest.raises(Exception, match="already"):
-            await pair.send_proofs("i", ids, other)
-        assert await closed_sums_equal(pair, "i", [[10, 11]])
 
 
 async def test_the_sdk_uploads_and_a_resumed_upload_counts_once(deployment: Deployment) -> None:

@@ -3,8 +3,9 @@ sparse kind): a `sparse-onehot` task counts honest reports into the same sums
 a dense `onehot` task would, refuses hostile ones by reason, keeps the retry
 rule (a batch sent again with edited shares is refused), takes out on the
 helper a batch the leader never recorded, and goes through the SDK and the
-services (a resumable upload sent twice counts once).  The mechanism itself:
-tests/test_vdaf_sparse.py."""
+services (a resumable upload sent twice counts once).  The retry rule, the
+take-out and one id under two reports run on `sparse-multihot:3` too.  The
+mechanisms themselves: tests/test_vdaf_sparse.py, tests/test_sparse_multihot.py."""
 
 from __future__ import annotations
 
@@ -29,22 +30,34 @@ from svtagg.vdaf.sparse import PublicShare
 from svtagg.vdaf.validity import parse_validity
 
 D, F = 300, 12
+#: The sparse circuits the shared tests below run on, with three rows each
+#: ("first"), two more ("more") and one other ("other"), as item lists.
+SPARSE = {
+    "sparse-onehot": ([[1], [2], [3]], [[8], [100]], [[20]]),
+    "sparse-multihot:3": ([[1, 2], [3], []], [[8, 100, 299], [1]], [[20, 21]]),
+}
 
 
 def spec(task_id: str, validity: str = "sparse-onehot", d: int = D) -> pb.TaskSpec:
     return proof_task(task_id, validity, d)
 
 
-async def closed_sums_equal(pair, task_id: str, items: list[int]) -> bool:  # type: ignore[no-untyped-def]
+async def closed_sums_equal(pair, task_id: str, items: list[int] | list[list[int]]) -> bool:  # type: ignore[no-untyped-def]
     """Close the task; whether the two servers' robust sums add up to the
-    plaintext sum of one-hot rows of `items`."""
+    plaintext sum of the rows of `items` (one item a row, or a list a row)."""
     totals = await closed_totals(pair, task_id)
-    return bool(np.array_equal(totals, encoded_sum(onehot_rows(items), F)))
+    return bool(np.array_equal(totals, encoded_sum(item_rows(items), F)))
 
 
 def onehot_rows(items: list[int], d: int = D) -> np.ndarray:
+    return item_rows([[x] for x in items], d)
+
+
+def item_rows(items: list[int] | list[list[int]], d: int = D) -> np.ndarray:
+    """0/1 rows holding `items`: one item a row, or a list of items a row."""
     rows = np.zeros((len(items), d))
-    rows[np.arange(len(items)), items] = 1.0
+    for i, row in enumerate(items):
+        rows[i, row] = 1.0
     return rows
 
 
@@ -72,10 +85,10 @@ async def test_sparse_reports_count_as_dense_ones_would(tmp_path: Path) -> None:
         assert task.agreed and task.n == 200
 
 
-def _shards(pair, task_id: str, items: list[int]):  # type: ignore[no-untyped-def]
+def _shards(pair, task_id: str, items: list[int] | list[list[int]]):  # type: ignore[no-untyped-def]
     v = task_validity(pair.leader.core.task(task_id))
     ids = [os.urandom(REPORT_ID_BYTES) for _ in items]
-    grid = (onehot_rows(items) * (1 << F)).astype(np.int64)
+    grid = (item_rows(items) * (1 << F)).astype(np.int64)
     return v, ids, v.shard(grid.tolist(), ids)
 
 
@@ -113,16 +126,18 @@ async def test_hostile_reports_are_refused_by_reason(tmp_path: Path) -> None:
         assert pair.leader.core.task("h").n == 2
 
 
+@pytest.mark.parametrize("validity", list(SPARSE))
 async def test_a_retry_with_edited_shares_is_refused_and_the_honest_one_counts_once(
-    tmp_path: Path,
+    tmp_path: Path, validity: str
 ) -> None:
     """The helper records a batch, the leader's answer is lost; the client
     sends the batch again with one leader key changed (a report whose
     unverified share would be folded): refused; the honest retry is answered
     from the record and counted once."""
+    first = SPARSE[validity][0]
     async with reference_pair(tmp_path, frac_bits=F) as pair:
-        await pair.leader.create_task(wire.TASK_SPEC.from_pb(spec("r")))
-        v, ids, shards = _shards(pair, "r", [1, 2, 3])
+        await pair.leader.create_task(wire.TASK_SPEC.from_pb(spec("r", validity)))
+        v, ids, shards = _shards(pair, "r", first)
         helper_receive(
             pair.helper.core,
             "r",
@@ -144,18 +159,22 @@ async def test_a_retry_with_edited_shares_is_refused_and_the_honest_one_counts_o
             await verify_upload(pair.leader.core, pair.port, "r", edited)
         got = await verify_upload(pair.leader.core, pair.port, "r", honest)
         assert got.accepted == 3
-        info = await pair.leader.close_collection("r")
-        assert info.n == 3
+        assert await closed_sums_equal(pair, "r", first)
+        assert pair.leader.core.task("r").n == 3
 
 
-async def test_the_close_takes_out_a_batch_the_leader_never_recorded(tmp_path: Path) -> None:
+@pytest.mark.parametrize("validity", list(SPARSE))
+async def test_the_close_takes_out_a_batch_the_leader_never_recorded(
+    tmp_path: Path, validity: str
+) -> None:
     """The helper recorded a batch the leader never did and the client never
     retried: the close takes it out of the helper's sums (re-expanding the
     kept keys), so both servers close on the same reports."""
+    first, more, _ = SPARSE[validity]
     async with reference_pair(tmp_path, frac_bits=F) as pair:
-        await pair.leader.create_task(wire.TASK_SPEC.from_pb(spec("c")))
-        await pair.upload_proofs("c", onehot_rows([4, 4, 9]))
-        v, ids, shards = _shards(pair, "c", [8, 100])
+        await pair.leader.create_task(wire.TASK_SPEC.from_pb(spec("c", validity)))
+        await pair.upload_proofs("c", item_rows(first))
+        v, ids, shards = _shards(pair, "c", more)
         helper_receive(
             pair.helper.core,
             "c",
@@ -175,7 +194,7 @@ async def test_the_close_takes_out_a_batch_the_leader_never_recorded(tmp_path: P
                 [ProofReport(r, ld, p) for r, (p, ld, _) in zip(ids, shards, strict=True)],
             )
         pair.leader.core.store.add_reports = real  # type: ignore[method-assign]
-        assert await closed_sums_equal(pair, "c", [4, 4, 9])
+        assert await closed_sums_equal(pair, "c", first)
         assert pair.leader.core.task("c").n == 3
 
 
@@ -202,17 +221,19 @@ async def test_the_sdk_uploads_sparse_reports_and_a_resumed_upload_counts_once(
     assert (n, reports, held, rejected) == (150, 150, [150, 150], {})
 
 
-async def test_one_id_with_two_different_reports_counts_once(tmp_path: Path) -> None:
+@pytest.mark.parametrize("validity", list(SPARSE))
+async def test_one_id_with_two_different_reports_counts_once(tmp_path: Path, validity: str) -> None:
     """A report counted under an id; then another report under the same id
-    (a different item, fresh keys): refused, nothing counted twice."""
+    (other items, fresh keys): refused, nothing counted twice."""
+    first, _, other_items = SPARSE[validity]
     async with reference_pair(tmp_path, frac_bits=F) as pair:
-        await pair.leader.create_task(wire.TASK_SPEC.from_pb(spec("i")))
-        v, ids, shards = _shards(pair, "i", [10])
+        await pair.leader.create_task(wire.TASK_SPEC.from_pb(spec("i", validity)))
+        v, ids, shards = _shards(pair, "i", first[:1])
         got = await pair.send_proofs("i", ids, shards)
         assert got.accepted == 1
-        other = v.shard((onehot_rows([20]) * (1 << F)).astype(np.int64).tolist(), ids)
+        other = v.shard((item_rows(other_items) * (1 << F)).astype(np.int64).tolist(), ids)
         with pytest.raises(Exception, match="already") as refused:
             await pair.send_proofs("i", ids, other)
         assert type(refused.value).__name__ in ("AlreadyExists", "FailedPrecondition")
-        assert await closed_sums_equal(pair, "i", [10])
+        assert await closed_sums_equal(pair, "i", first[:1])
         assert pair.leader.core.task("i").n == 1
