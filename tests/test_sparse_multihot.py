@@ -294,3 +294,14 @@ async def test_the_sdk_uploads_and_a_resumed_upload_counts_once(deployment: Depl
         return info.n, again.reports, first.rejected
 
     assert await off_loop(run) == (100, 100, {})
+
+
+def test_a_task_whose_one_report_costs_too_much_is_refused_naming_r() -> None:
+    """r sets a sparse multi-hot report's cost: a task where one report alone
+    would pass the verification bound is refused at creation, saying so."""
+    from svtagg.dp.errors import InvalidArgument
+    from svtagg.servers.ingest.validity import check_validity
+
+    check_validity("sparse-multihot:50", 10_000, 16, "heavy_hitters")
+    with pytest.raises(InvalidArgument, match=r"sparse-multihot:5000 report .* choose a smaller r"):
+        check_validity("sparse-multihot:5000", 10_000, 16, "heavy_hitters")

@@ -48,11 +48,13 @@ def check_validity(text: str, d: int, frac_bits: int, embedding: str) -> None:
     except ValidityError as exc:
         raise InvalidArgument(str(exc)) from None
     if v is not None and not v.batch_limit(MAX_BATCH_REPORTS, MAX_MESSAGE_BYTES, MAX_VERIFY_BYTES):
+        size = v.input_share_bytes(0) + v.public_share_bytes()
+        advice = "a smaller r or d" if v.multihot and v.sparse else "a smaller d (or a 0/1 circuit)"
         raise InvalidArgument(
-            f"one {v.name} report at d={d}, F={frac_bits} is {v.input_share_bytes(0)} bytes "
-            f"to the leader and costs {v.verify_bytes()} bytes to verify, over the "
+            f"one {v.label} report at d={d}, F={frac_bits} is {size:,} bytes to the leader "
+            f"and costs {v.verify_bytes():,} bytes to verify, over the "
             f"{MAX_MESSAGE_BYTES >> 20} MiB message or {MAX_VERIFY_BYTES >> 20} MiB "
-            "verification bound: choose a smaller d (or a 0/1 circuit)"
+            f"verification bound: choose {advice}"
         )
 
 
