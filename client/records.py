@@ -205,6 +205,15 @@ def check_grid(grid: npt.NDArray[np.uint64], validity: Validity, first_row: int)
                 f"row {first_row + i} holds {int(weights[i])} categories (ones); the task's "
                 f"reports prove {circuit}: at most {validity.max_weight} per row"
             )
+    elif validity.max_items:
+        nonzero = np.count_nonzero(np.asarray(measurements), axis=1)
+        over = np.flatnonzero(nonzero > validity.max_items)
+        if over.size:
+            i = int(over[0])
+            raise InputError(
+                f"row {first_row + i} holds {int(nonzero[i])} nonzero values; the task's "
+                f"reports prove {circuit}: at most {validity.max_items} per row"
+            )
 
 
 def embed_block(spec: Spec, rows: Any, first_row: int, stats: ReadStats) -> Array:

@@ -718,7 +718,7 @@ def _say_reports(validity: str, d: int) -> None:
     assert circuit is not None and dense is not None
     size = circuit.input_share_bytes(0) + circuit.public_share_bytes()
     scheme = circuit.scheme if circuit.sparse else None
-    if isinstance(scheme, SparseMultihot):
+    if isinstance(scheme, SparseMultihot) and circuit.multihot:
         dense = parse_validity(f"multihot:{circuit.max_weight}", d, 16)
         assert dense is not None
         _progress(

@@ -15,7 +15,7 @@ from svtagg.client.upload import Batch
 from svtagg.proto import svtagg_pb2 as pb
 from svtagg.proto.vocab import REPORT_ID_BYTES
 from svtagg.vdaf.field import FIELD128
-from svtagg.vdaf.sparse import SparseMultihot
+from svtagg.vdaf.sparse import SparseMultihot, SparseRange
 from svtagg.vdaf.validity import Validity
 
 
@@ -117,7 +117,10 @@ def _forged_sparse(task_id: str, circuit: Validity, item: int, count: int, clien
     for _ in range(clients):
         rid = os.urandom(REPORT_ID_BYTES)
         scheme = circuit.scheme
-        if isinstance(scheme, SparseMultihot):
+        if isinstance(scheme, SparseRange):  # a value of `count` units on the item
+            points, ws = scheme.entries([item], [scheme.top])
+            public, keys = scheme.gen_payloads(points, [count] + ws[1:], rid, os.urandom(32))
+        elif isinstance(scheme, SparseMultihot):
             points = scheme.points([item])
             weights = [count] + [1] * (len(points) - 1)
             public, keys = scheme.gen_points(points, rid, os.urandom(32), weights)

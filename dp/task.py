@@ -23,7 +23,7 @@ EMBEDDING_RE = re.compile(r"[a-z0-9_]{0,32}")
 #: fits the task: svtagg.vdaf.validity.parse_validity).
 VALIDITY_RE = re.compile(
     r"(|range|onehot|sparse-onehot|multihot(:[1-9][0-9]{0,6})?|sparse-multihot:[1-9][0-9]{0,6}"
-    r"|crawl:[1-9][0-9]{0,2})"
+    r"|sparse-range:[1-9][0-9]{0,6}|crawl:[1-9][0-9]{0,2})"
 )
 
 
@@ -45,7 +45,8 @@ class TaskParams:
     #: The embedding the task's clients use ("" = not recorded); uploads check it.
     embedding: str = ""
     #: The validity circuit every report proves at ingest (svtagg.vdaf.validity:
-    #: range, onehot, sparse-onehot, multihot[:r], sparse-multihot:r, crawl:B); "" = reports
+    #: range, onehot, sparse-onehot, multihot[:r], sparse-multihot:r, sparse-range:r,
+    #: crawl:B); "" = reports
     #: carry no proof.
     validity: str = ""
     #: Where the streams' noise comes from: "independent" (each server draws its
@@ -116,7 +117,7 @@ def parse_task_params(spec: TaskSpec) -> TaskParams:
     if not VALIDITY_RE.fullmatch(spec.validity):
         raise InvalidArgument(
             f"validity must be range, onehot, sparse-onehot, multihot, multihot:r, "
-            f"sparse-multihot:r or crawl:B, "
+            f"sparse-multihot:r, sparse-range:r or crawl:B, "
             f"got {spec.validity!r}"
         )
     noise = spec.noise or INDEPENDENT

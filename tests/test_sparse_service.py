@@ -4,7 +4,8 @@ a dense `onehot` task would, refuses hostile ones by reason, keeps the retry
 rule (a batch sent again with edited shares is refused), takes out on the
 helper a batch the leader never recorded, and goes through the SDK and the
 services (a resumable upload sent twice counts once).  The retry rule, the
-take-out and one id under two reports run on `sparse-multihot:3` too.  The
+take-out and one id under two reports run on `sparse-multihot:3` and
+`sparse-range:3` too.  The
 mechanisms themselves: tests/test_vdaf_sparse.py, tests/test_sparse_multihot.py."""
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ D, F = 300, 12
 SPARSE = {
     "sparse-onehot": ([[1], [2], [3]], [[8], [100]], [[20]]),
     "sparse-multihot:3": ([[1, 2], [3], []], [[8, 100, 299], [1]], [[20, 21]]),
+    "sparse-range:3": ([[1, 2], [3], []], [[8, 100, 299], [1]], [[20, 21]]),
 }
 
 

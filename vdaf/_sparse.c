@@ -35,7 +35,7 @@
 
 #include "../mpc/_aesni.h"
 
-enum { LEFT = 1, RIGHT = 2, CONVERT = 3, PROOF = 5, MAX_BITS = 24 };
+enum { LEFT = 1, RIGHT = 2, CONVERT = 3, WEIGHT = 4, PROOF = 5, MAX_BITS = 24 };
 
 static inline block sigma(block x, uint64_t tweak) {
     /* (lo, hi) ↦ (hi, hi ⊕ lo ⊕ tweak), in the vector unit */
@@ -130,6 +130,7 @@ typedef struct {
     uint64_t total[3];
     block digest;
     int fold;          /* add the outputs into acc (0: check only) */
+    uint64_t convert;  /* the output's tweak: CONVERT, or WEIGHT for a second payload */
     int weighted;      /* also sum x·y'_x into weight */
     uint64_t weight[3];
 } leaf_ctx;
@@ -145,7 +146,7 @@ static inline void leaves_tile(leaf_ctx *L, const block *s, const uint8_t *t, si
     const uint64_t flip = 0 - (uint64_t)L->flip;
     unsigned long long t0 = L->total[0], t1 = L->total[1], t2 = L->total[2];
     uint64_t *acc = L->acc + 3 * x0;
-    sigma_mmo(L->rk, s, NULL, 0, CONVERT, buf, m);
+    sigma_mmo(L->rk, s, NULL, 0, L->convert, buf, m);
     for (size_t i = 0; i < m; i++) {
         uint8_t raw[16];
         _mm_storeu_si128((block *)raw, buf[i]);
@@ -223,9 +224,9 @@ static inline void leaves_tile(leaf_ctx *L, const block *s, const uint8_t *t, si
 
 static PyObject *py_expand(PyObject *self, PyObject *args) {
     Py_buffer tk, pk0, pk1, dk, cws, ctrl, pcw, ocw, key, acc;
-    int agg_id, negate, fold = 1, weighted = 0;
-    if (!PyArg_ParseTuple(args, "y*y*y*y*iy*y*y*y*y*pw*|pp", &tk, &pk0, &pk1, &dk, &agg_id, &cws,
-                          &ctrl, &pcw, &ocw, &key, &negate, &acc, &fold, &weighted))
+    int agg_id, negate, fold = 1, weighted = 0, second = 0;
+    if (!PyArg_ParseTuple(args, "y*y*y*y*iy*y*y*y*y*pw*|ppp", &tk, &pk0, &pk1, &dk, &agg_id, &cws,
+                          &ctrl, &pcw, &ocw, &key, &negate, &acc, &fold, &weighted, &second))
         return NULL;
     PyObject *result = NULL;
     Py_ssize_t n = cws.len / 16, d = acc.len / 24;
@@ -268,7 +269,7 @@ static PyObject *py_expand(PyObject *self, PyObject *args) {
     const uint8_t *cb = ctrl.buf;
     leaf_ctx L = {rk, rk0, rk1, rkd, _mm_loadu_si128((const block *)pcw.buf), (size_t)d,
                   load128(ocw.buf), (agg_id & 1) ^ (negate != 0), acc.buf, {0, 0, 0},
-                  _mm_setzero_si128(), fold, weighted, {0, 0, 0}};
+                  _mm_setzero_si128(), fold, second ? WEIGHT : CONVERT, weighted, {0, 0, 0}};
 
     Py_BEGIN_ALLOW_THREADS
     seed[0] = _mm_loadu_si128((const block *)key.buf);
@@ -356,14 +357,16 @@ static inline void gen_step(const block *rk, block s[2], uint8_t t[2], int bit, 
  * The client's side (vdaf/sparse.py `gen` is the reference): the two keys
  * are rand's halves; walk α's path on both, then the leaf corrections. */
 static PyObject *py_gen(PyObject *self, PyObject *args) {
-    Py_buffer tk, pk0, pk1, rnd, wt;
+    Py_buffer tk, pk0, pk1, rnd, wt, wt2 = {0};
     int n;
     unsigned long long alpha;
-    if (!PyArg_ParseTuple(args, "y*y*y*iKy*y*", &tk, &pk0, &pk1, &n, &alpha, &rnd, &wt))
+    if (!PyArg_ParseTuple(args, "y*y*y*iKy*y*|y*", &tk, &pk0, &pk1, &n, &alpha, &rnd, &wt, &wt2))
         return NULL;
     PyObject *result = NULL;
+    int second = wt2.buf != NULL;
     if (tk.len != 16 || pk0.len != 16 || pk1.len != 16 || rnd.len != 32 || wt.len != 16 ||
-        n < 1 || n > MAX_BITS || alpha >= (1ULL << n) || load128(wt.buf) >= P128) {
+        n < 1 || n > MAX_BITS || alpha >= (1ULL << n) || load128(wt.buf) >= P128 ||
+        (second && (wt2.len != 16 || load128(wt2.buf) >= P128))) {
         PyErr_SetString(PyExc_ValueError, "sparse gen: arguments of the wrong sizes");
         goto done;
     }
@@ -375,8 +378,8 @@ static PyObject *py_gen(PyObject *self, PyObject *args) {
                   _mm_loadu_si128((const block *)((const uint8_t *)rnd.buf + 16))};
     uint8_t t[2] = {0, 1};
     size_t head = (size_t)(2 * n + 7) / 8;
-    size_t size = head + 16 * (size_t)n + 32;
-    uint8_t out[(2 * MAX_BITS + 7) / 8 + 16 * MAX_BITS + 32];
+    size_t size = head + 16 * (size_t)n + 32 + (second ? 16 : 0);
+    uint8_t out[(2 * MAX_BITS + 7) / 8 + 16 * MAX_BITS + 48];
     memset(out, 0, size);
     for (int i = 0; i < n; i++) {
         block seed_cw;
@@ -399,10 +402,22 @@ static PyObject *py_gen(PyObject *self, PyObject *args) {
     u128 cw = f_add(f_add(load128(wt.buf), f_neg(conv[0])), conv[1]);
     if (!t[0]) cw = f_neg(cw); /* the sign t₀ − t₁ */
     store128(out + head + 16 * n + 16, cw);
+    if (second) { /* a second payload on the same leaf: its own tweak, its own correction */
+        u128 c2[2];
+        for (int b = 0; b < 2; b++) {
+            _mm_storeu_si128((block *)raw, hash1(rk, s[b], WEIGHT));
+            c2[b] = load128(raw);
+            if (c2[b] >= P128) c2[b] -= P128;
+        }
+        u128 cw2 = f_add(f_add(load128(wt2.buf), f_neg(c2[0])), c2[1]);
+        if (!t[0]) cw2 = f_neg(cw2);
+        store128(out + head + 16 * n + 32, cw2);
+    }
     result = PyBytes_FromStringAndSize((const char *)out, (Py_ssize_t)size);
 done:
     PyBuffer_Release(&tk); PyBuffer_Release(&pk0); PyBuffer_Release(&pk1);
     PyBuffer_Release(&rnd); PyBuffer_Release(&wt);
+    if (second) PyBuffer_Release(&wt2);
     return result;
 }
 

@@ -96,8 +96,9 @@ PREP_SHARE_SIZE = DIGEST_SIZE + FIELD128.encoded_size
 P = FIELD128.modulus
 _P_LO, _P_HI = P & (2**64 - 1), P >> 64
 _TWO_128 = (1 << 128) % P
-#: Tweaks XORed into a seed's low word: the two children, the output, the proofs.
-LEFT, RIGHT, CONVERT, PROOF = 1, 2, 3, 5
+#: Tweaks XORed into a seed's low word: the two children, the output, a second
+#: payload's output (`SparseRange`'s weights), the proofs.
+LEFT, RIGHT, CONVERT, WEIGHT, PROOF = 1, 2, 3, 4, 5
 
 U64 = npt.NDArray[np.uint64]
 
@@ -169,11 +170,13 @@ def leaf_outputs(
     output: int,
     agg_id: int,
     like: Vec | None = None,
+    tweak: int = CONVERT,
 ) -> Vec:
-    """One server's Field128 shares of the nodes' outputs: each converted seed,
-    plus the output correction where the node's bit is 1, negated on server 1
-    (so the two shares of a node both hold alike add to 0)."""
-    y = _to_field(h(seeds, CONVERT), like=like)
+    """One server's Field128 shares of the nodes' outputs: each converted seed
+    (under `tweak`: WEIGHT for a second payload), plus the output correction
+    where the node's bit is 1, negated on server 1 (so the two shares of a
+    node both hold alike add to 0)."""
+    y = _to_field(h(seeds, tweak), like=like)
     where = np.flatnonzero(ctrl)
     if where.size:
         y[where] = FIELD128.add(y[where], output)
@@ -390,23 +393,27 @@ class SparseOnehot:
 
     # ------------------------------------------------------------ the client
     def gen(
-        self, alpha: int, nonce: bytes, rand: bytes, weight: int = 1
+        self, alpha: int, nonce: bytes, rand: bytes, weight: int = 1, second: int | None = None
     ) -> tuple[bytes, tuple[bytes, bytes]]:
         """The encoded public share and the two keys for item `alpha`;
         `rand`: RAND_SIZE bytes from a CSPRNG.  A `weight` other than 1 makes a
-        report the servers refuse (tests and the demo's forgeries)."""
+        report the servers refuse (tests and the demo's forgeries).  `second`:
+        a second payload on the same leaf, its output correction appended to
+        the public share (16 bytes; `evaluate(second=True)` reads it)."""
         if not 0 <= alpha < self.d:
             raise SparseError(f"the item is in [0, {self.d}), got {alpha}")
         if len(nonce) != NONCE_SIZE or len(rand) != RAND_SIZE:
             raise SparseError(f"a nonce of {NONCE_SIZE} bytes and {RAND_SIZE} random bytes")
         keys = (rand[:KEY_SIZE], rand[KEY_SIZE:])
         if _core is not None and native.active() == "native":
+            extra = () if second is None else ((second % P).to_bytes(16, "little"),)
             public = _core.gen(
                 *_keys(nonce),
                 self.bits,
                 alpha,
                 rand,
                 (weight % P).to_bytes(16, "little"),
+                *extra,
             )
             return bytes(public), keys
         h = _Hash(_hash_key(nonce))
@@ -424,7 +431,11 @@ class SparseOnehot:
         sign = 1 if ctrl[0] else -1  # t₀ − t₁
         output = sign * (weight - conv[0] + conv[1]) % P
         ps = PublicShare(b"".join(seed_cws), tuple(ctrl_cws), proof_cw, output)
-        return self.encode_public_share(ps), keys
+        tail = b""
+        if second is not None:
+            conv2 = FIELD128.to_ints(_to_field(h(seed, WEIGHT)))
+            tail = (sign * (second - conv2[0] + conv2[1]) % P).to_bytes(16, "little")
+        return self.encode_public_share(ps) + tail, keys
 
     # ------------------------------------------------------------ the servers
     def accumulator(self) -> Accumulator:
@@ -468,11 +479,15 @@ class SparseOnehot:
         negate: bool = False,
         fold: bool = True,
         weighted: bool = False,
+        second: bool = False,
     ) -> tuple[bytes, int, int]:
         """`expand_into`'s work, its parts apart: the leaf-proof digest, this
         server's share of Σ_x y_x and (when `weighted`, else 0) of Σ_x x·y_x
         — the live leaf's index, for a valid key.  `fold=False` checks the
-        key without adding its outputs to `acc` (which still sets d)."""
+        key without adding its outputs to `acc` (which still sets d).
+        `second`: the outputs are the key's second payload (`gen(second=)`),
+        `public` the public share with that payload's correction in place of
+        the first's."""
         if agg_id not in (0, 1):
             raise SparseError("the server id is 0 or 1")
         if len(key) != KEY_SIZE or len(nonce) != NONCE_SIZE:
@@ -496,6 +511,7 @@ class SparseOnehot:
                 acc.wide,
                 fold,
                 weighted,
+                second,
             )
             total, weight = _limbs(out[16:40]), _limbs(out[40:64]) if weighted else 0
             if agg_id == 1:
@@ -513,7 +529,8 @@ class SparseOnehot:
             seed, ctrl = kids[:keep], t[:keep]
         dg = digest(verify_key, nonce, public, _leaf_proofs(nonce, seed, ctrl), ctrl, ps.proof)
         assert acc.vec is not None  # the reference's accumulator
-        y = leaf_outputs(h, seed, ctrl, ps.output, agg_id, like=acc.vec)
+        tweak = WEIGHT if second else CONVERT
+        y = leaf_outputs(h, seed, ctrl, ps.output, agg_id, like=acc.vec, tweak=tweak)
         if fold:
             acc.vec[...] = FIELD128.sub(acc.vec, y) if negate else FIELD128.add(acc.vec, y)
         total = FIELD128.to_int(FIELD128.sum(y))
@@ -700,25 +717,10 @@ class SparseMultihot:
         them when `negate`) and return its 32-byte prep share."""
         if acc.d != self.d or acc.size != self.d + self.r:
             raise SparseError(f"the accumulator holds {self.d} + {self.r} elements")
-        digests, totals, index = [], [], []
-        scratch = {id(s): s.accumulator() for s in (self.high, self.low)}
-        parts = self._parts(nonce, public, key)
-        for k, (scheme, (sub_nonce, sub_public, sub_key)) in enumerate(
-            zip(self.keys, parts, strict=True)
-        ):
-            item = k < self.r  # an item's key folds; a digit's only checks
-            dg, total, w = scheme.evaluate(
-                acc if item else scratch[id(scheme)], agg_id, verify_key, sub_nonce,
-                sub_public, sub_key, negate, fold=item, weighted=True,
-            )  # fmt: skip
-            digests.append(dg)
-            totals.append(total if agg_id == 0 else (1 - total) % P)
-            index.append(w)
-        r, one, b = self.r, 1 if agg_id == 0 else 0, self.base
-        checks = [
-            (index[i + 1] - index[i] - one - b * index[r + 2 * i] - index[r + 2 * i + 1]) % P
-            for i in range(r - 1)
-        ]
+        digests, totals, index, payloads = self._evaluate(
+            acc, agg_id, verify_key, self._parts(nonce, public, key), negate
+        )
+        checks = self._checks(index, payloads, 1 if agg_id == 0 else 0)
         if agg_id == 1:
             checks = [-c % P for c in checks]
         h = hashlib.blake2b(MULTI_DST + b"/check", digest_size=PREP_SHARE_SIZE)
@@ -726,6 +728,45 @@ class SparseMultihot:
         for v in totals + checks:
             h.update(v.to_bytes(16, "little"))
         return h.digest()
+
+    def _evaluate(
+        self,
+        acc: Accumulator,
+        agg_id: int,
+        verify_key: bytes,
+        parts: list[tuple[bytes, bytes, bytes]],
+        negate: bool,
+    ) -> tuple[list[bytes], list[int], list[int], list[int]]:
+        """Every key expanded: the digests, the totals (the helper's as 1 −
+        its share, so that the two servers' lists are equal for a valid
+        report), each key's index share, and each item's payload share (none
+        here: an item's key itself is folded)."""
+        digests, totals, index = [], [], []
+        scratch = {id(s): s.accumulator() for s in set(self.keys[self.r :])}
+        for k, (scheme, (sub_nonce, sub_public, sub_key)) in enumerate(
+            zip(self.keys, parts, strict=True)
+        ):
+            item = k < self.r  # an item's key folds; a digit's only checks
+            dg, total, w = scheme.evaluate(
+                acc if item else scratch[id(scheme)], agg_id, verify_key, sub_nonce,
+                sub_public, sub_key, negate, fold=item and self.folds_items, weighted=True,
+            )  # fmt: skip
+            digests.append(dg)
+            totals.append(total if agg_id == 0 else (1 - total) % P)
+            index.append(w)
+        return digests, totals, index, []
+
+    #: The items' keys are folded as they are (a multi-hot report's 0/1 row).
+    folds_items = True
+
+    def _checks(self, index: list[int], payloads: list[int], one: int) -> list[int]:
+        """This server's shares of the linear checks that must be 0: each gap
+        adds up (`one`: 1 on the leader, 0 on the helper, for the constants)."""
+        r, b = self.r, self.base
+        return [
+            (index[i + 1] - index[i] - one - b * index[r + 2 * i] - index[r + 2 * i + 1]) % P
+            for i in range(r - 1)
+        ]
 
     def expand(
         self, agg_id: int, verify_key: bytes, nonce: bytes, public: bytes, key: bytes
@@ -751,6 +792,142 @@ class SparseMultihot:
         if len(leader) != PREP_SHARE_SIZE or len(helper) != PREP_SHARE_SIZE:
             raise SparseError(f"a prep share is {PREP_SHARE_SIZE} bytes")
         return hmac.compare_digest(leader, helper)
+
+
+#: A weight's digits: base 16, one-hot keys over [0, 16).
+DIGIT_BASE = 16
+
+
+class SparseRange(SparseMultihot):
+    """Sparse reports of values: at most r items of [0, d), each with a value
+    in [0, 1] on the task's grid (an integer w in [0, 2^F]) — the
+    `sparse-range:r` circuit, what `range` proves of a row with at most r
+    nonzero coordinates.
+
+    The items are placed and proved distinct as `SparseMultihot`'s (sorted,
+    padded past d, the gaps as digit keys), and each item's key carries a
+    second payload on the same leaf: the unit (checked as before) and the
+    weight w (its own output tweak and correction, `SparseOnehot.gen(second=)`),
+    so both are live at the item's leaf.  The weight, not the unit, is folded.
+    w ∈ [0, 2^F] by two linear checks on small keys: w = Σ_j 16^j·a_j and
+    2^F − w = Σ_j 16^j·b_j with each digit a one-hot key over [0, 16), m =
+    ⌈(F + 1)/4⌉ digits each (both sums non-negative integers below p).
+    Padding items carry weight 0.  Each server expands an item's tree twice
+    (once per payload)."""
+
+    folds_items = False
+
+    def __init__(self, d: int, r: int, frac_bits: int) -> None:
+        if not 0 <= frac_bits <= 32:
+            raise SparseError(f"a sparse range task's precision F is in [0, 32], got {frac_bits}")
+        super().__init__(d, r)
+        self.frac_bits = frac_bits
+        self.top = 1 << frac_bits
+        self.digits = -(-(frac_bits + 1) // 4)
+        self.digit = SparseOnehot(DIGIT_BASE)
+        self.keys = self.keys + [self.digit] * (2 * self.digits * r)
+        self.count = len(self.keys)
+        # an item's public share also carries its weight's output correction
+        self._sizes = [
+            k.public_share_bytes() + (16 if i < r else 0) for i, k in enumerate(self.keys)
+        ]
+
+    def verify_bytes(self) -> int:
+        """As `SparseMultihot.verify_bytes`, an item's tree counted twice."""
+        return super().verify_bytes() + self.r * 16 * (1 << self.unit.bits)
+
+    def _digits(self, v: int) -> list[int]:
+        return [(v >> (4 * j)) & (DIGIT_BASE - 1) for j in range(self.digits)]
+
+    def entries(self, items: Sequence[int], weights: Sequence[int]) -> tuple[list[int], list[int]]:
+        """The one-hot points of a report holding `weights[i]` at `items[i]`
+        (distinct items of [0, d), weights in [0, 2^F], at most r), and the
+        items' weights padded with zeros: the items' points, the gaps' digits,
+        then each item's w digits and 2^F − w digits."""
+        if len(items) != len(weights):
+            raise SparseError("one weight per item")
+        pairs = sorted(zip((int(x) for x in items), (int(w) for w in weights), strict=True))
+        if any(not 0 <= w <= self.top for _, w in pairs):
+            raise SparseError(f"weights on the grid [0, {self.top}]")
+        points = self.points([x for x, _ in pairs])
+        ws = [w for _, w in pairs] + [0] * (self.r - len(pairs))
+        for w in ws:
+            points += self._digits(w) + self._digits(self.top - w)
+        return points, ws
+
+    def gen_weighted(
+        self, items: Sequence[int], weights: Sequence[int], nonce: bytes, rand: bytes
+    ) -> tuple[bytes, tuple[bytes, bytes]]:
+        """The encoded public share and the two seeds for a report holding
+        `weights[i]` at `items[i]`; `rand`: RAND_SIZE CSPRNG bytes."""
+        points, ws = self.entries(items, weights)
+        return self.gen_payloads(points, ws, nonce, rand)
+
+    def gen(
+        self, items: Sequence[int], nonce: bytes, rand: bytes
+    ) -> tuple[bytes, tuple[bytes, bytes]]:
+        """A report of weight 2^F (a value of 1) at each item."""
+        return self.gen_weighted(items, [self.top] * len(items), nonce, rand)
+
+    def gen_payloads(
+        self,
+        points: Sequence[int],
+        payloads: Sequence[int],
+        nonce: bytes,
+        rand: bytes,
+        weights: Sequence[int] | None = None,
+    ) -> tuple[bytes, tuple[bytes, bytes]]:
+        """A report of the given points, the items' second payloads and the
+        keys' weights (1 each by default), unchecked: `gen_weighted`'s encoder
+        and tests' forgeries (a weight past 2^F, digits that do not add up)."""
+        if len(rand) != RAND_SIZE or len(points) != self.count or len(payloads) != self.r:
+            raise SparseError(f"{self.count} points, {self.r} payloads, {RAND_SIZE} random bytes")
+        seeds = (rand[:KEY_SIZE], rand[KEY_SIZE:])
+        parts = []
+        for k, (scheme, x) in enumerate(zip(self.keys, points, strict=True)):
+            sub = _derive(seeds[0], b"k", k) + _derive(seeds[1], b"k", k)
+            w = 1 if weights is None else weights[k]
+            second = int(payloads[k]) if k < self.r else None
+            public, _ = scheme.gen(int(x), _derive(nonce, b"n", k), sub, weight=w, second=second)
+            parts.append(public)
+        return b"".join(parts), seeds
+
+    def _evaluate(
+        self,
+        acc: Accumulator,
+        agg_id: int,
+        verify_key: bytes,
+        parts: list[tuple[bytes, bytes, bytes]],
+        negate: bool,
+    ) -> tuple[list[bytes], list[int], list[int], list[int]]:
+        """`SparseMultihot._evaluate` with the items' keys checked on their
+        unit (not folded), and their weights folded: the weights' shares come
+        back as the payloads."""
+        unit = [(n, p[:-16], k) for n, p, k in parts[: self.r]]
+        digests, totals, index, _ = super()._evaluate(
+            acc, agg_id, verify_key, unit + parts[self.r :], negate
+        )
+        payloads = []
+        for sub_nonce, sub_public, sub_key in parts[: self.r]:
+            second = sub_public[:-32] + sub_public[-16:]  # the weight's correction in place
+            dg, w, _ = self.unit.evaluate(
+                acc, agg_id, verify_key, sub_nonce, second, sub_key, negate, second=True
+            )
+            digests.append(dg)
+            payloads.append(w)
+        return digests, totals, index, payloads
+
+    def _checks(self, index: list[int], payloads: list[int], one: int) -> list[int]:
+        """The gaps' checks, then per item w − Σ 16^j·a_j and
+        (2^F − w) − Σ 16^j·b_j from the digits' index shares."""
+        checks = super()._checks(index, payloads, one)
+        at, m = self.r + 2 * (self.r - 1), self.digits
+        for i, w in enumerate(payloads):
+            a = index[at + 2 * m * i : at + 2 * m * i + m]
+            b = index[at + 2 * m * i + m : at + 2 * m * (i + 1)]
+            checks.append((w - sum(v << (4 * j) for j, v in enumerate(a))) % P)
+            checks.append((one * self.top - w - sum(v << (4 * j) for j, v in enumerate(b))) % P)
+        return checks
 
 
 def _expand_batch(

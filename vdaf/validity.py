@@ -24,6 +24,10 @@ dimension d and precision F (values on the grid of 2^F units per user):
   in base ⌈√(d + r)⌉), which the servers check add up, so the items are
   distinct (vdaf/sparse.py `SparseMultihot`: 5,244 bytes to the leader at
   d = 10⁴, r = 10, against 167 KB for ``multihot:10``).  r is required.
+- ``sparse-range:r``: what ``range`` proves of a row with at most r nonzero
+  coordinates, uploaded sparse: the items placed as ``sparse-multihot:r``'s,
+  each item's key carrying its value as a second payload, proved in
+  [0, 2^F] by digit keys (vdaf/sparse.py `SparseRange`).  r is required.
 - ``crawl:B``: each report is one string of B bits (1 ≤ B ≤ 256) as the keys
   of an incremental verifiable DPF (vdaf/crawl.py: 3,120 bytes per server at
   B = 64).  The task has no coordinates (d = 1) and no sums: its reports are
@@ -59,7 +63,7 @@ from svtagg.vdaf.prio3 import (
 from svtagg.vdaf.sparse import KEY_SIZE as SPARSE_KEY_SIZE
 from svtagg.vdaf.sparse import MAX_BITS as SPARSE_MAX_BITS
 from svtagg.vdaf.sparse import RAND_SIZE as SPARSE_RAND_SIZE
-from svtagg.vdaf.sparse import SparseMultihot, SparseOnehot
+from svtagg.vdaf.sparse import SparseMultihot, SparseOnehot, SparseRange
 from svtagg.vdaf.xof import SEED_SIZE
 
 #: The circuit names a task may give, with what each proves.
@@ -71,19 +75,30 @@ CIRCUITS = {
     "verifiable DPF key (O(log d) bytes)",
     "sparse-multihot": "every coordinate is 0 or 1, and at most r are 1 (sparse-multihot:r), "
     "uploaded as 3r - 2 verifiable DPF keys (O(r log d) bytes)",
+    "sparse-range": "every coordinate is an integer in [0, 2^F], and at most r are nonzero "
+    "(sparse-range:r), uploaded as verifiable DPF keys (O(r (log d + F)) bytes)",
     "crawl": "one string of B bits (crawl:B), uploaded as incremental DPF keys walked by the "
     "prefix crawl",
 }
 #: The circuits that suit an embedding's vectors: the 0/1 circuits only fit
 #: embeddings whose values can be 0/1 (heavy hitters, or rows given as they are).
 FITS = {
-    "": ("range", "onehot", "multihot", "sparse-onehot", "sparse-multihot", "crawl"),
-    "vectors": ("range", "onehot", "multihot", "sparse-onehot", "sparse-multihot"),
+    "": (
+        "range",
+        "onehot",
+        "multihot",
+        "sparse-onehot",
+        "sparse-multihot",
+        "sparse-range",
+        "crawl",
+    ),
+    "vectors": ("range", "onehot", "multihot", "sparse-onehot", "sparse-multihot", "sparse-range"),
     "strings": ("crawl",),
     "heavy_hitters": ("sparse-onehot", "sparse-multihot", "multihot", "onehot", "range"),
 }
 _NAME = re.compile(
-    r"(range|onehot|multihot|sparse-onehot|sparse-multihot|crawl)(?::([1-9][0-9]{0,6}))?"
+    r"(range|onehot|multihot|sparse-onehot|sparse-multihot|sparse-range|crawl)"
+    r"(?::([1-9][0-9]{0,6}))?"
 )
 
 
@@ -105,7 +120,7 @@ class Validity:
     @property
     def counts(self) -> bool:
         """The circuit's outputs are 0/1 counts (scaled by 2^F when folded)."""
-        return self.name != "range"
+        return self.name not in ("range", "sparse-range")
 
     @property
     def scale(self) -> int:
@@ -133,7 +148,7 @@ class Validity:
     @property
     def sparse(self) -> bool:
         """Reports are sparse DPF keys (vdaf/sparse.py), not Prio3."""
-        return self.name in ("sparse-onehot", "sparse-multihot")
+        return self.name in ("sparse-onehot", "sparse-multihot", "sparse-range")
 
     @property
     def multihot(self) -> bool:
@@ -141,9 +156,14 @@ class Validity:
         return self.name in ("multihot", "sparse-multihot")
 
     @property
+    def max_items(self) -> int:
+        """At most this many nonzero coordinates per report (0: no bound)."""
+        return self.max_weight if self.multihot or self.name == "sparse-range" else 0
+
+    @property
     def label(self) -> str:
-        """The circuit's name as a task gives it (with r for the multi-hot ones)."""
-        return f"{self.name}:{self.max_weight}" if self.multihot else self.name
+        """The circuit's name as a task gives it (with r where it has one)."""
+        return f"{self.name}:{self.max_weight}" if self.max_items else self.name
 
     @property
     def prio3(self) -> Prio3:
@@ -154,11 +174,11 @@ class Validity:
         return _instance(self)
 
     @property
-    def scheme(self) -> SparseOnehot | SparseMultihot:
+    def scheme(self) -> SparseOnehot | SparseMultihot | SparseRange:
         """The sparse reports' DPF keys over [0, d) (the sparse circuits only)."""
         if not self.sparse:
             raise ValidityError(f"{self.name} takes Prio3 reports")
-        return _sparse(self.d, self.max_weight if self.multihot else 0)
+        return _sparse(self.name, self.d, self.max_weight, self.frac_bits)
 
     def measurement(self, grid_row: list[int]) -> list[int] | int:
         """A report's measurement from its values on the grid (integers in [0, 2^F])."""
@@ -210,7 +230,13 @@ class Validity:
             rands = rands or [os.urandom(SPARSE_RAND_SIZE) for _ in nonces]
             out = []
             for item, nonce, rand in zip(items, nonces, rands, strict=True):
-                if isinstance(scheme, SparseMultihot):
+                if isinstance(scheme, SparseRange):
+                    row = np.asarray(item)
+                    at = np.flatnonzero(row)
+                    public, keys = scheme.gen_weighted(
+                        at.tolist(), row[at].astype(np.int64).tolist(), nonce, rand
+                    )
+                elif isinstance(scheme, SparseMultihot):
                     ones = np.flatnonzero(np.asarray(item)).tolist()
                     public, keys = scheme.gen(ones, nonce, rand)
                 else:
@@ -303,7 +329,7 @@ class Validity:
         what = CIRCUITS[self.name]
         if self.crawl:
             what = what.replace("B bits (crawl:B)", f"{self.bits} bits")
-        if self.multihot:
+        if self.max_items:
             what = what.replace("r are", f"{self.max_weight} are")
         return what
 
@@ -317,26 +343,26 @@ def parse_validity(text: str, d: int, frac_bits: int, embedding: str = "") -> Va
     if m is None:
         raise ValidityError(
             f"unknown validity circuit {text!r}; known: range, onehot, multihot, multihot:r, "
-            "sparse-onehot, sparse-multihot:r, crawl:B"
+            "sparse-onehot, sparse-multihot:r, sparse-range:r, crawl:B"
         )
     name, weight = m.group(1), m.group(2)
     if name == "crawl":
         return _crawl(text, weight, d, frac_bits, embedding)
-    if weight is not None and name not in ("multihot", "sparse-multihot"):
+    if weight is not None and name not in ("multihot", "sparse-multihot", "sparse-range"):
         raise ValidityError(f"only multihot takes a weight bound (multihot:r), got {text!r}")
-    if name == "sparse-multihot" and weight is None:
+    if name in ("sparse-multihot", "sparse-range") and weight is None:
         raise ValidityError(
-            "sparse-multihot names its weight bound, sparse-multihot:r (each report costs "
-            "3r - 2 DPF keys, r of them over the whole domain), got 'sparse-multihot'"
+            f"{name} names its bound on a report's items, {name}:r (each report costs "
+            f"DPF keys in proportion to r, r of them over the whole domain), got {name!r}"
         )
-    fits = FITS.get(embedding, ("range",))
+    fits = FITS.get(embedding, ("range", "sparse-range"))
     if name not in fits:
         raise ValidityError(
             f"validity {name} does not fit embedding {embedding or 'vectors'}; "
             f"use {' or '.join(fits)}"
         )
     max_weight = 0
-    if name in ("multihot", "sparse-multihot"):
+    if name in ("multihot", "sparse-multihot", "sparse-range"):
         max_weight = d if weight is None else int(weight)
         if not 1 <= max_weight <= d:
             raise ValidityError(f"{name}:r needs 1 <= r <= d={d}, got {max_weight}")
@@ -344,8 +370,10 @@ def parse_validity(text: str, d: int, frac_bits: int, embedding: str = "") -> Va
         raise ValidityError(f"{name} needs d >= 2")
     if name == "sparse-onehot" and d > 1 << SPARSE_MAX_BITS:
         raise ValidityError(f"sparse-onehot takes d up to 2^{SPARSE_MAX_BITS}")
-    if name == "sparse-multihot" and d + max_weight > 1 << SPARSE_MAX_BITS:
-        raise ValidityError(f"sparse-multihot:r takes d + r up to 2^{SPARSE_MAX_BITS}")
+    if name in ("sparse-multihot", "sparse-range") and d + max_weight > 1 << SPARSE_MAX_BITS:
+        raise ValidityError(f"{name}:r takes d + r up to 2^{SPARSE_MAX_BITS}")
+    if name == "sparse-range" and frac_bits > 32:
+        raise ValidityError(f"sparse-range takes F up to 32, got {frac_bits}")
     return Validity(name, d, frac_bits, max_weight)
 
 
@@ -368,8 +396,12 @@ def _prefix(bits: int) -> PrefixDpf:
 
 
 @lru_cache(maxsize=32)
-def _sparse(d: int, r: int) -> SparseOnehot | SparseMultihot:
-    return SparseMultihot(d, r) if r else SparseOnehot(d)
+def _sparse(
+    name: str, d: int, r: int, frac_bits: int
+) -> SparseOnehot | SparseMultihot | SparseRange:
+    if name == "sparse-range":
+        return SparseRange(d, r, frac_bits)
+    return SparseMultihot(d, r) if name == "sparse-multihot" else SparseOnehot(d)
 
 
 @lru_cache(maxsize=32)
