@@ -71,7 +71,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         metavar="CIRCUIT",
         help="every report proves its values valid at ingest (Prio3): range (values in "
         "[0,1]), onehot (one 1), multihot or multihot:r (0/1, at most r ones), or none "
-        "(plain shares, which a default server refuses); crawl:B: each report is one string "
+        "(plain shares, which a default server refuses); sparse-onehot, sparse-multihot:r and "
+        "sparse-range:r (at most r values in [0,1]): the same as verifiable DPF keys of "
+        "O(log d) bytes each; crawl:B: each report is one string "
         "of B bits (B/8 bytes; d = 1), walked by `svtagg analyst crawl`; see "
         "docs/threat-model.md (default: multihot for --embedding heavy_hitters, crawl:64 for "
         "--embedding strings, else range; the choice is printed)",
@@ -224,7 +226,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         default="",
         metavar="CIRCUIT",
         help="every report proves its values valid at ingest "
-        "(range, onehot, sparse-onehot, multihot:r, sparse-multihot:r)",
+        "(range, onehot, sparse-onehot, multihot:r, sparse-multihot:r, sparse-range:r)",
     )
     s.set_defaults(handler=_sim)
 

@@ -15,8 +15,9 @@ class TaskOptions(TypedDict, total=False):
     smallest upload batch (1).  delta: the total δ, exact text or a number (0).
     epsilon_min: the smallest ε one stream may use, or "auto" (the default) for
     the smallest the overflow bound allows.  validity: the circuit every report
-    proves at ingest (range, onehot, sparse-onehot, multihot, multihot:r, sparse-multihot:r, or
-    crawl:B for strings of B bits with d = 1; "" for none).
+    proves at ingest (range, onehot, sparse-onehot, multihot, multihot:r,
+    sparse-multihot:r, sparse-range:r, or crawl:B for strings of B bits with
+    d = 1; "" for none).
     embedding: what the clients upload (heavy_hitters, sparse_mean, marginals,
     fp_loss, vectors or strings; "" records none).  noise: "independent" (the default:
     each server draws its own noise) or "joint" (the noise of each lap24 / lap3
