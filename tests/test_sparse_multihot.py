@@ -101,7 +101,7 @@ def test_the_client_refuses_what_the_circuit_does_not_take() -> None:
     grid[1, [1, 4, 6]] = 1 << F
     with pytest.raises(InputError, match="row 1 holds 3 categories.*sparse-multihot:2"):
         check_grid(grid, v, 0)
-    with pytest.raises(ValidityError, match="names its weight bound"):
+    with pytest.raises(ValidityError, match="names its bound on a report.s items"):
         parse_validity("sparse-multihot", 10, F)
     with pytest.raises(ValidityError, match="1 <= r <= d"):
         parse_validity("sparse-multihot:11", 10, F)
