@@ -181,8 +181,8 @@ def check_circuit(block: Array, validity: Validity, first_row: int) -> None:
 
 def check_grid(grid: npt.NDArray[np.uint64], validity: Validity, first_row: int) -> None:
     """`check_circuit` of rows already on the task's grid.  The 0/1 and one-hot
-    rules are the circuit's own (`Validity.measurements`); multihot:r's weight
-    bound is its `max_weight`."""
+    rules are the circuit's own (`Validity.measurements`); the bound on a row's
+    ones (multihot:r) or nonzero values (sparse-range:r) is `max_items`."""
     circuit = validity.label
     try:
         measurements = validity.measurements(grid)
@@ -196,23 +196,15 @@ def check_grid(grid: npt.NDArray[np.uint64], validity: Validity, first_row: int)
                     f"{validity.describe()})"
                 ) from None
         raise
-    if validity.multihot:
-        weights = np.asarray(measurements).sum(axis=1)
-        over = np.flatnonzero(weights > validity.max_weight)
+    if validity.max_items:
+        counts = np.count_nonzero(np.asarray(measurements), axis=1)
+        over = np.flatnonzero(counts > validity.max_items)
         if over.size:
             i = int(over[0])
+            what = "categories (ones)" if validity.multihot else "nonzero values"
             raise InputError(
-                f"row {first_row + i} holds {int(weights[i])} categories (ones); the task's "
-                f"reports prove {circuit}: at most {validity.max_weight} per row"
-            )
-    elif validity.max_items:
-        nonzero = np.count_nonzero(np.asarray(measurements), axis=1)
-        over = np.flatnonzero(nonzero > validity.max_items)
-        if over.size:
-            i = int(over[0])
-            raise InputError(
-                f"row {first_row + i} holds {int(nonzero[i])} nonzero values; the task's "
-                f"reports prove {circuit}: at most {validity.max_items} per row"
+                f"row {first_row + i} holds {int(counts[i])} {what}; the task's reports "
+                f"prove {circuit}: at most {validity.max_items} per row"
             )
 
 

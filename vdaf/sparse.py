@@ -687,14 +687,29 @@ class SparseMultihot:
         low digit per gap) and weights, unchecked: `gen`'s encoder, and tests'
         and the demo's forgeries (repeated items, gaps that do not add up, a
         weight of 2)."""
+        return self._encode(points, None, nonce, rand, weights)
+
+    def _encode(
+        self,
+        points: Sequence[int],
+        payloads: Sequence[int] | None,
+        nonce: bytes,
+        rand: bytes,
+        weights: Sequence[int] | None,
+    ) -> tuple[bytes, tuple[bytes, bytes]]:
+        """Each key at its point with its weight (1 by default) and, given
+        `payloads`, the items' keys with a second payload each."""
         if len(rand) != RAND_SIZE or len(points) != self.count:
             raise SparseError(f"{self.count} points and {RAND_SIZE} random bytes")
+        if payloads is not None and len(payloads) != self.r:
+            raise SparseError(f"{self.r} payloads, one an item")
         seeds = (rand[:KEY_SIZE], rand[KEY_SIZE:])
         parts = []
         for k, (scheme, x) in enumerate(zip(self.keys, points, strict=True)):
             sub = _derive(seeds[0], b"k", k) + _derive(seeds[1], b"k", k)
             w = 1 if weights is None else weights[k]
-            public, _ = scheme.gen(int(x), _derive(nonce, b"n", k), sub, weight=w)
+            second = int(payloads[k]) if payloads is not None and k < self.r else None
+            public, _ = scheme.gen(int(x), _derive(nonce, b"n", k), sub, weight=w, second=second)
             parts.append(public)
         return b"".join(parts), seeds
 
@@ -880,17 +895,7 @@ class SparseRange(SparseMultihot):
         """A report of the given points, the items' second payloads and the
         keys' weights (1 each by default), unchecked: `gen_weighted`'s encoder
         and tests' forgeries (a weight past 2^F, digits that do not add up)."""
-        if len(rand) != RAND_SIZE or len(points) != self.count or len(payloads) != self.r:
-            raise SparseError(f"{self.count} points, {self.r} payloads, {RAND_SIZE} random bytes")
-        seeds = (rand[:KEY_SIZE], rand[KEY_SIZE:])
-        parts = []
-        for k, (scheme, x) in enumerate(zip(self.keys, points, strict=True)):
-            sub = _derive(seeds[0], b"k", k) + _derive(seeds[1], b"k", k)
-            w = 1 if weights is None else weights[k]
-            second = int(payloads[k]) if k < self.r else None
-            public, _ = scheme.gen(int(x), _derive(nonce, b"n", k), sub, weight=w, second=second)
-            parts.append(public)
-        return b"".join(parts), seeds
+        return self._encode(points, payloads, nonce, rand, weights)
 
     def _evaluate(
         self,
