@@ -85,6 +85,11 @@ class Collection:
         if self.validity is not None and self.validity.one_item:
             values = np.zeros((m, D))
             values[np.arange(m), self.rng.integers(0, D, m)] = 1.0  # one item per report
+        elif self.validity is not None and self.validity.max_items:
+            values = np.zeros((m, D))  # at most r items per report: ones, or values
+            for row in values:
+                at = self.rng.choice(D, self.rng.integers(0, self.validity.max_items + 1), False)
+                row[at] = 1.0 if self.validity.counts else self.rng.random(at.size)
         else:
             values = self.rng.random((m, D))
         b = make_batch(self.task, values, F, validity=self.validity)
