@@ -129,7 +129,7 @@ def test_replica_killed_mid_upload_loses_and_doubles_nothing(
         pd.stop()  # the replicas with the deployment
 
 
-@pytest.mark.parametrize("validity", ["range", "sparse-onehot"])
+@pytest.mark.parametrize("validity", ["range", "sparse-onehot", "sparse-range:3"])
 def test_replica_pairs_verify_proofs_and_a_killed_one_counts_nothing_twice(
     tmp_path: Path, pg_url: tuple[str, str], validity: str
 ) -> None:
