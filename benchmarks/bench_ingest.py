@@ -13,7 +13,9 @@ Instances (default; F = 16): Prio3 with the `range` circuit at d = 100, with
 at d = 100 checked by the old defence, a garbled range check at the close (2d
 sign tests of full width per report, ORed per report: `any_per_group` of the
 mpc layer, garbler and evaluator in this one process over a MemoryChannel).
-`--instances` names others as circuit@d[/F], e.g. range@10000/8,onehot@10000;
+`--instances` names others as circuit@d[/F], e.g. range@10000/8,onehot@10000,
+sparse-onehot@10000, sparse-multihot:10@10000 or sparse-range:10@10000/16 (each
+instance's batches at most what the servers' batch rule allows it);
 the targets are marked only on the instances they name.
 
 - client: `Validity.shard` on blocks of B rows, as the client's upload shards
@@ -124,8 +126,9 @@ class Instance:
 
 
 def parse_instance(text: str) -> Instance:
-    """An instance from `circuit@d[/F]` (circuit: range, onehot, multihot[:r]
-    or plain), e.g. range@10000/8, onehot@1000, plain@100."""
+    """An instance from `circuit@d[/F]` (circuit: any validity circuit but
+    crawl:B, or plain), e.g. range@10000/8, onehot@1000, sparse-range:10@10000,
+    plain@100."""
     name, _, size = text.partition("@")
     d_text, _, f_text = size.partition("/")
     d, frac_bits = int(d_text), int(f_text or FRAC_BITS)
