@@ -305,3 +305,34 @@ def test_a_task_whose_one_report_costs_too_much_is_refused_naming_r() -> None:
     check_validity("sparse-multihot:50", 10_000, 16, "heavy_hitters")
     with pytest.raises(InvalidArgument, match=r"sparse-multihot:5000 report .* choose a smaller r"):
         check_validity("sparse-multihot:5000", 10_000, 16, "heavy_hitters")
+
+
+def _corrupt_last(m: SparseMultihot, public: bytes) -> bytes:
+    """The public share with its last key's output correction set to p + 5
+    (a report that does not decode)."""
+    return public[:-16] + (P + 5).to_bytes(16, "little")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_report_that_does_not_decode_leaves_nothing_in_the_sums(backend: str) -> None:
+    """Every key's public share is checked before any key is folded: a report
+    whose last key does not decode, and whose first key weighs 1000, adds
+    nothing, beside an honest report that counts."""
+    m = SparseMultihot(40, 3)
+    points = m.points([3])
+    with native.using(backend):
+        bad_nonce, ok_nonce = os.urandom(NONCE_SIZE), os.urandom(NONCE_SIZE)
+        public, keys = m.gen_points(
+            points, bad_nonce, os.urandom(RAND_SIZE), [1000] + [1] * (m.count - 1)
+        )
+        bad = _corrupt_last(m, public)
+        good, good_keys = m.gen([7], ok_nonce, os.urandom(RAND_SIZE))
+        sums = []
+        for i in (0, 1):
+            acc, shares = m.expand_batch(
+                i, VK, [(bad_nonce, bad, keys[i]), (ok_nonce, good, good_keys[i])]
+            )
+            assert shares[0] is None and shares[1] is not None
+            sums.append(FIELD128.to_ints(acc.value()))
+    total = [(a + b) % P for a, b in zip(*sums, strict=True)]
+    assert total == [int(x == 7) for x in range(40)]

@@ -184,3 +184,27 @@ async def test_the_sums_are_a_dense_range_tasks_and_a_huge_value_is_refused(
         sparse_totals = await closed_totals(pair, "s")
         assert np.array_equal(sparse_totals, await closed_totals(pair, "dense"))
         assert np.array_equal(sparse_totals, encoded_sum(values, F))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_report_that_does_not_decode_leaves_nothing_in_the_sums(backend: str) -> None:
+    """A report whose first item carries 10⁹ and whose second item's weight
+    correction does not decode adds nothing (every part is checked before any
+    is folded), beside an honest report that counts."""
+    m = SparseRange(40, 3, 8)
+    points, ws = m.entries([3, 9], [1, 1])
+    size = m.unit.public_share_bytes() + 16  # an item's share, with its weight's correction
+    with native.using(backend):
+        bad_nonce, ok_nonce = os.urandom(NONCE_SIZE), os.urandom(NONCE_SIZE)
+        public, keys = m.gen_payloads(points, [10**9, *ws[1:]], bad_nonce, os.urandom(RAND_SIZE))
+        bad = public[: 2 * size - 16] + (P + 5).to_bytes(16, "little") + public[2 * size :]
+        good, good_keys = m.gen_weighted([7], [200], ok_nonce, os.urandom(RAND_SIZE))
+        sums = []
+        for i in (0, 1):
+            acc, shares = m.expand_batch(
+                i, VK, [(bad_nonce, bad, keys[i]), (ok_nonce, good, good_keys[i])]
+            )
+            assert shares[0] is None and shares[1] is not None
+            sums.append(FIELD128.to_ints(acc.value()))
+    total = [(a + b) % P for a, b in zip(*sums, strict=True)]
+    assert total == [200 if x == 7 else 0 for x in range(40)]

@@ -20,7 +20,13 @@
  *   as three uint64 limbs (not negated: the caller reduces and signs it).
  *   fold = 0 leaves acc untouched (a key checked, not counted); weighted = 1
  *   appends Σ_{x<d} x·y' in three limbs (64 bytes in all): a valid key's
- *   index, which a sparse multi-hot report's gap checks take.
+ *   index, which a sparse multi-hot report's gap checks take.  second = 1
+ *   evaluates the key's second payload: the output tweak WEIGHT, and
+ *   output_cw that payload's correction.
+ *
+ * gen(tree_key, proof_key0, proof_key1, n, alpha, rand, weight[, weight2])
+ *   -> the public share; with weight2, a second payload's output correction
+ *   (tweak WEIGHT) appended, 16 more bytes.
  *
  * H(x ⊕ tweak) = AES(σ) ⊕ σ with σ = (x.hi, x.hi ⊕ x.lo ⊕ tweak) on the two
  * 64-bit words of a block.  The tree is expanded level by level in place
@@ -363,7 +369,7 @@ static PyObject *py_gen(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "y*y*y*iKy*y*|y*", &tk, &pk0, &pk1, &n, &alpha, &rnd, &wt, &wt2))
         return NULL;
     PyObject *result = NULL;
-    int second = wt2.buf != NULL;
+    int second = PyTuple_GET_SIZE(args) > 7; /* the optional wt2 was given */
     if (tk.len != 16 || pk0.len != 16 || pk1.len != 16 || rnd.len != 32 || wt.len != 16 ||
         n < 1 || n > MAX_BITS || alpha >= (1ULL << n) || load128(wt.buf) >= P128 ||
         (second && (wt2.len != 16 || load128(wt2.buf) >= P128))) {

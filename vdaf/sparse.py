@@ -285,7 +285,7 @@ class Accumulator:
     """The sum of one server's output shares of sparse reports on [0, d).
 
     Natively a wide integer per coordinate (three uint64 limbs, no reduction
-    while adding: each report adds a value below 2p, so 2^63 reports fit), and
+    while adding: each key adds a value below 2p, so 2^63 keys fit), and
     reduced mod p once by `value`; in the reference a Field128 vector.  It
     may hold more elements (`size`) than it sums (`d`): a sparse multi-hot
     report's padding items sit past d and are never part of the value."""
@@ -617,7 +617,7 @@ class SparseMultihot:
     shares never leave a server.
 
     A report: one 16-byte seed per server (the keys are derived from it) and
-    a public share of the keys' public shares, 5,120 bytes at d = 10⁴, r = 10."""
+    a public share of the keys' public shares, 5,228 bytes at d = 10⁴, r = 10."""
 
     def __init__(self, d: int, r: int) -> None:
         if not 1 <= r <= d:
@@ -645,15 +645,25 @@ class SparseMultihot:
         return sum(16 * (1 << k.bits) for k in self.keys)
 
     def _parts(self, nonce: bytes, public: bytes, seed: bytes) -> list[tuple[bytes, bytes, bytes]]:
+        """Each key's (nonce, public share, key), every public share checked
+        first (SparseError): a report that does not decode must be refused
+        before any of its keys is folded, or the keys before the bad one would
+        stay in the sums of a report nobody counts."""
         if len(public) != self.public_share_bytes():
             raise SparseError(f"a public share is {self.public_share_bytes()} bytes")
         if len(nonce) != NONCE_SIZE or len(seed) != KEY_SIZE:
             raise SparseError(f"a key and a nonce of {KEY_SIZE} bytes")
         out, at = [], 0
-        for k, size in enumerate(self._sizes):
-            out.append((_derive(nonce, b"n", k), public[at : at + size], _derive(seed, b"k", k)))
+        for k, (scheme, size) in enumerate(zip(self.keys, self._sizes, strict=True)):
+            part = public[at : at + size]
+            self._check_part(k, scheme, part)
+            out.append((_derive(nonce, b"n", k), part, _derive(seed, b"k", k)))
             at += size
         return out
+
+    def _check_part(self, k: int, scheme: SparseOnehot, part: bytes) -> None:
+        """Key k's public share decodes (SparseError if not)."""
+        scheme._split_public(part)
 
     def points(self, items: Sequence[int]) -> list[int]:
         """The one-hot points of a report holding `items`: the sorted items
@@ -846,6 +856,15 @@ class SparseRange(SparseMultihot):
         self._sizes = [
             k.public_share_bytes() + (16 if i < r else 0) for i, k in enumerate(self.keys)
         ]
+
+    def _check_part(self, k: int, scheme: SparseOnehot, part: bytes) -> None:
+        """An item's share also carries its weight's output correction."""
+        if k >= self.r:
+            scheme._split_public(part)
+            return
+        scheme._split_public(part[:-16])
+        if int.from_bytes(part[-16:], "little") >= P:
+            raise SparseError("a weight's output correction is not below the Field128 modulus")
 
     def verify_bytes(self) -> int:
         """As `SparseMultihot.verify_bytes`, an item's tree counted twice."""

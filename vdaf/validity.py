@@ -349,7 +349,9 @@ def parse_validity(text: str, d: int, frac_bits: int, embedding: str = "") -> Va
     if name == "crawl":
         return _crawl(text, weight, d, frac_bits, embedding)
     if weight is not None and name not in ("multihot", "sparse-multihot", "sparse-range"):
-        raise ValidityError(f"only multihot takes a weight bound (multihot:r), got {text!r}")
+        raise ValidityError(
+            f"only multihot, sparse-multihot and sparse-range take a bound (name:r), got {text!r}"
+        )
     if name in ("sparse-multihot", "sparse-range") and weight is None:
         raise ValidityError(
             f"{name} names its bound on a report's items, {name}:r (each report costs "
