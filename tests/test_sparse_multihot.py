@@ -327,12 +327,17 @@ def test_a_report_that_does_not_decode_leaves_nothing_in_the_sums(backend: str) 
         )
         bad = _corrupt_last(m, public)
         good, good_keys = m.gen([7], ok_nonce, os.urandom(RAND_SIZE))
-        sums = []
-        for i in (0, 1):
-            acc, shares = m.expand_batch(
-                i, VK, [(bad_nonce, bad, keys[i]), (ok_nonce, good, good_keys[i])]
-            )
-            assert shares[0] is None and shares[1] is not None
-            sums.append(FIELD128.to_ints(acc.value()))
-    total = [(a + b) % P for a, b in zip(*sums, strict=True)]
+        decoded, total = batch_of_two(m, [(bad_nonce, bad, keys), (ok_nonce, good, good_keys)])
+    assert decoded == [False, True]
     assert total == [int(x == 7) for x in range(40)]
+
+
+def batch_of_two(m, reports):  # type: ignore[no-untyped-def]
+    """Both servers' `expand_batch` over (nonce, public, keys) reports: which
+    reports decoded on both, and the plaintext of the two running sums."""
+    sums, decoded = [], [True] * len(reports)
+    for i in (0, 1):
+        acc, shares = m.expand_batch(i, VK, [(n, p, k[i]) for n, p, k in reports])
+        decoded = [ok and share is not None for ok, share in zip(decoded, shares, strict=True)]
+        sums.append(FIELD128.to_ints(acc.value()))
+    return decoded, [(a + b) % P for a, b in zip(*sums, strict=True)]
