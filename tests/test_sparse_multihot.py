@@ -188,7 +188,7 @@ def test_negative_control_without_the_gaps_an_item_counts_twice(monkeypatch) -> 
         parts = m._parts(nonce, public, key)
         for k, (scheme, (n, p, s)) in enumerate(zip(m.keys, parts, strict=True)):
             into = acc if k < m.r else scheme.accumulator()
-            dg, t, _ = scheme.evaluate(into, agg_id, vk, n, p, s, negate, fold=k < m.r)
+            dg, t, _, _ = scheme.evaluate(into, agg_id, vk, n, p, s, negate, fold=k < m.r)
             h.update(dg + (t if agg_id == 0 else (1 - t) % P).to_bytes(16, "little"))
         return h.digest()
 

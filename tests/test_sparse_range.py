@@ -203,3 +203,18 @@ def test_a_report_that_does_not_decode_leaves_nothing_in_the_sums(backend: str) 
         decoded, total = batch_of_two(m, [(bad_nonce, bad, keys), (ok_nonce, good, good_keys)])
     assert decoded == [False, True]
     assert total == [200 if x == 7 else 0 for x in range(40)]
+
+
+def test_a_weight_correction_that_differs_between_the_servers_is_refused() -> None:
+    """The weight's output correction is bound into the digests' key with
+    the item key's public share: a helper handed another correction (which
+    would leave unequal weight shares on leaves both servers hold alike)
+    disagrees with the leader."""
+    m = SparseRange(40, 3, 8)
+    nonce = os.urandom(NONCE_SIZE)
+    public, keys = m.gen_weighted([5], [9], nonce, os.urandom(RAND_SIZE))
+    size = m.unit.public_share_bytes() + 16
+    other = public[: size - 16] + (7).to_bytes(16, "little") + public[size:]
+    leader = m.expand(0, VK, nonce, public, keys[0])[1]
+    assert m.decide(leader, m.expand(1, VK, nonce, public, keys[1])[1])
+    assert not m.decide(leader, m.expand(1, VK, nonce, other, keys[1])[1])

@@ -20,9 +20,10 @@
  *   as three uint64 limbs (not negated: the caller reduces and signs it).
  *   fold = 0 leaves acc untouched (a key checked, not counted); weighted = 1
  *   appends Σ_{x<d} x·y' in three limbs (64 bytes in all): a valid key's
- *   index, which a sparse multi-hot report's gap checks take.  second = 1
- *   evaluates the key's second payload: the output tweak WEIGHT, and
- *   output_cw that payload's correction.
+ *   index, which a sparse multi-hot report's gap checks take.  cw2 (16
+ *   bytes, or empty for none): a second payload on the same leaves, output
+ *   conv(s ⊕ WEIGHT) + t·cw2, evaluated in the same pass; it, not the first,
+ *   is folded, and Σ_{x<d} of it is appended in three limbs (88 bytes).
  *
  * gen(tree_key, proof_key0, proof_key1, n, alpha, rand, weight[, weight2])
  *   -> the public share; with weight2, a second payload's output correction
@@ -136,9 +137,11 @@ typedef struct {
     uint64_t total[3];
     block digest;
     int fold;          /* add the outputs into acc (0: check only) */
-    uint64_t convert;  /* the output's tweak: CONVERT, or WEIGHT for a second payload */
     int weighted;      /* also sum x·y'_x into weight */
     uint64_t weight[3];
+    int second;        /* a second payload (cw2): folded instead of the first */
+    u128 cw2;
+    uint64_t total2[3];
 } leaf_ctx;
 
 /* Outputs, proofs and the digest of leaves [x0, x0 + m).  Branch-free on
@@ -152,7 +155,9 @@ static inline void leaves_tile(leaf_ctx *L, const block *s, const uint8_t *t, si
     const uint64_t flip = 0 - (uint64_t)L->flip;
     unsigned long long t0 = L->total[0], t1 = L->total[1], t2 = L->total[2];
     uint64_t *acc = L->acc + 3 * x0;
-    sigma_mmo(L->rk, s, NULL, 0, L->convert, buf, m);
+    block buf2[2 * TILE];
+    sigma_mmo(L->rk, s, NULL, 0, CONVERT, buf, m);
+    if (L->second) sigma_mmo(L->rk, s, NULL, 0, WEIGHT, buf2, m);
     for (size_t i = 0; i < m; i++) {
         uint8_t raw[16];
         _mm_storeu_si128((block *)raw, buf[i]);
@@ -165,13 +170,32 @@ static inline void leaves_tile(leaf_ctx *L, const block *s, const uint8_t *t, si
         unsigned char k = _addcarry_u64(0, t0, (uint64_t)yp, &t0);
         k = _addcarry_u64(k, t1, (uint64_t)(yp >> 64), &t1);
         _addcarry_u64(k, t2, c, &t2);
+        /* the folded value: y', or the second payload's y'' (the same per call) */
+        u128 yf = yp;
+        uint64_t cf = c;
+        if (L->second) {
+            _mm_storeu_si128((block *)raw, buf2[i]);
+            u128 z = load128(raw);
+            if (z >= P128) z -= P128;
+            u128 zp = z + (L->cw2 & ((u128)0 - (u128)t[i]));
+            uint64_t cz = zp < z;
+            unsigned long long s0 = L->total2[0], s1 = L->total2[1], s2 = L->total2[2];
+            k = _addcarry_u64(0, s0, (uint64_t)zp, &s0);
+            k = _addcarry_u64(k, s1, (uint64_t)(zp >> 64), &s1);
+            _addcarry_u64(k, s2, cz, &s2);
+            L->total2[0] = s0;
+            L->total2[1] = s1;
+            L->total2[2] = s2;
+            yf = zp;
+            cf = cz;
+        }
         /* server 1 (or a take-out) adds 2p − y' instead: 2p = 2^128 + two_p,
          * and 0 < 2p − y' < 2^129 */
-        u128 dlo = two_p - yp;
-        uint64_t dtop = 1 - c - (uint64_t)(two_p < yp);
+        u128 dlo = two_p - yf;
+        uint64_t dtop = 1 - cf - (uint64_t)(two_p < yf);
         u128 fm = ((u128)flip << 64) | flip;
-        u128 v = (fm & dlo) | (~fm & yp);
-        uint64_t vtop = (flip & dtop) | (~flip & c);
+        u128 v = (fm & dlo) | (~fm & yf);
+        uint64_t vtop = (flip & dtop) | (~flip & cf);
         if (L->fold) { /* the same for every leaf of a call: predicted */
             unsigned long long a0 = acc[3 * i], a1 = acc[3 * i + 1], a2 = acc[3 * i + 2];
             k = _addcarry_u64(0, a0, (uint64_t)v, &a0);
@@ -230,16 +254,21 @@ static inline void leaves_tile(leaf_ctx *L, const block *s, const uint8_t *t, si
 
 static PyObject *py_expand(PyObject *self, PyObject *args) {
     Py_buffer tk, pk0, pk1, dk, cws, ctrl, pcw, ocw, key, acc;
-    int agg_id, negate, fold = 1, weighted = 0, second = 0;
-    if (!PyArg_ParseTuple(args, "y*y*y*y*iy*y*y*y*y*pw*|ppp", &tk, &pk0, &pk1, &dk, &agg_id, &cws,
-                          &ctrl, &pcw, &ocw, &key, &negate, &acc, &fold, &weighted, &second))
+    const char *cw2 = NULL;
+    Py_ssize_t cw2_len = 0;
+    int agg_id, negate, fold = 1, weighted = 0;
+    if (!PyArg_ParseTuple(args, "y*y*y*y*iy*y*y*y*y*pw*|ppy#", &tk, &pk0, &pk1, &dk, &agg_id,
+                          &cws, &ctrl, &pcw, &ocw, &key, &negate, &acc, &fold, &weighted, &cw2,
+                          &cw2_len))
         return NULL;
+    int second = cw2_len > 0;
     PyObject *result = NULL;
     Py_ssize_t n = cws.len / 16, d = acc.len / 24;
     if (tk.len != 16 || pk0.len != 16 || pk1.len != 16 || dk.len != 16 || pcw.len != 16 ||
         ocw.len != 16 || key.len != 16 || cws.len % 16 || n < 1 || n > MAX_BITS ||
         ctrl.len != 2 * n || acc.len % 24 || d < 1 || d > ((Py_ssize_t)1 << n) ||
-        load128(ocw.buf) >= P128) {
+        load128(ocw.buf) >= P128 ||
+        (second && (cw2_len != 16 || load128((const uint8_t *)cw2) >= P128))) {
         PyErr_SetString(PyExc_ValueError, "sparse expand: arguments of the wrong sizes");
         goto done;
     }
@@ -275,7 +304,8 @@ static PyObject *py_expand(PyObject *self, PyObject *args) {
     const uint8_t *cb = ctrl.buf;
     leaf_ctx L = {rk, rk0, rk1, rkd, _mm_loadu_si128((const block *)pcw.buf), (size_t)d,
                   load128(ocw.buf), (agg_id & 1) ^ (negate != 0), acc.buf, {0, 0, 0},
-                  _mm_setzero_si128(), fold, second ? WEIGHT : CONVERT, weighted, {0, 0, 0}};
+                  _mm_setzero_si128(), fold, weighted, {0, 0, 0}, second,
+                  second ? load128((const uint8_t *)cw2) : 0, {0, 0, 0}};
 
     Py_BEGIN_ALLOW_THREADS
     seed[0] = _mm_loadu_si128((const block *)key.buf);
@@ -309,11 +339,12 @@ static PyObject *py_expand(PyObject *self, PyObject *args) {
     }
     Py_END_ALLOW_THREADS
 
-    uint8_t out[64];
+    uint8_t out[88];
     _mm_storeu_si128((block *)out, L.digest);
     memcpy(out + 16, L.total, 24);
     memcpy(out + 40, L.weight, 24);
-    result = PyBytes_FromStringAndSize((const char *)out, weighted ? 64 : 40);
+    memcpy(out + 64, L.total2, 24);
+    result = PyBytes_FromStringAndSize((const char *)out, second ? 88 : weighted ? 64 : 40);
 done:
     PyBuffer_Release(&tk); PyBuffer_Release(&pk0); PyBuffer_Release(&pk1);
     PyBuffer_Release(&dk); PyBuffer_Release(&cws); PyBuffer_Release(&ctrl);

@@ -399,7 +399,7 @@ class SparseOnehot:
         `rand`: RAND_SIZE bytes from a CSPRNG.  A `weight` other than 1 makes a
         report the servers refuse (tests and the demo's forgeries).  `second`:
         a second payload on the same leaf, its output correction appended to
-        the public share (16 bytes; `evaluate(second=True)` reads it)."""
+        the public share (16 bytes; `evaluate(payload2=)` takes it)."""
         if not 0 <= alpha < self.d:
             raise SparseError(f"the item is in [0, {self.d}), got {alpha}")
         if len(nonce) != NONCE_SIZE or len(rand) != RAND_SIZE:
@@ -465,7 +465,7 @@ class SparseOnehot:
         """Add this server's output shares on [0, d) to `acc` (subtract them
         when `negate`) and return its prep share: the 16-byte leaf-proof
         digest, then its share of Σ_{x<d} y_x."""
-        dg, total, _ = self.evaluate(acc, agg_id, verify_key, nonce, public, key, negate)
+        dg, total, _, _ = self.evaluate(acc, agg_id, verify_key, nonce, public, key, negate)
         return dg + total.to_bytes(16, "little")
 
     def evaluate(
@@ -479,15 +479,16 @@ class SparseOnehot:
         negate: bool = False,
         fold: bool = True,
         weighted: bool = False,
-        second: bool = False,
-    ) -> tuple[bytes, int, int]:
+        payload2: bytes = b"",
+    ) -> tuple[bytes, int, int, int]:
         """`expand_into`'s work, its parts apart: the leaf-proof digest, this
-        server's share of Σ_x y_x and (when `weighted`, else 0) of Σ_x x·y_x
-        — the live leaf's index, for a valid key.  `fold=False` checks the
-        key without adding its outputs to `acc` (which still sets d).
-        `second`: the outputs are the key's second payload (`gen(second=)`),
-        `public` the public share with that payload's correction in place of
-        the first's."""
+        server's share of Σ_x y_x, (when `weighted`, else 0) of Σ_x x·y_x —
+        the live leaf's index, for a valid key — and of the second payload's
+        total (0 without one).  `fold=False` checks the key without adding its
+        outputs to `acc` (which still sets d).  `payload2`: a second payload's
+        16-byte output correction (`gen(second=)`); it is evaluated in the
+        same pass, folded instead of the first, and bound into the digest's
+        key with the public share."""
         if agg_id not in (0, 1):
             raise SparseError("the server id is 0 or 1")
         if len(key) != KEY_SIZE or len(nonce) != NONCE_SIZE:
@@ -500,7 +501,7 @@ class SparseOnehot:
             seeds, ctrl_bits, proof, output = self._split_public(public)
             out = _core.expand(
                 *_keys(nonce),
-                _digest_key(verify_key, nonce, public),
+                _digest_key(verify_key, nonce, public + payload2),
                 agg_id,
                 seeds,
                 ctrl_bits,
@@ -511,12 +512,13 @@ class SparseOnehot:
                 acc.wide,
                 fold,
                 weighted,
-                second,
+                payload2,
             )
             total, weight = _limbs(out[16:40]), _limbs(out[40:64]) if weighted else 0
+            total2 = _limbs(out[64:88]) if payload2 else 0
             if agg_id == 1:
-                total, weight = -total % P, -weight % P
-            return bytes(out[:16]), total, weight
+                total, weight, total2 = -total % P, -weight % P, -total2 % P
+            return bytes(out[:16]), total, weight, total2
         ps = self.decode_public_share(public)
         h = _Hash(_hash_key(nonce))
         seed = _blocks(key)
@@ -527,18 +529,25 @@ class SparseOnehot:
             span = 1 << (self.bits - 1 - i)  # only the nodes whose subtree meets [0, d)
             keep = -(-self.d // span)
             seed, ctrl = kids[:keep], t[:keep]
-        dg = digest(verify_key, nonce, public, _leaf_proofs(nonce, seed, ctrl), ctrl, ps.proof)
+        proofs = _leaf_proofs(nonce, seed, ctrl)
+        dg = digest(verify_key, nonce, public + payload2, proofs, ctrl, ps.proof)
         assert acc.vec is not None  # the reference's accumulator
-        tweak = WEIGHT if second else CONVERT
-        y = leaf_outputs(h, seed, ctrl, ps.output, agg_id, like=acc.vec, tweak=tweak)
+        y = leaf_outputs(h, seed, ctrl, ps.output, agg_id, like=acc.vec)
+        folded, total2 = y, 0
+        if payload2:
+            cw2 = int.from_bytes(payload2, "little")
+            folded = leaf_outputs(h, seed, ctrl, cw2, agg_id, like=acc.vec, tweak=WEIGHT)
+            total2 = FIELD128.to_int(FIELD128.sum(folded))
         if fold:
-            acc.vec[...] = FIELD128.sub(acc.vec, y) if negate else FIELD128.add(acc.vec, y)
+            acc.vec[...] = (
+                FIELD128.sub(acc.vec, folded) if negate else FIELD128.add(acc.vec, folded)
+            )
         total = FIELD128.to_int(FIELD128.sum(y))
         weight = 0
         if weighted:
             index = FIELD128.as_like(y, FIELD128.from_small(np.arange(self.d, dtype=np.int64)))
             weight = FIELD128.to_int(FIELD128.sum(FIELD128.mul(y, index)))
-        return dg, total, weight
+        return dg, total, weight, total2
 
     def expand_batch(
         self,
@@ -762,27 +771,33 @@ class SparseMultihot:
         parts: list[tuple[bytes, bytes, bytes]],
         negate: bool,
     ) -> tuple[list[bytes], list[int], list[int], list[int]]:
-        """Every key expanded: the digests, the totals (the helper's as 1 −
-        its share, so that the two servers' lists are equal for a valid
-        report), each key's index share, and each item's payload share (none
-        here: an item's key itself is folded)."""
-        digests, totals, index = [], [], []
+        """Every key expanded once: the digests, the totals (the helper's as
+        1 − its share, so that the two servers' lists are equal for a valid
+        report), each key's index share, and each item's second payload's
+        total (0 where the items carry none: a multi-hot item's key is folded
+        as it is)."""
+        digests, totals, index, payloads = [], [], [], []
         scratch = {id(s): s.accumulator() for s in set(self.keys[self.r :])}
         for k, (scheme, (sub_nonce, sub_public, sub_key)) in enumerate(
             zip(self.keys, parts, strict=True)
         ):
             item = k < self.r  # an item's key folds; a digit's only checks
-            dg, total, w = scheme.evaluate(
+            public, payload2 = self._item_share(sub_public) if item else (sub_public, b"")
+            dg, total, w, total2 = scheme.evaluate(
                 acc if item else scratch[id(scheme)], agg_id, verify_key, sub_nonce,
-                sub_public, sub_key, negate, fold=item and self.folds_items, weighted=True,
+                public, sub_key, negate, fold=item, weighted=True, payload2=payload2,
             )  # fmt: skip
             digests.append(dg)
             totals.append(total if agg_id == 0 else (1 - total) % P)
             index.append(w)
-        return digests, totals, index, []
+            if item:
+                payloads.append(total2)
+        return digests, totals, index, payloads
 
-    #: The items' keys are folded as they are (a multi-hot report's 0/1 row).
-    folds_items = True
+    def _item_share(self, part: bytes) -> tuple[bytes, bytes]:
+        """An item key's public share and its second payload's correction
+        (none: a multi-hot item's key carries only its unit)."""
+        return part, b""
 
     def _checks(self, index: list[int], payloads: list[int], one: int) -> list[int]:
         """This server's shares of the linear checks that must be 0: each gap
@@ -837,10 +852,10 @@ class SparseRange(SparseMultihot):
     w ∈ [0, 2^F] by two linear checks on small keys: w = Σ_j 16^j·a_j and
     2^F − w = Σ_j 16^j·b_j with each digit a one-hot key over [0, 16), m =
     ⌈(F + 1)/4⌉ digits each (both sums non-negative integers below p).
-    Padding items carry weight 0.  Each server expands an item's tree twice
-    (once per payload)."""
-
-    folds_items = False
+    Padding items carry weight 0.  Each server expands an item's tree once:
+    the native core hashes each leaf once more for the weight, and the
+    digest's key binds the weight's correction with the key's public share
+    (two servers handed different corrections disagree)."""
 
     def __init__(self, d: int, r: int, frac_bits: int) -> None:
         if not 0 <= frac_bits <= 32:
@@ -865,10 +880,6 @@ class SparseRange(SparseMultihot):
         scheme._split_public(part[:-16])
         if int.from_bytes(part[-16:], "little") >= P:
             raise SparseError("a weight's output correction is not below the Field128 modulus")
-
-    def verify_bytes(self) -> int:
-        """As `SparseMultihot.verify_bytes`, an item's tree counted twice."""
-        return super().verify_bytes() + self.r * 16 * (1 << self.unit.bits)
 
     def _digits(self, v: int) -> list[int]:
         return [(v >> (4 * j)) & (DIGIT_BASE - 1) for j in range(self.digits)]
@@ -916,30 +927,9 @@ class SparseRange(SparseMultihot):
         and tests' forgeries (a weight past 2^F, digits that do not add up)."""
         return self._encode(points, payloads, nonce, rand, weights)
 
-    def _evaluate(
-        self,
-        acc: Accumulator,
-        agg_id: int,
-        verify_key: bytes,
-        parts: list[tuple[bytes, bytes, bytes]],
-        negate: bool,
-    ) -> tuple[list[bytes], list[int], list[int], list[int]]:
-        """`SparseMultihot._evaluate` with the items' keys checked on their
-        unit (not folded), and their weights folded: the weights' shares come
-        back as the payloads."""
-        unit = [(n, p[:-16], k) for n, p, k in parts[: self.r]]
-        digests, totals, index, _ = super()._evaluate(
-            acc, agg_id, verify_key, unit + parts[self.r :], negate
-        )
-        payloads = []
-        for sub_nonce, sub_public, sub_key in parts[: self.r]:
-            second = sub_public[:-32] + sub_public[-16:]  # the weight's correction in place
-            dg, w, _ = self.unit.evaluate(
-                acc, agg_id, verify_key, sub_nonce, second, sub_key, negate, second=True
-            )
-            digests.append(dg)
-            payloads.append(w)
-        return digests, totals, index, payloads
+    def _item_share(self, part: bytes) -> tuple[bytes, bytes]:
+        """An item's share: its key's, then its weight's output correction."""
+        return part[:-16], part[-16:]
 
     def _checks(self, index: list[int], payloads: list[int], one: int) -> list[int]:
         """The gaps' checks, then per item w − Σ 16^j·a_j and
