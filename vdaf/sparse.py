@@ -437,6 +437,12 @@ class SparseOnehot:
             tail = (sign * (second - conv2[0] + conv2[1]) % P).to_bytes(16, "little")
         return self.encode_public_share(ps) + tail, keys
 
+    def gen_measurement(
+        self, item: Any, nonce: bytes, rand: bytes
+    ) -> tuple[bytes, tuple[bytes, bytes]]:
+        """`gen` of a measurement as `Validity.measurements` gives it: the item."""
+        return self.gen(int(item), nonce, rand)
+
     # ------------------------------------------------------------ the servers
     def accumulator(self) -> Accumulator:
         """An empty sum for `expand_into` (wide and native where the core is)."""
@@ -695,6 +701,12 @@ class SparseMultihot:
         `items` (at most r distinct); `rand`: RAND_SIZE CSPRNG bytes."""
         return self.gen_points(self.points(items), nonce, rand)
 
+    def gen_measurement(
+        self, row: Any, nonce: bytes, rand: bytes
+    ) -> tuple[bytes, tuple[bytes, bytes]]:
+        """`gen` of a measurement as `Validity.measurements` gives it: a 0/1 row."""
+        return self.gen(np.flatnonzero(np.asarray(row)).tolist(), nonce, rand)
+
     def gen_points(
         self,
         points: Sequence[int],
@@ -907,6 +919,15 @@ class SparseRange(SparseMultihot):
         `weights[i]` at `items[i]`; `rand`: RAND_SIZE CSPRNG bytes."""
         points, ws = self.entries(items, weights)
         return self.gen_payloads(points, ws, nonce, rand)
+
+    def gen_measurement(
+        self, row: Any, nonce: bytes, rand: bytes
+    ) -> tuple[bytes, tuple[bytes, bytes]]:
+        """`gen_weighted` of a measurement as `Validity.measurements` gives it:
+        a row of values on the grid."""
+        values = np.asarray(row)
+        at = np.flatnonzero(values)
+        return self.gen_weighted(at.tolist(), values[at].astype(np.int64).tolist(), nonce, rand)
 
     def gen(
         self, items: Sequence[int], nonce: bytes, rand: bytes

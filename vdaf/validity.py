@@ -230,17 +230,7 @@ class Validity:
             rands = rands or [os.urandom(SPARSE_RAND_SIZE) for _ in nonces]
             out = []
             for item, nonce, rand in zip(items, nonces, rands, strict=True):
-                if isinstance(scheme, SparseRange):
-                    row = np.asarray(item)
-                    at = np.flatnonzero(row)
-                    public, keys = scheme.gen_weighted(
-                        at.tolist(), row[at].astype(np.int64).tolist(), nonce, rand
-                    )
-                elif isinstance(scheme, SparseMultihot):
-                    ones = np.flatnonzero(np.asarray(item)).tolist()
-                    public, keys = scheme.gen(ones, nonce, rand)
-                else:
-                    public, keys = scheme.gen(int(item), nonce, rand)
+                public, keys = scheme.gen_measurement(item, nonce, rand)
                 out.append((public, keys[0], keys[1]))
             return out
         prio = self.prio3
