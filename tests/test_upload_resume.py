@@ -280,6 +280,12 @@ async def test_ctrl_c_in_a_real_upload_then_resume(deployment: Deployment, tmp_p
             if seen:
                 break
     signalled = f"SIGINT after {time.monotonic() - started:.1f} s, the journal then at {seen} rows"
+    if proc.returncode is not None:  # it ended before the signal: say how, not ProcessLookupError
+        _, err = await proc.communicate()
+        raise AssertionError(
+            f"the upload exited ({proc.returncode}) before the SIGINT ({signalled}):\n"
+            + err.decode()
+        )
     proc.send_signal(signal.SIGINT)
     try:  # an interrupted client must end promptly, never hang in its cleanup
         _, err = await asyncio.wait_for(proc.communicate(), 60)
