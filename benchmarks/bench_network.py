@@ -27,6 +27,11 @@ the relays, round trips (flights / 2) and bytes per comparison.
         --comparison garbled,ot,auto:10:1000 --chunks 1000,10000,100000
                                            # each comparison path (the leader's
                                            # --comparison), a deployment each
+    python -m svtagg.benchmarks.bench_network --quick --rtt 10 --rate 1g \
+        --comparison garbled,ot --chunks 10000,100000 --rounds 5
+                                           # both deployments up at once, their
+                                           # chunk timings alternated per round,
+                                           # with the per-round ratio
 
 Configurations: every --rtt at the first --rate, and the first --rtt at each
 further rate (--grid: every pair).  JSON goes to --out.
@@ -268,10 +273,7 @@ def measure_chunk(
     before = oracle.stats().peer_bytes
     _, c = net.counted(lambda: stream.ask(chunk), settle)
     return {
-        "chunk": k,
-        "reps": reps,
-        "ms": _spread(times, 1e3, 2),
-        "comparisons_per_s": _spread([k / t for t in times], digits=0),
+        **chunk_times(k, times),
         **_counts(c),
         "wire_bytes_per_comparison": round(c.peer.bytes / k, 1),
         "server_bytes_per_comparison": round((oracle.stats().peer_bytes - before) / k, 1),
@@ -299,6 +301,54 @@ def measure_demo(net: Network, epsilon: str, settle: float) -> dict[str, Any]:
     }
 
 
+def chunk_times(k: int, times: list[float]) -> dict[str, Any]:
+    """A chunk size's timings (seconds per chunk) and their spreads."""
+    return {
+        "chunk": k,
+        "reps": len(times),
+        "seconds": times,
+        "ms": _spread(times, 1e3, 2),
+        "comparisons_per_s": _spread([k / t for t in times], digits=0),
+    }
+
+
+def more_rounds(
+    nets: list[Network], results: list[dict[str, Any]], rounds: int, quick: bool
+) -> None:
+    """Rounds 2…`rounds` of the chunk timings, the deployments alternated within
+    each round (A B, A B, …: the machine's drift falls on both alike); every
+    round's timings join the first round's, and each result gets, per chunk
+    size, the ratio of its round median comparisons/s to the first
+    deployment's in the same round (`ratio_to_first`: median, min–max)."""
+    per_round: list[list[dict[int, float]]] = [
+        [{c["chunk"]: statistics.median(c["seconds"]) for c in r["chunks"]}] for r in results
+    ]
+    for _ in range(1, rounds):
+        for i, (net, r) in enumerate(zip(nets, results, strict=True)):
+            settle = 0.05 + 2 * max(r["config"]["rtt_ms"], r["config"]["analyst_rtt_ms"]) / 1e3
+            with RemoteOracle.from_certs(net.analyst, "cmp", net.dep.certs) as oracle:
+                oracle.open_stream(1).ask([(Query(0), 2 * oracle.n)])
+                medians = {}
+                for c in r["chunks"]:
+                    k = c["chunk"]
+                    m = measure_chunk(net, oracle, k, _chunk_reps(k, quick), settle)
+                    c.update(chunk_times(k, c["seconds"] + m["seconds"]))
+                    medians[k] = statistics.median(m["seconds"])
+            per_round[i].append(medians)
+    for i, r in enumerate(results):
+        r["rounds"] = rounds
+        for c in r["chunks"]:
+            k = c["chunk"]
+            ratios = [
+                first[k] / mine[k] for first, mine in zip(per_round[0], per_round[i], strict=True)
+            ]
+            c["ratio_to_first"] = _spread(ratios, digits=2)
+
+
+def _chunk_reps(k: int, quick: bool) -> int:
+    return (3 if quick else 5) if k <= 1000 else (2 if quick else 3)
+
+
 def run_config(
     net: Network, cfg: Config, quick: bool, chunks: tuple[int, ...] = (1000, 10_000)
 ) -> dict[str, Any]:
@@ -311,10 +361,7 @@ def run_config(
         out["open_stream"] = measure_open(net, oracle, 3 if quick else 5, settle)
         out["single"] = measure_chunk(net, oracle, 1, 10 if quick else 30, settle)
         out["chunks"] = [
-            measure_chunk(
-                net, oracle, k, (3 if quick else 5) if k <= 1000 else (2 if quick else 3), settle
-            )
-            for k in chunks
+            measure_chunk(net, oracle, k, _chunk_reps(k, quick), settle) for k in chunks
         ]
     out["demo"] = measure_demo(net, "4", settle)
     return out
@@ -344,6 +391,14 @@ def table(results: list[dict[str, Any]]) -> str:
         *[
             (f"comparisons/s, chunk {k:,}", lambda r, k=k: _cell(chunk(r, k)["comparisons_per_s"]))
             for k in sizes
+        ],
+        *[
+            (
+                f"comparisons/s ÷ {names[0]}'s, per round, chunk {k:,}",
+                lambda r, k=k: _cell(chunk(r, k)["ratio_to_first"]),
+            )
+            for k in sizes
+            if "rounds" in results[0]
         ],
         ("demo selection, s", lambda r: f"{r['demo']['seconds']:g}"),
         (
@@ -404,6 +459,14 @@ def main(argv: list[str] | None = None) -> int:
         "auto:RTT_MS:MBPS), each on a deployment of its own (default: the servers' default)",
     )
     p.add_argument("--chunks", default="1000,10000", help="chunk sizes measured (comma-separated)")
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="rounds of chunk timings: above 1, every deployment (--garbling × --comparison) "
+        "is up at once and their timings alternate round by round, with each one's "
+        "comparisons/s ratio to the first deployment's per round",
+    )
     p.add_argument("--out", default="results/bench_network.json")
     args = p.parse_args(argv)
     rtts = [float(x) for x in args.rtt.split(",") if x.strip()]
@@ -418,15 +481,34 @@ def main(argv: list[str] | None = None) -> int:
     sizes = tuple(int(x) for x in args.chunks.split(",") if x.strip())
     schemes = [x.strip() for x in args.garbling.split(",") if x.strip()] or [None]
     paths = [x.strip() for x in args.comparison.split(",") if x.strip()] or [None]
-    for scheme in schemes:
-        for path in paths:
-            with network_deployment(scheme, path) as net:
-                comparison_task(net.dep)
-                demo_task(net.dep, users, d)
-                print(f"deployment up, tasks uploaded in {time.perf_counter() - started:.0f} s")
+    variants = [(scheme, path) for scheme in schemes for path in paths]
+
+    def up(stack: contextlib.ExitStack, scheme: str | None, path: str | None) -> Network:
+        net = stack.enter_context(network_deployment(scheme, path))
+        comparison_task(net.dep)
+        demo_task(net.dep, users, d)
+        print(f"deployment up, tasks uploaded in {time.perf_counter() - started:.0f} s")
+        return net
+
+    def run(net: Network, cfg: Config, scheme: str | None, path: str | None) -> dict[str, Any]:
+        r = run_config(net, cfg, args.quick, sizes)
+        return {**r, "garbling": scheme, "comparison": path}
+
+    if args.rounds > 1:  # every deployment up at once, their chunk timings alternated
+        with contextlib.ExitStack() as stack:
+            nets = [up(stack, scheme, path) for scheme, path in variants]
+            for cfg in plan:
+                batch = [run(net, cfg, *v) for net, v in zip(nets, variants, strict=True)]
+                more_rounds(nets, batch, args.rounds, args.quick)
+                for r in batch:
+                    print(f"[{_name(r)}]", json.dumps(r), flush=True)
+                results += batch
+    else:
+        for scheme, path in variants:
+            with contextlib.ExitStack() as stack:
+                net = up(stack, scheme, path)
                 for cfg in plan:
-                    r = run_config(net, cfg, args.quick, sizes)
-                    results.append({**r, "garbling": scheme, "comparison": path})
+                    results.append(run(net, cfg, scheme, path))
                     print(f"[{_name(results[-1])}]", json.dumps(results[-1]), flush=True)
     print(
         f"\ndemo: {users:,} users, d = {d:,}, scan selection at ε = 4; "

@@ -2079,6 +2079,11 @@ typedef struct {
     uint8_t *table, *t0, *t1;
     uint64_t *pads;
     int garbler;
+    /* mill_garbler_slots: x and the shares are zero, and `table` is the slots'
+     * masks, slot-major: M = Σ 2^s_j bytes per lane, entry u of leaf j at
+     * row0_j + u holding its mask's gt bit (and eq bit, in bit 1). */
+    int slot_major;
+    size_t M;
     int failed;
 } mill_job;
 
@@ -2136,6 +2141,16 @@ static void mill_range(void *ctx, size_t lo, size_t hi_lane) {
                         tw2[u * n + i] = _mm_set_epi64x((long long)m->hi, (long long)low);
                     }
                 tccr_n(comb, tw2, pad, p, E * n);
+                if (m->slot_major) {
+                    uint8_t keep = eqf ? 3 : 1;
+                    for (size_t i = 0; i < n; i++) {
+                        uint8_t *row = m->table + (g0 + i) * m->M + off;
+                        for (size_t u = 0; u < E; u++)
+                            row[u] = (uint8_t)_mm_cvtsi128_si64(pad[u * n + i]) & keep;
+                    }
+                    off += E;
+                    continue;
+                }
                 /* Entry-major rows: each entry's n lanes are n consecutive bytes. */
                 const size_t L = m->L;
                 uint8_t *const tab = m->table + off + g0;
@@ -2200,7 +2215,14 @@ static PyObject *py_mill(PyObject *args, int garbler) {
     buf_t q = {0}, d = {0}, bl = {0}, x = {0}, gt = {0}, eq = {0}, tab = {0}, t0 = {0},
           t1 = {0}, pads = {0};
     PyObject *ret = NULL;
-    if (garbler) {
+    int slot_major = garbler == 2;
+    if (slot_major) {
+        /* (q, delta, tweak_hi, lane0, blocks, x, masks, t0, t1): x only gives L */
+        if (!PyArg_ParseTuple(args, "OOKKOOOOO", &qo, &delta_o, &hi, &lane0, &bo, &xo, &to, &t0o,
+                              &t1o))
+            return NULL;
+        garbler = 1;
+    } else if (garbler) {
         if (!PyArg_ParseTuple(args, "OOKKOOOOOOO", &qo, &delta_o, &hi, &lane0, &bo, &xo, &go, &eo,
                               &to, &t0o, &t1o))
             return NULL;
@@ -2222,7 +2244,21 @@ static PyObject *py_mill(PyObject *args, int garbler) {
     m = (mill_job){.q = (const block *)q.p, .hi = hi, .lane0 = lane0, .planes = planes,
                    .nbits = nbits, .nb = nb, .L = L, .blk = (const int32_t *)bl.p,
                    .x = (const uint64_t *)x.p, .t0 = (uint8_t *)t0.p, .garbler = garbler};
-    if (garbler) {
+    if (slot_major) {
+        if (get_blocks(delta_o, &d, 0, "delta") || need(&d, 16, "delta") ||
+            get_buf(to, &tab, 1, "masks") || get_buf(t1o, &t1, 1, "t1"))
+            goto done;
+        size_t M = 0;
+        for (size_t j = 0; j < nb; j++) M += (size_t)1 << m.blk[3 * j + 1];
+        if (need(&tab, (Py_ssize_t)(M * L), "masks") ||
+            need(&t1, (Py_ssize_t)((planes - nbits) * L), "t1"))
+            goto done;
+        m.slot_major = 1;
+        m.M = M;
+        m.delta = *(const block *)d.p;
+        m.table = (uint8_t *)tab.p;
+        m.t1 = (uint8_t *)t1.p;
+    } else if (garbler) {
         if (get_blocks(delta_o, &d, 0, "delta") || need(&d, 16, "delta") ||
             get_buf(go, &gt, 0, "gt") || get_buf(eo, &eq, 0, "eq") ||
             get_buf(to, &tab, 1, "table") || get_buf(t1o, &t1, 1, "t1"))
@@ -2260,13 +2296,46 @@ done:
 
 static PyObject *py_mill_garbler(PyObject *self, PyObject *args) { return py_mill(args, 1); }
 static PyObject *py_mill_evaluator(PyObject *self, PyObject *args) { return py_mill(args, 0); }
+static PyObject *py_mill_garbler_slots(PyObject *self, PyObject *args) { return py_mill(args, 2); }
 
 /* mill_tables(m, d, x, gt, eq, blocks, out): the garbler's tables of one chunk on
  * precomputed slots.  m: L × M uint8, slot-major (the two mask bits of every entry
  * of every leaf block, blocks end to end); d, x: L uint64 (the evaluator's
  * d = ȳ ⊕ r, the garbler's x); gt, eq: nb × L uint8 (its fresh shares); out: per
- * leaf j, (1 + eq_j) × 2^s_j × L uint8, entry u's row holding mask(u ⊕ d_j) ⊕
- * [x_j > u] ⊕ gt_j (and the eq half likewise). */
+ * leaf j, (1 + eq_j) × 2^s_j rows of L bits, entry u's row holding mask(u ⊕ d_j) ⊕
+ * [x_j > u] ⊕ gt_j (and the eq half likewise), the rows end to end as one bit
+ * string packed little-endian (bit i in byte i / 8, bit i % 8: numpy's
+ * packbits(…, bitorder="little") of the rows' concatenation). */
+static inline void or_bits(uint8_t *out, size_t pos, uint64_t w, size_t n) {
+    /* OR the n low bits of w into out at bit position pos. */
+    size_t at = pos >> 3, sh = pos & 7, bytes = (n + sh + 7) >> 3;
+    unsigned __int128 v = (unsigned __int128)w << sh;
+    for (size_t b = 0; b < bytes; b++) out[at + b] |= (uint8_t)(v >> (8 * b));
+}
+
+static inline uint32_t xor_permute(uint32_t v, uint32_t d, int s) {
+    /* Bit u of the result is bit u ⊕ d of v (u < 2^s): a swap of the halves
+     * of every 2^(b+1)-bit group for each set bit b of d. */
+    static const uint32_t lo[5] = {0x55555555u, 0x33333333u, 0x0F0F0F0Fu, 0x00FF00FFu,
+                                   0x0000FFFFu};
+    for (int b = 0; b < s; b++) { /* branch-free: d is secret-dependent and random */
+        uint32_t take = 0u - ((d >> b) & 1), w = ((v & lo[b]) << (1 << b)) | ((v >> (1 << b)) & lo[b]);
+        v ^= (v ^ w) & take;
+    }
+    return v;
+}
+
+static void transpose64(uint64_t a[64]) {
+    /* a[i] bit u becomes a[u] bit i (least significant bit first). */
+    uint64_t m = 0x00000000FFFFFFFFull;
+    for (int j = 32; j; j >>= 1, m ^= m << j)
+        for (int k = 0; k < 64; k = ((k | j) + 1) & ~j) {
+            uint64_t t = ((a[k] >> j) ^ a[k | j]) & m;
+            a[k | j] ^= t;
+            a[k] ^= t << j;
+        }
+}
+
 static PyObject *py_mill_tables(PyObject *self, PyObject *args) {
     PyObject *mo, *dox, *xo, *go, *eo, *bo, *oo;
     if (!PyArg_ParseTuple(args, "OOOOOOO", &mo, &dox, &xo, &go, &eo, &bo, &oo)) return NULL;
@@ -2287,30 +2356,49 @@ static PyObject *py_mill_tables(PyObject *self, PyObject *args) {
     }
     if (L == 0 || need(&d, (Py_ssize_t)(8 * L), "d") || need(&m, (Py_ssize_t)(L * M), "m") ||
         need(&gt, (Py_ssize_t)(nb * L), "gt") || need(&eq, (Py_ssize_t)(nb * L), "eq") ||
-        need(&out, (Py_ssize_t)(tb * L), "out"))
+        need(&out, (Py_ssize_t)((tb * L + 7) / 8), "out"))
         goto done;
     const uint8_t *mp = (const uint8_t *)m.p, *gp = (const uint8_t *)gt.p, *ep = (const uint8_t *)eq.p;
     const uint64_t *dp = (const uint64_t *)d.p, *xp = (const uint64_t *)x.p;
     uint8_t *op = (uint8_t *)out.p;
     Py_BEGIN_ALLOW_THREADS
+    memset(op, 0, (tb * L + 7) / 8);
     size_t off = 0, row0 = 0;
     for (size_t j = 0; j < nb; j++) {
         size_t first = (size_t)blk[3 * j], E = (size_t)1 << blk[3 * j + 1];
-        int eqf = blk[3 * j + 2];
+        int s = blk[3 * j + 1], eqf = blk[3 * j + 2];
+        uint32_t all = E == 32 ? 0xFFFFFFFFu : (uint32_t)((1u << E) - 1);
         for (size_t l0 = 0; l0 < L; l0 += 64) {
             size_t n = L - l0 < 64 ? L - l0 : 64;
-            uint8_t dj[64], xj[64];
+            /* Per lane, its entries' bits as masks over u, then turned into a
+             * row of lane bits per entry. */
+            uint64_t g[64] = {0}, e[64] = {0};
             for (size_t i = 0; i < n; i++) {
-                dj[i] = (uint8_t)((dp[l0 + i] >> first) & (E - 1));
-                xj[i] = (uint8_t)((xp[l0 + i] >> first) & (E - 1));
-            }
-            for (size_t u = 0; u < E; u++) {
-                uint8_t *row = op + off + u * L + l0, *erow = op + off + (E + u) * L + l0;
-                for (size_t i = 0; i < n; i++) {
-                    uint8_t w = mp[(l0 + i) * M + row0 + (u ^ dj[i])];
-                    row[i] = (uint8_t)((w & 1) ^ (xj[i] > u) ^ gp[j * L + l0 + i]);
-                    if (eqf) erow[i] = (uint8_t)(((w >> 1) & 1) ^ (xj[i] == u) ^ ep[j * L + l0 + i]);
+                const uint8_t *row = mp + (l0 + i) * M + row0;
+                uint32_t b0 = 0, b1 = 0;
+                if (E >= 16) {
+                    for (size_t q = 0; q < E; q += 16) {
+                        __m128i v = _mm_loadu_si128((const __m128i *)(row + q));
+                        b0 |= (uint32_t)_mm_movemask_epi8(_mm_slli_epi16(v, 7)) << q;
+                        b1 |= (uint32_t)_mm_movemask_epi8(_mm_slli_epi16(v, 6)) << q;
+                    }
+                } else {
+                    for (size_t u = 0; u < E; u++) {
+                        b0 |= (uint32_t)(row[u] & 1) << u;
+                        b1 |= (uint32_t)((row[u] >> 1) & 1) << u;
+                    }
                 }
+                uint32_t dj = (uint32_t)((dp[l0 + i] >> first) & (E - 1));
+                uint32_t xj = (uint32_t)((xp[l0 + i] >> first) & (E - 1));
+                uint32_t below = xj ? (uint32_t)((1ull << xj) - 1) : 0; /* u < x_j */
+                g[i] = (xor_permute(b0, dj, s) ^ below ^ (gp[j * L + l0 + i] ? all : 0)) & all;
+                e[i] = (xor_permute(b1, dj, s) ^ (1u << xj) ^ (ep[j * L + l0 + i] ? all : 0)) & all;
+            }
+            transpose64(g);
+            for (size_t u = 0; u < E; u++) or_bits(op, off + u * L + l0, g[u], n);
+            if (eqf) {
+                transpose64(e);
+                for (size_t u = 0; u < E; u++) or_bits(op, off + (E + u) * L + l0, e[u], n);
             }
         }
         off += (size_t)(1 + eqf) * E * L;
@@ -2343,6 +2431,7 @@ static PyMethodDef methods[] = {
     {"fr_lpn", py_fr_lpn, METH_VARARGS, "Ferret LPN expansion (10 indices per output)."},
     {"fr_ggm", py_fr_ggm, METH_VARARGS, "Ferret GGM trees (garbler's, or the evaluator's punctured ones)."},
     {"mill_garbler", py_mill_garbler, METH_VARARGS, "OT-based comparison: the garbler's leaf tables and triple bits."},
+    {"mill_garbler_slots", py_mill_garbler_slots, METH_VARARGS, "OT-based comparison: a fill's garbler masks, slot-major, and triple bits."},
     {"mill_tables", py_mill_tables, METH_VARARGS, "OT-based comparison: the garbler's tables on precomputed slots."},
     {"mill_evaluator", py_mill_evaluator, METH_VARARGS, "OT-based comparison: the evaluator's masks and triple bits."},
     {NULL, NULL, 0, NULL},

@@ -357,17 +357,42 @@ class GarblerSide(_Side):
 
     garbler = True
 
-    def __init__(self, p: Plan, z: npt.NDArray[np.uint64], delta: Blocks, tweak_hi: int) -> None:
+    def __init__(
+        self,
+        p: Plan,
+        z: npt.NDArray[np.uint64],
+        delta: Blocks,
+        tweak_hi: int,
+        fill: bool = False,
+    ) -> None:
+        """`fill`: a fill's side (`garbler_slots`): x and the garbler's shares
+        are zero, and the native core writes the slots' masks straight."""
         super().__init__(p, z.shape[0])
         self.z = z
         self.delta = np.ascontiguousarray(delta, dtype=np.uint64).reshape(1, 2)
         self.hi = tweak_hi
+        self.fill = fill
         q = len(p.blocks)
-        self.gt[:] = random_bits(q * self.lanes).reshape(q, self.lanes)
-        self.eq[:] = random_bits(q * self.lanes).reshape(q, self.lanes)
-        # Block j's table: (gt, and eq if needed) × entry u × lane, entry-major.
-        self._tables = [np.empty((1 + eq, 1 << s, self.lanes), np.uint8)
-                        for (_, s), eq in zip(p.blocks, p.leaf_eq, strict=True)]  # fmt: skip
+        if fill:
+            if z.any():
+                raise ValueError("a fill's side has x = 0")
+            self.gt[:] = 0
+            self.eq[:] = 0
+        else:
+            self.gt[:] = random_bits(q * self.lanes).reshape(q, self.lanes)
+            self.eq[:] = random_bits(q * self.lanes).reshape(q, self.lanes)
+        #: Block j's table: (gt, and eq if needed) × entry u × lane, entry-major
+        #: (made on first use); a fill on the native core writes `_m` instead.
+        self._tables_: list[npt.NDArray[np.uint8]] | None = None
+        self._m: npt.NDArray[np.uint8] | None = None
+
+    @property
+    def _tables(self) -> list[npt.NDArray[np.uint8]]:
+        if self._tables_ is None:
+            p = self.plan
+            self._tables_ = [np.empty((1 + eq, 1 << s, self.lanes), np.uint8)
+                             for (_, s), eq in zip(p.blocks, p.leaf_eq, strict=True)]  # fmt: skip
+        return self._tables_
 
     def batch(self, h: Any, lo: int, q: Blocks, ws: dict[str, Any]) -> None:
         """One lane batch's correlated OTs (planes × lanes × 2 words): its
@@ -382,6 +407,16 @@ class GarblerSide(_Side):
 
             t = 2 * p.ands
             s0, s1 = np.empty((t, lanes), np.uint8), np.empty((t, lanes), np.uint8)
+            if self.fill:  # the slots' masks, slot-major, as `garbler_slots` keeps them
+                if self._m is None:
+                    entries = sum(1 << s for _, s in p.blocks)
+                    self._m = np.empty((self.lanes, entries), np.uint8)
+                core().mill_garbler_slots(
+                    np.ascontiguousarray(q), self.delta, self.hi, lo, _blocks_arg(p),
+                    np.ascontiguousarray(self.z[sl]), self._m[sl], s0, s1,
+                )  # fmt: skip
+                self._triples(sl, s0, s1)
+                return
             table = np.empty(p.table_bits * lanes, np.uint8)
             core().mill_garbler(
                 np.ascontiguousarray(q), self.delta, self.hi, lo, _blocks_arg(p),
@@ -510,6 +545,12 @@ class EvaluatorSide(_Side):
 #: The most slots a session fills ahead: after a chunk of k comparisons, both
 #: parties top their pool up to min(k, MAX_AHEAD) slots for the next chunk.
 MAX_AHEAD = 1 << 17
+#: Fills of at most this many slots are made off a chunk's critical path: the
+#: evaluator's in the previous chunk's wait for its logic's tables, the
+#: garbler's once its logic's tables are sent (`protocol.py`).  A larger fill
+#: takes longer than those windows (≈ 2 µs per slot of the garbler's CPU) and
+#: is made during its chunk, in pieces, as the chunk's flights go on.
+MAX_SHIFTED = 1 << 14
 
 
 class Slots:
@@ -568,6 +609,11 @@ def garbler_slots(side: GarblerSide) -> Slots:
     entry w of block j's table is its mask (the eq half XOR [w = 0]); kept as
     mask bits (gt in bit 0, eq in bit 1) per entry w and slot, and the triples."""
     p = side.plan
+    arrays = {
+        k: np.ascontiguousarray(v.T) for k, v in (("a", side.a), ("b", side.b), ("c", side.c))
+    }
+    if side._m is not None:  # written slot-major by the native core
+        return Slots(p.width, {**arrays, "m": side._m})
     masks = []
     for j, eq in enumerate(p.leaf_eq):
         m = side._tables[j][0].copy()
@@ -576,9 +622,6 @@ def garbler_slots(side: GarblerSide) -> Slots:
             e[0] ^= 1  # [0 = w] at w = 0
             m |= e << 1
         masks.append(m)
-    arrays = {
-        k: np.ascontiguousarray(v.T) for k, v in (("a", side.a), ("b", side.b), ("c", side.c))
-    }
     # Slot-major: the entries of every block of one slot side by side.
     arrays["m"] = np.ascontiguousarray(np.concatenate(masks).T)
     return Slots(p.width, arrays)
@@ -639,12 +682,12 @@ class GarblerChunk(_Side):
         if native_core:
             from svtagg.mpc.native import core
 
-            out = np.empty(p.table_bits * self.lanes, np.uint8)
+            out = bytearray(-(-p.table_bits * self.lanes // 8))
             core().mill_tables(
                 np.ascontiguousarray(self.slots["m"]), np.ascontiguousarray(d),
                 np.ascontiguousarray(self.z), self.gt, self.eq, _blocks_arg(p), out,
             )  # fmt: skip
-            return np.packbits(out, bitorder="little").tobytes()
+            return bytes(out)
         parts, row = [], 0
         for j, ((first, s), eq) in enumerate(zip(p.blocks, p.leaf_eq, strict=True)):
             u = np.arange(1 << s, dtype=np.int64)[None, :]

@@ -447,8 +447,11 @@ class _Party:
         self._slots = millionaire.SlotPool()
         self._fill_task: asyncio.Future[millionaire.Slots] | None = None
         self._labels_pending: asyncio.Future[Any] | None = None
+        self._fill_gate: asyncio.Event | None = None
         self._fill_ws: dict[str, Any] = {}
         self._fill_hasher: TweakableHash | native.NativeHash = type(self.hasher)()
+        self._pre_ws: dict[str, Any] = {}
+        self._pre_hasher: TweakableHash | native.NativeHash = type(self.hasher)()
 
     async def first_yes(self, z: npt.ArrayLike, width: int = RING_BITS) -> int | None:
         """First j with signed(z_L[j] + z_H[j]) ≥ 0, or None, on both sides, from
@@ -481,7 +484,11 @@ class _Party:
         OR, CTT codes) garbled on the shared YES bits (`spec`, w = 1).  The next
         chunk's fill rides in the online phase's first flights (the evaluator's
         OT message after its d bits; the garbler reads it after sending its
-        tables) and both make it in a worker thread while the chunk goes on."""
+        tables).  Up to `millionaire.MAX_SHIFTED` slots, both make it off the
+        chunk's critical path: the evaluator while the previous chunk's logic
+        waited for its tables (`_start_prefill`), the garbler once this chunk's
+        logic tables are sent (`_open_fill_gate`); a larger fill is made in
+        worker threads while the chunk goes on."""
         if not self._ready:
             raise RuntimeError("call setup() first")
         check_width(width)
@@ -514,7 +521,11 @@ class _Party:
             await otx.refill(self._ext, self.channel, need)
         yes = await self._online(p, z, slots, max(ahead, 0))
         parts = np.split(yes.astype(np.uint64), len(shares))
-        result = await self._chunk_flow(spec, *parts, at_least=fill_bound)
+        self._plan_prefill(p, lanes, max(ahead, 0))
+        try:
+            result = await self._chunk_flow(spec, *parts, at_least=fill_bound)
+        finally:
+            self._pre_plan = None
         gc = self.last_stats
         self.last_stats = RunStats(
             comparisons=lanes,
@@ -531,10 +542,20 @@ class _Party:
         """Wait for the fill made in the background during the last chunk and
         add its slots (before anything else uses the OT extension: the fill
         reads the extension's label buffers)."""
+        self._open_fill_gate()
         task, self._fill_task = self._fill_task, None
         self._labels_pending = None
         if task is not None:
             self._slots.add(await task)
+
+    def _open_fill_gate(self) -> None:
+        """Let a fill held back until its chunk's logic was garbled start (the
+        garbler's: `ComparisonGarbler._fill`); the extension's next use waits
+        for it (`_labels_pending`: the fill reads the extension's buffers)."""
+        gate, self._fill_gate = self._fill_gate, None
+        if gate is not None:
+            gate.set()
+            self._labels_pending = self._fill_task
 
     def _background(self, work: Callable[[], millionaire.Slots]) -> None:
         self._background_task(asyncio.ensure_future(asyncio.to_thread(work)))
@@ -548,6 +569,15 @@ class _Party:
         """Make `slots` slots of width p.width (both sides alike); inline, or
         with this side's work in a worker thread (`_settle_fill` collects it)."""
         raise NotImplementedError
+
+    #: (plan, slots) of the fill the next OT-path chunk is expected to send, set
+    #: while a chunk's logic runs (the evaluator makes it ahead: `_start_prefill`).
+    _pre_plan: tuple[millionaire.Plan, int] | None = None
+
+    def _plan_prefill(self, p: millionaire.Plan, lanes: int, ahead: int) -> None:
+        """After a chunk's online phase: the fill the next chunk of as many lanes
+        and the same width will send (its `ahead`), once this chunk's fill of
+        `ahead` slots has joined the pool.  Only the evaluator acts on it."""
 
     async def _online(
         self, p: millionaire.Plan, z: U64, slots: millionaire.Slots, ahead: int
@@ -660,10 +690,15 @@ class _Party:
 
     def _next_chunk(self) -> tuple[int, int]:
         """(OT nonce, high tweak word) of the next chunk; both parties count alike."""
+        c = self._peek_chunk()
+        self._chunk += 1
+        return c
+
+    def _peek_chunk(self) -> tuple[int, int]:
+        """`_next_chunk` without counting it."""
         c = self._chunk
         if c >= 1 << _CHUNK_BITS:
             raise RuntimeError("chunk counter exhausted; start a new session")
-        self._chunk += 1
         return c, (self._tag << _CHUNK_BITS) | c
 
     def _input_wires(self, labels: Iterator[Blocks], width: int) -> WireSource:
@@ -677,6 +712,23 @@ class _Party:
             return batch.reshape(width, hi - lo, 2)
 
         return source
+
+
+@dataclass
+class _Prefill:
+    """A fill the evaluator plans ahead: its nonce (the extension use it is
+    numbered as), width and slots, its side (the random choices drawn), and
+    when made in a worker thread its OT message (ready first) and slots."""
+
+    nonce: int
+    width: int
+    slots: int
+    side: millionaire.EvaluatorSide
+    message: asyncio.Future[bytes] | None = None
+    task: asyncio.Future[millionaire.Slots] | None = None
+
+    def fits(self, nonce: int, width: int, slots: int) -> bool:
+        return (self.nonce, self.width, self.slots) == (nonce, width, slots)
 
 
 def _random_ring(n: int) -> U64:
@@ -715,13 +767,14 @@ class ComparisonGarbler(_Party):
         """Receive the fill's OT message and make the slots: the leaves' masks for
         every entry (x = 0, zero shares: `millionaire.garbler_slots`) and the
         triples.  Inline, the message is read as it arrives (batches made in a
-        worker thread as their pieces come); in the background it is read whole,
-        its labels copied out, and the slots made in a worker thread while the
-        chunk goes on."""
+        worker thread as their pieces come); in the background it is read
+        whole, and the slots are made in a worker thread once this chunk's
+        logic tables are sent (up to `millionaire.MAX_SHIFTED` slots), or, for
+        a larger fill, from labels copied out while the chunk goes on."""
         nonce, tweak_hi = self._next_chunk()
-        side = millionaire.GarblerSide(p, np.zeros(slots, np.uint64), self.delta, tweak_hi)
-        side.gt[:] = 0
-        side.eq[:] = 0
+        side = millionaire.GarblerSide(
+            p, np.zeros(slots, np.uint64), self.delta, tweak_hi, fill=True
+        )
         widths = _ot_widths(slots, p.planes)
         await otx.refill(self._ext, self.channel, 8 * sum(widths))
         batches = lane_batches(slots)
@@ -734,10 +787,23 @@ class ComparisonGarbler(_Party):
                 side.batch(h, lo, _rows(next(q), p.planes, hi - lo), ws)
             return millionaire.garbler_slots(side)
 
-        if background:
-            # Expand the labels in a worker thread too (the chunk's own flights go
-            # on meanwhile); the chunk's logic waits for them before it uses the
-            # extension again (`_labels_pending`: the extension reuses its buffers).
+        if background and slots <= millionaire.MAX_SHIFTED:
+            # Held back until this chunk's logic has been garbled and its tables
+            # sent (`_open_fill_gate`): made meanwhile, its ≈ 2 hashes per table
+            # entry would take the cores from the chunk's flights and its logic;
+            # after them, it has the time until the next chunk's tables.
+            gate = self._fill_gate = asyncio.Event()
+
+            async def deferred() -> millionaire.Slots:
+                await gate.wait()
+                return await asyncio.to_thread(work)
+
+            self._background_task(asyncio.ensure_future(deferred()))
+        elif background:
+            # A large fill: its labels expanded and its slots made in worker
+            # threads while the chunk goes on; the chunk's logic waits for the
+            # labels before it uses the extension again (`_labels_pending`: the
+            # extension reuses its buffers).
             expanded = asyncio.ensure_future(asyncio.to_thread(lambda: [b.copy() for b in q]))
             self._labels_pending = expanded
 
@@ -826,6 +892,7 @@ class ComparisonGarbler(_Party):
             await sends.wait()
         else:
             await self.channel.send(be.message(dec))
+        self._open_fill_gate()  # an OT-path chunk's logic: its fill may start now
         return spec.parse(await self.channel.recv(), k), be.and_gates
 
 
@@ -841,12 +908,95 @@ class ComparisonEvaluator(_Party):
         self._ext = await extension_receiver(self.channel, keys, self.ot, self.session_id)
         self._ready = True
 
+    #: The fill made ahead (`_start_prefill`), and the last one made (a later
+    #: one waits for it: they share scratch buffers).
+    _pre: _Prefill | None = None
+    _pre_last: asyncio.Future[Any] | None = None
+    _fork: Any = None
+
+    def _plan_prefill(self, p: millionaire.Plan, lanes: int, ahead: int) -> None:
+        after = self._slots.available(p.width) + ahead - lanes  # left after the next take
+        n = min(lanes, millionaire.MAX_AHEAD) - after
+        self._pre_plan = (p, n) if after >= 0 and 0 < n <= millionaire.MAX_SHIFTED else None
+
+    def _start_prefill(self) -> None:
+        """Draw the random choices of the fill planned by `_plan_prefill`, as
+        the extension's next use numbers it, while this chunk's logic waits for
+        its tables; with SoftSpoken on the native core, also make its message
+        and slots then, in a worker thread on a fork of the extension (buffers
+        of its own), so that the next chunk sends it right behind its d bits
+        instead of making it while the garbler makes its tables on the same
+        cores.  (The draws are made here on every engine and extension, so
+        that both engines draw alike.)  It is sent only by a fill of that
+        number, width and size (`_fill`); any other next use of the extension
+        drops it unsent, and that use's own message under the same nonce is
+        then the only one the garbler ever sees."""
+        plan, self._pre_plan = self._pre_plan, None
+        if plan is None:
+            return
+        p, slots = plan
+        nonce, tweak_hi = self._peek_chunk()
+        side = millionaire.EvaluatorSide(p, _random_ring(slots), tweak_hi)
+        if not (isinstance(self._ext, otx.SoftSpokenReceiver) and self.engine == "native"):
+            self._pre = _Prefill(nonce, p.width, slots, side)  # made when it is sent
+            return
+        if self._fork is None:
+            self._fork = self._ext.fork()
+        fork, before = self._fork, self._pre_last
+        h, ws = self._pre_hasher, self._pre_ws
+
+        loop = asyncio.get_running_loop()
+        message: asyncio.Future[bytes] = loop.create_future()
+        message.add_done_callback(lambda f: f.cancelled() or f.exception())  # maybe never sent
+
+        def ready(msg: bytes) -> None:
+            if not message.done():
+                message.set_result(msg)
+
+        def work() -> millionaire.Slots:
+            batches = lane_batches(slots)
+            msg = bytes(fork.u_message([side.choices(lo, hi) for lo, hi in batches], nonce))
+            loop.call_soon_threadsafe(ready, msg)  # it may leave while the slots are made
+            t = fork.labels(_ot_widths(slots, p.planes), nonce)
+            for lo, hi in batches:
+                side.batch(h, lo, _rows(next(t), p.planes, hi - lo), ws)
+            return millionaire.evaluator_slots(side)
+
+        async def run() -> millionaire.Slots:
+            if before is not None:
+                await asyncio.wait([before])
+            try:
+                return await asyncio.to_thread(work)
+            except BaseException as exc:  # a fill that failed is never sent
+                if not message.done():
+                    message.set_exception(RuntimeError(f"the fill made ahead failed: {exc!r}"))
+                raise
+
+        task = asyncio.ensure_future(run())
+        task.add_done_callback(lambda f: f.cancelled() or f.exception())
+        self._pre = _Prefill(nonce, p.width, slots, side, message, task)
+        self._pre_last = task
+
     async def _fill(self, p: millionaire.Plan, slots: int, background: bool) -> None:
         """Send the fill's OT message (random choices: the leaf bits r and the
         triples') and make the slots from the labels: the masks of the entries
-        r addresses and the triples (`millionaire.evaluator_slots`)."""
+        r addresses and the triples (`millionaire.evaluator_slots`); or send
+        the fill made ahead for it (`_start_prefill`)."""
+        pre, self._pre = self._pre, None
+        if pre is not None and not (background and pre.fits(self._chunk, p.width, slots)):
+            pre = None  # dropped unsent
+        if pre is not None and pre.task is not None:  # made ahead in a worker thread
+            assert pre.message is not None
+            self._next_chunk()
+            await self.channel.send(await pre.message)
+            self._background_task(pre.task)
+            return
         nonce, tweak_hi = self._next_chunk()
-        side = millionaire.EvaluatorSide(p, _random_ring(slots), tweak_hi)
+        side = (
+            pre.side
+            if pre is not None
+            else millionaire.EvaluatorSide(p, _random_ring(slots), tweak_hi)
+        )
         widths = _ot_widths(slots, p.planes)
         batches = lane_batches(slots)
         choices = [side.choices(lo, hi) for lo, hi in batches]
@@ -872,9 +1022,15 @@ class ComparisonEvaluator(_Party):
         """Send d = ȳ ⊕ r and the next fill's OT message, read the tables and
         exchange openings as `millionaire.schedule` says."""
         side = millionaire.EvaluatorChunk(p, z, slots)
+        pre = self._pre
+        if ahead and pre is not None and pre.message is not None and not pre.message.done():
+            # A fill made ahead: its message is ready before the d bits leave
+            # (at once in a steady stream), so that it follows them with no
+            # wait of its own and the flights' order never depends on a thread.
+            await asyncio.wait([pre.message])
         await self.channel.send(side.d_message())
-        # The next fill is made and sent while the garbler makes its tables: its
-        # send runs beside this side's reads, and this side's next send waits
+        # The next fill is sent (or made and sent) while the garbler makes its
+        # tables: its send runs beside this side's reads, and this side's next send waits
         # for it (a channel's sends go one after another).
         fill = asyncio.ensure_future(self._fill(p, ahead, background=True)) if ahead else None
         lanes = z.shape[0]
@@ -925,6 +1081,7 @@ class ComparisonEvaluator(_Party):
         ]
         await otx.refill(self._ext, self.channel, 8 * sum(widths))
         await send_ot_message(self.channel, self._ext, choices, nonce, spec.parts(k) > 1)
+        self._start_prefill()  # an OT-path chunk's logic: the next fill, while the tables come
         nd = (spec.decoding_bits(k) + 7) // 8
         t = self._ext.labels(widths, nonce)
 

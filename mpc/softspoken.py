@@ -29,6 +29,7 @@ OpenSSL ECB per leaf; both give the same bytes.
 
 from __future__ import annotations
 
+import copy
 import os
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -203,6 +204,21 @@ class SoftSpokenReceiver:
         self._t_at: list[tuple[int, int]] = []
         self._nonce: int | None = None
         self._fused: Blocks | None = None  # the native core's labels of the last u_message
+
+    def fork(self) -> SoftSpokenReceiver:
+        """The same extension (seeds, leaves) with scratch buffers of its own:
+        a message made on the fork does not touch this receiver's buffers, so a
+        worker thread may make one while this receiver is in use (native core
+        only: the numpy reference's PRG keeps scratch of its own)."""
+        if not (self._prg is not None and self._prg.fused()):
+            raise RuntimeError("fork() needs the set-up native SoftSpoken receiver")
+        twin = copy.copy(self)
+        twin._msg_buf = np.empty(0, dtype=np.uint8)
+        twin._t_buf = np.empty(0, dtype=np.uint8)
+        twin._t_at, twin._nonce, twin._fused = [], None, None
+        for name in ("_lab", "_u", "_labels_buf"):
+            twin.__dict__.pop(name, None)
+        return twin
 
     def setup_message(self) -> bytes:
         """Fresh trees (CSPRNG roots) and the level sums masked with the base-OT keys."""

@@ -224,6 +224,51 @@ def _xor_of_hashes(h: Any) -> Any:
     return fn
 
 
+@pytest.mark.skipif(not native.available(), reason="native core not built")
+def test_the_native_tables_are_the_references_bytes() -> None:
+    """The garbler's online tables from the native core (bit masks per lane,
+    xor-permuted and transposed) against numpy's, byte for byte, at every
+    width and at lane counts that are not a multiple of 64 or of 8."""
+    rng = np.random.default_rng(17)
+    for width in range(2, 65):
+        p = M.plan(width)
+        entries = sum(1 << s for _, s in p.blocks)
+        for lanes in (1, 63, 64, 130, 1001):
+            slots = M.Slots(
+                width,
+                {
+                    **{k: rng.integers(0, 2, (lanes, p.ands), np.uint8) for k in "abc"},
+                    "m": rng.integers(0, 4, (lanes, entries), np.uint8),
+                },
+            )
+            z = rng.integers(0, 2**64, lanes, dtype=np.uint64)
+            d = rng.integers(0, 2**64, lanes, dtype=np.uint64) & np.uint64((1 << p.bits) - 1)
+            side = M.GarblerChunk(p, z, slots)
+            assert side.tables(d, True) == side.tables(d, False), (width, lanes)
+
+
+@pytest.mark.skipif(not native.available(), reason="native core not built")
+def test_a_native_fill_makes_the_references_slots() -> None:
+    """A fill's garbler slots from the native core (masks written slot-major)
+    against numpy's (tables, then turned slot-major), on the same OT blocks,
+    in two lane batches."""
+    rng = np.random.default_rng(23)
+    delta = rng.integers(0, 2**64, (1, 2), dtype=np.uint64)
+    delta[0, 0] |= np.uint64(1)
+    for width in (2, 7, 34, 64):
+        p = M.plan(width)
+        lanes = 130
+        q = rng.integers(0, 2**64, (p.planes, lanes, 2), dtype=np.uint64)
+        got = []
+        for h in (NativeHash(), TweakableHash()):
+            side = M.GarblerSide(p, np.zeros(lanes, np.uint64), delta, 9, fill=True)
+            for lo, hi in ((0, 64), (64, lanes)):
+                side.batch(h, lo, np.ascontiguousarray(q[:, lo:hi]), {})
+            got.append(M.garbler_slots(side))
+        for key in ("a", "b", "c", "m"):
+            assert np.array_equal(got[0][key], got[1][key]), (width, key)
+
+
 @pytest.mark.parametrize("hasher", ["numpy", "native"])
 def test_the_table_hides_the_other_entries(hasher: str) -> None:
     if hasher == "native" and not native.available():
