@@ -2336,37 +2336,22 @@ static void transpose64(uint64_t a[64]) {
         }
 }
 
-static PyObject *py_mill_tables(PyObject *self, PyObject *args) {
-    PyObject *mo, *dox, *xo, *go, *eo, *bo, *oo;
-    if (!PyArg_ParseTuple(args, "OOOOOOO", &mo, &dox, &xo, &go, &eo, &bo, &oo)) return NULL;
-    buf_t m = {0}, d = {0}, x = {0}, gt = {0}, eq = {0}, bl = {0}, out = {0};
-    PyObject *ret = NULL;
-    if (get_buf(mo, &m, 0, "m") || get_buf(dox, &d, 0, "d") || get_buf(xo, &x, 0, "x") ||
-        get_buf(go, &gt, 0, "gt") || get_buf(eo, &eq, 0, "eq") || get_buf(bo, &bl, 0, "blocks") ||
-        get_buf(oo, &out, 1, "out"))
-        goto done;
-    size_t nb, nbits;
-    if (mill_blocks(&bl, &nb, &nbits)) goto done;
-    size_t L = (size_t)x.view.len / 8;
-    const int32_t *blk = (const int32_t *)bl.p;
-    size_t M = 0, tb = 0;
-    for (size_t j = 0; j < nb; j++) {
-        M += (size_t)1 << blk[3 * j + 1];
-        tb += (size_t)(1 + blk[3 * j + 2]) << blk[3 * j + 1];
-    }
-    if (L == 0 || need(&d, (Py_ssize_t)(8 * L), "d") || need(&m, (Py_ssize_t)(L * M), "m") ||
-        need(&gt, (Py_ssize_t)(nb * L), "gt") || need(&eq, (Py_ssize_t)(nb * L), "eq") ||
-        need(&out, (Py_ssize_t)((tb * L + 7) / 8), "out"))
-        goto done;
-    const uint8_t *mp = (const uint8_t *)m.p, *gp = (const uint8_t *)gt.p, *ep = (const uint8_t *)eq.p;
-    const uint64_t *dp = (const uint64_t *)d.p, *xp = (const uint64_t *)x.p;
-    uint8_t *op = (uint8_t *)out.p;
-    Py_BEGIN_ALLOW_THREADS
-    memset(op, 0, (tb * L + 7) / 8);
-    size_t off = 0, row0 = 0;
-    for (size_t j = 0; j < nb; j++) {
-        size_t first = (size_t)blk[3 * j], E = (size_t)1 << blk[3 * j + 1];
-        int s = blk[3 * j + 1], eqf = blk[3 * j + 2];
+typedef struct {
+    const uint8_t *m, *gt, *eq;
+    const uint64_t *d, *x;
+    const int32_t *blk;
+    size_t L, M;
+    const size_t *off, *row0; /* per leaf: its table's first bit, its first mask column */
+} tables_job;
+
+/* Leaves [jlo, jhi) of mill_tables into `op` (zeroed), whose bit 0 is the
+ * tables' bit `base`. */
+static void tables_leaves(const tables_job *t, size_t jlo, size_t jhi, uint8_t *op, size_t base) {
+    const size_t L = t->L, M = t->M;
+    for (size_t j = jlo; j < jhi; j++) {
+        size_t first = (size_t)t->blk[3 * j], E = (size_t)1 << t->blk[3 * j + 1];
+        int s = t->blk[3 * j + 1], eqf = t->blk[3 * j + 2];
+        size_t off = t->off[j] - base, row0 = t->row0[j];
         uint32_t all = E == 32 ? 0xFFFFFFFFu : (uint32_t)((1u << E) - 1);
         for (size_t l0 = 0; l0 < L; l0 += 64) {
             size_t n = L - l0 < 64 ? L - l0 : 64;
@@ -2374,7 +2359,7 @@ static PyObject *py_mill_tables(PyObject *self, PyObject *args) {
              * row of lane bits per entry. */
             uint64_t g[64] = {0}, e[64] = {0};
             for (size_t i = 0; i < n; i++) {
-                const uint8_t *row = mp + (l0 + i) * M + row0;
+                const uint8_t *row = t->m + (l0 + i) * M + row0;
                 uint32_t b0 = 0, b1 = 0;
                 if (E >= 16) {
                     for (size_t q = 0; q < E; q += 16) {
@@ -2388,11 +2373,11 @@ static PyObject *py_mill_tables(PyObject *self, PyObject *args) {
                         b1 |= (uint32_t)((row[u] >> 1) & 1) << u;
                     }
                 }
-                uint32_t dj = (uint32_t)((dp[l0 + i] >> first) & (E - 1));
-                uint32_t xj = (uint32_t)((xp[l0 + i] >> first) & (E - 1));
+                uint32_t dj = (uint32_t)((t->d[l0 + i] >> first) & (E - 1));
+                uint32_t xj = (uint32_t)((t->x[l0 + i] >> first) & (E - 1));
                 uint32_t below = xj ? (uint32_t)((1ull << xj) - 1) : 0; /* u < x_j */
-                g[i] = (xor_permute(b0, dj, s) ^ below ^ (gp[j * L + l0 + i] ? all : 0)) & all;
-                e[i] = (xor_permute(b1, dj, s) ^ (1u << xj) ^ (ep[j * L + l0 + i] ? all : 0)) & all;
+                g[i] = (xor_permute(b0, dj, s) ^ below ^ (t->gt[j * L + l0 + i] ? all : 0)) & all;
+                e[i] = (xor_permute(b1, dj, s) ^ (1u << xj) ^ (t->eq[j * L + l0 + i] ? all : 0)) & all;
             }
             transpose64(g);
             for (size_t u = 0; u < E; u++) or_bits(op, off + u * L + l0, g[u], n);
@@ -2401,8 +2386,74 @@ static PyObject *py_mill_tables(PyObject *self, PyObject *args) {
                 for (size_t u = 0; u < E; u++) or_bits(op, off + (E + u) * L + l0, e[u], n);
             }
         }
-        off += (size_t)(1 + eqf) * E * L;
-        row0 += E;
+    }
+}
+
+typedef struct {
+    const tables_job *t;
+    size_t jlo, jhi, base;
+    uint8_t *out;
+} tables_part;
+
+static void *tables_part_run(void *arg) {
+    tables_part *p = (tables_part *)arg;
+    tables_leaves(p->t, p->jlo, p->jhi, p->out, p->base);
+    return NULL;
+}
+
+static PyObject *py_mill_tables(PyObject *self, PyObject *args) {
+    PyObject *mo, *dox, *xo, *go, *eo, *bo, *oo;
+    if (!PyArg_ParseTuple(args, "OOOOOOO", &mo, &dox, &xo, &go, &eo, &bo, &oo)) return NULL;
+    buf_t m = {0}, d = {0}, x = {0}, gt = {0}, eq = {0}, bl = {0}, out = {0};
+    PyObject *ret = NULL;
+    if (get_buf(mo, &m, 0, "m") || get_buf(dox, &d, 0, "d") || get_buf(xo, &x, 0, "x") ||
+        get_buf(go, &gt, 0, "gt") || get_buf(eo, &eq, 0, "eq") || get_buf(bo, &bl, 0, "blocks") ||
+        get_buf(oo, &out, 1, "out"))
+        goto done;
+    size_t nb, nbits;
+    if (mill_blocks(&bl, &nb, &nbits)) goto done;
+    size_t L = (size_t)x.view.len / 8;
+    const int32_t *blk = (const int32_t *)bl.p;
+    size_t M = 0, tb = 0, offs[64], row0s[64];
+    if (nb > 64) {
+        PyErr_SetString(PyExc_ValueError, "blocks: at most 64 leaves");
+        goto done;
+    }
+    for (size_t j = 0; j < nb; j++) {
+        offs[j] = tb * L;
+        row0s[j] = M;
+        M += (size_t)1 << blk[3 * j + 1];
+        tb += (size_t)(1 + blk[3 * j + 2]) << blk[3 * j + 1];
+    }
+    if (L == 0 || need(&d, (Py_ssize_t)(8 * L), "d") || need(&m, (Py_ssize_t)(L * M), "m") ||
+        need(&gt, (Py_ssize_t)(nb * L), "gt") || need(&eq, (Py_ssize_t)(nb * L), "eq") ||
+        need(&out, (Py_ssize_t)((tb * L + 7) / 8), "out"))
+        goto done;
+    tables_job t = {(const uint8_t *)m.p, (const uint8_t *)gt.p, (const uint8_t *)eq.p,
+                    (const uint64_t *)d.p, (const uint64_t *)x.p, blk, L, M, offs, row0s};
+    uint8_t *op = (uint8_t *)out.p;
+    size_t bytes = (tb * L + 7) / 8;
+    Py_BEGIN_ALLOW_THREADS
+    memset(op, 0, bytes);
+    /* Two threads for a large chunk: the later leaves (about half the bits) into
+     * a buffer of their own from the byte holding their first bit, merged after
+     * (that byte may hold the earlier leaves' last bits too). */
+    size_t jm = nb;
+    if (n_threads > 1 && L >= 2048 && nb >= 2)
+        for (jm = 1; jm < nb - 1 && 2 * offs[jm] < tb * L; jm++) {}
+    uint8_t *tmp = NULL;
+    size_t base = jm < nb ? offs[jm] & ~(size_t)7 : 0;
+    if (jm < nb) tmp = (uint8_t *)calloc(bytes - base / 8, 1);
+    pthread_t th;
+    tables_part late = {&t, jm, nb, base, tmp};
+    int started = tmp != NULL && pthread_create(&th, NULL, tables_part_run, &late) == 0;
+    tables_leaves(&t, 0, tmp != NULL ? jm : nb, op, 0);
+    if (tmp != NULL) {
+        if (started) pthread_join(th, NULL);
+        else tables_part_run(&late);
+        op[base / 8] |= tmp[0];
+        memcpy(op + base / 8 + 1, tmp + 1, bytes - base / 8 - 1);
+        free(tmp);
     }
     Py_END_ALLOW_THREADS
     ret = Py_NewRef(Py_None);
