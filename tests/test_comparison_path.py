@@ -376,6 +376,53 @@ async def test_the_next_fill_rides_in_the_chunk() -> None:
     assert g._slots.available(40) == e._slots.available(40) == 10
 
 
+@pytest.mark.skipif(not native.available(), reason="native core not built")
+async def test_a_fill_made_ahead_is_sent_or_dropped_unsent() -> None:
+    """The evaluator makes the next fill while a chunk's logic runs.  A next
+    chunk of the same size sends it (the garbler's pool then holds what the
+    evaluator's does); a chunk of another size, or a garbled chunk in
+    between, drops it unsent: the extension's next use sends its own message
+    under that number, and every answer stays right."""
+    previous = native.active()
+    native.use("native")
+    try:
+        g, e = await connected_pair(path="ot")
+        rng = np.random.default_rng(29)
+        # All NO but lanes 900 and 2,500: a wrong slot before the first YES
+        # shows as a wrong index (the edge values of `_values` answer at lane 0).
+        sums = -rng.integers(1, 2**32, 3000)
+        sums[[900, 2500]] = [5, 7]
+        a = rng.integers(0, 2**64, 3000, dtype=np.uint64)
+        total = sums.astype(np.int64).view(np.uint64)
+        b = total - a
+        sent = []
+        for k in (3000, 3000, 3000, 1000, 2000, 3000):
+            before = e.channel.bytes_sent
+            got = await asyncio.gather(g.first_yes(a[:k], 34), e.first_yes(b[:k], 34))
+            assert got[0] == got[1] == _first_yes_w(total[:k], 34), k
+            sent.append(e.channel.bytes_sent - before)
+            await asyncio.gather(g._settle_fill(), e._settle_fill())
+            assert g._slots.available(34) == e._slots.available(34), k
+            assert g._chunk == e._chunk, k  # both counted every use of the extension
+        # The second and third chunks sent the fill made ahead: the same bytes as
+        # a chunk that makes its fill in the chunk (the first, after its inline one).
+        assert sent[1] == sent[2] < sent[0]
+        assert e._pre is not None and e._pre.slots == 3000
+        # A garbled chunk in between takes the extension's next number: the fill
+        # made ahead no longer fits, and the next OT chunk drops it unsent.
+        stale = e._pre.nonce
+        await asyncio.gather(g.clamp_reshare(a[:5], 10), e.clamp_reshare(b[:5], 10))
+        assert e._chunk > stale
+        for _ in range(2):  # the second runs on the slots of the fill the first sent
+            got = await asyncio.gather(g.first_yes(a, 34), e.first_yes(b, 34))
+            assert got[0] == got[1] == _first_yes_w(total, 34)
+            await asyncio.gather(g._settle_fill(), e._settle_fill())
+            assert g._slots.available(34) == e._slots.available(34)
+            assert g._chunk == e._chunk
+    finally:
+        native.use(previous)
+
+
 def _d_balance(r_random: bool, trials: int = 4000) -> float:
     """Chi-square (1 dof per bit, summed over the n bits) of the evaluator's d
     bits for one fixed input over many slots: uniform when r is the fill's
