@@ -325,7 +325,7 @@ def more_rounds(
     ]
     for _ in range(1, rounds):
         for i, (net, r) in enumerate(zip(nets, results, strict=True)):
-            settle = 0.05 + 2 * max(r["config"]["rtt_ms"], r["config"]["analyst_rtt_ms"]) / 1e3
+            settle = _settle(Config(**r["config"]))
             with RemoteOracle.from_certs(net.analyst, "cmp", net.dep.certs) as oracle:
                 oracle.open_stream(1).ask([(Query(0), 2 * oracle.n)])
                 medians = {}
@@ -345,6 +345,11 @@ def more_rounds(
             c["ratio_to_first"] = _spread(ratios, digits=2)
 
 
+def _settle(cfg: Config) -> float:
+    """Seconds of quiet around a counted step: no other step's bytes fall in."""
+    return 0.05 + 2 * max(cfg.rtt_ms, cfg.analyst_rtt_ms) / 1e3
+
+
 def _chunk_reps(k: int, quick: bool) -> int:
     return (3 if quick else 5) if k <= 1000 else (2 if quick else 3)
 
@@ -353,7 +358,7 @@ def run_config(
     net: Network, cfg: Config, quick: bool, chunks: tuple[int, ...] = (1000, 10_000)
 ) -> dict[str, Any]:
     net.configure(cfg)
-    settle = 0.05 + 2 * max(cfg.rtt_ms, cfg.analyst_rtt_ms) / 1e3
+    settle = _settle(cfg)
     out: dict[str, Any] = {"config": asdict(cfg)}
     out["link_rtt_ms"] = _spread(ping(net.probe, 20), 1e3, 2)
     with RemoteOracle.from_certs(net.analyst, "cmp", net.dep.certs) as oracle:

@@ -731,6 +731,23 @@ class _Prefill:
         return (self.nonce, self.width, self.slots) == (nonce, width, slots)
 
 
+def _fill_slots(
+    side: millionaire.GarblerSide | millionaire.EvaluatorSide,
+    labels: Iterator[Blocks],
+    batches: tuple[tuple[int, int], ...],
+    h: TweakableHash | native.NativeHash,
+    ws: dict[str, Any],
+) -> millionaire.Slots:
+    """A fill's slots from its OT blocks, one lane batch's blocks from `labels`
+    at a time (either side; `ws`: the caller's scratch, kept across fills)."""
+    p = side.plan
+    for lo, hi in batches:
+        side.batch(h, lo, _rows(next(labels), p.planes, hi - lo), ws)
+    if isinstance(side, millionaire.GarblerSide):
+        return millionaire.garbler_slots(side)
+    return millionaire.evaluator_slots(side)
+
+
 def _random_ring(n: int) -> U64:
     """n uniform ring elements from the CSPRNG."""
     return np.frombuffer(os.urandom(8 * n), dtype="<u8").astype(np.uint64)
@@ -783,9 +800,7 @@ class ComparisonGarbler(_Party):
         h, ws = self._fill_hasher, self._fill_ws
 
         def work() -> millionaire.Slots:
-            for lo, hi in batches:
-                side.batch(h, lo, _rows(next(q), p.planes, hi - lo), ws)
-            return millionaire.garbler_slots(side)
+            return _fill_slots(side, q, batches, h, ws)
 
         if background and slots <= millionaire.MAX_SHIFTED:
             # Held back until this chunk's logic has been garbled and its tables
@@ -957,10 +972,8 @@ class ComparisonEvaluator(_Party):
             batches = lane_batches(slots)
             msg = bytes(fork.u_message([side.choices(lo, hi) for lo, hi in batches], nonce))
             loop.call_soon_threadsafe(ready, msg)  # it may leave while the slots are made
-            t = fork.labels(_ot_widths(slots, p.planes), nonce)
-            for lo, hi in batches:
-                side.batch(h, lo, _rows(next(t), p.planes, hi - lo), ws)
-            return millionaire.evaluator_slots(side)
+            labels = fork.labels(_ot_widths(slots, p.planes), nonce)
+            return _fill_slots(side, labels, batches, h, ws)
 
         async def run() -> millionaire.Slots:
             if before is not None:
@@ -1006,9 +1019,7 @@ class ComparisonEvaluator(_Party):
         h, ws = self._fill_hasher, self._fill_ws
 
         def work() -> millionaire.Slots:
-            for lo, hi in batches:
-                side.batch(h, lo, _rows(next(t), p.planes, hi - lo), ws)
-            return millionaire.evaluator_slots(side)
+            return _fill_slots(side, t, batches, h, ws)
 
         if background:  # the labels copied out: the extension's buffers are reused
             t = iter([b.copy() for b in t])
