@@ -154,6 +154,8 @@ static inline void leaves_tile(leaf_ctx *L, const block *s, const uint8_t *t, si
     const u128 two_p = P128 << 1; /* 2p mod 2^128 (2p = 2^128 + two_p) */
     const uint64_t flip = 0 - (uint64_t)L->flip;
     unsigned long long t0 = L->total[0], t1 = L->total[1], t2 = L->total[2];
+    unsigned long long s0 = L->total2[0], s1 = L->total2[1], s2 = L->total2[2];
+    const u128 cw2 = L->cw2;
     uint64_t *acc = L->acc + 3 * x0;
     block buf2[2 * TILE];
     sigma_mmo(L->rk, s, NULL, 0, CONVERT, buf, m);
@@ -177,15 +179,11 @@ static inline void leaves_tile(leaf_ctx *L, const block *s, const uint8_t *t, si
             _mm_storeu_si128((block *)raw, buf2[i]);
             u128 z = load128(raw);
             if (z >= P128) z -= P128;
-            u128 zp = z + (L->cw2 & ((u128)0 - (u128)t[i]));
+            u128 zp = z + (cw2 & ((u128)0 - (u128)t[i]));
             uint64_t cz = zp < z;
-            unsigned long long s0 = L->total2[0], s1 = L->total2[1], s2 = L->total2[2];
             k = _addcarry_u64(0, s0, (uint64_t)zp, &s0);
             k = _addcarry_u64(k, s1, (uint64_t)(zp >> 64), &s1);
             _addcarry_u64(k, s2, cz, &s2);
-            L->total2[0] = s0;
-            L->total2[1] = s1;
-            L->total2[2] = s2;
             yf = zp;
             cf = cz;
         }
@@ -224,6 +222,9 @@ static inline void leaves_tile(leaf_ctx *L, const block *s, const uint8_t *t, si
     L->total[0] = t0;
     L->total[1] = t1;
     L->total[2] = t2;
+    L->total2[0] = s0;
+    L->total2[1] = s1;
+    L->total2[2] = s2;
     /* leaf proofs: compacted by control bit (branch-free), each group hashed
      * under its bit's key, scattered back */
     size_t idx[2][2 * TILE], k0 = 0, k1 = 0;
