@@ -49,7 +49,8 @@ def check_validity(text: str, d: int, frac_bits: int, embedding: str) -> None:
         raise InvalidArgument(str(exc)) from None
     if v is not None and not v.batch_limit(MAX_BATCH_REPORTS, MAX_MESSAGE_BYTES, MAX_VERIFY_BYTES):
         size = v.input_share_bytes(0) + v.public_share_bytes()
-        advice = "a smaller r or d" if v.sparse and v.max_items else "a smaller d (or a 0/1 circuit)"
+        bounded = v.sparse and v.max_items  # a row of at most r items
+        advice = "a smaller r or d" if bounded else "a smaller d (or a 0/1 circuit)"
         raise InvalidArgument(
             f"one {v.label} report at d={d}, F={frac_bits} is {size:,} bytes to the leader "
             f"and costs {v.verify_bytes():,} bytes to verify, over the "
