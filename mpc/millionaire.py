@@ -104,6 +104,13 @@ class Plan:
         return self.bits + 2 * self.ands
 
     @property
+    def fill_planes(self) -> int:
+        """Correlated OTs per slot of a fill: the comparison's `planes`, then one
+        whose raw blocks are the chunk logic's input labels (the evaluator's
+        YES share enters the garbled logic by it: `logic_choices`)."""
+        return self.planes + 1
+
+    @property
     def table_bits(self) -> int:
         """Bits of the garbler's leaf tables per comparison."""
         return sum((1 + eq) << s for (_, s), eq in zip(self.blocks, self.leaf_eq, strict=True))
@@ -323,10 +330,14 @@ class _Side:
             return b""
         return np.packbits(np.concatenate(bits), bitorder="little").tobytes()
 
+    def opening_bytes(self, levels: tuple[int, ...]) -> int:
+        """Bytes of one party's openings of `levels` (1-based)."""
+        return -(-sum(2 * self.plan.level_ands(lv - 1) * self.lanes for lv in levels) // 8)
+
     def receive(self, msg: bytes | memoryview, levels: tuple[int, ...]) -> None:
         """The peer's openings of `levels` (1-based), of the length they must have."""
         sizes = [2 * self.plan.level_ands(lv - 1) * self.lanes for lv in levels]
-        if len(msg) != -(-sum(sizes) // 8):
+        if len(msg) != self.opening_bytes(levels):
             raise ValueError("malformed comparison opening message")
         bits = np.unpackbits(np.frombuffer(msg, np.uint8), bitorder="little")
         at = 0
@@ -494,12 +505,16 @@ class EvaluatorSide(_Side):
         for i in range(p.bits):
             self.r[i] = low_bits(self.ybar, i, 1)
         self.r[p.bits :] = random_bits(2 * p.ands * self.lanes).reshape(2 * p.ands, self.lanes)
+        #: The choice bit c of each slot's logic OT (the fill's last plane).
+        self.logic_c = random_bits(self.lanes)
         q = len(p.blocks)
         self._pads = np.empty((q, self.lanes), np.uint64)
 
     def choices(self, lo: int, hi: int) -> Bits:
-        """Packed choice bits of a lane batch, plane-major (the extension's layout)."""
-        return np.packbits(self.r[:, lo:hi].reshape(-1), bitorder="little")
+        """Packed choice bits of a lane batch's fill, plane-major (the
+        extension's layout): the `planes`, then the logic's plane."""
+        rows = np.concatenate([self.r[:, lo:hi].reshape(-1), self.logic_c[lo:hi]])
+        return np.packbits(rows, bitorder="little")
 
     def batch(self, h: Any, lo: int, t: Blocks, ws: dict[str, Any]) -> None:
         """One lane batch's OT blocks t: its entries' masks and its triples."""
@@ -604,6 +619,39 @@ class SlotPool:
         return head
 
 
+@dataclass(frozen=True)
+class LogicInputs:
+    """The OT path's inputs to its chunk's garbled logic: the chunk's slots
+    (their logic OTs), and the evaluator's `logic_choices` when they rode its
+    last flight of the tree (at odd depths; else None: they are sent alone)."""
+
+    slots: Slots
+    choices: bytes | memoryview | None = None
+
+
+def logic_choices(yes: Bits, slots: Slots) -> bytes:
+    """The evaluator's input to the chunk's garbled logic: e = yes_E ⊕ c per
+    lane, packed, c the choice of the lane's slot's logic OT (uniform, hidden
+    by the extension, used once: e is one-time padded).  Its label is then that
+    OT's own block t = q ⊕ c·Δ, which is the label of yes_E under the zero
+    label q ⊕ e·Δ (`logic_labels`): the extension's random OT, derandomized."""
+    return np.packbits(yes.astype(np.uint8) ^ slots["lc"], bitorder="little").tobytes()
+
+
+def logic_labels(msg: bytes | memoryview, slots: Slots, delta: Blocks) -> Blocks:
+    """The garbler's zero labels of the evaluator's logic inputs: q ⊕ e·Δ per
+    lane, from the evaluator's `logic_choices` message (checked: its length,
+    and zero padding)."""
+    lanes = len(slots)
+    if len(msg) != -(-lanes // 8):
+        raise ValueError("malformed logic input message")
+    e = np.unpackbits(np.frombuffer(msg, np.uint8), bitorder="little")
+    if e[lanes:].any():
+        raise ValueError("malformed logic input message")
+    mask = np.uint64(0) - e[:lanes].astype(np.uint64)  # all ones where e = 1
+    return slots["l"] ^ (mask[:, None] & np.asarray(delta, np.uint64).reshape(1, 2))
+
+
 def garbler_slots(side: GarblerSide) -> Slots:
     """The garbler's slots from a fill: made with x = 0 and zero shares, so
     entry w of block j's table is its mask (the eq half XOR [w = 0]); kept as
@@ -637,7 +685,7 @@ def evaluator_slots(side: EvaluatorSide) -> Slots:
     arrays = {
         k: np.ascontiguousarray(v.T) for k, v in (("a", side.a), ("b", side.b), ("c", side.c))
     }
-    return Slots(p.width, {**arrays, "r": r, "m": masks})
+    return Slots(p.width, {**arrays, "r": r, "m": masks, "lc": side.logic_c.copy()})
 
 
 def _d_message(d: npt.NDArray[np.uint64], n: int) -> bytes:
@@ -761,11 +809,13 @@ def garbled_bytes(width: int, ot_bytes: float) -> float:
 
 def ot_path_bytes(width: int, ot_bytes: float) -> float:
     """Bytes per comparison of the OT path in a steady stream of chunks: the
-    fill's OTs (leaf bits, triples), the logic's one input OT, the online d
-    bits (one per leaf bit), the leaf tables, the openings (2 bits per AND and
-    party), 32 for the prefix OR garbled."""
+    fill's OTs (leaf bits, triples, the logic's input), the online d bits (one
+    per leaf bit), the leaf tables, the openings (2 bits per AND and party),
+    the logic input's one bit e, 24 for the prefix OR garbled (one AND under
+    three-halves)."""
     p = plan(width)
-    return ot_bytes * (p.planes + 1) + p.bits / 8 + p.table_bits / 8 + 4 * p.ands / 8 + 32
+    online = p.bits / 8 + p.table_bits / 8 + 4 * p.ands / 8 + 1 / 8
+    return ot_bytes * p.fill_planes + online + 24
 
 
 def ot_path_round_trips(width: int) -> int:

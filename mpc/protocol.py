@@ -430,6 +430,9 @@ class _Party:
         )
         self.scheme = scheme
         self._garble_cls, self._eval_cls = native.backends(self.engine, scheme)
+        #: The OT path's chunk logic is garbled under three-halves whatever the
+        #: scheme: 24 bytes per AND instead of 32 (the path exists to save bytes).
+        self._logic_cls = native.backends(self.engine, "threehalves")
         self._workspace: dict[str, Blocks] = {}  # scratch reused across chunks
         self.last_stats = RunStats()
         self._ready = False
@@ -505,7 +508,7 @@ class _Party:
             select(lanes)
         limit = getattr(self.channel, "limit_messages", None)
         # A fill, inline or ahead, is of at most `lanes` slots.
-        fill_bound = int(bytes_per_ot(self.ot) * 8 * sum(_ot_widths(lanes, p.planes)))
+        fill_bound = int(bytes_per_ot(self.ot) * 8 * sum(_ot_widths(lanes, p.fill_planes)))
         if limit is not None:
             online = -(-p.table_bits * lanes // 8) + 2 * p.ands * lanes // 8 + 1
             limit(max(fill_bound, online, otx.extension_bound(self.ot)))
@@ -515,15 +518,16 @@ class _Party:
         slots = self._slots.take(width, lanes)
         ahead = min(lanes, millionaire.MAX_AHEAD) - self._slots.available(width)
         if ahead > 0:
-            # Ferret draws the next fill's OTs and the logic's now, so that no
-            # extension round trip falls inside the chunk's flights.
-            need = 8 * sum(_ot_widths(lanes, 1)) + 8 * sum(_ot_widths(ahead, p.planes))
+            # Ferret draws the next fill's OTs now, so that no extension round
+            # trip falls inside the chunk's flights.
+            need = 8 * sum(_ot_widths(ahead, p.fill_planes))
             await otx.refill(self._ext, self.channel, need)
-        yes = await self._online(p, z, slots, max(ahead, 0))
+        yes, early = await self._online(p, z, slots, max(ahead, 0))
         parts = np.split(yes.astype(np.uint64), len(shares))
         self._plan_prefill(p, lanes, max(ahead, 0))
         try:
-            result = await self._chunk_flow(spec, *parts, at_least=fill_bound)
+            logic = millionaire.LogicInputs(slots, early)
+            result = await self._chunk_flow(spec, *parts, at_least=fill_bound, logic=logic)
         finally:
             self._pre_plan = None
         gc = self.last_stats
@@ -646,9 +650,17 @@ class _Party:
         uint64 words (`circuits.field_words`).  Garbler: a fresh uniform r."""
         raise NotImplementedError
 
-    async def _chunk_flow(self, spec: ChunkCircuit[R], *zs: npt.ArrayLike, at_least: int = 0) -> R:
+    async def _chunk_flow(
+        self,
+        spec: ChunkCircuit[R],
+        *zs: npt.ArrayLike,
+        at_least: int = 0,
+        logic: millionaire.LogicInputs | None = None,
+    ) -> R:
         """One garbled chunk (`at_least`: a longer message the chunk may carry,
-        the OT path's next fill, which the receiver must accept)."""
+        the OT path's next fill, which the receiver must accept; `logic`: the OT
+        path's inputs, whose slots' logic OTs carry the evaluator's input bits
+        instead of the extension)."""
         if not self._ready:
             raise RuntimeError("call setup() first")
         pending, self._labels_pending = self._labels_pending, None
@@ -671,19 +683,25 @@ class _Party:
             limit(max(*bounds, at_least))
         s, r, t = self.channel.bytes_sent, self.channel.bytes_received, time.perf_counter()
         z = shares[0] if len(shares) == 1 else np.concatenate(shares)
-        result, and_gates = await self._run(spec, z, k, nonce, tweak_hi)
+        result, and_gates = await self._run(spec, z, k, nonce, tweak_hi, logic)
         self.last_stats = RunStats(
             comparisons=k * len(spec.inputs),
             and_gates=and_gates,
             bytes_sent=self.channel.bytes_sent - s,
             bytes_received=self.channel.bytes_received - r,
-            messages=2 + spec.parts(k),
+            messages=2 + spec.parts(k) - (logic is not None and logic.choices is not None),
             seconds=time.perf_counter() - t,
         )
         return result
 
     async def _run(
-        self, spec: ChunkCircuit[R], z: U64, k: int, nonce: int, tweak_hi: int
+        self,
+        spec: ChunkCircuit[R],
+        z: U64,
+        k: int,
+        nonce: int,
+        tweak_hi: int,
+        logic: millionaire.LogicInputs | None,
     ) -> tuple[R, int]:
         """This side's three messages of one chunk: (result, AND gates)."""
         raise NotImplementedError
@@ -741,11 +759,17 @@ def _fill_slots(
     """A fill's slots from its OT blocks, one lane batch's blocks from `labels`
     at a time (either side; `ws`: the caller's scratch, kept across fills)."""
     p = side.plan
+    logic = np.empty((side.lanes, 2), np.uint64)
     for lo, hi in batches:
-        side.batch(h, lo, _rows(next(labels), p.planes, hi - lo), ws)
+        rows = _rows(next(labels), p.fill_planes, hi - lo)
+        side.batch(h, lo, rows[: p.planes], ws)
+        logic[lo:hi] = rows[p.planes]  # the logic's raw OT blocks (q; the evaluator's t)
     if isinstance(side, millionaire.GarblerSide):
-        return millionaire.garbler_slots(side)
-    return millionaire.evaluator_slots(side)
+        slots = millionaire.garbler_slots(side)
+    else:
+        slots = millionaire.evaluator_slots(side)
+    slots.arrays["l"] = logic
+    return slots
 
 
 def _random_ring(n: int) -> U64:
@@ -792,7 +816,7 @@ class ComparisonGarbler(_Party):
         side = millionaire.GarblerSide(
             p, np.zeros(slots, np.uint64), self.delta, tweak_hi, fill=True
         )
-        widths = _ot_widths(slots, p.planes)
+        widths = _ot_widths(slots, p.fill_planes)
         await otx.refill(self._ext, self.channel, 8 * sum(widths))
         batches = lane_batches(slots)
         streamed = not background and len(batches) > 1
@@ -833,13 +857,15 @@ class ComparisonGarbler(_Party):
 
     async def _online(
         self, p: millionaire.Plan, z: U64, slots: millionaire.Slots, ahead: int
-    ) -> Bits:
+    ) -> tuple[Bits, bytes | memoryview | None]:
         """Read the evaluator's d bits, send the tables and the openings as
         `millionaire.schedule` says, read the evaluator's openings (and, after
-        the tables, the next fill's OT message)."""
+        the tables, the next fill's OT message); with the YES shares, the
+        evaluator's logic choices if they rode its last flight."""
         side = millionaire.GarblerChunk(p, z, slots)
         d = millionaire.parse_d(await self.channel.recv(), p.bits, z.shape[0])
-        for i, (who, levels) in enumerate(millionaire.schedule(p.depth)):
+        flights, early = millionaire.schedule(p.depth), None
+        for i, (who, levels) in enumerate(flights):
             if who == "G":
                 msg = side.pack(levels)
                 if i == 0:
@@ -848,8 +874,12 @@ class ComparisonGarbler(_Party):
                 if i == 0 and ahead:
                     await self._fill(p, ahead, background=True)
             else:
-                side.receive(await self.channel.recv(), levels)
-        return side.yes_share()
+                msg = memoryview(await self.channel.recv())
+                if i == len(flights) - 1:  # the evaluator's logic choices ride its last flight
+                    cut = side.opening_bytes(levels)
+                    msg, early = msg[:cut], msg[cut:]
+                side.receive(msg, levels)
+        return side.yes_share(), early
 
     async def clamp_reshare(self, share: npt.ArrayLike, bound: int) -> U64:
         a = _as_ring(share)
@@ -871,20 +901,33 @@ class ComparisonGarbler(_Party):
         return r
 
     async def _run(
-        self, spec: ChunkCircuit[R], z: U64, k: int, nonce: int, tweak_hi: int
+        self,
+        spec: ChunkCircuit[R],
+        z: U64,
+        k: int,
+        nonce: int,
+        tweak_hi: int,
+        logic: millionaire.LogicInputs | None,
     ) -> tuple[R, int]:
-        """Receive the OT message (Ferret: after any refill), garble, send all tables +
-        output-decoding bits, receive the decoded result.  A chunk of several lane
-        batches is garbled in a worker thread, each batch's tables sent as soon as
-        they exist (the same bytes, in `spec.parts(k)` messages instead of one)."""
+        """Receive the OT message (Ferret: after any refill) — on the OT path the
+        evaluator's logic choices instead (`millionaire.logic_labels`) — garble,
+        send all tables + output-decoding bits, receive the decoded result.  A
+        chunk of several lane batches is garbled in a worker thread, each
+        batch's tables sent as soon as they exist (the same bytes, in
+        `spec.parts(k)` messages instead of one)."""
         a_bits = bit_planes(z)
         lanes = k * len(spec.inputs)  # the evaluator's input lanes
-        widths, streamed = _ot_widths(lanes, spec.width), spec.parts(k) > 1
-        await otx.refill(self._ext, self.channel, 8 * sum(widths))  # Ferret: pool short
-        q = await ot_labels(self.channel, self._ext, widths, nonce, streamed)
+        if logic is not None:
+            e = logic.choices if logic.choices is not None else await self.channel.recv()
+            labels = millionaire.logic_labels(e, logic.slots, self.delta)
+            q: Iterator[Blocks] = iter([labels[lo:hi] for lo, hi in lane_batches(lanes)])
+        else:
+            widths, streamed = _ot_widths(lanes, spec.width), spec.parts(k) > 1
+            await otx.refill(self._ext, self.channel, 8 * sum(widths))  # Ferret: pool short
+            q = await ot_labels(self.channel, self._ext, widths, nonce, streamed)
         # 125 ciphertexts per comparison plus < 6 per lane for the chunk logic.
         capacity = spec.tables_per_lane * lanes + 64
-        be = self._garble_cls(
+        be = (self._garble_cls if logic is None else self._logic_cls[0])(
             self.delta, self.hasher, tweak_hi, capacity, self._tables, self._workspace
         )
         self._tables = be.buffer
@@ -972,7 +1015,7 @@ class ComparisonEvaluator(_Party):
             batches = lane_batches(slots)
             msg = bytes(fork.u_message([side.choices(lo, hi) for lo, hi in batches], nonce))
             loop.call_soon_threadsafe(ready, msg)  # it may leave while the slots are made
-            labels = fork.labels(_ot_widths(slots, p.planes), nonce)
+            labels = fork.labels(_ot_widths(slots, p.fill_planes), nonce)
             return _fill_slots(side, labels, batches, h, ws)
 
         async def run() -> millionaire.Slots:
@@ -1010,7 +1053,7 @@ class ComparisonEvaluator(_Party):
             if pre is not None
             else millionaire.EvaluatorSide(p, _random_ring(slots), tweak_hi)
         )
-        widths = _ot_widths(slots, p.planes)
+        widths = _ot_widths(slots, p.fill_planes)
         batches = lane_batches(slots)
         choices = [side.choices(lo, hi) for lo, hi in batches]
         await otx.refill(self._ext, self.channel, 8 * sum(widths))
@@ -1029,9 +1072,12 @@ class ComparisonEvaluator(_Party):
 
     async def _online(
         self, p: millionaire.Plan, z: U64, slots: millionaire.Slots, ahead: int
-    ) -> Bits:
+    ) -> tuple[Bits, bytes | None]:
         """Send d = ȳ ⊕ r and the next fill's OT message, read the tables and
-        exchange openings as `millionaire.schedule` says."""
+        exchange openings as `millionaire.schedule` says.  When the last flight
+        is this side's, the tree is done once it is packed: the logic's choices
+        (`millionaire.logic_choices`) ride it, and are returned with the YES
+        shares (else None)."""
         side = millionaire.EvaluatorChunk(p, z, slots)
         pre = self._pre
         if ahead and pre is not None and pre.message is not None and not pre.message.done():
@@ -1046,13 +1092,18 @@ class ComparisonEvaluator(_Party):
         fill = asyncio.ensure_future(self._fill(p, ahead, background=True)) if ahead else None
         lanes = z.shape[0]
         tables = -(-p.table_bits * lanes // 8)
+        flights, early = millionaire.schedule(p.depth), None
         try:
-            for i, (who, levels) in enumerate(millionaire.schedule(p.depth)):
+            for i, (who, levels) in enumerate(flights):
                 if who == "E":
                     if fill is not None:
                         await fill
                         fill = None
-                    await self.channel.send(side.pack(levels))
+                    msg = side.pack(levels)
+                    if i == len(flights) - 1:
+                        early = millionaire.logic_choices(side.yes_share(), slots)
+                        msg += early
+                    await self.channel.send(msg)
                     continue
                 msg = memoryview(await self.channel.recv())
                 if i == 0:
@@ -1066,7 +1117,7 @@ class ComparisonEvaluator(_Party):
         finally:
             if fill is not None and not fill.done():
                 fill.cancel()
-        return side.yes_share()
+        return side.yes_share(), early
 
     async def clamp_reshare(self, share: npt.ArrayLike, bound: int) -> U64:
         y = await self._chunk_flow(clamp_reshare_spec(bound), share)
@@ -1079,27 +1130,45 @@ class ComparisonEvaluator(_Party):
         return y if y is not None else np.zeros(0, dtype=np.uint64)
 
     async def _run(
-        self, spec: ChunkCircuit[R], z: U64, k: int, nonce: int, tweak_hi: int
+        self,
+        spec: ChunkCircuit[R],
+        z: U64,
+        k: int,
+        nonce: int,
+        tweak_hi: int,
+        logic: millionaire.LogicInputs | None,
     ) -> tuple[R, int]:
-        """Send the OT extension message for this side's input bits, receive the
-        tables, evaluate, decode, send the result back (a streamed chunk is
-        evaluated in a worker thread, part by part as the parts arrive)."""
-        lanes, widths = z.shape[0], _ot_widths(z.shape[0], spec.width)
-        # OT positions inside a lane batch are bit-plane major, as the wires are.
-        choices = [
-            np.packbits(bit_planes(z[lo:hi])[: spec.width].reshape(-1), bitorder="little")
-            for lo, hi in lane_batches(lanes)
-        ]
-        await otx.refill(self._ext, self.channel, 8 * sum(widths))
-        await send_ot_message(self.channel, self._ext, choices, nonce, spec.parts(k) > 1)
+        """Send the OT extension message for this side's input bits — on the OT
+        path its logic choices instead (`millionaire.logic_choices`; the labels
+        are its slots' logic OTs) — receive the tables, evaluate, decode, send
+        the result back (a streamed chunk is evaluated in a worker thread, part
+        by part as the parts arrive)."""
+        lanes = z.shape[0]
+        t: Iterator[Blocks]
+        if logic is not None:
+            if spec.width != 1:
+                raise AssertionError("the OT path's logic takes one bit per lane")
+            if logic.choices is None:  # else they rode the tree's last flight
+                await self.channel.send(millionaire.logic_choices(z, logic.slots))
+            t = iter([logic.slots["l"][lo:hi] for lo, hi in lane_batches(lanes)])
+        else:
+            widths = _ot_widths(lanes, spec.width)
+            # OT positions inside a lane batch are bit-plane major, as the wires are.
+            choices = [
+                np.packbits(bit_planes(z[lo:hi])[: spec.width].reshape(-1), bitorder="little")
+                for lo, hi in lane_batches(lanes)
+            ]
+            await otx.refill(self._ext, self.channel, 8 * sum(widths))
+            await send_ot_message(self.channel, self._ext, choices, nonce, spec.parts(k) > 1)
+            t = self._ext.labels(widths, nonce)
         self._start_prefill()  # an OT-path chunk's logic: the next fill, while the tables come
         nd = (spec.decoding_bits(k) + 7) // 8
-        t = self._ext.labels(widths, nonce)
+        eval_cls = self._eval_cls if logic is None else self._logic_cls[1]
 
         wires = self._input_wires(t, spec.width)
         if spec.parts(k) > 1:
             parts = _Parts(self.channel, spec.parts(k), nd)
-            be = self._eval_cls(self.hasher, tweak_hi, b"", self._workspace, more=parts.pull)
+            be = eval_cls(self.hasher, tweak_hi, b"", self._workspace, more=parts.pull)
             be.label_log = self.label_log
             try:
                 outs = await asyncio.to_thread(spec.circuit, be, None, wires, k)
@@ -1112,7 +1181,7 @@ class ComparisonEvaluator(_Party):
             msg = memoryview(await self.channel.recv())
             if len(msg) < nd or (len(msg) - nd) % 16:
                 raise ValueError("malformed garbled-circuit message")
-            be = self._eval_cls(self.hasher, tweak_hi, msg[: len(msg) - nd], self._workspace)
+            be = eval_cls(self.hasher, tweak_hi, msg[: len(msg) - nd], self._workspace)
             be.label_log = self.label_log
             outs = spec.circuit(be, None, wires, k)
             be.done()

@@ -66,13 +66,42 @@ async def test_shares_match_the_plaintext_at_every_width(engine: str) -> None:
             a, b, _ = _values(rng, 300, width)
             # A fill (inline), then the online phase on its slots, as a chunk runs them.
             await asyncio.gather(g._fill(p, 300, False), e._fill(p, 300, False))
-            yg, ye = await asyncio.gather(
+            (yg, got), (ye, sent) = await asyncio.gather(
                 g._online(p, a, g._slots.take(width, 300), 0),
                 e._online(p, b, e._slots.take(width, 300), 0),
             )
             assert np.array_equal(yg ^ ye, M.plain_yes(a, b, width)), width
+            # The logic's choices ride the evaluator's flight when it is the tree's last.
+            assert (sent is None) == (M.schedule(p.depth)[-1][0] == "G"), width
+            assert (got is None) if sent is None else bytes(got) == sent, width
     finally:
         native.use(previous)
+
+
+async def test_the_logic_inputs_are_derandomized_slot_ots() -> None:
+    """The evaluator's label of each logic input is its slot's OT block t, and
+    it is the label of its YES share under the garbler's zero label q ⊕ e·Δ;
+    e is one-time padded by the slot's choice c; a malformed e is refused."""
+    g, e = await connected_pair(path="ot")
+    p, n = M.plan(34), 203
+    await asyncio.gather(g._fill(p, n, False), e._fill(p, n, False))
+    sg, se = g._slots.take(34, n), e._slots.take(34, n)
+    yes = np.random.default_rng(5).integers(0, 2, n).astype(np.uint8)
+    msg = M.logic_choices(yes, se)
+    zero = M.logic_labels(msg, sg, g.delta)
+    delta = np.asarray(g.delta, np.uint64).reshape(1, 2)
+    want = zero ^ np.where(yes[:, None] == 1, delta, np.uint64(0))
+    assert np.array_equal(se["l"], want)
+    sent = np.unpackbits(np.frombuffer(msg, np.uint8), bitorder="little")[:n]
+    assert np.array_equal(sent ^ se["lc"], yes)  # e = yes ⊕ c
+    ones = M.logic_choices(np.ones(n, np.uint8), se)  # every share 1: e is still ≈ half ones
+    assert 0.35 < np.unpackbits(np.frombuffer(ones, np.uint8))[:n].mean() < 0.65
+    with pytest.raises(ValueError, match="malformed logic input"):
+        M.logic_labels(msg[:-1], sg, g.delta)
+    padded = bytearray(msg)
+    padded[-1] |= 0x80  # a padding bit set (203 = 25·8 + 3)
+    with pytest.raises(ValueError, match="malformed logic input"):
+        M.logic_labels(bytes(padded), sg, g.delta)
 
 
 @pytest.mark.parametrize("ot", ["softspoken:4", "iknp", "ferret:test"])
