@@ -811,11 +811,11 @@ def ot_path_bytes(width: int, ot_bytes: float) -> float:
     """Bytes per comparison of the OT path in a steady stream of chunks: the
     fill's OTs (leaf bits, triples, the logic's input), the online d bits (one
     per leaf bit), the leaf tables, the openings (2 bits per AND and party),
-    the logic input's one bit e, 24 for the prefix OR garbled (one AND under
-    three-halves)."""
+    the logic input's one bit e, and the prefix OR's one AND garbled under
+    three-halves (1.5κ bits and 5 control bits)."""
     p = plan(width)
     online = p.bits / 8 + p.table_bits / 8 + 4 * p.ands / 8 + 1 / 8
-    return ot_bytes * p.fill_planes + online + 24
+    return ot_bytes * p.fill_planes + online + 24 + 5 / 8
 
 
 def ot_path_round_trips(width: int) -> int:
