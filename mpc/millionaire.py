@@ -629,7 +629,7 @@ class LogicInputs:
     choices: bytes | memoryview | None = None
 
 
-def logic_choices(yes: Bits, slots: Slots) -> bytes:
+def logic_choices(yes: npt.NDArray[Any], slots: Slots) -> bytes:
     """The evaluator's input to the chunk's garbled logic: e = yes_E ⊕ c per
     lane, packed, c the choice of the lane's slot's logic OT (uniform, hidden
     by the extension, used once: e is one-time padded).  Its label is then that

@@ -585,9 +585,10 @@ class _Party:
 
     async def _online(
         self, p: millionaire.Plan, z: U64, slots: millionaire.Slots, ahead: int
-    ) -> Bits:
+    ) -> tuple[Bits, bytes | memoryview | None]:
         """This side's XOR shares of YES for every lane of z, from its slots; the
-        next fill of `ahead` slots rides in its first flights."""
+        next fill of `ahead` slots rides in its first flights.  With them, the
+        evaluator's logic choices when they rode its last flight (else None)."""
         raise NotImplementedError
 
     async def noisy_max(
@@ -874,11 +875,11 @@ class ComparisonGarbler(_Party):
                 if i == 0 and ahead:
                     await self._fill(p, ahead, background=True)
             else:
-                msg = memoryview(await self.channel.recv())
+                got = memoryview(await self.channel.recv())
                 if i == len(flights) - 1:  # the evaluator's logic choices ride its last flight
                     cut = side.opening_bytes(levels)
-                    msg, early = msg[:cut], msg[cut:]
-                side.receive(msg, levels)
+                    got, early = got[:cut], got[cut:]
+                side.receive(got, levels)
         return side.yes_share(), early
 
     async def clamp_reshare(self, share: npt.ArrayLike, bound: int) -> U64:
@@ -1099,11 +1100,11 @@ class ComparisonEvaluator(_Party):
                     if fill is not None:
                         await fill
                         fill = None
-                    msg = side.pack(levels)
+                    out = side.pack(levels)
                     if i == len(flights) - 1:
                         early = millionaire.logic_choices(side.yes_share(), slots)
-                        msg += early
-                    await self.channel.send(msg)
+                        out += early
+                    await self.channel.send(out)
                     continue
                 msg = memoryview(await self.channel.recv())
                 if i == 0:
