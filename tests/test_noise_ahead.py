@@ -1,0 +1,66 @@
+"""The helper's per-query noise drawn ahead (`ServerCore._draw_ahead`): after a
+chunk that leaves its stream open, the helper draws its next chunk's noise
+while it waits for the next header; the next chunk uses exactly those draws
+first, each once, then fresh ones; a chunk that closes the stream drops them.
+The law of the draws is the sampler's either way (the statistical audits run
+streams of several chunks through the servers: tests/test_remote_audit.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from svtagg.dp.kinds import StreamKind
+from svtagg.dp.task import TaskSpec
+from svtagg.servers.exchange.values import Ask, OpenStream, Queries
+from svtagg.servers.reference import reference_pair
+
+F, N = 6, 40
+UNIT = 1 << F
+
+
+async def test_the_helper_uses_its_noise_drawn_ahead_once_then_fresh(tmp_path: Path) -> None:
+    spec = TaskSpec(
+        task_id="t",
+        d=4,
+        frac_bits=F,
+        n_max=10 * N,
+        min_batch=1,
+        epsilon_total="40",
+        delta_total="0",
+        epsilon_min="1/4",
+    )
+    async with reference_pair(tmp_path, frac_bits=F) as pair:
+        await pair.leader.create_task(spec)
+        pair.upload("t", np.tile([0.0, 0.0, 1.0, 0.0], (N, 1)))
+        await pair.leader.close_collection("t")
+        helper, leader = pair.helper.core, pair.leader.core
+        used: list[Any] = []
+        noise = helper._noise
+
+        def spy(stream: Any, task: Any, k: int) -> Any:
+            out = noise(stream, task, k)
+            used.append(out.copy())
+            return out
+
+        helper._noise = spy  # type: ignore[method-assign]
+        sid = (await pair.leader.open_stream(OpenStream("t", StreamKind.LAP24, "4"))).stream_id
+        tau = (N // 2) * UNIT
+        assert not (await pair.leader.ask(Ask(sid, Queries((0, 1, 3) * 10), (tau,) * 30))).yes
+        await pair.helper.settled()
+        ahead = helper._ahead[sid].copy()
+        assert ahead.shape == (30,) and sid not in leader._ahead  # the helper's only
+        # A smaller chunk takes the first 12; the 18 left cover a chunk of its size.
+        assert not (await pair.leader.ask(Ask(sid, Queries((0, 1, 3) * 4), (tau,) * 12))).yes
+        await pair.helper.settled()
+        assert np.array_equal(used[1], ahead[:12])
+        assert np.array_equal(helper._ahead[sid], ahead[12:])
+        # A larger chunk takes those 18, then 22 fresh ones; its YES closes the stream.
+        yes = await pair.leader.ask(Ask(sid, Queries((0, 1, 3) * 13 + (2,)), (tau,) * 40))
+        await pair.helper.settled()
+        assert yes.yes and yes.index == 39 and yes.closed
+        assert np.array_equal(used[2][:18], ahead[12:]) and used[2].shape == (40,)
+        assert not np.array_equal(used[2][18:36], ahead[12:])  # fresh, not the same again
+        assert sid not in helper._ahead
