@@ -75,6 +75,12 @@ class RemoteStats(OracleStats):
     noise_shapes: dict[str, int] = field(default_factory=dict)
 
 
+def _one_or_each(taus: list[Number]) -> list[Number]:
+    """A chunk's thresholds as sent: one when they are all equal (AboveThreshold
+    compares every query of a stream with one threshold), else one per query."""
+    return taus[:1] if taus and taus.count(taus[0]) == len(taus) else taus
+
+
 def _pb_queries(queries: Sequence[Query]) -> pb.Queries:
     comp = [q.complement for q in queries]
     return pb.Queries(index=[q.index for q in queries], complement=comp if any(comp) else [])
@@ -127,7 +133,7 @@ class RemoteStream:
         if self.kind == StreamKind.CTT:
             raise ValueError("a CompareToThresholds stream answers `compare`, not `ask`")
         queries = self._queries([q for q, _ in chunk])
-        taus = self._oracle.encode_taus([t for _, t in chunk])
+        taus = self._oracle.encode_taus(_one_or_each([t for _, t in chunk]))
         resp = self._call(
             "Ask", pb.AskRequest(stream_id=self.stream_id, queries=queries, tau=taus.tolist())
         )
@@ -150,8 +156,8 @@ class RemoteStream:
         check_ctt_gaps(
             chunk, self.epsilon, self.delta, self._oracle.parties, self._oracle.joint_frac_bits
         )
-        lows = self._oracle.encode_taus([lo for _, lo, _ in chunk])
-        highs = self._oracle.encode_taus([hi for _, _, hi in chunk])
+        lows = self._oracle.encode_taus(_one_or_each([lo for _, lo, _ in chunk]))
+        highs = self._oracle.encode_taus(_one_or_each([hi for _, _, hi in chunk]))
         resp = self._call(
             "Compare",
             pb.CompareRequest(

@@ -113,9 +113,10 @@ def parse_chunk(
 def parse_taus(
     task: TaskState, taus: Sequence[int] | npt.NDArray[Any], k: int, name: str = "tau"
 ) -> U64:
-    """Thresholds in grid units, bounded by default_tau_bound, as ring elements."""
-    if len(taus) != k:
-        raise InvalidArgument(f"{len(taus)} {name} values for {k} queries")
+    """Thresholds in grid units, bounded by default_tau_bound, as ring elements:
+    one per query, or one for every query of the chunk."""
+    if len(taus) not in (1, k):
+        raise InvalidArgument(f"{len(taus)} {name} values for {k} queries (one per query, or one)")
     bound = default_tau_bound(task.params.n_max, task.params.frac_bits)
     too_big = InvalidArgument(f"|{name}| exceeds the bound of {bound} grid units (4·n_max·2^F)")
     try:
@@ -126,7 +127,7 @@ def parse_taus(
     # threshold of -2^63 would flip the comparison (z wraps past the sign bit).
     if grid.size and (int(grid.max()) > bound or int(grid.min()) < -bound):
         raise too_big
-    return grid.astype(np.uint64)
+    return np.broadcast_to(grid, (k,)).astype(np.uint64)
 
 
 #: Tasks whose g(S) a server keeps in memory (`ServerCore.query_sums`).

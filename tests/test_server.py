@@ -258,7 +258,7 @@ async def test_stream_and_chunk_refusals(deployment: Deployment):
             "empty chunk": code_of(lambda: ask([], [])),
             "oversized chunk": code_of(lambda: ask([0] * (MAX_CHUNK + 1), [0] * (MAX_CHUNK + 1))),
             "index >= d": code_of(lambda: ask([4], [0])),
-            "tau count": code_of(lambda: ask([0, 1], [0])),
+            "tau count": code_of(lambda: ask([0, 1, 2], [0, 0])),  # one per query, or one
             "tau too big": code_of(lambda: ask([0], [big])),
             # |−2^63| does not fit int64: it must not slip past the bound (it
             # would flip the comparison), nor wrap the CTT gap check
@@ -298,11 +298,15 @@ async def test_stream_and_chunk_refusals(deployment: Deployment):
                 )
             ),
         }
-        # Still usable after all that: a YES closes it, then it refuses.
-        yes = ask([0], [-1000 * 2**16])
+        # Still usable after all that: one τ for all of a chunk's queries
+        # answers as that τ given for each; a YES closes it, then it refuses.
+        one = ask([0, 1, 2, 3], [1000 * 2**16])
+        each = ask([0, 1, 2, 3], [1000 * 2**16] * 4)
+        assert not one.yes and not each.yes
+        yes = ask([3, 0], [-1000 * 2**16])
         out["after yes"] = code_of(lambda: ask([0], [0]))
         out["unknown stream"] = code_of(lambda: ask([0], [0], "f" * 32))
-        assert yes.yes and yes.index == 0 and yes.closed
+        assert yes.yes and yes.index == 0 and yes.closed  # the one τ held for the first query
         return out
 
     out = await off_loop(run)
