@@ -960,6 +960,11 @@ class ComparisonEvaluator(_Party):
 
     #: Tests may set this list to see every label the evaluator computes.
     label_log: list[Blocks] | None = None
+    #: Work the caller gives the next chunk to do while it waits for its
+    #: garbled tables (run once, right after this side's last message before
+    #: them, at the same point of every run: the servers draw the next chunk's
+    #: noise there).
+    while_waiting: Callable[[], None] | None = None
 
     async def setup(self) -> None:
         """Base OTs (the evaluator is the base-OT sender), then the extension's setup."""
@@ -1163,6 +1168,9 @@ class ComparisonEvaluator(_Party):
             await send_ot_message(self.channel, self._ext, choices, nonce, spec.parts(k) > 1)
             t = self._ext.labels(widths, nonce)
         self._start_prefill()  # an OT-path chunk's logic: the next fill, while the tables come
+        work, self.while_waiting = self.while_waiting, None
+        if work is not None:
+            work()
         nd = (spec.decoding_bits(k) + 7) // 8
         eval_cls = self._eval_cls if logic is None else self._logic_cls[1]
 

@@ -630,13 +630,17 @@ class ServerCore:
         return np.concatenate([ahead, self._draw(stream, task, k - ahead.shape[0])])
 
     def _draw_ahead(self, stream: StreamState, task: TaskState, k: int) -> None:
-        """The helper, after a chunk that left its stream open: its next chunk's
-        noise (as many draws as this chunk's, at most AHEAD_DRAWS) drawn now,
-        while it waits for the next header.  Drawn when the header comes, it
-        would lie between the header and the helper's first answer, on the
-        chunk's critical path (≈ 0.7 ms at 10^4); the leader's draw is not (its
-        first flight leaves before it draws).  Nothing about the draws changes:
-        the same sampler and source, each draw used once, none kept on disk."""
+        """A stream's next chunk's noise (as many draws as this chunk's, at most
+        AHEAD_DRAWS) drawn while this server waits: the helper after a chunk
+        that left its stream open, waiting for the next header; the leader
+        during the chunk, waiting for the garbled tables (its evaluator's
+        `while_waiting`; dropped if the chunk closes the stream).  Drawn when
+        the header comes, the helper's draw would lie between the header and
+        its first answer, the leader's between its header and its first
+        flight (on the OT path the helper then waits for those d bits): both
+        on the chunk's critical path, ≈ 0.7 ms each at 10^4.  Nothing about
+        the draws changes: the same sampler and source, each draw used once,
+        none kept on disk."""
         have = self._ahead.pop(stream.stream_id, np.zeros(0, np.uint64))
         n = min(k, AHEAD_DRAWS) - have.shape[0]
         if n > 0:
@@ -787,6 +791,37 @@ class ServerCore:
         CompareToThresholds codes, or the noisy-max index."""
         kind = ChunkKind.of_stream(stream.kind)
         width = self.comparison_width(task, stream)
+        drawn_here = task.params.noise != JOINT and kind in (ChunkKind.ASK, ChunkKind.COMPARE)
+        if drawn_here and self.role == Role.LEADER and hasattr(party, "while_waiting"):
+            party.while_waiting = lambda: self._draw_ahead(stream, task, len(chunk))
+        try:
+            result = await self._chunk_result(
+                party, stream, task, chunk, kind, width, thresholds, pooled
+            )
+        finally:
+            if hasattr(party, "while_waiting"):
+                party.while_waiting = None
+        if kind not in (ChunkKind.NMAX, ChunkKind.CRAWL) and self.on_path is not None:
+            self.on_path(str(getattr(party, "last_path", "garbled")))
+        progress = kind.spec.progress
+        assert progress is not None
+        done = progress(result, len(chunk))
+        if self.role == Role.HELPER and drawn_here and not done.closes:
+            self._draw_ahead(stream, task, len(chunk))
+        return result, done
+
+    async def _chunk_result(
+        self,
+        party: ComparisonParty,
+        stream: StreamState,
+        task: TaskState,
+        chunk: Chunk,
+        kind: ChunkKind,
+        width: int,
+        thresholds: Thresholds | None,
+        pooled: Pooled | None,
+    ) -> Any:
+        """The protocol of one chunk of `kind`, on this server's inputs."""
         result: Any
         if kind == ChunkKind.CRAWL:
             # The level's inputs, made at its CrawlStep (servers/crawl.py): each
@@ -811,15 +846,7 @@ class ServerCore:
                 noise = await self._joint_noise(party, stream, task, len(chunk), pooled)
             z = self.ask_inputs(stream, task, chunk, thresholds, noise)
             result = await party.first_yes(z, width)
-        if kind not in (ChunkKind.NMAX, ChunkKind.CRAWL) and self.on_path is not None:
-            self.on_path(str(getattr(party, "last_path", "garbled")))
-        progress = kind.spec.progress
-        assert progress is not None
-        done = progress(result, len(chunk))
-        drawn_here = task.params.noise != JOINT and kind in (ChunkKind.ASK, ChunkKind.COMPARE)
-        if self.role == Role.HELPER and drawn_here and not done.closes:
-            self._draw_ahead(stream, task, len(chunk))
-        return result, done
+        return result
 
     # ------------------------------------------------------------ joint noise
     # (servers/exchange/joint.py says how a stream's pool is filled and drawn)

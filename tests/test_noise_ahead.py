@@ -1,7 +1,8 @@
-"""The helper's per-query noise drawn ahead (`ServerCore._draw_ahead`): after a
-chunk that leaves its stream open, the helper draws its next chunk's noise
-while it waits for the next header; the next chunk uses exactly those draws
-first, each once, then fresh ones; a chunk that closes the stream drops them.
+"""Per-query noise drawn ahead (`ServerCore._draw_ahead`): the helper draws a
+stream's next chunk's noise after a chunk that leaves it open, while it waits
+for the next header, the leader during the chunk, while it waits for the
+garbled tables; the next chunk uses exactly those draws first, each once,
+then fresh ones; a chunk that closes the stream drops them.
 The law of the draws is the sampler's either way (the statistical audits run
 streams of several chunks through the servers: tests/test_remote_audit.py)."""
 
@@ -21,7 +22,7 @@ F, N = 6, 40
 UNIT = 1 << F
 
 
-async def test_the_helper_uses_its_noise_drawn_ahead_once_then_fresh(tmp_path: Path) -> None:
+async def test_each_server_uses_its_noise_drawn_ahead_once_then_fresh(tmp_path: Path) -> None:
     spec = TaskSpec(
         task_id="t",
         d=4,
@@ -36,31 +37,35 @@ async def test_the_helper_uses_its_noise_drawn_ahead_once_then_fresh(tmp_path: P
         await pair.leader.create_task(spec)
         pair.upload("t", np.tile([0.0, 0.0, 1.0, 0.0], (N, 1)))
         await pair.leader.close_collection("t")
-        helper, leader = pair.helper.core, pair.leader.core
-        used: list[Any] = []
-        noise = helper._noise
+        cores = (pair.leader.core, pair.helper.core)
+        used: dict[int, list[Any]] = {0: [], 1: []}
+        for i, core in enumerate(cores):
 
-        def spy(stream: Any, task: Any, k: int) -> Any:
-            out = noise(stream, task, k)
-            used.append(out.copy())
-            return out
+            def spy(stream: Any, task: Any, k: int, i: int = i, noise: Any = core._noise) -> Any:
+                out = noise(stream, task, k)
+                used[i].append(out.copy())
+                return out
 
-        helper._noise = spy  # type: ignore[method-assign]
+            core._noise = spy  # type: ignore[method-assign]
         sid = (await pair.leader.open_stream(OpenStream("t", StreamKind.LAP24, "4"))).stream_id
         tau = (N // 2) * UNIT
         assert not (await pair.leader.ask(Ask(sid, Queries((0, 1, 3) * 10), (tau,) * 30))).yes
         await pair.helper.settled()
-        ahead = helper._ahead[sid].copy()
-        assert ahead.shape == (30,) and sid not in leader._ahead  # the helper's only
+        ahead = [core._ahead[sid].copy() for core in cores]
+        assert all(a.shape == (30,) for a in ahead)
+        assert not np.array_equal(ahead[0], ahead[1])  # each server its own draws
         # A smaller chunk takes the first 12; the 18 left cover a chunk of its size.
         assert not (await pair.leader.ask(Ask(sid, Queries((0, 1, 3) * 4), (tau,) * 12))).yes
         await pair.helper.settled()
-        assert np.array_equal(used[1], ahead[:12])
-        assert np.array_equal(helper._ahead[sid], ahead[12:])
-        # A larger chunk takes those 18, then 22 fresh ones; its YES closes the stream.
+        for i, core in enumerate(cores):
+            assert np.array_equal(used[i][1], ahead[i][:12])
+            assert np.array_equal(core._ahead[sid], ahead[i][12:])
+        # A larger chunk takes those 18, then 22 fresh ones; its YES closes the
+        # stream, and what either server drew for a next chunk is dropped.
         yes = await pair.leader.ask(Ask(sid, Queries((0, 1, 3) * 13 + (2,)), (tau,) * 40))
         await pair.helper.settled()
         assert yes.yes and yes.index == 39 and yes.closed
-        assert np.array_equal(used[2][:18], ahead[12:]) and used[2].shape == (40,)
-        assert not np.array_equal(used[2][18:36], ahead[12:])  # fresh, not the same again
-        assert sid not in helper._ahead
+        for i, core in enumerate(cores):
+            assert np.array_equal(used[i][2][:18], ahead[i][12:]) and used[i][2].shape == (40,)
+            assert not np.array_equal(used[i][2][18:36], ahead[i][12:])  # fresh ones
+            assert sid not in core._ahead
