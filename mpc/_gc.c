@@ -2059,9 +2059,10 @@ static PyObject *py_features(PyObject *self, PyObject *noargs) {
  *   q: planes × L blocks (plane-major); blocks: int32 (first, s, eq) per leaf;
  *   x: L uint64; gt, eq: nb × L uint8 (the garbler's shares);
  *   table: per leaf j, (1 + eq_j) × 2^s_j × L uint8 (entry-major), end to end;
- *   t0, t1: (planes − n) × L uint8, lsb H(q) and lsb H(q ⊕ Δ) of the triple planes.
+ *   t0, t1: (planes − n) × L uint8, the two low bits of H(q) and H(q ⊕ Δ) of the
+ *   triple planes.
  * mill_evaluator(t, tweak_hi, lane0, blocks, ybar, pads, t0)
- *   pads: nb × L uint64, the low word of entry ȳ_j's mask; t0: lsb H(t).
+ *   pads: nb × L uint64, the low word of entry ȳ_j's mask; t0: H(t) & 3.
  * Tweaks: (lane·planes + plane, hi) for the OT keys, (2^63 | (lane·nb + j)·2^8 | u,
  * hi) for the masks, lane = lane0 + the lane's index in the batch.
  */
@@ -2112,8 +2113,8 @@ static void mill_range(void *ctx, size_t lo, size_t hi_lane) {
         for (size_t pl = m->nbits; pl < P; pl++)
             for (size_t i = 0; i < n; i++) {
                 size_t at = (pl - m->nbits) * m->L + g0 + i;
-                m->t0[at] = (uint8_t)(_mm_cvtsi128_si64(k0[pl * n + i]) & 1);
-                if (m->garbler) m->t1[at] = (uint8_t)(_mm_cvtsi128_si64(k1[pl * n + i]) & 1);
+                m->t0[at] = (uint8_t)(_mm_cvtsi128_si64(k0[pl * n + i]) & 3);
+                if (m->garbler) m->t1[at] = (uint8_t)(_mm_cvtsi128_si64(k1[pl * n + i]) & 3);
             }
         size_t off = 0;
         for (size_t j = 0; j < m->nb; j++) {

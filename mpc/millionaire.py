@@ -98,10 +98,26 @@ class Plan:
         """Beaver ANDs per comparison."""
         return sum(self.level_ands(i) for i in range(self.depth))
 
+    def level_openings(self, level: int) -> int:
+        """Bits one party opens per comparison at `level`: per node x ⊕ a once
+        (a node's two ANDs share x = eq_hi and its mask a) and y ⊕ b per AND."""
+        return sum(2 + g.eq for g in self.levels[level] if g.lo >= 0)
+
+    @property
+    def pairs(self) -> int:
+        """Nodes with two ANDs (gt and eq), whose triples share a: one
+        correction bit each from the garbler per comparison (`Triples`)."""
+        return sum(g.eq for level in self.levels for g in level if g.lo >= 0)
+
     @property
     def planes(self) -> int:
-        """Correlated OTs per comparison: one per leaf bit, two per AND."""
-        return self.bits + 2 * self.ands
+        """Correlated OTs per comparison: one per leaf bit, two per node that
+        computes gt only, three per node whose two ANDs share a (`Triples`)."""
+        return self.bits + 2 * self.ands - self.pairs
+
+    @functools.cached_property
+    def triples(self) -> Triples:
+        return Triples.of(self)
 
     @property
     def fill_planes(self) -> int:
@@ -114,6 +130,49 @@ class Plan:
     def table_bits(self) -> int:
         """Bits of the garbler's leaf tables per comparison."""
         return sum((1 + eq) << s for (_, s), eq in zip(self.blocks, self.leaf_eq, strict=True))
+
+
+@dataclass(frozen=True)
+class Triples:
+    """Where each node's Beaver triples come from: its OT planes (after the
+    leaf bits) and its ANDs.  A node computing gt only has one triple (a, b, c)
+    from two random OTs: plane B, the evaluator choosing b_E, whose correlation
+    s_0 ⊕ s_1 is the garbler's a_G, and plane A, choosing a_E, whose
+    correlation is b_G (the OT-based triples of ABY).  A node computing gt and
+    eq multiplies eq_hi by gt_lo and by eq_lo: its two triples share a
+    (correlated triples), so x ⊕ a is opened once and one OT, plane A with
+    two-bit messages, gives both a_E·b1_G and a_E·b2_G; plane B1 gives
+    a_G·b1_E, and plane B2 (choice b2_E) a_G·b2_E once the garbler sends the
+    correction κ = r_2 ⊕ a_G for its random correlation r_2 (one-time padded
+    by r_2, which the evaluator cannot compute): 3 OTs instead of 4.  Each
+    array holds, per triple of its kind, a plane (relative to the first
+    triple plane) or an AND index."""
+
+    plain_b: npt.NDArray[np.intp]
+    plain_a: npt.NDArray[np.intp]
+    plain_and: npt.NDArray[np.intp]
+    pair_b1: npt.NDArray[np.intp]
+    pair_a: npt.NDArray[np.intp]
+    pair_b2: npt.NDArray[np.intp]
+    pair_and: npt.NDArray[np.intp]  # the node's gt AND; its eq AND is the next
+
+    @staticmethod
+    def of(p: Plan) -> Triples:
+        lists: list[list[int]] = [[] for _ in range(7)]
+        plane = t = 0
+        for level in p.levels:
+            for g in level:
+                if g.lo < 0:
+                    continue
+                if g.eq:
+                    for i, v in zip((3, 4, 5, 6), (plane, plane + 1, plane + 2, t), strict=True):
+                        lists[i].append(v)
+                    plane, t = plane + 3, t + 2
+                else:
+                    for i, v in zip((0, 1, 2), (plane, plane + 1, t), strict=True):
+                        lists[i].append(v)
+                    plane, t = plane + 2, t + 1
+        return Triples(*(np.array(v, dtype=np.intp) for v in lists))
 
 
 def _blocks(n: int) -> list[int]:
@@ -265,8 +324,15 @@ class _Side:
         self._opened: dict[int, Bits] = {}  # this side's openings (d ‖ e) per level
         self._theirs: dict[int, Bits] = {}  # the peer's
         self._t0 = [0]
+        #: Per level: each node's first AND (its x ⊕ a is opened once), and
+        #: each AND's node (both relative to the level).
+        self._firsts: list[npt.NDArray[np.intp]] = []
+        self._node_of: list[npt.NDArray[np.intp]] = []
         for i in range(p.depth):
             self._t0.append(self._t0[-1] + p.level_ands(i))
+            sizes = [1 + g.eq for g in p.levels[i] if g.lo >= 0]
+            self._firsts.append(np.cumsum([0] + sizes[:-1]).astype(np.intp))
+            self._node_of.append(np.repeat(np.arange(len(sizes)), sizes).astype(np.intp))
 
     def open_level(self, level: int) -> Bits:
         """This side's openings (x ⊕ a, y ⊕ b) of `level`'s ANDs (0-based), as bits."""
@@ -283,7 +349,8 @@ class _Side:
                 ys.append(self.eq[g.lo])
         t0, t1 = self._t0[level], self._t0[level + 1]
         x, y = np.stack(xs), np.stack(ys)
-        mine = np.concatenate([(x ^ self.a[t0:t1]).ravel(), (y ^ self.b[t0:t1]).ravel()])
+        d = (x ^ self.a[t0:t1])[self._firsts[level]]  # a node's two ANDs share x and a
+        mine = np.concatenate([d.ravel(), (y ^ self.b[t0:t1]).ravel()])
         self._opened[level] = mine
         return mine
 
@@ -297,9 +364,10 @@ class _Side:
         """With both openings of `level`: this side's output shares; the level's
         nodes become the tree's current nodes."""
         t0, t1 = self._t0[level], self._t0[level + 1]
-        m = (t1 - t0) * self.lanes
+        nodes = self._firsts[level].shape[0]
+        m = nodes * self.lanes
         both = self._opened.pop(level) ^ self._theirs.pop(level)
-        d = both[:m].reshape(t1 - t0, self.lanes)
+        d = both[:m].reshape(nodes, self.lanes)[self._node_of[level]]
         e = both[m:].reshape(t1 - t0, self.lanes)
         z = self.c[t0:t1] ^ (d & self.b[t0:t1]) ^ (e & self.a[t0:t1])
         if self.garbler:
@@ -332,11 +400,11 @@ class _Side:
 
     def opening_bytes(self, levels: tuple[int, ...]) -> int:
         """Bytes of one party's openings of `levels` (1-based)."""
-        return -(-sum(2 * self.plan.level_ands(lv - 1) * self.lanes for lv in levels) // 8)
+        return -(-sum(self.plan.level_openings(lv - 1) * self.lanes for lv in levels) // 8)
 
     def receive(self, msg: bytes | memoryview, levels: tuple[int, ...]) -> None:
         """The peer's openings of `levels` (1-based), of the length they must have."""
-        sizes = [2 * self.plan.level_ands(lv - 1) * self.lanes for lv in levels]
+        sizes = [self.plan.level_openings(lv - 1) * self.lanes for lv in levels]
         if len(msg) != self.opening_bytes(levels):
             raise ValueError("malformed comparison opening message")
         bits = np.unpackbits(np.frombuffer(msg, np.uint8), bitorder="little")
@@ -380,6 +448,8 @@ class GarblerSide(_Side):
         are zero, and the native core writes the slots' masks straight."""
         super().__init__(p, z.shape[0])
         self.z = z
+        #: κ = r_2 ⊕ a_G of each pair node (`Triples`), sent with a chunk's tables.
+        self.k = np.empty((p.pairs, self.lanes), np.uint8)
         self.delta = np.ascontiguousarray(delta, dtype=np.uint64).reshape(1, 2)
         self.hi = tweak_hi
         self.fill = fill
@@ -416,7 +486,7 @@ class GarblerSide(_Side):
         if _native(h):
             from svtagg.mpc.native import core
 
-            t = 2 * p.ands
+            t = p.planes - p.bits
             s0, s1 = np.empty((t, lanes), np.uint8), np.empty((t, lanes), np.uint8)
             if self.fill:  # the slots' masks, slot-major, as `garbler_slots` keeps them
                 if self._m is None:
@@ -475,16 +545,26 @@ class GarblerSide(_Side):
                 e ^= (xj == u).astype(np.uint8)
                 e ^= self.eq[j, sl]
                 table[1, :, sl] = e
-        s0 = (k0[n:, :, 0] & np.uint64(1)).astype(np.uint8)
-        s1 = (k1[n:, :, 0] & np.uint64(1)).astype(np.uint8)
+        s0 = (k0[n:, :, 0] & np.uint64(3)).astype(np.uint8)
+        s1 = (k1[n:, :, 0] & np.uint64(3)).astype(np.uint8)
         self._triples(sl, s0, s1)
 
     def _triples(self, sl: slice, s0: Bits, s1: Bits) -> None:
-        """Triples from the random OTs' bits s_b = lsb H(q ⊕ b·Δ) of planes n + 2t
-        (a_G·b_E) and n + 2t + 1 (b_G·a_E)."""
-        a, u1 = s0[0::2] ^ s1[0::2], s0[0::2]
-        b, u2 = s0[1::2] ^ s1[1::2], s0[1::2]
-        self.a[:, sl], self.b[:, sl], self.c[:, sl] = a, b, (a & b) ^ u1 ^ u2
+        """Triples from the random OTs' two low bits s_b = H(q ⊕ b·Δ) & 3 of
+        the triple planes (`Triples`): the correlation s_0 ⊕ s_1 is the
+        garbler's share of the product, s_0 its share of the cross term."""
+        tr, x = self.plan.triples, s0 ^ s1
+        t, ta = tr.plain_and, tr.pair_and
+        a, b = x[tr.plain_b] & 1, x[tr.plain_a] & 1
+        self.a[t, sl], self.b[t, sl] = a, b
+        self.c[t, sl] = (a & b) ^ (s0[tr.plain_b] & 1) ^ (s0[tr.plain_a] & 1)
+        a, b1, b2 = x[tr.pair_b1] & 1, x[tr.pair_a] & 1, x[tr.pair_a] >> 1
+        w = s0[tr.pair_a]
+        self.a[ta, sl] = self.a[ta + 1, sl] = a
+        self.b[ta, sl], self.b[ta + 1, sl] = b1, b2
+        self.c[ta, sl] = (a & b1) ^ (s0[tr.pair_b1] & 1) ^ (w & 1)
+        self.c[ta + 1, sl] = (a & b2) ^ (s0[tr.pair_b2] & 1) ^ (w >> 1)
+        self.k[:, sl] = (x[tr.pair_b2] & 1) ^ a
 
     def tables(self) -> bytes:
         bits = np.concatenate([t.ravel() for t in self._tables])
@@ -504,7 +584,8 @@ class EvaluatorSide(_Side):
         self.r = np.empty((p.planes, self.lanes), np.uint8)
         for i in range(p.bits):
             self.r[i] = low_bits(self.ybar, i, 1)
-        self.r[p.bits :] = random_bits(2 * p.ands * self.lanes).reshape(2 * p.ands, self.lanes)
+        t = p.planes - p.bits
+        self.r[p.bits :] = random_bits(t * self.lanes).reshape(t, self.lanes)
         #: The choice bit c of each slot's logic OT (the fill's last plane).
         self.logic_c = random_bits(self.lanes)
         q = len(p.blocks)
@@ -524,7 +605,7 @@ class EvaluatorSide(_Side):
         if _native(h):
             from svtagg.mpc.native import core
 
-            v_bits = np.empty((2 * p.ands, lanes), np.uint8)
+            v_bits = np.empty((p.planes - p.bits, lanes), np.uint8)
             pads = np.empty((len(p.blocks), lanes), np.uint64)
             core().mill_evaluator(
                 np.ascontiguousarray(t), self.hi, lo, _blocks_arg(p),
@@ -546,14 +627,21 @@ class EvaluatorSide(_Side):
                 comb, _pad_tweaks(lo, lanes, j, nb, v, self.hi, ws), _scratch(ws, "pad", lanes + 1)
             )
             self._pads[j, sl] = pad[:, 0]
-        self._triples(sl, (k[n:, :, 0] & np.uint64(1)).astype(np.uint8))
+        self._triples(sl, (k[n:, :, 0] & np.uint64(3)).astype(np.uint8))
 
-    def _triples(self, sl: slice, v_bits: Bits) -> None:
-        """Triples from the OT bits lsb H(t) of the triple planes (see the garbler's)."""
-        r = self.r[self.plan.bits :, sl]
-        b, v1 = r[0::2], v_bits[0::2]
-        a, v2 = r[1::2], v_bits[1::2]
-        self.a[:, sl], self.b[:, sl], self.c[:, sl] = a, b, (a & b) ^ v1 ^ v2
+    def _triples(self, sl: slice, v: Bits) -> None:
+        """Triples from the OT bits H(t) & 3 of the triple planes (see the
+        garbler's); a pair node's second c still lacks b_2E·κ (`EvaluatorChunk`)."""
+        tr, r = self.plan.triples, self.r[self.plan.bits :, sl]
+        t, ta = tr.plain_and, tr.pair_and
+        a, b = r[tr.plain_a], r[tr.plain_b]
+        self.a[t, sl], self.b[t, sl] = a, b
+        self.c[t, sl] = (a & b) ^ (v[tr.plain_b] & 1) ^ (v[tr.plain_a] & 1)
+        a, b1, b2, w = r[tr.pair_a], r[tr.pair_b1], r[tr.pair_b2], v[tr.pair_a]
+        self.a[ta, sl] = self.a[ta + 1, sl] = a
+        self.b[ta, sl], self.b[ta + 1, sl] = b1, b2
+        self.c[ta, sl] = (a & b1) ^ (v[tr.pair_b1] & 1) ^ (w & 1)
+        self.c[ta + 1, sl] = (a & b2) ^ (v[tr.pair_b2] & 1) ^ (w >> 1)
 
 
 # ------------------------------------------------------------------ slots and chunks
@@ -658,7 +746,8 @@ def garbler_slots(side: GarblerSide) -> Slots:
     mask bits (gt in bit 0, eq in bit 1) per entry w and slot, and the triples."""
     p = side.plan
     arrays = {
-        k: np.ascontiguousarray(v.T) for k, v in (("a", side.a), ("b", side.b), ("c", side.c))
+        k: np.ascontiguousarray(v.T)
+        for k, v in (("a", side.a), ("b", side.b), ("c", side.c), ("k", side.k))
     }
     if side._m is not None:  # written slot-major by the native core
         return Slots(p.width, {**arrays, "m": side._m})
@@ -724,6 +813,11 @@ class GarblerChunk(_Side):
         self.gt = random_bits(q * self.lanes).reshape(q, self.lanes)
         self.eq = random_bits(q * self.lanes).reshape(q, self.lanes)
 
+    def corrections(self) -> bytes:
+        """κ of every pair node of the chunk's slots, plane-major, packed: sent
+        right after the tables (`Triples`)."""
+        return np.packbits(self.slots["k"].T.reshape(-1), bitorder="little").tobytes()
+
     def tables(self, d: npt.NDArray[np.uint64], native_core: bool = False) -> bytes:
         """The leaf tables (the native core's pass, or numpy: the same bytes)."""
         p = self.plan
@@ -766,6 +860,18 @@ class EvaluatorChunk(_Side):
 
     def d_message(self) -> bytes:
         return _d_message(self.d, self.plan.bits)
+
+    def read_corrections(self, msg: bytes | memoryview) -> None:
+        """The garbler's κ per pair node: a pair's second c gains b_2E·κ."""
+        p, ta = self.plan, self.plan.triples.pair_and
+        n = p.pairs * self.lanes
+        if len(msg) != -(-n // 8):
+            raise ValueError("malformed comparison correction message")
+        bits = np.unpackbits(np.frombuffer(msg, np.uint8), bitorder="little")
+        if bits[n:].any():
+            raise ValueError("malformed comparison correction message")
+        self.c = self.c.copy()  # the slots' own c stays as made
+        self.c[ta + 1] ^= self.b[ta + 1] & bits[:n].reshape(p.pairs, self.lanes)
 
     def read_tables(self, msg: bytes | memoryview) -> None:
         p = self.plan
@@ -810,11 +916,13 @@ def garbled_bytes(width: int, ot_bytes: float) -> float:
 def ot_path_bytes(width: int, ot_bytes: float) -> float:
     """Bytes per comparison of the OT path in a steady stream of chunks: the
     fill's OTs (leaf bits, triples, the logic's input), the online d bits (one
-    per leaf bit), the leaf tables, the openings (2 bits per AND and party),
-    the logic input's one bit e, and the prefix OR's one AND garbled under
-    three-halves (1.5κ bits and 5 control bits)."""
+    per leaf bit), the leaf tables and the pair nodes' corrections κ, the
+    openings (per node and party x ⊕ a once and y ⊕ b per AND), the logic
+    input's one bit e, and the prefix OR's one AND garbled under three-halves
+    (1.5κ bits and 5 control bits)."""
     p = plan(width)
-    online = p.bits / 8 + p.table_bits / 8 + 4 * p.ands / 8 + 1 / 8
+    openings = 2 * sum(p.level_openings(i) for i in range(p.depth))
+    online = p.bits / 8 + (p.table_bits + p.pairs + openings + 1) / 8
     return ot_bytes * p.fill_planes + online + 24 + 5 / 8
 
 

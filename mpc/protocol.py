@@ -870,7 +870,7 @@ class ComparisonGarbler(_Party):
             if who == "G":
                 msg = side.pack(levels)
                 if i == 0:
-                    msg = side.tables(d, self.engine == "native") + msg
+                    msg = side.tables(d, self.engine == "native") + side.corrections() + msg
                 await self.channel.send(msg)
                 if i == 0 and ahead:
                     await self._fill(p, ahead, background=True)
@@ -1097,7 +1097,7 @@ class ComparisonEvaluator(_Party):
         # for it (a channel's sends go one after another).
         fill = asyncio.ensure_future(self._fill(p, ahead, background=True)) if ahead else None
         lanes = z.shape[0]
-        tables = -(-p.table_bits * lanes // 8)
+        tables, kappa = -(-p.table_bits * lanes // 8), -(-p.pairs * lanes // 8)
         flights, early = millionaire.schedule(p.depth), None
         try:
             for i, (who, levels) in enumerate(flights):
@@ -1113,10 +1113,11 @@ class ComparisonEvaluator(_Party):
                     continue
                 msg = memoryview(await self.channel.recv())
                 if i == 0:
-                    if len(msg) < tables:
+                    if len(msg) < tables + kappa:
                         raise ValueError("malformed comparison table message")
                     side.read_tables(msg[:tables])
-                    msg = msg[tables:]
+                    side.read_corrections(msg[tables : tables + kappa])
+                    msg = msg[tables + kappa :]
                 side.receive(msg, levels)
             if fill is not None:
                 await fill

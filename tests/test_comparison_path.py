@@ -78,6 +78,35 @@ async def test_shares_match_the_plaintext_at_every_width(engine: str) -> None:
         native.use(previous)
 
 
+@pytest.mark.parametrize("engine", ENGINES)
+async def test_fill_triples_are_beaver_triples_with_shared_a(engine: str) -> None:
+    """Every AND's triple of a fill satisfies c = a·b across the parties once
+    the garbler's corrections κ are applied; a node's two ANDs (gt, eq) share
+    a; without κ (the control) a pair's second triple is wrong in ≈ 1/4 of the
+    slots (b_2E·κ = 1), and κ itself is ≈ uniform."""
+    previous = native.active()
+    native.use(engine)
+    try:
+        g, e = await connected_pair(path="ot")
+        p, n = M.plan(34), 2000
+        await asyncio.gather(g._fill(p, n, False), e._fill(p, n, False))
+        sg, se = g._slots.take(34, n), e._slots.take(34, n)
+    finally:
+        native.use(previous)
+    a, b, c = (sg[k] ^ se[k] for k in "abc")  # slots × ANDs
+    kappa = sg["k"]  # slots × pair nodes
+    second = p.triples.pair_and + 1
+    fixed = c.copy()
+    fixed[:, second] ^= se["b"][:, second] & kappa
+    assert np.array_equal(fixed, a & b)
+    assert np.array_equal(sg["a"][:, second], sg["a"][:, second - 1])
+    assert np.array_equal(se["a"][:, second], se["a"][:, second - 1])
+    wrong = (c[:, second] != (a & b)[:, second]).mean()
+    assert 0.2 < wrong < 0.3, wrong
+    assert 0.45 < kappa.mean() < 0.55, kappa.mean()
+    assert p.planes == p.bits + 2 * p.ands - p.pairs == 51  # 55 without shared a
+
+
 async def test_the_logic_inputs_are_derandomized_slot_ots() -> None:
     """The evaluator's label of each logic input is its slot's OT block t, and
     it is the label of its YES share under the garbler's zero label q ⊕ e·Δ;
