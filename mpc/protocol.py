@@ -394,6 +394,16 @@ def _as_ring(z: npt.ArrayLike) -> U64:
     raise TypeError(f"expected uint64 ring elements, got {arr.dtype}")
 
 
+@dataclass(frozen=True)
+class _At:
+    """Where one garbled chunk runs: its OT nonce and high tweak word
+    (`_Party._next_chunk`), and on the OT path its logic's inputs."""
+
+    nonce: int
+    tweak_hi: int
+    logic: millionaire.LogicInputs | None = None
+
+
 class _Party:
     """What both sides share: input checks, chunk counting, costs.
 
@@ -684,7 +694,7 @@ class _Party:
             limit(max(*bounds, at_least))
         s, r, t = self.channel.bytes_sent, self.channel.bytes_received, time.perf_counter()
         z = shares[0] if len(shares) == 1 else np.concatenate(shares)
-        result, and_gates = await self._run(spec, z, k, nonce, tweak_hi, logic)
+        result, and_gates = await self._run(spec, z, k, _At(nonce, tweak_hi, logic))
         self.last_stats = RunStats(
             comparisons=k * len(spec.inputs),
             and_gates=and_gates,
@@ -695,15 +705,7 @@ class _Party:
         )
         return result
 
-    async def _run(
-        self,
-        spec: ChunkCircuit[R],
-        z: U64,
-        k: int,
-        nonce: int,
-        tweak_hi: int,
-        logic: millionaire.LogicInputs | None,
-    ) -> tuple[R, int]:
+    async def _run(self, spec: ChunkCircuit[R], z: U64, k: int, at: _At) -> tuple[R, int]:
         """This side's three messages of one chunk: (result, AND gates)."""
         raise NotImplementedError
 
@@ -901,21 +903,14 @@ class ComparisonGarbler(_Party):
         await self._chunk_flow(spec, a.reshape(-1), neg_r.reshape(-1))
         return r
 
-    async def _run(
-        self,
-        spec: ChunkCircuit[R],
-        z: U64,
-        k: int,
-        nonce: int,
-        tweak_hi: int,
-        logic: millionaire.LogicInputs | None,
-    ) -> tuple[R, int]:
+    async def _run(self, spec: ChunkCircuit[R], z: U64, k: int, at: _At) -> tuple[R, int]:
         """Receive the OT message (Ferret: after any refill) — on the OT path the
         evaluator's logic choices instead (`millionaire.logic_labels`) — garble,
         send all tables + output-decoding bits, receive the decoded result.  A
         chunk of several lane batches is garbled in a worker thread, each
         batch's tables sent as soon as they exist (the same bytes, in
         `spec.parts(k)` messages instead of one)."""
+        nonce, tweak_hi, logic = at.nonce, at.tweak_hi, at.logic
         a_bits = bit_planes(z)
         lanes = k * len(spec.inputs)  # the evaluator's input lanes
         if logic is not None:
@@ -1136,20 +1131,13 @@ class ComparisonEvaluator(_Party):
         y = await self._chunk_flow(field_clamp_reshare_spec(bound, f), words)
         return y if y is not None else np.zeros(0, dtype=np.uint64)
 
-    async def _run(
-        self,
-        spec: ChunkCircuit[R],
-        z: U64,
-        k: int,
-        nonce: int,
-        tweak_hi: int,
-        logic: millionaire.LogicInputs | None,
-    ) -> tuple[R, int]:
+    async def _run(self, spec: ChunkCircuit[R], z: U64, k: int, at: _At) -> tuple[R, int]:
         """Send the OT extension message for this side's input bits — on the OT
         path its logic choices instead (`millionaire.logic_choices`; the labels
         are its slots' logic OTs) — receive the tables, evaluate, decode, send
         the result back (a streamed chunk is evaluated in a worker thread, part
         by part as the parts arrive)."""
+        nonce, tweak_hi, logic = at.nonce, at.tweak_hi, at.logic
         lanes = z.shape[0]
         t: Iterator[Blocks]
         if logic is not None:
@@ -1197,10 +1185,10 @@ class ComparisonEvaluator(_Party):
             be.done()
             raw_dec = msg[len(msg) - nd :]
         dec = np.unpackbits(np.frombuffer(raw_dec, np.uint8), bitorder="little")
-        bundles, at = [], 0
+        bundles, pos = [], 0
         for w in outs:  # each bundle's decoding bits follow the previous one's
-            bundles.append(be.decode(w, dec[at : at + w.shape[0]]))
-            at += w.shape[0]
+            bundles.append(be.decode(w, dec[pos : pos + w.shape[0]]))
+            pos += w.shape[0]
         result = spec.decode(bundles)
         await self.channel.send(spec.encode(result, k))
         return result, be.and_gates
