@@ -184,6 +184,9 @@ class DataConnection:
         self.messages_received = 0
 
     def _send_blocking(self, data: memoryview) -> None:
+        if len(data) <= _SMALL:  # one TLS record, one segment: the same bytes
+            self._sock.sendall(_HEADER.pack(len(data)) + data)
+            return
         self._sock.sendall(_HEADER.pack(len(data)))
         self._sock.sendall(data)
 
