@@ -29,14 +29,20 @@ chunk's correlated OTs q ⊕ t = r·Δ, the evaluator choosing r.
 * A bit triple from two correlated OTs with random choices: a random OT's
   messages s_b = lsb H(q ⊕ b·Δ, τ) give (s_0 ⊕ s_1)·r = s_0 ⊕ s_r, shares of the
   product of a garbler bit and an evaluator bit; two of them are the two cross
-  terms of (a_G ⊕ a_E)(b_G ⊕ b_E) (the construction of ABY and CrypTFlow2).
+  terms of (a_G ⊕ a_E)(b_G ⊕ b_E) (the construction of ABY and CrypTFlow2).  A
+  node computing gt and eq shares a between its two triples and takes three
+  OTs, one with two-bit messages, and one correction bit κ from the garbler
+  (`Triples`).
+* The chunk logic's input: one more correlated OT per slot, derandomized by
+  the evaluator's e = yes_E ⊕ c (`logic_choices`, `logic_labels`).
 
 The tree's depth D is made odd where that costs little (blocks of ≤ 5 bits):
 then the evaluator holds its last share one flight before the garbler and its
 input message for the chunk's garbled logic rides in that flight.  Flights per
-chunk (E = evaluator, G = garbler): E the OT message; G the leaf tables and its
-level-1 openings; then alternately each party's openings of every level it can
-open, two levels per flight.  `schedule(D)` is that order, the same on both.
+chunk (E = evaluator, G = garbler): E its d bits (and the next fill's OT
+message); G the leaf tables, the corrections κ and its level-1 openings; then
+alternately each party's openings of every level it can open, two levels per
+flight.  `schedule(D)` is that order, the same on both.
 """
 
 from __future__ import annotations
@@ -331,6 +337,7 @@ class _Side:
         for i in range(p.depth):
             self._t0.append(self._t0[-1] + p.level_ands(i))
             sizes = [1 + g.eq for g in p.levels[i] if g.lo >= 0]
+            assert sizes, "every tree level has a node with an AND"
             self._firsts.append(np.cumsum([0] + sizes[:-1]).astype(np.intp))
             self._node_of.append(np.repeat(np.arange(len(sizes)), sizes).astype(np.intp))
 
@@ -743,7 +750,9 @@ def logic_labels(msg: bytes | memoryview, slots: Slots, delta: Blocks) -> Blocks
 def garbler_slots(side: GarblerSide) -> Slots:
     """The garbler's slots from a fill: made with x = 0 and zero shares, so
     entry w of block j's table is its mask (the eq half XOR [w = 0]); kept as
-    mask bits (gt in bit 0, eq in bit 1) per entry w and slot, and the triples."""
+    mask bits (gt in bit 0, eq in bit 1) per entry w and slot ("m"), and the
+    triples ("a", "b", "c") and corrections ("k"); the fill adds the logic
+    OT's block ("l": `protocol._fill_slots`)."""
     p = side.plan
     arrays = {
         k: np.ascontiguousarray(v.T)
@@ -766,8 +775,8 @@ def garbler_slots(side: GarblerSide) -> Slots:
 
 def evaluator_slots(side: EvaluatorSide) -> Slots:
     """The evaluator's slots from a fill: its random choices r (the low n bits
-    of ȳ it chose with), the two mask bits of the entry r_j of each block, and
-    the triples."""
+    of ȳ it chose with), the two mask bits of the entry r_j of each block, the
+    triples, and the logic OT's choice c ("lc"; the fill adds its block "l")."""
     p = side.plan
     r = side.ybar & np.uint64((1 << p.bits) - 1)
     masks = np.ascontiguousarray((side._pads & np.uint64(3)).astype(np.uint8).T)
@@ -814,8 +823,8 @@ class GarblerChunk(_Side):
         self.eq = random_bits(q * self.lanes).reshape(q, self.lanes)
 
     def corrections(self) -> bytes:
-        """κ of every pair node of the chunk's slots, plane-major, packed: sent
-        right after the tables (`Triples`)."""
+        """κ of the chunk's slots, node by node (each node's lanes in order),
+        packed: sent right after the tables (`Triples`)."""
         return np.packbits(self.slots["k"].T.reshape(-1), bitorder="little").tobytes()
 
     def tables(self, d: npt.NDArray[np.uint64], native_core: bool = False) -> bytes:
@@ -941,6 +950,33 @@ def server_path() -> str:
     spec = os.environ.get("SVTAGG_COMPARISON") or "garbled"
     PathRule.parse(spec)
     return spec
+
+
+#: The OT path's wire (its messages' contents and order).  A leader announces
+#: its rule as "RULE@WIRE" (`announce`), and a helper refuses any other wire
+#: at the session's opening, before any chunk (`announced_rule`): servers of
+#: two versions never fail a chunk, and so never spend its budget, on it.
+#: 2: the logic's inputs from the fill, correlated triples, e on the last flight.
+WIRE = 2
+
+
+def announce(rule: str) -> str:
+    """The leader's SessionOpen.comparison_path: "" for garbled (unchanged)."""
+    return "" if rule == "garbled" else f"{rule}@{WIRE}"
+
+
+def announced_rule(text: str) -> str:
+    """The rule a leader announced, if its OT path speaks this wire."""
+    if not text or text == "garbled":
+        return "garbled"
+    rule, _, wire = text.partition("@")
+    if wire != str(WIRE):
+        theirs = f"wire {wire}" if wire else "an older wire"
+        raise ValueError(
+            f"the leader's OT path speaks {theirs}, this helper wire {WIRE} "
+            "(run both servers on the same svtagg version)"
+        )
+    return rule
 
 
 @dataclass(frozen=True)

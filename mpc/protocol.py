@@ -410,7 +410,8 @@ class _Party:
     A `session_id` must be fresh for every garbler/evaluator pair (the servers
     use their stream id), and both parties must run the same chunks in the same
     order with the same k, `ot` ("iknp", "softspoken[:k]", "ferret[:set]") and
-    `scheme` ("halfgates" or "threehalves"): the tweak of half h of the AND gate
+    `scheme` ("halfgates" or "threehalves"; the OT path's chunk logic is always
+    garbled under three-halves): the tweak of half h of the AND gate
     in lane k of layer L is (L·2^32 + 2k + h, 24-bit session tag ‖ 40-bit chunk
     counter), 3k + h under three-halves, unique across the session (`garble.py`)."""
 
@@ -520,7 +521,9 @@ class _Party:
         # A fill, inline or ahead, is of at most `lanes` slots.
         fill_bound = int(bytes_per_ot(self.ot) * 8 * sum(_ot_widths(lanes, p.fill_planes)))
         if limit is not None:
-            online = -(-p.table_bits * lanes // 8) + 2 * p.ands * lanes // 8 + 1
+            # Any online message: the tables, κ and openings, or openings and e.
+            opened = sum(p.level_openings(i) for i in range(p.depth))
+            online = sum(-(-bits * lanes // 8) for bits in (p.table_bits, p.pairs, opened, 1))
             limit(max(fill_bound, online, otx.extension_bound(self.ot)))
         short = lanes - self._slots.available(width)
         if short > 0:

@@ -15,6 +15,7 @@ queries read the robust aggregates g(S) (`query_sums`), whose sensitivity is
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
@@ -129,6 +130,8 @@ def parse_taus(
         raise too_big
     return np.broadcast_to(grid, (k,)).astype(np.uint64)
 
+
+log = logging.getLogger(__name__)
 
 #: Tasks whose g(S) a server keeps in memory (`ServerCore.query_sums`).
 SUMS_CACHED = 16
@@ -374,6 +377,7 @@ class ServerCore:
         charge stays spent (and its pooled joint noise is discarded first, so
         that no failed stream keeps shares whatever stops in between)."""
         self._discard_pool(stream_id)
+        self._ahead.pop(stream_id, None)  # noise drawn ahead: no chunk will use it
         self.store.fail_stream(stream_id)
 
     def begin_chunk(self, stream_id: str, chunk_no: int) -> None:
@@ -629,6 +633,16 @@ class ServerCore:
             return ahead[:k]
         return np.concatenate([ahead, self._draw(stream, task, k - ahead.shape[0])])
 
+    def _draw_ahead_or_not(self, stream: StreamState, task: TaskState, k: int) -> None:
+        """`_draw_ahead` inside a running chunk (the leader's): its messages have
+        gone out, so a failed draw must not fail the chunk; the next chunk then
+        draws its noise itself."""
+        try:
+            self._draw_ahead(stream, task, k)
+        except Exception as exc:  # logged without values; nothing is lost
+            self._ahead.pop(stream.stream_id, None)
+            log.warning("noise for stream %s not drawn ahead: %s", stream.stream_id, type(exc))
+
     def _draw_ahead(self, stream: StreamState, task: TaskState, k: int) -> None:
         """A stream's next chunk's noise (as many draws as this chunk's, at most
         AHEAD_DRAWS) drawn while this server waits: the helper after a chunk
@@ -793,7 +807,7 @@ class ServerCore:
         width = self.comparison_width(task, stream)
         drawn_here = task.params.noise != JOINT and kind in (ChunkKind.ASK, ChunkKind.COMPARE)
         if drawn_here and self.role == Role.LEADER and hasattr(party, "while_waiting"):
-            party.while_waiting = lambda: self._draw_ahead(stream, task, len(chunk))
+            party.while_waiting = lambda: self._draw_ahead_or_not(stream, task, len(chunk))
         try:
             result = await self._chunk_result(
                 party, stream, task, chunk, kind, width, thresholds, pooled

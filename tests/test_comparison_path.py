@@ -379,7 +379,7 @@ async def test_the_helper_takes_the_leaders_path(tmp_path: Path) -> None:
         assert not (await pair.leader.ask(Ask(sid, Queries((0, 1)), (10 * N * UNIT,) * 2))).yes
         answer = await pair.leader.ask(Ask(sid, Queries((2, 0)), (-N * UNIT, -N * UNIT)))
         assert answer.yes and answer.index == 0
-    assert {o.comparison_path for o in opens} == {"ot"}
+    assert {o.comparison_path for o in opens} == {f"ot@{M.WIRE}"}
     firsts = [p for _, p in help_.made + lead.made if getattr(p, "_chunk", 0)]
     assert {str(p.path) for p in firsts} == {"ot"}
     assert {p.last_path for _, p in lead.made if p._chunk} == {"ot"}
@@ -389,6 +389,18 @@ async def test_the_helper_takes_the_leaders_path(tmp_path: Path) -> None:
 
     with pytest.raises(InvalidArgument, match="comparison path"):
         helper_factory(help_, "auto:fast")
+
+
+def test_a_helper_refuses_another_wire_of_the_ot_path() -> None:
+    """The leader announces its rule with the OT path's wire; a helper refuses
+    any other wire (or none: an older leader) when the session opens, before
+    any chunk could fail halfway and spend its stream's budget."""
+    assert M.announce("garbled") == "" and M.announced_rule("") == "garbled"
+    for rule in ("ot", "auto:10:1000"):
+        assert M.announced_rule(M.announce(rule)) == rule
+    for old in ("ot", f"ot@{M.WIRE - 1}", "auto:10:1000@x"):
+        with pytest.raises(ValueError, match="same svtagg version"):
+            M.announced_rule(old)
 
 
 def test_the_environment_chooses_the_servers_default_path(monkeypatch: pytest.MonkeyPatch) -> None:

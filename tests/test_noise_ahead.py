@@ -69,3 +69,11 @@ async def test_each_server_uses_its_noise_drawn_ahead_once_then_fresh(tmp_path: 
             assert np.array_equal(used[i][2][:18], ahead[i][12:]) and used[i][2].shape == (40,)
             assert not np.array_equal(used[i][2][18:36], ahead[i][12:])  # fresh ones
             assert sid not in core._ahead
+        # A failed stream drops what a server drew ahead for it.
+        other = (await pair.leader.open_stream(OpenStream("t", StreamKind.LAP24, "4"))).stream_id
+        assert not (await pair.leader.ask(Ask(other, Queries((0,)), (tau,)))).yes
+        await pair.helper.settled()
+        assert all(other in core._ahead for core in cores)
+        for core in cores:
+            core.fail_stream(other)
+            assert other not in core._ahead

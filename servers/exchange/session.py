@@ -27,7 +27,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, Protocol
 
 from svtagg.dp.errors import InvalidArgument, PeerUnavailable, Refusal
-from svtagg.mpc import streaming
+from svtagg.mpc import millionaire, streaming
 from svtagg.mpc.channel import Channel, Message
 from svtagg.mpc.ot import MAX_SETUP_MESSAGE
 from svtagg.mpc.softspoken import parse_ot, server_ot
@@ -399,7 +399,7 @@ class LeaderSession:
                         ot_extension=ot_of(factory),
                         garbling=garbling_of(factory),
                         # Empty for garbled: the wire of a garbled deployment is unchanged.
-                        comparison_path=_announced(comparison_of(factory)),
+                        comparison_path=millionaire.announce(comparison_of(factory)),
                     )
                 )
             )
@@ -471,10 +471,6 @@ class LeaderSession:
 FOLD_LANES = 64
 
 
-def _announced(path: str) -> str:
-    return "" if path == "garbled" else path
-
-
 def _lanes(header: ChunkHeader) -> int:
     if isinstance(header, RobustChunk):
         return header.coord_hi - header.coord_lo
@@ -531,7 +527,10 @@ class HelperSession:
                     "(start both servers with the same --ot)"
                 )
             check_garbling(first.open.garbling, garbling)
-            self.comparison_path = first.open.comparison_path or "garbled"
+            try:
+                self.comparison_path = millionaire.announced_rule(first.open.comparison_path)
+            except ValueError as exc:
+                raise InvalidArgument(str(exc)) from None
             if self.factory is not None:
                 self.factory = helper_factory(self.factory, self.comparison_path)
         except InvalidArgument as exc:  # told to the leader, whatever it reads next
