@@ -405,6 +405,29 @@ class _Side:
             return b""
         return np.packbits(np.concatenate(bits), bitorder="little").tobytes()
 
+    def _set_triples(
+        self,
+        sl: slice,
+        plain: tuple[npt.NDArray[Any], npt.NDArray[Any]],
+        pair: tuple[npt.NDArray[Any], npt.NDArray[Any], npt.NDArray[Any]],
+        cross: Bits,
+    ) -> None:
+        """A lane batch's triples of a fill, either side (`Triples`): this side's
+        shares of (a, b) of each gt-only node and of (a, b1, b2) of each node
+        with two ANDs, and its bits of the cross terms, per triple plane (the
+        OT messages' two low bits it holds): c = a·b ⊕ both cross terms."""
+        tr = self.plan.triples
+        t, ta = tr.plain_and, tr.pair_and
+        a, b = plain
+        self.a[t, sl], self.b[t, sl] = a, b
+        self.c[t, sl] = (a & b) ^ (cross[tr.plain_b] & 1) ^ (cross[tr.plain_a] & 1)
+        a, b1, b2 = pair
+        w = cross[tr.pair_a]  # both a_E·b_G terms: bit 0 for b1, bit 1 for b2
+        self.a[ta, sl] = self.a[ta + 1, sl] = a
+        self.b[ta, sl], self.b[ta + 1, sl] = b1, b2
+        self.c[ta, sl] = (a & b1) ^ (cross[tr.pair_b1] & 1) ^ (w & 1)
+        self.c[ta + 1, sl] = (a & b2) ^ (cross[tr.pair_b2] & 1) ^ (w >> 1)
+
     def opening_bytes(self, levels: tuple[int, ...]) -> int:
         """Bytes of one party's openings of `levels` (1-based)."""
         return -(-sum(self.plan.level_openings(lv - 1) * self.lanes for lv in levels) // 8)
@@ -561,16 +584,9 @@ class GarblerSide(_Side):
         the triple planes (`Triples`): the correlation s_0 ⊕ s_1 is the
         garbler's share of the product, s_0 its share of the cross term."""
         tr, x = self.plan.triples, s0 ^ s1
-        t, ta = tr.plain_and, tr.pair_and
-        a, b = x[tr.plain_b] & 1, x[tr.plain_a] & 1
-        self.a[t, sl], self.b[t, sl] = a, b
-        self.c[t, sl] = (a & b) ^ (s0[tr.plain_b] & 1) ^ (s0[tr.plain_a] & 1)
-        a, b1, b2 = x[tr.pair_b1] & 1, x[tr.pair_a] & 1, x[tr.pair_a] >> 1
-        w = s0[tr.pair_a]
-        self.a[ta, sl] = self.a[ta + 1, sl] = a
-        self.b[ta, sl], self.b[ta + 1, sl] = b1, b2
-        self.c[ta, sl] = (a & b1) ^ (s0[tr.pair_b1] & 1) ^ (w & 1)
-        self.c[ta + 1, sl] = (a & b2) ^ (s0[tr.pair_b2] & 1) ^ (w >> 1)
+        a = x[tr.pair_b1] & 1
+        plain = (x[tr.plain_b] & 1, x[tr.plain_a] & 1)
+        self._set_triples(sl, plain, (a, x[tr.pair_a] & 1, x[tr.pair_a] >> 1), s0)
         self.k[:, sl] = (x[tr.pair_b2] & 1) ^ a
 
     def tables(self) -> bytes:
@@ -640,15 +656,8 @@ class EvaluatorSide(_Side):
         """Triples from the OT bits H(t) & 3 of the triple planes (see the
         garbler's); a pair node's second c still lacks b_2E·κ (`EvaluatorChunk`)."""
         tr, r = self.plan.triples, self.r[self.plan.bits :, sl]
-        t, ta = tr.plain_and, tr.pair_and
-        a, b = r[tr.plain_a], r[tr.plain_b]
-        self.a[t, sl], self.b[t, sl] = a, b
-        self.c[t, sl] = (a & b) ^ (v[tr.plain_b] & 1) ^ (v[tr.plain_a] & 1)
-        a, b1, b2, w = r[tr.pair_a], r[tr.pair_b1], r[tr.pair_b2], v[tr.pair_a]
-        self.a[ta, sl] = self.a[ta + 1, sl] = a
-        self.b[ta, sl], self.b[ta + 1, sl] = b1, b2
-        self.c[ta, sl] = (a & b1) ^ (v[tr.pair_b1] & 1) ^ (w & 1)
-        self.c[ta + 1, sl] = (a & b2) ^ (v[tr.pair_b2] & 1) ^ (w >> 1)
+        plain = (r[tr.plain_a], r[tr.plain_b])
+        self._set_triples(sl, plain, (r[tr.pair_a], r[tr.pair_b1], r[tr.pair_b2]), v)
 
 
 # ------------------------------------------------------------------ slots and chunks
