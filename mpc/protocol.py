@@ -1105,7 +1105,8 @@ class ComparisonEvaluator(_Party):
                         fill = None
                     out = side.pack(levels)
                     if i == len(flights) - 1:
-                        early = millionaire.logic_choices(side.yes_share(), slots)
+                        yes = side.yes_share()
+                        early = millionaire.logic_choices(yes, slots)
                         out += early
                     await self.channel.send(out)
                     continue
@@ -1122,7 +1123,7 @@ class ComparisonEvaluator(_Party):
         finally:
             if fill is not None and not fill.done():
                 fill.cancel()
-        return side.yes_share(), early
+        return (side.yes_share() if early is None else yes), early
 
     async def clamp_reshare(self, share: npt.ArrayLike, bound: int) -> U64:
         y = await self._chunk_flow(clamp_reshare_spec(bound), share)

@@ -81,6 +81,8 @@ from svtagg.vdaf.prio3 import VERIFY_KEY_SIZE
 if TYPE_CHECKING:
     pass
 
+log = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True)
 class Chunk:
@@ -130,8 +132,6 @@ def parse_taus(
         raise too_big
     return np.broadcast_to(grid, (k,)).astype(np.uint64)
 
-
-log = logging.getLogger(__name__)
 
 #: Tasks whose g(S) a server keeps in memory (`ServerCore.query_sums`).
 SUMS_CACHED = 16
@@ -633,16 +633,6 @@ class ServerCore:
             return ahead[:k]
         return np.concatenate([ahead, self._draw(stream, task, k - ahead.shape[0])])
 
-    def _draw_ahead_or_not(self, stream: StreamState, task: TaskState, k: int) -> None:
-        """`_draw_ahead` inside a running chunk (the leader's): its messages have
-        gone out, so a failed draw must not fail the chunk; the next chunk then
-        draws its noise itself."""
-        try:
-            self._draw_ahead(stream, task, k)
-        except Exception as exc:  # logged without values; nothing is lost
-            self._ahead.pop(stream.stream_id, None)
-            log.warning("noise for stream %s not drawn ahead: %s", stream.stream_id, type(exc))
-
     def _draw_ahead(self, stream: StreamState, task: TaskState, k: int) -> None:
         """A stream's next chunk's noise (as many draws as this chunk's, at most
         AHEAD_DRAWS) drawn while this server waits: the helper after a chunk
@@ -654,11 +644,17 @@ class ServerCore:
         flight (on the OT path the helper then waits for those d bits): both
         on the chunk's critical path, ≈ 0.7 ms each at 10^4.  Nothing about
         the draws changes: the same sampler and source, each draw used once,
-        none kept on disk."""
+        none kept on disk.  It runs where the chunk's messages have gone out
+        (or its answer is made), so a failed draw is logged and dropped, never
+        the chunk's failure: the next chunk then draws its noise itself."""
         have = self._ahead.pop(stream.stream_id, np.zeros(0, np.uint64))
         n = min(k, AHEAD_DRAWS) - have.shape[0]
-        if n > 0:
-            have = np.concatenate([have, self._draw(stream, task, n)])
+        try:
+            if n > 0:
+                have = np.concatenate([have, self._draw(stream, task, n)])
+        except Exception as exc:  # logged without values; nothing is lost
+            log.warning("noise for stream %s not drawn ahead: %s", stream.stream_id, type(exc))
+            return
         self._ahead[stream.stream_id] = have  # the most recent last
         while len(self._ahead) > AHEAD_STREAMS:
             del self._ahead[next(iter(self._ahead))]
@@ -807,13 +803,13 @@ class ServerCore:
         width = self.comparison_width(task, stream)
         drawn_here = task.params.noise != JOINT and kind in (ChunkKind.ASK, ChunkKind.COMPARE)
         if drawn_here and self.role == Role.LEADER and hasattr(party, "while_waiting"):
-            party.while_waiting = lambda: self._draw_ahead_or_not(stream, task, len(chunk))
+            party.while_waiting = lambda: self._draw_ahead(stream, task, len(chunk))
         try:
             result = await self._chunk_result(
                 party, stream, task, chunk, kind, width, thresholds, pooled
             )
         finally:
-            if hasattr(party, "while_waiting"):
+            if hasattr(party, "while_waiting"):  # the evaluator's
                 party.while_waiting = None
         if kind not in (ChunkKind.NMAX, ChunkKind.CRAWL) and self.on_path is not None:
             self.on_path(str(getattr(party, "last_path", "garbled")))

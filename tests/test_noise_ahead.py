@@ -8,6 +8,7 @@ streams of several chunks through the servers: tests/test_remote_audit.py)."""
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 from typing import Any
 
@@ -77,3 +78,18 @@ async def test_each_server_uses_its_noise_drawn_ahead_once_then_fresh(tmp_path: 
         for core in cores:
             core.fail_stream(other)
             assert other not in core._ahead
+        # A draw ahead that fails (here: the leader's, inside its chunk) is
+        # dropped; the chunk answers, and the next one draws its own noise.
+        third = (await pair.leader.open_stream(OpenStream("t", StreamKind.LAP24, "4"))).stream_id
+        draw = cores[0]._draw
+
+        def fails_ahead(stream: Any, task: Any, k: int) -> Any:
+            if any(f.function == "_draw_ahead" for f in inspect.stack()[1:3]):
+                raise MemoryError("no room")
+            return draw(stream, task, k)
+
+        cores[0]._draw = fails_ahead  # type: ignore[method-assign]
+        assert not (await pair.leader.ask(Ask(third, Queries((0, 1)), (tau,) * 2))).yes
+        assert third not in cores[0]._ahead
+        assert not (await pair.leader.ask(Ask(third, Queries((0, 1)), (tau,) * 2))).yes
+        cores[0]._draw = draw  # type: ignore[method-assign]
