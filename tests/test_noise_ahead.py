@@ -24,16 +24,7 @@ UNIT = 1 << F
 
 
 async def test_each_server_uses_its_noise_drawn_ahead_once_then_fresh(tmp_path: Path) -> None:
-    spec = TaskSpec(
-        task_id="t",
-        d=4,
-        frac_bits=F,
-        n_max=10 * N,
-        min_batch=1,
-        epsilon_total="40",
-        delta_total="0",
-        epsilon_min="1/4",
-    )
+    spec = TaskSpec("t", 4, F, 10 * N, 1, "40", "0", "1/4")  # d, F, n_max, min batch, ε, δ, ε_min
     async with reference_pair(tmp_path, frac_bits=F) as pair:
         await pair.leader.create_task(spec)
         pair.upload("t", np.tile([0.0, 0.0, 1.0, 0.0], (N, 1)))
