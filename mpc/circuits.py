@@ -44,9 +44,17 @@ class CttCode(enum.IntEnum):
 HIGH, LOW, CLOSE = CttCode.HIGH, CttCode.LOW, CttCode.CLOSE
 
 
+#: Up to this many elements, `bit_planes` unpacks and transposes in one step
+#: (≈ 1.7 µs at n = 1 against ≈ 12 µs for the eight shifts; the shifts win from
+#: n ≈ 500 on, ≈ 15x at n = 10^4).
+_SMALL_PLANES = 256
+
+
 def bit_planes(z: npt.NDArray[np.uint64]) -> Bits:
     """(64, n) uint8 array: row i holds bit i of every element of z."""
     le = np.ascontiguousarray(z, dtype="<u8").view(np.uint8).reshape(-1, 8)
+    if le.shape[0] <= _SMALL_PLANES:  # one call: faster while the (n, 64) copy is small
+        return np.ascontiguousarray(np.unpackbits(le, axis=1, bitorder="little").T)
     # Byte b of every element in a row (one small transpose), then row 8b + t
     # is that row shifted by t: 8 shifts of n bytes instead of unpacking to
     # (n, 64) and transposing 64·n bytes (≈ 14x faster at n = 10^5).

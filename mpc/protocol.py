@@ -6,6 +6,7 @@ one chunk of queries per call.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import os
 import secrets
@@ -159,6 +160,7 @@ def _parse_outcomes(msg: bytes, k: int) -> list[int]:
     return [_CODES[v] for v in out]
 
 
+@functools.cache  # immutable, one per width: built once, not per chunk
 def first_yes_spec(width: int = RING_BITS) -> ChunkCircuit[int | None]:
     """AboveThreshold's chunk: the first YES on w-bit comparisons."""
     w = check_width(width)
@@ -176,6 +178,7 @@ def first_yes_spec(width: int = RING_BITS) -> ChunkCircuit[int | None]:
     )
 
 
+@functools.cache  # immutable, one per width: built once, not per chunk
 def compare_to_thresholds_spec(width: int = RING_BITS) -> ChunkCircuit[list[int]]:
     """CompareToThresholds' chunk on w-bit comparisons."""
     w = check_width(width)
@@ -203,6 +206,7 @@ def _yes_wires(be: Backend, a_bits: Bits | None, b: WireSource, n: int) -> Wires
     return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
+@functools.cache  # immutable, one per width: built once, not per chunk
 def first_yes_after_ot() -> ChunkCircuit[int | None]:
     """AboveThreshold's chunk logic on YES bits shared by the OT path."""
     return ChunkCircuit(
@@ -218,6 +222,7 @@ def first_yes_after_ot() -> ChunkCircuit[int | None]:
     )
 
 
+@functools.cache  # immutable, one per width: built once, not per chunk
 def ctt_after_ot() -> ChunkCircuit[list[int]]:
     """CompareToThresholds' chunk logic on YES bits shared by the OT path."""
     return ChunkCircuit(
@@ -240,6 +245,7 @@ def _parse_argmax(msg: bytes, k: int) -> int:
     return j
 
 
+@functools.cache  # immutable, one per width: built once, not per chunk
 def noisy_max_spec(width: int = RING_BITS) -> ChunkCircuit[int | None]:
     """Report-noisy-max's chunk: the first index of the largest signed w-bit
     z_L + z_H (`circuits.argmax_circuit`, ≤ 3w ANDs per lane)."""

@@ -316,7 +316,7 @@ def test_negative_control_naive_hash_leaks_delta(hasher: Any, broken: bool, engi
         assert not np.any(np.all(raw == delta, axis=1))
 
 
-@pytest.mark.parametrize("n", [0, 1, 7, 4096, 10_001])
+@pytest.mark.parametrize("n", [0, 1, 7, 256, 257, 4096, 10_001])  # both sides of _SMALL_PLANES
 def test_bit_planes_hold_bit_i_of_every_element_in_row_i(n: int) -> None:
     from svtagg.mpc.circuits import bit_planes
 
