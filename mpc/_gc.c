@@ -937,6 +937,30 @@ static void ss_ctr_vaes(const uint8_t *sched, const block *ctr, int m, block *g)
     _mm256_zeroupper();
 }
 
+/* ss_tree_tile for a tile of at most 4 blocks, one 512-bit register per leaf:
+ * the sums stay in registers and are stored once, where adding each leaf's
+ * blocks into acc in memory (ss_add_vaes) made half of a short piece's time. */
+__attribute__((target("avx512f,vaes")))
+static void ss_tree_tile4_vaes(const uint8_t *keys, int k, int skip0, const block *ctr,
+                               block (*acc)[SS_TILE]) {
+    const __m512i c = _mm512_loadu_si512((const void *)ctr);
+    __m512i a[8], all = _mm512_setzero_si512();
+    for (int b = 0; b < 8; b++) a[b] = _mm512_setzero_si512();
+    for (int leaf = skip0; leaf < 1 << k; leaf++) {
+        const uint8_t *s = keys + 176 * (leaf - skip0);
+        __m512i g = _mm512_xor_si512(c, _mm512_broadcast_i32x4(_mm_loadu_si128((const block *)s)));
+        for (int r = 1; r < 10; r++)
+            g = _mm512_aesenc_epi128(g, _mm512_broadcast_i32x4(_mm_loadu_si128((const block *)(s + 16 * r))));
+        g = _mm512_aesenclast_epi128(g, _mm512_broadcast_i32x4(_mm_loadu_si128((const block *)(s + 160))));
+        all = _mm512_xor_si512(all, g);
+        for (int b = 0; b < 8; b++) /* public leaf index; bits ≥ k are never set */
+            if ((leaf >> b) & 1) a[b] = _mm512_xor_si512(a[b], g);
+    }
+    for (int b = 0; b < k; b++) _mm512_storeu_si512((void *)acc[b], a[b]);
+    _mm512_storeu_si512((void *)acc[8], all);
+    _mm256_zeroupper();
+}
+
 /* ss_add_128 with 512-bit XORs (m a multiple of 4). */
 __attribute__((target("avx512f")))
 static void ss_add_vaes(block (*acc)[SS_TILE], const block *g, int m, int leaf, int k) {
@@ -982,7 +1006,13 @@ static void ss_tree_tile(const uint8_t *keys, int k, int skip0, uint64_t nonce_b
     for (int q = 0; q < m4; q++)
         ctr[q] = _mm_set_epi64x((long long)__builtin_bswap64(ctr0 + (uint64_t)q),
                                 (long long)nonce_be);
-    memset(acc, 0, sizeof(block) * 9 * SS_TILE);
+#ifdef HAVE_VAES_TARGET
+    if (use_vaes && m4 == 4) {
+        ss_tree_tile4_vaes(keys, k, skip0, ctr, acc);
+        return;
+    }
+#endif
+    for (int b = 0; b < 9; b++) memset(acc[b], 0, sizeof(block) * (size_t)m4); /* the tile's only */
     for (int leaf = skip0; leaf < leaves; leaf++) {
         ctr_fn(keys + 176 * (leaf - skip0), ctr, m4, g);
         add_fn(acc, g, m4, leaf, k);
