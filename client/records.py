@@ -281,9 +281,15 @@ def _check_binary(block: Array, first_row: int) -> None:
 # ------------------------------------------------------------------ reading
 def _hint(text: str, row: int) -> str:
     """Why a field may not parse: tabs in it (a TSV file read with another
-    delimiter), or a header line."""
+    delimiter), numbers separated by another character than the delimiter,
+    or a header line."""
     if "\t" in text:
         return " (the line holds tabs: a TSV file? use --delimiter '\\t')"
+    for sep, shown in ((None, "spaces"), (";", "';'"), ("|", "'|'")):
+        parts = text.split(sep)
+        if len(parts) > 1 and all(_is_number(x) for x in parts):
+            flag = "' '" if sep is None else shown
+            return f" (numbers separated by {shown}: use --delimiter {flag})"
     return " (a header line? use --header)" if row == 1 else ""
 
 

@@ -443,6 +443,13 @@ def _input_cases(e: Env) -> list[tuple[str, str, list[str], str, str]]:
         ("empty file", "m", "", [], "no rows"),
         ("header line", "m", "a,b,c,d,e\n" + ok5, [], "use --header"),
         ("';' delimiter", "m", "0;1;0;0;1\n", [], "delimiter"),
+        (
+            "category ids separated by spaces",
+            "hhe",
+            "0 1 3\n",
+            ["--format", "categories"],
+            "'0 1 3' is not a category id (numbers separated by spaces: use --delimiter ' ')",
+        ),
         ("ragged row", "m", ok5 + "0,1\n", [], "row 2 has 2 values"),
         ("blank row", "m", ok5 + "\n" + ok5, [], "row 2 is empty"),
         ("words", "m", "0,1,zero,0,1\n", [], "row 1, column 3: 'zero' is not a number"),
