@@ -285,12 +285,25 @@ def _hint(text: str, row: int) -> str:
     or a header line."""
     if "\t" in text:
         return " (the line holds tabs: a TSV file? use --delimiter '\\t')"
-    for sep, shown in ((None, "spaces"), (";", "';'"), ("|", "'|'")):
+    if split := _split_hint(text):
+        return f" ({split})"
+    return " (a header line? use --header)" if row == 1 else ""
+
+
+def _split_hint(text: str) -> str:
+    """'numbers separated by …: use --delimiter …' when `text` is numbers
+    separated by spaces, ',', ';' or '|' (read with another delimiter), else ''."""
+    others = (
+        (None, "spaces", "' '"),
+        (",", "','", "','"),
+        (";", "';'", "';'"),
+        ("|", "'|'", "'|'"),
+    )
+    for sep, shown, flag in others:
         parts = text.split(sep)
         if len(parts) > 1 and all(_is_number(x) for x in parts):
-            flag = "' '" if sep is None else shown
-            return f" (numbers separated by {shown}: use --delimiter {flag})"
-    return " (a header line? use --header)" if row == 1 else ""
+            return f"numbers separated by {shown}: use --delimiter {flag}"
+    return ""
 
 
 def _parse_float(text: str, row: int, col: int) -> float:
@@ -406,6 +419,8 @@ def read_csv(
                     tsv = "\t" in text or Path(path).suffix.lower() == ".tsv"
                     if hint and tsv and delimiter != "\t":
                         hint += ": a TSV file? use --delimiter '\\t'"
+                    elif hint and (split := _split_hint(text)):
+                        hint += f": {split}"
                     raise InputError(
                         f"row {row} has {count} values, expected {width} "
                         f"(the task's d={spec.d}{' as attribute count' if width != spec.d else ''})"

@@ -442,7 +442,14 @@ def _input_cases(e: Env) -> list[tuple[str, str, list[str], str, str]]:
         ("nan", "m", "nan,1,0,0,1\n", [], "not a finite"),
         ("empty file", "m", "", [], "no rows"),
         ("header line", "m", "a,b,c,d,e\n" + ok5, [], "use --header"),
-        ("';' delimiter", "m", "0;1;0;0;1\n", [], "delimiter"),
+        ("';' delimiter", "m", "0;1;0;0;1\n", [], "numbers separated by ';': use --delimiter ';'"),
+        (
+            "',' read with --delimiter ';'",
+            "m",
+            "0,1,0,0,1\n",
+            ["--delimiter", ";"],
+            "numbers separated by ',': use --delimiter ','",
+        ),
         (
             "category ids separated by spaces",
             "hhe",
