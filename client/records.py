@@ -293,15 +293,10 @@ def _hint(text: str, row: int) -> str:
 def _split_hint(text: str) -> str:
     """'numbers separated by …: use --delimiter …' when `text` is numbers
     separated by spaces, ',', ';' or '|' (read with another delimiter), else ''."""
-    others = (
-        (None, "spaces", "' '"),
-        (",", "','", "','"),
-        (";", "';'", "';'"),
-        ("|", "'|'", "'|'"),
-    )
-    for sep, shown, flag in others:
+    for sep in (None, ",", ";", "|"):  # None: runs of whitespace
         parts = text.split(sep)
         if len(parts) > 1 and all(_is_number(x) for x in parts):
+            shown, flag = ("spaces", "' '") if sep is None else (repr(sep), repr(sep))
             return f"numbers separated by {shown}: use --delimiter {flag}"
     return ""
 

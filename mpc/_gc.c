@@ -989,7 +989,8 @@ static void ss_add_128(block (*acc)[SS_TILE], const block *g, int m, int leaf, i
 }
 
 /* One tile of m counter blocks from ctr0 through every leaf's PRG: acc[b] the
- * XOR of the leaves with bit b set, acc[8] of all of them (ss_expand, ss_labels). */
+ * XOR of the leaves with bit b set, acc[8] of all of them (ss_expand, ss_labels);
+ * only each row's first m blocks (rounded up to 4) are written. */
 static void ss_tree_tile(const uint8_t *keys, int k, int skip0, uint64_t nonce_be,
                          uint64_t ctr0, int m, block (*acc)[SS_TILE]) {
     const int leaves = 1 << k;

@@ -206,7 +206,7 @@ def _yes_wires(be: Backend, a_bits: Bits | None, b: WireSource, n: int) -> Wires
     return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
-@functools.cache  # immutable, one per width: built once, not per chunk
+@functools.cache  # immutable: built once, not per chunk
 def first_yes_after_ot() -> ChunkCircuit[int | None]:
     """AboveThreshold's chunk logic on YES bits shared by the OT path."""
     return ChunkCircuit(
@@ -222,7 +222,7 @@ def first_yes_after_ot() -> ChunkCircuit[int | None]:
     )
 
 
-@functools.cache  # immutable, one per width: built once, not per chunk
+@functools.cache  # immutable: built once, not per chunk
 def ctt_after_ot() -> ChunkCircuit[list[int]]:
     """CompareToThresholds' chunk logic on YES bits shared by the OT path."""
     return ChunkCircuit(
